@@ -1,0 +1,41 @@
+# Each target creates .venv when it is missing and installs what it needs into it.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+export OMP_NUM_THREADS ?= 1
+export MKL_NUM_THREADS ?= 1
+export LANDSCAPE_THREADS ?= 1
+
+.PHONY: install install-dev demo test bench lint clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade --quiet pip
+
+$(VENV)/.installed: $(PY) pyproject.toml
+	$(PY) -m pip install --quiet torch==2.14.1 torchvision==0.29.1
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+install-dev: $(VENV)/.installed-dev
+
+demo: install
+	$(VENV)/bin/landscape --threads 1 --root demo-out/checkpoints demo --out demo-out
+
+test: install-dev
+	$(PY) -m pytest -q
+
+bench: install-dev
+	$(PY) benchmarks/run_all.py
+
+lint: install-dev
+	$(VENV)/bin/ruff check landscape cli tests benchmarks
+
+clean:
+	rm -rf demo-out .pytest_cache

@@ -1,0 +1,1 @@
+"""The ``landscape`` command: a thin click layer over :mod:`landscape.api`."""

@@ -1,0 +1,69 @@
+"""Options and output helpers shared by the command modules."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from landscape.results import to_jsonable
+
+
+def root_of(ctx: click.Context) -> str:
+    """The store root chosen with the global ``--root``."""
+    return ctx.find_root().obj["root"]
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+output_option = click.option(
+    "-o", "--output", type=click.Path(dir_okay=False), default=None, help="Result HDF5 file to write."
+)
+workers_option = click.option(
+    "--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Parallel worker processes."
+)
+
+
+def parse_json_option(value: str | None, name: str) -> dict[str, Any]:
+    """Parse a JSON object given on the command line; a bad one is a usage error."""
+    if not value:
+        return {}
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not valid JSON: {exc.msg}", param_hint=name) from None
+    if not isinstance(parsed, dict):
+        raise click.BadParameter("must be a JSON object", param_hint=name)
+    return parsed
+
+
+def echo_json(obj: Any) -> None:
+    click.echo(json.dumps(to_jsonable(obj), indent=2))
+
+
+def format_value(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def echo_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> None:
+    """Print rows as an aligned plain-text table (to stdout)."""
+    if not rows:
+        click.echo("(nothing)")
+        return
+    columns = list(columns or rows[0].keys())
+    cells = [[format_value(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    click.echo("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip())
+    for row in cells:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+
+
+def progress_enabled() -> bool:
+    """Progress bars go to stderr and only when it is a terminal."""
+    return sys.stderr.isatty()

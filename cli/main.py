@@ -1,0 +1,89 @@
+"""Entry point of the ``landscape`` command.
+
+Commands live one group per module under ``cli/`` and are loaded lazily (so ``landscape --help`` does not
+import torch-heavy analyzers it does not need). Adding a command is one module plus one line in
+``COMMANDS``. Every :class:`~landscape.errors.LandscapeError` becomes one line on stderr and its exit code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import click
+
+from landscape import __version__
+
+# command name -> "module:attribute" of a click command or group
+COMMANDS: dict[str, str] = {
+    "store": "cli.store:store",
+    "import": "cli.store:import_checkpoint",
+    "show": "cli.show:show",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module, attr = target.split(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="landscape")
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False),
+    envvar="LANDSCAPE_ROOT",
+    default="checkpoints",
+    show_default=True,
+    help="Checkpoint store root (env LANDSCAPE_ROOT).",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    envvar="LANDSCAPE_THREADS",
+    default=None,
+    help="torch intra-op threads (env LANDSCAPE_THREADS; default: torch's).",
+)
+@click.pass_context
+def cli(ctx: click.Context, root: str, threads: int | None) -> None:
+    """See why DP-SGD ends up worse than SGD: train, store and measure loss-landscape geometry."""
+    from landscape.runtime import set_threads
+
+    set_threads(threads)
+    ctx.obj = {"root": root}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI; turn LandscapeError into one line on stderr with its exit code."""
+    from landscape.errors import LandscapeError
+
+    try:
+        cli.main(args=argv, prog_name="landscape", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except LandscapeError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""Errors a user can act on.
+
+Library code raises subclasses of :class:`LandscapeError` with a one-line message that says what went
+wrong and what to do. The CLI prints that line to stderr and exits with ``exit_code`` (1 for failures,
+2 for usage errors); it never shows a traceback for these.
+"""
+
+from __future__ import annotations
+
+
+class LandscapeError(Exception):
+    """Base class of every error landscape raises on purpose."""
+
+    exit_code = 1
+
+
+class UsageError(LandscapeError):
+    """Options or arguments that cannot work together (CLI exit code 2)."""
+
+    exit_code = 2
+
+
+class DataError(LandscapeError):
+    """A data set is unknown, missing on disk, or malformed."""
+
+
+class ModelError(LandscapeError):
+    """A model spec is unknown or cannot be built, or a model is unfit for the requested use."""
+
+
+class CheckpointError(LandscapeError):
+    """A checkpoint or reference cannot be resolved, read or written."""
+
+
+class UnsafeFileError(CheckpointError):
+    """A foreign file would need unsafe deserialisation (pickle code execution) to load."""
+
+
+class IncompatibleError(LandscapeError):
+    """Two checkpoints (or a checkpoint and a model) do not have the same tensors."""
+
+
+class ResultError(LandscapeError):
+    """A result file is missing, corrupt or of the wrong kind."""
+
+
+class PrivacyError(LandscapeError):
+    """A privacy accounting request has no solution (e.g. an unreachable target epsilon)."""

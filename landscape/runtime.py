@@ -1,0 +1,73 @@
+"""Process-wide runtime settings: threads, device, seeds, and the code version recorded in every file."""
+
+from __future__ import annotations
+
+import functools
+import os
+import random
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from landscape import __version__
+from landscape.errors import UsageError
+
+THREADS_ENV = "LANDSCAPE_THREADS"
+
+
+def set_threads(threads: int | None = None) -> int:
+    """Set torch's intra-op thread count from ``threads``, else ``$LANDSCAPE_THREADS``, else leave torch's default.
+
+    On small machines one thread is often much faster than several (see DEVELOPERS.md); tests, CI and
+    benchmarks run with one.
+    """
+    if threads is None:
+        env = os.environ.get(THREADS_ENV)
+        if env is None:
+            return torch.get_num_threads()
+        try:
+            threads = int(env)
+        except ValueError:
+            raise UsageError(f"${THREADS_ENV} must be a positive integer, got {env!r}") from None
+    if threads < 1:
+        raise UsageError(f"--threads must be >= 1, got {threads}")
+    torch.set_num_threads(threads)
+    return threads
+
+
+def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
+    """``auto`` -> cuda when present, else cpu; an explicit ``cuda`` without a GPU is a usage error."""
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda was asked for but no CUDA device is available; use --device cpu")
+    return dev
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    """Seed python, numpy and torch; return a CPU generator seeded with ``seed`` for explicit use."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """``landscape`` version plus the git commit (``+dirty`` when the tree has changes), when known."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True, text=True, timeout=5, check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=5, check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return __version__
+    return f"{__version__}+g{commit}{'.dirty' if dirty else ''}"
