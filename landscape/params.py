@@ -1,0 +1,304 @@
+"""Parameters as flat vectors and back; interpolation, distance and compatibility of two models.
+
+A :class:`ParamSpace` fixes which named tensors of a model make up a "point" in parameter space, in which
+order, with which shapes and dtypes, and whether each is a parameter (``named_parameters``) or a buffer
+(BatchNorm running statistics). ``flatten`` / ``unflatten`` convert between a state dict (or a model) and
+one flat vector in that order; ``ParamSpace.assign_`` writes a flat vector into a model in place.
+
+Random directions and filter normalisation live in :mod:`landscape.directions`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from landscape.errors import IncompatibleError
+
+PARAMETER = "parameter"
+BUFFER = "buffer"
+
+StateLike = nn.Module | Mapping[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One named tensor of a parameter space."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    kind: str  # PARAMETER | BUFFER
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+class ParamSpace:
+    """Names, shapes, dtypes and kinds of the tensors that form a flat parameter vector, in order.
+
+    Build it with :meth:`from_model` (parameters in ``named_parameters`` order; floating-point buffers
+    appended when ``buffers=True``) or :meth:`from_state_dict`.
+    """
+
+    def __init__(self, entries: Sequence[TensorSpec]):
+        self.entries: tuple[TensorSpec, ...] = tuple(entries)
+        names = [e.name for e in self.entries]
+        if len(set(names)) != len(names):
+            raise ValueError("duplicate tensor names in a ParamSpace")
+        self.offsets: tuple[int, ...] = tuple(_cumsum([e.numel for e in self.entries]))
+        self.dim: int = self.offsets[-1] if self.entries else 0
+
+    # construction -------------------------------------------------------------------------------------
+    @classmethod
+    def from_model(cls, model: nn.Module, *, buffers: bool = False) -> ParamSpace:
+        """All parameters of ``model`` (trainable or not); with ``buffers`` also its floating buffers."""
+        entries = [TensorSpec(n, tuple(p.shape), p.dtype, PARAMETER) for n, p in model.named_parameters()]
+        if buffers:
+            entries += [
+                TensorSpec(n, tuple(b.shape), b.dtype, BUFFER)
+                for n, b in model.named_buffers()
+                if b.is_floating_point()
+            ]
+        return cls(entries)
+
+    @classmethod
+    def from_state_dict(
+        cls, state: Mapping[str, torch.Tensor], *, parameters: Sequence[str] | None = None, buffers: bool = True
+    ) -> ParamSpace:
+        """Floating-point entries of a state dict in its order.
+
+        ``parameters`` names the entries that are parameters (the rest are buffers); without it every
+        floating entry counts as a parameter. ``buffers=False`` leaves the buffers out.
+        """
+        param_set = set(parameters) if parameters is not None else None
+        entries = []
+        for name, t in state.items():
+            if not t.is_floating_point():
+                continue
+            kind = PARAMETER if param_set is None or name in param_set else BUFFER
+            if kind == BUFFER and not buffers:
+                continue
+            entries.append(TensorSpec(name, tuple(t.shape), t.dtype, kind))
+        return cls(entries)
+
+    # views ----------------------------------------------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        return [e.name for e in self.entries]
+
+    @property
+    def shapes(self) -> list[tuple[int, ...]]:
+        return [e.shape for e in self.entries]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """dtype of the flat vector: the promotion of all entry dtypes (float32 if empty)."""
+        dtype = torch.float32 if not self.entries else self.entries[0].dtype
+        for e in self.entries[1:]:
+            dtype = torch.promote_types(dtype, e.dtype)
+        return dtype
+
+    def parameter_names(self) -> list[str]:
+        return [e.name for e in self.entries if e.kind == PARAMETER]
+
+    def buffer_names(self) -> list[str]:
+        return [e.name for e in self.entries if e.kind == BUFFER]
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ParamSpace) and self.entries == other.entries
+
+    def __hash__(self) -> int:
+        return hash(self.entries)
+
+    def __repr__(self) -> str:
+        return f"ParamSpace({len(self.entries)} tensors, dim={self.dim})"
+
+    def slice(self, name: str) -> slice:
+        """Where tensor ``name`` sits in the flat vector."""
+        for i, e in enumerate(self.entries):
+            if e.name == name:
+                return slice(self.offsets[i] - e.numel, self.offsets[i])
+        raise KeyError(name)
+
+    # conversion -----------------------------------------------------------------------------------------
+    def flatten(self, state: StateLike, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """One flat vector (on the tensors' device) from a model or a state dict holding every entry."""
+        tensors = _tensors_of(state)
+        missing = [e.name for e in self.entries if e.name not in tensors]
+        if missing:
+            raise IncompatibleError(f"tensor '{missing[0]}' is missing (expected by the parameter space)")
+        for e in self.entries:
+            got = tuple(tensors[e.name].shape)
+            if got != e.shape:
+                raise IncompatibleError(f"tensor '{e.name}' has shape {_fmt(got)}, expected {_fmt(e.shape)}")
+        dtype = dtype or self.dtype
+        if not self.entries:
+            return torch.zeros(0, dtype=dtype)
+        return torch.cat([tensors[e.name].detach().reshape(-1).to(dtype) for e in self.entries])
+
+    def unflatten(self, vector: torch.Tensor, *, cast: bool = True) -> dict[str, torch.Tensor]:
+        """Name -> tensor (views of ``vector`` when no dtype cast is needed)."""
+        self._check_dim(vector)
+        out = {}
+        start = 0
+        for e, stop in zip(self.entries, self.offsets, strict=True):
+            t = vector[start:stop].view(e.shape)
+            out[e.name] = t.to(e.dtype) if cast else t
+            start = stop
+        return out
+
+    def unflatten_batch(self, vectors: torch.Tensor) -> dict[str, torch.Tensor]:
+        """(P, d) -> name -> (P, *shape) views, dtype of ``vectors`` kept (for stacked ``functional_call``)."""
+        if vectors.dim() != 2 or vectors.shape[1] != self.dim:
+            raise IncompatibleError(f"points have shape {_fmt(tuple(vectors.shape))}, expected (P, {self.dim})")
+        out = {}
+        start = 0
+        for e, stop in zip(self.entries, self.offsets, strict=True):
+            out[e.name] = vectors[:, start:stop].view(vectors.shape[0], *e.shape)
+            start = stop
+        return out
+
+    def tensors_of(self, model: nn.Module) -> list[torch.Tensor]:
+        """The model's own tensors for every entry, in order (parameters and buffers, not copies)."""
+        named = dict(model.named_parameters())
+        named.update(dict(model.named_buffers()))
+        missing = [e.name for e in self.entries if e.name not in named]
+        if missing:
+            raise IncompatibleError(f"tensor '{missing[0]}' of the parameter space is not in the model")
+        return [named[e.name] for e in self.entries]
+
+    def assign_(self, model: nn.Module, vector: torch.Tensor) -> None:
+        """Write ``vector`` into ``model``'s tensors in place (no new tensors, no autograd history)."""
+        targets = self.tensors_of(model)
+        self._check_dim(vector)
+        sources = [vector[o - e.numel : o].view(e.shape) for e, o in zip(self.entries, self.offsets, strict=True)]
+        with torch.no_grad():
+            torch._foreach_copy_(targets, sources)
+
+    def check_compatible(self, other: ParamSpace, names: tuple[str, str] = ("A", "B")) -> None:
+        """Raise :class:`IncompatibleError` naming the first tensor that differs between two spaces."""
+        check_compatible(
+            {e.name: e.shape for e in self.entries}, {e.name: e.shape for e in other.entries}, names=names
+        )
+
+    def _check_dim(self, vector: torch.Tensor) -> None:
+        if vector.dim() != 1 or vector.numel() != self.dim:
+            raise IncompatibleError(
+                f"parameter vector has shape {_fmt(tuple(vector.shape))}, expected ({self.dim},)"
+            )
+
+
+def flatten(state: StateLike | Sequence[torch.Tensor], space: ParamSpace | None = None) -> torch.Tensor:
+    """Flat vector of a model's parameters, a state dict's floating entries, or a list of tensors.
+
+    With ``space`` the entries and order are the space's; without, a model contributes its parameters
+    (``named_parameters`` order) and a state dict every floating-point entry in its order.
+    """
+    if space is not None:
+        return space.flatten(state)
+    if isinstance(state, nn.Module):
+        return ParamSpace.from_model(state).flatten(state)
+    if isinstance(state, Mapping):
+        return ParamSpace.from_state_dict(state).flatten(state)
+    tensors = list(state)
+    if not tensors:
+        return torch.zeros(0)
+    dtype = tensors[0].dtype
+    for t in tensors[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return torch.cat([t.detach().reshape(-1).to(dtype) for t in tensors])
+
+
+def unflatten(vector: torch.Tensor, space: ParamSpace) -> dict[str, torch.Tensor]:
+    """Name -> tensor in each entry's shape and dtype."""
+    return space.unflatten(vector)
+
+
+def lerp(a, b, alpha: float | torch.Tensor):
+    """``(1 - alpha) a + alpha b`` for flat tensors or state dicts (Watson et al. Sec. 2.2).
+
+    Uses :func:`torch.lerp`, which is exact at both ends: ``alpha=0`` gives ``a`` and ``alpha=1`` gives
+    ``b`` bit for bit. For state dicts, non-floating entries (e.g. BatchNorm's ``num_batches_tracked``)
+    are taken from ``a``; both dicts must be compatible.
+    """
+    if isinstance(a, Mapping):
+        check_compatible(a, b)
+        return {k: (torch.lerp(v, b[k].to(v.dtype), alpha) if v.is_floating_point() else v.clone())
+                for k, v in a.items()}
+    return torch.lerp(a, b.to(a.dtype), alpha)
+
+
+def distance(a, b) -> float:
+    """Euclidean distance ``||a - b||_2`` between two flat vectors or two compatible state dicts.
+
+    For state dicts only floating-point entries count. Accumulated in float64.
+    """
+    if isinstance(a, Mapping):
+        check_compatible(a, b)
+        total = 0.0
+        for k, v in a.items():
+            if v.is_floating_point():
+                total += float(torch.sum((v.double() - b[k].double()) ** 2))
+        return math.sqrt(total)
+    return float(torch.linalg.vector_norm(a.double() - b.double()))
+
+
+def check_compatible(a, b, *, names: tuple[str, str] = ("A", "B")) -> None:
+    """Raise :class:`IncompatibleError` naming the FIRST tensor where two state dicts differ.
+
+    ``a`` and ``b`` are models, state dicts, or mappings name -> shape. Differences are a tensor
+    present in only one of them, or a different shape; the check walks ``a``'s order, then ``b``'s extras.
+    """
+    sa, sb = _shapes_of(a), _shapes_of(b)
+    na, nb = names
+    for name, shape in sa.items():
+        if name not in sb:
+            raise IncompatibleError(f"incompatible models: tensor '{name}' is in {na} but not in {nb}")
+        if tuple(sb[name]) != tuple(shape):
+            raise IncompatibleError(
+                f"incompatible models: tensor '{name}' has shape {_fmt(shape)} in {na} "
+                f"but {_fmt(sb[name])} in {nb}"
+            )
+    for name in sb:
+        if name not in sa:
+            raise IncompatibleError(f"incompatible models: tensor '{name}' is in {nb} but not in {na}")
+
+
+def _shapes_of(x) -> dict[str, tuple[int, ...]]:
+    if isinstance(x, ParamSpace):
+        return {e.name: e.shape for e in x.entries}
+    if isinstance(x, nn.Module):
+        x = x.state_dict()
+    out = {}
+    for k, v in x.items():
+        out[k] = tuple(v.shape) if isinstance(v, torch.Tensor) else tuple(v)
+    return out
+
+
+def _tensors_of(state: StateLike) -> dict[str, torch.Tensor]:
+    if isinstance(state, nn.Module):
+        named = dict(state.named_parameters())
+        named.update(dict(state.named_buffers()))
+        return named
+    return dict(state)
+
+
+def _cumsum(values: Sequence[int]) -> list[int]:
+    out, total = [], 0
+    for v in values:
+        total += v
+        out.append(total)
+    return out
+
+
+def _fmt(shape: Sequence[int]) -> str:
+    return "(" + ", ".join(str(int(s)) for s in shape) + ("," if len(shape) == 1 else "") + ")"

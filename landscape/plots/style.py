@@ -1,0 +1,114 @@
+"""Shared publication style for every landscape figure.
+
+``apply_style()`` sets matplotlib rcParams (readable fonts, no top/right spines, a colour-blind-safe
+palette); ``save_figure(fig, stem)`` writes ``stem.png`` (200 dpi) and ``stem.pdf`` and closes the figure.
+SGD and DP-SGD always get the same colours (:data:`SGD_COLOR`, :data:`DP_COLOR`, :func:`method_color`)
+so figures from different commands read together. Uses the non-interactive Agg backend.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+# Okabe & Ito (2008) colour-blind-safe palette.
+PALETTE: tuple[str, ...] = (
+    "#0072B2",  # blue
+    "#D55E00",  # vermillion
+    "#009E73",  # bluish green
+    "#CC79A7",  # reddish purple
+    "#E69F00",  # orange
+    "#56B4E9",  # sky blue
+    "#F0E442",  # yellow
+    "#000000",  # black
+)
+SGD_COLOR = PALETTE[0]
+DP_COLOR = PALETTE[1]
+CLIP_ONLY_COLOR = PALETTE[2]
+NOISE_ONLY_COLOR = PALETTE[3]
+SPLIT_COLORS: dict[str, str] = {"train": PALETTE[0], "test": PALETTE[1]}
+SPLIT_STYLES: dict[str, str] = {"train": "-", "test": "--"}
+
+_METHOD_COLORS = {
+    "sgd": SGD_COLOR,
+    "dpsgd": DP_COLOR,
+    "dp-sgd": DP_COLOR,
+    "dp": DP_COLOR,
+    "clip-only": CLIP_ONLY_COLOR,
+    "noise-only": NOISE_ONLY_COLOR,
+}
+
+DPI = 200
+
+
+def method_color(optimizer: str) -> str:
+    """The colour of a training method ("sgd", "dpsgd", "clip-only", "noise-only"); grey otherwise."""
+    return _METHOD_COLORS.get(str(optimizer).lower(), "#666666")
+
+
+def dp_shades(n: int) -> list[str]:
+    """``n`` distinguishable shades of the DP colour family (e.g. one per epsilon), light to dark."""
+    from matplotlib.colors import to_rgb
+
+    base = to_rgb(DP_COLOR)
+    if n <= 1:
+        return [DP_COLOR]
+    out = []
+    for i in range(n):
+        t = 0.35 + 0.65 * i / (n - 1)  # mix with white: light (small eps) -> full colour (large eps)
+        out.append(tuple(1 - t * (1 - c) for c in base))
+    return out
+
+
+def apply_style() -> None:
+    """Set the shared rcParams (idempotent)."""
+    from cycler import cycler
+
+    plt.rcParams.update(
+        {
+            "figure.figsize": (5.0, 3.4),
+            "figure.dpi": 100,
+            "savefig.dpi": DPI,
+            "savefig.bbox": "tight",
+            "font.size": 10,
+            "axes.titlesize": 10,
+            "axes.labelsize": 10,
+            "xtick.labelsize": 9,
+            "ytick.labelsize": 9,
+            "legend.fontsize": 8,
+            "legend.frameon": False,
+            "axes.spines.top": False,
+            "axes.spines.right": False,
+            "axes.grid": True,
+            "grid.alpha": 0.25,
+            "grid.linewidth": 0.6,
+            "lines.linewidth": 1.6,
+            "lines.markersize": 4,
+            "axes.prop_cycle": cycler(color=list(PALETTE)),
+            "pdf.fonttype": 42,  # embed TrueType: editable text in the PDF
+            "ps.fonttype": 42,
+        }
+    )
+
+
+def save_figure(fig, stem: str | os.PathLike) -> list[Path]:
+    """Write ``stem.png`` (200 dpi) and ``stem.pdf``, close ``fig``, return both paths.
+
+    ``stem`` may carry a suffix (``out/interp.h5`` -> ``out/interp.png``, ``out/interp.pdf``).
+    """
+    stem = Path(stem)
+    if stem.suffix.lower() in (".png", ".pdf", ".h5", ".hdf5", ".csv"):
+        stem = stem.with_suffix("")
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for ext in ("png", "pdf"):
+        path = stem.with_name(f"{stem.name}.{ext}")
+        fig.savefig(path, dpi=DPI)
+        paths.append(path)
+    plt.close(fig)
+    return paths
