@@ -1,0 +1,814 @@
+"""Checkpoint store: run directories of HDF5 checkpoints, references to them, and safe import.
+
+Layout (DESIGN.md "Checkpoint store")::
+
+    <root>/<run>/manifest.json       config, seeds, lineage, code_version, model_spec, data_spec, created,
+                                     checkpoints: [{step, epoch, epsilon, metrics, file, sha256}, ...]
+    <root>/<run>/step-000120.h5      one file per checkpoint (group ``state_dict``, group ``extra``, attrs)
+    <root>/<run>/arrays.h5           run-level arrays (pruning masks, per-step metric tables, ...)
+
+Every file is written to a hidden temporary file in the same directory and renamed over its final name,
+so a process killed mid-write never leaves a half-written checkpoint or manifest under a final name
+(stale ``.*.tmp`` files may remain; nothing lists or loads them). Run directories are created with an
+atomic ``mkdir``, so several processes may write *different* runs into one root at once. Within one run
+a single writer at a time is assumed (the training loop that owns it); concurrent writers to the same
+run could lose each other's manifest entries.
+
+A checkpoint reference is ``PATH.h5`` (a file; relative paths are tried against the working directory,
+then the store root) or ``RUN[@SELECTOR]`` with ``@init`` (smallest step), ``@last`` (the default),
+``@step=N`` or ``@epoch=E``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import fnmatch
+import json
+import math
+import os
+import pickle
+import re
+import secrets
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote
+
+import h5py
+import numpy as np
+import torch
+from torch import nn
+
+from landscape.errors import CheckpointError, IncompatibleError, UnsafeFileError, UsageError
+from landscape.results import InputRef, sha256_file, to_jsonable
+from landscape.runtime import code_version
+
+MANIFEST = "manifest.json"
+ARRAYS = "arrays.h5"
+MANIFEST_FORMAT = "landscape-run/1"
+CHECKPOINT_FORMAT = "landscape-checkpoint/1"
+STATE_GROUP = "state_dict"
+EXTRA_GROUP = "extra"
+WRAPPER_KEYS = ("state_dict", "model_state_dict", "model")
+PREFIXES = ("_module.", "module.")  # Opacus GradSampleModule, then DataParallel/DDP
+
+_RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,+=-]{0,199}")
+_CHECKPOINT_FILE = re.compile(r"step-(\d+)\.h5")
+_MANIFEST_KEYS = frozenset(
+    {"format", "name", "created", "code_version", "config", "seeds", "lineage", "model_spec", "data_spec",
+     "checkpoints"}
+)
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+# torch dtypes numpy cannot hold: stored bit-exactly as same-width integers, tagged with the torch dtype
+_VIEW_DTYPES = {
+    torch.bfloat16: torch.int16,
+    **{getattr(torch, n): torch.uint8 for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)},
+}
+
+
+# ---------------------------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One checkpoint as listed in a run manifest (no tensors loaded)."""
+
+    path: Path
+    step: int
+    epoch: float
+    epsilon: float | None
+    metrics: dict[str, Any]
+    sha256: str | None = None
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint file read back: tensors with their original dtypes and shapes, plus metadata."""
+
+    path: Path
+    ref: str
+    state_dict: dict[str, torch.Tensor]
+    step: int
+    epoch: float
+    epsilon: float | None
+    metrics: dict[str, Any]
+    model_spec: dict[str, Any]
+    data_spec: dict[str, Any]
+    run: str | None
+    extra: dict[str, np.ndarray]
+    sha256: str
+    attrs: dict[str, Any] = field(default_factory=dict)
+    code_version: str | None = None
+
+    def build_model(self) -> nn.Module:
+        """Rebuild the model from its spec and load these weights (strict)."""
+        from landscape.models import model_from_spec
+
+        model = model_from_spec(self.model_spec)
+        check_state_dict(model, self.state_dict, source=str(self.path))
+        model.load_state_dict(self.state_dict, strict=True)
+        return model
+
+    def input_ref(self) -> InputRef:
+        return InputRef(ref=self.ref, path=str(self.path), sha256=self.sha256)
+
+
+# ------------------------------------------------------------------------------------------- the store
+
+
+class Store:
+    """A directory of runs. Nothing is created on disk until a run is."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.root)!r})"
+
+    def create_run(
+        self,
+        name: str | None,
+        *,
+        config: Mapping[str, Any],
+        seeds: Mapping[str, Any],
+        lineage: Mapping[str, Any] | None = None,
+        model_spec: Mapping[str, Any],
+        data_spec: Mapping[str, Any],
+        extra: Mapping[str, Any] | None = None,
+    ) -> Run:
+        """Create a new run directory with its manifest; ``name=None`` generates a unique name.
+
+        ``extra`` adds further top-level manifest fields (e.g. ``phases``). An existing run name is an
+        error: runs are never overwritten.
+        """
+        clash = set(extra or {}) & _MANIFEST_KEYS
+        if clash:
+            raise UsageError(f"manifest fields {sorted(clash)} are set by the store, not through extra=")
+        self.root.mkdir(parents=True, exist_ok=True)
+        if name is None:
+            path = self._make_unique_dir()
+        else:
+            check_run_name(name)
+            path = self.root / name
+            try:
+                path.mkdir()
+            except FileExistsError:
+                raise CheckpointError(f"run '{name}' already exists in {self.root}; choose another --run name") from None
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "name": path.name,
+            "created": _now(),
+            "code_version": code_version(),
+            "config": dict(config),
+            "seeds": dict(seeds),
+            "lineage": dict(lineage) if lineage is not None else None,
+            "model_spec": dict(model_spec),
+            "data_spec": dict(data_spec),
+            **dict(extra or {}),
+            "checkpoints": [],
+        }
+        try:
+            _write_json_atomic(path / MANIFEST, manifest)
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        return Run(path, _read_manifest(path / MANIFEST))
+
+    def _make_unique_dir(self) -> Path:
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+        for _ in range(100):
+            path = self.root / f"run-{stamp}-{secrets.token_hex(3)}"
+            try:
+                path.mkdir()
+            except FileExistsError:
+                continue
+            return path
+        raise CheckpointError(f"could not create a unique run directory in {self.root}")
+
+    def run(self, name: str) -> Run:
+        """An existing run; CheckpointError listing the runs there are when it is missing."""
+        check_run_name(name)
+        path = self.root / name
+        if not (path / MANIFEST).is_file():
+            raise CheckpointError(f"no run '{name}' in {self.root} ({_available(self.run_names(), 'runs')})")
+        return Run(path, _read_manifest(path / MANIFEST))
+
+    def run_names(self) -> list[str]:
+        """Names of the complete runs (directories with a manifest), sorted."""
+        if not self.root.is_dir():
+            return []
+        return sorted(
+            p.name for p in self.root.iterdir()
+            if _RUN_NAME.fullmatch(p.name) and (p / MANIFEST).is_file()
+        )
+
+    def runs(self) -> list[Run]:
+        return [self.run(n) for n in self.run_names()]
+
+    def runs_matching(self, pattern: str) -> list[Run]:
+        """Runs whose name matches a shell glob (``dp-*``), sorted by name."""
+        return [self.run(n) for n in self.run_names() if fnmatch.fnmatchcase(n, pattern)]
+
+    def resolve(self, ref: str) -> Path:
+        """The checkpoint file a reference names (see the module docstring for the syntax)."""
+        return self._resolve(ref)[0]
+
+    def _resolve(self, ref: str) -> tuple[Path, CheckpointInfo | None]:
+        ref = str(ref).strip()
+        if not ref:
+            raise UsageError("empty checkpoint reference; expected PATH.h5 or RUN[@init|@last|@step=N|@epoch=E]")
+        if ref.endswith(".h5") or os.sep in ref or "/" in ref:
+            if not ref.endswith(".h5"):
+                raise UsageError(
+                    f"bad checkpoint reference '{ref}': expected PATH.h5 or RUN[@init|@last|@step=N|@epoch=E]"
+                )
+            for candidate in (Path(ref), self.root / ref):
+                if candidate.is_file():
+                    return candidate, None
+            raise CheckpointError(f"checkpoint file not found: {ref} (also looked in {self.root})")
+        name, _, selector = ref.partition("@")
+        run = self.run(name)
+        info = run.select(selector or "last")
+        return info.path, info
+
+    def load(self, ref: str) -> Checkpoint:
+        """Load the checkpoint a reference names; files listed in a manifest are checked against its sha256."""
+        path, info = self._resolve(ref)
+        ckpt = load_checkpoint(path, ref=str(ref))
+        if info is not None and info.sha256 and info.sha256 != ckpt.sha256:
+            raise CheckpointError(
+                f"{path} changed after it was written (sha256 {ckpt.sha256[:12]} != manifest {info.sha256[:12]})"
+            )
+        return ckpt
+
+
+class Run:
+    """One run directory. A single writer per run at a time is assumed."""
+
+    def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self.name = self.path.name
+        self.manifest = manifest
+
+    def __repr__(self) -> str:
+        return f"Run({self.name!r}, checkpoints={len(self.manifest.get('checkpoints', []))})"
+
+    # -- checkpoints --------------------------------------------------------------------------------
+
+    def save_checkpoint(
+        self,
+        state_dict: Mapping[str, torch.Tensor],
+        *,
+        step: int,
+        epoch: float,
+        epsilon: float | None = None,
+        metrics: Mapping[str, Any] | None = None,
+        extra: Mapping[str, Any] | None = None,
+        attrs: Mapping[str, Any] | None = None,
+    ) -> Path:
+        """Write ``step-NNNNNN.h5`` atomically, then record it in the manifest (also atomically).
+
+        ``extra`` holds arrays to keep beside the weights (RNG states, optimizer buffers, sampler
+        position); names may nest with ``/`` or as nested mappings. ``attrs`` are further JSON-able
+        metadata, returned as :attr:`Checkpoint.attrs`. Saving a step that exists replaces it.
+        """
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise UsageError(f"checkpoint step must be a non-negative integer, got {step!r}")
+        step = int(step)
+        epoch = float(epoch)
+        epsilon = None if epsilon is None else float(epsilon)
+        metrics = {str(k): _plain(v) for k, v in (metrics or {}).items()}
+        final = self.path / f"step-{step:06d}.h5"
+        meta = {
+            "format": CHECKPOINT_FORMAT,
+            "step": step,
+            "epoch": epoch,
+            "metrics": json.dumps(to_jsonable(metrics)),
+            "model_spec": json.dumps(to_jsonable(self.manifest.get("model_spec") or {})),
+            "data_spec": json.dumps(to_jsonable(self.manifest.get("data_spec") or {})),
+            "run": self.name,
+            "code_version": code_version(),
+            "attrs": json.dumps(to_jsonable(dict(attrs or {}))),
+            "created": _now(),
+        }
+        if epsilon is not None:
+            meta["epsilon"] = epsilon
+
+        def write(f: h5py.File) -> None:
+            for key, value in meta.items():
+                f.attrs[key] = value
+            _write_state_dict(f.create_group(STATE_GROUP, track_order=True), state_dict)
+            if extra:
+                _write_nested(f.create_group(EXTRA_GROUP, track_order=True), extra, escape=False)
+
+        sha = _write_h5_atomic(final, write)
+        entry = {"step": step, "epoch": epoch, "epsilon": epsilon, "metrics": metrics, "file": final.name,
+                 "sha256": sha}
+        entries = [e for e in self.manifest.get("checkpoints", []) if int(e["step"]) != step]
+        self.manifest["checkpoints"] = sorted([*entries, entry], key=lambda e: int(e["step"]))
+        _write_json_atomic(self.path / MANIFEST, self.manifest)
+        return final
+
+    def checkpoints(self) -> list[CheckpointInfo]:
+        """Checkpoints sorted by step: the manifest's, plus complete files a killed writer left unrecorded."""
+        found: dict[int, CheckpointInfo] = {}
+        for e in self.manifest.get("checkpoints", []):
+            path = self.path / e["file"]
+            if path.is_file():
+                found[int(e["step"])] = CheckpointInfo(
+                    path=path, step=int(e["step"]), epoch=float(e["epoch"]), epsilon=_float_or_none(e.get("epsilon")),
+                    metrics=_decode_metrics(e.get("metrics") or {}), sha256=e.get("sha256"),
+                )
+        for path in self.path.glob("step-*.h5"):
+            match = _CHECKPOINT_FILE.fullmatch(path.name)
+            if match and int(match.group(1)) not in found:
+                info = _info_from_file(path)
+                if info is not None:
+                    found[info.step] = info
+        return [found[s] for s in sorted(found)]
+
+    def select(self, selector: str) -> CheckpointInfo:
+        """One checkpoint by selector: ``init``, ``last``, ``step=N`` or ``epoch=E``."""
+        infos = self.checkpoints()
+        if not infos:
+            raise CheckpointError(f"run '{self.name}' has no checkpoints yet")
+        steps = [i.step for i in infos]
+        if selector == "init":
+            return infos[0]
+        if selector == "last":
+            return infos[-1]
+        kind, _, value = selector.partition("=")
+        if kind == "step":
+            try:
+                step = int(value)
+            except ValueError:
+                raise UsageError(f"bad selector '@{selector}': the step must be an integer") from None
+            for info in infos:
+                if info.step == step:
+                    return info
+            raise CheckpointError(f"run '{self.name}' has no checkpoint at step {step} ({_available(steps, 'steps')})")
+        if kind == "epoch":
+            try:
+                epoch = float(value)
+            except ValueError:
+                raise UsageError(f"bad selector '@{selector}': the epoch must be a number") from None
+            tol = 1e-6 * max(1.0, abs(epoch))
+            hits = [i for i in infos if abs(i.epoch - epoch) <= tol]
+            if len(hits) == 1:
+                return hits[0]
+            if hits:
+                raise CheckpointError(
+                    f"run '{self.name}' has several checkpoints at epoch {epoch:g} "
+                    f"(steps {', '.join(str(i.step) for i in hits)}); use @step=N"
+                )
+            epochs = [f"{i.epoch:.6g}" for i in infos]
+            raise CheckpointError(f"run '{self.name}' has no checkpoint at epoch {epoch:g} ({_available(epochs, 'epochs')})")
+        raise UsageError(f"bad selector '@{selector}': expected @init, @last, @step=N or @epoch=E")
+
+    def update_manifest(self, **fields: Any) -> None:
+        """Set top-level manifest fields (not the store's own ones) and rewrite the manifest atomically."""
+        clash = set(fields) & _MANIFEST_KEYS
+        if clash:
+            raise UsageError(f"manifest fields {sorted(clash)} are set by the store")
+        self.manifest.update(fields)
+        _write_json_atomic(self.path / MANIFEST, self.manifest)
+
+    # -- run-level arrays ---------------------------------------------------------------------------
+
+    def save_array(self, name: str, array: Any) -> None:
+        """Store an array (or a mapping of arrays, e.g. a pruning mask per layer) in ``arrays.h5``.
+
+        The file is rewritten atomically; an existing array of the same name is replaced.
+        """
+        _check_array_name(name)
+        target = self.path / ARRAYS
+
+        def write(f: h5py.File) -> None:
+            if target.is_file():
+                with _open_h5(target) as old:
+                    for key in old:
+                        if key != name:
+                            old.copy(old[key], f, name=key)
+            if isinstance(array, Mapping):
+                _write_nested(f.create_group(name, track_order=True), array, escape=True)
+            else:
+                _write_array(f, name, array)
+
+        _write_h5_atomic(target, write)
+
+    def load_array(self, name: str) -> np.ndarray | dict[str, np.ndarray]:
+        """An array saved with :meth:`save_array` (a dict of arrays when a mapping was saved)."""
+        _check_array_name(name)
+        target = self.path / ARRAYS
+        names = self.array_names()
+        if name not in names:
+            raise CheckpointError(f"run '{self.name}' has no array '{name}' ({_available(names, 'arrays')})")
+        with _open_h5(target) as f:
+            obj = f[name]
+            if isinstance(obj, h5py.Group):
+                return _read_flat(obj, escaped=True)
+            return _read_array(obj, as_torch=False)
+
+    def array_names(self) -> list[str]:
+        target = self.path / ARRAYS
+        if not target.is_file():
+            return []
+        with _open_h5(target) as f:
+            return list(f.keys())
+
+
+# ------------------------------------------------------------------------------------------ file level
+
+
+def load_checkpoint(path: str | os.PathLike, *, ref: str | None = None) -> Checkpoint:
+    """Read one checkpoint file. A missing, truncated, corrupt or foreign file is a one-line CheckpointError."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file not found: {path}")
+    try:
+        with _open_h5(path) as f:
+            if STATE_GROUP not in f:
+                raise CheckpointError(f"{path} is not a landscape checkpoint (no '{STATE_GROUP}' group)")
+            a = f.attrs
+            state_dict = _read_state_dict(f[STATE_GROUP])
+            extra = _read_flat(f[EXTRA_GROUP], escaped=False) if EXTRA_GROUP in f else {}
+            ckpt = Checkpoint(
+                path=path,
+                ref=ref if ref is not None else str(path),
+                state_dict=state_dict,
+                step=int(a.get("step", 0)),
+                epoch=float(a.get("epoch", 0.0)),
+                epsilon=_float_or_none(a.get("epsilon")),
+                metrics=_decode_metrics(_json_attr(a, "metrics")),
+                model_spec=_json_attr(a, "model_spec"),
+                data_spec=_json_attr(a, "data_spec"),
+                run=_str_attr(a, "run"),
+                extra=extra,
+                sha256="",
+                attrs=_json_attr(a, "attrs"),
+                code_version=_str_attr(a, "code_version"),
+            )
+    except CheckpointError:
+        raise
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError) as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {_one_line(exc)} (truncated or corrupt file?)") from None
+    ckpt.sha256 = sha256_file(path)
+    return ckpt
+
+
+def check_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], *, source: str) -> None:
+    """Raise IncompatibleError naming the first key that is missing, unexpected or of the wrong shape."""
+    expected = model.state_dict()
+    spec = getattr(model, "landscape_spec", None)
+    what = f"model '{spec['name']}'" if isinstance(spec, Mapping) and "name" in spec else "the model"
+    for key, tensor in expected.items():
+        if key not in state_dict:
+            raise IncompatibleError(
+                f"{source}: missing tensor '{key}' that {what} expects "
+                f"({len(state_dict)} tensors in the file, {len(expected)} in the model)"
+            )
+        got = tuple(state_dict[key].shape)
+        if got != tuple(tensor.shape):
+            raise IncompatibleError(f"{source}: tensor '{key}' has shape {got} but {what} expects {tuple(tensor.shape)}")
+    for key in state_dict:
+        if key not in expected:
+            raise IncompatibleError(f"{source}: unexpected tensor '{key}' that {what} does not have")
+
+
+def import_checkpoint(
+    store: Store,
+    file: str | os.PathLike,
+    *,
+    model_spec: Mapping[str, Any],
+    data_spec: Mapping[str, Any],
+    run: str,
+) -> Path:
+    """Import a foreign state dict as step 0 of a new run; return the checkpoint path.
+
+    ``.pt``/``.pth`` files are read with ``torch.load(weights_only=True)`` only: a file that would need
+    arbitrary code to unpickle is refused with UnsafeFileError and nothing in it runs. ``.safetensors``
+    files are read with safetensors. A dict wrapping the weights under ``state_dict``/``model_state_dict``/
+    ``model`` is unwrapped; Opacus' ``_module.`` (and DataParallel's ``module.``) key prefix is stripped.
+    Keys and shapes are checked against the model ``model_spec`` builds (strict).
+    """
+    from landscape.models import model_from_spec
+
+    file = Path(file)
+    check_run_name(run)
+    if not file.is_file():
+        raise CheckpointError(f"file not found: {file}")
+    raw = _read_foreign(file)
+    model = model_from_spec(dict(model_spec))
+    state_dict = _strip_prefixes(_unwrap_state_dict(raw, file), set(model.state_dict()))
+    check_state_dict(model, state_dict, source=str(file))
+    full_spec = dict(getattr(model, "landscape_spec", None) or model_spec)
+    sha = sha256_file(file)
+    fmt = "safetensors" if file.suffix == ".safetensors" else "torch"
+    new = store.create_run(
+        run,
+        config={"imported_from": str(file.resolve()), "format": fmt},
+        seeds={},
+        lineage={"imported_from": str(file.resolve()), "sha256": sha},
+        model_spec=full_spec,
+        data_spec=dict(data_spec),
+    )
+    try:
+        return new.save_checkpoint(state_dict, step=0, epoch=0.0, attrs={"imported_from": str(file.resolve())})
+    except BaseException:
+        shutil.rmtree(new.path, ignore_errors=True)
+        raise
+
+
+def check_run_name(name: str) -> None:
+    """Run names are single safe path components: letters, digits and ``_ . , + = -``, not starting with . or -."""
+    if not isinstance(name, str) or not _RUN_NAME.fullmatch(name) or name.endswith(".h5"):
+        raise UsageError(
+            f"bad run name {name!r}: use 1-200 letters, digits or _ . , + = - "
+            "(not starting with '.' or '-', no '/' or '@', not ending in .h5)"
+        )
+
+
+# ------------------------------------------------------------------------------------------- internals
+
+
+def _read_foreign(file: Path) -> Any:
+    suffix = file.suffix.lower()
+    if suffix in (".pt", ".pth"):
+        try:
+            return torch.load(file, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            culprit = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+            detail = f" (it references {culprit.group(1)})" if culprit else ""
+            raise UnsafeFileError(
+                f"refusing {file}: unpickling it would run code beyond plain tensors{detail}; "
+                "only weights-only state dicts (torch.save(model.state_dict())) or .safetensors are accepted"
+            ) from None
+        except (OSError, RuntimeError, ValueError, EOFError, KeyError) as exc:
+            raise CheckpointError(f"cannot read {file} as a PyTorch file: {_one_line(exc)}") from None
+    if suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(file), device="cpu")
+        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            raise CheckpointError(f"cannot read {file} as safetensors: {_one_line(exc)}") from None
+    raise UsageError(f"cannot import {file}: expected a .pt, .pth or .safetensors file")
+
+
+def _unwrap_state_dict(obj: Any, file: Path) -> dict[str, torch.Tensor]:
+    if isinstance(obj, Mapping) and not _all_tensors(obj):
+        for key in WRAPPER_KEYS:
+            if isinstance(obj.get(key), Mapping) and _all_tensors(obj[key]):
+                obj = obj[key]
+                break
+    if not isinstance(obj, Mapping) or not obj or not _all_tensors(obj):
+        keys = ", ".join(map(str, list(obj)[:8])) if isinstance(obj, Mapping) else type(obj).__name__
+        raise CheckpointError(
+            f"{file} holds no state dict (found: {keys}); expected tensors by name, possibly under "
+            f"{'/'.join(WRAPPER_KEYS)}"
+        )
+    return {str(k): v for k, v in obj.items()}
+
+
+def _all_tensors(d: Mapping) -> bool:
+    return all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in d.items())
+
+
+def _strip_prefixes(state_dict: dict[str, torch.Tensor], wanted: set[str]) -> dict[str, torch.Tensor]:
+    while set(state_dict) != wanted:
+        for prefix in PREFIXES:
+            if all(k.startswith(prefix) for k in state_dict):
+                state_dict = {k[len(prefix):]: v for k, v in state_dict.items()}
+                break
+        else:
+            break
+    return state_dict
+
+
+def _write_h5_atomic(final: Path, write) -> str:
+    """Write an HDF5 file through ``write(f)`` into a temp file beside ``final``, fsync, rename; return sha256."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; store files are as shareable as any other file
+    os.close(fd)
+    try:
+        with h5py.File(tmp, "w", track_order=True) as f:
+            write(f)
+        _fsync(tmp)
+        sha = sha256_file(tmp)
+        os.replace(tmp, final)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(final.parent)
+    return sha
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, 0o666 & ~_UMASK)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(to_jsonable(obj), f, indent=2, allow_nan=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync(path: str | Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        _fsync(path)
+    except OSError:  # some file systems cannot fsync a directory; the rename is still atomic
+        pass
+
+
+def _open_h5(path: Path) -> h5py.File:
+    return h5py.File(path, "r")
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read run manifest {path}: {_one_line(exc)}") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"run manifest {path} is not a JSON object")
+    manifest.setdefault("checkpoints", [])
+    return manifest
+
+
+def _escape(key: str) -> str:
+    """HDF5-safe, reversible member name: '%' and '/' are percent-encoded; '.' alone becomes '%2E'."""
+    escaped = quote(key, safe="".join(chr(c) for c in range(32, 127) if chr(c) not in "%/"))
+    return "%2E" if escaped == "." else escaped or "%00empty"
+
+
+def _unescape(name: str) -> str:
+    return "" if name == "%00empty" else unquote(name)
+
+
+def _write_array(group: h5py.Group, name: str, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu()
+        if tensor.is_sparse or tensor.layout != torch.strided:
+            raise UsageError(f"cannot store '{name}': only dense tensors are supported")
+        torch_dtype = str(tensor.dtype).removeprefix("torch.")
+        view = _VIEW_DTYPES.get(tensor.dtype)
+        if view is not None:
+            tensor = tensor.contiguous().view(view)
+        ds = group.create_dataset(name, data=tensor.contiguous().numpy())
+        ds.attrs["torch_dtype"] = torch_dtype
+        return
+    array = np.asarray(value)
+    if array.dtype == object:
+        raise UsageError(f"cannot store '{name}': {type(value).__name__} is not a numeric array")
+    group.create_dataset(name, data=array)
+
+
+def _read_array(ds: h5py.Dataset, *, as_torch: bool) -> Any:
+    """A dataset back as a torch tensor of its original dtype (``as_torch``) or as numpy.
+
+    Dtypes numpy cannot hold (bfloat16, float8) always come back as torch tensors.
+    """
+    array = np.asarray(ds[()])
+    name = ds.attrs.get("torch_dtype")
+    dtype = getattr(torch, str(name)) if name is not None else None
+    if dtype in _VIEW_DTYPES:
+        return torch.from_numpy(np.array(array, order="C", copy=True)).view(dtype)
+    if as_torch:
+        return torch.from_numpy(np.array(array, order="C", copy=True))
+    return array
+
+
+def _write_state_dict(group: h5py.Group, state_dict: Mapping[str, torch.Tensor]) -> None:
+    keys = []
+    for key, value in state_dict.items():
+        if not isinstance(key, str):
+            raise UsageError(f"state_dict keys must be strings, got {key!r}")
+        if not isinstance(value, torch.Tensor):
+            raise UsageError(f"state_dict entry '{key}' is a {type(value).__name__}, not a tensor")
+        _write_array(group, _escape(key), value)
+        keys.append(key)
+    group.attrs["keys"] = json.dumps(keys)
+
+
+def _read_state_dict(group: h5py.Group) -> dict[str, torch.Tensor]:
+    keys = json.loads(group.attrs["keys"]) if "keys" in group.attrs else [_unescape(n) for n in group]
+    return {k: _read_array(group[_escape(k)], as_torch=True) for k in keys}
+
+
+def _write_nested(group: h5py.Group, arrays: Mapping[str, Any], *, escape: bool) -> None:
+    """Arrays by name; nested mappings (and, unless ``escape``, '/' in names) become subgroups."""
+    for key, value in arrays.items():
+        name = _escape(str(key)) if escape else str(key)
+        if isinstance(value, Mapping):
+            _write_nested(group.create_group(name, track_order=True), value, escape=escape)
+        else:
+            _write_array(group, name, value)
+
+
+def _read_flat(group: h5py.Group, *, escaped: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+
+    def visit(g: h5py.Group, prefix: str) -> None:
+        for name, obj in g.items():
+            key = _unescape(name) if escaped else name
+            if isinstance(obj, h5py.Group):
+                visit(obj, f"{prefix}{key}/")
+            else:
+                out[f"{prefix}{key}"] = _read_array(obj, as_torch=False)
+
+    visit(group, "")
+    return out
+
+
+def _info_from_file(path: Path) -> CheckpointInfo | None:
+    """Metadata of a complete checkpoint file not (yet) in the manifest; None when it cannot be read."""
+    try:
+        with _open_h5(path) as f:
+            if STATE_GROUP not in f:
+                return None
+            a = f.attrs
+            return CheckpointInfo(
+                path=path, step=int(a["step"]), epoch=float(a["epoch"]), epsilon=_float_or_none(a.get("epsilon")),
+                metrics=_decode_metrics(_json_attr(a, "metrics")), sha256=None,
+            )
+    except (OSError, KeyError, ValueError, TypeError):
+        return None
+
+
+def _json_attr(attrs: h5py.AttributeManager, key: str) -> Any:
+    value = attrs.get(key)
+    if value is None:
+        return {}
+    if isinstance(value, bytes):
+        value = value.decode()
+    return json.loads(value)
+
+
+def _str_attr(attrs: h5py.AttributeManager, key: str) -> str | None:
+    value = attrs.get(key)
+    if isinstance(value, bytes):
+        value = value.decode()
+    return None if value is None else str(value)
+
+
+def _float_or_none(value: Any) -> float | None:
+    if value is None or isinstance(value, str) and value in ("none", "None"):
+        return None
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+def _decode_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """Metrics back from JSON: the non-finite floats that JSON had to carry as strings become floats again."""
+    return {k: float(v) if isinstance(v, str) and v in ("nan", "inf", "-inf") else v for k, v in metrics.items()}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _check_array_name(name: str) -> None:
+    if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+        raise UsageError(f"bad array name {name!r}: a non-empty name without '/'")
+
+
+def _available(items: Iterable[Any], what: str) -> str:
+    items = [str(i) for i in items]
+    if not items:
+        return f"no {what}"
+    if len(items) > 20:
+        items = [*items[:10], "...", *items[-5:]]
+    return f"available {what}: {', '.join(items)}"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:300] or type(exc).__name__
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
