@@ -1,0 +1,410 @@
+"""Models by name, rebuilt from a spec ``{"name": ..., "kwargs": {...}}``.
+
+``build_model("lenet", input_shape=(1, 8, 8), num_classes=10)`` returns a module whose attribute
+``landscape_spec`` is the full spec: every keyword argument with its default filled in, plus
+``input_shape`` and ``num_classes``, all JSON-serialisable, so ``model_from_spec(model.landscape_spec)``
+rebuilds the same architecture. Every model maps a batch ``(N, *input_shape)`` to logits ``(N, num_classes)``.
+
+Building a model draws its initial weights from torch's global generator and never seeds it: the caller
+seeds (``landscape.runtime.seed_everything`` or ``torch.manual_seed``) before building.
+
+Adding a model is one builder function ``f(input_shape, num_classes, *, option=default, ...)`` plus one line
+in ``MODELS``; the spec's kwargs are read off the builder's signature.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from landscape.errors import ModelError
+
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "relu": nn.ReLU,
+    "tanh": nn.Tanh,
+    "gelu": nn.GELU,
+    "sigmoid": nn.Sigmoid,
+    "elu": nn.ELU,
+    "softplus": nn.Softplus,
+    "identity": nn.Identity,
+}
+
+
+def _activation(name: str) -> nn.Module:
+    try:
+        return ACTIVATIONS[name]()
+    except (KeyError, TypeError):
+        raise ModelError(f"unknown activation {name!r}; known: {', '.join(ACTIVATIONS)}") from None
+
+
+def _image_shape(input_shape: Sequence[int], model: str) -> tuple[int, int, int]:
+    if len(input_shape) != 3:
+        raise ModelError(f"{model} needs image inputs (C, H, W), got input_shape {list(input_shape)}")
+    return tuple(int(s) for s in input_shape)  # type: ignore[return-value]
+
+
+def _flat_features(features: nn.Module, shape: Sequence[int], model: str) -> int:
+    """Size of ``features``' output for one example of ``shape`` (a dry run without gradients)."""
+    try:
+        with torch.no_grad():
+            out = features(torch.zeros(1, *shape))
+    except RuntimeError as exc:
+        raise ModelError(f"{model} cannot take inputs of shape {list(shape)}: {str(exc).splitlines()[0]}") from None
+    return int(out.numel())
+
+
+# ------------------------------------------------------------------------------------------------ lenet
+
+
+def lenet(
+    input_shape: Sequence[int],
+    num_classes: int,
+    *,
+    channels: Sequence[int] = (6, 16),
+    hidden: Sequence[int] = (120, 84),
+    activation: str = "relu",
+) -> nn.Module:
+    """LeNet-5 (LeCun et al. 1998), the small CNN of Watson et al. (~60k parameters on MNIST / CIFAR-10).
+
+    conv5x5(C -> 6) - act - maxpool2 - conv5x5(6 -> 16) - act - maxpool2 - fc 120 - act - fc 84 - act - fc.
+    It adapts to the input: conv1 pads by 2 when the input is smaller than 32x32 (so MNIST's 28x28 sees
+    LeNet's 32x32 geometry), conv2 pads by 2 when its input is smaller than 10x10 (so 8x8 digits work),
+    and the first fully connected layer takes whatever the features flatten to (400 on 28x28 and 32x32,
+    64 on 8x8).
+    """
+    c, h, w = _image_shape(input_shape, "lenet")
+    c1, c2 = _pair(channels, "channels")
+    pad1 = 2 if min(h, w) < 32 else 0
+    side = (min(h, w) + 2 * pad1 - 4) // 2
+    pad2 = 2 if side < 10 else 0
+    features = nn.Sequential(
+        nn.Conv2d(c, c1, 5, padding=pad1), _activation(activation), nn.MaxPool2d(2),
+        nn.Conv2d(c1, c2, 5, padding=pad2), _activation(activation), nn.MaxPool2d(2),
+        nn.Flatten(),
+    )
+    return nn.Sequential(*features, *_mlp_head(_flat_features(features, (c, h, w), "lenet"), hidden,
+                                               num_classes, activation))
+
+
+def _pair(values: Sequence[int], name: str) -> tuple[int, int]:
+    if len(values) != 2 or any(int(v) != v or v < 1 for v in values):
+        raise ModelError(f"lenet option {name} must be two positive integers, got {values!r}")
+    return int(values[0]), int(values[1])
+
+
+def _mlp_head(in_features: int, widths: Sequence[int], num_classes: int, activation: str,
+              bias: bool = True) -> list[nn.Module]:
+    layers: list[nn.Module] = []
+    for width in widths:
+        if int(width) != width or width < 1:
+            raise ModelError(f"layer widths must be positive integers, got {list(widths)}")
+        layers += [nn.Linear(in_features, int(width), bias=bias), _activation(activation)]
+        in_features = int(width)
+    layers.append(nn.Linear(in_features, num_classes, bias=bias))
+    return layers
+
+
+# ------------------------------------------------------------------------------------------- opacus-cnn
+
+
+def opacus_cnn(input_shape: Sequence[int], num_classes: int, *, activation: str = "relu") -> nn.Module:
+    """The MNIST CNN of TensorFlow Privacy / Opacus (Bu et al. App. C.1, ``SampleConvNet``; ~26k parameters).
+
+    conv8x8/2 (C -> 16, pad 3) - act - maxpool(2, stride 1) - conv4x4/2 (16 -> 32) - act - maxpool(2, 1)
+    - fc 32 - act - fc. The paper's listing uses ReLU (``activation="tanh"`` gives the tempered-sigmoid
+    variant). On 28x28 the features flatten to 32*4*4 = 512 as in the paper; other sizes adapt the first
+    fully connected layer, and inputs too small for conv2 (e.g. 8x8 digits) give conv2 the smallest padding
+    that keeps a 2x2 map for the last pooling.
+    """
+    c, h, w = _image_shape(input_shape, "opacus-cnn")
+    side = (min(h, w) + 6 - 8) // 2 + 1 - 1  # after conv1 and the first pool
+    if side < 1:
+        raise ModelError(f"opacus-cnn needs inputs of at least 4x4, got {list(input_shape)}")
+    pad2 = 0
+    while (side + 2 * pad2 - 4) // 2 + 1 < 2:
+        pad2 += 1
+    features = nn.Sequential(
+        nn.Conv2d(c, 16, 8, 2, padding=3), _activation(activation), nn.MaxPool2d(2, 1),
+        nn.Conv2d(16, 32, 4, 2, padding=pad2), _activation(activation), nn.MaxPool2d(2, 1),
+        nn.Flatten(),
+    )
+    flat = _flat_features(features, (c, h, w), "opacus-cnn")
+    return nn.Sequential(*features, nn.Linear(flat, 32), _activation(activation), nn.Linear(32, num_classes))
+
+
+# --------------------------------------------------------------------------------------------- resnet18
+
+
+def _group_norm(channels: int, groups: int) -> nn.GroupNorm:
+    """GroupNorm with ``min(groups, channels)`` groups, reduced until it divides ``channels`` (as Opacus)."""
+    g = max(1, min(groups, channels))
+    while channels % g:
+        g -= 1
+    return nn.GroupNorm(g, channels)
+
+
+def resnet18(
+    input_shape: Sequence[int],
+    num_classes: int,
+    *,
+    norm: str = "group",
+    groups: int = 32,
+    stem: str = "auto",
+) -> nn.Module:
+    """torchvision's ResNet-18 (He et al. 2016) with ``num_classes`` outputs, as in Watson et al. Sec. 4.
+
+    ``norm="group"`` (default, needed for DP-SGD) uses GroupNorm with ``min(groups, C)`` groups where
+    torchvision has BatchNorm, as Opacus' converter does; ``norm="batch"`` keeps BatchNorm. ``stem="cifar"``
+    replaces the ImageNet stem (7x7/2 conv + maxpool) by a 3x3/1 conv without maxpool, the usual choice for
+    32x32 and smaller inputs; ``stem="imagenet"`` keeps it; ``"auto"`` picks cifar for inputs up to 64x64
+    and is resolved in the stored spec. The first conv takes the input's channel count. ReLUs are not
+    in-place, so per-sample gradient hooks can see every activation.
+    """
+    from torchvision.models import resnet18 as tv_resnet18
+
+    c, h, w = _image_shape(input_shape, "resnet18")
+    if norm == "group":
+        norm_layer: Callable[[int], nn.Module] = lambda ch: _group_norm(ch, groups)  # noqa: E731
+    elif norm == "batch":
+        norm_layer = nn.BatchNorm2d
+    else:
+        raise ModelError(f"resnet18 option norm must be 'group' or 'batch', got {norm!r}")
+    if int(groups) != groups or groups < 1:
+        raise ModelError(f"resnet18 option groups must be a positive integer, got {groups!r}")
+    stem = _resolve_stem(stem, (c, h, w))
+    model = tv_resnet18(weights=None, num_classes=num_classes, norm_layer=norm_layer)
+    if stem == "cifar":
+        model.conv1 = nn.Conv2d(c, 64, 3, 1, 1, bias=False)
+        model.maxpool = nn.Identity()
+    elif c != 3:
+        model.conv1 = nn.Conv2d(c, 64, 7, 2, 3, bias=False)
+    if stem == "cifar" or c != 3:
+        nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")
+    for module in model.modules():
+        if isinstance(module, nn.ReLU):
+            module.inplace = False
+    return model
+
+
+def _resolve_stem(stem: str, shape: Sequence[int]) -> str:
+    if stem == "auto":
+        return "cifar" if max(shape[1:]) <= 64 else "imagenet"
+    if stem not in ("cifar", "imagenet"):
+        raise ModelError(f"resnet18 option stem must be 'auto', 'cifar' or 'imagenet', got {stem!r}")
+    return stem
+
+
+# -------------------------------------------------------------------------------------------------- mlp
+
+
+def mlp(
+    input_shape: Sequence[int],
+    num_classes: int,
+    *,
+    widths: Sequence[int] = (256, 256),
+    activation: str = "relu",
+    bias: bool = True,
+) -> nn.Module:
+    """Fully connected network on the flattened input: ``widths`` hidden layers, each followed by ``activation``."""
+    return nn.Sequential(nn.Flatten(), *_mlp_head(math.prod(input_shape), widths, num_classes, activation, bias))
+
+
+# ------------------------------------------------------------------------------------- two-layer-linear
+
+
+class TwoLayerLinear(nn.Module):
+    """``f(x) = W2 W1 x`` without biases (Watson et al. eq. (10)); ``layer1.weight`` is W1, ``layer2.weight`` W2."""
+
+    def __init__(self, in_features: int, hidden: int, out_features: int):
+        super().__init__()
+        self.flatten = nn.Flatten()
+        self.layer1 = nn.Linear(in_features, hidden, bias=False)
+        self.layer2 = nn.Linear(hidden, out_features, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer2(self.layer1(self.flatten(x)))
+
+
+def balanced_weights(w2: torch.Tensor, in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pair ``(W1, W2)`` with ``W2^T W2 = W1 W1^T`` exactly, built from a given ``W2`` (Watson Thm. 3.3).
+
+    With the thin SVD ``W2 = U S V^T`` (r = min(k, m) singular values) set ``W1 = V S Q^T``, where ``Q`` is a
+    random ``d x r`` matrix with orthonormal columns. Then ``W1 W1^T = V S Q^T Q S V^T = V S^2 V^T =
+    W2^T W2``. ``W2`` is returned re-assembled from the same factors so both sides share rounding; the
+    computation is in float64. Needs ``r <= d``.
+    """
+    k, m = w2.shape
+    r = min(k, m)
+    if r > in_features:
+        raise ModelError(
+            f"balanced_init needs min(num_classes, hidden) <= input size, got {r} > {in_features}"
+        )
+    u, s, vh = torch.linalg.svd(w2.to(torch.float64), full_matrices=False)
+    q, _ = torch.linalg.qr(torch.randn(in_features, r, dtype=torch.float64))
+    w1 = vh.T @ torch.diag(s) @ q.T
+    return w1, u @ torch.diag(s) @ vh
+
+
+def two_layer_linear(
+    input_shape: Sequence[int],
+    num_classes: int,
+    *,
+    hidden: int = 32,
+    balanced_init: bool = False,
+) -> nn.Module:
+    """Watson et al.'s two-layer linear network ``f(x) = W2 W1 x`` (eq. (10)), no biases, on the flattened input.
+
+    W1 is ``hidden x d``, W2 is ``num_classes x hidden`` (``num_classes=1`` gives the paper's scalar output
+    for the squared loss). Default init is torch's ``nn.Linear`` init. ``balanced_init=True`` draws W2 with
+    that init and sets W1 by :func:`balanced_weights`, so ``W2^T W2 = W1 W1^T`` (Thm. 3.3's assumption,
+    Arora et al. 2018) up to float32 rounding.
+    """
+    if int(hidden) != hidden or hidden < 1:
+        raise ModelError(f"two-layer-linear option hidden must be a positive integer, got {hidden!r}")
+    d = math.prod(input_shape)
+    model = TwoLayerLinear(d, int(hidden), num_classes)
+    if balanced_init:
+        w1, w2 = balanced_weights(model.layer2.weight.detach(), d)
+        with torch.no_grad():
+            model.layer1.weight.copy_(w1)
+            model.layer2.weight.copy_(w2)
+    return model
+
+
+# ------------------------------------------------------------------------------------------- registry
+
+MODELS: dict[str, Callable[..., nn.Module]] = {
+    "lenet": lenet,
+    "opacus-cnn": opacus_cnn,
+    "resnet18": resnet18,
+    "mlp": mlp,
+    "two-layer-linear": two_layer_linear,
+}
+
+_RESOLVERS: dict[str, Callable[[dict], dict]] = {
+    "resnet18": lambda kw: {**kw, "stem": _resolve_stem(kw["stem"], kw["input_shape"])},
+}
+
+
+def model_options(name: str) -> dict[str, Any]:
+    """The keyword options model ``name`` accepts, with their defaults (JSON form)."""
+    builder = _builder(name)
+    return {
+        p.name: _json_form(p.default)
+        for p in inspect.signature(builder).parameters.values()
+        if p.kind is p.KEYWORD_ONLY
+    }
+
+
+def _builder(name: str) -> Callable[..., nn.Module]:
+    try:
+        return MODELS[name]
+    except (KeyError, TypeError):
+        raise ModelError(f"unknown model {name!r}; known: {', '.join(MODELS)}") from None
+
+
+def _json_form(value: Any) -> Any:
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError):
+        raise ModelError(f"model options must be JSON values, got {value!r}") from None
+
+
+def build_model(
+    name_or_spec: str | dict,
+    *,
+    input_shape: Sequence[int] | None = None,
+    num_classes: int | None = None,
+    **kwargs: Any,
+) -> nn.Module:
+    """Build a model by name (or from a spec dict) for inputs of ``input_shape`` and ``num_classes`` logits.
+
+    A spec's kwargs may carry ``input_shape`` and ``num_classes``; explicit arguments override them. The
+    returned model has ``landscape_spec = {"name", "kwargs"}`` with every option filled in. Unknown names,
+    unknown options and shapes a model cannot take raise :class:`ModelError`.
+    """
+    if isinstance(name_or_spec, dict):
+        if "name" not in name_or_spec:
+            raise ModelError(f"a model spec is a dict with 'name' and 'kwargs', got {name_or_spec!r}")
+        name = name_or_spec["name"]
+        kwargs = {**(name_or_spec.get("kwargs") or {}), **kwargs}
+    else:
+        name = name_or_spec
+    defaults = model_options(name)
+    input_shape = input_shape if input_shape is not None else kwargs.pop("input_shape", None)
+    num_classes = num_classes if num_classes is not None else kwargs.pop("num_classes", None)
+    kwargs.pop("input_shape", None)
+    kwargs.pop("num_classes", None)
+    unknown = sorted(set(kwargs) - set(defaults))
+    if unknown:
+        raise ModelError(
+            f"model {name!r} has no option {', '.join(map(repr, unknown))}; its options: "
+            f"{', '.join(defaults) or 'none'}"
+        )
+    if input_shape is None or num_classes is None:
+        raise ModelError(f"model {name!r} needs input_shape and num_classes (from the data set)")
+    shape = [int(s) for s in input_shape]
+    if not shape or any(s < 1 for s in shape):
+        raise ModelError(f"input_shape must be positive sizes, got {list(input_shape)}")
+    if isinstance(num_classes, bool) or int(num_classes) != num_classes or num_classes < 1:
+        raise ModelError(f"num_classes must be a positive integer, got {num_classes!r}")
+    full = {"input_shape": shape, "num_classes": int(num_classes), **defaults, **_json_form(kwargs)}
+    full = _RESOLVERS.get(name, lambda kw: kw)(full)
+    options = {k: v for k, v in full.items() if k not in ("input_shape", "num_classes")}
+    model = _builder(name)(tuple(shape), int(num_classes), **options)
+    model.landscape_spec = {"name": name, "kwargs": full}
+    return model
+
+
+def model_from_spec(spec: dict) -> nn.Module:
+    """Rebuild a model from its ``landscape_spec`` (same architecture; weights are freshly initialised)."""
+    if not isinstance(spec, dict):
+        raise ModelError(f"a model spec is a dict with 'name' and 'kwargs', got {spec!r}")
+    return build_model(spec)
+
+
+# ------------------------------------------------------------------------------------------ batch norm
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+    """Whether any submodule is a BatchNorm layer (which mixes examples, so per-sample gradients break)."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def convert_batchnorm_to_groupnorm(model: nn.Module, num_groups: int = 32) -> nn.Module:
+    """A copy of ``model`` with every BatchNorm replaced by GroupNorm (``min(num_groups, C)`` groups, reduced to
+    divide C), as Opacus' ``ModuleValidator.fix`` does for DP training; the input model is left unchanged.
+
+    Affine BatchNorm scale and shift are copied into the GroupNorm's. A ``resnet18`` spec is updated to
+    ``norm="group", groups=num_groups``, which rebuilds the converted architecture.
+    """
+    converted = copy.deepcopy(model)
+
+    def replace(module: nn.Module) -> None:
+        for child_name, child in module.named_children():
+            if isinstance(child, nn.modules.batchnorm._BatchNorm):
+                gn = _group_norm(child.num_features, num_groups)
+                if not child.affine:
+                    gn = nn.GroupNorm(gn.num_groups, child.num_features, affine=False)
+                else:
+                    with torch.no_grad():
+                        gn.weight.copy_(child.weight)
+                        gn.bias.copy_(child.bias)
+                setattr(module, child_name, gn)
+            else:
+                replace(child)
+
+    replace(converted)
+    spec = getattr(converted, "landscape_spec", None)
+    if spec is not None and spec.get("name") == "resnet18":
+        converted.landscape_spec = {
+            "name": "resnet18", "kwargs": {**spec["kwargs"], "norm": "group", "groups": int(num_groups)},
+        }
+    return converted
