@@ -59,9 +59,9 @@ def echo_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = N
     columns = list(columns or rows[0].keys())
     cells = [[format_value(r.get(c)) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    click.echo("  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip())
+    click.echo("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
     for row in cells:
-        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
 
 def progress_enabled() -> bool:

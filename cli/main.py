@@ -15,11 +15,11 @@ import click
 
 from landscape import __version__
 
-# command name -> "module:attribute" of a click command or group
-COMMANDS: dict[str, str] = {
-    "store": "cli.store:store",
-    "import": "cli.store:import_checkpoint",
-    "show": "cli.show:show",
+# command name -> ("module:attribute" of a click command or group, one-line help shown by --help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "store": ("cli.store:store", "List runs and inspect checkpoints in the store."),
+    "import": ("cli.store:import_checkpoint", "Import a foreign .pt/.safetensors checkpoint into the store."),
+    "show": ("cli.show:show", "Print any result file (kind, inputs, options, attrs, arrays)."),
 }
 
 
@@ -28,11 +28,16 @@ class LazyGroup(click.Group):
         return sorted(COMMANDS)
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        target = COMMANDS.get(name)
-        if target is None:
+        entry = COMMANDS.get(name)
+        if entry is None:
             return None
-        module, attr = target.split(":")
+        module, attr = entry[0].split(":")
         return getattr(importlib.import_module(module), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # List commands from the registry's help strings so `--help` imports no command module.
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, COMMANDS[name][1]) for name in self.list_commands(ctx)])
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

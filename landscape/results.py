@@ -90,7 +90,9 @@ def _attr_value(value: Any) -> Any:
         return "none"
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
-    if isinstance(value, (int, float, str, np.integer, np.floating)):
+    if isinstance(value, str):
+        return str(value)  # str subclasses (e.g. torch's version string) are not storable as such
+    if isinstance(value, (int, float, np.integer, np.floating)):
         return value
     return json.dumps(to_jsonable(value))
 
@@ -121,7 +123,7 @@ def write_result(
             f.attrs["kind"] = kind
             f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
             f.attrs["landscape_version"] = code_version()
-            f.attrs["torch_version"] = torch.__version__
+            f.attrs["torch_version"] = str(torch.__version__)
             f.attrs["inputs"] = json.dumps([dataclasses.asdict(i) for i in inputs])
             f.attrs["params"] = json.dumps(to_jsonable(params if params is not None else {}))
             for key, value in (attrs or {}).items():

@@ -50,7 +50,7 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
 def seed_everything(seed: int) -> torch.Generator:
     """Seed python, numpy and torch; return a CPU generator seeded with ``seed`` for explicit use."""
     random.seed(seed)
-    np.random.seed(seed % 2**32)
+    np.random.seed(seed % 2**32)  # noqa: NPY002 - seeds legacy global-state users too
     torch.manual_seed(seed)
     return torch.Generator().manual_seed(seed)
 
