@@ -1,0 +1,403 @@
+"""One privatised gradient step: per-sample clipping, Gaussian noise, masks and smoothing.
+
+The optimiser families (issue 3):
+
+- ``sgd``: the plain mini-batch gradient, ``(1/n) sum_i g_i`` over the ``n`` examples actually in the batch.
+- ``dpsgd`` (Abadi et al. 2016; Bu et al. 2023 eq. 2.2): ``(sum_i c_i g_i + N(0, sigma^2 C^2 I)) / B``, where
+  ``c_i`` is the clipping factor and ``B`` the EXPECTED batch size (``q N`` under Poisson sampling, as
+  Opacus does: the denominator must not depend on the data, or it leaks the batch size).
+- ``clip-only``: ``dpsgd`` with no noise (Zhu & Blaschko Alg. 3; Watson et al. Fig. 10 "Clipped-SGD").
+- ``noise-only``: ``(sum_i g_i + N(0, sigma^2 C^2 I)) / B``, no clipping (Watson Fig. 10 "Noisy-SGD",
+  Zhu Alg. 2). Watson uses "noise scale sigma" with ``C = 1``; Zhu Alg. 2 adds ``N(0, sigma^2 I)`` to the sum
+  (no ``C``). We use the SAME noise as ``dpsgd`` (std ``sigma * C`` on the sum), which is both of theirs with
+  ``--max-grad-norm 1``. Without clipping the sensitivity is unbounded, so this is not private.
+
+Clipping functions (Bu et al. Sec. 2.2, scaled so that every clipped gradient has norm <= C):
+``abadi`` ``min(1, C/||g||)``, ``automatic`` ``C/(||g|| + 0.01)``, ``normalize`` ``C/||g||``,
+``global`` ``1{||g|| <= C}`` (Bu App. D). Clipping styles: ``flat`` clips the whole per-sample gradient to
+``C``; ``layerwise`` clips each layer (= one parameter tensor) ``r`` to its own ``C_r`` (Bu Sec. 4.2), by
+default ``C_r = C / sqrt(#layers)`` so that ``sqrt(sum_r C_r^2) = C``.
+
+Layerwise noise: the clipped per-sample gradient has total norm ``<= sqrt(sum_r C_r^2)``, so we add
+``N(0, sigma^2 sum_r C_r^2)`` to every coordinate, i.e. std ``sigma * C`` with the default ``C_r``. This is
+what Opacus' per-layer clipping does (its optimizer uses ``max_grad_norm = sqrt(sum C_r^2)``) and what the
+accountant assumes for noise multiplier ``sigma``. (Bu eq. 4.4 writes per-layer noise ``sigma C_r``; that is a
+Gaussian mechanism with effective multiplier ``sigma / sqrt(#layers)`` and would need a different account.)
+
+Masks (1 = keep; pruning masks fixed, sparsification masks per epoch, combined by product) multiply every
+per-sample gradient BEFORE the norms are taken and multiply the noise, so masked coordinates get exactly
+zero gradient and no noise ("the noise dimension drops"; Zhu Thm. 3.1). Laplacian smoothing (``smooth > 0``,
+DP-LSSGD) is applied to the final noisy gradient and the mask applied again afterwards, so masked
+coordinates stay exactly zero.
+
+The per-sample work goes through :class:`landscape.persample.PerSampleEngine`; :class:`LoopEngine` here is a
+slow, obviously-correct per-example loop with the same interface, used as the reference in tests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from landscape.errors import IncompatibleError, UsageError
+from landscape.train.smoothing import laplacian_smooth
+
+OPTIMIZERS = ("sgd", "dpsgd", "clip-only", "noise-only")
+CLIP_STYLES = ("flat", "layerwise")
+_TINY = 1e-12
+
+
+def _abadi(norms: torch.Tensor, c: torch.Tensor | float) -> torch.Tensor:
+    return (c / norms.clamp_min(_TINY)).clamp(max=1.0)
+
+
+def _automatic(norms: torch.Tensor, c: torch.Tensor | float) -> torch.Tensor:
+    return c / (norms + 0.01)
+
+
+def _normalize(norms: torch.Tensor, c: torch.Tensor | float) -> torch.Tensor:
+    return c / norms.clamp_min(_TINY)
+
+
+def _global(norms: torch.Tensor, c: torch.Tensor | float) -> torch.Tensor:
+    return (norms <= c).to(norms.dtype)
+
+
+# name -> (per-sample norms, clipping norm C) -> per-sample factors c_i   (Bu et al. Sec. 2.2 / App. D)
+CLIP_FUNCTIONS: dict[str, Callable[[torch.Tensor, torch.Tensor | float], torch.Tensor]] = {
+    "abadi": _abadi,
+    "automatic": _automatic,
+    "normalize": _normalize,
+    "global": _global,
+}
+
+
+def clip_factors(norms: torch.Tensor, max_norm: float | torch.Tensor, fn: str = "abadi") -> torch.Tensor:
+    """Per-sample clipping factors ``c_i`` for per-sample gradient norms (``||c_i g_i|| <= C``)."""
+    try:
+        func = CLIP_FUNCTIONS[fn]
+    except KeyError:
+        raise UsageError(
+            f"unknown clipping function {fn!r}; choose one of {', '.join(CLIP_FUNCTIONS)}"
+        ) from None
+    return func(norms, max_norm)
+
+
+@dataclass
+class PrivacyConfig:
+    """How one gradient step is privatised (mirrored by ``landscape train`` options)."""
+
+    optimizer: str = "dpsgd"  # sgd | dpsgd | clip-only | noise-only
+    max_grad_norm: float = 1.0  # C
+    noise_multiplier: float = 1.0  # sigma (ignored by sgd and clip-only)
+    clip_style: str = "flat"  # flat | layerwise
+    clip_fn: str = "abadi"  # abadi | automatic | normalize | global
+    layer_max_norms: dict[str, float] | None = None  # layerwise C_r; None -> C / sqrt(#layers)
+    smooth: float = 0.0  # Laplacian smoothing sigma_LS (DP-LSSGD); 0 = off
+    track_norms: bool = True  # sgd / noise-only: also compute per-sample norms for the step metrics
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise UsageError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        if self.clip_style not in CLIP_STYLES:
+            raise UsageError(f"unknown --clip-style {self.clip_style!r}; choose flat or layerwise")
+        if self.clip_fn not in CLIP_FUNCTIONS:
+            raise UsageError(f"unknown --clip-fn {self.clip_fn!r}; choose one of {', '.join(CLIP_FUNCTIONS)}")
+        if not (self.max_grad_norm > 0 and math.isfinite(self.max_grad_norm)):
+            raise UsageError(f"--max-grad-norm must be a positive number, got {self.max_grad_norm}")
+        if not (self.noise_multiplier >= 0 and math.isfinite(self.noise_multiplier)):
+            raise UsageError(f"--noise-multiplier must be a number >= 0, got {self.noise_multiplier}")
+        if not (self.smooth >= 0 and math.isfinite(self.smooth)):
+            raise UsageError(f"--smooth must be a number >= 0, got {self.smooth}")
+        if self.layer_max_norms is not None:
+            bad = {k: v for k, v in self.layer_max_norms.items() if not (v > 0 and math.isfinite(v))}
+            if bad:
+                raise UsageError(f"layer clipping norms must be positive, got {bad}")
+
+    @property
+    def clips(self) -> bool:
+        return self.optimizer in ("dpsgd", "clip-only")
+
+    @property
+    def adds_noise(self) -> bool:
+        return self.optimizer in ("dpsgd", "noise-only") and self.noise_multiplier > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class StepStats:
+    """Metrics of one step, as 0-dim float64 tensors on the model's device (no host sync until read).
+
+    ``mean_grad_norm`` / ``max_grad_norm``: of the flat per-sample gradient norms (after masks, before
+    clipping; NaN when not computed). ``fraction_clipped``: flat style, the fraction of samples with
+    ``||g_i|| > C``; layerwise, the fraction of (sample, layer) pairs with ``||g_{i,r}|| > C_r``; 0 for
+    optimizers that do not clip. ``noise_norm``: L2 norm of the noise in the returned gradient (i.e. after
+    the division by ``B``). ``update_norm``: L2 norm of the gradient written to ``p.grad``.
+    """
+
+    loss: torch.Tensor
+    accuracy: torch.Tensor
+    mean_grad_norm: torch.Tensor
+    max_grad_norm: torch.Tensor
+    fraction_clipped: torch.Tensor
+    noise_norm: torch.Tensor
+    update_norm: torch.Tensor
+    batch_size: int = 0
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, float]:
+        out = {
+            k: float(getattr(self, k))
+            for k in (
+                "loss",
+                "accuracy",
+                "mean_grad_norm",
+                "max_grad_norm",
+                "fraction_clipped",
+                "noise_norm",
+                "update_norm",
+            )
+        }
+        out["batch_size"] = float(self.batch_size)
+        out.update({k: float(v) for k, v in self.extra.items()})
+        return out
+
+
+@dataclass
+class _Norms:
+    """Same fields as ``landscape.persample.PerSampleNorms``."""
+
+    flat: torch.Tensor
+    layers: dict[str, torch.Tensor]
+    loss: torch.Tensor
+    logits: torch.Tensor
+
+
+class LoopEngine:
+    """Reference per-sample engine: one forward/backward per example (slow, obviously correct).
+
+    Implements the parts of the ``PerSampleEngine`` interface the Privatizer uses (``grads``, ``norms``,
+    ``clipped_sum``); the loss is ``cross_entropy(f(x_i), y_i)``.
+    """
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+    def _per_sample(self, x, y, masks):
+        names = [n for n, _ in self.named]
+        params = [p for _, p in self.named]
+        grads: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+        losses, logits_all = [], []
+        for i in range(x.shape[0]):
+            logits = self.model(x[i : i + 1])
+            loss = F.cross_entropy(logits, y[i : i + 1], reduction="sum")
+            gs = torch.autograd.grad(loss, params)
+            for n, g in zip(names, gs, strict=True):
+                if masks is not None and n in masks:
+                    g = g * masks[n]
+                grads[n].append(g.detach())
+            losses.append(loss.detach())
+            logits_all.append(logits.detach())
+        stacked = {n: torch.stack(v) for n, v in grads.items()}
+        return stacked, torch.stack(losses), torch.cat(logits_all)
+
+    def grads(self, x, y, *, masks=None) -> dict[str, torch.Tensor]:
+        return self._per_sample(x, y, masks)[0]
+
+    def norms(self, x, y, *, masks=None) -> _Norms:
+        return self._norms(*self._per_sample(x, y, masks))
+
+    @staticmethod
+    def _norms(grads, losses, logits) -> _Norms:
+        layers = {n: g.flatten(1).to(torch.float64).norm(dim=1) for n, g in grads.items()}
+        flat = torch.stack(list(layers.values())).pow(2).sum(0).sqrt()
+        return _Norms(flat=flat, layers=layers, loss=losses, logits=logits)
+
+    def clipped_sum(self, x, y, factor_fn, *, masks=None):
+        grads, losses, logits = self._per_sample(x, y, masks)
+        norms = self._norms(grads, losses, logits)
+        factors = factor_fn(norms)
+        out = {}
+        for n, g in grads.items():
+            f = factors[n] if isinstance(factors, Mapping) else factors
+            out[n] = torch.einsum("i,i...->...", f.to(g.dtype), g)
+        return out, norms
+
+
+class Privatizer:
+    """Computes one (privatised) gradient step and writes it to ``p.grad`` of the model's parameters.
+
+    ``expected_batch_size`` is ``B`` in ``(clipped sum + noise) / B`` (``q N`` for Poisson sampling, the
+    batch size for shuffling). ``generator`` draws the noise (a CUDA generator for CUDA parameters, else the
+    noise is drawn on the generator's device and moved). Parameters with ``requires_grad=False`` are left
+    alone.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        config: PrivacyConfig,
+        *,
+        expected_batch_size: float,
+        generator: torch.Generator,
+        engine: Any | None = None,
+    ):
+        if not (expected_batch_size > 0):
+            raise UsageError(f"expected batch size must be > 0, got {expected_batch_size}")
+        self.model = model
+        self.config = config
+        self.expected_batch_size = float(expected_batch_size)
+        self.generator = generator
+        self._engine = engine
+        self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if not self.named:
+            raise UsageError("the model has no trainable parameters")
+        self.layer_max_norms = self._layer_norms()
+        if config.clip_style == "layerwise":
+            self.sensitivity = math.sqrt(sum(c * c for c in self.layer_max_norms.values()))
+        else:
+            self.sensitivity = float(config.max_grad_norm)
+        # std of the noise added to the SUM of (clipped) per-sample gradients
+        self.noise_std = config.noise_multiplier * self.sensitivity if config.adds_noise else 0.0
+        self._mask_cache: tuple[Any, dict[str, torch.Tensor]] | None = None
+
+    def _layer_norms(self) -> dict[str, float]:
+        names = [n for n, _ in self.named]
+        given = self.config.layer_max_norms
+        if given is None:
+            c = self.config.max_grad_norm / math.sqrt(len(names))
+            return {n: c for n in names}
+        unknown = sorted(set(given) - set(names))
+        missing = [n for n in names if n not in given]
+        if unknown or missing:
+            raise UsageError(
+                "layer_max_norms must name every trainable parameter; "
+                + (f"unknown: {unknown[0]}" if unknown else f"missing: {missing[0]}")
+            )
+        return {n: float(given[n]) for n in names}
+
+    @property
+    def engine(self):
+        if self._engine is None:
+            from landscape.persample import PerSampleEngine
+
+            self._engine = PerSampleEngine(self.model)
+        return self._engine
+
+    def prepare_masks(self, masks: Mapping[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
+        """Masks as tensors of each parameter's dtype and device (cached for a repeated mask object)."""
+        if not masks:
+            return None
+        if self._mask_cache is not None and self._mask_cache[0] is masks:
+            return self._mask_cache[1]
+        params = dict(self.named)
+        out = {}
+        for name, m in masks.items():
+            p = params.get(name)
+            if p is None:
+                raise IncompatibleError(f"mask for {name!r} names no trainable parameter of the model")
+            if tuple(m.shape) != tuple(p.shape):
+                raise IncompatibleError(
+                    f"mask for {name!r} has shape {tuple(m.shape)}, the parameter {tuple(p.shape)}"
+                )
+            out[name] = torch.as_tensor(m).to(device=p.device, dtype=p.dtype)
+        self._mask_cache = (masks, out)
+        return out
+
+    def _factor_fn(self):
+        cfg = self.config
+        fn = CLIP_FUNCTIONS[cfg.clip_fn]
+        if not cfg.clips:
+            return lambda norms: torch.ones_like(norms.flat)
+        if cfg.clip_style == "flat":
+            return lambda norms: fn(norms.flat, cfg.max_grad_norm)
+        return lambda norms: {n: fn(norms.layers[n], c) for n, c in self.layer_max_norms.items()}
+
+    def _fraction_clipped(self, norms) -> torch.Tensor:
+        cfg = self.config
+        if not cfg.clips:
+            return torch.zeros((), dtype=torch.float64, device=norms.flat.device)
+        if cfg.clip_style == "flat":
+            return (norms.flat > cfg.max_grad_norm).to(torch.float64).mean()
+        over = [(norms.layers[n] > c).to(torch.float64) for n, c in self.layer_max_norms.items()]
+        return torch.stack(over).mean()
+
+    def _noise(self, p: torch.Tensor) -> torch.Tensor:
+        gen = self.generator
+        z = torch.randn(p.shape, generator=gen, device=gen.device, dtype=p.dtype)
+        return z.to(p.device) * self.noise_std
+
+    def compute_gradients(
+        self, x: torch.Tensor, y: torch.Tensor, *, masks: Mapping[str, torch.Tensor] | None = None
+    ) -> StepStats:
+        """Fill ``p.grad`` with the step's gradient (see module docstring); return the step's metrics."""
+        cfg = self.config
+        masks_t = self.prepare_masks(masks)
+        n = int(x.shape[0])
+        dev = self.named[0][1].device
+        nan = torch.full((), math.nan, dtype=torch.float64, device=dev)
+        loss = acc = mean_norm = max_norm = nan
+        frac = torch.zeros((), dtype=torch.float64, device=dev)
+
+        if n == 0:
+            sums = {name: torch.zeros_like(p) for name, p in self.named}
+        elif cfg.optimizer in ("sgd", "noise-only") and not cfg.track_norms:
+            sums, loss, acc = self._plain_sum(x, y, masks_t)
+        else:
+            sums, norms = self.engine.clipped_sum(x, y, self._factor_fn(), masks=masks_t)
+            loss = norms.loss.detach().to(torch.float64).mean()
+            acc = (norms.logits.argmax(dim=1) == y).to(torch.float64).mean()
+            mean_norm = norms.flat.mean().to(torch.float64)
+            max_norm = norms.flat.max().to(torch.float64)
+            frac = self._fraction_clipped(norms)
+
+        divisor = max(n, 1) if cfg.optimizer == "sgd" else self.expected_batch_size
+        noise_sq = torch.zeros((), dtype=torch.float64, device=dev)
+        update_sq = torch.zeros((), dtype=torch.float64, device=dev)
+        for name, p in self.named:
+            g = sums[name].detach().to(p.dtype)
+            if masks_t is not None and name in masks_t:
+                g = g * masks_t[name]
+            if self.noise_std > 0:
+                z = self._noise(p)
+                if masks_t is not None and name in masks_t:
+                    z = z * masks_t[name]
+                noise_sq = noise_sq + z.to(torch.float64).pow(2).sum()
+                g = g + z
+            g = g / divisor
+            if cfg.smooth > 0:
+                g = laplacian_smooth(g, cfg.smooth)
+                if masks_t is not None and name in masks_t:
+                    g = g * masks_t[name]
+            update_sq = update_sq + g.to(torch.float64).pow(2).sum()
+            p.grad = g
+        return StepStats(
+            loss=loss,
+            accuracy=acc,
+            mean_grad_norm=mean_norm,
+            max_grad_norm=max_norm,
+            fraction_clipped=frac,
+            noise_norm=noise_sq.sqrt() / divisor,
+            update_norm=update_sq.sqrt(),
+            batch_size=n,
+        )
+
+    def _plain_sum(self, x, y, masks_t):
+        """Sum of per-example gradients by one ordinary backward (no per-sample norms)."""
+        params = [p for _, p in self.named]
+        logits = self.model(x)
+        losses = F.cross_entropy(logits, y, reduction="none")
+        grads = torch.autograd.grad(losses.sum(), params)
+        sums = dict(zip((name for name, _ in self.named), grads, strict=True))
+        loss = losses.detach().to(torch.float64).mean()
+        acc = (logits.detach().argmax(dim=1) == y).to(torch.float64).mean()
+        return sums, loss, acc

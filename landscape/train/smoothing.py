@@ -1,0 +1,47 @@
+"""Laplacian smoothing of a (noisy) gradient: DP-LSSGD (Wang et al. 2019; Wang's slides, "DP-SGD with
+Laplacian Smoothing").
+
+The update uses ``A_s^{-1} g`` with ``A_s = I - s L``, where ``L`` is the periodic 1-D discrete Laplacian on
+the flattened parameter tensor (``-2`` on the diagonal, ``1`` on the two off-diagonals, wrapping around).
+``A_s`` is circulant with first column ``c = [1 + 2s, -s, 0, ..., 0, -s]``, so it is diagonalised by the
+DFT: its eigenvalues are ``fft(c)_k = 1 + 2s - s (w^k + w^-k) = 1 + 2s - 2s cos(2 pi k / d)`` with
+``w = exp(-2 pi i / d)``, i.e. ``1 - s * lambda_k(L)`` with ``lambda_k(L) = 2 cos(2 pi k / d) - 2 <= 0``.
+Hence ``A_s^{-1} g = ifft(fft(g) / (1 + 2s - 2s cos(2 pi k / d)))``, all eigenvalues in ``[1, 1 + 4s]``
+(condition number ``1 + 4s``). For ``d = 2`` both neighbours are the same coordinate and the formula gives
+the matrix ``[[1 + 2s, -2s], [-2s, 1 + 2s]]``; for ``d = 1`` it is the identity.
+
+Smoothing is post-processing of the privatised gradient, so it costs no privacy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from landscape.errors import UsageError
+
+
+def laplacian_eigenvalues(d: int, sigma: float, *, dtype=torch.float64, device=None) -> torch.Tensor:
+    """Eigenvalues ``1 + 2 sigma - 2 sigma cos(2 pi k / d)`` of ``A_sigma`` for ``k = 0 .. d//2`` (rfft order)."""
+    k = torch.arange(d // 2 + 1, dtype=dtype, device=device)
+    return 1.0 + 2.0 * sigma - 2.0 * sigma * torch.cos(2.0 * math.pi * k / d)
+
+
+def laplacian_smooth(g: torch.Tensor, sigma: float) -> torch.Tensor:
+    """``A_sigma^{-1} g`` for one tensor, flattened (a new tensor of ``g``'s shape and dtype)."""
+    if sigma < 0 or not math.isfinite(sigma):
+        raise UsageError(f"--smooth must be a finite number >= 0, got {sigma}")
+    if sigma == 0 or g.numel() <= 1:
+        return g.clone()
+    flat = g.reshape(-1)
+    work = flat.to(torch.float64) if flat.dtype != torch.float64 else flat
+    eig = laplacian_eigenvalues(flat.numel(), sigma, dtype=work.dtype, device=work.device)
+    out = torch.fft.irfft(torch.fft.rfft(work) / eig, n=flat.numel())
+    return out.to(g.dtype).reshape(g.shape)
+
+
+def laplacian_smooth_(grads: dict[str, torch.Tensor], sigma: float) -> None:
+    """Smooth every tensor of ``grads`` in place (each parameter tensor flattened on its own)."""
+    for g in grads.values():
+        g.copy_(laplacian_smooth(g, sigma))
