@@ -31,6 +31,7 @@ import re
 import secrets
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -539,9 +540,11 @@ def _read_foreign(file: Path) -> Any:
     suffix = file.suffix.lower()
     if suffix in (".pt", ".pth"):
         try:
-            return torch.load(file, map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():  # torch warns about pickle protocols before refusing; the error says it
+                warnings.simplefilter("ignore")
+                return torch.load(file, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as exc:
-            culprit = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc))
+            culprit = re.search(r"GLOBAL ([\w.]+)", str(exc))
             detail = f" (it references {culprit.group(1)})" if culprit else ""
             raise UnsafeFileError(
                 f"refusing {file}: unpickling it would run code beyond plain tensors{detail}; "
