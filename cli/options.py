@@ -1,0 +1,125 @@
+"""Options shared by the commands that need a model and a data set.
+
+``@data_options`` adds ``--data``, ``--data-kwargs``, ``--subset``, ``--data-root`` and ``--download``;
+``@model_options`` adds ``--model`` and ``--model-kwargs``. The command receives them as the keyword
+arguments ``data, data_kwargs, subset, data_root, download`` and ``model, model_kwargs``, and turns them into
+library arguments with :func:`dataset_arguments` / :func:`model_arguments`::
+
+    @click.command()
+    @data_options
+    @model_options
+    def train(data, data_kwargs, subset, data_root, download, model, model_kwargs, ...):
+        dataset = load_dataset(**{"seed": seed, **dataset_arguments(data, data_kwargs, subset, data_root, download)})
+        name, kwargs = model_arguments(model, model_kwargs)
+        net = build_model(name, input_shape=dataset.input_shape, num_classes=dataset.num_classes, **kwargs)
+
+Unknown data set or model names are click usage errors (exit 2); bad options inside the JSON are the
+library's DataError / ModelError (exit 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from cli.common import parse_json_option
+from landscape.data import DATA_ENV, DATASETS
+from landscape.models import MODELS
+
+_RESERVED_DATA_KEYS = ("name", "subset", "data_root", "download")
+
+
+class SubsetType(click.ParamType):
+    """``--subset``: an integer count (``500``) or a fraction in (0, 1] (``0.05``)."""
+
+    name = "N|FRACTION"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = value
+        else:
+            text = str(value).strip()
+            try:
+                number = int(text)
+            except ValueError:
+                try:
+                    number = float(text)
+                except ValueError:
+                    self.fail(f"{value!r} is neither a count nor a fraction", param, ctx)
+        if isinstance(number, int) and number < 1:
+            self.fail(f"a count must be >= 1, got {number}", param, ctx)
+        if isinstance(number, float) and not 0.0 < number <= 1.0:
+            self.fail(f"a fraction must be in (0, 1], got {number}", param, ctx)
+        return number
+
+
+def _decorator(options: list[Callable], func: Callable | None) -> Callable:
+    def apply(f: Callable) -> Callable:
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return apply(func) if func is not None else apply
+
+
+def data_options(func: Callable | None = None, *, default: str | None = "digits") -> Callable:
+    """Add the data-set options; use bare (``@data_options``) or with ``default=None`` to make ``--data`` required."""
+    options = [
+        click.option(
+            "--data", type=click.Choice(list(DATASETS)), default=default, required=default is None,
+            show_default=default is not None, help="Data set.",
+        ),
+        click.option("--data-kwargs", default=None, metavar="JSON",
+                     help='Data set options as a JSON object, e.g. \'{"ds": 10, "dn": 90}\'.'),
+        click.option("--subset", type=SubsetType(), default=None,
+                     help="Train on a stratified subset: a count or a fraction of the train split."),
+        click.option("--data-root", type=click.Path(file_okay=False), envvar=DATA_ENV, default=None,
+                     show_envvar=True, help="Directory holding torchvision data sets (mnist, cifar10, ...)."),
+        click.option("--download", is_flag=True, help="Download a torchvision data set into --data-root if absent."),
+    ]
+    return _decorator(options, func)
+
+
+def model_options(func: Callable | None = None, *, default: str | None = "lenet") -> Callable:
+    """Add the model options; use bare (``@model_options``) or with ``default=None`` to make ``--model`` required."""
+    options = [
+        click.option(
+            "--model", type=click.Choice(list(MODELS)), default=default, required=default is None,
+            show_default=default is not None, help="Model architecture.",
+        ),
+        click.option("--model-kwargs", default=None, metavar="JSON",
+                     help='Model options as a JSON object, e.g. \'{"norm": "batch"}\'.'),
+    ]
+    return _decorator(options, func)
+
+
+def dataset_arguments(
+    data: str,
+    data_kwargs: str | dict | None = None,
+    subset: int | float | None = None,
+    data_root: str | None = None,
+    download: bool = False,
+) -> dict[str, Any]:
+    """Keyword arguments for ``landscape.data.load_dataset(**args)``; a ``seed`` in ``--data-kwargs`` passes through
+    (so it overrides a command's seed when merged as ``{"seed": seed, **args}``)."""
+    options = data_kwargs if isinstance(data_kwargs, dict) else parse_json_option(data_kwargs, "--data-kwargs")
+    clash = [k for k in _RESERVED_DATA_KEYS if k in options]
+    if clash:
+        raise click.BadParameter(
+            f"{', '.join(clash)} cannot go in the JSON; use the matching command-line option",
+            param_hint="--data-kwargs",
+        )
+    return {"name": data, "subset": subset, "data_root": data_root, "download": download, **options}
+
+
+def model_arguments(model: str, model_kwargs: str | dict | None = None) -> tuple[str, dict[str, Any]]:
+    """``(name, kwargs)`` for ``landscape.models.build_model(name, input_shape=..., num_classes=..., **kwargs)``."""
+    options = model_kwargs if isinstance(model_kwargs, dict) else parse_json_option(model_kwargs, "--model-kwargs")
+    clash = [k for k in ("input_shape", "num_classes") if k in options]
+    if clash:
+        raise click.BadParameter(
+            f"{', '.join(clash)} come from the data set and cannot be given", param_hint="--model-kwargs"
+        )
+    return model, options
