@@ -1,0 +1,749 @@
+"""Per-sample gradients: norms, weighted and clipped sums, materialised gradients, projections.
+
+The one engine every per-example computation goes through (DESIGN.md, "Per-sample gradients"). A "layer"
+is one parameter tensor, named as in ``model.named_parameters()``. The per-sample loss is
+``l_i = cross_entropy(f(x_i), y_i)`` and ``g_i`` is its gradient with respect to the trainable parameters.
+
+Two exact routes, chosen automatically:
+
+``hooks``
+    One batched forward and one backward that keeps, for every supported module (``nn.Linear``,
+    ``nn.Conv1d``/``nn.Conv2d`` with any stride, padding, dilation and groups, ``nn.GroupNorm``,
+    ``nn.LayerNorm``, ``nn.Embedding``), its input activations ``A_i`` and output gradients ``B_i``, so
+    ``g_i = B_i^T A_i``. Per-sample squared norms use the "ghost norm" identity
+    ``||B_i^T A_i||^2 = sum_{t,s} (A_i A_i^T)_{ts} (B_i B_i^T)_{ts}`` when it is cheaper than
+    materialising (Li et al. 2021; Bu et al. 2023, "book-keeping"), and the clipped sum
+    ``sum_i c_i g_i = sum_i c_i B_i^T A_i`` re-uses the kept ``A, B``: no second backward. The weight
+    gradients are never formed by the backward itself (only activation gradients are requested).
+``functorch``
+    ``torch.func.functional_call`` + ``vmap(grad)`` for any model (chunked by ``microbatch``). Used when a
+    trainable parameter lives in a module the hooks route does not know, or when a one-off self-check of the
+    hooks route fails (a parameter used outside its module's ``forward``, say).
+
+Projections ``<g_i, v>`` never need per-sample gradients: they are the forward-mode directional
+derivatives ``d/dt l_i(theta + t v)`` at ``t = 0`` (one ``torch.func.jvp`` per direction).
+
+BatchNorm mixes the samples of a batch, so per-sample gradients are undefined: such models are refused.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.autograd.graph import get_gradient_edge
+from torch.func import functional_call, grad, jvp, vmap
+
+from landscape.errors import ModelError, UsageError
+
+STRATEGIES = ("auto", "hooks", "functorch")
+LOSSES = ("cross_entropy",)
+
+Masks = dict[str, Tensor] | None
+Weights = Tensor | dict[str, Tensor]
+
+
+@dataclass
+class PerSampleNorms:
+    """Per-sample gradient norms (after masks), with the per-sample losses and logits of the same pass."""
+
+    flat: Tensor  # (n,) float64: ||g_i|| over all trainable parameters
+    layers: dict[str, Tensor]  # name -> (n,) float64: ||g_{i,r}|| per parameter tensor
+    loss: Tensor  # (n,) per-sample losses l_i
+    logits: Tensor  # (n, M)
+
+    def __len__(self) -> int:
+        return int(self.flat.shape[0])
+
+    @staticmethod
+    def cat(parts: list[PerSampleNorms]) -> PerSampleNorms:
+        """Concatenate the norms of consecutive chunks of one batch."""
+        return PerSampleNorms(
+            flat=torch.cat([p.flat for p in parts]),
+            layers={k: torch.cat([p.layers[k] for p in parts]) for k in parts[0].layers},
+            loss=torch.cat([p.loss for p in parts]),
+            logits=torch.cat([p.logits for p in parts]),
+        )
+
+
+def flatten_grads(grads: dict[str, Tensor], names: list[str] | None = None) -> Tensor:
+    """Per-sample gradients ``{name: (n, *shape)}`` as one ``(n, d)`` matrix, columns in ``names`` order
+    (default: the dict's order, which for the engine's outputs is ``named_parameters()`` order)."""
+    names = list(grads) if names is None else list(names)
+    if not names:
+        raise UsageError("flatten_grads: no gradients to flatten")
+    n = grads[names[0]].shape[0]
+    return torch.cat([grads[k].reshape(n, -1) for k in names], dim=1)
+
+
+def _refuse_batchnorm(model: nn.Module) -> None:
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            raise ModelError(
+                f"model has BatchNorm ({name or 'root'}: {type(m).__name__}), which mixes the samples of a batch "
+                'so per-sample gradients are undefined; build it with norm="group" or convert it with '
+                "landscape.models.convert_batchnorm_to_groupnorm(model)"
+            )
+
+
+# --------------------------------------------------------------------------------------------------------
+# Hooks route: per-module handlers. Each turns the captured (input, output-gradient) pairs of one module
+# into a "unit" that holds everything needed, then answers per-sample grads / squared norms / weighted sums.
+# --------------------------------------------------------------------------------------------------------
+
+
+class _Handler:
+    """Per-sample gradient algebra for one module type. ``pnames`` maps 'weight'/'bias' to parameter names."""
+
+    def __init__(self, module: nn.Module, pnames: dict[str, str]):
+        self.module = module
+        self.pnames = pnames
+
+    def unit(self, calls: list[tuple[Tensor, Tensor]]):
+        raise NotImplementedError
+
+    def per_sample(self, u) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    def sq_norms(self, u, masks: dict[str, Tensor]) -> dict[str, Tensor]:
+        g = self.per_sample(u)
+        out = {}
+        for k, gk in g.items():
+            if k in masks:
+                gk = gk * masks[k]
+            out[k] = gk.reshape(gk.shape[0], -1).pow(2).sum(1)
+        return out
+
+    def weighted(self, u, w: dict[str, Tensor]) -> dict[str, Tensor]:
+        g = self.per_sample(u)
+        return {k: torch.einsum("n,n...->...", w[k], g[k]) for k in g}
+
+
+class _MatmulHandler(_Handler):
+    """Modules whose weight gradient is ``sum_t B_t^T A_t`` per group: Linear, Conv1d, Conv2d.
+
+    Unit: ``A`` (n, G, T, D) and ``B`` (n, G, T, P) with the weight viewed as (G*P, D)."""
+
+    def _ab(self, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def unit(self, calls):
+        pairs = [self._ab(a, b) for a, b in calls]
+        if len(pairs) == 1:
+            return pairs[0]
+        return torch.cat([p[0] for p in pairs], dim=2), torch.cat([p[1] for p in pairs], dim=2)
+
+    def per_sample(self, u):
+        a, b = u
+        n = a.shape[0]
+        out = {}
+        if "weight" in self.pnames:
+            if a.shape[2] == 1:
+                g = b[:, :, 0, :, None] * a[:, :, 0, None, :]
+            else:
+                g = torch.einsum("ngtp,ngtd->ngpd", b, a)
+            out["weight"] = g.reshape(n, *self.module.weight.shape)
+        if "bias" in self.pnames:
+            out["bias"] = b.sum(2).reshape(n, -1)
+        return out
+
+    def _ghost(self, a: Tensor, b: Tensor) -> bool:
+        t, d, p = a.shape[2], a.shape[3], b.shape[3]
+        return t * (d + p) < p * d
+
+    def sq_norms(self, u, masks):
+        a, b = u
+        out = {}
+        if "weight" in self.pnames:
+            if "weight" not in masks and a.shape[2] == 1:
+                out["weight"] = (a.pow(2).sum(3) * b.pow(2).sum(3)).sum((1, 2))
+            elif "weight" not in masks and self._ghost(a, b):
+                aa = a @ a.transpose(2, 3)
+                bb = b @ b.transpose(2, 3)
+                out["weight"] = (aa * bb).sum((1, 2, 3))
+            else:
+                g = torch.einsum("ngtp,ngtd->ngpd", b, a).reshape(a.shape[0], *self.module.weight.shape)
+                if "weight" in masks:
+                    g = g * masks["weight"]
+                out["weight"] = g.reshape(g.shape[0], -1).pow(2).sum(1)
+        if "bias" in self.pnames:
+            gb = b.sum(2).reshape(b.shape[0], -1)
+            if "bias" in masks:
+                gb = gb * masks["bias"]
+            out["bias"] = gb.pow(2).sum(1)
+        return out
+
+    def weighted(self, u, w):
+        a, b = u
+        out = {}
+        if "weight" in self.pnames:
+            bw = b * w["weight"].reshape(-1, 1, 1, 1)
+            g = torch.einsum("ngtp,ngtd->gpd", bw, a)
+            out["weight"] = g.reshape(self.module.weight.shape)
+        if "bias" in self.pnames:
+            out["bias"] = torch.einsum("n,ngtp->gp", w["bias"], b).reshape(-1)
+        return out
+
+
+class _LinearHandler(_MatmulHandler):
+    def _ab(self, a, b):
+        n = a.shape[0]
+        return a.reshape(n, 1, -1, a.shape[-1]), b.reshape(n, 1, -1, b.shape[-1])
+
+
+class _ConvHandler(_MatmulHandler):
+    def _ab(self, a, b):
+        m = self.module
+        n, groups = a.shape[0], m.groups
+        if isinstance(m, nn.Conv1d):
+            a, b = a.unsqueeze(2), b.unsqueeze(2)
+            kernel, stride, dilation = (1, *m.kernel_size), (1, *m.stride), (1, *m.dilation)
+            pad = [*m._reversed_padding_repeated_twice, 0, 0]
+        else:
+            kernel, stride, dilation = m.kernel_size, m.stride, m.dilation
+            pad = list(m._reversed_padding_repeated_twice)
+        if any(pad):
+            mode = "constant" if m.padding_mode == "zeros" else m.padding_mode
+            a = F.pad(a, pad, mode=mode)
+        cols = F.unfold(a, kernel, dilation=dilation, stride=stride)  # (n, C_in*k, L)
+        cols = cols.reshape(n, groups, -1, cols.shape[-1]).transpose(2, 3)  # (n, G, L, D)
+        bb = b.reshape(n, groups, -1, b.shape[-2] * b.shape[-1]).transpose(2, 3)  # (n, G, L, P)
+        return cols, bb
+
+
+class _NormHandler(_Handler):
+    """GroupNorm / LayerNorm affine parameters: g_i(weight) = sum over positions of B * xhat, g_i(bias) = sum B."""
+
+    def _xhat(self, a: Tensor) -> Tensor:
+        m = self.module
+        if isinstance(m, nn.GroupNorm):
+            return F.group_norm(a, m.num_groups, eps=m.eps)
+        return F.layer_norm(a, m.normalized_shape, eps=m.eps)
+
+    def _reduce(self, t: Tensor) -> Tensor:
+        m = self.module
+        n = t.shape[0]
+        if isinstance(m, nn.GroupNorm):
+            return t.reshape(n, t.shape[1], -1).sum(2)
+        k = len(m.normalized_shape)
+        return t.reshape(n, -1, *t.shape[t.dim() - k :]).sum(1)
+
+    def unit(self, calls):
+        return calls
+
+    def per_sample(self, u):
+        out = {}
+        for a, b in u:
+            if "weight" in self.pnames:
+                out["weight"] = out.get("weight", 0) + self._reduce(b * self._xhat(a))
+            if "bias" in self.pnames:
+                out["bias"] = out.get("bias", 0) + self._reduce(b)
+        return out
+
+
+class _EmbeddingHandler(_Handler):
+    """nn.Embedding: g_i = sum_t onehot(idx_t)^T B_t (rows at padding_idx get no gradient)."""
+
+    def unit(self, calls):
+        m = self.module
+        idx = [a.reshape(a.shape[0], -1) for a, _ in calls]
+        bs = [b.reshape(b.shape[0], -1, m.embedding_dim) for _, b in calls]
+        idx = torch.cat(idx, 1) if len(idx) > 1 else idx[0]
+        b = torch.cat(bs, 1) if len(bs) > 1 else bs[0]
+        if m.padding_idx is not None:
+            b = b * (idx != m.padding_idx).unsqueeze(-1).to(b.dtype)
+        return idx, b
+
+    def per_sample(self, u):
+        idx, b = u
+        n, t = idx.shape
+        g = b.new_zeros(n, self.module.num_embeddings, self.module.embedding_dim)
+        g.scatter_add_(1, idx.unsqueeze(-1).expand(n, t, b.shape[-1]), b)
+        return {"weight": g}
+
+    def sq_norms(self, u, masks):
+        if "weight" in masks:
+            return super().sq_norms(u, masks)
+        idx, b = u
+        same = (idx.unsqueeze(2) == idx.unsqueeze(1)).to(b.dtype)
+        return {"weight": (same * (b @ b.transpose(1, 2))).sum((1, 2))}
+
+    def weighted(self, u, w):
+        idx, b = u
+        g = b.new_zeros(self.module.num_embeddings, self.module.embedding_dim)
+        g.index_add_(0, idx.reshape(-1), (b * w["weight"].reshape(-1, 1, 1)).reshape(-1, b.shape[-1]))
+        return {"weight": g}
+
+
+def _handler_for(module: nn.Module, pnames: dict[str, str]) -> _Handler | None:
+    t = type(module)
+    if t is nn.Linear:
+        return _LinearHandler(module, pnames)
+    if t in (nn.Conv1d, nn.Conv2d):
+        return _ConvHandler(module, pnames)
+    if t in (nn.GroupNorm, nn.LayerNorm):
+        return _NormHandler(module, pnames)
+    if t is nn.Embedding and not module.scale_grad_by_freq and not module.sparse:
+        return _EmbeddingHandler(module, pnames)
+    return None
+
+
+def _plan(model: nn.Module, names: list[str]) -> tuple[list[_Handler], list[str]]:
+    """Handlers for the modules owning trainable parameters; names of parameters no handler covers."""
+    trainable = set(names)
+    handlers, covered = [], set()
+    for mname, m in model.named_modules(remove_duplicate=True):
+        own = {k: (f"{mname}.{k}" if mname else k) for k, p in m.named_parameters(recurse=False)}
+        own = {k: full for k, full in own.items() if full in trainable}
+        if not own or not set(own) <= {"weight", "bias"}:
+            continue
+        h = _handler_for(m, own)
+        if h is not None:
+            handlers.append(h)
+            covered.update(own.values())
+    return handlers, [k for k in names if k not in covered]
+
+
+# --------------------------------------------------------------------------------------------------------
+# The engine
+# --------------------------------------------------------------------------------------------------------
+
+
+class PerSampleEngine:
+    """Per-sample gradients of ``l_i = cross_entropy(model(x_i), y_i)`` w.r.t. the trainable parameters.
+
+    ``microbatch`` bounds how many samples go through one pass (memory); ``strategy`` is ``"auto"`` (hooks
+    when every trainable parameter sits in a supported module, else functorch), ``"hooks"`` or
+    ``"functorch"``. The model is never modified (no ``.grad``, no mode change).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        loss: str = "cross_entropy",
+        microbatch: int | None = None,
+        strategy: str = "auto",
+    ):
+        if loss not in LOSSES:
+            raise UsageError(f"unknown per-sample loss {loss!r}; choose one of {', '.join(LOSSES)}")
+        if strategy not in STRATEGIES:
+            raise UsageError(
+                f"unknown per-sample strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}"
+            )
+        if microbatch is not None and int(microbatch) < 1:
+            raise UsageError(f"microbatch must be a positive integer, got {microbatch}")
+        _refuse_batchnorm(model)
+        self.model = model
+        self.loss = loss
+        self.microbatch = None if microbatch is None else int(microbatch)
+        self.params: dict[str, nn.Parameter] = {k: p for k, p in model.named_parameters() if p.requires_grad}
+        if not self.params:
+            raise ModelError("model has no trainable parameters (all have requires_grad=False)")
+        self.names = list(self.params)
+        self._handlers, uncovered = _plan(model, self.names)
+        if strategy == "hooks" and uncovered:
+            raise ModelError(
+                f"strategy='hooks' cannot handle parameter {uncovered[0]!r} (module type not supported); "
+                "use strategy='auto' or 'functorch'"
+            )
+        self.requested = strategy
+        self.strategy = "functorch" if (strategy == "functorch" or uncovered) else "hooks"
+        self._verified = self.strategy != "hooks"
+
+    # ---------------------------------------------------------------- helpers
+    @property
+    def _ref(self) -> Tensor:
+        return next(iter(self.params.values()))
+
+    def _prepare(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        ref = self._ref
+        x = torch.as_tensor(x, device=ref.device)
+        if x.is_floating_point():
+            x = x.to(ref.dtype)
+        y = torch.as_tensor(y, device=ref.device).long().reshape(-1)
+        if x.shape[0] != y.shape[0]:
+            raise UsageError(f"x has {x.shape[0]} samples but y has {y.shape[0]}")
+        return x, y
+
+    def _chunks(self, x: Tensor, y: Tensor, *extra: Tensor) -> Iterator[tuple[Tensor, ...]]:
+        n = x.shape[0]
+        step = n if self.microbatch is None else self.microbatch
+        for s in range(0, n, max(step, 1)):
+            yield (x[s : s + step], y[s : s + step], *(e[s : s + step] for e in extra))
+
+    def _masks(self, masks: Masks) -> dict[str, Tensor]:
+        if not masks:
+            return {}
+        unknown = [k for k in masks if k not in self.params]
+        if unknown:
+            raise UsageError(f"mask for unknown or frozen parameter {unknown[0]!r}")
+        out = {}
+        for k, m in masks.items():
+            p = self.params[k]
+            if tuple(m.shape) != tuple(p.shape):
+                raise UsageError(f"mask for {k!r} has shape {tuple(m.shape)}, parameter has {tuple(p.shape)}")
+            out[k] = m.to(device=p.device, dtype=p.dtype)
+        return out
+
+    def _layer_weights(self, weights: Weights, n: int) -> dict[str, Tensor]:
+        ref = self._ref
+        if isinstance(weights, dict):
+            missing = [k for k in self.names if k not in weights]
+            if missing:
+                raise UsageError(f"per-layer weights lack parameter {missing[0]!r}")
+            out = {
+                k: torch.as_tensor(weights[k], device=ref.device).to(ref.dtype).reshape(-1)
+                for k in self.names
+            }
+        else:
+            w = torch.as_tensor(weights, device=ref.device).to(ref.dtype).reshape(-1)
+            out = dict.fromkeys(self.names, w)
+        for k, w in out.items():
+            if w.shape[0] != n:
+                raise UsageError(f"weights for {k!r} have {w.shape[0]} entries for {n} samples")
+        return out
+
+    def _empty_norms(self, n: int = 0) -> PerSampleNorms:
+        ref = self._ref
+        z = torch.zeros(n, dtype=torch.float64, device=ref.device)
+        return PerSampleNorms(
+            flat=z,
+            layers={k: z.clone() for k in self.names},
+            loss=torch.zeros(0, dtype=ref.dtype, device=ref.device),
+            logits=torch.zeros(0, 0, dtype=ref.dtype, device=ref.device),
+        )
+
+    def _zeros(self) -> dict[str, Tensor]:
+        return {
+            k: torch.zeros_like(p, memory_format=torch.contiguous_format).detach()
+            for k, p in self.params.items()
+        }
+
+    @staticmethod
+    def _norms_from_sq(sq: dict[str, Tensor], losses: Tensor, logits: Tensor) -> PerSampleNorms:
+        sq64 = {k: v.double().clamp_min(0) for k, v in sq.items()}
+        flat = torch.stack(list(sq64.values())).sum(0).sqrt()
+        return PerSampleNorms(
+            flat=flat, layers={k: v.sqrt() for k, v in sq64.items()}, loss=losses, logits=logits
+        )
+
+    # ---------------------------------------------------------------- hooks route
+    def _capture(self, x: Tensor, y: Tensor):
+        """One forward + activation-gradient backward; returns ({handler: unit}, losses, logits)."""
+        n = x.shape[0]
+        records: dict[int, list] = {i: [] for i in range(len(self._handlers))}
+        handles = []
+
+        def make_hook(i):
+            def hook(_module, inputs, output):
+                if torch.is_grad_enabled() and isinstance(output, Tensor) and output.requires_grad:
+                    records[i].append((inputs[0].detach(), get_gradient_edge(output), output.shape))
+
+            return hook
+
+        for i, h in enumerate(self._handlers):
+            handles.append(h.module.register_forward_hook(make_hook(i)))
+        try:
+            with torch.enable_grad():
+                logits = self.model(x)
+                losses = F.cross_entropy(logits, y, reduction="none")
+                edges = [e for recs in records.values() for _, e, _ in recs]
+                if not edges:
+                    raise _HooksFailed("no supported module was called")
+                grads = torch.autograd.grad(losses.sum(), edges, allow_unused=True)
+        finally:
+            for hd in handles:
+                hd.remove()
+        units, j = {}, 0
+        for i, h in enumerate(self._handlers):
+            calls = []
+            for a, _, shape in records[i]:
+                b = grads[j]
+                j += 1
+                if b is None:
+                    b = logits.new_zeros(shape)
+                if a.shape[0] != n or b.shape[0] != n:
+                    raise _HooksFailed(f"module {type(h.module).__name__} does not see the batch on dim 0")
+                calls.append((a, b.detach()))
+            if calls:
+                units[h] = h.unit(calls)
+        return units, losses.detach(), logits.detach()
+
+    def _hooks_sq_norms(self, units, masks, n) -> dict[str, Tensor]:
+        sq = {}
+        for h in self._handlers:
+            if h in units:
+                local_masks = {k: masks[full] for k, full in h.pnames.items() if full in masks}
+                for k, v in h.sq_norms(units[h], local_masks).items():
+                    sq[h.pnames[k]] = v
+        ref = self._ref
+        return {k: sq.get(k, torch.zeros(n, dtype=ref.dtype, device=ref.device)) for k in self.names}
+
+    def _hooks_weighted(self, units, w: dict[str, Tensor], acc: dict[str, Tensor]) -> None:
+        for h, u in units.items():
+            lw = {k: w[full] for k, full in h.pnames.items()}
+            for k, v in h.weighted(u, lw).items():
+                acc[h.pnames[k]].add_(v)
+
+    def _hooks_per_sample(self, units, n) -> dict[str, Tensor]:
+        out = {}
+        for h, u in units.items():
+            for k, v in h.per_sample(u).items():
+                out[h.pnames[k]] = v
+        return {k: out[k] if k in out else self._ref.new_zeros(n, *self.params[k].shape) for k in self.names}
+
+    def _verify(self, x: Tensor, y: Tensor) -> None:
+        """Once: check the hooks route's summed gradient against autograd's (catches parameters used outside
+        their module's forward, batch not on dim 0, ...). Falls back to functorch under strategy='auto'."""
+        if self._verified or x.shape[0] < 1:
+            return
+        x, y = x[:8], y[:8]
+        devices = [x.device] if x.device.type == "cuda" else []
+        try:
+            with torch.random.fork_rng(devices=devices):
+                units, _, _ = self._capture(x, y)
+                acc = self._zeros()
+                self._hooks_weighted(
+                    units,
+                    dict.fromkeys(self.names, torch.ones(x.shape[0], dtype=self._ref.dtype, device=x.device)),
+                    acc,
+                )
+            with torch.random.fork_rng(devices=devices), torch.enable_grad():
+                total = F.cross_entropy(self.model(x), y, reduction="sum")
+                ref = torch.autograd.grad(total, list(self.params.values()), allow_unused=True)
+            ok = True
+            for (k, a), r in zip(acc.items(), ref, strict=True):
+                r = torch.zeros_like(a) if r is None else r
+                tol = (
+                    1e-4 * float(r.abs().max()) + 1e-6
+                    if r.dtype != torch.float64
+                    else 1e-9 * float(r.abs().max()) + 1e-12
+                )
+                if float((a - r).abs().max()) > tol * 10:
+                    ok, why = False, f"parameter {k!r} is used outside its module's forward"
+                    break
+        except _HooksFailed as e:
+            ok, why = False, str(e)
+        if not ok:
+            if self.requested == "hooks":
+                raise ModelError(f"strategy='hooks' is not exact for this model ({why}); use strategy='auto'")
+            warnings.warn(
+                f"per-sample hooks route not exact for this model ({why}); using torch.func", stacklevel=3
+            )
+            self.strategy = "functorch"
+        self._verified = True
+
+    # ---------------------------------------------------------------- functorch route
+    def _func_grads(self, x: Tensor, y: Tensor) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+        params = {k: p.detach() for k, p in self.params.items()}
+        model = self.model
+
+        def loss_one(p, xi, yi):
+            out = functional_call(model, p, (xi.unsqueeze(0),))
+            loss = F.cross_entropy(out, yi.unsqueeze(0), reduction="sum")
+            return loss, (loss.detach(), out.squeeze(0).detach())
+
+        with torch.enable_grad():
+            g, (losses, logits) = vmap(
+                grad(loss_one, has_aux=True), in_dims=(None, 0, 0), randomness="different"
+            )(params, x, y)
+        return g, losses, logits
+
+    # ---------------------------------------------------------------- public API
+    def norms(self, x: Tensor, y: Tensor, *, masks: Masks = None) -> PerSampleNorms:
+        """Per-sample gradient norms, flat and per layer (float64), with per-sample losses and logits."""
+        x, y = self._prepare(x, y)
+        if x.shape[0] == 0:
+            return self._empty_norms()
+        m = self._masks(masks)
+        self._verify(x, y)
+        parts = []
+        for xc, yc in self._chunks(x, y):
+            if self.strategy == "hooks":
+                units, losses, logits = self._capture(xc, yc)
+                sq = self._hooks_sq_norms(units, m, xc.shape[0])
+            else:
+                g, losses, logits = self._func_grads(xc, yc)
+                sq = {
+                    k: (g[k] * m[k] if k in m else g[k]).reshape(xc.shape[0], -1).pow(2).sum(1)
+                    for k in self.names
+                }
+            parts.append(self._norms_from_sq(sq, losses, logits))
+        return parts[0] if len(parts) == 1 else PerSampleNorms.cat(parts)
+
+    def grads(self, x: Tensor, y: Tensor, *, masks: Masks = None) -> dict[str, Tensor]:
+        """Materialised per-sample gradients ``{name: (n, *shape)}`` (masked), chunked by ``microbatch``."""
+        x, y = self._prepare(x, y)
+        m = self._masks(masks)
+        if x.shape[0] == 0:
+            return {k: p.new_zeros(0, *p.shape).detach() for k, p in self.params.items()}
+        self._verify(x, y)
+        parts = []
+        for xc, yc in self._chunks(x, y):
+            if self.strategy == "hooks":
+                units, _, _ = self._capture(xc, yc)
+                g = self._hooks_per_sample(units, xc.shape[0])
+            else:
+                g, _, _ = self._func_grads(xc, yc)
+            parts.append({k: (g[k] * m[k] if k in m else g[k]).detach() for k in self.names})
+        if len(parts) == 1:
+            return parts[0]
+        return {k: torch.cat([p[k] for p in parts]) for k in self.names}
+
+    def weighted_sum(
+        self, x: Tensor, y: Tensor, weights: Weights, *, masks: Masks = None
+    ) -> dict[str, Tensor]:
+        """``sum_i w_i g_i`` per layer; ``weights`` is (n,) or ``{name: (n,)}`` (layerwise clipping)."""
+        x, y = self._prepare(x, y)
+        n = x.shape[0]
+        w = self._layer_weights(weights, n)
+        m = self._masks(masks)
+        acc = self._zeros()
+        if n == 0:
+            return acc
+        self._verify(x, y)
+        shared = not isinstance(weights, dict)
+        idx = torch.arange(n, device=x.device)
+        for xc, yc, ic in self._chunks(x, y, idx):
+            wc = {k: v[ic] for k, v in w.items()}
+            self._accumulate(xc, yc, wc, shared, acc)
+        return {k: v * m[k] if k in m else v for k, v in acc.items()}
+
+    def _accumulate(
+        self, x, y, w: dict[str, Tensor], shared: bool, acc: dict[str, Tensor], units=None
+    ) -> None:
+        if self.strategy == "hooks":
+            if units is None:
+                units, _, _ = self._capture(x, y)
+            self._hooks_weighted(units, w, acc)
+        elif shared:
+            with torch.enable_grad():
+                losses = F.cross_entropy(self.model(x), y, reduction="none")
+                g = torch.autograd.grad(
+                    (losses * w[self.names[0]]).sum(), list(self.params.values()), allow_unused=True
+                )
+            for k, gk in zip(self.names, g, strict=True):
+                if gk is not None:
+                    acc[k].add_(gk)
+        else:
+            g, _, _ = self._func_grads(x, y)
+            for k in self.names:
+                acc[k].add_(torch.einsum("n,n...->...", w[k], g[k]))
+
+    def clipped_sum(
+        self,
+        x: Tensor,
+        y: Tensor,
+        factor_fn: Callable[[PerSampleNorms], Weights],
+        *,
+        masks: Masks = None,
+    ) -> tuple[dict[str, Tensor], PerSampleNorms]:
+        """Norms, then ``sum_i c_i g_i`` with ``c = factor_fn(norms)`` ((n,) or ``{name: (n,)}``), masked.
+
+        Hooks route: one forward and one activation backward; the sum re-uses the kept activations and
+        output gradients (book-keeping, Bu et al. 2023). ``factor_fn`` is called once per ``microbatch``
+        chunk with that chunk's norms, so it must act sample by sample (every clipping function does).
+        """
+        x, y = self._prepare(x, y)
+        n = x.shape[0]
+        m = self._masks(masks)
+        acc = self._zeros()
+        if n == 0:
+            return acc, self._empty_norms()
+        self._verify(x, y)
+        parts = []
+        for xc, yc in self._chunks(x, y):
+            nc = xc.shape[0]
+            if self.strategy == "hooks":
+                units, losses, logits = self._capture(xc, yc)
+                norms = self._norms_from_sq(self._hooks_sq_norms(units, m, nc), losses, logits)
+                factors = factor_fn(norms)
+                self._hooks_weighted(units, self._layer_weights(factors, nc), acc)
+            else:
+                g, losses, logits = self._func_grads(xc, yc)
+                g = {k: g[k] * m[k] if k in m else g[k] for k in self.names}
+                sq = {k: g[k].reshape(nc, -1).pow(2).sum(1) for k in self.names}
+                norms = self._norms_from_sq(sq, losses, logits)
+                w = self._layer_weights(factor_fn(norms), nc)
+                for k in self.names:
+                    acc[k].add_(torch.einsum("n,n...->...", w[k], g[k]))
+            parts.append(norms)
+        sums = {k: v * m[k] if k in m else v for k, v in acc.items()}
+        return sums, parts[0] if len(parts) == 1 else PerSampleNorms.cat(parts)
+
+    def mean_grad(self, x: Tensor, y: Tensor, *, masks: Masks = None) -> dict[str, Tensor]:
+        """``(1/n) sum_i g_i`` (zeros for an empty batch): plain batched backward, chunked."""
+        x, y = self._prepare(x, y)
+        n = x.shape[0]
+        acc = self._zeros()
+        m = self._masks(masks)
+        for xc, yc in self._chunks(x, y):
+            with torch.enable_grad():
+                total = F.cross_entropy(self.model(xc), yc, reduction="sum")
+                g = torch.autograd.grad(total, list(self.params.values()), allow_unused=True)
+            for k, gk in zip(self.names, g, strict=True):
+                if gk is not None:
+                    acc[k].add_(gk)
+        return {k: (v * m[k] if k in m else v) / max(n, 1) for k, v in acc.items()}
+
+    def projections(self, x: Tensor, y: Tensor, directions: Tensor | list[dict[str, Tensor]]) -> Tensor:
+        """``P[i, j] = <g_i, v_j>`` as forward-mode derivatives d/dt l_i(theta + t v_j) (no per-sample gradients).
+
+        ``directions`` is (k, d) in ``named_parameters`` order over trainable parameters, or a list of
+        ``{name: tensor}``. Masks are not applied here: mask the directions instead."""
+        x, y = self._prepare(x, y)
+        dirs = self._directions(directions)
+        n, k = x.shape[0], len(dirs)
+        ref = self._ref
+        out = torch.zeros(n, k, dtype=ref.dtype, device=ref.device)
+        if n == 0 or k == 0:
+            return out
+        params = {name: p.detach() for name, p in self.params.items()}
+        model = self.model
+        idx = torch.arange(n, device=x.device)
+        for xc, yc, ic in self._chunks(x, y, idx):
+
+            def losses(p, xc=xc, yc=yc):
+                return F.cross_entropy(functional_call(model, p, (xc,)), yc, reduction="none")
+
+            with torch.no_grad():
+                for j, v in enumerate(dirs):
+                    _, dl = jvp(losses, (params,), (v,))
+                    out[ic, j] = dl
+        return out
+
+    def _directions(self, directions) -> list[dict[str, Tensor]]:
+        ref = self._ref
+        if isinstance(directions, Tensor):
+            d = sum(p.numel() for p in self.params.values())
+            v = directions.to(device=ref.device, dtype=ref.dtype)
+            if v.dim() == 1:
+                v = v.unsqueeze(0)
+            if v.dim() != 2 or v.shape[1] != d:
+                raise UsageError(
+                    f"directions must be (k, {d}) for this model's trainable parameters, got {tuple(v.shape)}"
+                )
+            out = []
+            for row in v:
+                parts, s = {}, 0
+                for name, p in self.params.items():
+                    parts[name] = row[s : s + p.numel()].reshape(p.shape)
+                    s += p.numel()
+                out.append(parts)
+            return out
+        out = []
+        for dv in directions:
+            missing = [name for name in self.names if name not in dv]
+            if missing:
+                raise UsageError(f"direction lacks parameter {missing[0]!r}")
+            out.append({name: dv[name].to(device=ref.device, dtype=ref.dtype) for name in self.names})
+        return out
+
+
+class _HooksFailed(Exception):
+    """Internal: the hooks route cannot be used for this model."""
