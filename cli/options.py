@@ -64,13 +64,15 @@ def _decorator(options: list[Callable], func: Callable | None) -> Callable:
     return apply(func) if func is not None else apply
 
 
+def _default_or_required(default: str | None) -> dict[str, Any]:
+    # click >= 8.3 treats an explicit default=None as a given value, so a required option must omit it
+    return {"required": True} if default is None else {"default": default, "show_default": True}
+
+
 def data_options(func: Callable | None = None, *, default: str | None = "digits") -> Callable:
     """Add the data-set options; use bare (``@data_options``) or with ``default=None`` to make ``--data`` required."""
     options = [
-        click.option(
-            "--data", type=click.Choice(list(DATASETS)), default=default, required=default is None,
-            show_default=default is not None, help="Data set.",
-        ),
+        click.option("--data", type=click.Choice(list(DATASETS)), help="Data set.", **_default_or_required(default)),
         click.option("--data-kwargs", default=None, metavar="JSON",
                      help='Data set options as a JSON object, e.g. \'{"ds": 10, "dn": 90}\'.'),
         click.option("--subset", type=SubsetType(), default=None,
@@ -85,10 +87,8 @@ def data_options(func: Callable | None = None, *, default: str | None = "digits"
 def model_options(func: Callable | None = None, *, default: str | None = "lenet") -> Callable:
     """Add the model options; use bare (``@model_options``) or with ``default=None`` to make ``--model`` required."""
     options = [
-        click.option(
-            "--model", type=click.Choice(list(MODELS)), default=default, required=default is None,
-            show_default=default is not None, help="Model architecture.",
-        ),
+        click.option("--model", type=click.Choice(list(MODELS)), help="Model architecture.",
+                     **_default_or_required(default)),
         click.option("--model-kwargs", default=None, metavar="JSON",
                      help='Model options as a JSON object, e.g. \'{"norm": "batch"}\'.'),
     ]
