@@ -1,0 +1,502 @@
+"""How much clipping bends the gradient: the ratio R and the bound of Watson et al. (2023) Thm. 3.2.
+
+For per-sample gradients ``g_i`` with mean ``g_bar`` (Watson et al. Def. 3.1)
+
+    R = Tr(Cov(G)) / ||g_bar||^2 = (1/n) sum ||g_i - g_bar||^2 / ||g_bar||^2
+      = ((1/n) sum ||g_i||^2 - ||g_bar||^2) / ||g_bar||^2,
+
+the clipped mean is ``c = (1/n) sum g_i min(1, C/||g_i||)`` (eqs. (2)-(3)), and Thm. 3.2 states that
+``c . g_bar/||g_bar|| >= C (1 - R/2)`` provided ``g_bar != 0``, every ``g_i != 0`` and every
+``||g_i|| >= C`` (the assumption that turns eq. (3) into eq. (4)). Results report whether that assumption
+held and whether the bound held, so cases outside the theorem are flagged, not hidden.
+
+Everything is computed from additive sufficient statistics (:class:`ClipMoments`: ``n``, ``sum ||g_i||^2``,
+``sum g_i``, ``sum c_i g_i`` per layer), which the per-sample engine delivers without ever holding the
+``n x d`` gradient matrix: norms come from the ghost-norm route, the two sums from weighted backward
+passes. Sums over chunks and over the ``K`` batches are exact, so a batch of 1,000 on resnet18 is
+processed in chunks with the same result.
+
+"Layer" means one parameter tensor. With ``clip_style="layerwise"`` layer ``l`` is clipped to ``C_l``
+(default ``C / sqrt(L)``, as the training code does) and the theorem applies per layer; the flat bound is
+then ``sum_l (||g_bar_l|| / ||g_bar||) C_l (1 - R_l/2)``, which follows from the per-layer bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from landscape.errors import UsageError
+from landscape.results import InputRef, read_result, write_result
+
+KIND = "clipping"
+CLIP_STYLES = ("flat", "layerwise")
+# The bound is checked with this relative slack for floating-point rounding (equality holds when all g_i agree).
+BOUND_RTOL = 1e-9
+
+
+@dataclass
+class ClippingConfig:
+    """Options of ``landscape clipping`` (and ``landscape.api.geometry.clipping``)."""
+
+    max_grad_norm: float = 1.0
+    batch_size: int = 256
+    batches: int = 1
+    clip_style: str = "flat"
+    seed: int = 0
+    split: str = "train"
+    chunk: int = 250
+    prune_levels: list[float] | None = None
+    workers: int = 1
+
+    def validate(self) -> None:
+        if not self.max_grad_norm > 0 or not math.isfinite(self.max_grad_norm):
+            raise UsageError(f"--max-grad-norm must be a positive number, got {self.max_grad_norm}")
+        if self.batch_size < 1 or self.batches < 1 or self.chunk < 1:
+            raise UsageError("--batch-size, --batches and --chunk must be >= 1")
+        if self.clip_style not in CLIP_STYLES:
+            raise UsageError(f"--clip-style must be one of {', '.join(CLIP_STYLES)}, got {self.clip_style!r}")
+        for level in self.prune_levels or []:
+            if not 0 <= level < 1:
+                raise UsageError(f"--prune-levels must lie in [0, 1), got {level}")
+
+
+# ------------------------------------------------------------------------------------------ pure math
+
+
+def clip_weights(norms: np.ndarray | torch.Tensor, max_norm: float):
+    """Abadi et al.'s factors ``min(1, C/||g_i||)`` (Watson eq. (2)); a zero gradient gets factor 1."""
+    if isinstance(norms, torch.Tensor):
+        return max_norm / torch.clamp(norms.to(torch.float64), min=max_norm)
+    return max_norm / np.maximum(np.asarray(norms, dtype=np.float64), max_norm)
+
+
+def theorem_bound(max_grad_norm: float, ratio: float) -> float:
+    """The lower bound ``C (1 - R/2)`` of Watson et al. Thm. 3.2 on ``c . g_bar / ||g_bar||``."""
+    return max_grad_norm * (1.0 - ratio / 2.0)
+
+
+@dataclass
+class ClipStats:
+    """Watson Sec. 3.1 quantities of one set of per-sample gradients (flat, plus one entry per layer)."""
+
+    n: int
+    R: float
+    projection: float
+    bound: float
+    assumption_held: bool
+    bound_held: bool
+    fraction_clipped: float
+    cos_clipped_mean: float
+    mean_grad_norm: float  # ||g_bar||
+    clipped_mean_norm: float  # ||c||
+    mean_sample_norm: float  # (1/n) sum ||g_i||
+    min_sample_norm: float
+    layer_R: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    layer_projection: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    layer_bound: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    layer_assumption_held: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    layer_fraction_clipped: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    layer_cos_clipped_mean: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    layer_mean_grad_norm: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    SCALARS = (
+        "R", "projection", "bound", "assumption_held", "bound_held", "fraction_clipped", "cos_clipped_mean",
+        "mean_grad_norm", "clipped_mean_norm", "mean_sample_norm", "min_sample_norm",
+    )
+    LAYER_FIELDS = (
+        "R", "projection", "bound", "assumption_held", "fraction_clipped", "cos_clipped_mean", "mean_grad_norm",
+    )
+
+
+def _ratio(mean_sq_norm: float, mean_grad_sq: float) -> float:
+    if mean_grad_sq <= 0:
+        return math.inf
+    return max(mean_sq_norm - mean_grad_sq, 0.0) / mean_grad_sq
+
+
+def _bound_held(projection: float, bound: float, scale: float) -> bool:
+    if not math.isfinite(projection):
+        return False
+    return projection >= bound - BOUND_RTOL * max(scale, abs(projection), abs(bound) if math.isfinite(bound) else 0)
+
+
+def _projection_and_cos(c: np.ndarray, g: np.ndarray) -> tuple[float, float]:
+    g_norm = float(np.linalg.norm(g))
+    c_norm = float(np.linalg.norm(c))
+    if g_norm == 0:
+        return math.nan, math.nan
+    proj = float(c @ g) / g_norm
+    return proj, (proj / c_norm if c_norm > 0 else math.nan)
+
+
+def clipping_quantities(
+    norms: np.ndarray, mean_grad: np.ndarray, clipped_mean: np.ndarray, max_grad_norm: float
+) -> ClipStats:
+    """R, projection, bound and flags (flat clipping) from per-sample norms, ``g_bar`` and ``c`` only.
+
+    This is the route the analyzer takes (it never sees the gradients themselves): ``R`` by the
+    second form of Watson eq. (1), the projection ``c . g_bar/||g_bar||``, the bound ``C (1 - R/2)``.
+    """
+    norms = np.asarray(norms, dtype=np.float64)
+    return _flat_stats(
+        n=norms.size,
+        mean_sq_norm=float(np.mean(norms**2)),
+        mean_sample_norm=float(np.mean(norms)),
+        min_sample_norm=float(np.min(norms)),
+        n_clipped=int(np.sum(norms > max_grad_norm)),
+        g=np.asarray(mean_grad, dtype=np.float64).ravel(),
+        c=np.asarray(clipped_mean, dtype=np.float64).ravel(),
+        max_grad_norm=max_grad_norm,
+    )
+
+
+def _flat_stats(*, n, mean_sq_norm, mean_sample_norm, min_sample_norm, n_clipped, g, c, max_grad_norm) -> ClipStats:
+    g_sq = float(g @ g)
+    ratio = _ratio(mean_sq_norm, g_sq)
+    proj, cos = _projection_and_cos(c, g)
+    bound = theorem_bound(max_grad_norm, ratio)
+    return ClipStats(
+        n=n, R=ratio, projection=proj, bound=bound,
+        assumption_held=bool(g_sq > 0 and min_sample_norm >= max_grad_norm),
+        bound_held=_bound_held(proj, bound, max_grad_norm),
+        fraction_clipped=n_clipped / n, cos_clipped_mean=cos, mean_grad_norm=math.sqrt(g_sq),
+        clipped_mean_norm=float(np.linalg.norm(c)), mean_sample_norm=mean_sample_norm,
+        min_sample_norm=min_sample_norm,
+    )
+
+
+@dataclass
+class ClipMoments:
+    """Additive sufficient statistics of per-sample gradients over any set of samples (chunks add up exactly).
+
+    Per layer ``l`` (arrays of length L, vectors float64): ``sq_sum[l] = sum_i ||g_il||^2``,
+    ``grad_sum[l] = sum_i g_il``, ``clipped_sum[l] = sum_i w_il g_il`` with the clipping factors ``w``,
+    ``norm_sum[l] = sum_i ||g_il||``, ``min_norm[l]``, ``n_clipped[l]``; flat: ``flat_norm_sum``,
+    ``flat_min_norm``, ``flat_n_clipped`` (for layerwise clipping ``flat_n_clipped`` counts samples with
+    any layer clipped).
+    """
+
+    n: int
+    sq_sum: np.ndarray
+    norm_sum: np.ndarray
+    min_norm: np.ndarray
+    n_clipped: np.ndarray
+    grad_sum: list[np.ndarray]
+    clipped_sum: list[np.ndarray]
+    flat_norm_sum: float
+    flat_min_norm: float
+    flat_n_clipped: int
+
+    def __add__(self, other: ClipMoments) -> ClipMoments:
+        return ClipMoments(
+            n=self.n + other.n,
+            sq_sum=self.sq_sum + other.sq_sum,
+            norm_sum=self.norm_sum + other.norm_sum,
+            min_norm=np.minimum(self.min_norm, other.min_norm),
+            n_clipped=self.n_clipped + other.n_clipped,
+            grad_sum=[a + b for a, b in zip(self.grad_sum, other.grad_sum, strict=True)],
+            clipped_sum=[a + b for a, b in zip(self.clipped_sum, other.clipped_sum, strict=True)],
+            flat_norm_sum=self.flat_norm_sum + other.flat_norm_sum,
+            flat_min_norm=min(self.flat_min_norm, other.flat_min_norm),
+            flat_n_clipped=self.flat_n_clipped + other.flat_n_clipped,
+        )
+
+    @classmethod
+    def from_parts(
+        cls,
+        layer_norms: Sequence[np.ndarray],
+        grad_sum: Sequence[np.ndarray],
+        clipped_sum: Sequence[np.ndarray],
+        *,
+        max_grad_norm: float,
+        layer_max_norms: np.ndarray,
+        clip_style: str,
+    ) -> ClipMoments:
+        """Moments of one chunk from its per-layer per-sample norms (L arrays of shape (n,)) and the two sums."""
+        per_layer = np.stack([np.asarray(v, dtype=np.float64) for v in layer_norms])  # (L, n)
+        flat = np.sqrt((per_layer**2).sum(0))
+        layer_clipped = per_layer > layer_max_norms[:, None]
+        flat_clipped = flat > max_grad_norm if clip_style == "flat" else layer_clipped.any(0)
+        return cls(
+            n=per_layer.shape[1],
+            sq_sum=(per_layer**2).sum(1),
+            norm_sum=per_layer.sum(1),
+            min_norm=per_layer.min(1),
+            n_clipped=layer_clipped.sum(1),
+            grad_sum=[np.asarray(g, dtype=np.float64).ravel() for g in grad_sum],
+            clipped_sum=[np.asarray(c, dtype=np.float64).ravel() for c in clipped_sum],
+            flat_norm_sum=float(flat.sum()),
+            flat_min_norm=float(flat.min()),
+            flat_n_clipped=int(flat_clipped.sum()),
+        )
+
+    def stats(self, *, max_grad_norm: float, layer_max_norms: np.ndarray, clip_style: str) -> ClipStats:
+        """Finalise: Watson Def. 3.1 / Thm. 3.2 quantities, flat and per layer."""
+        n = self.n
+        g_layers = [g / n for g in self.grad_sum]
+        c_layers = [c / n for c in self.clipped_sum]
+        g, c = np.concatenate(g_layers), np.concatenate(c_layers)
+        layer_g_sq = np.array([float(v @ v) for v in g_layers])
+        layer_R = np.array([_ratio(s / n, gs) for s, gs in zip(self.sq_sum, layer_g_sq, strict=True)])
+        pc = [_projection_and_cos(cl, gl) for cl, gl in zip(c_layers, g_layers, strict=True)]
+        layer_proj = np.array([p for p, _ in pc])
+        layer_cos = np.array([q for _, q in pc])
+        layer_assume = (self.min_norm >= layer_max_norms) & (layer_g_sq > 0)
+        if clip_style == "layerwise":
+            layer_bound = layer_max_norms * (1.0 - layer_R / 2.0)
+        else:  # the theorem says nothing about a layer's share of a flat-clipped gradient
+            layer_bound = np.full(len(layer_R), math.nan)
+        stats = _flat_stats(
+            n=n, mean_sq_norm=float(self.sq_sum.sum()) / n, mean_sample_norm=self.flat_norm_sum / n,
+            min_sample_norm=self.flat_min_norm, n_clipped=self.flat_n_clipped, g=g, c=c,
+            max_grad_norm=max_grad_norm,
+        )
+        if clip_style == "layerwise":
+            g_norm = math.sqrt(float(g @ g))
+            weights = np.sqrt(layer_g_sq) / g_norm if g_norm > 0 else np.full(len(layer_R), math.nan)
+            stats.bound = float(np.sum(weights * layer_bound)) if g_norm > 0 else -math.inf
+            stats.assumption_held = bool(layer_assume.all())
+            stats.bound_held = _bound_held(stats.projection, stats.bound, max_grad_norm)
+        stats.layer_R = layer_R
+        stats.layer_projection = layer_proj
+        stats.layer_bound = layer_bound
+        stats.layer_assumption_held = layer_assume
+        stats.layer_fraction_clipped = self.n_clipped / n
+        stats.layer_cos_clipped_mean = layer_cos
+        stats.layer_mean_grad_norm = np.sqrt(layer_g_sq)
+        return stats
+
+
+def layer_max_norms_for(max_grad_norm: float, num_layers: int, clip_style: str) -> np.ndarray:
+    """Per-layer thresholds: ``C`` for flat clipping (unused), ``C / sqrt(L)`` for layerwise (training's default)."""
+    if clip_style == "layerwise":
+        return np.full(num_layers, max_grad_norm / math.sqrt(num_layers))
+    return np.full(num_layers, max_grad_norm)
+
+
+# ----------------------------------------------------------------------------------------- the analyzer
+
+
+@dataclass
+class CheckpointClipping:
+    """One row of a clipping result: the aggregate over all ``K x B`` samples and each batch on its own."""
+
+    ref: str
+    step: int
+    epoch: float
+    prune_level: float
+    total: ClipStats
+    batches: list[ClipStats]
+
+
+@dataclass
+class ClippingResult:
+    """``landscape clipping``: one row per checkpoint (or per pruning level)."""
+
+    config: ClippingConfig
+    layer_names: list[str]
+    rows: list[CheckpointClipping]
+    num_params: int = 0
+    output: Path | None = None  # where the api wrote it
+    figures: list[Path] = field(default_factory=list)
+
+    def column(self, name: str) -> np.ndarray:
+        return np.array([getattr(r.total, name) for r in self.rows], dtype=float)
+
+    def summary_rows(self) -> list[dict]:
+        """What the CLI prints: one dict per checkpoint."""
+        out = []
+        for r in self.rows:
+            row = {"ref": r.ref, "epoch": r.epoch}
+            if not math.isnan(r.prune_level):
+                row = {"prune_level": r.prune_level, **row}
+            t = r.total
+            row.update(
+                R=t.R, projection=t.projection, bound=t.bound, assumption_held=t.assumption_held,
+                bound_held=t.bound_held, fraction_clipped=t.fraction_clipped, cos_clipped_mean=t.cos_clipped_mean,
+                R_batch_mean=float(np.mean([b.R for b in r.batches])),
+            )
+            out.append(row)
+        return out
+
+    def to_hdf5(self, path, *, inputs: Sequence[InputRef] = ()) -> Path:
+        arrays: dict[str, np.ndarray] = {
+            "step": np.array([r.step for r in self.rows], dtype=np.int64),
+            "epoch": np.array([r.epoch for r in self.rows], dtype=float),
+            "prune_level": np.array([r.prune_level for r in self.rows], dtype=float),
+            "ref": np.array([r.ref for r in self.rows], dtype=object).astype("S"),
+            "layer_names": np.array(self.layer_names, dtype=object).astype("S"),
+        }
+        for name in ClipStats.SCALARS:
+            arrays[name] = np.array([getattr(r.total, name) for r in self.rows], dtype=float)
+            arrays[f"batch/{name}"] = np.array([[getattr(b, name) for b in r.batches] for r in self.rows], dtype=float)
+        for name in ClipStats.LAYER_FIELDS:
+            arrays[f"layer/{name}"] = np.stack([np.asarray(getattr(r.total, f"layer_{name}"), float) for r in self.rows])
+        last = self.rows[-1].total
+        attrs = {name: getattr(last, name) for name in ClipStats.SCALARS}
+        attrs.update(
+            checkpoints=len(self.rows), samples=last.n, num_params=self.num_params,
+            all_assumption_held=bool(all(r.total.assumption_held for r in self.rows)),
+            all_bound_held=bool(all(r.total.bound_held for r in self.rows)),
+        )
+        return write_result(path, KIND, arrays=arrays, attrs=attrs, params=self.config, inputs=inputs)
+
+    @classmethod
+    def from_hdf5(cls, path) -> ClippingResult:
+        res = read_result(path, KIND)
+        a = res.arrays
+        known = {f.name for f in fields(ClippingConfig)}
+        config = ClippingConfig(**{k: v for k, v in res.params.items() if k in known})
+        names = [s.decode() for s in a["layer_names"]]
+        rows = []
+        for i in range(len(a["step"])):
+            total = _stats_from_arrays(a, i, prefix="")
+            nb = a["batch/R"].shape[1]
+            batches = [_stats_from_arrays(a, (i, j), prefix="batch/") for j in range(nb)]
+            for name in ClipStats.LAYER_FIELDS:
+                value = a[f"layer/{name}"][i]
+                setattr(total, f"layer_{name}", value.astype(bool) if name == "assumption_held" else value)
+            rows.append(CheckpointClipping(
+                ref=a["ref"][i].decode(), step=int(a["step"][i]), epoch=float(a["epoch"][i]),
+                prune_level=float(a["prune_level"][i]), total=total, batches=batches,
+            ))
+        return cls(config=config, layer_names=names, rows=rows, num_params=int(res.attrs.get("num_params", 0)))
+
+
+def _stats_from_arrays(a: dict, index, prefix: str) -> ClipStats:
+    values = {name: a[f"{prefix}{name}"][index] for name in ClipStats.SCALARS}
+    for flag in ("assumption_held", "bound_held"):
+        values[flag] = bool(values[flag])
+    return ClipStats(n=0, **{k: (v if isinstance(v, bool) else float(v)) for k, v in values.items()})
+
+
+def batch_indices(num_examples: int, batch_size: int, batches: int, seed: int) -> list[torch.Tensor]:
+    """``batches`` disjoint batches of ``batch_size`` examples, drawn without replacement by ``seed``."""
+    if batch_size * batches > num_examples:
+        raise UsageError(
+            f"{batches} batches of {batch_size} need {batch_size * batches} examples but the split has "
+            f"{num_examples}; lower --batch-size or --batches"
+        )
+    perm = torch.randperm(num_examples, generator=torch.Generator().manual_seed(int(seed)))
+    return [perm[k * batch_size:(k + 1) * batch_size] for k in range(batches)]
+
+
+def _trainable_names(model: nn.Module) -> list[str]:
+    return [n for n, p in model.named_parameters() if p.requires_grad]
+
+
+def _as_numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to(torch.float64).cpu().numpy().ravel()
+
+
+def chunk_moments(
+    engine,
+    names: list[str],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    max_grad_norm: float,
+    layer_max_norms: np.ndarray,
+    clip_style: str,
+    masks: dict[str, torch.Tensor] | None = None,
+) -> ClipMoments:
+    """Moments of one chunk through the engine: norms + clipped sum (ghost norms, one weighted contraction),
+    then ``sum_i g_i`` (one plain backward). No per-sample gradient is materialised."""
+    thresholds = {n: float(c) for n, c in zip(names, layer_max_norms, strict=True)}
+
+    def factors(norms):
+        if clip_style == "flat":
+            return clip_weights(norms.flat, max_grad_norm)
+        return {n: clip_weights(norms.layers[n], thresholds[n]) for n in names}
+
+    clipped, norms = engine.clipped_sum(x, y, factors, masks=masks)
+    mean = engine.mean_grad(x, y, masks=masks)
+    summed = {n: mean[n].to(torch.float64) * len(y) for n in names}
+    return ClipMoments.from_parts(
+        [norms.layers[n].detach().to(torch.float64).cpu().numpy() for n in names],
+        [_as_numpy(summed[n]) for n in names],
+        [_as_numpy(clipped[n]) for n in names],
+        max_grad_norm=max_grad_norm, layer_max_norms=layer_max_norms, clip_style=clip_style,
+    )
+
+
+def clipping_geometry(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    max_grad_norm: float,
+    batch_size: int,
+    batches: int = 1,
+    clip_style: str = "flat",
+    seed: int = 0,
+    chunk: int = 250,
+    masks: dict[str, torch.Tensor] | None = None,
+    engine=None,
+    ref: str = "",
+    step: int = 0,
+    epoch: float = math.nan,
+    prune_level: float = math.nan,
+) -> ClippingResult:
+    """Watson et al. Sec. 3.1 at one parameter point: R, c, the Thm. 3.2 bound, per batch and over all batches.
+
+    ``batches`` disjoint batches of ``batch_size`` examples are drawn from ``(x, y)`` with ``seed``; each is
+    processed in chunks of ``chunk`` examples. ``masks`` (1 = keep) restrict the gradients to unpruned
+    weights, as during training of a pruned model. The model is not modified.
+    """
+    config = ClippingConfig(
+        max_grad_norm=max_grad_norm, batch_size=batch_size, batches=batches, clip_style=clip_style,
+        seed=seed, chunk=chunk,
+    )
+    config.validate()
+    row, names, num_params = clipping_row(
+        model, x, y, config, masks=masks, engine=engine, ref=ref, step=step, epoch=epoch, prune_level=prune_level
+    )
+    return ClippingResult(config=config, layer_names=names, rows=[row], num_params=num_params)
+
+
+def clipping_row(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    config: ClippingConfig,
+    *,
+    masks=None,
+    engine=None,
+    ref: str = "",
+    step: int = 0,
+    epoch: float = math.nan,
+    prune_level: float = math.nan,
+) -> tuple[CheckpointClipping, list[str], int]:
+    """One result row (see :func:`clipping_geometry`), with the layer names and the parameter count."""
+    if engine is None:
+        from landscape.persample import PerSampleEngine
+
+        engine = PerSampleEngine(model)
+    names = _trainable_names(model)
+    num_params = sum(p.numel() for n, p in model.named_parameters() if p.requires_grad)
+    thresholds = layer_max_norms_for(config.max_grad_norm, len(names), config.clip_style)
+    kwargs = dict(max_grad_norm=config.max_grad_norm, layer_max_norms=thresholds, clip_style=config.clip_style)
+    per_batch: list[ClipMoments] = []
+    for idx in batch_indices(len(y), config.batch_size, config.batches, config.seed):
+        moments = None
+        for start in range(0, len(idx), config.chunk):
+            part = idx[start:start + config.chunk]
+            m = chunk_moments(engine, names, x[part], y[part], masks=masks, **kwargs)
+            moments = m if moments is None else moments + m
+        per_batch.append(moments)
+    total = per_batch[0]
+    for m in per_batch[1:]:
+        total = total + m
+    row = CheckpointClipping(
+        ref=ref, step=int(step), epoch=float(epoch), prune_level=float(prune_level),
+        total=total.stats(**kwargs), batches=[m.stats(**kwargs) for m in per_batch],
+    )
+    return row, names, num_params

@@ -1,0 +1,259 @@
+"""Parameter and gradient norm statistics along training (Watson et al. 2023 App. Figs. 16-17).
+
+Per checkpoint: the L2 distance of the trainable parameters from the origin and from the run's
+initialisation, the norm of every parameter tensor ("layer"), a histogram of all parameter values on shared
+bin edges (Fig. 17; outermost bins also count values beyond the edges, so the counts always sum to the
+parameter count), and per-sample gradient norms ``||g_i||`` on a fixed seeded sample of the data (Fig. 16:
+their mean along training, their histograms at chosen epochs). Several runs are compared by their final
+distance from the origin relative to the first run (the paper: DP-SGD 1.7x SGD, pruned DP-SGD 1.2x).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from landscape.errors import UsageError
+from landscape.results import InputRef, read_result, write_result
+
+KIND = "norms"
+
+
+@dataclass
+class NormsConfig:
+    """Options of ``landscape norms`` (and ``landscape.api.geometry.norms``)."""
+
+    bins: int = 100
+    grad_samples: int = 256
+    grad_epochs: list[float] | None = None
+    seed: int = 0
+    split: str = "train"
+    chunk: int = 250
+    workers: int = 1
+
+    def validate(self) -> None:
+        if self.bins < 1:
+            raise UsageError(f"--bins must be >= 1, got {self.bins}")
+        if self.grad_samples < 0 or self.chunk < 1:
+            raise UsageError("--grad-samples must be >= 0 and --chunk >= 1")
+
+
+# ------------------------------------------------------------------------------------------ pure parts
+
+
+def trainable_names(model: nn.Module) -> list[str]:
+    return [n for n, p in model.named_parameters() if p.requires_grad]
+
+
+def parameter_vector(state: Mapping[str, torch.Tensor], names: Sequence[str]) -> torch.Tensor:
+    """The named tensors of ``state`` as one float64 vector, in ``names`` order."""
+    return torch.cat([state[n].detach().reshape(-1).to(torch.float64) for n in names])
+
+
+@dataclass
+class ParameterNorms:
+    dist_origin: float
+    dist_init: float  # NaN without an initialisation
+    layer_norms: np.ndarray  # (L,)
+    layer_dist_init: np.ndarray  # (L,), NaN without an initialisation
+    num_params: int
+
+
+def parameter_norms(
+    state: Mapping[str, torch.Tensor], names: Sequence[str], init: Mapping[str, torch.Tensor] | None = None
+) -> ParameterNorms:
+    """||theta||, ||theta - theta_0|| and the per-layer versions (float64)."""
+    layer = np.array([float(torch.linalg.norm(state[n].detach().to(torch.float64))) for n in names])
+    if init is not None:
+        diff = np.array([
+            float(torch.linalg.norm(state[n].detach().to(torch.float64) - init[n].detach().to(torch.float64)))
+            for n in names
+        ])
+    else:
+        diff = np.full(len(names), math.nan)
+    return ParameterNorms(
+        dist_origin=float(np.sqrt(np.sum(layer**2))),
+        dist_init=float(np.sqrt(np.sum(diff**2))),
+        layer_norms=layer, layer_dist_init=diff,
+        num_params=sum(state[n].numel() for n in names),
+    )
+
+
+def histogram_edges(low: float, high: float, bins: int) -> np.ndarray:
+    """``bins + 1`` equal-width edges on ``[low, high]`` (widened when the range is empty)."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        raise UsageError("parameters contain NaN or inf; cannot build a histogram")
+    if high <= low:
+        low, high = low - 0.5, high + 0.5
+    return np.linspace(low, high, bins + 1)
+
+
+def value_histogram(values: torch.Tensor | np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Counts of ``values`` in the bins of ``edges``; values beyond the edges go to the outermost bins."""
+    v = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
+    v = np.clip(v.astype(np.float64).ravel(), edges[0], edges[-1])
+    counts, _ = np.histogram(v, bins=edges)
+    return counts.astype(np.int64)
+
+
+def sample_indices(num_examples: int, samples: int, seed: int) -> torch.Tensor:
+    perm = torch.randperm(num_examples, generator=torch.Generator().manual_seed(int(seed)))
+    return perm[: min(samples, num_examples)]
+
+
+def per_sample_grad_norms(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, chunk: int = 250, engine=None,
+    masks: dict[str, torch.Tensor] | None = None,
+) -> np.ndarray:
+    """``||g_i||`` for every example (float64), from the engine's norm route, in chunks."""
+    if engine is None:
+        from landscape.persample import PerSampleEngine
+
+        engine = PerSampleEngine(model)
+    out = [engine.norms(x[s:s + chunk], y[s:s + chunk], masks=masks).flat.detach().cpu().numpy()
+           for s in range(0, len(y), chunk)]
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+# --------------------------------------------------------------------------------------------- results
+
+
+@dataclass
+class CheckpointNorms:
+    ref: str
+    step: int
+    epoch: float
+    params: ParameterNorms
+    histogram: np.ndarray  # (bins,)
+    grad_norms: np.ndarray  # (samples,) per-sample gradient norms (empty when not asked for)
+
+    @property
+    def mean_grad_norm(self) -> float:
+        return float(self.grad_norms.mean()) if self.grad_norms.size else math.nan
+
+
+@dataclass
+class RunNorms:
+    """One run's (or one loose checkpoint's) norms along training."""
+
+    label: str
+    optimizer: str
+    layer_names: list[str]
+    rows: list[CheckpointNorms] = field(default_factory=list)
+
+    def column(self, name: str) -> np.ndarray:
+        if name == "mean_grad_norm":
+            return np.array([r.mean_grad_norm for r in self.rows])
+        return np.array([getattr(r.params, name) for r in self.rows], dtype=float)
+
+
+@dataclass
+class NormsResult:
+    """``landscape norms``: several runs on shared histogram edges, with distance ratios to the first run."""
+
+    config: NormsConfig
+    edges: np.ndarray
+    runs: list[RunNorms]
+    output: Path | None = None  # where the api wrote it
+    figures: list[Path] = field(default_factory=list)
+
+    def ratio_rows(self) -> list[dict]:
+        """Final distance from the origin (and from init) per run, and its ratio to the first run's."""
+        base = self.runs[0].rows[-1].params.dist_origin
+        out = []
+        for run in self.runs:
+            last = run.rows[-1]
+            out.append({
+                "run": run.label, "optimizer": run.optimizer, "epoch": last.epoch,
+                "dist_origin": last.params.dist_origin,
+                "ratio_to_first": last.params.dist_origin / base if base > 0 else math.nan,
+                "dist_init": last.params.dist_init, "mean_grad_norm": last.mean_grad_norm,
+                "params": last.params.num_params,
+            })
+        return out
+
+    def to_hdf5(self, path, *, inputs: Sequence[InputRef] = ()) -> Path:
+        arrays: dict[str, np.ndarray] = {
+            "edges": self.edges,
+            "run_labels": np.array([r.label for r in self.runs], dtype=object).astype("S"),
+            "optimizers": np.array([r.optimizer for r in self.runs], dtype=object).astype("S"),
+        }
+        for i, run in enumerate(self.runs):
+            p = f"runs/{i}/"
+            arrays[p + "layer_names"] = np.array(run.layer_names, dtype=object).astype("S")
+            arrays[p + "ref"] = np.array([r.ref for r in run.rows], dtype=object).astype("S")
+            arrays[p + "step"] = np.array([r.step for r in run.rows], dtype=np.int64)
+            arrays[p + "epoch"] = np.array([r.epoch for r in run.rows], dtype=float)
+            for name in ("dist_origin", "dist_init"):
+                arrays[p + name] = run.column(name)
+            arrays[p + "num_params"] = np.array([r.params.num_params for r in run.rows], dtype=np.int64)
+            arrays[p + "layer_norms"] = np.stack([r.params.layer_norms for r in run.rows])
+            arrays[p + "layer_dist_init"] = np.stack([r.params.layer_dist_init for r in run.rows])
+            arrays[p + "histogram"] = np.stack([r.histogram for r in run.rows])
+            arrays[p + "grad_norms"] = np.stack([r.grad_norms for r in run.rows])
+            arrays[p + "mean_grad_norm"] = run.column("mean_grad_norm")
+        table = self.ratio_rows()
+        arrays["dist_origin"] = np.array([t["dist_origin"] for t in table])
+        arrays["ratio_to_first"] = np.array([t["ratio_to_first"] for t in table])
+        first = table[0]
+        attrs = {
+            "runs": len(self.runs), "dist_origin": first["dist_origin"], "dist_init": first["dist_init"],
+            "mean_grad_norm": first["mean_grad_norm"],
+        }
+        return write_result(path, KIND, arrays=arrays, attrs=attrs, params=self.config, inputs=inputs)
+
+    @classmethod
+    def from_hdf5(cls, path) -> NormsResult:
+        res = read_result(path, KIND)
+        a = res.arrays
+        known = {f.name for f in fields(NormsConfig)}
+        config = NormsConfig(**{k: v for k, v in res.params.items() if k in known})
+        runs = []
+        for i, label in enumerate(a["run_labels"]):
+            p = f"runs/{i}/"
+            run = RunNorms(label=label.decode(), optimizer=a["optimizers"][i].decode(),
+                           layer_names=[s.decode() for s in a[p + "layer_names"]])
+            for j in range(len(a[p + "step"])):
+                params = ParameterNorms(
+                    dist_origin=float(a[p + "dist_origin"][j]), dist_init=float(a[p + "dist_init"][j]),
+                    layer_norms=a[p + "layer_norms"][j], layer_dist_init=a[p + "layer_dist_init"][j],
+                    num_params=int(a[p + "num_params"][j]),
+                )
+                run.rows.append(CheckpointNorms(
+                    ref=a[p + "ref"][j].decode(), step=int(a[p + "step"][j]), epoch=float(a[p + "epoch"][j]),
+                    params=params, histogram=a[p + "histogram"][j], grad_norms=a[p + "grad_norms"][j],
+                ))
+            runs.append(run)
+        return cls(config=config, edges=a["edges"], runs=runs)
+
+
+def checkpoint_norms(
+    model: nn.Module,
+    x: torch.Tensor | None,
+    y: torch.Tensor | None,
+    config: NormsConfig,
+    edges: np.ndarray,
+    *,
+    init: Mapping[str, torch.Tensor] | None = None,
+    engine=None,
+    ref: str = "",
+    step: int = 0,
+    epoch: float = math.nan,
+) -> CheckpointNorms:
+    """Norm statistics of one parameter point (``x, y`` may be None when ``config.grad_samples == 0``)."""
+    names = trainable_names(model)
+    state = dict(model.named_parameters())
+    params = parameter_norms(state, names, init)
+    hist = value_histogram(parameter_vector(state, names), edges)
+    grad_norms = np.zeros(0)
+    if config.grad_samples > 0 and x is not None:
+        idx = sample_indices(len(y), config.grad_samples, config.seed)
+        grad_norms = per_sample_grad_norms(model, x[idx], y[idx], chunk=config.chunk, engine=engine)
+    return CheckpointNorms(ref=ref, step=int(step), epoch=float(epoch), params=params, histogram=hist,
+                           grad_norms=grad_norms)

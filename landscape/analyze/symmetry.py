@@ -1,0 +1,308 @@
+"""Is the gradient-deviation distribution symmetric? (Zhu & Blaschko 2023 App. F, Chen, Wu & Hong 2020)
+
+The deviations ``xi_i = g_i - g_bar`` of per-sample gradients from their mean are projected with a seeded
+Gaussian random matrix: two rows give the 2-D picture of Zhu & Blaschko Figs. 6-9, ``P`` more rows give
+1-D projections along which the skewness is measured. The projections ``<g_i, v_j>`` come from the
+per-sample engine (forward-mode directional derivatives; no gradient matrix is held), and since
+``<g_bar, v> = (1/n) sum_i <g_i, v>`` the deviations are the column-centred projections.
+
+The matrix depends only on the seed and the model's parameter shapes, so every checkpoint of a run is
+projected with the same matrix (:func:`direction` regenerates row ``j`` on its own; :func:`matrix_fingerprint`
+identifies it). Symmetry is measured by
+
+- the energy distance between ``{xi_i}`` and ``{-xi_i}`` in the projected plane (Szekely & Rizzo), as the
+  scale-free energy coefficient ``H = 1 - mean|x_i - x_j| / mean|x_i + x_j|`` (``i != j``; 0 for a symmetric
+  distribution, up to 1), with a sign-flip permutation p-value: under symmetry each ``xi_i`` is as likely as
+  ``-xi_i``, so flipping random signs gives the null distribution;
+- the sample skewness ``mean(z^3) / mean(z^2)^1.5`` of the centred projections ``z`` along each 1-D
+  direction (``mean_abs_skew``, ``max_abs_skew``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from landscape.errors import UsageError
+from landscape.results import InputRef, read_result, write_result
+
+KIND = "symmetry"
+PLANE = 2  # rows 0 and 1 of the projection matrix span the 2-D picture
+
+
+@dataclass
+class SymmetryConfig:
+    """Options of ``landscape symmetry`` (and ``landscape.api.geometry.symmetry``)."""
+
+    projections: int = 16
+    seed: int = 0
+    batch_size: int = 500
+    permutations: int = 999
+    split: str = "train"
+    chunk: int = 250
+    directions_per_pass: int = 4
+    workers: int = 1
+
+    def validate(self) -> None:
+        if self.projections < 0:
+            raise UsageError(f"--projections must be >= 0, got {self.projections}")
+        if self.batch_size < 3:
+            raise UsageError(f"--batch-size must be >= 3, got {self.batch_size}")
+        if self.permutations < 1 or self.chunk < 1 or self.directions_per_pass < 1:
+            raise UsageError("--permutations, --chunk and --directions-per-pass must be >= 1")
+
+
+# ------------------------------------------------------------------------------------ random directions
+
+
+def _direction_seed(seed: int, shapes: Sequence[tuple[int, ...]], index: int) -> int:
+    key = f"{int(seed)}|{[tuple(s) for s in shapes]}|{int(index)}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & (2**63 - 1)
+
+
+def direction(seed: int, shapes: Sequence[tuple[int, ...]], index: int) -> list[torch.Tensor]:
+    """Row ``index`` of the projection matrix as one float32 tensor per parameter (entries i.i.d. N(0, 1)).
+
+    Depends only on ``seed``, the parameter shapes (hence the parameter count) and ``index``.
+    """
+    gen = torch.Generator().manual_seed(_direction_seed(seed, shapes, index))
+    total = sum(math.prod(s) for s in shapes)
+    flat = torch.randn(total, generator=gen, dtype=torch.float32)
+    out, start = [], 0
+    for s in shapes:
+        size = math.prod(s)
+        out.append(flat[start:start + size].view(s))
+        start += size
+    return out
+
+
+def matrix_fingerprint(seed: int, shapes: Sequence[tuple[int, ...]], rows: int) -> str:
+    """sha256 of the first ``rows`` rows of the projection matrix (float32 bytes): equal matrices, equal prints."""
+    h = hashlib.sha256()
+    for j in range(rows):
+        for t in direction(seed, shapes, j):
+            h.update(t.contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------------------- statistics
+
+
+@dataclass
+class EnergyTest:
+    coefficient: float  # H in [0, 1] (U-statistic: may dip slightly below 0)
+    distance: float  # energy distance between {x} and {-x}, U-statistic form
+    p_value: float
+    permutations: int
+
+
+def energy_symmetry_test(points: np.ndarray, *, permutations: int = 999, seed: int = 0) -> EnergyTest:
+    """Energy-distance test of ``{x_i}`` against ``{-x_i}`` with a sign-flip permutation p-value.
+
+    With ``A_ij = |x_i - x_j|``, ``B_ij = |x_i + x_j|`` and ``M = B - A`` (diagonal dropped), the energy
+    distance of signs ``s`` is ``(2 / (n(n-1))) s^T M s``; the observed value has ``s = 1``.
+    """
+    x = np.asarray(points, dtype=np.float64)
+    if x.ndim == 1:
+        x = x[:, None]
+    n = x.shape[0]
+    if n < 3:
+        raise UsageError(f"the symmetry test needs at least 3 samples, got {n}")
+    a = np.linalg.norm(x[:, None, :] - x[None, :, :], axis=-1)
+    b = np.linalg.norm(x[:, None, :] + x[None, :, :], axis=-1)
+    np.fill_diagonal(a, 0.0)
+    np.fill_diagonal(b, 0.0)
+    m = b - a
+    scale = 2.0 / (n * (n - 1))
+    observed = scale * m.sum()
+    mean_b = b.sum() / (n * (n - 1))
+    coefficient = observed / (2 * mean_b) if mean_b > 0 else 0.0
+    rng = np.random.default_rng(seed)
+    exceed, done, block = 0, 0, 256
+    while done < permutations:
+        k = min(block, permutations - done)
+        s = rng.choice((-1.0, 1.0), size=(k, n))
+        null = scale * np.einsum("ki,ki->k", s @ m, s)
+        exceed += int(np.sum(null >= observed - 1e-12 * abs(observed)))
+        done += k
+    return EnergyTest(
+        coefficient=float(coefficient), distance=float(observed),
+        p_value=(1 + exceed) / (1 + permutations), permutations=permutations,
+    )
+
+
+def skewness(z: np.ndarray) -> np.ndarray:
+    """Sample skewness of each column of ``z`` (columns centred here): ``mean(z^3) / mean(z^2)^1.5``."""
+    z = np.asarray(z, dtype=np.float64)
+    if z.ndim == 1:
+        z = z[:, None]
+    z = z - z.mean(0)
+    m2 = (z**2).mean(0)
+    m3 = (z**3).mean(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(m2 > 0, m3 / np.power(m2, 1.5), 0.0)
+
+
+@dataclass
+class SymmetryStats:
+    energy_coefficient: float
+    energy_distance: float
+    p_value: float
+    mean_abs_skew: float
+    max_abs_skew: float
+    skew: np.ndarray  # (P,) signed skewness per 1-D direction
+    plane: np.ndarray  # (n, 2) projected deviations
+
+
+def symmetry_stats(projected: np.ndarray, *, permutations: int = 999, seed: int = 0) -> SymmetryStats:
+    """Statistics of projected per-sample gradients ``(n, 2 + P)``: columns 0-1 the plane, the rest 1-D directions.
+
+    The columns are centred first (subtracting ``<g_bar, v_j>``), so the input may be raw ``<g_i, v_j>``.
+    """
+    p = np.asarray(projected, dtype=np.float64)
+    xi = p - p.mean(0)
+    plane = xi[:, :PLANE]
+    test = energy_symmetry_test(plane, permutations=permutations, seed=seed)
+    skew = skewness(xi[:, PLANE:]) if xi.shape[1] > PLANE else np.zeros(0)
+    abs_skew = np.abs(skew)
+    return SymmetryStats(
+        energy_coefficient=test.coefficient, energy_distance=test.distance, p_value=test.p_value,
+        mean_abs_skew=float(abs_skew.mean()) if skew.size else math.nan,
+        max_abs_skew=float(abs_skew.max()) if skew.size else math.nan,
+        skew=skew, plane=plane,
+    )
+
+
+# ----------------------------------------------------------------------------------------- the analyzer
+
+
+@dataclass
+class CheckpointSymmetry:
+    ref: str
+    step: int
+    epoch: float
+    stats: SymmetryStats
+
+
+@dataclass
+class SymmetryResult:
+    """``landscape symmetry``: one row per checkpoint, all projected with the same matrix."""
+
+    config: SymmetryConfig
+    rows: list[CheckpointSymmetry]
+    fingerprint: str
+    num_params: int
+    output: Path | None = None  # where the api wrote it
+    figures: list[Path] = field(default_factory=list)
+
+    SCALARS = ("energy_coefficient", "energy_distance", "p_value", "mean_abs_skew", "max_abs_skew")
+
+    def summary_rows(self) -> list[dict]:
+        return [
+            {"ref": r.ref, "epoch": r.epoch, **{k: getattr(r.stats, k) for k in self.SCALARS}} for r in self.rows
+        ]
+
+    def to_hdf5(self, path, *, inputs: Sequence[InputRef] = ()) -> Path:
+        arrays = {
+            "step": np.array([r.step for r in self.rows], dtype=np.int64),
+            "epoch": np.array([r.epoch for r in self.rows], dtype=float),
+            "ref": np.array([r.ref for r in self.rows], dtype=object).astype("S"),
+            "skew": np.stack([r.stats.skew for r in self.rows]),
+            "plane": np.stack([r.stats.plane for r in self.rows]),  # (checkpoints, n, 2)
+        }
+        for name in self.SCALARS:
+            arrays[name] = np.array([getattr(r.stats, name) for r in self.rows], dtype=float)
+        last = self.rows[-1].stats
+        attrs = {name: getattr(last, name) for name in self.SCALARS}
+        attrs.update(checkpoints=len(self.rows), matrix_fingerprint=self.fingerprint, num_params=self.num_params)
+        return write_result(path, KIND, arrays=arrays, attrs=attrs, params=self.config, inputs=inputs)
+
+    @classmethod
+    def from_hdf5(cls, path) -> SymmetryResult:
+        res = read_result(path, KIND)
+        a = res.arrays
+        known = {f.name for f in fields(SymmetryConfig)}
+        config = SymmetryConfig(**{k: v for k, v in res.params.items() if k in known})
+        rows = []
+        for i in range(len(a["step"])):
+            stats = SymmetryStats(
+                **{k: float(a[k][i]) for k in cls.SCALARS}, skew=a["skew"][i], plane=a["plane"][i]
+            )
+            rows.append(CheckpointSymmetry(ref=a["ref"][i].decode(), step=int(a["step"][i]),
+                                           epoch=float(a["epoch"][i]), stats=stats))
+        return cls(config=config, rows=rows, fingerprint=str(res.attrs["matrix_fingerprint"]),
+                   num_params=int(res.attrs["num_params"]))
+
+
+def parameter_shapes(model: nn.Module) -> list[tuple[int, ...]]:
+    return [tuple(p.shape) for p in model.parameters() if p.requires_grad]
+
+
+def sample_indices(num_examples: int, batch_size: int, seed: int) -> torch.Tensor:
+    """The examples whose deviations are drawn: the same ``batch_size`` examples for every checkpoint."""
+    if batch_size > num_examples:
+        raise UsageError(f"--batch-size {batch_size} exceeds the {num_examples} examples of the split")
+    perm = torch.randperm(num_examples, generator=torch.Generator().manual_seed(int(seed)))
+    return perm[:batch_size]
+
+
+def projected_gradients(
+    engine, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, rows: int, seed: int, chunk: int,
+    directions_per_pass: int,
+) -> np.ndarray:
+    """``<g_i, v_j>`` for the first ``rows`` rows of the seeded matrix, ``(n, rows)`` float64, via the engine.
+
+    Directions are generated a few at a time (``directions_per_pass``) so resnet18-sized matrices are never
+    held whole; examples go through in chunks of ``chunk``.
+    """
+    shapes = parameter_shapes(model)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    out = np.empty((len(y), rows), dtype=np.float64)
+    for j0 in range(0, rows, directions_per_pass):
+        js = range(j0, min(rows, j0 + directions_per_pass))
+        dirs = [dict(zip(names, direction(seed, shapes, j), strict=True)) for j in js]
+        for start in range(0, len(y), chunk):
+            sl = slice(start, start + chunk)
+            proj = engine.projections(x[sl], y[sl], dirs)
+            out[sl, j0:j0 + len(js)] = proj.detach().to(torch.float64).cpu().numpy()
+    return out
+
+
+def symmetry_row(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: SymmetryConfig, *, engine=None,
+    ref: str = "", step: int = 0, epoch: float = math.nan,
+) -> CheckpointSymmetry:
+    """Symmetry statistics at one parameter point (see the module docstring)."""
+    if engine is None:
+        from landscape.persample import PerSampleEngine
+
+        engine = PerSampleEngine(model)
+    idx = sample_indices(len(y), config.batch_size, config.seed)
+    projected = projected_gradients(
+        engine, model, x[idx], y[idx], rows=PLANE + config.projections, seed=config.seed, chunk=config.chunk,
+        directions_per_pass=config.directions_per_pass,
+    )
+    stats = symmetry_stats(projected, permutations=config.permutations, seed=config.seed)
+    return CheckpointSymmetry(ref=ref, step=int(step), epoch=float(epoch), stats=stats)
+
+
+def gradient_symmetry(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, projections: int = 16, seed: int = 0,
+    batch_size: int = 500, permutations: int = 999, chunk: int = 250, engine=None, ref: str = "",
+    step: int = 0, epoch: float = math.nan,
+) -> SymmetryResult:
+    """Zhu & Blaschko App. F at one parameter point: projected deviations + symmetry statistics."""
+    config = SymmetryConfig(projections=projections, seed=seed, batch_size=batch_size, permutations=permutations,
+                            chunk=chunk)
+    config.validate()
+    row = symmetry_row(model, x, y, config, engine=engine, ref=ref, step=step, epoch=epoch)
+    shapes = parameter_shapes(model)
+    return SymmetryResult(config=config, rows=[row], fingerprint=matrix_fingerprint(seed, shapes, PLANE),
+                          num_params=sum(math.prod(s) for s in shapes))
