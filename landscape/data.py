@@ -142,13 +142,9 @@ def gaussian_signal(
     seed), ``key="random"`` a uniformly random direction drawn from the seed. Train, test and key use
     independent streams ``default_rng([seed, 0|1|2])``, so ``n`` does not change the test set.
     """
-    for label, value in (("ds", ds), ("n", n), ("n_test", n_test)):
-        if int(value) != value or value < 1:
-            raise DataError(f"gaussian-signal option {label} must be a positive integer, got {value!r}")
-    if int(dn) != dn or dn < 0:
-        raise DataError(f"gaussian-signal option dn must be a non-negative integer, got {dn!r}")
-    if not noise >= 0 or not math.isfinite(noise):
-        raise DataError(f"gaussian-signal option noise must be a finite number >= 0, got {noise!r}")
+    ds, dn, n, n_test = (_integer(v, k, low) for v, k, low in ((ds, "ds", 1), (dn, "dn", 0), (n, "n", 1),
+                                                              (n_test, "n_test", 1)))
+    noise, signal = _real(noise, "noise"), _real(signal, "signal")
     if key == "ones":
         v = np.full(ds, signal / math.sqrt(ds))
     elif key == "random":
@@ -164,9 +160,23 @@ def gaussian_signal(
         x[:, :ds] += np.outer(2 * y - 1, v)
         return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y.astype(np.int64))
 
-    x_train, y_train = draw(int(n), 0)
-    x_test, y_test = draw(int(n_test), 1)
+    x_train, y_train = draw(n, 0)
+    x_test, y_test = draw(n_test, 1)
     return _Arrays(x_train, y_train, x_test, y_test, 2)
+
+
+def _integer(value: Any, name: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or int(value) != value or value < low:
+        raise DataError(f"gaussian-signal option {name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def _real(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(value) or value < 0:
+        raise DataError(f"gaussian-signal option {name} must be a finite number >= 0, got {value!r}")
+    return float(value)
 
 
 def gaussian_signal_key(spec_or_dataset: dict | Dataset) -> torch.Tensor:
@@ -199,7 +209,8 @@ def digits(*, seed: int, test_fraction: float = 0.25, split_seed: int = 0, stand
     """
     from sklearn.datasets import load_digits
 
-    if not 0.0 < test_fraction < 1.0:
+    if isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float)) \
+            or not 0.0 < test_fraction < 1.0:
         raise DataError(f"digits option test_fraction must be in (0, 1), got {test_fraction!r}")
     bunch = load_digits()
     x = torch.from_numpy(bunch.images.astype(np.float32)).unsqueeze(1)
@@ -336,7 +347,7 @@ def load_dataset(
         known = ", ".join(accepted) or "none"
         raise DataError(f"data set {name!r} has no option {', '.join(map(repr, unknown))}; its options: {known}")
     filled = {**accepted, **options}
-    if isinstance(seed, bool) or int(seed) != seed:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise DataError(f"data seed must be an integer, got {seed!r}")
     seed = int(seed)
     arrays = builder(seed=seed, data_root=data_root, download=download, **filled)

@@ -350,17 +350,30 @@ def build_model(
         )
     if input_shape is None or num_classes is None:
         raise ModelError(f"model {name!r} needs input_shape and num_classes (from the data set)")
-    shape = [int(s) for s in input_shape]
-    if not shape or any(s < 1 for s in shape):
-        raise ModelError(f"input_shape must be positive sizes, got {list(input_shape)}")
-    if isinstance(num_classes, bool) or int(num_classes) != num_classes or num_classes < 1:
-        raise ModelError(f"num_classes must be a positive integer, got {num_classes!r}")
-    full = {"input_shape": shape, "num_classes": int(num_classes), **defaults, **_json_form(kwargs)}
+    shape = _positive_ints(input_shape, "input_shape")
+    if not shape:
+        raise ModelError("input_shape must not be empty")
+    (num_classes,) = _positive_ints([num_classes], "num_classes")
+    full = {"input_shape": shape, "num_classes": num_classes, **defaults, **_json_form(kwargs)}
     full = _RESOLVERS.get(name, lambda kw: kw)(full)
     options = {k: v for k, v in full.items() if k not in ("input_shape", "num_classes")}
-    model = _builder(name)(tuple(shape), int(num_classes), **options)
+    try:
+        model = _builder(name)(tuple(shape), num_classes, **options)
+    except (TypeError, ValueError) as exc:
+        raise ModelError(f"model {name!r} cannot be built with options {options}: {str(exc).splitlines()[0]}") from None
     model.landscape_spec = {"name": name, "kwargs": full}
     return model
+
+
+def _positive_ints(values: Any, name: str) -> list[int]:
+    try:
+        out = [int(v) for v in values]
+        ok = all(o == v and o >= 1 and not isinstance(v, bool) for o, v in zip(out, values, strict=True))
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ModelError(f"{name} must be positive integers, got {values!r}")
+    return out
 
 
 def model_from_spec(spec: dict) -> nn.Module:

@@ -95,8 +95,11 @@ def test_gaussian_signal_class_means_match_key_vector(key):
 
 
 def test_gaussian_signal_rejects_bad_options():
-    with pytest.raises(DataError, match="ds must be a positive integer"):
-        load_dataset("gaussian-signal", ds=0)
+    for bad in ({"ds": 0}, {"n": 2.5}, {"dn": "many"}, {"noise": -1.0}, {"signal": float("nan")}):
+        with pytest.raises(DataError, match=f"option {next(iter(bad))} must be"):
+            load_dataset("gaussian-signal", **bad)
+    with pytest.raises(DataError, match="seed must be an integer"):
+        load_dataset("gaussian-signal", seed="one")
     with pytest.raises(DataError, match="key must be"):
         load_dataset("gaussian-signal", key="zeros")
 

@@ -165,6 +165,10 @@ def test_balanced_init_needs_rank_room():
         (("lenet",), {"input_shape": (12,), "num_classes": 2}, "needs image inputs"),
         (("mlp",), {"input_shape": (4,), "num_classes": 2, "activation": "swish"}, "unknown activation"),
         (("mlp",), {"input_shape": (4,), "num_classes": 0}, "num_classes must be"),
+        (("mlp",), {"input_shape": ("a",), "num_classes": 2}, "input_shape must be"),
+        (("mlp",), {"input_shape": (4,), "num_classes": 2, "widths": "wide"}, "cannot be built|widths must be"),
+        (("two-layer-linear",), {"input_shape": (4,), "num_classes": 2, "hidden": 0}, "hidden must be"),
+        (("lenet",), {"input_shape": (1, 2, 2), "num_classes": 2}, "cannot take inputs of shape"),
         (({"kwargs": {}},), {}, "a model spec is a dict"),
     ],
 )
