@@ -64,15 +64,20 @@ def _decorator(options: list[Callable], func: Callable | None) -> Callable:
     return apply(func) if func is not None else apply
 
 
-def _default_or_required(default: str | None) -> dict[str, Any]:
+def _default_or_required(default: str | None, required: bool | None) -> dict[str, Any]:
     # click >= 8.3 treats an explicit default=None as a given value, so a required option must omit it
-    return {"required": True} if default is None else {"default": default, "show_default": True}
+    if default is not None:
+        return {"default": default, "show_default": True}
+    return {"required": required is None or required}
 
 
-def data_options(func: Callable | None = None, *, default: str | None = "digits") -> Callable:
-    """Add the data-set options; use bare (``@data_options``) or with ``default=None`` to make ``--data`` required."""
+def data_options(func: Callable | None = None, *, default: str | None = "digits",
+                 required: bool | None = None) -> Callable:
+    """Add the data-set options; use bare (``@data_options``) or with ``default=None`` to make ``--data`` required
+    (``default=None, required=False``: optional, ``data`` is None when not given)."""
     options = [
-        click.option("--data", type=click.Choice(list(DATASETS)), help="Data set.", **_default_or_required(default)),
+        click.option("--data", type=click.Choice(list(DATASETS)), help="Data set.",
+                     **_default_or_required(default, required)),
         click.option("--data-kwargs", default=None, metavar="JSON",
                      help='Data set options as a JSON object, e.g. \'{"ds": 10, "dn": 90}\'.'),
         click.option("--subset", type=SubsetType(), default=None,
@@ -84,11 +89,13 @@ def data_options(func: Callable | None = None, *, default: str | None = "digits"
     return _decorator(options, func)
 
 
-def model_options(func: Callable | None = None, *, default: str | None = "lenet") -> Callable:
-    """Add the model options; use bare (``@model_options``) or with ``default=None`` to make ``--model`` required."""
+def model_options(func: Callable | None = None, *, default: str | None = "lenet",
+                  required: bool | None = None) -> Callable:
+    """Add the model options; use bare (``@model_options``) or with ``default=None`` to make ``--model`` required
+    (``default=None, required=False``: optional, ``model`` is None when not given)."""
     options = [
         click.option("--model", type=click.Choice(list(MODELS)), help="Model architecture.",
-                     **_default_or_required(default)),
+                     **_default_or_required(default, required)),
         click.option("--model-kwargs", default=None, metavar="JSON",
                      help='Model options as a JSON object, e.g. \'{"norm": "batch"}\'.'),
     ]

@@ -200,3 +200,10 @@ def test_cli_model_options_parse_into_build_model_arguments():
     for bad in ([], ["--model", "vgg"], ["--model", "mlp", "--model-kwargs", "{bad"],
                 ["--model", "mlp", "--model-kwargs", '{"num_classes": 3}']):
         assert runner.invoke(command, bad).exit_code == 2, bad
+
+    @click.command()
+    @model_options(default=None, required=False)
+    def optional(model, model_kwargs):
+        seen["optional"] = model
+
+    assert runner.invoke(optional, []).exit_code == 0 and seen["optional"] is None
