@@ -85,17 +85,23 @@ def _stratified_counts(class_sizes: np.ndarray, size: int) -> np.ndarray:
     return counts
 
 
-def _resolve_size(size: int | float, total: int) -> int:
+def _subset_value(size: Any) -> int | float:
+    """``size`` as a plain int (a count) or float (a fraction); anything else is a DataError."""
     if isinstance(size, bool) or not isinstance(size, (int, float, np.integer, np.floating)):
         raise DataError(f"subset must be a count (int) or a fraction (float), got {size!r}")
-    if isinstance(size, (float, np.floating)):
+    return float(size) if isinstance(size, (float, np.floating)) else int(size)
+
+
+def _resolve_size(size: int | float, total: int) -> int:
+    size = _subset_value(size)
+    if isinstance(size, float):
         if not 0.0 < size <= 1.0:
             raise DataError(f"subset fraction must be in (0, 1], got {size}; give a count as an integer")
-        count = int(round(float(size) * total))
+        count = int(round(size * total))
         if count < 1:
             raise DataError(f"subset fraction {size} of {total} examples selects none; use a larger fraction")
         return count
-    count = int(size)
+    count = size
     if not 1 <= count <= total:
         raise DataError(f"subset count must be between 1 and {total} (the split's size), got {count}")
     return count
@@ -350,6 +356,8 @@ def load_dataset(
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise DataError(f"data seed must be an integer, got {seed!r}")
     seed = int(seed)
+    if subset is not None:
+        subset = _subset_value(subset)
     arrays = builder(seed=seed, data_root=data_root, download=download, **filled)
     x_train, y_train = arrays.x_train, arrays.y_train
     if subset is not None:

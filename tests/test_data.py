@@ -246,3 +246,10 @@ def test_cli_data_options_parse_into_load_dataset_arguments(monkeypatch):
                 ["--data-kwargs", "[1]"], ["--data-kwargs", '{"subset": 3}']):
         result = runner.invoke(command, bad)
         assert result.exit_code == 2, (bad, result.output)
+
+
+def test_numpy_subset_from_a_file_is_recorded_as_plain_json():
+    a = load_dataset("digits", subset=np.int64(30))
+    b = load_dataset("digits", subset=np.float64(0.02))
+    assert json.loads(json.dumps(a.spec))["subset"] == 30 and type(a.spec["subset"]) is int
+    assert type(b.spec["subset"]) is float and len(b.y_train) == round(0.02 * 1348)
