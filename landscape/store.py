@@ -506,6 +506,7 @@ def import_checkpoint(
     model = model_from_spec(dict(model_spec))
     state_dict = _strip_prefixes(_unwrap_state_dict(raw, file), set(model.state_dict()))
     check_state_dict(model, state_dict, source=str(file))
+    state_dict = {key: state_dict[key] for key in model.state_dict()}  # the model's order (safetensors sorts keys)
     full_spec = dict(getattr(model, "landscape_spec", None) or model_spec)
     sha = sha256_file(file)
     fmt = "safetensors" if file.suffix == ".safetensors" else "torch"
@@ -547,8 +548,8 @@ def _read_foreign(file: Path) -> Any:
             culprit = re.search(r"GLOBAL ([\w.]+)", str(exc))
             detail = f" (it references {culprit.group(1)})" if culprit else ""
             raise UnsafeFileError(
-                f"refusing {file}: unpickling it would run code beyond plain tensors{detail}; "
-                "only weights-only state dicts (torch.save(model.state_dict())) or .safetensors are accepted"
+                f"refusing {file}: torch.load(weights_only=True) cannot load it{detail}, so unpickling it could "
+                "run code; re-save the weights as a plain state dict (torch.save(model.state_dict())) or .safetensors"
             ) from None
         except (OSError, RuntimeError, ValueError, EOFError, KeyError) as exc:
             raise CheckpointError(f"cannot read {file} as a PyTorch file: {_one_line(exc)}") from None
