@@ -1,0 +1,75 @@
+"""`landscape privacy`: epsilon of a DP-SGD schedule, or the noise multiplier that reaches a target epsilon."""
+
+from __future__ import annotations
+
+import click
+
+from cli.common import echo_json, json_option
+
+
+@click.command()
+@click.option("--noise-multiplier", type=float, default=None, help="sigma; prints epsilon.")
+@click.option(
+    "--target-epsilon", type=float, default=None, help="Target epsilon; prints the sigma that reaches it."
+)
+@click.option(
+    "--sample-rate",
+    type=float,
+    default=None,
+    help="Poisson sample rate q (or --batch-size + --dataset-size).",
+)
+@click.option("--batch-size", type=int, default=None, help="Expected batch size B (q = B / N).")
+@click.option("--dataset-size", type=int, default=None, help="Training set size N.")
+@click.option("--steps", type=int, default=None, help="Number of steps T (or --epochs).")
+@click.option("--epochs", type=float, default=None, help="Epochs; T = int(epochs * N / B) as Opacus counts.")
+@click.option("--delta", type=float, default=1e-5, show_default=True)
+@click.option(
+    "--method",
+    type=click.Choice(["rdp", "pld"]),
+    default="rdp",
+    show_default=True,
+    help="Accountant (dp_accounting): RDP at Opacus' orders, or privacy loss distributions.",
+)
+@json_option
+def privacy(
+    noise_multiplier: float | None,
+    target_epsilon: float | None,
+    sample_rate: float | None,
+    batch_size: int | None,
+    dataset_size: int | None,
+    steps: int | None,
+    epochs: float | None,
+    delta: float,
+    method: str,
+    as_json: bool,
+) -> None:
+    """Epsilon for --noise-multiplier, or sigma for --target-epsilon, over Poisson-subsampled Gaussian steps.
+
+    Example: landscape privacy --noise-multiplier 1.1 --batch-size 256 --dataset-size 60000 --epochs 60
+    """
+    from landscape.api.privacy import PrivacyQuery
+    from landscape.api.privacy import privacy as answer
+
+    result = answer(
+        PrivacyQuery(
+            noise_multiplier=noise_multiplier,
+            target_epsilon=target_epsilon,
+            sample_rate=sample_rate,
+            batch_size=batch_size,
+            dataset_size=dataset_size,
+            steps=steps,
+            epochs=epochs,
+            delta=delta,
+            method=method,
+        )
+    )
+    if as_json:
+        echo_json(result.to_dict())
+        return
+    where = f"q={result.sample_rate:.6g}, steps={result.steps}, delta={result.delta:g}, {result.method}"
+    if target_epsilon is not None:
+        click.echo(
+            f"noise multiplier {result.noise_multiplier:.6g} (epsilon {result.epsilon:.4f} <= {target_epsilon:g}; {where})"
+        )
+    else:
+        click.echo(f"epsilon {result.epsilon:.4f} (noise multiplier {result.noise_multiplier:g}; {where})")

@@ -1,0 +1,178 @@
+"""Magnitude pruning masks, applying masks, and rewinding survivors to their initial values.
+
+Watson et al. Sec. 4 "Pruning": a network is trained (possibly on another data set or a 5% subset, their
+Fig. 13), then "for pruning level p, the smallest (1 - p) proportion of weights by magnitude were pruned in
+each layer. The remaining weights were reset to their initialization values." Their text is ambiguous about
+whether ``p`` is kept or removed (their figures call 0.7 "pruning proportion" and it is their best level).
+Our option is always the fraction REMOVED: ``remove = Q`` zeroes ``round(Q * n)`` weights of each layer
+(``scope="layer"``) or of all included weights together (``scope="global"``). Their wording maps to
+``remove = 1 - p``; if their ``p`` is the "pruning proportion" of their figures, ``remove = p``.
+
+What is pruned: by default the weights of Linear/Conv layers, i.e. parameters whose name ends in ``weight``
+and that have at least 2 dimensions. Biases and normalisation parameters (1-D) are never pruned unless
+``include`` names them. Ties in magnitude are broken deterministically by flat position (the earlier
+coordinate is removed first), so masks are reproducible.
+
+Masks are ``dict[name, bool Tensor]`` (True = keep) over parameter names; tensors a mask dict does not name
+are not masked. A mask computed on one run applies to any model with the same tensor names and shapes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+
+import torch
+from torch import nn
+
+from landscape.errors import IncompatibleError, UsageError
+
+SCOPES = ("layer", "global")
+
+
+def _state(obj: nn.Module | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    if isinstance(obj, nn.Module):
+        return {n: p.detach() for n, p in obj.named_parameters()}
+    return dict(obj)
+
+
+def default_include(name: str, tensor: torch.Tensor) -> bool:
+    """Prunable by default: weights of Linear/Conv layers (name ends in ``weight`` and ndim >= 2)."""
+    return name.rsplit(".", 1)[-1] == "weight" and tensor.ndim >= 2 and tensor.is_floating_point()
+
+
+def _removal_order(magnitudes: torch.Tensor) -> torch.Tensor:
+    """Flat indices sorted by magnitude ascending, ties by position (stable sort)."""
+    return torch.sort(magnitudes, stable=True).indices
+
+
+def magnitude_masks(
+    weights: nn.Module | Mapping[str, torch.Tensor],
+    remove: float,
+    scope: str = "layer",
+    include: Iterable[str] | Callable[[str, torch.Tensor], bool] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Bool keep-masks removing EXACTLY ``round(remove * n)`` smallest-magnitude weights.
+
+    ``weights``: a model (its parameters) or a state dict. ``scope="layer"``: per tensor, ``n`` its size;
+    ``"global"``: one threshold over all included tensors, ``n`` their total size. ``include``: parameter
+    names, or a predicate ``(name, tensor) -> bool``; default :func:`default_include`.
+    """
+    if not (0.0 <= remove <= 1.0) or not math.isfinite(remove):
+        raise UsageError(f"--remove must be a fraction in [0, 1], got {remove}")
+    if scope not in SCOPES:
+        raise UsageError(f"unknown --scope {scope!r}; choose layer or global")
+    state = _state(weights)
+    if include is None:
+        names = [n for n, t in state.items() if default_include(n, t)]
+    elif callable(include):
+        names = [n for n, t in state.items() if include(n, t)]
+    else:
+        names = list(include)
+        missing = [n for n in names if n not in state]
+        if missing:
+            raise IncompatibleError(f"cannot prune {missing[0]!r}: no such tensor")
+    if not names:
+        raise UsageError("nothing to prune: no tensor matches (default: Linear/Conv weights)")
+    masks: dict[str, torch.Tensor] = {}
+    if scope == "layer":
+        for n in names:
+            mag = state[n].detach().abs().flatten().cpu()
+            keep = torch.ones(mag.numel(), dtype=torch.bool)
+            keep[_removal_order(mag)[: int(round(remove * mag.numel()))]] = False
+            masks[n] = keep.reshape(state[n].shape)
+        return masks
+    mags = [state[n].detach().abs().flatten().cpu().to(torch.float64) for n in names]
+    flat = torch.cat(mags)
+    keep = torch.ones(flat.numel(), dtype=torch.bool)
+    keep[_removal_order(flat)[: int(round(remove * flat.numel()))]] = False
+    for n, part in zip(names, torch.split(keep, [m.numel() for m in mags]), strict=True):
+        masks[n] = part.reshape(state[n].shape)
+    return masks
+
+
+def check_masks(masks: Mapping[str, torch.Tensor], state: nn.Module | Mapping[str, torch.Tensor]) -> None:
+    """IncompatibleError naming the first mask whose name or shape the model/state dict lacks."""
+    tensors = _state(state)
+    for n, m in masks.items():
+        if n not in tensors:
+            raise IncompatibleError(
+                f"mask {n!r} names no tensor of the model (masks from another architecture?)"
+            )
+        if tuple(m.shape) != tuple(tensors[n].shape):
+            raise IncompatibleError(
+                f"mask {n!r} has shape {tuple(m.shape)} but the tensor has {tuple(tensors[n].shape)}"
+            )
+
+
+def kept_fractions(masks: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """Fraction of coordinates kept, per masked tensor."""
+    return {n: float(torch.as_tensor(m).to(torch.float64).mean()) for n, m in masks.items()}
+
+
+def apply_masks(
+    state: Mapping[str, torch.Tensor], masks: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """A new state dict with masked coordinates exactly 0 (other tensors copied)."""
+    check_masks(masks, state)
+    return {
+        n: t.detach().clone() * torch.as_tensor(masks[n]).to(t) if n in masks else t.detach().clone()
+        for n, t in state.items()
+    }
+
+
+def rewind(
+    state: Mapping[str, torch.Tensor],
+    init_state: Mapping[str, torch.Tensor],
+    masks: Mapping[str, torch.Tensor],
+) -> dict[str, torch.Tensor]:
+    """Lottery-ticket rewind: every tensor takes its value from ``init_state``, masked coordinates exactly 0.
+
+    ``state`` (the trained weights the masks came from) only fixes which tensors must exist: both state
+    dicts must have the same names and shapes (IncompatibleError naming the first mismatch).
+    """
+    for n, t in state.items():
+        if n not in init_state:
+            raise IncompatibleError(f"the initial weights lack {n!r}")
+        if tuple(init_state[n].shape) != tuple(t.shape):
+            raise IncompatibleError(
+                f"{n!r} has shape {tuple(t.shape)} but {tuple(init_state[n].shape)} in the initial weights"
+            )
+    extra = [n for n in init_state if n not in state]
+    if extra:
+        raise IncompatibleError(f"the initial weights have {extra[0]!r}, the trained ones do not")
+    return apply_masks({n: init_state[n] for n in state}, masks)
+
+
+@torch.no_grad()
+def mask_params_(model: nn.Module, masks: Mapping[str, torch.Tensor]) -> None:
+    """Zero the masked coordinates of the model's parameters in place."""
+    params = dict(model.named_parameters())
+    check_masks(masks, params)
+    for n, m in masks.items():
+        params[n].mul_(torch.as_tensor(m).to(params[n]))
+
+
+@torch.no_grad()
+def mask_gradients_(model: nn.Module, masks: Mapping[str, torch.Tensor]) -> None:
+    """Zero the masked coordinates of every ``p.grad`` in place (parameters without grad are skipped)."""
+    params = dict(model.named_parameters())
+    check_masks(masks, params)
+    for n, m in masks.items():
+        if params[n].grad is not None:
+            params[n].grad.mul_(torch.as_tensor(m).to(params[n].grad))
+
+
+@torch.no_grad()
+def mask_optimizer_state_(
+    optimizer: torch.optim.Optimizer, model: nn.Module, masks: Mapping[str, torch.Tensor]
+) -> None:
+    """Zero the masked coordinates of every per-parameter optimizer buffer (momentum, Adam moments)."""
+    by_param = {id(p): n for n, p in model.named_parameters()}
+    for p, state in optimizer.state.items():
+        name = by_param.get(id(p))
+        if name is None or name not in masks:
+            continue
+        for value in state.values():
+            if isinstance(value, torch.Tensor) and value.shape == p.shape:
+                value.mul_(torch.as_tensor(masks[name]).to(value))
