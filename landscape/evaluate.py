@@ -461,7 +461,7 @@ def _rewrite_modules(model: nn.Module) -> None:
             module.forward = _slice_max_pool(module)
         if type(module) is nn.Sequential:
             keys = list(module._modules)
-            for k0, k1 in zip(keys, keys[1:]):
+            for k0, k1 in zip(keys[:-1], keys[1:], strict=True):
                 a, b = module._modules[k0], module._modules[k1]
                 if type(a) is nn.ReLU and type(b) is nn.MaxPool2d and _simple_pool(b):
                     module._modules[k0], module._modules[k1] = b, a
