@@ -204,7 +204,7 @@ class Store:
             return []
         return sorted(
             p.name for p in self.root.iterdir()
-            if _RUN_NAME.fullmatch(p.name) and (p / MANIFEST).is_file()
+            if _is_run_name(p.name) and (p / MANIFEST).is_file()
         )
 
     def runs(self) -> list[Run]:
@@ -527,7 +527,7 @@ def import_checkpoint(
 
 def check_run_name(name: str) -> None:
     """Run names are single safe path components: letters, digits and ``_ . , + = -``, not starting with . or -."""
-    if not isinstance(name, str) or not _RUN_NAME.fullmatch(name) or name.endswith(".h5"):
+    if not _is_run_name(name):
         raise UsageError(
             f"bad run name {name!r}: use 1-200 letters, digits or _ . , + = - "
             "(not starting with '.' or '-', no '/' or '@', not ending in .h5)"
@@ -535,6 +535,10 @@ def check_run_name(name: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------- internals
+
+
+def _is_run_name(name: object) -> bool:
+    return isinstance(name, str) and bool(_RUN_NAME.fullmatch(name)) and not name.endswith(".h5")
 
 
 def _read_foreign(file: Path) -> Any:
@@ -600,7 +604,7 @@ def _write_h5_atomic(final: Path, write) -> str:
     os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; store files are as shareable as any other file
     os.close(fd)
     try:
-        with h5py.File(tmp, "w", track_order=True) as f:
+        with h5py.File(tmp, "w", track_order=True, locking=False) as f:  # a private temp file
             write(f)
         _fsync(tmp)
         sha = sha256_file(tmp)
@@ -644,7 +648,9 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _open_h5(path: Path) -> h5py.File:
-    return h5py.File(path, "r")
+    """Open for reading without HDF5 file locks: store files never change after their rename, and locks
+    fail on some shared file systems (NFS) that a cluster's workers use."""
+    return h5py.File(path, "r", locking=False)
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
