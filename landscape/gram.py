@@ -304,7 +304,8 @@ def gram_blocks(
     if kind == "output-trace":
         M = engine.M
         blocks = {k: v.reshape(n, M, n, M).diagonal(dim1=1, dim2=3).sum(-1) for k, v in blocks.items()}
-    return {k: blocks[k] for k in names}
+    # each block is G G^T, symmetric by definition: keep the symmetric part (removes rounding asymmetry)
+    return {k: (blocks[k] + blocks[k].T) / 2 for k in names}
 
 
 def _refuse_batchnorm(model: nn.Module) -> None:

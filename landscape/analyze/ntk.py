@@ -1,0 +1,539 @@
+"""The empirical NTK under per-sample clipping: kernels, their symmetry and positivity (Bu et al. 2023).
+
+Bu et al. (Secs. 3-4) show that the loss is driven by the NTK H = sum_r H_r for SGD (eq. 3.1), by H C with
+flat clipping (eq. 4.3) and by sum_r H_r C_r with layerwise clipping (eq. 4.4), C = diag of the per-sample
+clipping factors. Small clipping norms break symmetry and positivity in quadratic form (Thm. 1.1), and
+layerwise clipping can break positivity in eigenvalues (Thm. 1.2); with no sample clipped the kernel is H
+again (Thm. 2). This module measures that on a model:
+
+- :func:`kernel_properties` -- symmetry and the two positivity notions of Def. 4.2 for any square matrix;
+- :func:`clip_kernel` -- A = K C (flat) or A = sum_r K_r C_r (layerwise) from per-layer blocks, with C from
+  the gradient norms sqrt(K_r[i, i]) and :func:`landscape.train.privatize.clip_factors`;
+- :func:`compute_ntk` -> :class:`NTKResult` and :func:`ntk_table` -> :class:`NTKTable` (Bu Table 1 measured).
+
+Kernel kinds (see :mod:`landscape.gram`): ``loss-grad`` is the Gram matrix of per-sample loss gradients,
+K = G G^T (H sandwiched between the loss derivatives); ``output`` is Bu's H itself for M logits,
+(n M) x (n M), where every logit row of sample i is scaled by the same C_i; ``output-trace`` is its trace
+over logits (n x n). The clipping factors always come from the loss-gradient norms ||g_i|| (and
+||g_{i,r}|| per layer), which for output kinds are recovered exactly from the output blocks:
+||g_{i,r}||^2 = v_i^T H_r[i, i] v_i with v_i = softmax(f(x_i)) - e_{y_i}.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from landscape.errors import UsageError
+from landscape.gram import KINDS, gram_blocks, layer_names
+from landscape.results import InputRef, read_result, write_result
+
+CLIPS = ("none", "flat", "layerwise")
+CLIP_STYLES = ("flat", "layerwise")
+#: an eigenvalue counts as >= 0 if it is >= -EIG_RTOL * ||A||_F, as real if |imag| <= EIG_RTOL * ||A||_F
+EIG_RTOL = 1e-6
+#: a matrix counts as symmetric if ||A - A^T||_F / ||A||_F <= SYM_RTOL
+SYM_RTOL = 1e-6
+
+
+# ------------------------------------------------------------------------------------ kernel properties
+@dataclass(frozen=True)
+class KernelProperties:
+    """Symmetry and positivity of a square matrix A (Bu et al. Def. 4.2), with the numbers behind them.
+
+    Tolerances are relative to ``norm`` = ||A||_F: ``symmetric`` iff ``asymmetry`` <= ``sym_rtol``;
+    an eigenvalue is "non-negative" iff it is >= -``eig_rtol`` * norm and "real" iff its |imaginary part|
+    is <= ``eig_rtol`` * norm. ``positive_quadratic`` (x^T A x >= 0 for all x) iff the smallest eigenvalue
+    of (A + A^T)/2 is non-negative; ``positive_eigenvalues`` iff every eigenvalue of A is real and
+    non-negative. The zero matrix is symmetric and positive in both senses (asymmetry 0).
+    """
+
+    n: int
+    norm: float
+    asymmetry: float
+    min_sym_eig: float
+    max_sym_eig: float
+    n_negative_sym_eigs: int
+    min_real_eig: float
+    max_abs_imag_eig: float
+    n_negative_real_eigs: int
+    symmetric: bool
+    positive_quadratic: bool
+    positive_eigenvalues: bool
+    sym_rtol: float
+    eig_rtol: float
+    eigvals: np.ndarray = field(repr=False, compare=False)
+    sym_eigvals: np.ndarray = field(repr=False, compare=False)
+
+    def scalars(self) -> dict[str, float | int | bool]:
+        """The scalar fields (no spectra), e.g. for a table row or file attributes."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("eigvals", "sym_eigvals")}
+
+
+def _as_numpy(A: np.ndarray | torch.Tensor) -> np.ndarray:
+    if isinstance(A, torch.Tensor):
+        A = A.detach().cpu().to(torch.float64).numpy()
+    A = np.asarray(A, dtype=np.float64)
+    if A.ndim != 2 or A.shape[0] != A.shape[1]:
+        raise UsageError(f"kernel must be a square matrix, got shape {A.shape}")
+    if not np.isfinite(A).all():
+        raise UsageError("kernel has non-finite entries (NaN or inf): check the gradients and clipping factors")
+    return A
+
+
+def kernel_properties(A: np.ndarray | torch.Tensor, *, sym_rtol: float = SYM_RTOL,
+                      eig_rtol: float = EIG_RTOL) -> KernelProperties:
+    """Symmetry, positivity in quadratic form and positivity in eigenvalues of any square matrix."""
+    A = _as_numpy(A)
+    n = A.shape[0]
+    norm = float(np.linalg.norm(A))
+    if n == 0 or norm == 0.0:
+        zeros = np.zeros(n)
+        return KernelProperties(n, 0.0, 0.0, 0.0, 0.0, 0, 0.0, 0.0, 0, True, True, True, sym_rtol, eig_rtol,
+                                zeros.astype(np.complex128), zeros)
+    tol = eig_rtol * norm
+    asym = float(np.linalg.norm(A - A.T) / norm)
+    sym_eigs = np.linalg.eigvalsh((A + A.T) / 2)
+    eigs = np.linalg.eigvals(A)
+    eigs = eigs[np.lexsort((eigs.imag, eigs.real))]
+    min_sym = float(sym_eigs[0])
+    return KernelProperties(
+        n=n,
+        norm=norm,
+        asymmetry=asym,
+        min_sym_eig=min_sym,
+        max_sym_eig=float(sym_eigs[-1]),
+        n_negative_sym_eigs=int((sym_eigs < -tol).sum()),
+        min_real_eig=float(eigs.real.min()),
+        max_abs_imag_eig=float(np.abs(eigs.imag).max()),
+        n_negative_real_eigs=int((eigs.real < -tol).sum()),
+        symmetric=asym <= sym_rtol,
+        positive_quadratic=min_sym >= -tol,
+        positive_eigenvalues=bool(eigs.real.min() >= -tol and np.abs(eigs.imag).max() <= tol),
+        sym_rtol=sym_rtol,
+        eig_rtol=eig_rtol,
+        eigvals=eigs,
+        sym_eigvals=sym_eigs,
+    )
+
+
+# ------------------------------------------------------------------------------------------- clipping
+def clipping_factors(norms: torch.Tensor | np.ndarray, max_norm: float | torch.Tensor, fn: str) -> torch.Tensor:
+    """Per-sample clipping factors from gradient norms, by the training code's clipping functions.
+
+    Delegates to :func:`landscape.train.privatize.clip_factors` (abadi min(1, C/||g||), automatic
+    C/(||g|| + 0.01), normalize C/||g||, global 1{||g|| <= C}; Bu et al. Sec. 2.2), so the kernel uses the
+    same factors as training.
+    """
+    from landscape.train.privatize import clip_factors
+
+    norms = torch.as_tensor(norms, dtype=torch.float64)
+    return clip_factors(norms, max_norm, fn).to(torch.float64)
+
+
+def default_layer_max_norms(max_grad_norm: float, n_layers: int) -> float:
+    """Per-layer threshold of layerwise clipping, C / sqrt(#layers): the squares sum to C^2 (training default)."""
+    return max_grad_norm / math.sqrt(n_layers)
+
+
+@dataclass
+class ClippedKernel:
+    """A = K C or sum_r K_r C_r, the factors C ((n,) flat, (L, n) layerwise) and the fraction clipped.
+
+    A sample (or a sample's layer) counts as clipped when its gradient norm exceeds the threshold.
+    For layerwise clipping ``fraction_clipped`` counts samples with at least one clipped layer and
+    ``fraction_layers_clipped`` the (sample, layer) pairs.
+    """
+
+    style: str
+    A: np.ndarray
+    C: np.ndarray
+    fraction_clipped: float
+    fraction_layers_clipped: float
+
+
+def clip_kernel(
+    K_layers: np.ndarray | torch.Tensor,
+    layer_sq_norms: np.ndarray | torch.Tensor,
+    *,
+    style: str,
+    max_grad_norm: float,
+    clip_fn: str = "abadi",
+    layer_max_norms: float | Sequence[float] | None = None,
+    logits_per_sample: int = 1,
+) -> ClippedKernel:
+    """The clipped NTK from per-layer blocks (Bu et al. eqs. 4.3, 4.4).
+
+    ``K_layers`` is (L, R, R) with R = n * ``logits_per_sample`` (sample-major), ``layer_sq_norms`` (L, n)
+    the squared per-layer loss-gradient norms ||g_{i,r}||^2 (for loss-grad kernels: the diagonals of K_r).
+    Flat: C_i from ||g_i|| = sqrt(sum_r ||g_{i,r}||^2), A = (sum_r K_r) C. Layerwise: C_{i,r} from ||g_{i,r}||
+    with per-layer thresholds ``layer_max_norms`` (default C/sqrt(L)), A = sum_r K_r C_r. The factor of
+    sample i scales every column (i, m).
+    """
+    K_layers = torch.as_tensor(np.asarray(K_layers) if not isinstance(K_layers, torch.Tensor) else K_layers,
+                               dtype=torch.float64)
+    sq = torch.as_tensor(np.asarray(layer_sq_norms) if not isinstance(layer_sq_norms, torch.Tensor)
+                         else layer_sq_norms, dtype=torch.float64).clamp_min(0)
+    L = K_layers.shape[0]
+    M = logits_per_sample
+    if style == "flat":
+        norms = sq.sum(0).sqrt()
+        C = clipping_factors(norms, max_grad_norm, clip_fn)
+        A = K_layers.sum(0) * C.repeat_interleave(M)[None, :]
+        frac = float((norms > max_grad_norm).double().mean())
+        return ClippedKernel(style, A.numpy(), C.numpy(), frac, frac)
+    if style == "layerwise":
+        if layer_max_norms is None:
+            layer_max_norms = default_layer_max_norms(max_grad_norm, L)
+        thresholds = torch.as_tensor(layer_max_norms, dtype=torch.float64).reshape(-1)
+        if thresholds.numel() == 1:
+            thresholds = thresholds.expand(L)
+        if thresholds.numel() != L:
+            raise UsageError(f"need one layer max norm per layer ({L}), got {thresholds.numel()}")
+        norms = sq.sqrt()
+        C = torch.stack([clipping_factors(norms[r], thresholds[r], clip_fn) for r in range(L)])
+        A = (K_layers * C.repeat_interleave(M, dim=1)[:, None, :]).sum(0)
+        over = norms > thresholds[:, None]
+        return ClippedKernel(style, A.numpy(), C.numpy(), float(over.any(0).double().mean()),
+                             float(over.double().mean()))
+    raise UsageError(f"unknown clip style '{style}' (choose from {', '.join(CLIP_STYLES)})")
+
+
+# ------------------------------------------------------------------------------------------ configs
+@dataclass
+class NTKConfig:
+    """Options of ``landscape ntk`` (stored as the result's params)."""
+
+    n: int = 128
+    kind: str = "loss-grad"
+    clip: str = "none"
+    max_grad_norm: float = 1.0
+    clip_fn: str = "abadi"
+    layers: tuple[str, ...] | None = None
+    layer_max_norms: float | None = None
+    seed: int = 0
+    split: str = "train"
+    max_memory: str | int | None = "4GB"
+    strategy: str = "auto"
+    precision: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise UsageError(f"unknown kernel kind '{self.kind}' (choose from {', '.join(KINDS)})")
+        if self.clip not in CLIPS:
+            raise UsageError(f"unknown clip '{self.clip}' (choose from {', '.join(CLIPS)})")
+        if self.n < 1:
+            raise UsageError(f"--n must be at least 1, got {self.n}")
+        if not self.max_grad_norm > 0:
+            raise UsageError(f"--max-grad-norm must be positive, got {self.max_grad_norm}")
+        if self.split not in ("train", "test"):
+            raise UsageError(f"--split must be train or test, got '{self.split}'")
+        if self.layers is not None:
+            self.layers = tuple(self.layers)
+
+
+@dataclass
+class NTKTableConfig:
+    """Options of ``landscape ntk-table`` (stored as the result's params)."""
+
+    max_grad_norms: tuple[float, ...] = (0.01, 0.1, 1.0, 10.0, 100.0)
+    clip_styles: tuple[str, ...] = CLIP_STYLES
+    n: int = 128
+    kind: str = "loss-grad"
+    clip_fn: str = "abadi"
+    layers: tuple[str, ...] | None = None
+    seed: int = 0
+    split: str = "train"
+    max_memory: str | int | None = "4GB"
+    strategy: str = "auto"
+    precision: str = "auto"
+
+    def __post_init__(self) -> None:
+        self.max_grad_norms = tuple(float(c) for c in self.max_grad_norms)
+        self.clip_styles = tuple(self.clip_styles)
+        if not self.max_grad_norms or any(not c > 0 for c in self.max_grad_norms):
+            raise UsageError("--max-grad-norm needs one or more positive numbers")
+        bad = [s for s in self.clip_styles if s not in CLIP_STYLES]
+        if bad or not self.clip_styles:
+            raise UsageError(f"unknown clip style {bad} (choose from {', '.join(CLIP_STYLES)})")
+        if self.kind not in KINDS:
+            raise UsageError(f"unknown kernel kind '{self.kind}' (choose from {', '.join(KINDS)})")
+        if self.layers is not None:
+            self.layers = tuple(self.layers)
+
+    def ntk_config(self) -> NTKConfig:
+        return NTKConfig(n=self.n, kind=self.kind, clip="none", clip_fn=self.clip_fn, layers=self.layers,
+                         seed=self.seed, split=self.split, max_memory=self.max_memory, strategy=self.strategy,
+                         precision=self.precision)
+
+
+# ------------------------------------------------------------------------------------------ kernels
+@dataclass
+class LayerKernels:
+    """Per-layer blocks of one kind, plus the squared per-layer loss-gradient norms behind the clipping."""
+
+    kind: str
+    layer_names: list[str]
+    K_layers: np.ndarray  # (L, R, R)
+    layer_sq_norms: np.ndarray  # (L, n)
+    logits_per_sample: int  # M for kind "output", else 1
+    n_model_layers: int  # trainable parameter tensors of the whole model (for C / sqrt(#layers))
+
+    @property
+    def K(self) -> np.ndarray:
+        return self.K_layers.sum(0)
+
+
+def layer_kernels(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, kind: str = "loss-grad",
+                  layers: Sequence[str] | None = None, strategy: str = "auto",
+                  max_memory: str | int | None = None, precision: str = "auto") -> LayerKernels:
+    """Per-layer kernels of ``kind`` and the per-layer loss-gradient norms, with one Gram computation."""
+    names = layer_names(model, layers)
+    gram_kind = "loss-grad" if kind == "loss-grad" else "output"
+    blocks = gram_blocks(model, x, y, kind=gram_kind, strategy=strategy, max_memory=max_memory,
+                         layers=names, precision=precision)
+    stacked = torch.stack([blocks[k] for k in names])  # (L, R, R)
+    n = x.shape[0]
+    if kind == "loss-grad":
+        sq = stacked.diagonal(dim1=1, dim2=2)
+        return LayerKernels(kind, names, stacked.numpy(), sq.numpy(), 1, len(layer_names(model)))
+    M = stacked.shape[1] // n
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            logits = model(x).to(torch.float64)
+    finally:
+        model.train(was_training)
+    v = torch.softmax(logits, dim=1) - torch.nn.functional.one_hot(y, M).to(torch.float64)  # dl_i/df_i
+    per = stacked.reshape(len(names), n, M, n, M).diagonal(dim1=1, dim2=3)  # (L, M, M, n)
+    sq = torch.einsum("im,rmki,ik->ri", v, per, v)
+    if kind == "output-trace":
+        stacked = stacked.reshape(len(names), n, M, n, M).diagonal(dim1=2, dim2=4).sum(-1)
+        M = 1
+    return LayerKernels(kind, names, stacked.numpy(), sq.numpy(), M, len(layer_names(model)))
+
+
+def clip_layer_kernels(lk: LayerKernels, *, style: str, max_grad_norm: float, clip_fn: str,
+                       layer_max_norms: float | None = None) -> ClippedKernel:
+    """:func:`clip_kernel` on :class:`LayerKernels`, per-layer thresholds C/sqrt(#model layers) by default."""
+    if style == "layerwise" and layer_max_norms is None:
+        layer_max_norms = default_layer_max_norms(max_grad_norm, lk.n_model_layers)
+    return clip_kernel(lk.K_layers, lk.layer_sq_norms, style=style, max_grad_norm=max_grad_norm,
+                       clip_fn=clip_fn, layer_max_norms=layer_max_norms, logits_per_sample=lk.logits_per_sample)
+
+
+# ------------------------------------------------------------------------------------------- results
+@dataclass
+class NTKResult:
+    """One checkpoint's (clipped) NTK: kernels, clipping factors, spectra and properties."""
+
+    config: NTKConfig
+    layer_names: list[str]
+    K: np.ndarray
+    K_layers: np.ndarray
+    norms: np.ndarray  # (n,) loss-gradient norms ||g_i||
+    layer_norms: np.ndarray  # (L, n) ||g_{i,r}||
+    C: np.ndarray  # (n,) flat, (L, n) layerwise, ones for clip none
+    A: np.ndarray
+    properties: KernelProperties  # of A
+    K_properties: KernelProperties  # of K (unclipped)
+    fraction_clipped: float
+    fraction_layers_clipped: float
+    indices: np.ndarray  # data set indices of the n examples
+    labels: np.ndarray
+    layer_max_norms: float | None = None
+
+    KIND = "ntk"
+
+    def summary(self) -> dict:
+        """What the CLI prints: the clipped kernel's properties and the unclipped kernel's."""
+        out = {"kind": self.config.kind, "clip": self.config.clip, "n": int(len(self.labels)),
+               "fraction_clipped": self.fraction_clipped}
+        out.update(self.properties.scalars())
+        out.update({f"K_{k}": v for k, v in self.K_properties.scalars().items()})
+        return out
+
+    def to_hdf5(self, path: str | Path, *, inputs: Sequence[InputRef] = ()) -> Path:
+        p, kp = self.properties, self.K_properties
+        arrays = {
+            "K": self.K, "K_layers": self.K_layers, "layer_names": np.array(self.layer_names, dtype="S"),
+            "norms": self.norms, "layer_norms": self.layer_norms, "C": self.C, "A": self.A,
+            "eigvals_real": p.eigvals.real, "eigvals_imag": p.eigvals.imag, "sym_eigvals": p.sym_eigvals,
+            "K_eigvals": kp.sym_eigvals, "indices": self.indices, "labels": self.labels,
+        }
+        attrs = dict(p.scalars())
+        attrs.update({f"K_{k}": v for k, v in kp.scalars().items()})
+        attrs.update(fraction_clipped=self.fraction_clipped, fraction_layers_clipped=self.fraction_layers_clipped,
+                     layer_max_norms=self.layer_max_norms)
+        return write_result(path, self.KIND, arrays=arrays, attrs=attrs, params=asdict(self.config), inputs=inputs)
+
+    @classmethod
+    def from_hdf5(cls, path: str | Path) -> NTKResult:
+        r = read_result(path, cls.KIND)
+        a = r.arrays
+        params = dict(r.params)
+        if params.get("layers") is not None:
+            params["layers"] = tuple(params["layers"])
+        eig = a["eigvals_real"] + 1j * a["eigvals_imag"]
+        props = _properties_from(r.attrs, "", eig, a["sym_eigvals"])
+        kprops = _properties_from(r.attrs, "K_", a["K_eigvals"].astype(np.complex128), a["K_eigvals"])
+        lmn = r.attrs.get("layer_max_norms")
+        return cls(
+            config=NTKConfig(**params),
+            layer_names=[s.decode() if isinstance(s, bytes) else str(s) for s in a["layer_names"]],
+            K=a["K"], K_layers=a["K_layers"], norms=a["norms"], layer_norms=a["layer_norms"], C=a["C"], A=a["A"],
+            properties=props, K_properties=kprops,
+            fraction_clipped=float(r.attrs["fraction_clipped"]),
+            fraction_layers_clipped=float(r.attrs["fraction_layers_clipped"]),
+            indices=a["indices"], labels=a["labels"],
+            layer_max_norms=None if lmn in (None, "none") else float(lmn),
+        )
+
+
+def _properties_from(attrs: dict, prefix: str, eigvals: np.ndarray, sym_eigvals: np.ndarray) -> KernelProperties:
+    names = [f.name for f in fields(KernelProperties) if f.name not in ("eigvals", "sym_eigvals")]
+    values = {k: attrs[prefix + k] for k in names}
+    for k in ("symmetric", "positive_quadratic", "positive_eigenvalues"):
+        values[k] = bool(values[k])
+    return KernelProperties(**values, eigvals=eigvals, sym_eigvals=sym_eigvals)
+
+
+def compute_ntk(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: NTKConfig, *,
+                indices: np.ndarray | None = None) -> NTKResult:
+    """The (clipped) NTK of ``model`` on examples ``x, y`` as ``config`` asks (pure: no store I/O)."""
+    lk = layer_kernels(model, x, y, kind=config.kind, layers=config.layers, strategy=config.strategy,
+                       max_memory=config.max_memory, precision=config.precision)
+    K = lk.K
+    L, n = lk.layer_sq_norms.shape
+    layer_max = None
+    if config.clip == "none":
+        A, C, frac, frac_layers = K, np.ones(n), 0.0, 0.0
+    else:
+        ck = clip_layer_kernels(lk, style=config.clip, max_grad_norm=config.max_grad_norm, clip_fn=config.clip_fn,
+                                layer_max_norms=config.layer_max_norms)
+        A, C, frac, frac_layers = ck.A, ck.C, ck.fraction_clipped, ck.fraction_layers_clipped
+        if config.clip == "layerwise":
+            layer_max = (config.layer_max_norms if config.layer_max_norms is not None
+                         else default_layer_max_norms(config.max_grad_norm, lk.n_model_layers))
+    return NTKResult(
+        config=config, layer_names=lk.layer_names, K=K, K_layers=lk.K_layers,
+        norms=np.sqrt(np.clip(lk.layer_sq_norms.sum(0), 0, None)), layer_norms=np.sqrt(np.clip(lk.layer_sq_norms, 0, None)),
+        C=C, A=A, properties=kernel_properties(A), K_properties=kernel_properties(K),
+        fraction_clipped=frac, fraction_layers_clipped=frac_layers,
+        indices=np.arange(n) if indices is None else np.asarray(indices), labels=y.cpu().numpy(),
+        layer_max_norms=layer_max,
+    )
+
+
+# ---------------------------------------------------------------------------------- Bu Table 1 measured
+TABLE_COLUMNS = (
+    "step", "epoch", "max_grad_norm", "style", "fraction_clipped", "symmetric", "asymmetry",
+    "positive_quadratic", "min_sym_eig", "n_negative_sym_eigs", "positive_eigenvalues", "min_real_eig",
+    "max_abs_imag_eig", "n_negative_real_eigs", "norm",
+)
+
+
+@dataclass
+class NTKTableRow:
+    """One cell row of the measured Table 1: a clipping norm and style (style "none": no clipping)."""
+
+    step: int
+    epoch: float
+    max_grad_norm: float  # NaN for the unclipped row
+    style: str
+    fraction_clipped: float
+    symmetric: bool
+    asymmetry: float
+    positive_quadratic: bool
+    min_sym_eig: float
+    n_negative_sym_eigs: int
+    positive_eigenvalues: bool
+    min_real_eig: float
+    max_abs_imag_eig: float
+    n_negative_real_eigs: int
+    norm: float
+
+
+def table_rows(lk: LayerKernels, config: NTKTableConfig, *, step: int = 0, epoch: float = float("nan")) -> list[NTKTableRow]:
+    """Rows of the measured Table 1 for one checkpoint: no clipping, then every (norm, style)."""
+
+    def row(norm: float, style: str, A: np.ndarray, frac: float) -> NTKTableRow:
+        p = kernel_properties(A)
+        return NTKTableRow(step=step, epoch=epoch, max_grad_norm=norm, style=style, fraction_clipped=frac,
+                           **{k: getattr(p, k) for k in TABLE_COLUMNS[5:]})
+
+    rows = [row(float("nan"), "none", lk.K, 0.0)]
+    for c in config.max_grad_norms:
+        for style in config.clip_styles:
+            ck = clip_layer_kernels(lk, style=style, max_grad_norm=c, clip_fn=config.clip_fn)
+            rows.append(row(c, style, ck.A, ck.fraction_clipped))
+    return rows
+
+
+@dataclass
+class NTKTable:
+    """Bu et al. Table 1 measured: per checkpoint, clipping norm and style, the properties of the kernel."""
+
+    config: NTKTableConfig
+    rows: list[NTKTableRow]
+
+    KIND = "ntk-table"
+
+    def column(self, name: str) -> np.ndarray:
+        values = [getattr(r, name) for r in self.rows]
+        if name == "style":
+            return np.array(values, dtype="S")
+        return np.asarray(values)
+
+    def to_csv(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(TABLE_COLUMNS)
+            for r in self.rows:
+                w.writerow([getattr(r, c) for c in TABLE_COLUMNS])
+        return path
+
+    def to_hdf5(self, path: str | Path, *, inputs: Sequence[InputRef] = ()) -> Path:
+        arrays = {c: self.column(c) for c in TABLE_COLUMNS}
+        return write_result(path, self.KIND, arrays=arrays, attrs={"n_rows": len(self.rows)},
+                            params=asdict(self.config), inputs=inputs)
+
+    @classmethod
+    def from_hdf5(cls, path: str | Path) -> NTKTable:
+        r = read_result(path, cls.KIND)
+        params = dict(r.params)
+        for k in ("max_grad_norms", "clip_styles", "layers"):
+            if params.get(k) is not None:
+                params[k] = tuple(params[k])
+        n_rows = len(r.arrays["step"])
+        rows = []
+        for i in range(n_rows):
+            values = {c: r.arrays[c][i] for c in TABLE_COLUMNS}
+            values["style"] = values["style"].decode() if isinstance(values["style"], bytes) else str(values["style"])
+            for c in ("symmetric", "positive_quadratic", "positive_eigenvalues"):
+                values[c] = bool(values[c])
+            for c in ("step", "n_negative_sym_eigs", "n_negative_real_eigs"):
+                values[c] = int(values[c])
+            for c in ("epoch", "max_grad_norm", "fraction_clipped", "asymmetry", "min_sym_eig", "min_real_eig",
+                      "max_abs_imag_eig", "norm"):
+                values[c] = float(values[c])
+            rows.append(NTKTableRow(**values))
+        return cls(config=NTKTableConfig(**params), rows=rows)
+
+
+def ntk_table(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: NTKTableConfig, *, step: int = 0,
+              epoch: float = float("nan")) -> NTKTable:
+    """Bu et al. Table 1 measured on one model: one Gram computation, every clipping norm and style."""
+    lk = layer_kernels(model, x, y, kind=config.kind, layers=config.layers, strategy=config.strategy,
+                       max_memory=config.max_memory, precision=config.precision)
+    return NTKTable(config=config, rows=table_rows(lk, config, step=step, epoch=epoch))

@@ -1,0 +1,102 @@
+"""Figures of the empirical NTK under clipping: spectra, kernel heatmaps, the measured Table 1.
+
+``plot_ntk`` draws, for one :class:`~landscape.analyze.ntk.NTKResult`, the spectra (eigenvalues of the
+symmetric part of K and of A, and the real parts of eig(A), all sorted; |imag| where non-zero) and
+heatmaps of K and of A - A^T (Bu et al. Thm. 1: clipping breaks symmetry). ``plot_ntk_table`` draws the
+numbers behind Table 1 against the clipping norm (one checkpoint) or against epoch (a run).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from landscape.analyze.ntk import NTKResult, NTKTable  # noqa: E402
+from landscape.plots.style import PALETTE, apply_style, save_figure  # noqa: E402
+
+STYLE_COLORS = {"none": "#000000", "flat": PALETTE[0], "layerwise": PALETTE[1]}
+
+
+def _heatmap(ax, M: np.ndarray, title: str, *, diverging: bool) -> None:
+    if diverging:
+        v = float(np.abs(M).max()) or 1.0
+        im = ax.imshow(M, cmap="RdBu_r", vmin=-v, vmax=v, interpolation="nearest")
+    else:
+        im = ax.imshow(M, cmap="viridis", interpolation="nearest")
+    ax.set_title(title)
+    ax.set_xlabel("j")
+    ax.set_ylabel("i")
+    ax.grid(False)
+    ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+
+
+def plot_ntk(result: NTKResult, stem: str | os.PathLike) -> list[Path]:
+    """Spectra and heatmaps of one NTK result, written as ``stem.png`` and ``stem.pdf``."""
+    apply_style()
+    fig, axes = plt.subplots(1, 3, figsize=(14.0, 3.8))
+    ax = axes[0]
+    kp, p = result.K_properties, result.properties
+    idx = np.arange(1, len(kp.sym_eigvals) + 1)
+    ax.plot(idx, np.sort(kp.sym_eigvals)[::-1], color=STYLE_COLORS["none"], label="eig K")
+    if result.config.clip != "none":
+        color = STYLE_COLORS[result.config.clip]
+        ax.plot(idx, np.sort(p.eigvals.real)[::-1], color=color, label="Re eig A")
+        ax.plot(idx, np.sort(p.sym_eigvals)[::-1], color=color, ls="--", label="eig (A+A^T)/2")
+        imag = np.abs(p.eigvals.imag)
+        if imag.max() > 0:
+            ax.plot(idx, np.sort(imag)[::-1], color=color, ls=":", label="|Im eig A|")
+    ax.set_yscale("symlog", linthresh=max(1e-12, 1e-6 * max(kp.norm, p.norm)))
+    ax.set_xlabel("index (sorted)")
+    ax.set_ylabel("eigenvalue")
+    ax.set_title(f"spectra ({result.config.kind}, clip {result.config.clip})")
+    ax.legend()
+    _heatmap(axes[1], result.K, "K", diverging=True)
+    _heatmap(axes[2], result.A - result.A.T, f"A - A^T (asymmetry {p.asymmetry:.2g})", diverging=True)
+    fig.tight_layout()
+    return save_figure(fig, stem)
+
+
+def plot_ntk_table(table: NTKTable, stem: str | os.PathLike) -> list[Path]:
+    """The numbers behind Table 1: against the clipping norm (one step) or against epoch (several)."""
+    apply_style()
+    steps = sorted({r.step for r in table.rows})
+    along_run = len(steps) > 1
+    panels = [("asymmetry", "asymmetry ||A-A^T||/||A||"), ("min_sym_eig", "min eig (A+A^T)/2 / ||A||"),
+              ("min_real_eig", "min Re eig A / ||A||"), ("fraction_clipped", "fraction clipped")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.0 * len(panels), 3.4))
+    for ax, (col, label) in zip(axes, panels, strict=True):
+        if along_run:
+            for k, c in enumerate(table.config.max_grad_norms):
+                for style in table.config.clip_styles:
+                    rows = [r for r in table.rows if r.style == style and r.max_grad_norm == c]
+                    rows.sort(key=lambda r: r.epoch)
+                    ax.plot([r.epoch for r in rows], [_value(r, col) for r in rows],
+                            color=STYLE_COLORS[style], alpha=0.35 + 0.65 * (k + 1) / len(table.config.max_grad_norms),
+                            ls="-" if style == "flat" else "--", marker="o", label=f"{style} C={c:g}")
+            ax.set_xlabel("epoch")
+        else:
+            for style in table.config.clip_styles:
+                rows = sorted((r for r in table.rows if r.style == style), key=lambda r: r.max_grad_norm)
+                ax.plot([r.max_grad_norm for r in rows], [_value(r, col) for r in rows], marker="o",
+                        color=STYLE_COLORS[style], label=style)
+            ax.set_xscale("log")
+            ax.set_xlabel("clipping norm C")
+        if col in ("min_sym_eig", "min_real_eig"):
+            ax.axhline(0.0, color="#888888", lw=0.8)
+        ax.set_title(label)
+    axes[0].legend()
+    fig.tight_layout()
+    return save_figure(fig, stem)
+
+
+def _value(row, col: str) -> float:
+    v = getattr(row, col)
+    if col in ("min_sym_eig", "min_real_eig"):
+        return v / row.norm if row.norm > 0 else 0.0
+    return v
