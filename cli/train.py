@@ -1,0 +1,151 @@
+"""``landscape train`` and ``landscape phases``: the options mirror TrainConfig / PhasesConfig one-to-one."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from cli.common import echo_json, echo_table, json_option, parse_json_option, progress_enabled, root_of
+from cli.options import data_options, model_options
+from landscape.train.config import OPTIMIZERS, PHASE_FAMILIES, PhasesConfig, TrainConfig
+
+_D = TrainConfig()
+_COLUMNS = ["run", "optimizer", "parent", "step", "epoch", "epsilon", "train_acc", "test_acc", "test_loss"]
+
+
+def _training_options(func: Callable) -> Callable:
+    """Options shared by ``train`` and ``phases`` (every TrainConfig field but optimizer/run/from/resume)."""
+    options = [
+        data_options(default=None),
+        model_options(default=None),
+        click.option("--data-seed", type=int, default=_D.data_seed, show_default=True,
+                     help="Seed of the data set (subset draw, synthetic data)."),
+        click.option("--epochs", type=click.IntRange(min=1), default=_D.epochs, show_default=True),
+        click.option("--lr", type=float, default=_D.lr, show_default=True, help="Learning rate."),
+        click.option("--momentum", type=float, default=_D.momentum, show_default=True),
+        click.option("--weight-decay", type=float, default=_D.weight_decay, show_default=True),
+        click.option("--batch-size", type=click.IntRange(min=1), default=_D.batch_size, show_default=True,
+                     help="Batch size B (the expected batch size q*N under Poisson sampling)."),
+        click.option("--seed", type=int, default=_D.seed, show_default=True,
+                     help="Seeds initialisation, data order and noise."),
+        click.option("--device", default=_D.device, show_default=True, help="auto, cpu or cuda."),
+        click.option("--checkpoint-every", default=_D.checkpoint_every, show_default=True,
+                     help="Ns (steps) or Ee (epochs); init and final are always kept."),
+        click.option("--max-grad-norm", type=float, default=_D.max_grad_norm, show_default=True,
+                     help="Clipping norm C."),
+        click.option("--noise-multiplier", type=float, default=None, help="Noise multiplier sigma."),
+        click.option("--target-epsilon", type=float, default=None,
+                     help="Find sigma so that epsilon after training equals this (instead of --noise-multiplier)."),
+        click.option("--delta", type=float, default=_D.delta, show_default=True),
+        click.option("--accountant", type=click.Choice(["rdp", "pld"]), default=_D.accountant, show_default=True),
+        click.option("--clip-style", type=click.Choice(["flat", "layerwise"]), default=_D.clip_style,
+                     show_default=True),
+        click.option("--clip-fn", type=click.Choice(["abadi", "automatic", "normalize", "global"]),
+                     default=_D.clip_fn, show_default=True),
+        click.option("--sampling", type=click.Choice(["poisson", "shuffle"]), default=None,
+                     help="Default: poisson for DP optimizers (what the accountant assumes), shuffle for sgd."),
+        click.option("--sparsify", type=float, default=_D.sparsify, show_default=True,
+                     help="Random sparsification rate R* with gradual cooling (Zhu & Blaschko Alg. 1)."),
+        click.option("--smooth", type=float, default=_D.smooth, show_default=True,
+                     help="Laplacian smoothing sigma_LS (DP-LSSGD)."),
+        click.option("--microbatch", type=click.IntRange(min=1), default=None,
+                     help="Per-sample gradient chunk size (memory bound)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    for param in func.__click_params__:
+        if param.name in ("data", "model"):  # None: lenet/digits from scratch, the parent's with --from
+            param.required = False
+            param.help = f"{param.help} Default: {'digits' if param.name == 'data' else 'lenet'}, or the parent's with --from."
+    return func
+
+
+def _config_fields(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Click keyword arguments -> TrainConfig fields (JSON options parsed)."""
+    out = dict(kwargs)
+    out["data_kwargs"] = parse_json_option(out.get("data_kwargs"), "--data-kwargs")
+    out["model_kwargs"] = parse_json_option(out.get("model_kwargs"), "--model-kwargs")
+    for key in ("name", "subset", "data_root", "download"):
+        if key in out["data_kwargs"]:
+            raise click.BadParameter(f"{key} cannot go in the JSON; use the matching option", param_hint="--data-kwargs")
+    return out
+
+
+def _run_api(fn: Callable[[], Any]) -> Any:
+    """Call the library with its warnings shown as one ``warning:`` line on stderr."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, *args, **kw: click.echo(f"warning: {message}", err=True)
+        return fn()
+
+
+def _rows(summaries: list[Any]) -> list[dict[str, Any]]:
+    return [dataclasses.asdict(s) for s in summaries]
+
+
+@click.command("train")
+@_training_options
+@click.option("--optimizer", type=click.Choice(list(OPTIMIZERS)), default=_D.optimizer, show_default=True,
+              help="sgd, dpsgd (clip + noise), clip-only, noise-only.")
+@click.option("--run", "run", default=None, help="Run name (default: a generated unique id).")
+@click.option("--from", "from_ref", default=None, metavar="REF",
+              help="Start from a checkpoint (RUN[@init|@last|@step=N|@epoch=E] or PATH.h5): a child run.")
+@click.option("--resume", default=None, metavar="RUN", help="Continue a killed run from its last checkpoint.")
+@json_option
+@click.pass_context
+def train(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:
+    """Train a model (SGD or the DP-SGD family) into the checkpoint store."""
+    from landscape.api.train import summarize
+    from landscape.api.train import train as api_train
+    from landscape.errors import UsageError
+
+    if kwargs["resume"] is not None:
+        given = [p.opts[0] for p in ctx.command.params
+                 if p.name not in ("resume", "data_root", "as_json")
+                 and ctx.get_parameter_source(p.name) == click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise UsageError(f"--resume RUN continues with the run's stored options; drop {', '.join(given)}")
+    config = TrainConfig(**_config_fields(kwargs))
+    run = _run_api(lambda: api_train(config, root=root_of(ctx), progress=progress_enabled()))
+    summary = summarize(run)
+    if as_json:
+        echo_json(dataclasses.asdict(summary))
+        return
+    echo_table(_rows([summary]), _COLUMNS)
+    click.echo(f"run written to {run.path}")
+
+
+def _families(value: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+@click.command("phases")
+@_training_options
+@click.option("--k", "k", type=click.IntRange(min=1), required=True, help="Phase-1 epochs (Watson et al. Sec. 4.1.1).")
+@click.option("--copies", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Phase-2 copies per combination (they differ only in data order and noise).")
+@click.option("--phase1", default=",".join(PHASE_FAMILIES), show_default=True, help="Phase-1 families: sgd,dpsgd.")
+@click.option("--phase2", default=",".join(PHASE_FAMILIES), show_default=True, help="Phase-2 families: sgd,dpsgd.")
+@click.option("--dp-lr", type=float, default=None, help="Learning rate of DP phases (default: --lr).")
+@click.option("--group", default=None, help="Name prefix of the runs (default: phases-<hash>).")
+@json_option
+@click.pass_context
+def phases(ctx: click.Context, as_json: bool, k: int, copies: int, phase1: str, phase2: str,
+           dp_lr: float | None, group: str | None, **kwargs: Any) -> None:
+    """Phase 1 / Phase 2 branches: SGD and DP-SGD for k epochs from one init, then each way for the rest."""
+    from landscape.api.train import phases as api_phases
+
+    base = TrainConfig(**_config_fields(kwargs), optimizer="sgd")
+    config = PhasesConfig(base=base, k=k, copies=copies, phase1=_families(phase1), phase2=_families(phase2),
+                          dp_lr=dp_lr, group=group)
+    summaries = _run_api(lambda: api_phases(config, root=root_of(ctx), progress=progress_enabled()))
+    if as_json:
+        echo_json(_rows(summaries))
+        return
+    echo_table(_rows(summaries), ["run", "phase1", "phase2", "copy", "parent", "epoch", "epsilon", "test_acc",
+                                  "test_loss"])
+    click.echo(f"{len(summaries)} runs in {root_of(ctx)}")

@@ -1,0 +1,290 @@
+"""Training callbacks: checkpointing, metrics, accounting, evaluation and progress (open_lth style).
+
+The loop in :mod:`landscape.train.loop` only samples a batch, computes a gradient and steps the optimizer;
+everything else is a :class:`Callback` composed into a list. Hooks:
+
+- ``on_start(state)`` once before the first step (also after a resume);
+- ``on_step(state, stats)`` after every optimizer step (``state.step`` already counts it);
+- ``on_checkpoint(state, record)`` when a checkpoint is about to be written: each callback adds its part
+  (metrics, epsilon, attrs, arrays in ``extra``) to the :class:`CheckpointRecord`;
+- ``on_end(state)`` once after the last step.
+
+Per-step values stay in preallocated tensors; nothing calls ``.item()`` per batch (STYLE.md).
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from landscape.train.loop import TrainState
+
+# Columns of the per-step metrics table (run array "metrics"); NaN = not measured for this optimizer.
+STEP_METRICS = (
+    "loss",
+    "accuracy",
+    "batch_size",
+    "mean_grad_norm",
+    "max_grad_norm",
+    "fraction_clipped",
+    "noise_norm",
+    "epsilon",
+)
+METRICS_ARRAY = "metrics"
+
+
+@dataclass
+class CheckpointRecord:
+    """What callbacks contribute to one checkpoint before it is written."""
+
+    metrics: dict[str, Any] = field(default_factory=dict)
+    attrs: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    epsilon: float | None = None
+
+
+class Callback:
+    """Base class; override the hooks you need."""
+
+    def on_start(self, state: TrainState) -> None:
+        pass
+
+    def on_step(self, state: TrainState, stats: Any) -> None:
+        pass
+
+    def on_checkpoint(self, state: TrainState, record: CheckpointRecord) -> None:
+        pass
+
+    def on_end(self, state: TrainState) -> None:
+        pass
+
+
+# ------------------------------------------------------------------------------------------- metrics
+
+
+class StepMetrics(Callback):
+    """Per-step loss, accuracy, batch size, per-sample gradient norms, clipping and noise (Privatizer StepStats).
+
+    Values are written into float64 tensors indexed by step; the table is saved as the run array
+    ``metrics`` at every checkpoint (before the checkpoint file, so a resumed run finds every row it needs).
+    """
+
+    def __init__(self, total_steps: int):
+        self.table = {name: torch.full((total_steps,), float("nan"), dtype=torch.float64) for name in STEP_METRICS}
+
+    def restore(self, saved: dict[str, np.ndarray], upto: int) -> None:
+        """Take rows ``[0, upto)`` from a saved table (resume)."""
+        for name, column in self.table.items():
+            if name in saved:
+                values = torch.as_tensor(np.asarray(saved[name], dtype=np.float64))
+                n = min(upto, len(values), len(column))
+                column[:n] = values[:n]
+
+    def on_step(self, state: TrainState, stats: Any) -> None:
+        t = state.step - 1
+        for name in STEP_METRICS:
+            value = getattr(stats, name, None)
+            if value is not None:
+                self.table[name][t] = value.detach().to("cpu", torch.float64) if torch.is_tensor(value) else value
+
+    def on_checkpoint(self, state: TrainState, record: CheckpointRecord) -> None:
+        if state.step > 0:
+            t = state.step - 1
+            record.metrics["step_loss"] = self.table["loss"][t]
+            record.metrics["step_accuracy"] = self.table["accuracy"][t]
+        state.run.save_array(METRICS_ARRAY, {k: v.numpy() for k, v in self.table.items()})
+
+
+class Accounting(Callback):
+    """Epsilon so far (Poisson-subsampled Gaussian mechanism, dp-accounting) after every step.
+
+    ``curve[t]`` is the epsilon after ``t`` of this run's steps, including any DP ancestor steps
+    (see :mod:`landscape.train.loop`); it is computed once up front, so the loop pays nothing per step.
+    Runs without a privacy guarantee (sgd, clip-only, noise-only) record no epsilon.
+    """
+
+    def __init__(self, curve: torch.Tensor | None):
+        self.curve = curve
+
+    def epsilon_at(self, step: int) -> float | None:
+        if self.curve is None:
+            return None
+        return float(self.curve[step])
+
+    def on_step(self, state: TrainState, stats: Any) -> None:
+        if self.curve is not None:
+            state.metrics.table["epsilon"][state.step - 1] = self.curve[state.step]
+            state.epsilon = self.curve[state.step]
+
+    def on_start(self, state: TrainState) -> None:
+        if self.curve is not None:
+            state.epsilon = self.curve[state.step]
+
+    def on_checkpoint(self, state: TrainState, record: CheckpointRecord) -> None:
+        record.epsilon = self.epsilon_at(state.step)
+
+
+class Evaluation(Callback):
+    """Full train and test loss/accuracy at every checkpoint (``train_loss``, ``train_acc``, ``test_loss``, ``test_acc``)."""
+
+    def __init__(self, batch_size: int = 1024):
+        self.batch_size = batch_size
+
+    def on_checkpoint(self, state: TrainState, record: CheckpointRecord) -> None:
+        for split in ("train", "test"):
+            x, y = state.data.split(split)
+            loss, acc = evaluate_split(state.model, x, y, batch_size=self.batch_size, device=state.device)
+            record.metrics[f"{split}_loss"] = loss
+            record.metrics[f"{split}_acc"] = acc
+        state.last_eval = dict(record.metrics)
+
+
+def evaluate_split(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: int = 1024, device: torch.device | None = None
+) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy of ``model`` on ``(x, y)`` (eval mode, inference_mode, one sync)."""
+    if len(y) == 0:
+        return float("nan"), float("nan")
+    device = device or next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    loss = torch.zeros((), dtype=torch.float64, device=device)
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    with torch.inference_mode():
+        for i in range(0, len(y), batch_size):
+            xb, yb = x[i : i + batch_size].to(device), y[i : i + batch_size].to(device)
+            logits = model(xb)
+            loss += F.cross_entropy(logits, yb, reduction="sum").double()
+            correct += (logits.argmax(1) == yb).sum()
+    model.train(was_training)
+    return float(loss) / len(y), float(correct) / len(y)
+
+
+# ------------------------------------------------------------------------------------------- resume state
+
+
+class ResumeState(Callback):
+    """Everything a bit-identical resume needs, saved in each checkpoint's ``extra`` group.
+
+    torch CPU RNG, numpy and python RNG, the sampler's generator (and its epoch permutation), the noise
+    generator, the optimizer's momentum buffers, and the position (global step, epoch, step within epoch).
+    """
+
+    def on_checkpoint(self, state: TrainState, record: CheckpointRecord) -> None:
+        extra = record.extra
+        extra["rng/torch"] = torch.get_rng_state().numpy().copy()
+        np_state = np.random.get_state()  # noqa: NPY002 (the legacy global state is what seed_everything seeds)
+        extra["rng/numpy_keys"] = np.asarray(np_state[1], dtype=np.uint32)
+        extra["rng/numpy_pos"] = np.asarray([np_state[2], np_state[3]], dtype=np.int64)
+        extra["rng/numpy_gauss"] = np.asarray([np_state[4]], dtype=np.float64)
+        py_state = random.getstate()
+        extra["rng/python"] = np.asarray(py_state[1], dtype=np.int64)
+        for key, value in state.sampler.state_dict().items():
+            extra[f"sampler/{key}"] = value
+        if state.noise_generator is not None:
+            extra["noise/generator"] = state.noise_generator.get_state().numpy().copy()
+        names = {id(p): n for n, p in state.model.named_parameters()}
+        for group in state.optimizer.param_groups:
+            for p in group["params"]:
+                buf = state.optimizer.state.get(p, {}).get("momentum_buffer")
+                if buf is not None:
+                    extra[f"momentum/{names[id(p)]}"] = buf.detach().cpu()
+        extra["position"] = np.asarray(
+            [state.step, state.step // state.steps_per_epoch, state.step % state.steps_per_epoch], dtype=np.int64
+        )
+
+
+def restore_resume_state(state: TrainState, extra: dict[str, np.ndarray]) -> None:
+    """Inverse of :class:`ResumeState`: put RNGs, sampler, noise generator and momentum back."""
+    torch.set_rng_state(torch.from_numpy(np.asarray(extra["rng/torch"], dtype=np.uint8).copy()))
+    pos = extra["rng/numpy_pos"]
+    np.random.set_state(  # noqa: NPY002
+        ("MT19937", np.asarray(extra["rng/numpy_keys"], dtype=np.uint32), int(pos[0]), int(pos[1]),
+         float(extra["rng/numpy_gauss"][0]))
+    )
+    random.setstate((3, tuple(int(v) for v in extra["rng/python"]), None))
+    state.sampler.load_state_dict({k.split("/", 1)[1]: v for k, v in extra.items() if k.startswith("sampler/")})
+    if state.noise_generator is not None and "noise/generator" in extra:
+        state.noise_generator.set_state(torch.from_numpy(np.asarray(extra["noise/generator"], dtype=np.uint8).copy()))
+    params = dict(state.model.named_parameters())
+    for key, value in extra.items():
+        if key.startswith("momentum/"):
+            p = params[key.split("/", 1)[1]]
+            state.optimizer.state[p]["momentum_buffer"] = torch.as_tensor(np.asarray(value)).to(p.device, p.dtype).clone()
+
+
+# ------------------------------------------------------------------------------------------- checkpointing
+
+
+class Checkpointer(Callback):
+    """Write a checkpoint at the scheduled steps (init and final always): every callback contributes first."""
+
+    def __init__(self, steps: Sequence[int]):
+        self.steps = set(int(s) for s in steps)
+
+    def on_start(self, state: TrainState) -> None:
+        if state.step == 0 and not state.resumed:
+            self.write(state)
+
+    def on_step(self, state: TrainState, stats: Any) -> None:
+        if state.step in self.steps:
+            self.write(state)
+
+    def write(self, state: TrainState) -> None:
+        record = CheckpointRecord()
+        for cb in state.callbacks:
+            if cb is not self:
+                cb.on_checkpoint(state, record)
+        record.attrs.setdefault("epoch_position", state.step % state.steps_per_epoch)
+        state.run.save_checkpoint(
+            {k: v.detach().cpu() for k, v in state.model.state_dict().items()},
+            step=state.step,
+            epoch=state.step / state.steps_per_epoch,
+            epsilon=record.epsilon,
+            metrics={k: float(v) for k, v in record.metrics.items()},
+            extra=record.extra,
+            attrs=record.attrs,
+        )
+
+
+# ------------------------------------------------------------------------------------------- progress
+
+
+class Progress(Callback):
+    """A tqdm bar on stderr (only when stderr is a terminal) showing epoch, loss and epsilon."""
+
+    def __init__(self, enabled: bool | None = None, every: int = 10):
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.every = every
+        self.bar = None
+
+    def on_start(self, state: TrainState) -> None:
+        if not self.enabled:
+            return
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=state.total_steps, initial=state.step, desc=state.run.name, file=sys.stderr,
+                        unit="step", dynamic_ncols=True, leave=True)
+
+    def on_step(self, state: TrainState, stats: Any) -> None:
+        if self.bar is None:
+            return
+        self.bar.update(1)
+        if state.step % self.every == 0 or state.step == state.total_steps:
+            post = {"epoch": f"{state.step / state.steps_per_epoch:.2f}", "loss": f"{float(stats.loss):.4f}"}
+            if state.epsilon is not None:
+                post["eps"] = f"{float(state.epsilon):.3g}"
+            self.bar.set_postfix(post, refresh=False)
+
+    def on_end(self, state: TrainState) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

@@ -1,0 +1,276 @@
+"""Training options: one dataclass holds every option of ``landscape train`` (open_lth's hparams style).
+
+The click command mirrors :class:`TrainConfig` field by field, the run manifest stores it as ``config``,
+and :func:`config_hash` identifies a run by its non-default fields only, so adding an option with a default
+never changes old hashes (open_lth ``foundations/desc.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import re
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from landscape.errors import UsageError
+
+OPTIMIZERS = ("sgd", "dpsgd", "clip-only", "noise-only")
+DP_OPTIMIZERS = ("dpsgd", "clip-only", "noise-only")
+SAMPLINGS = ("poisson", "shuffle")
+CLIP_STYLES = ("flat", "layerwise")
+
+# Fields that name or locate a run rather than define what it computes: left out of the config hash.
+_NOT_HASHED = ("run", "resume", "device", "microbatch", "data_root", "download")
+
+
+class SamplingWarning(UserWarning):
+    """Shuffled batches with a DP optimizer: the accountant's epsilon assumes Poisson sampling."""
+
+
+@dataclass
+class TrainConfig:
+    """Every option of one training run (``landscape train``).
+
+    ``model`` and ``data`` default to lenet and digits from scratch; a child run (``from_ref``) keeps its
+    parent's model and, when ``data`` is None, its parent's data set. ``noise_multiplier`` and ``target_epsilon`` are alternatives: give one (DP optimizers) or neither
+    (``sgd``, ``clip-only``). ``sampling=None`` means Poisson for the DP family (what the accountant
+    assumes, Abadi et al. 2016) and shuffled batches for ``sgd``. ``checkpoint_every`` is ``"Ns"`` (every N
+    steps), ``"Ee"`` (every E epochs, E may be fractional) or ``"none"``; init and final are always kept.
+    """
+
+    model: str | None = None
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+    data: str | None = None
+    data_kwargs: dict[str, Any] = field(default_factory=dict)
+    subset: float | None = None
+    data_seed: int = 0
+    data_root: str | None = None
+    download: bool = False
+    epochs: int = 10
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    batch_size: int = 64
+    seed: int = 0
+    device: str = "auto"
+    checkpoint_every: str = "1e"
+    optimizer: str = "sgd"
+    max_grad_norm: float = 1.0
+    noise_multiplier: float | None = None
+    target_epsilon: float | None = None
+    delta: float = 1e-5
+    accountant: str = "rdp"
+    clip_style: str = "flat"
+    clip_fn: str = "abadi"
+    sampling: str | None = None
+    sparsify: float = 0.0
+    smooth: float = 0.0
+    microbatch: int | None = None
+    run: str | None = None
+    from_ref: str | None = None
+    resume: str | None = None
+
+    # -- derived -----------------------------------------------------------------------------------
+    @property
+    def is_dp(self) -> bool:
+        """True for the DP-SGD family (per-sample gradients through the Privatizer)."""
+        return self.optimizer in DP_OPTIMIZERS
+
+    @property
+    def sampling_method(self) -> str:
+        """The sampling actually used: the explicit choice, else poisson for DP and shuffle for sgd."""
+        if self.sampling is not None:
+            return self.sampling
+        return "poisson" if self.is_dp else "shuffle"
+
+    @property
+    def accounted(self) -> bool:
+        """Whether this run has a finite privacy guarantee (clipping and noise both on)."""
+        return self.optimizer == "dpsgd"
+
+    def validate(self) -> TrainConfig:
+        """Check option combinations; raise :class:`UsageError` (exit 2) with a one-line message."""
+        if self.optimizer not in OPTIMIZERS:
+            raise UsageError(f"unknown --optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        if self.sampling is not None and self.sampling not in SAMPLINGS:
+            raise UsageError(f"unknown --sampling {self.sampling!r}; choose poisson or shuffle")
+        if self.clip_style not in CLIP_STYLES:
+            raise UsageError(f"unknown --clip-style {self.clip_style!r}; choose flat or layerwise")
+        if self.noise_multiplier is not None and self.target_epsilon is not None:
+            raise UsageError("give --noise-multiplier or --target-epsilon, not both")
+        if self.epochs < 1:
+            raise UsageError(f"--epochs must be >= 1, got {self.epochs}")
+        if self.batch_size < 1:
+            raise UsageError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.lr <= 0:
+            raise UsageError(f"--lr must be > 0, got {self.lr}")
+        if not 0 <= self.momentum < 1:
+            raise UsageError(f"--momentum must be in [0, 1), got {self.momentum}")
+        if not 0 < self.delta < 1:
+            raise UsageError(f"--delta must be in (0, 1), got {self.delta}")
+        if self.max_grad_norm <= 0:
+            raise UsageError(f"--max-grad-norm must be > 0, got {self.max_grad_norm}")
+        if self.noise_multiplier is not None and self.noise_multiplier < 0:
+            raise UsageError(f"--noise-multiplier must be >= 0, got {self.noise_multiplier}")
+        if self.target_epsilon is not None and self.target_epsilon <= 0:
+            raise UsageError(f"--target-epsilon must be > 0, got {self.target_epsilon}")
+        if not 0 <= self.sparsify < 1:
+            raise UsageError(f"--sparsify must be in [0, 1), got {self.sparsify}")
+        if self.smooth < 0:
+            raise UsageError(f"--smooth must be >= 0, got {self.smooth}")
+        if not self.is_dp:
+            dp_only = {
+                "--noise-multiplier": self.noise_multiplier is not None,
+                "--target-epsilon": self.target_epsilon is not None,
+                "--sparsify": self.sparsify > 0,
+                "--smooth": self.smooth > 0,
+            }
+            given = [k for k, v in dp_only.items() if v]
+            if given:
+                raise UsageError(f"{', '.join(given)} need a DP optimizer (--optimizer dpsgd, clip-only or noise-only)")
+        if self.optimizer in ("dpsgd", "noise-only") and self.noise_multiplier is None and self.target_epsilon is None:
+            raise UsageError(f"--optimizer {self.optimizer} needs --noise-multiplier SIGMA or --target-epsilon EPS")
+        if self.optimizer == "clip-only" and (self.noise_multiplier or self.target_epsilon is not None):
+            raise UsageError("--optimizer clip-only adds no noise; drop --noise-multiplier/--target-epsilon")
+        if self.optimizer == "noise-only" and self.target_epsilon is not None:
+            raise UsageError("--optimizer noise-only has no privacy guarantee to calibrate; use --noise-multiplier")
+        if self.from_ref is not None and self.resume is not None:
+            raise UsageError("give --from REF or --resume RUN, not both")
+        parse_every(self.checkpoint_every)
+        return self
+
+    def warn_sampling(self) -> None:
+        """Warn when shuffled batches are combined with an accounted DP optimizer."""
+        if self.accounted and self.sampling_method == "shuffle":
+            warnings.warn(
+                "--sampling shuffle with DP: the reported epsilon assumes Poisson subsampling "
+                "(sample rate B/N) and is not a guarantee for shuffled batches",
+                SamplingWarning,
+                stacklevel=2,
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        """Rebuild from a manifest's ``config`` (unknown keys are ignored; missing ones take defaults)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def config_hash(config: TrainConfig | dict[str, Any]) -> str:
+    """Hash of the non-default fields (open_lth ``desc.py``): new defaulted options keep old hashes."""
+    cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(config)
+    default = TrainConfig()
+    diff = {
+        f.name: getattr(cfg, f.name)
+        for f in dataclasses.fields(TrainConfig)
+        if f.name not in _NOT_HASHED and getattr(cfg, f.name) != getattr(default, f.name)
+    }
+    blob = json.dumps(diff, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+_EVERY = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([se])\s*$", re.IGNORECASE)
+
+
+def parse_every(spec: str | None) -> tuple[str, float] | None:
+    """``"50s"`` -> ("steps", 50); ``"1e"`` / ``"0.5e"`` -> ("epochs", E); ``"none"``/``"0"`` -> None."""
+    if spec is None or str(spec).strip().lower() in ("", "none", "0", "0s", "0e"):
+        return None
+    m = _EVERY.match(str(spec))
+    if not m:
+        raise UsageError(f"--checkpoint-every {spec!r}: use N followed by s (steps) or e (epochs), e.g. 50s or 1e")
+    value, unit = float(m.group(1)), m.group(2).lower()
+    if value <= 0:
+        return None
+    if unit == "s" and value != int(value):
+        raise UsageError(f"--checkpoint-every {spec!r}: a step count must be a whole number")
+    return ("steps", value) if unit == "s" else ("epochs", value)
+
+
+def checkpoint_steps(spec: str | None, steps_per_epoch: int, total_steps: int) -> list[int]:
+    """The global steps at which checkpoints are written: 0, every interval, and ``total_steps``."""
+    every = parse_every(spec)
+    steps = {0, total_steps}
+    if every is not None:
+        unit, value = every
+        interval = max(1.0, value if unit == "steps" else value * steps_per_epoch)
+        k = 1
+        while (s := int(math.floor(k * interval + 1e-9))) < total_steps:
+            if s > 0:
+                steps.add(s)
+            k += 1
+    return sorted(steps)
+
+
+PHASE_FAMILIES = ("sgd", "dpsgd")
+
+
+@dataclass
+class PhasesConfig:
+    """``landscape phases``: Phase 1 / Phase 2 branches (Watson et al. 2023, Sec. 4.1.1).
+
+    ``base`` holds the shared training options (model, data, lr, batch size, seed, the DP options). Phase 1
+    trains ``k`` epochs with each family in ``phase1`` from ONE initialisation (same seed); from the end of
+    each Phase-1 run, Phase 2 trains ``epochs - k`` epochs with each family in ``phase2``, in ``copies``
+    copies whose seeds are ``base.seed + 1 + i`` (so copies differ only in data order and noise).
+    ``dp_lr`` is the learning rate of DP phases (default: ``base.lr``). ``group`` names the runs
+    (``G-sgd``, ``G-sgd-dpsgd-0``, ...); default ``phases-<config hash>``.
+    """
+
+    base: TrainConfig
+    k: int = 1
+    copies: int = 2
+    phase1: tuple[str, ...] = PHASE_FAMILIES
+    phase2: tuple[str, ...] = PHASE_FAMILIES
+    dp_lr: float | None = None
+    group: str | None = None
+
+    def validate(self) -> PhasesConfig:
+        if not 1 <= self.k < self.base.epochs:
+            raise UsageError(f"--k must be between 1 and --epochs - 1 = {self.base.epochs - 1}, got {self.k}")
+        if self.copies < 1:
+            raise UsageError(f"--copies must be >= 1, got {self.copies}")
+        for name, families in (("--phase1", self.phase1), ("--phase2", self.phase2)):
+            bad = [f for f in families if f not in PHASE_FAMILIES]
+            if bad or not families:
+                raise UsageError(f"{name} takes a comma-separated list of sgd, dpsgd; got {','.join(families) or 'nothing'}")
+        if self.base.from_ref is not None or self.base.resume is not None:
+            raise UsageError("landscape phases starts from scratch; --from/--resume do not apply")
+        if "dpsgd" in (*self.phase1, *self.phase2):
+            if self.base.noise_multiplier is None and self.base.target_epsilon is None:
+                raise UsageError("a dpsgd phase needs --noise-multiplier SIGMA or --target-epsilon EPS")
+        for family in {*self.phase1, *self.phase2}:
+            self.phase_config(family, epochs=self.base.epochs, seed=self.base.seed).validate()
+        return self
+
+    def phase_config(self, family: str, *, epochs: int, seed: int, noise_multiplier: float | None = None,
+                     from_ref: str | None = None, run: str | None = None) -> TrainConfig:
+        """The TrainConfig of one phase run (``family`` sgd or dpsgd)."""
+        dp = family == "dpsgd"
+        fields = {
+            **self.base.to_dict(),
+            "optimizer": family,
+            "epochs": epochs,
+            "seed": seed,
+            "run": run,
+            "from_ref": from_ref,
+            "resume": None,
+            "lr": self.dp_lr if dp and self.dp_lr is not None else self.base.lr,
+        }
+        if from_ref is not None:
+            fields.update(model=None, model_kwargs={}, data=None, data_kwargs={}, subset=None)
+        if not dp:
+            fields.update(noise_multiplier=None, target_epsilon=None, sparsify=0.0, smooth=0.0)
+        elif noise_multiplier is not None:
+            fields.update(noise_multiplier=noise_multiplier, target_epsilon=None)
+        return TrainConfig(**fields)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,576 @@
+"""The training loop: SGD and the DP-SGD family, checkpoints, child runs (``--from``) and resume.
+
+One step samples a batch (Poisson or shuffled, :mod:`landscape.train.sampling`), asks the
+:class:`~landscape.train.privatize.Privatizer` for the gradient (plain, clipped, noisy, masked, smoothed),
+applies ``torch.optim.SGD`` with momentum and re-applies pruning masks to the weights and momentum buffers.
+Checkpointing, metrics, accounting, evaluation and progress are callbacks (:mod:`landscape.train.callbacks`).
+
+Seeds. ``seed`` seeds python, numpy and torch (so the same seed gives the same initial weights) and, through
+``numpy.random.SeedSequence(seed)``, three independent streams: the sampler's generator, the noise generator
+and the sparsification masks. Runs that differ only in ``seed`` therefore differ in initialisation (from
+scratch), data order and noise; child runs (``--from``) start from the parent's weights, so their seed
+changes only data order and noise (Watson et al. Sec. 4.1.1's Phase-2 copies).
+
+Privacy accounting. ``dpsgd`` runs record epsilon for the Poisson-subsampled Gaussian mechanism with sample
+rate q = B/N and the run's noise multiplier (dp-accounting, ``--accountant rdp|pld|prv``). A child run
+composes its own steps with its ancestors' DP steps up to the branch point (the epsilon of the whole
+pipeline on the same data set); non-private ancestor steps (SGD, clip-only, noise-only) contribute nothing
+and are flagged in ``manifest["privacy"]["non_private_ancestors"]``, because then no finite guarantee covers
+the full pipeline. ``--target-epsilon`` calibrates sigma so that the recorded (composed) epsilon after this
+run's planned steps equals the target.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from landscape.data import Dataset, dataset_from_spec, load_dataset
+from landscape.errors import CheckpointError, IncompatibleError, ModelError, PrivacyError, UsageError
+from landscape.models import build_model, has_batchnorm, model_from_spec
+from landscape.runtime import resolve_device, seed_everything
+from landscape.store import Checkpoint, Run, Store
+from landscape.train.callbacks import (
+    METRICS_ARRAY,
+    Accounting,
+    Callback,
+    Checkpointer,
+    Evaluation,
+    Progress,
+    ResumeState,
+    StepMetrics,
+    restore_resume_state,
+)
+from landscape.train.config import TrainConfig, checkpoint_steps, config_hash
+from landscape.train.privatize import PrivacyConfig, Privatizer
+from landscape.train.sampling import Sampler, make_sampler, steps_per_epoch
+from landscape.train.sparsify import SparsifySchedule
+
+MASK_ARRAY = "mask"
+DEFAULT_MODEL = "lenet"
+DEFAULT_DATA = "digits"
+
+
+@dataclass
+class PrivacyEvent:
+    """``steps`` steps of the Poisson-subsampled Gaussian mechanism (noise multiplier, sample rate)."""
+
+    noise_multiplier: float
+    sample_rate: float
+    steps: int
+
+
+@dataclass
+class TrainState:
+    """Everything the loop and its callbacks share."""
+
+    config: TrainConfig
+    run: Run
+    data: Dataset
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    sampler: Sampler
+    privatizer: Privatizer
+    device: torch.device
+    steps_per_epoch: int
+    total_steps: int
+    noise_generator: torch.Generator | None
+    masks: dict[str, torch.Tensor] | None
+    sparsify: SparsifySchedule | None
+    metrics: StepMetrics
+    callbacks: list[Callback] = field(default_factory=list)
+    step: int = 0
+    epsilon: Any = None
+    resumed: bool = False
+    last_eval: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def epoch(self) -> float:
+        return self.step / self.steps_per_epoch
+
+
+# ------------------------------------------------------------------------------------------- entry point
+
+
+def train(
+    config: TrainConfig,
+    *,
+    root: str | Path,
+    callbacks: Sequence[Callback] = (),
+    progress: bool | None = None,
+    phases: dict[str, Any] | None = None,
+) -> Run:
+    """Train one run into the store at ``root`` and return it (see the module docstring).
+
+    ``config.resume`` continues that run from its last checkpoint instead (its stored config is used;
+    the other fields of ``config`` are ignored). ``callbacks`` are appended to the standard ones (metrics,
+    accounting, evaluation, resume state, checkpointing, progress). ``phases`` is stored as
+    ``manifest["phases"]`` (``landscape phases``).
+    """
+    config.validate()
+    store = Store(root)
+    if config.resume is not None:
+        return _resume(store, config.resume, data_root=config.data_root, callbacks=callbacks, progress=progress)
+    return _start(store, config, callbacks=callbacks, progress=progress, phases=phases)
+
+
+def _start(
+    store: Store, config: TrainConfig, *, callbacks: Sequence[Callback], progress: bool | None,
+    phases: dict[str, Any] | None,
+) -> Run:
+    config.warn_sampling()
+    if config.from_ref is None:
+        config = dataclasses.replace(config, model=config.model or DEFAULT_MODEL, data=config.data or DEFAULT_DATA)
+    device = resolve_device(config.device)
+    parent: Checkpoint | None = None
+    if config.from_ref is not None:
+        parent = store.load(config.from_ref)
+    data = _load_data(config, parent)
+    seeds = derive_seeds(config.seed)
+    seed_everything(config.seed)
+    if parent is None:
+        model = build_model(config.model, input_shape=data.input_shape, num_classes=data.num_classes,
+                            **config.model_kwargs)
+        lineage = None
+        masks = None
+        history: list[PrivacyEvent] = []
+        non_private = False
+    else:
+        model = _model_from_parent(config, parent, data)
+        lineage = {
+            "parent_run": parent.run,
+            "parent_step": parent.step,
+            "parent_epoch": parent.epoch,
+            "parent_ref": config.from_ref,
+            "parent_sha256": parent.sha256,
+        }
+        masks = _parent_masks(store, parent)
+        history, non_private = _ancestor_privacy(store, parent)
+    _check_dp_model(config, model)
+    model.to(device)
+
+    n = len(data.y_train)
+    spe = steps_per_epoch(n, config.batch_size)
+    total = config.epochs * spe
+    q = min(1.0, config.batch_size / n)
+    sigma = _noise_multiplier(config, q, total, history)
+    privacy = {
+        "noise_multiplier": sigma,
+        "sample_rate": q,
+        "steps": total,
+        "delta": config.delta,
+        "accountant": config.accountant,
+        "accounted": config.accounted,
+        "sampling": config.sampling_method,
+        "ancestor_events": [vars(e) for e in history],
+        "non_private_ancestors": non_private,
+    }
+    stored = {**config.to_dict(), "resume": None}
+    extra = {
+        "config_hash": config_hash(config),
+        "privacy": privacy,
+        "schedule": {"steps_per_epoch": spe, "total_steps": total,
+                     "checkpoint_steps": checkpoint_steps(config.checkpoint_every, spe, total)},
+    }
+    if phases is not None:
+        extra["phases"] = phases
+    run = store.create_run(
+        config.run, config=stored, seeds=seeds, lineage=lineage,
+        model_spec=dict(model.landscape_spec), data_spec=dict(data.spec), extra=extra,
+    )
+    if masks is not None:
+        run.save_array(MASK_ARRAY, {k: v.numpy() for k, v in masks.items()})
+    state = _build_state(config, run, data, model, device, masks, seeds, sigma, history)
+    _run(state, callbacks, progress)
+    return run
+
+
+def _resume(
+    store: Store, name: str, *, data_root: str | None, callbacks: Sequence[Callback], progress: bool | None
+) -> Run:
+    run = store.run(name)
+    manifest = run.manifest
+    config = TrainConfig.from_dict(manifest.get("config") or {})
+    if "schedule" not in manifest or "privacy" not in manifest:
+        raise CheckpointError(f"run '{name}' was not written by landscape train; it cannot be resumed")
+    infos = run.checkpoints()
+    if not infos:
+        raise CheckpointError(f"run '{name}' has no checkpoint to resume from; start it again")
+    last = infos[-1]
+    total = int(manifest["schedule"]["total_steps"])
+    if last.step >= total:
+        return run
+    ckpt = run_checkpoint(run, last.path)
+    device = resolve_device(config.device)
+    data = dataset_from_spec(manifest["data_spec"], data_root=data_root or config.data_root)
+    model = model_from_spec(manifest["model_spec"])
+    model.load_state_dict(ckpt.state_dict, strict=True)
+    model.to(device)
+    masks = None
+    if MASK_ARRAY in run.array_names():
+        masks = {k: torch.as_tensor(np.asarray(v)) for k, v in run.load_array(MASK_ARRAY).items()}
+    privacy = manifest["privacy"]
+    history = [PrivacyEvent(**e) for e in privacy.get("ancestor_events", [])]
+    state = _build_state(config, run, data, model, device, masks, manifest["seeds"],
+                         privacy["noise_multiplier"], history)
+    if int(manifest["schedule"]["steps_per_epoch"]) != state.steps_per_epoch:
+        raise CheckpointError(f"run '{name}': the data set no longer has the size it was trained on")
+    if "position" not in ckpt.extra:
+        raise CheckpointError(f"{last.path} has no resume state (written by an older version?)")
+    restore_resume_state(state, ckpt.extra)
+    state.step = last.step
+    state.resumed = True
+    if METRICS_ARRAY in run.array_names():
+        state.metrics.restore(run.load_array(METRICS_ARRAY), upto=last.step)
+    _run(state, callbacks, progress)
+    return run
+
+
+def run_checkpoint(run: Run, path: Path) -> Checkpoint:
+    from landscape.store import load_checkpoint
+
+    return load_checkpoint(path, ref=f"{run.name}@step={path.stem.split('-')[-1].lstrip('0') or '0'}")
+
+
+# ------------------------------------------------------------------------------------------- assembly
+
+
+def derive_seeds(seed: int) -> dict[str, int]:
+    """The run's seed and the independent streams drawn from it (sampler, noise, sparsification masks)."""
+    sampling, noise, sparsify = (int(s) for s in np.random.SeedSequence(int(seed)).generate_state(3))
+    return {"seed": int(seed), "sampling": sampling, "noise": noise, "sparsify": sparsify}
+
+
+def _load_data(config: TrainConfig, parent: Checkpoint | None) -> Dataset:
+    root, download = config.data_root, config.download
+    if config.data is None:
+        if parent is None or not parent.data_spec:
+            raise UsageError(f"{config.from_ref} records no data set; give --data")
+        return dataset_from_spec(parent.data_spec, data_root=root, download=download)
+    return load_dataset(config.data, seed=config.data_seed, subset=config.subset, data_root=root,
+                        download=download, **config.data_kwargs)
+
+
+def _model_from_parent(config: TrainConfig, parent: Checkpoint, data: Dataset) -> nn.Module:
+    spec = parent.model_spec
+    if config.model is not None and config.model != spec.get("name"):
+        raise UsageError(
+            f"--model {config.model} differs from the model of {config.from_ref} ({spec.get('name')}); "
+            "a child run keeps its parent's model: drop --model"
+        )
+    if config.model_kwargs:
+        raise UsageError("--model-kwargs cannot change the model of a child run (--from); drop it")
+    model = parent.build_model()
+    kwargs = spec.get("kwargs", {})
+    shape, classes = kwargs.get("input_shape"), kwargs.get("num_classes")
+    if shape is not None and tuple(shape) != tuple(data.input_shape) or classes not in (None, data.num_classes):
+        raise IncompatibleError(
+            f"{config.from_ref} was built for inputs {tuple(shape or ())} and {classes} classes, but data set "
+            f"'{data.name}' has {tuple(data.input_shape)} and {data.num_classes}"
+        )
+    return model
+
+
+def _check_dp_model(config: TrainConfig, model: nn.Module) -> None:
+    if config.is_dp and has_batchnorm(model):
+        raise ModelError(
+            f"--optimizer {config.optimizer} needs per-sample gradients, which BatchNorm mixes across the batch; "
+            "use GroupNorm instead (e.g. --model-kwargs '{\"norm\": \"group\"}')"
+        )
+
+
+def _parent_masks(store: Store, parent: Checkpoint) -> dict[str, torch.Tensor] | None:
+    """The pruning mask of the parent's run (run array ``mask``), if it has one."""
+    if parent.run is None:
+        return None
+    try:
+        run = store.run(parent.run)
+    except CheckpointError:
+        return None
+    if MASK_ARRAY not in run.array_names():
+        return None
+    saved = run.load_array(MASK_ARRAY)
+    return {k: torch.as_tensor(np.asarray(v)) for k, v in saved.items()}
+
+
+def _ancestor_privacy(store: Store, parent: Checkpoint) -> tuple[list[PrivacyEvent], bool]:
+    """DP events of the parent run up to the branch step (and its ancestors'), and whether any step was non-private."""
+    if parent.run is None:
+        return [], False
+    try:
+        run = store.run(parent.run)
+    except CheckpointError:
+        return [], False
+    privacy = run.manifest.get("privacy")
+    if not privacy:
+        return [], False
+    events = [PrivacyEvent(**e) for e in privacy.get("ancestor_events", [])]
+    non_private = bool(privacy.get("non_private_ancestors"))
+    if parent.step > 0:
+        if privacy.get("accounted"):
+            events.append(PrivacyEvent(float(privacy["noise_multiplier"]), float(privacy["sample_rate"]), parent.step))
+        else:
+            non_private = True
+    return events, non_private
+
+
+def _noise_multiplier(config: TrainConfig, q: float, total: int, history: list[PrivacyEvent]) -> float:
+    if config.optimizer in ("sgd", "clip-only"):
+        return 0.0
+    if config.noise_multiplier is not None:
+        return float(config.noise_multiplier)
+    return calibrate_noise(config.target_epsilon, q, total, config.delta, config.accountant, history)
+
+
+# ------------------------------------------------------------------------------------------- lineage privacy
+
+
+def composed_epsilon(
+    history: Sequence[PrivacyEvent], noise_multiplier: float, sample_rate: float, steps: int, delta: float,
+    method: str = "rdp",
+) -> float:
+    """Epsilon of the ancestors' DP steps composed with ``steps`` more (dp-accounting).
+
+    Without DP ancestors this is exactly :func:`landscape.train.accounting.epsilon`. With them, ``rdp`` adds
+    the per-step RDP vectors of every event (composition is additive in RDP) and converts once with
+    dp-accounting's ``compute_epsilon``; ``pld`` composes the events in a ``PLDAccountant``.
+    """
+    from landscape.train import accounting
+
+    history = [e for e in history if e.steps > 0]
+    with _quiet_absl():
+        if not history:
+            return accounting.epsilon(noise_multiplier, sample_rate, steps, delta, method)
+        events = [*history, PrivacyEvent(noise_multiplier, sample_rate, steps)] if steps > 0 else history
+        if any(e.noise_multiplier == 0 for e in events):
+            return math.inf
+        accounting._check_method(method)
+        if method == "rdp":
+            from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
+            rdp = sum(e.steps * _rdp_step(e.noise_multiplier, e.sample_rate) for e in events)
+            return float(compute_epsilon(list(accounting.RDP_ORDERS), list(rdp), delta)[0])
+        import dp_accounting
+
+        acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=accounting.PLD_DISCRETIZATION)
+        acc.compose(dp_accounting.ComposedDpEvent([_dp_event(e) for e in events]))
+        return float(acc.get_epsilon(delta))
+
+
+def _dp_event(e: PrivacyEvent):
+    import dp_accounting
+
+    step = dp_accounting.PoissonSampledDpEvent(e.sample_rate, dp_accounting.GaussianDpEvent(e.noise_multiplier))
+    return dp_accounting.SelfComposedDpEvent(step, int(e.steps))
+
+
+@functools.lru_cache(maxsize=64)
+def _rdp_step(noise_multiplier: float, sample_rate: float) -> np.ndarray:
+    """RDP of one Poisson-subsampled Gaussian step at the accountant's orders (dp-accounting)."""
+    from dp_accounting.rdp import RdpAccountant
+
+    from landscape.train import accounting
+
+    acc = RdpAccountant(list(accounting.RDP_ORDERS))
+    acc.compose(_dp_event(PrivacyEvent(noise_multiplier, sample_rate, 1)))
+    return np.asarray(acc.rdp, dtype=np.float64)
+
+
+@contextlib.contextmanager
+def _quiet_absl():
+    """dp-accounting logs an absl warning per RDP order it drops for small sigma; they are not actionable here."""
+    log = logging.getLogger("absl")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def calibrate_noise(
+    target_epsilon: float, sample_rate: float, steps: int, delta: float, method: str,
+    history: Sequence[PrivacyEvent] = (),
+) -> float:
+    """Noise multiplier whose epsilon (composed with ``history``) after ``steps`` is <= target and within 0.5%."""
+    from landscape.train import accounting
+
+    if not [e for e in history if e.steps > 0]:
+        with _quiet_absl():
+            return accounting.noise_for_epsilon(target_epsilon, sample_rate, steps, delta, method)
+    before = composed_epsilon(history, 1.0, sample_rate, 0, delta, method)
+    if before >= target_epsilon:
+        raise PrivacyError(
+            f"the parent run already spent epsilon {before:.3g} >= --target-epsilon {target_epsilon:g}; "
+            "raise the target or give --noise-multiplier"
+        )
+
+    def eps(sigma: float) -> float:
+        return composed_epsilon(history, sigma, sample_rate, steps, delta, method)
+
+    lo, hi = 0.0, 1.0
+    while eps(hi) > target_epsilon:
+        lo, hi = hi, hi * 2.0
+        if hi > accounting.MAX_NOISE_MULTIPLIER:
+            raise PrivacyError(f"--target-epsilon {target_epsilon:g} is out of reach for this schedule")
+    for _ in range(100):
+        if eps(hi) >= target_epsilon * 0.995 or hi - lo < 1e-9 * hi:
+            break
+        mid = 0.5 * (lo + hi)
+        if eps(mid) > target_epsilon:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def epsilon_curve(
+    config: TrainConfig, sigma: float, q: float, total: int, history: Sequence[PrivacyEvent],
+    exact_steps: Sequence[int] = (),
+) -> torch.Tensor | None:
+    """Epsilon after t = 0..total steps of this run (composed with DP ancestor steps); None if not accounted.
+
+    RDP is cheap per step, so every step gets its value; PLD is evaluated at ``exact_steps`` (checkpoints)
+    and at epoch ends, NaN elsewhere.
+    """
+    if not config.accounted:
+        return None
+    curve = torch.full((total + 1,), float("nan"), dtype=torch.float64)
+    if config.accountant == "rdp":
+        steps = range(total + 1)
+    else:
+        spe = max(1, total // max(1, config.epochs))
+        steps = sorted({0, total, *exact_steps, *range(0, total + 1, spe)})
+    for t in steps:
+        curve[t] = composed_epsilon(history, sigma, q, t, config.delta, config.accountant)
+    return curve
+
+
+def _privacy_config(config: TrainConfig, sigma: float) -> PrivacyConfig:
+    return PrivacyConfig(
+        optimizer=config.optimizer,
+        max_grad_norm=config.max_grad_norm,
+        noise_multiplier=sigma,
+        clip_style=config.clip_style,
+        clip_fn=config.clip_fn,
+        smooth=config.smooth,
+        track_norms=config.is_dp,
+    )
+
+
+def _engine(config: TrainConfig, model: nn.Module):
+    if not config.is_dp:
+        return None
+    from landscape.persample import PerSampleEngine
+
+    return PerSampleEngine(model, microbatch=config.microbatch)
+
+
+def _build_state(
+    config: TrainConfig, run: Run, data: Dataset, model: nn.Module, device: torch.device,
+    masks: dict[str, torch.Tensor] | None, seeds: dict[str, int], sigma: float, history: list[PrivacyEvent],
+) -> TrainState:
+    data = Dataset(data.name, data.x_train.to(device), data.y_train.to(device), data.x_test.to(device),
+                   data.y_test.to(device), data.num_classes, data.spec)
+    n = len(data.y_train)
+    sampler = make_sampler(config.sampling_method, n, config.batch_size,
+                           torch.Generator().manual_seed(int(seeds["sampling"])))
+    noise_gen = torch.Generator(device=device).manual_seed(int(seeds["noise"]))
+    privatizer = Privatizer(model, _privacy_config(config, sigma), expected_batch_size=float(config.batch_size),
+                            generator=noise_gen, engine=_engine(config, model))
+    optimizer = torch.optim.SGD(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay,
+    )
+    if masks is not None:
+        params = dict(model.named_parameters())
+        masks = {k: v.to(device=params[k].device, dtype=params[k].dtype) for k, v in masks.items()}
+    sparsify = SparsifySchedule(config.sparsify, config.epochs, int(seeds["sparsify"])) if config.sparsify > 0 else None
+    spe = sampler.steps_per_epoch
+    total = config.epochs * spe
+    q = sampler.sample_rate
+    metrics = StepMetrics(total)
+    state = TrainState(
+        config=config, run=run, data=data, model=model, optimizer=optimizer, sampler=sampler,
+        privatizer=privatizer, device=device, steps_per_epoch=spe, total_steps=total,
+        noise_generator=noise_gen, masks=masks, sparsify=sparsify, metrics=metrics,
+    )
+    state.callbacks = [
+        metrics,
+        Accounting(epsilon_curve(config, sigma, q, total, history, run.manifest["schedule"]["checkpoint_steps"])),
+        Evaluation(),
+        ResumeState(),
+        Checkpointer(run.manifest["schedule"]["checkpoint_steps"]),
+    ]
+    return state
+
+
+# ------------------------------------------------------------------------------------------- the loop
+
+
+def _run(state: TrainState, extra: Sequence[Callback], progress: bool | None) -> None:
+    state.callbacks = [*state.callbacks, *extra, Progress(progress)]
+    model, x_train, y_train = state.model, state.data.x_train, state.data.y_train
+    model.train()
+    for cb in state.callbacks:
+        cb.on_start(state)
+    step_masks = state.masks
+    epoch_of_masks = -1
+    try:
+        while state.step < state.total_steps:
+            epoch, position = divmod(state.step, state.steps_per_epoch)
+            if state.sparsify is not None and epoch != epoch_of_masks:
+                step_masks = _combine_masks(state, state.sparsify.mask_for_epoch(epoch, _shapes(model)))
+                epoch_of_masks = epoch
+            idx = state.sampler.indices(position).to(x_train.device)
+            stats = state.privatizer.compute_gradients(x_train[idx], y_train[idx], masks=step_masks)
+            state.optimizer.step()
+            _reapply_masks(state)
+            state.step += 1
+            for cb in state.callbacks:
+                cb.on_step(state, stats)
+    finally:
+        for cb in state.callbacks:
+            with contextlib.suppress(Exception):
+                cb.on_end(state)
+
+
+def _shapes(model: nn.Module) -> dict[str, torch.Size]:
+    return {n: p.shape for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _combine_masks(state: TrainState, sparse: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    params = dict(state.model.named_parameters())
+    out = {}
+    for name, m in sparse.items():
+        m = m.to(device=params[name].device, dtype=params[name].dtype)
+        if state.masks is not None and name in state.masks:
+            m = m * state.masks[name]
+        out[name] = m
+    return out
+
+
+@torch.no_grad()
+def _reapply_masks(state: TrainState) -> None:
+    """Pruned weights and their momentum stay exactly zero (Watson Sec. 4 "Pruning")."""
+    if state.masks is None:
+        return
+    params = dict(state.model.named_parameters())
+    for name, m in state.masks.items():
+        p = params[name]
+        p.mul_(m)
+        buf = state.optimizer.state.get(p, {}).get("momentum_buffer")
+        if buf is not None:
+            buf.mul_(m)
+
