@@ -117,3 +117,26 @@ def test_pruned_weights_stay_zero_through_dp_sgd_with_momentum():
         assert bool((params[n][~m] == 0).all())  # exactly zero, noise included
         assert bool((params[n][m] != 0).all())
         assert bool((opt.state[params[n]]["momentum_buffer"][~m] == 0).all())
+
+
+def test_training_from_pruned_run_keeps_zeros(tmp_path):
+    """Through the real loop: prune -> `train --from RUN@init` with DP-SGD, momentum, sparsification, smoothing."""
+    from landscape.api.prune import PruneConfig, load_masks, prune
+    from landscape.api.train import TrainConfig, train
+    from landscape.store import Store
+
+    model = lenet()
+    store = Store(tmp_path)
+    src = store.create_run("src", config={}, seeds={}, model_spec=model.landscape_spec,
+                           data_spec={"name": "digits", "seed": 0, "subset": 200, "options": {}})
+    src.save_checkpoint(model.state_dict(), step=0, epoch=0.0)
+    src.save_checkpoint({k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()}, step=5, epoch=1.0)
+    prune(PruneConfig(ref="src", remove=0.8, run="p80"), root=tmp_path)
+    train(TrainConfig(from_ref="p80@init", data="digits", subset=200, epochs=2, batch_size=32,
+                      optimizer="dpsgd", noise_multiplier=2.0, momentum=0.9, sparsify=0.5, smooth=0.5,
+                      run="dp", device="cpu"), root=tmp_path)
+    masks = load_masks(store.run("p80"))
+    final = store.load("dp").state_dict
+    for n, m in masks.items():
+        assert bool((final[n][~m] == 0).all())
+        assert bool((final[n][m] != 0).all())
