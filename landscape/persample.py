@@ -97,122 +97,189 @@ def _refuse_batchnorm(model: nn.Module) -> None:
 
 
 class _Handler:
-    """Per-sample gradient algebra for one module type. ``pnames`` maps 'weight'/'bias' to parameter names."""
+    """Per-sample gradient algebra for one module type. ``pnames`` maps 'weight'/'bias' to parameter names.
+
+    ``unit(calls)`` packs the (input, output-gradient) pairs of all calls of the module in one pass into a
+    dict; the other methods read it and cache materialised per-sample gradients in it (key ``"g"``), so a
+    norm computation followed by a weighted sum materialises at most once."""
 
     def __init__(self, module: nn.Module, pnames: dict[str, str]):
         self.module = module
         self.pnames = pnames
 
-    def unit(self, calls: list[tuple[Tensor, Tensor]]):
+    def unit(self, calls: list[tuple[Tensor, Tensor]]) -> dict:
         raise NotImplementedError
 
-    def per_sample(self, u) -> dict[str, Tensor]:
+    def _per_sample(self, u: dict) -> dict[str, Tensor]:
         raise NotImplementedError
 
-    def sq_norms(self, u, masks: dict[str, Tensor]) -> dict[str, Tensor]:
-        g = self.per_sample(u)
-        out = {}
-        for k, gk in g.items():
-            if k in masks:
-                gk = gk * masks[k]
-            out[k] = gk.reshape(gk.shape[0], -1).pow(2).sum(1)
-        return out
+    def per_sample(self, u: dict) -> dict[str, Tensor]:
+        if "g" not in u:
+            u["g"] = self._per_sample(u)
+        return u["g"]
 
-    def weighted(self, u, w: dict[str, Tensor]) -> dict[str, Tensor]:
-        g = self.per_sample(u)
-        return {k: torch.einsum("n,n...->...", w[k], g[k]) for k in g}
+    def sq_norms(self, u: dict, masks: dict[str, Tensor]) -> dict[str, Tensor]:
+        return {k: _sq(g, masks.get(k)) for k, g in self.per_sample(u).items()}
+
+    def weighted(self, u: dict, w: dict[str, Tensor]) -> dict[str, Tensor]:
+        return {k: _wsum(w[k], g) for k, g in self.per_sample(u).items()}
+
+
+def _sq(g: Tensor, mask: Tensor | None) -> Tensor:
+    if mask is not None:
+        g = g * mask
+    return g.reshape(g.shape[0], -1).pow(2).sum(1)
+
+
+def _wsum(w: Tensor, g: Tensor) -> Tensor:
+    return (w @ g.reshape(g.shape[0], -1)).reshape(g.shape[1:])
 
 
 class _MatmulHandler(_Handler):
-    """Modules whose weight gradient is ``sum_t B_t^T A_t`` per group: Linear, Conv1d, Conv2d.
+    """Modules whose weight gradient is ``B^T A`` per group: Linear, Conv1d, Conv2d.
 
-    Unit: ``A`` (n, G, T, D) and ``B`` (n, G, T, P) with the weight viewed as (G*P, D)."""
+    Unit: ``a`` (n, G, D, T) and ``b`` (n, G, P, T) (T positions, weight viewed as (G*P, D)), and for a
+    module called once, ``direct(w)``: ``sum_i w_i g_i(weight)`` by one ordinary weight-gradient kernel."""
 
     def _ab(self, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def _direct(self, a: Tensor, b: Tensor) -> Callable[[Tensor], Tensor]:
         raise NotImplementedError
 
     def unit(self, calls):
         pairs = [self._ab(a, b) for a, b in calls]
         if len(pairs) == 1:
-            return pairs[0]
-        return torch.cat([p[0] for p in pairs], dim=2), torch.cat([p[1] for p in pairs], dim=2)
+            u = {"a": pairs[0][0], "b": pairs[0][1]}
+            if "weight" in self.pnames:
+                u["direct"] = self._direct(*calls[0])
+        else:
+            u = {"a": torch.cat([p[0] for p in pairs], dim=3), "b": torch.cat([p[1] for p in pairs], dim=3)}
+        if "bias" in self.pnames:
+            u["gb"] = u["b"].sum(3).reshape(u["b"].shape[0], -1)
+        return u
 
-    def per_sample(self, u):
-        a, b = u
-        n = a.shape[0]
+    def _weight_per_sample(self, u: dict) -> Tensor:
+        if "gw" not in u:
+            a, b = u["a"], u["b"]
+            if a.shape[3] == 1:
+                g = b * a.transpose(2, 3)
+            else:
+                g = b @ a.transpose(2, 3)
+            u["gw"] = g.reshape(a.shape[0], *self.module.weight.shape)
+        return u["gw"]
+
+    def _per_sample(self, u):
         out = {}
         if "weight" in self.pnames:
-            if a.shape[2] == 1:
-                g = b[:, :, 0, :, None] * a[:, :, 0, None, :]
-            else:
-                g = torch.einsum("ngtp,ngtd->ngpd", b, a)
-            out["weight"] = g.reshape(n, *self.module.weight.shape)
+            out["weight"] = self._weight_per_sample(u)
         if "bias" in self.pnames:
-            out["bias"] = b.sum(2).reshape(n, -1)
+            out["bias"] = u["gb"]
         return out
 
-    def _ghost(self, a: Tensor, b: Tensor) -> bool:
-        t, d, p = a.shape[2], a.shape[3], b.shape[3]
-        return t * (d + p) < p * d
-
     def sq_norms(self, u, masks):
-        a, b = u
+        a, b = u["a"], u["b"]
         out = {}
         if "weight" in self.pnames:
-            if "weight" not in masks and a.shape[2] == 1:
-                out["weight"] = (a.pow(2).sum(3) * b.pow(2).sum(3)).sum((1, 2))
-            elif "weight" not in masks and self._ghost(a, b):
-                aa = a @ a.transpose(2, 3)
-                bb = b @ b.transpose(2, 3)
+            t, d, p = a.shape[3], a.shape[2], b.shape[2]
+            if "weight" in masks or "gw" in u:
+                out["weight"] = _sq(self._weight_per_sample(u), masks.get("weight"))
+            elif t == 1:
+                out["weight"] = (a.pow(2).sum(2) * b.pow(2).sum(2)).sum((1, 2))
+            elif t * (d + p) < p * d:  # ghost norm: sum_{t,s} (A A^T)_{ts} (B B^T)_{ts}
+                aa = a.transpose(2, 3) @ a
+                bb = b.transpose(2, 3) @ b
                 out["weight"] = (aa * bb).sum((1, 2, 3))
             else:
-                g = torch.einsum("ngtp,ngtd->ngpd", b, a).reshape(a.shape[0], *self.module.weight.shape)
-                if "weight" in masks:
-                    g = g * masks["weight"]
-                out["weight"] = g.reshape(g.shape[0], -1).pow(2).sum(1)
+                out["weight"] = _sq(self._weight_per_sample(u), None)
         if "bias" in self.pnames:
-            gb = b.sum(2).reshape(b.shape[0], -1)
-            if "bias" in masks:
-                gb = gb * masks["bias"]
-            out["bias"] = gb.pow(2).sum(1)
+            out["bias"] = _sq(u["gb"], masks.get("bias"))
         return out
 
     def weighted(self, u, w):
-        a, b = u
         out = {}
         if "weight" in self.pnames:
-            bw = b * w["weight"].reshape(-1, 1, 1, 1)
-            g = torch.einsum("ngtp,ngtd->gpd", bw, a)
-            out["weight"] = g.reshape(self.module.weight.shape)
+            if "gw" in u:
+                out["weight"] = _wsum(w["weight"], u["gw"])
+            elif "direct" in u:
+                out["weight"] = u["direct"](w["weight"])
+            else:
+                a, b = u["a"], u["b"]
+                bw = b * w["weight"].reshape(-1, 1, 1, 1)
+                out["weight"] = torch.einsum("ngpt,ngdt->gpd", bw, a).reshape(self.module.weight.shape)
         if "bias" in self.pnames:
-            out["bias"] = torch.einsum("n,ngtp->gp", w["bias"], b).reshape(-1)
+            out["bias"] = _wsum(w["bias"], u["gb"])
         return out
 
 
 class _LinearHandler(_MatmulHandler):
     def _ab(self, a, b):
         n = a.shape[0]
-        return a.reshape(n, 1, -1, a.shape[-1]), b.reshape(n, 1, -1, b.shape[-1])
+        a3, b3 = a.reshape(n, -1, a.shape[-1]), b.reshape(n, -1, b.shape[-1])
+        return a3.transpose(1, 2).unsqueeze(1), b3.transpose(1, 2).unsqueeze(1)
+
+    def _direct(self, a, b):
+        n = a.shape[0]
+        a2, b2 = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
+        t = a2.shape[0] // max(n, 1)
+
+        def direct(w):
+            wr = w if t == 1 else w.repeat_interleave(t)
+            return (b2 * wr.unsqueeze(1)).transpose(0, 1) @ a2
+
+        return direct
 
 
 class _ConvHandler(_MatmulHandler):
+    def _geometry(self):
+        m = self.module
+        if isinstance(m, nn.Conv1d):
+            return (1, *m.kernel_size), (1, *m.stride), (1, *m.dilation)
+        return m.kernel_size, m.stride, m.dilation
+
+    def _padded(self, a: Tensor) -> tuple[Tensor, list[int]]:
+        """Input padded as the module pads it, and the padding still to apply (symmetric zero padding is
+        left to the kernels)."""
+        m = self.module
+        if m.padding_mode == "zeros" and not isinstance(m.padding, str):
+            return a, list(m.padding)
+        mode = "constant" if m.padding_mode == "zeros" else m.padding_mode
+        pad = list(m._reversed_padding_repeated_twice)
+        return (F.pad(a, pad, mode=mode) if any(pad) else a), [0] * len(m.kernel_size)
+
     def _ab(self, a, b):
         m = self.module
         n, groups = a.shape[0], m.groups
+        a, pad = self._padded(a)
         if isinstance(m, nn.Conv1d):
-            a, b = a.unsqueeze(2), b.unsqueeze(2)
-            kernel, stride, dilation = (1, *m.kernel_size), (1, *m.stride), (1, *m.dilation)
-            pad = [*m._reversed_padding_repeated_twice, 0, 0]
-        else:
-            kernel, stride, dilation = m.kernel_size, m.stride, m.dilation
-            pad = list(m._reversed_padding_repeated_twice)
-        if any(pad):
-            mode = "constant" if m.padding_mode == "zeros" else m.padding_mode
-            a = F.pad(a, pad, mode=mode)
-        cols = F.unfold(a, kernel, dilation=dilation, stride=stride)  # (n, C_in*k, L)
-        cols = cols.reshape(n, groups, -1, cols.shape[-1]).transpose(2, 3)  # (n, G, L, D)
-        bb = b.reshape(n, groups, -1, b.shape[-2] * b.shape[-1]).transpose(2, 3)  # (n, G, L, P)
-        return cols, bb
+            a, b, pad = a.unsqueeze(2), b.unsqueeze(2), [0, *pad]
+        kernel, stride, dilation = self._geometry()
+        cols = F.unfold(a, kernel, dilation=dilation, padding=pad, stride=stride)  # (n, C_in*k, T)
+        cols = cols.reshape(n, groups, -1, cols.shape[-1])
+        return cols, b.reshape(n, groups, -1, b.shape[-2] * b.shape[-1])
+
+    def _direct(self, a, b):
+        m = self.module
+        x, pad = self._padded(a)
+        shape = [1] * (b.dim() - 1)
+
+        def direct(w):
+            gy = b * w.reshape(-1, *shape)
+            return torch.ops.aten.convolution_backward(
+                gy,
+                x,
+                m.weight.detach(),
+                None,
+                list(m.stride),
+                pad,
+                list(m.dilation),
+                False,
+                [0] * len(pad),
+                m.groups,
+                [False, True, False],
+            )[1]
+
+        return direct
 
 
 class _NormHandler(_Handler):
@@ -233,11 +300,11 @@ class _NormHandler(_Handler):
         return t.reshape(n, -1, *t.shape[t.dim() - k :]).sum(1)
 
     def unit(self, calls):
-        return calls
+        return {"calls": calls}
 
-    def per_sample(self, u):
+    def _per_sample(self, u):
         out = {}
-        for a, b in u:
+        for a, b in u["calls"]:
             if "weight" in self.pnames:
                 out["weight"] = out.get("weight", 0) + self._reduce(b * self._xhat(a))
             if "bias" in self.pnames:
@@ -256,24 +323,26 @@ class _EmbeddingHandler(_Handler):
         b = torch.cat(bs, 1) if len(bs) > 1 else bs[0]
         if m.padding_idx is not None:
             b = b * (idx != m.padding_idx).unsqueeze(-1).to(b.dtype)
-        return idx, b
+        return {"idx": idx, "b": b}
 
-    def per_sample(self, u):
-        idx, b = u
+    def _per_sample(self, u):
+        idx, b = u["idx"], u["b"]
         n, t = idx.shape
         g = b.new_zeros(n, self.module.num_embeddings, self.module.embedding_dim)
         g.scatter_add_(1, idx.unsqueeze(-1).expand(n, t, b.shape[-1]), b)
         return {"weight": g}
 
     def sq_norms(self, u, masks):
-        if "weight" in masks:
+        if "weight" in masks or "g" in u:
             return super().sq_norms(u, masks)
-        idx, b = u
+        idx, b = u["idx"], u["b"]
         same = (idx.unsqueeze(2) == idx.unsqueeze(1)).to(b.dtype)
         return {"weight": (same * (b @ b.transpose(1, 2))).sum((1, 2))}
 
     def weighted(self, u, w):
-        idx, b = u
+        if "g" in u:
+            return super().weighted(u, w)
+        idx, b = u["idx"], u["b"]
         g = b.new_zeros(self.module.num_embeddings, self.module.embedding_dim)
         g.index_add_(0, idx.reshape(-1), (b * w["weight"].reshape(-1, 1, 1)).reshape(-1, b.shape[-1]))
         return {"weight": g}
