@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from landscape.errors import IncompatibleError, UsageError
@@ -402,3 +404,21 @@ def test_engine_matches_loop_on_conv_model_with_masks(style, fn):
             assert float((grads[n] - results[0][0][n]).abs().max()) < 1e-9, n
         for k in ("loss", "accuracy", "mean_grad_norm", "max_grad_norm", "fraction_clipped", "noise_norm"):
             assert stats[k] == pytest.approx(results[0][1][k], rel=1e-9), k
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    norms=st.lists(st.floats(0.0, 1e4, allow_nan=False), min_size=1, max_size=20),
+    c=st.floats(1e-3, 1e2),
+    fn=st.sampled_from(sorted(CLIP_FUNCTIONS)),
+)
+def test_clipped_norm_never_exceeds_c(norms, c, fn):
+    n = torch.tensor(norms, dtype=torch.float64)
+    assert bool((clip_factors(n, c, fn) * n <= c * (1 + 1e-12)).all())
+
+
+@settings(max_examples=30, deadline=None)
+@given(d=st.integers(1, 40), s=st.floats(0.0, 20.0), seed=st.integers(0, 2**16))
+def test_smoothing_inverts_a(d, s, seed):
+    g = torch.randn(d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    assert torch.allclose(dense_a(d, s) @ laplacian_smooth(g, s), g, atol=1e-9)
