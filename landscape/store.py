@@ -708,20 +708,17 @@ def _read_array(ds: h5py.Dataset, *, as_torch: bool) -> Any:
 
 
 def _write_state_dict(group: h5py.Group, state_dict: Mapping[str, torch.Tensor]) -> None:
-    keys = []
+    """One dataset per entry, in the state dict's order (the group tracks creation order)."""
     for key, value in state_dict.items():
         if not isinstance(key, str):
             raise UsageError(f"state_dict keys must be strings, got {key!r}")
         if not isinstance(value, torch.Tensor):
             raise UsageError(f"state_dict entry '{key}' is a {type(value).__name__}, not a tensor")
         _write_array(group, _escape(key), value)
-        keys.append(key)
-    group.attrs["keys"] = json.dumps(keys)
 
 
 def _read_state_dict(group: h5py.Group) -> dict[str, torch.Tensor]:
-    keys = json.loads(group.attrs["keys"]) if "keys" in group.attrs else [_unescape(n) for n in group]
-    return {k: _read_array(group[_escape(k)], as_torch=True) for k in keys}
+    return {_unescape(name): _read_array(ds, as_torch=True) for name, ds in group.items()}
 
 
 def _write_nested(group: h5py.Group, arrays: Mapping[str, Any], *, escape: bool) -> None:

@@ -27,11 +27,11 @@ def run_cli(*args: str, capsys) -> tuple[int, str, str]:
     return exit_.value.code, out, err
 
 
-def run_subprocess(*args: str) -> subprocess.CompletedProcess:
+def start_subprocess(*args: str) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], env=env, cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.Popen([sys.executable, "-m", "cli.main", *args], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 @pytest.fixture(scope="module")
@@ -55,24 +55,26 @@ def populated(tmp_path, digits_mlp):
     return store
 
 
-def test_import_then_ls_and_show_via_subprocess(tmp_path, digits_mlp):
+def test_import_and_missing_ref_via_subprocess(tmp_path, digits_mlp):
     _, model = digits_mlp
     source = tmp_path / "opacus.pt"
     torch.save({"model_state_dict": {f"_module.{k}": v for k, v in model.state_dict().items()}}, source)
     root = str(tmp_path / "root")
-    done = run_subprocess("--root", root, "import", str(source), "--model", "mlp", "--model-kwargs",
-                          '{"widths": [8]}', "--data", "digits", "--run", "imported")
-    assert done.returncode == 0, done.stderr
-    assert "imported@init" in done.stdout
+    importing = start_subprocess("--root", root, "import", str(source), "--model", "mlp", "--model-kwargs",
+                                 '{"widths": [8]}', "--data", "digits", "--run", "imported")
+    missing = start_subprocess("--root", str(tmp_path / "other"), "store", "show", "nope@step=7")
+    out, err = importing.communicate(timeout=300)
+    assert importing.returncode == 0, err
+    assert "imported@init" in out
     ckpt = Store(root).load("imported@init")
     assert all(torch.equal(ckpt.state_dict[k], v) for k, v in model.state_dict().items())
     assert ckpt.model_spec == model.landscape_spec and ckpt.data_spec["name"] == "digits"
 
-    missing = run_subprocess("--root", root, "store", "show", "imported@step=7")
+    out, err = missing.communicate(timeout=300)
     assert missing.returncode == 1
-    assert missing.stdout == ""
-    assert missing.stderr.strip() == "error: run 'imported' has no checkpoint at step 7 (available steps: 0)"
-    assert "Traceback" not in missing.stderr
+    assert out == ""
+    assert err.strip() == f"error: no run 'nope' in {tmp_path / 'other'} (no runs)"
+    assert err.count("\n") == 1 and "Traceback" not in err
 
 
 def test_store_ls_table_and_json(populated, capsys):
