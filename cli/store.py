@@ -24,7 +24,10 @@ def store() -> None:
 @json_option
 @click.pass_context
 def ls(ctx: click.Context, root: str | None, as_json: bool) -> None:
-    """List the runs under ROOT (default: the global --root): checkpoints, epsilon, final metrics."""
+    """List runs: checkpoints, steps, epoch, epsilon, final metrics.
+
+    ROOT defaults to the global --root. Temporary files of interrupted writes are never listed.
+    """
     from landscape.store import Store
 
     st = Store(root or root_of(ctx))
@@ -58,7 +61,10 @@ def ls(ctx: click.Context, root: str | None, as_json: bool) -> None:
 @json_option
 @click.pass_context
 def show(ctx: click.Context, ref: str, as_json: bool) -> None:
-    """Show one checkpoint REF (PATH.h5 or RUN[@init|@last|@step=N|@epoch=E]): specs, metrics, tensors, hash."""
+    """Show one checkpoint: specs, metrics, tensor shapes, sha256.
+
+    REF is PATH.h5 or RUN[@init|@last|@step=N|@epoch=E] (RUN alone means @last).
+    """
     from landscape.store import Store
 
     ckpt = Store(root_of(ctx)).load(ref)
