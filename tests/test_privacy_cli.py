@@ -98,7 +98,7 @@ def test_privacy_unreachable_target_exit_1(capsys):
     assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
 
 
-def make_source_run(root, name="src"):
+def make_source_run(root, name="src", subset=None):
     from landscape.models import build_model
     from landscape.store import Store
 
@@ -109,7 +109,7 @@ def make_source_run(root, name="src"):
         config={},
         seeds={},
         model_spec=model.landscape_spec,
-        data_spec={"name": "digits", "seed": 0, "subset": None, "options": {}},
+        data_spec={"name": "digits", "seed": 0, "subset": subset, "options": {}},
     )
     init = {k: v.clone() for k, v in model.state_dict().items()}
     run.save_checkpoint(init, step=0, epoch=0.0)
@@ -191,3 +191,31 @@ def test_prune_cli_errors(capsys, tmp_path):
         "src@init",
     )
     assert code == 2 and err.startswith("error: ")
+
+
+def test_prune_with_mask_from_subset_run_and_init_of_target(capsys, tmp_path):
+    """Watson Fig. 13: the mask from a run on a 5% subset, rewound to the target run's initialisation."""
+    from landscape.store import Store
+
+    make_source_run(tmp_path, "subset-run", subset=0.05)
+    target_init, _ = make_source_run(tmp_path, "target")
+    store = Store(tmp_path)
+    code, _, err = run(
+        capsys,
+        "--root",
+        str(tmp_path),
+        "prune",
+        "subset-run",
+        "--remove",
+        "0.5",
+        "--init",
+        "target@init",
+        "--run",
+        "p",
+    )
+    assert code == 0, err
+    assert store.run("p").manifest["config"]["init_ref"] == "target@init"
+    assert store.run("p").manifest["data_spec"]["subset"] is None  # trains on the target's data
+    state = store.load("p").state_dict
+    nz = state["7.weight"] != 0
+    assert torch.equal(state["7.weight"][nz], target_init["7.weight"][nz])

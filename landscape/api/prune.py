@@ -5,7 +5,9 @@ value from the initial weights (the source run's ``@init`` checkpoint unless ``i
 reference) and pruned coordinates are exactly 0; with ``rewind="none"`` the source weights are kept and only
 the pruned coordinates are zeroed. The keep-masks are stored as the run array ``mask`` (a mapping
 ``parameter name -> bool array``, True = keep), which ``landscape train --from RUN@init`` picks up and
-enforces (masked gradients, noise and momentum). Lineage points at the source checkpoint.
+enforces (masked gradients, noise and momentum). Lineage points at the source checkpoint. The new run's
+data spec is that of the initial weights' run (so ``--init TARGET@init`` with a mask from a run on a 5%
+subset, Watson Fig. 13, gives a run that trains on the target's data by default), else the source's.
 
 Privacy: the mask depends on the source weights, hence on the data they were trained on. The new run's
 ``manifest["privacy"]`` carries the source's DP history (``ancestor_events``) and whether any of its steps
@@ -70,10 +72,12 @@ def prune(config: PruneConfig, *, root: str | Path) -> PruneResult:
     masks = magnitude_masks(source.state_dict, config.remove, scope=config.scope)
     init_ref = None
     init_sha = None
+    data_spec = source.data_spec
     if config.rewind == "init":
         init_ref = config.init or _default_init_ref(source, config.ref)
         init = store.load(init_ref)
         init_sha = init.sha256
+        data_spec = init.data_spec or source.data_spec
         state = rewind(source.state_dict, init.state_dict, masks)
     else:
         state = apply_masks(source.state_dict, masks)
@@ -92,7 +96,7 @@ def prune(config: PruneConfig, *, root: str | Path) -> PruneResult:
         seeds={},
         lineage=lineage,
         model_spec=source.model_spec,
-        data_spec=source.data_spec,
+        data_spec=data_spec,
         extra={"privacy": _inherited_privacy(store, source)},
     )
     run.save_array(MASK_ARRAY, {n: m.numpy() for n, m in masks.items()})
