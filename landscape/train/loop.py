@@ -306,15 +306,12 @@ def _parent_masks(store: Store, parent: Checkpoint) -> dict[str, torch.Tensor] |
 
 def _ancestor_privacy(store: Store, parent: Checkpoint) -> tuple[list[PrivacyEvent], bool]:
     """DP events of the parent run up to the branch step (and its ancestors'), and whether any step was non-private."""
-    if parent.run is None:
-        return [], False
-    try:
-        run = store.run(parent.run)
-    except CheckpointError:
-        return [], False
-    privacy = run.manifest.get("privacy")
+    privacy = None
+    if parent.run is not None:
+        with contextlib.suppress(CheckpointError):
+            privacy = store.run(parent.run).manifest.get("privacy")
     if not privacy:
-        return [], False
+        return [], parent.step > 0  # trained weights of unknown provenance
     events = [PrivacyEvent(**e) for e in privacy.get("ancestor_events", [])]
     non_private = bool(privacy.get("non_private_ancestors"))
     if parent.step > 0:
