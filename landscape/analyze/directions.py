@@ -1,0 +1,356 @@
+"""Loss profiles along random directions, against the path toward a second solution (Watson et al. Fig. 4).
+
+Watson et al. Sec. 4.1.2: from a basin floor theta_A the loss stays flat toward a Phase-2 sibling theta_B
+but rises fast along random directions, so the basin floor is low-dimensional and DP noise (a random
+vector) throws the iterate up the walls. For ``n`` seeded Gaussian directions ``d_i`` (optionally filter-
+or layer-normalised as Li et al. 2018, :mod:`landscape.directions`) this evaluates::
+
+    L(theta_A + t * D * d_i / ||d_i||),   t = linspace(0, 1, points)
+
+and, with a target, the straight path ``theta_A + t * D * (theta_B - theta_A) / ||theta_B - theta_A||``
+(with ``distance="auto"``, ``D = ||theta_B - theta_A||`` and the path ends exactly at theta_B).
+The rise of a profile is ``L(D) - L(0)``. All points of a chunk of directions go through ONE
+:func:`landscape.evaluate.evaluate` call (the shared-first-layer path over structured points); ``t = 0``
+is theta_A for every direction and is evaluated once. Only parameters move; buffers (BatchNorm
+statistics) stay theta_A's. Pure: a model, flat vectors and tensors in, a :class:`DirectionsResult` out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from landscape.directions import BIASBN, NORMALIZATIONS, max_abs_cosine, random_directions
+from landscape.errors import UsageError
+from landscape.evaluate import DEFAULT_BATCH_SIZE, Affine, Segment, evaluate
+from landscape.params import ParamSpace
+from landscape.results import InputRef, read_result, write_result
+
+KIND = "directions"
+SPLITS = ("train", "test")
+GENERATOR_BUDGET = 1 << 29  # bytes of cached first-layer outputs per evaluate call (chooses the chunk size)
+
+
+@dataclass
+class DirectionsConfig:
+    """Options of ``landscape directions`` (stored as the result's ``params``).
+
+    ``distance`` is a positive number or ``"auto"`` (= ``||theta_B - theta_A||``, needs a target).
+    ``normalize``: ``none`` (isotropic Gaussian: Watson et al.'s "random vector in the ambient space"),
+    ``filter`` or ``layer`` (Li et al. 2018); ``biasbn``: 1-D tensors ``zero`` (Li et al.'s default),
+    ``copy`` or ``random`` (only with filter/layer normalisation).
+    """
+
+    n: int = 100
+    points: int = 30
+    distance: float | str = "auto"
+    normalize: str = "none"
+    biasbn: str = "zero"
+    seed: int = 0
+    split: str = "train"
+    subset: int | float | None = None
+    subset_seed: int = 0
+    batch_size: int = DEFAULT_BATCH_SIZE
+    device: str = "cpu"
+    method: str = "auto"
+    workers: int = 1
+
+    def __post_init__(self) -> None:
+        if int(self.n) != self.n or self.n < 1:
+            raise UsageError(f"--n must be a positive integer, got {self.n}")
+        if int(self.points) != self.points or self.points < 2:
+            raise UsageError(f"--points must be an integer >= 2 (t = 0 and t = 1 are evaluated), got {self.points}")
+        self.n, self.points = int(self.n), int(self.points)
+        self.distance = parse_distance(self.distance)
+        if self.normalize not in NORMALIZATIONS:
+            raise UsageError(f"--normalize must be one of {', '.join(NORMALIZATIONS)}, got {self.normalize!r}")
+        if self.biasbn not in BIASBN:
+            raise UsageError(f"--biasbn must be one of {', '.join(BIASBN)}, got {self.biasbn!r}")
+        if self.split not in SPLITS:
+            raise UsageError(f"--split must be train or test, got {self.split!r}")
+        if int(self.batch_size) != self.batch_size or self.batch_size < 1:
+            raise UsageError(f"--batch-size must be a positive integer, got {self.batch_size}")
+        if int(self.workers) != self.workers or self.workers < 1:
+            raise UsageError(f"--workers must be a positive integer, got {self.workers}")
+
+
+def parse_distance(value: float | str) -> float | str:
+    """``"auto"`` or a positive finite number (a string from the command line is parsed)."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "auto":
+            return "auto"
+        try:
+            value = float(text)
+        except ValueError:
+            raise UsageError(f"--distance must be a positive number or 'auto', got {value!r}") from None
+    value = float(value)
+    if not math.isfinite(value) or value <= 0:
+        raise UsageError(f"--distance must be a positive number or 'auto', got {value}")
+    return value
+
+
+# ----------------------------------------------------------------------------------------- points
+
+
+@dataclass(frozen=True)
+class Rays(Affine):
+    """``origin + coords[p, j] * directions[j]`` where each point has exactly one non-zero coordinate.
+
+    An :class:`~landscape.evaluate.Affine` whose ``point``/``mix`` touch only that coordinate's direction
+    (one vector add instead of ``k``), so a star of ``k`` rays costs the evaluator what a line does.
+    """
+
+    def __post_init__(self) -> None:
+        nz = self.coords != 0
+        if bool((nz.sum(dim=1) > 1).any()):
+            raise ValueError("Rays: every point must have at most one non-zero coordinate")
+        which = torch.where(nz.any(dim=1), nz.to(torch.int64).argmax(dim=1), 0)
+        scale = self.coords.gather(1, which.unsqueeze(1)).squeeze(1)
+        object.__setattr__(self, "_which", which.tolist())
+        object.__setattr__(self, "_scale", scale.tolist())
+
+    def point(self, i: int) -> torch.Tensor:
+        return torch.add(self.origin, self.directions[self._which[i]], alpha=self._scale[i])
+
+    def mix(self, outputs: Sequence[torch.Tensor], i: int) -> torch.Tensor:
+        return torch.add(outputs[0], outputs[1 + self._which[i]], alpha=self._scale[i])
+
+
+def rays(origin: torch.Tensor, directions: torch.Tensor, steps: torch.Tensor) -> Rays:
+    """Points ``origin + s * directions[j]`` for every direction j (outer) and step s (inner)."""
+    k, p = directions.shape[0], steps.numel()
+    coords = torch.zeros(k * p, k, dtype=torch.float64)
+    for j in range(k):
+        coords[j * p : (j + 1) * p, j] = steps
+    return Rays(origin, directions, coords)
+
+
+def scaled_directions(theta: torch.Tensor, space: ParamSpace, indices: Sequence[int], config: DirectionsConfig,
+                      distance: float) -> torch.Tensor:
+    """Directions ``indices`` of ``config.seed``, normalised per config, then rescaled to length ``distance``."""
+    dirs = random_directions(theta, space, indices, seed=config.seed, normalize=config.normalize,
+                             biasbn=config.biasbn)
+    norms = torch.linalg.vector_norm(dirs.double(), dim=1)
+    if bool((norms == 0).any()):
+        raise UsageError("a random direction is zero (every tensor was zeroed by --biasbn zero); use --biasbn random")
+    return (dirs.double() * (distance / norms).unsqueeze(1)).to(theta.dtype)
+
+
+def direction_chunk(model: nn.Module, space: ParamSpace, theta: torch.Tensor, dirs: torch.Tensor,
+                    steps: torch.Tensor, x: torch.Tensor, y: torch.Tensor, config: DirectionsConfig
+                    ) -> tuple[np.ndarray, np.ndarray, float]:
+    """Loss and accuracy (k, len(steps)) at ``theta + s * dirs[j]`` in one evaluate call; and its seconds."""
+    r = evaluate(model, x, y, rays(theta, dirs, steps), space=space, batch_size=config.batch_size,
+                 device=config.device, method=config.method)
+    k = dirs.shape[0]
+    return r.loss.numpy().reshape(k, -1), r.acc.numpy().reshape(k, -1), r.seconds
+
+
+def chunk_size(model: nn.Module, x: torch.Tensor, batch_size: int, budget: int = GENERATOR_BUDGET) -> int:
+    """How many directions one evaluate call may hold: the cached first-layer outputs stay within ``budget``."""
+    numel = _first_output_numel(model, x[:1])
+    per_direction = max(1, numel * min(batch_size, x.shape[0]) * 4)
+    return max(1, budget // per_direction - 1)
+
+
+def _first_output_numel(model: nn.Module, x1: torch.Tensor) -> int:
+    sizes: list[int] = []
+    owners = [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
+    hooks = [m.register_forward_hook(lambda mod, a, out: sizes.append(out.numel()) if isinstance(out, torch.Tensor)
+                                     else None) for m in owners]
+    try:
+        with torch.inference_mode():
+            model(x1)
+    finally:
+        for h in hooks:
+            h.remove()
+    return sizes[0] if sizes else 1
+
+
+# ----------------------------------------------------------------------------------------- result
+
+
+@dataclass
+class DirectionsResult:
+    """Profiles along ``n`` random directions (rows) at ``t * distance``, and toward a target if given."""
+
+    t: np.ndarray
+    distance: float
+    direction_loss: np.ndarray  # (n, points)
+    direction_acc: np.ndarray
+    max_abs_cos: float
+    toward_loss: np.ndarray | None = None  # (points,)
+    toward_acc: np.ndarray | None = None
+    toward_distance: float = math.nan  # ||theta_B - theta_A||
+    examples: int = 0
+    seconds: float = math.nan
+    throughput: float = math.nan  # points per second
+    method: str = ""
+    config: DirectionsConfig = field(default_factory=DirectionsConfig)
+    inputs: list[InputRef] = field(default_factory=list)
+    path: Path | None = None
+    figures: list[Path] = field(default_factory=list)
+
+    @property
+    def rises(self) -> np.ndarray:
+        """``L(theta_A + D d_i) - L(theta_A)`` per direction."""
+        return self.direction_loss[:, -1] - self.direction_loss[:, 0]
+
+    @property
+    def toward_rise(self) -> float:
+        return math.nan if self.toward_loss is None else float(self.toward_loss[-1] - self.toward_loss[0])
+
+    def summary(self) -> dict[str, float]:
+        """Rise statistics of the random directions against the rise toward the target."""
+        r = self.rises
+        finite = r[np.isfinite(r)]
+
+        def stat(f) -> float:
+            return float(f(finite)) if finite.size else math.nan
+
+        out = {
+            "n": int(r.size), "distance": self.distance, "max_abs_cos": self.max_abs_cos,
+            "base_loss": float(self.direction_loss[0, 0]),
+            "rise_mean": stat(np.mean), "rise_median": stat(np.median), "rise_min": stat(np.min),
+            "rise_max": stat(np.max), "toward_rise": self.toward_rise,
+        }
+        if self.toward_loss is not None:
+            out["fraction_above_toward"] = float(np.mean(r > self.toward_rise))
+            out["median_over_toward"] = (out["rise_median"] / self.toward_rise if self.toward_rise > 0 else math.inf)
+        return out
+
+    def to_hdf5(self, path: str | Path, inputs: Sequence[InputRef] = ()) -> Path:
+        arrays: dict[str, np.ndarray] = {
+            "t": self.t, "distances": self.t * self.distance, "direction_loss": self.direction_loss,
+            "direction_acc": self.direction_acc, "rise": self.rises,
+        }
+        if self.toward_loss is not None:
+            arrays["toward_loss"] = self.toward_loss
+            arrays["toward_acc"] = self.toward_acc
+        attrs = {k: v for k, v in self.summary().items() if k != "n"}
+        attrs.update(n=int(self.direction_loss.shape[0]), toward_distance=self.toward_distance,
+                     examples=self.examples, seconds=self.seconds, throughput=self.throughput, method=self.method,
+                     split=self.config.split)
+        inputs = list(inputs) or self.inputs
+        self.path = write_result(path, KIND, arrays=arrays, attrs=attrs, params=self.config, inputs=inputs)
+        self.inputs = inputs
+        return self.path
+
+    @classmethod
+    def from_hdf5(cls, path: str | Path) -> DirectionsResult:
+        r = read_result(path, KIND)
+        known = {f.name for f in dataclasses.fields(DirectionsConfig)}
+        a = r.arrays
+        return cls(
+            t=a["t"], distance=float(r.attrs["distance"]), direction_loss=a["direction_loss"],
+            direction_acc=a["direction_acc"], max_abs_cos=float(r.attrs["max_abs_cos"]),
+            toward_loss=a.get("toward_loss"), toward_acc=a.get("toward_acc"),
+            toward_distance=float(r.attrs.get("toward_distance", math.nan)),
+            examples=int(r.attrs.get("examples", 0)), seconds=float(r.attrs.get("seconds", math.nan)),
+            throughput=float(r.attrs.get("throughput", math.nan)), method=str(r.attrs.get("method", "")),
+            config=DirectionsConfig(**{k: v for k, v in r.params.items() if k in known}),
+            inputs=r.inputs, path=Path(path),
+        )
+
+
+# --------------------------------------------------------------------------------------- analyzer
+
+ChunkRunner = Callable[[list[list[int]], float, torch.Tensor], Iterable[tuple[np.ndarray, np.ndarray, float]]]
+
+
+def random_profiles(
+    model: nn.Module,
+    theta: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    config: DirectionsConfig | None = None,
+    toward: torch.Tensor | None = None,
+    space: ParamSpace | None = None,
+    chunk_runner: ChunkRunner | None = None,
+    **overrides,
+) -> DirectionsResult:
+    """Watson et al. Fig. 4 for one model: profiles along ``config.n`` random directions (and toward ``toward``).
+
+    ``theta``/``toward`` are flat vectors over ``space`` (default: the model's parameters); ``(x, y)`` the
+    data already chosen (split, subset). ``chunk_runner(chunks, distance, steps)`` may evaluate the chunks
+    of direction indices elsewhere (the API's worker processes); each yields ``(loss, acc, seconds)`` in
+    order. Keyword ``overrides`` replace config fields.
+    """
+    config = dataclasses.replace(config or DirectionsConfig(), **overrides)
+    space = space or ParamSpace.from_model(model)
+    theta = theta.detach()
+    if theta.numel() != space.dim:
+        raise UsageError(f"theta has {theta.numel()} entries, the model's space has {space.dim}")
+    toward_distance = math.nan
+    if toward is not None:
+        toward = toward.detach().to(theta.dtype)
+        toward_distance = float(torch.linalg.vector_norm((toward - theta).double()))
+    if config.distance == "auto":
+        if toward is None:
+            raise UsageError("--distance auto needs --toward B (or give a number)")
+        if toward_distance == 0:
+            raise UsageError("--distance auto: A and B are the same point (distance 0); give a number")
+        distance = toward_distance
+    else:
+        distance = float(config.distance)
+    t = torch.linspace(0.0, 1.0, config.points, dtype=torch.float64)
+    t[0], t[-1] = 0.0, 1.0
+    steps = t[1:] * distance
+    start = time.perf_counter()
+
+    # t = 0 (theta_A, shared by every profile) and the path toward B
+    common = dict(space=space, batch_size=config.batch_size, device=config.device, method=config.method)
+    toward_loss = toward_acc = None
+    if toward is not None:
+        if config.distance == "auto":
+            end = toward
+        elif toward_distance > 0:
+            end = (theta.double() + (toward - theta).double() * (distance / toward_distance)).to(theta.dtype)
+        else:
+            raise UsageError("--toward B is the same point as A; there is no direction toward it")
+        rt = evaluate(model, x, y, Segment(theta, end, t), **common)
+        toward_loss, toward_acc = rt.loss.numpy(), rt.acc.numpy()
+        base_loss, base_acc = toward_loss[0], toward_acc[0]
+        method = rt.method
+    else:
+        r0 = evaluate(model, x, y, theta.unsqueeze(0), **common)
+        base_loss, base_acc = float(r0.loss[0]), float(r0.acc[0])
+        method = r0.method
+
+    # the random directions: all of them for the cosines, evaluated in chunks
+    dirs = scaled_directions(theta, space, range(config.n), config, distance)
+    cos = max_abs_cosine(dirs)
+    size = chunk_size(model, x, config.batch_size)
+    if chunk_runner is not None:
+        size = min(size, max(1, math.ceil(config.n / (2 * config.workers))))
+    chunks = [list(range(i, min(config.n, i + size))) for i in range(0, config.n, size)]
+    if chunk_runner is None:
+        outs: Iterator = (direction_chunk(model, space, theta, dirs[c[0] : c[-1] + 1], steps, x, y, config)
+                          for c in chunks)
+    else:
+        outs = iter(chunk_runner(chunks, distance, steps))
+    losses, accs = [], []
+    for loss, acc, _ in outs:
+        losses.append(loss)
+        accs.append(acc)
+    n = config.n
+    direction_loss = np.concatenate([np.full((n, 1), base_loss), np.concatenate(losses)], axis=1)
+    direction_acc = np.concatenate([np.full((n, 1), base_acc), np.concatenate(accs)], axis=1)
+    seconds = time.perf_counter() - start
+    total_points = n * (config.points - 1) + (config.points if toward is not None else 1)
+    return DirectionsResult(
+        t=t.numpy(), distance=distance, direction_loss=direction_loss, direction_acc=direction_acc,
+        max_abs_cos=cos, toward_loss=toward_loss, toward_acc=toward_acc, toward_distance=toward_distance,
+        examples=int(x.shape[0]), seconds=seconds, throughput=total_points / seconds if seconds > 0 else math.inf,
+        method=method, config=config,
+    )

@@ -1,0 +1,419 @@
+"""2-D loss surfaces on a plane through theta_A (Li et al. 2018), resumable row by row.
+
+The plane is ``theta_A + x * dx + y * dy`` with
+
+* ``random``: ``dx``, ``dy`` = random directions 0 and 1 of ``seed``, filter-normalised (Li et al. Sec. 4;
+  :mod:`landscape.directions`; the same directions ``landscape directions`` draws first). Coordinates are in
+  units of the normalised directions (each filter of ``dx`` has its theta filter's norm).
+* ``B,C`` (three checkpoints): ``dx = (B - A) / ||B - A||``, ``dy`` = the part of ``C - A`` orthogonal to
+  ``dx``, normalised (Garipov et al. 2018's plane). Coordinates are Euclidean distances in parameter space:
+  A = (0, 0), B = (||B - A||, 0), C = (<C - A, dx>, <C - A, dy>).
+* ``pca:RUN``: the top-2 principal components of RUN's checkpoints around theta_A (Li et al. Sec. 7,
+  :func:`landscape.directions.trajectory_pca`); unit vectors, so coordinates are parameter distances; the
+  checkpoints are projected on the plane and the explained-variance ratios label the axes.
+
+Arrays follow Li et al.'s surface files (``xcoordinates``, ``ycoordinates``, ``train_loss``, ``train_acc``,
+``test_loss``, ``test_acc``) but in the orientation their names say: ``train_loss[i, j]`` is the value at
+``(xcoordinates[i], ycoordinates[j])``, shape ``(len(x), len(y))``; a grid *row* is one ``i`` (all y). NaN
+means "not computed yet". A cell is done when its accuracy is not NaN (a loss may legitimately be NaN where the
+network diverges), so scheduling is a pure function of the NaN cells (:func:`pending_rows`): an interrupted
+surface continues from its file and workers can take rows in any order. Each row is one
+:func:`landscape.evaluate.evaluate` call per split, independent of the other rows, so a restarted run gives
+the same arrays as an uninterrupted one. Only parameters move; buffers stay theta_A's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from landscape.directions import BIASBN, NORMALIZATIONS, random_directions, trajectory_pca
+from landscape.errors import UsageError
+from landscape.evaluate import DEFAULT_BATCH_SIZE, Affine, evaluate
+from landscape.params import ParamSpace
+from landscape.results import InputRef, read_result, to_jsonable, write_result
+
+KIND = "surface"
+SPLITS = ("train", "test")
+METRICS = ("loss", "acc")
+AUTO_MARGIN = 0.25  # auto ranges extend the span of the marked points by this fraction on each side
+
+_GRID = re.compile(r"^\s*(\d+)\s*(?:[xX]\s*(\d+))?\s*$")
+_RANGE = re.compile(r"^\s*([-+0-9.eE]+)\s*:\s*([-+0-9.eE]+)\s*$")
+
+
+@dataclass
+class SurfaceConfig:
+    """Options of ``landscape surface`` (stored as the result's ``params``).
+
+    ``plane``: ``random``, ``B,C`` (two more checkpoint references) or ``pca:RUN``; ``grid``: ``NXxNY`` (or
+    ``N`` for a square grid); ``range``: ``auto``, ``LO:HI`` (both axes) or ``XLO:XHI,YLO:YHI``; ``auto`` is
+    -1:1 for a random plane and a box around the marked checkpoints (or trajectory) otherwise.
+    ``normalize``/``biasbn`` apply to the random plane (see :mod:`landscape.directions`).
+    """
+
+    plane: str = "random"
+    grid: str = "25x25"
+    range: str = "auto"
+    normalize: str = "filter"
+    biasbn: str = "zero"
+    seed: int = 0
+    splits: tuple[str, ...] = SPLITS
+    subset: int | float | None = None
+    subset_seed: int = 0
+    batch_size: int = DEFAULT_BATCH_SIZE
+    device: str = "cpu"
+    method: str = "auto"
+    workers: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.splits, str):
+            self.splits = tuple(s.strip() for s in self.splits.split(",") if s.strip())
+        self.splits = tuple(self.splits)
+        if not self.splits or any(s not in SPLITS for s in self.splits) or len(set(self.splits)) != len(self.splits):
+            raise UsageError(f"--splits takes train, test or train,test; got {','.join(self.splits) or 'nothing'}")
+        self.plane = str(self.plane).strip()
+        self.plane_kind  # noqa: B018 (validates)
+        self.shape  # noqa: B018
+        self.ranges  # noqa: B018
+        if self.normalize not in NORMALIZATIONS:
+            raise UsageError(f"--normalize must be one of {', '.join(NORMALIZATIONS)}, got {self.normalize!r}")
+        if self.biasbn not in BIASBN:
+            raise UsageError(f"--biasbn must be one of {', '.join(BIASBN)}, got {self.biasbn!r}")
+        if int(self.batch_size) != self.batch_size or self.batch_size < 1:
+            raise UsageError(f"--batch-size must be a positive integer, got {self.batch_size}")
+        if int(self.workers) != self.workers or self.workers < 1:
+            raise UsageError(f"--workers must be a positive integer, got {self.workers}")
+
+    @property
+    def plane_kind(self) -> str:
+        """``random`` | ``checkpoints`` | ``pca``."""
+        if self.plane == "random":
+            return "random"
+        if self.plane.startswith("pca:"):
+            if not self.plane[4:].strip():
+                raise UsageError("--plane pca:RUN needs a run name after 'pca:'")
+            return "pca"
+        parts = [p.strip() for p in self.plane.split(",")]
+        if len(parts) == 2 and all(parts):
+            return "checkpoints"
+        raise UsageError(f"--plane takes random, B,C (two checkpoint references) or pca:RUN; got {self.plane!r}")
+
+    @property
+    def plane_refs(self) -> list[str]:
+        """The checkpoint references (B, C) or the run (pca) the plane names."""
+        kind = self.plane_kind
+        if kind == "checkpoints":
+            return [p.strip() for p in self.plane.split(",")]
+        if kind == "pca":
+            return [self.plane[4:].strip()]
+        return []
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(nx, ny)`` from ``grid``."""
+        m = _GRID.match(str(self.grid))
+        if not m:
+            raise UsageError(f"--grid takes NXxNY (e.g. 25x25) or N; got {self.grid!r}")
+        nx = int(m.group(1))
+        ny = int(m.group(2)) if m.group(2) else nx
+        if nx < 2 or ny < 2:
+            raise UsageError(f"--grid needs at least 2 points per axis; got {self.grid!r}")
+        return nx, ny
+
+    @property
+    def ranges(self) -> tuple[tuple[float, float], tuple[float, float]] | None:
+        """``((xlo, xhi), (ylo, yhi))`` from ``range``; None for ``auto``."""
+        text = str(self.range).strip()
+        if text == "auto":
+            return None
+        parts = text.split(",")
+        if len(parts) not in (1, 2):
+            raise UsageError(f"--range takes auto, LO:HI or XLO:XHI,YLO:YHI; got {self.range!r}")
+        out = []
+        for part in parts:
+            m = _RANGE.match(part)
+            try:
+                lo, hi = (float(m.group(1)), float(m.group(2))) if m else (math.nan, math.nan)
+            except ValueError:
+                lo, hi = math.nan, math.nan
+            if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+                raise UsageError(f"--range takes auto, LO:HI or XLO:XHI,YLO:YHI with LO < HI; got {self.range!r}")
+            out.append((lo, hi))
+        return (out[0], out[-1])
+
+    def analysis_params(self) -> dict:
+        """The options that determine the arrays (everything but ``workers``): must match to resume a file."""
+        p = to_jsonable(self)
+        p.pop("workers", None)
+        return p
+
+
+# ------------------------------------------------------------------------------------------- planes
+
+
+@dataclass
+class Plane:
+    """``origin + x * dx + y * dy``; what to draw on it (markers, trajectory) and how to label the axes."""
+
+    kind: str
+    origin: torch.Tensor
+    dx: torch.Tensor
+    dy: torch.Tensor
+    xlabel: str = "x"
+    ylabel: str = "y"
+    explained_variance: np.ndarray | None = None  # (2,) for pca
+    trajectory: np.ndarray | None = None  # (T, 2) projected checkpoints
+    trajectory_steps: np.ndarray | None = None  # (T,)
+    markers: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def fingerprint(self) -> str:
+        """sha256 of origin, dx and dy (float64 bytes): a resumed surface must be on the same plane."""
+        h = hashlib.sha256()
+        for v in (self.origin, self.dx, self.dy):
+            h.update(v.detach().double().contiguous().numpy().tobytes())
+        return h.hexdigest()
+
+    def auto_ranges(self) -> tuple[tuple[float, float], tuple[float, float]]:
+        pts = list(self.markers.values())
+        if self.trajectory is not None:
+            pts += [tuple(p) for p in self.trajectory]
+        if self.kind == "random" or not pts:
+            return (-1.0, 1.0), (-1.0, 1.0)
+        arr = np.asarray(pts + [(0.0, 0.0)], dtype=np.float64)
+        lo, hi = arr.min(axis=0), arr.max(axis=0)
+        span = np.maximum(hi - lo, 1e-3 * max(float(np.max(hi - lo)), 1e-12))
+        lo, hi = lo - AUTO_MARGIN * span, hi + AUTO_MARGIN * span
+        return (float(lo[0]), float(hi[0])), (float(lo[1]), float(hi[1]))
+
+
+def random_plane(theta: torch.Tensor, space: ParamSpace, *, seed: int = 0, normalize: str = "filter",
+                 biasbn: str = "zero") -> Plane:
+    """Li et al. 2018: two seeded (filter-normalised) random directions through theta (not orthogonalised)."""
+    d = random_directions(theta, space, [0, 1], seed=seed, normalize=normalize, biasbn=biasbn)
+    if bool((torch.linalg.vector_norm(d.double(), dim=1) == 0).any()):
+        raise UsageError("a random direction is zero (every tensor was zeroed by --biasbn zero); use --biasbn random")
+    label = f"{normalize}-normalised direction" if normalize != "none" else "random direction"
+    return Plane("random", theta, d[0], d[1], xlabel=f"{label} 1", ylabel=f"{label} 2", markers={"A": (0.0, 0.0)})
+
+
+def checkpoint_plane(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, labels: Sequence[str] = ("A", "B", "C")
+                     ) -> Plane:
+    """The plane through three points with an orthonormal basis (coordinates = parameter distances)."""
+    a64, u, w = a.double(), (b - a).double(), (c - a).double()
+    nu = float(torch.linalg.vector_norm(u))
+    if nu == 0:
+        raise UsageError(f"{labels[1]} is the same point as {labels[0]}; three distinct checkpoints span a plane")
+    dx = u / nu
+    cx = float(w @ dx)
+    v = w - cx * dx
+    nv = float(torch.linalg.vector_norm(v))
+    if nv <= 1e-9 * max(nu, float(torch.linalg.vector_norm(w))):
+        raise UsageError(f"{', '.join(labels)} lie on one line; they do not span a plane")
+    dy = v / nv
+    markers = {labels[0]: (0.0, 0.0), labels[1]: (nu, 0.0), labels[2]: (cx, nv)}
+    return Plane("checkpoints", a64.to(a.dtype), dx.to(a.dtype), dy.to(a.dtype),
+                 xlabel=f"distance along {labels[1]} - {labels[0]}", ylabel="orthogonal distance", markers=markers)
+
+
+def pca_plane(origin: torch.Tensor, trajectory: torch.Tensor, *, steps: Sequence[int] | None = None,
+              label: str = "A") -> Plane:
+    """Li et al. Sec. 7: the top-2 principal components of ``trajectory - origin``; checkpoints projected."""
+    pca = trajectory_pca(trajectory, origin, n_components=2)
+    ev = pca.explained_variance_ratio
+    return Plane("pca", origin, pca.components[0], pca.components[1],
+                 xlabel=f"PC1 ({100 * ev[0]:.1f}% of variance)", ylabel=f"PC2 ({100 * ev[1]:.1f}% of variance)",
+                 explained_variance=ev, trajectory=pca.coords,
+                 trajectory_steps=None if steps is None else np.asarray(steps, dtype=np.int64),
+                 markers={label: (0.0, 0.0)})
+
+
+# ------------------------------------------------------------------------------------------- result
+
+
+@dataclass
+class SurfaceResult:
+    """Loss/accuracy on a ``len(x) x len(y)`` grid (NaN = not computed), the plane's metadata."""
+
+    xcoordinates: np.ndarray
+    ycoordinates: np.ndarray
+    values: dict[str, np.ndarray]  # "train_loss", "train_acc", "test_loss", "test_acc" -> (nx, ny)
+    plane_kind: str = "random"
+    xlabel: str = "x"
+    ylabel: str = "y"
+    explained_variance: np.ndarray | None = None
+    trajectory: np.ndarray | None = None
+    trajectory_steps: np.ndarray | None = None
+    markers: dict[str, tuple[float, float]] = field(default_factory=dict)
+    plane_sha256: str = ""
+    examples: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    method: str = ""
+    config: SurfaceConfig = field(default_factory=SurfaceConfig)
+    inputs: list[InputRef] = field(default_factory=list)
+    path: Path | None = None
+    figures: list[Path] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, plane: Plane, config: SurfaceConfig) -> SurfaceResult:
+        """An all-NaN grid for ``plane`` (ranges from the config or the plane's auto ranges)."""
+        (x0, x1), (y0, y1) = config.ranges or plane.auto_ranges()
+        nx, ny = config.shape
+        values = {f"{s}_{m}": np.full((nx, ny), np.nan) for s in config.splits for m in METRICS}
+        return cls(
+            xcoordinates=np.linspace(x0, x1, nx), ycoordinates=np.linspace(y0, y1, ny), values=values,
+            plane_kind=plane.kind, xlabel=plane.xlabel, ylabel=plane.ylabel,
+            explained_variance=plane.explained_variance, trajectory=plane.trajectory,
+            trajectory_steps=plane.trajectory_steps, markers=dict(plane.markers), plane_sha256=plane.fingerprint(),
+            config=config,
+        )
+
+    @property
+    def splits(self) -> list[str]:
+        return [s for s in SPLITS if f"{s}_loss" in self.values]
+
+    @property
+    def done(self) -> np.ndarray:
+        """(nx, ny) bool: the cell is computed for every split."""
+        return np.all([~np.isnan(self.values[f"{s}_acc"]) for s in self.splits], axis=0)
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.done.all())
+
+    def summary(self) -> dict:
+        done = self.done
+        out = {"grid": f"{len(self.xcoordinates)}x{len(self.ycoordinates)}", "cells_done": int(done.sum()),
+               "cells": int(done.size), "plane": self.plane_kind, "seconds": self.seconds}
+        for s in self.splits:
+            loss = self.values[f"{s}_loss"]
+            out[f"{s}_loss_min"] = float(np.nanmin(loss)) if np.isfinite(loss).any() else math.nan
+            out[f"{s}_loss_max"] = float(np.nanmax(loss)) if np.isfinite(loss).any() else math.nan
+        if self.explained_variance is not None:
+            out["explained_variance"] = [float(v) for v in self.explained_variance]
+        return out
+
+    def to_hdf5(self, path: str | Path, inputs: Sequence[InputRef] = ()) -> Path:
+        arrays: dict[str, np.ndarray] = {"xcoordinates": self.xcoordinates, "ycoordinates": self.ycoordinates,
+                                         **self.values}
+        if self.explained_variance is not None:
+            arrays["explained_variance"] = self.explained_variance
+        if self.trajectory is not None:
+            arrays["trajectory"] = self.trajectory
+        if self.trajectory_steps is not None:
+            arrays["trajectory_steps"] = self.trajectory_steps
+        attrs = {
+            "plane": self.plane_kind, "xlabel": self.xlabel, "ylabel": self.ylabel,
+            "markers": json.dumps({k: list(v) for k, v in self.markers.items()}), "plane_sha256": self.plane_sha256,
+            "examples": json.dumps(self.examples), "seconds": self.seconds, "method": self.method,
+            "splits": ",".join(self.splits), "orientation": "values[i, j] at (xcoordinates[i], ycoordinates[j])",
+            "cells_done": int(self.done.sum()), "complete": self.complete,
+        }
+        inputs = list(inputs) or self.inputs
+        self.path = write_result(path, KIND, arrays=arrays, attrs=attrs, params=self.config, inputs=inputs)
+        self.inputs = inputs
+        return self.path
+
+    @classmethod
+    def from_hdf5(cls, path: str | Path) -> SurfaceResult:
+        r = read_result(path, KIND)
+        a = r.arrays
+        splits = [s for s in str(r.attrs.get("splits", "")).split(",") if s]
+        known = {f.name for f in dataclasses.fields(SurfaceConfig)}
+        params = {k: v for k, v in r.params.items() if k in known}
+        params["splits"] = tuple(params.get("splits", splits))
+        return cls(
+            xcoordinates=a["xcoordinates"], ycoordinates=a["ycoordinates"],
+            values={f"{s}_{m}": a[f"{s}_{m}"] for s in splits for m in METRICS},
+            plane_kind=str(r.attrs.get("plane", "")), xlabel=str(r.attrs.get("xlabel", "x")),
+            ylabel=str(r.attrs.get("ylabel", "y")), explained_variance=a.get("explained_variance"),
+            trajectory=a.get("trajectory"), trajectory_steps=a.get("trajectory_steps"),
+            markers={k: tuple(v) for k, v in json.loads(r.attrs.get("markers", "{}")).items()},
+            plane_sha256=str(r.attrs.get("plane_sha256", "")), examples=json.loads(r.attrs.get("examples", "{}")),
+            seconds=float(r.attrs.get("seconds", 0.0)), method=str(r.attrs.get("method", "")),
+            config=SurfaceConfig(**params), inputs=r.inputs, path=Path(path),
+        )
+
+
+# ----------------------------------------------------------------------------------------- analyzer
+
+
+def pending_rows(result: SurfaceResult) -> list[int]:
+    """Rows (x indices) with a cell not yet computed, in order: the whole schedule."""
+    return [int(i) for i in np.flatnonzero(~result.done.all(axis=1))]
+
+
+RowValues = dict[str, tuple[np.ndarray, np.ndarray]]
+RowRunner = Callable[[list[int]], Iterable[tuple[int, RowValues, float, str]]]
+
+
+def surface_row(model: nn.Module, space: ParamSpace, plane: Plane, x_value: float, ycoords: np.ndarray,
+                data: Mapping[str, tuple[torch.Tensor, torch.Tensor]], config: SurfaceConfig
+                ) -> tuple[RowValues, float, str]:
+    """Loss and accuracy at ``(x_value, y)`` for every y, per split: one evaluate call per split."""
+    coords = torch.stack([torch.full((len(ycoords),), float(x_value), dtype=torch.float64),
+                          torch.as_tensor(ycoords, dtype=torch.float64)], dim=1)
+    points = Affine(plane.origin, torch.stack([plane.dx, plane.dy]).to(plane.origin.dtype), coords)
+    out: RowValues = {}
+    seconds, method = 0.0, ""
+    for s in config.splits:
+        x, y = data[s]
+        r = evaluate(model, x, y, points, space=space, batch_size=config.batch_size, device=config.device,
+                     method=config.method)
+        out[s] = (r.loss.numpy(), r.acc.numpy())
+        seconds += r.seconds
+        method = r.method
+    return out, seconds, method
+
+
+def compute_surface(
+    model: nn.Module,
+    plane: Plane,
+    data: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+    *,
+    config: SurfaceConfig | None = None,
+    partial: SurfaceResult | None = None,
+    space: ParamSpace | None = None,
+    on_row: Callable[[SurfaceResult, int], None] | None = None,
+    row_runner: RowRunner | None = None,
+) -> SurfaceResult:
+    """Fill every pending row of ``partial`` (or of a fresh grid) and return the result.
+
+    ``data`` maps split -> ``(x, y)`` (already subset); ``on_row(result, i)`` runs after row ``i`` is filled
+    (the API writes the file there). ``row_runner(rows)`` may compute rows elsewhere (worker processes) and
+    yield ``(i, values, seconds, method)`` in any order.
+    """
+    config = config or SurfaceConfig()
+    space = space or ParamSpace.from_model(model)
+    result = partial if partial is not None else SurfaceResult.empty(plane, config)
+    result.examples = {s: int(data[s][0].shape[0]) for s in config.splits}
+    rows = pending_rows(result)
+    if row_runner is None:
+        def row_runner(todo: list[int]):
+            for i in todo:
+                values, seconds, method = surface_row(model, space, plane, result.xcoordinates[i],
+                                                      result.ycoordinates, data, config)
+                yield i, values, seconds, method
+
+    start, before = time.perf_counter(), result.seconds
+    for i, values, _, method in row_runner(rows):
+        for s, (loss, acc) in values.items():
+            result.values[f"{s}_loss"][i] = loss
+            result.values[f"{s}_acc"][i] = acc
+        result.method = method
+        result.seconds = before + time.perf_counter() - start
+        if on_row is not None:
+            on_row(result, i)
+    result.seconds = before + time.perf_counter() - start
+    return result

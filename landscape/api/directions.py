@@ -1,0 +1,307 @@
+"""Random-direction profiles and 2-D loss surfaces from checkpoint references (Watson et al. Fig. 4; Li et al. 2018).
+
+``directions(A, toward=B)`` resolves references through the store (``PATH.h5`` or ``RUN[@init|@last|
+@step=N|@epoch=E]``), rebuilds the model and data from A's specs, evaluates the profiles
+(:func:`landscape.analyze.directions.random_profiles`) and writes the result HDF5 and a figure beside it.
+
+``surface(A, plane=...)`` builds the plane (random, ``B,C`` or ``pca:RUN``), writes the result file at once
+(all NaN) and again, atomically, after every completed grid row; if the file already exists with the same
+options, inputs and plane, only its missing rows are computed (resume). ``workers > 1`` spreads direction
+chunks / grid rows over spawned processes with one torch thread each; the arrays are the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import re
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from landscape.analyze.directions import (
+    DirectionsConfig,
+    DirectionsResult,
+    direction_chunk,
+    random_profiles,
+    scaled_directions,
+)
+from landscape.analyze.surface import (
+    Plane,
+    SurfaceConfig,
+    SurfaceResult,
+    checkpoint_plane,
+    compute_surface,
+    pca_plane,
+    random_plane,
+    surface_row,
+)
+from landscape.api.interpolate import check_pair
+from landscape.errors import CheckpointError, UsageError
+from landscape.params import ParamSpace
+from landscape.results import InputRef
+from landscape.store import Checkpoint, Store, load_checkpoint
+
+__all__ = ["DirectionsConfig", "DirectionsResult", "SurfaceConfig", "SurfaceResult", "directions", "surface"]
+
+RESULTS_DIR = Path("results")
+
+
+def _config(cls, config, options: dict[str, Any]):
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise UsageError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return dataclasses.replace(config or cls(), **options)
+
+
+# ------------------------------------------------------------------------------------------ directions
+
+
+def directions(
+    ref_a: str,
+    *,
+    toward: str | None = None,
+    root: str | Path = "checkpoints",
+    config: DirectionsConfig | None = None,
+    output: str | Path | None = None,
+    figure: bool = True,
+    data_root: str | None = None,
+    download: bool = False,
+    **options: Any,
+) -> DirectionsResult:
+    """Profiles along ``n`` random directions from A (and toward B); writes ``output`` + figure.
+
+    Default output ``results/directions-<A>.h5`` (``-to-<B>`` with a target). Keyword ``options`` replace
+    config fields (``directions("run@last", toward="sib@last", n=20)``).
+    """
+    config = _config(DirectionsConfig, config, options)
+    if config.distance == "auto" and toward is None:
+        raise UsageError("--distance auto needs --toward B (or give a number)")
+    store = Store(root)
+    a = store.load(ref_a)
+    b = store.load(toward) if toward is not None else None
+    if b is not None:
+        check_pair(a, b)
+    model = a.build_model()
+    space = ParamSpace.from_model(model)
+    theta = space.flatten(a.state_dict)
+    x, y = _split_data(a.data_spec, config.split, config.subset, config.subset_seed, data_root, download)
+    runner = None
+    if config.workers > 1:
+        payload = _Payload(a.model_spec, a.state_dict, a.data_spec, data_root, download, config)
+        runner = functools.partial(_run_direction_chunks, payload=payload)
+    result = random_profiles(model, theta, x, y, config=config, toward=None if b is None else space.flatten(b.state_dict),
+                             space=space, chunk_runner=runner)
+    inputs = [a.input_ref()] + ([b.input_ref()] if b is not None else [])
+    name = f"directions-{_slug(ref_a)}" + (f"-to-{_slug(toward)}" if toward else "")
+    out = Path(output) if output is not None else RESULTS_DIR / f"{name}.h5"
+    result.to_hdf5(out, inputs=inputs)
+    if figure:
+        from landscape.plots.directions import plot_directions
+        from landscape.plots.style import save_figure
+
+        title = f"A = {ref_a}" + (f"   B = {toward}" if toward else "")
+        result.figures = save_figure(plot_directions(result, title=title), out.with_suffix(""))
+    return result
+
+
+@dataclasses.dataclass
+class _Payload:
+    """What a worker process needs to rebuild the model, theta_A and the data (sent once per worker)."""
+
+    model_spec: dict
+    state_dict: dict
+    data_spec: dict
+    data_root: str | None
+    download: bool
+    config: Any
+    plane: Plane | None = None
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(payload: _Payload) -> None:
+    torch.set_num_threads(1)
+    from landscape.models import model_from_spec
+
+    model = model_from_spec(payload.model_spec)
+    model.load_state_dict(payload.state_dict, strict=True)
+    space = ParamSpace.from_model(model)
+    cfg = payload.config
+    splits = cfg.splits if isinstance(cfg, SurfaceConfig) else (cfg.split,)
+    data = {s: _split_data(payload.data_spec, s, cfg.subset, cfg.subset_seed, payload.data_root, payload.download)
+            for s in splits}
+    _WORKER.clear()
+    _WORKER.update(model=model, space=space, theta=space.flatten(payload.state_dict), data=data, config=cfg,
+                   plane=payload.plane)
+
+
+def _direction_job(indices: list[int], distance: float, steps: torch.Tensor):
+    w = _WORKER
+    cfg: DirectionsConfig = w["config"]
+    dirs = scaled_directions(w["theta"], w["space"], indices, cfg, distance)
+    x, y = w["data"][cfg.split]
+    return direction_chunk(w["model"], w["space"], w["theta"], dirs, steps, x, y, cfg)
+
+
+def _run_direction_chunks(chunks: list[list[int]], distance: float, steps: torch.Tensor, *, payload: _Payload
+                          ) -> Iterator:
+    workers = min(payload.config.workers, len(chunks))
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_init_worker,
+                             initargs=(payload,)) as pool:
+        futures = [pool.submit(_direction_job, c, distance, steps) for c in chunks]
+        for f in futures:
+            yield f.result()
+
+
+# --------------------------------------------------------------------------------------------- surface
+
+
+def surface(
+    ref_a: str,
+    *,
+    root: str | Path = "checkpoints",
+    config: SurfaceConfig | None = None,
+    output: str | Path | None = None,
+    figure: bool = True,
+    three_d: bool = False,
+    resume: bool = True,
+    data_root: str | None = None,
+    download: bool = False,
+    on_row: Callable[[SurfaceResult, int], None] | None = None,
+    **options: Any,
+) -> SurfaceResult:
+    """The 2-D loss/accuracy surface around A on ``config.plane``; resumable (see the module docstring).
+
+    Default output ``results/surface-<A>-<plane>.h5``; figures ``<stem>-contour``, ``<stem>-filled`` (and
+    ``<stem>-3d`` with ``three_d``) as PNG + PDF. ``on_row(result, i)`` is called after row ``i`` is written.
+    ``resume=False`` starts the file afresh.
+    """
+    config = _config(SurfaceConfig, config, options)
+    store = Store(root)
+    a = store.load(ref_a)
+    model = a.build_model()
+    space = ParamSpace.from_model(model)
+    theta = space.flatten(a.state_dict)
+    plane, extra_inputs = _plane(store, a, space, theta, config)
+    inputs = [a.input_ref(), *extra_inputs]
+    out = Path(output) if output is not None else RESULTS_DIR / f"surface-{_slug(ref_a)}-{_slug(config.plane)}.h5"
+    partial = _resume(out, config, inputs, plane) if resume else None
+    if partial is None:
+        partial = SurfaceResult.empty(plane, config)
+    partial.config = config
+    partial.to_hdf5(out, inputs=inputs)
+    data = {s: _split_data(a.data_spec, s, config.subset, config.subset_seed, data_root, download)
+            for s in config.splits}
+
+    def written(result: SurfaceResult, i: int) -> None:
+        result.to_hdf5(out, inputs=inputs)
+        if on_row is not None:
+            on_row(result, i)
+
+    runner = None
+    if config.workers > 1:
+        payload = _Payload(a.model_spec, a.state_dict, a.data_spec, data_root, download, config, plane)
+        runner = functools.partial(_run_rows, payload=payload, xs=partial.xcoordinates, ys=partial.ycoordinates)
+    result = compute_surface(model, plane, data, config=config, partial=partial, space=space, on_row=written,
+                             row_runner=runner)
+    result.to_hdf5(out, inputs=inputs)
+    if figure:
+        from landscape.plots.surface import plot_surface
+
+        result.figures = plot_surface(result, out.with_suffix(""), three_d=three_d, title=f"A = {ref_a}")
+    return result
+
+
+def _plane(store: Store, a: Checkpoint, space: ParamSpace, theta: torch.Tensor, config: SurfaceConfig
+           ) -> tuple[Plane, list[InputRef]]:
+    kind = config.plane_kind
+    if kind == "random":
+        return random_plane(theta, space, seed=config.seed, normalize=config.normalize, biasbn=config.biasbn), []
+    if kind == "checkpoints":
+        ref_b, ref_c = config.plane_refs
+        b, c = store.load(ref_b), store.load(ref_c)
+        check_pair(a, b)
+        check_pair(a, c)
+        plane = checkpoint_plane(theta, space.flatten(b.state_dict), space.flatten(c.state_dict),
+                                 labels=(a.ref, ref_b, ref_c))
+        return plane, [b.input_ref(), c.input_ref()]
+    run = store.run(config.plane_refs[0])
+    infos = run.checkpoints()
+    if len(infos) < 2:
+        raise CheckpointError(f"run '{run.name}' has {len(infos)} checkpoint(s); a trajectory PCA needs at least 2")
+    points, steps, refs = [], [], []
+    for info in infos:
+        ckpt = load_checkpoint(info.path, ref=f"{run.name}@step={info.step}")
+        check_pair(a, ckpt)
+        points.append(space.flatten(ckpt.state_dict))
+        steps.append(info.step)
+        refs.append(ckpt.input_ref())
+    plane = pca_plane(theta, torch.stack(points), steps=steps, label=a.ref)
+    return plane, refs
+
+
+def _resume(out: Path, config: SurfaceConfig, inputs: list[InputRef], plane: Plane) -> SurfaceResult | None:
+    if not out.exists():
+        return None
+    prev = SurfaceResult.from_hdf5(out)
+    same = (prev.config.analysis_params() == config.analysis_params()
+            and [i.sha256 for i in prev.inputs] == [i.sha256 for i in inputs]
+            and prev.plane_sha256 == plane.fingerprint())
+    if not same:
+        raise UsageError(f"{out} holds a different surface (other options, checkpoints or plane); "
+                         "remove it, pass --no-resume, or choose another -o")
+    return prev
+
+
+def _row_job(i: int, x_value: float, ys):
+    w = _WORKER
+    values, seconds, method = surface_row(w["model"], w["space"], w["plane"], x_value, ys, w["data"], w["config"])
+    return i, values, seconds, method
+
+
+def _run_rows(rows: list[int], *, payload: _Payload, xs, ys) -> Iterator:
+    if not rows:
+        return
+    workers = min(payload.config.workers, len(rows))
+    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_init_worker,
+                             initargs=(payload,)) as pool:
+        futures = [pool.submit(_row_job, i, float(xs[i]), ys) for i in rows]
+        for f in as_completed(futures):
+            yield f.result()
+
+
+# ----------------------------------------------------------------------------------------------- data
+
+
+@functools.lru_cache(maxsize=4)
+def _dataset(spec_json: str, data_root: str | None, download: bool):
+    from landscape.data import dataset_from_spec
+
+    spec = json.loads(spec_json)
+    if not spec:
+        raise CheckpointError("the checkpoint records no data set (data_spec is empty); cannot evaluate it")
+    return dataset_from_spec(spec, data_root=data_root, download=download)
+
+
+def _split_data(data_spec: dict, split: str, subset, subset_seed: int, data_root: str | None, download: bool
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    data = _dataset(json.dumps(data_spec, sort_keys=True), data_root, download)
+    x, y = data.split(split)
+    if subset is None:
+        return x, y
+    from landscape.data import subset_indices
+
+    idx = subset_indices(y, subset, subset_seed)
+    return x[idx], y[idx]
+
+
+def _slug(ref: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", Path(str(ref)).stem if str(ref).endswith(".h5") else str(ref)).strip("_")

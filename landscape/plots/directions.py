@@ -1,0 +1,51 @@
+"""Figure of random-direction profiles against the path toward a second solution (Watson et al. Fig. 4).
+
+The band is the range (min-max, and the 10-90 % quantiles) of the loss along the random directions at
+each distance, with their median; the path toward B is drawn over it. A log loss axis is used when the
+random profiles rise by more than a factor 50 (as they do on a basin floor), so the flat path stays visible.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from landscape.plots.style import PALETTE, SGD_COLOR, apply_style, plt
+
+
+def plot_directions(result, *, title: str | None = None):
+    """A :class:`~landscape.analyze.directions.DirectionsResult` as a figure (returned, not saved)."""
+    apply_style()
+    fig, ax = plt.subplots(figsize=(5.4, 3.6))
+    dist = np.asarray(result.t) * result.distance
+    loss = np.asarray(result.direction_loss, dtype=np.float64)
+    shown = np.where(np.isfinite(loss), loss, np.nan)
+    n = loss.shape[0]
+    grey = "#777777"
+    if n <= 200:
+        for row in shown:
+            ax.plot(dist, row, color=grey, linewidth=0.4, alpha=0.25)
+    ax.fill_between(dist, np.nanmin(shown, axis=0), np.nanmax(shown, axis=0), color=grey, alpha=0.15, linewidth=0,
+                    label=f"{n} random directions (min-max)")
+    if n >= 5:
+        ax.fill_between(dist, np.nanquantile(shown, 0.1, axis=0), np.nanquantile(shown, 0.9, axis=0), color=grey,
+                        alpha=0.3, linewidth=0, label="10-90 %")
+    ax.plot(dist, np.nanmedian(shown, axis=0), color=PALETTE[7], linewidth=1.4, label="median random direction")
+    values = [shown]
+    if result.toward_loss is not None:
+        ax.plot(dist, result.toward_loss, color=SGD_COLOR, linewidth=2.2, label="toward B")
+        values.append(np.asarray(result.toward_loss, dtype=np.float64)[None, :])
+    finite = np.concatenate([v[np.isfinite(v)] for v in values])
+    if finite.size and finite.min() > 0 and finite.max() / finite.min() > 50:
+        ax.set_yscale("log")
+    ax.set_xlabel("distance from A (parameter units)")
+    ax.set_ylabel(f"{result.config.split} loss")
+    cos = result.max_abs_cos
+    note = f"max |cos| = {cos:.2g}" if np.isfinite(cos) else ""
+    if result.toward_loss is not None:
+        s = result.summary()
+        note += f"\nrise toward B {s['toward_rise']:.3g}; median random {s['rise_median']:.3g}"
+    ax.text(0.02, 0.97, note, transform=ax.transAxes, va="top", ha="left", fontsize=8)
+    if title:
+        ax.set_title(title)
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
+    return fig
