@@ -127,14 +127,35 @@ def test_training_from_pruned_run_keeps_zeros(tmp_path):
 
     model = lenet()
     store = Store(tmp_path)
-    src = store.create_run("src", config={}, seeds={}, model_spec=model.landscape_spec,
-                           data_spec={"name": "digits", "seed": 0, "subset": 200, "options": {}})
+    src = store.create_run(
+        "src",
+        config={},
+        seeds={},
+        model_spec=model.landscape_spec,
+        data_spec={"name": "digits", "seed": 0, "subset": 200, "options": {}},
+    )
     src.save_checkpoint(model.state_dict(), step=0, epoch=0.0)
-    src.save_checkpoint({k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()}, step=5, epoch=1.0)
+    src.save_checkpoint(
+        {k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()}, step=5, epoch=1.0
+    )
     prune(PruneConfig(ref="src", remove=0.8, run="p80"), root=tmp_path)
-    train(TrainConfig(from_ref="p80@init", data="digits", subset=200, epochs=2, batch_size=32,
-                      optimizer="dpsgd", noise_multiplier=2.0, momentum=0.9, sparsify=0.5, smooth=0.5,
-                      run="dp", device="cpu"), root=tmp_path)
+    train(
+        TrainConfig(
+            from_ref="p80@init",
+            data="digits",
+            subset=200,
+            epochs=2,
+            batch_size=32,
+            optimizer="dpsgd",
+            noise_multiplier=2.0,
+            momentum=0.9,
+            sparsify=0.5,
+            smooth=0.5,
+            run="dp",
+            device="cpu",
+        ),
+        root=tmp_path,
+    )
     masks = load_masks(store.run("p80"))
     final = store.load("dp").state_dict
     for n, m in masks.items():
