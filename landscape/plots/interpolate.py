@@ -1,0 +1,89 @@
+"""Figures for linear interpolation: the loss/accuracy profile (Watson et al. Figs. 3, 6-8) and the
+instability against the Phase-1 length k for SGD and DP-SGD at each epsilon (Watson et al. Fig. 5).
+
+Pure: result objects in, matplotlib figures out (saved with :func:`landscape.plots.style.save_figure`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from landscape.plots.style import SGD_COLOR, SPLIT_COLORS, SPLIT_STYLES, apply_style, dp_shades, method_color  # noqa: E402
+
+
+def plot_interpolation(result, *, labels: tuple[str, str] = ("A", "B"), title: str | None = None):
+    """Loss (left) and accuracy (right) against alpha, one line per split; ``alpha=0`` is A, 1 is B."""
+    apply_style()
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(8.0, 3.2))
+    for split in result.splits:
+        color = SPLIT_COLORS.get(split)
+        style = SPLIT_STYLES.get(split, "-")
+        inst = result.instability_loss[split]
+        ax_loss.plot(result.alpha, result.loss[split], style, color=color, marker="o", markersize=2.5,
+                     label=f"{split} (instability {_fmt(inst)})")
+        ax_acc.plot(result.alpha, result.acc[split], style, color=color, marker="o", markersize=2.5,
+                    label=f"{split} (error barrier {_fmt(result.instability_error[split])})")
+    for ax, ylabel in ((ax_loss, "loss (cross-entropy)"), (ax_acc, "accuracy")):
+        ax.set_xlabel(r"$\alpha$  ($(1-\alpha)\,\theta_A + \alpha\,\theta_B$)")
+        ax.set_ylabel(ylabel)
+        ax.set_xlim(0, 1)
+        ax.set_xticks([0, 0.25, 0.5, 0.75, 1])
+        ax.set_xticklabels([labels[0], "0.25", "0.5", "0.75", labels[1]])
+        ax.legend(loc="best")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_instability(rows: Sequence[dict], *, splits: Sequence[str], title: str | None = None):
+    """Instability against k: SGD pairs in one colour, DP-SGD pairs one shade per epsilon (Watson Fig. 5).
+
+    ``rows`` carry ``k``, ``phase2`` (optimizer), ``epsilon`` and ``instability_<split>_loss``/``_error``.
+    Pairs with the same (optimizer, epsilon, k) are averaged; the spread is shown as error bars.
+    """
+    apply_style()
+    metrics = (("loss", "loss instability"), ("error", "error barrier"))
+    fig, axes = plt.subplots(len(metrics), len(splits), figsize=(4.2 * len(splits), 5.6), squeeze=False)
+    groups: dict[tuple[str, float | None], dict[float, list[dict]]] = {}
+    for row in rows:
+        eps = row.get("epsilon")
+        eps = None if eps is None or (isinstance(eps, float) and math.isnan(eps)) else float(eps)
+        key = (str(row.get("phase2", "?")), eps)
+        groups.setdefault(key, {}).setdefault(float(row.get("k", math.nan)), []).append(row)
+    dp_keys = sorted((k for k in groups if k[0] != "sgd"), key=lambda k: (k[0], k[1] if k[1] is not None else math.inf))
+    shades = dict(zip(dp_keys, dp_shades(len(dp_keys)), strict=True))
+    for (opt, eps), by_k in sorted(groups.items(), key=lambda kv: (kv[0][0] != "sgd", kv[0][0], kv[0][1] or 0.0)):
+        color = SGD_COLOR if opt == "sgd" else shades.get((opt, eps), method_color(opt))
+        label = "SGD" if opt == "sgd" else (f"DP-SGD, ε={eps:g}" if eps is not None and opt == "dpsgd"
+                                            else f"{opt}" + (f", ε={eps:g}" if eps is not None else ""))
+        ks = sorted(by_k)
+        for i, (metric, _) in enumerate(metrics):
+            for j, split in enumerate(splits):
+                col = f"instability_{split}_{metric}"
+                vals = [np.array([float(r.get(col, math.nan)) for r in by_k[k]]) for k in ks]
+                mean = [float(np.mean(v)) if np.all(np.isfinite(v)) else math.nan for v in vals]
+                err = [float(np.std(v)) if len(v) > 1 and np.all(np.isfinite(v)) else 0.0 for v in vals]
+                axes[i, j].errorbar(ks, mean, yerr=err, color=color, marker="o", capsize=2, label=label)
+    for i, (_, ylabel) in enumerate(metrics):
+        for j, split in enumerate(splits):
+            ax = axes[i, j]
+            ax.set_xlabel("k (Phase-1 length)")
+            ax.set_ylabel(f"{split} {ylabel}")
+            ax.axhline(0.0, color="0.6", linewidth=0.8, zorder=0)
+    axes[0, 0].legend(loc="best")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def _fmt(value: float) -> str:
+    return "inf" if math.isinf(value) else f"{value:.3g}"

@@ -1,0 +1,150 @@
+"""landscape.evaluate: every fast path equals a plain per-point reference; the caller's model is untouched."""
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from landscape.evaluate import Affine, Segment, evaluate, recalibrate_batchnorm
+from landscape.models import build_model
+from landscape.params import ParamSpace, flatten
+
+
+def reference(model, x, y, points, space=None, bn_x=None):
+    """Independent per-point evaluation: a fresh copy per point, plain forward, no tricks."""
+    space = space or ParamSpace.from_model(model)
+    losses, accs = [], []
+    for p in points:
+        m = copy.deepcopy(model)
+        space.assign_(m, p)
+        if bn_x is not None:
+            for mod in m.modules():
+                if isinstance(mod, nn.BatchNorm2d):
+                    mod.reset_running_stats()
+                    mod.momentum = None
+            m.train()
+            with torch.no_grad():
+                for xb in bn_x:
+                    m(xb)
+        m.eval()
+        with torch.no_grad():
+            logits = m(x)
+        losses.append(float(F.cross_entropy(logits.double(), y)))
+        accs.append(float((logits.argmax(1) == y).double().mean()))
+    return torch.tensor(losses, dtype=torch.float64), torch.tensor(accs, dtype=torch.float64)
+
+
+@pytest.fixture(scope="module")
+def lenet_pair():
+    torch.manual_seed(0)
+    a = build_model("lenet", input_shape=(1, 12, 12), num_classes=10)
+    b = build_model("lenet", input_shape=(1, 12, 12), num_classes=10)
+    x = torch.randn(120, 1, 12, 12)
+    y = torch.randint(0, 10, (120,))
+    return a, flatten(a), flatten(b), x, y
+
+
+@pytest.mark.parametrize("method", ["auto", "loop", "plain", "vmap"])
+def test_every_method_matches_the_per_point_reference(lenet_pair, method):
+    model, a, b, x, y = lenet_pair
+    alphas = torch.linspace(0, 1, 5, dtype=torch.float64)
+    r = evaluate(model, x, y, Segment(a, b, alphas), batch_size=50, method=method)
+    ref_loss, ref_acc = reference(model, x, y, [torch.lerp(a, b, float(t)) for t in alphas])
+    torch.testing.assert_close(r.loss, ref_loss, atol=2e-6, rtol=1e-6)
+    torch.testing.assert_close(r.acc, ref_acc, atol=0, rtol=0)
+    assert r.points == 5 and r.examples == 120 and r.throughput > 0
+    if method in ("auto", "loop"):
+        assert r.method == "loop+first-layer"
+
+
+def test_affine_and_listed_points_match_reference(lenet_pair):
+    model, a, b, x, y = lenet_pair
+    dirs = torch.stack([b - a, 0.1 * torch.randn_like(a)])
+    coords = torch.tensor([[0.0, 0.0], [0.5, 1.0], [1.0, -1.0]])
+    pts = [a + coords[i, 0] * dirs[0] + coords[i, 1] * dirs[1] for i in range(3)]
+    ref_loss, _ = reference(model, x, y, pts)
+    r_aff = evaluate(model, x, y, Affine(a, dirs, coords))
+    r_list = evaluate(model, x, y, torch.stack(pts))
+    torch.testing.assert_close(r_aff.loss, ref_loss, atol=2e-6, rtol=1e-6)
+    torch.testing.assert_close(r_list.loss, ref_loss, atol=2e-6, rtol=1e-6)
+    assert r_aff.method == "loop+first-layer" and r_list.method == "loop"
+
+
+def test_callers_model_is_never_changed(lenet_pair):
+    model, a, b, x, y = lenet_pair
+    m = copy.deepcopy(model).train()
+    m[0].weight.requires_grad_(False)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    flags = [p.requires_grad for p in m.parameters()]
+    evaluate(m, x, y, Segment(a, b, torch.linspace(0, 1, 3)))
+    evaluate(m, x, y, torch.stack([a, b]), method="vmap")
+    assert m.training and all(mod.training for mod in m.modules())
+    assert [p.requires_grad for p in m.parameters()] == flags
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
+    assert type(m[2]) is nn.MaxPool2d and "forward" not in m[2].__dict__
+
+
+def test_first_layer_sharing_is_refused_when_the_input_is_used_elsewhere():
+    class Skip(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.lin(x) + x[:, :3]
+
+    torch.manual_seed(1)
+    m, x, y = Skip(), torch.randn(30, 4), torch.randint(0, 3, (30,))
+    a = flatten(m)
+    b = a + 0.5
+    r = evaluate(m, x, y, Segment(a, b, torch.linspace(0, 1, 4, dtype=torch.float64)))
+    assert r.method == "loop"
+    ref, _ = reference(m, x, y, [torch.lerp(a, b, float(t)) for t in torch.linspace(0, 1, 4)])
+    torch.testing.assert_close(r.loss, ref, atol=1e-6, rtol=1e-6)
+
+
+def test_fast_max_pool_is_bit_identical():
+    torch.manual_seed(2)
+    m = build_model("opacus-cnn", input_shape=(1, 28, 28), num_classes=10)  # MaxPool2d(2, stride 1)
+    x, y = torch.randn(20, 1, 28, 28), torch.randint(0, 10, (20,))
+    a = flatten(m)
+    fast = evaluate(m, x, y, a.unsqueeze(0), channels_last=False)
+    plain = evaluate(m, x, y, a.unsqueeze(0), channels_last=False, method="plain")
+    assert torch.equal(fast.loss, plain.loss)
+
+
+def test_nonfinite_points_are_recorded_and_warned(lenet_pair):
+    model, a, b, x, y = lenet_pair
+    bad = a.clone()
+    bad[-1] = math.inf  # last bias -> inf logits
+    with pytest.warns(RuntimeWarning, match="non-finite loss at 1 of 3 points"):
+        r = evaluate(model, x, y, torch.stack([a, bad, b]))
+    assert torch.isfinite(r.loss[[0, 2]]).all() and not torch.isfinite(r.loss[1])
+    assert r.nonfinite.tolist() == [False, True, False]
+
+
+def test_batchnorm_recalibration_matches_by_hand():
+    torch.manual_seed(3)
+    model = build_model("resnet18", input_shape=(3, 4, 4), num_classes=4, norm="batch")
+    other = copy.deepcopy(model)
+    xb = torch.randn(8, 3, 4, 4)
+    other.train()
+    with torch.no_grad():
+        other(2.0 * xb + 1.0)  # give B different running statistics
+    space = ParamSpace.from_model(model, buffers=True)
+    a, b = space.flatten(model), space.flatten(other) + 0.01 * torch.randn(space.dim)
+    x, y = torch.randn(6, 3, 4, 4), torch.randint(0, 4, (6,))
+    seg = Segment(a, b, torch.tensor([0.0, 0.5, 1.0], dtype=torch.float64))
+    plain = evaluate(model, x, y, seg, space=space)
+    recal = evaluate(model, x, y, seg, space=space, bn_recalibrate=xb, bn_batch_size=4)
+    # by hand: fresh copy per point, statistics reset, cumulative average over the same two batches of 4
+    ref_loss, ref_acc = reference(model, x, y, [seg.point(i) for i in range(3)], space=space, bn_x=xb.split(4))
+    assert (recal.loss - plain.loss).abs().max() > 1e-3
+    torch.testing.assert_close(recal.loss, ref_loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(recal.acc, ref_acc, atol=0, rtol=0)
+    m = copy.deepcopy(model).train()
+    recalibrate_batchnorm(m, [xb])
+    assert m.training and all(not mod.training for mod in m.modules() if isinstance(mod, nn.BatchNorm2d))
