@@ -181,6 +181,11 @@ class _Norms:
     logits: torch.Tensor
 
 
+def _total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """L2 norm of a list of tensors taken as one vector (float64 0-dim)."""
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors)).to(torch.float64))
+
+
 class LoopEngine:
     """Reference per-sample engine: one forward/backward per example (slow, obviously correct).
 
@@ -334,7 +339,18 @@ class Privatizer:
     def _noise(self, p: torch.Tensor) -> torch.Tensor:
         gen = self.generator
         z = torch.randn(p.shape, generator=gen, device=gen.device, dtype=p.dtype)
-        return z.to(p.device) * self.noise_std
+        return z.to(p.device).mul_(self.noise_std)
+
+    @staticmethod
+    def _mask_(
+        names: list[str], tensors: list[torch.Tensor], masks_t: dict[str, torch.Tensor] | None
+    ) -> None:
+        if masks_t is None:
+            return
+        for name, t in zip(names, tensors, strict=True):
+            m = masks_t.get(name)
+            if m is not None:
+                t.mul_(m)
 
     def compute_gradients(
         self, x: torch.Tensor, y: torch.Tensor, *, masks: Mapping[str, torch.Tensor] | None = None
@@ -361,24 +377,21 @@ class Privatizer:
             frac = self._fraction_clipped(norms)
 
         divisor = max(n, 1) if cfg.optimizer == "sgd" else self.expected_batch_size
-        noise_sq = torch.zeros((), dtype=torch.float64, device=dev)
-        update_sq = torch.zeros((), dtype=torch.float64, device=dev)
-        for name, p in self.named:
-            g = sums[name].detach().to(p.dtype)
-            if masks_t is not None and name in masks_t:
-                g = g * masks_t[name]
-            if self.noise_std > 0:
-                z = self._noise(p)
-                if masks_t is not None and name in masks_t:
-                    z = z * masks_t[name]
-                noise_sq = noise_sq + z.to(torch.float64).pow(2).sum()
-                g = g + z
-            g = g / divisor
-            if cfg.smooth > 0:
-                g = laplacian_smooth(g, cfg.smooth)
-                if masks_t is not None and name in masks_t:
-                    g = g * masks_t[name]
-            update_sq = update_sq + g.to(torch.float64).pow(2).sum()
+        names = [name for name, _ in self.named]
+        grads = [sums[name].detach().to(p.dtype) for name, p in self.named]
+        grads = [g.clone() if g._base is not None else g for g in grads]  # never write into a view
+        self._mask_(names, grads, masks_t)
+        noise_norm = torch.zeros((), dtype=torch.float64, device=dev)
+        if self.noise_std > 0:
+            noises = [self._noise(p) for _, p in self.named]
+            self._mask_(names, noises, masks_t)
+            noise_norm = _total_norm(noises) / divisor
+            torch._foreach_add_(grads, noises)
+        torch._foreach_div_(grads, divisor)
+        if cfg.smooth > 0:
+            grads = [laplacian_smooth(g, cfg.smooth) for g in grads]
+            self._mask_(names, grads, masks_t)
+        for (_, p), g in zip(self.named, grads, strict=True):
             p.grad = g
         return StepStats(
             loss=loss,
@@ -386,8 +399,8 @@ class Privatizer:
             mean_grad_norm=mean_norm,
             max_grad_norm=max_norm,
             fraction_clipped=frac,
-            noise_norm=noise_sq.sqrt() / divisor,
-            update_norm=update_sq.sqrt(),
+            noise_norm=noise_norm,
+            update_norm=_total_norm(grads),
             batch_size=n,
         )
 
