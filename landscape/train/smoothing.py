@@ -40,8 +40,3 @@ def laplacian_smooth(g: torch.Tensor, sigma: float) -> torch.Tensor:
     out = torch.fft.irfft(torch.fft.rfft(work) / eig, n=flat.numel())
     return out.to(g.dtype).reshape(g.shape)
 
-
-def laplacian_smooth_(grads: dict[str, torch.Tensor], sigma: float) -> None:
-    """Smooth every tensor of ``grads`` in place (each parameter tensor flattened on its own)."""
-    for g in grads.values():
-        g.copy_(laplacian_smooth(g, sigma))
