@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 if TYPE_CHECKING:
     from landscape.train.loop import TrainState
@@ -133,39 +132,30 @@ class Accounting(Callback):
 
 
 class Evaluation(Callback):
-    """Full train and test loss/accuracy at every checkpoint (``train_loss``, ``train_acc``, ``test_loss``, ``test_acc``)."""
+    """Full train and test loss/accuracy at every checkpoint (``train_loss``, ``train_acc``, ``test_loss``, ``test_acc``).
+
+    Uses the shared evaluator (:func:`landscape.evaluate.evaluate`, eval mode, inference_mode, one point),
+    so these numbers are the ones interpolation reports at alpha = 0 and 1.
+    """
 
     def __init__(self, batch_size: int = 1024):
         self.batch_size = batch_size
 
     def on_checkpoint(self, state: TrainState, record: CheckpointRecord) -> None:
+        from landscape.evaluate import evaluate
+        from landscape.params import ParamSpace
+
+        space = ParamSpace.from_model(state.model)
+        point = space.flatten(state.model).detach()
         for split in ("train", "test"):
             x, y = state.data.split(split)
-            loss, acc = evaluate_split(state.model, x, y, batch_size=self.batch_size, device=state.device)
-            record.metrics[f"{split}_loss"] = loss
-            record.metrics[f"{split}_acc"] = acc
+            if len(y) == 0:
+                continue
+            result = evaluate(state.model, x, y, [point], space=space, batch_size=self.batch_size,
+                              device=state.device)
+            record.metrics[f"{split}_loss"] = float(result.loss[0])
+            record.metrics[f"{split}_acc"] = float(result.acc[0])
         state.last_eval = dict(record.metrics)
-
-
-def evaluate_split(
-    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: int = 1024, device: torch.device | None = None
-) -> tuple[float, float]:
-    """Mean cross-entropy and accuracy of ``model`` on ``(x, y)`` (eval mode, inference_mode, one sync)."""
-    if len(y) == 0:
-        return float("nan"), float("nan")
-    device = device or next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    loss = torch.zeros((), dtype=torch.float64, device=device)
-    correct = torch.zeros((), dtype=torch.int64, device=device)
-    with torch.inference_mode():
-        for i in range(0, len(y), batch_size):
-            xb, yb = x[i : i + batch_size].to(device), y[i : i + batch_size].to(device)
-            logits = model(xb)
-            loss += F.cross_entropy(logits, yb, reduction="sum").double()
-            correct += (logits.argmax(1) == yb).sum()
-    model.train(was_training)
-    return float(loss) / len(y), float(correct) / len(y)
 
 
 # ------------------------------------------------------------------------------------------- resume state
