@@ -39,4 +39,3 @@ def laplacian_smooth(g: torch.Tensor, sigma: float) -> torch.Tensor:
     eig = laplacian_eigenvalues(flat.numel(), sigma, dtype=work.dtype, device=work.device)
     out = torch.fft.irfft(torch.fft.rfft(work) / eig, n=flat.numel())
     return out.to(g.dtype).reshape(g.shape)
-
