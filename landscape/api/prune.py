@@ -27,9 +27,8 @@ import torch
 
 from landscape.errors import UsageError
 from landscape.store import Checkpoint, Run, Store
-from landscape.train.pruning import apply_masks, magnitude_masks, rewind
+from landscape.train.pruning import MASK_ARRAY, apply_masks, magnitude_masks, rewind
 
-MASK_ARRAY = "mask"  # run array: {parameter name: bool array}, True = keep (shared with landscape.train.loop)
 REWINDS = ("init", "none")
 
 

@@ -28,6 +28,7 @@ from torch import nn
 from landscape.errors import IncompatibleError, UsageError
 
 SCOPES = ("layer", "global")
+MASK_ARRAY = "mask"  # name of the run array holding a run's keep-masks {parameter name: bool array}
 
 
 def _state(obj: nn.Module | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
