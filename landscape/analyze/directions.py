@@ -305,7 +305,7 @@ def random_profiles(
         distance = float(config.distance)
     t = torch.linspace(0.0, 1.0, config.points, dtype=torch.float64)
     t[0], t[-1] = 0.0, 1.0
-    steps = t[1:] * distance
+    steps = t[1:]  # fractions of the directions, which have length `distance`
     start = time.perf_counter()
 
     # t = 0 (theta_A, shared by every profile) and the path toward B
