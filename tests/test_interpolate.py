@@ -311,3 +311,14 @@ def test_instability_workers_give_the_same_table(phases_store, tmp_path):
     res = CliRunner().invoke(_cli(), ["--root", str(phases_store.root), "instability", "G-sgd", "-o",
                                       str(tmp_path / "none.h5")])
     assert res.exit_code != 0 and "no sibling pairs" in str(res.exception)
+
+
+def test_tour_for_the_demo(phases_store, tmp_path):
+    from landscape.api.interpolate import tour
+
+    t = tour("G-*", root=phases_store.root, out_dir=tmp_path / "demo",
+             config=InterpolateConfig(points=3, subset=50, splits=("test",)))
+    kinds = [r["kind"] for r in t.rows()]
+    assert kinds == ["siblings dpsgd eps=2", "siblings sgd", "phase 1 -> phase 2 (dpsgd)", "phase 1 -> phase 2 (sgd)",
+                     "phase 2 sgd vs dpsgd"]
+    assert all(p.is_file() for p in t.files()) and len(t.files()) == 4 + 3 * 3

@@ -1,0 +1,141 @@
+"""30-point linear interpolation: landscape vs loss-landscapes vs a batched plain loop vs 30 forward passes.
+
+For ``lenet`` on 2,000 random 1x28x28 inputs and ``resnet18`` (GroupNorm) on 500 random 3x32x32 inputs,
+with ONE torch thread, repeats interleaved (the machine is shared, so only ratios measured in the same
+run mean anything), medians reported:
+
+* ``ours``            ``landscape.analyze.interpolate.interpolate`` (30 points, both ends included)
+* ``loss-landscapes`` ``loss_landscapes.linear_interpolation(steps=30, deepcopy_model=True)``, full batch
+* ``plain-loop``      one model, each lerp written in place, batches of 500 under ``inference_mode``
+* ``30x forward``     30 plain forward passes over the same examples (the "floor" a naive evaluator sits on)
+
+Achieved FLOP/s counts the FLOPs of 30 plain forward passes (``torch.utils.flop_counter``) over our time,
+against this machine's measured float32 matmul peak (one thread). ResNet-18 is expensive on one CPU thread
+(~25 s per forward of 500 examples here), so by default it is measured with ``--resnet-points`` points per
+method and scaled to 30 (every point costs the same; the scaling is printed). ``--full`` measures 30.
+
+Run: ``OMP_NUM_THREADS=1 python benchmarks/interpolate.py [--repeats 3] [--resnet-points 3] [--full]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from landscape.analyze.interpolate import interpolate
+from landscape.evaluate import _tune_allocator
+from landscape.models import build_model
+
+POINTS = 30
+
+
+def matmul_peak(n: int = 1024, repeats: int = 7) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / min(times)
+
+
+def forward_flops(model, x) -> int:
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        model(x)
+    return counter.get_total_flops()
+
+
+def make_methods(model_a, model_b, x, y, points: int):
+    state_a, state_b = model_a.state_dict(), model_b.state_dict()
+    data = {"train": (x, y)}
+
+    def ours():
+        interpolate(model_a, state_a, state_b, data, splits=("train",), points=points)
+
+    def loss_landscapes_run():
+        from loss_landscapes import linear_interpolation
+        from loss_landscapes.metrics import Loss
+
+        # steps=points evaluates alpha = k/points, k = 1..points: the same number of forward passes
+        linear_interpolation(model_a, model_b, Loss(F.cross_entropy, x, y), steps=points, deepcopy_model=True)
+
+    def plain_loop():
+        model = copy.deepcopy(model_a).eval()
+        params = list(model.parameters())
+        pa = [p.detach().clone() for p in model_a.parameters()]
+        pb = [p.detach().clone() for p in model_b.parameters()]
+        alphas = torch.linspace(0, 1, points).tolist()
+        loss = torch.zeros(points, dtype=torch.float64)
+        with torch.inference_mode():
+            for i, alpha in enumerate(alphas):
+                for p, a, b in zip(params, pa, pb, strict=True):
+                    torch.lerp(a, b, alpha, out=p)
+                for s in range(0, x.shape[0], 500):
+                    loss[i] += F.cross_entropy(model(x[s:s + 500]), y[s:s + 500], reduction="sum")
+        return loss
+
+    def forwards():
+        model = copy.deepcopy(model_a).eval()
+        with torch.inference_mode():
+            for _ in range(points):
+                model(x)
+
+    return {"ours": ours, "loss-landscapes": loss_landscapes_run, "plain-loop": plain_loop, "30x forward": forwards}
+
+
+def bench_case(name: str, model_name: str, shape, n: int, points: int, repeats: int, peak: float, **kwargs) -> dict:
+    torch.manual_seed(0)
+    model_a = build_model(model_name, input_shape=shape, num_classes=10, **kwargs).eval()
+    model_b = build_model(model_name, input_shape=shape, num_classes=10, **kwargs).eval()
+    x, y = torch.randn(n, *shape), torch.randint(0, 10, (n,))
+    methods = make_methods(model_a, model_b, x, y, points)
+    flops = forward_flops(model_a, x) * POINTS
+    times: dict[str, list[float]] = {k: [] for k in methods}
+    order = list(methods)
+    for r in range(repeats):
+        for key in order[r % len(order):] + order[: r % len(order)]:  # rotate the order every repeat
+            t0 = time.perf_counter()
+            methods[key]()
+            times[key].append((time.perf_counter() - t0) * POINTS / points)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"\n{name}: {n} examples, {POINTS} points" + ("" if points == POINTS else
+          f" (measured with {points} points per method, times scaled by {POINTS}/{points})")
+          + f", {repeats} interleaved repeats, 1 thread")
+    print(f"  {'method':<16} {'median s':>9} {'ours is x faster':>17}   all repeats (s)")
+    for k, v in med.items():
+        print(f"  {k:<16} {v:9.2f} {v / med['ours']:17.2f}   " + " ".join(f"{t:.2f}" for t in times[k]))
+    achieved = flops / med["ours"]
+    print(f"  30 plain forwards = {flops / 1e9:.1f} GFLOP; ours achieves {achieved / 1e9:.2f} GFLOP/s = "
+          f"{achieved / peak:.1%} of the float32 matmul peak ({peak / 1e9:.1f} GFLOP/s); "
+          f"loss-landscapes = {med['loss-landscapes'] / med['30x forward']:.2f}x the 30-forward time, "
+          f"plain loop = {med['plain-loop'] / med['30x forward']:.2f}x")
+    return med
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--resnet-points", type=int, default=3)
+    parser.add_argument("--full", action="store_true", help="measure ResNet-18 with all 30 points")
+    parser.add_argument("--skip-resnet", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    _tune_allocator()  # process-wide: every method below runs with the same allocator settings
+    peak = matmul_peak()
+    print(f"float32 matmul peak, 1 thread: {peak / 1e9:.1f} GFLOP/s (1024x1024, best of 7)")
+    bench_case("lenet", "lenet", (1, 28, 28), 2000, POINTS, args.repeats, peak)
+    if not args.skip_resnet:
+        bench_case("resnet18 (GroupNorm)", "resnet18", (3, 32, 32), 500,
+                   POINTS if args.full else args.resnet_points, args.repeats, peak, norm="group")
+    print(f"\nmatmul peak re-measured at the end: {matmul_peak() / 1e9:.1f} GFLOP/s")
+
+
+if __name__ == "__main__":
+    main()
