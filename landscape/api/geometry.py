@@ -128,14 +128,34 @@ def _init_worker() -> None:
     torch.set_num_threads(1)
 
 
-def _map(fn: Callable, jobs: Sequence[tuple], workers: int) -> list:
-    """``fn(*job)`` for every job, in order; in ``workers`` spawned processes when > 1."""
-    if workers <= 1 or len(jobs) <= 1:
-        return [fn(*job) for job in jobs]
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context("spawn"),
-                             initializer=_init_worker) as pool:
-        futures = [pool.submit(fn, *job) for job in jobs]
+class ProcessPool:
+    """``map(fn, jobs)`` -> ``[fn(*job) ...]`` in order: in-process for one worker, else in ``workers`` spawned
+    processes (one torch thread each), created on first use and shared by every ``map`` inside the block."""
+
+    def __init__(self, workers: int):
+        self.workers = int(workers)
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> ProcessPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+
+    def map(self, fn: Callable, jobs: Sequence[tuple]) -> list:
+        if self.workers <= 1 or len(jobs) <= 1:
+            return [fn(*job) for job in jobs]
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=get_context("spawn"),
+                                             initializer=_init_worker)
+        futures = [self._pool.submit(fn, *job) for job in jobs]
         return [f.result() for f in futures]
+
+
+def _map(fn: Callable, jobs: Sequence[tuple], workers: int) -> list:
+    with ProcessPool(min(workers, len(jobs))) as pool:
+        return pool.map(fn, jobs)
 
 
 def _inputs(targets: Sequence[Target]) -> list[InputRef]:
@@ -373,17 +393,20 @@ def norms(
     if not groups:
         raise UsageError("norms needs at least one run or checkpoint")
     flat = [t for g in groups for t in g]
-    ranges = _map(_range_job, [(t,) for t in flat], config.workers)
-    edges = histogram_edges(min(r[0] for r in ranges), max(r[1] for r in ranges), config.bins)
-    runs = []
-    for label, group in zip(labels, groups, strict=True):
-        init_path = _init_path(store, group[0].run)
-        masks = _run_masks(str(root), group[0].run)
-        jobs = [(t, init_path, config, edges, masks, data_root) for t in group]
-        rows = _map(_norms_job, jobs, config.workers)
-        model = _load(group[0]).build_model()
-        runs.append(RunNorms(label=str(label), optimizer=_optimizer(store, group[0].run),
-                             layer_names=trainable_names(model), rows=rows))
+    with ProcessPool(config.workers) as pool:
+        ranges = pool.map(_range_job, [(t,) for t in flat])
+        edges = histogram_edges(min(r[0] for r in ranges), max(r[1] for r in ranges), config.bins)
+        jobs, runs = [], []
+        for label, group in zip(labels, groups, strict=True):
+            init_path = _init_path(store, group[0].run)
+            masks = _run_masks(str(root), group[0].run)
+            jobs += [(t, init_path, config, edges, masks, data_root) for t in group]
+            model = _load(group[0]).build_model()
+            runs.append(RunNorms(label=str(label), optimizer=_optimizer(store, group[0].run),
+                                 layer_names=trainable_names(model)))
+        rows = iter(pool.map(_norms_job, jobs))
+    for run, group in zip(runs, groups, strict=True):
+        run.rows = [next(rows) for _ in group]
     result = NormsResult(config=config, edges=edges, runs=runs)
     path = Path(output) if output is not None else _default_output("norms", flat)
     result.to_hdf5(path, inputs=_inputs(flat))

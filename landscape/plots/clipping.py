@@ -58,6 +58,9 @@ def _against(result, x, xlabel: str, stem, *, title: str) -> list[Path]:
     if finite.size:
         low = min(np.nanmin(col["projection"]), max(finite.min(), -2 * c))
         ax.set_ylim(low - 0.05 * c, 1.1 * c)
+        if (col["bound"] < low - 0.05 * c).any():
+            ax.text(0.02, 0.02, f"bound below the axis where off-scale (min {np.nanmin(col['bound']):.3g})",
+                    transform=ax.transAxes, fontsize=7, color=PALETTE[1])
     ax.set_xlabel(xlabel)
     ax.set_ylabel("projection of clipped mean")
     ax.legend()

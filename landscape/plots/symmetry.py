@@ -1,0 +1,102 @@
+"""Figures of ``landscape symmetry``: projected gradient deviations per checkpoint (Zhu & Blaschko Figs. 6-9)
+and the symmetry statistics against epoch."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.colors import LogNorm  # noqa: E402
+
+from landscape.plots.style import PALETTE, apply_style, save_figure  # noqa: E402
+
+MAX_PANELS = 8
+
+
+def _panels(rows: list) -> list:
+    """At most :data:`MAX_PANELS` checkpoints, evenly spread, first and last included."""
+    if len(rows) <= MAX_PANELS:
+        return rows
+    idx = np.unique(np.round(np.linspace(0, len(rows) - 1, MAX_PANELS)).astype(int))
+    return [rows[i] for i in idx]
+
+
+def plot_deviations(result, stem) -> list[Path]:
+    """Scatter (top) and density (bottom) of the 2-D projected deviations, one column per checkpoint."""
+    apply_style()
+    rows = _panels(result.rows)
+    k = len(rows)
+    fig, axes = plt.subplots(2, k, figsize=(2.6 * k, 5.2), squeeze=False)
+    for j, row in enumerate(rows):
+        pts = row.stats.plane
+        lim = float(np.quantile(np.abs(pts), 0.99)) * 1.1 or 1.0
+        ax = axes[0, j]
+        ax.scatter(pts[:, 0], pts[:, 1], s=3, alpha=0.5, color=PALETTE[0], linewidths=0)
+        ax.scatter(-pts[:, 0], -pts[:, 1], s=3, alpha=0.25, color=PALETTE[1], linewidths=0)
+        ax.set_title(f"epoch {row.epoch:g}\nH={row.stats.energy_coefficient:.3f}, p={row.stats.p_value:.3g}",
+                     fontsize=8)
+        ax2 = axes[1, j]
+        ax2.hist2d(pts[:, 0], pts[:, 1], bins=40, range=[[-lim, lim], [-lim, lim]], cmap="viridis", cmin=1,
+                   norm=LogNorm())
+        ax2.set_title(f"|skew| mean {row.stats.mean_abs_skew:.2f}", fontsize=8)
+        for a in (ax, ax2):
+            a.set_xlim(-lim, lim)
+            a.set_ylim(-lim, lim)
+            a.set_aspect("equal")
+            a.axhline(0, color="#999999", lw=0.5)
+            a.axvline(0, color="#999999", lw=0.5)
+            a.tick_params(labelsize=6)
+            a.grid(False)
+    axes[0, 0].set_ylabel("xi (blue), -xi (orange)")
+    axes[1, 0].set_ylabel("density of xi (log colour)")
+    fig.suptitle("gradient deviations xi_i = g_i - g_bar, random 2-D projection (same matrix for all panels)")
+    fig.tight_layout()
+    return save_figure(fig, stem)
+
+
+def plot_statistics(result, stem) -> list[Path]:
+    """Energy coefficient (with p-value) and skewness of the deviations against epoch."""
+    apply_style()
+    epochs = np.array([r.epoch for r in result.rows])
+    order = np.argsort(epochs)
+    epochs = epochs[order]
+    h = np.array([r.stats.energy_coefficient for r in result.rows])[order]
+    p = np.array([r.stats.p_value for r in result.rows])[order]
+    mean_skew = np.array([r.stats.mean_abs_skew for r in result.rows])[order]
+    max_skew = np.array([r.stats.max_abs_skew for r in result.rows])[order]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    ax = axes[0]
+    ax.plot(epochs, h, "o-", color=PALETTE[0], label="energy coefficient H(xi, -xi)")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("H (0 = symmetric)")
+    ax_p = ax.twinx()
+    ax_p.plot(epochs, p, "s--", color=PALETTE[1], ms=3, label="permutation p-value")
+    ax_p.set_ylim(0, 1.05)
+    ax_p.set_ylabel("p-value")
+    ax_p.grid(False)
+    lines = ax.get_lines() + ax_p.get_lines()
+    ax.legend(lines, [line.get_label() for line in lines])
+    ax = axes[1]
+    if not np.isnan(mean_skew).all():
+        ax.plot(epochs, mean_skew, "o-", color=PALETTE[2], label="mean |skewness|")
+        ax.plot(epochs, max_skew, "s--", color=PALETTE[3], label="max |skewness|")
+        n = result.rows[0].stats.plane.shape[0]
+        ax.axhline(math.sqrt(6 / n), color="#888888", ls=":", lw=0.8, label="sd under symmetry ~ sqrt(6/n)")
+        ax.legend()
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(f"skewness along {result.config.projections} random directions")
+    fig.tight_layout()
+    return save_figure(fig, stem)
+
+
+def plot_symmetry(result, path) -> list[Path]:
+    """``<stem>-deviations`` (grid over checkpoints) and ``<stem>-stats`` (statistics vs epoch)."""
+    stem = Path(path).with_suffix("")
+    files = plot_deviations(result, stem.with_name(f"{stem.name}-deviations"))
+    files += plot_statistics(result, stem.with_name(f"{stem.name}-stats"))
+    return files
