@@ -14,7 +14,8 @@ from cli.options import data_options, model_options
 from landscape.train.config import OPTIMIZERS, PHASE_FAMILIES, PhasesConfig, TrainConfig
 
 _D = TrainConfig()
-_COLUMNS = ["run", "optimizer", "parent", "step", "epoch", "epsilon", "train_acc", "test_acc", "test_loss"]
+_COLUMNS = ["run", "optimizer", "parent", "step", "epoch", "epsilon", "train_acc", "test_acc", "test_loss",
+            "seconds"]
 
 
 def _training_options(func: Callable) -> Callable:

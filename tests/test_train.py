@@ -314,3 +314,13 @@ def test_cli_options_mirror_train_config():
 def test_unknown_run_to_resume_is_a_checkpoint_error(tmp_path):
     with pytest.raises(CheckpointError):
         train(TrainConfig(resume="missing"), root=tmp_path)
+
+
+def test_progress_bar_on_stderr_shows_epoch_loss_and_epsilon(tmp_path, capsys):
+    train(TrainConfig(**SMALL, epochs=1, optimizer="dpsgd", noise_multiplier=1.0, run="bar"), root=tmp_path,
+          progress=True)
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert "bar" in out.err and "epoch=" in out.err and "loss=" in out.err and "eps=" in out.err
+    train(TrainConfig(**SMALL, epochs=1, run="quiet"), root=tmp_path)  # stderr is no terminal here
+    assert capsys.readouterr().err == ""

@@ -67,6 +67,7 @@ def summarize(run: Run) -> RunSummary:
         phase1=phases_.get("phase1"),
         phase2=phases_.get("phase2"),
         copy=phases_.get("copy"),
+        seconds=metrics.get("wall_seconds"),
     )
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -212,6 +213,17 @@ def restore_resume_state(state: TrainState, extra: dict[str, np.ndarray]) -> Non
 
 
 # ------------------------------------------------------------------------------------------- checkpointing
+
+
+class WallClock(Callback):
+    """Training wall time so far (seconds, across resumes) as checkpoint metric ``wall_seconds``."""
+
+    def on_start(self, state: TrainState) -> None:
+        self.start = time.perf_counter() - state.seconds_before
+
+    def on_checkpoint(self, state: TrainState, record: CheckpointRecord) -> None:
+        record.metrics["wall_seconds"] = time.perf_counter() - self.start
+
 
 
 class Checkpointer(Callback):

@@ -50,6 +50,7 @@ from landscape.train.callbacks import (
     Progress,
     ResumeState,
     StepMetrics,
+    WallClock,
     restore_resume_state,
 )
 from landscape.train.config import TrainConfig, checkpoint_steps, config_hash
@@ -93,6 +94,7 @@ class TrainState:
     step: int = 0
     epsilon: Any = None
     resumed: bool = False
+    seconds_before: float = 0.0
     last_eval: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -231,6 +233,7 @@ def _resume(
     restore_resume_state(state, ckpt.extra)
     state.step = last.step
     state.resumed = True
+    state.seconds_before = float(last.metrics.get("wall_seconds", 0.0))
     if METRICS_ARRAY in run.array_names():
         state.metrics.restore(run.load_array(METRICS_ARRAY), upto=last.step)
     _run(state, callbacks, progress)
@@ -508,6 +511,7 @@ def _build_state(
         Accounting(epsilon_curve(config, sigma, q, total, history, run.manifest["schedule"]["checkpoint_steps"])),
         Evaluation(),
         ResumeState(),
+        WallClock(),
         Checkpointer(run.manifest["schedule"]["checkpoint_steps"]),
     ]
     return state
