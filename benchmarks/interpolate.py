@@ -14,6 +14,10 @@ against this machine's measured float32 matmul peak (one thread). ResNet-18 is e
 (~25 s per forward of 500 examples here), so by default it is measured with ``--resnet-points`` points per
 method and scaled to 30 (every point costs the same; the scaling is printed). ``--full`` measures 30.
 
+The allocator setting of :mod:`landscape.evaluate` (glibc keeps freed blocks instead of returning them to
+the OS; page faults dominate memory-bound layers on this VM) is process-wide, so it applies to every method
+here; ``LANDSCAPE_MALLOC_TUNE=0`` runs everything with glibc's defaults instead.
+
 Run: ``OMP_NUM_THREADS=1 python benchmarks/interpolate.py [--repeats 3] [--resnet-points 3] [--full]``
 """
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
 import time
 
@@ -128,6 +133,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     _tune_allocator()  # process-wide: every method below runs with the same allocator settings
+    tuned = os.environ.get("LANDSCAPE_MALLOC_TUNE", "1") != "0"
+    print("allocator: " + ("glibc tuned by landscape.evaluate for ALL methods (keeps freed blocks)" if tuned else
+                           "glibc defaults for ALL methods (LANDSCAPE_MALLOC_TUNE=0)"))
     peak = matmul_peak()
     print(f"float32 matmul peak, 1 thread: {peak / 1e9:.1f} GFLOP/s (1024x1024, best of 7)")
     bench_case("lenet", "lenet", (1, 28, 28), 2000, POINTS, args.repeats, peak)
