@@ -255,12 +255,13 @@ def sample_indices(num_examples: int, batch_size: int, seed: int) -> torch.Tenso
 
 def projected_gradients(
     engine, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, rows: int, seed: int, chunk: int,
-    directions_per_pass: int,
+    directions_per_pass: int, masks: dict[str, torch.Tensor] | None = None,
 ) -> np.ndarray:
     """``<g_i, v_j>`` for the first ``rows`` rows of the seeded matrix, ``(n, rows)`` float64, via the engine.
 
     Directions are generated a few at a time (``directions_per_pass``) so resnet18-sized matrices are never
-    held whole; examples go through in chunks of ``chunk``.
+    held whole; examples go through in chunks of ``chunk``. ``masks`` (1 = keep) are applied to the
+    directions, which gives ``<mask * g_i, v_j>``: the deviations of a pruned model's effective gradients.
     """
     shapes = parameter_shapes(model)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
@@ -268,6 +269,8 @@ def projected_gradients(
     for j0 in range(0, rows, directions_per_pass):
         js = range(j0, min(rows, j0 + directions_per_pass))
         dirs = [dict(zip(names, direction(seed, shapes, j), strict=True)) for j in js]
+        if masks:
+            dirs = [{n: v * masks[n].to(v) if n in masks else v for n, v in d.items()} for d in dirs]
         for start in range(0, len(y), chunk):
             sl = slice(start, start + chunk)
             proj = engine.projections(x[sl], y[sl], dirs)
@@ -277,7 +280,7 @@ def projected_gradients(
 
 def symmetry_row(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: SymmetryConfig, *, engine=None,
-    ref: str = "", step: int = 0, epoch: float = math.nan,
+    masks: dict[str, torch.Tensor] | None = None, ref: str = "", step: int = 0, epoch: float = math.nan,
 ) -> CheckpointSymmetry:
     """Symmetry statistics at one parameter point (see the module docstring)."""
     if engine is None:
@@ -287,7 +290,7 @@ def symmetry_row(
     idx = sample_indices(len(y), config.batch_size, config.seed)
     projected = projected_gradients(
         engine, model, x[idx], y[idx], rows=PLANE + config.projections, seed=config.seed, chunk=config.chunk,
-        directions_per_pass=config.directions_per_pass,
+        directions_per_pass=config.directions_per_pass, masks=masks,
     )
     stats = symmetry_stats(projected, permutations=config.permutations, seed=config.seed)
     return CheckpointSymmetry(ref=ref, step=int(step), epoch=float(epoch), stats=stats)

@@ -294,11 +294,12 @@ def pruned_retrain(store: Store, trained: Checkpoint, init: Checkpoint, level: f
 # ------------------------------------------------------------------------------------------ symmetry
 
 
-def _symmetry_job(target: Target, config: SymmetryConfig, data_root):
+def _symmetry_job(target: Target, config: SymmetryConfig, masks, data_root):
     ckpt = _load(target)
     model = ckpt.build_model()
     x, y = _checkpoint_data(ckpt, data_root, config.split)
-    row = symmetry_row(model, x, y, config, ref=target.ref, step=target.step, epoch=target.epoch)
+    row = symmetry_row(model, x, y, config, masks=_torch_masks(masks), ref=target.ref, step=target.step,
+                       epoch=target.epoch)
     shapes = parameter_shapes(model)
     return row, shapes
 
@@ -318,7 +319,8 @@ def symmetry(
     config = _config(SymmetryConfig, config, options)
     store = Store(root)
     targets = expand_target(store, target)
-    outs = _map(_symmetry_job, [(t, config, data_root) for t in targets], config.workers)
+    masks = {t.run: _run_masks(str(root), t.run) for t in targets}
+    outs = _map(_symmetry_job, [(t, config, masks[t.run], data_root) for t in targets], config.workers)
     shapes = outs[0][1]
     if any(s != shapes for _, s in outs):
         raise UsageError("the checkpoints have different parameter shapes; one projection matrix cannot serve them all")
