@@ -10,6 +10,13 @@ the clipped mean is ``c = (1/n) sum g_i min(1, C/||g_i||)`` (eqs. (2)-(3)), and 
 ``||g_i|| >= C`` (the assumption that turns eq. (3) into eq. (4)). Results report whether that assumption
 held and whether the bound held, so cases outside the theorem are flagged, not hidden.
 
+The theorem is false as stated, so ``bound_held`` can be False even when ``assumption_held`` is True:
+``g = (10, -1)`` in one dimension with ``C = 1`` meets every assumption, yet ``c = 0`` while
+``C (1 - R/2) = 1 - 121/162 > 0`` (in the appendix proof the claim ``f >= 3`` fails: ``f = 2.494`` there).
+Counterexamples exist with every ``g_i`` positively aligned with ``g_bar`` too (tests/test_clipping.py).
+It does hold when all per-sample norms are equal (then it reads ``(q - 1)^2 (q + 1/2) >= 0`` with
+``q = ||g_bar|| / ||g_i||``). In practice ``R`` is often far above 2 and the bound is then vacuous (negative).
+
 Everything is computed from additive sufficient statistics (:class:`ClipMoments`: ``n``, ``sum ||g_i||^2``,
 ``sum g_i``, ``sum c_i g_i`` per layer), which the per-sample engine delivers without ever holding the
 ``n x d`` gradient matrix: norms come from the ghost-norm route, the two sums from weighted backward
