@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from landscape import persample
 from landscape.errors import ModelError, UsageError
 from landscape.models import build_model
 from landscape.persample import PerSampleEngine, PerSampleNorms, flatten_grads
@@ -162,7 +163,15 @@ def exotic_batch(n, seed=0):
     return torch.cat([img, tok], 1), torch.randint(0, 10, (n,), generator=g)
 
 
-def test_hooks_route_on_every_supported_layer():
+@pytest.mark.parametrize(
+    ("ghost_ratio", "grouped_min"),
+    [(0.5, 256), (0.0, 1), (1e9, 10**9)],
+    ids=["default", "grouped-kernel-no-ghost", "unfold-always-ghost"],
+)
+def test_hooks_route_on_every_supported_layer(monkeypatch, ghost_ratio, grouped_min):
+    """Every code path (ghost / materialised by grouped kernel / by unfolded patches) on every geometry."""
+    monkeypatch.setattr(persample, "GHOST_RATIO", ghost_ratio)
+    monkeypatch.setattr(persample, "GROUPED_MIN_POSITIONS", grouped_min)
     torch.manual_seed(0)
     model = Exotic().double()
     x, y = exotic_batch(5)
