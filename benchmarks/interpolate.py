@@ -83,7 +83,7 @@ def make_methods(model_a, model_b, x, y, points: int):
                 for p, a, b in zip(params, pa, pb, strict=True):
                     torch.lerp(a, b, alpha, out=p)
                 for s in range(0, x.shape[0], 500):
-                    loss[i] += F.cross_entropy(model(x[s : s + 500]), y[s : s + 500], reduction="sum")
+                    loss[i] += F.cross_entropy(model(x[s:s + 500]), y[s:s + 500], reduction="sum")
         return loss
 
     def forwards():
@@ -92,17 +92,10 @@ def make_methods(model_a, model_b, x, y, points: int):
             for _ in range(points):
                 model(x)
 
-    return {
-        "ours": ours,
-        "loss-landscapes": loss_landscapes_run,
-        "plain-loop": plain_loop,
-        "30x forward": forwards,
-    }
+    return {"ours": ours, "loss-landscapes": loss_landscapes_run, "plain-loop": plain_loop, "30x forward": forwards}
 
 
-def bench_case(
-    name: str, model_name: str, shape, n: int, points: int, repeats: int, peak: float, **kwargs
-) -> dict:
+def bench_case(name: str, model_name: str, shape, n: int, points: int, repeats: int, peak: float, **kwargs) -> dict:
     torch.manual_seed(0)
     model_a = build_model(model_name, input_shape=shape, num_classes=10, **kwargs).eval()
     model_b = build_model(model_name, input_shape=shape, num_classes=10, **kwargs).eval()
@@ -112,30 +105,22 @@ def bench_case(
     times: dict[str, list[float]] = {k: [] for k in methods}
     order = list(methods)
     for r in range(repeats):
-        for key in order[r % len(order) :] + order[: r % len(order)]:  # rotate the order every repeat
+        for key in order[r % len(order):] + order[: r % len(order)]:  # rotate the order every repeat
             t0 = time.perf_counter()
             methods[key]()
             times[key].append((time.perf_counter() - t0) * POINTS / points)
     med = {k: statistics.median(v) for k, v in times.items()}
-    print(
-        f"\n{name}: {n} examples, {POINTS} points"
-        + (
-            ""
-            if points == POINTS
-            else f" (measured with {points} points per method, times scaled by {POINTS}/{points})"
-        )
-        + f", {repeats} interleaved repeats, 1 thread"
-    )
+    print(f"\n{name}: {n} examples, {POINTS} points" + ("" if points == POINTS else
+          f" (measured with {points} points per method, times scaled by {POINTS}/{points})")
+          + f", {repeats} interleaved repeats, 1 thread")
     print(f"  {'method':<16} {'median s':>9} {'ours is x faster':>17}   all repeats (s)")
     for k, v in med.items():
         print(f"  {k:<16} {v:9.2f} {v / med['ours']:17.2f}   " + " ".join(f"{t:.2f}" for t in times[k]))
     achieved = flops / med["ours"]
-    print(
-        f"  30 plain forwards = {flops / 1e9:.1f} GFLOP; ours achieves {achieved / 1e9:.2f} GFLOP/s = "
-        f"{achieved / peak:.1%} of the float32 matmul peak ({peak / 1e9:.1f} GFLOP/s); "
-        f"loss-landscapes = {med['loss-landscapes'] / med['30x forward']:.2f}x the 30-forward time, "
-        f"plain loop = {med['plain-loop'] / med['30x forward']:.2f}x"
-    )
+    print(f"  30 plain forwards = {flops / 1e9:.1f} GFLOP; ours achieves {achieved / 1e9:.2f} GFLOP/s = "
+          f"{achieved / peak:.1%} of the float32 matmul peak ({peak / 1e9:.1f} GFLOP/s); "
+          f"loss-landscapes = {med['loss-landscapes'] / med['30x forward']:.2f}x the 30-forward time, "
+          f"plain loop = {med['plain-loop'] / med['30x forward']:.2f}x")
     return med
 
 
@@ -149,28 +134,14 @@ def main() -> None:
     torch.set_num_threads(1)
     _tune_allocator()  # process-wide: every method below runs with the same allocator settings
     tuned = os.environ.get("LANDSCAPE_MALLOC_TUNE", "1") != "0"
-    print(
-        "allocator: "
-        + (
-            "glibc tuned by landscape.evaluate for ALL methods (keeps freed blocks)"
-            if tuned
-            else "glibc defaults for ALL methods (LANDSCAPE_MALLOC_TUNE=0)"
-        )
-    )
+    print("allocator: " + ("glibc tuned by landscape.evaluate for ALL methods (keeps freed blocks)" if tuned else
+                           "glibc defaults for ALL methods (LANDSCAPE_MALLOC_TUNE=0)"))
     peak = matmul_peak()
     print(f"float32 matmul peak, 1 thread: {peak / 1e9:.1f} GFLOP/s (1024x1024, best of 7)")
     bench_case("lenet", "lenet", (1, 28, 28), 2000, POINTS, args.repeats, peak)
     if not args.skip_resnet:
-        bench_case(
-            "resnet18 (GroupNorm)",
-            "resnet18",
-            (3, 32, 32),
-            500,
-            POINTS if args.full else args.resnet_points,
-            args.repeats,
-            peak,
-            norm="group",
-        )
+        bench_case("resnet18 (GroupNorm)", "resnet18", (3, 32, 32), 500,
+                   POINTS if args.full else args.resnet_points, args.repeats, peak, norm="group")
     print(f"\nmatmul peak re-measured at the end: {matmul_peak() / 1e9:.1f} GFLOP/s")
 
 
