@@ -258,6 +258,8 @@ def derive_seeds(seed: int) -> dict[str, int]:
 def _load_data(config: TrainConfig, parent: Checkpoint | None) -> Dataset:
     root, download = config.data_root, config.download
     if config.data is None:
+        if config.subset is not None or config.data_kwargs:
+            raise UsageError("--subset/--data-kwargs need --data (a child run otherwise reuses its parent's data set)")
         if parent is None or not parent.data_spec:
             raise UsageError(f"{config.from_ref} records no data set; give --data")
         return dataset_from_spec(parent.data_spec, data_root=root, download=download)
