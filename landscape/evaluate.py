@@ -283,6 +283,7 @@ class _Runner:
         self.device = device
         self.targets = space.tensors_of(self.model)
         self.first: nn.Module | None = None
+        self.fold: nn.MaxPool2d | None = None
         self._x = x
 
     def prepare(self, xb: torch.Tensor) -> torch.Tensor:
@@ -321,8 +322,11 @@ class _Runner:
             return False
         self.first, self.first_name, self.first_keys = first, name, dict(zip(keys, local, strict=True))
         self.first_ref = copy.deepcopy(first)
+        self.fold = self._foldable_pool(first)
         u = self._first_input(probe)
         z = self.first_ref(u)
+        if self.fold is not None:
+            z = _slice_max_pool(self.fold)(z)
         # the first layer's input must not depend on any other parameter
         saved = [t.clone() for t in self.targets]
         try:
@@ -340,6 +344,43 @@ class _Runner:
             self.first = None
             return False
         return True
+
+    def _foldable_pool(self, first: nn.Module) -> nn.MaxPool2d | None:
+        """A simple non-overlapping MaxPool2d right after the first layer in a Sequential (after ``_rewrite_modules``).
+
+        Its windows are then cut from the shared outputs once per batch as contiguous tensors, and each point
+        only mixes and takes the maximum over them (bit-identical to pooling the mixed output).
+        """
+        for parent in self.model.modules():
+            if type(parent) is not nn.Sequential:
+                continue
+            children = list(parent._modules.values())
+            for k, child in enumerate(children[:-1]):
+                nxt = children[k + 1]
+                stride = _pair(nxt.stride if nxt.stride is not None else nxt.kernel_size)
+                if child is first and type(nxt) is nn.MaxPool2d and _simple_pool(nxt) and stride == _pair(nxt.kernel_size):
+                    uses = sum(m is nxt for _, m in self.model.named_modules(remove_duplicate=False))
+                    return nxt if uses == 1 else None
+        return None
+
+    def _windows(self, z: torch.Tensor) -> list[torch.Tensor]:
+        m = self.fold
+        kh, kw = _pair(m.kernel_size)
+        sh, sw = _pair(m.stride if m.stride is not None else m.kernel_size)
+        h, w = z.shape[-2:]
+        oh, ow = (h - kh) // sh + 1, (w - kw) // sw + 1
+        fmt = torch.channels_last if self.channels_last and z.dim() == 4 else torch.contiguous_format
+        return [z[..., i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw].contiguous(memory_format=fmt)
+                for i in range(kh) for j in range(kw)]
+
+    def _mixed(self, pts, zs, i: int) -> torch.Tensor:
+        if self.fold is None:
+            return pts.mix(zs, i)
+        out = None
+        for w in range(len(zs[0])):
+            part = pts.mix([z[w] for z in zs], i)
+            out = part if out is None else torch.maximum(out, part, out=out)
+        return out
 
     @property
     def _probe_x(self) -> torch.Tensor:
@@ -366,14 +407,19 @@ class _Runner:
         outs = []
         for g in generators:
             params = {local: self.space.unflatten(g)[full].to(self.device) for full, local in self.first_keys.items()}
-            outs.append(functional_call(self.first_ref, params, (u,)))
+            z = functional_call(self.first_ref, params, (u,))
+            outs.append(self._windows(z) if self.fold is not None else z)
         return outs
 
     def _stub(self, value: torch.Tensor) -> None:
         self.first.forward = lambda *args, **kwargs: value
+        if self.fold is not None:
+            self.fold.forward = _identity
 
     def _unstub(self) -> None:
         self.first.__dict__.pop("forward", None)
+        if self.fold is not None:
+            self.fold.forward = _slice_max_pool(self.fold)
 
     # evaluation orders -------------------------------------------------------------------------------
     def run_batches_outer(self, pts, x, y, batch_size, shared: bool, memory_budget: int):
@@ -388,7 +434,7 @@ class _Runner:
             for i in range(n_points):
                 self.assign(pts.point(i))
                 if shared:
-                    self._stub(pts.mix(zs, i))
+                    self._stub(self._mixed(pts, zs, i))
                 logits = self.model(xb)
                 _accumulate(logits, yb, loss, correct, i)
             if shared:
@@ -472,10 +518,17 @@ def _simple_pool(m: nn.MaxPool2d) -> bool:
             and not m.return_indices)
 
 
+def _pair(v) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+def _identity(v: torch.Tensor) -> torch.Tensor:
+    return v
+
+
 def _slice_max_pool(m: nn.MaxPool2d):
-    kh, kw = (m.kernel_size, m.kernel_size) if isinstance(m.kernel_size, int) else m.kernel_size
-    stride = m.stride if m.stride is not None else m.kernel_size
-    sh, sw = (stride, stride) if isinstance(stride, int) else stride
+    kh, kw = _pair(m.kernel_size)
+    sh, sw = _pair(m.stride if m.stride is not None else m.kernel_size)
 
     def forward(v: torch.Tensor) -> torch.Tensor:
         h, w = v.shape[-2:]
