@@ -232,6 +232,11 @@ def test_analyzer_equals_naive_per_sample_gradients(small_model, style):
     assert total.projection == pytest.approx(c @ g / np.linalg.norm(g), rel=1e-8)
     assert total.clipped_mean_norm == pytest.approx(np.linalg.norm(c), rel=1e-8)
     assert total.n == B * K
+    if style == "flat":
+        assert total.fraction_clipped == pytest.approx(np.mean(np.linalg.norm(G, axis=1) > C))
+    else:  # (sample, layer) pairs, as training's Privatizer counts them
+        t = C / math.sqrt(len(sizes))
+        assert total.fraction_clipped == pytest.approx(np.mean([np.linalg.norm(b, axis=1) > t for b in blocks]))
     for k in range(K):  # each batch on its own
         Gk = G[k * B:(k + 1) * B]
         gk = Gk.mean(0)

@@ -186,8 +186,8 @@ class ClipMoments:
     Per layer ``l`` (arrays of length L, vectors float64): ``sq_sum[l] = sum_i ||g_il||^2``,
     ``grad_sum[l] = sum_i g_il``, ``clipped_sum[l] = sum_i w_il g_il`` with the clipping factors ``w``,
     ``norm_sum[l] = sum_i ||g_il||``, ``min_norm[l]``, ``n_clipped[l]``; flat: ``flat_norm_sum``,
-    ``flat_min_norm``, ``flat_n_clipped`` (for layerwise clipping ``flat_n_clipped`` counts samples with
-    any layer clipped).
+    ``flat_min_norm``, ``flat_n_clipped`` (for layerwise clipping: clipped (sample, layer) pairs / L, so
+    the reported fraction is that of pairs, as in training's ``StepStats.fraction_clipped``).
     """
 
     n: int
@@ -199,7 +199,7 @@ class ClipMoments:
     clipped_sum: list[np.ndarray]
     flat_norm_sum: float
     flat_min_norm: float
-    flat_n_clipped: int
+    flat_n_clipped: float
 
     def __add__(self, other: ClipMoments) -> ClipMoments:
         return ClipMoments(
@@ -230,7 +230,8 @@ class ClipMoments:
         per_layer = np.stack([np.asarray(v, dtype=np.float64) for v in layer_norms])  # (L, n)
         flat = np.sqrt((per_layer**2).sum(0))
         layer_clipped = per_layer > layer_max_norms[:, None]
-        flat_clipped = flat > max_grad_norm if clip_style == "flat" else layer_clipped.any(0)
+        # layerwise: the fraction of (sample, layer) pairs clipped, as the training's Privatizer reports it
+        flat_clipped = (flat > max_grad_norm).sum() if clip_style == "flat" else layer_clipped.mean(0).sum()
         return cls(
             n=per_layer.shape[1],
             sq_sum=(per_layer**2).sum(1),
@@ -241,7 +242,7 @@ class ClipMoments:
             clipped_sum=[np.asarray(c, dtype=np.float64).ravel() for c in clipped_sum],
             flat_norm_sum=float(flat.sum()),
             flat_min_norm=float(flat.min()),
-            flat_n_clipped=int(flat_clipped.sum()),
+            flat_n_clipped=float(flat_clipped),
         )
 
     def stats(self, *, max_grad_norm: float, layer_max_norms: np.ndarray, clip_style: str) -> ClipStats:
