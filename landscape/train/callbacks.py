@@ -156,7 +156,6 @@ class Evaluation(Callback):
                               device=state.device)
             record.metrics[f"{split}_loss"] = float(result.loss[0])
             record.metrics[f"{split}_acc"] = float(result.acc[0])
-        state.last_eval = dict(record.metrics)
 
 
 # ------------------------------------------------------------------------------------------- resume state

@@ -95,7 +95,6 @@ class TrainState:
     epsilon: Any = None
     resumed: bool = False
     seconds_before: float = 0.0
-    last_eval: dict[str, float] = field(default_factory=dict)
 
     @property
     def epoch(self) -> float:
@@ -213,7 +212,7 @@ def _resume(
     total = int(manifest["schedule"]["total_steps"])
     if last.step >= total:
         return run
-    ckpt = run_checkpoint(run, last.path)
+    ckpt = store.load(f"{name}@step={last.step}")
     device = resolve_device(config.device)
     data = dataset_from_spec(manifest["data_spec"], data_root=data_root or config.data_root)
     model = model_from_spec(manifest["model_spec"])
@@ -238,12 +237,6 @@ def _resume(
         state.metrics.restore(run.load_array(METRICS_ARRAY), upto=last.step)
     _run(state, callbacks, progress)
     return run
-
-
-def run_checkpoint(run: Run, path: Path) -> Checkpoint:
-    from landscape.store import load_checkpoint
-
-    return load_checkpoint(path, ref=f"{run.name}@step={path.stem.split('-')[-1].lstrip('0') or '0'}")
 
 
 # ------------------------------------------------------------------------------------------- assembly
