@@ -357,8 +357,9 @@ class _Runner:
             children = list(parent._modules.values())
             for k, child in enumerate(children[:-1]):
                 nxt = children[k + 1]
-                stride = _pair(nxt.stride if nxt.stride is not None else nxt.kernel_size)
-                if child is first and type(nxt) is nn.MaxPool2d and _simple_pool(nxt) and stride == _pair(nxt.kernel_size):
+                if child is not first or type(nxt) is not nn.MaxPool2d or not _simple_pool(nxt):
+                    continue
+                if _pair(nxt.stride if nxt.stride is not None else nxt.kernel_size) == _pair(nxt.kernel_size):
                     uses = sum(m is nxt for _, m in self.model.named_modules(remove_duplicate=False))
                     return nxt if uses == 1 else None
         return None
