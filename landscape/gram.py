@@ -25,15 +25,26 @@ Strategies (all exact):
 - ``"functorch"``: ``vmap(grad)`` (``vmap(jacrev)`` for output kinds) per-sample gradients for every
   parameter, then G G^T per layer: the reference route.
 
-Memory is bounded by ``max_memory`` (bytes, default 4 GiB): samples are processed in chunks and, when a
-full batch does not fit, blocks of sample pairs are computed from re-captured chunks; per-layer work is
-split into sub-blocks. Blocks are accumulated in ``dtype`` (float64 by default); with
-``precision="auto"`` the contractions of small parameter tensors (biases, norms, small layers: where
-float32 loses accuracy and float64 costs nothing) run in float64 and large ones in the model's dtype.
+Memory is bounded by ``max_memory`` (bytes or "4GB", default 4 GiB): when the whole batch fits, each
+weight layer's block is computed inside the backward pass as soon as its output gradient arrives and its
+factors are dropped (so they never all coexist); when it does not fit, samples are processed in chunks and
+blocks of sample pairs are computed from re-captured chunks; per-layer work is split into sub-blocks.
+Convolutions with many output positions get per-sample gradients from a vmapped convolution backward
+(no unfolded input), others from unfold + einsum.
+
+Precision: blocks are returned in ``dtype`` (float64). ``precision="auto"`` sums bias / norm gradients over
+positions in float64 and forms the Gram products of small tensors (<= ``SMALL_PARAM`` elements) in float64,
+large contractions in the model's dtype; ``"double"`` does every contraction in float64; ``"single"``
+everything in the model's dtype. The accuracy of a float32 model is limited by its float32 backward pass
+itself (measured on resnet18/GroupNorm: total K to ~2e-5, single GroupNorm-bias blocks to ~3e-3 relative);
+run the model in float64 (``model.double()``, ``--precision double`` in the CLI) when per-layer blocks of
+tiny tensors must be exact.
 BatchNorm couples the samples of a batch, so per-sample gradients are undefined: such models are refused.
 
-This module implements its own activation/gradient capture (``landscape.persample`` had not landed when it
-was written); the two should share one capture utility.
+This module has its own activation / output-gradient capture: ``landscape.persample``'s capture is private
+and does a single loss backward, while Gram blocks also need one backward per logit (output kinds), blocks
+between re-captured sample chunks, and blocks formed during the backward pass. The two should eventually
+share one capture utility.
 """
 
 from __future__ import annotations
@@ -56,6 +67,8 @@ PRECISIONS = ("auto", "double", "single")
 DEFAULT_MAX_MEMORY = 4 * 1024**3
 # parameter tensors with at most this many elements get float64 contractions under precision="auto"
 SMALL_PARAM = 16384
+# convolutions with at least this many output positions get per-sample grads by batched conv backward
+CONV_BACKWARD_MIN_T = 256
 
 __all__ = [
     "DEFAULT_MAX_MEMORY",
@@ -127,6 +140,8 @@ class _Weight:
     T: int = 0
     p: int = 0
     d: int = 0
+    conv: nn.Conv2d | None = None  # set for convolutions: per-sample grads by a batched convolution backward
+    out_hw: tuple[int, int] = (0, 0)
 
     def A(self, idx: slice) -> torch.Tensor:
         return self.unfold(self.raw[idx])
@@ -138,8 +153,14 @@ class _Weight:
 class _Capture:
     """Hooks on the supported modules of one model: inputs in forward, output gradients in backward."""
 
-    def __init__(self, model: nn.Module, owners: dict[nn.Module, dict[str, str]]):
+    def __init__(self, model: nn.Module, owners: dict[nn.Module, dict[str, str]], reduce_dtype: torch.dtype,
+                 on_ready: Callable[[str, _Weight], torch.Tensor] | None = None, passes: int = 1):
         self.model = model
+        # on_ready(name, weight) turns a weight layer's factors into its block as soon as its last output
+        # gradient arrives, so the factors are freed during the backward pass (lower peak memory)
+        self.on_ready, self.passes = on_ready, passes
+        self.done: dict[str, torch.Tensor] = {}
+        self.rdt = reduce_dtype  # sums over positions for biases / norm parameters are accumulated in this
         self.owners = owners  # module -> {role ("weight"/"bias"): parameter name}
         self.weights: dict[str, _Weight] = {}
         self.direct: dict[str, list[torch.Tensor]] = {}  # name -> per pass (c, numel)
@@ -163,11 +184,7 @@ class _Capture:
         inp = inputs[0].detach()
         roles = self.owners[module]
         if isinstance(module, (nn.GroupNorm, nn.LayerNorm)):
-            if isinstance(module, nn.GroupNorm):
-                xhat = F.group_norm(inp, module.num_groups, None, None, module.eps)
-            else:
-                xhat = F.layer_norm(inp, module.normalized_shape, None, None, module.eps)
-            self._saved[module] = xhat
+            self._saved[module] = inp  # shares storage with what autograd saves; normalised in the grad hook
         elif "weight" in roles:
             self.weights[roles["weight"]] = _weight_factors(module, inp)
         if output.requires_grad:
@@ -178,28 +195,32 @@ class _Capture:
         roles = self.owners[module]
         c = g.shape[0]
         if isinstance(module, nn.GroupNorm):
-            xhat = self._saved[module]
+            xhat = F.group_norm(self._saved[module], module.num_groups, None, None, module.eps)
             if "weight" in roles:
-                self._add(roles["weight"], (xhat * g).reshape(c, g.shape[1], -1).sum(-1))
+                self._add(roles["weight"], (xhat * g).reshape(c, g.shape[1], -1).sum(-1, dtype=self.rdt))
             if "bias" in roles:
-                self._add(roles["bias"], g.reshape(c, g.shape[1], -1).sum(-1))
+                self._add(roles["bias"], g.reshape(c, g.shape[1], -1).sum(-1, dtype=self.rdt))
             return
         if isinstance(module, nn.LayerNorm):
-            xhat, k = self._saved[module], len(module.normalized_shape)
+            xhat = F.layer_norm(self._saved[module], module.normalized_shape, None, None, module.eps)
+            k = len(module.normalized_shape)
             shape = (c, -1, *g.shape[g.dim() - k:])
             if "weight" in roles:
-                self._add(roles["weight"], (xhat * g).reshape(shape).sum(1).reshape(c, -1))
+                self._add(roles["weight"], (xhat * g).reshape(shape).sum(1, dtype=self.rdt).reshape(c, -1))
             if "bias" in roles:
-                self._add(roles["bias"], g.reshape(shape).sum(1).reshape(c, -1))
+                self._add(roles["bias"], g.reshape(shape).sum(1, dtype=self.rdt).reshape(c, -1))
             return
         if isinstance(module, nn.Conv2d):
             gb = g.reshape(c, g.shape[1], -1).transpose(1, 2)  # (c, T, d)
         else:  # Linear: (c, ..., d)
             gb = g.reshape(c, -1, g.shape[-1])
         if "weight" in roles:
-            self.weights[roles["weight"]].B.append(gb)
+            name = roles["weight"]
+            self.weights[name].B.append(gb)
+            if self.on_ready is not None and len(self.weights[name].B) == self.passes:
+                self.done[name] = self.on_ready(name, self.weights.pop(name))
         if "bias" in roles:
-            self._add(roles["bias"], gb.sum(1))
+            self._add(roles["bias"], gb.sum(1, dtype=self.rdt))
 
     def _add(self, name: str, value: torch.Tensor) -> None:
         self.direct.setdefault(name, []).append(value)
@@ -219,7 +240,8 @@ def _weight_factors(module: nn.Module, inp: torch.Tensor) -> _Weight:
         def unfold(raw: torch.Tensor, m=module) -> torch.Tensor:
             return F.unfold(raw, m.kernel_size, dilation=m.dilation, padding=m.padding, stride=m.stride).transpose(1, 2)
 
-        return _Weight(raw=inp, unfold=unfold, T=oh * ow, p=inp.shape[1] * kh * kw, d=module.out_channels)
+        return _Weight(raw=inp, unfold=unfold, T=oh * ow, p=inp.shape[1] * kh * kw, d=module.out_channels,
+                       conv=module, out_hw=(oh, ow))
     flat = inp.reshape(c, -1, inp.shape[-1])
     return _Weight(raw=flat, unfold=lambda raw: raw, T=flat.shape[1], p=flat.shape[2], d=module.out_features)
 
@@ -305,7 +327,11 @@ def gram_blocks(
         M = engine.M
         blocks = {k: v.reshape(n, M, n, M).diagonal(dim1=1, dim2=3).sum(-1) for k, v in blocks.items()}
     # each block is G G^T, symmetric by definition: keep the symmetric part (removes rounding asymmetry)
-    return {k: (blocks[k] + blocks[k].T) / 2 for k in names}
+    out = {}
+    for k in names:  # pop as we go: never two copies of every block
+        b = blocks.pop(k)
+        out[k] = (b + b.T) / 2
+    return out
 
 
 def _refuse_batchnorm(model: nn.Module) -> None:
@@ -327,7 +353,18 @@ class _Engine:
         self.modes: dict[str, str] = {}
 
     # -- dtype of a parameter's contractions
+    @property
+    def contract_dtype(self) -> torch.dtype:
+        """dtype of per-sample gradient / ghost contractions of weight layers."""
+        return torch.float64 if self.precision == "double" else self.model_dtype
+
+    @property
+    def reduce_dtype(self) -> torch.dtype:
+        """dtype in which bias / norm per-sample gradients are summed over positions."""
+        return self.model_dtype if self.precision == "single" else torch.float64
+
     def cdtype(self, name: str) -> torch.dtype:
+        """dtype of the Gram products G_r G_r^T of parameter ``name``."""
         if self.precision == "double" or (self.precision == "auto" and self.params[name].numel() <= SMALL_PARAM):
             return torch.float64 if self.dtype == torch.float64 else self.dtype
         return self.model_dtype
@@ -352,7 +389,7 @@ class _Engine:
         starts = list(range(0, self.n, c))
         for ai, a0 in enumerate(starts):
             sa = slice(a0, min(a0 + c, self.n))
-            cap_a = self.capture(sa)
+            cap_a = self.capture(sa, eager=len(starts) == 1)
             for b0 in starts[ai:]:
                 sb = slice(b0, min(b0 + c, self.n))
                 cap_b = cap_a if b0 == a0 else self.capture(sb)
@@ -371,11 +408,15 @@ class _Engine:
         return 3 * numel * self.Mb * self.params[self.names[0]].element_size() if self.rest else 0
 
     # -- capture one chunk of samples
-    def capture(self, idx: slice) -> _Chunk:
+    def capture(self, idx: slice, eager: bool = False) -> _Chunk:
+        """Forward + backward pass(es) on samples ``idx``; ``eager``: weight blocks of this chunk with itself
+        are computed inside the backward pass and the factors dropped."""
         x = self.x[idx]
         chunk = _Chunk()
         if self.owners:
-            with _Capture(self.model, self.owners) as cap, torch.enable_grad():
+            on_ready = self._self_block if eager else None
+            passes = 1 if self.kind == "loss-grad" else self._n_logits()
+            with _Capture(self.model, self.owners, self.reduce_dtype, on_ready, passes) as cap, torch.enable_grad():
                 xin = x.detach().requires_grad_(True) if x.is_floating_point() else x
                 logits = self.model(xin)
                 chunk.M = logits.shape[1]
@@ -391,11 +432,11 @@ class _Engine:
                                             allow_unused=True)
             chunk.cap = cap
             missing = [n for roles in self.owners.values() for n in roles.values()
-                       if n not in cap.direct and (n not in cap.weights or not cap.weights[n].B)]
+                       if n not in cap.direct and n not in cap.done and (n not in cap.weights or not cap.weights[n].B)]
             if missing:
                 raise ModelError(f"no gradient reached parameters {missing[:3]}: they do not influence the output")
         else:
-            chunk.cap = _Capture(self.model, {})
+            chunk.cap = _Capture(self.model, {}, self.reduce_dtype)
             with torch.no_grad():
                 chunk.M = self.model(x[:1]).shape[1]
         if self.rest:
@@ -415,8 +456,18 @@ class _Engine:
                 self.modes[name] = "ghost" if gho < mat else "materialize"
 
     # -- one block between two chunks for one parameter
+    def _n_logits(self) -> int:
+        return getattr(self, "M", 0) or 1
+
+    def _self_block(self, name: str, w: _Weight) -> torch.Tensor:
+        if self.modes[name] == "ghost":
+            return self._ghost(w, w, self.cdtype(name))
+        return self._materialize(w, w, self.cdtype(name), same=True)
+
     def cross(self, name: str, a: _Chunk, b: _Chunk) -> torch.Tensor:
         dt = self.cdtype(name)
+        if a is b and name in a.cap.done:
+            return a.cap.done[name]
         if name in a.cap.weights:
             wa, wb = a.cap.weights[name], b.cap.weights[name]
             if self.modes[name] == "ghost":
@@ -446,16 +497,20 @@ class _Engine:
                 out[si.start * Mb: si.stop * Mb, sj.start * Mb: sj.stop * Mb] = (gi @ gj.T).to(self.dtype)
         return out
 
-    @staticmethod
-    def _grads(w: _Weight, idx: slice, dt: torch.dtype) -> torch.Tensor:
-        A = w.A(idx).to(dt)  # (c, T, p)
-        B = w.Bs(idx).to(dt)  # (c, Mb, T, d)
+    def _grads(self, w: _Weight, idx: slice, dt: torch.dtype) -> torch.Tensor:
+        """Per-sample (per-logit) weight gradients, rows (c * Mb, d * p), contracted in ``contract_dtype``."""
+        ct = self.contract_dtype
+        B = w.Bs(idx).to(ct)  # (c, Mb, T, d)
         c, Mb = B.shape[:2]
-        return torch.einsum("cmtd,ctp->cmdp", B, A).reshape(c * Mb, -1)
+        if w.conv is not None and w.T >= CONV_BACKWARD_MIN_T:
+            return _conv_weight_grads(w, w.raw[idx].to(ct), B).reshape(c * Mb, -1).to(dt)
+        A = w.A(idx).to(ct)  # (c, T, p)
+        return torch.einsum("cmtd,ctp->cmdp", B, A).reshape(c * Mb, -1).to(dt)
 
     def _ghost(self, wa: _Weight, wb: _Weight, dt: torch.dtype) -> torch.Tensor:
         ca, cb = wa.raw.shape[0], wb.raw.shape[0]
         Mb, T = len(wa.B), wa.T
+        ct = self.contract_dtype
         item = torch.finfo(dt).bits // 8
         # sub-block (si x sj): AA (si T x sj T), BB (si Mb T x sj Mb T), + unfolded inputs
         per_pair = T * T * (1 + 2 * Mb * Mb) * item
@@ -465,19 +520,36 @@ class _Engine:
         out = torch.empty(ca * Mb, cb * Mb, dtype=self.dtype)
         for i0 in range(0, ca, sub):
             si = slice(i0, min(i0 + sub, ca))
-            Ai = wa.A(si).to(dt)
-            Bi = wa.Bs(si).to(dt)
+            Ai = wa.A(si).to(ct)
+            Bi = wa.Bs(si).to(ct)
             ni = Ai.shape[0]
             for j0 in range(0, cb, sub):
                 sj = slice(j0, min(j0 + sub, cb))
-                Aj = wb.A(sj).to(dt)
-                Bj = wb.Bs(sj).to(dt)
+                Aj = wb.A(sj).to(ct)
+                Bj = wb.Bs(sj).to(ct)
                 nj = Aj.shape[0]
                 AA = (Ai.reshape(ni * T, -1) @ Aj.reshape(nj * T, -1).T).reshape(ni, T, nj, T)
                 BB = (Bi.reshape(ni * Mb * T, -1) @ Bj.reshape(nj * Mb * T, -1).T).reshape(ni, Mb, T, nj, Mb, T)
-                k = torch.einsum("itjs,imtjns->imjn", AA, BB).reshape(ni * Mb, nj * Mb)
+                k = torch.einsum("itjs,imtjns->imjn", AA.to(dt), BB.to(dt)).reshape(ni * Mb, nj * Mb)
                 out[si.start * Mb: si.stop * Mb, sj.start * Mb: sj.stop * Mb] = k.to(self.dtype)
         return out
+
+
+def _conv_weight_grads(w: _Weight, raw: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """Per-sample conv weight gradients (c, Mb, d, C, kh, kw) by a vmapped convolution backward.
+
+    For convolutions with many output positions this beats unfold + einsum (no unfolded input in memory).
+    """
+    m = w.conv
+    c, Mb = B.shape[:2]
+    grads = B.transpose(2, 3).reshape(c, Mb, w.d, *w.out_hw)
+
+    def one(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.convolution_backward(
+            b[None], a[None], m.weight.detach().to(a.dtype), None, m.stride, m.padding, m.dilation, False, [0, 0], 1,
+            [False, True, False])[1]
+
+    return vmap(vmap(one, in_dims=(None, 0)), in_dims=(0, 0))(raw, grads)
 
 
 @dataclass

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from landscape.errors import UsageError
-from landscape.gram import KINDS, gram_blocks, layer_names
+from landscape.gram import KINDS, gram_blocks, layer_names, parse_memory
 from landscape.results import InputRef, read_result, write_result
 
 CLIPS = ("none", "flat", "layerwise")
@@ -237,6 +237,7 @@ class NTKConfig:
             raise UsageError(f"--split must be train or test, got '{self.split}'")
         if self.layers is not None:
             self.layers = tuple(self.layers)
+        parse_memory(self.max_memory)
 
 
 @dataclass
@@ -267,11 +268,7 @@ class NTKTableConfig:
             raise UsageError(f"unknown kernel kind '{self.kind}' (choose from {', '.join(KINDS)})")
         if self.layers is not None:
             self.layers = tuple(self.layers)
-
-    def ntk_config(self) -> NTKConfig:
-        return NTKConfig(n=self.n, kind=self.kind, clip="none", clip_fn=self.clip_fn, layers=self.layers,
-                         seed=self.seed, split=self.split, max_memory=self.max_memory, strategy=self.strategy,
-                         precision=self.precision)
+        parse_memory(self.max_memory)
 
 
 # ------------------------------------------------------------------------------------------ kernels
@@ -299,7 +296,10 @@ def layer_kernels(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, kind: s
     gram_kind = "loss-grad" if kind == "loss-grad" else "output"
     blocks = gram_blocks(model, x, y, kind=gram_kind, strategy=strategy, max_memory=max_memory,
                          layers=names, precision=precision)
-    stacked = torch.stack([blocks[k] for k in names])  # (L, R, R)
+    R = blocks[names[0]].shape[0]
+    stacked = torch.empty(len(names), R, R, dtype=torch.float64)  # (L, R, R), filled block by block
+    for i, k in enumerate(names):
+        stacked[i] = blocks.pop(k)
     n = x.shape[0]
     if kind == "loss-grad":
         sq = stacked.diagonal(dim1=1, dim2=2)
