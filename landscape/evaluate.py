@@ -14,6 +14,12 @@ What makes many points cheaper than many independent evaluations (``method="loop
   ``W_alpha x + b_alpha = lerp(W_a x + b_a, W_b x + b_b, alpha)``. It is computed once per generator and
   batch and mixed per point, instead of once per point. Exact up to float rounding, and bit-exact at the
   ends of a segment (``torch.lerp`` returns ``a`` at 0 and ``b`` at 1).
+  A non-overlapping ``MaxPool2d`` right after that layer is folded in: its windows are cut from the
+  shared outputs once per batch as contiguous tensors, and each point mixes them and takes the maximum
+  (bit-identical to pooling the mixed output, without strided passes over it).
+* **Exact module rewrites** in the private copy: ``MaxPool2d`` as a maximum over strided slices (PyTorch's
+  CPU kernel also computes argmax indices and was 5x slower here), and ``ReLU -> MaxPool2d`` in a
+  ``Sequential`` swapped to pool-then-ReLU (both monotone: identical values, a quarter of the ReLU work).
 * **Channels-last convolutions** (oneDNN's fast layout on CPU) for image models.
 * **Batch-outer order**: each batch is moved and its shared work done once for all points.
 * **Allocator**: on glibc, freed large blocks are kept instead of being returned to the OS, so the many
@@ -217,7 +223,7 @@ def evaluate(
             used = "loop+bn"
         else:
             shared = method != "plain" and isinstance(pts, (Segment, Affine)) and runner.enable_first_layer()
-            loss, correct = runner.run_batches_outer(pts, x, y, batch_size, shared, memory_budget)
+            loss, correct = runner.run_batches_outer(pts, x, y, batch_size, shared)
             used = "loop+first-layer" if shared else ("plain" if method == "plain" else "loop")
     seconds = time.perf_counter() - start
     n = x.shape[0]
@@ -423,7 +429,7 @@ class _Runner:
             self.fold.forward = _slice_max_pool(self.fold)
 
     # evaluation orders -------------------------------------------------------------------------------
-    def run_batches_outer(self, pts, x, y, batch_size, shared: bool, memory_budget: int):
+    def run_batches_outer(self, pts, x, y, batch_size, shared: bool):
         n_points = len(pts)
         loss = torch.zeros(n_points, dtype=torch.float64, device=self.device)
         correct = torch.zeros(n_points, dtype=torch.float64, device=self.device)
