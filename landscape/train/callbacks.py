@@ -273,7 +273,7 @@ class Progress(Callback):
         from tqdm import tqdm
 
         self.bar = tqdm(total=state.total_steps, initial=state.step, desc=state.run.name, file=sys.stderr,
-                        unit="step", dynamic_ncols=True, leave=True)
+                        unit="step", leave=True)
 
     def on_step(self, state: TrainState, stats: Any) -> None:
         if self.bar is None:

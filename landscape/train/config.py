@@ -51,7 +51,7 @@ class TrainConfig:
     data_root: str | None = None
     download: bool = False
     epochs: int = 10
-    lr: float = 0.1
+    lr: float = 0.05
     momentum: float = 0.9
     weight_decay: float = 0.0
     batch_size: int = 64
