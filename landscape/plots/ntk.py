@@ -51,7 +51,9 @@ def plot_ntk(result: NTKResult, stem: str | os.PathLike) -> list[Path]:
         imag = np.abs(p.eigvals.imag)
         if imag.max() > 0:
             ax.plot(idx, np.sort(imag)[::-1], color=color, ls=":", label="|Im eig A|")
-    ax.set_yscale("symlog", linthresh=max(1e-12, 1e-6 * max(kp.norm, p.norm)))
+    positive = kp.sym_eigvals[kp.sym_eigvals > 1e-12 * max(kp.norm, 1e-300)]
+    linthresh = 0.1 * positive.min() if positive.size else 1e-12
+    ax.set_yscale("symlog", linthresh=max(linthresh, 1e-12 * max(kp.norm, p.norm, 1e-300)))
     ax.set_xlabel("index (sorted)")
     ax.set_ylabel("eigenvalue")
     ax.set_title(f"spectra ({result.config.kind}, clip {result.config.clip})")
@@ -68,8 +70,9 @@ def plot_ntk_table(table: NTKTable, stem: str | os.PathLike) -> list[Path]:
     steps = sorted({r.step for r in table.rows})
     along_run = len(steps) > 1
     panels = [("asymmetry", "asymmetry ||A-A^T||/||A||"), ("min_sym_eig", "min eig (A+A^T)/2 / ||A||"),
-              ("min_real_eig", "min Re eig A / ||A||"), ("fraction_clipped", "fraction clipped")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.0 * len(panels), 3.4))
+              ("min_real_eig", "min Re eig A / ||A||"), ("max_abs_imag_eig", "max |Im eig A| / ||A||"),
+              ("fraction_clipped", "fraction clipped")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.4))
     for ax, (col, label) in zip(axes, panels, strict=True):
         if along_run:
             for k, c in enumerate(table.config.max_grad_norms):
@@ -97,6 +100,6 @@ def plot_ntk_table(table: NTKTable, stem: str | os.PathLike) -> list[Path]:
 
 def _value(row, col: str) -> float:
     v = getattr(row, col)
-    if col in ("min_sym_eig", "min_real_eig"):
+    if col in ("min_sym_eig", "min_real_eig", "max_abs_imag_eig"):
         return v / row.norm if row.norm > 0 else 0.0
     return v
