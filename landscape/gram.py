@@ -396,7 +396,7 @@ class _Engine:
                 ra = slice(sa.start * self.Mb, sa.stop * self.Mb)
                 rb = slice(sb.start * self.Mb, sb.stop * self.Mb)
                 for name in self.names:
-                    block = self.cross(name, cap_a, cap_b).to(self.dtype)
+                    block = self.cross(name, cap_a, cap_b).to(device="cpu", dtype=self.dtype)
                     out[name][ra, rb] = block
                     if b0 != a0:
                         out[name][rb, ra] = block.T

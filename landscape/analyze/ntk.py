@@ -309,10 +309,10 @@ def layer_kernels(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, kind: s
     model.eval()
     try:
         with torch.no_grad():
-            logits = model(x).to(torch.float64)
+            logits = model(x).to(device="cpu", dtype=torch.float64)
     finally:
         model.train(was_training)
-    v = torch.softmax(logits, dim=1) - torch.nn.functional.one_hot(y, M).to(torch.float64)  # dl_i/df_i
+    v = torch.softmax(logits, dim=1) - torch.nn.functional.one_hot(y.cpu(), M).to(torch.float64)  # dl_i/df_i
     per = stacked.reshape(len(names), n, M, n, M).diagonal(dim1=1, dim2=3)  # (L, M, M, n)
     sq = torch.einsum("im,rmki,ik->ri", v, per, v)
     if kind == "output-trace":
