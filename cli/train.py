@@ -132,17 +132,18 @@ def _families(value: str) -> tuple[str, ...]:
 @click.option("--phase1", default=",".join(PHASE_FAMILIES), show_default=True, help="Phase-1 families: sgd,dpsgd.")
 @click.option("--phase2", default=",".join(PHASE_FAMILIES), show_default=True, help="Phase-2 families: sgd,dpsgd.")
 @click.option("--dp-lr", type=float, default=None, help="Learning rate of DP phases (default: --lr).")
+@click.option("--dp-momentum", type=float, default=None, help="Momentum of DP phases (default: --momentum).")
 @click.option("--group", default=None, help="Name prefix of the runs (default: phases-<hash>).")
 @json_option
 @click.pass_context
 def phases(ctx: click.Context, as_json: bool, k: int, copies: int, phase1: str, phase2: str,
-           dp_lr: float | None, group: str | None, **kwargs: Any) -> None:
+           dp_lr: float | None, dp_momentum: float | None, group: str | None, **kwargs: Any) -> None:
     """Phase 1 / Phase 2 branches: SGD and DP-SGD for k epochs from one init, then each way for the rest."""
     from landscape.api.train import phases as api_phases
 
     base = TrainConfig(**_config_fields(kwargs), optimizer="sgd")
     config = PhasesConfig(base=base, k=k, copies=copies, phase1=_families(phase1), phase2=_families(phase2),
-                          dp_lr=dp_lr, group=group)
+                          dp_lr=dp_lr, dp_momentum=dp_momentum, group=group)
     summaries = _run_api(lambda: api_phases(config, root=root_of(ctx), progress=progress_enabled()))
     if as_json:
         echo_json(_rows(summaries))

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from landscape.errors import CheckpointError
 from landscape.store import Run, Store
 from landscape.train.callbacks import Callback
 from landscape.train.config import PhasesConfig, TrainConfig, config_hash
-from landscape.train.loop import calibrate_noise
+from landscape.train.loop import DEFAULT_DATA, DEFAULT_MODEL, calibrate_noise
 from landscape.train.loop import train as _train
 from landscape.train.sampling import steps_per_epoch
 
@@ -102,6 +103,8 @@ def phases(config: PhasesConfig, *, root: str | Path, progress: bool | None = No
     interrupted ``phases`` command can simply be run again.
     """
     config.validate()
+    config = dataclasses.replace(config, base=dataclasses.replace(
+        config.base, model=config.base.model or DEFAULT_MODEL, data=config.base.data or DEFAULT_DATA))
     base = config.base
     store = Store(root)
     group = config.group or f"phases-{_phases_hash(config)}"
@@ -138,7 +141,8 @@ def _phases_hash(config: PhasesConfig) -> str:
     import json
 
     blob = json.dumps({"base": config_hash(config.base), "k": config.k, "copies": config.copies,
-                       "phase1": list(config.phase1), "phase2": list(config.phase2), "dp_lr": config.dp_lr},
+                       "phase1": list(config.phase1), "phase2": list(config.phase2), "dp_lr": config.dp_lr,
+                       "dp_momentum": config.dp_momentum},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:8]
 

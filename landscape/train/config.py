@@ -220,7 +220,8 @@ class PhasesConfig:
     trains ``k`` epochs with each family in ``phase1`` from ONE initialisation (same seed); from the end of
     each Phase-1 run, Phase 2 trains ``epochs - k`` epochs with each family in ``phase2``, in ``copies``
     copies whose seeds are ``base.seed + 1 + i`` (so copies differ only in data order and noise).
-    ``dp_lr`` is the learning rate of DP phases (default: ``base.lr``). ``group`` names the runs
+    ``dp_lr`` and ``dp_momentum`` are the learning rate and momentum of DP phases (default: ``base``'s;
+    DP-SGD usually wants a larger rate and less momentum). ``group`` names the runs
     (``G-sgd``, ``G-sgd-dpsgd-0``, ...); default ``phases-<config hash>``.
     """
 
@@ -230,6 +231,7 @@ class PhasesConfig:
     phase1: tuple[str, ...] = PHASE_FAMILIES
     phase2: tuple[str, ...] = PHASE_FAMILIES
     dp_lr: float | None = None
+    dp_momentum: float | None = None
     group: str | None = None
 
     def validate(self) -> PhasesConfig:
@@ -263,6 +265,7 @@ class PhasesConfig:
             "from_ref": from_ref,
             "resume": None,
             "lr": self.dp_lr if dp and self.dp_lr is not None else self.base.lr,
+            "momentum": self.dp_momentum if dp and self.dp_momentum is not None else self.base.momentum,
         }
         if from_ref is not None:
             fields.update(model=None, model_kwargs={}, data=None, data_kwargs={}, subset=None)
