@@ -215,3 +215,15 @@ def test_parse_memory():
         parse_memory("lots")
     with pytest.raises(UsageError):
         parse_memory("-1GB")
+
+
+def test_diagonals_agree_with_persample_engine_norms():
+    """sqrt(K_r[i, i]) are the per-layer gradient norms the training engine clips with."""
+    from landscape.persample import PerSampleEngine
+
+    model, x, y = _model("tiny-cnn")
+    K = gram_blocks(model, x, y)
+    norms = PerSampleEngine(model).norms(x, y)
+    for layer, block in K.items():
+        torch.testing.assert_close(block.diagonal().sqrt(), norms.layers[layer].to(torch.float64), rtol=1e-9, atol=0)
+    torch.testing.assert_close(sum(K.values()).diagonal().sqrt(), norms.flat.to(torch.float64), rtol=1e-9, atol=0)
