@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from test_directions import COMMANDS, quadratic_problem  # noqa: I001
 
 from cli import main as cli_main
 from landscape.analyze.surface import (
@@ -20,8 +21,6 @@ from landscape.analyze.surface import (
 from landscape.errors import UsageError
 from landscape.params import ParamSpace
 from landscape.store import Store
-
-from test_directions import COMMANDS, quadratic_problem  # noqa: I001
 
 
 @pytest.fixture(autouse=True)
@@ -120,25 +119,25 @@ class Interrupt(Exception):
 def test_interrupted_surface_resumes_to_the_same_arrays(store, tmp_path):
     from landscape.api.directions import surface
 
-    kw = dict(root=store, grid="5x4", range="-0.5:0.5", figure=False)
+    kw = dict(root=store, grid="5x4", range="-0.5:0.5", figure=False)  # one evaluate call for the whole grid
     whole = surface("traj@last", output=tmp_path / "whole.h5", **kw)
     seen: list[int] = []
 
-    def stop_after_two(result, i):
-        seen.append(i)
+    def stop_after_two(result, rows):
+        seen.extend(rows)
         if len(seen) == 2:
             raise Interrupt
 
     out = tmp_path / "part.h5"
-    with pytest.raises(Interrupt):
-        surface("traj@last", output=out, on_row=stop_after_two, **kw)
+    with pytest.raises(Interrupt):  # rows written one by one this time
+        surface("traj@last", output=out, on_rows=stop_after_two, rows_per_call=1, **kw)
     part = SurfaceResult.from_hdf5(out)
     assert part.done.all(axis=1).tolist() == [True, True, False, False, False]
     assert np.isnan(part.values["test_loss"][2:]).all()
     assert pending_rows(part) == [2, 3, 4]
     rest: list[int] = []
-    resumed = surface("traj@last", output=out, on_row=lambda r, i: rest.append(i), **kw)
-    assert rest == [2, 3, 4]
+    resumed = surface("traj@last", output=out, on_rows=lambda r, rows: rest.append(rows), rows_per_call=2, **kw)
+    assert rest == [[2, 3], [4]]
     again = SurfaceResult.from_hdf5(out)
     for key, value in whole.values.items():
         np.testing.assert_array_equal(resumed.values[key], value)
