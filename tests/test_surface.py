@@ -109,6 +109,9 @@ def store(tmp_path_factory):
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
+    other = build_model("mlp", input_shape=data.input_shape, num_classes=data.num_classes)
+    Store(root).create_run("other", config={}, seeds={}, model_spec=other.landscape_spec,
+                           data_spec=data.spec).save_checkpoint(other.state_dict(), step=0, epoch=0.0)
     return root
 
 
@@ -177,3 +180,10 @@ def test_pca_surface_cli(store, tmp_path, capsys):
     (x0, x1), (y0, y1) = (result.xcoordinates[[0, -1]], result.ycoordinates[[0, -1]])
     assert (x0 <= result.trajectory[:, 0]).all() and (result.trajectory[:, 0] <= x1).all()
     assert (y0 <= result.trajectory[:, 1]).all() and (result.trajectory[:, 1] <= y1).all()
+
+
+def test_incompatible_plane_checkpoint_is_one_line(store, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main.main(["--root", str(store), "surface", "traj@last", "--plane", "other@last,traj@init"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 1 and len(err) == 1 and err[0].startswith("error: incompatible models")

@@ -39,11 +39,10 @@ from landscape.analyze.surface import (
     compute_surface,
     pca_plane,
     random_plane,
-    surface_row,
+    surface_rows,
 )
-from landscape.api.interpolate import check_pair
-from landscape.errors import CheckpointError, UsageError
-from landscape.params import ParamSpace
+from landscape.errors import CheckpointError, IncompatibleError, UsageError
+from landscape.params import ParamSpace, check_compatible
 from landscape.results import InputRef
 from landscape.store import Checkpoint, Store, load_checkpoint
 
@@ -111,6 +110,14 @@ def directions(
     return result
 
 
+def check_pair(a: Checkpoint, b: Checkpoint) -> None:
+    """IncompatibleError naming the first differing tensor, else a differing model name or option."""
+    check_compatible(a.state_dict, b.state_dict, names=(f"A ({a.ref})", f"{b.ref}"))
+    sa, sb = a.model_spec or {}, b.model_spec or {}
+    if sa.get("name") != sb.get("name") or (sa.get("kwargs") or {}) != (sb.get("kwargs") or {}):
+        raise IncompatibleError(f"incompatible models: A ({a.ref}) is {json.dumps(sa)} but {b.ref} is {json.dumps(sb)}")
+
+
 @dataclasses.dataclass
 class _Payload:
     """What a worker process needs to rebuild the model, theta_A and the data (sent once per worker)."""
@@ -175,13 +182,14 @@ def surface(
     resume: bool = True,
     data_root: str | None = None,
     download: bool = False,
-    on_row: Callable[[SurfaceResult, int], None] | None = None,
+    on_rows: Callable[[SurfaceResult, list[int]], None] | None = None,
     **options: Any,
 ) -> SurfaceResult:
     """The 2-D loss/accuracy surface around A on ``config.plane``; resumable (see the module docstring).
 
     Default output ``results/surface-<A>-<plane>.h5``; figures ``<stem>-contour``, ``<stem>-filled`` (and
-    ``<stem>-3d`` with ``three_d``) as PNG + PDF. ``on_row(result, i)`` is called after row ``i`` is written.
+    ``<stem>-3d`` with ``three_d``) as PNG + PDF. ``on_rows(result, rows)`` is called after each block of
+rows is written.
     ``resume=False`` starts the file afresh.
     """
     config = _config(SurfaceConfig, config, options)
@@ -201,16 +209,16 @@ def surface(
     data = {s: _split_data(a.data_spec, s, config.subset, config.subset_seed, data_root, download)
             for s in config.splits}
 
-    def written(result: SurfaceResult, i: int) -> None:
+    def written(result: SurfaceResult, rows: list[int]) -> None:
         result.to_hdf5(out, inputs=inputs)
-        if on_row is not None:
-            on_row(result, i)
+        if on_rows is not None:
+            on_rows(result, rows)
 
     runner = None
     if config.workers > 1:
         payload = _Payload(a.model_spec, a.state_dict, a.data_spec, data_root, download, config, plane)
         runner = functools.partial(_run_rows, payload=payload, xs=partial.xcoordinates, ys=partial.ycoordinates)
-    result = compute_surface(model, plane, data, config=config, partial=partial, space=space, on_row=written,
+    result = compute_surface(model, plane, data, config=config, partial=partial, space=space, on_rows=written,
                              row_runner=runner)
     result.to_hdf5(out, inputs=inputs)
     if figure:
@@ -261,19 +269,19 @@ def _resume(out: Path, config: SurfaceConfig, inputs: list[InputRef], plane: Pla
     return prev
 
 
-def _row_job(i: int, x_value: float, ys):
+def _rows_job(rows: list[int], x_values, ys):
     w = _WORKER
-    values, seconds, method = surface_row(w["model"], w["space"], w["plane"], x_value, ys, w["data"], w["config"])
-    return i, values, seconds, method
+    values, seconds, method = surface_rows(w["model"], w["space"], w["plane"], x_values, ys, w["data"], w["config"])
+    return rows, values, seconds, method
 
 
-def _run_rows(rows: list[int], *, payload: _Payload, xs, ys) -> Iterator:
-    if not rows:
+def _run_rows(blocks: list[list[int]], *, payload: _Payload, xs, ys) -> Iterator:
+    if not blocks:
         return
-    workers = min(payload.config.workers, len(rows))
+    workers = min(payload.config.workers, len(blocks))
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_init_worker,
                              initargs=(payload,)) as pool:
-        futures = [pool.submit(_row_job, i, float(xs[i]), ys) for i in rows]
+        futures = [pool.submit(_rows_job, rows, xs[rows], ys) for rows in blocks]
         for f in as_completed(futures):
             yield f.result()
 

@@ -2,7 +2,7 @@
 
 Arrays are stored ``[x, y]`` (see :mod:`landscape.analyze.surface`); matplotlib wants ``[y, x]``, so they
 are transposed here and only here. Cells not computed (NaN) are left blank. Levels are log-spaced when
-the loss spans more than two orders of magnitude. For a PCA plane the projected trajectory is drawn as
+the loss spans more than an order of magnitude. For a PCA plane the projected trajectory is drawn as
 a path (its start marked) and the axes carry the explained-variance ratios; for a plane through
 checkpoints the three points are marked.
 """
@@ -35,7 +35,7 @@ def _levels(z: np.ndarray) -> tuple[np.ndarray, bool]:
     lo, hi = float(finite.min()), float(finite.max())
     if hi <= lo:
         hi = lo + 1e-6 * max(abs(lo), 1.0)
-    if lo > 0 and hi / lo > 100:
+    if lo > 0 and hi / lo > 10:
         return np.geomspace(lo, hi, N_LEVELS), True
     return np.linspace(lo, hi, N_LEVELS), False
 
@@ -78,7 +78,7 @@ def contour_figure(result, *, filled: bool, title: str | None = None):
 
 
 def surface_3d_figure(result, *, title: str | None = None):
-    """The first split's loss as a 3-D surface (log10 when it spans more than two orders of magnitude)."""
+    """The first split's loss as a 3-D surface (log10 when it spans more than an order of magnitude)."""
     apply_style()
     split = result.splits[0]
     z = np.asarray(result.values[f"{split}_loss"], dtype=np.float64).T
