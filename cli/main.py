@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "show": ("cli.show:show", "Print any result file (kind, inputs, options, attrs, arrays)."),
     "privacy": ("cli.privacy:privacy", "Epsilon of a DP-SGD schedule, or the noise multiplier for a target epsilon."),
     "prune": ("cli.prune:prune", "Magnitude-prune a checkpoint into a new run (mask stored with it)."),
+    "ntk": ("cli.ntk:ntk", "Empirical NTK under clipping: symmetry, positivity, spectra (Bu et al.)."),
+    "ntk-table": ("cli.ntk:ntk_table", "Bu et al. Table 1 measured at a checkpoint or along a run."),
 }
 
 
