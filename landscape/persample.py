@@ -28,6 +28,7 @@ BatchNorm mixes the samples of a batch, so per-sample gradients are undefined: s
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -136,7 +137,11 @@ class _Handler:
 def _sq(g: Tensor, mask: Tensor | None) -> Tensor:
     if mask is not None:
         g = g * mask
-    return g.reshape(g.shape[0], -1).pow(2).sum(1)
+    return torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1).square()
+
+
+def _acc(total: Tensor | None, term: Tensor) -> Tensor:
+    return term if total is None else total + term
 
 
 def _wsum(w: Tensor, g: Tensor) -> Tensor:
@@ -282,22 +287,22 @@ class _ConvHandler(_Handler):
     def unit(self, calls):
         u = {"calls": [(*self._padded(a), b) for a, b in calls]}
         if "bias" in self.pnames:
-            u["gb"] = sum(b.flatten(2).sum(2) for _, b in calls)
+            u["gb"] = functools.reduce(_acc, [b.flatten(2).sum(2) for _, b in calls], None)
         return u
 
     def _weight_per_sample(self, u: dict) -> Tensor:
         if "gw" not in u:
-            m, g = self.module, 0
+            m, g = self.module, None
             for x, pad, b in u["calls"]:
                 n = x.shape[0]
                 if b[0, 0].numel() >= GROUPED_MIN_POSITIONS:
                     xg = x.reshape(1, n * x.shape[1], *x.shape[2:])
                     bg = b.reshape(1, n * b.shape[1], *b.shape[2:])
                     wshape = (n * m.weight.shape[0], *m.weight.shape[1:])
-                    g = g + self._wgrad(bg, xg, pad, n * m.groups, wshape).reshape(n, *m.weight.shape)
+                    g = _acc(g, self._wgrad(bg, xg, pad, n * m.groups, wshape).reshape(n, *m.weight.shape))
                 else:
                     a, bb = self._patches(x, pad, b)
-                    g = g + (bb @ a.transpose(2, 3)).reshape(n, *m.weight.shape)
+                    g = _acc(g, (bb @ a.transpose(2, 3)).reshape(n, *m.weight.shape))
             u["gw"] = g
         return u["gw"]
 
@@ -396,9 +401,9 @@ class _NormHandler(_Handler):
         out = {}
         for a, b in u["calls"]:
             if "weight" in self.pnames:
-                out["weight"] = out.get("weight", 0) + self._reduce(b * self._xhat(a))
+                out["weight"] = _acc(out.get("weight"), self._reduce(b * self._xhat(a)))
             if "bias" in self.pnames:
-                out["bias"] = out.get("bias", 0) + self._reduce(b)
+                out["bias"] = _acc(out.get("bias"), self._reduce(b))
         return out
 
 
@@ -728,10 +733,7 @@ class PerSampleEngine:
                 sq = self._hooks_sq_norms(units, m, xc.shape[0])
             else:
                 g, losses, logits = self._func_grads(xc, yc)
-                sq = {
-                    k: (g[k] * m[k] if k in m else g[k]).reshape(xc.shape[0], -1).pow(2).sum(1)
-                    for k in self.names
-                }
+                sq = {k: _sq(g[k], m.get(k)) for k in self.names}
             parts.append(self._norms_from_sq(sq, losses, logits))
         return parts[0] if len(parts) == 1 else PerSampleNorms.cat(parts)
 
@@ -826,7 +828,7 @@ class PerSampleEngine:
             else:
                 g, losses, logits = self._func_grads(xc, yc)
                 g = {k: g[k] * m[k] if k in m else g[k] for k in self.names}
-                sq = {k: g[k].reshape(nc, -1).pow(2).sum(1) for k in self.names}
+                sq = {k: _sq(g[k], None) for k in self.names}
                 norms = self._norms_from_sq(sq, losses, logits)
                 w = self._layer_weights(factor_fn(norms), nc)
                 for k in self.names:
