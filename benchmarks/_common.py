@@ -77,7 +77,7 @@ def peak_memory(module: str, function: str, *args: object) -> dict:
     ``peak_rss_mb`` (the process' maximum resident set size) and ``seconds``."""
     code = (
         "import json, resource, sys, time, importlib\n"
-        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        f"sys.path[:0] = [{str(ROOT / 'benchmarks')!r}, {str(ROOT)!r}]\n"
         f"mod = importlib.import_module({module!r})\n"
         "t0 = time.perf_counter()\n"
         f"out = getattr(mod, {function!r})(*json.loads(sys.argv[1]))\n"

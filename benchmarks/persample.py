@@ -10,7 +10,10 @@ methods interleaved in one process, medians, samples per second and ratios to Op
 - ``opacus grads+norms``: GradSampleModule forward + backward filling ``p.grad_sample``, then the norms;
 - ``naive loop``: one forward/backward per example.
 
-    OMP_NUM_THREADS=1 python benchmarks/persample.py [--repeats 5] [--models opacus-cnn,resnet18]
+    OMP_NUM_THREADS=1 python benchmarks/persample.py [--repeats 5] [--models opacus-cnn,resnet18] [--memory]
+
+``--memory`` also runs each method once in its own fresh process and prints its peak resident memory
+(the process' high-water mark, model and data included; "baseline" is building the model and data only).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-from _common import interleaved, medians, one_thread  # noqa: E402
+from _common import interleaved, medians, one_thread, peak_memory  # noqa: E402
 
 CASES = {"opacus-cnn": ((1, 28, 28), 256), "resnet18": ((3, 32, 32), 64)}
 
@@ -71,10 +74,24 @@ def methods_for(name: str):
     }
 
 
+def run_once(name: str, method: str) -> float:
+    """One call of ``method`` (in a fresh process, for ``peak_memory``); returns its seconds."""
+    import time
+
+    one_thread()
+    warnings.filterwarnings("ignore", category=UserWarning)
+    _, methods = methods_for(name)
+    t0 = time.perf_counter()
+    if method != "baseline":
+        methods[method]()
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--models", default=",".join(CASES))
+    ap.add_argument("--memory", action="store_true", help="peak memory of each method, one process each")
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)
     warnings.filterwarnings("ignore", category=UserWarning)  # Opacus' secure-RNG and backward-hook notices
@@ -88,6 +105,11 @@ def main() -> None:
         print(f"  {'method':<22} {'median s':>10} {'samples/s':>10} {'x Opacus time':>14}")
         for k, v in med.items():
             print(f"  {k:<22} {v:10.4f} {n / v:10.1f} {v / base:14.2f}")
+        if args.memory:
+            print("  peak resident memory, one fresh process per method:")
+            for k in ["baseline", *med]:
+                r = peak_memory("persample", "run_once", name, k)
+                print(f"    {k:<22} {r.get('peak_rss_mb', float('nan')):8.0f} MB  {r.get('error', '')}")
 
 
 if __name__ == "__main__":

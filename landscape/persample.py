@@ -509,6 +509,7 @@ class PerSampleEngine:
         if not self.params:
             raise ModelError("model has no trainable parameters (all have requires_grad=False)")
         self.names = list(self.params)
+        self._all_names = {k for k, _ in model.named_parameters()}
         self._handlers, uncovered = _plan(model, self.names)
         if strategy == "hooks" and uncovered:
             raise ModelError(
@@ -543,11 +544,13 @@ class PerSampleEngine:
     def _masks(self, masks: Masks) -> dict[str, Tensor]:
         if not masks:
             return {}
-        unknown = [k for k in masks if k not in self.params]
+        unknown = [k for k in masks if k not in self.params and k not in self._all_names]
         if unknown:
-            raise UsageError(f"mask for unknown or frozen parameter {unknown[0]!r}")
+            raise UsageError(f"mask for {unknown[0]!r}, which is not a parameter of the model")
         out = {}
         for k, m in masks.items():
+            if k not in self.params:  # frozen: it has no gradient to mask
+                continue
             p = self.params[k]
             if tuple(m.shape) != tuple(p.shape):
                 raise UsageError(f"mask for {k!r} has shape {tuple(m.shape)}, parameter has {tuple(p.shape)}")

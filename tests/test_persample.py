@@ -368,3 +368,15 @@ def test_model_is_left_untouched_and_bad_input_is_reported():
         PerSampleEngine(model, strategy="magic")
     with pytest.raises(UsageError):
         eng.weighted_sum(x, y, torch.ones(3))
+
+
+def test_masks_for_frozen_parameters_are_ignored_and_unknown_names_refused():
+    torch.manual_seed(0)
+    model = Exotic().double()
+    x, y = exotic_batch(3)
+    eng = PerSampleEngine(model)
+    plain = eng.norms(x, y).flat
+    masked = eng.norms(x, y, masks={"frozen.weight": torch.zeros(64, 64, dtype=torch.float64)}).flat
+    assert torch.equal(plain, masked)
+    with pytest.raises(UsageError, match="not a parameter"):
+        eng.norms(x, y, masks={"nope.weight": torch.ones(3)})
