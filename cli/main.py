@@ -17,6 +17,7 @@ from landscape import __version__
 
 # command name -> ("module:attribute" of a click command or group, one-line help shown by --help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("cli.demo:demo", "The main job end to end on digits: phases, instabilities, directions, figures."),
     "train": ("cli.train:train", "Train SGD / DP-SGD runs into the store (also --from, --resume)."),
     "phases": ("cli.train:phases", "Phase 1 / Phase 2 SGD and DP-SGD branches (Watson et al. Sec. 4.1.1)."),
     "store": ("cli.store:store", "List runs and inspect checkpoints in the store."),

@@ -1,0 +1,55 @@
+"""`landscape demo`: the main job end to end on the embedded digits data."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import click
+
+from cli.common import echo_json, echo_table, json_option, progress_enabled
+
+
+@click.command()
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="demo-out", show_default=True,
+              help="Directory for the store (OUT/checkpoints unless --root is given) and results.")
+@click.option("--epochs", type=click.IntRange(min=2), default=6, show_default=True)
+@click.option("--k", type=click.IntRange(min=1), default=2, show_default=True, help="Phase-1 epochs.")
+@click.option("--copies", type=click.IntRange(min=2), default=2, show_default=True)
+@click.option("--target-epsilon", type=click.FloatRange(min=0, min_open=True), default=8.0, show_default=True)
+@click.option("--directions", "n_directions", type=click.IntRange(min=1), default=20, show_default=True)
+@json_option
+@click.pass_context
+def demo(ctx: click.Context, out_dir: str, epochs: int, k: int, copies: int, target_epsilon: float,
+         n_directions: int, as_json: bool) -> None:
+    """Phase-1 SGD, Phase-2 SGD and DP-SGD siblings on digits; their interpolations, instabilities,
+    random-direction profiles and figures (Watson et al. Figs. 4-8 at CPU scale)."""
+    from landscape.api.demo import DemoConfig
+    from landscape.api.demo import demo as run_demo
+    from landscape.errors import UsageError
+
+    if k >= epochs:
+        raise UsageError(f"--k must be below --epochs ({epochs}), got {k}")
+    root = ctx.find_root().params.get("root")
+    explicit_root = ctx.find_root().get_parameter_source("root").name != "DEFAULT"
+    config = DemoConfig(epochs=epochs, k=k, copies=copies, target_epsilon=target_epsilon, directions=n_directions)
+    start = time.perf_counter()
+    result = run_demo(out_dir, root=root if explicit_root else None, config=config, progress=progress_enabled())
+    seconds = time.perf_counter() - start
+    if as_json:
+        echo_json({"runs": [dataclasses.asdict(r) for r in result.runs], "instability": result.instability_rows,
+                   "directions": result.directions_summary, "files": result.files, "seconds": seconds})
+        return
+    click.echo("Runs (digits, lenet):")
+    echo_table([{"run": r.run, "phase1": r.phase1, "phase2": r.phase2, "epoch": r.epoch, "epsilon": r.epsilon,
+                 "test_acc": r.test_acc, "test_loss": r.test_loss} for r in result.runs])
+    click.echo("\nInstability (Watson et al. Def. 2.3; sup over the path minus the endpoints' mean):")
+    echo_table(result.instability_rows)
+    d = result.directions_summary
+    click.echo(f"\nRandom directions from a Phase-2 SGD solution at its sibling's distance {d['distance']:.3g}: "
+               f"median loss rise {d['rise_median']:.3g} (min {d['rise_min']:.3g}, max {d['rise_max']:.3g}) "
+               f"vs {d['toward_rise']:.3g} toward the sibling; max |cos| between directions {d['max_abs_cos']:.3g}.")
+    click.echo("\nFiles:")
+    for path in result.files:
+        click.echo(f"  {path}")
+    click.echo(f"\nDone in {seconds:.0f} s. Inspect any result with: landscape show FILE.h5")
