@@ -380,3 +380,32 @@ def test_masks_for_frozen_parameters_are_ignored_and_unknown_names_refused():
     assert torch.equal(plain, masked)
     with pytest.raises(UsageError, match="not a parameter"):
         eng.norms(x, y, masks={"nope.weight": torch.ones(3)})
+
+
+class ConvTwice(nn.Module):
+    """A convolution applied to two inputs of different sizes: per-sample gradients add over both calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, padding=1)
+        self.head = nn.Linear(6, 4)
+
+    def forward(self, x):
+        a = torch.tanh(self.conv(x)).mean((2, 3))
+        b = torch.tanh(self.conv(x[:, :, ::2, ::2])).mean((2, 3))
+        return self.head(torch.cat([a, b], 1))
+
+
+@pytest.mark.parametrize("grouped_min", [1, 10**9])
+def test_module_called_twice(monkeypatch, grouped_min):
+    monkeypatch.setattr(persample, "GROUPED_MIN_POSITIONS", grouped_min)
+    torch.manual_seed(0)
+    model = ConvTwice().double()
+    x, y = torch.randn(4, 2, 6, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 3])
+    ref = naive_grads(model, x, y)
+    eng = PerSampleEngine(model, strategy="hooks")
+    assert maxdiff(eng.grads(x, y), ref) < 1e-12
+    w = torch.rand(4, dtype=torch.float64)
+    sums, norms = eng.clipped_sum(x, y, lambda nm: w)
+    assert maxdiff(sums, {k: torch.einsum("n,n...->...", w, g) for k, g in ref.items()}) < 1e-12
+    assert torch.allclose(norms.flat, flatten_grads(ref).norm(dim=1), rtol=1e-12)
