@@ -17,7 +17,8 @@ from cli.options import SubsetType
 def _common_options(f):
     options = [
         click.option("--normalize", type=click.Choice(["none", "filter", "layer"]), default=None,
-                     help="Direction normalisation (Li et al. 2018): none, filter or layer."),
+                     help="Direction normalisation (Li et al. 2018): none, filter or layer [default: none for "
+                          "directions (isotropic, as Watson et al.), filter for surface]."),
         click.option("--biasbn", type=click.Choice(["zero", "copy", "random"]), default="zero", show_default=True,
                      help="1-D tensors (biases, norm layers) under filter/layer normalisation: zero (Li et al.), "
                           "copy theta, or random rescaled."),
@@ -98,12 +99,14 @@ def directions(ctx, ref_a, n, points, distance, toward, split, normalize, biasbn
 @_common_options
 @click.option("--3d", "three_d", is_flag=True, help="Also draw a 3-D surface view.")
 @click.option("--no-resume", is_flag=True, help="Start afresh even if the output file holds a partial surface.")
+@click.option("--rows-per-call", type=click.IntRange(min=1), default=None,
+              help="Grid rows per evaluation call and file write (default: about 64 points per call).")
 @workers_option
 @output_option
 @json_option
 @click.pass_context
 def surface(ctx, ref_a, plane, grid, range_, splits, normalize, biasbn, seed, subset, subset_seed, batch_size,
-            device, method, data_root, no_figure, three_d, no_resume, workers, output, as_json) -> None:
+            device, method, data_root, no_figure, three_d, no_resume, rows_per_call, workers, output, as_json) -> None:
     """2-D loss and accuracy surface around A (Li et al. 2018); resumes an interrupted output file.
 
     Arrays are stored [x, y]: train_loss[i, j] is at (xcoordinates[i], ycoordinates[j]); NaN = not computed.
@@ -113,7 +116,8 @@ def surface(ctx, ref_a, plane, grid, range_, splits, normalize, biasbn, seed, su
 
     config = SurfaceConfig(plane=plane, grid=grid, range=range_, normalize=normalize or "filter", biasbn=biasbn,
                            seed=seed, splits=splits, subset=subset, subset_seed=subset_seed,
-                           batch_size=batch_size, device=device, method=method, workers=workers)
+                           batch_size=batch_size, device=device, method=method, workers=workers,
+                           rows_per_call=rows_per_call)
     result = run_surface(ref_a, root=root_of(ctx), config=config, output=output, figure=not no_figure,
                          three_d=three_d, resume=not no_resume, data_root=data_root)
     summary = result.summary()
