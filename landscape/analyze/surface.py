@@ -17,9 +17,10 @@ Arrays follow Li et al.'s surface files (``xcoordinates``, ``ycoordinates``, ``t
 ``(xcoordinates[i], ycoordinates[j])``, shape ``(len(x), len(y))``; a grid *row* is one ``i`` (all y). NaN
 means "not computed yet". A cell is done when its accuracy is not NaN (a loss may legitimately be NaN where the
 network diverges), so scheduling is a pure function of the NaN cells (:func:`pending_rows`): an interrupted
-surface continues from its file and workers can take rows in any order. Each row is one
-:func:`landscape.evaluate.evaluate` call per split, independent of the other rows, so a restarted run gives
-the same arrays as an uninterrupted one. Only parameters move; buffers stay theta_A's.
+surface continues from its file and workers can take rows in any order. Pending rows are evaluated in
+blocks (one :func:`landscape.evaluate.evaluate` call per split and block, written together); every point is
+evaluated on its own, so the values do not depend on the blocks and a restarted run gives the same arrays
+as an uninterrupted one. Only parameters move; buffers stay theta_A's.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ KIND = "surface"
 SPLITS = ("train", "test")
 METRICS = ("loss", "acc")
 AUTO_MARGIN = 0.25  # auto ranges extend the span of the marked points by this fraction on each side
+POINTS_PER_CALL = 64  # auto rows_per_call: enough rows that one evaluate call amortises its fixed cost
 
 _GRID = re.compile(r"^\s*(\d+)\s*(?:[xX]\s*(\d+))?\s*$")
 _RANGE = re.compile(r"^\s*([-+0-9.eE]+)\s*:\s*([-+0-9.eE]+)\s*$")
@@ -76,6 +78,7 @@ class SurfaceConfig:
     device: str = "cpu"
     method: str = "auto"
     workers: int = 1
+    rows_per_call: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.splits, str):
@@ -95,6 +98,8 @@ class SurfaceConfig:
             raise UsageError(f"--batch-size must be a positive integer, got {self.batch_size}")
         if int(self.workers) != self.workers or self.workers < 1:
             raise UsageError(f"--workers must be a positive integer, got {self.workers}")
+        if self.rows_per_call is not None and (int(self.rows_per_call) != self.rows_per_call or self.rows_per_call < 1):
+            raise UsageError(f"--rows-per-call must be a positive integer, got {self.rows_per_call}")
 
     @property
     def plane_kind(self) -> str:
@@ -154,9 +159,10 @@ class SurfaceConfig:
         return (out[0], out[-1])
 
     def analysis_params(self) -> dict:
-        """The options that determine the arrays (everything but ``workers``): must match to resume a file."""
+        """The options that determine the arrays (all but ``workers``, ``rows_per_call``): must match to resume."""
         p = to_jsonable(self)
         p.pop("workers", None)
+        p.pop("rows_per_call", None)
         return p
 
 
@@ -354,16 +360,27 @@ def pending_rows(result: SurfaceResult) -> list[int]:
     return [int(i) for i in np.flatnonzero(~result.done.all(axis=1))]
 
 
-RowValues = dict[str, tuple[np.ndarray, np.ndarray]]
-RowRunner = Callable[[list[int]], Iterable[tuple[int, RowValues, float, str]]]
+def row_blocks(rows: Sequence[int], ny: int, config: SurfaceConfig) -> list[list[int]]:
+    """Pending rows grouped into evaluate calls (written to the file together), in order.
+
+    ``config.rows_per_call`` rows per call, or by default enough for :data:`POINTS_PER_CALL` points while
+    every worker still gets a block. Values do not depend on the grouping (each point is evaluated alone).
+    """
+    size = config.rows_per_call or max(1, min(math.ceil(POINTS_PER_CALL / ny), math.ceil(len(rows) / config.workers)))
+    return [list(rows[i : i + size]) for i in range(0, len(rows), size)]
 
 
-def surface_row(model: nn.Module, space: ParamSpace, plane: Plane, x_value: float, ycoords: np.ndarray,
-                data: Mapping[str, tuple[torch.Tensor, torch.Tensor]], config: SurfaceConfig
-                ) -> tuple[RowValues, float, str]:
-    """Loss and accuracy at ``(x_value, y)`` for every y, per split: one evaluate call per split."""
-    coords = torch.stack([torch.full((len(ycoords),), float(x_value), dtype=torch.float64),
-                          torch.as_tensor(ycoords, dtype=torch.float64)], dim=1)
+RowValues = dict[str, tuple[np.ndarray, np.ndarray]]  # split -> (loss, acc), each (rows, ny)
+RowRunner = Callable[[list[list[int]]], Iterable[tuple[list[int], RowValues, float, str]]]
+
+
+def surface_rows(model: nn.Module, space: ParamSpace, plane: Plane, x_values: Sequence[float], ycoords: np.ndarray,
+                 data: Mapping[str, tuple[torch.Tensor, torch.Tensor]], config: SurfaceConfig
+                 ) -> tuple[RowValues, float, str]:
+    """Loss and accuracy at ``(x, y)`` for the given x values and every y, per split: one evaluate call per split."""
+    xs = torch.as_tensor(np.asarray(x_values, dtype=np.float64))
+    ys = torch.as_tensor(np.asarray(ycoords, dtype=np.float64))
+    coords = torch.stack([xs.repeat_interleave(len(ys)), ys.repeat(len(xs))], dim=1)
     points = Affine(plane.origin, torch.stack([plane.dx, plane.dy]).to(plane.origin.dtype), coords)
     out: RowValues = {}
     seconds, method = 0.0, ""
@@ -371,7 +388,7 @@ def surface_row(model: nn.Module, space: ParamSpace, plane: Plane, x_value: floa
         x, y = data[s]
         r = evaluate(model, x, y, points, space=space, batch_size=config.batch_size, device=config.device,
                      method=config.method)
-        out[s] = (r.loss.numpy(), r.acc.numpy())
+        out[s] = (r.loss.numpy().reshape(len(xs), len(ys)), r.acc.numpy().reshape(len(xs), len(ys)))
         seconds += r.seconds
         method = r.method
     return out, seconds, method
@@ -385,35 +402,35 @@ def compute_surface(
     config: SurfaceConfig | None = None,
     partial: SurfaceResult | None = None,
     space: ParamSpace | None = None,
-    on_row: Callable[[SurfaceResult, int], None] | None = None,
+    on_rows: Callable[[SurfaceResult, list[int]], None] | None = None,
     row_runner: RowRunner | None = None,
 ) -> SurfaceResult:
     """Fill every pending row of ``partial`` (or of a fresh grid) and return the result.
 
-    ``data`` maps split -> ``(x, y)`` (already subset); ``on_row(result, i)`` runs after row ``i`` is filled
-    (the API writes the file there). ``row_runner(rows)`` may compute rows elsewhere (worker processes) and
-    yield ``(i, values, seconds, method)`` in any order.
+    ``data`` maps split -> ``(x, y)`` (already subset); ``on_rows(result, rows)`` runs after each block of
+    rows is filled (the API writes the file there). ``row_runner(blocks)`` may compute the blocks elsewhere
+    (worker processes) and yield ``(rows, values, seconds, method)`` in any order.
     """
     config = config or SurfaceConfig()
     space = space or ParamSpace.from_model(model)
     result = partial if partial is not None else SurfaceResult.empty(plane, config)
     result.examples = {s: int(data[s][0].shape[0]) for s in config.splits}
-    rows = pending_rows(result)
+    blocks = row_blocks(pending_rows(result), len(result.ycoordinates), config)
     if row_runner is None:
-        def row_runner(todo: list[int]):
-            for i in todo:
-                values, seconds, method = surface_row(model, space, plane, result.xcoordinates[i],
-                                                      result.ycoordinates, data, config)
-                yield i, values, seconds, method
+        def row_runner(todo: list[list[int]]):
+            for rows in todo:
+                values, seconds, method = surface_rows(model, space, plane, result.xcoordinates[rows],
+                                                       result.ycoordinates, data, config)
+                yield rows, values, seconds, method
 
     start, before = time.perf_counter(), result.seconds
-    for i, values, _, method in row_runner(rows):
+    for rows, values, _, method in row_runner(blocks):
         for s, (loss, acc) in values.items():
-            result.values[f"{s}_loss"][i] = loss
-            result.values[f"{s}_acc"][i] = acc
+            result.values[f"{s}_loss"][rows] = loss
+            result.values[f"{s}_acc"][rows] = acc
         result.method = method
         result.seconds = before + time.perf_counter() - start
-        if on_row is not None:
-            on_row(result, i)
+        if on_rows is not None:
+            on_rows(result, list(rows))
     result.seconds = before + time.perf_counter() - start
     return result
