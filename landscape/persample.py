@@ -11,10 +11,13 @@ Two exact routes, chosen automatically:
     ``nn.Conv1d``/``nn.Conv2d`` with any stride, padding, dilation and groups, ``nn.GroupNorm``,
     ``nn.LayerNorm``, ``nn.Embedding``), its input activations ``A_i`` and output gradients ``B_i``, so
     ``g_i = B_i^T A_i``. Per-sample squared norms use the "ghost norm" identity
-    ``||B_i^T A_i||^2 = sum_{t,s} (A_i A_i^T)_{ts} (B_i B_i^T)_{ts}`` when it is cheaper than
+    ``||B_i^T A_i||^2 = sum_{t,s} (A_i A_i^T)_{ts} (B_i B_i^T)_{ts}`` when it is clearly cheaper than
     materialising (Li et al. 2021; Bu et al. 2023, "book-keeping"), and the clipped sum
-    ``sum_i c_i g_i = sum_i c_i B_i^T A_i`` re-uses the kept ``A, B``: no second backward. The weight
-    gradients are never formed by the backward itself (only activation gradients are requested).
+    ``sum_i c_i g_i = sum_i c_i B_i^T A_i`` re-uses the kept ``A, B`` (one weight-gradient kernel on
+    re-weighted ``B``, or a weighted sum of the gradients already materialised for the norms): no second
+    backward. The backward itself only computes activation gradients, never the weight gradients.
+    Convolutions materialise per-sample gradients with one grouped weight-gradient kernel (batch folded
+    into the groups) or, for few output positions, a strided unfold and a batched matmul.
 ``functorch``
     ``torch.func.functional_call`` + ``vmap(grad)`` for any model (chunked by ``microbatch``). Used when a
     trainable parameter lives in a module the hooks route does not know, or when a one-off self-check of the
@@ -42,7 +45,7 @@ from torch.func import functional_call, grad, jvp, vmap
 from landscape.errors import ModelError, UsageError
 
 STRATEGIES = ("auto", "hooks", "functorch")
-# A convolution's norm is a ghost norm when T (D + P) < GHOST_RATIO * P D. The ghost route also needs one
+# A convolution's (or a Linear's on sequences) norm is a ghost norm when T (D + P) < GHOST_RATIO * P D. The ghost route also needs one
 # weight-gradient kernel for the weighted sum, while materialised gradients make that sum nearly free, so
 # it pays only when the Gram matrices are clearly smaller (measured on CPU: ResNet-18 layer3/4 yes,
 # layer2 and opacus-cnn's conv2 no).
@@ -148,17 +151,27 @@ def _wsum(w: Tensor, g: Tensor) -> Tensor:
     return (w @ g.reshape(g.shape[0], -1)).reshape(g.shape[1:])
 
 
-class _MatmulHandler(_Handler):
-    """Modules whose weight gradient is ``B^T A`` per group: Linear, Conv1d, Conv2d.
+class _LinearHandler(_Handler):
+    """nn.Linear on inputs (n, ..., D): g_i(weight) = sum_t B_t^T A_t over the T positions of sample i.
 
-    Unit: ``a`` (n, G, D, T) and ``b`` (n, G, P, T) (T positions, weight viewed as (G*P, D)), and for a
-    module called once, ``direct(w)``: ``sum_i w_i g_i(weight)`` by one ordinary weight-gradient kernel."""
+    Unit: ``a`` (n, 1, D, T) and ``b`` (n, 1, P, T), and for a module called once, ``direct(w)``:
+    ``sum_i w_i g_i(weight)`` by one matmul. T = 1 (the usual case): ||g_i||^2 = ||A_i||^2 ||B_i||^2."""
 
-    def _ab(self, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
-        raise NotImplementedError
+    def _ab(self, a, b):
+        n = a.shape[0]
+        a3, b3 = a.reshape(n, -1, a.shape[-1]), b.reshape(n, -1, b.shape[-1])
+        return a3.transpose(1, 2).unsqueeze(1), b3.transpose(1, 2).unsqueeze(1)
 
-    def _direct(self, a: Tensor, b: Tensor) -> Callable[[Tensor], Tensor]:
-        raise NotImplementedError
+    def _direct(self, a, b):
+        n = a.shape[0]
+        a2, b2 = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
+        t = a2.shape[0] // max(n, 1)
+
+        def direct(w):
+            wr = w if t == 1 else w.repeat_interleave(t)
+            return (b2 * wr.unsqueeze(1)).transpose(0, 1) @ a2
+
+        return direct
 
     def unit(self, calls):
         pairs = [self._ab(a, b) for a, b in calls]
@@ -199,7 +212,7 @@ class _MatmulHandler(_Handler):
                 out["weight"] = _sq(self._weight_per_sample(u), masks.get("weight"))
             elif t == 1:
                 out["weight"] = (a.pow(2).sum(2) * b.pow(2).sum(2)).sum((1, 2))
-            elif t * (d + p) < p * d:  # ghost norm: sum_{t,s} (A A^T)_{ts} (B B^T)_{ts}
+            elif t * (d + p) < GHOST_RATIO * p * d:  # ghost norm: sum_{t,s} (A A^T)_{ts} (B B^T)_{ts}
                 aa = a.transpose(2, 3) @ a
                 bb = b.transpose(2, 3) @ b
                 out["weight"] = (aa * bb).sum((1, 2, 3))
@@ -223,24 +236,6 @@ class _MatmulHandler(_Handler):
         if "bias" in self.pnames:
             out["bias"] = _wsum(w["bias"], u["gb"])
         return out
-
-
-class _LinearHandler(_MatmulHandler):
-    def _ab(self, a, b):
-        n = a.shape[0]
-        a3, b3 = a.reshape(n, -1, a.shape[-1]), b.reshape(n, -1, b.shape[-1])
-        return a3.transpose(1, 2).unsqueeze(1), b3.transpose(1, 2).unsqueeze(1)
-
-    def _direct(self, a, b):
-        n = a.shape[0]
-        a2, b2 = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
-        t = a2.shape[0] // max(n, 1)
-
-        def direct(w):
-            wr = w if t == 1 else w.repeat_interleave(t)
-            return (b2 * wr.unsqueeze(1)).transpose(0, 1) @ a2
-
-        return direct
 
 
 class _ConvHandler(_Handler):
@@ -778,12 +773,9 @@ class PerSampleEngine:
             self._accumulate(xc, yc, wc, shared, acc)
         return {k: v * m[k] if k in m else v for k, v in acc.items()}
 
-    def _accumulate(
-        self, x, y, w: dict[str, Tensor], shared: bool, acc: dict[str, Tensor], units=None
-    ) -> None:
+    def _accumulate(self, x, y, w: dict[str, Tensor], shared: bool, acc: dict[str, Tensor]) -> None:
         if self.strategy == "hooks":
-            if units is None:
-                units, _, _ = self._capture(x, y)
+            units, _, _ = self._capture(x, y)
             self._hooks_weighted(units, w, acc)
         elif shared:
             with torch.enable_grad():
