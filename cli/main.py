@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "store": ("cli.store:store", "List runs and inspect checkpoints in the store."),
     "import": ("cli.store:import_checkpoint", "Import a foreign .pt/.safetensors checkpoint into the store."),
     "show": ("cli.show:show", "Print any result file (kind, inputs, options, attrs, arrays)."),
+    "interpolate": ("cli.interpolate:interpolate", "Loss/accuracy along (1-a)A + aB and its instability (Watson Def. 2.3)."),
+    "instability": ("cli.interpolate:instability", "Instability of many checkpoint pairs: CSV + HDF5 + figure (Watson Fig. 5)."),
     "privacy": ("cli.privacy:privacy", "Epsilon of a DP-SGD schedule, or the noise multiplier for a target epsilon."),
     "prune": ("cli.prune:prune", "Magnitude-prune a checkpoint into a new run (mask stored with it)."),
     "ntk": ("cli.ntk:ntk", "Empirical NTK under clipping: symmetry, positivity, spectra (Bu et al.)."),
