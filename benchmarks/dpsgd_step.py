@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-from _common import interleaved, medians, one_thread, print_table  # noqa: E402
+from _common import interleaved, medians, one_thread, out_of_place_residuals, print_table  # noqa: E402
 
 CASES = {"opacus-cnn": ((1, 28, 28), 256), "resnet18": ((3, 32, 32), 64)}
 C, SIGMA, LR = 1.0, 1.0, 0.1
@@ -68,25 +68,6 @@ def _plain(name, shape, x, y):
         opt.zero_grad(set_to_none=True)
 
     return step
-
-
-def _basic_block_forward(self, x):
-    """torchvision's BasicBlock.forward with ``out = out + identity`` instead of ``out += identity``: the
-    same function, but Opacus' full backward hooks refuse the in-place add on a hooked GroupNorm output."""
-    identity = x if self.downsample is None else self.downsample(x)
-    out = self.relu(self.bn1(self.conv1(x)))
-    return self.relu(self.bn2(self.conv2(out)) + identity)
-
-
-def out_of_place_residuals(model):
-    import types
-
-    from torchvision.models.resnet import BasicBlock
-
-    for m in model.modules():
-        if isinstance(m, BasicBlock):
-            m.forward = types.MethodType(_basic_block_forward, m)
-    return model
 
 
 def _opacus(name, shape, x, y, mode):

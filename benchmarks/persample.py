@@ -7,7 +7,8 @@ methods interleaved in one process, medians, samples per second and ratios to Op
   gradients where avoidable) - what clipping, R and the norm statistics need;
 - ``ours grads``: ``PerSampleEngine.grads`` (materialised per-sample gradients, hooks route);
 - ``ours grads functorch``: the same through ``vmap(grad)``;
-- ``opacus grads+norms``: GradSampleModule forward + backward filling ``p.grad_sample``, then the norms;
+- ``opacus grads+norms``: GradSampleModule forward + backward filling ``p.grad_sample``, then the norms
+  (resnet18 with an out-of-place residual add, the same function: Opacus' hooks refuse the in-place one);
 - ``naive loop``: one forward/backward per example.
 
     OMP_NUM_THREADS=1 python benchmarks/persample.py [--repeats 5] [--models opacus-cnn,resnet18] [--memory]
@@ -25,7 +26,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-from _common import interleaved, medians, one_thread, peak_memory  # noqa: E402
+from _common import interleaved, medians, one_thread, out_of_place_residuals, peak_memory  # noqa: E402
 
 CASES = {"opacus-cnn": ((1, 28, 28), 256), "resnet18": ((3, 32, 32), 64)}
 
@@ -46,7 +47,8 @@ def methods_for(name: str):
     hooks = PerSampleEngine(model, strategy="hooks")
     func = PerSampleEngine(model, strategy="functorch")
     torch.manual_seed(0)
-    gsm = GradSampleModule(build_model(name, input_shape=shape, num_classes=10), loss_reduction="sum")
+    opacus_model = out_of_place_residuals(build_model(name, input_shape=shape, num_classes=10))
+    gsm = GradSampleModule(opacus_model, loss_reduction="sum")
     params = [p for p in gsm.parameters() if p.requires_grad]
 
     def opacus():
