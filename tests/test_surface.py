@@ -152,13 +152,25 @@ def test_interrupted_surface_resumes_to_the_same_arrays(store, tmp_path):
 
 
 def test_workers_fill_the_same_grid(store, tmp_path):
+    """Blocks computed by spawned workers, interrupted, then finished serially: the serial run's arrays."""
     from landscape.api.directions import surface
 
     kw = dict(root=store, grid="3x3", splits=("train",), subset=60, figure=False)
     serial = surface("traj@last", output=tmp_path / "s.h5", **kw)
-    parallel = surface("traj@last", output=tmp_path / "p.h5", workers=2, **kw)
-    np.testing.assert_array_equal(serial.values["train_loss"], parallel.values["train_loss"])
-    np.testing.assert_array_equal(serial.values["train_acc"], parallel.values["train_acc"])
+    out = tmp_path / "p.h5"
+    first: list[list[int]] = []
+
+    def stop(result, rows):
+        first.append(rows)
+        raise Interrupt
+
+    with pytest.raises(Interrupt):
+        surface("traj@last", output=out, workers=2, on_rows=stop, **kw)  # blocks [0, 1] and [2]
+    part = SurfaceResult.from_hdf5(out)
+    assert first[0] in ([0, 1], [2]) and part.done.all(axis=1).tolist() == [i in first[0] for i in range(3)]
+    finished = surface("traj@last", output=out, **kw)
+    np.testing.assert_array_equal(serial.values["train_loss"], finished.values["train_loss"])
+    np.testing.assert_array_equal(serial.values["train_acc"], finished.values["train_acc"])
 
 
 def test_pca_surface_cli(store, tmp_path, capsys):

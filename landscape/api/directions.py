@@ -7,7 +7,8 @@
 ``surface(A, plane=...)`` builds the plane (random, ``B,C`` or ``pca:RUN``), writes the result file at once
 (all NaN) and again, atomically, after every completed grid row; if the file already exists with the same
 options, inputs and plane, only its missing rows are computed (resume). ``workers > 1`` spreads direction
-chunks / grid rows over spawned processes with one torch thread each; the arrays are the same.
+chunks / grid rows over spawned processes with one torch thread each; the arrays are the same. (Spawned
+workers re-import the calling script: call these from under ``if __name__ == "__main__":``.)
 """
 
 from __future__ import annotations
@@ -160,12 +161,19 @@ def _direction_job(indices: list[int], distance: float, steps: torch.Tensor):
 
 def _run_direction_chunks(chunks: list[list[int]], distance: float, steps: torch.Tensor, *, payload: _Payload
                           ) -> Iterator:
-    workers = min(payload.config.workers, len(chunks))
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_init_worker,
-                             initargs=(payload,)) as pool:
+    pool = _pool(min(payload.config.workers, len(chunks)), payload)
+    try:
         futures = [pool.submit(_direction_job, c, distance, steps) for c in chunks]
         for f in futures:
             yield f.result()
+    finally:  # on an error or interrupt, drop the chunks not started instead of waiting for them
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _pool(workers: int, payload: _Payload) -> ProcessPoolExecutor:
+    """Spawned processes (one torch thread each), every one initialised once with ``payload``."""
+    return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_init_worker,
+                               initargs=(payload,))
 
 
 # --------------------------------------------------------------------------------------------- surface
@@ -278,12 +286,13 @@ def _rows_job(rows: list[int], x_values, ys):
 def _run_rows(blocks: list[list[int]], *, payload: _Payload, xs, ys) -> Iterator:
     if not blocks:
         return
-    workers = min(payload.config.workers, len(blocks))
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_init_worker,
-                             initargs=(payload,)) as pool:
+    pool = _pool(min(payload.config.workers, len(blocks)), payload)
+    try:
         futures = [pool.submit(_rows_job, rows, xs[rows], ys) for rows in blocks]
         for f in as_completed(futures):
             yield f.result()
+    finally:  # rows already written stay; blocks not started are dropped (a rerun resumes them)
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 # ----------------------------------------------------------------------------------------------- data
