@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "show": ("cli.show:show", "Print any result file (kind, inputs, options, attrs, arrays)."),
     "interpolate": ("cli.interpolate:interpolate", "Loss/accuracy along (1-a)A + aB and its instability (Watson Def. 2.3)."),
     "instability": ("cli.interpolate:instability", "Instability of many checkpoint pairs: CSV + HDF5 + figure (Watson Fig. 5)."),
+    "directions": ("cli.directions:directions", "Loss along N random directions from A against the path toward B (Watson Fig. 4)."),
+    "surface": ("cli.directions:surface", "2-D loss/accuracy surface: random, B,C or pca:RUN plane (Li et al. 2018); resumable."),
     "clipping": ("cli.geometry:clipping", "Clipping ratio R and the Thm. 3.2 bound (Watson Sec. 3.1); --prune-levels for Fig. 11."),
     "symmetry": ("cli.geometry:symmetry", "Symmetry of per-sample gradient deviations (Zhu & Blaschko App. F)."),
     "norms": ("cli.geometry:norms", "Parameter and gradient norms of runs, distance ratios (Watson Figs. 16-17)."),
