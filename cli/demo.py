@@ -13,26 +13,30 @@ from cli.common import echo_json, echo_table, json_option, progress_enabled
 @click.command()
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="demo-out", show_default=True,
               help="Directory for the store (OUT/checkpoints unless --root is given) and results.")
-@click.option("--epochs", type=click.IntRange(min=2), default=6, show_default=True)
-@click.option("--k", type=click.IntRange(min=1), default=2, show_default=True, help="Phase-1 epochs.")
+@click.option("--epochs", type=click.IntRange(min=2), default=8, show_default=True)
+@click.option("--k", "ks", default="1,2,4", show_default=True, help="Phase-1 lengths in epochs (comma-separated).")
 @click.option("--copies", type=click.IntRange(min=2), default=2, show_default=True)
 @click.option("--target-epsilon", type=click.FloatRange(min=0, min_open=True), default=8.0, show_default=True)
-@click.option("--directions", "n_directions", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--directions", "n_directions", type=click.IntRange(min=1), default=50, show_default=True)
 @json_option
 @click.pass_context
-def demo(ctx: click.Context, out_dir: str, epochs: int, k: int, copies: int, target_epsilon: float,
+def demo(ctx: click.Context, out_dir: str, epochs: int, ks: str, copies: int, target_epsilon: float,
          n_directions: int, as_json: bool) -> None:
     """Phase-1 SGD, Phase-2 SGD and DP-SGD siblings on digits; their interpolations, instabilities,
     random-direction profiles and figures (Watson et al. Figs. 4-8 at CPU scale)."""
-    from landscape.api.demo import DemoConfig
-    from landscape.api.demo import demo as run_demo
+    from landscape.api.demo_job import DemoConfig
+    from landscape.api.demo_job import demo as run_demo
     from landscape.errors import UsageError
 
-    if k >= epochs:
-        raise UsageError(f"--k must be below --epochs ({epochs}), got {k}")
+    try:
+        k_values = tuple(sorted({int(k) for k in ks.split(",")}))
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {ks!r}", param_hint="--k") from None
+    if not all(1 <= k < epochs for k in k_values):
+        raise UsageError(f"--k values must be between 1 and --epochs - 1 = {epochs - 1}, got {ks}")
     root = ctx.find_root().params.get("root")
     explicit_root = ctx.find_root().get_parameter_source("root").name != "DEFAULT"
-    config = DemoConfig(epochs=epochs, k=k, copies=copies, target_epsilon=target_epsilon, directions=n_directions)
+    config = DemoConfig(epochs=epochs, ks=k_values, copies=copies, target_epsilon=target_epsilon, directions=n_directions)
     start = time.perf_counter()
     result = run_demo(out_dir, root=root if explicit_root else None, config=config, progress=progress_enabled())
     seconds = time.perf_counter() - start

@@ -1,7 +1,7 @@
 """`landscape directions A` and `landscape surface A` (Watson et al. Fig. 4; Li et al. 2018).
 
 Both mirror their config dataclass (:class:`landscape.analyze.directions.DirectionsConfig`,
-:class:`landscape.analyze.surface.SurfaceConfig`) option by option and call ``landscape.api.directions``;
+:class:`landscape.analyze.surface.SurfaceConfig`) option by option and call ``landscape.api.loss_surfaces``;
 they print a short summary and where the files went (``--json``: the same as JSON). Bad option values are
 one ``error:`` line with exit code 2, missing checkpoints exit 1.
 """
@@ -63,7 +63,7 @@ def directions(ctx, ref_a, n, points, distance, toward, split, normalize, biasbn
     A and B are checkpoint references: PATH.h5 or RUN[@init|@last|@step=N|@epoch=E].
     """
     from landscape.analyze.directions import DirectionsConfig
-    from landscape.api.directions import directions as run_directions
+    from landscape.api.loss_surfaces import directions as run_directions
 
     config = DirectionsConfig(n=n, points=points, distance=distance, normalize=normalize or "none", biasbn=biasbn,
                               seed=seed, split=split, subset=subset, subset_seed=subset_seed, batch_size=batch_size,
@@ -112,7 +112,7 @@ def surface(ctx, ref_a, plane, grid, range_, splits, normalize, biasbn, seed, su
     Arrays are stored [x, y]: train_loss[i, j] is at (xcoordinates[i], ycoordinates[j]); NaN = not computed.
     """
     from landscape.analyze.surface import SurfaceConfig
-    from landscape.api.directions import surface as run_surface
+    from landscape.api.loss_surfaces import surface as run_surface
 
     config = SurfaceConfig(plane=plane, grid=grid, range=range_, normalize=normalize or "filter", biasbn=biasbn,
                            seed=seed, splits=splits, subset=subset, subset_seed=subset_seed,

@@ -1,7 +1,7 @@
 """`landscape interpolate A B` and `landscape instability RUN_GLOB...` (Watson et al. Def. 2.3, Fig. 5).
 
 Both mirror :class:`landscape.analyze.interpolate.InterpolateConfig` option by option and call
-``landscape.api.interpolate``; they print a short table and where the files went (``--json``: the same
+``landscape.api.interpolation``; they print a short table and where the files went (``--json``: the same
 as JSON). Incompatible checkpoints are one ``error:`` line naming the first differing tensor (exit 1).
 """
 
@@ -96,7 +96,7 @@ def interpolate(ctx, ref_a, ref_b, points, splits, subset, subset_seed, bn_recal
 
     A and B are checkpoint references: PATH.h5 or RUN[@init|@last|@step=N|@epoch=E].
     """
-    from landscape.api.interpolate import interpolate as run_interpolate
+    from landscape.api.interpolation import interpolate as run_interpolate
 
     result = run_interpolate(
         ref_a, ref_b, root=root_of(ctx),
@@ -129,7 +129,7 @@ def instability(ctx, runs, pairs, points, splits, subset, subset_seed, bn_recali
 
     RUNS are run names or globs (e.g. 'phases-*'); with --pairs A:B they may be omitted.
     """
-    from landscape.api.interpolate import instability as run_instability
+    from landscape.api.interpolation import instability as run_instability
 
     table = run_instability(
         list(runs), pairs=pairs, workers=workers, root=root_of(ctx),

@@ -1,7 +1,7 @@
 """`landscape ntk` and `landscape ntk-table`: the empirical NTK under clipping (Bu et al. 2023).
 
 Options mirror :class:`landscape.analyze.ntk.NTKConfig` / :class:`NTKTableConfig` one to one; the commands
-call :mod:`landscape.api.ntk` and print a short table (``--json``: the same as JSON).
+call :mod:`landscape.api.kernels` and print a short table (``--json``: the same as JSON).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def ntk(ctx, ref, clip, max_grad_norm, layer_max_norm, n, kind, clip_fn, layers,
     REF is PATH.h5 or RUN@init|@last|@step=N|@epoch=E.
     """
     from landscape.analyze.ntk import NTKConfig
-    from landscape.api.ntk import ntk as run_ntk
+    from landscape.api.kernels import ntk as run_ntk
 
     config = NTKConfig(n=n, kind=kind, clip=clip, max_grad_norm=max_grad_norm, clip_fn=clip_fn, layers=layers,
                        layer_max_norms=layer_max_norm, seed=seed, split=split, max_memory=max_memory,
@@ -126,7 +126,7 @@ def ntk_table(ctx, target, max_grad_norms, clip_styles, n, kind, clip_fn, layers
     Writes HDF5 + CSV + figure.
     """
     from landscape.analyze.ntk import NTKTableConfig
-    from landscape.api.ntk import ntk_table as run_table
+    from landscape.api.kernels import ntk_table as run_table
 
     config = NTKTableConfig(max_grad_norms=max_grad_norms, clip_styles=clip_styles, n=n, kind=kind,
                             clip_fn=clip_fn, layers=layers, seed=seed, split=split, max_memory=max_memory,

@@ -47,8 +47,8 @@ def privacy(
 
     Example: landscape privacy --noise-multiplier 1.1 --batch-size 256 --dataset-size 60000 --epochs 60
     """
-    from landscape.api.privacy import PrivacyQuery
-    from landscape.api.privacy import privacy as answer
+    from landscape.api.accounting import PrivacyQuery
+    from landscape.api.accounting import privacy as answer
 
     result = answer(
         PrivacyQuery(

@@ -54,8 +54,8 @@ def prune(
     Train from it with `landscape train --from RUN@init ...`: pruned weights stay exactly 0 (masked
     gradients, noise and momentum).
     """
-    from landscape.api.prune import PruneConfig
-    from landscape.api.prune import prune as run_prune
+    from landscape.api.pruning import PruneConfig
+    from landscape.api.pruning import prune as run_prune
 
     result = run_prune(
         PruneConfig(ref=ref, remove=remove, scope=scope, rewind=rewind, run=run, init=init), root=root_of(ctx)

@@ -100,8 +100,8 @@ def _rows(summaries: list[Any]) -> list[dict[str, Any]]:
 @click.pass_context
 def train(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:
     """Train a model (SGD or the DP-SGD family) into the checkpoint store."""
-    from landscape.api.train import summarize
-    from landscape.api.train import train as api_train
+    from landscape.api.training import summarize
+    from landscape.api.training import train as api_train
     from landscape.errors import UsageError
 
     if kwargs["resume"] is not None:
@@ -139,7 +139,7 @@ def _families(value: str) -> tuple[str, ...]:
 def phases(ctx: click.Context, as_json: bool, k: int, copies: int, phase1: str, phase2: str,
            dp_lr: float | None, dp_momentum: float | None, group: str | None, **kwargs: Any) -> None:
     """Phase 1 / Phase 2 branches: SGD and DP-SGD for k epochs from one init, then each way for the rest."""
-    from landscape.api.train import phases as api_phases
+    from landscape.api.training import phases as api_phases
 
     base = TrainConfig(**_config_fields(kwargs), optimizer="sgd")
     config = PhasesConfig(base=base, k=k, copies=copies, phase1=_families(phase1), phase2=_families(phase2),

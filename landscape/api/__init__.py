@@ -1,9 +1,10 @@
 """The Python face of landscape: checkpoint references in, result files and figures out.
 
-Each command family has a module here (``landscape.api.train``, ``landscape.api.interpolate``, ...)
+Each command family has a module here (``landscape.api.training``, ``landscape.api.interpolation``, ...)
 that resolves references through the store, calls a pure analyzer and writes its result. The most used
 functions are re-exported lazily so ``from landscape.api import interpolate`` works without importing
-every analyzer.
+every analyzer. Modules are named for their subject (``training``, ``interpolation``, ...) so that no
+module name shadows a function name: ``landscape.api.interpolate`` is always the function.
 """
 
 from __future__ import annotations
@@ -12,7 +13,32 @@ import importlib
 from typing import Any
 
 # public name -> module under landscape.api
-_EXPORTS: dict[str, str] = {}
+_EXPORTS: dict[str, str] = {
+    "train": "training",
+    "resume": "training",
+    "phases": "training",
+    "TrainConfig": "training",
+    "PhasesConfig": "training",
+    "interpolate": "interpolation",
+    "instability": "interpolation",
+    "InterpolateConfig": "interpolation",
+    "tour": "interpolation",
+    "directions": "loss_surfaces",
+    "surface": "loss_surfaces",
+    "DirectionsConfig": "loss_surfaces",
+    "SurfaceConfig": "loss_surfaces",
+    "clipping": "geometry",
+    "symmetry": "geometry",
+    "norms": "geometry",
+    "ntk": "kernels",
+    "ntk_table": "kernels",
+    "prune": "pruning",
+    "PruneConfig": "pruning",
+    "privacy": "accounting",
+    "PrivacyQuery": "accounting",
+    "demo": "demo_job",
+    "DemoConfig": "demo_job",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -14,6 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from landscape.plots.style import SGD_COLOR, SPLIT_COLORS, SPLIT_STYLES, apply_style, dp_shades, method_color  # noqa: E402
 
@@ -76,6 +77,7 @@ def plot_instability(rows: Sequence[dict], *, splits: Sequence[str], title: str 
         for j, split in enumerate(splits):
             ax = axes[i, j]
             ax.set_xlabel("k (Phase-1 length)")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_ylabel(f"{split} {ylabel}")
             ax.axhline(0.0, color="0.6", linewidth=0.8, zorder=0)
     axes[0, 0].legend(loc="best")

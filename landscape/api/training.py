@@ -1,6 +1,6 @@
 """Python face of training: ``train`` (also ``--from`` and ``--resume``) and ``phases``.
 
->>> from landscape.api.train import TrainConfig, train
+>>> from landscape.api.training import TrainConfig, train
 >>> run = train(TrainConfig(model="lenet", data="digits", epochs=3), root="checkpoints")
 """
 

@@ -14,9 +14,9 @@ import dataclasses
 from pathlib import Path
 
 from landscape.analyze.interpolate import InterpolateConfig
-from landscape.api.directions import directions
-from landscape.api.interpolate import tour
-from landscape.api.train import RunSummary, phases
+from landscape.api.interpolation import tour
+from landscape.api.loss_surfaces import directions
+from landscape.api.training import RunSummary, phases
 from landscape.train.config import PhasesConfig, TrainConfig
 
 
@@ -24,8 +24,8 @@ from landscape.train.config import PhasesConfig, TrainConfig
 class DemoConfig:
     """Sizes of the demo; the defaults finish in about a minute of compute on one CPU thread."""
 
-    epochs: int = 6
-    k: int = 2
+    epochs: int = 8
+    ks: tuple[int, ...] = (1, 2, 4)
     copies: int = 2
     lr: float = 0.02
     batch_size: int = 32
@@ -35,7 +35,8 @@ class DemoConfig:
     target_epsilon: float = 8.0
     seed: int = 0
     points: int = 30
-    directions: int = 20
+    directions: int = 50
+    normalize: str = "filter"
 
 
 @dataclasses.dataclass
@@ -56,14 +57,16 @@ def demo(out_dir: str | Path = "demo-out", *, root: str | Path | None = None, co
     base = TrainConfig(model="lenet", data="digits", epochs=config.epochs, lr=config.lr,
                        batch_size=config.batch_size, seed=config.seed, max_grad_norm=config.max_grad_norm,
                        target_epsilon=config.target_epsilon)
-    group = "demo"
-    runs = phases(PhasesConfig(base=base, k=config.k, copies=config.copies, phase1=("sgd",),
-                               phase2=("sgd", "dpsgd"), dp_lr=config.dp_lr, dp_momentum=config.dp_momentum,
-                               group=group), root=root, progress=progress)
-    made = tour(f"{group}-*", root=root, out_dir=results, config=InterpolateConfig(points=config.points))
-    profile = directions(f"{group}-sgd-sgd-0@last", toward=f"{group}-sgd-sgd-1@last", root=root,
+    runs: list[RunSummary] = []
+    for k in config.ks:
+        runs += phases(PhasesConfig(base=base, k=k, copies=config.copies, phase1=("sgd",),
+                                    phase2=("sgd", "dpsgd"), dp_lr=config.dp_lr, dp_momentum=config.dp_momentum,
+                                    group=f"demo-k{k}"), root=root, progress=progress)
+    made = tour("demo-k*", root=root, out_dir=results, config=InterpolateConfig(points=config.points))
+    k = max(config.ks)
+    profile = directions(f"demo-k{k}-sgd-sgd-0@last", toward=f"demo-k{k}-sgd-sgd-1@last", root=root,
                          output=results / "directions-sgd-sibling.h5", n=config.directions,
-                         points=config.points, distance="auto", seed=config.seed)
+                         points=config.points, distance="auto", normalize=config.normalize, seed=config.seed)
     files = made.files() + [profile.path, *getattr(profile, "figures", [])]
     return DemoResult(runs=runs, instability_rows=made.rows(), directions_summary=profile.summary(),
                       files=[Path(f) for f in files])
