@@ -228,7 +228,7 @@ def test_rays_match_plain_evaluation_at_explicit_points():
 @pytest.fixture(scope="module")
 def siblings(tmp_path_factory):
     """Two Phase-2 SGD copies from one Phase-1 SGD checkpoint (landscape phases), lenet on digits."""
-    from landscape.api.train import PhasesConfig, TrainConfig, phases
+    from landscape.api.training import PhasesConfig, TrainConfig, phases
 
     root = tmp_path_factory.mktemp("store")
     base = TrainConfig(model="lenet", data="digits", subset=300, epochs=12, lr=0.03, momentum=0.9, batch_size=16,

@@ -15,8 +15,8 @@ from torch import nn
 from landscape.analyze.instability import InstabilityTable
 from landscape.analyze.interpolate import InterpolateConfig, InterpolationResult, instability
 from landscape.analyze.interpolate import interpolate as interpolate_states
-from landscape.api.interpolate import instability as api_instability
-from landscape.api.interpolate import interpolate as api_interpolate
+from landscape.api.interpolation import instability as api_instability
+from landscape.api.interpolation import interpolate as api_interpolate
 from landscape.data import load_dataset, subset_indices
 from landscape.errors import IncompatibleError
 from landscape.models import build_model
@@ -314,7 +314,7 @@ def test_instability_workers_give_the_same_table(phases_store, tmp_path):
 
 
 def test_tour_for_the_demo(phases_store, tmp_path):
-    from landscape.api.interpolate import tour
+    from landscape.api.interpolation import tour
 
     t = tour("G-*", root=phases_store.root, out_dir=tmp_path / "demo",
              config=InterpolateConfig(points=3, subset=50, splits=("test",)))

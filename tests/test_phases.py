@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import cli.main
-from landscape.api.train import phases
+from landscape.api.training import phases
 from landscape.errors import UsageError
 from landscape.store import Store
 from landscape.train import accounting

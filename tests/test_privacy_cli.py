@@ -119,7 +119,7 @@ def make_source_run(root, name="src", subset=None):
 
 
 def test_prune_cli_creates_rewound_run_with_mask(capsys, tmp_path):
-    from landscape.api.prune import load_masks
+    from landscape.api.pruning import load_masks
     from landscape.store import Store
 
     init, trained = make_source_run(tmp_path)

@@ -120,7 +120,7 @@ class Interrupt(Exception):
 
 
 def test_interrupted_surface_resumes_to_the_same_arrays(store, tmp_path):
-    from landscape.api.directions import surface
+    from landscape.api.loss_surfaces import surface
 
     kw = dict(root=store, grid="5x4", range="-0.5:0.5", figure=False)  # one evaluate call for the whole grid
     whole = surface("traj@last", output=tmp_path / "whole.h5", **kw)
@@ -153,7 +153,7 @@ def test_interrupted_surface_resumes_to_the_same_arrays(store, tmp_path):
 
 def test_workers_fill_the_same_grid(store, tmp_path):
     """Blocks computed by spawned workers, interrupted, then finished serially: the serial run's arrays."""
-    from landscape.api.directions import surface
+    from landscape.api.loss_surfaces import surface
 
     kw = dict(root=store, grid="3x3", splits=("train",), subset=60, figure=False)
     serial = surface("traj@last", output=tmp_path / "s.h5", **kw)
