@@ -270,7 +270,7 @@ def test_sibling_rise_far_below_random_rise(siblings, tmp_path, capsys):
 
 def test_worker_chunks_give_the_same_arrays(siblings):
     """The worker job (run here in-process: spawning is covered by the surface test) regenerates its directions."""
-    from landscape.api import directions as api
+    from landscape.api import loss_surfaces as api
     from landscape.store import Store
 
     a = Store(siblings).load("g-sgd-sgd-0")
