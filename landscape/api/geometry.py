@@ -9,15 +9,10 @@ context, one torch thread each); the results are the same.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import json
 import math
 import os
-from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +36,18 @@ from landscape.analyze.symmetry import (
     parameter_shapes,
     symmetry_row,
 )
+from landscape.api._common import (
+    ProcessPool,
+    checkpoint_dataset,
+    config_with,
+    default_output,
+    map_jobs,
+    run_label,
+)
 from landscape.errors import CheckpointError, UsageError
 from landscape.results import InputRef
 from landscape.store import Checkpoint, Store, load_checkpoint
-
-MASK_ARRAY = "mask"
-
+from landscape.train.pruning import MASK_ARRAY
 
 # ------------------------------------------------------------------------------------------- targets
 
@@ -80,18 +81,8 @@ def _load(target: Target) -> Checkpoint:
     return load_checkpoint(target.path, ref=target.ref)
 
 
-@functools.lru_cache(maxsize=4)
-def _data(spec_json: str, data_root: str | None, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-    from landscape.data import dataset_from_spec
-
-    spec = json.loads(spec_json)
-    if not spec:
-        raise CheckpointError("the checkpoint records no data set (data_spec is empty); cannot draw per-sample gradients")
-    return dataset_from_spec(spec, data_root=data_root).split(split)
-
-
 def _checkpoint_data(ckpt: Checkpoint, data_root: str | None, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-    return _data(json.dumps(ckpt.data_spec, sort_keys=True), data_root, split)
+    return checkpoint_dataset(ckpt.data_spec, data_root, purpose="draw per-sample gradients").split(split)
 
 
 def _run_masks(root: str, run: str | None) -> dict[str, np.ndarray] | None:
@@ -110,61 +101,12 @@ def _torch_masks(masks: dict[str, np.ndarray] | None) -> dict[str, torch.Tensor]
     return None if masks is None else {k: torch.as_tensor(v) for k, v in masks.items()}
 
 
-def _config(cls, config, options: dict[str, Any]):
-    """A config dataclass from ``config`` (or defaults) updated with keyword ``options``."""
-    base = config if config is not None else cls()
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise UsageError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    out = dataclasses.replace(base, **options)
-    out.validate()
-    return out
-
-
-def _init_worker() -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
-    os.environ["MKL_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-
-
-class ProcessPool:
-    """``map(fn, jobs)`` -> ``[fn(*job) ...]`` in order: in-process for one worker, else in ``workers`` spawned
-    processes (one torch thread each), created on first use and shared by every ``map`` inside the block."""
-
-    def __init__(self, workers: int):
-        self.workers = int(workers)
-        self._pool: ProcessPoolExecutor | None = None
-
-    def __enter__(self) -> ProcessPool:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
-
-    def map(self, fn: Callable, jobs: Sequence[tuple]) -> list:
-        if self.workers <= 1 or len(jobs) <= 1:
-            return [fn(*job) for job in jobs]
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=get_context("spawn"),
-                                             initializer=_init_worker)
-        futures = [self._pool.submit(fn, *job) for job in jobs]
-        return [f.result() for f in futures]
-
-
-def _map(fn: Callable, jobs: Sequence[tuple], workers: int) -> list:
-    with ProcessPool(min(workers, len(jobs))) as pool:
-        return pool.map(fn, jobs)
-
-
 def _inputs(targets: Sequence[Target]) -> list[InputRef]:
     return [InputRef.of(t.ref, t.path) for t in targets]
 
 
 def _default_output(kind: str, targets: Sequence[Target]) -> Path:
-    label = targets[0].ref.split("@")[0].replace("/", "_").removesuffix(".h5")
-    return Path("results") / f"{kind}-{Path(label).name}.h5"
+    return default_output(f"{kind}-{run_label(targets[0].ref)}")
 
 
 # ------------------------------------------------------------------------------------------ clipping
@@ -199,7 +141,7 @@ def clipping(
     measured at the retrained final checkpoint (Watson Fig. 11). Writes ``output`` (default
     ``results/clipping-<run>.h5``) and, with ``figure``, PNG + PDF beside it.
     """
-    config = _config(ClippingConfig, config, options)
+    config = config_with(ClippingConfig, config, options)
     store = Store(root)
     if config.prune_levels:
         result, inputs = _prune_levels(store, target, config, data_root)
@@ -207,7 +149,7 @@ def clipping(
         targets = expand_target(store, target)
         masks = {t.run: _run_masks(str(root), t.run) for t in targets}
         jobs = [(t, config, masks[t.run], data_root) for t in targets]
-        outs = _map(_clipping_job, jobs, config.workers)
+        outs = map_jobs(_clipping_job, jobs, config.workers)
         result = ClippingResult(config=config, layer_names=outs[0][1], rows=[o[0] for o in outs],
                                 num_params=outs[0][2])
         inputs = _inputs(targets)
@@ -316,11 +258,11 @@ def symmetry(
 ) -> SymmetryResult:
     """Zhu & Blaschko App. F at a checkpoint or along a run: projected gradient deviations and how symmetric
     they are (energy test of xi vs -xi, skewness). Every checkpoint uses the same projection matrix."""
-    config = _config(SymmetryConfig, config, options)
+    config = config_with(SymmetryConfig, config, options)
     store = Store(root)
     targets = expand_target(store, target)
     masks = {t.run: _run_masks(str(root), t.run) for t in targets}
-    outs = _map(_symmetry_job, [(t, config, masks[t.run], data_root) for t in targets], config.workers)
+    outs = map_jobs(_symmetry_job, [(t, config, masks[t.run], data_root) for t in targets], config.workers)
     shapes = outs[0][1]
     if any(s != shapes for _, s in outs):
         raise UsageError("the checkpoints have different parameter shapes; one projection matrix cannot serve them all")
@@ -388,7 +330,7 @@ def norms(
 ) -> NormsResult:
     """Watson App. Figs. 16-17 for one or more runs / checkpoints: parameter histograms, distances from the
     origin and from initialisation, per-layer norms, per-sample gradient norms; ratios to the first target."""
-    config = _config(NormsConfig, config, options)
+    config = config_with(NormsConfig, config, options)
     store = Store(root)
     labels = [targets] if isinstance(targets, str) else list(targets)
     groups = [expand_target(store, t) for t in labels]

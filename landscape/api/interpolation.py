@@ -13,16 +13,9 @@ and writes one table (CSV + HDF5) and the instability-against-k figure (Watson e
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 import math
-import re
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
-
-import torch
 
 from landscape.analyze.instability import (
     InstabilityTable,
@@ -34,29 +27,12 @@ from landscape.analyze.instability import (
 )
 from landscape.analyze.interpolate import InterpolateConfig, InterpolationResult
 from landscape.analyze.interpolate import interpolate as interpolate_states
-from landscape.errors import IncompatibleError, UsageError
-from landscape.params import check_compatible
+from landscape.api._common import check_pair, checkpoint_dataset, default_output, map_jobs, slug
+from landscape.errors import UsageError
 from landscape.store import Checkpoint, Store
 
 __all__ = ["InterpolateConfig", "InterpolationResult", "InstabilityTable", "Tour", "interpolate", "instability", "tour",
            "check_pair"]
-
-RESULTS_DIR = Path("results")
-
-
-def check_pair(a: Checkpoint, b: Checkpoint) -> None:
-    """Raise IncompatibleError naming the first differing tensor, else the first differing model option."""
-    check_compatible(a.state_dict, b.state_dict, names=(f"A ({a.ref})", f"B ({b.ref})"))
-    sa, sb = a.model_spec or {}, b.model_spec or {}
-    if sa.get("name") != sb.get("name"):
-        raise IncompatibleError(f"incompatible models: A is '{sa.get('name')}' but B is '{sb.get('name')}'")
-    ka, kb = sa.get("kwargs") or {}, sb.get("kwargs") or {}
-    for key in list(ka) + [k for k in kb if k not in ka]:
-        if ka.get(key) != kb.get(key):
-            raise IncompatibleError(
-                f"incompatible models: option '{key}' is {json.dumps(ka.get(key))} in A but {json.dumps(kb.get(key))} in B"
-            )
-
 
 def interpolate(
     ref_a: str,
@@ -77,7 +53,7 @@ def interpolate(
     store = Store(root)
     a, b = store.load(ref_a), store.load(ref_b)
     result = _interpolate_checkpoints(a, b, config, data_root=data_root, download=download)
-    out = Path(output) if output is not None else RESULTS_DIR / f"interpolate-{_slug(ref_a)}--{_slug(ref_b)}.h5"
+    out = Path(output) if output is not None else default_output(f"interpolate-{slug(ref_a)}--{slug(ref_b)}")
     result.to_hdf5(out, inputs=[a.input_ref(), b.input_ref()])
     if figure:
         result.figures = _figure(result, ref_a, ref_b, out)
@@ -87,17 +63,10 @@ def interpolate(
 def _interpolate_checkpoints(a: Checkpoint, b: Checkpoint, config: InterpolateConfig, *, data_root=None,
                              download=False) -> InterpolationResult:
     check_pair(a, b)
-    data = _dataset(json.dumps(a.data_spec, sort_keys=True), data_root, download)
+    data = checkpoint_dataset(a.data_spec, data_root, download)
     model = a.build_model()
     splits = {s: data.split(s) for s in ("train", "test")}
     return interpolate_states(model, a.state_dict, b.state_dict, splits, config=config)
-
-
-@functools.lru_cache(maxsize=4)
-def _dataset(spec_json: str, data_root, download):
-    from landscape.data import dataset_from_spec
-
-    return dataset_from_spec(json.loads(spec_json), data_root=data_root, download=download)
 
 
 def _figure(result: InterpolationResult, ref_a: str, ref_b: str, out: Path) -> list[Path]:
@@ -136,16 +105,11 @@ def instability(
         raise UsageError(f"--workers must be >= 1, got {workers}")
     store = Store(root)
     jobs = _pair_jobs(store, run_patterns, pairs)
-    out = Path(output) if output is not None else RESULTS_DIR / "instability.h5"
+    out = Path(output) if output is not None else default_output("instability")
     pair_dir = out.with_name(out.stem + "-pairs")
-    tasks = [(ref_a, ref_b, labels, str(Path(root)), config, str(pair_dir / f"{_slug(ref_a)}--{_slug(ref_b)}.h5"),
+    tasks = [(ref_a, ref_b, labels, str(Path(root)), config, str(pair_dir / f"{slug(ref_a)}--{slug(ref_b)}.h5"),
               data_root, download) for ref_a, ref_b, labels in jobs]
-    if workers == 1 or len(tasks) == 1:
-        outcomes = [_pair_task(t) for t in tasks]
-    else:
-        with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=get_context("spawn"),
-                                 initializer=_init_worker) as pool:
-            outcomes = list(pool.map(_pair_task, tasks))
+    outcomes = map_jobs(_pair_task, [(t,) for t in tasks], workers)
     rows = [row for row, _ in outcomes]
     inputs = list({ref.sha256 + ref.path: ref for _, refs in outcomes for ref in refs}.values())
     table = InstabilityTable(rows=rows, splits=tuple(config.splits), params={**dataclasses.asdict(config),
@@ -199,10 +163,6 @@ def _info(store: Store, ref: str) -> RunInfo:
     return RunInfo(run.name, run.manifest.get("phases"), run.manifest.get("lineage"))
 
 
-def _init_worker() -> None:
-    torch.set_num_threads(1)
-
-
 def _pair_task(task) -> tuple[PairInstability, list]:
     ref_a, ref_b, labels, root, config, out, data_root, download = task
     store = Store(root)
@@ -221,10 +181,6 @@ def _pair_task(task) -> tuple[PairInstability, list]:
         result=out,
     )
     return row, refs
-
-
-def _slug(ref: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", Path(str(ref)).stem if str(ref).endswith(".h5") else str(ref)).strip("_")
 
 
 # ------------------------------------------------------------------------------------------------- demo

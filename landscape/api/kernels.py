@@ -7,7 +7,6 @@ of the checkpoint's data set (``data_spec``), split ``config.split``.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +23,9 @@ from landscape.analyze.ntk import (
     layer_kernels,
     table_rows,
 )
+from landscape.api._common import checkpoint_dataset, config_with, default_output, run_label
 from landscape.api.geometry import Target, expand_target
-from landscape.errors import CheckpointError, UsageError
+from landscape.errors import UsageError
 from landscape.results import InputRef
 from landscape.store import Checkpoint, Store, load_checkpoint
 
@@ -52,20 +52,13 @@ class NTKTableOutput:
 def examples(ckpt: Checkpoint, n: int, seed: int, split: str, *, data_root: str | None = None
              ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
     """A seeded stratified subset of ``n`` examples of the checkpoint's data split: x, y, indices."""
-    from landscape.data import dataset_from_spec, subset_indices
+    from landscape.data import subset_indices
 
-    if not ckpt.data_spec:
-        raise CheckpointError(f"{ckpt.path} records no data set (data_spec is empty); cannot compute the NTK")
-    x, y = dataset_from_spec(ckpt.data_spec, data_root=data_root).split(split)
+    x, y = checkpoint_dataset(ckpt.data_spec, data_root, purpose="compute the NTK", source=str(ckpt.path)).split(split)
     if n > len(y):
         raise UsageError(f"--n {n} is more than the {len(y)} {split} examples of data set '{ckpt.data_spec.get('name')}'")
     idx = subset_indices(y, n, seed)
     return x[idx], y[idx], idx.numpy()
-
-
-def _default_output(kind: str, ref: str) -> Path:
-    label = ref.split("@")[0].replace("/", "_").removesuffix(".h5")
-    return Path("results") / f"{kind}-{Path(label).name}.h5"
 
 
 def _model(ckpt: Checkpoint, precision: str) -> torch.nn.Module:
@@ -81,14 +74,14 @@ def ntk(ref: str, config: NTKConfig | None = None, *, root: str | os.PathLike = 
     ``options`` override fields of ``config`` (:class:`NTKConfig`), e.g. ``ntk("run@last", clip="flat",
     max_grad_norm=0.1)``. With ``precision="double"`` the model itself runs in float64.
     """
-    config = dataclasses.replace(config or NTKConfig(), **options)
+    config = config_with(NTKConfig, config, options)
     store = Store(root)
     ckpt = store.load(ref)
     model = _model(ckpt, config.precision)
     x, y, idx = examples(ckpt, config.n, config.seed, config.split, data_root=data_root)
     x = x.to(next(model.parameters()).dtype)
     result = compute_ntk(model, x, y, config, indices=idx)
-    path = Path(output) if output is not None else _default_output("ntk", ref)
+    path = Path(output) if output is not None else default_output(f"ntk-{run_label(ref)}")
     result.to_hdf5(path, inputs=[ckpt.input_ref()])
     figures = []
     if figure:
@@ -106,7 +99,7 @@ def ntk_table(target: str, config: NTKTableConfig | None = None, *, root: str | 
     Writes ``output`` (HDF5, default ``results/ntk-table-<run>.h5``), the same rows as CSV beside it, and a
     figure. One Gram computation per checkpoint serves every clipping norm and style.
     """
-    config = dataclasses.replace(config or NTKTableConfig(), **options)
+    config = config_with(NTKTableConfig, config, options)
     store = Store(root)
     targets: list[Target] = expand_target(store, target)
     rows, inputs = [], []
@@ -120,7 +113,7 @@ def ntk_table(target: str, config: NTKTableConfig | None = None, *, root: str | 
         rows.extend(table_rows(lk, config, step=ckpt.step, epoch=float(ckpt.epoch)))
         inputs.append(InputRef(ref=t.ref, path=str(ckpt.path), sha256=ckpt.sha256))
     table = NTKTable(config=config, rows=rows)
-    path = Path(output) if output is not None else _default_output("ntk-table", target)
+    path = Path(output) if output is not None else default_output(f"ntk-table-{run_label(target)}")
     table.to_hdf5(path, inputs=inputs)
     csv_path = table.to_csv(path.with_suffix(".csv"))
     figures = []

@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-import re
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -42,23 +39,14 @@ from landscape.analyze.surface import (
     random_plane,
     surface_rows,
 )
-from landscape.errors import CheckpointError, IncompatibleError, UsageError
-from landscape.params import ParamSpace, check_compatible
+from landscape.api._common import check_pair as _check_pair
+from landscape.api._common import checkpoint_dataset, config_with, default_output, slug, spawn_pool
+from landscape.errors import CheckpointError, UsageError
+from landscape.params import ParamSpace
 from landscape.results import InputRef
 from landscape.store import Checkpoint, Store, load_checkpoint
 
 __all__ = ["DirectionsConfig", "DirectionsResult", "SurfaceConfig", "SurfaceResult", "directions", "surface"]
-
-RESULTS_DIR = Path("results")
-
-
-def _config(cls, config, options: dict[str, Any]):
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise UsageError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    return dataclasses.replace(config or cls(), **options)
-
 
 # ------------------------------------------------------------------------------------------ directions
 
@@ -80,7 +68,7 @@ def directions(
     Default output ``results/directions-<A>.h5`` (``-to-<B>`` with a target). Keyword ``options`` replace
     config fields (``directions("run@last", toward="sib@last", n=20)``).
     """
-    config = _config(DirectionsConfig, config, options)
+    config = config_with(DirectionsConfig, config, options)
     if config.distance == "auto" and toward is None:
         raise UsageError("--distance auto needs --toward B (or give a number)")
     store = Store(root)
@@ -99,8 +87,8 @@ def directions(
     result = random_profiles(model, theta, x, y, config=config, toward=None if b is None else space.flatten(b.state_dict),
                              space=space, chunk_runner=runner)
     inputs = [a.input_ref()] + ([b.input_ref()] if b is not None else [])
-    name = f"directions-{_slug(ref_a)}" + (f"-to-{_slug(toward)}" if toward else "")
-    out = Path(output) if output is not None else RESULTS_DIR / f"{name}.h5"
+    name = f"directions-{slug(ref_a)}" + (f"-to-{slug(toward)}" if toward else "")
+    out = Path(output) if output is not None else default_output(name)
     result.to_hdf5(out, inputs=inputs)
     if figure:
         from landscape.plots.directions import plot_directions
@@ -112,11 +100,9 @@ def directions(
 
 
 def check_pair(a: Checkpoint, b: Checkpoint) -> None:
-    """IncompatibleError naming the first differing tensor, else a differing model name or option."""
-    check_compatible(a.state_dict, b.state_dict, names=(f"A ({a.ref})", f"{b.ref}"))
-    sa, sb = a.model_spec or {}, b.model_spec or {}
-    if sa.get("name") != sb.get("name") or (sa.get("kwargs") or {}) != (sb.get("kwargs") or {}):
-        raise IncompatibleError(f"incompatible models: A ({a.ref}) is {json.dumps(sa)} but {b.ref} is {json.dumps(sb)}")
+    """IncompatibleError naming the first differing tensor, else the first differing model name or option
+    (B, C or a trajectory checkpoint is named by its reference)."""
+    _check_pair(a, b, b_label=b.ref)
 
 
 @dataclasses.dataclass
@@ -136,7 +122,7 @@ _WORKER: dict[str, Any] = {}
 
 
 def _init_worker(payload: _Payload) -> None:
-    torch.set_num_threads(1)
+    """Rebuild the model, theta_A and the data in a worker (``spawn_pool`` has set one torch thread)."""
     from landscape.models import model_from_spec
 
     model = model_from_spec(payload.model_spec)
@@ -172,8 +158,7 @@ def _run_direction_chunks(chunks: list[list[int]], distance: float, steps: torch
 
 def _pool(workers: int, payload: _Payload) -> ProcessPoolExecutor:
     """Spawned processes (one torch thread each), every one initialised once with ``payload``."""
-    return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_init_worker,
-                               initargs=(payload,))
+    return spawn_pool(workers, _init_worker, (payload,))
 
 
 # --------------------------------------------------------------------------------------------- surface
@@ -200,7 +185,7 @@ def surface(
 rows is written.
     ``resume=False`` starts the file afresh.
     """
-    config = _config(SurfaceConfig, config, options)
+    config = config_with(SurfaceConfig, config, options)
     store = Store(root)
     a = store.load(ref_a)
     model = a.build_model()
@@ -208,7 +193,7 @@ rows is written.
     theta = space.flatten(a.state_dict)
     plane, extra_inputs = _plane(store, a, space, theta, config)
     inputs = [a.input_ref(), *extra_inputs]
-    out = Path(output) if output is not None else RESULTS_DIR / f"surface-{_slug(ref_a)}-{_slug(config.plane)}.h5"
+    out = Path(output) if output is not None else default_output(f"surface-{slug(ref_a)}-{slug(config.plane)}")
     partial = _resume(out, config, inputs, plane) if resume else None
     if partial is None:
         partial = SurfaceResult.empty(plane, config)
@@ -298,19 +283,9 @@ def _run_rows(blocks: list[list[int]], *, payload: _Payload, xs, ys) -> Iterator
 # ----------------------------------------------------------------------------------------------- data
 
 
-@functools.lru_cache(maxsize=4)
-def _dataset(spec_json: str, data_root: str | None, download: bool):
-    from landscape.data import dataset_from_spec
-
-    spec = json.loads(spec_json)
-    if not spec:
-        raise CheckpointError("the checkpoint records no data set (data_spec is empty); cannot evaluate it")
-    return dataset_from_spec(spec, data_root=data_root, download=download)
-
-
 def _split_data(data_spec: dict, split: str, subset, subset_seed: int, data_root: str | None, download: bool
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    data = _dataset(json.dumps(data_spec, sort_keys=True), data_root, download)
+    data = checkpoint_dataset(data_spec, data_root, download)
     x, y = data.split(split)
     if subset is None:
         return x, y
@@ -319,6 +294,3 @@ def _split_data(data_spec: dict, split: str, subset, subset_seed: int, data_root
     idx = subset_indices(y, subset, subset_seed)
     return x[idx], y[idx]
 
-
-def _slug(ref: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", Path(str(ref)).stem if str(ref).endswith(".h5") else str(ref)).strip("_")

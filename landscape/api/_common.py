@@ -1,0 +1,159 @@
+"""What the api modules share: data rebuilt from a checkpoint, options into configs, output names, pools.
+
+Private to :mod:`landscape.api`; the command modules (``interpolation``, ``loss_surfaces``, ``geometry``,
+``kernels``) import from here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import re
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from landscape.errors import CheckpointError, IncompatibleError, UsageError
+from landscape.params import check_compatible
+from landscape.store import Checkpoint
+
+RESULTS_DIR = Path("results")
+
+
+# ---------------------------------------------------------------------------------------- options
+
+
+def config_with(cls, config, options: dict[str, Any]):
+    """``config`` (or ``cls()``) with keyword ``options`` replacing fields; a UsageError names unknown options.
+
+    Configs that check themselves in ``validate()`` (rather than ``__post_init__``) are checked here too.
+    """
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise UsageError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    out = dataclasses.replace(config if config is not None else cls(), **options)
+    validate = getattr(out, "validate", None)
+    if validate is not None:
+        validate()
+    return out
+
+
+# ------------------------------------------------------------------------------------------- data
+
+
+def checkpoint_dataset(data_spec: dict, data_root: str | None = None, download: bool = False, *,
+                       purpose: str = "evaluate it", source: str = "the checkpoint"):
+    """The data set a checkpoint's ``data_spec`` describes (the last few are cached per process).
+
+    An empty spec is a CheckpointError "<source> records no data set ...; cannot <purpose>".
+    """
+    if not data_spec:
+        raise CheckpointError(f"{source} records no data set (data_spec is empty); cannot {purpose}")
+    return _dataset(json.dumps(data_spec, sort_keys=True), data_root, download)
+
+
+@functools.lru_cache(maxsize=4)
+def _dataset(spec_json: str, data_root: str | None, download: bool):
+    from landscape.data import dataset_from_spec
+
+    return dataset_from_spec(json.loads(spec_json), data_root=data_root, download=download)
+
+
+# ----------------------------------------------------------------------------------- checkpoints
+
+
+def check_pair(a: Checkpoint, b: Checkpoint, *, b_label: str | None = None) -> None:
+    """Raise IncompatibleError naming the first differing tensor, else the first differing model option.
+
+    ``b_label`` names B in the messages (default ``B (<ref>)``); A is always ``A (<ref>)`` for tensors.
+    """
+    name_b = b_label if b_label is not None else f"B ({b.ref})"
+    short_b = b_label if b_label is not None else "B"
+    check_compatible(a.state_dict, b.state_dict, names=(f"A ({a.ref})", name_b))
+    sa, sb = a.model_spec or {}, b.model_spec or {}
+    if sa.get("name") != sb.get("name"):
+        raise IncompatibleError(f"incompatible models: A is '{sa.get('name')}' but {short_b} is '{sb.get('name')}'")
+    ka, kb = sa.get("kwargs") or {}, sb.get("kwargs") or {}
+    for key in list(ka) + [k for k in kb if k not in ka]:
+        if ka.get(key) != kb.get(key):
+            raise IncompatibleError(
+                f"incompatible models: option '{key}' is {json.dumps(ka.get(key))} in A but "
+                f"{json.dumps(kb.get(key))} in {short_b}"
+            )
+
+
+# ---------------------------------------------------------------------------------------- outputs
+
+
+def slug(ref: str) -> str:
+    """A reference as a file-name part: ``run@step=3`` stays, ``dir/a.h5`` -> ``a``, other characters -> ``_``."""
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", Path(str(ref)).stem if str(ref).endswith(".h5") else str(ref)).strip("_")
+
+
+def run_label(ref: str) -> str:
+    """The run (or file stem) a reference names, without its selector: ``run@last`` -> ``run``."""
+    return Path(ref.split("@")[0].replace("/", "_").removesuffix(".h5")).name
+
+
+def default_output(name: str) -> Path:
+    """``results/<name>.h5`` (relative to the working directory)."""
+    return RESULTS_DIR / f"{name}.h5"
+
+
+# ------------------------------------------------------------------------------------------ pools
+
+
+def one_thread() -> None:
+    """One torch/OpenMP/MKL thread in this (worker) process."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["MKL_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+
+def _start_worker(initializer: Callable | None, initargs: tuple) -> None:
+    one_thread()
+    if initializer is not None:
+        initializer(*initargs)
+
+
+def spawn_pool(workers: int, initializer: Callable | None = None, initargs: tuple = ()) -> ProcessPoolExecutor:
+    """``workers`` spawned processes with one torch thread each, then ``initializer(*initargs)`` in each."""
+    return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_start_worker,
+                               initargs=(initializer, initargs))
+
+
+class ProcessPool:
+    """``map(fn, jobs)`` -> ``[fn(*job) ...]`` in order: in-process for one worker, else in ``workers`` spawned
+    processes (one torch thread each), created on first use and shared by every ``map`` inside the block."""
+
+    def __init__(self, workers: int):
+        self.workers = int(workers)
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> ProcessPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+
+    def map(self, fn: Callable, jobs: Sequence[tuple]) -> list:
+        if self.workers <= 1 or len(jobs) <= 1:
+            return [fn(*job) for job in jobs]
+        if self._pool is None:
+            self._pool = spawn_pool(self.workers)
+        futures = [self._pool.submit(fn, *job) for job in jobs]
+        return [f.result() for f in futures]
+
+
+def map_jobs(fn: Callable, jobs: Sequence[tuple], workers: int) -> list:
+    """``[fn(*job) for job in jobs]``, in ``min(workers, len(jobs))`` spawned processes when that is > 1."""
+    with ProcessPool(min(workers, len(jobs))) as pool:
+        return pool.map(fn, jobs)
