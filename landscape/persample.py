@@ -151,7 +151,22 @@ def _wsum(w: Tensor, g: Tensor) -> Tensor:
     return (w @ g.reshape(g.shape[0], -1)).reshape(g.shape[1:])
 
 
-class _LinearHandler(_Handler):
+class _WeightBiasHandler(_Handler):
+    """A module whose unit holds the per-sample bias gradients (``"gb"``) and knows its weight's."""
+
+    def _weight_per_sample(self, u: dict) -> Tensor:
+        raise NotImplementedError
+
+    def _per_sample(self, u):
+        out = {}
+        if "weight" in self.pnames:
+            out["weight"] = self._weight_per_sample(u)
+        if "bias" in self.pnames:
+            out["bias"] = u["gb"]
+        return out
+
+
+class _LinearHandler(_WeightBiasHandler):
     """nn.Linear on inputs (n, ..., D): g_i(weight) = sum_t B_t^T A_t over the T positions of sample i.
 
     Unit: ``a`` (n, 1, D, T) and ``b`` (n, 1, P, T), and for a module called once, ``direct(w)``:
@@ -195,14 +210,6 @@ class _LinearHandler(_Handler):
             u["gw"] = g.reshape(a.shape[0], *self.module.weight.shape)
         return u["gw"]
 
-    def _per_sample(self, u):
-        out = {}
-        if "weight" in self.pnames:
-            out["weight"] = self._weight_per_sample(u)
-        if "bias" in self.pnames:
-            out["bias"] = u["gb"]
-        return out
-
     def sq_norms(self, u, masks):
         a, b = u["a"], u["b"]
         out = {}
@@ -238,7 +245,7 @@ class _LinearHandler(_Handler):
         return out
 
 
-class _ConvHandler(_Handler):
+class _ConvHandler(_WeightBiasHandler):
     """Conv1d / Conv2d (any stride, padding, padding mode, dilation, groups).
 
     Per-sample weight gradients come from ONE weight-gradient kernel with the batch folded into the groups
@@ -313,14 +320,6 @@ class _ConvHandler(_Handler):
         t = b.shape[-2] * b.shape[-1]
         a = _unfold(x, kernel, stride, dilation, b.shape[-2:]).reshape(n, groups, -1, t)
         return a, b.reshape(n, groups, -1, t)
-
-    def _per_sample(self, u):
-        out = {}
-        if "weight" in self.pnames:
-            out["weight"] = self._weight_per_sample(u)
-        if "bias" in self.pnames:
-            out["bias"] = u["gb"]
-        return out
 
     def _ghost_ok(self, u: dict) -> bool:
         if len(u["calls"]) != 1 or "gw" in u:

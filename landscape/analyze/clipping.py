@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
+from landscape.analyze._common import config_from_params
 from landscape.errors import UsageError
 from landscape.results import InputRef, read_result, write_result
 
@@ -360,8 +361,7 @@ class ClippingResult:
     def from_hdf5(cls, path) -> ClippingResult:
         res = read_result(path, KIND)
         a = res.arrays
-        known = {f.name for f in fields(ClippingConfig)}
-        config = ClippingConfig(**{k: v for k, v in res.params.items() if k in known})
+        config = config_from_params(ClippingConfig, res.params)
         names = [s.decode() for s in a["layer_names"]]
         rows = []
         for i in range(len(a["step"])):

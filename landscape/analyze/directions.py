@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from landscape.analyze._common import check_choice, check_positive_int, config_from_params
 from landscape.directions import BIASBN, NORMALIZATIONS, max_abs_cosine, random_directions
 from landscape.errors import UsageError
 from landscape.evaluate import DEFAULT_BATCH_SIZE, Affine, Segment, evaluate
@@ -64,22 +65,17 @@ class DirectionsConfig:
     workers: int = 1
 
     def __post_init__(self) -> None:
-        if int(self.n) != self.n or self.n < 1:
-            raise UsageError(f"--n must be a positive integer, got {self.n}")
+        check_positive_int("--n", self.n)
         if int(self.points) != self.points or self.points < 2:
             raise UsageError(f"--points must be an integer >= 2 (t = 0 and t = 1 are evaluated), got {self.points}")
         self.n, self.points = int(self.n), int(self.points)
         self.distance = parse_distance(self.distance)
-        if self.normalize not in NORMALIZATIONS:
-            raise UsageError(f"--normalize must be one of {', '.join(NORMALIZATIONS)}, got {self.normalize!r}")
-        if self.biasbn not in BIASBN:
-            raise UsageError(f"--biasbn must be one of {', '.join(BIASBN)}, got {self.biasbn!r}")
+        check_choice("--normalize", self.normalize, NORMALIZATIONS)
+        check_choice("--biasbn", self.biasbn, BIASBN)
         if self.split not in SPLITS:
             raise UsageError(f"--split must be train or test, got {self.split!r}")
-        if int(self.batch_size) != self.batch_size or self.batch_size < 1:
-            raise UsageError(f"--batch-size must be a positive integer, got {self.batch_size}")
-        if int(self.workers) != self.workers or self.workers < 1:
-            raise UsageError(f"--workers must be a positive integer, got {self.workers}")
+        check_positive_int("--batch-size", self.batch_size)
+        check_positive_int("--workers", self.workers)
 
 
 def parse_distance(value: float | str) -> float | str:
@@ -137,12 +133,19 @@ def rays(origin: torch.Tensor, directions: torch.Tensor, steps: torch.Tensor) ->
 def scaled_directions(theta: torch.Tensor, space: ParamSpace, indices: Sequence[int], config: DirectionsConfig,
                       distance: float) -> torch.Tensor:
     """Directions ``indices`` of ``config.seed``, normalised per config, then rescaled to length ``distance``."""
-    dirs = random_directions(theta, space, indices, seed=config.seed, normalize=config.normalize,
-                             biasbn=config.biasbn)
+    dirs, norms = nonzero_random_directions(theta, space, indices, seed=config.seed, normalize=config.normalize,
+                                            biasbn=config.biasbn)
+    return (dirs.double() * (distance / norms).unsqueeze(1)).to(theta.dtype)
+
+
+def nonzero_random_directions(theta: torch.Tensor, space: ParamSpace, indices: Sequence[int], *, seed: int,
+                              normalize: str, biasbn: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`landscape.directions.random_directions` and their float64 norms; a UsageError if one is zero."""
+    dirs = random_directions(theta, space, indices, seed=seed, normalize=normalize, biasbn=biasbn)
     norms = torch.linalg.vector_norm(dirs.double(), dim=1)
     if bool((norms == 0).any()):
         raise UsageError("a random direction is zero (every tensor was zeroed by --biasbn zero); use --biasbn random")
-    return (dirs.double() * (distance / norms).unsqueeze(1)).to(theta.dtype)
+    return dirs, norms
 
 
 def direction_chunk(model: nn.Module, space: ParamSpace, theta: torch.Tensor, dirs: torch.Tensor,
@@ -248,7 +251,6 @@ class DirectionsResult:
     @classmethod
     def from_hdf5(cls, path: str | Path) -> DirectionsResult:
         r = read_result(path, KIND)
-        known = {f.name for f in dataclasses.fields(DirectionsConfig)}
         a = r.arrays
         return cls(
             t=a["t"], distance=float(r.attrs["distance"]), direction_loss=a["direction_loss"],
@@ -257,7 +259,7 @@ class DirectionsResult:
             toward_distance=float(r.attrs.get("toward_distance", math.nan)),
             examples=int(r.attrs.get("examples", 0)), seconds=float(r.attrs.get("seconds", math.nan)),
             throughput=float(r.attrs.get("throughput", math.nan)), method=str(r.attrs.get("method", "")),
-            config=DirectionsConfig(**{k: v for k, v in r.params.items() if k in known}),
+            config=config_from_params(DirectionsConfig, r.params),
             inputs=r.inputs, path=Path(path),
         )
 

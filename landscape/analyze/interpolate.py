@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from landscape.analyze._common import check_positive_int, config_from_params
 from landscape.errors import UsageError
 from landscape.evaluate import DEFAULT_BATCH_SIZE, EvalResult, Segment, evaluate
 from landscape.params import ParamSpace, check_compatible
@@ -59,8 +60,7 @@ class InterpolateConfig:
             raise UsageError(f"unknown split {bad[0]!r}; use train and/or test")
         if len(set(self.splits)) != len(self.splits):
             raise UsageError(f"splits repeat: {','.join(self.splits)}")
-        if int(self.batch_size) != self.batch_size or self.batch_size < 1:
-            raise UsageError(f"--batch-size must be a positive integer, got {self.batch_size}")
+        check_positive_int("--batch-size", self.batch_size)
 
 
 @dataclass
@@ -181,8 +181,7 @@ class InterpolationResult:
             seconds=float(r.attrs.get("seconds", math.nan)),
             throughput=float(r.attrs.get("throughput", math.nan)),
             method=str(r.attrs.get("method", "")),
-            config=InterpolateConfig(**{k: v for k, v in params.items()
-                                        if k in {f.name for f in dataclasses.fields(InterpolateConfig)}}),
+            config=config_from_params(InterpolateConfig, params),
             inputs=r.inputs,
             path=Path(path),
         )

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
+from landscape.analyze._common import config_from_params
 from landscape.errors import UsageError
 from landscape.results import InputRef, read_result, write_result
 
@@ -212,8 +213,7 @@ class NormsResult:
     def from_hdf5(cls, path) -> NormsResult:
         res = read_result(path, KIND)
         a = res.arrays
-        known = {f.name for f in fields(NormsConfig)}
-        config = NormsConfig(**{k: v for k, v in res.params.items() if k in known})
+        config = config_from_params(NormsConfig, res.params)
         runs = []
         for i, label in enumerate(a["run_labels"]):
             p = f"runs/{i}/"

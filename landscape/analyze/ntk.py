@@ -225,8 +225,6 @@ class NTKConfig:
     precision: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise UsageError(f"unknown kernel kind '{self.kind}' (choose from {', '.join(KINDS)})")
         if self.clip not in CLIPS:
             raise UsageError(f"unknown clip '{self.clip}' (choose from {', '.join(CLIPS)})")
         if self.n < 1:
@@ -235,9 +233,7 @@ class NTKConfig:
             raise UsageError(f"--max-grad-norm must be positive, got {self.max_grad_norm}")
         if self.split not in ("train", "test"):
             raise UsageError(f"--split must be train or test, got '{self.split}'")
-        if self.layers is not None:
-            self.layers = tuple(self.layers)
-        parse_memory(self.max_memory)
+        _check_kernel_options(self)
 
 
 @dataclass
@@ -264,11 +260,16 @@ class NTKTableConfig:
         bad = [s for s in self.clip_styles if s not in CLIP_STYLES]
         if bad or not self.clip_styles:
             raise UsageError(f"unknown clip style {bad} (choose from {', '.join(CLIP_STYLES)})")
-        if self.kind not in KINDS:
-            raise UsageError(f"unknown kernel kind '{self.kind}' (choose from {', '.join(KINDS)})")
-        if self.layers is not None:
-            self.layers = tuple(self.layers)
-        parse_memory(self.max_memory)
+        _check_kernel_options(self)
+
+
+def _check_kernel_options(config: NTKConfig | NTKTableConfig) -> None:
+    """What both configs check alike: the kernel kind, the layers (kept as a tuple) and the memory budget."""
+    if config.kind not in KINDS:
+        raise UsageError(f"unknown kernel kind '{config.kind}' (choose from {', '.join(KINDS)})")
+    if config.layers is not None:
+        config.layers = tuple(config.layers)
+    parse_memory(config.max_memory)
 
 
 # ------------------------------------------------------------------------------------------ kernels

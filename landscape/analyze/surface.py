@@ -25,7 +25,6 @@ as an uninterrupted one. Only parameters move; buffers stay theta_A's.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -39,7 +38,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from landscape.directions import BIASBN, NORMALIZATIONS, random_directions, trajectory_pca
+from landscape.analyze._common import check_choice, check_positive_int, config_from_params
+from landscape.analyze.directions import nonzero_random_directions
+from landscape.directions import BIASBN, NORMALIZATIONS, trajectory_pca
 from landscape.errors import UsageError
 from landscape.evaluate import DEFAULT_BATCH_SIZE, Affine, evaluate
 from landscape.params import ParamSpace
@@ -90,16 +91,12 @@ class SurfaceConfig:
         self.plane_kind  # noqa: B018 (validates)
         self.shape  # noqa: B018
         self.ranges  # noqa: B018
-        if self.normalize not in NORMALIZATIONS:
-            raise UsageError(f"--normalize must be one of {', '.join(NORMALIZATIONS)}, got {self.normalize!r}")
-        if self.biasbn not in BIASBN:
-            raise UsageError(f"--biasbn must be one of {', '.join(BIASBN)}, got {self.biasbn!r}")
-        if int(self.batch_size) != self.batch_size or self.batch_size < 1:
-            raise UsageError(f"--batch-size must be a positive integer, got {self.batch_size}")
-        if int(self.workers) != self.workers or self.workers < 1:
-            raise UsageError(f"--workers must be a positive integer, got {self.workers}")
-        if self.rows_per_call is not None and (int(self.rows_per_call) != self.rows_per_call or self.rows_per_call < 1):
-            raise UsageError(f"--rows-per-call must be a positive integer, got {self.rows_per_call}")
+        check_choice("--normalize", self.normalize, NORMALIZATIONS)
+        check_choice("--biasbn", self.biasbn, BIASBN)
+        check_positive_int("--batch-size", self.batch_size)
+        check_positive_int("--workers", self.workers)
+        if self.rows_per_call is not None:
+            check_positive_int("--rows-per-call", self.rows_per_call)
 
     @property
     def plane_kind(self) -> str:
@@ -207,9 +204,7 @@ class Plane:
 def random_plane(theta: torch.Tensor, space: ParamSpace, *, seed: int = 0, normalize: str = "filter",
                  biasbn: str = "zero") -> Plane:
     """Li et al. 2018: two seeded (filter-normalised) random directions through theta (not orthogonalised)."""
-    d = random_directions(theta, space, [0, 1], seed=seed, normalize=normalize, biasbn=biasbn)
-    if bool((torch.linalg.vector_norm(d.double(), dim=1) == 0).any()):
-        raise UsageError("a random direction is zero (every tensor was zeroed by --biasbn zero); use --biasbn random")
+    d, _ = nonzero_random_directions(theta, space, [0, 1], seed=seed, normalize=normalize, biasbn=biasbn)
     label = f"{normalize}-normalised direction" if normalize != "none" else "random direction"
     return Plane("random", theta, d[0], d[1], xlabel=f"{label} 1", ylabel=f"{label} 2", markers={"A": (0.0, 0.0)})
 
@@ -336,8 +331,7 @@ class SurfaceResult:
         r = read_result(path, KIND)
         a = r.arrays
         splits = [s for s in str(r.attrs.get("splits", "")).split(",") if s]
-        known = {f.name for f in dataclasses.fields(SurfaceConfig)}
-        params = {k: v for k, v in r.params.items() if k in known}
+        params = dict(r.params)
         params["splits"] = tuple(params.get("splits", splits))
         return cls(
             xcoordinates=a["xcoordinates"], ycoordinates=a["ycoordinates"],
@@ -348,7 +342,7 @@ class SurfaceResult:
             markers={k: tuple(v) for k, v in json.loads(r.attrs.get("markers", "{}")).items()},
             plane_sha256=str(r.attrs.get("plane_sha256", "")), examples=json.loads(r.attrs.get("examples", "{}")),
             seconds=float(r.attrs.get("seconds", 0.0)), method=str(r.attrs.get("method", "")),
-            config=SurfaceConfig(**params), inputs=r.inputs, path=Path(path),
+            config=config_from_params(SurfaceConfig, params), inputs=r.inputs, path=Path(path),
         )
 
 

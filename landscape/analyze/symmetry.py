@@ -23,13 +23,14 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
+from landscape.analyze._common import config_from_params
 from landscape.errors import UsageError
 from landscape.results import InputRef, read_result, write_result
 
@@ -228,8 +229,7 @@ class SymmetryResult:
     def from_hdf5(cls, path) -> SymmetryResult:
         res = read_result(path, KIND)
         a = res.arrays
-        known = {f.name for f in fields(SymmetryConfig)}
-        config = SymmetryConfig(**{k: v for k, v in res.params.items() if k in known})
+        config = config_from_params(SymmetryConfig, res.params)
         rows = []
         for i in range(len(a["step"])):
             stats = SymmetryStats(

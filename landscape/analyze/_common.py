@@ -1,0 +1,28 @@
+"""Small checks and readers the analyzers' config and result classes share (private to ``landscape.analyze``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from landscape.errors import UsageError
+
+
+def check_positive_int(flag: str, value: Any) -> None:
+    """UsageError ``<flag> must be a positive integer, got <value>`` unless ``value`` is an integer >= 1."""
+    if int(value) != value or value < 1:
+        raise UsageError(f"{flag} must be a positive integer, got {value}")
+
+
+def check_choice(flag: str, value: Any, choices: Sequence[str]) -> None:
+    """UsageError ``<flag> must be one of a, b, got 'x'`` unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise UsageError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def config_from_params(cls, params: Mapping[str, Any]):
+    """The config dataclass ``cls`` from a result file's stored ``params``; keys ``cls`` no longer has are
+    dropped, so files written by other versions still read."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in params.items() if k in known})
