@@ -85,11 +85,22 @@ class Segment:
 
 @dataclass(frozen=True)
 class Affine:
-    """Points ``origin + sum_j coords[p, j] * directions[j]`` (random directions and surfaces)."""
+    """Points ``origin + sum_j coords[p, j] * directions[j]`` (random directions and surfaces).
+
+    Zero coordinates are skipped (adding ``0 * d`` changes nothing for finite ``d``), so a point with one
+    non-zero coordinate (a ray ``origin + s d_j``, a grid line) costs one vector add, not ``k``.
+    """
 
     origin: torch.Tensor
     directions: torch.Tensor  # (k, d)
     coords: torch.Tensor  # (P, k)
+
+    def __post_init__(self) -> None:
+        terms: list[list[tuple[int, float]]] = [[] for _ in range(len(self))]
+        nz = torch.nonzero(self.coords)
+        for (p, j), c in zip(nz.tolist(), self.coords[nz[:, 0], nz[:, 1]].tolist(), strict=True):
+            terms[p].append((j, c))
+        object.__setattr__(self, "_terms", terms)  # per point: (direction index, coordinate) where non-zero
 
     def __len__(self) -> int:
         return int(self.coords.shape[0])
@@ -99,19 +110,24 @@ class Affine:
         return int(self.origin.numel())
 
     def point(self, i: int) -> torch.Tensor:
-        out = self.origin.clone()
-        for j in range(self.directions.shape[0]):
-            out.add_(self.directions[j], alpha=float(self.coords[i, j]))
-        return out
+        return _combine(self.origin, self.directions, self._terms[i])
 
     def generators(self) -> list[torch.Tensor]:
         return [self.origin, *self.directions.unbind(0)]
 
     def mix(self, outputs: Sequence[torch.Tensor], i: int) -> torch.Tensor:
-        out = outputs[0].clone()
-        for j, z in enumerate(outputs[1:]):
-            out.add_(z, alpha=float(self.coords[i, j]))
-        return out
+        return _combine(outputs[0], outputs[1:], self._terms[i])
+
+
+def _combine(base: torch.Tensor, vectors, terms: Sequence[tuple[int, float]]) -> torch.Tensor:
+    """``base + sum c * vectors[j]`` over ``terms`` (a new tensor; ``base`` is not changed)."""
+    if not terms:
+        return base.clone()
+    (j, c), rest = terms[0], terms[1:]
+    out = torch.add(base, vectors[j], alpha=c)
+    for j, c in rest:
+        out.add_(vectors[j], alpha=c)
+    return out
 
 
 class _Listed:

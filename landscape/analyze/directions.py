@@ -97,37 +97,14 @@ def parse_distance(value: float | str) -> float | str:
 # ----------------------------------------------------------------------------------------- points
 
 
-@dataclass(frozen=True)
-class Rays(Affine):
-    """``origin + coords[p, j] * directions[j]`` where each point has exactly one non-zero coordinate.
-
-    An :class:`~landscape.evaluate.Affine` whose ``point``/``mix`` touch only that coordinate's direction
-    (one vector add instead of ``k``), so a star of ``k`` rays costs the evaluator what a line does.
-    """
-
-    def __post_init__(self) -> None:
-        nz = self.coords != 0
-        if bool((nz.sum(dim=1) > 1).any()):
-            raise ValueError("Rays: every point must have at most one non-zero coordinate")
-        which = torch.where(nz.any(dim=1), nz.to(torch.int64).argmax(dim=1), 0)
-        scale = self.coords.gather(1, which.unsqueeze(1)).squeeze(1)
-        object.__setattr__(self, "_which", which.tolist())
-        object.__setattr__(self, "_scale", scale.tolist())
-
-    def point(self, i: int) -> torch.Tensor:
-        return torch.add(self.origin, self.directions[self._which[i]], alpha=self._scale[i])
-
-    def mix(self, outputs: Sequence[torch.Tensor], i: int) -> torch.Tensor:
-        return torch.add(outputs[0], outputs[1 + self._which[i]], alpha=self._scale[i])
-
-
-def rays(origin: torch.Tensor, directions: torch.Tensor, steps: torch.Tensor) -> Rays:
-    """Points ``origin + s * directions[j]`` for every direction j (outer) and step s (inner)."""
+def rays(origin: torch.Tensor, directions: torch.Tensor, steps: torch.Tensor) -> Affine:
+    """Points ``origin + s * directions[j]`` for every direction j (outer) and step s (inner): one non-zero
+    coordinate per point, so each costs the evaluator one vector add (:class:`~landscape.evaluate.Affine`)."""
     k, p = directions.shape[0], steps.numel()
     coords = torch.zeros(k * p, k, dtype=torch.float64)
     for j in range(k):
         coords[j * p : (j + 1) * p, j] = steps
-    return Rays(origin, directions, coords)
+    return Affine(origin, directions, coords)
 
 
 def scaled_directions(theta: torch.Tensor, space: ParamSpace, indices: Sequence[int], config: DirectionsConfig,
