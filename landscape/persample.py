@@ -152,9 +152,15 @@ def _wsum(w: Tensor, g: Tensor) -> Tensor:
 
 
 class _WeightBiasHandler(_Handler):
-    """A module whose unit holds the per-sample bias gradients (``"gb"``) and knows its weight's."""
+    """A module whose unit holds the per-sample bias gradients (``"gb"``); subclasses do the weight's."""
 
     def _weight_per_sample(self, u: dict) -> Tensor:
+        raise NotImplementedError
+
+    def _weight_sq(self, u: dict, mask: Tensor | None) -> Tensor:
+        raise NotImplementedError
+
+    def _weight_weighted(self, u: dict, w: Tensor) -> Tensor:
         raise NotImplementedError
 
     def _per_sample(self, u):
@@ -163,6 +169,22 @@ class _WeightBiasHandler(_Handler):
             out["weight"] = self._weight_per_sample(u)
         if "bias" in self.pnames:
             out["bias"] = u["gb"]
+        return out
+
+    def sq_norms(self, u, masks):
+        out = {}
+        if "weight" in self.pnames:
+            out["weight"] = self._weight_sq(u, masks.get("weight"))
+        if "bias" in self.pnames:
+            out["bias"] = _sq(u["gb"], masks.get("bias"))
+        return out
+
+    def weighted(self, u, w):
+        out = {}
+        if "weight" in self.pnames:
+            out["weight"] = self._weight_weighted(u, w["weight"])
+        if "bias" in self.pnames:
+            out["bias"] = _wsum(w["bias"], u["gb"])
         return out
 
 
@@ -210,39 +232,27 @@ class _LinearHandler(_WeightBiasHandler):
             u["gw"] = g.reshape(a.shape[0], *self.module.weight.shape)
         return u["gw"]
 
-    def sq_norms(self, u, masks):
+    def _weight_sq(self, u, mask):
         a, b = u["a"], u["b"]
-        out = {}
-        if "weight" in self.pnames:
-            t, d, p = a.shape[3], a.shape[2], b.shape[2]
-            if "weight" in masks or "gw" in u:
-                out["weight"] = _sq(self._weight_per_sample(u), masks.get("weight"))
-            elif t == 1:
-                out["weight"] = (a.pow(2).sum(2) * b.pow(2).sum(2)).sum((1, 2))
-            elif t * (d + p) < GHOST_RATIO * p * d:  # ghost norm: sum_{t,s} (A A^T)_{ts} (B B^T)_{ts}
-                aa = a.transpose(2, 3) @ a
-                bb = b.transpose(2, 3) @ b
-                out["weight"] = (aa * bb).sum((1, 2, 3))
-            else:
-                out["weight"] = _sq(self._weight_per_sample(u), None)
-        if "bias" in self.pnames:
-            out["bias"] = _sq(u["gb"], masks.get("bias"))
-        return out
+        t, d, p = a.shape[3], a.shape[2], b.shape[2]
+        if mask is not None or "gw" in u:
+            return _sq(self._weight_per_sample(u), mask)
+        if t == 1:
+            return (a.pow(2).sum(2) * b.pow(2).sum(2)).sum((1, 2))
+        if t * (d + p) < GHOST_RATIO * p * d:  # ghost norm: sum_{t,s} (A A^T)_{ts} (B B^T)_{ts}
+            aa = a.transpose(2, 3) @ a
+            bb = b.transpose(2, 3) @ b
+            return (aa * bb).sum((1, 2, 3))
+        return _sq(self._weight_per_sample(u), None)
 
-    def weighted(self, u, w):
-        out = {}
-        if "weight" in self.pnames:
-            if "gw" in u:
-                out["weight"] = _wsum(w["weight"], u["gw"])
-            elif "direct" in u:
-                out["weight"] = u["direct"](w["weight"])
-            else:
-                a, b = u["a"], u["b"]
-                bw = b * w["weight"].reshape(-1, 1, 1, 1)
-                out["weight"] = torch.einsum("ngpt,ngdt->gpd", bw, a).reshape(self.module.weight.shape)
-        if "bias" in self.pnames:
-            out["bias"] = _wsum(w["bias"], u["gb"])
-        return out
+    def _weight_weighted(self, u, w):
+        if "gw" in u:
+            return _wsum(w, u["gw"])
+        if "direct" in u:
+            return u["direct"](w)
+        a, b = u["a"], u["b"]
+        bw = b * w.reshape(-1, 1, 1, 1)
+        return torch.einsum("ngpt,ngdt->gpd", bw, a).reshape(self.module.weight.shape)
 
 
 class _ConvHandler(_WeightBiasHandler):
@@ -334,29 +344,17 @@ class _ConvHandler(_WeightBiasHandler):
         a, b = self._patches(*u["calls"][0])
         return ((a.transpose(2, 3) @ a) * (b.transpose(2, 3) @ b)).sum((1, 2, 3))
 
-    def sq_norms(self, u, masks):
-        out = {}
-        if "weight" in self.pnames:
-            if "weight" not in masks and self._ghost_ok(u):
-                out["weight"] = self._ghost_sq(u)
-            else:
-                out["weight"] = _sq(self._weight_per_sample(u), masks.get("weight"))
-        if "bias" in self.pnames:
-            out["bias"] = _sq(u["gb"], masks.get("bias"))
-        return out
+    def _weight_sq(self, u, mask):
+        if mask is None and self._ghost_ok(u):
+            return self._ghost_sq(u)
+        return _sq(self._weight_per_sample(u), mask)
 
-    def weighted(self, u, w):
-        out = {}
-        if "weight" in self.pnames:
-            if "gw" not in u and len(u["calls"]) == 1:
-                x, pad, b = u["calls"][0]
-                gy = b * w["weight"].reshape(-1, *[1] * (b.dim() - 1))
-                out["weight"] = self._wgrad(gy, x, pad, self.module.groups, self.module.weight.shape)
-            else:
-                out["weight"] = _wsum(w["weight"], self._weight_per_sample(u))
-        if "bias" in self.pnames:
-            out["bias"] = _wsum(w["bias"], u["gb"])
-        return out
+    def _weight_weighted(self, u, w):
+        if "gw" not in u and len(u["calls"]) == 1:
+            x, pad, b = u["calls"][0]
+            gy = b * w.reshape(-1, *[1] * (b.dim() - 1))
+            return self._wgrad(gy, x, pad, self.module.groups, self.module.weight.shape)
+        return _wsum(w, self._weight_per_sample(u))
 
 
 def _unfold(x: Tensor, kernel, stride, dilation, out_hw) -> Tensor:
