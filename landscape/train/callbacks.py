@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -103,6 +104,45 @@ class StepMetrics(Callback):
         state.run.save_array(METRICS_ARRAY, {k: v.numpy() for k, v in self.table.items()})
 
 
+class NonFiniteLossWarning(UserWarning):
+    """Training diverged: a step's loss was NaN or infinite (the weights after it are usually not finite)."""
+
+
+class NonFinite(Callback):
+    """Warn once when the training loss stops being finite and record where in ``manifest["non_finite"]``.
+
+    Checked at checkpoints only (one ``isfinite`` over the step table, no per-step sync); training goes on, so
+    the run and its non-finite checkpoints stay inspectable (interpolation reports them as instability inf).
+    """
+
+    def __init__(self) -> None:
+        self.reported = False
+
+    def on_start(self, state: TrainState) -> None:
+        self.reported = "non_finite" in state.run.manifest
+
+    def on_checkpoint(self, state: TrainState, record: CheckpointRecord) -> None:
+        if self.reported or state.step == 0:
+            return
+        losses = state.metrics.table["loss"][: state.step]
+        sampled = state.metrics.table["batch_size"][: state.step] > 0  # an empty Poisson batch's loss is NaN
+        bad = ~torch.isfinite(losses) & sampled
+        if not bool(bad.any()):
+            return
+        step = int(torch.nonzero(bad)[0, 0]) + 1
+        epoch = step / state.steps_per_epoch
+        self.reported = True
+        loss = float(losses[step - 1])
+        state.run.update_manifest(non_finite={"step": step, "epoch": epoch, "loss": str(loss)})
+        warnings.warn(
+            f"run '{state.run.name}': the training loss became {loss} at step {step} "
+            f"(epoch {epoch:.3g}) and the weights after it are not usable; try a smaller --lr "
+            f"(was {state.config.lr:g})",
+            NonFiniteLossWarning,
+            stacklevel=2,
+        )
+
+
 class Accounting(Callback):
     """Epsilon so far (Poisson-subsampled Gaussian mechanism, dp-accounting) after every step.
 
@@ -152,8 +192,10 @@ class Evaluation(Callback):
             x, y = state.data.split(split)
             if len(y) == 0:
                 continue
-            result = evaluate(state.model, x, y, [point], space=space, batch_size=self.batch_size,
-                              device=state.device)
+            with warnings.catch_warnings():  # a diverged run is reported once, by NonFinite
+                warnings.filterwarnings("ignore", message="non-finite loss at", category=RuntimeWarning)
+                result = evaluate(state.model, x, y, [point], space=space, batch_size=self.batch_size,
+                                  device=state.device)
             record.metrics[f"{split}_loss"] = float(result.loss[0])
             record.metrics[f"{split}_acc"] = float(result.acc[0])
 

@@ -27,6 +27,12 @@ CLIP_STYLES = ("flat", "layerwise")
 _NOT_HASHED = ("run", "resume", "device", "microbatch", "data_root", "download")
 
 
+# Float options checked for NaN/inf before their range checks (a NaN compares False with every bound).
+_FLOAT_OPTIONS = ("lr", "momentum", "weight_decay", "max_grad_norm", "noise_multiplier", "target_epsilon",
+                  "delta", "sparsify", "smooth")
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
 class SamplingWarning(UserWarning):
     """Shuffled batches with a DP optimizer: the accountant's epsilon assumes Poisson sampling."""
 
@@ -102,6 +108,12 @@ class TrainConfig:
             raise UsageError(f"unknown --clip-style {self.clip_style!r}; choose flat or layerwise")
         if self.noise_multiplier is not None and self.target_epsilon is not None:
             raise UsageError("give --noise-multiplier or --target-epsilon, not both")
+        for name in _FLOAT_OPTIONS:
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise UsageError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+        if not _DEVICE.match(str(self.device)):
+            raise UsageError(f"--device {self.device!r}: use auto, cpu, cuda or cuda:N")
         if self.epochs < 1:
             raise UsageError(f"--epochs must be >= 1, got {self.epochs}")
         if self.batch_size < 1:
@@ -122,6 +134,8 @@ class TrainConfig:
             raise UsageError(f"--sparsify must be in [0, 1), got {self.sparsify}")
         if self.smooth < 0:
             raise UsageError(f"--smooth must be >= 0, got {self.smooth}")
+        if self.weight_decay < 0:
+            raise UsageError(f"--weight-decay must be >= 0, got {self.weight_decay}")
         if not self.is_dp:
             dp_only = {
                 "--noise-multiplier": self.noise_multiplier is not None,
@@ -235,6 +249,13 @@ class PhasesConfig:
     group: str | None = None
 
     def validate(self) -> PhasesConfig:
+        for name, value in (("--dp-lr", self.dp_lr), ("--dp-momentum", self.dp_momentum)):
+            if value is not None and not math.isfinite(value):
+                raise UsageError(f"{name} must be a finite number, got {value}")
+        if self.dp_lr is not None and self.dp_lr <= 0:
+            raise UsageError(f"--dp-lr must be > 0, got {self.dp_lr}")
+        if self.dp_momentum is not None and not 0 <= self.dp_momentum < 1:
+            raise UsageError(f"--dp-momentum must be in [0, 1), got {self.dp_momentum}")
         if not 1 <= self.k < self.base.epochs:
             raise UsageError(f"--k must be between 1 and --epochs - 1 = {self.base.epochs - 1}, got {self.k}")
         if self.copies < 1:

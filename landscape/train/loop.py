@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import logging
 import math
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,7 @@ from landscape.train.callbacks import (
     Callback,
     Checkpointer,
     Evaluation,
+    NonFinite,
     Progress,
     ResumeState,
     StepMetrics,
@@ -190,11 +192,22 @@ def _start(
         config.run, config=stored, seeds=seeds, lineage=lineage,
         model_spec=dict(model.landscape_spec), data_spec=dict(data.spec), extra=extra,
     )
-    if masks is not None:
-        run.save_array(MASK_ARRAY, {k: v.numpy() for k, v in masks.items()})
-    state = _build_state(config, run, data, model, device, masks, seeds, sigma, history)
-    _run(state, callbacks, progress)
+    try:
+        if masks is not None:
+            run.save_array(MASK_ARRAY, {k: v.numpy() for k, v in masks.items()})
+        state = _build_state(config, run, data, model, device, masks, seeds, sigma, history)
+        _run(state, callbacks, progress)
+    except BaseException:
+        _discard_if_empty(run)
+        raise
     return run
+
+
+def _discard_if_empty(run: Run) -> None:
+    """A run that failed before its first checkpoint holds nothing to resume: free its name."""
+    with contextlib.suppress(Exception):
+        if not run.checkpoints():
+            shutil.rmtree(run.path)
 
 
 def _resume(
@@ -503,6 +516,7 @@ def _build_state(
     )
     state.callbacks = [
         metrics,
+        NonFinite(),
         Accounting(epsilon_curve(config, sigma, q, total, history, run.manifest["schedule"]["checkpoint_steps"])),
         Evaluation(),
         ResumeState(),
