@@ -8,6 +8,7 @@ import time
 import click
 
 from cli.common import echo_json, echo_table, json_option, progress_enabled
+from cli.options import FiniteFloat, run_api
 
 
 @click.command()
@@ -16,7 +17,7 @@ from cli.common import echo_json, echo_table, json_option, progress_enabled
 @click.option("--epochs", type=click.IntRange(min=2), default=8, show_default=True)
 @click.option("--k", "ks", default="1,2,4", show_default=True, help="Phase-1 lengths in epochs (comma-separated).")
 @click.option("--copies", type=click.IntRange(min=2), default=2, show_default=True)
-@click.option("--target-epsilon", type=click.FloatRange(min=0, min_open=True), default=8.0, show_default=True)
+@click.option("--target-epsilon", type=FiniteFloat(min=0, min_open=True), default=8.0, show_default=True)
 @click.option("--directions", "n_directions", type=click.IntRange(min=1), default=50, show_default=True)
 @json_option
 @click.pass_context
@@ -38,7 +39,8 @@ def demo(ctx: click.Context, out_dir: str, epochs: int, ks: str, copies: int, ta
     explicit_root = ctx.find_root().get_parameter_source("root").name != "DEFAULT"
     config = DemoConfig(epochs=epochs, ks=k_values, copies=copies, target_epsilon=target_epsilon, directions=n_directions)
     start = time.perf_counter()
-    result = run_demo(out_dir, root=root if explicit_root else None, config=config, progress=progress_enabled())
+    result = run_api(lambda: run_demo(out_dir, root=root if explicit_root else None, config=config,
+                                      progress=progress_enabled()))
     seconds = time.perf_counter() - start
     if as_json:
         echo_json({"runs": [dataclasses.asdict(r) for r in result.runs], "instability": result.instability_rows,

@@ -11,11 +11,11 @@ from __future__ import annotations
 import click
 
 from cli.common import echo_json, echo_table, json_option, output_option, root_of, workers_option
-from cli.options import SubsetType
+from cli.options import add_options, evaluation_options, run_api
 
 
 def _common_options(f):
-    options = [
+    return add_options([
         click.option("--normalize", type=click.Choice(["none", "filter", "layer"]), default=None,
                      help="Direction normalisation (Li et al. 2018): none, filter or layer [default: none for "
                           "directions (isotropic, as Watson et al.), filter for surface]."),
@@ -23,21 +23,8 @@ def _common_options(f):
                      help="1-D tensors (biases, norm layers) under filter/layer normalisation: zero (Li et al.), "
                           "copy theta, or random rescaled."),
         click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random directions."),
-        click.option("--subset", type=SubsetType(), default=None,
-                     help="Evaluate on a seeded stratified subset (count or fraction; default: all)."),
-        click.option("--subset-seed", type=int, default=0, show_default=True, help="Seed of the subset."),
-        click.option("--batch-size", type=click.IntRange(min=1), default=1000, show_default=True,
-                     help="Examples per forward pass."),
-        click.option("--device", default="cpu", show_default=True, help="cpu, cuda or auto."),
-        click.option("--method", type=click.Choice(["auto", "loop", "plain", "vmap"]), default="auto",
-                     show_default=True, help="Evaluation engine (landscape.evaluate)."),
-        click.option("--data-root", type=click.Path(file_okay=False), default=None,
-                     help="Where torchvision data sets live (default $LANDSCAPE_DATA)."),
-        click.option("--no-figure", is_flag=True, help="Write the result file only."),
-    ]
-    for option in reversed(options):
-        f = option(f)
-    return f
+        evaluation_options,
+    ], f)
 
 
 @click.command()
@@ -68,8 +55,8 @@ def directions(ctx, ref_a, n, points, distance, toward, split, normalize, biasbn
     config = DirectionsConfig(n=n, points=points, distance=distance, normalize=normalize or "none", biasbn=biasbn,
                               seed=seed, split=split, subset=subset, subset_seed=subset_seed, batch_size=batch_size,
                               device=device, method=method, workers=workers)
-    result = run_directions(ref_a, toward=toward, root=root_of(ctx), config=config, output=output,
-                            figure=not no_figure, data_root=data_root)
+    result = run_api(lambda: run_directions(ref_a, toward=toward, root=root_of(ctx), config=config,
+                                            output=output, figure=not no_figure, data_root=data_root))
     summary = result.summary()
     if as_json:
         echo_json({"output": str(result.path), "figures": [str(f) for f in result.figures], **summary,
@@ -118,8 +105,9 @@ def surface(ctx, ref_a, plane, grid, range_, splits, normalize, biasbn, seed, su
                            seed=seed, splits=splits, subset=subset, subset_seed=subset_seed,
                            batch_size=batch_size, device=device, method=method, workers=workers,
                            rows_per_call=rows_per_call)
-    result = run_surface(ref_a, root=root_of(ctx), config=config, output=output, figure=not no_figure,
-                         three_d=three_d, resume=not no_resume, data_root=data_root)
+    result = run_api(lambda: run_surface(ref_a, root=root_of(ctx), config=config, output=output,
+                                         figure=not no_figure, three_d=three_d, resume=not no_resume,
+                                         data_root=data_root))
     summary = result.summary()
     if as_json:
         echo_json({"output": str(result.path), "figures": [str(f) for f in result.figures], **summary})

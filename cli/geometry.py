@@ -6,37 +6,25 @@ Each mirrors its config dataclass (ClippingConfig, SymmetryConfig, NormsConfig) 
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
 from cli.common import echo_json, echo_table, json_option, output_option, root_of, workers_option
+from cli.options import CommaList, FiniteFloat, add_options, data_root_option, no_figure_option, run_api
 
-
-class FloatList(click.ParamType):
-    """A comma-separated list of numbers, e.g. ``0,0.3,0.5``."""
-
-    name = "X,Y,..."
-
-    def convert(self, value: Any, param, ctx) -> list[float]:
-        if isinstance(value, list):
-            return value
-        try:
-            out = [float(v) for v in str(value).split(",") if v.strip()]
-        except ValueError:
-            self.fail(f"{value!r} is not a comma-separated list of numbers", param, ctx)
-        if not out:
-            self.fail("give at least one number", param, ctx)
-        return out
-
-
-data_root_option = click.option("--data-root", type=click.Path(file_okay=False), default=None,
-                                help="Where torchvision data sets live (default $LANDSCAPE_DATA).")
 split_option = click.option("--split", type=click.Choice(["train", "test"]), default="train", show_default=True,
                             help="Which split the per-sample gradients come from.")
 chunk_option = click.option("--chunk", type=click.IntRange(min=1), default=250, show_default=True,
                             help="Examples per engine pass (memory bound; results do not depend on it).")
-figure_option = click.option("--no-figure", is_flag=True, help="Write the result file only.")
+
+
+def _common_options(f):
+    """Options every geometry command shares, after its own."""
+    return add_options([split_option, chunk_option, workers_option, output_option, data_root_option,
+                        no_figure_option, json_option], f)
+
+
+def _floats(values: tuple[float, ...] | None) -> list[float] | None:
+    return None if values is None else list(values)
 
 
 def _finish(result, as_json: bool, rows: list[dict], columns: list[str] | None = None) -> None:
@@ -49,23 +37,17 @@ def _finish(result, as_json: bool, rows: list[dict], columns: list[str] | None =
 
 @click.command()
 @click.argument("target")
-@click.option("--max-grad-norm", "-C", type=float, default=1.0, show_default=True, help="Clipping norm C.")
+@click.option("--max-grad-norm", "-C", type=FiniteFloat(min=0, min_open=True), default=1.0, show_default=True, help="Clipping norm C.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True,
               help="Examples per batch B.")
 @click.option("--batches", type=click.IntRange(min=1), default=1, show_default=True,
               help="Number K of disjoint batches (R is reported per batch and over all K x B examples).")
 @click.option("--clip-style", type=click.Choice(["flat", "layerwise"]), default="flat", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the batch draw.")
-@split_option
-@chunk_option
-@click.option("--prune-levels", type=FloatList(), default=None,
+@click.option("--prune-levels", type=CommaList(number=True), default=None,
               help="Fractions of weights removed, e.g. 0,0.3,0.5,0.7,0.9: prune, rewind, retrain, measure R "
                    "(Watson Fig. 11).")
-@workers_option
-@output_option
-@data_root_option
-@figure_option
-@json_option
+@_common_options
 @click.pass_context
 def clipping(ctx, target, max_grad_norm, batch_size, batches, clip_style, seed, split, chunk, prune_levels,
              workers, output, data_root, no_figure, as_json) -> None:
@@ -76,11 +58,11 @@ def clipping(ctx, target, max_grad_norm, batch_size, batches, clip_style, seed, 
     """
     from landscape.api.geometry import clipping as run_clipping
 
-    result = run_clipping(
+    result = run_api(lambda: run_clipping(
         target, root=root_of(ctx), output=output, figure=not no_figure, data_root=data_root,
         max_grad_norm=max_grad_norm, batch_size=batch_size, batches=batches, clip_style=clip_style, seed=seed,
-        split=split, chunk=chunk, prune_levels=prune_levels, workers=workers,
-    )
+        split=split, chunk=chunk, prune_levels=_floats(prune_levels), workers=workers,
+    ))
     rows = result.summary_rows()
     columns = (["prune_level"] if prune_levels else []) + [
         "ref", "epoch", "R", "R_batch_mean", "projection", "bound", "assumption_held", "bound_held",
@@ -99,24 +81,18 @@ def clipping(ctx, target, max_grad_norm, batch_size, batches, clip_style, seed, 
               help="Examples whose deviations are drawn (the same for every checkpoint).")
 @click.option("--permutations", type=click.IntRange(min=1), default=999, show_default=True,
               help="Sign-flip permutations for the p-value.")
-@split_option
-@chunk_option
-@workers_option
-@output_option
-@data_root_option
-@figure_option
-@json_option
+@_common_options
 @click.pass_context
 def symmetry(ctx, target, projections, seed, batch_size, permutations, split, chunk, workers, output, data_root,
              no_figure, as_json) -> None:
     """Symmetry of the gradient deviations g_i - g_bar (Zhu & Blaschko App. F) at TARGET (checkpoint or run)."""
     from landscape.api.geometry import symmetry as run_symmetry
 
-    result = run_symmetry(
+    result = run_api(lambda: run_symmetry(
         target, root=root_of(ctx), output=output, figure=not no_figure, data_root=data_root,
         projections=projections, seed=seed, batch_size=batch_size, permutations=permutations, split=split,
         chunk=chunk, workers=workers,
-    )
+    ))
     _finish(result, as_json, result.summary_rows())
 
 
@@ -126,16 +102,10 @@ def symmetry(ctx, target, projections, seed, batch_size, permutations, split, ch
               help="Bins of the parameter-value histograms (shared by all targets).")
 @click.option("--grad-samples", type=click.IntRange(min=0), default=256, show_default=True,
               help="Examples whose per-sample gradient norms are taken at every checkpoint (0: none).")
-@click.option("--grad-epochs", type=FloatList(), default=None,
+@click.option("--grad-epochs", type=CommaList(number=True), default=None,
               help="Epochs whose gradient-norm histograms are drawn (default: first after init, and last).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the example draw.")
-@split_option
-@chunk_option
-@workers_option
-@output_option
-@data_root_option
-@figure_option
-@json_option
+@_common_options
 @click.pass_context
 def norms(ctx, targets, bins, grad_samples, grad_epochs, seed, split, chunk, workers, output, data_root,
           no_figure, as_json) -> None:
@@ -143,8 +113,9 @@ def norms(ctx, targets, bins, grad_samples, grad_epochs, seed, split, chunk, wor
     of the distance ratios."""
     from landscape.api.geometry import norms as run_norms
 
-    result = run_norms(
+    result = run_api(lambda: run_norms(
         list(targets), root=root_of(ctx), output=output, figure=not no_figure, data_root=data_root, bins=bins,
-        grad_samples=grad_samples, grad_epochs=grad_epochs, seed=seed, split=split, chunk=chunk, workers=workers,
-    )
+        grad_samples=grad_samples, grad_epochs=_floats(grad_epochs), seed=seed, split=split, chunk=chunk,
+        workers=workers,
+    ))
     _finish(result, as_json, result.ratio_rows())

@@ -10,29 +10,9 @@ from __future__ import annotations
 import click
 
 from cli.common import echo_json, echo_table, json_option, output_option, root_of, workers_option
+from cli.options import add_options, evaluation_options, run_api
 
 SUMMARY_COLUMNS = ["split", "loss_A", "loss_B", "max_loss", "instability_loss", "instability_error"]
-
-
-class SubsetOption(click.ParamType):
-    """``--subset``: a count (``500``) or a fraction in (0, 1] (``0.1``)."""
-
-    name = "N|FRACTION"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return value
-        text = str(value).strip()
-        try:
-            number: int | float = int(text)
-        except ValueError:
-            try:
-                number = float(text)
-            except ValueError:
-                self.fail(f"{value!r} is neither a count nor a fraction", param, ctx)
-        if number <= 0 or (isinstance(number, float) and number > 1):
-            self.fail(f"{value!r}: give a positive count or a fraction in (0, 1]", param, ctx)
-        return number
 
 
 class SplitList(click.ParamType):
@@ -52,28 +32,15 @@ class SplitList(click.ParamType):
 
 def interpolation_options(f):
     """The InterpolateConfig fields as click options (shared by both commands)."""
-    options = [
+    return add_options([
         click.option("--points", type=click.IntRange(min=2), default=30, show_default=True,
                      help="Number of alphas in linspace(0, 1, points), both endpoints included."),
         click.option("--splits", type=SplitList(), default="train,test", show_default=True,
                      help="Data splits to evaluate."),
-        click.option("--subset", type=SubsetOption(), default=None,
-                     help="Evaluate on a seeded stratified subset of each split (count or fraction; default: all)."),
-        click.option("--subset-seed", type=int, default=0, show_default=True, help="Seed of the subset."),
         click.option("--bn-recalibrate", is_flag=True,
                      help="Recompute BatchNorm statistics at every point from the training data."),
-        click.option("--batch-size", type=click.IntRange(min=1), default=1000, show_default=True,
-                     help="Examples per forward pass (results do not depend on it beyond rounding)."),
-        click.option("--device", default="cpu", show_default=True, help="cpu, cuda or auto."),
-        click.option("--method", type=click.Choice(["auto", "loop", "plain", "vmap"]), default="auto",
-                     show_default=True, help="Evaluation engine (landscape.evaluate)."),
-        click.option("--data-root", type=click.Path(file_okay=False), default=None,
-                     help="Where torchvision data sets live (default $LANDSCAPE_DATA)."),
-        click.option("--no-figure", is_flag=True, help="Write the result file only."),
-    ]
-    for option in reversed(options):
-        f = option(f)
-    return f
+        evaluation_options,
+    ], f)
 
 
 def _config(points, splits, subset, subset_seed, bn_recalibrate, batch_size, device, method):
@@ -98,11 +65,11 @@ def interpolate(ctx, ref_a, ref_b, points, splits, subset, subset_seed, bn_recal
     """
     from landscape.api.interpolation import interpolate as run_interpolate
 
-    result = run_interpolate(
+    result = run_api(lambda: run_interpolate(
         ref_a, ref_b, root=root_of(ctx),
         config=_config(points, splits, subset, subset_seed, bn_recalibrate, batch_size, device, method),
         output=output, figure=not no_figure, data_root=data_root,
-    )
+    ))
     rows = result.summary()
     if as_json:
         echo_json({"output": str(result.path), "figures": [str(f) for f in result.figures], "rows": rows,
@@ -131,11 +98,11 @@ def instability(ctx, runs, pairs, points, splits, subset, subset_seed, bn_recali
     """
     from landscape.api.interpolation import instability as run_instability
 
-    table = run_instability(
+    table = run_api(lambda: run_instability(
         list(runs), pairs=pairs, workers=workers, root=root_of(ctx),
         config=_config(points, splits, subset, subset_seed, bn_recalibrate, batch_size, device, method),
         output=output, figure=not no_figure, data_root=data_root,
-    )
+    ))
     columns = ["pair", "k", "phase2", "epsilon"] + [f"instability_{s}_{m}" for s in table.splits
                                                     for m in ("loss", "error")]
     if as_json:

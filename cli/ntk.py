@@ -6,35 +6,13 @@ call :mod:`landscape.api.kernels` and print a short table (``--json``: the same 
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
 from cli.common import echo_json, echo_table, json_option, output_option, root_of
+from cli.options import CommaList, FiniteFloat, add_options, data_root_option, no_figure_option, run_api
 
 KINDS = ["loss-grad", "output", "output-trace"]
 CLIP_FNS = ["abadi", "automatic", "normalize", "global"]
-
-
-class CommaList(click.ParamType):
-    """A comma-separated list of strings (``conv1.*,fc.weight``) or, with ``number=True``, of floats."""
-
-    def __init__(self, number: bool = False):
-        self.number = number
-        self.name = "X,Y,..." if number else "A,B,..."
-
-    def convert(self, value: Any, param, ctx) -> tuple:
-        if isinstance(value, tuple):
-            return value
-        items = [v.strip() for v in str(value).split(",") if v.strip()]
-        if not items:
-            self.fail("give at least one value", param, ctx)
-        if not self.number:
-            return tuple(items)
-        try:
-            return tuple(float(v) for v in items)
-        except ValueError:
-            self.fail(f"{value!r} is not a comma-separated list of numbers", param, ctx)
 
 
 def _common(f):
@@ -57,15 +35,12 @@ def _common(f):
         click.option("--precision", type=click.Choice(["auto", "double", "single"]), default="auto",
                      show_default=True,
                      help="auto: float64 for small tensors, model dtype for big contractions; double: model in float64."),
-        click.option("--data-root", type=click.Path(file_okay=False), default=None,
-                     help="Where torchvision data sets live."),
-        click.option("--no-figure", is_flag=True, help="Write the result file only."),
+        data_root_option,
+        no_figure_option,
         output_option,
         json_option,
     ]
-    for opt in reversed(options):
-        f = opt(f)
-    return f
+    return add_options(options, f)
 
 
 def _yn(flag: bool) -> str:
@@ -76,8 +51,9 @@ def _yn(flag: bool) -> str:
 @click.argument("ref")
 @click.option("--clip", type=click.Choice(["none", "flat", "layerwise"]), default="none", show_default=True,
               help="Kernel: K (none), K C (flat), sum_r K_r C_r (layerwise).")
-@click.option("--max-grad-norm", "-C", type=float, default=1.0, show_default=True, help="Clipping norm C.")
-@click.option("--layer-max-norm", type=float, default=None,
+@click.option("--max-grad-norm", "-C", type=FiniteFloat(min=0, min_open=True), default=1.0, show_default=True,
+              help="Clipping norm C.")
+@click.option("--layer-max-norm", type=FiniteFloat(min=0, min_open=True), default=None,
               help="Layerwise per-layer norm C_r (default C / sqrt(#layers), as in training).")
 @_common
 @click.pass_context
@@ -93,7 +69,8 @@ def ntk(ctx, ref, clip, max_grad_norm, layer_max_norm, n, kind, clip_fn, layers,
     config = NTKConfig(n=n, kind=kind, clip=clip, max_grad_norm=max_grad_norm, clip_fn=clip_fn, layers=layers,
                        layer_max_norms=layer_max_norm, seed=seed, split=split, max_memory=max_memory,
                        strategy=strategy, precision=precision)
-    out = run_ntk(ref, config, root=root_of(ctx), output=output, figure=not no_figure, data_root=data_root)
+    out = run_api(lambda: run_ntk(ref, config, root=root_of(ctx), output=output, figure=not no_figure,
+                                  data_root=data_root))
     r = out.result
     if as_json:
         echo_json({"output": str(out.output), "figures": [str(f) for f in out.figures], **r.summary()})
@@ -131,7 +108,8 @@ def ntk_table(ctx, target, max_grad_norms, clip_styles, n, kind, clip_fn, layers
     config = NTKTableConfig(max_grad_norms=max_grad_norms, clip_styles=clip_styles, n=n, kind=kind,
                             clip_fn=clip_fn, layers=layers, seed=seed, split=split, max_memory=max_memory,
                             strategy=strategy, precision=precision)
-    out = run_table(target, config, root=root_of(ctx), output=output, figure=not no_figure, data_root=data_root)
+    out = run_api(lambda: run_table(target, config, root=root_of(ctx), output=output, figure=not no_figure,
+                                    data_root=data_root))
     rows = [
         {"step": r.step, "epoch": r.epoch, "C": None if r.style == "none" else r.max_grad_norm, "style": r.style,
          "clipped": r.fraction_clipped, "symmetric": _yn(r.symmetric), "asymmetry": r.asymmetry,

@@ -19,6 +19,8 @@ library's DataError / ModelError (exit 1).
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -55,13 +57,91 @@ class SubsetType(click.ParamType):
         return number
 
 
-def _decorator(options: list[Callable], func: Callable | None) -> Callable:
+class DeviceType(click.ParamType):
+    """``--device``: auto, cpu, cuda or cuda:N (whether a GPU is there is checked when it is used)."""
+
+    name = "auto|cpu|cuda[:N]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value).strip().lower()
+        if text in ("auto", "cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit()):
+            return text
+        self.fail(f"{value!r}: use auto, cpu, cuda or cuda:N", param, ctx)
+
+
+class FiniteFloat(click.FloatRange):
+    """``click.FloatRange`` that also refuses NaN and infinities (a NaN passes every range comparison)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+class CommaList(click.ParamType):
+    """Comma-separated strings (``conv1.*,fc.weight``) or, with ``number=True``, finite floats."""
+
+    def __init__(self, number: bool = False):
+        self.number = number
+        self.name = "X,Y,..." if number else "A,B,..."
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple:
+        if isinstance(value, (tuple, list)):
+            return tuple(value)
+        items = [v.strip() for v in str(value).split(",") if v.strip()]
+        if not items:
+            self.fail("give at least one value", param, ctx)
+        if not self.number:
+            return tuple(items)
+        try:
+            numbers = tuple(float(v) for v in items)
+        except ValueError:
+            self.fail(f"{value!r} is not a comma-separated list of numbers", param, ctx)
+        if not all(math.isfinite(v) for v in numbers):
+            self.fail(f"{value!r}: every number must be finite", param, ctx)
+        return numbers
+
+
+def add_options(options: list[Callable], func: Callable | None = None) -> Callable:
+    """Apply click options in the order listed (first = first in --help); bare or as a decorator factory."""
     def apply(f: Callable) -> Callable:
         for option in reversed(options):
             f = option(f)
         return f
 
     return apply(func) if func is not None else apply
+
+
+_decorator = add_options
+
+
+def device_option(default: str = "cpu") -> Callable:
+    return click.option("--device", type=DeviceType(), default=default, show_default=True,
+                        help="auto, cpu, cuda or cuda:N.")
+
+
+data_root_option = click.option("--data-root", type=click.Path(file_okay=False), default=None,
+                                help="Where torchvision data sets live (default $LANDSCAPE_DATA).")
+no_figure_option = click.option("--no-figure", is_flag=True, help="Write the result file only.")
+
+
+def evaluation_options(func: Callable) -> Callable:
+    """How checkpoints are evaluated (interpolate, instability, directions, surface): the data subset, batch
+    size, device, engine, data root and whether a figure is drawn."""
+    return add_options([
+        click.option("--subset", type=SubsetType(), default=None,
+                     help="Evaluate on a seeded stratified subset of each split (count or fraction; "
+                          "default: all)."),
+        click.option("--subset-seed", type=int, default=0, show_default=True, help="Seed of the subset."),
+        click.option("--batch-size", type=click.IntRange(min=1), default=1000, show_default=True,
+                     help="Examples per forward pass (results do not depend on it beyond rounding)."),
+        device_option("cpu"),
+        click.option("--method", type=click.Choice(["auto", "loop", "plain", "vmap"]), default="auto",
+                     show_default=True, help="Evaluation engine (landscape.evaluate)."),
+        data_root_option,
+        no_figure_option,
+    ], func)
 
 
 def _default_or_required(default: str | None, required: bool | None) -> dict[str, Any]:
@@ -130,3 +210,11 @@ def model_arguments(model: str, model_kwargs: str | dict | None = None) -> tuple
             f"{', '.join(clash)} come from the data set and cannot be given", param_hint="--model-kwargs"
         )
     return model, options
+
+
+def run_api(fn: Callable[[], Any]) -> Any:
+    """Call the library with each warning shown as one ``warning: ...`` line on stderr (no source lines)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, *args, **kw: click.echo(f"warning: {message}", err=True)
+        return fn()

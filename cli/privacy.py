@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from cli.common import echo_json, json_option
@@ -31,18 +33,7 @@ from cli.common import echo_json, json_option
     help="Accountant (dp_accounting): RDP at Opacus' orders, or privacy loss distributions.",
 )
 @json_option
-def privacy(
-    noise_multiplier: float | None,
-    target_epsilon: float | None,
-    sample_rate: float | None,
-    batch_size: int | None,
-    dataset_size: int | None,
-    steps: int | None,
-    epochs: float | None,
-    delta: float,
-    method: str,
-    as_json: bool,
-) -> None:
+def privacy(as_json: bool, **query: Any) -> None:
     """Epsilon for --noise-multiplier, or sigma for --target-epsilon, over Poisson-subsampled Gaussian steps.
 
     Example: landscape privacy --noise-multiplier 1.1 --batch-size 256 --dataset-size 60000 --epochs 60
@@ -50,26 +41,13 @@ def privacy(
     from landscape.api.accounting import PrivacyQuery
     from landscape.api.accounting import privacy as answer
 
-    result = answer(
-        PrivacyQuery(
-            noise_multiplier=noise_multiplier,
-            target_epsilon=target_epsilon,
-            sample_rate=sample_rate,
-            batch_size=batch_size,
-            dataset_size=dataset_size,
-            steps=steps,
-            epochs=epochs,
-            delta=delta,
-            method=method,
-        )
-    )
+    result = answer(PrivacyQuery(**query))
     if as_json:
         echo_json(result.to_dict())
         return
     where = f"q={result.sample_rate:.6g}, steps={result.steps}, delta={result.delta:g}, {result.method}"
-    if target_epsilon is not None:
-        click.echo(
-            f"noise multiplier {result.noise_multiplier:.6g} (epsilon {result.epsilon:.4f} <= {target_epsilon:g}; {where})"
-        )
+    if query["target_epsilon"] is not None:
+        click.echo(f"noise multiplier {result.noise_multiplier:.6g} "
+                   f"(epsilon {result.epsilon:.4f} <= {query['target_epsilon']:g}; {where})")
     else:
         click.echo(f"epsilon {result.epsilon:.4f} (noise multiplier {result.noise_multiplier:g}; {where})")

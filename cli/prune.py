@@ -5,13 +5,14 @@ from __future__ import annotations
 import click
 
 from cli.common import echo_json, echo_table, json_option, root_of
+from cli.options import FiniteFloat, run_api
 
 
 @click.command()
 @click.argument("ref")
 @click.option(
     "--remove",
-    type=click.FloatRange(0.0, 1.0),
+    type=FiniteFloat(0.0, 1.0),
     required=True,
     help="Fraction of weights REMOVED (smallest magnitude). Watson et al.'s 'pruning level p' = 1 - remove.",
 )
@@ -57,9 +58,9 @@ def prune(
     from landscape.api.pruning import PruneConfig
     from landscape.api.pruning import prune as run_prune
 
-    result = run_prune(
+    result = run_api(lambda: run_prune(
         PruneConfig(ref=ref, remove=remove, scope=scope, rewind=rewind, run=run, init=init), root=root_of(ctx)
-    )
+    ))
     if as_json:
         echo_json(result.to_dict())
         return

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from cli.common import echo_json, echo_table, json_option, root_of
+from cli.common import echo_json, echo_table, format_value, json_option, root_of
 from cli.options import data_options, dataset_arguments, model_arguments, model_options
 
 # final metrics shown by `store ls`, in this order when present (others follow alphabetically, up to MAX)
@@ -36,7 +36,7 @@ def ls(ctx: click.Context, root: str | None, as_json: bool) -> None:
         echo_json({"root": str(st.root), "runs": summaries})
         return
     if not summaries:
-        click.echo(f"no runs in {st.root}")
+        click.echo(f"no runs in {st.root}" + ("" if st.root.is_dir() else " (no such directory)"))
         return
     metric_names = _metric_columns(s["final_metrics"] for s in summaries)
     rows = []
@@ -83,10 +83,10 @@ def show(ctx: click.Context, ref: str, as_json: bool) -> None:
         echo_json(info)
         return
     for key in ("path", "run", "step", "epoch", "epsilon", "sha256", "code_version", "parameters"):
-        click.echo(f"{key:<13}{_fmt(info[key])}")
+        click.echo(f"{key:<13}{format_value(info[key])}")
     click.echo(f"{'model':<13}{_spec_text(ckpt.model_spec)}")
     click.echo(f"{'data':<13}{_spec_text(ckpt.data_spec)}")
-    click.echo(f"{'metrics':<13}{' '.join(f'{k}={_fmt(v)}' for k, v in ckpt.metrics.items()) or '-'}")
+    click.echo(f"{'metrics':<13}{' '.join(f'{k}={format_value(v)}' for k, v in ckpt.metrics.items()) or '-'}")
     if ckpt.extra:
         click.echo(f"{'extra':<13}{', '.join(ckpt.extra)}")
     click.echo("")
@@ -166,11 +166,3 @@ def _spec_text(spec: dict) -> str:
     parts += [f"{k}={v}" for k, v in (options or {}).items()]
     parts += [f"{k}={v}" for k, v in rest.items() if v is not None]
     return " ".join(parts)
-
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)

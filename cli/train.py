@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import click
 
 from cli.common import echo_json, echo_table, json_option, parse_json_option, progress_enabled, root_of
-from cli.options import data_options, model_options
+from cli.options import data_options, model_options, run_api
 from landscape.train.config import OPTIMIZERS, PHASE_FAMILIES, PhasesConfig, TrainConfig
 
 _D = TrainConfig()
@@ -76,14 +75,6 @@ def _config_fields(kwargs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _run_api(fn: Callable[[], Any]) -> Any:
-    """Call the library with its warnings shown as one ``warning:`` line on stderr."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        warnings.showwarning = lambda message, *args, **kw: click.echo(f"warning: {message}", err=True)
-        return fn()
-
-
 def _rows(summaries: list[Any]) -> list[dict[str, Any]]:
     return [dataclasses.asdict(s) for s in summaries]
 
@@ -111,7 +102,7 @@ def train(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:
         if given:
             raise UsageError(f"--resume RUN continues with the run's stored options; drop {', '.join(given)}")
     config = TrainConfig(**_config_fields(kwargs))
-    run = _run_api(lambda: api_train(config, root=root_of(ctx), progress=progress_enabled()))
+    run = run_api(lambda: api_train(config, root=root_of(ctx), progress=progress_enabled()))
     summary = summarize(run)
     if as_json:
         echo_json(dataclasses.asdict(summary))
@@ -144,7 +135,7 @@ def phases(ctx: click.Context, as_json: bool, k: int, copies: int, phase1: str, 
     base = TrainConfig(**_config_fields(kwargs), optimizer="sgd")
     config = PhasesConfig(base=base, k=k, copies=copies, phase1=_families(phase1), phase2=_families(phase2),
                           dp_lr=dp_lr, dp_momentum=dp_momentum, group=group)
-    summaries = _run_api(lambda: api_phases(config, root=root_of(ctx), progress=progress_enabled()))
+    summaries = run_api(lambda: api_phases(config, root=root_of(ctx), progress=progress_enabled()))
     if as_json:
         echo_json(_rows(summaries))
         return

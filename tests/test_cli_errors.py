@@ -1,0 +1,247 @@
+"""Bad input on the command line: one ``error:`` line and exit 2 (usage) or 1 (failure), never a traceback.
+
+One tiny store is built once (lenet a and b, mlp m, a diverged lenet run) through the library; every case
+then runs the entry point ``cli.main.main`` in-process, exactly as ``landscape ...`` maps errors to exit codes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import h5py
+import numpy as np
+import pytest
+
+from cli.main import main
+from landscape.api.training import train as api_train
+from landscape.train.config import TrainConfig
+
+TINY = dict(data="digits", subset=120, epochs=1, batch_size=40, checkpoint_every="none", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli-errors") / "ck"
+    for run, model, seed in (("a", "lenet", 0), ("b", "lenet", 1), ("m", "mlp", 0)):
+        api_train(TrainConfig(model=model, seed=seed, run=run, **TINY), root=root)
+    with pytest.warns(UserWarning, match="training loss became"):
+        api_train(TrainConfig(model="lenet", lr=1e6, run="diverged", **{**TINY, "batch_size": 10}), root=root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def files(root, tmp_path_factory):
+    d = tmp_path_factory.mktemp("files")
+    ckpt = sorted((root / "a").glob("step-*.h5"))[-1]
+    (d / "truncated.h5").write_bytes(ckpt.read_bytes()[:3000])
+    with h5py.File(d / "plain.h5", "w") as f:
+        f["x"] = np.arange(3)
+    (d / "text.h5").write_text("not hdf5\n")
+    return d
+
+
+def run_cli(root, *args, capsys) -> tuple[int, str, str]:
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main(["--root", str(root), *map(str, args)])
+    out, err = capsys.readouterr()
+    return exit_.value.code, out, err
+
+
+def assert_one_error(code: int, err: str, expected_code: int, *fragments: str) -> str:
+    assert "Traceback" not in err, err
+    assert code == expected_code, err
+    if expected_code == 2 and err.startswith("Usage:"):  # click's own usage message
+        assert "Error:" in err
+        line = err.strip().splitlines()[-1]
+    else:
+        lines = [ln for ln in err.strip().splitlines() if not ln.startswith("warning:")]
+        assert len(lines) == 1 and lines[0].startswith("error: "), err
+        line = lines[0]
+    for fragment in fragments:
+        assert fragment in line, line
+    return line
+
+
+USAGE = [
+    # non-finite and out-of-range numbers
+    ("train", "--lr", "nan"),
+    ("train", "--lr", "inf"),
+    ("train", "--lr", "-1"),
+    ("train", "--lr", "abc"),
+    ("train", "--epochs", "0"),
+    ("train", "--batch-size", "0"),
+    ("train", "--weight-decay", "nan"),
+    ("train", "--weight-decay", "-0.1"),
+    ("train", "--optimizer", "dpsgd", "--noise-multiplier", "1", "--max-grad-norm", "nan"),
+    ("train", "--optimizer", "dpsgd", "--target-epsilon", "nan"),
+    ("train", "--optimizer", "dpsgd", "--noise-multiplier", "-1"),
+    ("train", "--subset", "nan"),
+    ("train", "--subset", "0"),
+    ("train", "--microbatch", "0"),
+    ("phases", "--k", "1", "--epochs", "2", "--noise-multiplier", "1", "--dp-lr", "nan"),
+    ("phases", "--k", "1", "--epochs", "2", "--noise-multiplier", "1", "--dp-momentum", "-1"),
+    ("interpolate", "a", "b", "--points", "1"),
+    ("interpolate", "a", "b", "--points", "nan"),
+    ("interpolate", "a", "b", "--subset", "nan"),
+    ("interpolate", "a", "b", "--subset", "-1"),
+    ("interpolate", "a", "b", "--batch-size", "0"),
+    ("directions", "a", "--distance", "nan"),
+    ("directions", "a", "--n", "0"),
+    ("surface", "a", "--grid", "3x0"),
+    ("surface", "a", "--range", "nan:1"),
+    ("clipping", "a", "-C", "nan"),
+    ("clipping", "a", "--prune-levels", "nan"),
+    ("norms", "a", "--grad-epochs", "inf"),
+    ("ntk-table", "a", "--max-grad-norm", "nan"),
+    ("prune", "a", "--remove", "nan"),
+    ("privacy", "--noise-multiplier", "nan", "--sample-rate", "0.01", "--steps", "10"),
+    ("privacy", "--noise-multiplier", "1", "--target-epsilon", "1", "--sample-rate", "0.01", "--steps", "10"),
+    # conflicting options, bad choices
+    ("train", "--optimizer", "dpsgd", "--noise-multiplier", "1", "--target-epsilon", "1"),
+    ("train", "--resume", "a", "--lr", "0.5"),
+    ("train", "--from", "a", "--model", "mlp"),
+    ("train", "--run", "bad/name"),
+    ("--threads", "0", "store", "ls"),
+    # devices: an unknown name and CUDA on this CPU machine
+    ("train", "--device", "gpu"),
+    ("interpolate", "a", "b", "--device", "gpu"),
+    ("directions", "a", "--toward", "b", "--device", "tpu"),
+    # malformed references
+    ("interpolate", "a@foo", "b"),
+    ("interpolate", "a", "b@step=x"),
+    ("store", "show", "a@epoch=x"),
+    ("clipping", "a@foo"),
+]
+
+
+@pytest.mark.parametrize("args", USAGE, ids=[" ".join(a) for a in USAGE])
+def test_usage_errors_exit_2_with_one_line(root, args, capsys):
+    code, _, err = run_cli(root, *args, capsys=capsys)
+    assert_one_error(code, err, 2)
+
+
+def test_cuda_on_a_cpu_machine_is_one_usage_line(root, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    code, _, err = run_cli(root, "train", "--device", "cuda", "--run", "gpu", capsys=capsys)
+    assert_one_error(code, err, 2, "--device cpu")
+    code, _, err = run_cli(root, "interpolate", "a", "b", "--device", "cuda", capsys=capsys)
+    assert_one_error(code, err, 2, "--device cpu")
+
+
+def test_failures_exit_1_with_one_line(root, files, tmp_path, capsys):
+    cases = [
+        (("interpolate", "a", "nope"), ["no run 'nope'"]),
+        (("train", "--from", "a@step=999", "--run", "x"), ["no checkpoint at step 999"]),
+        (("interpolate", files / "truncated.h5", "b"), ["truncated.h5"]),
+        (("store", "show", files / "text.h5"), ["text.h5"]),
+        (("interpolate", files / "plain.h5", "b"), ["not a landscape checkpoint"]),
+        (("interpolate", "a", "m", "-o", tmp_path / "x.h5"), ["incompatible"]),
+        (("directions", "a", "--toward", "m", "--n", "2", "--points", "3"), ["incompatible"]),
+        (("show", files / "plain.h5"), ["plain.h5"]),
+        (("show", files / "missing.h5"), ["missing.h5"]),
+        (("train", "--run", "a", "--epochs", "1"), ["already exists"]),
+        (("train", "--model-kwargs", '{"foo": 1}', "--run", "x"), ["no option 'foo'"]),
+    ]
+    for args, fragments in cases:
+        code, _, err = run_cli(root, *args, capsys=capsys)
+        assert_one_error(code, err, 1, *fragments)
+    assert not (tmp_path / "x.h5").exists()
+
+
+def test_missing_torchvision_data_names_data_root_and_download(root, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, _, err = run_cli(root, "train", "--data", "cifar10", "--data-root", empty, "--run", "c", capsys=capsys)
+    assert_one_error(code, err, 1, "--data-root", "--download")
+    assert not (root / "c").exists()
+
+
+def test_diverged_training_warns_once_and_records_where(root):
+    manifest = json.loads((root / "diverged" / "manifest.json").read_text())
+    assert manifest["non_finite"]["step"] >= 1 and manifest["non_finite"]["loss"] in ("nan", "inf", "-inf")
+    assert len(manifest["checkpoints"]) == 2  # training went on to the end: nothing lost
+
+
+def test_diverged_training_from_the_cli_is_a_warning_not_a_crash(root, capsys):
+    code, out, err = run_cli(root, "train", "--lr", "1e6", "--run", "div2", "--subset", "120", "--epochs", "1",
+                             "--batch-size", "10", "--checkpoint-every", "none", capsys=capsys)
+    assert code == 0 and "Traceback" not in err
+    warnings = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: ") and "--lr" in warnings[0], err
+
+
+def test_interpolation_to_a_diverged_run_is_inf_with_a_reason(root, tmp_path, capsys):
+    out_file = tmp_path / "nan.h5"
+    code, out, err = run_cli(root, "interpolate", "a", "diverged", "--points", "3", "--no-figure",
+                             "-o", out_file, "--json", capsys=capsys)
+    assert code == 0 and "Traceback" not in err, err
+    assert all(ln.startswith("warning: ") for ln in err.strip().splitlines()), err  # no raw source lines
+    summary = json.loads(out)
+    assert all(math.isinf(float(r["instability_loss"])) for r in summary["rows"])  # JSON: "inf"
+    assert all("non-finite" in reason for reason in summary["reasons"].values())
+
+
+@pytest.mark.xfail(strict=True, reason="lerp(A, B, 0) = A + 0 * (B - A) is NaN when B is; the alpha=0 end "
+                   "must be A exactly (fix in landscape/params.py lerp / landscape/evaluate.py Segment)")
+def test_interpolation_to_a_diverged_run_keeps_a_finite_start(root, tmp_path, capsys):
+    code, out, _ = run_cli(root, "interpolate", "a", "diverged", "--points", "3", "--no-figure",
+                           "-o", tmp_path / "nan.h5", "--json", capsys=capsys)
+    assert code == 0
+    assert all(math.isfinite(float(r["loss_A"])) for r in json.loads(out)["rows"])
+
+
+def test_failed_run_leaves_an_existing_result_intact(root, tmp_path, capsys):
+    target = tmp_path / "result.h5"
+    code, _, err = run_cli(root, "interpolate", "a", "b", "--points", "2", "--no-figure", "-o", target,
+                           capsys=capsys)
+    assert code == 0, err
+    before = target.read_bytes()
+    code, _, err = run_cli(root, "interpolate", "a", "m", "--points", "2", "--no-figure", "-o", target,
+                           capsys=capsys)
+    assert_one_error(code, err, 1, "incompatible")
+    assert target.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["result.h5"]  # no temporary files left behind
+
+
+def test_interrupted_result_write_keeps_the_old_file(root, tmp_path, capsys, monkeypatch):
+    target = tmp_path / "result.h5"
+    code, _, err = run_cli(root, "interpolate", "a", "b", "--points", "2", "--no-figure", "-o", target,
+                           capsys=capsys)
+    assert code == 0, err
+    before = target.read_bytes()
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(h5py.Group, "create_dataset", interrupted)
+    code, _, err = run_cli(root, "interpolate", "a", "b", "--points", "3", "--no-figure", "-o", target,
+                           capsys=capsys)
+    assert code == 130 and "Traceback" not in err
+    assert target.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["result.h5"]
+
+
+def test_a_run_that_fails_before_its_first_checkpoint_frees_its_name(root, monkeypatch):
+    import landscape.train.loop as loop
+    from landscape.errors import UsageError
+
+    def broken(*args, **kwargs):
+        raise UsageError("boom")
+
+    monkeypatch.setattr(loop, "_build_state", broken)
+    with pytest.raises(UsageError):
+        api_train(TrainConfig(run="early", **TINY), root=root)
+    assert not (root / "early").exists()
+
+
+@pytest.mark.xfail(strict=True, reason="write_result lets the OSError of mkdir/open through (traceback); it "
+                   "should be a ResultError naming the path (fix in landscape/results.py write_result)")
+def test_output_below_a_file_is_one_error_line(root, files, capsys):
+    code, _, err = run_cli(root, "interpolate", "a", "b", "--points", "2", "--no-figure",
+                           "-o", files / "text.h5" / "x.h5", capsys=capsys)
+    assert_one_error(code, err, 1, "text.h5")
