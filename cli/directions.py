@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import click
 
-from cli.common import echo_json, echo_table, json_option, output_option, root_of, workers_option
-from cli.options import add_options, evaluation_options, run_api
+from cli.common import echo_json, echo_table, json_option, root_of, workers_option
+from cli.options import add_options, evaluation_options, output_option, run_api
 
 
 def _common_options(f):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import click
 
-from cli.common import echo_json, echo_table, json_option, output_option, root_of, workers_option
-from cli.options import add_options, evaluation_options, run_api
+from cli.common import echo_json, echo_table, json_option, root_of, workers_option
+from cli.options import add_options, evaluation_options, output_option, run_api
 
 SUMMARY_COLUMNS = ["split", "loss_A", "loss_B", "max_loss", "instability_loss", "instability_error"]
 

@@ -8,8 +8,16 @@ from __future__ import annotations
 
 import click
 
-from cli.common import echo_json, echo_table, json_option, output_option, root_of
-from cli.options import CommaList, FiniteFloat, add_options, data_root_option, no_figure_option, run_api
+from cli.common import echo_json, echo_table, json_option, root_of
+from cli.options import (
+    CommaList,
+    FiniteFloat,
+    add_options,
+    data_root_option,
+    no_figure_option,
+    output_option,
+    run_api,
+)
 
 KINDS = ["loss-grad", "output", "output-trace"]
 CLIP_FNS = ["abadi", "automatic", "normalize", "global"]

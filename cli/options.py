@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -101,6 +102,40 @@ class CommaList(click.ParamType):
         if not all(math.isfinite(v) for v in numbers):
             self.fail(f"{value!r}: every number must be finite", param, ctx)
         return numbers
+
+
+class ResultPath(click.Path):
+    """``-o/--output``: a result file to (over)write. Its directory may be missing (it is created) but must not
+    lie below a file, and an existing file there must be a landscape result: a checkpoint, a figure or any other
+    data is never replaced."""
+
+    def __init__(self) -> None:
+        super().__init__(dir_okay=False)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        path = Path(super().convert(value, param, ctx))
+        for parent in path.parents:
+            if parent.exists():
+                if not parent.is_dir():
+                    self.fail(f"{str(value)!r} cannot be written: {parent} is a file, not a directory", param, ctx)
+                break
+        if path.exists() and not _is_result_file(path):
+            self.fail(f"refusing to overwrite {value}: it is not a landscape result file (a checkpoint or other "
+                      "data?); choose another output", param, ctx)
+        return value
+
+
+def _is_result_file(path: Path) -> bool:
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            return "kind" in f.attrs
+    except OSError:
+        return False
+
+
+output_option = click.option("-o", "--output", type=ResultPath(), default=None, help="Result HDF5 file to write.")
 
 
 def add_options(options: list[Callable], func: Callable | None = None) -> Callable:

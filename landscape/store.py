@@ -231,7 +231,9 @@ class Store:
                 if candidate.is_file():
                     return candidate, None
             raise CheckpointError(f"checkpoint file not found: {ref} (also looked in {self.root})")
-        name, _, selector = ref.partition("@")
+        name, at, selector = ref.partition("@")
+        if at and not selector:
+            raise UsageError(f"bad checkpoint reference '{ref}': after '@' give init, last, step=N or epoch=E")
         run = self.run(name)
         info = run.select(selector or "last")
         return info.path, info
