@@ -551,6 +551,11 @@ def _read_foreign(file: Path) -> Any:
                 warnings.simplefilter("ignore")
                 return torch.load(file, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as exc:
+            if not _looks_like_torch_file(file):
+                raise CheckpointError(
+                    f"cannot read {file} as a PyTorch file: not a torch.save() file (neither a zip archive nor a "
+                    "binary pickle); is it the right file?"
+                ) from None
             culprit = re.search(r"GLOBAL ([\w.]+)", str(exc))
             detail = f" (it references {culprit.group(1)})" if culprit else ""
             raise UnsafeFileError(
@@ -568,6 +573,13 @@ def _read_foreign(file: Path) -> Any:
         except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
             raise CheckpointError(f"cannot read {file} as safetensors: {_one_line(exc)}") from None
     raise UsageError(f"cannot import {file}: expected a .pt, .pth or .safetensors file")
+
+
+def _looks_like_torch_file(file: Path) -> bool:
+    """torch.save writes a zip archive (``PK``) or, in the legacy format, a binary pickle (PROTO ``0x80``)."""
+    with open(file, "rb") as f:
+        head = f.read(2)
+    return head.startswith(b"PK") or head[:1] == b"\x80"
 
 
 def _unwrap_state_dict(obj: Any, file: Path) -> dict[str, torch.Tensor]:

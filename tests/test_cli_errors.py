@@ -38,6 +38,7 @@ def files(root, tmp_path_factory):
     with h5py.File(d / "plain.h5", "w") as f:
         f["x"] = np.arange(3)
     (d / "text.h5").write_text("not hdf5\n")
+    (d / "text.pt").write_text("not a torch file\n")
     return d
 
 
@@ -147,6 +148,7 @@ def test_failures_exit_1_with_one_line(root, files, tmp_path, capsys):
         (("show", files / "missing.h5"), ["missing.h5"]),
         (("train", "--run", "a", "--epochs", "1"), ["already exists"]),
         (("train", "--model-kwargs", '{"foo": 1}', "--run", "x"), ["no option 'foo'"]),
+        (("import", files / "text.pt", "--model", "mlp", "--data", "digits", "--run", "imp"), ["not a torch.save()"]),
     ]
     for args, fragments in cases:
         code, _, err = run_cli(root, *args, capsys=capsys)
