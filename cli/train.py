@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from cli.common import echo_json, echo_table, json_option, parse_json_option, progress_enabled, root_of
-from cli.options import data_options, model_options, run_api
+from cli.options import data_options, device_option, model_options, run_api
 from landscape.train.config import OPTIMIZERS, PHASE_FAMILIES, PhasesConfig, TrainConfig
 
 _D = TrainConfig()
@@ -32,7 +32,7 @@ def _training_options(func: Callable) -> Callable:
                      help="Batch size B (the expected batch size q*N under Poisson sampling)."),
         click.option("--seed", type=int, default=_D.seed, show_default=True,
                      help="Seeds initialisation, data order and noise."),
-        click.option("--device", default=_D.device, show_default=True, help="auto, cpu or cuda."),
+        device_option(_D.device),
         click.option("--checkpoint-every", default=_D.checkpoint_every, show_default=True,
                      help="Ns (steps) or Ee (epochs); init and final are always kept."),
         click.option("--max-grad-norm", type=float, default=_D.max_grad_norm, show_default=True,
