@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         cli.main(args=argv, prog_name="landscape", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
+    except click.exceptions.Abort:  # click's form of Ctrl-C
+        click.echo("interrupted", err=True)
         sys.exit(130)
     except click.ClickException as exc:
         exc.show()

@@ -113,26 +113,14 @@ class ResultPath(click.Path):
         super().__init__(dir_okay=False)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        path = Path(super().convert(value, param, ctx))
-        for parent in path.parents:
-            if parent.exists():
-                if not parent.is_dir():
-                    self.fail(f"{str(value)!r} cannot be written: {parent} is a file, not a directory", param, ctx)
-                break
-        if path.exists() and not _is_result_file(path):
-            self.fail(f"refusing to overwrite {value}: it is not a landscape result file (a checkpoint or other "
-                      "data?); choose another output", param, ctx)
+        from landscape.errors import ResultError
+        from landscape.results import check_output_path
+
+        try:
+            check_output_path(Path(super().convert(value, param, ctx)))
+        except ResultError as exc:
+            self.fail(str(exc), param, ctx)
         return value
-
-
-def _is_result_file(path: Path) -> bool:
-    import h5py
-
-    try:
-        with h5py.File(path, "r") as f:
-            return "kind" in f.attrs
-    except OSError:
-        return False
 
 
 output_option = click.option("-o", "--output", type=ResultPath(), default=None, help="Result HDF5 file to write.")

@@ -112,12 +112,19 @@ def write_result(
     as JSON strings); ``params`` is the analysis configuration (a dataclass or mapping), stored as JSON.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     clash = set(attrs or {}) & set(_RESERVED)
     if clash:
         raise ValueError(f"attrs {sorted(clash)} are reserved by the result schema")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    check_output_path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise ResultError(f"cannot write result {path}: {exc.strerror or exc}") from None
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are ordinary files
     try:
         with h5py.File(tmp, "w") as f:
             f.attrs["kind"] = kind
@@ -137,6 +144,33 @@ def write_result(
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def is_result_file(path: str | os.PathLike) -> bool:
+    """True when ``path`` is an HDF5 file carrying the result schema's ``kind`` attribute."""
+    try:
+        with h5py.File(path, "r") as f:
+            return "kind" in f.attrs
+    except OSError:
+        return False
+
+
+def check_output_path(path: str | os.PathLike) -> None:
+    """Refuse an output path that would replace anything but a result file, or that lies below a file.
+
+    Results are often written next to checkpoints; a mistyped ``-o`` must never destroy a checkpoint.
+    """
+    path = Path(path)
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ResultError(f"cannot write result {path}: {parent} is a file, not a directory")
+            break
+    if path.is_dir():
+        raise ResultError(f"cannot write result {path}: it is a directory")
+    if path.exists() and not is_result_file(path):
+        raise ResultError(f"refusing to overwrite {path}: it is not a landscape result file (a checkpoint or other "
+                          "data?); choose another output")
 
 
 def read_result(path: str | os.PathLike, kind: str | None = None, *, load_arrays: bool = True) -> Result:

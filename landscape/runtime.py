@@ -41,7 +41,10 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     """``auto`` -> cuda when present, else cpu; an explicit ``cuda`` without a GPU is a usage error."""
     if device is None or str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise UsageError(f"unknown device {device!r}; use auto, cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda was asked for but no CUDA device is available; use --device cpu")
     return dev

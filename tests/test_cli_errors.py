@@ -189,8 +189,6 @@ def test_interpolation_to_a_diverged_run_is_inf_with_a_reason(root, tmp_path, ca
     assert all("non-finite" in reason for reason in summary["reasons"].values())
 
 
-@pytest.mark.xfail(strict=True, reason="lerp(A, B, 0) = A + 0 * (B - A) is NaN when B is; the alpha=0 end "
-                   "must be A exactly (fix in landscape/params.py lerp / landscape/evaluate.py Segment)")
 def test_interpolation_to_a_diverged_run_keeps_a_finite_start(root, tmp_path, capsys):
     code, out, _ = run_cli(root, "interpolate", "a", "diverged", "--points", "3", "--no-figure",
                            "-o", tmp_path / "nan.h5", "--json", capsys=capsys)
@@ -266,8 +264,6 @@ def _api_interpolate(root, output):
     return interpolate("a", "b", root=root, config=InterpolateConfig(points=2), output=output, figure=False)
 
 
-@pytest.mark.xfail(strict=True, reason="write_result lets the OSError of mkdir/open through; it should be a "
-                   "ResultError naming the path (fix in landscape/results.py write_result)")
 def test_api_output_below_a_file_is_a_landscape_error(root, files):
     from landscape.errors import LandscapeError
 
@@ -275,8 +271,6 @@ def test_api_output_below_a_file_is_a_landscape_error(root, files):
         _api_interpolate(root, files / "text.h5" / "x.h5")
 
 
-@pytest.mark.xfail(strict=True, reason="write_result replaces any existing file, a checkpoint too; it should "
-                   "refuse a file that is not a result (fix in landscape/results.py write_result)")
 def test_api_output_never_replaces_a_checkpoint(root, tmp_path):
     from landscape.errors import LandscapeError
 
@@ -284,3 +278,17 @@ def test_api_output_never_replaces_a_checkpoint(root, tmp_path):
     victim.write_bytes(sorted((root / "a").glob("step-*.h5"))[-1].read_bytes())
     with pytest.raises(LandscapeError):
         _api_interpolate(root, victim)
+
+
+def test_norms_grad_epochs_must_name_a_checkpoint_epoch(root, capsys):
+    code, _, err = run_cli(root, "norms", "a", "--grad-epochs", "99", "--grad-samples", "8", "--no-figure",
+                           capsys=capsys)
+    assert_one_error(code, err, 2, "--grad-epochs 99", "available")
+
+
+def test_clipping_on_a_diverged_run_warns(root, tmp_path, capsys):
+    code, _, err = run_cli(root, "clipping", "diverged@last", "--max-grad-norm", "1", "--batch-size", "16",
+                           "--batches", "1", "--no-figure", "-o", tmp_path / "c.h5", capsys=capsys)
+    assert code == 0, err
+    assert "Traceback" not in err
+    assert any(line.startswith("warning:") and "non-finite gradients" in line for line in err.splitlines()), err
