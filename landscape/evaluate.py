@@ -48,7 +48,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from landscape.errors import UsageError
-from landscape.params import ParamSpace
+from landscape.params import ParamSpace, lerp_tensor
 
 METHODS = ("auto", "loop", "plain", "vmap")
 DEFAULT_BATCH_SIZE = 1000
@@ -60,7 +60,7 @@ DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes of activations / cached first-layer out
 
 @dataclass(frozen=True)
 class Segment:
-    """Points ``torch.lerp(a, b, alpha)`` for each ``alpha`` (Watson et al. Sec. 2.2: ``(1-a) A + a B``)."""
+    """Points ``lerp_tensor(a, b, alpha)`` (exact ends) for each ``alpha`` (Watson et al. Sec. 2.2: ``(1-a) A + a B``)."""
 
     a: torch.Tensor
     b: torch.Tensor
@@ -74,13 +74,13 @@ class Segment:
         return int(self.a.numel())
 
     def point(self, i: int) -> torch.Tensor:
-        return torch.lerp(self.a, self.b, float(self.alphas[i]))
+        return lerp_tensor(self.a, self.b, float(self.alphas[i]))
 
     def generators(self) -> list[torch.Tensor]:
         return [self.a, self.b]
 
     def mix(self, outputs: Sequence[torch.Tensor], i: int) -> torch.Tensor:
-        return torch.lerp(outputs[0], outputs[1], float(self.alphas[i]))
+        return lerp_tensor(outputs[0], outputs[1], float(self.alphas[i]))
 
 
 @dataclass(frozen=True)

@@ -223,18 +223,31 @@ def unflatten(vector: torch.Tensor, space: ParamSpace) -> dict[str, torch.Tensor
     return space.unflatten(vector)
 
 
-def lerp(a, b, alpha: float | torch.Tensor):
+def lerp_tensor(a: torch.Tensor, b: torch.Tensor, alpha: float) -> torch.Tensor:
+    """:func:`torch.lerp` that returns ``a`` itself at ``alpha=0`` and ``b`` at ``alpha=1``.
+
+    ``torch.lerp`` computes ``a + alpha (b - a)`` for small alpha, which is NaN at ``alpha=0`` when ``b``
+    holds NaN/inf (a diverged checkpoint); the ends of a path must be the checkpoints exactly.
+    """
+    if alpha == 0:
+        return a.clone()
+    if alpha == 1:
+        return b.to(a.dtype, copy=True)
+    return torch.lerp(a, b.to(a.dtype), alpha)
+
+
+def lerp(a, b, alpha: float):
     """``(1 - alpha) a + alpha b`` for flat tensors or state dicts (Watson et al. Sec. 2.2).
 
-    Uses :func:`torch.lerp`, which is exact at both ends: ``alpha=0`` gives ``a`` and ``alpha=1`` gives
-    ``b`` bit for bit. For state dicts, non-floating entries (e.g. BatchNorm's ``num_batches_tracked``)
-    are taken from ``a``; both dicts must be compatible.
+    Exact at both ends (:func:`lerp_tensor`): ``alpha=0`` gives ``a`` and ``alpha=1`` gives ``b`` bit for
+    bit, even when the other end is non-finite. For state dicts, non-floating entries (e.g. BatchNorm's
+    ``num_batches_tracked``) are taken from ``a``; both dicts must be compatible.
     """
+    alpha = float(alpha)
     if isinstance(a, Mapping):
         check_compatible(a, b)
-        return {k: (torch.lerp(v, b[k].to(v.dtype), alpha) if v.is_floating_point() else v.clone())
-                for k, v in a.items()}
-    return torch.lerp(a, b.to(a.dtype), alpha)
+        return {k: (lerp_tensor(v, b[k], alpha) if v.is_floating_point() else v.clone()) for k, v in a.items()}
+    return lerp_tensor(a, b, alpha)
 
 
 def distance(a, b) -> float:
