@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,6 +154,10 @@ def clipping(
         result = ClippingResult(config=config, layer_names=outs[0][1], rows=[o[0] for o in outs],
                                 num_params=outs[0][2])
         inputs = _inputs(targets)
+    bad = [r.ref for r in result.rows if not math.isfinite(r.total.R)]
+    if bad:
+        warnings.warn(f"non-finite gradients at {', '.join(bad)} (a diverged checkpoint?): R and the bound are NaN",
+                      RuntimeWarning, stacklevel=2)
     path = Path(output) if output is not None else _default_output("clipping", [Target(target, "", None, 0, 0)])
     result.to_hdf5(path, inputs=inputs)
     result.output = path
@@ -337,6 +342,11 @@ def norms(
     if not groups:
         raise UsageError("norms needs at least one run or checkpoint")
     flat = [t for g in groups for t in g]
+    epochs = sorted({t.epoch for t in flat})
+    missing = [e for e in config.grad_epochs or () if not any(math.isclose(e, have, abs_tol=1e-6) for have in epochs)]
+    if missing:
+        raise UsageError(f"--grad-epochs {', '.join(f'{e:g}' for e in missing)}: no such checkpoint epoch "
+                         f"(available: {', '.join(f'{e:g}' for e in epochs)})")
     with ProcessPool(config.workers) as pool:
         ranges = pool.map(_range_job, [(t,) for t in flat])
         edges = histogram_edges(min(r[0] for r in ranges), max(r[1] for r in ranges), config.bins)
