@@ -69,3 +69,27 @@ def test_accountant_accumulates():
     again = Accountant(2.0, 0.5)
     again.load_state_dict(acc.state_dict())
     assert again.steps == STEPS and again.epsilon() == acc.epsilon()
+
+
+def test_composition_of_equal_events_equals_one_longer_run():
+    from landscape.train.accounting import PrivacyEvent, composed_epsilon, epsilon
+
+    q = 256 / 60000
+    split = [PrivacyEvent(1.1, q, 4000), PrivacyEvent(1.1, q, 6000)]
+    assert composed_epsilon(split, 1e-5, "rdp") == pytest.approx(epsilon(1.1, q, 10000, 1e-5, "rdp"), rel=1e-12)
+    assert composed_epsilon(split, 1e-5, "pld") == pytest.approx(epsilon(1.1, q, 10000, 1e-5, "pld"), rel=1e-3)
+    mixed = [PrivacyEvent(0.8, q, 3000), PrivacyEvent(1.5, q, 3000)]
+    assert epsilon(1.5, q, 3000) < composed_epsilon(mixed) < epsilon(0.8, q, 6000)
+    assert composed_epsilon([PrivacyEvent(1.0, q, 0)]) == 0.0
+
+
+def test_noise_for_epsilon_with_history_composes_and_refuses_a_spent_budget():
+    from landscape.train.accounting import PrivacyEvent, composed_epsilon, noise_for_epsilon
+
+    q = 64 / 1347
+    history = [PrivacyEvent(1.0, q, 50)]
+    sigma = noise_for_epsilon(8.0, q, 100, 1e-5, history=history)
+    total = composed_epsilon([*history, PrivacyEvent(sigma, q, 100)], 1e-5)
+    assert 8.0 * 0.995 <= total <= 8.0
+    with pytest.raises(PrivacyError, match="already spent"):
+        noise_for_epsilon(0.5, q, 100, 1e-5, history=history)

@@ -23,6 +23,8 @@ import contextlib
 import functools
 import logging
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,6 +35,15 @@ METHODS = ("rdp", "pld")
 RDP_ORDERS: tuple[float, ...] = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
 PLD_DISCRETIZATION = 1e-4
 MAX_NOISE_MULTIPLIER = 1e4
+
+
+@dataclass
+class PrivacyEvent:
+    """``steps`` steps of the Poisson-subsampled Gaussian mechanism (noise multiplier, sample rate)."""
+
+    noise_multiplier: float
+    sample_rate: float
+    steps: int
 
 
 def _check_method(method: str) -> str:
@@ -115,9 +126,41 @@ def epsilon(
         return 0.0
     if noise_multiplier == 0:
         return math.inf
-    if method == "rdp":
-        return _rdp_epsilon(float(noise_multiplier), float(sample_rate), int(steps), float(delta))
-    return _pld_epsilon(float(noise_multiplier), float(sample_rate), int(steps), float(delta))
+    with _quiet_absl():
+        if method == "rdp":
+            return _rdp_epsilon(float(noise_multiplier), float(sample_rate), int(steps), float(delta))
+        return _pld_epsilon(float(noise_multiplier), float(sample_rate), int(steps), float(delta))
+
+
+def composed_epsilon(events: Sequence[PrivacyEvent], delta: float = 1e-5, method: str = "rdp") -> float:
+    """(epsilon, delta)-DP of a sequence of differently parameterised runs of steps (e.g. a Phase-2 run and
+    its DP ancestors), composed by the accountant: RDP vectors add; PLD composes the events.
+
+    One event is exactly :func:`epsilon`.
+    """
+    _check_method(method)
+    events = [e for e in events if e.steps > 0]
+    for e in events:
+        _check(e.noise_multiplier, e.sample_rate, e.steps, delta)
+    if not events:
+        return 0.0
+    if len(events) == 1:
+        e = events[0]
+        return epsilon(e.noise_multiplier, e.sample_rate, e.steps, delta, method)
+    if any(e.noise_multiplier == 0 for e in events):
+        return math.inf
+    with _quiet_absl():
+        if method == "rdp":
+            from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
+            rdp = sum(int(e.steps) * _rdp_one_step(float(e.noise_multiplier), float(e.sample_rate)) for e in events)
+            return float(compute_epsilon(list(RDP_ORDERS), list(rdp), delta)[0])
+        import dp_accounting
+
+        acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
+        acc.compose(dp_accounting.ComposedDpEvent([_event(e.noise_multiplier, e.sample_rate, e.steps)
+                                                   for e in events]))
+        return float(acc.get_epsilon(delta))
 
 
 def noise_for_epsilon(
@@ -127,12 +170,14 @@ def noise_for_epsilon(
     delta: float = 1e-5,
     method: str = "rdp",
     *,
+    history: Sequence[PrivacyEvent] = (),
     rtol: float = 0.005,
 ) -> float:
     """Smallest-found noise multiplier whose epsilon is ``<= target_epsilon`` and within ``rtol`` of it.
 
     Bisection on the accountant like Opacus' ``get_noise_multiplier``: double an upper bracket until its
-    epsilon is below the target, then bisect until ``target * (1 - rtol) <= epsilon <= target``.
+    epsilon is below the target, then bisect until ``target * (1 - rtol) <= epsilon <= target``. With a
+    ``history`` (earlier DP steps, e.g. a DP parent run) the epsilon is that of the composition.
     """
     _check_method(method)
     _check(None, sample_rate, steps, delta)
@@ -140,9 +185,15 @@ def noise_for_epsilon(
         raise UsageError(f"target epsilon must be a positive number, got {target_epsilon}")
     if steps == 0:
         raise PrivacyError("zero steps spend no privacy; there is no noise multiplier to find")
+    history = [e for e in history if e.steps > 0]
+    if history:
+        spent = composed_epsilon(history, delta, method)
+        if spent >= target_epsilon:
+            raise PrivacyError(f"the parent run already spent epsilon {spent:.3g} >= --target-epsilon "
+                               f"{target_epsilon:g}; raise the target or give --noise-multiplier")
 
     def eps(s: float) -> float:
-        return epsilon(s, sample_rate, steps, delta, method)
+        return composed_epsilon([*history, PrivacyEvent(s, sample_rate, steps)], delta, method)
 
     hi = 1.0
     while eps(hi) > target_epsilon:

@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import logging
-import math
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,10 +35,12 @@ import torch
 from torch import nn
 
 from landscape.data import Dataset, dataset_from_spec, load_dataset
-from landscape.errors import CheckpointError, IncompatibleError, ModelError, PrivacyError, UsageError
+from landscape.errors import CheckpointError, IncompatibleError, ModelError, UsageError
 from landscape.models import build_model, has_batchnorm, model_from_spec
 from landscape.runtime import resolve_device, seed_everything
 from landscape.store import Checkpoint, Run, Store
+from landscape.train import accounting
+from landscape.train.accounting import PrivacyEvent
 from landscape.train.callbacks import (
     METRICS_ARRAY,
     Accounting,
@@ -63,15 +62,6 @@ from landscape.train.sparsify import SparsifySchedule
 MASK_ARRAY = "mask"
 DEFAULT_MODEL = "lenet"
 DEFAULT_DATA = "digits"
-
-
-@dataclass
-class PrivacyEvent:
-    """``steps`` steps of the Poisson-subsampled Gaussian mechanism (noise multiplier, sample rate)."""
-
-    noise_multiplier: float
-    sample_rate: float
-    steps: int
 
 
 @dataclass
@@ -348,63 +338,8 @@ def composed_epsilon(
     history: Sequence[PrivacyEvent], noise_multiplier: float, sample_rate: float, steps: int, delta: float,
     method: str = "rdp",
 ) -> float:
-    """Epsilon of the ancestors' DP steps composed with ``steps`` more (dp-accounting).
-
-    Without DP ancestors this is exactly :func:`landscape.train.accounting.epsilon`. With them, ``rdp`` adds
-    the per-step RDP vectors of every event (composition is additive in RDP) and converts once with
-    dp-accounting's ``compute_epsilon``; ``pld`` composes the events in a ``PLDAccountant``.
-    """
-    from landscape.train import accounting
-
-    history = [e for e in history if e.steps > 0]
-    with _quiet_absl():
-        if not history:
-            return accounting.epsilon(noise_multiplier, sample_rate, steps, delta, method)
-        events = [*history, PrivacyEvent(noise_multiplier, sample_rate, steps)] if steps > 0 else history
-        if any(e.noise_multiplier == 0 for e in events):
-            return math.inf
-        accounting._check_method(method)
-        if method == "rdp":
-            from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
-
-            rdp = sum(e.steps * _rdp_step(e.noise_multiplier, e.sample_rate) for e in events)
-            return float(compute_epsilon(list(accounting.RDP_ORDERS), list(rdp), delta)[0])
-        import dp_accounting
-
-        acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=accounting.PLD_DISCRETIZATION)
-        acc.compose(dp_accounting.ComposedDpEvent([_dp_event(e) for e in events]))
-        return float(acc.get_epsilon(delta))
-
-
-def _dp_event(e: PrivacyEvent):
-    import dp_accounting
-
-    step = dp_accounting.PoissonSampledDpEvent(e.sample_rate, dp_accounting.GaussianDpEvent(e.noise_multiplier))
-    return dp_accounting.SelfComposedDpEvent(step, int(e.steps))
-
-
-@functools.lru_cache(maxsize=64)
-def _rdp_step(noise_multiplier: float, sample_rate: float) -> np.ndarray:
-    """RDP of one Poisson-subsampled Gaussian step at the accountant's orders (dp-accounting)."""
-    from dp_accounting.rdp import RdpAccountant
-
-    from landscape.train import accounting
-
-    acc = RdpAccountant(list(accounting.RDP_ORDERS))
-    acc.compose(_dp_event(PrivacyEvent(noise_multiplier, sample_rate, 1)))
-    return np.asarray(acc.rdp, dtype=np.float64)
-
-
-@contextlib.contextmanager
-def _quiet_absl():
-    """dp-accounting logs an absl warning per RDP order it drops for small sigma; they are not actionable here."""
-    log = logging.getLogger("absl")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
+    """Epsilon of the ancestors' DP steps composed with ``steps`` more of this run (dp-accounting)."""
+    return accounting.composed_epsilon([*history, PrivacyEvent(noise_multiplier, sample_rate, steps)], delta, method)
 
 
 def calibrate_noise(
@@ -412,35 +347,7 @@ def calibrate_noise(
     history: Sequence[PrivacyEvent] = (),
 ) -> float:
     """Noise multiplier whose epsilon (composed with ``history``) after ``steps`` is <= target and within 0.5%."""
-    from landscape.train import accounting
-
-    if not [e for e in history if e.steps > 0]:
-        with _quiet_absl():
-            return accounting.noise_for_epsilon(target_epsilon, sample_rate, steps, delta, method)
-    before = composed_epsilon(history, 1.0, sample_rate, 0, delta, method)
-    if before >= target_epsilon:
-        raise PrivacyError(
-            f"the parent run already spent epsilon {before:.3g} >= --target-epsilon {target_epsilon:g}; "
-            "raise the target or give --noise-multiplier"
-        )
-
-    def eps(sigma: float) -> float:
-        return composed_epsilon(history, sigma, sample_rate, steps, delta, method)
-
-    lo, hi = 0.0, 1.0
-    while eps(hi) > target_epsilon:
-        lo, hi = hi, hi * 2.0
-        if hi > accounting.MAX_NOISE_MULTIPLIER:
-            raise PrivacyError(f"--target-epsilon {target_epsilon:g} is out of reach for this schedule")
-    for _ in range(100):
-        if eps(hi) >= target_epsilon * 0.995 or hi - lo < 1e-9 * hi:
-            break
-        mid = 0.5 * (lo + hi)
-        if eps(mid) > target_epsilon:
-            lo = mid
-        else:
-            hi = mid
-    return hi
+    return accounting.noise_for_epsilon(target_epsilon, sample_rate, steps, delta, method, history=history)
 
 
 def epsilon_curve(
