@@ -136,6 +136,28 @@ def test_empty_poisson_batches_are_handled(tmp_path):
     assert all(torch.isfinite(t).all() for t in weights(Store(tmp_path), "tiny").values())
 
 
+def test_batch_larger_than_the_data_divides_by_the_data_size(tmp_path):
+    """q = min(1, B/N): with B > N every step holds all N examples, so the mean divides by N, not B."""
+    config = TrainConfig(model="mlp", model_kwargs={"widths": [8]}, data="digits", subset=40, batch_size=64,
+                         epochs=1, optimizer="clip-only", max_grad_norm=1e9, lr=1.0, momentum=0.0,
+                         checkpoint_every="none", run="big")
+    train(config, root=tmp_path)
+    store = Store(tmp_path)
+    ckpt = store.load("big@init")
+    model = ckpt.build_model().double()
+    from landscape.data import dataset_from_spec
+
+    data = dataset_from_spec(ckpt.data_spec)
+    x, y = data.x_train.double(), data.y_train
+    assert len(y) == 40
+    loss = torch.nn.functional.cross_entropy(model(x), y, reduction="sum") / len(y)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    expected = {name: p.detach() - g for (name, p), g in zip(model.named_parameters(), grads, strict=True)}
+    last = weights(store, "big@last")
+    for name, value in expected.items():
+        torch.testing.assert_close(last[name].double(), value, rtol=1e-4, atol=1e-5)
+
+
 # ------------------------------------------------------------------------------------------- config
 
 
@@ -246,8 +268,9 @@ def test_pruned_parent_mask_keeps_weights_exactly_zero_under_dpsgd(tmp_path):
     parent.save_array(MASK_ARRAY, {k: m.numpy() for k, m in masks.items()})
     child = train(TrainConfig(from_ref="p", epochs=2, optimizer="dpsgd", noise_multiplier=1.0, lr=0.5,
                               momentum=0.9, batch_size=50, sparsify=0.3, run="pc"), root=tmp_path)
-    last = weights(store, "pc@last")
+    last, first = weights(store, "pc@last"), weights(store, "pc@init")
     for k, m in masks.items():
+        assert (first[k][~m] == 0).all(), k  # the parent stored unmasked weights: zero from step 0 on
         assert (last[k][~m] == 0).all(), k
         assert (last[k][m] != 0).any(), k
     assert MASK_ARRAY in child.array_names()

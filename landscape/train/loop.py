@@ -186,6 +186,7 @@ def _start(
         if masks is not None:
             run.save_array(MASK_ARRAY, {k: v.numpy() for k, v in masks.items()})
         state = _build_state(config, run, data, model, device, masks, seeds, sigma, history)
+        _reapply_masks(state)  # a parent's pruned weights are zero from step 0, even if it stored them unmasked
         _run(state, callbacks, progress)
     except BaseException:
         _discard_if_empty(run)
@@ -402,7 +403,8 @@ def _build_state(
     sampler = make_sampler(config.sampling_method, n, config.batch_size,
                            torch.Generator().manual_seed(int(seeds["sampling"])))
     noise_gen = torch.Generator(device=device).manual_seed(int(seeds["noise"]))
-    privatizer = Privatizer(model, _privacy_config(config, sigma), expected_batch_size=float(config.batch_size),
+    # the expected batch is q N = min(B, N) (q is capped at 1), not B, when the batch size exceeds the data
+    privatizer = Privatizer(model, _privacy_config(config, sigma), expected_batch_size=float(min(config.batch_size, n)),
                             generator=noise_gen, engine=_engine(config, model))
     optimizer = torch.optim.SGD(
         [p for p in model.parameters() if p.requires_grad],
