@@ -349,3 +349,19 @@ def test_cli_errors_are_one_line(store_root, tmp_path):
     res = CliRunner().invoke(cli, ["--root", str(store_root), "ntk", "cnn@last", "--n", "100000",
                                    "-o", str(tmp_path / "x.h5")])
     assert isinstance(res.exception, UsageError) and "--n 100000" in str(res.exception)
+
+
+def test_flat_clipping_of_a_layer_subset_uses_the_whole_gradient_norm(cnn, cnn_kernels):
+    """Flat clipping clips ||g_i|| of the whole model (Bu eq. 4.3), whichever layers the kernel shows."""
+    model, x, y = cnn
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    subset = layer_kernels(model, x, y, layers=names[-2:])
+    np.testing.assert_allclose(subset.sample_sq_norms, np.diag(cnn_kernels.K), rtol=1e-5)
+    assert (subset.layer_sq_norms.sum(0) < 0.999 * subset.sample_sq_norms).any()  # the subset alone is smaller
+    C = 0.5 * float(np.median(np.sqrt(np.diag(cnn_kernels.K))))
+    from landscape.analyze.ntk import clip_layer_kernels
+
+    flat = clip_layer_kernels(subset, style="flat", max_grad_norm=C, clip_fn="abadi")
+    c = clip_factors(torch.as_tensor(np.sqrt(np.diag(cnn_kernels.K))), C, "abadi").numpy()
+    np.testing.assert_allclose(flat.C, c, rtol=1e-5)
+    np.testing.assert_allclose(flat.A, subset.K @ np.diag(flat.C), rtol=1e-12)

@@ -168,6 +168,7 @@ def clip_kernel(
     clip_fn: str = "abadi",
     layer_max_norms: float | Sequence[float] | None = None,
     logits_per_sample: int = 1,
+    sample_sq_norms: np.ndarray | torch.Tensor | None = None,
 ) -> ClippedKernel:
     """The clipped NTK from per-layer blocks (Bu et al. eqs. 4.3, 4.4).
 
@@ -175,7 +176,9 @@ def clip_kernel(
     the squared per-layer loss-gradient norms ||g_{i,r}||^2 (for loss-grad kernels: the diagonals of K_r).
     Flat: C_i from ||g_i|| = sqrt(sum_r ||g_{i,r}||^2), A = (sum_r K_r) C. Layerwise: C_{i,r} from ||g_{i,r}||
     with per-layer thresholds ``layer_max_norms`` (default C/sqrt(L)), A = sum_r K_r C_r. The factor of
-    sample i scales every column (i, m).
+    sample i scales every column (i, m). ``sample_sq_norms`` (n,) gives the whole model's ||g_i||^2 for flat
+    clipping when ``K_layers`` holds only some of the model's layers (flat clipping in training uses the
+    norm of the full gradient); by default it is the sum over the given layers.
     """
     K_layers = torch.as_tensor(np.asarray(K_layers) if not isinstance(K_layers, torch.Tensor) else K_layers,
                                dtype=torch.float64)
@@ -184,7 +187,9 @@ def clip_kernel(
     L = K_layers.shape[0]
     M = logits_per_sample
     if style == "flat":
-        norms = sq.sum(0).sqrt()
+        full = sq.sum(0) if sample_sq_norms is None else torch.as_tensor(np.asarray(sample_sq_norms),
+                                                                          dtype=torch.float64).clamp_min(0)
+        norms = full.sqrt()
         C = clipping_factors(norms, max_grad_norm, clip_fn)
         A = K_layers.sum(0) * C.repeat_interleave(M)[None, :]
         frac = float((norms > max_grad_norm).double().mean())
@@ -283,6 +288,7 @@ class LayerKernels:
     layer_sq_norms: np.ndarray  # (L, n)
     logits_per_sample: int  # M for kind "output", else 1
     n_model_layers: int  # trainable parameter tensors of the whole model (for C / sqrt(#layers))
+    sample_sq_norms: np.ndarray  # (n,) ||g_i||^2 over the WHOLE model (flat clipping), even for a layer subset
 
     @property
     def K(self) -> np.ndarray:
@@ -294,6 +300,7 @@ def layer_kernels(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, kind: s
                   max_memory: str | int | None = None, precision: str = "auto") -> LayerKernels:
     """Per-layer kernels of ``kind`` and the per-layer loss-gradient norms, with one Gram computation."""
     names = layer_names(model, layers)
+    all_names = layer_names(model)
     gram_kind = "loss-grad" if kind == "loss-grad" else "output"
     blocks = gram_blocks(model, x, y, kind=gram_kind, strategy=strategy, max_memory=max_memory,
                          layers=names, precision=precision)
@@ -304,7 +311,8 @@ def layer_kernels(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, kind: s
     n = x.shape[0]
     if kind == "loss-grad":
         sq = stacked.diagonal(dim1=1, dim2=2)
-        return LayerKernels(kind, names, stacked.numpy(), sq.numpy(), 1, len(layer_names(model)))
+        return LayerKernels(kind, names, stacked.numpy(), sq.numpy(), 1, len(all_names),
+                            _full_sq_norms(model, x, y, sq, names, all_names))
     M = stacked.shape[1] // n
     was_training = model.training
     model.eval()
@@ -319,7 +327,19 @@ def layer_kernels(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, kind: s
     if kind == "output-trace":
         stacked = stacked.reshape(len(names), n, M, n, M).diagonal(dim1=2, dim2=4).sum(-1)
         M = 1
-    return LayerKernels(kind, names, stacked.numpy(), sq.numpy(), M, len(layer_names(model)))
+    return LayerKernels(kind, names, stacked.numpy(), sq.numpy(), M, len(all_names),
+                        _full_sq_norms(model, x, y, sq, names, all_names))
+
+
+def _full_sq_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, sq: torch.Tensor, names: Sequence[str],
+                   all_names: Sequence[str]) -> np.ndarray:
+    """||g_i||^2 of the whole model: the sum of the per-layer values when every layer is there, else from the
+    per-sample engine (flat clipping clips the full gradient, whichever layers the kernel shows)."""
+    if list(names) == list(all_names):
+        return sq.sum(0).numpy()
+    from landscape.persample import PerSampleEngine
+
+    return (PerSampleEngine(model).norms(x, y).flat.to(device="cpu", dtype=torch.float64) ** 2).numpy()
 
 
 def clip_layer_kernels(lk: LayerKernels, *, style: str, max_grad_norm: float, clip_fn: str,
@@ -327,7 +347,8 @@ def clip_layer_kernels(lk: LayerKernels, *, style: str, max_grad_norm: float, cl
     """:func:`clip_kernel` on :class:`LayerKernels`, per-layer thresholds C/sqrt(#model layers) by default."""
     if style == "layerwise" and layer_max_norms is None:
         layer_max_norms = default_layer_max_norms(max_grad_norm, lk.n_model_layers)
-    return clip_kernel(lk.K_layers, lk.layer_sq_norms, style=style, max_grad_norm=max_grad_norm,
+    return clip_kernel(lk.K_layers, lk.layer_sq_norms, sample_sq_norms=lk.sample_sq_norms, style=style,
+                       max_grad_norm=max_grad_norm,
                        clip_fn=clip_fn, layer_max_norms=layer_max_norms, logits_per_sample=lk.logits_per_sample)
 
 
@@ -426,7 +447,7 @@ def compute_ntk(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: NTKC
                          else default_layer_max_norms(config.max_grad_norm, lk.n_model_layers))
     return NTKResult(
         config=config, layer_names=lk.layer_names, K=K, K_layers=lk.K_layers,
-        norms=np.sqrt(np.clip(lk.layer_sq_norms.sum(0), 0, None)), layer_norms=np.sqrt(np.clip(lk.layer_sq_norms, 0, None)),
+        norms=np.sqrt(np.clip(lk.sample_sq_norms, 0, None)), layer_norms=np.sqrt(np.clip(lk.layer_sq_norms, 0, None)),
         C=C, A=A, properties=kernel_properties(A), K_properties=kernel_properties(K),
         fraction_clipped=frac, fraction_layers_clipped=frac_layers,
         indices=np.arange(n) if indices is None else np.asarray(indices), labels=y.cpu().numpy(),
