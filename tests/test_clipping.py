@@ -85,6 +85,25 @@ def test_moments_add_up_exactly_over_chunks_and_layers(style):
         assert stats.bound == pytest.approx(np.sum(weights * thresholds * (1 - stats.layer_R / 2)), rel=1e-10)
 
 
+def test_layerwise_bound_ignores_a_layer_with_zero_mean_gradient():
+    """A pruned/unused layer (mean gradient 0) has weight 0 in the combined bound, not 0 * -inf = NaN."""
+    rng = np.random.default_rng(3)
+    n, C = 20, 1.0
+    live = rng.normal(0.5, 1.0, (n, 6))
+    dead = np.zeros((n, 4))
+    layers = [live, dead]
+    thresholds = layer_max_norms_for(C, 2, "layerwise")
+    layer_norms = [np.linalg.norm(b, axis=1) for b in layers]
+    w = [np.minimum(1, t / np.maximum(nl, 1e-300)) for t, nl in zip(thresholds, layer_norms, strict=True)]
+    m = ClipMoments.from_parts(layer_norms, [b.sum(0) for b in layers],
+                               [(b * wl[:, None]).sum(0) for b, wl in zip(layers, w, strict=True)],
+                               max_grad_norm=C, layer_max_norms=thresholds, clip_style="layerwise")
+    stats = m.stats(max_grad_norm=C, layer_max_norms=thresholds, clip_style="layerwise")
+    g = live.mean(0)
+    R_live = np.mean(np.sum((live - g) ** 2, 1)) / (g @ g)
+    assert stats.bound == pytest.approx(thresholds[0] * (1 - R_live / 2), rel=1e-10)
+
+
 @st.composite
 def theorem_configurations(draw):
     """Per-sample gradients satisfying Thm. 3.2's assumptions: g_bar != 0, every ||g_i|| >= C > 0."""

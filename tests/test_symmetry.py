@@ -48,9 +48,21 @@ def test_energy_statistic_matches_definition():
     a = np.array([[np.linalg.norm(p - q) for q in x] for p in x])
     b = np.array([[np.linalg.norm(p + q) for q in x] for p in x])
     off = ~np.eye(40, dtype=bool)
-    test = energy_symmetry_test(x, permutations=10)
+    test = energy_symmetry_test(x, permutations=10, about="origin")
     assert test.coefficient == pytest.approx(1 - a[off].mean() / b[off].mean(), rel=1e-12)
     assert test.distance == pytest.approx(2 * b[off].mean() - 2 * a[off].mean(), rel=1e-12)
+    xc = x - x.mean(0)  # about the mean: the same definition on the centred points
+    bc = np.array([[np.linalg.norm(p + q) for q in xc] for p in xc])
+    centred = energy_symmetry_test(x, permutations=10)
+    assert centred.coefficient == pytest.approx(1 - a[off].mean() / bc[off].mean(), rel=1e-12)
+
+
+def test_sign_flip_p_values_are_calibrated_for_centred_deviations():
+    """Under symmetry the p-value is ~uniform; flipping the centred sample without re-centring gave p ~ 1."""
+    rng = np.random.default_rng(11)
+    p = [energy_symmetry_test(rng.normal(size=(30, 2)), permutations=99, seed=r).p_value for r in range(60)]
+    assert 0.35 < np.mean(p) < 0.65
+    assert 0.0 < np.mean(np.array(p) <= 0.2) < 0.4
 
 
 def test_projection_matrix_depends_only_on_seed_and_shapes():

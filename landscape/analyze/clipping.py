@@ -270,7 +270,9 @@ class ClipMoments:
         if clip_style == "layerwise":
             g_norm = math.sqrt(float(g @ g))
             weights = np.sqrt(layer_g_sq) / g_norm if g_norm > 0 else np.full(len(layer_R), math.nan)
-            stats.bound = float(np.sum(weights * layer_bound)) if g_norm > 0 else -math.inf
+            # a layer with a zero mean gradient (pruned, unused) has weight 0 and bound -inf: it adds nothing
+            stats.bound = (float(np.sum(np.where(weights > 0, weights * layer_bound, 0.0))) if g_norm > 0
+                           else -math.inf)
             stats.assumption_held = bool(layer_assume.all())
             stats.bound_held = _bound_held(stats.projection, stats.bound, max_grad_norm)
         stats.layer_R = layer_R

@@ -104,11 +104,18 @@ class EnergyTest:
     permutations: int
 
 
-def energy_symmetry_test(points: np.ndarray, *, permutations: int = 999, seed: int = 0) -> EnergyTest:
+def energy_symmetry_test(points: np.ndarray, *, permutations: int = 999, seed: int = 0,
+                         about: str = "mean") -> EnergyTest:
     """Energy-distance test of ``{x_i}`` against ``{-x_i}`` with a sign-flip permutation p-value.
 
-    With ``A_ij = |x_i - x_j|``, ``B_ij = |x_i + x_j|`` and ``M = B - A`` (diagonal dropped), the energy
-    distance of signs ``s`` is ``(2 / (n(n-1))) s^T M s``; the observed value has ``s = 1``.
+    ``about="mean"`` (the gradient-deviation case, xi_i = g_i - g_bar): symmetry about the sample mean. The
+    points are centred, and since the centre is estimated, the null distribution is that of the *re-centred*
+    sign-flipped sample: for signs ``s`` the statistic is computed on ``z = s x - mean(s x)``. (Flipping a
+    centred sample without re-centring almost never rejects: ~0% false rejections at the 5% level on Gaussian
+    data, and little power at small n.) ``about="origin"``: symmetry about 0, no centring, plain sign flips
+    (exact). With ``A_ij = |z_i - z_j|`` and
+    ``B_ij = |z_i + z_j|`` (diagonal dropped), the energy distance is ``(2 / (n(n-1))) sum_ij (B_ij - A_ij)``;
+    ``A`` of a flip is ``|x_i - x_j|`` or ``|x_i + x_j|`` by whether the signs agree, ``B`` is recomputed.
     """
     x = np.asarray(points, dtype=np.float64)
     if x.ndim == 1:
@@ -116,23 +123,32 @@ def energy_symmetry_test(points: np.ndarray, *, permutations: int = 999, seed: i
     n = x.shape[0]
     if n < 3:
         raise UsageError(f"the symmetry test needs at least 3 samples, got {n}")
+    if about not in ("mean", "origin"):
+        raise UsageError(f"symmetry is tested about 'mean' or 'origin', got {about!r}")
+    recentre = about == "mean"
+    if recentre:
+        x = x - x.mean(0)
     a = np.linalg.norm(x[:, None, :] - x[None, :, :], axis=-1)
     b = np.linalg.norm(x[:, None, :] + x[None, :, :], axis=-1)
     np.fill_diagonal(a, 0.0)
     np.fill_diagonal(b, 0.0)
-    m = b - a
     scale = 2.0 / (n * (n - 1))
-    observed = scale * m.sum()
+    observed = scale * (b.sum() - a.sum())
     mean_b = b.sum() / (n * (n - 1))
     coefficient = observed / (2 * mean_b) if mean_b > 0 else 0.0
+    half_sum, half_diff = 0.5 * (a.sum() + b.sum()), 0.5 * (a - b)
     rng = np.random.default_rng(seed)
-    exceed, done, block = 0, 0, 256
-    while done < permutations:
-        k = min(block, permutations - done)
-        s = rng.choice((-1.0, 1.0), size=(k, n))
-        null = scale * np.einsum("ki,ki->k", s @ m, s)
-        exceed += int(np.sum(null >= observed - 1e-12 * abs(observed)))
-        done += k
+    exceed = 0
+    for _ in range(permutations):
+        s = rng.choice((-1.0, 1.0), size=n)
+        z = s[:, None] * x
+        if recentre:
+            z -= z.mean(0)
+        sq = np.einsum("ij,ij->i", z, z)
+        pair_sums = np.sqrt(np.maximum(sq[:, None] + sq[None, :] + 2.0 * (z @ z.T), 0.0))  # |z_i + z_j|
+        b_sum = pair_sums.sum() - 2.0 * np.sqrt(sq).sum()  # drop the diagonal |2 z_i|
+        a_sum = half_sum + s @ half_diff @ s
+        exceed += int(scale * (b_sum - a_sum) >= observed - 1e-12 * abs(observed))
     return EnergyTest(
         coefficient=float(coefficient), distance=float(observed),
         p_value=(1 + exceed) / (1 + permutations), permutations=permutations,
