@@ -253,6 +253,10 @@ def evaluate(
 def recalibrate_batchnorm(model: nn.Module, batches: Iterable[torch.Tensor]) -> None:
     """Recompute every BatchNorm layer's running statistics from ``batches`` (cumulative average).
 
+    As ``torch.optim.swa_utils.update_bn``: the running mean and variance are the equal-weight average of the
+    per-batch statistics (a short last batch counts like a full one, and the variance is the mean of
+    per-batch variances). Pass the data as one batch for the exact full-set statistics.
+
     Only the BatchNorm layers are put in train mode (dropout and the rest stay as they are); afterwards
     they are back in eval mode with ``momentum`` restored. Runs without autograd.
     """
