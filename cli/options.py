@@ -64,10 +64,13 @@ class DeviceType(click.ParamType):
     name = "auto|cpu|cuda[:N]"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        text = str(value).strip().lower()
-        if text in ("auto", "cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit()):
-            return text
-        self.fail(f"{value!r}: use auto, cpu, cuda or cuda:N", param, ctx)
+        from landscape.errors import UsageError
+        from landscape.runtime import check_device_name
+
+        try:
+            return check_device_name(str(value).strip().lower())
+        except UsageError:
+            self.fail(f"{value!r}: use auto, cpu, cuda or cuda:N", param, ctx)
 
 
 class FiniteFloat(click.FloatRange):

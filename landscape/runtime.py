@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import random
+import re
 import subprocess
 from pathlib import Path
 
@@ -35,6 +36,19 @@ def set_threads(threads: int | None = None) -> int:
         raise UsageError(f"--threads must be >= 1, got {threads}")
     torch.set_num_threads(threads)
     return threads
+
+
+_DEVICE_NAME = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+def check_device_name(name: str) -> str:
+    """The one rule for a ``--device`` value: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (UsageError otherwise).
+
+    Whether a GPU is present is checked later, by :func:`resolve_device`, when the device is used.
+    """
+    if not _DEVICE_NAME.match(str(name)):
+        raise UsageError(f"--device {name!r}: use auto, cpu, cuda or cuda:N")
+    return str(name)
 
 
 def resolve_device(device: str | torch.device | None = "auto") -> torch.device:

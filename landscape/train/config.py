@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from landscape.errors import UsageError
+from landscape.runtime import check_device_name
 
 OPTIMIZERS = ("sgd", "dpsgd", "clip-only", "noise-only")
 DP_OPTIMIZERS = ("dpsgd", "clip-only", "noise-only")
@@ -30,7 +31,6 @@ _NOT_HASHED = ("run", "resume", "device", "microbatch", "data_root", "download")
 # Float options checked for NaN/inf before their range checks (a NaN compares False with every bound).
 _FLOAT_OPTIONS = ("lr", "momentum", "weight_decay", "max_grad_norm", "noise_multiplier", "target_epsilon",
                   "delta", "sparsify", "smooth")
-_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
 class SamplingWarning(UserWarning):
@@ -112,8 +112,7 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and not math.isfinite(value):
                 raise UsageError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
-        if not _DEVICE.match(str(self.device)):
-            raise UsageError(f"--device {self.device!r}: use auto, cpu, cuda or cuda:N")
+        check_device_name(self.device)
         if self.epochs < 1:
             raise UsageError(f"--epochs must be >= 1, got {self.epochs}")
         if self.batch_size < 1:
