@@ -265,3 +265,22 @@ def test_subset_and_non_finite_weights(trained_digits):
     with pytest.warns(RuntimeWarning, match="non-finite loss"):
         bad = calibration_row(broken, data, CalibrationConfig(bins=10)).splits["test"]
     assert math.isnan(bad.ece) and math.isnan(bad.nll) and bad.examples == len(data["test"][1])
+
+
+def test_figures_for_a_run_and_single_checkpoints(trained_digits, tmp_path):
+    from landscape.analyze.calibration import CalibrationResult
+    from landscape.plots.calibration import panel_rows, plot_calibration
+
+    _, model, data = trained_digits
+    cfg = CalibrationConfig(bins=10)
+    rows = [calibration_row(model, data, cfg, ref=f"mlp@step={s}", step=s, epoch=s / 10) for s in (10, 20)]
+    rows.append(calibration_row(model, data, cfg, ref="other.h5", step=5, epoch=1.0))
+    result = CalibrationResult(cfg, rows)
+    assert [r.ref for r in panel_rows(rows)] == ["mlp@step=20", "other.h5"]
+    paths = plot_calibration(result, tmp_path / "cal.h5")
+    names = {p.name for p in paths}
+    for kind in ("reliability", "confidence", "true-class", "epochs"):
+        assert {f"cal-test-{kind}.png", f"cal-test-{kind}.pdf"} <= names
+    assert all(p.is_file() and p.stat().st_size > 0 for p in paths)
+    single = plot_calibration(CalibrationResult(cfg, rows[2:]), tmp_path / "one")
+    assert not any("epochs" in p.name for p in single) and len(single) == 6
