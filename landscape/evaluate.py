@@ -30,8 +30,8 @@ What makes many points cheaper than many independent evaluations (``method="loop
 * **Channels-last convolutions** (oneDNN's fast layout on CPU) for image models.
 * **Batch-outer order**: each batch is moved and its shared work done once for all points.
 * **Allocator**: on glibc, during the call (:func:`tuned_allocator`), freed large blocks are kept instead of
-  being returned to the OS, so the many same-sized activations of a sweep do not page-fault afresh; the
-  previous behaviour is restored when the call returns (set ``LANDSCAPE_MALLOC_TUNE=0`` to skip).
+  being returned to the OS, so the many same-sized activations of a sweep do not page-fault afresh; on return the
+  thresholds are set back to glibc's converged dynamic state (see there; ``LANDSCAPE_MALLOC_TUNE=0`` skips it).
 
 ``method="vmap"`` evaluates several points per forward with ``torch.func.functional_call`` + ``vmap`` over
 stacked parameters (chunk size from a memory budget); on CPU it is slower for convolutional models
@@ -654,7 +654,7 @@ def _bn_batches(bn: torch.Tensor | Sequence[torch.Tensor] | None, batch_size: in
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameter numbers (glibc malloc.h)
-_GLIBC_DEFAULT_THRESHOLD = 128 * 1024  # DEFAULT_MMAP_THRESHOLD_MIN and DEFAULT_TRIM_THRESHOLD
+_RESTORED_MMAP_THRESHOLD = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX (64-bit): the dynamic threshold's ceiling
 _allocator_lock = threading.Lock()
 _allocator_depth = 0
 
@@ -665,15 +665,19 @@ def tuned_allocator() -> Iterator[None]:
 
     Measured on the project machine: a ReLU over 7 MB of activations took 37 ms with glibc's default
     (mmap + munmap per call, every page faulted again) and 0.7 ms with this. :func:`evaluate` enters it for
-    the duration of its call; nested blocks (a benchmark wrapping many calls) tune once, and the outermost
-    block restores on exit. ``LANDSCAPE_MALLOC_TUNE=0`` (or a non-glibc platform) makes it a no-op.
+    the duration of its call; nested blocks (a benchmark or an analysis wrapping many calls) tune once, and
+    the outermost block restores on exit. ``LANDSCAPE_MALLOC_TUNE=0`` (or a platform without glibc) makes it
+    a no-op.
 
-    Restoring: glibc has no getter for these settings, so on exit the thresholds are set back to glibc's
-    documented defaults (128 KiB each, ``mallopt(3)``) and ``malloc_trim(0)`` hands the kept free memory back
-    to the OS. One difference from a never-tuned process remains and cannot be undone through glibc's API:
-    any ``mallopt`` of these thresholds switches off glibc's *dynamic* mmap threshold (which otherwise rises
-    to the size of the largest freed mmapped block, up to 32 MiB). Settings given through the
-    ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` environment variables are restored instead.
+    Restoring is approximate, because glibc cannot report these settings (``mallopt(3)`` has no getter) and
+    any ``mallopt`` of them switches off its *dynamic* mmap threshold for good. On exit the thresholds are set
+    to the state that dynamic threshold converges to in a process that frees large tensors (``mallopt(3)``:
+    mmap threshold ``DEFAULT_MMAP_THRESHOLD_MAX`` = 32 MiB on 64-bit, trim threshold twice that), or to the
+    values given in ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_``. So after the call blocks of 32 MiB
+    or more are mmapped again and at most 64 MiB of free heap top is kept, instead of everything below 1 GiB
+    being kept for the rest of the process (what a process-wide, never-restored setting did). Restoring
+    glibc's 128 KiB start values instead would be worse than never having tuned: with the dynamic threshold
+    off, every block over 128 KiB would be mmapped and page-faulted afresh.
     """
     global _allocator_depth
     libc = _libc() if os.environ.get("LANDSCAPE_MALLOC_TUNE", "1") != "0" else None
@@ -691,17 +695,17 @@ def tuned_allocator() -> Iterator[None]:
         with _allocator_lock:
             _allocator_depth -= 1
             if _allocator_depth == 0:
-                libc.mallopt(_M_MMAP_THRESHOLD, _env_threshold("MALLOC_MMAP_THRESHOLD_"))
-                libc.mallopt(_M_TRIM_THRESHOLD, _env_threshold("MALLOC_TRIM_THRESHOLD_"))
-                libc.malloc_trim(0)
+                mmap_threshold = _env_threshold("MALLOC_MMAP_THRESHOLD_", _RESTORED_MMAP_THRESHOLD)
+                libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)
+                libc.mallopt(_M_TRIM_THRESHOLD, _env_threshold("MALLOC_TRIM_THRESHOLD_", 2 * mmap_threshold))
 
 
-def _env_threshold(name: str) -> int:
+def _env_threshold(name: str, default: int) -> int:
     try:
         value = int(os.environ.get(name, ""))
     except ValueError:
-        return _GLIBC_DEFAULT_THRESHOLD
-    return value if 0 <= value < (1 << 31) else _GLIBC_DEFAULT_THRESHOLD
+        return default
+    return value if 0 <= value < (1 << 31) else default
 
 
 _LIBC: list = []
@@ -713,7 +717,6 @@ def _libc():
         try:
             libc = ctypes.CDLL("libc.so.6")
             libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-            libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
         except (OSError, AttributeError):
             libc = None
         _LIBC.append(libc)

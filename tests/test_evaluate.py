@@ -225,6 +225,7 @@ def _mmapped_blocks_after_malloc(libc, size: int) -> int:
     libc.mallinfo2.restype = MallInfo2
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]
+    libc.malloc_trim(0)  # a free chunk left in the heap would serve the block whatever the threshold
     before = libc.mallinfo2().hblks
     ptr = libc.malloc(size)
     try:
@@ -234,8 +235,8 @@ def _mmapped_blocks_after_malloc(libc, size: int) -> int:
 
 
 def test_allocator_is_tuned_only_during_the_call(monkeypatch):
-    """Inside ``tuned_allocator`` a 1 MiB block comes from the heap (mmap threshold 1 GiB); after the outermost
-    block exits glibc's default threshold (128 KiB) is back, so the same block is mmapped again."""
+    """Inside ``tuned_allocator`` a 48 MiB block comes from the heap (mmap threshold 1 GiB); after the outermost
+    block exits the threshold is 32 MiB (glibc's dynamic ceiling) again, so the same block is mmapped."""
     from landscape.evaluate import _libc
 
     libc = _libc()
@@ -243,7 +244,7 @@ def test_allocator_is_tuned_only_during_the_call(monkeypatch):
         pytest.skip("needs glibc >= 2.33")
     monkeypatch.delenv("LANDSCAPE_MALLOC_TUNE", raising=False)
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
-    size = 1 << 20
+    size = 48 << 20
     with tuned_allocator():
         assert _mmapped_blocks_after_malloc(libc, size) == 0
         with tuned_allocator():
