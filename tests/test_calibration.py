@@ -95,8 +95,7 @@ def test_trained_checkpoint_equals_torchmetrics_and_the_evaluator(trained_digits
         assert c.accuracy == float(r.acc[0])
         assert c.nll == pytest.approx(float(r.loss[0]), rel=1e-5)  # float64 vs the evaluator's float32
         assert 0.5 < c.accuracy < 1.0 and c.ece > 0
-    table = row.table()
-    assert [t["split"] for t in table] == ["train", "test"] and table[1]["ece"] == row.splits["test"].ece
+    assert list(row.splits) == ["train", "test"]
 
 
 def numpy_reference(logits: np.ndarray, y: np.ndarray, bins: int) -> dict:
@@ -267,20 +266,28 @@ def test_subset_and_non_finite_weights(trained_digits):
     assert math.isnan(bad.ece) and math.isnan(bad.nll) and bad.examples == len(data["test"][1])
 
 
-def test_figures_for_a_run_and_single_checkpoints(trained_digits, tmp_path):
-    from landscape.analyze.calibration import CalibrationResult
-    from landscape.plots.calibration import panel_rows, plot_calibration
+def test_collect_and_figures_for_a_run_and_single_checkpoints(trained_digits, tmp_path):
+    from landscape.analyze.calibration import collect
+    from landscape.plots.calibration import figure, panel_rows
 
     _, model, data = trained_digits
-    cfg = CalibrationConfig(bins=10)
+    cfg = CalibrationConfig(bins=10, splits=("train", "test"))
     rows = [calibration_row(model, data, cfg, ref=f"mlp@step={s}", step=s, epoch=s / 10) for s in (10, 20)]
     rows.append(calibration_row(model, data, cfg, ref="other.h5", step=5, epoch=1.0))
-    result = CalibrationResult(cfg, rows)
-    assert [r.ref for r in panel_rows(rows)] == ["mlp@step=20", "other.h5"]
-    paths = plot_calibration(result, tmp_path / "cal.h5")
+    result = collect(rows, cfg)
+    assert [(r.ref, r.split) for r in result.rows][:3] == [("mlp@step=10", "train"), ("mlp@step=10", "test"),
+                                                            ("mlp@step=20", "train")]
+    assert result.bin_count.shape == (6, 10) and result.true_class_count.shape == (6, 10)
+    again = result.calibration(5)
+    assert again.ece == rows[2].splits["test"].ece
+    assert np.array_equal(again.bin_count, rows[2].splits["test"].bin_count)
+    assert result.table()[5]["run"] == "other" and result.table()[0]["run"] == "mlp"
+    assert [result.rows[i].ref for i in panel_rows(result.rows, "test")] == ["mlp@step=20", "other.h5"]
+    paths = figure(result, tmp_path / "cal.h5")
     names = {p.name for p in paths}
-    for kind in ("reliability", "confidence", "true-class", "epochs"):
-        assert {f"cal-test-{kind}.png", f"cal-test-{kind}.pdf"} <= names
+    for split in ("train", "test"):
+        for kind in ("reliability", "confidence", "true-class", "epochs"):
+            assert {f"cal-{split}-{kind}.png", f"cal-{split}-{kind}.pdf"} <= names
     assert all(p.is_file() and p.stat().st_size > 0 for p in paths)
-    single = plot_calibration(CalibrationResult(cfg, rows[2:]), tmp_path / "one")
+    single = figure(collect(rows[2:], CalibrationConfig(bins=10)), tmp_path / "one")
     assert not any("epochs" in p.name for p in single) and len(single) == 6

@@ -271,35 +271,83 @@ class _Examples(Metric):
 
 @dataclass
 class CalibrationRow:
-    """One checkpoint: its reference, position in its run and calibration per split."""
+    """One checkpoint (what :func:`calibration_row` computes): its reference, run, position and each split."""
 
     ref: str
     step: int
     epoch: float
     splits: dict[str, SplitCalibration]
+    run: str = ""
 
-    @property
-    def run(self) -> str:
-        """The run name of a ``RUN@SELECTOR`` reference (the file name for a checkpoint file)."""
-        return self.ref.partition("@")[0] if "@" in self.ref else Path(self.ref).stem if self.ref else ""
+    def __post_init__(self) -> None:
+        if not self.run:  # a RUN@SELECTOR reference names its run; a checkpoint file stands for itself
+            self.run = self.ref.partition("@")[0] if "@" in self.ref else Path(self.ref).stem
 
-    def table(self) -> list[dict[str, Any]]:
-        return [{"ref": self.ref, "run": self.run, "step": self.step, "epoch": self.epoch, "split": s,
-                 **c.scalars()} for s, c in self.splits.items()]
+
+@dataclass
+class CalibrationRecord:
+    """One checkpoint on one split: a row of the result's table."""
+
+    ref: str
+    run: str
+    step: int
+    epoch: float
+    split: str
+    examples: int
+    accuracy: float
+    nll: float
+    brier: float
+    ece: float
+    mce: float
+    adaptive_ece: float
 
 
 @dataclass
 class CalibrationResult:
-    """``landscape calibration``: one row per checkpoint (a whole run gives its metrics against epoch)."""
+    """``landscape calibration``: one table row per (checkpoint, split) and, aligned with the rows, the
+    reliability bins and histograms as ``(rows, bins)`` arrays. A whole run gives its metrics against epoch."""
 
-    config: CalibrationConfig
-    rows: list[CalibrationRow] = field(default_factory=list)
+    rows: list[CalibrationRecord] = field(default_factory=list)
+    bin_count: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
+    bin_confidence: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    bin_accuracy: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    true_class_count: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
+    config: CalibrationConfig = field(default_factory=CalibrationConfig)
+    inputs: list = field(default_factory=list)
     path: Path | None = None
     figures: list[Path] = field(default_factory=list)
 
+    def calibration(self, i: int) -> SplitCalibration:
+        """Row ``i`` as a :class:`SplitCalibration` (scalars and bins)."""
+        r = self.rows[i]
+        return SplitCalibration(
+            examples=int(r.examples), accuracy=r.accuracy, nll=r.nll, brier=r.brier, ece=r.ece, mce=r.mce,
+            adaptive_ece=r.adaptive_ece, bin_count=np.asarray(self.bin_count[i]),
+            bin_confidence=np.asarray(self.bin_confidence[i]), bin_accuracy=np.asarray(self.bin_accuracy[i]),
+            true_class_count=np.asarray(self.true_class_count[i]))
+
     def table(self) -> list[dict[str, Any]]:
-        """One flat dict per (checkpoint, split): ref, run, step, epoch, split and the scalar metrics."""
-        return [r for row in self.rows for r in row.table()]
+        """The rows as dicts (what the command prints)."""
+        return [dict(vars(r)) for r in self.rows]
+
+
+def collect(rows: list[CalibrationRow], config: CalibrationConfig, run_options: Any = None) -> CalibrationResult:
+    """The result of several checkpoints: rows in the given order, each checkpoint's splits in config order."""
+    records, parts = [], []
+    for row in rows:
+        for split, c in row.splits.items():
+            records.append(CalibrationRecord(ref=row.ref, run=row.run, step=row.step, epoch=row.epoch, split=split,
+                                             **c.scalars()))
+            parts.append(c)
+    bins = config.bins
+
+    def stack(name: str, dtype) -> np.ndarray:
+        return np.stack([getattr(c, name) for c in parts]).astype(dtype) if parts else np.zeros((0, bins), dtype)
+
+    return CalibrationResult(rows=records, bin_count=stack("bin_count", np.int64),
+                             bin_confidence=stack("bin_confidence", np.float64),
+                             bin_accuracy=stack("bin_accuracy", np.float64),
+                             true_class_count=stack("true_class_count", np.int64), config=config)
 
 
 def calibration_row(
@@ -310,6 +358,7 @@ def calibration_row(
     ref: str = "",
     step: int = 0,
     epoch: float = math.nan,
+    run: str = "",
 ) -> CalibrationRow:
     """Calibration of ``model`` (as it is: eval mode, its own BatchNorm statistics) on each configured split.
 
@@ -325,7 +374,7 @@ def calibration_row(
         r = evaluate(model, x, y, point, space=space, batch_size=config.batch_size, device=config.device,
                      metrics=[_Examples()])
         out[s] = calibration_from_stats(r.metrics["examples"][0], config.bins)
-    return CalibrationRow(ref=ref, step=int(step), epoch=float(epoch), splits=out)
+    return CalibrationRow(ref=ref, step=int(step), epoch=float(epoch), splits=out, run=run)
 
 
 def _subset(data: Mapping[str, tuple[torch.Tensor, torch.Tensor]], name: str, config: CalibrationConfig):

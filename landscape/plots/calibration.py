@@ -10,8 +10,9 @@
 * :func:`plot_calibration_curves`: accuracy, NLL, Brier, ECE, MCE and adaptive ECE against epoch, one line
   per run (Bu Fig. 6).
 
-:func:`plot_calibration` writes all that apply for a :class:`~landscape.analyze.calibration.CalibrationResult`.
-Pure: rows in, figures out (saved with :func:`landscape.plots.style.save_figure`).
+:func:`figure` writes all that apply for a :class:`~landscape.analyze.calibration.CalibrationResult`.
+The panel functions take ``(label, SplitCalibration)`` pairs. Pure: results in, figures out (saved with
+:func:`landscape.plots.style.save_figure`).
 """
 
 from __future__ import annotations
@@ -30,26 +31,16 @@ CURVES = (("accuracy", "accuracy"), ("nll", "NLL"), ("brier", "Brier score"), ("
           ("adaptive_ece", "adaptive ECE"))
 
 
-def _labels(rows, labels: Sequence[str] | None) -> list[str]:
-    if labels is not None:
-        if len(labels) != len(rows):
-            raise ValueError(f"{len(labels)} labels for {len(rows)} checkpoints")
-        return list(labels)
-    return [r.ref or f"checkpoint {i + 1}" for i, r in enumerate(rows)]
-
-
 def _panels(n: int, height: float = 3.3):
     fig, axes = plt.subplots(1, n, figsize=(3.2 * n + 0.4, height), squeeze=False, sharey=True)
     return fig, axes[0]
 
 
-def plot_reliability(rows, *, split: str = "test", labels: Sequence[str] | None = None, title: str | None = None):
-    """Reliability diagrams of ``rows`` (CalibrationRow) on ``split``, side by side."""
+def plot_reliability(entries: Sequence[tuple], *, split: str = "test", title: str | None = None):
+    """Reliability diagrams of ``(label, SplitCalibration)`` pairs, side by side."""
     apply_style()
-    names = _labels(rows, labels)
-    fig, axes = _panels(len(rows))
-    for ax, row, name in zip(axes, rows, names, strict=True):
-        c = row.splits[split]
+    fig, axes = _panels(len(entries))
+    for ax, (name, c) in zip(axes, entries, strict=True):
         edges = c.edges
         width, left = np.diff(edges), edges[:-1]
         filled = c.bin_count > 0
@@ -77,14 +68,12 @@ def plot_reliability(rows, *, split: str = "test", labels: Sequence[str] | None 
     return fig
 
 
-def plot_confidence_histograms(rows, *, split: str = "test", labels: Sequence[str] | None = None,
-                               title: str | None = None):
-    """Share of examples per confidence bin, one panel per checkpoint; accuracy and mean confidence marked."""
+def plot_confidence_histograms(entries: Sequence[tuple], *, split: str = "test", title: str | None = None):
+    """Share of examples per confidence bin, one panel per ``(label, SplitCalibration)``; accuracy and mean
+    confidence marked."""
     apply_style()
-    names = _labels(rows, labels)
-    fig, axes = _panels(len(rows), height=2.8)
-    for ax, row, name in zip(axes, rows, names, strict=True):
-        c = row.splits[split]
+    fig, axes = _panels(len(entries), height=2.8)
+    for ax, (name, c) in zip(axes, entries, strict=True):
         share = c.bin_count / max(c.examples, 1)
         ax.bar(c.edges[:-1], share, width=np.diff(c.edges), align="edge", color=PALETTE[0], edgecolor="white",
                linewidth=0.6)
@@ -102,14 +91,12 @@ def plot_confidence_histograms(rows, *, split: str = "test", labels: Sequence[st
     return fig
 
 
-def plot_true_class_probability(rows, *, split: str = "test", labels: Sequence[str] | None = None,
-                                title: str | None = None):
-    """Distribution of ``pi_i[y_i]`` (the probability of the true class), one step line per checkpoint."""
+def plot_true_class_probability(entries: Sequence[tuple], *, split: str = "test", title: str | None = None):
+    """Distribution of ``pi_i[y_i]`` (the probability of the true class), one step line per
+    ``(label, SplitCalibration)``."""
     apply_style()
-    names = _labels(rows, labels)
     fig, ax = plt.subplots(figsize=(5.0, 3.4))
-    for i, (row, name) in enumerate(zip(rows, names, strict=True)):
-        c = row.splits[split]
+    for i, (name, c) in enumerate(entries):
         share = c.true_class_count / max(c.examples, 1)
         ax.stairs(share, c.edges, color=PALETTE[i % len(PALETTE)], linewidth=1.6, label=name)
     ax.set_xlim(0, 1)
@@ -122,18 +109,20 @@ def plot_true_class_probability(rows, *, split: str = "test", labels: Sequence[s
     return fig
 
 
-def plot_calibration_curves(rows, *, split: str = "test", title: str | None = None):
-    """Accuracy, NLL, Brier, ECE, MCE and adaptive ECE against epoch; one line per run (rows grouped by run)."""
+def plot_calibration_curves(records: Sequence, *, split: str = "test", title: str | None = None):
+    """Accuracy, NLL, Brier, ECE, MCE and adaptive ECE against epoch on ``split``; one line per run
+    (``records``: CalibrationRecord rows)."""
     apply_style()
     runs: dict[str, list] = {}
-    for row in rows:
-        runs.setdefault(row.run, []).append(row)
+    for row in records:
+        if row.split == split:
+            runs.setdefault(row.run, []).append(row)
     fig, axes = plt.subplots(2, 3, figsize=(11.5, 5.6), squeeze=False)
     for i, (run, members) in enumerate(runs.items()):
         members = sorted(members, key=lambda r: (r.epoch if math.isfinite(r.epoch) else math.inf, r.step))
         epochs = [r.epoch for r in members]
         for ax, (key, _) in zip(axes.flat, CURVES, strict=True):
-            ax.plot(epochs, [getattr(r.splits[split], key) for r in members], "o-", ms=3,
+            ax.plot(epochs, [getattr(r, key) for r in members], "o-", ms=3,
                     color=PALETTE[i % len(PALETTE)], label=run)
     for ax, (_, label) in zip(axes.flat, CURVES, strict=True):
         ax.set_xlabel("epoch")
@@ -145,31 +134,39 @@ def plot_calibration_curves(rows, *, split: str = "test", title: str | None = No
     return fig
 
 
-def panel_rows(rows) -> list:
-    """The checkpoints drawn side by side: all when there are at most ``MAX_PANELS`` and each run gives one;
-    otherwise the last checkpoint of each run (at most ``MAX_PANELS`` runs)."""
-    runs: dict[str, list] = {}
-    for row in rows:
-        runs.setdefault(row.run, []).append(row)
-    if len(rows) <= MAX_PANELS and all(len(v) == 1 for v in runs.values()):
-        return list(rows)
-    return [max(v, key=lambda r: (r.step, r.epoch if math.isfinite(r.epoch) else -math.inf))
-            for v in runs.values()][:MAX_PANELS]
+def panel_rows(records: Sequence, split: str) -> list[int]:
+    """Indices of the rows drawn side by side on ``split``: every checkpoint when there are at most
+    ``MAX_PANELS`` and no run gives more than one; otherwise the last checkpoint of each run (at most
+    ``MAX_PANELS`` runs)."""
+    runs: dict[str, list[int]] = {}
+    for i, row in enumerate(records):
+        if row.split == split:
+            runs.setdefault(row.run, []).append(i)
+    if sum(map(len, runs.values())) <= MAX_PANELS and all(len(v) == 1 for v in runs.values()):
+        return [i for v in runs.values() for i in v]
+
+    def position(i: int) -> tuple:
+        epoch = records[i].epoch
+        return records[i].step, epoch if math.isfinite(epoch) else -math.inf
+
+    return [max(v, key=position) for v in runs.values()][:MAX_PANELS]
 
 
-def plot_calibration(result, stem: str | Path) -> list[Path]:
+def figure(result, stem: str | Path, title: str | None = None) -> list[Path]:
     """Every figure for ``result`` (a CalibrationResult), per split: ``<stem>-<split>-reliability``,
     ``-confidence``, ``-true-class`` and, when some run has several checkpoints, ``-epochs``."""
     stem = Path(stem)
     stem = stem.with_suffix("") if stem.suffix.lower() in (".h5", ".hdf5", ".png", ".pdf") else stem
     paths: list[Path] = []
-    panels = panel_rows(result.rows)
-    multi = any(sum(r.run == row.run for r in result.rows) > 1 for row in result.rows)
     for split in result.config.splits:
         base = stem.with_name(f"{stem.name}-{split}")
-        paths += save_figure(plot_reliability(panels, split=split), f"{base}-reliability")
-        paths += save_figure(plot_confidence_histograms(panels, split=split), f"{base}-confidence")
-        paths += save_figure(plot_true_class_probability(panels, split=split), f"{base}-true-class")
-        if multi:
-            paths += save_figure(plot_calibration_curves(result.rows, split=split), f"{base}-epochs")
+        entries = [(result.rows[i].ref, result.calibration(i)) for i in panel_rows(result.rows, split)]
+        if not entries:
+            continue
+        paths += save_figure(plot_reliability(entries, split=split, title=title), f"{base}-reliability")
+        paths += save_figure(plot_confidence_histograms(entries, split=split, title=title), f"{base}-confidence")
+        paths += save_figure(plot_true_class_probability(entries, split=split, title=title), f"{base}-true-class")
+        runs = [r.run for r in result.rows if r.split == split]
+        if len(set(runs)) < len(runs):
+            paths += save_figure(plot_calibration_curves(result.rows, split=split, title=title), f"{base}-epochs")
     return paths
