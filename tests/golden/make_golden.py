@@ -6,7 +6,7 @@ surface, clipping, symmetry, norms, ntk and ntk-table give identical arrays befo
 1. trains a tiny deterministic Phase 1 / Phase 2 family (``landscape.api.phases``: a small LeNet on 300
    digits, one SGD Phase-1 epoch, then SGD and DP-SGD siblings, two copies each, two epochs) into a
    temporary store,
-2. runs each analysis through ``landscape.api`` with small fixed options (:data:`ANALYSES`), writing every
+2. runs each analysis through ``landscape.api`` with small fixed options (:func:`run_analyses`), writing every
    result to an explicit path (no figures),
 3. flattens every array of each result file (as ``landscape.results.read_result(path).arrays`` gives them)
    and its numeric scalar attrs, plus every trained checkpoint's weights, into one dict.
@@ -21,11 +21,13 @@ Regenerate the file only when a change of the numbers is intended, and say why i
 Keys of ``golden.npz``:
     ``weights/<run>@step=<N>/<tensor>``   a stored checkpoint's state dict
     ``<analysis>/<array>``                an array of the analysis's result file (``/`` for HDF5 groups)
-    ``<analysis>@<attr>``                 a numeric (int/float/bool) scalar attr of the result file
-Strings are stored as numpy unicode arrays (bytes decoded as UTF-8).
+    ``<analysis>@<attr>``                 a numeric (int/float/bool) scalar attr of the result file, or one of
+                                          the content-hash attrs :data:`HASH_ATTRS`
+Strings are stored as numpy unicode arrays (bytes decoded as UTF-8, the build directory written ``$WORK``).
 
-Excluded, by name (:data:`EXCLUDED`): timings and dates (they differ on every run) and the result schema's
-provenance attrs (versions, paths), which are checked by the result tests, not here.
+Excluded, by name (:data:`EXCLUDED`): timings and dates, which differ on every run (today the attrs
+``seconds``, ``throughput``, ``created``), and the versions (``landscape_version``, ``torch_version``).
+Other string attrs (``kind``, ``inputs``, ``params``, labels) are not compared.
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ EXCLUDED = (
     r"created",          # the result's creation date
     r".*_version",       # landscape_version, torch_version: provenance, not numbers
 )
+# String attrs that are content hashes of arrays not stored in the file (the surface's random plane, the
+# symmetry projection matrix): kept, since equal hashes mean equal directions. Other string attrs (kind,
+# labels, JSON of options) are not compared.
+HASH_ATTRS = ("plane_sha256", "matrix_fingerprint")
 _EXCLUDED_RE = re.compile("|".join(f"(?:{p})" for p in EXCLUDED))
 
 GROUP = "g"  # phases group: runs g-sgd, g-sgd-sgd-{0,1}, g-sgd-dpsgd-{0,1}
@@ -134,8 +140,8 @@ def result_arrays(name: str, path: Path, workdir: Path) -> dict[str, np.ndarray]
     result = read_result(path)
     flat = {f"{name}/{k}": _plain(v, workdir) for k, v in result.arrays.items()}
     for k, v in result.attrs.items():
-        if isinstance(v, (bool, int, float, np.bool_, np.integer, np.floating)):
-            flat[f"{name}@{k}"] = np.asarray(v)
+        if isinstance(v, (bool, int, float, np.bool_, np.integer, np.floating)) or k in HASH_ATTRS:
+            flat[f"{name}@{k}"] = _plain(v, workdir)
     return {k: v for k, v in flat.items() if not excluded(k)}
 
 
