@@ -34,7 +34,7 @@ def _training_options(func: Callable) -> Callable:
                      help="Seeds initialisation, data order and noise."),
         device_option(_D.device),
         click.option("--checkpoint-every", default=_D.checkpoint_every, show_default=True,
-                     help="Ns (steps) or Ee (epochs); init and final are always kept."),
+                     help="Ns (steps), Ee (epochs) or none; init and final are always kept."),
         click.option("--max-grad-norm", type=float, default=_D.max_grad_norm, show_default=True,
                      help="Clipping norm C."),
         click.option("--noise-multiplier", type=float, default=None, help="Noise multiplier sigma."),
