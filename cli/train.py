@@ -86,7 +86,7 @@ def _rows(summaries: list[Any]) -> list[dict[str, Any]]:
 @click.option("--run", "run", default=None, help="Run name (default: a generated unique id).")
 @click.option("--from", "from_ref", default=None, metavar="REF",
               help="Start from a checkpoint (RUN[@init|@last|@step=N|@epoch=E] or PATH.h5): a child run.")
-@click.option("--resume", default=None, metavar="RUN", help="Continue a killed run from its last checkpoint.")
+@click.option("--resume", default=None, metavar="RUN", help="Continue a killed run from its last checkpoint (from step 0 if it was killed before its first).")
 @json_option
 @click.pass_context
 def train(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:
