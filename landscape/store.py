@@ -930,9 +930,13 @@ def check_manifest(manifest: Any, path: str | os.PathLike) -> dict[str, Any]:
         if not isinstance(schedule, dict):
             raise bad("schedule", "must be an object", schedule)
         for key, low in (("steps_per_epoch", 1), ("total_steps", 0)):
-            if key in schedule and not (_is_int(schedule[key]) and schedule[key] >= low):
+            if key not in schedule:
+                raise bad(f"schedule.{key}", "is missing", show=False)
+            if not (_is_int(schedule[key]) and schedule[key] >= low):
                 raise bad(f"schedule.{key}", f"must be an integer >= {low}", schedule[key])
-        steps = schedule.get("checkpoint_steps", [])
+        if "checkpoint_steps" not in schedule:
+            raise bad("schedule.checkpoint_steps", "is missing", show=False)
+        steps = schedule["checkpoint_steps"]
         if not isinstance(steps, list) or not all(_is_int(t) and t >= 0 for t in steps):
             raise bad("schedule.checkpoint_steps", "must be a list of non-negative integers", steps)
     privacy = manifest.get("privacy")

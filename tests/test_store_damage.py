@@ -308,3 +308,61 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+# ------------------------------------------------------------------------------- damage `--resume` must survive
+
+
+@pytest.fixture(scope="module")
+def trained_root(tmp_path_factory):
+    """A finished tiny run whose copies, cut back to step 2 (files too), give `--resume` real work."""
+    from landscape.train.config import TrainConfig
+    from landscape.train.loop import train
+
+    root = tmp_path_factory.mktemp("trained")
+    train(TrainConfig(model="mlp", model_kwargs={"widths": [8]}, data="digits", subset=80, batch_size=40, epochs=2,
+                      checkpoint_every="1s", run="base"), root=root)
+    return root
+
+
+def _cfg_epochs(m):
+    m["config"]["epochs"] = "two"
+
+
+def _model_kwargs(m):
+    m["model_spec"]["kwargs"] = "x"
+
+
+def _seed_missing(m):
+    del m["seeds"]["sampling"]
+
+
+def _schedule_total(m):
+    del m["schedule"]["total_steps"]
+
+
+def _noise_missing(m):
+    del m["privacy"]["noise_multiplier"]
+
+
+RESUME_DAMAGE = [(_cfg_epochs, "config"), (_model_kwargs, "model_spec"), (_seed_missing, "seeds.sampling"),
+                 (_schedule_total, "schedule.total_steps"), (_noise_missing, "privacy.noise_multiplier")]
+
+
+@pytest.mark.parametrize("damage, field", RESUME_DAMAGE, ids=[f for _, f in RESUME_DAMAGE])
+def test_resume_of_a_damaged_manifest_is_one_line(tmp_path, capsys, trained_root, damage, field):
+    import shutil
+
+    run_dir = tmp_path / "r"
+    shutil.copytree(trained_root / "base", run_dir)
+    for later in (3, 4):
+        (run_dir / f"step-{later:06d}.h5").unlink()
+
+    def cut(m):
+        m["checkpoints"] = m["checkpoints"][:3]
+        damage(m)
+
+    manifest = edit_manifest(run_dir, cut)
+    code, _, err = run_cli("--root", str(tmp_path), "train", "--resume", "r", capsys=capsys)
+    line = one_error_line(err)
+    assert code == 1 and str(manifest) in line and f"'{field}'" in line, line

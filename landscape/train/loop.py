@@ -39,7 +39,7 @@ from landscape.data import Dataset, dataset_from_spec, load_dataset
 from landscape.errors import CheckpointError, IncompatibleError, LandscapeError, ModelError, UsageError
 from landscape.models import build_model, has_batchnorm, model_from_spec
 from landscape.runtime import resolve_device, seed_everything
-from landscape.store import Checkpoint, Run, Store
+from landscape.store import MANIFEST, Checkpoint, Run, Store, check_state_dict
 from landscape.train import accounting
 from landscape.train.accounting import PrivacyEvent
 from landscape.train.callbacks import (
@@ -286,6 +286,12 @@ def _resume(
         run.close()
 
 
+def _damaged(run: Run, field: str, what: str) -> CheckpointError:
+    """The one-line error for a manifest field the trainer cannot use (as :func:`landscape.store.check_manifest`)."""
+    what = " ".join(what.split())[:240]
+    return CheckpointError(f"damaged run manifest {run.path / MANIFEST}: field '{field}' {what}")
+
+
 def _stored_config(run: Run, data_root: str | None) -> TrainConfig:
     """The run's recorded TrainConfig (validated; a damaged one is a one-line error naming the manifest)."""
     try:
@@ -293,10 +299,7 @@ def _stored_config(run: Run, data_root: str | None) -> TrainConfig:
         config = dataclasses.replace(config, run=run.name, resume=None, data_root=data_root or config.data_root)
         return config.validate()
     except (TypeError, ValueError, LandscapeError) as exc:
-        raise CheckpointError(
-            f"damaged run manifest {run.path / 'manifest.json'}: field 'config' is not a training "
-            f"configuration ({' '.join(str(exc).split())[:200]})"
-        ) from None
+        raise _damaged(run, "config", f"is not a training configuration ({exc})") from None
 
 
 def _continue(
@@ -309,8 +312,18 @@ def _continue(
         return run
     ckpt = store.load(f"{name}@step={last.step}")
     device = resolve_device(config.device)
-    data = dataset_from_spec(manifest["data_spec"], data_root=data_root or config.data_root)
-    model = model_from_spec(manifest["model_spec"])
+    missing = [k for k in ("sampling", "noise", "sparsify") if k not in manifest["seeds"]]
+    if missing:
+        raise _damaged(run, f"seeds.{missing[0]}", "is missing")
+    try:
+        data = dataset_from_spec(manifest["data_spec"], data_root=data_root or config.data_root)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise _damaged(run, "data_spec", f"does not describe a data set ({exc})") from None
+    try:
+        model = model_from_spec(manifest["model_spec"])
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise _damaged(run, "model_spec", f"does not describe a model ({exc})") from None
+    check_state_dict(model, ckpt.state_dict, source=str(last.path))
     model.load_state_dict(ckpt.state_dict, strict=True)
     model.to(device)
     masks = None
@@ -319,8 +332,7 @@ def _continue(
     privacy = manifest["privacy"]
     history = [PrivacyEvent(**e) for e in privacy.get("ancestor_events", [])]
     if "noise_multiplier" not in privacy:
-        raise CheckpointError(f"damaged run manifest {run.path / 'manifest.json'}: field 'privacy.noise_multiplier' "
-                              "is missing")
+        raise _damaged(run, "privacy.noise_multiplier", "is missing")
     state = _build_state(config, run, data, model, device, masks, manifest["seeds"],
                          privacy["noise_multiplier"], history)
     if int(manifest["schedule"]["steps_per_epoch"]) != state.steps_per_epoch:
