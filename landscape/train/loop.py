@@ -56,6 +56,7 @@ from landscape.train.callbacks import (
 )
 from landscape.train.config import TrainConfig, checkpoint_steps, config_hash
 from landscape.train.privatize import PrivacyConfig, Privatizer
+from landscape.train.pruning import inherited_privacy
 from landscape.train.sampling import Sampler, make_sampler, steps_per_epoch
 from landscape.train.sparsify import SparsifySchedule
 
@@ -149,13 +150,13 @@ def _start(
             "parent_sha256": parent.sha256,
         }
         masks = _parent_masks(store, parent)
-        history, non_private = _ancestor_privacy(store, parent)
+        history, non_private = inherited_privacy(store, parent)
     _check_dp_model(config, model)
     model.to(device)
 
     n = len(data.y_train)
     spe = steps_per_epoch(n, config.batch_size)
-    total = config.epochs * spe
+    total = accounting.schedule_steps(config.epochs, n, config.batch_size)
     q = min(1.0, config.batch_size / n)
     sigma = _noise_multiplier(config, q, total, history)
     privacy = {
@@ -304,24 +305,6 @@ def _parent_masks(store: Store, parent: Checkpoint) -> dict[str, torch.Tensor] |
         return None
     saved = run.load_array(MASK_ARRAY)
     return {k: torch.as_tensor(np.asarray(v)) for k, v in saved.items()}
-
-
-def _ancestor_privacy(store: Store, parent: Checkpoint) -> tuple[list[PrivacyEvent], bool]:
-    """DP events of the parent run up to the branch step (and its ancestors'), and whether any step was non-private."""
-    privacy = None
-    if parent.run is not None:
-        with contextlib.suppress(CheckpointError):
-            privacy = store.run(parent.run).manifest.get("privacy")
-    if not privacy:
-        return [], parent.step > 0  # trained weights of unknown provenance
-    events = [PrivacyEvent(**e) for e in privacy.get("ancestor_events", [])]
-    non_private = bool(privacy.get("non_private_ancestors"))
-    if parent.step > 0:
-        if privacy.get("accounted"):
-            events.append(PrivacyEvent(float(privacy["noise_multiplier"]), float(privacy["sample_rate"]), parent.step))
-        else:
-            non_private = True
-    return events, non_private
 
 
 def _noise_multiplier(config: TrainConfig, q: float, total: int, history: list[PrivacyEvent]) -> float:
