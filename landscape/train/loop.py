@@ -12,7 +12,7 @@ scratch), data order and noise; child runs (``--from``) start from the parent's 
 changes only data order and noise (Watson et al. Sec. 4.1.1's Phase-2 copies).
 
 Privacy accounting. ``dpsgd`` runs record epsilon for the Poisson-subsampled Gaussian mechanism with sample
-rate q = B/N and the run's noise multiplier (dp-accounting, ``--accountant rdp|pld|prv``). A child run
+rate q = B/N and the run's noise multiplier (exact RDP or PLD, ``--accountant rdp|pld``). A child run
 composes its own steps with its ancestors' DP steps up to the branch point (the epsilon of the whole
 pipeline on the same data set); non-private ancestor steps (SGD, clip-only, noise-only) contribute nothing
 and are flagged in ``manifest["privacy"]["non_private_ancestors"]``, because then no finite guarantee covers
@@ -322,7 +322,7 @@ def composed_epsilon(
     history: Sequence[PrivacyEvent], noise_multiplier: float, sample_rate: float, steps: int, delta: float,
     method: str = "rdp",
 ) -> float:
-    """Epsilon of the ancestors' DP steps composed with ``steps`` more of this run (dp-accounting)."""
+    """Epsilon of the ancestors' DP steps composed with ``steps`` more of this run (:mod:`.accounting`)."""
     return accounting.composed_epsilon([*history, PrivacyEvent(noise_multiplier, sample_rate, steps)], delta, method)
 
 
