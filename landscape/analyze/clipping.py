@@ -280,8 +280,9 @@ class ClipMoments:
             g_norm = math.sqrt(float(g @ g))
             weights = np.sqrt(layer_g_sq) / g_norm if g_norm > 0 else np.full(len(layer_R), math.nan)
             # a layer with a zero mean gradient (pruned, unused) has weight 0 and bound -inf: it adds nothing
-            stats.bound = (float(np.sum(np.where(weights > 0, weights * layer_bound, 0.0))) if g_norm > 0
-                           else -math.inf)
+            with np.errstate(invalid="ignore"):  # 0 * -inf in the discarded branch of np.where
+                stats.bound = (float(np.sum(np.where(weights > 0, weights * layer_bound, 0.0))) if g_norm > 0
+                               else -math.inf)
             stats.assumption_held = bool(layer_assume.all())
             stats.bound_held = _bound_held(stats.projection, stats.bound, max_grad_norm)
         stats.layer_R = layer_R
