@@ -186,3 +186,19 @@ def test_heterogeneous_composition_equals_opacus_history():
     acc = accountants.RDPAccountant()
     acc.history = [(e.noise_multiplier, e.sample_rate, e.steps) for e in events]
     assert composed_epsilon(events, 1e-5) == pytest.approx(acc.get_epsilon(1e-5), rel=1e-6)
+
+
+def test_tiny_rdp_keeps_its_relative_precision():
+    """Large sigma, small q: RDP ~1e-10. Integer order 2 has the closed form log(1 + q^2 (e^(1/s^2) - 1));
+    fractional 1.5 against quadrature (float64 limits it to ~1e-6 there; Opacus is off by 7e-5)."""
+    from landscape.train.accounting import sgm_rdp
+
+    s, q = 1000.0, 0.01
+    assert sgm_rdp(s, q, [2.0])[0] == pytest.approx(math.log1p(q * q * math.expm1(1 / s**2)), rel=1e-12)
+    mp = pytest.importorskip("mpmath")
+    with mp.workdps(30):
+        S, Q, a = mp.mpf(s), mp.mpf(q), mp.mpf(1.5)
+        A = mp.quad(lambda z: mp.npdf(z, 0, S) * ((1 - Q) + Q * mp.exp((2 * z - 1) / (2 * S**2))) ** a,
+                    [-mp.inf, -20 * S, -5 * S, 0, 5 * S, 20 * S, mp.inf])
+        want = float(mp.log(A) / (a - 1))
+    assert sgm_rdp(s, q, [1.5])[0] == pytest.approx(want, rel=1e-5)

@@ -95,7 +95,7 @@ def _event(noise_multiplier: float, sample_rate: float, steps: int):
 
 @contextlib.contextmanager
 def _quiet_absl():
-    """dp_accounting logs (via absl) every RDP order it drops at very small sigma; keep stderr clean."""
+    """dp_accounting may log via absl (it did for every RDP order it dropped); keep stderr clean."""
     logger = logging.getLogger("absl")
     level = logger.level
     logger.setLevel(logging.ERROR)
@@ -115,15 +115,22 @@ _FIRST_CHUNK, _MAX_CHUNK, _MAX_TERMS = 256, 1 << 16, 1 << 24
 def _log_a_integer(q: float, sigma: float, alpha: int) -> float:
     """``log A_alpha`` at an integer order: the finite binomial sum (Mironov et al. 2019, Sec. 3.3)
 
-    ``A_alpha = sum_{k=0}^{alpha} C(alpha, k) (1-q)^(alpha-k) q^k exp((k^2 - k) / (2 sigma^2))``,
-    all terms positive, summed in log space.
+    ``A_alpha = sum_{k=0}^{alpha} C(alpha, k) (1-q)^(alpha-k) q^k exp((k^2 - k) / (2 sigma^2))``.
+    Since the same sum without the exponential is 1, ``A_alpha - 1`` is the sum over ``k >= 2`` with
+    ``expm1`` in place of ``exp``: all terms positive, summed in log space, and ``log A = log1p(A - 1)``
+    keeps full relative precision even when the RDP is ~1e-12 (large sigma, tiny q).
     """
     from scipy import special
 
-    k = np.arange(alpha + 1, dtype=np.float64)
-    log_terms = (special.gammaln(alpha + 1.0) - special.gammaln(k + 1.0) - special.gammaln(alpha - k + 1.0)
-                 + k * math.log(q) + (alpha - k) * math.log1p(-q) + (k * k - k) / (2.0 * sigma * sigma))
-    return float(special.logsumexp(log_terms))
+    if alpha < 2:
+        return 0.0
+    k = np.arange(2, alpha + 1, dtype=np.float64)
+    x = (k * k - k) / (2.0 * sigma * sigma)
+    log_expm1 = np.where(x > 30.0, x, np.log(np.expm1(np.minimum(x, 30.0))))  # log(e^x - 1)
+    with np.errstate(divide="ignore"):
+        log_terms = (special.gammaln(alpha + 1.0) - special.gammaln(k + 1.0) - special.gammaln(alpha - k + 1.0)
+                     + k * math.log(q) + (alpha - k) * math.log1p(-q) + log_expm1)
+    return float(np.logaddexp(0.0, special.logsumexp(log_terms)))
 
 
 def _log_a_fractional(q: float, sigma: float, alpha: float) -> float:
@@ -139,11 +146,13 @@ def _log_a_fractional(q: float, sigma: float, alpha: float) -> float:
     since ``mu_0^(1-t) mu_1^t = exp((t^2-t)/(2 s^2)) N(t, s^2)`` for real ``t``. ``C(alpha, k)`` changes sign
     at every ``k > alpha``, so both series alternate there; when the Gaussian factor is tiny the exponent and
     ``log Phi`` nearly cancel, so past the split we use ``Phi(-x) = erfcx(x/sqrt 2) exp(-x^2/2) / 2``, which
-    turns the term into ``C(alpha,k) (1-q)^alpha exp(-z0^2/(2 s^2)) erfcx(.)/2`` exactly. The terms then
-    shrink only polynomially (~ k^-(alpha+2)); we sum chunks of terms until, past both peaks (``k > alpha`` and
-    ``k > z0`` on both sides), the last term is below ``SERIES_RTOL`` times the partial sum: for an alternating
-    series with decreasing terms the remainder is smaller than the first omitted term (Leibniz), so the
-    relative truncation error of ``A_alpha`` is below ``SERIES_RTOL``.
+    turns the term into ``C(alpha,k) (1-q)^alpha exp(-z0^2/(2 s^2)) erfcx(.)/2`` exactly. Apart from
+    ``|C(alpha, k)|`` (decreasing for ``k > (alpha - 1)/2``) each term is non-increasing in ``k`` (its log has
+    derivative ``<= 0`` by the Mills-ratio inequality ``phi(x)/Phi(x) >= -x``), so past ``k = alpha`` the
+    series alternates with decreasing terms, which shrink only polynomially (~ k^-(alpha+2)) once the Gaussian
+    factors level off. We sum chunks of terms until, past ``k = alpha``, the last term is below ``SERIES_RTOL``
+    times the partial sum: the remainder of such a series is smaller than its first omitted term (Leibniz),
+    so the relative truncation error of ``A_alpha`` is below ``SERIES_RTOL``.
     """
     from scipy import special
 
@@ -153,7 +162,6 @@ def _log_a_fractional(q: float, sigma: float, alpha: float) -> float:
     gauss_tail = alpha * l1q - z0 * z0 / (2.0 * s2) + math.log(0.5)  # common factor past the split
     sqrt2s = math.sqrt(2.0) * sigma
     lg_alpha = special.gammaln(alpha + 1.0)
-    peak = max(alpha, z0, alpha - z0)
     start, chunk = 0, _FIRST_CHUNK
     scale = None
     total = 0.0
@@ -178,7 +186,7 @@ def _log_a_fractional(q: float, sigma: float, alpha: float) -> float:
         total += float(terms.sum())
         start += chunk
         last = float(abs(terms[-1]))
-        if start - 1 > peak + 1 and total > 0 and last <= SERIES_RTOL * total:
+        if start - 1 > alpha + 1 and total > 0 and last <= SERIES_RTOL * total:
             return scale + math.log(total)
         if start >= _MAX_TERMS:  # not reached for q in (0, 1) and sigma > 0 met in practice; be conservative
             raise PrivacyError(f"the RDP series did not converge (q={q:g}, sigma={sigma:g}, order {alpha:g})")
