@@ -56,7 +56,7 @@ from landscape.train.callbacks import (
 )
 from landscape.train.config import TrainConfig, checkpoint_steps, config_hash
 from landscape.train.privatize import PrivacyConfig, Privatizer
-from landscape.train.pruning import inherited_privacy
+from landscape.train.pruning import inherited_privacy, lineage_of
 from landscape.train.sampling import Sampler, make_sampler, steps_per_epoch
 from landscape.train.sparsify import SparsifySchedule
 
@@ -142,13 +142,7 @@ def _start(
         non_private = False
     else:
         model = _model_from_parent(config, parent, data)
-        lineage = {
-            "parent_run": parent.run,
-            "parent_step": parent.step,
-            "parent_epoch": parent.epoch,
-            "parent_ref": config.from_ref,
-            "parent_sha256": parent.sha256,
-        }
+        lineage = lineage_of(parent, config.from_ref)
         masks = _parent_masks(store, parent)
         history, non_private = inherited_privacy(store, parent)
     _check_dp_model(config, model)
