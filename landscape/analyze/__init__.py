@@ -1,0 +1,13 @@
+"""Pure analyzers (model + parameters + data in, result dataclass out) and their registry.
+
+Each line below names one analysis: its command name, where its :class:`~landscape.analyze.registry.Analysis`
+spec lives, and the one-line summary ``landscape --help`` shows. Nothing is imported until the analysis is
+used (``registry.get(name)``), so listing commands imports no torch. See docs/ARCHITECTURE.md.
+"""
+
+from landscape.analyze.registry import register
+
+register("interpolate", "landscape.analyze.interpolate:SPEC",
+         "Loss/accuracy along (1-a)A + aB and its instability (Watson Def. 2.3).")
+register("instability", "landscape.analyze.instability:SPEC",
+         "Instability of many checkpoint pairs: CSV + HDF5 + figure (Watson Fig. 5).")
