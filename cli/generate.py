@@ -29,9 +29,9 @@ from cli.options import (
     output_option,
     run_api,
 )
-from landscape.analyze.registry import Analysis, cli_fields, flag_of, get
+from landscape.analyze.registry import Analysis, cli_fields, flags_of, get
 
-ARGUMENTS = {"pair": [("ref_a", 1), ("ref_b", 1)], "pairs": [("runs", -1)], "target": [("target", 1)],
+ARGUMENTS = {"checkpoint": [("ref", 1)], "pair": [("ref_a", 1), ("ref_b", 1)], "pairs": [("runs", -1)], "target": [("target", 1)],
              "targets": [("targets", -1)]}
 
 
@@ -70,8 +70,12 @@ def param_type(f: dataclasses.Field, hint: Any) -> dict[str, Any]:
         return {"type": SubsetType()}
     if kind == "device":
         return {"type": DeviceType()}
+    if kind == "text":
+        return {"type": click.STRING}
     base, _ = _base(hint)
     bounds = {k: meta[k] for k in ("min", "max") if meta.get(k) is not None}
+    if meta.get("min_open"):
+        bounds["min_open"] = True
     if base is bool:
         return {"is_flag": True}
     if base is int:
@@ -108,7 +112,7 @@ def field_option(f: dataclasses.Field, hint: Any):
         kwargs["show_default"] = meta.get("show_default", True) if default is not None else False
     if meta.get("metavar"):
         kwargs["metavar"] = meta["metavar"]
-    return click.option(flag_of(f), f.name, help=meta.get("help") or None, **kwargs)
+    return click.option(*flags_of(f), f.name, help=meta.get("help") or None, **kwargs)
 
 
 def config_options(cls: type | None) -> list:
@@ -128,7 +132,7 @@ def command(name: str) -> click.Command:
     if spec.inputs in ("pair", "pairs"):
         runner.append(click.option("--data-from", type=click.Choice(["a", "b"]), default="a", show_default=True,
                                    help="When A and B were trained on different data: evaluate on A's or B's."))
-    if spec.inputs != "pair" and not has_workers_field:
+    if spec.inputs not in ("checkpoint", "pair") and not has_workers_field:
         runner.append(click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
                                    help="Parallel worker processes."))
     runner += [data_root_option, no_figure_option, output_option, json_option]

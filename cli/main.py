@@ -31,8 +31,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "norms": ("cli.geometry:norms", "Parameter and gradient norms of runs, distance ratios (Watson Figs. 16-17)."),
     "privacy": ("cli.privacy:privacy", "Epsilon of a DP-SGD schedule, or the noise multiplier for a target epsilon."),
     "prune": ("cli.prune:prune", "Magnitude-prune a checkpoint into a new run (mask stored with it)."),
-    "ntk": ("cli.ntk:ntk", "Empirical NTK under clipping: symmetry, positivity, spectra (Bu et al.)."),
-    "ntk-table": ("cli.ntk:ntk_table", "Bu et al. Table 1 measured at a checkpoint or along a run."),
 }
 
 

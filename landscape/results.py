@@ -529,8 +529,9 @@ def _read_table(r: Result, row_cls: type, order: Sequence[str]) -> list:
     return rows
 
 
-def write_csv(path: str | os.PathLike, records: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> Path:
-    """Write rows as CSV (NaN as an empty cell), atomically."""
+def write_csv(path: str | os.PathLike, records: Sequence[Mapping[str, Any]], columns: Sequence[str], *,
+              nan: str = "") -> Path:
+    """Write rows as CSV (NaN as ``nan``: an empty cell by default), atomically."""
     import csv
 
     def write(tmp: Path) -> None:
@@ -538,6 +539,6 @@ def write_csv(path: str | os.PathLike, records: Sequence[Mapping[str, Any]], col
             writer = csv.DictWriter(f, fieldnames=list(columns))
             writer.writeheader()
             for rec in records:
-                writer.writerow({k: ("" if isinstance(v, float) and math.isnan(v) else v) for k, v in rec.items()})
+                writer.writerow({k: (nan if isinstance(v, float) and math.isnan(v) else v) for k, v in rec.items()})
 
     return atomic_write(path, write)

@@ -11,3 +11,5 @@ register("interpolate", "landscape.analyze.interpolate:SPEC",
          "Loss/accuracy along (1-a)A + aB and its instability (Watson Def. 2.3).")
 register("instability", "landscape.analyze.instability:SPEC",
          "Instability of many checkpoint pairs: CSV + HDF5 + figure (Watson Fig. 5).")
+register("ntk", "landscape.analyze.ntk:SPEC", "Empirical NTK under clipping: symmetry, positivity, spectra (Bu et al.).")
+register("ntk-table", "landscape.analyze.ntk:TABLE_SPEC", "Bu et al. Table 1 measured at a checkpoint or along a run.")

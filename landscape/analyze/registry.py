@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: What the references of an analysis are and how ``compute`` is called (see :class:`Analysis`).
-INPUTS = ("pair", "pairs", "target", "targets")
+INPUTS = ("checkpoint", "pair", "pairs", "target", "targets")
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ class Analysis:
     ``inputs`` says what the command's references are and what ``compute`` receives
     (``landscape.api.resolve.Point`` objects: reference, run, step, epoch, checkpoint, data set, masks):
 
+    - ``"checkpoint"``: one reference; ``compute(point, config) -> result``.
     - ``"pair"``: two references A B; ``compute(a, b, config) -> result``.
     - ``"pairs"``: run globs paired by ``--pairs`` (siblings, all, A:B,...); ``compute(a, b, config, labels)
       -> row`` per pair (in worker processes), then ``collect(rows, config, run_options) -> result``.
@@ -60,6 +61,7 @@ class Analysis:
     output: str = ""
     csv: bool = False
     doc: str = ""  # the command's --help text (first line + details)
+    purpose: str = "evaluate it"  # "<checkpoint> records no data set; cannot <purpose>"
 
     def __post_init__(self) -> None:
         if self.inputs not in INPUTS:
@@ -103,20 +105,22 @@ def get(name: str) -> Analysis:
 # ------------------------------------------------------------------------------------ config fields
 
 
-def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None = None,
+def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | tuple[str, ...] | None = None,
            choices: tuple | None = None, metavar: str | None = None, min: float | None = None,
-           max: float | None = None, kind: str | None = None, cli: bool = True, show_default: Any = True,
-           default_factory: Callable | None = None) -> Any:
+           max: float | None = None, min_open: bool = False, kind: str | None = None, cli: bool = True,
+           show_default: Any = True, default_factory: Callable | None = None) -> Any:
     """A config dataclass field with its command-line option in the field's metadata.
 
     The option's type comes from the annotation: ``int``/``float`` (finite; ``min``/``max`` bounds), ``bool``
     (a flag), ``str`` (free, or one of ``choices``), ``tuple[str, ...]``/``tuple[float, ...]`` (a comma list;
-    ``choices`` limit the items), ``int | float | None`` (a subset: a count or a fraction). ``kind`` names a
-    special parameter type instead (``"device"``, ``"subset"``). ``flag`` overrides ``--field-name``;
-    ``cli=False`` keeps a field out of the command line (api only).
+    ``choices`` limit the items; ``X | None`` defaults to None). ``kind`` names a special parameter type
+    instead (``"device"``, ``"subset"`` for ``int | float | None`` counts or fractions, ``"text"`` for a
+    string the config parses itself). ``flag`` overrides ``--field-name`` (a tuple adds aliases such as
+    ``("--max-grad-norm", "-C")``); ``min_open`` makes ``min`` exclusive; ``cli=False`` keeps a field out of
+    the command line (api only).
     """
     meta = {"help": help, "flag": flag, "choices": choices, "metavar": metavar, "min": min, "max": max,
-            "kind": kind, "cli": cli, "show_default": show_default}
+            "min_open": min_open, "kind": kind, "cli": cli, "show_default": show_default}
     if default_factory is not None:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -127,9 +131,16 @@ def cli_fields(cls: type) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls) if f.metadata.get("cli", False)]
 
 
+def flags_of(f: dataclasses.Field) -> tuple[str, ...]:
+    """``("--points",)`` for field ``points``, ``("--bn-recalibrate",)`` for ``bn_recalibrate``, or the metadata's
+    flag(s) (``("--max-grad-norm", "-C")``)."""
+    flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+    return (flag,) if isinstance(flag, str) else tuple(flag)
+
+
 def flag_of(f: dataclasses.Field) -> str:
-    """``--points`` for field ``points``, ``--bn-recalibrate`` for ``bn_recalibrate`` (or the metadata's flag)."""
-    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+    """The main flag of a config field (the first of :func:`flags_of`)."""
+    return flags_of(f)[0]
 
 
 def flags(cls: type | None) -> Mapping[str, str]:

@@ -30,8 +30,6 @@ _EXPORTS: dict[str, str] = {
     "clipping": "geometry",
     "symmetry": "geometry",
     "norms": "geometry",
-    "ntk": "kernels",
-    "ntk_table": "kernels",
     "prune": "pruning",
     "PruneConfig": "pruning",
     "privacy": "accounting",

@@ -24,8 +24,6 @@ from landscape.api.resolve import Resolver, Target
 from landscape.errors import UsageError
 from landscape.results import InputRef
 
-_RUN_KEYWORDS = ("root", "config", "output", "figure", "data_root", "download", "data_from", "workers")
-
 
 def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", config: Any = None,
         output: str | Path | None = None, figure: bool = True, data_root: str | None = None, download: bool = False,
@@ -48,7 +46,13 @@ def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", con
     resolver = Resolver(root, data_root=data_root, download=download)
     refs = [str(r) for r in refs]
     attrs: dict[str, Any] = {}
-    if spec.inputs == "pair":
+    if spec.inputs == "checkpoint":
+        (ref,) = refs
+        point = resolver.point(ref, masks=True, purpose=spec.purpose)
+        result = spec.compute(point, config)
+        inputs = [point.input_ref()]
+        stem, title = f"{spec.output}-{run_label(ref)}", ref
+    elif spec.inputs == "pair":
         ref_a, ref_b = refs
         a, b, choice = resolver.pair(ref_a, ref_b, data_from=data_from)
         result = spec.compute(a, b, config)
@@ -117,7 +121,7 @@ def _caught(fn: Callable, *args) -> tuple[Any, list]:
 
 def _target_job(name: str, resolver: Resolver, target: Target, config: Any):
     spec = get(name)
-    return _caught(lambda: spec.compute(resolver.point(target, masks=True, purpose=spec.name), config))
+    return _caught(lambda: spec.compute(resolver.point(target, masks=True, purpose=spec.purpose), config))
 
 
 def _pair_job(name: str, resolver: Resolver, ref_a: str, ref_b: str, labels: dict, config: Any, data_from: str,
@@ -158,14 +162,15 @@ def api_function(name: str) -> Callable:
     """
     spec = get(name)
     P = inspect.Parameter
-    refs = {"pair": ["ref_a", "ref_b"], "pairs": ["run_patterns"], "target": ["target"], "targets": ["targets"]}
+    refs = {"checkpoint": ["ref"], "pair": ["ref_a", "ref_b"], "pairs": ["run_patterns"], "target": ["target"],
+            "targets": ["targets"]}
     ref_names = refs[spec.inputs]
     params = [P(n, P.POSITIONAL_OR_KEYWORD, default=() if n == "run_patterns" else P.empty) for n in ref_names]
     params.append(P("config", P.POSITIONAL_OR_KEYWORD, default=None, annotation=spec.config))
     defaults = {"root": "checkpoints", "output": None, "figure": True, "data_root": None, "download": False}
     if spec.inputs in ("pair", "pairs"):
         defaults["data_from"] = "a"
-    if spec.inputs != "pair" and "workers" not in {f.name for f in dataclasses.fields(spec.config)}:
+    if spec.inputs not in ("checkpoint", "pair") and "workers" not in {f.name for f in dataclasses.fields(spec.config)}:
         defaults["workers"] = 1
     for opt in dataclasses.fields(spec.run_options) if spec.run_options else ():
         defaults[opt.name] = opt.default
@@ -179,7 +184,7 @@ def api_function(name: str) -> Callable:
         bound.apply_defaults()
         values = dict(bound.arguments)
         options = values.pop("options")
-        if spec.inputs == "pair":
+        if len(ref_names) == 2:
             ref_values = [values.pop("ref_a"), values.pop("ref_b")]
         else:
             value = values.pop(ref_names[0])

@@ -99,3 +99,13 @@ def _value(row, col: str) -> float:
     if col in ("min_sym_eig", "min_real_eig", "max_abs_imag_eig"):
         return v / row.norm if row.norm > 0 else 0.0
     return v
+
+
+def ntk_figure(result: NTKResult, stem, title: str = "") -> list[Path]:
+    """The ``ntk`` figure files (PNG + PDF at ``stem``)."""
+    return plot_ntk(result, stem)
+
+
+def ntk_table_figure(table: NTKTable, stem, title: str = "") -> list[Path]:
+    """The ``ntk-table`` figure files (PNG + PDF at ``stem``)."""
+    return plot_ntk_table(table, stem)
