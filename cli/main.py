@@ -26,9 +26,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "show": ("cli.show:show", "Print any result file (kind, inputs, options, attrs, arrays)."),
     "directions": ("cli.directions:directions", "Loss along N random directions from A against the path toward B (Watson Fig. 4)."),
     "surface": ("cli.directions:surface", "2-D loss/accuracy surface: random, B,C or pca:RUN plane (Li et al. 2018); resumable."),
-    "clipping": ("cli.geometry:clipping", "Clipping ratio R and the Thm. 3.2 bound (Watson Sec. 3.1); --prune-levels for Fig. 11."),
-    "symmetry": ("cli.geometry:symmetry", "Symmetry of per-sample gradient deviations (Zhu & Blaschko App. F)."),
-    "norms": ("cli.geometry:norms", "Parameter and gradient norms of runs, distance ratios (Watson Figs. 16-17)."),
     "privacy": ("cli.privacy:privacy", "Epsilon of a DP-SGD schedule, or the noise multiplier for a target epsilon."),
     "prune": ("cli.prune:prune", "Magnitude-prune a checkpoint into a new run (mask stored with it)."),
 }

@@ -13,3 +13,9 @@ register("instability", "landscape.analyze.instability:SPEC",
          "Instability of many checkpoint pairs: CSV + HDF5 + figure (Watson Fig. 5).")
 register("ntk", "landscape.analyze.ntk:SPEC", "Empirical NTK under clipping: symmetry, positivity, spectra (Bu et al.).")
 register("ntk-table", "landscape.analyze.ntk:TABLE_SPEC", "Bu et al. Table 1 measured at a checkpoint or along a run.")
+register("clipping", "landscape.analyze.clipping:SPEC",
+         "Clipping ratio R and the Thm. 3.2 bound (Watson Sec. 3.1); --prune-levels for Fig. 11.")
+register("symmetry", "landscape.analyze.symmetry:SPEC",
+         "Symmetry of per-sample gradient deviations (Zhu & Blaschko App. F).")
+register("norms", "landscape.analyze.norms:SPEC",
+         "Parameter and gradient norms of runs, distance ratios (Watson Figs. 16-17).")

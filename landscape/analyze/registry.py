@@ -34,14 +34,21 @@ class Analysis:
     - ``"pair"``: two references A B; ``compute(a, b, config) -> result``.
     - ``"pairs"``: run globs paired by ``--pairs`` (siblings, all, A:B,...); ``compute(a, b, config, labels)
       -> row`` per pair (in worker processes), then ``collect(rows, config, run_options) -> result``.
-    - ``"target"``: one reference; a bare run name means every checkpoint of the run; ``compute(point, config)
-      -> row`` per checkpoint (in worker processes), then ``collect(rows, config, run_options) -> result``.
-    - ``"targets"``: several references compared (e.g. norms), each expanded as for ``"target"``;
-      ``compute(groups, config, pool) -> result`` with the pool for per-checkpoint work.
+    - ``"target"``: one reference; a bare run name means every checkpoint of the run (or ``expand(resolver,
+      ref, config) -> (targets, extra inputs)`` decides); ``compute(point, config) -> row`` per checkpoint (in
+      worker processes), then ``collect(rows, config, run_options) -> result``.
+    - ``"targets"``: several references compared (e.g. norms), each expanded as for ``"target"``; optionally
+      ``prepare(point, config) -> value`` per checkpoint and ``share(values, config) -> shared`` first (e.g.
+      histogram edges common to all), then ``compute(point, config, shared) -> row`` per checkpoint and
+      ``collect(groups of rows, config, run_options, refs, shared) -> result``.
+
+    ``needs`` asks the resolver for more in each Point: ``"init"`` (the run's initial weights),
+    ``"manifest"`` (the run's manifest).
 
     ``run_options``: an optional second dataclass of options that change how the analysis is run but are not
     the analyzer's config (``--pairs``, ``--toward``, ``--no-resume``); its fields carry CLI metadata too and are
-    keyword arguments of the api function. ``figure(result, stem, title) -> [paths]`` draws from a result;
+    keyword arguments of the api function. ``figure(result, path, title) -> [paths]`` (or ``"module:function"``,
+    imported only when drawing) draws the figures beside result file ``path``;
     ``rows(result) -> [dict]`` is what the command prints (and ``--json`` gives as ``rows``); ``details(result)
     -> dict`` adds fields to ``--json`` and ``notes(result) -> [str]`` lines after the table. ``output`` is the
     default file stem (``results/<output>-<A>.h5``). ``csv``: also write the table as CSV beside the HDF5.
@@ -52,10 +59,14 @@ class Analysis:
     compute: Callable
     result: type
     inputs: str
-    figure: Callable | None = None
+    figure: Callable | str | None = None
     rows: Callable | None = None
     collect: Callable | None = None
     run_options: type | None = None
+    expand: Callable | None = None
+    prepare: Callable | None = None
+    share: Callable | None = None
+    needs: tuple[str, ...] = ()
     details: Callable | None = None
     notes: Callable | None = None
     output: str = ""
@@ -66,7 +77,7 @@ class Analysis:
     def __post_init__(self) -> None:
         if self.inputs not in INPUTS:
             raise ValueError(f"Analysis {self.name!r}: inputs must be one of {INPUTS}, got {self.inputs!r}")
-        if self.inputs in ("pairs", "target") and self.collect is None:
+        if self.inputs in ("pairs", "target", "targets") and self.collect is None:
             raise ValueError(f"Analysis {self.name!r}: inputs {self.inputs!r} needs collect(rows, config, ...)")
 
 

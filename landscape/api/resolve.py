@@ -36,6 +36,7 @@ class Target:
     run: str | None
     step: int
     epoch: float
+    tag: tuple = ()  # what an analysis' expand() attached, as (key, value) pairs (e.g. the pruning level)
 
 
 @dataclass
@@ -53,6 +54,9 @@ class Point:
     checkpoint: Checkpoint
     data: Any = None
     masks: dict[str, torch.Tensor] | None = None
+    init: dict[str, torch.Tensor] | None = None  # the run's @init weights (when asked for)
+    manifest: dict | None = None  # the run's manifest (when asked for)
+    tag: dict = field(default_factory=dict)
 
     @property
     def state(self) -> dict[str, torch.Tensor]:
@@ -123,16 +127,34 @@ class Resolver:
                                   source=str(ckpt.path) if ckpt.run is None else "the checkpoint")
 
     def point(self, target: Target | str, *, data: bool = True, masks: bool = False,
-              purpose: str = "evaluate it") -> Point:
-        """Load one checkpoint (a :class:`Target` from :meth:`expand`, or a reference) into a :class:`Point`."""
+              purpose: str = "evaluate it", needs: tuple[str, ...] = ()) -> Point:
+        """Load one checkpoint (a :class:`Target` from :meth:`expand`, or a reference) into a :class:`Point`;
+        ``needs`` may add ``"init"`` (the run's @init weights) and ``"manifest"``."""
         if isinstance(target, Target):
             ckpt = load_checkpoint(target.path, ref=target.ref)
         else:
             ckpt = self.load(target)
             target = Target(str(target), str(ckpt.path), ckpt.run, ckpt.step, ckpt.epoch)
+        run = self._run(target.run) if needs else None
+        init = None
+        if "init" in needs and run is not None:
+            try:
+                init = load_checkpoint(run.select("init").path).state_dict
+            except CheckpointError:
+                init = None
         return Point(ref=target.ref, run=target.run, step=target.step, epoch=target.epoch, checkpoint=ckpt,
                      data=self.dataset(ckpt, purpose=purpose) if data else None,
-                     masks=self.masks(target.run) if masks else None)
+                     masks=self.masks(target.run) if masks else None, init=init,
+                     manifest=run.manifest if "manifest" in needs and run is not None else None,
+                     tag=dict(target.tag))
+
+    def _run(self, name: str | None):
+        if name is None:
+            return None
+        try:
+            return self.store.run(name)
+        except CheckpointError:
+            return None
 
     def pair(self, ref_a: str, ref_b: str, *, data_from: str = "a") -> tuple[Point, Point, DataChoice]:
         """A and B checked compatible (same tensors, same model), both with the data set ``data_from`` picks."""
@@ -147,13 +169,8 @@ class Resolver:
 
     def masks(self, run: str | None) -> dict[str, torch.Tensor] | None:
         """The pruning mask stored with ``run`` (run array ``mask``), or None."""
-        if run is None:
-            return None
-        try:
-            r = self.store.run(run)
-        except CheckpointError:
-            return None
-        if MASK_ARRAY not in r.array_names():
+        r = self._run(run)
+        if r is None or MASK_ARRAY not in r.array_names():
             return None
         return {k: torch.as_tensor(np.asarray(v)) for k, v in r.load_array(MASK_ARRAY).items()}
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from landscape.analyze.registry import Analysis, get
-from landscape.api._common import config_with, default_output, map_jobs, run_label, slug
+from landscape.api._common import ProcessPool, config_with, default_output, map_jobs, run_label, slug
 from landscape.api.resolve import Resolver, Target
 from landscape.errors import UsageError
 from landscape.results import InputRef
@@ -65,24 +65,31 @@ def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", con
         stem, title = spec.output, ""
     elif spec.inputs == "target":
         (ref,) = refs
-        targets = resolver.expand(ref)
-        rows = _map(_target_job, [(spec.name, resolver, t, config) for t in targets], workers)
+        targets, extra = spec.expand(resolver, ref, config) if spec.expand else (resolver.expand(ref), [])
+        rows = _map(_point_job, [(spec.name, resolver, t, config) for t in targets], workers)
         result = spec.collect(rows, config, run_opts)
-        inputs = _inputs(targets)
+        inputs = extra + _inputs(targets)
         stem, title = f"{spec.output}-{run_label(ref)}", f"{ref}"
     else:  # targets
         if not refs:
             raise UsageError(f"{spec.name} needs at least one run or checkpoint")
         groups = [resolver.expand(r) for r in refs]
-        result = spec.compute(resolver, refs, groups, config, workers)
-        inputs = _inputs([t for g in groups for t in g])
-        stem, title = f"{spec.output}-{run_label(groups[0][0].ref)}", ""
+        flat = [t for g in groups for t in g]
+        with ProcessPool(min(workers, len(flat))) as pool:
+            shared = None
+            if spec.prepare is not None:
+                values = _map(_prepare_job, [(spec.name, resolver, t, config) for t in flat], pool=pool)
+                shared = spec.share(values, config)
+            rows = iter(_map(_point_job, [(spec.name, resolver, t, config, shared) for t in flat], pool=pool))
+        result = spec.collect([[next(rows) for _ in g] for g in groups], config, run_opts, refs, shared)
+        inputs = _inputs(flat)
+        stem, title = f"{spec.output}-{run_label(flat[0].ref)}", ""
     out = Path(output) if output is not None else default_output(stem)
     result.to_hdf5(out, inputs=inputs, attrs=attrs)
     if spec.csv:
         result.to_csv(out.with_suffix(".csv"))
     if figure and spec.figure is not None:
-        result.figures = _callable(spec.figure)(result, out.with_suffix(""), title)
+        result.figures = _callable(spec.figure)(result, out, title)
     return result
 
 
@@ -101,11 +108,11 @@ def _callable(where: str | Callable) -> Callable:
 # -------------------------------------------------------------------------------- jobs (in workers)
 
 
-def _map(fn: Callable, jobs: list[tuple], workers: int) -> list:
-    """``map_jobs`` whose jobs return ``(value, warnings)``: warnings raised in workers are re-raised here, so
-    the CLI shows them as one ``warning:`` line each whichever process they came from."""
+def _map(fn: Callable, jobs: list[tuple], workers: int = 1, *, pool: ProcessPool | None = None) -> list:
+    """``map_jobs`` (or ``pool.map``) whose jobs return ``(value, warnings)``: warnings raised in workers are
+    re-raised here, so the CLI shows them as one ``warning:`` line each whichever process they came from."""
     out = []
-    for value, messages in map_jobs(fn, jobs, workers):
+    for value, messages in (pool.map(fn, jobs) if pool is not None else map_jobs(fn, jobs, workers)):
         for category, message in messages:
             warnings.warn(message, category, stacklevel=3)
         out.append(value)
@@ -119,9 +126,18 @@ def _caught(fn: Callable, *args) -> tuple[Any, list]:
     return value, [(w.category, str(w.message)) for w in caught]
 
 
-def _target_job(name: str, resolver: Resolver, target: Target, config: Any):
+def _point(spec: Analysis, resolver: Resolver, target: Target):
+    return resolver.point(target, masks=True, purpose=spec.purpose, needs=spec.needs)
+
+
+def _point_job(name: str, resolver: Resolver, target: Target, config: Any, *shared: Any):
     spec = get(name)
-    return _caught(lambda: spec.compute(resolver.point(target, masks=True, purpose=spec.purpose), config))
+    return _caught(lambda: spec.compute(_point(spec, resolver, target), config, *shared))
+
+
+def _prepare_job(name: str, resolver: Resolver, target: Target, config: Any):
+    spec = get(name)
+    return _caught(lambda: spec.prepare(_point(spec, resolver, target), config))
 
 
 def _pair_job(name: str, resolver: Resolver, ref_a: str, ref_b: str, labels: dict, config: Any, data_from: str,

@@ -11,7 +11,7 @@ from landscape.plots.style import PALETTE, save_figure, styled, subplots
 
 
 @styled
-def plot_clipping(result, stem) -> list[Path]:
+def plot_clipping(result, stem, title: str = "") -> list[Path]:
     """One figure: against pruning level (Watson Fig. 11) when the rows are pruning levels, against epoch for
     several checkpoints, and per layer for a single checkpoint."""
     levels = np.array([r.prune_level for r in result.rows])

@@ -36,7 +36,7 @@ def _grad_rows(run, epochs: list[float] | None) -> list:
 
 
 @styled
-def plot_norms(result, path) -> list[Path]:
+def plot_norms(result, path, title: str = "") -> list[Path]:
     """``<stem>-params`` (histograms + distances) and ``<stem>-grads`` (per-sample gradient norms)."""
     stem = Path(path).with_suffix("")
     colors = _colors(result)

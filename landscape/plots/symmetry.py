@@ -90,7 +90,7 @@ def plot_statistics(result, stem) -> list[Path]:
     return save_figure(fig, stem)
 
 
-def plot_symmetry(result, path) -> list[Path]:
+def plot_symmetry(result, path, title: str = "") -> list[Path]:
     """``<stem>-deviations`` (grid over checkpoints) and ``<stem>-stats`` (statistics vs epoch)."""
     stem = Path(path).with_suffix("")
     files = plot_deviations(result, stem.with_name(f"{stem.name}-deviations"))
