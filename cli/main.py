@@ -24,8 +24,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "store": ("cli.store:store", "List runs and inspect checkpoints in the store."),
     "import": ("cli.store:import_checkpoint", "Import a foreign .pt/.safetensors checkpoint into the store."),
     "show": ("cli.show:show", "Print any result file (kind, inputs, options, attrs, arrays)."),
-    "directions": ("cli.directions:directions", "Loss along N random directions from A against the path toward B (Watson Fig. 4)."),
-    "surface": ("cli.directions:surface", "2-D loss/accuracy surface: random, B,C or pca:RUN plane (Li et al. 2018); resumable."),
     "privacy": ("cli.privacy:privacy", "Epsilon of a DP-SGD schedule, or the noise multiplier for a target epsilon."),
     "prune": ("cli.prune:prune", "Magnitude-prune a checkpoint into a new run (mask stored with it)."),
 }

@@ -293,3 +293,21 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_directions_and_surface_files_have_labelled_dims(mixed_store, tmp_path):
+    from landscape.api import directions, surface
+
+    d = directions("a", root=mixed_store.root, n=2, points=3, distance=0.5, subset=50, output=tmp_path / "d.h5",
+                   figure=False)
+    s = surface("a", root=mixed_store.root, grid="3x2", splits=("test",), subset=50, output=tmp_path / "s.h5",
+                figure=False)
+    with read_result(d.path).to_xarray() as ds:
+        assert ds["direction_loss"].dims == ("direction", "t") and ds["rise"].dims == ("direction",)
+        np.testing.assert_array_equal(ds["direction_loss"].values, d.direction_loss)
+        np.testing.assert_array_equal(ds["t"].values, np.linspace(0, 1, 3))
+    with read_result(s.path).to_xarray() as ds:
+        assert ds["test_loss"].dims == ("x", "y")
+        np.testing.assert_array_equal(ds["x"].values, s.xcoordinates)
+        np.testing.assert_array_equal(ds["test_loss"].sel(x=s.xcoordinates[1], y=s.ycoordinates[0]).values,
+                                      s.values["test_loss"][1, 0])

@@ -19,3 +19,7 @@ register("symmetry", "landscape.analyze.symmetry:SPEC",
          "Symmetry of per-sample gradient deviations (Zhu & Blaschko App. F).")
 register("norms", "landscape.analyze.norms:SPEC",
          "Parameter and gradient norms of runs, distance ratios (Watson Figs. 16-17).")
+register("directions", "landscape.analyze.directions:SPEC",
+         "Loss along N random directions from A against the path toward B (Watson Fig. 4).")
+register("surface", "landscape.analyze.surface:SPEC",
+         "2-D loss/accuracy surface: random, B,C or pca:RUN plane (Li et al. 2018); resumable.")

@@ -42,6 +42,12 @@ class Analysis:
       histogram edges common to all), then ``compute(point, config, shared) -> row`` per checkpoint and
       ``collect(groups of rows, config, run_options, refs, shared) -> result``.
 
+    ``execute(resolver, ref, config, run_options, path) -> (result, inputs)`` replaces resolve + compute for a
+    ``"checkpoint"`` analysis that needs more than one Point (directions toward B, a surface's plane through
+    other checkpoints or a run's trajectory, resumable partial writes to ``path``, its own worker payload);
+    it lives in ``landscape/api`` since it opens the store. ``stem(refs, config, run_options) -> str`` names
+    the default output when the references alone do not (``slug`` makes a reference a file-name part).
+
     ``needs`` asks the resolver for more in each Point: ``"init"`` (the run's initial weights),
     ``"manifest"`` (the run's manifest).
 
@@ -67,6 +73,8 @@ class Analysis:
     prepare: Callable | None = None
     share: Callable | None = None
     needs: tuple[str, ...] = ()
+    execute: Callable | str | None = None
+    stem: Callable | None = None
     details: Callable | None = None
     notes: Callable | None = None
     output: str = ""
@@ -111,6 +119,15 @@ def get(name: str) -> Analysis:
     if spec.name != name:
         raise ValueError(f"{_LINES[name][0]} is the spec of {spec.name!r}, registered as {name!r}")
     return spec
+
+
+def slug(ref: str) -> str:
+    """A reference as a file-name part: ``run@step=3`` stays, ``dir/a.h5`` -> ``a``, other characters -> ``_``."""
+    import re
+    from pathlib import Path
+
+    text = str(ref)
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", Path(text).stem if text.endswith(".h5") else text).strip("_")
 
 
 # ------------------------------------------------------------------------------------ config fields

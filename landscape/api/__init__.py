@@ -23,8 +23,6 @@ _EXPORTS: dict[str, str] = {
     "PhasesConfig": "training",
     "InterpolateConfig": "interpolation",
     "tour": "interpolation",
-    "directions": "loss_surfaces",
-    "surface": "loss_surfaces",
     "DirectionsConfig": "loss_surfaces",
     "SurfaceConfig": "loss_surfaces",
     "prune": "pruning",

@@ -10,7 +10,6 @@ import dataclasses
 import functools
 import json
 import os
-import re
 import signal
 import sys
 import threading
@@ -23,6 +22,7 @@ from typing import Any
 
 import torch
 
+from landscape.analyze.registry import slug  # noqa: F401 (re-exported for the api modules)
 from landscape.errors import CheckpointError, IncompatibleError, UsageError
 from landscape.params import check_compatible
 from landscape.store import Checkpoint
@@ -94,11 +94,6 @@ def check_pair(a: Checkpoint, b: Checkpoint, *, b_label: str | None = None) -> N
 
 
 # ---------------------------------------------------------------------------------------- outputs
-
-
-def slug(ref: str) -> str:
-    """A reference as a file-name part: ``run@step=3`` stays, ``dir/a.h5`` -> ``a``, other characters -> ``_``."""
-    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", Path(str(ref)).stem if str(ref).endswith(".h5") else str(ref)).strip("_")
 
 
 def run_label(ref: str) -> str:

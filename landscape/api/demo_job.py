@@ -15,7 +15,7 @@ from pathlib import Path
 
 from landscape.analyze.interpolate import InterpolateConfig
 from landscape.api.interpolation import tour
-from landscape.api.loss_surfaces import directions
+from landscape.api import directions
 from landscape.api.training import RunSummary, phases
 from landscape.train.config import PhasesConfig, TrainConfig
 

@@ -48,10 +48,14 @@ def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", con
     attrs: dict[str, Any] = {}
     if spec.inputs == "checkpoint":
         (ref,) = refs
-        point = resolver.point(ref, masks=True, purpose=spec.purpose)
-        result = spec.compute(point, config)
-        inputs = [point.input_ref()]
         stem, title = f"{spec.output}-{run_label(ref)}", ref
+        if spec.execute is not None:
+            out = Path(output) if output is not None else default_output(spec.stem(refs, config, run_opts))
+            result, inputs = _callable(spec.execute)(resolver, ref, config, run_opts, out)
+        else:
+            point = resolver.point(ref, masks=True, purpose=spec.purpose)
+            result = spec.compute(point, config)
+            inputs = [point.input_ref()]
     elif spec.inputs == "pair":
         ref_a, ref_b = refs
         a, b, choice = resolver.pair(ref_a, ref_b, data_from=data_from)
@@ -84,12 +88,15 @@ def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", con
         result = spec.collect([[next(rows) for _ in g] for g in groups], config, run_opts, refs, shared)
         inputs = _inputs(flat)
         stem, title = f"{spec.output}-{run_label(flat[0].ref)}", ""
+    if spec.stem is not None:
+        stem = spec.stem(refs, config, run_opts)
     out = Path(output) if output is not None else default_output(stem)
     result.to_hdf5(out, inputs=inputs, attrs=attrs)
     if spec.csv:
         result.to_csv(out.with_suffix(".csv"))
     if figure and spec.figure is not None:
-        result.figures = _callable(spec.figure)(result, out, title)
+        draw = _callable(spec.figure)
+        result.figures = draw(result, out, title, run_opts) if spec.run_options else draw(result, out, title)
     return result
 
 

@@ -49,3 +49,11 @@ def plot_directions(result, *, title: str | None = None):
         ax.set_title(title)
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
     return fig
+
+
+def directions_figure(result, path, title: str = "", options=None) -> list:
+    """The ``directions`` figure files beside result file ``path`` (title: A, and B with ``options.toward``)."""
+    from landscape.plots.style import save_figure
+
+    toward = getattr(options, "toward", None)
+    return save_figure(plot_directions(result, title=f"A = {title}" + (f"   B = {toward}" if toward else "")), path)

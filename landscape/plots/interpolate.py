@@ -101,6 +101,6 @@ def interpolation_figure(result, stem, title: str = "") -> list:
     return save_figure(plot_interpolation(result, title=title or None), stem)
 
 
-def instability_figure(table, stem, title: str = "") -> list:
+def instability_figure(table, stem, title: str = "", options=None) -> list:
     """The ``instability`` figure files (PNG + PDF at ``stem``): :func:`plot_instability` of the table's rows."""
     return save_figure(plot_instability(table.records(), splits=table.splits, title=title or None), stem)

@@ -94,3 +94,9 @@ def surface_3d_figure(result, *, title: str | None = None):
     if title:
         ax.set_title(title)
     return fig
+
+
+def surface_figure(result, path, title: str = "", options=None) -> list[Path]:
+    """The ``surface`` figure files beside result file ``path`` (``options.three_d``: also the 3-D view)."""
+    return plot_surface(result, Path(path).with_suffix(""), three_d=bool(getattr(options, "three_d", False)),
+                        title=f"A = {title}")
