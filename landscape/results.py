@@ -425,6 +425,25 @@ def write_dataclass(obj: Any, path: str | os.PathLike, kind: str, *, inputs: Seq
     return write_result(path, kind, arrays=arrays, attrs=out_attrs, params=params, inputs=inputs, dims=dims)
 
 
+class StoredResult:
+    """Base of a result dataclass stored by the codec: ``to_hdf5`` / ``from_hdf5`` from its ``KIND`` (the file's
+    kind) and ``CONFIG`` (the class of its ``config`` field, rebuilt from the stored params)."""
+
+    KIND = ""
+    CONFIG: Any = None
+
+    def to_hdf5(self, path: str | os.PathLike, inputs: Sequence[InputRef] = (),
+                attrs: Mapping[str, Any] | None = None) -> Path:
+        """Write the result (``inputs`` default to its own), set and return its ``path``."""
+        self.inputs = list(inputs) or self.inputs
+        self.path = write_dataclass(self, path, self.KIND, inputs=self.inputs, attrs=attrs)
+        return self.path
+
+    @classmethod
+    def from_hdf5(cls, path: str | os.PathLike) -> Any:
+        return read_dataclass(cls, path, cls.KIND, config=cls.CONFIG)
+
+
 def _row_class(hint: Any) -> type:
     import typing
 

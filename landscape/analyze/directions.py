@@ -28,22 +28,21 @@ import numpy as np
 import torch
 from torch import nn
 
-from landscape.analyze._common import check_choice, check_positive_int, config_from_params
+from landscape.analyze._common import EvaluationOptions, check_choice, check_positive_int, config_from_params
 from landscape.analyze.registry import Analysis, option, slug
 from landscape.directions import BIASBN, NORMALIZATIONS, max_abs_cosine, random_directions
 from landscape.errors import UsageError
-from landscape.evaluate import DEFAULT_BATCH_SIZE, Affine, Segment, evaluate
+from landscape.evaluate import Affine, Segment, evaluate
 from landscape.params import ParamSpace
 from landscape.results import InputRef, read_result, write_result
 
 KIND = "directions"
 SPLITS = ("train", "test")
-METHODS = ("auto", "loop", "plain", "vmap")
 GENERATOR_BUDGET = 1 << 29  # bytes of cached first-layer outputs per evaluate call (chooses the chunk size)
 
 
 @dataclass
-class DirectionsConfig:
+class DirectionsConfig(EvaluationOptions):
     """Options of ``landscape directions`` (stored as the result's ``params``).
 
     ``distance`` is a positive number or ``"auto"`` (= ``||theta_B - theta_A||``, needs a target).
@@ -62,13 +61,6 @@ class DirectionsConfig:
     biasbn: str = option("zero", "1-D tensors (biases, norm layers) under filter/layer normalisation: zero (Li et "
                          "al.), copy theta, or random rescaled.", choices=BIASBN)
     seed: int = option(0, "Seed of the random directions.")
-    subset: int | float | None = option(None, "Evaluate on a seeded stratified subset of each split (count or "
-                                        "fraction; default: all).", kind="subset")
-    subset_seed: int = option(0, "Seed of the subset.")
-    batch_size: int = option(DEFAULT_BATCH_SIZE, "Examples per forward pass (results do not depend on it beyond "
-                             "rounding).", min=1)
-    device: str = option("cpu", "auto, cpu, cuda or cuda:N.", kind="device")
-    method: str = option("auto", "Evaluation engine (landscape.evaluate).", choices=METHODS)
     workers: int = option(1, "Parallel worker processes.", min=1)
 
     def __post_init__(self) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from landscape.analyze.interpolate import InterpolateConfig
 from landscape.analyze.interpolate import compute_pair as interpolate_pair
 from landscape.analyze.registry import Analysis, option
-from landscape.results import InputRef, read_dataclass, stored, table_columns, write_csv, write_dataclass
+from landscape.results import InputRef, StoredResult, stored, table_columns, write_csv
 
 KIND = "instability"
 
@@ -43,8 +43,10 @@ class PairInstability:
 
 
 @dataclass
-class InstabilityTable:
+class InstabilityTable(StoredResult):
     """All pairs, the splits they were evaluated on, and the interpolation options used."""
+
+    KIND = KIND
 
     rows: list[PairInstability] = stored("table", order="splits", count="pairs")
     splits: tuple[str, ...] = stored("attr", default=())
@@ -63,15 +65,6 @@ class InstabilityTable:
     def to_csv(self, path: str | Path) -> Path:
         self.csv_path = write_csv(path, self.records(), self.columns())
         return self.csv_path
-
-    def to_hdf5(self, path: str | Path, inputs: Sequence[InputRef] = (), attrs: Mapping | None = None) -> Path:
-        self.inputs = list(inputs) or self.inputs
-        self.path = write_dataclass(self, path, KIND, inputs=self.inputs, attrs=attrs)
-        return self.path
-
-    @classmethod
-    def from_hdf5(cls, path: str | Path) -> InstabilityTable:
-        return read_dataclass(cls, path, KIND)
 
 
 # --------------------------------------------------------------------------------------------- pairing

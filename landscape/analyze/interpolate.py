@@ -23,32 +23,24 @@ import numpy as np
 import torch
 from torch import nn
 
-from landscape.analyze._common import check_positive_int
+from landscape.analyze._common import EvaluationOptions, check_positive_int
 from landscape.analyze.registry import Analysis, option
 from landscape.errors import UsageError
-from landscape.evaluate import DEFAULT_BATCH_SIZE, EvalResult, Segment, evaluate
+from landscape.evaluate import EvalResult, Segment, evaluate
 from landscape.params import ParamSpace, check_compatible
-from landscape.results import InputRef, read_dataclass, stored, write_dataclass
+from landscape.results import InputRef, StoredResult, stored
 
 KIND = "interpolation"
 SPLITS = ("train", "test")
-METHODS = ("auto", "loop", "plain", "vmap")
 
 
 @dataclass
-class InterpolateConfig:
+class InterpolateConfig(EvaluationOptions):
     """Options of ``landscape interpolate`` / ``instability`` (stored as the result's ``params``)."""
 
     points: int = option(30, "Number of alphas in linspace(0, 1, points), both endpoints included.", min=2)
     splits: tuple[str, ...] = option(SPLITS, "Data splits to evaluate.", choices=SPLITS, metavar="train,test")
     bn_recalibrate: bool = option(False, "Recompute BatchNorm statistics at every point from the training data.")
-    subset: int | float | None = option(None, "Evaluate on a seeded stratified subset of each split (count or "
-                                        "fraction; default: all).", kind="subset")
-    subset_seed: int = option(0, "Seed of the subset.")
-    batch_size: int = option(DEFAULT_BATCH_SIZE, "Examples per forward pass (results do not depend on it beyond "
-                             "rounding).", min=1)
-    device: str = option("cpu", "auto, cpu, cuda or cuda:N.", kind="device")
-    method: str = option("auto", "Evaluation engine (landscape.evaluate).", choices=METHODS)
 
     def __post_init__(self) -> None:
         if isinstance(self.splits, str):
@@ -105,8 +97,11 @@ def chord_barrier(values: Sequence[float] | np.ndarray, alphas: Sequence[float] 
 
 
 @dataclass
-class InterpolationResult:
+class InterpolationResult(StoredResult):
     """Loss/accuracy per split along the path, and the instabilities (Watson et al. Def. 2.3)."""
+
+    KIND = KIND
+    CONFIG = InterpolateConfig
 
     alpha: np.ndarray = stored("array", dims=("alpha",))
     loss: dict[str, np.ndarray] = stored("array", name="{}_loss", dims=("alpha",), order="splits")
@@ -147,15 +142,6 @@ class InterpolationResult:
             }
             for s in self.splits
         ]
-
-    def to_hdf5(self, path: str | Path, inputs: Sequence[InputRef] = (), attrs: Mapping | None = None) -> Path:
-        self.inputs = list(inputs) or self.inputs
-        self.path = write_dataclass(self, path, KIND, inputs=self.inputs, attrs=attrs)
-        return self.path
-
-    @classmethod
-    def from_hdf5(cls, path: str | Path) -> InterpolationResult:
-        return read_dataclass(cls, path, KIND, config=InterpolateConfig)
 
 
 def interpolation_space(model: nn.Module) -> ParamSpace:

@@ -220,13 +220,9 @@ def clip_kernel(
 
 # ------------------------------------------------------------------------------------------ configs
 @dataclass
-class NTKConfig:
-    """Options of ``landscape ntk`` (stored as the result's params)."""
+class KernelOptions:
+    """Which kernel of which examples, and how it is computed (the base of NTKConfig and NTKTableConfig)."""
 
-    clip: str = option("none", "Kernel: K (none), K C (flat), sum_r K_r C_r (layerwise).", choices=CLIPS)
-    max_grad_norm: float = option(1.0, "Clipping norm C.", flag=("--max-grad-norm", "-C"), min=0, min_open=True)
-    layer_max_norms: float | None = option(None, "Layerwise per-layer norm C_r (default C / sqrt(#layers), as in "
-                                           "training).", flag="--layer-max-norm", min=0, min_open=True)
     n: int = option(128, "Number of examples (seeded stratified subset of the checkpoint's data).", min=1)
     kind: str = option("loss-grad", KIND_HELP, choices=KINDS)
     clip_fn: str = option("abadi", "Clipping function (Bu et al. Sec. 2.2).", choices=CLIP_FNS)
@@ -238,6 +234,16 @@ class NTKConfig:
                                           kind="text")
     strategy: str = option("auto", "How per-layer Gram blocks are computed.", choices=STRATEGIES)
     precision: str = option("auto", PRECISION_HELP, choices=PRECISIONS)
+
+
+@dataclass
+class NTKConfig(KernelOptions):
+    """Options of ``landscape ntk`` (stored as the result's params)."""
+
+    clip: str = option("none", "Kernel: K (none), K C (flat), sum_r K_r C_r (layerwise).", choices=CLIPS)
+    max_grad_norm: float = option(1.0, "Clipping norm C.", flag=("--max-grad-norm", "-C"), min=0, min_open=True)
+    layer_max_norms: float | None = option(None, "Layerwise per-layer norm C_r (default C / sqrt(#layers), as in "
+                                           "training).", flag="--layer-max-norm", min=0, min_open=True)
 
     def __post_init__(self) -> None:
         if self.clip not in CLIPS:
@@ -252,23 +258,12 @@ class NTKConfig:
 
 
 @dataclass
-class NTKTableConfig:
+class NTKTableConfig(KernelOptions):
     """Options of ``landscape ntk-table`` (stored as the result's params)."""
 
     max_grad_norms: tuple[float, ...] = option((0.01, 0.1, 1.0, 10.0, 100.0), "Clipping norms C.",
                                                flag=("--max-grad-norm", "-C"))
     clip_styles: tuple[str, ...] = option(CLIP_STYLES, "Clipping styles: flat, layerwise.", flag="--clip-style")
-    n: int = option(128, "Number of examples (seeded stratified subset of the checkpoint's data).", min=1)
-    kind: str = option("loss-grad", KIND_HELP, choices=KINDS)
-    clip_fn: str = option("abadi", "Clipping function (Bu et al. Sec. 2.2).", choices=CLIP_FNS)
-    layers: tuple[str, ...] | None = option(None, "Glob patterns of parameter names to include (default: all "
-                                            "trainable).")
-    seed: int = option(0, "Seed of the example subset.")
-    split: str = option("train", "Data split.", choices=("train", "test"))
-    max_memory: str | int | None = option("4GB", "Memory budget of the Gram computation (e.g. 4GB, 512MiB).",
-                                          kind="text")
-    strategy: str = option("auto", "How per-layer Gram blocks are computed.", choices=STRATEGIES)
-    precision: str = option("auto", PRECISION_HELP, choices=PRECISIONS)
 
     def __post_init__(self) -> None:
         self.max_grad_norms = tuple(float(c) for c in self.max_grad_norms)

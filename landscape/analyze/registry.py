@@ -155,8 +155,11 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | tu
 
 
 def cli_fields(cls: type) -> list[dataclasses.Field]:
-    """The fields of config dataclass ``cls`` that are command-line options."""
-    return [f for f in dataclasses.fields(cls) if f.metadata.get("cli", False)]
+    """The fields of config dataclass ``cls`` that are command-line options: its own first, then inherited ones
+    (``EvaluationOptions``' subset/batch/device options come after an analysis' own)."""
+    own = set(cls.__dict__.get("__annotations__", {}))
+    fields = [f for f in dataclasses.fields(cls) if f.metadata.get("cli", False)]
+    return [f for f in fields if f.name in own] + [f for f in fields if f.name not in own]
 
 
 def flags_of(f: dataclasses.Field) -> tuple[str, ...]:

@@ -38,12 +38,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from landscape.analyze._common import check_choice, check_positive_int, config_from_params
-from landscape.analyze.directions import METHODS, nonzero_random_directions
+from landscape.analyze._common import EvaluationOptions, check_choice, check_positive_int, config_from_params
+from landscape.analyze.directions import nonzero_random_directions
 from landscape.analyze.registry import Analysis, option, slug
 from landscape.directions import BIASBN, NORMALIZATIONS, trajectory_pca
 from landscape.errors import UsageError
-from landscape.evaluate import DEFAULT_BATCH_SIZE, Affine, evaluate
+from landscape.evaluate import Affine, evaluate
 from landscape.params import ParamSpace
 from landscape.results import InputRef, read_result, to_jsonable, write_result
 
@@ -58,7 +58,7 @@ _RANGE = re.compile(r"^\s*([-+0-9.eE]+)\s*:\s*([-+0-9.eE]+)\s*$")
 
 
 @dataclass
-class SurfaceConfig:
+class SurfaceConfig(EvaluationOptions):
     """Options of ``landscape surface`` (stored as the result's ``params``).
 
     ``plane``: ``random``, ``B,C`` (two more checkpoint references) or ``pca:RUN``; ``grid``: ``NXxNY`` (or
@@ -79,13 +79,6 @@ class SurfaceConfig:
     biasbn: str = option("zero", "1-D tensors (biases, norm layers) under filter/layer normalisation: zero (Li et "
                          "al.), copy theta, or random rescaled.", choices=BIASBN)
     seed: int = option(0, "Seed of the random directions.")
-    subset: int | float | None = option(None, "Evaluate on a seeded stratified subset of each split (count or "
-                                        "fraction; default: all).", kind="subset")
-    subset_seed: int = option(0, "Seed of the subset.")
-    batch_size: int = option(DEFAULT_BATCH_SIZE, "Examples per forward pass (results do not depend on it beyond "
-                             "rounding).", min=1)
-    device: str = option("cpu", "auto, cpu, cuda or cuda:N.", kind="device")
-    method: str = option("auto", "Evaluation engine (landscape.evaluate).", choices=METHODS)
     workers: int = option(1, "Parallel worker processes.", min=1)
     rows_per_call: int | None = option(None, "Grid rows per evaluation call and file write (default: about 64 "
                                        "points per call).", min=1)
