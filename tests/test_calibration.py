@@ -78,6 +78,11 @@ def trained_digits(tmp_path_factory):
     return ckpt, ckpt.build_model().eval(), {"train": (data.x_train, data.y_train), "test": (data.x_test, data.y_test)}
 
 
+@pytest.fixture(scope="module")
+def store_root(trained_digits):
+    return trained_digits[0].path.parents[1]
+
+
 def test_trained_checkpoint_equals_torchmetrics_and_the_evaluator(trained_digits):
     ckpt, model, data = trained_digits
     row = calibration_row(model, data, CalibrationConfig(bins=15, splits=("train", "test")), ref="mlp@last",
@@ -291,3 +296,55 @@ def test_collect_and_figures_for_a_run_and_single_checkpoints(trained_digits, tm
     assert all(p.is_file() and p.stat().st_size > 0 for p in paths)
     single = figure(collect(rows[2:], CalibrationConfig(bins=10)), tmp_path / "one")
     assert not any("epochs" in p.name for p in single) and len(single) == 6
+
+
+# ------------------------------------------------------------------------------------- api, file, CLI
+
+
+def test_api_writes_a_result_that_reads_back_as_frame_and_labelled_arrays(trained_digits, store_root, tmp_path):
+    import xarray as xr
+
+    from landscape.analyze.calibration import CalibrationResult
+    from landscape.api import calibration
+    from landscape.results import read_result
+
+    ckpt, model, data = trained_digits
+    out = tmp_path / "cal.h5"
+    r = calibration(["mlp", "mlp@last"], root=store_root, bins=10, splits=("train", "test"), output=out)
+    assert r.path == out and out.is_file() and {p.suffix for p in r.figures} == {".png", ".pdf"}
+    assert any("-test-epochs" in p.name for p in r.figures)
+    steps = [i.step for i in __import__("landscape.store", fromlist=["Store"]).Store(store_root).run("mlp").checkpoints()]
+    assert [row.ref for row in r.rows] == [f"mlp@step={s}" for s in steps for _ in (0, 1)] + ["mlp@last"] * 2
+    assert [row.epoch for row in r.rows[::2]] == [0.0, 1.0, 2.0, 3.0, 3.0]
+    direct = calibration_row(model, data, CalibrationConfig(bins=10, splits=("train", "test")))
+    assert r.rows[-1].ece == direct.splits["test"].ece and r.rows[-2].nll == direct.splits["train"].nll
+    back = CalibrationResult.from_hdf5(out)
+    assert back.rows == r.rows and back.config == r.config
+    assert np.array_equal(back.bin_count, r.bin_count) and np.array_equal(back.bin_accuracy, r.bin_accuracy,
+                                                                          equal_nan=True)
+    frame = read_result(out).to_frame()
+    assert list(frame["split"])[:2] == ["train", "test"] and frame["ece"].iloc[-1] == pytest.approx(r.rows[-1].ece)
+    with xr.open_dataset(out, engine="h5netcdf") as ds:
+        assert ds["bin_count"].dims == ("row", "bin") and ds["bin_count"].shape == (10, 10)
+    assert len(read_result(out).inputs) == 5 and all(i.sha256 for i in read_result(out).inputs)
+
+
+def test_cli_prints_the_table_and_refuses_bad_input(store_root, tmp_path, monkeypatch, capsys):
+    from cli import main as cli_main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        cli_main.main(["--root", str(store_root), "calibration", "mlp@last", "mlp@init", "--bins", "5",
+                       "--splits", "train,test", "--no-figure", "-o", "c.h5"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and "adaptive_ece" in out and "mlp@init" in out and (tmp_path / "c.h5").is_file()
+    for args, code, fragment in ((["mlp@last", "--bins", "0"], 2, "--bins"), (["mlp@last", "--splits", "val"], 2, "val"),
+                                 (["nope"], 1, "nope"), (["mlp@last", "--subset", "0"], 2, "subset")):
+        with pytest.raises(SystemExit) as exc:
+            cli_main.main(["--root", str(store_root), "calibration", *args, "--no-figure", "-o", "d.h5"])
+        err = capsys.readouterr().err
+        # one "error: ..." line, or click's usage message whose last line is its one "Error: ..." line
+        last = err.strip().splitlines()[-1]
+        assert exc.value.code == code and "Traceback" not in err, err
+        assert (err.startswith("error: ") and err.count("\n") == 1) or (code == 2 and last.startswith("Error:")), err
+        assert fragment in last, err

@@ -40,29 +40,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from landscape.analyze._common import check_positive_int
+from landscape.analyze._common import EvaluationOptions, check_positive_int
+from landscape.analyze.registry import Analysis, option
 from landscape.errors import UsageError
-from landscape.evaluate import DEFAULT_BATCH_SIZE, Metric, evaluate
+from landscape.evaluate import Metric, evaluate
 from landscape.params import ParamSpace
+from landscape.results import StoredResult, stored
 
 KIND = "calibration"
 SPLITS = ("train", "test")
 
 
 @dataclass
-class CalibrationConfig:
+class CalibrationConfig(EvaluationOptions):
     """Options of ``landscape calibration`` (stored as the result's ``params``)."""
 
-    bins: int = field(default=15, metadata={
-        "help": "number of equal-width confidence bins ((m-1)/M, m/M] for ECE, MCE, the reliability diagram and "
-                "the histograms; also the number of equal-mass bins of the adaptive ECE"})
-    splits: tuple[str, ...] = field(default=("test",), metadata={
-        "help": "data splits to evaluate (comma-separated)", "choices": SPLITS})
-    subset: int | float | None = field(default=None, metadata={
-        "help": "evaluate on a seeded stratified subset of each split (a count, or a fraction in (0, 1))"})
-    subset_seed: int = field(default=0, metadata={"help": "seed of --subset"})
-    batch_size: int = field(default=DEFAULT_BATCH_SIZE, metadata={"help": "examples per forward pass"})
-    device: str = field(default="cpu", metadata={"help": "auto, cpu or cuda[:N]"})
+    bins: int = option(15, "Number of equal-width confidence bins ((m-1)/M, m/M] for ECE, MCE, the reliability "
+                       "diagram and the histograms; also the number of equal-mass bins of the adaptive ECE.", min=1)
+    splits: tuple[str, ...] = option(("test",), "Data splits to evaluate.", choices=SPLITS, metavar="train,test")
 
     def __post_init__(self) -> None:
         if isinstance(self.splits, str):
@@ -303,15 +298,19 @@ class CalibrationRecord:
 
 
 @dataclass
-class CalibrationResult:
+class CalibrationResult(StoredResult):
     """``landscape calibration``: one table row per (checkpoint, split) and, aligned with the rows, the
-    reliability bins and histograms as ``(rows, bins)`` arrays. A whole run gives its metrics against epoch."""
+    reliability bins and histograms as ``(row, bin)`` arrays. A whole run gives its metrics against epoch."""
 
-    rows: list[CalibrationRecord] = field(default_factory=list)
-    bin_count: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
-    bin_confidence: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
-    bin_accuracy: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
-    true_class_count: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
+    KIND = KIND
+    CONFIG = CalibrationConfig
+
+    rows: list[CalibrationRecord] = stored("table", count="rows", default_factory=list)
+    bin_count: np.ndarray = stored("array", dims=("row", "bin"), default_factory=lambda: np.zeros((0, 0), np.int64))
+    bin_confidence: np.ndarray = stored("array", dims=("row", "bin"), default_factory=lambda: np.zeros((0, 0)))
+    bin_accuracy: np.ndarray = stored("array", dims=("row", "bin"), default_factory=lambda: np.zeros((0, 0)))
+    true_class_count: np.ndarray = stored("array", dims=("row", "bin"),
+                                          default_factory=lambda: np.zeros((0, 0), np.int64))
     config: CalibrationConfig = field(default_factory=CalibrationConfig)
     inputs: list = field(default_factory=list)
     path: Path | None = None
@@ -331,7 +330,7 @@ class CalibrationResult:
         return [dict(vars(r)) for r in self.rows]
 
 
-def collect(rows: list[CalibrationRow], config: CalibrationConfig, run_options: Any = None) -> CalibrationResult:
+def collect(rows: list[CalibrationRow], config: CalibrationConfig) -> CalibrationResult:
     """The result of several checkpoints: rows in the given order, each checkpoint's splits in config order."""
     records, parts = [], []
     for row in rows:
@@ -387,3 +386,37 @@ def _subset(data: Mapping[str, tuple[torch.Tensor, torch.Tensor]], name: str, co
 
     idx = subset_indices(y, config.subset, config.subset_seed)
     return x[idx], y[idx]
+
+
+# ------------------------------------------------------------------------------------------- the spec
+
+
+def compute_point(point, config: CalibrationConfig, shared: Any = None) -> CalibrationRow:
+    """:func:`calibration_row` at one resolved checkpoint (``landscape.api.resolve.Point``) on its own data."""
+    data = {s: point.split(s) for s in config.splits}
+    return calibration_row(point.model(), data, config, ref=point.ref, step=point.step, epoch=point.epoch,
+                           run=point.run or "")
+
+
+def collect_groups(groups, config: CalibrationConfig, run_options: Any = None, refs: Any = None,
+                   shared: Any = None) -> CalibrationResult:
+    """Every checkpoint of every reference, in order (a run's checkpoints by step)."""
+    return collect([row for group in groups for row in group], config)
+
+
+def _rows(result: CalibrationResult) -> list[dict[str, Any]]:
+    keep = ("ref", "split", "epoch", "accuracy", "nll", "brier", "ece", "mce", "adaptive_ece")
+    return [{k: row[k] for k in keep} for row in result.table()]
+
+
+SPEC = Analysis(
+    name="calibration", config=CalibrationConfig, compute=compute_point, collect=collect_groups,
+    result=CalibrationResult, inputs="targets", figure="landscape.plots.calibration:figure", rows=_rows,
+    output="calibration",
+    doc="""Calibration of checkpoints or whole runs TARGETS... (Bu et al. 2023 Sec. 5; Guo et al. 2017).
+
+    Accuracy, NLL, Brier score, ECE and MCE over equal-width confidence bins ((m-1)/M, m/M], confidence = max
+    softmax probability, MCE over non-empty bins), adaptive (equal-mass) ECE; reliability diagrams, confidence
+    and true-class probability histograms. A bare run name means every checkpoint of the run (metrics against
+    epoch).""",
+)

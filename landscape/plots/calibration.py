@@ -21,10 +21,9 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import numpy as np
 
-from landscape.plots.style import PALETTE, apply_style, save_figure
+from landscape.plots.style import PALETTE, save_figure, styled, subplots
 
 MAX_PANELS = 6
 CURVES = (("accuracy", "accuracy"), ("nll", "NLL"), ("brier", "Brier score"), ("ece", "ECE"), ("mce", "MCE"),
@@ -32,13 +31,13 @@ CURVES = (("accuracy", "accuracy"), ("nll", "NLL"), ("brier", "Brier score"), ("
 
 
 def _panels(n: int, height: float = 3.3):
-    fig, axes = plt.subplots(1, n, figsize=(3.2 * n + 0.4, height), squeeze=False, sharey=True)
+    fig, axes = subplots(1, n, figsize=(3.2 * n + 0.4, height), squeeze=False, sharey=True)
     return fig, axes[0]
 
 
+@styled
 def plot_reliability(entries: Sequence[tuple], *, split: str = "test", title: str | None = None):
     """Reliability diagrams of ``(label, SplitCalibration)`` pairs, side by side."""
-    apply_style()
     fig, axes = _panels(len(entries))
     for ax, (name, c) in zip(axes, entries, strict=True):
         edges = c.edges
@@ -68,10 +67,10 @@ def plot_reliability(entries: Sequence[tuple], *, split: str = "test", title: st
     return fig
 
 
+@styled
 def plot_confidence_histograms(entries: Sequence[tuple], *, split: str = "test", title: str | None = None):
     """Share of examples per confidence bin, one panel per ``(label, SplitCalibration)``; accuracy and mean
     confidence marked."""
-    apply_style()
     fig, axes = _panels(len(entries), height=2.8)
     for ax, (name, c) in zip(axes, entries, strict=True):
         share = c.bin_count / max(c.examples, 1)
@@ -91,11 +90,11 @@ def plot_confidence_histograms(entries: Sequence[tuple], *, split: str = "test",
     return fig
 
 
+@styled
 def plot_true_class_probability(entries: Sequence[tuple], *, split: str = "test", title: str | None = None):
     """Distribution of ``pi_i[y_i]`` (the probability of the true class), one step line per
     ``(label, SplitCalibration)``."""
-    apply_style()
-    fig, ax = plt.subplots(figsize=(5.0, 3.4))
+    fig, ax = subplots(figsize=(5.0, 3.4))
     for i, (name, c) in enumerate(entries):
         share = c.true_class_count / max(c.examples, 1)
         ax.stairs(share, c.edges, color=PALETTE[i % len(PALETTE)], linewidth=1.6, label=name)
@@ -109,15 +108,15 @@ def plot_true_class_probability(entries: Sequence[tuple], *, split: str = "test"
     return fig
 
 
+@styled
 def plot_calibration_curves(records: Sequence, *, split: str = "test", title: str | None = None):
     """Accuracy, NLL, Brier, ECE, MCE and adaptive ECE against epoch on ``split``; one line per run
     (``records``: CalibrationRecord rows)."""
-    apply_style()
     runs: dict[str, list] = {}
     for row in records:
         if row.split == split:
             runs.setdefault(row.run, []).append(row)
-    fig, axes = plt.subplots(2, 3, figsize=(11.5, 5.6), squeeze=False)
+    fig, axes = subplots(2, 3, figsize=(11.5, 5.6), squeeze=False)
     for i, (run, members) in enumerate(runs.items()):
         members = sorted(members, key=lambda r: (r.epoch if math.isfinite(r.epoch) else math.inf, r.step))
         epochs = [r.epoch for r in members]
@@ -152,6 +151,7 @@ def panel_rows(records: Sequence, split: str) -> list[int]:
     return [max(v, key=position) for v in runs.values()][:MAX_PANELS]
 
 
+@styled
 def figure(result, stem: str | Path, title: str | None = None) -> list[Path]:
     """Every figure for ``result`` (a CalibrationResult), per split: ``<stem>-<split>-reliability``,
     ``-confidence``, ``-true-class`` and, when some run has several checkpoints, ``-epochs``."""
