@@ -348,3 +348,31 @@ def test_cli_prints_the_table_and_refuses_bad_input(store_root, tmp_path, monkey
         assert exc.value.code == code and "Traceback" not in err, err
         assert (err.startswith("error: ") and err.count("\n") == 1) or (code == 2 and last.startswith("Error:")), err
         assert fragment in last, err
+
+
+def test_interpolate_metrics_ece_records_the_calibration_along_the_path(trained_digits, store_root, tmp_path,
+                                                                        monkeypatch, capsys):
+    """``interpolate --metrics ece``: the hook's ECE at alpha = 0 and 1 equals calibration of the end points;
+    loss and accuracy are those of a run without the metric (exactly)."""
+    from cli import main as cli_main
+    from landscape.analyze.interpolate import InterpolationResult
+    from landscape.api import interpolate
+
+    ckpt, model, data = trained_digits
+    with_ece = interpolate("mlp@init", "mlp@last", root=store_root, points=5, splits=("test",), metrics=("ece",),
+                           output=tmp_path / "i.h5", figure=False)
+    plain = interpolate("mlp@init", "mlp@last", root=store_root, points=5, splits=("test",),
+                        output=tmp_path / "p.h5", figure=False)
+    assert np.array_equal(with_ece.loss["test"], plain.loss["test"]) and plain.ece == {}
+    end = calibration_row(model, data, CalibrationConfig()).splits["test"].ece
+    assert with_ece.ece["test"].shape == (5,) and with_ece.ece["test"][-1] == pytest.approx(end, abs=1e-12)
+    assert with_ece.summary()[0]["ece_B"] == with_ece.ece["test"][-1]
+    back = InterpolationResult.from_hdf5(tmp_path / "i.h5")
+    assert np.array_equal(back.ece["test"], with_ece.ece["test"]) and back.config.metrics == ("ece",)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        cli_main.main(["--root", str(store_root), "interpolate", "mlp@last", "mlp@last", "--points", "3",
+                       "--splits", "test", "--metrics", "ece", "--no-figure", "-o", "same.h5"])
+    assert exc.value.code == 0 and "max_ece" in capsys.readouterr().out
+    same = InterpolationResult.from_hdf5(tmp_path / "same.h5")
+    assert same.ece["test"].tolist() == [pytest.approx(end, abs=1e-12)] * 3

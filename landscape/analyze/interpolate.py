@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from landscape.analyze._common import EvaluationOptions, check_positive_int
+from landscape.analyze.calibration import ECE
 from landscape.analyze.registry import Analysis, option
 from landscape.errors import UsageError
 from landscape.evaluate import EvalResult, Segment, evaluate
@@ -32,6 +33,7 @@ from landscape.results import InputRef, StoredResult, stored
 
 KIND = "interpolation"
 SPLITS = ("train", "test")
+POINT_METRICS = ("ece",)  # evaluator-hook metrics (landscape.evaluate.Metric) interpolate can record per point
 
 
 @dataclass
@@ -41,11 +43,20 @@ class InterpolateConfig(EvaluationOptions):
     points: int = option(30, "Number of alphas in linspace(0, 1, points), both endpoints included.", min=2)
     splits: tuple[str, ...] = option(SPLITS, "Data splits to evaluate.", choices=SPLITS, metavar="train,test")
     bn_recalibrate: bool = option(False, "Recompute BatchNorm statistics at every point from the training data.")
+    metrics: tuple[str, ...] | None = option(None, "Also record these at every point, in the same forward passes (ece: "
+                                      "expected calibration error, 15 equal-width bins as landscape calibration).",
+                                      choices=POINT_METRICS, metavar="ece")
 
     def __post_init__(self) -> None:
         if isinstance(self.splits, str):
             self.splits = tuple(s.strip() for s in self.splits.split(",") if s.strip())
         self.splits = tuple(self.splits)
+        if isinstance(self.metrics, str):
+            self.metrics = tuple(s.strip() for s in self.metrics.split(",") if s.strip())
+        self.metrics = tuple(self.metrics or ())
+        bad = [m for m in self.metrics if m not in POINT_METRICS]
+        if bad:
+            raise UsageError(f"unknown metric {bad[0]!r}; choose from {', '.join(POINT_METRICS)}")
         if int(self.points) != self.points or self.points < 2:
             raise UsageError(f"--points must be an integer >= 2 (both endpoints are evaluated), got {self.points}")
         self.points = int(self.points)
@@ -113,6 +124,8 @@ class InterpolationResult(StoredResult):
                                                   default_factory=dict)
     reasons: dict[str, str] = stored("attr", name="reason_{}", default_factory=dict)  # "<split>_loss" -> why inf
     examples: dict[str, int] = stored("attr", name="examples_{}", order="splits", default_factory=dict)
+    ece: dict[str, np.ndarray] = stored("array", name="{}_ece", dims=("alpha",), order="splits",
+                                        default_factory=dict)  # with --metrics ece
     distance: float = math.nan  # ||theta_B - theta_A||_2 over the interpolated tensors
     seconds: float = math.nan
     throughput: float = math.nan  # examples x points per second
@@ -139,6 +152,8 @@ class InterpolationResult(StoredResult):
                 "max_loss": float(np.max(self.loss[s])),
                 "instability_loss": self.instability_loss[s],
                 "instability_error": self.instability_error[s],
+                **({"ece_A": float(self.ece[s][0]), "ece_B": float(self.ece[s][-1]),
+                    "max_ece": float(np.max(self.ece[s]))} if s in self.ece else {}),
             }
             for s in self.splits
         ]
@@ -184,21 +199,26 @@ def interpolate(
         bn_inputs = None
     identical = torch.equal(a, b)
     segment = Segment(a, b, alphas[:1] if identical else alphas)
-    loss, acc, examples = {}, {}, {}
+    loss, acc, examples, ece = {}, {}, {}, {}
     seconds = 0.0
     method = ""
+    hooks = [ECE(15)] if "ece" in config.metrics else []
     for s, (x, y) in chosen.items():
         r: EvalResult = evaluate(model, x, y, segment, space=space, batch_size=config.batch_size,
-                                 bn_recalibrate=bn_inputs, device=config.device, method=config.method)
+                                 bn_recalibrate=bn_inputs, device=config.device, method=config.method, metrics=hooks)
         values_l, values_a = r.loss.numpy(), r.acc.numpy()
+        values_e = r.metrics["ece"] if hooks else None
         if identical:  # one point is the whole path
             values_l, values_a = np.repeat(values_l, config.points), np.repeat(values_a, config.points)
+            values_e = None if values_e is None else np.repeat(values_e, config.points)
         loss[s], acc[s], examples[s] = values_l, values_a, int(x.shape[0])
+        if values_e is not None:
+            ece[s] = values_e
         seconds += r.seconds
         method = r.method
     result = InterpolationResult(
         alpha=alphas.numpy(), loss=loss, acc=acc, instability_loss={}, instability_error={},
-        examples=examples, distance=float(torch.linalg.vector_norm((b - a).double())), seconds=seconds,
+        examples=examples, ece=ece, distance=float(torch.linalg.vector_norm((b - a).double())), seconds=seconds,
         throughput=sum(examples.values()) * config.points / seconds if seconds > 0 else math.inf,
         method=method, config=config,
     )
