@@ -195,7 +195,7 @@ def test_bins_are_right_closed_as_guo_et_al():
     """A confidence on an edge m/M joins bin ((m-1)/M, m/M]; 1.0 is in the last bin (torchmetrics would
     give it a bin of its own)."""
     edges = torch.linspace(0, 1, 4, dtype=torch.float64)
-    conf = torch.stack([edges[1], edges[2], torch.tensor(1.0, dtype=torch.float64), torch.tensor(0.5, dtype=torch.float64)])
+    conf = torch.cat([edges[1:3], torch.tensor([1.0, 0.5], dtype=torch.float64)])
     assert bin_index(conf, 3).tolist() == [0, 1, 2, 1]
     correct = torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=torch.float64)
     stats = ExampleStats(conf, correct, conf, -conf.log(), (1 - conf) ** 2)
@@ -288,6 +288,11 @@ def test_collect_and_figures_for_a_run_and_single_checkpoints(trained_digits, tm
     assert np.array_equal(again.bin_count, rows[2].splits["test"].bin_count)
     assert result.table()[5]["run"] == "other" and result.table()[0]["run"] == "mlp"
     assert [result.rows[i].ref for i in panel_rows(result.rows, "test")] == ["mlp@step=20", "other.h5"]
+    from landscape.analyze.calibration import CalibrationRow
+
+    one = rows[0].splits["train"]
+    run = collect([CalibrationRow(f"r@step={s}", s, float(s), {"train": one}) for s in range(7)], cfg)
+    assert [run.rows[i].step for i in panel_rows(run.rows, "train")] == [1, 3, 4, 6]  # 4 of steps 1..6, spread
     paths = figure(result, tmp_path / "cal.h5")
     names = {p.name for p in paths}
     for split in ("train", "test"):
@@ -313,7 +318,9 @@ def test_api_writes_a_result_that_reads_back_as_frame_and_labelled_arrays(traine
     r = calibration(["mlp", "mlp@last"], root=store_root, bins=10, splits=("train", "test"), output=out)
     assert r.path == out and out.is_file() and {p.suffix for p in r.figures} == {".png", ".pdf"}
     assert any("-test-epochs" in p.name for p in r.figures)
-    steps = [i.step for i in __import__("landscape.store", fromlist=["Store"]).Store(store_root).run("mlp").checkpoints()]
+    from landscape.store import Store
+
+    steps = [i.step for i in Store(store_root).run("mlp").checkpoints()]
     assert [row.ref for row in r.rows] == [f"mlp@step={s}" for s in steps for _ in (0, 1)] + ["mlp@last"] * 2
     assert [row.epoch for row in r.rows[::2]] == [0.0, 1.0, 2.0, 3.0, 3.0]
     direct = calibration_row(model, data, CalibrationConfig(bins=10, splits=("train", "test")))
@@ -338,8 +345,9 @@ def test_cli_prints_the_table_and_refuses_bad_input(store_root, tmp_path, monkey
                        "--splits", "train,test", "--no-figure", "-o", "c.h5"])
     out = capsys.readouterr().out
     assert exc.value.code == 0 and "adaptive_ece" in out and "mlp@init" in out and (tmp_path / "c.h5").is_file()
-    for args, code, fragment in ((["mlp@last", "--bins", "0"], 2, "--bins"), (["mlp@last", "--splits", "val"], 2, "val"),
-                                 (["nope"], 1, "nope"), (["mlp@last", "--subset", "0"], 2, "subset")):
+    bad = ((["mlp@last", "--bins", "0"], 2, "--bins"), (["mlp@last", "--splits", "val"], 2, "val"),
+           (["nope"], 1, "nope"), (["mlp@last", "--subset", "0"], 2, "subset"))
+    for args, code, fragment in bad:
         with pytest.raises(SystemExit) as exc:
             cli_main.main(["--root", str(store_root), "calibration", *args, "--no-figure", "-o", "d.h5"])
         err = capsys.readouterr().err

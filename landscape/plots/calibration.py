@@ -26,6 +26,7 @@ import numpy as np
 from landscape.plots.style import PALETTE, save_figure, styled, subplots
 
 MAX_PANELS = 6
+RUN_PANELS = 4
 CURVES = (("accuracy", "accuracy"), ("nll", "NLL"), ("brier", "Brier score"), ("ece", "ECE"), ("mce", "MCE"),
           ("adaptive_ece", "adaptive ECE"))
 
@@ -60,10 +61,11 @@ def plot_reliability(entries: Sequence[tuple], *, split: str = "test", title: st
         ax.set_title(name)
         ax.set_xlabel("confidence (max softmax probability)")
     axes[0].set_ylabel(f"accuracy ({split})")
-    axes[-1].legend(loc="lower right")
     if title:
         fig.suptitle(title)
     fig.tight_layout()
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="upper center", ncol=3, bbox_to_anchor=(0.5, 0.0))  # below the panels
     return fig
 
 
@@ -135,8 +137,9 @@ def plot_calibration_curves(records: Sequence, *, split: str = "test", title: st
 
 def panel_rows(records: Sequence, split: str) -> list[int]:
     """Indices of the rows drawn side by side on ``split``: every checkpoint when there are at most
-    ``MAX_PANELS`` and no run gives more than one; otherwise the last checkpoint of each run (at most
-    ``MAX_PANELS`` runs)."""
+    ``MAX_PANELS`` and no run gives more than one; for one run, up to ``RUN_PANELS`` checkpoints evenly spread
+    from the first after initialisation to the last; for several runs, the last checkpoint of each (at most
+    ``MAX_PANELS``)."""
     runs: dict[str, list[int]] = {}
     for i, row in enumerate(records):
         if row.split == split:
@@ -148,6 +151,12 @@ def panel_rows(records: Sequence, split: str) -> list[int]:
         epoch = records[i].epoch
         return records[i].step, epoch if math.isfinite(epoch) else -math.inf
 
+    if len(runs) == 1:
+        (members,) = runs.values()
+        members = sorted(members, key=position)
+        later = [i for i in members if records[i].step > 0] or members
+        picks = np.unique(np.linspace(0, len(later) - 1, min(RUN_PANELS, len(later))).round().astype(int))
+        return [later[k] for k in picks]
     return [max(v, key=position) for v in runs.values()][:MAX_PANELS]
 
 
