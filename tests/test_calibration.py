@@ -2,6 +2,7 @@
 (ECE: norm "l1", MCE: norm "max"), direct numpy (NLL, Brier, adaptive ECE), closed forms and a derived bound."""
 
 import copy
+import dataclasses
 import math
 
 import numpy as np
@@ -293,11 +294,11 @@ def test_collect_and_figures_for_a_run_and_single_checkpoints(trained_digits, tm
     one = rows[0].splits["train"]
     run = collect([CalibrationRow(f"r@step={s}", s, float(s), {"train": one}) for s in range(7)], cfg)
     assert [run.rows[i].step for i in panel_rows(run.rows, "train")] == [1, 3, 4, 6]  # 4 of steps 1..6, spread
-    paths = figure(result, tmp_path / "cal.h5")
+    paths = figure(dataclasses.replace(result, config=CalibrationConfig(bins=10)), tmp_path / "cal.h5")  # test only
     names = {p.name for p in paths}
-    for split in ("train", "test"):
-        for kind in ("reliability", "confidence", "true-class", "epochs"):
-            assert {f"cal-{split}-{kind}.png", f"cal-{split}-{kind}.pdf"} <= names
+    for kind in ("reliability", "confidence", "true-class", "epochs"):
+        assert {f"cal-test-{kind}.png", f"cal-test-{kind}.pdf"} <= names
+    assert not any("-train-" in n for n in names) and len(paths) == 8
     assert all(p.is_file() and p.stat().st_size > 0 for p in paths)
     single = figure(collect(rows[2:], CalibrationConfig(bins=10)), tmp_path / "one")
     assert not any("epochs" in p.name for p in single) and len(single) == 6
@@ -315,24 +316,24 @@ def test_api_writes_a_result_that_reads_back_as_frame_and_labelled_arrays(traine
 
     ckpt, model, data = trained_digits
     out = tmp_path / "cal.h5"
-    r = calibration(["mlp", "mlp@last"], root=store_root, bins=10, splits=("train", "test"), output=out)
+    r = calibration(["mlp", "mlp@last"], root=store_root, bins=10, output=out)
     assert r.path == out and out.is_file() and {p.suffix for p in r.figures} == {".png", ".pdf"}
     assert any("-test-epochs" in p.name for p in r.figures)
     from landscape.store import Store
 
     steps = [i.step for i in Store(store_root).run("mlp").checkpoints()]
-    assert [row.ref for row in r.rows] == [f"mlp@step={s}" for s in steps for _ in (0, 1)] + ["mlp@last"] * 2
-    assert [row.epoch for row in r.rows[::2]] == [0.0, 1.0, 2.0, 3.0, 3.0]
-    direct = calibration_row(model, data, CalibrationConfig(bins=10, splits=("train", "test")))
-    assert r.rows[-1].ece == direct.splits["test"].ece and r.rows[-2].nll == direct.splits["train"].nll
+    assert [row.ref for row in r.rows] == [f"mlp@step={s}" for s in steps] + ["mlp@last"]
+    assert [row.epoch for row in r.rows] == [0.0, 1.0, 2.0, 3.0, 3.0] and {row.split for row in r.rows} == {"test"}
+    direct = calibration_row(model, data, CalibrationConfig(bins=10)).splits["test"]
+    assert r.rows[-1].ece == direct.ece and r.rows[-1].nll == direct.nll and r.rows[-1].run == "mlp"
     back = CalibrationResult.from_hdf5(out)
     assert back.rows == r.rows and back.config == r.config
     assert np.array_equal(back.bin_count, r.bin_count) and np.array_equal(back.bin_accuracy, r.bin_accuracy,
                                                                           equal_nan=True)
     frame = read_result(out).to_frame()
-    assert list(frame["split"])[:2] == ["train", "test"] and frame["ece"].iloc[-1] == pytest.approx(r.rows[-1].ece)
+    assert list(frame["ref"]) == [row.ref for row in r.rows] and frame["ece"].iloc[-1] == pytest.approx(r.rows[-1].ece)
     with xr.open_dataset(out, engine="h5netcdf") as ds:
-        assert ds["bin_count"].dims == ("row", "bin") and ds["bin_count"].shape == (10, 10)
+        assert ds["bin_count"].dims == ("row", "bin") and ds["bin_count"].shape == (5, 10)
     assert len(read_result(out).inputs) == 5 and all(i.sha256 for i in read_result(out).inputs)
 
 
