@@ -371,7 +371,7 @@ def calibration_row(
     for s in config.splits:
         x, y = _subset(data, s, config)
         r = evaluate(model, x, y, point, space=space, batch_size=config.batch_size, device=config.device,
-                     metrics=[_Examples()])
+                     method=config.method, metrics=[_Examples()])
         out[s] = calibration_from_stats(r.metrics["examples"][0], config.bins)
     return CalibrationRow(ref=ref, step=int(step), epoch=float(epoch), splits=out, run=run)
 
