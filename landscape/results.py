@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import h5py
 import numpy as np
@@ -397,6 +397,11 @@ def write_dataclass(obj: Any, path: str | os.PathLike, kind: str, *, inputs: Seq
     dims: dict[str, tuple] = {}
     orders: dict[str, list] = {}
     _flatten(obj, layout, arrays, out_attrs, dims, orders)
+    if hasattr(obj, "derived"):
+        more_arrays, more_attrs, more_dims = obj.derived()
+        arrays.update(more_arrays)
+        out_attrs.update(more_attrs)
+        dims.update({k: v for k, v in more_dims.items() if k in arrays})
     table: list[str] = []
     for f, meta, hint in layout:
         if meta["where"] != "table":
@@ -425,12 +430,24 @@ def write_dataclass(obj: Any, path: str | os.PathLike, kind: str, *, inputs: Seq
     return write_result(path, kind, arrays=arrays, attrs=out_attrs, params=params, inputs=inputs, dims=dims)
 
 
+@dataclass(kw_only=True)
 class StoredResult:
     """Base of a result dataclass stored by the codec: ``to_hdf5`` / ``from_hdf5`` from its ``KIND`` (the file's
-    kind) and ``CONFIG`` (the class of its ``config`` field, rebuilt from the stored params)."""
+    kind) and ``CONFIG`` (the class of its ``config`` field, rebuilt from the stored params), and the fields every
+    result has (keyword-only, so they follow the subclass' own): its ``inputs``, the file it was written to and
+    its figure files. ``derived()`` may add arrays and attrs computed from the fields (written, not read back).
+    """
 
     KIND = ""
-    CONFIG: Any = None
+    CONFIG: ClassVar[Any] = None
+
+    inputs: list[InputRef] = field(default_factory=list)
+    path: Path | None = None
+    figures: list[Path] = field(default_factory=list)
+
+    def derived(self) -> tuple[dict[str, Any], dict[str, Any], dict[str, tuple]]:
+        """``(arrays, attrs, dims)`` written beside the fields (summary statistics...); none by default."""
+        return {}, {}, {}
 
     def to_hdf5(self, path: str | os.PathLike, inputs: Sequence[InputRef] = (),
                 attrs: Mapping[str, Any] | None = None) -> Path:

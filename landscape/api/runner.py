@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from landscape.analyze.registry import Analysis, get
-from landscape.api._common import ProcessPool, config_with, default_output, map_jobs, run_label, slug
+from landscape.analyze.registry import Analysis, get, slug
+from landscape.api._common import ProcessPool, config_with, default_output, map_jobs, run_label
 from landscape.api.resolve import Resolver, Target
 from landscape.errors import UsageError
 from landscape.results import InputRef
