@@ -229,6 +229,9 @@ def check_output_path(path: str | os.PathLike) -> None:
     Results are often written next to checkpoints; a mistyped ``-o`` must never destroy a checkpoint.
     """
     path = Path(path)
+    too_long = [part for part in path.parts if len(os.fsencode(part)) > 255]
+    if too_long:
+        raise ResultError(f"cannot write result {path}: the name {too_long[0][:40]}... is longer than 255 bytes")
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():
@@ -239,6 +242,19 @@ def check_output_path(path: str | os.PathLike) -> None:
     if path.exists() and not is_result_file(path):
         raise ResultError(f"refusing to overwrite {path}: it is not a landscape result file (a checkpoint or other "
                           "data?); choose another output")
+
+
+def check_companions(path: str | os.PathLike, suffixes: Sequence[str] = (".csv", ".png", ".pdf")) -> None:
+    """Refuse to write result ``path`` when ``path`` with one of ``suffixes`` (the CSV and figures written beside
+    it) exists but ``path`` itself is not an existing result file: that CSV or figure is someone else's."""
+    path = Path(path)
+    if is_result_file(path):
+        return
+    for suffix in suffixes:
+        other = path.with_suffix(suffix)
+        if other.exists():
+            raise ResultError(f"refusing to overwrite {other}: it was not written with a result {path.name}; "
+                              "choose another output")
 
 
 def read_result(path: str | os.PathLike, kind: str | None = None, *, load_arrays: bool = True) -> Result:

@@ -311,3 +311,35 @@ def test_directions_and_surface_files_have_labelled_dims(mixed_store, tmp_path):
         np.testing.assert_array_equal(ds["x"].values, s.xcoordinates)
         np.testing.assert_array_equal(ds["test_loss"].sel(x=s.xcoordinates[1], y=s.ycoordinates[0]).values,
                                       s.values["test_loss"][1, 0])
+
+
+def test_output_never_replaces_a_users_csv_or_figure(mixed_store, tmp_path):
+    """-o X.h5 writes X.csv / X.png / X.pdf beside it: refuse when those exist but X.h5 is not a result."""
+    from landscape.api import instability, interpolate
+    from landscape.errors import ResultError
+
+    mine = tmp_path / "X.csv"
+    mine.write_text("my data\n")
+    with pytest.raises(ResultError, match="X.csv"):
+        instability(pairs="a:b", root=mixed_store.root, points=2, output=tmp_path / "X.h5", figure=False)
+    assert mine.read_text() == "my data\n" and not (tmp_path / "X.h5").exists()
+    (tmp_path / "Y.png").write_bytes(b"a picture")
+    with pytest.raises(ResultError, match="Y.png"):
+        interpolate("a", "b", root=mixed_store.root, points=2, output=tmp_path / "Y.h5")
+    with pytest.warns(UserWarning):  # without the figure nothing beside Y.h5 is touched
+        res = interpolate("a", "b", root=mixed_store.root, points=2, splits=("test",), output=tmp_path / "Y.h5",
+                          figure=False)
+    assert res.path.is_file() and (tmp_path / "Y.png").read_bytes() == b"a picture"
+
+
+def test_long_names_are_one_error_line_or_a_shortened_default(mixed_store, tmp_path):
+    from landscape.api._common import default_output
+    from landscape.errors import ResultError
+    from landscape.results import check_output_path
+
+    with pytest.raises(ResultError, match="longer than 255 bytes"):
+        check_output_path(tmp_path / ("x" * 300 + ".h5"))
+    long = "interpolate-" + "r" * 200 + "@last--" + "r" * 200 + "@last"
+    out = default_output(long)
+    assert len(out.name) < 200 and out.name.startswith(long[:150]) and out != default_output(long + "x")
+    assert default_output("short") == Path("results/short.h5")

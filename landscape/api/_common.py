@@ -101,7 +101,12 @@ def run_label(ref: str) -> str:
 
 
 def default_output(name: str) -> Path:
-    """``results/<name>.h5`` (relative to the working directory)."""
+    """``results/<name>.h5`` (relative to the working directory); a name too long for a file (long run names)
+    keeps its first 150 characters and gets a hash of the whole, so it stays unique."""
+    if len(name) > 200:
+        import hashlib
+
+        name = f"{name[:150]}-{hashlib.sha256(name.encode()).hexdigest()[:16]}"
     return RESULTS_DIR / f"{name}.h5"
 
 

@@ -22,7 +22,7 @@ from landscape.analyze.registry import Analysis, get, slug
 from landscape.api._common import ProcessPool, config_with, default_output, map_jobs, run_label
 from landscape.api.resolve import Resolver, Target
 from landscape.errors import UsageError
-from landscape.results import InputRef
+from landscape.results import InputRef, check_companions, check_output_path
 
 
 def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", config: Any = None,
@@ -45,6 +45,9 @@ def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", con
         raise UsageError(f"--workers must be >= 1, got {workers}")
     resolver = Resolver(root, data_root=data_root, download=download)
     refs = [str(r) for r in refs]
+    if output is not None:  # fail before computing: -o must not replace a checkpoint, a user's CSV or figure
+        check_output_path(output)
+        check_companions(output, ((".csv",) if spec.csv else ()) + ((".png", ".pdf") if figure else ()))
     attrs: dict[str, Any] = {}
     if spec.inputs == "checkpoint":
         (ref,) = refs
