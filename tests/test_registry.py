@@ -343,3 +343,25 @@ def test_long_names_are_one_error_line_or_a_shortened_default(mixed_store, tmp_p
     out = default_output(long)
     assert len(out.name) < 200 and out.name.startswith(long[:150]) and out != default_output(long + "x")
     assert default_output("short") == Path("results/short.h5")
+
+
+def test_directions_and_surface_through_checkpoints_on_other_data_warn_and_record(mixed_store, two_data, tmp_path):
+    from landscape.api import directions, surface
+
+    _save(mixed_store, "c", _lenet(2), two_data[0].spec)
+    with pytest.warns(UserWarning, match=r"B b was trained on different data than A \(a\)"):
+        d = directions("a", root=mixed_store.root, toward="b", n=2, points=3, subset=50, output=tmp_path / "d.h5",
+                       figure=False)
+    attrs = read_result(d.path).attrs
+    assert json.loads(attrs["data_spec_a"])["seed"] == 0 and json.loads(attrs["data_specs_other"])["b"]["seed"] == 1
+    with pytest.warns(UserWarning, match="the plane's checkpoints b was trained on different data"):
+        s = surface("a", root=mixed_store.root, plane="b,c", grid="2x2", splits=("test",), subset=50,
+                    output=tmp_path / "s.h5", figure=False)
+    assert list(json.loads(read_result(s.path).attrs["data_specs_other"])) == ["b"]
+    import warnings as _w
+
+    with _w.catch_warnings():
+        _w.simplefilter("error")  # same data: no warning
+        same = directions("a", root=mixed_store.root, toward="c", n=2, points=3, subset=50,
+                          output=tmp_path / "same.h5", figure=False)
+    assert "data_specs_other" not in read_result(same.path).attrs

@@ -54,7 +54,7 @@ def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", con
         stem, title = f"{spec.output}-{run_label(ref)}", ref
         if spec.execute is not None:
             out = Path(output) if output is not None else default_output(spec.stem(refs, config, run_opts))
-            result, inputs = _callable(spec.execute)(resolver, ref, config, run_opts, out)
+            result, inputs, attrs = _callable(spec.execute)(resolver, ref, config, run_opts, out)
         else:
             point = resolver.point(ref, masks=True, purpose=spec.purpose)
             result = spec.compute(point, config)
