@@ -312,7 +312,8 @@ def stored(where: str, default: Any = dataclasses.MISSING, *, name: str | None =
            dims: Sequence[str] | None = None, order: str | None = None, count: str | None = None,
            default_factory: Callable | None = None) -> Any:
     """A result dataclass field stored as ``where``: ``"array"`` (a dataset), ``"attr"`` (a root attr),
-    ``"table"`` (a list of row dataclasses, one dataset per column) or ``"skip"``.
+    ``"table"`` (a list of row dataclasses, one dataset per column: bools, int64, float64, text or stacked
+    arrays), ``"nested"`` (in a row: a dataclass whose fields are more columns) or ``"skip"``.
 
     ``name``: the dataset/attr name (default: the field name); with a ``{}`` in it the field is a dict whose
     keys fill the braces (``"{}_loss"`` -> ``train_loss``, ``test_loss``). ``order``: the attr that keeps the
@@ -340,7 +341,8 @@ def _layout(cls: type) -> list[tuple[dataclasses.Field, dict, Any]]:
             if isinstance(hint, types.UnionType):  # X | None
                 hint = next((a for a in typing.get_args(hint) if a is not type(None)), None)
             scalar = hint in (int, float, str, bool)
-            meta = {"where": "attr" if scalar else "skip", "name": None, "dims": None, "order": None, "count": None}
+            where = "attr" if scalar else "array" if hint is np.ndarray else "skip"
+            meta = {"where": where, "name": None, "dims": None, "order": None, "count": None}
         if meta["where"] != "skip":
             out.append((f, meta, hints[f.name]))
     return out
@@ -376,12 +378,14 @@ def _flatten(obj: Any, layout, out_arrays: dict, out_attrs: dict, dims: dict, or
 
 def table_columns(rows: Sequence[Any], row_cls: type, keys: Sequence[str] = ()) -> dict[str, list]:
     """Rows of a table (row dataclasses) as named columns, in field order; dict fields expand over ``keys``
-    (the dict's own keys when none are given)."""
+    (the dict's own keys when none are given); a ``stored("nested")`` dataclass field adds its own columns."""
     columns: dict[str, list] = {}
     layout = _layout(row_cls)
-    for f, meta, _ in layout:
+    for f, meta, hint in layout:
         name = meta["name"] or f.name
-        if "{}" in name:
+        if meta["where"] == "nested":
+            columns.update(table_columns([getattr(r, f.name) for r in rows], _plain_class(hint), keys))
+        elif "{}" in name:
             ks = list(keys) or (list(getattr(rows[0], f.name)) if rows else [])
             for k in ks:
                 columns[name.format(k)] = [getattr(r, f.name).get(k, math.nan) for r in rows]
@@ -390,12 +394,27 @@ def table_columns(rows: Sequence[Any], row_cls: type, keys: Sequence[str] = ()) 
     return columns
 
 
+def _plain_class(hint: Any) -> type:
+    import types
+
+    if isinstance(hint, types.UnionType):
+        hint = next(a for a in hint.__args__ if a is not type(None))
+    return hint
+
+
 def _column_array(values: list) -> np.ndarray:
-    if values and all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
-                      for v in values):
-        return np.array(values, dtype=np.float64)
+    """One table column: bools, int64, float64, stacked arrays, or bytes (text; None as "")."""
     if not values:
         return np.array([], dtype=np.float64)
+    if all(isinstance(v, (bool, np.bool_)) for v in values):
+        return np.array(values, dtype=bool)
+    if all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in values):
+        return np.array(values, dtype=np.int64)
+    if all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+           for v in values):
+        return np.array(values, dtype=np.float64)
+    if all(isinstance(v, np.ndarray) for v in values):
+        return np.stack(values)
     return np.array([("" if v is None else str(v)).encode() for v in values], dtype=object).astype("S")
 
 
@@ -427,7 +446,8 @@ def write_dataclass(obj: Any, path: str | os.PathLike, kind: str, *, inputs: Seq
         keys = _split_order(out_attrs.get(meta["order"])) if meta["order"] else ()
         for col, values in table_columns(rows, row_cls, keys).items():
             arrays[col] = _column_array(values)
-            table.append(col)
+            if arrays[col].ndim == 1:
+                table.append(col)
         if meta["count"]:
             out_attrs[meta["count"]] = len(rows)
     for attr, keys in orders.items():
@@ -564,21 +584,32 @@ def read_dataclass(cls: type, path: str | os.PathLike, kind: str, *, config: typ
 
 
 def _read_table(r: Result, row_cls: type, order: Sequence[str]) -> list:
+    return _rows_from(r.arrays, row_cls, _table_length(r.arrays, row_cls), order)
+
+
+def _table_length(arrays: Mapping[str, np.ndarray], row_cls: type) -> int:
+    for f, meta, hint in _layout(row_cls):
+        name = meta["name"] or f.name
+        if meta["where"] == "nested":
+            return _table_length(arrays, _plain_class(hint))
+        if "{}" not in name and name in arrays:
+            return len(arrays[name])
+    return 0
+
+
+def _rows_from(arrays: Mapping[str, np.ndarray], row_cls: type, n: int, order: Sequence[str]) -> list:
     layout = _layout(row_cls)
-    n = min((len(r.arrays[(m["name"] or f.name)]) for f, m, _ in layout
-             if "{}" not in (m["name"] or f.name) and (m["name"] or f.name) in r.arrays), default=0)
-    rows = []
-    for i in range(n):
-        values = {}
-        for f, meta, hint in layout:
-            name = meta["name"] or f.name
-            if "{}" in name:
-                col = {k: v[i] for k, v in r.arrays.items() if v.ndim == 1 and len(v) == n}
-                values[f.name] = _dict_field(col, name, order, hint)
-            elif name in r.arrays:
-                values[f.name] = _decode_value(r.arrays[name][i], hint)
-        rows.append(row_cls(**values))
-    return rows
+    columns: dict[str, list] = {}
+    for f, meta, hint in layout:
+        name = meta["name"] or f.name
+        if meta["where"] == "nested":
+            columns[f.name] = _rows_from(arrays, _plain_class(hint), n, order)
+        elif "{}" in name:
+            same = {k: v for k, v in arrays.items() if v.ndim >= 1 and len(v) == n}
+            columns[f.name] = [_dict_field({k: v[i] for k, v in same.items()}, name, order, hint) for i in range(n)]
+        elif name in arrays:
+            columns[f.name] = [_decode_value(arrays[name][i], hint) for i in range(n)]
+    return [row_cls(**{k: v[i] for k, v in columns.items()}) for i in range(n)]
 
 
 def write_csv(path: str | os.PathLike, records: Sequence[Mapping[str, Any]], columns: Sequence[str], *,
