@@ -41,7 +41,17 @@ GENERATOR_BUDGET = 1 << 29  # bytes of cached first-layer outputs per evaluate c
 
 
 @dataclass
-class DirectionsConfig(EvaluationOptions):
+class RandomDirectionOptions(EvaluationOptions):
+    """How random directions are drawn (the base of the directions and surface configs), and the workers."""
+
+    biasbn: str = option("zero", "1-D tensors (biases, norm layers) under filter/layer normalisation: zero (Li et "
+                         "al.), copy theta, or random rescaled.", choices=BIASBN)
+    seed: int = option(0, "Seed of the random directions.")
+    workers: int = option(1, "Parallel worker processes.", min=1)
+
+
+@dataclass
+class DirectionsConfig(RandomDirectionOptions):
     """Options of ``landscape directions`` (stored as the result's ``params``).
 
     ``distance`` is a positive number or ``"auto"`` (= ``||theta_B - theta_A||``, needs a target).
@@ -57,10 +67,6 @@ class DirectionsConfig(EvaluationOptions):
     split: str = option("train", "Data split to evaluate.", choices=SPLITS)
     normalize: str = option("none", "Direction normalisation (Li et al. 2018): none (isotropic, as Watson et al.), "
                             "filter or layer.", choices=NORMALIZATIONS)
-    biasbn: str = option("zero", "1-D tensors (biases, norm layers) under filter/layer normalisation: zero (Li et "
-                         "al.), copy theta, or random rescaled.", choices=BIASBN)
-    seed: int = option(0, "Seed of the random directions.")
-    workers: int = option(1, "Parallel worker processes.", min=1)
 
     def __post_init__(self) -> None:
         check_positive_int("--n", self.n)
