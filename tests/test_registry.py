@@ -365,3 +365,25 @@ def test_directions_and_surface_through_checkpoints_on_other_data_warn_and_recor
         same = directions("a", root=mixed_store.root, toward="c", n=2, points=3, subset=50,
                           output=tmp_path / "same.h5", figure=False)
     assert "data_specs_other" not in read_result(same.path).attrs
+
+
+def test_a_new_analysis_is_one_module_and_one_registry_line(mixed_store, tmp_path, monkeypatch):
+    """docs/ARCHITECTURE.md's recipe end to end: the module, one register() line -> api function, command, file."""
+    monkeypatch.setattr(registry, "_LINES", dict(registry._LINES))
+    registry.register("toy-norm", "toy_analysis:SPEC", "Parameter norm along a run.")
+    from landscape import api
+
+    run = Store(mixed_store.root).run("a")
+    model = mixed_store.load("a@last").build_model()
+    run.save_checkpoint({k: 2 * v for k, v in model.state_dict().items()}, step=2, epoch=2.0)
+    res = api.toy_norm("a", root=mixed_store.root, scale=0.5, output=tmp_path / "t.h5")
+    naive = [0.5 * float(torch.cat([p.detach().double().ravel() for p in m.parameters()]).norm())
+             for m in (model, mixed_store.load("a@step=2").build_model())]
+    assert [r.norm for r in res.rows] == pytest.approx(naive, rel=1e-12) and res.path == tmp_path / "t.h5"
+    assert res.figures == [] and read_result(res.path).to_frame()["norm"].tolist() == pytest.approx(naive)
+    out = CliRunner().invoke(command("toy-norm"), ["a", "--scale", "2", "--json", "-o", str(tmp_path / "c.h5")],
+                             obj={"root": str(mixed_store.root)})
+    assert out.exit_code == 0, out.output
+    assert [r["norm"] for r in json.loads(out.output)["rows"]] == pytest.approx([4 * v for v in naive])
+    bad = CliRunner().invoke(command("toy-norm"), ["a", "--scale", "0"], obj={"root": str(mixed_store.root)})
+    assert bad.exit_code == 2
