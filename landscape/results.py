@@ -310,7 +310,7 @@ _BY_NAME = ("config", "params", "inputs", "path", "figures")
 
 def stored(where: str, default: Any = dataclasses.MISSING, *, name: str | None = None,
            dims: Sequence[str] | None = None, order: str | None = None, count: str | None = None,
-           default_factory: Callable | None = None) -> Any:
+           keys: str | None = None, default_factory: Callable | None = None) -> Any:
     """A result dataclass field stored as ``where``: ``"array"`` (a dataset), ``"attr"`` (a root attr),
     ``"table"`` (a list of row dataclasses, one dataset per column: bools, int64, float64, text or stacked
     arrays), ``"nested"`` (in a row: a dataclass whose fields are more columns) or ``"skip"``.
@@ -318,9 +318,12 @@ def stored(where: str, default: Any = dataclasses.MISSING, *, name: str | None =
     ``name``: the dataset/attr name (default: the field name); with a ``{}`` in it the field is a dict whose
     keys fill the braces (``"{}_loss"`` -> ``train_loss``, ``test_loss``). ``order``: the attr that keeps the
     dict's key order (``"splits"`` -> ``splits = "train,test"``). ``dims``: dimension names of an array (see
-    :func:`write_result`). ``count``: for a table, the attr holding its number of rows.
+    :func:`write_result`). ``count``: for a table, the attr holding its number of rows. ``keys``: a regular
+    expression the dict keys match (for a bare ``"{}"`` name, so reading picks only those datasets). A dict or
+    list without ``{}`` in its name is one JSON attr.
     """
-    meta = {"where": where, "name": name, "dims": tuple(dims) if dims else None, "order": order, "count": count}
+    meta = {"where": where, "name": name, "dims": tuple(dims) if dims else None, "order": order, "count": count,
+            "keys": keys}
     if default_factory is not None:
         return field(default_factory=default_factory, metadata={"h5": meta})
     return field(default=default, metadata={"h5": meta})
@@ -342,7 +345,7 @@ def _layout(cls: type) -> list[tuple[dataclasses.Field, dict, Any]]:
                 hint = next((a for a in typing.get_args(hint) if a is not type(None)), None)
             scalar = hint in (int, float, str, bool)
             where = "attr" if scalar else "array" if hint is np.ndarray else "skip"
-            meta = {"where": where, "name": None, "dims": None, "order": None, "count": None}
+            meta = {"where": where, "name": None, "dims": None, "order": None, "count": None, "keys": None}
         if meta["where"] != "skip":
             out.append((f, meta, hints[f.name]))
     return out
@@ -537,14 +540,21 @@ def _decode_value(value: Any, hint: Any) -> Any:
         return Path(value)
     if typing.get_origin(hint) is tuple and isinstance(value, str):
         return tuple(_split_order(value))
+    if typing.get_origin(hint) in (dict, list) and isinstance(value, str):  # stored as one JSON attr
+        parsed = json.loads(value)
+        args = typing.get_args(hint)
+        if typing.get_origin(hint) is dict and len(args) == 2 and typing.get_origin(args[1]) is tuple:
+            parsed = {k: tuple(v) for k, v in parsed.items()}
+        return parsed
     return value
 
 
-def _dict_field(source: Mapping[str, Any], template: str, order: Sequence[str], hint: Any) -> dict:
+def _dict_field(source: Mapping[str, Any], template: str, order: Sequence[str], hint: Any,
+                pattern_of_keys: str | None = None) -> dict:
     import re
     import typing
 
-    pattern = re.compile("^" + re.escape(template).replace(r"\{\}", "(.+)") + "$")
+    pattern = re.compile("^" + re.escape(template).replace(r"\{\}", f"({pattern_of_keys or '.+'})") + "$")
     found = {m.group(1): v for k, v in source.items() if (m := pattern.match(k))}
     keys = [k for k in order if k in found] + sorted(k for k in found if k not in order)
     args = typing.get_args(hint)
@@ -566,7 +576,7 @@ def read_dataclass(cls: type, path: str | os.PathLike, kind: str, *, config: typ
             continue
         source = r.arrays if meta["where"] == "array" else r.attrs
         if "{}" in name:
-            values[f.name] = _dict_field(source, name, order, hint)
+            values[f.name] = _dict_field(source, name, order, hint, meta.get("keys"))
         elif name in source:
             values[f.name] = source[name] if meta["where"] == "array" else _decode_value(source[name], hint)
     names = {f.name for f in dataclasses.fields(cls)}
