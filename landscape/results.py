@@ -15,7 +15,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,40 +118,17 @@ def _attr_value(value: Any) -> Any:
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], Any]) -> Path:
-    """Call ``write(tmp)`` on a temporary file beside ``path``, fsync it and rename it onto ``path``.
+    """:func:`landscape.atomic.atomic_write` (temporary file, fsync, rename, fsync of the directory: a killed
+    process leaves the old file or the new one) for result files: the directory is created, and a file system
+    error is one :class:`ResultError` line."""
+    from landscape import atomic
 
-    A killed process leaves either the old file or the new one, never half of one; the temporary file is
-    removed on any error. The file gets the usual ``0666 & ~umask`` mode (``mkstemp`` makes 0600).
-    """
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        return atomic.atomic_write(path, write)
     except OSError as exc:
         raise ResultError(f"cannot write {path}: {exc.strerror or exc}") from None
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    try:
-        write(Path(tmp))
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    try:  # make the rename itself durable
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return path
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
-    return path
 
 
 def write_result(
