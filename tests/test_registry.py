@@ -387,3 +387,15 @@ def test_a_new_analysis_is_one_module_and_one_registry_line(mixed_store, tmp_pat
     assert [r["norm"] for r in json.loads(out.output)["rows"]] == pytest.approx([4 * v for v in naive])
     bad = CliRunner().invoke(command("toy-norm"), ["a", "--scale", "0"], obj={"root": str(mixed_store.root)})
     assert bad.exit_code == 2
+
+
+def test_clipping_and_norms_files_read_as_frames(mixed_store, tmp_path):
+    from landscape.api import clipping, norms
+
+    c = clipping("a", root=mixed_store.root, batch_size=32, output=tmp_path / "c.h5", figure=False)
+    frame = read_result(c.path).to_frame()
+    assert frame["ref"].tolist() == ["a@step=1"] and frame["R"].tolist() == [c.rows[0].total.R]
+    n = norms(["a", "b"], root=mixed_store.root, grad_samples=0, bins=5, output=tmp_path / "n.h5", figure=False)
+    frame = read_result(n.path).to_frame()
+    assert frame["run_labels"].tolist() == ["a", "b"]
+    assert frame["ratio_to_first"].tolist() == [r["ratio_to_first"] for r in n.ratio_rows()]
