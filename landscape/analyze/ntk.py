@@ -404,7 +404,8 @@ class NTKResult:
         extra, attrs = attrs or {}, dict(p.scalars())
         attrs.update({f"K_{k}": v for k, v in kp.scalars().items()})
         attrs.update(fraction_clipped=self.fraction_clipped, fraction_layers_clipped=self.fraction_layers_clipped,
-                     layer_max_norms=self.layer_max_norms, **extra)
+                     layer_max_norms=self.layer_max_norms,
+                     table=json.dumps(["indices", "labels", "norms"]), **extra)  # to_frame(): one row per example
         self.inputs = list(inputs) or self.inputs
         self.path = write_result(path, self.KIND, arrays=arrays, attrs=attrs, params=asdict(self.config),
                                  inputs=self.inputs)
