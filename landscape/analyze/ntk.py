@@ -21,6 +21,7 @@ over logits (n x n). The clipping factors always come from the loss-gradient nor
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
