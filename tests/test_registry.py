@@ -399,3 +399,14 @@ def test_clipping_and_norms_files_read_as_frames(mixed_store, tmp_path):
     frame = read_result(n.path).to_frame()
     assert frame["run_labels"].tolist() == ["a", "b"]
     assert frame["ratio_to_first"].tolist() == [r["ratio_to_first"] for r in n.ratio_rows()]
+
+
+def test_ntk_file_has_labelled_sample_dims(mixed_store, tmp_path):
+    from landscape.api import ntk
+
+    r = ntk("a", root=mixed_store.root, n=12, clip="layerwise", output=tmp_path / "k.h5", figure=False)
+    with read_result(r.path).to_xarray() as ds:
+        assert ds["K"].dims == ("sample", "sample_j") and ds["K_layers"].dims[0] == "layer"
+        np.testing.assert_array_equal(ds["K"].values, r.K)
+        np.testing.assert_array_equal(ds["labels"].values, r.labels)
+    assert read_result(r.path).to_frame()["labels"].tolist() == r.labels.tolist()
