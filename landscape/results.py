@@ -56,10 +56,21 @@ class Result:
 
     def to_frame(self):
         """The result's table as a pandas DataFrame: the datasets named by the file's ``table`` attr (written
-        by :func:`write_dataclass`: instability pairs, per-checkpoint rows, an interpolation path...), else every
-        1-D dataset of the most common length. Byte strings become str."""
+        by :func:`write_dataclass`: instability pairs, per-checkpoint rows, an interpolation path...); for a
+        gridded result without one (a surface) the long form of its highest-dimensional labelled arrays (one
+        row per grid cell: x, y, train_loss, ...); else every 1-D dataset of the most common length. Byte
+        strings become str."""
         import pandas as pd
 
+        if "table" not in self.attrs and any(a.ndim >= 2 for a in self.arrays.values()):
+            try:
+                with self.to_xarray() as ds:
+                    top = max(len(v.dims) for v in ds.data_vars.values())
+                    names = [k for k, v in ds.data_vars.items() if len(v.dims) == top]
+                    if top >= 2 and len({ds[k].dims for k in names}) == 1:
+                        return ds[names].to_dataframe().reset_index()
+            except (OSError, ValueError, KeyError):  # no dimension scales: fall back to the 1-D columns
+                pass
         names = json.loads(self.attrs["table"]) if "table" in self.attrs else _longest_columns(self.arrays)
         columns = {}
         for name in names:
@@ -431,11 +442,15 @@ def write_dataclass(obj: Any, path: str | os.PathLike, kind: str, *, inputs: Seq
             out_attrs[meta["count"]] = len(rows)
     for attr, keys in orders.items():
         out_attrs.setdefault(attr, ",".join(keys))
-    if not table:
-        first = next((d for d in dims.values()), None)
-        table = [n for n, d in dims.items() if d == first and np.ndim(arrays[n]) == 1]
-        if first is not None and len(first) == 1 and first[0] in arrays:
-            table = [first[0]] + [n for n in table if n != first[0]]
+    if not table and dims:  # the arrays sharing the most common dimensions, if those are one (alpha, t)
+        groups: dict[tuple, list[str]] = {}
+        for n, d in dims.items():
+            groups.setdefault(tuple(d), []).append(n)
+        common = max(groups, key=lambda d: (len(groups[d]), len(d)))  # ties: the grid, not its axes
+        if len(common) == 1:
+            table = groups[common]
+            if common[0] in table:
+                table = [common[0]] + [n for n in table if n != common[0]]
     if table:
         out_attrs["table"] = json.dumps(table)
     out_attrs.update(attrs or {})

@@ -410,3 +410,14 @@ def test_ntk_file_has_labelled_sample_dims(mixed_store, tmp_path):
         np.testing.assert_array_equal(ds["K"].values, r.K)
         np.testing.assert_array_equal(ds["labels"].values, r.labels)
     assert read_result(r.path).to_frame()["labels"].tolist() == r.labels.tolist()
+
+
+def test_surface_frame_is_one_row_per_grid_cell(mixed_store, tmp_path):
+    from landscape.api import surface
+
+    s = surface("a", root=mixed_store.root, grid="3x2", splits=("test",), subset=50, output=tmp_path / "s.h5",
+                figure=False)
+    frame = read_result(s.path).to_frame()
+    assert len(frame) == 6 and {"x", "y", "test_loss", "test_acc"} <= set(frame.columns)
+    row = frame[(frame.x == s.xcoordinates[2]) & (frame.y == s.ycoordinates[1])]
+    assert row["test_loss"].item() == s.values["test_loss"][2, 1]
