@@ -17,9 +17,13 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from landscape.atomic import atomic_write
 from landscape.verdict import Verdict, all_of, far_below, greater, ordered
+
+if TYPE_CHECKING:
+    from landscape.api.training import RunSummary
 
 WATSON = "Watson et al."
 
