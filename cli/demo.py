@@ -16,7 +16,8 @@ from cli.options import FiniteFloat, run_api
               help="Directory for the store (OUT/checkpoints unless --root is given) and results.")
 @click.option("--epochs", type=click.IntRange(min=2), default=8, show_default=True)
 @click.option("--k", "ks", default="1,2,4", show_default=True, help="Phase-1 lengths in epochs (comma-separated).")
-@click.option("--copies", type=click.IntRange(min=2), default=2, show_default=True)
+@click.option("--copies", type=click.IntRange(min=2), default=3, show_default=True,
+              help="Phase-2 copies per optimizer; 3+ gives the verdicts a spread over sibling pairs.")
 @click.option("--target-epsilon", type=FiniteFloat(min=0, min_open=True), default=8.0, show_default=True)
 @click.option("--directions", "n_directions", type=click.IntRange(min=1), default=50, show_default=True)
 @click.option("--points", type=click.IntRange(min=2), default=30, show_default=True,

@@ -100,9 +100,8 @@ def compare(gap: float, noise: float) -> bool | None:
     return None
 
 
-GREATER_RULE = ("held if mean(A) - mean(B) > sd(A) + sd(B) (sample sd over {unit}), did not hold if "
-                "mean(A) - mean(B) < -(sd(A) + sd(B)), else inconclusive; inconclusive when a side has fewer "
-                "than 2 {unit}")
+GREATER_RULE = ("held if mean(A) - mean(B) > sd(A) + sd(B) (sample sd over {unit}), did not hold if it is "
+                "< -(sd(A) + sd(B)), else (or with fewer than 2 {unit} a side) inconclusive")
 
 
 def greater(claim: str, source: str, a: Sequence[float], b: Sequence[float], *, names: tuple[str, str] = ("A", "B"),
@@ -145,9 +144,8 @@ def ordered(claim: str, source: str, groups: Mapping[float, Sequence[float]], *,
     held = False if any(s is False for s in steps) else (True if steps and all(steps) else None)
     numbers = {key: [_plain(k) for k in keys], "mean": means, "sd": sds}
     way = "falls" if decreasing else "rises"
-    test = (f"each step in {key} is judged: the mean {way} by more than the sum of the two spreads (sample sd over "
-            f"{unit}) -> the step moves as claimed, moves the other way by more -> it does not, else within noise; "
-            f"held if every step moves as claimed, did not hold if any moves the other way, else inconclusive")
+    test = (f"held if the mean {way} at every step in {key} by more than the two groups' summed sd (sample sd "
+            f"over {unit}), did not hold if any step goes the other way by more, else inconclusive")
     return Verdict(claim, source, test, numbers, held, note)
 
 
