@@ -124,7 +124,7 @@ def verdicts(pairs: Sequence[Mapping], toward_loss: Sequence[float], random_rise
                        decreasing=True, unit="sibling pairs"))
     start, end = float(toward_loss[0]), float(toward_loss[-1])
     out.append(far_below("from a Phase-2 SGD solution the loss rises far less toward its sibling than along random "
-                         "directions at the sibling's distance", f"{WATSON} Fig. 4 (Sec. 4.1.2)", end - start,
+                         "directions at the sibling's distance", f"{WATSON} Fig. 4, Sec. 4.1.2", end - start,
                          random_rises, names=("rise toward sibling", "random rises"),
                          note=f"Rise = L(end) - L(start) on the {profile_split} split; L(solution) = {start:.3g}, "
                               f"L(sibling) = {end:.3g}, highest loss on the path to the sibling = "
