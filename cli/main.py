@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prune": ("cli.prune:prune", "Magnitude-prune a checkpoint into a new run (mask stored with it)."),
     "ntk": ("cli.ntk:ntk", "Empirical NTK under clipping: symmetry, positivity, spectra (Bu et al.)."),
     "ntk-table": ("cli.ntk:ntk_table", "Bu et al. Table 1 measured at a checkpoint or along a run."),
+    "align": ("cli.align:align", "Permute B's hidden units to match A (Git Re-Basin weight matching) into a new run."),
 }
 
 

@@ -427,6 +427,8 @@ def weight_matching(spec: PermutationSpec, state_a: Mapping[str, torch.Tensor], 
     _check_states(spec, state_a, state_b)
     a = {k: v.detach().to(torch.float64) for k, v in state_a.items() if k in spec.by_key}
     b = {k: v.detach().to(torch.float64) for k, v in state_b.items() if k in spec.by_key}
+    a_units = {(p.name, i): _units(a[ax.key], ax, p.size) for p in spec.perms for i, ax in enumerate(p.axes)
+               if ax.match}
     perms = Permutations(identity(spec))
     rng = np.random.default_rng(int(seed))
     for it in range(int(max_iter)):
@@ -434,10 +436,10 @@ def weight_matching(spec: PermutationSpec, state_a: Mapping[str, torch.Tensor], 
         for index in rng.permutation(len(spec.perms)):
             p = spec.perms[index]
             sim = torch.zeros(p.size, p.size, dtype=torch.float64)
-            for ax in p.axes:
+            for i, ax in enumerate(p.axes):
                 if ax.match:
                     wb = _permuted(spec, perms, ax.key, b[ax.key], skip=ax)
-                    sim += _units(a[ax.key], ax, p.size) @ _units(wb, ax, p.size).T
+                    sim.addmm_(a_units[p.name, i], _units(wb, ax, p.size).T)
             sim_np = sim.numpy()
             new = assign(sim_np, p.groups)
             old = perms[p.name].numpy()
