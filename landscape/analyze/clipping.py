@@ -26,6 +26,11 @@ processed in chunks with the same result.
 "Layer" means one parameter tensor. With ``clip_style="layerwise"`` layer ``l`` is clipped to ``C_l``
 (default ``C / sqrt(L)``, as the training code does) and the theorem applies per layer; the flat bound is
 then ``sum_l (||g_bar_l|| / ||g_bar||) C_l (1 - R_l/2)``, which follows from the per-layer bounds.
+With ``clip_style="flat"`` no layer is clipped on its own (each sample's whole gradient is scaled by
+``min(1, C/||g_i||)``), so per layer we report only what is defined: ``R_l``, the projection and cosine of
+the layer's share of ``c`` and ``||g_bar_l||``. The per-layer fraction clipped is NaN and the per-layer
+assumption flags are False ("not evaluated"), like the per-layer bound (NaN): a count of ``||g_il|| > C``
+would describe a clipping that never happened.
 """
 
 from __future__ import annotations
@@ -186,7 +191,8 @@ class ClipMoments:
 
     Per layer ``l`` (arrays of length L, vectors float64): ``sq_sum[l] = sum_i ||g_il||^2``,
     ``grad_sum[l] = sum_i g_il``, ``clipped_sum[l] = sum_i w_il g_il`` with the clipping factors ``w``,
-    ``norm_sum[l] = sum_i ||g_il||``, ``min_norm[l]``, ``n_clipped[l]``; flat: ``flat_norm_sum``,
+    ``norm_sum[l] = sum_i ||g_il||``, ``min_norm[l]``, ``n_clipped[l]`` (``||g_il|| > C_l``; reported for
+    layerwise clipping only); flat: ``flat_norm_sum``,
     ``flat_min_norm``, ``flat_n_clipped`` (for layerwise clipping: clipped (sample, layer) pairs / L, so
     the reported fraction is that of pairs, as in training's ``StepStats.fraction_clipped``).
     """
@@ -257,11 +263,14 @@ class ClipMoments:
         pc = [_projection_and_cos(cl, gl) for cl, gl in zip(c_layers, g_layers, strict=True)]
         layer_proj = np.array([p for p, _ in pc])
         layer_cos = np.array([q for _, q in pc])
-        layer_assume = (self.min_norm >= layer_max_norms) & (layer_g_sq > 0)
         if clip_style == "layerwise":
+            layer_assume = (self.min_norm >= layer_max_norms) & (layer_g_sq > 0)
             layer_bound = layer_max_norms * (1.0 - layer_R / 2.0)
-        else:  # the theorem says nothing about a layer's share of a flat-clipped gradient
+            layer_fraction = self.n_clipped / n
+        else:  # flat: no layer is clipped on its own; the theorem says nothing about a layer's share
+            layer_assume = np.zeros(len(layer_R), dtype=bool)  # not evaluated
             layer_bound = np.full(len(layer_R), math.nan)
+            layer_fraction = np.full(len(layer_R), math.nan)
         stats = _flat_stats(
             n=n, mean_sq_norm=float(self.sq_sum.sum()) / n, mean_sample_norm=self.flat_norm_sum / n,
             min_sample_norm=self.flat_min_norm, n_clipped=self.flat_n_clipped, g=g, c=c,
@@ -271,22 +280,24 @@ class ClipMoments:
             g_norm = math.sqrt(float(g @ g))
             weights = np.sqrt(layer_g_sq) / g_norm if g_norm > 0 else np.full(len(layer_R), math.nan)
             # a layer with a zero mean gradient (pruned, unused) has weight 0 and bound -inf: it adds nothing
-            stats.bound = (float(np.sum(np.where(weights > 0, weights * layer_bound, 0.0))) if g_norm > 0
-                           else -math.inf)
+            with np.errstate(invalid="ignore"):  # 0 * -inf in the discarded branch of np.where
+                stats.bound = (float(np.sum(np.where(weights > 0, weights * layer_bound, 0.0))) if g_norm > 0
+                               else -math.inf)
             stats.assumption_held = bool(layer_assume.all())
             stats.bound_held = _bound_held(stats.projection, stats.bound, max_grad_norm)
         stats.layer_R = layer_R
         stats.layer_projection = layer_proj
         stats.layer_bound = layer_bound
         stats.layer_assumption_held = layer_assume
-        stats.layer_fraction_clipped = self.n_clipped / n
+        stats.layer_fraction_clipped = layer_fraction
         stats.layer_cos_clipped_mean = layer_cos
         stats.layer_mean_grad_norm = np.sqrt(layer_g_sq)
         return stats
 
 
 def layer_max_norms_for(max_grad_norm: float, num_layers: int, clip_style: str) -> np.ndarray:
-    """Per-layer thresholds: ``C`` for flat clipping (unused), ``C / sqrt(L)`` for layerwise (training's default)."""
+    """Per-layer thresholds: ``C / sqrt(L)`` for layerwise clipping (training's default); for flat clipping ``C``,
+    a placeholder no per-layer result uses (only whole gradients are clipped)."""
     if clip_style == "layerwise":
         return np.full(num_layers, max_grad_norm / math.sqrt(num_layers))
     return np.full(num_layers, max_grad_norm)

@@ -90,7 +90,20 @@ def _single(result, stem) -> list[Path]:
     if np.all(t.layer_R > 0) and np.isfinite(t.layer_R).all():
         ax.set_yscale("log")
     ax.set_ylabel("R per layer")
-    ax.legend()
+    ax.legend(loc="upper left")
+    if result.config.clip_style == "layerwise":  # each layer is clipped to C_l: its own fraction and assumption
+        twin = ax.twinx()
+        twin.plot(pos, t.layer_fraction_clipped, "o", color=PALETTE[2], ms=4, label="fraction clipped (||g_il|| > C_l)")
+        failed = ~np.asarray(t.layer_assumption_held, bool)
+        if failed.any():
+            twin.plot(pos[failed], np.asarray(t.layer_fraction_clipped)[failed], "x", color="k", ms=6,
+                      label="assumption ||g_il|| >= C_l fails")
+        twin.set_ylim(-0.05, 1.05)
+        twin.set_ylabel("fraction clipped per layer")
+        twin.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, fontsize=7, frameon=False)
+    else:
+        ax.set_title("flat clipping scales whole gradients: per-layer R only (no per-layer clipping counts)",
+                     fontsize=8)
     ax = axes[1]
     values = [t.projection, t.bound, result.config.max_grad_norm]
     ax.bar([0, 1, 2], values, color=[PALETTE[0], PALETTE[1], "#888888"])

@@ -12,7 +12,7 @@ scratch), data order and noise; child runs (``--from``) start from the parent's 
 changes only data order and noise (Watson et al. Sec. 4.1.1's Phase-2 copies).
 
 Privacy accounting. ``dpsgd`` runs record epsilon for the Poisson-subsampled Gaussian mechanism with sample
-rate q = B/N and the run's noise multiplier (dp-accounting, ``--accountant rdp|pld|prv``). A child run
+rate q = B/N and the run's noise multiplier (exact RDP or PLD, ``--accountant rdp|pld``). A child run
 composes its own steps with its ancestors' DP steps up to the branch point (the epsilon of the whole
 pipeline on the same data set); non-private ancestor steps (SGD, clip-only, noise-only) contribute nothing
 and are flagged in ``manifest["privacy"]["non_private_ancestors"]``, because then no finite guarantee covers
@@ -56,6 +56,7 @@ from landscape.train.callbacks import (
 )
 from landscape.train.config import TrainConfig, checkpoint_steps, config_hash
 from landscape.train.privatize import PrivacyConfig, Privatizer
+from landscape.train.pruning import inherited_privacy, lineage_of
 from landscape.train.sampling import Sampler, make_sampler, steps_per_epoch
 from landscape.train.sparsify import SparsifySchedule
 
@@ -141,21 +142,15 @@ def _start(
         non_private = False
     else:
         model = _model_from_parent(config, parent, data)
-        lineage = {
-            "parent_run": parent.run,
-            "parent_step": parent.step,
-            "parent_epoch": parent.epoch,
-            "parent_ref": config.from_ref,
-            "parent_sha256": parent.sha256,
-        }
+        lineage = lineage_of(parent, config.from_ref)
         masks = _parent_masks(store, parent)
-        history, non_private = _ancestor_privacy(store, parent)
+        history, non_private = inherited_privacy(store, parent)
     _check_dp_model(config, model)
     model.to(device)
 
     n = len(data.y_train)
     spe = steps_per_epoch(n, config.batch_size)
-    total = config.epochs * spe
+    total = accounting.schedule_steps(config.epochs, n, config.batch_size)
     q = min(1.0, config.batch_size / n)
     sigma = _noise_multiplier(config, q, total, history)
     privacy = {
@@ -306,24 +301,6 @@ def _parent_masks(store: Store, parent: Checkpoint) -> dict[str, torch.Tensor] |
     return {k: torch.as_tensor(np.asarray(v)) for k, v in saved.items()}
 
 
-def _ancestor_privacy(store: Store, parent: Checkpoint) -> tuple[list[PrivacyEvent], bool]:
-    """DP events of the parent run up to the branch step (and its ancestors'), and whether any step was non-private."""
-    privacy = None
-    if parent.run is not None:
-        with contextlib.suppress(CheckpointError):
-            privacy = store.run(parent.run).manifest.get("privacy")
-    if not privacy:
-        return [], parent.step > 0  # trained weights of unknown provenance
-    events = [PrivacyEvent(**e) for e in privacy.get("ancestor_events", [])]
-    non_private = bool(privacy.get("non_private_ancestors"))
-    if parent.step > 0:
-        if privacy.get("accounted"):
-            events.append(PrivacyEvent(float(privacy["noise_multiplier"]), float(privacy["sample_rate"]), parent.step))
-        else:
-            non_private = True
-    return events, non_private
-
-
 def _noise_multiplier(config: TrainConfig, q: float, total: int, history: list[PrivacyEvent]) -> float:
     if config.optimizer in ("sgd", "clip-only"):
         return 0.0
@@ -339,7 +316,7 @@ def composed_epsilon(
     history: Sequence[PrivacyEvent], noise_multiplier: float, sample_rate: float, steps: int, delta: float,
     method: str = "rdp",
 ) -> float:
-    """Epsilon of the ancestors' DP steps composed with ``steps`` more of this run (dp-accounting)."""
+    """Epsilon of the ancestors' DP steps composed with ``steps`` more of this run (:mod:`.accounting`)."""
     return accounting.composed_epsilon([*history, PrivacyEvent(noise_multiplier, sample_rate, steps)], delta, method)
 
 
