@@ -254,9 +254,9 @@ def _save(store, name, model, spec, **extra):
 @pytest.fixture
 def root(tmp_path, digits):
     store = Store(tmp_path / "ck")
-    _save(store, "a", _model("lenet", 0), digits.spec)
     dp = {"accounted": True, "noise_multiplier": 1.1, "sample_rate": 0.05, "ancestor_events": [],
           "non_private_ancestors": False}
+    _save(store, "a", _model("lenet", 0), digits.spec, privacy={**dp, "noise_multiplier": 0.8})
     b = _save(store, "b", _model("lenet", 1), digits.spec, privacy=dp)
     from landscape.train.pruning import MASK_ARRAY, magnitude_masks
 
@@ -288,13 +288,17 @@ def test_cli_writes_the_aligned_run_with_lineage_privacy_and_mask(root, capsys, 
     b = store.load("b")
     assert lineage["parent_run"] == "b" and lineage["parent_step"] == 20 and lineage["parent_sha256"] == b.sha256
     assert lineage["aligned_to"]["run"] == "a" and lineage["aligned_to"]["sha256"] == store.load("a").sha256
-    privacy = run.manifest["privacy"]  # B's 20 DP steps; A's 20 steps without a DP record are non-private
-    assert privacy["ancestor_events"] == [{"noise_multiplier": 1.1, "sample_rate": 0.05, "steps": 20}]
-    assert privacy["non_private_ancestors"] is True and privacy["accounted"] is False
-    from landscape.train.loop import _ancestor_privacy  # what `landscape train --from b-to-a@init` inherits
+    privacy = run.manifest["privacy"]  # B's 20 DP steps, then A's: the permutation is a function of A
+    assert privacy["ancestor_events"] == [{"noise_multiplier": 1.1, "sample_rate": 0.05, "steps": 20},
+                                          {"noise_multiplier": 0.8, "sample_rate": 0.05, "steps": 20}]
+    assert privacy["non_private_ancestors"] is False and privacy["accounted"] is False
+    from landscape.train.pruning import inherited_privacy
 
-    events, flagged = _ancestor_privacy(store, store.load("b-to-a@init"))
-    assert [vars(e) for e in events] == privacy["ancestor_events"] and flagged
+    events, flagged = inherited_privacy(store, store.load("b-to-a@init"))  # what train --from b-to-a@init reads
+    assert [vars(e) for e in events] == privacy["ancestor_events"] and not flagged
+    code, _, err = run_cli(root, "align", "m", "m@init", "-o", "m-self", capsys=capsys)  # one run: its later history
+    assert code == 0, err
+    assert store.run("m-self").manifest["privacy"]["non_private_ancestors"] is True  # m's 20 steps: no DP record
     aligned = store.load("b-to-a@init")
     assert aligned.step == 0 and aligned.metrics == {"test_acc": 0.5}  # same function; no training-step metrics
     model = b.build_model()
@@ -326,7 +330,7 @@ def test_cli_bad_input_is_one_line(root, capsys, args, expected_code, fragment):
     assert code == expected_code
     lines = err.strip().splitlines()
     assert fragment in lines[-1] and (len(lines) == 1 or err.startswith("Usage:")), err
-    assert sorted(p.name for p in (root).iterdir()) == ["a", "b", "m", "nan"]  # nothing half-written
+    assert sorted(p.name for p in root.iterdir()) == ["a", "b", "m", "nan"]  # nothing half-written
 
 
 def test_cli_unsupported_architecture_is_one_line(root, capsys, monkeypatch, digits):

@@ -18,6 +18,7 @@ array; unit ``i`` is B's unit ``perm[i]``), a pruning mask of B's run moves with
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from landscape.analyze.align import align_states, apply_permutation
 from landscape.api._common import check_pair
 from landscape.errors import UsageError
 from landscape.store import Checkpoint, Store
-from landscape.train.pruning import MASK_ARRAY
+from landscape.train.pruning import MASK_ARRAY, inherited_privacy, lineage_of
 
 PERMUTATION_ARRAY = "permutation"
 
@@ -83,14 +84,7 @@ def align(ref_a: str, ref_b: str, *, run: str | None = None, root: str | Path = 
     masks = _masks(store, b)
     alignment = align_states(b.build_model(), a.state_dict, b.state_dict, seed=seed, max_iter=max_iter)
     stored = {"command": "align", **asdict(config)}
-    lineage = {
-        "parent_run": b.run,
-        "parent_step": b.step,
-        "parent_epoch": b.epoch,
-        "parent_ref": ref_b,
-        "parent_sha256": b.sha256,
-        "aligned_to": {"ref": ref_a, "run": a.run, "step": a.step, "sha256": a.sha256},
-    }
+    lineage = {**lineage_of(b, ref_b), "aligned_to": {"ref": ref_a, "run": a.run, "step": a.step, "sha256": a.sha256}}
     new = store.create_run(run, config=stored, seeds={"seed": int(seed)}, lineage=lineage, model_spec=b.model_spec,
                            data_spec=b.data_spec, extra={"privacy": _privacy_of_both(store, b, a)})
     try:
@@ -112,18 +106,16 @@ def align(ref_a: str, ref_b: str, *, run: str | None = None, root: str | Path = 
 
 
 def _privacy_of_both(store: Store, b: Checkpoint, a: Checkpoint) -> dict[str, Any]:
-    """B's DP history up to its step, then A's (the same fields ``landscape train`` records for ancestors)."""
-    from landscape.train.loop import _ancestor_privacy
-
-    events: list[dict[str, Any]] = []
-    counts, non_private = {}, False
-    for label, source in (("B", b), ("A", a)):
-        history, flagged = _ancestor_privacy(store, source)
-        events += [vars(e) for e in history]
-        counts[label] = len(history)
-        non_private = non_private or flagged
-    return {"accounted": False, "ancestor_events": events, "non_private_ancestors": non_private,
-            "events_from": counts}
+    """B's DP history, then A's (:func:`landscape.train.pruning.inherited_privacy`); for two checkpoints of one
+    run, the later one's history, which contains the earlier's."""
+    if a.run is not None and a.run == b.run:
+        events, non_private = inherited_privacy(store, a if a.step > b.step else b)
+        counts = {"B" if b.step >= a.step else "A": len(events)}
+    else:
+        (eb, npb), (ea, npa) = inherited_privacy(store, b), inherited_privacy(store, a)
+        events, non_private, counts = eb + ea, npb or npa, {"B": len(eb), "A": len(ea)}
+    return {"accounted": False, "ancestor_events": [dataclasses.asdict(e) for e in events],
+            "non_private_ancestors": non_private, "events_from": counts}
 
 
 def _masks(store: Store, b: Checkpoint):
