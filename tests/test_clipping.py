@@ -317,7 +317,7 @@ def trained_store(tmp_path_factory):
 
 def test_pruning_lowers_R_gaussian_signal_two_layer_linear(trained_store, tmp_path):
     """Watson Fig. 11: the more (noise-part) weights pruned, the lower R at the retrained checkpoint."""
-    from landscape.api.geometry import clipping
+    from landscape.api import clipping
 
     out = tmp_path / "prune.h5"
     res = clipping("gs@last", root=trained_store, prune_levels=[0.0, 0.5, 0.9], max_grad_norm=0.1,
@@ -333,8 +333,6 @@ def test_pruning_lowers_R_gaussian_signal_two_layer_linear(trained_store, tmp_pa
 def _cli(monkeypatch, capsys, root, *args):
     from cli import main as cli_main
 
-    for name in ("clipping", "symmetry", "norms"):
-        monkeypatch.setitem(cli_main.COMMANDS, name, (f"cli.geometry:{name}", name))
     with pytest.raises(SystemExit) as exc:
         cli_main.main(["--root", str(root), *args])
     out = capsys.readouterr()

@@ -196,7 +196,7 @@ def dp_source(tmp_path_factory):
 def test_clipping_prune_levels_retrained_epsilon_includes_the_source_steps(dp_source, tmp_path):
     """`clipping --prune-levels`: the mask came from 10 DP steps of the source; the retrained run's epsilon
     composes them with its own 10 (before the fix it recorded its own steps only)."""
-    from landscape.api.geometry import clipping
+    from landscape.api import clipping
     from landscape.store import Store
     from landscape.train.accounting import epsilon
 
@@ -256,7 +256,7 @@ def test_rewinding_to_another_runs_weights_composes_both_histories(dp_source):
 
 
 def test_non_private_source_is_flagged_through_prune_levels(tmp_path):
-    from landscape.api.geometry import clipping
+    from landscape.api import clipping
     from landscape.store import Store
     from landscape.train.config import TrainConfig
     from landscape.train.loop import train

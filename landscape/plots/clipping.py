@@ -5,19 +5,15 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from landscape.plots.style import PALETTE, apply_style, save_figure  # noqa: E402
+from landscape.plots.style import PALETTE, save_figure, styled, subplots
 
 
-def plot_clipping(result, stem) -> list[Path]:
+@styled
+def plot_clipping(result, stem, title: str = "") -> list[Path]:
     """One figure: against pruning level (Watson Fig. 11) when the rows are pruning levels, against epoch for
     several checkpoints, and per layer for a single checkpoint."""
-    apply_style()
     levels = np.array([r.prune_level for r in result.rows])
     if not np.isnan(levels).all():
         return _against(result, levels, "fraction of weights pruned", stem, title="R vs pruning (Watson Fig. 11)")
@@ -27,7 +23,7 @@ def plot_clipping(result, stem) -> list[Path]:
 
 
 def _against(result, x, xlabel: str, stem, *, title: str) -> list[Path]:
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    fig, axes = subplots(1, 3, figsize=(12, 3.4))
     order = np.argsort(x)
     x = x[order]
     col = {name: result.column(name)[order] for name in ("R", "projection", "bound", "fraction_clipped",
@@ -80,7 +76,7 @@ def _single(result, stem) -> list[Path]:
     row = result.rows[0]
     t = row.total
     names = result.layer_names
-    fig, axes = plt.subplots(1, 2, figsize=(max(8, 0.35 * len(names) + 4), 3.6),
+    fig, axes = subplots(1, 2, figsize=(max(8, 0.35 * len(names) + 4), 3.6),
                              gridspec_kw={"width_ratios": [3, 1]})
     ax = axes[0]
     pos = np.arange(len(names))
