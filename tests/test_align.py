@@ -346,3 +346,46 @@ def test_cli_unsupported_architecture_is_one_line(root, capsys, monkeypatch, dig
     code, _, err = run_cli(root, "align", "t1", "t2", capsys=capsys)
     assert code == 1 and err.strip() == ("error: alignment has no permutation spec for model 'toy' "
                                          "(supported: mlp, two-layer-linear, lenet, opacus-cnn, resnet18)")
+
+
+# ----------------------------------------------------------------------- interpolate / instability --align
+
+
+def test_interpolate_and_instability_align_report_before_and_after(tmp_path, digits, capsys):
+    """`interpolate A P(A) --align`: > 0 before, exactly 0 after (P(A) is A with its units randomly permuted);
+    `instability --pairs ... --align` puts both in one row; the file reads back with both paths."""
+    from landscape.analyze.instability import InstabilityTable
+    from landscape.analyze.interpolate import InterpolationResult
+
+    store = Store(tmp_path / "ck")
+    model = _fit(_model("lenet"), digits)
+    spec = permutation_spec(model)
+    _save(store, "a", model, digits.spec)
+    shuffled = copy.deepcopy(model)
+    shuffled.load_state_dict(apply_permutation(spec, random_permutation(spec, seed=4), model.state_dict()))
+    _save(store, "p", shuffled, digits.spec)
+    out = tmp_path / "ap.h5"
+    code, text, err = run_cli(store.root, "interpolate", "a", "p", "--align", "--points", "5", "--subset", "150",
+                              "-o", out, "--no-figure", capsys=capsys)
+    assert code == 0, err
+    assert "instability_loss_aligned" in text.splitlines()[0]
+    r = InterpolationResult.from_hdf5(out)
+    assert r.config.align and set(r.loss_aligned) == {"train", "test"}
+    for split in ("train", "test"):
+        assert r.instability_loss[split] > 0.1
+        assert r.instability_loss_aligned[split] == 0.0 and r.instability_error_aligned[split] == 0.0
+        np.testing.assert_array_equal(r.loss_aligned[split], np.full(5, r.loss[split][0]))  # flat: A all along
+    assert r.distance > 1 and r.distance_aligned == 0.0
+    plain = tmp_path / "plain.h5"
+    assert run_cli(store.root, "interpolate", "a", "p", "--points", "5", "--subset", "150", "-o", plain,
+                   "--no-figure", capsys=capsys)[0] == 0
+    again = InterpolationResult.from_hdf5(plain)  # without --align: the same path, no aligned fields
+    assert again.loss_aligned == {} and "instability_loss_aligned" not in again.summary()[0]
+    np.testing.assert_array_equal(again.loss["test"], r.loss["test"])
+    code, text, err = run_cli(store.root, "instability", "--pairs", "a:p", "--align", "--splits", "test",
+                              "--points", "5", "--subset", "150", "-o", tmp_path / "t.h5", "--no-figure",
+                              capsys=capsys)
+    assert code == 0, err
+    row = InstabilityTable.from_hdf5(tmp_path / "t.h5").records()[0]
+    assert row["instability_test_loss"] == pytest.approx(r.instability_loss["test"])
+    assert row["instability_test_loss_aligned"] == 0.0 and row["instability_test_error_aligned"] == 0.0
