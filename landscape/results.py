@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import h5py
 import numpy as np
@@ -229,6 +229,9 @@ def check_output_path(path: str | os.PathLike) -> None:
     Results are often written next to checkpoints; a mistyped ``-o`` must never destroy a checkpoint.
     """
     path = Path(path)
+    too_long = [part for part in path.parts if len(os.fsencode(part)) > 255]
+    if too_long:
+        raise ResultError(f"cannot write result {path}: the name {too_long[0][:40]}... is longer than 255 bytes")
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():
@@ -239,6 +242,19 @@ def check_output_path(path: str | os.PathLike) -> None:
     if path.exists() and not is_result_file(path):
         raise ResultError(f"refusing to overwrite {path}: it is not a landscape result file (a checkpoint or other "
                           "data?); choose another output")
+
+
+def check_companions(path: str | os.PathLike, suffixes: Sequence[str] = (".csv", ".png", ".pdf")) -> None:
+    """Refuse to write result ``path`` when ``path`` with one of ``suffixes`` (the CSV and figures written beside
+    it) exists but ``path`` itself is not an existing result file: that CSV or figure is someone else's."""
+    path = Path(path)
+    if is_result_file(path):
+        return
+    for suffix in suffixes:
+        other = path.with_suffix(suffix)
+        if other.exists():
+            raise ResultError(f"refusing to overwrite {other}: it was not written with a result {path.name}; "
+                              "choose another output")
 
 
 def read_result(path: str | os.PathLike, kind: str | None = None, *, load_arrays: bool = True) -> Result:
@@ -296,7 +312,8 @@ def stored(where: str, default: Any = dataclasses.MISSING, *, name: str | None =
            dims: Sequence[str] | None = None, order: str | None = None, count: str | None = None,
            default_factory: Callable | None = None) -> Any:
     """A result dataclass field stored as ``where``: ``"array"`` (a dataset), ``"attr"`` (a root attr),
-    ``"table"`` (a list of row dataclasses, one dataset per column) or ``"skip"``.
+    ``"table"`` (a list of row dataclasses, one dataset per column: bools, int64, float64, text or stacked
+    arrays), ``"nested"`` (in a row: a dataclass whose fields are more columns) or ``"skip"``.
 
     ``name``: the dataset/attr name (default: the field name); with a ``{}`` in it the field is a dict whose
     keys fill the braces (``"{}_loss"`` -> ``train_loss``, ``test_loss``). ``order``: the attr that keeps the
@@ -324,7 +341,8 @@ def _layout(cls: type) -> list[tuple[dataclasses.Field, dict, Any]]:
             if isinstance(hint, types.UnionType):  # X | None
                 hint = next((a for a in typing.get_args(hint) if a is not type(None)), None)
             scalar = hint in (int, float, str, bool)
-            meta = {"where": "attr" if scalar else "skip", "name": None, "dims": None, "order": None, "count": None}
+            where = "attr" if scalar else "array" if hint is np.ndarray else "skip"
+            meta = {"where": where, "name": None, "dims": None, "order": None, "count": None}
         if meta["where"] != "skip":
             out.append((f, meta, hints[f.name]))
     return out
@@ -360,12 +378,14 @@ def _flatten(obj: Any, layout, out_arrays: dict, out_attrs: dict, dims: dict, or
 
 def table_columns(rows: Sequence[Any], row_cls: type, keys: Sequence[str] = ()) -> dict[str, list]:
     """Rows of a table (row dataclasses) as named columns, in field order; dict fields expand over ``keys``
-    (the dict's own keys when none are given)."""
+    (the dict's own keys when none are given); a ``stored("nested")`` dataclass field adds its own columns."""
     columns: dict[str, list] = {}
     layout = _layout(row_cls)
-    for f, meta, _ in layout:
+    for f, meta, hint in layout:
         name = meta["name"] or f.name
-        if "{}" in name:
+        if meta["where"] == "nested":
+            columns.update(table_columns([getattr(r, f.name) for r in rows], _plain_class(hint), keys))
+        elif "{}" in name:
             ks = list(keys) or (list(getattr(rows[0], f.name)) if rows else [])
             for k in ks:
                 columns[name.format(k)] = [getattr(r, f.name).get(k, math.nan) for r in rows]
@@ -374,12 +394,27 @@ def table_columns(rows: Sequence[Any], row_cls: type, keys: Sequence[str] = ()) 
     return columns
 
 
+def _plain_class(hint: Any) -> type:
+    import types
+
+    if isinstance(hint, types.UnionType):
+        hint = next(a for a in hint.__args__ if a is not type(None))
+    return hint
+
+
 def _column_array(values: list) -> np.ndarray:
-    if values and all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
-                      for v in values):
-        return np.array(values, dtype=np.float64)
+    """One table column: bools, int64, float64, stacked arrays, or bytes (text; None as "")."""
     if not values:
         return np.array([], dtype=np.float64)
+    if all(isinstance(v, (bool, np.bool_)) for v in values):
+        return np.array(values, dtype=bool)
+    if all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in values):
+        return np.array(values, dtype=np.int64)
+    if all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+           for v in values):
+        return np.array(values, dtype=np.float64)
+    if all(isinstance(v, np.ndarray) for v in values):
+        return np.stack(values)
     return np.array([("" if v is None else str(v)).encode() for v in values], dtype=object).astype("S")
 
 
@@ -397,6 +432,11 @@ def write_dataclass(obj: Any, path: str | os.PathLike, kind: str, *, inputs: Seq
     dims: dict[str, tuple] = {}
     orders: dict[str, list] = {}
     _flatten(obj, layout, arrays, out_attrs, dims, orders)
+    if hasattr(obj, "derived"):
+        more_arrays, more_attrs, more_dims = obj.derived()
+        arrays.update(more_arrays)
+        out_attrs.update(more_attrs)
+        dims.update({k: v for k, v in more_dims.items() if k in arrays})
     table: list[str] = []
     for f, meta, hint in layout:
         if meta["where"] != "table":
@@ -406,7 +446,8 @@ def write_dataclass(obj: Any, path: str | os.PathLike, kind: str, *, inputs: Seq
         keys = _split_order(out_attrs.get(meta["order"])) if meta["order"] else ()
         for col, values in table_columns(rows, row_cls, keys).items():
             arrays[col] = _column_array(values)
-            table.append(col)
+            if arrays[col].ndim == 1:
+                table.append(col)
         if meta["count"]:
             out_attrs[meta["count"]] = len(rows)
     for attr, keys in orders.items():
@@ -425,12 +466,24 @@ def write_dataclass(obj: Any, path: str | os.PathLike, kind: str, *, inputs: Seq
     return write_result(path, kind, arrays=arrays, attrs=out_attrs, params=params, inputs=inputs, dims=dims)
 
 
+@dataclass(kw_only=True)
 class StoredResult:
     """Base of a result dataclass stored by the codec: ``to_hdf5`` / ``from_hdf5`` from its ``KIND`` (the file's
-    kind) and ``CONFIG`` (the class of its ``config`` field, rebuilt from the stored params)."""
+    kind) and ``CONFIG`` (the class of its ``config`` field, rebuilt from the stored params), and the fields every
+    result has (keyword-only, so they follow the subclass' own): its ``inputs``, the file it was written to and
+    its figure files. ``derived()`` may add arrays and attrs computed from the fields (written, not read back).
+    """
 
     KIND = ""
-    CONFIG: Any = None
+    CONFIG: ClassVar[Any] = None
+
+    inputs: list[InputRef] = field(default_factory=list)
+    path: Path | None = None
+    figures: list[Path] = field(default_factory=list)
+
+    def derived(self) -> tuple[dict[str, Any], dict[str, Any], dict[str, tuple]]:
+        """``(arrays, attrs, dims)`` written beside the fields (summary statistics...); none by default."""
+        return {}, {}, {}
 
     def to_hdf5(self, path: str | os.PathLike, inputs: Sequence[InputRef] = (),
                 attrs: Mapping[str, Any] | None = None) -> Path:
@@ -531,21 +584,32 @@ def read_dataclass(cls: type, path: str | os.PathLike, kind: str, *, config: typ
 
 
 def _read_table(r: Result, row_cls: type, order: Sequence[str]) -> list:
+    return _rows_from(r.arrays, row_cls, _table_length(r.arrays, row_cls), order)
+
+
+def _table_length(arrays: Mapping[str, np.ndarray], row_cls: type) -> int:
+    for f, meta, hint in _layout(row_cls):
+        name = meta["name"] or f.name
+        if meta["where"] == "nested":
+            return _table_length(arrays, _plain_class(hint))
+        if "{}" not in name and name in arrays:
+            return len(arrays[name])
+    return 0
+
+
+def _rows_from(arrays: Mapping[str, np.ndarray], row_cls: type, n: int, order: Sequence[str]) -> list:
     layout = _layout(row_cls)
-    n = min((len(r.arrays[(m["name"] or f.name)]) for f, m, _ in layout
-             if "{}" not in (m["name"] or f.name) and (m["name"] or f.name) in r.arrays), default=0)
-    rows = []
-    for i in range(n):
-        values = {}
-        for f, meta, hint in layout:
-            name = meta["name"] or f.name
-            if "{}" in name:
-                col = {k: v[i] for k, v in r.arrays.items() if v.ndim == 1 and len(v) == n}
-                values[f.name] = _dict_field(col, name, order, hint)
-            elif name in r.arrays:
-                values[f.name] = _decode_value(r.arrays[name][i], hint)
-        rows.append(row_cls(**values))
-    return rows
+    columns: dict[str, list] = {}
+    for f, meta, hint in layout:
+        name = meta["name"] or f.name
+        if meta["where"] == "nested":
+            columns[f.name] = _rows_from(arrays, _plain_class(hint), n, order)
+        elif "{}" in name:
+            same = {k: v for k, v in arrays.items() if v.ndim >= 1 and len(v) == n}
+            columns[f.name] = [_dict_field({k: v[i] for k, v in same.items()}, name, order, hint) for i in range(n)]
+        elif name in arrays:
+            columns[f.name] = [_decode_value(arrays[name][i], hint) for i in range(n)]
+    return [row_cls(**{k: v[i] for k, v in columns.items()}) for i in range(n)]
 
 
 def write_csv(path: str | os.PathLike, records: Sequence[Mapping[str, Any]], columns: Sequence[str], *,

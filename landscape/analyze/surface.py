@@ -38,8 +38,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from landscape.analyze._common import EvaluationOptions, check_choice, check_positive_int, config_from_params
-from landscape.analyze.directions import nonzero_random_directions
+from landscape.analyze._common import check_choice, check_positive_int, config_from_params
+from landscape.analyze.directions import RandomDirectionOptions, nonzero_random_directions
 from landscape.analyze.registry import Analysis, option, slug
 from landscape.directions import BIASBN, NORMALIZATIONS, trajectory_pca
 from landscape.errors import UsageError
@@ -58,7 +58,7 @@ _RANGE = re.compile(r"^\s*([-+0-9.eE]+)\s*:\s*([-+0-9.eE]+)\s*$")
 
 
 @dataclass
-class SurfaceConfig(EvaluationOptions):
+class SurfaceConfig(RandomDirectionOptions):
     """Options of ``landscape surface`` (stored as the result's ``params``).
 
     ``plane``: ``random``, ``B,C`` (two more checkpoint references) or ``pca:RUN``; ``grid``: ``NXxNY`` (or
@@ -76,10 +76,6 @@ class SurfaceConfig(EvaluationOptions):
                                      metavar="train,test")
     normalize: str = option("filter", "Direction normalisation of the random plane (Li et al. 2018): none, filter "
                             "or layer.", choices=NORMALIZATIONS)
-    biasbn: str = option("zero", "1-D tensors (biases, norm layers) under filter/layer normalisation: zero (Li et "
-                         "al.), copy theta, or random rescaled.", choices=BIASBN)
-    seed: int = option(0, "Seed of the random directions.")
-    workers: int = option(1, "Parallel worker processes.", min=1)
     rows_per_call: int | None = option(None, "Grid rows per evaluation call and file write (default: about 64 "
                                        "points per call).", min=1)
 

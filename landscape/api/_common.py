@@ -1,7 +1,7 @@
-"""What the api modules share: data rebuilt from a checkpoint, options into configs, output names, pools.
+"""What the api modules share: data rebuilt from a checkpoint, options into configs, output names, and the one
+worker pool (spawned processes, one torch thread each, dying with their parent).
 
-Private to :mod:`landscape.api`; the command modules (``interpolation``, ``loss_surfaces``, ``geometry``,
-``kernels``) import from here.
+Private to :mod:`landscape.api` (``resolve``, ``runner``, ``loss_surfaces`` import from here).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 
-from landscape.analyze.registry import slug  # noqa: F401 (re-exported for the api modules)
 from landscape.errors import CheckpointError, IncompatibleError, UsageError
 from landscape.params import check_compatible
 from landscape.store import Checkpoint
@@ -102,7 +101,12 @@ def run_label(ref: str) -> str:
 
 
 def default_output(name: str) -> Path:
-    """``results/<name>.h5`` (relative to the working directory)."""
+    """``results/<name>.h5`` (relative to the working directory); a name too long for a file (long run names)
+    keeps its first 150 characters and gets a hash of the whole, so it stays unique."""
+    if len(name) > 200:
+        import hashlib
+
+        name = f"{name[:150]}-{hashlib.sha256(name.encode()).hexdigest()[:16]}"
     return RESULTS_DIR / f"{name}.h5"
 
 

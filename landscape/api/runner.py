@@ -18,11 +18,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from landscape.analyze.registry import Analysis, get
-from landscape.api._common import ProcessPool, config_with, default_output, map_jobs, run_label, slug
+from landscape.analyze.registry import Analysis, get, slug
+from landscape.api._common import ProcessPool, config_with, default_output, map_jobs, run_label
 from landscape.api.resolve import Resolver, Target
 from landscape.errors import UsageError
-from landscape.results import InputRef
+from landscape.results import InputRef, check_companions, check_output_path
 
 
 def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", config: Any = None,
@@ -45,13 +45,16 @@ def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", con
         raise UsageError(f"--workers must be >= 1, got {workers}")
     resolver = Resolver(root, data_root=data_root, download=download)
     refs = [str(r) for r in refs]
+    if output is not None:  # fail before computing: -o must not replace a checkpoint, a user's CSV or figure
+        check_output_path(output)
+        check_companions(output, ((".csv",) if spec.csv else ()) + ((".png", ".pdf") if figure else ()))
     attrs: dict[str, Any] = {}
     if spec.inputs == "checkpoint":
         (ref,) = refs
         stem, title = f"{spec.output}-{run_label(ref)}", ref
         if spec.execute is not None:
             out = Path(output) if output is not None else default_output(spec.stem(refs, config, run_opts))
-            result, inputs = _callable(spec.execute)(resolver, ref, config, run_opts, out)
+            result, inputs, attrs = _callable(spec.execute)(resolver, ref, config, run_opts, out)
         else:
             point = resolver.point(ref, masks=True, purpose=spec.purpose)
             result = spec.compute(point, config)
