@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,10 +24,17 @@ from typing import Any, ClassVar
 
 import h5py
 import numpy as np
-import torch
 
 from landscape.errors import ResultError
 from landscape.runtime import code_version
+
+
+def is_tensor(value: Any) -> bool:
+    """Whether ``value`` is a torch tensor, without importing torch (reading and listing results needs none;
+    a tensor can only exist once torch is imported)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
 
 _RESERVED = ("kind", "created", "landscape_version", "torch_version", "inputs", "params")
 
@@ -85,6 +93,12 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
 def to_jsonable(value: Any) -> Any:
     """Convert numpy/torch scalars, arrays, paths and dataclasses to plain JSON types (NaN/inf as strings)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -93,7 +107,7 @@ def to_jsonable(value: Any) -> Any:
         return {str(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [to_jsonable(v) for v in value]
-    if isinstance(value, torch.Tensor):
+    if is_tensor(value):
         return to_jsonable(value.detach().cpu().numpy())
     if isinstance(value, np.ndarray):
         return to_jsonable(value.tolist())
@@ -184,13 +198,13 @@ def write_result(
             f.attrs["kind"] = kind
             f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
             f.attrs["landscape_version"] = code_version()
-            f.attrs["torch_version"] = str(torch.__version__)
+            f.attrs["torch_version"] = _torch_version()
             f.attrs["inputs"] = json.dumps([dataclasses.asdict(i) for i in inputs])
             f.attrs["params"] = json.dumps(to_jsonable(params if params is not None else {}))
             for key, value in (attrs or {}).items():
                 f.attrs[key] = _attr_value(value)
             for key, value in arrays.items():
-                if isinstance(value, torch.Tensor):
+                if is_tensor(value):
                     value = value.detach().cpu().numpy()
                 f.create_dataset(key, data=np.asarray(value))
             _attach_scales(f, dims or {})

@@ -35,6 +35,7 @@ import datetime as _dt
 import errno
 import fcntl
 import fnmatch
+import functools
 import json
 import math
 import os
@@ -47,17 +48,19 @@ import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
 import h5py
 import numpy as np
-import torch
-from torch import nn
 
 from landscape.atomic import atomic_write, stale_temp_files
 from landscape.errors import CheckpointError, IncompatibleError, UnsafeFileError, UsageError
-from landscape.results import InputRef, sha256_file, to_jsonable
+from landscape.results import InputRef, is_tensor, sha256_file, to_jsonable
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: `store ls` needs none (issue 14 item 8)
+    import torch
+    from torch import nn
 from landscape.runtime import code_version
 
 MANIFEST = "manifest.json"
@@ -78,11 +81,15 @@ _MANIFEST_KEYS = frozenset(
 )
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
-# torch dtypes numpy cannot hold: stored bit-exactly as same-width integers, tagged with the torch dtype
-_VIEW_DTYPES = {
-    torch.bfloat16: torch.int16,
-    **{getattr(torch, n): torch.uint8 for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)},
-}
+
+
+@functools.cache
+def _view_dtypes() -> dict[torch.dtype, torch.dtype]:
+    """torch dtypes numpy cannot hold: stored bit-exactly as same-width integers, tagged with the torch dtype."""
+    import torch
+
+    return {torch.bfloat16: torch.int16,
+            **{getattr(torch, n): torch.uint8 for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)}}
 
 
 # ---------------------------------------------------------------------------------------------- records
@@ -663,6 +670,8 @@ def load_checkpoint(path: str | os.PathLike, *, ref: str | None = None) -> Check
 
 
 def _dtype_kind(dtype: torch.dtype) -> str:
+    import torch
+
     if dtype == torch.bool:
         return "boolean"
     if dtype.is_complex:
@@ -763,6 +772,8 @@ def _read_foreign(file: Path) -> Any:
     suffix = file.suffix.lower()
     if suffix in (".pt", ".pth"):
         try:
+            import torch
+
             with warnings.catch_warnings():  # torch warns about pickle protocols before refusing; the error says it
                 warnings.simplefilter("ignore")
                 return torch.load(file, map_location="cpu", weights_only=True)
@@ -814,6 +825,8 @@ def _unwrap_state_dict(obj: Any, file: Path) -> dict[str, torch.Tensor]:
 
 
 def _all_tensors(d: Mapping) -> bool:
+    import torch
+
     return all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in d.items())
 
 
@@ -1071,12 +1084,14 @@ def _unescape(name: str) -> str:
 
 
 def _write_array(group: h5py.Group, name: str, value: Any) -> None:
-    if isinstance(value, torch.Tensor):
+    if is_tensor(value):
+        import torch
+
         tensor = value.detach().cpu()
         if tensor.is_sparse or tensor.layout != torch.strided:
             raise UsageError(f"cannot store '{name}': only dense tensors are supported")
         torch_dtype = str(tensor.dtype).removeprefix("torch.")
-        view = _VIEW_DTYPES.get(tensor.dtype)
+        view = _view_dtypes().get(tensor.dtype)
         if view is not None:
             tensor = tensor.contiguous().view(view)
         ds = group.create_dataset(name, data=tensor.contiguous().numpy())
@@ -1095,8 +1110,12 @@ def _read_array(ds: h5py.Dataset, *, as_torch: bool) -> Any:
     """
     array = np.asarray(ds[()])
     name = ds.attrs.get("torch_dtype")
+    if name is None and not as_torch:
+        return array
+    import torch
+
     dtype = getattr(torch, str(name)) if name is not None else None
-    if dtype in _VIEW_DTYPES:
+    if dtype in _view_dtypes():
         return torch.from_numpy(np.array(array, order="C", copy=True)).view(dtype)
     if as_torch:
         return torch.from_numpy(np.array(array, order="C", copy=True))
@@ -1108,7 +1127,7 @@ def _write_state_dict(group: h5py.Group, state_dict: Mapping[str, torch.Tensor])
     for key, value in state_dict.items():
         if not isinstance(key, str):
             raise UsageError(f"state_dict keys must be strings, got {key!r}")
-        if not isinstance(value, torch.Tensor):
+        if not is_tensor(value):
             raise UsageError(f"state_dict entry '{key}' is a {type(value).__name__}, not a tensor")
         _write_array(group, _escape(key), value)
 
@@ -1186,7 +1205,7 @@ def _decode_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
+    if is_tensor(value) and value.numel() == 1:
         return value.item()
     if isinstance(value, np.generic):
         return value.item()

@@ -261,7 +261,7 @@ class NTKTableConfig(KernelOptions):
     """Options of ``landscape ntk-table`` (stored as the result's params)."""
 
     max_grad_norms: tuple[float, ...] = option((0.01, 0.1, 1.0, 10.0, 100.0), "Clipping norms C.",
-                                               flag=("--max-grad-norm", "-C"))
+                                               flag=("--max-grad-norm", "-C"), min=0, min_open=True)
     clip_styles: tuple[str, ...] = option(CLIP_STYLES, "Clipping styles: flat, layerwise.", flag="--clip-style")
 
     def __post_init__(self) -> None:
