@@ -37,6 +37,8 @@ class SubsetType(click.ParamType):
     """``--subset``: an integer count (``500``) or a fraction in (0, 1] (``0.05``)."""
 
     name = "N|FRACTION"
+    # the declared range of its values, as click's number ranges state theirs: counts >= 1 or fractions in (0, 1]
+    min, max, min_open, max_open = 0, None, True, False
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from landscape.analyze.registry import Analysis, option
-from landscape.errors import UsageError
+from landscape.errors import NonFiniteError, UsageError
 from landscape.gram import KINDS, gram_blocks, layer_names, parse_memory
 from landscape.results import InputRef, StoredResult, read_result, stored, write_csv, write_result
 
@@ -90,7 +90,8 @@ def _as_numpy(A: np.ndarray | torch.Tensor) -> np.ndarray:
     if A.ndim != 2 or A.shape[0] != A.shape[1]:
         raise UsageError(f"kernel must be a square matrix, got shape {A.shape}")
     if not np.isfinite(A).all():
-        raise UsageError("kernel has non-finite entries (NaN or inf): check the gradients and clipping factors")
+        raise NonFiniteError("kernel has non-finite entries (NaN or inf): did the checkpoint diverge? check its "
+                             "weights (landscape store show), the gradients and clipping factors")
     return A
 
 

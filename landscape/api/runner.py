@@ -45,9 +45,10 @@ def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", con
         raise UsageError(f"--workers must be >= 1, got {workers}")
     resolver = Resolver(root, data_root=data_root, download=download)
     refs = [str(r) for r in refs]
+    written = {"csv": spec.csv, "figures": figure and spec.figure is not None, "pairs": spec.inputs == "pairs"}
     if output is not None:  # fail before computing: -o must not replace a checkpoint, a user's CSV or figure
         check_output_path(output)
-        check_companions(output, ((".csv",) if spec.csv else ()) + ((".png", ".pdf") if figure else ()))
+        check_companions(output, **written)
     attrs: dict[str, Any] = {}
     if spec.inputs == "checkpoint":
         (ref,) = refs
@@ -94,6 +95,8 @@ def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", con
     if spec.stem is not None:
         stem = spec.stem(refs, config, run_opts)
     out = Path(output) if output is not None else default_output(stem)
+    if output is None:  # the default name is known only now; pairs were checked by _pairs
+        check_companions(out, **{**written, "pairs": False})
     result.to_hdf5(out, inputs=inputs, attrs=attrs)
     if spec.csv:
         result.to_csv(out.with_suffix(".csv"))
@@ -168,6 +171,7 @@ def _pairs(spec: Analysis, resolver: Resolver, patterns: list[str], config: Any,
            workers: int, out: Path) -> tuple[Any, list[InputRef]]:
     jobs = resolver.pair_jobs(patterns, run_opts.pairs)
     pair_dir = out.with_name(out.stem + "-pairs")
+    check_companions(out, csv=False, figures=False, pairs=True)
     tasks = [(spec.name, resolver, a, b, labels, config, data_from, str(pair_dir / f"{slug(a)}--{slug(b)}.h5"))
              for a, b, labels in jobs]
     outcomes = _map(_pair_job, tasks, workers)
