@@ -377,3 +377,16 @@ def test_phases_checks_derived_names_before_training(root, capsys):
                            "--phase1", "sgd", "--phase2", "sgd", "--group", group, capsys=capsys)
     assert_one_error(code, err, 2, "--group", "205 characters")
     assert sorted(p.name for p in root.iterdir()) == before  # Phase 1 did not train
+
+
+def test_no_arguments_print_the_help_and_usage_errors_name_it(root, capsys):
+    for args in ([], ["store"]):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_:
+            main(args)
+        out, err = capsys.readouterr()
+        assert exit_.value.code == 0 and out.startswith("Usage: landscape") and not err
+    for args, hint in ((("nosuch",), "'landscape --help'"), (("train", "--nosuch"), "'landscape train --help'"),
+                       (("store", "show"), "'landscape store show --help'")):
+        code, _, err = run_cli(root, *args, capsys=capsys)
+        assert_one_error(code, err, 2, hint)
