@@ -17,7 +17,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,10 +65,21 @@ class Result:
 
     def to_frame(self):
         """The result's table as a pandas DataFrame: the datasets named by the file's ``table`` attr (written
-        by :func:`write_dataclass`: instability pairs, per-checkpoint rows, an interpolation path...), else every
-        1-D dataset of the most common length. Byte strings become str."""
+        by :func:`write_dataclass`: instability pairs, per-checkpoint rows, an interpolation path...); for a
+        gridded result without one (a surface) the long form of its highest-dimensional labelled arrays (one
+        row per grid cell: x, y, train_loss, ...); else every 1-D dataset of the most common length. Byte
+        strings become str."""
         import pandas as pd
 
+        if "table" not in self.attrs and any(a.ndim >= 2 for a in self.arrays.values()):
+            try:
+                with self.to_xarray() as ds:
+                    top = max(len(v.dims) for v in ds.data_vars.values())
+                    names = [k for k, v in ds.data_vars.items() if len(v.dims) == top]
+                    if top >= 2 and len({ds[k].dims for k in names}) == 1:
+                        return ds[names].to_dataframe().reset_index()
+            except (OSError, ValueError, KeyError):  # no dimension scales: fall back to the 1-D columns
+                pass
         names = json.loads(self.attrs["table"]) if "table" in self.attrs else _longest_columns(self.arrays)
         columns = {}
         for name in names:
@@ -134,40 +144,17 @@ def _attr_value(value: Any) -> Any:
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], Any]) -> Path:
-    """Call ``write(tmp)`` on a temporary file beside ``path``, fsync it and rename it onto ``path``.
+    """:func:`landscape.atomic.atomic_write` (temporary file, fsync, rename, fsync of the directory: a killed
+    process leaves the old file or the new one) for result files: the directory is created, and a file system
+    error is one :class:`ResultError` line."""
+    from landscape import atomic
 
-    A killed process leaves either the old file or the new one, never half of one; the temporary file is
-    removed on any error. The file gets the usual ``0666 & ~umask`` mode (``mkstemp`` makes 0600).
-    """
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        return atomic.atomic_write(path, write)
     except OSError as exc:
         raise ResultError(f"cannot write {path}: {exc.strerror or exc}") from None
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    try:
-        write(Path(tmp))
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    try:  # make the rename itself durable
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return path
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
-    return path
 
 
 def write_result(
@@ -366,7 +353,7 @@ _BY_NAME = ("config", "params", "inputs", "path", "figures")
 
 def stored(where: str, default: Any = dataclasses.MISSING, *, name: str | None = None,
            dims: Sequence[str] | None = None, order: str | None = None, count: str | None = None,
-           default_factory: Callable | None = None) -> Any:
+           keys: str | None = None, default_factory: Callable | None = None) -> Any:
     """A result dataclass field stored as ``where``: ``"array"`` (a dataset), ``"attr"`` (a root attr),
     ``"table"`` (a list of row dataclasses, one dataset per column: bools, int64, float64, text or stacked
     arrays), ``"nested"`` (in a row: a dataclass whose fields are more columns) or ``"skip"``.
@@ -374,9 +361,12 @@ def stored(where: str, default: Any = dataclasses.MISSING, *, name: str | None =
     ``name``: the dataset/attr name (default: the field name); with a ``{}`` in it the field is a dict whose
     keys fill the braces (``"{}_loss"`` -> ``train_loss``, ``test_loss``). ``order``: the attr that keeps the
     dict's key order (``"splits"`` -> ``splits = "train,test"``). ``dims``: dimension names of an array (see
-    :func:`write_result`). ``count``: for a table, the attr holding its number of rows.
+    :func:`write_result`). ``count``: for a table, the attr holding its number of rows. ``keys``: a regular
+    expression the dict keys match (for a bare ``"{}"`` name, so reading picks only those datasets). A dict or
+    list without ``{}`` in its name is one JSON attr.
     """
-    meta = {"where": where, "name": name, "dims": tuple(dims) if dims else None, "order": order, "count": count}
+    meta = {"where": where, "name": name, "dims": tuple(dims) if dims else None, "order": order, "count": count,
+            "keys": keys}
     if default_factory is not None:
         return field(default_factory=default_factory, metadata={"h5": meta})
     return field(default=default, metadata={"h5": meta})
@@ -398,7 +388,7 @@ def _layout(cls: type) -> list[tuple[dataclasses.Field, dict, Any]]:
                 hint = next((a for a in typing.get_args(hint) if a is not type(None)), None)
             scalar = hint in (int, float, str, bool)
             where = "attr" if scalar else "array" if hint is np.ndarray else "skip"
-            meta = {"where": where, "name": None, "dims": None, "order": None, "count": None}
+            meta = {"where": where, "name": None, "dims": None, "order": None, "count": None, "keys": None}
         if meta["where"] != "skip":
             out.append((f, meta, hints[f.name]))
     return out
@@ -508,11 +498,15 @@ def write_dataclass(obj: Any, path: str | os.PathLike, kind: str, *, inputs: Seq
             out_attrs[meta["count"]] = len(rows)
     for attr, keys in orders.items():
         out_attrs.setdefault(attr, ",".join(keys))
-    if not table:
-        first = next((d for d in dims.values()), None)
-        table = [n for n, d in dims.items() if d == first and np.ndim(arrays[n]) == 1]
-        if first is not None and len(first) == 1 and first[0] in arrays:
-            table = [first[0]] + [n for n in table if n != first[0]]
+    if not table and dims:  # the arrays sharing the most common dimensions, if those are one (alpha, t)
+        groups: dict[tuple, list[str]] = {}
+        for n, d in dims.items():
+            groups.setdefault(tuple(d), []).append(n)
+        common = max(groups, key=lambda d: (len(groups[d]), len(d)))  # ties: the grid, not its axes
+        if len(common) == 1:
+            table = groups[common]
+            if common[0] in table:
+                table = [common[0]] + [n for n in table if n != common[0]]
     if table:
         out_attrs["table"] = json.dumps(table)
     out_attrs.update(attrs or {})
@@ -593,14 +587,21 @@ def _decode_value(value: Any, hint: Any) -> Any:
         return Path(value)
     if typing.get_origin(hint) is tuple and isinstance(value, str):
         return tuple(_split_order(value))
+    if typing.get_origin(hint) in (dict, list) and isinstance(value, str):  # stored as one JSON attr
+        parsed = json.loads(value)
+        args = typing.get_args(hint)
+        if typing.get_origin(hint) is dict and len(args) == 2 and typing.get_origin(args[1]) is tuple:
+            parsed = {k: tuple(v) for k, v in parsed.items()}
+        return parsed
     return value
 
 
-def _dict_field(source: Mapping[str, Any], template: str, order: Sequence[str], hint: Any) -> dict:
+def _dict_field(source: Mapping[str, Any], template: str, order: Sequence[str], hint: Any,
+                pattern_of_keys: str | None = None) -> dict:
     import re
     import typing
 
-    pattern = re.compile("^" + re.escape(template).replace(r"\{\}", "(.+)") + "$")
+    pattern = re.compile("^" + re.escape(template).replace(r"\{\}", f"({pattern_of_keys or '.+'})") + "$")
     found = {m.group(1): v for k, v in source.items() if (m := pattern.match(k))}
     keys = [k for k in order if k in found] + sorted(k for k in found if k not in order)
     args = typing.get_args(hint)
@@ -622,7 +623,7 @@ def read_dataclass(cls: type, path: str | os.PathLike, kind: str, *, config: typ
             continue
         source = r.arrays if meta["where"] == "array" else r.attrs
         if "{}" in name:
-            values[f.name] = _dict_field(source, name, order, hint)
+            values[f.name] = _dict_field(source, name, order, hint, meta.get("keys"))
         elif name in source:
             values[f.name] = source[name] if meta["where"] == "array" else _decode_value(source[name], hint)
     names = {f.name for f in dataclasses.fields(cls)}

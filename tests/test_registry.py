@@ -387,3 +387,37 @@ def test_a_new_analysis_is_one_module_and_one_registry_line(mixed_store, tmp_pat
     assert [r["norm"] for r in json.loads(out.output)["rows"]] == pytest.approx([4 * v for v in naive])
     bad = CliRunner().invoke(command("toy-norm"), ["a", "--scale", "0"], obj={"root": str(mixed_store.root)})
     assert bad.exit_code == 2
+
+
+def test_clipping_and_norms_files_read_as_frames(mixed_store, tmp_path):
+    from landscape.api import clipping, norms
+
+    c = clipping("a", root=mixed_store.root, batch_size=32, output=tmp_path / "c.h5", figure=False)
+    frame = read_result(c.path).to_frame()
+    assert frame["ref"].tolist() == ["a@step=1"] and frame["R"].tolist() == [c.rows[0].total.R]
+    n = norms(["a", "b"], root=mixed_store.root, grad_samples=0, bins=5, output=tmp_path / "n.h5", figure=False)
+    frame = read_result(n.path).to_frame()
+    assert frame["run_labels"].tolist() == ["a", "b"]
+    assert frame["ratio_to_first"].tolist() == [r["ratio_to_first"] for r in n.ratio_rows()]
+
+
+def test_ntk_file_has_labelled_sample_dims(mixed_store, tmp_path):
+    from landscape.api import ntk
+
+    r = ntk("a", root=mixed_store.root, n=12, clip="layerwise", output=tmp_path / "k.h5", figure=False)
+    with read_result(r.path).to_xarray() as ds:
+        assert ds["K"].dims == ("sample", "sample_j") and ds["K_layers"].dims[0] == "layer"
+        np.testing.assert_array_equal(ds["K"].values, r.K)
+        np.testing.assert_array_equal(ds["labels"].values, r.labels)
+    assert read_result(r.path).to_frame()["labels"].tolist() == r.labels.tolist()
+
+
+def test_surface_frame_is_one_row_per_grid_cell(mixed_store, tmp_path):
+    from landscape.api import surface
+
+    s = surface("a", root=mixed_store.root, grid="3x2", splits=("test",), subset=50, output=tmp_path / "s.h5",
+                figure=False)
+    frame = read_result(s.path).to_frame()
+    assert len(frame) == 6 and {"x", "y", "test_loss", "test_acc"} <= set(frame.columns)
+    row = frame[(frame.x == s.xcoordinates[2]) & (frame.y == s.ycoordinates[1])]
+    assert row["test_loss"].item() == s.values["test_loss"][2, 1]

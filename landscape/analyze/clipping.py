@@ -35,6 +35,7 @@ would describe a clipping that never happened.
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from collections.abc import Sequence
@@ -373,6 +374,7 @@ class ClippingResult:
             checkpoints=len(self.rows), samples=last.n, num_params=self.num_params,
             all_assumption_held=bool(all(r.total.assumption_held for r in self.rows)),
             all_bound_held=bool(all(r.total.bound_held for r in self.rows)),
+            table=json.dumps(["ref", "step", "epoch", "prune_level", *ClipStats.SCALARS]),  # to_frame()
         )
         self.path = write_result(path, KIND, arrays=arrays, attrs={**attrs, **extra}, params=self.config,
                                  inputs=inputs)

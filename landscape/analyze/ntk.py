@@ -21,6 +21,7 @@ over logits (n x n). The clipping factors always come from the loss-gradient nor
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -405,11 +406,30 @@ class NTKResult:
         extra, attrs = attrs or {}, dict(p.scalars())
         attrs.update({f"K_{k}": v for k, v in kp.scalars().items()})
         attrs.update(fraction_clipped=self.fraction_clipped, fraction_layers_clipped=self.fraction_layers_clipped,
-                     layer_max_norms=self.layer_max_norms, **extra)
+                     layer_max_norms=self.layer_max_norms,
+                     table=json.dumps(["indices", "labels", "norms"]), **extra)  # to_frame(): one row per example
         self.inputs = list(inputs) or self.inputs
         self.path = write_result(path, self.KIND, arrays=arrays, attrs=attrs, params=asdict(self.config),
-                                 inputs=self.inputs)
+                                 inputs=self.inputs, dims=self._dims(arrays))
         return self.path
+
+    def _dims(self, arrays: dict) -> dict[str, tuple[str, ...]]:
+        """Labelled dimensions for netCDF readers: sample (the n examples), layer, and the kernel's rows/columns
+        (sample x sample_j, or entry x entry_j for the nM x nM output kernel), eig for its spectra. An array
+        whose shape does not fit is left unlabelled."""
+        n, m = len(self.labels), self.K.shape[0]
+        k = ("sample", "sample_j") if m == n else ("entry", "entry_j")
+        dims = {"K": k, "A": k, "K_layers": ("layer", *k), "layer_names": ("layer",), "norms": ("sample",),
+                "layer_norms": ("layer", "sample"), "C": ("sample",) if np.ndim(self.C) == 1 else ("layer", "sample"),
+                "eigvals_real": ("eig",), "eigvals_imag": ("eig",), "sym_eigvals": ("eig",), "K_eigvals": ("eig",),
+                "indices": ("sample",), "labels": ("sample",)}
+        sizes: dict[str, int] = {}
+        out = {}
+        for name, names in dims.items():
+            shape = np.shape(arrays[name])
+            if len(shape) == len(names) and all(sizes.setdefault(d, s) == s for d, s in zip(names, shape, strict=True)):
+                out[name] = names
+        return out
 
     @classmethod
     def from_hdf5(cls, path: str | Path) -> NTKResult:

@@ -147,16 +147,32 @@ def die_with_parent(parent: int | None = None, interval: float = 0.5) -> None:
     threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 
 
+_STATE: dict[str, Any] = {}
+
+
+def worker_state() -> dict[str, Any]:
+    """What this worker's initializer built (``spawn_pool(..., initializer)`` returns a dict): the model, data...
+    a job needs in every call, built once per process instead of being sent with every job."""
+    return _STATE
+
+
+def set_worker_state(state: dict[str, Any] | None) -> None:
+    """Replace :func:`worker_state` (the pool does it in each worker; a test may do it in-process)."""
+    _STATE.clear()
+    _STATE.update(state or {})
+
+
 def _start_worker(parent: int, initializer: Callable | None, initargs: tuple) -> None:
     die_with_parent(parent)
     one_thread()
     if initializer is not None:
-        initializer(*initargs)
+        set_worker_state(initializer(*initargs))
 
 
 def spawn_pool(workers: int, initializer: Callable | None = None, initargs: tuple = ()) -> ProcessPoolExecutor:
-    """``workers`` spawned processes with one torch thread each, then ``initializer(*initargs)`` in each; they
-    exit when this process dies (:func:`die_with_parent`). The one worker-pool mechanism of the api."""
+    """``workers`` spawned processes with one torch thread each, then ``initializer(*initargs)`` in each (its
+    dict becomes :func:`worker_state`); they exit when this process dies (:func:`die_with_parent`). The one
+    worker-pool mechanism of the api."""
     return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_start_worker,
                                initargs=(os.getpid(), initializer, initargs))
 

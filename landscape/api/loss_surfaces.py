@@ -40,7 +40,7 @@ from landscape.analyze.surface import (
     surface_rows,
 )
 from landscape.api._common import check_pair as _check_pair
-from landscape.api._common import checkpoint_dataset, spawn_pool
+from landscape.api._common import checkpoint_dataset, spawn_pool, worker_state
 from landscape.api.resolve import Resolver, compare_others
 from landscape.errors import CheckpointError, UsageError
 from landscape.params import ParamSpace
@@ -97,11 +97,8 @@ class _Payload:
     plane: Plane | None = None
 
 
-_WORKER: dict[str, Any] = {}
-
-
-def _init_worker(payload: _Payload) -> None:
-    """Rebuild the model, theta_A and the data in a worker (``spawn_pool`` has set one torch thread)."""
+def _init_worker(payload: _Payload) -> dict[str, Any]:
+    """The worker state: the model, theta_A and the data rebuilt once per worker process."""
     from landscape.models import model_from_spec
 
     model = model_from_spec(payload.model_spec)
@@ -111,13 +108,12 @@ def _init_worker(payload: _Payload) -> None:
     splits = cfg.splits if isinstance(cfg, SurfaceConfig) else (cfg.split,)
     data = {s: _split_data(payload.data_spec, s, cfg.subset, cfg.subset_seed, payload.data_root, payload.download)
             for s in splits}
-    _WORKER.clear()
-    _WORKER.update(model=model, space=space, theta=space.flatten(payload.state_dict), data=data, config=cfg,
-                   plane=payload.plane)
+    return dict(model=model, space=space, theta=space.flatten(payload.state_dict), data=data, config=cfg,
+                plane=payload.plane)
 
 
 def _direction_job(indices: list[int], distance: float, steps: torch.Tensor):
-    w = _WORKER
+    w = worker_state()
     cfg: DirectionsConfig = w["config"]
     dirs = scaled_directions(w["theta"], w["space"], indices, cfg, distance)
     x, y = w["data"][cfg.split]
@@ -222,7 +218,7 @@ def _resume(out: Path, config: SurfaceConfig, inputs: list[InputRef], plane: Pla
 
 
 def _rows_job(rows: list[int], x_values, ys):
-    w = _WORKER
+    w = worker_state()
     values, seconds, method = surface_rows(w["model"], w["space"], w["plane"], x_values, ys, w["data"], w["config"])
     return rows, values, seconds, method
 
