@@ -83,13 +83,16 @@ _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 
 
+_VIEW_NAMES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+
 @functools.cache
 def _view_dtypes() -> dict[torch.dtype, torch.dtype]:
     """torch dtypes numpy cannot hold: stored bit-exactly as same-width integers, tagged with the torch dtype."""
     import torch
 
     return {torch.bfloat16: torch.int16,
-            **{getattr(torch, n): torch.uint8 for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)}}
+            **{getattr(torch, n): torch.uint8 for n in _VIEW_NAMES[1:] if hasattr(torch, n)}}
 
 
 # ---------------------------------------------------------------------------------------------- records
@@ -343,10 +346,11 @@ class Store:
         info = run.select(selector or "last")
         return info.path, info
 
-    def load(self, ref: str) -> Checkpoint:
-        """Load the checkpoint a reference names; files listed in a manifest are checked against its sha256."""
+    def load(self, ref: str, *, tensors: bool = True) -> Checkpoint:
+        """Load the checkpoint a reference names; files listed in a manifest are checked against its sha256.
+        ``tensors=False``: the state dict as numpy arrays (no torch import; see :func:`load_checkpoint`)."""
         path, info = self._resolve(ref)
-        ckpt = load_checkpoint(path, ref=str(ref))
+        ckpt = load_checkpoint(path, ref=str(ref), tensors=tensors)
         if info is not None and info.sha256 and info.sha256 != ckpt.sha256:
             raise CheckpointError(
                 f"{path} changed after it was written (sha256 {ckpt.sha256[:12]} != manifest {info.sha256[:12]})"
@@ -633,8 +637,11 @@ class Run:
 # ------------------------------------------------------------------------------------------ file level
 
 
-def load_checkpoint(path: str | os.PathLike, *, ref: str | None = None) -> Checkpoint:
-    """Read one checkpoint file. A missing, truncated, corrupt or foreign file is a one-line CheckpointError."""
+def load_checkpoint(path: str | os.PathLike, *, ref: str | None = None, tensors: bool = True) -> Checkpoint:
+    """Read one checkpoint file. A missing, truncated, corrupt or foreign file is a one-line CheckpointError.
+
+    ``tensors=False`` gives the state dict as numpy arrays, so inspecting a checkpoint (``store show``) does not
+    import torch; dtypes numpy cannot hold (bfloat16, float8) still come back as torch tensors."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint file not found: {path}")
@@ -643,7 +650,7 @@ def load_checkpoint(path: str | os.PathLike, *, ref: str | None = None) -> Check
             if STATE_GROUP not in f:
                 raise CheckpointError(f"{path} is not a landscape checkpoint (no '{STATE_GROUP}' group)")
             a = f.attrs
-            state_dict = _read_state_dict(f[STATE_GROUP])
+            state_dict = _read_state_dict(f[STATE_GROUP], as_torch=tensors)
             extra = _read_flat(f[EXTRA_GROUP], escaped=False) if EXTRA_GROUP in f else {}
             ckpt = Checkpoint(
                 path=path,
@@ -1110,7 +1117,7 @@ def _read_array(ds: h5py.Dataset, *, as_torch: bool) -> Any:
     """
     array = np.asarray(ds[()])
     name = ds.attrs.get("torch_dtype")
-    if name is None and not as_torch:
+    if not as_torch and str(name) not in _VIEW_NAMES:  # numpy holds it: no torch needed
         return array
     import torch
 
@@ -1132,8 +1139,8 @@ def _write_state_dict(group: h5py.Group, state_dict: Mapping[str, torch.Tensor])
         _write_array(group, _escape(key), value)
 
 
-def _read_state_dict(group: h5py.Group) -> dict[str, torch.Tensor]:
-    return {_unescape(name): _read_array(ds, as_torch=True) for name, ds in group.items()}
+def _read_state_dict(group: h5py.Group, *, as_torch: bool = True) -> dict[str, torch.Tensor]:
+    return {_unescape(name): _read_array(ds, as_torch=as_torch) for name, ds in group.items()}
 
 
 def _write_nested(group: h5py.Group, arrays: Mapping[str, Any], *, escape: bool) -> None:

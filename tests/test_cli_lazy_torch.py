@@ -51,6 +51,7 @@ def probe(*args: str) -> dict:
 @pytest.mark.parametrize("args", [
     ("--help",),
     ("store", "ls", "{root}/ck"),
+    ("--root", "{root}/ck", "store", "show", "a"),
     ("--threads", "1", "store", "ls", "{root}/ck"),
     ("show", "{root}/r.h5"),
     ("privacy", "--noise-multiplier", "1", "--batch-size", "64", "--dataset-size", "1348", "--epochs", "3"),
@@ -63,6 +64,6 @@ def test_command_imports_no_torch(store, args):
 
 
 def test_the_probe_sees_torch_when_a_command_needs_it(store):
-    # the same probe on a command that evaluates a checkpoint: torch is there (the probe can fail)
-    result = probe("--root", str(store / "ck"), "store", "show", "a")
+    # the same probe on an analysis (its module builds models): torch is there (the probe can fail)
+    result = probe("--root", str(store / "ck"), "interpolate", "--help")
     assert result == {"code": 0, "torch": True}
