@@ -123,13 +123,18 @@ class CommaList(click.ParamType):
             self.fail("give at least one value", param, ctx)
         if self.item is None:
             return tuple(items)
-        numbers = []
-        for item in items:
+        try:
+            numbers = tuple(float(v) for v in items)
+        except ValueError:
+            self.fail(f"{value!r} is not a comma-separated list of numbers", param, ctx)
+        if not all(math.isfinite(v) for v in numbers):
+            self.fail(f"{value!r}: every number must be finite", param, ctx)
+        for number in numbers:  # the field's range, float32's magnitude
             try:
-                numbers.append(self.item.convert(item, param, ctx))
+                self.item.convert(number, param, ctx)
             except click.BadParameter as exc:
                 self.fail(f"{value!r}: {exc.message}", param, ctx)
-        return tuple(numbers)
+        return numbers
 
 
 class ResultPath(click.Path):
