@@ -417,6 +417,8 @@ def _flatten(obj: Any, layout, out_arrays: dict, out_attrs: dict, dims: dict, or
         elif value is not None or meta["where"] == "attr":
             if isinstance(value, tuple) and meta["where"] == "attr" and all(isinstance(v, str) for v in value):
                 value = ",".join(value)
+            if meta["where"] == "array" and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+                value = np.array([v.encode() for v in value], dtype=object).astype("S")  # names as bytes
             target[name] = value
             if meta["dims"]:
                 dims[name] = meta["dims"]
@@ -430,7 +432,15 @@ def table_columns(rows: Sequence[Any], row_cls: type, keys: Sequence[str] = ()) 
     for f, meta, hint in layout:
         name = meta["name"] or f.name
         if meta["where"] == "nested":
-            columns.update(table_columns([getattr(r, f.name) for r in rows], _plain_class(hint), keys))
+            prefix = meta["name"] or ""
+            if _list_of(hint) is not None:  # a list of dataclasses per row: columns stacked along a new axis
+                inner = _list_of(hint)
+                per_row = [table_columns(getattr(r, f.name), inner, keys) for r in rows]
+                for col in table_columns([], inner, keys):
+                    columns[prefix + col] = [_column_array(c[col]) for c in per_row]
+            else:
+                sub = table_columns([getattr(r, f.name) for r in rows], _plain_class(hint), keys)
+                columns.update({prefix + k: v for k, v in sub.items()})
         elif "{}" in name:
             ks = list(keys) or (list(getattr(rows[0], f.name)) if rows else [])
             for k in ks:
@@ -438,6 +448,16 @@ def table_columns(rows: Sequence[Any], row_cls: type, keys: Sequence[str] = ()) 
         else:
             columns[name] = [getattr(r, f.name) for r in rows]
     return columns
+
+
+def _list_of(hint: Any) -> type | None:
+    """``X`` for an annotation ``list[X]`` with X a dataclass, else None."""
+    import typing
+
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is list and args and dataclasses.is_dataclass(args[0]):
+        return args[0]
+    return None
 
 
 def _plain_class(hint: Any) -> type:
@@ -573,7 +593,7 @@ def _decode_value(value: Any, hint: Any) -> Any:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         optional = len(args) < len(typing.get_args(hint))
         hint = args[0] if len(args) == 1 else None
-    if optional and (value is None or value in ("", "none")):
+    if optional and not isinstance(value, np.ndarray) and (value is None or value in ("", "none")):
         return None
     if hint is float:
         return float(value)
@@ -587,6 +607,8 @@ def _decode_value(value: Any, hint: Any) -> Any:
         return Path(value)
     if typing.get_origin(hint) is tuple and isinstance(value, str):
         return tuple(_split_order(value))
+    if typing.get_origin(hint) is list and isinstance(value, np.ndarray) and value.dtype.kind == "S":
+        return [v.decode() for v in value]
     if typing.get_origin(hint) in (dict, list) and isinstance(value, str):  # stored as one JSON attr
         parsed = json.loads(value)
         args = typing.get_args(hint)
@@ -625,7 +647,10 @@ def read_dataclass(cls: type, path: str | os.PathLike, kind: str, *, config: typ
         if "{}" in name:
             values[f.name] = _dict_field(source, name, order, hint, meta.get("keys"))
         elif name in source:
-            values[f.name] = source[name] if meta["where"] == "array" else _decode_value(source[name], hint)
+            value = source[name]
+            if meta["where"] == "attr" or (isinstance(value, np.ndarray) and value.dtype.kind == "S"):
+                value = _decode_value(value, hint)
+            values[f.name] = value
     names = {f.name for f in dataclasses.fields(cls)}
     if "config" in names and config is not None:
         known = {f.name for f in dataclasses.fields(config)}
@@ -647,11 +672,15 @@ def _read_table(r: Result, row_cls: type, order: Sequence[str]) -> list:
 def _table_length(arrays: Mapping[str, np.ndarray], row_cls: type) -> int:
     for f, meta, hint in _layout(row_cls):
         name = meta["name"] or f.name
-        if meta["where"] == "nested":
-            return _table_length(arrays, _plain_class(hint))
-        if "{}" not in name and name in arrays:
+        if meta["where"] == "nested" and _list_of(hint) is None:
+            return _table_length(_strip(arrays, meta["name"] or ""), _plain_class(hint))
+        if meta["where"] != "nested" and "{}" not in name and name in arrays:
             return len(arrays[name])
     return 0
+
+
+def _strip(arrays: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)} if prefix else dict(arrays)
 
 
 def _rows_from(arrays: Mapping[str, np.ndarray], row_cls: type, n: int, order: Sequence[str]) -> list:
@@ -660,7 +689,15 @@ def _rows_from(arrays: Mapping[str, np.ndarray], row_cls: type, n: int, order: S
     for f, meta, hint in layout:
         name = meta["name"] or f.name
         if meta["where"] == "nested":
-            columns[f.name] = _rows_from(arrays, _plain_class(hint), n, order)
+            sub = _strip(arrays, meta["name"] or "")
+            inner = _list_of(hint)
+            if inner is None:
+                columns[f.name] = _rows_from(sub, _plain_class(hint), n, order)
+            else:  # row i's list: the i-th slice of every column
+                columns[f.name] = [_rows_from({k: v[i] for k, v in sub.items() if v.ndim >= 1 and len(v) == n},
+                                              inner, _table_length({k: v[i] for k, v in sub.items()
+                                                                    if v.ndim >= 1 and len(v) == n}, inner), order)
+                                   for i in range(n)]
         elif "{}" in name:
             same = {k: v for k, v in arrays.items() if v.ndim >= 1 and len(v) == n}
             columns[f.name] = [_dict_field({k: v[i] for k, v in same.items()}, name, order, hint) for i in range(n)]

@@ -395,6 +395,15 @@ def test_clipping_and_norms_files_read_as_frames(mixed_store, tmp_path):
     c = clipping("a", root=mixed_store.root, batch_size=32, output=tmp_path / "c.h5", figure=False)
     frame = read_result(c.path).to_frame()
     assert frame["ref"].tolist() == ["a@step=1"] and frame["R"].tolist() == [c.rows[0].total.R]
+    from landscape.analyze.clipping import ClippingResult
+
+    back = ClippingResult.from_hdf5(c.path)  # the codec's nested rows: total and the per-batch list
+    assert back.layer_names == c.layer_names and back.rows[0].step == 1
+    assert dataclasses.asdict(back.rows[0].total).keys() == dataclasses.asdict(c.rows[0].total).keys()
+    for got, want in [(back.rows[0].total, c.rows[0].total), *zip(back.rows[0].batches, c.rows[0].batches,
+                                                                   strict=True)]:
+        for key, value in dataclasses.asdict(want).items():
+            np.testing.assert_array_equal(getattr(got, key), value)
     n = norms(["a", "b"], root=mixed_store.root, grad_samples=0, bins=5, output=tmp_path / "n.h5", figure=False)
     frame = read_result(n.path).to_frame()
     assert frame["run_labels"].tolist() == ["a", "b"]
