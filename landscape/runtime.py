@@ -29,7 +29,8 @@ def set_threads(threads: int | None = None) -> int | None:
 
     On small machines one thread is often much faster than several (see DEVELOPERS.md); tests, CI and
     benchmarks run with one. torch is not imported for this (``store ls``, ``show``, ``privacy`` need none): if
-    it is not loaded yet, ``$OMP_NUM_THREADS`` is set, which torch reads for its default when it loads.
+    it is not loaded yet, ``$OMP_NUM_THREADS`` is set, which torch reads for its default when it loads (at most
+    the number of cores, where ``torch.set_num_threads`` would oversubscribe).
     """
     if threads is None:
         env = os.environ.get(THREADS_ENV)

@@ -67,3 +67,20 @@ def test_the_probe_sees_torch_when_a_command_needs_it(store):
     # the same probe on an analysis (its module builds models): torch is there (the probe can fail)
     result = probe("--root", str(store / "ck"), "interpolate", "--help")
     assert result == {"code": 0, "torch": True}
+
+
+def test_threads_given_before_torch_loads_still_apply(store):
+    """--threads on a torch-free command sets $OMP_NUM_THREADS, which torch reads when a later import loads it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LANDSCAPE_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    code = ("import sys\nfrom cli.main import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "loaded = 'torch' in sys.modules\nimport torch\nprint(loaded, torch.get_num_threads())")
+    def run(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-c", code, *args, "store", "ls", str(store / "ck")],
+                              capture_output=True, text=True, env=env, timeout=120, cwd=REPO)
+        return done.stdout.strip().splitlines()[-1]
+
+    default = run()
+    if default == "False 1":
+        pytest.skip("torch uses one thread here by default: --threads 1 would change nothing")
+    assert run("--threads", "1") == "False 1"
