@@ -541,7 +541,7 @@ class Capture:
 
     def backward(self, root: Tensor, grad: Tensor | None = None, *, retain_graph: bool = False) -> None:
         if not self._edges:
-            raise _HooksFailed("no supported module was called")
+            raise HooksFailed("no supported module was called")
         torch.autograd.backward(root, grad, retain_graph=retain_graph, inputs=self._edges)
 
     def calls(self, h: _Handler, n: int, pass_: int = 0) -> list[tuple[Tensor, Tensor]]:
@@ -551,7 +551,7 @@ class Capture:
         for a, shape, gs in zip(self.inputs[h], self.shapes[h], self.grads[h], strict=True):
             b = gs[pass_] if len(gs) > pass_ else a.new_zeros(shape)
             if a.shape[0] != n or b.shape[0] != n:
-                raise _HooksFailed(f"module {type(h.module).__name__} does not see the batch on dim 0")
+                raise HooksFailed(f"module {type(h.module).__name__} does not see the batch on dim 0")
             out.append((a, b))
         return out
 
@@ -795,7 +795,7 @@ class PerSampleEngine:
                 if float((a - r).abs().max()) > tol * 10:
                     ok, why = False, f"parameter {k!r} is used outside its module's forward"
                     break
-        except _HooksFailed as e:
+        except HooksFailed as e:
             ok, why = False, str(e)
         if not ok:
             if self.requested == "hooks":
@@ -995,5 +995,5 @@ class PerSampleEngine:
         return out
 
 
-class _HooksFailed(Exception):
+class HooksFailed(Exception):
     """Internal: the hooks route cannot be used for this model."""
