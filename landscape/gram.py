@@ -170,13 +170,7 @@ def gram_blocks(
     was_training = model.training
     model.eval()
     try:
-        model_dtype = next(model.parameters()).dtype
-        reduce_dtype = model_dtype if precision == "single" else torch.float64
-        if strategy == "functorch":
-            handlers, rest = [], names
-        else:
-            handlers, rest = plan_handlers(model, names, reduce_dtype)
-        engine = _Engine(model, x, y, kind, names, handlers, rest, strategy, dtype, budget, precision)
+        engine = _Engine(model, x, y, kind, names, strategy, dtype, budget, precision)
         blocks = engine.run()
     finally:
         model.train(was_training)
@@ -197,13 +191,16 @@ class _Engine:
     per-logit passes, the chunk pairs and sub-blocks of the memory bound, the per-layer ghost/materialise
     choice, the cross-sample ghost formula and the dtypes of the products)."""
 
-    def __init__(self, model, x, y, kind, names, handlers, rest, strategy, dtype, budget, precision):
-        self.model, self.x, self.y, self.kind = model, x, y, kind
-        self.names, self.handlers, self.rest = names, handlers, rest
+    def __init__(self, model, x, y, kind, names, strategy, dtype, budget, precision):
+        self.model, self.x, self.y, self.kind, self.names = model, x, y, kind, names
         self.strategy, self.dtype, self.budget, self.precision = strategy, dtype, budget, precision
         self.params = dict(model.named_parameters())
         self.model_dtype = next(iter(self.params.values())).dtype
-        self.roles = {full: (h, role) for h in handlers for role, full in h.pnames.items()}
+        if strategy == "functorch":
+            self.handlers, self.rest = [], list(names)
+        else:
+            self.handlers, self.rest = plan_handlers(model, names, self.reduce_dtype)
+        self.roles = {full: (h, role) for h in self.handlers for role, full in h.pnames.items()}
         self.n = x.shape[0]
         self.modes: dict[str, str] = {}  # weight name -> "ghost" | "materialize" (ghost-capable layers only)
         self.dims: dict[_Handler, tuple[int, int, int, int]] = {}  # ghost-capable handler -> (G, D, P, T)
@@ -213,6 +210,11 @@ class _Engine:
     def contract_dtype(self) -> torch.dtype:
         """dtype of per-sample gradient / ghost contractions of weight layers."""
         return torch.float64 if self.precision == "double" else self.model_dtype
+
+    @property
+    def reduce_dtype(self) -> torch.dtype:
+        """dtype in which bias / norm per-sample gradients are summed over positions."""
+        return self.model_dtype if self.precision == "single" else torch.float64
 
     def cdtype(self, name: str) -> torch.dtype:
         """dtype of the Gram products G_r G_r^T of parameter ``name``."""
@@ -262,10 +264,6 @@ class _Engine:
                 ts = probe.cap.inputs[h] + [g for gs in probe.cap.grads[h] for g in gs]
                 total += sum(t.numel() * t.element_size() for t in ts)
         return total
-
-    @property
-    def reduce_dtype(self) -> torch.dtype:
-        return self.model_dtype if self.precision == "single" else torch.float64
 
     def _functorch_bytes(self) -> int:
         numel = sum(self.params[k].numel() for k in self.rest)
@@ -358,11 +356,8 @@ class _Engine:
         def cast(t):
             return t.to(ct) if ct is not None and t.is_floating_point() else t
 
-        return [[(cast(a[idx]), cast(b[idx])) for a, b in chunk.cap.calls(h, chunk.n, p)]
-                for p in range(self._passes(chunk, h))]
-
-    def _passes(self, chunk: _Chunk, h: _Handler) -> int:
-        return 1 if self.kind == "loss-grad" else chunk.M
+        passes = 1 if self.kind == "loss-grad" else chunk.M
+        return [[(cast(a[idx]), cast(b[idx])) for a, b in chunk.cap.calls(h, chunk.n, p)] for p in range(passes)]
 
     def _rows(self, h: _Handler, role: str, chunk: _Chunk, idx: slice, dt: torch.dtype) -> torch.Tensor:
         """Per-sample (per-logit, sample-major) gradient rows ``(c * Mb, numel)`` of one parameter, by the
@@ -420,8 +415,8 @@ class _Engine:
         ca, cb, Mb = a.n, b.n, self.Mb
         G, D, P, T = self.dims[h]
         item = torch.finfo(dt).bits // 8
-        # sub-block (si x sj): AA (G si T x sj T), BB (G si Mb T x sj Mb T), + unfolded inputs
-        per_pair = G * T * T * (1 + 2 * Mb * Mb) * item
+        # sub-block (si x sj): AA (si T x sj T), BB (si Mb T x sj Mb T) of one group, + unfolded inputs
+        per_pair = T * T * (1 + 2 * Mb * Mb) * item
         unfold_row = T * G * (D + P * Mb) * item
         sub = max(1, int(math.sqrt(self.workspace / per_pair)))
         sub = max(1, min(sub, ca, cb, int(self.workspace / max(1, 4 * unfold_row))))
@@ -438,10 +433,13 @@ class _Engine:
                 nj = Aj.shape[0]
                 Aj = Aj.permute(1, 2, 0, 3).reshape(G, D, nj * T)
                 Bj = Bj.permute(2, 3, 0, 1, 4).reshape(G, P, nj * Mb * T)
-                AA = (Ai @ Aj).reshape(G, ni, T, nj, T)
-                BB = (Bi @ Bj).reshape(G, ni, Mb, T, nj, Mb, T)
-                k = torch.einsum("gitjs,gimtjns->imjn", AA.to(dt), BB.to(dt)).reshape(ni * Mb, nj * Mb)
-                out[si.start * Mb: si.stop * Mb, sj.start * Mb: sj.stop * Mb] = k.to(self.dtype)
+                k = None
+                for g in range(G):  # groups one by one: no (G, ni T, nj T) products at once
+                    AA = (Ai[g] @ Aj[g]).reshape(ni, T, nj, T)
+                    BB = (Bi[g] @ Bj[g]).reshape(ni, Mb, T, nj, Mb, T)
+                    term = torch.einsum("itjs,imtjns->imjn", AA.to(dt), BB.to(dt))
+                    k = term if k is None else k + term
+                out[si.start * Mb: si.stop * Mb, sj.start * Mb: sj.stop * Mb] = k.reshape(ni * Mb, nj * Mb).to(self.dtype)
         return out
 
 
