@@ -291,6 +291,8 @@ class _Engine:
                         onehot = torch.zeros_like(logits)
                         onehot[:, m] = 1
                         chunk.cap.backward(logits, onehot, retain_graph=m < chunk.M - 1)
+                for h in self.handlers:  # the batch must be dim 0 of every kept input and gradient
+                    chunk.cap.calls(h, chunk.n)
             except HooksFailed as e:
                 raise ModelError(f"cannot capture per-sample gradients of this model: {e}") from None
             missing = [k for h in self.handlers if h not in chunk.eager and not chunk.cap.reached(h)
