@@ -23,6 +23,12 @@ Two exact routes, chosen automatically:
     trainable parameter lives in a module the hooks route does not know, or when a one-off self-check of the
     hooks route fails (a parameter used outside its module's ``forward``, say).
 
+The pieces are shared with :mod:`landscape.gram` (per-layer Gram blocks, the empirical NTK), so there is one
+per-sample engine: ``Capture`` (inputs in the forward; output gradients by tensor hooks during a backward
+whose ``inputs`` are the outputs' gradient edges, so only activation gradients are computed, and a caller
+may reduce a layer's factors as soon as they are complete), the per-module handlers (``plan_handlers``:
+per-sample gradients, ghost factors, weighted sums) and ``functorch_grads``.
+
 Projections ``<g_i, v>`` never need per-sample gradients: they are the forward-mode directional
 derivatives ``d/dt l_i(theta + t v)`` at ``t = 0`` (one ``torch.func.jvp`` per direction).
 
