@@ -58,6 +58,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from landscape import persample
 from landscape.errors import ModelError, UsageError
 from landscape.persample import (
     Capture,
@@ -362,8 +363,25 @@ class _Engine:
         return [[(cast(a[idx]), cast(b[idx])) for a, b in chunk.cap.calls(h, chunk.n, p)] for p in range(passes)]
 
     def _rows(self, h: _Handler, role: str, chunk: _Chunk, idx: slice, dt: torch.dtype) -> torch.Tensor:
-        """Per-sample (per-logit, sample-major) gradient rows ``(c * Mb, numel)`` of one parameter, by the
-        handler; for several passes each input is repeated once per logit."""
+        """Per-sample (per-logit, sample-major) gradient rows ``(c * Mb, numel)`` of one parameter.
+
+        Weight layers: B_im A_i^T contracted over positions from the handler's ghost factors (A once per
+        sample, whatever the number of logits; the contraction order of the Gram blocks before the engines
+        were shared, so blocks stay bit-identical), except convolutions with many output positions, whose
+        handler forms them with one grouped weight-gradient kernel (no unfolded input). Other parameters, and
+        modules called several times: the handler's per-sample gradients (inputs repeated once per logit)."""
+        if role == "weight" and h in self.dims:
+            G, D, P, T = self.dims[h]
+            if not (isinstance(h.module, nn.modules.conv._ConvNd) and T >= persample.GROUPED_MIN_POSITIONS):
+                A, B = self._factors(h, chunk, idx)  # (c, G, D, T), (c, Mb, G, P, T)
+                parts = [torch.einsum("cmtd,ctp->cmdp", B[:, :, g].transpose(2, 3).contiguous(), A[:, g].transpose(1, 2))
+                         for g in range(G)]
+                g = parts[0] if G == 1 else torch.cat(parts, dim=2)
+                return g.reshape(g.shape[0] * g.shape[1], -1).to(dt)
+        key = (h, role, idx.start, idx.stop)
+        if key in chunk.rows:  # formed with another role of the same module
+            g = chunk.rows.pop(key)
+            return g.reshape(g.shape[0], -1).to(dt)
         passes = self._calls(h, chunk, idx)
         if len(passes) == 1:
             calls = passes[0]
@@ -373,19 +391,21 @@ class _Engine:
             for k, (a, _) in enumerate(passes[0]):
                 bs = torch.stack([p[k][1] for p in passes], dim=1)
                 calls.append((a.repeat_interleave(Mb, dim=0), bs.reshape(-1, *bs.shape[2:])))
-        g = h.role_per_sample(h.unit(calls), role)
+        u = h.unit(calls)
+        if h not in self.dims and idx.stop - idx.start == chunk.n:  # norms: every role in one go, keep the others
+            for other, g in h.per_sample(u).items():
+                if other != role:
+                    chunk.rows[(h, other, idx.start, idx.stop)] = g
+        g = h.role_per_sample(u, role)
         return g.reshape(g.shape[0], -1).to(dt)
 
     def _factors(self, h: _Handler, chunk: _Chunk, idx: slice) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Ghost factors of samples ``idx``: A (c, G, D, T) and B (c, Mb, G, P, T) over the passes."""
-        A, Bs = None, []
-        for calls in self._calls(h, chunk, idx):
-            f = h.ghost_factors(h.unit(calls))
-            if f is None:
-                return None
-            A = f[0] if A is None else A
-            Bs.append(f[1])
-        return A, torch.stack(Bs, dim=1)
+        passes = self._calls(h, chunk, idx)
+        f = h.ghost_factors(h.unit(passes[0]))
+        if f is None:
+            return None
+        return f[0], torch.stack([f[1], *(h.grad_factor(calls[0][1]) for calls in passes[1:])], dim=1)
 
     def _materialize(self, h: _Handler, role: str, a: _Chunk, b: _Chunk, dt: torch.dtype) -> torch.Tensor:
         ca, cb, Mb = a.n, b.n, self.Mb
@@ -452,4 +472,5 @@ class _Chunk:
     func: dict[str, torch.Tensor] = field(default_factory=dict)  # torch.func rows (c * Mb, numel)
     done: dict[str, torch.Tensor] = field(default_factory=dict)  # blocks formed during the backward
     eager: set = field(default_factory=set)  # handlers whose blocks were formed during the backward
+    rows: dict = field(default_factory=dict)  # (handler, role, start, stop) -> per-sample gradients not yet used
     M: int = 0
