@@ -405,7 +405,11 @@ class _Engine:
         f = h.ghost_factors(h.unit(passes[0]))
         if f is None:
             return None
-        return f[0], torch.stack([f[1], *(h.grad_factor(calls[0][1]) for calls in passes[1:])], dim=1)
+        Bs = [f[1]]
+        for calls in passes[1:]:  # the same inputs: only the output-gradient factor is new (calls along T)
+            parts = [h.grad_factor(b) for _, b in calls]
+            Bs.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=3))
+        return f[0], torch.stack(Bs, dim=1)
 
     def _materialize(self, h: _Handler, role: str, a: _Chunk, b: _Chunk, dt: torch.dtype) -> torch.Tensor:
         ca, cb, Mb = a.n, b.n, self.Mb
