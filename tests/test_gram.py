@@ -281,27 +281,29 @@ def test_shared_handlers_cover_more_layer_types(monkeypatch, strategy):
         assert _rel(K[layer], J @ J.T) < 1e-9, layer
 
 
-class _Tied(nn.Module):
-    """A weight held by two modules (tied embedding/output): the hooks would see only one use."""
+class _TiedLM(nn.Module):
+    """A bag-of-tokens language model whose output layer shares the embedding matrix (weight tying): the
+    Embedding and the Linear hold one parameter, so neither module's hooks see all of its gradient."""
 
-    def __init__(self):
+    def __init__(self, vocab: int = 5, dim: int = 3):
         super().__init__()
-        self.a = nn.Linear(4, 4)
-        self.b = nn.Linear(4, 4)
-        self.b.weight = self.a.weight
-        self.head = nn.Linear(4, 3)
+        self.emb = nn.Embedding(vocab, dim)
+        self.mix = nn.Linear(dim, dim)
+        self.out = nn.Linear(dim, vocab)
+        self.out.weight = self.emb.weight
 
-    def forward(self, x):
-        return self.head(torch.tanh(self.b(torch.tanh(self.a(x)))))
+    def forward(self, tokens):
+        return self.out(torch.tanh(self.mix(self.emb(tokens).mean(1))))
 
 
 def test_tied_parameter_goes_to_functorch():
     torch.manual_seed(4)
-    model = _Tied().double()
-    x = torch.randn(5, 4, dtype=torch.float64)
-    y = torch.tensor([0, 1, 2, 0, 1])
-    ref = _naive_loss_grams(model, x, y)
-    K = gram_blocks(model, x, y, strategy="ghost")
+    model = _TiedLM().double()
+    tokens = torch.randint(0, 5, (6, 4))
+    y = torch.randint(0, 5, (6,))
+    ref = _naive_loss_grams(model, tokens, y)
+    assert "emb.weight" in ref
+    K = gram_blocks(model, tokens, y, strategy="ghost")
     assert list(K) == list(ref)
     for layer, block in K.items():
         assert _rel(block, ref[layer]) < 1e-9, layer
