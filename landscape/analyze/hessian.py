@@ -1,0 +1,388 @@
+"""Hessian sharpness: top eigenvalues, trace and spectral density of the training loss (PyHessian, Yao et al. 2020).
+
+Everything is measured on one fixed seeded subset of ``n`` examples of a split, with the Hessian-vector
+products of :class:`landscape.curvature.HessianOperator` (eval mode, float64 on request, pruning masks kept):
+
+top-k eigenvalues
+    Lanczos with full reorthogonalisation (Golub & Van Loan 2013, Alg. 10.1.1 with complete
+    reorthogonalisation; Lanczos 1950) from a seeded Gaussian start, stopped when the residual estimates
+    ``|beta_m s_{m,i}|`` of the k largest Ritz pairs fall below ``tol * max |theta|``; the reported
+    residuals are the true ``||H u_i - theta_i u_i||`` of the returned Ritz vectors (k more products).
+    "Top" means algebraically largest. A single Krylov sequence finds one copy of a repeated eigenvalue; an
+    exhausted Krylov space (tiny models) restarts from a fresh vector orthogonal to the basis.
+trace
+    Hutchinson (1990): ``tr H = E[z^T H z]`` for Rademacher ``z``; ``probes`` samples, their mean and its
+    standard error ``s / sqrt(probes)``.
+spectral density
+    Stochastic Lanczos quadrature (Ghorbani, Krishnan & Xiao 2019, Sec. 3, eq. (5)-(7); Lin, Saad & Yang
+    2016): per normalised Rademacher start ``q``, ``m`` Lanczos steps give nodes ``theta_j`` (eigenvalues of
+    the tridiagonal ``T``) and weights ``tau_j = S_{1j}^2``, a Gauss quadrature with
+    ``sum_j tau_j theta_j^p = q^T H^p q`` for ``p < 2m``; the density is the weighted sum of Gaussians of
+    width ``sigma`` at the nodes, averaged over starts, on a grid (it integrates to 1).
+
+With masks the operator is ``P H P`` on the unpruned coordinates and the probes live there too (the trace is
+that of the unpruned block).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from landscape.analyze._common import check_choice, check_positive_int
+from landscape.analyze.norms import sample_indices
+from landscape.curvature import HessianOperator
+from landscape.errors import UsageError
+from landscape.runtime import check_device_name, resolve_device
+
+KIND = "hessian"
+PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
+SPLITS = ("train", "test")
+# Vectors per vectorised product (Hutchinson probes, Ritz residuals, SLQ starts): memory grows with it.
+BLOCK = 4
+GRID = 1001
+
+
+@dataclass
+class HessianConfig:
+    """Options of ``landscape hessian`` (and ``landscape.api.hessian``)."""
+
+    top_k: int = field(default=5, metadata={"help": "number of largest Hessian eigenvalues (Lanczos); 0 for none"})
+    trace: bool = field(default=False, metadata={"help": "estimate the trace (Hutchinson, Rademacher probes)"})
+    density: bool = field(default=False, metadata={"help": "spectral density by stochastic Lanczos quadrature"})
+    n: int = field(default=1000, metadata={"help": "examples in the fixed seeded subset the loss is taken over"})
+    seed: int = field(default=0, metadata={"help": "seed of the subset, the Lanczos start and the probes"})
+    split: str = field(default="train", metadata={"help": "data split of the subset", "choices": SPLITS})
+    probes: int = field(default=100, metadata={"help": "Rademacher probes of the trace estimate"})
+    density_probes: int = field(default=1, metadata={"help": "Lanczos runs averaged in the density"})
+    lanczos_steps: int = field(default=80, metadata={
+        "help": "Lanczos steps: the cap for the eigenvalues, the number for the density (memory: steps x params)"})
+    tol: float = field(default=1e-6, metadata={"help": "relative residual at which the eigenvalues stop"})
+    sigma: float = field(default=0.01, metadata={
+        "help": "density's Gaussian width as a fraction of the spectral range"})
+    precision: str = field(default="float32", metadata={
+        "help": "precision of the products", "choices": tuple(PRECISIONS)})
+    batch_size: int = field(default=250, metadata={"help": "examples per chunk of each product"})
+    device: str = field(default="auto", metadata={"help": "auto, cpu, cuda or cuda:N"})
+
+    def validate(self) -> None:
+        if int(self.top_k) != self.top_k or self.top_k < 0:
+            raise UsageError(f"--top-k must be a non-negative integer, got {self.top_k}")
+        for flag, value in (("--n", self.n), ("--probes", self.probes), ("--density-probes", self.density_probes),
+                            ("--lanczos-steps", self.lanczos_steps), ("--batch-size", self.batch_size)):
+            check_positive_int(flag, value)
+        if self.top_k == 0 and not self.trace and not self.density:
+            raise UsageError("nothing to compute: --top-k 0 without --trace or --density")
+        if self.top_k > self.lanczos_steps:
+            raise UsageError(f"--lanczos-steps ({self.lanczos_steps}) must be at least --top-k ({self.top_k})")
+        if not (math.isfinite(self.tol) and 0 < self.tol < 1):
+            raise UsageError(f"--tol must lie in (0, 1), got {self.tol}")
+        if not (math.isfinite(self.sigma) and self.sigma > 0):
+            raise UsageError(f"--sigma must be a positive number, got {self.sigma}")
+        check_choice("--precision", self.precision, tuple(PRECISIONS))
+        check_choice("--split", self.split, SPLITS)
+        check_device_name(self.device)
+
+
+# ------------------------------------------------------------------------------------------- Lanczos
+
+
+@dataclass
+class Lanczos:
+    """``B`` independent Lanczos runs of ``m`` steps: ``T_b = tridiag(beta_b, alpha_b, beta_b)``, basis rows
+    ``basis[j, b]`` (orthonormal over ``j`` for each ``b``)."""
+
+    alpha: np.ndarray  # (B, m) float64
+    beta: np.ndarray  # (B, m - 1) float64; 0 where a run restarted
+    basis: Tensor  # (m, B, d)
+    last_beta: np.ndarray  # (B,) norm of the residual after step m
+
+    @property
+    def steps(self) -> int:
+        return int(self.alpha.shape[1])
+
+    def ritz(self, b: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Ritz values (ascending) and the eigenvectors of ``T_b``."""
+        return _tridiagonal_eigh(self.alpha[b], self.beta[b])
+
+
+def _tridiagonal_eigh(alpha: np.ndarray, beta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    t = np.diag(alpha) + np.diag(beta, 1) + np.diag(beta, -1)
+    return np.linalg.eigh(t)
+
+
+def _orthogonalise(w: Tensor, basis: Tensor) -> Tensor:
+    """``w`` (B, d) minus its projection on ``basis`` (j, B, d), per run; twice (Giraud et al. 2005)."""
+    for _ in range(2):
+        w = w - torch.einsum("jb,jbd->bd", torch.einsum("jbd,bd->jb", basis, w), basis)
+    return w
+
+
+def lanczos(
+    matvec: Callable[[Tensor], Tensor],
+    start: Tensor,
+    steps: int,
+    *,
+    draw: Callable[[int], Tensor],
+    stop: Callable[[np.ndarray, np.ndarray, float], bool] | None = None,
+) -> Lanczos:
+    """Lanczos with full reorthogonalisation for ``B`` start vectors ``start`` (B, d) at once.
+
+    ``matvec`` maps (B, d) -> (B, d); ``draw(k)`` gives ``k`` fresh random vectors (k, d) for runs whose
+    Krylov space is exhausted (``beta`` below ``100 eps ||T||``); ``stop(alpha, beta, last_beta)`` (one run
+    only) ends the iteration early.
+    """
+    batch, d = start.shape
+    steps = int(min(steps, d))
+    basis = torch.empty(steps, batch, d, dtype=start.dtype, device=start.device)
+    alpha = np.zeros((batch, steps))
+    beta = np.zeros((batch, steps))
+    eps = torch.finfo(start.dtype).eps
+    scale = 0.0
+    q = start / torch.linalg.vector_norm(start, dim=1, keepdim=True)
+    m = steps
+    for j in range(steps):
+        basis[j] = q
+        w = matvec(q)
+        a = (w * q).sum(1)
+        w = w - a[:, None] * q
+        if j > 0:
+            w = w - torch.as_tensor(beta[:, j - 1], dtype=w.dtype, device=w.device)[:, None] * basis[j - 1]
+        w = _orthogonalise(w, basis[: j + 1])
+        b = torch.linalg.vector_norm(w, dim=1)
+        alpha[:, j] = a.double().cpu().numpy()
+        beta[:, j] = b.double().cpu().numpy()
+        scale = max(scale, float(np.abs(alpha[:, j]).max()), float(beta[:, j].max()))
+        if stop is not None and stop(alpha[0, : j + 1], beta[0, :j], float(beta[0, j])):
+            m = j + 1
+            break
+        if j == steps - 1:
+            break
+        dead = np.flatnonzero(beta[:, j] <= 100 * eps * max(scale, np.finfo(float).tiny))
+        if dead.size:
+            rows = torch.as_tensor(dead, device=w.device)
+            w[rows] = _orthogonalise(draw(dead.size).to(w.device, w.dtype), basis[: j + 1, rows])
+            beta[dead, j] = 0.0
+        q = w / torch.linalg.vector_norm(w, dim=1, keepdim=True)
+    return Lanczos(alpha=alpha[:, :m], beta=beta[:, : m - 1], basis=basis[:m], last_beta=beta[:, m - 1])
+
+
+# ----------------------------------------------------------------------------------------- estimators
+
+
+def _draw(op: HessianOperator, k: int, generator: torch.Generator, kind: str, dtype: torch.dtype) -> Tensor:
+    """``k`` random flat vectors in the unpruned subspace: ``"gaussian"`` or ``"rademacher"`` (+-1)."""
+    if kind == "gaussian":
+        v = torch.randn(k, op.numel, generator=generator, dtype=torch.float64)
+    else:
+        v = torch.randint(0, 2, (k, op.numel), generator=generator).to(torch.float64) * 2 - 1
+    v = v.to(op.device, dtype)
+    mask = op.mask_vector()
+    return v if mask is None else v * mask.to(dtype)
+
+
+@dataclass
+class TopEigen:
+    eigenvalues: np.ndarray  # (k,) descending
+    residuals: np.ndarray  # (k,) ||H u - theta u|| of the unit Ritz vectors
+    steps: int  # Lanczos steps taken
+
+
+def top_eigenvalues(op: HessianOperator, k: int, *, steps: int = 80, tol: float = 1e-6, seed: int = 0) -> TopEigen:
+    """The ``k`` algebraically largest eigenvalues of ``op`` by Lanczos (see the module docstring)."""
+    if k > op.dim:
+        raise UsageError(f"--top-k {k} exceeds the model's {op.dim} free parameters")
+    gen = torch.Generator().manual_seed(int(seed))
+    dtype = op.dtype
+
+    def converged(alpha: np.ndarray, beta: np.ndarray, last: float) -> bool:
+        if len(alpha) < k:
+            return False
+        theta, s = _tridiagonal_eigh(alpha, beta)
+        bound = tol * max(float(np.abs(theta).max()), np.finfo(float).tiny)
+        return bool(np.all(np.abs(last * s[-1, -k:]) <= bound))
+
+    run = lanczos(op.matvec, _draw(op, 1, gen, "gaussian", dtype), max(steps, k),
+                  draw=lambda n: _draw(op, n, gen, "gaussian", dtype), stop=converged)
+    theta, s = run.ritz()
+    theta, s = theta[::-1][:k].copy(), s[:, ::-1][:, :k]
+    vectors = torch.einsum("jk,jd->kd", torch.as_tensor(s.copy(), dtype=dtype, device=op.device), run.basis[:, 0])
+    residuals = []
+    for i in range(0, k, BLOCK):
+        u = vectors[i:i + BLOCK]
+        hu = op.matvec(u)
+        th = torch.as_tensor(theta[i:i + BLOCK], dtype=dtype, device=op.device)[:, None]
+        residuals.append(torch.linalg.vector_norm((hu - th * u).double(), dim=1).cpu().numpy())
+    return TopEigen(eigenvalues=theta, residuals=np.concatenate(residuals), steps=run.steps)
+
+
+@dataclass
+class TraceEstimate:
+    samples: np.ndarray  # (probes,) z^T H z
+
+    @property
+    def mean(self) -> float:
+        return float(self.samples.mean())
+
+    @property
+    def se(self) -> float:
+        """Standard error of the mean, ``s / sqrt(probes)`` (NaN with one probe)."""
+        m = self.samples.size
+        return float(self.samples.std(ddof=1) / math.sqrt(m)) if m > 1 else math.nan
+
+
+def hutchinson_trace(op: HessianOperator, probes: int, *, seed: int = 0) -> TraceEstimate:
+    """Hutchinson's trace estimate with ``probes`` Rademacher vectors, ``BLOCK`` per vectorised product."""
+    gen = torch.Generator().manual_seed(int(seed))
+    out = []
+    for i in range(0, probes, BLOCK):
+        z = _draw(op, min(BLOCK, probes - i), gen, "rademacher", op.dtype)
+        out.append((z.double() * op.matvec(z).double()).sum(1).cpu().numpy())
+    return TraceEstimate(samples=np.concatenate(out))
+
+
+@dataclass
+class SpectralDensity:
+    nodes: np.ndarray  # (runs, m) Ritz values of each run
+    weights: np.ndarray  # (runs, m) tau_j = (first component of T's eigenvector j)^2; each row sums to 1
+    grid: np.ndarray  # (GRID,)
+    density: np.ndarray  # (GRID,)
+    sigma: float  # absolute Gaussian width
+
+    def moment(self, p: int) -> float:
+        """``(1/runs) sum_runs sum_j tau_j theta_j^p``, the SLQ estimate of ``tr(H^p) / dim``."""
+        return float((self.weights * self.nodes**p).sum(1).mean())
+
+
+def gaussian_density(nodes: np.ndarray, weights: np.ndarray, sigma_fraction: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """Grid, density and absolute width of Ghorbani et al.'s eq. (7): ``phi(t) = (1/runs) sum tau_j
+    N(t; theta_j, sigma^2)``, ``sigma = sigma_fraction * (max - min node)``, grid padded by ``6 sigma``."""
+    lo, hi = float(nodes.min()), float(nodes.max())
+    spread = hi - lo if hi > lo else max(abs(hi), 1.0)
+    sigma = sigma_fraction * spread
+    grid = np.linspace(lo - 6 * sigma, hi + 6 * sigma, GRID)
+    z = (grid[:, None, None] - nodes[None]) / sigma
+    density = (weights[None] * np.exp(-0.5 * z**2)).sum(2).mean(1) / (sigma * math.sqrt(2 * math.pi))
+    return grid, density, sigma
+
+
+def spectral_density(op: HessianOperator, runs: int, steps: int, *, sigma: float = 0.01, seed: int = 0) -> SpectralDensity:
+    """Stochastic Lanczos quadrature with ``runs`` normalised Rademacher starts of ``steps`` steps each."""
+    gen = torch.Generator().manual_seed(int(seed))
+    nodes, weights = [], []
+    for i in range(0, runs, BLOCK):
+        start = _draw(op, min(BLOCK, runs - i), gen, "rademacher", op.dtype)
+        run = lanczos(op.matvec, start, steps, draw=lambda n: _draw(op, n, gen, "gaussian", op.dtype))
+        for b in range(start.shape[0]):
+            theta, s = run.ritz(b)
+            nodes.append(theta)
+            weights.append(s[0] ** 2)
+    nodes_a, weights_a = np.stack(nodes), np.stack(weights)
+    grid, density, width = gaussian_density(nodes_a, weights_a, sigma)
+    return SpectralDensity(nodes=nodes_a, weights=weights_a, grid=grid, density=density, sigma=width)
+
+
+# --------------------------------------------------------------------------------------------- rows
+
+
+@dataclass
+class HessianRow:
+    """The Hessian measurements of one checkpoint (NaN / empty where not asked for)."""
+
+    ref: str
+    run: str
+    optimizer: str
+    step: int
+    epoch: float
+    loss: float  # mean loss on the subset
+    num_params: int  # free (unpruned) trainable parameters
+    eigenvalues: np.ndarray  # (top_k,) descending
+    residuals: np.ndarray  # (top_k,)
+    lanczos_steps: int
+    trace: float
+    trace_se: float
+    trace_samples: np.ndarray  # (probes,) or (0,)
+    density_nodes: np.ndarray  # (density_probes, m) or (0, 0)
+    density_weights: np.ndarray
+    density_grid: np.ndarray  # (GRID,) or (0,)
+    density: np.ndarray
+    products: int  # Hessian-vector products taken
+    seconds: float
+
+    @property
+    def top_eigenvalue(self) -> float:
+        return float(self.eigenvalues[0]) if self.eigenvalues.size else math.nan
+
+
+@dataclass
+class HessianResult:
+    """``landscape hessian``: one row per checkpoint, in the order given."""
+
+    config: HessianConfig
+    rows: list[HessianRow] = field(default_factory=list)
+
+    def table_rows(self) -> list[dict]:
+        """One dict per checkpoint: ref, epoch, loss, lambda_1..k, trace +- se."""
+        out = []
+        for r in self.rows:
+            row = {"ref": r.ref, "epoch": r.epoch, "loss": r.loss}
+            row.update({f"lambda_{i + 1}": float(v) for i, v in enumerate(r.eigenvalues)})
+            if self.config.trace:
+                row.update({"trace": r.trace, "trace_se": r.trace_se})
+            out.append(row)
+        return out
+
+
+def subset(x: Tensor, y: Tensor, n: int, seed: int) -> tuple[Tensor, Tensor]:
+    """The fixed seeded subset of ``min(n, len(y))`` examples every measurement of a run uses."""
+    idx = sample_indices(len(y), n, seed)
+    return x[idx], y[idx]
+
+
+def hessian_row(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    config: HessianConfig,
+    *,
+    ref: str = "",
+    step: int = 0,
+    epoch: float = math.nan,
+    run: str = "",
+    optimizer: str = "",
+    masks: dict[str, Tensor] | None = None,
+) -> HessianRow:
+    """Top eigenvalues (and trace, density as configured) of the loss Hessian of ``model`` on the seeded
+    subset of ``x, y``. Pure: the model is not modified."""
+    config.validate()
+    start = time.perf_counter()
+    xs, ys = subset(x, y, config.n, config.seed)
+    op = HessianOperator(model, xs, ys, masks=masks, dtype=PRECISIONS[config.precision],
+                         device=resolve_device(config.device), batch_size=config.batch_size)
+    if config.top_k > op.dim:
+        raise UsageError(f"--top-k {config.top_k} exceeds the model's {op.dim} free parameters")
+    empty = np.zeros(0)
+    eig = TopEigen(empty, empty, 0)
+    if config.top_k:
+        eig = top_eigenvalues(op, config.top_k, steps=config.lanczos_steps, tol=config.tol, seed=config.seed)
+    tr = TraceEstimate(empty)
+    if config.trace:
+        tr = hutchinson_trace(op, config.probes, seed=config.seed + 1)
+    dens = SpectralDensity(np.zeros((0, 0)), np.zeros((0, 0)), empty, empty, math.nan)
+    if config.density:
+        dens = spectral_density(op, config.density_probes, config.lanczos_steps, sigma=config.sigma,
+                                seed=config.seed + 2)
+    return HessianRow(
+        ref=ref, run=run, optimizer=optimizer, step=int(step), epoch=float(epoch), loss=op.loss(),
+        num_params=op.dim, eigenvalues=eig.eigenvalues, residuals=eig.residuals, lanczos_steps=eig.steps,
+        trace=tr.mean if tr.samples.size else math.nan, trace_se=tr.se if tr.samples.size else math.nan,
+        trace_samples=tr.samples, density_nodes=dens.nodes, density_weights=dens.weights,
+        density_grid=dens.grid, density=dens.density, products=op.products,
+        seconds=time.perf_counter() - start,
+    )
