@@ -123,7 +123,7 @@ class HessianOperator:
         self.masks = self._masks(masks)
         self.numel = sum(self.numels)
         self.dim = self.numel if self.masks is None else sum(
-            int(self.masks[k].count_nonzero()) if k in self.masks else n for k, n in zip(self.names, self.numels)
+            int(self.masks[k].count_nonzero()) if k in self.masks else n for k, n in zip(self.names, self.numels, strict=True)
         )
         self.n = len(y)
         x = x.to(self.device)
@@ -235,7 +235,7 @@ class HessianOperator:
         """Views of a flat ``(d,)`` or ``(B, d)`` vector as a parameter dict (no copy)."""
         lead = flat.shape[:-1]
         parts = torch.split(flat, self.numels, dim=-1)
-        return {k: p.reshape(*lead, *s) for k, p, s in zip(self.names, parts, self.shapes)}
+        return {k: p.reshape(*lead, *s) for k, p, s in zip(self.names, parts, self.shapes, strict=True)}
 
     def flatten(self, v: Vector, batched: bool = False) -> Tensor:
         """A parameter dict as one flat ``(d,)`` (or ``(B, d)`` when ``batched``) vector, ``names`` order."""
