@@ -244,6 +244,8 @@ class HessianOperator:
 
     def matvec(self, flat: Tensor) -> Tensor:
         """``H v`` on flat vectors: ``(d,) -> (d,)`` or, for a batch, ``(B, d) -> (B, d)``, in ``flat``'s dtype."""
+        if flat.dim() == 2 and flat.shape[0] == 1:  # one vector: no vmap
+            return self.matvec(flat[0])[None]
         batched = flat.dim() == 2
         v = self.unflatten(flat.to(self.device, self.dtype))
         out = self.hvp_batch(v) if batched else self.hvp(v)

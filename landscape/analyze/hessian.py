@@ -63,7 +63,7 @@ class HessianConfig:
     density_probes: int = field(default=1, metadata={"help": "Lanczos runs averaged in the density"})
     lanczos_steps: int = field(default=80, metadata={
         "help": "Lanczos steps: the cap for the eigenvalues, the number for the density (memory: steps x params)"})
-    tol: float = field(default=1e-6, metadata={"help": "relative residual at which the eigenvalues stop"})
+    tol: float = field(default=1e-4, metadata={"help": "relative residual at which the eigenvalues stop"})
     sigma: float = field(default=0.01, metadata={
         "help": "density's Gaussian width as a fraction of the spectral range"})
     precision: str = field(default="float32", metadata={
@@ -117,10 +117,18 @@ def _tridiagonal_eigh(alpha: np.ndarray, beta: np.ndarray) -> tuple[np.ndarray, 
     return np.linalg.eigh(t)
 
 
-def _orthogonalise(w: Tensor, basis: Tensor) -> Tensor:
-    """``w`` (B, d) minus its projection on ``basis`` (j, B, d), per run; twice (Giraud et al. 2005)."""
-    for _ in range(2):
-        w = w - torch.einsum("jb,jbd->bd", torch.einsum("jbd,bd->jb", basis, w), basis)
+def _dots(w: Tensor, q: Tensor) -> Tensor:
+    """Row-wise inner products of two (B, d) matrices, without a (B, d) temporary."""
+    return torch.bmm(w[:, None, :], q[:, :, None]).view(-1)
+
+
+def _orthogonalise_(w: Tensor, basis: Tensor) -> Tensor:
+    """``w`` (B, d) minus its projection on ``basis`` (j, B, d), run by run, in place; twice (classical
+    Gram-Schmidt twice is enough, Giraud et al. 2005). Two matrix-vector products per pass, no (j, d) copy."""
+    for b in range(w.shape[0]):
+        rows = basis[:, b]
+        for _ in range(2):
+            w[b].addmv_(rows.t(), rows @ w[b], alpha=-1)
     return w
 
 
@@ -136,7 +144,8 @@ def lanczos(
 
     ``matvec`` maps (B, d) -> (B, d); ``draw(k)`` gives ``k`` fresh random vectors (k, d) for runs whose
     Krylov space is exhausted (``beta`` below ``100 eps ||T||``); ``stop(alpha, beta, last_beta)`` (one run
-    only) ends the iteration early.
+    only) ends the iteration early. Vectors are updated in place (a parameter-sized temporary costs page
+    faults on every allocation for large models).
     """
     batch, d = start.shape
     steps = int(min(steps, d))
@@ -145,16 +154,17 @@ def lanczos(
     beta = np.zeros((batch, steps))
     eps = torch.finfo(start.dtype).eps
     scale = 0.0
-    q = start / torch.linalg.vector_norm(start, dim=1, keepdim=True)
+    torch.div(start, torch.linalg.vector_norm(start, dim=1, keepdim=True), out=basis[0])
     m = steps
     for j in range(steps):
-        basis[j] = q
+        q = basis[j]
         w = matvec(q)
-        a = (w * q).sum(1)
-        w = w - a[:, None] * q
+        a = _dots(w, q)
+        w.addcmul_(q, a[:, None], value=-1)
         if j > 0:
-            w = w - torch.as_tensor(beta[:, j - 1], dtype=w.dtype, device=w.device)[:, None] * basis[j - 1]
-        w = _orthogonalise(w, basis[: j + 1])
+            w.addcmul_(basis[j - 1], torch.as_tensor(beta[:, j - 1], dtype=w.dtype, device=w.device)[:, None],
+                       value=-1)
+        _orthogonalise_(w, basis[: j + 1])
         b = torch.linalg.vector_norm(w, dim=1)
         alpha[:, j] = a.double().cpu().numpy()
         beta[:, j] = b.double().cpu().numpy()
@@ -164,12 +174,10 @@ def lanczos(
             break
         if j == steps - 1:
             break
-        dead = np.flatnonzero(beta[:, j] <= 100 * eps * max(scale, np.finfo(float).tiny))
-        if dead.size:
-            rows = torch.as_tensor(dead, device=w.device)
-            w[rows] = _orthogonalise(draw(dead.size).to(w.device, w.dtype), basis[: j + 1, rows])
-            beta[dead, j] = 0.0
-        q = w / torch.linalg.vector_norm(w, dim=1, keepdim=True)
+        for r in np.flatnonzero(beta[:, j] <= 100 * eps * max(scale, np.finfo(float).tiny)):
+            w[r] = _orthogonalise_(draw(1).to(w.device, w.dtype), basis[: j + 1, r: r + 1])[0]
+            beta[r, j] = 0.0
+        torch.div(w, torch.linalg.vector_norm(w, dim=1, keepdim=True), out=basis[j + 1])
     return Lanczos(alpha=alpha[:, :m], beta=beta[:, : m - 1], basis=basis[:m], last_beta=beta[:, m - 1])
 
 
@@ -178,11 +186,12 @@ def lanczos(
 
 def _draw(op: HessianOperator, k: int, generator: torch.Generator, kind: str, dtype: torch.dtype) -> Tensor:
     """``k`` random flat vectors in the unpruned subspace: ``"gaussian"`` or ``"rademacher"`` (+-1)."""
+    v = torch.empty(k, op.numel, dtype=dtype)
     if kind == "gaussian":
-        v = torch.randn(k, op.numel, generator=generator, dtype=torch.float64)
+        v.normal_(generator=generator)
     else:
-        v = torch.randint(0, 2, (k, op.numel), generator=generator).to(torch.float64) * 2 - 1
-    v = v.to(op.device, dtype)
+        v.bernoulli_(0.5, generator=generator).mul_(2).sub_(1)
+    v = v.to(op.device)
     mask = op.mask_vector()
     return v if mask is None else v * mask.to(dtype)
 
@@ -212,7 +221,7 @@ def top_eigenvalues(op: HessianOperator, k: int, *, steps: int = 80, tol: float 
                   draw=lambda n: _draw(op, n, gen, "gaussian", dtype), stop=converged)
     theta, s = run.ritz()
     theta, s = theta[::-1][:k].copy(), s[:, ::-1][:, :k]
-    vectors = torch.einsum("jk,jd->kd", torch.as_tensor(s.copy(), dtype=dtype, device=op.device), run.basis[:, 0])
+    vectors = torch.as_tensor(s.T.copy(), dtype=dtype, device=op.device) @ run.basis[:, 0]
     residuals = []
     for i in range(0, k, BLOCK):
         u = vectors[i:i + BLOCK]
@@ -243,7 +252,7 @@ def hutchinson_trace(op: HessianOperator, probes: int, *, seed: int = 0) -> Trac
     out = []
     for i in range(0, probes, BLOCK):
         z = _draw(op, min(BLOCK, probes - i), gen, "rademacher", op.dtype)
-        out.append((z.double() * op.matvec(z).double()).sum(1).cpu().numpy())
+        out.append(_dots(z.double(), op.matvec(z).double()).cpu().numpy())
     return TraceEstimate(samples=np.concatenate(out))
 
 
