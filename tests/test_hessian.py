@@ -87,7 +87,10 @@ def test_hvp_equals_exact_hessian_times_vector(case, batch_size, retain):
     one = op.flatten(op.hvp(op.unflatten(v[0])))
     np.testing.assert_allclose(one.numpy(), h @ v[0].numpy(), rtol=0, atol=1e-12)
     np.testing.assert_allclose(op.matvec(v).numpy(), v.numpy() @ h, rtol=0, atol=1e-12)
-    assert op.products == 5
+    assert op.products == 5 and op.vectorised in (True, False)  # the first batch chose its route
+    for route in (True, False):
+        op.vectorised = route
+        np.testing.assert_allclose(op.matvec(v).numpy(), v.numpy() @ h, rtol=0, atol=1e-12)
 
 
 def test_groupnorm_conv_chunks_sum_to_the_whole_batch():
