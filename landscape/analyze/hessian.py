@@ -124,12 +124,17 @@ def _dots(w: Tensor, q: Tensor) -> Tensor:
 
 def _orthogonalise_(w: Tensor, basis: Tensor) -> Tensor:
     """``w`` (B, d) minus its projection on ``basis`` (j, B, d), run by run, in place; twice (classical
-    Gram-Schmidt twice is enough, Giraud et al. 2005). Two matrix-vector products per pass, no (j, d) copy."""
+    Gram-Schmidt twice is enough, Giraud et al. 2005). Returns the first pass's coefficients (j, B).
+    Two matrix-vector products per pass, no (j, d) copy."""
+    first = torch.empty(basis.shape[0], w.shape[0], dtype=w.dtype, device=w.device)
     for b in range(w.shape[0]):
         rows = basis[:, b]
-        for _ in range(2):
-            w[b].addmv_(rows.t(), rows @ w[b], alpha=-1)
-    return w
+        for i in range(2):
+            c = rows @ w[b]
+            w[b].addmv_(rows.t(), c, alpha=-1)
+            if i == 0:
+                first[:, b] = c
+    return first
 
 
 def lanczos(
@@ -157,14 +162,10 @@ def lanczos(
     torch.div(start, torch.linalg.vector_norm(start, dim=1, keepdim=True), out=basis[0])
     m = steps
     for j in range(steps):
-        q = basis[j]
-        w = matvec(q)
-        a = _dots(w, q)
-        w.addcmul_(q, a[:, None], value=-1)
-        if j > 0:
-            w.addcmul_(basis[j - 1], torch.as_tensor(beta[:, j - 1], dtype=w.dtype, device=w.device)[:, None],
-                       value=-1)
-        _orthogonalise_(w, basis[: j + 1])
+        w = matvec(basis[j])
+        # Full reorthogonalisation does the three-term recurrence's work too: the coefficient of w = H q_j on
+        # q_j is alpha_j (on q_{j-1} it is beta_{j-1}, on earlier vectors 0 in exact arithmetic).
+        a = _orthogonalise_(w, basis[: j + 1])[j]
         b = torch.linalg.vector_norm(w, dim=1)
         alpha[:, j] = a.double().cpu().numpy()
         beta[:, j] = b.double().cpu().numpy()
@@ -175,7 +176,9 @@ def lanczos(
         if j == steps - 1:
             break
         for r in np.flatnonzero(beta[:, j] <= 100 * eps * max(scale, np.finfo(float).tiny)):
-            w[r] = _orthogonalise_(draw(1).to(w.device, w.dtype), basis[: j + 1, r: r + 1])[0]
+            fresh = draw(1).to(w.device, w.dtype)
+            _orthogonalise_(fresh, basis[: j + 1, r: r + 1])
+            w[r] = fresh[0]
             beta[r, j] = 0.0
         torch.div(w, torch.linalg.vector_norm(w, dim=1, keepdim=True), out=basis[j + 1])
     return Lanczos(alpha=alpha[:, :m], beta=beta[:, : m - 1], basis=basis[:m], last_beta=beta[:, m - 1])
