@@ -202,7 +202,8 @@ class HessianOperator:
     def _chunk_product(self, c: int, v: Vector, batched: bool) -> Vector:
         fn = self._retained[c]
         if fn is not None:
-            return (vmap(fn) if batched else fn)(v)[0]
+            with torch.no_grad():  # no graph of the product itself (vjp_fn would build one: ~10-20% slower)
+                return (vmap(fn) if batched else fn)(v)[0]
         g = grad(self._chunk_loss(c))
 
         def forward_over_reverse(t: Vector) -> Vector:
