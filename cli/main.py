@@ -1,8 +1,9 @@
 """Entry point of the ``landscape`` command.
 
 Commands live one group per module under ``cli/`` and are loaded lazily (so ``landscape --help`` does not
-import torch-heavy analyzers it does not need). Adding a command is one module plus one line in
-``COMMANDS``. Every :class:`~landscape.errors.LandscapeError` becomes one line on stderr and its exit code.
+import torch-heavy analyzers it does not need). The analysis commands are generated from the analysis
+registry (``landscape/analyze/__init__.py``, :mod:`cli.generate`); another hand-written command is one
+module plus one line in ``COMMANDS``. Every :class:`~landscape.errors.LandscapeError` becomes one line on stderr and its exit code.
 """
 
 from __future__ import annotations
@@ -23,35 +24,43 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "store": ("cli.store:store", "List runs and inspect checkpoints in the store."),
     "import": ("cli.store:import_checkpoint", "Import a foreign .pt/.safetensors checkpoint into the store."),
     "show": ("cli.show:show", "Print any result file (kind, inputs, options, attrs, arrays)."),
-    "interpolate": ("cli.interpolate:interpolate", "Loss/accuracy along (1-a)A + aB and its instability (Watson Def. 2.3)."),
-    "instability": ("cli.interpolate:instability", "Instability of many checkpoint pairs: CSV + HDF5 + figure (Watson Fig. 5)."),
-    "directions": ("cli.directions:directions", "Loss along N random directions from A against the path toward B (Watson Fig. 4)."),
-    "surface": ("cli.directions:surface", "2-D loss/accuracy surface: random, B,C or pca:RUN plane (Li et al. 2018); resumable."),
-    "clipping": ("cli.geometry:clipping", "Clipping ratio R and the Thm. 3.2 bound (Watson Sec. 3.1); --prune-levels for Fig. 11."),
-    "symmetry": ("cli.geometry:symmetry", "Symmetry of per-sample gradient deviations (Zhu & Blaschko App. F)."),
-    "norms": ("cli.geometry:norms", "Parameter and gradient norms of runs, distance ratios (Watson Figs. 16-17)."),
     "privacy": ("cli.privacy:privacy", "Epsilon of a DP-SGD schedule, or the noise multiplier for a target epsilon."),
     "prune": ("cli.prune:prune", "Magnitude-prune a checkpoint into a new run (mask stored with it)."),
-    "ntk": ("cli.ntk:ntk", "Empirical NTK under clipping: symmetry, positivity, spectra (Bu et al.)."),
-    "ntk-table": ("cli.ntk:ntk_table", "Bu et al. Table 1 measured at a checkpoint or along a run."),
 }
 
 
+def _help(name: str) -> str:
+    from landscape.analyze import registry
+
+    return COMMANDS[name][1] if name in COMMANDS else registry.summary(name)
+
+
 class LazyGroup(click.Group):
+    """The hand-written commands of ``COMMANDS`` plus one generated command per registered analysis
+    (``landscape.analyze``: ``cli.generate.command(name)``), each imported only when it runs."""
+
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+        from landscape.analyze import registry
+
+        return sorted(set(COMMANDS) | set(registry.names()))
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         entry = COMMANDS.get(name)
         if entry is None:
-            return None
+            from landscape.analyze import registry
+
+            if name not in registry.names():
+                return None
+            from cli.generate import command
+
+            return command(name)
         module, attr = entry[0].split(":")
         return getattr(importlib.import_module(module), attr)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        # List commands from the registry's help strings so `--help` imports no command module.
+        # List commands from the registries' help strings so `--help` imports no command or analyzer module.
         with formatter.section("Commands"):
-            formatter.write_dl([(name, COMMANDS[name][1]) for name in self.list_commands(ctx)])
+            formatter.write_dl([(name, _help(name)) for name in self.list_commands(ctx)])
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

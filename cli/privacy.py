@@ -23,14 +23,21 @@ from cli.common import echo_json, json_option
 @click.option("--batch-size", type=int, default=None, help="Expected batch size B (q = B / N).")
 @click.option("--dataset-size", type=int, default=None, help="Training set size N.")
 @click.option("--steps", type=int, default=None, help="Number of steps T (or --epochs).")
-@click.option("--epochs", type=float, default=None, help="Epochs; T = int(epochs * N / B) as Opacus counts.")
+@click.option(
+    "--epochs",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Whole epochs; T = epochs * ceil(N/B), as `landscape train` runs them (ceil(1/q) per epoch with "
+    "--sample-rate).",
+)
 @click.option("--delta", type=float, default=1e-5, show_default=True)
 @click.option(
     "--method",
     type=click.Choice(["rdp", "pld"]),
     default="rdp",
     show_default=True,
-    help="Accountant (dp_accounting): RDP at Opacus' orders, or privacy loss distributions.",
+    help="rdp: exact sampled-Gaussian RDP at Opacus' orders (equals Opacus); pld: dp_accounting's privacy "
+    "loss distributions (tighter).",
 )
 @json_option
 def privacy(as_json: bool, **query: Any) -> None:

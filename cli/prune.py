@@ -53,7 +53,7 @@ def prune(
     """Prune the Linear/Conv weights of checkpoint REF by magnitude; store the mask with a new run.
 
     Train from it with `landscape train --from RUN@init ...`: pruned weights stay exactly 0 (masked
-    gradients, noise and momentum).
+    gradients, noise and momentum), and its epsilon composes the DP steps of REF (which chose the mask).
     """
     from landscape.api.pruning import PruneConfig
     from landscape.api.pruning import prune as run_prune

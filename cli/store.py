@@ -26,17 +26,24 @@ def store() -> None:
 def ls(ctx: click.Context, root: str | None, as_json: bool) -> None:
     """List runs: checkpoints, steps, epoch, epsilon, final metrics.
 
-    ROOT defaults to the global --root. Temporary files of interrupted writes are never listed.
+    ROOT defaults to the global --root. Temporary files of interrupted writes are never listed. A damaged
+    run (unreadable manifest, missing checkpoint file) is reported in one line on stderr (under "damaged"
+    with --json) and the others are listed.
     """
     from landscape.store import Store
 
     st = Store(root or root_of(ctx))
-    summaries = [_run_summary(run) for run in st.runs()]
+    runs, damaged = st.scan()
+    for message in damaged.values():
+        click.echo(f"warning: skipping a damaged run: {message}", err=True)
+    summaries = [_run_summary(run) for run in runs]
     if as_json:
-        echo_json({"root": str(st.root), "runs": summaries})
+        echo_json({"root": str(st.root), "runs": summaries,
+                   "damaged": [{"name": name, "error": message} for name, message in damaged.items()]})
         return
     if not summaries:
-        click.echo(f"no runs in {st.root}" + ("" if st.root.is_dir() else " (no such directory)"))
+        click.echo(f"no {'readable ' if damaged else ''}runs in {st.root}"
+                   + ("" if st.root.is_dir() else " (no such directory)"))
         return
     metric_names = _metric_columns(s["final_metrics"] for s in summaries)
     rows = []

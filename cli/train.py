@@ -24,7 +24,8 @@ def _training_options(func: Callable) -> Callable:
         model_options(default=None),
         click.option("--data-seed", type=int, default=_D.data_seed, show_default=True,
                      help="Seed of the data set (subset draw, synthetic data)."),
-        click.option("--epochs", type=click.IntRange(min=1), default=_D.epochs, show_default=True),
+        click.option("--epochs", type=click.IntRange(min=1), default=_D.epochs, show_default=True,
+                     help="Epochs of ceil(N/B) steps each (as `landscape privacy --epochs` counts)."),
         click.option("--lr", type=float, default=_D.lr, show_default=True, help="Learning rate."),
         click.option("--momentum", type=float, default=_D.momentum, show_default=True),
         click.option("--weight-decay", type=float, default=_D.weight_decay, show_default=True),
@@ -34,7 +35,7 @@ def _training_options(func: Callable) -> Callable:
                      help="Seeds initialisation, data order and noise."),
         device_option(_D.device),
         click.option("--checkpoint-every", default=_D.checkpoint_every, show_default=True,
-                     help="Ns (steps) or Ee (epochs); init and final are always kept."),
+                     help="Ns (steps), Ee (epochs) or none; init and final are always kept."),
         click.option("--max-grad-norm", type=float, default=_D.max_grad_norm, show_default=True,
                      help="Clipping norm C."),
         click.option("--noise-multiplier", type=float, default=None, help="Noise multiplier sigma."),
@@ -86,7 +87,7 @@ def _rows(summaries: list[Any]) -> list[dict[str, Any]]:
 @click.option("--run", "run", default=None, help="Run name (default: a generated unique id).")
 @click.option("--from", "from_ref", default=None, metavar="REF",
               help="Start from a checkpoint (RUN[@init|@last|@step=N|@epoch=E] or PATH.h5): a child run.")
-@click.option("--resume", default=None, metavar="RUN", help="Continue a killed run from its last checkpoint.")
+@click.option("--resume", default=None, metavar="RUN", help="Continue a killed run from its last checkpoint (from step 0 if it was killed before its first).")
 @json_option
 @click.pass_context
 def train(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:

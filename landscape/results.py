@@ -16,7 +16,7 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,27 @@ class Result:
     params: dict[str, Any]
     inputs: list[InputRef]
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def to_frame(self):
+        """The result's table as a pandas DataFrame: the datasets named by the file's ``table`` attr (written
+        by :func:`write_dataclass`: instability pairs, per-checkpoint rows, an interpolation path...), else every
+        1-D dataset of the most common length. Byte strings become str."""
+        import pandas as pd
+
+        names = json.loads(self.attrs["table"]) if "table" in self.attrs else _longest_columns(self.arrays)
+        columns = {}
+        for name in names:
+            values = self.arrays[name]
+            if values.dtype.kind in "SO":
+                values = np.array([v.decode() if isinstance(v, bytes) else str(v) for v in values], dtype=object)
+            columns[name] = values
+        return pd.DataFrame(columns)
+
+    def to_xarray(self):
+        """The file as an ``xarray.Dataset`` (through h5netcdf: dimension scales become labelled dims)."""
+        import xarray as xr
+
+        return xr.open_dataset(self.path, engine="h5netcdf")
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
@@ -97,6 +118,43 @@ def _attr_value(value: Any) -> Any:
     return json.dumps(to_jsonable(value))
 
 
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], Any]) -> Path:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, fsync it and rename it onto ``path``.
+
+    A killed process leaves either the old file or the new one, never half of one; the temporary file is
+    removed on any error. The file gets the usual ``0666 & ~umask`` mode (``mkstemp`` makes 0600).
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise ResultError(f"cannot write {path}: {exc.strerror or exc}") from None
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    try:
+        write(Path(tmp))
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    try:  # make the rename itself durable
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return path
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
+    return path
+
+
 def write_result(
     path: str | os.PathLike,
     kind: str,
@@ -105,27 +163,23 @@ def write_result(
     attrs: Mapping[str, Any] | None = None,
     params: Mapping[str, Any] | Any | None = None,
     inputs: Sequence[InputRef] = (),
+    dims: Mapping[str, Sequence[str]] | None = None,
 ) -> Path:
     """Write a result file atomically and return its path.
 
     ``arrays`` values may be numpy arrays, tensors or lists; ``attrs`` hold scalars (others are stored
     as JSON strings); ``params`` is the analysis configuration (a dataclass or mapping), stored as JSON.
+    ``dims`` (array name -> dimension names) attaches HDF5 dimension scales, so netCDF readers
+    (``xarray.open_dataset(path, engine="h5netcdf")``) see labelled dimensions: a dimension named like an
+    array is that array (a coordinate); any other gets an index array of its own name.
     """
     path = Path(path)
     clash = set(attrs or {}) & set(_RESERVED)
     if clash:
         raise ValueError(f"attrs {sorted(clash)} are reserved by the result schema")
     check_output_path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as exc:
-        raise ResultError(f"cannot write result {path}: {exc.strerror or exc}") from None
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are ordinary files
-    try:
+
+    def write(tmp: Path) -> None:
         with h5py.File(tmp, "w") as f:
             f.attrs["kind"] = kind
             f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -139,11 +193,25 @@ def write_result(
                 if isinstance(value, torch.Tensor):
                     value = value.detach().cpu().numpy()
                 f.create_dataset(key, data=np.asarray(value))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+            _attach_scales(f, dims or {})
+
+    return atomic_write(path, write)
+
+
+def _attach_scales(f: h5py.File, dims: Mapping[str, Sequence[str]]) -> None:
+    scales: dict[str, h5py.Dataset] = {}
+    for name, names in dims.items():
+        if name not in f:
+            continue
+        ds = f[name]
+        for axis, dim in enumerate(names):
+            if dim not in scales:
+                if dim not in f:
+                    f.create_dataset(dim, data=np.arange(ds.shape[axis]))
+                f[dim].make_scale(dim)
+                scales[dim] = f[dim]
+            if name != dim:
+                ds.dims[axis].attach_scale(scales[dim])
 
 
 def is_result_file(path: str | os.PathLike) -> bool:
@@ -198,9 +266,298 @@ def read_result(path: str | os.PathLike, kind: str | None = None, *, load_arrays
     return Result(path=path, kind=file_kind, attrs=attrs, params=params, inputs=inputs, arrays=arrays)
 
 
+def _longest_columns(arrays: Mapping[str, np.ndarray]) -> list[str]:
+    lengths: dict[int, list[str]] = {}
+    for name, value in arrays.items():
+        if value.ndim == 1:
+            lengths.setdefault(len(value), []).append(name)
+    return max(lengths.values(), key=len) if lengths else []
+
+
 def _decode_attr(value: Any) -> Any:
     if isinstance(value, bytes):
         value = value.decode()
     if isinstance(value, np.generic):
         return value.item()
     return value
+
+
+# ------------------------------------------------------------------------------------ dataclass codec
+#
+# A result dataclass says where each field lives in the file with ``stored(...)`` metadata; one writer and
+# one reader serve every result class, so no attribute is spelled twice. Fields named ``config`` (the
+# params), ``inputs``, ``path`` and ``figures`` are handled by name; a field without metadata is an attr
+# when its annotation is a plain scalar and is not stored otherwise.
+
+_BY_NAME = ("config", "params", "inputs", "path", "figures")
+
+
+def stored(where: str, default: Any = dataclasses.MISSING, *, name: str | None = None,
+           dims: Sequence[str] | None = None, order: str | None = None, count: str | None = None,
+           default_factory: Callable | None = None) -> Any:
+    """A result dataclass field stored as ``where``: ``"array"`` (a dataset), ``"attr"`` (a root attr),
+    ``"table"`` (a list of row dataclasses, one dataset per column) or ``"skip"``.
+
+    ``name``: the dataset/attr name (default: the field name); with a ``{}`` in it the field is a dict whose
+    keys fill the braces (``"{}_loss"`` -> ``train_loss``, ``test_loss``). ``order``: the attr that keeps the
+    dict's key order (``"splits"`` -> ``splits = "train,test"``). ``dims``: dimension names of an array (see
+    :func:`write_result`). ``count``: for a table, the attr holding its number of rows.
+    """
+    meta = {"where": where, "name": name, "dims": tuple(dims) if dims else None, "order": order, "count": count}
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata={"h5": meta})
+    return field(default=default, metadata={"h5": meta})
+
+
+def _layout(cls: type) -> list[tuple[dataclasses.Field, dict, Any]]:
+    import types
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        meta = f.metadata.get("h5")
+        if meta is None:
+            if f.name in _BY_NAME:
+                continue
+            hint = hints[f.name]
+            if isinstance(hint, types.UnionType):  # X | None
+                hint = next((a for a in typing.get_args(hint) if a is not type(None)), None)
+            scalar = hint in (int, float, str, bool)
+            meta = {"where": "attr" if scalar else "skip", "name": None, "dims": None, "order": None, "count": None}
+        if meta["where"] != "skip":
+            out.append((f, meta, hints[f.name]))
+    return out
+
+
+def _key_names(template: str, keys: Sequence[str]) -> list[str]:
+    return [template.format(k) for k in keys]
+
+
+def _flatten(obj: Any, layout, out_arrays: dict, out_attrs: dict, dims: dict, orders: dict) -> None:
+    for f, meta, _ in layout:
+        value = getattr(obj, f.name)
+        name = meta["name"] or f.name
+        if meta["where"] == "table":
+            continue
+        target = out_arrays if meta["where"] == "array" else out_attrs
+        if "{}" in name:
+            if value is None:
+                continue
+            if meta["order"]:
+                orders.setdefault(meta["order"], list(value))
+            for key, v in value.items():
+                target[name.format(key)] = v
+                if meta["dims"]:
+                    dims[name.format(key)] = meta["dims"]
+        elif value is not None or meta["where"] == "attr":
+            if isinstance(value, tuple) and meta["where"] == "attr" and all(isinstance(v, str) for v in value):
+                value = ",".join(value)
+            target[name] = value
+            if meta["dims"]:
+                dims[name] = meta["dims"]
+
+
+def table_columns(rows: Sequence[Any], row_cls: type, keys: Sequence[str] = ()) -> dict[str, list]:
+    """Rows of a table (row dataclasses) as named columns, in field order; dict fields expand over ``keys``
+    (the dict's own keys when none are given)."""
+    columns: dict[str, list] = {}
+    layout = _layout(row_cls)
+    for f, meta, _ in layout:
+        name = meta["name"] or f.name
+        if "{}" in name:
+            ks = list(keys) or (list(getattr(rows[0], f.name)) if rows else [])
+            for k in ks:
+                columns[name.format(k)] = [getattr(r, f.name).get(k, math.nan) for r in rows]
+        else:
+            columns[name] = [getattr(r, f.name) for r in rows]
+    return columns
+
+
+def _column_array(values: list) -> np.ndarray:
+    if values and all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+                      for v in values):
+        return np.array(values, dtype=np.float64)
+    if not values:
+        return np.array([], dtype=np.float64)
+    return np.array([("" if v is None else str(v)).encode() for v in values], dtype=object).astype("S")
+
+
+def write_dataclass(obj: Any, path: str | os.PathLike, kind: str, *, inputs: Sequence[InputRef] = (),
+                    attrs: Mapping[str, Any] | None = None) -> Path:
+    """Write result dataclass ``obj`` as a ``kind`` result file (see :func:`stored`); ``attrs`` add root attrs.
+
+    A ``"table"`` field becomes one dataset per column (text as bytes, numbers as float64) and the file's
+    ``table`` attr lists them, which is what ``read_result(path).to_frame()`` shows; without a table, the
+    arrays sharing the first array's dimensions form the frame (an interpolation path: alpha, losses...).
+    """
+    layout = _layout(type(obj))
+    arrays: dict[str, Any] = {}
+    out_attrs: dict[str, Any] = {}
+    dims: dict[str, tuple] = {}
+    orders: dict[str, list] = {}
+    _flatten(obj, layout, arrays, out_attrs, dims, orders)
+    table: list[str] = []
+    for f, meta, hint in layout:
+        if meta["where"] != "table":
+            continue
+        rows = getattr(obj, f.name)
+        row_cls = _row_class(hint)
+        keys = _split_order(out_attrs.get(meta["order"])) if meta["order"] else ()
+        for col, values in table_columns(rows, row_cls, keys).items():
+            arrays[col] = _column_array(values)
+            table.append(col)
+        if meta["count"]:
+            out_attrs[meta["count"]] = len(rows)
+    for attr, keys in orders.items():
+        out_attrs.setdefault(attr, ",".join(keys))
+    if not table:
+        first = next((d for d in dims.values()), None)
+        table = [n for n, d in dims.items() if d == first and np.ndim(arrays[n]) == 1]
+        if first is not None and len(first) == 1 and first[0] in arrays:
+            table = [first[0]] + [n for n in table if n != first[0]]
+    if table:
+        out_attrs["table"] = json.dumps(table)
+    out_attrs.update(attrs or {})
+    params = getattr(obj, "config", None)
+    if params is None:
+        params = getattr(obj, "params", None)
+    return write_result(path, kind, arrays=arrays, attrs=out_attrs, params=params, inputs=inputs, dims=dims)
+
+
+class StoredResult:
+    """Base of a result dataclass stored by the codec: ``to_hdf5`` / ``from_hdf5`` from its ``KIND`` (the file's
+    kind) and ``CONFIG`` (the class of its ``config`` field, rebuilt from the stored params)."""
+
+    KIND = ""
+    CONFIG: Any = None
+
+    def to_hdf5(self, path: str | os.PathLike, inputs: Sequence[InputRef] = (),
+                attrs: Mapping[str, Any] | None = None) -> Path:
+        """Write the result (``inputs`` default to its own), set and return its ``path``."""
+        self.inputs = list(inputs) or self.inputs
+        self.path = write_dataclass(self, path, self.KIND, inputs=self.inputs, attrs=attrs)
+        return self.path
+
+    @classmethod
+    def from_hdf5(cls, path: str | os.PathLike) -> Any:
+        return read_dataclass(cls, path, cls.KIND, config=cls.CONFIG)
+
+
+def _row_class(hint: Any) -> type:
+    import typing
+
+    args = typing.get_args(hint)
+    if not args or not dataclasses.is_dataclass(args[0]):
+        raise TypeError(f"a table field must be annotated list[RowDataclass], got {hint}")
+    return args[0]
+
+
+def _split_order(value: Any) -> list[str]:
+    return [s for s in str(value or "").split(",") if s]
+
+
+def _decode_value(value: Any, hint: Any) -> Any:
+    import types
+    import typing
+
+    if isinstance(value, bytes):
+        value = value.decode()
+    if isinstance(value, np.generic):
+        value = value.item()
+    optional = False
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(hint))
+        hint = args[0] if len(args) == 1 else None
+    if optional and (value is None or value in ("", "none")):
+        return None
+    if hint is float:
+        return float(value)
+    if hint is int:
+        return int(value)
+    if hint is bool:
+        return bool(value)
+    if hint is str:
+        return str(value)
+    if hint is Path:
+        return Path(value)
+    if typing.get_origin(hint) is tuple and isinstance(value, str):
+        return tuple(_split_order(value))
+    return value
+
+
+def _dict_field(source: Mapping[str, Any], template: str, order: Sequence[str], hint: Any) -> dict:
+    import re
+    import typing
+
+    pattern = re.compile("^" + re.escape(template).replace(r"\{\}", "(.+)") + "$")
+    found = {m.group(1): v for k, v in source.items() if (m := pattern.match(k))}
+    keys = [k for k in order if k in found] + sorted(k for k in found if k not in order)
+    args = typing.get_args(hint)
+    value_hint = args[1] if len(args) == 2 else None
+    return {k: (found[k] if value_hint is np.ndarray or value_hint is None else _decode_value(found[k], value_hint))
+            for k in keys}
+
+
+def read_dataclass(cls: type, path: str | os.PathLike, kind: str, *, config: type | None = None) -> Any:
+    """The result dataclass ``cls`` from a file written by :func:`write_dataclass` (``kind`` must match);
+    ``config`` is the class of its ``config`` field (rebuilt from the stored params, unknown keys dropped)."""
+    r = read_result(path, kind)
+    values: dict[str, Any] = {}
+    for f, meta, hint in _layout(cls):
+        name = meta["name"] or f.name
+        order = _split_order(r.attrs.get(meta["order"])) if meta["order"] else []
+        if meta["where"] == "table":
+            values[f.name] = _read_table(r, _row_class(hint), order)
+            continue
+        source = r.arrays if meta["where"] == "array" else r.attrs
+        if "{}" in name:
+            values[f.name] = _dict_field(source, name, order, hint)
+        elif name in source:
+            values[f.name] = source[name] if meta["where"] == "array" else _decode_value(source[name], hint)
+    names = {f.name for f in dataclasses.fields(cls)}
+    if "config" in names and config is not None:
+        known = {f.name for f in dataclasses.fields(config)}
+        values["config"] = config(**{k: (tuple(v) if isinstance(v, list) else v)
+                                     for k, v in r.params.items() if k in known})
+    if "params" in names:
+        values["params"] = r.params
+    if "inputs" in names:
+        values["inputs"] = r.inputs
+    if "path" in names:
+        values["path"] = Path(path)
+    return cls(**values)
+
+
+def _read_table(r: Result, row_cls: type, order: Sequence[str]) -> list:
+    layout = _layout(row_cls)
+    n = min((len(r.arrays[(m["name"] or f.name)]) for f, m, _ in layout
+             if "{}" not in (m["name"] or f.name) and (m["name"] or f.name) in r.arrays), default=0)
+    rows = []
+    for i in range(n):
+        values = {}
+        for f, meta, hint in layout:
+            name = meta["name"] or f.name
+            if "{}" in name:
+                col = {k: v[i] for k, v in r.arrays.items() if v.ndim == 1 and len(v) == n}
+                values[f.name] = _dict_field(col, name, order, hint)
+            elif name in r.arrays:
+                values[f.name] = _decode_value(r.arrays[name][i], hint)
+        rows.append(row_cls(**values))
+    return rows
+
+
+def write_csv(path: str | os.PathLike, records: Sequence[Mapping[str, Any]], columns: Sequence[str], *,
+              nan: str = "") -> Path:
+    """Write rows as CSV (NaN as ``nan``: an empty cell by default), atomically."""
+    import csv
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(columns))
+            writer.writeheader()
+            for rec in records:
+                writer.writerow({k: (nan if isinstance(v, float) and math.isnan(v) else v) for k, v in rec.items()})
+
+    return atomic_write(path, write)

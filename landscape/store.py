@@ -7,12 +7,21 @@ Layout (DESIGN.md "Checkpoint store")::
     <root>/<run>/step-000120.h5      one file per checkpoint (group ``state_dict``, group ``extra``, attrs)
     <root>/<run>/arrays.h5           run-level arrays (pruning masks, per-step metric tables, ...)
 
-Every file is written to a hidden temporary file in the same directory and renamed over its final name,
-so a process killed mid-write never leaves a half-written checkpoint or manifest under a final name
-(stale ``.*.tmp`` files may remain; nothing lists or loads them). Run directories are created with an
-atomic ``mkdir``, so several processes may write *different* runs into one root at once. Within one run
-a single writer at a time is assumed (the training loop that owns it); concurrent writers to the same
-run could lose each other's manifest entries.
+Every file is written to a hidden temporary file in the same directory and renamed over its final name
+(:func:`landscape.atomic.atomic_write`), so a process killed mid-write never leaves a half-written
+checkpoint or manifest under a final name; nothing lists or loads the stale ``.*.tmp`` files it may leave,
+and :meth:`Store.open_run` sweeps them. Run directories are created with an atomic ``mkdir``, so several
+processes may write *different* runs into one root at once.
+
+One writer per run. Every write (creating a run, a checkpoint, a run array, a manifest field) holds an
+exclusive ``fcntl.flock`` on ``<run>/.lock``; a second process that tries to write the same run gets
+:class:`RunBusyError` (one line, exit 1) instead of interleaving its files with the first one's. The run
+returned by :meth:`Store.create_run` or :meth:`Store.open_run` keeps the lock until :meth:`Run.close` (or
+the end of a ``with`` block, or of the process), so a training run excludes other writers from its first
+file to its last. The lock is per process and reentrant: threads of one process are not told apart.
+
+Manifests are checked against one schema (:func:`check_manifest`) whenever they are read: a damaged one
+is a one-line :class:`~landscape.errors.CheckpointError` naming the file and the field at fault.
 
 A checkpoint reference is ``PATH.h5`` (a file; relative paths are tried against the working directory,
 then the store root) or ``RUN[@SELECTOR]`` with ``@init`` (smallest step), ``@last`` (the default),
@@ -21,7 +30,10 @@ then the store root) or ``RUN[@SELECTOR]`` with ``@init`` (smallest step), ``@la
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import errno
+import fcntl
 import fnmatch
 import json
 import math
@@ -30,8 +42,8 @@ import pickle
 import re
 import secrets
 import shutil
-import tempfile
 import warnings
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,12 +55,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from landscape.atomic import atomic_write, stale_temp_files
 from landscape.errors import CheckpointError, IncompatibleError, UnsafeFileError, UsageError
 from landscape.results import InputRef, sha256_file, to_jsonable
 from landscape.runtime import code_version
 
 MANIFEST = "manifest.json"
 ARRAYS = "arrays.h5"
+LOCK = ".lock"
 MANIFEST_FORMAT = "landscape-run/1"
 CHECKPOINT_FORMAT = "landscape-checkpoint/1"
 STATE_GROUP = "state_dict"
@@ -121,6 +135,10 @@ class Checkpoint:
 # ------------------------------------------------------------------------------------------- the store
 
 
+class RunBusyError(CheckpointError):
+    """Another process holds a run's write lock (one writer per run)."""
+
+
 class Store:
     """A directory of runs. Nothing is created on disk until a run is."""
 
@@ -144,12 +162,17 @@ class Store:
         """Create a new run directory with its manifest; ``name=None`` generates a unique name.
 
         ``extra`` adds further top-level manifest fields (e.g. ``phases``). An existing run name is an
-        error: runs are never overwritten.
+        error: runs are never overwritten. The run comes back holding its write lock (see the module
+        docstring); :meth:`Run.close` or a ``with`` block releases it.
         """
         clash = set(extra or {}) & _MANIFEST_KEYS
         if clash:
             raise UsageError(f"manifest fields {sorted(clash)} are set by the store, not through extra=")
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CheckpointError(f"cannot create the store root {self.root}: {exc.strerror or exc}") from None
+        lock = None
         if name is None:
             path = self._make_unique_dir()
         else:
@@ -158,7 +181,16 @@ class Store:
             try:
                 path.mkdir()
             except FileExistsError:
-                raise CheckpointError(f"run '{name}' already exists in {self.root}; choose another --run name") from None
+                lock = self._reclaim(path)
+                if lock is None:
+                    raise CheckpointError(
+                        f"run '{name}' already exists in {self.root}; choose another --run name "
+                        f"(or continue it: train --resume {name})"
+                    ) from None
+            except OSError as exc:
+                raise CheckpointError(f"cannot create run directory {path}: {exc.strerror or exc}") from None
+        run = Run(path, {})
+        run._acquire(lock)
         manifest = {
             "format": MANIFEST_FORMAT,
             "name": path.name,
@@ -173,11 +205,31 @@ class Store:
             "checkpoints": [],
         }
         try:
+            check_manifest(to_jsonable(manifest), path / MANIFEST)
             _write_json_atomic(path / MANIFEST, manifest)
+            run.manifest = _read_manifest(path / MANIFEST)
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)
+            run.close()
             raise
-        return Run(path, _read_manifest(path / MANIFEST))
+        return run
+
+    def _reclaim(self, path: Path) -> _FileLock | None:
+        """The lock of a run directory whose creator was killed before writing its manifest (nothing but
+        temporary files in it, which are removed), or None when ``path`` is a run or someone else's."""
+        if not path.is_dir() or (path / MANIFEST).exists():
+            return None
+        try:
+            lock = _lock(path, path.name)
+        except CheckpointError:
+            return None  # its creator is alive and about to write the manifest
+        left = [p for p in path.iterdir() if p.name != LOCK]
+        if (path / MANIFEST).exists() or any(p.is_dir() or not p.name.endswith(".tmp") for p in left):
+            _unlock(lock)
+            return None
+        for p in left:
+            p.unlink(missing_ok=True)
+        return lock
 
     def _make_unique_dir(self) -> Path:
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
@@ -191,12 +243,33 @@ class Store:
         raise CheckpointError(f"could not create a unique run directory in {self.root}")
 
     def run(self, name: str) -> Run:
-        """An existing run; CheckpointError listing the runs there are when it is missing."""
+        """An existing run, for reading; CheckpointError listing the runs there are when it is missing."""
         check_run_name(name)
         path = self.root / name
         if not (path / MANIFEST).is_file():
             raise CheckpointError(f"no run '{name}' in {self.root} ({_available(self.run_names(), 'runs')})")
         return Run(path, _read_manifest(path / MANIFEST))
+
+    def open_run(self, name: str) -> Run:
+        """An existing run, for writing (``--resume``): take its lock (:class:`RunBusyError` if another
+        process holds it), read its manifest, remove the temporary files killed writers left, and adopt the
+        complete checkpoint files a writer killed between rename and manifest update left unrecorded
+        (:meth:`Run.adopt_unrecorded`). The run keeps the lock until :meth:`Run.close`.
+        """
+        check_run_name(name)
+        path = self.root / name
+        if not (path / MANIFEST).is_file():
+            raise CheckpointError(f"no run '{name}' in {self.root} ({_available(self.run_names(), 'runs')})")
+        run = Run(path, {})
+        run._acquire()
+        try:
+            run.manifest = _read_manifest(path / MANIFEST)
+            run.sweep_temporary_files()
+            run.adopt_unrecorded()
+        except BaseException:
+            run.close()
+            raise
+        return run
 
     def run_names(self) -> list[str]:
         """Names of the complete runs (directories with a manifest), sorted."""
@@ -207,12 +280,37 @@ class Store:
             if _is_run_name(p.name) and (p / MANIFEST).is_file()
         )
 
+    def scan(self, pattern: str = "*") -> tuple[list[Run], dict[str, str]]:
+        """Runs whose name matches a shell glob, and the damaged ones apart: ``(runs, {name: one-line error})``.
+
+        A run is damaged when its manifest is not valid (:func:`check_manifest`) or a checkpoint it lists
+        is missing; one damaged run never hides the others.
+        """
+        runs: list[Run] = []
+        broken: dict[str, str] = {}
+        for name in self.run_names():
+            if not fnmatch.fnmatchcase(name, pattern):
+                continue
+            try:
+                run = self.run(name)
+                run.checkpoints()
+            except CheckpointError as exc:
+                broken[name] = str(exc)
+                continue
+            runs.append(run)
+        return runs, broken
+
     def runs(self) -> list[Run]:
-        return [self.run(n) for n in self.run_names()]
+        """Every readable run, sorted by name (damaged ones are skipped with a warning; see :meth:`scan`)."""
+        return self.runs_matching("*")
 
     def runs_matching(self, pattern: str) -> list[Run]:
-        """Runs whose name matches a shell glob (``dp-*``), sorted by name."""
-        return [self.run(n) for n in self.run_names() if fnmatch.fnmatchcase(n, pattern)]
+        """Runs whose name matches a shell glob (``dp-*``), sorted by name; each damaged run is skipped with
+        a one-line :class:`DamagedRunWarning`."""
+        runs, broken = self.scan(pattern)
+        for message in broken.values():
+            warnings.warn(f"skipping a damaged run: {message}", DamagedRunWarning, stacklevel=2)
+        return runs
 
     def resolve(self, ref: str) -> Path:
         """The checkpoint file a reference names (see the module docstring for the syntax)."""
@@ -249,16 +347,102 @@ class Store:
         return ckpt
 
 
+class DamagedRunWarning(UserWarning):
+    """A run was skipped because its manifest is damaged or lists a missing checkpoint."""
+
+
 class Run:
-    """One run directory. A single writer per run at a time is assumed."""
+    """One run directory: read it freely; every write holds the run's lock (module docstring)."""
 
     def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
         self.path = Path(path)
         self.name = self.path.name
         self.manifest = manifest
+        self._hold: list[Any] = [None, 0]  # [the process-wide lock entry, how many holds this object has]
+        self._finalizer: weakref.finalize | None = None
 
     def __repr__(self) -> str:
         return f"Run({self.name!r}, checkpoints={len(self.manifest.get('checkpoints', []))})"
+
+    # -- the write lock -----------------------------------------------------------------------------
+
+    @property
+    def _holds(self) -> int:
+        return self._hold[1]
+
+    def _acquire(self, lock: _FileLock | None = None) -> None:
+        """Take one hold of the run's lock (``lock``: one already taken for this run)."""
+        lock = lock if lock is not None else _lock(self.path, self.name)
+        if self._hold[1] > 0 and self._hold[0] is not lock:
+            _release_holds(self._hold)  # the directory was made again since: the old hold is meaningless
+        self._hold[0] = lock
+        self._hold[1] += 1
+        if self._finalizer is None:  # an object dropped without close() still lets go of its lock
+            self._finalizer = weakref.finalize(self, _release_holds, self._hold)
+
+    def _release(self) -> None:
+        if self._hold[1] > 0:
+            self._hold[1] -= 1
+            _unlock(self._hold[0])
+
+    def close(self) -> None:
+        """Release the write lock this object holds (a no-op for a run opened for reading)."""
+        _release_holds(self._hold)
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _writing(self):
+        """Hold the lock for one write and re-read the manifest under it (another writer may have been first)."""
+        self._acquire()
+        try:
+            if (self.path / MANIFEST).exists():
+                self.manifest = _read_manifest(self.path / MANIFEST)
+            self.manifest.setdefault("checkpoints", [])
+            yield
+        finally:
+            self._release()
+
+    def sweep_temporary_files(self) -> list[Path]:
+        """Remove the temporary files of writes killed mid-way (under the lock no write of ours is live)."""
+        with self._writing():
+            stale = stale_temp_files(self.path, lambda final: final in (MANIFEST, ARRAYS)
+                                     or _CHECKPOINT_FILE.fullmatch(final) is not None)
+            for path in stale:
+                path.unlink(missing_ok=True)
+        return stale
+
+    def adopt_unrecorded(self) -> list[int]:
+        """Record the complete checkpoint files of this run that its manifest does not list, with their sha256.
+
+        A writer killed after renaming ``step-N.h5`` into place but before updating the manifest leaves
+        such a file; it is adopted only when it loads completely and its own attrs name this run and step N
+        (anything else is left alone and stays unlisted). Returns the adopted steps.
+        """
+        with self._writing():
+            listed = {int(e["step"]) for e in self.manifest["checkpoints"]}
+            entries = []
+            for path in sorted(self.path.glob("step-*.h5")):
+                match = _CHECKPOINT_FILE.fullmatch(path.name)
+                if match is None or int(match.group(1)) in listed:
+                    continue
+                try:
+                    ckpt = load_checkpoint(path)
+                except CheckpointError:
+                    continue
+                if ckpt.run != self.name or ckpt.step != int(match.group(1)):
+                    continue
+                entries.append({"step": ckpt.step, "epoch": ckpt.epoch, "epsilon": ckpt.epsilon,
+                                "metrics": ckpt.metrics, "file": path.name, "sha256": ckpt.sha256})
+            if entries:
+                self.manifest["checkpoints"] = sorted([*self.manifest["checkpoints"], *entries],
+                                                      key=lambda e: int(e["step"]))
+                _write_json_atomic(self.path / MANIFEST, self.manifest)
+        return [e["step"] for e in entries]
 
     # -- checkpoints --------------------------------------------------------------------------------
 
@@ -308,24 +492,34 @@ class Run:
             if extra:
                 _write_nested(f.create_group(EXTRA_GROUP, track_order=True), extra, escape=False)
 
-        sha = _write_h5_atomic(final, write)
-        entry = {"step": step, "epoch": epoch, "epsilon": epsilon, "metrics": metrics, "file": final.name,
-                 "sha256": sha}
-        entries = [e for e in self.manifest.get("checkpoints", []) if int(e["step"]) != step]
-        self.manifest["checkpoints"] = sorted([*entries, entry], key=lambda e: int(e["step"]))
-        _write_json_atomic(self.path / MANIFEST, self.manifest)
+        with self._writing():
+            sha = _write_h5_atomic(final, write)
+            entry = {"step": step, "epoch": epoch, "epsilon": epsilon, "metrics": metrics, "file": final.name,
+                     "sha256": sha}
+            entries = [e for e in self.manifest["checkpoints"] if int(e["step"]) != step]
+            self.manifest["checkpoints"] = sorted([*entries, entry], key=lambda e: int(e["step"]))
+            _write_json_atomic(self.path / MANIFEST, self.manifest)
         return final
 
     def checkpoints(self) -> list[CheckpointInfo]:
-        """Checkpoints sorted by step: the manifest's, plus complete files a killed writer left unrecorded."""
+        """Checkpoints sorted by step: the manifest's, plus complete files a killed writer left unrecorded
+        (those have no sha256 until a writer adopts them, :meth:`adopt_unrecorded`).
+
+        A listed checkpoint whose file is gone is a CheckpointError naming it: ``@last`` must never fall
+        back to an earlier checkpoint without a word.
+        """
         found: dict[int, CheckpointInfo] = {}
         for e in self.manifest.get("checkpoints", []):
             path = self.path / e["file"]
-            if path.is_file():
-                found[int(e["step"])] = CheckpointInfo(
-                    path=path, step=int(e["step"]), epoch=float(e["epoch"]), epsilon=_float_or_none(e.get("epsilon")),
-                    metrics=_decode_metrics(e.get("metrics") or {}), sha256=e.get("sha256"),
+            if not path.is_file():
+                raise CheckpointError(
+                    f"run '{self.name}': {self.path / MANIFEST} lists step {e['step']} but its file {e['file']} "
+                    "is missing; restore the file, or remove its entry from the manifest"
                 )
+            found[int(e["step"])] = CheckpointInfo(
+                path=path, step=int(e["step"]), epoch=float(e["epoch"]), epsilon=_float_or_none(e.get("epsilon")),
+                metrics=_decode_metrics(e.get("metrics") or {}), sha256=e.get("sha256"),
+            )
         for path in self.path.glob("step-*.h5"):
             match = _CHECKPOINT_FILE.fullmatch(path.name)
             if match and int(match.group(1)) not in found:
@@ -359,6 +553,8 @@ class Run:
                 epoch = float(value)
             except ValueError:
                 raise UsageError(f"bad selector '@{selector}': the epoch must be a number") from None
+            if not math.isfinite(epoch):
+                raise UsageError(f"bad selector '@{selector}': the epoch must be a finite number")
             tol = 1e-6 * max(1.0, abs(epoch))
             hits = [i for i in infos if abs(i.epoch - epoch) <= tol]
             if len(hits) == 1:
@@ -377,8 +573,10 @@ class Run:
         clash = set(fields) & _MANIFEST_KEYS
         if clash:
             raise UsageError(f"manifest fields {sorted(clash)} are set by the store")
-        self.manifest.update(fields)
-        _write_json_atomic(self.path / MANIFEST, self.manifest)
+        with self._writing():
+            self.manifest.update(fields)
+            check_manifest(to_jsonable(self.manifest), self.path / MANIFEST)
+            _write_json_atomic(self.path / MANIFEST, self.manifest)
 
     # -- run-level arrays ---------------------------------------------------------------------------
 
@@ -401,7 +599,8 @@ class Run:
             else:
                 _write_array(f, name, array)
 
-        _write_h5_atomic(target, write)
+        with self._writing():
+            _write_h5_atomic(target, write)
 
     def load_array(self, name: str) -> np.ndarray | dict[str, np.ndarray]:
         """An array saved with :meth:`save_array` (a dict of arrays when a mapping was saved)."""
@@ -463,8 +662,18 @@ def load_checkpoint(path: str | os.PathLike, *, ref: str | None = None) -> Check
     return ckpt
 
 
+def _dtype_kind(dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "boolean"
+    if dtype.is_complex:
+        return "complex"
+    return "floating point" if dtype.is_floating_point else "integer"
+
+
 def check_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], *, source: str) -> None:
-    """Raise IncompatibleError naming the first key that is missing, unexpected or of the wrong shape."""
+    """Raise IncompatibleError naming the first key that is missing, unexpected, of the wrong shape or of the
+    wrong kind of dtype (integer weights for a floating-point tensor would be cast without a word by
+    ``load_state_dict``; precision within a kind, e.g. float64 into float32, is converted on load)."""
     expected = model.state_dict()
     spec = getattr(model, "landscape_spec", None)
     what = f"model '{spec['name']}'" if isinstance(spec, Mapping) and "name" in spec else "the model"
@@ -477,6 +686,12 @@ def check_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], *
         got = tuple(state_dict[key].shape)
         if got != tuple(tensor.shape):
             raise IncompatibleError(f"{source}: tensor '{key}' has shape {got} but {what} expects {tuple(tensor.shape)}")
+        have, want = _dtype_kind(state_dict[key].dtype), _dtype_kind(tensor.dtype)
+        if have != want:
+            raise IncompatibleError(
+                f"{source}: tensor '{key}' is {str(state_dict[key].dtype).removeprefix('torch.')} ({have}) but "
+                f"{what} expects {str(tensor.dtype).removeprefix('torch.')} ({want}); convert the weights first"
+            )
     for key in state_dict:
         if key not in expected:
             raise IncompatibleError(f"{source}: unexpected tensor '{key}' that {what} does not have")
@@ -520,11 +735,12 @@ def import_checkpoint(
         model_spec=full_spec,
         data_spec=dict(data_spec),
     )
-    try:
-        return new.save_checkpoint(state_dict, step=0, epoch=0.0, attrs={"imported_from": str(file.resolve())})
-    except BaseException:
-        shutil.rmtree(new.path, ignore_errors=True)
-        raise
+    with new:
+        try:
+            return new.save_checkpoint(state_dict, step=0, epoch=0.0, attrs={"imported_from": str(file.resolve())})
+        except BaseException:
+            shutil.rmtree(new.path, ignore_errors=True)
+            raise
 
 
 def check_run_name(name: str) -> None:
@@ -613,52 +829,22 @@ def _strip_prefixes(state_dict: dict[str, torch.Tensor], wanted: set[str]) -> di
 
 
 def _write_h5_atomic(final: Path, write) -> str:
-    """Write an HDF5 file through ``write(f)`` into a temp file beside ``final``, fsync, rename; return sha256."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
-    os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; store files are as shareable as any other file
-    os.close(fd)
-    try:
+    """Write an HDF5 file through ``write(f)`` atomically (:func:`atomic_write`); return its sha256."""
+    sha = ""
+
+    def write_file(tmp: Path) -> None:
+        nonlocal sha
         with h5py.File(tmp, "w", track_order=True, locking=False) as f:  # a private temp file
             write(f)
-        _fsync(tmp)
         sha = sha256_file(tmp)
-        os.replace(tmp, final)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(final.parent)
+
+    atomic_write(final, write_file)
     return sha
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.fchmod(fd, 0o666 & ~_UMASK)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(to_jsonable(obj), f, indent=2, allow_nan=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync(path: str | Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        _fsync(path)
-    except OSError:  # some file systems cannot fsync a directory; the rename is still atomic
-        pass
+    text = json.dumps(to_jsonable(obj), indent=2, allow_nan=False) + "\n"
+    atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
 def _open_h5(path: Path) -> h5py.File:
@@ -672,10 +858,206 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"cannot read run manifest {path}: {_one_line(exc)}") from None
-    if not isinstance(manifest, dict):
-        raise CheckpointError(f"run manifest {path} is not a JSON object")
+    manifest = check_manifest(manifest, path)
     manifest.setdefault("checkpoints", [])
     return manifest
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_NON_FINITE = ("nan", "inf", "-inf", "Infinity", "-Infinity", "NaN", "none", "None")
+
+
+def check_manifest(manifest: Any, path: str | os.PathLike) -> dict[str, Any]:
+    """Check a run manifest (as parsed from JSON) against the store's one schema; return it.
+
+    The store's fields: ``config``, ``seeds``, ``model_spec``, ``data_spec`` objects (seeds integers),
+    ``lineage`` an object or null, ``checkpoints`` a list of ``{step, epoch, epsilon, metrics, file, sha256}``
+    with ``step`` a non-negative integer (each once), ``epoch`` a number, ``file`` exactly ``step-NNNNNN.h5``
+    of that step (so no entry can point outside its run directory), ``sha256`` 64 hex digits or null. Fields
+    the trainer adds are checked when present: ``schedule`` (``steps_per_epoch``, ``total_steps``,
+    ``checkpoint_steps``) and ``privacy`` (numbers, and ``ancestor_events`` of ``{noise_multiplier,
+    sample_rate, steps}``). Any violation is a one-line CheckpointError naming the file and the field.
+    """
+    def bad(field: str, what: str, value: Any = None, show: bool = True) -> CheckpointError:
+        got = f", got {_short(value)}" if show else ""
+        return CheckpointError(f"damaged run manifest {path}: field '{field}' {what}{got}")
+
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"damaged run manifest {path}: not a JSON object (got {type(manifest).__name__})")
+    if "format" in manifest and manifest["format"] != MANIFEST_FORMAT:
+        raise bad("format", f"must be {MANIFEST_FORMAT!r}", manifest["format"])
+    if "name" in manifest and not isinstance(manifest["name"], str):
+        raise bad("name", "must be a string", manifest["name"])
+    for key in ("config", "seeds", "model_spec", "data_spec"):
+        if key in manifest and not isinstance(manifest[key], dict):
+            raise bad(key, "must be an object", manifest[key])
+    for key, value in (manifest.get("seeds") or {}).items():
+        if not _is_int(value):
+            raise bad(f"seeds.{key}", "must be an integer", value)
+    if manifest.get("lineage") is not None and not isinstance(manifest["lineage"], dict):
+        raise bad("lineage", "must be an object or null", manifest["lineage"])
+    entries = manifest.get("checkpoints", [])
+    if not isinstance(entries, list):
+        raise bad("checkpoints", "must be a list", entries)
+    seen: set[int] = set()
+    for i, e in enumerate(entries):
+        where = f"checkpoints[{i}]"
+        if not isinstance(e, dict):
+            raise bad(where, "must be an object", e)
+        for key in ("step", "epoch", "file"):
+            if key not in e:
+                raise bad(f"{where}.{key}", "is missing", show=False)
+        step = e["step"]
+        if not _is_int(step) or step < 0:
+            raise bad(f"{where}.step", "must be a non-negative integer", step)
+        if step in seen:
+            raise bad(f"{where}.step", "lists a step twice", step)
+        seen.add(step)
+        if not _is_number(e["epoch"]) or not math.isfinite(e["epoch"]):
+            raise bad(f"{where}.epoch", "must be a finite number", e["epoch"])
+        if e["file"] != f"step-{step:06d}.h5":
+            raise bad(f"{where}.file", f"must be 'step-{step:06d}.h5' (the file of step {step})", e["file"])
+        eps = e.get("epsilon")
+        if eps is not None and not _is_number(eps) and eps not in _NON_FINITE:
+            raise bad(f"{where}.epsilon", "must be a number or null", eps)
+        if not isinstance(e.get("metrics", {}), dict):
+            raise bad(f"{where}.metrics", "must be an object", e["metrics"])
+        sha = e.get("sha256")
+        if sha is not None and not (isinstance(sha, str) and _SHA256.fullmatch(sha)):
+            raise bad(f"{where}.sha256", "must be 64 hex digits or null", sha)
+    schedule = manifest.get("schedule")
+    if schedule is not None:
+        if not isinstance(schedule, dict):
+            raise bad("schedule", "must be an object", schedule)
+        for key, low in (("steps_per_epoch", 1), ("total_steps", 0)):
+            if key not in schedule:
+                raise bad(f"schedule.{key}", "is missing", show=False)
+            if not (_is_int(schedule[key]) and schedule[key] >= low):
+                raise bad(f"schedule.{key}", f"must be an integer >= {low}", schedule[key])
+        if "checkpoint_steps" not in schedule:
+            raise bad("schedule.checkpoint_steps", "is missing", show=False)
+        steps = schedule["checkpoint_steps"]
+        if not isinstance(steps, list) or not all(_is_int(t) and t >= 0 for t in steps):
+            raise bad("schedule.checkpoint_steps", "must be a list of non-negative integers", steps)
+    privacy = manifest.get("privacy")
+    if privacy is not None:
+        if not isinstance(privacy, dict):
+            raise bad("privacy", "must be an object", privacy)
+        for key in ("noise_multiplier", "sample_rate", "delta"):
+            if key in privacy and not _is_number(privacy[key]):
+                raise bad(f"privacy.{key}", "must be a number", privacy[key])
+        if "steps" in privacy and not _is_int(privacy["steps"]):
+            raise bad("privacy.steps", "must be an integer", privacy["steps"])
+        events = privacy.get("ancestor_events", [])
+        if not isinstance(events, list):
+            raise bad("privacy.ancestor_events", "must be a list", events)
+        for i, ev in enumerate(events):
+            if not (isinstance(ev, dict) and set(ev) == {"noise_multiplier", "sample_rate", "steps"}
+                    and _is_number(ev["noise_multiplier"]) and _is_number(ev["sample_rate"])
+                    and _is_int(ev["steps"])):
+                raise bad(f"privacy.ancestor_events[{i}]", "must be {noise_multiplier, sample_rate, steps}", ev)
+    return manifest
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# ------------------------------------------------------------------------------------------- run locks
+
+
+@dataclass(eq=False)
+class _FileLock:
+    """One ``flock`` this process holds on a run's lock file, shared by every hold of the process."""
+
+    key: str
+    fd: int
+    inode: int
+    holds: int = 1
+
+
+_LOCKS: dict[str, _FileLock] = {}  # realpath of the lock file -> the lock this process holds on it
+
+
+def _lock(run_dir: Path, name: str) -> _FileLock:
+    """Take (or, in this process, re-enter) the exclusive lock of a run directory; RunBusyError if another
+    process holds it. The lock file keeps the holder's pid for that message; it is never removed (removing
+    a lock file others may have open would let two processes lock two different files)."""
+    key = os.path.realpath(run_dir / LOCK)
+    held = _LOCKS.get(key)
+    if held is not None:
+        try:
+            same = os.stat(key).st_ino == held.inode
+        except OSError:
+            same = False
+        if same:
+            held.holds += 1
+            return held
+        del _LOCKS[key]  # the run directory was removed and made again; that entry ends with its holders
+    try:
+        fd = os.open(key, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666 & ~_UMASK)
+    except OSError as exc:
+        raise CheckpointError(f"cannot lock run '{name}' ({key}): {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        try:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        except OSError:
+            holder = ""
+        os.close(fd)
+        if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+            pid = f" (pid {holder})" if holder.isdigit() else ""
+            raise RunBusyError(
+                f"run '{name}' is being written by another process{pid}; one writer per run: wait for it to end"
+            ) from None
+        raise CheckpointError(f"cannot lock run '{name}' ({key}): {exc.strerror or exc}") from None
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    lock = _FileLock(key, fd, os.fstat(fd).st_ino)
+    _LOCKS[key] = lock
+    return lock
+
+
+def _unlock(lock: _FileLock | None) -> None:
+    if lock is None or lock.holds <= 0:
+        return
+    lock.holds -= 1
+    if lock.holds == 0:
+        if _LOCKS.get(lock.key) is lock:
+            del _LOCKS[lock.key]
+        with contextlib.suppress(OSError):
+            os.close(lock.fd)
+        lock.fd = -1
+
+
+def _release_holds(hold: list[Any]) -> None:
+    """Give back every hold a Run object has (its ``_hold`` = [lock, count])."""
+    while hold[1] > 0:
+        hold[1] -= 1
+        _unlock(hold[0])
+
+
+def _forget_locks_in_child() -> None:
+    """A forked child holds none of its parent's locks: drop (not unlock) the inherited entries."""
+    for lock in _LOCKS.values():
+        with contextlib.suppress(OSError):
+            os.close(lock.fd)
+        lock.fd, lock.holds = -1, 0
+    _LOCKS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_locks_in_child)
 
 
 def _escape(key: str) -> str:

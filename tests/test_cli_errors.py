@@ -259,7 +259,7 @@ def test_output_never_replaces_a_checkpoint_or_sits_below_a_file(root, files, tm
 
 def _api_interpolate(root, output):
     from landscape.analyze.interpolate import InterpolateConfig
-    from landscape.api.interpolation import interpolate
+    from landscape.api import interpolate
 
     return interpolate("a", "b", root=root, config=InterpolateConfig(points=2), output=output, figure=False)
 

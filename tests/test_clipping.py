@@ -317,7 +317,7 @@ def trained_store(tmp_path_factory):
 
 def test_pruning_lowers_R_gaussian_signal_two_layer_linear(trained_store, tmp_path):
     """Watson Fig. 11: the more (noise-part) weights pruned, the lower R at the retrained checkpoint."""
-    from landscape.api.geometry import clipping
+    from landscape.api import clipping
 
     out = tmp_path / "prune.h5"
     res = clipping("gs@last", root=trained_store, prune_levels=[0.0, 0.5, 0.9], max_grad_norm=0.1,
@@ -333,8 +333,6 @@ def test_pruning_lowers_R_gaussian_signal_two_layer_linear(trained_store, tmp_pa
 def _cli(monkeypatch, capsys, root, *args):
     from cli import main as cli_main
 
-    for name in ("clipping", "symmetry", "norms"):
-        monkeypatch.setitem(cli_main.COMMANDS, name, (f"cli.geometry:{name}", name))
     with pytest.raises(SystemExit) as exc:
         cli_main.main(["--root", str(root), *args])
     out = capsys.readouterr()
@@ -373,3 +371,42 @@ def test_cli_bad_input_is_one_line(trained_store, tmp_path, monkeypatch, capsys,
     assert got == code
     assert message in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("style", ["flat", "layerwise"])
+def test_per_layer_counts_and_flags_only_where_layers_are_clipped(small_model, style, monkeypatch, tmp_path):
+    """Issue 14 item 5: under flat clipping no layer is clipped on its own, so no per-layer fraction clipped
+    (NaN) and no per-layer assumption (False = not evaluated); per-layer R stays. Under layerwise clipping both
+    equal the naive per-sample counts against C_l."""
+    model, x, y = small_model
+    perm = torch.randperm(45, generator=torch.Generator().manual_seed(0))
+    G = per_sample_matrix(model, x[perm], y[perm])
+    C = float(np.median(np.linalg.norm(G, axis=1)))  # some samples clipped, some not
+    res = clipping_geometry(model, x, y, max_grad_norm=C, batch_size=45, clip_style=style, chunk=7)
+    sizes = [p.numel() for p in model.parameters()]
+    blocks = np.split(G, np.cumsum(sizes)[:-1], axis=1)
+    t = res.rows[0].total
+    for k, b in enumerate(blocks):
+        gl = b.mean(0)
+        assert t.layer_R[k] == pytest.approx(np.mean(np.sum((b - gl) ** 2, 1)) / (gl @ gl), rel=1e-8)
+    if style == "flat":
+        assert np.isnan(t.layer_fraction_clipped).all() and np.isnan(t.layer_bound).all()
+        assert not np.asarray(t.layer_assumption_held).any()
+        assert t.fraction_clipped == pytest.approx(np.mean(np.linalg.norm(G, axis=1) > C))  # flat count stays
+    else:
+        cl = C / math.sqrt(len(sizes))
+        norms = [np.linalg.norm(b, axis=1) for b in blocks]
+        np.testing.assert_allclose(t.layer_fraction_clipped, [np.mean(nl > cl) for nl in norms])
+        np.testing.assert_array_equal(t.layer_assumption_held, [nl.min() >= cl for nl in norms])
+    # the single-checkpoint figure says which per-layer numbers it shows
+    import landscape.plots.clipping as plots
+
+    seen = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, stem: seen.append(fig) or [])
+    plots.plot_clipping(res, tmp_path / "c")
+    axes = seen[0].axes
+    texts = " ".join(ax.get_title() + " " + ax.get_ylabel() for ax in axes)
+    if style == "flat":
+        assert "per-layer R only" in texts and "fraction clipped per layer" not in texts
+    else:
+        assert "fraction clipped per layer" in texts

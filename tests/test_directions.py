@@ -32,19 +32,6 @@ from landscape.errors import UsageError
 from landscape.evaluate import evaluate
 from landscape.params import ParamSpace
 
-COMMANDS = {
-    "directions": ("cli.directions:directions", "Loss along random directions against the path toward B."),
-    "surface": ("cli.directions:surface", "2-D loss surface around a checkpoint."),
-}
-
-
-@pytest.fixture(autouse=True)
-def registered(monkeypatch):
-    for name, entry in COMMANDS.items():
-        if name not in cli_main.COMMANDS:
-            monkeypatch.setitem(cli_main.COMMANDS, name, entry)
-
-
 # ------------------------------------------------------------------------------------ quadratic model
 
 

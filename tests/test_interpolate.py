@@ -15,8 +15,8 @@ from torch import nn
 from landscape.analyze.instability import InstabilityTable
 from landscape.analyze.interpolate import InterpolateConfig, InterpolationResult, instability
 from landscape.analyze.interpolate import interpolate as interpolate_states
-from landscape.api.interpolation import instability as api_instability
-from landscape.api.interpolation import interpolate as api_interpolate
+from landscape.api import instability as api_instability
+from landscape.api import interpolate as api_interpolate
 from landscape.data import load_dataset, subset_indices
 from landscape.errors import IncompatibleError
 from landscape.models import build_model
@@ -215,8 +215,8 @@ def test_incompatible_checkpoints_name_the_first_tensor(store, digits, tmp_path)
 
 
 def _cli():
-    from cli.interpolate import instability as instability_cmd
-    from cli.interpolate import interpolate as interpolate_cmd
+    from cli.generate import command
+
 
     @click.group()
     @click.option("--root", default="checkpoints")
@@ -224,8 +224,8 @@ def _cli():
     def group(ctx, root):
         ctx.obj = {"root": root}
 
-    group.add_command(interpolate_cmd)
-    group.add_command(instability_cmd)
+    group.add_command(command("interpolate"))
+    group.add_command(command("instability"))
     return group
 
 
@@ -248,7 +248,6 @@ def test_cli_incompatible_pair_is_one_line_and_exit_1(store, digits, tmp_path, m
 
     wide = build_model("lenet", input_shape=(1, 8, 8), num_classes=10, hidden=[64, 84])
     _save_run(store, "wide", wide, digits.spec)
-    monkeypatch.setitem(cli.main.COMMANDS, "interpolate", ("cli.interpolate:interpolate", "Interpolate."))
     with pytest.raises(SystemExit) as exit_info:
         cli.main.main(["--root", str(store.root), "interpolate", "a", "wide", "-o", str(tmp_path / "w.h5")])
     assert exit_info.value.code == 1

@@ -77,7 +77,7 @@ def two_runs(tmp_path_factory):
 
 
 def test_norms_over_runs_against_torch(two_runs, tmp_path):
-    from landscape.api.geometry import norms
+    from landscape.api import norms
     from landscape.store import Store
 
     out = tmp_path / "norms.h5"
@@ -107,7 +107,6 @@ def test_norms_over_runs_against_torch(two_runs, tmp_path):
 def test_norms_cli_table_and_errors(two_runs, tmp_path, monkeypatch, capsys):
     from cli import main as cli_main
 
-    monkeypatch.setitem(cli_main.COMMANDS, "norms", ("cli.geometry:norms", "norms"))
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exc:
         cli_main.main(["--root", str(two_runs), "norms", "small", "large@last", "--grad-samples", "0",

@@ -304,10 +304,8 @@ def store_root(tmp_path_factory):
 
 
 def test_cli_ntk_and_table(store_root, tmp_path):
-    from cli.main import COMMANDS, cli
+    from cli.main import cli
 
-    COMMANDS.setdefault("ntk", ("cli.ntk:ntk", "Empirical NTK under clipping."))
-    COMMANDS.setdefault("ntk-table", ("cli.ntk:ntk_table", "Bu et al. Table 1 measured."))
     runner = CliRunner()
     out = tmp_path / "k.h5"
     res = runner.invoke(cli, ["--root", str(store_root), "ntk", "cnn@last", "--n", "20", "--clip", "flat",
@@ -329,23 +327,21 @@ def test_cli_ntk_and_table(store_root, tmp_path):
 
 
 def test_api_ntk_output_trace(store_root, tmp_path):
-    from landscape.api.kernels import ntk
+    from landscape.api import ntk
 
     out = ntk("cnn@init", root=store_root, output=tmp_path / "t.h5", figure=False, n=10, kind="output-trace",
               clip="layerwise", max_grad_norm=0.05)
-    assert out.result.K.shape == (10, 10) and out.figures == []
-    assert out.result.K_properties.symmetric
+    assert out.K.shape == (10, 10) and out.figures == [] and out.path == tmp_path / "t.h5"
+    assert out.K_properties.symmetric
 
 
 def test_cli_errors_are_one_line(store_root, tmp_path):
-    code = ("import sys; from cli.main import COMMANDS, main; COMMANDS.setdefault('ntk', ('cli.ntk:ntk', '')); "
-            "sys.argv = ['landscape'] + sys.argv[1:]; main()")
+    code = "import sys; from cli.main import main; sys.argv = ['landscape'] + sys.argv[1:]; main()"
     res = subprocess.run([sys.executable, "-c", code, "--root", str(store_root), "ntk", "nope@last"],
                          capture_output=True, text=True)
     assert res.returncode == 1 and res.stderr.startswith("error: ") and len(res.stderr.strip().splitlines()) == 1
-    from cli.main import COMMANDS, cli
+    from cli.main import cli
 
-    COMMANDS.setdefault("ntk", ("cli.ntk:ntk", "Empirical NTK under clipping."))
     res = CliRunner().invoke(cli, ["--root", str(store_root), "ntk", "cnn@last", "--n", "100000",
                                    "-o", str(tmp_path / "x.h5")])
     assert isinstance(res.exception, UsageError) and "--n 100000" in str(res.exception)

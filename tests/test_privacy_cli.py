@@ -45,8 +45,8 @@ def test_privacy_epsilon_reference(capsys):
     )
     assert code == 0, err
     got = json.loads(out)
-    assert got["steps"] == 14062
-    assert got["epsilon"] == pytest.approx(2.5966, abs=1e-3)
+    assert got["steps"] == 60 * 235  # epochs * ceil(60000 / 256), as the trainer runs them
+    assert got["epsilon"] == pytest.approx(2.6003, abs=1e-3)
     code, out, _ = run(
         capsys, "privacy", "--noise-multiplier", "1.1", "--sample-rate", str(256 / 60000), "--steps", "14062"
     )
@@ -219,3 +219,40 @@ def test_prune_with_mask_from_subset_run_and_init_of_target(capsys, tmp_path):
     state = store.load("p").state_dict
     nz = state["7.weight"] != 0
     assert torch.equal(state["7.weight"][nz], target_init["7.weight"][nz])
+
+
+def test_privacy_prediction_equals_what_training_records(capsys, tmp_path):
+    """One step rule (issue 14 item 3): `privacy --epochs` predicts the epsilon a trained run records, and its
+    sigma for a target is the sigma training uses. N = 130, B = 32: ceil(N/B) = 5 steps per epoch, not
+    int(3 * 130 / 32) = 12 over three epochs."""
+    from landscape.data import load_dataset
+    from landscape.train.config import TrainConfig
+    from landscape.train.loop import train
+
+    data = dict(data="gaussian-signal", data_kwargs={"ds": 5, "dn": 45, "n": 130, "n_test": 20})
+    n = len(load_dataset("gaussian-signal", seed=0, **data["data_kwargs"]).y_train)
+    common = dict(model="two-layer-linear", model_kwargs={"hidden": 4}, **data, epochs=3, batch_size=32,
+                  optimizer="dpsgd", checkpoint_every="none")
+    ran = train(TrainConfig(**common, noise_multiplier=0.9, run="dp"), root=tmp_path, progress=False)
+    code, out, err = run(capsys, "privacy", "--noise-multiplier", "0.9", "--batch-size", "32", "--dataset-size",
+                         str(n), "--epochs", "3", "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["steps"] == ran.manifest["schedule"]["total_steps"] == 15
+    assert got["epsilon"] == pytest.approx(ran.checkpoints()[-1].epsilon, rel=1e-12)
+    target = train(TrainConfig(**common, target_epsilon=6.0, run="dp6"), root=tmp_path, progress=False)
+    code, out, err = run(capsys, "privacy", "--target-epsilon", "6", "--batch-size", "32", "--dataset-size", str(n),
+                         "--epochs", "3", "--json")
+    got = json.loads(out)
+    assert got["noise_multiplier"] == target.manifest["privacy"]["noise_multiplier"]
+    assert got["epsilon"] == pytest.approx(target.checkpoints()[-1].epsilon, rel=1e-12)
+    # with only q the same rule reads ceil(1/q) steps per epoch
+    code, out, err = run(capsys, "privacy", "--noise-multiplier", "0.9", "--sample-rate", str(32 / n),
+                         "--epochs", "3", "--json")
+    assert json.loads(out)["steps"] == 15
+
+
+def test_privacy_epochs_must_be_whole(capsys):
+    code, _, err = run(capsys, "privacy", "--noise-multiplier", "1", "--batch-size", "64", "--dataset-size",
+                       "1348", "--epochs", "2.5")
+    assert code == 2 and "Traceback" not in err

@@ -161,3 +161,107 @@ def test_training_from_pruned_run_keeps_zeros(tmp_path):
     for n, m in masks.items():
         assert bool((final[n][~m] == 0).all())
         assert bool((final[n][m] != 0).all())
+
+
+# ------------------------------------------ one pruning/lineage/privacy function for both paths (issue 14 item 1)
+
+TINY = dict(model="two-layer-linear", model_kwargs={"hidden": 8}, data="gaussian-signal",
+            data_kwargs={"ds": 5, "dn": 45, "n": 130, "n_test": 20}, lr=0.1, momentum=0.0, batch_size=32,
+            checkpoint_every="none", max_grad_norm=1.0)  # 5 steps per epoch (ceil(130/32))
+
+
+def _opacus_epsilon(history, delta=1e-5):
+    """Independent accountant: Opacus' RDPAccountant over the whole schedule (sigma, q, steps) per event."""
+    import warnings
+
+    accountants = pytest.importorskip("opacus.accountants")
+    acc = accountants.RDPAccountant()
+    acc.history = list(history)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return acc.get_epsilon(delta)
+
+
+@pytest.fixture(scope="module")
+def dp_source(tmp_path_factory):
+    from landscape.train.config import TrainConfig
+    from landscape.train.loop import train
+
+    root = tmp_path_factory.mktemp("pruned-privacy")
+    run = train(TrainConfig(**TINY, epochs=2, optimizer="dpsgd", noise_multiplier=1.0, run="src"), root=root,
+                progress=False)
+    return root, run.manifest["privacy"]["sample_rate"]
+
+
+def test_clipping_prune_levels_retrained_epsilon_includes_the_source_steps(dp_source, tmp_path):
+    """`clipping --prune-levels`: the mask came from 10 DP steps of the source; the retrained run's epsilon
+    composes them with its own 10 (before the fix it recorded its own steps only)."""
+    from landscape.api import clipping
+    from landscape.store import Store
+    from landscape.train.accounting import epsilon
+
+    root, q = dp_source
+    clipping("src@last", root=root, prune_levels=[0.5], batch_size=64, figure=False, output=tmp_path / "c.h5")
+    store = Store(root)
+    done = store.run("src-prune500-retrain")
+    assert done.manifest["lineage"]["parent_run"] == "src-prune500"
+    assert store.run("src-prune500").manifest["lineage"]["parent_ref"] == "src@last"
+    recorded = done.checkpoints()[-1].epsilon
+    assert recorded == pytest.approx(_opacus_epsilon([(1.0, q, 10), (1.0, q, 10)]), rel=1e-6)
+    assert recorded > epsilon(1.0, q, 10) * 1.1
+    assert done.manifest["privacy"]["non_private_ancestors"] is False
+    # a repeated command reuses both runs instead of training again
+    again = clipping("src@last", root=root, prune_levels=[0.5], batch_size=64, figure=False,
+                     output=tmp_path / "d.h5")
+    assert again.rows[0].ref == f"src-prune500-retrain@step={done.checkpoints()[-1].step}"
+    assert [i.path for i in store.run("src-prune500-retrain").checkpoints()] == [i.path for i in done.checkpoints()]
+    # a retrained run left by the old code (source history dropped) is refused, not silently reused
+    store.run("src-prune500-retrain").update_manifest(privacy={**done.manifest["privacy"], "ancestor_events": []})
+    with pytest.raises(UsageError, match="does not compose the DP history"):
+        clipping("src@last", root=root, prune_levels=[0.5], batch_size=64, figure=False, output=tmp_path / "e.h5")
+
+
+def test_prune_then_train_from_composes_the_same_way(dp_source):
+    """`landscape prune` + `train --from`: the same function, the same composed epsilon."""
+    from landscape.api.pruning import PruneConfig, prune
+    from landscape.store import Store
+    from landscape.train.config import TrainConfig
+    from landscape.train.loop import train
+
+    root, q = dp_source
+    prune(PruneConfig(ref="src@last", remove=0.5, run="src-p50"), root=root)
+    store = Store(root)
+    assert store.run("src-p50").manifest["privacy"]["ancestor_events"] == [
+        {"noise_multiplier": 1.0, "sample_rate": q, "steps": 10}]
+    child = train(TrainConfig(from_ref="src-p50@init", epochs=3, optimizer="dpsgd", noise_multiplier=2.0, lr=0.1,
+                              batch_size=32, checkpoint_every="none", run="src-p50-dp"), root=root, progress=False)
+    assert child.checkpoints()[-1].epsilon == pytest.approx(_opacus_epsilon([(1.0, q, 10), (2.0, q, 15)]), rel=1e-6)
+    assert child.checkpoints()[0].epsilon == pytest.approx(_opacus_epsilon([(1.0, q, 10)]), rel=1e-6)
+
+
+def test_rewinding_to_another_runs_weights_composes_both_histories(dp_source):
+    """Mask from one DP run, weights from another trained one: the pruned run depends on both."""
+    from landscape.api.pruning import PruneConfig, prune
+    from landscape.store import Store
+    from landscape.train.config import TrainConfig
+    from landscape.train.loop import train
+
+    root, q = dp_source
+    train(TrainConfig(**TINY, epochs=1, optimizer="dpsgd", noise_multiplier=3.0, seed=1, run="other"), root=root,
+          progress=False)
+    prune(PruneConfig(ref="src@last", remove=0.5, init="other@last", run="src-p50-other"), root=root)
+    events = Store(root).run("src-p50-other").manifest["privacy"]["ancestor_events"]
+    assert events == [{"noise_multiplier": 1.0, "sample_rate": q, "steps": 10},
+                      {"noise_multiplier": 3.0, "sample_rate": q, "steps": 5}]
+
+
+def test_non_private_source_is_flagged_through_prune_levels(tmp_path):
+    from landscape.api import clipping
+    from landscape.store import Store
+    from landscape.train.config import TrainConfig
+    from landscape.train.loop import train
+
+    train(TrainConfig(**TINY, epochs=1, optimizer="sgd", run="sgd"), root=tmp_path, progress=False)
+    clipping("sgd@last", root=tmp_path, prune_levels=[0.5], batch_size=64, figure=False, output=tmp_path / "c.h5")
+    privacy = Store(tmp_path).run("sgd-prune500-retrain").manifest["privacy"]
+    assert privacy["non_private_ancestors"] is True and privacy["ancestor_events"] == []

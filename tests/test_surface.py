@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from test_directions import COMMANDS, quadratic_problem  # noqa: I001
+from test_directions import quadratic_problem  # noqa: I001
 
 from cli import main as cli_main
 from landscape.analyze.surface import (
@@ -21,13 +21,6 @@ from landscape.analyze.surface import (
 from landscape.errors import UsageError
 from landscape.params import ParamSpace
 from landscape.store import Store
-
-
-@pytest.fixture(autouse=True)
-def registered(monkeypatch):
-    for name, entry in COMMANDS.items():
-        if name not in cli_main.COMMANDS:
-            monkeypatch.setitem(cli_main.COMMANDS, name, entry)
 
 
 def q_of(h, w_star, w):
@@ -120,7 +113,7 @@ class Interrupt(Exception):
 
 
 def test_interrupted_surface_resumes_to_the_same_arrays(store, tmp_path):
-    from landscape.api.loss_surfaces import surface
+    from landscape.api import surface
 
     kw = dict(root=store, grid="5x4", range="-0.5:0.5", figure=False)  # one evaluate call for the whole grid
     whole = surface("traj@last", output=tmp_path / "whole.h5", **kw)
@@ -153,7 +146,7 @@ def test_interrupted_surface_resumes_to_the_same_arrays(store, tmp_path):
 
 def test_workers_fill_the_same_grid(store, tmp_path):
     """Blocks computed by spawned workers, interrupted, then finished serially: the serial run's arrays."""
-    from landscape.api.loss_surfaces import surface
+    from landscape.api import surface
 
     kw = dict(root=store, grid="3x3", splits=("train",), subset=60, figure=False)
     serial = surface("traj@last", output=tmp_path / "s.h5", **kw)

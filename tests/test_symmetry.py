@@ -122,7 +122,7 @@ def run_store(tmp_path_factory):
 
 def test_same_matrix_for_every_checkpoint_of_a_run(run_store, tmp_path):
     """Every checkpoint's stored plane equals the brute-force projection with ONE matrix from the seed."""
-    from landscape.api.geometry import symmetry
+    from landscape.api import symmetry
     from landscape.store import Store
 
     out = tmp_path / "sym.h5"

@@ -1,0 +1,25 @@
+"""Pure analyzers (model + parameters + data in, result dataclass out) and their registry.
+
+Each line below names one analysis: its command name, where its :class:`~landscape.analyze.registry.Analysis`
+spec lives, and the one-line summary ``landscape --help`` shows. Nothing is imported until the analysis is
+used (``registry.get(name)``), so listing commands imports no torch. See docs/ARCHITECTURE.md.
+"""
+
+from landscape.analyze.registry import register
+
+register("interpolate", "landscape.analyze.interpolate:SPEC",
+         "Loss/accuracy along (1-a)A + aB and its instability (Watson Def. 2.3).")
+register("instability", "landscape.analyze.instability:SPEC",
+         "Instability of many checkpoint pairs: CSV + HDF5 + figure (Watson Fig. 5).")
+register("ntk", "landscape.analyze.ntk:SPEC", "Empirical NTK under clipping: symmetry, positivity, spectra (Bu et al.).")
+register("ntk-table", "landscape.analyze.ntk:TABLE_SPEC", "Bu et al. Table 1 measured at a checkpoint or along a run.")
+register("clipping", "landscape.analyze.clipping:SPEC",
+         "Clipping ratio R and the Thm. 3.2 bound (Watson Sec. 3.1); --prune-levels for Fig. 11.")
+register("symmetry", "landscape.analyze.symmetry:SPEC",
+         "Symmetry of per-sample gradient deviations (Zhu & Blaschko App. F).")
+register("norms", "landscape.analyze.norms:SPEC",
+         "Parameter and gradient norms of runs, distance ratios (Watson Figs. 16-17).")
+register("directions", "landscape.analyze.directions:SPEC",
+         "Loss along N random directions from A against the path toward B (Watson Fig. 4).")
+register("surface", "landscape.analyze.surface:SPEC",
+         "2-D loss/accuracy surface: random, B,C or pca:RUN plane (Li et al. 2018); resumable.")

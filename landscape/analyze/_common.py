@@ -6,7 +6,25 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from landscape.analyze.registry import option
 from landscape.errors import UsageError
+from landscape.evaluate import DEFAULT_BATCH_SIZE
+
+METHODS = ("auto", "loop", "plain", "vmap")  # landscape.evaluate methods
+
+
+@dataclasses.dataclass
+class EvaluationOptions:
+    """How checkpoints are evaluated (the base of the interpolate, directions and surface configs): a seeded
+    stratified subset of each split, examples per forward pass, device and engine (:mod:`landscape.evaluate`)."""
+
+    subset: int | float | None = option(None, "Evaluate on a seeded stratified subset of each split (count or "
+                                        "fraction; default: all).", kind="subset")
+    subset_seed: int = option(0, "Seed of the subset.")
+    batch_size: int = option(DEFAULT_BATCH_SIZE, "Examples per forward pass (results do not depend on it beyond "
+                             "rounding).", min=1)
+    device: str = option("cpu", "auto, cpu, cuda or cuda:N.", kind="device")
+    method: str = option("auto", "Evaluation engine (landscape.evaluate).", choices=METHODS)
 
 
 def check_positive_int(flag: str, value: Any) -> None:

@@ -26,11 +26,17 @@ processed in chunks with the same result.
 "Layer" means one parameter tensor. With ``clip_style="layerwise"`` layer ``l`` is clipped to ``C_l``
 (default ``C / sqrt(L)``, as the training code does) and the theorem applies per layer; the flat bound is
 then ``sum_l (||g_bar_l|| / ||g_bar||) C_l (1 - R_l/2)``, which follows from the per-layer bounds.
+With ``clip_style="flat"`` no layer is clipped on its own (each sample's whole gradient is scaled by
+``min(1, C/||g_i||)``), so per layer we report only what is defined: ``R_l``, the projection and cosine of
+the layer's share of ``c`` and ``||g_bar_l||``. The per-layer fraction clipped is NaN and the per-layer
+assumption flags are False ("not evaluated"), like the per-layer bound (NaN): a count of ``||g_il|| > C``
+would describe a clipping that never happened.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +46,7 @@ import torch
 from torch import nn
 
 from landscape.analyze._common import config_from_params
+from landscape.analyze.registry import Analysis, option
 from landscape.errors import UsageError
 from landscape.results import InputRef, read_result, write_result
 
@@ -51,17 +58,20 @@ BOUND_RTOL = 1e-9
 
 @dataclass
 class ClippingConfig:
-    """Options of ``landscape clipping`` (and ``landscape.api.geometry.clipping``)."""
+    """Options of ``landscape clipping`` (and ``landscape.api.clipping``)."""
 
-    max_grad_norm: float = 1.0
-    batch_size: int = 256
-    batches: int = 1
-    clip_style: str = "flat"
-    seed: int = 0
-    split: str = "train"
-    chunk: int = 250
-    prune_levels: list[float] | None = None
-    workers: int = 1
+    max_grad_norm: float = option(1.0, "Clipping norm C.", flag=("--max-grad-norm", "-C"), min=0, min_open=True)
+    batch_size: int = option(256, "Examples per batch B.", min=1)
+    batches: int = option(1, "Number K of disjoint batches (R is reported per batch and over all K x B examples).",
+                          min=1)
+    clip_style: str = option("flat", "flat: one norm per sample; layerwise: one per layer.", choices=CLIP_STYLES)
+    seed: int = option(0, "Seed of the batch draw.")
+    prune_levels: tuple[float, ...] | None = option(
+        None, "Fractions of weights removed, e.g. 0,0.3,0.5,0.7,0.9: prune, rewind, retrain, measure R "
+        "(Watson Fig. 11).")
+    split: str = option("train", "Which split the per-sample gradients come from.", choices=("train", "test"))
+    chunk: int = option(250, "Examples per engine pass (memory bound; results do not depend on it).", min=1)
+    workers: int = option(1, "Parallel worker processes (checkpoints of a run in parallel).", min=1)
 
     def validate(self) -> None:
         if not self.max_grad_norm > 0 or not math.isfinite(self.max_grad_norm):
@@ -186,7 +196,8 @@ class ClipMoments:
 
     Per layer ``l`` (arrays of length L, vectors float64): ``sq_sum[l] = sum_i ||g_il||^2``,
     ``grad_sum[l] = sum_i g_il``, ``clipped_sum[l] = sum_i w_il g_il`` with the clipping factors ``w``,
-    ``norm_sum[l] = sum_i ||g_il||``, ``min_norm[l]``, ``n_clipped[l]``; flat: ``flat_norm_sum``,
+    ``norm_sum[l] = sum_i ||g_il||``, ``min_norm[l]``, ``n_clipped[l]`` (``||g_il|| > C_l``; reported for
+    layerwise clipping only); flat: ``flat_norm_sum``,
     ``flat_min_norm``, ``flat_n_clipped`` (for layerwise clipping: clipped (sample, layer) pairs / L, so
     the reported fraction is that of pairs, as in training's ``StepStats.fraction_clipped``).
     """
@@ -257,11 +268,14 @@ class ClipMoments:
         pc = [_projection_and_cos(cl, gl) for cl, gl in zip(c_layers, g_layers, strict=True)]
         layer_proj = np.array([p for p, _ in pc])
         layer_cos = np.array([q for _, q in pc])
-        layer_assume = (self.min_norm >= layer_max_norms) & (layer_g_sq > 0)
         if clip_style == "layerwise":
+            layer_assume = (self.min_norm >= layer_max_norms) & (layer_g_sq > 0)
             layer_bound = layer_max_norms * (1.0 - layer_R / 2.0)
-        else:  # the theorem says nothing about a layer's share of a flat-clipped gradient
+            layer_fraction = self.n_clipped / n
+        else:  # flat: no layer is clipped on its own; the theorem says nothing about a layer's share
+            layer_assume = np.zeros(len(layer_R), dtype=bool)  # not evaluated
             layer_bound = np.full(len(layer_R), math.nan)
+            layer_fraction = np.full(len(layer_R), math.nan)
         stats = _flat_stats(
             n=n, mean_sq_norm=float(self.sq_sum.sum()) / n, mean_sample_norm=self.flat_norm_sum / n,
             min_sample_norm=self.flat_min_norm, n_clipped=self.flat_n_clipped, g=g, c=c,
@@ -271,22 +285,24 @@ class ClipMoments:
             g_norm = math.sqrt(float(g @ g))
             weights = np.sqrt(layer_g_sq) / g_norm if g_norm > 0 else np.full(len(layer_R), math.nan)
             # a layer with a zero mean gradient (pruned, unused) has weight 0 and bound -inf: it adds nothing
-            stats.bound = (float(np.sum(np.where(weights > 0, weights * layer_bound, 0.0))) if g_norm > 0
-                           else -math.inf)
+            with np.errstate(invalid="ignore"):  # 0 * -inf in the discarded branch of np.where
+                stats.bound = (float(np.sum(np.where(weights > 0, weights * layer_bound, 0.0))) if g_norm > 0
+                               else -math.inf)
             stats.assumption_held = bool(layer_assume.all())
             stats.bound_held = _bound_held(stats.projection, stats.bound, max_grad_norm)
         stats.layer_R = layer_R
         stats.layer_projection = layer_proj
         stats.layer_bound = layer_bound
         stats.layer_assumption_held = layer_assume
-        stats.layer_fraction_clipped = self.n_clipped / n
+        stats.layer_fraction_clipped = layer_fraction
         stats.layer_cos_clipped_mean = layer_cos
         stats.layer_mean_grad_norm = np.sqrt(layer_g_sq)
         return stats
 
 
 def layer_max_norms_for(max_grad_norm: float, num_layers: int, clip_style: str) -> np.ndarray:
-    """Per-layer thresholds: ``C`` for flat clipping (unused), ``C / sqrt(L)`` for layerwise (training's default)."""
+    """Per-layer thresholds: ``C / sqrt(L)`` for layerwise clipping (training's default); for flat clipping ``C``,
+    a placeholder no per-layer result uses (only whole gradients are clipped)."""
     if clip_style == "layerwise":
         return np.full(num_layers, max_grad_norm / math.sqrt(num_layers))
     return np.full(num_layers, max_grad_norm)
@@ -315,7 +331,7 @@ class ClippingResult:
     layer_names: list[str]
     rows: list[CheckpointClipping]
     num_params: int = 0
-    output: Path | None = None  # where the api wrote it
+    path: Path | None = None  # where the result was written
     figures: list[Path] = field(default_factory=list)
 
     def column(self, name: str) -> np.ndarray:
@@ -337,7 +353,8 @@ class ClippingResult:
             out.append(row)
         return out
 
-    def to_hdf5(self, path, *, inputs: Sequence[InputRef] = ()) -> Path:
+    def to_hdf5(self, path, *, inputs: Sequence[InputRef] = (), attrs: dict | None = None) -> Path:
+        extra = attrs or {}
         arrays: dict[str, np.ndarray] = {
             "step": np.array([r.step for r in self.rows], dtype=np.int64),
             "epoch": np.array([r.epoch for r in self.rows], dtype=float),
@@ -357,7 +374,9 @@ class ClippingResult:
             all_assumption_held=bool(all(r.total.assumption_held for r in self.rows)),
             all_bound_held=bool(all(r.total.bound_held for r in self.rows)),
         )
-        return write_result(path, KIND, arrays=arrays, attrs=attrs, params=self.config, inputs=inputs)
+        self.path = write_result(path, KIND, arrays=arrays, attrs={**attrs, **extra}, params=self.config,
+                                 inputs=inputs)
+        return self.path
 
     @classmethod
     def from_hdf5(cls, path) -> ClippingResult:
@@ -510,3 +529,65 @@ def clipping_row(
         total=total.stats(**kwargs), batches=[m.stats(**kwargs) for m in per_batch],
     )
     return row, names, num_params
+
+
+# ------------------------------------------------------------------------------------------- the spec
+
+
+def expand(resolver, ref: str, config: ClippingConfig):
+    """The checkpoints to measure: ``ref`` (a bare run name: every checkpoint), or with ``prune_levels`` the
+    final checkpoint of the run retrained at each level (Watson Fig. 11: prune by magnitude per layer at
+    ``ref``, rewind the survivors to the run's @init, retrain with the run's configuration)."""
+    if not config.prune_levels:
+        return resolver.expand(ref), []
+    from landscape.api.resolve import Target
+    from landscape.train.pruning import pruned_retrain
+
+    store = resolver.store
+    trained = store.load(ref)
+    if trained.run is None:
+        raise UsageError(f"--prune-levels needs a checkpoint of a run (to rewind to its @init), got {ref}")
+    if not store.run(trained.run).manifest.get("config"):
+        raise UsageError(f"run '{trained.run}' records no training configuration to retrain the pruned models with")
+    init = store.load(f"{trained.run}@init")
+    targets = []
+    for level in config.prune_levels:
+        done = pruned_retrain(store, trained, init, level)
+        last = done.checkpoints()[-1]
+        targets.append(Target(f"{done.name}@step={last.step}", str(last.path), done.name, last.step, last.epoch,
+                              tag=(("prune_level", level),)))
+    return targets, [trained.input_ref(), init.input_ref()]
+
+
+def compute_point(point, config: ClippingConfig):
+    """:func:`clipping_row` at one resolved checkpoint (its run's pruning mask applied to the gradients)."""
+    x, y = point.split(config.split)
+    return clipping_row(point.model(), x, y, config, masks=point.masks, ref=point.ref, step=point.step,
+                        epoch=point.epoch, prune_level=point.tag.get("prune_level", math.nan))
+
+
+def collect(outs, config: ClippingConfig, _options=None) -> ClippingResult:
+    result = ClippingResult(config=config, layer_names=outs[0][1], rows=[o[0] for o in outs], num_params=outs[0][2])
+    bad = [r.ref for r in result.rows if not math.isfinite(r.total.R)]
+    if bad:
+        warnings.warn(f"non-finite gradients at {', '.join(bad)} (a diverged checkpoint?): R and the bound are NaN",
+                      RuntimeWarning, stacklevel=2)
+    return result
+
+
+def _printed(result: ClippingResult) -> list[dict]:
+    columns = (["prune_level"] if result.config.prune_levels else []) + [
+        "ref", "epoch", "R", "R_batch_mean", "projection", "bound", "assumption_held", "bound_held",
+        "fraction_clipped", "cos_clipped_mean"]
+    return [{c: row.get(c) for c in columns} for row in result.summary_rows()]
+
+
+SPEC = Analysis(
+    name="clipping", config=ClippingConfig, compute=compute_point, collect=collect, expand=expand,
+    result=ClippingResult, inputs="target", figure="landscape.plots.clipping:plot_clipping", rows=_printed,
+    output="clipping", purpose="draw per-sample gradients",
+    doc="""Clipping ratio R and the Thm. 3.2 bound (Watson et al. Sec. 3.1) at TARGET.
+
+    TARGET is a checkpoint (PATH.h5, RUN@last, RUN@epoch=E, ...) or a run name, meaning every checkpoint of
+    the run (one row per checkpoint).""",
+)

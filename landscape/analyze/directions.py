@@ -28,10 +28,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from landscape.analyze._common import check_choice, check_positive_int, config_from_params
+from landscape.analyze._common import EvaluationOptions, check_choice, check_positive_int, config_from_params
+from landscape.analyze.registry import Analysis, option, slug
 from landscape.directions import BIASBN, NORMALIZATIONS, max_abs_cosine, random_directions
 from landscape.errors import UsageError
-from landscape.evaluate import DEFAULT_BATCH_SIZE, Affine, Segment, evaluate
+from landscape.evaluate import Affine, Segment, evaluate
 from landscape.params import ParamSpace
 from landscape.results import InputRef, read_result, write_result
 
@@ -41,7 +42,7 @@ GENERATOR_BUDGET = 1 << 29  # bytes of cached first-layer outputs per evaluate c
 
 
 @dataclass
-class DirectionsConfig:
+class DirectionsConfig(EvaluationOptions):
     """Options of ``landscape directions`` (stored as the result's ``params``).
 
     ``distance`` is a positive number or ``"auto"`` (= ``||theta_B - theta_A||``, needs a target).
@@ -50,19 +51,17 @@ class DirectionsConfig:
     ``copy`` or ``random`` (only with filter/layer normalisation).
     """
 
-    n: int = 100
-    points: int = 30
-    distance: float | str = "auto"
-    normalize: str = "none"
-    biasbn: str = "zero"
-    seed: int = 0
-    split: str = "train"
-    subset: int | float | None = None
-    subset_seed: int = 0
-    batch_size: int = DEFAULT_BATCH_SIZE
-    device: str = "cpu"
-    method: str = "auto"
-    workers: int = 1
+    n: int = option(100, "Number of random directions.", min=1)
+    points: int = option(30, "Points per profile: t = linspace(0, 1, points) of the distance.", min=2)
+    distance: float | str = option("auto", "How far to go: a number, or auto = ||B - A|| (needs --toward).",
+                                   kind="text")
+    split: str = option("train", "Data split to evaluate.", choices=SPLITS)
+    normalize: str = option("none", "Direction normalisation (Li et al. 2018): none (isotropic, as Watson et al.), "
+                            "filter or layer.", choices=NORMALIZATIONS)
+    biasbn: str = option("zero", "1-D tensors (biases, norm layers) under filter/layer normalisation: zero (Li et "
+                         "al.), copy theta, or random rescaled.", choices=BIASBN)
+    seed: int = option(0, "Seed of the random directions.")
+    workers: int = option(1, "Parallel worker processes.", min=1)
 
     def __post_init__(self) -> None:
         check_positive_int("--n", self.n)
@@ -208,7 +207,8 @@ class DirectionsResult:
             out["median_over_toward"] = (out["rise_median"] / self.toward_rise if self.toward_rise > 0 else math.inf)
         return out
 
-    def to_hdf5(self, path: str | Path, inputs: Sequence[InputRef] = ()) -> Path:
+    def to_hdf5(self, path: str | Path, inputs: Sequence[InputRef] = (), attrs: dict | None = None) -> Path:
+        extra = attrs or {}
         arrays: dict[str, np.ndarray] = {
             "t": self.t, "distances": self.t * self.distance, "direction_loss": self.direction_loss,
             "direction_acc": self.direction_acc, "rise": self.rises,
@@ -219,9 +219,12 @@ class DirectionsResult:
         attrs = {k: v for k, v in self.summary().items() if k != "n"}
         attrs.update(n=int(self.direction_loss.shape[0]), toward_distance=self.toward_distance,
                      examples=self.examples, seconds=self.seconds, throughput=self.throughput, method=self.method,
-                     split=self.config.split)
+                     split=self.config.split, **extra)
         inputs = list(inputs) or self.inputs
-        self.path = write_result(path, KIND, arrays=arrays, attrs=attrs, params=self.config, inputs=inputs)
+        dims = {"t": ("t",), "distances": ("t",), "direction_loss": ("direction", "t"),
+                "direction_acc": ("direction", "t"), "rise": ("direction",), "toward_loss": ("t",),
+                "toward_acc": ("t",)}
+        self.path = write_result(path, KIND, arrays=arrays, attrs=attrs, params=self.config, inputs=inputs, dims=dims)
         self.inputs = inputs
         return self.path
 
@@ -333,3 +336,44 @@ def random_profiles(
         examples=int(x.shape[0]), seconds=seconds, throughput=total_points / seconds if seconds > 0 else math.inf,
         method=method, config=config,
     )
+
+
+# ------------------------------------------------------------------------------------------- the spec
+
+
+@dataclass
+class DirectionsOptions:
+    """The target of ``directions`` (an api keyword and a command-line option)."""
+
+    toward: str | None = option(None, "Checkpoint B: also evaluate the straight path from A toward B.")
+
+
+def _rows(result: DirectionsResult) -> list[dict]:
+    s = result.summary()
+    rows = [{"": "random", "n": s["n"], "mean": s["rise_mean"], "median": s["rise_median"], "min": s["rise_min"],
+             "max": s["rise_max"]}]
+    if result.toward_loss is not None:
+        t = s["toward_rise"]
+        rows.append({"": "toward B", "n": 1, "mean": t, "median": t, "min": t, "max": t})
+    return rows
+
+
+def _notes(result: DirectionsResult) -> list[str]:
+    s = result.summary()
+    lines = [f"loss rise at distance {result.distance:.4g} ({result.config.split} loss at A {s['base_loss']:.4g}); "
+             f"max |cos| between directions {result.max_abs_cos:.3g}"]
+    if result.toward_loss is not None:
+        lines.append(f"{100 * s['fraction_above_toward']:.0f}% of random directions rise more than toward B")
+    return lines
+
+
+SPEC = Analysis(
+    name="directions", config=DirectionsConfig, compute=random_profiles, result=DirectionsResult,
+    inputs="checkpoint", run_options=DirectionsOptions, execute="landscape.api.loss_surfaces:run_directions",
+    stem=lambda refs, config, opts: f"directions-{slug(refs[0])}" + (f"-to-{slug(opts.toward)}" if opts.toward else ""),
+    figure="landscape.plots.directions:directions_figure", rows=_rows, notes=_notes,
+    details=lambda r: {**r.summary(), "seconds": r.seconds, "points_per_second": r.throughput}, output="directions",
+    doc="""Loss along N random directions from A against the path toward B (Watson et al. Fig. 4).
+
+    A and B are checkpoint references: PATH.h5 or RUN[@init|@last|@step=N|@epoch=E].""",
+)

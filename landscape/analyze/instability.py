@@ -7,16 +7,17 @@ HDF5 out; pairing runs from manifests is :func:`sibling_pairs` / :func:`all_pair
 
 from __future__ import annotations
 
-import csv
+import dataclasses
 import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
-from landscape.results import InputRef, read_result, write_result
+from landscape.analyze.interpolate import InterpolateConfig
+from landscape.analyze.interpolate import compute_pair as interpolate_pair
+from landscape.analyze.registry import Analysis, option
+from landscape.results import InputRef, StoredResult, stored, table_columns, write_csv
 
 KIND = "instability"
 
@@ -33,31 +34,22 @@ class PairInstability:
     phase1: str | None
     phase2: str | None  # the Phase-2 optimizer ("sgd" | "dpsgd"); for mixed pairs "sgd/dpsgd"
     epsilon: float  # the DP target of the phases group, else the checkpoints' epsilon (NaN for SGD)
-    instability_loss: dict[str, float]
-    instability_error: dict[str, float]
+    instability_loss: dict[str, float] = stored("column", name="instability_{}_loss")
+    instability_error: dict[str, float] = stored("column", name="instability_{}_error")
     result: str = ""  # the pair's interpolation result file
 
     def flat(self, splits: Sequence[str]) -> dict[str, object]:
-        row: dict[str, object] = {
-            "pair": self.pair, "ref_a": self.ref_a, "ref_b": self.ref_b, "group": self.group or "",
-            "k": self.k, "phase1": self.phase1 or "", "phase2": self.phase2 or "", "epsilon": self.epsilon,
-        }
-        for s in splits:
-            row[f"instability_{s}_loss"] = self.instability_loss.get(s, math.nan)
-            row[f"instability_{s}_error"] = self.instability_error.get(s, math.nan)
-        row["result"] = self.result
-        return row
-
-
-_TEXT = ("pair", "ref_a", "ref_b", "group", "phase1", "phase2", "result")
+        return {k: v[0] for k, v in table_columns([self], PairInstability, splits).items()}
 
 
 @dataclass
-class InstabilityTable:
+class InstabilityTable(StoredResult):
     """All pairs, the splits they were evaluated on, and the interpolation options used."""
 
-    rows: list[PairInstability]
-    splits: tuple[str, ...]
+    KIND = KIND
+
+    rows: list[PairInstability] = stored("table", order="splits", count="pairs")
+    splits: tuple[str, ...] = stored("attr", default=())
     params: dict = field(default_factory=dict)
     inputs: list[InputRef] = field(default_factory=list)
     path: Path | None = None
@@ -68,53 +60,11 @@ class InstabilityTable:
         return [r.flat(self.splits) for r in self.rows]
 
     def columns(self) -> list[str]:
-        return list(PairInstability("", "", "", None, math.nan, None, None, math.nan, {}, {}).flat(self.splits))
+        return list(table_columns([], PairInstability, self.splits))
 
     def to_csv(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=self.columns())
-            writer.writeheader()
-            for rec in self.records():
-                writer.writerow({k: ("" if isinstance(v, float) and math.isnan(v) else v) for k, v in rec.items()})
-        self.csv_path = path
-        return path
-
-    def to_hdf5(self, path: str | Path, inputs: Sequence[InputRef] = ()) -> Path:
-        records = self.records()
-        arrays = {}
-        for col in self.columns():
-            values = [rec[col] for rec in records]
-            if col in _TEXT:
-                arrays[col] = np.array([str(v).encode() for v in values], dtype=object).astype("S")
-            else:
-                arrays[col] = np.array(values, dtype=np.float64)
-        inputs = list(inputs) or self.inputs
-        self.path = write_result(path, KIND, arrays=arrays, attrs={"splits": ",".join(self.splits),
-                                                                   "pairs": len(self.rows)},
-                                 params=self.params, inputs=inputs)
-        self.inputs = inputs
-        return self.path
-
-    @classmethod
-    def from_hdf5(cls, path: str | Path) -> InstabilityTable:
-        r = read_result(path, KIND)
-        splits = tuple(s for s in str(r.attrs.get("splits", "")).split(",") if s)
-        n = int(r.attrs.get("pairs", 0))
-        cols = {k: (np.array([v.decode() if isinstance(v, bytes) else str(v) for v in a]) if k in _TEXT else a)
-                for k, a in r.arrays.items()}
-        rows = []
-        for i in range(n):
-            rows.append(PairInstability(
-                pair=str(cols["pair"][i]), ref_a=str(cols["ref_a"][i]), ref_b=str(cols["ref_b"][i]),
-                group=str(cols["group"][i]) or None, k=float(cols["k"][i]), phase1=str(cols["phase1"][i]) or None,
-                phase2=str(cols["phase2"][i]) or None, epsilon=float(cols["epsilon"][i]),
-                instability_loss={s: float(cols[f"instability_{s}_loss"][i]) for s in splits},
-                instability_error={s: float(cols[f"instability_{s}_error"][i]) for s in splits},
-                result=str(cols["result"][i]),
-            ))
-        return cls(rows=rows, splits=splits, params=r.params, inputs=r.inputs, path=Path(path))
+        self.csv_path = write_csv(path, self.records(), self.columns())
+        return self.csv_path
 
 
 # --------------------------------------------------------------------------------------------- pairing
@@ -178,3 +128,53 @@ def _copy_of(run: RunInfo) -> int:
     c = (run.phases or {}).get("copy")
     return int(c) if isinstance(c, (int, float)) else 0
 
+
+
+# ------------------------------------------------------------------------------------------- the spec
+
+
+@dataclass
+class InstabilityOptions:
+    """How ``instability`` pairs runs (an api keyword and a command-line option, not an analyzer option)."""
+
+    pairs: str = option("siblings", "siblings (Phase-2 copies of one Phase-1 checkpoint), all, or explicit "
+                        "A:B[,C:D...].")
+
+
+def compute_pair(a, b, config, labels: Mapping) -> tuple[PairInstability, object]:
+    """One row: A and B interpolated (:func:`landscape.analyze.interpolate.compute_pair`) with the pair's labels
+    from the manifests; epsilon falls back to the larger of the checkpoints' own for a DP pair."""
+    result = interpolate_pair(a, b, config)
+    eps = labels["epsilon"]
+    if math.isnan(eps) and labels["phase2"] != "sgd":
+        known = [e for e in (a.checkpoint.epsilon, b.checkpoint.epsilon) if e is not None]
+        eps = float(max(known)) if known else math.nan
+    row = PairInstability(
+        pair=f"{a.ref}:{b.ref}", ref_a=a.ref, ref_b=b.ref, group=labels["group"], k=labels["k"],
+        phase1=labels["phase1"], phase2=labels["phase2"], epsilon=eps,
+        instability_loss=dict(result.instability_loss), instability_error=dict(result.instability_error),
+    )
+    return row, result
+
+
+def collect(rows: list[PairInstability], config, options: InstabilityOptions) -> InstabilityTable:
+    return InstabilityTable(rows=rows, splits=tuple(config.splits),
+                            params={**dataclasses.asdict(config), "pairs": options.pairs})
+
+
+def _printed(table: InstabilityTable) -> list[dict]:
+    columns = ["pair", "k", "phase2", "epsilon"] + [f"instability_{s}_{m}" for s in table.splits
+                                                    for m in ("loss", "error")]
+    return [{c: r[c] for c in columns} for r in table.records()]
+
+
+SPEC = Analysis(
+    name="instability", config=InterpolateConfig, compute=compute_pair, result=InstabilityTable,
+    inputs="pairs", collect=collect, run_options=InstabilityOptions,
+    figure="landscape.plots.interpolate:instability_figure", rows=_printed,
+    details=lambda t: {"csv": str(t.csv_path), "rows": t.records()}, output="instability", csv=True,
+    doc="""Instability of many pairs of final checkpoints: one table (CSV + HDF5) and the plot against k.
+
+    RUNS are run names or globs (e.g. 'phases-*'); with --pairs A:B they may be omitted. Each pair's
+    interpolation is written under <output stem>-pairs/.""",
+)

@@ -23,28 +23,24 @@ import numpy as np
 import torch
 from torch import nn
 
-from landscape.analyze._common import check_positive_int, config_from_params
+from landscape.analyze._common import EvaluationOptions, check_positive_int
+from landscape.analyze.registry import Analysis, option
 from landscape.errors import UsageError
-from landscape.evaluate import DEFAULT_BATCH_SIZE, EvalResult, Segment, evaluate
+from landscape.evaluate import EvalResult, Segment, evaluate
 from landscape.params import ParamSpace, check_compatible
-from landscape.results import InputRef, read_result, write_result
+from landscape.results import InputRef, StoredResult, stored
 
 KIND = "interpolation"
 SPLITS = ("train", "test")
 
 
 @dataclass
-class InterpolateConfig:
-    """Options of ``landscape interpolate`` (stored as the result's ``params``)."""
+class InterpolateConfig(EvaluationOptions):
+    """Options of ``landscape interpolate`` / ``instability`` (stored as the result's ``params``)."""
 
-    points: int = 30
-    splits: tuple[str, ...] = SPLITS
-    subset: int | float | None = None  # evaluate on a seeded stratified subset of each split
-    subset_seed: int = 0
-    bn_recalibrate: bool = False  # recompute BatchNorm statistics at every point from the training inputs
-    batch_size: int = DEFAULT_BATCH_SIZE
-    device: str = "cpu"
-    method: str = "auto"  # landscape.evaluate method
+    points: int = option(30, "Number of alphas in linspace(0, 1, points), both endpoints included.", min=2)
+    splits: tuple[str, ...] = option(SPLITS, "Data splits to evaluate.", choices=SPLITS, metavar="train,test")
+    bn_recalibrate: bool = option(False, "Recompute BatchNorm statistics at every point from the training data.")
 
     def __post_init__(self) -> None:
         if isinstance(self.splits, str):
@@ -101,17 +97,22 @@ def chord_barrier(values: Sequence[float] | np.ndarray, alphas: Sequence[float] 
 
 
 @dataclass
-class InterpolationResult:
+class InterpolationResult(StoredResult):
     """Loss/accuracy per split along the path, and the instabilities (Watson et al. Def. 2.3)."""
 
-    alpha: np.ndarray
-    loss: dict[str, np.ndarray]
-    acc: dict[str, np.ndarray]
-    instability_loss: dict[str, float]
-    instability_error: dict[str, float]
-    chord_barrier_loss: dict[str, float] = field(default_factory=dict)  # sup_a E_a - ((1-a) E_A + a E_B)
-    reasons: dict[str, str] = field(default_factory=dict)  # "<split>_loss"/"<split>_error" -> why inf
-    examples: dict[str, int] = field(default_factory=dict)
+    KIND = KIND
+    CONFIG = InterpolateConfig
+
+    alpha: np.ndarray = stored("array", dims=("alpha",))
+    loss: dict[str, np.ndarray] = stored("array", name="{}_loss", dims=("alpha",), order="splits")
+    acc: dict[str, np.ndarray] = stored("array", name="{}_acc", dims=("alpha",), order="splits")
+    instability_loss: dict[str, float] = stored("attr", name="instability_{}_loss", order="splits")
+    instability_error: dict[str, float] = stored("attr", name="instability_{}_error", order="splits")
+    # sup_a E_a - ((1-a) E_A + a E_B)
+    chord_barrier_loss: dict[str, float] = stored("attr", name="chord_barrier_{}_loss", order="splits",
+                                                  default_factory=dict)
+    reasons: dict[str, str] = stored("attr", name="reason_{}", default_factory=dict)  # "<split>_loss" -> why inf
+    examples: dict[str, int] = stored("attr", name="examples_{}", order="splits", default_factory=dict)
     distance: float = math.nan  # ||theta_B - theta_A||_2 over the interpolated tensors
     seconds: float = math.nan
     throughput: float = math.nan  # examples x points per second
@@ -141,50 +142,6 @@ class InterpolationResult:
             }
             for s in self.splits
         ]
-
-    def to_hdf5(self, path: str | Path, inputs: Sequence[InputRef] = ()) -> Path:
-        arrays: dict[str, np.ndarray] = {"alpha": self.alpha}
-        attrs: dict[str, object] = {
-            "distance": self.distance, "seconds": self.seconds, "throughput": self.throughput, "method": self.method,
-            "splits": ",".join(self.splits),
-        }
-        for s in self.splits:
-            arrays[f"{s}_loss"] = self.loss[s]
-            arrays[f"{s}_acc"] = self.acc[s]
-            attrs[f"instability_{s}_loss"] = self.instability_loss[s]
-            attrs[f"instability_{s}_error"] = self.instability_error[s]
-            attrs[f"chord_barrier_{s}_loss"] = self.chord_barrier_loss.get(s, math.nan)
-            attrs[f"examples_{s}"] = self.examples.get(s, 0)
-        for key, reason in self.reasons.items():
-            attrs[f"reason_{key}"] = reason
-        inputs = list(inputs) or self.inputs
-        self.path = write_result(path, KIND, arrays=arrays, attrs=attrs, params=self.config, inputs=inputs)
-        self.inputs = inputs
-        return self.path
-
-    @classmethod
-    def from_hdf5(cls, path: str | Path) -> InterpolationResult:
-        r = read_result(path, KIND)
-        splits = [s for s in str(r.attrs.get("splits", "")).split(",") if s]
-        params = dict(r.params)
-        params["splits"] = tuple(params.get("splits", splits))
-        return cls(
-            alpha=r.arrays["alpha"],
-            loss={s: r.arrays[f"{s}_loss"] for s in splits},
-            acc={s: r.arrays[f"{s}_acc"] for s in splits},
-            instability_loss={s: float(r.attrs[f"instability_{s}_loss"]) for s in splits},
-            instability_error={s: float(r.attrs[f"instability_{s}_error"]) for s in splits},
-            chord_barrier_loss={s: float(r.attrs.get(f"chord_barrier_{s}_loss", math.nan)) for s in splits},
-            reasons={k[len("reason_"):]: str(v) for k, v in r.attrs.items() if k.startswith("reason_")},
-            examples={s: int(r.attrs.get(f"examples_{s}", 0)) for s in splits},
-            distance=float(r.attrs.get("distance", math.nan)),
-            seconds=float(r.attrs.get("seconds", math.nan)),
-            throughput=float(r.attrs.get("throughput", math.nan)),
-            method=str(r.attrs.get("method", "")),
-            config=config_from_params(InterpolateConfig, params),
-            inputs=r.inputs,
-            path=Path(path),
-        )
 
 
 def interpolation_space(model: nn.Module) -> ParamSpace:
@@ -276,3 +233,29 @@ def _subset(splits: Mapping[str, tuple[torch.Tensor, torch.Tensor]], name: str, 
 
     idx = subset_indices(y, config.subset, config.subset_seed)
     return x[idx], y[idx]
+
+
+# ------------------------------------------------------------------------------------------- the spec
+
+
+def compute_pair(a, b, config: InterpolateConfig) -> InterpolationResult:
+    """:func:`interpolate` between resolved checkpoints A and B (``landscape.api.resolve.Point``) on the data
+    set the resolver chose for the pair (A's unless ``--data-from b``), every split of it."""
+    splits = {s: a.data.split(s) for s in SPLITS}
+    return interpolate(a.model(), a.state, b.state, splits, config=config)
+
+
+def _notes(result: InterpolationResult) -> list[str]:
+    return [f"{key}: instability inf ({reason})" for key, reason in result.reasons.items()]
+
+
+SPEC = Analysis(
+    name="interpolate", config=InterpolateConfig, compute=compute_pair, result=InterpolationResult, inputs="pair",
+    figure="landscape.plots.interpolate:interpolation_figure", rows=InterpolationResult.summary, notes=_notes,
+    details=lambda r: {"reasons": r.reasons, "seconds": r.seconds, "throughput": r.throughput},
+    output="interpolate",
+    doc="""Loss and accuracy on (1-alpha) A + alpha B, and the instability (Watson et al. Def. 2.3).
+
+    A and B are checkpoint references: PATH.h5 or RUN[@init|@last|@step=N|@epoch=E]. When A and B were
+    trained on different data, every point is evaluated on A's (--data-from b: B's), with a warning.""",
+)

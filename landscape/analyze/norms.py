@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from landscape.analyze._common import config_from_params
+from landscape.analyze.registry import Analysis, option
 from landscape.errors import UsageError
 from landscape.results import InputRef, read_result, write_result
 
@@ -28,15 +29,17 @@ KIND = "norms"
 
 @dataclass
 class NormsConfig:
-    """Options of ``landscape norms`` (and ``landscape.api.geometry.norms``)."""
+    """Options of ``landscape norms`` (and ``landscape.api.norms``)."""
 
-    bins: int = 100
-    grad_samples: int = 256
-    grad_epochs: list[float] | None = None
-    seed: int = 0
-    split: str = "train"
-    chunk: int = 250
-    workers: int = 1
+    bins: int = option(100, "Bins of the parameter-value histograms (shared by all targets).", min=1)
+    grad_samples: int = option(256, "Examples whose per-sample gradient norms are taken at every checkpoint "
+                               "(0: none).", min=0)
+    grad_epochs: tuple[float, ...] | None = option(None, "Epochs whose gradient-norm histograms are drawn (default: "
+                                                   "first after init, and last).")
+    seed: int = option(0, "Seed of the example draw.")
+    split: str = option("train", "Which split the per-sample gradients come from.", choices=("train", "test"))
+    chunk: int = option(250, "Examples per engine pass (memory bound; results do not depend on it).", min=1)
+    workers: int = option(1, "Parallel worker processes (checkpoints of a run in parallel).", min=1)
 
     def validate(self) -> None:
         if self.bins < 1:
@@ -161,7 +164,7 @@ class NormsResult:
     config: NormsConfig
     edges: np.ndarray
     runs: list[RunNorms]
-    output: Path | None = None  # where the api wrote it
+    path: Path | None = None  # where the result was written
     figures: list[Path] = field(default_factory=list)
 
     def ratio_rows(self) -> list[dict]:
@@ -179,7 +182,8 @@ class NormsResult:
             })
         return out
 
-    def to_hdf5(self, path, *, inputs: Sequence[InputRef] = ()) -> Path:
+    def to_hdf5(self, path, *, inputs: Sequence[InputRef] = (), attrs: dict | None = None) -> Path:
+        extra = attrs or {}
         arrays: dict[str, np.ndarray] = {
             "edges": self.edges,
             "run_labels": np.array([r.label for r in self.runs], dtype=object).astype("S"),
@@ -207,7 +211,9 @@ class NormsResult:
             "runs": len(self.runs), "dist_origin": first["dist_origin"], "dist_init": first["dist_init"],
             "mean_grad_norm": first["mean_grad_norm"],
         }
-        return write_result(path, KIND, arrays=arrays, attrs=attrs, params=self.config, inputs=inputs)
+        self.path = write_result(path, KIND, arrays=arrays, attrs={**attrs, **extra}, params=self.config,
+                                 inputs=inputs)
+        return self.path
 
     @classmethod
     def from_hdf5(cls, path) -> NormsResult:
@@ -257,3 +263,66 @@ def checkpoint_norms(
         grad_norms = per_sample_grad_norms(model, x[idx], y[idx], chunk=config.chunk, engine=engine)
     return CheckpointNorms(ref=ref, step=int(step), epoch=float(epoch), params=params, histogram=hist,
                            grad_norms=grad_norms)
+
+
+# ------------------------------------------------------------------------------------------- the spec
+
+
+def value_range(point, config: NormsConfig) -> tuple[float, float, float]:
+    """The smallest and largest trainable parameter value of a checkpoint, and its epoch."""
+    names = trainable_names(point.model())
+    state = point.state
+    return min(float(state[n].min()) for n in names), max(float(state[n].max()) for n in names), point.epoch
+
+
+def shared_edges(values, config: NormsConfig) -> np.ndarray:
+    """Histogram edges common to every checkpoint; checks that each ``grad_epochs`` entry is a checkpoint epoch."""
+    epochs = sorted({v[2] for v in values})
+    missing = [e for e in config.grad_epochs or () if not any(math.isclose(e, have, abs_tol=1e-6) for have in epochs)]
+    if missing:
+        raise UsageError(f"--grad-epochs {', '.join(f'{e:g}' for e in missing)}: no such checkpoint epoch "
+                         f"(available: {', '.join(f'{e:g}' for e in epochs)})")
+    return histogram_edges(min(v[0] for v in values), max(v[1] for v in values), config.bins)
+
+
+class _MaskedNorms:
+    """An engine whose ``norms`` apply a run's pruning mask."""
+
+    def __init__(self, engine, masks):
+        self.engine, self.masks = engine, masks
+
+    def norms(self, x, y, *, masks=None):
+        return self.engine.norms(x, y, masks=self.masks)
+
+
+def compute_point(point, config: NormsConfig, edges: np.ndarray):
+    """:func:`checkpoint_norms` at one resolved checkpoint (distances from its run's @init; gradients masked by
+    its run's pruning mask), with the run's optimizer label and layer names."""
+    from landscape.persample import PerSampleEngine
+
+    model = point.model()
+    x = y = None
+    if config.grad_samples > 0:
+        x, y = point.split(config.split)
+    engine = _MaskedNorms(PerSampleEngine(model), point.masks) if point.masks is not None else None
+    row = checkpoint_norms(model, x, y, config, edges, init=point.init, engine=engine, ref=point.ref,
+                           step=point.step, epoch=point.epoch)
+    optimizer = str(((point.manifest or {}).get("config") or {}).get("optimizer") or "")
+    if point.masks is not None:
+        optimizer = f"{optimizer} (pruned)" if optimizer else "pruned"
+    return row, optimizer, trainable_names(model)
+
+
+def collect(groups, config: NormsConfig, _options, labels, edges: np.ndarray) -> NormsResult:
+    runs = [RunNorms(label=str(label), optimizer=group[0][1], layer_names=group[0][2], rows=[r for r, _, _ in group])
+            for label, group in zip(labels, groups, strict=True)]
+    return NormsResult(config=config, edges=edges, runs=runs)
+
+
+SPEC = Analysis(
+    name="norms", config=NormsConfig, compute=compute_point, prepare=value_range, share=shared_edges,
+    collect=collect, result=NormsResult, inputs="targets", figure="landscape.plots.norms:plot_norms",
+    rows=NormsResult.ratio_rows, output="norms", purpose="draw per-sample gradients", needs=("init", "manifest"),
+    doc="""Parameter and gradient norms (Watson Figs. 16-17) of runs or checkpoints TARGETS..., the first the
+    baseline of the distance ratios.""",
+)

@@ -21,7 +21,7 @@ over logits (n x n). The clipping factors always come from the loss-gradient nor
 
 from __future__ import annotations
 
-import csv
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -31,12 +31,19 @@ import numpy as np
 import torch
 from torch import nn
 
+from landscape.analyze.registry import Analysis, option
 from landscape.errors import UsageError
 from landscape.gram import KINDS, gram_blocks, layer_names, parse_memory
-from landscape.results import InputRef, read_result, write_result
+from landscape.results import InputRef, read_result, write_csv, write_result
 
 CLIPS = ("none", "flat", "layerwise")
 CLIP_STYLES = ("flat", "layerwise")
+CLIP_FNS = ("abadi", "automatic", "normalize", "global")
+STRATEGIES = ("auto", "hooks", "materialize", "ghost", "functorch")
+PRECISIONS = ("auto", "double", "single")
+KIND_HELP = ("loss-grad: <grad l_i, grad l_j>; output: d f/d w (d f/d w)^T (nM x nM); output-trace: its trace "
+             "over logits (n x n).")
+PRECISION_HELP = "auto: float64 for small tensors, model dtype for big contractions; double: model in float64."
 #: an eigenvalue counts as >= 0 if it is >= -EIG_RTOL * ||A||_F, as real if |imag| <= EIG_RTOL * ||A||_F
 EIG_RTOL = 1e-6
 #: a matrix counts as symmetric if ||A - A^T||_F / ||A||_F <= SYM_RTOL
@@ -213,21 +220,30 @@ def clip_kernel(
 
 # ------------------------------------------------------------------------------------------ configs
 @dataclass
-class NTKConfig:
+class KernelOptions:
+    """Which kernel of which examples, and how it is computed (the base of NTKConfig and NTKTableConfig)."""
+
+    n: int = option(128, "Number of examples (seeded stratified subset of the checkpoint's data).", min=1)
+    kind: str = option("loss-grad", KIND_HELP, choices=KINDS)
+    clip_fn: str = option("abadi", "Clipping function (Bu et al. Sec. 2.2).", choices=CLIP_FNS)
+    layers: tuple[str, ...] | None = option(None, "Glob patterns of parameter names to include (default: all "
+                                            "trainable).")
+    seed: int = option(0, "Seed of the example subset.")
+    split: str = option("train", "Data split.", choices=("train", "test"))
+    max_memory: str | int | None = option("4GB", "Memory budget of the Gram computation (e.g. 4GB, 512MiB).",
+                                          kind="text")
+    strategy: str = option("auto", "How per-layer Gram blocks are computed.", choices=STRATEGIES)
+    precision: str = option("auto", PRECISION_HELP, choices=PRECISIONS)
+
+
+@dataclass
+class NTKConfig(KernelOptions):
     """Options of ``landscape ntk`` (stored as the result's params)."""
 
-    n: int = 128
-    kind: str = "loss-grad"
-    clip: str = "none"
-    max_grad_norm: float = 1.0
-    clip_fn: str = "abadi"
-    layers: tuple[str, ...] | None = None
-    layer_max_norms: float | None = None
-    seed: int = 0
-    split: str = "train"
-    max_memory: str | int | None = "4GB"
-    strategy: str = "auto"
-    precision: str = "auto"
+    clip: str = option("none", "Kernel: K (none), K C (flat), sum_r K_r C_r (layerwise).", choices=CLIPS)
+    max_grad_norm: float = option(1.0, "Clipping norm C.", flag=("--max-grad-norm", "-C"), min=0, min_open=True)
+    layer_max_norms: float | None = option(None, "Layerwise per-layer norm C_r (default C / sqrt(#layers), as in "
+                                           "training).", flag="--layer-max-norm", min=0, min_open=True)
 
     def __post_init__(self) -> None:
         if self.clip not in CLIPS:
@@ -242,20 +258,12 @@ class NTKConfig:
 
 
 @dataclass
-class NTKTableConfig:
+class NTKTableConfig(KernelOptions):
     """Options of ``landscape ntk-table`` (stored as the result's params)."""
 
-    max_grad_norms: tuple[float, ...] = (0.01, 0.1, 1.0, 10.0, 100.0)
-    clip_styles: tuple[str, ...] = CLIP_STYLES
-    n: int = 128
-    kind: str = "loss-grad"
-    clip_fn: str = "abadi"
-    layers: tuple[str, ...] | None = None
-    seed: int = 0
-    split: str = "train"
-    max_memory: str | int | None = "4GB"
-    strategy: str = "auto"
-    precision: str = "auto"
+    max_grad_norms: tuple[float, ...] = option((0.01, 0.1, 1.0, 10.0, 100.0), "Clipping norms C.",
+                                               flag=("--max-grad-norm", "-C"))
+    clip_styles: tuple[str, ...] = option(CLIP_STYLES, "Clipping styles: flat, layerwise.", flag="--clip-style")
 
     def __post_init__(self) -> None:
         self.max_grad_norms = tuple(float(c) for c in self.max_grad_norms)
@@ -372,6 +380,9 @@ class NTKResult:
     indices: np.ndarray  # data set indices of the n examples
     labels: np.ndarray
     layer_max_norms: float | None = None
+    inputs: list[InputRef] = field(default_factory=list)
+    path: Path | None = None
+    figures: list[Path] = field(default_factory=list)
 
     KIND = "ntk"
 
@@ -383,7 +394,7 @@ class NTKResult:
         out.update({f"K_{k}": v for k, v in self.K_properties.scalars().items()})
         return out
 
-    def to_hdf5(self, path: str | Path, *, inputs: Sequence[InputRef] = ()) -> Path:
+    def to_hdf5(self, path: str | Path, *, inputs: Sequence[InputRef] = (), attrs: dict | None = None) -> Path:
         p, kp = self.properties, self.K_properties
         arrays = {
             "K": self.K, "K_layers": self.K_layers, "layer_names": np.array(self.layer_names, dtype="S"),
@@ -391,11 +402,14 @@ class NTKResult:
             "eigvals_real": p.eigvals.real, "eigvals_imag": p.eigvals.imag, "sym_eigvals": p.sym_eigvals,
             "K_eigvals": kp.sym_eigvals, "indices": self.indices, "labels": self.labels,
         }
-        attrs = dict(p.scalars())
+        extra, attrs = attrs or {}, dict(p.scalars())
         attrs.update({f"K_{k}": v for k, v in kp.scalars().items()})
         attrs.update(fraction_clipped=self.fraction_clipped, fraction_layers_clipped=self.fraction_layers_clipped,
-                     layer_max_norms=self.layer_max_norms)
-        return write_result(path, self.KIND, arrays=arrays, attrs=attrs, params=asdict(self.config), inputs=inputs)
+                     layer_max_norms=self.layer_max_norms, **extra)
+        self.inputs = list(inputs) or self.inputs
+        self.path = write_result(path, self.KIND, arrays=arrays, attrs=attrs, params=asdict(self.config),
+                                 inputs=self.inputs)
+        return self.path
 
     @classmethod
     def from_hdf5(cls, path: str | Path) -> NTKResult:
@@ -416,7 +430,7 @@ class NTKResult:
             fraction_clipped=float(r.attrs["fraction_clipped"]),
             fraction_layers_clipped=float(r.attrs["fraction_layers_clipped"]),
             indices=a["indices"], labels=a["labels"],
-            layer_max_norms=None if lmn in (None, "none") else float(lmn),
+            layer_max_norms=None if lmn in (None, "none") else float(lmn), inputs=r.inputs, path=Path(path),
         )
 
 
@@ -506,6 +520,10 @@ class NTKTable:
 
     config: NTKTableConfig
     rows: list[NTKTableRow]
+    inputs: list[InputRef] = field(default_factory=list)
+    path: Path | None = None
+    csv_path: Path | None = None
+    figures: list[Path] = field(default_factory=list)
 
     KIND = "ntk-table"
 
@@ -516,19 +534,18 @@ class NTKTable:
         return np.asarray(values)
 
     def to_csv(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(TABLE_COLUMNS)
-            for r in self.rows:
-                w.writerow([getattr(r, c) for c in TABLE_COLUMNS])
-        return path
+        records = [{c: getattr(r, c) for c in TABLE_COLUMNS} for r in self.rows]
+        self.csv_path = write_csv(path, records, TABLE_COLUMNS, nan="nan")
+        return self.csv_path
 
-    def to_hdf5(self, path: str | Path, *, inputs: Sequence[InputRef] = ()) -> Path:
+    def to_hdf5(self, path: str | Path, *, inputs: Sequence[InputRef] = (), attrs: dict | None = None) -> Path:
         arrays = {c: self.column(c) for c in TABLE_COLUMNS}
-        return write_result(path, self.KIND, arrays=arrays, attrs={"n_rows": len(self.rows)},
-                            params=asdict(self.config), inputs=inputs)
+        self.inputs = list(inputs) or self.inputs
+        self.path = write_result(path, self.KIND, arrays=arrays,
+                                 attrs={"n_rows": len(self.rows), "table": json.dumps(TABLE_COLUMNS),
+                                        **(attrs or {})},
+                                 params=asdict(self.config), inputs=self.inputs)
+        return self.path
 
     @classmethod
     def from_hdf5(cls, path: str | Path) -> NTKTable:
@@ -550,7 +567,7 @@ class NTKTable:
                       "max_abs_imag_eig", "norm"):
                 values[c] = float(values[c])
             rows.append(NTKTableRow(**values))
-        return cls(config=NTKTableConfig(**params), rows=rows)
+        return cls(config=NTKTableConfig(**params), rows=rows, inputs=r.inputs, path=Path(path))
 
 
 def ntk_table(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: NTKTableConfig, *, step: int = 0,
@@ -559,3 +576,86 @@ def ntk_table(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: NTKTab
     lk = layer_kernels(model, x, y, kind=config.kind, layers=config.layers, strategy=config.strategy,
                        max_memory=config.max_memory, precision=config.precision)
     return NTKTable(config=config, rows=table_rows(lk, config, step=step, epoch=epoch))
+
+
+# ------------------------------------------------------------------------------------------ the specs
+
+
+def examples(point, n: int, seed: int, split: str) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """A seeded stratified subset of ``n`` examples of a resolved checkpoint's data split: x, y, indices."""
+    from landscape.data import subset_indices
+
+    x, y = point.data.split(split)
+    if n > len(y):
+        raise UsageError(f"--n {n} is more than the {len(y)} {split} examples of data set "
+                         f"'{point.checkpoint.data_spec.get('name')}'")
+    idx = subset_indices(y, n, seed)
+    return x[idx], y[idx], idx.numpy()
+
+
+def _model_and_examples(point, config):
+    model = point.model()
+    if config.precision == "double":
+        model = model.double()
+    x, y, idx = examples(point, config.n, config.seed, config.split)
+    return model, x.to(next(model.parameters()).dtype), y, idx
+
+
+def compute_point(point, config: NTKConfig) -> NTKResult:
+    """:func:`compute_ntk` at one resolved checkpoint (``precision="double"`` runs the model in float64)."""
+    model, x, y, idx = _model_and_examples(point, config)
+    return compute_ntk(model, x, y, config, indices=idx)
+
+
+def table_point(point, config: NTKTableConfig) -> list[NTKTableRow]:
+    """One checkpoint's rows of the measured Table 1: one Gram computation for every clipping norm and style."""
+    model, x, y, _ = _model_and_examples(point, config)
+    lk = layer_kernels(model, x, y, kind=config.kind, layers=config.layers, strategy=config.strategy,
+                       max_memory=config.max_memory, precision=config.precision)
+    return table_rows(lk, config, step=point.step, epoch=float(point.epoch))
+
+
+def _yn(flag: bool) -> str:
+    return "yes" if flag else "NO"
+
+
+def _ntk_rows(r: NTKResult) -> list[dict]:
+    rows = []
+    for label, p, frac in (("K", r.K_properties, 0.0), (f"A ({r.config.clip})", r.properties, r.fraction_clipped)):
+        if label == "K" or r.config.clip != "none":
+            rows.append({"kernel": label, "size": p.n, "clipped": frac, "symmetric": _yn(p.symmetric),
+                         "asymmetry": p.asymmetry, "pos_quad": _yn(p.positive_quadratic),
+                         "min_sym_eig": p.min_sym_eig, "pos_eig": _yn(p.positive_eigenvalues),
+                         "min_re_eig": p.min_real_eig, "max_|im|": p.max_abs_imag_eig, "norm": p.norm})
+    return rows
+
+
+def _table_rows(t: NTKTable) -> list[dict]:
+    return [{"step": r.step, "epoch": r.epoch, "C": None if r.style == "none" else r.max_grad_norm, "style": r.style,
+             "clipped": r.fraction_clipped, "symmetric": _yn(r.symmetric), "asymmetry": r.asymmetry,
+             "pos_quad": _yn(r.positive_quadratic), "min_sym_eig": r.min_sym_eig,
+             "pos_eig": _yn(r.positive_eigenvalues), "min_re_eig": r.min_real_eig, "max_|im|": r.max_abs_imag_eig}
+            for r in t.rows]
+
+
+SPEC = Analysis(
+    name="ntk", config=NTKConfig, compute=compute_point, result=NTKResult, inputs="checkpoint",
+    figure="landscape.plots.ntk:ntk_figure", rows=_ntk_rows, details=NTKResult.summary, output="ntk",
+    purpose="compute the NTK",
+    doc="""Empirical NTK at checkpoint REF, with or without clipping: symmetry, positivity, spectra.
+
+    REF is PATH.h5 or RUN@init|@last|@step=N|@epoch=E.""",
+)
+
+TABLE_SPEC = Analysis(
+    name="ntk-table", config=NTKTableConfig, compute=table_point, result=NTKTable, inputs="target",
+    collect=lambda rows, config, _: NTKTable(config=config, rows=[r for rs in rows for r in rs]),
+    figure="landscape.plots.ntk:ntk_table_figure", rows=_table_rows, output="ntk-table", csv=True,
+    purpose="compute the NTK",
+    details=lambda t: {"csv": str(t.csv_path), "rows": [vars(r) for r in t.rows]},
+    doc="""Bu et al. Table 1 measured at TARGET: for each clipping norm and style, is the kernel symmetric,
+    positive in quadratic form, positive in eigenvalues (with the numbers behind each answer).
+
+    TARGET is a checkpoint (PATH.h5, RUN@last, ...) or a run name, meaning every checkpoint of the run.
+    Writes HDF5 + CSV + figure.""",
+)

@@ -38,11 +38,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from landscape.analyze._common import check_choice, check_positive_int, config_from_params
+from landscape.analyze._common import EvaluationOptions, check_choice, check_positive_int, config_from_params
 from landscape.analyze.directions import nonzero_random_directions
+from landscape.analyze.registry import Analysis, option, slug
 from landscape.directions import BIASBN, NORMALIZATIONS, trajectory_pca
 from landscape.errors import UsageError
-from landscape.evaluate import DEFAULT_BATCH_SIZE, Affine, evaluate
+from landscape.evaluate import Affine, evaluate
 from landscape.params import ParamSpace
 from landscape.results import InputRef, read_result, to_jsonable, write_result
 
@@ -57,7 +58,7 @@ _RANGE = re.compile(r"^\s*([-+0-9.eE]+)\s*:\s*([-+0-9.eE]+)\s*$")
 
 
 @dataclass
-class SurfaceConfig:
+class SurfaceConfig(EvaluationOptions):
     """Options of ``landscape surface`` (stored as the result's ``params``).
 
     ``plane``: ``random``, ``B,C`` (two more checkpoint references) or ``pca:RUN``; ``grid``: ``NXxNY`` (or
@@ -66,20 +67,21 @@ class SurfaceConfig:
     ``normalize``/``biasbn`` apply to the random plane (see :mod:`landscape.directions`).
     """
 
-    plane: str = "random"
-    grid: str = "25x25"
-    range: str = "auto"
-    normalize: str = "filter"
-    biasbn: str = "zero"
-    seed: int = 0
-    splits: tuple[str, ...] = SPLITS
-    subset: int | float | None = None
-    subset_seed: int = 0
-    batch_size: int = DEFAULT_BATCH_SIZE
-    device: str = "cpu"
-    method: str = "auto"
-    workers: int = 1
-    rows_per_call: int | None = None
+    plane: str = option("random", "random (two filter-normalised directions), B,C (plane through A, B, C) or "
+                        "pca:RUN.")
+    grid: str = option("25x25", "Grid points NXxNY (or N).")
+    range: str = option("auto", "auto, LO:HI (both axes) or XLO:XHI,YLO:YHI; auto = -1:1 for random, else around "
+                        "the points.")
+    splits: tuple[str, ...] = option(SPLITS, "Data splits to evaluate: train, test or both.", choices=SPLITS,
+                                     metavar="train,test")
+    normalize: str = option("filter", "Direction normalisation of the random plane (Li et al. 2018): none, filter "
+                            "or layer.", choices=NORMALIZATIONS)
+    biasbn: str = option("zero", "1-D tensors (biases, norm layers) under filter/layer normalisation: zero (Li et "
+                         "al.), copy theta, or random rescaled.", choices=BIASBN)
+    seed: int = option(0, "Seed of the random directions.")
+    workers: int = option(1, "Parallel worker processes.", min=1)
+    rows_per_call: int | None = option(None, "Grid rows per evaluation call and file write (default: about 64 "
+                                       "points per call).", min=1)
 
     def __post_init__(self) -> None:
         if isinstance(self.splits, str):
@@ -305,9 +307,10 @@ class SurfaceResult:
             out["explained_variance"] = [float(v) for v in self.explained_variance]
         return out
 
-    def to_hdf5(self, path: str | Path, inputs: Sequence[InputRef] = ()) -> Path:
+    def to_hdf5(self, path: str | Path, inputs: Sequence[InputRef] = (), attrs: dict | None = None) -> Path:
+        extra = attrs or {}
         arrays: dict[str, np.ndarray] = {"xcoordinates": self.xcoordinates, "ycoordinates": self.ycoordinates,
-                                         **self.values}
+                                         **self.values, "x": self.xcoordinates, "y": self.ycoordinates}
         if self.explained_variance is not None:
             arrays["explained_variance"] = self.explained_variance
         if self.trajectory is not None:
@@ -319,10 +322,14 @@ class SurfaceResult:
             "markers": json.dumps({k: list(v) for k, v in self.markers.items()}), "plane_sha256": self.plane_sha256,
             "examples": json.dumps(self.examples), "seconds": self.seconds, "method": self.method,
             "splits": ",".join(self.splits), "orientation": "values[i, j] at (xcoordinates[i], ycoordinates[j])",
-            "cells_done": int(self.done.sum()), "complete": self.complete,
+            "cells_done": int(self.done.sum()), "complete": self.complete, **extra,
         }
         inputs = list(inputs) or self.inputs
-        self.path = write_result(path, KIND, arrays=arrays, attrs=attrs, params=self.config, inputs=inputs)
+        # labelled dims for netCDF readers: values[i, j] at (x[i], y[j]) (x, y repeat x/ycoordinates as coordinates)
+        dims = {"x": ("x",), "y": ("y",), "xcoordinates": ("x",), "ycoordinates": ("y",),
+                **{k: ("x", "y") for k in self.values}, "explained_variance": ("pc",),
+                "trajectory": ("step", "pc"), "trajectory_steps": ("step",)}
+        self.path = write_result(path, KIND, arrays=arrays, attrs=attrs, params=self.config, inputs=inputs, dims=dims)
         self.inputs = inputs
         return self.path
 
@@ -428,3 +435,34 @@ def compute_surface(
             on_rows(result, list(rows))
     result.seconds = before + time.perf_counter() - start
     return result
+
+
+# ------------------------------------------------------------------------------------------- the spec
+
+
+@dataclass
+class SurfaceOptions:
+    """How ``surface`` runs and draws (api keywords and command-line options, not analyzer options)."""
+
+    three_d: bool = option(False, "Also draw a 3-D surface view.", flag="--3d")
+    resume: bool = option(True, "Resume the output file when it holds a partial surface with the same options "
+                          "(--no-resume: start afresh).", flag="--resume/--no-resume")
+    on_rows: Callable | None = option(None, cli=False)  # on_rows(result, rows) after each block written
+
+
+def _notes(result: SurfaceResult) -> list[str]:
+    ev = result.explained_variance
+    return [] if ev is None else [f"explained variance: PC1 {100 * ev[0]:.1f}%, PC2 {100 * ev[1]:.1f}%"]
+
+
+SPEC = Analysis(
+    name="surface", config=SurfaceConfig, compute=compute_surface, result=SurfaceResult, inputs="checkpoint",
+    run_options=SurfaceOptions, execute="landscape.api.loss_surfaces:run_surface",
+    stem=lambda refs, config, options: f"surface-{slug(refs[0])}-{slug(config.plane)}",
+    figure="landscape.plots.surface:surface_figure",
+    rows=lambda r: [{k: v for k, v in r.summary().items() if k != "explained_variance"}], notes=_notes,
+    details=SurfaceResult.summary, output="surface",
+    doc="""2-D loss and accuracy surface around A (Li et al. 2018); resumes an interrupted output file.
+
+    Arrays are stored [x, y]: train_loss[i, j] is at (xcoordinates[i], ycoordinates[j]); NaN = not computed.""",
+)

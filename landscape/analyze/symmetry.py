@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from landscape.analyze._common import config_from_params
+from landscape.analyze.registry import Analysis, option
 from landscape.errors import UsageError
 from landscape.results import InputRef, read_result, write_result
 
@@ -40,16 +41,17 @@ PLANE = 2  # rows 0 and 1 of the projection matrix span the 2-D picture
 
 @dataclass
 class SymmetryConfig:
-    """Options of ``landscape symmetry`` (and ``landscape.api.geometry.symmetry``)."""
+    """Options of ``landscape symmetry`` (and ``landscape.api.symmetry``)."""
 
-    projections: int = 16
-    seed: int = 0
-    batch_size: int = 500
-    permutations: int = 999
-    split: str = "train"
-    chunk: int = 250
-    directions_per_pass: int = 4
-    workers: int = 1
+    projections: int = option(16, "Random 1-D directions for the skewness (besides the 2-D plane).",
+                              flag=("--projections", "-P"), min=0)
+    seed: int = option(0, "Seed of the projection matrix, the example draw and the permutations.")
+    batch_size: int = option(500, "Examples whose deviations are drawn (the same for every checkpoint).", min=3)
+    permutations: int = option(999, "Sign-flip permutations for the p-value.", min=1)
+    split: str = option("train", "Which split the per-sample gradients come from.", choices=("train", "test"))
+    chunk: int = option(250, "Examples per engine pass (memory bound; results do not depend on it).", min=1)
+    directions_per_pass: int = option(4, cli=False)
+    workers: int = option(1, "Parallel worker processes (checkpoints of a run in parallel).", min=1)
 
     def validate(self) -> None:
         if self.projections < 0:
@@ -216,7 +218,7 @@ class SymmetryResult:
     rows: list[CheckpointSymmetry]
     fingerprint: str
     num_params: int
-    output: Path | None = None  # where the api wrote it
+    path: Path | None = None  # where the result was written
     figures: list[Path] = field(default_factory=list)
 
     SCALARS = ("energy_coefficient", "energy_distance", "p_value", "mean_abs_skew", "max_abs_skew")
@@ -226,7 +228,8 @@ class SymmetryResult:
             {"ref": r.ref, "epoch": r.epoch, **{k: getattr(r.stats, k) for k in self.SCALARS}} for r in self.rows
         ]
 
-    def to_hdf5(self, path, *, inputs: Sequence[InputRef] = ()) -> Path:
+    def to_hdf5(self, path, *, inputs: Sequence[InputRef] = (), attrs: dict | None = None) -> Path:
+        extra = attrs or {}
         arrays = {
             "step": np.array([r.step for r in self.rows], dtype=np.int64),
             "epoch": np.array([r.epoch for r in self.rows], dtype=float),
@@ -239,7 +242,9 @@ class SymmetryResult:
         last = self.rows[-1].stats
         attrs = {name: getattr(last, name) for name in self.SCALARS}
         attrs.update(checkpoints=len(self.rows), matrix_fingerprint=self.fingerprint, num_params=self.num_params)
-        return write_result(path, KIND, arrays=arrays, attrs=attrs, params=self.config, inputs=inputs)
+        self.path = write_result(path, KIND, arrays=arrays, attrs={**attrs, **extra}, params=self.config,
+                                 inputs=inputs)
+        return self.path
 
     @classmethod
     def from_hdf5(cls, path) -> SymmetryResult:
@@ -325,3 +330,31 @@ def gradient_symmetry(
     shapes = parameter_shapes(model)
     return SymmetryResult(config=config, rows=[row], fingerprint=matrix_fingerprint(seed, shapes, PLANE),
                           num_params=sum(math.prod(s) for s in shapes))
+
+
+# ------------------------------------------------------------------------------------------- the spec
+
+
+def compute_point(point, config: SymmetryConfig):
+    """:func:`symmetry_row` at one resolved checkpoint, and its parameter shapes (one projection for all)."""
+    model = point.model()
+    x, y = point.split(config.split)
+    row = symmetry_row(model, x, y, config, masks=point.masks, ref=point.ref, step=point.step, epoch=point.epoch)
+    return row, parameter_shapes(model)
+
+
+def collect(outs, config: SymmetryConfig, _options=None) -> SymmetryResult:
+    shapes = outs[0][1]
+    if any(s != shapes for _, s in outs):
+        raise UsageError("the checkpoints have different parameter shapes; one projection matrix cannot serve them all")
+    return SymmetryResult(config=config, rows=[r for r, _ in outs], fingerprint=matrix_fingerprint(config.seed, shapes,
+                                                                                                 PLANE),
+                          num_params=sum(math.prod(s) for s in shapes))
+
+
+SPEC = Analysis(
+    name="symmetry", config=SymmetryConfig, compute=compute_point, collect=collect, result=SymmetryResult,
+    inputs="target", figure="landscape.plots.symmetry:plot_symmetry", rows=SymmetryResult.summary_rows,
+    output="symmetry", purpose="draw per-sample gradients",
+    doc="""Symmetry of the gradient deviations g_i - g_bar (Zhu & Blaschko App. F) at TARGET (checkpoint or run).""",
+)

@@ -1,10 +1,12 @@
 """The Python face of landscape: checkpoint references in, result files and figures out.
 
-Each command family has a module here (``landscape.api.training``, ``landscape.api.interpolation``, ...)
-that resolves references through the store, calls a pure analyzer and writes its result. The most used
-functions are re-exported lazily so ``from landscape.api import interpolate`` works without importing
-every analyzer. Modules are named for their subject (``training``, ``interpolation``, ...) so that no
-module name shadows a function name: ``landscape.api.interpolate`` is always the function.
+Every registered analysis (``landscape/analyze/__init__.py``) is a function here, made from its spec by
+:func:`landscape.api.runner.api_function` (``interpolate``, ``instability``, ...: references, then the
+config, then keyword options; the result comes back with ``.path`` and ``.figures``). :mod:`.resolve` turns
+references into checkpoints, :mod:`.runner` runs an analysis; the other modules hold the hand-written
+families (``training``, ``pruning``, ``accounting``, ...). Everything is loaded on first use, so
+``from landscape.api import interpolate`` imports only what interpolation needs. Modules are named for their
+subject so that no module name shadows a function name: ``landscape.api.interpolate`` is always the function.
 """
 
 from __future__ import annotations
@@ -19,19 +21,10 @@ _EXPORTS: dict[str, str] = {
     "phases": "training",
     "TrainConfig": "training",
     "PhasesConfig": "training",
-    "interpolate": "interpolation",
-    "instability": "interpolation",
     "InterpolateConfig": "interpolation",
     "tour": "interpolation",
-    "directions": "loss_surfaces",
-    "surface": "loss_surfaces",
     "DirectionsConfig": "loss_surfaces",
     "SurfaceConfig": "loss_surfaces",
-    "clipping": "geometry",
-    "symmetry": "geometry",
-    "norms": "geometry",
-    "ntk": "kernels",
-    "ntk_table": "kernels",
     "prune": "pruning",
     "PruneConfig": "pruning",
     "privacy": "accounting",
@@ -41,12 +34,24 @@ _EXPORTS: dict[str, str] = {
 }
 
 
+def _analyses() -> dict[str, str]:
+    from landscape.analyze import registry
+
+    return {n.replace("-", "_"): n for n in registry.names()}
+
+
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
-    if module is None:
+    if module is not None:
+        return getattr(importlib.import_module(f"landscape.api.{module}"), name)
+    analysis = _analyses().get(name)
+    if analysis is None:
         raise AttributeError(f"module 'landscape.api' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"landscape.api.{module}"), name)
+    from landscape.api.runner import api_function
+
+    function = globals()[name] = api_function(analysis)
+    return function
 
 
 def __dir__() -> list[str]:
-    return sorted(_EXPORTS)
+    return sorted(set(_EXPORTS) | set(_analyses()))

@@ -10,7 +10,10 @@ import dataclasses
 import functools
 import json
 import os
-import re
+import signal
+import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -19,6 +22,7 @@ from typing import Any
 
 import torch
 
+from landscape.analyze.registry import slug  # noqa: F401 (re-exported for the api modules)
 from landscape.errors import CheckpointError, IncompatibleError, UsageError
 from landscape.params import check_compatible
 from landscape.store import Checkpoint
@@ -92,11 +96,6 @@ def check_pair(a: Checkpoint, b: Checkpoint, *, b_label: str | None = None) -> N
 # ---------------------------------------------------------------------------------------- outputs
 
 
-def slug(ref: str) -> str:
-    """A reference as a file-name part: ``run@step=3`` stays, ``dir/a.h5`` -> ``a``, other characters -> ``_``."""
-    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", Path(str(ref)).stem if str(ref).endswith(".h5") else str(ref)).strip("_")
-
-
 def run_label(ref: str) -> str:
     """The run (or file stem) a reference names, without its selector: ``run@last`` -> ``run``."""
     return Path(ref.split("@")[0].replace("/", "_").removesuffix(".h5")).name
@@ -117,16 +116,45 @@ def one_thread() -> None:
     torch.set_num_threads(1)
 
 
-def _start_worker(initializer: Callable | None, initargs: tuple) -> None:
+def die_with_parent(parent: int | None = None, interval: float = 0.5) -> None:
+    """Make this (worker) process exit when its parent dies, even by SIGKILL (issue 14 item 13).
+
+    On Linux the kernel sends SIGKILL at the parent's death (``prctl(PR_SET_PDEATHSIG)``); everywhere a daemon
+    thread also checks every ``interval`` seconds whether the process has been re-parented. A worker blocked
+    on a pipe to a dead parent would otherwise live on (and keep multiprocessing's resource tracker alive).
+    """
+    parent = os.getppid() if parent is None else parent
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
+
+
+def _start_worker(parent: int, initializer: Callable | None, initargs: tuple) -> None:
+    die_with_parent(parent)
     one_thread()
     if initializer is not None:
         initializer(*initargs)
 
 
 def spawn_pool(workers: int, initializer: Callable | None = None, initargs: tuple = ()) -> ProcessPoolExecutor:
-    """``workers`` spawned processes with one torch thread each, then ``initializer(*initargs)`` in each."""
+    """``workers`` spawned processes with one torch thread each, then ``initializer(*initargs)`` in each; they
+    exit when this process dies (:func:`die_with_parent`). The one worker-pool mechanism of the api."""
     return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_start_worker,
-                               initargs=(initializer, initargs))
+                               initargs=(os.getpid(), initializer, initargs))
 
 
 class ProcessPool:

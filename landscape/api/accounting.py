@@ -1,9 +1,11 @@
 """``landscape privacy``: epsilon for a noise multiplier, or the noise multiplier for a target epsilon.
 
 The schedule is ``steps`` Poisson-subsampled Gaussian steps with sample rate ``q``. ``q`` is given directly
-or as ``batch_size / dataset_size``; ``steps`` directly or as epochs, counted like Opacus:
-``int(epochs * dataset_size / batch_size)`` (``int(epochs / q)`` when only ``q`` is known).
-Accounting is :mod:`landscape.train.accounting` (dp_accounting; ``rdp`` at Opacus' orders, or ``pld``).
+or as ``batch_size / dataset_size``; ``steps`` directly or as whole epochs, counted as ``landscape train``
+runs them (:func:`landscape.train.accounting.schedule_steps`): ``epochs * ceil(dataset_size / batch_size)``
+(``epochs * ceil(1 / q)`` when only ``q`` is known, the same rule with N/B = 1/q).
+Accounting is :mod:`landscape.train.accounting` (``rdp``: exact sampled-Gaussian RDP at Opacus' orders, or
+``pld`` from dp_accounting).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ class PrivacyQuery:
     batch_size: int | None = None
     dataset_size: int | None = None
     steps: int | None = None
-    epochs: float | None = None
+    epochs: int | None = None
     delta: float = 1e-5
     method: str = "rdp"
 
@@ -51,13 +53,12 @@ class PrivacyQuery:
             raise UsageError("give exactly one of --steps and --epochs")
         if self.steps is not None:
             steps = int(self.steps)
+        elif self.sample_rate is None:
+            steps = accounting.schedule_steps(self.epochs, self.dataset_size, self.batch_size)
         else:
-            if not (self.epochs >= 0 and math.isfinite(self.epochs)):
-                raise UsageError(f"--epochs must be >= 0, got {self.epochs}")
-            if self.sample_rate is None:
-                steps = int(self.epochs * self.dataset_size / self.batch_size + 1e-9)
-            else:
-                steps = int(self.epochs / q + 1e-9) if q > 0 else 0
+            # ceil(N/B) with N/B = 1/q; the tolerance keeps q = B/N from rounding an exact N/B up
+            per_epoch = max(1, math.ceil(1.0 / q - 1e-9)) if q > 0 else 0
+            steps = accounting.schedule_steps(self.epochs, per_epoch, 1)
         return q, steps
 
 

@@ -1,10 +1,10 @@
-"""Random-direction profiles and 2-D loss surfaces from checkpoint references (Watson et al. Fig. 4; Li et al. 2018).
+"""How ``directions`` and ``surface`` run (their specs' ``execute`` hooks; Watson et al. Fig. 4; Li et al. 2018).
 
-``directions(A, toward=B)`` resolves references through the store (``PATH.h5`` or ``RUN[@init|@last|
-@step=N|@epoch=E]``), rebuilds the model and data from A's specs, evaluates the profiles
-(:func:`landscape.analyze.directions.random_profiles`) and writes the result HDF5 and a figure beside it.
+``landscape.api.directions(A, toward=B)`` and ``landscape.api.surface(A, plane=...)`` are made by
+:mod:`landscape.api.runner`; it calls :func:`run_directions` / :func:`run_surface` here, which resolve the
+extra checkpoints (B, the plane's B and C or a run's trajectory) and evaluate, then writes and draws.
 
-``surface(A, plane=...)`` builds the plane (random, ``B,C`` or ``pca:RUN``), writes the result file at once
+``run_surface`` builds the plane (random, ``B,C`` or ``pca:RUN``), writes the result file at once
 (all NaN) and again, atomically, after every completed grid row; if the file already exists with the same
 options, inputs and plane, only its missing rows are computed (resume). ``workers > 1`` spreads direction
 chunks / grid rows over spawned processes with one torch thread each; the arrays are the same. (Spawned
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -40,63 +40,41 @@ from landscape.analyze.surface import (
     surface_rows,
 )
 from landscape.api._common import check_pair as _check_pair
-from landscape.api._common import checkpoint_dataset, config_with, default_output, slug, spawn_pool
+from landscape.api._common import checkpoint_dataset, spawn_pool
+from landscape.api.resolve import Resolver
 from landscape.errors import CheckpointError, UsageError
 from landscape.params import ParamSpace
 from landscape.results import InputRef
 from landscape.store import Checkpoint, Store, load_checkpoint
 
-__all__ = ["DirectionsConfig", "DirectionsResult", "SurfaceConfig", "SurfaceResult", "directions", "surface"]
+__all__ = ["DirectionsConfig", "DirectionsResult", "SurfaceConfig", "SurfaceResult", "run_directions", "run_surface"]
 
 # ------------------------------------------------------------------------------------------ directions
 
 
-def directions(
-    ref_a: str,
-    *,
-    toward: str | None = None,
-    root: str | Path = "checkpoints",
-    config: DirectionsConfig | None = None,
-    output: str | Path | None = None,
-    figure: bool = True,
-    data_root: str | None = None,
-    download: bool = False,
-    **options: Any,
-) -> DirectionsResult:
-    """Profiles along ``n`` random directions from A (and toward B); writes ``output`` + figure.
-
-    Default output ``results/directions-<A>.h5`` (``-to-<B>`` with a target). Keyword ``options`` replace
-    config fields (``directions("run@last", toward="sib@last", n=20)``).
-    """
-    config = config_with(DirectionsConfig, config, options)
+def run_directions(resolver: Resolver, ref_a: str, config: DirectionsConfig, options, out: Path
+                   ) -> tuple[DirectionsResult, list[InputRef]]:
+    """Resolve A (and ``options.toward``), evaluate :func:`random_profiles` (direction chunks in worker processes
+    with ``config.workers > 1``); the runner writes and draws."""
+    toward = options.toward
     if config.distance == "auto" and toward is None:
         raise UsageError("--distance auto needs --toward B (or give a number)")
-    store = Store(root)
-    a = store.load(ref_a)
-    b = store.load(toward) if toward is not None else None
+    a = resolver.load(ref_a)
+    b = resolver.load(toward) if toward is not None else None
     if b is not None:
         check_pair(a, b)
     model = a.build_model()
     space = ParamSpace.from_model(model)
     theta = space.flatten(a.state_dict)
-    x, y = _split_data(a.data_spec, config.split, config.subset, config.subset_seed, data_root, download)
+    x, y = _split_data(a.data_spec, config.split, config.subset, config.subset_seed, resolver.data_root,
+                       resolver.download)
     runner = None
     if config.workers > 1:
-        payload = _Payload(a.model_spec, a.state_dict, a.data_spec, data_root, download, config)
+        payload = _Payload(a.model_spec, a.state_dict, a.data_spec, resolver.data_root, resolver.download, config)
         runner = functools.partial(_run_direction_chunks, payload=payload)
     result = random_profiles(model, theta, x, y, config=config, toward=None if b is None else space.flatten(b.state_dict),
                              space=space, chunk_runner=runner)
-    inputs = [a.input_ref()] + ([b.input_ref()] if b is not None else [])
-    name = f"directions-{slug(ref_a)}" + (f"-to-{slug(toward)}" if toward else "")
-    out = Path(output) if output is not None else default_output(name)
-    result.to_hdf5(out, inputs=inputs)
-    if figure:
-        from landscape.plots.directions import plot_directions
-        from landscape.plots.style import save_figure
-
-        title = f"A = {ref_a}" + (f"   B = {toward}" if toward else "")
-        result.figures = save_figure(plot_directions(result, title=title), out.with_suffix(""))
-    return result
+    return result, [a.input_ref()] + ([b.input_ref()] if b is not None else [])
 
 
 def check_pair(a: Checkpoint, b: Checkpoint) -> None:
@@ -164,61 +142,38 @@ def _pool(workers: int, payload: _Payload) -> ProcessPoolExecutor:
 # --------------------------------------------------------------------------------------------- surface
 
 
-def surface(
-    ref_a: str,
-    *,
-    root: str | Path = "checkpoints",
-    config: SurfaceConfig | None = None,
-    output: str | Path | None = None,
-    figure: bool = True,
-    three_d: bool = False,
-    resume: bool = True,
-    data_root: str | None = None,
-    download: bool = False,
-    on_rows: Callable[[SurfaceResult, list[int]], None] | None = None,
-    **options: Any,
-) -> SurfaceResult:
-    """The 2-D loss/accuracy surface around A on ``config.plane``; resumable (see the module docstring).
-
-    Default output ``results/surface-<A>-<plane>.h5``; figures ``<stem>-contour``, ``<stem>-filled`` (and
-    ``<stem>-3d`` with ``three_d``) as PNG + PDF. ``on_rows(result, rows)`` is called after each block of
-rows is written.
-    ``resume=False`` starts the file afresh.
-    """
-    config = config_with(SurfaceConfig, config, options)
-    store = Store(root)
+def run_surface(resolver: Resolver, ref_a: str, config: SurfaceConfig, options, out: Path
+                ) -> tuple[SurfaceResult, list[InputRef]]:
+    """The surface around A on ``config.plane``, written to ``out`` after every block of rows (resumed from a
+    partial file with the same options, inputs and plane unless ``options.resume`` is false)."""
+    store = resolver.store
     a = store.load(ref_a)
     model = a.build_model()
     space = ParamSpace.from_model(model)
     theta = space.flatten(a.state_dict)
     plane, extra_inputs = _plane(store, a, space, theta, config)
     inputs = [a.input_ref(), *extra_inputs]
-    out = Path(output) if output is not None else default_output(f"surface-{slug(ref_a)}-{slug(config.plane)}")
-    partial = _resume(out, config, inputs, plane) if resume else None
+    partial = _resume(out, config, inputs, plane) if options.resume else None
     if partial is None:
         partial = SurfaceResult.empty(plane, config)
     partial.config = config
     partial.to_hdf5(out, inputs=inputs)
-    data = {s: _split_data(a.data_spec, s, config.subset, config.subset_seed, data_root, download)
+    data = {s: _split_data(a.data_spec, s, config.subset, config.subset_seed, resolver.data_root, resolver.download)
             for s in config.splits}
 
     def written(result: SurfaceResult, rows: list[int]) -> None:
         result.to_hdf5(out, inputs=inputs)
-        if on_rows is not None:
-            on_rows(result, rows)
+        if options.on_rows is not None:
+            options.on_rows(result, rows)
 
     runner = None
     if config.workers > 1:
-        payload = _Payload(a.model_spec, a.state_dict, a.data_spec, data_root, download, config, plane)
+        payload = _Payload(a.model_spec, a.state_dict, a.data_spec, resolver.data_root, resolver.download, config,
+                           plane)
         runner = functools.partial(_run_rows, payload=payload, xs=partial.xcoordinates, ys=partial.ycoordinates)
     result = compute_surface(model, plane, data, config=config, partial=partial, space=space, on_rows=written,
                              row_runner=runner)
-    result.to_hdf5(out, inputs=inputs)
-    if figure:
-        from landscape.plots.surface import plot_surface
-
-        result.figures = plot_surface(result, out.with_suffix(""), three_d=three_d, title=f"A = {ref_a}")
-    return result
+    return result, inputs
 
 
 def _plane(store: Store, a: Checkpoint, space: ParamSpace, theta: torch.Tensor, config: SurfaceConfig

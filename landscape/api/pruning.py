@@ -10,10 +10,12 @@ data spec is that of the initial weights' run (so ``--init TARGET@init`` with a 
 subset, Watson Fig. 13, gives a run that trains on the target's data by default), else the source's.
 
 Privacy: the mask depends on the source weights, hence on the data they were trained on. The new run's
-``manifest["privacy"]`` carries the source's DP history (``ancestor_events``) and whether any of its steps
-were non-private (``non_private_ancestors``), so the accounting of runs trained from it stays honest.
-Pruning with a mask from a run on public data (another data set) costs nothing; the manifest cannot know
-that, so it records what the source run did.
+``manifest["privacy"]`` carries the DP history of the source (and of the initial weights when they come from
+another run: ``ancestor_events``) and whether any of those steps were non-private (``non_private_ancestors``),
+so the accounting of runs trained from it stays honest. This is the same function
+(:func:`landscape.train.pruning.prune_into_run`) that ``clipping --prune-levels`` uses. Pruning with a mask
+from a run on public data (another data set) costs nothing; the manifest cannot know that, so it records
+what the source run did.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch
 
 from landscape.errors import UsageError
 from landscape.store import Checkpoint, Run, Store
-from landscape.train.pruning import MASK_ARRAY, apply_masks, magnitude_masks, rewind
+from landscape.train.pruning import MASK_ARRAY, prune_into_run
 
 REWINDS = ("init", "none")
 
@@ -64,43 +66,16 @@ class PruneResult:
 
 
 def prune(config: PruneConfig, *, root: str | Path) -> PruneResult:
-    """Prune ``config.ref`` and write the new run into the store at ``root``."""
+    """Prune ``config.ref`` and write the new run into the store at ``root`` (:func:`prune_into_run`)."""
     config.validate()
     store = Store(root)
     source = store.load(config.ref)
-    masks = magnitude_masks(source.state_dict, config.remove, scope=config.scope)
-    init_ref = None
-    init_sha = None
-    data_spec = source.data_spec
+    init = init_ref = None
     if config.rewind == "init":
         init_ref = config.init or _default_init_ref(source, config.ref)
         init = store.load(init_ref)
-        init_sha = init.sha256
-        data_spec = init.data_spec or source.data_spec
-        state = rewind(source.state_dict, init.state_dict, masks)
-    else:
-        state = apply_masks(source.state_dict, masks)
-
-    stored = {"command": "prune", **asdict(config), "init_ref": init_ref, "init_sha256": init_sha}
-    lineage = {
-        "parent_run": source.run,
-        "parent_step": source.step,
-        "parent_epoch": source.epoch,
-        "parent_ref": config.ref,
-        "parent_sha256": source.sha256,
-    }
-    run = store.create_run(
-        config.run,
-        config=stored,
-        seeds={},
-        lineage=lineage,
-        model_spec=source.model_spec,
-        data_spec=data_spec,
-        extra={"privacy": _inherited_privacy(store, source)},
-    )
-    run.save_array(MASK_ARRAY, {n: m.numpy() for n, m in masks.items()})
-    path = run.save_checkpoint(state, step=0, epoch=0.0, attrs={"pruned": stored})
-
+    run, masks = prune_into_run(store, source, config.remove, source_ref=config.ref, scope=config.scope,
+                                init=init, init_ref=init_ref, run=config.run)
     layers = []
     for n, m in masks.items():
         kept = int(m.sum())
@@ -116,7 +91,7 @@ def prune(config: PruneConfig, *, root: str | Path) -> PruneResult:
     total = sum(row["numel"] for row in layers)
     return PruneResult(
         run=run.name,
-        checkpoint=path,
+        checkpoint=run.checkpoints()[0].path,
         source=config.ref,
         init=init_ref,
         layers=layers,
@@ -130,35 +105,6 @@ def _default_init_ref(source: Checkpoint, ref: str) -> str:
             f"{ref} is a checkpoint file outside a run, so it has no @init; pass --init REF or use --rewind none"
         )
     return f"{source.run}@init"
-
-
-def _inherited_privacy(store: Store, source: Checkpoint) -> dict[str, Any]:
-    """The source's DP history up to the source step (same fields ``landscape train`` records)."""
-    events: list[dict[str, Any]] = []
-    non_private = False
-    privacy = None
-    if source.run is not None:
-        try:
-            privacy = store.run(source.run).manifest.get("privacy")
-        except Exception:  # a run without a readable manifest: nothing to inherit
-            privacy = None
-    if privacy:
-        events = [dict(e) for e in privacy.get("ancestor_events", [])]
-        non_private = bool(privacy.get("non_private_ancestors"))
-        if source.step > 0:
-            if privacy.get("accounted"):
-                events.append(
-                    {
-                        "noise_multiplier": float(privacy["noise_multiplier"]),
-                        "sample_rate": float(privacy["sample_rate"]),
-                        "steps": int(source.step),
-                    }
-                )
-            else:
-                non_private = True
-    elif source.step > 0:
-        non_private = True  # trained weights of unknown provenance
-    return {"accounted": False, "ancestor_events": events, "non_private_ancestors": non_private}
 
 
 def load_masks(run: Run) -> dict[str, torch.Tensor] | None:

@@ -85,7 +85,9 @@ def train(
 
 
 def resume(run: str, *, root: str | Path, data_root: str | None = None, progress: bool | None = None) -> Run:
-    """Continue a killed run from its last checkpoint (bit-identical on CPU with fixed seeds)."""
+    """Continue a killed run from its last checkpoint, or from step 0 when it was killed before writing one
+    (bit-identical to an uninterrupted run on CPU with fixed seeds). Another process writing the run is a
+    RunBusyError (one writer per run)."""
     return _train(TrainConfig(resume=run, data_root=data_root), root=root, progress=progress)
 
 

@@ -5,19 +5,15 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from landscape.plots.style import PALETTE, apply_style, save_figure  # noqa: E402
+from landscape.plots.style import PALETTE, save_figure, styled, subplots
 
 
-def plot_clipping(result, stem) -> list[Path]:
+@styled
+def plot_clipping(result, stem, title: str = "") -> list[Path]:
     """One figure: against pruning level (Watson Fig. 11) when the rows are pruning levels, against epoch for
     several checkpoints, and per layer for a single checkpoint."""
-    apply_style()
     levels = np.array([r.prune_level for r in result.rows])
     if not np.isnan(levels).all():
         return _against(result, levels, "fraction of weights pruned", stem, title="R vs pruning (Watson Fig. 11)")
@@ -27,7 +23,7 @@ def plot_clipping(result, stem) -> list[Path]:
 
 
 def _against(result, x, xlabel: str, stem, *, title: str) -> list[Path]:
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    fig, axes = subplots(1, 3, figsize=(12, 3.4))
     order = np.argsort(x)
     x = x[order]
     col = {name: result.column(name)[order] for name in ("R", "projection", "bound", "fraction_clipped",
@@ -80,7 +76,7 @@ def _single(result, stem) -> list[Path]:
     row = result.rows[0]
     t = row.total
     names = result.layer_names
-    fig, axes = plt.subplots(1, 2, figsize=(max(8, 0.35 * len(names) + 4), 3.6),
+    fig, axes = subplots(1, 2, figsize=(max(8, 0.35 * len(names) + 4), 3.6),
                              gridspec_kw={"width_ratios": [3, 1]})
     ax = axes[0]
     pos = np.arange(len(names))
@@ -90,7 +86,20 @@ def _single(result, stem) -> list[Path]:
     if np.all(t.layer_R > 0) and np.isfinite(t.layer_R).all():
         ax.set_yscale("log")
     ax.set_ylabel("R per layer")
-    ax.legend()
+    ax.legend(loc="upper left")
+    if result.config.clip_style == "layerwise":  # each layer is clipped to C_l: its own fraction and assumption
+        twin = ax.twinx()
+        twin.plot(pos, t.layer_fraction_clipped, "o", color=PALETTE[2], ms=4, label="fraction clipped (||g_il|| > C_l)")
+        failed = ~np.asarray(t.layer_assumption_held, bool)
+        if failed.any():
+            twin.plot(pos[failed], np.asarray(t.layer_fraction_clipped)[failed], "x", color="k", ms=6,
+                      label="assumption ||g_il|| >= C_l fails")
+        twin.set_ylim(-0.05, 1.05)
+        twin.set_ylabel("fraction clipped per layer")
+        twin.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, fontsize=7, frameon=False)
+    else:
+        ax.set_title("flat clipping scales whole gradients: per-layer R only (no per-layer clipping counts)",
+                     fontsize=8)
     ax = axes[1]
     values = [t.projection, t.bound, result.config.max_grad_norm]
     ax.bar([0, 1, 2], values, color=[PALETTE[0], PALETTE[1], "#888888"])

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from landscape.plots.style import PALETTE, SGD_COLOR, apply_style, plt
+from landscape.plots.style import PALETTE, SGD_COLOR, styled, subplots
 
 
+@styled
 def plot_directions(result, *, title: str | None = None):
     """A :class:`~landscape.analyze.directions.DirectionsResult` as a figure (returned, not saved)."""
-    apply_style()
-    fig, ax = plt.subplots(figsize=(5.4, 3.6))
+    fig, ax = subplots(figsize=(5.4, 3.6))
     dist = np.asarray(result.t) * result.distance
     loss = np.asarray(result.direction_loss, dtype=np.float64)
     shown = np.where(np.isfinite(loss), loss, np.nan)
@@ -49,3 +49,11 @@ def plot_directions(result, *, title: str | None = None):
         ax.set_title(title)
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
     return fig
+
+
+def directions_figure(result, path, title: str = "", options=None) -> list:
+    """The ``directions`` figure files beside result file ``path`` (title: A, and B with ``options.toward``)."""
+    from landscape.plots.style import save_figure
+
+    toward = getattr(options, "toward", None)
+    return save_figure(plot_directions(result, title=f"A = {title}" + (f"   B = {toward}" if toward else "")), path)

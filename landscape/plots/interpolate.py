@@ -9,20 +9,25 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import matplotlib
+import numpy as np
+from matplotlib.ticker import MaxNLocator
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from landscape.plots.style import (
+    SGD_COLOR,
+    SPLIT_COLORS,
+    SPLIT_STYLES,
+    dp_shades,
+    method_color,
+    save_figure,
+    styled,
+    subplots,
+)
 
-from landscape.plots.style import SGD_COLOR, SPLIT_COLORS, SPLIT_STYLES, apply_style, dp_shades, method_color  # noqa: E402
 
-
+@styled
 def plot_interpolation(result, *, labels: tuple[str, str] = ("A", "B"), title: str | None = None):
     """Loss (left) and accuracy (right) against alpha, one line per split; ``alpha=0`` is A, 1 is B."""
-    apply_style()
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(8.0, 3.2))
+    fig, (ax_loss, ax_acc) = subplots(1, 2, figsize=(8.0, 3.2))
     for split in result.splits:
         color = SPLIT_COLORS.get(split)
         style = SPLIT_STYLES.get(split, "-")
@@ -44,15 +49,15 @@ def plot_interpolation(result, *, labels: tuple[str, str] = ("A", "B"), title: s
     return fig
 
 
+@styled
 def plot_instability(rows: Sequence[dict], *, splits: Sequence[str], title: str | None = None):
     """Instability against k: SGD pairs in one colour, DP-SGD pairs one shade per epsilon (Watson Fig. 5).
 
     ``rows`` carry ``k``, ``phase2`` (optimizer), ``epsilon`` and ``instability_<split>_loss``/``_error``.
     Pairs with the same (optimizer, epsilon, k) are averaged; the spread is shown as error bars.
     """
-    apply_style()
     metrics = (("loss", "loss instability"), ("error", "error barrier"))
-    fig, axes = plt.subplots(len(metrics), len(splits), figsize=(4.2 * len(splits), 5.6), squeeze=False)
+    fig, axes = subplots(len(metrics), len(splits), figsize=(4.2 * len(splits), 5.6), squeeze=False)
     groups: dict[tuple[str, float | None], dict[float, list[dict]]] = {}
     for row in rows:
         eps = row.get("epsilon")
@@ -89,3 +94,13 @@ def plot_instability(rows: Sequence[dict], *, splits: Sequence[str], title: str 
 
 def _fmt(value: float) -> str:
     return "inf" if math.isinf(value) else f"{value:.3g}"
+
+
+def interpolation_figure(result, stem, title: str = "") -> list:
+    """The ``interpolate`` figure files (PNG + PDF at ``stem``): :func:`plot_interpolation`."""
+    return save_figure(plot_interpolation(result, title=title or None), stem)
+
+
+def instability_figure(table, stem, title: str = "", options=None) -> list:
+    """The ``instability`` figure files (PNG + PDF at ``stem``): :func:`plot_instability` of the table's rows."""
+    return save_figure(plot_instability(table.records(), splits=table.splits, title=title or None), stem)

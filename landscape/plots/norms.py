@@ -5,13 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from landscape.plots.style import PALETTE, apply_style, method_color, save_figure  # noqa: E402
+from landscape.plots.style import PALETTE, method_color, save_figure, styled, subplots
 
 
 def _colors(result) -> list[str]:
@@ -39,13 +35,13 @@ def _grad_rows(run, epochs: list[float] | None) -> list:
     return list({id(r): r for r in picks}.values())
 
 
-def plot_norms(result, path) -> list[Path]:
+@styled
+def plot_norms(result, path, title: str = "") -> list[Path]:
     """``<stem>-params`` (histograms + distances) and ``<stem>-grads`` (per-sample gradient norms)."""
-    apply_style()
     stem = Path(path).with_suffix("")
     colors = _colors(result)
     centers = 0.5 * (result.edges[1:] + result.edges[:-1])
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+    fig, axes = subplots(1, 3, figsize=(13, 3.4))
     for run, color in zip(result.runs, colors, strict=True):
         last = run.rows[-1]
         label = f"{run.label} ({run.optimizer})" if run.optimizer else run.label
@@ -67,7 +63,7 @@ def plot_norms(result, path) -> list[Path]:
     files = save_figure(fig, stem.with_name(f"{stem.name}-params"))
     if not any(r.grad_norms.size for run in result.runs for r in run.rows):
         return files
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    fig, axes = subplots(1, 2, figsize=(10, 3.4))
     all_norms = np.concatenate([r.grad_norms for run in result.runs for r in run.rows if r.grad_norms.size])
     bins = np.linspace(0, float(np.quantile(all_norms, 0.995)) * 1.05 or 1.0, 50)
     styles = ["-", "--", ":", "-."]

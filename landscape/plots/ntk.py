@@ -11,14 +11,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from landscape.analyze.ntk import NTKResult, NTKTable  # noqa: E402
-from landscape.plots.style import PALETTE, apply_style, save_figure  # noqa: E402
+from landscape.analyze.ntk import NTKResult, NTKTable
+from landscape.plots.style import PALETTE, save_figure, styled, subplots
 
 STYLE_COLORS = {"none": "#000000", "flat": PALETTE[0], "layerwise": PALETTE[1]}
 
@@ -36,10 +32,10 @@ def _heatmap(ax, M: np.ndarray, title: str, *, diverging: bool) -> None:
     ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
 
 
+@styled
 def plot_ntk(result: NTKResult, stem: str | os.PathLike) -> list[Path]:
     """Spectra and heatmaps of one NTK result, written as ``stem.png`` and ``stem.pdf``."""
-    apply_style()
-    fig, axes = plt.subplots(1, 3, figsize=(14.0, 3.8))
+    fig, axes = subplots(1, 3, figsize=(14.0, 3.8))
     ax = axes[0]
     kp, p = result.K_properties, result.properties
     idx = np.arange(1, len(kp.sym_eigvals) + 1)
@@ -64,15 +60,15 @@ def plot_ntk(result: NTKResult, stem: str | os.PathLike) -> list[Path]:
     return save_figure(fig, stem)
 
 
+@styled
 def plot_ntk_table(table: NTKTable, stem: str | os.PathLike) -> list[Path]:
     """The numbers behind Table 1: against the clipping norm (one step) or against epoch (several)."""
-    apply_style()
     steps = sorted({r.step for r in table.rows})
     along_run = len(steps) > 1
     panels = [("asymmetry", "asymmetry ||A-A^T||/||A||"), ("min_sym_eig", "min eig (A+A^T)/2 / ||A||"),
               ("min_real_eig", "min Re eig A / ||A||"), ("max_abs_imag_eig", "max |Im eig A| / ||A||"),
               ("fraction_clipped", "fraction clipped")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.4))
+    fig, axes = subplots(1, len(panels), figsize=(3.6 * len(panels), 3.4))
     for ax, (col, label) in zip(axes, panels, strict=True):
         if along_run:
             for k, c in enumerate(table.config.max_grad_norms):
@@ -103,3 +99,13 @@ def _value(row, col: str) -> float:
     if col in ("min_sym_eig", "min_real_eig", "max_abs_imag_eig"):
         return v / row.norm if row.norm > 0 else 0.0
     return v
+
+
+def ntk_figure(result: NTKResult, stem, title: str = "") -> list[Path]:
+    """The ``ntk`` figure files (PNG + PDF at ``stem``)."""
+    return plot_ntk(result, stem)
+
+
+def ntk_table_figure(table: NTKTable, stem, title: str = "") -> list[Path]:
+    """The ``ntk-table`` figure files (PNG + PDF at ``stem``)."""
+    return plot_ntk_table(table, stem)

@@ -1,20 +1,26 @@
 """Shared publication style for every landscape figure.
 
-``apply_style()`` sets matplotlib rcParams (readable fonts, no top/right spines, a colour-blind-safe
-palette); ``save_figure(fig, stem)`` writes ``stem.png`` (200 dpi) and ``stem.pdf`` and closes the figure.
+:data:`STYLE` holds the rcParams (readable fonts, no top/right spines, a colour-blind-safe palette); plot
+functions decorated with :func:`styled` draw under them in a ``matplotlib.rc_context``, on figures made by
+:func:`subplots` / :func:`new_figure` (``matplotlib.figure.Figure`` objects, not pyplot), so importing or
+calling the plots changes no global state: no backend is selected, no rcParams are left changed, no figure
+is registered with pyplot. ``save_figure(fig, stem)`` writes ``stem.png`` (200 dpi) and ``stem.pdf``.
 SGD and DP-SGD always get the same colours (:data:`SGD_COLOR`, :data:`DP_COLOR`, :func:`method_color`)
-so figures from different commands read together. Uses the non-interactive Agg backend.
+so figures from different commands read together. Files are written by matplotlib's Agg/PDF canvases
+whatever the session's interactive backend is.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from cycler import cycler
+from matplotlib.figure import Figure
 
 # Okabe & Ito (2008) colour-blind-safe palette.
 PALETTE: tuple[str, ...] = (
@@ -65,39 +71,54 @@ def dp_shades(n: int) -> list[str]:
     return out
 
 
-def apply_style() -> None:
-    """Set the shared rcParams (idempotent)."""
-    from cycler import cycler
+STYLE: dict[str, Any] = {
+    "figure.figsize": (5.0, 3.4),
+    "figure.dpi": 100,
+    "savefig.dpi": DPI,
+    "savefig.bbox": "tight",
+    "font.size": 10,
+    "axes.titlesize": 10,
+    "axes.labelsize": 10,
+    "xtick.labelsize": 9,
+    "ytick.labelsize": 9,
+    "legend.fontsize": 8,
+    "legend.frameon": False,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.25,
+    "grid.linewidth": 0.6,
+    "lines.linewidth": 1.6,
+    "lines.markersize": 4,
+    "axes.prop_cycle": cycler(color=list(PALETTE)),
+    "pdf.fonttype": 42,  # embed TrueType: editable text in the PDF
+    "ps.fonttype": 42,
+}
 
-    plt.rcParams.update(
-        {
-            "figure.figsize": (5.0, 3.4),
-            "figure.dpi": 100,
-            "savefig.dpi": DPI,
-            "savefig.bbox": "tight",
-            "font.size": 10,
-            "axes.titlesize": 10,
-            "axes.labelsize": 10,
-            "xtick.labelsize": 9,
-            "ytick.labelsize": 9,
-            "legend.fontsize": 8,
-            "legend.frameon": False,
-            "axes.spines.top": False,
-            "axes.spines.right": False,
-            "axes.grid": True,
-            "grid.alpha": 0.25,
-            "grid.linewidth": 0.6,
-            "lines.linewidth": 1.6,
-            "lines.markersize": 4,
-            "axes.prop_cycle": cycler(color=list(PALETTE)),
-            "pdf.fonttype": 42,  # embed TrueType: editable text in the PDF
-            "ps.fonttype": 42,
-        }
-    )
+
+def styled(fn: Callable) -> Callable:
+    """Run a plot function under :data:`STYLE` (a ``matplotlib.rc_context``: the caller's rcParams are restored)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with matplotlib.rc_context(STYLE):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def new_figure(**kwargs) -> Figure:
+    """A ``matplotlib.figure.Figure`` that pyplot does not know (nothing to close, no backend needed)."""
+    return Figure(**kwargs)
+
+
+def subplots(*args, figsize=None, layout=None, **kwargs):
+    """``(fig, axes)`` like ``plt.subplots`` on a :func:`new_figure`."""
+    fig = new_figure(figsize=figsize, layout=layout)
+    return fig, fig.subplots(*args, **kwargs)
 
 
 def save_figure(fig, stem: str | os.PathLike) -> list[Path]:
-    """Write ``stem.png`` (200 dpi) and ``stem.pdf``, close ``fig``, return both paths.
+    """Write ``stem.png`` (200 dpi) and ``stem.pdf``, return both paths.
 
     ``stem`` may carry a suffix (``out/interp.h5`` -> ``out/interp.png``, ``out/interp.pdf``).
     """
@@ -106,9 +127,9 @@ def save_figure(fig, stem: str | os.PathLike) -> list[Path]:
         stem = stem.with_suffix("")
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = []
-    for ext in ("png", "pdf"):
-        path = stem.with_name(f"{stem.name}.{ext}")
-        fig.savefig(path, dpi=DPI)
-        paths.append(path)
-    plt.close(fig)
+    with matplotlib.rc_context(STYLE):
+        for ext in ("png", "pdf"):
+            path = stem.with_name(f"{stem.name}.{ext}")
+            fig.savefig(path, dpi=DPI)
+            paths.append(path)
     return paths

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from landscape.plots.style import PALETTE, apply_style, plt, save_figure
+from landscape.plots.style import PALETTE, new_figure, save_figure, styled, subplots
 
 N_LEVELS = 20
 
@@ -50,11 +50,11 @@ def _overlay(ax, result) -> None:
         ax.annotate(name, (mx, my), textcoords="offset points", xytext=(4, 4), fontsize=7)
 
 
+@styled
 def contour_figure(result, *, filled: bool, title: str | None = None):
     """One panel per split of the loss: contour lines (``filled=False``) or filled contours with a colour bar."""
-    apply_style()
     splits = result.splits
-    fig, axes = plt.subplots(1, len(splits), figsize=(5.2 * len(splits), 4.0), squeeze=False, layout="constrained")
+    fig, axes = subplots(1, len(splits), figsize=(5.2 * len(splits), 4.0), squeeze=False, layout="constrained")
     xg, yg = np.meshgrid(result.xcoordinates, result.ycoordinates)  # (ny, nx)
     for ax, split in zip(axes[0], splits, strict=True):
         z = np.asarray(result.values[f"{split}_loss"], dtype=np.float64).T  # [x, y] -> [y, x]
@@ -77,15 +77,15 @@ def contour_figure(result, *, filled: bool, title: str | None = None):
     return fig
 
 
+@styled
 def surface_3d_figure(result, *, title: str | None = None):
     """The first split's loss as a 3-D surface (log10 when it spans more than an order of magnitude)."""
-    apply_style()
     split = result.splits[0]
     z = np.asarray(result.values[f"{split}_loss"], dtype=np.float64).T
     _, log = _levels(z)
     zz = np.log10(z) if log else z
     xg, yg = np.meshgrid(result.xcoordinates, result.ycoordinates)
-    fig = plt.figure(figsize=(5.4, 4.4))
+    fig = new_figure(figsize=(5.4, 4.4))
     ax = fig.add_subplot(projection="3d")
     ax.plot_surface(xg, yg, np.ma.masked_invalid(zz), cmap="viridis", linewidth=0, antialiased=True)
     ax.set_xlabel(result.xlabel, fontsize=7)
@@ -94,3 +94,9 @@ def surface_3d_figure(result, *, title: str | None = None):
     if title:
         ax.set_title(title)
     return fig
+
+
+def surface_figure(result, path, title: str = "", options=None) -> list[Path]:
+    """The ``surface`` figure files beside result file ``path`` (``options.three_d``: also the 3-D view)."""
+    return plot_surface(result, Path(path).with_suffix(""), three_d=bool(getattr(options, "three_d", False)),
+                        title=f"A = {title}")

@@ -6,14 +6,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+from matplotlib.colors import LogNorm
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.colors import LogNorm  # noqa: E402
-
-from landscape.plots.style import PALETTE, apply_style, save_figure  # noqa: E402
+from landscape.plots.style import PALETTE, save_figure, styled, subplots
 
 MAX_PANELS = 8
 
@@ -26,12 +22,12 @@ def _panels(rows: list) -> list:
     return [rows[i] for i in idx]
 
 
+@styled
 def plot_deviations(result, stem) -> list[Path]:
     """Scatter (top) and density (bottom) of the 2-D projected deviations, one column per checkpoint."""
-    apply_style()
     rows = _panels(result.rows)
     k = len(rows)
-    fig, axes = plt.subplots(2, k, figsize=(2.6 * k, 5.2), squeeze=False)
+    fig, axes = subplots(2, k, figsize=(2.6 * k, 5.2), squeeze=False)
     for j, row in enumerate(rows):
         pts = row.stats.plane
         lim = float(np.quantile(np.abs(pts), 0.99)) * 1.1 or 1.0
@@ -59,9 +55,9 @@ def plot_deviations(result, stem) -> list[Path]:
     return save_figure(fig, stem)
 
 
+@styled
 def plot_statistics(result, stem) -> list[Path]:
     """Energy coefficient (with p-value) and skewness of the deviations against epoch."""
-    apply_style()
     epochs = np.array([r.epoch for r in result.rows])
     order = np.argsort(epochs)
     epochs = epochs[order]
@@ -69,7 +65,7 @@ def plot_statistics(result, stem) -> list[Path]:
     p = np.array([r.stats.p_value for r in result.rows])[order]
     mean_skew = np.array([r.stats.mean_abs_skew for r in result.rows])[order]
     max_skew = np.array([r.stats.max_abs_skew for r in result.rows])[order]
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    fig, axes = subplots(1, 2, figsize=(9, 3.2))
     ax = axes[0]
     ax.plot(epochs, h, "o-", color=PALETTE[0], label="energy coefficient H(xi, -xi)")
     ax.set_xlabel("epoch")
@@ -94,7 +90,7 @@ def plot_statistics(result, stem) -> list[Path]:
     return save_figure(fig, stem)
 
 
-def plot_symmetry(result, path) -> list[Path]:
+def plot_symmetry(result, path, title: str = "") -> list[Path]:
     """``<stem>-deviations`` (grid over checkpoints) and ``<stem>-stats`` (statistics vs epoch)."""
     stem = Path(path).with_suffix("")
     files = plot_deviations(result, stem.with_name(f"{stem.name}-deviations"))

@@ -144,7 +144,7 @@ class NonFinite(Callback):
 
 
 class Accounting(Callback):
-    """Epsilon so far (Poisson-subsampled Gaussian mechanism, dp-accounting) after every step.
+    """Epsilon so far (Poisson-subsampled Gaussian mechanism, landscape.train.accounting) after every step.
 
     ``curve[t]`` is the epsilon after ``t`` of this run's steps, including any DP ancestor steps
     (see :mod:`landscape.train.loop`); it is computed once up front, so the loop pays nothing per step.

@@ -193,15 +193,17 @@ _EVERY = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([se])\s*$", re.IGNORECASE)
 
 
 def parse_every(spec: str | None) -> tuple[str, float] | None:
-    """``"50s"`` -> ("steps", 50); ``"1e"`` / ``"0.5e"`` -> ("epochs", E); ``"none"``/``"0"`` -> None."""
-    if spec is None or str(spec).strip().lower() in ("", "none", "0", "0s", "0e"):
+    """``"50s"`` -> ("steps", 50); ``"1e"`` / ``"0.5e"`` -> ("epochs", E); ``"none"`` -> None (init and final
+    only). A zero interval (``0s``) is an error rather than a silent ``none``."""
+    if spec is None or str(spec).strip().lower() == "none":
         return None
     m = _EVERY.match(str(spec))
     if not m:
         raise UsageError(f"--checkpoint-every {spec!r}: use N followed by s (steps) or e (epochs), e.g. 50s or 1e")
     value, unit = float(m.group(1)), m.group(2).lower()
     if value <= 0:
-        return None
+        raise UsageError(f"--checkpoint-every {spec!r}: the interval must be positive; use 'none' for init and "
+                         "final checkpoints only")
     if unit == "s" and value != int(value):
         raise UsageError(f"--checkpoint-every {spec!r}: a step count must be a whole number")
     return ("steps", value) if unit == "s" else ("epochs", value)

@@ -12,7 +12,7 @@ scratch), data order and noise; child runs (``--from``) start from the parent's 
 changes only data order and noise (Watson et al. Sec. 4.1.1's Phase-2 copies).
 
 Privacy accounting. ``dpsgd`` runs record epsilon for the Poisson-subsampled Gaussian mechanism with sample
-rate q = B/N and the run's noise multiplier (dp-accounting, ``--accountant rdp|pld|prv``). A child run
+rate q = B/N and the run's noise multiplier (exact RDP or PLD, ``--accountant rdp|pld``). A child run
 composes its own steps with its ancestors' DP steps up to the branch point (the epsilon of the whole
 pipeline on the same data set); non-private ancestor steps (SGD, clip-only, noise-only) contribute nothing
 and are flagged in ``manifest["privacy"]["non_private_ancestors"]``, because then no finite guarantee covers
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,10 +36,10 @@ import torch
 from torch import nn
 
 from landscape.data import Dataset, dataset_from_spec, load_dataset
-from landscape.errors import CheckpointError, IncompatibleError, ModelError, UsageError
+from landscape.errors import CheckpointError, IncompatibleError, LandscapeError, ModelError, UsageError
 from landscape.models import build_model, has_batchnorm, model_from_spec
 from landscape.runtime import resolve_device, seed_everything
-from landscape.store import Checkpoint, Run, Store
+from landscape.store import MANIFEST, Checkpoint, Run, Store, check_state_dict
 from landscape.train import accounting
 from landscape.train.accounting import PrivacyEvent
 from landscape.train.callbacks import (
@@ -56,6 +57,7 @@ from landscape.train.callbacks import (
 )
 from landscape.train.config import TrainConfig, checkpoint_steps, config_hash
 from landscape.train.privatize import PrivacyConfig, Privatizer
+from landscape.train.pruning import inherited_privacy, lineage_of
 from landscape.train.sampling import Sampler, make_sampler, steps_per_epoch
 from landscape.train.sparsify import SparsifySchedule
 
@@ -115,20 +117,43 @@ def train(
     store = Store(root)
     if config.resume is not None:
         return _resume(store, config.resume, data_root=config.data_root, callbacks=callbacks, progress=progress)
+    if config.run is not None and _interrupted_before_first_checkpoint(store, config):
+        # the same command again after a kill before the first checkpoint: start that run over, in place
+        return _resume(store, config.run, data_root=config.data_root, callbacks=callbacks, progress=progress)
     return _start(store, config, callbacks=callbacks, progress=progress, phases=phases)
+
+
+def _interrupted_before_first_checkpoint(store: Store, config: TrainConfig) -> bool:
+    """Whether run ``config.run`` exists with this configuration (same hash) and no checkpoint yet."""
+    if config.run not in store.run_names():
+        return False
+    with contextlib.suppress(CheckpointError):
+        run = store.run(config.run)
+        return (not run.checkpoints() and "schedule" in run.manifest
+                and run.manifest.get("config_hash") == config_hash(_with_defaults(config)))
+    return False
+
+
+def _with_defaults(config: TrainConfig) -> TrainConfig:
+    """A run from scratch trains lenet on digits unless told otherwise (a child run: its parent's)."""
+    if config.from_ref is not None:
+        return config
+    return dataclasses.replace(config, model=config.model or DEFAULT_MODEL, data=config.data or DEFAULT_DATA)
 
 
 def _start(
     store: Store, config: TrainConfig, *, callbacks: Sequence[Callback], progress: bool | None,
-    phases: dict[str, Any] | None,
+    phases: dict[str, Any] | None, existing: Run | None = None,
 ) -> Run:
+    """Train a new run; with ``existing`` (a locked run that has a manifest but no checkpoint, its creator
+    killed before the first one), train that run from step 0 instead, after checking that its recorded
+    manifest is exactly what this configuration gives (so the numbers are those of an uninterrupted run)."""
     config.warn_sampling()
-    if config.from_ref is None:
-        config = dataclasses.replace(config, model=config.model or DEFAULT_MODEL, data=config.data or DEFAULT_DATA)
+    config = _with_defaults(config)
     device = resolve_device(config.device)
     parent: Checkpoint | None = None
     if config.from_ref is not None:
-        parent = store.load(config.from_ref)
+        parent = _load_parent(store, config.from_ref, existing)
     data = _load_data(config, parent)
     seeds = derive_seeds(config.seed)
     seed_everything(config.seed)
@@ -141,21 +166,15 @@ def _start(
         non_private = False
     else:
         model = _model_from_parent(config, parent, data)
-        lineage = {
-            "parent_run": parent.run,
-            "parent_step": parent.step,
-            "parent_epoch": parent.epoch,
-            "parent_ref": config.from_ref,
-            "parent_sha256": parent.sha256,
-        }
+        lineage = lineage_of(parent, config.from_ref)
         masks = _parent_masks(store, parent)
-        history, non_private = _ancestor_privacy(store, parent)
+        history, non_private = inherited_privacy(store, parent)
     _check_dp_model(config, model)
     model.to(device)
 
     n = len(data.y_train)
     spe = steps_per_epoch(n, config.batch_size)
-    total = config.epochs * spe
+    total = accounting.schedule_steps(config.epochs, n, config.batch_size)
     q = min(1.0, config.batch_size / n)
     sigma = _noise_multiplier(config, q, total, history)
     privacy = {
@@ -178,10 +197,13 @@ def _start(
     }
     if phases is not None:
         extra["phases"] = phases
-    run = store.create_run(
-        config.run, config=stored, seeds=seeds, lineage=lineage,
-        model_spec=dict(model.landscape_spec), data_spec=dict(data.spec), extra=extra,
-    )
+    fields = dict(config=stored, seeds=seeds, lineage=lineage, model_spec=dict(model.landscape_spec),
+                  data_spec=dict(data.spec), extra=extra)
+    if existing is None:
+        run = store.create_run(config.run, **fields)
+    else:
+        run = existing
+        _check_restart(run, fields)
     try:
         if masks is not None:
             run.save_array(MASK_ARRAY, {k: v.numpy() for k, v in masks.items()})
@@ -189,9 +211,48 @@ def _start(
         _reapply_masks(state)  # a parent's pruned weights are zero from step 0, even if it stored them unmasked
         _run(state, callbacks, progress)
     except BaseException:
-        _discard_if_empty(run)
+        if existing is None:
+            _discard_if_empty(run)
         raise
+    finally:
+        if existing is None:
+            run.close()
     return run
+
+
+def _load_parent(store: Store, ref: str, existing: Run | None) -> Checkpoint:
+    """The parent checkpoint of ``--from ref``; restarting ``existing``, the very one its lineage records
+    (``@last`` may have moved on since), checked against the recorded sha256."""
+    lineage = (existing.manifest.get("lineage") or {}) if existing is not None else {}
+    if not lineage.get("parent_sha256"):
+        return store.load(ref)
+    for candidate in (ref, f"{lineage.get('parent_run')}@step={lineage.get('parent_step')}"):
+        with contextlib.suppress(CheckpointError, UsageError):
+            parent = store.load(candidate)
+            if parent.sha256 == lineage["parent_sha256"]:
+                return parent
+    raise CheckpointError(
+        f"run '{existing.name}' cannot be restarted: its parent checkpoint ({ref}, sha256 "
+        f"{str(lineage['parent_sha256'])[:12]}) is gone or changed"
+    )
+
+
+def _check_restart(run: Run, fields: dict[str, Any]) -> None:
+    """Restarting a run from step 0 must reproduce its recorded manifest field by field (seeds, data, model,
+    privacy, schedule, ...); otherwise the run would not be the one its manifest describes."""
+    from landscape.results import to_jsonable
+
+    recorded = run.manifest
+    now = {k: v for k, v in fields.items() if k != "extra"} | fields["extra"]
+    for key, value in now.items():
+        if key == "config" or key == "phases" and key not in recorded:
+            continue  # the config is compared through its hash (device, data root and run name do not count)
+        want = json.loads(json.dumps(to_jsonable(value)))
+        if recorded.get(key) != want:
+            raise CheckpointError(
+                f"run '{run.name}' has no checkpoint and cannot be restarted as recorded: its '{key}' differs from "
+                f"what its configuration gives now (changed data or code?); remove {run.path} and train it again"
+            )
 
 
 def _discard_if_empty(run: Run) -> None:
@@ -204,22 +265,60 @@ def _discard_if_empty(run: Run) -> None:
 def _resume(
     store: Store, name: str, *, data_root: str | None, callbacks: Sequence[Callback], progress: bool | None
 ) -> Run:
-    run = store.run(name)
-    manifest = run.manifest
-    config = TrainConfig.from_dict(manifest.get("config") or {})
-    if "schedule" not in manifest or "privacy" not in manifest:
-        raise CheckpointError(f"run '{name}' was not written by landscape train; it cannot be resumed")
-    infos = run.checkpoints()
-    if not infos:
-        raise CheckpointError(f"run '{name}' has no checkpoint to resume from; start it again")
-    last = infos[-1]
+    """Continue run ``name`` under its lock: from its last checkpoint, or from step 0 when its creator was
+    killed before writing one (same recorded config and seeds, so the same numbers as an uninterrupted run)."""
+    run = store.open_run(name)  # the lock, stale temporary files swept, unrecorded checkpoints adopted
+    try:
+        manifest = run.manifest
+        if "schedule" not in manifest or "privacy" not in manifest:
+            raise CheckpointError(f"run '{name}' was not written by landscape train; it cannot be resumed")
+        config = _stored_config(run, data_root)
+        infos = run.checkpoints()
+        if not infos:
+            return _start(store, config, callbacks=callbacks, progress=progress, phases=None, existing=run)
+        return _continue(store, run, config, infos[-1], data_root=data_root, callbacks=callbacks, progress=progress)
+    finally:
+        run.close()
+
+
+def _damaged(run: Run, field: str, what: str) -> CheckpointError:
+    """The one-line error for a manifest field the trainer cannot use (as :func:`landscape.store.check_manifest`)."""
+    what = " ".join(what.split())[:240]
+    return CheckpointError(f"damaged run manifest {run.path / MANIFEST}: field '{field}' {what}")
+
+
+def _stored_config(run: Run, data_root: str | None) -> TrainConfig:
+    """The run's recorded TrainConfig (validated; a damaged one is a one-line error naming the manifest)."""
+    try:
+        config = TrainConfig.from_dict(run.manifest.get("config") or {})
+        config = dataclasses.replace(config, run=run.name, resume=None, data_root=data_root or config.data_root)
+        return config.validate()
+    except (TypeError, ValueError, LandscapeError) as exc:
+        raise _damaged(run, "config", f"is not a training configuration ({exc})") from None
+
+
+def _continue(
+    store: Store, run: Run, config: TrainConfig, last: Any, *, data_root: str | None,
+    callbacks: Sequence[Callback], progress: bool | None,
+) -> Run:
+    name, manifest = run.name, run.manifest
     total = int(manifest["schedule"]["total_steps"])
     if last.step >= total:
         return run
     ckpt = store.load(f"{name}@step={last.step}")
     device = resolve_device(config.device)
-    data = dataset_from_spec(manifest["data_spec"], data_root=data_root or config.data_root)
-    model = model_from_spec(manifest["model_spec"])
+    missing = [k for k in ("sampling", "noise", "sparsify") if k not in manifest["seeds"]]
+    if missing:
+        raise _damaged(run, f"seeds.{missing[0]}", "is missing")
+    try:
+        data = dataset_from_spec(manifest["data_spec"], data_root=data_root or config.data_root)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise _damaged(run, "data_spec", f"does not describe a data set ({exc})") from None
+    try:
+        model = model_from_spec(manifest["model_spec"])
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise _damaged(run, "model_spec", f"does not describe a model ({exc})") from None
+    check_state_dict(model, ckpt.state_dict, source=str(last.path))
     model.load_state_dict(ckpt.state_dict, strict=True)
     model.to(device)
     masks = None
@@ -227,6 +326,8 @@ def _resume(
         masks = {k: torch.as_tensor(np.asarray(v)) for k, v in run.load_array(MASK_ARRAY).items()}
     privacy = manifest["privacy"]
     history = [PrivacyEvent(**e) for e in privacy.get("ancestor_events", [])]
+    if "noise_multiplier" not in privacy:
+        raise _damaged(run, "privacy.noise_multiplier", "is missing")
     state = _build_state(config, run, data, model, device, masks, manifest["seeds"],
                          privacy["noise_multiplier"], history)
     if int(manifest["schedule"]["steps_per_epoch"]) != state.steps_per_epoch:
@@ -306,24 +407,6 @@ def _parent_masks(store: Store, parent: Checkpoint) -> dict[str, torch.Tensor] |
     return {k: torch.as_tensor(np.asarray(v)) for k, v in saved.items()}
 
 
-def _ancestor_privacy(store: Store, parent: Checkpoint) -> tuple[list[PrivacyEvent], bool]:
-    """DP events of the parent run up to the branch step (and its ancestors'), and whether any step was non-private."""
-    privacy = None
-    if parent.run is not None:
-        with contextlib.suppress(CheckpointError):
-            privacy = store.run(parent.run).manifest.get("privacy")
-    if not privacy:
-        return [], parent.step > 0  # trained weights of unknown provenance
-    events = [PrivacyEvent(**e) for e in privacy.get("ancestor_events", [])]
-    non_private = bool(privacy.get("non_private_ancestors"))
-    if parent.step > 0:
-        if privacy.get("accounted"):
-            events.append(PrivacyEvent(float(privacy["noise_multiplier"]), float(privacy["sample_rate"]), parent.step))
-        else:
-            non_private = True
-    return events, non_private
-
-
 def _noise_multiplier(config: TrainConfig, q: float, total: int, history: list[PrivacyEvent]) -> float:
     if config.optimizer in ("sgd", "clip-only"):
         return 0.0
@@ -339,7 +422,7 @@ def composed_epsilon(
     history: Sequence[PrivacyEvent], noise_multiplier: float, sample_rate: float, steps: int, delta: float,
     method: str = "rdp",
 ) -> float:
-    """Epsilon of the ancestors' DP steps composed with ``steps`` more of this run (dp-accounting)."""
+    """Epsilon of the ancestors' DP steps composed with ``steps`` more of this run (:mod:`.accounting`)."""
     return accounting.composed_epsilon([*history, PrivacyEvent(noise_multiplier, sample_rate, steps)], delta, method)
 
 

@@ -15,17 +15,32 @@ coordinate is removed first), so masks are reproducible.
 
 Masks are ``dict[name, bool Tensor]`` (True = keep) over parameter names; tensors a mask dict does not name
 are not masked. A mask computed on one run applies to any model with the same tensor names and shapes.
+
+Pruned runs, lineage and privacy (one way for ``landscape prune`` and ``clipping --prune-levels``):
+:func:`prune_into_run` writes the pruned (and optionally rewound) weights as step 0 of a new run, the masks as
+its run array ``mask``, lineage pointing at the source checkpoint, and ``manifest["privacy"]`` carrying the
+DP history of every checkpoint its weights depend on (:func:`inherited_privacy`): the mask is a function of
+the source weights, hence of the data they were trained on, so a run trained from the pruned one must
+compose those steps into its epsilon (``landscape train`` reads them through the same function).
+:func:`pruned_retrain` is Watson et al. Fig. 11's prune -> rewind -> retrain built on it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from landscape.errors import IncompatibleError, UsageError
+from landscape.errors import CheckpointError, IncompatibleError, UsageError
+from landscape.train.accounting import PrivacyEvent
+
+if TYPE_CHECKING:
+    from landscape.store import Checkpoint, Run, Store
 
 SCOPES = ("layer", "global")
 MASK_ARRAY = "mask"  # name of the run array holding a run's keep-masks {parameter name: bool array}
@@ -177,3 +192,149 @@ def mask_optimizer_state_(
         for value in state.values():
             if isinstance(value, torch.Tensor) and value.shape == p.shape:
                 value.mul_(torch.as_tensor(masks[name]).to(value))
+
+
+# ------------------------------------------------------------------------------ lineage and privacy
+
+
+def lineage_of(checkpoint: Checkpoint, ref: str) -> dict[str, Any]:
+    """The ``manifest["lineage"]`` of a run whose step 0 derives from ``checkpoint`` (named ``ref``)."""
+    return {
+        "parent_run": checkpoint.run,
+        "parent_step": checkpoint.step,
+        "parent_epoch": checkpoint.epoch,
+        "parent_ref": ref,
+        "parent_sha256": checkpoint.sha256,
+    }
+
+
+def inherited_privacy(store: Store, checkpoint: Checkpoint) -> tuple[list[PrivacyEvent], bool]:
+    """The DP history of the weights at ``checkpoint``: ``(events, non_private)``.
+
+    ``events``: its run's recorded ancestor events (``manifest["privacy"]["ancestor_events"]``) followed by the
+    run's own steps up to the checkpoint when the run was accounted (DP-SGD with a noise multiplier).
+    ``non_private``: some earlier step carried no privacy guarantee (SGD, clip-only, noise-only ancestors or
+    trained weights of unknown provenance), so no finite epsilon covers the pipeline. This is the one place a
+    child run (``train --from``) and a pruned run (:func:`prune_into_run`) learn their history from.
+    """
+    privacy = None
+    if checkpoint.run is not None:
+        with contextlib.suppress(CheckpointError):
+            privacy = store.run(checkpoint.run).manifest.get("privacy")
+    if not privacy:
+        return [], checkpoint.step > 0  # trained weights of unknown provenance
+    events = [PrivacyEvent(**e) for e in privacy.get("ancestor_events", [])]
+    non_private = bool(privacy.get("non_private_ancestors"))
+    if checkpoint.step > 0:
+        if privacy.get("accounted"):
+            events.append(PrivacyEvent(float(privacy["noise_multiplier"]), float(privacy["sample_rate"]),
+                                       int(checkpoint.step)))
+        else:
+            non_private = True
+    return events, non_private
+
+
+def _pruned_privacy(store: Store, source: Checkpoint, init: Checkpoint | None) -> dict[str, Any]:
+    """``manifest["privacy"]`` of a pruned run: the history of the source (which chose the mask) and of the
+    weights it was rewound to. Both from one run: the later checkpoint's history contains the earlier's.
+    From two runs: both histories, composed (conservative if they share DP ancestors: never under-reports)."""
+    events, non_private = inherited_privacy(store, source)
+    if init is not None:
+        if init.run is not None and init.run == source.run:
+            if init.step > source.step:
+                events, non_private = inherited_privacy(store, init)
+        else:
+            more, more_np = inherited_privacy(store, init)
+            events, non_private = events + more, non_private or more_np
+    return {"accounted": False, "ancestor_events": [dataclasses.asdict(e) for e in events],
+            "non_private_ancestors": non_private}
+
+
+def prune_into_run(
+    store: Store,
+    source: Checkpoint,
+    remove: float,
+    *,
+    source_ref: str,
+    scope: str = "layer",
+    init: Checkpoint | None = None,
+    init_ref: str | None = None,
+    run: str | None = None,
+) -> tuple[Run, dict[str, torch.Tensor]]:
+    """Magnitude-prune ``source`` (:func:`magnitude_masks`) into a new run; returns it and the keep-masks.
+
+    Step 0 of the new run holds the survivors rewound to ``init`` (:func:`rewind`, Watson et al. Sec. 4 /
+    lottery-ticket rewinding) or, without ``init``, the source values with pruned coordinates zeroed. The run
+    stores the masks (run array ``mask``), lineage to ``source``, the data spec of ``init`` (else the
+    source's), and the privacy history of both checkpoints (:func:`_pruned_privacy`). ``manifest["config"]``
+    records the pruning (``command: prune``, the source, fraction, scope, rewind and init with its sha256).
+    """
+    masks = magnitude_masks(source.state_dict, remove, scope=scope)
+    if init is not None:
+        state = rewind(source.state_dict, init.state_dict, masks)
+        data_spec = init.data_spec or source.data_spec
+    else:
+        state = apply_masks(source.state_dict, masks)
+        data_spec = source.data_spec
+    stored = {
+        "command": "prune", "ref": source_ref, "remove": float(remove), "scope": scope,
+        "rewind": "init" if init is not None else "none", "run": run, "init": init_ref,
+        "init_ref": init_ref if init is not None else None, "init_sha256": init.sha256 if init is not None else None,
+    }
+    new = store.create_run(
+        run, config=stored, seeds={}, lineage=lineage_of(source, source_ref), model_spec=source.model_spec,
+        data_spec=data_spec, extra={"privacy": _pruned_privacy(store, source, init)},
+    )
+    new.save_array(MASK_ARRAY, {n: m.numpy() for n, m in masks.items()})
+    new.save_checkpoint(state, step=0, epoch=0.0, attrs={"pruned": stored})
+    return new, masks
+
+
+def pruned_retrain(store: Store, trained: Checkpoint, init: Checkpoint, level: float) -> Run:
+    """Watson et al. Fig. 11: prune -> rewind -> retrain, with the training configuration of ``trained``'s run.
+
+    :func:`prune_into_run` removes a fraction ``level`` of each layer's Linear/Conv weights by magnitude at
+    ``trained`` and rewinds the survivors to ``init``: run ``<run>-prune<level*1000>``; ``landscape train
+    --from <that>@init`` then retrains it (masks kept): run ``<run>-prune<level*1000>-retrain``, whose epsilon
+    composes the DP steps of ``trained`` (which chose the mask) with its own. A source trained with
+    ``--target-epsilon`` is retrained with the noise multiplier it used (a target for the composed epsilon could
+    already be spent). Existing runs made from the same checkpoint with the same history are reused, so a
+    repeated command does not train again; anything else is a usage error naming the run to remove.
+    """
+    from landscape.train.config import TrainConfig
+    from landscape.train.loop import train
+
+    tag = f"{trained.run}-prune{int(round(level * 1000)):03d}"
+    retrain_name = f"{tag}-retrain"
+    source = store.run(trained.run)
+    names = store.run_names()
+    if tag in names:
+        old = store.run(tag)
+        if (old.manifest.get("lineage") or {}).get("parent_sha256") != trained.sha256:
+            raise UsageError(f"run '{tag}' exists but was not pruned from {trained.ref}; remove it first")
+    else:
+        prune_into_run(store, trained, level, source_ref=trained.ref, scope="layer", init=init,
+                       init_ref=init.ref or f"{trained.run}@init", run=tag)
+    expected, _ = inherited_privacy(store, store.load(f"{tag}@init"))
+    if retrain_name in names:
+        done = store.run(retrain_name)
+        recorded = [PrivacyEvent(**e) for e in (done.manifest.get("privacy") or {}).get("ancestor_events", [])]
+        if recorded != expected:
+            raise UsageError(
+                f"run '{retrain_name}' does not compose the DP history of {trained.ref} (made by an older version "
+                f"that dropped it?); remove runs '{tag}' and '{retrain_name}' and run again"
+            )
+        total = int((done.manifest.get("schedule") or {}).get("total_steps", -1))
+        infos = done.checkpoints()
+        if infos and infos[-1].step >= total:
+            return done
+        raise UsageError(f"run '{retrain_name}' exists but is unfinished; resume it (train --resume) or remove it")
+    stored = dict(source.manifest["config"])
+    if stored.get("target_epsilon") is not None:
+        stored.update(target_epsilon=None,
+                      noise_multiplier=float((source.manifest.get("privacy") or {})["noise_multiplier"]))
+    retrain = TrainConfig.from_dict({
+        **stored, "run": retrain_name, "from_ref": f"{tag}@init", "resume": None, "model": None,
+        "model_kwargs": {}, "data": None, "data_kwargs": {},
+    })
+    return train(retrain, root=store.root, progress=False)

@@ -1,0 +1,236 @@
+"""References -> store -> checkpoints: the one place that opens the store for an analysis.
+
+A reference is ``PATH.h5`` or ``RUN[@init|@last|@step=N|@epoch=E]``; for ``target``/``targets`` analyses a
+bare run name means every checkpoint of the run (:meth:`Resolver.expand`). :meth:`Resolver.point` loads one
+checkpoint into a :class:`Point` (checkpoint, data set, the run's pruning mask) which is all an analyzer's
+``compute`` sees. :meth:`Resolver.pair` also checks that A and B hold the same tensors and model, and compares
+their data specs: when they differ it warns in one line and evaluates on A's data, or on B's with
+``data_from="b"`` (both specs are recorded in the result by the runner).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from landscape.api._common import check_pair, checkpoint_dataset
+from landscape.errors import CheckpointError, UsageError
+from landscape.store import Checkpoint, Store, load_checkpoint
+
+MASK_ARRAY = "mask"  # the run array holding a pruning mask (landscape.train.pruning.MASK_ARRAY)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One checkpoint to analyse, not yet loaded: its reference, file, run (if any), step and epoch."""
+
+    ref: str
+    path: str
+    run: str | None
+    step: int
+    epoch: float
+    tag: tuple = ()  # what an analysis' expand() attached, as (key, value) pairs (e.g. the pruning level)
+
+
+@dataclass
+class Point:
+    """A resolved checkpoint, as an analyzer's ``compute`` receives it.
+
+    ``data`` is the data set to evaluate on (the checkpoint's own, or the one chosen for a pair), ``masks``
+    the run's pruning mask (parameter name -> 0/1 tensor) or None.
+    """
+
+    ref: str
+    run: str | None
+    step: int
+    epoch: float
+    checkpoint: Checkpoint
+    data: Any = None
+    masks: dict[str, torch.Tensor] | None = None
+    init: dict[str, torch.Tensor] | None = None  # the run's @init weights (when asked for)
+    manifest: dict | None = None  # the run's manifest (when asked for)
+    tag: dict = field(default_factory=dict)
+
+    @property
+    def state(self) -> dict[str, torch.Tensor]:
+        return self.checkpoint.state_dict
+
+    def model(self) -> torch.nn.Module:
+        """A fresh model with this checkpoint's weights (strictly loaded)."""
+        return self.checkpoint.build_model()
+
+    def split(self, name: str, subset: int | float | None = None, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x, y)`` of split ``name`` of ``data``; with ``subset`` a seeded stratified subset of it."""
+        x, y = self.data.split(name)
+        if subset is None:
+            return x, y
+        from landscape.data import subset_indices
+
+        idx = subset_indices(y, subset, seed)
+        return x[idx], y[idx]
+
+    def input_ref(self):
+        return self.checkpoint.input_ref()
+
+
+@dataclass
+class DataChoice:
+    """Which data set a pair is evaluated on, and both checkpoints' specs (recorded in the result)."""
+
+    data_from: str
+    spec_a: dict = field(default_factory=dict)
+    spec_b: dict = field(default_factory=dict)
+
+    def attrs(self) -> dict[str, Any]:
+        return {"data_from": self.data_from, "data_spec_a": json.dumps(self.spec_a, sort_keys=True),
+                "data_spec_b": json.dumps(self.spec_b, sort_keys=True)}
+
+
+class Resolver:
+    """Turns references into checkpoints and points for one store root (picklable: sent to workers)."""
+
+    def __init__(self, root: str | os.PathLike = "checkpoints", *, data_root: str | None = None,
+                 download: bool = False):
+        self.root = str(root)
+        self.data_root = data_root
+        self.download = download
+
+    @property
+    def store(self) -> Store:
+        return Store(self.root)
+
+    def load(self, ref: str) -> Checkpoint:
+        return self.store.load(ref)
+
+    def expand(self, target: str) -> list[Target]:
+        """A bare run name -> every checkpoint of the run; anything else -> the one checkpoint it names."""
+        store = self.store
+        target = str(target).strip()
+        if target and "@" not in target and not target.endswith(".h5") and "/" not in target:
+            if target in store.run_names():
+                infos = store.run(target).checkpoints()
+                if not infos:
+                    raise CheckpointError(f"run '{target}' has no checkpoints yet")
+                return [Target(f"{target}@step={i.step}", str(i.path), target, i.step, i.epoch) for i in infos]
+        ckpt = store.load(target)
+        return [Target(target, str(ckpt.path), ckpt.run, ckpt.step, ckpt.epoch)]
+
+    def dataset(self, ckpt: Checkpoint, *, purpose: str = "evaluate it"):
+        return checkpoint_dataset(ckpt.data_spec, self.data_root, self.download, purpose=purpose,
+                                  source=str(ckpt.path) if ckpt.run is None else "the checkpoint")
+
+    def point(self, target: Target | str, *, data: bool = True, masks: bool = False,
+              purpose: str = "evaluate it", needs: tuple[str, ...] = ()) -> Point:
+        """Load one checkpoint (a :class:`Target` from :meth:`expand`, or a reference) into a :class:`Point`;
+        ``needs`` may add ``"init"`` (the run's @init weights) and ``"manifest"``."""
+        if isinstance(target, Target):
+            ckpt = load_checkpoint(target.path, ref=target.ref)
+        else:
+            ckpt = self.load(target)
+            target = Target(str(target), str(ckpt.path), ckpt.run, ckpt.step, ckpt.epoch)
+        run = self._run(target.run) if needs else None
+        init = None
+        if "init" in needs and run is not None:
+            try:
+                init = load_checkpoint(run.select("init").path).state_dict
+            except CheckpointError:
+                init = None
+        return Point(ref=target.ref, run=target.run, step=target.step, epoch=target.epoch, checkpoint=ckpt,
+                     data=self.dataset(ckpt, purpose=purpose) if data else None,
+                     masks=self.masks(target.run) if masks else None, init=init,
+                     manifest=run.manifest if "manifest" in needs and run is not None else None,
+                     tag=dict(target.tag))
+
+    def _run(self, name: str | None):
+        if name is None:
+            return None
+        try:
+            return self.store.run(name)
+        except CheckpointError:
+            return None
+
+    def pair(self, ref_a: str, ref_b: str, *, data_from: str = "a") -> tuple[Point, Point, DataChoice]:
+        """A and B checked compatible (same tensors, same model), both with the data set ``data_from`` picks."""
+        if data_from not in ("a", "b"):
+            raise UsageError(f"--data-from must be a or b, got {data_from!r}")
+        a, b = self.point(ref_a, data=False), self.point(ref_b, data=False)
+        check_pair(a.checkpoint, b.checkpoint)
+        choice = compare_data(a.checkpoint, b.checkpoint, data_from)
+        data = self.dataset((a if data_from == "a" else b).checkpoint)
+        a.data = b.data = data
+        return a, b, choice
+
+    def masks(self, run: str | None) -> dict[str, torch.Tensor] | None:
+        """The pruning mask stored with ``run`` (run array ``mask``), or None."""
+        r = self._run(run)
+        if r is None or MASK_ARRAY not in r.array_names():
+            return None
+        return {k: torch.as_tensor(np.asarray(v)) for k, v in r.load_array(MASK_ARRAY).items()}
+
+    def run_info(self, ref: str):
+        """What pairing needs from the manifest of the run a reference names (a file outside a run: none)."""
+        from landscape.analyze.instability import RunInfo
+
+        name = ref.partition("@")[0]
+        if name.endswith(".h5") or "/" in name or name not in self.store.run_names():
+            return RunInfo(ref, None, None)
+        run = self.store.run(name)
+        return RunInfo(run.name, run.manifest.get("phases"), run.manifest.get("lineage"))
+
+    def pair_jobs(self, patterns: Sequence[str], pairs: str) -> list[tuple[str, str, dict]]:
+        """``(ref_a, ref_b, labels)`` per pair: explicit ``A:B[,C:D...]``, or the final checkpoints of the runs
+        matching ``patterns`` paired as ``siblings`` (Phase-2 copies of one Phase-1 checkpoint) or ``all``."""
+        from landscape.analyze.instability import RunInfo, all_pairs, pair_labels, sibling_pairs
+
+        if ":" in pairs:
+            jobs = []
+            for item in pairs.split(","):
+                ref_a, sep, ref_b = item.strip().partition(":")
+                if not sep or not ref_a or not ref_b:
+                    raise UsageError(f"--pairs takes siblings, all, or A:B[,C:D...]; got {item!r}")
+                jobs.append((ref_a, ref_b, pair_labels(self.run_info(ref_a), self.run_info(ref_b))))
+            return jobs
+        if pairs not in ("siblings", "all"):
+            raise UsageError(f"--pairs takes siblings, all, or A:B[,C:D...]; got {pairs!r}")
+        if not patterns:
+            raise UsageError("give at least one run name or glob (e.g. 'phases-*')")
+        store = self.store
+        runs: dict[str, RunInfo] = {}
+        for pattern in patterns:
+            matched = store.runs_matching(pattern)
+            if not matched:
+                raise UsageError(f"no runs match {pattern!r} in {store.root}")
+            for run in matched:
+                runs[run.name] = RunInfo(run.name, run.manifest.get("phases"), run.manifest.get("lineage"))
+        chosen = sibling_pairs(list(runs.values())) if pairs == "siblings" else all_pairs(list(runs.values()))
+        if not chosen:
+            raise UsageError(
+                f"no {'sibling ' if pairs == 'siblings' else ''}pairs among {len(runs)} matched run(s)"
+                + (" (siblings are Phase-2 copies from `landscape phases` with the same parent; try --pairs all)"
+                   if pairs == "siblings" else "")
+            )
+        return [(f"{x.name}@last", f"{y.name}@last", pair_labels(x, y)) for x, y in chosen]
+
+
+def compare_data(a: Checkpoint, b: Checkpoint, data_from: str = "a", *, what: str = "A and B") -> DataChoice:
+    """Compare the data specs of A and B; when they differ, warn in one line which one is used.
+
+    Interpolating between checkpoints trained on different data evaluates every point on one data set; the
+    warning says which and how to choose the other (issue 14 item 4).
+    """
+    spec_a, spec_b = a.data_spec or {}, b.data_spec or {}
+    if spec_a != spec_b:
+        keys = sorted(k for k in set(spec_a) | set(spec_b) if spec_a.get(k) != spec_b.get(k))
+        diff = "; ".join(f"{k}: {json.dumps(spec_a.get(k), sort_keys=True)} vs {json.dumps(spec_b.get(k), sort_keys=True)}"
+                         for k in keys)
+        used, other = ("A", "b") if data_from == "a" else ("B", "a")
+        warnings.warn(f"{what} ({a.ref}, {b.ref}) were trained on different data ({diff}); evaluating on {used}'s "
+                      f"(--data-from {other} for the other)", UserWarning, stacklevel=3)
+    return DataChoice(data_from=data_from, spec_a=spec_a, spec_b=spec_b)

@@ -1,0 +1,223 @@
+"""Resolve -> compute -> write -> figure for every registered analysis (:mod:`landscape.analyze.registry`).
+
+:func:`run` is the one skeleton behind ``landscape.api.interpolate``, ``instability``, ... and the generated
+commands: it builds the config (keyword options replace fields), resolves the references
+(:class:`landscape.api.resolve.Resolver`), calls the spec's pure ``compute`` (per checkpoint or per pair in
+spawned worker processes when ``workers > 1``; see :class:`landscape.api._common.ProcessPool`), writes the
+result HDF5 (and CSV), draws the figure, and returns the result with ``.path`` and ``.figures`` set.
+:func:`api_function` makes the public function of an analysis from its spec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from landscape.analyze.registry import Analysis, get
+from landscape.api._common import ProcessPool, config_with, default_output, map_jobs, run_label, slug
+from landscape.api.resolve import Resolver, Target
+from landscape.errors import UsageError
+from landscape.results import InputRef
+
+
+def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", config: Any = None,
+        output: str | Path | None = None, figure: bool = True, data_root: str | None = None, download: bool = False,
+        data_from: str = "a", workers: int | None = None, **options: Any) -> Any:
+    """Run analysis ``name`` on references ``refs`` (see :class:`~landscape.analyze.registry.Analysis` for what
+    they are per ``inputs``). ``options`` are config fields or the spec's run options."""
+    spec = get(name)
+    run_fields = {f.name for f in dataclasses.fields(spec.run_options)} if spec.run_options else set()
+    run_opts = spec.run_options(**{k: options.pop(k) for k in list(options) if k in run_fields}) \
+        if spec.run_options else None
+    config_fields = {f.name for f in dataclasses.fields(spec.config)}
+    if workers is not None and "workers" in config_fields:
+        options["workers"] = workers
+    config = config_with(spec.config, config, options)
+    if "workers" in config_fields:
+        workers = config.workers
+    workers = 1 if workers is None else workers
+    if int(workers) != workers or workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {workers}")
+    resolver = Resolver(root, data_root=data_root, download=download)
+    refs = [str(r) for r in refs]
+    attrs: dict[str, Any] = {}
+    if spec.inputs == "checkpoint":
+        (ref,) = refs
+        stem, title = f"{spec.output}-{run_label(ref)}", ref
+        if spec.execute is not None:
+            out = Path(output) if output is not None else default_output(spec.stem(refs, config, run_opts))
+            result, inputs = _callable(spec.execute)(resolver, ref, config, run_opts, out)
+        else:
+            point = resolver.point(ref, masks=True, purpose=spec.purpose)
+            result = spec.compute(point, config)
+            inputs = [point.input_ref()]
+    elif spec.inputs == "pair":
+        ref_a, ref_b = refs
+        a, b, choice = resolver.pair(ref_a, ref_b, data_from=data_from)
+        result = spec.compute(a, b, config)
+        inputs = [a.input_ref(), b.input_ref()]
+        attrs = choice.attrs()
+        stem, title = f"{spec.output}-{slug(ref_a)}--{slug(ref_b)}", f"A = {ref_a}   B = {ref_b}"
+    elif spec.inputs == "pairs":
+        out = Path(output) if output is not None else default_output(spec.output)
+        result, inputs = _pairs(spec, resolver, refs, config, run_opts, data_from, workers, out)
+        stem, title = spec.output, ""
+    elif spec.inputs == "target":
+        (ref,) = refs
+        targets, extra = spec.expand(resolver, ref, config) if spec.expand else (resolver.expand(ref), [])
+        rows = _map(_point_job, [(spec.name, resolver, t, config) for t in targets], workers)
+        result = spec.collect(rows, config, run_opts)
+        inputs = extra + _inputs(targets)
+        stem, title = f"{spec.output}-{run_label(ref)}", f"{ref}"
+    else:  # targets
+        if not refs:
+            raise UsageError(f"{spec.name} needs at least one run or checkpoint")
+        groups = [resolver.expand(r) for r in refs]
+        flat = [t for g in groups for t in g]
+        with ProcessPool(min(workers, len(flat))) as pool:
+            shared = None
+            if spec.prepare is not None:
+                values = _map(_prepare_job, [(spec.name, resolver, t, config) for t in flat], pool=pool)
+                shared = spec.share(values, config)
+            rows = iter(_map(_point_job, [(spec.name, resolver, t, config, shared) for t in flat], pool=pool))
+        result = spec.collect([[next(rows) for _ in g] for g in groups], config, run_opts, refs, shared)
+        inputs = _inputs(flat)
+        stem, title = f"{spec.output}-{run_label(flat[0].ref)}", ""
+    if spec.stem is not None:
+        stem = spec.stem(refs, config, run_opts)
+    out = Path(output) if output is not None else default_output(stem)
+    result.to_hdf5(out, inputs=inputs, attrs=attrs)
+    if spec.csv:
+        result.to_csv(out.with_suffix(".csv"))
+    if figure and spec.figure is not None:
+        draw = _callable(spec.figure)
+        result.figures = draw(result, out, title, run_opts) if spec.run_options else draw(result, out, title)
+    return result
+
+
+def _inputs(targets: Sequence[Target]) -> list[InputRef]:
+    return [InputRef.of(t.ref, t.path) for t in targets]
+
+
+def _callable(where: str | Callable) -> Callable:
+    """A spec's ``figure`` given as ``"module:function"`` (so matplotlib is imported only when drawing)."""
+    if callable(where):
+        return where
+    module, attr = where.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+# -------------------------------------------------------------------------------- jobs (in workers)
+
+
+def _map(fn: Callable, jobs: list[tuple], workers: int = 1, *, pool: ProcessPool | None = None) -> list:
+    """``map_jobs`` (or ``pool.map``) whose jobs return ``(value, warnings)``: warnings raised in workers are
+    re-raised here, so the CLI shows them as one ``warning:`` line each whichever process they came from."""
+    out = []
+    for value, messages in (pool.map(fn, jobs) if pool is not None else map_jobs(fn, jobs, workers)):
+        for category, message in messages:
+            warnings.warn(message, category, stacklevel=3)
+        out.append(value)
+    return out
+
+
+def _caught(fn: Callable, *args) -> tuple[Any, list]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = fn(*args)
+    return value, [(w.category, str(w.message)) for w in caught]
+
+
+def _point(spec: Analysis, resolver: Resolver, target: Target):
+    return resolver.point(target, masks=True, purpose=spec.purpose, needs=spec.needs)
+
+
+def _point_job(name: str, resolver: Resolver, target: Target, config: Any, *shared: Any):
+    spec = get(name)
+    return _caught(lambda: spec.compute(_point(spec, resolver, target), config, *shared))
+
+
+def _prepare_job(name: str, resolver: Resolver, target: Target, config: Any):
+    spec = get(name)
+    return _caught(lambda: spec.prepare(_point(spec, resolver, target), config))
+
+
+def _pair_job(name: str, resolver: Resolver, ref_a: str, ref_b: str, labels: dict, config: Any, data_from: str,
+              out: str):
+    def job():
+        spec = get(name)
+        a, b, choice = resolver.pair(ref_a, ref_b, data_from=data_from)
+        row, detail = spec.compute(a, b, config, labels)
+        refs = [a.input_ref(), b.input_ref()]
+        detail.to_hdf5(out, inputs=refs, attrs=choice.attrs())
+        row.result = out
+        return row, refs
+
+    return _caught(job)
+
+
+def _pairs(spec: Analysis, resolver: Resolver, patterns: list[str], config: Any, run_opts: Any, data_from: str,
+           workers: int, out: Path) -> tuple[Any, list[InputRef]]:
+    jobs = resolver.pair_jobs(patterns, run_opts.pairs)
+    pair_dir = out.with_name(out.stem + "-pairs")
+    tasks = [(spec.name, resolver, a, b, labels, config, data_from, str(pair_dir / f"{slug(a)}--{slug(b)}.h5"))
+             for a, b, labels in jobs]
+    outcomes = _map(_pair_job, tasks, workers)
+    inputs = list({ref.sha256 + ref.path: ref for _, refs in outcomes for ref in refs}.values())
+    return spec.collect([row for row, _ in outcomes], config, run_opts), inputs
+
+
+# --------------------------------------------------------------------------------- public functions
+
+
+def api_function(name: str) -> Callable:
+    """The public ``landscape.api`` function of analysis ``name`` (e.g. ``interpolate(ref_a, ref_b, *, root=...,
+    config=None, output=None, figure=True, data_root=None, download=False, data_from="a", **options)``).
+
+    Its references are positional (``ref_a, ref_b`` / ``target`` / ``targets`` / ``run_patterns``), then the
+    config (positional or keyword), then keyword-only runner options; any config field or run option may be
+    given as a keyword (``interpolate("a", "b", points=10)``). Returns the result (``.path``, ``.figures``).
+    """
+    spec = get(name)
+    P = inspect.Parameter
+    refs = {"checkpoint": ["ref"], "pair": ["ref_a", "ref_b"], "pairs": ["run_patterns"], "target": ["target"],
+            "targets": ["targets"]}
+    ref_names = refs[spec.inputs]
+    params = [P(n, P.POSITIONAL_OR_KEYWORD, default=() if n == "run_patterns" else P.empty) for n in ref_names]
+    params.append(P("config", P.POSITIONAL_OR_KEYWORD, default=None, annotation=spec.config))
+    defaults = {"root": "checkpoints", "output": None, "figure": True, "data_root": None, "download": False}
+    if spec.inputs in ("pair", "pairs"):
+        defaults["data_from"] = "a"
+    if spec.inputs not in ("checkpoint", "pair") and "workers" not in {f.name for f in dataclasses.fields(spec.config)}:
+        defaults["workers"] = 1
+    for opt in dataclasses.fields(spec.run_options) if spec.run_options else ():
+        defaults[opt.name] = opt.default
+    params += [P(k, P.KEYWORD_ONLY, default=v) for k, v in defaults.items()]
+    params.append(P("options", P.VAR_KEYWORD))
+    signature = inspect.Signature(params)
+    run_option_names = [f.name for f in dataclasses.fields(spec.run_options)] if spec.run_options else []
+
+    def function(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        options = values.pop("options")
+        if len(ref_names) == 2:
+            ref_values = [values.pop("ref_a"), values.pop("ref_b")]
+        else:
+            value = values.pop(ref_names[0])
+            ref_values = [value] if isinstance(value, (str, Path)) else list(value)
+        for opt in run_option_names:
+            options[opt] = values.pop(opt)
+        return run(name, ref_values, **values, **options)
+
+    function.__name__ = function.__qualname__ = name.replace("-", "_")
+    function.__module__ = "landscape.api"
+    function.__signature__ = signature
+    function.__doc__ = spec.doc or spec.compute.__doc__
+    return function

@@ -1,0 +1,89 @@
+"""Atomic file writes shared by the checkpoint store and result files (no torch, no h5py).
+
+:func:`atomic_write` writes through a hidden temporary file beside the target (``.<name>.<random>.tmp``),
+fsyncs it, renames it over the target and fsyncs the directory: a process killed at any moment leaves
+either the old file or the complete new one under the final name, never a half-written file. A killed
+writer may leave its temporary file behind; :func:`stale_temp_files` finds those (the store sweeps them
+when a run is reopened for writing under its lock).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["atomic_write", "fsync_dir", "is_temp_name", "stale_temp_files"]
+
+_TEMP_NAME = re.compile(r"\.(?P<final>.+)\.[A-Za-z0-9_]+\.tmp")
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path: str | os.PathLike, write_fn: Callable[[Path], object]) -> Path:
+    """Create or replace ``path`` atomically: ``write_fn(tmp)`` writes the whole content to the temporary
+    file ``tmp`` (same directory, so the rename cannot cross file systems), which is then fsynced and renamed
+    over ``path``. On any exception (also KeyboardInterrupt) the temporary file is removed and ``path`` is
+    untouched. The file gets ordinary permissions (0666 & ~umask, not mkstemp's 0600). Returns ``path``.
+
+    The parent directory must exist; OSError from creating the temporary file is the caller's to report.
+    """
+    path = Path(path)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(tmp_name)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        os.close(fd)
+        fd = -1
+        write_fn(tmp)
+        _fsync(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return path
+
+
+def is_temp_name(name: str, final: str | None = None) -> bool:
+    """Whether ``name`` is a temporary file of :func:`atomic_write` (for the final name ``final``, if given)."""
+    m = _TEMP_NAME.fullmatch(name)
+    return m is not None and (final is None or m.group("final") == final)
+
+
+def stale_temp_files(directory: str | os.PathLike, finals: Callable[[str], bool] = lambda _: True) -> list[Path]:
+    """Temporary files of :func:`atomic_write` in ``directory`` whose final name satisfies ``finals``.
+
+    Only call this where no writer can be active (e.g. under the store's run lock): a live writer's
+    temporary file looks exactly like a stale one.
+    """
+    out = []
+    for entry in Path(directory).iterdir():
+        m = _TEMP_NAME.fullmatch(entry.name)
+        if m is not None and finals(m.group("final")) and entry.is_file():
+            out.append(entry)
+    return sorted(out)
+
+
+def _fsync(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a rename in ``path`` durable; file systems that cannot fsync a directory are skipped."""
+    try:
+        _fsync(path)
+    except OSError:
+        pass

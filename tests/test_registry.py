@@ -1,0 +1,313 @@
+"""The analysis registry, the generated CLI, the dataclass codec, the resolver's data check and the pool."""
+
+import copy
+import dataclasses
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import typing
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from click.testing import CliRunner
+
+from cli.generate import command
+from landscape.analyze import registry
+from landscape.analyze.interpolate import InterpolateConfig, InterpolationResult
+from landscape.data import load_dataset
+from landscape.models import build_model
+from landscape.results import read_dataclass, read_result, stored, write_dataclass
+from landscape.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------------ registry + CLI
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_every_config_field_has_its_option_and_every_option_its_field(name):
+    spec = registry.get(name)
+    cmd = command(name)
+    options = {p.name for p in cmd.params if isinstance(p, __import__("click").Option)}
+    runner = {"data_from", "workers", "data_root", "no_figure", "output", "as_json"}
+    fields = {f.name for f in registry.cli_fields(spec.config)}
+    fields |= {f.name for f in registry.cli_fields(spec.run_options)} if spec.run_options else set()
+    assert fields - options == set()
+    assert options - fields <= runner
+    hidden = {f.name for f in dataclasses.fields(spec.config)} - fields
+    assert not hidden & options  # api-only fields stay off the command line
+    for f in registry.cli_fields(spec.config):  # every option has help text and its default
+        opt = next(p for p in cmd.params if p.name == f.name)
+        assert f.metadata["help"] and opt.help == f.metadata["help"]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if not opt.is_flag:
+            assert opt.default == (",".join(map(str, default)) if isinstance(default, tuple) else default)
+
+
+def test_spec_names_and_inputs_are_consistent():
+    for name in registry.names():
+        spec = registry.get(name)
+        assert spec.name == name and spec.inputs in registry.INPUTS and spec.doc
+        hints = typing.get_type_hints(spec.config)
+        assert all(f.name in hints for f in dataclasses.fields(spec.config))
+    with pytest.raises(KeyError, match="no analysis named"):
+        registry.get("nope")
+
+
+def test_help_imports_neither_torch_nor_matplotlib():
+    code = ("import sys\nfrom cli.main import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "assert 'torch' not in sys.modules and 'matplotlib' not in sys.modules, 'heavy import'\n"
+            "print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("ok"), proc.stderr
+    text = " ".join(proc.stdout.split())  # --help wraps long lines
+    for name in registry.names():
+        assert f"{name} {registry.summary(name)}" in text
+
+
+def test_plots_change_no_global_state(tmp_path):
+    code = textwrap.dedent("""
+        import sys, matplotlib, numpy as np
+        before = matplotlib.rcParams.copy()  # copy() does not resolve (and import) the backend
+        from landscape.plots.interpolate import plot_interpolation
+        from landscape.plots.style import save_figure
+        from landscape.analyze.interpolate import InterpolationResult
+        r = InterpolationResult(alpha=np.linspace(0, 1, 3), loss={"test": np.ones(3)}, acc={"test": np.ones(3)},
+                                instability_loss={"test": 0.0}, instability_error={"test": 0.0})
+        files = save_figure(plot_interpolation(r, title="t"), sys.argv[1])
+        assert all(f.stat().st_size > 0 for f in files)
+        assert "matplotlib.pyplot" not in sys.modules, "pyplot imported"
+        after = matplotlib.rcParams.copy()
+        assert {k for k in before if str(before[k]) != str(after[k])} == set(), "rcParams changed"
+        print("ok")
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "fig")], capture_output=True, text=True,
+                          cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+# ------------------------------------------------------------------------------------------- codec
+
+
+@dataclasses.dataclass
+class _Row:
+    name: str
+    note: str | None
+    value: float
+    per: dict[str, float] = stored("column", name="v_{}")
+
+
+@dataclasses.dataclass
+class _Table:
+    rows: list[_Row] = stored("table", order="keys", count="n_rows")
+    keys: tuple[str, ...] = stored("attr", default=())
+    grid: np.ndarray = stored("array", default=None, dims=("x", "y"))
+    x: np.ndarray = stored("array", default=None, dims=("x",))
+    per_key: dict[str, np.ndarray] = stored("array", name="{}_curve", dims=("x",), order="keys",
+                                            default_factory=dict)
+    seconds: float = math.nan
+    count: int = 0
+    path: Path | None = None
+
+
+def test_codec_round_trip_frame_and_xarray(tmp_path):
+    t = _Table(rows=[_Row("a", None, 1.5, {"z": 1.0, "b": 2.0}), _Row("b", "n", math.nan, {"z": 3.0, "b": 4.0})],
+               keys=("z", "b"), grid=np.arange(6.0).reshape(3, 2), x=np.array([0.1, 0.2, 0.3]),
+               per_key={"z": np.ones(3), "b": np.zeros(3)}, seconds=2.5, count=3)
+    path = write_dataclass(t, tmp_path / "t.h5", "test-table")
+    back = read_dataclass(_Table, path, "test-table")
+    assert [r.name for r in back.rows] == ["a", "b"] and back.rows[0].note is None and back.rows[1].note == "n"
+    assert list(back.rows[0].per) == ["z", "b"] and back.rows[1].per == {"z": 3.0, "b": 4.0}
+    assert math.isnan(back.rows[1].value) and back.keys == ("z", "b") and back.count == 3 and back.seconds == 2.5
+    np.testing.assert_array_equal(back.grid, t.grid)
+    assert list(back.per_key) == ["z", "b"]
+    with h5py.File(path) as f:
+        assert f.attrs["n_rows"] == 2 and f.attrs["keys"] == "z,b"
+        assert json.loads(f.attrs["table"]) == ["name", "note", "value", "v_z", "v_b"]
+    frame = read_result(path).to_frame()
+    assert list(frame.columns) == ["name", "note", "value", "v_z", "v_b"]
+    assert frame["name"].tolist() == ["a", "b"] and frame["v_b"].tolist() == [2.0, 4.0]
+    ds = read_result(path).to_xarray()
+    try:
+        assert ds["grid"].dims == ("x", "y") and ds["z_curve"].dims == ("x",)
+        np.testing.assert_array_equal(ds["x"].values, t.x)
+        np.testing.assert_array_equal(ds["y"].values, [0, 1])  # an index for a dimension without coordinates
+    finally:
+        ds.close()
+
+
+# ------------------------------------------------------------------------------------ interpolation
+
+
+def _lenet(seed):
+    torch.manual_seed(seed)
+    return build_model("lenet", input_shape=(1, 8, 8), num_classes=10)
+
+
+def _save(store, name, model, spec):
+    run = store.create_run(name, config={"model": "lenet"}, seeds={"seed": 0}, model_spec=model.landscape_spec,
+                           data_spec=spec)
+    run.save_checkpoint(model.state_dict(), step=1, epoch=1.0)
+
+
+@pytest.fixture(scope="module")
+def two_data():
+    return load_dataset("digits", seed=0, subset=300), load_dataset("digits", seed=1, subset=300)
+
+
+@pytest.fixture
+def mixed_store(tmp_path, two_data):
+    store = Store(tmp_path / "ck")
+    _save(store, "a", _lenet(0), two_data[0].spec)
+    _save(store, "b", _lenet(1), two_data[1].spec)
+    return store
+
+
+def _plain_loss(model, x, y):
+    model = copy.deepcopy(model).eval()
+    with torch.no_grad():
+        return float(F.cross_entropy(model(x).double(), y))
+
+
+def test_interpolation_file_reads_as_frame_and_labelled_xarray(mixed_store, tmp_path):
+    from landscape.api import interpolate
+
+    with pytest.warns(UserWarning):
+        res = interpolate("a", "b", root=mixed_store.root, points=4, output=tmp_path / "i.h5", figure=False)
+    frame = read_result(res.path).to_frame()
+    assert list(frame.columns) == ["alpha", "train_loss", "test_loss", "train_acc", "test_acc"]
+    np.testing.assert_array_equal(frame["test_loss"].to_numpy(), res.loss["test"])
+    ds = read_result(res.path).to_xarray()
+    try:
+        assert ds["test_loss"].dims == ("alpha",)
+        np.testing.assert_array_equal(ds["alpha"].values, np.linspace(0, 1, 4))
+        np.testing.assert_array_equal(ds["train_acc"].values, res.acc["train"])
+    finally:
+        ds.close()
+    back = InterpolationResult.from_hdf5(res.path)
+    assert back.splits == ["train", "test"] and back.instability_loss == res.instability_loss
+
+
+def test_pair_on_different_data_warns_records_both_specs_and_data_from_b(mixed_store, two_data, tmp_path):
+    from landscape.api import interpolate
+
+    cfg = InterpolateConfig(points=2, splits=("train",))
+    with pytest.warns(UserWarning, match=r"trained on different data \(seed: 0 vs 1\); evaluating on A's "
+                                         r"\(--data-from b for the other\)"):
+        on_a = interpolate("a", "b", cfg, root=mixed_store.root, output=tmp_path / "a.h5", figure=False)
+    with pytest.warns(UserWarning, match="evaluating on B's"):
+        on_b = interpolate("a", "b", cfg, root=mixed_store.root, data_from="b", output=tmp_path / "b.h5",
+                           figure=False)
+    model_a, model_b = (mixed_store.load(r).build_model() for r in ("a", "b"))
+    for res, data in ((on_a, two_data[0]), (on_b, two_data[1])):  # endpoints against a plain forward pass
+        x, y = data.split("train")  # --subset draws differ in train only
+        assert res.loss["train"][0] == pytest.approx(_plain_loss(model_a, x, y), rel=1e-5)
+        assert res.loss["train"][-1] == pytest.approx(_plain_loss(model_b, x, y), rel=1e-5)
+        attrs = read_result(res.path).attrs
+        assert json.loads(attrs["data_spec_a"])["seed"] == 0 and json.loads(attrs["data_spec_b"])["seed"] == 1
+    assert read_result(on_b.path).attrs["data_from"] == "b"
+    assert on_a.loss["train"][0] != on_b.loss["train"][0]
+
+
+def test_cli_data_from_and_one_warning_line(mixed_store, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "landscape", "--root", str(mixed_store.root), "interpolate", "a",
+                           "b", "--points", "2", "--splits", "test", "--data-from", "b", "--no-figure", "-o",
+                           str(tmp_path / "c.h5")], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    warning = [line for line in proc.stderr.splitlines() if line]
+    assert len(warning) == 1 and warning[0].startswith("warning: A and B (a, b) were trained on different data")
+    assert read_result(tmp_path / "c.h5").attrs["data_from"] == "b"
+    res = CliRunner().invoke(command("interpolate"), ["a", "b", "--data-from", "c"], obj={"root": "x"})
+    assert res.exit_code == 2
+
+
+# ----------------------------------------------------------------------------------------------- pool
+
+
+def test_pool_workers_die_with_their_parent(tmp_path):
+    """Kill the parent (SIGKILL) while its workers are busy: workers and resource tracker must exit."""
+    script = textwrap.dedent("""
+        import os, sys, time
+        from landscape.api._common import spawn_pool
+        if __name__ == "__main__":
+            pool = spawn_pool(2)
+            pids = [pool.submit(os.getpid).result() for _ in range(4)]
+            futures = [pool.submit(time.sleep, 600) for _ in range(2)]
+            print(" ".join(str(p) for p in sorted(set(pids) | {p.pid for p in pool._processes.values()})),
+                  flush=True)
+            time.sleep(600)
+    """)
+    path = tmp_path / "parent.py"
+    path.write_text(script)
+    parent = subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE, text=True, cwd=tmp_path,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    workers: list[int] = []
+    tracker: set[int] = set()
+    try:
+        workers = [int(p) for p in parent.stdout.readline().split()]
+        assert len(workers) == 2
+        tracker = _children_of(parent.pid) - set(workers)
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(_alive(p) for p in workers + sorted(tracker)):
+            time.sleep(0.2)
+        assert not [p for p in workers + sorted(tracker) if _alive(p)]
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        for pid in workers + sorted(tracker):  # leave no orphan behind when the test fails
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _children_of(pid: int) -> set[int]:
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.add(int(entry.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_directions_and_surface_files_have_labelled_dims(mixed_store, tmp_path):
+    from landscape.api import directions, surface
+
+    d = directions("a", root=mixed_store.root, n=2, points=3, distance=0.5, subset=50, output=tmp_path / "d.h5",
+                   figure=False)
+    s = surface("a", root=mixed_store.root, grid="3x2", splits=("test",), subset=50, output=tmp_path / "s.h5",
+                figure=False)
+    with read_result(d.path).to_xarray() as ds:
+        assert ds["direction_loss"].dims == ("direction", "t") and ds["rise"].dims == ("direction",)
+        np.testing.assert_array_equal(ds["direction_loss"].values, d.direction_loss)
+        np.testing.assert_array_equal(ds["t"].values, np.linspace(0, 1, 3))
+    with read_result(s.path).to_xarray() as ds:
+        assert ds["test_loss"].dims == ("x", "y")
+        np.testing.assert_array_equal(ds["x"].values, s.xcoordinates)
+        np.testing.assert_array_equal(ds["test_loss"].sel(x=s.xcoordinates[1], y=s.ycoordinates[0]).values,
+                                      s.values["test_loss"][1, 0])
