@@ -274,7 +274,7 @@ def test_hessian_row_uses_the_seeded_subset_and_leaves_the_model_alone(case):
     again = hessian_row(model, x, y, cfg)
     np.testing.assert_array_equal(again.eigenvalues, row.eigenvalues)
     np.testing.assert_array_equal(again.trace_samples, row.trace_samples)
-    table = HessianResult(config=cfg, rows=[row]).table_rows()
+    table = HessianResult.from_rows([row], cfg).table_rows()
     assert table[0]["lambda_1"] == row.top_eigenvalue and table[0]["trace_se"] == row.trace_se
 
 
@@ -291,7 +291,7 @@ def test_bad_input_is_one_clear_error(case):
                        ({"top_k": 9, "lanczos_steps": 5}, "at least --top-k"), ({"n": 0}, "--n"),
                        ({"device": "gpu"}, "--device"), ({"tol": 0.0}, "--tol")]:
         with pytest.raises(UsageError, match=match):
-            config(**bad).validate()
+            config(**bad)
     nostats = nn.Sequential(nn.Linear(5, 4), nn.BatchNorm1d(4, track_running_stats=False), nn.Linear(4, 3))
     with pytest.raises(ModelError, match="without running statistics"):
         HessianOperator(nostats, x.float(), y)
@@ -304,9 +304,98 @@ def test_figures_show_every_run(case, tmp_path):
     cfg = config(top_k=1, n=16, trace=True, probes=3, density=True, lanczos_steps=6)
     rows = [hessian_row(model, x, y, cfg, ref=f"{r}@step={s}", run=r, optimizer=o, step=s, epoch=s)
             for r, o in (("sgd-run", "sgd"), ("dp-run", "dpsgd")) for s in (2, 1)]
-    result = HessianResult(config=cfg, rows=rows)
+    result = HessianResult.from_rows(rows, cfg)
     grouped = runs(result)
-    assert list(grouped) == ["sgd-run", "dp-run"] and [r.step for r in grouped["dp-run"]] == [1, 2]
+    assert list(grouped) == ["sgd-run", "dp-run"] and [rows[c].step for c in grouped["dp-run"]] == [1, 2]
     files = plot_hessian(result, tmp_path / "h.h5")
     assert sorted(f.name for f in files) == ["h-density.pdf", "h-density.png", "h-sharpness.pdf", "h-sharpness.png"]
     assert all(f.stat().st_size > 0 for f in files)
+
+
+# ------------------------------------------------------------------------------------- command and api
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """An SGD run and a pruned DP run (mask kept as the run array 'mask') of one MLP on gaussian-signal."""
+    from landscape.data import load_dataset
+    from landscape.store import Store
+
+    root = tmp_path_factory.mktemp("store")
+    data = load_dataset("gaussian-signal", seed=0, ds=3, dn=5, n=60, n_test=20)
+    store = Store(root)
+    for name, optimizer in (("plain", "sgd"), ("pruned", "dpsgd")):
+        torch.manual_seed(0)
+        model = build_model("mlp", input_shape=data.input_shape, num_classes=2, widths=[6], activation="tanh")
+        run = store.create_run(name, config={"optimizer": optimizer}, seeds={"seed": 0},
+                               model_spec=model.landscape_spec, data_spec=data.spec)
+        init = model.state_dict()
+        gen = torch.Generator().manual_seed(1)
+        mask = {k: (torch.rand(v.shape, generator=gen) > 0.3) for k, v in init.items() if k.endswith("weight")}
+        if name == "pruned":
+            run.save_array("mask", {k: m.numpy() for k, m in mask.items()})
+        for step in range(2):
+            state = {k: v + 0.5 * step * torch.randn(v.shape, generator=gen) for k, v in init.items()}
+            if name == "pruned":
+                state = {k: v * mask[k] if k in mask else v for k, v in state.items()}
+            run.save_checkpoint(state, step=5 * step, epoch=float(step))
+    return root
+
+
+def test_api_over_runs_matches_the_exact_masked_hessian_and_reads_back(two_runs, tmp_path):
+    import xarray
+
+    from landscape.api import hessian
+    from landscape.api._common import checkpoint_dataset
+    from landscape.store import Store
+
+    out = tmp_path / "h.h5"
+    res = hessian(["plain", "pruned"], root=two_runs, top_k=2, trace=True, probes=5, density=True,
+                  lanczos_steps=40, tol=1e-9, n=40, precision="float64", device="cpu", output=out)
+    assert res.path == out and {f.name for f in res.figures} == {
+        "h-sharpness.png", "h-sharpness.pdf", "h-density.png", "h-density.pdf"}
+    store = Store(two_runs)
+    mask = {k: torch.as_tensor(v).double() for k, v in store.run("pruned").load_array("mask").items()}
+    assert [r.optimizer for r in res.rows] == ["sgd", "sgd", "dpsgd", "dpsgd"]
+    for c, row in enumerate(res.rows):
+        ckpt = store.load(row.ref)
+        model = ckpt.build_model().double()
+        x, y = checkpoint_dataset(ckpt.data_spec).split("train")
+        xs, ys = subset(x.double(), y, 40, 0)
+        masks = mask if row.run == "pruned" else None
+        h = exact_hessian(model, xs, ys, masks)
+        if masks is not None:
+            free = torch.cat([masks.get(k, torch.ones_like(p)).reshape(-1) for k, p in model.named_parameters()]) > 0
+            h = h[np.ix_(free.numpy(), free.numpy())]
+        np.testing.assert_allclose(res.eigenvalues[c], np.linalg.eigvalsh(h)[::-1][:2], rtol=1e-6)
+        assert np.all(res.residuals[c] < 1e-6)
+        assert row.num_params == h.shape[0]
+    back = type(res).from_hdf5(out)
+    np.testing.assert_array_equal(back.eigenvalues, res.eigenvalues)
+    np.testing.assert_array_equal(back.trace_samples, res.trace_samples)
+    assert [r.ref for r in back.rows] == [r.ref for r in res.rows] and back.config == res.config
+    ds = xarray.open_dataset(out, engine="h5netcdf")
+    assert ds["eigenvalues"].dims == ("checkpoint", "k") and ds["density"].shape == res.density.shape
+    ds.close()
+
+
+def test_cli_prints_the_table_and_refuses_bad_input_in_one_line(two_runs, tmp_path, monkeypatch, capsys):
+    import json
+
+    from cli import main as cli_main
+
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args):
+        with pytest.raises(SystemExit) as exc:
+            cli_main.main(["--root", str(two_runs), "hessian", *args])
+        captured = capsys.readouterr()
+        return exc.value.code, captured.out, captured.err
+
+    code, out, _ = run("plain@last", "--top-k", "2", "--n", "30", "--no-figure", "--json", "-o", "a.h5")
+    rows = json.loads(out)["rows"]
+    assert code == 0 and rows[0]["ref"] == "plain@last" and rows[0]["lambda_1"] >= rows[0]["lambda_2"]
+    code, _, err = run("plain@last", "--top-k", "70", "--lanczos-steps", "80", "--no-figure")
+    assert code == 2 and err == "error: --top-k 70 exceeds the model's 68 free parameters\n"
+    code, _, err = run("plain@last", "--top-k", "0", "--no-figure")
+    assert code == 2 and "nothing to compute" in err and err.count("\n") == 1

@@ -23,3 +23,5 @@ register("directions", "landscape.analyze.directions:SPEC",
          "Loss along N random directions from A against the path toward B (Watson Fig. 4).")
 register("surface", "landscape.analyze.surface:SPEC",
          "2-D loss/accuracy surface: random, B,C or pca:RUN plane (Li et al. 2018); resumable.")
+register("hessian", "landscape.analyze.hessian:SPEC",
+         "Hessian sharpness: top eigenvalues, trace, spectral density (PyHessian; Ghorbani et al. 2019).")

@@ -30,6 +30,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -37,8 +38,10 @@ from torch import Tensor, nn
 
 from landscape.analyze._common import check_choice, check_positive_int
 from landscape.analyze.norms import sample_indices
+from landscape.analyze.registry import Analysis, option
 from landscape.curvature import HessianOperator
 from landscape.errors import UsageError
+from landscape.results import InputRef, StoredResult, stored
 from landscape.runtime import check_device_name, resolve_device
 
 KIND = "hessian"
@@ -53,36 +56,44 @@ GRID = 1001
 class HessianConfig:
     """Options of ``landscape hessian`` (and ``landscape.api.hessian``)."""
 
-    top_k: int = field(default=5, metadata={"help": "number of largest Hessian eigenvalues (Lanczos); 0 for none"})
-    trace: bool = field(default=False, metadata={"help": "estimate the trace (Hutchinson, Rademacher probes)"})
-    density: bool = field(default=False, metadata={"help": "spectral density by stochastic Lanczos quadrature"})
-    n: int = field(default=1000, metadata={"help": "examples in the fixed seeded subset the loss is taken over"})
-    seed: int = field(default=0, metadata={"help": "seed of the subset, the Lanczos start and the probes"})
-    split: str = field(default="train", metadata={"help": "data split of the subset", "choices": SPLITS})
-    probes: int = field(default=100, metadata={"help": "Rademacher probes of the trace estimate"})
-    density_probes: int = field(default=1, metadata={"help": "Lanczos runs averaged in the density"})
-    lanczos_steps: int = field(default=80, metadata={
-        "help": "Lanczos steps: the cap for the eigenvalues, the number for the density (memory: steps x params)"})
-    tol: float = field(default=1e-4, metadata={"help": "relative residual at which the eigenvalues stop"})
-    sigma: float = field(default=0.01, metadata={
-        "help": "density's Gaussian width as a fraction of the spectral range"})
-    precision: str = field(default="float32", metadata={
-        "help": "precision of the products", "choices": tuple(PRECISIONS)})
-    batch_size: int = field(default=250, metadata={"help": "examples per chunk of each product"})
-    device: str = field(default="auto", metadata={"help": "auto, cpu, cuda or cuda:N"})
+    top_k: int = option(5, "Largest Hessian eigenvalues to compute (Lanczos); 0 for none.", min=0)
+    trace: bool = option(False, "Also estimate the trace (Hutchinson, Rademacher probes, with its standard error).")
+    density: bool = option(False, "Also estimate the spectral density (stochastic Lanczos quadrature).")
+    n: int = option(1000, "Examples in the fixed seeded subset the loss is taken over (the same at every checkpoint).",
+                    min=1)
+    seed: int = option(0, "Seed of the subset, the Lanczos start vector and the probes.")
+    split: str = option("train", "Which split the subset comes from.", choices=SPLITS)
+    probes: int = option(100, "Rademacher probes of the trace estimate.", min=1)
+    density_probes: int = option(1, "Lanczos runs averaged in the density (Ghorbani et al.: one suffices for "
+                                    "large models).", min=1)
+    lanczos_steps: int = option(80, "Lanczos steps: the cap for the eigenvalues, the number for the density "
+                                    "(memory: steps x parameters).", min=1)
+    tol: float = option(1e-4, "Relative residual ||Hu - theta u|| / |theta_1| at which the eigenvalues stop.",
+                        min=0, min_open=True, max=1)
+    sigma: float = option(0.01, "Gaussian width of the density, as a fraction of the spectral range.",
+                          min=0, min_open=True)
+    precision: str = option("float32", "Precision of the Hessian-vector products.", choices=tuple(PRECISIONS))
+    batch_size: int = option(250, "Examples per chunk of each product (memory bound; results do not depend on it).",
+                             min=1)
+    device: str = option("auto", "auto, cpu, cuda or cuda:N.", kind="device")
+    workers: int = option(1, "Parallel worker processes (checkpoints in parallel).", min=1)
+
+    def __post_init__(self) -> None:
+        self.validate()
 
     def validate(self) -> None:
         if int(self.top_k) != self.top_k or self.top_k < 0:
             raise UsageError(f"--top-k must be a non-negative integer, got {self.top_k}")
         for flag, value in (("--n", self.n), ("--probes", self.probes), ("--density-probes", self.density_probes),
-                            ("--lanczos-steps", self.lanczos_steps), ("--batch-size", self.batch_size)):
+                            ("--lanczos-steps", self.lanczos_steps), ("--batch-size", self.batch_size),
+                            ("--workers", self.workers)):
             check_positive_int(flag, value)
         if self.top_k == 0 and not self.trace and not self.density:
             raise UsageError("nothing to compute: --top-k 0 without --trace or --density")
         if self.top_k > self.lanczos_steps:
             raise UsageError(f"--lanczos-steps ({self.lanczos_steps}) must be at least --top-k ({self.top_k})")
-        if not (math.isfinite(self.tol) and 0 < self.tol < 1):
-            raise UsageError(f"--tol must lie in (0, 1), got {self.tol}")
+        if not (math.isfinite(self.tol) and 0 < self.tol <= 1):
+            raise UsageError(f"--tol must lie in (0, 1], got {self.tol}")
         if not (math.isfinite(self.sigma) and self.sigma > 0):
             raise UsageError(f"--sigma must be a positive number, got {self.sigma}")
         check_choice("--precision", self.precision, tuple(PRECISIONS))
@@ -303,9 +314,14 @@ def spectral_density(op: HessianOperator, runs: int, steps: int, *, sigma: float
 # --------------------------------------------------------------------------------------------- rows
 
 
+def _empty(*shape: int):
+    return stored("skip", default_factory=lambda: np.zeros(shape))
+
+
 @dataclass
 class HessianRow:
-    """The Hessian measurements of one checkpoint (NaN / empty where not asked for)."""
+    """The Hessian measurements of one checkpoint (NaN / empty where not asked for). The scalars are the
+    result's table; the arrays are stacked over checkpoints into the result's arrays."""
 
     ref: str
     run: str
@@ -314,37 +330,70 @@ class HessianRow:
     epoch: float
     loss: float  # mean loss on the subset
     num_params: int  # free (unpruned) trainable parameters
-    eigenvalues: np.ndarray  # (top_k,) descending
-    residuals: np.ndarray  # (top_k,)
-    lanczos_steps: int
+    top_eigenvalue: float
     trace: float
     trace_se: float
-    trace_samples: np.ndarray  # (probes,) or (0,)
-    density_nodes: np.ndarray  # (density_probes, m) or (0, 0)
-    density_weights: np.ndarray
-    density_grid: np.ndarray  # (GRID,) or (0,)
-    density: np.ndarray
+    lanczos_steps: int
     products: int  # Hessian-vector products taken
     seconds: float
+    eigenvalues: np.ndarray = _empty(0)  # (top_k,) descending
+    residuals: np.ndarray = _empty(0)  # (top_k,)
+    trace_samples: np.ndarray = _empty(0)  # (probes,) z^T H z
+    density_nodes: np.ndarray = _empty(0, 0)  # (density_probes, m)
+    density_weights: np.ndarray = _empty(0, 0)
+    density_grid: np.ndarray = _empty(0)  # (GRID,)
+    density: np.ndarray = _empty(0)
 
-    @property
-    def top_eigenvalue(self) -> float:
-        return float(self.eigenvalues[0]) if self.eigenvalues.size else math.nan
+
+def _stack(arrays: list[np.ndarray]) -> np.ndarray:
+    """Arrays of one rank stacked on a new first axis, NaN-padded to a common shape (ragged when checkpoints
+    have different parameter counts)."""
+    shape = tuple(max(a.shape[d] for a in arrays) for d in range(arrays[0].ndim)) if arrays else ()
+    out = np.full((len(arrays), *shape), np.nan)
+    for i, a in enumerate(arrays):
+        out[(i, *(slice(0, n) for n in a.shape))] = a
+    return out
 
 
 @dataclass
-class HessianResult:
-    """``landscape hessian``: one row per checkpoint, in the order given."""
+class HessianResult(StoredResult):
+    """``landscape hessian``: one table row per checkpoint, in the order given, and the per-checkpoint arrays
+    stacked over checkpoints (``eigenvalues[c, i]`` is lambda_{i+1} of checkpoint ``c``)."""
 
-    config: HessianConfig
-    rows: list[HessianRow] = field(default_factory=list)
+    KIND = KIND
+    CONFIG = HessianConfig
+
+    rows: list[HessianRow] = stored("table", count="checkpoints", default_factory=list)
+    eigenvalues: np.ndarray = stored("array", dims=("checkpoint", "k"), default_factory=lambda: np.zeros((0, 0)))
+    residuals: np.ndarray = stored("array", dims=("checkpoint", "k"), default_factory=lambda: np.zeros((0, 0)))
+    trace_samples: np.ndarray = stored("array", dims=("checkpoint", "probe"),
+                                       default_factory=lambda: np.zeros((0, 0)))
+    density_nodes: np.ndarray = stored("array", dims=("checkpoint", "run", "node"),
+                                       default_factory=lambda: np.zeros((0, 0, 0)))
+    density_weights: np.ndarray = stored("array", dims=("checkpoint", "run", "node"),
+                                         default_factory=lambda: np.zeros((0, 0, 0)))
+    density_grid: np.ndarray = stored("array", dims=("checkpoint", "grid"), default_factory=lambda: np.zeros((0, 0)))
+    density: np.ndarray = stored("array", dims=("checkpoint", "grid"), default_factory=lambda: np.zeros((0, 0)))
+    config: HessianConfig = field(default_factory=HessianConfig)
+    inputs: list[InputRef] = field(default_factory=list)
+    path: Path | None = None
+    figures: list[Path] = field(default_factory=list)
+
+    @classmethod
+    def from_rows(cls, rows: list[HessianRow], config: HessianConfig) -> HessianResult:
+        arrays = {name: _stack([getattr(r, name) for r in rows]) for name in (
+            "eigenvalues", "residuals", "trace_samples", "density_nodes", "density_weights", "density_grid",
+            "density")}
+        return cls(rows=list(rows), config=config, **arrays)
 
     def table_rows(self) -> list[dict]:
-        """One dict per checkpoint: ref, epoch, loss, lambda_1..k, trace +- se."""
+        """One dict per checkpoint: ref, optimizer, epoch, loss, lambda_1..k, trace +- se, residual of lambda_1."""
         out = []
-        for r in self.rows:
-            row = {"ref": r.ref, "epoch": r.epoch, "loss": r.loss}
-            row.update({f"lambda_{i + 1}": float(v) for i, v in enumerate(r.eigenvalues)})
+        for c, r in enumerate(self.rows):
+            row = {"ref": r.ref, "optimizer": r.optimizer, "epoch": r.epoch, "loss": r.loss}
+            row.update({f"lambda_{i + 1}": float(v) for i, v in enumerate(self.eigenvalues[c])})
+            if self.config.top_k:
+                row["residual_1"] = float(self.residuals[c, 0])
             if self.config.trace:
                 row.update({"trace": r.trace, "trace_se": r.trace_se})
             out.append(row)
@@ -392,9 +441,35 @@ def hessian_row(
                                 seed=config.seed + 2)
     return HessianRow(
         ref=ref, run=run, optimizer=optimizer, step=int(step), epoch=float(epoch), loss=op.loss(),
-        num_params=op.dim, eigenvalues=eig.eigenvalues, residuals=eig.residuals, lanczos_steps=eig.steps,
+        num_params=op.dim, top_eigenvalue=float(eig.eigenvalues[0]) if eig.eigenvalues.size else math.nan,
         trace=tr.mean if tr.samples.size else math.nan, trace_se=tr.se if tr.samples.size else math.nan,
-        trace_samples=tr.samples, density_nodes=dens.nodes, density_weights=dens.weights,
-        density_grid=dens.grid, density=dens.density, products=op.products,
-        seconds=time.perf_counter() - start,
+        lanczos_steps=eig.steps, products=op.products, seconds=time.perf_counter() - start,
+        eigenvalues=eig.eigenvalues, residuals=eig.residuals, trace_samples=tr.samples,
+        density_nodes=dens.nodes, density_weights=dens.weights, density_grid=dens.grid, density=dens.density,
     )
+
+
+# ------------------------------------------------------------------------------------------- the spec
+
+
+def compute_point(point, config: HessianConfig, _shared=None) -> HessianRow:
+    """:func:`hessian_row` at one resolved checkpoint (the run's pruning mask kept, its optimiser named)."""
+    x, y = point.split(config.split)
+    optimizer = str(((point.manifest or {}).get("config") or {}).get("optimizer") or "")
+    return hessian_row(point.model(), x, y, config, ref=point.ref, step=point.step, epoch=point.epoch,
+                       run=point.run or "", optimizer=optimizer, masks=point.masks)
+
+
+def collect(groups, config: HessianConfig, _options=None, _refs=None, _shared=None) -> HessianResult:
+    return HessianResult.from_rows([row for group in groups for row in group], config)
+
+
+SPEC = Analysis(
+    name="hessian", config=HessianConfig, compute=compute_point, collect=collect, result=HessianResult,
+    inputs="targets", figure="landscape.plots.hessian:plot_hessian", rows=HessianResult.table_rows,
+    output="hessian", purpose="take Hessian-vector products", needs=("manifest",),
+    doc="""Hessian sharpness (PyHessian, Yao et al. 2020) of runs or checkpoints TARGETS...: top-k eigenvalues
+    (Lanczos, with residuals), --trace (Hutchinson, with its standard error), --density (stochastic Lanczos
+    quadrature, Ghorbani et al. 2019), on a fixed seeded subset of --n examples. A run means every checkpoint
+    (sharpness against epoch, all runs on one figure).""",
+)
