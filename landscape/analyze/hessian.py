@@ -283,16 +283,20 @@ class SpectralDensity:
         return float((self.weights * self.nodes**p).sum(1).mean())
 
 
-def gaussian_density(nodes: np.ndarray, weights: np.ndarray, sigma_fraction: float) -> tuple[np.ndarray, np.ndarray, float]:
-    """Grid, density and absolute width of Ghorbani et al.'s eq. (7): ``phi(t) = (1/runs) sum tau_j
-    N(t; theta_j, sigma^2)``, ``sigma = sigma_fraction * (max - min node)``, grid padded by ``6 sigma``."""
-    lo, hi = float(nodes.min()), float(nodes.max())
+def broadened_density(grid: np.ndarray, nodes: np.ndarray, weights: np.ndarray, sigma: float) -> np.ndarray:
+    """Ghorbani et al.'s eq. (7) on ``grid``: ``phi(t) = (1/runs) sum_runs sum_j tau_j N(t; theta_j, sigma^2)``
+    (NaN-padded nodes count as absent)."""
+    z = (grid[:, None, None] - nodes[None]) / sigma
+    terms = np.where(np.isfinite(nodes)[None], weights[None] * np.exp(-0.5 * z**2), 0.0)
+    return terms.sum(2).mean(1) / (sigma * math.sqrt(2 * math.pi))
+
+
+def density_grid(nodes: np.ndarray, sigma_fraction: float) -> tuple[np.ndarray, float]:
+    """A grid over the nodes' range padded by ``6 sigma``, and ``sigma = sigma_fraction * (max - min node)``."""
+    lo, hi = float(np.nanmin(nodes)), float(np.nanmax(nodes))
     spread = hi - lo if hi > lo else max(abs(hi), 1.0)
     sigma = sigma_fraction * spread
-    grid = np.linspace(lo - 6 * sigma, hi + 6 * sigma, GRID)
-    z = (grid[:, None, None] - nodes[None]) / sigma
-    density = (weights[None] * np.exp(-0.5 * z**2)).sum(2).mean(1) / (sigma * math.sqrt(2 * math.pi))
-    return grid, density, sigma
+    return np.linspace(lo - 6 * sigma, hi + 6 * sigma, GRID), sigma
 
 
 def spectral_density(op: HessianOperator, runs: int, steps: int, *, sigma: float = 0.01, seed: int = 0) -> SpectralDensity:
@@ -307,8 +311,9 @@ def spectral_density(op: HessianOperator, runs: int, steps: int, *, sigma: float
             nodes.append(theta)
             weights.append(s[0] ** 2)
     nodes_a, weights_a = np.stack(nodes), np.stack(weights)
-    grid, density, width = gaussian_density(nodes_a, weights_a, sigma)
-    return SpectralDensity(nodes=nodes_a, weights=weights_a, grid=grid, density=density, sigma=width)
+    grid, width = density_grid(nodes_a, sigma)
+    return SpectralDensity(nodes=nodes_a, weights=weights_a, grid=grid,
+                           density=broadened_density(grid, nodes_a, weights_a, width), sigma=width)
 
 
 # --------------------------------------------------------------------------------------------- rows

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from landscape.analyze.hessian import broadened_density, density_grid
 from landscape.plots.style import method_color, save_figure, styled, subplots
 
 MAX_DENSITIES = 6
@@ -67,14 +68,17 @@ def plot_density(result, stem, title: str = "") -> list[Path]:
     else:
         picked = [(_label(result, name, idx), idx[-1], method_color(result.rows[idx[-1]].optimizer))
                   for name, idx in groups.items()]
+    # one grid and one Gaussian width for all curves, so that their shapes compare
+    rows = [c for _, c, _ in picked]
+    grid, sigma = density_grid(result.density_nodes[rows], result.config.sigma)
+    curves = [broadened_density(grid, result.density_nodes[c], result.density_weights[c], sigma) for c in rows]
+    top = max(float(d.max()) for d in curves)
     fig, ax = subplots(figsize=(5.5, 3.4))
-    for label, c, color in picked:
-        grid, density = result.density_grid[c], result.density[c]
-        ok = np.isfinite(grid)
-        floor = np.nanmax(density) * 1e-8
-        ax.semilogy(grid[ok], np.maximum(density[ok], floor), color=color, label=label)
+    for (label, _, color), density in zip(picked, curves, strict=True):
+        ax.semilogy(grid, np.maximum(density, top * 1e-12), color=color, label=label)
+    ax.set_ylim(top * 1e-7, top * 3)
     ax.set_xlabel("eigenvalue")
-    ax.set_ylabel("density (SLQ, Gaussian broadening)")
+    ax.set_ylabel(f"density (SLQ, Gaussian width {sigma:.3g})")
     ax.set_title(title or "Hessian spectral density")
     ax.legend()
     fig.tight_layout()
