@@ -137,6 +137,11 @@ def test_masks_give_the_hessian_restricted_to_unpruned_coordinates(case):
     exact = np.linalg.eigvalsh(h[np.ix_(free.numpy(), free.numpy())])[::-1]
     top = top_eigenvalues(op, 3, tol=1e-10)
     np.testing.assert_allclose(top.eigenvalues, exact[:3], rtol=1e-8)
+    # the Krylov space lives in the unpruned subspace: asking for more steps than it has stops there, and
+    # a full-length SLQ run's nodes are the exact eigenvalues
+    full = spectral_density(op, 1, op.numel)
+    assert full.nodes.shape == (1, op.dim)
+    np.testing.assert_allclose(full.nodes[0], np.sort(exact), rtol=0, atol=1e-10)
     tr = hutchinson_trace(op, 8)
     z = _draw(op, 8, torch.Generator().manual_seed(0), "rademacher", torch.float64)
     assert torch.all(z[:, ~free] == 0) and set(z[:, free].unique().tolist()) == {-1.0, 1.0}

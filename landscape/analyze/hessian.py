@@ -158,6 +158,7 @@ def lanczos(
 ) -> Lanczos:
     """Lanczos with full reorthogonalisation for ``B`` start vectors ``start`` (B, d) at once.
 
+    At most ``steps`` steps (callers cap them at the dimension of the space ``draw`` samples from).
     ``matvec`` maps (B, d) -> (B, d); ``draw(k)`` gives ``k`` fresh random vectors (k, d) for runs whose
     Krylov space is exhausted (``beta`` below ``100 eps ||T||``); ``stop(alpha, beta, last_beta)`` (one run
     only) ends the iteration early. Vectors are updated in place (a parameter-sized temporary costs page
@@ -217,7 +218,7 @@ class TopEigen:
     steps: int  # Lanczos steps taken
 
 
-def top_eigenvalues(op: HessianOperator, k: int, *, steps: int = 80, tol: float = 1e-6, seed: int = 0) -> TopEigen:
+def top_eigenvalues(op: HessianOperator, k: int, *, steps: int = 80, tol: float = 1e-4, seed: int = 0) -> TopEigen:
     """The ``k`` algebraically largest eigenvalues of ``op`` by Lanczos (see the module docstring)."""
     if k > op.dim:
         raise UsageError(f"--top-k {k} exceeds the model's {op.dim} free parameters")
@@ -231,7 +232,7 @@ def top_eigenvalues(op: HessianOperator, k: int, *, steps: int = 80, tol: float 
         bound = tol * max(float(np.abs(theta).max()), np.finfo(float).tiny)
         return bool(np.all(np.abs(last * s[-1, -k:]) <= bound))
 
-    run = lanczos(op.matvec, _draw(op, 1, gen, "gaussian", dtype), max(steps, k),
+    run = lanczos(op.matvec, _draw(op, 1, gen, "gaussian", dtype), min(max(steps, k), op.dim),
                   draw=lambda n: _draw(op, n, gen, "gaussian", dtype), stop=converged)
     theta, s = run.ritz()
     theta, s = theta[::-1][:k].copy(), s[:, ::-1][:, :k]
@@ -305,7 +306,7 @@ def spectral_density(op: HessianOperator, runs: int, steps: int, *, sigma: float
     nodes, weights = [], []
     for i in range(0, runs, BLOCK):
         start = _draw(op, min(BLOCK, runs - i), gen, "rademacher", op.dtype)
-        run = lanczos(op.matvec, start, steps, draw=lambda n: _draw(op, n, gen, "gaussian", op.dtype))
+        run = lanczos(op.matvec, start, min(steps, op.dim), draw=lambda n: _draw(op, n, gen, "gaussian", op.dtype))
         for b in range(start.shape[0]):
             theta, s = run.ritz(b)
             nodes.append(theta)
