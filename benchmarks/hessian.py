@@ -138,11 +138,11 @@ def main() -> None:
         out: dict = {}
         med = medians(interleaved(eigen_methods(model, x, y, out), repeats=args.repeats, warmup=0, budget=90))
         reference = HessianOperator(model, x, y, dtype=torch.float64)
-        exact = float(top_eigenvalues(reference, 1, tol=1e-8).eigenvalues[0])
+        exact = float(top_eigenvalues(reference, 1, tol=1e-5).eigenvalues[0])
         extra = {k: f"lambda_1 {v:.6g} (rel. err {abs(v - exact) / abs(exact):.1e}), {p} products"
                  for k, (v, p) in out.items()}
         print_table(f"{name}: seconds per top eigenvalue (object built + iterations; reference lambda_1 "
-                    f"{exact:.6g}: float64 Lanczos, tol 1e-8)", med, baseline="pyhessian eigenvalues()", extra=extra)
+                    f"{exact:.6g}: float64 Lanczos, tol 1e-5)", med, baseline="pyhessian eigenvalues()", extra=extra)
 
 
 if __name__ == "__main__":

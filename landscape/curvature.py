@@ -113,7 +113,8 @@ class HessianOperator:
         if batch_size is not None and batch_size < 1:
             raise UsageError(f"--batch-size must be a positive integer, got {batch_size}")
         self.model = model
-        self.params = {k: named[k].detach().to(self.device, self.dtype) for k in self.names}
+        # a copy: the operator stays the Hessian at these weights even if the caller then changes the model
+        self.params = {k: named[k].detach().to(self.device, self.dtype, copy=True) for k in self.names}
         # Frozen parameters and buffers enter as constants (floating ones in the computation's dtype).
         self.constants = {
             k: t.detach().to(self.device, self.dtype if t.is_floating_point() else t.dtype)

@@ -17,7 +17,9 @@ from torch.func import functional_call
 from landscape.analyze.hessian import (
     HessianConfig,
     HessianResult,
+    _coefficients,
     _draw,
+    _norms,
     hessian_row,
     hutchinson_trace,
     lanczos,
@@ -121,6 +123,9 @@ def test_batchnorm_is_evaluated_in_eval_mode_and_the_model_is_left_as_it_was():
     assert model.training and model[1].training
     for k, t in model.state_dict().items():
         assert torch.equal(t, before[k]), k
+    with torch.no_grad():  # the operator holds its own copy of the weights
+        model[0].weight.add_(1.0)
+    np.testing.assert_allclose(op.matvec(v).numpy(), h @ v.numpy(), rtol=0, atol=1e-12)
 
 
 def test_masks_give_the_hessian_restricted_to_unpruned_coordinates(case):
@@ -186,6 +191,19 @@ def test_lanczos_restarts_when_the_krylov_space_is_exhausted():
     np.testing.assert_allclose(run.ritz()[0], np.sort(eig), atol=1e-10)
     basis = run.basis[:, 0].numpy()
     np.testing.assert_allclose(basis @ basis.T, np.eye(6), atol=1e-12)
+
+
+def test_lanczos_sums_float32_vectors_in_float64():
+    """ResNet-18 has 11 M parameters: float32 norms and inner products of that length are off by 1e-5..1e-3,
+    enough to un-normalise the Krylov basis (lambda_1 moved by 6e-4); the basis algebra accumulates in float64."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(1, 2**23, generator=g) + 3
+    rows = torch.randn(3, 2**23, generator=g) + 1
+    exact_norm = torch.linalg.vector_norm(w.double())
+    exact_c = rows.double() @ w[0].double()
+    assert abs(float(_norms(w)[0] / exact_norm) - 1) < 1e-9
+    assert float((_coefficients(rows, w[0]).double() / exact_c - 1).abs().max()) < 1e-6  # float32 rounding only
+    assert abs(float(torch.linalg.vector_norm(w) / exact_norm) - 1) > 1e-7  # what plain float32 gives
 
 
 def test_hutchinson_standard_error_covers_the_exact_trace(case):
