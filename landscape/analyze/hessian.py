@@ -50,7 +50,7 @@ SPLITS = ("train", "test")
 # Vectors per vectorised product (Hutchinson probes, Ritz residuals, SLQ starts): memory grows with it.
 BLOCK = 4
 GRID = 1001
-COLUMNS = 2**20  # column block of the float64-accumulated reorthogonalisation of float32 vectors
+COLUMNS = 2**14  # column block of the reorthogonalisation of float32 vectors (blocks added in float64)
 
 
 @dataclass
@@ -141,23 +141,23 @@ def _dots(w: Tensor, q: Tensor) -> Tensor:
 
 
 def _coefficients(rows: Tensor, w: Tensor) -> Tensor:
-    """``rows @ w`` for rows (j, d) and w (d,), accumulated in float64 in column blocks of :data:`COLUMNS`
-    (a float32 product over millions of parameters loses orthogonality: 2e-3 on ResNet-18, which moved
-    lambda_1 by 6e-4). Returns the coefficients in ``w``'s dtype."""
-    if rows.dtype == torch.float64:
+    """``rows @ w`` for rows (j, d) and w (d,): in column blocks of :data:`COLUMNS` whose float32 products
+    are added in float64 (one float32 product over millions of parameters loses orthogonality: 2e-3 on
+    ResNet-18, which moved lambda_1 by 6e-4). Returns the coefficients in ``w``'s dtype."""
+    if rows.dtype == torch.float64 or w.shape[0] <= COLUMNS:
         return rows @ w
     c = torch.zeros(rows.shape[0], dtype=torch.float64, device=w.device)
     for s in range(0, w.shape[0], COLUMNS):
-        c += rows[:, s:s + COLUMNS].double() @ w[s:s + COLUMNS].double()
+        c += (rows[:, s:s + COLUMNS] @ w[s:s + COLUMNS]).double()
     return c.to(w.dtype)
 
 
-def _orthogonalise_(w: Tensor, basis: Tensor) -> Tensor:
-    """``w`` (B, d) minus its projection on ``basis`` (j, B, d), run by run, in place; twice (classical
+def _orthogonalise_(w: Tensor, basis: Tensor, passes: int = 2) -> Tensor:
+    """``w`` (B, d) minus its projection on ``basis`` (j, B, d), run by run, in place; ``passes`` times (classical
     Gram-Schmidt twice is enough, Giraud et al. 2005). Two matrix-vector products per pass, no (j, d) copy."""
     for b in range(w.shape[0]):
         rows = basis[:, b]
-        for _ in range(2):
+        for _ in range(passes):
             w[b].addmv_(rows.t(), _coefficients(rows, w[b]), alpha=-1)
     return w
 
@@ -189,11 +189,14 @@ def lanczos(
     m = steps
     for j in range(steps):
         w = matvec(basis[j])
-        # alpha_j = q_j^T H q_j summed in float64: a float32 matrix-vector product over 11 M parameters put
-        # ResNet-18's lambda_1 off by 5e-4. Full reorthogonalisation then does the three-term recurrence's
-        # work (the coefficient of w on q_{j-1} is beta_{j-1}, on earlier vectors 0 in exact arithmetic).
+        # the three-term recurrence (alpha_j = q_j^T H q_j summed in float64), then one full
+        # reorthogonalisation pass against the whole basis removes what rounding left (Golub & Van Loan 10.1.5)
         a = torch.sum(w * basis[j], dim=1, dtype=torch.float64)
-        _orthogonalise_(w, basis[: j + 1])
+        w.addcmul_(basis[j], a.to(w.dtype)[:, None], value=-1)
+        if j > 0:
+            w.addcmul_(basis[j - 1], torch.as_tensor(beta[:, j - 1], dtype=w.dtype, device=w.device)[:, None],
+                       value=-1)
+        _orthogonalise_(w, basis[: j + 1], passes=1)
         b = _norms(w)
         alpha[:, j] = a.cpu().numpy()
         beta[:, j] = b.cpu().numpy()
