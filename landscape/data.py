@@ -29,8 +29,7 @@ import numpy as np
 import torch
 
 from landscape.errors import DataError
-
-DATA_ENV = "LANDSCAPE_DATA"
+from landscape.runtime import DATA_ENV
 
 
 @dataclass

@@ -40,6 +40,8 @@ class InterpolateConfig(EvaluationOptions):
     points: int = option(30, "Number of alphas in linspace(0, 1, points), both endpoints included.", min=2)
     splits: tuple[str, ...] = option(SPLITS, "Data splits to evaluate.", choices=SPLITS, metavar="train,test")
     bn_recalibrate: bool = option(False, "Recompute BatchNorm statistics at every point from the training data.")
+    align: bool = option(False, "Also permute B's hidden units to match A (Git Re-Basin weight matching, "
+                         "landscape.analyze.align) and report the instability after alignment beside it.")
 
     def __post_init__(self) -> None:
         if isinstance(self.splits, str):
@@ -113,6 +115,16 @@ class InterpolationResult(StoredResult):
     reasons: dict[str, str] = stored("attr", name="reason_{}", default_factory=dict)  # "<split>_loss" -> why inf
     examples: dict[str, int] = stored("attr", name="examples_{}", order="splits", default_factory=dict)
     distance: float = math.nan  # ||theta_B - theta_A||_2 over the interpolated tensors
+    # --align: the path A -> pi(B), B's units permuted to match A's (Ainsworth et al. 2023); empty without it
+    loss_aligned: dict[str, np.ndarray] = stored("array", name="{}_loss_aligned", dims=("alpha",), order="splits",
+                                                 default_factory=dict)
+    acc_aligned: dict[str, np.ndarray] = stored("array", name="{}_acc_aligned", dims=("alpha",), order="splits",
+                                                default_factory=dict)
+    instability_loss_aligned: dict[str, float] = stored("attr", name="instability_{}_loss_aligned", order="splits",
+                                                        default_factory=dict)
+    instability_error_aligned: dict[str, float] = stored("attr", name="instability_{}_error_aligned",
+                                                         order="splits", default_factory=dict)
+    distance_aligned: float = math.nan  # ||pi(theta_B) - theta_A||_2
     seconds: float = math.nan
     throughput: float = math.nan  # examples x points per second
     method: str = ""
@@ -135,6 +147,8 @@ class InterpolationResult(StoredResult):
                 "max_loss": float(np.max(self.loss[s])),
                 "instability_loss": self.instability_loss[s],
                 "instability_error": self.instability_error[s],
+                **({"instability_loss_aligned": self.instability_loss_aligned[s],
+                    "instability_error_aligned": self.instability_error_aligned[s]} if self.loss_aligned else {}),
             }
             for s in self.splits
         ]
@@ -238,7 +252,18 @@ def compute_pair(a, b, config: InterpolateConfig) -> InterpolationResult:
     """:func:`interpolate` between resolved checkpoints A and B (``landscape.api.resolve.Point``) on the data
     set the resolver chose for the pair (A's unless ``--data-from b``), every split of it."""
     splits = {s: a.data.split(s) for s in SPLITS}
-    return interpolate(a.model(), a.state, b.state, splits, config=config)
+    model = a.model()
+    result = interpolate(model, a.state, b.state, splits, config=config)
+    if config.align:  # the same path after permuting B's units to match A's (weight matching, seed 0)
+        from landscape.analyze.align import align_states
+
+        after = interpolate(model, a.state, align_states(model, a.state, b.state).state, splits, config=config)
+        result.loss_aligned, result.acc_aligned = after.loss, after.acc
+        result.instability_loss_aligned = after.instability_loss
+        result.instability_error_aligned = after.instability_error
+        result.distance_aligned = after.distance
+        result.reasons.update({f"{key}_aligned": reason for key, reason in after.reasons.items()})
+    return result
 
 
 def _notes(result: InterpolationResult) -> list[str]:
