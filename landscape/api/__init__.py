@@ -32,6 +32,7 @@ _EXPORTS: dict[str, str] = {
     "demo": "demo_job",
     "DemoConfig": "demo_job",
     "align": "alignment",
+    "figures": "figures",
 }
 
 

@@ -1,0 +1,40 @@
+"""`landscape figures`: regenerate paper figures (train -> analyse -> plot) and print each claim's verdict."""
+
+from __future__ import annotations
+
+import click
+
+from cli.common import root_of
+
+
+@click.command()
+@click.argument("names", nargs=-1)
+@click.option("--list", "list_", is_flag=True, help="List every recipe with its paper figure and claim.")
+@click.option("--scale", type=click.Choice(["test", "cpu", "paper"]), default="cpu", show_default=True,
+              help="test: seconds; cpu: minutes on a laptop; paper: the paper's data set and model (GPU).")
+@click.option("--out", type=click.Path(file_okay=False), default="figures-out", show_default=True,
+              help="Output folder (one subfolder per recipe: figure PNG + PDF, HDF5 summary).")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes.")
+@click.option("--data-root", default=None, help="Folder of the paper's data sets (else $LANDSCAPE_DATA).")
+@click.pass_context
+def figures(ctx: click.Context, names: tuple[str, ...], list_: bool, scale: str, out: str, workers: int,
+            data_root: str | None) -> None:
+    """Make paper figures by recipe NAME (or `all`); finished recipes (same settings) are skipped on rerun.
+
+    Example: landscape figures watson-fig5 --scale cpu --out figures/
+    """
+    from landscape.errors import UsageError
+    from landscape.figures import registry
+    from landscape.figures import figures as run
+
+    if list_:
+        for name in registry.names():
+            r = registry.get(name)
+            click.echo(f"{name:14s} {r.paper.split(' (')[0]}, {r.figure}: {r.claim}")
+        return
+    if not names:
+        raise UsageError("name a recipe (or `all`); `landscape figures --list` shows them")
+    for made in run(list(names), scale=scale, out=out, root=root_of(ctx), workers=workers, data_root=data_root):
+        how = "skipped (finished)" if made.skipped else "made"
+        click.echo(f"{made.name} [{made.scale}] {how}: {made.path}")
+        click.echo(f"  {made.verdict.line().split(' Instability = ')[0]}")

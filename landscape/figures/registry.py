@@ -1,0 +1,21 @@
+"""Registry of the paper-figure recipes: one line per recipe, ``name -> module`` (imported on use)."""
+
+from __future__ import annotations
+
+import importlib
+
+from landscape.errors import UsageError
+
+RECIPES: dict[str, str] = {
+    "watson-fig5": "landscape.figures.watson_fig5",
+}
+
+
+def names() -> list[str]:
+    return list(RECIPES)
+
+
+def get(name: str):
+    if name not in RECIPES:
+        raise UsageError(f"unknown recipe {name!r}; see `landscape figures --list`")
+    return importlib.import_module(RECIPES[name]).RECIPE

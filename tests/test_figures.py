@@ -1,0 +1,126 @@
+"""Paper-figure recipes (issue 12): ``--scale test`` end to end, the list, rerun skipping, paper-scale refusal.
+
+The watson-fig5 instabilities are checked against an independent naive loop: the two sibling checkpoints'
+state dicts blended by hand at 5 alphas, the test loss evaluated with ``torch.nn.functional.cross_entropy``,
+instability = max loss - mean of the end losses (Watson et al. Def. 2.3).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from cli import main as cli_main
+from landscape.figures import registry
+from landscape.figures.recipe import read_summary
+from landscape.verdict import Verdict
+
+
+@pytest.fixture(autouse=True)
+def registered(monkeypatch):
+    if "figures" not in cli_main.COMMANDS:
+        monkeypatch.setitem(cli_main.COMMANDS, "figures", ("cli.figures:figures", "paper figures"))
+
+
+def run(capsys, *args):
+    with pytest.raises(SystemExit) as exc:
+        cli_main.main(list(args))
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """Every registered recipe at --scale test, through the CLI (once for the module)."""
+    out = tmp_path_factory.mktemp("figs")
+    root = out / "store"
+    with pytest.raises(SystemExit) as exc:
+        cli_main.main(["--root", str(root), "figures", "all", "--scale", "test", "--out", str(out)])
+    assert exc.value.code == 0
+    return out, root
+
+
+def test_list_names_every_recipe_with_figure_and_claim(capsys):
+    code, out, err = run(capsys, "figures", "--list")
+    assert code == 0 and err == ""
+    lines = out.strip().splitlines()
+    assert len(lines) == len(registry.names())
+    for name, line in zip(registry.names(), lines):
+        r = registry.get(name)
+        assert line.startswith(name) and r.figure in line and r.claim in line
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_test_scale_writes_files_numbers_and_verdict(made, name):
+    out, _ = made
+    path = out / name / f"{name}-test.h5"
+    numbers, verdict, figures = read_summary(path)
+    assert {p.suffix for p in figures} == {".png", ".pdf"} and all(p.stat().st_size > 1000 for p in figures)
+    assert numbers and all(np.isfinite(v).all() for v in numbers.values())
+    assert isinstance(verdict, Verdict) and verdict.held in (True, False, None) and verdict.numbers
+    with h5py.File(path, "r") as f:
+        assert f.attrs["scale"] == "test" and f.attrs["recipe"] == name
+
+
+def _naive_instability(root, a: str, b: str) -> float:
+    from landscape.api.resolve import Resolver
+
+    r = Resolver(root)
+    pa, pb = r.point(f"{a}@last"), r.point(f"{b}@last")
+    x, y = pa.split("test")
+    model = pa.model().eval()
+    sa, sb = pa.model().state_dict(), pb.model().state_dict()
+    losses = []
+    for alpha in np.linspace(0, 1, 5):
+        model.load_state_dict({k: (1 - alpha) * sa[k] + alpha * sb[k] for k in sa})
+        with torch.no_grad():
+            losses.append(float(torch.nn.functional.cross_entropy(model(x), y)))
+    return max(losses) - (losses[0] + losses[-1]) / 2
+
+
+def test_watson_fig5_instabilities_match_a_naive_interpolation_loop(made):
+    out, root = made
+    numbers, verdict, _ = read_summary(out / "watson-fig5" / "watson-fig5-test.h5")
+    assert numbers["k"].tolist() == [1.0] and numbers["epsilon"].tolist() == [8.0]
+    group = "watson-fig5-test-e8-k1"
+    for family, measured in (("sgd", numbers["sgd"][0]), ("dpsgd", numbers["dp"][0][0])):
+        runs = [f"{group}-sgd-{family}-{i}" for i in range(3)]
+        naive = sorted(_naive_instability(root, a, b) for a, b in itertools.combinations(runs, 2))
+        assert np.allclose(sorted(measured), naive, rtol=1e-4, atol=1e-6), (family, measured, naive)
+    # the verdict is the rule applied to these numbers (mean/sd of the 3 pairs per side)
+    n = verdict.numbers
+    assert n["held"] + n["did not hold"] + n["inconclusive"] == 1
+    dp, sgd = numbers["dp"][0][0], numbers["sgd"][0]
+    gap, noise = dp.mean() - sgd.mean(), dp.std(ddof=1) + sgd.std(ddof=1)
+    expected = True if gap > noise else (False if gap < -noise else None)
+    assert verdict.held is expected and math.isfinite(gap)
+
+
+def test_rerun_skips_finished_recipes(made, capsys):
+    out, root = made
+    path = out / "watson-fig5" / "watson-fig5-test.h5"
+    before = path.stat().st_mtime_ns
+    code, text, err = run(capsys, "--root", str(root), "figures", "watson-fig5", "--scale", "test", "--out", str(out))
+    assert code == 0 and "skipped (finished)" in text
+    assert any(f"[{status}]" in text for status in ("held", "did not hold", "inconclusive"))
+    assert path.stat().st_mtime_ns == before
+
+
+def test_paper_scale_without_data_is_one_line_exit_1(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("LANDSCAPE_DATA", raising=False)
+    code, out, err = run(capsys, "--root", str(tmp_path), "figures", "watson-fig5", "--scale", "paper",
+                         "--data-root", str(tmp_path), "--out", str(tmp_path))
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error: ") and "cifar10" in err and "GPU hours" in err
+    assert not (tmp_path / "watson-fig5").exists()
+
+
+def test_unknown_recipe_and_missing_name_are_usage_errors(capsys):
+    for args in (["figures", "nope"], ["figures"]):
+        code, out, err = run(capsys, *args)
+        assert code == 2 and err.startswith("error: ") and err.count("\n") == 1
