@@ -24,8 +24,8 @@ def figures(ctx: click.Context, names: tuple[str, ...], list_: bool, scale: str,
     Example: landscape figures watson-fig5 --scale cpu --out figures/
     """
     from landscape.errors import UsageError
-    from landscape.figures import registry
     from landscape.figures import figures as run
+    from landscape.figures import registry
 
     if list_:
         for name in registry.names():

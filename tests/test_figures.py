@@ -50,7 +50,7 @@ def test_list_names_every_recipe_with_figure_and_claim(capsys):
     assert code == 0 and err == ""
     lines = out.strip().splitlines()
     assert len(lines) == len(registry.names())
-    for name, line in zip(registry.names(), lines):
+    for name, line in zip(registry.names(), lines, strict=True):
         r = registry.get(name)
         assert line.startswith(name) and r.figure in line and r.claim in line
 

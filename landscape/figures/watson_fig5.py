@@ -88,7 +88,7 @@ def make(ctx):
     mean_sd = lambda rows: (np.nanmean(rows, axis=1), np.nanstd(rows, axis=1, ddof=1) if n > 1 else 0 * rows[:, 0])  # noqa: E731
     m, sd = mean_sd(np.asarray(numbers["sgd"]))
     ax.errorbar(ks, m, yerr=sd, marker="o", capsize=3, color=style.method_color("sgd"), label="SGD")
-    for e, rows, color in zip(eps_list, numbers["dp"], style.dp_shades(len(eps_list))):
+    for e, rows, color in zip(eps_list, numbers["dp"], style.dp_shades(len(eps_list)), strict=True):
         m, sd = mean_sd(np.asarray(rows))
         ax.errorbar(ks, m, yerr=sd, marker="s", capsize=3, color=color, label=f"DP-SGD eps {e:g}")
     ax.set(xlabel="Phase-1 SGD epochs k", ylabel="instability (test loss barrier)",
