@@ -124,3 +124,26 @@ def test_unknown_recipe_and_missing_name_are_usage_errors(capsys):
     for args in (["figures", "nope"], ["figures"]):
         code, out, err = run(capsys, *args)
         assert code == 2 and err.startswith("error: ") and err.count("\n") == 1
+
+
+def _naive_loss(root, ref: str, split: str) -> float:
+    from landscape.api.resolve import Resolver
+
+    p = Resolver(root).point(ref)
+    x, y = p.split(split)
+    with torch.no_grad():
+        return float(torch.nn.functional.cross_entropy(p.model().eval()(x), y))
+
+
+def test_watson_fig4_path_ends_are_the_two_solutions_losses(made):
+    out, root = made
+    numbers, verdict, _ = read_summary(out / "watson-fig4" / "watson-fig4-test.h5")
+    a = _naive_loss(root, "watson-fig4-test-sgd-sgd-0@last", "train")
+    b = _naive_loss(root, "watson-fig4-test-sgd-sgd-1@last", "train")
+    for norm in ("none", "filter"):
+        toward, rises = numbers[f"{norm}/toward_loss"], numbers[f"{norm}/random_rises"]
+        assert np.allclose([toward[0], toward[-1]], [a, b], rtol=1e-4, atol=1e-6)
+        assert rises.shape == (8,) and 0 <= float(numbers[f"{norm}/max_abs_cos"]) <= 1
+        # every direction starts at the solution's loss
+        assert np.allclose(numbers[f"{norm}/direction_loss"][:, 0], a, rtol=1e-4, atol=1e-6)
+    assert verdict.numbers["held"] + verdict.numbers["did not hold"] + verdict.numbers["inconclusive"] == 2

@@ -88,7 +88,9 @@ def read_summary(path: Path) -> tuple[dict, Verdict, list[Path]]:
     import h5py
 
     with h5py.File(path, "r") as f:
-        numbers = {k: np.asarray(f["numbers"][k]) for k in f["numbers"]}
+        numbers: dict = {}
+        f["numbers"].visititems(lambda k, v: numbers.__setitem__(k, np.asarray(v)) if isinstance(v, h5py.Dataset)
+                                else None)
         verdict = Verdict.from_dict(json.loads(f.attrs["verdict"]))
         figures = [Path(p) for p in json.loads(f.attrs["figures"])]
     return numbers, verdict, figures

@@ -8,6 +8,7 @@ from landscape.errors import UsageError
 
 RECIPES: dict[str, str] = {
     "watson-fig5": "landscape.figures.watson_fig5",
+    "watson-fig4": "landscape.figures.watson_fig4",
 }
 
 
