@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "show": ("cli.show:show", "Print any result file (kind, inputs, options, attrs, arrays)."),
     "privacy": ("cli.privacy:privacy", "Epsilon of a DP-SGD schedule, or the noise multiplier for a target epsilon."),
     "prune": ("cli.prune:prune", "Magnitude-prune a checkpoint into a new run (mask stored with it)."),
+    "batch": ("cli.batch:batch", "Run a YAML sweep of train/phases/prune/analysis jobs, in-process or on Dask."),
 }
 
 
