@@ -328,7 +328,7 @@ def _expand(key: str, body: Any, parent: Any, defaults: Any, known_kinds: list[s
         label = f"jobs.{key}" + (f" ({', '.join(f'{v}={env[v]}' for v in variables)})" if variables else "")
         opts = _check_options(kind, info, opts, raw_options, grid, env, where, body, key, label, at)
         after = [_fill(a, env, f"{where(body, 'after')}: jobs.{key}.after") for a in after_raw]
-        job = Job(id=job_id, key=key, kind=kind, line=int(body.line), options=opts, variables=env,
+        job = Job(id=job_id, key=key, kind=kind, line=int(parent.lines.get(key, body.line)), options=opts, variables=env,
                   produces=tuple(_produces(kind, opts)))
         jobs.append(job)
         afters[job_id] = (after, where(body, "after"))
