@@ -198,6 +198,8 @@ BAD_SPECS = {
     "unknown after": ("jobs:\n  a: {kind: train, run: x, after: [zz]}\n", 2, "no job named 'zz'"),
     "missing run": ("jobs:\n  a: {kind: train, epochs: 1}\n", 2, "needs option 'run'"),
     "wrong ref count": ("jobs:\n  a: {kind: interpolate, refs: [x@last]}\n", 2, "takes 2 reference(s)"),
+    "analysis workers": ("jobs:\n  a:\n    kind: norms\n    refs: [x]\n    workers: 2\n", 5,
+                         "option 'workers' does not apply in a batch"),
     "unknown top key": ("jobz: {}\n", 1, "unknown top-level key 'jobz'"),
 }
 

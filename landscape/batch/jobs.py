@@ -208,7 +208,7 @@ def _analysis(kind: str, options: dict[str, Any], root: Path, out_dir: Path) -> 
     refs = [refs] if isinstance(refs, str) else list(refs)
     options = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
     output = out_dir / f"{kind}.h5"
-    result = run(kind, refs, root=root, output=output, **options)
+    result = run(kind, refs, root=root, output=output, workers=1, **options)
     path = Path(getattr(result, "path", None) or output)
     attrs = read_result(path, load_arrays=False).attrs
     numbers = {k: _plain(v) for k, v in attrs.items() if _is_number(v)}

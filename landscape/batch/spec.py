@@ -160,7 +160,8 @@ def kind_info(kind: str) -> KindInfo:
     if kind not in names():
         raise KeyError(kind)
     spec = get(kind)
-    options = {"refs": "str | list[str]", **_RUNNER_OPTIONS, **_fields(spec.config)}
+    # no per-analysis worker pools inside a batch job: the batch is the parallelism (one job per worker)
+    options = {"refs": "str | list[str]", **_RUNNER_OPTIONS, **_fields(spec.config, skip=("workers",))}
     if spec.inputs in ("pair", "pairs"):
         options["data_from"] = "str"
     if spec.run_options is not None:
@@ -301,6 +302,9 @@ def _expand(key: str, body: Any, parent: Any, defaults: Any, known_kinds: list[s
             continue
         raw_options[_norm(opt_key)] = (value, f"{where(body, opt_key)}: jobs.{key}.{opt_key}")
     for opt, (_value, oat) in raw_options.items():
+        if opt == "workers" and kind not in TRAINING_KINDS:
+            raise SpecError(f"{oat}: option 'workers' does not apply in a batch: jobs run in parallel on the batch's "
+                            f"workers (landscape batch --workers N), each analysis in one process")
         if opt not in info.options:
             raise SpecError(f"{oat}: unknown option '{opt}' for job kind '{kind}'; known: "
                             f"{', '.join(sorted(info.options))}")
