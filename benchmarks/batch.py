@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -23,17 +24,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(spec: Path, workers: int) -> float:
+def run(spec: Path, workers: int) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + system of the batch and every process it started)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "LANDSCAPE_THREADS": "1",
            "MPLBACKEND": "Agg", "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     with tempfile.TemporaryDirectory(prefix="bench-batch-") as tmp:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "cli.main", "batch", str(spec), "--workers", str(workers)],
                               cwd=tmp, env=env, capture_output=True, text=True)
         seconds = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if proc.returncode != 0:
         raise SystemExit(f"batch --workers {workers} failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
-    return seconds
+    return seconds, cpu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,8 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     times: dict[int, list[float]] = {1: [], 2: []}
     for r in range(args.repeats):
         for workers in (1, 2):
-            times[workers].append(run(spec, workers))
-            print(f"repeat {r + 1}: --workers {workers}: {times[workers][-1]:.1f} s", flush=True)
+            wall, cpu = run(spec, workers)
+            times[workers].append(wall)
+            print(f"repeat {r + 1}: --workers {workers}: {wall:.1f} s wall, {cpu:.1f} s CPU "
+                  f"(CPU/wall {cpu / wall:.2f}: how many cores the batch got)", flush=True)
     m1, m2 = statistics.median(times[1]), statistics.median(times[2])
     print(f"median wall time: 1 worker {m1:.1f} s, 2 workers {m2:.1f} s; speed-up {m1 / m2:.2f}x (goal >= 1.7x)")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

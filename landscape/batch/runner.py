@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 from landscape.batch.jobs import run_job
 from landscape.batch.spec import BatchSpec, Job
-from landscape.errors import UsageError
+from landscape.errors import LandscapeError, UsageError
 
 STATUSES = ("done", "cached", "failed", "skipped")
 
@@ -102,7 +102,7 @@ def _on_dask(spec: BatchSpec, workers: int, scheduler: str | None, threads: int,
         try:
             client = Client(scheduler, timeout="20s")
         except OSError as exc:
-            raise UsageError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from None
+            raise LandscapeError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from None
     try:
         link = client.dashboard_link if (cluster is None or _has_bokeh()) else None
         progress.note(f"dask: {len(client.scheduler_info(n_workers=-1)['workers'])} worker(s) at "
@@ -210,7 +210,7 @@ class Progress:
 
 def summary_rows(spec: BatchSpec, report: BatchReport) -> tuple[list[str], list[dict[str, Any]]]:
     """One row per job: id, kind, status, seconds, error, configuration hash, then its key numbers."""
-    fixed = ["job", "kind", "status", "seconds", "error", "hash", "outputs"]
+    fixed = ["job", "kind", "status", "seconds", "error", "hash", "outputs", "worker"]
     number_cols: list[str] = []
     for o in report.outcomes:
         for k in o.get("numbers") or {}:
@@ -222,7 +222,8 @@ def summary_rows(spec: BatchSpec, report: BatchReport) -> tuple[list[str], list[
     rows = []
     for o in report.outcomes:
         row = {"job": o["id"], "kind": o["kind"], "status": o["status"], "seconds": round(o["seconds"], 3),
-               "error": o.get("error") or "", "hash": o["hash"], "outputs": len(o.get("outputs") or [])}
+               "error": o.get("error") or "", "hash": o["hash"], "outputs": len(o.get("outputs") or []),
+               "worker": str(o.get("worker") or "")}
         for k in number_cols:
             row[named[k]] = (o.get("numbers") or {}).get(k)
         rows.append(row)
