@@ -18,9 +18,6 @@ def root_of(ctx: click.Context) -> str:
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-workers_option = click.option(
-    "--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Parallel worker processes."
-)
 
 
 def parse_json_option(value: str | None, name: str) -> dict[str, Any]:

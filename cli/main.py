@@ -99,8 +99,13 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:  # click's form of Ctrl-C
         click.echo("interrupted", err=True)
         sys.exit(130)
+    except click.UsageError as exc:  # one line, like every other error (not click's Usage / Try / Error block)
+        message = " ".join(exc.format_message().split())
+        click.echo(f"error: {message}" + (f" (see 'landscape {exc.ctx.command_path.partition(' ')[2]} --help')"
+                                          if exc.ctx is not None and " " in exc.ctx.command_path else ""), err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        exc.show()
+        click.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
         sys.exit(exc.exit_code)
     except LandscapeError as exc:
         click.echo(f"error: {exc}", err=True)

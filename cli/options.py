@@ -152,24 +152,6 @@ data_root_option = click.option("--data-root", type=click.Path(file_okay=False),
 no_figure_option = click.option("--no-figure", is_flag=True, help="Write the result file only.")
 
 
-def evaluation_options(func: Callable) -> Callable:
-    """How checkpoints are evaluated (interpolate, instability, directions, surface): the data subset, batch
-    size, device, engine, data root and whether a figure is drawn."""
-    return add_options([
-        click.option("--subset", type=SubsetType(), default=None,
-                     help="Evaluate on a seeded stratified subset of each split (count or fraction; "
-                          "default: all)."),
-        click.option("--subset-seed", type=int, default=0, show_default=True, help="Seed of the subset."),
-        click.option("--batch-size", type=click.IntRange(min=1), default=1000, show_default=True,
-                     help="Examples per forward pass (results do not depend on it beyond rounding)."),
-        device_option("cpu"),
-        click.option("--method", type=click.Choice(["auto", "loop", "plain", "vmap"]), default="auto",
-                     show_default=True, help="Evaluation engine (landscape.evaluate)."),
-        data_root_option,
-        no_figure_option,
-    ], func)
-
-
 def _default_or_required(default: str | None, required: bool | None) -> dict[str, Any]:
     # click >= 8.3 treats an explicit default=None as a given value, so a required option must omit it
     if default is not None:

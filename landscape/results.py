@@ -15,11 +15,10 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import h5py
 import numpy as np
@@ -57,10 +56,21 @@ class Result:
 
     def to_frame(self):
         """The result's table as a pandas DataFrame: the datasets named by the file's ``table`` attr (written
-        by :func:`write_dataclass`: instability pairs, per-checkpoint rows, an interpolation path...), else every
-        1-D dataset of the most common length. Byte strings become str."""
+        by :func:`write_dataclass`: instability pairs, per-checkpoint rows, an interpolation path...); for a
+        gridded result without one (a surface) the long form of its highest-dimensional labelled arrays (one
+        row per grid cell: x, y, train_loss, ...); else every 1-D dataset of the most common length. Byte
+        strings become str."""
         import pandas as pd
 
+        if "table" not in self.attrs and any(a.ndim >= 2 for a in self.arrays.values()):
+            try:
+                with self.to_xarray() as ds:
+                    top = max(len(v.dims) for v in ds.data_vars.values())
+                    names = [k for k, v in ds.data_vars.items() if len(v.dims) == top]
+                    if top >= 2 and len({ds[k].dims for k in names}) == 1:
+                        return ds[names].to_dataframe().reset_index()
+            except (OSError, ValueError, KeyError):  # no dimension scales: fall back to the 1-D columns
+                pass
         names = json.loads(self.attrs["table"]) if "table" in self.attrs else _longest_columns(self.arrays)
         columns = {}
         for name in names:
@@ -119,40 +129,17 @@ def _attr_value(value: Any) -> Any:
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], Any]) -> Path:
-    """Call ``write(tmp)`` on a temporary file beside ``path``, fsync it and rename it onto ``path``.
+    """:func:`landscape.atomic.atomic_write` (temporary file, fsync, rename, fsync of the directory: a killed
+    process leaves the old file or the new one) for result files: the directory is created, and a file system
+    error is one :class:`ResultError` line."""
+    from landscape import atomic
 
-    A killed process leaves either the old file or the new one, never half of one; the temporary file is
-    removed on any error. The file gets the usual ``0666 & ~umask`` mode (``mkstemp`` makes 0600).
-    """
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        return atomic.atomic_write(path, write)
     except OSError as exc:
         raise ResultError(f"cannot write {path}: {exc.strerror or exc}") from None
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    try:
-        write(Path(tmp))
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    try:  # make the rename itself durable
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return path
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
-    return path
 
 
 def write_result(
@@ -229,6 +216,9 @@ def check_output_path(path: str | os.PathLike) -> None:
     Results are often written next to checkpoints; a mistyped ``-o`` must never destroy a checkpoint.
     """
     path = Path(path)
+    too_long = [part for part in path.parts if len(os.fsencode(part)) > 255]
+    if too_long:
+        raise ResultError(f"cannot write result {path}: the name {too_long[0][:40]}... is longer than 255 bytes")
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():
@@ -239,6 +229,19 @@ def check_output_path(path: str | os.PathLike) -> None:
     if path.exists() and not is_result_file(path):
         raise ResultError(f"refusing to overwrite {path}: it is not a landscape result file (a checkpoint or other "
                           "data?); choose another output")
+
+
+def check_companions(path: str | os.PathLike, suffixes: Sequence[str] = (".csv", ".png", ".pdf")) -> None:
+    """Refuse to write result ``path`` when ``path`` with one of ``suffixes`` (the CSV and figures written beside
+    it) exists but ``path`` itself is not an existing result file: that CSV or figure is someone else's."""
+    path = Path(path)
+    if is_result_file(path):
+        return
+    for suffix in suffixes:
+        other = path.with_suffix(suffix)
+        if other.exists():
+            raise ResultError(f"refusing to overwrite {other}: it was not written with a result {path.name}; "
+                              "choose another output")
 
 
 def read_result(path: str | os.PathLike, kind: str | None = None, *, load_arrays: bool = True) -> Result:
@@ -294,16 +297,20 @@ _BY_NAME = ("config", "params", "inputs", "path", "figures")
 
 def stored(where: str, default: Any = dataclasses.MISSING, *, name: str | None = None,
            dims: Sequence[str] | None = None, order: str | None = None, count: str | None = None,
-           default_factory: Callable | None = None) -> Any:
+           keys: str | None = None, default_factory: Callable | None = None) -> Any:
     """A result dataclass field stored as ``where``: ``"array"`` (a dataset), ``"attr"`` (a root attr),
-    ``"table"`` (a list of row dataclasses, one dataset per column) or ``"skip"``.
+    ``"table"`` (a list of row dataclasses, one dataset per column: bools, int64, float64, text or stacked
+    arrays), ``"nested"`` (in a row: a dataclass whose fields are more columns) or ``"skip"``.
 
     ``name``: the dataset/attr name (default: the field name); with a ``{}`` in it the field is a dict whose
     keys fill the braces (``"{}_loss"`` -> ``train_loss``, ``test_loss``). ``order``: the attr that keeps the
     dict's key order (``"splits"`` -> ``splits = "train,test"``). ``dims``: dimension names of an array (see
-    :func:`write_result`). ``count``: for a table, the attr holding its number of rows.
+    :func:`write_result`). ``count``: for a table, the attr holding its number of rows. ``keys``: a regular
+    expression the dict keys match (for a bare ``"{}"`` name, so reading picks only those datasets). A dict or
+    list without ``{}`` in its name is one JSON attr.
     """
-    meta = {"where": where, "name": name, "dims": tuple(dims) if dims else None, "order": order, "count": count}
+    meta = {"where": where, "name": name, "dims": tuple(dims) if dims else None, "order": order, "count": count,
+            "keys": keys}
     if default_factory is not None:
         return field(default_factory=default_factory, metadata={"h5": meta})
     return field(default=default, metadata={"h5": meta})
@@ -324,7 +331,8 @@ def _layout(cls: type) -> list[tuple[dataclasses.Field, dict, Any]]:
             if isinstance(hint, types.UnionType):  # X | None
                 hint = next((a for a in typing.get_args(hint) if a is not type(None)), None)
             scalar = hint in (int, float, str, bool)
-            meta = {"where": "attr" if scalar else "skip", "name": None, "dims": None, "order": None, "count": None}
+            where = "attr" if scalar else "array" if hint is np.ndarray else "skip"
+            meta = {"where": where, "name": None, "dims": None, "order": None, "count": None, "keys": None}
         if meta["where"] != "skip":
             out.append((f, meta, hints[f.name]))
     return out
@@ -353,6 +361,8 @@ def _flatten(obj: Any, layout, out_arrays: dict, out_attrs: dict, dims: dict, or
         elif value is not None or meta["where"] == "attr":
             if isinstance(value, tuple) and meta["where"] == "attr" and all(isinstance(v, str) for v in value):
                 value = ",".join(value)
+            if meta["where"] == "array" and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+                value = np.array([v.encode() for v in value], dtype=object).astype("S")  # names as bytes
             target[name] = value
             if meta["dims"]:
                 dims[name] = meta["dims"]
@@ -360,12 +370,22 @@ def _flatten(obj: Any, layout, out_arrays: dict, out_attrs: dict, dims: dict, or
 
 def table_columns(rows: Sequence[Any], row_cls: type, keys: Sequence[str] = ()) -> dict[str, list]:
     """Rows of a table (row dataclasses) as named columns, in field order; dict fields expand over ``keys``
-    (the dict's own keys when none are given)."""
+    (the dict's own keys when none are given); a ``stored("nested")`` dataclass field adds its own columns."""
     columns: dict[str, list] = {}
     layout = _layout(row_cls)
-    for f, meta, _ in layout:
+    for f, meta, hint in layout:
         name = meta["name"] or f.name
-        if "{}" in name:
+        if meta["where"] == "nested":
+            prefix = meta["name"] or ""
+            if _list_of(hint) is not None:  # a list of dataclasses per row: columns stacked along a new axis
+                inner = _list_of(hint)
+                per_row = [table_columns(getattr(r, f.name), inner, keys) for r in rows]
+                for col in table_columns([], inner, keys):
+                    columns[prefix + col] = [_column_array(c[col]) for c in per_row]
+            else:
+                sub = table_columns([getattr(r, f.name) for r in rows], _plain_class(hint), keys)
+                columns.update({prefix + k: v for k, v in sub.items()})
+        elif "{}" in name:
             ks = list(keys) or (list(getattr(rows[0], f.name)) if rows else [])
             for k in ks:
                 columns[name.format(k)] = [getattr(r, f.name).get(k, math.nan) for r in rows]
@@ -374,12 +394,37 @@ def table_columns(rows: Sequence[Any], row_cls: type, keys: Sequence[str] = ()) 
     return columns
 
 
+def _list_of(hint: Any) -> type | None:
+    """``X`` for an annotation ``list[X]`` with X a dataclass, else None."""
+    import typing
+
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is list and args and dataclasses.is_dataclass(args[0]):
+        return args[0]
+    return None
+
+
+def _plain_class(hint: Any) -> type:
+    import types
+
+    if isinstance(hint, types.UnionType):
+        hint = next(a for a in hint.__args__ if a is not type(None))
+    return hint
+
+
 def _column_array(values: list) -> np.ndarray:
-    if values and all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
-                      for v in values):
-        return np.array(values, dtype=np.float64)
+    """One table column: bools, int64, float64, stacked arrays, or bytes (text; None as "")."""
     if not values:
         return np.array([], dtype=np.float64)
+    if all(isinstance(v, (bool, np.bool_)) for v in values):
+        return np.array(values, dtype=bool)
+    if all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in values):
+        return np.array(values, dtype=np.int64)
+    if all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+           for v in values):
+        return np.array(values, dtype=np.float64)
+    if all(isinstance(v, np.ndarray) for v in values):
+        return np.stack(values)
     return np.array([("" if v is None else str(v)).encode() for v in values], dtype=object).astype("S")
 
 
@@ -397,6 +442,11 @@ def write_dataclass(obj: Any, path: str | os.PathLike, kind: str, *, inputs: Seq
     dims: dict[str, tuple] = {}
     orders: dict[str, list] = {}
     _flatten(obj, layout, arrays, out_attrs, dims, orders)
+    if hasattr(obj, "derived"):
+        more_arrays, more_attrs, more_dims = obj.derived()
+        arrays.update(more_arrays)
+        out_attrs.update(more_attrs)
+        dims.update({k: v for k, v in more_dims.items() if k in arrays})
     table: list[str] = []
     for f, meta, hint in layout:
         if meta["where"] != "table":
@@ -406,16 +456,21 @@ def write_dataclass(obj: Any, path: str | os.PathLike, kind: str, *, inputs: Seq
         keys = _split_order(out_attrs.get(meta["order"])) if meta["order"] else ()
         for col, values in table_columns(rows, row_cls, keys).items():
             arrays[col] = _column_array(values)
-            table.append(col)
+            if arrays[col].ndim == 1:
+                table.append(col)
         if meta["count"]:
             out_attrs[meta["count"]] = len(rows)
     for attr, keys in orders.items():
         out_attrs.setdefault(attr, ",".join(keys))
-    if not table:
-        first = next((d for d in dims.values()), None)
-        table = [n for n, d in dims.items() if d == first and np.ndim(arrays[n]) == 1]
-        if first is not None and len(first) == 1 and first[0] in arrays:
-            table = [first[0]] + [n for n in table if n != first[0]]
+    if not table and dims:  # the arrays sharing the most common dimensions, if those are one (alpha, t)
+        groups: dict[tuple, list[str]] = {}
+        for n, d in dims.items():
+            groups.setdefault(tuple(d), []).append(n)
+        common = max(groups, key=lambda d: (len(groups[d]), len(d)))  # ties: the grid, not its axes
+        if len(common) == 1:
+            table = groups[common]
+            if common[0] in table:
+                table = [common[0]] + [n for n in table if n != common[0]]
     if table:
         out_attrs["table"] = json.dumps(table)
     out_attrs.update(attrs or {})
@@ -425,12 +480,24 @@ def write_dataclass(obj: Any, path: str | os.PathLike, kind: str, *, inputs: Seq
     return write_result(path, kind, arrays=arrays, attrs=out_attrs, params=params, inputs=inputs, dims=dims)
 
 
+@dataclass(kw_only=True)
 class StoredResult:
     """Base of a result dataclass stored by the codec: ``to_hdf5`` / ``from_hdf5`` from its ``KIND`` (the file's
-    kind) and ``CONFIG`` (the class of its ``config`` field, rebuilt from the stored params)."""
+    kind) and ``CONFIG`` (the class of its ``config`` field, rebuilt from the stored params), and the fields every
+    result has (keyword-only, so they follow the subclass' own): its ``inputs``, the file it was written to and
+    its figure files. ``derived()`` may add arrays and attrs computed from the fields (written, not read back).
+    """
 
     KIND = ""
-    CONFIG: Any = None
+    CONFIG: ClassVar[Any] = None
+
+    inputs: list[InputRef] = field(default_factory=list)
+    path: Path | None = None
+    figures: list[Path] = field(default_factory=list)
+
+    def derived(self) -> tuple[dict[str, Any], dict[str, Any], dict[str, tuple]]:
+        """``(arrays, attrs, dims)`` written beside the fields (summary statistics...); none by default."""
+        return {}, {}, {}
 
     def to_hdf5(self, path: str | os.PathLike, inputs: Sequence[InputRef] = (),
                 attrs: Mapping[str, Any] | None = None) -> Path:
@@ -470,7 +537,7 @@ def _decode_value(value: Any, hint: Any) -> Any:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         optional = len(args) < len(typing.get_args(hint))
         hint = args[0] if len(args) == 1 else None
-    if optional and (value is None or value in ("", "none")):
+    if optional and not isinstance(value, np.ndarray) and (value is None or value in ("", "none")):
         return None
     if hint is float:
         return float(value)
@@ -484,14 +551,23 @@ def _decode_value(value: Any, hint: Any) -> Any:
         return Path(value)
     if typing.get_origin(hint) is tuple and isinstance(value, str):
         return tuple(_split_order(value))
+    if typing.get_origin(hint) is list and isinstance(value, np.ndarray) and value.dtype.kind == "S":
+        return [v.decode() for v in value]
+    if typing.get_origin(hint) in (dict, list) and isinstance(value, str):  # stored as one JSON attr
+        parsed = json.loads(value)
+        args = typing.get_args(hint)
+        if typing.get_origin(hint) is dict and len(args) == 2 and typing.get_origin(args[1]) is tuple:
+            parsed = {k: tuple(v) for k, v in parsed.items()}
+        return parsed
     return value
 
 
-def _dict_field(source: Mapping[str, Any], template: str, order: Sequence[str], hint: Any) -> dict:
+def _dict_field(source: Mapping[str, Any], template: str, order: Sequence[str], hint: Any,
+                pattern_of_keys: str | None = None) -> dict:
     import re
     import typing
 
-    pattern = re.compile("^" + re.escape(template).replace(r"\{\}", "(.+)") + "$")
+    pattern = re.compile("^" + re.escape(template).replace(r"\{\}", f"({pattern_of_keys or '.+'})") + "$")
     found = {m.group(1): v for k, v in source.items() if (m := pattern.match(k))}
     keys = [k for k in order if k in found] + sorted(k for k in found if k not in order)
     args = typing.get_args(hint)
@@ -513,9 +589,12 @@ def read_dataclass(cls: type, path: str | os.PathLike, kind: str, *, config: typ
             continue
         source = r.arrays if meta["where"] == "array" else r.attrs
         if "{}" in name:
-            values[f.name] = _dict_field(source, name, order, hint)
+            values[f.name] = _dict_field(source, name, order, hint, meta.get("keys"))
         elif name in source:
-            values[f.name] = source[name] if meta["where"] == "array" else _decode_value(source[name], hint)
+            value = source[name]
+            if meta["where"] == "attr" or (isinstance(value, np.ndarray) and value.dtype.kind == "S"):
+                value = _decode_value(value, hint)
+            values[f.name] = value
     names = {f.name for f in dataclasses.fields(cls)}
     if "config" in names and config is not None:
         known = {f.name for f in dataclasses.fields(config)}
@@ -531,21 +610,44 @@ def read_dataclass(cls: type, path: str | os.PathLike, kind: str, *, config: typ
 
 
 def _read_table(r: Result, row_cls: type, order: Sequence[str]) -> list:
+    return _rows_from(r.arrays, row_cls, _table_length(r.arrays, row_cls), order)
+
+
+def _table_length(arrays: Mapping[str, np.ndarray], row_cls: type) -> int:
+    for f, meta, hint in _layout(row_cls):
+        name = meta["name"] or f.name
+        if meta["where"] == "nested" and _list_of(hint) is None:
+            return _table_length(_strip(arrays, meta["name"] or ""), _plain_class(hint))
+        if meta["where"] != "nested" and "{}" not in name and name in arrays:
+            return len(arrays[name])
+    return 0
+
+
+def _strip(arrays: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)} if prefix else dict(arrays)
+
+
+def _rows_from(arrays: Mapping[str, np.ndarray], row_cls: type, n: int, order: Sequence[str]) -> list:
     layout = _layout(row_cls)
-    n = min((len(r.arrays[(m["name"] or f.name)]) for f, m, _ in layout
-             if "{}" not in (m["name"] or f.name) and (m["name"] or f.name) in r.arrays), default=0)
-    rows = []
-    for i in range(n):
-        values = {}
-        for f, meta, hint in layout:
-            name = meta["name"] or f.name
-            if "{}" in name:
-                col = {k: v[i] for k, v in r.arrays.items() if v.ndim == 1 and len(v) == n}
-                values[f.name] = _dict_field(col, name, order, hint)
-            elif name in r.arrays:
-                values[f.name] = _decode_value(r.arrays[name][i], hint)
-        rows.append(row_cls(**values))
-    return rows
+    columns: dict[str, list] = {}
+    for f, meta, hint in layout:
+        name = meta["name"] or f.name
+        if meta["where"] == "nested":
+            sub = _strip(arrays, meta["name"] or "")
+            inner = _list_of(hint)
+            if inner is None:
+                columns[f.name] = _rows_from(sub, _plain_class(hint), n, order)
+            else:  # row i's list: the i-th slice of every column
+                columns[f.name] = [_rows_from({k: v[i] for k, v in sub.items() if v.ndim >= 1 and len(v) == n},
+                                              inner, _table_length({k: v[i] for k, v in sub.items()
+                                                                    if v.ndim >= 1 and len(v) == n}, inner), order)
+                                   for i in range(n)]
+        elif "{}" in name:
+            same = {k: v for k, v in arrays.items() if v.ndim >= 1 and len(v) == n}
+            columns[f.name] = [_dict_field({k: v[i] for k, v in same.items()}, name, order, hint) for i in range(n)]
+        elif name in arrays:
+            columns[f.name] = [_decode_value(arrays[name][i], hint) for i in range(n)]
+    return [row_cls(**{k: v[i] for k, v in columns.items()}) for i in range(n)]
 
 
 def write_csv(path: str | os.PathLike, records: Sequence[Mapping[str, Any]], columns: Sequence[str], *,

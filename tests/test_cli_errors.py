@@ -53,13 +53,9 @@ def run_cli(root, *args, capsys) -> tuple[int, str, str]:
 def assert_one_error(code: int, err: str, expected_code: int, *fragments: str) -> str:
     assert "Traceback" not in err, err
     assert code == expected_code, err
-    if expected_code == 2 and err.startswith("Usage:"):  # click's own usage message
-        assert "Error:" in err
-        line = err.strip().splitlines()[-1]
-    else:
-        lines = [ln for ln in err.strip().splitlines() if not ln.startswith("warning:")]
-        assert len(lines) == 1 and lines[0].startswith("error: "), err
-        line = lines[0]
+    lines = [ln for ln in err.strip().splitlines() if not ln.startswith("warning:")]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err  # usage errors too (issue 14 item 16)
+    line = lines[0]
     for fragment in fragments:
         assert fragment in line, line
     return line

@@ -262,8 +262,10 @@ def test_worker_chunks_give_the_same_arrays(siblings):
 
     a = Store(siblings).load("g-sgd-sgd-0")
     config = DirectionsConfig(n=5, points=3, distance=4.0, subset=200, workers=2)
-    api._init_worker(api._Payload(a.model_spec, a.state_dict, a.data_spec, None, False, config))
-    w = api._WORKER
+    from landscape.api._common import set_worker_state, worker_state
+
+    set_worker_state(api._init_worker(api._Payload(a.model_spec, a.state_dict, a.data_spec, None, False, config)))
+    w = worker_state()
     x, y = w["data"]["train"]
     serial = random_profiles(w["model"], w["theta"], x, y, config=config)
     chunked = random_profiles(w["model"], w["theta"], x, y, config=config,

@@ -311,3 +311,122 @@ def test_directions_and_surface_files_have_labelled_dims(mixed_store, tmp_path):
         np.testing.assert_array_equal(ds["x"].values, s.xcoordinates)
         np.testing.assert_array_equal(ds["test_loss"].sel(x=s.xcoordinates[1], y=s.ycoordinates[0]).values,
                                       s.values["test_loss"][1, 0])
+
+
+def test_output_never_replaces_a_users_csv_or_figure(mixed_store, tmp_path):
+    """-o X.h5 writes X.csv / X.png / X.pdf beside it: refuse when those exist but X.h5 is not a result."""
+    from landscape.api import instability, interpolate
+    from landscape.errors import ResultError
+
+    mine = tmp_path / "X.csv"
+    mine.write_text("my data\n")
+    with pytest.raises(ResultError, match="X.csv"):
+        instability(pairs="a:b", root=mixed_store.root, points=2, output=tmp_path / "X.h5", figure=False)
+    assert mine.read_text() == "my data\n" and not (tmp_path / "X.h5").exists()
+    (tmp_path / "Y.png").write_bytes(b"a picture")
+    with pytest.raises(ResultError, match="Y.png"):
+        interpolate("a", "b", root=mixed_store.root, points=2, output=tmp_path / "Y.h5")
+    with pytest.warns(UserWarning):  # without the figure nothing beside Y.h5 is touched
+        res = interpolate("a", "b", root=mixed_store.root, points=2, splits=("test",), output=tmp_path / "Y.h5",
+                          figure=False)
+    assert res.path.is_file() and (tmp_path / "Y.png").read_bytes() == b"a picture"
+
+
+def test_long_names_are_one_error_line_or_a_shortened_default(mixed_store, tmp_path):
+    from landscape.api._common import default_output
+    from landscape.errors import ResultError
+    from landscape.results import check_output_path
+
+    with pytest.raises(ResultError, match="longer than 255 bytes"):
+        check_output_path(tmp_path / ("x" * 300 + ".h5"))
+    long = "interpolate-" + "r" * 200 + "@last--" + "r" * 200 + "@last"
+    out = default_output(long)
+    assert len(out.name) < 200 and out.name.startswith(long[:150]) and out != default_output(long + "x")
+    assert default_output("short") == Path("results/short.h5")
+
+
+def test_directions_and_surface_through_checkpoints_on_other_data_warn_and_record(mixed_store, two_data, tmp_path):
+    from landscape.api import directions, surface
+
+    _save(mixed_store, "c", _lenet(2), two_data[0].spec)
+    with pytest.warns(UserWarning, match=r"B b was trained on different data than A \(a\)"):
+        d = directions("a", root=mixed_store.root, toward="b", n=2, points=3, subset=50, output=tmp_path / "d.h5",
+                       figure=False)
+    attrs = read_result(d.path).attrs
+    assert json.loads(attrs["data_spec_a"])["seed"] == 0 and json.loads(attrs["data_specs_other"])["b"]["seed"] == 1
+    with pytest.warns(UserWarning, match="the plane's checkpoints b was trained on different data"):
+        s = surface("a", root=mixed_store.root, plane="b,c", grid="2x2", splits=("test",), subset=50,
+                    output=tmp_path / "s.h5", figure=False)
+    assert list(json.loads(read_result(s.path).attrs["data_specs_other"])) == ["b"]
+    import warnings as _w
+
+    with _w.catch_warnings():
+        _w.simplefilter("error")  # same data: no warning
+        same = directions("a", root=mixed_store.root, toward="c", n=2, points=3, subset=50,
+                          output=tmp_path / "same.h5", figure=False)
+    assert "data_specs_other" not in read_result(same.path).attrs
+
+
+def test_a_new_analysis_is_one_module_and_one_registry_line(mixed_store, tmp_path, monkeypatch):
+    """docs/ARCHITECTURE.md's recipe end to end: the module, one register() line -> api function, command, file."""
+    monkeypatch.setattr(registry, "_LINES", dict(registry._LINES))
+    registry.register("toy-norm", "toy_analysis:SPEC", "Parameter norm along a run.")
+    from landscape import api
+
+    run = Store(mixed_store.root).run("a")
+    model = mixed_store.load("a@last").build_model()
+    run.save_checkpoint({k: 2 * v for k, v in model.state_dict().items()}, step=2, epoch=2.0)
+    res = api.toy_norm("a", root=mixed_store.root, scale=0.5, output=tmp_path / "t.h5")
+    naive = [0.5 * float(torch.cat([p.detach().double().ravel() for p in m.parameters()]).norm())
+             for m in (model, mixed_store.load("a@step=2").build_model())]
+    assert [r.norm for r in res.rows] == pytest.approx(naive, rel=1e-12) and res.path == tmp_path / "t.h5"
+    assert res.figures == [] and read_result(res.path).to_frame()["norm"].tolist() == pytest.approx(naive)
+    out = CliRunner().invoke(command("toy-norm"), ["a", "--scale", "2", "--json", "-o", str(tmp_path / "c.h5")],
+                             obj={"root": str(mixed_store.root)})
+    assert out.exit_code == 0, out.output
+    assert [r["norm"] for r in json.loads(out.output)["rows"]] == pytest.approx([4 * v for v in naive])
+    bad = CliRunner().invoke(command("toy-norm"), ["a", "--scale", "0"], obj={"root": str(mixed_store.root)})
+    assert bad.exit_code == 2
+
+
+def test_clipping_and_norms_files_read_as_frames(mixed_store, tmp_path):
+    from landscape.api import clipping, norms
+
+    c = clipping("a", root=mixed_store.root, batch_size=32, output=tmp_path / "c.h5", figure=False)
+    frame = read_result(c.path).to_frame()
+    assert frame["ref"].tolist() == ["a@step=1"] and frame["R"].tolist() == [c.rows[0].total.R]
+    from landscape.analyze.clipping import ClippingResult
+
+    back = ClippingResult.from_hdf5(c.path)  # the codec's nested rows: total and the per-batch list
+    assert back.layer_names == c.layer_names and back.rows[0].step == 1
+    assert dataclasses.asdict(back.rows[0].total).keys() == dataclasses.asdict(c.rows[0].total).keys()
+    for got, want in [(back.rows[0].total, c.rows[0].total), *zip(back.rows[0].batches, c.rows[0].batches,
+                                                                   strict=True)]:
+        for key, value in dataclasses.asdict(want).items():
+            np.testing.assert_array_equal(getattr(got, key), value)
+    n = norms(["a", "b"], root=mixed_store.root, grad_samples=0, bins=5, output=tmp_path / "n.h5", figure=False)
+    frame = read_result(n.path).to_frame()
+    assert frame["run_labels"].tolist() == ["a", "b"]
+    assert frame["ratio_to_first"].tolist() == [r["ratio_to_first"] for r in n.ratio_rows()]
+
+
+def test_ntk_file_has_labelled_sample_dims(mixed_store, tmp_path):
+    from landscape.api import ntk
+
+    r = ntk("a", root=mixed_store.root, n=12, clip="layerwise", output=tmp_path / "k.h5", figure=False)
+    with read_result(r.path).to_xarray() as ds:
+        assert ds["K"].dims == ("sample", "sample_j") and ds["K_layers"].dims[0] == "layer"
+        np.testing.assert_array_equal(ds["K"].values, r.K)
+        np.testing.assert_array_equal(ds["labels"].values, r.labels)
+    assert read_result(r.path).to_frame()["labels"].tolist() == r.labels.tolist()
+
+
+def test_surface_frame_is_one_row_per_grid_cell(mixed_store, tmp_path):
+    from landscape.api import surface
+
+    s = surface("a", root=mixed_store.root, grid="3x2", splits=("test",), subset=50, output=tmp_path / "s.h5",
+                figure=False)
+    frame = read_result(s.path).to_frame()
+    assert len(frame) == 6 and {"x", "y", "test_loss", "test_acc"} <= set(frame.columns)
+    row = frame[(frame.x == s.xcoordinates[2]) & (frame.y == s.ycoordinates[1])]
+    assert row["test_loss"].item() == s.values["test_loss"][2, 1]

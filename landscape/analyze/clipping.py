@@ -35,20 +35,19 @@ would describe a clipping that never happened.
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
-from landscape.analyze._common import config_from_params
 from landscape.analyze.registry import Analysis, option
 from landscape.errors import UsageError
-from landscape.results import InputRef, read_result, write_result
+from landscape.results import StoredResult, stored
 
 KIND = "clipping"
 CLIP_STYLES = ("flat", "layerwise")
@@ -116,13 +115,18 @@ class ClipStats:
     clipped_mean_norm: float  # ||c||
     mean_sample_norm: float  # (1/n) sum ||g_i||
     min_sample_norm: float
-    layer_R: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    layer_projection: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    layer_bound: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    layer_assumption_held: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
-    layer_fraction_clipped: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    layer_cos_clipped_mean: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    layer_mean_grad_norm: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # per layer (stored as datasets "layer/<name>")
+    layer_R: np.ndarray = stored("array", name="layer/R", default_factory=lambda: np.zeros(0))
+    layer_projection: np.ndarray = stored("array", name="layer/projection", default_factory=lambda: np.zeros(0))
+    layer_bound: np.ndarray = stored("array", name="layer/bound", default_factory=lambda: np.zeros(0))
+    layer_assumption_held: np.ndarray = stored("array", name="layer/assumption_held",
+                                               default_factory=lambda: np.zeros(0, bool))
+    layer_fraction_clipped: np.ndarray = stored("array", name="layer/fraction_clipped",
+                                                default_factory=lambda: np.zeros(0))
+    layer_cos_clipped_mean: np.ndarray = stored("array", name="layer/cos_clipped_mean",
+                                                default_factory=lambda: np.zeros(0))
+    layer_mean_grad_norm: np.ndarray = stored("array", name="layer/mean_grad_norm",
+                                              default_factory=lambda: np.zeros(0))
 
     SCALARS = (
         "R", "projection", "bound", "assumption_held", "bound_held", "fraction_clipped", "cos_clipped_mean",
@@ -319,20 +323,21 @@ class CheckpointClipping:
     step: int
     epoch: float
     prune_level: float
-    total: ClipStats
-    batches: list[ClipStats]
+    total: ClipStats = stored("nested")  # columns R, projection, ..., layer/R, ...
+    batches: list[ClipStats] = stored("nested", name="batch/")  # columns batch/R, ... (checkpoints x K)
 
 
 @dataclass
-class ClippingResult:
+class ClippingResult(StoredResult):
     """``landscape clipping``: one row per checkpoint (or per pruning level)."""
 
+    KIND = KIND
+    CONFIG = ClippingConfig
+
     config: ClippingConfig
-    layer_names: list[str]
-    rows: list[CheckpointClipping]
+    layer_names: list[str] = stored("array")
+    rows: list[CheckpointClipping] = stored("table", count="checkpoints")
     num_params: int = 0
-    path: Path | None = None  # where the result was written
-    figures: list[Path] = field(default_factory=list)
 
     def column(self, name: str) -> np.ndarray:
         return np.array([getattr(r.total, name) for r in self.rows], dtype=float)
@@ -353,57 +358,14 @@ class ClippingResult:
             out.append(row)
         return out
 
-    def to_hdf5(self, path, *, inputs: Sequence[InputRef] = (), attrs: dict | None = None) -> Path:
-        extra = attrs or {}
-        arrays: dict[str, np.ndarray] = {
-            "step": np.array([r.step for r in self.rows], dtype=np.int64),
-            "epoch": np.array([r.epoch for r in self.rows], dtype=float),
-            "prune_level": np.array([r.prune_level for r in self.rows], dtype=float),
-            "ref": np.array([r.ref for r in self.rows], dtype=object).astype("S"),
-            "layer_names": np.array(self.layer_names, dtype=object).astype("S"),
-        }
-        for name in ClipStats.SCALARS:
-            arrays[name] = np.array([getattr(r.total, name) for r in self.rows], dtype=float)
-            arrays[f"batch/{name}"] = np.array([[getattr(b, name) for b in r.batches] for r in self.rows], dtype=float)
-        for name in ClipStats.LAYER_FIELDS:
-            arrays[f"layer/{name}"] = np.stack([np.asarray(getattr(r.total, f"layer_{name}"), float) for r in self.rows])
+    def derived(self):
+        """The last checkpoint's statistics, the sample count and whether the assumption and bound held at all."""
         last = self.rows[-1].total
         attrs = {name: getattr(last, name) for name in ClipStats.SCALARS}
-        attrs.update(
-            checkpoints=len(self.rows), samples=last.n, num_params=self.num_params,
-            all_assumption_held=bool(all(r.total.assumption_held for r in self.rows)),
-            all_bound_held=bool(all(r.total.bound_held for r in self.rows)),
-        )
-        self.path = write_result(path, KIND, arrays=arrays, attrs={**attrs, **extra}, params=self.config,
-                                 inputs=inputs)
-        return self.path
-
-    @classmethod
-    def from_hdf5(cls, path) -> ClippingResult:
-        res = read_result(path, KIND)
-        a = res.arrays
-        config = config_from_params(ClippingConfig, res.params)
-        names = [s.decode() for s in a["layer_names"]]
-        rows = []
-        for i in range(len(a["step"])):
-            total = _stats_from_arrays(a, i, prefix="")
-            nb = a["batch/R"].shape[1]
-            batches = [_stats_from_arrays(a, (i, j), prefix="batch/") for j in range(nb)]
-            for name in ClipStats.LAYER_FIELDS:
-                value = a[f"layer/{name}"][i]
-                setattr(total, f"layer_{name}", value.astype(bool) if name == "assumption_held" else value)
-            rows.append(CheckpointClipping(
-                ref=a["ref"][i].decode(), step=int(a["step"][i]), epoch=float(a["epoch"][i]),
-                prune_level=float(a["prune_level"][i]), total=total, batches=batches,
-            ))
-        return cls(config=config, layer_names=names, rows=rows, num_params=int(res.attrs.get("num_params", 0)))
-
-
-def _stats_from_arrays(a: dict, index, prefix: str) -> ClipStats:
-    values = {name: a[f"{prefix}{name}"][index] for name in ClipStats.SCALARS}
-    for flag in ("assumption_held", "bound_held"):
-        values[flag] = bool(values[flag])
-    return ClipStats(n=0, **{k: (v if isinstance(v, bool) else float(v)) for k, v in values.items()})
+        attrs.update(samples=last.n, all_assumption_held=bool(all(r.total.assumption_held for r in self.rows)),
+                     all_bound_held=bool(all(r.total.bound_held for r in self.rows)),
+                     table=json.dumps(["ref", "step", "epoch", "prune_level", *ClipStats.SCALARS]))  # to_frame()
+        return {}, attrs, {}
 
 
 def batch_indices(num_examples: int, batch_size: int, batches: int, seed: int) -> list[torch.Tensor]:

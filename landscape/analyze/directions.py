@@ -22,19 +22,18 @@ import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from landscape.analyze._common import EvaluationOptions, check_choice, check_positive_int, config_from_params
+from landscape.analyze._common import EvaluationOptions, check_choice, check_positive_int
 from landscape.analyze.registry import Analysis, option, slug
 from landscape.directions import BIASBN, NORMALIZATIONS, max_abs_cosine, random_directions
 from landscape.errors import UsageError
 from landscape.evaluate import Affine, Segment, evaluate
 from landscape.params import ParamSpace
-from landscape.results import InputRef, read_result, write_result
+from landscape.results import StoredResult, stored
 
 KIND = "directions"
 SPLITS = ("train", "test")
@@ -42,7 +41,17 @@ GENERATOR_BUDGET = 1 << 29  # bytes of cached first-layer outputs per evaluate c
 
 
 @dataclass
-class DirectionsConfig(EvaluationOptions):
+class RandomDirectionOptions(EvaluationOptions):
+    """How random directions are drawn (the base of the directions and surface configs), and the workers."""
+
+    biasbn: str = option("zero", "1-D tensors (biases, norm layers) under filter/layer normalisation: zero (Li et "
+                         "al.), copy theta, or random rescaled.", choices=BIASBN)
+    seed: int = option(0, "Seed of the random directions.")
+    workers: int = option(1, "Parallel worker processes.", min=1)
+
+
+@dataclass
+class DirectionsConfig(RandomDirectionOptions):
     """Options of ``landscape directions`` (stored as the result's ``params``).
 
     ``distance`` is a positive number or ``"auto"`` (= ``||theta_B - theta_A||``, needs a target).
@@ -58,10 +67,6 @@ class DirectionsConfig(EvaluationOptions):
     split: str = option("train", "Data split to evaluate.", choices=SPLITS)
     normalize: str = option("none", "Direction normalisation (Li et al. 2018): none (isotropic, as Watson et al.), "
                             "filter or layer.", choices=NORMALIZATIONS)
-    biasbn: str = option("zero", "1-D tensors (biases, norm layers) under filter/layer normalisation: zero (Li et "
-                         "al.), copy theta, or random rescaled.", choices=BIASBN)
-    seed: int = option(0, "Seed of the random directions.")
-    workers: int = option(1, "Parallel worker processes.", min=1)
 
     def __post_init__(self) -> None:
         check_positive_int("--n", self.n)
@@ -159,25 +164,25 @@ def _first_output_numel(model: nn.Module, x1: torch.Tensor) -> int:
 
 
 @dataclass
-class DirectionsResult:
+class DirectionsResult(StoredResult):
     """Profiles along ``n`` random directions (rows) at ``t * distance``, and toward a target if given."""
 
-    t: np.ndarray
-    distance: float
-    direction_loss: np.ndarray  # (n, points)
-    direction_acc: np.ndarray
-    max_abs_cos: float
-    toward_loss: np.ndarray | None = None  # (points,)
-    toward_acc: np.ndarray | None = None
+    KIND = KIND
+    CONFIG = DirectionsConfig
+
+    t: np.ndarray = stored("array", dims=("t",))
+    distance: float = stored("attr")
+    direction_loss: np.ndarray = stored("array", dims=("direction", "t"))  # (n, points)
+    direction_acc: np.ndarray = stored("array", dims=("direction", "t"))
+    max_abs_cos: float = stored("attr")
+    toward_loss: np.ndarray | None = stored("array", None, dims=("t",))  # (points,)
+    toward_acc: np.ndarray | None = stored("array", None, dims=("t",))
     toward_distance: float = math.nan  # ||theta_B - theta_A||
     examples: int = 0
     seconds: float = math.nan
     throughput: float = math.nan  # points per second
     method: str = ""
     config: DirectionsConfig = field(default_factory=DirectionsConfig)
-    inputs: list[InputRef] = field(default_factory=list)
-    path: Path | None = None
-    figures: list[Path] = field(default_factory=list)
 
     @property
     def rises(self) -> np.ndarray:
@@ -207,41 +212,12 @@ class DirectionsResult:
             out["median_over_toward"] = (out["rise_median"] / self.toward_rise if self.toward_rise > 0 else math.inf)
         return out
 
-    def to_hdf5(self, path: str | Path, inputs: Sequence[InputRef] = (), attrs: dict | None = None) -> Path:
-        extra = attrs or {}
-        arrays: dict[str, np.ndarray] = {
-            "t": self.t, "distances": self.t * self.distance, "direction_loss": self.direction_loss,
-            "direction_acc": self.direction_acc, "rise": self.rises,
-        }
-        if self.toward_loss is not None:
-            arrays["toward_loss"] = self.toward_loss
-            arrays["toward_acc"] = self.toward_acc
+    def derived(self):
+        """The distances ``t * D``, each direction's rise, the summary statistics, ``n`` and the split."""
         attrs = {k: v for k, v in self.summary().items() if k != "n"}
-        attrs.update(n=int(self.direction_loss.shape[0]), toward_distance=self.toward_distance,
-                     examples=self.examples, seconds=self.seconds, throughput=self.throughput, method=self.method,
-                     split=self.config.split, **extra)
-        inputs = list(inputs) or self.inputs
-        dims = {"t": ("t",), "distances": ("t",), "direction_loss": ("direction", "t"),
-                "direction_acc": ("direction", "t"), "rise": ("direction",), "toward_loss": ("t",),
-                "toward_acc": ("t",)}
-        self.path = write_result(path, KIND, arrays=arrays, attrs=attrs, params=self.config, inputs=inputs, dims=dims)
-        self.inputs = inputs
-        return self.path
-
-    @classmethod
-    def from_hdf5(cls, path: str | Path) -> DirectionsResult:
-        r = read_result(path, KIND)
-        a = r.arrays
-        return cls(
-            t=a["t"], distance=float(r.attrs["distance"]), direction_loss=a["direction_loss"],
-            direction_acc=a["direction_acc"], max_abs_cos=float(r.attrs["max_abs_cos"]),
-            toward_loss=a.get("toward_loss"), toward_acc=a.get("toward_acc"),
-            toward_distance=float(r.attrs.get("toward_distance", math.nan)),
-            examples=int(r.attrs.get("examples", 0)), seconds=float(r.attrs.get("seconds", math.nan)),
-            throughput=float(r.attrs.get("throughput", math.nan)), method=str(r.attrs.get("method", "")),
-            config=config_from_params(DirectionsConfig, r.params),
-            inputs=r.inputs, path=Path(path),
-        )
+        attrs.update(n=int(self.direction_loss.shape[0]), split=self.config.split)
+        return ({"distances": self.t * self.distance, "rise": self.rises}, attrs,
+                {"distances": ("t",), "rise": ("direction",)})
 
 
 # --------------------------------------------------------------------------------------- analyzer

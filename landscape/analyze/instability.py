@@ -17,7 +17,7 @@ from pathlib import Path
 from landscape.analyze.interpolate import InterpolateConfig
 from landscape.analyze.interpolate import compute_pair as interpolate_pair
 from landscape.analyze.registry import Analysis, option
-from landscape.results import InputRef, StoredResult, stored, table_columns, write_csv
+from landscape.results import StoredResult, stored, table_columns, write_csv
 
 KIND = "instability"
 
@@ -51,10 +51,7 @@ class InstabilityTable(StoredResult):
     rows: list[PairInstability] = stored("table", order="splits", count="pairs")
     splits: tuple[str, ...] = stored("attr", default=())
     params: dict = field(default_factory=dict)
-    inputs: list[InputRef] = field(default_factory=list)
-    path: Path | None = None
     csv_path: Path | None = None
-    figures: list[Path] = field(default_factory=list)
 
     def records(self) -> list[dict[str, object]]:
         return [r.flat(self.splits) for r in self.rows]

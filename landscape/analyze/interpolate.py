@@ -17,7 +17,6 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -28,7 +27,7 @@ from landscape.analyze.registry import Analysis, option
 from landscape.errors import UsageError
 from landscape.evaluate import EvalResult, Segment, evaluate
 from landscape.params import ParamSpace, check_compatible
-from landscape.results import InputRef, StoredResult, stored
+from landscape.results import StoredResult, stored
 
 KIND = "interpolation"
 SPLITS = ("train", "test")
@@ -118,9 +117,6 @@ class InterpolationResult(StoredResult):
     throughput: float = math.nan  # examples x points per second
     method: str = ""
     config: InterpolateConfig = field(default_factory=InterpolateConfig)
-    inputs: list[InputRef] = field(default_factory=list)
-    path: Path | None = None
-    figures: list[Path] = field(default_factory=list)
 
     @property
     def splits(self) -> list[str]:

@@ -10,6 +10,7 @@ distance from the origin relative to the first run (the paper: DP-SGD 1.7x SGD, 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -210,6 +211,7 @@ class NormsResult:
         attrs = {
             "runs": len(self.runs), "dist_origin": first["dist_origin"], "dist_init": first["dist_init"],
             "mean_grad_norm": first["mean_grad_norm"],
+            "table": json.dumps(["run_labels", "optimizers", "dist_origin", "ratio_to_first"]),  # to_frame()
         }
         self.path = write_result(path, KIND, arrays=arrays, attrs={**attrs, **extra}, params=self.config,
                                  inputs=inputs)

@@ -34,7 +34,7 @@ from torch import nn
 from landscape.analyze.registry import Analysis, option
 from landscape.errors import UsageError
 from landscape.gram import KINDS, gram_blocks, layer_names, parse_memory
-from landscape.results import InputRef, read_result, write_csv, write_result
+from landscape.results import InputRef, StoredResult, read_result, stored, write_csv, write_result
 
 CLIPS = ("none", "flat", "layerwise")
 CLIP_STYLES = ("flat", "layerwise")
@@ -405,11 +405,30 @@ class NTKResult:
         extra, attrs = attrs or {}, dict(p.scalars())
         attrs.update({f"K_{k}": v for k, v in kp.scalars().items()})
         attrs.update(fraction_clipped=self.fraction_clipped, fraction_layers_clipped=self.fraction_layers_clipped,
-                     layer_max_norms=self.layer_max_norms, **extra)
+                     layer_max_norms=self.layer_max_norms,
+                     table=json.dumps(["indices", "labels", "norms"]), **extra)  # to_frame(): one row per example
         self.inputs = list(inputs) or self.inputs
         self.path = write_result(path, self.KIND, arrays=arrays, attrs=attrs, params=asdict(self.config),
-                                 inputs=self.inputs)
+                                 inputs=self.inputs, dims=self._dims(arrays))
         return self.path
+
+    def _dims(self, arrays: dict) -> dict[str, tuple[str, ...]]:
+        """Labelled dimensions for netCDF readers: sample (the n examples), layer, and the kernel's rows/columns
+        (sample x sample_j, or entry x entry_j for the nM x nM output kernel), eig for its spectra. An array
+        whose shape does not fit is left unlabelled."""
+        n, m = len(self.labels), self.K.shape[0]
+        k = ("sample", "sample_j") if m == n else ("entry", "entry_j")
+        dims = {"K": k, "A": k, "K_layers": ("layer", *k), "layer_names": ("layer",), "norms": ("sample",),
+                "layer_norms": ("layer", "sample"), "C": ("sample",) if np.ndim(self.C) == 1 else ("layer", "sample"),
+                "eigvals_real": ("eig",), "eigvals_imag": ("eig",), "sym_eigvals": ("eig",), "K_eigvals": ("eig",),
+                "indices": ("sample",), "labels": ("sample",)}
+        sizes: dict[str, int] = {}
+        out = {}
+        for name, names in dims.items():
+            shape = np.shape(arrays[name])
+            if len(shape) == len(names) and all(sizes.setdefault(d, s) == s for d, s in zip(names, shape, strict=True)):
+                out[name] = names
+        return out
 
     @classmethod
     def from_hdf5(cls, path: str | Path) -> NTKResult:
@@ -515,17 +534,15 @@ def table_rows(lk: LayerKernels, config: NTKTableConfig, *, step: int = 0, epoch
 
 
 @dataclass
-class NTKTable:
+class NTKTable(StoredResult):
     """Bu et al. Table 1 measured: per checkpoint, clipping norm and style, the properties of the kernel."""
 
-    config: NTKTableConfig
-    rows: list[NTKTableRow]
-    inputs: list[InputRef] = field(default_factory=list)
-    path: Path | None = None
-    csv_path: Path | None = None
-    figures: list[Path] = field(default_factory=list)
-
     KIND = "ntk-table"
+    CONFIG = NTKTableConfig
+
+    config: NTKTableConfig
+    rows: list[NTKTableRow] = stored("table", count="n_rows")
+    csv_path: Path | None = None
 
     def column(self, name: str) -> np.ndarray:
         values = [getattr(r, name) for r in self.rows]
@@ -537,37 +554,6 @@ class NTKTable:
         records = [{c: getattr(r, c) for c in TABLE_COLUMNS} for r in self.rows]
         self.csv_path = write_csv(path, records, TABLE_COLUMNS, nan="nan")
         return self.csv_path
-
-    def to_hdf5(self, path: str | Path, *, inputs: Sequence[InputRef] = (), attrs: dict | None = None) -> Path:
-        arrays = {c: self.column(c) for c in TABLE_COLUMNS}
-        self.inputs = list(inputs) or self.inputs
-        self.path = write_result(path, self.KIND, arrays=arrays,
-                                 attrs={"n_rows": len(self.rows), "table": json.dumps(TABLE_COLUMNS),
-                                        **(attrs or {})},
-                                 params=asdict(self.config), inputs=self.inputs)
-        return self.path
-
-    @classmethod
-    def from_hdf5(cls, path: str | Path) -> NTKTable:
-        r = read_result(path, cls.KIND)
-        params = dict(r.params)
-        for k in ("max_grad_norms", "clip_styles", "layers"):
-            if params.get(k) is not None:
-                params[k] = tuple(params[k])
-        n_rows = len(r.arrays["step"])
-        rows = []
-        for i in range(n_rows):
-            values = {c: r.arrays[c][i] for c in TABLE_COLUMNS}
-            values["style"] = values["style"].decode() if isinstance(values["style"], bytes) else str(values["style"])
-            for c in ("symmetric", "positive_quadratic", "positive_eigenvalues"):
-                values[c] = bool(values[c])
-            for c in ("step", "n_negative_sym_eigs", "n_negative_real_eigs"):
-                values[c] = int(values[c])
-            for c in ("epoch", "max_grad_norm", "fraction_clipped", "asymmetry", "min_sym_eig", "min_real_eig",
-                      "max_abs_imag_eig", "norm"):
-                values[c] = float(values[c])
-            rows.append(NTKTableRow(**values))
-        return cls(config=NTKTableConfig(**params), rows=rows, inputs=r.inputs, path=Path(path))
 
 
 def ntk_table(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: NTKTableConfig, *, step: int = 0,

@@ -42,7 +42,7 @@ class Analysis:
       histogram edges common to all), then ``compute(point, config, shared) -> row`` per checkpoint and
       ``collect(groups of rows, config, run_options, refs, shared) -> result``.
 
-    ``execute(resolver, ref, config, run_options, path) -> (result, inputs)`` replaces resolve + compute for a
+    ``execute(resolver, ref, config, run_options, path) -> (result, inputs, attrs)`` replaces resolve + compute for a
     ``"checkpoint"`` analysis that needs more than one Point (directions toward B, a surface's plane through
     other checkpoints or a run's trajectory, resumable partial writes to ``path``, its own worker payload);
     it lives in ``landscape/api`` since it opens the store. ``stem(refs, config, run_options) -> str`` names

@@ -26,26 +26,24 @@ as an uninterrupted one. Only parameters move; buffers stay theta_A's.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from landscape.analyze._common import EvaluationOptions, check_choice, check_positive_int, config_from_params
-from landscape.analyze.directions import nonzero_random_directions
+from landscape.analyze._common import check_choice, check_positive_int
+from landscape.analyze.directions import RandomDirectionOptions, nonzero_random_directions
 from landscape.analyze.registry import Analysis, option, slug
 from landscape.directions import BIASBN, NORMALIZATIONS, trajectory_pca
 from landscape.errors import UsageError
 from landscape.evaluate import Affine, evaluate
 from landscape.params import ParamSpace
-from landscape.results import InputRef, read_result, to_jsonable, write_result
+from landscape.results import StoredResult, stored, to_jsonable
 
 KIND = "surface"
 SPLITS = ("train", "test")
@@ -58,7 +56,7 @@ _RANGE = re.compile(r"^\s*([-+0-9.eE]+)\s*:\s*([-+0-9.eE]+)\s*$")
 
 
 @dataclass
-class SurfaceConfig(EvaluationOptions):
+class SurfaceConfig(RandomDirectionOptions):
     """Options of ``landscape surface`` (stored as the result's ``params``).
 
     ``plane``: ``random``, ``B,C`` (two more checkpoint references) or ``pca:RUN``; ``grid``: ``NXxNY`` (or
@@ -76,10 +74,6 @@ class SurfaceConfig(EvaluationOptions):
                                      metavar="train,test")
     normalize: str = option("filter", "Direction normalisation of the random plane (Li et al. 2018): none, filter "
                             "or layer.", choices=NORMALIZATIONS)
-    biasbn: str = option("zero", "1-D tensors (biases, norm layers) under filter/layer normalisation: zero (Li et "
-                         "al.), copy theta, or random rescaled.", choices=BIASBN)
-    seed: int = option(0, "Seed of the random directions.")
-    workers: int = option(1, "Parallel worker processes.", min=1)
     rows_per_call: int | None = option(None, "Grid rows per evaluation call and file write (default: about 64 "
                                        "points per call).", min=1)
 
@@ -246,27 +240,32 @@ def pca_plane(origin: torch.Tensor, trajectory: torch.Tensor, *, steps: Sequence
 
 
 @dataclass
-class SurfaceResult:
-    """Loss/accuracy on a ``len(x) x len(y)`` grid (NaN = not computed), the plane's metadata."""
+class SurfaceResult(StoredResult):
+    """Loss/accuracy on a ``len(x) x len(y)`` grid (NaN = not computed), the plane's metadata.
 
-    xcoordinates: np.ndarray
-    ycoordinates: np.ndarray
-    values: dict[str, np.ndarray]  # "train_loss", "train_acc", "test_loss", "test_acc" -> (nx, ny)
-    plane_kind: str = "random"
+    Stored with labelled dimensions: ``values[i, j]`` at ``(x[i], y[j])``; ``x``/``y`` repeat ``x/ycoordinates``
+    as netCDF coordinates; the PCA plane's ``explained_variance`` (pc) and ``trajectory`` (step x pc).
+    """
+
+    KIND = KIND
+    CONFIG = SurfaceConfig
+
+    xcoordinates: np.ndarray = stored("array", dims=("x",))
+    ycoordinates: np.ndarray = stored("array", dims=("y",))
+    # "train_loss", "train_acc", "test_loss", "test_acc" -> (nx, ny)
+    values: dict[str, np.ndarray] = stored("array", name="{}", keys="(?:train|test)_(?:loss|acc)", dims=("x", "y"))
+    plane_kind: str = stored("attr", "random", name="plane")
     xlabel: str = "x"
     ylabel: str = "y"
-    explained_variance: np.ndarray | None = None
-    trajectory: np.ndarray | None = None
-    trajectory_steps: np.ndarray | None = None
-    markers: dict[str, tuple[float, float]] = field(default_factory=dict)
+    explained_variance: np.ndarray | None = stored("array", None, dims=("pc",))
+    trajectory: np.ndarray | None = stored("array", None, dims=("step", "pc"))
+    trajectory_steps: np.ndarray | None = stored("array", None, dims=("step",))
+    markers: dict[str, tuple[float, float]] = stored("attr", default_factory=dict)
     plane_sha256: str = ""
-    examples: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, int] = stored("attr", default_factory=dict)
     seconds: float = 0.0
     method: str = ""
     config: SurfaceConfig = field(default_factory=SurfaceConfig)
-    inputs: list[InputRef] = field(default_factory=list)
-    path: Path | None = None
-    figures: list[Path] = field(default_factory=list)
 
     @classmethod
     def empty(cls, plane: Plane, config: SurfaceConfig) -> SurfaceResult:
@@ -307,50 +306,11 @@ class SurfaceResult:
             out["explained_variance"] = [float(v) for v in self.explained_variance]
         return out
 
-    def to_hdf5(self, path: str | Path, inputs: Sequence[InputRef] = (), attrs: dict | None = None) -> Path:
-        extra = attrs or {}
-        arrays: dict[str, np.ndarray] = {"xcoordinates": self.xcoordinates, "ycoordinates": self.ycoordinates,
-                                         **self.values, "x": self.xcoordinates, "y": self.ycoordinates}
-        if self.explained_variance is not None:
-            arrays["explained_variance"] = self.explained_variance
-        if self.trajectory is not None:
-            arrays["trajectory"] = self.trajectory
-        if self.trajectory_steps is not None:
-            arrays["trajectory_steps"] = self.trajectory_steps
-        attrs = {
-            "plane": self.plane_kind, "xlabel": self.xlabel, "ylabel": self.ylabel,
-            "markers": json.dumps({k: list(v) for k, v in self.markers.items()}), "plane_sha256": self.plane_sha256,
-            "examples": json.dumps(self.examples), "seconds": self.seconds, "method": self.method,
-            "splits": ",".join(self.splits), "orientation": "values[i, j] at (xcoordinates[i], ycoordinates[j])",
-            "cells_done": int(self.done.sum()), "complete": self.complete, **extra,
-        }
-        inputs = list(inputs) or self.inputs
-        # labelled dims for netCDF readers: values[i, j] at (x[i], y[j]) (x, y repeat x/ycoordinates as coordinates)
-        dims = {"x": ("x",), "y": ("y",), "xcoordinates": ("x",), "ycoordinates": ("y",),
-                **{k: ("x", "y") for k in self.values}, "explained_variance": ("pc",),
-                "trajectory": ("step", "pc"), "trajectory_steps": ("step",)}
-        self.path = write_result(path, KIND, arrays=arrays, attrs=attrs, params=self.config, inputs=inputs, dims=dims)
-        self.inputs = inputs
-        return self.path
-
-    @classmethod
-    def from_hdf5(cls, path: str | Path) -> SurfaceResult:
-        r = read_result(path, KIND)
-        a = r.arrays
-        splits = [s for s in str(r.attrs.get("splits", "")).split(",") if s]
-        params = dict(r.params)
-        params["splits"] = tuple(params.get("splits", splits))
-        return cls(
-            xcoordinates=a["xcoordinates"], ycoordinates=a["ycoordinates"],
-            values={f"{s}_{m}": a[f"{s}_{m}"] for s in splits for m in METRICS},
-            plane_kind=str(r.attrs.get("plane", "")), xlabel=str(r.attrs.get("xlabel", "x")),
-            ylabel=str(r.attrs.get("ylabel", "y")), explained_variance=a.get("explained_variance"),
-            trajectory=a.get("trajectory"), trajectory_steps=a.get("trajectory_steps"),
-            markers={k: tuple(v) for k, v in json.loads(r.attrs.get("markers", "{}")).items()},
-            plane_sha256=str(r.attrs.get("plane_sha256", "")), examples=json.loads(r.attrs.get("examples", "{}")),
-            seconds=float(r.attrs.get("seconds", 0.0)), method=str(r.attrs.get("method", "")),
-            config=config_from_params(SurfaceConfig, params), inputs=r.inputs, path=Path(path),
-        )
+    def derived(self):
+        """``x``/``y`` coordinates for netCDF readers, the splits, the orientation and how much is done."""
+        attrs = {"splits": ",".join(self.splits), "orientation": "values[i, j] at (xcoordinates[i], ycoordinates[j])",
+                 "cells_done": int(self.done.sum()), "complete": self.complete}
+        return {"x": self.xcoordinates, "y": self.ycoordinates}, attrs, {"x": ("x",), "y": ("y",)}
 
 
 # ----------------------------------------------------------------------------------------- analyzer

@@ -23,17 +23,15 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
-from landscape.analyze._common import config_from_params
 from landscape.analyze.registry import Analysis, option
 from landscape.errors import UsageError
-from landscape.results import InputRef, read_result, write_result
+from landscape.results import StoredResult, stored
 
 KIND = "symmetry"
 PLANE = 2  # rows 0 and 1 of the projection matrix span the 2-D picture
@@ -207,59 +205,31 @@ class CheckpointSymmetry:
     ref: str
     step: int
     epoch: float
-    stats: SymmetryStats
+    stats: SymmetryStats = stored("nested")  # its scalars, skew (P,) and plane (n, 2) are columns
 
 
 @dataclass
-class SymmetryResult:
+class SymmetryResult(StoredResult):
     """``landscape symmetry``: one row per checkpoint, all projected with the same matrix."""
 
-    config: SymmetryConfig
-    rows: list[CheckpointSymmetry]
-    fingerprint: str
-    num_params: int
-    path: Path | None = None  # where the result was written
-    figures: list[Path] = field(default_factory=list)
-
+    KIND = KIND
+    CONFIG = SymmetryConfig
     SCALARS = ("energy_coefficient", "energy_distance", "p_value", "mean_abs_skew", "max_abs_skew")
+
+    config: SymmetryConfig
+    rows: list[CheckpointSymmetry] = stored("table", count="checkpoints")
+    fingerprint: str = stored("attr", "", name="matrix_fingerprint")
+    num_params: int = 0
 
     def summary_rows(self) -> list[dict]:
         return [
             {"ref": r.ref, "epoch": r.epoch, **{k: getattr(r.stats, k) for k in self.SCALARS}} for r in self.rows
         ]
 
-    def to_hdf5(self, path, *, inputs: Sequence[InputRef] = (), attrs: dict | None = None) -> Path:
-        extra = attrs or {}
-        arrays = {
-            "step": np.array([r.step for r in self.rows], dtype=np.int64),
-            "epoch": np.array([r.epoch for r in self.rows], dtype=float),
-            "ref": np.array([r.ref for r in self.rows], dtype=object).astype("S"),
-            "skew": np.stack([r.stats.skew for r in self.rows]),
-            "plane": np.stack([r.stats.plane for r in self.rows]),  # (checkpoints, n, 2)
-        }
-        for name in self.SCALARS:
-            arrays[name] = np.array([getattr(r.stats, name) for r in self.rows], dtype=float)
+    def derived(self):
+        """The last checkpoint's statistics as root attrs."""
         last = self.rows[-1].stats
-        attrs = {name: getattr(last, name) for name in self.SCALARS}
-        attrs.update(checkpoints=len(self.rows), matrix_fingerprint=self.fingerprint, num_params=self.num_params)
-        self.path = write_result(path, KIND, arrays=arrays, attrs={**attrs, **extra}, params=self.config,
-                                 inputs=inputs)
-        return self.path
-
-    @classmethod
-    def from_hdf5(cls, path) -> SymmetryResult:
-        res = read_result(path, KIND)
-        a = res.arrays
-        config = config_from_params(SymmetryConfig, res.params)
-        rows = []
-        for i in range(len(a["step"])):
-            stats = SymmetryStats(
-                **{k: float(a[k][i]) for k in cls.SCALARS}, skew=a["skew"][i], plane=a["plane"][i]
-            )
-            rows.append(CheckpointSymmetry(ref=a["ref"][i].decode(), step=int(a["step"][i]),
-                                           epoch=float(a["epoch"][i]), stats=stats))
-        return cls(config=config, rows=rows, fingerprint=str(res.attrs["matrix_fingerprint"]),
-                   num_params=int(res.attrs["num_params"]))
+        return {}, {name: getattr(last, name) for name in self.SCALARS}, {}
 
 
 def parameter_shapes(model: nn.Module) -> list[tuple[int, ...]]:

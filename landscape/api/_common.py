@@ -1,7 +1,7 @@
-"""What the api modules share: data rebuilt from a checkpoint, options into configs, output names, pools.
+"""What the api modules share: data rebuilt from a checkpoint, options into configs, output names, and the one
+worker pool (spawned processes, one torch thread each, dying with their parent).
 
-Private to :mod:`landscape.api`; the command modules (``interpolation``, ``loss_surfaces``, ``geometry``,
-``kernels``) import from here.
+Private to :mod:`landscape.api` (``resolve``, ``runner``, ``loss_surfaces`` import from here).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 
-from landscape.analyze.registry import slug  # noqa: F401 (re-exported for the api modules)
 from landscape.errors import CheckpointError, IncompatibleError, UsageError
 from landscape.params import check_compatible
 from landscape.store import Checkpoint
@@ -102,7 +101,12 @@ def run_label(ref: str) -> str:
 
 
 def default_output(name: str) -> Path:
-    """``results/<name>.h5`` (relative to the working directory)."""
+    """``results/<name>.h5`` (relative to the working directory); a name too long for a file (long run names)
+    keeps its first 150 characters and gets a hash of the whole, so it stays unique."""
+    if len(name) > 200:
+        import hashlib
+
+        name = f"{name[:150]}-{hashlib.sha256(name.encode()).hexdigest()[:16]}"
     return RESULTS_DIR / f"{name}.h5"
 
 
@@ -143,16 +147,32 @@ def die_with_parent(parent: int | None = None, interval: float = 0.5) -> None:
     threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 
 
+_STATE: dict[str, Any] = {}
+
+
+def worker_state() -> dict[str, Any]:
+    """What this worker's initializer built (``spawn_pool(..., initializer)`` returns a dict): the model, data...
+    a job needs in every call, built once per process instead of being sent with every job."""
+    return _STATE
+
+
+def set_worker_state(state: dict[str, Any] | None) -> None:
+    """Replace :func:`worker_state` (the pool does it in each worker; a test may do it in-process)."""
+    _STATE.clear()
+    _STATE.update(state or {})
+
+
 def _start_worker(parent: int, initializer: Callable | None, initargs: tuple) -> None:
     die_with_parent(parent)
     one_thread()
     if initializer is not None:
-        initializer(*initargs)
+        set_worker_state(initializer(*initargs))
 
 
 def spawn_pool(workers: int, initializer: Callable | None = None, initargs: tuple = ()) -> ProcessPoolExecutor:
-    """``workers`` spawned processes with one torch thread each, then ``initializer(*initargs)`` in each; they
-    exit when this process dies (:func:`die_with_parent`). The one worker-pool mechanism of the api."""
+    """``workers`` spawned processes with one torch thread each, then ``initializer(*initargs)`` in each (its
+    dict becomes :func:`worker_state`); they exit when this process dies (:func:`die_with_parent`). The one
+    worker-pool mechanism of the api."""
     return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_start_worker,
                                initargs=(os.getpid(), initializer, initargs))
 

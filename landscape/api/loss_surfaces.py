@@ -40,8 +40,8 @@ from landscape.analyze.surface import (
     surface_rows,
 )
 from landscape.api._common import check_pair as _check_pair
-from landscape.api._common import checkpoint_dataset, spawn_pool
-from landscape.api.resolve import Resolver
+from landscape.api._common import checkpoint_dataset, spawn_pool, worker_state
+from landscape.api.resolve import Resolver, compare_others
 from landscape.errors import CheckpointError, UsageError
 from landscape.params import ParamSpace
 from landscape.results import InputRef
@@ -53,7 +53,7 @@ __all__ = ["DirectionsConfig", "DirectionsResult", "SurfaceConfig", "SurfaceResu
 
 
 def run_directions(resolver: Resolver, ref_a: str, config: DirectionsConfig, options, out: Path
-                   ) -> tuple[DirectionsResult, list[InputRef]]:
+                   ) -> tuple[DirectionsResult, list[InputRef], dict]:
     """Resolve A (and ``options.toward``), evaluate :func:`random_profiles` (direction chunks in worker processes
     with ``config.workers > 1``); the runner writes and draws."""
     toward = options.toward
@@ -74,7 +74,8 @@ def run_directions(resolver: Resolver, ref_a: str, config: DirectionsConfig, opt
         runner = functools.partial(_run_direction_chunks, payload=payload)
     result = random_profiles(model, theta, x, y, config=config, toward=None if b is None else space.flatten(b.state_dict),
                              space=space, chunk_runner=runner)
-    return result, [a.input_ref()] + ([b.input_ref()] if b is not None else [])
+    attrs = compare_others(a, [b] if b is not None else [], what="B")
+    return result, [a.input_ref()] + ([b.input_ref()] if b is not None else []), attrs
 
 
 def check_pair(a: Checkpoint, b: Checkpoint) -> None:
@@ -96,11 +97,8 @@ class _Payload:
     plane: Plane | None = None
 
 
-_WORKER: dict[str, Any] = {}
-
-
-def _init_worker(payload: _Payload) -> None:
-    """Rebuild the model, theta_A and the data in a worker (``spawn_pool`` has set one torch thread)."""
+def _init_worker(payload: _Payload) -> dict[str, Any]:
+    """The worker state: the model, theta_A and the data rebuilt once per worker process."""
     from landscape.models import model_from_spec
 
     model = model_from_spec(payload.model_spec)
@@ -110,13 +108,12 @@ def _init_worker(payload: _Payload) -> None:
     splits = cfg.splits if isinstance(cfg, SurfaceConfig) else (cfg.split,)
     data = {s: _split_data(payload.data_spec, s, cfg.subset, cfg.subset_seed, payload.data_root, payload.download)
             for s in splits}
-    _WORKER.clear()
-    _WORKER.update(model=model, space=space, theta=space.flatten(payload.state_dict), data=data, config=cfg,
-                   plane=payload.plane)
+    return dict(model=model, space=space, theta=space.flatten(payload.state_dict), data=data, config=cfg,
+                plane=payload.plane)
 
 
 def _direction_job(indices: list[int], distance: float, steps: torch.Tensor):
-    w = _WORKER
+    w = worker_state()
     cfg: DirectionsConfig = w["config"]
     dirs = scaled_directions(w["theta"], w["space"], indices, cfg, distance)
     x, y = w["data"][cfg.split]
@@ -143,7 +140,7 @@ def _pool(workers: int, payload: _Payload) -> ProcessPoolExecutor:
 
 
 def run_surface(resolver: Resolver, ref_a: str, config: SurfaceConfig, options, out: Path
-                ) -> tuple[SurfaceResult, list[InputRef]]:
+                ) -> tuple[SurfaceResult, list[InputRef], dict]:
     """The surface around A on ``config.plane``, written to ``out`` after every block of rows (resumed from a
     partial file with the same options, inputs and plane unless ``options.resume`` is false)."""
     store = resolver.store
@@ -151,18 +148,19 @@ def run_surface(resolver: Resolver, ref_a: str, config: SurfaceConfig, options, 
     model = a.build_model()
     space = ParamSpace.from_model(model)
     theta = space.flatten(a.state_dict)
-    plane, extra_inputs = _plane(store, a, space, theta, config)
+    plane, extra_inputs, others = _plane(store, a, space, theta, config)
+    attrs = compare_others(a, others, what="the plane's checkpoint" + ("s" if len(others) > 1 else ""))
     inputs = [a.input_ref(), *extra_inputs]
     partial = _resume(out, config, inputs, plane) if options.resume else None
     if partial is None:
         partial = SurfaceResult.empty(plane, config)
     partial.config = config
-    partial.to_hdf5(out, inputs=inputs)
+    partial.to_hdf5(out, inputs=inputs, attrs=attrs)
     data = {s: _split_data(a.data_spec, s, config.subset, config.subset_seed, resolver.data_root, resolver.download)
             for s in config.splits}
 
     def written(result: SurfaceResult, rows: list[int]) -> None:
-        result.to_hdf5(out, inputs=inputs)
+        result.to_hdf5(out, inputs=inputs, attrs=attrs)
         if options.on_rows is not None:
             options.on_rows(result, rows)
 
@@ -173,14 +171,15 @@ def run_surface(resolver: Resolver, ref_a: str, config: SurfaceConfig, options, 
         runner = functools.partial(_run_rows, payload=payload, xs=partial.xcoordinates, ys=partial.ycoordinates)
     result = compute_surface(model, plane, data, config=config, partial=partial, space=space, on_rows=written,
                              row_runner=runner)
-    return result, inputs
+    return result, inputs, attrs
 
 
 def _plane(store: Store, a: Checkpoint, space: ParamSpace, theta: torch.Tensor, config: SurfaceConfig
-           ) -> tuple[Plane, list[InputRef]]:
+           ) -> tuple[Plane, list[InputRef], list[Checkpoint]]:
+    """The plane, the inputs it adds and the checkpoints that placed it."""
     kind = config.plane_kind
     if kind == "random":
-        return random_plane(theta, space, seed=config.seed, normalize=config.normalize, biasbn=config.biasbn), []
+        return random_plane(theta, space, seed=config.seed, normalize=config.normalize, biasbn=config.biasbn), [], []
     if kind == "checkpoints":
         ref_b, ref_c = config.plane_refs
         b, c = store.load(ref_b), store.load(ref_c)
@@ -188,20 +187,21 @@ def _plane(store: Store, a: Checkpoint, space: ParamSpace, theta: torch.Tensor, 
         check_pair(a, c)
         plane = checkpoint_plane(theta, space.flatten(b.state_dict), space.flatten(c.state_dict),
                                  labels=(a.ref, ref_b, ref_c))
-        return plane, [b.input_ref(), c.input_ref()]
+        return plane, [b.input_ref(), c.input_ref()], [b, c]
     run = store.run(config.plane_refs[0])
     infos = run.checkpoints()
     if len(infos) < 2:
         raise CheckpointError(f"run '{run.name}' has {len(infos)} checkpoint(s); a trajectory PCA needs at least 2")
-    points, steps, refs = [], [], []
+    points, steps, refs, others = [], [], [], []
     for info in infos:
         ckpt = load_checkpoint(info.path, ref=f"{run.name}@step={info.step}")
         check_pair(a, ckpt)
         points.append(space.flatten(ckpt.state_dict))
         steps.append(info.step)
         refs.append(ckpt.input_ref())
+        others.append(dataclasses.replace(ckpt, state_dict={}))  # keep the specs, not every state in memory
     plane = pca_plane(theta, torch.stack(points), steps=steps, label=a.ref)
-    return plane, refs
+    return plane, refs, others
 
 
 def _resume(out: Path, config: SurfaceConfig, inputs: list[InputRef], plane: Plane) -> SurfaceResult | None:
@@ -218,7 +218,7 @@ def _resume(out: Path, config: SurfaceConfig, inputs: list[InputRef], plane: Pla
 
 
 def _rows_job(rows: list[int], x_values, ys):
-    w = _WORKER
+    w = worker_state()
     values, seconds, method = surface_rows(w["model"], w["space"], w["plane"], x_values, ys, w["data"], w["config"])
     return rows, values, seconds, method
 

@@ -234,3 +234,19 @@ def compare_data(a: Checkpoint, b: Checkpoint, data_from: str = "a", *, what: st
         warnings.warn(f"{what} ({a.ref}, {b.ref}) were trained on different data ({diff}); evaluating on {used}'s "
                       f"(--data-from {other} for the other)", UserWarning, stacklevel=3)
     return DataChoice(data_from=data_from, spec_a=spec_a, spec_b=spec_b)
+
+
+def compare_others(a: Checkpoint, others: Sequence[Checkpoint], *, what: str) -> dict[str, Any]:
+    """Checkpoints that only place a direction or a plane (directions toward B, a surface through B and C or a
+    run's trajectory) while everything is evaluated on A's data: warn in one line when any was trained on
+    other data than A, and return the result attrs recording A's spec and each differing one."""
+    spec_a = a.data_spec or {}
+    differing = {o.ref: o.data_spec or {} for o in others if (o.data_spec or {}) != spec_a}
+    if differing:
+        names = ", ".join(list(differing)[:3]) + (f" and {len(differing) - 3} more" if len(differing) > 3 else "")
+        warnings.warn(f"{what} {names} {'was' if len(differing) == 1 else 'were'} trained on different data than "
+                      f"A ({a.ref}); every point is evaluated on A's data", UserWarning, stacklevel=3)
+    attrs: dict[str, Any] = {"data_spec_a": json.dumps(spec_a, sort_keys=True)}
+    if differing:
+        attrs["data_specs_other"] = json.dumps(differing, sort_keys=True)
+    return attrs

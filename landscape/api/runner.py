@@ -18,11 +18,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from landscape.analyze.registry import Analysis, get
-from landscape.api._common import ProcessPool, config_with, default_output, map_jobs, run_label, slug
+from landscape.analyze.registry import Analysis, get, slug
+from landscape.api._common import ProcessPool, config_with, default_output, map_jobs, run_label
 from landscape.api.resolve import Resolver, Target
 from landscape.errors import UsageError
-from landscape.results import InputRef
+from landscape.results import InputRef, check_companions, check_output_path
 
 
 def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", config: Any = None,
@@ -45,15 +45,18 @@ def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", con
         raise UsageError(f"--workers must be >= 1, got {workers}")
     resolver = Resolver(root, data_root=data_root, download=download)
     refs = [str(r) for r in refs]
+    if spec.inputs == "targets" and not refs:
+        raise UsageError(f"{spec.name} needs at least one run or checkpoint")
+    out = Path(output) if output is not None else default_output(_stem(spec, refs, config, run_opts))
+    check_output_path(out)  # fail before computing: never replace a checkpoint, a user's CSV or figure
+    check_companions(out, ((".csv",) if spec.csv else ()) + ((".png", ".pdf") if figure else ()))
     attrs: dict[str, Any] = {}
+    title = refs[0] if refs else ""
     if spec.inputs == "checkpoint":
-        (ref,) = refs
-        stem, title = f"{spec.output}-{run_label(ref)}", ref
         if spec.execute is not None:
-            out = Path(output) if output is not None else default_output(spec.stem(refs, config, run_opts))
-            result, inputs = _callable(spec.execute)(resolver, ref, config, run_opts, out)
+            result, inputs, attrs = _callable(spec.execute)(resolver, refs[0], config, run_opts, out)
         else:
-            point = resolver.point(ref, masks=True, purpose=spec.purpose)
+            point = resolver.point(refs[0], masks=True, purpose=spec.purpose)
             result = spec.compute(point, config)
             inputs = [point.input_ref()]
     elif spec.inputs == "pair":
@@ -62,21 +65,17 @@ def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", con
         result = spec.compute(a, b, config)
         inputs = [a.input_ref(), b.input_ref()]
         attrs = choice.attrs()
-        stem, title = f"{spec.output}-{slug(ref_a)}--{slug(ref_b)}", f"A = {ref_a}   B = {ref_b}"
+        title = f"A = {ref_a}   B = {ref_b}"
     elif spec.inputs == "pairs":
-        out = Path(output) if output is not None else default_output(spec.output)
         result, inputs = _pairs(spec, resolver, refs, config, run_opts, data_from, workers, out)
-        stem, title = spec.output, ""
+        title = ""
     elif spec.inputs == "target":
         (ref,) = refs
         targets, extra = spec.expand(resolver, ref, config) if spec.expand else (resolver.expand(ref), [])
         rows = _map(_point_job, [(spec.name, resolver, t, config) for t in targets], workers)
         result = spec.collect(rows, config, run_opts)
         inputs = extra + _inputs(targets)
-        stem, title = f"{spec.output}-{run_label(ref)}", f"{ref}"
     else:  # targets
-        if not refs:
-            raise UsageError(f"{spec.name} needs at least one run or checkpoint")
         groups = [resolver.expand(r) for r in refs]
         flat = [t for g in groups for t in g]
         with ProcessPool(min(workers, len(flat))) as pool:
@@ -87,10 +86,7 @@ def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", con
             rows = iter(_map(_point_job, [(spec.name, resolver, t, config, shared) for t in flat], pool=pool))
         result = spec.collect([[next(rows) for _ in g] for g in groups], config, run_opts, refs, shared)
         inputs = _inputs(flat)
-        stem, title = f"{spec.output}-{run_label(flat[0].ref)}", ""
-    if spec.stem is not None:
-        stem = spec.stem(refs, config, run_opts)
-    out = Path(output) if output is not None else default_output(stem)
+        title = ""
     result.to_hdf5(out, inputs=inputs, attrs=attrs)
     if spec.csv:
         result.to_csv(out.with_suffix(".csv"))
@@ -98,6 +94,18 @@ def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", con
         draw = _callable(spec.figure)
         result.figures = draw(result, out, title, run_opts) if spec.run_options else draw(result, out, title)
     return result
+
+
+def _stem(spec: Analysis, refs: list[str], config: Any, run_opts: Any) -> str:
+    """The default output name: the spec's ``stem``, else ``<output>-<A>--<B>`` for a pair, ``<output>`` for
+    pairs of runs, ``<output>-<run of the first reference>`` otherwise."""
+    if spec.stem is not None:
+        return spec.stem(refs, config, run_opts)
+    if spec.inputs == "pair":
+        return f"{spec.output}-{slug(refs[0])}--{slug(refs[1])}"
+    if spec.inputs == "pairs":
+        return spec.output
+    return f"{spec.output}-{run_label(refs[0])}"
 
 
 def _inputs(targets: Sequence[Target]) -> list[InputRef]:
