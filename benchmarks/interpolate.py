@@ -15,8 +15,9 @@ against this machine's measured float32 matmul peak (one thread). ResNet-18 is e
 method and scaled to 30 (every point costs the same; the scaling is printed). ``--full`` measures 30.
 
 The allocator setting of :mod:`landscape.evaluate` (glibc keeps freed blocks instead of returning them to
-the OS; page faults dominate memory-bound layers on this VM) is process-wide, so it applies to every method
-here; ``LANDSCAPE_MALLOC_TUNE=0`` runs everything with glibc's defaults instead.
+the OS; page faults dominate memory-bound layers on this VM) is entered once around the whole benchmark
+(``tuned_allocator``), so it applies to every method here; ``LANDSCAPE_MALLOC_TUNE=0`` runs everything with
+glibc's defaults instead.
 
 Run: ``OMP_NUM_THREADS=1 python benchmarks/interpolate.py [--repeats 3] [--resnet-points 3] [--full]``
 """
@@ -34,7 +35,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from landscape.analyze.interpolate import interpolate
-from landscape.evaluate import _tune_allocator
+from landscape.evaluate import tuned_allocator
 from landscape.models import build_model
 
 POINTS = 30
@@ -132,7 +133,11 @@ def main() -> None:
     parser.add_argument("--skip-resnet", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    _tune_allocator()  # process-wide: every method below runs with the same allocator settings
+    with tuned_allocator():  # every method below runs with the same allocator settings
+        run(args)
+
+
+def run(args) -> None:
     tuned = os.environ.get("LANDSCAPE_MALLOC_TUNE", "1") != "0"
     print("allocator: " + ("glibc tuned by landscape.evaluate for ALL methods (keeps freed blocks)" if tuned else
                            "glibc defaults for ALL methods (LANDSCAPE_MALLOC_TUNE=0)"))

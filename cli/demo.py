@@ -16,13 +16,16 @@ from cli.options import FiniteFloat, run_api
               help="Directory for the store (OUT/checkpoints unless --root is given) and results.")
 @click.option("--epochs", type=click.IntRange(min=2), default=8, show_default=True)
 @click.option("--k", "ks", default="1,2,4", show_default=True, help="Phase-1 lengths in epochs (comma-separated).")
-@click.option("--copies", type=click.IntRange(min=2), default=2, show_default=True)
+@click.option("--copies", type=click.IntRange(min=2), default=3, show_default=True,
+              help="Phase-2 copies per optimizer; 3+ gives the verdicts a spread over sibling pairs.")
 @click.option("--target-epsilon", type=FiniteFloat(min=0, min_open=True), default=8.0, show_default=True)
 @click.option("--directions", "n_directions", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--points", type=click.IntRange(min=2), default=30, show_default=True,
+              help="Points per interpolation path and per direction profile.")
 @json_option
 @click.pass_context
 def demo(ctx: click.Context, out_dir: str, epochs: int, ks: str, copies: int, target_epsilon: float,
-         n_directions: int, as_json: bool) -> None:
+         n_directions: int, points: int, as_json: bool) -> None:
     """Phase-1 SGD, Phase-2 SGD and DP-SGD siblings on digits; their interpolations, instabilities,
     random-direction profiles and figures (Watson et al. Figs. 4-8 at CPU scale)."""
     from landscape.api.demo_job import DemoConfig
@@ -37,14 +40,16 @@ def demo(ctx: click.Context, out_dir: str, epochs: int, ks: str, copies: int, ta
         raise UsageError(f"--k values must be between 1 and --epochs - 1 = {epochs - 1}, got {ks}")
     root = ctx.find_root().params.get("root")
     explicit_root = ctx.find_root().get_parameter_source("root").name != "DEFAULT"
-    config = DemoConfig(epochs=epochs, ks=k_values, copies=copies, target_epsilon=target_epsilon, directions=n_directions)
+    config = DemoConfig(epochs=epochs, ks=k_values, copies=copies, target_epsilon=target_epsilon,
+                        directions=n_directions, points=points)
     start = time.perf_counter()
     result = run_api(lambda: run_demo(out_dir, root=root if explicit_root else None, config=config,
                                       progress=progress_enabled()))
     seconds = time.perf_counter() - start
     if as_json:
         echo_json({"runs": [dataclasses.asdict(r) for r in result.runs], "instability": result.instability_rows,
-                   "directions": result.directions_summary, "files": result.files, "seconds": seconds})
+                   "directions": result.directions_summary, "verdicts": [v.to_dict() for v in result.verdicts],
+                   "files": result.files, "seconds": seconds})
         return
     click.echo("Runs (digits, lenet):")
     echo_table([{"run": r.run, "phase1": r.phase1, "phase2": r.phase2, "epoch": r.epoch, "epsilon": r.epsilon,
@@ -55,6 +60,9 @@ def demo(ctx: click.Context, out_dir: str, epochs: int, ks: str, copies: int, ta
     click.echo(f"\nRandom directions from a Phase-2 SGD solution at its sibling's distance {d['distance']:.3g}: "
                f"median loss rise {d['rise_median']:.3g} (min {d['rise_min']:.3g}, max {d['rise_max']:.3g}) "
                f"vs {d['toward_rise']:.3g} toward the sibling; max |cos| between directions {d['max_abs_cos']:.3g}.")
+    click.echo("\nVerdicts (computed from the numbers above; rules in landscape/verdict.py):")
+    for v in result.verdicts:
+        click.echo(f"  {v.line()}")
     click.echo("\nFiles:")
     for path in result.files:
         click.echo(f"  {path}")

@@ -74,8 +74,9 @@ def param_type(f: dataclasses.Field, hint: Any) -> dict[str, Any]:
         return {"type": click.STRING}
     base, _ = _base(hint)
     bounds = {k: meta[k] for k in ("min", "max") if meta.get(k) is not None}
-    if meta.get("min_open"):
-        bounds["min_open"] = True
+    for key in ("min_open", "max_open"):
+        if meta.get(key):
+            bounds[key] = True
     if base is bool:
         return {"is_flag": True}
     if base is int:
@@ -87,7 +88,7 @@ def param_type(f: dataclasses.Field, hint: Any) -> dict[str, Any]:
     if typing.get_origin(base) is tuple:
         item = typing.get_args(base)[0]
         if item is float:
-            return {"type": CommaList(number=True)}
+            return {"type": CommaList(number=True, **bounds)}
         return {"type": Choices(meta["choices"]) if meta.get("choices") else CommaList()}
     raise TypeError(f"no command-line type for field {f.name!r} annotated {hint}")
 

@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "show": ("cli.show:show", "Print any result file (kind, inputs, options, attrs, arrays)."),
     "privacy": ("cli.privacy:privacy", "Epsilon of a DP-SGD schedule, or the noise multiplier for a target epsilon."),
     "prune": ("cli.prune:prune", "Magnitude-prune a checkpoint into a new run (mask stored with it)."),
+    "align": ("cli.align:align", "Permute B's hidden units to match A (Git Re-Basin weight matching) into a new run."),
     "batch": ("cli.batch:batch", "Run a YAML sweep of train/phases/prune/analysis jobs, in-process or on Dask."),
 }
 
@@ -64,7 +65,7 @@ class LazyGroup(click.Group):
             formatter.write_dl([(name, _help(name)) for name in self.list_commands(ctx)])
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LazyGroup, no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="landscape")
 @click.option(
     "--root",
@@ -99,16 +100,19 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:  # click's form of Ctrl-C
         click.echo("interrupted", err=True)
         sys.exit(130)
+    except click.exceptions.NoArgsIsHelpError as exc:  # `landscape`, `landscape store`: asking for the help
+        click.echo(exc.ctx.get_help() if exc.ctx is not None else exc.format_message())
+        sys.exit(0)
     except click.UsageError as exc:  # one line, like every other error (not click's Usage / Try / Error block)
         message = " ".join(exc.format_message().split())
-        click.echo(f"error: {message}" + (f" (see 'landscape {exc.ctx.command_path.partition(' ')[2]} --help')"
-                                          if exc.ctx is not None and " " in exc.ctx.command_path else ""), err=True)
+        sub = exc.ctx.command_path.partition(" ")[2] if exc.ctx is not None else ""
+        click.echo(f"error: {message} (see 'landscape {sub + ' ' if sub else ''}--help')", err=True)
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
         click.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
         sys.exit(exc.exit_code)
     except LandscapeError as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {' '.join(str(exc).splitlines())}", err=True)  # one line even if a message has two
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)

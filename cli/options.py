@@ -28,8 +28,7 @@ from typing import Any
 import click
 
 from cli.common import parse_json_option
-from landscape.data import DATA_ENV, DATASETS
-from landscape.models import MODELS
+from landscape.runtime import DATA_ENV
 
 _RESERVED_DATA_KEYS = ("name", "subset", "data_root", "download")
 
@@ -38,6 +37,8 @@ class SubsetType(click.ParamType):
     """``--subset``: an integer count (``500``) or a fraction in (0, 1] (``0.05``)."""
 
     name = "N|FRACTION"
+    # the declared range of its values, as click's number ranges state theirs: counts >= 1 or fractions in (0, 1]
+    min, max, min_open, max_open = 0, None, True, False
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -58,6 +59,22 @@ class SubsetType(click.ParamType):
         return number
 
 
+class RegistryChoice(click.Choice):
+    """``click.Choice`` over the keys of a registry dict (``"landscape.data:DATASETS"``), read when a value is
+    checked or help is shown: defining the option imports no torch (``store ls`` needs none)."""
+
+    def __init__(self, registry: str):
+        self.registry = registry
+        self.case_sensitive = True
+
+    @property
+    def choices(self) -> tuple[str, ...]:  # type: ignore[override]
+        import importlib
+
+        module, attr = self.registry.split(":")
+        return tuple(getattr(importlib.import_module(module), attr))
+
+
 class DeviceType(click.ParamType):
     """``--device``: auto, cpu, cuda or cuda:N (whether a GPU is there is checked when it is used)."""
 
@@ -73,21 +90,29 @@ class DeviceType(click.ParamType):
             self.fail(f"{value!r}: use auto, cpu, cuda or cuda:N", param, ctx)
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max: models and evaluations run in float32
+
+
 class FiniteFloat(click.FloatRange):
-    """``click.FloatRange`` that also refuses NaN and infinities (a NaN passes every range comparison)."""
+    """``click.FloatRange`` that also refuses NaN, infinities and magnitudes float32 cannot hold (a NaN passes
+    every range comparison; ``1e39`` becomes ``inf`` in a float32 model)."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         number = super().convert(value, param, ctx)
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
+        if abs(number) > FLOAT32_MAX:
+            self.fail(f"{value!r} is too large (float32 holds magnitudes up to {FLOAT32_MAX:.4g})", param, ctx)
         return number
 
 
 class CommaList(click.ParamType):
-    """Comma-separated strings (``conv1.*,fc.weight``) or, with ``number=True``, finite floats."""
+    """Comma-separated strings (``conv1.*,fc.weight``) or, with ``number=True``, finite floats, each in the range
+    given by ``min``/``max``/``min_open``/``max_open`` (as :class:`FiniteFloat`)."""
 
-    def __init__(self, number: bool = False):
+    def __init__(self, number: bool = False, **bounds: Any):
         self.number = number
+        self.item = FiniteFloat(**bounds) if number else None
         self.name = "X,Y,..." if number else "A,B,..."
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple:
@@ -96,7 +121,7 @@ class CommaList(click.ParamType):
         items = [v.strip() for v in str(value).split(",") if v.strip()]
         if not items:
             self.fail("give at least one value", param, ctx)
-        if not self.number:
+        if self.item is None:
             return tuple(items)
         try:
             numbers = tuple(float(v) for v in items)
@@ -104,6 +129,11 @@ class CommaList(click.ParamType):
             self.fail(f"{value!r} is not a comma-separated list of numbers", param, ctx)
         if not all(math.isfinite(v) for v in numbers):
             self.fail(f"{value!r}: every number must be finite", param, ctx)
+        for number in numbers:  # the field's range, float32's magnitude
+            try:
+                self.item.convert(number, param, ctx)
+            except click.BadParameter as exc:
+                self.fail(f"{value!r}: {exc.message}", param, ctx)
         return numbers
 
 
@@ -164,7 +194,7 @@ def data_options(func: Callable | None = None, *, default: str | None = "digits"
     """Add the data-set options; use bare (``@data_options``) or with ``default=None`` to make ``--data`` required
     (``default=None, required=False``: optional, ``data`` is None when not given)."""
     options = [
-        click.option("--data", type=click.Choice(list(DATASETS)), help="Data set.",
+        click.option("--data", type=RegistryChoice("landscape.data:DATASETS"), help="Data set.",
                      **_default_or_required(default, required)),
         click.option("--data-kwargs", default=None, metavar="JSON",
                      help='Data set options as a JSON object, e.g. \'{"ds": 10, "dn": 90}\'.'),
@@ -182,7 +212,7 @@ def model_options(func: Callable | None = None, *, default: str | None = "lenet"
     """Add the model options; use bare (``@model_options``) or with ``default=None`` to make ``--model`` required
     (``default=None, required=False``: optional, ``model`` is None when not given)."""
     options = [
-        click.option("--model", type=click.Choice(list(MODELS)), help="Model architecture.",
+        click.option("--model", type=RegistryChoice("landscape.models:MODELS"), help="Model architecture.",
                      **_default_or_required(default, required)),
         click.option("--model-kwargs", default=None, metavar="JSON",
                      help='Model options as a JSON object, e.g. \'{"norm": "batch"}\'.'),

@@ -7,22 +7,23 @@ from typing import Any
 import click
 
 from cli.common import echo_json, json_option
+from cli.options import FiniteFloat
 
 
 @click.command()
-@click.option("--noise-multiplier", type=float, default=None, help="sigma; prints epsilon.")
+@click.option("--noise-multiplier", type=FiniteFloat(min=0), default=None, help="sigma; prints epsilon.")
 @click.option(
-    "--target-epsilon", type=float, default=None, help="Target epsilon; prints the sigma that reaches it."
+    "--target-epsilon", type=FiniteFloat(min=0, min_open=True), default=None, help="Target epsilon; prints the sigma that reaches it."
 )
 @click.option(
     "--sample-rate",
-    type=float,
+    type=FiniteFloat(min=0, max=1, min_open=True),
     default=None,
     help="Poisson sample rate q (or --batch-size + --dataset-size).",
 )
-@click.option("--batch-size", type=int, default=None, help="Expected batch size B (q = B / N).")
-@click.option("--dataset-size", type=int, default=None, help="Training set size N.")
-@click.option("--steps", type=int, default=None, help="Number of steps T (or --epochs).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Expected batch size B (q = B / N).")
+@click.option("--dataset-size", type=click.IntRange(min=1), default=None, help="Training set size N.")
+@click.option("--steps", type=click.IntRange(min=0), default=None, help="Number of steps T (or --epochs).")
 @click.option(
     "--epochs",
     type=click.IntRange(min=0),
@@ -30,7 +31,7 @@ from cli.common import echo_json, json_option
     help="Whole epochs; T = epochs * ceil(N/B), as `landscape train` runs them (ceil(1/q) per epoch with "
     "--sample-rate).",
 )
-@click.option("--delta", type=float, default=1e-5, show_default=True)
+@click.option("--delta", type=FiniteFloat(min=0, max=1, min_open=True, max_open=True), default=1e-5, show_default=True)
 @click.option(
     "--method",
     type=click.Choice(["rdp", "pld"]),

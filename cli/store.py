@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import click
@@ -74,9 +75,10 @@ def show(ctx: click.Context, ref: str, as_json: bool) -> None:
     """
     from landscape.store import Store
 
-    ckpt = Store(root_of(ctx)).load(ref)
+    ckpt = Store(root_of(ctx)).load(ref, tensors=False)  # numpy arrays: no torch import to print shapes
     tensors = [
-        {"name": k, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."), "numel": t.numel()}
+        {"name": k, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
+         "numel": math.prod(t.shape)}
         for k, t in ckpt.state_dict.items()
     ]
     info = {

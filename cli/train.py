@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from cli.common import echo_json, echo_table, json_option, parse_json_option, progress_enabled, root_of
-from cli.options import data_options, device_option, model_options, run_api
+from cli.options import FiniteFloat, data_options, device_option, model_options, run_api
 from landscape.train.config import OPTIMIZERS, PHASE_FAMILIES, PhasesConfig, TrainConfig
 
 _D = TrainConfig()
@@ -26,9 +26,9 @@ def _training_options(func: Callable) -> Callable:
                      help="Seed of the data set (subset draw, synthetic data)."),
         click.option("--epochs", type=click.IntRange(min=1), default=_D.epochs, show_default=True,
                      help="Epochs of ceil(N/B) steps each (as `landscape privacy --epochs` counts)."),
-        click.option("--lr", type=float, default=_D.lr, show_default=True, help="Learning rate."),
-        click.option("--momentum", type=float, default=_D.momentum, show_default=True),
-        click.option("--weight-decay", type=float, default=_D.weight_decay, show_default=True),
+        click.option("--lr", type=FiniteFloat(min=0, min_open=True), default=_D.lr, show_default=True, help="Learning rate."),
+        click.option("--momentum", type=FiniteFloat(min=0, max=1, max_open=True), default=_D.momentum, show_default=True),
+        click.option("--weight-decay", type=FiniteFloat(min=0), default=_D.weight_decay, show_default=True),
         click.option("--batch-size", type=click.IntRange(min=1), default=_D.batch_size, show_default=True,
                      help="Batch size B (the expected batch size q*N under Poisson sampling)."),
         click.option("--seed", type=int, default=_D.seed, show_default=True,
@@ -36,12 +36,12 @@ def _training_options(func: Callable) -> Callable:
         device_option(_D.device),
         click.option("--checkpoint-every", default=_D.checkpoint_every, show_default=True,
                      help="Ns (steps), Ee (epochs) or none; init and final are always kept."),
-        click.option("--max-grad-norm", type=float, default=_D.max_grad_norm, show_default=True,
+        click.option("--max-grad-norm", type=FiniteFloat(min=0, min_open=True), default=_D.max_grad_norm, show_default=True,
                      help="Clipping norm C."),
-        click.option("--noise-multiplier", type=float, default=None, help="Noise multiplier sigma."),
-        click.option("--target-epsilon", type=float, default=None,
+        click.option("--noise-multiplier", type=FiniteFloat(min=0), default=None, help="Noise multiplier sigma."),
+        click.option("--target-epsilon", type=FiniteFloat(min=0, min_open=True), default=None,
                      help="Find sigma so that epsilon after training equals this (instead of --noise-multiplier)."),
-        click.option("--delta", type=float, default=_D.delta, show_default=True),
+        click.option("--delta", type=FiniteFloat(min=0, max=1, min_open=True, max_open=True), default=_D.delta, show_default=True),
         click.option("--accountant", type=click.Choice(["rdp", "pld"]), default=_D.accountant, show_default=True),
         click.option("--clip-style", type=click.Choice(["flat", "layerwise"]), default=_D.clip_style,
                      show_default=True),
@@ -49,9 +49,9 @@ def _training_options(func: Callable) -> Callable:
                      default=_D.clip_fn, show_default=True),
         click.option("--sampling", type=click.Choice(["poisson", "shuffle"]), default=None,
                      help="Default: poisson for DP optimizers (what the accountant assumes), shuffle for sgd."),
-        click.option("--sparsify", type=float, default=_D.sparsify, show_default=True,
+        click.option("--sparsify", type=FiniteFloat(min=0, max=1, max_open=True), default=_D.sparsify, show_default=True,
                      help="Random sparsification rate R* with gradual cooling (Zhu & Blaschko Alg. 1)."),
-        click.option("--smooth", type=float, default=_D.smooth, show_default=True,
+        click.option("--smooth", type=FiniteFloat(min=0), default=_D.smooth, show_default=True,
                      help="Laplacian smoothing sigma_LS (DP-LSSGD)."),
         click.option("--microbatch", type=click.IntRange(min=1), default=None,
                      help="Per-sample gradient chunk size (memory bound)."),
@@ -123,8 +123,8 @@ def _families(value: str) -> tuple[str, ...]:
               help="Phase-2 copies per combination (they differ only in data order and noise).")
 @click.option("--phase1", default=",".join(PHASE_FAMILIES), show_default=True, help="Phase-1 families: sgd,dpsgd.")
 @click.option("--phase2", default=",".join(PHASE_FAMILIES), show_default=True, help="Phase-2 families: sgd,dpsgd.")
-@click.option("--dp-lr", type=float, default=None, help="Learning rate of DP phases (default: --lr).")
-@click.option("--dp-momentum", type=float, default=None, help="Momentum of DP phases (default: --momentum).")
+@click.option("--dp-lr", type=FiniteFloat(min=0, min_open=True), default=None, help="Learning rate of DP phases (default: --lr).")
+@click.option("--dp-momentum", type=FiniteFloat(min=0, max=1, max_open=True), default=None, help="Momentum of DP phases (default: --momentum).")
 @click.option("--group", default=None, help="Name prefix of the runs (default: phases-<hash>).")
 @json_option
 @click.pass_context

@@ -29,8 +29,7 @@ import numpy as np
 import torch
 
 from landscape.errors import DataError
-
-DATA_ENV = "LANDSCAPE_DATA"
+from landscape.runtime import DATA_ENV
 
 
 @dataclass
@@ -210,7 +209,7 @@ def digits(*, seed: int, test_fraction: float = 0.25, split_seed: int = 0, stand
     """scikit-learn's 8x8 digits (1,797 images, 10 classes) as ``1 x 8 x 8`` tensors.
 
     The train/test split is stratified and fixed by ``split_seed`` (not by ``seed``, so runs with different
-    seeds share one test set); 1/4 test gives 1,347 train and 450 test images. With ``standardize`` the
+    seeds share one test set); 1/4 test gives 1,348 train and 449 test images. With ``standardize`` the
     pixels are shifted and scaled by the mean and standard deviation of all train pixels (one channel).
     """
     from sklearn.datasets import load_digits

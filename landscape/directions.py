@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from landscape.errors import UsageError
+from landscape.errors import NonFiniteError, UsageError
 from landscape.params import ParamSpace
 
 NORMALIZATIONS = ("none", "filter", "layer")
@@ -175,6 +175,9 @@ def trajectory_pca(points: torch.Tensor, origin: torch.Tensor, *, n_components: 
     for start in range(0, diffs.shape[1], _BLOCK):
         block = diffs[:, start : start + _BLOCK].double() - mean[start : start + _BLOCK]
         g += block @ block.T
+    if not torch.isfinite(g).all():
+        raise NonFiniteError("the trajectory's checkpoints hold NaN or infinite weights (a diverged run?); "
+                             "no PCA plane through them")
     evals, evecs = torch.linalg.eigh(g)
     order = torch.argsort(evals, descending=True)
     evals, evecs = evals[order].clamp(min=0), evecs[:, order]

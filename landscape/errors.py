@@ -44,5 +44,17 @@ class ResultError(LandscapeError):
     """A result file is missing, corrupt or of the wrong kind."""
 
 
+class NonFiniteError(LandscapeError):
+    """A computation met NaN or infinite numbers it cannot go on with (e.g. the weights of a diverged run): a
+    failure of the input, not a usage error."""
+
+
+class OutputPathError(ResultError, UsageError):
+    """An output path the command must not write (it would replace a checkpoint or a user's file, lies below a
+    file, has a name too long for the file system): a usage error (exit 2), and a :class:`ResultError`."""
+
+    exit_code = 2
+
+
 class PrivacyError(LandscapeError):
     """A privacy accounting request has no solution (e.g. an unreachable target epsilon)."""

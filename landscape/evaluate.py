@@ -6,6 +6,13 @@ point) and each point is written into it in place. Evaluation runs under ``torch
 large batches, accumulates loss and correct counts in tensors (no ``.item()`` in the loops) and returns
 the mean cross-entropy and the accuracy per point.
 
+**Metric hook.** ``evaluate(..., metrics=[...])`` records more than loss and accuracy at every point in the
+same forward passes (the idea of loss-landscapes' small composable ``Metric`` objects, streamed here batch by
+batch): each :class:`Metric` keeps per-point sufficient statistics in device tensors, is handed the logits of
+every (batch, point), and its final value is returned in ``EvalResult.metrics[name]``. For example
+``landscape.analyze.calibration.ECE`` gives the expected calibration error along an interpolation path.
+Without metrics nothing extra runs.
+
 What makes many points cheaper than many independent evaluations (``method="loop"``, the default):
 
 * **Shared first layer.** When the points have structure (:class:`Segment`: ``lerp(a, b, alpha)``;
@@ -22,8 +29,9 @@ What makes many points cheaper than many independent evaluations (``method="loop
   ``Sequential`` swapped to pool-then-ReLU (both monotone: identical values, a quarter of the ReLU work).
 * **Channels-last convolutions** (oneDNN's fast layout on CPU) for image models.
 * **Batch-outer order**: each batch is moved and its shared work done once for all points.
-* **Allocator**: on glibc, freed large blocks are kept instead of being returned to the OS, so the many
-  same-sized activations of a sweep do not page-fault afresh (set ``LANDSCAPE_MALLOC_TUNE=0`` to skip).
+* **Allocator**: on glibc, during the call (:func:`tuned_allocator`), freed large blocks are kept instead of
+  being returned to the OS, so the many same-sized activations of a sweep do not page-fault afresh; on return the
+  thresholds are set back to glibc's converged dynamic state (see there; ``LANDSCAPE_MALLOC_TUNE=0`` skips it).
 
 ``method="vmap"`` evaluates several points per forward with ``torch.func.functional_call`` + ``vmap`` over
 stacked parameters (chunk size from a memory budget); on CPU it is slower for convolutional models
@@ -33,14 +41,17 @@ is (the reference the others are tested against).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import ctypes
 import math
 import os
+import threading
 import time
 import warnings
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -154,18 +165,65 @@ class _Listed:
         return self.rows[i]
 
 
+# ----------------------------------------------------------------------------------------------- metrics
+
+
+class Metric:
+    """A per-point statistic accumulated from the logits of the evaluator's own forward passes.
+
+    loss-landscapes' composable metrics (``Metric.__call__(model)``) evaluate a whole model per call; here a
+    metric is streamed instead, so that many metrics share one forward pass per (batch, point):
+
+    * ``start(points, device)`` returns a fresh state (device tensors, one slot per point);
+    * ``update(state, point, logits, y)`` adds one batch of one point in place, on the device, without
+      ``.item()`` or any other host synchronisation (it must not change ``logits``);
+    * ``finish(state)`` turns the state into the value stored in ``EvalResult.metrics[name]`` (once, after the
+      last batch; return CPU tensors or numpy arrays).
+
+    A metric object holds only its options, never state, so one object can be passed to many calls.
+    """
+
+    name: str = "metric"
+
+    def start(self, points: int, device: torch.device) -> Any:
+        raise NotImplementedError
+
+    def update(self, state: Any, point: int, logits: torch.Tensor, y: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def finish(self, state: Any) -> Any:
+        return state
+
+
+def _check_metrics(metrics: Sequence[Metric] | None) -> list[Metric]:
+    metrics = list(metrics or ())
+    for m in metrics:
+        if not all(callable(getattr(m, k, None)) for k in ("start", "update", "finish")) or not isinstance(
+                getattr(m, "name", None), str):
+            raise UsageError(f"{m!r} is not an evaluation metric (needs a name and start/update/finish)")
+    names = [m.name for m in metrics]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise UsageError(f"metric names repeat: {', '.join(repeated)}")
+    return metrics
+
+
 # ------------------------------------------------------------------------------------------------ result
 
 
 @dataclass
 class EvalResult:
-    """Mean cross-entropy ``loss`` and ``acc`` (float64, shape (P,)) at each point, and how fast."""
+    """Mean cross-entropy ``loss`` and ``acc`` (float64, shape (P,)) at each point, and how fast.
+
+    ``metrics`` maps each hooked :class:`Metric`'s name to its ``finish`` value (empty without metrics).
+    """
 
     loss: torch.Tensor
     acc: torch.Tensor
     examples: int
     seconds: float
     method: str
+    metrics: dict[str, Any] = field(default_factory=dict)
 
     @property
     def points(self) -> int:
@@ -198,6 +256,7 @@ def evaluate(
     method: str = "auto",
     channels_last: bool | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    metrics: Sequence[Metric] | None = None,
 ) -> EvalResult:
     """Loss and accuracy of ``model`` on ``(x, y)`` at every point (flat vectors over ``space``).
 
@@ -205,8 +264,10 @@ def evaluate(
     keep the model's values. ``bn_recalibrate`` is training inputs (a tensor, or a sequence of batches):
     for each point every BatchNorm layer's statistics are reset and recomputed as the cumulative average
     (``momentum=None``) over those inputs in train mode, then the model is evaluated in eval mode.
-    Non-finite losses are recorded as NaN/inf and warned about.
+    Non-finite losses are recorded as NaN/inf and warned about. ``metrics`` (:class:`Metric` objects) see the
+    logits of every batch at every point in the same forward passes; their values are in ``result.metrics``.
     """
+    metrics = _check_metrics(metrics)
     if method not in METHODS:
         raise UsageError(f"unknown evaluation method {method!r}; choose from {', '.join(METHODS)}")
     if x.shape[0] != y.shape[0]:
@@ -226,24 +287,25 @@ def evaluate(
     bn_batches = _bn_batches(bn_recalibrate, bn_batch_size or batch_size)
     if bn_batches is not None and method == "vmap":
         raise UsageError("method 'vmap' cannot recalibrate BatchNorm statistics; use method 'loop'")
-    _tune_allocator()
 
     start = time.perf_counter()
-    with torch.inference_mode():
+    with tuned_allocator(), torch.inference_mode():
         runner = _Runner(model, space, dev, x, channels_last=channels_last, rewrite=method != "plain")
+        hooks = [(m, m.start(len(pts), dev)) for m in metrics]
         if method == "vmap":
-            loss, correct = runner.run_vmap(pts, x, y, batch_size, memory_budget)
+            loss, correct = runner.run_vmap(pts, x, y, batch_size, memory_budget, hooks)
             used = "vmap"
         elif bn_batches is not None:
-            loss, correct = runner.run_points_outer(pts, x, y, batch_size, bn_batches)
+            loss, correct = runner.run_points_outer(pts, x, y, batch_size, bn_batches, hooks)
             used = "loop+bn"
         else:
             shared = method != "plain" and isinstance(pts, (Segment, Affine)) and runner.enable_first_layer()
-            loss, correct = runner.run_batches_outer(pts, x, y, batch_size, shared)
+            loss, correct = runner.run_batches_outer(pts, x, y, batch_size, shared, hooks)
             used = "loop+first-layer" if shared else ("plain" if method == "plain" else "loop")
+        values = {m.name: m.finish(state) for m, state in hooks}
     seconds = time.perf_counter() - start
     n = x.shape[0]
-    result = EvalResult(loss=loss / n, acc=correct / n, examples=n, seconds=seconds, method=used)
+    result = EvalResult(loss=loss / n, acc=correct / n, examples=n, seconds=seconds, method=used, metrics=values)
     bad = int(result.nonfinite.sum())
     if bad:
         warnings.warn(f"non-finite loss at {bad} of {result.points} points", RuntimeWarning, stacklevel=2)
@@ -449,7 +511,7 @@ class _Runner:
             self.fold.forward = _slice_max_pool(self.fold)
 
     # evaluation orders -------------------------------------------------------------------------------
-    def run_batches_outer(self, pts, x, y, batch_size, shared: bool):
+    def run_batches_outer(self, pts, x, y, batch_size, shared: bool, hooks=()):
         n_points = len(pts)
         loss = torch.zeros(n_points, dtype=torch.float64, device=self.device)
         correct = torch.zeros(n_points, dtype=torch.float64, device=self.device)
@@ -463,12 +525,12 @@ class _Runner:
                 if shared:
                     self._stub(self._mixed(pts, zs, i))
                 logits = self.model(xb)
-                _accumulate(logits, yb, loss, correct, i)
+                _accumulate(logits, yb, loss, correct, i, hooks)
             if shared:
                 self._unstub()
         return loss.cpu(), correct.cpu()
 
-    def run_points_outer(self, pts, x, y, batch_size, bn_batches):
+    def run_points_outer(self, pts, x, y, batch_size, bn_batches, hooks=()):
         n_points = len(pts)
         loss = torch.zeros(n_points, dtype=torch.float64, device=self.device)
         correct = torch.zeros(n_points, dtype=torch.float64, device=self.device)
@@ -479,10 +541,10 @@ class _Runner:
             self.assign(pts.point(i))
             recalibrate_batchnorm(self.model, bn_prepared)
             for xb, yb in batches:
-                _accumulate(self.model(xb), yb, loss, correct, i)
+                _accumulate(self.model(xb), yb, loss, correct, i, hooks)
         return loss.cpu(), correct.cpu()
 
-    def run_vmap(self, pts, x, y, batch_size, memory_budget: int):
+    def run_vmap(self, pts, x, y, batch_size, memory_budget: int, hooks=()):
         n_points = len(pts)
         loss = torch.zeros(n_points, dtype=torch.float64, device=self.device)
         correct = torch.zeros(n_points, dtype=torch.float64, device=self.device)
@@ -501,7 +563,7 @@ class _Runner:
                 stacked = torch.stack([pts.point(i).to(self.device) for i in idx])
                 logits = batched(self.space.unflatten_batch(stacked), xb)  # (c, n, classes)
                 for j, i in enumerate(idx):
-                    _accumulate(logits[j], yb, loss, correct, i)
+                    _accumulate(logits[j], yb, loss, correct, i, hooks)
         return loss.cpu(), correct.cpu()
 
     def _activation_bytes(self, n: int) -> int:
@@ -570,9 +632,12 @@ def _slice_max_pool(m: nn.MaxPool2d):
     return forward
 
 
-def _accumulate(logits: torch.Tensor, yb: torch.Tensor, loss: torch.Tensor, correct: torch.Tensor, i: int) -> None:
+def _accumulate(logits: torch.Tensor, yb: torch.Tensor, loss: torch.Tensor, correct: torch.Tensor, i: int,
+                hooks: Sequence[tuple[Metric, Any]] = ()) -> None:
     loss[i] += F.cross_entropy(logits, yb, reduction="sum").double()
     correct[i] += (logits.argmax(dim=1) == yb).sum()
+    for metric, state in hooks:
+        metric.update(state, i, logits, yb)
 
 
 def _bn_batches(bn: torch.Tensor | Sequence[torch.Tensor] | None, batch_size: int) -> list[torch.Tensor] | None:
@@ -588,24 +653,71 @@ def _bn_batches(bn: torch.Tensor | Sequence[torch.Tensor] | None, batch_size: in
     return batches
 
 
-_ALLOCATOR_TUNED = False
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameter numbers (glibc malloc.h)
+_RESTORED_MMAP_THRESHOLD = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX (64-bit): the dynamic threshold's ceiling
+_allocator_lock = threading.Lock()
+_allocator_depth = 0
 
 
-def _tune_allocator() -> None:
-    """Keep freed large blocks in the process (glibc) so repeated activations do not page-fault afresh.
+@contextlib.contextmanager
+def tuned_allocator() -> Iterator[None]:
+    """Within the block, glibc keeps freed large blocks in the process so repeated activations do not page-fault.
 
     Measured on the project machine: a ReLU over 7 MB of activations took 37 ms with glibc's default
-    (mmap + munmap per call, every page faulted again) and 0.7 ms with this. Process-wide, once;
-    ``LANDSCAPE_MALLOC_TUNE=0`` skips it.
+    (mmap + munmap per call, every page faulted again) and 0.7 ms with this. :func:`evaluate` enters it for
+    the duration of its call; nested blocks (a benchmark or an analysis wrapping many calls) tune once, and
+    the outermost block restores on exit. ``LANDSCAPE_MALLOC_TUNE=0`` (or a platform without glibc) makes it
+    a no-op.
+
+    Restoring is approximate, because glibc cannot report these settings (``mallopt(3)`` has no getter) and
+    any ``mallopt`` of them switches off its *dynamic* mmap threshold for good. On exit the thresholds are set
+    to the state that dynamic threshold converges to in a process that frees large tensors (``mallopt(3)``:
+    mmap threshold ``DEFAULT_MMAP_THRESHOLD_MAX`` = 32 MiB on 64-bit, trim threshold twice that), or to the
+    values given in ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_``. So after the call blocks of 32 MiB
+    or more are mmapped again and at most 64 MiB of free heap top is kept, instead of everything below 1 GiB
+    being kept for the rest of the process (what a process-wide, never-restored setting did). Restoring
+    glibc's 128 KiB start values instead would be worse than never having tuned: with the dynamic threshold
+    off, every block over 128 KiB would be mmapped and page-faulted afresh.
     """
-    global _ALLOCATOR_TUNED
-    if _ALLOCATOR_TUNED or os.environ.get("LANDSCAPE_MALLOC_TUNE", "1") == "0":
+    global _allocator_depth
+    libc = _libc() if os.environ.get("LANDSCAPE_MALLOC_TUNE", "1") != "0" else None
+    if libc is None:
+        yield
         return
-    _ALLOCATOR_TUNED = True
+    with _allocator_lock:
+        _allocator_depth += 1
+        if _allocator_depth == 1:
+            libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30)
+            libc.mallopt(_M_TRIM_THRESHOLD, (1 << 31) - 1)
     try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    libc.mallopt(m_mmap_threshold, 1 << 30)
-    libc.mallopt(m_trim_threshold, (1 << 31) - 1)
+        yield
+    finally:
+        with _allocator_lock:
+            _allocator_depth -= 1
+            if _allocator_depth == 0:
+                mmap_threshold = _env_threshold("MALLOC_MMAP_THRESHOLD_", _RESTORED_MMAP_THRESHOLD)
+                libc.mallopt(_M_MMAP_THRESHOLD, mmap_threshold)
+                libc.mallopt(_M_TRIM_THRESHOLD, _env_threshold("MALLOC_TRIM_THRESHOLD_", 2 * mmap_threshold))
+
+
+def _env_threshold(name: str, default: int) -> int:
+    try:
+        value = int(os.environ.get(name, ""))
+    except ValueError:
+        return default
+    return value if 0 <= value < (1 << 31) else default
+
+
+_LIBC: list = []
+
+
+def _libc():
+    """glibc through ctypes (cached), or None where there is no glibc ``mallopt`` (macOS, Windows, musl)."""
+    if not _LIBC:
+        try:
+            libc = ctypes.CDLL("libc.so.6")
+            libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+        except (OSError, AttributeError):
+            libc = None
+        _LIBC.append(libc)
+    return _LIBC[0]

@@ -10,27 +10,32 @@ name: a "layer" in the sense of layerwise clipping),
   columns ordered sample-major (row ``i * M + m`` is d f_m(x_i) / d w_r).
 - ``kind="output-trace"``: its trace over logits, n x n: sum_m <d f_m(x_i)/d w_r, d f_m(x_j)/d w_r>.
 
-Strategies (all exact):
+Strategies (all exact). Per-sample work goes through :mod:`landscape.persample`: its ``Capture`` (inputs
+in the forward, output gradients by hooks in an activation-only backward), its per-module handlers
+(``nn.Linear``, ``nn.Conv1d``/``nn.Conv2d`` with any stride, padding, dilation and groups, ``nn.GroupNorm``,
+``nn.LayerNorm``, ``nn.Embedding``; a module may be called several times) and its ``torch.func`` route.
+What is Gram-specific lives here: one backward per logit for the output kinds, the per-layer choice below,
+the cross-sample ghost formula, blocks between sample chunks and the memory bound.
 
 - ``"hooks"`` (what ``"auto"`` uses): one batched forward and one backward per logit pass, keeping each
-  layer's inputs A_i (unfolded for convolutions, T positions x p features) and output gradients B_i
-  (T x d). Per weight layer it either materialises per-sample gradients B_i^T A_i and takes G G^T
+  layer's inputs A_i (unfolded for convolutions: G groups x p features x T positions) and output gradients
+  B_i (G x d x T). Per weight layer it either materialises per-sample gradients B_i A_i^T (the handler's,
+  e.g. one grouped weight-gradient kernel for convolutions with many positions) and takes G G^T
   (cost ~ n T p d + n^2 p d) or uses the "ghost" cross-sample formula
-  K_r[i, j] = sum_{t,s} (A_i A_j^T)_{ts} (B_i B_j^T)_{ts}  (cost ~ n^2 T^2 (p + d)),
-  whichever needs fewer flops for its (T, p, d). Biases and normalisation affine parameters have tiny
-  per-sample gradients, which are materialised during the backward pass. Parameters of modules the hooks
-  do not know (anything but Linear, Conv2d with groups=1, GroupNorm, LayerNorm, or a module called
-  twice) are handled by ``torch.func`` (``vmap(grad)`` / ``vmap(jacrev)``) restricted to them.
-- ``"materialize"`` / ``"ghost"``: the hook route with that choice forced for every weight layer.
+  K_r[i, j] = sum_{g,t,s} (A_i^T A_j)_{g,ts} (B_i^T B_j)_{g,ts}  (cost ~ n^2 T^2 (p + d)),
+  whichever needs fewer flops for its (T, p, d). Biases, normalisation affine parameters and embeddings
+  get materialised per-sample gradients. Parameters no handler covers (a bare ``nn.Parameter``, a module
+  type without handler, a parameter tied between modules) are handled by ``torch.func``
+  (``vmap(grad)`` / ``vmap(jacrev)``) restricted to them.
+- ``"materialize"`` / ``"ghost"``: the hook route with that choice forced for every weight layer that
+  allows it (the ghost formula needs a module called once).
 - ``"functorch"``: ``vmap(grad)`` (``vmap(jacrev)`` for output kinds) per-sample gradients for every
   parameter, then G G^T per layer: the reference route.
 
 Memory is bounded by ``max_memory`` (bytes or "4GB", default 4 GiB): when the whole batch fits, each
-weight layer's block is computed inside the backward pass as soon as its output gradient arrives and its
+layer's block is computed inside the backward pass as soon as its output gradients have arrived and its
 factors are dropped (so they never all coexist); when it does not fit, samples are processed in chunks and
 blocks of sample pairs are computed from re-captured chunks; per-layer work is split into sub-blocks.
-Convolutions with many output positions get per-sample gradients from a vmapped convolution backward
-(no unfolded input), others from unfold + einsum.
 
 Precision: blocks are returned in ``dtype`` (float64). ``precision="auto"`` sums bias / norm gradients over
 positions in float64 and forms the Gram products of small tensors (<= ``SMALL_PARAM`` elements) in float64,
@@ -40,26 +45,29 @@ itself (measured on resnet18/GroupNorm: total K to ~2e-5, single GroupNorm-bias 
 run the model in float64 (``model.double()``, ``--precision double`` in the CLI) when per-layer blocks of
 tiny tensors must be exact.
 BatchNorm couples the samples of a batch, so per-sample gradients are undefined: such models are refused.
-
-This module has its own activation / output-gradient capture: ``landscape.persample``'s capture is private
-and does a single loss backward, while Gram blocks also need one backward per logit (output kinds), blocks
-between re-captured sample chunks, and blocks formed during the backward pass. The two should eventually
-share one capture utility.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad, jacrev, vmap
 
+from landscape import persample
 from landscape.errors import ModelError, UsageError
+from landscape.persample import (
+    Capture,
+    HooksFailed,
+    _Handler,
+    functorch_grads,
+    plan_handlers,
+    refuse_batchnorm,
+)
 
 KINDS = ("loss-grad", "output", "output-trace")
 STRATEGIES = ("auto", "hooks", "materialize", "ghost", "functorch")
@@ -67,8 +75,6 @@ PRECISIONS = ("auto", "double", "single")
 DEFAULT_MAX_MEMORY = 4 * 1024**3
 # parameter tensors with at most this many elements get float64 contractions under precision="auto"
 SMALL_PARAM = 16384
-# convolutions with at least this many output positions get per-sample grads by batched conv backward
-CONV_BACKWARD_MIN_T = 256
 
 __all__ = [
     "DEFAULT_MAX_MEMORY",
@@ -129,156 +135,6 @@ def ghost_cost(rows: int, n: int, T: int, p: int, d: int) -> float:
     return n * n * T * T * p + rows * rows * T * T * (d + 1)
 
 
-# ---------------------------------------------------------------------------------------------- capture
-@dataclass
-class _Weight:
-    """A weight layer's captured factors: per-sample gradient of row (i, m) is B[i, m]^T A[i]."""
-
-    raw: torch.Tensor  # module input as seen in forward (c, ...)
-    unfold: Callable[[torch.Tensor], torch.Tensor]  # raw sub-batch -> A (c', T, p)
-    B: list[torch.Tensor] = field(default_factory=list)  # per pass: (c, T, d)
-    T: int = 0
-    p: int = 0
-    d: int = 0
-    conv: nn.Conv2d | None = None  # set for convolutions: per-sample grads by a batched convolution backward
-    out_hw: tuple[int, int] = (0, 0)
-
-    def A(self, idx: slice) -> torch.Tensor:
-        return self.unfold(self.raw[idx])
-
-    def Bs(self, idx: slice) -> torch.Tensor:  # (c', Mb, T, d)
-        return torch.stack([b[idx] for b in self.B], dim=1)
-
-
-class _Capture:
-    """Hooks on the supported modules of one model: inputs in forward, output gradients in backward."""
-
-    def __init__(self, model: nn.Module, owners: dict[nn.Module, dict[str, str]], reduce_dtype: torch.dtype,
-                 on_ready: Callable[[str, _Weight], torch.Tensor] | None = None, passes: int = 1):
-        self.model = model
-        # on_ready(name, weight) turns a weight layer's factors into its block as soon as its last output
-        # gradient arrives, so the factors are freed during the backward pass (lower peak memory)
-        self.on_ready, self.passes = on_ready, passes
-        self.done: dict[str, torch.Tensor] = {}
-        self.rdt = reduce_dtype  # sums over positions for biases / norm parameters are accumulated in this
-        self.owners = owners  # module -> {role ("weight"/"bias"): parameter name}
-        self.weights: dict[str, _Weight] = {}
-        self.direct: dict[str, list[torch.Tensor]] = {}  # name -> per pass (c, numel)
-        self.calls: dict[nn.Module, int] = {}
-        self._saved: dict[nn.Module, torch.Tensor] = {}
-        self._handles: list = []
-
-    def __enter__(self) -> _Capture:
-        for module in self.owners:
-            self._handles.append(module.register_forward_hook(self._forward_hook))
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
-        self._saved.clear()
-
-    def _forward_hook(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
-        self.calls[module] = self.calls.get(module, 0) + 1
-        inp = inputs[0].detach()
-        roles = self.owners[module]
-        if isinstance(module, (nn.GroupNorm, nn.LayerNorm)):
-            self._saved[module] = inp  # shares storage with what autograd saves; normalised in the grad hook
-        elif "weight" in roles:
-            self.weights[roles["weight"]] = _weight_factors(module, inp)
-        if output.requires_grad:
-            output.register_hook(lambda g, m=module: self._grad_hook(m, g))
-
-    def _grad_hook(self, module: nn.Module, g: torch.Tensor) -> None:
-        g = g.detach()
-        roles = self.owners[module]
-        c = g.shape[0]
-        if isinstance(module, nn.GroupNorm):
-            xhat = F.group_norm(self._saved[module], module.num_groups, None, None, module.eps)
-            if "weight" in roles:
-                self._add(roles["weight"], (xhat * g).reshape(c, g.shape[1], -1).sum(-1, dtype=self.rdt))
-            if "bias" in roles:
-                self._add(roles["bias"], g.reshape(c, g.shape[1], -1).sum(-1, dtype=self.rdt))
-            return
-        if isinstance(module, nn.LayerNorm):
-            xhat = F.layer_norm(self._saved[module], module.normalized_shape, None, None, module.eps)
-            k = len(module.normalized_shape)
-            shape = (c, -1, *g.shape[g.dim() - k:])
-            if "weight" in roles:
-                self._add(roles["weight"], (xhat * g).reshape(shape).sum(1, dtype=self.rdt).reshape(c, -1))
-            if "bias" in roles:
-                self._add(roles["bias"], g.reshape(shape).sum(1, dtype=self.rdt).reshape(c, -1))
-            return
-        if isinstance(module, nn.Conv2d):
-            gb = g.reshape(c, g.shape[1], -1).transpose(1, 2)  # (c, T, d)
-        else:  # Linear: (c, ..., d)
-            gb = g.reshape(c, -1, g.shape[-1])
-        if "weight" in roles:
-            name = roles["weight"]
-            self.weights[name].B.append(gb)
-            if self.on_ready is not None and len(self.weights[name].B) == self.passes:
-                self.done[name] = self.on_ready(name, self.weights.pop(name))
-        if "bias" in roles:
-            self._add(roles["bias"], gb.sum(1, dtype=self.rdt))
-
-    def _add(self, name: str, value: torch.Tensor) -> None:
-        self.direct.setdefault(name, []).append(value)
-
-
-def _weight_factors(module: nn.Module, inp: torch.Tensor) -> _Weight:
-    c = inp.shape[0]
-    if isinstance(module, nn.Conv2d):
-        kh, kw = module.kernel_size
-        H, W = inp.shape[-2:]
-        pad = module.padding
-        if isinstance(pad, str):
-            raise _Unsupported
-        oh = (H + 2 * pad[0] - module.dilation[0] * (kh - 1) - 1) // module.stride[0] + 1
-        ow = (W + 2 * pad[1] - module.dilation[1] * (kw - 1) - 1) // module.stride[1] + 1
-
-        def unfold(raw: torch.Tensor, m=module) -> torch.Tensor:
-            return F.unfold(raw, m.kernel_size, dilation=m.dilation, padding=m.padding, stride=m.stride).transpose(1, 2)
-
-        return _Weight(raw=inp, unfold=unfold, T=oh * ow, p=inp.shape[1] * kh * kw, d=module.out_channels,
-                       conv=module, out_hw=(oh, ow))
-    flat = inp.reshape(c, -1, inp.shape[-1])
-    return _Weight(raw=flat, unfold=lambda raw: raw, T=flat.shape[1], p=flat.shape[2], d=module.out_features)
-
-
-class _Unsupported(Exception):
-    pass
-
-
-def _hook_owners(model: nn.Module, names: Sequence[str]) -> tuple[dict[nn.Module, dict[str, str]], list[str]]:
-    """Map supported modules to the selected parameters they own; the rest go to torch.func."""
-    wanted = set(names)
-    owners: dict[nn.Module, dict[str, str]] = {}
-    covered: set[str] = set()
-    seen: dict[int, int] = {}
-    for _, p in model.named_parameters(remove_duplicate=False):
-        seen[id(p)] = seen.get(id(p), 0) + 1
-    for mod_name, module in model.named_modules():
-        supported = (
-            isinstance(module, nn.Linear)
-            or (isinstance(module, nn.Conv2d) and module.groups == 1 and not isinstance(module.padding, str)
-                and module.padding_mode == "zeros")
-            or (isinstance(module, (nn.GroupNorm, nn.LayerNorm)) and module.weight is not None)
-        )
-        if not supported:
-            continue
-        roles = {}
-        for role, p in module.named_parameters(recurse=False):
-            full = f"{mod_name}.{role}" if mod_name else role
-            if full in wanted and role in ("weight", "bias") and seen[id(p)] == 1:
-                roles[role] = full
-        if roles:
-            owners[module] = roles
-            covered.update(roles.values())
-    rest = [n for n in names if n not in covered]
-    return owners, rest
-
-
 # ------------------------------------------------------------------------------------------ main entry
 def gram_blocks(
     model: nn.Module,
@@ -304,7 +160,7 @@ def gram_blocks(
         raise UsageError(f"unknown strategy '{strategy}' (choose from {', '.join(STRATEGIES)})")
     if precision not in PRECISIONS:
         raise UsageError(f"unknown precision '{precision}' (choose from {', '.join(PRECISIONS)})")
-    _refuse_batchnorm(model)
+    refuse_batchnorm(model)
     if kind == "loss-grad" and y is None:
         raise UsageError("kind='loss-grad' needs labels y")
     budget = parse_memory(max_memory) or DEFAULT_MAX_MEMORY
@@ -315,11 +171,7 @@ def gram_blocks(
     was_training = model.training
     model.eval()
     try:
-        if strategy == "functorch":
-            owners, rest = {}, names
-        else:
-            owners, rest = _hook_owners(model, names)
-        engine = _Engine(model, x, y, kind, names, owners, rest, strategy, dtype, budget, precision)
+        engine = _Engine(model, x, y, kind, names, strategy, dtype, budget, precision)
         blocks = engine.run()
     finally:
         model.train(was_training)
@@ -334,23 +186,25 @@ def gram_blocks(
     return out
 
 
-def _refuse_batchnorm(model: nn.Module) -> None:
-    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
-        raise ModelError(
-            "model has BatchNorm, which mixes samples so per-sample gradients are undefined; "
-            "use norm='group' (or convert_batchnorm_to_groupnorm)"
-        )
-
 
 class _Engine:
-    def __init__(self, model, x, y, kind, names, owners, rest, strategy, dtype, budget, precision):
-        self.model, self.x, self.y, self.kind = model, x, y, kind
-        self.names, self.owners, self.rest = names, owners, rest
+    """Gram blocks from the per-sample engine's capture and handlers: what is Gram-specific lives here (the
+    per-logit passes, the chunk pairs and sub-blocks of the memory bound, the per-layer ghost/materialise
+    choice, the cross-sample ghost formula and the dtypes of the products)."""
+
+    def __init__(self, model, x, y, kind, names, strategy, dtype, budget, precision):
+        self.model, self.x, self.y, self.kind, self.names = model, x, y, kind, names
         self.strategy, self.dtype, self.budget, self.precision = strategy, dtype, budget, precision
         self.params = dict(model.named_parameters())
         self.model_dtype = next(iter(self.params.values())).dtype
+        if strategy == "functorch":
+            self.handlers, self.rest = [], list(names)
+        else:
+            self.handlers, self.rest = plan_handlers(model, names, self.reduce_dtype)
+        self.roles = {full: (h, role) for h in self.handlers for role, full in h.pnames.items()}
         self.n = x.shape[0]
-        self.modes: dict[str, str] = {}
+        self.modes: dict[str, str] = {}  # weight name -> "ghost" | "materialize" (ghost-capable layers only)
+        self.dims: dict[_Handler, tuple[int, int, int, int]] = {}  # ghost-capable handler -> (G, D, P, T)
 
     # -- dtype of a parameter's contractions
     @property
@@ -373,12 +227,8 @@ class _Engine:
         probe = self.capture(slice(0, 1))
         self.M = probe.M
         self.Mb = 1 if self.kind == "loss-grad" else self.M
-        for module, count in probe.cap.calls.items():
-            if count != 1:  # called twice (weight sharing): hooks would mix uses -> torch.func
-                for name in self.owners.pop(module).values():
-                    self.rest.append(name)
-        per_sample = probe.nbytes() * 3 + self._functorch_bytes()
         self.choose_modes(probe)
+        per_sample = self._bytes(probe) * 3 + self._functorch_bytes()
         del probe
         # chunk size: one chunk if the whole batch fits, else pairs of chunks must fit together
         share = 0.6 * self.budget
@@ -403,196 +253,228 @@ class _Engine:
                 del cap_b
         return out
 
+    def _bytes(self, probe: _Chunk) -> int:
+        """Bytes one sample keeps: the inputs and output gradients of weight layers, the per-sample gradients
+        of the other parameters (bias, normalisation, torch.func) in the dtype they are summed in."""
+        item = torch.finfo(self.reduce_dtype).bits // 8
+        total = sum(g.numel() * g.element_size() for g in probe.func.values())
+        for h in self.handlers:
+            small = [full for role, full in h.pnames.items() if not (role == "weight" and h in self.dims)]
+            total += sum(self.params[k].numel() for k in small) * self.Mb * item
+            if h in self.dims:
+                ts = probe.cap.inputs[h] + [g for gs in probe.cap.grads[h] for g in gs]
+                total += sum(t.numel() * t.element_size() for t in ts)
+        return total
+
     def _functorch_bytes(self) -> int:
         numel = sum(self.params[k].numel() for k in self.rest)
         return 3 * numel * self.Mb * self.params[self.names[0]].element_size() if self.rest else 0
 
     # -- capture one chunk of samples
     def capture(self, idx: slice, eager: bool = False) -> _Chunk:
-        """Forward + backward pass(es) on samples ``idx``; ``eager``: weight blocks of this chunk with itself
-        are computed inside the backward pass and the factors dropped."""
+        """Forward + backward pass(es) on samples ``idx`` (one per logit for output kinds); ``eager``: the
+        blocks of this chunk with itself are formed inside the backward pass as soon as a layer's output
+        gradients are all in, and its factors dropped (so they never all coexist)."""
         x = self.x[idx]
-        chunk = _Chunk()
-        if self.owners:
-            on_ready = self._self_block if eager else None
+        chunk = _Chunk(n=x.shape[0])
+        if self.handlers:
             passes = 1 if self.kind == "loss-grad" else self._n_logits()
-            with _Capture(self.model, self.owners, self.reduce_dtype, on_ready, passes) as cap, torch.enable_grad():
-                xin = x.detach().requires_grad_(True) if x.is_floating_point() else x
-                logits = self.model(xin)
+            on_complete = (lambda h: self._eager(chunk, h)) if eager else None
+            chunk.cap = Capture(self.handlers, passes=passes, on_complete=on_complete)
+            try:
+                with chunk.cap, torch.enable_grad():
+                    logits = self.model(x)
                 chunk.M = logits.shape[1]
-                targets = [xin] if xin.requires_grad else [p for p in self.params.values() if p.requires_grad]
                 if self.kind == "loss-grad":
-                    loss = F.cross_entropy(logits, self.y[idx], reduction="sum")
-                    torch.autograd.grad(loss, targets, allow_unused=True)
+                    chunk.cap.backward(F.cross_entropy(logits, self.y[idx], reduction="sum"))
                 else:
-                    for m in range(logits.shape[1]):
+                    for m in range(chunk.M):
                         onehot = torch.zeros_like(logits)
                         onehot[:, m] = 1
-                        torch.autograd.grad(logits, targets, onehot, retain_graph=m < logits.shape[1] - 1,
-                                            allow_unused=True)
-            chunk.cap = cap
-            missing = [n for roles in self.owners.values() for n in roles.values()
-                       if n not in cap.direct and n not in cap.done and (n not in cap.weights or not cap.weights[n].B)]
+                        chunk.cap.backward(logits, onehot, retain_graph=m < chunk.M - 1)
+                for h in self.handlers:  # the batch must be dim 0 of every kept input and gradient
+                    chunk.cap.calls(h, chunk.n)
+            except HooksFailed as e:
+                raise ModelError(f"cannot capture per-sample gradients of this model: {e}") from None
+            missing = [k for h in self.handlers if h not in chunk.eager and not chunk.cap.reached(h)
+                       for k in h.pnames.values()]
             if missing:
                 raise ModelError(f"no gradient reached parameters {missing[:3]}: they do not influence the output")
         else:
-            chunk.cap = _Capture(self.model, {}, self.reduce_dtype)
             with torch.no_grad():
                 chunk.M = self.model(x[:1]).shape[1]
         if self.rest:
-            chunk.func = _functorch_grads(self.model, x, None if self.y is None else self.y[idx], self.kind,
-                                          self.rest, self.params)
+            y = self.y[idx] if self.kind == "loss-grad" else None
+            g, _, _ = functorch_grads(self.model, self.rest, x, y)
+            chunk.func = {k: v.reshape(-1, self.params[k].numel()) for k, v in g.items()}
         return chunk
+
+    def _eager(self, chunk: _Chunk, h: _Handler) -> None:
+        chunk.eager.add(h)
+        for name in h.pnames.values():
+            if name in self.roles:
+                chunk.done[name] = self.cross(name, chunk, chunk)
+        chunk.cap.release(h)
 
     # -- per-layer choice
     def choose_modes(self, probe: _Chunk) -> None:
         rows = self.n * self.Mb
-        for name, w in probe.cap.weights.items():
+        for h in self.handlers:
+            name = h.pnames.get("weight")
+            factors = self._factors(h, probe, slice(0, 1)) if name is not None else None
+            if factors is None:
+                continue
+            A, B = factors
+            G, D, T, P = A.shape[1], A.shape[2], A.shape[3], B.shape[3]
+            self.dims[h] = (G, D, P, T)
             if self.strategy in ("materialize", "ghost"):
                 self.modes[name] = self.strategy
             else:
-                mat = materialize_cost(rows, self.n, w.T, w.p, w.d)
-                gho = ghost_cost(rows, self.n, w.T, w.p, w.d)
+                mat = G * materialize_cost(rows, self.n, T, D, P)
+                gho = G * ghost_cost(rows, self.n, T, D, P)
                 self.modes[name] = "ghost" if gho < mat else "materialize"
 
-    # -- one block between two chunks for one parameter
     def _n_logits(self) -> int:
         return getattr(self, "M", 0) or 1
 
-    def _self_block(self, name: str, w: _Weight) -> torch.Tensor:
-        if self.modes[name] == "ghost":
-            return self._ghost(w, w, self.cdtype(name))
-        return self._materialize(w, w, self.cdtype(name), same=True)
-
+    # -- one block between two chunks for one parameter
     def cross(self, name: str, a: _Chunk, b: _Chunk) -> torch.Tensor:
+        if a is b and name in a.done:
+            return a.done.pop(name)
         dt = self.cdtype(name)
-        if a is b and name in a.cap.done:
-            return a.cap.done[name]
-        if name in a.cap.weights:
-            wa, wb = a.cap.weights[name], b.cap.weights[name]
-            if self.modes[name] == "ghost":
-                return self._ghost(wa, wb, dt)
-            return self._materialize(wa, wb, dt, same=a is b)
-        ga, gb = a.direct_grads(name), b.direct_grads(name)
-        ga = ga.to(dt)
-        gb = ga if a is b else gb.to(dt)
+        if name in self.roles:
+            h, role = self.roles[name]
+            if self.modes.get(name) == "ghost":
+                return self._ghost(h, a, b, dt)
+            return self._materialize(h, role, a, b, dt)
+        ga = a.func[name].to(dt)
+        gb = ga if a is b else b.func[name].to(dt)
         return (ga @ gb.T).to(self.dtype)
 
-    def _materialize(self, wa: _Weight, wb: _Weight, dt: torch.dtype, same: bool) -> torch.Tensor:
-        ca, cb = wa.raw.shape[0], wb.raw.shape[0]
-        Mb = len(wa.B)
-        per_row = wa.p * wa.d * torch.finfo(dt).bits // 8 * Mb
-        unfold_row = wa.T * (wa.p + wa.d * Mb) * torch.finfo(dt).bits // 8
+    def _calls(self, h: _Handler, chunk: _Chunk, idx: slice) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Per pass, the (input, output gradient) pairs of samples ``idx`` of a chunk; weight layers' in the
+        contraction dtype."""
+        ct = self.contract_dtype if h in self.dims else None
+
+        def cast(t):
+            return t.to(ct) if ct is not None and t.is_floating_point() else t
+
+        passes = 1 if self.kind == "loss-grad" else chunk.M
+        return [[(cast(a[idx]), cast(b[idx])) for a, b in chunk.cap.calls(h, chunk.n, p)] for p in range(passes)]
+
+    def _rows(self, h: _Handler, role: str, chunk: _Chunk, idx: slice, dt: torch.dtype) -> torch.Tensor:
+        """Per-sample (per-logit, sample-major) gradient rows ``(c * Mb, numel)`` of one parameter.
+
+        Weight layers: B_im A_i^T contracted over positions from the handler's ghost factors (A once per
+        sample, whatever the number of logits; the contraction order of the Gram blocks before the engines
+        were shared, so blocks stay bit-identical), except convolutions with many output positions, whose
+        handler forms them with one grouped weight-gradient kernel (no unfolded input). Other parameters, and
+        modules called several times: the handler's per-sample gradients (inputs repeated once per logit)."""
+        if role == "weight" and h in self.dims:
+            G, D, P, T = self.dims[h]
+            if not (isinstance(h.module, nn.modules.conv._ConvNd) and T >= persample.GROUPED_MIN_POSITIONS):
+                A, B = self._factors(h, chunk, idx)  # (c, G, D, T), (c, Mb, G, P, T)
+                parts = [torch.einsum("cmtd,ctp->cmdp", B[:, :, g].transpose(2, 3).contiguous(), A[:, g].transpose(1, 2))
+                         for g in range(G)]
+                g = parts[0] if G == 1 else torch.cat(parts, dim=2)
+                return g.reshape(g.shape[0] * g.shape[1], -1).to(dt)
+        key = (h, role, idx.start, idx.stop)
+        if key in chunk.rows:  # formed with another role of the same module
+            g = chunk.rows.pop(key)
+            return g.reshape(g.shape[0], -1).to(dt)
+        passes = self._calls(h, chunk, idx)
+        if len(passes) == 1:
+            calls = passes[0]
+        else:
+            Mb = len(passes)
+            calls = []
+            for k, (a, _) in enumerate(passes[0]):
+                bs = torch.stack([p[k][1] for p in passes], dim=1)
+                calls.append((a.repeat_interleave(Mb, dim=0), bs.reshape(-1, *bs.shape[2:])))
+        u = h.unit(calls)
+        if h not in self.dims and idx.stop - idx.start == chunk.n:  # norms: every role in one go, keep the others
+            for other, g in h.per_sample(u).items():
+                if other != role:
+                    chunk.rows[(h, other, idx.start, idx.stop)] = g
+        g = h.role_per_sample(u, role)
+        return g.reshape(g.shape[0], -1).to(dt)
+
+    def _factors(self, h: _Handler, chunk: _Chunk, idx: slice) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Ghost factors of samples ``idx``: A (c, G, D, T) and B (c, Mb, G, P, T) over the passes."""
+        passes = self._calls(h, chunk, idx)
+        f = h.ghost_factors(h.unit(passes[0]))
+        if f is None:
+            return None
+        Bs = [f[1]]
+        for calls in passes[1:]:  # the same inputs: only the output-gradient factor is new (calls along T)
+            parts = [h.grad_factor(b) for _, b in calls]
+            Bs.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=3))
+        return f[0], torch.stack(Bs, dim=1)
+
+    def _materialize(self, h: _Handler, role: str, a: _Chunk, b: _Chunk, dt: torch.dtype) -> torch.Tensor:
+        ca, cb, Mb = a.n, b.n, self.Mb
+        item = torch.finfo(dt).bits // 8
+        per_row = self.params[h.pnames[role]].numel() * item * Mb
+        if h in self.dims:
+            G, D, P, T = self.dims[h]
+            unfold_row = T * G * (D + P * Mb) * item
+        else:  # bias / normalisation / embedding: nothing is unfolded
+            unfold_row = 0
         sub = max(1, min(ca, int(self.workspace / (2 * per_row + 2 * unfold_row))))
+        same = a is b
         if same and ca <= sub:
-            g = self._grads(wa, slice(0, ca), dt)
+            g = self._rows(h, role, a, slice(0, ca), dt)
             return (g @ g.T).to(self.dtype)
         out = torch.empty(ca * Mb, cb * Mb, dtype=self.dtype)
         for i0 in range(0, ca, sub):
             si = slice(i0, min(i0 + sub, ca))
-            gi = self._grads(wa, si, dt)
+            gi = self._rows(h, role, a, si, dt)
             for j0 in range(0, cb, sub):
                 sj = slice(j0, min(j0 + sub, cb))
-                gj = gi if (same and j0 == i0) else self._grads(wb, sj, dt)
+                gj = gi if (same and j0 == i0) else self._rows(h, role, b, sj, dt)
                 out[si.start * Mb: si.stop * Mb, sj.start * Mb: sj.stop * Mb] = (gi @ gj.T).to(self.dtype)
         return out
 
-    def _grads(self, w: _Weight, idx: slice, dt: torch.dtype) -> torch.Tensor:
-        """Per-sample (per-logit) weight gradients, rows (c * Mb, d * p), contracted in ``contract_dtype``."""
-        ct = self.contract_dtype
-        B = w.Bs(idx).to(ct)  # (c, Mb, T, d)
-        c, Mb = B.shape[:2]
-        if w.conv is not None and w.T >= CONV_BACKWARD_MIN_T:
-            return _conv_weight_grads(w, w.raw[idx].to(ct), B).reshape(c * Mb, -1).to(dt)
-        A = w.A(idx).to(ct)  # (c, T, p)
-        return torch.einsum("cmtd,ctp->cmdp", B, A).reshape(c * Mb, -1).to(dt)
-
-    def _ghost(self, wa: _Weight, wb: _Weight, dt: torch.dtype) -> torch.Tensor:
-        ca, cb = wa.raw.shape[0], wb.raw.shape[0]
-        Mb, T = len(wa.B), wa.T
-        ct = self.contract_dtype
+    def _ghost(self, h: _Handler, a: _Chunk, b: _Chunk, dt: torch.dtype) -> torch.Tensor:
+        """K[(i, m), (j, n)] = sum_{g,t,s} (A_i^T A_j)_{g,ts} (B_im^T B_jn)_{g,ts}: the cross-sample form of
+        the ghost norm (Bu et al. 2023, eq. 4.4), never forming per-sample gradients."""
+        ca, cb, Mb = a.n, b.n, self.Mb
+        G, D, P, T = self.dims[h]
         item = torch.finfo(dt).bits // 8
-        # sub-block (si x sj): AA (si T x sj T), BB (si Mb T x sj Mb T), + unfolded inputs
+        # sub-block (si x sj): AA (si T x sj T), BB (si Mb T x sj Mb T) of one group, + unfolded inputs
         per_pair = T * T * (1 + 2 * Mb * Mb) * item
-        unfold_row = T * (wa.p + wa.d * Mb) * item
+        unfold_row = T * G * (D + P * Mb) * item
         sub = max(1, int(math.sqrt(self.workspace / per_pair)))
         sub = max(1, min(sub, ca, cb, int(self.workspace / max(1, 4 * unfold_row))))
         out = torch.empty(ca * Mb, cb * Mb, dtype=self.dtype)
         for i0 in range(0, ca, sub):
             si = slice(i0, min(i0 + sub, ca))
-            Ai = wa.A(si).to(ct)
-            Bi = wa.Bs(si).to(ct)
+            Ai, Bi = self._factors(h, a, si)
             ni = Ai.shape[0]
+            Ai = Ai.permute(1, 0, 3, 2).reshape(G, ni * T, D)
+            Bi = Bi.permute(2, 0, 1, 4, 3).reshape(G, ni * Mb * T, P)
             for j0 in range(0, cb, sub):
                 sj = slice(j0, min(j0 + sub, cb))
-                Aj = wb.A(sj).to(ct)
-                Bj = wb.Bs(sj).to(ct)
+                Aj, Bj = self._factors(h, b, sj)
                 nj = Aj.shape[0]
-                AA = (Ai.reshape(ni * T, -1) @ Aj.reshape(nj * T, -1).T).reshape(ni, T, nj, T)
-                BB = (Bi.reshape(ni * Mb * T, -1) @ Bj.reshape(nj * Mb * T, -1).T).reshape(ni, Mb, T, nj, Mb, T)
-                k = torch.einsum("itjs,imtjns->imjn", AA.to(dt), BB.to(dt)).reshape(ni * Mb, nj * Mb)
-                out[si.start * Mb: si.stop * Mb, sj.start * Mb: sj.stop * Mb] = k.to(self.dtype)
+                Aj = Aj.permute(1, 2, 0, 3).reshape(G, D, nj * T)
+                Bj = Bj.permute(2, 3, 0, 1, 4).reshape(G, P, nj * Mb * T)
+                k = None
+                for g in range(G):  # groups one by one: no (G, ni T, nj T) products at once
+                    AA = (Ai[g] @ Aj[g]).reshape(ni, T, nj, T)
+                    BB = (Bi[g] @ Bj[g]).reshape(ni, Mb, T, nj, Mb, T)
+                    term = torch.einsum("itjs,imtjns->imjn", AA.to(dt), BB.to(dt))
+                    k = term if k is None else k + term
+                out[si.start * Mb: si.stop * Mb, sj.start * Mb: sj.stop * Mb] = k.reshape(ni * Mb, nj * Mb).to(self.dtype)
         return out
-
-
-def _conv_weight_grads(w: _Weight, raw: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
-    """Per-sample conv weight gradients (c, Mb, d, C, kh, kw) by a vmapped convolution backward.
-
-    For convolutions with many output positions this beats unfold + einsum (no unfolded input in memory).
-    """
-    m = w.conv
-    c, Mb = B.shape[:2]
-    grads = B.transpose(2, 3).reshape(c, Mb, w.d, *w.out_hw)
-
-    def one(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten.convolution_backward(
-            b[None], a[None], m.weight.detach().to(a.dtype), None, m.stride, m.padding, m.dilation, False, [0, 0], 1,
-            [False, True, False])[1]
-
-    return vmap(vmap(one, in_dims=(None, 0)), in_dims=(0, 0))(raw, grads)
 
 
 @dataclass
 class _Chunk:
-    cap: _Capture | None = None
-    func: dict[str, torch.Tensor] = field(default_factory=dict)
+    n: int = 0
+    cap: Capture | None = None
+    func: dict[str, torch.Tensor] = field(default_factory=dict)  # torch.func rows (c * Mb, numel)
+    done: dict[str, torch.Tensor] = field(default_factory=dict)  # blocks formed during the backward
+    eager: set = field(default_factory=set)  # handlers whose blocks were formed during the backward
+    rows: dict = field(default_factory=dict)  # (handler, role, start, stop) -> per-sample gradients not yet used
     M: int = 0
-
-    def direct_grads(self, name: str) -> torch.Tensor:
-        """(c * Mb, numel) per-sample (per-logit) gradient rows of a directly materialised parameter."""
-        if name in self.func:
-            return self.func[name]
-        passes = self.cap.direct[name]
-        return torch.stack(passes, dim=1).reshape(passes[0].shape[0] * len(passes), -1)
-
-    def nbytes(self) -> int:
-        total = 0
-        if self.cap is not None:
-            for w in self.cap.weights.values():
-                total += w.raw.numel() * w.raw.element_size() + sum(b.numel() * b.element_size() for b in w.B)
-            for passes in self.cap.direct.values():
-                total += sum(g.numel() * g.element_size() for g in passes)
-        for g in self.func.values():
-            total += g.numel() * g.element_size()
-        return total
-
-
-def _functorch_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor | None, kind: str,
-                     names: Sequence[str], params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Per-sample (loss-grad: (c, numel)) or per-sample per-logit ((c, M, numel)) gradients by torch.func."""
-    train = {k: params[k].detach() for k in names}
-    fixed = {k: v.detach() for k, v in params.items() if k not in train}
-    buffers = dict(model.named_buffers())
-
-    def f(tp: dict, xi: torch.Tensor) -> torch.Tensor:
-        return functional_call(model, ({**fixed, **tp}, buffers), (xi.unsqueeze(0),)).squeeze(0)
-
-    with torch.enable_grad():
-        if kind == "loss-grad":
-            def loss(tp: dict, xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
-                return F.cross_entropy(f(tp, xi).unsqueeze(0), yi.unsqueeze(0), reduction="sum")
-
-            g = vmap(grad(loss), in_dims=(None, 0, 0))(train, x, y)
-            return {k: v.reshape(v.shape[0], -1) for k, v in g.items()}
-        g = vmap(jacrev(f), in_dims=(None, 0))(train, x)
-        return {k: v.reshape(v.shape[0] * v.shape[1], -1) for k, v in g.items()}

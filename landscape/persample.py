@@ -23,6 +23,12 @@ Two exact routes, chosen automatically:
     trainable parameter lives in a module the hooks route does not know, or when a one-off self-check of the
     hooks route fails (a parameter used outside its module's ``forward``, say).
 
+The pieces are shared with :mod:`landscape.gram` (per-layer Gram blocks, the empirical NTK), so there is one
+per-sample engine: ``Capture`` (inputs in the forward; output gradients by tensor hooks during a backward
+whose ``inputs`` are the outputs' gradient edges, so only activation gradients are computed, and a caller
+may reduce a layer's factors as soon as they are complete), the per-module handlers (``plan_handlers``:
+per-sample gradients, ghost factors, weighted sums) and ``functorch_grads``.
+
 Projections ``<g_i, v>`` never need per-sample gradients: they are the forward-mode directional
 derivatives ``d/dt l_i(theta + t v)`` at ``t = 0`` (one ``torch.func.jvp`` per direction).
 
@@ -40,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.graph import get_gradient_edge
-from torch.func import functional_call, grad, jvp, vmap
+from torch.func import functional_call, grad, jacrev, jvp, vmap
 
 from landscape.errors import ModelError, UsageError
 
@@ -53,6 +59,8 @@ GHOST_RATIO = 0.5
 # Materialised per-sample convolution gradients: with T >= this many output positions one grouped
 # weight-gradient kernel (the batch folded into the groups); below, unfolded patches and a batched matmul.
 GROUPED_MIN_POSITIONS = 256
+# Widening sums over positions (float32 gradients summed in float64) go block by block of this many elements.
+SUM_BLOCK = 1 << 19
 LOSSES = ("cross_entropy",)
 
 Masks = dict[str, Tensor] | None
@@ -92,19 +100,22 @@ def flatten_grads(grads: dict[str, Tensor], names: list[str] | None = None) -> T
     return torch.cat([grads[k].reshape(n, -1) for k in names], dim=1)
 
 
-def _refuse_batchnorm(model: nn.Module) -> None:
+def refuse_batchnorm(model: nn.Module) -> None:
+    """Refuse models with BatchNorm: it mixes the samples of a batch, so per-sample gradients are undefined."""
     for name, m in model.named_modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
             raise ModelError(
                 f"model has BatchNorm ({name or 'root'}: {type(m).__name__}), which mixes the samples of a batch "
-                'so per-sample gradients are undefined; build it with norm="group" or convert it with '
+                'so per-sample gradients are undefined; build it with norm="group" '
+                "(build_model(..., norm='group')) or convert it with "
                 "landscape.models.convert_batchnorm_to_groupnorm(model)"
             )
 
 
 # --------------------------------------------------------------------------------------------------------
 # Hooks route: per-module handlers. Each turns the captured (input, output-gradient) pairs of one module
-# into a "unit" that holds everything needed, then answers per-sample grads / squared norms / weighted sums.
+# into a "unit" that holds everything needed, then answers per-sample grads / squared norms / weighted sums
+# (this engine) and per-sample rows / ghost factors (the Gram blocks of ``landscape.gram``).
 # --------------------------------------------------------------------------------------------------------
 
 
@@ -113,11 +124,13 @@ class _Handler:
 
     ``unit(calls)`` packs the (input, output-gradient) pairs of all calls of the module in one pass into a
     dict; the other methods read it and cache materialised per-sample gradients in it (key ``"g"``), so a
-    norm computation followed by a weighted sum materialises at most once."""
+    norm computation followed by a weighted sum materialises at most once. ``reduce_dtype`` (None: the
+    gradients' own) is the dtype in which bias and normalisation gradients are summed over positions."""
 
-    def __init__(self, module: nn.Module, pnames: dict[str, str]):
+    def __init__(self, module: nn.Module, pnames: dict[str, str], reduce_dtype: torch.dtype | None = None):
         self.module = module
         self.pnames = pnames
+        self.reduce_dtype = reduce_dtype
 
     def unit(self, calls: list[tuple[Tensor, Tensor]]) -> dict:
         raise NotImplementedError
@@ -130,17 +143,47 @@ class _Handler:
             u["g"] = self._per_sample(u)
         return u["g"]
 
+    def role_per_sample(self, u: dict, role: str) -> Tensor:
+        """Per-sample gradients ``(n, *shape)`` of one role ('weight' or 'bias') only."""
+        return self.per_sample(u)[role]
+
+    def ghost_factors(self, u: dict) -> tuple[Tensor, Tensor] | None:
+        """``(A, B)`` of shapes (n, G, D, T) and (n, G, P, T) with g_i(weight) = B_i A_i^T per group (T
+        positions), when the weight gradient is one such product per sample; else None."""
+        return None
+
+    def grad_factor(self, b: Tensor) -> Tensor:
+        """The ``B`` of ``ghost_factors`` for one output gradient ``b`` (another backward pass over the same
+        inputs: their ``A`` is unchanged)."""
+        raise NotImplementedError
+
     def sq_norms(self, u: dict, masks: dict[str, Tensor]) -> dict[str, Tensor]:
         return {k: _sq(g, masks.get(k)) for k, g in self.per_sample(u).items()}
 
     def weighted(self, u: dict, w: dict[str, Tensor]) -> dict[str, Tensor]:
         return {k: _wsum(w[k], g) for k, g in self.per_sample(u).items()}
 
+    def _sum(self, t: Tensor, dim) -> Tensor:
+        """``t.sum(dim)`` (dim > 0) in ``reduce_dtype``; a widening sum is done in blocks of samples of at most
+        ``SUM_BLOCK`` elements: the same numbers, but float32 -> float64 sums of a whole resnet activation
+        batch are ~25x slower on CPU than block by block (measured: (64, 64, 1024) 36 ms vs 1.5 ms)."""
+        dt = self.reduce_dtype
+        if dt is None or dt == t.dtype or t.numel() <= SUM_BLOCK:
+            return t.sum(dim, dtype=dt)
+        step = max(1, SUM_BLOCK // max(1, t[0].numel()))
+        return torch.cat([t[i : i + step].sum(dim, dtype=dt) for i in range(0, t.shape[0], step)])
+
 
 def _sq(g: Tensor, mask: Tensor | None) -> Tensor:
     if mask is not None:
         g = g * mask
     return torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1).square()
+
+
+def ghost_sq(a: Tensor, b: Tensor) -> Tensor:
+    """Ghost norm ||B_i A_i^T||^2 = sum_{g,t,s} (A_i^T A_i)_{g,ts} (B_i^T B_i)_{g,ts} per sample, from
+    ``ghost_factors`` (Li et al. 2021, eq. 4; Bu et al. 2023): no per-sample gradient is formed."""
+    return ((a.transpose(2, 3) @ a) * (b.transpose(2, 3) @ b)).sum((1, 2, 3))
 
 
 def _acc(total: Tensor | None, term: Tensor) -> Tensor:
@@ -163,13 +206,11 @@ class _WeightBiasHandler(_Handler):
     def _weight_weighted(self, u: dict, w: Tensor) -> Tensor:
         raise NotImplementedError
 
+    def role_per_sample(self, u, role):
+        return self._weight_per_sample(u) if role == "weight" else u["gb"]
+
     def _per_sample(self, u):
-        out = {}
-        if "weight" in self.pnames:
-            out["weight"] = self._weight_per_sample(u)
-        if "bias" in self.pnames:
-            out["bias"] = u["gb"]
-        return out
+        return {role: self.role_per_sample(u, role) for role in ("weight", "bias") if role in self.pnames}
 
     def sq_norms(self, u, masks):
         out = {}
@@ -195,9 +236,10 @@ class _LinearHandler(_WeightBiasHandler):
     ``sum_i w_i g_i(weight)`` by one matmul. T = 1 (the usual case): ||g_i||^2 = ||A_i||^2 ||B_i||^2."""
 
     def _ab(self, a, b):
-        n = a.shape[0]
-        a3, b3 = a.reshape(n, -1, a.shape[-1]), b.reshape(n, -1, b.shape[-1])
-        return a3.transpose(1, 2).unsqueeze(1), b3.transpose(1, 2).unsqueeze(1)
+        return a.reshape(a.shape[0], -1, a.shape[-1]).transpose(1, 2).unsqueeze(1), self.grad_factor(b)
+
+    def grad_factor(self, b):
+        return b.reshape(b.shape[0], -1, b.shape[-1]).transpose(1, 2).unsqueeze(1)
 
     def _direct(self, a, b):
         n = a.shape[0]
@@ -219,8 +261,11 @@ class _LinearHandler(_WeightBiasHandler):
         else:
             u = {"a": torch.cat([p[0] for p in pairs], dim=3), "b": torch.cat([p[1] for p in pairs], dim=3)}
         if "bias" in self.pnames:
-            u["gb"] = u["b"].sum(3).reshape(u["b"].shape[0], -1)
+            u["gb"] = self._sum(u["b"], 3).reshape(u["b"].shape[0], -1)
         return u
+
+    def ghost_factors(self, u):
+        return u["a"], u["b"]
 
     def _weight_per_sample(self, u: dict) -> Tensor:
         if "gw" not in u:
@@ -239,10 +284,8 @@ class _LinearHandler(_WeightBiasHandler):
             return _sq(self._weight_per_sample(u), mask)
         if t == 1:
             return (a.pow(2).sum(2) * b.pow(2).sum(2)).sum((1, 2))
-        if t * (d + p) < GHOST_RATIO * p * d:  # ghost norm: sum_{t,s} (A A^T)_{ts} (B B^T)_{ts}
-            aa = a.transpose(2, 3) @ a
-            bb = b.transpose(2, 3) @ b
-            return (aa * bb).sum((1, 2, 3))
+        if t * (d + p) < GHOST_RATIO * p * d:
+            return ghost_sq(a, b)
         return _sq(self._weight_per_sample(u), None)
 
     def _weight_weighted(self, u, w):
@@ -299,7 +342,7 @@ class _ConvHandler(_WeightBiasHandler):
     def unit(self, calls):
         u = {"calls": [(*self._padded(a), b) for a, b in calls]}
         if "bias" in self.pnames:
-            u["gb"] = functools.reduce(_acc, [b.flatten(2).sum(2) for _, b in calls], None)
+            u["gb"] = functools.reduce(_acc, [self._sum(b.flatten(2), 2) for _, b in calls], None)
         return u
 
     def _weight_per_sample(self, u: dict) -> Tensor:
@@ -329,7 +372,10 @@ class _ConvHandler(_WeightBiasHandler):
         kernel, stride, dilation = self._geometry()
         t = b.shape[-2] * b.shape[-1]
         a = _unfold(x, kernel, stride, dilation, b.shape[-2:]).reshape(n, groups, -1, t)
-        return a, b.reshape(n, groups, -1, t)
+        return a, self.grad_factor(b)
+
+    def grad_factor(self, b):
+        return b.reshape(b.shape[0], self.module.groups, -1, b[0, 0].numel())
 
     def _ghost_ok(self, u: dict) -> bool:
         if len(u["calls"]) != 1 or "gw" in u:
@@ -339,14 +385,13 @@ class _ConvHandler(_WeightBiasHandler):
         d, p = m.weight[0].numel(), m.weight.shape[0] // m.groups
         return t * (d + p) < GHOST_RATIO * p * d
 
-    def _ghost_sq(self, u: dict) -> Tensor:
-        """sum_{t,s} (A A^T)_{ts} (B B^T)_{ts} per sample and group, A the unfolded patches."""
-        a, b = self._patches(*u["calls"][0])
-        return ((a.transpose(2, 3) @ a) * (b.transpose(2, 3) @ b)).sum((1, 2, 3))
+    def ghost_factors(self, u):
+        """Unfolded patches and output gradients of a module called once (several calls: None)."""
+        return self._patches(*u["calls"][0]) if len(u["calls"]) == 1 else None
 
     def _weight_sq(self, u, mask):
         if mask is None and self._ghost_ok(u):
-            return self._ghost_sq(u)
+            return ghost_sq(*self.ghost_factors(u))
         return _sq(self._weight_per_sample(u), mask)
 
     def _weight_weighted(self, u, w):
@@ -382,9 +427,9 @@ class _NormHandler(_Handler):
         m = self.module
         n = t.shape[0]
         if isinstance(m, nn.GroupNorm):
-            return t.reshape(n, t.shape[1], -1).sum(2)
+            return self._sum(t.reshape(n, t.shape[1], -1), 2)
         k = len(m.normalized_shape)
-        return t.reshape(n, -1, *t.shape[t.dim() - k :]).sum(1)
+        return self._sum(t.reshape(n, -1, *t.shape[t.dim() - k :]), 1)
 
     def unit(self, calls):
         return {"calls": calls}
@@ -435,33 +480,147 @@ class _EmbeddingHandler(_Handler):
         return {"weight": g}
 
 
-def _handler_for(module: nn.Module, pnames: dict[str, str]) -> _Handler | None:
+def _handler_for(module: nn.Module, pnames: dict[str, str], reduce_dtype: torch.dtype | None) -> _Handler | None:
     t = type(module)
     if t is nn.Linear:
-        return _LinearHandler(module, pnames)
+        return _LinearHandler(module, pnames, reduce_dtype)
     if t in (nn.Conv1d, nn.Conv2d):
-        return _ConvHandler(module, pnames)
+        return _ConvHandler(module, pnames, reduce_dtype)
     if t in (nn.GroupNorm, nn.LayerNorm):
-        return _NormHandler(module, pnames)
+        return _NormHandler(module, pnames, reduce_dtype)
     if t is nn.Embedding and not module.scale_grad_by_freq and not module.sparse:
-        return _EmbeddingHandler(module, pnames)
+        return _EmbeddingHandler(module, pnames, reduce_dtype)
     return None
 
 
-def _plan(model: nn.Module, names: list[str]) -> tuple[list[_Handler], list[str]]:
-    """Handlers for the modules owning trainable parameters; names of parameters no handler covers."""
-    trainable = set(names)
+def plan_handlers(
+    model: nn.Module, names: list[str], reduce_dtype: torch.dtype | None = None
+) -> tuple[list[_Handler], list[str]]:
+    """Handlers for the modules owning parameters ``names``; the names no handler covers (a module type
+    without handler, a parameter outside any module, or one tied between modules: torch.func's business)."""
+    wanted = set(names)
+    owners: dict[int, set[int]] = {}  # parameter -> the modules holding it (two or more: tied)
+    for m in model.modules():
+        for p in m.parameters(recurse=False):
+            owners.setdefault(id(p), set()).add(id(m))
     handlers, covered = [], set()
     for mname, m in model.named_modules(remove_duplicate=True):
-        own = {k: (f"{mname}.{k}" if mname else k) for k, p in m.named_parameters(recurse=False)}
-        own = {k: full for k, full in own.items() if full in trainable}
+        own = {k: (f"{mname}.{k}" if mname else k) for k, p in m.named_parameters(recurse=False) if len(owners[id(p)]) == 1}
+        own = {k: full for k, full in own.items() if full in wanted}
         if not own or not set(own) <= {"weight", "bias"}:
             continue
-        h = _handler_for(m, own)
+        h = _handler_for(m, own, reduce_dtype)
         if h is not None:
             handlers.append(h)
             covered.update(own.values())
     return handlers, [k for k in names if k not in covered]
+
+
+class Capture:
+    """The one capture of the hooks routes: module inputs in the forward, output gradients in the backward.
+
+    Inside ``with Capture(handlers):`` every call of a handler's module (grad enabled, output requiring
+    grad) keeps its input (detached) and puts a hook on its output. ``backward(root, grad)`` then runs one
+    backward that computes activation gradients only (``inputs`` = the outputs' gradient edges: no weight
+    gradient is formed and no ``.grad`` touched), and the hooks receive each output gradient as it is formed.
+    ``passes`` backwards (``retain_graph=True`` but for the last; e.g. one per logit) give every call one
+    gradient per pass. ``on_complete(handler)``, if given, is called inside the backward as soon as every
+    call of that handler has all its gradients, so that a caller can reduce them and ``release`` them before
+    the backward goes on (lower peak memory: the Gram blocks of ``landscape.gram``)."""
+
+    def __init__(
+        self, handlers: list[_Handler], *, passes: int = 1, on_complete: Callable[[_Handler], None] | None = None
+    ):
+        self.handlers = list(handlers)
+        self.passes, self.on_complete = passes, on_complete
+        self.inputs: dict[_Handler, list[Tensor]] = {h: [] for h in self.handlers}
+        self.shapes: dict[_Handler, list[torch.Size]] = {h: [] for h in self.handlers}
+        self.grads: dict[_Handler, list[list[Tensor]]] = {h: [] for h in self.handlers}  # per call, per pass
+        self._edges: list = []
+        self._handles: list = []
+
+    def __enter__(self) -> Capture:
+        for h in self.handlers:
+            self._handles.append(h.module.register_forward_hook(functools.partial(self._forward_hook, h)))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for hd in self._handles:
+            hd.remove()
+        self._handles.clear()
+
+    def _forward_hook(self, h: _Handler, _module, inputs, output) -> None:
+        if torch.is_grad_enabled() and isinstance(output, Tensor) and output.requires_grad:
+            k = len(self.inputs[h])
+            self.inputs[h].append(inputs[0].detach())
+            self.shapes[h].append(output.shape)
+            self.grads[h].append([])
+            self._edges.append(get_gradient_edge(output))
+            output.register_hook(functools.partial(self._grad_hook, h, k))
+
+    def _grad_hook(self, h: _Handler, k: int, g: Tensor) -> None:
+        self.grads[h][k].append(g.detach())
+        if self.on_complete is not None and all(len(gs) == self.passes for gs in self.grads[h]):
+            self.on_complete(h)
+
+    def backward(self, root: Tensor, grad: Tensor | None = None, *, retain_graph: bool = False) -> None:
+        if not self._edges:
+            raise HooksFailed("no supported module was called")
+        torch.autograd.backward(root, grad, retain_graph=retain_graph, inputs=self._edges)
+
+    def calls(self, h: _Handler, n: int, pass_: int = 0) -> list[tuple[Tensor, Tensor]]:
+        """(input, output gradient of pass ``pass_``) per call of ``h``'s module; zeros where no gradient
+        reached an output. The batch (``n`` samples) must be dim 0 of both."""
+        out = []
+        for a, shape, gs in zip(self.inputs[h], self.shapes[h], self.grads[h], strict=True):
+            b = gs[pass_] if len(gs) > pass_ else a.new_zeros(shape)
+            if a.shape[0] != n or b.shape[0] != n:
+                raise HooksFailed(f"module {type(h.module).__name__} does not see the batch on dim 0")
+            out.append((a, b))
+        return out
+
+    def reached(self, h: _Handler) -> bool:
+        """Whether some output gradient of ``h``'s module arrived."""
+        return any(self.grads[h][k] for k in range(len(self.grads[h])))
+
+    def release(self, h: _Handler) -> None:
+        """Drop what was kept for ``h``'s module."""
+        self.inputs[h], self.shapes[h], self.grads[h] = [], [], []
+
+    def nbytes(self) -> int:
+        """Bytes of the kept inputs and output gradients."""
+        ts = [a for v in self.inputs.values() for a in v] + [g for v in self.grads.values() for gs in v for g in gs]
+        return sum(t.numel() * t.element_size() for t in ts)
+
+
+def functorch_grads(
+    model: nn.Module, names: list[str], x: Tensor, y: Tensor | None = None
+) -> tuple[dict[str, Tensor], Tensor | None, Tensor | None]:
+    """Per-sample gradients by ``torch.func`` w.r.t. the parameters ``names`` (the others held fixed).
+
+    With labels ``y``: ``vmap(grad)`` of l_i = cross_entropy(f(x_i), y_i), returning ``({name: (n, *shape)},
+    losses, logits)``; without: ``vmap(jacrev)`` of the logits f(x_i), returning ``({name: (n, M, *shape)},
+    None, None)``. Any model; ``randomness="different"`` (dropout draws per sample)."""
+    fixed = {k: p.detach() for k, p in model.named_parameters()}
+    params = {k: fixed[k] for k in names}
+
+    def logits_one(p, xi):
+        return functional_call(model, {**fixed, **p}, (xi.unsqueeze(0),))
+
+    with torch.enable_grad():
+        if y is None:
+            jac = vmap(jacrev(lambda p, xi: logits_one(p, xi).squeeze(0)), in_dims=(None, 0), randomness="different")
+            return jac(params, x), None, None
+
+        def loss_one(p, xi, yi):
+            out = logits_one(p, xi)
+            loss = F.cross_entropy(out, yi.unsqueeze(0), reduction="sum")
+            return loss, (loss.detach(), out.squeeze(0).detach())
+
+        g, (losses, logits) = vmap(grad(loss_one, has_aux=True), in_dims=(None, 0, 0), randomness="different")(
+            params, x, y
+        )
+    return g, losses, logits
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -493,7 +652,7 @@ class PerSampleEngine:
             )
         if microbatch is not None and int(microbatch) < 1:
             raise UsageError(f"microbatch must be a positive integer, got {microbatch}")
-        _refuse_batchnorm(model)
+        refuse_batchnorm(model)
         self.model = model
         self.loss = loss
         self.microbatch = None if microbatch is None else int(microbatch)
@@ -502,7 +661,7 @@ class PerSampleEngine:
             raise ModelError("model has no trainable parameters (all have requires_grad=False)")
         self.names = list(self.params)
         self._all_names = {k for k, _ in model.named_parameters()}
-        self._handlers, uncovered = _plan(model, self.names)
+        self._handlers, uncovered = plan_handlers(model, self.names)
         if strategy == "hooks" and uncovered:
             raise ModelError(
                 f"strategy='hooks' cannot handle parameter {uncovered[0]!r} (module type not supported); "
@@ -595,40 +754,14 @@ class PerSampleEngine:
     def _capture(self, x: Tensor, y: Tensor):
         """One forward + activation-gradient backward; returns ({handler: unit}, losses, logits)."""
         n = x.shape[0]
-        records: dict[int, list] = {i: [] for i in range(len(self._handlers))}
-        handles = []
-
-        def make_hook(i):
-            def hook(_module, inputs, output):
-                if torch.is_grad_enabled() and isinstance(output, Tensor) and output.requires_grad:
-                    records[i].append((inputs[0].detach(), get_gradient_edge(output), output.shape))
-
-            return hook
-
-        for i, h in enumerate(self._handlers):
-            handles.append(h.module.register_forward_hook(make_hook(i)))
-        try:
-            with torch.enable_grad():
-                logits = self.model(x)
-                losses = F.cross_entropy(logits, y, reduction="none")
-                edges = [e for recs in records.values() for _, e, _ in recs]
-                if not edges:
-                    raise _HooksFailed("no supported module was called")
-                grads = torch.autograd.grad(losses.sum(), edges, allow_unused=True)
-        finally:
-            for hd in handles:
-                hd.remove()
-        units, j = {}, 0
-        for i, h in enumerate(self._handlers):
-            calls = []
-            for a, _, shape in records[i]:
-                b = grads[j]
-                j += 1
-                if b is None:
-                    b = logits.new_zeros(shape)
-                if a.shape[0] != n or b.shape[0] != n:
-                    raise _HooksFailed(f"module {type(h.module).__name__} does not see the batch on dim 0")
-                calls.append((a, b.detach()))
+        cap = Capture(self._handlers)
+        with cap, torch.enable_grad():
+            logits = self.model(x)
+            losses = F.cross_entropy(logits, y, reduction="none")
+        cap.backward(losses.sum())
+        units = {}
+        for h in self._handlers:
+            calls = cap.calls(h, n)
             if calls:
                 units[h] = h.unit(calls)
         return units, losses.detach(), logits.detach()
@@ -686,7 +819,7 @@ class PerSampleEngine:
                 if float((a - r).abs().max()) > tol * 10:
                     ok, why = False, f"parameter {k!r} is used outside its module's forward"
                     break
-        except _HooksFailed as e:
+        except HooksFailed as e:
             ok, why = False, str(e)
         if not ok:
             if self.requested == "hooks":
@@ -699,19 +832,7 @@ class PerSampleEngine:
 
     # ---------------------------------------------------------------- functorch route
     def _func_grads(self, x: Tensor, y: Tensor) -> tuple[dict[str, Tensor], Tensor, Tensor]:
-        params = {k: p.detach() for k, p in self.params.items()}
-        model = self.model
-
-        def loss_one(p, xi, yi):
-            out = functional_call(model, p, (xi.unsqueeze(0),))
-            loss = F.cross_entropy(out, yi.unsqueeze(0), reduction="sum")
-            return loss, (loss.detach(), out.squeeze(0).detach())
-
-        with torch.enable_grad():
-            g, (losses, logits) = vmap(
-                grad(loss_one, has_aux=True), in_dims=(None, 0, 0), randomness="different"
-            )(params, x, y)
-        return g, losses, logits
+        return functorch_grads(self.model, self.names, x, y)
 
     # ---------------------------------------------------------------- public API
     def norms(self, x: Tensor, y: Tensor, *, masks: Masks = None) -> PerSampleNorms:
@@ -898,5 +1019,5 @@ class PerSampleEngine:
         return out
 
 
-class _HooksFailed(Exception):
+class HooksFailed(Exception):
     """Internal: the hooks route cannot be used for this model."""

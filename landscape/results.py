@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import glob
 import hashlib
 import json
 import math
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,10 +24,17 @@ from typing import Any, ClassVar
 
 import h5py
 import numpy as np
-import torch
 
-from landscape.errors import ResultError
+from landscape.errors import OutputPathError, ResultError
 from landscape.runtime import code_version
+
+
+def is_tensor(value: Any) -> bool:
+    """Whether ``value`` is a torch tensor, without importing torch (reading and listing results needs none;
+    a tensor can only exist once torch is imported)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
 
 _RESERVED = ("kind", "created", "landscape_version", "torch_version", "inputs", "params")
 
@@ -95,6 +104,12 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
 def to_jsonable(value: Any) -> Any:
     """Convert numpy/torch scalars, arrays, paths and dataclasses to plain JSON types (NaN/inf as strings)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -103,7 +118,7 @@ def to_jsonable(value: Any) -> Any:
         return {str(k): to_jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [to_jsonable(v) for v in value]
-    if isinstance(value, torch.Tensor):
+    if is_tensor(value):
         return to_jsonable(value.detach().cpu().numpy())
     if isinstance(value, np.ndarray):
         return to_jsonable(value.tolist())
@@ -171,13 +186,13 @@ def write_result(
             f.attrs["kind"] = kind
             f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
             f.attrs["landscape_version"] = code_version()
-            f.attrs["torch_version"] = str(torch.__version__)
+            f.attrs["torch_version"] = _torch_version()
             f.attrs["inputs"] = json.dumps([dataclasses.asdict(i) for i in inputs])
             f.attrs["params"] = json.dumps(to_jsonable(params if params is not None else {}))
             for key, value in (attrs or {}).items():
                 f.attrs[key] = _attr_value(value)
             for key, value in arrays.items():
-                if isinstance(value, torch.Tensor):
+                if is_tensor(value):
                     value = value.detach().cpu().numpy()
                 f.create_dataset(key, data=np.asarray(value))
             _attach_scales(f, dims or {})
@@ -210,6 +225,12 @@ def is_result_file(path: str | os.PathLike) -> bool:
         return False
 
 
+def _shown(path: Path) -> str:
+    """A path for a one-line message: an over-long one shortened in the middle."""
+    text = str(path)
+    return text if len(text) <= 120 else f"{text[:60]}...{text[-40:]}"
+
+
 def check_output_path(path: str | os.PathLike) -> None:
     """Refuse an output path that would replace anything but a result file, or that lies below a file.
 
@@ -218,29 +239,64 @@ def check_output_path(path: str | os.PathLike) -> None:
     path = Path(path)
     too_long = [part for part in path.parts if len(os.fsencode(part)) > 255]
     if too_long:
-        raise ResultError(f"cannot write result {path}: the name {too_long[0][:40]}... is longer than 255 bytes")
+        raise OutputPathError(f"cannot write result {_shown(path)}: the name {too_long[0][:40]}... is longer than "
+                              "255 bytes")
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():
-                raise ResultError(f"cannot write result {path}: {parent} is a file, not a directory")
+                raise OutputPathError(f"cannot write result {path}: {parent} is a file, not a directory")
             break
     if path.is_dir():
-        raise ResultError(f"cannot write result {path}: it is a directory")
+        raise OutputPathError(f"cannot write result {path}: it is a directory")
     if path.exists() and not is_result_file(path):
-        raise ResultError(f"refusing to overwrite {path}: it is not a landscape result file (a checkpoint or other "
+        raise OutputPathError(f"refusing to overwrite {path}: it is not a landscape result file (a checkpoint or other "
                           "data?); choose another output")
 
 
-def check_companions(path: str | os.PathLike, suffixes: Sequence[str] = (".csv", ".png", ".pdf")) -> None:
-    """Refuse to write result ``path`` when ``path`` with one of ``suffixes`` (the CSV and figures written beside
-    it) exists but ``path`` itself is not an existing result file: that CSV or figure is someone else's."""
+FIGURE_SUFFIXES = (".png", ".pdf")  # what landscape.plots.style.save_figure writes
+
+
+def companions(path: str | os.PathLike, *, csv: bool = True, figures: bool = True,
+               pairs: bool = True) -> list[Path]:
+    """The existing files a command writing result ``X.h5`` may replace beside it: ``X.csv``; the figures
+    ``X.png``/``X.pdf`` and ``X-<part>.png``/``.pdf`` for a one-word part (surface contours, norms panels); the
+    per-pair results ``X-pairs/*.h5`` of an instability table."""
     path = Path(path)
-    if is_result_file(path):
-        return
-    for suffix in suffixes:
-        other = path.with_suffix(suffix)
-        if other.exists():
-            raise ResultError(f"refusing to overwrite {other}: it was not written with a result {path.name}; "
+    stem, parent = path.with_suffix("").name, path.parent
+    found: list[Path] = []
+    if csv:
+        found.append(path.with_suffix(".csv"))
+    if figures and parent.is_dir():
+        for suffix in FIGURE_SUFFIXES:
+            found.append(parent / f"{stem}{suffix}")
+            # parts are single words (contour, filled, 3d, params, grads, ...): X-a-b.png is another result's
+            found += sorted(p for p in parent.glob(f"{glob.escape(stem)}-*{suffix}")
+                            if "-" not in p.name[len(stem) + 1:])
+    pair_dir = parent / f"{stem}-pairs"
+    if pairs and pair_dir.exists():
+        found += [pair_dir] if not pair_dir.is_dir() else sorted(pair_dir.iterdir())
+    return [p for p in found if p.exists() or p.is_symlink()]
+
+
+def check_companions(path: str | os.PathLike, *, csv: bool = True, figures: bool = True,
+                     pairs: bool = True) -> None:
+    """Refuse to write result ``path`` when a file it would write beside it (:func:`companions`) is not ours:
+    a CSV or figure while ``path`` itself is not an existing result file, or anything in the pair directory
+    that is not a result file (a directory entry, a user's file). Checked before computing."""
+    path = Path(path)
+    mine = is_result_file(path)
+    pair_dir = path.parent / f"{path.with_suffix('').name}-pairs"
+    for other in companions(path, csv=csv, figures=figures, pairs=pairs):
+        if other.parent == pair_dir:
+            if other.suffix == ".h5" and other.is_file() and is_result_file(other):
+                continue
+            raise OutputPathError(f"refusing to write the pair results into {pair_dir}: {other.name} there is not a "
+                              "landscape result; choose another output")
+        if other == pair_dir:
+            raise OutputPathError(f"refusing to write the pair results into {pair_dir}: it is a file; "
+                              "choose another output")
+        if not mine:
+            raise OutputPathError(f"refusing to overwrite {other}: it was not written with a result {path.name}; "
                               "choose another output")
 
 

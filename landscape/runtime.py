@@ -7,34 +7,46 @@ import os
 import random
 import re
 import subprocess
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from landscape import __version__
 from landscape.errors import UsageError
 
+if TYPE_CHECKING:
+    import torch
+
 THREADS_ENV = "LANDSCAPE_THREADS"
+DATA_ENV = "LANDSCAPE_DATA"  # where torchvision data sets live (landscape.data)
 
 
-def set_threads(threads: int | None = None) -> int:
-    """Set torch's intra-op thread count from ``threads``, else ``$LANDSCAPE_THREADS``, else leave torch's default.
+def set_threads(threads: int | None = None) -> int | None:
+    """Set torch's intra-op thread count from ``threads``, else ``$LANDSCAPE_THREADS``, else leave torch's default
+    (and return None).
 
     On small machines one thread is often much faster than several (see DEVELOPERS.md); tests, CI and
-    benchmarks run with one.
+    benchmarks run with one. torch is not imported for this (``store ls``, ``show``, ``privacy`` need none): if
+    it is not loaded yet, ``$OMP_NUM_THREADS`` is set, which torch reads for its default when it loads (at most
+    the number of cores, where ``torch.set_num_threads`` would oversubscribe).
     """
     if threads is None:
         env = os.environ.get(THREADS_ENV)
         if env is None:
-            return torch.get_num_threads()
+            return None
         try:
             threads = int(env)
         except ValueError:
             raise UsageError(f"${THREADS_ENV} must be a positive integer, got {env!r}") from None
     if threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
-    torch.set_num_threads(threads)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(threads)
+    else:
+        os.environ["OMP_NUM_THREADS"] = str(threads)
     return threads
 
 
@@ -53,6 +65,8 @@ def check_device_name(name: str) -> str:
 
 def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     """``auto`` -> cuda when present, else cpu; an explicit ``cuda`` without a GPU is a usage error."""
+    import torch
+
     if device is None or str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -66,6 +80,8 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
 
 def seed_everything(seed: int) -> torch.Generator:
     """Seed python, numpy and torch; return a CPU generator seeded with ``seed`` for explicit use."""
+    import torch
+
     random.seed(seed)
     np.random.seed(seed % 2**32)  # noqa: NPY002 - seeds legacy global-state users too
     torch.manual_seed(seed)

@@ -35,6 +35,7 @@ import datetime as _dt
 import errno
 import fcntl
 import fnmatch
+import functools
 import json
 import math
 import os
@@ -47,17 +48,19 @@ import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
 import h5py
 import numpy as np
-import torch
-from torch import nn
 
 from landscape.atomic import atomic_write, stale_temp_files
 from landscape.errors import CheckpointError, IncompatibleError, UnsafeFileError, UsageError
-from landscape.results import InputRef, sha256_file, to_jsonable
+from landscape.results import InputRef, is_tensor, sha256_file, to_jsonable
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: `store ls` needs none (issue 14 item 8)
+    import torch
+    from torch import nn
 from landscape.runtime import code_version
 
 MANIFEST = "manifest.json"
@@ -78,11 +81,18 @@ _MANIFEST_KEYS = frozenset(
 )
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
-# torch dtypes numpy cannot hold: stored bit-exactly as same-width integers, tagged with the torch dtype
-_VIEW_DTYPES = {
-    torch.bfloat16: torch.int16,
-    **{getattr(torch, n): torch.uint8 for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)},
-}
+
+
+_VIEW_NAMES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+
+@functools.cache
+def _view_dtypes() -> dict[torch.dtype, torch.dtype]:
+    """torch dtypes numpy cannot hold: stored bit-exactly as same-width integers, tagged with the torch dtype."""
+    import torch
+
+    return {torch.bfloat16: torch.int16,
+            **{getattr(torch, n): torch.uint8 for n in _VIEW_NAMES[1:] if hasattr(torch, n)}}
 
 
 # ---------------------------------------------------------------------------------------------- records
@@ -336,10 +346,11 @@ class Store:
         info = run.select(selector or "last")
         return info.path, info
 
-    def load(self, ref: str) -> Checkpoint:
-        """Load the checkpoint a reference names; files listed in a manifest are checked against its sha256."""
+    def load(self, ref: str, *, tensors: bool = True) -> Checkpoint:
+        """Load the checkpoint a reference names; files listed in a manifest are checked against its sha256.
+        ``tensors=False``: the state dict as numpy arrays (no torch import; see :func:`load_checkpoint`)."""
         path, info = self._resolve(ref)
-        ckpt = load_checkpoint(path, ref=str(ref))
+        ckpt = load_checkpoint(path, ref=str(ref), tensors=tensors)
         if info is not None and info.sha256 and info.sha256 != ckpt.sha256:
             raise CheckpointError(
                 f"{path} changed after it was written (sha256 {ckpt.sha256[:12]} != manifest {info.sha256[:12]})"
@@ -626,8 +637,11 @@ class Run:
 # ------------------------------------------------------------------------------------------ file level
 
 
-def load_checkpoint(path: str | os.PathLike, *, ref: str | None = None) -> Checkpoint:
-    """Read one checkpoint file. A missing, truncated, corrupt or foreign file is a one-line CheckpointError."""
+def load_checkpoint(path: str | os.PathLike, *, ref: str | None = None, tensors: bool = True) -> Checkpoint:
+    """Read one checkpoint file. A missing, truncated, corrupt or foreign file is a one-line CheckpointError.
+
+    ``tensors=False`` gives the state dict as numpy arrays, so inspecting a checkpoint (``store show``) does not
+    import torch; dtypes numpy cannot hold (bfloat16, float8) still come back as torch tensors."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint file not found: {path}")
@@ -636,7 +650,7 @@ def load_checkpoint(path: str | os.PathLike, *, ref: str | None = None) -> Check
             if STATE_GROUP not in f:
                 raise CheckpointError(f"{path} is not a landscape checkpoint (no '{STATE_GROUP}' group)")
             a = f.attrs
-            state_dict = _read_state_dict(f[STATE_GROUP])
+            state_dict = _read_state_dict(f[STATE_GROUP], as_torch=tensors)
             extra = _read_flat(f[EXTRA_GROUP], escaped=False) if EXTRA_GROUP in f else {}
             ckpt = Checkpoint(
                 path=path,
@@ -663,6 +677,8 @@ def load_checkpoint(path: str | os.PathLike, *, ref: str | None = None) -> Check
 
 
 def _dtype_kind(dtype: torch.dtype) -> str:
+    import torch
+
     if dtype == torch.bool:
         return "boolean"
     if dtype.is_complex:
@@ -763,6 +779,8 @@ def _read_foreign(file: Path) -> Any:
     suffix = file.suffix.lower()
     if suffix in (".pt", ".pth"):
         try:
+            import torch
+
             with warnings.catch_warnings():  # torch warns about pickle protocols before refusing; the error says it
                 warnings.simplefilter("ignore")
                 return torch.load(file, map_location="cpu", weights_only=True)
@@ -814,6 +832,8 @@ def _unwrap_state_dict(obj: Any, file: Path) -> dict[str, torch.Tensor]:
 
 
 def _all_tensors(d: Mapping) -> bool:
+    import torch
+
     return all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in d.items())
 
 
@@ -1071,12 +1091,14 @@ def _unescape(name: str) -> str:
 
 
 def _write_array(group: h5py.Group, name: str, value: Any) -> None:
-    if isinstance(value, torch.Tensor):
+    if is_tensor(value):
+        import torch
+
         tensor = value.detach().cpu()
         if tensor.is_sparse or tensor.layout != torch.strided:
             raise UsageError(f"cannot store '{name}': only dense tensors are supported")
         torch_dtype = str(tensor.dtype).removeprefix("torch.")
-        view = _VIEW_DTYPES.get(tensor.dtype)
+        view = _view_dtypes().get(tensor.dtype)
         if view is not None:
             tensor = tensor.contiguous().view(view)
         ds = group.create_dataset(name, data=tensor.contiguous().numpy())
@@ -1095,8 +1117,12 @@ def _read_array(ds: h5py.Dataset, *, as_torch: bool) -> Any:
     """
     array = np.asarray(ds[()])
     name = ds.attrs.get("torch_dtype")
+    if not as_torch and str(name) not in _VIEW_NAMES:  # numpy holds it: no torch needed
+        return array
+    import torch
+
     dtype = getattr(torch, str(name)) if name is not None else None
-    if dtype in _VIEW_DTYPES:
+    if dtype in _view_dtypes():
         return torch.from_numpy(np.array(array, order="C", copy=True)).view(dtype)
     if as_torch:
         return torch.from_numpy(np.array(array, order="C", copy=True))
@@ -1108,13 +1134,13 @@ def _write_state_dict(group: h5py.Group, state_dict: Mapping[str, torch.Tensor])
     for key, value in state_dict.items():
         if not isinstance(key, str):
             raise UsageError(f"state_dict keys must be strings, got {key!r}")
-        if not isinstance(value, torch.Tensor):
+        if not is_tensor(value):
             raise UsageError(f"state_dict entry '{key}' is a {type(value).__name__}, not a tensor")
         _write_array(group, _escape(key), value)
 
 
-def _read_state_dict(group: h5py.Group) -> dict[str, torch.Tensor]:
-    return {_unescape(name): _read_array(ds, as_torch=True) for name, ds in group.items()}
+def _read_state_dict(group: h5py.Group, *, as_torch: bool = True) -> dict[str, torch.Tensor]:
+    return {_unescape(name): _read_array(ds, as_torch=as_torch) for name, ds in group.items()}
 
 
 def _write_nested(group: h5py.Group, arrays: Mapping[str, Any], *, escape: bool) -> None:
@@ -1186,7 +1212,7 @@ def _decode_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
+    if is_tensor(value) and value.numel() == 1:
         return value.item()
     if isinstance(value, np.generic):
         return value.item()

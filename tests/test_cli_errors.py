@@ -288,3 +288,105 @@ def test_clipping_on_a_diverged_run_warns(root, tmp_path, capsys):
     assert code == 0, err
     assert "Traceback" not in err
     assert any(line.startswith("warning:") and "non-finite gradients" in line for line in err.splitlines()), err
+
+
+# ------------------------------------------------------------------ issue 14 items 15, 17, 18 (ntk)
+
+
+def test_output_guard_checks_every_file_a_command_writes(root, tmp_path, capsys):
+    """-o X.h5 also writes X.csv, figures X.png/X.pdf/X-<part>.png and pair results under X-pairs/: a user's
+    file at any of those names is never replaced (exit 2, one line, checked before computing)."""
+    users = {"X.csv": ("instability", "--pairs", "a:b", "--no-figure"),
+             "Y.pdf": ("interpolate", "a", "b"),
+             "S-contour.png": ("surface", "a", "--grid", "2x2"),
+             "P-pairs/notes.txt": ("instability", "--pairs", "a:b", "--no-figure")}
+    for name, args in users.items():
+        mine = tmp_path / name
+        mine.parent.mkdir(exist_ok=True)
+        mine.write_text("my data\n")
+        out = tmp_path / (name.split("-")[0].split(".")[0] + ".h5")
+        size = ("--subset", "20") if args[0] == "surface" else ("--points", "2")
+        code, _, err = run_cli(root, *args, *size, "-o", out, capsys=capsys)
+        assert_one_error(code, err, 2, "P-pairs" if "/" in name else name)
+        assert mine.read_text() == "my data\n" and not out.exists()
+    # a file where the pair directory goes
+    (tmp_path / "F-pairs").write_text("x")
+    code, _, err = run_cli(root, "instability", "--pairs", "a:b", "--points", "2", "--no-figure",
+                           "-o", tmp_path / "F.h5", capsys=capsys)
+    assert_one_error(code, err, 2, "F-pairs", "is a file")
+    # our own result, CSV and pair files are replaced on a second run
+    for _ in range(2):
+        code, _, err = run_cli(root, "instability", "--pairs", "a:b", "--points", "2", "--no-figure",
+                               "-o", tmp_path / "ours.h5", capsys=capsys)
+        assert code == 0, err
+    assert (tmp_path / "ours.csv").is_file() and list((tmp_path / "ours-pairs").glob("*.h5"))
+
+
+def test_companions_ignore_other_results_figures(tmp_path):
+    from landscape.results import companions
+
+    # a one-word part may be ours (S-contour.png, S-params.pdf); S-b-contour.png is result S-b's figure
+    for name in ("S.png", "S-contour.png", "S-params.pdf", "S-b-contour.png", "S.csv", "Sx.png", "S.txt"):
+        (tmp_path / name).write_text("")
+    assert sorted(p.name for p in companions(tmp_path / "S.h5")) == ["S-contour.png", "S-params.pdf", "S.csv",
+                                                                      "S.png"]
+    assert [p.name for p in companions(tmp_path / "S.h5", csv=False, figures=False)] == []
+
+
+def test_numbers_beyond_float32_and_diverged_inputs_are_one_line(root, tmp_path, capsys):
+    code, _, err = run_cli(root, "surface", "a", "--range=-1e39:1e39", "--grid", "2x2", capsys=capsys)
+    assert_one_error(code, err, 2, "--range", "float32")
+    # a diverged run: its trajectory has no PCA plane and its kernel is not finite -- failures, not usage
+    code, _, err = run_cli(root, "surface", "diverged", "--plane", "pca:diverged", "--grid", "2x2", "--no-figure",
+                           "-o", tmp_path / "s.h5", capsys=capsys)
+    assert_one_error(code, err, 1, "diverged run")
+    code, _, err = run_cli(root, "ntk", "diverged", "--n", "8", "--no-figure", "-o", tmp_path / "n.h5",
+                           capsys=capsys)
+    assert_one_error(code, err, 1, "non-finite")
+    assert not list(tmp_path.iterdir())
+
+
+def test_store_root_below_a_file_is_one_line(root, tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main(["--root", str(tmp_path / "afile" / "sub"), "train", "--run", "z"])
+    assert_one_error(exit_.value.code, capsys.readouterr().err, 1, "afile")
+
+
+def test_long_names_are_one_line_or_a_short_default(root, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(root, "interpolate", "a", "b", "--points", "2", "--no-figure",
+                           "-o", tmp_path / ("o" * 300 + ".h5"), capsys=capsys)
+    line = assert_one_error(code, err, 2, "longer than 255 bytes")
+    assert len(line) < 400
+    long = "r" * 200  # the longest legal run name: default outputs embed it (twice for a pair)
+    api_train(TrainConfig(model="lenet", run=long, **TINY), root=root)
+    for args in (("interpolate", "a", long, "--points", "2"), ("directions", long, "--n", "1", "--points", "2",
+                                                                 "--distance", "1")):
+        code, out, err = run_cli(root, *args, "--no-figure", capsys=capsys)
+        assert code == 0, err
+    written = list((tmp_path / "results").glob("*.h5"))
+    assert len(written) == 2 and all(len(p.name) <= 255 for p in written)
+
+
+def test_phases_checks_derived_names_before_training(root, capsys):
+    group = "g" * 195  # legal alone; G-sgd-sgd-0 is 205 characters
+    before = sorted(p.name for p in root.iterdir())
+    code, _, err = run_cli(root, "phases", "--data", "digits", "--subset", "120", "--epochs", "2", "--k", "1",
+                           "--phase1", "sgd", "--phase2", "sgd", "--group", group, capsys=capsys)
+    assert_one_error(code, err, 2, "--group", "205 characters")
+    assert sorted(p.name for p in root.iterdir()) == before  # Phase 1 did not train
+
+
+def test_no_arguments_print_the_help_and_usage_errors_name_it(root, capsys):
+    for args in ([], ["store"]):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_:
+            main(args)
+        out, err = capsys.readouterr()
+        assert exit_.value.code == 0 and out.startswith("Usage: landscape") and not err
+    for args, hint in ((("nosuch",), "'landscape --help'"), (("train", "--nosuch"), "'landscape train --help'"),
+                       (("store", "show"), "'landscape store show --help'")):
+        code, _, err = run_cli(root, *args, capsys=capsys)
+        assert_one_error(code, err, 2, hint)

@@ -1,6 +1,7 @@
 """landscape.evaluate: every fast path equals a plain per-point reference; the caller's model is untouched."""
 
 import copy
+import ctypes
 import math
 
 import pytest
@@ -8,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from landscape.evaluate import Affine, Segment, evaluate, recalibrate_batchnorm
+from landscape.errors import UsageError
+from landscape.evaluate import Affine, Metric, Segment, evaluate, recalibrate_batchnorm, tuned_allocator
 from landscape.models import build_model
 from landscape.params import ParamSpace, flatten
 
@@ -149,3 +151,106 @@ def test_batchnorm_recalibration_matches_by_hand():
     m = copy.deepcopy(model).train()
     recalibrate_batchnorm(m, [xb])
     assert m.training and all(not mod.training for mod in m.modules() if isinstance(mod, nn.BatchNorm2d))
+
+
+# ------------------------------------------------------------------------------------------ metric hook
+
+
+class LogitSum(Metric):
+    """Per point: the sum of all logits and the number of examples seen (a minimal hooked metric)."""
+
+    def __init__(self, name="logit_sum"):
+        self.name = name
+
+    def start(self, points, device):
+        return torch.zeros(points, 2, dtype=torch.float64, device=device)
+
+    def update(self, state, point, logits, y):
+        state[point, 0] += logits.double().sum()
+        state[point, 1] += y.numel()
+
+    def finish(self, state):
+        return state.cpu()
+
+
+@pytest.mark.parametrize("method", ["auto", "plain", "vmap"])
+def test_metric_hook_sees_every_batch_of_every_point(lenet_pair, method):
+    model, a, b, x, y = lenet_pair
+    seg = Segment(a, b, torch.linspace(0, 1, 3, dtype=torch.float64))
+    plain = evaluate(model, x, y, seg, batch_size=50, method=method)
+    r = evaluate(model, x, y, seg, batch_size=50, method=method, metrics=[LogitSum()])
+    assert torch.equal(r.loss, plain.loss) and torch.equal(r.acc, plain.acc)
+    space = ParamSpace.from_model(model)
+    for i in range(3):
+        m = copy.deepcopy(model)
+        space.assign_(m, seg.point(i))
+        with torch.no_grad():
+            expected = float(m(x).double().sum())
+        assert float(r.metrics["logit_sum"][i, 0]) == pytest.approx(expected, rel=1e-5, abs=1e-4)
+        assert float(r.metrics["logit_sum"][i, 1]) == len(y)
+
+
+def test_metric_hook_with_batchnorm_recalibration():
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(64, 3))
+    space = ParamSpace.from_model(model, buffers=True)
+    a = space.flatten(model)
+    seg = Segment(a, a + 0.1 * torch.randn(space.dim), torch.tensor([0.0, 1.0], dtype=torch.float64))
+    x, y = torch.randn(10, 3, 4, 4), torch.randint(0, 3, (10,))
+    r = evaluate(model, x, y, seg, space=space, bn_recalibrate=x, metrics=[LogitSum()])
+    plain = evaluate(model, x, y, seg, space=space, bn_recalibrate=x)
+    assert r.method == "loop+bn" and torch.equal(r.loss, plain.loss)
+    assert r.metrics["logit_sum"][:, 1].tolist() == [10.0, 10.0]
+
+
+def test_bad_metrics_are_usage_errors(lenet_pair):
+    model, a, b, x, y = lenet_pair
+    with pytest.raises(UsageError, match="metric names repeat: logit_sum"):
+        evaluate(model, x, y, a.unsqueeze(0), metrics=[LogitSum(), LogitSum()])
+    with pytest.raises(UsageError, match="is not an evaluation metric"):
+        evaluate(model, x, y, a.unsqueeze(0), metrics=[lambda logits: logits])
+
+
+# ---------------------------------------------------------------------------------------------- allocator
+
+
+def _mmapped_blocks_after_malloc(libc, size: int) -> int:
+    """How many more mmapped blocks glibc holds while one ``size``-byte block is allocated (0: from the heap)."""
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(f, ctypes.c_size_t) for f in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                   "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    libc.mallinfo2.restype = MallInfo2
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.malloc_trim(0)  # a free chunk left in the heap would serve the block whatever the threshold
+    before = libc.mallinfo2().hblks
+    ptr = libc.malloc(size)
+    try:
+        return libc.mallinfo2().hblks - before
+    finally:
+        libc.free(ptr)
+
+
+def test_allocator_is_tuned_only_during_the_call(monkeypatch):
+    """Inside ``tuned_allocator`` a 48 MiB block comes from the heap (mmap threshold 1 GiB); after the outermost
+    block exits the threshold is 32 MiB (glibc's dynamic ceiling) again, so the same block is mmapped."""
+    from landscape.evaluate import _libc
+
+    libc = _libc()
+    if libc is None or not hasattr(libc, "mallinfo2"):
+        pytest.skip("needs glibc >= 2.33")
+    monkeypatch.delenv("LANDSCAPE_MALLOC_TUNE", raising=False)
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    size = 48 << 20
+    with tuned_allocator():
+        assert _mmapped_blocks_after_malloc(libc, size) == 0
+        with tuned_allocator():
+            pass
+        assert _mmapped_blocks_after_malloc(libc, size) == 0  # an inner block does not restore
+    assert _mmapped_blocks_after_malloc(libc, size) == 1
+    monkeypatch.setenv("LANDSCAPE_MALLOC_TUNE", "0")
+    with tuned_allocator():
+        assert _mmapped_blocks_after_malloc(libc, size) == 1

@@ -227,3 +227,83 @@ def test_diagonals_agree_with_persample_engine_norms():
     for layer, block in K.items():
         torch.testing.assert_close(block.diagonal().sqrt(), norms.layers[layer].to(torch.float64), rtol=1e-9, atol=0)
     torch.testing.assert_close(sum(K.values()).diagonal().sqrt(), norms.flat.to(torch.float64), rtol=1e-9, atol=0)
+
+
+class _Wide(nn.Module):
+    """Layers the shared per-sample handlers cover beyond Linear/Conv2d/GroupNorm: an embedding, a dilated
+    circular Conv1d, a grouped reflect-padded Conv2d, a Linear on sequences, LayerNorm, a Linear called twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(5, 3, padding_idx=0)
+        self.c1d = nn.Conv1d(3, 4, 3, padding=2, dilation=2, padding_mode="circular")
+        self.c2 = nn.Conv2d(2, 4, 3, padding=1, padding_mode="reflect", groups=2)
+        self.seq = nn.Linear(4, 6)
+        self.ln = nn.LayerNorm(6)
+        self.shared = nn.Linear(6, 6)
+        self.head = nn.Linear(6 + 4, 3)
+
+    def forward(self, inp):
+        img, tok = inp[:, :32].reshape(-1, 2, 4, 4), inp[:, 32:].round().long().clamp(0, 4)
+        s = torch.tanh(self.c1d(self.emb(tok).transpose(1, 2))).mean(2)
+        h = torch.tanh(self.c2(img)).flatten(2).transpose(1, 2)  # (n, 16, 4)
+        h = self.ln(torch.tanh(self.seq(h))).mean(1)
+        h = torch.tanh(self.shared(torch.tanh(self.shared(h))))
+        return self.head(torch.cat([h, s], 1))
+
+
+@pytest.mark.parametrize("strategy", ["materialize", "ghost", "auto"])
+def test_shared_handlers_cover_more_layer_types(monkeypatch, strategy):
+    """Every parameter of _Wide goes through the per-sample handlers (torch.func is never called), and the
+    blocks equal the naive loop (loss-grad, also under a tiny memory budget) and jacrev (output kind)."""
+    import landscape.gram as gram
+
+    def no_functorch(model, names, *args):
+        raise AssertionError(f"torch.func called for {names}")
+
+    monkeypatch.setattr(gram, "functorch_grads", no_functorch)
+    torch.manual_seed(3)
+    model = _Wide().double()
+    g = torch.Generator().manual_seed(3)
+    x = torch.cat([torch.randn(4, 32, generator=g, dtype=torch.float64),
+                   torch.randint(0, 5, (4, 6), generator=g).double()], 1)
+    y = torch.tensor([0, 2, 1, 2])
+    ref = _naive_loss_grams(model, x, y)
+    for budget in (None, 20_000):
+        K = gram_blocks(model, x, y, strategy=strategy, max_memory=budget)
+        for layer, block in K.items():
+            assert _rel(block, ref[layer]) < 1e-9, (budget, layer)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    jac = jacrev(lambda p: functional_call(model, p, (x,)))(params)
+    K = gram_blocks(model, x, kind="output", strategy=strategy)
+    for layer, j in jac.items():
+        J = j.reshape(j.shape[0] * j.shape[1], -1)
+        assert _rel(K[layer], J @ J.T) < 1e-9, layer
+
+
+class _TiedLM(nn.Module):
+    """A bag-of-tokens language model whose output layer shares the embedding matrix (weight tying): the
+    Embedding and the Linear hold one parameter, so neither module's hooks see all of its gradient."""
+
+    def __init__(self, vocab: int = 5, dim: int = 3):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.mix = nn.Linear(dim, dim)
+        self.out = nn.Linear(dim, vocab)
+        self.out.weight = self.emb.weight
+
+    def forward(self, tokens):
+        return self.out(torch.tanh(self.mix(self.emb(tokens).mean(1))))
+
+
+def test_tied_parameter_goes_to_functorch():
+    torch.manual_seed(4)
+    model = _TiedLM().double()
+    tokens = torch.randint(0, 5, (6, 4))
+    y = torch.randint(0, 5, (6,))
+    ref = _naive_loss_grams(model, tokens, y)
+    assert "emb.weight" in ref
+    K = gram_blocks(model, tokens, y, strategy="ghost")
+    assert list(K) == list(ref)
+    for layer, block in K.items():
+        assert _rel(block, ref[layer]) < 1e-9, layer

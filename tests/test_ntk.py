@@ -24,7 +24,7 @@ from landscape.analyze.ntk import (
     layer_kernels,
     ntk_table,
 )
-from landscape.errors import UsageError
+from landscape.errors import NonFiniteError, UsageError
 from landscape.models import build_model
 from landscape.train.privatize import clip_factors
 
@@ -133,7 +133,7 @@ def test_zero_matrix_torch_input_and_bad_input():
     assert q.min_sym_eig == pytest.approx(1.0) and q.n == 4
     with pytest.raises(UsageError, match="square"):
         kernel_properties(np.ones((2, 3)))
-    with pytest.raises(UsageError, match="non-finite"):
+    with pytest.raises(NonFiniteError, match="non-finite"):  # a failure of the input (exit 1), not usage
         kernel_properties(np.array([[1.0, np.nan], [0.0, 1.0]]))
 
 

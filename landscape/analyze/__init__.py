@@ -23,3 +23,7 @@ register("directions", "landscape.analyze.directions:SPEC",
          "Loss along N random directions from A against the path toward B (Watson Fig. 4).")
 register("surface", "landscape.analyze.surface:SPEC",
          "2-D loss/accuracy surface: random, B,C or pca:RUN plane (Li et al. 2018); resumable.")
+register("calibration", "landscape.analyze.calibration:SPEC",
+         "Accuracy, NLL, Brier, ECE/MCE, reliability diagrams of checkpoints or runs (Bu et al. Sec. 5).")
+register("hessian", "landscape.analyze.hessian:SPEC",
+         "Hessian sharpness: top eigenvalues, trace, spectral density (PyHessian; Ghorbani et al. 2019).")

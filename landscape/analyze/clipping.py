@@ -67,7 +67,7 @@ class ClippingConfig:
     seed: int = option(0, "Seed of the batch draw.")
     prune_levels: tuple[float, ...] | None = option(
         None, "Fractions of weights removed, e.g. 0,0.3,0.5,0.7,0.9: prune, rewind, retrain, measure R "
-        "(Watson Fig. 11).")
+        "(Watson Fig. 11).", min=0, max=1, max_open=True)
     split: str = option("train", "Which split the per-sample gradients come from.", choices=("train", "test"))
     chunk: int = option(250, "Examples per engine pass (memory bound; results do not depend on it).", min=1)
     workers: int = option(1, "Parallel worker processes (checkpoints of a run in parallel).", min=1)

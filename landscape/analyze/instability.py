@@ -36,6 +36,11 @@ class PairInstability:
     epsilon: float  # the DP target of the phases group, else the checkpoints' epsilon (NaN for SGD)
     instability_loss: dict[str, float] = stored("column", name="instability_{}_loss")
     instability_error: dict[str, float] = stored("column", name="instability_{}_error")
+    # after aligning B to A (--align); NaN without it
+    instability_loss_aligned: dict[str, float] = stored("column", name="instability_{}_loss_aligned",
+                                                        default_factory=dict)
+    instability_error_aligned: dict[str, float] = stored("column", name="instability_{}_error_aligned",
+                                                         default_factory=dict)
     result: str = ""  # the pair's interpolation result file
 
     def flat(self, splits: Sequence[str]) -> dict[str, object]:
@@ -150,6 +155,8 @@ def compute_pair(a, b, config, labels: Mapping) -> tuple[PairInstability, object
         pair=f"{a.ref}:{b.ref}", ref_a=a.ref, ref_b=b.ref, group=labels["group"], k=labels["k"],
         phase1=labels["phase1"], phase2=labels["phase2"], epsilon=eps,
         instability_loss=dict(result.instability_loss), instability_error=dict(result.instability_error),
+        instability_loss_aligned=dict(result.instability_loss_aligned),
+        instability_error_aligned=dict(result.instability_error_aligned),
     )
     return row, result
 
@@ -160,8 +167,9 @@ def collect(rows: list[PairInstability], config, options: InstabilityOptions) ->
 
 
 def _printed(table: InstabilityTable) -> list[dict]:
-    columns = ["pair", "k", "phase2", "epsilon"] + [f"instability_{s}_{m}" for s in table.splits
-                                                    for m in ("loss", "error")]
+    aligned = ("", "_aligned") if table.params.get("align") else ("",)
+    columns = ["pair", "k", "phase2", "epsilon"] + [f"instability_{s}_{m}{a}" for s in table.splits
+                                                    for m in ("loss", "error") for a in aligned]
     return [{c: r[c] for c in columns} for r in table.records()]
 
 

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from landscape.analyze._common import EvaluationOptions, check_positive_int
+from landscape.analyze.calibration import ECE
 from landscape.analyze.registry import Analysis, option
 from landscape.errors import UsageError
 from landscape.evaluate import EvalResult, Segment, evaluate
@@ -31,6 +32,7 @@ from landscape.results import StoredResult, stored
 
 KIND = "interpolation"
 SPLITS = ("train", "test")
+POINT_METRICS = ("ece",)  # evaluator-hook metrics (landscape.evaluate.Metric) interpolate can record per point
 
 
 @dataclass
@@ -40,11 +42,22 @@ class InterpolateConfig(EvaluationOptions):
     points: int = option(30, "Number of alphas in linspace(0, 1, points), both endpoints included.", min=2)
     splits: tuple[str, ...] = option(SPLITS, "Data splits to evaluate.", choices=SPLITS, metavar="train,test")
     bn_recalibrate: bool = option(False, "Recompute BatchNorm statistics at every point from the training data.")
+    metrics: tuple[str, ...] | None = option(None, "Also record these at every point, in the same forward passes (ece: "
+                                      "expected calibration error, 15 equal-width bins as landscape calibration).",
+                                      choices=POINT_METRICS, metavar="ece")
+    align: bool = option(False, "Also permute B's hidden units to match A (Git Re-Basin weight matching, "
+                         "landscape.analyze.align) and report the instability after alignment beside it.")
 
     def __post_init__(self) -> None:
         if isinstance(self.splits, str):
             self.splits = tuple(s.strip() for s in self.splits.split(",") if s.strip())
         self.splits = tuple(self.splits)
+        if isinstance(self.metrics, str):
+            self.metrics = tuple(s.strip() for s in self.metrics.split(",") if s.strip())
+        self.metrics = tuple(self.metrics or ())
+        bad = [m for m in self.metrics if m not in POINT_METRICS]
+        if bad:
+            raise UsageError(f"unknown metric {bad[0]!r}; choose from {', '.join(POINT_METRICS)}")
         if int(self.points) != self.points or self.points < 2:
             raise UsageError(f"--points must be an integer >= 2 (both endpoints are evaluated), got {self.points}")
         self.points = int(self.points)
@@ -112,7 +125,19 @@ class InterpolationResult(StoredResult):
                                                   default_factory=dict)
     reasons: dict[str, str] = stored("attr", name="reason_{}", default_factory=dict)  # "<split>_loss" -> why inf
     examples: dict[str, int] = stored("attr", name="examples_{}", order="splits", default_factory=dict)
+    ece: dict[str, np.ndarray] = stored("array", name="{}_ece", dims=("alpha",), order="splits",
+                                        default_factory=dict)  # with --metrics ece
     distance: float = math.nan  # ||theta_B - theta_A||_2 over the interpolated tensors
+    # --align: the path A -> pi(B), B's units permuted to match A's (Ainsworth et al. 2023); empty without it
+    loss_aligned: dict[str, np.ndarray] = stored("array", name="{}_loss_aligned", dims=("alpha",), order="splits",
+                                                 default_factory=dict)
+    acc_aligned: dict[str, np.ndarray] = stored("array", name="{}_acc_aligned", dims=("alpha",), order="splits",
+                                                default_factory=dict)
+    instability_loss_aligned: dict[str, float] = stored("attr", name="instability_{}_loss_aligned", order="splits",
+                                                        default_factory=dict)
+    instability_error_aligned: dict[str, float] = stored("attr", name="instability_{}_error_aligned",
+                                                         order="splits", default_factory=dict)
+    distance_aligned: float = math.nan  # ||pi(theta_B) - theta_A||_2
     seconds: float = math.nan
     throughput: float = math.nan  # examples x points per second
     method: str = ""
@@ -135,6 +160,10 @@ class InterpolationResult(StoredResult):
                 "max_loss": float(np.max(self.loss[s])),
                 "instability_loss": self.instability_loss[s],
                 "instability_error": self.instability_error[s],
+                **({"ece_A": float(self.ece[s][0]), "ece_B": float(self.ece[s][-1]),
+                    "max_ece": float(np.max(self.ece[s]))} if s in self.ece else {}),
+                **({"instability_loss_aligned": self.instability_loss_aligned[s],
+                    "instability_error_aligned": self.instability_error_aligned[s]} if self.loss_aligned else {}),
             }
             for s in self.splits
         ]
@@ -180,21 +209,26 @@ def interpolate(
         bn_inputs = None
     identical = torch.equal(a, b)
     segment = Segment(a, b, alphas[:1] if identical else alphas)
-    loss, acc, examples = {}, {}, {}
+    loss, acc, examples, ece = {}, {}, {}, {}
     seconds = 0.0
     method = ""
+    hooks = [ECE(15)] if "ece" in config.metrics else []
     for s, (x, y) in chosen.items():
         r: EvalResult = evaluate(model, x, y, segment, space=space, batch_size=config.batch_size,
-                                 bn_recalibrate=bn_inputs, device=config.device, method=config.method)
+                                 bn_recalibrate=bn_inputs, device=config.device, method=config.method, metrics=hooks)
         values_l, values_a = r.loss.numpy(), r.acc.numpy()
+        values_e = r.metrics["ece"] if hooks else None
         if identical:  # one point is the whole path
             values_l, values_a = np.repeat(values_l, config.points), np.repeat(values_a, config.points)
+            values_e = None if values_e is None else np.repeat(values_e, config.points)
         loss[s], acc[s], examples[s] = values_l, values_a, int(x.shape[0])
+        if values_e is not None:
+            ece[s] = values_e
         seconds += r.seconds
         method = r.method
     result = InterpolationResult(
         alpha=alphas.numpy(), loss=loss, acc=acc, instability_loss={}, instability_error={},
-        examples=examples, distance=float(torch.linalg.vector_norm((b - a).double())), seconds=seconds,
+        examples=examples, ece=ece, distance=float(torch.linalg.vector_norm((b - a).double())), seconds=seconds,
         throughput=sum(examples.values()) * config.points / seconds if seconds > 0 else math.inf,
         method=method, config=config,
     )
@@ -238,7 +272,18 @@ def compute_pair(a, b, config: InterpolateConfig) -> InterpolationResult:
     """:func:`interpolate` between resolved checkpoints A and B (``landscape.api.resolve.Point``) on the data
     set the resolver chose for the pair (A's unless ``--data-from b``), every split of it."""
     splits = {s: a.data.split(s) for s in SPLITS}
-    return interpolate(a.model(), a.state, b.state, splits, config=config)
+    model = a.model()
+    result = interpolate(model, a.state, b.state, splits, config=config)
+    if config.align:  # the same path after permuting B's units to match A's (weight matching, seed 0)
+        from landscape.analyze.align import align_states
+
+        after = interpolate(model, a.state, align_states(model, a.state, b.state).state, splits, config=config)
+        result.loss_aligned, result.acc_aligned = after.loss, after.acc
+        result.instability_loss_aligned = after.instability_loss
+        result.instability_error_aligned = after.instability_error
+        result.distance_aligned = after.distance
+        result.reasons.update({f"{key}_aligned": reason for key, reason in after.reasons.items()})
+    return result
 
 
 def _notes(result: InterpolationResult) -> list[str]:

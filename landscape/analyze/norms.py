@@ -36,7 +36,7 @@ class NormsConfig:
     grad_samples: int = option(256, "Examples whose per-sample gradient norms are taken at every checkpoint "
                                "(0: none).", min=0)
     grad_epochs: tuple[float, ...] | None = option(None, "Epochs whose gradient-norm histograms are drawn (default: "
-                                                   "first after init, and last).")
+                                                   "first after init, and last).", min=0)
     seed: int = option(0, "Seed of the example draw.")
     split: str = option("train", "Which split the per-sample gradients come from.", choices=("train", "test"))
     chunk: int = option(250, "Examples per engine pass (memory bound; results do not depend on it).", min=1)

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from landscape.analyze.registry import Analysis, option
-from landscape.errors import UsageError
+from landscape.errors import NonFiniteError, UsageError
 from landscape.gram import KINDS, gram_blocks, layer_names, parse_memory
 from landscape.results import InputRef, StoredResult, read_result, stored, write_csv, write_result
 
@@ -91,7 +91,8 @@ def _as_numpy(A: np.ndarray | torch.Tensor) -> np.ndarray:
     if A.ndim != 2 or A.shape[0] != A.shape[1]:
         raise UsageError(f"kernel must be a square matrix, got shape {A.shape}")
     if not np.isfinite(A).all():
-        raise UsageError("kernel has non-finite entries (NaN or inf): check the gradients and clipping factors")
+        raise NonFiniteError("kernel has non-finite entries (NaN or inf): did the checkpoint diverge? check its "
+                             "weights (landscape store show), the gradients and clipping factors")
     return A
 
 
@@ -262,7 +263,7 @@ class NTKTableConfig(KernelOptions):
     """Options of ``landscape ntk-table`` (stored as the result's params)."""
 
     max_grad_norms: tuple[float, ...] = option((0.01, 0.1, 1.0, 10.0, 100.0), "Clipping norms C.",
-                                               flag=("--max-grad-norm", "-C"))
+                                               flag=("--max-grad-norm", "-C"), min=0, min_open=True)
     clip_styles: tuple[str, ...] = option(CLIP_STYLES, "Clipping styles: flat, layerwise.", flag="--clip-style")
 
     def __post_init__(self) -> None:

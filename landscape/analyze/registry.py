@@ -135,8 +135,8 @@ def slug(ref: str) -> str:
 
 def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | tuple[str, ...] | None = None,
            choices: tuple | None = None, metavar: str | None = None, min: float | None = None,
-           max: float | None = None, min_open: bool = False, kind: str | None = None, cli: bool = True,
-           show_default: Any = True, default_factory: Callable | None = None) -> Any:
+           max: float | None = None, min_open: bool = False, max_open: bool = False, kind: str | None = None,
+           cli: bool = True, show_default: Any = True, default_factory: Callable | None = None) -> Any:
     """A config dataclass field with its command-line option in the field's metadata.
 
     The option's type comes from the annotation: ``int``/``float`` (finite; ``min``/``max`` bounds), ``bool``
@@ -144,11 +144,11 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | tu
     ``choices`` limit the items; ``X | None`` defaults to None). ``kind`` names a special parameter type
     instead (``"device"``, ``"subset"`` for ``int | float | None`` counts or fractions, ``"text"`` for a
     string the config parses itself). ``flag`` overrides ``--field-name`` (a tuple adds aliases such as
-    ``("--max-grad-norm", "-C")``); ``min_open`` makes ``min`` exclusive; ``cli=False`` keeps a field out of
-    the command line (api only).
+    ``("--max-grad-norm", "-C")``); ``min_open`` / ``max_open`` make ``min`` / ``max`` exclusive; ``cli=False``
+    keeps a field out of the command line (api only).
     """
     meta = {"help": help, "flag": flag, "choices": choices, "metavar": metavar, "min": min, "max": max,
-            "min_open": min_open, "kind": kind, "cli": cli, "show_default": show_default}
+            "min_open": min_open, "max_open": max_open, "kind": kind, "cli": cli, "show_default": show_default}
     if default_factory is not None:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)

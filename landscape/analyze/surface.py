@@ -46,6 +46,7 @@ from landscape.params import ParamSpace
 from landscape.results import StoredResult, stored, to_jsonable
 
 KIND = "surface"
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 SPLITS = ("train", "test")
 METRICS = ("loss", "acc")
 AUTO_MARGIN = 0.25  # auto ranges extend the span of the marked points by this fraction on each side
@@ -148,6 +149,9 @@ class SurfaceConfig(RandomDirectionOptions):
                 lo, hi = math.nan, math.nan
             if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
                 raise UsageError(f"--range takes auto, LO:HI or XLO:XHI,YLO:YHI with LO < HI; got {self.range!r}")
+            if max(abs(lo), abs(hi)) > _FLOAT32_MAX:  # the plane is walked in float32 weights
+                raise UsageError(f"--range {self.range!r}: coordinates must lie within +-{_FLOAT32_MAX:.4g} "
+                                 "(float32)")
             out.append((lo, hi))
         return (out[0], out[-1])
 

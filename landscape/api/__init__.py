@@ -31,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "PrivacyQuery": "accounting",
     "demo": "demo_job",
     "DemoConfig": "demo_job",
+    "align": "alignment",
 }
 
 

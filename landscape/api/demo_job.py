@@ -3,7 +3,9 @@
 1. ``phases``: Phase 1 with SGD, then Phase-2 SGD and DP-SGD siblings (Watson et al. Sec. 4.1.1);
 2. ``tour``: every sibling pair's interpolation and instability (Fig. 5), Phase 1 -> Phase 2 (Fig. 8) and
    SGD vs DP (Figs. 6, 7), with figures;
-3. random directions from a Phase-2 SGD solution with the path toward its sibling drawn over them (Fig. 4).
+3. random directions from a Phase-2 SGD solution with the path toward its sibling drawn over them (Fig. 4);
+4. the verdicts of the claims it shows (:func:`verdicts`), judged from the numbers it measured, written to
+   ``results/verdicts.json``.
 
 Everything is written under one output directory; the function returns what a person needs to read.
 """
@@ -11,22 +13,32 @@ Everything is written under one output directory; the function returns what a pe
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from landscape.analyze.interpolate import InterpolateConfig
-from landscape.api import directions
-from landscape.api.interpolation import tour
-from landscape.api.training import RunSummary, phases
-from landscape.train.config import PhasesConfig, TrainConfig
+from landscape.atomic import atomic_write
+from landscape.verdict import Verdict, all_of, far_below, greater, ordered
+
+if TYPE_CHECKING:
+    from landscape.api.training import RunSummary
+
+WATSON = "Watson et al."
 
 
 @dataclasses.dataclass
 class DemoConfig:
-    """Sizes of the demo; the defaults finish in about a minute of compute on one CPU thread."""
+    """Sizes of the demo; the defaults finish in about a minute of compute on one CPU thread.
+
+    Three copies give three sibling pairs per k and optimizer, so the Fig. 5 verdicts can measure a spread
+    (with two there is one pair and they are inconclusive); they cost ~25 % more than two.
+    """
 
     epochs: int = 8
     ks: tuple[int, ...] = (1, 2, 4)
-    copies: int = 2
+    copies: int = 3
     lr: float = 0.02
     batch_size: int = 32
     dp_lr: float = 0.5
@@ -44,12 +56,15 @@ class DemoResult:
     runs: list[RunSummary]
     instability_rows: list[dict]
     directions_summary: dict
+    verdicts: list[Verdict]
     files: list[Path]
 
 
 def demo(out_dir: str | Path = "demo-out", *, root: str | Path | None = None, config: DemoConfig | None = None,
          progress: bool | None = None) -> DemoResult:
     """Train the Phase-1/Phase-2 runs on digits and measure their geometry; see the module docstring."""
+    from landscape.api import InterpolateConfig, PhasesConfig, TrainConfig, directions, phases, tour
+
     config = config or DemoConfig()
     out_dir = Path(out_dir)
     root = Path(root) if root is not None else out_dir / "checkpoints"
@@ -67,6 +82,51 @@ def demo(out_dir: str | Path = "demo-out", *, root: str | Path | None = None, co
     profile = directions(f"demo-k{k}-sgd-sgd-0@last", toward=f"demo-k{k}-sgd-sgd-1@last", root=root,
                          output=results / "directions-sgd-sibling.h5", n=config.directions,
                          points=config.points, distance="auto", normalize=config.normalize, seed=config.seed)
-    files = made.files() + [profile.path, *getattr(profile, "figures", [])]
+    split = "test" if "test" in made.table.splits else made.table.splits[0]
+    pairs = [{"k": r.k, "phase2": r.phase2, "instability": r.instability_loss[split]} for r in made.table.rows]
+    found = verdicts(pairs, profile.toward_loss, profile.rises, split=split, profile_split=profile.config.split)
+    verdict_path = results / "verdicts.json"
+    text = json.dumps([v.to_dict() for v in found], indent=1) + "\n"
+    atomic_write(verdict_path, lambda tmp: tmp.write_text(text))
+    files = made.files() + [profile.path, *getattr(profile, "figures", []), verdict_path]
     return DemoResult(runs=runs, instability_rows=made.rows(), directions_summary=profile.summary(),
-                      files=[Path(f) for f in files])
+                      verdicts=found, files=[Path(f) for f in files])
+
+
+def verdicts(pairs: Sequence[Mapping], toward_loss: Sequence[float], random_rises: Sequence[float], *,
+             split: str = "test", profile_split: str = "train") -> list[Verdict]:
+    """The verdicts of the claims the demo shows, computed from its numbers (rules: :mod:`landscape.verdict`).
+
+    ``pairs``: one mapping per sibling pair with ``k`` (Phase-1 epochs), ``phase2`` (``"sgd"``/``"dpsgd"``) and
+    ``instability`` (the ``split`` loss instability, Watson et al. Def. 2.3). ``toward_loss``: the loss along
+    the straight path from the solution to its sibling; ``random_rises``: the loss rise at the sibling's
+    distance along each random direction (Watson et al. Fig. 4).
+
+    1. Fig. 5, per k: DP-SGD siblings are less stable than SGD siblings (:func:`~landscape.verdict.greater`,
+       spread over sibling pairs), and over all k (:func:`~landscape.verdict.all_of`);
+    2. Fig. 5: the instability of DP-SGD siblings falls as k grows (:func:`~landscape.verdict.ordered`);
+    3. Fig. 4: the loss rises far less toward the sibling than along random directions
+       (:func:`~landscape.verdict.far_below`).
+    """
+    by: dict[tuple[str, float], list[float]] = {}
+    for p in pairs:
+        by.setdefault((str(p["phase2"]), float(p["k"])), []).append(float(p["instability"]))
+    ks = sorted({k for _, k in by if not math.isnan(k)})
+    fig5 = f"{WATSON} Fig. 5"
+    per_k = [greater(f"DP-SGD siblings are less stable than SGD siblings at k = {k:g}", fig5,
+                     by.get(("dpsgd", k), []), by.get(("sgd", k), []), names=("DP", "SGD"), unit="sibling pairs",
+                     note=f"Instability = {split} loss instability (Def. 2.3).")
+             for k in ks]
+    out = [*per_k, all_of("DP-SGD siblings are less stable than SGD siblings at every k", fig5, per_k,
+                          note=f"k = {', '.join(f'{k:g}' for k in ks)}.")]
+    dp = {k: by[("dpsgd", k)] for k in ks if ("dpsgd", k) in by}
+    out.append(ordered("the instability of DP-SGD siblings falls as the SGD Phase 1 (k epochs) grows", fig5, dp,
+                       decreasing=True, unit="sibling pairs"))
+    start, end = float(toward_loss[0]), float(toward_loss[-1])
+    out.append(far_below("from a Phase-2 SGD solution the loss rises far less toward its sibling than along random "
+                         "directions at the sibling's distance", f"{WATSON} Fig. 4, Sec. 4.1.2", end - start,
+                         random_rises, names=("rise toward sibling", "random rises"),
+                         note=f"Rise = L(end) - L(start) on the {profile_split} split; L(solution) = {start:.3g}, "
+                              f"L(sibling) = {end:.3g}, highest loss on the path to the sibling = "
+                              f"{max(map(float, toward_loss)):.3g}."))
+    return out

@@ -48,8 +48,8 @@ def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", con
     if spec.inputs == "targets" and not refs:
         raise UsageError(f"{spec.name} needs at least one run or checkpoint")
     out = Path(output) if output is not None else default_output(_stem(spec, refs, config, run_opts))
-    check_output_path(out)  # fail before computing: never replace a checkpoint, a user's CSV or figure
-    check_companions(out, ((".csv",) if spec.csv else ()) + ((".png", ".pdf") if figure else ()))
+    check_output_path(out)  # fail before computing: never replace a checkpoint, a user's CSV, figure or pair file
+    check_companions(out, csv=spec.csv, figures=figure and spec.figure is not None, pairs=spec.inputs == "pairs")
     attrs: dict[str, Any] = {}
     title = refs[0] if refs else ""
     if spec.inputs == "checkpoint":

@@ -36,6 +36,11 @@ def plot_interpolation(result, *, labels: tuple[str, str] = ("A", "B"), title: s
                      label=f"{split} (instability {_fmt(inst)})")
         ax_acc.plot(result.alpha, result.acc[split], style, color=color, marker="o", markersize=2.5,
                     label=f"{split} (error barrier {_fmt(result.instability_error[split])})")
+        if split in getattr(result, "loss_aligned", {}):  # --align: A -> B permuted to match A, dotted
+            ax_loss.plot(result.alpha, result.loss_aligned[split], ":", color=color,
+                         label=f"{split} aligned ({_fmt(result.instability_loss_aligned[split])})")
+            ax_acc.plot(result.alpha, result.acc_aligned[split], ":", color=color,
+                        label=f"{split} aligned ({_fmt(result.instability_error_aligned[split])})")
     for ax, ylabel in ((ax_loss, "loss (cross-entropy)"), (ax_acc, "accuracy")):
         ax.set_xlabel(r"$\alpha$  ($(1-\alpha)\,\theta_A + \alpha\,\theta_B$)")
         ax.set_ylabel(ylabel)

@@ -45,14 +45,17 @@ PLD_DISCRETIZATION = 1e-4
 MAX_NOISE_MULTIPLIER = 1e4
 
 
+def steps_per_epoch(n: int, batch_size: int) -> int:
+    """Steps in one epoch: ceil(N/B) (the number of shuffled batches; Poisson sampling uses the same count)."""
+    return max(1, math.ceil(n / batch_size))
+
+
 def schedule_steps(epochs: int, dataset_size: int, batch_size: int) -> int:
     """Steps of ``epochs`` epochs as ``landscape train`` runs them: ``epochs * ceil(N / B)``.
 
-    One epoch is :func:`landscape.train.sampling.steps_per_epoch` steps (ceil(N/B): the number of shuffled
+    One epoch is :func:`steps_per_epoch` steps (ceil(N/B): the number of shuffled
     batches of size B; Poisson sampling uses the same count). Not Opacus' ``int(epochs * N / B)``.
     """
-    from landscape.train.sampling import steps_per_epoch
-
     if isinstance(epochs, bool) or int(epochs) != epochs or epochs < 0:
         raise UsageError(f"epochs must be a whole number >= 0 (the trainer runs whole epochs), got {epochs}")
     return int(epochs) * steps_per_epoch(int(dataset_size), int(batch_size))

@@ -272,7 +272,24 @@ class PhasesConfig:
                 raise UsageError("a dpsgd phase needs --noise-multiplier SIGMA or --target-epsilon EPS")
         for family in {*self.phase1, *self.phase2}:
             self.phase_config(family, epochs=self.base.epochs, seed=self.base.seed).validate()
+        if self.group is not None:  # every derived name, before Phase 1 trains (issue 14 item 15)
+            from landscape.store import check_run_name
+
+            for name in self.run_names(self.group):
+                try:
+                    check_run_name(name)
+                except UsageError:
+                    shown = name if len(name) <= 60 else f"{name[:30]}...{name[-20:]}"
+                    raise UsageError(f"--group makes the run name {shown!r} ({len(name)} characters), which is not "
+                                     "a valid run name: 1-200 letters, digits or _ . , + = -, not starting with "
+                                     "'.' or '-'; choose a shorter or plainer --group") from None
         return self
+
+    def run_names(self, group: str) -> list[str]:
+        """The runs of group ``group``: ``G-p1`` for each Phase-1 family and ``G-p1-p2-i`` for its copies."""
+        return [name for p1 in self.phase1
+                for name in (f"{group}-{p1}", *(f"{group}-{p1}-{p2}-{i}" for p2 in self.phase2
+                                               for i in range(self.copies)))]
 
     def phase_config(self, family: str, *, epochs: int, seed: int, noise_multiplier: float | None = None,
                      from_ref: str | None = None, run: str | None = None) -> TrainConfig:

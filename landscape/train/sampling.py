@@ -10,15 +10,11 @@ An epoch is ceil(N/B) steps, the same number of steps as a pass of shuffled batc
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
-
-def steps_per_epoch(n: int, batch_size: int) -> int:
-    """Steps in one epoch: ceil(N/B) (the number of shuffled batches; Poisson uses the same count)."""
-    return max(1, math.ceil(n / batch_size))
+# the one epoch rule lives with the accountant (torch-free, so `landscape privacy` does not load torch)
+from landscape.train.accounting import steps_per_epoch  # noqa: F401 (re-exported)
 
 
 class Sampler:

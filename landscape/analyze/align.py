@@ -1,0 +1,496 @@
+"""Permutation alignment of two networks by weight matching (Ainsworth, Hayase & Srinivasa 2023, "Git Re-Basin").
+
+Hidden units can be permuted without changing the function a network computes: permute the output units of
+a layer and, the same way, the input units of every layer that reads them. Two independently trained
+networks may sit in different "basins" only because their units are in different orders, so a barrier on
+the straight path between them (Watson et al. Def. 2.3) may be an artefact of that symmetry. Weight
+matching (Git Re-Basin Sec. 3.2, Alg. 1) looks for the permutation ``pi`` of B's units that maximises
+``sum_l <W_l^A, P_l W_l^B P_{l-1}^T>_F``; it is solved one permutation ``P_l`` at a time (the others held
+fixed) as a linear assignment problem over the sum, over every tensor that ``P_l`` touches, of the unit
+similarities ``W^A (W^B)^T`` (units along that tensor's permuted axis, everything else flattened), iterated
+over the permutations in random order until a full pass changes none.
+
+A :class:`PermutationSpec` says which tensor axes each permutation moves, per architecture of
+:mod:`landscape.models` (:func:`permutation_spec`):
+
+- ``mlp``, ``two-layer-linear``: one permutation per hidden layer (rows of its weight and bias, columns of
+  the next weight). Element-wise activations commute with permutations.
+- ``lenet``, ``opacus-cnn``: one per conv layer's output channels (also the next conv's input channels;
+  max-pooling acts per channel) and per hidden fully connected layer. The first Linear after ``Flatten``
+  reads ``C x H x W`` features channel-major, so channel ``c`` moves its block of ``H*W`` columns.
+- ``resnet18``: the residual stream of each stage shares one permutation (the stem conv and norm, every
+  block's second conv and norm, the downsample conv and norm that opens the stage, the next blocks' first
+  convs, and ``fc``'s columns after the last stage), and every block has one for its inner channels.
+  BatchNorm's running mean and variance move with their channels (they do not vote in the matching).
+  GroupNorm normalises over contiguous groups of channels, so a permutation keeps the function only if it
+  maps whole groups onto whole groups; the assignment is then solved exactly under that constraint (best
+  within-group assignment for every pair of groups, then an assignment of groups). Layers alignment does
+  not know (depthwise convs, other block types, a norm whose groups disagree with another on the same
+  permutation) are refused with a one-line :class:`~landscape.errors.ModelError`.
+
+Permutations are index tensors ``perm`` with the convention of the reference implementation: the permuted
+state takes unit ``i`` from B's unit ``perm[i]`` (``index_select(axis, perm)``). Pure: state dicts in, state
+dicts out; it never opens the store.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+from torch import nn
+
+from landscape.errors import IncompatibleError, ModelError, UsageError
+
+# ------------------------------------------------------------------------------------------------- spec
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One tensor axis a permutation moves.
+
+    ``inner``: consecutive positions per unit along the axis (a Linear after ``Flatten`` reads ``C*H*W``
+    features, ``H*W`` per channel). ``match``: whether the tensor votes in weight matching (BatchNorm
+    running statistics move with their channels but are not weights).
+    """
+
+    key: str
+    axis: int
+    inner: int = 1
+    match: bool = True
+
+
+@dataclass(frozen=True)
+class Permutation:
+    """A group of axes permuted together; ``groups`` contiguous blocks of ``size // groups`` units must map onto
+    whole blocks (GroupNorm's groups; 1 = any permutation)."""
+
+    name: str
+    size: int
+    axes: tuple[Axis, ...]
+    groups: int = 1
+
+    @property
+    def group_size(self) -> int:
+        return self.size // self.groups
+
+
+@dataclass(frozen=True)
+class PermutationSpec:
+    """Which axes of which tensors each permutation of a model moves (Git Re-Basin's ``PermutationSpec``)."""
+
+    model: str
+    perms: tuple[Permutation, ...]
+    by_key: dict[str, tuple[tuple[str, Axis], ...]] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        by_key: dict[str, list[tuple[str, Axis]]] = {}
+        for p in self.perms:
+            if p.size < 1 or p.groups < 1 or p.size % p.groups:
+                raise ModelError(f"permutation {p.name!r}: {p.size} units do not split into {p.groups} groups")
+            for ax in p.axes:
+                by_key.setdefault(ax.key, []).append((p.name, ax))
+        for key, entries in by_key.items():
+            axes = [ax.axis for _, ax in entries]
+            if len(set(axes)) != len(axes):
+                raise ModelError(f"tensor {key!r} has one axis in two permutations")
+        object.__setattr__(self, "by_key", {k: tuple(v) for k, v in by_key.items()})
+
+    def perm(self, name: str) -> Permutation:
+        for p in self.perms:
+            if p.name == name:
+                return p
+        raise UsageError(f"no permutation {name!r} in the spec of {self.model}")
+
+
+class _Builder:
+    """Collects axes per permutation while a spec builder walks a model; checks norm groups agree."""
+
+    def __init__(self, model_name: str):
+        self.model_name = model_name
+        self.axes: dict[str, list[Axis]] = {}
+        self.sizes: dict[str, int] = {}
+        self.groups: dict[str, tuple[int, str]] = {}
+
+    def new(self, name: str, size: int) -> str:
+        self.axes[name], self.sizes[name] = [], int(size)
+        return name
+
+    def add(self, perm: str, key: str, axis: int, *, inner: int = 1, match: bool = True) -> None:
+        self.axes[perm].append(Axis(key, axis, inner, match))
+
+    def weight_out(self, perm: str, prefix: str, module: nn.Module) -> None:
+        """Output units of a Linear/Conv: rows of the weight and the bias."""
+        self.add(perm, f"{prefix}.weight", 0)
+        if getattr(module, "bias", None) is not None:
+            self.add(perm, f"{prefix}.bias", 0)
+
+    def norm(self, perm: str, prefix: str, module: nn.Module) -> None:
+        """A BatchNorm/GroupNorm on the permuted channels: affine parameters and running statistics move."""
+        if isinstance(module, nn.GroupNorm):
+            if module.num_channels != self.sizes[perm]:
+                raise ModelError(self._refuse(prefix, f"GroupNorm over {module.num_channels} channels sits on "
+                                                      f"{self.sizes[perm]}"))
+            seen = self.groups.get(perm)
+            if seen is not None and seen[0] != module.num_groups:
+                raise ModelError(self._refuse(prefix, f"its {module.num_groups} GroupNorm groups disagree with "
+                                                      f"{seen[0]} of '{seen[1]}' on the same channels, so no channel "
+                                                      "permutation keeps both"))
+            self.groups[perm] = (module.num_groups, prefix)
+            if module.affine:
+                self.add(perm, f"{prefix}.weight", 0)
+                self.add(perm, f"{prefix}.bias", 0)
+            return
+        if not isinstance(module, nn.modules.batchnorm._BatchNorm):
+            raise ModelError(self._refuse(prefix, f"{type(module).__name__} is not a norm alignment knows"))
+        if module.affine:
+            self.add(perm, f"{prefix}.weight", 0)
+            self.add(perm, f"{prefix}.bias", 0)
+        if module.track_running_stats:
+            self.add(perm, f"{prefix}.running_mean", 0, match=False)
+            self.add(perm, f"{prefix}.running_var", 0, match=False)
+
+    def _refuse(self, where: str, why: str) -> str:
+        return f"cannot align {self.model_name} at '{where}': {why}"
+
+    def spec(self) -> PermutationSpec:
+        perms = tuple(Permutation(n, self.sizes[n], tuple(a), self.groups.get(n, (1, ""))[0])
+                      for n, a in self.axes.items())
+        return PermutationSpec(self.model_name, perms)
+
+
+_PASS_THROUGH = (nn.ReLU, nn.Tanh, nn.GELU, nn.Sigmoid, nn.ELU, nn.Softplus, nn.Identity, nn.MaxPool2d,
+                 nn.AvgPool2d, nn.Dropout)
+
+
+def _chain_spec(model: nn.Module, name: str) -> PermutationSpec:
+    """Feed-forward models whose children run in registration order (mlp, lenet, opacus-cnn, two-layer-linear)."""
+    b = _Builder(name)
+    children = list(model.named_children())
+    weighted = [n for n, m in children if isinstance(m, (nn.Linear, nn.Conv2d))]
+    if not weighted:
+        raise ModelError(f"cannot align {name}: it has no Linear or Conv2d layer")
+    current: str | None = None  # the permutation on the features flowing between layers
+    flat = False
+    for prefix, m in children:
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            if isinstance(m, nn.Conv2d) and m.groups != 1:
+                raise ModelError(b._refuse(prefix, f"grouped convolution (groups={m.groups}) mixes channel blocks"))
+            if current is not None:
+                fan_in = m.in_features if isinstance(m, nn.Linear) else m.in_channels
+                if fan_in % b.sizes[current]:
+                    raise ModelError(b._refuse(prefix, f"{fan_in} inputs are not whole blocks of "
+                                                       f"{b.sizes[current]} units"))
+                inner = fan_in // b.sizes[current]
+                if inner != 1 and not flat:
+                    raise ModelError(b._refuse(prefix, "inputs do not match the previous layer's units"))
+                b.add(current, f"{prefix}.weight", 1, inner=inner)
+            if prefix == weighted[-1]:
+                current = None  # the logits keep their order
+            else:
+                out = m.out_features if isinstance(m, nn.Linear) else m.out_channels
+                current = b.new(prefix, out)
+                b.weight_out(current, prefix, m)
+            flat = False
+        elif isinstance(m, nn.Flatten):
+            flat = True
+        elif isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.GroupNorm)) and current is not None:
+            b.norm(current, prefix, m)
+        elif not isinstance(m, _PASS_THROUGH):
+            raise ModelError(b._refuse(prefix, f"{type(m).__name__} is not a layer alignment can permute through"))
+    return b.spec()
+
+
+def _resnet_spec(model: nn.Module, name: str) -> PermutationSpec:
+    """torchvision ResNet of BasicBlocks: one permutation per stage's residual stream, one per block inside."""
+    from torchvision.models.resnet import BasicBlock
+
+    b = _Builder(name)
+    if model.conv1.groups != 1:
+        raise ModelError(b._refuse("conv1", "grouped convolution"))
+    stream = b.new("residual0", model.conv1.out_channels)
+    b.weight_out(stream, "conv1", model.conv1)
+    b.norm(stream, "bn1", model.bn1)
+    for stage in range(1, 5):
+        layer = getattr(model, f"layer{stage}")
+        for i, block in enumerate(layer):
+            prefix = f"layer{stage}.{i}"
+            if type(block) is not BasicBlock:
+                raise ModelError(b._refuse(prefix, f"{type(block).__name__} is not a BasicBlock"))
+            if block.conv1.groups != 1 or block.conv2.groups != 1:
+                raise ModelError(b._refuse(prefix, "grouped convolution"))
+            inner = b.new(f"{prefix}.inner", block.conv1.out_channels)
+            b.add(stream, f"{prefix}.conv1.weight", 1)
+            b.weight_out(inner, f"{prefix}.conv1", block.conv1)
+            b.norm(inner, f"{prefix}.bn1", block.bn1)
+            b.add(inner, f"{prefix}.conv2.weight", 1)
+            if block.downsample is not None:
+                conv, norm = block.downsample[0], block.downsample[1]
+                if len(block.downsample) != 2 or not isinstance(conv, nn.Conv2d) or conv.groups != 1:
+                    raise ModelError(b._refuse(f"{prefix}.downsample", "not a conv followed by a norm"))
+                b.add(stream, f"{prefix}.downsample.0.weight", 1)
+                stream = b.new(f"residual{stage}", conv.out_channels)
+                b.weight_out(stream, f"{prefix}.downsample.0", conv)
+                b.norm(stream, f"{prefix}.downsample.1", norm)
+            elif block.conv2.out_channels != b.sizes[stream]:
+                raise ModelError(b._refuse(prefix, "a shape-changing block without downsample"))
+            b.weight_out(stream, f"{prefix}.conv2", block.conv2)
+            b.norm(stream, f"{prefix}.bn2", block.bn2)
+    b.add(stream, "fc.weight", 1)
+    return b.spec()
+
+
+SPECS = {
+    "mlp": _chain_spec,
+    "two-layer-linear": _chain_spec,
+    "lenet": _chain_spec,
+    "opacus-cnn": _chain_spec,
+    "resnet18": _resnet_spec,
+}
+
+
+def permutation_spec(model: nn.Module | Mapping) -> PermutationSpec:
+    """The permutation spec of a :mod:`landscape.models` model (a built module or its ``landscape_spec``).
+
+    ModelError (one line) for a model without a spec or with a layer whose units cannot be permuted.
+    """
+    if isinstance(model, Mapping):
+        from landscape.models import model_from_spec
+
+        model = model_from_spec(dict(model))
+    spec = getattr(model, "landscape_spec", None)
+    name = spec.get("name") if isinstance(spec, Mapping) else None
+    builder = SPECS.get(name)
+    if builder is None:
+        raise ModelError(f"alignment has no permutation spec for model {name or type(model).__name__!r} "
+                         f"(supported: {', '.join(SPECS)})")
+    out = builder(model, name)
+    _check_spec_fits(out, model.state_dict())
+    return out
+
+
+def _check_spec_fits(spec: PermutationSpec, state: Mapping[str, torch.Tensor]) -> None:
+    for p in spec.perms:
+        for ax in p.axes:
+            t = state.get(ax.key)
+            if t is None:
+                raise ModelError(f"permutation {p.name!r} names tensor {ax.key!r} that {spec.model} does not have")
+            if t.ndim <= ax.axis or t.shape[ax.axis] != p.size * ax.inner:
+                raise ModelError(f"permutation {p.name!r}: tensor {ax.key!r} of shape {tuple(t.shape)} has no axis "
+                                 f"{ax.axis} of {p.size * ax.inner}")
+
+
+# ------------------------------------------------------------------------------------------ permuting
+
+
+def _take(t: torch.Tensor, perm: torch.Tensor, ax: Axis) -> torch.Tensor:
+    if ax.inner == 1:
+        return t.index_select(ax.axis, perm)
+    idx = (perm[:, None] * ax.inner + torch.arange(ax.inner)).reshape(-1)
+    return t.index_select(ax.axis, idx)
+
+
+def _permuted(spec: PermutationSpec, perms: Mapping[str, torch.Tensor], key: str, t: torch.Tensor,
+              skip: Axis | None = None) -> torch.Tensor:
+    for name, ax in spec.by_key.get(key, ()):
+        if ax is not skip:
+            t = _take(t, perms[name], ax)
+    return t
+
+
+def _units(t: torch.Tensor, ax: Axis, n: int) -> torch.Tensor:
+    """``t`` with the permuted axis first, one row per unit (its ``inner`` positions and all other axes)."""
+    return t.movedim(ax.axis, 0).reshape(n, -1)
+
+
+def check_permutations(spec: PermutationSpec, perms: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The permutations as int64 tensors; UsageError unless each is a permutation that keeps whole norm groups."""
+    out = {}
+    for p in spec.perms:
+        if p.name not in perms:
+            raise UsageError(f"no permutation given for {p.name!r}")
+        perm = torch.as_tensor(perms[p.name]).to(torch.int64).reshape(-1)
+        if perm.numel() != p.size or not torch.equal(torch.sort(perm).values, torch.arange(p.size)):
+            raise UsageError(f"{p.name!r} is not a permutation of {p.size} units")
+        if p.groups > 1:
+            blocks = perm.view(p.groups, p.group_size) // p.group_size
+            if not bool((blocks == blocks[:, :1]).all()):
+                raise UsageError(f"{p.name!r} splits a GroupNorm group of {p.group_size} channels (a permutation "
+                                 "that keeps the function maps whole groups onto whole groups)")
+        out[p.name] = perm
+    extra = sorted(set(perms) - {p.name for p in spec.perms})
+    if extra:
+        raise UsageError(f"{spec.model} has no permutation {extra[0]!r}")
+    return out
+
+
+def apply_permutation(spec: PermutationSpec, perms: Mapping[str, torch.Tensor],
+                      state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A new state dict with every permuted axis reordered (unit ``i`` takes the old unit ``perm[i]``).
+
+    Tensors no permutation touches are copied; a partial state dict (e.g. pruning masks) is fine. The model
+    computes the same function before and after (up to floating-point summation order).
+    """
+    perms = check_permutations(spec, perms)
+    out = {}
+    for key, t in state.items():
+        for name, ax in spec.by_key.get(key, ()):
+            if t.ndim <= ax.axis or t.shape[ax.axis] != len(perms[name]) * ax.inner:
+                raise IncompatibleError(f"tensor {key!r} of shape {tuple(t.shape)} does not fit permutation {name!r}")
+        out[key] = _permuted(spec, perms, key, t.detach()).clone()
+    return out
+
+
+def identity(spec: PermutationSpec) -> dict[str, torch.Tensor]:
+    return {p.name: torch.arange(p.size) for p in spec.perms}
+
+
+def random_permutation(spec: PermutationSpec, seed: int) -> dict[str, torch.Tensor]:
+    """Uniformly random permutations that keep whole norm groups (groups shuffled, then units within each)."""
+    g = torch.Generator().manual_seed(int(seed))
+    out = {}
+    for p in spec.perms:
+        s = p.group_size
+        blocks = torch.randperm(p.groups, generator=g)
+        within = torch.stack([torch.randperm(s, generator=g) for _ in range(p.groups)])
+        out[p.name] = (blocks[:, None] * s + within).reshape(-1)
+    return out
+
+
+def invert(perms: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse permutations: ``apply(invert(P), apply(P, s)) == s``."""
+    return {k: torch.argsort(torch.as_tensor(v)) for k, v in perms.items()}
+
+
+# ------------------------------------------------------------------------------------------ matching
+
+
+class Permutations(dict):
+    """Permutation name -> int64 index tensor, with how weight matching got there."""
+
+    iterations: int = 0  # full passes over the permutations
+    converged: bool = True  # the last pass changed no permutation (False: stopped at max_iter)
+
+
+def _check_states(spec: PermutationSpec, state_a: Mapping[str, torch.Tensor],
+                  state_b: Mapping[str, torch.Tensor]) -> None:
+    from landscape.params import check_compatible
+
+    check_compatible(state_a, state_b, names=("A", "B"))
+    _check_spec_fits(spec, state_a)
+    for label, state in (("A", state_a), ("B", state_b)):
+        for key, t in state.items():
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                bad = int((~torch.isfinite(t)).sum())
+                raise ModelError(f"{label} has {bad} non-finite value(s) in {key!r}; alignment needs finite weights "
+                                 "(did the run diverge?)")
+
+
+def assign(similarity: np.ndarray, groups: int = 1) -> np.ndarray:
+    """``perm`` maximising ``sum_i S[i, perm[i]]``, mapping whole contiguous groups onto whole groups.
+
+    With ``groups > 1`` the optimum under that constraint is exact: for every pair of groups the best
+    within-group assignment (a small linear assignment), then the best assignment of groups on those values.
+    """
+    s = np.asarray(similarity, dtype=np.float64)
+    n = s.shape[0]
+    size = n // groups
+    if groups == 1 or size == 1:
+        return linear_sum_assignment(s, maximize=True)[1]
+    blocks = s.reshape(groups, size, groups, size).transpose(0, 2, 1, 3)
+    value = np.empty((groups, groups))
+    inner = np.empty((groups, groups, size), dtype=np.int64)
+    for a in range(groups):
+        for b in range(groups):
+            _, cols = linear_sum_assignment(blocks[a, b], maximize=True)
+            inner[a, b] = cols
+            value[a, b] = blocks[a, b][np.arange(size), cols].sum()
+    _, to = linear_sum_assignment(value, maximize=True)
+    return (to[:, None] * size + inner[np.arange(groups), to]).reshape(-1)
+
+
+def weight_matching(spec: PermutationSpec, state_a: Mapping[str, torch.Tensor], state_b: Mapping[str, torch.Tensor],
+                    seed: int = 0, max_iter: int = 100) -> Permutations:
+    """Permutations of B's units that make B's weights most similar to A's (Git Re-Basin Alg. 1).
+
+    Start from the identity; in each pass visit the permutations in a seeded random order and replace ``P_l``
+    by the linear assignment maximising ``sum_{(W, axis) in P_l} <W^A, W^B permuted by the others>`` when
+    that strictly improves the objective; stop after a pass that changes nothing (``converged``) or after
+    ``max_iter`` passes. Similarities are accumulated in float64. Only parameters vote (not running stats).
+    """
+    if int(max_iter) != max_iter or max_iter < 1:
+        raise UsageError(f"--max-iter must be a positive integer, got {max_iter}")
+    _check_states(spec, state_a, state_b)
+    a = {k: v.detach().to(torch.float64) for k, v in state_a.items() if k in spec.by_key}
+    b = {k: v.detach().to(torch.float64) for k, v in state_b.items() if k in spec.by_key}
+    a_units = {(p.name, i): _units(a[ax.key], ax, p.size) for p in spec.perms for i, ax in enumerate(p.axes)
+               if ax.match}
+    perms = Permutations(identity(spec))
+    rng = np.random.default_rng(int(seed))
+    for it in range(int(max_iter)):
+        changed = False
+        for index in rng.permutation(len(spec.perms)):
+            p = spec.perms[index]
+            sim = torch.zeros(p.size, p.size, dtype=torch.float64)
+            for i, ax in enumerate(p.axes):
+                if ax.match:
+                    wb = _permuted(spec, perms, ax.key, b[ax.key], skip=ax)
+                    sim.addmm_(a_units[p.name, i], _units(wb, ax, p.size).T)
+            sim_np = sim.numpy()
+            new = assign(sim_np, p.groups)
+            old = perms[p.name].numpy()
+            rows = np.arange(p.size)
+            gain = sim_np[rows, new].sum() - sim_np[rows, old].sum()
+            if gain > 1e-12 * max(1.0, float(np.abs(sim_np[rows, old]).sum())):
+                perms[p.name] = torch.from_numpy(np.asarray(new, dtype=np.int64))
+                changed = True
+        perms.iterations = it + 1
+        if not changed:
+            perms.converged = True
+            break
+    else:
+        perms.converged = False
+    return perms
+
+
+def similarity(spec: PermutationSpec, state_a: Mapping[str, torch.Tensor], state_b: Mapping[str, torch.Tensor]) -> float:
+    """Weight matching's objective ``sum <W^A, W^B>`` over the tensors that vote (float64)."""
+    keys = {ax.key for p in spec.perms for ax in p.axes if ax.match}
+    return float(sum(torch.sum(state_a[k].double() * state_b[k].double()) for k in sorted(keys)))
+
+
+@dataclass
+class Alignment:
+    """B aligned to A: the permuted state, the permutations, and how much they moved (for reports)."""
+
+    state: dict[str, torch.Tensor]
+    perms: Permutations
+    spec: PermutationSpec
+    distance_before: float  # ||theta_B - theta_A||_2 over the floating tensors
+    distance_after: float
+
+    def rows(self) -> list[dict]:
+        """One row per permutation: units, norm groups, and how many units it moved."""
+        return [{"permutation": p.name, "units": p.size, "groups": p.groups,
+                 "moved": int((self.perms[p.name] != torch.arange(p.size)).sum())} for p in self.spec.perms]
+
+
+def align_states(model: nn.Module, state_a: Mapping[str, torch.Tensor], state_b: Mapping[str, torch.Tensor], *,
+                 seed: int = 0, max_iter: int = 100) -> Alignment:
+    """B permuted to match A by weight matching, for ``model``'s architecture (see :func:`weight_matching`)."""
+    spec = permutation_spec(model)
+    perms = weight_matching(spec, state_a, state_b, seed=seed, max_iter=max_iter)
+    state = apply_permutation(spec, perms, state_b)
+    return Alignment(state, perms, spec, _distance(state_a, state_b), _distance(state_a, state))
+
+
+def _distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
+    total = 0.0
+    for k, t in a.items():
+        if t.is_floating_point():
+            total += float(torch.sum((b[k].double() - t.double()) ** 2))
+    return math.sqrt(total)

@@ -1,0 +1,422 @@
+"""Calibration of a classifier's confidence (Bu et al. 2023 Sec. 5, Figs. 2, 5-7, 11-12, Table 2).
+
+DP-SGD with a small clipping norm is over-confident; with a large one it is calibrated like SGD. Per checkpoint
+and data split this module reports, from the softmax probabilities ``pi_i`` (computed in float64):
+
+* accuracy ``mean 1{argmax pi_i = y_i}`` and the negative log-likelihood ``NLL = mean -log pi_i[y_i]``;
+* the multi-class Brier score (Brier 1950) ``mean sum_k (pi_i[k] - 1{k = y_i})^2`` (range [0, 2]);
+* ECE and MCE with ``M`` equal-width confidence bins, as Guo et al. 2017 (Sec. 2, Eqs. 3 and 5):
+  the confidence is ``P_i = max_k pi_i[k]`` (the probability of the predicted class), sample ``i`` falls in
+  bin ``B_m`` when ``P_i`` lies in ``I_m = ((m-1)/M, m/M]`` (``m = 1..M``; right-closed, so ``P_i = 1`` is in
+  the last bin), and with ``acc(B_m)``/``conf(B_m)`` the bin's accuracy and mean confidence::
+
+      ECE = sum_m |B_m| / n * |acc(B_m) - conf(B_m)|        MCE = max over NON-EMPTY m of |acc(B_m) - conf(B_m)|
+
+* the adaptive (equal-mass) ECE (Nixon et al. 2019; "AdaECE" of Mukhoti et al. 2020): the same sum over
+  ``M`` bins holding equal numbers of samples (confidences sorted, stable for ties, and cut into contiguous
+  groups whose sizes differ by at most one, larger groups first as ``numpy.array_split``);
+* per-bin counts, mean confidence and accuracy (the reliability diagram, Bu Figs. 5, 7, 9), the confidence
+  histogram (the bin counts; Bu Fig. 2, Guo Fig. 1) and the histogram of the probability given to the true
+  class ``pi_i[y_i]`` on the same ``M`` equal-width bins of [0, 1] (first bin closed, ``[0, 1/M]``; Bu Fig. 11).
+
+``torchmetrics``' ``MulticlassCalibrationError`` bins ``[k/M, (k+1)/M)`` with float32 confidences and puts a
+confidence of exactly 1.0 into an extra bin; the two agree (to float32 rounding) whenever no confidence lies
+within float32 rounding of a bin edge or of 1 (the tests check that precondition and the agreement).
+
+:class:`ECE` is the same equal-width ECE/MCE as a metric of the evaluator's hook
+(``landscape.evaluate.evaluate(..., metrics=[ECE(15)])``): per point it accumulates the per-bin count,
+confidence sum and correct count on the device, so calibration along an interpolation path costs no second
+pass. Pure: models and tensors in, dataclasses out; the store is never opened here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from landscape.analyze._common import EvaluationOptions, check_positive_int
+from landscape.analyze.registry import Analysis, option
+from landscape.errors import UsageError
+from landscape.evaluate import Metric, evaluate
+from landscape.params import ParamSpace
+from landscape.results import StoredResult, stored
+
+KIND = "calibration"
+SPLITS = ("train", "test")
+
+
+@dataclass
+class CalibrationConfig(EvaluationOptions):
+    """Options of ``landscape calibration`` (stored as the result's ``params``)."""
+
+    bins: int = option(15, "Number of equal-width confidence bins ((m-1)/M, m/M] for ECE, MCE, the reliability "
+                       "diagram and the histograms; also the number of equal-mass bins of the adaptive ECE.", min=1)
+    splits: tuple[str, ...] = option(("test",), "Data splits to evaluate.", choices=SPLITS, metavar="train,test")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.splits, str):
+            self.splits = tuple(s.strip() for s in self.splits.split(",") if s.strip())
+        self.splits = tuple(self.splits)
+        if not self.splits:
+            raise UsageError("give at least one split (train, test)")
+        bad = [s for s in self.splits if s not in SPLITS]
+        if bad:
+            raise UsageError(f"unknown split {bad[0]!r}; use train and/or test")
+        if len(set(self.splits)) != len(self.splits):
+            raise UsageError(f"splits repeat: {','.join(self.splits)}")
+        check_positive_int("--bins", self.bins)
+        self.bins = int(self.bins)
+        check_positive_int("--batch-size", self.batch_size)
+
+
+# ----------------------------------------------------------------------------------------- binning
+
+
+def bin_edges(bins: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The ``bins + 1`` equal-width edges ``m / M`` of [0, 1] (float64)."""
+    return torch.linspace(0.0, 1.0, int(bins) + 1, dtype=torch.float64, device=device)
+
+
+def bin_index(values: torch.Tensor, bins: int) -> torch.Tensor:
+    """Bin ``m - 1`` of each value in [0, 1] for the right-closed bins ``((m-1)/M, m/M]`` (0 goes to the first).
+
+    Guo et al. 2017's convention: ``torch.bucketize(v, interior_edges, right=False)`` counts the interior
+    edges strictly below ``v``, so a value equal to an edge joins the bin below it.
+    """
+    interior = bin_edges(bins, values.device)[1:-1]
+    return torch.bucketize(values.to(torch.float64), interior, right=False)
+
+
+def _binned_errors(count: torch.Tensor, conf_sum: torch.Tensor, correct_sum: torch.Tensor):
+    """ECE (Guo Eq. 3) and MCE over non-empty bins (Guo Eq. 5) from per-bin sums; the last dim is the bins.
+
+    ``|acc(B_m) - conf(B_m)| |B_m| / n = |correct_sum - conf_sum| / n``, so ECE needs no division per bin.
+    Returns NaN for an empty set (no examples).
+    """
+    n = count.sum(-1)
+    gap = (correct_sum - conf_sum).abs()
+    ece = gap.sum(-1) / n
+    per_bin = torch.where(count > 0, gap / count.clamp_min(1), torch.zeros_like(gap))
+    mce = torch.where(n > 0, per_bin.amax(-1), torch.full_like(n, math.nan))
+    return ece, mce
+
+
+@dataclass
+class ExampleStats:
+    """Per-example quantities every calibration statistic is a function of (float64, shape (n,))."""
+
+    confidence: torch.Tensor  # max_k pi_i[k]
+    correct: torch.Tensor  # 1.0 when argmax pi_i = y_i
+    p_true: torch.Tensor  # pi_i[y_i]
+    nll: torch.Tensor  # -log pi_i[y_i] (from log_softmax: finite where p_true underflows to 0)
+    brier: torch.Tensor  # sum_k (pi_i[k] - 1{k = y_i})^2
+
+
+def example_stats(logits: torch.Tensor, y: torch.Tensor) -> ExampleStats:
+    """:class:`ExampleStats` of a batch of logits ``(n, K)`` and labels ``(n,)``, in float64."""
+    if logits.dim() != 2 or y.dim() != 1 or logits.shape[0] != y.shape[0]:
+        raise UsageError(f"need (n, K) logits and n labels, got {tuple(logits.shape)} and {tuple(y.shape)}")
+    z = logits.detach().to(torch.float64)
+    logp = torch.log_softmax(z, dim=1)
+    p = logp.exp()
+    conf, pred = p.max(dim=1)
+    yy = y.to(z.device).long().unsqueeze(1)
+    p_true = p.gather(1, yy).squeeze(1)
+    brier = (p * p).sum(1) - 2.0 * p_true + 1.0  # sum_k p_k^2 - 2 p_y + 1 = sum_k (p_k - 1{k=y})^2
+    return ExampleStats(confidence=conf, correct=(pred == yy.squeeze(1)).to(torch.float64), p_true=p_true,
+                        nll=-logp.gather(1, yy).squeeze(1), brier=brier)
+
+
+# ------------------------------------------------------------------------------------------ metrics
+
+
+@dataclass
+class SplitCalibration:
+    """Calibration of one checkpoint on one split (see the module docstring for every definition)."""
+
+    examples: int
+    accuracy: float
+    nll: float
+    brier: float
+    ece: float
+    mce: float
+    adaptive_ece: float
+    bin_count: np.ndarray  # (M,) samples per confidence bin: the confidence histogram
+    bin_confidence: np.ndarray  # (M,) mean confidence per bin, NaN where empty
+    bin_accuracy: np.ndarray  # (M,) accuracy per bin, NaN where empty
+    true_class_count: np.ndarray  # (M,) samples per bin of pi_i[y_i]
+
+    @property
+    def bins(self) -> int:
+        return int(self.bin_count.size)
+
+    @property
+    def edges(self) -> np.ndarray:
+        return np.linspace(0.0, 1.0, self.bins + 1)
+
+    def scalars(self) -> dict[str, float]:
+        return {"examples": self.examples, "accuracy": self.accuracy, "nll": self.nll, "brier": self.brier,
+                "ece": self.ece, "mce": self.mce, "adaptive_ece": self.adaptive_ece}
+
+
+def adaptive_ece(confidence: torch.Tensor, correct: torch.Tensor, bins: int) -> float:
+    """Equal-mass ECE: confidences sorted (stable) and cut into ``bins`` contiguous near-equal groups."""
+    n = int(confidence.numel())
+    if n == 0:
+        return math.nan
+    order = torch.sort(confidence, stable=True).indices
+    conf, corr = confidence[order], correct[order]
+    sizes = torch.full((bins,), n // bins, dtype=torch.long)
+    sizes[: n % bins] += 1  # numpy.array_split: the first n % M groups get one more
+    group = torch.repeat_interleave(torch.arange(bins), sizes).to(conf.device)
+    gap = torch.zeros(bins, dtype=torch.float64, device=conf.device).index_add_(0, group, corr - conf)
+    return float(gap.abs().sum() / n)
+
+
+def calibration_from_stats(stats: ExampleStats, bins: int) -> SplitCalibration:
+    """All the statistics of one split from its :class:`ExampleStats`."""
+    n = int(stats.confidence.numel())
+    if n == 0:
+        raise UsageError("cannot measure calibration on an empty data split")
+    idx = bin_index(stats.confidence, bins)
+    sums = torch.zeros(bins, 3, dtype=torch.float64, device=idx.device)
+    sums.index_add_(0, idx, torch.stack([torch.ones_like(stats.confidence), stats.confidence, stats.correct], 1))
+    count, conf_sum, correct_sum = sums.unbind(1)
+    ece, mce = _binned_errors(count, conf_sum, correct_sum)
+    true_count = torch.bincount(bin_index(stats.p_true, bins), minlength=bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        c = count.cpu().numpy()
+        mean_conf = np.where(c > 0, conf_sum.cpu().numpy() / c, np.nan)
+        mean_acc = np.where(c > 0, correct_sum.cpu().numpy() / c, np.nan)
+    return SplitCalibration(
+        examples=n, accuracy=float(stats.correct.mean()), nll=float(stats.nll.mean()),
+        brier=float(stats.brier.mean()), ece=float(ece), mce=float(mce),
+        adaptive_ece=adaptive_ece(stats.confidence, stats.correct, bins),
+        bin_count=c.astype(np.int64), bin_confidence=mean_conf, bin_accuracy=mean_acc,
+        true_class_count=true_count.cpu().numpy().astype(np.int64),
+    )
+
+
+def calibration_metrics(logits: torch.Tensor, y: torch.Tensor, bins: int = 15) -> SplitCalibration:
+    """Accuracy, NLL, Brier, ECE, MCE, adaptive ECE and the histograms of ``(n, K)`` logits against ``y``."""
+    check_positive_int("--bins", bins)
+    return calibration_from_stats(example_stats(logits, y), int(bins))
+
+
+class ECE(Metric):
+    """Equal-width ECE (Guo et al. 2017 Eq. 3) at every point, as a metric of the evaluator's hook.
+
+    State: per point and bin the count, the confidence sum and the correct count (float64, ``(P, M, 3)``),
+    added with one ``index_add_`` per batch on the device. ``finish`` gives the ECE per point (numpy ``(P,)``);
+    :meth:`errors` gives ECE and MCE from a state. The same numbers as :func:`calibration_metrics` on each
+    point's logits (the bins and sums are the same; only the summation order differs).
+    """
+
+    def __init__(self, bins: int = 15, name: str = "ece"):
+        check_positive_int("--bins", bins)
+        self.bins, self.name = int(bins), name
+
+    def __repr__(self) -> str:
+        return f"ECE(bins={self.bins}, name={self.name!r})"
+
+    def start(self, points: int, device: torch.device) -> torch.Tensor:
+        return torch.zeros(points, self.bins, 3, dtype=torch.float64, device=device)
+
+    def update(self, state: torch.Tensor, point: int, logits: torch.Tensor, y: torch.Tensor) -> None:
+        p = torch.softmax(logits.to(torch.float64), dim=1)
+        conf, pred = p.max(dim=1)
+        values = torch.stack([torch.ones_like(conf), conf, (pred == y).to(torch.float64)], 1)
+        state[point].index_add_(0, bin_index(conf, self.bins), values)
+
+    @staticmethod
+    def errors(state: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """ECE and MCE (non-empty bins) per point from an accumulated state."""
+        ece, mce = _binned_errors(*state.unbind(-1))
+        return ece.cpu().numpy(), mce.cpu().numpy()
+
+    def finish(self, state: torch.Tensor) -> np.ndarray:
+        return self.errors(state)[0]
+
+
+class _Examples(Metric):
+    """Every example's :class:`ExampleStats` at every point (the batches arrive in order)."""
+
+    name = "examples"
+
+    def start(self, points: int, device: torch.device) -> list[list[ExampleStats]]:
+        return [[] for _ in range(points)]
+
+    def update(self, state, point: int, logits: torch.Tensor, y: torch.Tensor) -> None:
+        state[point].append(example_stats(logits, y))
+
+    def finish(self, state) -> list[ExampleStats]:
+        return [ExampleStats(*(torch.cat([getattr(s, f) for s in parts]).cpu()
+                               for f in ("confidence", "correct", "p_true", "nll", "brier")))
+                for parts in state]
+
+
+# --------------------------------------------------------------------------------------- per checkpoint
+
+
+@dataclass
+class CalibrationRow:
+    """One checkpoint (what :func:`calibration_row` computes): its reference, run, position and each split."""
+
+    ref: str
+    step: int
+    epoch: float
+    splits: dict[str, SplitCalibration]
+    run: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.run:  # a RUN@SELECTOR reference names its run; a checkpoint file stands for itself
+            self.run = self.ref.partition("@")[0] if "@" in self.ref else Path(self.ref).stem
+
+
+@dataclass
+class CalibrationRecord:
+    """One checkpoint on one split: a row of the result's table."""
+
+    ref: str
+    run: str
+    step: int
+    epoch: float
+    split: str
+    examples: int
+    accuracy: float
+    nll: float
+    brier: float
+    ece: float
+    mce: float
+    adaptive_ece: float
+
+
+@dataclass
+class CalibrationResult(StoredResult):
+    """``landscape calibration``: one table row per (checkpoint, split) and, aligned with the rows, the
+    reliability bins and histograms as ``(row, bin)`` arrays. A whole run gives its metrics against epoch."""
+
+    KIND = KIND
+    CONFIG = CalibrationConfig
+
+    rows: list[CalibrationRecord] = stored("table", count="rows", default_factory=list)
+    bin_count: np.ndarray = stored("array", dims=("row", "bin"), default_factory=lambda: np.zeros((0, 0), np.int64))
+    bin_confidence: np.ndarray = stored("array", dims=("row", "bin"), default_factory=lambda: np.zeros((0, 0)))
+    bin_accuracy: np.ndarray = stored("array", dims=("row", "bin"), default_factory=lambda: np.zeros((0, 0)))
+    true_class_count: np.ndarray = stored("array", dims=("row", "bin"),
+                                          default_factory=lambda: np.zeros((0, 0), np.int64))
+    config: CalibrationConfig = field(default_factory=CalibrationConfig)
+    inputs: list = field(default_factory=list)
+    path: Path | None = None
+    figures: list[Path] = field(default_factory=list)
+
+    def calibration(self, i: int) -> SplitCalibration:
+        """Row ``i`` as a :class:`SplitCalibration` (scalars and bins)."""
+        r = self.rows[i]
+        return SplitCalibration(
+            examples=int(r.examples), accuracy=r.accuracy, nll=r.nll, brier=r.brier, ece=r.ece, mce=r.mce,
+            adaptive_ece=r.adaptive_ece, bin_count=np.asarray(self.bin_count[i]),
+            bin_confidence=np.asarray(self.bin_confidence[i]), bin_accuracy=np.asarray(self.bin_accuracy[i]),
+            true_class_count=np.asarray(self.true_class_count[i]))
+
+    def table(self) -> list[dict[str, Any]]:
+        """The rows as dicts (what the command prints)."""
+        return [dict(vars(r)) for r in self.rows]
+
+
+def collect(rows: list[CalibrationRow], config: CalibrationConfig) -> CalibrationResult:
+    """The result of several checkpoints: rows in the given order, each checkpoint's splits in config order."""
+    records, parts = [], []
+    for row in rows:
+        for split, c in row.splits.items():
+            records.append(CalibrationRecord(ref=row.ref, run=row.run, step=row.step, epoch=row.epoch, split=split,
+                                             **c.scalars()))
+            parts.append(c)
+    bins = config.bins
+
+    def stack(name: str, dtype) -> np.ndarray:
+        return np.stack([getattr(c, name) for c in parts]).astype(dtype) if parts else np.zeros((0, bins), dtype)
+
+    return CalibrationResult(rows=records, bin_count=stack("bin_count", np.int64),
+                             bin_confidence=stack("bin_confidence", np.float64),
+                             bin_accuracy=stack("bin_accuracy", np.float64),
+                             true_class_count=stack("true_class_count", np.int64), config=config)
+
+
+def calibration_row(
+    model: torch.nn.Module,
+    data: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+    config: CalibrationConfig | None = None,
+    *,
+    ref: str = "",
+    step: int = 0,
+    epoch: float = math.nan,
+    run: str = "",
+) -> CalibrationRow:
+    """Calibration of ``model`` (as it is: eval mode, its own BatchNorm statistics) on each configured split.
+
+    ``data`` maps ``"train"``/``"test"`` to ``(x, y)``; ``config.subset`` draws a seeded stratified subset.
+    The logits come from :func:`landscape.evaluate.evaluate` through its metric hook (one forward pass).
+    """
+    config = config or CalibrationConfig()
+    space = ParamSpace.from_model(model)
+    point = space.flatten(model).unsqueeze(0)
+    out: dict[str, SplitCalibration] = {}
+    for s in config.splits:
+        x, y = _subset(data, s, config)
+        r = evaluate(model, x, y, point, space=space, batch_size=config.batch_size, device=config.device,
+                     method=config.method, metrics=[_Examples()])
+        out[s] = calibration_from_stats(r.metrics["examples"][0], config.bins)
+    return CalibrationRow(ref=ref, step=int(step), epoch=float(epoch), splits=out, run=run)
+
+
+def _subset(data: Mapping[str, tuple[torch.Tensor, torch.Tensor]], name: str, config: CalibrationConfig):
+    if name not in data:
+        raise UsageError(f"split {name!r} is not in the data (have {', '.join(data)})")
+    x, y = data[name]
+    if config.subset is None:
+        return x, y
+    from landscape.data import subset_indices
+
+    idx = subset_indices(y, config.subset, config.subset_seed)
+    return x[idx], y[idx]
+
+
+# ------------------------------------------------------------------------------------------- the spec
+
+
+def compute_point(point, config: CalibrationConfig, shared: Any = None) -> CalibrationRow:
+    """:func:`calibration_row` at one resolved checkpoint (``landscape.api.resolve.Point``) on its own data."""
+    data = {s: point.split(s) for s in config.splits}
+    return calibration_row(point.model(), data, config, ref=point.ref, step=point.step, epoch=point.epoch,
+                           run=point.run or "")
+
+
+def collect_groups(groups, config: CalibrationConfig, run_options: Any = None, refs: Any = None,
+                   shared: Any = None) -> CalibrationResult:
+    """Every checkpoint of every reference, in order (a run's checkpoints by step)."""
+    return collect([row for group in groups for row in group], config)
+
+
+def _rows(result: CalibrationResult) -> list[dict[str, Any]]:
+    keep = ("ref", "split", "epoch", "accuracy", "nll", "brier", "ece", "mce", "adaptive_ece")
+    return [{k: row[k] for k in keep} for row in result.table()]
+
+
+SPEC = Analysis(
+    name="calibration", config=CalibrationConfig, compute=compute_point, collect=collect_groups,
+    result=CalibrationResult, inputs="targets", figure="landscape.plots.calibration:figure", rows=_rows,
+    output="calibration",
+    doc="""Calibration of checkpoints or whole runs TARGETS... (Bu et al. 2023 Sec. 5; Guo et al. 2017).
+
+    Accuracy, NLL, Brier score, ECE and MCE over equal-width confidence bins ((m-1)/M, m/M], confidence = max
+    softmax probability, MCE over non-empty bins), adaptive (equal-mass) ECE; reliability diagrams, confidence
+    and true-class probability histograms. A bare run name means every checkpoint of the run (metrics against
+    epoch).""",
+)

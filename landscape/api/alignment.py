@@ -1,0 +1,126 @@
+"""``landscape align A B``: B permuted to match A (Git Re-Basin weight matching) as a new run with lineage.
+
+The new run's step-0 checkpoint holds B's weights with its hidden units reordered by
+:func:`landscape.analyze.align.weight_matching` against A; it computes the same function as B (same
+metrics, which are copied). The permutations are stored as the run array ``permutation`` (name -> index
+array; unit ``i`` is B's unit ``perm[i]``), a pruning mask of B's run moves with the weights (run array
+``mask``), and the manifest records:
+
+- ``lineage``: B as the parent (run, step, epoch, ref, sha256) and ``aligned_to``: A (ref, run, step, sha256);
+- ``config``: the command, both references, ``seed`` and ``max_iter``;
+- ``privacy``: the DP history of B *and* of A. The weights are B's, but which permutation was applied is a
+  function of A's weights, so releasing the aligned run releases information about both; composing both
+  histories (shared ancestors counted twice) is a valid, possibly loose, upper bound. Non-private steps in
+  either make ``non_private_ancestors`` true.
+
+``landscape train --from RUN@init`` continues from the aligned weights with that history.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from landscape.analyze.align import align_states, apply_permutation
+from landscape.api._common import check_pair
+from landscape.errors import UsageError
+from landscape.store import Checkpoint, Store
+from landscape.train.pruning import MASK_ARRAY, inherited_privacy, lineage_of
+
+PERMUTATION_ARRAY = "permutation"
+
+
+@dataclass
+class AlignConfig:
+    """Options of ``landscape align`` (mirrored by the CLI)."""
+
+    ref_a: str
+    ref_b: str
+    run: str | None = None
+    seed: int = 0  # order in which weight matching visits the permutations
+    max_iter: int = 100  # passes over all permutations at most
+
+    def validate(self) -> None:
+        for flag, value in (("--seed", self.seed), ("--max-iter", self.max_iter)):
+            if isinstance(value, bool) or int(value) != value:
+                raise UsageError(f"{flag} must be an integer, got {value!r}")
+        if self.seed < 0:
+            raise UsageError(f"--seed must be >= 0, got {self.seed}")
+        if self.max_iter < 1:
+            raise UsageError(f"--max-iter must be >= 1, got {self.max_iter}")
+
+
+@dataclass
+class AlignResult:
+    run: str
+    checkpoint: Path
+    ref_a: str
+    ref_b: str
+    iterations: int
+    converged: bool
+    distance_before: float  # ||theta_B - theta_A||_2 (parameters and floating buffers)
+    distance_after: float  # ||pi(theta_B) - theta_A||_2
+    permutations: list[dict[str, Any]] = field(default_factory=list)  # permutation, units, groups, moved
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "checkpoint": str(self.checkpoint)}
+
+
+def align(ref_a: str, ref_b: str, *, run: str | None = None, root: str | Path = "checkpoints", seed: int = 0,
+          max_iter: int = 100) -> AlignResult:
+    """Permute B's hidden units to match A (weight matching) and write the result as a new run at ``root``.
+
+    ``run`` names the new run (default: generated). IncompatibleError when A and B differ in tensors or
+    model options, ModelError for architectures or layers alignment cannot permute and for non-finite weights.
+    """
+    config = AlignConfig(ref_a, ref_b, run, seed, max_iter)
+    config.validate()
+    store = Store(root)
+    a, b = store.load(ref_a), store.load(ref_b)
+    check_pair(a, b)
+    masks = _masks(store, b)
+    alignment = align_states(b.build_model(), a.state_dict, b.state_dict, seed=seed, max_iter=max_iter)
+    stored = {"command": "align", **asdict(config)}
+    lineage = {**lineage_of(b, ref_b), "aligned_to": {"ref": ref_a, "run": a.run, "step": a.step, "sha256": a.sha256}}
+    new = store.create_run(run, config=stored, seeds={"seed": int(seed)}, lineage=lineage, model_spec=b.model_spec,
+                           data_spec=b.data_spec, extra={"privacy": _privacy_of_both(store, b, a)})
+    try:
+        new.save_array(PERMUTATION_ARRAY, {k: v.numpy() for k, v in alignment.perms.items()})
+        if masks is not None:
+            new.save_array(MASK_ARRAY, {k: v.numpy() for k, v in
+                                        apply_permutation(alignment.spec, alignment.perms, masks).items()})
+        same_function = {k: v for k, v in b.metrics.items() if k.startswith(("train_", "test_"))}
+        path = new.save_checkpoint(alignment.state, step=0, epoch=0.0, metrics=same_function,
+                                   attrs={"aligned": {**stored, "iterations": alignment.perms.iterations}})
+    except BaseException:  # no half-made run under the chosen name
+        shutil.rmtree(new.path, ignore_errors=True)
+        raise
+    return AlignResult(
+        run=new.name, checkpoint=path, ref_a=ref_a, ref_b=ref_b, iterations=alignment.perms.iterations,
+        converged=alignment.perms.converged, distance_before=alignment.distance_before,
+        distance_after=alignment.distance_after, permutations=alignment.rows(),
+    )
+
+
+def _privacy_of_both(store: Store, b: Checkpoint, a: Checkpoint) -> dict[str, Any]:
+    """B's DP history, then A's (:func:`landscape.train.pruning.inherited_privacy`); for two checkpoints of one
+    run, the later one's history, which contains the earlier's."""
+    if a.run is not None and a.run == b.run:
+        events, non_private = inherited_privacy(store, a if a.step > b.step else b)
+        counts = {"B" if b.step >= a.step else "A": len(events)}
+    else:
+        (eb, npb), (ea, npa) = inherited_privacy(store, b), inherited_privacy(store, a)
+        events, non_private, counts = eb + ea, npb or npa, {"B": len(eb), "A": len(ea)}
+    return {"accounted": False, "ancestor_events": [dataclasses.asdict(e) for e in events],
+            "non_private_ancestors": non_private, "events_from": counts}
+
+
+def _masks(store: Store, b: Checkpoint):
+    if b.run is None:
+        return None
+    from landscape.api.pruning import load_masks
+
+    return load_masks(store.run(b.run))
