@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "privacy": ("cli.privacy:privacy", "Epsilon of a DP-SGD schedule, or the noise multiplier for a target epsilon."),
     "prune": ("cli.prune:prune", "Magnitude-prune a checkpoint into a new run (mask stored with it)."),
     "align": ("cli.align:align", "Permute B's hidden units to match A (Git Re-Basin weight matching) into a new run."),
+    "batch": ("cli.batch:batch", "Run a YAML sweep of train/phases/prune/analysis jobs, in-process or on Dask."),
 }
 
 
