@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ["persample", "dpsgd_step", "interpolate", "directions", "ntk", "hessian"]
+BENCHMARKS = ["persample", "dpsgd_step", "interpolate", "directions", "ntk", "hessian", "batch"]
 
 
 def main(argv: list[str]) -> int:

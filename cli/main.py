@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prune": ("cli.prune:prune", "Magnitude-prune a checkpoint into a new run (mask stored with it)."),
     "figures": ("cli.figures:figures", "Regenerate paper figures by recipe (train -> analyse -> plot) with a verdict."),
     "align": ("cli.align:align", "Permute B's hidden units to match A (Git Re-Basin weight matching) into a new run."),
+    "batch": ("cli.batch:batch", "Run a YAML sweep of train/phases/prune/analysis jobs, in-process or on Dask."),
 }
 
 

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import click
-import numpy as np
 
 from cli.common import echo_json, echo_table, json_option
-from landscape.results import read_result
 
 
 @click.command()
@@ -14,30 +12,24 @@ from landscape.results import read_result
 @json_option
 def show(result: str, as_json: bool) -> None:
     """Print a result file: kind, inputs (with sha256), options, scalar attrs and array shapes."""
-    res = read_result(result)
-    arrays = {name: {"shape": list(a.shape), "dtype": str(a.dtype)} for name, a in res.arrays.items()}
+    from landscape.api.store_views import show as summary
+
+    info = summary(result)
+    stats = info.pop("stats")
     if as_json:
-        small = {n: a for n, a in res.arrays.items() if a.size <= 64}
-        echo_json({"path": res.path, "kind": res.kind, "attrs": res.attrs, "params": res.params,
-                   "inputs": res.inputs, "arrays": arrays, "values": small})
+        echo_json(info)
         return
-    click.echo(f"{res.path}: {res.kind}")
-    for ref in res.inputs:
+    click.echo(f"{info['path']}: {info['kind']}")
+    for ref in info["inputs"]:
         click.echo(f"  input  {ref.ref}  sha256={ref.sha256[:16]}…  {ref.path}")
-    for key, value in res.params.items():
+    for key, value in info["params"].items():
         click.echo(f"  param  {key} = {value}")
-    for key, value in sorted(res.attrs.items()):
+    for key, value in sorted(info["attrs"].items()):
         if key != "kind":
             click.echo(f"  attr   {key} = {value}")
     rows = [
-        {"array": n, "shape": "x".join(map(str, a.shape)) or "scalar", "dtype": str(a.dtype),
-         "min": _stat(a, np.nanmin), "max": _stat(a, np.nanmax)}
-        for n, a in sorted(res.arrays.items())
+        {"array": n, "shape": "x".join(map(str, a["shape"])) or "scalar", "dtype": a["dtype"],
+         "min": stats[n]["min"], "max": stats[n]["max"]}
+        for n, a in sorted(info["arrays"].items())
     ]
     echo_table(rows)
-
-
-def _stat(a: np.ndarray, fn) -> float | None:
-    if a.size == 0 or not np.issubdtype(a.dtype, np.number) or np.all(np.isnan(a.astype(float))):
-        return None
-    return float(fn(a.astype(float)))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+from pathlib import Path
 from typing import Any
 
 import click
@@ -31,20 +31,18 @@ def ls(ctx: click.Context, root: str | None, as_json: bool) -> None:
     run (unreadable manifest, missing checkpoint file) is reported in one line on stderr (under "damaged"
     with --json) and the others are listed.
     """
-    from landscape.store import Store
+    from landscape.api.store_views import runs
 
-    st = Store(root or root_of(ctx))
-    runs, damaged = st.scan()
-    for message in damaged.values():
-        click.echo(f"warning: skipping a damaged run: {message}", err=True)
-    summaries = [_run_summary(run) for run in runs]
+    listing = runs(root or root_of(ctx))
+    for entry in listing["damaged"]:
+        click.echo(f"warning: skipping a damaged run: {entry['error']}", err=True)
+    summaries, damaged = listing["runs"], listing["damaged"]
     if as_json:
-        echo_json({"root": str(st.root), "runs": summaries,
-                   "damaged": [{"name": name, "error": message} for name, message in damaged.items()]})
+        echo_json(listing)
         return
     if not summaries:
-        click.echo(f"no {'readable ' if damaged else ''}runs in {st.root}"
-                   + ("" if st.root.is_dir() else " (no such directory)"))
+        click.echo(f"no {'readable ' if damaged else ''}runs in {listing['root']}"
+                   + ("" if Path(listing["root"]).is_dir() else " (no such directory)"))
         return
     metric_names = _metric_columns(s["final_metrics"] for s in summaries)
     rows = []
@@ -73,35 +71,23 @@ def show(ctx: click.Context, ref: str, as_json: bool) -> None:
 
     REF is PATH.h5 or RUN[@init|@last|@step=N|@epoch=E] (RUN alone means @last).
     """
-    from landscape.store import Store
+    from landscape.api.store_views import checkpoint
 
-    ckpt = Store(root_of(ctx)).load(ref, tensors=False)  # numpy arrays: no torch import to print shapes
-    tensors = [
-        {"name": k, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
-         "numel": math.prod(t.shape)}
-        for k, t in ckpt.state_dict.items()
-    ]
-    info = {
-        "ref": ref, "path": str(ckpt.path), "run": ckpt.run, "step": ckpt.step, "epoch": ckpt.epoch,
-        "epsilon": ckpt.epsilon, "metrics": ckpt.metrics, "model_spec": ckpt.model_spec,
-        "data_spec": ckpt.data_spec, "sha256": ckpt.sha256, "code_version": ckpt.code_version,
-        "parameters": sum(t["numel"] for t in tensors), "tensors": tensors,
-        "extra": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in ckpt.extra.items()},
-    }
+    info = checkpoint(ref, root_of(ctx))
     if as_json:
         echo_json(info)
         return
     for key in ("path", "run", "step", "epoch", "epsilon", "sha256", "code_version", "parameters"):
         click.echo(f"{key:<13}{format_value(info[key])}")
-    click.echo(f"{'model':<13}{_spec_text(ckpt.model_spec)}")
-    click.echo(f"{'data':<13}{_spec_text(ckpt.data_spec)}")
-    click.echo(f"{'metrics':<13}{' '.join(f'{k}={format_value(v)}' for k, v in ckpt.metrics.items()) or '-'}")
-    if ckpt.extra:
-        click.echo(f"{'extra':<13}{', '.join(ckpt.extra)}")
+    click.echo(f"{'model':<13}{_spec_text(info['model_spec'])}")
+    click.echo(f"{'data':<13}{_spec_text(info['data_spec'])}")
+    click.echo(f"{'metrics':<13}{' '.join(f'{k}={format_value(v)}' for k, v in info['metrics'].items()) or '-'}")
+    if info["extra"]:
+        click.echo(f"{'extra':<13}{', '.join(info['extra'])}")
     click.echo("")
     echo_table(
         [{"tensor": t["name"], "shape": "x".join(map(str, t["shape"])) or "scalar", "dtype": t["dtype"]}
-         for t in tensors]
+         for t in info["tensors"]]
     )
 
 
@@ -121,41 +107,17 @@ def import_checkpoint(
     .pt files are read with torch.load(weights_only=True): a file that would run code is refused. Opacus'
     `_module.` key prefix is stripped; keys and shapes must match the model built for the data set.
     """
-    from landscape.data import load_dataset
-    from landscape.models import build_model
-    from landscape.store import Store
-    from landscape.store import import_checkpoint as do_import
+    from landscape.api.store_views import import_checkpoint as do_import
 
-    dataset = load_dataset(**dataset_arguments(data, data_kwargs, subset, data_root, download))
     name, kwargs = model_arguments(model, model_kwargs)
-    spec = build_model(name, input_shape=dataset.input_shape, num_classes=dataset.num_classes,
-                       **kwargs).landscape_spec
-    st = Store(root_of(ctx))
-    path = do_import(st, file, model_spec=spec, data_spec=dataset.spec, run=run_name)
-    ckpt = st.load(str(path))
+    data_args = dataset_arguments(data, data_kwargs, subset, data_root, download)
+    done = do_import(file, run=run_name, model=name, model_kwargs=kwargs, data=data_args.pop("name"),
+                     subset=data_args.pop("subset"), data_root=data_args.pop("data_root"),
+                     download=data_args.pop("download"), data_kwargs=data_args, root=root_of(ctx))
     if as_json:
-        echo_json({"run": run_name, "ref": f"{run_name}@init", "path": str(path), "sha256": ckpt.sha256,
-                   "tensors": len(ckpt.state_dict)})
+        echo_json(done)
         return
-    click.echo(f"imported {file} -> {run_name}@init ({len(ckpt.state_dict)} tensors) at {path}")
-
-
-def _run_summary(run: Any) -> dict[str, Any]:
-    infos = run.checkpoints()
-    last = infos[-1] if infos else None
-    manifest = run.manifest
-    return {
-        "name": run.name,
-        "path": str(run.path),
-        "created": manifest.get("created"),
-        "model": (manifest.get("model_spec") or {}).get("name"),
-        "data": (manifest.get("data_spec") or {}).get("name"),
-        "lineage": manifest.get("lineage"),
-        "steps": [i.step for i in infos],
-        "last_epoch": last.epoch if last else None,
-        "epsilon": last.epsilon if last else None,
-        "final_metrics": dict(last.metrics) if last else {},
-    }
+    click.echo(f"imported {file} -> {run_name}@init ({done['tensors']} tensors) at {done['path']}")
 
 
 def _metric_columns(all_metrics: Any) -> list[str]:

@@ -32,6 +32,7 @@ _EXPORTS: dict[str, str] = {
     "demo": "demo_job",
     "DemoConfig": "demo_job",
     "align": "alignment",
+    "runs": "store_views", "checkpoint": "store_views", "show": "store_views", "import_checkpoint": "store_views",
     "figures": "figures",
 }
 

@@ -1,0 +1,72 @@
+"""``landscape batch`` on 1 vs 2 workers: the Watson Fig. 5 CPU-scale spec (examples/watson-fig5.yaml).
+
+Each repeat runs the whole spec twice from an empty directory, in turn: ``--workers 1`` (every job in the
+client process) and ``--workers 2`` (a ``distributed.LocalCluster`` of two one-thread processes; its start-up
+and shutdown are counted). Prints each wall time, the medians and the ratio (goal on 2 cores: >= 1.7x). The
+jobs are 12 ``phases`` families and 13 ``instability`` tables; both runs must give the same arrays, which
+``tests/test_batch.py`` checks, so only time is compared here. CPU seconds (the batch and every process it
+started) are printed beside wall time: on a shared machine CPU/wall says how many cores the batch got.
+
+Each Dask worker pays a fixed start-up (importing torch, scikit-learn, SciPy, dp-accounting; loading the data
+set): ~10 s of CPU here, where the in-process run pays it once. A speed-up of 1.7x on 2 cores therefore needs
+roughly 11x that much job work (~2 CPU minutes); the example spec is smaller than that (measured on a shared
+machine at load 3-5: 29 s in-process, 47 s on 2 workers).
+
+Run: ``python benchmarks/batch.py [--repeats 1] [--spec examples/watson-fig5.yaml]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(spec: Path, workers: int) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + system of the batch and every process it started)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "LANDSCAPE_THREADS": "1",
+           "MPLBACKEND": "Agg", "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    with tempfile.TemporaryDirectory(prefix="bench-batch-") as tmp:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "cli.main", "batch", str(spec), "--workers", str(workers)],
+                              cwd=tmp, env=env, capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if proc.returncode != 0:
+        raise SystemExit(f"batch --workers {workers} failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    return seconds, cpu
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--spec", type=Path, default=ROOT / "examples" / "watson-fig5.yaml")
+    args = parser.parse_args(argv)
+    spec = args.spec.resolve()
+    print(f"spec {spec.relative_to(ROOT) if spec.is_relative_to(ROOT) else spec}; load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; {os.cpu_count()} cores", flush=True)
+    times: dict[int, list[float]] = {1: [], 2: []}
+    for r in range(args.repeats):
+        for workers in (1, 2):
+            wall, cpu = run(spec, workers)
+            times[workers].append(wall)
+            print(f"repeat {r + 1}: --workers {workers}: {wall:.1f} s wall, {cpu:.1f} s CPU "
+                  f"(CPU/wall {cpu / wall:.2f}: how many cores the batch got)", flush=True)
+    m1, m2 = statistics.median(times[1]), statistics.median(times[2])
+    print(f"median wall time: 1 worker {m1:.1f} s, 2 workers {m2:.1f} s; speed-up {m1 / m2:.2f}x (goal >= 1.7x)")
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

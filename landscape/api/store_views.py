@@ -1,0 +1,128 @@
+"""Looking into the store and bringing checkpoints in: ``runs``, ``checkpoint``, ``show``, ``import_checkpoint``.
+
+The CLI commands ``store ls``, ``store show``, ``show`` and ``import`` are thin layers over these functions
+(parse, call, print; issue 10 item 3). ``runs``, ``checkpoint`` and ``show`` read numpy arrays and HDF5
+attributes only, so they import no torch (``tests/test_cli_lazy_torch.py``); ``import_checkpoint`` builds the
+model and so needs it. The summaries are plain JSON-ready dicts: ``landscape store ls --json`` prints exactly
+``runs(root)``, ``landscape store show --json`` prints ``checkpoint(ref, root)``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+__all__ = ["runs", "checkpoint", "show", "import_checkpoint"]
+
+# the largest array (number of elements) whose values ``show`` returns in "values"
+SMALL_ARRAY = 64
+
+
+def runs(root: str | os.PathLike = "checkpoints", pattern: str = "*") -> dict[str, Any]:
+    """The runs of the store at ``root`` (names matching ``pattern``) and the damaged ones.
+
+    Returns ``{"root", "runs", "damaged"}``: one summary per readable run (name, path, created, model, data,
+    lineage, steps of its checkpoints, last epoch, last epsilon, last metrics), and ``[{"name", "error"}]`` for
+    each run whose manifest is unreadable or whose checkpoint file is missing (``Store.scan``). Temporary files
+    of interrupted writes are never listed.
+    """
+    from landscape.store import Store
+
+    st = Store(root)
+    found, damaged = st.scan(pattern)
+    return {"root": str(st.root), "runs": [_run_summary(run) for run in found],
+            "damaged": [{"name": name, "error": message} for name, message in damaged.items()]}
+
+
+def checkpoint(ref: str, root: str | os.PathLike = "checkpoints") -> dict[str, Any]:
+    """What one checkpoint holds, without its values: specs, metrics, tensor names/shapes/dtypes, sha256.
+
+    ``ref`` is ``PATH.h5`` or ``RUN[@init|@last|@step=N|@epoch=E]`` (``RUN`` alone means ``@last``).
+    ``parameters`` is the number of elements over all tensors of the state dict.
+    """
+    from landscape.store import Store
+
+    ckpt = Store(root).load(ref, tensors=False)  # numpy arrays: no torch import to read shapes
+    tensors = [
+        {"name": k, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
+         "numel": math.prod(t.shape)}
+        for k, t in ckpt.state_dict.items()
+    ]
+    return {
+        "ref": ref, "path": str(ckpt.path), "run": ckpt.run, "step": ckpt.step, "epoch": ckpt.epoch,
+        "epsilon": ckpt.epsilon, "metrics": ckpt.metrics, "model_spec": ckpt.model_spec,
+        "data_spec": ckpt.data_spec, "sha256": ckpt.sha256, "code_version": ckpt.code_version,
+        "parameters": sum(t["numel"] for t in tensors), "tensors": tensors,
+        "extra": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in ckpt.extra.items()},
+    }
+
+
+def show(path: str | os.PathLike) -> dict[str, Any]:
+    """The summary of one result file: kind, inputs (with sha256), options, scalar attrs, arrays.
+
+    ``arrays`` maps each array to its shape and dtype, ``stats`` to its nan-ignoring min and max (None when
+    empty, not numeric or all-NaN), ``values`` holds the arrays of at most ``SMALL_ARRAY`` elements.
+    """
+    from landscape.results import read_result
+
+    res = read_result(path)
+    return {
+        "path": res.path, "kind": res.kind, "attrs": res.attrs, "params": res.params, "inputs": res.inputs,
+        "arrays": {n: {"shape": list(a.shape), "dtype": str(a.dtype)} for n, a in res.arrays.items()},
+        "values": {n: a for n, a in res.arrays.items() if a.size <= SMALL_ARRAY},
+        "stats": {n: {"min": _stat(a, np.nanmin), "max": _stat(a, np.nanmax)} for n, a in res.arrays.items()},
+    }
+
+
+def import_checkpoint(
+    file: str | os.PathLike, *, run: str, model: str, data: str, model_kwargs: dict[str, Any] | None = None,
+    data_kwargs: dict[str, Any] | None = None, subset: int | float | None = None, data_root: str | None = None,
+    download: bool = False, root: str | os.PathLike = "checkpoints",
+) -> dict[str, Any]:
+    """Import a foreign checkpoint (.pt/.pth state dict or .safetensors) as the step-0 checkpoint of a new run.
+
+    The model is built for the data set (``model``, ``model_kwargs``; input shape and classes from ``data``)
+    and the file's keys and shapes must match it; .pt files are read with ``torch.load(weights_only=True)``
+    (``landscape.store.import_checkpoint``). Returns ``{"run", "ref", "path", "sha256", "tensors"}``.
+    """
+    from landscape.data import load_dataset
+    from landscape.models import build_model
+    from landscape.store import Store
+    from landscape.store import import_checkpoint as store_import
+
+    dataset = load_dataset(name=data, subset=subset, data_root=data_root, download=download,
+                           **(data_kwargs or {}))
+    spec = build_model(model, input_shape=dataset.input_shape, num_classes=dataset.num_classes,
+                       **(model_kwargs or {})).landscape_spec
+    st = Store(root)
+    path = store_import(st, file, model_spec=spec, data_spec=dataset.spec, run=run)
+    ckpt = st.load(str(path), tensors=False)
+    return {"run": run, "ref": f"{run}@init", "path": str(path), "sha256": ckpt.sha256,
+            "tensors": len(ckpt.state_dict)}
+
+
+def _run_summary(run: Any) -> dict[str, Any]:
+    infos = run.checkpoints()
+    last = infos[-1] if infos else None
+    manifest = run.manifest
+    return {
+        "name": run.name,
+        "path": str(run.path),
+        "created": manifest.get("created"),
+        "model": (manifest.get("model_spec") or {}).get("name"),
+        "data": (manifest.get("data_spec") or {}).get("name"),
+        "lineage": manifest.get("lineage"),
+        "steps": [i.step for i in infos],
+        "last_epoch": last.epoch if last else None,
+        "epsilon": last.epsilon if last else None,
+        "final_metrics": dict(last.metrics) if last else {},
+    }
+
+
+def _stat(a: np.ndarray, fn: Any) -> float | None:
+    if a.size == 0 or not np.issubdtype(a.dtype, np.number) or np.all(np.isnan(a.astype(float))):
+        return None
+    return float(fn(a.astype(float)))

@@ -1,0 +1,283 @@
+"""Run a validated batch: in this process, on a local Dask cluster, or on an existing Dask scheduler.
+
+Every job becomes one call of :func:`landscape.batch.jobs.run_job`; in Dask each is a future whose arguments
+are the futures of the jobs it waits for, so the scheduler starts a job once its inputs are written and
+runs independent jobs side by side (one job per worker thread; workers have one thread each). A worker
+that dies mid-job makes Dask run that job again on another worker (``distributed.scheduler.allowed-failures``
+times). Workers read and write the store root and the results directory by the absolute paths the client
+resolved: on a cluster of several machines these must be on a shared filesystem (NFS, Lustre, ...).
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from landscape.batch.jobs import run_job
+from landscape.batch.spec import BatchSpec, Job
+from landscape.errors import LandscapeError, UsageError
+
+STATUSES = ("done", "cached", "failed", "skipped")
+
+
+@dataclass
+class BatchReport:
+    """What a batch did: one outcome per job (spec order), the summary files and the wall time."""
+
+    outcomes: list[dict[str, Any]]
+    summary_csv: Path | None = None
+    summary_h5: Path | None = None
+    index_csv: Path | None = None
+    seconds: float = 0.0
+    dashboard: str | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> list[dict[str, Any]]:
+        return [o for o in self.outcomes if o["status"] == "failed"]
+
+    @property
+    def skipped(self) -> list[dict[str, Any]]:
+        return [o for o in self.outcomes if o["status"] == "skipped"]
+
+
+def payload(job: Job, spec: BatchSpec, threads: int | None) -> dict[str, Any]:
+    return {**job.payload(), "root": str(spec.root), "results": str(spec.results), "threads": threads}
+
+
+def run_batch(spec: BatchSpec, *, workers: int = 1, scheduler: str | None = None, threads: int | None = None,
+              stream: TextIO | None = None, bar: bool | None = None) -> BatchReport:
+    """Run every job of ``spec``; ``workers`` local processes (1: this process) or ``scheduler``'s workers.
+
+    Progress goes to ``stream`` (stderr): a bar on a terminal, else one line per finished job. Writes the
+    summary (``summary.csv``, ``summary.h5``) and the file index (``index.csv``) under ``spec.results``.
+    """
+    stream = stream if stream is not None else sys.stderr
+    bar = stream.isatty() if bar is None else bar
+    progress = Progress(spec, stream, bar)
+    start = time.perf_counter()
+    spec.results.mkdir(parents=True, exist_ok=True)
+    spec.root.mkdir(parents=True, exist_ok=True)
+    if scheduler is None and workers <= 1:
+        outcomes = _in_process(spec, threads, progress)
+        dashboard = None
+    else:
+        outcomes, dashboard = _on_dask(spec, workers, scheduler, threads if threads else 1, progress)
+    progress.close()
+    report = BatchReport(outcomes=outcomes, seconds=time.perf_counter() - start, dashboard=dashboard)
+    report.counts = {s: sum(o["status"] == s for o in outcomes) for s in STATUSES}
+    write_summary(spec, report)
+    return report
+
+
+def _in_process(spec: BatchSpec, threads: int | None, progress: Progress) -> list[dict[str, Any]]:
+    done: dict[str, dict[str, Any]] = {}
+    for job in spec.jobs:
+        progress.start(job.id)
+        done[job.id] = run_job(payload(job, spec, threads), *(done[d] for d in job.deps))
+        progress.finish(done[job.id])
+    return [done[j.id] for j in spec.jobs]
+
+
+def _on_dask(spec: BatchSpec, workers: int, scheduler: str | None, threads: int,
+             progress: Progress) -> tuple[list[dict[str, Any]], str | None]:
+    try:
+        from distributed import Client, LocalCluster, as_completed
+    except ImportError:
+        raise UsageError("--workers > 1 and --scheduler need Dask: pip install 'landscape[dist]'") from None
+    cluster = None
+    if scheduler is None:
+        dashboard = "127.0.0.1:0" if _has_bokeh() else None
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                               dashboard_address=dashboard, silence_logs=logging.CRITICAL,
+                               worker_dashboard_address=None)
+        client = Client(cluster)
+    else:
+        try:
+            client = Client(scheduler, timeout="20s")
+        except OSError as exc:
+            raise LandscapeError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from None
+    try:
+        link = client.dashboard_link if (cluster is None or _has_bokeh()) else None
+        progress.note(f"dask: {len(client.scheduler_info(n_workers=-1)['workers'])} worker(s) at "
+                      f"{client.scheduler.address}; dashboard: "
+                      f"{link or 'not available (pip install bokeh for the Dask dashboard)'}")
+        futures: dict[str, Any] = {}
+        for job in spec.jobs:
+            futures[job.id] = client.submit(run_job, payload(job, spec, threads), *(futures[d] for d in job.deps),
+                                            key=f"batch-{job.id}-{job.hash}", pure=False)
+        ids = {f.key: job_id for job_id, f in futures.items()}
+        by_id = {j.id: j for j in spec.jobs}
+        outcomes: dict[str, dict[str, Any]] = {}
+        capacity = max(1, sum(client.nthreads().values()))
+
+        def running() -> list[str]:
+            ready = [j for j in spec.jobs if j.id not in outcomes and all(d in outcomes for d in j.deps)]
+            return [j.id for j in ready][:capacity]
+
+        progress.running(running())
+        for future in as_completed(list(futures.values())):
+            job_id = ids[future.key]
+            try:
+                outcome = future.result()
+            except Exception as exc:  # e.g. KilledWorker after too many worker deaths
+                from landscape.batch.jobs import one_line
+
+                job = by_id[job_id]
+                outcome = {"id": job_id, "kind": job.kind, "hash": job.hash, "status": "failed",
+                           "error": one_line(exc), "numbers": {}, "outputs": [], "seconds": 0.0, "worker": "?"}
+            outcomes[job_id] = outcome
+            progress.finish(outcome)
+            progress.running(running())
+        return [outcomes[j.id] for j in spec.jobs], link
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+def _has_bokeh() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("bokeh") is not None
+
+
+# ------------------------------------------------------------------------------------------ progress
+
+
+class Progress:
+    """done / running / failed / skipped counts: a redrawn bar on a terminal, else one line per job."""
+
+    def __init__(self, spec: BatchSpec, stream: TextIO, bar: bool, width: int = 30):
+        self.total = len(spec.jobs)
+        self.stream, self.bar, self.width = stream, bar, width
+        self.counts = dict.fromkeys(STATUSES, 0)
+        self.active: list[str] = []
+
+    def note(self, text: str) -> None:
+        self._clear()
+        print(text, file=self.stream, flush=True)
+        self._draw()
+
+    def start(self, job_id: str) -> None:
+        self.running([job_id])
+
+    def running(self, ids: list[str]) -> None:
+        self.active = list(ids)
+        self._draw()
+
+    def finish(self, outcome: dict[str, Any]) -> None:
+        self.counts[outcome["status"]] += 1
+        self.active = [a for a in self.active if a != outcome["id"]]
+        line = f"{outcome['status']:7s} {outcome['id']} ({outcome['seconds']:.1f} s)"
+        if outcome.get("error"):
+            line += f": {outcome['error']}"
+        self._clear()
+        if not self.bar or outcome["status"] in ("failed", "skipped"):
+            print(line, file=self.stream, flush=True)
+        self._draw()
+
+    def _text(self) -> str:
+        finished = sum(self.counts.values())
+        filled = int(self.width * finished / max(self.total, 1))
+        c = self.counts
+        return (f"[{'#' * filled}{'.' * (self.width - filled)}] {finished}/{self.total}  done {c['done']}"
+                f" cached {c['cached']}  running {len(self.active)}  failed {c['failed']}  skipped {c['skipped']}")
+
+    def _clear(self) -> None:
+        if self.bar:
+            self.stream.write("\r\033[K")
+
+    def _draw(self) -> None:
+        if self.bar:
+            self.stream.write("\r" + self._text())
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.bar:
+            self.stream.write("\r\033[K" + self._text() + "\n")
+            self.stream.flush()
+
+
+# ------------------------------------------------------------------------------------------- summary
+
+
+def summary_rows(spec: BatchSpec, report: BatchReport) -> tuple[list[str], list[dict[str, Any]]]:
+    """One row per job: id, kind, status, seconds, error, configuration hash, then its key numbers."""
+    fixed = ["job", "kind", "status", "seconds", "error", "hash", "outputs", "worker"]
+    number_cols: list[str] = []
+    for o in report.outcomes:
+        for k in o.get("numbers") or {}:
+            if k not in number_cols:
+                number_cols.append(k)
+    # a result's own scalar named like a fixed column (an analysis' "seconds") gets a prefix
+    named = {k: f"result_{k}" if k in fixed else k for k in number_cols}
+    cols = [*fixed, *named.values()]
+    rows = []
+    for o in report.outcomes:
+        row = {"job": o["id"], "kind": o["kind"], "status": o["status"], "seconds": round(o["seconds"], 3),
+               "error": o.get("error") or "", "hash": o["hash"], "outputs": len(o.get("outputs") or []),
+               "worker": str(o.get("worker") or "")}
+        for k in number_cols:
+            row[named[k]] = (o.get("numbers") or {}).get(k)
+        rows.append(row)
+    return cols, rows
+
+
+def write_summary(spec: BatchSpec, report: BatchReport) -> None:
+    """``summary.csv`` + ``summary.h5`` (one row per job) and ``index.csv`` (every output file, sha256)."""
+    import numpy as np
+
+    from landscape.results import atomic_write, write_result
+
+    cols, rows = summary_rows(spec, report)
+    out = spec.results
+
+    def write_csv(path: Path, header: list[str], data: list[dict[str, Any]]) -> None:
+        def write(tmp: Path) -> None:
+            with open(tmp, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=header)
+                w.writeheader()
+                for r in data:
+                    w.writerow({k: "" if r.get(k) is None else r.get(k) for k in header})
+
+        atomic_write(path, write)
+
+    report.summary_csv = out / "summary.csv"
+    write_csv(report.summary_csv, cols, rows)
+    index = [{"job": o["id"], "path": e["path"], "bytes": e["bytes"], "sha256": e["sha256"]}
+             for o in report.outcomes for e in o.get("outputs") or []]
+    report.index_csv = out / "index.csv"
+    write_csv(report.index_csv, ["job", "path", "bytes", "sha256"], index)
+    arrays: dict[str, Any] = {}
+    for c in cols:
+        values = [r[c] for r in rows]
+        if all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values):
+            arrays[c] = np.array([math.nan if v is None else float(v) for v in values], dtype=np.float64)
+        else:
+            arrays[c] = np.array([("" if v is None else str(v)).encode() for v in values], dtype=bytes)
+    for c in ("job", "path", "sha256"):
+        arrays[f"index_{c}"] = np.array([r[c].encode() for r in index], dtype=bytes)
+    arrays["index_bytes"] = np.array([r["bytes"] for r in index], dtype=np.int64)
+    report.summary_h5 = write_result(
+        out / "summary.h5", "batch-summary", arrays=arrays,
+        attrs={"spec": str(spec.path), "root": str(spec.root), "jobs": len(rows), "seconds": report.seconds,
+               **{f"n_{s}": n for s, n in report.counts.items()}},
+        params={"columns": cols})
+
+
+def format_table(report: BatchReport) -> str:
+    """The summary as an aligned text table (job, kind, status, seconds, error)."""
+    head = ["job", "kind", "status", "seconds", "error"]
+    rows = [[o["id"], o["kind"], o["status"], f"{o['seconds']:.1f}", o.get("error") or ""] for o in report.outcomes]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head[:-1])]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head[:-1], widths, strict=True)) + "  error"]
+    for r in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + ("  " + r[-1] if r[-1] else ""))
+    return "\n".join(lines)

@@ -1,0 +1,363 @@
+"""``landscape batch``: spec validation, the job graph, and the same results in-process, on a LocalCluster and on
+a ``dask scheduler`` + two ``dask worker`` processes (loopback only); resume after SIGKILL of the client, a
+killed worker's job retried, a failing job isolated.
+
+The reference for "same results" is the in-process run (``--workers 1``): every array of every result file and
+every tensor of every final checkpoint must be equal, whatever ran the jobs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+SPEC = """\
+defaults:
+  train: {data: digits, subset: 0.2, epochs: 1, checkpoint_every: none}
+  interpolate: {figure: false, points: 3}
+jobs:
+  base:
+    kind: train
+    grid: {seed: [0, 1]}
+    run: "r-s{seed}"
+    epochs: 3
+    subset: 0.5
+  child:
+    kind: train
+    grid: {seed: [0, 1], lr: [0.05, 0.1]}
+    run: "c-s{seed}-lr{lr}"
+    from_ref: "r-s{seed}@last"
+  interp:
+    kind: interpolate
+    grid: {seed: [0, 1]}
+    refs: ["r-s{seed}@last", "c-s{seed}-lr0.1@last"]
+  bad:
+    kind: interpolate
+    refs: [r-s0@init, nosuch@last]
+  after-bad:
+    kind: norms
+    refs: [r-s0]
+    figure: false
+    after: [bad]
+"""
+RUNS = ["r-s0", "r-s1", "c-s0-lr0.05", "c-s0-lr0.1", "c-s1-lr0.05", "c-s1-lr0.1"]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+            "MPLBACKEND": "Agg", "LANDSCAPE_THREADS": "1"}
+
+
+def _batch(cwd: Path, *args: str, timeout: float = 150) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "cli.main", "batch", *args], cwd=cwd, env=_env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _cli(capsys, *args: str) -> tuple[int, str, str]:
+    """``landscape batch ARGS`` in this process (for the commands that run no job)."""
+    from cli.main import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main(["batch", *args])
+    out, err = capsys.readouterr()
+    return exit_.value.code, out, err
+
+
+def _write(tmp: Path, text: str, name: str = "spec.yaml") -> Path:
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / name).write_text(text)
+    return tmp / name
+
+
+def _snapshot(cwd: Path) -> dict[str, dict[str, np.ndarray]]:
+    """Every final checkpoint's tensors and every result file's arrays, keyed by run / file."""
+    from landscape.results import read_result
+    from landscape.store import Store
+
+    store = Store(cwd / "checkpoints")
+    out = {run: {k: v.numpy() for k, v in store.load(f"{run}@last").state_dict.items()} for run in RUNS}
+    for h5 in sorted((cwd / "results" / "spec").glob("*/*.h5")):
+        out[str(h5.relative_to(cwd))] = dict(read_result(h5).arrays)
+    return out
+
+
+def _assert_same(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b)
+    for key in a:
+        assert sorted(a[key]) == sorted(b[key]), key
+        for name in a[key]:
+            np.testing.assert_array_equal(a[key][name], b[key][name], err_msg=f"{key}:{name}")
+
+
+def _check_report(proc: subprocess.CompletedProcess, cwd: Path) -> None:
+    """Exit 1 for the failing job, its dependant skipped, everything else done, the summary naming both."""
+    import csv
+
+    assert proc.returncode == 1, proc.stderr
+    assert "error: job bad failed: no run 'nosuch'" in proc.stderr
+    assert "skipped (upstream failed): after-bad" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    rows = {r["job"]: r for r in csv.DictReader(open(cwd / "results/spec/summary.csv"))}
+    assert rows["bad"]["status"] == "failed" and rows["bad"]["error"].startswith("no run 'nosuch'")
+    assert rows["after-bad"]["status"] == "skipped" and "bad" in rows["after-bad"]["error"]
+    assert {r["status"] for j, r in rows.items() if j not in ("bad", "after-bad")} == {"done"}
+    assert float(rows["base-seed0"]["test_acc"]) > 0
+    from landscape.results import read_result
+
+    summary = read_result(cwd / "results/spec/summary.h5")
+    assert [j.decode() for j in summary.arrays["job"]][:2] == ["base-seed0", "base-seed1"]
+    index = list(csv.DictReader(open(cwd / "results/spec/index.csv")))
+    assert any(r["path"].endswith("interp-seed0/interpolate.h5") for r in index)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> tuple[Path, dict]:
+    cwd = tmp_path_factory.mktemp("inproc")
+    _write(cwd, SPEC)
+    proc = _batch(cwd, "spec.yaml", "--workers", "1")
+    _check_report(proc, cwd)
+    return cwd, _snapshot(cwd)
+
+
+# ------------------------------------------------------------------------------------------- validation
+
+
+def test_dry_run_infers_dependencies_and_writes_dot(tmp_path, capsys):
+    _write(tmp_path, SPEC)
+    code, out, err = _cli(capsys, "spec.yaml", "--dry-run", "--dot", "graph.dot")
+    assert code == 0, err
+    from landscape.batch import load_spec
+
+    spec = load_spec(tmp_path / "spec.yaml")
+    deps = {j.id: set(j.deps) for j in spec.jobs}
+    assert deps["base-seed0"] == set()
+    assert deps["child-seed1-lr0.1"] == {"base-seed1"}  # from_ref names r-s1
+    assert deps["interp-seed0"] == {"base-seed0", "child-seed0-lr0.1"}  # both refs
+    assert deps["after-bad"] == {"base-seed0", "bad"}  # refs r-s0 + explicit after
+    assert len(spec.jobs) == 10 and "child-seed1-lr0.1  [train]" in out
+    dot = (tmp_path / "graph.dot").read_text()
+    assert '"base-seed1" -> "child-seed1-lr0.1";' in dot and '"bad" -> "after-bad" [style=dashed];' in dot
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "results").exists()
+
+
+def test_glob_reference_depends_on_every_matching_producer(tmp_path):
+    spec = _write(tmp_path, """\
+jobs:
+  p:
+    kind: phases
+    grid: {seed: [0, 1]}
+    group: "g-s{seed}"
+    epochs: 2
+    phase1: [sgd]
+    phase2: [sgd]
+    copies: 2
+  i:
+    kind: instability
+    refs: ["g-s1-*"]
+""")
+    from landscape.batch import load_spec
+
+    jobs = {j.id: j for j in load_spec(spec).jobs}
+    assert jobs["p-seed0"].produces == ("g-s0-sgd", "g-s0-sgd-sgd-0", "g-s0-sgd-sgd-1")
+    assert jobs["i"].deps == ("p-seed1",)
+
+
+BAD_SPECS = {
+    "unknown kind": ("jobs:\n  a:\n    kind: trian\n    run: x\n", 3, "unknown job kind 'trian'"),
+    "unknown option": ("jobs:\n  a:\n    kind: train\n    run: x\n    epohcs: 2\n", 5,
+                       "unknown option 'epohcs' for job kind 'train'"),
+    "unknown default option": ("defaults:\n  train:\n    lrr: 1\njobs:\n  a: {kind: train, run: x}\n", 3,
+                               "defaults.train.lrr: unknown option 'lrr'"),
+    "cycle": ("jobs:\n  a: {kind: train, run: x, from_ref: y@last}\n  b: {kind: train, run: y, from_ref: x@last}\n",
+              2, "cyclic dependency: a -> b -> a"),
+    "cycle via after": ("jobs:\n  a: {kind: train, run: x, after: [b]}\n  b: {kind: train, run: y, after: [a]}\n",
+                        2, "cyclic dependency"),
+    "bad grid value (type)": ("jobs:\n  a:\n    kind: train\n    run: 'x{epochs}'\n    grid:\n      epochs: [1, two]\n",
+                              6, "jobs.a.grid.epochs: jobs.a (epochs=two): option 'epochs' must be int"),
+    "bad grid value (range)": ("jobs:\n  a:\n    kind: train\n    run: 'x{e}'\n    optimizer: dpsgd\n"
+                               "    target_epsilon: '{e}'\n    grid:\n      e: [1, -5]\n", 8,
+                               "--target-epsilon must be > 0, got -5"),
+    "empty grid": ("jobs:\n  a:\n    kind: train\n    run: x\n    grid:\n      seed: []\n", 6, "non-empty list"),
+    "duplicate run": ("jobs:\n  a:\n    kind: train\n    run: same\n    grid: {seed: [0, 1]}\n", 2,
+                      "duplicate run name 'same' after expansion"),
+    "duplicate job name": ("jobs:\n  a:\n    kind: train\n    run: 'x{seed}'\n    name: one\n    grid: {seed: [0, 1]}\n",
+                           2, "duplicate job name 'one'"),
+    "unknown template variable": ("jobs:\n  a:\n    kind: train\n    run: 'x{sede}'\n    grid: {seed: [0]}\n", 4,
+                                  "unknown template variable {sede}"),
+    "unknown after": ("jobs:\n  a: {kind: train, run: x, after: [zz]}\n", 2, "no job named 'zz'"),
+    "missing run": ("jobs:\n  a: {kind: train, epochs: 1}\n", 2, "needs option 'run'"),
+    "wrong ref count": ("jobs:\n  a: {kind: interpolate, refs: [x@last]}\n", 2, "takes 2 reference(s)"),
+    "analysis workers": ("jobs:\n  a:\n    kind: norms\n    refs: [x]\n    workers: 2\n", 5,
+                         "option 'workers' does not apply in a batch"),
+    "unknown top key": ("jobz: {}\n", 1, "unknown top-level key 'jobz'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SPECS))
+def test_invalid_spec_fails_before_anything_runs(tmp_path, case):
+    from landscape.batch import SpecError, load_spec
+
+    text, line, message = BAD_SPECS[case]
+    spec = _write(tmp_path, text)
+    with pytest.raises(SpecError) as info:
+        load_spec(spec)
+    assert str(info.value).startswith(f"{spec}:{line}: "), str(info.value)
+    assert message in str(info.value)
+
+
+def test_invalid_spec_cli_is_one_line_and_runs_nothing(tmp_path, capsys):
+    _write(tmp_path, BAD_SPECS["unknown option"][0])
+    code, _, err = _cli(capsys, "spec.yaml")
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("error: spec.yaml:5: jobs.a.epohcs: unknown")
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "results").exists()
+    _write(tmp_path, "jobs: [1\n")
+    code, _, err = _cli(capsys, "spec.yaml")
+    assert code == 2 and err.startswith("error: spec.yaml:") and "not valid YAML" in err
+    code, _, err = _cli(capsys, "spec.yaml", "--workers", "2", "--scheduler", "tcp://127.0.0.1:1")
+    assert code == 2 and err == "error: give --workers N (a local cluster) or --scheduler ADDRESS, not both\n"
+
+
+# ------------------------------------------------------------------------------------------- execution
+
+
+def test_rerun_skips_finished_jobs_byte_identical(reference, tmp_path):
+    cwd, _ = reference
+    files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (cwd / "checkpoints").rglob("*") if p.is_file()}
+    files.update({p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (cwd / "results/spec").glob("*/*")})
+    proc = _batch(cwd, "spec.yaml")
+    assert proc.returncode == 1 and "0 done, 8 cached" in proc.stdout
+    for p, (data, mtime) in files.items():
+        assert p.read_bytes() == data and p.stat().st_mtime_ns == mtime, p
+
+
+def test_local_cluster_gives_the_same_results(reference, tmp_path):
+    _write(tmp_path, SPEC)
+    proc = _batch(tmp_path, "spec.yaml", "--workers", "2")
+    _check_report(proc, tmp_path)
+    assert "dask: 2 worker(s) at tcp://127.0.0.1:" in proc.stderr and "dashboard:" in proc.stderr
+    _assert_same(reference[1], _snapshot(tmp_path))
+
+
+def _start(args: list[str], cwd: Path, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(args, cwd=cwd, env=_env(), stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=5)
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_dask_scheduler_and_workers_killed_worker_retried(reference, tmp_path):
+    """``dask scheduler`` + two ``dask worker`` on 127.0.0.1; one worker is SIGKILLed while it runs a training
+    job: Dask reruns that job on the other worker (the run resumes) and every result equals the reference."""
+    from distributed import Client
+
+    _write(tmp_path, SPEC)
+    dask = [PY, "-m", "distributed.cli.dask_scheduler"]
+    sched_file = tmp_path / "scheduler.json"
+    procs = [_start([*dask, "--host", "127.0.0.1", "--port", "0", "--no-dashboard", "--scheduler-file",
+                     str(sched_file)], tmp_path, tmp_path / "scheduler.log")]
+    client = batch = None
+    try:
+        _wait_for(sched_file.exists, 60, "the scheduler file")
+        for i in range(2):
+            procs.append(_start([PY, "-m", "distributed.cli.dask_worker", "--scheduler-file", str(sched_file),
+                                 "--nthreads", "1", "--nworkers", "1", "--no-nanny", "--host", "127.0.0.1",
+                                 "--no-dashboard", "--name", f"w{i}"], tmp_path, tmp_path / f"worker{i}.log"))
+        client = Client(scheduler_file=str(sched_file), timeout="30s")
+        address = client.scheduler.address
+        assert address.startswith("tcp://127.0.0.1:")
+        client.wait_for_workers(2, timeout=60)
+        pids = client.run(os.getpid)
+        batch = subprocess.Popen([PY, "-m", "cli.main", "batch", "spec.yaml", "--scheduler", address], cwd=tmp_path,
+                                 env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+        def training_worker():
+            for worker, keys in client.processing().items():
+                if any(str(k).startswith("batch-base-seed0-") for k in keys) and \
+                        (tmp_path / "checkpoints/r-s0/manifest.json").exists():
+                    return worker
+            return None
+
+        victim = _wait_for(training_worker, 90, "a worker running base-seed0")
+        os.kill(pids[victim], signal.SIGKILL)
+        out, err = batch.communicate(timeout=150)
+        proc = subprocess.CompletedProcess(batch.args, batch.returncode, out, err)
+        _check_report(proc, tmp_path)
+        assert len(client.scheduler_info()["workers"]) == 1  # the killed worker is gone; the other did the rest
+    finally:
+        if batch is not None and batch.poll() is None:
+            batch.kill()
+            batch.wait(timeout=10)
+        if client is not None:
+            client.close()
+        _stop(procs)
+    _assert_same(reference[1], _snapshot(tmp_path))
+
+
+def test_sigkill_of_the_client_then_rerun_completes(tmp_path):
+    """Kill the batch (SIGKILL) once a job has finished; the rerun skips them (files byte-identical,
+    mtimes unchanged) and completes the rest."""
+    spec = _write(tmp_path, """\
+defaults:
+  train: {data: digits, subset: 0.3, epochs: 1, checkpoint_every: 5s}
+jobs:
+  t:
+    kind: train
+    grid: {seed: [0, 1, 2]}
+    run: "t{seed}"
+""")
+    batch = subprocess.Popen([PY, "-m", "cli.main", "batch", spec.name], cwd=tmp_path, env=_env(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    records = tmp_path / "results/spec/.batch"
+    try:
+        _wait_for(lambda: records.is_dir() and len(list(records.glob("*.json"))) >= 1, 120, "a finished job")
+        batch.send_signal(signal.SIGKILL)
+    finally:
+        batch.kill()
+        batch.wait(timeout=10)
+    finished = sorted(p.stem for p in records.glob("*.json"))
+    assert 1 <= len(finished) < 3
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for job in finished
+              for p in (tmp_path / "checkpoints" / f"t{job.removeprefix('t-seed')}").rglob("*") if p.is_file()}
+    assert before
+    proc = _batch(tmp_path, spec.name)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{3 - len(finished)} done, {len(finished)} cached" in proc.stdout
+    for p, (data, mtime) in before.items():
+        assert p.read_bytes() == data and p.stat().st_mtime_ns == mtime, p
+    from landscape.store import Store
+
+    store = Store(tmp_path / "checkpoints")
+    assert all(store.run(f"t{s}").checkpoints()[-1].epoch == 1 for s in range(3))
