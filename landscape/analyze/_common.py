@@ -44,3 +44,17 @@ def config_from_params(cls, params: Mapping[str, Any]):
     dropped, so files written by other versions still read."""
     known = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: v for k, v in params.items() if k in known})
+
+
+def split_subset(splits: Mapping[str, Any], name: str, subset: int | float | None, seed: int):
+    """``(x, y)`` of split ``name``, or its seeded stratified ``subset`` (a count or a fraction); a split the data
+    does not have is a UsageError naming the ones it has."""
+    if name not in splits:
+        raise UsageError(f"split {name!r} is not in the data (have {', '.join(splits)})")
+    x, y = splits[name]
+    if subset is None:
+        return x, y
+    from landscape.data import subset_indices
+
+    idx = subset_indices(y, subset, seed)
+    return x[idx], y[idx]

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from landscape.analyze._common import EvaluationOptions, check_positive_int
+from landscape.analyze._common import EvaluationOptions, check_positive_int, split_subset
 from landscape.analyze.registry import Analysis, option
 from landscape.errors import UsageError
 from landscape.evaluate import Metric, evaluate
@@ -369,23 +369,11 @@ def calibration_row(
     point = space.flatten(model).unsqueeze(0)
     out: dict[str, SplitCalibration] = {}
     for s in config.splits:
-        x, y = _subset(data, s, config)
+        x, y = split_subset(data, s, config.subset, config.subset_seed)
         r = evaluate(model, x, y, point, space=space, batch_size=config.batch_size, device=config.device,
                      method=config.method, metrics=[_Examples()])
         out[s] = calibration_from_stats(r.metrics["examples"][0], config.bins)
     return CalibrationRow(ref=ref, step=int(step), epoch=float(epoch), splits=out, run=run)
-
-
-def _subset(data: Mapping[str, tuple[torch.Tensor, torch.Tensor]], name: str, config: CalibrationConfig):
-    if name not in data:
-        raise UsageError(f"split {name!r} is not in the data (have {', '.join(data)})")
-    x, y = data[name]
-    if config.subset is None:
-        return x, y
-    from landscape.data import subset_indices
-
-    idx = subset_indices(y, config.subset, config.subset_seed)
-    return x[idx], y[idx]
 
 
 # ------------------------------------------------------------------------------------------- the spec

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from landscape.analyze._common import EvaluationOptions, check_positive_int
+from landscape.analyze._common import EvaluationOptions, check_positive_int, split_subset
 from landscape.analyze.calibration import ECE
 from landscape.analyze.registry import Analysis, option
 from landscape.errors import UsageError
@@ -200,11 +200,11 @@ def interpolate(
     space = space or interpolation_space(model)
     a, b = _flat(theta_a, space, model, "A"), _flat(theta_b, space, model, "B")
     alphas = torch.from_numpy(np.linspace(0.0, 1.0, config.points))  # both ends exact
-    chosen = {s: _subset(data, s, config) for s in config.splits}
+    chosen = {s: split_subset(data, s, config.subset, config.subset_seed) for s in config.splits}
     if config.bn_recalibrate and bn_inputs is None:
         if "train" not in data:
             raise UsageError("BatchNorm recalibration needs the training split")
-        bn_inputs = _subset(data, "train", config)[0]
+        bn_inputs = split_subset(data, "train", config.subset, config.subset_seed)[0]
     if not config.bn_recalibrate:
         bn_inputs = None
     identical = torch.equal(a, b)
@@ -251,18 +251,6 @@ def _flat(theta, space: ParamSpace, model: nn.Module, label: str) -> torch.Tenso
         return theta.detach()
     check_compatible(model.state_dict(), theta, names=("the model", label))
     return space.flatten(theta)
-
-
-def _subset(splits: Mapping[str, tuple[torch.Tensor, torch.Tensor]], name: str, config: InterpolateConfig):
-    if name not in splits:
-        raise UsageError(f"split {name!r} is not in the data (have {', '.join(splits)})")
-    x, y = splits[name]
-    if config.subset is None:
-        return x, y
-    from landscape.data import subset_indices
-
-    idx = subset_indices(y, config.subset, config.subset_seed)
-    return x[idx], y[idx]
 
 
 # ------------------------------------------------------------------------------------------- the spec
