@@ -18,3 +18,19 @@ import pytest  # noqa: E402
 def _work_in_tmp_path(tmp_path, monkeypatch):
     """Run every test in its own directory, so default outputs (results/, checkpoints/) never land in the repo."""
     monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def figures_test_made(tmp_path_factory):
+    """Every registered figure recipe at ``--scale test`` through the CLI, once per session: ``(out, root)``.
+
+    Recipe tests read the summaries and the store from here instead of running their recipes again.
+    """
+    from cli import main as cli_main
+
+    out = tmp_path_factory.mktemp("figs")
+    root = out / "store"
+    with pytest.raises(SystemExit) as exc:
+        cli_main.main(["--root", str(root), "figures", "all", "--scale", "test", "--out", str(out)])
+    assert exc.value.code == 0
+    return out, root

@@ -21,12 +21,6 @@ from landscape.figures.recipe import read_summary
 from landscape.verdict import Verdict
 
 
-@pytest.fixture(autouse=True)
-def registered(monkeypatch):
-    if "figures" not in cli_main.COMMANDS:
-        monkeypatch.setitem(cli_main.COMMANDS, "figures", ("cli.figures:figures", "paper figures"))
-
-
 def run(capsys, *args):
     with pytest.raises(SystemExit) as exc:
         cli_main.main(list(args))
@@ -34,15 +28,10 @@ def run(capsys, *args):
     return exc.value.code, out.out, out.err
 
 
-@pytest.fixture(scope="module")
-def made(tmp_path_factory):
-    """Every registered recipe at --scale test, through the CLI (once for the module)."""
-    out = tmp_path_factory.mktemp("figs")
-    root = out / "store"
-    with pytest.raises(SystemExit) as exc:
-        cli_main.main(["--root", str(root), "figures", "all", "--scale", "test", "--out", str(out)])
-    assert exc.value.code == 0
-    return out, root
+@pytest.fixture
+def made(figures_test_made):
+    """Every registered recipe at --scale test, made once per session (tests/conftest.py)."""
+    return figures_test_made
 
 
 def test_list_names_every_recipe_with_figure_and_claim(capsys):
