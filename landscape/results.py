@@ -353,10 +353,14 @@ _BY_NAME = ("config", "params", "inputs", "path", "figures")
 
 def stored(where: str, default: Any = dataclasses.MISSING, *, name: str | None = None,
            dims: Sequence[str] | None = None, order: str | None = None, count: str | None = None,
-           keys: str | None = None, default_factory: Callable | None = None) -> Any:
+           keys: str | None = None, default_factory: Callable | None = None, repr: bool = True,
+           compare: bool = True) -> Any:
     """A result dataclass field stored as ``where``: ``"array"`` (a dataset), ``"attr"`` (a root attr),
     ``"table"`` (a list of row dataclasses, one dataset per column: bools, int64, float64, text or stacked
-    arrays), ``"nested"`` (in a row: a dataclass whose fields are more columns) or ``"skip"``.
+    arrays), ``"nested"`` (a dataclass whose own fields are stored with ``name`` as a prefix: in a row, more
+    columns; at the top, more attrs and datasets), ``"group"`` (in a row: stored per row under ``name`` with
+    ``{}`` the row index, e.g. ``"runs/{}/"``; a list of row dataclasses there is a sub-table) or ``"skip"``.
+    A complex array is stored as ``NAME_real`` and ``NAME_imag``.
 
     ``name``: the dataset/attr name (default: the field name); with a ``{}`` in it the field is a dict whose
     keys fill the braces (``"{}_loss"`` -> ``train_loss``, ``test_loss``). ``order``: the attr that keeps the
@@ -368,8 +372,8 @@ def stored(where: str, default: Any = dataclasses.MISSING, *, name: str | None =
     meta = {"where": where, "name": name, "dims": tuple(dims) if dims else None, "order": order, "count": count,
             "keys": keys}
     if default_factory is not None:
-        return field(default_factory=default_factory, metadata={"h5": meta})
-    return field(default=default, metadata={"h5": meta})
+        return field(default_factory=default_factory, metadata={"h5": meta}, repr=repr, compare=compare)
+    return field(default=default, metadata={"h5": meta}, repr=repr, compare=compare)
 
 
 def _layout(cls: type) -> list[tuple[dataclasses.Field, dict, Any]]:
@@ -398,10 +402,13 @@ def _key_names(template: str, keys: Sequence[str]) -> list[str]:
     return [template.format(k) for k in keys]
 
 
-def _flatten(obj: Any, layout, out_arrays: dict, out_attrs: dict, dims: dict, orders: dict) -> None:
+def _flatten(obj: Any, layout, out_arrays: dict, out_attrs: dict, dims: dict, orders: dict, prefix: str = "") -> None:
     for f, meta, _ in layout:
         value = getattr(obj, f.name)
-        name = meta["name"] or f.name
+        if meta["where"] == "nested":
+            _flatten(value, _layout(type(value)), out_arrays, out_attrs, dims, orders, prefix + (meta["name"] or ""))
+            continue
+        name = prefix + (meta["name"] or f.name)
         if meta["where"] == "table":
             continue
         target = out_arrays if meta["where"] == "array" else out_attrs
@@ -419,9 +426,19 @@ def _flatten(obj: Any, layout, out_arrays: dict, out_attrs: dict, dims: dict, or
                 value = ",".join(value)
             if meta["where"] == "array" and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
                 value = np.array([v.encode() for v in value], dtype=object).astype("S")  # names as bytes
-            target[name] = value
-            if meta["dims"]:
-                dims[name] = meta["dims"]
+            parts = _real_parts(name, value) if meta["where"] == "array" else {name: value}
+            for part, v in parts.items():
+                target[part] = v
+                if meta["dims"]:
+                    dims[part] = meta["dims"]
+
+
+def _real_parts(name: str, value: Any) -> dict[str, Any]:
+    """``{name: value}``, or for a complex array ``{name_real: ..., name_imag: ...}`` (HDF5 has no portable
+    complex type; netCDF readers see two real arrays)."""
+    if isinstance(value, np.ndarray) and np.iscomplexobj(value):
+        return {f"{name}_real": value.real, f"{name}_imag": value.imag}
+    return {name: value}
 
 
 def table_columns(rows: Sequence[Any], row_cls: type, keys: Sequence[str] = ()) -> dict[str, list]:
@@ -431,6 +448,8 @@ def table_columns(rows: Sequence[Any], row_cls: type, keys: Sequence[str] = ()) 
     layout = _layout(row_cls)
     for f, meta, hint in layout:
         name = meta["name"] or f.name
+        if meta["where"] == "group":  # stored per row (write_dataclass), not as a column
+            continue
         if meta["where"] == "nested":
             prefix = meta["name"] or ""
             if _list_of(hint) is not None:  # a list of dataclasses per row: columns stacked along a new axis
@@ -511,9 +530,14 @@ def write_dataclass(obj: Any, path: str | os.PathLike, kind: str, *, inputs: Seq
         row_cls = _row_class(hint)
         keys = _split_order(out_attrs.get(meta["order"])) if meta["order"] else ()
         for col, values in table_columns(rows, row_cls, keys).items():
-            arrays[col] = _column_array(values)
-            if arrays[col].ndim == 1:
-                table.append(col)
+            for part, column in _real_parts(col, _column_array(values)).items():
+                arrays[part] = column
+                if column.ndim == 1:
+                    table.append(part)
+        for i, row in enumerate(rows):
+            for g, gmeta, ghint in _layout(row_cls):
+                if gmeta["where"] == "group":
+                    arrays.update(_group_arrays(getattr(row, g.name), gmeta["name"].format(i), ghint, keys))
         if meta["count"]:
             out_attrs[meta["count"]] = len(rows)
     for attr, keys in orders.items():
@@ -527,13 +551,25 @@ def write_dataclass(obj: Any, path: str | os.PathLike, kind: str, *, inputs: Seq
             table = groups[common]
             if common[0] in table:
                 table = [common[0]] + [n for n in table if n != common[0]]
-    if table:
+    if table and "table" not in out_attrs:  # derived() may name the frame's columns itself
         out_attrs["table"] = json.dumps(table)
     out_attrs.update(attrs or {})
     params = getattr(obj, "config", None)
     if params is None:
         params = getattr(obj, "params", None)
     return write_result(path, kind, arrays=arrays, attrs=out_attrs, params=params, inputs=inputs, dims=dims)
+
+
+def _group_arrays(value: Any, name: str, hint: Any, keys: Sequence[str]) -> dict[str, Any]:
+    """One row's ``"group"`` field: a list of row dataclasses as sub-table columns prefixed ``name``; names
+    (a list of str) as one bytes dataset ``name``; anything else as one dataset."""
+    inner = _list_of(hint)
+    if inner is not None:
+        return {part: column for col, v in table_columns(value, inner, keys).items()
+                for part, column in _real_parts(name + col, _column_array(v)).items()}
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return {name: np.array([v.encode() for v in value], dtype=object).astype("S")}
+    return {name: np.asarray(value)}
 
 
 @dataclass(kw_only=True)
@@ -636,21 +672,7 @@ def read_dataclass(cls: type, path: str | os.PathLike, kind: str, *, config: typ
     """The result dataclass ``cls`` from a file written by :func:`write_dataclass` (``kind`` must match);
     ``config`` is the class of its ``config`` field (rebuilt from the stored params, unknown keys dropped)."""
     r = read_result(path, kind)
-    values: dict[str, Any] = {}
-    for f, meta, hint in _layout(cls):
-        name = meta["name"] or f.name
-        order = _split_order(r.attrs.get(meta["order"])) if meta["order"] else []
-        if meta["where"] == "table":
-            values[f.name] = _read_table(r, _row_class(hint), order)
-            continue
-        source = r.arrays if meta["where"] == "array" else r.attrs
-        if "{}" in name:
-            values[f.name] = _dict_field(source, name, order, hint, meta.get("keys"))
-        elif name in source:
-            value = source[name]
-            if meta["where"] == "attr" or (isinstance(value, np.ndarray) and value.dtype.kind == "S"):
-                value = _decode_value(value, hint)
-            values[f.name] = value
+    values = _field_values(cls, r)
     names = {f.name for f in dataclasses.fields(cls)}
     if "config" in names and config is not None:
         known = {f.name for f in dataclasses.fields(config)}
@@ -663,6 +685,32 @@ def read_dataclass(cls: type, path: str | os.PathLike, kind: str, *, config: typ
     if "path" in names:
         values["path"] = Path(path)
     return cls(**values)
+
+
+def _field_values(cls: type, r: Result, prefix: str = "") -> dict[str, Any]:
+    """The stored fields of ``cls`` read from ``r`` (names prefixed ``prefix``, for a nested dataclass)."""
+    values: dict[str, Any] = {}
+    for f, meta, hint in _layout(cls):
+        name = prefix + (meta["name"] or f.name)
+        order = _split_order(r.attrs.get(meta["order"])) if meta["order"] else []
+        if meta["where"] == "table":
+            values[f.name] = _read_table(r, _row_class(hint), order)
+            continue
+        if meta["where"] == "nested":
+            inner = _plain_class(hint)
+            values[f.name] = inner(**_field_values(inner, r, prefix + (meta["name"] or "")))
+            continue
+        source = r.arrays if meta["where"] == "array" else r.attrs
+        if "{}" in name:
+            values[f.name] = _dict_field(source, name, order, hint, meta.get("keys"))
+        elif meta["where"] == "array" and f"{name}_real" in source and f"{name}_imag" in source:
+            values[f.name] = source[f"{name}_real"] + 1j * source[f"{name}_imag"]
+        elif name in source:
+            value = source[name]
+            if meta["where"] == "attr" or (isinstance(value, np.ndarray) and value.dtype.kind == "S"):
+                value = _decode_value(value, hint)
+            values[f.name] = value
+    return values
 
 
 def _read_table(r: Result, row_cls: type, order: Sequence[str]) -> list:
@@ -688,6 +736,14 @@ def _rows_from(arrays: Mapping[str, np.ndarray], row_cls: type, n: int, order: S
     columns: dict[str, list] = {}
     for f, meta, hint in layout:
         name = meta["name"] or f.name
+        if meta["where"] == "group":
+            inner = _list_of(hint)
+            if inner is not None:  # row i's sub-table under the prefix name.format(i)
+                subs = [_strip(arrays, name.format(i)) for i in range(n)]
+                columns[f.name] = [_rows_from(sub, inner, _table_length(sub, inner), order) for sub in subs]
+            else:
+                columns[f.name] = [_decode_value(arrays[name.format(i)], hint) for i in range(n)]
+            continue
         if meta["where"] == "nested":
             sub = _strip(arrays, meta["name"] or "")
             inner = _list_of(hint)
@@ -701,6 +757,8 @@ def _rows_from(arrays: Mapping[str, np.ndarray], row_cls: type, n: int, order: S
         elif "{}" in name:
             same = {k: v for k, v in arrays.items() if v.ndim >= 1 and len(v) == n}
             columns[f.name] = [_dict_field({k: v[i] for k, v in same.items()}, name, order, hint) for i in range(n)]
+        elif f"{name}_real" in arrays and f"{name}_imag" in arrays:
+            columns[f.name] = [arrays[f"{name}_real"][i] + 1j * arrays[f"{name}_imag"][i] for i in range(n)]
         elif name in arrays:
             columns[f.name] = [_decode_value(arrays[name][i], hint) for i in range(n)]
     return [row_cls(**{k: v[i] for k, v in columns.items()}) for i in range(n)]

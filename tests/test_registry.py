@@ -148,6 +148,70 @@ def test_codec_round_trip_frame_and_xarray(tmp_path):
         ds.close()
 
 
+@dataclasses.dataclass
+class _Spectrum:
+    n: int
+    symmetric: bool
+    eigvals: np.ndarray  # complex: stored as eigvals_real / eigvals_imag
+
+
+@dataclasses.dataclass
+class _Point:
+    step: int
+    stats: _Spectrum = stored("nested", name="s_")
+    hist: np.ndarray = stored("array")
+
+
+@dataclasses.dataclass
+class _Group:
+    label: str = stored("array", name="labels")
+    names: list[str] = stored("group", name="g/{}/names")
+    points: list[_Point] = stored("group", name="g/{}/", default_factory=list)
+
+
+@dataclasses.dataclass
+class _Nested:
+    top: _Spectrum = stored("nested")
+    other: _Spectrum = stored("nested", name="K_")
+    groups: list[_Group] = stored("table", count="n_groups")
+
+    def derived(self):
+        return {"extra": np.arange(len(self.groups))}, {"table": json.dumps(["labels", "extra"])}, {}
+
+
+def _spectrum(n, seed):
+    rng = np.random.default_rng(seed)
+    return _Spectrum(n=n, symmetric=bool(seed % 2), eigvals=rng.normal(size=n) + 1j * rng.normal(size=n))
+
+
+def test_codec_nested_prefixes_complex_arrays_and_per_row_groups(tmp_path):
+    groups = [_Group("a", ["w", "b"], [_Point(0, _spectrum(2, 1), np.arange(3.0)), _Point(5, _spectrum(2, 2), np.ones(3))]),
+              _Group("b", ["only"], [_Point(1, _spectrum(2, 3), np.zeros(3))])]
+    t = _Nested(top=_spectrum(3, 4), other=_spectrum(4, 5), groups=groups)
+    path = write_dataclass(t, tmp_path / "n.h5", "nested")
+    with h5py.File(path) as f:
+        names = set()
+        f.visit(names.add)
+        assert {"eigvals_real", "eigvals_imag", "K_eigvals_real", "K_eigvals_imag", "labels", "extra",
+                "g/0/names", "g/0/step", "g/0/s_eigvals_real", "g/0/hist", "g/1/step"} <= names
+        assert "eigvals" not in names and "top" not in f.attrs
+        assert f.attrs["n"] == 3 and f.attrs["K_n"] == 4 and f.attrs["K_symmetric"] == 1 and f.attrs["n_groups"] == 2
+        np.testing.assert_array_equal(f["g/0/s_n"][()], [2, 2])
+        np.testing.assert_array_equal(f["g/0/hist"][()], [np.arange(3.0), np.ones(3)])
+    back = read_dataclass(_Nested, path, "nested")
+    assert back.top.n == 3 and back.other.n == 4 and back.other.symmetric is True and back.top.symmetric is False
+    np.testing.assert_array_equal(back.top.eigvals, t.top.eigvals)
+    np.testing.assert_array_equal(back.other.eigvals, t.other.eigvals)
+    assert [g.label for g in back.groups] == ["a", "b"] and [g.names for g in back.groups] == [["w", "b"], ["only"]]
+    assert [[p.step for p in g.points] for g in back.groups] == [[0, 5], [1]]
+    for got, want in zip(back.groups[0].points + back.groups[1].points, groups[0].points + groups[1].points,
+                         strict=True):
+        np.testing.assert_array_equal(got.stats.eigvals, want.stats.eigvals)
+        np.testing.assert_array_equal(got.hist, want.hist)
+        assert got.stats.n == want.stats.n and got.stats.symmetric == want.stats.symmetric
+    assert read_result(path).to_frame().columns.tolist() == ["labels", "extra"]  # derived() named the frame
+
+
 # ------------------------------------------------------------------------------------ interpolation
 
 
@@ -404,10 +468,30 @@ def test_clipping_and_norms_files_read_as_frames(mixed_store, tmp_path):
                                                                    strict=True)]:
         for key, value in dataclasses.asdict(want).items():
             np.testing.assert_array_equal(getattr(got, key), value)
-    n = norms(["a", "b"], root=mixed_store.root, grad_samples=0, bins=5, output=tmp_path / "n.h5", figure=False)
+    n = norms(["a", "b"], root=mixed_store.root, grad_samples=7, bins=5, output=tmp_path / "n.h5", figure=False)
     frame = read_result(n.path).to_frame()
     assert frame["run_labels"].tolist() == ["a", "b"]
     assert frame["ratio_to_first"].tolist() == [r["ratio_to_first"] for r in n.ratio_rows()]
+    from landscape.analyze.norms import NormsResult
+
+    back = NormsResult.from_hdf5(n.path)  # the codec's run table with per-run groups runs/<i>/
+    assert back.config == n.config and back.path == n.path
+    np.testing.assert_array_equal(back.edges, n.edges)
+    assert [(r.label, r.optimizer, r.layer_names) for r in back.runs] == [
+        (r.label, r.optimizer, r.layer_names) for r in n.runs]
+    for got_run, want_run in zip(back.runs, n.runs, strict=True):
+        assert len(got_run.rows) == len(want_run.rows) == 1
+        for got, want in zip(got_run.rows, want_run.rows, strict=True):
+            assert (got.ref, got.step, got.epoch) == (want.ref, want.step, want.epoch)
+            assert got.grad_norms.shape == (7,) and got.mean_grad_norm == want.mean_grad_norm
+            np.testing.assert_array_equal(got.histogram, want.histogram)
+            for key, value in dataclasses.asdict(want.params).items():
+                np.testing.assert_array_equal(getattr(got.params, key), value)
+    with h5py.File(n.path) as f:  # the dataset and attr names files had before the codec
+        assert {"edges", "run_labels", "optimizers", "dist_origin", "ratio_to_first"} <= set(f)
+        assert {"layer_names", "ref", "step", "epoch", "dist_origin", "dist_init", "num_params", "layer_norms",
+                "layer_dist_init", "histogram", "grad_norms", "mean_grad_norm"} == set(f["runs/1"])
+        assert f.attrs["runs"] == 2 and f.attrs["dist_origin"] == n.ratio_rows()[0]["dist_origin"]
 
 
 def test_ntk_file_has_labelled_sample_dims(mixed_store, tmp_path):
@@ -419,6 +503,17 @@ def test_ntk_file_has_labelled_sample_dims(mixed_store, tmp_path):
         np.testing.assert_array_equal(ds["K"].values, r.K)
         np.testing.assert_array_equal(ds["labels"].values, r.labels)
     assert read_result(r.path).to_frame()["labels"].tolist() == r.labels.tolist()
+    from landscape.analyze.ntk import NTKResult
+
+    back = NTKResult.from_hdf5(r.path)  # both kernels' properties: root attrs, the unclipped one prefixed K_
+    assert back.properties == r.properties and back.K_properties == r.K_properties and back.config == r.config
+    for p, q in ((back.properties, r.properties), (back.K_properties, r.K_properties)):
+        np.testing.assert_array_equal(p.eigvals, q.eigvals)
+        np.testing.assert_array_equal(p.sym_eigvals, q.sym_eigvals)
+    with h5py.File(r.path) as f:
+        assert f.attrs["symmetric"] == r.properties.symmetric and f.attrs["K_min_sym_eig"] == r.K_properties.min_sym_eig
+        np.testing.assert_array_equal(f["K_eigvals"][()], r.K_properties.sym_eigvals)  # the earlier name, kept
+        assert f.attrs["layer_max_norms"] == r.layer_max_norms == back.layer_max_norms > 0  # layerwise: C / sqrt(L)
 
 
 def test_surface_frame_is_one_row_per_grid_cell(mixed_store, tmp_path):

@@ -39,13 +39,6 @@ def check_choice(flag: str, value: Any, choices: Sequence[str]) -> None:
         raise UsageError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
 
 
-def config_from_params(cls, params: Mapping[str, Any]):
-    """The config dataclass ``cls`` from a result file's stored ``params``; keys ``cls`` no longer has are
-    dropped, so files written by other versions still read."""
-    known = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in params.items() if k in known})
-
-
 def split_subset(splits: Mapping[str, Any], name: str, subset: int | float | None, seed: int):
     """``(x, y)`` of split ``name``, or its seeded stratified ``subset`` (a count or a fraction); a split the data
     does not have is a UsageError naming the ones it has."""

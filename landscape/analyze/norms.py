@@ -13,17 +13,15 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
-from landscape.analyze._common import config_from_params
 from landscape.analyze.registry import Analysis, option
 from landscape.errors import UsageError
-from landscape.results import InputRef, read_result, write_result
+from landscape.results import StoredResult, stored
 
 KIND = "norms"
 
@@ -131,10 +129,12 @@ def per_sample_grad_norms(
 
 @dataclass
 class CheckpointNorms:
+    """One checkpoint's row of a run's table (``runs/<i>/...`` in the file)."""
+
     ref: str
     step: int
     epoch: float
-    params: ParameterNorms
+    params: ParameterNorms = stored("nested")
     histogram: np.ndarray  # (bins,)
     grad_norms: np.ndarray  # (samples,) per-sample gradient norms (empty when not asked for)
 
@@ -145,12 +145,13 @@ class CheckpointNorms:
 
 @dataclass
 class RunNorms:
-    """One run's (or one loose checkpoint's) norms along training."""
+    """One run's (or one loose checkpoint's) norms along training: a row of the result's run table, its
+    layer names and checkpoint rows stored in the group ``runs/<i>/``."""
 
-    label: str
-    optimizer: str
-    layer_names: list[str]
-    rows: list[CheckpointNorms] = field(default_factory=list)
+    label: str = stored("array", name="run_labels")
+    optimizer: str = stored("array", name="optimizers")
+    layer_names: list[str] = stored("group", name="runs/{}/layer_names")
+    rows: list[CheckpointNorms] = stored("group", name="runs/{}/", default_factory=list)
 
     def column(self, name: str) -> np.ndarray:
         if name == "mean_grad_norm":
@@ -159,14 +160,15 @@ class RunNorms:
 
 
 @dataclass
-class NormsResult:
+class NormsResult(StoredResult):
     """``landscape norms``: several runs on shared histogram edges, with distance ratios to the first run."""
+
+    KIND = KIND
+    CONFIG = NormsConfig
 
     config: NormsConfig
     edges: np.ndarray
-    runs: list[RunNorms]
-    path: Path | None = None  # where the result was written
-    figures: list[Path] = field(default_factory=list)
+    runs: list[RunNorms] = stored("table", count="runs")
 
     def ratio_rows(self) -> list[dict]:
         """Final distance from the origin (and from init) per run, and its ratio to the first run's."""
@@ -183,62 +185,18 @@ class NormsResult:
             })
         return out
 
-    def to_hdf5(self, path, *, inputs: Sequence[InputRef] = (), attrs: dict | None = None) -> Path:
-        extra = attrs or {}
-        arrays: dict[str, np.ndarray] = {
-            "edges": self.edges,
-            "run_labels": np.array([r.label for r in self.runs], dtype=object).astype("S"),
-            "optimizers": np.array([r.optimizer for r in self.runs], dtype=object).astype("S"),
-        }
-        for i, run in enumerate(self.runs):
-            p = f"runs/{i}/"
-            arrays[p + "layer_names"] = np.array(run.layer_names, dtype=object).astype("S")
-            arrays[p + "ref"] = np.array([r.ref for r in run.rows], dtype=object).astype("S")
-            arrays[p + "step"] = np.array([r.step for r in run.rows], dtype=np.int64)
-            arrays[p + "epoch"] = np.array([r.epoch for r in run.rows], dtype=float)
-            for name in ("dist_origin", "dist_init"):
-                arrays[p + name] = run.column(name)
-            arrays[p + "num_params"] = np.array([r.params.num_params for r in run.rows], dtype=np.int64)
-            arrays[p + "layer_norms"] = np.stack([r.params.layer_norms for r in run.rows])
-            arrays[p + "layer_dist_init"] = np.stack([r.params.layer_dist_init for r in run.rows])
-            arrays[p + "histogram"] = np.stack([r.histogram for r in run.rows])
-            arrays[p + "grad_norms"] = np.stack([r.grad_norms for r in run.rows])
-            arrays[p + "mean_grad_norm"] = run.column("mean_grad_norm")
+    def derived(self) -> tuple[dict, dict, dict]:
+        """Per run its mean gradient norm per checkpoint; the final distances and their ratios to the first run
+        (the frame's columns beside the labels); the first run's final numbers as attrs."""
         table = self.ratio_rows()
+        arrays = {f"runs/{i}/mean_grad_norm": run.column("mean_grad_norm") for i, run in enumerate(self.runs)}
         arrays["dist_origin"] = np.array([t["dist_origin"] for t in table])
         arrays["ratio_to_first"] = np.array([t["ratio_to_first"] for t in table])
         first = table[0]
-        attrs = {
-            "runs": len(self.runs), "dist_origin": first["dist_origin"], "dist_init": first["dist_init"],
-            "mean_grad_norm": first["mean_grad_norm"],
-            "table": json.dumps(["run_labels", "optimizers", "dist_origin", "ratio_to_first"]),  # to_frame()
-        }
-        self.path = write_result(path, KIND, arrays=arrays, attrs={**attrs, **extra}, params=self.config,
-                                 inputs=inputs)
-        return self.path
-
-    @classmethod
-    def from_hdf5(cls, path) -> NormsResult:
-        res = read_result(path, KIND)
-        a = res.arrays
-        config = config_from_params(NormsConfig, res.params)
-        runs = []
-        for i, label in enumerate(a["run_labels"]):
-            p = f"runs/{i}/"
-            run = RunNorms(label=label.decode(), optimizer=a["optimizers"][i].decode(),
-                           layer_names=[s.decode() for s in a[p + "layer_names"]])
-            for j in range(len(a[p + "step"])):
-                params = ParameterNorms(
-                    dist_origin=float(a[p + "dist_origin"][j]), dist_init=float(a[p + "dist_init"][j]),
-                    layer_norms=a[p + "layer_norms"][j], layer_dist_init=a[p + "layer_dist_init"][j],
-                    num_params=int(a[p + "num_params"][j]),
-                )
-                run.rows.append(CheckpointNorms(
-                    ref=a[p + "ref"][j].decode(), step=int(a[p + "step"][j]), epoch=float(a[p + "epoch"][j]),
-                    params=params, histogram=a[p + "histogram"][j], grad_norms=a[p + "grad_norms"][j],
-                ))
-            runs.append(run)
-        return cls(config=config, edges=a["edges"], runs=runs)
+        attrs = {"dist_origin": first["dist_origin"], "dist_init": first["dist_init"],
+                 "mean_grad_norm": first["mean_grad_norm"],
+                 "table": json.dumps(["run_labels", "optimizers", "dist_origin", "ratio_to_first"])}
+        return arrays, attrs, {}
 
 
 def checkpoint_norms(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +34,7 @@ from torch import nn
 from landscape.analyze.registry import Analysis, option
 from landscape.errors import NonFiniteError, UsageError
 from landscape.gram import KINDS, gram_blocks, layer_names, parse_memory
-from landscape.results import InputRef, StoredResult, read_result, stored, write_csv, write_result
+from landscape.results import StoredResult, stored, write_csv
 
 CLIPS = ("none", "flat", "layerwise")
 CLIP_STYLES = ("flat", "layerwise")
@@ -109,7 +109,7 @@ def kernel_properties(A: np.ndarray | torch.Tensor, *, sym_rtol: float = SYM_RTO
     tol = eig_rtol * norm
     asym = float(np.linalg.norm(A - A.T) / norm)
     sym_eigs = np.linalg.eigvalsh((A + A.T) / 2)
-    eigs = np.linalg.eigvals(A)
+    eigs = np.linalg.eigvals(A).astype(np.complex128)  # complex even when every eigenvalue is real
     eigs = eigs[np.lexsort((eigs.imag, eigs.real))]
     min_sym = float(sym_eigs[0])
     return KernelProperties(
@@ -363,29 +363,33 @@ def clip_layer_kernels(lk: LayerKernels, *, style: str, max_grad_norm: float, cl
 
 # ------------------------------------------------------------------------------------------- results
 @dataclass
-class NTKResult:
-    """One checkpoint's (clipped) NTK: kernels, clipping factors, spectra and properties."""
+class NTKResult(StoredResult):
+    """One checkpoint's (clipped) NTK: kernels, clipping factors, spectra and properties.
+
+    In the file the clipped kernel's properties are root attrs (``symmetric``, ``min_sym_eig``...) with its
+    spectra ``eigvals_real``/``eigvals_imag``/``sym_eigvals``; the unclipped kernel's carry the prefix ``K_``
+    (``K_symmetric``..., ``K_eigvals_real``/``_imag``, ``K_sym_eigvals``). ``K_eigvals`` repeats ``K_sym_eigvals``
+    under the name earlier files used.
+    """
+
+    KIND = "ntk"
+    CONFIG = NTKConfig
 
     config: NTKConfig
-    layer_names: list[str]
+    layer_names: list[str] = stored("array")
     K: np.ndarray
     K_layers: np.ndarray
     norms: np.ndarray  # (n,) loss-gradient norms ||g_i||
     layer_norms: np.ndarray  # (L, n) ||g_{i,r}||
     C: np.ndarray  # (n,) flat, (L, n) layerwise, ones for clip none
     A: np.ndarray
-    properties: KernelProperties  # of A
-    K_properties: KernelProperties  # of K (unclipped)
+    properties: KernelProperties = stored("nested")  # of A
+    K_properties: KernelProperties = stored("nested", name="K_")  # of K (unclipped)
     fraction_clipped: float
     fraction_layers_clipped: float
     indices: np.ndarray  # data set indices of the n examples
     labels: np.ndarray
     layer_max_norms: float | None = None
-    inputs: list[InputRef] = field(default_factory=list)
-    path: Path | None = None
-    figures: list[Path] = field(default_factory=list)
-
-    KIND = "ntk"
 
     def summary(self) -> dict:
         """What the CLI prints: the clipped kernel's properties and the unclipped kernel's."""
@@ -395,71 +399,32 @@ class NTKResult:
         out.update({f"K_{k}": v for k, v in self.K_properties.scalars().items()})
         return out
 
-    def to_hdf5(self, path: str | Path, *, inputs: Sequence[InputRef] = (), attrs: dict | None = None) -> Path:
-        p, kp = self.properties, self.K_properties
-        arrays = {
-            "K": self.K, "K_layers": self.K_layers, "layer_names": np.array(self.layer_names, dtype="S"),
-            "norms": self.norms, "layer_norms": self.layer_norms, "C": self.C, "A": self.A,
-            "eigvals_real": p.eigvals.real, "eigvals_imag": p.eigvals.imag, "sym_eigvals": p.sym_eigvals,
-            "K_eigvals": kp.sym_eigvals, "indices": self.indices, "labels": self.labels,
-        }
-        extra, attrs = attrs or {}, dict(p.scalars())
-        attrs.update({f"K_{k}": v for k, v in kp.scalars().items()})
-        attrs.update(fraction_clipped=self.fraction_clipped, fraction_layers_clipped=self.fraction_layers_clipped,
-                     layer_max_norms=self.layer_max_norms,
-                     table=json.dumps(["indices", "labels", "norms"]), **extra)  # to_frame(): one row per example
-        self.inputs = list(inputs) or self.inputs
-        self.path = write_result(path, self.KIND, arrays=arrays, attrs=attrs, params=asdict(self.config),
-                                 inputs=self.inputs, dims=self._dims(arrays))
-        return self.path
-
-    def _dims(self, arrays: dict) -> dict[str, tuple[str, ...]]:
-        """Labelled dimensions for netCDF readers: sample (the n examples), layer, and the kernel's rows/columns
-        (sample x sample_j, or entry x entry_j for the nM x nM output kernel), eig for its spectra. An array
-        whose shape does not fit is left unlabelled."""
+    def derived(self) -> tuple[dict, dict, dict]:
+        """``K_eigvals`` (the earlier name of ``K_sym_eigvals``), the frame's columns (one row per example) and
+        the labelled dimensions: sample (the n examples), layer, the kernel's rows/columns (sample x sample_j, or
+        entry x entry_j for the nM x nM output kernel), eig for the spectra; an array whose shape does not fit
+        is left unlabelled."""
+        arrays = {"K_eigvals": self.K_properties.sym_eigvals}
         n, m = len(self.labels), self.K.shape[0]
         k = ("sample", "sample_j") if m == n else ("entry", "entry_j")
-        dims = {"K": k, "A": k, "K_layers": ("layer", *k), "layer_names": ("layer",), "norms": ("sample",),
+        want = {"K": k, "A": k, "K_layers": ("layer", *k), "layer_names": ("layer",), "norms": ("sample",),
                 "layer_norms": ("layer", "sample"), "C": ("sample",) if np.ndim(self.C) == 1 else ("layer", "sample"),
-                "eigvals_real": ("eig",), "eigvals_imag": ("eig",), "sym_eigvals": ("eig",), "K_eigvals": ("eig",),
                 "indices": ("sample",), "labels": ("sample",)}
+        want.update({name: ("eig",) for name in ("eigvals_real", "eigvals_imag", "sym_eigvals", "K_eigvals",
+                                                 "K_eigvals_real", "K_eigvals_imag", "K_sym_eigvals")})
+        shapes = {"K": self.K, "A": self.A, "K_layers": self.K_layers, "layer_names": self.layer_names,
+                  "norms": self.norms, "layer_norms": self.layer_norms, "C": self.C, "indices": self.indices,
+                  "labels": self.labels, "K_eigvals": self.K_properties.sym_eigvals}
+        for prefix, p in (("", self.properties), ("K_", self.K_properties)):
+            shapes.update({f"{prefix}eigvals_real": p.eigvals, f"{prefix}eigvals_imag": p.eigvals,
+                           f"{prefix}sym_eigvals": p.sym_eigvals})
         sizes: dict[str, int] = {}
-        out = {}
-        for name, names in dims.items():
-            shape = np.shape(arrays[name])
+        dims = {}
+        for name, names in want.items():
+            shape = np.shape(shapes[name])
             if len(shape) == len(names) and all(sizes.setdefault(d, s) == s for d, s in zip(names, shape, strict=True)):
-                out[name] = names
-        return out
-
-    @classmethod
-    def from_hdf5(cls, path: str | Path) -> NTKResult:
-        r = read_result(path, cls.KIND)
-        a = r.arrays
-        params = dict(r.params)
-        if params.get("layers") is not None:
-            params["layers"] = tuple(params["layers"])
-        eig = a["eigvals_real"] + 1j * a["eigvals_imag"]
-        props = _properties_from(r.attrs, "", eig, a["sym_eigvals"])
-        kprops = _properties_from(r.attrs, "K_", a["K_eigvals"].astype(np.complex128), a["K_eigvals"])
-        lmn = r.attrs.get("layer_max_norms")
-        return cls(
-            config=NTKConfig(**params),
-            layer_names=[s.decode() if isinstance(s, bytes) else str(s) for s in a["layer_names"]],
-            K=a["K"], K_layers=a["K_layers"], norms=a["norms"], layer_norms=a["layer_norms"], C=a["C"], A=a["A"],
-            properties=props, K_properties=kprops,
-            fraction_clipped=float(r.attrs["fraction_clipped"]),
-            fraction_layers_clipped=float(r.attrs["fraction_layers_clipped"]),
-            indices=a["indices"], labels=a["labels"],
-            layer_max_norms=None if lmn in (None, "none") else float(lmn), inputs=r.inputs, path=Path(path),
-        )
-
-
-def _properties_from(attrs: dict, prefix: str, eigvals: np.ndarray, sym_eigvals: np.ndarray) -> KernelProperties:
-    names = [f.name for f in fields(KernelProperties) if f.name not in ("eigvals", "sym_eigvals")]
-    values = {k: attrs[prefix + k] for k in names}
-    for k in ("symmetric", "positive_quadratic", "positive_eigenvalues"):
-        values[k] = bool(values[k])
-    return KernelProperties(**values, eigvals=eigvals, sym_eigvals=sym_eigvals)
+                dims[name] = names
+        return arrays, {"table": json.dumps(["indices", "labels", "norms"])}, dims
 
 
 def compute_ntk(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: NTKConfig, *,
