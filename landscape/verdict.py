@@ -173,3 +173,22 @@ def far_below(claim: str, source: str, value: float, sample: Sequence[float], *,
     test = (f"held if {nv} < the {quantile:g} quantile of {ns}, did not hold if {nv} >= their median, "
             "else inconclusive")
     return Verdict(claim, source, test, numbers, held, note)
+
+
+def similar(claim: str, source: str, a: Sequence[float], b: Sequence[float], *, tolerance: float,
+            names: tuple[str, str] = ("A", "B"), unit: str = "seeds", note: str = "") -> Verdict:
+    """Claim ``A ~ B``: held if |mean(A) - mean(B)| <= sd(A) + sd(B) + ``tolerance``, did not hold if it is larger;
+    inconclusive with fewer than two values a side (no spread) or NaN. ``tolerance`` is the difference the claim
+    still calls "the same" (e.g. one accuracy point), stated in the rule."""
+    a, b = list(map(float, a)), list(map(float, b))
+    ma, mb = (float(np.mean(x)) if x else math.nan for x in (a, b))
+    sa, sb = spread(a), spread(b)
+    na, nb = names
+    gap = abs(ma - mb)
+    bound = sa + sb + tolerance
+    held = None if math.isnan(gap) or math.isnan(bound) else bool(gap <= bound)
+    numbers = {f"mean {na}": ma, f"sd {na}": sa, f"n {na}": len(a), f"mean {nb}": mb, f"sd {nb}": sb,
+               f"n {nb}": len(b), "tolerance": tolerance}
+    test = (f"held if |mean({na}) - mean({nb})| <= sd({na}) + sd({nb}) + {tolerance:g} (sample sd over {unit}), "
+            f"else did not hold; inconclusive with fewer than 2 {unit} a side")
+    return Verdict(claim, source, test, numbers, held, note)

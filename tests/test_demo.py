@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from landscape.api.demo_job import DemoConfig, demo, verdicts
-from landscape.verdict import Verdict, all_of, compare, far_below, greater, ordered, spread
+from landscape.verdict import Verdict, all_of, compare, far_below, greater, ordered, similar, spread
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -70,6 +70,17 @@ def test_all_of_and_ordered():
     assert ordered("rises", "s", falling, decreasing=False).held is False
     assert ordered("falls", "s", {1: [1.9, 1.8], 2: [1.0, 1.1], 4: [1.0, 1.2]}).held is None  # last step in noise
     assert ordered("falls", "s", {1: [1.9], 2: [1.0]}).held is None  # no spread
+
+
+def test_similar_allows_the_spread_plus_the_stated_tolerance():
+    # |0.95 - 0.93| = 0.02; sds 0.01 + 0.01 (two values a side)
+    a, b = [0.94, 0.96], [0.92, 0.94]
+    assert similar("c", "s", a, b, tolerance=0.0).held is True       # 0.02 <= 0.01414 + 0.01414
+    assert similar("c", "s", [0.95, 0.95], [0.93, 0.93], tolerance=0.0).held is False  # no spread, gap 0.02
+    v = similar("c", "s", [0.95, 0.95], [0.93, 0.93], tolerance=0.01, names=("noise", "SGD"))
+    assert v.held is False and v.numbers["tolerance"] == 0.01 and "0.01" in v.test
+    assert similar("c", "s", [0.95, 0.95], [0.93, 0.93], tolerance=0.025).held is True
+    assert similar("c", "s", [0.95], [0.93, 0.94], tolerance=1.0).held is None  # one value: no spread
 
 
 def test_far_below_uses_the_quantile_and_the_median():

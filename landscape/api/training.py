@@ -125,7 +125,7 @@ def phases(config: PhasesConfig, *, root: str | Path, progress: bool | None = No
     for p1 in config.phase1:
         name1 = f"{group}-{p1}"
         cfg1 = config.phase_config(p1, epochs=config.k, seed=base.seed, noise_multiplier=sigma, run=name1)
-        run1 = _ensure(store, cfg1, {**label, "phase1": p1, "phase2": None, "copy": None}, progress)
+        run1 = ensure(store, cfg1, {**label, "phase1": p1, "phase2": None, "copy": None}, progress)
         summaries.append(summarize(run1))
         for p2 in config.phase2:
             for i in range(config.copies):
@@ -133,7 +133,7 @@ def phases(config: PhasesConfig, *, root: str | Path, progress: bool | None = No
                     p2, epochs=base.epochs - config.k, seed=base.seed + 1 + i, noise_multiplier=sigma,
                     from_ref=f"{name1}@last", run=f"{group}-{p1}-{p2}-{i}",
                 )
-                run2 = _ensure(store, cfg2, {**label, "phase1": p1, "phase2": p2, "copy": i}, progress)
+                run2 = ensure(store, cfg2, {**label, "phase1": p1, "phase2": p2, "copy": i}, progress)
                 summaries.append(summarize(run2))
     return summaries
 
@@ -149,8 +149,10 @@ def _phases_hash(config: PhasesConfig) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:8]
 
 
-def _ensure(store: Store, config: TrainConfig, phases_label: dict[str, Any], progress: bool | None) -> Run:
-    """Train ``config`` unless a run of that name with the same config hash exists (then resume it)."""
+def ensure(store: Store, config: TrainConfig, phases_label: dict[str, Any] | None = None,
+           progress: bool | None = None) -> Run:
+    """Train ``config`` (named: ``config.run``) unless a run of that name with the same config hash exists (then
+    resume it; a finished one is returned as it is); a run of that name with another configuration is refused."""
     if config.run in store.run_names():
         run = store.run(config.run)
         if run.manifest.get("config_hash") != config_hash(config):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from landscape.errors import DataError, UsageError
 from landscape.verdict import Verdict
 
 SCALES = ("test", "cpu", "paper")
+SYNTHETIC = ("digits", "gaussian-signal")  # bundled or generated: paper scale needs no files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +65,32 @@ class Context:
 
     def stem(self, what: str) -> Path:
         return self.out / f"{self.name}-{what}-{self.scale}"
+
+    def run_name(self, what: str) -> str:
+        """The store name of this recipe's run ``what`` at this scale (``NAME-SCALE-what``)."""
+        return f"{self.name}-{self.scale}-{what}"
+
+    def train(self, what: str, config):
+        """Train ``config`` as run :meth:`run_name` (``what``), or reuse it when it exists with the same
+        configuration (resumed when unfinished): reruns of an interrupted recipe continue here."""
+        from landscape.api.training import ensure
+        from landscape.store import Store
+
+        config = dataclasses.replace(config, run=self.run_name(what), data_root=self.data_root)
+        return ensure(Store(self.root), config, progress=False)
+
+
+def checkpoint_curve(run, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(epochs, values)`` of a per-checkpoint metric (``train_loss``, ``test_acc``, ...) along a run, from its
+    manifest (the trainer evaluates the full splits at every checkpoint)."""
+    infos = run.checkpoints()
+    return (np.array([i.epoch for i in infos], dtype=float),
+            np.array([float(i.metrics.get(metric, math.nan)) for i in infos], dtype=float))
+
+
+def final(run, metric: str) -> float:
+    """The last checkpoint's ``metric``."""
+    return float(checkpoint_curve(run, metric)[1][-1])
 
 
 @dataclasses.dataclass
@@ -113,6 +141,8 @@ def _check_paper(recipe: Recipe, data_root: str | None) -> None:
     from landscape.data import data_root_of
 
     p = recipe.paper_scale
+    if p.data in SYNTHETIC:
+        return
     root = data_root_of(data_root)
     names = {p.data, p.data.replace("cifar", "cifar-"), p.data.replace("-", "")}
     if root is None or not any(any(root.glob(f"*{n}*")) for n in names):

@@ -9,6 +9,12 @@ from landscape.errors import UsageError
 RECIPES: dict[str, str] = {
     "watson-fig5": "landscape.figures.watson_fig5",
     "watson-fig4": "landscape.figures.watson_fig4",
+    "watson-fig2": "landscape.figures.watson_fig2",
+    "watson-fig6-7": "landscape.figures.watson_fig6_7",
+    "watson-fig8": "landscape.figures.watson_fig8",
+    "watson-fig3": "landscape.figures.watson_fig3",
+    "watson-fig10": "landscape.figures.watson_fig10",
+    "watson-thm33": "landscape.figures.watson_thm33",
 }
 
 

@@ -1,0 +1,81 @@
+"""Watson et al. (2023), Fig. 10 (Sec. 4.1.4): noise alone does not hurt, clipping does.
+
+Claim: "for a given learning rate, batch size and number of epochs, clipping significantly impacts training
+performance by slowing progress ..., whereas noisy SGD attains the same final test accuracy as SGD" (noise-only
+sigma = 2.4 and clip-only C = 1, the settings of DP-SGD at epsilon = 1). Measured: test accuracy per epoch of SGD,
+noise-only (sigma 2.4: Gaussian noise of std sigma*C on the summed gradient, no clipping) and clip-only (C = 1,
+no noise), all with the same learning rate, batch size, momentum and epochs, over ``seeds`` seeds. Verdict
+(:func:`landscape.verdict.all_of`): clip-only ends below SGD and below noise-only
+(:func:`landscape.verdict.greater`), and noise-only ends at SGD's accuracy within the spread plus one accuracy
+point (:func:`landscape.verdict.similar`).
+
+Scaled down: LeNet on ``digits`` for 10 epochs, 3 seeds (the paper: Resnet18 on CIFAR10).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from landscape.figures.recipe import PaperScale, Recipe, checkpoint_curve
+from landscape.verdict import all_of, greater, similar
+
+SOURCE = "Watson et al. 2023, Fig. 10, Sec. 4.1.4"
+METHODS = {"sgd": {"optimizer": "sgd"},
+           "noise-only": {"optimizer": "noise-only", "noise_multiplier": 2.4},
+           "clip-only": {"optimizer": "clip-only", "max_grad_norm": 1.0}}
+_COMMON = dict(model="lenet", data="digits", lr=0.03, momentum=0.9, batch_size=32)
+SCALES = {
+    "test": {**_COMMON, "subset": 200, "epochs": 2, "seeds": 2, "tolerance": 0.01},
+    "cpu": {**_COMMON, "subset": None, "epochs": 10, "seeds": 3, "tolerance": 0.01},
+    "paper": {**_COMMON, "model": "resnet18", "data": "cifar10", "subset": None, "lr": 0.1, "batch_size": 128,
+              "epochs": 30, "seeds": 3, "tolerance": 0.01},
+}
+
+
+def make(ctx):
+    from landscape.api import TrainConfig
+    from landscape.plots import style
+
+    s = ctx.settings
+    base = TrainConfig(model=s["model"], data=s["data"], subset=s["subset"], epochs=s["epochs"], lr=s["lr"],
+                       momentum=s["momentum"], batch_size=s["batch_size"], checkpoint_every="1e")
+    curves = {m: [checkpoint_curve(ctx.train(f"{m}-{seed}", dataclasses.replace(base, seed=seed, **opts)), "test_acc")
+                  for seed in range(s["seeds"])] for m, opts in METHODS.items()}
+    final = {m: [float(c[1][-1]) for c in cs] for m, cs in curves.items()}
+    parts = [greater("clip-only ends less accurate than SGD", SOURCE, final["sgd"], final["clip-only"],
+                     names=("SGD", "clip-only"), unit="seeds"),
+             greater("clip-only ends less accurate than noise-only", SOURCE, final["noise-only"], final["clip-only"],
+                     names=("noise-only", "clip-only"), unit="seeds"),
+             similar("noise-only ends at SGD's test accuracy", SOURCE, final["noise-only"], final["sgd"],
+                     tolerance=s["tolerance"], names=("noise-only", "SGD"), unit="seeds")]
+    verdict = all_of("clipping, not noise, costs accuracy: noise-only matches SGD, clip-only falls behind both",
+                     SOURCE, parts, note=" | ".join(p.line() for p in parts))
+    epochs = curves["sgd"][0][0]
+    numbers = {"epoch": epochs, **{f"{m}/test_acc": [c[1] for c in cs] for m, cs in curves.items()},
+               **{f"{m}/final": final[m] for m in METHODS}}
+    fig, axes = style.subplots(1, 2, figsize=(8.5, 3.2), sharey=True)
+    colors = {"sgd": style.method_color("sgd"), "noise-only": style.method_color("dpsgd"), "clip-only": "0.35"}
+    for ax, other in zip(axes, ("noise-only", "clip-only"), strict=True):
+        for m in ("sgd", other):
+            a = np.asarray([c[1] for c in curves[m]])
+            ax.plot(epochs, a.mean(axis=0), color=colors[m], lw=1.8, label=m)
+            ax.fill_between(epochs, a.min(axis=0), a.max(axis=0), color=colors[m], alpha=0.2, lw=0)
+        ax.set(xlabel="epoch", title=f"{other} vs SGD")
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("test accuracy (mean, band: min-max over seeds)")
+    fig.suptitle(f"Fig. 10 ({ctx.scale}): {verdict.status}")
+    return numbers, verdict, style.save_figure(fig, ctx.stem("figure"))
+
+
+RECIPE = Recipe(
+    name="watson-fig10", paper="Watson et al. 2023 (clipping, pruning and loss landscapes)", figure="Fig. 10",
+    claim="noise-only SGD (sigma 2.4) reaches SGD's accuracy while clip-only SGD (C = 1) falls behind",
+    scaled_down="LeNet on digits, 10 epochs, 3 seeds per method, same lr / batch / momentum for all",
+    scales=SCALES,
+    paper_scale=PaperScale(data="cifar10", model="resnet18 (GroupNorm)", epochs=30,
+                           hyper="sigma 2.4 (noise-only), C = 1 (clip-only); lr 0.1 / batch 128 assumed",
+                           gpu_hours=9.0),
+    make=make,
+)

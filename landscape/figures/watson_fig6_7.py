@@ -1,0 +1,77 @@
+"""Watson et al. (2023), Figs. 6 and 7 (Sec. 4.1.3): a Phase-2 SGD model and a Phase-2 DP-SGD model trained
+from the same Phase-1 model do not end in the same basin (Fig. 6: after an SGD Phase 1, "unless epsilon and k
+are large"; Fig. 7: after a DP-SGD Phase 1, "always ends in a different basin").
+
+Measured: the test-loss barrier (instability, Def. 2.3) on the straight path between the Phase-2 SGD copy i and
+the Phase-2 DP-SGD copy i of the same Phase-1 run, against the barrier between two Phase-2 SGD copies (siblings
+that share a basin when SGD "finds its basin early", Fig. 5a). Verdict per Phase 1
+(:func:`landscape.verdict.greater`): the SGD-vs-DP barrier exceeds the SGD-sibling barrier by more than their
+summed spread; held only if it holds after both Phase 1s (:func:`landscape.verdict.all_of`).
+
+Scaled down: the grid of ``watson-fig2`` (LeNet on digits, 10 epochs, k = 4, 3 copies, epsilon 7; the paper:
+Resnet18 on CIFAR10, 20 Phase-2 epochs, k = 20 or epsilon 5); 20 points on the path instead of 30.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from landscape.figures import _phase_grid as grid
+from landscape.figures.recipe import PaperScale, Recipe
+from landscape.verdict import all_of, greater
+
+SOURCE = "Watson et al. 2023, Figs. 6-7, Sec. 4.1.3"
+POINTS = {"test": 5, "cpu": 20, "paper": 30}
+SCALES = {scale: {"grid": settings, "points": POINTS[scale]} for scale, settings in grid.GRID.items()}
+LABEL = {"sgd": "SGD", "dpsgd": "DP-SGD"}
+
+
+def make(ctx):
+    from landscape.api import InterpolateConfig, instability
+    from landscape.plots import style
+
+    grid.train_grid(ctx)
+    g, copies = grid.group(ctx), ctx.settings["grid"]["copies"]
+    numbers, parts = {}, []
+    fig, axes = style.subplots(1, 2, figsize=(8.5, 3.2), sharey=True)
+    for p1, ax in zip(grid.OPTIMIZERS, axes, strict=True):
+        mixed = [f"{g}-{p1}-sgd-{i}:{g}-{p1}-dpsgd-{i}" for i in range(copies)]
+        siblings = [f"{g}-{p1}-sgd-{i}:{g}-{p1}-sgd-{j}" for i, j in itertools.combinations(range(copies), 2)]
+        table = instability(pairs=",".join(mixed + siblings), root=ctx.root, workers=ctx.workers,
+                            config=InterpolateConfig(points=ctx.settings["points"], splits=("test",)),
+                            output=ctx.stem(f"instability-{p1}").with_suffix(".h5"), data_root=ctx.data_root)
+        values, paths = grid.barriers_and_paths(table, mixed + siblings)
+        n = len(mixed)
+        numbers.update({f"{p1}/sgd_vs_dp": values[:n], f"{p1}/sgd_siblings": values[n:],
+                        f"{p1}/path_sgd_vs_dp": paths[:n], f"{p1}/path_sgd_siblings": paths[n:]})
+        parts.append(greater(f"after a {LABEL[p1]} Phase 1, Phase-2 SGD and DP-SGD models are separated by a higher "
+                             "barrier than Phase-2 SGD siblings", SOURCE, values[:n], values[n:],
+                             names=("SGD vs DP", "SGD siblings"), unit="pairs"))
+        alpha = np.linspace(0, 1, ctx.settings["points"])
+        for i, path in enumerate(paths[:n]):
+            ax.plot(alpha, path, color=style.method_color("dpsgd"), lw=1.5, label="SGD vs DP-SGD" if i == 0 else None)
+        for i, path in enumerate(paths[n:]):
+            ax.plot(alpha, path, color=style.method_color("sgd"), lw=1.0, ls="--",
+                    label="SGD vs SGD sibling" if i == 0 else None)
+        ax.set(xlabel="alpha (0: Phase-2 SGD, 1: other)", title=f"Phase 1 {LABEL[p1]}: {parts[-1].status}")
+    numbers["alpha"] = np.linspace(0, 1, ctx.settings["points"])
+    axes[0].set_ylabel("test loss")
+    axes[0].legend(fontsize=7)
+    verdict = all_of("Phase-2 SGD and Phase-2 DP-SGD from one Phase-1 model end in different basins (after an SGD "
+                     "and after a DP Phase 1)", SOURCE, parts, note=" | ".join(p.line() for p in parts))
+    fig.suptitle(f"Figs. 6-7 ({ctx.scale}): {verdict.status}")
+    return numbers, verdict, style.save_figure(fig, ctx.stem("figure"))
+
+
+RECIPE = Recipe(
+    name="watson-fig6-7", paper="Watson et al. 2023 (clipping, pruning and loss landscapes)", figure="Figs. 6-7",
+    claim="a Phase-2 SGD and a Phase-2 DP-SGD model from one Phase-1 model end in different basins",
+    scaled_down="the watson-fig2 grid (LeNet on digits, 10 epochs, k = 4, 3 copies, epsilon 7), 20 path points",
+    scales=SCALES,
+    paper_scale=PaperScale(data="cifar10", model="resnet18 (GroupNorm)", epochs=40,
+                           hyper="k = 20 or epsilon 5, 20 Phase-2 epochs, 30 alphas; lr 0.1 / batch 128 assumed",
+                           gpu_hours=15.0),
+    make=make,
+)
