@@ -16,9 +16,10 @@ from cli.common import root_of
               help="Output folder (one subfolder per recipe: figure PNG + PDF, HDF5 summary).")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes.")
 @click.option("--data-root", default=None, help="Folder of the paper's data sets (else $LANDSCAPE_DATA).")
+@click.option("--rerun", is_flag=True, help="Make finished recipes again (their trained runs are still reused).")
 @click.pass_context
 def figures(ctx: click.Context, names: tuple[str, ...], list_: bool, scale: str, out: str, workers: int,
-            data_root: str | None) -> None:
+            data_root: str | None, rerun: bool) -> None:
     """Make paper figures by recipe NAME (or `all`); finished recipes (same settings) are skipped on rerun.
 
     Example: landscape figures watson-fig5 --scale cpu --out figures/
@@ -34,7 +35,8 @@ def figures(ctx: click.Context, names: tuple[str, ...], list_: bool, scale: str,
         return
     if not names:
         raise UsageError("name a recipe (or `all`); `landscape figures --list` shows them")
-    for made in run(list(names), scale=scale, out=out, root=root_of(ctx), workers=workers, data_root=data_root):
+    for made in run(list(names), scale=scale, out=out, root=root_of(ctx), workers=workers, data_root=data_root,
+                    rerun=rerun):
         how = "skipped (finished)" if made.skipped else "made"
         click.echo(f"{made.name} [{made.scale}] {how}: {made.path}")
         click.echo(f"  {made.verdict.line().split(' Instability = ')[0]}")

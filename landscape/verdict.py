@@ -192,3 +192,23 @@ def similar(claim: str, source: str, a: Sequence[float], b: Sequence[float], *, 
     test = (f"held if |mean({na}) - mean({nb})| <= sd({na}) + sd({nb}) + {tolerance:g} (sample sd over {unit}), "
             f"else did not hold; inconclusive with fewer than 2 {unit} a side")
     return Verdict(claim, source, test, numbers, held, note)
+
+
+def paired_greater(claim: str, source: str, a: Sequence[float], b: Sequence[float], *,
+                   names: tuple[str, str] = ("A", "B"), unit: str = "seeds", note: str = "") -> Verdict:
+    """Claim ``A > B`` for paired measurements (``a[i]`` and ``b[i]`` share a seed: the same initialisation or data
+    order): held if the mean of the differences ``a[i] - b[i]`` exceeds their sample sd, did not hold if it is below
+    minus their sd, else (or with fewer than two pairs) inconclusive."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape:
+        raise ValueError(f"paired values need equal lengths, got {a.size} and {b.size}")
+    d = a - b
+    m = float(d.mean()) if d.size else math.nan
+    sd = spread(d)
+    na, nb = names
+    numbers = {f"mean {na}": float(a.mean()) if a.size else math.nan,
+               f"mean {nb}": float(b.mean()) if b.size else math.nan,
+               f"mean({na} - {nb})": m, f"sd({na} - {nb})": sd, f"n {unit}": int(d.size)}
+    test = (f"held if mean({na} - {nb}) > sd({na} - {nb}) over {unit} (paired by seed), did not hold if it is "
+            f"< -sd, else (or with fewer than 2 {unit}) inconclusive")
+    return Verdict(claim, source, test, numbers, compare(m, sd), note)

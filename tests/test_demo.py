@@ -21,7 +21,17 @@ import pytest
 import torch
 
 from landscape.api.demo_job import DemoConfig, demo, verdicts
-from landscape.verdict import Verdict, all_of, compare, far_below, greater, ordered, similar, spread
+from landscape.verdict import (
+    Verdict,
+    all_of,
+    compare,
+    far_below,
+    greater,
+    ordered,
+    paired_greater,
+    similar,
+    spread,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -81,6 +91,19 @@ def test_similar_allows_the_spread_plus_the_stated_tolerance():
     assert v.held is False and v.numbers["tolerance"] == 0.01 and "0.01" in v.test
     assert similar("c", "s", [0.95, 0.95], [0.93, 0.93], tolerance=0.025).held is True
     assert similar("c", "s", [0.95], [0.93, 0.94], tolerance=1.0).held is None  # one value: no spread
+
+
+def test_paired_greater_judges_the_differences_within_pairs():
+    # a common per-seed offset makes the unpaired test inconclusive; the paired one sees a steady gap of 0.1
+    a, b = [1.1, 2.1, 3.1], [1.0, 2.0, 3.0]
+    assert greater("c", "s", a, b).held is None
+    v = paired_greater("c", "s", a, b, names=("A", "B"))
+    assert v.held is True and v.numbers["mean(A - B)"] == pytest.approx(0.1) and v.numbers["n seeds"] == 3
+    assert paired_greater("c", "s", b, a).held is False
+    assert paired_greater("c", "s", [1.0, 2.5, 3.0], [1.1, 2.0, 3.2]).held is None  # diffs -0.1, 0.5, -0.2
+    assert paired_greater("c", "s", [1.0], [0.0]).held is None
+    with pytest.raises(ValueError):
+        paired_greater("c", "s", [1.0, 2.0], [1.0])
 
 
 def test_far_below_uses_the_quantile_and_the_median():

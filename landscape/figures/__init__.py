@@ -13,13 +13,15 @@ from landscape.figures.recipe import Made, Recipe, make
 
 
 def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out", root: str | Path | None = None,
-            workers: int = 1, data_root: str | None = None) -> list[Made]:
-    """Run the named recipes (or ``"all"``); finished ones (same settings) are skipped."""
+            workers: int = 1, data_root: str | None = None, rerun: bool = False) -> list[Made]:
+    """Run the named recipes (or ``"all"``); finished ones (same settings) are skipped unless ``rerun`` (which
+    still reuses their trained runs: only the analyses, figure and summary are made again)."""
     if isinstance(names, str):
         names = [names]
     names = registry.names() if list(names) == ["all"] else list(names)
     recipes = [registry.get(n) for n in names]
-    return [make(r, scale=scale, out=out, root=root, workers=workers, data_root=data_root) for r in recipes]
+    return [make(r, scale=scale, out=out, root=root, workers=workers, data_root=data_root, rerun=rerun)
+            for r in recipes]
 
 
 __all__ = ["Made", "Recipe", "figures", "make", "registry"]

@@ -15,6 +15,9 @@ RECIPES: dict[str, str] = {
     "watson-fig3": "landscape.figures.watson_fig3",
     "watson-fig10": "landscape.figures.watson_fig10",
     "watson-thm33": "landscape.figures.watson_thm33",
+    "watson-fig11": "landscape.figures.watson_fig11",
+    "watson-fig13": "landscape.figures.watson_fig13",
+    "watson-fig16-17": "landscape.figures.watson_fig16_17",
 }
 
 

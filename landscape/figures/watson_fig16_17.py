@@ -1,0 +1,98 @@
+"""Watson et al. (2023), Figs. 16-17 (Appendix): DP-SGD's gradients stay larger along training (Fig. 16: mean
+per-sample gradient norm over training, histograms early and late) and DP-SGD models lie further from the
+origin than SGD models (Fig. 17: 142 vs 86, "1.7x", fewer parameters near 0).
+
+Measured with ``landscape norms`` at every epoch's checkpoint of an SGD run and a DP-SGD run (epsilon 1) per
+seed (the two runs of a seed share their initialisation): the L2 distance from the origin, the per-sample
+gradient norms on a fixed sample, and parameter histograms on shared edges. Verdict
+(:func:`landscape.verdict.all_of` of two :func:`landscape.verdict.paired_greater` parts, paired by seed): at
+the final checkpoint the DP-SGD model is further from the origin, and its mean per-sample gradient norm is
+larger, than the SGD model of the same seed.
+
+Scaled down: LeNet on ``digits`` for 10 epochs, 3 seeds, 256 examples for the gradient norms (the paper:
+Resnet18 on CIFAR10, 30 epochs, batches of 128).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from landscape.figures.recipe import PaperScale, Recipe
+from landscape.verdict import all_of, paired_greater
+
+SOURCE = "Watson et al. 2023, Figs. 16-17, Appendix"
+_COMMON = dict(model="lenet", data="digits", sgd_lr=0.03, sgd_batch=32, dp_lr=1.0, dp_batch=64, epsilon=1.0,
+               max_grad_norm=1.0, bins=60)
+SCALES = {
+    "test": {**_COMMON, "subset": 200, "epochs": 2, "seeds": 2, "grad_samples": 32},
+    "cpu": {**_COMMON, "subset": None, "epochs": 10, "seeds": 3, "grad_samples": 256},
+    "paper": {**_COMMON, "model": "resnet18", "data": "cifar10", "subset": None, "sgd_lr": 0.1, "sgd_batch": 128,
+              "dp_lr": 2.0, "dp_batch": 1024, "epochs": 30, "seeds": 3, "grad_samples": 1024},
+}
+
+
+def make(ctx):
+    from landscape.api import TrainConfig, norms
+    from landscape.plots import style
+
+    s = ctx.settings
+    sgd = TrainConfig(model=s["model"], data=s["data"], subset=s["subset"], epochs=s["epochs"], lr=s["sgd_lr"],
+                      batch_size=s["sgd_batch"], checkpoint_every="1e")
+    dp = dataclasses.replace(sgd, lr=s["dp_lr"], batch_size=s["dp_batch"], momentum=0.0, optimizer="dpsgd",
+                             max_grad_norm=s["max_grad_norm"], target_epsilon=s["epsilon"])
+    results = []
+    for seed in range(s["seeds"]):
+        a = ctx.train(f"sgd-{seed}", dataclasses.replace(sgd, seed=seed)).name
+        b = ctx.train(f"dp-{seed}", dataclasses.replace(dp, seed=seed)).name
+        results.append(norms([a, b], root=ctx.root, bins=s["bins"], grad_samples=s["grad_samples"], seed=seed,
+                             workers=ctx.workers, output=ctx.stem(f"norms-{seed}").with_suffix(".h5"),
+                             data_root=ctx.data_root, figure=False))
+    dist = {m: [r.runs[i].rows[-1].params.dist_origin for r in results] for i, m in enumerate(("sgd", "dp"))}
+    grad = {m: [r.runs[i].rows[-1].mean_grad_norm for r in results] for i, m in enumerate(("sgd", "dp"))}
+    parts = [paired_greater("the DP-SGD model ends further from the origin than the SGD model", SOURCE, dist["dp"],
+                            dist["sgd"], names=("DP", "SGD"), unit="seeds",
+                            note=f"ratio DP/SGD {np.mean(dist['dp']) / np.mean(dist['sgd']):.3g} (paper: 1.7)"),
+             paired_greater("DP-SGD's final mean per-sample gradient norm exceeds SGD's", SOURCE, grad["dp"],
+                            grad["sgd"], names=("DP", "SGD"), unit="seeds")]
+    verdict = all_of("DP-SGD ends further from the origin with larger gradients than SGD", SOURCE, parts,
+                     note=" | ".join(p.line() for p in parts))
+    epochs = np.array([row.epoch for row in results[0].runs[0].rows])
+    curve = {m: np.array([r.runs[i].column("mean_grad_norm") for r in results]) for i, m in enumerate(("sgd", "dp"))}
+    origin = {m: np.array([r.runs[i].column("dist_origin") for r in results]) for i, m in enumerate(("sgd", "dp"))}
+    first = results[0]
+    numbers = {"epoch": epochs, "sgd/grad_curve": curve["sgd"], "dp/grad_curve": curve["dp"],
+               "sgd/dist_origin": origin["sgd"], "dp/dist_origin": origin["dp"], "edges": first.edges,
+               "sgd/final_histogram": first.runs[0].rows[-1].histogram, "dp/final_histogram": first.runs[1].rows[-1].histogram,
+               "sgd/final_grad_norms": first.runs[0].rows[-1].grad_norms, "dp/final_grad_norms": first.runs[1].rows[-1].grad_norms}
+    fig, axes = style.subplots(1, 4, figsize=(13, 3.0))
+    colors = {"sgd": style.method_color("sgd"), "dp": style.method_color("dpsgd")}
+    for m in ("sgd", "dp"):
+        label = "SGD" if m == "sgd" else "DP-SGD"
+        for ax, data in ((axes[0], curve[m]), (axes[1], origin[m])):
+            ax.plot(epochs, data.mean(axis=0), color=colors[m], lw=1.8, label=label)
+            ax.fill_between(epochs, data.min(axis=0), data.max(axis=0), color=colors[m], alpha=0.2, lw=0)
+        g = numbers[f"{m}/final_grad_norms"]
+        axes[2].hist(g, bins=30, color=colors[m], alpha=0.5, label=label)
+        centers = (first.edges[:-1] + first.edges[1:]) / 2
+        axes[3].plot(centers, numbers[f"{m}/final_histogram"], color=colors[m], lw=1.2, label=label)
+    axes[0].set(xlabel="epoch", ylabel="mean per-sample gradient norm", title="Fig. 16a")
+    axes[1].set(xlabel="epoch", ylabel="distance from origin", title=parts[0].status)
+    axes[2].set(xlabel="per-sample gradient norm (final)", ylabel="count", title="Fig. 16c (seed 0)")
+    axes[3].set(xlabel="parameter value (final)", ylabel="count", yscale="log", title="Fig. 17 (seed 0)")
+    for ax in axes:
+        ax.legend(fontsize=7)
+    fig.suptitle(f"Figs. 16-17 ({ctx.scale}): {verdict.status}")
+    return numbers, verdict, style.save_figure(fig, ctx.stem("figure"))
+
+
+RECIPE = Recipe(
+    name="watson-fig16-17", paper="Watson et al. 2023 (clipping, pruning and loss landscapes)", figure="Figs. 16-17",
+    claim="DP-SGD models end further from the origin (1.7x) with larger per-sample gradients than SGD models",
+    scaled_down="LeNet on digits, 10 epochs, SGD vs DP-SGD at epsilon 1, 3 seeds, 256 examples' gradient norms",
+    scales=SCALES,
+    paper_scale=PaperScale(data="cifar10", model="resnet18 (GroupNorm)", epochs=30,
+                           hyper="epsilon 1, C = 1, batches of 128; lr / batch assumed", gpu_hours=8.0),
+    make=make,
+)
