@@ -18,6 +18,12 @@ RECIPES: dict[str, str] = {
     "watson-fig11": "landscape.figures.watson_fig11",
     "watson-fig13": "landscape.figures.watson_fig13",
     "watson-fig16-17": "landscape.figures.watson_fig16_17",
+    "bu-table1": "landscape.figures.bu_table1",
+    "bu-fig6-7": "landscape.figures.bu_fig6_7",
+    "bu-fig11": "landscape.figures.bu_fig11",
+    "zhu-figF": "landscape.figures.zhu_figF",
+    "zhu-fig2": "landscape.figures.zhu_fig2",
+    "wang-lssgd": "landscape.figures.wang_lssgd",
 }
 
 

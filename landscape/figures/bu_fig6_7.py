@@ -1,0 +1,82 @@
+"""Bu et al. (2023), Figs. 6-7 (Sec. 5.2): the clipping norm C trades accuracy for calibration.
+
+Fig. 6: DP-SGD (sigma 1.1, lr 0.15 / C) with a large C "leads to smaller loss (or NLL)" at similar accuracy, and
+across C there is "a clear accuracy-calibration trade-off"; Fig. 7: reliability diagrams of non-DP, large-C and
+small-C models: small C is mis-calibrated (over-confident), "large R training again mitigates the
+mis-calibration". Measured with ``landscape calibration`` (test split, 15 equal-width bins) on the runs of
+``_bu_runs`` (each C and non-DP SGD, 3 seeds). Verdict (:func:`landscape.verdict.all_of`): the largest C has a
+lower ECE and a lower NLL than the smallest C (:func:`landscape.verdict.paired_greater`, paired by seed: a
+seed's runs share their initialisation), and the smallest C is worse calibrated than non-DP SGD
+(:func:`landscape.verdict.greater`).
+
+Scaled down: LeNet on ``digits``, batch 32, 20 epochs, C in {1, 10, 100} (the paper: the 4-layer CNN on MNIST,
+batch 256, C from 0.1 to 200; Fig. 7 compares C = 200 with C = 1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from landscape.figures import _bu_runs as bu
+from landscape.figures.recipe import PaperScale, Recipe
+from landscape.verdict import all_of, greater, paired_greater
+
+SOURCE = "Bu et al. 2023, Figs. 6-7, Sec. 5.2"
+SCALES = {scale: {"runs": settings} for scale, settings in bu.RUNS.items()}
+
+
+def make(ctx):
+    from landscape.plots import style
+
+    runs = bu.train_runs(ctx)
+    res, rows = bu.calibrate(ctx, runs)
+    norms = list(ctx.settings["runs"]["norms"])
+    small, large = norms[0], norms[-1]
+
+    def metric(key, name):
+        return [float(getattr(res.rows[i], name)) for i in rows[key]]
+
+    parts = [paired_greater(f"C = {large:g} is better calibrated (lower ECE) than C = {small:g}", SOURCE,
+                            metric(small, "ece"), metric(large, "ece"), names=(f"ECE C={small:g}", f"ECE C={large:g}")),
+             paired_greater(f"C = {large:g} has the lower test NLL", SOURCE, metric(small, "nll"), metric(large, "nll"),
+                            names=(f"NLL C={small:g}", f"NLL C={large:g}")),
+             greater(f"C = {small:g} is worse calibrated than non-DP SGD", SOURCE, metric(small, "ece"),
+                     metric("sgd", "ece"), names=(f"ECE C={small:g}", "ECE SGD"), unit="seeds")]
+    verdict = all_of("a large clipping norm mitigates DP-SGD's mis-calibration (lower ECE and NLL than a small one)",
+                     SOURCE, parts, note=" | ".join(p.line() for p in parts))
+    keys = ["sgd", *norms]
+    numbers = {"max_grad_norm": norms}
+    for name in ("accuracy", "nll", "ece"):
+        numbers.update({f"{'sgd' if k == 'sgd' else f'C{k:g}'}/{name}": metric(k, name) for k in keys})
+    # the reliability bins (NaN in empty bins) stay in the calibration file beside the summary
+    fig, axes = style.subplots(1, 5, figsize=(15, 3.0))
+    for ax, name in zip(axes[:2], ("nll", "accuracy"), strict=True):
+        vals = np.array([metric(c, name) for c in norms])
+        ax.errorbar(norms, vals.mean(axis=1), yerr=vals.std(axis=1, ddof=1) if vals.shape[1] > 1 else None,
+                    marker="o", capsize=3, color=style.method_color("dpsgd"), label="DP-SGD")
+        ax.axhline(np.mean(metric("sgd", name)), color=style.method_color("sgd"), ls="--", label="non-DP SGD")
+        ax.set(xscale="log", xlabel="clipping norm C (lr 0.15 / C)", ylabel=f"test {name}")
+    axes[0].legend(fontsize=7)
+    eces = np.array([metric(c, "ece") for c in norms])
+    axes[1].twinx().plot(norms, eces.mean(axis=1), color="0.3", marker="s", ls=":", label="ECE")
+    for ax, k, title in zip(axes[2:], ("sgd", large, small), ("non-DP", f"C = {large:g}", f"C = {small:g}"), strict=True):
+        i = rows[k][0]
+        edges = np.linspace(0, 1, res.bin_accuracy.shape[1] + 1)
+        ax.bar(edges[:-1], np.nan_to_num(res.bin_accuracy[i]), width=np.diff(edges), align="edge",
+               color=style.method_color("sgd" if k == "sgd" else "dpsgd"), alpha=0.7, edgecolor="white")
+        ax.plot([0, 1], [0, 1], color="0.4", ls="--", lw=0.8)
+        ax.set(xlabel="confidence", ylabel="accuracy", title=f"{title}: ECE {res.rows[i].ece:.3f} (seed 0)")
+    fig.suptitle(f"Figs. 6-7 ({ctx.scale}): {verdict.status}")
+    return numbers, verdict, style.save_figure(fig, ctx.stem("figure"))
+
+
+RECIPE = Recipe(
+    name="bu-fig6-7", paper="Bu et al. 2023 (convergence and calibration of DP deep learning via NTK)",
+    figure="Figs. 6-7",
+    claim="a large clipping norm (lr 0.15 / C) gives lower NLL and ECE than a small one; small C is mis-calibrated",
+    scaled_down="LeNet on digits, batch 32, 20 epochs, sigma 1.1, C in {1, 10, 100}, 3 seeds",
+    scales=SCALES,
+    paper_scale=PaperScale(data="mnist", model="opacus-cnn (4-layer CNN)", epochs=30,
+                           hyper="batch 256, sigma 1.1, lr 0.15 / C, C from 0.1 to 200, 5 runs", gpu_hours=3.0),
+    make=make,
+)

@@ -1,0 +1,95 @@
+"""Zhu & Blaschko (2023), Appendix F (Figs. 6-9): the gradient-deviation distribution p(xi_t), xi_i = g_i - g_bar,
+"approximates symmetry during training with DP-SGD", and "this property is also valid for DP-SGD with RS"
+(random sparsification). Their evidence is 2-D random projections at epochs 0 to 79.
+
+Measured with ``landscape symmetry`` at every epoch's checkpoint of DP-SGD runs with and without RS (final rate
+``sparsify``, gradual cooling), ``seeds`` seeds each: the energy coefficient H of the projected deviations against
+their reflection (0 for a symmetric distribution; sign-flip p-value beside it) and the skewness along random 1-D
+directions. Verdict (:func:`landscape.verdict.all_of` of :func:`landscape.verdict.paired_greater`, paired by
+seed): for DP-SGD and for DP-SGD with RS, H at initialisation exceeds its mean over the second half of training
+(the distribution becomes more symmetric as training proceeds); the late p-values and skewness are reported.
+
+Scaled down: LeNet on ``digits``, DP-SGD sigma 1, C 1, lr 1.0, batch 64, 10 epochs, RS final rate 0.5, 256
+examples and 16 random directions per checkpoint, 3 seeds (the paper: DP-CNN on CIFAR10, 80 epochs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from landscape.figures.recipe import PaperScale, Recipe
+from landscape.verdict import all_of, paired_greater
+
+SOURCE = "Zhu & Blaschko 2023, App. F (Figs. 6-9)"
+_COMMON = dict(model="lenet", data="digits", lr=1.0, batch_size=64, sigma=1.0, C=1.0, sparsify=0.5,
+               projections=16, permutations=199)
+SCALES = {
+    "test": {**_COMMON, "subset": 200, "epochs": 2, "seeds": 2, "examples": 64},
+    "cpu": {**_COMMON, "subset": None, "epochs": 10, "seeds": 3, "examples": 256},
+    "paper": {**_COMMON, "data": "cifar10", "model": "opacus-cnn", "subset": None, "batch_size": 1000,
+              "epochs": 80, "seeds": 5, "examples": 1000},
+}
+METHODS = ("dpsgd", "dpsgd-rs")
+LABEL = {"dpsgd": "DP-SGD", "dpsgd-rs": "DP-SGD + RS"}
+
+
+def make(ctx):
+    from landscape.api import TrainConfig, symmetry
+    from landscape.plots import style
+
+    s = ctx.settings
+    base = TrainConfig(model=s["model"], data=s["data"], subset=s["subset"], epochs=s["epochs"], lr=s["lr"],
+                       momentum=0.0, batch_size=s["batch_size"], optimizer="dpsgd", noise_multiplier=s["sigma"],
+                       max_grad_norm=s["C"], checkpoint_every="1e")
+    H, P, skew, epochs = {}, {}, {}, None
+    for m in METHODS:
+        H[m], P[m], skew[m] = [], [], []
+        for seed in range(s["seeds"]):
+            cfg = dataclasses.replace(base, seed=seed, sparsify=s["sparsify"] if m == "dpsgd-rs" else 0.0)
+            run = ctx.train(f"{m}-{seed}", cfg)
+            res = symmetry(run.name, root=ctx.root, projections=s["projections"], permutations=s["permutations"],
+                           batch_size=s["examples"], seed=seed, workers=ctx.workers, data_root=ctx.data_root,
+                           output=ctx.stem(f"symmetry-{m}-{seed}").with_suffix(".h5"), figure=False)
+            epochs = np.array([r.epoch for r in res.rows])
+            H[m].append([r.stats.energy_coefficient for r in res.rows])
+            P[m].append([r.stats.p_value for r in res.rows])
+            skew[m].append([r.stats.mean_abs_skew for r in res.rows])
+    late = epochs >= epochs[-1] / 2
+    parts = []
+    for m in METHODS:
+        h = np.asarray(H[m])
+        p = np.asarray(P[m])
+        parts.append(paired_greater(f"{LABEL[m]}: the deviations are less symmetric at initialisation than late in "
+                                    "training", SOURCE, h[:, 0], h[:, late].mean(axis=1),
+                                    names=("H at init", "H late"), unit="seeds",
+                                    note=f"late p-values > 0.05 in {np.mean(p[:, late] > 0.05):.0%} of checkpoints; "
+                                         f"late mean |skew| {np.mean(np.asarray(skew[m])[:, late]):.3g}"))
+    verdict = all_of("the gradient-deviation distribution becomes (more) symmetric during DP-SGD training, with and "
+                     "without random sparsification", SOURCE, parts, note=" | ".join(x.line() for x in parts))
+    numbers = {"epoch": epochs, **{f"{m}/energy_coefficient": H[m] for m in METHODS},
+               **{f"{m}/p_value": P[m] for m in METHODS}, **{f"{m}/mean_abs_skew": skew[m] for m in METHODS}}
+    fig, axes = style.subplots(1, 2, figsize=(8.5, 3.2))
+    colors = {"dpsgd": style.method_color("dpsgd"), "dpsgd-rs": "0.3"}
+    for m in METHODS:
+        for ax, data in ((axes[0], np.asarray(H[m])), (axes[1], np.asarray(skew[m]))):
+            ax.plot(epochs, data.mean(axis=0), color=colors[m], lw=1.8, label=LABEL[m])
+            ax.fill_between(epochs, data.min(axis=0), data.max(axis=0), color=colors[m], alpha=0.2, lw=0)
+    axes[0].set(xlabel="epoch", ylabel="energy coefficient H (0: symmetric)", title="2-D random projection")
+    axes[1].set(xlabel="epoch", ylabel="mean |skewness| (1-D projections)", title="16 random directions")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"Zhu & Blaschko App. F ({ctx.scale}): {verdict.status}")
+    return numbers, verdict, style.save_figure(fig, ctx.stem("figure"))
+
+
+RECIPE = Recipe(
+    name="zhu-figF", paper="Zhu & Blaschko 2023 (random sparsification in DP-SGD)", figure="App. F, Figs. 6-9",
+    claim="the gradient-deviation distribution becomes approximately symmetric during DP-SGD, with and without RS",
+    scaled_down="LeNet on digits, 10 epochs, sigma 1, C 1, RS final rate 0.5, 256 examples per checkpoint, 3 seeds",
+    scales=SCALES,
+    paper_scale=PaperScale(data="cifar10", model="opacus-cnn (DP-CNN)", epochs=80,
+                           hyper="batch 1000, 2-D random projections at every epoch; sigma / C as in Fig. 2",
+                           gpu_hours=6.0),
+    make=make,
+)
