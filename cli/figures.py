@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from cli.common import root_of
@@ -35,8 +37,22 @@ def figures(ctx: click.Context, names: tuple[str, ...], list_: bool, scale: str,
         return
     if not names:
         raise UsageError("name a recipe (or `all`); `landscape figures --list` shows them")
-    for made in run(list(names), scale=scale, out=out, root=root_of(ctx), workers=workers, data_root=data_root,
-                    rerun=rerun):
-        how = "skipped (finished)" if made.skipped else "made"
-        click.echo(f"{made.name} [{made.scale}] {how}: {made.path}")
-        click.echo(f"  {made.verdict.line().split(' Instability = ')[0]}")
+    from landscape.errors import RecipeError
+
+    try:
+        made = run(list(names), scale=scale, out=out, root=root_of(ctx), workers=workers, data_root=data_root,
+                   rerun=rerun)
+    except RecipeError as exc:
+        _report(exc.made)
+        raise
+    _report(made)
+    click.echo(f"gallery: {Path(out) / 'README.md'}")
+
+
+def _report(made) -> None:
+    import dataclasses
+
+    for m in made:
+        how = "skipped (finished)" if m.skipped else "made"
+        click.echo(f"{m.name} [{m.scale}] {how}: {m.path}")
+        click.echo(f"  {dataclasses.replace(m.verdict, note='').line()}")

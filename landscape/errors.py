@@ -58,3 +58,11 @@ class OutputPathError(ResultError, UsageError):
 
 class PrivacyError(LandscapeError):
     """A privacy accounting request has no solution (e.g. an unreachable target epsilon)."""
+
+
+class RecipeError(LandscapeError):
+    """One or more figure recipes failed; ``made`` holds the recipes that finished (their files are written)."""
+
+    def __init__(self, message: str, made: list | None = None):
+        super().__init__(message)
+        self.made = made or []

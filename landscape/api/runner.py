@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import os
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -134,11 +135,19 @@ def _map(fn: Callable, jobs: list[tuple], workers: int = 1, *, pool: ProcessPool
     return out
 
 
+_LIBRARY_NOISE = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+
+
 def _caught(fn: Callable, *args) -> tuple[Any, list]:
+    """``fn(*args)`` and the warnings it raised, to re-raise in the parent: every warning of ours, but not the
+    deprecation notices other libraries raise about themselves (e.g. torch's own use of ``torch.jit.script``),
+    which recording with "always" would otherwise surface on every run."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         value = fn(*args)
-    return value, [(w.category, str(w.message)) for w in caught]
+    ours = [w for w in caught if not (issubclass(w.category, _LIBRARY_NOISE) and f"{os.sep}landscape{os.sep}"
+                                      not in str(w.filename))]
+    return value, [(w.category, str(w.message)) for w in ours]
 
 
 def _point(spec: Analysis, resolver: Resolver, target: Target):

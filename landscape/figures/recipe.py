@@ -13,8 +13,10 @@ is finished and is skipped on rerun.
 from __future__ import annotations
 
 import dataclasses
+import datetime as _dt
 import json
 import math
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -22,6 +24,7 @@ import numpy as np
 
 from landscape.atomic import atomic_write
 from landscape.errors import DataError, UsageError
+from landscape.runtime import code_version
 from landscape.verdict import Verdict
 
 SCALES = ("test", "cpu", "paper")
@@ -111,6 +114,17 @@ def _settings_json(settings: Mapping) -> str:
     return json.dumps(dict(settings), sort_keys=True, default=str)
 
 
+def summary_attrs(path: Path) -> dict:
+    """The summary's provenance: ``settings`` (dict), ``seconds``, ``landscape_version``, ``created`` (absent in
+    summaries written before they were recorded)."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        out = {k: f.attrs[k] for k in ("seconds", "landscape_version", "created") if k in f.attrs}
+        out["settings"] = json.loads(f.attrs["settings"])
+    return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in out.items()}
+
+
 def read_summary(path: Path) -> tuple[dict, Verdict, list[Path]]:
     """``(numbers, verdict, figures)`` of a written summary."""
     import h5py
@@ -169,7 +183,9 @@ def make(recipe: Recipe, *, scale: str = "cpu", out: str | Path = "figures-out",
     ctx = Context(recipe.name, scale, settings, Path(root) if root is not None else out / "checkpoints",
                   out / recipe.name, workers, data_root)
     ctx.out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
     numbers, verdict, figures = recipe.make(ctx)
+    seconds = time.perf_counter() - start
     for k, v in numbers.items():
         a = np.asarray(v, dtype=float)
         if not np.all(np.isfinite(a)):
@@ -182,7 +198,9 @@ def make(recipe: Recipe, *, scale: str = "cpu", out: str | Path = "figures-out",
                 g.create_dataset(k, data=np.asarray(v, dtype=float))
             f.attrs.update(kind="figure-recipe", recipe=recipe.name, paper=recipe.paper, figure=recipe.figure,
                            claim=recipe.claim, scale=scale, settings=_settings_json(settings),
-                           verdict=json.dumps(verdict.to_dict()), figures=json.dumps([str(p) for p in figures]))
+                           verdict=json.dumps(verdict.to_dict()), figures=json.dumps([str(p) for p in figures]),
+                           seconds=seconds, landscape_version=code_version(),
+                           created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
 
     atomic_write(path, write)
     return Made(recipe.name, scale, verdict, path, [Path(p) for p in figures])

@@ -6,18 +6,19 @@ import importlib
 
 from landscape.errors import UsageError
 
-RECIPES: dict[str, str] = {
-    "watson-fig5": "landscape.figures.watson_fig5",
-    "watson-fig4": "landscape.figures.watson_fig4",
+RECIPES: dict[str, str] = {  # paper order
     "watson-fig2": "landscape.figures.watson_fig2",
+    "watson-fig3": "landscape.figures.watson_fig3",
+    "watson-fig4": "landscape.figures.watson_fig4",
+    "watson-fig5": "landscape.figures.watson_fig5",
     "watson-fig6-7": "landscape.figures.watson_fig6_7",
     "watson-fig8": "landscape.figures.watson_fig8",
-    "watson-fig3": "landscape.figures.watson_fig3",
+    "watson-fig9": "landscape.figures.watson_fig9",
     "watson-fig10": "landscape.figures.watson_fig10",
-    "watson-thm33": "landscape.figures.watson_thm33",
     "watson-fig11": "landscape.figures.watson_fig11",
     "watson-fig13": "landscape.figures.watson_fig13",
     "watson-fig16-17": "landscape.figures.watson_fig16_17",
+    "watson-thm33": "landscape.figures.watson_thm33",
     "bu-table1": "landscape.figures.bu_table1",
     "bu-fig6-7": "landscape.figures.bu_fig6_7",
     "bu-fig11": "landscape.figures.bu_fig11",

@@ -1,0 +1,114 @@
+"""The gallery page: ``OUT/README.md`` with every recipe's figure, claim and computed verdict at one scale.
+
+:func:`write_gallery` reads the summaries ``OUT/NAME/NAME-SCALE.h5`` of the registered recipes (a recipe not
+made yet is listed as such) and writes, between the markers :data:`BEGIN` and :data:`END`, a verdict table and
+one section per recipe (figure, claim, what was scaled down, the verdict with its numbers and rule, wall time and
+code version of the run, how to run it at paper scale). Text outside the markers is kept, so a hand-written
+discussion of what the numbers say survives regeneration. The output depends only on the summaries.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from landscape.atomic import atomic_write
+from landscape.figures import registry
+from landscape.figures.recipe import read_summary, summary_attrs, summary_path
+
+BEGIN = "<!-- gallery:begin (written by `landscape figures`; edit outside the markers) -->"
+END = "<!-- gallery:end -->"
+STATUS = {"held": "held", "did not hold": "**did not hold**", "inconclusive": "*inconclusive*"}
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _short_numbers(numbers: dict) -> str:
+    parts = []
+    for k, v in numbers.items():
+        if isinstance(v, float):
+            parts.append(f"{k} {v:.3g}")
+        elif isinstance(v, list):
+            parts.append(f"{k} [{', '.join(f'{x:.3g}' if isinstance(x, float) else str(x) for x in v)}]")
+        else:
+            parts.append(f"{k} {v}")
+    return "; ".join(parts)
+
+
+_PART = re.compile(r"\[(held|did not hold|inconclusive)\] (.*?) \([^()]*(?:\([^()]*\))?[^()]*\): (.*?)\. Rule: ")
+
+
+def _parts(note: str) -> list[str]:
+    """The parts of an ``all_of`` verdict from its note (``[status] claim (source): numbers. Rule: ...`` joined
+    by `` | ``), each as ``status: claim (numbers)``."""
+    return [f"{m.group(1)}: {m.group(2)} ({m.group(3)})" for m in _PART.finditer(note or "")]
+
+
+def _section(name: str, recipe, out: Path, scale: str) -> tuple[str, str]:
+    """``(table row, section)`` of one recipe."""
+    path = summary_path(out, name, scale)
+    title = f"{recipe.paper.split(' (')[0]}, {recipe.figure}"
+    p = recipe.paper_scale
+    paper = (f"`landscape figures {name} --scale paper --data-root DIR`: {p.model} on {p.data}, "
+             f"{p.epochs} epochs, {p.hyper}; about {p.gpu_hours:g} GPU hours.")
+    if not path.is_file():
+        row = f"| [`{name}`](#{name}) | {_cell(title)} | {_cell(recipe.claim)} | not made | |"
+        return row, f"### {name}\n\n{title}. Not made at `--scale {scale}` yet.\n\n**Paper scale.** {paper}\n"
+    _, verdict, figures = read_summary(path)
+    attrs = summary_attrs(path)
+    png = [f for f in figures if f.suffix == ".png"]
+    image = f"![{name}]({name}/{png[0].name})\n\n" if png and (out / name / png[0].name).is_file() else ""
+    parts = _parts(verdict.note)
+    judged = ("<br>".join(parts) if parts else f"{_short_numbers(verdict.numbers)}. Rule: {verdict.test}")
+    row = f"| [`{name}`](#{name}) | {_cell(title)} | {_cell(recipe.claim)} | {STATUS[verdict.status]} | {_cell(judged)} |"
+    made = []
+    if "seconds" in attrs:
+        made.append(f"{float(attrs['seconds']):.0f} s")
+    if "landscape_version" in attrs:
+        made.append(f"landscape {attrs['landscape_version']}")
+    if "created" in attrs:
+        made.append(str(attrs["created"]))
+    body = (f"### {name}\n\n{title}: {recipe.claim}.\n\n{image}"
+            f"**Verdict: {verdict.status}.** {verdict.line()}\n\n"
+            f"**Scaled down.** {recipe.scaled_down}. Settings: `{json.dumps(attrs['settings'], sort_keys=True)}`.\n\n"
+            + (f"**Made** in {', '.join(made)}.\n\n" if made else "")
+            + f"**Paper scale.** {paper}\n")
+    return row, body
+
+
+def gallery_text(out: str | Path, scale: str = "cpu") -> str:
+    """The generated part (between the markers) for the summaries under ``out``."""
+    out = Path(out)
+    rows, sections = [], []
+    for name in registry.names():
+        row, section = _section(name, registry.get(name), out, scale)
+        rows.append(row)
+        sections.append(section)
+    made = sum("not made" not in r for r in rows)
+    head = (f"## Verdicts at `--scale {scale}` ({made} of {len(rows)} recipes made)\n\n"
+            "Each verdict is computed by the recipe from its own numbers (`landscape.verdict`): held, did not hold, "
+            "or inconclusive (the difference is within the spread, or the spread could not be measured).\n\n"
+            "| Recipe | Paper, figure | Claim | Verdict | Numbers and rule |\n|---|---|---|---|---|\n")
+    return "\n".join([BEGIN, head + "\n".join(rows) + "\n", *sections, END]) + "\n"
+
+
+def write_gallery(out: str | Path, scale: str = "cpu") -> Path:
+    """Write (or update between the markers) ``out/README.md``; returns its path."""
+    out = Path(out)
+    path = out / "README.md"
+    text = gallery_text(out, scale)
+    old = path.read_text() if path.is_file() else ""
+    if BEGIN in old and END in old:
+        before, rest = old.split(BEGIN, 1)
+        after = rest.split(END, 1)[1].lstrip("\n")
+        new = before + text + ("\n" + after if after else "")
+    else:
+        intro = (f"# Paper figures at `--scale {scale}`\n\nRegenerate with `make figures` (= `landscape figures all "
+                 f"--scale {scale} --out {out}/`); finished recipes with unchanged settings are skipped.\n\n")
+        new = (old + "\n" if old else intro) + text
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda tmp: tmp.write_text(new))
+    return path

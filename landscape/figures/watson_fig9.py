@@ -1,0 +1,148 @@
+"""Watson et al. (2023), Fig. 9 (Sec. 4.1.4): five steps on one fixed batch of 128 (lr 0.1, C = 1, noise scale
+0.4) with SGD, clip-only, noise-only and DP-SGD, from the initialisation and from a model trained 10 epochs
+with SGD; training loss and gradient norm per step, averaged over batches.
+
+Claims: from initialisation "SGD achieves the lowest loss. Both clipping and noise reduce loss improvement, but
+DP-SGD has significantly worse performance than any other method"; from the trained model "the gradient norm is
+largest for DP-SGD and the clipped model, with all variants having a larger gradient norm than SGD".
+
+Measured: each variant's step is the library's own (:class:`landscape.train.privatize.Privatizer`, the trainer's
+step: clipped / noised sum over the expected batch size 128) followed by a plain SGD update (no momentum); at
+steps 0..5 the batch's mean loss and the norm of its true (unclipped) mean gradient; ``batches`` fixed batches,
+``noise_seeds`` noise draws each for the noisy variants (averaged per batch). Verdict
+(:func:`landscape.verdict.all_of` of :func:`landscape.verdict.paired_greater`, paired by batch): from init,
+every variant ends above SGD's loss and DP-SGD above clip-only's and noise-only's; from the trained model,
+every variant ends with a larger gradient norm than SGD.
+
+Scaled down: LeNet on ``digits`` (the paper: CIFAR10), trained start 10 epochs of SGD, 4 batches of 128, 3 noise
+draws.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from landscape.figures.recipe import PaperScale, Recipe
+from landscape.verdict import all_of, paired_greater
+
+SOURCE = "Watson et al. 2023, Fig. 9, Sec. 4.1.4"
+METHODS = ("sgd", "clip-only", "noise-only", "dpsgd")
+_COMMON = dict(model="lenet", data="digits", lr=0.1, C=1.0, sigma=0.4, batch=128, steps=5, train_lr=0.03,
+               train_batch=32)
+SCALES = {
+    "test": {**_COMMON, "subset": 300, "train_epochs": 1, "batches": 2, "noise_seeds": 2},
+    "cpu": {**_COMMON, "subset": None, "train_epochs": 10, "batches": 4, "noise_seeds": 3},
+    "paper": {**_COMMON, "model": "resnet18", "data": "cifar10", "subset": None, "train_epochs": 10,
+              "train_lr": 0.1, "train_batch": 128, "batches": 10, "noise_seeds": 5},
+}
+
+
+def batch_gradient_norm(model, x, y) -> float:
+    """``||(1/n) sum_i grad l_i||`` of the batch at the model's parameters (plain autograd)."""
+    import torch
+    import torch.nn.functional as F
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(F.cross_entropy(model(x), y), params)
+    return float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads)))
+
+
+def five_steps(model, x, y, method: str, *, lr: float, C: float, sigma: float, steps: int, seed: int):
+    """``(losses, grad_norms)`` at steps 0..``steps`` of ``method`` on the fixed batch ``x, y`` (model copied)."""
+    import torch
+    import torch.nn.functional as F
+
+    from landscape.train.privatize import PrivacyConfig, Privatizer
+
+    model = copy.deepcopy(model).train()
+    priv = Privatizer(model, PrivacyConfig(optimizer=method, max_grad_norm=C, noise_multiplier=sigma),
+                      expected_batch_size=len(y), generator=torch.Generator().manual_seed(seed))
+    losses, norms = [], []
+    for t in range(steps + 1):
+        with torch.no_grad():
+            losses.append(float(F.cross_entropy(model(x), y)))
+        norms.append(batch_gradient_norm(model, x, y))
+        if t == steps:
+            break
+        priv.compute_gradients(x, y)
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.grad is not None:
+                    p -= lr * p.grad
+        model.zero_grad(set_to_none=True)
+    return np.array(losses), np.array(norms)
+
+
+def make(ctx):
+    import torch
+
+    from landscape.api import TrainConfig
+    from landscape.api.resolve import Resolver
+    from landscape.plots import style
+
+    s = ctx.settings
+    run = ctx.train("sgd", TrainConfig(model=s["model"], data=s["data"], subset=s["subset"], epochs=s["train_epochs"],
+                                       lr=s["train_lr"], batch_size=s["train_batch"], seed=0, checkpoint_every="none"))
+    resolver = Resolver(ctx.root)
+    numbers, curves = {}, {}
+    for start in ("init", "trained"):
+        point = resolver.point(f"{run.name}@{'init' if start == 'init' else 'last'}")
+        model = point.model()
+        x_all, y_all = point.split("train")
+        perm = torch.randperm(len(y_all), generator=torch.Generator().manual_seed(0))
+        for m in METHODS:
+            seeds = range(s["noise_seeds"]) if m in ("noise-only", "dpsgd") else range(1)
+            per_batch = []
+            for b in range(s["batches"]):
+                idx = perm[b * s["batch"]:(b + 1) * s["batch"]]
+                runs = [five_steps(model, x_all[idx], y_all[idx], m, lr=s["lr"], C=s["C"], sigma=s["sigma"],
+                                   steps=s["steps"], seed=1000 * b + k) for k in seeds]
+                per_batch.append(np.mean([r for r in runs], axis=0))  # (2, steps + 1): loss, grad norm
+            curves[(start, m)] = np.asarray(per_batch)  # (batches, 2, steps + 1)
+            numbers[f"{start}/{m}/loss"] = curves[(start, m)][:, 0]
+            numbers[f"{start}/{m}/grad_norm"] = curves[(start, m)][:, 1]
+        numbers[f"{start}/batch_indices"] = perm[:s["batches"] * s["batch"]].numpy().reshape(s["batches"], -1)
+
+    def end(start, m, what):
+        return curves[(start, m)][:, 0 if what == "loss" else 1, -1]
+
+    parts = [paired_greater(f"from init, {m} ends above SGD's loss", SOURCE, end("init", m, "loss"),
+                            end("init", "sgd", "loss"), names=(m, "SGD"), unit="batches") for m in METHODS[1:]]
+    parts += [paired_greater(f"from init, DP-SGD ends above {m}'s loss", SOURCE, end("init", "dpsgd", "loss"),
+                             end("init", m, "loss"), names=("DP-SGD", m), unit="batches")
+              for m in ("clip-only", "noise-only")]
+    parts += [paired_greater(f"from the trained model, {m} ends with a larger gradient norm than SGD", SOURCE,
+                             end("trained", m, "grad"), end("trained", "sgd", "grad"), names=(m, "SGD"),
+                             unit="batches") for m in METHODS[1:]]
+    verdict = all_of("from init SGD ends lowest and DP-SGD highest; from a trained model every variant's gradient "
+                     "norm exceeds SGD's", SOURCE, parts, note=" | ".join(p.line() for p in parts))
+    fig, axes = style.subplots(2, 2, figsize=(8.5, 6.0))
+    colors = {"sgd": style.method_color("sgd"), "clip-only": "0.35", "noise-only": "tab:green",
+              "dpsgd": style.method_color("dpsgd")}
+    steps = np.arange(s["steps"] + 1)
+    for row, start in enumerate(("init", "trained")):
+        for col, what in enumerate(("loss", "gradient norm")):
+            ax = axes[row, col]
+            for m in METHODS:
+                c = curves[(start, m)][:, col]
+                ax.plot(steps, c.mean(axis=0), marker="o", color=colors[m], label=m)
+            ax.axhline(curves[(start, "sgd")][:, col, 0].mean(), color="tab:red", ls="--", lw=0.8)
+            ax.set(xlabel="step on the fixed batch", ylabel=f"train {what}",
+                   title=f"from {'initialisation' if start == 'init' else 'trained model'}")
+    axes[0, 0].legend(fontsize=7)
+    fig.suptitle(f"Fig. 9 ({ctx.scale}): {verdict.status}")
+    return numbers, verdict, style.save_figure(fig, ctx.stem("figure"))
+
+
+RECIPE = Recipe(
+    name="watson-fig9", paper="Watson et al. 2023 (clipping, pruning and loss landscapes)", figure="Fig. 9",
+    claim="on a fixed batch, DP-SGD reduces the loss least from init; from a trained model all variants' gradients "
+          "exceed SGD's",
+    scaled_down="LeNet on digits, 5 steps on 4 fixed batches of 128, 3 noise draws, trained start 10 SGD epochs",
+    scales=SCALES,
+    paper_scale=PaperScale(data="cifar10", model="resnet18 (GroupNorm)", epochs=10,
+                           hyper="lr 0.1, C = 1, noise scale 0.4, batch 128, 5 steps", gpu_hours=1.0),
+    make=make,
+)
