@@ -6,7 +6,7 @@ export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 export LANDSCAPE_THREADS ?= 1
 
-.PHONY: install install-dev demo test bench lint clean
+.PHONY: install install-dev demo test figures bench lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ demo: install
 
 test: install-dev
 	$(PY) -m pytest -q
+
+# The paper-figure gallery (figures/README.md); finished recipes with unchanged settings are skipped. Not in `test`.
+figures: install
+	$(VENV)/bin/landscape --threads 1 figures all --scale cpu --out figures/
 
 bench: install-dev
 	$(PY) benchmarks/run_all.py

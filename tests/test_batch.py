@@ -201,6 +201,10 @@ BAD_SPECS = {
     "analysis workers": ("jobs:\n  a:\n    kind: norms\n    refs: [x]\n    workers: 2\n", 5,
                          "option 'workers' does not apply in a batch"),
     "unknown top key": ("jobz: {}\n", 1, "unknown top-level key 'jobz'"),
+    "unknown recipe": ("jobs:\n  f:\n    kind: figures\n    recipe: watson-fig99\n", 4, "unknown recipe 'watson-fig99'"),
+    "bad figure scale": ("jobs:\n  f:\n    kind: figures\n    recipe: watson-fig5\n    scale: huge\n", 5,
+                         "'scale' must be one of test, cpu, paper"),
+    "align without run": ("jobs:\n  a: {kind: align, ref_a: x@last, ref_b: y@last}\n", 2, "needs option 'run'"),
 }
 
 
@@ -361,3 +365,50 @@ jobs:
 
     store = Store(tmp_path / "checkpoints")
     assert all(store.run(f"t{s}").checkpoints()[-1].epoch == 1 for s in range(3))
+
+
+ALIGN_FIGURES = """\
+defaults:
+  train: {data: digits, subset: 0.2, epochs: 1, checkpoint_every: none, model_kwargs: {channels: [2, 4], hidden: [8]}}
+jobs:
+  t:
+    kind: train
+    grid: {seed: [0, 1]}
+    run: "t{seed}"
+  match:
+    kind: align
+    ref_a: t0@last
+    ref_b: t1@last
+    run: t1-aligned
+  fig:
+    kind: figures
+    recipe: watson-thm33
+    scale: test
+"""
+
+
+def test_align_and_figures_jobs(tmp_path):
+    """The hand-written kinds beside training: align (its run inferred from both references) and a figure recipe
+    (its files in the job's directory, its verdict in the summary)."""
+    import csv
+
+    from landscape.batch import load_spec
+    from landscape.figures.recipe import read_summary
+    from landscape.store import Store
+
+    spec = _write(tmp_path, ALIGN_FIGURES)
+    jobs = {j.id: j for j in load_spec(spec).jobs}
+    assert jobs["match"].deps == ("t-seed0", "t-seed1") and jobs["match"].produces == ("t1-aligned",)
+    assert jobs["fig"].deps == ()
+    proc = _batch(tmp_path, "spec.yaml", "--workers", "1")
+    assert proc.returncode == 0, proc.stderr
+    store = Store(tmp_path / "checkpoints")
+    assert "t1-aligned" in store.run_names()
+    rows = {r["job"]: r for r in csv.DictReader(open(tmp_path / "results/spec/summary.csv"))}
+    assert rows["match"]["status"] == "done" and float(rows["match"]["distance_after"]) <= float(
+        rows["match"]["distance_before"])
+    numbers, verdict, _ = read_summary(tmp_path / "results/spec/fig/watson-thm33/watson-thm33-test.h5")
+    assert rows["fig"]["status"] == "done" and "verdict" in rows["fig"]
+    assert numbers["population/W_n"][-1] < numbers["population/W_n"][0]
+    again = _batch(tmp_path, "spec.yaml", "--workers", "1")  # every job cached, nothing rewritten
+    assert again.returncode == 0 and "cached" in again.stderr

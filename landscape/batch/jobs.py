@@ -140,6 +140,10 @@ def _execute(payload: dict[str, Any]) -> tuple[dict[str, Any], list[Path]]:
         return _phases(options, root)
     if kind == "prune":
         return _prune(options, root)
+    if kind == "align":
+        return _align(options, root)
+    if kind == "figures":
+        return _figures(options, root, job_dir(payload["results"], payload["id"]))
     return _analysis(kind, options, root, job_dir(payload["results"], payload["id"]))
 
 
@@ -198,6 +202,30 @@ def _prune(options: dict[str, Any], root: Path) -> tuple[dict[str, Any], list[Pa
 
     result = prune(PruneConfig(**options), root=root)
     return {"kept_fraction": result.kept_fraction}, _files_under(Store(root).run(result.run).path)
+
+
+def _align(options: dict[str, Any], root: Path) -> tuple[dict[str, Any], list[Path]]:
+    from landscape.api.alignment import align
+    from landscape.store import Store
+
+    result = align(options.pop("ref_a"), options.pop("ref_b"), root=root, **options)
+    numbers = {"distance_before": result.distance_before, "distance_after": result.distance_after,
+               "iterations": result.iterations, "converged": int(result.converged)}
+    return numbers, _files_under(Store(root).run(result.run).path)
+
+
+def _figures(options: dict[str, Any], root: Path, out_dir: Path) -> tuple[dict[str, Any], list[Path]]:
+    """One recipe (runs in the batch's store, files under the job's directory); numbers: the verdict (1 held,
+    0 did not hold, NaN inconclusive) and its part counts."""
+    from landscape.figures import registry
+    from landscape.figures.recipe import make
+
+    made = make(registry.get(options["recipe"]), scale=options.get("scale", "cpu"), out=out_dir, root=root,
+                data_root=options.get("data_root"), rerun=bool(options.get("rerun", False)))
+    numbers = {"verdict": {True: 1.0, False: 0.0, None: math.nan}[made.verdict.held]}
+    numbers.update({f"parts_{k.replace(' ', '_')}": v for k, v in made.verdict.numbers.items()
+                    if k in ("held", "did not hold", "inconclusive")})
+    return numbers, _files_under(out_dir)
 
 
 def _analysis(kind: str, options: dict[str, Any], root: Path, out_dir: Path) -> tuple[dict[str, Any], list[Path]]:

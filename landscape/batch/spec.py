@@ -52,6 +52,7 @@ from landscape.errors import UsageError
 TOP_KEYS = ("root", "results", "defaults", "jobs")
 JOB_KEYS = ("kind", "grid", "name", "after")
 TRAINING_KINDS = ("train", "phases", "prune")
+STORE_KINDS = ("align", "figures")  # hand-written commands besides training: permutation alignment, paper figures
 # runner.run keyword arguments every analysis takes (besides its config fields and run options)
 _RUNNER_OPTIONS = {"figure": "bool", "data_root": "str | None", "download": "bool"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=-]*$")
@@ -137,7 +138,28 @@ def kinds() -> list[str]:
     """Every job kind: the training commands and the registered analyses."""
     from landscape.analyze.registry import names
 
-    return [*TRAINING_KINDS, *names()]
+    return [*TRAINING_KINDS, *STORE_KINDS, *names()]
+
+
+@dataclass(frozen=True)
+class FigureJob:
+    """A ``figures`` job: one paper-figure recipe at one scale, its outputs in the job's results directory and its
+    runs in the batch's store (reused by any later job or rerun with the same configuration)."""
+
+    recipe: str
+    scale: str = "cpu"
+    rerun: bool = False
+    data_root: str | None = None
+
+    def validate(self) -> FigureJob:
+        from landscape.figures import registry
+        from landscape.figures.recipe import SCALES
+
+        if self.recipe not in registry.names():
+            raise UsageError(f"'recipe': unknown recipe {self.recipe!r}; see `landscape figures --list`")
+        if self.scale not in SCALES:
+            raise UsageError(f"'scale' must be one of {', '.join(SCALES)}, got {self.scale!r}")
+        return self
 
 
 def kind_info(kind: str) -> KindInfo:
@@ -155,6 +177,12 @@ def kind_info(kind: str) -> KindInfo:
         from landscape.api.pruning import PruneConfig
 
         return KindInfo(kind, _fields(PruneConfig), required=("ref", "remove", "run"))
+    if kind == "align":
+        from landscape.api.alignment import AlignConfig
+
+        return KindInfo(kind, _fields(AlignConfig), required=("ref_a", "ref_b", "run"))
+    if kind == "figures":
+        return KindInfo(kind, _fields(FigureJob), required=("recipe",))
     from landscape.analyze.registry import get, names
 
     if kind not in names():
@@ -475,6 +503,14 @@ def _build(kind: str, options: dict[str, Any]) -> Any:
         if not 0 <= float(config.remove) < 1:
             raise UsageError(f"'remove' must be in [0, 1), got {config.remove}")
         return config
+    if kind == "align":
+        from landscape.api.alignment import AlignConfig
+
+        config = AlignConfig(**options)
+        config.validate()
+        return config
+    if kind == "figures":
+        return FigureJob(**options).validate()
     from landscape.analyze.registry import get
     from landscape.api._common import config_with
 
@@ -497,7 +533,7 @@ def _build(kind: str, options: dict[str, Any]) -> Any:
 
 def _produces(kind: str, options: dict[str, Any]) -> list[str]:
     """The store runs a job writes (known from its options alone)."""
-    if kind in ("train", "prune"):
+    if kind in ("train", "prune", "align"):
         return [options["run"]]
     if kind == "phases":
         from landscape.train.config import PhasesConfig

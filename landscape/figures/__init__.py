@@ -12,7 +12,7 @@ from landscape.figures import registry
 from landscape.figures.recipe import Made, Recipe, make
 
 
-def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out", root: str | Path | None = None,
+def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out", root: str | Path = "checkpoints",
             workers: int = 1, data_root: str | None = None, rerun: bool = False) -> list[Made]:
     """Run the named recipes (or ``"all"``) and update ``out/README.md`` (:mod:`landscape.figures.gallery`).
 

@@ -165,7 +165,7 @@ def _check_paper(recipe: Recipe, data_root: str | None) -> None:
                         f"{p.hyper}, ~{p.gpu_hours:g} GPU hours")
 
 
-def make(recipe: Recipe, *, scale: str = "cpu", out: str | Path = "figures-out", root: str | Path | None = None,
+def make(recipe: Recipe, *, scale: str = "cpu", out: str | Path = "figures-out", root: str | Path = "checkpoints",
          workers: int = 1, data_root: str | None = None, rerun: bool = False) -> Made:
     """Run one recipe at ``scale``: train (reusing runs), analyse, plot, write the summary, return a :class:`Made`."""
     import h5py
@@ -180,7 +180,7 @@ def make(recipe: Recipe, *, scale: str = "cpu", out: str | Path = "figures-out",
     if not rerun and _finished(path, settings):
         _, verdict, figures = read_summary(path)
         return Made(recipe.name, scale, verdict, path, figures, skipped=True)
-    ctx = Context(recipe.name, scale, settings, Path(root) if root is not None else out / "checkpoints",
+    ctx = Context(recipe.name, scale, settings, Path(root),
                   out / recipe.name, workers, data_root)
     ctx.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()

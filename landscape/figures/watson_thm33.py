@@ -123,7 +123,7 @@ def make(ctx):
     rel = abs(smp[-1, 3] - predicted) / predicted
     part_smp = Verdict(
         "on a finite sample, W_n ends at the balanced global minimum's ||w_LS,n|| / sqrt(||w_LS||)", SOURCE,
-        "held if | ||W_n(T)|| - prediction | / prediction < 0.01 and L(T) - L_LS < 1e-9; did not hold if converged "
+        "held if abs(||W_n(T)|| - prediction) / prediction < 0.01 and L(T) - L_LS < 1e-9; did not hold if converged "
         "with a larger difference; inconclusive if not converged",
         {"||W_n(T)||": smp[-1, 3], "prediction": predicted, "relative difference": rel, "L(T) - L_LS": s_gap,
          "||W_s(T)||": smp[-1, 2], "max imbalance": float(smp[:, 4].max())},

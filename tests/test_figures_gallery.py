@@ -1,0 +1,133 @@
+"""The figures gallery (issue 12 item 4) and `figures all` robustness: README table and sections from the
+summaries, hand-written text outside the markers kept, a failing recipe not stopping the others, settings changes
+and --rerun remaking, and a SIGKILLed `figures` run resuming with finished recipes skipped (files untouched)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cli import main as cli_main
+from landscape.figures import gallery, registry
+from landscape.figures.recipe import PaperScale, Recipe, read_summary, summary_path
+from landscape.verdict import Verdict, greater
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _make_ok(ctx):
+    from landscape.plots import style
+
+    fig, ax = style.subplots(figsize=(2, 2))
+    ax.plot([0, 1], [0, ctx.settings["slope"]])
+    v = greater("A beats B", "toy paper, Fig. 1", [3.0, 3.1, 2.9], [1.0, 1.1, 0.9], names=("A", "B"), unit="seeds")
+    return {"a": [3.0, 3.1, 2.9], "b": [1.0, 1.1, 0.9]}, v, style.save_figure(fig, ctx.stem("figure"))
+
+
+def _make_broken(ctx):
+    raise RuntimeError("toy recipe exploded")
+
+
+def _recipe(name, make, slope=1.0):
+    return Recipe(name=name, paper="Toy et al. 2024 (a paper)", figure="Fig. 1", claim=f"{name} claim",
+                  scaled_down="tiny", scales={"test": {"slope": slope}, "cpu": {"slope": slope}, "paper": {}},
+                  paper_scale=PaperScale(data="digits", model="lenet", epochs=1, hyper="none", gpu_hours=0.5),
+                  make=make)
+
+
+@pytest.fixture
+def toys(monkeypatch):
+    recipes = {"toy-a": _recipe("toy-a", _make_ok), "toy-b": _recipe("toy-b", _make_ok, slope=2.0)}
+    monkeypatch.setattr(registry, "names", lambda: list(recipes))
+    monkeypatch.setattr(registry, "get", lambda name: recipes[name])
+    return recipes
+
+
+def run(capsys, *args):
+    with pytest.raises(SystemExit) as exc:
+        cli_main.main(list(args))
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+def test_gallery_table_sections_and_hand_written_text_survive(toys, tmp_path, capsys):
+    out = tmp_path / "gal"
+    code, text, _ = run(capsys, "--root", str(tmp_path / "st"), "figures", "toy-a", "--scale", "test", "--out", str(out))
+    assert code == 0 and f"gallery: {out / 'README.md'}" in text
+    page = (out / "README.md").read_text()
+    assert page.count(gallery.BEGIN) == 1 and page.count(gallery.END) == 1
+    row_a = next(line for line in page.splitlines() if line.startswith("| [`toy-a`]"))
+    row_b = next(line for line in page.splitlines() if line.startswith("| [`toy-b`]"))
+    assert "| held |" in row_a and "mean A 3" in row_a and "sd A 0.1" in row_a and "Rule:" in row_a
+    assert "| not made |" in row_b and "(1 of 2 recipes made)" in page
+    assert "![toy-a](toy-a/toy-a-figure-test.png)" in page and (out / "toy-a" / "toy-a-figure-test.png").is_file()
+    assert "`landscape figures toy-a --scale paper --data-root DIR`" in page and "0.5 GPU hours" in page
+    assert "**Last made** in" in page and "landscape " in page  # wall time and code version of the run
+    # a discussion written by hand outside the markers is kept when the gallery is regenerated
+    (out / "README.md").write_text("# My gallery\n\nHand-written intro.\n\n" + page[page.index(gallery.BEGIN):]
+                                   + "\n## Discussion\n\nWhat the numbers say.\n")
+    code, _, _ = run(capsys, "--root", str(tmp_path / "st"), "figures", "toy-b", "--scale", "test", "--out", str(out))
+    page = (out / "README.md").read_text()
+    assert code == 0 and page.startswith("# My gallery\n\nHand-written intro.")
+    assert page.rstrip().endswith("What the numbers say.") and "(2 of 2 recipes made)" in page
+    assert page.count(gallery.BEGIN) == 1
+
+
+def test_a_failing_recipe_does_not_stop_the_others(toys, tmp_path, capsys):
+    toys["toy-a"] = _recipe("toy-a", _make_broken)
+    out = tmp_path / "gal"
+    code, text, err = run(capsys, "--root", str(tmp_path / "st"), "figures", "all", "--scale", "test", "--out", str(out))
+    assert code == 1 and err.count("\n") == 1 and err.startswith("error: 1 of 2 recipes failed: toy-a: ")
+    assert "RuntimeError: toy recipe exploded" in err
+    assert "toy-b [test] made" in text and summary_path(out, "toy-b", "test").is_file()
+    assert not summary_path(out, "toy-a", "test").exists()
+    assert "| [`toy-a`]" in (out / "README.md").read_text()  # the gallery is still written, toy-a "not made"
+
+
+def test_changed_settings_and_rerun_remake_a_finished_recipe(toys, tmp_path, capsys):
+    out, root = tmp_path / "gal", str(tmp_path / "st")
+    path = summary_path(out, "toy-a", "test")
+    run(capsys, "--root", root, "figures", "toy-a", "--scale", "test", "--out", str(out))
+    first = path.stat().st_mtime_ns
+    code, text, _ = run(capsys, "--root", root, "figures", "toy-a", "--scale", "test", "--out", str(out))
+    assert "skipped (finished)" in text and path.stat().st_mtime_ns == first
+    time.sleep(0.01)
+    code, text, _ = run(capsys, "--root", root, "figures", "toy-a", "--scale", "test", "--out", str(out), "--rerun")
+    assert code == 0 and "toy-a [test] made" in text and path.stat().st_mtime_ns != first
+    second = path.stat().st_mtime_ns
+    toys["toy-a"] = _recipe("toy-a", _make_ok, slope=5.0)  # new settings: the old summary is stale
+    code, text, _ = run(capsys, "--root", root, "figures", "toy-a", "--scale", "test", "--out", str(out))
+    assert "toy-a [test] made" in text and path.stat().st_mtime_ns != second
+
+
+def test_killed_figures_run_resumes_with_finished_recipes_skipped(tmp_path):
+    out, root = tmp_path / "gal", tmp_path / "st"
+    cmd = [sys.executable, "-c", "from cli.main import main; main()", "--threads", "1", "--root", str(root),
+           "figures", "watson-thm33", "watson-fig11", "--scale", "test", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    first = summary_path(out, "watson-thm33", "test")
+    second = summary_path(out, "watson-fig11", "test")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert first.exists(), "the first recipe never finished"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert not second.exists()  # killed while the second recipe was running
+    before, mtime = first.read_bytes(), first.stat().st_mtime_ns
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "watson-thm33 [test] skipped (finished)" in done.stdout and "watson-fig11 [test] made" in done.stdout
+    assert first.read_bytes() == before and first.stat().st_mtime_ns == mtime
+    numbers, verdict, _ = read_summary(second)
+    assert numbers["R"].shape == (2, 2) and isinstance(verdict, Verdict)
