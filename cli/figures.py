@@ -19,9 +19,11 @@ from cli.common import root_of
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes.")
 @click.option("--data-root", default=None, help="Folder of the paper's data sets (else $LANDSCAPE_DATA).")
 @click.option("--rerun", is_flag=True, help="Make finished recipes again (their trained runs are still reused).")
+@click.option("--scheduler", default=None, metavar="ADDRESS",
+              help="Run the analyses' parallel parts on this Dask scheduler (tcp://HOST:PORT) instead of --workers.")
 @click.pass_context
 def figures(ctx: click.Context, names: tuple[str, ...], list_: bool, scale: str, out: str, workers: int,
-            data_root: str | None, rerun: bool) -> None:
+            data_root: str | None, rerun: bool, scheduler: str | None) -> None:
     """Make paper figures by recipe NAME (or `all`); finished recipes (same settings) are skipped on rerun.
 
     Example: landscape figures watson-fig5 --scale cpu --out figures/
@@ -41,7 +43,7 @@ def figures(ctx: click.Context, names: tuple[str, ...], list_: bool, scale: str,
 
     try:
         made = run(list(names), scale=scale, out=out, root=root_of(ctx), workers=workers, data_root=data_root,
-                   rerun=rerun)
+                   rerun=rerun, scheduler=scheduler)
     except RecipeError as exc:
         _report(exc.made)
         raise

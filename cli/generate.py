@@ -29,7 +29,7 @@ from cli.options import (
     output_option,
     run_api,
 )
-from landscape.analyze.registry import Analysis, cli_fields, flags_of, get
+from landscape.analyze.registry import Analysis, cli_fields, flags_of, get, parallel
 
 ARGUMENTS = {"checkpoint": [("ref", 1)], "pair": [("ref_a", 1), ("ref_b", 1)], "pairs": [("runs", -1)], "target": [("target", 1)],
              "targets": [("targets", -1)]}
@@ -136,10 +136,16 @@ def command(name: str) -> click.Command:
     if spec.inputs not in ("checkpoint", "pair") and not has_workers_field:
         runner.append(click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
                                    help="Parallel worker processes."))
+    if parallel(spec):
+        runner.append(click.option("--scheduler", default=None, metavar="ADDRESS",
+                                   help="Run the parallel parts on this Dask scheduler (tcp://HOST:PORT; workers "
+                                        "need the same store path) instead of --workers local processes."))
     runner += [data_root_option, no_figure_option, output_option, json_option]
 
     def callback(**kwargs: Any) -> None:
         ctx = click.get_current_context()
+        if kwargs.get("scheduler") is None:
+            kwargs.pop("scheduler", None)
         refs = [kwargs.pop(arg) for arg, _ in ARGUMENTS[spec.inputs]]
         if spec.inputs in ("pairs", "targets"):
             refs = list(refs[0])

@@ -412,3 +412,48 @@ def test_align_and_figures_jobs(tmp_path):
     assert numbers["population/W_n"][-1] < numbers["population/W_n"][0]
     again = _batch(tmp_path, "spec.yaml", "--workers", "1")  # every job cached, nothing rewritten
     assert again.returncode == 0 and "cached" in again.stderr
+
+
+def test_local_cluster_workers_die_with_a_sigkilled_client(tmp_path):
+    """`batch --workers 2` starts a LocalCluster (two spawned worker processes and a resource tracker) under the
+    client; a SIGKILL of the client mid-job must not leave them running (they would hold the store and the
+    cores)."""
+    psutil = pytest.importorskip("psutil")
+    spec = _write(tmp_path, """\
+defaults:
+  train: {data: digits, epochs: 300, checkpoint_every: none}
+jobs:
+  t:
+    kind: train
+    grid: {seed: [0, 1]}
+    run: "long{seed}"
+""")
+    batch = subprocess.Popen([PY, "-m", "cli.main", "batch", spec.name, "--workers", "2"], cwd=tmp_path, env=_env(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def workers():
+            try:
+                kids = psutil.Process(batch.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                return []
+            spawned = [k for k in kids if "spawn_main" in " ".join(k.cmdline())]
+            return kids if len(spawned) >= 2 and (tmp_path / "checkpoints").is_dir() else []
+
+        kids = _wait_for(workers, 120, "the cluster's processes and a training job")
+        batch.send_signal(signal.SIGKILL)
+    finally:
+        batch.kill()
+        batch.wait(timeout=10)
+
+    def gone():
+        alive = [p for p in kids if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        return not alive
+
+    try:
+        _wait_for(gone, 30, "the cluster's processes to exit")
+    finally:
+        for p in kids:  # never leave them behind, whatever the assertion said
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass

@@ -39,7 +39,7 @@ def test_every_config_field_has_its_option_and_every_option_its_field(name):
     spec = registry.get(name)
     cmd = command(name)
     options = {p.name for p in cmd.params if isinstance(p, __import__("click").Option)}
-    runner = {"data_from", "workers", "data_root", "no_figure", "output", "as_json"}
+    runner = {"data_from", "workers", "scheduler", "data_root", "no_figure", "output", "as_json"}
     fields = {f.name for f in registry.cli_fields(spec.config)}
     fields |= {f.name for f in registry.cli_fields(spec.run_options)} if spec.run_options else set()
     assert fields - options == set()

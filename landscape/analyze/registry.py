@@ -177,3 +177,8 @@ def flag_of(f: dataclasses.Field) -> str:
 def flags(cls: type | None) -> Mapping[str, str]:
     """Field name -> command-line flag for every CLI field of ``cls``."""
     return {} if cls is None else {f.name: flag_of(f) for f in cli_fields(cls)}
+
+
+def parallel(spec: Analysis) -> bool:
+    """Whether the analysis has parallel parts: a ``workers`` option, hence also ``scheduler`` (a Dask cluster)."""
+    return spec.inputs not in ("checkpoint", "pair") or "workers" in {f.name for f in dataclasses.fields(spec.config)}

@@ -6,6 +6,8 @@ Private to :mod:`landscape.api` (``resolve``, ``runner``, ``loss_surfaces`` impo
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import json
@@ -177,28 +179,151 @@ def spawn_pool(workers: int, initializer: Callable | None = None, initargs: tupl
                                initargs=(os.getpid(), initializer, initargs))
 
 
-class ProcessPool:
-    """``map(fn, jobs)`` -> ``[fn(*job) ...]`` in order: in-process for one worker, else in ``workers`` spawned
-    processes (one torch thread each), created on first use and shared by every ``map`` inside the block."""
+_SCHEDULER: contextvars.ContextVar = contextvars.ContextVar("landscape_scheduler", default=None)
 
-    def __init__(self, workers: int):
+
+@contextlib.contextmanager
+def using_scheduler(scheduler: Any):
+    """Inside the block every :class:`ProcessPool` runs its jobs on the Dask cluster ``scheduler`` (an address such as
+    ``tcp://127.0.0.1:8786`` or a ``distributed.Client``) instead of local processes; ``None`` changes nothing."""
+    token = _SCHEDULER.set(scheduler)
+    try:
+        yield
+    finally:
+        _SCHEDULER.reset(token)
+
+
+def current_scheduler() -> Any:
+    """The Dask scheduler set by :func:`using_scheduler` (None: local processes)."""
+    return _SCHEDULER.get()
+
+
+def cluster_size(scheduler: Any) -> int:
+    """How many workers the Dask cluster at ``scheduler`` (address or client) has: the number of parallel parts an
+    analysis cuts its work into there, as ``--workers`` does locally. One line when it cannot be reached."""
+    from distributed import Client
+
+    if isinstance(scheduler, Client):
+        return max(1, len(scheduler.scheduler_info()["workers"]))
+    try:
+        with Client(scheduler, set_as_default=False, timeout=30) as client:
+            return max(1, len(client.scheduler_info()["workers"]))
+    except OSError as exc:
+        raise UsageError(f"cannot reach the Dask scheduler {scheduler}: {exc}") from None
+
+
+_DASK_STATES: dict[str, dict[str, Any]] = {}
+
+
+def _dask_task(key: str | None, init: tuple | None, fn: Callable, *args: Any) -> Any:
+    """A job on a Dask worker: one torch thread, the pool's worker state built once per worker process (kept for
+    the pool's ``key``; our workers run one thread each), then ``fn(*args)``."""
+    one_thread()
+    if key is not None:
+        if key not in _DASK_STATES:
+            initializer, initargs = init
+            _DASK_STATES.clear()  # one pool's state at a time
+            _DASK_STATES[key] = initializer(*initargs)
+        set_worker_state(_DASK_STATES[key])
+    return fn(*args)
+
+
+def _dask_as_completed(futures: Sequence[Any]):
+    """Dask futures as they finish. Polled: ``distributed.as_completed`` and ``wait`` look for a default client,
+    and ours never is one (a library must not change a user's Dask session)."""
+    pending = list(futures)
+    while pending:
+        done = [f for f in pending if f.done()]
+        if not done:
+            time.sleep(0.02)
+            continue
+        for f in done:
+            pending.remove(f)
+            yield f
+
+
+class ProcessPool:
+    """The api's one executor: ``submit(fn, *args)`` / ``map(fn, jobs)`` -> ``[fn(*job) ...]`` in order.
+
+    Without a scheduler: in-process for one worker (unless an ``initializer`` needs its own process), else
+    ``workers`` spawned processes (one torch thread each, dying with their parent), created on first use and shared
+    by every call inside the block. With a Dask ``scheduler`` (given, or set by :func:`using_scheduler`): the jobs
+    are Dask tasks on that cluster (``workers`` is then the cluster's business); the ``initializer``'s arguments are
+    scattered to the workers once and its state built once per worker process. The results are the same either
+    way (tested: identical arrays).
+    """
+
+    def __init__(self, workers: int = 1, *, initializer: Callable | None = None, initargs: tuple = (),
+                 scheduler: Any = None, in_process: bool = True):
         self.workers = int(workers)
+        self.initializer, self.initargs = initializer, initargs
+        self.scheduler = scheduler if scheduler is not None else _SCHEDULER.get()
+        self.in_process = in_process and initializer is None
         self._pool: ProcessPoolExecutor | None = None
+        self._client = None
+        self._own_client = False
+        self._key: str | None = None
+        self._init: Any = None
 
     def __enter__(self) -> ProcessPool:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
+        self.shutdown(cancel=exc[0] is not None)
+
+    @property
+    def distributed(self) -> bool:
+        return self.scheduler is not None
+
+    def _dask(self):
+        if self._client is None:
+            from distributed import Client
+
+            if isinstance(self.scheduler, Client):
+                self._client = self.scheduler
+            else:
+                try:
+                    self._client = Client(self.scheduler, set_as_default=False, timeout=30)
+                except OSError as exc:
+                    raise UsageError(f"cannot reach the Dask scheduler {self.scheduler}: {exc}") from None
+                self._own_client = True
+            if self.initializer is not None:
+                import uuid
+
+                self._key = uuid.uuid4().hex
+                self._init = self._client.scatter((self.initializer, self.initargs), broadcast=True)
+        return self._client
+
+    def submit(self, fn: Callable, *args: Any):
+        """A future of ``fn(*args)`` (``.result()``), run as :meth:`map` would."""
+        if self.distributed:
+            return self._dask().submit(_dask_task, self._key, self._init, fn, *args, pure=False)
+        if self._pool is None:
+            self._pool = spawn_pool(max(self.workers, 1), self.initializer, self.initargs)
+        return self._pool.submit(fn, *args)
+
+    def as_completed(self, futures: Sequence[Any]):
+        """The futures as they finish."""
+        if self.distributed:
+            return _dask_as_completed(futures)
+        from concurrent.futures import as_completed
+
+        return as_completed(futures)
 
     def map(self, fn: Callable, jobs: Sequence[tuple]) -> list:
-        if self.workers <= 1 or len(jobs) <= 1:
+        if not self.distributed and self.in_process and (self.workers <= 1 or len(jobs) <= 1):
             return [fn(*job) for job in jobs]
-        if self._pool is None:
-            self._pool = spawn_pool(self.workers)
-        futures = [self._pool.submit(fn, *job) for job in jobs]
+        futures = [self.submit(fn, *job) for job in jobs]
         return [f.result() for f in futures]
+
+    def shutdown(self, cancel: bool = False) -> None:
+        """Stop the local processes (``cancel``: drop jobs not started) or close the Dask client this pool opened."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=cancel)
+            self._pool = None
+        if self._client is not None and self._own_client:
+            self._client.close()
+        self._client = None
 
 
 def map_jobs(fn: Callable, jobs: Sequence[tuple], workers: int) -> list:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +38,8 @@ from landscape.analyze.surface import (
     random_plane,
     surface_rows,
 )
+from landscape.api._common import ProcessPool, checkpoint_dataset, worker_state
 from landscape.api._common import check_pair as _check_pair
-from landscape.api._common import checkpoint_dataset, spawn_pool, worker_state
 from landscape.api.resolve import Resolver, compare_others
 from landscape.errors import CheckpointError, UsageError
 from landscape.params import ParamSpace
@@ -128,12 +127,13 @@ def _run_direction_chunks(chunks: list[list[int]], distance: float, steps: torch
         for f in futures:
             yield f.result()
     finally:  # on an error or interrupt, drop the chunks not started instead of waiting for them
-        pool.shutdown(wait=True, cancel_futures=True)
+        pool.shutdown(cancel=True)
 
 
-def _pool(workers: int, payload: _Payload) -> ProcessPoolExecutor:
-    """Spawned processes (one torch thread each), every one initialised once with ``payload``."""
-    return spawn_pool(workers, _init_worker, (payload,))
+def _pool(workers: int, payload: _Payload) -> ProcessPool:
+    """Worker processes (spawned, one torch thread each, or a Dask cluster's under ``--scheduler``), every one
+    initialised once with ``payload``."""
+    return ProcessPool(workers, initializer=_init_worker, initargs=(payload,))
 
 
 # --------------------------------------------------------------------------------------------- surface
@@ -229,10 +229,10 @@ def _run_rows(blocks: list[list[int]], *, payload: _Payload, xs, ys) -> Iterator
     pool = _pool(min(payload.config.workers, len(blocks)), payload)
     try:
         futures = [pool.submit(_rows_job, rows, xs[rows], ys) for rows in blocks]
-        for f in as_completed(futures):
+        for f in pool.as_completed(futures):
             yield f.result()
     finally:  # rows already written stay; blocks not started are dropped (a rerun resumes them)
-        pool.shutdown(wait=True, cancel_futures=True)
+        pool.shutdown(cancel=True)
 
 
 # ----------------------------------------------------------------------------------------------- data

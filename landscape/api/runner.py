@@ -19,8 +19,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from landscape.analyze.registry import Analysis, get, slug
-from landscape.api._common import ProcessPool, config_with, default_output, map_jobs, run_label
+from landscape.analyze.registry import Analysis, get, parallel, slug
+from landscape.api._common import (
+    ProcessPool,
+    cluster_size,
+    config_with,
+    current_scheduler,
+    default_output,
+    map_jobs,
+    run_label,
+    using_scheduler,
+)
 from landscape.api.resolve import Resolver, Target
 from landscape.errors import UsageError
 from landscape.results import InputRef, check_companions, check_output_path
@@ -28,9 +37,11 @@ from landscape.results import InputRef, check_companions, check_output_path
 
 def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", config: Any = None,
         output: str | Path | None = None, figure: bool = True, data_root: str | None = None, download: bool = False,
-        data_from: str = "a", workers: int | None = None, **options: Any) -> Any:
+        data_from: str = "a", workers: int | None = None, scheduler: Any = None, **options: Any) -> Any:
     """Run analysis ``name`` on references ``refs`` (see :class:`~landscape.analyze.registry.Analysis` for what
-    they are per ``inputs``). ``options`` are config fields or the spec's run options."""
+    they are per ``inputs``). ``options`` are config fields or the spec's run options. ``scheduler`` (a Dask
+    scheduler address or ``distributed.Client``) runs the parallel parts on that cluster instead of ``workers``
+    local processes; the results are the same."""
     spec = get(name)
     run_fields = {f.name for f in dataclasses.fields(spec.run_options)} if spec.run_options else set()
     run_opts = spec.run_options(**{k: options.pop(k) for k in list(options) if k in run_fields}) \
@@ -44,6 +55,19 @@ def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", con
     workers = 1 if workers is None else workers
     if int(workers) != workers or workers < 1:
         raise UsageError(f"--workers must be >= 1, got {workers}")
+    if scheduler is not None and workers > 1:
+        raise UsageError("give --workers N (local processes) or --scheduler ADDRESS (a Dask cluster), not both")
+    scheduler = scheduler if scheduler is not None else current_scheduler()  # figures --scheduler sets it
+    if scheduler is not None and parallel(spec):  # cut the work into as many parts as the cluster has workers
+        workers = cluster_size(scheduler)
+        if "workers" in config_fields:
+            config = dataclasses.replace(config, workers=workers)
+    with using_scheduler(scheduler):
+        return _run(spec, refs, root, config, run_opts, output, figure, data_root, download, data_from, workers)
+
+
+def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, output, figure: bool,
+         data_root: str | None, download: bool, data_from: str, workers: int) -> Any:
     resolver = Resolver(root, data_root=data_root, download=download)
     refs = [str(r) for r in refs]
     if spec.inputs == "targets" and not refs:
@@ -212,6 +236,8 @@ def api_function(name: str) -> Callable:
         defaults["data_from"] = "a"
     if spec.inputs not in ("checkpoint", "pair") and "workers" not in {f.name for f in dataclasses.fields(spec.config)}:
         defaults["workers"] = 1
+    if parallel(spec):
+        defaults["scheduler"] = None
     for opt in dataclasses.fields(spec.run_options) if spec.run_options else ():
         defaults[opt.name] = opt.default
     params += [P(k, P.KEYWORD_ONLY, default=v) for k, v in defaults.items()]

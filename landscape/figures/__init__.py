@@ -13,35 +13,49 @@ from landscape.figures.recipe import Made, Recipe, make
 
 
 def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out", root: str | Path = "checkpoints",
-            workers: int = 1, data_root: str | None = None, rerun: bool = False) -> list[Made]:
+            workers: int = 1, data_root: str | None = None, rerun: bool = False, scheduler=None) -> list[Made]:
     """Run the named recipes (or ``"all"``) and update ``out/README.md`` (:mod:`landscape.figures.gallery`).
 
     Finished recipes (same settings) are skipped unless ``rerun`` (which still reuses their trained runs: only the
     analyses, figure and summary are made again). A recipe that fails does not stop the others: the rest run, the
     gallery is written, and then :class:`~landscape.errors.RecipeError` names every failure (one line; its
-    ``made`` holds the recipes that finished).
+    ``made`` holds the recipes that finished). ``scheduler`` (a Dask address or client) runs the recipes'
+    analyses' parallel parts on that cluster (see :func:`landscape.api._common.using_scheduler`).
     """
-    from landscape.errors import LandscapeError, RecipeError, UsageError
+    import contextlib
+
+    from landscape.api._common import using_scheduler
+    from landscape.errors import RecipeError, UsageError
     from landscape.figures.gallery import write_gallery
 
     if isinstance(names, str):
         names = [names]
     names = registry.names() if list(names) == ["all"] else list(names)
     recipes = [registry.get(n) for n in names]  # unknown names fail before anything runs
+    if scheduler is not None and workers > 1:
+        raise UsageError("give --workers N (local processes) or --scheduler ADDRESS (a Dask cluster), not both")
     made, failed = [], []
+    with using_scheduler(scheduler) if scheduler is not None else contextlib.nullcontext():
+        _make_all(recipes, made, failed, scale=scale, out=out, root=root, workers=workers, data_root=data_root,
+                  rerun=rerun)
+    write_gallery(out, scale)
+    if failed:
+        raise RecipeError(f"{len(failed)} of {len(recipes)} recipes failed: " + "; ".join(failed), made=made)
+    return made
+
+
+def _make_all(recipes, made: list, failed: list, **options) -> None:
+    from landscape.errors import LandscapeError, UsageError
+
     for r in recipes:
         try:
-            made.append(make(r, scale=scale, out=out, root=root, workers=workers, data_root=data_root, rerun=rerun))
+            made.append(make(r, **options))
         except UsageError:
             raise
         except LandscapeError as exc:
             failed.append(f"{r.name}: {exc}")
         except Exception as exc:  # a bug in one recipe must not cost the others an hour of work
             failed.append(f"{r.name}: {type(exc).__name__}: {exc}")
-    write_gallery(out, scale)
-    if failed:
-        raise RecipeError(f"{len(failed)} of {len(recipes)} recipes failed: " + "; ".join(failed), made=made)
-    return made
 
 
 __all__ = ["Made", "Recipe", "figures", "make", "registry"]
