@@ -21,6 +21,16 @@ RUNS = {
 }
 
 
+SCALES = {scale: {"runs": settings} for scale, settings in RUNS.items()}  # the recipes' settings
+
+
+def measured(ctx):
+    """Train (or reuse) the runs and calibrate them: ``(result, rows, norms)`` (see :func:`calibrate`; ``norms``
+    the clipping norms, smallest first)."""
+    res, rows = calibrate(ctx, train_runs(ctx))
+    return res, rows, list(ctx.settings["runs"]["norms"])
+
+
 def train_runs(ctx) -> dict:
     """``{"sgd": [run per seed], C: [run per seed] ...}`` (trained once, reused after)."""
     from landscape.api import TrainConfig

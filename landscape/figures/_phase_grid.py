@@ -23,6 +23,16 @@ GRID = {
 }
 
 
+POINTS = {"test": 5, "cpu": 20, "paper": 30}  # points on each interpolation path
+
+
+def scales(**per_scale: dict) -> dict:
+    """The ``SCALES`` of a recipe on the grid: per scale the grid's settings, the path points and ``per_scale``
+    extras (``name -> {scale: value}``)."""
+    return {scale: {"grid": settings, "points": POINTS[scale], **{k: v[scale] for k, v in per_scale.items()}}
+            for scale, settings in GRID.items()}
+
+
 def group(ctx) -> str:
     return f"watson-phase-grid-{ctx.scale}"
 

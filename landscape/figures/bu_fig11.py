@@ -21,15 +21,13 @@ from landscape.figures.recipe import PaperScale, Recipe
 from landscape.verdict import all_of, paired_greater
 
 SOURCE = "Bu et al. 2023, Fig. 11, Appendix"
-SCALES = {scale: {"runs": settings} for scale, settings in bu.RUNS.items()}
+SCALES = bu.SCALES
 
 
 def make(ctx):
     from landscape.plots import style
 
-    runs = bu.train_runs(ctx)
-    res, rows = bu.calibrate(ctx, runs)
-    norms = list(ctx.settings["runs"]["norms"])
+    res, rows, norms = bu.measured(ctx)
     small, large = norms[0], norms[-1]
     hist = {k: np.array([res.true_class_count[i] / res.true_class_count[i].sum() for i in rows[k]]) for k in rows}
     low = {k: list(h[:, 0]) for k, h in hist.items()}

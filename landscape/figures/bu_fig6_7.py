@@ -22,15 +22,13 @@ from landscape.figures.recipe import PaperScale, Recipe
 from landscape.verdict import all_of, greater, paired_greater
 
 SOURCE = "Bu et al. 2023, Figs. 6-7, Sec. 5.2"
-SCALES = {scale: {"runs": settings} for scale, settings in bu.RUNS.items()}
+SCALES = bu.SCALES
 
 
 def make(ctx):
     from landscape.plots import style
 
-    runs = bu.train_runs(ctx)
-    res, rows = bu.calibrate(ctx, runs)
-    norms = list(ctx.settings["runs"]["norms"])
+    res, rows, norms = bu.measured(ctx)
     small, large = norms[0], norms[-1]
 
     def metric(key, name):

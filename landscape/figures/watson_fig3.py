@@ -24,10 +24,8 @@ from landscape.figures.recipe import PaperScale, Recipe
 from landscape.verdict import all_of, greater
 
 SOURCE = "Watson et al. 2023, Fig. 3, Sec. 4.1.2"
-POINTS = {"test": 5, "cpu": 20, "paper": 30}
 SEEDS = {"test": 2, "cpu": 3, "paper": 3}
-SCALES = {scale: {"grid": settings, "points": POINTS[scale], "seeds": SEEDS[scale]}
-          for scale, settings in grid.GRID.items()}
+SCALES = grid.scales(seeds=SEEDS)
 
 
 def make(ctx):

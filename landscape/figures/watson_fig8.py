@@ -22,8 +22,7 @@ from landscape.figures.recipe import PaperScale, Recipe
 from landscape.verdict import all_of, greater
 
 SOURCE = "Watson et al. 2023, Fig. 8, Sec. 4.1.3"
-POINTS = {"test": 5, "cpu": 20, "paper": 30}
-SCALES = {scale: {"grid": settings, "points": POINTS[scale]} for scale, settings in grid.GRID.items()}
+SCALES = grid.scales()
 LABEL = {"sgd": "SGD", "dpsgd": "DP"}
 
 
