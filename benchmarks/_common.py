@@ -116,3 +116,30 @@ def out_of_place_residuals(model):
         if isinstance(m, BasicBlock):
             m.forward = types.MethodType(_basic_block_forward, m)
     return model
+
+
+# ------------------------------------------------------------------------------------------ records
+
+RECORDS_ENV = "LANDSCAPE_BENCH_RECORDS"
+
+
+def record(figure: str, value: float, *, goal: float | None = None, better: str = "higher", unit: str = "x",
+           note: str = "") -> None:
+    """One figure of the issue's goal table (a time ratio, measured interleaved): printed with its goal and
+    whether it is met, and appended to the JSON-lines file ``$LANDSCAPE_BENCH_RECORDS`` when set (``run_all.py``
+    collects them into ``benchmarks/results/``). ``better``: ``higher`` (a speed-up) or ``lower`` (a time ratio)."""
+    met = None if goal is None else (value >= goal if better == "higher" else value <= goal)
+    cmp = ">=" if better == "higher" else "<="
+    status = "" if goal is None else f"  goal {cmp} {goal:g}: {'met' if met else 'NOT met'}"
+    print(f"  [figure] {figure}: {value:.3g}{unit}{status}{'  ' + note if note else ''}", flush=True)
+    path = os.environ.get(RECORDS_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"figure": figure, "value": value, "goal": goal, "better": better, "unit": unit,
+                                "met": met, "note": note}) + "\n")
+
+
+def machine_load() -> dict:
+    """The load average (1, 5, 15 min) and the core count: printed with every run, so a reader can tell a loaded
+    machine from a slow method."""
+    return {"loadavg": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count()}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-from _common import interleaved, medians, one_thread, out_of_place_residuals, print_table  # noqa: E402
+from _common import interleaved, medians, one_thread, out_of_place_residuals, print_table, record  # noqa: E402
 
 CASES = {"opacus-cnn": ((1, 28, 28), 256), "resnet18": ((3, 32, 32), 64)}
 C, SIGMA, LR = 1.0, 1.0, 0.1
@@ -138,6 +138,12 @@ def run(name: str, repeats: int) -> None:
         baseline="plain SGD",
         extra=notes,
     )
+    ratio = med["ours dpsgd flat"] / med["plain SGD"]
+    if name == "opacus-cnn":
+        record(f"DP-SGD step, {name} b={batch}: time x plain SGD", ratio, goal=1.15, better="lower")
+    else:
+        record(f"DP-SGD step, {name}/GN b={batch}: time x stock plain SGD", ratio, better="lower",
+               note="the stock plain step uses PyTorch's CPU conv weight-gradient, ours the per-sample route")
     opacus = {k: v for k, v in med.items() if k.startswith("opacus")}
     if opacus:
         best = min(opacus, key=opacus.get)

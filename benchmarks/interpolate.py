@@ -32,6 +32,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from _common import record  # noqa: E402  (benchmarks/ is the script's directory)
 from torch.utils.flop_counter import FlopCounterMode
 
 from landscape.analyze.interpolate import interpolate
@@ -117,6 +118,10 @@ def bench_case(name: str, model_name: str, shape, n: int, points: int, repeats: 
     print(f"  {'method':<16} {'median s':>9} {'ours is x faster':>17}   all repeats (s)")
     for k, v in med.items():
         print(f"  {k:<16} {v:9.2f} {v / med['ours']:17.2f}   " + " ".join(f"{t:.2f}" for t in times[k]))
+    goal = 4.0 if name == "lenet" else 1.2
+    record(f"30-point interpolation, {name}: speed-up over the batched plain loop", med["plain-loop"] / med["ours"],
+           goal=goal)
+    record(f"30-point interpolation, {name}: speed-up over loss-landscapes", med["loss-landscapes"] / med["ours"])
     achieved = flops / med["ours"]
     print(f"  30 plain forwards = {flops / 1e9:.1f} GFLOP; ours achieves {achieved / 1e9:.2f} GFLOP/s = "
           f"{achieved / peak:.1%} of the float32 matmul peak ({peak / 1e9:.1f} GFLOP/s); "

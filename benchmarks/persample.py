@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-from _common import interleaved, medians, one_thread, out_of_place_residuals, peak_memory  # noqa: E402
+from _common import interleaved, medians, one_thread, out_of_place_residuals, peak_memory, record  # noqa: E402
 
 CASES = {"opacus-cnn": ((1, 28, 28), 256), "resnet18": ((3, 32, 32), 64)}
 
@@ -107,6 +107,9 @@ def main() -> None:
         print(f"  {'method':<22} {'median s':>10} {'samples/s':>10} {'x Opacus time':>14}")
         for k, v in med.items():
             print(f"  {k:<22} {v:10.4f} {n / v:10.1f} {v / base:14.2f}")
+        goal = 0.6 if name == "opacus-cnn" else None
+        record(f"per-sample norms, {name} b={n}: time x Opacus", med["ours norms"] / base, goal=goal, better="lower")
+        record(f"per-sample grads, {name} b={n}: time x Opacus", med["ours grads"] / base, goal=goal, better="lower")
         if args.memory:
             print("  peak resident memory, one fresh process per method:")
             for k in ["baseline", *med]:
