@@ -201,13 +201,23 @@ def current_scheduler() -> Any:
 def cluster_size(scheduler: Any) -> int:
     """How many workers the Dask cluster at ``scheduler`` (address or client) has: the number of parallel parts an
     analysis cuts its work into there, as ``--workers`` does locally. One line when it cannot be reached."""
+    client, own = _connect(scheduler)
+    try:
+        return max(1, len(client.scheduler_info()["workers"]))
+    finally:
+        if own:
+            client.close()
+
+
+def _connect(scheduler: Any):
+    """``(client, opened_here)`` for a scheduler address or an existing ``distributed.Client`` (never made the
+    default client: a library must not change a user's Dask session)."""
     from distributed import Client
 
     if isinstance(scheduler, Client):
-        return max(1, len(scheduler.scheduler_info()["workers"]))
+        return scheduler, False
     try:
-        with Client(scheduler, set_as_default=False, timeout=30) as client:
-            return max(1, len(client.scheduler_info()["workers"]))
+        return Client(scheduler, set_as_default=False, timeout=30), True
     except OSError as exc:
         raise UsageError(f"cannot reach the Dask scheduler {scheduler}: {exc}") from None
 
@@ -254,11 +264,11 @@ class ProcessPool:
     """
 
     def __init__(self, workers: int = 1, *, initializer: Callable | None = None, initargs: tuple = (),
-                 scheduler: Any = None, in_process: bool = True):
+                 scheduler: Any = None):
         self.workers = int(workers)
         self.initializer, self.initargs = initializer, initargs
         self.scheduler = scheduler if scheduler is not None else _SCHEDULER.get()
-        self.in_process = in_process and initializer is None
+        self.in_process = initializer is None  # a worker state is built in its own process
         self._pool: ProcessPoolExecutor | None = None
         self._client = None
         self._own_client = False
@@ -277,16 +287,7 @@ class ProcessPool:
 
     def _dask(self):
         if self._client is None:
-            from distributed import Client
-
-            if isinstance(self.scheduler, Client):
-                self._client = self.scheduler
-            else:
-                try:
-                    self._client = Client(self.scheduler, set_as_default=False, timeout=30)
-                except OSError as exc:
-                    raise UsageError(f"cannot reach the Dask scheduler {self.scheduler}: {exc}") from None
-                self._own_client = True
+            self._client, self._own_client = _connect(self.scheduler)
             if self.initializer is not None:
                 import uuid
 
