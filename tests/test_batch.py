@@ -415,9 +415,9 @@ def test_align_and_figures_jobs(tmp_path):
 
 
 def test_local_cluster_workers_die_with_a_sigkilled_client(tmp_path):
-    """`batch --workers 2` starts a LocalCluster (two spawned worker processes and a resource tracker) under the
-    client; a SIGKILL of the client mid-job must not leave them running (they would hold the store and the
-    cores)."""
+    """`batch --workers 2` starts a LocalCluster (two worker processes forked from the client, and a resource
+    tracker) under the client; a SIGKILL of the client mid-job must not leave them running (they would hold the
+    store and the cores)."""
     psutil = pytest.importorskip("psutil")
     spec = _write(tmp_path, """\
 defaults:
@@ -436,8 +436,8 @@ jobs:
                 kids = psutil.Process(batch.pid).children(recursive=True)
             except psutil.NoSuchProcess:
                 return []
-            spawned = [k for k in kids if "spawn_main" in " ".join(k.cmdline())]
-            return kids if len(spawned) >= 2 and (tmp_path / "checkpoints").is_dir() else []
+            workers = [k for k in kids if "resource_tracker" not in " ".join(k.cmdline())]
+            return kids if len(workers) >= 2 and (tmp_path / "checkpoints").is_dir() else []
 
         kids = _wait_for(workers, 120, "the cluster's processes and a training job")
         batch.send_signal(signal.SIGKILL)

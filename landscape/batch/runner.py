@@ -94,9 +94,14 @@ def _on_dask(spec: BatchSpec, workers: int, scheduler: str | None, threads: int,
     cluster = None
     if scheduler is None:
         dashboard = "127.0.0.1:0" if _has_bokeh() else None
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                               dashboard_address=dashboard, silence_logs=logging.CRITICAL,
-                               worker_dashboard_address=None)
+        import dask
+
+        import landscape.batch.jobs  # noqa: F401  (imported before the workers fork: they start warm)
+        import landscape.train.loop  # noqa: F401
+        with dask.config.set({"distributed.worker.multiprocessing-method": "fork"}):
+            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                   dashboard_address=dashboard, silence_logs=logging.CRITICAL,
+                                   worker_dashboard_address=None)
         client = Client(cluster)
     else:
         try:
