@@ -131,3 +131,11 @@ def test_killed_figures_run_resumes_with_finished_recipes_skipped(tmp_path):
     assert first.read_bytes() == before and first.stat().st_mtime_ns == mtime
     numbers, verdict, _ = read_summary(second)
     assert numbers["R"].shape == (2, 2) and isinstance(verdict, Verdict)
+
+
+def test_unreachable_scheduler_is_one_line_before_any_recipe_runs(toys, tmp_path, capsys):
+    out = tmp_path / "gal"
+    code, text, err = run(capsys, "--root", str(tmp_path / "st"), "figures", "toy-a", "--scale", "test", "--out",
+                          str(out), "--scheduler", "tcp://127.0.0.1:1")
+    assert code == 2 and err.count("\n") == 1 and "cannot reach the Dask scheduler tcp://127.0.0.1:1" in err
+    assert not out.exists() and text == ""

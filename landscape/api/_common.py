@@ -217,7 +217,7 @@ def _connect(scheduler: Any):
     if isinstance(scheduler, Client):
         return scheduler, False
     try:
-        return Client(scheduler, set_as_default=False, timeout=30), True
+        return Client(scheduler, set_as_default=False, timeout=10), True
     except OSError as exc:
         raise UsageError(f"cannot reach the Dask scheduler {scheduler}: {exc}") from None
 

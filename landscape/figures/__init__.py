@@ -25,7 +25,7 @@ def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out",
     import contextlib
 
     from landscape.api._common import using_scheduler
-    from landscape.errors import RecipeError, UsageError
+    from landscape.errors import LandscapeError, RecipeError, UsageError
     from landscape.figures.gallery import write_gallery
 
     if isinstance(names, str):
@@ -34,13 +34,20 @@ def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out",
     recipes = [registry.get(n) for n in names]  # unknown names fail before anything runs
     if scheduler is not None and workers > 1:
         raise UsageError("give --workers N (local processes) or --scheduler ADDRESS (a Dask cluster), not both")
+    if scheduler is not None:
+        from landscape.api._common import cluster_size
+
+        cluster_size(scheduler)  # an unreachable scheduler is one line before anything runs
     made, failed = [], []
     with using_scheduler(scheduler) if scheduler is not None else contextlib.nullcontext():
         _make_all(recipes, made, failed, scale=scale, out=out, root=root, workers=workers, data_root=data_root,
                   rerun=rerun)
     write_gallery(out, scale)
+    if len(recipes) == 1 and failed and isinstance(failed[0][1], LandscapeError):
+        raise failed[0][1]  # one recipe asked for: its own error line
     if failed:
-        raise RecipeError(f"{len(failed)} of {len(recipes)} recipes failed: " + "; ".join(failed), made=made)
+        raise RecipeError(f"{len(failed)} of {len(recipes)} recipes failed: " + "; ".join(m for m, _ in failed),
+                          made=made)
     return made
 
 
@@ -53,9 +60,9 @@ def _make_all(recipes, made: list, failed: list, **options) -> None:
         except UsageError:
             raise
         except LandscapeError as exc:
-            failed.append(f"{r.name}: {exc}")
+            failed.append((f"{r.name}: {exc}", exc))
         except Exception as exc:  # a bug in one recipe must not cost the others an hour of work
-            failed.append(f"{r.name}: {type(exc).__name__}: {exc}")
+            failed.append((f"{r.name}: {type(exc).__name__}: {exc}", exc))
 
 
 __all__ = ["Made", "Recipe", "figures", "make", "registry"]
