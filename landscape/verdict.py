@@ -25,7 +25,8 @@ class Verdict:
     """One claim judged against measurements.
 
     ``source`` names where the claim is made (paper and figure/section); ``test`` is the rule applied, in
-    words; ``numbers`` the measured values the rule was applied to (floats, ints or lists of them).
+    words; ``numbers`` the measured values the rule was applied to (floats, ints or lists of them); ``parts``
+    the verdicts a combined claim (:func:`all_of`) was judged from.
     """
 
     claim: str
@@ -34,6 +35,7 @@ class Verdict:
     numbers: dict = field(default_factory=dict)
     held: bool | None = None
     note: str = ""
+    parts: tuple[Verdict, ...] = ()
 
     def __post_init__(self) -> None:
         if self.held not in STATUS:
@@ -44,23 +46,27 @@ class Verdict:
         """``"held"``, ``"did not hold"`` or ``"inconclusive"``."""
         return STATUS[self.held]
 
+    def numbers_text(self) -> str:
+        """The measured numbers as ``name value, ...`` (3 significant digits)."""
+        return ", ".join(f"{k} {_fmt(v)}" for k, v in self.numbers.items())
+
     def line(self) -> str:
         """One printable sentence: status, claim, source, the numbers and the rule."""
-        numbers = ", ".join(f"{k} {_fmt(v)}" for k, v in self.numbers.items())
-        text = f"[{self.status}] {self.claim} ({self.source}): {numbers}. Rule: {self.test}."
+        text = f"[{self.status}] {self.claim} ({self.source}): {self.numbers_text()}. Rule: {self.test}."
         return f"{text} {self.note}" if self.note else text
 
     def to_dict(self) -> dict:
         """JSON- and HDF5-attribute-friendly: plain floats/ints/lists, NaN as None, ``status`` beside ``held``."""
         return {"claim": self.claim, "source": self.source, "test": self.test,
                 "numbers": {k: _plain(v) for k, v in self.numbers.items()}, "held": self.held,
-                "status": self.status, "note": self.note}
+                "status": self.status, "note": self.note, **({"parts": [p.to_dict() for p in self.parts]}
+                                                             if self.parts else {})}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Verdict:
         numbers = {k: (math.nan if v is None else v) for k, v in dict(d.get("numbers") or {}).items()}
         return cls(claim=d["claim"], source=d["source"], test=d["test"], numbers=numbers, held=d.get("held"),
-                   note=d.get("note", ""))
+                   note=d.get("note", ""), parts=tuple(cls.from_dict(p) for p in d.get("parts") or ()))
 
 
 def _plain(v):
@@ -125,7 +131,7 @@ def all_of(claim: str, source: str, parts: Sequence[Verdict], *, note: str = "")
     held = False if failed else (True if parts and held_n == len(parts) else None)
     numbers = {"held": held_n, "did not hold": failed, "inconclusive": len(parts) - held_n - failed}
     return Verdict(claim, source, "held if every part held, did not hold if any part did not, else inconclusive",
-                   numbers, held, note)
+                   numbers, held, note, tuple(parts))
 
 
 def ordered(claim: str, source: str, groups: Mapping[float, Sequence[float]], *, decreasing: bool = True,

@@ -73,6 +73,10 @@ def test_all_of_and_ordered():
     assert all_of("c", "s", [yes, maybe]).held is None
     assert all_of("c", "s", [yes, maybe, no]).held is False
     assert all_of("c", "s", []).held is None
+    combined = all_of("c", "s", [yes, Verdict("p", "s", "t", {"x": float("nan")}, None)])
+    assert combined.parts[1].claim == "p" and combined.parts[0].held is True
+    back = Verdict.from_dict(json.loads(json.dumps(combined.to_dict())))  # as a figure summary stores it
+    assert back.parts[0] == yes and back.parts[1].held is None and math.isnan(back.parts[1].numbers["x"])
     falling = {1: [1.9, 1.8], 2: [1.0, 1.1], 4: [0.3, 0.4]}
     v = ordered("falls", "s", falling)
     assert v.held is True and v.numbers["k"] == [1, 2, 4]

@@ -193,6 +193,12 @@ def using_scheduler(scheduler: Any):
         _SCHEDULER.reset(token)
 
 
+def check_parallelism(workers: int, scheduler: Any) -> None:
+    """``--workers N`` (local processes) and ``--scheduler`` (a Dask cluster) exclude each other."""
+    if scheduler is not None and workers > 1:
+        raise UsageError("give --workers N (local processes) or --scheduler ADDRESS (a Dask cluster), not both")
+
+
 def current_scheduler() -> Any:
     """The Dask scheduler set by :func:`using_scheduler` (None: local processes)."""
     return _SCHEDULER.get()

@@ -22,6 +22,7 @@ from typing import Any
 from landscape.analyze.registry import Analysis, get, parallel, slug
 from landscape.api._common import (
     ProcessPool,
+    check_parallelism,
     cluster_size,
     config_with,
     current_scheduler,
@@ -55,8 +56,7 @@ def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", con
     workers = 1 if workers is None else workers
     if int(workers) != workers or workers < 1:
         raise UsageError(f"--workers must be >= 1, got {workers}")
-    if scheduler is not None and workers > 1:
-        raise UsageError("give --workers N (local processes) or --scheduler ADDRESS (a Dask cluster), not both")
+    check_parallelism(workers, scheduler)
     scheduler = scheduler if scheduler is not None else current_scheduler()  # figures --scheduler sets it
     if scheduler is not None and parallel(spec):  # cut the work into as many parts as the cluster has workers
         workers = cluster_size(scheduler)

@@ -24,19 +24,16 @@ def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out",
     """
     import contextlib
 
-    from landscape.api._common import using_scheduler
-    from landscape.errors import LandscapeError, RecipeError, UsageError
+    from landscape.api._common import check_parallelism, cluster_size, using_scheduler
+    from landscape.errors import LandscapeError, RecipeError
     from landscape.figures.gallery import write_gallery
 
     if isinstance(names, str):
         names = [names]
     names = registry.names() if list(names) == ["all"] else list(names)
     recipes = [registry.get(n) for n in names]  # unknown names fail before anything runs
-    if scheduler is not None and workers > 1:
-        raise UsageError("give --workers N (local processes) or --scheduler ADDRESS (a Dask cluster), not both")
+    check_parallelism(workers, scheduler)
     if scheduler is not None:
-        from landscape.api._common import cluster_size
-
         cluster_size(scheduler)  # an unreachable scheduler is one line before anything runs
     made, failed = [], []
     with using_scheduler(scheduler) if scheduler is not None else contextlib.nullcontext():

@@ -10,7 +10,6 @@ discussion of what the numbers say survives regeneration. The output depends onl
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 from landscape.atomic import atomic_write
@@ -26,25 +25,9 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _short_numbers(numbers: dict) -> str:
-    parts = []
-    for k, v in numbers.items():
-        if isinstance(v, float):
-            parts.append(f"{k} {v:.3g}")
-        elif isinstance(v, list):
-            parts.append(f"{k} [{', '.join(f'{x:.3g}' if isinstance(x, float) else str(x) for x in v)}]")
-        else:
-            parts.append(f"{k} {v}")
-    return "; ".join(parts)
-
-
-_PART = re.compile(r"\[(held|did not hold|inconclusive)\] (.*?) \([^()]*(?:\([^()]*\))?[^()]*\): (.*?)\. Rule: ")
-
-
-def _parts(note: str) -> list[str]:
-    """The parts of an ``all_of`` verdict from its note (``[status] claim (source): numbers. Rule: ...`` joined
-    by `` | ``), each as ``status: claim (numbers)``."""
-    return [f"{m.group(1)}: {m.group(2)} ({m.group(3)})" for m in _PART.finditer(note or "")]
+def _parts(verdict) -> list[str]:
+    """The parts of a combined verdict (:func:`landscape.verdict.all_of`), each as ``status: claim (numbers)``."""
+    return [f"{p.status}: {p.claim} ({p.numbers_text()})" for p in verdict.parts]
 
 
 def _section(name: str, recipe, out: Path, scale: str) -> tuple[str, str]:
@@ -61,8 +44,8 @@ def _section(name: str, recipe, out: Path, scale: str) -> tuple[str, str]:
     attrs = summary_attrs(path)
     png = [f for f in figures if f.suffix == ".png"]
     image = f"![{name}]({name}/{png[0].name})\n\n" if png and (out / name / png[0].name).is_file() else ""
-    parts = _parts(verdict.note)
-    judged = ("<br>".join(parts) if parts else f"{_short_numbers(verdict.numbers)}. Rule: {verdict.test}")
+    parts = _parts(verdict)
+    judged = "<br>".join(parts) if parts else f"{verdict.numbers_text()}. Rule: {verdict.test}"
     row = f"| [`{name}`](#{name}) | {_cell(title)} | {_cell(recipe.claim)} | {STATUS[verdict.status]} | {_cell(judged)} |"
     made = []
     if "seconds" in attrs:
