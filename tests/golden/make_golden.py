@@ -54,6 +54,8 @@ EXCLUDED = (
 # symmetry projection matrix): kept, since equal hashes mean equal directions. Other string attrs (kind,
 # labels, JSON of options) are not compared.
 HASH_ATTRS = ("plane_sha256", "matrix_fingerprint")
+# The machine's floating-point fingerprint (:func:`machine_fingerprint`), saved beside the arrays.
+MACHINE_KEY = "machine@fingerprint"
 _EXCLUDED_RE = re.compile("|".join(f"(?:{p})" for p in EXCLUDED))
 
 GROUP = "g"  # phases group: runs g-sgd, g-sgd-sgd-{0,1}, g-sgd-dpsgd-{0,1}
@@ -179,8 +181,48 @@ def build(workdir: str | Path) -> tuple[dict[str, np.ndarray], dict[str, dict[st
         torch.set_num_threads(threads)
 
 
+def machine_fingerprint() -> str:
+    """sha256 of what this machine's torch kernels give for a fixed LeNet-sized step (no landscape code).
+
+    Different CPUs (AVX2 / AVX-512 dispatch, MKL and oneDNN code paths) round convolutions, matrix products and
+    reductions differently in the last bit; training amplifies that, so the saved weights are bit-identical
+    only on a machine whose kernels round as the saving machine's did. This probe runs the kernels training
+    uses (conv2d, max-pool, linear, log-softmax, their backward passes, an SGD update; one thread, float32 and
+    float64) on seeded data and hashes the results: equal fingerprints mean the exact comparison applies.
+    """
+    import hashlib
+
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        g = torch.Generator().manual_seed(0)
+        digest = hashlib.sha256()
+        for dtype in (torch.float32, torch.float64):
+            x = torch.randn(64, 1, 8, 8, generator=g, dtype=torch.float64).to(dtype)
+            y = torch.randint(0, 10, (64,), generator=g)
+            conv1 = torch.randn(6, 1, 3, 3, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
+            conv2 = torch.randn(16, 6, 3, 3, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
+            lin = torch.randn(10, 16 * 2 * 2, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
+            h = torch.nn.functional.max_pool2d(torch.tanh(torch.nn.functional.conv2d(x, conv1, padding=1)), 2)
+            h = torch.nn.functional.max_pool2d(torch.relu(torch.nn.functional.conv2d(h, conv2, padding=1)), 2)
+            loss = torch.nn.functional.cross_entropy(h.flatten(1) @ lin.T, y)
+            loss.backward()
+            with torch.no_grad():
+                for p in (conv1, conv2, lin):
+                    p.sub_(0.1 * p.grad)
+                    digest.update(p.grad.numpy().tobytes())
+                    digest.update(p.numpy().tobytes())
+            digest.update(loss.detach().numpy().tobytes())
+        return digest.hexdigest()
+    finally:
+        torch.set_num_threads(threads)
+
+
 def flatten(w: dict[str, np.ndarray], results: dict[str, dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    flat = dict(w)
+    flat = {MACHINE_KEY: np.array(machine_fingerprint())}
+    flat.update(w)
     for arrays in results.values():
         flat.update(arrays)
     return flat
