@@ -8,6 +8,7 @@ every tensor of every final checkpoint must be equal, whatever ran the jobs.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -457,3 +458,33 @@ jobs:
                 p.kill()
             except psutil.NoSuchProcess:
                 pass
+
+
+def test_shipped_fig5_spec_is_the_recipes_cpu_scale():
+    """examples/watson-fig5.yaml runs what `landscape figures watson-fig5 --scale cpu` runs: the same training
+    settings, k, epsilons, copies, path points and split (a change to one without the other fails here)."""
+    from landscape.batch import load_spec
+    from landscape.figures.watson_fig5 import SCALES
+    from landscape.train.config import PhasesConfig, TrainConfig
+
+    cpu = SCALES["cpu"]
+    defaults = {f.name: f.default for c in (TrainConfig, PhasesConfig) for f in dataclasses.fields(c)}
+    spec = load_spec(Path(__file__).resolve().parents[1] / "examples" / "watson-fig5.yaml")
+    phases = [j for j in spec.jobs if j.kind == "phases"]
+    tables = [j for j in spec.jobs if j.kind == "instability"]
+    assert len(spec.jobs) == 25 and len(phases) == 12 and len(tables) == 13
+    for job in phases:
+        o = job.options
+        for key in ("model", "data", "epochs", "lr", "dp_lr", "batch_size", "max_grad_norm", "seed", "copies"):
+            want = {"copies": cpu["copies"]}.get(key, cpu.get(key))
+            assert o.get(key, defaults[key]) == want, (job.id, key)
+        assert o.get("subset") == cpu["subset"] and list(o["phase1"]) == ["sgd"] and o["dp_momentum"] == 0.0
+    sgd = sorted(j.options["k"] for j in phases if list(j.options["phase2"]) == ["sgd"])
+    dp = sorted((float(j.options["target_epsilon"]), j.options["k"]) for j in phases
+                if list(j.options["phase2"]) == ["dpsgd"])
+    assert sgd == sorted(cpu["ks"])
+    assert dp == sorted((e, k) for e in cpu["epsilons"] for k in cpu["ks"])
+    for job in tables:
+        assert job.options["points"] == cpu["points"] and list(job.options["splits"]) == ["test"]
+    figure = spec.job("figure")
+    assert set(figure.deps) == {j.id for j in phases} and figure.options["figure"] is True

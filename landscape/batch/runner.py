@@ -25,6 +25,16 @@ from landscape.errors import LandscapeError, UsageError
 
 STATUSES = ("done", "cached", "failed", "skipped")
 
+# The local cluster's workers fork from this process after torch and the job code are imported (spawning
+# paid ~5 s CPU per worker to import them again), and skip Dask's statistical profiler (it samples every
+# thread's stack every 10 ms: CPU taken from the jobs on a small machine) and its frequent system monitor.
+LOCAL_WORKER_CONFIG = {
+    "distributed.worker.multiprocessing-method": "fork",
+    "distributed.worker.profile.enabled": False,
+    "distributed.admin.system-monitor.interval": "5s",
+    "distributed.admin.system-monitor.gil.enabled": False,
+}
+
 
 @dataclass
 class BatchReport:
@@ -98,7 +108,7 @@ def _on_dask(spec: BatchSpec, workers: int, scheduler: str | None, threads: int,
 
         import landscape.batch.jobs  # noqa: F401  (imported before the workers fork: they start warm)
         import landscape.train.loop  # noqa: F401
-        with dask.config.set({"distributed.worker.multiprocessing-method": "fork"}):
+        with dask.config.set(LOCAL_WORKER_CONFIG):
             cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
                                    dashboard_address=dashboard, silence_logs=logging.CRITICAL,
                                    worker_dashboard_address=None)
