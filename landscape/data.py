@@ -204,6 +204,30 @@ def _standardize(x_train: torch.Tensor, x_test: torch.Tensor, mean, std) -> tupl
     return (x_train - mean) / std, (x_test - mean) / std
 
 
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """``load_digits()``'s ``images`` (1797 x 8 x 8) and ``target``, read from the file scikit-learn ships.
+
+    ``sklearn.datasets`` takes ~0.8 s to import (every process that loads digits paid it: each CLI command,
+    batch worker and test process); the data is one small gzipped CSV inside the installed package, which
+    ``load_digits`` itself reads with ``np.loadtxt``. When the file is not where scikit-learn keeps it, this
+    falls back to ``load_digits`` (``tests/test_data.py`` checks both give the same arrays).
+    """
+    import gzip
+    import importlib.util
+
+    found = importlib.util.find_spec("sklearn")  # locates the package without importing it
+    path = Path(next(iter(found.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz" \
+        if found is not None and found.submodule_search_locations else None
+    if path is None or not path.is_file():
+        from sklearn.datasets import load_digits
+
+        bunch = load_digits()
+        return bunch.images, bunch.target
+    with gzip.open(path, "rt") as f:
+        data = np.loadtxt(f, delimiter=",")
+    return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)
+
+
 def digits(*, seed: int, test_fraction: float = 0.25, split_seed: int = 0, standardize: bool = True,
            **_: Any) -> _Arrays:
     """scikit-learn's 8x8 digits (1,797 images, 10 classes) as ``1 x 8 x 8`` tensors.
@@ -212,14 +236,12 @@ def digits(*, seed: int, test_fraction: float = 0.25, split_seed: int = 0, stand
     seeds share one test set); 1/4 test gives 1,348 train and 449 test images. With ``standardize`` the
     pixels are shifted and scaled by the mean and standard deviation of all train pixels (one channel).
     """
-    from sklearn.datasets import load_digits
-
     if isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float)) \
             or not 0.0 < test_fraction < 1.0:
         raise DataError(f"digits option test_fraction must be in (0, 1), got {test_fraction!r}")
-    bunch = load_digits()
-    x = torch.from_numpy(bunch.images.astype(np.float32)).unsqueeze(1)
-    y = torch.from_numpy(bunch.target.astype(np.int64))
+    images, target = digits_arrays()
+    x = torch.from_numpy(images.astype(np.float32)).unsqueeze(1)
+    y = torch.from_numpy(target.astype(np.int64))
     test = subset_indices(y, float(test_fraction), split_seed)
     train_mask = torch.ones(len(y), dtype=torch.bool)
     train_mask[test] = False

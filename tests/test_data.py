@@ -253,3 +253,28 @@ def test_numpy_subset_from_a_file_is_recorded_as_plain_json():
     b = load_dataset("digits", subset=np.float64(0.02))
     assert json.loads(json.dumps(a.spec))["subset"] == 30 and type(a.spec["subset"]) is int
     assert type(b.spec["subset"]) is float and len(b.y_train) == round(0.02 * 1348)
+
+
+def test_digits_arrays_equal_scikit_learns_load_digits(monkeypatch):
+    """The file read without importing sklearn.datasets gives load_digits' arrays exactly; so does the fallback."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    from landscape.data import digits_arrays
+
+    bunch = load_digits()
+    images, target = digits_arrays()
+    np.testing.assert_array_equal(images, bunch.images)
+    np.testing.assert_array_equal(target, bunch.target)
+    assert images.dtype == bunch.images.dtype and target.dtype.kind == "i"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)  # the file "not found": fallback
+    images2, target2 = digits_arrays()
+    np.testing.assert_array_equal(images2, bunch.images)
+    np.testing.assert_array_equal(target2, bunch.target)
+    code = ("import sys; from landscape.data import load_dataset; load_dataset('digits'); "
+            "print('sklearn.datasets' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
