@@ -216,8 +216,8 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     import importlib.util
 
     found = importlib.util.find_spec("sklearn")  # locates the package without importing it
-    path = Path(next(iter(found.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz" \
-        if found is not None and found.submodule_search_locations else None
+    locations = list(found.submodule_search_locations or []) if found is not None else []
+    path = Path(locations[0], "datasets", "data", "digits.csv.gz") if locations else None
     if path is None or not path.is_file():
         from sklearn.datasets import load_digits
 
