@@ -27,7 +27,9 @@ What makes many points cheaper than many independent evaluations (``method="loop
 * **Exact module rewrites** in the private copy: ``MaxPool2d`` as a maximum over strided slices (PyTorch's
   CPU kernel also computes argmax indices and was 5x slower here), and ``ReLU -> MaxPool2d`` in a
   ``Sequential`` swapped to pool-then-ReLU (both monotone: identical values, a quarter of the ReLU work).
-* **Channels-last convolutions** (oneDNN's fast layout on CPU) for image models.
+* **Memory format**: contiguous (NCHW) by default; ``channels_last=True`` runs convolutions channels-last.
+  Which is faster depends on the CPU: on an AVX-512 Xeon channels-last was 5-15% slower for LeNet and
+  ResNet-18/GroupNorm (and the plain loop 10% slower with it too); on an earlier machine it was the faster.
 * **Batch-outer order**: each batch is moved and its shared work done once for all points.
 * **Allocator**: on glibc, during the call (:func:`tuned_allocator`), freed large blocks are kept instead of
   being returned to the OS, so the many same-sized activations of a sweep do not page-fault afresh; on return the
@@ -254,7 +256,7 @@ def evaluate(
     bn_batch_size: int | None = None,
     device: str | torch.device = "cpu",
     method: str = "auto",
-    channels_last: bool | None = None,
+    channels_last: bool = False,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     metrics: Sequence[Metric] | None = None,
 ) -> EvalResult:
@@ -356,13 +358,11 @@ class _Runner:
     """A private copy of the model, prepared for fast repeated evaluation."""
 
     def __init__(self, model: nn.Module, space: ParamSpace, device: torch.device, x: torch.Tensor,
-                 *, channels_last: bool | None, rewrite: bool = True):
+                 *, channels_last: bool, rewrite: bool = True):
         self.space = space
         self.model = copy.deepcopy(model).to(device).eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
-        if channels_last is None:
-            channels_last = x.dim() == 4 and any(isinstance(m, nn.Conv2d) for m in self.model.modules())
         self.channels_last = bool(channels_last) and x.dim() == 4
         if self.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)

@@ -277,3 +277,18 @@ def test_allocator_is_tuned_only_during_the_call():
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_channels_last_opt_in_gives_the_contiguous_numbers():
+    """Contiguous is the default layout; channels-last (opt-in) evaluates the same points to float rounding."""
+    torch.manual_seed(3)
+    m = build_model("lenet", input_shape=(1, 28, 28), num_classes=10)
+    x, y = torch.randn(40, 1, 28, 28), torch.randint(0, 10, (40,))
+    a = flatten(m)
+    seg = Segment(a, a * 0.5, torch.linspace(0, 1, 5, dtype=torch.float64))
+    default = evaluate(m, x, y, seg)
+    last = evaluate(m, x, y, seg, channels_last=True)
+    plain = evaluate(m, x, y, seg, method="plain")
+    torch.testing.assert_close(last.loss, default.loss, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(default.loss, plain.loss, atol=1e-6, rtol=1e-6)
+    assert torch.equal(default.acc, plain.acc) and torch.equal(last.acc, default.acc)
