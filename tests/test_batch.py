@@ -487,4 +487,5 @@ def test_shipped_fig5_spec_is_the_recipes_cpu_scale():
     for job in tables:
         assert job.options["points"] == cpu["points"] and list(job.options["splits"]) == ["test"]
     figure = spec.job("figure")
-    assert set(figure.deps) == {j.id for j in phases} and figure.options["figure"] is True
+    assert set(figure.deps) == {j.id for j in phases + tables if j.id != "figure"} and figure.options["figure"] is True
+    assert {j.options["pair_dir"] for j in tables} == {"pairs"}  # one directory: the figure job reuses the files

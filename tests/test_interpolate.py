@@ -1,8 +1,10 @@
 """Linear interpolation and instability (Watson et al. Def. 2.3): analyzer, API, CLI, many pairs."""
 
 import copy
+import dataclasses
 import json
 import math
+from pathlib import Path
 
 import click
 import numpy as np
@@ -18,7 +20,7 @@ from landscape.analyze.interpolate import interpolate as interpolate_states
 from landscape.api import instability as api_instability
 from landscape.api import interpolate as api_interpolate
 from landscape.data import load_dataset, subset_indices
-from landscape.errors import IncompatibleError
+from landscape.errors import IncompatibleError, OutputPathError
 from landscape.models import build_model
 from landscape.results import sha256_file
 from landscape.store import Store
@@ -321,3 +323,60 @@ def test_tour_for_the_demo(phases_store, tmp_path):
     assert kinds == ["siblings dpsgd eps=2", "siblings sgd", "phase 1 -> phase 2 (dpsgd)", "phase 1 -> phase 2 (sgd)",
                      "phase 2 sgd vs dpsgd"]
     assert all(p.is_file() for p in t.files()) and len(t.files()) == 4 + 3 * 3
+
+
+def test_instability_reuses_current_pair_files_and_recomputes_stale_ones(phases_store, tmp_path, monkeypatch):
+    """--pair-dir: a pair file made from the same checkpoint files, options, data and code is read back (not
+    recomputed, not rewritten); another option, another code version or a damaged file is recomputed."""
+    import landscape.analyze.instability as inst
+    import landscape.runtime
+
+    cfg = InterpolateConfig(points=4, subset=60, splits=("test",))
+    pairs = tmp_path / "pairs"
+    first = api_instability(["G-*"], root=phases_store.root, config=cfg, output=tmp_path / "one.h5", figure=False,
+                            pair_dir=str(pairs))
+    files = sorted(pairs.glob("*.h5"))
+    assert len(files) == 2 and not (tmp_path / "one-pairs").exists()
+    stamps = {f: f.stat().st_mtime_ns for f in files}
+
+    def no_recompute(*a, **k):
+        raise AssertionError("a current pair file was recomputed")
+
+    with monkeypatch.context() as m:
+        m.setattr(inst, "interpolate_pair", no_recompute)
+        again = api_instability(["G-*"], root=phases_store.root, config=cfg, output=tmp_path / "two.h5",
+                                figure=False, pair_dir=str(pairs))
+    assert [r.instability_loss for r in again.rows] == [r.instability_loss for r in first.rows]
+    assert [(r.pair, r.phase2, r.k) for r in again.rows] == [(r.pair, r.phase2, r.k) for r in first.rows]
+    assert {f: f.stat().st_mtime_ns for f in files} == stamps  # not rewritten
+
+    other = api_instability(["G-*"], root=phases_store.root, config=dataclasses.replace(cfg, points=5),
+                            output=tmp_path / "three.h5", figure=False, pair_dir=str(pairs))
+    for f in files:  # other options: recomputed, on 5 points
+        back = InterpolationResult.from_hdf5(f)
+        assert back.config.points == 5 and len(back.loss["test"]) == 5
+    assert len(other.rows) == 2
+
+    monkeypatch.setattr(landscape.runtime, "code_version", lambda: "0.0.0+other")
+    stamps = {f: f.stat().st_mtime_ns for f in files}
+    redone = api_instability(["G-*"], root=phases_store.root, config=cfg, output=tmp_path / "four.h5",
+                             figure=False, pair_dir=str(pairs))
+    assert [r.instability_loss for r in redone.rows] == [r.instability_loss for r in first.rows]
+    assert all(f.stat().st_mtime_ns != stamps[f] for f in files)  # another code version: recomputed
+
+    files[0].write_bytes(b"not hdf5")  # not a result file: never overwritten, one clear error
+    with pytest.raises(OutputPathError, match="refusing to overwrite .*G-sgd-dpsgd-0"):
+        api_instability(["G-*"], root=phases_store.root, config=cfg, output=tmp_path / "five.h5", figure=False,
+                        pair_dir=str(pairs))
+    assert files[0].read_bytes() == b"not hdf5"
+
+
+def test_instability_pair_dir_from_the_cli(phases_store, tmp_path):
+    pairs = tmp_path / "shared"
+    res = CliRunner().invoke(_cli(), ["--root", str(phases_store.root), "instability", "G-*", "--points", "3",
+                                      "--subset", "40", "--splits", "test", "--pair-dir", str(pairs), "-o",
+                                      str(tmp_path / "t.h5"), "--no-figure", "--json"])
+    assert res.exit_code == 0, res.output
+    assert len(list(pairs.glob("*.h5"))) == 2
+    rows = json.loads(res.output)["rows"]
+    assert all(Path(r["result"]).parent == pairs for r in rows)

@@ -141,12 +141,16 @@ class InstabilityOptions:
 
     pairs: str = option("siblings", "siblings (Phase-2 copies of one Phase-1 checkpoint), all, or explicit "
                         "A:B[,C:D...].")
+    pair_dir: str | None = option(None, "Directory of the per-pair interpolation files (default: OUTPUT-pairs/ "
+                                  "beside the table). A pair's file there is reused, not recomputed, when its "
+                                  "checkpoints' sha256, the options, the data and the code version all match.")
 
 
-def compute_pair(a, b, config, labels: Mapping) -> tuple[PairInstability, object]:
-    """One row: A and B interpolated (:func:`landscape.analyze.interpolate.compute_pair`) with the pair's labels
-    from the manifests; epsilon falls back to the larger of the checkpoints' own for a DP pair."""
-    result = interpolate_pair(a, b, config)
+def compute_pair(a, b, config, labels: Mapping, result=None) -> tuple[PairInstability, object]:
+    """One row: A and B interpolated (:func:`landscape.analyze.interpolate.compute_pair`, or ``result``, the
+    pair's interpolation read back from its current file) with the pair's labels from the manifests; epsilon
+    falls back to the larger of the checkpoints' own for a DP pair."""
+    result = interpolate_pair(a, b, config) if result is None else result
     eps = labels["epsilon"]
     if math.isnan(eps) and labels["phase2"] != "sgd":
         known = [e for e in (a.checkpoint.epsilon, b.checkpoint.epsilon) if e is not None]

@@ -193,19 +193,44 @@ def _pair_job(name: str, resolver: Resolver, ref_a: str, ref_b: str, labels: dic
     def job():
         spec = get(name)
         a, b, choice = resolver.pair(ref_a, ref_b, data_from=data_from)
-        row, detail = spec.compute(a, b, config, labels)
         refs = [a.input_ref(), b.input_ref()]
-        detail.to_hdf5(out, inputs=refs, attrs=choice.attrs())
+        kept = _current_pair_file(out, refs, config, choice.attrs())
+        if kept is not None:
+            row, _ = spec.compute(a, b, config, labels, result=kept)
+        else:
+            row, detail = spec.compute(a, b, config, labels)
+            detail.to_hdf5(out, inputs=refs, attrs=choice.attrs())
         row.result = out
         return row, refs
 
     return _caught(job)
 
 
+def _current_pair_file(out: str, refs: list[InputRef], config: Any, data_attrs: dict[str, Any]) -> Any:
+    """The pair's interpolation read back from ``out`` when it was made from the same checkpoint files (sha256),
+    options, data and code version; else None (missing, unreadable, or stale: it is recomputed and replaced)."""
+    from landscape.analyze.interpolate import InterpolationResult
+    from landscape.results import read_result
+    from landscape.runtime import code_version
+
+    if not Path(out).is_file():
+        return None
+    try:
+        head = read_result(out, load_arrays=False)
+        if ([i.sha256 for i in head.inputs] != [r.sha256 for r in refs]
+                or head.attrs.get("landscape_version") != code_version()
+                or any(head.attrs.get(k) != v for k, v in data_attrs.items())):
+            return None
+        kept = InterpolationResult.from_hdf5(out)
+    except Exception:  # a truncated or foreign file is recomputed
+        return None
+    return kept if kept.config == config else None
+
+
 def _pairs(spec: Analysis, resolver: Resolver, patterns: list[str], config: Any, run_opts: Any, data_from: str,
            workers: int, out: Path) -> tuple[Any, list[InputRef]]:
     jobs = resolver.pair_jobs(patterns, run_opts.pairs)
-    pair_dir = out.with_name(out.stem + "-pairs")
+    pair_dir = Path(run_opts.pair_dir) if run_opts.pair_dir else out.with_name(out.stem + "-pairs")
     tasks = [(spec.name, resolver, a, b, labels, config, data_from, str(pair_dir / f"{slug(a)}--{slug(b)}.h5"))
              for a, b, labels in jobs]
     outcomes = _map(_pair_job, tasks, workers)

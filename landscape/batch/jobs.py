@@ -235,6 +235,8 @@ def _analysis(kind: str, options: dict[str, Any], root: Path, out_dir: Path) -> 
     refs = options.pop("refs", [])
     refs = [refs] if isinstance(refs, str) else list(refs)
     options = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
+    if options.get("pair_dir"):  # instability's shared per-pair files: relative to the results directory
+        options["pair_dir"] = str(out_dir.parent / options["pair_dir"])
     output = out_dir / f"{kind}.h5"
     result = run(kind, refs, root=root, output=output, workers=1, **options)
     path = Path(getattr(result, "path", None) or output)
