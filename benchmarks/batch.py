@@ -7,10 +7,11 @@ jobs are 12 ``phases`` families and 13 ``instability`` tables; both runs must gi
 ``tests/test_batch.py`` checks, so only time is compared here. CPU seconds (the batch and every process it
 started) are printed beside wall time: on a shared machine CPU/wall says how many cores the batch got.
 
-The spec is the ``watson-fig5`` recipe's CPU scale (~34 s of job work in one process). What two workers
-cannot share bounds the ratio: cluster start-up (~1.6 s), each worker's first-job warm-up (~1.5 s: lazy
-imports, data loading), the final ``figure`` job that waits for all others (~2.4 s) and shutdown (~0.6 s);
-measured 1.54x (36.5 s vs 23.7 s, median of 3, load < 1.6) on the 2-core machine.
+The spec is the ``watson-fig5`` recipe's CPU scale (~35 s of job work in one process). What two workers
+cannot share bounds the ratio: cluster start-up (~1.5 s), each worker's first-job warm-up (~1.1 s: lazy
+imports, data loading), the final ``figure`` job that waits for all others (~1.5 s: it reads the pair files
+the ``instab-*`` jobs wrote) and shutdown (~0.6 s), and jobs run ~10% slower with both cores busy; measured
+1.58x (35.6 s vs 22.5 s, median of 3, load < 1.6) on the 2-core machine.
 
 Run: ``python benchmarks/batch.py [--repeats 1] [--spec examples/watson-fig5.yaml]``
 """
