@@ -266,14 +266,25 @@ class HessianOperator:
         lead = 1 if batched else 0
         return torch.cat([v[k].reshape(*v[k].shape[:lead], -1) for k in self.names], dim=-1)
 
-    def matvec(self, flat: Tensor) -> Tensor:
-        """``H v`` on flat vectors: ``(d,) -> (d,)`` or, for a batch, ``(B, d) -> (B, d)``, in ``flat``'s dtype."""
+    def matvec(self, flat: Tensor, out: Tensor | None = None) -> Tensor:
+        """``H v`` on flat vectors: ``(d,) -> (d,)`` or, for a batch, ``(B, d) -> (B, d)``, in ``flat``'s dtype.
+
+        ``out`` (``flat``'s shape) receives the product and is returned: an iteration that reuses one buffer
+        copies each parameter's product once into memory it has already touched (a fresh 11 M-entry vector
+        per product cost ResNet-18's Lanczos ~20 ms of concatenation and page faults)."""
         if flat.dim() == 2 and flat.shape[0] == 1:  # one vector: no vmap
-            return self.matvec(flat[0])[None]
+            if out is None:
+                return self.matvec(flat[0])[None]
+            self.matvec(flat[0], out[0])
+            return out
         batched = flat.dim() == 2
         v = self.unflatten(flat.to(self.device, self.dtype))
-        out = self.hvp_batch(v) if batched else self.hvp(v)
-        return self.flatten(out, batched).to(flat.dtype)
+        product = self.hvp_batch(v) if batched else self.hvp(v)
+        if out is None:
+            return self.flatten(product, batched).to(flat.dtype)
+        views = self.unflatten(out)
+        torch._foreach_copy_([views[k] for k in self.names], [product[k] for k in self.names])
+        return out
 
     def mask_vector(self) -> Tensor | None:
         """The flat 0/1 mask (None without masks), for drawing vectors in the unpruned subspace."""

