@@ -208,7 +208,8 @@ def _pair_job(name: str, resolver: Resolver, ref_a: str, ref_b: str, labels: dic
 
 def _current_pair_file(out: str, refs: list[InputRef], config: Any, data_attrs: dict[str, Any]) -> Any:
     """The pair's interpolation read back from ``out`` when it was made from the same checkpoint files (sha256),
-    options, data and code version; else None (missing, unreadable, or stale: it is recomputed and replaced)."""
+    options, data and code version; else None: the pair is recomputed and the file replaced (the writer refuses
+    to replace a file that is not a landscape result)."""
     from landscape.analyze.interpolate import InterpolationResult
     from landscape.results import read_result
     from landscape.runtime import code_version
@@ -222,7 +223,7 @@ def _current_pair_file(out: str, refs: list[InputRef], config: Any, data_attrs: 
                 or any(head.attrs.get(k) != v for k, v in data_attrs.items())):
             return None
         kept = InterpolationResult.from_hdf5(out)
-    except Exception:  # a truncated or foreign file is recomputed
+    except Exception:  # unreadable: recomputed (and never overwritten unless it is a landscape result)
         return None
     return kept if kept.config == config else None
 
