@@ -7,6 +7,11 @@ Methods, all computing every per-layer block K_r = G_r G_r^T of the per-sample l
 - ``jacrev-einsum``: PyTorch's NTK tutorial contraction (``vmap(jacrev)`` Jacobians + ``einsum``)
   applied to the per-sample loss.
 
+The ``-output`` case computes ``kind="output"`` instead: every layer's (n M) x (n M) block of the logits'
+Jacobians (the NTK of the network function; M = 10 logits), ours against ``jacrev-einsum`` on the logits
+(exactly the tutorial's ``empirical_ntk_jacobian_contraction``) and ``vmap-grad`` does not apply. Every
+method's kernel trace is compared with ours (relative 1e-4) before its time counts.
+
 Every measurement runs in its own subprocess with one thread; peak memory is the child's ``ru_maxrss``
 (reported as the total and as the increase over the same process's RSS before the computation). Cases
 are interleaved and repeated; medians are printed with ratios peer / ours. A baseline whose memory,
@@ -28,10 +33,13 @@ import sys
 import time
 from pathlib import Path
 
-CASES = {  # name -> (model, n, repeats by default)
-    "opacus-cnn-256": ("opacus-cnn", 256, 3),
-    "resnet18-64": ("resnet18", 64, 2),
-    "resnet18-128": ("resnet18", 128, 1),
+from _common import record  # noqa: E402  (benchmarks/ is the script's directory)
+
+CASES = {  # name -> (model, n, repeats by default, kernel kind)
+    "opacus-cnn-256": ("opacus-cnn", 256, 3, "loss-grad"),
+    "resnet18-64": ("resnet18", 64, 2, "loss-grad"),
+    "resnet18-128": ("resnet18", 128, 1, "loss-grad"),
+    "resnet18-16-output": ("resnet18", 16, 2, "output"),
 }
 METHODS = ("ours", "vmap-grad", "jacrev-einsum")
 SHAPE = (3, 32, 32)
@@ -51,10 +59,10 @@ def _setup(model_name: str, n: int):
     return model, x, y
 
 
-def _ours(model, x, y):
+def _ours(model, x, y, kind):
     from landscape.gram import gram_blocks
 
-    return gram_blocks(model, x, y, max_memory="4GB")
+    return gram_blocks(model, x, y, kind=kind, max_memory="4GB")
 
 
 def _functional(model):
@@ -71,7 +79,7 @@ def _functional(model):
     return params, loss
 
 
-def _vmap_grad(model, x, y):
+def _vmap_grad(model, x, y, kind):
     import torch
     from torch.func import grad, vmap
 
@@ -84,12 +92,22 @@ def _vmap_grad(model, x, y):
     return out
 
 
-def _jacrev_einsum(model, x, y):
-    """PyTorch NTK tutorial (empirical_ntk_jacobian_contraction), per-sample loss as the function."""
+def _jacrev_einsum(model, x, y, kind):
+    """PyTorch NTK tutorial (empirical_ntk_jacobian_contraction): the per-sample loss as the function, or the
+    logits for ``kind="output"`` (blocks ordered sample-major like ours)."""
     import torch
-    from torch.func import jacrev, vmap
+    from torch.func import functional_call, jacrev, vmap
 
     params, loss = _functional(model)
+    if kind == "output":
+        buffers = dict(model.named_buffers())
+
+        def logits(p, xi):
+            return functional_call(model, (p, buffers), (xi.unsqueeze(0),)).squeeze(0)
+
+        jac = vmap(jacrev(logits), in_dims=(None, 0))(params, x)  # (n, M, *shape)
+        return {k: torch.einsum("Naf,Mbf->NaMb", j.flatten(2), j.flatten(2)).reshape(
+            j.shape[0] * j.shape[1], -1).to(torch.float64) for k, j in jac.items()}
     jac = vmap(jacrev(loss), in_dims=(None, 0, 0))(params, x, y)
     return {
         k: torch.einsum("Nf,Mf->NM", j.flatten(1), j.flatten(1)).to(torch.float64) for k, j in jac.items()
@@ -103,13 +121,13 @@ def child(case: str, method: str) -> None:
     import torch
 
     torch.set_num_threads(1)
-    model_name, n, _ = CASES[case]
+    model_name, n, _, kind = CASES[case]
     model, x, y = _setup(model_name, n)
     run = RUNNERS[method]
-    run(model, x[:2], y[:2])  # warm-up: torch.func / kernel initialisation, not part of the measurement
+    run(model, x[:2], y[:2], kind)  # warm-up: torch.func / kernel initialisation, not part of the measurement
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
-    K = run(model, x, y)
+    K = run(model, x, y, kind)
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     trace = float(sum(k.trace() for k in K.values()))
@@ -171,6 +189,8 @@ def main() -> None:
         for r in range(repeats):
             for method in methods:  # interleaved: every method once per round
                 key = (case, method)
+                if CASES[case][3] == "output" and method == "vmap-grad":
+                    skipped[key] = "does not apply to the output kernel"
                 if key in skipped:
                     continue
                 est = _estimate_gb(results, case, method)
@@ -206,6 +226,12 @@ def main() -> None:
                 rt = f"{t / statistics.median(m['seconds'] for m in ours):.2f}"
                 rm = f"{pk / statistics.median(m['peak_gb'] for m in ours):.2f}"
             print(f"{case:15s} {method:14s} {t:9.2f} {pk:8.2f} {inc:6.2f} {rt:>7s} {rm:>6s}")
+            if ours and method != "ours":
+                trace, own = results[key][0]["trace"], ours[0]["trace"]
+                if abs(trace - own) > 1e-4 * abs(own):
+                    raise SystemExit(f"{case}: {method}'s kernel trace {trace} differs from ours {own}")
+                record(f"NTK Gram ({CASES[case][3]}), {case}: speed-up over {method}", float(rt),
+                       note=f"peak memory {rm}x ours")
     print(
         "\nx time / x mem: the method's median time / peak RSS divided by ours (> 1: ours is faster / smaller)."
     )
@@ -213,10 +239,10 @@ def main() -> None:
 
 def _estimate_gb(results, case: str, method: str) -> float | None:
     """Scale a measured peak increase of the same model at a smaller n linearly in n."""
-    model, n, _ = CASES[case]
+    model, n, _, kind = CASES[case]
     for (c, m), runs in results.items():
-        cm, cn, _ = CASES[c]
-        if m == method and cm == model and cn < n:
+        cm, cn, _, ck = CASES[c]
+        if m == method and cm == model and ck == kind and cn < n:
             return max(r["peak_gb"] - r["base_gb"] for r in runs) * n / cn + runs[0]["base_gb"]
     return None
 
