@@ -10,7 +10,7 @@ started) are printed beside wall time: on a shared machine CPU/wall says how man
 The spec is the ``watson-fig5`` recipe's CPU scale (~35 s of job work in one process). What two workers
 cannot share bounds the ratio: cluster start-up (~1.5 s), each worker's first-job warm-up (~1.1 s: lazy
 imports, data loading), the final ``figure`` job that waits for all others (~1.5 s: it reads the pair files
-the ``instab-*`` jobs wrote) and shutdown (~0.6 s), and jobs run ~10% slower with both cores busy; measured
+the ``instab-*`` jobs wrote) and shutdown (~0.6 s), and jobs take 15-20% more CPU with both cores busy; measured
 1.58x (35.6 s vs 22.5 s, median of 3, load < 1.6) on the 2-core machine.
 
 Run: ``python benchmarks/batch.py [--repeats 1] [--spec examples/watson-fig5.yaml]``
