@@ -446,12 +446,20 @@ jobs:
         batch.kill()
         batch.wait(timeout=10)
 
-    def gone():
-        alive = [p for p in kids if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        return not alive
+    def alive():
+        out = []
+        for p in kids:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
+            except psutil.NoSuchProcess:
+                pass
+        return out
 
     try:
-        _wait_for(gone, 30, "the cluster's processes to exit")
+        _wait_for(lambda: not alive(), 30, "the cluster's processes to exit")
+    except AssertionError as exc:  # say which ones stayed (a flake seen once under load left no trace)
+        raise AssertionError(f"{exc}; still running: {alive()}") from None
     finally:
         for p in kids:  # never leave them behind, whatever the assertion said
             try:
