@@ -8,6 +8,7 @@ every tensor of every final checkpoint must be equal, whatever ran the jobs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -497,3 +498,41 @@ def test_shipped_fig5_spec_is_the_recipes_cpu_scale():
     figure = spec.job("figure")
     assert set(figure.deps) == {j.id for j in phases + tables if j.id != "figure"} and figure.options["figure"] is True
     assert {j.options["pair_dir"] for j in tables} == {"pairs"}  # one directory: the figure job reuses the files
+
+
+def test_parent_watch_ends_a_worker_whose_batch_process_died(tmp_path):
+    """The worker preload: a process that ran ``dask_setup`` exits within a second of its parent's SIGKILL."""
+    code = f"""
+import os, sys, time
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+pid = os.fork()
+if pid == 0:
+    from landscape.batch.parent_watch import dask_setup
+    dask_setup(None)
+    open({str(tmp_path / 'ready')!r}, 'w').write(str(os.getpid()))
+    time.sleep(60)
+    os._exit(0)
+time.sleep(60)
+"""
+    parent = subprocess.Popen([PY, "-c", code])
+    child = None
+    try:
+        child = int(_wait_for(lambda: (tmp_path / "ready").exists() and (tmp_path / "ready").read_text(), 30,
+                              "the watched child to start"))
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=10)
+
+        def exited():
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                return True
+            state = Path(f"/proc/{child}/stat").read_text().split()[2] if Path(f"/proc/{child}").exists() else "X"
+            return state in ("Z", "X")
+
+        _wait_for(exited, 3, "the watched child to exit after its parent's SIGKILL")
+    finally:
+        parent.kill()
+        if child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)

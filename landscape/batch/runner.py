@@ -111,7 +111,7 @@ def _on_dask(spec: BatchSpec, workers: int, scheduler: str | None, threads: int,
         with dask.config.set(LOCAL_WORKER_CONFIG):
             cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
                                    dashboard_address=dashboard, silence_logs=logging.CRITICAL,
-                                   worker_dashboard_address=None)
+                                   worker_dashboard_address=None, preload=["landscape.batch.parent_watch"])
         client = Client(cluster)
     else:
         try:
