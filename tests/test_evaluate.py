@@ -292,3 +292,116 @@ def test_channels_last_opt_in_gives_the_contiguous_numbers():
     torch.testing.assert_close(last.loss, default.loss, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(default.loss, plain.loss, atol=1e-6, rtol=1e-6)
     assert torch.equal(default.acc, plain.acc) and torch.equal(last.acc, default.acc)
+
+
+# ------------------------------------------------------------------------------ small convolutions, chunks
+
+
+@pytest.mark.parametrize(
+    "cin, size, cout, kernel, stride, padding, dilation, bias",
+    [
+        (6, (4, 4), 16, 5, 1, 2, 1, True),  # LeNet's second convolution on 8 x 8 digits
+        (3, (3, 3), 4, 3, 1, 1, 1, False),
+        (5, (2, 3), 7, 3, 2, 1, 1, True),  # rectangular input, stride 2
+        (4, (3, 4), 8, (3, 5), (1, 2), (2, 1), 1, True),  # rectangular kernel and padding
+        (2, (3, 3), 3, 3, 1, "valid", 1, True),
+        (2, (3, 3), 3, 2, 1, 1, 2, True),  # dilation
+    ],
+)
+def test_dense_convolution_is_the_convolution(cin, size, cout, kernel, stride, padding, dilation, bias):
+    """The matrix form gives F.conv2d's values (float64, to rounding) and follows a change of the weights."""
+    from landscape.evaluate import _DenseConv
+
+    torch.manual_seed(5)
+    conv = nn.Conv2d(cin, cout, kernel, stride, padding, dilation, bias=bias).double()
+    dense = _DenseConv(conv, (cin, *size))
+    x = torch.randn(9, cin, *size, dtype=torch.float64)
+    with torch.inference_mode():
+        torch.testing.assert_close(dense(x), F.conv2d(x, conv.weight, conv.bias, stride, padding, dilation),
+                                   rtol=1e-12, atol=1e-12)
+        conv.weight.mul_(-3.0)
+        stale = dense(x)
+        dense.changed()
+        torch.testing.assert_close(dense(x), conv(x), rtol=1e-12, atol=1e-12)
+        assert not torch.allclose(stale, conv(x))  # without changed() the old matrix is kept: the runner must call it
+        other = torch.randn(2, cin, size[0] + 1, size[1], dtype=torch.float64)
+        torch.testing.assert_close(dense(other), conv(other))  # another shape: the ordinary convolution
+
+
+def test_dense_convolution_is_chosen_only_where_it_is_no_more_work():
+    from landscape.evaluate import _DenseConv
+
+    assert _DenseConv.worthwhile(nn.Conv2d(6, 16, 5, padding=2), (6, 4, 4))  # 16 <= 25 input positions
+    assert _DenseConv.worthwhile(nn.Conv2d(6, 16, 5, padding=2), (6, 5, 5))
+    assert not _DenseConv.worthwhile(nn.Conv2d(6, 16, 5, padding=2), (6, 6, 6))  # 36 > 25
+    assert not _DenseConv.worthwhile(nn.Conv2d(6, 16, 5, padding=2), (6, 14, 14))
+    assert not _DenseConv.worthwhile(nn.Conv2d(6, 16, 5, padding=2, groups=2), (6, 4, 4))
+    assert not _DenseConv.worthwhile(nn.Conv2d(6, 16, 5, padding="same"), (6, 4, 4))
+    assert not _DenseConv.worthwhile(nn.Conv2d(6, 16, 5, padding=2, padding_mode="reflect"), (6, 4, 4))
+    assert not _DenseConv.worthwhile(nn.Conv2d(512, 512, 3, padding=1), (512, 3, 3))  # a 4608 x 4608 matrix
+
+
+@pytest.mark.parametrize("method", ["auto", "loop", "plain", "vmap"])
+def test_lenet_on_digits_sized_inputs_matches_the_reference(method):
+    """On 8 x 8 inputs LeNet's second convolution runs as a matrix product (loop methods): same numbers."""
+    torch.manual_seed(6)
+    model = build_model("lenet", input_shape=(1, 8, 8), num_classes=10)
+    a, b = flatten(model), flatten(build_model("lenet", input_shape=(1, 8, 8), num_classes=10))
+    x, y = torch.randn(150, 1, 8, 8), torch.randint(0, 10, (150,))
+    alphas = torch.linspace(0, 1, 4, dtype=torch.float64)
+    r = evaluate(model, x, y, Segment(a, b, alphas), batch_size=64, method=method)
+    ref_loss, ref_acc = reference(model, x, y, [torch.lerp(a, b, float(t)) for t in alphas])
+    torch.testing.assert_close(r.loss, ref_loss, atol=2e-6, rtol=1e-6)
+    assert torch.equal(r.acc, ref_acc)
+    expected = {"auto": "loop+first-layer+dense-conv", "loop": "loop+first-layer+dense-conv", "plain": "plain",
+                "vmap": "vmap"}
+    assert r.method == expected[method]
+    listed = evaluate(model, x, y, torch.stack([a, b]), method=method)  # no shared first layer: it goes dense too
+    torch.testing.assert_close(listed.loss, ref_loss[[0, -1]], atol=2e-6, rtol=1e-6)
+    assert listed.method == {"auto": "loop+dense-conv", "loop": "loop+dense-conv"}.get(method, method)
+
+
+@pytest.mark.parametrize(
+    "kernel, stride, size",
+    [(2, None, (8, 8)), (2, 1, (7, 9)), (3, 2, (9, 8)), ((2, 3), (2, 1), (6, 7)), (3, 3, (10, 11))],
+)
+def test_slice_max_pool_is_bit_identical_to_max_pool2d(kernel, stride, size):
+    from landscape.evaluate import _slice_max_pool
+
+    torch.manual_seed(7)
+    pool = nn.MaxPool2d(kernel, stride)
+    v = torch.randn(3, 4, *size)
+    v[0, 0, :2, :2] = 0.0  # ties
+    assert torch.equal(_slice_max_pool(pool)(v), F.max_pool2d(v, kernel, stride))
+
+
+def test_batches_run_in_cache_sized_chunks(lenet_pair, monkeypatch):
+    """``batch_size`` caps the examples per forward; the loop methods take fewer when the activations pass the
+    cache budget (never fewer than MIN_CHUNK), with the same numbers."""
+    import landscape.evaluate as ev
+
+    model, a, b, x, y = lenet_pair
+    seg = Segment(a, b, torch.linspace(0, 1, 3, dtype=torch.float64))
+    whole = evaluate(model, x, y, seg, batch_size=120, metrics=[LogitSum()])
+    per_example = ev._Runner(model, ParamSpace.from_model(model), torch.device("cpu"), x,
+                             channels_last=False)._activation_bytes(1)
+    monkeypatch.setattr(ev, "MIN_CHUNK", 16)
+    monkeypatch.setattr(ev, "CACHE_BUDGET", 40 * per_example)  # chunks of 40: three per point
+
+    class Batches(Metric):
+        name = "batches"
+
+        def start(self, points, device):
+            return torch.zeros(points)
+
+        def update(self, state, point, logits, y):
+            state[point] += 1
+
+    r = evaluate(model, x, y, seg, batch_size=120, metrics=[Batches(), LogitSum()])
+    assert r.metrics["batches"].tolist() == [3.0, 3.0, 3.0]
+    torch.testing.assert_close(r.loss, whole.loss, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(r.metrics["logit_sum"], whole.metrics["logit_sum"], rtol=1e-5, atol=1e-4)
+    monkeypatch.setattr(ev, "CACHE_BUDGET", 1)  # floor: MIN_CHUNK examples
+    assert evaluate(model, x, y, seg, batch_size=120, metrics=[Batches()]).metrics["batches"].tolist() == [8.0] * 3
+    plain = evaluate(model, x, y, seg, batch_size=120, method="plain", metrics=[Batches()])
+    assert plain.metrics["batches"].tolist() == [1.0] * 3  # the reference method keeps the batches as given
