@@ -5,7 +5,9 @@ Issue 3's benchmark. For ``opacus-cnn`` (batch 256, 1x28x28) and ``resnet18`` Gr
 timed in each of its grad_sample modes ("hooks", "ew" expanded weights, "ghost" clipping) and its fastest
 is the reference (for resnet18 Opacus gets torchvision's BasicBlock with an out-of-place residual add,
 the same function, since its hooks refuse the in-place one). Ours is ``landscape.train.privatize.Privatizer`` (``PerSampleEngine.clipped_sum`` +
-Gaussian noise) followed by ``optimizer.step()``.
+Gaussian noise) followed by ``optimizer.step()``. Two more plain steps: landscape's own (``landscape train
+--optimizer sgd``: the stock backward with max pooling through :mod:`landscape.pooling`) and one through our
+per-sample engine's route (DP's own overhead is the DP step over it).
 
     OMP_NUM_THREADS=1 python benchmarks/dpsgd_step.py [--repeats 7] [--models opacus-cnn,resnet18]
 """
@@ -64,6 +66,29 @@ def _plain(name, shape, x, y):
 
     def step():
         F.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _plain_landscape(name, shape, x, y):
+    """landscape's own plain SGD step (``Privatizer`` with optimizer sgd, as ``landscape train --optimizer sgd``):
+    the stock backward, with max pooling through :mod:`landscape.pooling` (PyTorch's values and gradients, its
+    faster CPU kernel)."""
+    import torch
+
+    from landscape.models import build_model
+    from landscape.train.privatize import PrivacyConfig, Privatizer
+
+    torch.manual_seed(0)
+    model = build_model(name, input_shape=shape, num_classes=10)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    priv = Privatizer(model, PrivacyConfig(optimizer="sgd", track_norms=False), expected_batch_size=len(x),
+                      generator=torch.Generator().manual_seed(1))
+
+    def step():
+        priv.compute_gradients(x, y)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -158,7 +183,9 @@ def _opacus(name, shape, x, y, mode):
 def run(name: str, repeats: int) -> None:
     shape, batch = CASES[name]
     x, y = _data(shape, batch)
-    methods, notes = {"plain SGD": _plain(name, shape, x, y), "plain SGD, our route": _plain_our_route(name, shape, x, y)}, {}
+    methods = {"plain SGD": _plain(name, shape, x, y), "plain SGD, landscape": _plain_landscape(name, shape, x, y),
+               "plain SGD, our route": _plain_our_route(name, shape, x, y)}
+    notes = {"plain SGD": "(stock PyTorch step)", "plain SGD, landscape": "(landscape train --optimizer sgd)"}
     for style in ("flat", "layerwise"):
         step, strategy = _ours(name, shape, x, y, style)
         methods[f"ours dpsgd {style}"] = step
@@ -186,6 +213,8 @@ def run(name: str, repeats: int) -> None:
                note="the stock plain step uses PyTorch's CPU conv weight-gradient, ours the per-sample route")
     record(f"DP-SGD step, {name} b={batch}: time x plain SGD on our route", med["ours dpsgd flat"] / med[
         "plain SGD, our route"], better="lower", note="DP's own overhead: the same layer kernels on both sides")
+    record(f"DP-SGD step, {name} b={batch}: time x landscape's plain SGD step", med["ours dpsgd flat"] / med[
+        "plain SGD, landscape"], better="lower", note="what a user of landscape train pays for DP")
     opacus = {k: v for k, v in med.items() if k.startswith("opacus")}
     if opacus:
         best = min(opacus, key=opacus.get)

@@ -62,6 +62,8 @@ from torch.func import functional_call, vmap
 
 from landscape.errors import UsageError
 from landscape.params import ParamSpace, lerp_tensor
+from landscape.pooling import pair as _pair
+from landscape.pooling import simple_pool as _simple_pool
 
 METHODS = ("auto", "loop", "plain", "vmap")
 DEFAULT_BATCH_SIZE = 1000
@@ -737,15 +739,6 @@ def _conv_output_size(module: nn.Conv2d, h: int, w: int) -> tuple[int, int]:
     (kh, kw), (sh, sw), (dh, dw) = module.kernel_size, module.stride, module.dilation
     ph, pw = _padding(module)
     return (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-
-
-def _simple_pool(m: nn.MaxPool2d) -> bool:
-    return (m.padding in (0, (0, 0)) and m.dilation in (1, (1, 1)) and not m.ceil_mode
-            and not m.return_indices)
-
-
-def _pair(v) -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
 
 
 def _identity(v: torch.Tensor) -> torch.Tensor:

@@ -49,6 +49,7 @@ from torch.autograd.graph import get_gradient_edge
 from torch.func import functional_call, grad, jacrev, jvp, vmap
 
 from landscape.errors import ModelError, UsageError
+from landscape.pooling import exact_fast_pooling
 
 STRATEGIES = ("auto", "hooks", "functorch")
 # A convolution's (or a Linear's on sequences) norm is a ghost norm when T (D + P) < GHOST_RATIO * P D. The ghost route also needs one
@@ -755,7 +756,7 @@ class PerSampleEngine:
         """One forward + activation-gradient backward; returns ({handler: unit}, losses, logits)."""
         n = x.shape[0]
         cap = Capture(self._handlers)
-        with cap, torch.enable_grad():
+        with cap, torch.enable_grad(), exact_fast_pooling(self.model):
             logits = self.model(x)
             losses = F.cross_entropy(logits, y, reduction="none")
         cap.backward(losses.sum())
