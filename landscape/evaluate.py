@@ -439,7 +439,10 @@ class _Runner:
                 h.remove()
         for m in convs:
             if m in shapes and "forward" not in m.__dict__ and _DenseConv.worthwhile(m, shapes[m]):
-                m.forward = _DenseConv(m, shapes[m])
+                pool = self._foldable_pool(m)
+                m.forward = _DenseConv(m, shapes[m], pool=pool)
+                if pool is not None and m.forward.pool is not None:
+                    pool.forward = _identity  # folded into the product's columns
                 self.dense.append(m.forward)
         return len(self.dense)
 
@@ -675,13 +678,15 @@ class _DenseConv:
 
     MAX_ENTRIES = 1 << 22  # M at most 16 MiB in float32
 
-    def __init__(self, module: nn.Conv2d, in_shape: tuple[int, ...]):
+    def __init__(self, module: nn.Conv2d, in_shape: tuple[int, ...], pool: nn.MaxPool2d | None = None):
         self.module, self.in_shape = module, tuple(in_shape)
         c, h, w = self.in_shape
         weight = module.weight
         dev = weight.device
         oh, ow = _conv_output_size(module, h, w)
         self.out_shape = (module.out_channels, oh, ow)
+        self.pool: nn.MaxPool2d | None = None
+        self.bias_channel = torch.arange(module.out_channels, device=dev).repeat_interleave(oh * ow)
         # matrix entry (input position, output channel * L + output position) is weight entry (output channel,
         # column of the unfolded input) or, where no tap connects them, the zero appended to the weights
         positions = torch.arange(1, c * h * w + 1, dtype=torch.float64, device=dev).view(1, c, h, w)
@@ -698,6 +703,28 @@ class _DenseConv:
         self.index = torch.full((c * h * w, co * length), weight.numel(), dtype=torch.long, device=dev)
         self.index[rows.expand(co, -1), out_channel * length + place] = out_channel * ck + tap
         self.matrix: torch.Tensor | None = None  # gathered on first use after each change of the weights
+        if pool is not None:
+            self._fold(pool, oh, ow)
+
+    def _fold(self, pool: nn.MaxPool2d, oh: int, ow: int) -> None:
+        """Take a following non-overlapping max pool into the product: its columns are reordered (window
+        offset, channel, pooled row, pooled column), so that the pool is a maximum over ``kh * kw`` contiguous
+        column blocks (about 3x faster here than the strided slices of the pooled map), bit-identical."""
+        kh, kw = _pair(pool.kernel_size)
+        ph, pw = (oh - kh) // kh + 1, (ow - kw) // kw + 1
+        if ph < 1 or pw < 1:
+            return
+        dev = self.index.device
+        co = self.out_shape[0]
+        a = torch.arange(kh, device=dev).view(kh, 1, 1, 1, 1)
+        b = torch.arange(kw, device=dev).view(1, kw, 1, 1, 1)
+        channel = torch.arange(co, device=dev).view(1, 1, co, 1, 1)
+        row = torch.arange(ph, device=dev).view(1, 1, 1, ph, 1) * kh + a
+        col = torch.arange(pw, device=dev).view(1, 1, 1, 1, pw) * kw + b
+        columns = (channel * (oh * ow) + row * ow + col).reshape(-1)  # (offset, channel, P, Q) -> conv column
+        self.index = self.index[:, columns].contiguous()
+        self.bias_channel = self.bias_channel[columns]
+        self.pool, self.windows, self.out_shape = pool, kh * kw, (co, ph, pw)
 
     def changed(self) -> None:
         """The layer's weights were written: gather ``M`` again at the next call."""
@@ -720,14 +747,20 @@ class _DenseConv:
     def __call__(self, v: torch.Tensor) -> torch.Tensor:
         m = self.module
         if v.dim() != 4 or tuple(v.shape[1:]) != self.in_shape or v.dtype != m.weight.dtype:
-            return nn.Conv2d.forward(m, v)
+            out = nn.Conv2d.forward(m, v)
+            return _slice_max_pool(self.pool)(out) if self.pool is not None else out
         if self.matrix is None:
             weights = torch.cat([m.weight.reshape(-1), m.weight.new_zeros(1)])
             self.matrix = weights[self.index]
-            length = self.out_shape[1] * self.out_shape[2]
-            self.bias = None if m.bias is None else m.bias.repeat_interleave(length)
+            self.bias = None if m.bias is None else m.bias[self.bias_channel]
         flat = v.reshape(v.shape[0], -1)
         out = torch.addmm(self.bias, flat, self.matrix) if self.bias is not None else flat @ self.matrix
+        if self.pool is not None:
+            blocks = out.shape[1] // self.windows
+            pooled = out[:, :blocks]
+            for k in range(1, self.windows):
+                pooled = torch.maximum(pooled, out[:, k * blocks : (k + 1) * blocks])
+            out = pooled
         return out.view(v.shape[0], *self.out_shape)
 
 

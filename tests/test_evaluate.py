@@ -405,3 +405,21 @@ def test_batches_run_in_cache_sized_chunks(lenet_pair, monkeypatch):
     assert evaluate(model, x, y, seg, batch_size=120, metrics=[Batches()]).metrics["batches"].tolist() == [8.0] * 3
     plain = evaluate(model, x, y, seg, batch_size=120, method="plain", metrics=[Batches()])
     assert plain.metrics["batches"].tolist() == [1.0] * 3  # the reference method keeps the batches as given
+
+
+@pytest.mark.parametrize("pool_kernel", [2, (2, 1), 3])
+def test_dense_convolution_folds_a_following_max_pool(pool_kernel):
+    """Columns reordered by window offset: the pool becomes a maximum over column blocks, the same values."""
+    from landscape.evaluate import _DenseConv
+
+    torch.manual_seed(8)
+    conv = nn.Conv2d(6, 16, 5, padding=2).double()
+    pool = nn.MaxPool2d(pool_kernel)
+    dense = _DenseConv(conv, (6, 5, 4), pool=pool)  # conv output 5 x 4: windows of 3 leave rows and columns out
+    x = torch.randn(11, 6, 5, 4, dtype=torch.float64)
+    with torch.inference_mode():
+        want = F.max_pool2d(conv(x), pool_kernel)
+        assert dense(x).shape == want.shape
+        torch.testing.assert_close(dense(x), want, rtol=1e-12, atol=1e-12)
+        other = torch.randn(3, 6, 6, 6, dtype=torch.float64)  # another shape: convolution, then the pool
+        torch.testing.assert_close(dense(other), F.max_pool2d(conv(other), pool_kernel))
