@@ -359,6 +359,14 @@ def test_lenet_on_digits_sized_inputs_matches_the_reference(method):
     listed = evaluate(model, x, y, torch.stack([a, b]), method=method)  # no shared first layer: it goes dense too
     torch.testing.assert_close(listed.loss, ref_loss[[0, -1]], atol=2e-6, rtol=1e-6)
     assert listed.method == {"auto": "loop+dense-conv", "loop": "loop+dense-conv"}.get(method, method)
+    if method == "auto":  # channels-last inputs reach the matrix product as well
+        last = evaluate(model, x, y, Segment(a, b, alphas), batch_size=64, channels_last=True)
+        torch.testing.assert_close(last.loss, ref_loss, atol=2e-6, rtol=1e-6)
+        assert last.method == "loop+first-layer+dense-conv" and torch.equal(last.acc, ref_acc)
+        double = copy.deepcopy(model).double()  # float64 on request: the matrix is float64 too
+        r64 = evaluate(double, x.double(), y, Segment(a.double(), b.double(), alphas))
+        torch.testing.assert_close(r64.loss, ref_loss, atol=2e-6, rtol=1e-6)
+        assert r64.method == "loop+first-layer+dense-conv"
 
 
 @pytest.mark.parametrize(
