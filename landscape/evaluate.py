@@ -681,8 +681,8 @@ class _DenseConv:
     digits sees 6 x 4 x 4 inputs with 5 x 5 kernels: 96 x 256 against 16 x 150 x 16 per example) and runs as
     one matrix multiplication, 2.6x faster than PyTorch's CPU convolution for that layer. ``M`` is gathered from
     the weights (an index built once) at the first call after :meth:`changed` (the runner calls it whenever it
-    writes a point's parameters), so once per evaluated point. Same values as the convolution up to float rounding (the sums run in another
-    order); inputs of another shape take the ordinary convolution.
+    writes a point's parameters), so once per evaluated point. Same values as the convolution up to float
+    rounding (the sums run in another order); inputs of another shape take the ordinary convolution.
     """
 
     MAX_ENTRIES = 1 << 22  # M at most 16 MiB in float32
