@@ -77,8 +77,8 @@ from landscape.pooling import simple_pool as _simple_pool
 METHODS = ("auto", "loop", "plain", "vmap")
 DEFAULT_BATCH_SIZE = 1000
 DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes of activations / cached first-layer outputs
-# The loop methods run each batch in chunks whose activations (all layers' outputs of one forward) take at most
-# this many bytes, but never fewer than MIN_CHUNK examples: see _Runner.chunk.
+# The loop methods run each batch in chunks whose activations (all layers' outputs of one forward) take at
+# most this many bytes, but never fewer than MIN_CHUNK examples: see _Runner.chunk.
 CACHE_BUDGET = 16 << 20
 MIN_CHUNK = 64
 
