@@ -307,23 +307,22 @@ def evaluate(
 
     start = time.perf_counter()
     with tuned_allocator(), torch.inference_mode():
-        runner = _Runner(model, space, dev, x, channels_last=channels_last, rewrite=method != "plain")
+        fast = method != "plain"  # the plain reference runs the model as given, batches as given
+        runner = _Runner(model, space, dev, x, channels_last=channels_last, rewrite=fast)
         hooks = [(m, m.start(len(pts), dev)) for m in metrics]
         if method == "vmap":
             loss, correct = runner.run_vmap(pts, x, y, batch_size, memory_budget, hooks)
             used = "vmap"
         elif bn_batches is not None:
-            dense = runner.densify() if method != "plain" else 0
-            step = runner.chunk(batch_size) if method != "plain" else batch_size
+            used = "loop+bn" + ("+dense-conv" if fast and runner.densify() else "")
+            step = runner.chunk(batch_size) if fast else batch_size
             loss, correct = runner.run_points_outer(pts, x, y, step, bn_batches, hooks)
-            used = "loop+bn" + ("+dense-conv" if dense else "")
         else:
-            shared = method != "plain" and isinstance(pts, (Segment, Affine)) and runner.enable_first_layer()
-            dense = runner.densify() if method != "plain" else 0
-            step = runner.chunk(batch_size) if method != "plain" else batch_size
+            shared = fast and isinstance(pts, (Segment, Affine)) and runner.enable_first_layer()
+            used = ("loop+first-layer" if shared else ("loop" if fast else "plain")) + (
+                "+dense-conv" if fast and runner.densify() else "")  # after the first layer is chosen
+            step = runner.chunk(batch_size) if fast else batch_size
             loss, correct = runner.run_batches_outer(pts, x, y, step, shared, hooks)
-            used = ("loop+first-layer" if shared else ("plain" if method == "plain" else "loop")) + (
-                "+dense-conv" if dense else "")
         values = {m.name: m.finish(state) for m, state in hooks}
     seconds = time.perf_counter() - start
     n = x.shape[0]
