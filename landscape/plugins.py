@@ -1,0 +1,196 @@
+"""Code the user names: ``package.module:attr``, ``path/to/file.py:attr``, or an installed entry point.
+
+This is the one place landscape imports code that is not its own. Models, data sets and metrics from user
+code all come through it, so the rules are stated once:
+
+- **Only named code runs.** :func:`load` imports what its caller passes, and callers pass only what the user
+  named (a command-line option, an API argument) or an installed entry point. Nothing read from a store, a
+  manifest or a result file is ever handed to :func:`load` by itself.
+- **Provenance.** :func:`describe` says what a reference points at, with the sha256 of the source file, so a
+  stored spec can tell later whether the code changed; :func:`check_unchanged` compares.
+- **One-line errors.** A malformed reference, a module that cannot be imported, a missing or non-callable
+  attribute raise :class:`PluginError` (a usage error, exit 2) naming the cause.
+
+A file reference is loaded as a module named ``landscape_user_<stem>_<sha8>`` (so two files with the same name
+do not collide and a changed file is a new module), with the file's folder on ``sys.path`` while it executes,
+as ``python file.py`` would have it, so it can import its siblings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from landscape.errors import UsageError
+
+ENTRY_POINT_GROUPS = ("landscape.models", "landscape.datasets", "landscape.metrics")
+
+
+class PluginError(UsageError):
+    """A code reference cannot be parsed, imported or resolved to the named object."""
+
+
+@dataclass(frozen=True)
+class CodeRef:
+    """A parsed reference: ``kind`` is ``"file"`` (``target`` an absolute path) or ``"module"`` (a dotted name)."""
+
+    text: str
+    kind: str
+    target: str
+    attr: str
+
+
+def is_code_ref(text: Any) -> bool:
+    """Whether ``text`` has the form of a code reference (``x:y`` with a module path or a ``.py`` file before the
+    colon); built-in names such as ``lenet`` or ``digits`` are not."""
+    if not isinstance(text, str) or ":" not in text:
+        return False
+    head, _, attr = text.rpartition(":")
+    return bool(head) and bool(attr)
+
+
+def parse(text: str) -> CodeRef:
+    """Parse ``module:attr`` or ``file.py:attr`` (the file relative to the current directory or absolute)."""
+    if not isinstance(text, str) or not is_code_ref(text.strip()):
+        raise PluginError(f"{text!r} is not a code reference; use package.module:name or path/to/file.py:name")
+    head, _, attr = text.strip().rpartition(":")
+    if not all(part.isidentifier() for part in attr.split(".")):
+        raise PluginError(f"{text!r}: {attr!r} is not a Python name")
+    if head.endswith(".py") or os.sep in head or "/" in head:
+        path = Path(head).expanduser()
+        if path.suffix != ".py":
+            raise PluginError(f"{text!r}: a code file must end in .py")
+        return CodeRef(text.strip(), "file", str(path.resolve()), attr)
+    if not all(part.isidentifier() for part in head.split(".")):
+        raise PluginError(f"{text!r}: {head!r} is neither a module name nor a .py file")
+    return CodeRef(text.strip(), "module", head, attr)
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _module_of(ref: CodeRef):
+    if ref.kind == "file":
+        path = Path(ref.target)
+        if not path.is_file():
+            raise PluginError(f"{ref.text!r}: no such file {path}")
+        digest = sha256_file(path)
+        name = f"landscape_user_{_identifier(path.stem)}_{digest[:8]}"
+        if name in sys.modules:
+            return sys.modules[name]
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise PluginError(f"{ref.text!r}: {path} cannot be loaded as Python code")
+        module = importlib.util.module_from_spec(spec)
+        folder = str(path.parent)
+        sys.path.insert(0, folder)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException as exc:
+            sys.modules.pop(name, None)
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise PluginError(f"{ref.text!r}: running {path.name} failed: {_one_line(exc)}") from None
+        finally:
+            try:
+                sys.path.remove(folder)
+            except ValueError:
+                pass
+        return module
+    try:
+        return importlib.import_module(ref.target)
+    except ModuleNotFoundError as exc:
+        raise PluginError(f"{ref.text!r}: module {exc.name or ref.target!r} is not importable") from None
+    except Exception as exc:
+        raise PluginError(f"{ref.text!r}: importing {ref.target} failed: {_one_line(exc)}") from None
+
+
+def load(text: str | CodeRef, *, callable_: bool = True) -> Any:
+    """Import the referenced module (or execute the file) and return the named object.
+
+    Call only with a reference the user named (see the module docstring). ``callable_`` (default) requires
+    the object to be callable (a factory or a class).
+    """
+    ref = text if isinstance(text, CodeRef) else parse(text)
+    obj: Any = _module_of(ref)
+    for part in ref.attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise PluginError(f"{ref.text!r}: {ref.target if ref.kind == 'module' else Path(ref.target).name} "
+                              f"has no {ref.attr!r}") from None
+    if callable_ and not callable(obj):
+        raise PluginError(f"{ref.text!r}: {ref.attr!r} is a {type(obj).__name__}, not a callable")
+    return obj
+
+
+def describe(text: str | CodeRef) -> dict[str, Any]:
+    """What a reference points at, for a stored spec: ``{"ref", "kind", "file" | "module", "attr", "sha256"}``.
+
+    ``sha256`` is the source file's (for a module, the file its import resolves to; that resolution imports the
+    module's parent packages, so call this only for code the user named). Paths are absolute.
+    """
+    ref = text if isinstance(text, CodeRef) else parse(text)
+    if ref.kind == "file":
+        if not Path(ref.target).is_file():
+            raise PluginError(f"{ref.text!r}: no such file {ref.target}")
+        return {"ref": ref.text, "kind": "file", "file": ref.target, "attr": ref.attr,
+                "sha256": sha256_file(ref.target)}
+    module = _module_of(ref)
+    origin = getattr(module, "__file__", None)
+    return {"ref": ref.text, "kind": "module", "module": ref.target, "attr": ref.attr,
+            "file": origin, "sha256": sha256_file(origin) if origin and Path(origin).is_file() else None}
+
+
+def check_unchanged(stored: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """``None`` when ``current`` (from :func:`describe`) has the stored source hash, else a one-line reason."""
+    if stored.get("sha256") == current.get("sha256"):
+        return None
+    where = current.get("file") or current.get("module") or current.get("ref")
+    return (f"the code of {stored.get('ref') or current.get('ref')!r} changed since it was recorded "
+            f"({where}: sha256 {str(stored.get('sha256'))[:12]} then, {str(current.get('sha256'))[:12]} now)")
+
+
+def entry_points(group: str) -> dict[str, importlib.metadata.EntryPoint]:
+    """The installed entry points of ``group`` (e.g. ``landscape.models``), by name."""
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=group)}
+
+
+def load_entry_point(group: str, name: str) -> tuple[Any, dict[str, Any]]:
+    """The object an installed entry point names and its provenance ``{"entry_point", "group", "value",
+    "package", "version"}``; :class:`PluginError` when no installed package provides ``name`` in ``group``."""
+    found = entry_points(group)
+    if name not in found:
+        raise PluginError(f"no installed package provides {name!r} in {group}")
+    ep = found[name]
+    dist = getattr(ep, "dist", None)
+    info = {"entry_point": name, "group": group, "value": ep.value,
+            "package": dist.metadata["Name"] if dist is not None else None,
+            "version": dist.version if dist is not None else None}
+    try:
+        return ep.load(), info
+    except Exception as exc:
+        raise PluginError(f"entry point {name!r} ({ep.value}) of {group} failed to load: {_one_line(exc)}") from None
+
+
+def _identifier(stem: str) -> str:
+    out = "".join(c if c.isalnum() or c == "_" else "_" for c in stem)
+    return out if out and not out[0].isdigit() else f"m_{out}"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
