@@ -19,6 +19,7 @@ Run: ``python benchmarks/batch.py [--repeats 5] [--spec examples/watson-fig5.yam
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import resource
 import statistics
@@ -33,8 +34,9 @@ from _common import MIN_REPEATS, record  # noqa: E402  (benchmarks/ is the scrip
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(spec: Path, workers: int) -> tuple[float, float]:
-    """Wall seconds and CPU seconds (user + system of the batch and every process it started)."""
+def run(spec: Path, workers: int, jobs: dict[str, float] | None = None) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + system of the batch and every process it started); ``jobs``, when
+    given, is filled with each job's seconds from the batch's ``summary.csv``."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "LANDSCAPE_THREADS": "1",
            "MPLBACKEND": "Agg", "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     with tempfile.TemporaryDirectory(prefix="bench-batch-") as tmp:
@@ -45,6 +47,10 @@ def run(spec: Path, workers: int) -> tuple[float, float]:
         seconds = time.perf_counter() - start
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        if jobs is not None and proc.returncode == 0:
+            for summary in Path(tmp).glob("**/summary.csv"):
+                with open(summary, newline="") as f:
+                    jobs.update({row["job"]: float(row["seconds"]) for row in csv.DictReader(f)})
     if proc.returncode != 0:
         raise SystemExit(f"batch --workers {workers} failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
     return seconds, cpu
