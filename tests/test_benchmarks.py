@@ -149,3 +149,37 @@ def test_compare_reads_old_records_and_new_ones(tmp_path):
         bad = tmp_path / "bad.json"
         bad.write_text("{}")
         compare.load(str(bad))
+
+
+# ------------------------------------------------------------------------------------------ GPU variants
+
+def test_gpu_benchmark_code_runs_on_the_cpu_at_toy_size(tmp_path, monkeypatch):
+    import gpu
+
+    path = tmp_path / "r.jsonl"
+    monkeypatch.setenv(_common.RECORDS_ENV, str(path))
+    assert gpu.main(["--device", "cpu", "--small", "--repeats", "1"]) == 0
+    figures = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(figures) == 6  # per-sample norms and grads, DP step x plain and x Opacus, interpolation, NTK
+    assert all(f["device"] == "cpu" and f["figure"].startswith("CPU check") for f in figures)
+    assert all(f["value"] > 0 for f in figures)
+
+
+@pytest.mark.skipif(_common.machine_info()["cuda"] is not None, reason="a GPU is present")
+def test_gpu_benchmark_without_cuda_says_so_and_succeeds(capsys):
+    import gpu
+
+    assert gpu.main([]) == 0
+    assert "no CUDA device" in capsys.readouterr().out
+
+
+@pytest.mark.cuda
+def test_gpu_benchmark_measures_time_and_peak_memory_on_cuda(tmp_path, monkeypatch, capsys):
+    import gpu
+
+    path = tmp_path / "r.jsonl"
+    monkeypatch.setenv(_common.RECORDS_ENV, str(path))
+    assert gpu.main(["--small", "--repeats", "1"]) == 0
+    figures = [json.loads(line) for line in path.read_text().splitlines()]
+    assert figures and all(f["device"] == "cuda" and f["figure"].startswith("GPU") for f in figures)
+    assert " nan" not in capsys.readouterr().out  # every method's peak memory was measured
