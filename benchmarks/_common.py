@@ -234,19 +234,23 @@ def cpu_info(cpuinfo: str | None = None) -> dict:
     return {"model": model, "isa": [f for f in ISA_FLAGS if f in flags]}
 
 
-def machine_info() -> dict:
+def machine_info(env: dict | None = None, torch_threads: int | None = None) -> dict:
     """What a record must say about where it was measured: CPU model and ISA (AVX2/AVX-512), torch's CPU kernel
-    capability, cores (total and usable), load average, torch/numpy/Python versions, thread settings and the
-    CUDA device if one is visible."""
+    capability, cores (total and usable), load average, torch/numpy/Python versions, thread settings (of ``env``
+    and ``torch_threads`` when the benchmarks run with others than this process) and the CUDA device if one is
+    visible."""
     import numpy as np
     import torch
+
+    env = os.environ if env is None else env
 
     info = {"cpu": cpu_info(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "cores": os.cpu_count(),
             "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
             "loadavg": [round(x, 2) for x in os.getloadavg()], "python": platform.python_version(),
-            "torch": torch.__version__, "numpy": np.__version__, "torch_threads": torch.get_num_threads(),
-            "thread_env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LANDSCAPE_THREADS")},
+            "torch": torch.__version__, "numpy": np.__version__,
+            "torch_threads": torch_threads or torch.get_num_threads(),
+            "thread_env": {k: env.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LANDSCAPE_THREADS")},
             "cuda": None}
     if torch.cuda.is_available():
         info["cuda"] = {"device": torch.cuda.get_device_name(0), "count": torch.cuda.device_count(),

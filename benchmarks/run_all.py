@@ -24,6 +24,7 @@ from _common import PLOTS_ENV, RECORDS_ENV, machine_info, machine_load
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
+RESULTS_ENV = "LANDSCAPE_BENCH_RESULTS"  # another directory for the record (the tests' temporary one)
 BENCHMARKS = ["persample", "dpsgd_step", "interpolate", "directions", "ntk", "hessian", "batch", "scaling", "gpu"]
 CPU_BENCHMARKS = BENCHMARKS[:-1]
 
@@ -46,14 +47,11 @@ def main(argv: list[str]) -> int:
         return 2
     records = Path(tempfile.mkstemp(prefix="landscape-bench-", suffix=".jsonl")[1])
     stamp, commit = datetime.datetime.now(datetime.timezone.utc), git_commit()
-    plots = RESULTS / f"{stamp:%Y%m%dT%H%M%SZ}-{commit}"
-    threads = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "LANDSCAPE_THREADS": "1"}
-    os.environ.update(threads)  # machine_info reports the settings the scripts run with
-    env = {**os.environ, **threads, RECORDS_ENV: str(records), PLOTS_ENV: str(plots)}
-    import torch
-
-    torch.set_num_threads(1)
-    machine = machine_info()
+    results = Path(os.environ.get(RESULTS_ENV) or RESULTS)
+    plots = results / f"{stamp:%Y%m%dT%H%M%SZ}-{commit}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "LANDSCAPE_THREADS": "1",
+           RECORDS_ENV: str(records), PLOTS_ENV: str(plots)}
+    machine = machine_info(env, torch_threads=1)  # the settings the scripts run with
     print(f"machine: {machine['cpu']['model']} [{' '.join(machine['cpu']['isa'])}], torch {machine['torch']}, "
           f"CUDA {machine['cuda']['device'] if machine['cuda'] else 'none'}", flush=True)
     load_start = machine_load()
@@ -73,7 +71,7 @@ def main(argv: list[str]) -> int:
     print(f"\nload average {load_end['loadavg']} at the end (a loaded machine moves times, less so interleaved "
           "ratios)")
     print_goals(figures)
-    out = write_record(figures, names, seconds, load_start, load_end, machine, stamp, commit,
+    out = write_record(results, figures, names, seconds, load_start, load_end, machine, stamp, commit,
                        plots if plots.exists() else None)
     print(f"record: {out}  (compare two runs: python benchmarks/compare.py OLD NEW)")
     if failed:
@@ -103,12 +101,12 @@ def git_commit() -> str:
         return "unknown"
 
 
-def write_record(figures: list[dict], names: list[str], seconds: dict, load_start: dict, load_end: dict,
-                 machine: dict, stamp: datetime.datetime, commit: str, plots: Path | None) -> Path:
+def write_record(results: Path, figures: list[dict], names: list[str], seconds: dict, load_start: dict,
+                 load_end: dict, machine: dict, stamp: datetime.datetime, commit: str, plots: Path | None) -> Path:
     """``benchmarks/results/<date>-<commit>.json``: what ``compare.py`` reads (format 2: ``machine``, and figures
     with ``samples``/``spread``/``repeats``; format-1 records, without them, stay readable)."""
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"{stamp:%Y%m%dT%H%M%SZ}-{commit}.json"
+    results.mkdir(parents=True, exist_ok=True)
+    out = results / f"{stamp:%Y%m%dT%H%M%SZ}-{commit}.json"
     out.write_text(json.dumps({"format": 2, "commit": commit, "date": stamp.isoformat(timespec="seconds"),
                                "benchmarks": names, "machine": machine, "seconds": seconds, "load_start": load_start,
                                "load_end": load_end, "plots": plots.name if plots else None,

@@ -183,3 +183,23 @@ def test_gpu_benchmark_measures_time_and_peak_memory_on_cuda(tmp_path, monkeypat
     figures = [json.loads(line) for line in path.read_text().splitlines()]
     assert figures and all(f["device"] == "cuda" and f["figure"].startswith("GPU") for f in figures)
     assert " nan" not in capsys.readouterr().out  # every method's peak memory was measured
+
+
+def test_run_all_writes_one_record_with_machine_and_spreads(tmp_path, monkeypatch, capsys):
+    import run_all
+
+    monkeypatch.setenv(run_all.RESULTS_ENV, str(tmp_path))
+    code = run_all.main(["directions", "--", "--n", "2", "--steps", "2", "--grid", "3"])
+    assert code == 0
+    (path,) = tmp_path.glob("*.json")
+    rec = compare.load(str(path))
+    assert rec["format"] == 2 and rec["benchmarks"] == ["directions"]
+    assert rec["machine"]["cpu"]["model"] and rec["machine"]["thread_env"]["OMP_NUM_THREADS"] == "1"
+    assert len(rec["figures"]) == 2
+    for f in rec["figures"]:
+        assert f["repeats"] == _common.MIN_REPEATS and f["spread"]["min"] <= f["value"] <= f["spread"]["max"]
+    assert rec["machine"]["torch_threads"] == 1
+    capsys.readouterr()
+    assert compare.main([str(path), str(path)]) == 0
+    assert "noise" in capsys.readouterr().out
+    assert run_all.main(["nonsense"]) == 2
