@@ -47,7 +47,7 @@ from _common import MIN_REPEATS, ROOT, plots_dir, record  # noqa: E402
 
 PARTS = ("gram", "surface", "interpolate", "batch")
 SIZES = {
-    "tiny": {"gram_n": [8, 16, 32], "chunk": 8, "grids": [3, 5, 7], "workers": [1, 2], "points": [3, 6, 12],
+    "tiny": {"gram_n": [8, 16], "chunk": 8, "grids": [3, 5], "workers": [1, 2], "points": [3, 6],
              "sweep": {"lrs": [0.05], "seeds": 2, "epochs": 1, "subset": 0.1, "points": 3},
              "repeats": 1, "batch_repeats": 1, "sim_workers": [1, 2, 8, 64, 512]},
     "full": {"gram_n": [64, 128, 256, 512, 1024, 2048, 4096], "chunk": 512, "grids": [11, 21, 41, 71, 101],

@@ -109,21 +109,53 @@ def test_power_law_fit_recovers_the_exponent():
     assert math.isnan(scaling.fit_power([1], [1])["exponent"])
 
 
+def test_the_sweep_spec_is_valid_and_its_tables_wait_for_their_trainings(tmp_path):
+    from landscape.batch.spec import load_spec
+
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(scaling.sweep_spec(scaling.SIZES["full"]["sweep"]))
+    jobs = {j.id: set(j.deps) for j in load_spec(spec).jobs}
+    assert len(jobs) == 3 * 8 + 3
+    assert jobs["instab-lr0.05"] == {f"train-lr0.05-s{s}" for s in range(8)}
+    assert all(not deps for job, deps in jobs.items() if job.startswith("train-"))
+
+
 @pytest.mark.slow
 def test_scaling_runs_at_its_tiny_size(tmp_path, monkeypatch):
-    """Every part once at the tiny size (~40 s: the sweep starts a 2-process Dask cluster; surfaces on one worker
-    here, their pool is tested with the surface)."""
+    """Every part once at the tiny size: real Gram children, surfaces (one worker: their pool is tested with the
+    surface), interpolations; the sweep's batch runs are faked from its job graph (benchmarks/batch.py runs real
+    ones), so the efficiency, the simulation and the plots are checked on known durations."""
+    import batch as batch_bench
+
     monkeypatch.setitem(scaling.SIZES["tiny"], "workers", [1])
+    calls = []
+
+    def fake_run(spec, workers, jobs=None):
+        calls.append(workers)
+        if jobs is not None:
+            jobs.update({"train-lr0.05-s0": 2.0, "train-lr0.05-s1": 2.0, "instab-lr0.05": 1.0})
+        return (7.0, 5.0) if workers == 1 else (5.0, 5.5)
+
+    monkeypatch.setattr(batch_bench, "run", fake_run)
     records = tmp_path / "records.jsonl"
     monkeypatch.setenv("LANDSCAPE_BENCH_RECORDS", str(records))
     assert scaling.main(["--size", "tiny", "--out", str(tmp_path / "out")]) == 0
+    assert calls == [1, 2]
     series = json.loads((tmp_path / "out" / "scaling.json").read_text())
     assert set(series) >= {"gram", "surface", "interpolate", "batch", "simulation"}
     for name in ("scaling-gram", "scaling-surface", "scaling-interpolate", "scaling-batch"):
         assert (tmp_path / "out" / f"{name}.png").is_file() and (tmp_path / "out" / f"{name}.pdf").is_file()
-    figures = [json.loads(line) for line in records.read_text().splitlines()]
-    names = " | ".join(f["figure"] for f in figures)
-    assert "exponent" in names and "parallel efficiency" in names and "simulated speed-up" in names
-    sim_rows = {r["workers"]: r for r in series["simulation"]["rows"]}
-    assert set(sim_rows) >= {8, 64, 512}
-    assert all(r["speedup"] <= r["work_span_bound"] + 1e-9 for r in sim_rows.values())
+    figures = {f["figure"]: f for f in map(json.loads, records.read_text().splitlines())}
+    names = " | ".join(figures)
+    assert "exponent" in names and "simulated speed-up" in names
+    assert figures["batch sweep (3 jobs): parallel efficiency on 2 workers"]["value"] == pytest.approx(7 / 10)
+    sim = series["simulation"]
+    # work 5 s, critical path 3 s (a training then the table); 2 workers: both trainings, then the table = 3 s,
+    # so the serial part is 5 - 3 = 2 s and the simulated speed-up on P >= 2 is (5 + 2) / (3 + 2)
+    assert sim["work"] == 5.0 and sim["span"] == 3.0 and sim["serial"] == pytest.approx(2.0)
+    rows = {r["workers"]: r for r in sim["rows"]}
+    assert set(rows) >= {8, 64, 512}
+    assert rows[512]["speedup"] == pytest.approx(7 / 5) == rows[512]["work_span_bound"]
+    assert figures["batch sweep: simulated speed-up on 64 workers (list scheduling)"]["value"] == pytest.approx(7 / 5)
+    gram = series["gram"]["fits"]["streamed to HDF5"]
+    assert gram["time_exponents"] and all(math.isfinite(e) for e in gram["time_exponents"])
