@@ -12,14 +12,18 @@ For a job graph with durations d_j (seconds, measured with ``--workers 1``) and 
 - Amdahl's law with the measured serial part ``s`` (cluster start-up, shutdown: seconds no worker count
   shortens): speed-up ``<= (s + W) / (s + W / P)``, and the simulated one adds ``s`` to the makespan.
 
-``simulate(durations, deps, workers=(8, 64, 512), serial=s)`` gives all of them per P.
+``simulate(durations, deps, workers=(8, 64, 512), serial=s)`` gives all of them per P; for any spec and a finished
+run of it: ``python benchmarks/scaling_sim.py SPEC.yaml RESULTS/summary.csv --workers 8,64,512``.
 """
 
 from __future__ import annotations
 
+import csv
 import heapq
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 
 def _order(durations: Mapping[str, float], deps: Mapping[str, Iterable[str]]) -> list[str]:
@@ -159,3 +163,60 @@ def simulate(durations: Mapping[str, float], deps: Mapping[str, Iterable[str]], 
         })
     return {"jobs": len(durations), "work": work, "span": span, "critical_path": chain, "serial": serial,
             "parallelism": work / span if span else float("inf"), "priority": priority, "rows": rows}
+
+
+def durations_from_summary(path: str | Path) -> dict[str, float]:
+    """``{job: seconds}`` from a batch's ``summary.csv`` (what ``landscape batch`` writes under its results)."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or not {"job", "seconds"} <= set(rows[0]):
+        raise ValueError(f"{path} is not a batch summary (no job and seconds columns)")
+    return {row["job"]: float(row["seconds"]) for row in rows}
+
+
+def format_table(result: dict) -> str:
+    lines = [f"{result['jobs']} jobs, work W = {result['work']:.1f} s, critical path L = {result['span']:.1f} s "
+             f"({' -> '.join(result['critical_path'])}), parallelism W/L = {result['parallelism']:.2f}, serial "
+             f"{result['serial']:.1f} s, {result['priority']} priority",
+             f"{'workers':>8} {'makespan s':>11} {'speed-up':>9} {'efficiency':>10} {'work-span':>10} {'Graham':>8} "
+             f"{'Amdahl':>8}"]
+    for r in result["rows"]:
+        lines.append(f"{r['workers']:8d} {r['makespan']:11.1f} {r['speedup']:9.2f} {r['efficiency']:10.2f} "
+                     f"{r['work_span_bound']:10.2f} {r['graham_guarantee']:8.2f} {r['amdahl_bound']:8.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python benchmarks/scaling_sim.py SPEC.yaml SUMMARY.csv [--workers 8,64,512] [--serial S]``: the plan for
+    any batch spec, from the job seconds of a run of it (``--workers 1`` gives undisturbed durations)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("spec", type=Path)
+    ap.add_argument("summary", type=Path, help="summary.csv of a finished run of the spec")
+    ap.add_argument("--workers", default="2,8,64,512")
+    ap.add_argument("--serial", type=float, default=0.0, help="seconds no worker count shortens (start-up)")
+    ap.add_argument("--priority", choices=("spec", "critical"), default="spec")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from landscape.batch.spec import load_spec
+    from landscape.errors import LandscapeError
+
+    try:
+        workers = [int(w) for w in args.workers.split(",") if w.strip()]
+        graph = load_spec(args.spec)
+        seconds = durations_from_summary(args.summary)
+        missing = [j.id for j in graph.jobs if j.id not in seconds]
+        if missing:
+            raise ValueError(f"{args.summary} has no time for job(s) {', '.join(missing[:3])} of {args.spec}")
+        deps = {j.id: list(j.deps) for j in graph.jobs}
+        print(format_table(simulate({j: seconds[j] for j in deps}, deps, workers, serial=args.serial,
+                                    priority=args.priority)))
+    except (OSError, ValueError, LandscapeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -159,3 +159,20 @@ def test_scaling_runs_at_its_tiny_size(tmp_path, monkeypatch):
     assert figures["batch sweep: simulated speed-up on 64 workers (list scheduling)"]["value"] == pytest.approx(7 / 5)
     gram = series["gram"]["fits"]["streamed to HDF5"]
     assert gram["time_exponents"] and all(math.isfinite(e) for e in gram["time_exponents"])
+
+
+def test_simulating_any_spec_from_its_summary(tmp_path, capsys):
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(scaling.sweep_spec(scaling.SIZES["tiny"]["sweep"]))
+    summary = tmp_path / "summary.csv"
+    summary.write_text("job,kind,status,seconds\ntrain-lr0.05-s0,train,ok,2.0\ntrain-lr0.05-s1,train,ok,2.0\n"
+                       "instab-lr0.05,instability,ok,1.0\n")
+    assert sim.main([str(spec), str(summary), "--workers", "1,2,8", "--serial", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "critical path L = 3.0 s" in out and "parallelism W/L = 1.67" in out
+    row2 = next(line.split() for line in out.splitlines() if line.split()[:1] == ["2"])
+    assert float(row2[1]) == 5.0 and float(row2[2]) == pytest.approx(7 / 5, abs=0.005)
+    summary.write_text("job,kind,status,seconds\ntrain-lr0.05-s0,train,ok,2.0\n")
+    assert sim.main([str(spec), str(summary)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "no time for job(s) train-lr0.05-s1, instab-lr0.05" in err and err.count("\n") == 1
