@@ -66,7 +66,7 @@ def main() -> None:
     theta = space.flatten(model)
     metric = Loss(torch.nn.CrossEntropyLoss(), x, y)
     surface_config = SurfaceConfig(
-        grid=f"{args.grid}x{args.grid}", range="-1:1", splits=("train",), batch_size=BATCH
+        grid=f"{args.grid}x{args.grid}", range="-1:1", splits=("train",), batch_size=BATCH, device="cpu"
     )
 
     def ours_directions():
@@ -80,6 +80,7 @@ def main() -> None:
             distance=1.0,
             normalize="filter",
             batch_size=BATCH,
+            device="cpu",  # the peers run on the CPU: so do we, also where a GPU is (benchmarks/gpu.py is for it)
         )
 
     def theirs_directions():

@@ -11,6 +11,8 @@ them); an exponent is fitted per round and the figure is their median with its s
 - ``surface``: ``landscape.api.surface`` (LeNet on the digits test split, random filter-normalised plane) against
   the grid (N x N points) on 1 and 2 worker processes (the pool's start-up included).
 - ``interpolate``: ``landscape.analyze.interpolate.interpolate`` on the same model and split against the points.
+
+Everything runs on the CPU with one thread (``device="cpu"`` even where a GPU is: ``gpu.py`` measures that).
 - ``batch``: a sweep spec (LeNet trainings on digits over a grid of learning rates and seeds, then one
   ``instability`` table per learning rate over its seeds) run with ``landscape batch --workers 1`` and
   ``--workers 2`` in turn; the parallel efficiency ``T1 / (2 T2)`` per round (goal >= 0.85 on 2 workers, for a
@@ -193,7 +195,7 @@ def bench_surface(size: dict, repeats: int, tmp: Path) -> dict:
             out = tmp / f"surface-{g}-{w}-{r}.h5"
             t0 = time.perf_counter()
             surface("a", root=tmp / "store", grid=f"{g}x{g}", splits=("test",), workers=w, output=out, figure=False,
-                    resume=False)
+                    resume=False, device="cpu")
             rows.append({"grid": g, "points": g * g, "workers": w, "seconds": time.perf_counter() - t0, "round": r})
             out.unlink()
             print(f"  [{r + 1}/{repeats}] surface {g}x{g} workers={w}: {rows[-1]['seconds']:.2f} s", flush=True)
@@ -226,7 +228,8 @@ def bench_interpolate(size: dict, repeats: int) -> dict:
     for r in range(repeats):
         for p in size["points"] if r % 2 == 0 else size["points"][::-1]:
             t0 = time.perf_counter()
-            interpolate(model, model.state_dict(), other.state_dict(), split, splits=("test",), points=p)
+            interpolate(model, model.state_dict(), other.state_dict(), split, splits=("test",), points=p,
+                        device="cpu")
             rows.append({"points": p, "seconds": time.perf_counter() - t0, "round": r})
     per_round = [fit_power([m["points"] for m in rows if m["round"] == r],
                            [m["seconds"] for m in rows if m["round"] == r])["exponent"] for r in range(repeats)]
