@@ -1,15 +1,20 @@
-"""Shared timing helpers for the benchmarks: one thread, interleaved repeats, medians, peak memory.
+"""Shared timing helpers for the benchmarks: one thread, interleaved repeats, medians with their spread, peak
+memory, the machine a record was made on.
 
 The machine running benchmarks is often shared, so absolute times are noisy; running the compared methods
-round-robin in one process (``interleaved``) exposes them to the same load, which makes their *ratios*
-meaningful. Peak memory is measured in a fresh subprocess per method (``peak_memory``), since a process'
-high-water mark cannot be reset.
+round-robin in one process (``interleaved``, the order rotated every round so that no method always runs first)
+exposes them to the same load, which makes their *ratios* meaningful. A goal figure is the median of at least
+``MIN_REPEATS`` per-round ratios (ours and the peer timed in the same round: drift hits both) with the spread of
+those ratios (min-max and the interquartile range, ``spread``), so ``compare.py`` can tell a change from noise.
+Peak memory is measured in a fresh subprocess per method (``peak_memory``), since a process' high-water mark
+cannot be reset; on CUDA it is ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -29,34 +34,66 @@ def one_thread() -> None:
     torch.set_num_threads(1)
 
 
+MIN_REPEATS = 5  # every goal figure is the median of at least this many interleaved rounds
+
+
 def interleaved(
     methods: dict[str, Callable[[], object]],
     *,
-    repeats: int = 5,
+    repeats: int = MIN_REPEATS,
     warmup: int = 1,
     budget: float | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+    sync: Callable[[], None] | None = None,
 ) -> dict[str, list[float]]:
-    """Wall-clock seconds of each method over ``repeats`` rounds, the methods run round-robin in each round.
+    """Seconds of each method over ``repeats`` rounds; in each round every method runs once, round ``r`` starting
+    with method ``r mod k`` (the order rotates, so a method that warms a cache or heats the CPU for the next one
+    does not always run first or last).
 
-    ``warmup`` untimed rounds come first. ``budget`` (seconds) stops after the round that exceeds it
-    (at least one timed round is always made)."""
+    ``warmup`` untimed rounds come first. ``budget`` (seconds) stops after the round that exceeds it, but never
+    before ``min(repeats, MIN_REPEATS)`` rounds. ``sync`` (e.g. ``torch.cuda.synchronize``) is called before each
+    clock reading, so asynchronous GPU work is timed to its end; ``clock`` is replaceable for tests."""
     for _ in range(warmup):
         for fn in methods.values():
             fn()
     times: dict[str, list[float]] = {k: [] for k in methods}
-    start = time.perf_counter()
-    for _ in range(repeats):
-        for name, fn in methods.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-        if budget is not None and time.perf_counter() - start > budget:
+    order = list(methods)
+    floor = min(repeats, MIN_REPEATS)
+    start = clock()
+    for r in range(repeats):
+        k = r % len(order)
+        for name in order[k:] + order[:k]:
+            if sync:
+                sync()
+            t0 = clock()
+            methods[name]()
+            if sync:
+                sync()
+            times[name].append(clock() - t0)
+        if budget is not None and r + 1 >= floor and clock() - start > budget:
             break
     return times
 
 
 def medians(times: dict[str, list[float]]) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def ratios(times: dict[str, list[float]], num: str, den: str) -> list[float]:
+    """Per-round ratios ``times[num][i] / times[den][i]``: both measured in round ``i``, under the same load."""
+    return [a / b for a, b in zip(times[num], times[den], strict=True)]
+
+
+def spread(samples: list[float]) -> dict:
+    """Median, min, max, quartiles (linear interpolation, numpy's default) and count of ``samples``."""
+    import numpy as np
+
+    a = np.asarray(samples, dtype=float)
+    if a.size == 0:
+        raise ValueError("no samples")
+    q1, med, q3 = np.percentile(a, [25, 50, 75])
+    return {"median": float(med), "min": float(a.min()), "max": float(a.max()), "q1": float(q1), "q3": float(q3),
+            "repeats": int(a.size)}
 
 
 def print_table(
@@ -121,25 +158,101 @@ def out_of_place_residuals(model):
 # ------------------------------------------------------------------------------------------ records
 
 RECORDS_ENV = "LANDSCAPE_BENCH_RECORDS"
+PLOTS_ENV = "LANDSCAPE_BENCH_PLOTS"  # where scaling plots and series go (run_all: next to the record)
 
 
-def record(figure: str, value: float, *, goal: float | None = None, better: str = "higher", unit: str = "x",
-           note: str = "") -> None:
-    """One figure of the issue's goal table (a time ratio, measured interleaved): printed with its goal and
-    whether it is met, and appended to the JSON-lines file ``$LANDSCAPE_BENCH_RECORDS`` when set (``run_all.py``
-    collects them into ``benchmarks/results/``). ``better``: ``higher`` (a speed-up) or ``lower`` (a time ratio)."""
+def plots_dir(default: str | os.PathLike) -> Path:
+    """``$LANDSCAPE_BENCH_PLOTS`` when ``run_all.py`` set it, else ``default``; created."""
+    out = Path(os.environ.get(PLOTS_ENV) or default)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def record(figure: str, value: float | None = None, *, samples: list[float] | None = None, goal: float | None = None,
+           better: str = "higher", unit: str = "x", note: str = "", device: str = "cpu") -> dict:
+    """One figure of the issue's goal table: printed with its goal and whether it is met, and appended to the
+    JSON-lines file ``$LANDSCAPE_BENCH_RECORDS`` when set (``run_all.py`` collects them into
+    ``benchmarks/results/``). ``better``: ``higher`` (a speed-up) or ``lower`` (a time ratio).
+
+    ``samples`` are the per-round values (``ratios``): the figure is then their median, recorded with its spread
+    (min, max, quartiles, repeats: what ``compare.py`` judges noise by). A goal figure with fewer than
+    ``MIN_REPEATS`` samples is marked so. ``value`` alone (no spread) is for figures that cannot be repeated."""
+    if samples is not None:
+        stats = spread(samples)
+        value = stats["median"]
+    elif value is None:
+        raise ValueError("record() needs a value or samples")
+    else:
+        stats = {}
     met = None if goal is None else (value >= goal if better == "higher" else value <= goal)
     cmp = ">=" if better == "higher" else "<="
     status = "" if goal is None else f"  goal {cmp} {goal:g}: {'met' if met else 'NOT met'}"
+    if stats:
+        status = (f" (median of {stats['repeats']}, range {stats['min']:.3g}-{stats['max']:.3g}, IQR "
+                  f"{stats['q1']:.3g}-{stats['q3']:.3g})" + status)
+    if goal is not None and stats.get("repeats", 0) < MIN_REPEATS:
+        note = f"{note}; " * bool(note) + f"fewer than {MIN_REPEATS} repeats: not a goal measurement"
     print(f"  [figure] {figure}: {value:.3g}{unit}{status}{'  ' + note if note else ''}", flush=True)
+    entry = {"figure": figure, "value": value, "goal": goal, "better": better, "unit": unit, "met": met,
+             "note": note, "device": device}
+    if stats:
+        entry.update(spread={k: stats[k] for k in ("min", "max", "q1", "q3")}, repeats=stats["repeats"],
+                     samples=[float(x) for x in samples])
     path = os.environ.get(RECORDS_ENV)
     if path:
         with open(path, "a") as f:
-            f.write(json.dumps({"figure": figure, "value": value, "goal": goal, "better": better, "unit": unit,
-                                "met": met, "note": note}) + "\n")
+            f.write(json.dumps(entry) + "\n")
+    return entry
 
 
 def machine_load() -> dict:
     """The load average (1, 5, 15 min) and the core count: printed with every run, so a reader can tell a loaded
     machine from a slow method."""
     return {"loadavg": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count()}
+
+
+ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile",
+             "amx_bf16")
+
+
+def cpu_info(cpuinfo: str | None = None) -> dict:
+    """CPU model and the vector ISA flags that decide kernel speed (AVX2, AVX-512, AMX) from ``/proc/cpuinfo``."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    model, flags = "", set()
+    for line in cpuinfo.splitlines():
+        key, _, val = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not model:
+            model = val.strip()
+        elif key == "flags" and not flags:
+            flags = set(val.split())
+    model = model or platform.processor() or "unknown"
+    return {"model": model, "isa": [f for f in ISA_FLAGS if f in flags]}
+
+
+def machine_info(env: dict | None = None, torch_threads: int | None = None) -> dict:
+    """What a record must say about where it was measured: CPU model and ISA (AVX2/AVX-512), torch's CPU kernel
+    capability, cores (total and usable), load average, torch/numpy/Python versions, thread settings (of ``env``
+    and ``torch_threads`` when the benchmarks run with others than this process) and the CUDA device if one is
+    visible."""
+    import numpy as np
+    import torch
+
+    env = os.environ if env is None else env
+
+    info = {"cpu": cpu_info(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cores": os.cpu_count(),
+            "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "loadavg": [round(x, 2) for x in os.getloadavg()], "python": platform.python_version(),
+            "torch": torch.__version__, "numpy": np.__version__,
+            "torch_threads": torch_threads or torch.get_num_threads(),
+            "thread_env": {k: env.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LANDSCAPE_THREADS")},
+            "cuda": None}
+    if torch.cuda.is_available():
+        info["cuda"] = {"device": torch.cuda.get_device_name(0), "count": torch.cuda.device_count(),
+                        "runtime": torch.version.cuda}
+    return info

@@ -9,7 +9,7 @@ normalisation, like ours. Ours evaluates t = 0 once per call and loss-landscapes
 counted as evaluated: ours ``n (points - 1) + 1`` and ``grid^2``; theirs ``n * steps`` and ``steps^2``.
 Both see the whole split in one forward pass (ours: ``batch_size=2048``).
 
-    OMP_NUM_THREADS=1 python benchmarks/directions.py [--n 8] [--steps 10] [--grid 8] [--repeats 3] [--case digits|mnist-shape]
+    OMP_NUM_THREADS=1 python benchmarks/directions.py [--n 8] [--steps 10] [--grid 8] [--repeats 5] [--case digits|mnist-shape]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-from _common import interleaved, medians, one_thread, record  # noqa: E402
+from _common import MIN_REPEATS, interleaved, medians, one_thread, ratios, record  # noqa: E402
 
 BATCH = 2048  # the whole split in one forward pass, as loss-landscapes' Loss metric does
 CASES = ("digits", "mnist-shape")
@@ -44,7 +44,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8, help="random directions per call")
     parser.add_argument("--steps", type=int, default=10, help="points per direction (excluding t = 0)")
     parser.add_argument("--grid", type=int, default=8, help="surface grid is grid x grid")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=MIN_REPEATS)
     parser.add_argument("--case", choices=sorted(CASES), default="digits",
                         help="digits: lenet on the digits train split; mnist-shape: lenet on 1000 synthetic 1x28x28 images")
     args = parser.parse_args()
@@ -66,7 +66,7 @@ def main() -> None:
     theta = space.flatten(model)
     metric = Loss(torch.nn.CrossEntropyLoss(), x, y)
     surface_config = SurfaceConfig(
-        grid=f"{args.grid}x{args.grid}", range="-1:1", splits=("train",), batch_size=BATCH
+        grid=f"{args.grid}x{args.grid}", range="-1:1", splits=("train",), batch_size=BATCH, device="cpu"
     )
 
     def ours_directions():
@@ -80,6 +80,7 @@ def main() -> None:
             distance=1.0,
             normalize="filter",
             batch_size=BATCH,
+            device="cpu",  # the peers run on the CPU: so do we, also where a GPU is (benchmarks/gpu.py is for it)
         )
 
     def theirs_directions():
@@ -121,8 +122,14 @@ def main() -> None:
         print(f"  {k:<{width}}  {points[k]:>6}  {med[k]:9.3f}  {rate[k]:9.1f}")
     line = rate["directions (ours)"] / rate["random_line (loss-landscapes)"]
     plane = rate["surface (ours)"] / rate["random_plane (loss-landscapes)"]
-    record("directions, LeNet on digits: points/s x loss-landscapes random_line", line, goal=3.0)
-    record("surface, LeNet on digits: points/s x loss-landscapes random_plane", plane, goal=3.0)
+    # points/s ratio per round: (their time / their points) / (our time / our points)
+    scale_line = points["directions (ours)"] / points["random_line (loss-landscapes)"]
+    scale_plane = points["surface (ours)"] / points["random_plane (loss-landscapes)"]
+    print(f"  points/s x loss-landscapes: random_line {line:.2f}, random_plane {plane:.2f} (ratios of medians)")
+    record("directions, LeNet on digits: points/s x loss-landscapes random_line", goal=3.0, samples=[
+        r * scale_line for r in ratios(times, "random_line (loss-landscapes)", "directions (ours)")])
+    record("surface, LeNet on digits: points/s x loss-landscapes random_plane", goal=3.0, samples=[
+        r * scale_plane for r in ratios(times, "random_plane (loss-landscapes)", "surface (ours)")])
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-from _common import interleaved, medians, one_thread, out_of_place_residuals, print_table, record  # noqa: E402
+from _common import interleaved, medians, one_thread, out_of_place_residuals, print_table, ratios, record  # noqa: E402
 
 CASES = {"opacus-cnn": ((1, 28, 28), 256), "resnet18": ((3, 32, 32), 64)}
 C, SIGMA, LR = 1.0, 1.0, 0.1
@@ -198,23 +198,26 @@ def run(name: str, repeats: int) -> None:
             print(f"  opacus {mode}: unavailable ({type(e).__name__}: {str(e).splitlines()[0][:100]})")
             continue
         methods[f"opacus {mode}"] = step
-    med = medians(interleaved(methods, repeats=repeats, warmup=1, budget=150))
+    times = interleaved(methods, repeats=repeats, warmup=1, budget=150)
+    med = medians(times)
     print_table(
         f"{name}: batch {batch}, input {'x'.join(map(str, shape))}, one DP step",
         med,
         baseline="plain SGD",
         extra=notes,
     )
-    ratio = med["ours dpsgd flat"] / med["plain SGD"]
+    ratio = ratios(times, "ours dpsgd flat", "plain SGD")
     if name == "opacus-cnn":
-        record(f"DP-SGD step, {name} b={batch}: time x plain SGD", ratio, goal=1.15, better="lower")
+        record(f"DP-SGD step, {name} b={batch}: time x plain SGD", samples=ratio, goal=1.15, better="lower")
     else:
-        record(f"DP-SGD step, {name}/GN b={batch}: time x stock plain SGD", ratio, better="lower",
+        record(f"DP-SGD step, {name}/GN b={batch}: time x stock plain SGD", samples=ratio, better="lower",
                note="the stock plain step uses PyTorch's CPU conv weight-gradient, ours the per-sample route")
-    record(f"DP-SGD step, {name} b={batch}: time x plain SGD on our route", med["ours dpsgd flat"] / med[
-        "plain SGD, our route"], better="lower", note="DP's own overhead: the same layer kernels on both sides")
-    record(f"DP-SGD step, {name} b={batch}: time x landscape's plain SGD step", med["ours dpsgd flat"] / med[
-        "plain SGD, landscape"], better="lower", note="what a user of landscape train pays for DP")
+    record(f"DP-SGD step, {name} b={batch}: time x plain SGD on our route",
+           samples=ratios(times, "ours dpsgd flat", "plain SGD, our route"), better="lower",
+           note="DP's own overhead: the same layer kernels on both sides")
+    record(f"DP-SGD step, {name} b={batch}: time x landscape's plain SGD step",
+           samples=ratios(times, "ours dpsgd flat", "plain SGD, landscape"), better="lower",
+           note="what a user of landscape train pays for DP")
     opacus = {k: v for k, v in med.items() if k.startswith("opacus")}
     if opacus:
         best = min(opacus, key=opacus.get)

@@ -19,7 +19,7 @@ the OS; page faults dominate memory-bound layers on this VM) is entered once aro
 (``tuned_allocator``), so it applies to every method here; ``LANDSCAPE_MALLOC_TUNE=0`` runs everything with
 glibc's defaults instead.
 
-Run: ``OMP_NUM_THREADS=1 python benchmarks/interpolate.py [--repeats 3] [--resnet-points 3] [--full]``
+Run: ``OMP_NUM_THREADS=1 python benchmarks/interpolate.py [--repeats 5] [--resnet-points 3] [--full]``
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from _common import record  # noqa: E402  (benchmarks/ is the script's directory)
+from _common import MIN_REPEATS, interleaved, ratios, record  # noqa: E402  (benchmarks/ is the script's directory)
 from torch.utils.flop_counter import FlopCounterMode
 
 from landscape.analyze.interpolate import interpolate
@@ -64,7 +64,7 @@ def make_methods(model_a, model_b, x, y, points: int):
     data = {"train": (x, y)}
 
     def ours():
-        interpolate(model_a, state_a, state_b, data, splits=("train",), points=points)
+        interpolate(model_a, state_a, state_b, data, splits=("train",), points=points, device="cpu")
 
     def loss_landscapes_run():
         from loss_landscapes import linear_interpolation
@@ -104,13 +104,8 @@ def bench_case(name: str, model_name: str, shape, n: int, points: int, repeats: 
     x, y = torch.randn(n, *shape), torch.randint(0, 10, (n,))
     methods = make_methods(model_a, model_b, x, y, points)
     flops = forward_flops(model_a, x) * POINTS
-    times: dict[str, list[float]] = {k: [] for k in methods}
-    order = list(methods)
-    for r in range(repeats):
-        for key in order[r % len(order):] + order[: r % len(order)]:  # rotate the order every repeat
-            t0 = time.perf_counter()
-            methods[key]()
-            times[key].append((time.perf_counter() - t0) * POINTS / points)
+    times = interleaved(methods, repeats=repeats, warmup=0)  # the order rotates every round
+    times = {k: [t * POINTS / points for t in v] for k, v in times.items()}
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"\n{name}: {n} examples, {POINTS} points" + ("" if points == POINTS else
           f" (measured with {points} points per method, times scaled by {POINTS}/{points})")
@@ -119,9 +114,10 @@ def bench_case(name: str, model_name: str, shape, n: int, points: int, repeats: 
     for k, v in med.items():
         print(f"  {k:<16} {v:9.2f} {v / med['ours']:17.2f}   " + " ".join(f"{t:.2f}" for t in times[k]))
     goal = 4.0 if name == "lenet" else 1.2
-    record(f"30-point interpolation, {name}: speed-up over the batched plain loop", med["plain-loop"] / med["ours"],
-           goal=goal)
-    record(f"30-point interpolation, {name}: speed-up over loss-landscapes", med["loss-landscapes"] / med["ours"])
+    record(f"30-point interpolation, {name}: speed-up over the batched plain loop",
+           samples=ratios(times, "plain-loop", "ours"), goal=goal)
+    record(f"30-point interpolation, {name}: speed-up over loss-landscapes", samples=ratios(times, "loss-landscapes",
+                                                                                             "ours"))
     achieved = flops / med["ours"]
     print(f"  30 plain forwards = {flops / 1e9:.1f} GFLOP; ours achieves {achieved / 1e9:.2f} GFLOP/s = "
           f"{achieved / peak:.1%} of the float32 matmul peak ({peak / 1e9:.1f} GFLOP/s); "
@@ -132,7 +128,7 @@ def bench_case(name: str, model_name: str, shape, n: int, points: int, repeats: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=MIN_REPEATS)
     parser.add_argument("--resnet-points", type=int, default=3)
     parser.add_argument("--full", action="store_true", help="measure ResNet-18 with all 30 points")
     parser.add_argument("--skip-resnet", action="store_true")

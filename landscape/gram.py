@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -81,6 +81,7 @@ __all__ = [
     "KINDS",
     "STRATEGIES",
     "gram_blocks",
+    "gram_tiles",
     "layer_names",
     "parse_memory",
     "ghost_cost",
@@ -154,24 +155,11 @@ def gram_blocks(
     names (default: all trainable). The model is put in eval mode for the computation and restored;
     its parameters and their ``.grad`` are not touched.
     """
-    if kind not in KINDS:
-        raise UsageError(f"unknown kernel kind '{kind}' (choose from {', '.join(KINDS)})")
-    if strategy not in STRATEGIES:
-        raise UsageError(f"unknown strategy '{strategy}' (choose from {', '.join(STRATEGIES)})")
-    if precision not in PRECISIONS:
-        raise UsageError(f"unknown precision '{precision}' (choose from {', '.join(PRECISIONS)})")
-    refuse_batchnorm(model)
-    if kind == "loss-grad" and y is None:
-        raise UsageError("kind='loss-grad' needs labels y")
-    budget = parse_memory(max_memory) or DEFAULT_MAX_MEMORY
-    names = layer_names(model, layers)
-    n = x.shape[0]
-    if n == 0:
-        raise UsageError("need at least one example")
+    engine = _checked_engine(model, x, y, kind, strategy, dtype, max_memory, layers, precision)
+    names, n = engine.names, engine.n
     was_training = model.training
     model.eval()
     try:
-        engine = _Engine(model, x, y, kind, names, strategy, dtype, budget, precision)
         blocks = engine.run()
     finally:
         model.train(was_training)
@@ -185,6 +173,62 @@ def gram_blocks(
         out[k] = (b + b.T) / 2
     return out
 
+
+def _checked_engine(model, x, y, kind, strategy, dtype, max_memory, layers, precision) -> _Engine:
+    """The engine for these options, after the checks every entry point shares (one-line UsageErrors)."""
+    if kind not in KINDS:
+        raise UsageError(f"unknown kernel kind '{kind}' (choose from {', '.join(KINDS)})")
+    if strategy not in STRATEGIES:
+        raise UsageError(f"unknown strategy '{strategy}' (choose from {', '.join(STRATEGIES)})")
+    if precision not in PRECISIONS:
+        raise UsageError(f"unknown precision '{precision}' (choose from {', '.join(PRECISIONS)})")
+    refuse_batchnorm(model)
+    if kind == "loss-grad" and y is None:
+        raise UsageError("kind='loss-grad' needs labels y")
+    budget = parse_memory(max_memory) or DEFAULT_MAX_MEMORY
+    names = layer_names(model, layers)
+    if x.shape[0] == 0:
+        raise UsageError("need at least one example")
+    return _Engine(model, x, y, kind, names, strategy, dtype, budget, precision)
+
+
+def gram_tiles(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor | None = None,
+    *,
+    chunk: int,
+    kind: str = "loss-grad",
+    strategy: str = "auto",
+    dtype: torch.dtype = torch.float64,
+    max_memory: int | str | None = None,
+    layers: Sequence[str] | None = None,
+    precision: str = "auto",
+) -> Iterator[tuple[slice, slice, str, torch.Tensor]]:
+    """The Gram blocks of :func:`gram_blocks` tile by tile, for kernels too large to hold: yields ``(rows,
+    cols, name, tile)`` with ``K_name[rows, cols] = tile`` for every pair of sample chunks (at most ``chunk``
+    samples each, fewer when the memory budget asks) with ``rows.start <= cols.start``; the tile at
+    ``[cols, rows]`` is ``tile.T`` and diagonal tiles are symmetric. Rows are samples (``loss-grad``,
+    ``output-trace``) or sample-major (sample, logit) pairs (``output``). Same numbers as ``gram_blocks``
+    (the same block code); only ``chunk`` samples' factors (two chunks' for off-diagonal tiles) and one tile
+    are held at a time. The model is in eval mode while the generator runs."""
+    if int(chunk) != chunk or chunk < 1:
+        raise UsageError(f"chunk must be a positive integer, got {chunk}")
+    engine = _checked_engine(model, x, y, kind, strategy, dtype, max_memory, layers, precision)
+    was_training = model.training
+    model.eval()
+    try:
+        engine.plan(int(chunk))
+        M = engine.M
+        for ra, rb, name, tile in engine.tiles():
+            if kind == "output-trace":
+                tile = tile.reshape(-1, M, tile.shape[1] // M, M).diagonal(dim1=1, dim2=3).sum(-1)
+                ra, rb = slice(ra.start // M, ra.stop // M), slice(rb.start // M, rb.stop // M)
+            if ra == rb:
+                tile = (tile + tile.T) / 2
+            yield ra, rb, name, tile
+    finally:
+        model.train(was_training)
 
 
 class _Engine:
@@ -224,18 +268,34 @@ class _Engine:
         return self.model_dtype
 
     def run(self) -> dict[str, torch.Tensor]:
+        self.plan()
+        rows = self.n * self.Mb
+        out = {k: torch.zeros(rows, rows, dtype=self.dtype) for k in self.names}
+        for ra, rb, name, block in self.tiles():
+            out[name][ra, rb] = block
+            if ra != rb:
+                out[name][rb, ra] = block.T
+        return out
+
+    def plan(self, chunk: int | None = None) -> int:
+        """Probe one sample (logits, per-layer ghost/materialise choice) and fix the chunk size: one chunk if
+        the whole batch fits the budget, else pairs of chunks must fit together; ``chunk`` caps it."""
         probe = self.capture(slice(0, 1))
         self.M = probe.M
         self.Mb = 1 if self.kind == "loss-grad" else self.M
         self.choose_modes(probe)
         per_sample = self._bytes(probe) * 3 + self._functorch_bytes()
         del probe
-        # chunk size: one chunk if the whole batch fits, else pairs of chunks must fit together
         share = 0.6 * self.budget
         c = self.n if self.n * per_sample <= share else max(1, int(share / (2 * per_sample)))
+        self.chunk = min(c, chunk) if chunk else c
         self.workspace = max(int(0.3 * self.budget), 1 << 20)
-        rows = self.n * self.Mb
-        out = {k: torch.zeros(rows, rows, dtype=self.dtype) for k in self.names}
+        return self.chunk
+
+    def tiles(self):
+        """``(rows of chunk a, rows of chunk b, name, block)`` for every pair of sample chunks a <= b and every
+        parameter, one block at a time (on the CPU, in ``dtype``); the block of b with a is its transpose."""
+        c = self.chunk
         starts = list(range(0, self.n, c))
         for ai, a0 in enumerate(starts):
             sa = slice(a0, min(a0 + c, self.n))
@@ -246,12 +306,8 @@ class _Engine:
                 ra = slice(sa.start * self.Mb, sa.stop * self.Mb)
                 rb = slice(sb.start * self.Mb, sb.stop * self.Mb)
                 for name in self.names:
-                    block = self.cross(name, cap_a, cap_b).to(device="cpu", dtype=self.dtype)
-                    out[name][ra, rb] = block
-                    if b0 != a0:
-                        out[name][rb, ra] = block.T
+                    yield ra, rb, name, self.cross(name, cap_a, cap_b).to(device="cpu", dtype=self.dtype)
                 del cap_b
-        return out
 
     def _bytes(self, probe: _Chunk) -> int:
         """Bytes one sample keeps: the inputs and output gradients of weight layers, the per-sample gradients

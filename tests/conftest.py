@@ -34,3 +34,16 @@ def figures_test_made(tmp_path_factory):
         cli_main.main(["--root", str(root), "figures", "all", "--scale", "test", "--out", str(out)])
     assert exc.value.code == 0
     return out, root
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: needs a CUDA device (skipped when torch.cuda.is_available() is False)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA device (torch.cuda.is_available() is False)")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)

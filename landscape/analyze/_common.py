@@ -23,7 +23,8 @@ class EvaluationOptions:
     subset_seed: int = option(0, "Seed of the subset.")
     batch_size: int = option(DEFAULT_BATCH_SIZE, "Examples per forward pass (results do not depend on it beyond "
                              "rounding).", min=1)
-    device: str = option("cpu", "auto, cpu, cuda or cuda:N.", kind="device")
+    device: str = option("auto", "auto (CUDA when available, else CPU), cpu, cuda or cuda:N; the device used is "
+                         "recorded in the result's attrs.", kind="device")
     method: str = option("auto", "Evaluation engine (landscape.evaluate).", choices=METHODS)
 
 

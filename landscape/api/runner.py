@@ -34,6 +34,7 @@ from landscape.api._common import (
 from landscape.api.resolve import Resolver, Target
 from landscape.errors import UsageError
 from landscape.results import InputRef, check_companions, check_output_path
+from landscape.runtime import resolve_device
 
 
 def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", config: Any = None,
@@ -112,6 +113,8 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
         result = spec.collect([[next(rows) for _ in g] for g in groups], config, run_opts, refs, shared)
         inputs = _inputs(flat)
         title = ""
+    if isinstance(getattr(config, "device", None), str):  # the device actually used ("auto" resolved)
+        attrs = {**attrs, "device": str(resolve_device(config.device))}
     result.to_hdf5(out, inputs=inputs, attrs=attrs)
     if spec.csv:
         result.to_csv(out.with_suffix(".csv"))

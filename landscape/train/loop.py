@@ -191,6 +191,7 @@ def _start(
     stored = {**config.to_dict(), "resume": None}
     extra = {
         "config_hash": config_hash(config),
+        "device": str(device),  # the device actually used ("auto" resolved)
         "privacy": privacy,
         "schedule": {"steps_per_epoch": spe, "total_steps": total,
                      "checkpoint_steps": checkpoint_steps(config.checkpoint_every, spe, total)},
