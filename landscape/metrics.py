@@ -206,7 +206,8 @@ def _build(item: str) -> tuple[Any, dict[str, Any]]:
     try:
         metric = target(**kwargs)
     except Exception as exc:
-        raise plugins.PluginError(f"metric {item!r}: calling {ref} failed: {_one_line(exc)}") from None
+        raise plugins.PluginError(f"metric {item!r}: calling {plugins.parse(ref).attr} failed: {_one_line(exc)}"
+                                  ) from None
     return _checked(metric, item), source
 
 
