@@ -293,9 +293,11 @@ def compute_pair(a, b, config: InterpolateConfig) -> InterpolationResult:
     model = a.model()
     result = interpolate(model, a.state, b.state, splits, config=config)
     if config.align:  # the same path after permuting B's units to match A's (weight matching, seed 0)
-        from landscape.analyze.align import align_states
+        from landscape.analyze.align import align_states, verified_spec
 
-        after = interpolate(model, a.state, align_states(model, a.state, b.state).state, splits, config=config)
+        spec = verified_spec(model, splits["test"][0][:16] if "test" in splits else None)
+        after = interpolate(model, a.state, align_states(model, a.state, b.state, spec=spec).state, splits,
+                            config=config)
         result.loss_aligned, result.acc_aligned = after.loss, after.acc
         result.instability_loss_aligned = after.instability_loss
         result.instability_error_aligned = after.instability_error
