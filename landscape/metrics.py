@@ -300,6 +300,23 @@ def _numbers(label: str, col: str, value: Any, points: int, loss: np.ndarray) ->
     return arr
 
 
+COLUMNS_ATTR = "metric_columns"  # a result file's attr naming its metric columns (what from_hdf5 reads back)
+
+
+def columns_attr(columns: Iterable[str]) -> dict[str, str]:
+    """The attr a result writes beside its metric datasets (none without metrics)."""
+    names = list(columns)
+    return {COLUMNS_ATTR: ",".join(names)} if names else {}
+
+
+def stored_columns(path: Any) -> tuple[list[str], dict[str, np.ndarray]]:
+    """A result file's metric columns (its ``metric_columns`` attr) and all its arrays, for ``from_hdf5``."""
+    from landscape.results import read_result
+
+    r = read_result(path)
+    return [c for c in str(r.attrs.get(COLUMNS_ATTR, "")).split(",") if c], r.arrays
+
+
 def sources(bound: Iterable[Bound]) -> list[dict[str, Any]]:
     """The provenance records of loaded metrics (stored with the result)."""
     return [b.source for b in bound]
@@ -314,4 +331,4 @@ def check_workers(items: Sequence[str], workers: int) -> None:
 
 
 __all__ = ["BUILTIN", "Bound", "MetricError", "MetricObject", "columns_of", "describe_object", "is_metric", "load",
-           "normalize", "parse", "point_values", "sources", "check_workers"]
+           "normalize", "parse", "point_values", "sources", "check_workers", "columns_attr", "stored_columns"]

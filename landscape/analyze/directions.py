@@ -34,7 +34,7 @@ from landscape.directions import BIASBN, NORMALIZATIONS, max_abs_cosine, random_
 from landscape.errors import UsageError
 from landscape.evaluate import Affine, Segment, evaluate
 from landscape.params import ParamSpace
-from landscape.results import StoredResult, read_result, stored
+from landscape.results import StoredResult, stored
 
 KIND = "directions"
 SPLITS = ("train", "test")
@@ -241,18 +241,16 @@ class DirectionsResult(StoredResult):
             arrays[f"direction_{col}"], dims[f"direction_{col}"] = v, ("direction", "t")
         for col, v in self.toward_metrics.items():
             arrays[f"toward_{col}"], dims[f"toward_{col}"] = v, ("t",)
-        if self.point_metrics:
-            attrs["metric_columns"] = ",".join(self.point_metrics)
-        return arrays, attrs, dims
+        return arrays, {**attrs, **user_metrics.columns_attr(self.point_metrics)}, dims
 
     @classmethod
     def from_hdf5(cls, path):
         result = super().from_hdf5(path)
-        r = read_result(path)
-        for col in [c for c in str(r.attrs.get("metric_columns", "")).split(",") if c]:
-            result.point_metrics[col] = r.arrays[f"direction_{col}"]
-            if f"toward_{col}" in r.arrays:
-                result.toward_metrics[col] = r.arrays[f"toward_{col}"]
+        columns, arrays = user_metrics.stored_columns(path)
+        for col in columns:
+            result.point_metrics[col] = arrays[f"direction_{col}"]
+            if f"toward_{col}" in arrays:
+                result.toward_metrics[col] = arrays[f"toward_{col}"]
         return result
 
 

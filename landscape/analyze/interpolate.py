@@ -28,7 +28,7 @@ from landscape.analyze.registry import Analysis, option
 from landscape.errors import UsageError
 from landscape.evaluate import EvalResult, Segment, evaluate
 from landscape.params import ParamSpace, check_compatible
-from landscape.results import StoredResult, read_result, stored
+from landscape.results import StoredResult, stored
 
 KIND = "interpolation"
 SPLITS = ("train", "test")
@@ -160,16 +160,15 @@ class InterpolationResult(StoredResult):
         arrays = {f"{s}_{col}{suffix}": v for suffix, table in (("", self.point_metrics),
                                                                 ("_aligned", self.point_metrics_aligned))
                   for col, by_split in table.items() for s, v in by_split.items()}
-        attrs = {"metric_columns": ",".join(self.point_metrics)} if self.point_metrics else {}
-        return arrays, attrs, {k: ("alpha",) for k in arrays}
+        return arrays, user_metrics.columns_attr(self.point_metrics), {k: ("alpha",) for k in arrays}
 
     @classmethod
     def from_hdf5(cls, path):
         result = super().from_hdf5(path)
-        r = read_result(path)
-        for col in [c for c in str(r.attrs.get("metric_columns", "")).split(",") if c]:
+        columns, arrays = user_metrics.stored_columns(path)
+        for col in columns:
             for suffix, table in (("", result.point_metrics), ("_aligned", result.point_metrics_aligned)):
-                found = {s: r.arrays[f"{s}_{col}{suffix}"] for s in result.splits if f"{s}_{col}{suffix}" in r.arrays}
+                found = {s: arrays[f"{s}_{col}{suffix}"] for s in result.splits if f"{s}_{col}{suffix}" in arrays}
                 if found:
                     table[col] = found
         return result

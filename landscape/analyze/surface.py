@@ -44,7 +44,7 @@ from landscape.directions import BIASBN, NORMALIZATIONS, trajectory_pca
 from landscape.errors import UsageError
 from landscape.evaluate import Affine, evaluate
 from landscape.params import ParamSpace
-from landscape.results import StoredResult, read_result, stored, to_jsonable
+from landscape.results import StoredResult, stored, to_jsonable
 
 KIND = "surface"
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -331,16 +331,14 @@ class SurfaceResult(StoredResult):
         for col, by_split in self.point_metrics.items():
             for s, grid in by_split.items():
                 arrays[f"{s}_{col}"], dims[f"{s}_{col}"] = grid, ("x", "y")
-        if self.point_metrics:
-            attrs["metric_columns"] = ",".join(self.point_metrics)
-        return arrays, attrs, dims
+        return arrays, {**attrs, **user_metrics.columns_attr(self.point_metrics)}, dims
 
     @classmethod
     def from_hdf5(cls, path):
         result = super().from_hdf5(path)
-        r = read_result(path)
-        for col in [c for c in str(r.attrs.get("metric_columns", "")).split(",") if c]:
-            result.point_metrics[col] = {s: r.arrays[f"{s}_{col}"] for s in result.splits if f"{s}_{col}" in r.arrays}
+        columns, arrays = user_metrics.stored_columns(path)
+        for col in columns:
+            result.point_metrics[col] = {s: arrays[f"{s}_{col}"] for s in result.splits if f"{s}_{col}" in arrays}
         return result
 
 
