@@ -343,3 +343,66 @@ def test_python_objects_stay_in_this_process(setup):
     assert parse(f'{path}:TopK {{"k": 5}}') == (f"{path}:TopK", {"k": 5})
     with pytest.raises(MetricError, match="code of .* changed since"):
         load([f"{path}:Brier"], sources=[{"ref": f"{path}:Brier", "sha256": "0" * 64}])
+
+
+def test_instability_pairs_carry_metric_references_to_two_workers(setup, tmp_path, capsys):
+    """Each pair's interpolation file (written in a worker) holds the metric columns; an object cannot travel."""
+    from landscape.analyze.interpolate import InterpolationResult
+    from landscape.api import instability
+    from landscape.plugins import load as load_code
+
+    root, path, _ = setup
+    kw = dict(root=root / "ck", pairs="r@init:r@last,r@last:r@init", points=3, splits=("test",), figure=False)
+    table = instability(output=tmp_path / "t.h5", workers=2, metrics=[f"{path}:Brier"], **kw)
+    first = InterpolationResult.from_hdf5(table.rows[0].result)
+    second = InterpolationResult.from_hdf5(table.rows[1].result)
+    np.testing.assert_allclose(first.point_metrics["brier"]["test"], second.point_metrics["brier"]["test"][::-1],
+                               rtol=1e-6)
+    with pytest.raises(UsageError, match="cannot be sent to worker processes"):
+        instability(output=tmp_path / "o.h5", workers=2, metrics=[load_code(f"{path}:Brier")()], **kw)
+
+
+def test_an_interrupted_surface_resumes_its_metric_grids(setup, tmp_path):
+    from landscape.api import surface
+
+    root, path, _ = setup
+
+    class Stop(Exception):
+        pass
+
+    def stop(result, rows):
+        raise Stop
+
+    kw = dict(root=root / "ck", grid="4x3", range="-0.3:0.3", splits=("test",), metrics=[f"{path}:Brier"],
+              figure=False)
+    whole = surface("r@last", output=tmp_path / "whole.h5", **kw)
+    with pytest.raises(Stop):
+        surface("r@last", output=tmp_path / "part.h5", on_rows=stop, rows_per_call=1, **kw)
+    from landscape.analyze.surface import SurfaceResult
+
+    part = SurfaceResult.from_hdf5(tmp_path / "part.h5")
+    grid = part.point_metrics["brier"]["test"]
+    assert np.isfinite(grid[0]).all() and np.isnan(grid[1:]).all()  # the first row written, the rest pending
+    resumed = surface("r@last", output=tmp_path / "part.h5", **kw)
+    np.testing.assert_array_equal(resumed.point_metrics["brier"]["test"], whole.point_metrics["brier"]["test"])
+    with pytest.raises(UsageError, match="holds a different surface"):  # other metrics: another surface
+        surface("r@last", output=tmp_path / "part.h5", **{**kw, "metrics": [f'{path}:TopK{{"k": 2}}']})
+
+
+def test_values_one_number_per_point_nan_only_where_the_loss_is_not_finite(setup):
+    _, path, _ = setup
+    from landscape.metrics import point_values
+
+    (b,) = load([f"{path}:Brier"])
+    loss = torch.tensor([0.5, float("inf"), 0.7])
+    values = point_values([b], {"brier": torch.tensor([0.1, float("nan"), 0.3])}, loss)
+    assert np.isnan(values["brier"][1]) and values["brier"][2] == pytest.approx(0.3)
+    with pytest.raises(MetricError, match="is inf at point 2"):
+        point_values([b], {"brier": [0.1, 0.2, float("inf")]}, loss)
+    with pytest.raises(MetricError, match="is not numbers"):
+        point_values([b], {"brier": ["a", "b", "c"]}, loss)
+    (m,) = load([f"{path}:Margin"])
+    with pytest.raises(MetricError, match="finish must return a mapping with keys top_logit, target_logit"):
+        point_values([m], {"margin": {"top_logit": [1.0, 2.0, 3.0]}}, loss)
+    with pytest.raises(UsageError, match="column name 'bad-name' is not an identifier"):
+        load([type("Odd", (), {"name": "bad-name", "start": print, "update": print, "finish": print})()])
