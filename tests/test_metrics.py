@@ -406,3 +406,4 @@ def test_values_one_number_per_point_nan_only_where_the_loss_is_not_finite(setup
         point_values([m], {"margin": {"top_logit": [1.0, 2.0, 3.0]}}, loss)
     with pytest.raises(UsageError, match="column name 'bad-name' is not an identifier"):
         load([type("Odd", (), {"name": "bad-name", "start": print, "update": print, "finish": print})()])
+
