@@ -300,6 +300,22 @@ def _numbers(label: str, col: str, value: Any, points: int, loss: np.ndarray) ->
     return arr
 
 
+def same_code(recorded: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether metrics recorded with a result (its ``metric_sources``) would run the same code now: every
+    referenced source file has the recorded sha256 (call only for references the user names again: describing a
+    module imports it); a Python object's cannot be checked, so never."""
+    for source in recorded:
+        if source.get("kind") == "object":
+            return False
+        if source.get("kind") in ("file", "module"):
+            try:
+                if plugins.check_unchanged(dict(source), plugins.describe(str(source["ref"]))) is not None:
+                    return False
+            except UsageError:
+                return False
+    return True
+
+
 COLUMNS_ATTR = "metric_columns"  # a result file's attr naming its metric columns (what from_hdf5 reads back)
 
 
@@ -331,4 +347,5 @@ def check_workers(items: Sequence[str], workers: int) -> None:
 
 
 __all__ = ["BUILTIN", "Bound", "MetricError", "MetricObject", "columns_of", "describe_object", "is_metric", "load",
-           "normalize", "parse", "point_values", "sources", "check_workers", "columns_attr", "stored_columns"]
+           "normalize", "parse", "point_values", "sources", "check_workers", "columns_attr", "same_code",
+           "stored_columns"]

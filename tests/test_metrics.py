@@ -9,6 +9,7 @@ same forward passes), and workers=2 against one process. Metrics come from a fil
 from __future__ import annotations
 
 import json
+import os
 import pickle
 
 import numpy as np
@@ -407,3 +408,20 @@ def test_values_one_number_per_point_nan_only_where_the_loss_is_not_finite(setup
     with pytest.raises(UsageError, match="column name 'bad-name' is not an identifier"):
         load([type("Odd", (), {"name": "bad-name", "start": print, "update": print, "finish": print})()])
 
+
+
+def test_instability_reuses_a_pair_file_only_while_the_metric_code_is_unchanged(setup, tmp_path):
+    from landscape.api import instability
+
+    root, _, _ = setup
+    code = tmp_path / "m.py"
+    code.write_text(METRICS_FILE)
+    kw = dict(root=root / "ck", pairs="r@init:r@last", points=3, splits=("test",), figure=False,
+              metrics=[f"{code}:Brier"], output=tmp_path / "t.h5")
+    pair_file = instability(**kw).rows[0].result
+    mtime = os.stat(pair_file).st_mtime_ns
+    instability(**kw)  # same code: read back, not rewritten
+    assert os.stat(pair_file).st_mtime_ns == mtime
+    code.write_text(METRICS_FILE + "\n# changed\n")
+    instability(**kw)  # the metric's file changed: the pair is recomputed, with the new code's sha256
+    assert json.loads(read_result(pair_file).attrs["metric_sources"])[0]["sha256"] == sha256_file(code)
