@@ -388,6 +388,14 @@ def test_an_interrupted_surface_resumes_its_metric_grids(setup, tmp_path):
     np.testing.assert_array_equal(resumed.point_metrics["brier"]["test"], whole.point_metrics["brier"]["test"])
     with pytest.raises(UsageError, match="holds a different surface"):  # other metrics: another surface
         surface("r@last", output=tmp_path / "part.h5", **{**kw, "metrics": [f'{path}:TopK{{"k": 2}}']})
+    code = tmp_path / "copy.py"
+    code.write_text(METRICS_FILE)
+    kw["metrics"] = [f"{code}:Brier"]
+    with pytest.raises(Stop):
+        surface("r@last", output=tmp_path / "other.h5", on_rows=stop, rows_per_call=1, **kw)
+    code.write_text(METRICS_FILE + "\n# changed\n")
+    with pytest.raises(UsageError, match="computed with other metric code"):  # never mix two versions in one grid
+        surface("r@last", output=tmp_path / "other.h5", **kw)
 
 
 def test_values_one_number_per_point_nan_only_where_the_loss_is_not_finite(setup):

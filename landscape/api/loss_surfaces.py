@@ -224,6 +224,9 @@ def _resume(out: Path, config: SurfaceConfig, inputs: list[InputRef], plane: Pla
     if not same:
         raise UsageError(f"{out} holds a different surface (other options, checkpoints or plane); "
                          "remove it, pass --no-resume, or choose another -o")
+    if not user_metrics.same_code(prev.metric_sources):  # its cells would mix two versions of a metric
+        raise UsageError(f"{out} was computed with other metric code (a source file changed, or a Python object); "
+                         "remove it, pass --no-resume, or choose another -o")
     return prev
 
 
