@@ -23,7 +23,8 @@ def align(ctx: click.Context, ref_a: str, ref_b: str, run: str | None, seed: int
     """Permute the hidden units of checkpoint B to match A (weight matching, Ainsworth et al. 2023).
 
     The new run's step 0 computes the same function as B; interpolate A against it to see the barrier
-    that is not due to unit order: `landscape interpolate A RUN@init`.
+    that is not due to unit order: `landscape interpolate A RUN@init`. Works for the built-in models and any
+    model that describes its units (a permutation_spec() method or register_spec(); landscape.analyze.align).
     """
     from landscape.api.alignment import align as run_align
 

@@ -72,6 +72,8 @@ def param_type(f: dataclasses.Field, hint: Any) -> dict[str, Any]:
         return {"type": DeviceType()}
     if kind == "text":
         return {"type": click.STRING}
+    if kind == "metrics":  # repeatable: --metric REF --metric REF (a reference may hold commas in its JSON)
+        return {"type": click.STRING, "multiple": True}
     base, _ = _base(hint)
     bounds = {k: meta[k] for k in ("min", "max") if meta.get(k) is not None}
     for key in ("min_open", "max_open"):

@@ -228,7 +228,7 @@ def test_independent_siblings_have_a_lower_barrier_after_alignment(digits):
 
 
 def test_refusals_are_one_line_model_errors(digits):
-    with pytest.raises(ModelError, match="no permutation spec for model 'Sequential'"):
+    with pytest.raises(ModelError, match="align needs the permutation structure of model 'Sequential'"):
         permutation_spec(nn.Sequential(nn.Linear(3, 2)))
     resnet = _model("resnet18", groups=4)
     resnet.layer1[1].bn2 = nn.GroupNorm(2, 64)  # two norms on one residual stream with different groups
@@ -344,8 +344,10 @@ def test_cli_unsupported_architecture_is_one_line(root, capsys, monkeypatch, dig
     for name in ("t1", "t2"):
         _save(store, name, build_model("toy", input_shape=(1, 8, 8), num_classes=10), digits.spec)
     code, _, err = run_cli(root, "align", "t1", "t2", capsys=capsys)
-    assert code == 1 and err.strip() == ("error: alignment has no permutation spec for model 'toy' "
-                                         "(supported: mlp, two-layer-linear, lenet, opacus-cnn, resnet18)")
+    assert code == 1 and err.strip() == ("error: align needs the permutation structure of model 'toy': give it a "
+                                         "permutation_spec() method or register_spec() a builder (see "
+                                         "landscape.analyze.align); built in: mlp, two-layer-linear, lenet, "
+                                         "opacus-cnn, resnet18")
 
 
 # ----------------------------------------------------------------------- interpolate / instability --align

@@ -60,8 +60,11 @@ def _same(a, b):
 CASES = {
     "norms": (["a", "b"], dict(bins=8, grad_samples=16)),
     "clipping": (["a"], dict(batch_size=32)),
-    "surface": (["a@last"], dict(grid="3x3", range="-0.5:0.5", subset=60)),
-    "directions": (["a@last"], dict(n=4, points=3, distance=0.5, subset=60)),
+    # with a user metric by reference: the workers (local or Dask) load it themselves (landscape.metrics)
+    "surface": (["a@last"], dict(grid="3x3", range="-0.5:0.5", subset=60,
+                                 metrics=['landscape.analyze.calibration:ECE{"bins": 5}'])),
+    "directions": (["a@last"], dict(n=4, points=3, distance=0.5, subset=60,
+                                    metrics=["landscape.analyze.calibration:ECE"])),
 }
 
 

@@ -10,8 +10,20 @@ fixed) as a linear assignment problem over the sum, over every tensor that ``P_l
 similarities ``W^A (W^B)^T`` (units along that tensor's permuted axis, everything else flattened), iterated
 over the permutations in random order until a full pass changes none.
 
-A :class:`PermutationSpec` says which tensor axes each permutation moves, per architecture of
-:mod:`landscape.models` (:func:`permutation_spec`):
+**The permutation-structure protocol.** A :class:`PermutationSpec` says which tensor axes each permutation moves.
+:func:`permutation_spec` finds a model's spec, in this order:
+
+1. the model's own ``permutation_spec()`` method (any ``nn.Module``, e.g. one from user code): it returns a
+   :class:`PermutationSpec` (build it with :class:`SpecBuilder`, or :func:`chain_spec` for a feed-forward
+   stack) or a plain mapping ``{permutation name: [(state-dict key, axis), (key, axis, inner), ...]}`` whose unit
+   counts are read from the tensors;
+2. a builder registered with :func:`register_spec` for the model's ``landscape_spec`` name or for its class
+   (``builder(model, name) -> PermutationSpec``);
+3. otherwise alignment refuses in one line (a :class:`~landscape.errors.ModelError` naming the model).
+
+A spec is checked against the state dict (every key present, every axis of the right size);
+:func:`check_function_kept` checks on inputs that a random permutation leaves the logits unchanged (the api runs
+it for a spec that is not built in). The built-in architectures are registered examples:
 
 - ``mlp``, ``two-layer-linear``: one permutation per hidden layer (rows of its weight and bias, columns of
   the next weight). Element-wise activations commute with permutations.
@@ -36,8 +48,9 @@ dicts out; it never opens the store.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -107,8 +120,14 @@ class PermutationSpec:
         raise UsageError(f"no permutation {name!r} in the spec of {self.model}")
 
 
-class _Builder:
-    """Collects axes per permutation while a spec builder walks a model; checks norm groups agree."""
+class SpecBuilder:
+    """Collects axes per permutation while a spec builder walks a model; checks norm groups agree.
+
+    ``p = b.new(name, units)`` opens a permutation; ``b.weight_out(p, "fc1", module)`` moves a Linear/Conv's
+    output units (weight rows and bias), ``b.add(p, "fc2.weight", 1)`` any tensor axis (``inner``: consecutive
+    positions per unit, e.g. ``H*W`` columns per channel after ``Flatten``), ``b.norm(p, "bn1", module)`` a
+    BatchNorm/GroupNorm on those units; ``b.spec()`` returns the :class:`PermutationSpec`.
+    """
 
     def __init__(self, model_name: str):
         self.model_name = model_name
@@ -167,9 +186,12 @@ _PASS_THROUGH = (nn.ReLU, nn.Tanh, nn.GELU, nn.Sigmoid, nn.ELU, nn.Softplus, nn.
                  nn.AvgPool2d, nn.Dropout)
 
 
-def _chain_spec(model: nn.Module, name: str) -> PermutationSpec:
-    """Feed-forward models whose children run in registration order (mlp, lenet, opacus-cnn, two-layer-linear)."""
-    b = _Builder(name)
+def chain_spec(model: nn.Module, name: str | None = None) -> PermutationSpec:
+    """Feed-forward models whose children run in registration order (mlp, lenet, opacus-cnn, two-layer-linear; any
+    such stack of Linear/Conv2d layers, norms, ``Flatten`` and element-wise activations): one permutation per
+    hidden layer's units, named after the layer."""
+    name = name or type(model).__name__
+    b = SpecBuilder(name)
     children = list(model.named_children())
     weighted = [n for n, m in children if isinstance(m, (nn.Linear, nn.Conv2d))]
     if not weighted:
@@ -209,7 +231,7 @@ def _resnet_spec(model: nn.Module, name: str) -> PermutationSpec:
     """torchvision ResNet of BasicBlocks: one permutation per stage's residual stream, one per block inside."""
     from torchvision.models.resnet import BasicBlock
 
-    b = _Builder(name)
+    b = SpecBuilder(name)
     if model.conv1.groups != 1:
         raise ModelError(b._refuse("conv1", "grouped convolution"))
     stream = b.new("residual0", model.conv1.out_channels)
@@ -244,33 +266,135 @@ def _resnet_spec(model: nn.Module, name: str) -> PermutationSpec:
     return b.spec()
 
 
-SPECS = {
-    "mlp": _chain_spec,
-    "two-layer-linear": _chain_spec,
-    "lenet": _chain_spec,
-    "opacus-cnn": _chain_spec,
-    "resnet18": _resnet_spec,
-}
+SpecFunction = Callable[[nn.Module, str], PermutationSpec]
+#: model-spec name or model class -> builder(model, name); the built-ins are registered below
+SPECS: dict[str | type, SpecFunction] = {}
+BUILT_IN = ("mlp", "two-layer-linear", "lenet", "opacus-cnn", "resnet18")
+
+
+def register_spec(key: str | type, builder: SpecFunction) -> None:
+    """Say how to permute a model: ``key`` is a ``landscape_spec`` name (``"mlp"``) or an ``nn.Module`` class
+    (its subclasses too); ``builder(model, name) -> PermutationSpec``."""
+    if not (isinstance(key, str) or (isinstance(key, type) and issubclass(key, nn.Module))):
+        raise UsageError(f"register_spec takes a model name or an nn.Module class, got {key!r}")
+    SPECS[key] = builder
+
+
+for _name in ("mlp", "two-layer-linear", "lenet", "opacus-cnn"):
+    register_spec(_name, chain_spec)
+register_spec("resnet18", _resnet_spec)
+
+
+def _model_name(model: nn.Module) -> str:
+    spec = getattr(model, "landscape_spec", None)
+    name = spec.get("name") if isinstance(spec, Mapping) else None
+    return str(name) if name else type(model).__name__
+
+
+def builder_of(model: nn.Module) -> tuple[SpecFunction | None, str]:
+    """How :func:`permutation_spec` gets the model's spec: ``(builder, "method" | "registered" | "built-in")``,
+    or ``(None, "")`` when nothing describes the model."""
+    own = getattr(model, "permutation_spec", None)
+    if callable(own):
+        return (lambda m, name: own()), "method"
+    spec = getattr(model, "landscape_spec", None)
+    name = spec.get("name") if isinstance(spec, Mapping) else None
+    if isinstance(name, str) and name in SPECS:
+        return SPECS[name], "built-in" if name in BUILT_IN else "registered"
+    for cls in type(model).__mro__:
+        if cls in SPECS:
+            return SPECS[cls], "registered"
+    return None, ""
 
 
 def permutation_spec(model: nn.Module | Mapping) -> PermutationSpec:
-    """The permutation spec of a :mod:`landscape.models` model (a built module or its ``landscape_spec``).
+    """The permutation spec of a model (a module, or a :mod:`landscape.models` ``landscape_spec``), by the protocol
+    of the module docstring: its ``permutation_spec()`` method, a registered builder, or a one-line ModelError.
 
-    ModelError (one line) for a model without a spec or with a layer whose units cannot be permuted.
+    ModelError (one line) also for a spec that does not fit the model's tensors or a layer whose units cannot be
+    permuted.
     """
     if isinstance(model, Mapping):
         from landscape.models import model_from_spec
 
         model = model_from_spec(dict(model))
-    spec = getattr(model, "landscape_spec", None)
-    name = spec.get("name") if isinstance(spec, Mapping) else None
-    builder = SPECS.get(name)
+    name = _model_name(model)
+    builder, how = builder_of(model)
     if builder is None:
-        raise ModelError(f"alignment has no permutation spec for model {name or type(model).__name__!r} "
-                         f"(supported: {', '.join(SPECS)})")
-    out = builder(model, name)
+        raise ModelError(f"align needs the permutation structure of model {name!r}: give it a permutation_spec() "
+                         "method or register_spec() a builder (see landscape.analyze.align); built in: "
+                         f"{', '.join(BUILT_IN)}")
+    try:
+        out = builder(model, name)
+    except (ModelError, UsageError):
+        raise
+    except Exception as exc:
+        raise ModelError(f"the permutation spec of {name!r} failed: {type(exc).__name__}: "
+                         f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from None
+    out = _as_spec(out, model, name)
     _check_spec_fits(out, model.state_dict())
     return out
+
+
+def _as_spec(value: Any, model: nn.Module, name: str) -> PermutationSpec:
+    """A PermutationSpec as is; ``{perm: [(key, axis[, inner]) | Axis, ...]}`` with unit counts from the tensors."""
+    if isinstance(value, PermutationSpec):
+        return value
+    if not isinstance(value, Mapping) or not value:
+        raise ModelError(f"the permutation spec of {name!r} is a {type(value).__name__}; return a PermutationSpec or "
+                         "{permutation name: [(state-dict key, axis), ...]}")
+    state = model.state_dict()
+    perms = []
+    for perm, axes in value.items():
+        items = []
+        for item in axes:
+            ax = item if isinstance(item, Axis) else Axis(*item) if isinstance(item, (tuple, list)) else None
+            if ax is None or not isinstance(ax.key, str) or not isinstance(ax.axis, int):
+                raise ModelError(f"the permutation spec of {name!r}: {item!r} in {perm!r} is not (key, axis[, inner])")
+            if ax.key not in state:
+                raise ModelError(f"permutation {perm!r} names tensor {ax.key!r} that {name} does not have")
+            items.append(ax)
+        if not items:
+            raise ModelError(f"the permutation spec of {name!r}: permutation {perm!r} moves no tensor")
+        first = items[0]
+        shape = state[first.key].shape
+        if first.axis >= len(shape) or shape[first.axis] % first.inner:
+            raise ModelError(f"permutation {perm!r}: tensor {first.key!r} of shape {tuple(shape)} has no axis "
+                             f"{first.axis} of whole blocks of {first.inner}")
+        perms.append(Permutation(str(perm), shape[first.axis] // first.inner, tuple(items)))
+    return PermutationSpec(name, tuple(perms))
+
+
+def verified_spec(model: nn.Module, x: torch.Tensor | None) -> PermutationSpec:
+    """:func:`permutation_spec`, and for a spec that is not built in (a method, a registered builder) the check
+    that it keeps the function on inputs ``x`` (:func:`check_function_kept`)."""
+    spec = permutation_spec(model)
+    if builder_of(model)[1] != "built-in" and x is not None:
+        check_function_kept(model, spec, x)
+    return spec
+
+
+def check_function_kept(model: nn.Module, spec: PermutationSpec, x: torch.Tensor, *, seed: int = 0,
+                        rtol: float = 1e-4, atol: float = 1e-5) -> None:
+    """ModelError unless a random permutation of ``spec`` leaves the model's outputs on ``x`` unchanged (a spec
+    that misses a tensor or moves a wrong axis changes the function; alignment would then be meaningless)."""
+    import copy
+
+    state = model.state_dict()
+    permuted = apply_permutation(spec, random_permutation(spec, seed), state)
+    other = copy.deepcopy(model).eval()
+    other.load_state_dict(permuted)
+    mode = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            before, after = model(x), other(x)
+    finally:
+        model.train(mode)
+    if not torch.allclose(before, after, rtol=rtol, atol=atol):
+        worst = float((before - after).abs().max())
+        raise ModelError(f"the permutation spec of {spec.model!r} changes the model's outputs (by up to {worst:.3g} "
+                         "under a random permutation): it misses a tensor or moves a wrong axis")
 
 
 def _check_spec_fits(spec: PermutationSpec, state: Mapping[str, torch.Tensor]) -> None:
@@ -480,9 +604,10 @@ class Alignment:
 
 
 def align_states(model: nn.Module, state_a: Mapping[str, torch.Tensor], state_b: Mapping[str, torch.Tensor], *,
-                 seed: int = 0, max_iter: int = 100) -> Alignment:
-    """B permuted to match A by weight matching, for ``model``'s architecture (see :func:`weight_matching`)."""
-    spec = permutation_spec(model)
+                 seed: int = 0, max_iter: int = 100, spec: PermutationSpec | None = None) -> Alignment:
+    """B permuted to match A by weight matching, for ``model``'s architecture (see :func:`weight_matching`;
+    ``spec`` defaults to :func:`permutation_spec` of the model)."""
+    spec = spec if spec is not None else permutation_spec(model)
     perms = weight_matching(spec, state_a, state_b, seed=seed, max_iter=max_iter)
     state = apply_permutation(spec, perms, state_b)
     return Alignment(state, perms, spec, _distance(state_a, state_b), _distance(state_a, state))

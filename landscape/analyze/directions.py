@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from landscape import metrics as user_metrics
 from landscape.analyze._common import EvaluationOptions, check_choice, check_positive_int
 from landscape.analyze.registry import Analysis, option, slug
 from landscape.directions import BIASBN, NORMALIZATIONS, max_abs_cosine, random_directions
@@ -38,16 +39,25 @@ from landscape.results import StoredResult, stored
 KIND = "directions"
 SPLITS = ("train", "test")
 GENERATOR_BUDGET = 1 << 29  # bytes of cached first-layer outputs per evaluate call (chooses the chunk size)
+RESERVED = ("loss", "acc", "distance", "distances", "rise")  # direction_<column>, toward_<column> are taken
 
 
 @dataclass
 class RandomDirectionOptions(EvaluationOptions):
-    """How random directions are drawn (the base of the directions and surface configs), and the workers."""
+    """How random directions are drawn (the base of the directions and surface configs), the workers, and the
+    user metrics recorded at every point (:mod:`landscape.metrics`; references travel to the workers)."""
 
     biasbn: str = option("zero", "1-D tensors (biases, norm layers) under filter/layer normalisation: zero (Li et "
                          "al.), copy theta, or random rescaled.", choices=BIASBN)
     seed: int = option(0, "Seed of the random directions.")
     workers: int = option(1, "Parallel worker processes.", min=1)
+    metrics: tuple[str, ...] | None = option(None, user_metrics.METRIC_HELP, flag=("--metric", "--metrics"),
+                                             metavar="REF", kind="metrics")
+
+    def check_metrics(self) -> None:
+        """Normalise ``metrics`` (:func:`landscape.metrics.normalize`); objects only with one worker."""
+        self.metrics = user_metrics.normalize(self.metrics)
+        user_metrics.check_workers(self.metrics, self.workers)
 
 
 @dataclass
@@ -80,6 +90,7 @@ class DirectionsConfig(RandomDirectionOptions):
             raise UsageError(f"--split must be train or test, got {self.split!r}")
         check_positive_int("--batch-size", self.batch_size)
         check_positive_int("--workers", self.workers)
+        self.check_metrics()
 
 
 def parse_distance(value: float | str) -> float | str:
@@ -130,13 +141,16 @@ def nonzero_random_directions(theta: torch.Tensor, space: ParamSpace, indices: S
 
 
 def direction_chunk(model: nn.Module, space: ParamSpace, theta: torch.Tensor, dirs: torch.Tensor,
-                    steps: torch.Tensor, x: torch.Tensor, y: torch.Tensor, config: DirectionsConfig
-                    ) -> tuple[np.ndarray, np.ndarray, float]:
-    """Loss and accuracy (k, len(steps)) at ``theta + s * dirs[j]`` in one evaluate call; and its seconds."""
+                    steps: torch.Tensor, x: torch.Tensor, y: torch.Tensor, config: DirectionsConfig,
+                    metrics: Sequence[user_metrics.Bound] = ()
+                    ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], float]:
+    """Loss, accuracy and each metric column (k, len(steps)) at ``theta + s * dirs[j]`` in one evaluate call
+    (the metrics in the same forward passes); and its seconds."""
     r = evaluate(model, x, y, rays(theta, dirs, steps), space=space, batch_size=config.batch_size,
-                 device=config.device, method=config.method)
+                 device=config.device, method=config.method, metrics=[b.metric for b in metrics])
     k = dirs.shape[0]
-    return r.loss.numpy().reshape(k, -1), r.acc.numpy().reshape(k, -1), r.seconds
+    values = {col: v.reshape(k, -1) for col, v in user_metrics.point_values(metrics, r.metrics, r.loss).items()}
+    return r.loss.numpy().reshape(k, -1), r.acc.numpy().reshape(k, -1), values, r.seconds
 
 
 def chunk_size(model: nn.Module, x: torch.Tensor, batch_size: int, budget: int = GENERATOR_BUDGET) -> int:
@@ -178,6 +192,11 @@ class DirectionsResult(StoredResult):
     toward_loss: np.ndarray | None = stored("array", None, dims=("t",))  # (points,)
     toward_acc: np.ndarray | None = stored("array", None, dims=("t",))
     toward_distance: float = math.nan  # ||theta_B - theta_A||
+    # --metric: column -> (n, points) along the random directions and (points,) toward B, datasets direction_<column>
+    # and toward_<column> (written by derived(), read back by from_hdf5 through the metric_columns attr)
+    point_metrics: dict[str, np.ndarray] = stored("skip", default_factory=dict)
+    toward_metrics: dict[str, np.ndarray] = stored("skip", default_factory=dict)
+    metric_sources: list[dict] = stored("attr", default_factory=list)
     examples: int = 0
     seconds: float = math.nan
     throughput: float = math.nan  # points per second
@@ -216,13 +235,29 @@ class DirectionsResult(StoredResult):
         """The distances ``t * D``, each direction's rise, the summary statistics, ``n`` and the split."""
         attrs = {k: v for k, v in self.summary().items() if k != "n"}
         attrs.update(n=int(self.direction_loss.shape[0]), split=self.config.split)
-        return ({"distances": self.t * self.distance, "rise": self.rises}, attrs,
-                {"distances": ("t",), "rise": ("direction",)})
+        arrays = {"distances": self.t * self.distance, "rise": self.rises}
+        dims = {"distances": ("t",), "rise": ("direction",)}
+        for col, v in self.point_metrics.items():
+            arrays[f"direction_{col}"], dims[f"direction_{col}"] = v, ("direction", "t")
+        for col, v in self.toward_metrics.items():
+            arrays[f"toward_{col}"], dims[f"toward_{col}"] = v, ("t",)
+        return arrays, {**attrs, **user_metrics.columns_attr(self.point_metrics)}, dims
+
+    @classmethod
+    def from_hdf5(cls, path):
+        result = super().from_hdf5(path)
+        columns, arrays = user_metrics.stored_columns(path)
+        for col in columns:
+            result.point_metrics[col] = arrays[f"direction_{col}"]
+            if f"toward_{col}" in arrays:
+                result.toward_metrics[col] = arrays[f"toward_{col}"]
+        return result
 
 
 # --------------------------------------------------------------------------------------- analyzer
 
-ChunkRunner = Callable[[list[list[int]], float, torch.Tensor], Iterable[tuple[np.ndarray, np.ndarray, float]]]
+ChunkRunner = Callable[[list[list[int]], float, torch.Tensor],
+                       Iterable[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], float]]]
 
 
 def random_profiles(
@@ -235,14 +270,17 @@ def random_profiles(
     toward: torch.Tensor | None = None,
     space: ParamSpace | None = None,
     chunk_runner: ChunkRunner | None = None,
+    metrics: Sequence[user_metrics.Bound] | None = None,
     **overrides,
 ) -> DirectionsResult:
     """Watson et al. Fig. 4 for one model: profiles along ``config.n`` random directions (and toward ``toward``).
 
     ``theta``/``toward`` are flat vectors over ``space`` (default: the model's parameters); ``(x, y)`` the
     data already chosen (split, subset). ``chunk_runner(chunks, distance, steps)`` may evaluate the chunks
-    of direction indices elsewhere (the API's worker processes); each yields ``(loss, acc, seconds)`` in
-    order. Keyword ``overrides`` replace config fields.
+    of direction indices elsewhere (the API's worker processes); each yields ``(loss, acc, metric values,
+    seconds)`` in order. ``config.metrics`` (:mod:`landscape.metrics`) are recorded at every point in the same
+    forward passes (``point_metrics``, ``toward_metrics``; ``metrics``: already loaded by
+    :func:`landscape.metrics.load`). Keyword ``overrides`` replace config fields.
     """
     config = dataclasses.replace(config or DirectionsConfig(), **overrides)
     space = space or ParamSpace.from_model(model)
@@ -265,10 +303,14 @@ def random_profiles(
     t[0], t[-1] = 0.0, 1.0
     steps = t[1:]  # fractions of the directions, which have length `distance`
     start = time.perf_counter()
+    bound = metrics if metrics is not None else user_metrics.load(config.metrics, reserved=RESERVED,
+                                                                  analysis="directions")
 
     # t = 0 (theta_A, shared by every profile) and the path toward B
-    common = dict(space=space, batch_size=config.batch_size, device=config.device, method=config.method)
+    common = dict(space=space, batch_size=config.batch_size, device=config.device, method=config.method,
+                  metrics=[b.metric for b in bound])
     toward_loss = toward_acc = None
+    toward_metrics: dict[str, np.ndarray] = {}
     if toward is not None:
         if config.distance == "auto":
             end = toward
@@ -278,11 +320,14 @@ def random_profiles(
             raise UsageError("--toward B is the same point as A; there is no direction toward it")
         rt = evaluate(model, x, y, Segment(theta, end, t), **common)
         toward_loss, toward_acc = rt.loss.numpy(), rt.acc.numpy()
+        toward_metrics = user_metrics.point_values(bound, rt.metrics, rt.loss)
         base_loss, base_acc = toward_loss[0], toward_acc[0]
+        base_metrics = {col: v[0] for col, v in toward_metrics.items()}
         method = rt.method
     else:
         r0 = evaluate(model, x, y, theta.unsqueeze(0), **common)
         base_loss, base_acc = float(r0.loss[0]), float(r0.acc[0])
+        base_metrics = {col: v[0] for col, v in user_metrics.point_values(bound, r0.metrics, r0.loss).items()}
         method = r0.method
 
     # the random directions: all of them for the cosines, evaluated in chunks
@@ -293,22 +338,28 @@ def random_profiles(
         size = min(size, max(1, math.ceil(config.n / (2 * config.workers))))
     chunks = [list(range(i, min(config.n, i + size))) for i in range(0, config.n, size)]
     if chunk_runner is None:
-        outs: Iterator = (direction_chunk(model, space, theta, dirs[c[0] : c[-1] + 1], steps, x, y, config)
+        outs: Iterator = (direction_chunk(model, space, theta, dirs[c[0] : c[-1] + 1], steps, x, y, config, bound)
                           for c in chunks)
     else:
         outs = iter(chunk_runner(chunks, distance, steps))
-    losses, accs = [], []
-    for loss, acc, _ in outs:
+    losses, accs, extras = [], [], []
+    for loss, acc, extra, _ in outs:
         losses.append(loss)
         accs.append(acc)
+        extras.append(extra)
     n = config.n
-    direction_loss = np.concatenate([np.full((n, 1), base_loss), np.concatenate(losses)], axis=1)
-    direction_acc = np.concatenate([np.full((n, 1), base_acc), np.concatenate(accs)], axis=1)
+
+    def profiles(base: float, chunks: list[np.ndarray]) -> np.ndarray:  # t = 0, then the chunks' steps
+        return np.concatenate([np.full((n, 1), base), np.concatenate(chunks)], axis=1)
+
+    direction_loss, direction_acc = profiles(base_loss, losses), profiles(base_acc, accs)
+    direction_metrics = {col: profiles(base, [e[col] for e in extras]) for col, base in base_metrics.items()}
     seconds = time.perf_counter() - start
     total_points = n * (config.points - 1) + (config.points if toward is not None else 1)
     return DirectionsResult(
         t=t.numpy(), distance=distance, direction_loss=direction_loss, direction_acc=direction_acc,
         max_abs_cos=cos, toward_loss=toward_loss, toward_acc=toward_acc, toward_distance=toward_distance,
+        point_metrics=direction_metrics, toward_metrics=toward_metrics, metric_sources=user_metrics.sources(bound),
         examples=int(x.shape[0]), seconds=seconds, throughput=total_points / seconds if seconds > 0 else math.inf,
         method=method, config=config,
     )
@@ -331,6 +382,15 @@ def _rows(result: DirectionsResult) -> list[dict]:
     if result.toward_loss is not None:
         t = s["toward_rise"]
         rows.append({"": "toward B", "n": 1, "mean": t, "median": t, "min": t, "max": t})
+    for col, values in result.point_metrics.items():  # each metric's rise, as the loss's
+        rise = values[:, -1] - values[:, 0]
+        finite = rise[np.isfinite(rise)]
+        stats = [float(f(finite)) if finite.size else math.nan for f in (np.mean, np.median, np.min, np.max)]
+        rows.append({"": f"random: {col}", "n": int(rise.size), **dict(zip(("mean", "median", "min", "max"), stats,
+                                                                          strict=True))})
+        if col in result.toward_metrics:
+            t = float(result.toward_metrics[col][-1] - result.toward_metrics[col][0])
+            rows.append({"": f"toward B: {col}", "n": 1, "mean": t, "median": t, "min": t, "max": t})
     return rows
 
 

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from landscape import metrics as user_metrics
 from landscape.analyze._common import EvaluationOptions, check_positive_int, split_subset
-from landscape.analyze.calibration import ECE
 from landscape.analyze.registry import Analysis, option
 from landscape.errors import UsageError
 from landscape.evaluate import EvalResult, Segment, evaluate
@@ -32,7 +32,9 @@ from landscape.results import StoredResult, stored
 
 KIND = "interpolation"
 SPLITS = ("train", "test")
-POINT_METRICS = ("ece",)  # evaluator-hook metrics (landscape.evaluate.Metric) interpolate can record per point
+# built-in columns a metric may not take: datasets are <split>_<column> (and <split>_<column>_aligned), summary
+# columns <column>_A, <column>_B, max_<column>
+RESERVED = ("loss", "acc", "error", "alpha")
 
 
 @dataclass
@@ -42,9 +44,9 @@ class InterpolateConfig(EvaluationOptions):
     points: int = option(30, "Number of alphas in linspace(0, 1, points), both endpoints included.", min=2)
     splits: tuple[str, ...] = option(SPLITS, "Data splits to evaluate.", choices=SPLITS, metavar="train,test")
     bn_recalibrate: bool = option(False, "Recompute BatchNorm statistics at every point from the training data.")
-    metrics: tuple[str, ...] | None = option(None, "Also record these at every point, in the same forward passes (ece: "
-                                      "expected calibration error, 15 equal-width bins as landscape calibration).",
-                                      choices=POINT_METRICS, metavar="ece")
+    metrics: tuple[str, ...] | None = option(None, user_metrics.METRIC_HELP + " ece: expected calibration error, "
+                                             "15 equal-width bins as landscape calibration.", flag=("--metric", "--metrics"),
+                                             metavar="REF", kind="metrics")
     align: bool = option(False, "Also permute B's hidden units to match A (Git Re-Basin weight matching, "
                          "landscape.analyze.align) and report the instability after alignment beside it.")
 
@@ -52,12 +54,7 @@ class InterpolateConfig(EvaluationOptions):
         if isinstance(self.splits, str):
             self.splits = tuple(s.strip() for s in self.splits.split(",") if s.strip())
         self.splits = tuple(self.splits)
-        if isinstance(self.metrics, str):
-            self.metrics = tuple(s.strip() for s in self.metrics.split(",") if s.strip())
-        self.metrics = tuple(self.metrics or ())
-        bad = [m for m in self.metrics if m not in POINT_METRICS]
-        if bad:
-            raise UsageError(f"unknown metric {bad[0]!r}; choose from {', '.join(POINT_METRICS)}")
+        self.metrics = user_metrics.normalize(self.metrics)
         if int(self.points) != self.points or self.points < 2:
             raise UsageError(f"--points must be an integer >= 2 (both endpoints are evaluated), got {self.points}")
         self.points = int(self.points)
@@ -125,8 +122,10 @@ class InterpolationResult(StoredResult):
                                                   default_factory=dict)
     reasons: dict[str, str] = stored("attr", name="reason_{}", default_factory=dict)  # "<split>_loss" -> why inf
     examples: dict[str, int] = stored("attr", name="examples_{}", order="splits", default_factory=dict)
-    ece: dict[str, np.ndarray] = stored("array", name="{}_ece", dims=("alpha",), order="splits",
-                                        default_factory=dict)  # with --metrics ece
+    # --metric: column -> split -> values along alpha, datasets <split>_<column> (written by derived(), read back
+    # by from_hdf5 through the metric_columns attr); their references and source sha256 in metric_sources
+    point_metrics: dict[str, dict[str, np.ndarray]] = stored("skip", default_factory=dict)
+    metric_sources: list[dict] = stored("attr", default_factory=list)
     distance: float = math.nan  # ||theta_B - theta_A||_2 over the interpolated tensors
     # --align: the path A -> pi(B), B's units permuted to match A's (Ainsworth et al. 2023); empty without it
     loss_aligned: dict[str, np.ndarray] = stored("array", name="{}_loss_aligned", dims=("alpha",), order="splits",
@@ -137,6 +136,7 @@ class InterpolationResult(StoredResult):
                                                         default_factory=dict)
     instability_error_aligned: dict[str, float] = stored("attr", name="instability_{}_error_aligned",
                                                          order="splits", default_factory=dict)
+    point_metrics_aligned: dict[str, dict[str, np.ndarray]] = stored("skip", default_factory=dict)
     distance_aligned: float = math.nan  # ||pi(theta_B) - theta_A||_2
     seconds: float = math.nan
     throughput: float = math.nan  # examples x points per second
@@ -150,6 +150,29 @@ class InterpolationResult(StoredResult):
     def error(self, split: str) -> np.ndarray:
         return 1.0 - self.acc[split]
 
+    @property
+    def ece(self) -> dict[str, np.ndarray]:
+        """The built-in ``ece`` metric per split (``--metric ece``), else empty."""
+        return dict(self.point_metrics.get("ece", {}))
+
+    def derived(self):
+        """The metric columns as ``<split>_<column>`` (and ``..._aligned``) along alpha, and their names."""
+        arrays = {f"{s}_{col}{suffix}": v for suffix, table in (("", self.point_metrics),
+                                                                ("_aligned", self.point_metrics_aligned))
+                  for col, by_split in table.items() for s, v in by_split.items()}
+        return arrays, user_metrics.columns_attr(self.point_metrics), {k: ("alpha",) for k in arrays}
+
+    @classmethod
+    def from_hdf5(cls, path):
+        result = super().from_hdf5(path)
+        columns, arrays = user_metrics.stored_columns(path)
+        for col in columns:
+            for suffix, table in (("", result.point_metrics), ("_aligned", result.point_metrics_aligned)):
+                found = {s: arrays[f"{s}_{col}{suffix}"] for s in result.splits if f"{s}_{col}{suffix}" in arrays}
+                if found:
+                    table[col] = found
+        return result
+
     def summary(self) -> list[dict]:
         """One row per split: losses at the ends, the maximum, and both instabilities."""
         return [
@@ -160,8 +183,9 @@ class InterpolationResult(StoredResult):
                 "max_loss": float(np.max(self.loss[s])),
                 "instability_loss": self.instability_loss[s],
                 "instability_error": self.instability_error[s],
-                **({"ece_A": float(self.ece[s][0]), "ece_B": float(self.ece[s][-1]),
-                    "max_ece": float(np.max(self.ece[s]))} if s in self.ece else {}),
+                **{key: value for col, by_split in self.point_metrics.items() if s in by_split
+                   for key, value in ((f"{col}_A", float(by_split[s][0])), (f"{col}_B", float(by_split[s][-1])),
+                                      (f"max_{col}", float(np.max(by_split[s]))))},
                 **({"instability_loss_aligned": self.instability_loss_aligned[s],
                     "instability_error_aligned": self.instability_error_aligned[s]} if self.loss_aligned else {}),
             }
@@ -194,7 +218,9 @@ def interpolate(
     ``data`` maps ``"train"``/``"test"`` to ``(x, y)``; the config's ``splits`` pick which are evaluated
     and ``subset`` draws a seeded stratified subset of each. With ``bn_recalibrate`` the BatchNorm
     statistics are recomputed at every point from ``bn_inputs`` (default: the training inputs, same subset).
-    Keyword ``overrides`` replace config fields (``interpolate(m, a, b, data, points=10)``).
+    ``config.metrics`` (references, built-in names or metric objects: :mod:`landscape.metrics`) are computed in
+    the same forward passes and returned in ``point_metrics[column][split]``. Keyword ``overrides`` replace config
+    fields (``interpolate(m, a, b, data, points=10)``).
     """
     config = dataclasses.replace(config or InterpolateConfig(), **overrides)
     space = space or interpolation_space(model)
@@ -209,26 +235,29 @@ def interpolate(
         bn_inputs = None
     identical = torch.equal(a, b)
     segment = Segment(a, b, alphas[:1] if identical else alphas)
-    loss, acc, examples, ece = {}, {}, {}, {}
+    bound = user_metrics.load(config.metrics, reserved=RESERVED, analysis="interpolate")
+    loss, acc, examples = {}, {}, {}
+    extra: dict[str, dict[str, np.ndarray]] = {col: {} for b in bound for col in b.columns}
     seconds = 0.0
     method = ""
-    hooks = [ECE(15)] if "ece" in config.metrics else []
     for s, (x, y) in chosen.items():
         r: EvalResult = evaluate(model, x, y, segment, space=space, batch_size=config.batch_size,
-                                 bn_recalibrate=bn_inputs, device=config.device, method=config.method, metrics=hooks)
+                                 bn_recalibrate=bn_inputs, device=config.device, method=config.method,
+                                 metrics=[b.metric for b in bound])
         values_l, values_a = r.loss.numpy(), r.acc.numpy()
-        values_e = r.metrics["ece"] if hooks else None
+        values_m = user_metrics.point_values(bound, r.metrics, r.loss)
         if identical:  # one point is the whole path
             values_l, values_a = np.repeat(values_l, config.points), np.repeat(values_a, config.points)
-            values_e = None if values_e is None else np.repeat(values_e, config.points)
+            values_m = {col: np.repeat(v, config.points) for col, v in values_m.items()}
         loss[s], acc[s], examples[s] = values_l, values_a, int(x.shape[0])
-        if values_e is not None:
-            ece[s] = values_e
+        for col, v in values_m.items():
+            extra[col][s] = v
         seconds += r.seconds
         method = r.method
     result = InterpolationResult(
         alpha=alphas.numpy(), loss=loss, acc=acc, instability_loss={}, instability_error={},
-        examples=examples, ece=ece, distance=float(torch.linalg.vector_norm((b - a).double())), seconds=seconds,
+        examples=examples, point_metrics=extra, metric_sources=user_metrics.sources(bound),
+        distance=float(torch.linalg.vector_norm((b - a).double())), seconds=seconds,
         throughput=sum(examples.values()) * config.points / seconds if seconds > 0 else math.inf,
         method=method, config=config,
     )
@@ -263,13 +292,16 @@ def compute_pair(a, b, config: InterpolateConfig) -> InterpolationResult:
     model = a.model()
     result = interpolate(model, a.state, b.state, splits, config=config)
     if config.align:  # the same path after permuting B's units to match A's (weight matching, seed 0)
-        from landscape.analyze.align import align_states
+        from landscape.analyze.align import align_states, verified_spec
 
-        after = interpolate(model, a.state, align_states(model, a.state, b.state).state, splits, config=config)
+        spec = verified_spec(model, splits["test"][0][:16] if "test" in splits else None)
+        after = interpolate(model, a.state, align_states(model, a.state, b.state, spec=spec).state, splits,
+                            config=config)
         result.loss_aligned, result.acc_aligned = after.loss, after.acc
         result.instability_loss_aligned = after.instability_loss
         result.instability_error_aligned = after.instability_error
         result.distance_aligned = after.distance
+        result.point_metrics_aligned = after.point_metrics
         result.reasons.update({f"{key}_aligned": reason for key, reason in after.reasons.items()})
     return result
 

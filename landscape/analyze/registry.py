@@ -143,7 +143,8 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | tu
     (a flag), ``str`` (free, or one of ``choices``), ``tuple[str, ...]``/``tuple[float, ...]`` (a comma list;
     ``choices`` limit the items; ``X | None`` defaults to None). ``kind`` names a special parameter type
     instead (``"device"``, ``"subset"`` for ``int | float | None`` counts or fractions, ``"text"`` for a
-    string the config parses itself). ``flag`` overrides ``--field-name`` (a tuple adds aliases such as
+    string the config parses itself, ``"metrics"`` for a repeatable ``--metric REF`` of
+    :mod:`landscape.metrics`). ``flag`` overrides ``--field-name`` (a tuple adds aliases such as
     ``("--max-grad-norm", "-C")``); ``min_open`` / ``max_open`` make ``min`` / ``max`` exclusive; ``cli=False``
     keeps a field out of the command line (api only).
     """

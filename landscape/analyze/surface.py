@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from landscape import metrics as user_metrics
 from landscape.analyze._common import check_choice, check_positive_int
 from landscape.analyze.directions import RandomDirectionOptions, nonzero_random_directions
 from landscape.analyze.registry import Analysis, option, slug
@@ -49,6 +50,7 @@ KIND = "surface"
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 SPLITS = ("train", "test")
 METRICS = ("loss", "acc")
+RESERVED = METRICS  # a metric column is stored as <split>_<column>, beside <split>_loss and <split>_acc
 AUTO_MARGIN = 0.25  # auto ranges extend the span of the marked points by this fraction on each side
 POINTS_PER_CALL = 64  # auto rows_per_call: enough rows that one evaluate call amortises its fixed cost
 
@@ -94,6 +96,7 @@ class SurfaceConfig(RandomDirectionOptions):
         check_positive_int("--workers", self.workers)
         if self.rows_per_call is not None:
             check_positive_int("--rows-per-call", self.rows_per_call)
+        self.check_metrics()
 
     @property
     def plane_kind(self) -> str:
@@ -265,6 +268,10 @@ class SurfaceResult(StoredResult):
     trajectory: np.ndarray | None = stored("array", None, dims=("step", "pc"))
     trajectory_steps: np.ndarray | None = stored("array", None, dims=("step",))
     markers: dict[str, tuple[float, float]] = stored("attr", default_factory=dict)
+    # --metric: column -> split -> (nx, ny) grid (NaN = not computed), datasets <split>_<column> (written by
+    # derived(), read back by from_hdf5 through the metric_columns attr)
+    point_metrics: dict[str, dict[str, np.ndarray]] = stored("skip", default_factory=dict)
+    metric_sources: list[dict] = stored("attr", default_factory=list)
     plane_sha256: str = ""
     examples: dict[str, int] = stored("attr", default_factory=dict)
     seconds: float = 0.0
@@ -272,12 +279,14 @@ class SurfaceResult(StoredResult):
     config: SurfaceConfig = field(default_factory=SurfaceConfig)
 
     @classmethod
-    def empty(cls, plane: Plane, config: SurfaceConfig) -> SurfaceResult:
-        """An all-NaN grid for ``plane`` (ranges from the config or the plane's auto ranges)."""
+    def empty(cls, plane: Plane, config: SurfaceConfig, columns: Sequence[str] = ()) -> SurfaceResult:
+        """An all-NaN grid for ``plane`` (ranges from the config or the plane's auto ranges) and for each metric
+        column."""
         (x0, x1), (y0, y1) = config.ranges or plane.auto_ranges()
         nx, ny = config.shape
         values = {f"{s}_{m}": np.full((nx, ny), np.nan) for s in config.splits for m in METRICS}
         return cls(
+            point_metrics={c: {s: np.full((nx, ny), np.nan) for s in config.splits} for c in columns},
             xcoordinates=np.linspace(x0, x1, nx), ycoordinates=np.linspace(y0, y1, ny), values=values,
             plane_kind=plane.kind, xlabel=plane.xlabel, ylabel=plane.ylabel,
             explained_variance=plane.explained_variance, trajectory=plane.trajectory,
@@ -306,6 +315,10 @@ class SurfaceResult(StoredResult):
             loss = self.values[f"{s}_loss"]
             out[f"{s}_loss_min"] = float(np.nanmin(loss)) if np.isfinite(loss).any() else math.nan
             out[f"{s}_loss_max"] = float(np.nanmax(loss)) if np.isfinite(loss).any() else math.nan
+            for col, by_split in self.point_metrics.items():
+                v = by_split[s]
+                out[f"{s}_{col}_min"] = float(np.nanmin(v)) if np.isfinite(v).any() else math.nan
+                out[f"{s}_{col}_max"] = float(np.nanmax(v)) if np.isfinite(v).any() else math.nan
         if self.explained_variance is not None:
             out["explained_variance"] = [float(v) for v in self.explained_variance]
         return out
@@ -314,7 +327,19 @@ class SurfaceResult(StoredResult):
         """``x``/``y`` coordinates for netCDF readers, the splits, the orientation and how much is done."""
         attrs = {"splits": ",".join(self.splits), "orientation": "values[i, j] at (xcoordinates[i], ycoordinates[j])",
                  "cells_done": int(self.done.sum()), "complete": self.complete}
-        return {"x": self.xcoordinates, "y": self.ycoordinates}, attrs, {"x": ("x",), "y": ("y",)}
+        arrays, dims = {"x": self.xcoordinates, "y": self.ycoordinates}, {"x": ("x",), "y": ("y",)}
+        for col, by_split in self.point_metrics.items():
+            for s, grid in by_split.items():
+                arrays[f"{s}_{col}"], dims[f"{s}_{col}"] = grid, ("x", "y")
+        return arrays, {**attrs, **user_metrics.columns_attr(self.point_metrics)}, dims
+
+    @classmethod
+    def from_hdf5(cls, path):
+        result = super().from_hdf5(path)
+        columns, arrays = user_metrics.stored_columns(path)
+        for col in columns:
+            result.point_metrics[col] = {s: arrays[f"{s}_{col}"] for s in result.splits if f"{s}_{col}" in arrays}
+        return result
 
 
 # ----------------------------------------------------------------------------------------- analyzer
@@ -335,14 +360,16 @@ def row_blocks(rows: Sequence[int], ny: int, config: SurfaceConfig) -> list[list
     return [list(rows[i : i + size]) for i in range(0, len(rows), size)]
 
 
-RowValues = dict[str, tuple[np.ndarray, np.ndarray]]  # split -> (loss, acc), each (rows, ny)
+RowValues = dict[str, tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]  # split -> (loss, acc, metric
+# column -> values), each (rows, ny)
 RowRunner = Callable[[list[list[int]]], Iterable[tuple[list[int], RowValues, float, str]]]
 
 
 def surface_rows(model: nn.Module, space: ParamSpace, plane: Plane, x_values: Sequence[float], ycoords: np.ndarray,
-                 data: Mapping[str, tuple[torch.Tensor, torch.Tensor]], config: SurfaceConfig
-                 ) -> tuple[RowValues, float, str]:
-    """Loss and accuracy at ``(x, y)`` for the given x values and every y, per split: one evaluate call per split."""
+                 data: Mapping[str, tuple[torch.Tensor, torch.Tensor]], config: SurfaceConfig,
+                 metrics: Sequence[user_metrics.Bound] = ()) -> tuple[RowValues, float, str]:
+    """Loss, accuracy and the metrics at ``(x, y)`` for the given x values and every y, per split: one evaluate
+    call per split (the metrics in the same forward passes)."""
     xs = torch.as_tensor(np.asarray(x_values, dtype=np.float64))
     ys = torch.as_tensor(np.asarray(ycoords, dtype=np.float64))
     coords = torch.stack([xs.repeat_interleave(len(ys)), ys.repeat(len(xs))], dim=1)
@@ -352,8 +379,10 @@ def surface_rows(model: nn.Module, space: ParamSpace, plane: Plane, x_values: Se
     for s in config.splits:
         x, y = data[s]
         r = evaluate(model, x, y, points, space=space, batch_size=config.batch_size, device=config.device,
-                     method=config.method)
-        out[s] = (r.loss.numpy().reshape(len(xs), len(ys)), r.acc.numpy().reshape(len(xs), len(ys)))
+                     method=config.method, metrics=[b.metric for b in metrics])
+        extra = {col: v.reshape(len(xs), len(ys)) for col, v in user_metrics.point_values(metrics, r.metrics,
+                                                                                          r.loss).items()}
+        out[s] = (r.loss.numpy().reshape(len(xs), len(ys)), r.acc.numpy().reshape(len(xs), len(ys)), extra)
         seconds += r.seconds
         method = r.method
     return out, seconds, method
@@ -369,30 +398,38 @@ def compute_surface(
     space: ParamSpace | None = None,
     on_rows: Callable[[SurfaceResult, list[int]], None] | None = None,
     row_runner: RowRunner | None = None,
+    metrics: Sequence[user_metrics.Bound] | None = None,
 ) -> SurfaceResult:
     """Fill every pending row of ``partial`` (or of a fresh grid) and return the result.
 
     ``data`` maps split -> ``(x, y)`` (already subset); ``on_rows(result, rows)`` runs after each block of
     rows is filled (the API writes the file there). ``row_runner(blocks)`` may compute the blocks elsewhere
-    (worker processes) and yield ``(rows, values, seconds, method)`` in any order.
+    (worker processes) and yield ``(rows, values, seconds, method)`` in any order. ``config.metrics`` are
+    recorded at every cell (``metrics``: already loaded, :func:`landscape.metrics.load`).
     """
     config = config or SurfaceConfig()
     space = space or ParamSpace.from_model(model)
-    result = partial if partial is not None else SurfaceResult.empty(plane, config)
+    if metrics is None:
+        metrics = user_metrics.load(config.metrics, reserved=RESERVED, analysis="surface")
+    columns = [c for b in metrics for c in b.columns]
+    result = partial if partial is not None else SurfaceResult.empty(plane, config, columns)
+    result.metric_sources = user_metrics.sources(metrics)
     result.examples = {s: int(data[s][0].shape[0]) for s in config.splits}
     blocks = row_blocks(pending_rows(result), len(result.ycoordinates), config)
     if row_runner is None:
         def row_runner(todo: list[list[int]]):
             for rows in todo:
                 values, seconds, method = surface_rows(model, space, plane, result.xcoordinates[rows],
-                                                       result.ycoordinates, data, config)
+                                                       result.ycoordinates, data, config, metrics)
                 yield rows, values, seconds, method
 
     start, before = time.perf_counter(), result.seconds
     for rows, values, _, method in row_runner(blocks):
-        for s, (loss, acc) in values.items():
+        for s, (loss, acc, extra) in values.items():
             result.values[f"{s}_loss"][rows] = loss
             result.values[f"{s}_acc"][rows] = acc
+            for col, v in extra.items():
+                result.point_metrics[col][s][rows] = v
         result.method = method
         result.seconds = before + time.perf_counter() - start
         if on_rows is not None:

@@ -24,8 +24,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from landscape.analyze.align import align_states, apply_permutation
-from landscape.api._common import check_pair
+import torch
+
+from landscape.analyze.align import align_states, apply_permutation, verified_spec
+from landscape.api._common import check_pair, checkpoint_dataset
 from landscape.errors import UsageError
 from landscape.store import Checkpoint, Store
 from landscape.train.pruning import MASK_ARRAY, inherited_privacy, lineage_of
@@ -75,6 +77,9 @@ def align(ref_a: str, ref_b: str, *, run: str | None = None, root: str | Path = 
 
     ``run`` names the new run (default: generated). IncompatibleError when A and B differ in tensors or
     model options, ModelError for architectures or layers alignment cannot permute and for non-finite weights.
+    Any model whose permutation structure is described (:mod:`landscape.analyze.align`: a ``permutation_spec()``
+    method or a registered builder) can be aligned; a spec that is not built in is first checked to keep the
+    model's outputs under a random permutation.
     """
     config = AlignConfig(ref_a, ref_b, run, seed, max_iter)
     config.validate()
@@ -82,7 +87,9 @@ def align(ref_a: str, ref_b: str, *, run: str | None = None, root: str | Path = 
     a, b = store.load(ref_a), store.load(ref_b)
     check_pair(a, b)
     masks = _masks(store, b)
-    alignment = align_states(b.build_model(), a.state_dict, b.state_dict, seed=seed, max_iter=max_iter)
+    model = b.build_model()
+    spec = verified_spec(model, _probe_inputs(b))
+    alignment = align_states(model, a.state_dict, b.state_dict, seed=seed, max_iter=max_iter, spec=spec)
     stored = {"command": "align", **asdict(config)}
     lineage = {**lineage_of(b, ref_b), "aligned_to": {"ref": ref_a, "run": a.run, "step": a.step, "sha256": a.sha256}}
     new = store.create_run(run, config=stored, seeds={"seed": int(seed)}, lineage=lineage, model_spec=b.model_spec,
@@ -116,6 +123,16 @@ def _privacy_of_both(store: Store, b: Checkpoint, a: Checkpoint) -> dict[str, An
         events, non_private, counts = eb + ea, npb or npa, {"B": len(eb), "A": len(ea)}
     return {"accounted": False, "ancestor_events": [dataclasses.asdict(e) for e in events],
             "non_private_ancestors": non_private, "events_from": counts}
+
+
+def _probe_inputs(b: Checkpoint) -> torch.Tensor:
+    """16 inputs to check a permutation spec on: Gaussian ones of the model's input shape when its spec records
+    it, else the first test examples of B's data set."""
+    shape = (b.model_spec.get("kwargs") or {}).get("input_shape") if isinstance(b.model_spec, dict) else None
+    if shape:
+        return torch.randn((16, *shape), generator=torch.Generator().manual_seed(0))
+    data = checkpoint_dataset(b.data_spec, purpose="check its permutation spec", source=b.ref)
+    return data.split("test")[0][:16]
 
 
 def _masks(store: Store, b: Checkpoint):

@@ -21,6 +21,9 @@ from typing import Any
 
 import torch
 
+from landscape import metrics as user_metrics
+from landscape.analyze import directions as directions_analysis
+from landscape.analyze import surface as surface_analysis
 from landscape.analyze.directions import (
     DirectionsConfig,
     DirectionsResult,
@@ -67,12 +70,14 @@ def run_directions(resolver: Resolver, ref_a: str, config: DirectionsConfig, opt
     theta = space.flatten(a.state_dict)
     x, y = _split_data(a.data_spec, config.split, config.subset, config.subset_seed, resolver.data_root,
                        resolver.download)
+    metrics = user_metrics.load(config.metrics, reserved=directions_analysis.RESERVED, analysis="directions")
     runner = None
     if config.workers > 1:
-        payload = _Payload(a.model_spec, a.state_dict, a.data_spec, resolver.data_root, resolver.download, config)
+        payload = _Payload(a.model_spec, a.state_dict, a.data_spec, resolver.data_root, resolver.download, config,
+                           metric_sources=user_metrics.sources(metrics))
         runner = functools.partial(_run_direction_chunks, payload=payload)
     result = random_profiles(model, theta, x, y, config=config, toward=None if b is None else space.flatten(b.state_dict),
-                             space=space, chunk_runner=runner)
+                             space=space, chunk_runner=runner, metrics=metrics)
     attrs = compare_others(a, [b] if b is not None else [], what="B")
     return result, [a.input_ref()] + ([b.input_ref()] if b is not None else []), attrs
 
@@ -94,6 +99,7 @@ class _Payload:
     download: bool
     config: Any
     plane: Plane | None = None
+    metric_sources: list | None = None  # the parent's metric provenance: a worker refuses code changed since
 
 
 def _init_worker(payload: _Payload) -> dict[str, Any]:
@@ -107,8 +113,11 @@ def _init_worker(payload: _Payload) -> dict[str, Any]:
     splits = cfg.splits if isinstance(cfg, SurfaceConfig) else (cfg.split,)
     data = {s: _split_data(payload.data_spec, s, cfg.subset, cfg.subset_seed, payload.data_root, payload.download)
             for s in splits}
+    analysis = surface_analysis if isinstance(cfg, SurfaceConfig) else directions_analysis
+    metrics = user_metrics.load(cfg.metrics, reserved=analysis.RESERVED, analysis=analysis.SPEC.name,
+                                sources=payload.metric_sources)  # the references, loaded in this process
     return dict(model=model, space=space, theta=space.flatten(payload.state_dict), data=data, config=cfg,
-                plane=payload.plane)
+                plane=payload.plane, metrics=metrics)
 
 
 def _direction_job(indices: list[int], distance: float, steps: torch.Tensor):
@@ -116,7 +125,7 @@ def _direction_job(indices: list[int], distance: float, steps: torch.Tensor):
     cfg: DirectionsConfig = w["config"]
     dirs = scaled_directions(w["theta"], w["space"], indices, cfg, distance)
     x, y = w["data"][cfg.split]
-    return direction_chunk(w["model"], w["space"], w["theta"], dirs, steps, x, y, cfg)
+    return direction_chunk(w["model"], w["space"], w["theta"], dirs, steps, x, y, cfg, w["metrics"])
 
 
 def _run_direction_chunks(chunks: list[list[int]], distance: float, steps: torch.Tensor, *, payload: _Payload
@@ -151,10 +160,11 @@ def run_surface(resolver: Resolver, ref_a: str, config: SurfaceConfig, options, 
     plane, extra_inputs, others = _plane(store, a, space, theta, config)
     attrs = compare_others(a, others, what="the plane's checkpoint" + ("s" if len(others) > 1 else ""))
     inputs = [a.input_ref(), *extra_inputs]
+    metrics = user_metrics.load(config.metrics, reserved=surface_analysis.RESERVED, analysis="surface")
     partial = _resume(out, config, inputs, plane) if options.resume else None
     if partial is None:
-        partial = SurfaceResult.empty(plane, config)
-    partial.config = config
+        partial = SurfaceResult.empty(plane, config, [c for b in metrics for c in b.columns])
+    partial.config, partial.metric_sources = config, user_metrics.sources(metrics)
     partial.to_hdf5(out, inputs=inputs, attrs=attrs)
     data = {s: _split_data(a.data_spec, s, config.subset, config.subset_seed, resolver.data_root, resolver.download)
             for s in config.splits}
@@ -167,10 +177,10 @@ def run_surface(resolver: Resolver, ref_a: str, config: SurfaceConfig, options, 
     runner = None
     if config.workers > 1:
         payload = _Payload(a.model_spec, a.state_dict, a.data_spec, resolver.data_root, resolver.download, config,
-                           plane)
+                           plane, metric_sources=user_metrics.sources(metrics))
         runner = functools.partial(_run_rows, payload=payload, xs=partial.xcoordinates, ys=partial.ycoordinates)
     result = compute_surface(model, plane, data, config=config, partial=partial, space=space, on_rows=written,
-                             row_runner=runner)
+                             row_runner=runner, metrics=metrics)
     return result, inputs, attrs
 
 
@@ -214,12 +224,16 @@ def _resume(out: Path, config: SurfaceConfig, inputs: list[InputRef], plane: Pla
     if not same:
         raise UsageError(f"{out} holds a different surface (other options, checkpoints or plane); "
                          "remove it, pass --no-resume, or choose another -o")
+    if not user_metrics.same_code(prev.metric_sources):  # its cells would mix two versions of a metric
+        raise UsageError(f"{out} was computed with other metric code (a source file changed, or a Python object); "
+                         "remove it, pass --no-resume, or choose another -o")
     return prev
 
 
 def _rows_job(rows: list[int], x_values, ys):
     w = worker_state()
-    values, seconds, method = surface_rows(w["model"], w["space"], w["plane"], x_values, ys, w["data"], w["config"])
+    values, seconds, method = surface_rows(w["model"], w["space"], w["plane"], x_values, ys, w["data"], w["config"],
+                                           w["metrics"])
     return rows, values, seconds, method
 
 

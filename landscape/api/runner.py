@@ -211,8 +211,8 @@ def _pair_job(name: str, resolver: Resolver, ref_a: str, ref_b: str, labels: dic
 
 def _current_pair_file(out: str, refs: list[InputRef], config: Any, data_attrs: dict[str, Any]) -> Any:
     """The pair's interpolation read back from ``out`` when it was made from the same checkpoint files (sha256),
-    options, data and code version; else None: the pair is recomputed and the file replaced (the writer refuses
-    to replace a file that is not a landscape result)."""
+    options, data and code version (user metrics: their source files' sha256); else None: the pair is recomputed
+    and the file replaced (the writer refuses to replace a file that is not a landscape result)."""
     from landscape.analyze.interpolate import InterpolationResult
     from landscape.results import read_result
     from landscape.runtime import code_version
@@ -228,7 +228,9 @@ def _current_pair_file(out: str, refs: list[InputRef], config: Any, data_attrs: 
         kept = InterpolationResult.from_hdf5(out)
     except Exception:  # unreadable: recomputed (and never overwritten unless it is a landscape result)
         return None
-    return kept if kept.config == config else None
+    from landscape.metrics import same_code
+
+    return kept if kept.config == config and same_code(kept.metric_sources) else None  # user metrics' code too
 
 
 def _pairs(spec: Analysis, resolver: Resolver, patterns: list[str], config: Any, run_opts: Any, data_from: str,

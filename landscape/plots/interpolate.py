@@ -26,8 +26,15 @@ from landscape.plots.style import (
 
 @styled
 def plot_interpolation(result, *, labels: tuple[str, str] = ("A", "B"), title: str | None = None):
-    """Loss (left) and accuracy (right) against alpha, one line per split; ``alpha=0`` is A, 1 is B."""
-    fig, (ax_loss, ax_acc) = subplots(1, 2, figsize=(8.0, 3.2))
+    """Loss and accuracy against alpha, one line per split (``alpha=0`` is A, 1 is B), then one panel per
+    metric column (``--metric``; dotted: after ``--align``)."""
+    columns = list(getattr(result, "point_metrics", {}))
+    panels = 2 + len(columns)
+    ncols = min(panels, 3)
+    nrows = -(-panels // ncols)
+    fig, axes = subplots(nrows, ncols, figsize=(4.0 * ncols, 3.2 * nrows), squeeze=False)
+    flat = list(axes.ravel())
+    ax_loss, ax_acc = flat[0], flat[1]
     for split in result.splits:
         color = SPLIT_COLORS.get(split)
         style = SPLIT_STYLES.get(split, "-")
@@ -41,13 +48,22 @@ def plot_interpolation(result, *, labels: tuple[str, str] = ("A", "B"), title: s
                          label=f"{split} aligned ({_fmt(result.instability_loss_aligned[split])})")
             ax_acc.plot(result.alpha, result.acc_aligned[split], ":", color=color,
                         label=f"{split} aligned ({_fmt(result.instability_error_aligned[split])})")
-    for ax, ylabel in ((ax_loss, "loss (cross-entropy)"), (ax_acc, "accuracy")):
+        for ax, col in zip(flat[2:], columns, strict=False):
+            if split in result.point_metrics[col]:
+                ax.plot(result.alpha, result.point_metrics[col][split], style, color=color, marker="o",
+                        markersize=2.5, label=split)
+            if split in getattr(result, "point_metrics_aligned", {}).get(col, {}):
+                ax.plot(result.alpha, result.point_metrics_aligned[col][split], ":", color=color,
+                        label=f"{split} aligned")
+    for ax, ylabel in zip(flat, ["loss (cross-entropy)", "accuracy", *columns], strict=False):
         ax.set_xlabel(r"$\alpha$  ($(1-\alpha)\,\theta_A + \alpha\,\theta_B$)")
         ax.set_ylabel(ylabel)
         ax.set_xlim(0, 1)
         ax.set_xticks([0, 0.25, 0.5, 0.75, 1])
         ax.set_xticklabels([labels[0], "0.25", "0.5", "0.75", labels[1]])
         ax.legend(loc="best")
+    for ax in flat[panels:]:
+        ax.set_visible(False)
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -52,28 +52,33 @@ def _overlay(ax, result) -> None:
 
 @styled
 def contour_figure(result, *, filled: bool, title: str | None = None):
-    """One panel per split of the loss: contour lines (``filled=False``) or filled contours with a colour bar."""
-    splits = result.splits
-    fig, axes = subplots(1, len(splits), figsize=(5.2 * len(splits), 4.0), squeeze=False, layout="constrained")
-    xg, yg = np.meshgrid(result.xcoordinates, result.ycoordinates)  # (ny, nx)
-    for ax, split in zip(axes[0], splits, strict=True):
-        z = np.asarray(result.values[f"{split}_loss"], dtype=np.float64).T  # [x, y] -> [y, x]
-        zm = np.ma.masked_invalid(z)
-        levels, log = _levels(z)
-        from matplotlib.colors import LogNorm
+    """One panel per split of the loss, and below it one row per metric column (``--metric``): contour lines
+    (``filled=False``) or filled contours with a colour bar."""
+    from matplotlib.colors import LogNorm
 
-        norm = LogNorm(vmin=levels[0], vmax=levels[-1]) if log else None
-        if filled:
-            cs = ax.contourf(xg, yg, zm, levels=levels, cmap="viridis", norm=norm)
-            fig.colorbar(cs, ax=ax, label=f"{split} loss", format="%.3g", ticks=levels[::3])
-        else:
-            cs = ax.contour(xg, yg, zm, levels=levels, cmap="viridis", norm=norm, linewidths=0.9)
-            ax.clabel(cs, cs.levels[::4], inline=True, fontsize=6, fmt="%.3g")
-        _overlay(ax, result)
-        ax.set_xlabel(result.xlabel)
-        ax.set_ylabel(result.ylabel)
-        ax.set_title(f"{split} loss" + (f"\n{title}" if title else ""))
-        ax.grid(False)
+    splits = result.splits
+    rows = [("loss", result.values)] + [(col, {f"{s}_{col}": v for s, v in by_split.items()})
+                                        for col, by_split in getattr(result, "point_metrics", {}).items()]
+    fig, axes = subplots(len(rows), len(splits), figsize=(5.2 * len(splits), 4.0 * len(rows)), squeeze=False,
+                         layout="constrained")
+    xg, yg = np.meshgrid(result.xcoordinates, result.ycoordinates)  # (ny, nx)
+    for (what, grids), panels in zip(rows, axes, strict=True):
+        for ax, split in zip(panels, splits, strict=True):
+            z = np.asarray(grids[f"{split}_{what}"], dtype=np.float64).T  # [x, y] -> [y, x]
+            zm = np.ma.masked_invalid(z)
+            levels, log = _levels(z)
+            norm = LogNorm(vmin=levels[0], vmax=levels[-1]) if log else None
+            if filled:
+                cs = ax.contourf(xg, yg, zm, levels=levels, cmap="viridis", norm=norm)
+                fig.colorbar(cs, ax=ax, label=f"{split} {what}", format="%.3g", ticks=levels[::3])
+            else:
+                cs = ax.contour(xg, yg, zm, levels=levels, cmap="viridis", norm=norm, linewidths=0.9)
+                ax.clabel(cs, cs.levels[::4], inline=True, fontsize=6, fmt="%.3g")
+            _overlay(ax, result)
+            ax.set_xlabel(result.xlabel)
+            ax.set_ylabel(result.ylabel)
+            ax.set_title(f"{split} {what}" + (f"\n{title}" if title else ""))
+            ax.grid(False)
     return fig
 
 
