@@ -83,12 +83,26 @@ class LazyGroup(click.Group):
     default=None,
     help="torch intra-op threads (env LANDSCAPE_THREADS; default: torch's).",
 )
+@click.option(
+    "--code",
+    "code",
+    multiple=True,
+    metavar="REF",
+    help="Model / data code (module:factory or file.py:factory) that stored checkpoints name and may run to "
+         "rebuild them; repeatable. Nothing else a store names is ever imported.",
+)
+@click.option("--accept-changed-code", is_flag=True,
+              help="Rebuild with --code whose source changed since it was recorded (the result records it).")
 @click.pass_context
-def cli(ctx: click.Context, root: str, threads: int | None) -> None:
+def cli(ctx: click.Context, root: str, threads: int | None, code: tuple[str, ...], accept_changed_code: bool) -> None:
     """See why DP-SGD ends up worse than SGD: train, store and measure loss-landscape geometry."""
     from landscape.runtime import set_threads
 
     set_threads(threads)
+    if code or accept_changed_code:
+        from landscape import plugins
+
+        plugins.trust(code, accept_changed=accept_changed_code)
     ctx.obj = {"root": root}
 
 
