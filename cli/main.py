@@ -8,6 +8,7 @@ module plus one line in ``COMMANDS``. Every :class:`~landscape.errors.LandscapeE
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import os
 import sys
@@ -111,7 +112,8 @@ def main(argv: list[str] | None = None) -> None:
     from landscape.errors import LandscapeError
 
     try:
-        cli.main(args=argv, prog_name="landscape", standalone_mode=False)
+        # in a copy of the context: what the command trusts (--code) ends with it, also when called in-process
+        contextvars.copy_context().run(cli.main, args=argv, prog_name="landscape", standalone_mode=False)
     except click.exceptions.Abort:  # click's form of Ctrl-C
         click.echo("interrupted", err=True)
         sys.exit(130)
