@@ -25,7 +25,6 @@ from landscape import plugins
 from landscape.api import calibration, hessian, interpolate, norms
 from landscape.api.training import train as api_train
 from landscape.data import load_dataset
-from landscape.errors import ModelError
 from landscape.models import build_model, model_from_spec, model_source
 from landscape.plugins import sha256_file
 from landscape.store import Store
