@@ -391,3 +391,27 @@ def test_transformer_hessian_equals_the_exact_hessian(transformer_store):
     np.testing.assert_allclose(res.rows[0].eigenvalues, exact, rtol=1e-6, atol=1e-8)
     v, g, eps = vectors[:, -1], torch.func.grad(loss), 1e-5
     assert float(v @ (g(flat + eps * v) - g(flat - eps * v))) / (2 * eps) == pytest.approx(exact[0], rel=1e-6)
+
+
+# ------------------------------------------------------------------------------------ the README example
+
+
+def test_the_readme_example_runs(tmp_path, capsys):
+    """Every command of the README section "Your own model, data and training loop", as written there."""
+    import re
+    import shlex
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("## Your own model, data and training loop", 1)[1].split("\n## ", 1)[0]
+    python, bash = re.findall(r"```(?:python|bash)\n(.*?)```", section, re.S)[:2]
+    assert python.startswith("# my_model.py")
+    Path("my_model.py").write_text(python)
+    commands = [shlex.split(line) for line in bash.strip().splitlines()]
+    assert [c[0] for c in commands] == ["landscape"] * 4
+    for command in commands:
+        code, _, err = run_cli("--root", tmp_path / "checkpoints", *command[1:], "--no-figure"
+                               if any(a in command for a in ("interpolate", "hessian")) else "--json", capsys=capsys)
+        assert code == 0, (command, err)
+    result = interpolate("mine-a", "mine-b", root=tmp_path / "checkpoints", code=["my_model.py:make"], figure=False,
+                         output="api.h5")
+    assert np.isfinite(result.loss["train"]).all() and result.alpha[0] == 0 and result.alpha[-1] == 1
