@@ -11,8 +11,8 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from test_user_models import one_error, run_cli
 
-from cli.main import main
 from landscape import plugins
 from landscape.api.training import train as api_train
 from landscape.data import dataset_from_spec, directory_digest, load_dataset
@@ -28,21 +28,6 @@ def arrays(n=30, n_test=12, classes=3, seed=0):
     rng = np.random.default_rng(seed)
     return {"x_train": rng.standard_normal((n, 4)).astype(np.float32), "y_train": np.arange(n) % classes,
             "x_test": rng.standard_normal((n_test, 4)).astype(np.float32), "y_test": np.arange(n_test) % classes}
-
-
-def run_cli(*args, capsys) -> tuple[int, str, str]:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_:
-        main([*map(str, args)])
-    out, err = capsys.readouterr()
-    return exit_.value.code, out, err
-
-
-def one_error(err: str) -> str:
-    assert "Traceback" not in err, err
-    lines = [ln for ln in err.strip().splitlines() if not ln.startswith("warning:")]
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    return lines[0]
 
 
 # ------------------------------------------------------------------------------------------ tensor files

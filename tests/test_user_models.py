@@ -415,3 +415,33 @@ def test_the_readme_example_runs(tmp_path, capsys):
     result = interpolate("mine-a", "mine-b", root=tmp_path / "checkpoints", code=["my_model.py:make"], figure=False,
                          output="api.h5")
     assert np.isfinite(result.loss["train"]).all() and result.alpha[0] == 0 and result.alpha[-1] == 1
+
+
+# ------------------------------------------------------------------------------- import and phases
+
+
+def test_import_a_foreign_checkpoint_of_a_user_model(tmp_path, capsys):
+    torch.manual_seed(0)
+    net = build_model(ref("tiny_cnn"), input_shape=(1, 8, 8), num_classes=10)
+    torch.save(net.state_dict(), tmp_path / "weights.pt")
+    root = tmp_path / "ck"
+    code, _, err = run_cli("--root", root, "import", tmp_path / "weights.pt", "--model", ref("tiny_cnn"), "--data",
+                           "digits", "--run", "imported", capsys=capsys)
+    assert code == 0, err
+    ckpt = Store(root).load("imported@init")
+    assert ckpt.model_spec["code"]["sha256"] == sha256_file(USER)
+    with plugins.trusting([ref("tiny_cnn")]):
+        assert all(torch.equal(v, net.state_dict()[k]) for k, v in ckpt.build_model().state_dict().items())
+    code, _, err = run_cli("--root", root, "calibration", "imported@init", "--no-figure", capsys=capsys)
+    assert code == 2 and "--code" in one_error(err)
+
+
+def test_phases_with_a_user_model(tmp_path):
+    from landscape.api import PhasesConfig, phases
+
+    base = TrainConfig(model=ref("tiny_mlp"), data="digits", subset=80, batch_size=40, epochs=2, lr=0.1,
+                       checkpoint_every="none", device="cpu")
+    summaries = phases(PhasesConfig(base=base, k=1, copies=1, phase1=("sgd",), phase2=("sgd",), group="g"),
+                       root=tmp_path / "ck")
+    assert [s.run for s in summaries] == ["g-sgd", "g-sgd-sgd-0"]
+    assert Store(tmp_path / "ck").load("g-sgd-sgd-0@last").model_spec["name"] == ref("tiny_mlp")
