@@ -445,3 +445,19 @@ def test_phases_with_a_user_model(tmp_path):
                        root=tmp_path / "ck")
     assert [s.run for s in summaries] == ["g-sgd", "g-sgd-sgd-0"]
     assert Store(tmp_path / "ck").load("g-sgd-sgd-0@last").model_spec["name"] == ref("tiny_mlp")
+
+
+def test_transformer_ntk_is_the_gram_matrix_of_naive_per_sample_gradients(transformer_store):
+    from landscape.api import ntk
+
+    root = transformer_store
+    _, model = _transformer(root)
+    x, y = plugins.load(ref("sequences"))(seed=0)[:2]
+    res = ntk("a@last", root=root, n=12, figure=False, code=CODE_T)
+    rows = []
+    for i in np.asarray(res.indices).tolist():  # token inputs reach the model as integers
+        model.zero_grad()
+        F.cross_entropy(model(x[i:i + 1]), y[i:i + 1]).backward()
+        rows.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).double())
+    g = torch.stack(rows)
+    np.testing.assert_allclose(np.asarray(res.K), (g @ g.T).numpy(), rtol=1e-4, atol=1e-6)
