@@ -281,8 +281,9 @@ def canonical(text: str | CodeRef) -> str:
 
 def named_code(stored: dict[str, Any], what: str) -> CodeRef:
     """The reference the user named for the code a stored spec records (``stored`` from :func:`describe`), or
-    :class:`PluginError` saying which ``--code`` to pass. Nothing is imported to decide: a named file at
-    another path counts when its bytes have the recorded sha256 (the code moved with the store)."""
+    :class:`PluginError` saying which ``--code`` to pass. Nothing is imported to decide: a named file of the same
+    name at another path counts when its bytes have the recorded sha256 (the code moved with the store), or,
+    when changed code is accepted, when it is the only such file named."""
     if not isinstance(stored, dict) or stored.get("kind") not in ("file", "module") or not stored.get("attr"):
         raise PluginError(f"{what} records malformed code provenance {stored!r}")
     target = stored.get("file") if stored["kind"] == "file" else stored.get("module")
@@ -291,12 +292,14 @@ def named_code(stored: dict[str, Any], what: str) -> CodeRef:
     for text in state.refs:
         if text == wanted:
             return parse(text)
-    if stored["kind"] == "file" and stored.get("sha256"):
-        for text in state.refs:
-            ref = parse(text)
-            if (ref.kind == "file" and ref.attr == stored["attr"] and Path(ref.target).is_file()
-                    and sha256_file(ref.target) == stored["sha256"]):
+    if stored["kind"] == "file":
+        same_name = [ref for ref in map(parse, state.refs) if ref.kind == "file" and ref.attr == stored["attr"]
+                     and Path(ref.target).name == Path(str(target)).name and Path(ref.target).is_file()]
+        for ref in same_name:
+            if stored.get("sha256") and sha256_file(ref.target) == stored["sha256"]:
                 return ref
+        if state.accept_changed and len(same_name) == 1:  # moved and changed: the user accepts changed code
+            return same_name[0]
     raise PluginError(f"{what} is built by code {wanted!r}, which landscape runs only when you name it: pass "
                       f"landscape --code {wanted} ... (Python: code=[{wanted!r}])")
 

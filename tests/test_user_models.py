@@ -95,9 +95,20 @@ def test_a_moved_file_with_the_same_bytes_is_the_same_code(tmp_path):
     spec = build_model(ref("tiny_cnn"), input_shape=(1, 8, 8), num_classes=10).landscape_spec
     moved = tmp_path / "elsewhere.py"
     shutil.copy(USER, moved)
+    with pytest.raises(plugins.PluginError, match="--code"):  # another name is not taken for the same code
+        with plugins.trusting([ref("tiny_cnn", moved)]):
+            model_from_spec(spec)
+    moved = tmp_path / "copy" / USER.name
+    moved.parent.mkdir()
+    shutil.copy(USER, moved)
     with plugins.trusting([ref("tiny_cnn", moved)]):
         rebuilt = model_from_spec(spec)
     assert rebuilt.landscape_spec["code"]["file"] == str(moved.resolve())
+    moved.write_text(moved.read_text() + "\n# changed\n")
+    with plugins.trusting([ref("tiny_cnn", moved)]), pytest.raises(plugins.PluginError, match="--code"):
+        model_from_spec(spec)
+    with plugins.trusting([ref("tiny_cnn", moved)], accept_changed=True):  # moved and changed, accepted
+        assert model_from_spec(spec).landscape_spec["code"]["accepted_change_from"] == sha256_file(USER)
 
 
 # ------------------------------------------------------------------------------------------------ safety
