@@ -37,8 +37,25 @@ class LeNet(nn.Module):
         return self.fc3(F.relu(self.fc2(x)))
 
 
+class LeNetPoolModules(LeNet):
+    """The same with its pooling as an ``nn.MaxPool2d`` module (the evaluator rewrites modules, not calls)."""
+
+    def __init__(self, channels: int, num_classes: int):
+        super().__init__(channels, num_classes)
+        self.pool = nn.MaxPool2d(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(F.relu(self.conv1(x)))
+        x = self.pool(F.relu(self.conv2(x)))
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x.flatten(1))))))
+
+
 def module(input_shape, num_classes):
     return LeNet(input_shape[0], num_classes)
+
+
+def module_pools(input_shape, num_classes):
+    return LeNetPoolModules(input_shape[0], num_classes)
 
 
 def as_module_state(sequential_state: dict) -> dict:

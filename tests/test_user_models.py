@@ -472,3 +472,17 @@ def test_transformer_ntk_is_the_gram_matrix_of_naive_per_sample_gradients(transf
         rows.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).double())
     g = torch.stack(rows)
     np.testing.assert_allclose(np.asarray(res.K), (g @ g.T).numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_a_child_run_of_a_user_model_needs_its_code_named(cnn_store, tmp_path, capsys):
+    root, user = cnn_store
+    child = tmp_path / "ck"
+    shutil.copytree(root, child)
+    args = ("train", "--from", "a@last", "--epochs", 1, "--batch-size", 40, "--checkpoint-every", "none")
+    code, _, err = run_cli("--root", child, *args, "--run", "c1", capsys=capsys)
+    assert code == 2 and "landscape --code" in one_error(err) and not (child / "c1").exists()
+    code, _, err = run_cli("--root", child, *args, "--model", ref("tiny_cnn", user), "--run", "c2", capsys=capsys)
+    assert code == 0, err
+    code, _, err = run_cli("--root", child, "--code", ref("tiny_cnn", user), *args, "--run", "c3", capsys=capsys)
+    assert code == 0, err
+    assert Store(child).load("c3@last").model_spec["name"] == ref("tiny_cnn", user)
