@@ -214,9 +214,6 @@ class TrustState:
     refs: tuple[str, ...] = ()
     accept_changed: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"refs": list(self.refs), "accept_changed": self.accept_changed}
-
 
 _NOTHING_TRUSTED = TrustState()
 _TRUST: contextvars.ContextVar[TrustState] = contextvars.ContextVar("landscape_trusted_code",
@@ -249,9 +246,12 @@ def trust(refs: Any = (), *, accept_changed: bool = False) -> TrustState:
     (the command line does this once per command); returns the previous state. ``accept_changed`` lets a
     spec whose recorded source hash differs be rebuilt with the code as it is now (recorded in results)."""
     before = _TRUST.get()
-    merged = tuple(dict.fromkeys(before.refs + _checked(refs)))
-    _TRUST.set(TrustState(merged, before.accept_changed or bool(accept_changed)))
+    _TRUST.set(_with(before, refs, accept_changed))
     return before
+
+
+def _with(state: TrustState, refs: Any, accept_changed: bool) -> TrustState:
+    return TrustState(tuple(dict.fromkeys(state.refs + _checked(refs))), state.accept_changed or bool(accept_changed))
 
 
 @contextlib.contextmanager
@@ -259,11 +259,9 @@ def trusting(refs: Any = (), *, accept_changed: bool = False):
     """Inside the block, stored specs naming ``refs`` may be rebuilt (see :func:`trust`); a
     :class:`TrustState` (from a parent process) is installed as it is."""
     if isinstance(refs, TrustState):
-        token = _TRUST.set(TrustState(_checked(refs.refs), refs.accept_changed))
+        token = _TRUST.set(_with(_NOTHING_TRUSTED, refs.refs, refs.accept_changed))
     else:
-        current = _TRUST.get()
-        token = _TRUST.set(TrustState(tuple(dict.fromkeys(current.refs + _checked(refs))),
-                                      current.accept_changed or bool(accept_changed)))
+        token = _TRUST.set(_with(_TRUST.get(), refs, accept_changed))
     try:
         yield _TRUST.get()
     finally:
