@@ -70,6 +70,10 @@ class SourceName(click.ParamType):
         self.registry, self.group, self.data = registry, group, data
         self.name = "NAME|module:factory|file.py:factory" + ("|FILE.npz|FILE.h5" if data else "")
 
+    def get_metavar(self, *args: Any, **kwargs: Any) -> str:  # the registry's names in --help, read when shown
+        extra = "|imagefolder|FILE.npz|FILE.h5" if self.data else ""
+        return f"[{'|'.join(self.known())}{extra}|module:factory|file.py:factory]"
+
     def known(self) -> tuple[str, ...]:
         import importlib
 
@@ -222,8 +226,8 @@ def data_options(func: Callable | None = None, *, default: str | None = "digits"
     (``default=None, required=False``: optional, ``data`` is None when not given)."""
     options = [
         click.option("--data", type=SourceName("landscape.data:DATASETS", "landscape.datasets", data=True),
-                     help="Data set: a name, imagefolder (with --data-root), a .npz/.h5 tensor file, or "
-                          "module:factory / file.py:factory.",
+                     help="Data set: a name, a torchvision set by name (svhn, kmnist, ...) or imagefolder (both "
+                          "with --data-root), a .npz/.h5 tensor file, or module:factory / file.py:factory.",
                      **_default_or_required(default, required)),
         click.option("--data-kwargs", default=None, metavar="JSON",
                      help='Data set options as a JSON object, e.g. \'{"ds": 10, "dn": 90}\'.'),
