@@ -496,3 +496,16 @@ def test_transformer_symmetry(transformer_store):
 
     res = symmetry("a", root=transformer_store, figure=False, code=CODE_T, batch_size=16)
     assert len(res.rows) == 2
+
+
+def test_transformer_directions_surface_clipping(transformer_store):
+    from landscape.api import clipping, directions, surface
+
+    root = transformer_store
+    path = interpolate("a", "b", root=root, points=3, figure=False, code=CODE_T, output="i.h5")
+    toward = directions("a@last", toward="b@last", n=2, points=3, root=root, figure=False, code=CODE_T)
+    np.testing.assert_allclose(toward.toward_loss, path.loss["train"], rtol=1e-5)
+    plane = surface("a@last", plane="b@last,dp@last", grid="3", root=root, figure=False, code=CODE_T)
+    assert np.isfinite(plane.values["train_loss"]).all() and plane.markers["b@last"][1] == 0.0
+    rows = clipping("a", batch_size=16, root=root, figure=False, code=CODE_T).rows
+    assert [r.step for r in rows] == [0, 6]
