@@ -7,11 +7,12 @@ import sys
 import click
 
 from cli.common import root_of
+from cli.options import Count
 
 
 @click.command()
 @click.argument("spec_file", metavar="SPEC", type=click.Path(dir_okay=False))
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--workers", type=Count(min=1), default=1, show_default=True,
               help="1: run the jobs one by one in this process; N: on a local Dask cluster of N worker "
                    "processes (one thread each, bound to 127.0.0.1).")
 @click.option("--scheduler", default=None, metavar="tcp://HOST:PORT",

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from cli.common import root_of
+from cli.options import Count
 
 
 @click.command()
@@ -16,7 +17,7 @@ from cli.common import root_of
               help="test: seconds; cpu: minutes on a laptop; paper: the paper's data set and model (GPU).")
 @click.option("--out", type=click.Path(file_okay=False), default="figures-out", show_default=True,
               help="Output folder (one subfolder per recipe: figure PNG + PDF, HDF5 summary).")
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes.")
+@click.option("--workers", type=Count(min=1), default=1, show_default=True, help="Worker processes.")
 @click.option("--data-root", default=None, help="Folder of the paper's data sets (else $LANDSCAPE_DATA).")
 @click.option("--rerun", is_flag=True, help="Make finished recipes again (their trained runs are still reused).")
 @click.option("--scheduler", default=None, metavar="ADDRESS",

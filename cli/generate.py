@@ -20,8 +20,10 @@ import click
 from cli.common import echo_json, echo_table, json_option, root_of
 from cli.options import (
     CommaList,
+    Count,
     DeviceType,
     FiniteFloat,
+    Seed,
     SubsetType,
     add_options,
     data_root_option,
@@ -30,6 +32,7 @@ from cli.options import (
     run_api,
 )
 from landscape.analyze.registry import Analysis, cli_fields, flags_of, get, parallel
+from landscape.bounds import is_seed
 
 ARGUMENTS = {"checkpoint": [("ref", 1)], "pair": [("ref_a", 1), ("ref_b", 1)], "pairs": [("runs", -1)], "target": [("target", 1)],
              "targets": [("targets", -1)]}
@@ -80,7 +83,7 @@ def param_type(f: dataclasses.Field, hint: Any) -> dict[str, Any]:
     if base is bool:
         return {"is_flag": True}
     if base is int:
-        return {"type": click.IntRange(**bounds) if bounds else click.INT}
+        return {"type": Seed() if is_seed(f.name) else Count(**bounds)}
     if base is float:
         return {"type": FiniteFloat(**bounds)}
     if base is str:
@@ -134,7 +137,7 @@ def command(name: str) -> click.Command:
         runner.append(click.option("--data-from", type=click.Choice(["a", "b"]), default="a", show_default=True,
                                    help="When A and B were trained on different data: evaluate on A's or B's."))
     if spec.inputs not in ("checkpoint", "pair") and not has_workers_field:
-        runner.append(click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+        runner.append(click.option("--workers", type=Count(min=1), default=1, show_default=True,
                                    help="Parallel worker processes."))
     if parallel(spec):
         runner.append(click.option("--scheduler", default=None, metavar="ADDRESS",

@@ -15,6 +15,7 @@ import sys
 import click
 
 from landscape import __version__
+from landscape.bounds import COUNT_MAX
 
 # command name -> ("module:attribute" of a click command or group, one-line help shown by --help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -78,7 +79,7 @@ class LazyGroup(click.Group):
 )
 @click.option(
     "--threads",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=COUNT_MAX),
     envvar="LANDSCAPE_THREADS",
     default=None,
     help="torch intra-op threads (env LANDSCAPE_THREADS; default: torch's).",

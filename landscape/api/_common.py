@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from landscape.analyze.registry import check_bounds
 from landscape.errors import CheckpointError, IncompatibleError, UsageError
 from landscape.params import check_compatible
 from landscape.store import Checkpoint
@@ -44,6 +45,7 @@ def config_with(cls, config, options: dict[str, Any]):
     if unknown:
         raise UsageError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     out = dataclasses.replace(config if config is not None else cls(), **options)
+    check_bounds(out)
     validate = getattr(out, "validate", None)
     if validate is not None:
         validate()
