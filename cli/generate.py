@@ -28,8 +28,10 @@ from cli.options import (
     add_options,
     data_root_option,
     no_figure_option,
+    note_scheduler,
     output_option,
     run_api,
+    scheduler_option,
 )
 from landscape.analyze.registry import Analysis, cli_fields, flags_of, get, parallel
 from landscape.bounds import is_seed
@@ -140,15 +142,15 @@ def command(name: str) -> click.Command:
         runner.append(click.option("--workers", type=Count(min=1), default=1, show_default=True,
                                    help="Parallel worker processes."))
     if parallel(spec):
-        runner.append(click.option("--scheduler", default=None, metavar="ADDRESS",
-                                   help="Run the parallel parts on this Dask scheduler (tcp://HOST:PORT; workers "
-                                        "need the same store path) instead of --workers local processes."))
+        runner.append(scheduler_option("Run the parallel parts on this Dask scheduler (workers need the same store "
+                                       "path) instead of --workers local processes."))
     runner += [data_root_option, no_figure_option, output_option, json_option]
 
     def callback(**kwargs: Any) -> None:
         ctx = click.get_current_context()
         if kwargs.get("scheduler") is None:
             kwargs.pop("scheduler", None)
+        note_scheduler(kwargs.get("scheduler"))
         refs = [kwargs.pop(arg) for arg, _ in ARGUMENTS[spec.inputs]]
         if spec.inputs in ("pairs", "targets"):
             refs = list(refs[0])

@@ -28,7 +28,7 @@ from typing import Any
 import click
 
 from cli.common import parse_json_option
-from landscape.bounds import COUNT_MAX, SEED_MAX, subset_value
+from landscape.bounds import COUNT_MAX, SCHEDULER_TIMEOUT_S, SEED_MAX, subset_value
 from landscape.runtime import DATA_ENV
 
 _RESERVED_DATA_KEYS = ("name", "subset", "data_root", "download")
@@ -143,6 +143,38 @@ class CommaList(click.ParamType):
             except click.BadParameter as exc:
                 self.fail(f"{value!r}: {exc.message}", param, ctx)
         return numbers
+
+
+class SchedulerAddress(click.ParamType):
+    """``--scheduler``: a Dask scheduler address ``tcp://HOST:PORT``, checked before anything runs
+    (:func:`landscape.api._common.scheduler_address`); the command then waits up to ten seconds for it."""
+
+    name = "tcp://HOST:PORT"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from landscape.api._common import scheduler_address
+        from landscape.errors import UsageError
+
+        try:
+            return scheduler_address(str(value))
+        except UsageError as exc:
+            self.fail(str(exc).removeprefix(f"--scheduler {str(value)!r}: "), param, ctx)
+
+
+def scheduler_option(help: str) -> Callable:
+    """``--scheduler ADDRESS`` of every command that can run on a Dask cluster (batch, figures, analyses)."""
+    return click.option("--scheduler", type=SchedulerAddress(), default=None,
+                        help=f"{help} Waits up to {SCHEDULER_TIMEOUT_S} s for the scheduler: a malformed address exits 2, an "
+                             f"unreachable one exits 1.")
+
+
+def note_scheduler(scheduler: str | None) -> None:
+    """Say on stderr which scheduler the command waits for, and how long."""
+    if scheduler is not None:
+        from landscape import bounds
+
+        click.echo(f"dask: connecting to the scheduler at {scheduler} (waiting up to {bounds.SCHEDULER_TIMEOUT_S} s)",
+                   err=True)
 
 
 class ResultPath(click.Path):

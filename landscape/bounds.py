@@ -8,6 +8,7 @@
 * **Resolutions** whose size is allocated up front are bounded tighter: ``POINTS_MAX`` points of a path or
   profile (``--points``), ``BINS_MAX`` histogram / calibration bins (``--bins``), ``GRID_CELLS_MAX`` cells of a
   surface grid (``--grid``).
+* **Waiting**: a command given ``--scheduler`` waits ``SCHEDULER_TIMEOUT_S`` seconds for the Dask scheduler.
 * **Subsets** are a count (an integer ``1 .. COUNT_MAX``) or a fraction (a float in ``(0, 1]``): ``300`` is 300
   examples and ``0.3`` is 30 %, on the command line and in a batch spec (:func:`subset_value`).
 
@@ -26,6 +27,7 @@ COUNT_MAX = 2**31 - 1
 POINTS_MAX = 10_000
 BINS_MAX = 10_000
 GRID_CELLS_MAX = 1_000_000
+SCHEDULER_TIMEOUT_S = 10  # how long a command waits for the Dask scheduler it names (``--scheduler``)
 
 
 def is_seed(name: str) -> bool:

@@ -322,6 +322,11 @@ def test_dask_scheduler_and_workers_killed_worker_retried(reference, tmp_path):
         proc = subprocess.CompletedProcess(batch.args, batch.returncode, out, err)
         _check_report(proc, tmp_path)
         assert len(client.scheduler_info()["workers"]) == 1  # the killed worker is gone; the other did the rest
+        # the output says so (issue 23 item 5): the lost worker and the job Dask ran again
+        lost = [line for line in err.splitlines() if line.startswith(f"lost worker {victim}")]
+        assert len(lost) == 1 and "base-seed0" in lost[0], err
+        assert f"1 worker(s) lost mid-batch ({victim}); job(s) rerun on other workers: " in out, out
+        assert "base-seed0" in out.split("rerun on other workers: ")[1].splitlines()[0], out
     finally:
         if batch is not None and batch.poll() is None:
             batch.kill()
