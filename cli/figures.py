@@ -45,7 +45,7 @@ def figures(ctx: click.Context, names: tuple[str, ...], list_: bool, scale: str,
 
     try:
         made = run(list(names), scale=scale, out=out, root=root_of(ctx), workers=workers, data_root=data_root,
-                   rerun=rerun, scheduler=scheduler)
+                   rerun=rerun, scheduler=scheduler, report=lambda line: click.echo(line, err=True))
     except RecipeError as exc:
         _report(exc.made)
         raise

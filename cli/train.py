@@ -136,7 +136,9 @@ def phases(ctx: click.Context, as_json: bool, k: int, copies: int, phase1: str, 
     base = TrainConfig(**_config_fields(kwargs), optimizer="sgd")
     config = PhasesConfig(base=base, k=k, copies=copies, phase1=_families(phase1), phase2=_families(phase2),
                           dp_lr=dp_lr, dp_momentum=dp_momentum, group=group)
-    summaries = run_api(lambda: api_phases(config, root=root_of(ctx), progress=progress_enabled()))
+    bars = progress_enabled()  # without bars (output piped): one line per finished run on stderr
+    report = None if bars else (lambda line: click.echo(line, err=True))
+    summaries = run_api(lambda: api_phases(config, root=root_of(ctx), progress=bars, report=report))
     if as_json:
         echo_json(_rows(summaries))
         return
