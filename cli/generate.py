@@ -150,7 +150,6 @@ def command(name: str) -> click.Command:
         ctx = click.get_current_context()
         if kwargs.get("scheduler") is None:
             kwargs.pop("scheduler", None)
-        note_scheduler(kwargs.get("scheduler"))
         refs = [kwargs.pop(arg) for arg, _ in ARGUMENTS[spec.inputs]]
         if spec.inputs in ("pairs", "targets"):
             refs = list(refs[0])
@@ -158,6 +157,11 @@ def command(name: str) -> click.Command:
         values = {k: kwargs.pop(k) for k in config_names}
         run_values = {k: kwargs.pop(k) for k in run_names}
         figure = not kwargs.pop("no_figure")
+        if kwargs.get("scheduler") is not None:
+            from landscape.api._common import check_parallelism
+
+            check_parallelism(values.get("workers", kwargs.get("workers", 1)), kwargs["scheduler"])
+            note_scheduler(kwargs["scheduler"])
 
         def call():
             from landscape.api.runner import run
