@@ -43,6 +43,7 @@ import pickle
 import re
 import secrets
 import shutil
+import struct
 import warnings
 import weakref
 from collections.abc import Iterable, Mapping
@@ -796,7 +797,7 @@ def _read_foreign(file: Path) -> Any:
                 f"refusing {file}: torch.load(weights_only=True) cannot load it{detail}, so unpickling it could "
                 "run code; re-save the weights as a plain state dict (torch.save(model.state_dict())) or .safetensors"
             ) from None
-        except (OSError, RuntimeError, ValueError, EOFError, KeyError) as exc:
+        except (OSError, RuntimeError, ValueError, EOFError, KeyError, IndexError, struct.error) as exc:  # damaged
             raise CheckpointError(f"cannot read {file} as a PyTorch file: {_one_line(exc)}") from None
     if suffix == ".safetensors":
         from safetensors import SafetensorError

@@ -155,6 +155,11 @@ def test_import_of_a_link_to_a_non_checkpoint_is_one_line(root, tmp_path, capsys
                                capsys=capsys)
         line = one_error(code, err, 1, "not a torch.save() file")
         assert ("a link to" in line) == name.startswith("link")
+    (tmp_path / "pickle.pt").write_bytes(b"\x80\x02abc")  # a pickle header, then garbage: IndexError in torch
+    os.symlink(tmp_path / "pickle.pt", tmp_path / "link3.pt")
+    code, _, err = run_cli(tmp_path / "ck", "import", tmp_path / "link3.pt", "--run", "imp", "--model", "mlp",
+                           "--data", "digits", capsys=capsys)
+    one_error(code, err, 1, "cannot read", "link3.pt as a PyTorch file")
     assert not (tmp_path / "ck" / "imp").exists()
 
 
