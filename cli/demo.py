@@ -9,7 +9,7 @@ import click
 
 from cli.common import echo_json, echo_table, json_option, progress_enabled
 from cli.options import Count, FiniteFloat, run_api
-from landscape.bounds import POINTS_MAX
+from landscape.bounds import DIRECTIONS_MAX, POINTS_MAX
 
 
 @click.command()
@@ -20,7 +20,7 @@ from landscape.bounds import POINTS_MAX
 @click.option("--copies", type=Count(min=2), default=3, show_default=True,
               help="Phase-2 copies per optimizer; 3+ gives the verdicts a spread over sibling pairs.")
 @click.option("--target-epsilon", type=FiniteFloat(min=0, min_open=True), default=8.0, show_default=True)
-@click.option("--directions", "n_directions", type=Count(min=1), default=50, show_default=True)
+@click.option("--directions", "n_directions", type=Count(min=1, max=DIRECTIONS_MAX), default=50, show_default=True)
 @click.option("--points", type=Count(min=2, max=POINTS_MAX), default=30, show_default=True,
               help="Points per interpolation path and per direction profile.")
 @json_option

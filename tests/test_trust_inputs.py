@@ -19,7 +19,7 @@ from test_cli_fuzz import walk
 
 from cli.main import cli
 from landscape.api.training import train as api_train
-from landscape.bounds import BINS_MAX, POINTS_MAX, SEED_MAX, check_seed, is_seed, subset_value
+from landscape.bounds import BINS_MAX, DIRECTIONS_MAX, POINTS_MAX, SEED_MAX, check_seed, is_seed, subset_value
 from landscape.errors import UsageError
 from landscape.train.config import TrainConfig
 
@@ -89,6 +89,8 @@ def test_the_seed_rule_holds_in_the_api_and_batch_configs():
     (("directions", "a", "--points", "1000000000"), "--points", POINTS_MAX),
     (("instability", "a", "--points", "1000000000"), "--points", POINTS_MAX),
     (("demo", "--points", "1000000000"), "--points", POINTS_MAX),
+    (("directions", "a", "--n", "1000000"), "--n", DIRECTIONS_MAX),
+    (("demo", "--directions", "1000000"), "--directions", DIRECTIONS_MAX),
     (("train", "--epochs", str(2**63)), "--epochs", 2**31 - 1),
     (("train", "--subset", str(2**63)), "--subset", 2**31 - 1),
 ])

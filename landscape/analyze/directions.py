@@ -29,7 +29,7 @@ from torch import nn
 
 from landscape.analyze._common import EvaluationOptions, check_choice, check_positive_int
 from landscape.analyze.registry import Analysis, option, slug
-from landscape.bounds import POINTS_MAX
+from landscape.bounds import DIRECTIONS_MAX, POINTS_MAX
 from landscape.directions import BIASBN, NORMALIZATIONS, max_abs_cosine, random_directions
 from landscape.errors import NonFiniteError, UsageError
 from landscape.evaluate import Affine, Segment, evaluate
@@ -61,7 +61,8 @@ class DirectionsConfig(RandomDirectionOptions):
     ``copy`` or ``random`` (only with filter/layer normalisation).
     """
 
-    n: int = option(100, "Number of random directions.", min=1)
+    n: int = option(100, "Number of random directions (held in memory together, for their cosines).", min=1,
+                    max=DIRECTIONS_MAX)
     points: int = option(30, "Points per profile: t = linspace(0, 1, points) of the distance.", min=2,
                          max=POINTS_MAX)
     distance: float | str = option("auto", "How far to go: a number, or auto = ||B - A|| (needs --toward).",
