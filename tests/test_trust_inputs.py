@@ -147,6 +147,16 @@ def test_output_names_are_checked_with_their_derived_files(root, tmp_path, capsy
     assert ok.exists() and ok.with_suffix(".png").exists()
 
 
+def test_paths_past_the_system_limits_are_one_usage_line(root, tmp_path, capsys):
+    deep = "/".join(["d" * 200] * 22)  # 4,421 bytes: past PATH_MAX wherever the command meets it
+    for args in (("--root", deep, "store", "ls"), ("interpolate", f"{deep}/x.h5", "a"), ("show", f"{deep}/x.h5"),
+                 ("import", f"{deep}/x.pt", "--model", "mlp", "--data", "digits", "--run", "q"),
+                 ("store", "show", "n" * 300 + ".h5")):
+        code, _, err = run_cli(root, *args, capsys=capsys)
+        line = one_error(code, err, 2, "file name too long", "255 a name and 4096 a path")
+        assert len(line) < 300
+
+
 def test_import_of_a_link_to_a_non_checkpoint_is_one_line(root, tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("hello\n")
     (tmp_path / "abc.pt").write_bytes(b"abc")  # torch's unpickler raised IndexError on this
