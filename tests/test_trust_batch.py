@@ -203,3 +203,15 @@ def test_references_to_runs_the_spec_writes_or_the_store_holds_are_fine(tmp_path
     write(tmp_path, "jobs:\n  i: {kind: interpolate, refs: [old, kept]}\n")  # a directory without a manifest
     with pytest.raises(SpecError, match="'old'"):
         load_spec(tmp_path / "spec.yaml", root=tmp_path / "checkpoints")
+
+
+@pytest.mark.parametrize("job, needle", [
+    ("{kind: calibration, refs: [r0], bins: 1000000000}", "--bins must be <= 10000"),
+    ("{kind: interpolate, refs: [r0, r0], points: 1000000000}", "--points must be <= 10000"),
+    ("{kind: interpolate, refs: [r0, r0], subset_seed: -1}", "--subset-seed must be an integer seed"),
+    ("{kind: train, run: c, seed: -1}", "--seed must be an integer seed"),
+])
+def test_a_spec_has_the_command_lines_limits(tmp_path, capsys, job, needle):
+    write(tmp_path, f"jobs:\n{TRAIN}  j: {job}\n")
+    code, _, err = batch(capsys, tmp_path, "spec.yaml", "--dry-run")
+    one_line(code, err, "spec.yaml:3", needle)
