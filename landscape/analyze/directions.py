@@ -309,12 +309,12 @@ def random_profiles(
     n = config.n
     direction_loss = np.concatenate([np.full((n, 1), base_loss), np.concatenate(losses)], axis=1)
     direction_acc = np.concatenate([np.full((n, 1), base_acc), np.concatenate(accs)], axis=1)
+    seconds = time.perf_counter() - start
+    total_points = n * (config.points - 1) + (config.points if toward is not None else 1)
     if not np.isfinite(direction_loss[:, 1:]).any():
         raise NonFiniteError(f"every loss along the {n} direction(s) at distance {distance:g} is non-finite (NaN or "
                              f"inf): the distance overflows float32 weights or the checkpoint diverged; give a "
                              f"smaller --distance")
-    seconds = time.perf_counter() - start
-    total_points = n * (config.points - 1) + (config.points if toward is not None else 1)
     return DirectionsResult(
         t=t.numpy(), distance=distance, direction_loss=direction_loss, direction_acc=direction_acc,
         max_abs_cos=cos, toward_loss=toward_loss, toward_acc=toward_acc, toward_distance=toward_distance,
