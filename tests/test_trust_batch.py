@@ -140,6 +140,12 @@ def test_bombs_deep_nesting_and_bad_encodings_are_one_line(tmp_path, capsys, tex
     assert time.perf_counter() - start < 10
 
 
+def test_a_job_name_too_long_for_its_directory_is_refused(tmp_path, capsys):
+    write(tmp_path, "jobs:\n  " + "j" * 250 + ": {kind: train, run: r}\n")
+    code, _, err = batch(capsys, tmp_path, "spec.yaml", "--dry-run")
+    one_line(code, err, "a job name of 250 characters", "at most 200")
+
+
 def test_merge_keys_of_merge_keys_do_not_multiply(tmp_path):
     """``<<: [*m, *m]`` 39 levels deep: the merged mappings are counted (each once) before PyYAML flattens them."""
     write(tmp_path, "jobs:\n  t:\n    kind: train\n    run: r\n    model_kwargs:\n      m0: &m0 {k0: 1}\n"

@@ -61,6 +61,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=-]*$")
 MAX_JOBS = 10_000  # jobs after grid expansion, counted before any is built
 MAX_NODES = 1_000_000  # values in the spec with its YAML aliases expanded
 MAX_DEPTH = 50  # nesting of mappings and lists
+MAX_JOB_NAME = 200  # characters of an expanded job name (a directory and RESULTS/.batch/NAME.json)
 # options whose values name checkpoints or runs (split like references: A:B, B,C, pca:RUN, RUN@selector, globs)
 REF_OPTIONS = ("refs", "ref", "ref_a", "ref_b", "from_ref", "toward", "plane", "pairs")
 _REF_KEYWORDS = {"plane": ("random", "pca"), "pairs": ("siblings", "all")}
@@ -435,6 +436,9 @@ def _expand(key: str, body: Any, parent: Any, defaults: Any, known_kinds: list[s
             job_id = "-".join([key, *(f"{v}{_slug(env[v])}" for v in variables)])
         if not isinstance(job_id, str) or not _NAME.match(job_id):
             raise SpecError(f"{at}: job '{key}' expands to the bad job name {job_id!r}")
+        if len(job_id) > MAX_JOB_NAME:  # it names the job's results directory and record file
+            raise SpecError(f"{at}: job '{key}' expands to a job name of {len(job_id)} characters ({job_id[:40]}...); "
+                            f"at most {MAX_JOB_NAME}")
         label = f"jobs.{key}" + (f" ({', '.join(f'{v}={env[v]}' for v in variables)})" if variables else "")
         opts = _check_options(kind, info, opts, raw_options, grid, env, where, body, key, label, at)
         after = [_fill(a, env, f"{where(body, 'after')}: jobs.{key}.after") for a in after_raw]
