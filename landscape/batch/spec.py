@@ -29,6 +29,13 @@ Dependencies: a job that reads a run another job produces (``train``'s ``run``, 
 as ``RUN``, ``RUN@selector``, inside ``A:B`` / ``B,C`` / ``pca:RUN`` lists, or through a glob (``G-*``),
 makes the edge. ``after:`` adds edges the references cannot show. ``train`` and ``prune`` jobs must name
 their ``run`` and ``phases`` jobs their ``group``, so that the graph is known before anything runs.
+
+Safety, checked before anything runs: every run a job reads is in the store or written by a job of the spec,
+and no reference is a path; every path a job writes (``pair_dir``; ``data_root`` with ``download: true``)
+resolves, symbolic links followed, inside the results directory or the store root; ``subset`` is a count or a
+fraction by the command line's rule (:func:`landscape.bounds.subset_value`); grids are counted before they are
+built (``MAX_JOBS``), and the text must be UTF-8, nest at most ``MAX_DEPTH`` levels and expand (YAML aliases
+and merge keys included) to at most ``MAX_NODES`` values.
 """
 
 from __future__ import annotations
