@@ -5,16 +5,16 @@ from __future__ import annotations
 import click
 
 from cli.common import echo_json, echo_table, json_option, root_of
-from cli.options import run_api
+from cli.options import Count, Seed, run_api
 
 
 @click.command()
 @click.argument("ref_a")
 @click.argument("ref_b")
 @click.option("-o", "--run", "run", default=None, metavar="RUN", help="Name of the new run (default: generated).")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--seed", type=Seed(), default=0, show_default=True,
               help="Seed of the order in which weight matching visits the permutations.")
-@click.option("--max-iter", type=click.IntRange(min=1), default=100, show_default=True,
+@click.option("--max-iter", type=Count(min=1), default=100, show_default=True,
               help="At most this many passes over all permutations.")
 @json_option
 @click.pass_context

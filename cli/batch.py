@@ -7,16 +7,16 @@ import sys
 import click
 
 from cli.common import root_of
+from cli.options import Count, scheduler_option
 
 
 @click.command()
 @click.argument("spec_file", metavar="SPEC", type=click.Path(dir_okay=False))
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--workers", type=Count(min=1), default=1, show_default=True,
               help="1: run the jobs one by one in this process; N: on a local Dask cluster of N worker "
                    "processes (one thread each, bound to 127.0.0.1).")
-@click.option("--scheduler", default=None, metavar="tcp://HOST:PORT",
-              help="Run on an existing Dask cluster (`dask scheduler` + `dask worker`); its workers must see the "
-                   "store root and results directory at the same absolute paths (a shared filesystem).")
+@scheduler_option("Run on an existing Dask cluster (`dask scheduler` + `dask worker`); its workers must see the "
+                  "store root and results directory at the same absolute paths (a shared filesystem).")
 @click.option("--dry-run", is_flag=True, help="Validate the spec and print the expanded job graph; run nothing.")
 @click.option("--dot", "dot_file", default=None, type=click.Path(dir_okay=False),
               help="Also write the job graph as Graphviz dot to this file.")
@@ -34,8 +34,6 @@ def batch(ctx: click.Context, spec_file: str, workers: int, scheduler: str | Non
 
     if scheduler is not None and workers != 1:
         raise UsageError("give --workers N (a local cluster) or --scheduler ADDRESS, not both")
-    if scheduler is not None and not scheduler.startswith(("tcp://", "tls://", "inproc://", "ucx://")):
-        raise UsageError(f"--scheduler {scheduler!r}: give an address such as tcp://HOST:8786")
     spec = load_spec(spec_file, root=root_of(ctx))
     if dot_file is not None:
         from landscape.results import atomic_write
@@ -52,6 +50,9 @@ def batch(ctx: click.Context, spec_file: str, workers: int, scheduler: str | Non
     c = report.counts
     click.echo(f"{len(report.outcomes)} job(s) in {report.seconds:.1f} s: {c['done']} done, {c['cached']} "
                f"cached (outputs current), {c['failed']} failed, {c['skipped']} skipped")
+    if report.lost_workers:
+        click.echo(f"{len(report.lost_workers)} worker(s) lost mid-batch ({', '.join(report.lost_workers)}); "
+                   f"job(s) rerun on other workers: {', '.join(report.retried) or 'none'}")
     click.echo(f"summary: {report.summary_csv} {report.summary_h5}; file index: {report.index_csv}")
     if report.failed:
         for o in report.failed:

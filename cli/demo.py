@@ -8,19 +8,20 @@ import time
 import click
 
 from cli.common import echo_json, echo_table, json_option, progress_enabled
-from cli.options import FiniteFloat, run_api
+from cli.options import Count, FiniteFloat, run_api
+from landscape.bounds import DIRECTIONS_MAX, POINTS_MAX
 
 
 @click.command()
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="demo-out", show_default=True,
               help="Directory for the store (OUT/checkpoints unless --root is given) and results.")
-@click.option("--epochs", type=click.IntRange(min=2), default=8, show_default=True)
+@click.option("--epochs", type=Count(min=2), default=8, show_default=True)
 @click.option("--k", "ks", default="1,2,4", show_default=True, help="Phase-1 lengths in epochs (comma-separated).")
-@click.option("--copies", type=click.IntRange(min=2), default=3, show_default=True,
+@click.option("--copies", type=Count(min=2), default=3, show_default=True,
               help="Phase-2 copies per optimizer; 3+ gives the verdicts a spread over sibling pairs.")
 @click.option("--target-epsilon", type=FiniteFloat(min=0, min_open=True), default=8.0, show_default=True)
-@click.option("--directions", "n_directions", type=click.IntRange(min=1), default=50, show_default=True)
-@click.option("--points", type=click.IntRange(min=2), default=30, show_default=True,
+@click.option("--directions", "n_directions", type=Count(min=1, max=DIRECTIONS_MAX), default=50, show_default=True)
+@click.option("--points", type=Count(min=2, max=POINTS_MAX), default=30, show_default=True,
               help="Points per interpolation path and per direction profile.")
 @json_option
 @click.pass_context

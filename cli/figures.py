@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from cli.common import root_of
+from cli.options import Count, note_scheduler, scheduler_option
 
 
 @click.command()
@@ -16,11 +17,10 @@ from cli.common import root_of
               help="test: seconds; cpu: minutes on a laptop; paper: the paper's data set and model (GPU).")
 @click.option("--out", type=click.Path(file_okay=False), default="figures-out", show_default=True,
               help="Output folder (one subfolder per recipe: figure PNG + PDF, HDF5 summary).")
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes.")
+@click.option("--workers", type=Count(min=1), default=1, show_default=True, help="Worker processes.")
 @click.option("--data-root", default=None, help="Folder of the paper's data sets (else $LANDSCAPE_DATA).")
 @click.option("--rerun", is_flag=True, help="Make finished recipes again (their trained runs are still reused).")
-@click.option("--scheduler", default=None, metavar="ADDRESS",
-              help="Run the analyses' parallel parts on this Dask scheduler (tcp://HOST:PORT) instead of --workers.")
+@scheduler_option("Run the analyses' parallel parts on this Dask scheduler instead of --workers.")
 @click.pass_context
 def figures(ctx: click.Context, names: tuple[str, ...], list_: bool, scale: str, out: str, workers: int,
             data_root: str | None, rerun: bool, scheduler: str | None) -> None:
@@ -41,9 +41,11 @@ def figures(ctx: click.Context, names: tuple[str, ...], list_: bool, scale: str,
         raise UsageError("name a recipe (or `all`); `landscape figures --list` shows them")
     from landscape.errors import RecipeError
 
+    note_scheduler(scheduler)
+
     try:
         made = run(list(names), scale=scale, out=out, root=root_of(ctx), workers=workers, data_root=data_root,
-                   rerun=rerun, scheduler=scheduler)
+                   rerun=rerun, scheduler=scheduler, report=lambda line: click.echo(line, err=True))
     except RecipeError as exc:
         _report(exc.made)
         raise

@@ -20,16 +20,21 @@ import click
 from cli.common import echo_json, echo_table, json_option, root_of
 from cli.options import (
     CommaList,
+    Count,
     DeviceType,
     FiniteFloat,
+    Seed,
     SubsetType,
     add_options,
     data_root_option,
     no_figure_option,
+    note_scheduler,
     output_option,
     run_api,
+    scheduler_option,
 )
 from landscape.analyze.registry import Analysis, cli_fields, flags_of, get, parallel
+from landscape.bounds import is_seed
 
 ARGUMENTS = {"checkpoint": [("ref", 1)], "pair": [("ref_a", 1), ("ref_b", 1)], "pairs": [("runs", -1)], "target": [("target", 1)],
              "targets": [("targets", -1)]}
@@ -82,7 +87,7 @@ def param_type(f: dataclasses.Field, hint: Any) -> dict[str, Any]:
     if base is bool:
         return {"is_flag": True}
     if base is int:
-        return {"type": click.IntRange(**bounds) if bounds else click.INT}
+        return {"type": Seed() if is_seed(f.name) else Count(**bounds)}
     if base is float:
         return {"type": FiniteFloat(**bounds)}
     if base is str:
@@ -136,12 +141,11 @@ def command(name: str) -> click.Command:
         runner.append(click.option("--data-from", type=click.Choice(["a", "b"]), default="a", show_default=True,
                                    help="When A and B were trained on different data: evaluate on A's or B's."))
     if spec.inputs not in ("checkpoint", "pair") and not has_workers_field:
-        runner.append(click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+        runner.append(click.option("--workers", type=Count(min=1), default=1, show_default=True,
                                    help="Parallel worker processes."))
     if parallel(spec):
-        runner.append(click.option("--scheduler", default=None, metavar="ADDRESS",
-                                   help="Run the parallel parts on this Dask scheduler (tcp://HOST:PORT; workers "
-                                        "need the same store path) instead of --workers local processes."))
+        runner.append(scheduler_option("Run the parallel parts on this Dask scheduler (workers need the same store "
+                                       "path) instead of --workers local processes."))
     runner += [data_root_option, no_figure_option, output_option, json_option]
 
     def callback(**kwargs: Any) -> None:
@@ -155,6 +159,11 @@ def command(name: str) -> click.Command:
         values = {k: kwargs.pop(k) for k in config_names}
         run_values = {k: kwargs.pop(k) for k in run_names}
         figure = not kwargs.pop("no_figure")
+        if kwargs.get("scheduler") is not None:
+            from landscape.api._common import check_parallelism
+
+            check_parallelism(values.get("workers", kwargs.get("workers", 1)), kwargs["scheduler"])
+            note_scheduler(kwargs["scheduler"])
 
         def call():
             from landscape.api.runner import run

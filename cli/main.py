@@ -16,6 +16,7 @@ import sys
 import click
 
 from landscape import __version__
+from landscape.bounds import COUNT_MAX
 
 # command name -> ("module:attribute" of a click command or group, one-line help shown by --help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -79,7 +80,7 @@ class LazyGroup(click.Group):
 )
 @click.option(
     "--threads",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=COUNT_MAX),
     envvar="LANDSCAPE_THREADS",
     default=None,
     help="torch intra-op threads (env LANDSCAPE_THREADS; default: torch's).",
@@ -137,6 +138,17 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
+    except OSError as exc:
+        import errno
+
+        if exc.errno != errno.ENAMETOOLONG:
+            raise
+        # a path the user gave past the system's limits (255 bytes a name, 4096 a path): a usage error
+        name = str(exc.filename or "")
+        shown = name if len(name) <= 120 else f"{name[:60]}...{name[-40:]}"
+        click.echo(f"error: {shown}: file name too long ({len(os.fsencode(name))} bytes; the system allows 255 a "
+                   f"name and 4096 a path)", err=True)
+        sys.exit(2)
     sys.exit(0)
 
 

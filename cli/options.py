@@ -28,35 +28,43 @@ from typing import Any
 import click
 
 from cli.common import parse_json_option
+from landscape.bounds import COUNT_MAX, SCHEDULER_TIMEOUT_S, SEED_MAX, subset_value
 from landscape.runtime import DATA_ENV
 
 _RESERVED_DATA_KEYS = ("name", "subset", "data_root", "download")
 
 
 class SubsetType(click.ParamType):
-    """``--subset``: an integer count (``500``) or a fraction in (0, 1] (``0.05``)."""
+    """``--subset``: an integer count (``500``) or a fraction in (0, 1] (``0.05``); the rule is
+    :func:`landscape.bounds.subset_value` (batch specs use it too)."""
 
     name = "N|FRACTION"
     # the declared range of its values, as click's number ranges state theirs: counts >= 1 or fractions in (0, 1]
-    min, max, min_open, max_open = 0, None, True, False
+    min, max, min_open, max_open = 0, COUNT_MAX, True, False
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            number = value
-        else:
-            text = str(value).strip()
-            try:
-                number = int(text)
-            except ValueError:
-                try:
-                    number = float(text)
-                except ValueError:
-                    self.fail(f"{value!r} is neither a count nor a fraction", param, ctx)
-        if isinstance(number, int) and number < 1:
-            self.fail(f"a count must be >= 1, got {number}", param, ctx)
-        if isinstance(number, float) and not 0.0 < number <= 1.0:
-            self.fail(f"a fraction must be in (0, 1], got {number}", param, ctx)
-        return number
+        from landscape.errors import UsageError
+
+        try:
+            return subset_value(value, "")
+        except UsageError as exc:
+            self.fail(str(exc).removeprefix(": "), param, ctx)
+
+
+class Count(click.IntRange):
+    """An integer count: ``click.IntRange`` whose maximum defaults to :data:`landscape.bounds.COUNT_MAX`."""
+
+    def __init__(self, min: int | None = None, max: int | None = COUNT_MAX, **kw: Any):
+        super().__init__(min=min, max=COUNT_MAX if max is None else max, **kw)
+
+
+class Seed(click.IntRange):
+    """A seed: an integer in [0, 2**63 - 1], the one rule of :mod:`landscape.bounds` for every command."""
+
+    name = "SEED"
+
+    def __init__(self) -> None:
+        super().__init__(min=0, max=SEED_MAX)
 
 
 class SourceName(click.ParamType):
@@ -166,6 +174,38 @@ class CommaList(click.ParamType):
             except click.BadParameter as exc:
                 self.fail(f"{value!r}: {exc.message}", param, ctx)
         return numbers
+
+
+class SchedulerAddress(click.ParamType):
+    """``--scheduler``: a Dask scheduler address ``tcp://HOST:PORT``, checked before anything runs
+    (:func:`landscape.api._common.scheduler_address`); the command then waits up to ten seconds for it."""
+
+    name = "tcp://HOST:PORT"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from landscape.api._common import scheduler_address
+        from landscape.errors import UsageError
+
+        try:
+            return scheduler_address(str(value))
+        except UsageError as exc:
+            self.fail(str(exc).removeprefix(f"--scheduler {str(value)!r}: "), param, ctx)
+
+
+def scheduler_option(help: str) -> Callable:
+    """``--scheduler ADDRESS`` of every command that can run on a Dask cluster (batch, figures, analyses)."""
+    return click.option("--scheduler", type=SchedulerAddress(), default=None,
+                        help=f"{help} Waits up to {SCHEDULER_TIMEOUT_S} s for the scheduler: a malformed address exits 2, an "
+                             f"unreachable one exits 1.")
+
+
+def note_scheduler(scheduler: str | None) -> None:
+    """Say on stderr which scheduler the command waits for, and how long."""
+    if scheduler is not None:
+        from landscape import bounds
+
+        click.echo(f"dask: connecting to the scheduler at {scheduler} (waiting up to {bounds.SCHEDULER_TIMEOUT_S} s)",
+                   err=True)
 
 
 class ResultPath(click.Path):

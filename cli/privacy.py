@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from cli.common import echo_json, json_option
-from cli.options import FiniteFloat
+from cli.options import Count, FiniteFloat
 
 
 @click.command()
@@ -21,12 +21,12 @@ from cli.options import FiniteFloat
     default=None,
     help="Poisson sample rate q (or --batch-size + --dataset-size).",
 )
-@click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Expected batch size B (q = B / N).")
-@click.option("--dataset-size", type=click.IntRange(min=1), default=None, help="Training set size N.")
-@click.option("--steps", type=click.IntRange(min=0), default=None, help="Number of steps T (or --epochs).")
+@click.option("--batch-size", type=Count(min=1), default=None, help="Expected batch size B (q = B / N).")
+@click.option("--dataset-size", type=Count(min=1), default=None, help="Training set size N.")
+@click.option("--steps", type=Count(min=0), default=None, help="Number of steps T (or --epochs).")
 @click.option(
     "--epochs",
-    type=click.IntRange(min=0),
+    type=Count(min=0),
     default=None,
     help="Whole epochs; T = epochs * ceil(N/B), as `landscape train` runs them (ceil(1/q) per epoch with "
     "--sample-rate).",

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from cli.common import echo_json, echo_table, json_option, parse_json_option, progress_enabled, root_of
-from cli.options import FiniteFloat, data_options, device_option, model_options, run_api
+from cli.options import Count, FiniteFloat, Seed, data_options, device_option, model_options, run_api
 from landscape.train.config import OPTIMIZERS, PHASE_FAMILIES, PhasesConfig, TrainConfig
 
 _D = TrainConfig()
@@ -22,16 +22,16 @@ def _training_options(func: Callable) -> Callable:
     options = [
         data_options(default=None),
         model_options(default=None),
-        click.option("--data-seed", type=int, default=_D.data_seed, show_default=True,
+        click.option("--data-seed", type=Seed(), default=_D.data_seed, show_default=True,
                      help="Seed of the data set (subset draw, synthetic data)."),
-        click.option("--epochs", type=click.IntRange(min=1), default=_D.epochs, show_default=True,
+        click.option("--epochs", type=Count(min=1), default=_D.epochs, show_default=True,
                      help="Epochs of ceil(N/B) steps each (as `landscape privacy --epochs` counts)."),
         click.option("--lr", type=FiniteFloat(min=0, min_open=True), default=_D.lr, show_default=True, help="Learning rate."),
         click.option("--momentum", type=FiniteFloat(min=0, max=1, max_open=True), default=_D.momentum, show_default=True),
         click.option("--weight-decay", type=FiniteFloat(min=0), default=_D.weight_decay, show_default=True),
-        click.option("--batch-size", type=click.IntRange(min=1), default=_D.batch_size, show_default=True,
+        click.option("--batch-size", type=Count(min=1), default=_D.batch_size, show_default=True,
                      help="Batch size B (the expected batch size q*N under Poisson sampling)."),
-        click.option("--seed", type=int, default=_D.seed, show_default=True,
+        click.option("--seed", type=Seed(), default=_D.seed, show_default=True,
                      help="Seeds initialisation, data order and noise."),
         device_option(_D.device),
         click.option("--checkpoint-every", default=_D.checkpoint_every, show_default=True,
@@ -53,7 +53,7 @@ def _training_options(func: Callable) -> Callable:
                      help="Random sparsification rate R* with gradual cooling (Zhu & Blaschko Alg. 1)."),
         click.option("--smooth", type=FiniteFloat(min=0), default=_D.smooth, show_default=True,
                      help="Laplacian smoothing sigma_LS (DP-LSSGD)."),
-        click.option("--microbatch", type=click.IntRange(min=1), default=None,
+        click.option("--microbatch", type=Count(min=1), default=None,
                      help="Per-sample gradient chunk size (memory bound)."),
     ]
     for option in reversed(options):
@@ -118,8 +118,8 @@ def _families(value: str) -> tuple[str, ...]:
 
 @click.command("phases")
 @_training_options
-@click.option("--k", "k", type=click.IntRange(min=1), required=True, help="Phase-1 epochs (Watson et al. Sec. 4.1.1).")
-@click.option("--copies", type=click.IntRange(min=1), default=2, show_default=True,
+@click.option("--k", "k", type=Count(min=1), required=True, help="Phase-1 epochs (Watson et al. Sec. 4.1.1).")
+@click.option("--copies", type=Count(min=1), default=2, show_default=True,
               help="Phase-2 copies per combination (they differ only in data order and noise).")
 @click.option("--phase1", default=",".join(PHASE_FAMILIES), show_default=True, help="Phase-1 families: sgd,dpsgd.")
 @click.option("--phase2", default=",".join(PHASE_FAMILIES), show_default=True, help="Phase-2 families: sgd,dpsgd.")
@@ -136,7 +136,9 @@ def phases(ctx: click.Context, as_json: bool, k: int, copies: int, phase1: str, 
     base = TrainConfig(**_config_fields(kwargs), optimizer="sgd")
     config = PhasesConfig(base=base, k=k, copies=copies, phase1=_families(phase1), phase2=_families(phase2),
                           dp_lr=dp_lr, dp_momentum=dp_momentum, group=group)
-    summaries = run_api(lambda: api_phases(config, root=root_of(ctx), progress=progress_enabled()))
+    bars = progress_enabled()  # without bars (output piped): one line per finished run on stderr
+    report = None if bars else (lambda line: click.echo(line, err=True))
+    summaries = run_api(lambda: api_phases(config, root=root_of(ctx), progress=bars, report=report))
     if as_json:
         echo_json(_rows(summaries))
         return

@@ -94,8 +94,8 @@ def parse_memory(value: str | int | float | None) -> int | None:
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
         return None
     if isinstance(value, (int, float)):
-        if value <= 0:
-            raise UsageError(f"memory budget must be positive, got {value}")
+        if not (math.isfinite(value) and 0 < value < 2**63):
+            raise UsageError(f"memory budget must be a positive number of bytes below 2**63, got {value}")
         return int(value)
     text = value.strip().upper().replace(" ", "")
     units = {"TIB": 1024**4, "GIB": 1024**3, "MIB": 1024**2, "KIB": 1024, "TB": 1e12, "GB": 1e9, "MB": 1e6,
@@ -110,8 +110,8 @@ def parse_memory(value: str | int | float | None) -> int | None:
         size = float(number) * scale
     except ValueError:
         raise UsageError(f"cannot read memory size '{value}' (examples: 4GB, 512MiB, 2e9)") from None
-    if size <= 0:
-        raise UsageError(f"memory budget must be positive, got '{value}'")
+    if not (math.isfinite(size) and 0 < size < 2**63):
+        raise UsageError(f"memory budget must be a positive number of bytes below 2**63, got '{value}'")
     return int(size)
 
 

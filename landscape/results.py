@@ -231,16 +231,30 @@ def _shown(path: Path) -> str:
     return text if len(text) <= 120 else f"{text[:60]}...{text[-40:]}"
 
 
+NAME_MAX = 255  # bytes of one file name (ext4, xfs, btrfs, apfs)
+PATH_MAX = 4096  # bytes of a whole path (Linux)
+DERIVED_BYTES = 40  # what a result's companions add to its stem: "-train-reliability.png", ".X.h5.<8>.tmp"
+
+
 def check_output_path(path: str | os.PathLike) -> None:
     """Refuse an output path that would replace anything but a result file, or that lies below a file.
 
     Results are often written next to checkpoints; a mistyped ``-o`` must never destroy a checkpoint.
     """
     path = Path(path)
-    too_long = [part for part in path.parts if len(os.fsencode(part)) > 255]
+    too_long = [part for part in path.parts if len(os.fsencode(part)) > NAME_MAX]
     if too_long:
         raise OutputPathError(f"cannot write result {_shown(path)}: the name {too_long[0][:40]}... is longer than "
-                              "255 bytes")
+                              f"{NAME_MAX} bytes")
+    stem = len(os.fsencode(path.with_suffix("").name))
+    if stem + DERIVED_BYTES > NAME_MAX:  # X-train-reliability.png, X-pairs/, .X.h5.abcd1234.tmp ...
+        raise OutputPathError(f"cannot write result {_shown(path)}: its name ({stem} bytes without the suffix) leaves "
+                              f"no room for the figures and temporary files named after it; use at most "
+                              f"{NAME_MAX - DERIVED_BYTES} bytes")
+    whole = len(os.fsencode(os.path.abspath(path)))
+    if whole + DERIVED_BYTES > PATH_MAX:
+        raise OutputPathError(f"cannot write result {_shown(path)}: the path is {whole} bytes; with the files named "
+                              f"after it that passes the system's limit of {PATH_MAX} bytes")
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():

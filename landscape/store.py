@@ -43,6 +43,7 @@ import pickle
 import re
 import secrets
 import shutil
+import struct
 import warnings
 import weakref
 from collections.abc import Iterable, Mapping
@@ -796,7 +797,7 @@ def _read_foreign(file: Path) -> Any:
                 f"refusing {file}: torch.load(weights_only=True) cannot load it{detail}, so unpickling it could "
                 "run code; re-save the weights as a plain state dict (torch.save(model.state_dict())) or .safetensors"
             ) from None
-        except (OSError, RuntimeError, ValueError, EOFError, KeyError) as exc:
+        except (OSError, RuntimeError, ValueError, EOFError, KeyError, IndexError, struct.error) as exc:  # damaged
             raise CheckpointError(f"cannot read {file} as a PyTorch file: {_one_line(exc)}") from None
     if suffix == ".safetensors":
         from safetensors import SafetensorError
@@ -893,7 +894,10 @@ def check_manifest(manifest: Any, path: str | os.PathLike) -> dict[str, Any]:
     The store's fields: ``config``, ``seeds``, ``model_spec``, ``data_spec`` objects (seeds integers),
     ``lineage`` an object or null, ``checkpoints`` a list of ``{step, epoch, epsilon, metrics, file, sha256}``
     with ``step`` a non-negative integer (each once), ``epoch`` a number, ``file`` exactly ``step-NNNNNN.h5``
-    of that step (so no entry can point outside its run directory), ``sha256`` 64 hex digits or null. Fields
+    of that step (so no entry can point outside its run directory), ``sha256`` 64 hex digits (the store hashes
+    every checkpoint it lists; an unhashed entry could not be verified). ``format``, ``config``, ``seeds``,
+    ``model_spec``, ``data_spec`` and ``checkpoints`` must be present: an empty or hand-made manifest (``{}``)
+    is damage, never a run whose files nothing vouches for. Fields
     the trainer adds are checked when present: ``schedule`` (``steps_per_epoch``, ``total_steps``,
     ``checkpoint_steps``) and ``privacy`` (numbers, and ``ancestor_events`` of ``{noise_multiplier,
     sample_rate, steps}``). Any violation is a one-line CheckpointError naming the file and the field.
@@ -904,7 +908,10 @@ def check_manifest(manifest: Any, path: str | os.PathLike) -> dict[str, Any]:
 
     if not isinstance(manifest, dict):
         raise CheckpointError(f"damaged run manifest {path}: not a JSON object (got {type(manifest).__name__})")
-    if "format" in manifest and manifest["format"] != MANIFEST_FORMAT:
+    for key in ("format", "config", "seeds", "model_spec", "data_spec", "checkpoints"):
+        if key not in manifest:
+            raise bad(key, "is missing (the store writes it with every run)", show=False)
+    if manifest["format"] != MANIFEST_FORMAT:
         raise bad("format", f"must be {MANIFEST_FORMAT!r}", manifest["format"])
     if "name" in manifest and not isinstance(manifest["name"], str):
         raise bad("name", "must be a string", manifest["name"])
@@ -942,9 +949,11 @@ def check_manifest(manifest: Any, path: str | os.PathLike) -> dict[str, Any]:
             raise bad(f"{where}.epsilon", "must be a number or null", eps)
         if not isinstance(e.get("metrics", {}), dict):
             raise bad(f"{where}.metrics", "must be an object", e["metrics"])
-        sha = e.get("sha256")
-        if sha is not None and not (isinstance(sha, str) and _SHA256.fullmatch(sha)):
-            raise bad(f"{where}.sha256", "must be 64 hex digits or null", sha)
+        if "sha256" not in e:
+            raise bad(f"{where}.sha256", "is missing (an unhashed checkpoint cannot be verified)", show=False)
+        sha = e["sha256"]
+        if not (isinstance(sha, str) and _SHA256.fullmatch(sha)):
+            raise bad(f"{where}.sha256", "must be 64 hex digits", sha)
     schedule = manifest.get("schedule")
     if schedule is not None:
         if not isinstance(schedule, dict):

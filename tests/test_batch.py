@@ -45,7 +45,7 @@ jobs:
     refs: ["r-s{seed}@last", "c-s{seed}-lr0.1@last"]
   bad:
     kind: interpolate
-    refs: [r-s0@init, nosuch@last]
+    refs: [r-s0@init, r-s0@step=999999]   # the run exists (base writes it), the step never will: fails at run time
   after-bad:
     kind: norms
     refs: [r-s0]
@@ -107,11 +107,11 @@ def _check_report(proc: subprocess.CompletedProcess, cwd: Path) -> None:
     import csv
 
     assert proc.returncode == 1, proc.stderr
-    assert "error: job bad failed: no run 'nosuch'" in proc.stderr
+    assert "error: job bad failed: run 'r-s0' has no checkpoint at step 999999" in proc.stderr
     assert "skipped (upstream failed): after-bad" in proc.stderr
     assert "Traceback" not in proc.stderr
     rows = {r["job"]: r for r in csv.DictReader(open(cwd / "results/spec/summary.csv"))}
-    assert rows["bad"]["status"] == "failed" and rows["bad"]["error"].startswith("no run 'nosuch'")
+    assert rows["bad"]["status"] == "failed" and rows["bad"]["error"].startswith("run 'r-s0' has no checkpoint at step 999999")
     assert rows["after-bad"]["status"] == "skipped" and "bad" in rows["after-bad"]["error"]
     assert {r["status"] for j, r in rows.items() if j not in ("bad", "after-bad")} == {"done"}
     assert float(rows["base-seed0"]["test_acc"]) > 0
@@ -322,6 +322,11 @@ def test_dask_scheduler_and_workers_killed_worker_retried(reference, tmp_path):
         proc = subprocess.CompletedProcess(batch.args, batch.returncode, out, err)
         _check_report(proc, tmp_path)
         assert len(client.scheduler_info()["workers"]) == 1  # the killed worker is gone; the other did the rest
+        # the output says so (issue 23 item 5): the lost worker and the job Dask ran again
+        lost = [line for line in err.splitlines() if line.startswith(f"lost worker {victim}")]
+        assert len(lost) == 1 and "base-seed0" in lost[0], err
+        assert f"1 worker(s) lost mid-batch ({victim}); job(s) rerun on other workers: " in out, out
+        assert "base-seed0" in out.split("rerun on other workers: ")[1].splitlines()[0], out
     finally:
         if batch is not None and batch.poll() is None:
             batch.kill()

@@ -26,7 +26,7 @@ from landscape.errors import CheckpointError, IncompatibleError, UnsafeFileError
 from landscape.models import build_model
 from landscape.results import sha256_file
 from landscape.runtime import code_version
-from landscape.store import Run, Store, import_checkpoint, load_checkpoint
+from landscape.store import MANIFEST_FORMAT, Run, Store, import_checkpoint, load_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 WRITER = Path(__file__).resolve().parent / "store_writer.py"
@@ -96,7 +96,9 @@ def test_state_dict_round_trip_is_bit_exact_for_many_dtypes(tmp_path):
 @given(keys=st.lists(st.text(max_size=12), min_size=1, max_size=6, unique=True))
 def test_any_key_names_survive_in_order(tmp_path, keys):
     state = {k: torch.full((2,), float(i)) for i, k in enumerate(keys)}
-    path = Run(tmp_path, {"checkpoints": []}).save_checkpoint(state, step=0, epoch=0.0)
+    manifest = {"format": MANIFEST_FORMAT, "config": {}, "seeds": {}, "model_spec": {}, "data_spec": {},
+                "checkpoints": []}
+    path = Run(tmp_path, manifest).save_checkpoint(state, step=0, epoch=0.0)
     got = load_checkpoint(path).state_dict
     assert list(got) == keys
     assert all(torch.equal(got[k], v) for k, v in state.items())

@@ -42,6 +42,7 @@ import torch
 
 from landscape.analyze._common import EvaluationOptions, check_positive_int, split_subset
 from landscape.analyze.registry import Analysis, option
+from landscape.bounds import BINS_MAX
 from landscape.errors import UsageError
 from landscape.evaluate import Metric, evaluate
 from landscape.params import ParamSpace
@@ -56,7 +57,8 @@ class CalibrationConfig(EvaluationOptions):
     """Options of ``landscape calibration`` (stored as the result's ``params``)."""
 
     bins: int = option(15, "Number of equal-width confidence bins ((m-1)/M, m/M] for ECE, MCE, the reliability "
-                       "diagram and the histograms; also the number of equal-mass bins of the adaptive ECE.", min=1)
+                       "diagram and the histograms; also the number of equal-mass bins of the adaptive ECE.", min=1,
+                       max=BINS_MAX)
     splits: tuple[str, ...] = option(("test",), "Data splits to evaluate.", choices=SPLITS, metavar="train,test")
 
     def __post_init__(self) -> None:

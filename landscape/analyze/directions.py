@@ -30,8 +30,9 @@ from torch import nn
 from landscape import metrics as user_metrics
 from landscape.analyze._common import EvaluationOptions, check_choice, check_positive_int
 from landscape.analyze.registry import Analysis, option, slug
+from landscape.bounds import DIRECTIONS_MAX, POINTS_MAX
 from landscape.directions import BIASBN, NORMALIZATIONS, max_abs_cosine, random_directions
-from landscape.errors import UsageError
+from landscape.errors import NonFiniteError, UsageError
 from landscape.evaluate import Affine, Segment, evaluate
 from landscape.params import ParamSpace
 from landscape.results import StoredResult, stored
@@ -70,8 +71,10 @@ class DirectionsConfig(RandomDirectionOptions):
     ``copy`` or ``random`` (only with filter/layer normalisation).
     """
 
-    n: int = option(100, "Number of random directions.", min=1)
-    points: int = option(30, "Points per profile: t = linspace(0, 1, points) of the distance.", min=2)
+    n: int = option(100, "Number of random directions (held in memory together, for their cosines).", min=1,
+                    max=DIRECTIONS_MAX)
+    points: int = option(30, "Points per profile: t = linspace(0, 1, points) of the distance.", min=2,
+                         max=POINTS_MAX)
     distance: float | str = option("auto", "How far to go: a number, or auto = ||B - A|| (needs --toward).",
                                    kind="text")
     split: str = option("train", "Data split to evaluate.", choices=SPLITS)
@@ -106,6 +109,8 @@ def parse_distance(value: float | str) -> float | str:
     value = float(value)
     if not math.isfinite(value) or value <= 0:
         raise UsageError(f"--distance must be a positive number or 'auto', got {value}")
+    if value > float(np.finfo(np.float32).max):
+        raise UsageError(f"--distance {value:g} is too large: the models run in float32 (at most 3.4e38)")
     return value
 
 
@@ -356,6 +361,10 @@ def random_profiles(
     direction_metrics = {col: profiles(base, [e[col] for e in extras]) for col, base in base_metrics.items()}
     seconds = time.perf_counter() - start
     total_points = n * (config.points - 1) + (config.points if toward is not None else 1)
+    if not np.isfinite(direction_loss[:, 1:]).any():
+        raise NonFiniteError(f"every loss along the {n} direction(s) at distance {distance:g} is non-finite (NaN or "
+                             f"inf): the distance overflows float32 weights or the checkpoint diverged; give a "
+                             f"smaller --distance")
     return DirectionsResult(
         t=t.numpy(), distance=distance, direction_loss=direction_loss, direction_acc=direction_acc,
         max_abs_cos=cos, toward_loss=toward_loss, toward_acc=toward_acc, toward_distance=toward_distance,

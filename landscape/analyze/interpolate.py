@@ -25,6 +25,7 @@ from torch import nn
 from landscape import metrics as user_metrics
 from landscape.analyze._common import EvaluationOptions, check_positive_int, split_subset
 from landscape.analyze.registry import Analysis, option
+from landscape.bounds import POINTS_MAX
 from landscape.errors import UsageError
 from landscape.evaluate import EvalResult, Segment, evaluate
 from landscape.params import ParamSpace, check_compatible
@@ -41,7 +42,8 @@ RESERVED = ("loss", "acc", "error", "alpha")
 class InterpolateConfig(EvaluationOptions):
     """Options of ``landscape interpolate`` / ``instability`` (stored as the result's ``params``)."""
 
-    points: int = option(30, "Number of alphas in linspace(0, 1, points), both endpoints included.", min=2)
+    points: int = option(30, "Number of alphas in linspace(0, 1, points), both endpoints included.", min=2,
+                         max=POINTS_MAX)
     splits: tuple[str, ...] = option(SPLITS, "Data splits to evaluate.", choices=SPLITS, metavar="train,test")
     bn_recalibrate: bool = option(False, "Recompute BatchNorm statistics at every point from the training data.")
     metrics: tuple[str, ...] | None = option(None, user_metrics.METRIC_HELP + " ece: expected calibration error, "

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from landscape.analyze.registry import Analysis, option
+from landscape.bounds import BINS_MAX
 from landscape.errors import UsageError
 from landscape.results import StoredResult, stored
 
@@ -30,7 +31,8 @@ KIND = "norms"
 class NormsConfig:
     """Options of ``landscape norms`` (and ``landscape.api.norms``)."""
 
-    bins: int = option(100, "Bins of the parameter-value histograms (shared by all targets).", min=1)
+    bins: int = option(100, "Bins of the parameter-value histograms (shared by all targets).", min=1,
+                       max=BINS_MAX)
     grad_samples: int = option(256, "Examples whose per-sample gradient norms are taken at every checkpoint "
                                "(0: none).", min=0)
     grad_epochs: tuple[float, ...] | None = option(None, "Epochs whose gradient-norm histograms are drawn (default: "

@@ -180,6 +180,37 @@ def flags(cls: type | None) -> Mapping[str, str]:
     return {} if cls is None else {f.name: flag_of(f) for f in cli_fields(cls)}
 
 
+def check_bounds(config: Any) -> None:
+    """Every number of ``config`` within its field's declared range (``min``/``max``/``min_open``/``max_open``),
+    finite, seeds by the one rule of :mod:`landscape.bounds` and counts at most ``COUNT_MAX``: what the command
+    line's types check, for the api and batch specs. A violation is one UsageError line naming the flag."""
+    import math
+
+    from landscape.bounds import COUNT_MAX, check_seed, is_seed, subset_value
+    from landscape.errors import UsageError
+
+    for f in dataclasses.fields(config):
+        value, meta = getattr(config, f.name), f.metadata
+        if "min" not in meta or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        flag = flag_of(f)
+        if meta.get("kind") == "subset":
+            subset_value(value, flag)
+            continue
+        if is_seed(f.name):
+            check_seed(flag, value)
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"{flag} must be a finite number, got {value}")
+        lo, hi = meta.get("min"), meta.get("max")
+        if hi is None and isinstance(value, int) and meta.get("kind") is None:
+            hi = COUNT_MAX
+        if lo is not None and (value < lo or (meta.get("min_open") and value == lo)):
+            raise UsageError(f"{flag} must be {'>' if meta.get('min_open') else '>='} {lo}, got {value}")
+        if hi is not None and (value > hi or (meta.get("max_open") and value == hi)):
+            raise UsageError(f"{flag} must be {'<' if meta.get('max_open') else '<='} {hi}, got {value}")
+
+
 def parallel(spec: Analysis) -> bool:
     """Whether the analysis has parallel parts: a ``workers`` option, hence also ``scheduler`` (a Dask cluster)."""
     return spec.inputs not in ("checkpoint", "pair") or "workers" in {f.name for f in dataclasses.fields(spec.config)}

@@ -40,6 +40,7 @@ from landscape import metrics as user_metrics
 from landscape.analyze._common import check_choice, check_positive_int
 from landscape.analyze.directions import RandomDirectionOptions, nonzero_random_directions
 from landscape.analyze.registry import Analysis, option, slug
+from landscape.bounds import GRID_CELLS_MAX
 from landscape.directions import BIASBN, NORMALIZATIONS, trajectory_pca
 from landscape.errors import UsageError
 from landscape.evaluate import Affine, evaluate
@@ -132,6 +133,8 @@ class SurfaceConfig(RandomDirectionOptions):
         ny = int(m.group(2)) if m.group(2) else nx
         if nx < 2 or ny < 2:
             raise UsageError(f"--grid needs at least 2 points per axis; got {self.grid!r}")
+        if nx * ny > GRID_CELLS_MAX:
+            raise UsageError(f"--grid {self.grid}: at most {GRID_CELLS_MAX} cells (e.g. 1000x1000), got {nx * ny}")
         return nx, ny
 
     @property

@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from landscape.errors import CheckpointError, IncompatibleError, UsageError
+from landscape.analyze.registry import check_bounds
+from landscape.errors import CheckpointError, IncompatibleError, LandscapeError, UsageError
 from landscape.params import check_compatible
 from landscape.store import Checkpoint
 
@@ -44,6 +45,7 @@ def config_with(cls, config, options: dict[str, Any]):
     if unknown:
         raise UsageError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     out = dataclasses.replace(config if config is not None else cls(), **options)
+    check_bounds(out)
     validate = getattr(out, "validate", None)
     if validate is not None:
         validate()
@@ -197,12 +199,42 @@ def _trusted() -> tuple:
 
 _SCHEDULER: contextvars.ContextVar = contextvars.ContextVar("landscape_scheduler", default=None)
 
+_SCHEMES = ("tcp://", "tls://")
+
+
+def scheduler_address(address: Any) -> Any:
+    """``address`` checked as a Dask scheduler address ``tcp://HOST:PORT`` (or ``tls://``; IPv6 hosts in brackets,
+    ``tcp://[::1]:8786``), before anything connects: a malformed one is one UsageError line (exit 2). A
+    ``distributed.Client`` passes unchanged; an unreachable scheduler is found later, when connecting (exit 1)."""
+    if address is None or not isinstance(address, str):
+        return address
+    text = address.strip()
+    hint = "give tcp://HOST:PORT (e.g. tcp://127.0.0.1:8786, tcp://[::1]:8786)"
+    scheme = next((s for s in _SCHEMES if text.lower().startswith(s)), None)
+    if scheme is None:
+        raise UsageError(f"--scheduler {address!r}: not a Dask scheduler address; {hint}")
+    rest = text[len(scheme):]
+    if rest.startswith("["):
+        host, sep, port = rest[1:].partition("]")
+        if not sep or not host or not port.startswith(":"):
+            raise UsageError(f"--scheduler {address!r}: an IPv6 host needs [HOST]:PORT; {hint}")
+        port = port[1:]
+    else:
+        host, sep, port = rest.rpartition(":")
+        if not sep:
+            host, port = rest, ""
+    if not host or any(c in host for c in "/ @?#[]") or (":" in host):
+        raise UsageError(f"--scheduler {address!r}: bad host {host!r}; {hint}")
+    if not (port.isdigit() and 0 < int(port) < 65536):
+        raise UsageError(f"--scheduler {address!r}: the port must be a number in 1..65535, got {port!r}; {hint}")
+    return text
+
 
 @contextlib.contextmanager
 def using_scheduler(scheduler: Any):
     """Inside the block every :class:`ProcessPool` runs its jobs on the Dask cluster ``scheduler`` (an address such as
     ``tcp://127.0.0.1:8786`` or a ``distributed.Client``) instead of local processes; ``None`` changes nothing."""
-    token = _SCHEDULER.set(scheduler)
+    token = _SCHEDULER.set(scheduler_address(scheduler))
     try:
         yield
     finally:
@@ -238,10 +270,21 @@ def _connect(scheduler: Any):
 
     if isinstance(scheduler, Client):
         return scheduler, False
+    return connect_client(scheduler_address(scheduler), set_as_default=False), True
+
+
+def connect_client(address: str, **kwargs: Any):
+    """A ``distributed.Client`` of the scheduler at (a checked) ``address``, waiting up to
+    :data:`SCHEDULER_TIMEOUT_S`; an unreachable scheduler is one LandscapeError line (exit 1)."""
+    from distributed import Client
+
+    from landscape import bounds
+
     try:
-        return Client(scheduler, set_as_default=False, timeout=10), True
-    except OSError as exc:
-        raise UsageError(f"cannot reach the Dask scheduler {scheduler}: {exc}") from None
+        return Client(address, timeout=bounds.SCHEDULER_TIMEOUT_S, **kwargs)
+    except (OSError, TimeoutError) as exc:
+        raise LandscapeError(f"cannot reach the Dask scheduler at {address} within {bounds.SCHEDULER_TIMEOUT_S} s: "
+                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
 
 
 _DASK_STATES: dict[str, dict[str, Any]] = {}

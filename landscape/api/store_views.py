@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from landscape.errors import CheckpointError
 
 __all__ = ["runs", "checkpoint", "show", "import_checkpoint"]
 
@@ -92,9 +95,15 @@ def import_checkpoint(
     from landscape import plugins
     from landscape.data import load_dataset
     from landscape.models import build_model
-    from landscape.store import Store
+    from landscape.store import Store, _looks_like_torch_file
     from landscape.store import import_checkpoint as store_import
 
+    source = Path(file)
+    target = source.resolve()  # a link is judged by what it points to, before the data set is loaded
+    if source.suffix.lower() in (".pt", ".pth") and target.is_file() and not _looks_like_torch_file(target):
+        link = f" (a link to {target})" if source.is_symlink() else ""
+        raise CheckpointError(f"cannot read {file}{link} as a PyTorch file: not a torch.save() file (neither a zip "
+                              "archive nor a binary pickle); is it the right file?")
     dataset = load_dataset(name=data, subset=subset, data_root=data_root, download=download,
                            **(data_kwargs or {}))
     spec = build_model(model, input_shape=dataset.input_shape, num_classes=dataset.num_classes,

@@ -7,7 +7,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,7 +93,8 @@ def resume(run: str, *, root: str | Path, data_root: str | None = None, progress
     return _train(TrainConfig(resume=run, data_root=data_root), root=root, progress=progress)
 
 
-def phases(config: PhasesConfig, *, root: str | Path, progress: bool | None = None) -> list[RunSummary]:
+def phases(config: PhasesConfig, *, root: str | Path, progress: bool | None = None,
+           report: Callable[[str], None] | None = None) -> list[RunSummary]:
     """Phase 1 / Phase 2 branches (Watson et al. 2023, Sec. 4.1.1); returns one summary per run.
 
     Every Phase-1 family trains ``k`` epochs from the same initialisation (same seed); from each one's
@@ -103,7 +105,8 @@ def phases(config: PhasesConfig, *, root: str | Path, progress: bool | None = No
     run's recorded epsilon composes its own steps with its Phase-1 parent's when that parent was DP.
 
     Runs that already exist with the same configuration are reused (resumed when incomplete), so an
-    interrupted ``phases`` command can simply be run again.
+    interrupted ``phases`` command can simply be run again. ``report`` receives one line per finished run
+    (the command prints them on stderr when it has no progress bars: output piped or redirected).
     """
     config.validate()
     with plugins.trusting(plugins.code_refs(config.base.model, config.base.data)):  # Phase 2 rebuilds Phase 1's
@@ -128,11 +131,21 @@ def _phases(config: PhasesConfig, *, root: str | Path, progress: bool | None) ->
     label = {"group": group, "k": config.k, "epsilon_target": base.target_epsilon if uses_dp else None,
              "noise_multiplier": sigma if uses_dp else None}
     summaries: list[RunSummary] = []
+    total = len(config.phase1) * (1 + len(config.phase2) * config.copies)
+
+    def finished(run: Run, what: str) -> None:
+        summaries.append(summarize(run))
+        if report is not None:
+            s = summaries[-1]
+            eps = f", epsilon {s.epsilon:.3g}" if s.epsilon is not None and math.isfinite(s.epsilon) else ""
+            acc = f", test acc {s.test_acc:.4f}" if s.test_acc is not None else ""
+            report(f"phases: [{len(summaries)}/{total}] {what} {s.run} finished (epoch {s.epoch}{acc}{eps})")
+
     for p1 in config.phase1:
         name1 = f"{group}-{p1}"
         cfg1 = config.phase_config(p1, epochs=config.k, seed=base.seed, noise_multiplier=sigma, run=name1)
         run1 = ensure(store, cfg1, {**label, "phase1": p1, "phase2": None, "copy": None}, progress)
-        summaries.append(summarize(run1))
+        finished(run1, f"phase 1 ({p1})")
         for p2 in config.phase2:
             for i in range(config.copies):
                 cfg2 = config.phase_config(
@@ -140,7 +153,7 @@ def _phases(config: PhasesConfig, *, root: str | Path, progress: bool | None) ->
                     from_ref=f"{name1}@last", run=f"{group}-{p1}-{p2}-{i}",
                 )
                 run2 = ensure(store, cfg2, {**label, "phase1": p1, "phase2": p2, "copy": i}, progress)
-                summaries.append(summarize(run2))
+                finished(run2, f"phase 2 ({p1}->{p2}, copy {i})")
     return summaries
 
 

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 from landscape.batch.jobs import run_job
 from landscape.batch.spec import BatchSpec, Job
-from landscape.errors import LandscapeError, UsageError
+from landscape.errors import UsageError
 
 STATUSES = ("done", "cached", "failed", "skipped")
 
@@ -47,6 +47,8 @@ class BatchReport:
     seconds: float = 0.0
     dashboard: str | None = None
     counts: dict[str, int] = field(default_factory=dict)
+    lost_workers: list[str] = field(default_factory=list)
+    retried: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> list[dict[str, Any]]:
@@ -80,13 +82,16 @@ def run_batch(spec: BatchSpec, *, workers: int = 1, scheduler: str | None = None
     start = time.perf_counter()
     spec.results.mkdir(parents=True, exist_ok=True)
     spec.root.mkdir(parents=True, exist_ok=True)
+    lost: list[str] = []
+    retried: list[str] = []
     if scheduler is None and workers <= 1:
         outcomes = _in_process(spec, threads, progress)
         dashboard = None
     else:
-        outcomes, dashboard = _on_dask(spec, workers, scheduler, threads if threads else 1, progress)
+        outcomes, dashboard = _on_dask(spec, workers, scheduler, threads if threads else 1, progress, lost, retried)
     progress.close()
-    report = BatchReport(outcomes=outcomes, seconds=time.perf_counter() - start, dashboard=dashboard)
+    report = BatchReport(outcomes=outcomes, seconds=time.perf_counter() - start, dashboard=dashboard,
+                         lost_workers=lost, retried=retried)
     report.counts = {s: sum(o["status"] == s for o in outcomes) for s in STATUSES}
     write_summary(spec, report)
     return report
@@ -101,10 +106,10 @@ def _in_process(spec: BatchSpec, threads: int | None, progress: Progress) -> lis
     return [done[j.id] for j in spec.jobs]
 
 
-def _on_dask(spec: BatchSpec, workers: int, scheduler: str | None, threads: int,
-             progress: Progress) -> tuple[list[dict[str, Any]], str | None]:
+def _on_dask(spec: BatchSpec, workers: int, scheduler: str | None, threads: int, progress: Progress,
+             lost: list[str], retried: list[str]) -> tuple[list[dict[str, Any]], str | None]:
     try:
-        from distributed import Client, LocalCluster, as_completed
+        from distributed import Client, LocalCluster
     except ImportError:
         raise UsageError("--workers > 1 and --scheduler need Dask: pip install 'landscape[dist]'") from None
     cluster = None
@@ -120,10 +125,12 @@ def _on_dask(spec: BatchSpec, workers: int, scheduler: str | None, threads: int,
                                    worker_dashboard_address=None, preload=["landscape.batch.parent_watch"])
         client = Client(cluster)
     else:
-        try:
-            client = Client(scheduler, timeout="20s")
-        except OSError as exc:
-            raise LandscapeError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from None
+        from landscape import bounds
+        from landscape.api._common import connect_client, scheduler_address
+
+        progress.note(f"dask: connecting to the scheduler at {scheduler} (waiting up to "
+                      f"{bounds.SCHEDULER_TIMEOUT_S} s)")
+        client = connect_client(scheduler_address(scheduler))
     try:
         link = client.dashboard_link if (cluster is None or _has_bokeh()) else None
         progress.note(f"dask: {len(client.scheduler_info(n_workers=-1)['workers'])} worker(s) at "
@@ -143,24 +150,61 @@ def _on_dask(spec: BatchSpec, workers: int, scheduler: str | None, threads: int,
             return [j.id for j in ready][:capacity]
 
         progress.running(running())
-        for future in as_completed(list(futures.values())):
-            job_id = ids[future.key]
-            try:
-                outcome = future.result()
-            except Exception as exc:  # e.g. KilledWorker after too many worker deaths
-                from landscape.batch.jobs import one_line
+        watch = WorkerWatch(client, ids, progress)
+        pending = dict(futures)
+        while pending:
+            finished = [job_id for job_id, f in pending.items() if f.done()]
+            if not finished:
+                watch.poll()
+                time.sleep(0.25)
+                continue
+            for job_id in finished:
+                future = pending.pop(job_id)
+                try:
+                    outcome = future.result()
+                except Exception as exc:  # e.g. KilledWorker after too many worker deaths
+                    from landscape.batch.jobs import one_line
 
-                job = by_id[job_id]
-                outcome = {"id": job_id, "kind": job.kind, "hash": job.hash, "status": "failed",
-                           "error": one_line(exc), "numbers": {}, "outputs": [], "seconds": 0.0, "worker": "?"}
-            outcomes[job_id] = outcome
-            progress.finish(outcome)
+                    job = by_id[job_id]
+                    outcome = {"id": job_id, "kind": job.kind, "hash": job.hash, "status": "failed",
+                               "error": one_line(exc), "numbers": {}, "outputs": [], "seconds": 0.0, "worker": "?"}
+                outcomes[job_id] = outcome
+                progress.finish(outcome)
             progress.running(running())
+        watch.poll()
+        lost.extend(watch.lost)
+        retried.extend(watch.retried)
         return [outcomes[j.id] for j in spec.jobs], link
     finally:
         client.close()
         if cluster is not None:
             cluster.close()
+
+
+class WorkerWatch:
+    """Which Dask workers left mid-batch and which jobs were running on them (Dask runs those again on another
+    worker): each loss is one progress line, and the batch's report lists them."""
+
+    def __init__(self, client: Any, ids: dict[str, str], progress: Progress):
+        self.client, self.ids, self.progress = client, ids, progress
+        self.known = set(client.scheduler_info(n_workers=-1)["workers"])
+        self.on: dict[str, list[str]] = {}
+        self.lost: list[str] = []
+        self.retried: list[str] = []
+
+    def poll(self) -> None:
+        try:
+            workers = set(self.client.scheduler_info(n_workers=-1)["workers"])
+            processing = self.client.processing()
+        except Exception:  # the scheduler is busy or closing: look again at the next poll
+            return
+        for gone in sorted(self.known - workers):
+            jobs = self.on.get(gone, [])
+            self.lost.append(gone)
+            self.retried.extend(j for j in jobs if j not in self.retried)
+            self.progress.note(f"lost worker {gone}; job(s) rerun on other workers: {', '.join(jobs) or 'none'}")
+        self.known = workers
+        self.on = {w: [self.ids[k] for k in keys if k in self.ids] for w, keys in processing.items()}
 
 
 def _has_bokeh() -> bool:
@@ -289,7 +333,8 @@ def write_summary(spec: BatchSpec, report: BatchReport) -> None:
     report.summary_h5 = write_result(
         out / "summary.h5", "batch-summary", arrays=arrays,
         attrs={"spec": str(spec.path), "root": str(spec.root), "jobs": len(rows), "seconds": report.seconds,
-               **{f"n_{s}": n for s, n in report.counts.items()}},
+               **{f"n_{s}": n for s, n in report.counts.items()}, "lost_workers": len(report.lost_workers),
+               "retried_jobs": ",".join(report.retried)},
         params={"columns": cols})
 
 

@@ -29,6 +29,13 @@ Dependencies: a job that reads a run another job produces (``train``'s ``run``, 
 as ``RUN``, ``RUN@selector``, inside ``A:B`` / ``B,C`` / ``pca:RUN`` lists, or through a glob (``G-*``),
 makes the edge. ``after:`` adds edges the references cannot show. ``train`` and ``prune`` jobs must name
 their ``run`` and ``phases`` jobs their ``group``, so that the graph is known before anything runs.
+
+Safety, checked before anything runs: every run a job reads is in the store or written by a job of the spec,
+and no reference is a path; every path a job writes (``pair_dir``; ``data_root`` with ``download: true``)
+resolves, symbolic links followed, inside the results directory or the store root; ``subset`` is a count or a
+fraction by the command line's rule (:func:`landscape.bounds.subset_value`); grids are counted before they are
+built (``MAX_JOBS``), and the text must be UTF-8, nest at most ``MAX_DEPTH`` levels and expand (YAML aliases
+and merge keys included) to at most ``MAX_NODES`` values.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import fnmatch
 import hashlib
 import itertools
 import json
+import math
 import re
 import string
 from collections.abc import Iterable
@@ -47,6 +55,7 @@ from typing import Any
 
 import yaml
 
+from landscape.bounds import subset_value
 from landscape.errors import UsageError
 
 TOP_KEYS = ("root", "results", "defaults", "jobs")
@@ -56,6 +65,13 @@ STORE_KINDS = ("align", "figures")  # hand-written commands besides training: pe
 # runner.run keyword arguments every analysis takes (besides its config fields and run options)
 _RUNNER_OPTIONS = {"figure": "bool", "data_root": "str | None", "download": "bool"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=-]*$")
+MAX_JOBS = 10_000  # jobs after grid expansion, counted before any is built
+MAX_NODES = 1_000_000  # values in the spec with its YAML aliases expanded
+MAX_DEPTH = 50  # nesting of mappings and lists
+MAX_JOB_NAME = 200  # characters of an expanded job name (a directory and RESULTS/.batch/NAME.json)
+# options whose values name checkpoints or runs (split like references: A:B, B,C, pca:RUN, RUN@selector, globs)
+REF_OPTIONS = ("refs", "ref", "ref_a", "ref_b", "from_ref", "toward", "plane", "pairs")
+_REF_KEYWORDS = {"plane": ("random", "pca"), "pairs": ("siblings", "all")}
 
 
 class SpecError(UsageError):
@@ -73,7 +89,46 @@ class _Map(dict):
 
 
 class _LineLoader(yaml.SafeLoader):
-    pass
+    """The safe loader, with nesting bounded (a 100k-deep spec is one line, not a RecursionError)."""
+
+    depth = 0
+
+    def compose_node(self, parent, index):
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise SpecError(f"{self.name}:{mark.line + 1}: nested deeper than {MAX_DEPTH} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def flatten_mapping(self, node):
+        """YAML merge keys (``<<: [*a, *a]``) copy the merged mappings' entries: counted first (each mapping once),
+        so merges of merges cannot expand to billions of entries before anything notices."""
+        if _merged_size(node, {}) > MAX_NODES:
+            raise SpecError(f"{self.name}:{node.start_mark.line + 1}: merge keys (<<) expand this mapping to more "
+                            f"than {MAX_NODES} entries")
+        super().flatten_mapping(node)
+
+
+def _merged_size(node: yaml.Node, memo: dict[int, int]) -> int:
+    """How many entries mapping ``node`` has once its merge keys are flattened (memoised per node)."""
+    if id(node) in memo:
+        return memo[id(node)]
+    memo[id(node)] = 0  # a merge cycle counts as nothing (PyYAML refuses it)
+    total = 0
+    for key, value in node.value if isinstance(node, yaml.MappingNode) else ():
+        if key.tag != "tag:yaml.org,2002:merge":
+            total += 1
+        elif isinstance(value, yaml.MappingNode):
+            total += _merged_size(value, memo)
+        elif isinstance(value, yaml.SequenceNode):
+            total += sum(_merged_size(v, memo) for v in value.value)
+        if total > MAX_NODES:
+            break
+    memo[id(node)] = total
+    return total
 
 
 def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> _Map:
@@ -102,6 +157,10 @@ def load_yaml(path: str | Path) -> _Map:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"cannot read batch spec {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise SpecError(f"{path}:{line}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") \
+            from None
     loader = _LineLoader(text)
     loader.name = str(path)
     try:
@@ -114,7 +173,24 @@ def load_yaml(path: str | Path) -> _Map:
         loader.dispose()
     if not isinstance(data, _Map):
         raise SpecError(f"{path}:1: a batch spec is a mapping with 'jobs' (and optionally {', '.join(TOP_KEYS[:3])})")
+    _check_size(data, path)
     return data
+
+
+def _check_size(data: Any, path: Path) -> None:
+    """Refuse a spec whose values, with YAML aliases expanded, hold more than MAX_NODES items (an alias bomb:
+    a few lines of ``&a [*b, *b, ...]`` that expand to billions). Stops counting at the limit."""
+    count, stack = 0, [data]
+    while stack:
+        node = stack.pop()
+        count += 1
+        if count > MAX_NODES:
+            raise SpecError(f"{path}:1: the spec expands to more than {MAX_NODES} values (YAML aliases repeating "
+                            f"aliases?); write it out or split it")
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
 
 
 # ------------------------------------------------------------------------------------------- kinds
@@ -273,13 +349,19 @@ def load_spec(path: str | Path, *, root: str | Path | None = None) -> BatchSpec:
     for key, body in jobs_data.items():
         expanded, after = _expand(key, body, jobs_data, defaults, known_kinds, where)
         jobs.extend(expanded)
+        if len(jobs) > MAX_JOBS:
+            raise SpecError(f"{where(jobs_data, key)}: the spec expands to more than {MAX_JOBS:,} jobs (up to "
+                            f"jobs.{key}); split it into several batches")
         for job in expanded:
             afters[job.id] = after[job.id]
     _check_unique(jobs, path)
     _link(jobs, afters, path)
     ordered = _topological(jobs, path)
+    spec = BatchSpec(path=path, root=Path(spec_root).absolute(), results=Path(results).absolute(), jobs=ordered)
+    _check_paths(spec)
+    _check_references(spec)
     _hash_jobs(ordered)
-    return BatchSpec(path=path, root=Path(spec_root).absolute(), results=Path(results).absolute(), jobs=ordered)
+    return spec
 
 
 def _where(path: Path):
@@ -319,6 +401,10 @@ def _expand(key: str, body: Any, parent: Any, defaults: Any, known_kinds: list[s
                 raise SpecError(f"{gat}: bad grid value {v!r}")
         if len(set(map(repr, values))) != len(values):
             raise SpecError(f"{gat}: repeats a value ({values!r})")
+    size = math.prod(len(v) for v in grid.values())
+    if size > MAX_JOBS:
+        raise SpecError(f"{where(body, 'grid')}: jobs.{key}.grid expands to {size:,} jobs "
+                        f"({' x '.join(str(len(v)) for v in grid.values())}); a batch holds at most {MAX_JOBS:,}")
     name_template = body.get("name")
     if name_template is not None and not isinstance(name_template, str):
         raise SpecError(f"{where(body, 'name')}: jobs.{key}.name must be a string template")
@@ -357,6 +443,9 @@ def _expand(key: str, body: Any, parent: Any, defaults: Any, known_kinds: list[s
             job_id = "-".join([key, *(f"{v}{_slug(env[v])}" for v in variables)])
         if not isinstance(job_id, str) or not _NAME.match(job_id):
             raise SpecError(f"{at}: job '{key}' expands to the bad job name {job_id!r}")
+        if len(job_id) > MAX_JOB_NAME:  # it names the job's results directory and record file
+            raise SpecError(f"{at}: job '{key}' expands to a job name of {len(job_id)} characters ({job_id[:40]}...); "
+                            f"at most {MAX_JOB_NAME}")
         label = f"jobs.{key}" + (f" ({', '.join(f'{v}={env[v]}' for v in variables)})" if variables else "")
         opts = _check_options(kind, info, opts, raw_options, grid, env, where, body, key, label, at)
         after = [_fill(a, env, f"{where(body, 'after')}: jobs.{key}.after") for a in after_raw]
@@ -447,7 +536,13 @@ def _check_options(kind, info, opts, raw_options, grid, env, where, body, key, l
     out = {}
     for opt, value in opts.items():
         try:
+            if opt == "subset":  # a count or a fraction, by the command line's rule (300 is 300 examples)
+                out[opt] = subset_value(value, "'subset'")
+                continue
             out[opt] = _check_type(value, info.options[opt])
+        except UsageError as exc:
+            oat = raw_options[opt][1] if opt in raw_options else f"{where(grid, opt)}: jobs.{key}.grid.{opt}"
+            raise SpecError(f"{oat}: {label}: {exc}") from None
         except TypeError:
             if opt in raw_options:
                 oat = raw_options[opt][1]
@@ -548,6 +643,71 @@ def _produces(kind: str, options: dict[str, Any]) -> list[str]:
             out.extend(f"{group}-{p1}-{p2}-{i}" for p2 in phase2 for i in range(copies))
         return out
     return []
+
+
+def _inside(target: Path, spec: BatchSpec) -> bool:
+    """Whether ``target`` (symbolic links followed) lies in the results directory or the store root."""
+    real = target.resolve()
+    return any(real.is_relative_to(anchor.resolve()) for anchor in (spec.results, spec.root))
+
+
+def _check_paths(spec: BatchSpec) -> None:
+    """Every path a job writes stays in the results directory or the store root (after ``..`` and symbolic
+    links): ``pair_dir`` (relative to the results directory) and, with ``download: true``, ``data_root`` (which
+    it then writes; a ``data_root`` that is only read may be anywhere, and is relative to the working
+    directory)."""
+    def refuse(job: Job, opt: str, value: Any, real: Path, why: str) -> SpecError:
+        return SpecError(f"{spec.path}:{job.line}: jobs.{job.key} ({job.id}): '{opt}' {value!r} resolves to {real}, "
+                         f"outside the results directory {spec.results} and the store root {spec.root}; {why}")
+
+    for job in spec.jobs:
+        pair_dir = job.options.get("pair_dir")
+        if pair_dir:
+            target = spec.results / str(pair_dir)
+            if not _inside(target, spec):
+                raise refuse(job, "pair_dir", pair_dir, target.resolve(), "a spec writes nowhere else")
+        if job.options.get("download"):
+            data_root = job.options.get("data_root")
+            if not data_root:
+                raise SpecError(f"{spec.path}:{job.line}: jobs.{job.key} ({job.id}): 'download: true' needs a "
+                                f"'data_root' inside the results directory or the store root (where it downloads)")
+            target = Path(str(data_root)).absolute()
+            if not _inside(target, spec):
+                raise refuse(job, "data_root", data_root, target.resolve(),
+                             "a spec downloads only there (without download, data_root is read from anywhere)")
+
+
+def _reference_tokens(opt: str, value: Any) -> list[str]:
+    """The run names (or globs) a reference option names; keywords (``random``, ``pca``, ``siblings``, ``all``)
+    are not runs."""
+    keywords = _REF_KEYWORDS.get(opt, ())
+    return [t for t in _references(value) if t not in keywords]
+
+
+def _check_references(spec: BatchSpec) -> None:
+    """Every run a job reads exists in the store or is written by a job of the spec (which then runs first), and
+    no reference is a path (``../x.h5``, ``/abs/step-000000.h5``): checked before anything runs."""
+    from landscape.store import Store
+
+    existing = set(Store(spec.root).run_names())
+    produced = {run for job in spec.jobs for run in job.produces}
+    known = existing | produced
+    for job in spec.jobs:
+        at = f"{spec.path}:{job.line}: jobs.{job.key} ({job.id})"
+        for opt in REF_OPTIONS:
+            if job.options.get(opt) in (None, "", [], ()):
+                continue
+            for token in _reference_tokens(opt, job.options[opt]):
+                if "/" in token or "\\" in token or token.startswith(".") or token.endswith(".h5"):
+                    raise SpecError(f"{at}: '{opt}' names the path {token!r}; a batch reads runs of its store "
+                                    f"(RUN, RUN@SELECTOR or a glob such as G-*), not files")
+                if any(c in token for c in "*?["):
+                    if not any(fnmatch.fnmatchcase(run, token) for run in known):
+                        raise SpecError(f"{at}: '{opt}' {token!r} matches no run of the store {spec.root} and no "
+                                        f"run a job of the spec writes")
+                elif token not in known:
+                    raise SpecError(f"{at}: '{opt}' names the run {token!r}, which is not in the store {spec.root} "
+                                    f"and no job of the spec writes")
 
 
 def _check_unique(jobs: list[Job], path: Path) -> None:

@@ -13,14 +13,16 @@ from landscape.figures.recipe import Made, Recipe, make
 
 
 def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out", root: str | Path = "checkpoints",
-            workers: int = 1, data_root: str | None = None, rerun: bool = False, scheduler=None) -> list[Made]:
+            workers: int = 1, data_root: str | None = None, rerun: bool = False, scheduler=None,
+            report=None) -> list[Made]:
     """Run the named recipes (or ``"all"``) and update ``out/README.md`` (:mod:`landscape.figures.gallery`).
 
     Finished recipes (same settings) are skipped unless ``rerun`` (which still reuses their trained runs: only the
     analyses, figure and summary are made again). A recipe that fails does not stop the others: the rest run, the
     gallery is written, and then :class:`~landscape.errors.RecipeError` names every failure (one line; its
     ``made`` holds the recipes that finished). ``scheduler`` (a Dask address or client) runs the recipes'
-    analyses' parallel parts on that cluster (see :func:`landscape.api._common.using_scheduler`).
+    analyses' parallel parts on that cluster (see :func:`landscape.api._common.using_scheduler`). ``report``
+    receives one line per finished (or failed) recipe, as it finishes (the command prints them on stderr).
     """
     import contextlib
 
@@ -37,8 +39,8 @@ def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out",
         cluster_size(scheduler)  # an unreachable scheduler is one line before anything runs
     made, failed = [], []
     with using_scheduler(scheduler) if scheduler is not None else contextlib.nullcontext():
-        _make_all(recipes, made, failed, scale=scale, out=out, root=root, workers=workers, data_root=data_root,
-                  rerun=rerun)
+        _make_all(recipes, made, failed, report, scale=scale, out=out, root=root, workers=workers,
+                  data_root=data_root, rerun=rerun)
     write_gallery(out, scale)
     if len(recipes) == 1 and failed and isinstance(failed[0][1], LandscapeError):
         raise failed[0][1]  # one recipe asked for: its own error line
@@ -48,10 +50,13 @@ def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out",
     return made
 
 
-def _make_all(recipes, made: list, failed: list, **options) -> None:
+def _make_all(recipes, made: list, failed: list, report=None, **options) -> None:
+    import time
+
     from landscape.errors import LandscapeError, UsageError
 
-    for r in recipes:
+    for i, r in enumerate(recipes, 1):
+        start = time.perf_counter()
         try:
             made.append(make(r, **options))
         except UsageError:
@@ -60,6 +65,11 @@ def _make_all(recipes, made: list, failed: list, **options) -> None:
             failed.append((f"{r.name}: {exc}", exc))
         except Exception as exc:  # a bug in one recipe must not cost the others an hour of work
             failed.append((f"{r.name}: {type(exc).__name__}: {exc}", exc))
+        failure = failed[-1][0].split(": ", 1)[1] if failed and failed[-1][0].startswith(f"{r.name}: ") else None
+        if report is not None and (failure is None or len(recipes) > 1):  # one recipe: its error line says it
+            what = (f"failed: {failure.splitlines()[0]}" if failure is not None else
+                    "skipped (finished)" if made[-1].skipped else f"made: {made[-1].verdict.status}")
+            report(f"figures: [{i}/{len(recipes)}] {r.name} {what} ({time.perf_counter() - start:.1f} s)")
 
 
 __all__ = ["Made", "Recipe", "figures", "make", "registry"]

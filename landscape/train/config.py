@@ -16,6 +16,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from landscape.bounds import check_seed
 from landscape.errors import UsageError
 from landscape.runtime import check_device_name
 
@@ -113,6 +114,8 @@ class TrainConfig:
             if value is not None and not math.isfinite(value):
                 raise UsageError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
         check_device_name(self.device)
+        check_seed("--seed", self.seed)
+        check_seed("--data-seed", self.data_seed)
         if self.epochs < 1:
             raise UsageError(f"--epochs must be >= 1, got {self.epochs}")
         if self.batch_size < 1:

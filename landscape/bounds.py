@@ -1,0 +1,82 @@
+"""The stated limits of the numbers a user gives, in one place (command line, Python api and batch specs alike).
+
+* **Seeds** are integers in ``[0, SEED_MAX]`` (``2**63 - 1``) for every command and option (``--seed``,
+  ``--data-seed``, ``--subset-seed``): ``numpy.random.SeedSequence`` and ``default_rng`` refuse negative seeds
+  and torch takes at most 64 bits, so a negative seed is refused in one line everywhere rather than accepted
+  by some commands and a traceback in others.
+* **Counts** (epochs, batch sizes, examples, probes, ...) are at most ``COUNT_MAX`` (``2**31 - 1``).
+* **Resolutions** whose size is allocated up front are bounded tighter: ``POINTS_MAX`` points of a path or
+  profile (``--points``), ``BINS_MAX`` histogram / calibration bins (``--bins``), ``GRID_CELLS_MAX`` cells of a
+  surface grid (``--grid``), ``DIRECTIONS_MAX`` random directions (``directions --n``).
+* **Waiting**: a command given ``--scheduler`` waits ``SCHEDULER_TIMEOUT_S`` seconds for the Dask scheduler.
+* **Subsets** are a count (an integer ``1 .. COUNT_MAX``) or a fraction (a float in ``(0, 1]``): ``300`` is 300
+  examples and ``0.3`` is 30 %, on the command line and in a batch spec (:func:`subset_value`).
+
+This module imports nothing heavy (the command line reads it before torch is loaded).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from landscape.errors import UsageError
+
+SEED_MAX = 2**63 - 1
+COUNT_MAX = 2**31 - 1
+POINTS_MAX = 10_000
+BINS_MAX = 10_000
+GRID_CELLS_MAX = 1_000_000
+DIRECTIONS_MAX = 10_000  # random directions of ``directions --n``: all are held in memory at once
+SCHEDULER_TIMEOUT_S = 10  # how long a command waits for the Dask scheduler it names (``--scheduler``)
+
+
+def is_seed(name: str) -> bool:
+    """Whether an option named ``name`` (``seed``, ``subset_seed``, ``--data-seed``) is a seed."""
+    name = name.lstrip("-").replace("-", "_")
+    return name == "seed" or name.endswith("_seed")
+
+
+def check_seed(flag: str, value: Any) -> int:
+    """``value`` as a seed (an integer in ``[0, SEED_MAX]``), else a one-line UsageError naming ``flag``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = math.nan
+        if not (math.isfinite(number) and number == int(number)):
+            raise UsageError(f"{flag} must be an integer seed in [0, 2**63 - 1], got {value!r}")
+        value = int(number)
+    if not 0 <= value <= SEED_MAX:
+        raise UsageError(f"{flag} must be an integer seed in [0, 2**63 - 1] (seeds are never negative), got {value}")
+    return value
+
+
+def subset_value(value: Any, flag: str = "--subset") -> int | float | None:
+    """A subset as a count (an integer ``>= 1``) or a fraction (a float in ``(0, 1]``); None stays None.
+
+    Integers, integer-valued strings (``"300"``) are counts; floats and other numeric strings (``"0.3"``) are
+    fractions. One rule for the command line (``cli.options.SubsetType``) and batch specs.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise UsageError(f"{flag}: give a count or a fraction, got {value!r}")
+    if isinstance(value, (int, float)):
+        number = value
+    else:
+        text = str(value).strip()
+        try:
+            number = int(text)
+        except ValueError:
+            try:
+                number = float(text)
+            except ValueError:
+                raise UsageError(f"{flag}: {value!r} is neither a count nor a fraction") from None
+    if isinstance(number, int):
+        if not 1 <= number <= COUNT_MAX:
+            raise UsageError(f"{flag}: a count must be in [1, {COUNT_MAX}], got {number}")
+        return number
+    if not (math.isfinite(number) and 0.0 < number <= 1.0):
+        raise UsageError(f"{flag}: a fraction must be in (0, 1], got {number} (a count is an integer)")
+    return float(number)
