@@ -62,8 +62,8 @@ from landscape import persample
 from landscape.errors import ModelError, UsageError
 from landscape.persample import (
     Capture,
+    Handler,
     HooksFailed,
-    _Handler,
     functorch_grads,
     plan_handlers,
     refuse_batchnorm,
@@ -204,7 +204,7 @@ class _Engine:
         self.roles = {full: (h, role) for h in self.handlers for role, full in h.pnames.items()}
         self.n = x.shape[0]
         self.modes: dict[str, str] = {}  # weight name -> "ghost" | "materialize" (ghost-capable layers only)
-        self.dims: dict[_Handler, tuple[int, int, int, int]] = {}  # ghost-capable handler -> (G, D, P, T)
+        self.dims: dict[Handler, tuple[int, int, int, int]] = {}  # ghost-capable handler -> (G, D, P, T)
 
     # -- dtype of a parameter's contractions
     @property
@@ -309,7 +309,7 @@ class _Engine:
             chunk.func = {k: v.reshape(-1, self.params[k].numel()) for k, v in g.items()}
         return chunk
 
-    def _eager(self, chunk: _Chunk, h: _Handler) -> None:
+    def _eager(self, chunk: _Chunk, h: Handler) -> None:
         chunk.eager.add(h)
         for name in h.pnames.values():
             if name in self.roles:
@@ -351,7 +351,7 @@ class _Engine:
         gb = ga if a is b else b.func[name].to(dt)
         return (ga @ gb.T).to(self.dtype)
 
-    def _calls(self, h: _Handler, chunk: _Chunk, idx: slice) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    def _calls(self, h: Handler, chunk: _Chunk, idx: slice) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
         """Per pass, the (input, output gradient) pairs of samples ``idx`` of a chunk; weight layers' in the
         contraction dtype."""
         ct = self.contract_dtype if h in self.dims else None
@@ -362,7 +362,7 @@ class _Engine:
         passes = 1 if self.kind == "loss-grad" else chunk.M
         return [[(cast(a[idx]), cast(b[idx])) for a, b in chunk.cap.calls(h, chunk.n, p)] for p in range(passes)]
 
-    def _rows(self, h: _Handler, role: str, chunk: _Chunk, idx: slice, dt: torch.dtype) -> torch.Tensor:
+    def _rows(self, h: Handler, role: str, chunk: _Chunk, idx: slice, dt: torch.dtype) -> torch.Tensor:
         """Per-sample (per-logit, sample-major) gradient rows ``(c * Mb, numel)`` of one parameter.
 
         Weight layers: B_im A_i^T contracted over positions from the handler's ghost factors (A once per
@@ -399,7 +399,7 @@ class _Engine:
         g = h.role_per_sample(u, role)
         return g.reshape(g.shape[0], -1).to(dt)
 
-    def _factors(self, h: _Handler, chunk: _Chunk, idx: slice) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def _factors(self, h: Handler, chunk: _Chunk, idx: slice) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Ghost factors of samples ``idx``: A (c, G, D, T) and B (c, Mb, G, P, T) over the passes."""
         passes = self._calls(h, chunk, idx)
         f = h.ghost_factors(h.unit(passes[0]))
@@ -411,7 +411,7 @@ class _Engine:
             Bs.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=3))
         return f[0], torch.stack(Bs, dim=1)
 
-    def _materialize(self, h: _Handler, role: str, a: _Chunk, b: _Chunk, dt: torch.dtype) -> torch.Tensor:
+    def _materialize(self, h: Handler, role: str, a: _Chunk, b: _Chunk, dt: torch.dtype) -> torch.Tensor:
         ca, cb, Mb = a.n, b.n, self.Mb
         item = torch.finfo(dt).bits // 8
         per_row = self.params[h.pnames[role]].numel() * item * Mb
@@ -435,7 +435,7 @@ class _Engine:
                 out[si.start * Mb: si.stop * Mb, sj.start * Mb: sj.stop * Mb] = (gi @ gj.T).to(self.dtype)
         return out
 
-    def _ghost(self, h: _Handler, a: _Chunk, b: _Chunk, dt: torch.dtype) -> torch.Tensor:
+    def _ghost(self, h: Handler, a: _Chunk, b: _Chunk, dt: torch.dtype) -> torch.Tensor:
         """K[(i, m), (j, n)] = sum_{g,t,s} (A_i^T A_j)_{g,ts} (B_im^T B_jn)_{g,ts}: the cross-sample form of
         the ghost norm (Bu et al. 2023, eq. 4.4), never forming per-sample gradients."""
         ca, cb, Mb = a.n, b.n, self.Mb

@@ -47,6 +47,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.graph import get_gradient_edge
 from torch.func import functional_call, grad, jacrev, jvp, vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from landscape.errors import ModelError, UsageError
 from landscape.pooling import exact_fast_pooling
@@ -120,28 +122,46 @@ def refuse_batchnorm(model: nn.Module) -> None:
 # --------------------------------------------------------------------------------------------------------
 
 
-class _Handler:
-    """Per-sample gradient algebra for one module type. ``pnames`` maps 'weight'/'bias' to parameter names.
+class Handler:
+    """Per-sample gradient algebra for one module type (the base of every handler; see ``register_handler``).
 
-    ``unit(calls)`` packs the (input, output-gradient) pairs of all calls of the module in one pass into a
-    dict; the other methods read it and cache materialised per-sample gradients in it (key ``"g"``), so a
-    norm computation followed by a weighted sum materialises at most once. ``reduce_dtype`` (None: the
-    gradients' own) is the dtype in which bias and normalisation gradients are summed over positions."""
+    A handler is built per module instance with ``pnames``, which maps the names of the module's own
+    parameters it computes (``roles``, e.g. 'weight'/'bias') to their full ``named_parameters`` names.
+    The engine keeps, for every call of the module in one batched forward, its first positional input and
+    the gradient of the summed loss with respect to its output (the batch on dim 0 of both), and hands the
+    list of these ``(input, output gradient)`` pairs to ``unit(calls)``, which packs them in a dict (default:
+    ``{"calls": calls}``). A subclass implements ``per_sample_grads(u) -> {role: (n, *param.shape)}``; it may
+    also override ``sq_norms`` / ``weighted`` (norms and weighted sums without materialising, e.g. ghost
+    norms), ``ghost_factors`` / ``grad_factor`` (Gram blocks of ``landscape.gram``).
+
+    ``roles`` (class attribute) names the module's own parameters the handler can compute (None: all of
+    them); a module with another trainable parameter of its own goes to the ``torch.func`` route instead.
+    ``accepts(module)`` may refuse a configuration (e.g. a sparse Embedding). ``reduce_dtype`` (None: the
+    gradients' own) is the dtype in which bias and normalisation gradients are summed over positions.
+    Materialised per-sample gradients are cached in the unit (key ``"g"``), so a norm computation followed by
+    a weighted sum materialises at most once."""
+
+    roles: tuple[str, ...] | None = ("weight", "bias")
 
     def __init__(self, module: nn.Module, pnames: dict[str, str], reduce_dtype: torch.dtype | None = None):
         self.module = module
         self.pnames = pnames
         self.reduce_dtype = reduce_dtype
 
-    def unit(self, calls: list[tuple[Tensor, Tensor]]) -> dict:
-        raise NotImplementedError
+    @classmethod
+    def accepts(cls, module: nn.Module) -> bool:
+        """Whether this handler can do this module instance (default: yes)."""
+        return True
 
-    def _per_sample(self, u: dict) -> dict[str, Tensor]:
+    def unit(self, calls: list[tuple[Tensor, Tensor]]) -> dict:
+        return {"calls": calls}
+
+    def per_sample_grads(self, u: dict) -> dict[str, Tensor]:
         raise NotImplementedError
 
     def per_sample(self, u: dict) -> dict[str, Tensor]:
         if "g" not in u:
-            u["g"] = self._per_sample(u)
+            u["g"] = self.per_sample_grads(u)
         return u["g"]
 
     def role_per_sample(self, u: dict, role: str) -> Tensor:
@@ -175,6 +195,51 @@ class _Handler:
         return torch.cat([t[i : i + step].sum(dim, dtype=dt) for i in range(0, t.shape[0], step)])
 
 
+# module type -> handler class: the open registry (exact types; see ``register_handler``)
+_HANDLERS: dict[type, type[Handler]] = {}
+
+
+def register_handler(*module_types: type, replace: bool = False) -> Callable[[type[Handler]], type[Handler]]:
+    """Class decorator registering a :class:`Handler` for modules of exactly these types (not subclasses,
+    whose ``forward`` may do something else: register them too if they compute the same function).
+
+    ``@register_handler(MyLayer) class MyLayerHandler(Handler): ...``. Registering a type that already has
+    another handler raises ``UsageError`` unless ``replace=True``. Modules without a handler take the
+    ``torch.func`` route automatically, so a handler is only ever a speed-up; the engine's first call checks
+    the summed per-sample gradients against autograd's and falls back to ``torch.func`` if a handler is wrong.
+    Register next to the layer's class, so that worker processes importing the model's code register too."""
+    for t in module_types:
+        if not (isinstance(t, type) and issubclass(t, nn.Module)):
+            raise UsageError(f"register_handler: {t!r} is not an nn.Module subclass")
+    if not module_types:
+        raise UsageError("register_handler: name at least one module type")
+
+    def deco(cls: type[Handler]) -> type[Handler]:
+        if not (isinstance(cls, type) and issubclass(cls, Handler)):
+            raise UsageError(f"register_handler: {cls!r} is not a landscape.persample.Handler subclass")
+        for t in module_types:
+            old = _HANDLERS.get(t)
+            if old is not None and old is not cls and not replace:
+                raise UsageError(
+                    f"{t.__name__} already has the per-sample handler {old.__name__}; pass replace=True to replace it"
+                )
+            _HANDLERS[t] = cls
+        return cls
+
+    return deco
+
+
+def unregister_handler(module_type: type) -> None:
+    """Remove the handler of ``module_type`` (its modules then take the ``torch.func`` route)."""
+    _HANDLERS.pop(module_type, None)
+
+
+def handler_for(module: nn.Module) -> type[Handler] | None:
+    """The handler class registered for ``type(module)`` that accepts this module, or None."""
+    cls = _HANDLERS.get(type(module))
+    return cls if cls is not None and cls.accepts(module) else None
+
+
 def _sq(g: Tensor, mask: Tensor | None) -> Tensor:
     if mask is not None:
         g = g * mask
@@ -195,7 +260,7 @@ def _wsum(w: Tensor, g: Tensor) -> Tensor:
     return (w @ g.reshape(g.shape[0], -1)).reshape(g.shape[1:])
 
 
-class _WeightBiasHandler(_Handler):
+class _WeightBiasHandler(Handler):
     """A module whose unit holds the per-sample bias gradients (``"gb"``); subclasses do the weight's."""
 
     def _weight_per_sample(self, u: dict) -> Tensor:
@@ -210,7 +275,7 @@ class _WeightBiasHandler(_Handler):
     def role_per_sample(self, u, role):
         return self._weight_per_sample(u) if role == "weight" else u["gb"]
 
-    def _per_sample(self, u):
+    def per_sample_grads(self, u):
         return {role: self.role_per_sample(u, role) for role in ("weight", "bias") if role in self.pnames}
 
     def sq_norms(self, u, masks):
@@ -230,7 +295,8 @@ class _WeightBiasHandler(_Handler):
         return out
 
 
-class _LinearHandler(_WeightBiasHandler):
+@register_handler(nn.Linear)
+class LinearHandler(_WeightBiasHandler):
     """nn.Linear on inputs (n, ..., D): g_i(weight) = sum_t B_t^T A_t over the T positions of sample i.
 
     Unit: ``a`` (n, 1, D, T) and ``b`` (n, 1, P, T), and for a module called once, ``direct(w)``:
@@ -299,7 +365,8 @@ class _LinearHandler(_WeightBiasHandler):
         return torch.einsum("ngpt,ngdt->gpd", bw, a).reshape(self.module.weight.shape)
 
 
-class _ConvHandler(_WeightBiasHandler):
+@register_handler(nn.Conv1d, nn.Conv2d)
+class ConvHandler(_WeightBiasHandler):
     """Conv1d / Conv2d (any stride, padding, padding mode, dilation, groups).
 
     Per-sample weight gradients come from ONE weight-gradient kernel with the batch folded into the groups
@@ -415,7 +482,8 @@ def _unfold(x: Tensor, kernel, stride, dilation, out_hw) -> Tensor:
     return view.reshape(n, c * kh * kw, ho * wo)
 
 
-class _NormHandler(_Handler):
+@register_handler(nn.GroupNorm, nn.LayerNorm)
+class NormHandler(Handler):
     """GroupNorm / LayerNorm affine parameters: g_i(weight) = sum over positions of B * xhat, g_i(bias) = sum B."""
 
     def _xhat(self, a: Tensor) -> Tensor:
@@ -432,10 +500,7 @@ class _NormHandler(_Handler):
         k = len(m.normalized_shape)
         return self._sum(t.reshape(n, -1, *t.shape[t.dim() - k :]), 1)
 
-    def unit(self, calls):
-        return {"calls": calls}
-
-    def _per_sample(self, u):
+    def per_sample_grads(self, u):
         out = {}
         for a, b in u["calls"]:
             if "weight" in self.pnames:
@@ -445,8 +510,15 @@ class _NormHandler(_Handler):
         return out
 
 
-class _EmbeddingHandler(_Handler):
+@register_handler(nn.Embedding)
+class EmbeddingHandler(Handler):
     """nn.Embedding: g_i = sum_t onehot(idx_t)^T B_t (rows at padding_idx get no gradient)."""
+
+    roles = ("weight",)
+
+    @classmethod
+    def accepts(cls, module):
+        return not module.scale_grad_by_freq and not module.sparse
 
     def unit(self, calls):
         m = self.module
@@ -458,7 +530,7 @@ class _EmbeddingHandler(_Handler):
             b = b * (idx != m.padding_idx).unsqueeze(-1).to(b.dtype)
         return {"idx": idx, "b": b}
 
-    def _per_sample(self, u):
+    def per_sample_grads(self, u):
         idx, b = u["idx"], u["b"]
         n, t = idx.shape
         g = b.new_zeros(n, self.module.num_embeddings, self.module.embedding_dim)
@@ -481,22 +553,80 @@ class _EmbeddingHandler(_Handler):
         return {"weight": g}
 
 
-def _handler_for(module: nn.Module, pnames: dict[str, str], reduce_dtype: torch.dtype | None) -> _Handler | None:
-    t = type(module)
-    if t is nn.Linear:
-        return _LinearHandler(module, pnames, reduce_dtype)
-    if t in (nn.Conv1d, nn.Conv2d):
-        return _ConvHandler(module, pnames, reduce_dtype)
-    if t in (nn.GroupNorm, nn.LayerNorm):
-        return _NormHandler(module, pnames, reduce_dtype)
-    if t is nn.Embedding and not module.scale_grad_by_freq and not module.sparse:
-        return _EmbeddingHandler(module, pnames, reduce_dtype)
-    return None
+class FunctionalHandler(Handler):
+    """Any module, by ``torch.func``: the per-sample gradients of the parameters ``pnames`` (its own, and
+    those of descendants its ``forward`` uses without calling them, like ``nn.MultiheadAttention.out_proj``)
+    are the per-sample vector-Jacobian products ``g_i = grad_theta sum_k <f_k(theta, inputs_i), B_{k,i}>``
+    of the module's output tensors f_k with their captured output gradients B_k, by ``vmap(grad)`` over the
+    samples of one call's inputs (positional and keyword; Opacus' functorch mode, generalised).
+
+    ``dims`` gives, per call, the batch dimension of every input leaf and every output leaf (None: shared by
+    all samples), as ``probe_batch_dims`` measured them. Random operations inside the module (dropout in
+    training mode) would draw other numbers than the forward did, so they are refused (vmap's
+    ``randomness="error"``) and the engine takes the whole-model route."""
+
+    roles = None
+
+    def __init__(self, module, pnames, reduce_dtype=None, dims=None):
+        super().__init__(module, pnames, reduce_dtype)
+        self.dims: list[tuple[list[int | None], list[int | None]]] = dims or []
+
+    def unit(self, calls):
+        if len(calls) != len(self.dims):
+            raise HooksFailed(
+                f"module {type(self.module).__name__} was called {len(calls)} times, {len(self.dims)} in the probe"
+            )
+        g = None
+        for (inputs, grads), dims in zip(calls, self.dims, strict=True):
+            try:
+                gk = self._call_grads(inputs, grads, *dims)
+            except (RuntimeError, NotImplementedError, ValueError, TypeError) as e:
+                why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise HooksFailed(f"torch.func cannot take module {type(self.module).__name__} apart: {why}") from e
+            g = gk if g is None else {k: g[k] + gk[k] for k in g}
+        return {"g": g}
+
+    def per_sample_grads(self, u):
+        return u["g"]
+
+    def _call_grads(self, inputs, grads, in_dims, out_dims) -> dict[str, Tensor]:
+        leaves, spec = tree_flatten(inputs)
+        bidx = [i for i, d in enumerate(in_dims) if d is not None]
+        outs = [(j, g) for j, g in enumerate(grads) if g is not None]
+        if any(out_dims[j] is None for j, _ in outs):
+            raise HooksFailed(f"module {type(self.module).__name__} has an output shared by all samples")
+        params = dict(self.module.named_parameters(remove_duplicate=False))
+        params = {role: params[role].detach() for role in self.pnames}
+        module = self.module
+
+        def vjp_one(p, xs, gs):
+            full = list(leaves)
+            for i, t in zip(bidx, xs, strict=True):
+                full[i] = t.unsqueeze(in_dims[i])
+            args, kwargs = tree_unflatten(full, spec)
+            out = tree_flatten(functional_call(module, p, tuple(args), kwargs))[0]
+            total = None
+            for (j, _), g in zip(outs, gs, strict=True):
+                term = (out[j] * g.unsqueeze(out_dims[j]).to(out[j].dtype)).sum()
+                total = term if total is None else total + term
+            return total
+
+        if not outs:
+            n = next(leaves[i].shape[in_dims[i]] for i in bidx)
+            return {k: v.new_zeros(n, *v.shape) for k, v in params.items()}
+        fn = vmap(
+            grad(vjp_one),
+            in_dims=(None, [in_dims[i] for i in bidx], [out_dims[j] for j, _ in outs]),
+            randomness="error",
+        )
+        # attention's fused kernels have no vmap batching rule (a per-sample loop); its math form has
+        with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+            return fn(params, [leaves[i] for i in bidx], [g for _, g in outs])
 
 
 def plan_handlers(
     model: nn.Module, names: list[str], reduce_dtype: torch.dtype | None = None
-) -> tuple[list[_Handler], list[str]]:
+) -> tuple[list[Handler], list[str]]:
     """Handlers for the modules owning parameters ``names``; the names no handler covers (a module type
     without handler, a parameter outside any module, or one tied between modules: torch.func's business)."""
     wanted = set(names)
@@ -508,13 +638,79 @@ def plan_handlers(
     for mname, m in model.named_modules(remove_duplicate=True):
         own = {k: (f"{mname}.{k}" if mname else k) for k, p in m.named_parameters(recurse=False) if len(owners[id(p)]) == 1}
         own = {k: full for k, full in own.items() if full in wanted}
-        if not own or not set(own) <= {"weight", "bias"}:
+        cls = handler_for(m) if own else None
+        if cls is None or (cls.roles is not None and not set(own) <= set(cls.roles)):
             continue
-        h = _handler_for(m, own, reduce_dtype)
-        if h is not None:
-            handlers.append(h)
-            covered.update(own.values())
+        handlers.append(cls(m, own, reduce_dtype))
+        covered.update(own.values())
     return handlers, [k for k in names if k not in covered]
+
+
+def _shared_parameters(model: nn.Module) -> list[str]:
+    """Names of parameters held by two or more modules (tied): no module's call sees all their uses."""
+    owners: dict[int, int] = {}
+    for m in model.modules():
+        for p in m.parameters(recurse=False):
+            owners[id(p)] = owners.get(id(p), 0) + 1
+    return [k for k, p in model.named_parameters() if owners.get(id(p), 0) > 1]
+
+
+def _leaf_shapes(tree) -> list[tuple[int, ...] | None]:
+    return [tuple(t.shape) if isinstance(t, Tensor) else None for t in tree_flatten(tree)[0]]
+
+
+def _batch_dims(s1: list, s2: list) -> list[int | None] | None:
+    """Per leaf, the one dimension that is 1 with one sample and 2 with two (None: the same size, shared by
+    the samples); None when some leaf changes otherwise (its samples are not kept apart on one dimension)."""
+    if len(s1) != len(s2):
+        return None
+    dims = []
+    for a, b in zip(s1, s2, strict=True):
+        if a is None or a == b:
+            dims.append(None)
+            continue
+        if b is None or len(a) != len(b):
+            return None
+        diff = [d for d in range(len(a)) if a[d] != b[d]]
+        if len(diff) != 1 or (a[diff[0]], b[diff[0]]) != (1, 2):
+            return None
+        dims.append(diff[0])
+    return dims
+
+
+def probe_calls(model: nn.Module, x: Tensor) -> dict[nn.Module, list | str]:
+    """Every module the forward calls with grad enabled -> per call, ``(input dims, output dims)``: the batch
+    dimension of each input leaf (positional and keyword) and output leaf, None where the leaf is shared by
+    the samples. Measured by two forwards, on one and on two copies of the first sample (no assumption on
+    where modules keep the batch: ``nn.MultiheadAttention`` without ``batch_first`` has it on dim 1). A
+    module whose leaves do not keep the samples apart gets a reason instead. The RNG state is left as it was."""
+    runs: list[dict[nn.Module, list]] = []
+    devices = [x.device] if x.device.type == "cuda" else []
+    for xb in (x[:1], x[:1].expand(2, *x.shape[1:]).contiguous()):
+        seen: dict[nn.Module, list] = {}
+
+        def hook(m, args, kwargs, out, seen=seen):
+            if torch.is_grad_enabled():
+                seen.setdefault(m, []).append((_leaf_shapes((args, kwargs)), _leaf_shapes(out)))
+
+        handles = [m.register_forward_hook(hook, with_kwargs=True) for m in model.modules()]
+        try:
+            with torch.random.fork_rng(devices=devices), torch.enable_grad(), exact_fast_pooling(model):
+                model(xb)
+        finally:
+            for hd in handles:
+                hd.remove()
+        runs.append(seen)
+    out: dict[nn.Module, list | str] = {}
+    for m, one in runs[0].items():
+        two = runs[1].get(m, [])
+        if len(one) != len(two):
+            out[m] = "is called a different number of times for one and two samples"
+            continue
+        dims = [(_batch_dims(a1, a2), _batch_dims(o1, o2)) for (a1, o1), (a2, o2) in zip(one, two, strict=True)]
+        ok = all(i is not None and o is not None for i, o in dims)
+        out[m] = dims if ok else "does not keep the samples apart along one dimension of its inputs and outputs"
+    return out
 
 
 class Capture:
@@ -530,19 +726,23 @@ class Capture:
     the backward goes on (lower peak memory: the Gram blocks of ``landscape.gram``)."""
 
     def __init__(
-        self, handlers: list[_Handler], *, passes: int = 1, on_complete: Callable[[_Handler], None] | None = None
+        self, handlers: list[Handler], *, passes: int = 1, on_complete: Callable[[Handler], None] | None = None
     ):
         self.handlers = list(handlers)
         self.passes, self.on_complete = passes, on_complete
-        self.inputs: dict[_Handler, list[Tensor]] = {h: [] for h in self.handlers}
-        self.shapes: dict[_Handler, list[torch.Size]] = {h: [] for h in self.handlers}
-        self.grads: dict[_Handler, list[list[Tensor]]] = {h: [] for h in self.handlers}  # per call, per pass
+        self.inputs: dict[Handler, list[Tensor]] = {h: [] for h in self.handlers}
+        self.shapes: dict[Handler, list[torch.Size]] = {h: [] for h in self.handlers}
+        self.grads: dict[Handler, list[list[Tensor]]] = {h: [] for h in self.handlers}  # per call, per pass
         self._edges: list = []
         self._handles: list = []
 
     def __enter__(self) -> Capture:
         for h in self.handlers:
-            self._handles.append(h.module.register_forward_hook(functools.partial(self._forward_hook, h)))
+            if isinstance(h, FunctionalHandler):
+                hook = functools.partial(self._call_hook, h)
+                self._handles.append(h.module.register_forward_hook(hook, with_kwargs=True))
+            else:
+                self._handles.append(h.module.register_forward_hook(functools.partial(self._forward_hook, h)))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -550,7 +750,7 @@ class Capture:
             hd.remove()
         self._handles.clear()
 
-    def _forward_hook(self, h: _Handler, _module, inputs, output) -> None:
+    def _forward_hook(self, h: Handler, _module, inputs, output) -> None:
         if torch.is_grad_enabled() and isinstance(output, Tensor) and output.requires_grad:
             k = len(self.inputs[h])
             self.inputs[h].append(inputs[0].detach())
@@ -559,7 +759,29 @@ class Capture:
             self._edges.append(get_gradient_edge(output))
             output.register_hook(functools.partial(self._grad_hook, h, k))
 
-    def _grad_hook(self, h: _Handler, k: int, g: Tensor) -> None:
+    def _call_hook(self, h: FunctionalHandler, _module, args, kwargs, output) -> None:
+        """A functional handler's call: all its inputs (positional and keyword) and a hook on every output
+        tensor that requires grad (one backward pass: its gradients go to ``grads[h][k][0]`` by leaf)."""
+        if not torch.is_grad_enabled():
+            return
+        leaves = tree_flatten(output)[0]
+        outs = [(j, t) for j, t in enumerate(leaves) if isinstance(t, Tensor) and t.requires_grad]
+        if not outs:
+            return
+        k = len(self.inputs[h])
+        self.inputs[h].append(tree_map(lambda t: t.detach() if isinstance(t, Tensor) else t, (args, kwargs)))
+        self.shapes[h].append(
+            [(t.shape, t.dtype, t.device) if isinstance(t, Tensor) and t.requires_grad else None for t in leaves]
+        )
+        self.grads[h].append([{}])
+        for j, t in outs:
+            self._edges.append(get_gradient_edge(t))
+            t.register_hook(functools.partial(self._leaf_hook, h, k, j))
+
+    def _leaf_hook(self, h: FunctionalHandler, k: int, j: int, g: Tensor) -> None:
+        self.grads[h][k][0][j] = g.detach()
+
+    def _grad_hook(self, h: Handler, k: int, g: Tensor) -> None:
         self.grads[h][k].append(g.detach())
         if self.on_complete is not None and all(len(gs) == self.passes for gs in self.grads[h]):
             self.on_complete(h)
@@ -569,9 +791,15 @@ class Capture:
             raise HooksFailed("no supported module was called")
         torch.autograd.backward(root, grad, retain_graph=retain_graph, inputs=self._edges)
 
-    def calls(self, h: _Handler, n: int, pass_: int = 0) -> list[tuple[Tensor, Tensor]]:
+    def calls(self, h: Handler, n: int, pass_: int = 0) -> list[tuple[Tensor, Tensor]]:
         """(input, output gradient of pass ``pass_``) per call of ``h``'s module; zeros where no gradient
         reached an output. The batch (``n`` samples) must be dim 0 of both."""
+        if isinstance(h, FunctionalHandler):  # ((args, kwargs), [output gradient or None per output leaf])
+            return [
+                (inp, [None if t is None else gs[0].get(j, torch.zeros(t[0], dtype=t[1], device=t[2]))
+                       for j, t in enumerate(leaves)])
+                for inp, leaves, gs in zip(self.inputs[h], self.shapes[h], self.grads[h], strict=True)
+            ]
         out = []
         for a, shape, gs in zip(self.inputs[h], self.shapes[h], self.grads[h], strict=True):
             b = gs[pass_] if len(gs) > pass_ else a.new_zeros(shape)
@@ -580,11 +808,11 @@ class Capture:
             out.append((a, b))
         return out
 
-    def reached(self, h: _Handler) -> bool:
+    def reached(self, h: Handler) -> bool:
         """Whether some output gradient of ``h``'s module arrived."""
         return any(self.grads[h][k] for k in range(len(self.grads[h])))
 
-    def release(self, h: _Handler) -> None:
+    def release(self, h: Handler) -> None:
         """Drop what was kept for ``h``'s module."""
         self.inputs[h], self.shapes[h], self.grads[h] = [], [], []
 
@@ -608,7 +836,7 @@ def functorch_grads(
     def logits_one(p, xi):
         return functional_call(model, {**fixed, **p}, (xi.unsqueeze(0),))
 
-    with torch.enable_grad():
+    with torch.enable_grad(), sdpa_kernel(SDPBackend.MATH):  # fused attention has no vmap rule: a slow loop
         if y is None:
             jac = vmap(jacrev(lambda p, xi: logits_one(p, xi).squeeze(0)), in_dims=(None, 0), randomness="different")
             return jac(params, x), None, None
@@ -662,15 +890,19 @@ class PerSampleEngine:
             raise ModelError("model has no trainable parameters (all have requires_grad=False)")
         self.names = list(self.params)
         self._all_names = {k for k, _ in model.named_parameters()}
-        self._handlers, uncovered = plan_handlers(model, self.names)
-        if strategy == "hooks" and uncovered:
+        self._handlers, self._uncovered = plan_handlers(model, self.names)
+        if strategy == "hooks" and self._uncovered:
             raise ModelError(
-                f"strategy='hooks' cannot handle parameter {uncovered[0]!r} (module type not supported); "
+                f"strategy='hooks' cannot handle parameter {self._uncovered[0]!r} (no handler for its module); "
                 "use strategy='auto' or 'functorch'"
             )
         self.requested = strategy
-        self.strategy = "functorch" if (strategy == "functorch" or uncovered) else "hooks"
-        self._verified = self.strategy != "hooks"
+        shared = set(_shared_parameters(model)) & set(self._uncovered)
+        if strategy == "functorch" or shared:
+            self.strategy = "functorch"
+        else:
+            self.strategy = "mixed" if self._uncovered else "hooks"
+        self._verified = self.strategy == "functorch"
 
     # ---------------------------------------------------------------- helpers
     @property
@@ -767,6 +999,33 @@ class PerSampleEngine:
                 units[h] = h.unit(calls)
         return units, losses.detach(), logits.detach()
 
+    def _plan_units(self, x: Tensor) -> None:
+        """The mixed route: every parameter no registered handler covers goes to a ``FunctionalHandler`` on
+        the nearest module (itself or an ancestor) that the forward calls, with the batch dimensions the
+        probe measured. A registered handler whose module is never called gives its parameters up too (they
+        are used elsewhere, e.g. ``nn.MultiheadAttention.out_proj``)."""
+        calls = probe_calls(self.model, x)
+        dead = [h for h in self._handlers if h.module not in calls]
+        self._handlers = [h for h in self._handlers if h.module in calls]
+        wanted = set(self._uncovered) | {full for h in dead for full in h.pnames.values()}
+        groups: dict[str, dict[str, str]] = {}
+        for name in self.names:
+            if name not in wanted:
+                continue
+            path = name.rpartition(".")[0]
+            while path and self.model.get_submodule(path) not in calls:
+                path = path.rpartition(".")[0]
+            groups.setdefault(path, {})[name[len(path) + 1 :] if path else name] = name
+        if "" in groups:  # a parameter of the root: its torch.func unit is the whole model, so be that once
+            raise HooksFailed(f"parameter {next(iter(groups['']))!r} belongs to the root module", planned=True)
+        for path, pnames in groups.items():
+            module = self.model.get_submodule(path)
+            dims = calls.get(module)
+            if not isinstance(dims, list):
+                raise HooksFailed(f"module {path or 'root'} ({type(module).__name__}) {dims or 'is never called'}")
+            self._handlers.append(FunctionalHandler(module, pnames, dims=dims))
+        self._uncovered = []
+
     def _hooks_sq_norms(self, units, masks, n) -> dict[str, Tensor]:
         sq = {}
         for h in self._handlers:
@@ -790,6 +1049,9 @@ class PerSampleEngine:
                 out[h.pnames[k]] = v
         return {k: out[k] if k in out else self._ref.new_zeros(n, *self.params[k].shape) for k in self.names}
 
+    def _user_handlers(self) -> bool:
+        return any(type(h).__module__ != __name__ for h in self._handlers)
+
     def _verify(self, x: Tensor, y: Tensor) -> None:
         """Once: check the hooks route's summed gradient against autograd's (catches parameters used outside
         their module's forward, batch not on dim 0, ...). Falls back to functorch under strategy='auto'."""
@@ -798,6 +1060,8 @@ class PerSampleEngine:
         x, y = x[:8], y[:8]
         devices = [x.device] if x.device.type == "cuda" else []
         try:
+            if self._uncovered or self.strategy == "mixed":
+                self._plan_units(x)
             with torch.random.fork_rng(devices=devices):
                 units, _, _ = self._capture(x, y)
                 acc = self._zeros()
@@ -809,7 +1073,7 @@ class PerSampleEngine:
             with torch.random.fork_rng(devices=devices), torch.enable_grad():
                 total = F.cross_entropy(self.model(x), y, reduction="sum")
                 ref = torch.autograd.grad(total, list(self.params.values()), allow_unused=True)
-            ok = True
+            ok, quiet = True, False
             for (k, a), r in zip(acc.items(), ref, strict=True):
                 r = torch.zeros_like(a) if r is None else r
                 tol = (
@@ -821,13 +1085,16 @@ class PerSampleEngine:
                     ok, why = False, f"parameter {k!r} is used outside its module's forward"
                     break
         except HooksFailed as e:
-            ok, why = False, str(e)
+            ok, why, quiet = False, str(e), e.planned
         if not ok:
             if self.requested == "hooks":
                 raise ModelError(f"strategy='hooks' is not exact for this model ({why}); use strategy='auto'")
-            warnings.warn(
-                f"per-sample hooks route not exact for this model ({why}); using torch.func", stacklevel=3
-            )
+            if self._user_handlers():
+                why += "; check the registered handlers"
+            if not quiet:
+                warnings.warn(
+                    f"per-sample hooks route not exact for this model ({why}); using torch.func", stacklevel=3
+                )
             self.strategy = "functorch"
         self._verified = True
 
@@ -845,7 +1112,7 @@ class PerSampleEngine:
         self._verify(x, y)
         parts = []
         for xc, yc in self._chunks(x, y):
-            if self.strategy == "hooks":
+            if self.strategy != "functorch":
                 units, losses, logits = self._capture(xc, yc)
                 sq = self._hooks_sq_norms(units, m, xc.shape[0])
             else:
@@ -863,7 +1130,7 @@ class PerSampleEngine:
         self._verify(x, y)
         parts = []
         for xc, yc in self._chunks(x, y):
-            if self.strategy == "hooks":
+            if self.strategy != "functorch":
                 units, _, _ = self._capture(xc, yc)
                 g = self._hooks_per_sample(units, xc.shape[0])
             else:
@@ -893,7 +1160,7 @@ class PerSampleEngine:
         return {k: v * m[k] if k in m else v for k, v in acc.items()}
 
     def _accumulate(self, x, y, w: dict[str, Tensor], shared: bool, acc: dict[str, Tensor]) -> None:
-        if self.strategy == "hooks":
+        if self.strategy != "functorch":
             units, _, _ = self._capture(x, y)
             self._hooks_weighted(units, w, acc)
         elif shared:
@@ -934,7 +1201,7 @@ class PerSampleEngine:
         parts = []
         for xc, yc in self._chunks(x, y):
             nc = xc.shape[0]
-            if self.strategy == "hooks":
+            if self.strategy != "functorch":
                 units, losses, logits = self._capture(xc, yc)
                 norms = self._norms_from_sq(self._hooks_sq_norms(units, m, nc), losses, logits)
                 factors = factor_fn(norms)
@@ -1021,4 +1288,9 @@ class PerSampleEngine:
 
 
 class HooksFailed(Exception):
-    """Internal: the hooks route cannot be used for this model."""
+    """Internal: the hooks route cannot be used for this model. ``planned``: not a failure but the cheaper
+    choice (a parameter of the root module: its torch.func unit would be the whole model anyway)."""
+
+    def __init__(self, message: str, planned: bool = False):
+        super().__init__(message)
+        self.planned = planned
