@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -65,7 +66,9 @@ from landscape.persample import (
     Handler,
     HooksFailed,
     functorch_grads,
+    place_batch,
     plan_handlers,
+    probe_calls,
     refuse_batchnorm,
 )
 
@@ -171,8 +174,15 @@ def gram_blocks(
     was_training = model.training
     model.eval()
     try:
-        engine = _Engine(model, x, y, kind, names, strategy, dtype, budget, precision)
-        blocks = engine.run()
+        try:
+            engine = _Engine(model, x, y, kind, names, strategy, dtype, budget, precision)
+            blocks = engine.run()
+        except HooksFailed as e:
+            if strategy != "auto":
+                raise ModelError(f"cannot capture per-sample gradients of this model: {e}") from None
+            warnings.warn(f"per-sample hooks cannot capture this model ({e}); using torch.func", stacklevel=2)
+            engine = _Engine(model, x, y, kind, names, "functorch", dtype, budget, precision)
+            blocks = engine.run()
     finally:
         model.train(was_training)
     if kind == "output-trace":
@@ -202,6 +212,7 @@ class _Engine:
         else:
             self.handlers, self.rest = plan_handlers(model, names, self.reduce_dtype)
         self.roles = {full: (h, role) for h in self.handlers for role, full in h.pnames.items()}
+        self.placed = False
         self.n = x.shape[0]
         self.modes: dict[str, str] = {}  # weight name -> "ghost" | "materialize" (ghost-capable layers only)
         self.dims: dict[Handler, tuple[int, int, int, int]] = {}  # ghost-capable handler -> (G, D, P, T)
@@ -278,24 +289,24 @@ class _Engine:
         x = self.x[idx]
         chunk = _Chunk(n=x.shape[0])
         if self.handlers:
+            if not self.placed:  # where each module sees the batch (attention blocks without batch_first)
+                place_batch(self.handlers, probe_calls(self.model, x))
+                self.placed = True
             passes = 1 if self.kind == "loss-grad" else self._n_logits()
             on_complete = (lambda h: self._eager(chunk, h)) if eager else None
             chunk.cap = Capture(self.handlers, passes=passes, on_complete=on_complete)
-            try:
-                with chunk.cap, torch.enable_grad():
-                    logits = self.model(x)
-                chunk.M = logits.shape[1]
-                if self.kind == "loss-grad":
-                    chunk.cap.backward(F.cross_entropy(logits, self.y[idx], reduction="sum"))
-                else:
-                    for m in range(chunk.M):
-                        onehot = torch.zeros_like(logits)
-                        onehot[:, m] = 1
-                        chunk.cap.backward(logits, onehot, retain_graph=m < chunk.M - 1)
-                for h in self.handlers:  # the batch must be dim 0 of every kept input and gradient
-                    chunk.cap.calls(h, chunk.n)
-            except HooksFailed as e:
-                raise ModelError(f"cannot capture per-sample gradients of this model: {e}") from None
+            with chunk.cap, torch.enable_grad():
+                logits = self.model(x)
+            chunk.M = logits.shape[1]
+            if self.kind == "loss-grad":
+                chunk.cap.backward(F.cross_entropy(logits, self.y[idx], reduction="sum"))
+            else:
+                for m in range(chunk.M):
+                    onehot = torch.zeros_like(logits)
+                    onehot[:, m] = 1
+                    chunk.cap.backward(logits, onehot, retain_graph=m < chunk.M - 1)
+            for h in self.handlers:  # the batch must be dim 0 of every kept input and gradient
+                chunk.cap.calls(h, chunk.n)
             missing = [k for h in self.handlers if h not in chunk.eager and not chunk.cap.reached(h)
                        for k in h.pnames.values()]
             if missing:

@@ -147,11 +147,18 @@ class Handler:
         self.module = module
         self.pnames = pnames
         self.reduce_dtype = reduce_dtype
+        self.batch_dims: list[int] = []  # per call, where the probe found the batch (empty: dim 0)
 
     @classmethod
     def accepts(cls, module: nn.Module) -> bool:
         """Whether this handler can do this module instance (default: yes)."""
         return True
+
+    def movable_batch(self) -> bool:
+        """Whether the module treats all leading dimensions of its input alike (Linear, LayerNorm, Embedding),
+        so that a batch found on another dimension (``batch_first=False`` attention blocks) may be moved to
+        dim 0 before the handler sees it (default: no; the batch must be dim 0)."""
+        return False
 
     def unit(self, calls: list[tuple[Tensor, Tensor]]) -> dict:
         return {"calls": calls}
@@ -301,6 +308,9 @@ class LinearHandler(_WeightBiasHandler):
 
     Unit: ``a`` (n, 1, D, T) and ``b`` (n, 1, P, T), and for a module called once, ``direct(w)``:
     ``sum_i w_i g_i(weight)`` by one matmul. T = 1 (the usual case): ||g_i||^2 = ||A_i||^2 ||B_i||^2."""
+
+    def movable_batch(self):
+        return True
 
     def _ab(self, a, b):
         return a.reshape(a.shape[0], -1, a.shape[-1]).transpose(1, 2).unsqueeze(1), self.grad_factor(b)
@@ -486,6 +496,9 @@ def _unfold(x: Tensor, kernel, stride, dilation, out_hw) -> Tensor:
 class NormHandler(Handler):
     """GroupNorm / LayerNorm affine parameters: g_i(weight) = sum over positions of B * xhat, g_i(bias) = sum B."""
 
+    def movable_batch(self):
+        return isinstance(self.module, nn.LayerNorm)
+
     def _xhat(self, a: Tensor) -> Tensor:
         m = self.module
         if isinstance(m, nn.GroupNorm):
@@ -519,6 +532,9 @@ class EmbeddingHandler(Handler):
     @classmethod
     def accepts(cls, module):
         return not module.scale_grad_by_freq and not module.sparse
+
+    def movable_batch(self):
+        return True
 
     def unit(self, calls):
         m = self.module
@@ -713,6 +729,21 @@ def probe_calls(model: nn.Module, x: Tensor) -> dict[nn.Module, list | str]:
     return out
 
 
+def place_batch(handlers: list[Handler], calls: dict[nn.Module, list | str]) -> None:
+    """Set ``Handler.batch_dims`` from ``probe_calls``: where each handler's module sees the batch, per call;
+    ``HooksFailed`` when it is not dim 0 and the handler cannot move it there."""
+    for h in handlers:
+        dims = calls.get(h.module)
+        if not isinstance(dims, list):
+            continue  # never called (its parameters get no gradient) or not one sample per index
+        found = [(i[0] if i else 0, o[0] if o else 0) for i, o in dims]
+        if all(d == (0, 0) for d in found):
+            continue
+        if not (h.movable_batch() and all(a == b and a is not None for a, b in found)):
+            raise HooksFailed(f"module {type(h.module).__name__} does not see the batch on dim 0")
+        h.batch_dims = [a for a, _ in found]
+
+
 class Capture:
     """The one capture of the hooks routes: module inputs in the forward, output gradients in the backward.
 
@@ -793,7 +824,8 @@ class Capture:
 
     def calls(self, h: Handler, n: int, pass_: int = 0) -> list[tuple[Tensor, Tensor]]:
         """(input, output gradient of pass ``pass_``) per call of ``h``'s module; zeros where no gradient
-        reached an output. The batch (``n`` samples) must be dim 0 of both."""
+        reached an output. The batch (``n`` samples) must be dim 0 of both, or where ``h.batch_dims`` says
+        (then moved to dim 0)."""
         if isinstance(h, FunctionalHandler):  # ((args, kwargs), [output gradient or None per output leaf])
             return [
                 (inp, [None if t is None else gs[0].get(j, torch.zeros(t[0], dtype=t[1], device=t[2]))
@@ -801,8 +833,11 @@ class Capture:
                 for inp, leaves, gs in zip(self.inputs[h], self.shapes[h], self.grads[h], strict=True)
             ]
         out = []
-        for a, shape, gs in zip(self.inputs[h], self.shapes[h], self.grads[h], strict=True):
+        for k, (a, shape, gs) in enumerate(zip(self.inputs[h], self.shapes[h], self.grads[h], strict=True)):
             b = gs[pass_] if len(gs) > pass_ else a.new_zeros(shape)
+            if h.batch_dims and h.batch_dims[k % len(h.batch_dims)]:
+                d = h.batch_dims[k % len(h.batch_dims)]
+                a, b = a.movedim(d, 0), b.movedim(d, 0)
             if a.shape[0] != n or b.shape[0] != n:
                 raise HooksFailed(f"module {type(h.module).__name__} does not see the batch on dim 0")
             out.append((a, b))
@@ -903,6 +938,7 @@ class PerSampleEngine:
         else:
             self.strategy = "mixed" if self._uncovered else "hooks"
         self._verified = self.strategy == "functorch"
+        self._forward_ad = True  # projections by jvp; False once a module turned out to lack forward AD
 
     # ---------------------------------------------------------------- helpers
     @property
@@ -1000,11 +1036,14 @@ class PerSampleEngine:
         return units, losses.detach(), logits.detach()
 
     def _plan_units(self, x: Tensor) -> None:
-        """The mixed route: every parameter no registered handler covers goes to a ``FunctionalHandler`` on
+        """The probe, then the mixed route: every parameter no registered handler covers goes to a ``FunctionalHandler`` on
         the nearest module (itself or an ancestor) that the forward calls, with the batch dimensions the
         probe measured. A registered handler whose module is never called gives its parameters up too (they
         are used elsewhere, e.g. ``nn.MultiheadAttention.out_proj``)."""
         calls = probe_calls(self.model, x)
+        place_batch(self._handlers, calls)
+        if self.strategy != "mixed":
+            return
         dead = [h for h in self._handlers if h.module not in calls]
         self._handlers = [h for h in self._handlers if h.module in calls]
         wanted = set(self._uncovered) | {full for h in dead for full in h.pnames.values()}
@@ -1060,8 +1099,7 @@ class PerSampleEngine:
         x, y = x[:8], y[:8]
         devices = [x.device] if x.device.type == "cuda" else []
         try:
-            if self._uncovered or self.strategy == "mixed":
-                self._plan_units(x)
+            self._plan_units(x)
             with torch.random.fork_rng(devices=devices):
                 units, _, _ = self._capture(x, y)
                 acc = self._zeros()
@@ -1234,7 +1272,9 @@ class PerSampleEngine:
         return {k: (v * m[k] if k in m else v) / max(n, 1) for k, v in acc.items()}
 
     def projections(self, x: Tensor, y: Tensor, directions: Tensor | list[dict[str, Tensor]]) -> Tensor:
-        """``P[i, j] = <g_i, v_j>`` as forward-mode derivatives d/dt l_i(theta + t v_j) (no per-sample gradients).
+        """``P[i, j] = <g_i, v_j>`` as forward-mode derivatives d/dt l_i(theta + t v_j) (no per-sample gradients;
+        a model with a kernel that has no forward-mode rule, such as PyTorch's fused inference-mode transformer
+        layer, gets them from per-sample gradients instead, chunk by chunk).
 
         ``directions`` is (k, d) in ``named_parameters`` order over trainable parameters, or a list of
         ``{name: tensor}``. Masks are not applied here: mask the directions instead."""
@@ -1253,10 +1293,18 @@ class PerSampleEngine:
             def losses(p, xc=xc, yc=yc):
                 return F.cross_entropy(functional_call(model, p, (xc,)), yc, reduction="none")
 
-            with torch.no_grad():
-                for j, v in enumerate(dirs):
-                    _, dl = jvp(losses, (params,), (v,))
-                    out[ic, j] = dl
+            if self._forward_ad:
+                try:
+                    with torch.no_grad():
+                        for j, v in enumerate(dirs):
+                            _, dl = jvp(losses, (params,), (v,))
+                            out[ic, j] = dl
+                    continue
+                except NotImplementedError:  # a fused kernel without forward AD (inference-mode attention)
+                    self._forward_ad = False
+            g = self.grads(xc, yc)
+            for j, v in enumerate(dirs):
+                out[ic, j] = sum((g[name].flatten(1) @ v[name].reshape(-1)) for name in self.names)
         return out
 
     def _directions(self, directions) -> list[dict[str, Tensor]]:
