@@ -29,6 +29,7 @@ from landscape.persample import (
     register_handler,
     unregister_handler,
 )
+from landscape.train.privatize import LoopEngine, PrivacyConfig, Privatizer
 
 pytestmark = pytest.mark.filterwarnings("ignore:enable_nested_tensor:UserWarning")
 
@@ -320,8 +321,6 @@ def test_registry_bad_input_and_replacement():
 
 
 def test_dp_sgd_step_on_a_user_model_equals_the_per_example_loop():
-    from landscape.train.privatize import LoopEngine, PrivacyConfig, Privatizer
-
     x, y = tokens(8, seed=5)
     grads = {}
     for name in ("engine", "loop"):
@@ -347,35 +346,6 @@ def _point(model, x, y):
     )
 
 
-class NaiveEngine:
-    """The per-sample engine's interface on a naive per-example loop (the analyses' independent reference)."""
-
-    def __init__(self, model):
-        self.model = model
-
-    def _g(self, x, y):
-        return naive_grads(self.model, x, y)
-
-    def norms(self, x, y, *, masks=None):
-        g = self._g(x, y)
-        layers = {k: v.reshape(len(y), -1).norm(dim=1) for k, v in g.items()}
-        return types.SimpleNamespace(flat=flatten_grads(g).norm(dim=1), layers=layers)
-
-    def clipped_sum(self, x, y, factor_fn, *, masks=None):
-        g = self._g(x, y)
-        norms = self.norms(x, y)
-        f = factor_fn(norms)
-        return {k: torch.einsum("n,n...->...", f[k] if isinstance(f, dict) else f, v) for k, v in g.items()}, norms
-
-    def mean_grad(self, x, y, *, masks=None):
-        return {k: v.mean(0) for k, v in self._g(x, y).items()}
-
-    def projections(self, x, y, directions):
-        g = self._g(x, y)
-        V = torch.stack([torch.cat([d[k].reshape(-1).double() for k in g]) for d in directions])
-        return flatten_grads(g) @ V.T
-
-
 @pytest.mark.parametrize("clip_style", ["flat", "layerwise"])
 def test_clipping_on_a_user_model_equals_the_naive_loop(clip_style):
     from landscape.analyze import clipping
@@ -385,7 +355,7 @@ def test_clipping_on_a_user_model_equals_the_naive_loop(clip_style):
     c = float(flatten_grads(naive_grads(model, x, y)).norm(dim=1).quantile(0.5))  # half clipped, no ties
     cfg = clipping.ClippingConfig(max_grad_norm=c, batch_size=6, batches=2, clip_style=clip_style, chunk=5)
     row, names, num_params = clipping.compute_point(_point(model, x, y), cfg)
-    ref, _, _ = clipping.clipping_row(model, x, y, cfg, engine=NaiveEngine(model))
+    ref, _, _ = clipping.clipping_row(model, x, y, cfg, engine=LoopEngine(model))
     assert names == [k for k, _ in model.named_parameters()]
     assert 0 < row.total.fraction_clipped < 1
     for got, want in zip([row.total, *row.batches], [ref.total, *ref.batches], strict=True):
@@ -412,7 +382,7 @@ def test_norms_symmetry_and_ntk_on_a_user_model_equal_the_naive_loop():
 
     scfg = symmetry.SymmetryConfig(projections=3, batch_size=10, permutations=19, chunk=4)
     srow, shapes = symmetry.compute_point(point, scfg)
-    want = symmetry.symmetry_row(model, x, y, scfg, engine=NaiveEngine(model))
+    want = symmetry.symmetry_row(model, x, y, scfg, engine=LoopEngine(model))
     assert shapes == [tuple(p.shape) for p in model.parameters()]
     assert np.allclose(srow.stats.plane, want.stats.plane, rtol=1e-9, atol=1e-12)
     assert np.allclose(srow.stats.skew, want.stats.skew, rtol=1e-8, atol=1e-10)
