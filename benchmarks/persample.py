@@ -11,7 +11,19 @@ methods interleaved in one process, medians, samples per second and ratios to Op
   (resnet18 with an out-of-place residual add, the same function: Opacus' hooks refuse the in-place one);
 - ``naive loop``: one forward/backward per example.
 
-    OMP_NUM_THREADS=1 python benchmarks/persample.py [--repeats 5] [--models opacus-cnn,resnet18] [--memory]
+``transformer`` (batch 64, 32 tokens; not a built-in: token embeddings, learned positions and a
+self-attention layer written as custom modules with their own parameters, LayerNorm, GELU MLP) measures the
+route for layers without a handler against Opacus' functorch mode
+(``GradSampleModule(model, force_functorch=True)``, what ``grad_sample_mode="functorch"`` builds: every
+layer re-run under ``vmap(grad)``), on one model object for all methods:
+
+- ``ours auto grads`` / ``ours auto norms``: the engine's default, the mixed route (Linear, LayerNorm,
+  Embedding by their handlers; attention and positions by per-module ``torch.func`` units);
+- ``ours functorch grads``: the whole-model ``torch.func`` route (``strategy="functorch"``);
+- ``opacus functorch grads+norms`` and ``opacus hooks grads+norms`` (Opacus' default: its grad samplers,
+  functorch for the custom modules).
+
+    OMP_NUM_THREADS=1 python benchmarks/persample.py [--repeats 5] [--models opacus-cnn,resnet18,transformer] [--memory]
 
 ``--memory`` also runs each method once in its own fresh process and prints its peak resident memory
 (the process' high-water mark, model and data included; "baseline" is building the model and data only).
@@ -28,10 +40,110 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 
 from _common import interleaved, medians, one_thread, out_of_place_residuals, peak_memory, record  # noqa: E402
 
-CASES = {"opacus-cnn": ((1, 28, 28), 256), "resnet18": ((3, 32, 32), 64)}
+CASES = {"opacus-cnn": ((1, 28, 28), 256), "resnet18": ((3, 32, 32), 64), "transformer": ((32,), 64)}
+VOCAB = 100
+
+
+def token_transformer(d: int = 64, heads: int = 4, blocks: int = 2, t: int = 32, classes: int = 10):
+    """A small transformer classifier over tokens whose attention and positions have no handler (custom
+    modules with their own parameters), built from plain operations so that ``vmap`` has a rule for each."""
+    import math
+
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Positions(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pos = nn.Parameter(0.02 * torch.randn(t, d))
+
+        def forward(self, h):
+            return h + self.pos
+
+    class SelfAttention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Parameter(torch.randn(3 * d, d) / math.sqrt(d))
+            self.qkv_bias = nn.Parameter(torch.zeros(3 * d))
+            self.proj = nn.Parameter(torch.randn(d, d) / math.sqrt(d))
+            self.proj_bias = nn.Parameter(torch.zeros(d))
+
+        def forward(self, h):
+            n, s, _ = h.shape
+            q, k, v = F.linear(h, self.qkv, self.qkv_bias).reshape(n, s, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
+            a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d // heads), dim=-1) @ v
+            return F.linear(a.transpose(1, 2).reshape(n, s, d), self.proj, self.proj_bias)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.attn, self.ln2 = nn.LayerNorm(d), SelfAttention(), nn.LayerNorm(d)
+            self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+        def forward(self, h):
+            h = h + self.attn(self.ln1(h))
+            return h + self.mlp(self.ln2(h))
+
+    class Classifier(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.pos = nn.Embedding(VOCAB, d), Positions()
+            self.blocks = nn.Sequential(*[Block() for _ in range(blocks)])
+            self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, classes)
+
+        def forward(self, tok):
+            return self.head(self.ln(self.blocks(self.pos(self.emb(tok)))).mean(1))
+
+    return Classifier()
+
+
+def transformer_methods():
+    """The methods on the token transformer (see the module docstring); one model object for all."""
+    import copy
+
+    import torch
+    import torch.nn.functional as F
+    from opacus import GradSampleModule
+
+    from landscape.persample import PerSampleEngine
+
+    (t,), n = CASES["transformer"]
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randint(0, VOCAB, (n, t), generator=g), torch.randint(0, 10, (n,), generator=g)
+    torch.manual_seed(0)
+    model = token_transformer(t=t)
+    auto, func = PerSampleEngine(model), PerSampleEngine(model, strategy="functorch")
+    auto.norms(x[:2], y[:2])
+    assert auto.strategy == "mixed", auto.strategy
+
+    def opacus(force_functorch: bool):
+        """Opacus on its own copy of the model (the same weights): hooks are attached once, outside the timing."""
+        gsm = GradSampleModule(copy.deepcopy(model), loss_reduction="sum", force_functorch=force_functorch)
+        params = [p for p in gsm.parameters() if p.requires_grad]
+
+        def run():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                F.cross_entropy(gsm(x), y, reduction="sum").backward()
+            norms = torch.stack([p.grad_sample.reshape(n, -1).norm(dim=1) for p in params], 1).norm(dim=1)
+            gsm.zero_grad(set_to_none=True)
+            return norms
+
+        return run
+
+    return n, {
+        "ours auto norms": lambda: auto.norms(x, y),
+        "ours auto grads": lambda: auto.grads(x, y),
+        "ours functorch grads": lambda: func.grads(x, y),
+        "opacus functorch grads+norms": opacus(True),
+        "opacus hooks grads+norms": opacus(False),
+    }
 
 
 def methods_for(name: str):
+    if name == "transformer":
+        return transformer_methods()
     import torch
     import torch.nn.functional as F
     from opacus import GradSampleModule
@@ -76,6 +188,30 @@ def methods_for(name: str):
     }
 
 
+def report_zoo(name: str, n: int, med: dict[str, float]) -> None:
+    shape = "x".join(map(str, CASES[name][0]))
+    print(f"\n{name}: batch {n}, input {shape}, per-sample gradients (one thread, interleaved, medians)")
+    base = med["opacus grads+norms"]
+    print(f"  {'method':<22} {'median s':>10} {'samples/s':>10} {'x Opacus time':>14}")
+    for k, v in med.items():
+        print(f"  {k:<22} {v:10.4f} {n / v:10.1f} {v / base:14.2f}")
+    goal = 0.6 if name == "opacus-cnn" else None
+    record(f"per-sample norms, {name} b={n}: time x Opacus", med["ours norms"] / base, goal=goal, better="lower")
+    record(f"per-sample grads, {name} b={n}: time x Opacus", med["ours grads"] / base, goal=goal, better="lower")
+
+
+def report_transformer(n: int, med: dict[str, float]) -> None:
+    base = med["opacus functorch grads+norms"]
+    print(f"\ntransformer: batch {n}, 32 tokens, per-sample gradients (one thread, interleaved, medians)")
+    print(f"  {'method':<30} {'median s':>10} {'samples/s':>10} {'x Opacus functorch':>19}")
+    for k, v in med.items():
+        print(f"  {k:<30} {v:10.4f} {n / v:10.1f} {v / base:19.2f}")
+    record(f"per-sample grads, transformer b={n}, layers without handler: time x Opacus functorch",
+           med["ours auto grads"] / base, goal=1.5, better="lower")
+    record(f"per-sample grads, transformer b={n}, whole-model torch.func: time x Opacus functorch",
+           med["ours functorch grads"] / base, better="lower")
+
+
 def run_once(name: str, method: str) -> float:
     """One call of ``method`` (in a fresh process, for ``peak_memory``); returns its seconds."""
     import time
@@ -101,15 +237,10 @@ def main() -> None:
     for name in args.models.split(","):
         n, methods = methods_for(name)
         med = medians(interleaved(methods, repeats=args.repeats, warmup=1, budget=120))
-        shape = "x".join(map(str, CASES[name][0]))
-        print(f"\n{name}: batch {n}, input {shape}, per-sample gradients (one thread, interleaved, medians)")
-        base = med["opacus grads+norms"]
-        print(f"  {'method':<22} {'median s':>10} {'samples/s':>10} {'x Opacus time':>14}")
-        for k, v in med.items():
-            print(f"  {k:<22} {v:10.4f} {n / v:10.1f} {v / base:14.2f}")
-        goal = 0.6 if name == "opacus-cnn" else None
-        record(f"per-sample norms, {name} b={n}: time x Opacus", med["ours norms"] / base, goal=goal, better="lower")
-        record(f"per-sample grads, {name} b={n}: time x Opacus", med["ours grads"] / base, goal=goal, better="lower")
+        if name == "transformer":
+            report_transformer(n, med)
+        else:
+            report_zoo(name, n, med)
         if args.memory:
             print("  peak resident memory, one fresh process per method:")
             for k in ["baseline", *med]:
