@@ -180,7 +180,7 @@ def gram_blocks(
         except HooksFailed as e:
             if strategy != "auto":
                 raise ModelError(f"cannot capture per-sample gradients of this model: {e}") from None
-            warnings.warn(f"per-sample hooks cannot capture this model ({e}); using torch.func", stacklevel=2)
+            warnings.warn(f"per-sample gradients: {e}; using torch.func on the whole model", stacklevel=2)
             engine = _Engine(model, x, y, kind, names, "functorch", dtype, budget, precision)
             blocks = engine.run()
     finally:

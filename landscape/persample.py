@@ -4,10 +4,11 @@ The one engine every per-example computation goes through (DESIGN.md, "Per-sampl
 is one parameter tensor, named as in ``model.named_parameters()``. The per-sample loss is
 ``l_i = cross_entropy(f(x_i), y_i)`` and ``g_i`` is its gradient with respect to the trainable parameters.
 
-Two exact routes, chosen automatically:
+Exact routes, chosen automatically (``engine.strategy``):
 
 ``hooks``
-    One batched forward and one backward that keeps, for every supported module (``nn.Linear``,
+    One batched forward and one backward that keeps, for every module with a registered handler (the open
+    registry ``register_handler``, in the spirit of Opacus' ``register_grad_sampler``; built in: ``nn.Linear``,
     ``nn.Conv1d``/``nn.Conv2d`` with any stride, padding, dilation and groups, ``nn.GroupNorm``,
     ``nn.LayerNorm``, ``nn.Embedding``), its input activations ``A_i`` and output gradients ``B_i``, so
     ``g_i = B_i^T A_i``. Per-sample squared norms use the "ghost norm" identity
@@ -18,19 +19,27 @@ Two exact routes, chosen automatically:
     backward. The backward itself only computes activation gradients, never the weight gradients.
     Convolutions materialise per-sample gradients with one grouped weight-gradient kernel (batch folded
     into the groups) or, for few output positions, a strided unfold and a batched matmul.
+``mixed``
+    The hooks route for the modules with a handler, and in the same forward/backward a ``FunctionalHandler``
+    for every other module owning trainable parameters (or the nearest called ancestor of one that is never
+    called itself, like ``nn.MultiheadAttention.out_proj``): its inputs and output gradients are kept and
+    ``vmap(grad)`` of the module alone gives the per-sample vector-Jacobian products. Where every module keeps
+    the batch is measured by ``probe_calls`` (forwards on one and two copies of the first example).
 ``functorch``
-    ``torch.func.functional_call`` + ``vmap(grad)`` for any model (chunked by ``microbatch``). Used when a
-    trainable parameter lives in a module the hooks route does not know, or when a one-off self-check of the
-    hooks route fails (a parameter used outside its module's ``forward``, say).
+    ``torch.func.functional_call`` + ``vmap(grad)`` of the whole model (chunked by ``microbatch``). Used when a
+    trainable parameter belongs to the root module or is tied between modules, when a module draws random
+    numbers (dropout in training mode), or when the one-off self-check of the hooks route fails (a parameter
+    used outside its module's ``forward``, a wrong registered handler).
 
 The pieces are shared with :mod:`landscape.gram` (per-layer Gram blocks, the empirical NTK), so there is one
 per-sample engine: ``Capture`` (inputs in the forward; output gradients by tensor hooks during a backward
 whose ``inputs`` are the outputs' gradient edges, so only activation gradients are computed, and a caller
 may reduce a layer's factors as soon as they are complete), the per-module handlers (``plan_handlers``:
-per-sample gradients, ghost factors, weighted sums) and ``functorch_grads``.
+per-sample gradients, ghost factors, weighted sums), ``probe_calls`` / ``place_batch`` and ``functorch_grads``.
 
-Projections ``<g_i, v>`` never need per-sample gradients: they are the forward-mode directional
-derivatives ``d/dt l_i(theta + t v)`` at ``t = 0`` (one ``torch.func.jvp`` per direction).
+Projections ``<g_i, v>`` do not need per-sample gradients: they are the forward-mode directional
+derivatives ``d/dt l_i(theta + t v)`` at ``t = 0`` (one ``torch.func.jvp`` per direction); a model with a
+kernel that has no forward-mode rule gets them from per-sample gradients.
 
 BatchNorm mixes the samples of a batch, so per-sample gradients are undefined: such models are refused.
 """
@@ -597,8 +606,11 @@ class FunctionalHandler(Handler):
             try:
                 gk = self._call_grads(inputs, grads, *dims)
             except (RuntimeError, NotImplementedError, ValueError, TypeError) as e:
+                name = type(self.module).__name__
+                if "randomness" in str(e):
+                    raise HooksFailed(f"module {name} draws random numbers (dropout in training mode?)") from e
                 why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise HooksFailed(f"torch.func cannot take module {type(self.module).__name__} apart: {why}") from e
+                raise HooksFailed(f"torch.func cannot take module {name} apart: {why}") from e
             g = gk if g is None else {k: g[k] + gk[k] for k in g}
         return {"g": g}
 
@@ -1130,9 +1142,7 @@ class PerSampleEngine:
             if self._user_handlers():
                 why += "; check the registered handlers"
             if not quiet:
-                warnings.warn(
-                    f"per-sample hooks route not exact for this model ({why}); using torch.func", stacklevel=3
-                )
+                warnings.warn(f"per-sample gradients: {why}; using torch.func on the whole model", stacklevel=3)
             self.strategy = "functorch"
         self._verified = True
 
