@@ -103,7 +103,6 @@ def transformer_methods():
     import copy
 
     import torch
-    import torch.nn.functional as F
     from opacus import GradSampleModule
 
     from landscape.persample import PerSampleEngine
@@ -119,18 +118,8 @@ def transformer_methods():
 
     def opacus(force_functorch: bool):
         """Opacus on its own copy of the model (the same weights): hooks are attached once, outside the timing."""
-        gsm = GradSampleModule(copy.deepcopy(model), loss_reduction="sum", force_functorch=force_functorch)
-        params = [p for p in gsm.parameters() if p.requires_grad]
-
-        def run():
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                F.cross_entropy(gsm(x), y, reduction="sum").backward()
-            norms = torch.stack([p.grad_sample.reshape(n, -1).norm(dim=1) for p in params], 1).norm(dim=1)
-            gsm.zero_grad(set_to_none=True)
-            return norms
-
-        return run
+        return opacus_step(GradSampleModule(copy.deepcopy(model), loss_reduction="sum", force_functorch=force_functorch),
+                           x, y)
 
     return n, {
         "ours auto norms": lambda: auto.norms(x, y),
@@ -139,6 +128,25 @@ def transformer_methods():
         "opacus functorch grads+norms": opacus(True),
         "opacus hooks grads+norms": opacus(False),
     }
+
+
+def opacus_step(gsm, x, y):
+    """A call of Opacus' GradSampleModule ``gsm``: forward + backward filling ``p.grad_sample``, then the
+    per-sample norms (what our norms give), then the gradients dropped."""
+    import torch
+    import torch.nn.functional as F
+
+    params = [p for p in gsm.parameters() if p.requires_grad]
+
+    def run():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            F.cross_entropy(gsm(x), y, reduction="sum").backward()
+        norms = torch.stack([p.grad_sample.reshape(len(y), -1).norm(dim=1) for p in params], 1).norm(dim=1)
+        gsm.zero_grad(set_to_none=True)
+        return norms
+
+    return run
 
 
 def methods_for(name: str):
@@ -160,16 +168,7 @@ def methods_for(name: str):
     func = PerSampleEngine(model, strategy="functorch")
     torch.manual_seed(0)
     opacus_model = out_of_place_residuals(build_model(name, input_shape=shape, num_classes=10))
-    gsm = GradSampleModule(opacus_model, loss_reduction="sum")
-    params = [p for p in gsm.parameters() if p.requires_grad]
-
-    def opacus():
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            F.cross_entropy(gsm(x), y, reduction="sum").backward()
-        norms = torch.stack([p.grad_sample.reshape(n, -1).norm(dim=1) for p in params], 1).norm(dim=1)
-        gsm.zero_grad(set_to_none=True)
-        return norms
+    opacus = opacus_step(GradSampleModule(opacus_model, loss_reduction="sum"), x, y)
 
     def naive():
         named = [p for p in model.parameters() if p.requires_grad]
