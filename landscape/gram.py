@@ -59,13 +59,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from landscape import persample
 from landscape.errors import ModelError, UsageError
 from landscape.persample import (
     Capture,
     Handler,
     HooksFailed,
     functorch_grads,
+    handlers,
     place_batch,
     plan_handlers,
     probe_calls,
@@ -383,7 +383,7 @@ class _Engine:
         modules called several times: the handler's per-sample gradients (inputs repeated once per logit)."""
         if role == "weight" and h in self.dims:
             G, D, P, T = self.dims[h]
-            if not (isinstance(h.module, nn.modules.conv._ConvNd) and T >= persample.GROUPED_MIN_POSITIONS):
+            if not (isinstance(h.module, nn.modules.conv._ConvNd) and T >= handlers.GROUPED_MIN_POSITIONS):
                 A, B = self._factors(h, chunk, idx)  # (c, G, D, T), (c, Mb, G, P, T)
                 parts = [torch.einsum("cmtd,ctp->cmdp", B[:, :, g].transpose(2, 3).contiguous(), A[:, g].transpose(1, 2))
                          for g in range(G)]
