@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, jacrev, vmap
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from landscape.persample.handlers import Handler, HooksFailed
+
+try:  # torch >= 2.3
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def math_attention():
+        """Attention by its math form: the fused kernels have no vmap batching rule (a per-sample loop)."""
+        return sdpa_kernel(SDPBackend.MATH)
+except ImportError:  # pragma: no cover - older torch: the default kernels
+
+    def math_attention():
+        return contextlib.nullcontext()
 
 
 class FunctionalHandler(Handler):
@@ -81,8 +93,7 @@ class FunctionalHandler(Handler):
             in_dims=(None, [in_dims[i] for i in bidx], [out_dims[j] for j, _ in outs]),
             randomness="error",
         )
-        # attention's fused kernels have no vmap batching rule (a per-sample loop); its math form has
-        with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+        with torch.no_grad(), math_attention():
             return fn(params, [leaves[i] for i in bidx], [g for _, g in outs])
 
 
@@ -100,7 +111,7 @@ def functorch_grads(
     def logits_one(p, xi):
         return functional_call(model, {**fixed, **p}, (xi.unsqueeze(0),))
 
-    with torch.enable_grad(), sdpa_kernel(SDPBackend.MATH):  # fused attention has no vmap rule: a slow loop
+    with torch.enable_grad(), math_attention():
         if y is None:
             jac = vmap(jacrev(lambda p, xi: logits_one(p, xi).squeeze(0)), in_dims=(None, 0), randomness="different")
             return jac(params, x), None, None
