@@ -424,3 +424,23 @@ def test_gram_blocks_on_the_transformer(batch_first):
     for k, g in ref.items():
         gk = g.reshape(5, -1)
         assert torch.allclose(blocks[k], gk @ gk.T, rtol=1e-9, atol=1e-12), k
+
+
+def test_output_ntk_blocks_on_the_transformer():
+    """kind="output": J_r J_r^T per layer (rows sample-major), against per-sample, per-logit autograd."""
+    from landscape.gram import gram_blocks
+
+    model = transformer(False, seed=4)
+    x, _ = tokens(3, seed=9)
+    named = [(k, p) for k, p in model.named_parameters()]
+    rows = {k: [] for k, _ in named}
+    for i in range(3):
+        out = model(x[i : i + 1])[0]
+        for m in range(out.shape[0]):
+            gs = torch.autograd.grad(out[m], [p for _, p in named], retain_graph=True)
+            for (k, _), g in zip(named, gs, strict=True):
+                rows[k].append(g.reshape(-1))
+    blocks = gram_blocks(model, x, kind="output")
+    for k, r in rows.items():
+        J = torch.stack(r)
+        assert torch.allclose(blocks[k], J @ J.T, rtol=1e-9, atol=1e-12), k
