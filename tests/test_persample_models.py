@@ -187,6 +187,29 @@ def test_mix_of_hooked_and_functional_layers_equals_naive_loop():
     assert functional_modules(engine) == {Scale, nn.MultiheadAttention}
 
 
+class Gated(nn.Module):
+    """Holds a Linear it never calls (its weight goes through F.linear in a gated form), like
+    nn.MultiheadAttention's out_proj: the Linear's handler would see nothing."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(5, 5)
+
+    def forward(self, x):
+        return torch.tanh(F.linear(x, self.lin.weight, self.lin.bias)) * torch.sigmoid(x)
+
+
+def test_a_handled_layer_that_is_never_called_goes_to_its_caller():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 5), Gated(), nn.Linear(5, 3)).double()
+    x, y = torch.randn(6, 4, dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1, 2])
+    engine = PerSampleEngine(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_engine_against_naive(engine, model, x, y)
+    assert engine.strategy == "mixed" and functional_modules(engine) == {Gated}
+
+
 def test_masks_apply_on_functional_layers_too():
     model = mix()
     x, y = mix_batch(4, seed=3)

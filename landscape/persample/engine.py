@@ -87,9 +87,11 @@ def _shared_parameters(model: nn.Module) -> list[str]:
 class PerSampleEngine:
     """Per-sample gradients of ``l_i = cross_entropy(model(x_i), y_i)`` w.r.t. the trainable parameters.
 
-    ``microbatch`` bounds how many samples go through one pass (memory); ``strategy`` is ``"auto"`` (hooks
-    when every trainable parameter sits in a supported module, else functorch), ``"hooks"`` or
-    ``"functorch"``. The model is never modified (no ``.grad``, no mode change).
+    ``microbatch`` bounds how many samples go through one pass (memory). ``strategy`` is ``"auto"`` (the
+    registered handlers by hooks and, when some trainable parameter has none, the other modules by ``torch.func``
+    in the same pass: ``self.strategy == "mixed"``; the whole model by ``torch.func`` when that is cheaper or
+    the first call's self-check fails), ``"hooks"`` (registered handlers only, else an error) or
+    ``"functorch"`` (the whole model). The model is never modified (no ``.grad``, no mode change).
     """
 
     def __init__(
@@ -227,16 +229,18 @@ class PerSampleEngine:
                 units[h] = h.unit(calls)
         return units, losses.detach(), logits.detach()
 
-    def _plan_units(self, x: Tensor) -> None:
-        """The probe, then the mixed route: every parameter no registered handler covers goes to a ``FunctionalHandler`` on
-        the nearest module (itself or an ancestor) that the forward calls, with the batch dimensions the
-        probe measured. A registered handler whose module is never called gives its parameters up too (they
-        are used elsewhere, e.g. ``nn.MultiheadAttention.out_proj``)."""
+    def _plan(self, x: Tensor) -> None:
+        """Once, on the first batch: ``probe_calls``, where each handler's module keeps the batch, then the
+        mixed route. Every parameter that no registered handler covers goes to a ``FunctionalHandler`` on the
+        nearest module (its own or an ancestor) that the forward calls, with the batch dimensions the probe
+        measured; so does a handled module's parameter when that module is never called (its parameters are
+        used by another module's forward, e.g. ``nn.MultiheadAttention.out_proj``)."""
         calls = probe_calls(self.model, x)
         place_batch(self._handlers, calls)
-        if self.strategy != "mixed":
-            return
         dead = [h for h in self._handlers if h.module not in calls]
+        if self.requested == "hooks" or not (dead or self._uncovered):
+            return  # registered handlers only (the self-check judges them)
+        self.strategy = "mixed"
         self._handlers = [h for h in self._handlers if h.module in calls]
         wanted = set(self._uncovered) | {full for h in dead for full in h.pnames.values()}
         groups: dict[str, dict[str, str]] = {}
@@ -291,7 +295,7 @@ class PerSampleEngine:
         x, y = x[:8], y[:8]
         devices = [x.device] if x.device.type == "cuda" else []
         try:
-            self._plan_units(x)
+            self._plan(x)
             with torch.random.fork_rng(devices=devices):
                 units, _, _ = self._capture(x, y)
                 acc = self._zeros()
