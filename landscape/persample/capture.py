@@ -99,7 +99,8 @@ class Capture:
     ``passes`` backwards (``retain_graph=True`` but for the last; e.g. one per logit) give every call one
     gradient per pass. ``on_complete(handler)``, if given, is called inside the backward as soon as every
     call of that handler has all its gradients, so that a caller can reduce them and ``release`` them before
-    the backward goes on (lower peak memory: the Gram blocks of ``landscape.gram``)."""
+    the backward goes on (lower peak memory: the Gram blocks of ``landscape.gram``). A ``FunctionalHandler``'s
+    module keeps all its inputs (positional and keyword) and gets a hook on every output tensor (one pass)."""
 
     def __init__(
         self, handlers: list[Handler], *, passes: int = 1, on_complete: Callable[[Handler], None] | None = None
