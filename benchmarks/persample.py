@@ -15,7 +15,9 @@ methods interleaved in one process, medians, samples per second and ratios to Op
 self-attention layer written as custom modules with their own parameters, LayerNorm, GELU MLP) measures the
 route for layers without a handler against Opacus' functorch mode
 (``GradSampleModule(model, force_functorch=True)``, what ``grad_sample_mode="functorch"`` builds: every
-layer re-run under ``vmap(grad)``), on one model object for all methods:
+layer re-run under ``vmap(grad)``), on one model object for all methods. (Opacus cannot run
+``nn.MultiheadAttention`` in either mode: its ``out_proj`` is used without being called, "No activations
+detected"; hence the custom attention module, which both take as a module without grad sampler.)
 
 - ``ours auto grads`` / ``ours auto norms``: the engine's default, the mixed route (Linear, LayerNorm,
   Embedding by their handlers; attention and positions by per-module ``torch.func`` units);
