@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_persample import maxdiff, naive_grads  # the per-example loop reference
 from torch import nn
 
@@ -467,3 +469,59 @@ def test_output_ntk_blocks_on_the_transformer():
     for k, r in rows.items():
         J = torch.stack(r)
         assert torch.allclose(blocks[k], J @ J.T, rtol=1e-9, atol=1e-12), k
+
+
+class Stack(nn.Module):
+    """A model assembled from a drawn list of blocks, on sequences (n, T, d) or, per block, (T, n, d)."""
+
+    KINDS = ("linear", "scale", "layernorm", "attention", "gated")
+
+    def __init__(self, kinds, seq_first, d=4):
+        super().__init__()
+        self.seq_first = seq_first
+        blocks = {"linear": lambda: nn.Linear(d, d), "scale": lambda: Scale(d), "layernorm": lambda: nn.LayerNorm(d),
+                  "attention": lambda: nn.MultiheadAttention(d, 2, batch_first=not seq_first), "gated": lambda: Gated4()}
+        self.blocks = nn.ModuleList([blocks[k]() for k in kinds])
+        self.head = nn.Linear(d, 3)
+
+    def forward(self, x):
+        h = x.transpose(0, 1) if self.seq_first else x
+        for b in self.blocks:
+            h = h + (b(h, h, h)[0] if isinstance(b, nn.MultiheadAttention) else torch.tanh(b(h)))
+        h = h.transpose(0, 1) if self.seq_first else h
+        return self.head(h.mean(1))
+
+
+class Gated4(Gated):
+    def __init__(self):
+        nn.Module.__init__(self)
+        self.lin = nn.Linear(4, 4)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    kinds=st.lists(st.sampled_from(Stack.KINDS), min_size=1, max_size=4),
+    seq_first=st.booleans(),
+    n=st.integers(1, 5),
+    microbatch=st.sampled_from([None, 2]),
+    seed=st.integers(0, 2**16),
+)
+def test_any_stack_of_blocks_equals_the_naive_loop(kinds, seq_first, n, microbatch, seed):
+    """Per-sample gradients and clipped sums of models assembled from handled and unhandled blocks, the batch
+    first or not, in chunks or not, equal the per-example loop."""
+    torch.manual_seed(seed)
+    model = Stack(kinds, seq_first).double().eval()
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(n, 3, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (n,), generator=g)
+    ref = naive_grads(model, x, y)
+    engine = PerSampleEngine(model, microbatch=microbatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert maxdiff(engine.grads(x, y), ref) < 1e-10
+        flat = flatten_grads(ref).norm(dim=1)
+        c = float(flat.mean())  # Abadi clipping; the factors are called chunk by chunk
+        sums, norms = engine.clipped_sum(x, y, lambda nm: (c / nm.flat).clamp(max=1.0))
+    f = (c / flat).clamp(max=1.0)
+    assert maxdiff(sums, {k: torch.einsum("n,n...->...", f, v) for k, v in ref.items()}) < 1e-10
+    assert torch.allclose(norms.flat, flat, rtol=1e-10, atol=1e-13)
+    assert engine.strategy in ("hooks", "mixed")
