@@ -212,6 +212,40 @@ def test_a_handled_layer_that_is_never_called_goes_to_its_caller():
     assert engine.strategy == "mixed" and functional_modules(engine) == {Gated}
 
 
+class TorchLayers(nn.Module):
+    """PyTorch layers without a landscape handler: transposed and 3-D convolutions, InstanceNorm with affine
+    parameters, RMSNorm, PReLU (a parameter of its own) and Bilinear (two inputs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.ConvTranspose2d(2, 3, 3, stride=2)
+        self.inorm = nn.InstanceNorm2d(3, affine=True)
+        self.c3 = nn.Conv3d(1, 2, 2)
+        self.rms = nn.RMSNorm(4)
+        self.act = nn.PReLU(3)
+        self.bil = nn.Bilinear(3, 4, 4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = self.act(self.inorm(self.up(x))).mean((2, 3))  # (n, 3)
+        v = self.c3(x.unsqueeze(1)).flatten(1)[:, :4]  # (n, 4)
+        return self.head(torch.tanh(self.rms(self.bil(h, v))))
+
+
+def test_other_torch_layers_take_the_functional_route():
+    torch.manual_seed(0)
+    model = TorchLayers().double()
+    x, y = torch.randn(5, 2, 4, 4, dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1])
+    engine = PerSampleEngine(model, microbatch=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", "There is a performance drop")  # PyTorch: no vmap rule for bilinear
+        check_engine_against_naive(engine, model, x, y)
+    assert engine.strategy == "mixed"
+    assert functional_modules(engine) == {nn.ConvTranspose2d, nn.InstanceNorm2d, nn.Conv3d, nn.RMSNorm, nn.PReLU,
+                                          nn.Bilinear}
+
+
 def test_masks_apply_on_functional_layers_too():
     model = mix()
     x, y = mix_batch(4, seed=3)
