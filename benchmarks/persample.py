@@ -42,8 +42,9 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 
 from _common import interleaved, medians, one_thread, out_of_place_residuals, peak_memory, record  # noqa: E402
 
-CASES = {"opacus-cnn": ((1, 28, 28), 256), "resnet18": ((3, 32, 32), 64), "transformer": ((32,), 64)}
-VOCAB = 100
+CASES = {"opacus-cnn": ((1, 28, 28), 256), "resnet18": ((3, 32, 32), 64)}
+
+TRANSFORMER = {"tokens": 32, "batch": 64, "vocab": 100}
 
 
 def token_transformer(d: int = 64, heads: int = 4, blocks: int = 2, t: int = 32, classes: int = 10):
@@ -90,7 +91,7 @@ def token_transformer(d: int = 64, heads: int = 4, blocks: int = 2, t: int = 32,
     class Classifier(nn.Module):
         def __init__(self):
             super().__init__()
-            self.emb, self.pos = nn.Embedding(VOCAB, d), Positions()
+            self.emb, self.pos = nn.Embedding(TRANSFORMER["vocab"], d), Positions()
             self.blocks = nn.Sequential(*[Block() for _ in range(blocks)])
             self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, classes)
 
@@ -109,9 +110,9 @@ def transformer_methods():
 
     from landscape.persample import PerSampleEngine
 
-    (t,), n = CASES["transformer"]
+    t, n, vocab = TRANSFORMER["tokens"], TRANSFORMER["batch"], TRANSFORMER["vocab"]
     g = torch.Generator().manual_seed(0)
-    x, y = torch.randint(0, VOCAB, (n, t), generator=g), torch.randint(0, 10, (n,), generator=g)
+    x, y = torch.randint(0, vocab, (n, t), generator=g), torch.randint(0, 10, (n,), generator=g)
     torch.manual_seed(0)
     model = token_transformer(t=t)
     auto, func = PerSampleEngine(model), PerSampleEngine(model, strategy="functorch")
@@ -152,8 +153,6 @@ def opacus_step(gsm, x, y):
 
 
 def methods_for(name: str):
-    if name == "transformer":
-        return transformer_methods()
     import torch
     import torch.nn.functional as F
     from opacus import GradSampleModule
@@ -189,18 +188,6 @@ def methods_for(name: str):
     }
 
 
-def report_zoo(name: str, n: int, med: dict[str, float]) -> None:
-    shape = "x".join(map(str, CASES[name][0]))
-    print(f"\n{name}: batch {n}, input {shape}, per-sample gradients (one thread, interleaved, medians)")
-    base = med["opacus grads+norms"]
-    print(f"  {'method':<22} {'median s':>10} {'samples/s':>10} {'x Opacus time':>14}")
-    for k, v in med.items():
-        print(f"  {k:<22} {v:10.4f} {n / v:10.1f} {v / base:14.2f}")
-    goal = 0.6 if name == "opacus-cnn" else None
-    record(f"per-sample norms, {name} b={n}: time x Opacus", med["ours norms"] / base, goal=goal, better="lower")
-    record(f"per-sample grads, {name} b={n}: time x Opacus", med["ours grads"] / base, goal=goal, better="lower")
-
-
 def report_transformer(n: int, med: dict[str, float]) -> None:
     base = med["opacus functorch grads+norms"]
     print(f"\ntransformer: batch {n}, 32 tokens, per-sample gradients (one thread, interleaved, medians)")
@@ -229,19 +216,28 @@ def run_once(name: str, method: str) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--models", default=",".join(CASES))
+    ap.add_argument("--models", default=",".join([*CASES, "transformer"]))
     ap.add_argument("--memory", action="store_true", help="peak memory of each method, one process each")
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)
     warnings.filterwarnings("ignore", category=UserWarning)  # Opacus' secure-RNG and backward-hook notices
     one_thread()
     for name in args.models.split(","):
+        if name == "transformer":
+            n, methods = transformer_methods()
+            report_transformer(n, medians(interleaved(methods, repeats=args.repeats, warmup=1, budget=120)))
+            continue
         n, methods = methods_for(name)
         med = medians(interleaved(methods, repeats=args.repeats, warmup=1, budget=120))
-        if name == "transformer":
-            report_transformer(n, med)
-        else:
-            report_zoo(name, n, med)
+        shape = "x".join(map(str, CASES[name][0]))
+        print(f"\n{name}: batch {n}, input {shape}, per-sample gradients (one thread, interleaved, medians)")
+        base = med["opacus grads+norms"]
+        print(f"  {'method':<22} {'median s':>10} {'samples/s':>10} {'x Opacus time':>14}")
+        for k, v in med.items():
+            print(f"  {k:<22} {v:10.4f} {n / v:10.1f} {v / base:14.2f}")
+        goal = 0.6 if name == "opacus-cnn" else None
+        record(f"per-sample norms, {name} b={n}: time x Opacus", med["ours norms"] / base, goal=goal, better="lower")
+        record(f"per-sample grads, {name} b={n}: time x Opacus", med["ours grads"] / base, goal=goal, better="lower")
         if args.memory:
             print("  peak resident memory, one fresh process per method:")
             for k in ["baseline", *med]:
