@@ -174,15 +174,8 @@ def gram_blocks(
     was_training = model.training
     model.eval()
     try:
-        try:
-            engine = _Engine(model, x, y, kind, names, strategy, dtype, budget, precision)
-            blocks = engine.run()
-        except HooksFailed as e:
-            if strategy != "auto":
-                raise ModelError(f"cannot capture per-sample gradients of this model: {e}") from None
-            warnings.warn(f"per-sample gradients: {e}; using torch.func on the whole model", stacklevel=2)
-            engine = _Engine(model, x, y, kind, names, "functorch", dtype, budget, precision)
-            blocks = engine.run()
+        engine = _Engine(model, x, y, kind, names, strategy, dtype, budget, precision)
+        blocks = engine.run()
     finally:
         model.train(was_training)
     if kind == "output-trace":
@@ -212,7 +205,7 @@ class _Engine:
         else:
             self.handlers, self.rest = plan_handlers(model, names, self.reduce_dtype)
         self.roles = {full: (h, role) for h in self.handlers for role, full in h.pnames.items()}
-        self.placed = False
+        self.hooks_checked = False
         self.n = x.shape[0]
         self.modes: dict[str, str] = {}  # weight name -> "ghost" | "materialize" (ghost-capable layers only)
         self.dims: dict[Handler, tuple[int, int, int, int]] = {}  # ghost-capable handler -> (G, D, P, T)
@@ -285,13 +278,24 @@ class _Engine:
     def capture(self, idx: slice, eager: bool = False) -> _Chunk:
         """Forward + backward pass(es) on samples ``idx`` (one per logit for output kinds); ``eager``: the
         blocks of this chunk with itself are formed inside the backward pass as soon as a layer's output
-        gradients are all in, and its factors dropped (so they never all coexist)."""
+        gradients are all in, and its factors dropped (so they never all coexist). When the hooks cannot
+        capture the model (a handled module that does not keep the batch apart, say), the first capture under
+        ``strategy="auto"`` says so and hands every parameter to ``torch.func``."""
+        try:
+            return self._capture(idx, eager)
+        except HooksFailed as e:
+            if self.strategy != "auto" or self.hooks_checked:
+                raise ModelError(f"cannot capture per-sample gradients of this model: {e}") from None
+            warnings.warn(f"per-sample gradients: {e}; using torch.func on the whole model", stacklevel=2)
+            self.handlers, self.rest, self.roles, self.hooks_checked = [], list(self.names), {}, True
+            return self._capture(idx, eager)
+
+    def _capture(self, idx: slice, eager: bool) -> _Chunk:
         x = self.x[idx]
         chunk = _Chunk(n=x.shape[0])
         if self.handlers:
-            if not self.placed:  # where each module sees the batch (attention blocks without batch_first)
+            if not self.hooks_checked:  # where each module sees the batch (attention blocks without batch_first)
                 place_batch(self.handlers, probe_calls(self.model, x))
-                self.placed = True
             passes = 1 if self.kind == "loss-grad" else self._n_logits()
             on_complete = (lambda h: self._eager(chunk, h)) if eager else None
             chunk.cap = Capture(self.handlers, passes=passes, on_complete=on_complete)
@@ -307,6 +311,7 @@ class _Engine:
                     chunk.cap.backward(logits, onehot, retain_graph=m < chunk.M - 1)
             for h in self.handlers:  # the batch must be dim 0 of every kept input and gradient
                 chunk.cap.calls(h, chunk.n)
+            self.hooks_checked = True  # the first capture went through: no fallback from now on
             missing = [k for h in self.handlers if h not in chunk.eager and not chunk.cap.reached(h)
                        for k in h.pnames.values()]
             if missing:

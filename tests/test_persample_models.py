@@ -559,3 +559,35 @@ def test_any_stack_of_blocks_equals_the_naive_loop(kinds, seq_first, n, microbat
     assert maxdiff(sums, {k: torch.einsum("n,n...->...", f, v) for k, v in ref.items()}) < 1e-10
     assert torch.allclose(norms.flat, flat, rtol=1e-10, atol=1e-13)
     assert engine.strategy in ("hooks", "mixed")
+
+
+class Folded(nn.Module):
+    """A Linear called on the batch folded with the positions ((n T, d)): no module sees one sample per index."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        n, t, d = x.shape
+        return self.head(torch.tanh(self.lin(x.reshape(n * t, d))).reshape(n, t, d).mean(1))
+
+
+def test_folded_batch_falls_back_to_torch_func_in_the_engine_and_the_gram_blocks():
+    from landscape.gram import gram_blocks
+
+    torch.manual_seed(0)
+    model = Folded().double()
+    x, y = torch.randn(4, 3, 4, dtype=torch.float64), torch.tensor([0, 1, 2, 0])
+    ref = naive_grads(model, x, y)
+    engine = PerSampleEngine(model)
+    with pytest.warns(UserWarning, match="batch on dim 0"):
+        assert maxdiff(engine.grads(x, y), ref) < 1e-12
+    assert engine.strategy == "functorch"
+    with pytest.warns(UserWarning, match="using torch.func on the whole model"):
+        blocks = gram_blocks(model, x, y)
+    for k, g in ref.items():
+        assert torch.allclose(blocks[k], g.reshape(4, -1) @ g.reshape(4, -1).T, rtol=1e-10, atol=1e-13), k
+    with pytest.raises(ModelError, match="cannot capture"):
+        gram_blocks(model, x, y, strategy="materialize")
