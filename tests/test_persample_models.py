@@ -591,3 +591,31 @@ def test_folded_batch_falls_back_to_torch_func_in_the_engine_and_the_gram_blocks
         assert torch.allclose(blocks[k], g.reshape(4, -1) @ g.reshape(4, -1).T, rtol=1e-10, atol=1e-13), k
     with pytest.raises(ModelError, match="cannot capture"):
         gram_blocks(model, x, y, strategy="materialize")
+
+
+class DataDependent(nn.Module):
+    """Calls its custom layer once or twice depending on the data: a route planned on one batch may not fit."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = Scale(4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = self.scale(x)
+        if float(x.sum()) > 0:
+            h = self.scale(h)
+        return self.head(h)
+
+
+def test_a_custom_layer_called_a_varying_number_of_times():
+    """The route is planned on the first batch (Scale called twice); a batch that calls it once still fits."""
+    torch.manual_seed(0)
+    model = DataDependent().double()
+    engine = PerSampleEngine(model)
+    x, y = torch.rand(3, 4, dtype=torch.float64), torch.tensor([0, 1, 2])
+    for xb in (x, -x):  # every sample takes the batch's branch, so the per-example loop is the reference
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert maxdiff(engine.grads(xb, y), naive_grads(model, xb, y)) < 1e-12
+    assert engine.strategy == "mixed"

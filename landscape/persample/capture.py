@@ -75,18 +75,19 @@ def probe_calls(model: nn.Module, x: Tensor) -> dict[nn.Module, list | str]:
 
 
 def place_batch(handlers: list[Handler], calls: dict[nn.Module, list | str]) -> None:
-    """Set ``Handler.batch_dims`` from ``probe_calls``: where each handler's module sees the batch, per call;
-    ``HooksFailed`` when it is not dim 0 and the handler cannot move it there."""
+    """Set ``Handler.batch_dim`` from ``probe_calls``: the one dimension where each handler's module sees the
+    batch in every call; ``HooksFailed`` when it is not dim 0 and the handler cannot move it there."""
     for h in handlers:
         dims = calls.get(h.module)
         if not isinstance(dims, list):
             continue  # never called (its parameters get no gradient) or not one sample per index
-        found = [(i[0] if i else 0, o[0] if o else 0) for i, o in dims]
-        if all(d == (0, 0) for d in found):
+        found = {(i[0] if i else 0, o[0] if o else 0) for i, o in dims}
+        if found == {(0, 0)}:
             continue
-        if not (h.movable_batch() and all(a == b and a is not None for a, b in found)):
+        (a, b), *others = found
+        if others or a != b or a is None or not h.movable_batch():
             raise HooksFailed(f"module {type(h.module).__name__} does not see the batch on dim 0")
-        h.batch_dims = [a for a, _ in found]
+        h.batch_dim = a
 
 
 class Capture:
@@ -170,7 +171,7 @@ class Capture:
 
     def calls(self, h: Handler, n: int, pass_: int = 0) -> list[tuple[Tensor, Tensor]]:
         """(input, output gradient of pass ``pass_``) per call of ``h``'s module; zeros where no gradient
-        reached an output. The batch (``n`` samples) must be dim 0 of both, or where ``h.batch_dims`` says
+        reached an output. The batch (``n`` samples) must be dim 0 of both, or where ``h.batch_dim`` says
         (then moved to dim 0)."""
         if isinstance(h, FunctionalHandler):  # ((args, kwargs), [output gradient or None per output leaf])
             return [
@@ -179,11 +180,10 @@ class Capture:
                 for inp, leaves, gs in zip(self.inputs[h], self.shapes[h], self.grads[h], strict=True)
             ]
         out = []
-        for k, (a, shape, gs) in enumerate(zip(self.inputs[h], self.shapes[h], self.grads[h], strict=True)):
+        for a, shape, gs in zip(self.inputs[h], self.shapes[h], self.grads[h], strict=True):
             b = gs[pass_] if len(gs) > pass_ else a.new_zeros(shape)
-            if h.batch_dims and h.batch_dims[k % len(h.batch_dims)]:
-                d = h.batch_dims[k % len(h.batch_dims)]
-                a, b = a.movedim(d, 0), b.movedim(d, 0)
+            if h.batch_dim:
+                a, b = a.movedim(h.batch_dim, 0), b.movedim(h.batch_dim, 0)
             if a.shape[0] != n or b.shape[0] != n:
                 raise HooksFailed(f"module {type(h.module).__name__} does not see the batch on dim 0")
             out.append((a, b))

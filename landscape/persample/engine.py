@@ -215,18 +215,25 @@ class PerSampleEngine:
 
     # ---------------------------------------------------------------- hooks route
     def _capture(self, x: Tensor, y: Tensor):
-        """One forward + activation-gradient backward; returns ({handler: unit}, losses, logits)."""
+        """One forward + activation-gradient backward; returns ({handler: unit}, losses, logits). After the
+        first call's check, a batch the chosen route cannot take (a module called another number of times,
+        say) is a one-line ``ModelError``."""
         n = x.shape[0]
         cap = Capture(self._handlers)
-        with cap, torch.enable_grad(), exact_fast_pooling(self.model):
-            logits = self.model(x)
-            losses = F.cross_entropy(logits, y, reduction="none")
-        cap.backward(losses.sum())
-        units = {}
-        for h in self._handlers:
-            calls = cap.calls(h, n)
-            if calls:
-                units[h] = h.unit(calls)
+        try:
+            with cap, torch.enable_grad(), exact_fast_pooling(self.model):
+                logits = self.model(x)
+                losses = F.cross_entropy(logits, y, reduction="none")
+            cap.backward(losses.sum())
+            units = {}
+            for h in self._handlers:
+                calls = cap.calls(h, n)
+                if calls:
+                    units[h] = h.unit(calls)
+        except HooksFailed as e:
+            if not self._verified:
+                raise
+            raise ModelError(f"per-sample gradients: this batch does not fit the route chosen on the first one ({e})") from None
         return units, losses.detach(), logits.detach()
 
     def _plan(self, x: Tensor) -> None:

@@ -32,7 +32,7 @@ class FunctionalHandler(Handler):
     samples of one call's inputs (positional and keyword; Opacus' functorch mode, generalised).
 
     ``dims`` gives, per call, the batch dimension of every input leaf and every output leaf (None: shared by
-    all samples), as ``probe_batch_dims`` measured them. Random operations inside the module (dropout in
+    all samples), as ``probe_calls`` measured them. Random operations inside the module (dropout in
     training mode) would draw other numbers than the forward did, so they are refused (vmap's
     ``randomness="error"``) and the engine takes the whole-model route."""
 
@@ -43,14 +43,18 @@ class FunctionalHandler(Handler):
         self.dims: list[tuple[list[int | None], list[int | None]]] = dims or []
 
     def unit(self, calls):
-        if len(calls) != len(self.dims):
-            raise HooksFailed(
-                f"module {type(self.module).__name__} was called {len(calls)} times, {len(self.dims)} in the probe"
-            )
+        layouts = self.dims
+        if len(calls) != len(layouts):  # called another number of times than in the probe: fine if all alike
+            if any(d != layouts[0] for d in layouts):
+                raise HooksFailed(
+                    f"module {type(self.module).__name__} was called {len(calls)} times, {len(layouts)} in the "
+                    "probe, with different layouts"
+                )
+            layouts = layouts[:1] * len(calls)
         g = None
-        for (inputs, grads), dims in zip(calls, self.dims, strict=True):
+        for (inputs, grads), (in_dims, out_dims) in zip(calls, layouts, strict=True):
             try:
-                gk = self._call_grads(inputs, grads, *dims)
+                gk = self._call_grads(inputs, grads, in_dims, out_dims)
             except (RuntimeError, NotImplementedError, ValueError, TypeError) as e:
                 name = type(self.module).__name__
                 if "randomness" in str(e):

@@ -64,7 +64,7 @@ class Handler:
         self.module = module
         self.pnames = pnames
         self.reduce_dtype = reduce_dtype
-        self.batch_dims: list[int] = []  # per call, where the probe found the batch (empty: dim 0)
+        self.batch_dim = 0  # where the module sees the batch, as the probe found it (``place_batch``)
 
     @classmethod
     def accepts(cls, module: nn.Module) -> bool:
