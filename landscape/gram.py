@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -58,14 +59,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from landscape import persample
 from landscape.errors import ModelError, UsageError
 from landscape.persample import (
     Capture,
+    Handler,
     HooksFailed,
-    _Handler,
     functorch_grads,
+    handlers,
+    place_batch,
     plan_handlers,
+    probe_calls,
     refuse_batchnorm,
 )
 
@@ -246,9 +249,10 @@ class _Engine:
         else:
             self.handlers, self.rest = plan_handlers(model, names, self.reduce_dtype)
         self.roles = {full: (h, role) for h in self.handlers for role, full in h.pnames.items()}
+        self.hooks_checked = False
         self.n = x.shape[0]
         self.modes: dict[str, str] = {}  # weight name -> "ghost" | "materialize" (ghost-capable layers only)
-        self.dims: dict[_Handler, tuple[int, int, int, int]] = {}  # ghost-capable handler -> (G, D, P, T)
+        self.dims: dict[Handler, tuple[int, int, int, int]] = {}  # ghost-capable handler -> (G, D, P, T)
 
     # -- dtype of a parameter's contractions
     @property
@@ -330,28 +334,40 @@ class _Engine:
     def capture(self, idx: slice, eager: bool = False) -> _Chunk:
         """Forward + backward pass(es) on samples ``idx`` (one per logit for output kinds); ``eager``: the
         blocks of this chunk with itself are formed inside the backward pass as soon as a layer's output
-        gradients are all in, and its factors dropped (so they never all coexist)."""
+        gradients are all in, and its factors dropped (so they never all coexist). When the hooks cannot
+        capture the model (a handled module that does not keep the batch apart, say), the first capture under
+        ``strategy="auto"`` says so and hands every parameter to ``torch.func``."""
+        try:
+            return self._capture(idx, eager)
+        except HooksFailed as e:
+            if self.strategy != "auto" or self.hooks_checked:
+                raise ModelError(f"cannot capture per-sample gradients of this model: {e}") from None
+            warnings.warn(f"per-sample gradients: {e}; using torch.func on the whole model", stacklevel=2)
+            self.handlers, self.rest, self.roles, self.hooks_checked = [], list(self.names), {}, True
+            return self._capture(idx, eager)
+
+    def _capture(self, idx: slice, eager: bool) -> _Chunk:
         x = self.x[idx]
         chunk = _Chunk(n=x.shape[0])
         if self.handlers:
+            if not self.hooks_checked:  # where each module sees the batch (attention blocks without batch_first)
+                place_batch(self.handlers, probe_calls(self.model, x))
             passes = 1 if self.kind == "loss-grad" else self._n_logits()
             on_complete = (lambda h: self._eager(chunk, h)) if eager else None
             chunk.cap = Capture(self.handlers, passes=passes, on_complete=on_complete)
-            try:
-                with chunk.cap, torch.enable_grad():
-                    logits = self.model(x)
-                chunk.M = logits.shape[1]
-                if self.kind == "loss-grad":
-                    chunk.cap.backward(F.cross_entropy(logits, self.y[idx], reduction="sum"))
-                else:
-                    for m in range(chunk.M):
-                        onehot = torch.zeros_like(logits)
-                        onehot[:, m] = 1
-                        chunk.cap.backward(logits, onehot, retain_graph=m < chunk.M - 1)
-                for h in self.handlers:  # the batch must be dim 0 of every kept input and gradient
-                    chunk.cap.calls(h, chunk.n)
-            except HooksFailed as e:
-                raise ModelError(f"cannot capture per-sample gradients of this model: {e}") from None
+            with chunk.cap, torch.enable_grad():
+                logits = self.model(x)
+            chunk.M = logits.shape[1]
+            if self.kind == "loss-grad":
+                chunk.cap.backward(F.cross_entropy(logits, self.y[idx], reduction="sum"))
+            else:
+                for m in range(chunk.M):
+                    onehot = torch.zeros_like(logits)
+                    onehot[:, m] = 1
+                    chunk.cap.backward(logits, onehot, retain_graph=m < chunk.M - 1)
+            for h in self.handlers:  # the batch must be dim 0 of every kept input and gradient
+                chunk.cap.calls(h, chunk.n)
+            self.hooks_checked = True  # the first capture went through: no fallback from now on
             missing = [k for h in self.handlers if h not in chunk.eager and not chunk.cap.reached(h)
                        for k in h.pnames.values()]
             if missing:
@@ -365,7 +381,7 @@ class _Engine:
             chunk.func = {k: v.reshape(-1, self.params[k].numel()) for k, v in g.items()}
         return chunk
 
-    def _eager(self, chunk: _Chunk, h: _Handler) -> None:
+    def _eager(self, chunk: _Chunk, h: Handler) -> None:
         chunk.eager.add(h)
         for name in h.pnames.values():
             if name in self.roles:
@@ -407,7 +423,7 @@ class _Engine:
         gb = ga if a is b else b.func[name].to(dt)
         return (ga @ gb.T).to(self.dtype)
 
-    def _calls(self, h: _Handler, chunk: _Chunk, idx: slice) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    def _calls(self, h: Handler, chunk: _Chunk, idx: slice) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
         """Per pass, the (input, output gradient) pairs of samples ``idx`` of a chunk; weight layers' in the
         contraction dtype."""
         ct = self.contract_dtype if h in self.dims else None
@@ -418,7 +434,7 @@ class _Engine:
         passes = 1 if self.kind == "loss-grad" else chunk.M
         return [[(cast(a[idx]), cast(b[idx])) for a, b in chunk.cap.calls(h, chunk.n, p)] for p in range(passes)]
 
-    def _rows(self, h: _Handler, role: str, chunk: _Chunk, idx: slice, dt: torch.dtype) -> torch.Tensor:
+    def _rows(self, h: Handler, role: str, chunk: _Chunk, idx: slice, dt: torch.dtype) -> torch.Tensor:
         """Per-sample (per-logit, sample-major) gradient rows ``(c * Mb, numel)`` of one parameter.
 
         Weight layers: B_im A_i^T contracted over positions from the handler's ghost factors (A once per
@@ -428,7 +444,7 @@ class _Engine:
         modules called several times: the handler's per-sample gradients (inputs repeated once per logit)."""
         if role == "weight" and h in self.dims:
             G, D, P, T = self.dims[h]
-            if not (isinstance(h.module, nn.modules.conv._ConvNd) and T >= persample.GROUPED_MIN_POSITIONS):
+            if not (isinstance(h.module, nn.modules.conv._ConvNd) and T >= handlers.GROUPED_MIN_POSITIONS):
                 A, B = self._factors(h, chunk, idx)  # (c, G, D, T), (c, Mb, G, P, T)
                 parts = [torch.einsum("cmtd,ctp->cmdp", B[:, :, g].transpose(2, 3).contiguous(), A[:, g].transpose(1, 2))
                          for g in range(G)]
@@ -455,7 +471,7 @@ class _Engine:
         g = h.role_per_sample(u, role)
         return g.reshape(g.shape[0], -1).to(dt)
 
-    def _factors(self, h: _Handler, chunk: _Chunk, idx: slice) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def _factors(self, h: Handler, chunk: _Chunk, idx: slice) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Ghost factors of samples ``idx``: A (c, G, D, T) and B (c, Mb, G, P, T) over the passes."""
         passes = self._calls(h, chunk, idx)
         f = h.ghost_factors(h.unit(passes[0]))
@@ -467,7 +483,7 @@ class _Engine:
             Bs.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=3))
         return f[0], torch.stack(Bs, dim=1)
 
-    def _materialize(self, h: _Handler, role: str, a: _Chunk, b: _Chunk, dt: torch.dtype) -> torch.Tensor:
+    def _materialize(self, h: Handler, role: str, a: _Chunk, b: _Chunk, dt: torch.dtype) -> torch.Tensor:
         ca, cb, Mb = a.n, b.n, self.Mb
         item = torch.finfo(dt).bits // 8
         per_row = self.params[h.pnames[role]].numel() * item * Mb
@@ -491,7 +507,7 @@ class _Engine:
                 out[si.start * Mb: si.stop * Mb, sj.start * Mb: sj.stop * Mb] = (gi @ gj.T).to(self.dtype)
         return out
 
-    def _ghost(self, h: _Handler, a: _Chunk, b: _Chunk, dt: torch.dtype) -> torch.Tensor:
+    def _ghost(self, h: Handler, a: _Chunk, b: _Chunk, dt: torch.dtype) -> torch.Tensor:
         """K[(i, m), (j, n)] = sum_{g,t,s} (A_i^T A_j)_{g,ts} (B_im^T B_jn)_{g,ts}: the cross-sample form of
         the ghost norm (Bu et al. 2023, eq. 4.4), never forming per-sample gradients."""
         ca, cb, Mb = a.n, b.n, self.Mb

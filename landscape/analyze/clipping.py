@@ -524,7 +524,8 @@ def expand(resolver, ref: str, config: ClippingConfig):
 def compute_point(point, config: ClippingConfig):
     """:func:`clipping_row` at one resolved checkpoint (its run's pruning mask applied to the gradients)."""
     x, y = point.split(config.split)
-    return clipping_row(point.model(), x, y, config, masks=point.masks, ref=point.ref, step=point.step,
+    model = point.model().eval()  # the deterministic loss at the point: dropout off (a no-op for the built-ins)
+    return clipping_row(model, x, y, config, masks=point.masks, ref=point.ref, step=point.step,
                         epoch=point.epoch, prune_level=point.tag.get("prune_level", math.nan))
 
 

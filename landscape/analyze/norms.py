@@ -234,7 +234,8 @@ def value_range(point, config: NormsConfig) -> tuple[float, float, float]:
     """The smallest and largest trainable parameter value of a checkpoint, and its epoch."""
     names = trainable_names(point.model())
     state = point.state
-    return min(float(state[n].min()) for n in names), max(float(state[n].max()) for n in names), point.epoch
+    return (min(float(state[n].detach().min()) for n in names), max(float(state[n].detach().max()) for n in names),
+            point.epoch)
 
 
 def shared_edges(values, config: NormsConfig) -> np.ndarray:
@@ -262,7 +263,7 @@ def compute_point(point, config: NormsConfig, edges: np.ndarray):
     its run's pruning mask), with the run's optimizer label and layer names."""
     from landscape.persample import PerSampleEngine
 
-    model = point.model()
+    model = point.model().eval()  # the deterministic loss at the point: dropout off (a no-op for the built-ins)
     x = y = None
     if config.grad_samples > 0:
         x, y = point.split(config.split)

@@ -550,7 +550,8 @@ def _model_and_examples(point, config):
     if config.precision == "double":
         model = model.double()
     x, y, idx = examples(point, config.n, config.seed, config.split)
-    return model, x.to(next(model.parameters()).dtype) if x.is_floating_point() else x, y, idx  # tokens stay ints
+    dtype = next(model.parameters()).dtype
+    return model, (x.to(dtype) if x.is_floating_point() else x), y, idx  # token ids stay integers
 
 
 def compute_point(point, config: NTKConfig) -> NTKResult:

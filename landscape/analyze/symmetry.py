@@ -307,7 +307,7 @@ def gradient_symmetry(
 
 def compute_point(point, config: SymmetryConfig):
     """:func:`symmetry_row` at one resolved checkpoint, and its parameter shapes (one projection for all)."""
-    model = point.model()
+    model = point.model().eval()  # the deterministic loss at the point: dropout off (a no-op for the built-ins)
     x, y = point.split(config.split)
     row = symmetry_row(model, x, y, config, masks=point.masks, ref=point.ref, step=point.step, epoch=point.epoch)
     return row, parameter_shapes(model)

@@ -110,10 +110,11 @@ def phases(config: PhasesConfig, *, root: str | Path, progress: bool | None = No
     """
     config.validate()
     with plugins.trusting(plugins.code_refs(config.base.model, config.base.data)):  # Phase 2 rebuilds Phase 1's
-        return _phases(config, root=root, progress=progress)
+        return _phases(config, root=root, progress=progress, report=report)
 
 
-def _phases(config: PhasesConfig, *, root: str | Path, progress: bool | None) -> list[RunSummary]:
+def _phases(config: PhasesConfig, *, root: str | Path, progress: bool | None,
+            report: Callable[[str], None] | None) -> list[RunSummary]:
     config = dataclasses.replace(config, base=dataclasses.replace(
         config.base, model=config.base.model or DEFAULT_MODEL, data=config.base.data or DEFAULT_DATA))
     base = config.base

@@ -190,8 +190,9 @@ def _total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
 class LoopEngine:
     """Reference per-sample engine: one forward/backward per example (slow, obviously correct).
 
-    Implements the parts of the ``PerSampleEngine`` interface the Privatizer uses (``grads``, ``norms``,
-    ``clipped_sum``); the loss is ``cross_entropy(f(x_i), y_i)``.
+    Implements the parts of the ``PerSampleEngine`` interface the Privatizer and the analyses use (``grads``,
+    ``norms``, ``clipped_sum``, ``mean_grad``, ``projections`` with ``{name: tensor}`` directions); the loss is
+    ``cross_entropy(f(x_i), y_i)``. Works on any model: the reference for models without a handler.
     """
 
     def __init__(self, model: nn.Module):
@@ -227,6 +228,17 @@ class LoopEngine:
         layers = {n: g.flatten(1).to(torch.float64).norm(dim=1) for n, g in grads.items()}
         flat = torch.stack(list(layers.values())).pow(2).sum(0).sqrt()
         return _Norms(flat=flat, layers=layers, loss=losses, logits=logits)
+
+    def mean_grad(self, x, y, *, masks=None) -> dict[str, torch.Tensor]:
+        return {n: g.mean(0) for n, g in self.grads(x, y, masks=masks).items()}
+
+    def projections(self, x, y, directions: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        """``P[i, j] = <g_i, v_j>`` from the per-example gradients."""
+        grads = self.grads(x, y)
+        return torch.stack(
+            [sum((g.flatten(1) * v[n].reshape(-1).to(g.dtype)).sum(1) for n, g in grads.items()) for v in directions],
+            dim=1,
+        )
 
     def clipped_sum(self, x, y, factor_fn, *, masks=None):
         grads, losses, logits = self._per_sample(x, y, masks)
