@@ -359,7 +359,7 @@ def test_instability_pairs_carry_metric_references_to_two_workers(setup, tmp_pat
     second = InterpolationResult.from_hdf5(table.rows[1].result)
     np.testing.assert_allclose(first.point_metrics["brier"]["test"], second.point_metrics["brier"]["test"][::-1],
                                rtol=1e-6)
-    with pytest.raises(UsageError, match="cannot be sent to worker processes"):
+    with pytest.raises(UsageError, match="cannot be sent to 2 worker processes"):  # refused before any job
         instability(output=tmp_path / "o.h5", workers=2, metrics=[load_code(f"{path}:Brier")()], **kw)
 
 

@@ -262,6 +262,9 @@ def _current_pair_file(out: str, refs: list[InputRef], config: Any, data_attrs: 
 
 def _pairs(spec: Analysis, resolver: Resolver, patterns: list[str], config: Any, run_opts: Any, data_from: str,
            workers: int, out: Path) -> tuple[Any, list[InputRef]]:
+    from landscape.metrics import check_workers
+
+    check_workers(getattr(config, "metrics", ()), workers)  # before any job: a refused pickle can hang the pool
     jobs = resolver.pair_jobs(patterns, run_opts.pairs)
     pair_dir = Path(run_opts.pair_dir) if run_opts.pair_dir else out.with_name(out.stem + "-pairs")
     tasks = [(spec.name, resolver, a, b, labels, config, data_from, str(pair_dir / f"{slug(a)}--{slug(b)}.h5"))
