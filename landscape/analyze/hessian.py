@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from landscape.analyze._common import check_choice, check_positive_int
+from landscape.analyze._common import check_choice, check_positive_int, device_option
 from landscape.analyze.norms import sample_indices
 from landscape.analyze.registry import Analysis, option
 from landscape.curvature import HessianOperator
@@ -77,7 +77,7 @@ class HessianConfig:
     precision: str = option("float32", "Precision of the Hessian-vector products.", choices=tuple(PRECISIONS))
     batch_size: int = option(250, "Examples per chunk of each product (memory bound; results do not depend on it).",
                              min=1)
-    device: str = option("auto", "auto, cpu, cuda or cuda:N.", kind="device")
+    device: str = device_option()
     workers: int = option(1, "Parallel worker processes (checkpoints in parallel).", min=1)
 
     def __post_init__(self) -> None:
