@@ -533,3 +533,22 @@ def test_transformer_directions_surface_clipping(transformer_store):
     assert np.isfinite(plane.values["train_loss"]).all() and plane.markers["b@last"][1] == 0.0
     rows = clipping("a", batch_size=16, root=root, figure=False, code=CODE_T).rows
     assert [r.step for r in rows] == [0, 6]
+
+
+def test_store_ls_shows_user_code_by_file_name_and_show_keeps_the_reference(transformer_store, capsys):
+    root, full = transformer_store, ref("transformer")
+    assert full.startswith(str(USER.resolve().parent)) and full.endswith("user_models.py:transformer")
+    code, out, _ = run_cli("--root", root, "store", "ls", capsys=capsys)
+    assert code == 0
+    rows = [line for line in out.splitlines() if line.split()[:1] in (["a"], ["b"], ["dp"])]
+    assert len(rows) == 3
+    for line in rows:
+        assert "user_models.py:transformer" in line and "user_models.py:sequences" in line
+        assert str(USER.resolve().parent) not in line
+    code, out, _ = run_cli("--root", root, "store", "ls", "--json", capsys=capsys)
+    assert {r["model"] for r in json.loads(out)["runs"]} == {full}  # --json keeps the stored reference
+    code, out, _ = run_cli("--root", root, "store", "show", "a@last", capsys=capsys)
+    assert code == 0 and full in out
+    assert plugins.short_name(full) == "user_models.py:transformer"
+    for unchanged in ("lenet", "torchvision.models:resnet18", None, "digits"):
+        assert plugins.short_name(unchanged) == unchanged
