@@ -9,6 +9,7 @@ import click
 
 from cli.common import echo_json, echo_table, format_value, json_option, root_of
 from cli.options import data_options, dataset_arguments, model_arguments, model_options
+from landscape.plugins import short_name
 
 # final metrics shown by `store ls`, in this order when present (others follow alphabetically, up to MAX)
 PREFERRED_METRICS = ("test_acc", "test_loss", "train_acc", "train_loss")
@@ -50,8 +51,8 @@ def ls(ctx: click.Context, root: str | None, as_json: bool) -> None:
         steps = s["steps"]
         row = {
             "run": s["name"],
-            "model": s["model"],
-            "data": s["data"],
+            "model": short_name(s["model"]),  # user code by its file name; store show / --json give the full path
+            "data": short_name(s["data"]),
             "ckpts": len(steps),
             "steps": f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else (str(steps[0]) if steps else "-"),
             "epoch": s["last_epoch"],

@@ -44,9 +44,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, jvp, vjp, vmap
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from landscape.errors import ModelError, UsageError
+from landscape.runtime import math_attention
 
 # Retained graph size / leaf-module output bytes (measured on LeNet and ResNet-18/GroupNorm: 4.5 and 2.7).
 GRAPH_FACTOR = 5.0
@@ -186,7 +186,7 @@ class HessianOperator:
 
         def loss(params: Vector) -> Tensor:
             # attention's fused CPU kernels have no second derivative; the math kernel is the same function
-            with sdpa_kernel(SDPBackend.MATH):
+            with math_attention():
                 logits = functional_call(model, {**params, **constants}, (xc,))
             return F.cross_entropy(logits, yc, reduction="sum") / n
 

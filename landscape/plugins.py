@@ -58,6 +58,17 @@ def is_code_ref(text: Any) -> bool:
     return bool(head) and bool(attr)
 
 
+def short_name(text: Any) -> Any:
+    """A code reference to a file shortened for tables (``/abs/dir/file.py:make`` -> ``file.py:make``); module
+    references, built-in names and anything else unchanged. Stored specs keep the full reference."""
+    if not is_code_ref(text):
+        return text
+    head, _, attr = text.rpartition(":")
+    if head.endswith(".py") or "/" in head or os.sep in head:
+        return f"{Path(head).name}:{attr}"
+    return text
+
+
 def parse(text: str) -> CodeRef:
     """Parse ``module:attr`` or ``file.py:attr`` (the file relative to the current directory or absolute)."""
     if not isinstance(text, str) or not is_code_ref(text.strip()):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import random
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -76,6 +78,25 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda was asked for but no CUDA device is available; use --device cpu")
     return dev
+
+
+@contextlib.contextmanager
+def math_attention() -> Iterator[None]:
+    """Attention by its math form inside the block: the same function as PyTorch's fused kernels (the
+    inference fast path of ``nn.TransformerEncoderLayer``/``nn.MultiheadAttention``, the fused CPU
+    scaled-dot-product kernels), but with every derivative: the fused ones have no forward-mode rule, no second
+    derivative and no vmap batching rule. Every ``torch.func`` transform of a model that may hold attention
+    runs in it. The fast-path switch is process-wide; it is restored on exit."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with sdpa_kernel(SDPBackend.MATH):
+            yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
 
 
 def seed_everything(seed: int) -> torch.Generator:

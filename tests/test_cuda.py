@@ -23,6 +23,7 @@ from landscape.analyze.interpolate import interpolate as interpolate_states
 from landscape.analyze.surface import SurfaceConfig
 from landscape.api import interpolate as api_interpolate
 from landscape.data import load_dataset
+from landscape.errors import UsageError
 from landscape.models import build_model
 from landscape.runtime import resolve_device
 from landscape.store import Store
@@ -173,3 +174,81 @@ def test_an_analysis_by_default_runs_on_cuda_and_says_so(store, tmp_path, exact_
         assert f.attrs["device"].startswith("cuda")
     for s in auto.loss:
         np.testing.assert_allclose(auto.loss[s], cpu.loss[s], rtol=1e-5)
+
+
+# ----------------------------------------------------- per-sample and kernel analyses: the --device option
+# (issue 24 item 5) ntk, ntk-table, clipping, symmetry and norms take --device like the other analyses: "auto"
+# and "cpu" give the same numbers on a CPU machine, CUDA agrees with the CPU, the file records the device used.
+DEVICE_ANALYSES = {
+    "ntk": (["a@last"], dict(n=24, clip="flat", max_grad_norm=0.5, precision="double")),
+    "ntk-table": (["a"], dict(n=24, max_grad_norms=(0.1, 10.0), precision="double")),
+    "clipping": (["a"], dict(batch_size=40, batches=2, chunk=16, max_grad_norm=0.5)),
+    "symmetry": (["a"], dict(batch_size=40, projections=3, permutations=20, chunk=16)),
+    "norms": (["a"], dict(grad_samples=40, bins=20, chunk=16)),
+}
+
+
+@pytest.fixture(scope="module")
+def two_point_run(tmp_path_factory, digits):
+    """Run "a": LeNet at @init (step 0) and a perturbed point at step 10."""
+    store = Store(tmp_path_factory.mktemp("device") / "ck")
+    model = lenet(0)
+    run = store.create_run("a", config={"model": "lenet", "optimizer": "sgd"}, seeds={"seed": 0},
+                           model_spec=model.landscape_spec, data_spec=digits.spec)
+    g = torch.Generator().manual_seed(1)
+    run.save_checkpoint(model.state_dict(), step=0, epoch=0.0)
+    run.save_checkpoint({k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in model.state_dict().items()},
+                        step=10, epoch=1.0)
+    return store.root
+
+
+def _device_run(root, name, device, out):
+    from landscape.api.runner import run
+
+    refs, opts = DEVICE_ANALYSES[name]
+    return run(name, refs, root=root, output=out, figure=False, device=device, **opts)
+
+
+def _h5_arrays(path) -> dict[str, np.ndarray]:
+    arrays: dict[str, np.ndarray] = {}
+    with h5py.File(path) as f:
+        f.visititems(lambda k, v: arrays.__setitem__(k, v[()]) if isinstance(v, h5py.Dataset) else None)
+        return arrays | {"device-attr": f.attrs["device"]}
+
+
+def test_per_sample_and_kernel_analyses_take_the_device_option():
+    from landscape.analyze import registry
+
+    for name in DEVICE_ANALYSES:
+        config = registry.get(name).config()
+        assert config.device == "auto", name
+        with pytest.raises(UsageError, match="--device 'gpu'"):
+            bad = dataclasses.replace(config, device="gpu")  # the ntk configs check in __post_init__
+            bad.validate()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="auto is CUDA here: the CPU comparison is the cuda tests'")
+@pytest.mark.parametrize("name", list(DEVICE_ANALYSES))
+def test_auto_and_cpu_give_identical_numbers(two_point_run, tmp_path, name):
+    auto = _h5_arrays(_device_run(two_point_run, name, "auto", tmp_path / "auto.h5").path)
+    cpu = _h5_arrays(_device_run(two_point_run, name, "cpu", tmp_path / "cpu.h5").path)
+    assert auto.pop("device-attr") == cpu.pop("device-attr") == "cpu"
+    assert auto.keys() == cpu.keys() and len(auto) > 0
+    for k in auto:
+        np.testing.assert_array_equal(auto[k], cpu[k], err_msg=f"{name}: {k}")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", list(DEVICE_ANALYSES))
+def test_per_sample_and_kernel_analyses_on_cuda_match_cpu(two_point_run, tmp_path, name, exact_cuda):
+    gpu = _h5_arrays(_device_run(two_point_run, name, "cuda", tmp_path / "gpu.h5").path)
+    cpu = _h5_arrays(_device_run(two_point_run, name, "cpu", tmp_path / "cpu.h5").path)
+    assert gpu.pop("device-attr").startswith("cuda") and cpu.pop("device-attr") == "cpu"
+    assert gpu.keys() == cpu.keys()
+    for k in gpu:
+        if k.endswith("p_value"):  # a permutation count: a statistic on the edge may flip by one
+            np.testing.assert_allclose(gpu[k], cpu[k], atol=2 / 21, err_msg=k)
+        elif gpu[k].dtype.kind in "fc":
+            np.testing.assert_allclose(gpu[k], cpu[k], rtol=2e-4, atol=1e-5, err_msg=f"{name}: {k}")
+        else:
+            np.testing.assert_array_equal(gpu[k], cpu[k], err_msg=f"{name}: {k}")

@@ -19,7 +19,16 @@ from test_cli_fuzz import walk
 
 from cli.main import cli
 from landscape.api.training import train as api_train
-from landscape.bounds import BINS_MAX, DIRECTIONS_MAX, POINTS_MAX, SEED_MAX, check_seed, is_seed, subset_value
+from landscape.bounds import (
+    BINS_MAX,
+    DIRECTIONS_MAX,
+    LANCZOS_STEPS_MAX,
+    POINTS_MAX,
+    SEED_MAX,
+    check_seed,
+    is_seed,
+    subset_value,
+)
 from landscape.errors import UsageError
 from landscape.train.config import TrainConfig
 
@@ -91,6 +100,7 @@ def test_the_seed_rule_holds_in_the_api_and_batch_configs():
     (("demo", "--points", "1000000000"), "--points", POINTS_MAX),
     (("directions", "a", "--n", "1000000"), "--n", DIRECTIONS_MAX),
     (("demo", "--directions", "1000000"), "--directions", DIRECTIONS_MAX),
+    (("hessian", "a@last", "--lanczos-steps", "1000000000"), "--lanczos-steps", LANCZOS_STEPS_MAX),
     (("train", "--epochs", str(2**63)), "--epochs", 2**31 - 1),
     (("train", "--subset", str(2**63)), "--subset", 2**31 - 1),
 ])
@@ -108,6 +118,14 @@ def test_huge_surface_grid_and_api_counts_are_refused(root, capsys):
 
     with pytest.raises(UsageError, match=f"--bins must be <= {BINS_MAX}"):
         calibration("a", root=str(root), bins=10**9)
+    from landscape.analyze.hessian import HessianConfig
+    from landscape.api import hessian
+
+    for refuse in (lambda: hessian("a@last", root=str(root), lanczos_steps=10**9),
+                   lambda: HessianConfig(lanczos_steps=LANCZOS_STEPS_MAX + 1)):
+        with pytest.raises(UsageError, match=f"^--lanczos-steps must be <= {LANCZOS_STEPS_MAX}, got "):
+            refuse()
+    assert HessianConfig(lanczos_steps=LANCZOS_STEPS_MAX).lanczos_steps == LANCZOS_STEPS_MAX
     assert subset_value(300) == 300 and subset_value("0.3") == 0.3
     for bad in (0, -1, 1.5, float("nan"), "abc", True):
         with pytest.raises(UsageError):

@@ -488,14 +488,38 @@ def test_a_child_run_of_a_user_model_needs_its_code_named(cnn_store, tmp_path, c
     assert Store(child).load("c3@last").model_spec["name"] == ref("tiny_cnn", user)
 
 
-@pytest.mark.xfail(raises=NotImplementedError, strict=False,
-                   reason="symmetry's directional derivatives (persample.py, torch.func.jvp) meet torch's fused CPU "
-                          "attention, which has no forward-mode derivative; the math kernel has one")
 def test_transformer_symmetry(transformer_store):
+    """symmetry's directional derivatives (forward mode) through attention equal a naive per-example backward
+    loop: the fused inference layer and CPU attention kernels lack forward AD, the math form has it."""
+    from landscape.analyze.symmetry import direction, parameter_shapes, sample_indices, skewness
     from landscape.api import symmetry
+    from landscape.persample import PerSampleEngine
 
-    res = symmetry("a", root=transformer_store, figure=False, code=CODE_T, batch_size=16)
+    root = transformer_store
+    res = symmetry("a", root=root, figure=False, code=CODE_T, batch_size=16, projections=3, seed=5,
+                   permutations=20)
     assert len(res.rows) == 2
+    ckpt, model = _transformer(root)
+    model.load_state_dict(ckpt.state_dict)
+    model.eval()
+    x, y = plugins.load(ref("sequences"))(seed=0)[:2]
+    idx = sample_indices(len(y), 16, 5)
+    shapes = parameter_shapes(model)
+    V = torch.stack([torch.cat([t.ravel() for t in direction(5, shapes, j)]) for j in range(5)])
+    G = []
+    for i in idx.tolist():
+        model.zero_grad()
+        F.cross_entropy(model(x[i:i + 1]), y[i:i + 1]).backward()
+        G.append(torch.cat([p.grad.ravel() for p in model.parameters()]))
+    G = torch.stack(G)
+    naive = ((G - G.mean(0)) @ V.T).double().numpy()
+    stats = res.rows[-1].stats
+    np.testing.assert_allclose(stats.plane, naive[:, :2], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(stats.skew, skewness(naive[:, 2:]), rtol=1e-3, atol=1e-4)
+
+    engine = PerSampleEngine(model)  # the projections took the forward-mode route, not the gradient fallback
+    engine.projections(x[idx], y[idx], [{k: torch.ones_like(p) for k, p in model.named_parameters()}])
+    assert engine._forward_ad
 
 
 def test_transformer_directions_surface_clipping(transformer_store):
@@ -509,3 +533,22 @@ def test_transformer_directions_surface_clipping(transformer_store):
     assert np.isfinite(plane.values["train_loss"]).all() and plane.markers["b@last"][1] == 0.0
     rows = clipping("a", batch_size=16, root=root, figure=False, code=CODE_T).rows
     assert [r.step for r in rows] == [0, 6]
+
+
+def test_store_ls_shows_user_code_by_file_name_and_show_keeps_the_reference(transformer_store, capsys):
+    root, full = transformer_store, ref("transformer")
+    assert full.startswith(str(USER.resolve().parent)) and full.endswith("user_models.py:transformer")
+    code, out, _ = run_cli("--root", root, "store", "ls", capsys=capsys)
+    assert code == 0
+    rows = [line for line in out.splitlines() if line.split()[:1] in (["a"], ["b"], ["dp"])]
+    assert len(rows) == 3
+    for line in rows:
+        assert "user_models.py:transformer" in line and "user_models.py:sequences" in line
+        assert str(USER.resolve().parent) not in line
+    code, out, _ = run_cli("--root", root, "store", "ls", "--json", capsys=capsys)
+    assert {r["model"] for r in json.loads(out)["runs"]} == {full}  # --json keeps the stored reference
+    code, out, _ = run_cli("--root", root, "store", "show", "a@last", capsys=capsys)
+    assert code == 0 and full in out
+    assert plugins.short_name(full) == "user_models.py:transformer"
+    for unchanged in ("lenet", "torchvision.models:resnet18", None, "digits"):
+        assert plugins.short_name(unchanged) == unchanged

@@ -13,6 +13,13 @@ from landscape.evaluate import DEFAULT_BATCH_SIZE
 METHODS = ("auto", "loop", "plain", "vmap")  # landscape.evaluate methods
 
 
+def device_option() -> Any:
+    """The ``--device`` option every analysis that computes on a device shares (default ``auto``; the runner
+    records the device actually used as the result file's ``device`` attr)."""
+    return option("auto", "auto (CUDA when available, else CPU), cpu, cuda or cuda:N; the device used is "
+                  "recorded in the result's attrs.", kind="device")
+
+
 @dataclasses.dataclass
 class EvaluationOptions:
     """How checkpoints are evaluated (the base of the interpolate, directions and surface configs): a seeded
@@ -23,8 +30,7 @@ class EvaluationOptions:
     subset_seed: int = option(0, "Seed of the subset.")
     batch_size: int = option(DEFAULT_BATCH_SIZE, "Examples per forward pass (results do not depend on it beyond "
                              "rounding).", min=1)
-    device: str = option("auto", "auto (CUDA when available, else CPU), cpu, cuda or cuda:N; the device used is "
-                         "recorded in the result's attrs.", kind="device")
+    device: str = device_option()
     method: str = option("auto", "Evaluation engine (landscape.evaluate).", choices=METHODS)
 
 

@@ -45,9 +45,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from landscape.analyze._common import device_option
 from landscape.analyze.registry import Analysis, option
 from landscape.errors import UsageError
 from landscape.results import StoredResult, stored
+from landscape.runtime import check_device_name, resolve_device
 
 KIND = "clipping"
 CLIP_STYLES = ("flat", "layerwise")
@@ -71,8 +73,10 @@ class ClippingConfig:
     split: str = option("train", "Which split the per-sample gradients come from.", choices=("train", "test"))
     chunk: int = option(250, "Examples per engine pass (memory bound; results do not depend on it).", min=1)
     workers: int = option(1, "Parallel worker processes (checkpoints of a run in parallel).", min=1)
+    device: str = device_option()
 
     def validate(self) -> None:
+        check_device_name(self.device)
         if not self.max_grad_norm > 0 or not math.isfinite(self.max_grad_norm):
             raise UsageError(f"--max-grad-norm must be a positive number, got {self.max_grad_norm}")
         if self.batch_size < 1 or self.batches < 1 or self.chunk < 1:
@@ -523,8 +527,8 @@ def expand(resolver, ref: str, config: ClippingConfig):
 
 def compute_point(point, config: ClippingConfig):
     """:func:`clipping_row` at one resolved checkpoint (its run's pruning mask applied to the gradients)."""
-    x, y = point.split(config.split)
-    model = point.model().eval()  # the deterministic loss at the point: dropout off (a no-op for the built-ins)
+    x, y = point.split(config.split)  # the engine moves each chunk (and the masks) to the model's device
+    model = point.model().eval().to(resolve_device(config.device))  # eval: dropout off at the point
     return clipping_row(model, x, y, config, masks=point.masks, ref=point.ref, step=point.step,
                         epoch=point.epoch, prune_level=point.tag.get("prune_level", math.nan))
 

@@ -36,9 +36,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from landscape.analyze._common import check_choice, check_positive_int
+from landscape.analyze._common import check_choice, check_positive_int, device_option
 from landscape.analyze.norms import sample_indices
 from landscape.analyze.registry import Analysis, option
+from landscape.bounds import LANCZOS_STEPS_MAX
 from landscape.curvature import HessianOperator
 from landscape.errors import UsageError
 from landscape.results import InputRef, StoredResult, stored
@@ -69,7 +70,7 @@ class HessianConfig:
     density_probes: int = option(1, "Lanczos runs averaged in the density (Ghorbani et al.: one suffices for "
                                     "large models).", min=1)
     lanczos_steps: int = option(80, "Lanczos steps: the cap for the eigenvalues, the number for the density "
-                                    "(memory: steps x parameters).", min=1)
+                                    "(memory: steps x parameters).", min=1, max=LANCZOS_STEPS_MAX)
     tol: float = option(1e-4, "Relative residual ||Hu - theta u|| / |theta_1| at which the eigenvalues stop.",
                         min=0, min_open=True, max=1)
     sigma: float = option(0.01, "Gaussian width of the density, as a fraction of the spectral range.",
@@ -77,7 +78,7 @@ class HessianConfig:
     precision: str = option("float32", "Precision of the Hessian-vector products.", choices=tuple(PRECISIONS))
     batch_size: int = option(250, "Examples per chunk of each product (memory bound; results do not depend on it).",
                              min=1)
-    device: str = option("auto", "auto, cpu, cuda or cuda:N.", kind="device")
+    device: str = device_option()
     workers: int = option(1, "Parallel worker processes (checkpoints in parallel).", min=1)
 
     def __post_init__(self) -> None:
@@ -92,6 +93,8 @@ class HessianConfig:
             check_positive_int(flag, value)
         if self.top_k == 0 and not self.trace and not self.density:
             raise UsageError("nothing to compute: --top-k 0 without --trace or --density")
+        if self.lanczos_steps > LANCZOS_STEPS_MAX:
+            raise UsageError(f"--lanczos-steps must be <= {LANCZOS_STEPS_MAX}, got {self.lanczos_steps}")
         if self.top_k > self.lanczos_steps:
             raise UsageError(f"--lanczos-steps ({self.lanczos_steps}) must be at least --top-k ({self.top_k})")
         if not (math.isfinite(self.tol) and 0 < self.tol <= 1):

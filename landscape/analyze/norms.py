@@ -19,10 +19,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from landscape.analyze._common import device_option
 from landscape.analyze.registry import Analysis, option
 from landscape.bounds import BINS_MAX
 from landscape.errors import UsageError
 from landscape.results import StoredResult, stored
+from landscape.runtime import check_device_name, resolve_device
 
 KIND = "norms"
 
@@ -41,8 +43,10 @@ class NormsConfig:
     split: str = option("train", "Which split the per-sample gradients come from.", choices=("train", "test"))
     chunk: int = option(250, "Examples per engine pass (memory bound; results do not depend on it).", min=1)
     workers: int = option(1, "Parallel worker processes (checkpoints of a run in parallel).", min=1)
+    device: str = device_option()
 
     def validate(self) -> None:
+        check_device_name(self.device)
         if self.bins < 1:
             raise UsageError(f"--bins must be >= 1, got {self.bins}")
         if self.grad_samples < 0 or self.chunk < 1:
@@ -216,7 +220,7 @@ def checkpoint_norms(
 ) -> CheckpointNorms:
     """Norm statistics of one parameter point (``x, y`` may be None when ``config.grad_samples == 0``)."""
     names = trainable_names(model)
-    state = dict(model.named_parameters())
+    state = {n: p.detach().cpu() for n, p in model.named_parameters()}  # parameter statistics on the CPU
     params = parameter_norms(state, names, init)
     hist = value_histogram(parameter_vector(state, names), edges)
     grad_norms = np.zeros(0)
@@ -263,10 +267,10 @@ def compute_point(point, config: NormsConfig, edges: np.ndarray):
     its run's pruning mask), with the run's optimizer label and layer names."""
     from landscape.persample import PerSampleEngine
 
-    model = point.model().eval()  # the deterministic loss at the point: dropout off (a no-op for the built-ins)
+    model = point.model().eval().to(resolve_device(config.device))  # eval: dropout off at the point
     x = y = None
     if config.grad_samples > 0:
-        x, y = point.split(config.split)
+        x, y = point.split(config.split)  # the engine moves each chunk (and the masks) to the model's device
     engine = _MaskedNorms(PerSampleEngine(model), point.masks) if point.masks is not None else None
     row = checkpoint_norms(model, x, y, config, edges, init=point.init, engine=engine, ref=point.ref,
                            step=point.step, epoch=point.epoch)

@@ -31,10 +31,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from landscape.analyze._common import device_option
 from landscape.analyze.registry import Analysis, option
 from landscape.errors import NonFiniteError, UsageError
 from landscape.gram import KINDS, gram_blocks, layer_names, parse_memory
 from landscape.results import StoredResult, stored, write_csv
+from landscape.runtime import check_device_name, resolve_device
 
 CLIPS = ("none", "flat", "layerwise")
 CLIP_STYLES = ("flat", "layerwise")
@@ -235,6 +237,7 @@ class KernelOptions:
                                           kind="text")
     strategy: str = option("auto", "How per-layer Gram blocks are computed.", choices=STRATEGIES)
     precision: str = option("auto", PRECISION_HELP, choices=PRECISIONS)
+    device: str = device_option()
 
 
 @dataclass
@@ -284,6 +287,7 @@ def _check_kernel_options(config: NTKConfig | NTKTableConfig) -> None:
     if config.layers is not None:
         config.layers = tuple(config.layers)
     parse_memory(config.max_memory)
+    check_device_name(config.device)
 
 
 # ------------------------------------------------------------------------------------------ kernels
@@ -546,12 +550,15 @@ def examples(point, n: int, seed: int, split: str) -> tuple[torch.Tensor, torch.
 
 
 def _model_and_examples(point, config):
-    model = point.model()
+    """The checkpoint's model and the seeded examples on ``config.device`` (in float64 for ``precision="double"``)."""
+    device = resolve_device(config.device)
+    model = point.model().to(device)
     if config.precision == "double":
         model = model.double()
     x, y, idx = examples(point, config.n, config.seed, config.split)
     dtype = next(model.parameters()).dtype
-    return model, (x.to(dtype) if x.is_floating_point() else x), y, idx  # token ids stay integers
+    x = x.to(device, dtype) if x.is_floating_point() else x.to(device)  # token ids stay integers
+    return model, x, y.to(device), idx
 
 
 def compute_point(point, config: NTKConfig) -> NTKResult:

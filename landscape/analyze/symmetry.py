@@ -29,9 +29,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from landscape.analyze._common import device_option
 from landscape.analyze.registry import Analysis, option
 from landscape.errors import UsageError
 from landscape.results import StoredResult, stored
+from landscape.runtime import check_device_name, resolve_device
 
 KIND = "symmetry"
 PLANE = 2  # rows 0 and 1 of the projection matrix span the 2-D picture
@@ -50,8 +52,10 @@ class SymmetryConfig:
     chunk: int = option(250, "Examples per engine pass (memory bound; results do not depend on it).", min=1)
     directions_per_pass: int = option(4, cli=False)
     workers: int = option(1, "Parallel worker processes (checkpoints of a run in parallel).", min=1)
+    device: str = device_option()
 
     def validate(self) -> None:
+        check_device_name(self.device)
         if self.projections < 0:
             raise UsageError(f"--projections must be >= 0, got {self.projections}")
         if self.batch_size < 3:
@@ -307,8 +311,8 @@ def gradient_symmetry(
 
 def compute_point(point, config: SymmetryConfig):
     """:func:`symmetry_row` at one resolved checkpoint, and its parameter shapes (one projection for all)."""
-    model = point.model().eval()  # the deterministic loss at the point: dropout off (a no-op for the built-ins)
-    x, y = point.split(config.split)
+    model = point.model().eval().to(resolve_device(config.device))  # eval: dropout off at the point
+    x, y = point.split(config.split)  # the engine moves each chunk to the model's device
     row = symmetry_row(model, x, y, config, masks=point.masks, ref=point.ref, step=point.step, epoch=point.epoch)
     return row, parameter_shapes(model)
 

@@ -17,6 +17,7 @@ from landscape.persample.capture import Capture, place_batch, probe_calls
 from landscape.persample.functional import FunctionalHandler, functorch_grads
 from landscape.persample.handlers import HooksFailed, _sq, plan_handlers
 from landscape.pooling import exact_fast_pooling
+from landscape.runtime import math_attention
 
 STRATEGIES = ("auto", "hooks", "functorch")
 LOSSES = ("cross_entropy",)
@@ -474,8 +475,8 @@ class PerSampleEngine:
 
     def projections(self, x: Tensor, y: Tensor, directions: Tensor | list[dict[str, Tensor]]) -> Tensor:
         """``P[i, j] = <g_i, v_j>`` as forward-mode derivatives d/dt l_i(theta + t v_j) (no per-sample gradients;
-        a model with a kernel that has no forward-mode rule, such as PyTorch's fused inference-mode transformer
-        layer, gets them from per-sample gradients instead, chunk by chunk).
+        attention runs in its math form, which has one; a model with another kernel that has no forward-mode
+        rule gets them from per-sample gradients instead, chunk by chunk).
 
         ``directions`` is (k, d) in ``named_parameters`` order over trainable parameters, or a list of
         ``{name: tensor}``. Masks are not applied here: mask the directions instead."""
@@ -496,12 +497,12 @@ class PerSampleEngine:
 
             if self._forward_ad:
                 try:
-                    with torch.no_grad():
+                    with torch.no_grad(), math_attention():  # the fused attention kernels lack forward AD
                         for j, v in enumerate(dirs):
                             _, dl = jvp(losses, (params,), (v,))
                             out[ic, j] = dl
                     continue
-                except NotImplementedError:  # a fused kernel without forward AD (inference-mode attention)
+                except NotImplementedError:  # a kernel without forward AD
                     self._forward_ad = False
             g = self.grads(xc, yc)
             for j, v in enumerate(dirs):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -11,17 +9,7 @@ from torch.func import functional_call, grad, jacrev, vmap
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from landscape.persample.handlers import Handler, HooksFailed
-
-try:  # torch >= 2.3
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    def math_attention():
-        """Attention by its math form: the fused kernels have no vmap batching rule (a per-sample loop)."""
-        return sdpa_kernel(SDPBackend.MATH)
-except ImportError:  # pragma: no cover - older torch: the default kernels
-
-    def math_attention():
-        return contextlib.nullcontext()
+from landscape.runtime import math_attention
 
 
 class FunctionalHandler(Handler):
