@@ -444,12 +444,13 @@ class _Runner:
         self.routes_pools = False
         self.normalized = ""  # the method string's record of a functional forward's rewrites
         if rewrite:
-            graph = _modules_graph(self.model, self.prepare(self._probe_x)) if self._calls_plain_pools() else None
+            pools = self._calls_plain_pools()
+            graph = _modules_graph(self.model, self.prepare(self._probe_x)) if pools else None
             if graph is not None:
                 self.model, self.successor = graph, _graph_successors(graph)
                 self.normalized += "+graph"
             _rewrite_modules(self.model)
-            self.routes_pools = self._calls_plain_pools()
+            self.routes_pools = pools and self._calls_plain_pools()
             self.normalized += "+pool-calls" if self.routes_pools else ""
         self.targets = space.tensors_of(self.model)
         self.first: nn.Module | None = None
