@@ -33,7 +33,8 @@ What makes many points cheaper than many independent evaluations (``method="loop
 * **Functional forwards** (a model brought as code that calls ``F.max_pool2d``, ``F.relu``, ``x.flatten(1)``
   in its ``forward``): the private copy is traced with ``torch.fx`` into a graph of modules
   (:func:`_modules_graph`: pool, ReLU and flatten calls become the modules the built-ins use, a shared pool
-  module one copy per call), so the rewrites above and the first-layer fold apply as to the built-ins, with the
+  module one copy per call, ``F.conv2d`` / ``F.linear`` with a layer's own weights and options that layer's
+  call), so the rewrites above and the first-layer fold apply as to the built-ins, with the
   same numbers on the same weights (method ``...+graph``). A forward that cannot be traced keeps its calls, and
   its plain ``F.max_pool2d`` calls run as the strided-slice maximum through a ``TorchFunctionMode``
   (:func:`landscape.pooling.routed_pool_calls`; method ``...+pool-calls``). Either is checked bit for bit
@@ -764,7 +765,9 @@ def _modules_graph(model: nn.Module, probe: torch.Tensor) -> torch.fx.GraphModul
     forward into a graph (the model's own submodules and parameter names), then each plain max-pool call
     becomes an ``nn.MaxPool2d`` node, each ReLU call an ``nn.ReLU`` and each flatten an ``nn.Flatten`` (the
     layers of the built-in models, so the evaluation runs the same operations in the same chunks), a pool module
-    called at several places becomes one copy per call (each can be folded), and a ReLU whose only user is a
+    called at several places becomes one copy per call (each can be folded), ``F.conv2d(x, self.conv.weight,
+    self.conv.bias, ...)`` with the layer's own options (and ``F.linear`` likewise) becomes the layer's call (so
+    it can be the shared first layer or a dense convolution), and a ReLU whose only user is a
     plain pool is swapped behind it (both monotone: identical values). None, and the model runs as it is, when
     it has no plain max pool, the forward cannot be traced (data-dependent control flow, ...), the graph lacks
     a tensor of the model, or its output on ``probe`` is not bit-identical to the model's.
@@ -809,6 +812,19 @@ def _modules_graph(model: nn.Module, probe: torch.Tensor) -> torch.fx.GraphModul
         elif _is_flatten_call(node):
             start, end = _flatten_dims(*node.args[1:], **node.kwargs)
             module_node(node, nn.Flatten(start, end), node.args[0])
+        else:
+            owner = _layer_call_owner(node, model)
+            if owner is not None:  # F.conv2d / F.linear with a layer's own weights: that layer's call
+                parent, _, leaf = owner.rpartition(".")
+                (gm.get_submodule(parent) if parent else gm).register_module(leaf, model.get_submodule(owner))
+                tensors = [a for a in node.all_input_nodes if a.op == "get_attr"]
+                with graph.inserting_before(node):
+                    new = graph.call_module(owner, (node.args[0],))
+                node.replace_all_uses_with(new)
+                graph.erase_node(node)
+                for t in tensors:
+                    if not t.users:
+                        graph.erase_node(t)
     if not pools:
         return None
     for pool in pools:
@@ -830,6 +846,55 @@ def _modules_graph(model: nn.Module, probe: torch.Tensor) -> torch.fx.GraphModul
     except Exception:  # noqa: BLE001 - a graph that does not run like the model is not used
         return None
     return gm if same else None
+
+
+_LAYER_CALLS = ((F.conv2d, nn.Conv2d), (torch.conv2d, nn.Conv2d), (F.linear, nn.Linear))
+
+
+def _conv_signature(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    return weight, bias, stride, padding, dilation, groups
+
+
+def _linear_signature(input, weight, bias=None):
+    return weight, bias
+
+
+def _layer_call_owner(node: torch.fx.Node, model: nn.Module) -> str | None:
+    """The name of the ``Conv2d`` / ``Linear`` whose own call ``node`` is: ``F.conv2d(x, self.conv.weight,
+    self.conv.bias, ...)`` with the layer's stride, padding, dilation and groups, or ``F.linear(x, self.fc.weight,
+    self.fc.bias)``; None for anything else (other tensors, other options, a bias left out that the layer has)."""
+    if node.op != "call_function" or not node.args or not isinstance(node.args[0], torch.fx.Node):
+        return None
+    kind = next((cls for fn, cls in _LAYER_CALLS if node.target is fn), None)
+    if kind is None:
+        return None
+    try:
+        bound = (_conv_signature if kind is nn.Conv2d else _linear_signature)(*node.args, **node.kwargs)
+    except TypeError:
+        return None
+    weight, bias = bound[:2]
+    if not (isinstance(weight, torch.fx.Node) and weight.op == "get_attr" and weight.target.endswith(".weight")):
+        return None
+    owner = weight.target[: -len(".weight")]
+    try:
+        layer = model.get_submodule(owner)
+    except AttributeError:
+        return None
+    if type(layer) is not kind or len(weight.users) != 1:
+        return None
+    if layer.bias is None:
+        if bias is not None:
+            return None
+    elif not (isinstance(bias, torch.fx.Node) and bias.op == "get_attr" and bias.target == f"{owner}.bias"):
+        return None
+    if kind is nn.Conv2d:
+        stride, padding, dilation, groups = bound[2:]
+        if isinstance(padding, str) or any(isinstance(v, torch.fx.Node) for v in (stride, padding, dilation, groups)):
+            return None
+        if (layer.padding_mode != "zeros" or isinstance(layer.padding, str) or _pair(stride) != layer.stride
+                or _pair(padding) != layer.padding or _pair(dilation) != layer.dilation or groups != layer.groups):
+            return None
+    return owner
 
 
 def _pool_module(node: torch.fx.Node) -> nn.MaxPool2d | None:

@@ -232,3 +232,42 @@ def test_fast_functional_pooling_gives_pytorchs_values_and_gradients():
         per = torch.func.vmap(lambda t: F.max_pool2d(t, 2))(x.detach())
     assert all(torch.equal(p.grad, r) for p, r in zip(model.parameters(), ref, strict=True))
     assert torch.equal(per, F.max_pool2d(x.detach(), 2))
+
+
+class LayerCallsLeNet(FunctionalLeNet):
+    """Its layers' weights applied with ``F.conv2d`` / ``F.linear``: they are traced back to the layers' calls."""
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(F.conv2d(x, self.conv1.weight, self.conv1.bias, padding=2)), 2)
+        x = F.max_pool2d(F.relu(F.conv2d(x, self.conv2.weight, self.conv2.bias, 1, 2)), 2)
+        x = F.relu(F.linear(x.view(x.size(0), -1), self.fc1.weight, self.fc1.bias))
+        return F.linear(F.relu(self.fc2(x)), self.fc3.weight, self.fc3.bias)
+
+
+class OtherOptionsConv(FunctionalLeNet):
+    """``F.conv2d`` with the layer's weights but another padding is not the layer's call (left as it is)."""
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(F.conv2d(x, self.conv1.weight, self.conv1.bias, padding=1)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(F.pad(x, (1, 0, 1, 0)))), 2)
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x.flatten(1))))))
+
+
+@pytest.mark.parametrize("cls", [LayerCallsLeNet, OtherOptionsConv])
+def test_functional_layer_calls_with_a_layers_weights(setup, cls):
+    builtin, other, *_, x, y = setup
+    user, user_b = cls(), cls()
+    user.load_state_dict(as_user(builtin.state_dict()))
+    user_b.load_state_dict(as_user(other.state_dict()))
+    alphas = torch.linspace(0, 1, 5, dtype=torch.float64)
+    ref_loss, ref_acc = blended_loop(user, user.state_dict(), user_b.state_dict(), alphas, x, y)
+    seg = Segment(flatten(user), flatten(user_b), alphas)
+    r = evaluate(user, x, y, seg, batch_size=64)
+    torch.testing.assert_close(r.loss, ref_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(r.acc, ref_acc, rtol=0, atol=1e-12)
+    if cls is LayerCallsLeNet:  # the built-in's path and numbers
+        r_builtin = evaluate(builtin, x, y, Segment(flatten(builtin), flatten(other), alphas), batch_size=64)
+        assert r.method == r_builtin.method + "+graph"
+        torch.testing.assert_close(r.loss, r_builtin.loss, rtol=1e-6, atol=1e-7)  # its view is no Flatten
+    else:  # conv1 with another padding is not conv1's call: no shared first layer
+        assert r.method == "loop+dense-conv+graph"
