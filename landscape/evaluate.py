@@ -825,7 +825,11 @@ def _modules_graph(model: nn.Module, probe: torch.Tensor) -> torch.fx.GraphModul
                 for t in tensors:
                     if not t.users:
                         graph.erase_node(t)
-    if not pools:
+    called = {node.target for node in graph.nodes if node.op == "call_module"}
+    norms = [name for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not pools or not set(norms) <= called:
+        # a BatchNorm used through its tensors (F.batch_norm(..., self.bn.training)) would have its train flag
+        # frozen into the graph, and BatchNorm recalibration switches that flag: keep such a model as it is
         return None
     for pool in pools:
         relu = pool.args[0]

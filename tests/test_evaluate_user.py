@@ -271,3 +271,37 @@ def test_functional_layer_calls_with_a_layers_weights(setup, cls):
         torch.testing.assert_close(r.loss, r_builtin.loss, rtol=1e-6, atol=1e-7)  # its view is no Flatten
     else:  # conv1 with another padding is not conv1's call: no shared first layer
         assert r.method == "loop+dense-conv+graph"
+
+
+class FunctionalBatchNorm(nn.Module):
+    """A BatchNorm used through its tensors: tracing would freeze ``self.bn.training``, so it is not traced."""
+
+    def __init__(self, traced_bn: bool):
+        super().__init__()
+        self.traced_bn = traced_bn
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.fc = nn.Linear(4 * 4 * 4, 10)
+
+    def forward(self, x):
+        z = self.conv(x)
+        if self.traced_bn:
+            z = self.bn(z)
+        else:
+            z = F.batch_norm(z, self.bn.running_mean, self.bn.running_var, self.bn.weight, self.bn.bias,
+                             self.bn.training, 0.1, self.bn.eps)
+        return self.fc(F.max_pool2d(F.relu(z), 2).flatten(1))
+
+
+@pytest.mark.parametrize("traced_bn", [True, False])
+def test_batchnorm_recalibration_on_a_functional_model(setup, traced_bn):
+    *_, x, y = setup
+    torch.manual_seed(6)
+    a, b = FunctionalBatchNorm(traced_bn), FunctionalBatchNorm(traced_bn)
+    alphas = torch.linspace(0, 1, 4, dtype=torch.float64)
+    seg = Segment(flatten(a), flatten(b), alphas)
+    plain = evaluate(a, x, y, seg, bn_recalibrate=x[:50], method="plain")
+    r = evaluate(a, x, y, seg, bn_recalibrate=x[:50], batch_size=64)
+    assert r.method.endswith("+graph" if traced_bn else "+pool-calls")
+    torch.testing.assert_close(r.loss, plain.loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(r.acc, plain.acc, rtol=0, atol=1e-12)
