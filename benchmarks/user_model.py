@@ -7,12 +7,13 @@ and the same with its pooling as one ``nn.MaxPool2d`` module called twice (``use
 each, interleaved in one process with one thread:
 
 * ``interpolate``: ``landscape.analyze.interpolate.interpolate`` (``--points`` points, train split);
-* ``norms``: ``PerSampleEngine.norms`` (per-sample gradient norms of a batch), plus the functional module's
-  norms inside ``landscape.pooling.fast_functional_pooling()`` (what the engine gains by entering it).
+* ``norms``: ``PerSampleEngine.norms`` (per-sample gradient norms of a batch).
 
 The numbers of all must agree (checked before timing); each figure is the median of the per-round user/built-in
 time ratios, with its spread. The evaluator traces a functional ``forward`` into the built-in's modules
-(``torch.fx``; method ``...+graph``), so its pooling, ReLU/pool order and first-layer fold are the built-in's.
+(``torch.fx``; method ``...+graph``), so its pooling, ReLU/pool order and first-layer fold are the built-in's;
+the per-sample engine's ``landscape.pooling.exact_fast_pooling`` routes its ``F.max_pool2d`` calls to the fast
+kernel.
 
 Run: ``OMP_NUM_THREADS=1 python benchmarks/user_model.py [--n 2000] [--batch 256] [--points 30] [--repeats 5]``
 """
@@ -60,7 +61,6 @@ def main(argv=None) -> None:
 
     from landscape.analyze.interpolate import interpolate
     from landscape.persample import PerSampleEngine
-    from landscape.pooling import fast_functional_pooling
 
     nets = models()
     g = torch.Generator().manual_seed(1)
@@ -76,16 +76,9 @@ def main(argv=None) -> None:
         return lambda: interpolate(nets[name], *ends[name], {"train": (x, y)}, points=args.points,
                                    splits=("train",))
 
-    def norms(name, routed=False):
+    def norms(name):
         engine = PerSampleEngine(nets[name])
-        if not routed:
-            return lambda: engine.norms(xb, yb)
-
-        def run():
-            with fast_functional_pooling():
-                return engine.norms(xb, yb)
-
-        return run
+        return lambda: engine.norms(xb, yb)
 
     reference = interp("built-in")().loss["train"]
     ref_norms = norms("built-in")().flat
@@ -94,13 +87,8 @@ def main(argv=None) -> None:
         flat = norms(name)().flat
         assert torch.allclose(torch.as_tensor(loss), torch.as_tensor(reference), rtol=1e-5, atol=1e-6), name
         assert torch.allclose(torch.as_tensor(flat), torch.as_tensor(ref_norms), rtol=1e-4, atol=1e-6), name
-    routed = "user nn.Module, pooling routed"
-    flat = norms("user nn.Module", routed=True)().flat
-    assert torch.allclose(torch.as_tensor(flat), torch.as_tensor(ref_norms), rtol=1e-4, atol=1e-6), routed
     for what, make in (("interpolate", interp), ("norms", norms)):
         methods = {name: make(name) for name in nets}
-        if what == "norms":
-            methods[routed] = norms("user nn.Module", routed=True)
         times = interleaved(methods, repeats=args.repeats)
         print_table(f"{what}: LeNet-5, 1x28x28 ({args.n if what == 'interpolate' else args.batch} examples)",
                     medians(times), baseline="built-in")

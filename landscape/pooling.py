@@ -17,10 +17,11 @@ was afterwards. Only CPU tensors take this route; elsewhere (CUDA) it is ``F.max
 A model written in the functional style calls ``F.max_pool2d`` (or ``torch.max_pool2d``) inside its
 ``forward``, where no module can be swapped. :func:`routed_pool_calls` is a ``TorchFunctionMode`` that hands
 every such call with a plain pool (no padding, dilation, ceil mode or returned indices; see
-:func:`simple_pool_call`) to a replacement for the duration of a block: :func:`fast_functional_pooling` routes
-them to :func:`fast_max_pool2d` (same values and gradients; the per-sample engine and SGD training can enter it
-beside :func:`exact_fast_pooling`), and the many-point evaluator routes them to its strided-slice maximum
-(``landscape.evaluate``). Tensors inside ``torch.func`` transforms keep ``F.max_pool2d``.
+:func:`simple_pool_call`) to a replacement for the duration of a block. :func:`fast_functional_pooling` routes
+them to :func:`fast_max_pool2d` (same values and gradients); :func:`exact_fast_pooling` enters it for models
+with code of their own, so the per-sample engine and SGD training route a functional ``forward``'s pooling too.
+The many-point evaluator routes them to its strided-slice maximum (``landscape.evaluate``). Tensors inside
+``torch.func`` transforms keep ``F.max_pool2d``.
 """
 
 from __future__ import annotations
@@ -72,14 +73,21 @@ def fast_max_pool2d(x: torch.Tensor, kernel_size, stride=None) -> torch.Tensor:
 
 @contextlib.contextmanager
 def exact_fast_pooling(model: nn.Module) -> Iterator[None]:
-    """Within the block, the model's plain ``MaxPool2d`` modules run :func:`fast_max_pool2d`; restored on exit."""
+    """Within the block, the model's plain ``MaxPool2d`` modules run :func:`fast_max_pool2d`; restored on exit.
+
+    When the model has modules of classes defined outside ``torch.nn`` (a user's or torchvision's ``forward``,
+    which may call ``F.max_pool2d`` itself), the block also runs under :func:`fast_functional_pooling`; a model
+    made of ``torch.nn`` layers only (the built-in Sequentials) does without the mode's per-call overhead.
+    """
     swapped = []
     for m in model.modules():
         if type(m) is nn.MaxPool2d and simple_pool(m) and "forward" not in m.__dict__:
             m.forward = _pool_forward(m)
             swapped.append(m)
+    own_code = any(not type(m).__module__.startswith("torch.nn.") for m in model.modules())
     try:
-        yield
+        with fast_functional_pooling() if own_code else contextlib.nullcontext():
+            yield
     finally:
         for m in swapped:
             m.__dict__.pop("forward", None)

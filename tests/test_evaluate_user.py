@@ -305,3 +305,39 @@ def test_batchnorm_recalibration_on_a_functional_model(setup, traced_bn):
     assert r.method.endswith("+graph" if traced_bn else "+pool-calls")
     torch.testing.assert_close(r.loss, plain.loss, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(r.acc, plain.acc, rtol=0, atol=1e-12)
+
+
+def test_exact_fast_pooling_routes_a_functional_forwards_pool_calls():
+    """The per-sample engine and SGD training enter exact_fast_pooling: a model with code of its own also has its
+    F.max_pool2d calls routed there (PyTorch's gradients), a model of torch.nn layers only keeps no mode."""
+    from landscape.pooling import exact_fast_pooling
+
+    torch.manual_seed(7)
+    user = FunctionalLeNet()
+    x = torch.randn(5, *SHAPE).round(decimals=1)
+    y = torch.randint(0, 10, (5,))
+    F.cross_entropy(user(x), y).backward()
+    ref = [p.grad.clone() for p in user.parameters()]
+    user.zero_grad()
+    with exact_fast_pooling(user):
+        assert torch.overrides._get_current_function_mode() is not None
+        out = user(x)
+        assert autograd_nodes(out).count("_ChannelsLastMaxPool2dBackward") == 2
+        F.cross_entropy(out, y).backward()
+    assert all(torch.equal(p.grad, r) for p, r in zip(user.parameters(), ref, strict=True))
+    assert torch.overrides._get_current_function_mode() is None
+    builtin = build_model("lenet", input_shape=SHAPE, num_classes=10)
+    with exact_fast_pooling(builtin):
+        assert torch.overrides._get_current_function_mode() is None
+
+
+def autograd_nodes(t: torch.Tensor) -> list[str]:
+    seen, stack, names = set(), [t.grad_fn], []
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        names.append(type(fn).__name__)
+        stack.extend(f for f, _ in fn.next_functions)
+    return names
