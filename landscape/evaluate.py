@@ -833,7 +833,8 @@ def _modules_graph(model: nn.Module, probe: torch.Tensor) -> torch.fx.GraphModul
         return None
     for pool in pools:
         relu = pool.args[0]
-        if (isinstance(relu, torch.fx.Node) and relu.op == "call_module" and len(relu.users) == 1
+        if (len(pool.args) == 1 and not pool.kwargs and isinstance(relu, torch.fx.Node)
+                and relu.op == "call_module" and len(relu.users) == 1
                 and type(gm.get_submodule(relu.target)) is nn.ReLU and not gm.get_submodule(relu.target).inplace):
             source = relu.args[0]
             pool.replace_all_uses_with(relu)
