@@ -1,7 +1,8 @@
 """LeNet-5 written as a researcher would, outside landscape (for ``benchmarks/user_model.py``).
 
 ``sequential`` builds exactly the layers of the built-in ``lenet`` on 1x28x28 (so the state dicts match key
-for key); ``LeNet`` is the same function as a hand-written module with a functional ``forward``.
+for key); ``LeNet`` is the same function as a hand-written module with a functional ``forward``, and
+``LeNetPoolModules`` the same with one ``nn.MaxPool2d`` module called twice.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class LeNet(nn.Module):
 
 
 class LeNetPoolModules(LeNet):
-    """The same with its pooling as an ``nn.MaxPool2d`` module (the evaluator rewrites modules, not calls)."""
+    """The same with its pooling as one ``nn.MaxPool2d`` module, called twice and outside any ``Sequential``."""
 
     def __init__(self, channels: int, num_classes: int):
         super().__init__(channels, num_classes)

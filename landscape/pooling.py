@@ -13,6 +13,15 @@ included).
 :func:`exact_fast_pooling` swaps it in for a model's plain ``MaxPool2d`` modules for the duration of a block
 (the per-sample engine's forward/backward and the plain gradient of SGD training use it); the model is as it
 was afterwards. Only CPU tensors take this route; elsewhere (CUDA) it is ``F.max_pool2d``.
+
+A model written in the functional style calls ``F.max_pool2d`` (or ``torch.max_pool2d``) inside its
+``forward``, where no module can be swapped. :func:`routed_pool_calls` is a ``TorchFunctionMode`` that hands
+every such call with a plain pool (no padding, dilation, ceil mode or returned indices; see
+:func:`simple_pool_call`) to a replacement for the duration of a block. :func:`fast_functional_pooling` routes
+them to :func:`fast_max_pool2d` (same values and gradients); :func:`exact_fast_pooling` enters it for models
+with code of their own, so the per-sample engine and SGD training route a functional ``forward``'s pooling too.
+The many-point evaluator routes them to its strided-slice maximum (``landscape.evaluate``). Tensors inside
+``torch.func`` transforms keep ``F.max_pool2d``.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 
 def simple_pool(m: nn.MaxPool2d) -> bool:
@@ -63,14 +73,21 @@ def fast_max_pool2d(x: torch.Tensor, kernel_size, stride=None) -> torch.Tensor:
 
 @contextlib.contextmanager
 def exact_fast_pooling(model: nn.Module) -> Iterator[None]:
-    """Within the block, the model's plain ``MaxPool2d`` modules run :func:`fast_max_pool2d`; restored on exit."""
+    """Within the block, the model's plain ``MaxPool2d`` modules run :func:`fast_max_pool2d`; restored on exit.
+
+    When the model has modules of classes defined outside ``torch.nn`` (a user's or torchvision's ``forward``,
+    which may call ``F.max_pool2d`` itself), the block also runs under :func:`fast_functional_pooling`; a model
+    made of ``torch.nn`` layers only (the built-in Sequentials) does without the mode's per-call overhead.
+    """
     swapped = []
     for m in model.modules():
         if type(m) is nn.MaxPool2d and simple_pool(m) and "forward" not in m.__dict__:
             m.forward = _pool_forward(m)
             swapped.append(m)
+    own_code = any(not type(m).__module__.startswith("torch.nn.") for m in model.modules())
     try:
-        yield
+        with fast_functional_pooling() if own_code else contextlib.nullcontext():
+            yield
     finally:
         for m in swapped:
             m.__dict__.pop("forward", None)
@@ -83,3 +100,65 @@ def _pool_forward(m: nn.MaxPool2d):
         return fast_max_pool2d(x, kernel, stride)
 
     return forward
+
+
+# ------------------------------------------------------------------------------------- functional calls
+
+_POOL_FUNCTIONS = (F.max_pool2d, torch.max_pool2d)
+
+
+def _pool_signature(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    return input, kernel_size, stride, padding, dilation, ceil_mode, return_indices
+
+
+def simple_pool_call(func, args: tuple, kwargs: dict | None = None):
+    """``(x, kernel, stride)`` when ``func(*args, **kwargs)`` is a plain ``F.max_pool2d`` / ``torch.max_pool2d``.
+
+    Plain: a tensor input of 3 or 4 dimensions and no padding, dilation, ceil mode or returned indices (the
+    pools :func:`simple_pool` accepts as modules); otherwise None (the call is left as it is).
+    """
+    if not any(func is f for f in _POOL_FUNCTIONS):
+        return None
+    try:
+        x, kernel, stride, padding, dilation, ceil_mode, return_indices = _pool_signature(*args, **(kwargs or {}))
+    except TypeError:
+        return None
+    if not isinstance(x, torch.Tensor) or x.dim() not in (3, 4) or ceil_mode or return_indices:
+        return None
+    try:
+        padding, dilation = pair(padding), pair(dilation)
+        kernel = pair(kernel)
+        stride = kernel if stride is None or (not isinstance(stride, int) and len(stride) == 0) else pair(stride)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if padding != (0, 0) or dilation != (1, 1):
+        return None
+    return x, kernel, stride
+
+
+class _RoutedPooling(TorchFunctionMode):
+    def __init__(self, route):
+        super().__init__()
+        self.route = route
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        call = simple_pool_call(func, args, kwargs)
+        if call is not None and not torch._C._functorch.is_functorch_wrapped_tensor(call[0]):
+            return self.route(*call)
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def routed_pool_calls(route) -> Iterator[None]:
+    """Within the block, each plain ``F.max_pool2d`` / ``torch.max_pool2d`` call is ``route(x, kernel, stride)``.
+
+    ``route`` must return the same values (and, where gradients are taken, the same gradients); calls that
+    are not plain (:func:`simple_pool_call`) and tensors inside ``torch.func`` transforms keep PyTorch's.
+    """
+    with _RoutedPooling(route):
+        yield
+
+
+def fast_functional_pooling():
+    """Within the block, plain ``F.max_pool2d`` calls (a functional ``forward``'s too) run :func:`fast_max_pool2d`."""
+    return routed_pool_calls(fast_max_pool2d)
