@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from landscape.analyze.registry import Analysis, get, parallel, slug
+from landscape.api.accounting import provenance_attrs
 from landscape.api._common import (
     ProcessPool,
     check_parallelism,
@@ -112,7 +113,7 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
         result = spec.collect([[next(rows) for _ in g] for g in groups], config, run_opts, refs, shared)
         inputs = _inputs(flat)
         title = ""
-    result.to_hdf5(out, inputs=inputs, attrs=attrs)
+    result.to_hdf5(out, inputs=inputs, attrs={**attrs, **provenance_attrs(inputs)})
     if spec.csv:
         result.to_csv(out.with_suffix(".csv"))
     if figure and spec.figure is not None:
@@ -199,7 +200,7 @@ def _pair_job(name: str, resolver: Resolver, ref_a: str, ref_b: str, labels: dic
             row, _ = spec.compute(a, b, config, labels, result=kept)
         else:
             row, detail = spec.compute(a, b, config, labels)
-            detail.to_hdf5(out, inputs=refs, attrs=choice.attrs())
+            detail.to_hdf5(out, inputs=refs, attrs={**choice.attrs(), **provenance_attrs(refs)})
         row.result = out
         return row, refs
 
