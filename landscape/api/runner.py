@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from landscape.analyze.registry import Analysis, get, parallel, slug
-from landscape.api.accounting import provenance_attrs
 from landscape.api._common import (
     ProcessPool,
     check_parallelism,
@@ -32,6 +31,7 @@ from landscape.api._common import (
     run_label,
     using_scheduler,
 )
+from landscape.api.accounting import provenance_attrs
 from landscape.api.resolve import Resolver, Target
 from landscape.errors import UsageError
 from landscape.results import InputRef, check_companions, check_output_path
