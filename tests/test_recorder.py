@@ -18,12 +18,15 @@ import pytest
 import torch
 
 import landscape
+import landscape.errors
+import landscape.store
 from landscape import api
 from landscape.data import load_dataset
 from landscape.errors import NonFiniteError, UsageError
 from landscape.models import build_model
 from landscape.results import read_result
 from landscape.store import Store
+from landscape.train.accounting import PrivacyEvent, composed_epsilon
 from landscape.train.pruning import inherited_privacy
 
 REPO = Path(__file__).resolve().parent.parent
@@ -176,6 +179,59 @@ def test_recorder_refuses_someone_elses_run_in_one_line(tmp_path):
     assert len(Store(tmp_path).run("trained").checkpoints()) == 2
 
 
+KILLED_SCRIPT = """
+import sys, time, torch, landscape
+from landscape.data import load_dataset
+from landscape.models import build_model
+data = load_dataset("digits", subset=100)
+torch.manual_seed(0)
+model = build_model("lenet", input_shape=data.input_shape, num_classes=data.num_classes)
+with landscape.Recorder(sys.argv[1], "k", model, data=data, steps_per_epoch=1) as rec:
+    for step in range(1000):
+        with torch.no_grad():
+            model[0].bias.add_(1.0)
+        rec.save(step)
+        print(step, flush=True)
+"""
+
+
+def test_a_sigkilled_recorder_leaves_a_run_that_continues(tmp_path):
+    """SIGKILL mid-recording: every listed checkpoint is complete, the lock is free, and the same Recorder call
+    continues after the last one; meanwhile a second writer is refused in one line."""
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_SCRIPT, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                            env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    for line in proc.stdout:
+        if int(line) >= 3:
+            break
+    data, model = _digits_lenet()
+    with pytest.raises(landscape.store.RunBusyError, match="run 'k' is being written by another process"):
+        landscape.Recorder(tmp_path, "k", model, data=data, steps_per_epoch=1)
+    proc.kill()
+    proc.wait()
+    torch.manual_seed(0)
+    model = build_model("lenet", input_shape=data.input_shape, num_classes=data.num_classes)
+    with landscape.Recorder(tmp_path, "k", model, data=data, steps_per_epoch=1) as rec:
+        last = rec.restore()
+        assert last >= 3 and [i.step for i in rec.run.checkpoints()] == list(range(last + 1))
+        for info in rec.run.checkpoints():  # each one complete, its sha256 checked on load
+            ckpt = Store(tmp_path).load(f"k@step={info.step}")
+            assert torch.equal(ckpt.state_dict["0.bias"], Store(tmp_path).load("k@init").state_dict["0.bias"]
+                               + info.step)
+        rec.save(last + 1)
+    assert not list((tmp_path / "k").glob(".*.tmp"))
+
+
+def test_a_recorded_run_cannot_be_rerun_by_landscape(tmp_path):
+    data, model = _digits_lenet()
+    with landscape.Recorder(tmp_path, "mine", model, data=data, config={"optimizer": "sgd", "epochs": 3}) as rec:
+        rec.save(0, epoch=0)
+        rec.save(5, epoch=1)
+    with pytest.raises(landscape.errors.CheckpointError, match="was not written by landscape train"):
+        api.train(api.TrainConfig(resume="mine"), root=tmp_path)
+    with pytest.raises(UsageError, match="recorded from your own training loop"):
+        api.clipping("mine@last", root=tmp_path, prune_levels=(0.5,), figure=False)
+
+
 def test_recorder_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path):
     data, model = _digits_lenet()
     with pytest.raises(UsageError, match="no landscape_spec"):
@@ -278,6 +334,12 @@ def test_opacus_privacy_is_recorded_as_landscape_train_records_it(tmp_path):
     history = inherited_privacy(store, last)  # what `train --from dp@last` composes
     assert [vars(e) for e in history.events] == [{"noise_multiplier": 1.1, "sample_rate": q, "steps": 6}]
     assert not history.non_private and not history.unknown
+    child = api.train(api.TrainConfig(from_ref="dp@last", optimizer="dpsgd", noise_multiplier=1.0, batch_size=20,
+                                      epochs=1, run="child"), root=tmp_path, progress=False)
+    own = PrivacyEvent(1.0, 20 / 100, 5)
+    assert store.load("child@last").epsilon == pytest.approx(composed_epsilon([PrivacyEvent(1.1, q, 6), own]),
+                                                             rel=1e-9)
+    assert child.manifest["privacy"]["ancestor_events"] == [{"noise_multiplier": 1.1, "sample_rate": q, "steps": 6}]
 
 
 def test_opacus_run_continues_with_its_accountant(tmp_path):

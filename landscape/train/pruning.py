@@ -308,6 +308,9 @@ def pruned_retrain(store: Store, trained: Checkpoint, init: Checkpoint, level: f
     tag = f"{trained.run}-prune{int(round(level * 1000)):03d}"
     retrain_name = f"{tag}-retrain"
     source = store.run(trained.run)
+    if "recorder" in source.manifest:  # its config is the user's, not a TrainConfig landscape could rerun
+        raise UsageError(f"run '{trained.run}' was recorded from your own training loop (landscape.Recorder), which "
+                         "landscape cannot rerun: prune it with `landscape prune` and retrain the result in your loop")
     names = store.run_names()
     if tag in names:
         old = store.run(tag)
