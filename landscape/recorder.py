@@ -16,6 +16,14 @@ python versions) and ``privacy`` (a DP run's noise multiplier, sample rate, clip
 :mod:`landscape.integrations.opacus` reads them from an Opacus ``PrivacyEngine``; else a run without privacy
 guarantee), so ``landscape train --from`` a recorded checkpoint composes its DP steps like a trained parent's.
 
+Writing in the background: :meth:`Recorder.save` copies what it records (weights and optimizer state to CPU
+tensors, metrics to numbers, the privacy accountant's epsilon and state) before it returns, and writes the
+files in the recorder's writer thread while training goes on; at most one checkpoint is in flight (the next
+``save`` waits for it), :meth:`Recorder.flush`, :meth:`Recorder.close` and the end of the ``with`` block wait
+for the last one and raise a failed write's error, and it is written at interpreter exit too. A process killed mid-write loses at
+most that checkpoint; the store's atomic writes keep every file and the manifest whole (``background=False``
+writes before ``save`` returns).
+
 Continuing a killed run: the same ``Recorder(root, run, ...)`` again opens the run (with the same model, data,
 config and privacy; anything else is refused in one line), :meth:`Recorder.restore` puts the last checkpoint's
 weights, optimizer state and privacy accountant back and returns its step, and :meth:`Recorder.save` refuses
@@ -25,16 +33,22 @@ model or data set) is never written to. Weights that are not finite are refused,
 
 from __future__ import annotations
 
+import atexit
+import functools
 import hashlib
 import json
 import math
 import platform
+import queue
 import shutil
 import sys
+import threading
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -91,6 +105,7 @@ class Recorder:
     tables). ``optimizer``: saved with each checkpoint and put back by :meth:`restore`. ``privacy``: a
     :class:`PrivacySource` (DP-SGD; checkpoints then record its epsilon and its step count). ``steps_per_epoch``:
     gives each checkpoint's epoch when :meth:`save` is not told it. ``seed``: recorded in ``manifest["seeds"]``.
+    ``background``: write each checkpoint in a thread while training goes on (module docstring).
 
     Use it as a context manager (or call :meth:`close`): it holds the run's write lock while open.
     """
@@ -98,9 +113,14 @@ class Recorder:
     def __init__(
         self, root: str | Path, run: str, model: nn.Module, *, data: Any, config: Mapping[str, Any] | None = None,
         optimizer: torch.optim.Optimizer | None = None, privacy: PrivacySource | None = None,
-        steps_per_epoch: int | None = None, seed: int | None = None,
+        steps_per_epoch: int | None = None, seed: int | None = None, background: bool = True,
     ) -> None:
         check_run_name(run)
+        self.background = bool(background)
+        self._queue: queue.Queue = queue.Queue()
+        self._writer: threading.Thread | None = None
+        self._failure: BaseException | None = None
+        self._at_exit: Any = None
         self.model = unwrap(model)
         self.optimizer = optimizer
         self.privacy = privacy
@@ -128,6 +148,8 @@ class Recorder:
             extra = {"privacy": privacy_record, "recorder": _recorder_record()}
             self._run = store.create_run(run, lineage=None, extra=extra, **fields)
             self._created = True
+        infos = self._run.checkpoints()
+        self._last: int | None = infos[-1].step if infos else None
 
     # -- the run ------------------------------------------------------------------------------------
 
@@ -141,23 +163,65 @@ class Recorder:
 
     @property
     def last_step(self) -> int | None:
-        """The step of the run's last checkpoint (None before the first): a continued loop starts after it."""
-        infos = self._run.checkpoints()
-        return infos[-1].step if infos else None
+        """The step of the last checkpoint saved (None before the first): a continued loop starts after it."""
+        return self._last
+
+    def flush(self) -> None:
+        """Wait until the checkpoint being written is on disk; raise its error if writing it failed."""
+        if self._writer is not None:
+            self._queue.join()
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            infos = self._run.checkpoints()  # the failed step was not saved: it may be saved again
+            self._last = infos[-1].step if infos else None
+            raise failure
 
     def close(self) -> None:
-        """Release the run's write lock (the checkpoints stay)."""
-        self._run.close()
+        """Write the checkpoint in flight (:meth:`flush`) and release the run's write lock (the checkpoints stay)."""
+        try:
+            self.flush()
+        finally:
+            self._stop_writer()
+            self._run.close()
+
+    def _stop_writer(self) -> None:
+        if self._writer is not None:
+            self._queue.put(None)
+            self._writer.join()
+            self._writer = None
+            atexit.unregister(self._at_exit)
+
+    def _start_writer(self) -> None:
+        """One daemon thread per recorder writes its checkpoints; an exit hook writes the last one."""
+        self._writer = threading.Thread(target=self._serve, name=f"landscape-recorder-{self.name}", daemon=True)
+        self._writer.start()
+        self._at_exit = functools.partial(_flush_at_exit, weakref.ref(self))
+        atexit.register(self._at_exit)
+
+    def _serve(self) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                if job is None:
+                    return
+                self._write(*job)
+            finally:
+                self._queue.task_done()
 
     def __enter__(self) -> Recorder:
         return self
 
     def __exit__(self, kind: type | None, *exc: object) -> None:
         try:
+            self.flush()
+        except Exception:
+            if kind is None:
+                raise  # else the block's own error is the one to see
+        finally:
             if kind is not None and self._created and not self._run.checkpoints():
                 shutil.rmtree(self._run.path, ignore_errors=True)  # failed before its first checkpoint: free the name
-        finally:
-            self.close()
+            self._stop_writer()
+            self._run.close()
 
     # -- saving -------------------------------------------------------------------------------------
 
@@ -172,23 +236,41 @@ class Recorder:
         ``step / steps_per_epoch``. ``metrics``: numbers (or one-element tensors) stored with the checkpoint;
         ``extra``: arrays stored beside the weights. Returns the checkpoint file.
         """
+        self.flush()  # at most one checkpoint in flight; an earlier failure is raised here
         step = self._check_step(step)
         epoch = self._epoch(step, epoch)
         epsilon = self._epsilon(epsilon)
         state = _cpu_state(self.model, step)
-        arrays = dict(extra or {})
+        arrays = {str(k): _snapshot(v) for k, v in (extra or {}).items()}
         if OPTIMIZER_EXTRA in arrays:
             raise UsageError(f"extra name '{OPTIMIZER_EXTRA}' is the recorder's (the optimizer state); use another")
+        numbers = {str(k): float(v) if torch.is_tensor(v) and v.numel() == 1 else v for k, v in (metrics or {}).items()}
         attrs: dict[str, Any] = {}
         if self.optimizer is not None:
             arrays[OPTIMIZER_EXTRA], attrs[OPTIMIZER_ATTR] = _optimizer_state(self.optimizer)
+        privacy = None
         if self.privacy is not None:
             attrs[PRIVACY_ATTR] = _jsonable(self.privacy.state(), "the privacy state")
-        path = self._run.save_checkpoint(state, step=step, epoch=epoch, epsilon=epsilon, metrics=metrics,
-                                         extra=arrays, attrs=attrs)
-        if self.privacy is not None:
-            self._run.update_manifest(privacy=self._privacy_record(step))
-        return path
+            privacy = self._privacy_record(step)
+        job = dict(state_dict=state, step=step, epoch=epoch, epsilon=epsilon, metrics=numbers, extra=arrays,
+                   attrs=attrs)
+        self._last = step
+        if self.background:
+            if self._writer is None:
+                self._start_writer()
+            self._queue.put((job, privacy))
+        else:
+            self._write(job, privacy)
+            self.flush()
+        return self._run.path / f"step-{step:06d}.h5"
+
+    def _write(self, job: dict[str, Any], privacy: dict[str, Any] | None) -> None:
+        try:
+            self._run.save_checkpoint(**job)
+            if privacy is not None:
+                self._run.update_manifest(privacy=privacy)
+        except BaseException as exc:  # raised by the next save / flush / close
+            self._failure = exc
 
     def _check_step(self, step: Any) -> int:
         if self.privacy is not None:
@@ -238,6 +320,7 @@ class Recorder:
     def restore(self) -> int | None:
         """Put the last checkpoint back: the weights into the model, the optimizer's state, the privacy
         accountant's state. Returns its step (the loop continues after it), or None when there is none."""
+        self.flush()
         last = self.last_step
         if last is None:
             return None
@@ -262,7 +345,8 @@ class Recorder:
 
     def _sync_privacy_steps(self) -> None:
         """A writer killed between a checkpoint and its manifest update leaves ``privacy.steps`` behind."""
-        last = self.last_step or 0
+        infos = self._run.checkpoints()
+        last = infos[-1].step if infos else 0
         if (self._run.manifest.get("privacy") or {}).get("steps") != last:
             self._run.update_manifest(privacy=self._privacy_record(last))
 
@@ -338,8 +422,29 @@ def _cpu_state(model: nn.Module, step: int) -> dict[str, torch.Tensor]:
         if (value.is_floating_point() or value.is_complex()) and not bool(torch.isfinite(value).all()):
             raise NonFiniteError(f"step {step}: tensor '{key}' of the model is not finite (NaN or inf); nothing "
                                  "was saved (training diverged? lower the learning rate)")
-        state[key] = value.cpu()
+        state[key] = value.to("cpu", copy=True)  # a copy: training goes on while it is written
     return state
+
+
+def _flush_at_exit(ref: weakref.ref) -> None:
+    """Interpreter exit: write a recorder's last checkpoint; a failure is one line on stderr."""
+    recorder = ref()
+    if recorder is None:
+        return
+    try:
+        recorder.flush()
+    except Exception as exc:  # noqa: BLE001 (nothing can be raised to anyone at exit)
+        print(f"error: landscape.Recorder could not write the last checkpoint of run '{recorder.name}': {exc}",
+              file=sys.stderr)
+
+
+def _snapshot(value: Any) -> Any:
+    """A copy of an extra array (or a mapping of them) that later training cannot change."""
+    if isinstance(value, Mapping):
+        return {str(k): _snapshot(v) for k, v in value.items()}
+    if torch.is_tensor(value):
+        return value.detach().to("cpu", copy=True)
+    return np.array(value, copy=True)
 
 
 def _optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -350,7 +455,7 @@ def _optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], 
     for index, entry in sd["state"].items():
         for key, value in entry.items():
             if torch.is_tensor(value):
-                tensors[f"{index}/{key}"] = value.detach().cpu()
+                tensors[f"{index}/{key}"] = value.detach().to("cpu", copy=True)
             else:
                 scalars.setdefault(str(index), {})[key] = value
     return tensors, _jsonable({"param_groups": sd["param_groups"], "scalars": scalars}, "the optimizer's settings")

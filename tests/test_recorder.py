@@ -201,7 +201,7 @@ def test_a_sigkilled_recorder_leaves_a_run_that_continues(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", KILLED_SCRIPT, str(tmp_path)], stdout=subprocess.PIPE, text=True,
                             env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
     for line in proc.stdout:
-        if int(line) >= 3:
+        if int(line) >= 3:  # steps 0-2 written (the next save waits for the one in flight)
             break
     data, model = _digits_lenet()
     with pytest.raises(landscape.store.RunBusyError, match="run 'k' is being written by another process"):
@@ -212,13 +212,36 @@ def test_a_sigkilled_recorder_leaves_a_run_that_continues(tmp_path):
     model = build_model("lenet", input_shape=data.input_shape, num_classes=data.num_classes)
     with landscape.Recorder(tmp_path, "k", model, data=data, steps_per_epoch=1) as rec:
         last = rec.restore()
-        assert last >= 3 and [i.step for i in rec.run.checkpoints()] == list(range(last + 1))
+        assert last >= 2 and [i.step for i in rec.run.checkpoints()] == list(range(last + 1))
         for info in rec.run.checkpoints():  # each one complete, its sha256 checked on load
             ckpt = Store(tmp_path).load(f"k@step={info.step}")
             assert torch.equal(ckpt.state_dict["0.bias"], Store(tmp_path).load("k@init").state_dict["0.bias"]
                                + info.step)
         rec.save(last + 1)
     assert not list((tmp_path / "k").glob(".*.tmp"))
+
+
+def test_background_writes_finish_at_exit_and_report_failures(tmp_path, monkeypatch):
+    script = KILLED_SCRIPT.replace('with landscape.Recorder(sys.argv[1], "k", model, data=data, steps_per_epoch=1) as '
+                                   'rec:', 'rec = landscape.Recorder(sys.argv[1], "k", model, data=data, '
+                                   'steps_per_epoch=1)\nif True:').replace("range(1000)", "range(3)")
+    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, capture_output=True,
+                   env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})  # never closed: written at exit
+    assert [i.step for i in Store(tmp_path).run("k").checkpoints()] == [0, 1, 2]
+    data, model = _digits_lenet()
+
+    def fail(*args, **kwargs):
+        raise landscape.errors.CheckpointError("disk full")
+
+    rec = landscape.Recorder(tmp_path, "f", model, data=data, steps_per_epoch=1)
+    monkeypatch.setattr(landscape.store.Run, "save_checkpoint", fail)
+    rec.save(0)  # returns at once; the write fails in the writer thread
+    with pytest.raises(landscape.errors.CheckpointError, match="disk full"):
+        rec.flush()
+    rec.save(0)
+    with pytest.raises(landscape.errors.CheckpointError, match="disk full"):
+        rec.close()
+    assert rec.last_step is None and Store(tmp_path).run("f").checkpoints() == []
 
 
 def test_a_recorded_run_cannot_be_rerun_by_landscape(tmp_path):
