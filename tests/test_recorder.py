@@ -81,6 +81,9 @@ ANALYSES = [
     ("norms", ["t"], dict(grad_samples=16, bins=10)),
     ("clipping", ["t"], dict(batch_size=32)),
     ("symmetry", ["t@last"], dict(projections=4, permutations=19, batch_size=64)),
+    ("ntk-table", ["t@last"], dict(n=8, max_grad_norms=(0.1, 1.0))),
+    ("directions", ["t@last"], dict(n=3, points=5, toward="t@init")),
+    ("surface", ["t@last"], dict(grid="4x3", plane="t@init,t@step=4")),
 ]
 
 

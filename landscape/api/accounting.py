@@ -139,15 +139,14 @@ def provenance_attrs(inputs: Sequence[Any]) -> dict[str, str]:
     from landscape.store import MANIFEST, Store
 
     flagged = []
-    for ref in inputs:
-        run_dir = Path(ref.path).parent
+    for run_dir in dict.fromkeys(Path(ref.path).parent for ref in inputs):  # each run's manifest read once
         if not (run_dir / MANIFEST).is_file():
             continue
         try:
             manifest = Store(run_dir.parent).run(run_dir.name).manifest
         except (CheckpointError, UsageError, OSError):
             continue
-        if accounting.ancestry_note(manifest) is not None and run_dir.name not in flagged:
+        if accounting.ancestry_note(manifest) is not None:
             flagged.append(run_dir.name)
     if not flagged:
         return {}
