@@ -139,10 +139,10 @@ def import_checkpoint(
         echo_json(done)
         return
     click.echo(f"imported {file} -> {run_name}@init ({done['tensors']} tensors) at {done['path']}")
-    if done["privacy_note"]:
-        click.echo(f"privacy: {done['privacy_note']} (declare it with --epsilon/--delta)")
-    elif done["epsilon"] is not None:
+    if done["epsilon"] is not None:
         click.echo(f"privacy: declared epsilon {done['epsilon']:.4g}")
+    elif done["privacy_note"]:
+        click.echo(f"privacy: {done['privacy_note']} (declare it with --epsilon/--delta)")
 
 
 def _metric_columns(all_metrics: Any) -> list[str]:

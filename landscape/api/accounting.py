@@ -134,11 +134,12 @@ def import_privacy(
 
 
 def provenance_attrs(inputs: Sequence[Any]) -> dict[str, str]:
-    """``{"privacy_note": ...}`` for a result whose input checkpoints (``InputRef``s) belong to runs with
-    unknown ancestry (:func:`landscape.train.accounting.ancestry_note`), naming them; else ``{}``."""
+    """``{"privacy_note": ...}`` for a result whose input checkpoints (``InputRef``s) belong to runs whose
+    ancestry qualifies their epsilon (:func:`landscape.train.accounting.ancestry_note`): each note with the runs
+    it concerns (``run a, b: note; run c: note``); else ``{}``."""
     from landscape.store import MANIFEST, Store
 
-    flagged = []
+    notes: dict[str, list[str]] = {}
     for run_dir in dict.fromkeys(Path(ref.path).parent for ref in inputs):  # each run's manifest read once
         if not (run_dir / MANIFEST).is_file():
             continue
@@ -146,8 +147,10 @@ def provenance_attrs(inputs: Sequence[Any]) -> dict[str, str]:
             manifest = Store(run_dir.parent).run(run_dir.name).manifest
         except (CheckpointError, UsageError, OSError):
             continue
-        if accounting.ancestry_note(manifest) is not None:
-            flagged.append(run_dir.name)
-    if not flagged:
+        note = accounting.ancestry_note(manifest)
+        if note is not None:
+            notes.setdefault(note, []).append(run_dir.name)
+    if not notes:
         return {}
-    return {"privacy_note": f"run{'s' if len(flagged) > 1 else ''} {', '.join(flagged)}: {accounting.UNKNOWN_ANCESTRY}"}
+    return {"privacy_note": "; ".join(f"run{'s' if len(runs) > 1 else ''} {', '.join(runs)}: {note}"
+                                      for note, runs in notes.items())}

@@ -168,14 +168,19 @@ class PrivacyHistory:
 
 
 def ancestry_note(manifest: Mapping[str, Any] | None) -> str | None:
-    """:data:`UNKNOWN_ANCESTRY` for a run whose manifest records unknown ancestors (or an import made before
-    imports recorded privacy: no privacy record, lineage ``imported_from``), else None."""
+    """What every report of a run's epsilon must add about its ancestors, or None: :data:`UNKNOWN_ANCESTRY`
+    for unknown ancestors (or an import made before imports recorded privacy: no privacy record, lineage
+    ``imported_from``); for declared ones, that the epsilon includes them and the delta it holds at."""
     manifest = manifest or {}
     privacy = manifest.get("privacy")
     if not privacy:
         imported = isinstance(manifest.get("lineage"), Mapping) and manifest["lineage"].get("imported_from")
         return UNKNOWN_ANCESTRY if imported else None
-    return PrivacyHistory.from_manifest(privacy).note()
+    history = PrivacyHistory.from_manifest(privacy)
+    if history.unknown or not history.declared:
+        return history.note()
+    delta = privacy.get("total_delta", history.total_delta(0.0))
+    return f"epsilon includes the declared epsilon of imported ancestors and holds at delta {delta:.3g}"
 
 
 def _check_method(method: str) -> str:
