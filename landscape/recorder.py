@@ -124,12 +124,12 @@ class Recorder:
         self.model = unwrap(model)
         self.optimizer = optimizer
         self.privacy = privacy
-        if steps_per_epoch is not None and (isinstance(steps_per_epoch, bool) or int(steps_per_epoch) != steps_per_epoch
-                                            or steps_per_epoch < 1):
-            raise UsageError(f"steps_per_epoch must be a whole number >= 1, got {steps_per_epoch}")
-        self.steps_per_epoch = steps_per_epoch
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        if steps_per_epoch is not None and not (_is_whole(steps_per_epoch) and steps_per_epoch >= 1):
+            raise UsageError(f"steps_per_epoch must be a whole number >= 1, got {steps_per_epoch!r}")
+        self.steps_per_epoch = None if steps_per_epoch is None else int(steps_per_epoch)
+        if seed is not None and not _is_whole(seed):
             raise UsageError(f"seed must be an integer, got {seed!r}")
+        seed = None if seed is None else int(seed)
         fields = dict(config=_jsonable(config or {}, "config"), seeds={} if seed is None else {"seed": seed},
                       model_spec=_model_spec(self.model), data_spec=_data_spec(data))
         privacy_record = self._privacy_record(0)
@@ -282,7 +282,9 @@ class Recorder:
                                  "checkpoint steps are its noisy steps (omit step= to use the count)")
         if step is None:
             raise UsageError("give the checkpoint's step: rec.save(step, ...)")
-        if isinstance(step, bool) or not isinstance(step, int) and not (torch.is_tensor(step) and step.numel() == 1):
+        if torch.is_tensor(step) and step.numel() == 1 and not step.is_floating_point():
+            step = int(step)
+        if not _is_whole(step):
             raise UsageError(f"the step must be a whole number >= 0, got {step!r}")
         step = int(step)
         if step < 0:
@@ -298,6 +300,8 @@ class Recorder:
             if self.steps_per_epoch is None:
                 raise UsageError("give the checkpoint's epoch (save(step, epoch=...)) or steps_per_epoch= to the Recorder")
             return step / self.steps_per_epoch
+        if not isinstance(epoch, (int, float, np.number)) or isinstance(epoch, bool):
+            raise UsageError(f"the epoch must be a finite number >= 0, got {epoch!r}")
         epoch = float(epoch)
         if not math.isfinite(epoch) or epoch < 0:
             raise UsageError(f"the epoch must be a finite number >= 0, got {epoch}")
@@ -310,6 +314,8 @@ class Recorder:
             return float(self.privacy.epsilon())
         if epsilon is None:
             return None
+        if not isinstance(epsilon, (int, float, np.number)) or isinstance(epsilon, bool):
+            raise UsageError(f"epsilon must be a number >= 0, got {epsilon!r}")
         epsilon = float(epsilon)
         if math.isnan(epsilon) or epsilon < 0:
             raise UsageError(f"epsilon must be a number >= 0, got {epsilon}")
@@ -424,6 +430,11 @@ def _cpu_state(model: nn.Module, step: int) -> dict[str, torch.Tensor]:
                                  "was saved (training diverged? lower the learning rate)")
         state[key] = value.to("cpu", copy=True)  # a copy: training goes on while it is written
     return state
+
+
+def _is_whole(value: Any) -> bool:
+    """An integer (python or numpy), not a bool."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 def _flush_at_exit(ref: weakref.ref) -> None:

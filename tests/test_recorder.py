@@ -266,8 +266,20 @@ def test_recorder_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path):
         landscape.Recorder(tmp_path, "x", model, data=None)
     with pytest.raises(UsageError, match="config must be JSON-able"):
         landscape.Recorder(tmp_path, "x", model, data=data, config={"f": object()})
+    for bad in ("3", 0, 2.5, True):
+        with pytest.raises(UsageError, match="steps_per_epoch must be a whole number >= 1"):
+            landscape.Recorder(tmp_path, "x", model, data=data, steps_per_epoch=bad)
+    with pytest.raises(UsageError, match="seed must be an integer"):
+        landscape.Recorder(tmp_path, "x", model, data=data, seed="0")
     assert not (tmp_path / "x").exists()
     with landscape.Recorder(tmp_path, "x", model, data=data) as rec:
+        for bad in ("1", 1.5, None):
+            with pytest.raises(UsageError, match="the step must be a whole number >= 0|give the checkpoint's step"):
+                rec.save(bad, epoch=0)
+        with pytest.raises(UsageError, match="the epoch must be a finite number"):
+            rec.save(0, epoch=float("inf"))
+        with pytest.raises(UsageError, match="the epoch must be a finite number"):
+            rec.save(0, epoch="1")
         with pytest.raises(UsageError, match="give the checkpoint's epoch"):
             rec.save(0)
         with pytest.raises(UsageError, match="whole number >= 0"):
