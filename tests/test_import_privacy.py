@@ -102,6 +102,10 @@ def test_undeclared_import_makes_every_descendant_report_unknown_ancestry(tmp_pa
     assert read_result(tmp_path / "cal.h5").attrs["privacy_note"] == f"run child: {UNKNOWN_ANCESTRY}"
     code, out, _ = run_cli(root, "show", tmp_path / "cal.h5", capsys=capsys)
     assert f"attr   privacy_note = run child: {UNKNOWN_ANCESTRY}" in out
+    for made in (api.prune(api.PruneConfig("child@last", 0.5, rewind="none", run="pruned"), root=root).run,
+                 api.align("imp@init", "child@last", run="aligned", root=root).run):  # more descendants
+        privacy = Store(root).run(made).manifest["privacy"]
+        assert privacy["unknown_ancestors"] is True and privacy["note"] == UNKNOWN_ANCESTRY
     code, out, err = run_cli(root, "interpolate", "imp@init", "child@last", "--points", 3, "-o", tmp_path / "i.h5",
                              "--no-figure", capsys=capsys)
     assert code == 0, err
