@@ -22,6 +22,8 @@ from landscape.store import MANIFEST, Store
 from landscape.train.accounting import UNKNOWN_ANCESTRY, PrivacyEvent, composed_epsilon, epsilon
 from landscape.train.pruning import inherited_privacy
 
+# Opacus' own notices (secure RNG off; its hooks on inputs without grad): not ours to report
+pytestmark = pytest.mark.filterwarnings("ignore:Secure RNG turned off", "ignore:Full backward hook is firing")
 SUBSET = 100
 BATCH = 20
 SIGMA = 1.0

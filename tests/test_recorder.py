@@ -29,6 +29,8 @@ from landscape.store import Store
 from landscape.train.accounting import PrivacyEvent, composed_epsilon
 from landscape.train.pruning import inherited_privacy
 
+# Opacus' own notices (secure RNG off; its hooks on inputs without grad): not ours to report
+pytestmark = pytest.mark.filterwarnings("ignore:Secure RNG turned off", "ignore:Full backward hook is firing")
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = dict(model="lenet", data="digits", subset=200, batch_size=50, lr=0.05, epochs=2, checkpoint_every="1e")
 # manifest fields that say who wrote the run and when, not what it holds
