@@ -19,8 +19,8 @@ and are flagged in ``manifest["privacy"]["non_private_ancestors"]``, because the
 the full pipeline. Imported weights bring what was declared for them (``import --epsilon --delta``: added to
 the epsilon, which then holds at ``privacy["total_delta"]``) or an unknown history
 (``privacy["unknown_ancestors"]``: the epsilon covers only the steps landscape saw); see
-:class:`landscape.train.accounting.PrivacyHistory`. ``--target-epsilon`` calibrates sigma so that the recorded (composed) epsilon after this
-run's planned steps equals the target.
+:class:`landscape.train.accounting.PrivacyHistory`. ``--target-epsilon`` calibrates sigma so that the
+recorded (composed) epsilon after this run's planned steps equals the target.
 """
 
 from __future__ import annotations
