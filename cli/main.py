@@ -8,6 +8,7 @@ module plus one line in ``COMMANDS``. Every :class:`~landscape.errors.LandscapeE
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import os
 import sys
@@ -83,12 +84,26 @@ class LazyGroup(click.Group):
     default=None,
     help="torch intra-op threads (env LANDSCAPE_THREADS; default: torch's).",
 )
+@click.option(
+    "--code",
+    "code",
+    multiple=True,
+    metavar="REF",
+    help="Model / data code (module:factory or file.py:factory) that stored checkpoints name and may run to "
+         "rebuild them; repeatable. Nothing else a store names is ever imported.",
+)
+@click.option("--accept-changed-code", is_flag=True,
+              help="Rebuild with --code whose source changed since it was recorded (the result records it).")
 @click.pass_context
-def cli(ctx: click.Context, root: str, threads: int | None) -> None:
+def cli(ctx: click.Context, root: str, threads: int | None, code: tuple[str, ...], accept_changed_code: bool) -> None:
     """See why DP-SGD ends up worse than SGD: train, store and measure loss-landscape geometry."""
     from landscape.runtime import set_threads
 
     set_threads(threads)
+    if code or accept_changed_code:
+        from landscape import plugins
+
+        plugins.trust(code, accept_changed=accept_changed_code)
     ctx.obj = {"root": root}
 
 
@@ -97,7 +112,8 @@ def main(argv: list[str] | None = None) -> None:
     from landscape.errors import LandscapeError
 
     try:
-        cli.main(args=argv, prog_name="landscape", standalone_mode=False)
+        # in a copy of the context: what the command trusts (--code) ends with it, also when called in-process
+        contextvars.copy_context().run(cli.main, args=argv, prog_name="landscape", standalone_mode=False)
     except click.exceptions.Abort:  # click's form of Ctrl-C
         click.echo("interrupted", err=True)
         sys.exit(130)

@@ -59,20 +59,51 @@ class SubsetType(click.ParamType):
         return number
 
 
-class RegistryChoice(click.Choice):
-    """``click.Choice`` over the keys of a registry dict (``"landscape.data:DATASETS"``), read when a value is
-    checked or help is shown: defining the option imports no torch (``store ls`` needs none)."""
+class SourceName(click.ParamType):
+    """``--model`` / ``--data``: a name of the registry dict ``registry`` (``"landscape.models:MODELS"``), an
+    installed entry point of ``group``, or a code reference ``module:factory`` / ``file.py:factory``; for data
+    also a ``.npz``/``.h5`` tensor file, ``imagefolder`` and torchvision classification sets by name. The
+    registry is read when a value is checked, so defining the option imports no torch (``store ls`` needs none);
+    code is not imported here (the library does it, once, when it builds)."""
 
-    def __init__(self, registry: str):
-        self.registry = registry
-        self.case_sensitive = True
+    def __init__(self, registry: str, group: str, data: bool = False):
+        self.registry, self.group, self.data = registry, group, data
+        self.name = "NAME|module:factory|file.py:factory" + ("|FILE.npz|FILE.h5" if data else "")
 
-    @property
-    def choices(self) -> tuple[str, ...]:  # type: ignore[override]
+    def get_metavar(self, *args: Any, **kwargs: Any) -> str:  # the registry's names in --help, read when shown
+        extra = "|imagefolder|FILE.npz|FILE.h5" if self.data else ""
+        return f"[{'|'.join(self.known())}{extra}|module:factory|file.py:factory]"
+
+    def known(self) -> tuple[str, ...]:
         import importlib
 
         module, attr = self.registry.split(":")
         return tuple(getattr(importlib.import_module(module), attr))
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from landscape import plugins
+
+        text = str(value).strip()
+        if text in self.known():
+            return text
+        if self.data and (text == "imagefolder" or text.lower().endswith((".npz", ".h5", ".hdf5"))):
+            return text
+        if plugins.is_code_ref(text):
+            try:
+                plugins.parse(text)
+            except plugins.PluginError as exc:
+                self.fail(str(exc), param, ctx)
+            return text
+        if text in plugins.entry_points(self.group):
+            return text
+        if self.data:
+            from landscape.data import torchvision_class
+
+            if torchvision_class(text) is not None:
+                return text
+        extra = ", imagefolder, a torchvision set by name (svhn, kmnist, ...), FILE.npz|FILE.h5" if self.data else ""
+        self.fail(f"{text!r} is not one of {', '.join(self.known())}{extra} or module:factory / file.py:factory",
+                  param, ctx)
 
 
 class DeviceType(click.ParamType):
@@ -194,7 +225,9 @@ def data_options(func: Callable | None = None, *, default: str | None = "digits"
     """Add the data-set options; use bare (``@data_options``) or with ``default=None`` to make ``--data`` required
     (``default=None, required=False``: optional, ``data`` is None when not given)."""
     options = [
-        click.option("--data", type=RegistryChoice("landscape.data:DATASETS"), help="Data set.",
+        click.option("--data", type=SourceName("landscape.data:DATASETS", "landscape.datasets", data=True),
+                     help="Data set: a name, a torchvision set by name (svhn, kmnist, ...) or imagefolder (both "
+                          "with --data-root), a .npz/.h5 tensor file, or module:factory / file.py:factory.",
                      **_default_or_required(default, required)),
         click.option("--data-kwargs", default=None, metavar="JSON",
                      help='Data set options as a JSON object, e.g. \'{"ds": 10, "dn": 90}\'.'),
@@ -212,7 +245,9 @@ def model_options(func: Callable | None = None, *, default: str | None = "lenet"
     """Add the model options; use bare (``@model_options``) or with ``default=None`` to make ``--model`` required
     (``default=None, required=False``: optional, ``model`` is None when not given)."""
     options = [
-        click.option("--model", type=RegistryChoice("landscape.models:MODELS"), help="Model architecture.",
+        click.option("--model", type=SourceName("landscape.models:MODELS", "landscape.models"),
+                     help="Model: a name, or module:factory / file.py:factory (called with input_shape, num_classes "
+                          "and --model-kwargs).",
                      **_default_or_required(default, required)),
         click.option("--model-kwargs", default=None, metavar="JSON",
                      help='Model options as a JSON object, e.g. \'{"norm": "batch"}\'.'),

@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, jvp, vjp, vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from landscape.errors import ModelError, UsageError
 
@@ -184,7 +185,9 @@ class HessianOperator:
         n, model, constants = self.n, self.model, self.constants
 
         def loss(params: Vector) -> Tensor:
-            logits = functional_call(model, {**params, **constants}, (xc,))
+            # attention's fused CPU kernels have no second derivative; the math kernel is the same function
+            with sdpa_kernel(SDPBackend.MATH):
+                logits = functional_call(model, {**params, **constants}, (xc,))
             return F.cross_entropy(logits, yc, reduction="sum") / n
 
         return loss

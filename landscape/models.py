@@ -5,11 +5,18 @@
 ``input_shape`` and ``num_classes``, all JSON-serialisable, so ``model_from_spec(model.landscape_spec)``
 rebuilds the same architecture. Every model maps a batch ``(N, *input_shape)`` to logits ``(N, num_classes)``.
 
+One registry, three kinds of entries (:func:`model_source`): the built-ins of :data:`MODELS`, factories an
+installed package registers under the entry-point group ``landscape.models``, and code the user names,
+``package.module:factory`` or ``path/to/file.py:factory`` (imported through :mod:`landscape.plugins`). The
+spec of a model from code records the reference and its source file's sha256 (``"code"``), that of an entry
+point the package and version (``"entry_point"``); rebuilding one from a stored spec runs its code only when
+the user named that code again (:func:`model_from_spec`).
+
 Building a model draws its initial weights from torch's global generator and never seeds it: the caller
 seeds (``landscape.runtime.seed_everything`` or ``torch.manual_seed``) before building.
 
-Adding a model is one builder function ``f(input_shape, num_classes, *, option=default, ...)`` plus one line
-in ``MODELS``; the spec's kwargs are read off the builder's signature.
+Adding a built-in model is one builder function ``f(input_shape, num_classes, *, option=default, ...)`` plus
+one line in ``MODELS``; the spec's kwargs are read off the builder's signature.
 """
 
 from __future__ import annotations
@@ -19,11 +26,13 @@ import inspect
 import json
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from landscape import plugins
 from landscape.errors import ModelError
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
@@ -288,26 +297,104 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "two-layer-linear": two_layer_linear,
 }
 
+ENTRY_POINT_GROUP = "landscape.models"
+
 _RESOLVERS: dict[str, Callable[[dict], dict]] = {
     "resnet18": lambda kw: {**kw, "stem": _resolve_stem(kw["stem"], kw["input_shape"])},
 }
 
 
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model name leads: a factory and what a spec records about it.
+
+    ``kind`` is ``"builtin"`` (a line of :data:`MODELS`), ``"entry_point"`` (an installed package's
+    ``landscape.models`` entry) or ``"code"`` (``module:factory`` / ``file.py:factory`` the user named);
+    ``provenance`` is ``{}``, ``{"entry_point": {group, value, package, version}}`` or ``{"code": {ref, kind,
+    file | module, attr, sha256}}`` (:mod:`landscape.plugins`).
+    """
+
+    name: str
+    factory: Callable[..., Any]
+    kind: str
+    provenance: dict[str, Any]
+
+
+def model_source(name: str) -> ModelSource:
+    """The factory a name the user gave stands for: a built-in, then an installed entry point, then a code
+    reference (which this imports: call it only with a name the user named). Unknown names: ModelError."""
+    if not isinstance(name, str):
+        raise ModelError(f"a model name is a string, got {name!r}")
+    if name in MODELS:
+        return ModelSource(name, MODELS[name], "builtin", {})
+    installed = plugins.entry_points(ENTRY_POINT_GROUP)
+    if name in installed:
+        factory, info = plugins.load_entry_point(ENTRY_POINT_GROUP, name)
+        return ModelSource(name, factory, "entry_point", {"entry_point": info})
+    if plugins.is_code_ref(name):
+        ref = plugins.parse(name)
+        factory = plugins.load(ref)
+        return ModelSource(plugins.canonical(ref), factory, "code", {"code": plugins.describe(ref)})
+    known = ", ".join([*MODELS, *installed])
+    raise ModelError(f"unknown model {name!r}; known: {known} (or package.module:factory, path/to/file.py:factory)")
+
+
+def _stored_source(spec: dict) -> ModelSource:
+    """The factory a *stored* spec names. Code runs only when the user named it in this context
+    (:func:`landscape.plugins.checked_code`); an entry point must still be installed, at the recorded version
+    unless changed code is accepted; a name that is neither built in nor installed is refused without importing."""
+    name = spec["name"]
+    what = "the stored model"
+    if "code" in spec:
+        ref, current = plugins.checked_code(spec["code"], what)
+        return ModelSource(plugins.canonical(ref), plugins.load(ref), "code", {"code": current})
+    if "entry_point" in spec:
+        recorded = spec["entry_point"] or {}
+        factory, info = plugins.load_entry_point(ENTRY_POINT_GROUP, name)
+        then, now = recorded.get("version"), info.get("version")
+        if (recorded.get("package"), then) != (info.get("package"), now):
+            if not plugins.trust_state().accept_changed:
+                raise plugins.CodeChangedError(
+                    f"{what}: entry point from {recorded.get('package')} {then} when recorded, {info.get('package')} "
+                    f"{now} now; pass --accept-changed-code (Python: accept_changed_code=True) to use it")
+            info = {**info, "accepted_change_from": then}
+        return ModelSource(name, factory, "entry_point", {"entry_point": info})
+    if name in MODELS:
+        return ModelSource(name, MODELS[name], "builtin", {})
+    raise ModelError(f"unknown model {name!r} in a stored spec; known: {', '.join(MODELS)} (code-named models "
+                     "record their code, which this spec does not)")
+
+
 def model_options(name: str) -> dict[str, Any]:
-    """The keyword options model ``name`` accepts, with their defaults (JSON form)."""
-    builder = _builder(name)
-    return {
-        p.name: _json_form(p.default)
-        for p in inspect.signature(builder).parameters.values()
-        if p.kind is p.KEYWORD_ONLY
-    }
+    """The keyword options model ``name`` accepts, with their defaults (JSON form); for a user factory, its
+    parameters other than ``input_shape`` and ``num_classes`` that have JSON defaults."""
+    return _options_of(model_source(name))
 
 
-def _builder(name: str) -> Callable[..., nn.Module]:
+def _options_of(source: ModelSource) -> dict[str, Any]:
+    params = _parameters(source)
+    if source.kind == "builtin":
+        return {p.name: _json_form(p.default) for p in params.values() if p.kind is p.KEYWORD_ONLY}
+    out = {}
+    for p in params.values():
+        if p.name in _SHAPE_ARGS or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL, p.POSITIONAL_ONLY) \
+                or p.default is p.empty:
+            continue
+        try:
+            out[p.name] = json.loads(json.dumps(p.default))
+        except (TypeError, ValueError):
+            continue  # a default that is no JSON value is pinned by the source's sha256 instead
+    return out
+
+
+_SHAPE_ARGS = ("input_shape", "num_classes")
+
+
+def _parameters(source: ModelSource) -> dict[str, inspect.Parameter]:
     try:
-        return MODELS[name]
-    except (KeyError, TypeError):
-        raise ModelError(f"unknown model {name!r}; known: {', '.join(MODELS)}") from None
+        return dict(inspect.signature(source.factory).parameters)
+    except (TypeError, ValueError):
+        return {"kwargs": inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)}
 
 
 def _json_form(value: Any) -> Any:
@@ -326,27 +413,38 @@ def build_model(
 ) -> nn.Module:
     """Build a model by name (or from a spec dict) for inputs of ``input_shape`` and ``num_classes`` logits.
 
-    A spec's kwargs may carry ``input_shape`` and ``num_classes``; explicit arguments override them. The
-    returned model has ``landscape_spec = {"name", "kwargs"}`` with every option filled in. Unknown names,
-    unknown options and shapes a model cannot take raise :class:`ModelError`.
+    A name is a built-in (:data:`MODELS`), an installed ``landscape.models`` entry point, or a code reference
+    ``package.module:factory`` / ``path/to/file.py:factory`` (naming it here is what lets it run). Every
+    factory is called the same way, ``factory(input_shape=..., num_classes=..., **kwargs)``, where
+    ``input_shape`` and ``num_classes`` are passed only when its signature names them (or takes ``**kwargs``),
+    and must return an ``nn.Module``. A spec's kwargs may carry ``input_shape`` and ``num_classes``; explicit
+    arguments override them. A spec dict that names code is rebuilt only when that code is trusted in this
+    context (:func:`model_from_spec`). The returned model has ``landscape_spec = {"name", "kwargs"[, "code" |
+    "entry_point"]}`` with every option filled in. Unknown names, unknown options, a factory that fails or
+    returns something else than a module, and shapes a model cannot take raise :class:`ModelError`.
     """
     if isinstance(name_or_spec, dict):
         if "name" not in name_or_spec:
             raise ModelError(f"a model spec is a dict with 'name' and 'kwargs', got {name_or_spec!r}")
-        name = name_or_spec["name"]
+        source = _stored_source(name_or_spec)
         kwargs = {**(name_or_spec.get("kwargs") or {}), **kwargs}
     else:
-        name = name_or_spec
-    defaults = model_options(name)
+        source = model_source(name_or_spec)
+    name = source.name
+    defaults = _options_of(source)
+    params = _parameters(source)
+    open_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
     input_shape = input_shape if input_shape is not None else kwargs.pop("input_shape", None)
     num_classes = num_classes if num_classes is not None else kwargs.pop("num_classes", None)
     kwargs.pop("input_shape", None)
     kwargs.pop("num_classes", None)
-    unknown = sorted(set(kwargs) - set(defaults))
+    accepted = set(defaults) if source.kind == "builtin" else (
+        {n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)} - set(_SHAPE_ARGS))
+    unknown = [] if open_kwargs and source.kind != "builtin" else sorted(set(kwargs) - accepted)
     if unknown:
         raise ModelError(
             f"model {name!r} has no option {', '.join(map(repr, unknown))}; its options: "
-            f"{', '.join(defaults) or 'none'}"
+            f"{', '.join(sorted(accepted)) or 'none'}"
         )
     if input_shape is None or num_classes is None:
         raise ModelError(f"model {name!r} needs input_shape and num_classes (from the data set)")
@@ -355,13 +453,22 @@ def build_model(
         raise ModelError("input_shape must not be empty")
     (num_classes,) = _positive_ints([num_classes], "num_classes")
     full = {"input_shape": shape, "num_classes": num_classes, **defaults, **_json_form(kwargs)}
-    full = _RESOLVERS.get(name, lambda kw: kw)(full)
-    options = {k: v for k, v in full.items() if k not in ("input_shape", "num_classes")}
+    full = _RESOLVERS.get(name, lambda kw: kw)(full) if source.kind == "builtin" else full
+    options = {k: v for k, v in full.items() if k not in _SHAPE_ARGS}
+    shape_args = {k: v for k, v in (("input_shape", tuple(shape)), ("num_classes", num_classes))
+                  if k in params or open_kwargs}
     try:
-        model = _builder(name)(tuple(shape), num_classes, **options)
-    except (TypeError, ValueError) as exc:
-        raise ModelError(f"model {name!r} cannot be built with options {options}: {str(exc).splitlines()[0]}") from None
-    model.landscape_spec = {"name": name, "kwargs": full}
+        model = source.factory(**shape_args, **options)
+    except ModelError:
+        raise
+    except Exception as exc:
+        if source.kind == "builtin" and not isinstance(exc, (TypeError, ValueError)):
+            raise
+        raise ModelError(f"model {name!r} cannot be built with options {options}: "
+                         f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}") from None
+    if not isinstance(model, nn.Module):
+        raise ModelError(f"model {name!r}: the factory returned a {type(model).__name__}, not a torch.nn.Module")
+    model.landscape_spec = {"name": name, "kwargs": full, **source.provenance}
     return model
 
 
@@ -377,7 +484,12 @@ def _positive_ints(values: Any, name: str) -> list[int]:
 
 
 def model_from_spec(spec: dict) -> nn.Module:
-    """Rebuild a model from its ``landscape_spec`` (same architecture; weights are freshly initialised)."""
+    """Rebuild a model from its ``landscape_spec`` (same architecture; weights are freshly initialised).
+
+    A spec that names code (``"code"``) is rebuilt only when the user named that code in this context
+    (``landscape --code REF``, ``code=[REF]`` in the api, :func:`landscape.plugins.trusting`); its source must
+    have the recorded sha256 unless changed code is accepted. Reading a spec never imports anything by itself.
+    """
     if not isinstance(spec, dict):
         raise ModelError(f"a model spec is a dict with 'name' and 'kwargs', got {spec!r}")
     return build_model(spec)

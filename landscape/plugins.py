@@ -18,6 +18,8 @@ as ``python file.py`` would have it, so it can import its siblings.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import importlib
 import importlib.metadata
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from landscape.errors import UsageError
+from landscape.errors import LandscapeError, UsageError
 
 ENTRY_POINT_GROUPS = ("landscape.models", "landscape.datasets", "landscape.metrics")
 
@@ -194,3 +196,127 @@ def _identifier(stem: str) -> str:
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+# ------------------------------------------------------------------------------------------- trusted code
+#
+# A stored model or data spec may name code (``{"code": describe(...)}``). Rebuilding it runs that code, so it
+# happens only when the user names the same code again in this process: on the command line (``landscape --code
+# REF ...``, or ``--model REF`` / ``--data REF`` of the command that builds it) or in the API (``code=[...]``,
+# :func:`trusting`). The set is a context variable; worker processes receive it as plain strings
+# (:func:`trust_state` / :func:`trusting`), never as pickled objects.
+
+
+@dataclass(frozen=True)
+class TrustState:
+    """The code references the user named (their text) and whether a changed source may be used anyway."""
+
+    refs: tuple[str, ...] = ()
+    accept_changed: bool = False
+
+
+_NOTHING_TRUSTED = TrustState()
+_TRUST: contextvars.ContextVar[TrustState] = contextvars.ContextVar("landscape_trusted_code",
+                                                                    default=_NOTHING_TRUSTED)  # noqa: B039 (frozen)
+
+
+class CodeChangedError(LandscapeError):
+    """The source of stored code differs from what it was when the spec was recorded (exit 1)."""
+
+
+def trust_state() -> TrustState:
+    """The code the user named in this context (what a spawned worker must be given)."""
+    return _TRUST.get()
+
+
+def _checked(refs: Any) -> tuple[str, ...]:
+    if refs is None:
+        return ()
+    if isinstance(refs, (str, CodeRef)):
+        refs = [refs]
+    out = []
+    for ref in refs:
+        parsed = ref if isinstance(ref, CodeRef) else parse(ref)
+        out.append(_canonical(parsed))
+    return tuple(out)
+
+
+def trust(refs: Any = (), *, accept_changed: bool = False) -> TrustState:
+    """Add ``refs`` (a reference or several) to the code that stored specs may run, for the rest of this context
+    (the command line does this once per command); returns the previous state. ``accept_changed`` lets a
+    spec whose recorded source hash differs be rebuilt with the code as it is now (recorded in results)."""
+    before = _TRUST.get()
+    _TRUST.set(_with(before, refs, accept_changed))
+    return before
+
+
+def _with(state: TrustState, refs: Any, accept_changed: bool) -> TrustState:
+    return TrustState(tuple(dict.fromkeys(state.refs + _checked(refs))), state.accept_changed or bool(accept_changed))
+
+
+@contextlib.contextmanager
+def trusting(refs: Any = (), *, accept_changed: bool = False):
+    """Inside the block, stored specs naming ``refs`` may be rebuilt (see :func:`trust`); a
+    :class:`TrustState` (from a parent process) is installed as it is."""
+    if isinstance(refs, TrustState):
+        token = _TRUST.set(_with(_NOTHING_TRUSTED, refs.refs, refs.accept_changed))
+    else:
+        token = _TRUST.set(_with(_TRUST.get(), refs, accept_changed))
+    try:
+        yield _TRUST.get()
+    finally:
+        _TRUST.reset(token)
+
+
+def _canonical(ref: CodeRef) -> str:
+    return f"{ref.target}:{ref.attr}"
+
+
+def canonical(text: str | CodeRef) -> str:
+    """``/absolute/file.py:attr`` or ``package.module:attr``: the form specs record and ``--code`` matches."""
+    return _canonical(text if isinstance(text, CodeRef) else parse(text))
+
+
+def named_code(stored: dict[str, Any], what: str) -> CodeRef:
+    """The reference the user named for the code a stored spec records (``stored`` from :func:`describe`), or
+    :class:`PluginError` saying which ``--code`` to pass. Nothing is imported to decide: a named file of the same
+    name at another path counts when its bytes have the recorded sha256 (the code moved with the store), or,
+    when changed code is accepted, when it is the only such file named."""
+    if not isinstance(stored, dict) or stored.get("kind") not in ("file", "module") or not stored.get("attr"):
+        raise PluginError(f"{what} records malformed code provenance {stored!r}")
+    target = stored.get("file") if stored["kind"] == "file" else stored.get("module")
+    wanted = f"{target}:{stored['attr']}"
+    state = _TRUST.get()
+    for text in state.refs:
+        if text == wanted:
+            return parse(text)
+    if stored["kind"] == "file":
+        same_name = [ref for ref in map(parse, state.refs) if ref.kind == "file" and ref.attr == stored["attr"]
+                     and Path(ref.target).name == Path(str(target)).name and Path(ref.target).is_file()]
+        for ref in same_name:
+            if stored.get("sha256") and sha256_file(ref.target) == stored["sha256"]:
+                return ref
+        if state.accept_changed and len(same_name) == 1:  # moved and changed: the user accepts changed code
+            return same_name[0]
+    raise PluginError(f"{what} is built by code {wanted!r}, which landscape runs only when you name it: pass "
+                      f"landscape --code {wanted} ... (Python: code=[{wanted!r}])")
+
+
+def checked_code(stored: dict[str, Any], what: str) -> tuple[CodeRef, dict[str, Any]]:
+    """:func:`named_code` and its current :func:`describe`, refusing (:class:`CodeChangedError`) when the source
+    hash changed since ``stored`` was recorded, unless the user accepted changed code; an accepted change is
+    recorded in the returned description as ``accepted_change_from`` (the recorded sha256)."""
+    ref = named_code(stored, what)
+    current = describe(ref)
+    reason = check_unchanged(stored, current)
+    if reason is not None:
+        if not _TRUST.get().accept_changed:
+            raise CodeChangedError(f"{what}: {reason}; pass --accept-changed-code (Python: accept_changed_code="
+                                   "True) to use it as it is now")
+        current = {**current, "accepted_change_from": stored.get("sha256")}
+    return ref, current
+
+
+def code_refs(*names: Any) -> list[str]:
+    """The code references among ``names`` (model / data names; built-in names and files are not code)."""
+    return [n for n in names if is_code_ref(n)]

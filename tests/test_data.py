@@ -242,7 +242,7 @@ def test_cli_data_options_parse_into_load_dataset_arguments(monkeypatch):
     assert len(load_dataset(**seen).y_train) == 500
     result = runner.invoke(command, ["--subset", "40"], env={DATA_ENV: "/data"})
     assert seen["subset"] == 40 and isinstance(seen["subset"], int) and seen["data_root"] == "/data"
-    for bad in (["--data", "imagenet"], ["--subset", "0"], ["--subset", "1.5"], ["--subset", "x"],
+    for bad in (["--data", "no-such-data"], ["--subset", "0"], ["--subset", "1.5"], ["--subset", "x"],
                 ["--data-kwargs", "[1]"], ["--data-kwargs", '{"subset": 3}']):
         result = runner.invoke(command, bad)
         assert result.exit_code == 2, (bad, result.output)

@@ -455,11 +455,28 @@ def test_examples_record_runs_that_the_analyses_read(tmp_path, capsys):
     assert [i.step for i in plain.checkpoints()][0] == 0 and len(plain.checkpoints()) == 3
     assert dp.manifest["privacy"]["accounted"] is True and store.load("opacus@last").epsilon > 0
     assert plain.manifest["model_spec"]["name"] == dp.manifest["model_spec"]["name"]
-    for args in (["interpolate", "plain@init", "plain@last", "--points", "4"],
+    code = f"{REPO / 'examples' / 'my_model.py'}:small_cnn"  # the model's code, named for the analyses
+    for args in (["interpolate", "plain@init", "plain@last", "--points", "3", "-o", tmp_path / "i.h5"],
                  ["hessian", "opacus", "--top-k", "1", "--n", "64", "--lanczos-steps", "8"]):
         with pytest.raises(SystemExit) as exit_:
-            main(["--root", str(tmp_path / "ck"), *args, "--no-figure"])
+            main(["--root", str(tmp_path / "ck"), "--code", code, *map(str, args), "--no-figure"])
         assert exit_.value.code == 0, capsys.readouterr().err
+    # the interpolation's end points are the plain PyTorch losses of the recorded weights
+    sys.path.insert(0, str(REPO / "examples"))
+    try:
+        from my_model import small_cnn
+    finally:
+        sys.path.pop(0)
+    data = load_dataset("digits")
+    result = read_result(tmp_path / "i.h5").to_frame()
+    for ref, alpha in (("plain@init", 0.0), ("plain@last", 1.0)):
+        model = small_cnn(data.input_shape, data.num_classes, width=8)
+        model.load_state_dict(store.load(ref).state_dict)
+        model.eval()
+        with torch.no_grad():
+            loss = torch.nn.functional.cross_entropy(model(data.x_train), data.y_train).item()
+        row = result[np.isclose(result["alpha"], alpha)]
+        assert float(row["train_loss"].iloc[0]) == pytest.approx(loss, rel=1e-5)
 
 
 def test_recorded_epsilon_of_a_run_is_json(tmp_path):

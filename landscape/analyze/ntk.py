@@ -550,7 +550,7 @@ def _model_and_examples(point, config):
     if config.precision == "double":
         model = model.double()
     x, y, idx = examples(point, config.n, config.seed, config.split)
-    return model, x.to(next(model.parameters()).dtype), y, idx
+    return model, x.to(next(model.parameters()).dtype) if x.is_floating_point() else x, y, idx  # tokens stay ints
 
 
 def compute_point(point, config: NTKConfig) -> NTKResult:

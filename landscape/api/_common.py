@@ -164,19 +164,35 @@ def set_worker_state(state: dict[str, Any] | None) -> None:
     _STATE.update(state or {})
 
 
-def _start_worker(parent: int, initializer: Callable | None, initargs: tuple) -> None:
+def _start_worker(parent: int, initializer: Callable | None, initargs: tuple, trusted: tuple = ()) -> None:
+    from landscape import plugins
+
     die_with_parent(parent)
     one_thread()
+    refs, accept_changed = trusted or ((), False)
+    plugins.trust(refs, accept_changed=accept_changed)
     if initializer is not None:
         set_worker_state(initializer(*initargs))
 
 
-def spawn_pool(workers: int, initializer: Callable | None = None, initargs: tuple = ()) -> ProcessPoolExecutor:
+def spawn_pool(workers: int, initializer: Callable | None = None, initargs: tuple = (),
+               trusted: tuple | None = None) -> ProcessPoolExecutor:
     """``workers`` spawned processes with one torch thread each, then ``initializer(*initargs)`` in each (its
     dict becomes :func:`worker_state`); they exit when this process dies (:func:`die_with_parent`). The one
     worker-pool mechanism of the api."""
     return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_start_worker,
-                               initargs=(os.getpid(), initializer, initargs))
+                               initargs=(os.getpid(), initializer, initargs,
+                                         _trusted() if trusted is None else trusted))
+
+
+def _trusted() -> tuple:
+    """The user code trusted in this process (:func:`landscape.plugins.trust_state`) as plain strings and a flag,
+    for a worker: a worker rebuilds code-named models and data only when its parent may."""
+    from landscape import plugins
+
+    state = plugins.trust_state()
+    return (tuple(state.refs), state.accept_changed)
+
 
 
 _SCHEDULER: contextvars.ContextVar = contextvars.ContextVar("landscape_scheduler", default=None)
@@ -231,17 +247,22 @@ def _connect(scheduler: Any):
 _DASK_STATES: dict[str, dict[str, Any]] = {}
 
 
-def _dask_task(key: str | None, init: tuple | None, fn: Callable, *args: Any) -> Any:
-    """A job on a Dask worker: one torch thread, the pool's worker state built once per worker process (kept for
-    the pool's ``key``; our workers run one thread each), then ``fn(*args)``."""
+def _dask_task(key: str | None, init: tuple | None, trusted: tuple, fn: Callable, *args: Any) -> Any:
+    """A job on a Dask worker: one torch thread, the user code the parent trusts (plain strings, see
+    :func:`_trusted`), the pool's worker state built once per worker process (kept for the pool's ``key``; our
+    workers run one thread each), then ``fn(*args)``."""
+    from landscape import plugins
+
     one_thread()
-    if key is not None:
-        if key not in _DASK_STATES:
-            initializer, initargs = init
-            _DASK_STATES.clear()  # one pool's state at a time
-            _DASK_STATES[key] = initializer(*initargs)
-        set_worker_state(_DASK_STATES[key])
-    return fn(*args)
+    refs, accept_changed = trusted
+    with plugins.trusting(plugins.TrustState(tuple(refs), bool(accept_changed))):
+        if key is not None:
+            if key not in _DASK_STATES:
+                initializer, initargs = init
+                _DASK_STATES.clear()  # one pool's state at a time
+                _DASK_STATES[key] = initializer(*initargs)
+            set_worker_state(_DASK_STATES[key])
+        return fn(*args)
 
 
 def _dask_as_completed(futures: Sequence[Any]):
@@ -280,6 +301,7 @@ class ProcessPool:
         self._own_client = False
         self._key: str | None = None
         self._init: Any = None
+        self._trusted = _trusted()  # the caller's trusted code, given to every worker
 
     def __enter__(self) -> ProcessPool:
         return self
@@ -304,9 +326,9 @@ class ProcessPool:
     def submit(self, fn: Callable, *args: Any):
         """A future of ``fn(*args)`` (``.result()``), run as :meth:`map` would."""
         if self.distributed:
-            return self._dask().submit(_dask_task, self._key, self._init, fn, *args, pure=False)
+            return self._dask().submit(_dask_task, self._key, self._init, self._trusted, fn, *args, pure=False)
         if self._pool is None:
-            self._pool = spawn_pool(max(self.workers, 1), self.initializer, self.initargs)
+            self._pool = spawn_pool(max(self.workers, 1), self.initializer, self.initargs, self._trusted)
         return self._pool.submit(fn, *args)
 
     def as_completed(self, futures: Sequence[Any]):

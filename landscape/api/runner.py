@@ -39,11 +39,24 @@ from landscape.results import InputRef, check_companions, check_output_path
 
 def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", config: Any = None,
         output: str | Path | None = None, figure: bool = True, data_root: str | None = None, download: bool = False,
-        data_from: str = "a", workers: int | None = None, scheduler: Any = None, **options: Any) -> Any:
+        data_from: str = "a", workers: int | None = None, scheduler: Any = None, code: Sequence[str] = (),
+        accept_changed_code: bool = False, **options: Any) -> Any:
     """Run analysis ``name`` on references ``refs`` (see :class:`~landscape.analyze.registry.Analysis` for what
     they are per ``inputs``). ``options`` are config fields or the spec's run options. ``scheduler`` (a Dask
     scheduler address or ``distributed.Client``) runs the parallel parts on that cluster instead of ``workers``
-    local processes; the results are the same."""
+    local processes; the results are the same. ``code`` names the model / data code (``module:factory``,
+    ``file.py:factory``) the checkpoints were built with, which may then run to rebuild them
+    (:func:`landscape.plugins.trusting`; ``accept_changed_code`` accepts a source whose sha256 changed);
+    the result records both as the attr ``code``."""
+    from landscape import plugins
+
+    with plugins.trusting(code, accept_changed=accept_changed_code):
+        return _run_trusted(name, refs, root=root, config=config, output=output, figure=figure, data_root=data_root,
+                            download=download, data_from=data_from, workers=workers, scheduler=scheduler, **options)
+
+
+def _run_trusted(name: str, refs: Sequence[str], *, root, config, output, figure: bool, data_root, download: bool,
+                 data_from: str, workers: int | None, scheduler: Any, **options: Any) -> Any:
     spec = get(name)
     run_fields = {f.name for f in dataclasses.fields(spec.run_options)} if spec.run_options else set()
     run_opts = spec.run_options(**{k: options.pop(k) for k in list(options) if k in run_fields}) \
@@ -113,13 +126,27 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
         result = spec.collect([[next(rows) for _ in g] for g in groups], config, run_opts, refs, shared)
         inputs = _inputs(flat)
         title = ""
-    result.to_hdf5(out, inputs=inputs, attrs={**attrs, **provenance_attrs(inputs)})
+    result.to_hdf5(out, inputs=inputs, attrs={**attrs, **_code_attrs(), **provenance_attrs(inputs)})
     if spec.csv:
         result.to_csv(out.with_suffix(".csv"))
     if figure and spec.figure is not None:
         draw = _callable(spec.figure)
         result.figures = draw(result, out, title, run_opts) if spec.run_options else draw(result, out, title)
     return result
+
+
+def _code_attrs() -> dict[str, Any]:
+    """The attr ``code``: the user code trusted for this result (each reference's current source sha256) and
+    whether changed code was accepted; none when no code was named."""
+    import json
+
+    from landscape import plugins
+
+    state = plugins.trust_state()
+    if not state.refs:
+        return {}
+    described = [plugins.describe(ref) for ref in state.refs]
+    return {"code": json.dumps({"refs": described, "accept_changed": state.accept_changed}, sort_keys=True)}
 
 
 def _stem(spec: Analysis, refs: list[str], config: Any, run_opts: Any) -> str:
@@ -258,7 +285,8 @@ def api_function(name: str) -> Callable:
     ref_names = refs[spec.inputs]
     params = [P(n, P.POSITIONAL_OR_KEYWORD, default=() if n == "run_patterns" else P.empty) for n in ref_names]
     params.append(P("config", P.POSITIONAL_OR_KEYWORD, default=None, annotation=spec.config))
-    defaults = {"root": "checkpoints", "output": None, "figure": True, "data_root": None, "download": False}
+    defaults = {"root": "checkpoints", "output": None, "figure": True, "data_root": None, "download": False,
+                "code": (), "accept_changed_code": False}
     if spec.inputs in ("pair", "pairs"):
         defaults["data_from"] = "a"
     if spec.inputs not in ("checkpoint", "pair") and "workers" not in {f.name for f in dataclasses.fields(spec.config)}:

@@ -93,7 +93,8 @@ def import_checkpoint(
 ) -> dict[str, Any]:
     """Import a foreign checkpoint (.pt/.pth state dict or .safetensors) as the step-0 checkpoint of a new run.
 
-    The model is built for the data set (``model``, ``model_kwargs``; input shape and classes from ``data``)
+    The model is built for the data set (``model``, ``model_kwargs``; input shape and classes from ``data``;
+    either may be a code reference ``module:factory`` / ``file.py:factory``, see :func:`landscape.models.build_model`)
     and the file's keys and shapes must match it; .pt files are read with ``torch.load(weights_only=True)``
     (``landscape.store.import_checkpoint``). Returns ``{"run", "ref", "path", "sha256", "tensors", "epsilon",
     "privacy_note"}``.
@@ -102,6 +103,7 @@ def import_checkpoint(
     made them (``noise_multiplier``, ``sample_rate``, ``steps``); see
     :func:`landscape.api.accounting.import_privacy`.
     """
+    from landscape import plugins
     from landscape.api.accounting import import_privacy
     from landscape.data import load_dataset
     from landscape.models import build_model
@@ -115,8 +117,9 @@ def import_checkpoint(
     spec = build_model(model, input_shape=dataset.input_shape, num_classes=dataset.num_classes,
                        **(model_kwargs or {})).landscape_spec
     st = Store(root)
-    path = store_import(st, file, model_spec=spec, data_spec=dataset.spec, run=run, privacy=privacy,
-                        epsilon=declared_epsilon)
+    with plugins.trusting([r for r in (model, data) if plugins.is_code_ref(r)]):  # named here: may be rebuilt
+        path = store_import(st, file, model_spec=spec, data_spec=dataset.spec, run=run, privacy=privacy,
+                            epsilon=declared_epsilon)
     ckpt = st.load(str(path), tensors=False)
     return {"run": run, "ref": f"{run}@init", "path": str(path), "sha256": ckpt.sha256,
             "tensors": len(ckpt.state_dict), "epsilon": ckpt.epsilon,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from landscape import plugins
 from landscape.data import load_dataset
 from landscape.errors import CheckpointError
 from landscape.store import Run, Store
@@ -105,6 +106,11 @@ def phases(config: PhasesConfig, *, root: str | Path, progress: bool | None = No
     interrupted ``phases`` command can simply be run again.
     """
     config.validate()
+    with plugins.trusting(plugins.code_refs(config.base.model, config.base.data)):  # Phase 2 rebuilds Phase 1's
+        return _phases(config, root=root, progress=progress)
+
+
+def _phases(config: PhasesConfig, *, root: str | Path, progress: bool | None) -> list[RunSummary]:
     config = dataclasses.replace(config, base=dataclasses.replace(
         config.base, model=config.base.model or DEFAULT_MODEL, data=config.base.data or DEFAULT_DATA))
     base = config.base

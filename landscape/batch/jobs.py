@@ -63,7 +63,10 @@ def run_job(payload: dict[str, Any], *upstream: dict[str, Any]) -> dict[str, Any
 
         torch.set_num_threads(int(threads))
     try:
-        numbers, files = _execute(payload)
+        from landscape import plugins
+
+        with plugins.trusting(payload.get("code", ()), accept_changed=payload.get("accept_changed_code", False)):
+            numbers, files = _execute(payload)
         outputs = _describe_files(files)
         _write_record(payload, numbers, outputs)
     except Exception as exc:  # one job's failure is its outcome, not the batch's

@@ -58,7 +58,13 @@ class BatchReport:
 
 
 def payload(job: Job, spec: BatchSpec, threads: int | None) -> dict[str, Any]:
-    return {**job.payload(), "root": str(spec.root), "results": str(spec.results), "threads": threads}
+    """What a job needs, as plain data: its own fields, the store and results folders, the thread count and the
+    user code named for this batch (``landscape --code``), which a Dask worker must trust as this process does."""
+    from landscape import plugins
+
+    trusted = plugins.trust_state()
+    return {**job.payload(), "root": str(spec.root), "results": str(spec.results), "threads": threads,
+            "code": list(trusted.refs), "accept_changed_code": trusted.accept_changed}
 
 
 def run_batch(spec: BatchSpec, *, workers: int = 1, scheduler: str | None = None, threads: int | None = None,

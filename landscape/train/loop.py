@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from landscape import plugins
 from landscape.data import Dataset, dataset_from_spec, load_dataset
 from landscape.errors import CheckpointError, IncompatibleError, LandscapeError, ModelError, UsageError
 from landscape.models import build_model, has_batchnorm, model_from_spec
@@ -115,8 +116,18 @@ def train(
     the other fields of ``config`` are ignored). ``callbacks`` are appended to the standard ones (metrics,
     accounting, evaluation, resume state, checkpointing, progress). ``phases`` is stored as
     ``manifest["phases"]`` (``landscape phases``).
+
+    A ``model`` or ``data`` that is a code reference (``file.py:factory``) is named by the user here, so it may
+    also rebuild this run's checkpoints while training (a child run's parent); resuming a run whose model or
+    data came from code needs that code named again (``landscape --code REF``, :func:`landscape.plugins.trusting`).
     """
     config.validate()
+    with plugins.trusting(plugins.code_refs(config.model, config.data)):
+        return _train(config, root=root, callbacks=callbacks, progress=progress, phases=phases)
+
+
+def _train(config: TrainConfig, *, root: str | Path, callbacks: Sequence[Callback], progress: bool | None,
+           phases: dict[str, Any] | None) -> Run:
     store = Store(root)
     if config.resume is not None:
         return _resume(store, config.resume, data_root=config.data_root, callbacks=callbacks, progress=progress)
@@ -368,7 +379,8 @@ def _load_data(config: TrainConfig, parent: Checkpoint | None) -> Dataset:
 
 def _model_from_parent(config: TrainConfig, parent: Checkpoint, data: Dataset) -> nn.Module:
     spec = parent.model_spec
-    if config.model is not None and config.model != spec.get("name"):
+    named = plugins.canonical(config.model) if plugins.is_code_ref(config.model) else config.model
+    if config.model is not None and named != spec.get("name"):
         raise UsageError(
             f"--model {config.model} differs from the model of {config.from_ref} ({spec.get('name')}); "
             "a child run keeps its parent's model: drop --model"
