@@ -2,7 +2,8 @@
 
     python examples/train_opacus.py --root checkpoints --epochs 5
     landscape --root checkpoints --code examples/my_model.py:small_cnn hessian opacus
-    landscape --root checkpoints train --from opacus@last --optimizer dpsgd --noise-multiplier 1.0 --run more
+    landscape --root checkpoints --code examples/my_model.py:small_cnn train --from opacus@last --optimizer dpsgd \
+        --noise-multiplier 1.0 --run more
 
 Each checkpoint's epsilon is the PrivacyEngine accountant's at --delta; the run's manifest holds the noise
 multiplier, sample rate, clipping norm and accountant as `landscape train` writes them, so a run trained
