@@ -5,3 +5,14 @@ them. The Python face is :mod:`landscape.api`; the ``landscape`` command is a th
 """
 
 __version__ = "0.1.0"
+
+__all__ = ["Recorder", "__version__"]
+
+
+def __getattr__(name: str):
+    """``landscape.Recorder`` (:mod:`landscape.recorder`), imported on first use: ``import landscape`` loads no torch."""
+    if name == "Recorder":
+        from landscape.recorder import Recorder
+
+        return Recorder
+    raise AttributeError(f"module 'landscape' has no attribute {name!r}")

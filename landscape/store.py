@@ -71,7 +71,7 @@ MANIFEST_FORMAT = "landscape-run/1"
 CHECKPOINT_FORMAT = "landscape-checkpoint/1"
 STATE_GROUP = "state_dict"
 EXTRA_GROUP = "extra"
-WRAPPER_KEYS = ("state_dict", "model_state_dict", "model")
+WRAPPER_KEYS = ("state_dict", "model_state_dict", "module_state_dict", "model")  # module_: Opacus save_checkpoint
 PREFIXES = ("_module.", "module.")  # Opacus GradSampleModule, then DataParallel/DDP
 
 _RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,+=-]{0,199}")
@@ -721,6 +721,8 @@ def import_checkpoint(
     model_spec: Mapping[str, Any],
     data_spec: Mapping[str, Any],
     run: str,
+    privacy: Mapping[str, Any] | None = None,
+    epsilon: float | None = None,
 ) -> Path:
     """Import a foreign state dict as step 0 of a new run; return the checkpoint path.
 
@@ -729,8 +731,14 @@ def import_checkpoint(
     files are read with safetensors. A dict wrapping the weights under ``state_dict``/``model_state_dict``/
     ``model`` is unwrapped; Opacus' ``_module.`` (and DataParallel's ``module.``) key prefix is stripped.
     Keys and shapes are checked against the model ``model_spec`` builds (strict).
+
+    ``privacy`` is the run's ``manifest["privacy"]``: what is known of the weights' privacy history
+    (:class:`landscape.train.accounting.PrivacyHistory`); by default nothing (``unknown_ancestors``), so every
+    run trained from them says that its epsilon covers only the steps landscape saw. ``epsilon`` is the
+    declared epsilon recorded at the checkpoint.
     """
     from landscape.models import model_from_spec
+    from landscape.train.accounting import PrivacyHistory
 
     file = Path(file)
     check_run_name(run)
@@ -751,10 +759,13 @@ def import_checkpoint(
         lineage={"imported_from": str(file.resolve()), "sha256": sha},
         model_spec=full_spec,
         data_spec=dict(data_spec),
+        extra={"privacy": dict(privacy) if privacy is not None
+               else {"accounted": False, **PrivacyHistory(unknown=True).manifest_fields()}},
     )
     with new:
         try:
-            return new.save_checkpoint(state_dict, step=0, epoch=0.0, attrs={"imported_from": str(file.resolve())})
+            return new.save_checkpoint(state_dict, step=0, epoch=0.0, epsilon=epsilon,
+                                       attrs={"imported_from": str(file.resolve())})
         except BaseException:
             shutil.rmtree(new.path, ignore_errors=True)
             raise
@@ -899,8 +910,9 @@ def check_manifest(manifest: Any, path: str | os.PathLike) -> dict[str, Any]:
     ``model_spec``, ``data_spec`` and ``checkpoints`` must be present: an empty or hand-made manifest (``{}``)
     is damage, never a run whose files nothing vouches for. Fields
     the trainer adds are checked when present: ``schedule`` (``steps_per_epoch``, ``total_steps``,
-    ``checkpoint_steps``) and ``privacy`` (numbers, and ``ancestor_events`` of ``{noise_multiplier,
-    sample_rate, steps}``). Any violation is a one-line CheckpointError naming the file and the field.
+    ``checkpoint_steps``) and ``privacy`` (numbers, ``ancestor_events`` of ``{noise_multiplier, sample_rate,
+    steps}``, the flags ``accounted``, ``non_private_ancestors`` and ``unknown_ancestors``, ``declared_ancestors``
+    of ``{epsilon, delta}``; :class:`landscape.train.accounting.PrivacyHistory`). Any violation is a one-line CheckpointError naming the file and the field.
     """
     def bad(field: str, what: str, value: Any = None, show: bool = True) -> CheckpointError:
         got = f", got {_short(value)}" if show else ""
@@ -985,6 +997,20 @@ def check_manifest(manifest: Any, path: str | os.PathLike) -> dict[str, Any]:
                     and _is_number(ev["noise_multiplier"]) and _is_number(ev["sample_rate"])
                     and _is_int(ev["steps"])):
                 raise bad(f"privacy.ancestor_events[{i}]", "must be {noise_multiplier, sample_rate, steps}", ev)
+        for key in ("non_private_ancestors", "unknown_ancestors", "accounted"):
+            if key in privacy and not isinstance(privacy[key], bool):
+                raise bad(f"privacy.{key}", "must be true or false", privacy[key])
+        if "note" in privacy and not isinstance(privacy["note"], str):
+            raise bad("privacy.note", "must be a string", privacy["note"])
+        if "total_delta" in privacy and not _is_number(privacy["total_delta"]):
+            raise bad("privacy.total_delta", "must be a number", privacy["total_delta"])
+        declared = privacy.get("declared_ancestors", [])
+        if not isinstance(declared, list):
+            raise bad("privacy.declared_ancestors", "must be a list", declared)
+        for i, d in enumerate(declared):
+            if not (isinstance(d, dict) and set(d) == {"epsilon", "delta"} and _is_number(d["delta"])
+                    and 0 <= d["delta"] < 1 and _is_number(d["epsilon"]) and 0 <= d["epsilon"] < math.inf):
+                raise bad(f"privacy.declared_ancestors[{i}]", "must be {epsilon >= 0, delta in [0, 1)}", d)
     return manifest
 
 

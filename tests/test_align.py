@@ -294,8 +294,8 @@ def test_cli_writes_the_aligned_run_with_lineage_privacy_and_mask(root, capsys, 
     assert privacy["non_private_ancestors"] is False and privacy["accounted"] is False
     from landscape.train.pruning import inherited_privacy
 
-    events, flagged = inherited_privacy(store, store.load("b-to-a@init"))  # what train --from b-to-a@init reads
-    assert [vars(e) for e in events] == privacy["ancestor_events"] and not flagged
+    history = inherited_privacy(store, store.load("b-to-a@init"))  # what train --from b-to-a@init reads
+    assert [vars(e) for e in history.events] == privacy["ancestor_events"] and not history.non_private
     code, _, err = run_cli(root, "align", "m", "m@init", "-o", "m-self", capsys=capsys)  # one run: its later history
     assert code == 0, err
     assert store.run("m-self").manifest["privacy"]["non_private_ancestors"] is True  # m's 20 steps: no DP record

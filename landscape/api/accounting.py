@@ -1,4 +1,6 @@
-"""``landscape privacy``: epsilon for a noise multiplier, or the noise multiplier for a target epsilon.
+"""``landscape privacy``: epsilon for a noise multiplier, or the noise multiplier for a target epsilon; the
+privacy record of imported weights (:func:`import_privacy`) and the caveat results carry about their inputs'
+ancestry (:func:`provenance_attrs`).
 
 The schedule is ``steps`` Poisson-subsampled Gaussian steps with sample rate ``q``. ``q`` is given directly
 or as ``batch_size / dataset_size``; ``steps`` directly or as whole epochs, counted as ``landscape train``
@@ -11,10 +13,12 @@ Accounting is :mod:`landscape.train.accounting` (``rdp``: exact sampled-Gaussian
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
-from landscape.errors import UsageError
+from landscape.errors import CheckpointError, UsageError
 from landscape.train import accounting
 
 
@@ -93,3 +97,60 @@ def privacy(query: PrivacyQuery) -> PrivacyAnswer:
         method=query.method,
         target_epsilon=query.target_epsilon,
     )
+
+
+def import_privacy(
+    epsilon: float | None = None, delta: float | None = None, noise_multiplier: float | None = None,
+    sample_rate: float | None = None, steps: int | None = None,
+) -> tuple[dict[str, Any], float | None]:
+    """``(manifest["privacy"], epsilon at the checkpoint)`` of imported weights: what the user declares.
+
+    Nothing declared: the history is unknown (``unknown_ancestors``; runs trained from the weights report
+    :data:`~landscape.train.accounting.UNKNOWN_ANCESTRY`). ``epsilon`` with ``delta``: an (epsilon, delta)
+    guarantee, added to descendants' epsilons by basic composition. ``noise_multiplier``, ``sample_rate`` and
+    ``steps`` (the accountant's record of the DP-SGD that made them, e.g. Opacus' ``accountant.history``): an
+    ancestor event, composed exactly like a landscape parent run's steps; its epsilon is reported at ``delta``
+    (default 1e-5).
+    """
+    mechanism = (noise_multiplier, sample_rate, steps)
+    if epsilon is not None and any(v is not None for v in mechanism):
+        raise UsageError("declare either --epsilon/--delta or --noise-multiplier/--sample-rate/--steps, not both")
+    if epsilon is not None or (delta is not None and all(v is None for v in mechanism)):
+        if epsilon is None or delta is None:
+            raise UsageError("--epsilon and --delta declare one guarantee: give both")
+        declared = accounting.DeclaredPrivacy(epsilon, delta)
+        history = accounting.PrivacyHistory(declared=[declared])
+        return {"accounted": False, "delta": float(delta), **history.manifest_fields(0.0)}, float(epsilon)
+    if any(v is not None for v in mechanism):
+        if any(v is None for v in mechanism):
+            raise UsageError("--noise-multiplier, --sample-rate and --steps declare the weights' DP-SGD together: "
+                             "give all three")
+        delta = 1e-5 if delta is None else delta
+        eps = accounting.epsilon(noise_multiplier, sample_rate, steps, delta)  # checks them
+        event = accounting.PrivacyEvent(float(noise_multiplier), float(sample_rate), int(steps))
+        history = accounting.PrivacyHistory(events=[event])
+        return {"accounted": False, "delta": float(delta), **history.manifest_fields()}, eps
+    return {"accounted": False, **accounting.PrivacyHistory(unknown=True).manifest_fields()}, None
+
+
+def provenance_attrs(inputs: Sequence[Any]) -> dict[str, str]:
+    """``{"privacy_note": ...}`` for a result whose input checkpoints (``InputRef``s) belong to runs whose
+    ancestry qualifies their epsilon (:func:`landscape.train.accounting.ancestry_note`): each note with the runs
+    it concerns (``run a, b: note; run c: note``); else ``{}``."""
+    from landscape.store import MANIFEST, Store
+
+    notes: dict[str, list[str]] = {}
+    for run_dir in dict.fromkeys(Path(ref.path).parent for ref in inputs):  # each run's manifest read once
+        if not (run_dir / MANIFEST).is_file():
+            continue
+        try:
+            manifest = Store(run_dir.parent).run(run_dir.name).manifest
+        except (CheckpointError, UsageError, OSError):
+            continue
+        note = accounting.ancestry_note(manifest)
+        if note is not None:
+            notes.setdefault(note, []).append(run_dir.name)
+    if not notes:
+        return {}
+    return {"privacy_note": "; ".join(f"run{'s' if len(runs) > 1 else ''} {', '.join(runs)}: {note}"
+                                      for note, runs in notes.items())}

@@ -18,7 +18,6 @@ array; unit ``i`` is B's unit ``perm[i]``), a pruning mask of B's run moves with
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -116,13 +115,12 @@ def _privacy_of_both(store: Store, b: Checkpoint, a: Checkpoint) -> dict[str, An
     """B's DP history, then A's (:func:`landscape.train.pruning.inherited_privacy`); for two checkpoints of one
     run, the later one's history, which contains the earlier's."""
     if a.run is not None and a.run == b.run:
-        events, non_private = inherited_privacy(store, a if a.step > b.step else b)
-        counts = {"B" if b.step >= a.step else "A": len(events)}
+        history = inherited_privacy(store, a if a.step > b.step else b)
+        counts = {"B" if b.step >= a.step else "A": len(history.events)}
     else:
-        (eb, npb), (ea, npa) = inherited_privacy(store, b), inherited_privacy(store, a)
-        events, non_private, counts = eb + ea, npb or npa, {"B": len(eb), "A": len(ea)}
-    return {"accounted": False, "ancestor_events": [dataclasses.asdict(e) for e in events],
-            "non_private_ancestors": non_private, "events_from": counts}
+        hb, ha = inherited_privacy(store, b), inherited_privacy(store, a)
+        history, counts = hb + ha, {"B": len(hb.events), "A": len(ha.events)}
+    return {"accounted": False, **history.manifest_fields(), "events_from": counts}
 
 
 def _probe_inputs(b: Checkpoint) -> torch.Tensor:

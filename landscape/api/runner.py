@@ -31,6 +31,7 @@ from landscape.api._common import (
     run_label,
     using_scheduler,
 )
+from landscape.api.accounting import provenance_attrs
 from landscape.api.resolve import Resolver, Target
 from landscape.errors import UsageError
 from landscape.results import InputRef, check_companions, check_output_path
@@ -128,7 +129,7 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
         title = ""
     if isinstance(getattr(config, "device", None), str):  # the device actually used ("auto" resolved)
         attrs = {**attrs, "device": str(resolve_device(config.device))}
-    result.to_hdf5(out, inputs=inputs, attrs={**attrs, **_code_attrs()})
+    result.to_hdf5(out, inputs=inputs, attrs={**attrs, **_code_attrs(), **provenance_attrs(inputs)})
     if spec.csv:
         result.to_csv(out.with_suffix(".csv"))
     if figure and spec.figure is not None:
@@ -229,7 +230,7 @@ def _pair_job(name: str, resolver: Resolver, ref_a: str, ref_b: str, labels: dic
             row, _ = spec.compute(a, b, config, labels, result=kept)
         else:
             row, detail = spec.compute(a, b, config, labels)
-            detail.to_hdf5(out, inputs=refs, attrs=choice.attrs())
+            detail.to_hdf5(out, inputs=refs, attrs={**choice.attrs(), **provenance_attrs(refs)})
         row.result = out
         return row, refs
 

@@ -28,7 +28,8 @@ def runs(root: str | os.PathLike = "checkpoints", pattern: str = "*") -> dict[st
     """The runs of the store at ``root`` (names matching ``pattern``) and the damaged ones.
 
     Returns ``{"root", "runs", "damaged"}``: one summary per readable run (name, path, created, model, data,
-    lineage, steps of its checkpoints, last epoch, last epsilon, last metrics), and ``[{"name", "error"}]`` for
+    lineage, steps of its checkpoints, last epoch, last epsilon, ``privacy_note`` (None, or the caveat of a run
+    whose ancestors' privacy is unknown), last metrics), and ``[{"name", "error"}]`` for
     each run whose manifest is unreadable or whose checkpoint file is missing (``Store.scan``). Temporary files
     of interrupted writes are never listed.
     """
@@ -44,11 +45,17 @@ def checkpoint(ref: str, root: str | os.PathLike = "checkpoints") -> dict[str, A
     """What one checkpoint holds, without its values: specs, metrics, tensor names/shapes/dtypes, sha256.
 
     ``ref`` is ``PATH.h5`` or ``RUN[@init|@last|@step=N|@epoch=E]`` (``RUN`` alone means ``@last``).
-    ``parameters`` is the number of elements over all tensors of the state dict.
+    ``parameters`` is the number of elements over all tensors of the state dict; ``privacy_note`` is the caveat
+    of a checkpoint whose run has ancestors of unknown privacy (else None).
     """
-    from landscape.store import Store
+    from landscape.store import MANIFEST, Store
+    from landscape.train.accounting import ancestry_note
 
-    ckpt = Store(root).load(ref, tensors=False)  # numpy arrays: no torch import to read shapes
+    st = Store(root)
+    ckpt = st.load(ref, tensors=False)  # numpy arrays: no torch import to read shapes
+    note = None
+    if ckpt.run is not None and (ckpt.path.parent / MANIFEST).is_file() and ckpt.path.parent.name == ckpt.run:
+        note = ancestry_note(Store(ckpt.path.parent.parent).run(ckpt.run).manifest)
     tensors = [
         {"name": k, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
          "numel": math.prod(t.shape)}
@@ -56,7 +63,7 @@ def checkpoint(ref: str, root: str | os.PathLike = "checkpoints") -> dict[str, A
     ]
     return {
         "ref": ref, "path": str(ckpt.path), "run": ckpt.run, "step": ckpt.step, "epoch": ckpt.epoch,
-        "epsilon": ckpt.epsilon, "metrics": ckpt.metrics, "model_spec": ckpt.model_spec,
+        "epsilon": ckpt.epsilon, "privacy_note": note, "metrics": ckpt.metrics, "model_spec": ckpt.model_spec,
         "data_spec": ckpt.data_spec, "sha256": ckpt.sha256, "code_version": ckpt.code_version,
         "parameters": sum(t["numel"] for t in tensors), "tensors": tensors,
         "extra": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in ckpt.extra.items()},
@@ -83,20 +90,29 @@ def show(path: str | os.PathLike) -> dict[str, Any]:
 def import_checkpoint(
     file: str | os.PathLike, *, run: str, model: str, data: str, model_kwargs: dict[str, Any] | None = None,
     data_kwargs: dict[str, Any] | None = None, subset: int | float | None = None, data_root: str | None = None,
-    download: bool = False, root: str | os.PathLike = "checkpoints",
+    download: bool = False, root: str | os.PathLike = "checkpoints", epsilon: float | None = None,
+    delta: float | None = None, noise_multiplier: float | None = None, sample_rate: float | None = None,
+    steps: int | None = None,
 ) -> dict[str, Any]:
     """Import a foreign checkpoint (.pt/.pth state dict or .safetensors) as the step-0 checkpoint of a new run.
 
     The model is built for the data set (``model``, ``model_kwargs``; input shape and classes from ``data``;
     either may be a code reference ``module:factory`` / ``file.py:factory``, see :func:`landscape.models.build_model`)
     and the file's keys and shapes must match it; .pt files are read with ``torch.load(weights_only=True)``
-    (``landscape.store.import_checkpoint``). Returns ``{"run", "ref", "path", "sha256", "tensors"}``.
+    (``landscape.store.import_checkpoint``). Returns ``{"run", "ref", "path", "sha256", "tensors", "epsilon",
+    "privacy_note"}``.
+
+    The weights' privacy history is unknown unless declared: ``epsilon`` with ``delta``, or the DP-SGD that
+    made them (``noise_multiplier``, ``sample_rate``, ``steps``); see
+    :func:`landscape.api.accounting.import_privacy`.
     """
     from landscape import plugins
+    from landscape.api.accounting import import_privacy
     from landscape.data import load_dataset
     from landscape.models import build_model
     from landscape.store import Store, _looks_like_torch_file
     from landscape.store import import_checkpoint as store_import
+    from landscape.train.accounting import ancestry_note
 
     source = Path(file)
     target = source.resolve()  # a link is judged by what it points to, before the data set is loaded
@@ -104,19 +120,24 @@ def import_checkpoint(
         link = f" (a link to {target})" if source.is_symlink() else ""
         raise CheckpointError(f"cannot read {file}{link} as a PyTorch file: not a torch.save() file (neither a zip "
                               "archive nor a binary pickle); is it the right file?")
+    privacy, declared_epsilon = import_privacy(epsilon, delta, noise_multiplier, sample_rate, steps)
     dataset = load_dataset(name=data, subset=subset, data_root=data_root, download=download,
                            **(data_kwargs or {}))
     spec = build_model(model, input_shape=dataset.input_shape, num_classes=dataset.num_classes,
                        **(model_kwargs or {})).landscape_spec
     st = Store(root)
     with plugins.trusting([r for r in (model, data) if plugins.is_code_ref(r)]):  # named here: may be rebuilt
-        path = store_import(st, file, model_spec=spec, data_spec=dataset.spec, run=run)
+        path = store_import(st, file, model_spec=spec, data_spec=dataset.spec, run=run, privacy=privacy,
+                            epsilon=declared_epsilon)
     ckpt = st.load(str(path), tensors=False)
     return {"run": run, "ref": f"{run}@init", "path": str(path), "sha256": ckpt.sha256,
-            "tensors": len(ckpt.state_dict)}
+            "tensors": len(ckpt.state_dict), "epsilon": ckpt.epsilon,
+            "privacy_note": ancestry_note(st.run(run).manifest)}
 
 
 def _run_summary(run: Any) -> dict[str, Any]:
+    from landscape.train.accounting import ancestry_note
+
     infos = run.checkpoints()
     last = infos[-1] if infos else None
     manifest = run.manifest
@@ -130,6 +151,7 @@ def _run_summary(run: Any) -> dict[str, Any]:
         "steps": [i.step for i in infos],
         "last_epoch": last.epoch if last else None,
         "epsilon": last.epsilon if last else None,
+        "privacy_note": ancestry_note(manifest),
         "final_metrics": dict(last.metrics) if last else {},
     }
 

@@ -16,8 +16,11 @@ rate q = B/N and the run's noise multiplier (exact RDP or PLD, ``--accountant rd
 composes its own steps with its ancestors' DP steps up to the branch point (the epsilon of the whole
 pipeline on the same data set); non-private ancestor steps (SGD, clip-only, noise-only) contribute nothing
 and are flagged in ``manifest["privacy"]["non_private_ancestors"]``, because then no finite guarantee covers
-the full pipeline. ``--target-epsilon`` calibrates sigma so that the recorded (composed) epsilon after this
-run's planned steps equals the target.
+the full pipeline. Imported weights bring what was declared for them (``import --epsilon --delta``: added to
+the epsilon, which then holds at ``privacy["total_delta"]``) or an unknown history
+(``privacy["unknown_ancestors"]``: the epsilon covers only the steps landscape saw); see
+:class:`landscape.train.accounting.PrivacyHistory`. ``--target-epsilon`` calibrates sigma so that the
+recorded (composed) epsilon after this run's planned steps equals the target.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from landscape.models import build_model, has_batchnorm, model_from_spec
 from landscape.runtime import resolve_device, seed_everything
 from landscape.store import MANIFEST, Checkpoint, Run, Store, check_state_dict
 from landscape.train import accounting
-from landscape.train.accounting import PrivacyEvent
+from landscape.train.accounting import PrivacyEvent, PrivacyHistory
 from landscape.train.callbacks import (
     METRICS_ARRAY,
     Accounting,
@@ -173,13 +176,12 @@ def _start(
                             **config.model_kwargs)
         lineage = None
         masks = None
-        history: list[PrivacyEvent] = []
-        non_private = False
+        history = PrivacyHistory()
     else:
         model = _model_from_parent(config, parent, data)
         lineage = lineage_of(parent, config.from_ref)
         masks = _parent_masks(store, parent)
-        history, non_private = inherited_privacy(store, parent)
+        history = inherited_privacy(store, parent)
     _check_dp_model(config, model)
     model.to(device)
 
@@ -196,8 +198,7 @@ def _start(
         "accountant": config.accountant,
         "accounted": config.accounted,
         "sampling": config.sampling_method,
-        "ancestor_events": [vars(e) for e in history],
-        "non_private_ancestors": non_private,
+        **history.manifest_fields(config.delta),
     }
     stored = {**config.to_dict(), "resume": None}
     extra = {
@@ -337,7 +338,7 @@ def _continue(
     if MASK_ARRAY in run.array_names():
         masks = {k: torch.as_tensor(np.asarray(v)) for k, v in run.load_array(MASK_ARRAY).items()}
     privacy = manifest["privacy"]
-    history = [PrivacyEvent(**e) for e in privacy.get("ancestor_events", [])]
+    history = PrivacyHistory.from_manifest(privacy)
     if "noise_multiplier" not in privacy:
         raise _damaged(run, "privacy.noise_multiplier", "is missing")
     state = _build_state(config, run, data, model, device, masks, manifest["seeds"],
@@ -420,7 +421,7 @@ def _parent_masks(store: Store, parent: Checkpoint) -> dict[str, torch.Tensor] |
     return {k: torch.as_tensor(np.asarray(v)) for k, v in saved.items()}
 
 
-def _noise_multiplier(config: TrainConfig, q: float, total: int, history: list[PrivacyEvent]) -> float:
+def _noise_multiplier(config: TrainConfig, q: float, total: int, history: PrivacyHistory) -> float:
     if config.optimizer in ("sgd", "clip-only"):
         return 0.0
     if config.noise_multiplier is not None:
@@ -432,23 +433,25 @@ def _noise_multiplier(config: TrainConfig, q: float, total: int, history: list[P
 
 
 def composed_epsilon(
-    history: Sequence[PrivacyEvent], noise_multiplier: float, sample_rate: float, steps: int, delta: float,
-    method: str = "rdp",
+    history: PrivacyHistory | Sequence[PrivacyEvent], noise_multiplier: float, sample_rate: float, steps: int,
+    delta: float, method: str = "rdp",
 ) -> float:
-    """Epsilon of the ancestors' DP steps composed with ``steps`` more of this run (:mod:`.accounting`)."""
-    return accounting.composed_epsilon([*history, PrivacyEvent(noise_multiplier, sample_rate, steps)], delta, method)
+    """Epsilon of the ancestors' DP steps (and declared guarantees) composed with ``steps`` more of this run
+    (:meth:`.accounting.PrivacyHistory.epsilon`)."""
+    own = PrivacyEvent(noise_multiplier, sample_rate, steps)
+    return PrivacyHistory.of(history).epsilon(own, delta, method)
 
 
 def calibrate_noise(
     target_epsilon: float, sample_rate: float, steps: int, delta: float, method: str,
-    history: Sequence[PrivacyEvent] = (),
+    history: PrivacyHistory | Sequence[PrivacyEvent] = (),
 ) -> float:
     """Noise multiplier whose epsilon (composed with ``history``) after ``steps`` is <= target and within 0.5%."""
     return accounting.noise_for_epsilon(target_epsilon, sample_rate, steps, delta, method, history=history)
 
 
 def epsilon_curve(
-    config: TrainConfig, sigma: float, q: float, total: int, history: Sequence[PrivacyEvent],
+    config: TrainConfig, sigma: float, q: float, total: int, history: PrivacyHistory | Sequence[PrivacyEvent],
     exact_steps: Sequence[int] = (),
 ) -> torch.Tensor | None:
     """Epsilon after t = 0..total steps of this run (composed with DP ancestor steps); None if not accounted.
@@ -491,7 +494,7 @@ def _engine(config: TrainConfig, model: nn.Module):
 
 def _build_state(
     config: TrainConfig, run: Run, data: Dataset, model: nn.Module, device: torch.device,
-    masks: dict[str, torch.Tensor] | None, seeds: dict[str, int], sigma: float, history: list[PrivacyEvent],
+    masks: dict[str, torch.Tensor] | None, seeds: dict[str, int], sigma: float, history: PrivacyHistory,
 ) -> TrainState:
     data = Dataset(data.name, data.x_train.to(device), data.y_train.to(device), data.x_test.to(device),
                    data.y_test.to(device), data.num_classes, data.spec)

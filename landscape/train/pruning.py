@@ -28,7 +28,6 @@ compose those steps into its epsilon (``landscape train`` reads them through the
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -37,7 +36,7 @@ import torch
 from torch import nn
 
 from landscape.errors import CheckpointError, IncompatibleError, UsageError
-from landscape.train.accounting import PrivacyEvent
+from landscape.train.accounting import PrivacyEvent, PrivacyHistory
 
 if TYPE_CHECKING:
     from landscape.store import Checkpoint, Run, Store
@@ -208,46 +207,48 @@ def lineage_of(checkpoint: Checkpoint, ref: str) -> dict[str, Any]:
     }
 
 
-def inherited_privacy(store: Store, checkpoint: Checkpoint) -> tuple[list[PrivacyEvent], bool]:
-    """The DP history of the weights at ``checkpoint``: ``(events, non_private)``.
+def inherited_privacy(store: Store, checkpoint: Checkpoint) -> PrivacyHistory:
+    """The privacy history of the weights at ``checkpoint`` (:class:`~landscape.train.accounting.PrivacyHistory`).
 
     ``events``: its run's recorded ancestor events (``manifest["privacy"]["ancestor_events"]``) followed by the
     run's own steps up to the checkpoint when the run was accounted (DP-SGD with a noise multiplier).
     ``non_private``: some earlier step carried no privacy guarantee (SGD, clip-only, noise-only ancestors or
-    trained weights of unknown provenance), so no finite epsilon covers the pipeline. This is the one place a
-    child run (``train --from``) and a pruned run (:func:`prune_into_run`) learn their history from.
+    trained weights of a run that records no privacy), so no finite epsilon covers the pipeline. ``unknown``
+    and ``declared``: imported weights (``landscape import``) and their descendants; an import without a
+    declaration, or one made before imports recorded privacy (lineage ``imported_from``), is unknown. This is
+    the one place a child run (``train --from``), a pruned run (:func:`prune_into_run`) and an aligned run
+    learn their history from.
     """
-    privacy = None
+    privacy = manifest = None
     if checkpoint.run is not None:
         with contextlib.suppress(CheckpointError):
-            privacy = store.run(checkpoint.run).manifest.get("privacy")
+            manifest = store.run(checkpoint.run).manifest
+            privacy = manifest.get("privacy")
     if not privacy:
-        return [], checkpoint.step > 0  # trained weights of unknown provenance
-    events = [PrivacyEvent(**e) for e in privacy.get("ancestor_events", [])]
-    non_private = bool(privacy.get("non_private_ancestors"))
+        imported = bool(((manifest or {}).get("lineage") or {}).get("imported_from"))
+        return PrivacyHistory(non_private=checkpoint.step > 0 and not imported, unknown=imported)
+    history = PrivacyHistory.from_manifest(privacy)
     if checkpoint.step > 0:
         if privacy.get("accounted"):
-            events.append(PrivacyEvent(float(privacy["noise_multiplier"]), float(privacy["sample_rate"]),
-                                       int(checkpoint.step)))
+            history.events.append(PrivacyEvent(float(privacy["noise_multiplier"]), float(privacy["sample_rate"]),
+                                               int(checkpoint.step)))
         else:
-            non_private = True
-    return events, non_private
+            history.non_private = True
+    return history
 
 
 def _pruned_privacy(store: Store, source: Checkpoint, init: Checkpoint | None) -> dict[str, Any]:
     """``manifest["privacy"]`` of a pruned run: the history of the source (which chose the mask) and of the
     weights it was rewound to. Both from one run: the later checkpoint's history contains the earlier's.
     From two runs: both histories, composed (conservative if they share DP ancestors: never under-reports)."""
-    events, non_private = inherited_privacy(store, source)
+    history = inherited_privacy(store, source)
     if init is not None:
         if init.run is not None and init.run == source.run:
             if init.step > source.step:
-                events, non_private = inherited_privacy(store, init)
+                history = inherited_privacy(store, init)
         else:
-            more, more_np = inherited_privacy(store, init)
-            events, non_private = events + more, non_private or more_np
-    return {"accounted": False, "ancestor_events": [dataclasses.asdict(e) for e in events],
-            "non_private_ancestors": non_private}
+            history = history + inherited_privacy(store, init)
+    return {"accounted": False, **history.manifest_fields()}
 
 
 def prune_into_run(
@@ -307,6 +308,9 @@ def pruned_retrain(store: Store, trained: Checkpoint, init: Checkpoint, level: f
     tag = f"{trained.run}-prune{int(round(level * 1000)):03d}"
     retrain_name = f"{tag}-retrain"
     source = store.run(trained.run)
+    if "recorder" in source.manifest:  # its config is the user's, not a TrainConfig landscape could rerun
+        raise UsageError(f"run '{trained.run}' was recorded from your own training loop (landscape.Recorder), which "
+                         "landscape cannot rerun: prune it with `landscape prune` and retrain the result in your loop")
     names = store.run_names()
     if tag in names:
         old = store.run(tag)
@@ -315,7 +319,7 @@ def pruned_retrain(store: Store, trained: Checkpoint, init: Checkpoint, level: f
     else:
         prune_into_run(store, trained, level, source_ref=trained.ref, scope="layer", init=init,
                        init_ref=init.ref or f"{trained.run}@init", run=tag)
-    expected, _ = inherited_privacy(store, store.load(f"{tag}@init"))
+    expected = inherited_privacy(store, store.load(f"{tag}@init")).events
     if retrain_name in names:
         done = store.run(retrain_name)
         recorded = [PrivacyEvent(**e) for e in (done.manifest.get("privacy") or {}).get("ancestor_events", [])]

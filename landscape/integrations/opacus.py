@@ -1,0 +1,104 @@
+"""What an Opacus ``PrivacyEngine`` knows, for :class:`landscape.Recorder` (``privacy=``).
+
+::
+
+    model, optimizer, loader = engine.make_private(module=model, optimizer=optimizer, data_loader=loader,
+                                                   noise_multiplier=1.1, max_grad_norm=1.0)
+    privacy = landscape.integrations.opacus.OpacusPrivacy(engine, optimizer, loader, delta=1e-5)
+    with landscape.Recorder(root, "dp-run", model, data=data, privacy=privacy) as rec:
+        ...  # Opacus' loop
+        rec.save(epoch=epoch + 1)                   # step = the accountant's noisy steps, epsilon = its epsilon
+
+The run's ``manifest["privacy"]`` holds what ``landscape train`` records for its DP runs: ``noise_multiplier``
+and ``max_grad_norm`` (the ``DPOptimizer``'s), ``sample_rate`` (the accountant's, which is the ``DPDataLoader``'s
+Poisson rate, or ``1 / len(loader)`` as ``make_private`` sets it), ``steps``, ``delta``, ``accountant`` (the
+accountant's mechanism: ``rdp``, ``prv`` or ``gdp``), ``accounted: true``, ``sampling`` (``poisson`` for a
+``DPDataLoader``). Each checkpoint's epsilon is ``engine.accountant.get_epsilon(delta)`` after its steps, and
+its ``privacy_state`` attr the accountant's history, which :meth:`Recorder.restore` puts back. The model's
+``GradSampleModule`` wrapper (state dict keys ``_module.``) is looked through by the recorder.
+
+Nothing here imports Opacus: the engine, optimizer and loader are read through their attributes, so ``import
+landscape`` never loads it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from landscape.errors import UsageError
+
+
+class OpacusPrivacy:
+    """The privacy source (:class:`landscape.recorder.PrivacySource`) of an Opacus training loop.
+
+    ``engine``: the ``PrivacyEngine`` (its ``accountant`` counts steps and gives epsilon); ``optimizer``: the
+    ``DPOptimizer`` ``make_private`` returned (noise multiplier, clipping norm); ``data_loader``: the loader it
+    returned (its sample rate; may be omitted once the accountant has counted a step); ``delta``: the delta
+    of every epsilon recorded (the store's ``privacy.delta``, 1e-5 as ``landscape train``'s default).
+    """
+
+    def __init__(self, engine: Any, optimizer: Any, data_loader: Any = None, *, delta: float = 1e-5) -> None:
+        self.accountant = getattr(engine, "accountant", None)
+        if self.accountant is None or not callable(getattr(self.accountant, "get_epsilon", None)):
+            raise UsageError("the PrivacyEngine has no accountant to read epsilon from; create it with "
+                             "PrivacyEngine(accountant='rdp') (or 'prv', 'gdp')")
+        if not isinstance(getattr(optimizer, "noise_multiplier", None), (int, float)) or not hasattr(optimizer,
+                                                                                                  "max_grad_norm"):
+            raise UsageError("optimizer= must be the DPOptimizer that make_private returned (it has no "
+                             "noise_multiplier / max_grad_norm)")
+        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
+            raise UsageError(f"delta must be in (0, 1), got {delta}")
+        self.optimizer = optimizer
+        self.delta = float(delta)
+        self.sampling = "poisson" if hasattr(data_loader, "sample_rate") else "shuffle"
+        if data_loader is not None:
+            self.sample_rate = float(getattr(data_loader, "sample_rate", None) or 1.0 / len(data_loader))
+        else:
+            history = list(getattr(self.accountant, "history", []))
+            if not history:
+                raise UsageError("give data_loader= (the loader make_private returned): its sample rate is "
+                                 "not known before the first step")
+            self.sample_rate = float(history[-1][1])
+            self.sampling = "poisson"
+
+    def _history(self) -> list[tuple[float, float, int]]:
+        """The accountant's ``(noise multiplier, sample rate, steps)`` entries, which must all be this run's."""
+        history = [tuple(h) for h in getattr(self.accountant, "history", [])]
+        sigma_now = float(self.optimizer.noise_multiplier)
+        for sigma, q, _ in history:
+            if (float(sigma), float(q)) != (sigma_now, self.sample_rate):
+                raise UsageError(
+                    f"the accountant counted steps with noise multiplier {sigma:g} and sample rate {q:g}, not "
+                    f"{sigma_now:g} and {self.sample_rate:g}; a recorded DP run has one noise multiplier and one "
+                    "sample rate (no noise schedule)")
+        return history
+
+    def record(self) -> dict[str, Any]:
+        """The ``manifest["privacy"]`` fields (as ``landscape train`` writes them for a DP run)."""
+        mechanism = self.accountant.mechanism() if callable(getattr(self.accountant, "mechanism", None)) else "unknown"
+        return {"noise_multiplier": float(self.optimizer.noise_multiplier), "sample_rate": self.sample_rate,
+                "max_grad_norm": _number_or_list(self.optimizer.max_grad_norm), "delta": self.delta,
+                "accountant": str(mechanism), "sampling": self.sampling, "source": "opacus"}
+
+    def steps(self) -> int:
+        return int(sum(int(n) for _, _, n in self._history()))
+
+    def epsilon(self) -> float:
+        """``accountant.get_epsilon(delta)`` (0 before the first step, where Opacus' PRV accountant fails)."""
+        if self.steps() == 0:
+            return 0.0
+        eps = float(self.accountant.get_epsilon(self.delta))
+        return eps if not math.isnan(eps) else math.inf
+
+    def state(self) -> dict[str, Any]:
+        return {"history": [[float(s), float(q), int(n)] for s, q, n in self._history()]}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        self.accountant.history = [(float(s), float(q), int(n)) for s, q, n in state["history"]]
+
+
+def _number_or_list(value: Any) -> float | list[float]:
+    """A clipping norm, or per-layer norms (Opacus' ``clipping="per_layer"``)."""
+    return [float(v) for v in value] if isinstance(value, (list, tuple)) else float(value)

@@ -1,0 +1,490 @@
+"""landscape.Recorder: checkpoints from a user's training loop, indistinguishable from `landscape train`'s.
+
+The reference is the trainer itself: a run `landscape train` wrote, recorded again through the Recorder from
+its own weights, must give the same manifest (apart from provenance) and bit-identical analysis results.
+Opacus: the recorded epsilon is the engine's accountant's and landscape's own accountant's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import landscape
+import landscape.errors
+import landscape.store
+from landscape import api
+from landscape.data import load_dataset
+from landscape.errors import NonFiniteError, UsageError
+from landscape.models import build_model
+from landscape.results import read_result
+from landscape.store import Store
+from landscape.train.accounting import PrivacyEvent, composed_epsilon
+from landscape.train.pruning import inherited_privacy
+
+# Opacus' own notices (secure RNG off; its hooks on inputs without grad): not ours to report
+pytestmark = pytest.mark.filterwarnings("ignore:Secure RNG turned off", "ignore:Full backward hook is firing")
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = dict(model="lenet", data="digits", subset=200, batch_size=50, lr=0.05, epochs=2, checkpoint_every="1e")
+# manifest fields that say who wrote the run and when, not what it holds
+PROVENANCE = {"name", "created", "code_version", "config", "config_hash", "seeds", "schedule", "recorder"}
+
+
+@pytest.fixture(scope="module")
+def twins(tmp_path_factory):
+    """Run 't' trained by `landscape train` in one store and recorded from its weights in another."""
+    base = tmp_path_factory.mktemp("twins")
+    trained_root, recorded_root = base / "trained", base / "recorded"
+    api.train(api.TrainConfig(**CONFIG, run="t"), root=trained_root, progress=False)
+    trained = Store(trained_root)
+    data = load_dataset("digits", subset=200)
+    model = build_model("lenet", input_shape=data.input_shape, num_classes=data.num_classes)
+    with landscape.Recorder(recorded_root, "t", model, data=data, config={"optimizer": "sgd", "lr": 0.05}) as rec:
+        for info in trained.run("t").checkpoints():
+            ckpt = trained.load(f"t@step={info.step}")
+            model.load_state_dict(ckpt.state_dict)
+            rec.save(info.step, epoch=info.epoch, metrics=info.metrics)
+    return trained_root, recorded_root
+
+
+def test_recorded_manifest_matches_the_trained_one_field_by_field(twins):
+    trained_root, recorded_root = twins
+    a, b = Store(trained_root).run("t").manifest, Store(recorded_root).run("t").manifest
+    for key in (set(a) | set(b)) - PROVENANCE - {"checkpoints", "privacy"}:
+        assert a.get(key) == b.get(key), key
+    assert [{k: v for k, v in e.items() if k != "sha256"} for e in a["checkpoints"]] == \
+           [{k: v for k, v in e.items() if k != "sha256"} for e in b["checkpoints"]]
+    shared = set(a["privacy"]) & set(b["privacy"])
+    assert shared >= {"accounted", "ancestor_events", "non_private_ancestors"}
+    assert {k: a["privacy"][k] for k in shared} == {k: b["privacy"][k] for k in shared}
+    assert b["config"] == {"optimizer": "sgd", "lr": 0.05} and b["code_version"] == a["code_version"]
+    assert b["recorder"]["format"] == "landscape-recorder/1" and b["recorder"]["torch"] == torch.__version__
+    for step in (0, 4, 8):  # what a child run (train --from) learns from either
+        ta, tb = Store(trained_root).load(f"t@step={step}"), Store(recorded_root).load(f"t@step={step}")
+        assert inherited_privacy(Store(trained_root), ta) == inherited_privacy(Store(recorded_root), tb)
+        assert ta.model_spec == tb.model_spec and ta.data_spec == tb.data_spec and ta.code_version == tb.code_version
+        for key, value in ta.state_dict.items():
+            assert tb.state_dict[key].dtype == value.dtype and torch.equal(tb.state_dict[key], value)
+
+
+ANALYSES = [
+    ("interpolate", ["t@init", "t@last"], dict(points=5)),
+    ("instability", [], dict(pairs="t@init:t@last", points=5)),
+    ("hessian", ["t"], dict(top_k=2, n=64, lanczos_steps=10, device="cpu")),
+    ("calibration", ["t@last"], dict(bins=5)),
+    ("ntk", ["t@last"], dict(n=8)),
+    ("norms", ["t"], dict(grad_samples=16, bins=10)),
+    ("clipping", ["t"], dict(batch_size=32)),
+    ("symmetry", ["t@last"], dict(projections=4, permutations=19, batch_size=64)),
+    ("ntk-table", ["t@last"], dict(n=8, max_grad_norms=(0.1, 1.0))),
+    ("directions", ["t@last"], dict(n=3, points=5, toward="t@init")),
+    ("surface", ["t@last"], dict(grid="4x3", plane="t@init,t@step=4")),
+]
+
+
+@pytest.mark.parametrize("name,refs,options", ANALYSES, ids=[a[0] for a in ANALYSES])
+def test_every_analysis_gives_bit_identical_results_on_the_recorded_run(twins, tmp_path, name, refs, options):
+    results = []
+    for root in twins:
+        out = tmp_path / f"{name}-{root.name}.h5"
+        function = getattr(api, name.replace("-", "_"))
+        function(*([refs] if name in ("hessian", "norms") else refs), root=root, output=out, figure=False,
+                 **options)
+        results.append(read_result(out))
+    a, b = results
+    assert a.params == b.params
+    assert set(a.arrays) == set(b.arrays) and set(a.attrs) == set(b.attrs)
+    for key, value in a.arrays.items():
+        if not _timing(key) and key != "result":  # "result": the pair files' paths (under each output)
+            assert np.array_equal(value, b.arrays[key], equal_nan=value.dtype.kind == "f"), key
+    assert [i.ref for i in a.inputs] == [i.ref for i in b.inputs]
+    for key, value in a.attrs.items():
+        if key not in {"created", "inputs"} and not _timing(key):
+            assert value == b.attrs[key] or value != value and b.attrs[key] != b.attrs[key], key
+
+
+def _timing(name: str) -> bool:
+    """Wall times and throughputs: measured, not computed from the checkpoints."""
+    return any(word in name for word in ("seconds", "throughput"))
+
+
+# --------------------------------------------------------------------------------- continuing, refusals
+
+
+def _digits_lenet(seed=0):
+    data = load_dataset("digits", subset=100)
+    torch.manual_seed(seed)
+    return data, build_model("lenet", input_shape=data.input_shape, num_classes=data.num_classes)
+
+
+def _steps(model, optimizer, data, n, start=0):
+    for i in range(start, start + n):
+        idx = torch.arange(i * 10, i * 10 + 10) % len(data.y_train)
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(data.x_train[idx]), data.y_train[idx]).backward()
+        optimizer.step()
+
+
+def test_a_killed_run_continues_its_trajectory_exactly(tmp_path):
+    """Interrupted after step 3 and continued from the store equals an uninterrupted loop (weights, momentum)."""
+    data, model = _digits_lenet()
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    with landscape.Recorder(tmp_path, "r", model, data=data, optimizer=opt, steps_per_epoch=3) as rec:
+        rec.save(0)
+        _steps(model, opt, data, 3)
+        rec.save(3, metrics={"loss": torch.tensor(0.5)})
+    # a fresh process: new model and optimizer, the same Recorder call
+    _, model2 = _digits_lenet(seed=1)
+    opt2 = torch.optim.SGD(model2.parameters(), lr=0.05, momentum=0.9)
+    with landscape.Recorder(tmp_path, "r", model2, data=data, optimizer=opt2, steps_per_epoch=3) as rec:
+        assert rec.last_step == 3 and rec.restore() == 3
+        with pytest.raises(UsageError, match="step 3 does not come after step 3"):
+            rec.save(3)
+        with pytest.raises(UsageError, match="does not come after"):
+            rec.save(1)
+        _steps(model2, opt2, data, 3, start=3)
+        rec.save(6)
+    # the reference: six steps in one go
+    model.load_state_dict(init)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    _steps(model, opt, data, 6)
+    last = Store(tmp_path).load("r@last")
+    assert last.step == 6 and last.epoch == 2.0
+    for k, v in model.state_dict().items():
+        assert torch.equal(last.state_dict[k], v), k
+    run = Store(tmp_path).run("r")
+    assert [e["step"] for e in run.manifest["checkpoints"]] == [0, 3, 6]
+    assert all(e["sha256"] for e in run.manifest["checkpoints"])
+    assert run.manifest["checkpoints"][1]["metrics"] == {"loss": 0.5}
+
+
+def test_recorder_refuses_someone_elses_run_in_one_line(tmp_path):
+    api.train(api.TrainConfig(**{**CONFIG, "epochs": 1}, run="trained"), root=tmp_path, progress=False)
+    data, model = _digits_lenet()
+    with pytest.raises(UsageError, match="run 'trained' was written by landscape train, not by a Recorder"):
+        landscape.Recorder(tmp_path, "trained", model, data=data)
+    with landscape.Recorder(tmp_path, "mine", model, data=data, config={"lr": 0.1}) as rec:
+        rec.save(0, epoch=0)
+    other = build_model("mlp", input_shape=data.input_shape, num_classes=data.num_classes)
+    with pytest.raises(UsageError, match="run 'mine' was recorded with another model spec"):
+        landscape.Recorder(tmp_path, "mine", other, data=data, config={"lr": 0.1})
+    with pytest.raises(UsageError, match="run 'mine' was recorded with another data spec"):
+        landscape.Recorder(tmp_path, "mine", model, data=load_dataset("digits", subset=50), config={"lr": 0.1})
+    with pytest.raises(UsageError, match="run 'mine' was recorded with another config"):
+        landscape.Recorder(tmp_path, "mine", model, data=data, config={"lr": 0.2})
+    assert [i.step for i in Store(tmp_path).run("mine").checkpoints()] == [0]
+    assert len(Store(tmp_path).run("trained").checkpoints()) == 2
+
+
+KILLED_SCRIPT = """
+import sys, time, torch, landscape
+from landscape.data import load_dataset
+from landscape.models import build_model
+data = load_dataset("digits", subset=100)
+torch.manual_seed(0)
+model = build_model("lenet", input_shape=data.input_shape, num_classes=data.num_classes)
+with landscape.Recorder(sys.argv[1], "k", model, data=data, steps_per_epoch=1) as rec:
+    for step in range(1000):
+        with torch.no_grad():
+            model[0].bias.add_(1.0)
+        rec.save(step)
+        print(step, flush=True)
+"""
+
+
+def test_a_sigkilled_recorder_leaves_a_run_that_continues(tmp_path):
+    """SIGKILL mid-recording: every listed checkpoint is complete, the lock is free, and the same Recorder call
+    continues after the last one; meanwhile a second writer is refused in one line."""
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_SCRIPT, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                            env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    for line in proc.stdout:
+        if int(line) >= 3:  # steps 0-2 written (the next save waits for the one in flight)
+            break
+    data, model = _digits_lenet()
+    with pytest.raises(landscape.store.RunBusyError, match="run 'k' is being written by another process"):
+        landscape.Recorder(tmp_path, "k", model, data=data, steps_per_epoch=1)
+    proc.kill()
+    proc.wait()
+    torch.manual_seed(0)
+    model = build_model("lenet", input_shape=data.input_shape, num_classes=data.num_classes)
+    with landscape.Recorder(tmp_path, "k", model, data=data, steps_per_epoch=1) as rec:
+        last = rec.restore()
+        assert last >= 2 and [i.step for i in rec.run.checkpoints()] == list(range(last + 1))
+        for info in rec.run.checkpoints():  # each one complete, its sha256 checked on load
+            ckpt = Store(tmp_path).load(f"k@step={info.step}")
+            assert torch.equal(ckpt.state_dict["0.bias"], Store(tmp_path).load("k@init").state_dict["0.bias"]
+                               + info.step)
+        rec.save(last + 1)
+    assert not list((tmp_path / "k").glob(".*.tmp"))
+
+
+def test_background_writes_finish_at_exit_and_report_failures(tmp_path, monkeypatch):
+    script = KILLED_SCRIPT.replace('with landscape.Recorder(sys.argv[1], "k", model, data=data, steps_per_epoch=1) as '
+                                   'rec:', 'rec = landscape.Recorder(sys.argv[1], "k", model, data=data, '
+                                   'steps_per_epoch=1)\nif True:').replace("range(1000)", "range(3)")
+    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, capture_output=True,
+                   env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})  # never closed: written at exit
+    assert [i.step for i in Store(tmp_path).run("k").checkpoints()] == [0, 1, 2]
+    data, model = _digits_lenet()
+
+    def fail(*args, **kwargs):
+        raise landscape.errors.CheckpointError("disk full")
+
+    rec = landscape.Recorder(tmp_path, "f", model, data=data, steps_per_epoch=1)
+    monkeypatch.setattr(landscape.store.Run, "save_checkpoint", fail)
+    rec.save(0)  # returns at once; the write fails in the writer thread
+    with pytest.raises(landscape.errors.CheckpointError, match="disk full"):
+        rec.flush()
+    rec.save(0)
+    with pytest.raises(landscape.errors.CheckpointError, match="disk full"):
+        rec.close()
+    assert rec.last_step is None and Store(tmp_path).run("f").checkpoints() == []
+
+
+def test_a_recorded_run_cannot_be_rerun_by_landscape(tmp_path):
+    data, model = _digits_lenet()
+    with landscape.Recorder(tmp_path, "mine", model, data=data, config={"optimizer": "sgd", "epochs": 3}) as rec:
+        rec.save(0, epoch=0)
+        rec.save(5, epoch=1)
+    with pytest.raises(landscape.errors.CheckpointError, match="was not written by landscape train"):
+        api.train(api.TrainConfig(resume="mine"), root=tmp_path)
+    with pytest.raises(UsageError, match="recorded from your own training loop"):
+        api.clipping("mine@last", root=tmp_path, prune_levels=(0.5,), figure=False)
+
+
+def test_recorder_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path):
+    data, model = _digits_lenet()
+    with pytest.raises(UsageError, match="no landscape_spec"):
+        landscape.Recorder(tmp_path, "x", torch.nn.Linear(64, 10), data=data)
+    with pytest.raises(UsageError, match="data= must be"):
+        landscape.Recorder(tmp_path, "x", model, data=None)
+    with pytest.raises(UsageError, match="config must be JSON-able"):
+        landscape.Recorder(tmp_path, "x", model, data=data, config={"f": object()})
+    for bad in ("3", 0, 2.5, True):
+        with pytest.raises(UsageError, match="steps_per_epoch must be a whole number >= 1"):
+            landscape.Recorder(tmp_path, "x", model, data=data, steps_per_epoch=bad)
+    with pytest.raises(UsageError, match="seed must be an integer"):
+        landscape.Recorder(tmp_path, "x", model, data=data, seed="0")
+    assert not (tmp_path / "x").exists()
+    with landscape.Recorder(tmp_path, "x", model, data=data) as rec:
+        for bad in ("1", 1.5, None):
+            with pytest.raises(UsageError, match="the step must be a whole number >= 0|give the checkpoint's step"):
+                rec.save(bad, epoch=0)
+        with pytest.raises(UsageError, match="the epoch must be a finite number"):
+            rec.save(0, epoch=float("inf"))
+        with pytest.raises(UsageError, match="the epoch must be a finite number"):
+            rec.save(0, epoch="1")
+        with pytest.raises(UsageError, match="give the checkpoint's epoch"):
+            rec.save(0)
+        with pytest.raises(UsageError, match="whole number >= 0"):
+            rec.save(-1, epoch=0)
+        with pytest.raises(UsageError, match="epsilon must be a number >= 0"):
+            rec.save(0, epoch=0, epsilon=float("nan"))
+        with torch.no_grad():
+            model[0].weight.view(-1)[0] = float("nan")
+        with pytest.raises(NonFiniteError, match="is not finite"):
+            rec.save(0, epoch=0)
+    assert Store(tmp_path).run("x").checkpoints() == [] and not list((tmp_path / "x").glob("*.h5"))
+
+
+def test_the_recorder_copies_weights_off_the_model_device(tmp_path):
+    """Whatever the model's device, the stored tensors are CPU copies (here CPU; CUDA when present)."""
+    data, model = _digits_lenet()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model.to(device)
+    with landscape.Recorder(tmp_path, "dev", model, data=data) as rec:
+        rec.save(0, epoch=0.0)
+    ckpt = Store(tmp_path).load("dev@init")
+    for k, v in model.state_dict().items():
+        assert ckpt.state_dict[k].device.type == "cpu" and torch.equal(ckpt.state_dict[k], v.cpu())
+
+
+def test_import_landscape_loads_neither_torch_nor_opacus():
+    code = ("import sys, landscape; assert 'torch' not in sys.modules and 'opacus' not in sys.modules; "
+            "import landscape.integrations.opacus; assert 'opacus' not in sys.modules; "
+            "assert landscape.Recorder.__name__ == 'Recorder'; assert 'opacus' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env={"PYTHONPATH": str(REPO),
+                                                                            "OMP_NUM_THREADS": "1"})
+
+
+# ------------------------------------------------------------------------------------------ Opacus
+
+
+def _opacus_loop(accountant="rdp", sigma=1.1, steps=6):
+    from opacus import PrivacyEngine
+
+    data, model = _digits_lenet()
+    dataset = torch.utils.data.TensorDataset(data.x_train, data.y_train)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=20)
+    engine = PrivacyEngine(accountant=accountant)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gsm, opt, loader = engine.make_private(module=model, optimizer=opt, data_loader=loader, noise_multiplier=sigma,
+                                           max_grad_norm=1.0)
+    return data, model, gsm, opt, loader, engine
+
+
+def _opacus_steps(gsm, opt, loader, n):
+    done = 0
+    while done < n:
+        for x, y in loader:
+            if done == n:
+                break
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(gsm(x), y).backward()
+            opt.step()
+            done += 1
+
+
+def test_opacus_privacy_is_recorded_as_landscape_train_records_it(tmp_path):
+    from landscape.integrations.opacus import OpacusPrivacy
+    from landscape.train.accounting import epsilon as landscape_epsilon
+
+    data, model, gsm, opt, loader, engine = _opacus_loop()
+    privacy = OpacusPrivacy(engine, opt, loader, delta=1e-5)
+    with landscape.Recorder(tmp_path, "dp", gsm, data=data, optimizer=opt, privacy=privacy,
+                            config={"optimizer": "dpsgd"}, steps_per_epoch=len(loader)) as rec:
+        rec.save()
+        _opacus_steps(gsm, opt, loader, 6)
+        rec.save()
+        with pytest.raises(UsageError, match="step 7 but the privacy accountant counted 6"):
+            rec.save(7)
+    store = Store(tmp_path)
+    run = store.run("dp")
+    p = run.manifest["privacy"]
+    q = 1 / len(loader)
+    assert p["noise_multiplier"] == 1.1 and p["sample_rate"] == pytest.approx(q) and p["max_grad_norm"] == 1.0
+    assert p["delta"] == 1e-5 and p["accountant"] == "rdp" and p["accounted"] is True and p["steps"] == 6
+    assert p["sampling"] == "poisson" and p["ancestor_events"] == [] and p["non_private_ancestors"] is False
+    last = store.load("dp@last")
+    assert last.step == 6 and last.epoch == pytest.approx(6 / len(loader))
+    assert last.epsilon == engine.accountant.get_epsilon(1e-5)
+    assert last.epsilon == pytest.approx(landscape_epsilon(1.1, q, 6, 1e-5, "rdp"), rel=1e-6)
+    assert store.load("dp@init").epsilon == 0.0
+    assert set(last.state_dict) == set(model.state_dict())  # no `_module.` prefix
+    for k, v in model.state_dict().items():
+        assert torch.equal(last.state_dict[k], v)
+    history = inherited_privacy(store, last)  # what `train --from dp@last` composes
+    assert [vars(e) for e in history.events] == [{"noise_multiplier": 1.1, "sample_rate": q, "steps": 6}]
+    assert not history.non_private and not history.unknown
+    child = api.train(api.TrainConfig(from_ref="dp@last", optimizer="dpsgd", noise_multiplier=1.0, batch_size=20,
+                                      epochs=1, run="child"), root=tmp_path, progress=False)
+    own = PrivacyEvent(1.0, 20 / 100, 5)
+    assert store.load("child@last").epsilon == pytest.approx(composed_epsilon([PrivacyEvent(1.1, q, 6), own]),
+                                                             rel=1e-9)
+    assert child.manifest["privacy"]["ancestor_events"] == [{"noise_multiplier": 1.1, "sample_rate": q, "steps": 6}]
+
+
+def test_opacus_run_continues_with_its_accountant(tmp_path):
+    from landscape.integrations.opacus import OpacusPrivacy
+
+    data, _, gsm, opt, loader, engine = _opacus_loop()
+    with landscape.Recorder(tmp_path, "dp", gsm, data=data, optimizer=opt, steps_per_epoch=len(loader),
+                            privacy=OpacusPrivacy(engine, opt, loader)) as rec:
+        _opacus_steps(gsm, opt, loader, 3)
+        rec.save()
+    data, _, gsm, opt, loader, engine = _opacus_loop()  # the script started again
+    with landscape.Recorder(tmp_path, "dp", gsm, data=data, optimizer=opt, steps_per_epoch=len(loader),
+                            privacy=OpacusPrivacy(engine, opt, loader)) as rec:
+        assert rec.restore() == 3 and engine.accountant.history == [(1.1, pytest.approx(1 / len(loader)), 3)]
+        _opacus_steps(gsm, opt, loader, 2)
+        rec.save()
+    last = Store(tmp_path).load("dp@last")
+    assert last.step == 5 and last.epsilon == engine.accountant.get_epsilon(1e-5)
+    assert Store(tmp_path).run("dp").manifest["privacy"]["steps"] == 5
+
+
+@pytest.mark.parametrize("accountant", ["prv", "gdp"])
+def test_opacus_other_accountants_agree_with_landscape_pld_and_rdp(tmp_path, accountant):
+    from landscape.integrations.opacus import OpacusPrivacy
+    from landscape.train.accounting import epsilon as landscape_epsilon
+
+    data, _, gsm, opt, loader, engine = _opacus_loop(accountant, sigma=1.0, steps=5)
+    with landscape.Recorder(tmp_path, "dp", gsm, data=data, privacy=OpacusPrivacy(engine, opt, loader),
+                            steps_per_epoch=len(loader)) as rec:
+        _opacus_steps(gsm, opt, loader, 5)
+        rec.save()
+    last = Store(tmp_path).load("dp@last")
+    assert last.epsilon == engine.accountant.get_epsilon(1e-5)
+    assert Store(tmp_path).run("dp").manifest["privacy"]["accountant"] == accountant
+    q = 1 / len(loader)
+    if accountant == "prv":  # both numerical PLD/PRV: tighter than RDP, and close to each other
+        assert last.epsilon == pytest.approx(landscape_epsilon(1.0, q, 5, 1e-5, "pld"), rel=0.05)
+    assert last.epsilon <= landscape_epsilon(1.0, q, 5, 1e-5, "rdp") * 1.01
+
+
+def test_opacus_helper_refuses_an_engine_without_an_accountant(tmp_path):
+    from landscape.integrations.opacus import OpacusPrivacy
+
+    data, _, gsm, opt, loader, engine = _opacus_loop()
+    engine.accountant = None
+    with pytest.raises(UsageError, match="the PrivacyEngine has no accountant"):
+        OpacusPrivacy(engine, opt, loader)
+    with pytest.raises(UsageError, match="DPOptimizer"):
+        OpacusPrivacy(_opacus_loop()[-1], torch.optim.SGD(gsm.parameters(), lr=0.1), loader)
+    with pytest.raises(UsageError, match="delta must be in"):
+        OpacusPrivacy(_opacus_loop()[-1], opt, loader, delta=2.0)
+
+
+# ------------------------------------------------------------------------------------------ examples
+
+
+def _example(tmp_path, script, *args):
+    env = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, str(REPO / "examples" / script), "--root", str(tmp_path / "ck"), *args],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    return done.stdout
+
+
+def test_examples_record_runs_that_the_analyses_read(tmp_path, capsys):
+    from cli.main import main
+
+    _example(tmp_path, "train_plain.py", "--epochs", "2")
+    _example(tmp_path, "train_opacus.py", "--epochs", "2")
+    store = Store(tmp_path / "ck")
+    plain, dp = store.run("plain"), store.run("opacus")
+    assert [i.step for i in plain.checkpoints()][0] == 0 and len(plain.checkpoints()) == 3
+    assert dp.manifest["privacy"]["accounted"] is True and store.load("opacus@last").epsilon > 0
+    assert plain.manifest["model_spec"]["name"] == dp.manifest["model_spec"]["name"]
+    code = f"{REPO / 'examples' / 'my_model.py'}:small_cnn"  # the model's code, named for the analyses
+    for args in (["interpolate", "plain@init", "plain@last", "--points", "3", "-o", tmp_path / "i.h5"],
+                 ["hessian", "opacus", "--top-k", "1", "--n", "64", "--lanczos-steps", "8"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(["--root", str(tmp_path / "ck"), "--code", code, *map(str, args), "--no-figure"])
+        assert exit_.value.code == 0, capsys.readouterr().err
+    # the interpolation's end points are the plain PyTorch losses of the recorded weights
+    sys.path.insert(0, str(REPO / "examples"))
+    try:
+        from my_model import small_cnn
+    finally:
+        sys.path.pop(0)
+    data = load_dataset("digits")
+    result = read_result(tmp_path / "i.h5").to_frame()
+    for ref, alpha in (("plain@init", 0.0), ("plain@last", 1.0)):
+        model = small_cnn(data.input_shape, data.num_classes, width=8)
+        model.load_state_dict(store.load(ref).state_dict)
+        model.eval()
+        with torch.no_grad():
+            loss = torch.nn.functional.cross_entropy(model(data.x_train), data.y_train).item()
+        row = result[np.isclose(result["alpha"], alpha)]
+        assert float(row["train_loss"].iloc[0]) == pytest.approx(loss, rel=1e-5)
+
+
+def test_recorded_epsilon_of_a_run_is_json(tmp_path):
+    """The manifest stays plain JSON (no NaN) whatever the metrics hold."""
+    data, model = _digits_lenet()
+    with landscape.Recorder(tmp_path, "m", model, data=data) as rec:
+        rec.save(0, epoch=0, metrics={"loss": float("nan"), "acc": 1})
+    text = (tmp_path / "m" / "manifest.json").read_text()
+    assert "NaN" not in text
+    assert math.isnan(Store(tmp_path).run("m").checkpoints()[0].metrics["loss"])
+    json.loads(text)
