@@ -54,7 +54,9 @@ def demo(ctx: click.Context, out_dir: str, epochs: int, ks: str, copies: int, ta
     click.echo("Runs (digits, lenet):")
     echo_table([{"run": r.run, "phase1": r.phase1, "phase2": r.phase2, "epoch": r.epoch, "epsilon": r.epsilon,
                  "test_acc": r.test_acc, "test_loss": r.test_loss} for r in result.runs])
-    click.echo("\nInstability (Watson et al. Def. 2.3; sup over the path minus the endpoints' mean):")
+    click.echo("\nBarriers: chord_barrier = sup over the path of the loss above the straight line between the end losses "
+               "(the bump the verdicts judge); instability = Watson et al. Def. 2.3, sup over the path minus the "
+               "endpoints' mean (never below half the end-loss gap); eps = the epsilon the checkpoints spent:")
     echo_table(result.instability_rows)
     d = result.directions_summary
     click.echo(f"\nRandom directions from a Phase-2 SGD solution at its sibling's distance {d['distance']:.3g}: "
