@@ -14,6 +14,7 @@ reading a summary's HDF5) can recompute the verdict:
 - :func:`paired_greater`: the one-sided paired t-test (``a[i]`` and ``b[i]`` share a seed);
 - :func:`similar`: two one-sided tests (TOST, Schuirmann 1987) against a stated equivalence margin: held when the
   (1 - 2 alpha) interval of the difference lies inside ``[-margin, margin]``;
+- :func:`below`: an effect-size bound for "approximately" claims (one-sample one-sided t-test of mean < bound);
 - :func:`ordered`: a monotone trend, Spearman's rank correlation of the values with their key, one-sided;
 - :func:`far_below`: a value against a sample's quantile (e.g. one path against 100 random directions).
 
@@ -277,6 +278,27 @@ def similar(claim: str, source: str, a: Sequence[float], b: Sequence[float], *, 
             f"interval of mean({na}) - mean({nb}) lies inside +-{tolerance:g}, did not hold if it lies wholly "
             f"outside, else (or with fewer than 2 {unit} a side) inconclusive")
     return Verdict(claim, source, test, numbers, held, note)
+
+
+def below(claim: str, source: str, values: Sequence[float], bound: float, *, name: str = "value",
+          unit: str = "seeds", note: str = "", alpha: float = ALPHA) -> Verdict:
+    """Claim that a quantity is below an effect-size ``bound`` (an "approximately" claim: approximately symmetric =
+    an asymmetry below a stated size, not exactly none): the one-sample one-sided t-test of ``mean < bound``.
+
+    Held if ``p(mean < bound) < alpha`` (the upper (1 - alpha) confidence bound of the mean is below ``bound``),
+    did not hold if ``p(mean > bound) < alpha``, else (or with fewer than 2 {unit}) inconclusive.
+    """
+    v = _clean(values)
+    m = float(v.mean()) if v.size else math.nan
+    se, df = (spread(v) / math.sqrt(v.size), float(v.size - 1)) if v.size >= 2 else (math.nan, math.nan)
+    t, p_gt, p_lt = _t_sides(m - bound, se, df)  # p_lt: mean < bound
+    lo, hi = _interval(m, se, df, alpha)
+    numbers = {f"mean {name}": m, f"sd {name}": spread(v), f"n {unit}": int(v.size), "bound": float(bound),
+               "ci low": lo, "ci high": hi, "t": t, "p": p_lt, "alpha": alpha}
+    test = (f"effect-size bound: one-sample one-sided t-test over {unit}; held if p(mean {name} < {bound:g}) < "
+            f"{alpha:g}, did not hold if p(mean {name} > {bound:g}) < {alpha:g}, else (or with fewer than 2 {unit}) "
+            "inconclusive")
+    return Verdict(claim, source, test, numbers, _three_way(p_lt, p_gt, alpha), note)
 
 
 def ordered(claim: str, source: str, groups: Mapping[float, Sequence[float]], *, decreasing: bool = True,

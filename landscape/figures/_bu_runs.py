@@ -49,6 +49,7 @@ def train_runs(ctx) -> dict:
                                  lr=s["base_lr"] / c, momentum=0.0)
         out[c] = [ensure(store, dataclasses.replace(dp, seed=seed, run=f"{prefix}-C{c:g}-{seed}"))
                   for seed in range(s["seeds"])]
+    ctx.uses(run for group in out.values() for run in group)
     return out
 
 

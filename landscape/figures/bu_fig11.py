@@ -43,7 +43,7 @@ def make(ctx):
     numbers = {f"{'sgd' if k == 'sgd' else f'C{k:g}'}/true_class_histogram": hist[k] for k in keys}
     numbers.update({f"{'sgd' if k == 'sgd' else f'C{k:g}'}/fraction_near_0": low[k] for k in keys})
     numbers.update({f"{'sgd' if k == 'sgd' else f'C{k:g}'}/fraction_near_1": high[k] for k in keys})
-    fig, axes = style.subplots(1, len(keys), figsize=(3.2 * len(keys), 3.0), sharey=True)
+    fig, axes = style.subplots(1, len(keys), figsize=(3.2 * len(keys), 3.9), sharey=True, layout="constrained")
     edges = np.linspace(0, 1, res.true_class_count.shape[1] + 1)
     for ax, k in zip(axes, keys, strict=True):
         h = hist[k].mean(axis=0)
@@ -52,6 +52,7 @@ def make(ctx):
         ax.set(xlabel="probability on the true class", title=label[k])
     axes[0].set_ylabel("fraction of test examples (mean over seeds)")
     fig.suptitle(f"Fig. 11 ({ctx.scale}): {verdict.status}")
+    style.panel_labels(axes)
     return numbers, verdict, style.save_figure(fig, ctx.stem("figure"))
 
 

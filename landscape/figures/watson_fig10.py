@@ -6,8 +6,9 @@ sigma = 2.4 and clip-only C = 1, the settings of DP-SGD at epsilon = 1). Measure
 noise-only (sigma 2.4: Gaussian noise of std sigma*C on the summed gradient, no clipping) and clip-only (C = 1,
 no noise), all with the same learning rate, batch size, momentum and epochs, over ``seeds`` seeds. Verdict
 (:func:`landscape.verdict.all_of`): clip-only ends below SGD and below noise-only
-(:func:`landscape.verdict.greater`), and noise-only ends at SGD's accuracy within the spread plus one accuracy
-point (:func:`landscape.verdict.similar`).
+(:func:`landscape.verdict.greater`, Welch at alpha 0.05), and noise-only ends at SGD's accuracy within an
+equivalence margin of one accuracy point (:func:`landscape.verdict.similar`, TOST). A run that fails the validity
+gate (e.g. noise-only collapsing to chance) makes the verdict inconclusive (invalid regime).
 
 Scaled down: LeNet on ``digits`` for 10 epochs, 3 seeds (the paper: Resnet18 on CIFAR10).
 """
@@ -55,7 +56,7 @@ def make(ctx):
     epochs = curves["sgd"][0][0]
     numbers = {"epoch": epochs, **{f"{m}/test_acc": [c[1] for c in cs] for m, cs in curves.items()},
                **{f"{m}/final": final[m] for m in METHODS}}
-    fig, axes = style.subplots(1, 2, figsize=(8.5, 3.2), sharey=True)
+    fig, axes = style.subplots(1, 2, figsize=(8.5, 3.9), sharey=True, layout="constrained")
     colors = {"sgd": style.method_color("sgd"), "noise-only": style.method_color("dpsgd"), "clip-only": "0.35"}
     for ax, other in zip(axes, ("noise-only", "clip-only"), strict=True):
         for m in ("sgd", other):
@@ -66,6 +67,7 @@ def make(ctx):
         ax.legend(fontsize=7)
     axes[0].set_ylabel("test accuracy (mean, band: min-max over seeds)")
     fig.suptitle(f"Fig. 10 ({ctx.scale}): {verdict.status}")
+    style.panel_labels(axes)
     return numbers, verdict, style.save_figure(fig, ctx.stem("figure"))
 
 
