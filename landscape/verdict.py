@@ -19,8 +19,8 @@ reading a summary's HDF5) can recompute the verdict:
 - :func:`far_below`: a value against a sample's quantile (e.g. one path against 100 random directions).
 
 Each is three-valued: held when the test rejects "no effect" in the claimed direction at ``alpha``, did not hold
-when it rejects in the other direction (or, for :func:`similar`, when the interval lies wholly outside the
-margin), inconclusive otherwise -- including a group with fewer than two values, where no spread is measurable.
+when it rejects in the other direction, or when both sides are identical constants (the claimed effect is
+exactly absent), or, for :func:`similar`, when the interval lies wholly outside the margin; inconclusive otherwise -- including a group with fewer than two values, where no spread is measurable.
 :func:`inconclusive` marks a verdict (and its parts) as resting on an invalid regime (a failed validity gate).
 """
 
@@ -131,15 +131,18 @@ def _three_way(p_greater: float, p_less: float, alpha: float) -> bool | None:
 
 
 def _t_sides(diff: float, se: float, df: float) -> tuple[float, float, float]:
-    """``(t, p(effect > 0), p(effect < 0))`` of a t statistic ``diff / se`` with ``df`` degrees of freedom; a zero
-    standard error gives p = 0 on the side of a non-zero difference (and NaN for a zero one)."""
+    """``(t, p(effect > 0), p(effect < 0))`` of a t statistic ``diff / se`` with ``df`` degrees of freedom.
+
+    A zero standard error (every value of each group identical) gives p = 0 on the side of a non-zero difference;
+    with a zero difference too the effect is exactly 0, which refutes a claimed positive effect: ``(nan, 1, 0)``,
+    so a claim "A > B" on e.g. three chord barriers of exactly 0 a side did not hold (no bump at all)."""
     from scipy import stats
 
     if math.isnan(diff) or math.isnan(se) or math.isnan(df):
         return math.nan, math.nan, math.nan
     if se == 0.0:
         if diff == 0.0:
-            return math.nan, math.nan, math.nan
+            return math.nan, 1.0, 0.0
         return math.copysign(math.inf, diff), float(diff <= 0), float(diff >= 0)
     t = diff / se
     return t, float(stats.t.sf(t, df)), float(stats.t.cdf(t, df))
@@ -208,7 +211,8 @@ def greater(claim: str, source: str, a: Sequence[float], b: Sequence[float], *, 
                "difference": diff, "ci low": lo, "ci high": hi, "bootstrap ci low": blo, "bootstrap ci high": bhi,
                "t": t, "df": df, "p": p_gt, "alpha": alpha}
     test = (f"Welch one-sided t-test over {unit}: held if p({na} > {nb}) < {alpha:g}, did not hold if "
-            f"p({na} < {nb}) < {alpha:g}, else inconclusive (also with fewer than 2 {unit} a side); "
+            f"p({na} < {nb}) < {alpha:g} or both sides are the same constant, else inconclusive (also with fewer "
+            f"than 2 {unit} a side); "
             f"interval = {1 - 2 * alpha:.0%} Welch interval of mean({na}) - mean({nb})")
     return Verdict(claim, source, test, numbers, _three_way(p_gt, p_lt, alpha), note)
 
@@ -236,7 +240,8 @@ def paired_greater(claim: str, source: str, a: Sequence[float], b: Sequence[floa
                "ci high": hi, "bootstrap ci low": blo, "bootstrap ci high": bhi, "t": t, "df": df, "p": p_gt,
                "alpha": alpha}
     test = (f"paired one-sided t-test over {unit}: held if p(mean({na} - {nb}) > 0) < {alpha:g}, did not hold if "
-            f"p(< 0) < {alpha:g}, else (or with fewer than 2 {unit}) inconclusive; interval = {1 - 2 * alpha:.0%} "
+            f"p(< 0) < {alpha:g} or every difference is 0, else (or with fewer than 2 {unit}) inconclusive; "
+            f"interval = {1 - 2 * alpha:.0%} "
             "t interval of the mean difference")
     return Verdict(claim, source, test, numbers, _three_way(p_gt, p_lt, alpha), note)
 
@@ -292,6 +297,8 @@ def below(claim: str, source: str, values: Sequence[float], bound: float, *, nam
     m = float(v.mean()) if v.size else math.nan
     se, df = (spread(v) / math.sqrt(v.size), float(v.size - 1)) if v.size >= 2 else (math.nan, math.nan)
     t, p_gt, p_lt = _t_sides(m - bound, se, df)  # p_lt: mean < bound
+    if se == 0.0 and m == bound:  # exactly at the bound: not below it
+        p_gt, p_lt = 0.0, 1.0
     lo, hi = _interval(m, se, df, alpha)
     numbers = {f"mean {name}": m, f"sd {name}": spread(v), f"n {unit}": int(v.size), "bound": float(bound),
                "ci low": lo, "ci high": hi, "t": t, "p": p_lt, "alpha": alpha}

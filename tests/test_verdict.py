@@ -84,7 +84,9 @@ def test_greater_worked_cases():
     one = greater("c", "s", [1.9], [0.01])  # one value a side: no spread, inconclusive however large the gap
     assert one.held is None and math.isnan(one.numbers["sd A"]) and "fewer than 2" in one.test
     assert greater("c", "s", [1.0, 1.0], [0.0, 0.0]).held is True  # no spread at all: a sure difference
-    assert greater("c", "s", [1.0, 1.0], [1.0, 1.0]).held is None
+    assert greater("c", "s", [1.0, 1.0], [1.0, 1.0]).held is False  # exactly no difference: the claim fails
+    assert greater("c", "s", [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]).held is False  # e.g. no barrier on any path
+    assert paired_greater("c", "s", [1.0, 2.0], [1.0, 2.0]).held is False
     # the old "gap > summed sd" rule held here (gap 1.0 > 0.9); Welch at n = 2 (df ~ 1) does not
     assert greater("c", "s", [1.0, 1.6364], [0.0, 0.3818]).held is None
 

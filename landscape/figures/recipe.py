@@ -175,15 +175,16 @@ class Context:
         """The store name of this recipe's run ``what`` at this scale (``NAME-SCALE-what``)."""
         return f"{self.name}-{self.scale}-{what}"
 
-    def train(self, what: str, config):
+    def train(self, what: str, config, *, gated: bool = True):
         """Train ``config`` as run :meth:`run_name` (``what``), or reuse it when it exists with the same
-        configuration (resumed when unfinished): reruns of an interrupted recipe continue here."""
+        configuration (resumed when unfinished): reruns of an interrupted recipe continue here. ``gated=False``
+        for a run that only selects hyper-parameters (it is no end model a part rests on)."""
         from landscape.api.training import ensure
         from landscape.store import Store
 
         config = dataclasses.replace(config, run=self.run_name(what), data_root=self.data_root)
         run = ensure(Store(self.root), config, progress=False)
-        if run.name not in self.trained:
+        if gated and run.name not in self.trained:
             self.trained.append(run.name)
         return run
 
