@@ -62,7 +62,12 @@ def demo(ctx: click.Context, out_dir: str, epochs: int, ks: str, copies: int, ta
     click.echo(f"\nRandom directions from a Phase-2 SGD solution at its sibling's distance {d['distance']:.3g}: "
                f"median loss rise {d['rise_median']:.3g} (min {d['rise_min']:.3g}, max {d['rise_max']:.3g}) "
                f"vs {d['toward_rise']:.3g} toward the sibling; max |cos| between directions {d['max_abs_cos']:.3g}.")
-    click.echo("\nVerdicts (computed from the numbers above; rules in landscape/verdict.py):")
+    fig4 = result.verdicts[-1].numbers
+    if "rise toward sibling" in fig4:
+        click.echo(f"Along the paths (mean loss above the start, what the Fig. 4 verdict compares): "
+                   f"{fig4['rise toward sibling']:.3g} toward the sibling vs median "
+                   f"{fig4['median random rises']:.3g} along the random directions.")
+    click.echo("\nVerdicts (computed from the numbers above; rules in landscape/verdict.py, alpha 0.05):")
     for v in result.verdicts:
         click.echo(f"  {v.line()}")
     click.echo("\nFiles:")

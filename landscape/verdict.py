@@ -341,8 +341,11 @@ def ordered(claim: str, source: str, groups: Mapping[float, Sequence[float]], *,
 def inconclusive(verdict: Verdict, reason: str) -> Verdict:
     """The verdict (and every part) marked inconclusive because it rests on an invalid regime, with ``reason``."""
     note = f"{INVALID}: {reason}." + (f" {verdict.note}" if verdict.note else "")
-    return dataclasses.replace(verdict, held=None, note=note,
-                               parts=tuple(inconclusive(p, reason) for p in verdict.parts))
+    parts = tuple(inconclusive(p, reason) for p in verdict.parts)
+    numbers = dict(verdict.numbers)
+    if parts and {"held", "did not hold", "inconclusive"} <= set(numbers):  # an all_of: its counts follow the parts
+        numbers.update({"held": 0, "did not hold": 0, "inconclusive": len(parts)})
+    return dataclasses.replace(verdict, held=None, note=note, numbers=numbers, parts=parts)
 
 
 def all_of(claim: str, source: str, parts: Sequence[Verdict], *, note: str = "") -> Verdict:

@@ -199,6 +199,7 @@ def test_all_of_and_inconclusive():
     bad = inconclusive(all_of("c", "s", [yes, no]), "DP accuracy 0.12 below the floor 0.5")
     assert bad.held is None and all(p.held is None for p in bad.parts)
     assert bad.note.startswith(INVALID) and "floor 0.5" in bad.parts[1].note
+    assert bad.numbers == {"held": 0, "did not hold": 0, "inconclusive": 2}  # the counts follow the parts
 
 
 def test_far_below_uses_the_quantile_and_the_median():
