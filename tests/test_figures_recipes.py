@@ -251,9 +251,17 @@ def test_fig9_sgd_and_clip_only_steps_match_a_hand_written_loop(made):
 def test_fig10_curves_end_at_the_checkpoints_accuracy(made):
     _, root = made
     numbers, verdict, _ = summary(made, "watson-fig10")
+    methods = ("sgd", "noise-only", "clip-only")
+    # one lr for all: the best lowest final train accuracy of the seed-0 runs over the grid (ties: the smaller lr)
+    train = np.array([[naive_metrics(root, f"watson-fig10-test-{m}-lr{lr:g}-0@last", "train")[0] for lr in (0.01, 0.03)]
+                      for m in methods])
+    for m, row in zip(methods, train, strict=True):
+        np.testing.assert_allclose(numbers[f"lr_grid/{m}/train_acc"], row, atol=1e-12)
+    lr = (0.01, 0.03)[int(np.argmax(train.min(axis=0)))]
+    assert float(numbers["lr_chosen"]) == lr
     final = {}
-    for m in ("sgd", "noise-only", "clip-only"):
-        final[m] = [naive_metrics(root, f"watson-fig10-test-{m}-{s}@last")[0] for s in range(2)]
+    for m in methods:
+        final[m] = [naive_metrics(root, f"watson-fig10-test-{m}-lr{lr:g}-{s}@last")[0] for s in range(2)]
         np.testing.assert_allclose(numbers[f"{m}/final"], final[m], atol=1e-12)
         assert numbers[f"{m}/test_acc"].shape == (2, 3)  # seeds x (init + 2 epochs)
     parts = [unpaired(final["sgd"], final["clip-only"]), unpaired(final["noise-only"], final["clip-only"]),

@@ -202,6 +202,20 @@ def final(run, metric: str) -> float:
     return float(checkpoint_curve(run, metric)[1][-1])
 
 
+def lr_scores(ctx, what: str, config, lrs, metric: str = "train_acc") -> list[float]:
+    """Claim-blind hyper-parameter search, step 1: train ``config`` (its seed) at each learning rate of ``lrs`` as run
+    ``what-lrLR-SEED`` (not gated: selection runs are no end models) and return each run's final ``metric``. The
+    run at the chosen lr is the same run the recipe then uses for that seed (same name and configuration)."""
+    return [final(ctx.train(f"{what}-lr{lr:g}-{config.seed}", dataclasses.replace(config, lr=lr), gated=False),
+                  metric) for lr in lrs]
+
+
+def best(values, scores) -> float:
+    """Step 2: the value with the highest score (NaN scores lose; ties: the first, i.e. the smaller lr)."""
+    a = np.nan_to_num(np.asarray(scores, dtype=float), nan=-np.inf)
+    return float(list(values)[int(np.argmax(a))])
+
+
 @dataclasses.dataclass
 class Made:
     name: str

@@ -27,7 +27,7 @@ import dataclasses
 
 import numpy as np
 
-from landscape.figures.recipe import PaperScale, Recipe, final
+from landscape.figures.recipe import PaperScale, Recipe, best, lr_scores
 from landscape.verdict import all_of, paired_greater
 
 SOURCE = "Watson et al. 2023, Figs. 16-17, Appendix"
@@ -50,15 +50,13 @@ def make(ctx):
                       batch_size=s["batch"], momentum=s["momentum"], checkpoint_every="1e")
     dp = dataclasses.replace(sgd, optimizer="dpsgd", max_grad_norm=s["max_grad_norm"], target_epsilon=s["epsilon"])
 
-    def pair(lr, seed, gated=True):
-        return (ctx.train(f"sgd-lr{lr:g}-{seed}", dataclasses.replace(sgd, lr=lr, seed=seed), gated=gated),
-                ctx.train(f"dp-lr{lr:g}-{seed}", dataclasses.replace(dp, lr=lr, seed=seed), gated=gated))
-
-    grid_acc = np.array([[final(r, "test_acc") for r in pair(lr, 0, gated=False)] for lr in s["lrs"]])
-    lr = float(s["lrs"][int(np.argmax(np.nan_to_num(grid_acc.min(axis=1), nan=-1.0)))])  # first of ties
+    grid_acc = np.array([lr_scores(ctx, m, dataclasses.replace(c, seed=0), s["lrs"], "test_acc")
+                         for m, c in (("sgd", sgd), ("dp", dp))]).T  # (lr, method)
+    lr = best(s["lrs"], grid_acc.min(axis=1))
     results, used = [], []
     for seed in range(s["seeds"]):
-        a, b = (r.name for r in pair(lr, seed))
+        a = ctx.train(f"sgd-lr{lr:g}-{seed}", dataclasses.replace(sgd, lr=lr, seed=seed)).name
+        b = ctx.train(f"dp-lr{lr:g}-{seed}", dataclasses.replace(dp, lr=lr, seed=seed)).name
         used += [a, b]
         results.append(norms([a, b], root=ctx.root, bins=s["bins"], grad_samples=s["grad_samples"], seed=seed,
                              workers=ctx.workers, output=ctx.stem(f"norms-{seed}").with_suffix(".h5"),
