@@ -372,6 +372,12 @@ def test_bu_ece_nll_and_true_class_probabilities_by_a_numpy_loop(made):
         assert n11[f"{key}/fraction_near_1"][seed] == pytest.approx(np.mean(true > 14 / 15), abs=1e-12)
     parts = [paired(numbers["C1/ece"], numbers["C100/ece"]), paired(numbers["C1/nll"], numbers["C100/nll"]),
              unpaired(numbers["C1/ece"], numbers["sgd/ece"])]
+    # the premise "similar accuracy" (paired TOST, margin 0.05) by hand: when not shown, both verdicts are invalid
+    d = numbers["C1/accuracy"] - numbers["C100/accuracy"]
+    half = special.stdtrit(d.size - 1, 1 - ALPHA) * d.std(ddof=1) / math.sqrt(d.size)
+    shown = -0.05 <= d.mean() - half and d.mean() + half <= 0.05
+    for v in (verdict, v11):
+        assert ("premise of similar accuracy" in v.note) is (not shown)
     assert verdict.held is gated(verdict, parts)
     assert v11.held is gated(v11, [paired(n11["C1/fraction_near_0"], n11["C100/fraction_near_0"]),
                                 paired(n11["C1/fraction_near_1"], n11["C100/fraction_near_1"])])

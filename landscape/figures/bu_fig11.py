@@ -38,6 +38,7 @@ def make(ctx):
                             high[small], high[large], names=(f"C={small:g}", f"C={large:g}"))]
     verdict = all_of("small-C clipping is over-confident: more true classes near 0 and more mass near 1 than large C",
                      SOURCE, parts, note=" | ".join(p.line() for p in parts))
+    verdict = bu.judged(verdict, bu.premise(res, rows, small, large, SOURCE))
     keys = ["sgd", *norms]
     label = {k: "non-DP SGD" if k == "sgd" else f"DP C = {k:g}" for k in keys}
     numbers = {f"{'sgd' if k == 'sgd' else f'C{k:g}'}/true_class_histogram": hist[k] for k in keys}

@@ -42,6 +42,7 @@ def make(ctx):
                      metric("sgd", "ece"), names=(f"ECE C={small:g}", "ECE SGD"), unit="seeds")]
     verdict = all_of("a large clipping norm mitigates DP-SGD's mis-calibration (lower ECE and NLL than a small one)",
                      SOURCE, parts, note=" | ".join(p.line() for p in parts))
+    verdict = bu.judged(verdict, bu.premise(res, rows, small, large, SOURCE))
     keys = ["sgd", *norms]
     numbers = {"max_grad_norm": norms}
     for name in ("accuracy", "nll", "ece"):
