@@ -74,6 +74,7 @@ def make(ctx):
     style.panel_labels(axes)
     verdict = all_of("the loss rises far less along the path toward a sibling than along random directions of the "
                      "same length (raw and filter-normalised)", SOURCE, parts, note=" | ".join(x.line() for x in parts))
+    fig.suptitle(f"Fig. 4 ({ctx.scale}): {verdict.status}")
     return numbers, verdict, style.save_figure(fig, ctx.stem("figure"))
 
 

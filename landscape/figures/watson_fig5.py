@@ -23,7 +23,7 @@ import math
 import numpy as np
 
 from landscape.figures import _phase_grid as grid
-from landscape.figures.recipe import PaperScale, Recipe
+from landscape.figures.recipe import GateResult, PaperScale, Recipe
 from landscape.verdict import all_of, greater
 
 SOURCE = "Watson et al. 2023, Fig. 5"
@@ -107,13 +107,15 @@ def make(ctx):
                "dp": [[table_of(dp.get((e, k), [])) for k in ks] for e in eps_list],
                "sgd_instability": [table_of(sgd23[k]) for k in ks],
                "dp_instability": [[table_of(dp23.get((e, k), [])) for k in ks] for e in eps_list]}
+    invalid = {e for e in eps_list for k in ks for r in ends.get(("dpsgd", (e, k)), [])
+               if not ctx.gates.get(r.split("@")[0], GateResult("", 0, 0, 0, True)).passed}
     fig, axes = style.subplots(1, 2, figsize=(8.0, 3.3), sharex=True, layout="constrained")
     series = style.series_styles(len(eps_list) + 1)
     for ax, (key_sgd, key_dp, what) in zip(axes, (("sgd", "dp", "barrier above the chord"),
                                                    ("sgd_instability", "dp_instability", "Def. 2.3 instability")),
                                            strict=True):
         rows = [np.asarray(numbers[key_sgd])] + [np.asarray(r) for r in numbers[key_dp]]
-        labels = ["SGD"] + [f"DP-SGD eps {e:g}" for e in eps_list]
+        labels = ["SGD"] + [f"DP-SGD eps {e:g}" + (" (invalid regime)" if e in invalid else "") for e in eps_list]
         for a, label, st in zip(rows, labels, series, strict=True):
             m = np.nanmean(a, axis=1)
             sd = np.nanstd(a, axis=1, ddof=1) if n > 1 else np.zeros_like(m)

@@ -67,6 +67,7 @@ def make(ctx):
                      "and after a DP Phase 1)", SOURCE, parts, note=grid.BARRIER + " " + " | ".join(p.line()
                                                                                           for p in parts))
     style.panel_labels(axes)
+    fig.suptitle(f"Figs. 6-7 ({ctx.scale}): {verdict.status}")
     return numbers, verdict, style.save_figure(fig, ctx.stem("figure"))
 
 

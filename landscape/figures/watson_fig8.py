@@ -65,6 +65,7 @@ def make(ctx):
     for ax in axes[:, 0]:
         ax.set_ylabel("test loss")
     style.panel_labels(axes)
+    fig.suptitle(f"Fig. 8 ({ctx.scale}): {verdict.status}")
     return numbers, verdict, style.save_figure(fig, ctx.stem("figure"))
 
 
