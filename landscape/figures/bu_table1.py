@@ -111,7 +111,7 @@ def make(ctx):
     for ax in axes[1:]:
         ax.axhline(0, color="0.5", lw=0.8)
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=4, fontsize=7)
-    fig.suptitle(f"Table 1 ({ctx.scale}): {verdict.status}")
+    fig.suptitle(f"Table 1 ({ctx.scale}), implementation check: {verdict.status}")
     style.panel_labels(axes)
     return numbers, verdict, style.save_figure(fig, ctx.stem("figure"))
 

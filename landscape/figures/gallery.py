@@ -15,6 +15,7 @@ from pathlib import Path
 from landscape.atomic import atomic_write
 from landscape.figures import registry
 from landscape.figures.recipe import paper_line, read_summary, summary_attrs, summary_path
+from landscape.verdict import INVALID
 
 BEGIN = "<!-- gallery:begin (written by `landscape figures`; edit outside the markers) -->"
 END = "<!-- gallery:end -->"
@@ -44,7 +45,12 @@ def _section(name: str, recipe, out: Path, scale: str) -> tuple[str, str]:
     image = f"![{name}]({name}/{png[0].name})\n\n" if png and (out / name / png[0].name).is_file() else ""
     parts = _parts(verdict)
     judged = "<br>".join(parts) if parts else f"{verdict.numbers_text()}. Rule: {verdict.test}"
-    row = f"| [`{name}`](#{name}) | {_cell(title)} | {_cell(recipe.claim)} | {STATUS[verdict.status]} | {_cell(judged)} |"
+    status = STATUS[verdict.status]
+    if verdict.note.startswith(INVALID):
+        status = f"*{INVALID}*"
+    elif any(p.note.startswith(INVALID) for p in verdict.parts):
+        status += f" ({sum(p.note.startswith(INVALID) for p in verdict.parts)} parts: invalid regime)"
+    row = f"| [`{name}`](#{name}) | {_cell(title)} | {_cell(recipe.claim)} | {status} | {_cell(judged)} |"
     made = []
     if "seconds" in attrs:
         made.append(f"{float(attrs['seconds']):.0f} s")
