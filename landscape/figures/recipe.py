@@ -298,9 +298,8 @@ def paper_line(recipe: Recipe) -> str:
                 out.append(f"{prefix}{k} {v}")
         return out
 
-    settings = recipe.scales.get("paper", {})
-    return (f"{p.model} on {p.data}; settings that would run: {', '.join(dict.fromkeys(flat(settings)))} "
-            f"({p.hyper}); ~{p.gpu_hours:g} GPU hours")
+    settings = ", ".join(dict.fromkeys(flat(recipe.scales.get("paper", {})))) or "the defaults"
+    return f"{p.model} on {p.data}; settings that would run: {settings} ({p.hyper}); ~{p.gpu_hours:g} GPU hours"
 
 
 def check_paper(recipe: Recipe, data_root: str | None) -> None:
