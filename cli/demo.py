@@ -55,13 +55,20 @@ def demo(ctx: click.Context, out_dir: str, epochs: int, ks: str, copies: int, ta
     click.echo("Runs (digits, lenet):")
     echo_table([{"run": r.run, "phase1": r.phase1, "phase2": r.phase2, "epoch": r.epoch, "epsilon": r.epsilon,
                  "test_acc": r.test_acc, "test_loss": r.test_loss} for r in result.runs])
-    click.echo("\nInstability (Watson et al. Def. 2.3; sup over the path minus the endpoints' mean):")
+    click.echo("\nBarriers: chord_barrier = sup over the path of the loss above the straight line between the end losses "
+               "(the bump the verdicts judge); instability = Watson et al. Def. 2.3, sup over the path minus the "
+               "endpoints' mean (never below half the end-loss gap); eps = the epsilon the checkpoints spent:")
     echo_table(result.instability_rows)
     d = result.directions_summary
     click.echo(f"\nRandom directions from a Phase-2 SGD solution at its sibling's distance {d['distance']:.3g}: "
                f"median loss rise {d['rise_median']:.3g} (min {d['rise_min']:.3g}, max {d['rise_max']:.3g}) "
                f"vs {d['toward_rise']:.3g} toward the sibling; max |cos| between directions {d['max_abs_cos']:.3g}.")
-    click.echo("\nVerdicts (computed from the numbers above; rules in landscape/verdict.py):")
+    fig4 = result.verdicts[-1].numbers
+    if "rise toward sibling" in fig4:
+        click.echo(f"Along the paths (mean loss above the start, what the Fig. 4 verdict compares): "
+                   f"{fig4['rise toward sibling']:.3g} toward the sibling vs median "
+                   f"{fig4['median random rises']:.3g} along the random directions.")
+    click.echo("\nVerdicts (computed from the numbers above; rules in landscape/verdict.py, alpha 0.05):")
     for v in result.verdicts:
         click.echo(f"  {v.line()}")
     click.echo("\nFiles:")

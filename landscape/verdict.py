@@ -5,12 +5,28 @@ computed from ``numbers`` by a stated rule, never written by hand, and is three-
 ``False`` (did not hold) or ``None`` (inconclusive: the difference is within the spread, or the spread could
 not be measured). The helpers below are the common rules; each one states itself in words in ``test``.
 
-Spread is the sample standard deviation (``ddof=1``) of the values in a group (e.g. the instabilities of the
-sibling pairs of one Phase-1 length k); a group with fewer than two values has no measurable spread.
+Every statistical rule here is stated once, at one level :data:`ALPHA` (0.05), and reports in the verdict's
+``numbers`` the effect it judged, its interval, the sample sizes, the test and alpha, so a reader (or a script
+reading a summary's HDF5) can recompute the verdict:
+
+- :func:`greater`: Welch's one-sided t-test of ``A > B`` (unequal variances), with the (1 - 2 alpha) Welch interval
+  of ``mean(A) - mean(B)`` and a percentile bootstrap interval beside it (:func:`bootstrap_ci`);
+- :func:`paired_greater`: the one-sided paired t-test (``a[i]`` and ``b[i]`` share a seed);
+- :func:`similar`: two one-sided tests (TOST, Schuirmann 1987) against a stated equivalence margin: held when the
+  (1 - 2 alpha) interval of the difference lies inside ``[-margin, margin]``;
+- :func:`below`: an effect-size bound for "approximately" claims (one-sample one-sided t-test of mean < bound);
+- :func:`ordered`: a monotone trend, Spearman's rank correlation of the values with their key, one-sided;
+- :func:`far_below`: a value against a sample's quantile (e.g. one path against 100 random directions).
+
+Each is three-valued: held when the test rejects "no effect" in the claimed direction at ``alpha``, did not hold
+when it rejects in the other direction, or when both sides are identical constants (the claimed effect is
+exactly absent), or, for :func:`similar`, when the interval lies wholly outside the margin; inconclusive otherwise -- including a group with fewer than two values, where no spread is measurable.
+:func:`inconclusive` marks a verdict (and its parts) as resting on an invalid regime (a failed validity gate).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -94,33 +110,242 @@ def spread(values: Sequence[float]) -> float:
     return float(np.std(a, ddof=1)) if a.size >= 2 else math.nan
 
 
-def compare(gap: float, noise: float) -> bool | None:
-    """The three-valued rule every helper uses: ``True`` if ``gap > noise``, ``False`` if ``gap < -noise``,
-    ``None`` if ``|gap| <= noise`` or the noise is not measurable (NaN)."""
-    if math.isnan(gap) or math.isnan(noise):
+ALPHA = 0.05  # every rule's level; intervals are (1 - 2 ALPHA) two-sided = the one-sided tests at ALPHA
+BOOTSTRAP = 2000  # resamples of :func:`bootstrap_ci`
+INVALID = "inconclusive (invalid regime)"
+
+
+def _clean(values: Sequence[float]) -> np.ndarray:
+    return np.asarray([float(v) for v in values], dtype=float)
+
+
+def _three_way(p_greater: float, p_less: float, alpha: float) -> bool | None:
+    """held if ``p_greater < alpha``, did not hold if ``p_less < alpha``, else (or NaN) inconclusive."""
+    if math.isnan(p_greater) or math.isnan(p_less):
         return None
-    if gap > noise:
+    if p_greater < alpha:
         return True
-    if gap < -noise:
+    if p_less < alpha:
         return False
     return None
 
 
-GREATER_RULE = ("held if mean(A) - mean(B) > sd(A) + sd(B) (sample sd over {unit}), did not hold if it is "
-                "< -(sd(A) + sd(B)), else (or with fewer than 2 {unit} a side) inconclusive")
+def _t_sides(diff: float, se: float, df: float) -> tuple[float, float, float]:
+    """``(t, p(effect > 0), p(effect < 0))`` of a t statistic ``diff / se`` with ``df`` degrees of freedom.
+
+    A zero standard error (every value of each group identical) gives p = 0 on the side of a non-zero difference;
+    with a zero difference too the effect is exactly 0, which refutes a claimed positive effect: ``(nan, 1, 0)``,
+    so a claim "A > B" on e.g. three chord barriers of exactly 0 a side did not hold (no bump at all)."""
+    from scipy import stats
+
+    if math.isnan(diff) or math.isnan(se) or math.isnan(df):
+        return math.nan, math.nan, math.nan
+    if se == 0.0:
+        if diff == 0.0:
+            return math.nan, 1.0, 0.0
+        return math.copysign(math.inf, diff), float(diff <= 0), float(diff >= 0)
+    t = diff / se
+    return t, float(stats.t.sf(t, df)), float(stats.t.cdf(t, df))
+
+
+def _interval(diff: float, se: float, df: float, alpha: float) -> tuple[float, float]:
+    from scipy import stats
+
+    if math.isnan(diff) or math.isnan(se) or math.isnan(df):
+        return math.nan, math.nan
+    q = float(stats.t.ppf(1.0 - alpha, df)) if se > 0 else 0.0
+    return diff - q * se, diff + q * se
+
+
+def welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    """``(mean(a) - mean(b), its standard error, Welch-Satterthwaite df)``; NaN with fewer than 2 values a side."""
+    a, b = _clean(a), _clean(b)
+    if a.size < 2 or b.size < 2:
+        diff = float(a.mean() - b.mean()) if a.size and b.size else math.nan
+        return diff, math.nan, math.nan
+    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (a.size - 1) + vb ** 2 / (b.size - 1)) if se > 0 else float(a.size + b.size - 2)
+    return float(a.mean() - b.mean()), se, float(df)
+
+
+def bootstrap_ci(a: Sequence[float], b: Sequence[float] | None = None, *, paired: bool = False,
+                 alpha: float = ALPHA, n: int = BOOTSTRAP, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap (1 - 2 ``alpha``) interval of ``mean(a) - mean(b)`` (``b`` None: of ``mean(a)``).
+
+    Unpaired: ``a`` and ``b`` are resampled independently; paired: the differences ``a[i] - b[i]`` are resampled.
+    Seeded (``numpy.random.default_rng(seed)``), so a summary's interval is reproducible; NaN with fewer than 2
+    values a side. With n = 3 a side the bootstrap interval is too narrow (it can take only a few values): it is
+    reported beside the t interval, never used alone to decide.
+    """
+    a = _clean(a)
+    if b is not None and paired:
+        a, b = a - _clean(b), None
+    b = None if b is None else _clean(b)
+    if a.size < 2 or (b is not None and b.size < 2):
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    stat = a[rng.integers(0, a.size, (n, a.size))].mean(axis=1)
+    if b is not None:
+        stat = stat - b[rng.integers(0, b.size, (n, b.size))].mean(axis=1)
+    lo, hi = np.quantile(stat, [alpha, 1.0 - alpha])
+    return float(lo), float(hi)
 
 
 def greater(claim: str, source: str, a: Sequence[float], b: Sequence[float], *, names: tuple[str, str] = ("A", "B"),
-            unit: str = "pairs", note: str = "") -> Verdict:
-    """Claim ``A > B`` by more than the spread: see :data:`GREATER_RULE`."""
-    a, b = list(map(float, a)), list(map(float, b))
-    ma, mb = (float(np.mean(x)) if x else math.nan for x in (a, b))
-    sa, sb = spread(a), spread(b)
+            unit: str = "pairs", note: str = "", alpha: float = ALPHA) -> Verdict:
+    """Claim ``A > B`` (independent groups): Welch's one-sided t-test at ``alpha``.
+
+    Held if ``p(A > B) < alpha``, did not hold if ``p(A < B) < alpha``, else (or with fewer than 2 {unit} a side)
+    inconclusive. ``numbers``: the means, sds and n, the difference, its Welch and bootstrap intervals, t, df,
+    the one-sided p and alpha.
+    """
+    a, b = _clean(a), _clean(b)
     na, nb = names
-    numbers = {f"mean {na}": ma, f"sd {na}": sa, f"n {na}": len(a), f"mean {nb}": mb, f"sd {nb}": sb,
-               f"n {nb}": len(b)}
-    test = GREATER_RULE.format(unit=unit).replace("(A)", f"({na})").replace("(B)", f"({nb})")
-    return Verdict(claim, source, test, numbers, compare(ma - mb, sa + sb), note)
+    diff, se, df = welch(a, b)
+    t, p_gt, p_lt = _t_sides(diff, se, df)
+    lo, hi = _interval(diff, se, df, alpha)
+    blo, bhi = bootstrap_ci(a, b, alpha=alpha)
+    numbers = {f"mean {na}": float(a.mean()) if a.size else math.nan, f"sd {na}": spread(a), f"n {na}": int(a.size),
+               f"mean {nb}": float(b.mean()) if b.size else math.nan, f"sd {nb}": spread(b), f"n {nb}": int(b.size),
+               "difference": diff, "ci low": lo, "ci high": hi, "bootstrap ci low": blo, "bootstrap ci high": bhi,
+               "t": t, "df": df, "p": p_gt, "alpha": alpha}
+    test = (f"Welch one-sided t-test over {unit}: held if p({na} > {nb}) < {alpha:g}, did not hold if "
+            f"p({na} < {nb}) < {alpha:g} or both sides are the same constant, else inconclusive (also with fewer "
+            f"than 2 {unit} a side); "
+            f"interval = {1 - 2 * alpha:.0%} Welch interval of mean({na}) - mean({nb})")
+    return Verdict(claim, source, test, numbers, _three_way(p_gt, p_lt, alpha), note)
+
+
+def paired_greater(claim: str, source: str, a: Sequence[float], b: Sequence[float], *,
+                   names: tuple[str, str] = ("A", "B"), unit: str = "seeds", note: str = "",
+                   alpha: float = ALPHA) -> Verdict:
+    """Claim ``A > B`` for paired measurements (``a[i]`` and ``b[i]`` share a seed: the same initialisation or data
+    order): the one-sided paired t-test of the differences at ``alpha`` (held / did not hold / inconclusive as in
+    :func:`greater`)."""
+    a, b = _clean(a), _clean(b)
+    if a.shape != b.shape:
+        raise ValueError(f"paired values need equal lengths, got {a.size} and {b.size}")
+    d = a - b
+    m = float(d.mean()) if d.size else math.nan
+    sd = spread(d)
+    se, df = (sd / math.sqrt(d.size), float(d.size - 1)) if d.size >= 2 else (math.nan, math.nan)
+    t, p_gt, p_lt = _t_sides(m, se, df)
+    lo, hi = _interval(m, se, df, alpha)
+    blo, bhi = bootstrap_ci(a, b, paired=True, alpha=alpha)
+    na, nb = names
+    numbers = {f"mean {na}": float(a.mean()) if a.size else math.nan,
+               f"mean {nb}": float(b.mean()) if b.size else math.nan,
+               f"mean({na} - {nb})": m, f"sd({na} - {nb})": sd, f"n {unit}": int(d.size), "ci low": lo,
+               "ci high": hi, "bootstrap ci low": blo, "bootstrap ci high": bhi, "t": t, "df": df, "p": p_gt,
+               "alpha": alpha}
+    test = (f"paired one-sided t-test over {unit}: held if p(mean({na} - {nb}) > 0) < {alpha:g}, did not hold if "
+            f"p(< 0) < {alpha:g} or every difference is 0, else (or with fewer than 2 {unit}) inconclusive; "
+            f"interval = {1 - 2 * alpha:.0%} "
+            "t interval of the mean difference")
+    return Verdict(claim, source, test, numbers, _three_way(p_gt, p_lt, alpha), note)
+
+
+def similar(claim: str, source: str, a: Sequence[float], b: Sequence[float], *, tolerance: float,
+            names: tuple[str, str] = ("A", "B"), unit: str = "seeds", note: str = "", alpha: float = ALPHA,
+            paired: bool = False) -> Verdict:
+    """Claim ``A ~ B`` within an equivalence margin ``tolerance`` (the difference the claim still calls "the same",
+    stated in the rule): two one-sided tests (TOST) at ``alpha``.
+
+    Held if the (1 - 2 alpha) t interval of ``mean(A) - mean(B)`` (Welch, or paired) lies inside
+    ``[-tolerance, tolerance]`` (both one-sided tests reject a difference beyond the margin), did not hold if it
+    lies wholly outside (the difference exceeds the margin, significantly), else (or with fewer than 2 {unit} a
+    side) inconclusive.
+    """
+    a, b = _clean(a), _clean(b)
+    if paired:
+        if a.shape != b.shape:
+            raise ValueError(f"paired values need equal lengths, got {a.size} and {b.size}")
+        d = a - b
+        diff = float(d.mean()) if d.size else math.nan
+        se, df = (spread(d) / math.sqrt(d.size), float(d.size - 1)) if d.size >= 2 else (math.nan, math.nan)
+    else:
+        diff, se, df = welch(a, b)
+    lo, hi = _interval(diff, se, df, alpha)
+    if math.isnan(lo) or math.isnan(hi):
+        held = None
+    elif -tolerance <= lo and hi <= tolerance:
+        held = True
+    elif lo > tolerance or hi < -tolerance:
+        held = False
+    else:
+        held = None
+    na, nb = names
+    numbers = {f"mean {na}": float(a.mean()) if a.size else math.nan, f"sd {na}": spread(a), f"n {na}": int(a.size),
+               f"mean {nb}": float(b.mean()) if b.size else math.nan, f"sd {nb}": spread(b), f"n {nb}": int(b.size),
+               "difference": diff, "ci low": lo, "ci high": hi, "margin": float(tolerance), "alpha": alpha}
+    test = (f"equivalence (TOST) over {unit}{', paired' if paired else ''}: held if the {1 - 2 * alpha:.0%} t "
+            f"interval of mean({na}) - mean({nb}) lies inside +-{tolerance:g}, did not hold if it lies wholly "
+            f"outside, else (or with fewer than 2 {unit} a side) inconclusive")
+    return Verdict(claim, source, test, numbers, held, note)
+
+
+def below(claim: str, source: str, values: Sequence[float], bound: float, *, name: str = "value",
+          unit: str = "seeds", note: str = "", alpha: float = ALPHA) -> Verdict:
+    """Claim that a quantity is below an effect-size ``bound`` (an "approximately" claim: approximately symmetric =
+    an asymmetry below a stated size, not exactly none): the one-sample one-sided t-test of ``mean < bound``.
+
+    Held if ``p(mean < bound) < alpha`` (the upper (1 - alpha) confidence bound of the mean is below ``bound``),
+    did not hold if ``p(mean > bound) < alpha``, else (or with fewer than 2 {unit}) inconclusive.
+    """
+    v = _clean(values)
+    m = float(v.mean()) if v.size else math.nan
+    se, df = (spread(v) / math.sqrt(v.size), float(v.size - 1)) if v.size >= 2 else (math.nan, math.nan)
+    t, p_gt, p_lt = _t_sides(m - bound, se, df)  # p_lt: mean < bound
+    if se == 0.0 and m == bound:  # exactly at the bound: not below it
+        p_gt, p_lt = 0.0, 1.0
+    lo, hi = _interval(m, se, df, alpha)
+    numbers = {f"mean {name}": m, f"sd {name}": spread(v), f"n {unit}": int(v.size), "bound": float(bound),
+               "ci low": lo, "ci high": hi, "t": t, "p": p_lt, "alpha": alpha}
+    test = (f"effect-size bound: one-sample one-sided t-test over {unit}; held if p(mean {name} < {bound:g}) < "
+            f"{alpha:g}, did not hold if p(mean {name} > {bound:g}) < {alpha:g}, else (or with fewer than 2 {unit}) "
+            "inconclusive")
+    return Verdict(claim, source, test, numbers, _three_way(p_lt, p_gt, alpha), note)
+
+
+def ordered(claim: str, source: str, groups: Mapping[float, Sequence[float]], *, decreasing: bool = True,
+            key: str = "k", unit: str = "pairs", note: str = "", alpha: float = ALPHA) -> Verdict:
+    """Claim that the values fall (``decreasing``) or rise as ``key`` grows: a monotone trend.
+
+    Spearman's rank correlation rho between ``key`` and every value of every group (ties get mean ranks), with
+    its one-sided p-value (t approximation, ``scipy.stats.spearmanr``): held if the trend in the claimed
+    direction has p < ``alpha``, did not hold if the opposite trend has, else (or with fewer than 3 values, or
+    fewer than 2 keys) inconclusive. The group means, sds and sizes are reported beside rho.
+    """
+    from scipy import stats
+
+    keys = sorted(groups)
+    xs = [float(k) for k in keys for _ in groups[k]]
+    ys = [float(v) for k in keys for v in groups[k]]
+    means = [float(np.mean(groups[k])) if len(groups[k]) else math.nan for k in keys]
+    sds = [spread(groups[k]) for k in keys]
+    rho = p_down = p_up = math.nan
+    if len(ys) >= 3 and len(set(xs)) >= 2 and np.all(np.isfinite(ys)) and len(set(ys)) >= 2:
+        rho = float(stats.spearmanr(xs, ys).statistic)
+        p_up = float(stats.spearmanr(xs, ys, alternative="greater").pvalue)
+        p_down = float(stats.spearmanr(xs, ys, alternative="less").pvalue)
+    p_claim, p_other = (p_down, p_up) if decreasing else (p_up, p_down)
+    numbers = {key: [_plain(k) for k in keys], "mean": means, "sd": sds, "n": [len(groups[k]) for k in keys],
+               "spearman rho": rho, "p": p_claim, "alpha": alpha}
+    way = "falls" if decreasing else "rises"
+    test = (f"monotone trend: Spearman rank correlation of the values ({unit}) with {key}, one-sided; held if it "
+            f"{way} with p < {alpha:g}, did not hold if the opposite trend has p < {alpha:g}, else inconclusive")
+    return Verdict(claim, source, test, numbers, _three_way(p_claim, p_other, alpha), note)
+
+
+def inconclusive(verdict: Verdict, reason: str) -> Verdict:
+    """The verdict (and every part) marked inconclusive because it rests on an invalid regime, with ``reason``."""
+    note = f"{INVALID}: {reason}." + (f" {verdict.note}" if verdict.note else "")
+    parts = tuple(inconclusive(p, reason) for p in verdict.parts)
+    numbers = dict(verdict.numbers)
+    if parts and {"held", "did not hold", "inconclusive"} <= set(numbers):  # an all_of: its counts follow the parts
+        numbers.update({"held": 0, "did not hold": 0, "inconclusive": len(parts)})
+    return dataclasses.replace(verdict, held=None, note=note, numbers=numbers, parts=parts)
 
 
 def all_of(claim: str, source: str, parts: Sequence[Verdict], *, note: str = "") -> Verdict:
@@ -132,27 +357,6 @@ def all_of(claim: str, source: str, parts: Sequence[Verdict], *, note: str = "")
     numbers = {"held": held_n, "did not hold": failed, "inconclusive": len(parts) - held_n - failed}
     return Verdict(claim, source, "held if every part held, did not hold if any part did not, else inconclusive",
                    numbers, held, note, tuple(parts))
-
-
-def ordered(claim: str, source: str, groups: Mapping[float, Sequence[float]], *, decreasing: bool = True,
-            key: str = "k", unit: str = "pairs", note: str = "") -> Verdict:
-    """Claim that the group means fall (``decreasing``) or rise as ``key`` grows.
-
-    Each consecutive step (in sorted ``key``) is judged by :func:`compare` with gap = the change in the mean
-    in the claimed direction and noise = the sum of the two groups' spreads. Held if every step moves as
-    claimed, did not hold if any step moves the other way by more than its noise, else inconclusive.
-    """
-    keys = sorted(groups)
-    means = [float(np.mean(groups[k])) if len(groups[k]) else math.nan for k in keys]
-    sds = [spread(groups[k]) for k in keys]
-    sign = -1.0 if decreasing else 1.0
-    steps = [compare(sign * (means[i + 1] - means[i]), sds[i] + sds[i + 1]) for i in range(len(keys) - 1)]
-    held = False if any(s is False for s in steps) else (True if steps and all(steps) else None)
-    numbers = {key: [_plain(k) for k in keys], "mean": means, "sd": sds}
-    way = "falls" if decreasing else "rises"
-    test = (f"held if the mean {way} at every step in {key} by more than the two groups' summed sd (sample sd "
-            f"over {unit}), did not hold if any step goes the other way by more, else inconclusive")
-    return Verdict(claim, source, test, numbers, held, note)
 
 
 def far_below(claim: str, source: str, value: float, sample: Sequence[float], *, quantile: float = 0.1,
@@ -181,40 +385,3 @@ def far_below(claim: str, source: str, value: float, sample: Sequence[float], *,
     return Verdict(claim, source, test, numbers, held, note)
 
 
-def similar(claim: str, source: str, a: Sequence[float], b: Sequence[float], *, tolerance: float,
-            names: tuple[str, str] = ("A", "B"), unit: str = "seeds", note: str = "") -> Verdict:
-    """Claim ``A ~ B``: held if |mean(A) - mean(B)| <= sd(A) + sd(B) + ``tolerance``, did not hold if it is larger;
-    inconclusive with fewer than two values a side (no spread) or NaN. ``tolerance`` is the difference the claim
-    still calls "the same" (e.g. one accuracy point), stated in the rule."""
-    a, b = list(map(float, a)), list(map(float, b))
-    ma, mb = (float(np.mean(x)) if x else math.nan for x in (a, b))
-    sa, sb = spread(a), spread(b)
-    na, nb = names
-    gap = abs(ma - mb)
-    bound = sa + sb + tolerance
-    held = None if math.isnan(gap) or math.isnan(bound) else bool(gap <= bound)
-    numbers = {f"mean {na}": ma, f"sd {na}": sa, f"n {na}": len(a), f"mean {nb}": mb, f"sd {nb}": sb,
-               f"n {nb}": len(b), "tolerance": tolerance}
-    test = (f"held if |mean({na}) - mean({nb})| <= sd({na}) + sd({nb}) + {tolerance:g} (sample sd over {unit}), "
-            f"else did not hold; inconclusive with fewer than 2 {unit} a side")
-    return Verdict(claim, source, test, numbers, held, note)
-
-
-def paired_greater(claim: str, source: str, a: Sequence[float], b: Sequence[float], *,
-                   names: tuple[str, str] = ("A", "B"), unit: str = "seeds", note: str = "") -> Verdict:
-    """Claim ``A > B`` for paired measurements (``a[i]`` and ``b[i]`` share a seed: the same initialisation or data
-    order): held if the mean of the differences ``a[i] - b[i]`` exceeds their sample sd, did not hold if it is below
-    minus their sd, else (or with fewer than two pairs) inconclusive."""
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if a.shape != b.shape:
-        raise ValueError(f"paired values need equal lengths, got {a.size} and {b.size}")
-    d = a - b
-    m = float(d.mean()) if d.size else math.nan
-    sd = spread(d)
-    na, nb = names
-    numbers = {f"mean {na}": float(a.mean()) if a.size else math.nan,
-               f"mean {nb}": float(b.mean()) if b.size else math.nan,
-               f"mean({na} - {nb})": m, f"sd({na} - {nb})": sd, f"n {unit}": int(d.size)}
-    test = (f"held if mean({na} - {nb}) > sd({na} - {nb}) over {unit} (paired by seed), did not hold if it is "
-            f"< -sd, else (or with fewer than 2 {unit}) inconclusive")
-    return Verdict(claim, source, test, numbers, compare(m, sd), note)

@@ -26,11 +26,20 @@ def figures_test_made(tmp_path_factory):
 
     Recipe tests read the summaries and the store from here instead of running their recipes again.
     """
+    from unittest import mock
+
     from cli import main as cli_main
+    from landscape.plots import style
 
     out = tmp_path_factory.mktemp("figs")
     root = out / "store"
-    with pytest.raises(SystemExit) as exc:
+    save = style.save_figure
+
+    def save_and_check(fig, stem):  # every recipe figure's text layout, as drawn (test_figures_recipes.py)
+        FIGURE_TEXT_PROBLEMS[str(stem)] = text_problems(fig)
+        return save(fig, stem)
+
+    with mock.patch.object(style, "save_figure", save_and_check), pytest.raises(SystemExit) as exc:
         cli_main.main(["--root", str(root), "figures", "all", "--scale", "test", "--out", str(out)])
     assert exc.value.code == 0
     return out, root
@@ -47,3 +56,41 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("cuda") is not None:
             item.add_marker(skip)
+
+
+FIGURE_TEXT_PROBLEMS: dict[str, list[str]] = {}  # figure stem -> overlapping / clipped text (filled by the above)
+
+
+def text_problems(fig) -> list[str]:
+    """Text elements of ``fig`` that overlap another text element or leave the canvas, from matplotlib's rendered
+    bounding boxes (drawn under the recipes' style, as saved)."""
+    import itertools
+    from unittest import mock
+
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Text
+
+    from landscape.plots.style import STYLE
+
+    boxes = []
+    draw = Text.draw
+
+    def recording(self, renderer):  # only what is drawn (stale tick labels outside the view are not)
+        draw(self, renderer)
+        if self.get_visible() and self.get_text().strip():
+            boxes.append((self, self.get_window_extent(renderer)))
+
+    with matplotlib.rc_context(STYLE), mock.patch.object(Text, "draw", recording):
+        FigureCanvasAgg(fig).draw()
+    page = fig.bbox
+    problems = []
+    for t, b in boxes:
+        if b.x0 < page.x0 - 1 or b.y0 < page.y0 - 1 or b.x1 > page.x1 + 1 or b.y1 > page.y1 + 1:
+            problems.append(f"{t.get_text()!r} leaves the canvas")
+    for (t1, b1), (t2, b2) in itertools.combinations(boxes, 2):
+        w = min(b1.x1, b2.x1) - max(b1.x0, b2.x0)
+        h = min(b1.y1, b2.y1) - max(b1.y0, b2.y0)
+        if w > 1 and h > 1:  # more than a pixel each way
+            problems.append(f"{t1.get_text()!r} overlaps {t2.get_text()!r}")
+    return problems

@@ -8,7 +8,6 @@ instability = max loss - mean of the end losses (Watson et al. Def. 2.3).
 from __future__ import annotations
 
 import itertools
-import math
 
 import h5py
 import numpy as np
@@ -50,13 +49,13 @@ def test_test_scale_writes_files_numbers_and_verdict(made, name):
     path = out / name / f"{name}-test.h5"
     numbers, verdict, figures = read_summary(path)
     assert {p.suffix for p in figures} == {".png", ".pdf"} and all(p.stat().st_size > 1000 for p in figures)
-    assert numbers and all(np.isfinite(v).all() for v in numbers.values())
+    assert numbers and all(np.isfinite(v).all() for k, v in numbers.items() if not k.startswith("gate/"))
     assert isinstance(verdict, Verdict) and verdict.held in (True, False, None) and verdict.numbers
     with h5py.File(path, "r") as f:
         assert f.attrs["scale"] == "test" and f.attrs["recipe"] == name
 
 
-def _naive_instability(root, a: str, b: str) -> float:
+def _naive_path(root, a: str, b: str) -> np.ndarray:
     from landscape.api.resolve import Resolver
 
     r = Resolver(root)
@@ -69,25 +68,37 @@ def _naive_instability(root, a: str, b: str) -> float:
         model.load_state_dict({k: (1 - alpha) * sa[k] + alpha * sb[k] for k in sa})
         with torch.no_grad():
             losses.append(float(torch.nn.functional.cross_entropy(model(x), y)))
-    return max(losses) - (losses[0] + losses[-1]) / 2
+    return np.array(losses)
 
 
-def test_watson_fig5_instabilities_match_a_naive_interpolation_loop(made):
+def test_watson_fig5_barriers_match_a_naive_interpolation_loop(made):
+    from scipy import stats
+
+    from landscape.verdict import INVALID
+
     out, root = made
     numbers, verdict, _ = read_summary(out / "watson-fig5" / "watson-fig5-test.h5")
     assert numbers["k"].tolist() == [1.0] and numbers["epsilon"].tolist() == [8.0]
     group = "watson-fig5-test-e8-k1"
-    for family, measured in (("sgd", numbers["sgd"][0]), ("dpsgd", numbers["dp"][0][0])):
+    t = np.linspace(0, 1, 5)
+    for family, chord, def23 in (("sgd", numbers["sgd"][0], numbers["sgd_instability"][0]),
+                                 ("dpsgd", numbers["dp"][0][0], numbers["dp_instability"][0][0])):
         runs = [f"{group}-sgd-{family}-{i}" for i in range(3)]
-        naive = sorted(_naive_instability(root, a, b) for a, b in itertools.combinations(runs, 2))
-        assert np.allclose(sorted(measured), naive, rtol=1e-4, atol=1e-6), (family, measured, naive)
-    # the verdict is the rule applied to these numbers (mean/sd of the 3 pairs per side)
-    n = verdict.numbers
-    assert n["held"] + n["did not hold"] + n["inconclusive"] == 1
+        paths = [_naive_path(root, a, b) for a, b in itertools.combinations(runs, 2)]
+        naive_chord = sorted(float(np.max(v - ((1 - t) * v[0] + t * v[-1]))) for v in paths)
+        naive23 = sorted(float(v.max() - (v[0] + v[-1]) / 2) for v in paths)
+        assert np.allclose(sorted(chord), naive_chord, rtol=1e-4, atol=1e-6), (family, chord, naive_chord)
+        assert np.allclose(sorted(def23), naive23, rtol=1e-4, atol=1e-6), (family, def23, naive23)
+    # one (k, epsilon) point at test scale: no corner to except, so it is the one judged part (Welch, alpha 0.05)
+    assert len(verdict.parts) == 1 and "Exception" not in verdict.note
     dp, sgd = numbers["dp"][0][0], numbers["sgd"][0]
-    gap, noise = dp.mean() - sgd.mean(), dp.std(ddof=1) + sgd.std(ddof=1)
-    expected = True if gap > noise else (False if gap < -noise else None)
-    assert verdict.held is expected and math.isfinite(gap)
+    if dp.std() + sgd.std() > 0:
+        p = stats.ttest_ind(dp, sgd, equal_var=False, alternative="greater").pvalue
+        expected = True if p < 0.05 else (False if 1 - p < 0.05 else None)
+    else:
+        expected = bool(dp.mean() > sgd.mean())  # constants: exactly equal barriers refute "higher"
+    part = verdict.parts[0]
+    assert part.held is (None if part.note.startswith(INVALID) else expected)
 
 
 def test_rerun_skips_finished_recipes(made, capsys):
@@ -106,7 +117,10 @@ def test_paper_scale_without_data_is_one_line_exit_1(capsys, tmp_path, monkeypat
                          "--data-root", str(tmp_path), "--out", str(tmp_path))
     assert code == 1 and out == ""
     assert err.count("\n") == 1 and err.startswith("error: ") and "cifar10" in err and "GPU hours" in err
-    assert not (tmp_path / "watson-fig5").exists()
+    assert not (tmp_path / "watson-fig5").exists() and list(tmp_path.iterdir()) == []  # nothing written
+    code, out, err = run(capsys, "--root", str(tmp_path), "figures", "all", "--scale", "paper",
+                         "--data-root", str(tmp_path), "--out", str(tmp_path / "gal"))
+    assert code == 1 and err.count("\n") == 1 and not (tmp_path / "gal").exists()  # no gallery README either
 
 
 def test_unknown_recipe_and_missing_name_are_usage_errors(capsys):
@@ -132,6 +146,10 @@ def test_watson_fig4_path_ends_are_the_two_solutions_losses(made):
     for norm in ("none", "filter"):
         toward, rises = numbers[f"{norm}/toward_loss"], numbers[f"{norm}/random_rises"]
         assert np.allclose([toward[0], toward[-1]], [a, b], rtol=1e-4, atol=1e-6)
+        # the rise is along the whole path (mean over t > 0 above the start), not the far end's loss
+        assert float(numbers[f"{norm}/toward_rise"]) == pytest.approx(np.mean(toward[1:]) - toward[0])
+        direction = numbers[f"{norm}/direction_loss"]
+        np.testing.assert_allclose(rises, direction[:, 1:].mean(axis=1) - direction[:, 0])
         assert rises.shape == (8,) and 0 <= float(numbers[f"{norm}/max_abs_cos"]) <= 1
         # every direction starts at the solution's loss
         assert np.allclose(numbers[f"{norm}/direction_loss"][:, 0], a, rtol=1e-4, atol=1e-6)

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cli import main as cli_main
@@ -144,3 +145,51 @@ def test_unreachable_scheduler_is_one_line_before_any_recipe_runs(toys, tmp_path
     assert code == 1 and "cannot reach the Dask scheduler at tcp://127.0.0.1:1 within" in lines[-1]
     assert len(lines) == 2 and lines[0].startswith("dask: connecting to the scheduler at tcp://127.0.0.1:1"), err
     assert not out.exists() and text == ""
+
+
+def _make_gated(ctx):
+    """A toy recipe on two tiny real runs: one part judged from run a, one from run b."""
+    from landscape.api import TrainConfig
+    from landscape.plots import style
+
+    base = TrainConfig(model="lenet", data="digits", subset=120, epochs=1, batch_size=32, checkpoint_every="1e")
+    a, b = ctx.train("a", base), ctx.train("b", base.__class__(**{**base.__dict__, "seed": 1}))
+    v1 = ctx.judged(greater("part a", "toy", [3.0, 3.1, 2.9], [1.0, 1.1, 0.9]), [a])
+    v2 = ctx.judged(greater("part b", "toy", [3.0, 3.1, 2.9], [1.0, 1.1, 0.9]), [f"{b.name}@last"])
+    fig, ax = style.subplots(figsize=(2, 2))
+    ax.plot([0, 1], [0, 1])
+    from landscape.verdict import all_of
+
+    return {"x": [1.0]}, all_of("both", "toy", [v1, v2]), style.save_figure(fig, ctx.stem("figure"))
+
+
+def test_a_run_failing_its_gate_makes_its_parts_inconclusive_invalid_regime(tmp_path):
+    """The gate machinery on real runs: a floor no 1-epoch model reaches makes every part judged from those runs
+    'inconclusive (invalid regime)' with the run and the reason; a floor of 0 leaves the rule's verdict; the gate
+    numbers and which part rests on which run are in the summary."""
+    import dataclasses
+    import json
+
+    import h5py
+
+    from landscape.figures.recipe import Gate, make
+    from landscape.verdict import INVALID
+
+    recipe = dataclasses.replace(_recipe("toy-gate", _make_gated), gates={"test": Gate(min_acc=0.999)})
+    made = make(recipe, scale="test", out=tmp_path / "out", root=tmp_path / "store")
+    assert made.verdict.held is None and all(p.held is None for p in made.verdict.parts)
+    assert made.verdict.parts[0].note.startswith(INVALID) and "toy-gate-test-a: final test accuracy" in \
+        made.verdict.parts[0].note and "< floor 0.999" in made.verdict.parts[0].note
+    assert "toy-gate-test-b" in made.verdict.parts[1].note
+    numbers, _, _ = read_summary(made.path)
+    with h5py.File(made.path, "r") as f:
+        assert json.loads(f.attrs["gate_runs"]) == ["toy-gate-test-a", "toy-gate-test-b"]
+        assert json.loads(f.attrs["gate_parts"]) == {"part a": ["toy-gate-test-a"], "part b": ["toy-gate-test-b"]}
+        assert json.loads(f.attrs["gate"])["min_acc"] == 0.999
+    assert numbers["gate/passed"].tolist() == [0.0, 0.0] and np.all(numbers["gate/final_acc"] < 0.999)
+    row, section = gallery._section("toy-gate", recipe, tmp_path / "out", "test")  # the gallery says why
+    assert "| *inconclusive* (2 parts: invalid regime) |" in row and "toy-gate" in section
+    ok = dataclasses.replace(recipe, gates={"test": Gate(min_acc=0.0, max_drop=1.0)})
+    again = make(ok, scale="test", out=tmp_path / "out2", root=tmp_path / "store")  # runs reused
+    assert again.verdict.held is True and INVALID not in again.verdict.note
+    assert read_summary(again.path)[0]["gate/passed"].tolist() == [1.0, 1.0]

@@ -320,8 +320,13 @@ def test_tour_for_the_demo(phases_store, tmp_path):
     t = tour("G-*", root=phases_store.root, out_dir=tmp_path / "demo",
              config=InterpolateConfig(points=3, subset=50, splits=("test",)))
     kinds = [r["kind"] for r in t.rows()]
-    assert kinds == ["siblings dpsgd eps=2", "siblings sgd", "phase 1 -> phase 2 (dpsgd)", "phase 1 -> phase 2 (sgd)",
-                     "phase 2 sgd vs dpsgd"]
+    dp_row = next(r for r in t.table.rows if r.phase2 == "dpsgd")  # labelled with the epsilon spent, not the target
+    assert 0 < dp_row.epsilon_spent <= 2.0 + 1e-9 and dp_row.epsilon == 2.0
+    assert kinds == [f"siblings dpsgd eps={dp_row.epsilon_spent:.3g}", "siblings sgd", "phase 1 -> phase 2 (dpsgd)",
+                     "phase 1 -> phase 2 (sgd)", "phase 2 sgd vs dpsgd"]
+    for row, printed in zip(t.table.rows, t.rows(), strict=False):  # the chord barrier beside Def. 2.3
+        res = InterpolationResult.from_hdf5(row.result)
+        assert printed["chord_barrier_test_loss"] == row.chord_barrier_loss["test"] == res.chord_barrier_loss["test"]
     assert all(p.is_file() for p in t.files()) and len(t.files()) == 4 + 3 * 3
 
 

@@ -1,7 +1,11 @@
 """A table of linear interpolation instabilities over many checkpoint pairs (Watson et al. Fig. 5).
 
 One :class:`PairInstability` row per pair: which runs, the Phase-1 length ``k``, the Phase-1 and Phase-2
-optimizers, epsilon, and Watson et al. Def. 2.3 per split for the loss and the error. Pure: rows in, CSV /
+optimizers, epsilon (the phases' target and the epsilon the checkpoints actually spent), and per split for the
+loss Watson et al. Def. 2.3 (sup over the path minus the endpoints' mean) beside the barrier above the chord
+(sup over the path of the loss minus the straight line between the end losses, Entezari et al. 2022). Def. 2.3
+is never below half the gap between the end losses, so a pair whose ends differ has a large "instability"
+without any bump between them; the chord barrier is 0 on such a path and measures the bump alone. Pure: rows in, CSV /
 HDF5 out; pairing runs from manifests is :func:`sibling_pairs` / :func:`all_pairs` on plain manifest data.
 """
 
@@ -36,12 +40,15 @@ class PairInstability:
     epsilon: float  # the DP target of the phases group, else the checkpoints' epsilon (NaN for SGD)
     instability_loss: dict[str, float] = stored("column", name="instability_{}_loss")
     instability_error: dict[str, float] = stored("column", name="instability_{}_error")
+    # sup_a L_a - ((1-a) L_A + a L_B): the bump above the chord (InterpolationResult.chord_barrier_loss)
+    chord_barrier_loss: dict[str, float] = stored("column", name="chord_barrier_{}_loss", default_factory=dict)
     # after aligning B to A (--align); NaN without it
     instability_loss_aligned: dict[str, float] = stored("column", name="instability_{}_loss_aligned",
                                                         default_factory=dict)
     instability_error_aligned: dict[str, float] = stored("column", name="instability_{}_error_aligned",
                                                          default_factory=dict)
     result: str = ""  # the pair's interpolation result file
+    epsilon_spent: float = math.nan  # the larger epsilon the two checkpoints spent (NaN when neither is DP)
 
     def flat(self, splits: Sequence[str]) -> dict[str, object]:
         return {k: v[0] for k, v in table_columns([self], PairInstability, splits).items()}
@@ -152,13 +159,15 @@ def compute_pair(a, b, config, labels: Mapping, result=None) -> tuple[PairInstab
     falls back to the larger of the checkpoints' own for a DP pair."""
     result = interpolate_pair(a, b, config) if result is None else result
     eps = labels["epsilon"]
+    known = [e for e in (a.checkpoint.epsilon, b.checkpoint.epsilon) if e is not None]
+    spent = float(max(known)) if known else math.nan
     if math.isnan(eps) and labels["phase2"] != "sgd":
-        known = [e for e in (a.checkpoint.epsilon, b.checkpoint.epsilon) if e is not None]
-        eps = float(max(known)) if known else math.nan
+        eps = spent
     row = PairInstability(
         pair=f"{a.ref}:{b.ref}", ref_a=a.ref, ref_b=b.ref, group=labels["group"], k=labels["k"],
         phase1=labels["phase1"], phase2=labels["phase2"], epsilon=eps,
-        instability_loss=dict(result.instability_loss), instability_error=dict(result.instability_error),
+        instability_loss=dict(result.instability_loss), chord_barrier_loss=dict(result.chord_barrier_loss),
+        instability_error=dict(result.instability_error), epsilon_spent=spent,
         instability_loss_aligned=dict(result.instability_loss_aligned),
         instability_error_aligned=dict(result.instability_error_aligned),
     )
@@ -172,8 +181,9 @@ def collect(rows: list[PairInstability], config, options: InstabilityOptions) ->
 
 def _printed(table: InstabilityTable) -> list[dict]:
     aligned = ("", "_aligned") if table.params.get("align") else ("",)
-    columns = ["pair", "k", "phase2", "epsilon"] + [f"instability_{s}_{m}{a}" for s in table.splits
-                                                    for m in ("loss", "error") for a in aligned]
+    columns = ["pair", "k", "phase2", "epsilon", "epsilon_spent"] + [
+        c for s in table.splits for c in (f"chord_barrier_{s}_loss", *(f"instability_{s}_{m}{a}"
+                                                                         for m in ("loss", "error") for a in aligned))]
     return [{c: r[c] for c in columns} for r in table.records()]
 
 

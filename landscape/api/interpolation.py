@@ -28,15 +28,19 @@ class Tour:
     interpolations: list[tuple[str, InterpolationResult]]  # (what, result)
 
     def rows(self) -> list[dict]:
-        """One row per interpolated pair (siblings first), with the test-split instabilities."""
+        """One row per interpolated pair (siblings first): the test-split chord barrier beside the instabilities;
+        a DP pair is labelled with the epsilon its checkpoints spent (not the phases' target)."""
         split = "test" if "test" in self.table.splits else self.table.splits[0]
-        rows = [{"pair": r.pair, "kind": f"siblings {r.phase2}" + (f" eps={r.epsilon:g}" if not math.isnan(r.epsilon)
-                                                                     else ""),
+        rows = [{"pair": r.pair, "kind": f"siblings {r.phase2}" + (f" eps={r.epsilon_spent:.3g}"
+                                                                     if not math.isnan(r.epsilon_spent) else ""),
+                 f"chord_barrier_{split}_loss": r.chord_barrier_loss.get(split, math.nan),
                  f"instability_{split}_loss": r.instability_loss[split],
                  f"instability_{split}_error": r.instability_error[split]} for r in self.table.rows]
         for what, res in self.interpolations:
             a, b = (i.ref for i in res.inputs)
-            rows.append({"pair": f"{a}:{b}", "kind": what, f"instability_{split}_loss": res.instability_loss[split],
+            rows.append({"pair": f"{a}:{b}", "kind": what,
+                         f"chord_barrier_{split}_loss": res.chord_barrier_loss.get(split, math.nan),
+                         f"instability_{split}_loss": res.instability_loss[split],
                          f"instability_{split}_error": res.instability_error[split]})
         return rows
 

@@ -35,6 +35,11 @@ def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out",
     names = registry.names() if list(names) == ["all"] else list(names)
     recipes = [registry.get(n) for n in names]  # unknown names fail before anything runs
     check_parallelism(workers, scheduler)
+    if scale == "paper":  # a refused paper-scale run writes nothing, not even the gallery page
+        from landscape.figures.recipe import check_paper
+
+        for r in recipes:
+            check_paper(r, data_root)
     if scheduler is not None:
         cluster_size(scheduler)  # an unreachable scheduler is one line before anything runs
     made, failed = [], []

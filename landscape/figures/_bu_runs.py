@@ -4,6 +4,10 @@ DP-SGD with noise multiplier 1.1 at several clipping norms C with learning rate 
 rule: the noise step lr * sigma * C stays fixed while C grows), and non-DP SGD, ``seeds`` seeds each (a seed's
 runs share their initialisation). ``bu-fig6-7`` and ``bu-fig11`` read the same runs (names
 ``bu-calibration-SCALE-...``); their settings include :data:`RUNS`.
+
+Bu et al. compare the clipping norms "at similar accuracy"; :func:`premise` checks that before either recipe's
+verdict counts (TOST on the paired test accuracies of the smallest and largest C, margin :data:`MARGIN`): when it
+is not shown, the verdict is inconclusive (invalid regime), whatever the calibration numbers say.
 """
 
 from __future__ import annotations
@@ -22,6 +26,28 @@ RUNS = {
 
 
 SCALES = {scale: {"runs": settings} for scale, settings in RUNS.items()}  # the recipes' settings
+MARGIN = 0.05  # "similar accuracy": within 5 accuracy points
+
+
+def premise(res, rows, small: float, large: float, source: str):
+    """The paper's premise as a verdict: C = ``small`` and C = ``large`` reach similar test accuracy (paired by seed,
+    :func:`landscape.verdict.similar` with margin :data:`MARGIN`)."""
+    from landscape.verdict import similar
+
+    acc = {c: [float(res.rows[i].accuracy) for i in rows[c]] for c in (small, large)}
+    return similar(f"premise: C = {small:g} and C = {large:g} reach similar test accuracy", source, acc[small],
+                   acc[large], tolerance=MARGIN, names=(f"accuracy C={small:g}", f"accuracy C={large:g}"),
+                   paired=True)
+
+
+def judged(verdict, premise_verdict):
+    """``verdict`` unless the premise was not shown: then inconclusive (invalid regime) with the premise's numbers."""
+    from landscape.verdict import inconclusive
+
+    if premise_verdict.held is True:
+        return verdict
+    return inconclusive(verdict, f"the premise of similar accuracy is not shown ({premise_verdict.status}: "
+                                 f"{premise_verdict.numbers_text()})")
 
 
 def measured(ctx):
@@ -49,6 +75,7 @@ def train_runs(ctx) -> dict:
                                  lr=s["base_lr"] / c, momentum=0.0)
         out[c] = [ensure(store, dataclasses.replace(dp, seed=seed, run=f"{prefix}-C{c:g}-{seed}"))
                   for seed in range(s["seeds"])]
+    ctx.uses(run for group in out.values() for run in group)
     return out
 
 

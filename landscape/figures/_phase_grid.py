@@ -26,15 +26,20 @@ GRID = {
 POINTS = {"test": 5, "cpu": 20, "paper": 30}  # points on each interpolation path
 
 
-def scales(**per_scale: dict) -> dict:
+def scales(paper: dict | None = None, **per_scale: dict) -> dict:
     """The ``SCALES`` of a recipe on the grid: per scale the grid's settings, the path points and ``per_scale``
-    extras (``name -> {scale: value}``)."""
+    extras (``name -> {scale: value}``); ``paper`` overrides grid settings at paper scale where the recipe's
+    figure was made with another setting (Fig. 8: k = 10; Figs. 6-7: k = 20, epsilon 5)."""
+    grids = {**GRID, "paper": {**GRID["paper"], **(paper or {})}}
     return {scale: {"grid": settings, "points": POINTS[scale], **{k: v[scale] for k, v in per_scale.items()}}
-            for scale, settings in GRID.items()}
+            for scale, settings in grids.items()}
 
 
 def group(ctx) -> str:
-    return f"watson-phase-grid-{ctx.scale}"
+    """``watson-phase-grid-SCALE``, with ``-kK-eE-nN`` when a recipe overrides the shared grid (its own runs)."""
+    g, shared = ctx.settings["grid"], GRID[ctx.scale]
+    own = "" if g == shared else f"-k{g['k']}-e{g['target_epsilon']:g}-n{g['epochs']}"
+    return f"watson-phase-grid-{ctx.scale}{own}"
 
 
 def train_grid(ctx) -> dict:
@@ -75,10 +80,21 @@ def pair_rows(table, pairs: list[str]) -> list:
     return [rows[p] for p in pairs]
 
 
-def barriers_and_paths(table, pairs: list[str], split: str = "test") -> tuple[list[float], list]:
-    """For each of ``pairs``: the loss barrier on ``split`` and the path's loss (from the pair's own file)."""
+def barriers_and_paths(table, pairs: list[str], split: str = "test") -> tuple[list[float], list[float], list]:
+    """For each of ``pairs``: the loss barrier above the chord (what basin claims are judged on), Watson et al.'s
+    Def. 2.3 instability (reported beside it) on ``split``, and the path's loss (from the pair's own file)."""
     from landscape.analyze.interpolate import InterpolationResult
 
     rows = pair_rows(table, pairs)
-    return ([float(r.instability_loss[split]) for r in rows],
+    return ([float(r.chord_barrier_loss[split]) for r in rows], [float(r.instability_loss[split]) for r in rows],
             [InterpolationResult.from_hdf5(r.result).loss[split] for r in rows])
+
+
+def ends(pairs: list[str]) -> list[str]:
+    """The run names at both ends of ``"A:B"`` pairs (what a part judged from those pairs rests on)."""
+    return [name for p in pairs for name in p.split(":")]
+
+
+BARRIER = ("Barrier = the test loss above the chord between the end losses (sup_a L(a) - ((1-a) L(0) + a L(1))); "
+           "Def. 2.3 instability (sup minus the end losses' mean) is stored beside it but not judged on, since it "
+           "is never below half the end-loss gap and so also 'holds' when one end model is merely worse.")

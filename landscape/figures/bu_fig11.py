@@ -38,12 +38,13 @@ def make(ctx):
                             high[small], high[large], names=(f"C={small:g}", f"C={large:g}"))]
     verdict = all_of("small-C clipping is over-confident: more true classes near 0 and more mass near 1 than large C",
                      SOURCE, parts, note=" | ".join(p.line() for p in parts))
+    verdict = bu.judged(verdict, bu.premise(res, rows, small, large, SOURCE))
     keys = ["sgd", *norms]
     label = {k: "non-DP SGD" if k == "sgd" else f"DP C = {k:g}" for k in keys}
     numbers = {f"{'sgd' if k == 'sgd' else f'C{k:g}'}/true_class_histogram": hist[k] for k in keys}
     numbers.update({f"{'sgd' if k == 'sgd' else f'C{k:g}'}/fraction_near_0": low[k] for k in keys})
     numbers.update({f"{'sgd' if k == 'sgd' else f'C{k:g}'}/fraction_near_1": high[k] for k in keys})
-    fig, axes = style.subplots(1, len(keys), figsize=(3.2 * len(keys), 3.0), sharey=True)
+    fig, axes = style.subplots(1, len(keys), figsize=(3.2 * len(keys), 3.9), sharey=True, layout="constrained")
     edges = np.linspace(0, 1, res.true_class_count.shape[1] + 1)
     for ax, k in zip(axes, keys, strict=True):
         h = hist[k].mean(axis=0)
@@ -52,6 +53,7 @@ def make(ctx):
         ax.set(xlabel="probability on the true class", title=label[k])
     axes[0].set_ylabel("fraction of test examples (mean over seeds)")
     fig.suptitle(f"Fig. 11 ({ctx.scale}): {verdict.status}")
+    style.panel_labels(axes)
     return numbers, verdict, style.save_figure(fig, ctx.stem("figure"))
 
 

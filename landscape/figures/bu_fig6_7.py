@@ -42,12 +42,15 @@ def make(ctx):
                      metric("sgd", "ece"), names=(f"ECE C={small:g}", "ECE SGD"), unit="seeds")]
     verdict = all_of("a large clipping norm mitigates DP-SGD's mis-calibration (lower ECE and NLL than a small one)",
                      SOURCE, parts, note=" | ".join(p.line() for p in parts))
+    verdict = bu.judged(verdict, bu.premise(res, rows, small, large, SOURCE))
     keys = ["sgd", *norms]
     numbers = {"max_grad_norm": norms}
     for name in ("accuracy", "nll", "ece"):
         numbers.update({f"{'sgd' if k == 'sgd' else f'C{k:g}'}/{name}": metric(k, name) for k in keys})
     # the reliability bins (NaN in empty bins) stay in the calibration file beside the summary
-    fig, axes = style.subplots(1, 5, figsize=(15, 3.0))
+    fig, grid = style.subplots(2, 3, figsize=(11, 6.4), layout="constrained")
+    grid[1, 2].set_axis_off()  # five panels on a 2 x 3 grid
+    axes = [*grid[0], *grid[1, :2]]
     for ax, name in zip(axes[:2], ("nll", "accuracy"), strict=True):
         vals = np.array([metric(c, name) for c in norms])
         ax.errorbar(norms, vals.mean(axis=1), yerr=vals.std(axis=1, ddof=1) if vals.shape[1] > 1 else None,
@@ -65,6 +68,7 @@ def make(ctx):
         ax.plot([0, 1], [0, 1], color="0.4", ls="--", lw=0.8)
         ax.set(xlabel="confidence", ylabel="accuracy", title=f"{title}: ECE {res.rows[i].ece:.3f} (seed 0)")
     fig.suptitle(f"Figs. 6-7 ({ctx.scale}): {verdict.status}")
+    style.panel_labels(axes)
     return numbers, verdict, style.save_figure(fig, ctx.stem("figure"))
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from landscape.atomic import atomic_write
 from landscape.figures import registry
-from landscape.figures.recipe import read_summary, summary_attrs, summary_path
+from landscape.figures.recipe import paper_line, read_summary, summary_attrs, summary_path
+from landscape.verdict import INVALID
 
 BEGIN = "<!-- gallery:begin (written by `landscape figures`; edit outside the markers) -->"
 END = "<!-- gallery:end -->"
@@ -34,9 +35,7 @@ def _section(name: str, recipe, out: Path, scale: str) -> tuple[str, str]:
     """``(table row, section)`` of one recipe."""
     path = summary_path(out, name, scale)
     title = f"{recipe.paper.split(' (')[0]}, {recipe.figure}"
-    p = recipe.paper_scale
-    paper = (f"`landscape figures {name} --scale paper --data-root DIR`: {p.model} on {p.data}, "
-             f"{p.epochs} epochs, {p.hyper}; about {p.gpu_hours:g} GPU hours.")
+    paper = f"`landscape figures {name} --scale paper --data-root DIR`: {paper_line(recipe)}."
     if not path.is_file():
         row = f"| [`{name}`](#{name}) | {_cell(title)} | {_cell(recipe.claim)} | not made | |"
         return row, f"### {name}\n\n{title}. Not made at `--scale {scale}` yet.\n\n**Paper scale.** {paper}\n"
@@ -46,7 +45,12 @@ def _section(name: str, recipe, out: Path, scale: str) -> tuple[str, str]:
     image = f"![{name}]({name}/{png[0].name})\n\n" if png and (out / name / png[0].name).is_file() else ""
     parts = _parts(verdict)
     judged = "<br>".join(parts) if parts else f"{verdict.numbers_text()}. Rule: {verdict.test}"
-    row = f"| [`{name}`](#{name}) | {_cell(title)} | {_cell(recipe.claim)} | {STATUS[verdict.status]} | {_cell(judged)} |"
+    status = STATUS[verdict.status]
+    if verdict.note.startswith(INVALID):
+        status = f"*{INVALID}*"
+    elif any(p.note.startswith(INVALID) for p in verdict.parts):
+        status += f" ({sum(p.note.startswith(INVALID) for p in verdict.parts)} parts: invalid regime)"
+    row = f"| [`{name}`](#{name}) | {_cell(title)} | {_cell(recipe.claim)} | {status} | {_cell(judged)} |"
     made = []
     if "seconds" in attrs:
         made.append(f"{float(attrs['seconds']):.0f} s")
@@ -73,8 +77,10 @@ def gallery_text(out: str | Path, scale: str = "cpu") -> str:
         sections.append(section)
     made = sum("not made" not in r for r in rows)
     head = (f"## Verdicts at `--scale {scale}` ({made} of {len(rows)} recipes made)\n\n"
-            "Each verdict is computed by the recipe from its own numbers (`landscape.verdict`): held, did not hold, "
-            "or inconclusive (the difference is within the spread, or the spread could not be measured).\n\n"
+            "Each verdict is computed by the recipe from its own numbers (`landscape.verdict`, every test at alpha "
+            "0.05): held, did not hold, or inconclusive (the test does not reject either way, the spread could not "
+            "be measured, or -- *inconclusive (invalid regime)* -- a model it rests on failed the recipe's "
+            "validity gate).\n\n"
             "| Recipe | Paper, figure | Claim | Verdict | Numbers and rule |\n|---|---|---|---|---|\n")
     return "\n".join([BEGIN, head + "\n".join(rows) + "\n", *sections, END]) + "\n"
 

@@ -50,7 +50,7 @@ def make(ctx):
                      note=" | ".join(p.line() for p in parts))
     numbers = {"epsilon": list(s["epsilons"]), "smooth": list(s["smooth"]),
                "test_acc": [[acc[(e, S)] for S in s["smooth"]] for e in s["epsilons"]]}
-    fig, ax = style.subplots(figsize=(4.8, 3.2))
+    fig, ax = style.subplots(figsize=(4.8, 3.2), layout="constrained")
     shades = style.dp_shades(len(s["smooth"]))
     for S, color in zip(s["smooth"], shades, strict=True):
         a = np.asarray([acc[(e, S)] for e in s["epsilons"]])

@@ -5,9 +5,8 @@ Measured: a DP-SGD run of the two-layer linear net (balanced init) on ``gaussian
 its final weights are magnitude-pruned per layer, the survivors rewound to its initialisation and retrained
 with its configuration, and R (Sec. 3.1) is measured on ``batches`` disjoint batches at the retrained final
 checkpoint (``landscape clipping --prune-levels``), for ``seeds`` independent runs. Verdict
-(:func:`landscape.verdict.all_of`): at every pruning level > 0, R is below R without pruning by more than the
-spread of the per-seed differences (:func:`landscape.verdict.paired_greater`: a seed's runs share
-their initialisation, data order and noise draws, so the comparison is paired).
+(:func:`landscape.verdict.all_of`): at every pruning level > 0, R is below R without pruning (:func:`landscape.verdict.paired_greater`,
+the paired one-sided t-test at alpha 0.05: a seed's runs share their initialisation, data order and noise draws).
 
 Scaled down: d_s 10, d_n 90, n 1,000, 5 epochs, 3 seeds (the paper does not state its sizes).
 """
@@ -57,7 +56,7 @@ def make(ctx):
                      note=" | ".join(p.line() for p in parts))
     table = np.array([R[p] for p in levels])  # levels x seeds
     numbers = {"levels": levels, "R": table}
-    fig, ax = style.subplots(figsize=(4.6, 3.2))
+    fig, ax = style.subplots(figsize=(4.6, 3.2), layout="constrained")
     ax.errorbar(levels, table.mean(axis=1), yerr=table.std(axis=1, ddof=1) if table.shape[1] > 1 else None,
                 marker="o", capsize=3, color=style.method_color("dpsgd"))
     for j in range(table.shape[1]):

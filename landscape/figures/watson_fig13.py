@@ -5,9 +5,9 @@ Measured: an SGD run on the full training set and one on a 5% stratified subset 
 ``remove`` of every layer's weights by magnitude (``landscape prune``, survivors rewound to the full-data run's
 initialisation); DP-SGD at epsilon 1 then trains from that initialisation pruned by each mask and unpruned
 (``train --from``), ``seeds`` data-order/noise seeds each. Verdict (:func:`landscape.verdict.all_of`): with
-either mask the final test accuracy exceeds the unpruned DP-SGD accuracy by more than the spread of the per-seed
-differences (:func:`landscape.verdict.paired_greater`: a seed's runs share their data order and noise, so the
-comparison is paired). (c) is not run at CPU scale: no second bundled image data set has
+either mask the final test accuracy exceeds the unpruned DP-SGD accuracy (:func:`landscape.verdict.paired_greater`,
+the paired one-sided t-test at alpha 0.05: a seed's runs share their data order and noise); DP models below the
+validity gate's accuracy floor make the verdict inconclusive (invalid regime). (c) is not run at CPU scale: no second bundled image data set has
 digits' shapes (and at paper scale the CIFAR100 mask's output layer does not fit a CIFAR10 model: the store
 refuses it, naming the mismatch). The masks come from non-private runs, as in the paper; each pruned run's
 manifest flags that (``non_private_ancestors``) and its epsilon counts its own DP steps only.
@@ -77,7 +77,7 @@ def make(ctx):
     epochs = curves["none"][0][0]
     numbers = {"epoch": epochs, **{f"{k}/test_acc": [c[1] for c in cs] for k, cs in curves.items()},
                **{f"{k}/final": final[k] for k in curves}}
-    fig, ax = style.subplots(figsize=(4.8, 3.2))
+    fig, ax = style.subplots(figsize=(4.8, 3.2), layout="constrained")
     colors = {"none": style.method_color("dpsgd"), "full": style.method_color("sgd"), "subset": "0.35"}
     for k, cs in curves.items():
         a = np.asarray([c[1] for c in cs])

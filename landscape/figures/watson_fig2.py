@@ -33,22 +33,24 @@ def make(ctx):
     combos = list(itertools.product(grid.OPTIMIZERS, grid.OPTIMIZERS))
     acc = {c: [final(r, "test_acc") for r in runs["phase2"][c]] for c in combos}
     loss = {c: [final(r, "train_loss") for r in runs["phase2"][c]] for c in combos}
-    parts = [greater(f"after a {LABEL[p1]} Phase 1, SGD in Phase 2 ends more accurate than DP-SGD", SOURCE,
-                     acc[(p1, "sgd")], acc[(p1, "dpsgd")], names=(f"{LABEL[p1]}->SGD", f"{LABEL[p1]}->DP"),
-                     unit="Phase-2 copies") for p1 in grid.OPTIMIZERS]
+    parts = [ctx.judged(greater(f"after a {LABEL[p1]} Phase 1, SGD in Phase 2 ends more accurate than DP-SGD", SOURCE,
+                                acc[(p1, "sgd")], acc[(p1, "dpsgd")], names=(f"{LABEL[p1]}->SGD", f"{LABEL[p1]}->DP"),
+                                unit="Phase-2 copies"), runs["phase2"][(p1, "sgd")] + runs["phase2"][(p1, "dpsgd")])
+             for p1 in grid.OPTIMIZERS]
     phase2_gaps = [abs(a - b) for p1 in grid.OPTIMIZERS for a, b in zip(acc[(p1, "sgd")], acc[(p1, "dpsgd")],
                                                                           strict=True)]
     phase1_gaps = [abs(a - b) for p2 in grid.OPTIMIZERS for a, b in zip(acc[("sgd", p2)], acc[("dpsgd", p2)],
                                                                           strict=True)]
-    parts.append(greater("the Phase-2 choice moves final accuracy more than the Phase-1 choice", SOURCE,
-                         phase2_gaps, phase1_gaps, names=("Phase-2 gap", "Phase-1 gap"), unit="copies"))
+    parts.append(ctx.judged(greater("the Phase-2 choice moves final accuracy more than the Phase-1 choice", SOURCE,
+                                    phase2_gaps, phase1_gaps, names=("Phase-2 gap", "Phase-1 gap"), unit="copies"),
+                            [r for c in combos for r in runs["phase2"][c]]))
     verdict = all_of("the Phase-2 optimiser decides final accuracy (SGD Phase 2 ends well whatever Phase 1 was)",
                      SOURCE, parts, note=" | ".join(p.line() for p in parts))
 
     numbers = {f"{p1}-{p2}/test_acc": acc[(p1, p2)] for p1, p2 in combos}
     numbers.update({f"{p1}-{p2}/train_loss": loss[(p1, p2)] for p1, p2 in combos})
     numbers.update(phase2_gaps=phase2_gaps, phase1_gaps=phase1_gaps)
-    fig, axes = style.subplots(1, 2, figsize=(8.5, 3.2))
+    fig, axes = style.subplots(1, 2, figsize=(8.5, 3.2), layout="constrained")
     styles = {"sgd": "-", "dpsgd": "--"}
     for (p1, p2) in combos:
         color = style.method_color(p2)
@@ -66,6 +68,7 @@ def make(ctx):
         ax.set(xlabel="epoch", ylabel=ylabel)
     axes[0].legend(fontsize=7, title="Phase 1 -> Phase 2", title_fontsize=7)
     fig.suptitle(f"Fig. 2 ({ctx.scale}): {verdict.status}")
+    style.panel_labels(axes)
     return numbers, verdict, style.save_figure(fig, ctx.stem("figure"))
 
 

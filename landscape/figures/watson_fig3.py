@@ -3,7 +3,7 @@ solutions are not linearly mode connected (a loss barrier on the straight path: 
 regions of a non-convex basin).
 
 Measured: SGD runs from ``seeds`` different initialisations (everything else equal), the test-loss barrier
-(instability, Def. 2.3) of every pair and its end losses; as the reference for "connected", the barrier between
+above the chord of every pair (Def. 2.3 instability stored beside it) and its end losses; as the reference for "connected", the barrier between
 Phase-2 SGD siblings of one Phase-1 run (the ``watson-fig2`` grid). Verdict (:func:`landscape.verdict.all_of`)
 of two :func:`landscape.verdict.greater` parts: the barrier between different-init solutions exceeds the
 sibling barrier, and it exceeds the difference of the pair's own end losses ("similar losses").
@@ -43,19 +43,22 @@ def make(ctx):
     table = instability(pairs=",".join(inits + siblings), root=ctx.root, workers=ctx.workers,
                         config=InterpolateConfig(points=s["points"], splits=("test",)),
                         output=ctx.stem("instability").with_suffix(".h5"), data_root=ctx.data_root)
-    values, paths = grid.barriers_and_paths(table, inits + siblings)
+    values, def23, paths = grid.barriers_and_paths(table, inits + siblings)
     n = len(inits)
     end_gaps = [abs(float(p[-1] - p[0])) for p in paths[:n]]
-    parts = [greater("solutions from different initialisations are separated by a higher barrier than siblings",
-                     SOURCE, values[:n], values[n:], names=("different inits", "SGD siblings"), unit="pairs"),
-             greater("the barrier between different-init solutions exceeds the difference of their end losses",
-                     SOURCE, values[:n], end_gaps, names=("barrier", "|end-loss gap|"), unit="pairs")]
+    parts = [ctx.judged(greater("solutions from different initialisations are separated by a higher barrier than "
+                                "siblings", SOURCE, values[:n], values[n:], names=("different inits", "SGD siblings"),
+                                unit="pairs"), grid.ends(inits + siblings)),
+             ctx.judged(greater("the barrier between different-init solutions exceeds the difference of their end "
+                                "losses", SOURCE, values[:n], end_gaps, names=("barrier", "|end-loss gap|"),
+                                unit="pairs"), grid.ends(inits))]
     verdict = all_of("SGD from different initialisations: similar losses, not linearly connected", SOURCE, parts,
-                     note=" | ".join(p.line() for p in parts))
+                     note=grid.BARRIER + " " + " | ".join(p.line() for p in parts))
     alpha = np.linspace(0, 1, s["points"])
     numbers = {"init_barriers": values[:n], "sibling_barriers": values[n:], "end_gaps": end_gaps, "alpha": alpha,
+               "init_instability": def23[:n], "sibling_instability": def23[n:],
                "init_paths": paths[:n], "sibling_paths": paths[n:]}
-    fig, ax = style.subplots(figsize=(4.8, 3.2))
+    fig, ax = style.subplots(figsize=(4.8, 3.2), layout="constrained")
     for i, path in enumerate(paths[:n]):
         ax.plot(alpha, path, color=style.method_color("sgd"), lw=1.5, label="different inits" if i == 0 else None)
     for i, path in enumerate(paths[n:]):

@@ -1,11 +1,15 @@
-"""Watson et al. (2023), Fig. 5: linear-interpolation instability of Phase-2 siblings against the SGD Phase-1
-length k, Phase-2 SGD vs Phase-2 DP-SGD at several privacy levels.
+"""Watson et al. (2023), Fig. 5 (Sec. 4.1.3): linear-interpolation barriers of Phase-2 siblings against the SGD
+Phase-1 length k, Phase-2 SGD vs Phase-2 DP-SGD at several privacy levels.
 
-Claim: DP-SGD siblings (same Phase-1 checkpoint, different data order and noise) are less linearly connected
-than SGD siblings at every k: their instability (Def. 2.3: the loss barrier on the straight path between the
-two solutions) is larger. Verdict: per (k, epsilon) DP > SGD by more than the summed sample sd over sibling
-pairs (:func:`landscape.verdict.greater`), and held only if it holds at every point
-(:func:`landscape.verdict.all_of`).
+Claim (Sec. 4.1.3): "SGD finds its basin early. However, DP-SGD shows high values of instability, implying that
+two runs of DP-SGD almost never end in the same linear basin, except perhaps for high values of both k and
+epsilon". Measured per sibling pair (same Phase-1 checkpoint, different data order and noise): the test-loss
+barrier above the chord (sup_a L(a) - ((1-a) L(0) + a L(1))), with Def. 2.3 instability stored and drawn beside
+it. Verdict: per (k, epsilon) the DP siblings' barrier exceeds the SGD siblings' (:func:`landscape.verdict.greater`,
+Welch at alpha 0.05 over sibling pairs); the claim is every (k, epsilon) except the largest k with the largest
+epsilon (:func:`landscape.verdict.all_of`). That corner is the paper's exception ("perhaps"): it is judged as a
+separate part and reported in the note, not required. A part whose end models fail the validity gate (e.g. DP
+runs that diverge at a small epsilon) is inconclusive (invalid regime), never "did not hold".
 
 Scaled down: LeNet on ``digits`` (8x8) instead of Resnet18 on CIFAR10; a few epochs instead of the paper's
 schedule; k in epochs of the short run; ``copies`` Phase-2 copies give ``copies*(copies-1)/2`` sibling pairs
@@ -18,7 +22,8 @@ import math
 
 import numpy as np
 
-from landscape.figures.recipe import PaperScale, Recipe
+from landscape.figures import _phase_grid as grid
+from landscape.figures.recipe import GateResult, PaperScale, Recipe
 from landscape.verdict import all_of, greater
 
 SOURCE = "Watson et al. 2023, Fig. 5"
@@ -30,7 +35,7 @@ SCALES = {
     # Sec. 4.1: Resnet18 (GroupNorm for DP) on CIFAR10, C = 1, 30 alphas; lr and batch size are not stated in
     # the main text (assumed here), k up to the run length.
     "paper": {**_COMMON, "model": "resnet18", "data": "cifar10", "subset": None, "lr": 0.1, "batch_size": 128,
-              "epochs": 20, "ks": (1, 3, 5, 10, 15), "copies": 3, "epsilons": (1.0, 2.0, 7.0), "points": 30},
+              "epochs": 20, "ks": (1, 3, 5, 10, 15), "copies": 3, "epsilons": (1.0, 5.0, 50.0), "points": 30},
 }
 
 
@@ -51,7 +56,9 @@ def make(ctx):
     from landscape.plots import style
 
     s = ctx.settings
-    sgd, dp = {}, {}   # k -> [instabilities]; (eps, k) -> [instabilities]
+    sgd, dp = {}, {}   # k -> [chord barriers]; (eps, k) -> [chord barriers]
+    sgd23, dp23 = {}, {}  # the same for Def. 2.3 instability
+    ends: dict = {}      # ("sgd", k) / ("dpsgd", eps, k) -> the run names at the pairs' ends
     for eps, k, group, phase2 in _groups(ctx):
         base = TrainConfig(model=s["model"], data=s["data"], subset=s["subset"], epochs=s["epochs"], lr=s["lr"],
                            batch_size=s["batch_size"], seed=s["seed"], max_grad_norm=s["max_grad_norm"],
@@ -63,18 +70,32 @@ def make(ctx):
                             output=ctx.stem(f"instability-e{eps:g}-k{k}").with_suffix(".h5"),
                             data_root=ctx.data_root)
         for r in table.rows:
-            value = float(r.instability_loss["test"])
-            if r.phase2 == "sgd":
-                sgd.setdefault(k, []).append(value)
-            elif r.phase2 == "dpsgd":
-                dp.setdefault((eps, k), []).append(value)
+            if r.phase2 not in ("sgd", "dpsgd"):
+                continue
+            key = k if r.phase2 == "sgd" else (eps, k)
+            chord, def23 = (sgd, sgd23) if r.phase2 == "sgd" else (dp, dp23)
+            chord.setdefault(key, []).append(float(r.chord_barrier_loss["test"]))
+            def23.setdefault(key, []).append(float(r.instability_loss["test"]))
+            ends.setdefault((r.phase2, key), []).extend([r.ref_a, r.ref_b])
     ks = sorted(sgd)
     eps_list = sorted({e for e, _ in dp})
-    parts = [greater(f"DP-SGD (eps {e:g}) siblings are less stable than SGD siblings at k = {k}", SOURCE,
-                     dp.get((e, k), []), sgd.get(k, []), names=(f"DP eps {e:g}", "SGD"), unit="sibling pairs")
-             for e in eps_list for k in ks]
-    verdict = all_of("DP-SGD siblings are less stable than SGD siblings at every k and epsilon", SOURCE, parts,
-                     note="Instability = test loss barrier (Def. 2.3). " + " | ".join(p.line() for p in parts))
+    corner = (eps_list[-1], ks[-1]) if len(ks) > 1 and len(eps_list) > 1 else None
+
+    def part(e, k):
+        v = greater(f"DP-SGD (eps {e:g}) siblings are separated by a higher barrier than SGD siblings at k = {k}",
+                    SOURCE, dp.get((e, k), []), sgd.get(k, []), names=(f"DP eps {e:g}", "SGD"),
+                    unit="sibling pairs", note=f"Def. 2.3 beside it: DP {np.mean(dp23.get((e, k), [np.nan])):.3g}, "
+                                               f"SGD {np.mean(sgd23.get(k, [np.nan])):.3g}.")
+        return ctx.judged(v, ends.get(("dpsgd", (e, k)), []) + ends.get(("sgd", k), []))
+
+    parts = [part(e, k) for e in eps_list for k in ks if (e, k) != corner]
+    exception = part(*corner) if corner else None
+    note = grid.BARRIER + " " + " | ".join(p.line() for p in parts)
+    if exception is not None:
+        note += (f" || Exception (the paper: 'except perhaps for high values of both k and epsilon'; separate, not "
+                 f"required): {exception.line()}")
+    verdict = all_of("DP-SGD siblings almost never end in the same linear basin: a higher barrier than SGD siblings "
+                     "at every k and epsilon except perhaps the largest of both", SOURCE, parts, note=note)
     n = s["copies"] * (s["copies"] - 1) // 2
 
     def table_of(values):
@@ -83,28 +104,41 @@ def make(ctx):
         return a
 
     numbers = {"k": ks, "epsilon": eps_list, "sgd": [table_of(sgd[k]) for k in ks],
-               "dp": [[table_of(dp.get((e, k), [])) for k in ks] for e in eps_list]}
-    fig, ax = style.subplots(figsize=(4.5, 3.2))
-    mean_sd = lambda rows: (np.nanmean(rows, axis=1), np.nanstd(rows, axis=1, ddof=1) if n > 1 else 0 * rows[:, 0])  # noqa: E731
-    m, sd = mean_sd(np.asarray(numbers["sgd"]))
-    ax.errorbar(ks, m, yerr=sd, marker="o", capsize=3, color=style.method_color("sgd"), label="SGD")
-    for e, rows, color in zip(eps_list, numbers["dp"], style.dp_shades(len(eps_list)), strict=True):
-        m, sd = mean_sd(np.asarray(rows))
-        ax.errorbar(ks, m, yerr=sd, marker="s", capsize=3, color=color, label=f"DP-SGD eps {e:g}")
-    ax.set(xlabel="Phase-1 SGD epochs k", ylabel="instability (test loss barrier)",
-           title=f"Fig. 5 ({ctx.scale}): {verdict.status}")
-    ax.legend(fontsize=7)
+               "dp": [[table_of(dp.get((e, k), [])) for k in ks] for e in eps_list],
+               "sgd_instability": [table_of(sgd23[k]) for k in ks],
+               "dp_instability": [[table_of(dp23.get((e, k), [])) for k in ks] for e in eps_list]}
+    invalid = {e for e in eps_list for k in ks for r in ends.get(("dpsgd", (e, k)), [])
+               if not ctx.gates.get(r.split("@")[0], GateResult("", 0, 0, 0, True)).passed}
+    fig, axes = style.subplots(1, 2, figsize=(8.0, 3.3), sharex=True, layout="constrained")
+    series = style.series_styles(len(eps_list) + 1)
+    for ax, (key_sgd, key_dp, what) in zip(axes, (("sgd", "dp", "barrier above the chord"),
+                                                   ("sgd_instability", "dp_instability", "Def. 2.3 instability")),
+                                           strict=True):
+        rows = [np.asarray(numbers[key_sgd])] + [np.asarray(r) for r in numbers[key_dp]]
+        labels = ["SGD"] + [f"DP-SGD eps {e:g}" + (" (invalid regime)" if e in invalid else "") for e in eps_list]
+        for a, label, st in zip(rows, labels, series, strict=True):
+            m = np.nanmean(a, axis=1)
+            sd = np.nanstd(a, axis=1, ddof=1) if n > 1 else np.zeros_like(m)
+            ax.errorbar(ks, m, yerr=sd, capsize=3, label=label, **st)
+        ax.set(xlabel="Phase-1 SGD epochs k", ylabel=f"{what} (test loss)")
+    axes[0].set_title(f"judged: {verdict.status}")
+    axes[1].set_title("reported beside it")
+    style.panel_labels(axes)
+    axes[0].legend(fontsize=7)
     figures = style.save_figure(fig, ctx.stem("figure"))
     return numbers, verdict, figures
 
 
 RECIPE = Recipe(
     name="watson-fig5", paper="Watson et al. 2023 (clipping, pruning and loss landscapes)", figure="Fig. 5",
-    claim="DP-SGD siblings are less linearly connected (higher instability) than SGD siblings at every k",
-    scaled_down="LeNet on digits, 8 epochs, k in {1,2,4}, 3 copies (3 sibling pairs) per point",
+    claim="two runs of DP-SGD almost never end in the same linear basin (a higher barrier than SGD siblings), except "
+          "perhaps for high values of both k and epsilon",
+    scaled_down="LeNet on digits, 8 epochs, k in {1,2,4}, 3 copies (3 sibling pairs) per point; judged on the "
+                "barrier above the chord",
     scales=SCALES,
     paper_scale=PaperScale(data="cifar10", model="resnet18 (GroupNorm)", epochs=20,
-                           hyper="C=1, eps in {1,2,7}, delta 1e-5, 30 alphas; lr 0.1 / batch 128 assumed",
+                           hyper="C=1, eps in {1,5,50} (Fig. 5 b-d), delta 1e-5, 30 alphas; lr 0.1 / batch 128 "
+                                 "assumed",
                            gpu_hours=60.0),
     make=make,
 )

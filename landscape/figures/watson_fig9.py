@@ -118,7 +118,7 @@ def make(ctx):
                              unit="batches") for m in METHODS[1:]]
     verdict = all_of("from init SGD ends lowest and DP-SGD highest; from a trained model every variant's gradient "
                      "norm exceeds SGD's", SOURCE, parts, note=" | ".join(p.line() for p in parts))
-    fig, axes = style.subplots(2, 2, figsize=(8.5, 6.0))
+    fig, axes = style.subplots(2, 2, figsize=(8.5, 6.0), layout="constrained")
     colors = {"sgd": style.method_color("sgd"), "clip-only": "0.35", "noise-only": "tab:green",
               "dpsgd": style.method_color("dpsgd")}
     steps = np.arange(s["steps"] + 1)
@@ -133,6 +133,7 @@ def make(ctx):
                    title=f"from {'initialisation' if start == 'init' else 'trained model'}")
     axes[0, 0].legend(fontsize=7)
     fig.suptitle(f"Fig. 9 ({ctx.scale}): {verdict.status}")
+    style.panel_labels(axes)
     return numbers, verdict, style.save_figure(fig, ctx.stem("figure"))
 
 

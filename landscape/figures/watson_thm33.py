@@ -135,7 +135,7 @@ def make(ctx):
                "sample/loss_minus_min": smp[:, 1] - loss_ls, "sample/W_s": smp[:, 2], "sample/W_n": smp[:, 3],
                "sample/imbalance": smp[:, 4], "sample/predicted_W_n": predicted,
                "w_star_noise_norm": float(w_star[ds:].norm()), "sample_final_W_n_entries": w1s[:, ds:].reshape(-1)}
-    fig, axes = style.subplots(1, 2, figsize=(8.5, 3.2))
+    fig, axes = style.subplots(1, 2, figsize=(8.5, 3.2), layout="constrained")
     for name, tr, color in (("population", pop, style.method_color("sgd")), ("sample", smp, style.method_color("dpsgd"))):
         axes[0].semilogy(tr[:, 0], np.maximum(tr[:, 3], 1e-300), color=color, lw=1.8, label=f"||W_n|| ({name})")
         axes[0].semilogy(tr[:, 0], tr[:, 2], color=color, lw=1.0, ls="--", label=f"||W_s|| ({name})")
@@ -149,6 +149,7 @@ def make(ctx):
     axes[1].set(xlabel="t", ylabel="loss above the global minimum", title=part_smp.status)
     axes[1].legend(fontsize=7)
     fig.suptitle(f"Thm. 3.3 ({ctx.scale}): {verdict.status}")
+    style.panel_labels(axes)
     return numbers, verdict, style.save_figure(fig, ctx.stem("figure"))
 
 

@@ -6,7 +6,10 @@ functions decorated with :func:`styled` draw under them in a ``matplotlib.rc_con
 calling the plots changes no global state: no backend is selected, no rcParams are left changed, no figure
 is registered with pyplot. ``save_figure(fig, stem)`` writes ``stem.png`` (200 dpi) and ``stem.pdf``.
 SGD and DP-SGD always get the same colours (:data:`SGD_COLOR`, :data:`DP_COLOR`, :func:`method_color`)
-so figures from different commands read together. Files are written by matplotlib's Agg/PDF canvases
+and line styles / markers (:func:`method_style`, :func:`method_marker`), so figures read together and in
+greyscale; several series of one kind (one per epsilon, one per setting) get :func:`series_styles` (colour, line
+style and marker all differ). The paper-figure recipes use matplotlib's constrained layout (titles, labels and a suptitle
+never overprint each other) and :func:`panel_labels` marks multi-panel figures (a), (b), ... Files are written by matplotlib's Agg/PDF canvases
 whatever the session's interactive backend is.
 """
 
@@ -49,12 +52,42 @@ _METHOD_COLORS = {
     "noise-only": NOISE_ONLY_COLOR,
 }
 
+_METHOD_STYLES = {"sgd": "-", "dpsgd": "--", "dp-sgd": "--", "dp": "--", "clip-only": "-.", "noise-only": ":"}
+_METHOD_MARKERS = {"sgd": "o", "dpsgd": "s", "dp-sgd": "s", "dp": "s", "clip-only": "^", "noise-only": "v"}
+LINESTYLES: tuple = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 1)), (0, (8, 2)), (0, (3, 1, 3, 3)))
+MARKERS: tuple[str, ...] = ("o", "s", "^", "v", "D", "P", "X", "*")
+
 DPI = 200
 
 
 def method_color(optimizer: str) -> str:
     """The colour of a training method ("sgd", "dpsgd", "clip-only", "noise-only"); grey otherwise."""
     return _METHOD_COLORS.get(str(optimizer).lower(), "#666666")
+
+
+def method_style(optimizer: str) -> str:
+    """The line style of a training method (solid SGD, dashed DP-SGD, ...): readable without colour."""
+    return _METHOD_STYLES.get(str(optimizer).lower(), "-")
+
+
+def method_marker(optimizer: str) -> str:
+    return _METHOD_MARKERS.get(str(optimizer).lower(), "o")
+
+
+def series_styles(n: int) -> list[dict]:
+    """``n`` plot keyword sets (``color``, ``ls``, ``marker``) that differ in all three, so series stay apart in
+    greyscale and for colour-blind readers (Okabe-Ito colours; cycles after 8)."""
+    return [{"color": PALETTE[i % len(PALETTE)], "ls": LINESTYLES[i % len(LINESTYLES)],
+             "marker": MARKERS[i % len(MARKERS)]} for i in range(n)]
+
+
+def panel_labels(axes) -> None:
+    """Bold (a), (b), ... in front of each panel's title (one title line, so label and title cannot overlap)."""
+    import numpy as np
+
+    for label, ax in zip("abcdefghijklmnopqrstuvwxyz", np.ravel(axes), strict=False):
+        title = ax.get_title()
+        ax.set_title(rf"$\mathbf{{({label})}}$ {title}".rstrip())
 
 
 def dp_shades(n: int) -> list[str]:
@@ -112,7 +145,7 @@ def new_figure(**kwargs) -> Figure:
 
 
 def subplots(*args, figsize=None, layout=None, **kwargs):
-    """``(fig, axes)`` like ``plt.subplots`` on a :func:`new_figure`."""
+    """``(fig, axes)`` like ``plt.subplots`` on a :func:`new_figure` (the recipes pass ``layout="constrained"``)."""
     fig = new_figure(figsize=figsize, layout=layout)
     return fig, fig.subplots(*args, **kwargs)
 

@@ -1,0 +1,223 @@
+"""The decision rules of landscape/verdict.py against independent references.
+
+Welch's and the paired t-test against closed forms written here (the Welch-Satterthwaite df by hand, the t
+distribution from ``scipy.special.stdtr``) and against ``scipy.stats.ttest_ind`` / ``ttest_rel``; the TOST rule
+against the two one-sided tests done separately; the trend rule against ranks computed by a double loop; the
+bootstrap interval against a plain Python resampling loop with the same generator.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import special, stats
+
+from landscape.verdict import (
+    ALPHA,
+    INVALID,
+    Verdict,
+    all_of,
+    bootstrap_ci,
+    far_below,
+    greater,
+    inconclusive,
+    ordered,
+    paired_greater,
+    similar,
+    spread,
+)
+
+
+def welch_by_hand(a, b):
+    ma, mb = sum(a) / len(a), sum(b) / len(b)
+    va = sum((x - ma) ** 2 for x in a) / (len(a) - 1) / len(a)
+    vb = sum((x - mb) ** 2 for x in b) / (len(b) - 1) / len(b)
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    t = (ma - mb) / math.sqrt(va + vb)
+    return t, df, 1.0 - special.stdtr(df, t)  # one-sided p of a > b
+
+
+def rule(p_claim, p_other):
+    return True if p_claim < ALPHA else (False if p_other < ALPHA else None)
+
+
+def test_spread_is_the_sample_standard_deviation():
+    xs = [0.3, 1.9, 0.7, 0.25]
+    assert spread(xs) == pytest.approx(statistics.stdev(xs), rel=1e-12)
+    assert math.isnan(spread([1.0])) and math.isnan(spread([]))
+
+
+finite = st.floats(-100, 100, allow_nan=False, allow_subnormal=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(finite, min_size=2, max_size=6), st.lists(finite, min_size=2, max_size=6))
+def test_greater_is_welchs_one_sided_t_test(a, b):
+    if spread(a) < 1e-6 or spread(b) < 1e-6:
+        return
+    v = greater("c", "s", a, b)
+    t, df, p = welch_by_hand(a, b)
+    ref = stats.ttest_ind(a, b, equal_var=False, alternative="greater")
+    assert v.numbers["t"] == pytest.approx(t, rel=1e-9, abs=1e-12) == pytest.approx(ref.statistic, rel=1e-9)
+    assert v.numbers["df"] == pytest.approx(df, rel=1e-9)
+    assert v.numbers["p"] == pytest.approx(p, rel=1e-6, abs=1e-12) and v.numbers["p"] == pytest.approx(ref.pvalue,
+                                                                                                      abs=1e-9)
+    assert v.held is rule(p, 1.0 - p)
+    # the (1 - 2 alpha) interval excludes 0 exactly when the one-sided test rejects
+    lo, hi = v.numbers["ci low"], v.numbers["ci high"]
+    assert (lo > 0) == (v.held is True) and (hi < 0) == (v.held is False)
+    assert v.numbers["alpha"] == ALPHA and v.numbers["n A"] == len(a)
+
+
+def test_greater_worked_cases():
+    dp, sgd = [1.8, 1.9, 2.0], [0.01, 0.02, 0.015]
+    v = greater("DP > SGD", "paper Fig. 5", dp, sgd, names=("DP", "SGD"))
+    assert v.held is True and v.numbers["mean DP"] == pytest.approx(statistics.mean(dp))
+    assert greater("c", "s", [0.1, 2.0, 3.7], [0.5, 0.6, 0.7]).held is None
+    assert greater("c", "s", sgd, dp).held is False
+    one = greater("c", "s", [1.9], [0.01])  # one value a side: no spread, inconclusive however large the gap
+    assert one.held is None and math.isnan(one.numbers["sd A"]) and "fewer than 2" in one.test
+    assert greater("c", "s", [1.0, 1.0], [0.0, 0.0]).held is True  # no spread at all: a sure difference
+    assert greater("c", "s", [1.0, 1.0], [1.0, 1.0]).held is False  # exactly no difference: the claim fails
+    assert greater("c", "s", [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]).held is False  # e.g. no barrier on any path
+    assert paired_greater("c", "s", [1.0, 2.0], [1.0, 2.0]).held is False
+    # the old "gap > summed sd" rule held here (gap 1.0 > 0.9); Welch at n = 2 (df ~ 1) does not
+    assert greater("c", "s", [1.0, 1.6364], [0.0, 0.3818]).held is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(finite, finite), min_size=2, max_size=6))
+def test_paired_greater_is_the_paired_t_test(pairs):
+    a, b = [x for x, _ in pairs], [y for _, y in pairs]
+    d = [x - y for x, y in pairs]
+    if spread(d) < 1e-6:
+        return
+    v = paired_greater("c", "s", a, b)
+    ref = stats.ttest_rel(a, b, alternative="greater")
+    assert v.numbers["t"] == pytest.approx(ref.statistic, rel=1e-6, abs=1e-9)
+    assert v.numbers["p"] == pytest.approx(ref.pvalue, abs=1e-9)
+    assert v.held is rule(ref.pvalue, 1.0 - ref.pvalue)
+
+
+def test_paired_greater_worked_cases():
+    a, b = [1.1, 2.1, 3.1], [1.0, 2.0, 3.0]  # a steady gap hidden by a per-seed offset
+    assert greater("c", "s", a, b).held is None
+    v = paired_greater("c", "s", a, b, names=("A", "B"))
+    assert v.held is True and v.numbers["mean(A - B)"] == pytest.approx(0.1) and v.numbers["n seeds"] == 3
+    assert paired_greater("c", "s", b, a).held is False
+    # mean/sd = 1.013 held under the old "mean > sd" rule (t = 1.75, p = 0.11): not at alpha 0.05
+    assert paired_greater("c", "s", [1.0 + x for x in (0.1, 0.9, 1.02)], [1.0, 1.0, 1.0]).held is None
+    assert paired_greater("c", "s", [1.0], [0.0]).held is None
+    with pytest.raises(ValueError):
+        paired_greater("c", "s", [1.0, 2.0], [1.0])
+
+
+@pytest.mark.parametrize("paired", [False, True])
+def test_similar_is_two_one_sided_tests(paired):
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        a, b = rng.normal(0.9, 0.02, 4), rng.normal(0.9 + rng.uniform(-0.05, 0.05), 0.02, 4)
+        margin = 0.03
+        v = similar("c", "s", a, b, tolerance=margin, paired=paired)
+        if paired:  # TOST: both shifted one-sided tests reject
+            lower = stats.ttest_rel(a - margin, b, alternative="less").pvalue   # diff < +margin
+            upper = stats.ttest_rel(a + margin, b, alternative="greater").pvalue  # diff > -margin
+            beyond_hi = stats.ttest_rel(a - margin, b, alternative="greater").pvalue
+            beyond_lo = stats.ttest_rel(a + margin, b, alternative="less").pvalue
+        else:
+            lower = stats.ttest_ind(a - margin, b, equal_var=False, alternative="less").pvalue
+            upper = stats.ttest_ind(a + margin, b, equal_var=False, alternative="greater").pvalue
+            beyond_hi = stats.ttest_ind(a - margin, b, equal_var=False, alternative="greater").pvalue
+            beyond_lo = stats.ttest_ind(a + margin, b, equal_var=False, alternative="less").pvalue
+        expected = True if max(lower, upper) < ALPHA else (False if min(beyond_hi, beyond_lo) < ALPHA else None)
+        assert v.held is expected
+    v = similar("c", "s", [0.95, 0.95], [0.93, 0.93], tolerance=0.01, names=("noise", "SGD"))
+    assert v.held is False and v.numbers["margin"] == 0.01 and "0.01" in v.test
+    assert similar("c", "s", [0.95, 0.95], [0.93, 0.93], tolerance=0.025).held is True
+    assert similar("c", "s", [0.95], [0.93, 0.94], tolerance=1.0).held is None
+
+
+def spearman_by_hand(xs, ys):
+    def ranks(v):
+        return [sum(w < x for w in v) + (sum(w == x for w in v) + 1) / 2 for x in v]
+
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((p - mx) * (q - my) for p, q in zip(rx, ry, strict=True))
+    rho = cov / math.sqrt(sum((p - mx) ** 2 for p in rx) * sum((q - my) ** 2 for q in ry))
+    n = len(xs)
+    t = rho * math.sqrt((n - 2) / (1 - rho ** 2)) if abs(rho) < 1 else math.copysign(math.inf, rho)
+    return rho, special.stdtr(n - 2, t)  # p of a falling trend (rho < 0)
+
+
+def test_ordered_is_a_one_sided_spearman_trend():
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        groups = {k: list(rng.normal(-0.3 * k * rng.uniform(0, 1), 0.3, 3)) for k in (1, 2, 4)}
+        v = ordered("falls", "s", groups)
+        xs = [k for k in groups for _ in groups[k]]
+        ys = [y for k in groups for y in groups[k]]
+        rho, p_down = spearman_by_hand(xs, ys)
+        assert v.numbers["spearman rho"] == pytest.approx(rho, rel=1e-9)
+        assert v.numbers["p"] == pytest.approx(p_down, rel=1e-6)
+        assert v.held is rule(p_down, 1.0 - p_down)
+    falling = {1: [1.9, 1.8], 2: [1.0, 1.1], 4: [0.3, 0.4]}
+    v = ordered("falls", "s", falling)
+    assert v.held is True and v.numbers["k"] == [1, 2, 4] and v.numbers["mean"] == pytest.approx([1.85, 1.05, 0.35])
+    assert ordered("rises", "s", falling, decreasing=False).held is False
+    assert ordered("falls", "s", {1: [1.9], 2: [1.0]}).held is None  # two values: no trend measurable
+
+
+def test_bootstrap_ci_is_a_percentile_interval_of_resampled_means():
+    a, b = [0.3, 0.9, 1.4, 2.2], [0.1, 0.2, 0.5]
+    lo, hi = bootstrap_ci(a, b, n=500, seed=7)
+    rng = np.random.default_rng(7)
+    ia = rng.integers(0, len(a), (500, len(a)))
+    ib = rng.integers(0, len(b), (500, len(b)))
+    stat = sorted(sum(a[j] for j in ia[i]) / len(a) - sum(b[j] for j in ib[i]) / len(b) for i in range(500))
+    assert lo == pytest.approx(np.quantile(stat, ALPHA)) and hi == pytest.approx(np.quantile(stat, 1 - ALPHA))
+    plo, phi = bootstrap_ci(a, [0.0, 0.5, 1.0, 1.5], paired=True, n=500, seed=7)
+    assert (plo, phi) == pytest.approx(bootstrap_ci([0.3, 0.4, 0.4, 0.7], n=500, seed=7), rel=1e-12)
+    assert all(math.isnan(x) for x in bootstrap_ci([1.0], [2.0, 3.0]))
+
+
+def test_all_of_and_inconclusive():
+    yes, no, maybe = (Verdict("c", "s", "t", {}, h) for h in (True, False, None))
+    assert all_of("c", "s", [yes, yes]).held is True
+    assert all_of("c", "s", [yes, maybe]).held is None
+    assert all_of("c", "s", [yes, maybe, no]).held is False
+    assert all_of("c", "s", []).held is None
+    combined = all_of("c", "s", [yes, Verdict("p", "s", "t", {"x": float("nan")}, None)])
+    back = Verdict.from_dict(json.loads(json.dumps(combined.to_dict())))  # as a figure summary stores it
+    assert back.parts[0] == yes and back.parts[1].held is None and math.isnan(back.parts[1].numbers["x"])
+    bad = inconclusive(all_of("c", "s", [yes, no]), "DP accuracy 0.12 below the floor 0.5")
+    assert bad.held is None and all(p.held is None for p in bad.parts)
+    assert bad.note.startswith(INVALID) and "floor 0.5" in bad.parts[1].note
+    assert bad.numbers == {"held": 0, "did not hold": 0, "inconclusive": 2}  # the counts follow the parts
+
+
+def test_far_below_uses_the_quantile_and_the_median():
+    sample = np.linspace(0.0, 1.0, 101)  # q0.1 = 0.1, median = 0.5
+    assert far_below("c", "s", 0.05, sample).held is True
+    assert far_below("c", "s", 0.3, sample).held is None
+    assert far_below("c", "s", 0.5, sample).held is False
+    v = far_below("c", "s", 0.05, sample, names=("toward", "random"))
+    assert v.numbers["fraction of random above"] == pytest.approx(np.mean(sample > 0.05))
+    assert v.numbers["q0.1 random"] == pytest.approx(0.1) and v.numbers["n random"] == 101
+
+
+def test_verdict_dict_is_json_and_round_trips():
+    v = greater("c", "Watson et al. Fig. 5", [1.0], [0.5], note="n")
+    d = json.loads(json.dumps(v.to_dict(), allow_nan=False))  # NaN spreads become null
+    assert d["numbers"]["sd A"] is None and d["held"] is None and d["status"] == "inconclusive"
+    back = Verdict.from_dict(d)
+    assert back.claim == v.claim and back.held is None and math.isnan(back.numbers["sd A"])
+    assert "[inconclusive] c (Watson et al. Fig. 5)" in v.line() and "Rule:" in v.line()
+    with pytest.raises(ValueError):
+        Verdict("c", "s", "t", {}, held="yes")
