@@ -145,7 +145,9 @@ class Recorder:
                 self._run.close()
                 raise
         else:
-            extra = {"privacy": privacy_record, "recorder": _recorder_record()}
+            first = next(self.model.parameters(), None)  # the device the loop trains on, as train records it
+            extra = {"privacy": privacy_record, "recorder": _recorder_record(),
+                     "device": str(first.device) if first is not None else "cpu"}
             self._run = store.create_run(run, lineage=None, extra=extra, **fields)
             self._created = True
         infos = self._run.checkpoints()
