@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -552,3 +553,28 @@ def test_store_ls_shows_user_code_by_file_name_and_show_keeps_the_reference(tran
     assert plugins.short_name(full) == "user_models.py:transformer"
     for unchanged in ("lenet", "torchvision.models:resnet18", None, "digits"):
         assert plugins.short_name(unchanged) == unchanged
+
+
+def test_a_batch_spec_trusts_the_code_its_own_jobs_name(tmp_path, capsys):
+    """A spec whose train jobs name a model file runs that file (as `train --model` does), so its other jobs may
+    rebuild those runs without `--code`; a spec that only analyses a code-named store still needs `--code`."""
+    model_file = tmp_path / "spec_model.py"
+    model_file.write_text("from torch import nn\n\ndef make(input_shape, num_classes):\n"
+                          "    return nn.Sequential(nn.Flatten(), nn.Linear(64, num_classes))\n")
+    train = "kind: train\n    model: spec_model.py:make\n    data: digits\n    subset: 60\n    epochs: 1\n"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"root: st\nresults: res\njobs:\n  a:\n    {train}    run: ua\n  b:\n    {train}"
+                    "    seed: 1\n    run: ub\n  i:\n    kind: interpolate\n    refs: [ua, ub]\n    points: 3\n")
+    old = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        code, _, err = run_cli("batch", "spec.yaml", capsys=capsys)
+        assert code == 0, err
+        assert (tmp_path / "res").is_dir() and list((tmp_path / "res").rglob("*.h5"))
+        only = tmp_path / "only.yaml"
+        only.write_text("root: st\nresults: res2\njobs:\n  i:\n    kind: interpolate\n    refs: [ua, ub]\n"
+                        "    points: 3\n")
+        code, _, err = run_cli("batch", "only.yaml", capsys=capsys)
+        assert code == 1 and "--code" in err and "spec_model.py:make" in err, err
+    finally:
+        os.chdir(old)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from landscape import plugins
 from landscape.batch.jobs import run_job
 from landscape.batch.spec import BatchSpec, Job
 from landscape.errors import UsageError
@@ -62,11 +63,16 @@ class BatchReport:
 def payload(job: Job, spec: BatchSpec, threads: int | None) -> dict[str, Any]:
     """What a job needs, as plain data: its own fields, the store and results folders, the thread count and the
     user code named for this batch (``landscape --code``), which a Dask worker must trust as this process does."""
-    from landscape import plugins
-
     trusted = plugins.trust_state()
     return {**job.payload(), "root": str(spec.root), "results": str(spec.results), "threads": threads,
             "code": list(trusted.refs), "accept_changed_code": trusted.accept_changed}
+
+
+def spec_code(spec: BatchSpec) -> list[str]:
+    """The user code the spec's own jobs name as a ``model`` or ``data`` (a train job's ``model:
+    my_model.py:make`` runs that code, as ``train --model`` does): the batch's other jobs may rebuild what those
+    jobs wrote without ``landscape --code``. A reference the spec does not name still needs ``--code``."""
+    return plugins.code_refs(*(job.options.get(key) for job in spec.jobs for key in ("model", "data")))
 
 
 def run_batch(spec: BatchSpec, *, workers: int = 1, scheduler: str | None = None, threads: int | None = None,
@@ -84,11 +90,13 @@ def run_batch(spec: BatchSpec, *, workers: int = 1, scheduler: str | None = None
     spec.root.mkdir(parents=True, exist_ok=True)
     lost: list[str] = []
     retried: list[str] = []
-    if scheduler is None and workers <= 1:
-        outcomes = _in_process(spec, threads, progress)
-        dashboard = None
-    else:
-        outcomes, dashboard = _on_dask(spec, workers, scheduler, threads if threads else 1, progress, lost, retried)
+    with plugins.trusting(spec_code(spec)):
+        if scheduler is None and workers <= 1:
+            outcomes = _in_process(spec, threads, progress)
+            dashboard = None
+        else:
+            outcomes, dashboard = _on_dask(spec, workers, scheduler, threads if threads else 1, progress, lost,
+                                           retried)
     progress.close()
     report = BatchReport(outcomes=outcomes, seconds=time.perf_counter() - start, dashboard=dashboard,
                          lost_workers=lost, retried=retried)
