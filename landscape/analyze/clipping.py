@@ -47,12 +47,12 @@ from torch import nn
 
 from landscape.analyze._common import device_option
 from landscape.analyze.registry import Analysis, option
+from landscape.clip import CLIP_STYLES, clip_factors, layer_threshold
 from landscape.errors import UsageError
 from landscape.results import StoredResult, stored
 from landscape.runtime import check_device_name, resolve_device
 
 KIND = "clipping"
-CLIP_STYLES = ("flat", "layerwise")
 # The bound is checked with this relative slack for floating-point rounding (equality holds when all g_i agree).
 BOUND_RTOL = 1e-9
 
@@ -89,13 +89,6 @@ class ClippingConfig:
 
 
 # ------------------------------------------------------------------------------------------ pure math
-
-
-def clip_weights(norms: np.ndarray | torch.Tensor, max_norm: float):
-    """Abadi et al.'s factors ``min(1, C/||g_i||)`` (Watson eq. (2)); a zero gradient gets factor 1."""
-    if isinstance(norms, torch.Tensor):
-        return max_norm / torch.clamp(norms.to(torch.float64), min=max_norm)
-    return max_norm / np.maximum(np.asarray(norms, dtype=np.float64), max_norm)
 
 
 def theorem_bound(max_grad_norm: float, ratio: float) -> float:
@@ -312,7 +305,7 @@ def layer_max_norms_for(max_grad_norm: float, num_layers: int, clip_style: str) 
     """Per-layer thresholds: ``C / sqrt(L)`` for layerwise clipping (training's default); for flat clipping ``C``,
     a placeholder no per-layer result uses (only whole gradients are clipped)."""
     if clip_style == "layerwise":
-        return np.full(num_layers, max_grad_norm / math.sqrt(num_layers))
+        return np.full(num_layers, layer_threshold(max_grad_norm, num_layers))
     return np.full(num_layers, max_grad_norm)
 
 
@@ -408,8 +401,8 @@ def chunk_moments(
 
     def factors(norms):
         if clip_style == "flat":
-            return clip_weights(norms.flat, max_grad_norm)
-        return {n: clip_weights(norms.layers[n], thresholds[n]) for n in names}
+            return clip_factors(norms.flat.to(torch.float64), max_grad_norm)  # Abadi's min(1, C/||g_i||)
+        return {n: clip_factors(norms.layers[n].to(torch.float64), thresholds[n]) for n in names}
 
     clipped, norms = engine.clipped_sum(x, y, factors, masks=masks)
     mean = engine.mean_grad(x, y, masks=masks)
