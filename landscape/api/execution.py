@@ -347,6 +347,6 @@ class ExecutionOptions:
         if scheduler is None:
             return self
         out = ExecutionOptions(1, scheduler)
-        if parallel:
+        if parallel:  # parts for the cluster's workers, not local processes: the --workers/--scheduler check is done
             object.__setattr__(out, "workers", cluster_size(scheduler))
         return out
