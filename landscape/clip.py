@@ -6,17 +6,20 @@ Bu et al. 2023 Sec. 2.2 / App. D, each scaled so that a clipped gradient has nor
 ``layerwise`` each layer (one parameter tensor) ``r`` to its own ``C_r``, by default ``C / sqrt(#layers)`` so that
 ``sqrt(sum_r C_r^2) = C`` (:func:`layer_threshold`).
 
-Pure numerics: a tensor of norms in, a tensor of factors out (same dtype), no store, no model.
+Pure numerics: a tensor of norms in, a tensor of factors out (same dtype), no store, no model. Importing it
+imports no torch (the command line's option checks read :data:`CLIP_STYLES`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-
-import torch
+from typing import TYPE_CHECKING
 
 from landscape.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
 
 CLIP_STYLES = ("flat", "layerwise")
 _TINY = 1e-12  # a zero gradient: abadi's factor is 1, normalize's finite
