@@ -135,15 +135,13 @@ def command(name: str) -> click.Command:
     spec = get(name)
     config_names = [f.name for f in cli_fields(spec.config)]
     run_names = [f.name for f in cli_fields(spec.run_options)] if spec.run_options else []
-    has_workers_field = "workers" in {f.name for f in dataclasses.fields(spec.config)}
     runner = []
     if spec.inputs in ("pair", "pairs"):
         runner.append(click.option("--data-from", type=click.Choice(["a", "b"]), default="a", show_default=True,
                                    help="When A and B were trained on different data: evaluate on A's or B's."))
-    if spec.inputs not in ("checkpoint", "pair") and not has_workers_field:
-        runner.append(click.option("--workers", type=Count(min=1), default=1, show_default=True,
-                                   help="Parallel worker processes."))
     if parallel(spec):
+        runner.append(click.option("--workers", type=Count(min=1), default=1, show_default=True,
+                                   help="Parallel worker processes (spawned, one torch thread each)."))
         runner.append(scheduler_option("Run the parallel parts on this Dask scheduler (workers need the same store "
                                        "path) instead of --workers local processes."))
     runner += [data_root_option, no_figure_option, output_option, json_option]
@@ -160,9 +158,9 @@ def command(name: str) -> click.Command:
         run_values = {k: kwargs.pop(k) for k in run_names}
         figure = not kwargs.pop("no_figure")
         if kwargs.get("scheduler") is not None:
-            from landscape.api._common import check_parallelism
+            from landscape.api.execution import check_parallelism
 
-            check_parallelism(values.get("workers", kwargs.get("workers", 1)), kwargs["scheduler"])
+            check_parallelism(kwargs.get("workers", 1), kwargs["scheduler"])
             note_scheduler(kwargs["scheduler"])
 
         def call():

@@ -178,12 +178,12 @@ class CommaList(click.ParamType):
 
 class SchedulerAddress(click.ParamType):
     """``--scheduler``: a Dask scheduler address ``tcp://HOST:PORT``, checked before anything runs
-    (:func:`landscape.api._common.scheduler_address`); the command then waits up to ten seconds for it."""
+    (:func:`landscape.api.execution.scheduler_address`); the command then waits up to ten seconds for it."""
 
     name = "tcp://HOST:PORT"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        from landscape.api._common import scheduler_address
+        from landscape.api.execution import scheduler_address
         from landscape.errors import UsageError
 
         try:

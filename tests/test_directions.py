@@ -261,14 +261,14 @@ def test_worker_chunks_give_the_same_arrays(siblings):
     from landscape.store import Store
 
     a = Store(siblings).load("g-sgd-sgd-0")
-    config = DirectionsConfig(n=5, points=3, distance=4.0, subset=200, workers=2)
-    from landscape.api._common import set_worker_state, worker_state
+    config = DirectionsConfig(n=5, points=3, distance=4.0, subset=200)
+    from landscape.api.execution import set_worker_state, worker_state
 
     set_worker_state(api._init_worker(api._Payload(a.model_spec, a.state_dict, a.data_spec, None, False, config)))
     w = worker_state()
     x, y = w["data"]["train"]
     serial = random_profiles(w["model"], w["theta"], x, y, config=config)
-    chunked = random_profiles(w["model"], w["theta"], x, y, config=config,
+    chunked = random_profiles(w["model"], w["theta"], x, y, config=config, workers=2,
                               chunk_runner=lambda chunks, d, steps: (api._direction_job(c, d, steps) for c in chunks))
     np.testing.assert_array_equal(serial.direction_loss, chunked.direction_loss)
     np.testing.assert_array_equal(serial.direction_acc, chunked.direction_acc)

@@ -327,11 +327,12 @@ def test_bad_metrics_are_one_line_and_write_nothing(setup, tmp_path, capsys, met
 def test_python_objects_stay_in_this_process(setup):
     _, path, _ = setup
     from landscape.analyze.directions import DirectionsConfig
+    from landscape.api import directions
     from landscape.plugins import load as load_code
 
     brier = load_code(f"{path}:Brier")()
     with pytest.raises(UsageError, match="Python object and cannot be sent to 2 worker processes"):
-        DirectionsConfig(metrics=[brier], workers=2)
+        directions("r@last", metrics=[brier], workers=2, distance=1.0)  # refused before anything is resolved
     assert DirectionsConfig(metrics=[brier]).metrics[0].metric is brier
     with pytest.raises(UsageError, match="cannot be sent to worker processes"):
         pickle.dumps(MetricObject(brier))  # what a pool would have to do (instability's pairs, Dask)

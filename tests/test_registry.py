@@ -305,7 +305,7 @@ def test_pool_workers_die_with_their_parent(tmp_path):
     """Kill the parent (SIGKILL) while its workers are busy: workers and resource tracker must exit."""
     script = textwrap.dedent("""
         import os, sys, time
-        from landscape.api._common import spawn_pool
+        from landscape.api.execution import spawn_pool
         if __name__ == "__main__":
             pool = spawn_pool(2)
             pids = [pool.submit(os.getpid).result() for _ in range(4)]

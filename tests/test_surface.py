@@ -20,6 +20,7 @@ from landscape.analyze.surface import (
 )
 from landscape.errors import UsageError
 from landscape.params import ParamSpace
+from landscape.results import read_result
 from landscape.store import Store
 
 
@@ -164,6 +165,34 @@ def test_workers_fill_the_same_grid(store, tmp_path):
     finished = surface("traj@last", output=out, **kw)
     np.testing.assert_array_equal(serial.values["train_loss"], finished.values["train_loss"])
     np.testing.assert_array_equal(serial.values["train_acc"], finished.values["train_acc"])
+
+
+def test_a_partial_file_with_workers_in_its_params_resumes(store, tmp_path):
+    """``workers`` left the configs (an execution option, not stored): a partial surface written before, whose
+    params hold ``workers``, is still the same surface and resumes; the finished file's params drop it."""
+    import h5py
+
+    from landscape.api import surface
+
+    kw = dict(root=store, grid="3x3", splits=("train",), subset=60, figure=False, rows_per_call=1)
+    whole = surface("traj@last", output=tmp_path / "whole.h5", **kw)
+    assert "workers" not in read_result(whole.path).params
+    out = tmp_path / "old.h5"
+    done: list[list[int]] = []
+
+    def stop(result, rows):
+        done.append(rows)
+        raise Interrupt
+
+    with pytest.raises(Interrupt):
+        surface("traj@last", output=out, on_rows=stop, **kw)
+    with h5py.File(out, "r+") as f:  # what a file written before looked like
+        f.attrs["params"] = json.dumps({**json.loads(f.attrs["params"]), "workers": 2})
+    computed: list[list[int]] = []
+    finished = surface("traj@last", output=out, on_rows=lambda r, rows: computed.append(rows), **kw)
+    assert computed == [[1], [2]]  # only the missing rows
+    np.testing.assert_array_equal(whole.values["train_loss"], finished.values["train_loss"])
+    assert "workers" not in read_result(out).params
 
 
 def test_pca_surface_cli(store, tmp_path, capsys):

@@ -75,7 +75,7 @@ def test_a_negative_seed_is_one_usage_line_everywhere(tmp_path, capsys, path, co
 
 def test_the_seed_rule_holds_in_the_api_and_batch_configs():
     from landscape.analyze.interpolate import InterpolateConfig
-    from landscape.api._common import config_with
+    from landscape.analyze.registry import config_with
 
     with pytest.raises(UsageError, match=r"--subset-seed must be an integer seed in \[0, 2\*\*63 - 1\]"):
         config_with(InterpolateConfig, None, {"subset_seed": -1})

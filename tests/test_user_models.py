@@ -246,9 +246,9 @@ def test_workers_receive_the_trusted_code(cnn_store, capsys):
 
 
 def test_dask_tasks_run_under_the_parents_trust():
-    from landscape.api import _common
+    from landscape.api import execution
 
-    seen = _common._dask_task(None, None, ((ref("tiny_cnn"),), True), plugins.trust_state)
+    seen = execution._dask_task(None, None, ((ref("tiny_cnn"),), True), plugins.trust_state)
     assert seen.refs == (ref("tiny_cnn"),) and seen.accept_changed
     assert plugins.trust_state().refs == ()
 

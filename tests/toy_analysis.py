@@ -15,7 +15,6 @@ KIND = "toy-norm"
 class ToyConfig:
     scale: float = option(1.0, "Multiply the norm by this.", min=0, min_open=True)
     layers: tuple[str, ...] | None = option(None, "Parameter names to include (default: all).")
-    workers: int = option(1, "Parallel worker processes.", min=1)
 
 
 @dataclass

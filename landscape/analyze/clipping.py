@@ -47,12 +47,12 @@ from torch import nn
 
 from landscape.analyze._common import device_option
 from landscape.analyze.registry import Analysis, option
+from landscape.clip import CLIP_STYLES, clip_factors, layer_threshold
 from landscape.errors import UsageError
 from landscape.results import StoredResult, stored
 from landscape.runtime import check_device_name, resolve_device
 
 KIND = "clipping"
-CLIP_STYLES = ("flat", "layerwise")
 # The bound is checked with this relative slack for floating-point rounding (equality holds when all g_i agree).
 BOUND_RTOL = 1e-9
 
@@ -72,7 +72,6 @@ class ClippingConfig:
         "(Watson Fig. 11).", min=0, max=1, max_open=True)
     split: str = option("train", "Which split the per-sample gradients come from.", choices=("train", "test"))
     chunk: int = option(250, "Examples per engine pass (memory bound; results do not depend on it).", min=1)
-    workers: int = option(1, "Parallel worker processes (checkpoints of a run in parallel).", min=1)
     device: str = device_option()
 
     def validate(self) -> None:
@@ -89,13 +88,6 @@ class ClippingConfig:
 
 
 # ------------------------------------------------------------------------------------------ pure math
-
-
-def clip_weights(norms: np.ndarray | torch.Tensor, max_norm: float):
-    """Abadi et al.'s factors ``min(1, C/||g_i||)`` (Watson eq. (2)); a zero gradient gets factor 1."""
-    if isinstance(norms, torch.Tensor):
-        return max_norm / torch.clamp(norms.to(torch.float64), min=max_norm)
-    return max_norm / np.maximum(np.asarray(norms, dtype=np.float64), max_norm)
 
 
 def theorem_bound(max_grad_norm: float, ratio: float) -> float:
@@ -312,7 +304,7 @@ def layer_max_norms_for(max_grad_norm: float, num_layers: int, clip_style: str) 
     """Per-layer thresholds: ``C / sqrt(L)`` for layerwise clipping (training's default); for flat clipping ``C``,
     a placeholder no per-layer result uses (only whole gradients are clipped)."""
     if clip_style == "layerwise":
-        return np.full(num_layers, max_grad_norm / math.sqrt(num_layers))
+        return np.full(num_layers, layer_threshold(max_grad_norm, num_layers))
     return np.full(num_layers, max_grad_norm)
 
 
@@ -408,8 +400,8 @@ def chunk_moments(
 
     def factors(norms):
         if clip_style == "flat":
-            return clip_weights(norms.flat, max_grad_norm)
-        return {n: clip_weights(norms.layers[n], thresholds[n]) for n in names}
+            return clip_factors(norms.flat.to(torch.float64), max_grad_norm)  # Abadi's min(1, C/||g_i||)
+        return {n: clip_factors(norms.layers[n].to(torch.float64), thresholds[n]) for n in names}
 
     clipped, norms = engine.clipped_sum(x, y, factors, masks=masks)
     mean = engine.mean_grad(x, y, masks=masks)
@@ -500,31 +492,6 @@ def clipping_row(
 # ------------------------------------------------------------------------------------------- the spec
 
 
-def expand(resolver, ref: str, config: ClippingConfig):
-    """The checkpoints to measure: ``ref`` (a bare run name: every checkpoint), or with ``prune_levels`` the
-    final checkpoint of the run retrained at each level (Watson Fig. 11: prune by magnitude per layer at
-    ``ref``, rewind the survivors to the run's @init, retrain with the run's configuration)."""
-    if not config.prune_levels:
-        return resolver.expand(ref), []
-    from landscape.api.resolve import Target
-    from landscape.train.pruning import pruned_retrain
-
-    store = resolver.store
-    trained = store.load(ref)
-    if trained.run is None:
-        raise UsageError(f"--prune-levels needs a checkpoint of a run (to rewind to its @init), got {ref}")
-    if not store.run(trained.run).manifest.get("config"):
-        raise UsageError(f"run '{trained.run}' records no training configuration to retrain the pruned models with")
-    init = store.load(f"{trained.run}@init")
-    targets = []
-    for level in config.prune_levels:
-        done = pruned_retrain(store, trained, init, level)
-        last = done.checkpoints()[-1]
-        targets.append(Target(f"{done.name}@step={last.step}", str(last.path), done.name, last.step, last.epoch,
-                              tag=(("prune_level", level),)))
-    return targets, [trained.input_ref(), init.input_ref()]
-
-
 def compute_point(point, config: ClippingConfig):
     """:func:`clipping_row` at one resolved checkpoint (its run's pruning mask applied to the gradients)."""
     x, y = point.split(config.split)  # the engine moves each chunk (and the masks) to the model's device
@@ -550,7 +517,7 @@ def _printed(result: ClippingResult) -> list[dict]:
 
 
 SPEC = Analysis(
-    name="clipping", config=ClippingConfig, compute=compute_point, collect=collect, expand=expand,
+    name="clipping", config=ClippingConfig, compute=compute_point, collect=collect, hooks=("expand",),
     result=ClippingResult, inputs="target", figure="landscape.plots.clipping:plot_clipping", rows=_printed,
     output="clipping", purpose="draw per-sample gradients",
     doc="""Clipping ratio R and the Thm. 3.2 bound (Watson et al. Sec. 3.1) at TARGET.

@@ -45,20 +45,18 @@ RESERVED = ("loss", "acc", "distance", "distances", "rise")  # direction_<column
 
 @dataclass
 class RandomDirectionOptions(EvaluationOptions):
-    """How random directions are drawn (the base of the directions and surface configs), the workers, and the
-    user metrics recorded at every point (:mod:`landscape.metrics`; references travel to the workers)."""
+    """How random directions are drawn (the base of the directions and surface configs) and the user metrics
+    recorded at every point (:mod:`landscape.metrics`; references travel to the workers)."""
 
     biasbn: str = option("zero", "1-D tensors (biases, norm layers) under filter/layer normalisation: zero (Li et "
                          "al.), copy theta, or random rescaled.", choices=BIASBN)
     seed: int = option(0, "Seed of the random directions.")
-    workers: int = option(1, "Parallel worker processes.", min=1)
     metrics: tuple[str, ...] | None = option(None, user_metrics.METRIC_HELP, flag=("--metric", "--metrics"),
                                              metavar="REF", kind="metrics")
 
     def check_metrics(self) -> None:
-        """Normalise ``metrics`` (:func:`landscape.metrics.normalize`); objects only with one worker."""
+        """Normalise ``metrics`` (:func:`landscape.metrics.normalize`); the runner refuses objects with workers."""
         self.metrics = user_metrics.normalize(self.metrics)
-        user_metrics.check_workers(self.metrics, self.workers)
 
 
 @dataclass
@@ -92,7 +90,6 @@ class DirectionsConfig(RandomDirectionOptions):
         if self.split not in SPLITS:
             raise UsageError(f"--split must be train or test, got {self.split!r}")
         check_positive_int("--batch-size", self.batch_size)
-        check_positive_int("--workers", self.workers)
         self.check_metrics()
 
 
@@ -275,6 +272,7 @@ def random_profiles(
     toward: torch.Tensor | None = None,
     space: ParamSpace | None = None,
     chunk_runner: ChunkRunner | None = None,
+    workers: int = 1,
     metrics: Sequence[user_metrics.Bound] | None = None,
     **overrides,
 ) -> DirectionsResult:
@@ -283,7 +281,7 @@ def random_profiles(
     ``theta``/``toward`` are flat vectors over ``space`` (default: the model's parameters); ``(x, y)`` the
     data already chosen (split, subset). ``chunk_runner(chunks, distance, steps)`` may evaluate the chunks
     of direction indices elsewhere (the API's worker processes); each yields ``(loss, acc, metric values,
-    seconds)`` in order. ``config.metrics`` (:mod:`landscape.metrics`) are recorded at every point in the same
+    seconds)`` in order, cut so that each of its ``workers`` gets at least two chunks. ``config.metrics`` (:mod:`landscape.metrics`) are recorded at every point in the same
     forward passes (``point_metrics``, ``toward_metrics``; ``metrics``: already loaded by
     :func:`landscape.metrics.load`). Keyword ``overrides`` replace config fields.
     """
@@ -340,7 +338,7 @@ def random_profiles(
     cos = max_abs_cosine(dirs)
     size = chunk_size(model, x, config.batch_size)
     if chunk_runner is not None:
-        size = min(size, max(1, math.ceil(config.n / (2 * config.workers))))
+        size = min(size, max(1, math.ceil(config.n / (2 * workers))))
     chunks = [list(range(i, min(config.n, i + size))) for i in range(0, config.n, size)]
     if chunk_runner is None:
         outs: Iterator = (direction_chunk(model, space, theta, dirs[c[0] : c[-1] + 1], steps, x, y, config, bound)
@@ -414,7 +412,7 @@ def _notes(result: DirectionsResult) -> list[str]:
 
 SPEC = Analysis(
     name="directions", config=DirectionsConfig, compute=random_profiles, result=DirectionsResult,
-    inputs="checkpoint", run_options=DirectionsOptions, execute="landscape.api.loss_surfaces:run_directions",
+    inputs="checkpoint", run_options=DirectionsOptions, hooks=("execute",), parallel=True,
     stem=lambda refs, config, opts: f"directions-{slug(refs[0])}" + (f"-to-{slug(opts.toward)}" if opts.toward else ""),
     figure="landscape.plots.directions:directions_figure", rows=_rows, notes=_notes,
     details=lambda r: {**r.summary(), "seconds": r.seconds, "points_per_second": r.throughput}, output="directions",

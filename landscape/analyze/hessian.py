@@ -79,7 +79,6 @@ class HessianConfig:
     batch_size: int = option(250, "Examples per chunk of each product (memory bound; results do not depend on it).",
                              min=1)
     device: str = device_option()
-    workers: int = option(1, "Parallel worker processes (checkpoints in parallel).", min=1)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -88,8 +87,7 @@ class HessianConfig:
         if int(self.top_k) != self.top_k or self.top_k < 0:
             raise UsageError(f"--top-k must be a non-negative integer, got {self.top_k}")
         for flag, value in (("--n", self.n), ("--probes", self.probes), ("--density-probes", self.density_probes),
-                            ("--lanczos-steps", self.lanczos_steps), ("--batch-size", self.batch_size),
-                            ("--workers", self.workers)):
+                            ("--lanczos-steps", self.lanczos_steps), ("--batch-size", self.batch_size)):
             check_positive_int(flag, value)
         if self.top_k == 0 and not self.trace and not self.density:
             raise UsageError("nothing to compute: --top-k 0 without --trace or --density")

@@ -42,7 +42,6 @@ class NormsConfig:
     seed: int = option(0, "Seed of the example draw.")
     split: str = option("train", "Which split the per-sample gradients come from.", choices=("train", "test"))
     chunk: int = option(250, "Examples per engine pass (memory bound; results do not depend on it).", min=1)
-    workers: int = option(1, "Parallel worker processes (checkpoints of a run in parallel).", min=1)
     device: str = device_option()
 
     def validate(self) -> None:

@@ -8,7 +8,7 @@ again (Thm. 2). This module measures that on a model:
 
 - :func:`kernel_properties` -- symmetry and the two positivity notions of Def. 4.2 for any square matrix;
 - :func:`clip_kernel` -- A = K C (flat) or A = sum_r K_r C_r (layerwise) from per-layer blocks, with C from
-  the gradient norms sqrt(K_r[i, i]) and :func:`landscape.train.privatize.clip_factors`;
+  the gradient norms sqrt(K_r[i, i]) and :func:`landscape.clip.clip_factors`;
 - :func:`compute_ntk` -> :class:`NTKResult` and :func:`ntk_table` -> :class:`NTKTable` (Bu Table 1 measured).
 
 Kernel kinds (see :mod:`landscape.gram`): ``loss-grad`` is the Gram matrix of per-sample loss gradients,
@@ -22,7 +22,6 @@ over logits (n x n). The clipping factors always come from the loss-gradient nor
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -33,13 +32,13 @@ from torch import nn
 
 from landscape.analyze._common import device_option
 from landscape.analyze.registry import Analysis, option
+from landscape.clip import CLIP_STYLES, clip_factors, layer_threshold
 from landscape.errors import NonFiniteError, UsageError
 from landscape.gram import KINDS, gram_blocks, layer_names, parse_memory
 from landscape.results import StoredResult, stored, write_csv
 from landscape.runtime import check_device_name, resolve_device
 
 CLIPS = ("none", "flat", "layerwise")
-CLIP_STYLES = ("flat", "layerwise")
 CLIP_FNS = ("abadi", "automatic", "normalize", "global")
 STRATEGIES = ("auto", "hooks", "materialize", "ghost", "functorch")
 PRECISIONS = ("auto", "double", "single")
@@ -138,19 +137,17 @@ def kernel_properties(A: np.ndarray | torch.Tensor, *, sym_rtol: float = SYM_RTO
 def clipping_factors(norms: torch.Tensor | np.ndarray, max_norm: float | torch.Tensor, fn: str) -> torch.Tensor:
     """Per-sample clipping factors from gradient norms, by the training code's clipping functions.
 
-    Delegates to :func:`landscape.train.privatize.clip_factors` (abadi min(1, C/||g||), automatic
+    Delegates to :func:`landscape.clip.clip_factors` (abadi min(1, C/||g||), automatic
     C/(||g|| + 0.01), normalize C/||g||, global 1{||g|| <= C}; Bu et al. Sec. 2.2), so the kernel uses the
     same factors as training.
     """
-    from landscape.train.privatize import clip_factors
-
     norms = torch.as_tensor(norms, dtype=torch.float64)
     return clip_factors(norms, max_norm, fn).to(torch.float64)
 
 
 def default_layer_max_norms(max_grad_norm: float, n_layers: int) -> float:
     """Per-layer threshold of layerwise clipping, C / sqrt(#layers): the squares sum to C^2 (training default)."""
-    return max_grad_norm / math.sqrt(n_layers)
+    return layer_threshold(max_grad_norm, n_layers)
 
 
 @dataclass

@@ -34,19 +34,25 @@ class Analysis:
     - ``"pair"``: two references A B; ``compute(a, b, config) -> result``.
     - ``"pairs"``: run globs paired by ``--pairs`` (siblings, all, A:B,...); ``compute(a, b, config, labels)
       -> row`` per pair (in worker processes), then ``collect(rows, config, run_options) -> result``.
-    - ``"target"``: one reference; a bare run name means every checkpoint of the run (or ``expand(resolver,
-      ref, config) -> (targets, extra inputs)`` decides); ``compute(point, config) -> row`` per checkpoint (in
-      worker processes), then ``collect(rows, config, run_options) -> result``.
+    - ``"target"``: one reference; a bare run name means every checkpoint of the run (or the api's ``expand``
+      hook decides, see ``hooks``); ``compute(point, config) -> row`` per checkpoint (in worker processes), then
+      ``collect(rows, config, run_options) -> result``.
     - ``"targets"``: several references compared (e.g. norms), each expanded as for ``"target"``; optionally
       ``prepare(point, config) -> value`` per checkpoint and ``share(values, config) -> shared`` first (e.g.
       histogram edges common to all), then ``compute(point, config, shared) -> row`` per checkpoint and
       ``collect(groups of rows, config, run_options, refs, shared) -> result``.
 
-    ``execute(resolver, ref, config, run_options, path) -> (result, inputs, attrs)`` replaces resolve + compute for a
-    ``"checkpoint"`` analysis that needs more than one Point (directions toward B, a surface's plane through
-    other checkpoints or a run's trajectory, resumable partial writes to ``path``, its own worker payload);
-    it lives in ``landscape/api`` since it opens the store. ``stem(refs, config, run_options) -> str`` names
-    the default output when the references alone do not (``slug`` makes a reference a file-name part).
+    ``hooks`` names the store-side steps the analysis needs from :mod:`landscape.api`, which attaches them under
+    the analysis' name (:func:`landscape.api.runner.attach`; a spec never names code above its own layer):
+    ``"execute"`` (``execute(resolver, ref, config, run_options, execution, path) -> (result, inputs, attrs)``
+    replaces resolve + compute for a ``"checkpoint"`` analysis that needs more than one Point: directions toward
+    B, a surface's plane through other checkpoints or a run's trajectory, resumable partial writes to ``path``,
+    its own worker payload), ``"expand"`` (``expand(resolver, ref, config) -> (targets, extra inputs)`` for a
+    ``"target"`` analysis: clipping's ``--prune-levels`` retrains pruned copies). ``parallel``: the analysis
+    has parallel parts although its inputs alone do not say so (an ``execute`` hook with a worker pool); then
+    the runner's ``workers`` / ``scheduler`` (:class:`landscape.api.execution.ExecutionOptions`, never part of
+    the config) apply. ``stem(refs, config, run_options) -> str`` names the default output when the references
+    alone do not (``slug`` makes a reference a file-name part).
 
     ``needs`` asks the resolver for more in each Point: ``"init"`` (the run's initial weights),
     ``"manifest"`` (the run's manifest).
@@ -69,11 +75,11 @@ class Analysis:
     rows: Callable | None = None
     collect: Callable | None = None
     run_options: type | None = None
-    expand: Callable | None = None
     prepare: Callable | None = None
     share: Callable | None = None
     needs: tuple[str, ...] = ()
-    execute: Callable | str | None = None
+    hooks: tuple[str, ...] = ()
+    parallel: bool = False
     stem: Callable | None = None
     details: Callable | None = None
     notes: Callable | None = None
@@ -87,6 +93,13 @@ class Analysis:
             raise ValueError(f"Analysis {self.name!r}: inputs must be one of {INPUTS}, got {self.inputs!r}")
         if self.inputs in ("pairs", "target", "targets") and self.collect is None:
             raise ValueError(f"Analysis {self.name!r}: inputs {self.inputs!r} needs collect(rows, config, ...)")
+        execution = {"workers", "scheduler"} & {f.name for f in dataclasses.fields(self.config)}
+        if execution:
+            raise ValueError(f"Analysis {self.name!r}: {', '.join(sorted(execution))} is an execution option of the "
+                             "runner (landscape.api.execution.ExecutionOptions), not a config field")
+        allowed = {"checkpoint": ("execute",), "target": ("expand",)}.get(self.inputs, ())
+        if any(h not in allowed for h in self.hooks):
+            raise ValueError(f"Analysis {self.name!r}: inputs {self.inputs!r} takes hooks {allowed}, got {self.hooks}")
 
 
 # name -> ("module:ATTRIBUTE", summary); filled by landscape/analyze/__init__.py
@@ -211,6 +224,25 @@ def check_bounds(config: Any) -> None:
             raise UsageError(f"{flag} must be {'<' if meta.get('max_open') else '<='} {hi}, got {value}")
 
 
+def config_with(cls: type, config: Any, options: dict[str, Any]) -> Any:
+    """``config`` (or ``cls()``) with keyword ``options`` replacing fields, bounds checked (:func:`check_bounds`);
+    a UsageError names unknown options. Configs that check themselves in ``validate()`` (rather than
+    ``__post_init__``) are checked here too. The api runner, the hand-written api functions and batch specs use it."""
+    from landscape.errors import UsageError
+
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise UsageError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    out = dataclasses.replace(config if config is not None else cls(), **options)
+    check_bounds(out)
+    validate = getattr(out, "validate", None)
+    if validate is not None:
+        validate()
+    return out
+
+
 def parallel(spec: Analysis) -> bool:
-    """Whether the analysis has parallel parts: a ``workers`` option, hence also ``scheduler`` (a Dask cluster)."""
-    return spec.inputs not in ("checkpoint", "pair") or "workers" in {f.name for f in dataclasses.fields(spec.config)}
+    """Whether the analysis has parallel parts, hence the runner's ``--workers`` and ``--scheduler`` (a Dask
+    cluster): inputs with several checkpoints or pairs, or a spec that says so (``parallel=True``)."""
+    return spec.inputs not in ("checkpoint", "pair") or spec.parallel

@@ -94,7 +94,6 @@ class SurfaceConfig(RandomDirectionOptions):
         check_choice("--normalize", self.normalize, NORMALIZATIONS)
         check_choice("--biasbn", self.biasbn, BIASBN)
         check_positive_int("--batch-size", self.batch_size)
-        check_positive_int("--workers", self.workers)
         if self.rows_per_call is not None:
             check_positive_int("--rows-per-call", self.rows_per_call)
         self.check_metrics()
@@ -162,9 +161,9 @@ class SurfaceConfig(RandomDirectionOptions):
         return (out[0], out[-1])
 
     def analysis_params(self) -> dict:
-        """The options that determine the arrays (all but ``workers``, ``rows_per_call``): must match to resume."""
+        """The options that determine the arrays (all but ``rows_per_call``): must match to resume. (``workers`` is
+        no config field; a partial file from before still has it in its params, which reading back drops.)"""
         p = to_jsonable(self)
-        p.pop("workers", None)
         p.pop("rows_per_call", None)
         return p
 
@@ -353,13 +352,13 @@ def pending_rows(result: SurfaceResult) -> list[int]:
     return [int(i) for i in np.flatnonzero(~result.done.all(axis=1))]
 
 
-def row_blocks(rows: Sequence[int], ny: int, config: SurfaceConfig) -> list[list[int]]:
+def row_blocks(rows: Sequence[int], ny: int, config: SurfaceConfig, workers: int = 1) -> list[list[int]]:
     """Pending rows grouped into evaluate calls (written to the file together), in order.
 
     ``config.rows_per_call`` rows per call, or by default enough for :data:`POINTS_PER_CALL` points while
-    every worker still gets a block. Values do not depend on the grouping (each point is evaluated alone).
+    every one of ``workers`` still gets a block. Values do not depend on the grouping (each point is evaluated alone).
     """
-    size = config.rows_per_call or max(1, min(math.ceil(POINTS_PER_CALL / ny), math.ceil(len(rows) / config.workers)))
+    size = config.rows_per_call or max(1, min(math.ceil(POINTS_PER_CALL / ny), math.ceil(len(rows) / workers)))
     return [list(rows[i : i + size]) for i in range(0, len(rows), size)]
 
 
@@ -401,6 +400,7 @@ def compute_surface(
     space: ParamSpace | None = None,
     on_rows: Callable[[SurfaceResult, list[int]], None] | None = None,
     row_runner: RowRunner | None = None,
+    workers: int = 1,
     metrics: Sequence[user_metrics.Bound] | None = None,
 ) -> SurfaceResult:
     """Fill every pending row of ``partial`` (or of a fresh grid) and return the result.
@@ -418,7 +418,7 @@ def compute_surface(
     result = partial if partial is not None else SurfaceResult.empty(plane, config, columns)
     result.metric_sources = user_metrics.sources(metrics)
     result.examples = {s: int(data[s][0].shape[0]) for s in config.splits}
-    blocks = row_blocks(pending_rows(result), len(result.ycoordinates), config)
+    blocks = row_blocks(pending_rows(result), len(result.ycoordinates), config, workers)
     if row_runner is None:
         def row_runner(todo: list[list[int]]):
             for rows in todo:
@@ -461,7 +461,7 @@ def _notes(result: SurfaceResult) -> list[str]:
 
 SPEC = Analysis(
     name="surface", config=SurfaceConfig, compute=compute_surface, result=SurfaceResult, inputs="checkpoint",
-    run_options=SurfaceOptions, execute="landscape.api.loss_surfaces:run_surface",
+    run_options=SurfaceOptions, hooks=("execute",), parallel=True,
     stem=lambda refs, config, options: f"surface-{slug(refs[0])}-{slug(config.plane)}",
     figure="landscape.plots.surface:surface_figure",
     rows=lambda r: [{k: v for k, v in r.summary().items() if k != "explained_variance"}], notes=_notes,

@@ -51,7 +51,6 @@ class SymmetryConfig:
     split: str = option("train", "Which split the per-sample gradients come from.", choices=("train", "test"))
     chunk: int = option(250, "Examples per engine pass (memory bound; results do not depend on it).", min=1)
     directions_per_pass: int = option(4, cli=False)
-    workers: int = option(1, "Parallel worker processes (checkpoints of a run in parallel).", min=1)
     device: str = device_option()
 
     def validate(self) -> None:

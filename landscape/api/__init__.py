@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# public name -> module under landscape.api
+# public name -> module under landscape.api (or a full module path)
 _EXPORTS: dict[str, str] = {
     "train": "training",
     "resume": "training",
@@ -33,7 +33,7 @@ _EXPORTS: dict[str, str] = {
     "DemoConfig": "demo_job",
     "align": "alignment",
     "runs": "store_views", "checkpoint": "store_views", "show": "store_views", "import_checkpoint": "store_views",
-    "figures": "figures",
+    "figures": "landscape.figures",  # the recipes sit above the api (they call it): re-exported lazily, not imported
 }
 
 
@@ -46,7 +46,7 @@ def _analyses() -> dict[str, str]:
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is not None:
-        return getattr(importlib.import_module(f"landscape.api.{module}"), name)
+        return getattr(importlib.import_module(module if "." in module else f"landscape.api.{module}"), name)
     analysis = _analyses().get(name)
     if analysis is None:
         raise AttributeError(f"module 'landscape.api' has no attribute {name!r}")

@@ -1,12 +1,13 @@
-"""How ``directions`` and ``surface`` run (their specs' ``execute`` hooks; Watson et al. Fig. 4; Li et al. 2018).
+"""How ``directions`` and ``surface`` run (their ``execute`` hooks; Watson et al. Fig. 4; Li et al. 2018).
 
 ``landscape.api.directions(A, toward=B)`` and ``landscape.api.surface(A, plane=...)`` are made by
-:mod:`landscape.api.runner`; it calls :func:`run_directions` / :func:`run_surface` here, which resolve the
-extra checkpoints (B, the plane's B and C or a run's trajectory) and evaluate, then writes and draws.
+:mod:`landscape.api.runner`; it calls :func:`run_directions` / :func:`run_surface` here (attached below with
+:func:`landscape.api.runner.attach`), which resolve the extra checkpoints (B, the plane's B and C or a run's
+trajectory) and evaluate, then writes and draws.
 
 ``run_surface`` builds the plane (random, ``B,C`` or ``pca:RUN``), writes the result file at once
 (all NaN) and again, atomically, after every completed grid row; if the file already exists with the same
-options, inputs and plane, only its missing rows are computed (resume). ``workers > 1`` spreads direction
+options, inputs and plane, only its missing rows are computed (resume). ``execution.workers > 1`` spreads direction
 chunks / grid rows over spawned processes with one torch thread each; the arrays are the same. (Spawned
 workers re-import the calling script: call these from under ``if __name__ == "__main__":``.)
 """
@@ -41,9 +42,11 @@ from landscape.analyze.surface import (
     random_plane,
     surface_rows,
 )
-from landscape.api._common import ProcessPool, checkpoint_dataset, worker_state
 from landscape.api._common import check_pair as _check_pair
+from landscape.api._common import checkpoint_dataset
+from landscape.api.execution import ExecutionOptions, ProcessPool, worker_state
 from landscape.api.resolve import Resolver, compare_others
+from landscape.api.runner import attach
 from landscape.errors import CheckpointError, UsageError
 from landscape.params import ParamSpace
 from landscape.results import InputRef
@@ -54,10 +57,10 @@ __all__ = ["DirectionsConfig", "DirectionsResult", "SurfaceConfig", "SurfaceResu
 # ------------------------------------------------------------------------------------------ directions
 
 
-def run_directions(resolver: Resolver, ref_a: str, config: DirectionsConfig, options, out: Path
-                   ) -> tuple[DirectionsResult, list[InputRef], dict]:
+def run_directions(resolver: Resolver, ref_a: str, config: DirectionsConfig, options, execution: ExecutionOptions,
+                   out: Path) -> tuple[DirectionsResult, list[InputRef], dict]:
     """Resolve A (and ``options.toward``), evaluate :func:`random_profiles` (direction chunks in worker processes
-    with ``config.workers > 1``); the runner writes and draws."""
+    with ``execution.workers > 1``); the runner writes and draws."""
     toward = options.toward
     if config.distance == "auto" and toward is None:
         raise UsageError("--distance auto needs --toward B (or give a number)")
@@ -72,12 +75,12 @@ def run_directions(resolver: Resolver, ref_a: str, config: DirectionsConfig, opt
                        resolver.download)
     metrics = user_metrics.load(config.metrics, reserved=directions_analysis.RESERVED, analysis="directions")
     runner = None
-    if config.workers > 1:
+    if execution.workers > 1:
         payload = _Payload(a.model_spec, a.state_dict, a.data_spec, resolver.data_root, resolver.download, config,
-                           metric_sources=user_metrics.sources(metrics))
+                           metric_sources=user_metrics.sources(metrics), workers=execution.workers)
         runner = functools.partial(_run_direction_chunks, payload=payload)
     result = random_profiles(model, theta, x, y, config=config, toward=None if b is None else space.flatten(b.state_dict),
-                             space=space, chunk_runner=runner, metrics=metrics)
+                             space=space, chunk_runner=runner, workers=execution.workers, metrics=metrics)
     attrs = compare_others(a, [b] if b is not None else [], what="B")
     return result, [a.input_ref()] + ([b.input_ref()] if b is not None else []), attrs
 
@@ -100,6 +103,7 @@ class _Payload:
     config: Any
     plane: Plane | None = None
     metric_sources: list | None = None  # the parent's metric provenance: a worker refuses code changed since
+    workers: int = 1  # how many processes share the chunks / row blocks
 
 
 def _init_worker(payload: _Payload) -> dict[str, Any]:
@@ -130,7 +134,7 @@ def _direction_job(indices: list[int], distance: float, steps: torch.Tensor):
 
 def _run_direction_chunks(chunks: list[list[int]], distance: float, steps: torch.Tensor, *, payload: _Payload
                           ) -> Iterator:
-    pool = _pool(min(payload.config.workers, len(chunks)), payload)
+    pool = _pool(min(payload.workers, len(chunks)), payload)
     try:
         futures = [pool.submit(_direction_job, c, distance, steps) for c in chunks]
         for f in futures:
@@ -148,8 +152,8 @@ def _pool(workers: int, payload: _Payload) -> ProcessPool:
 # --------------------------------------------------------------------------------------------- surface
 
 
-def run_surface(resolver: Resolver, ref_a: str, config: SurfaceConfig, options, out: Path
-                ) -> tuple[SurfaceResult, list[InputRef], dict]:
+def run_surface(resolver: Resolver, ref_a: str, config: SurfaceConfig, options, execution: ExecutionOptions,
+                out: Path) -> tuple[SurfaceResult, list[InputRef], dict]:
     """The surface around A on ``config.plane``, written to ``out`` after every block of rows (resumed from a
     partial file with the same options, inputs and plane unless ``options.resume`` is false)."""
     store = resolver.store
@@ -175,12 +179,12 @@ def run_surface(resolver: Resolver, ref_a: str, config: SurfaceConfig, options, 
             options.on_rows(result, rows)
 
     runner = None
-    if config.workers > 1:
+    if execution.workers > 1:
         payload = _Payload(a.model_spec, a.state_dict, a.data_spec, resolver.data_root, resolver.download, config,
-                           plane, metric_sources=user_metrics.sources(metrics))
+                           plane, metric_sources=user_metrics.sources(metrics), workers=execution.workers)
         runner = functools.partial(_run_rows, payload=payload, xs=partial.xcoordinates, ys=partial.ycoordinates)
     result = compute_surface(model, plane, data, config=config, partial=partial, space=space, on_rows=written,
-                             row_runner=runner, metrics=metrics)
+                             row_runner=runner, workers=execution.workers, metrics=metrics)
     return result, inputs, attrs
 
 
@@ -240,7 +244,7 @@ def _rows_job(rows: list[int], x_values, ys):
 def _run_rows(blocks: list[list[int]], *, payload: _Payload, xs, ys) -> Iterator:
     if not blocks:
         return
-    pool = _pool(min(payload.config.workers, len(blocks)), payload)
+    pool = _pool(min(payload.workers, len(blocks)), payload)
     try:
         futures = [pool.submit(_rows_job, rows, xs[rows], ys) for rows in blocks]
         for f in pool.as_completed(futures):
@@ -263,3 +267,6 @@ def _split_data(data_spec: dict, split: str, subset, subset_seed: int, data_root
     idx = subset_indices(y, subset, subset_seed)
     return x[idx], y[idx]
 
+
+attach("directions", "execute", run_directions)
+attach("surface", "execute", run_surface)

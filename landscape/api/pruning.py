@@ -27,9 +27,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from landscape.api.runner import attach
 from landscape.errors import UsageError
 from landscape.store import Checkpoint, Run, Store
-from landscape.train.pruning import MASK_ARRAY, prune_into_run
+from landscape.train.accounting import PrivacyEvent
+from landscape.train.pruning import MASK_ARRAY, inherited_privacy, prune_into_run
 
 REWINDS = ("init", "none")
 
@@ -112,3 +114,86 @@ def load_masks(run: Run) -> dict[str, torch.Tensor] | None:
     if MASK_ARRAY not in run.array_names():
         return None
     return {k: torch.as_tensor(np.asarray(v)).to(torch.bool) for k, v in run.load_array(MASK_ARRAY).items()}
+
+# ------------------------------------------------------------------------ clipping --prune-levels (Watson Fig. 11)
+
+
+def pruned_retrain(store: Store, trained: Checkpoint, init: Checkpoint, level: float) -> Run:
+    """Watson et al. Fig. 11: prune -> rewind -> retrain, with the training configuration of ``trained``'s run.
+
+    :func:`~landscape.train.pruning.prune_into_run` removes a fraction ``level`` of each layer's Linear/Conv weights by magnitude at
+    ``trained`` and rewinds the survivors to ``init``: run ``<run>-prune<level*1000>``; ``landscape train
+    --from <that>@init`` then retrains it (masks kept): run ``<run>-prune<level*1000>-retrain``, whose epsilon
+    composes the DP steps of ``trained`` (which chose the mask) with its own. A source trained with
+    ``--target-epsilon`` is retrained with the noise multiplier it used (a target for the composed epsilon could
+    already be spent). Existing runs made from the same checkpoint with the same history are reused, so a
+    repeated command does not train again; anything else is a usage error naming the run to remove.
+    """
+    from landscape.train.config import TrainConfig
+    from landscape.train.loop import train
+
+    tag = f"{trained.run}-prune{int(round(level * 1000)):03d}"
+    retrain_name = f"{tag}-retrain"
+    source = store.run(trained.run)
+    if "recorder" in source.manifest:  # its config is the user's, not a TrainConfig landscape could rerun
+        raise UsageError(f"run '{trained.run}' was recorded from your own training loop (landscape.Recorder), which "
+                         "landscape cannot rerun: prune it with `landscape prune` and retrain the result in your loop")
+    names = store.run_names()
+    if tag in names:
+        old = store.run(tag)
+        if (old.manifest.get("lineage") or {}).get("parent_sha256") != trained.sha256:
+            raise UsageError(f"run '{tag}' exists but was not pruned from {trained.ref}; remove it first")
+    else:
+        prune_into_run(store, trained, level, source_ref=trained.ref, scope="layer", init=init,
+                       init_ref=init.ref or f"{trained.run}@init", run=tag)
+    expected = inherited_privacy(store, store.load(f"{tag}@init")).events
+    if retrain_name in names:
+        done = store.run(retrain_name)
+        recorded = [PrivacyEvent(**e) for e in (done.manifest.get("privacy") or {}).get("ancestor_events", [])]
+        if recorded != expected:
+            raise UsageError(
+                f"run '{retrain_name}' does not compose the DP history of {trained.ref} (made by an older version "
+                f"that dropped it?); remove runs '{tag}' and '{retrain_name}' and run again"
+            )
+        total = int((done.manifest.get("schedule") or {}).get("total_steps", -1))
+        infos = done.checkpoints()
+        if infos and infos[-1].step >= total:
+            return done
+        raise UsageError(f"run '{retrain_name}' exists but is unfinished; resume it (train --resume) or remove it")
+    stored = dict(source.manifest["config"])
+    if stored.get("target_epsilon") is not None:
+        stored.update(target_epsilon=None,
+                      noise_multiplier=float((source.manifest.get("privacy") or {})["noise_multiplier"]))
+    retrain = TrainConfig.from_dict({
+        **stored, "run": retrain_name, "from_ref": f"{tag}@init", "resume": None, "model": None,
+        "model_kwargs": {}, "data": None, "data_kwargs": {},
+    })
+    return train(retrain, root=store.root, progress=False)
+
+
+def expand_prune_levels(resolver, ref: str, config) -> tuple[list, list]:
+    """The ``expand`` hook of ``clipping`` (attached in :mod:`landscape.api.runner`): the checkpoints to measure,
+    ``ref`` (a bare run name: every checkpoint), or with ``config.prune_levels`` the final checkpoint of the run
+    retrained at each level (Watson Fig. 11: prune by magnitude per layer at ``ref``, rewind the survivors to
+    the run's @init, retrain with the run's configuration; :func:`pruned_retrain`), tagged with the level."""
+    if not config.prune_levels:
+        return resolver.expand(ref), []
+    from landscape.api.resolve import Target
+
+    store = resolver.store
+    trained = store.load(ref)
+    if trained.run is None:
+        raise UsageError(f"--prune-levels needs a checkpoint of a run (to rewind to its @init), got {ref}")
+    if not store.run(trained.run).manifest.get("config"):
+        raise UsageError(f"run '{trained.run}' records no training configuration to retrain the pruned models with")
+    init = store.load(f"{trained.run}@init")
+    targets = []
+    for level in config.prune_levels:
+        done = pruned_retrain(store, trained, init, level)
+        last = done.checkpoints()[-1]
+        targets.append(Target(f"{done.name}@step={last.step}", str(last.path), done.name, last.step, last.epoch,
+                              tag=(("prune_level", level),)))
+    return targets, [trained.input_ref(), init.input_ref()]
+
+
+attach("clipping", "expand", expand_prune_levels)

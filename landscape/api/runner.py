@@ -3,9 +3,14 @@
 :func:`run` is the one skeleton behind ``landscape.api.interpolate``, ``instability``, ... and the generated
 commands: it builds the config (keyword options replace fields), resolves the references
 (:class:`landscape.api.resolve.Resolver`), calls the spec's pure ``compute`` (per checkpoint or per pair in
-spawned worker processes when ``workers > 1``; see :class:`landscape.api._common.ProcessPool`), writes the
+spawned worker processes when ``workers > 1``; see :class:`landscape.api.execution.ProcessPool`), writes the
 result HDF5 (and CSV), draws the figure, and returns the result with ``.path`` and ``.figures`` set.
-:func:`api_function` makes the public function of an analysis from its spec.
+:func:`api_function` makes the public function of an analysis from its spec. ``workers`` and ``scheduler`` are
+:class:`~landscape.api.execution.ExecutionOptions`, never config fields (nor stored in a result's ``params``).
+
+The store-side hooks an analysis' spec asks for (``Analysis.hooks``: ``execute``, ``expand``) are attached here
+by :func:`attach`, from the api modules that implement them (:data:`HOOK_MODULES`): a spec in
+``landscape/analyze`` never names code in ``landscape/api``.
 """
 
 from __future__ import annotations
@@ -19,19 +24,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from landscape.analyze.registry import Analysis, get, parallel, slug
-from landscape.api._common import (
-    ProcessPool,
-    check_parallelism,
-    cluster_size,
-    config_with,
-    current_scheduler,
-    default_output,
-    map_jobs,
-    run_label,
-    using_scheduler,
-)
+from landscape.analyze.registry import Analysis, config_with, get, parallel, slug
+from landscape.api._common import default_output, run_label
 from landscape.api.accounting import provenance_attrs
+from landscape.api.execution import ExecutionOptions, ProcessPool, map_jobs, using_scheduler
 from landscape.api.resolve import Resolver, Target
 from landscape.errors import UsageError
 from landscape.results import InputRef, check_companions, check_output_path
@@ -62,27 +58,19 @@ def _run_trusted(name: str, refs: Sequence[str], *, root, config, output, figure
     run_fields = {f.name for f in dataclasses.fields(spec.run_options)} if spec.run_options else set()
     run_opts = spec.run_options(**{k: options.pop(k) for k in list(options) if k in run_fields}) \
         if spec.run_options else None
-    config_fields = {f.name for f in dataclasses.fields(spec.config)}
-    if workers is not None and "workers" in config_fields:
-        options["workers"] = workers
     config = config_with(spec.config, config, options)
-    if "workers" in config_fields:
-        workers = config.workers
-    workers = 1 if workers is None else workers
-    if int(workers) != workers or workers < 1:
-        raise UsageError(f"--workers must be >= 1, got {workers}")
-    check_parallelism(workers, scheduler)
-    scheduler = scheduler if scheduler is not None else current_scheduler()  # figures --scheduler sets it
-    if scheduler is not None and parallel(spec):  # cut the work into as many parts as the cluster has workers
-        workers = cluster_size(scheduler)
-        if "workers" in config_fields:
-            config = dataclasses.replace(config, workers=workers)
-    with using_scheduler(scheduler):
-        return _run(spec, refs, root, config, run_opts, output, figure, data_root, download, data_from, workers)
+    execution = ExecutionOptions(1 if workers is None else workers, scheduler).on_cluster(parallel(spec))
+    if execution.workers > 1:  # metric objects cannot travel to workers: say so before a refused pickle hangs a pool
+        from landscape.metrics import check_workers
+
+        check_workers(getattr(config, "metrics", None) or (), execution.workers)
+    with using_scheduler(execution.scheduler):
+        return _run(spec, refs, root, config, run_opts, output, figure, data_root, download, data_from, execution)
 
 
 def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, output, figure: bool,
-         data_root: str | None, download: bool, data_from: str, workers: int) -> Any:
+         data_root: str | None, download: bool, data_from: str, execution: ExecutionOptions) -> Any:
+    workers = execution.workers
     resolver = Resolver(root, data_root=data_root, download=download)
     refs = [str(r) for r in refs]
     if spec.inputs == "targets" and not refs:
@@ -93,8 +81,8 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
     attrs: dict[str, Any] = {}
     title = refs[0] if refs else ""
     if spec.inputs == "checkpoint":
-        if spec.execute is not None:
-            result, inputs, attrs = _callable(spec.execute)(resolver, refs[0], config, run_opts, out)
+        if "execute" in spec.hooks:
+            result, inputs, attrs = hook(spec, "execute")(resolver, refs[0], config, run_opts, execution, out)
         else:
             point = resolver.point(refs[0], masks=True, purpose=spec.purpose)
             result = spec.compute(point, config)
@@ -111,7 +99,8 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
         title = ""
     elif spec.inputs == "target":
         (ref,) = refs
-        targets, extra = spec.expand(resolver, ref, config) if spec.expand else (resolver.expand(ref), [])
+        targets, extra = hook(spec, "expand")(resolver, ref, config) if "expand" in spec.hooks \
+            else (resolver.expand(ref), [])
         rows = _map(_point_job, [(spec.name, resolver, t, config) for t in targets], workers)
         result = spec.collect(rows, config, run_opts)
         inputs = extra + _inputs(targets)
@@ -166,6 +155,34 @@ def _stem(spec: Analysis, refs: list[str], config: Any, run_opts: Any) -> str:
 
 def _inputs(targets: Sequence[Target]) -> list[InputRef]:
     return [InputRef.of(t.ref, t.path) for t in targets]
+
+
+# ------------------------------------------------------------------------------------------ api hooks
+
+#: The api modules that attach analyses' store-side hooks (imported when a spec asks for one).
+HOOK_MODULES = ("landscape.api.loss_surfaces", "landscape.api.pruning")
+_HOOKS: dict[tuple[str, str], Callable] = {}
+
+
+def attach(name: str, kind: str, function: Callable) -> None:
+    """Attach the ``kind`` hook (``"execute"`` or ``"expand"``, see :class:`~landscape.analyze.registry.Analysis`)
+    of analysis ``name``: called at import by the module in :data:`HOOK_MODULES` that implements it."""
+    if kind not in ("execute", "expand"):
+        raise ValueError(f"unknown hook kind {kind!r} (execute or expand)")
+    _HOOKS[(name, kind)] = function
+
+
+def hook(spec: Analysis, kind: str) -> Callable:
+    """The ``kind`` hook attached for ``spec`` (its modules imported first); a spec that asks for a hook nobody
+    attached is a programming error, raised as such."""
+    if (spec.name, kind) not in _HOOKS:
+        for module in HOOK_MODULES:
+            importlib.import_module(module)
+    try:
+        return _HOOKS[(spec.name, kind)]
+    except KeyError:
+        raise LookupError(f"analysis {spec.name!r} asks for an api {kind!r} hook, but none of {HOOK_MODULES} "
+                          f"attached one (landscape.api.runner.attach)") from None
 
 
 def _callable(where: str | Callable) -> Callable:
@@ -263,9 +280,6 @@ def _current_pair_file(out: str, refs: list[InputRef], config: Any, data_attrs: 
 
 def _pairs(spec: Analysis, resolver: Resolver, patterns: list[str], config: Any, run_opts: Any, data_from: str,
            workers: int, out: Path) -> tuple[Any, list[InputRef]]:
-    from landscape.metrics import check_workers
-
-    check_workers(getattr(config, "metrics", ()), workers)  # before any job: a refused pickle can hang the pool
     jobs = resolver.pair_jobs(patterns, run_opts.pairs)
     pair_dir = Path(run_opts.pair_dir) if run_opts.pair_dir else out.with_name(out.stem + "-pairs")
     tasks = [(spec.name, resolver, a, b, labels, config, data_from, str(pair_dir / f"{slug(a)}--{slug(b)}.h5"))
@@ -297,9 +311,8 @@ def api_function(name: str) -> Callable:
                 "code": (), "accept_changed_code": False}
     if spec.inputs in ("pair", "pairs"):
         defaults["data_from"] = "a"
-    if spec.inputs not in ("checkpoint", "pair") and "workers" not in {f.name for f in dataclasses.fields(spec.config)}:
-        defaults["workers"] = 1
     if parallel(spec):
+        defaults["workers"] = 1
         defaults["scheduler"] = None
     for opt in dataclasses.fields(spec.run_options) if spec.run_options else ():
         defaults[opt.name] = opt.default

@@ -134,7 +134,7 @@ def _on_dask(spec: BatchSpec, workers: int, scheduler: str | None, threads: int,
         client = Client(cluster)
     else:
         from landscape import bounds
-        from landscape.api._common import connect_client, scheduler_address
+        from landscape.api.execution import connect_client, scheduler_address
 
         progress.note(f"dask: connecting to the scheduler at {scheduler} (waiting up to "
                       f"{bounds.SCHEDULER_TIMEOUT_S} s)")

@@ -265,7 +265,7 @@ def kind_info(kind: str) -> KindInfo:
         raise KeyError(kind)
     spec = get(kind)
     # no per-analysis worker pools inside a batch job: the batch is the parallelism (one job per worker)
-    options = {"refs": "str | list[str]", **_RUNNER_OPTIONS, **_fields(spec.config, skip=("workers",))}
+    options = {"refs": "str | list[str]", **_RUNNER_OPTIONS, **_fields(spec.config)}
     if spec.inputs in ("pair", "pairs"):
         options["data_from"] = "str"
     if spec.run_options is not None:
@@ -606,8 +606,7 @@ def _build(kind: str, options: dict[str, Any]) -> Any:
         return config
     if kind == "figures":
         return FigureJob(**options).validate()
-    from landscape.analyze.registry import get
-    from landscape.api._common import config_with
+    from landscape.analyze.registry import config_with, get
 
     spec = get(kind)
     refs = options.pop("refs", [])

@@ -21,12 +21,12 @@ def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out",
     analyses, figure and summary are made again). A recipe that fails does not stop the others: the rest run, the
     gallery is written, and then :class:`~landscape.errors.RecipeError` names every failure (one line; its
     ``made`` holds the recipes that finished). ``scheduler`` (a Dask address or client) runs the recipes'
-    analyses' parallel parts on that cluster (see :func:`landscape.api._common.using_scheduler`). ``report``
+    analyses' parallel parts on that cluster (see :func:`landscape.api.execution.using_scheduler`). ``report``
     receives one line per finished (or failed) recipe, as it finishes (the command prints them on stderr).
     """
     import contextlib
 
-    from landscape.api._common import check_parallelism, cluster_size, using_scheduler
+    from landscape.api.execution import check_parallelism, cluster_size, using_scheduler
     from landscape.errors import LandscapeError, RecipeError
     from landscape.figures.gallery import write_gallery
 

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from landscape.bounds import check_seed
+from landscape.clip import CLIP_STYLES
 from landscape.errors import UsageError
 from landscape.runtime import check_device_name
 
 OPTIMIZERS = ("sgd", "dpsgd", "clip-only", "noise-only")
 DP_OPTIMIZERS = ("dpsgd", "clip-only", "noise-only")
 SAMPLINGS = ("poisson", "shuffle")
-CLIP_STYLES = ("flat", "layerwise")
 
 # Fields that name or locate a run rather than define what it computes: left out of the config hash.
 _NOT_HASHED = ("run", "resume", "device", "microbatch", "data_root", "download")

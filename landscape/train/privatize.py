@@ -12,7 +12,7 @@ The optimiser families (issue 3):
   (no ``C``). We use the SAME noise as ``dpsgd`` (std ``sigma * C`` on the sum), which is both of theirs with
   ``--max-grad-norm 1``. Without clipping the sensitivity is unbounded, so this is not private.
 
-Clipping functions (Bu et al. Sec. 2.2, scaled so that every clipped gradient has norm <= C):
+Clipping functions (:mod:`landscape.clip`; Bu et al. Sec. 2.2, scaled so that every clipped gradient has norm <= C):
 ``abadi`` ``min(1, C/||g||)``, ``automatic`` ``C/(||g|| + 0.01)``, ``normalize`` ``C/||g||``,
 ``global`` ``1{||g|| <= C}`` (Bu App. D). Clipping styles: ``flat`` clips the whole per-sample gradient to
 ``C``; ``layerwise`` clips each layer (= one parameter tensor) ``r`` to its own ``C_r`` (Bu Sec. 4.2), by
@@ -37,7 +37,7 @@ slow, obviously-correct per-example loop with the same interface, used as the re
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -45,49 +45,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from landscape.clip import CLIP_FUNCTIONS, CLIP_STYLES, clip_factors, layer_threshold  # noqa: F401 (re-exported)
 from landscape.errors import IncompatibleError, UsageError
 from landscape.pooling import exact_fast_pooling
 from landscape.train.smoothing import laplacian_smooth
 
 OPTIMIZERS = ("sgd", "dpsgd", "clip-only", "noise-only")
-CLIP_STYLES = ("flat", "layerwise")
-_TINY = 1e-12
-
-
-def _abadi(norms: torch.Tensor, c: torch.Tensor | float) -> torch.Tensor:
-    return (c / norms.clamp_min(_TINY)).clamp(max=1.0)
-
-
-def _automatic(norms: torch.Tensor, c: torch.Tensor | float) -> torch.Tensor:
-    return c / (norms + 0.01)
-
-
-def _normalize(norms: torch.Tensor, c: torch.Tensor | float) -> torch.Tensor:
-    return c / norms.clamp_min(_TINY)
-
-
-def _global(norms: torch.Tensor, c: torch.Tensor | float) -> torch.Tensor:
-    return (norms <= c).to(norms.dtype)
-
-
-# name -> (per-sample norms, clipping norm C) -> per-sample factors c_i   (Bu et al. Sec. 2.2 / App. D)
-CLIP_FUNCTIONS: dict[str, Callable[[torch.Tensor, torch.Tensor | float], torch.Tensor]] = {
-    "abadi": _abadi,
-    "automatic": _automatic,
-    "normalize": _normalize,
-    "global": _global,
-}
-
-
-def clip_factors(norms: torch.Tensor, max_norm: float | torch.Tensor, fn: str = "abadi") -> torch.Tensor:
-    """Per-sample clipping factors ``c_i`` for per-sample gradient norms (``||c_i g_i|| <= C``)."""
-    try:
-        func = CLIP_FUNCTIONS[fn]
-    except KeyError:
-        raise UsageError(
-            f"unknown clipping function {fn!r}; choose one of {', '.join(CLIP_FUNCTIONS)}"
-        ) from None
-    return func(norms, max_norm)
 
 
 @dataclass
@@ -292,7 +255,7 @@ class Privatizer:
         names = [n for n, _ in self.named]
         given = self.config.layer_max_norms
         if given is None:
-            c = self.config.max_grad_norm / math.sqrt(len(names))
+            c = layer_threshold(self.config.max_grad_norm, len(names))
             return {n: c for n in names}
         unknown = sorted(set(given) - set(names))
         missing = [n for n in names if n not in given]

@@ -22,7 +22,8 @@ its run array ``mask``, lineage pointing at the source checkpoint, and ``manifes
 DP history of every checkpoint its weights depend on (:func:`inherited_privacy`): the mask is a function of
 the source weights, hence of the data they were trained on, so a run trained from the pruned one must
 compose those steps into its epsilon (``landscape train`` reads them through the same function).
-:func:`pruned_retrain` is Watson et al. Fig. 11's prune -> rewind -> retrain built on it.
+:func:`landscape.api.pruning.pruned_retrain` is Watson et al. Fig. 11's prune -> rewind -> retrain built on it
+(it trains, so it lives above the training loop, which imports this module).
 """
 
 from __future__ import annotations
@@ -289,56 +290,3 @@ def prune_into_run(
     new.save_array(MASK_ARRAY, {n: m.numpy() for n, m in masks.items()})
     new.save_checkpoint(state, step=0, epoch=0.0, attrs={"pruned": stored})
     return new, masks
-
-
-def pruned_retrain(store: Store, trained: Checkpoint, init: Checkpoint, level: float) -> Run:
-    """Watson et al. Fig. 11: prune -> rewind -> retrain, with the training configuration of ``trained``'s run.
-
-    :func:`prune_into_run` removes a fraction ``level`` of each layer's Linear/Conv weights by magnitude at
-    ``trained`` and rewinds the survivors to ``init``: run ``<run>-prune<level*1000>``; ``landscape train
-    --from <that>@init`` then retrains it (masks kept): run ``<run>-prune<level*1000>-retrain``, whose epsilon
-    composes the DP steps of ``trained`` (which chose the mask) with its own. A source trained with
-    ``--target-epsilon`` is retrained with the noise multiplier it used (a target for the composed epsilon could
-    already be spent). Existing runs made from the same checkpoint with the same history are reused, so a
-    repeated command does not train again; anything else is a usage error naming the run to remove.
-    """
-    from landscape.train.config import TrainConfig
-    from landscape.train.loop import train
-
-    tag = f"{trained.run}-prune{int(round(level * 1000)):03d}"
-    retrain_name = f"{tag}-retrain"
-    source = store.run(trained.run)
-    if "recorder" in source.manifest:  # its config is the user's, not a TrainConfig landscape could rerun
-        raise UsageError(f"run '{trained.run}' was recorded from your own training loop (landscape.Recorder), which "
-                         "landscape cannot rerun: prune it with `landscape prune` and retrain the result in your loop")
-    names = store.run_names()
-    if tag in names:
-        old = store.run(tag)
-        if (old.manifest.get("lineage") or {}).get("parent_sha256") != trained.sha256:
-            raise UsageError(f"run '{tag}' exists but was not pruned from {trained.ref}; remove it first")
-    else:
-        prune_into_run(store, trained, level, source_ref=trained.ref, scope="layer", init=init,
-                       init_ref=init.ref or f"{trained.run}@init", run=tag)
-    expected = inherited_privacy(store, store.load(f"{tag}@init")).events
-    if retrain_name in names:
-        done = store.run(retrain_name)
-        recorded = [PrivacyEvent(**e) for e in (done.manifest.get("privacy") or {}).get("ancestor_events", [])]
-        if recorded != expected:
-            raise UsageError(
-                f"run '{retrain_name}' does not compose the DP history of {trained.ref} (made by an older version "
-                f"that dropped it?); remove runs '{tag}' and '{retrain_name}' and run again"
-            )
-        total = int((done.manifest.get("schedule") or {}).get("total_steps", -1))
-        infos = done.checkpoints()
-        if infos and infos[-1].step >= total:
-            return done
-        raise UsageError(f"run '{retrain_name}' exists but is unfinished; resume it (train --resume) or remove it")
-    stored = dict(source.manifest["config"])
-    if stored.get("target_epsilon") is not None:
-        stored.update(target_epsilon=None,
-                      noise_multiplier=float((source.manifest.get("privacy") or {})["noise_multiplier"]))
-    retrain = TrainConfig.from_dict({
-        **stored, "run": retrain_name, "from_ref": f"{tag}@init", "resume": None, "model": None,
-        "model_kwargs": {}, "data": None, "data_kwargs": {},
-    })
-    return train(retrain, root=store.root, progress=False)

@@ -1,0 +1,352 @@
+"""How an analysis runs, apart from what it computes: the worker pool and the Dask scheduler.
+
+:class:`ExecutionOptions` (``workers``, ``scheduler``) is what ``--workers N`` / ``--scheduler ADDRESS`` and the api
+keyword arguments ``workers=`` / ``scheduler=`` become: options that never change a result, so they are not part
+of any analysis' config (nor of a result's ``params``). :class:`ProcessPool` is the one executor: in-process,
+spawned processes with one torch thread each that die with their parent, or Dask tasks when a scheduler is in
+use (:func:`using_scheduler`, worker state scattered once). The figures runner and the batch runner use these
+public names; the analyses' specs never see them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from typing import Any
+
+import torch
+
+from landscape.errors import LandscapeError, UsageError
+
+# ------------------------------------------------------------------------------------------ pools
+
+
+def one_thread() -> None:
+    """One torch/OpenMP/MKL thread in this (worker) process."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["MKL_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+
+def die_with_parent(parent: int | None = None, interval: float = 0.5) -> None:
+    """Make this (worker) process exit when its parent dies, even by SIGKILL (issue 14 item 13).
+
+    On Linux the kernel sends SIGKILL at the parent's death (``prctl(PR_SET_PDEATHSIG)``); everywhere a daemon
+    thread also checks every ``interval`` seconds whether the process has been re-parented. A worker blocked
+    on a pipe to a dead parent would otherwise live on (and keep multiprocessing's resource tracker alive).
+    """
+    parent = os.getppid() if parent is None else parent
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
+
+
+_STATE: dict[str, Any] = {}
+
+
+def worker_state() -> dict[str, Any]:
+    """What this worker's initializer built (``spawn_pool(..., initializer)`` returns a dict): the model, data...
+    a job needs in every call, built once per process instead of being sent with every job."""
+    return _STATE
+
+
+def set_worker_state(state: dict[str, Any] | None) -> None:
+    """Replace :func:`worker_state` (the pool does it in each worker; a test may do it in-process)."""
+    _STATE.clear()
+    _STATE.update(state or {})
+
+
+def _start_worker(parent: int, initializer: Callable | None, initargs: tuple, trusted: tuple = ()) -> None:
+    from landscape import plugins
+
+    die_with_parent(parent)
+    one_thread()
+    refs, accept_changed = trusted or ((), False)
+    plugins.trust(refs, accept_changed=accept_changed)
+    if initializer is not None:
+        set_worker_state(initializer(*initargs))
+
+
+def spawn_pool(workers: int, initializer: Callable | None = None, initargs: tuple = (),
+               trusted: tuple | None = None) -> ProcessPoolExecutor:
+    """``workers`` spawned processes with one torch thread each, then ``initializer(*initargs)`` in each (its
+    dict becomes :func:`worker_state`); they exit when this process dies (:func:`die_with_parent`). The one
+    worker-pool mechanism of the api."""
+    return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_start_worker,
+                               initargs=(os.getpid(), initializer, initargs,
+                                         _trusted() if trusted is None else trusted))
+
+
+def _trusted() -> tuple:
+    """The user code trusted in this process (:func:`landscape.plugins.trust_state`) as plain strings and a flag,
+    for a worker: a worker rebuilds code-named models and data only when its parent may."""
+    from landscape import plugins
+
+    state = plugins.trust_state()
+    return (tuple(state.refs), state.accept_changed)
+
+
+
+_SCHEDULER: contextvars.ContextVar = contextvars.ContextVar("landscape_scheduler", default=None)
+
+_SCHEMES = ("tcp://", "tls://")
+
+
+def scheduler_address(address: Any) -> Any:
+    """``address`` checked as a Dask scheduler address ``tcp://HOST:PORT`` (or ``tls://``; IPv6 hosts in brackets,
+    ``tcp://[::1]:8786``), before anything connects: a malformed one is one UsageError line (exit 2). A
+    ``distributed.Client`` passes unchanged; an unreachable scheduler is found later, when connecting (exit 1)."""
+    if address is None or not isinstance(address, str):
+        return address
+    text = address.strip()
+    hint = "give tcp://HOST:PORT (e.g. tcp://127.0.0.1:8786, tcp://[::1]:8786)"
+    scheme = next((s for s in _SCHEMES if text.lower().startswith(s)), None)
+    if scheme is None:
+        raise UsageError(f"--scheduler {address!r}: not a Dask scheduler address; {hint}")
+    rest = text[len(scheme):]
+    if rest.startswith("["):
+        host, sep, port = rest[1:].partition("]")
+        if not sep or not host or not port.startswith(":"):
+            raise UsageError(f"--scheduler {address!r}: an IPv6 host needs [HOST]:PORT; {hint}")
+        port = port[1:]
+    else:
+        host, sep, port = rest.rpartition(":")
+        if not sep:
+            host, port = rest, ""
+    if not host or any(c in host for c in "/ @?#[]") or (":" in host):
+        raise UsageError(f"--scheduler {address!r}: bad host {host!r}; {hint}")
+    if not (port.isdigit() and 0 < int(port) < 65536):
+        raise UsageError(f"--scheduler {address!r}: the port must be a number in 1..65535, got {port!r}; {hint}")
+    return text
+
+
+@contextlib.contextmanager
+def using_scheduler(scheduler: Any):
+    """Inside the block every :class:`ProcessPool` runs its jobs on the Dask cluster ``scheduler`` (an address such as
+    ``tcp://127.0.0.1:8786`` or a ``distributed.Client``) instead of local processes; ``None`` changes nothing."""
+    token = _SCHEDULER.set(scheduler_address(scheduler))
+    try:
+        yield
+    finally:
+        _SCHEDULER.reset(token)
+
+
+def check_parallelism(workers: int, scheduler: Any) -> None:
+    """``--workers N`` (local processes) and ``--scheduler`` (a Dask cluster) exclude each other."""
+    if scheduler is not None and workers > 1:
+        raise UsageError("give --workers N (local processes) or --scheduler ADDRESS (a Dask cluster), not both")
+
+
+def current_scheduler() -> Any:
+    """The Dask scheduler set by :func:`using_scheduler` (None: local processes)."""
+    return _SCHEDULER.get()
+
+
+def cluster_size(scheduler: Any) -> int:
+    """How many workers the Dask cluster at ``scheduler`` (address or client) has: the number of parallel parts an
+    analysis cuts its work into there, as ``--workers`` does locally. One line when it cannot be reached."""
+    client, own = _connect(scheduler)
+    try:
+        return max(1, len(client.scheduler_info()["workers"]))
+    finally:
+        if own:
+            client.close()
+
+
+def _connect(scheduler: Any):
+    """``(client, opened_here)`` for a scheduler address or an existing ``distributed.Client`` (never made the
+    default client: a library must not change a user's Dask session)."""
+    from distributed import Client
+
+    if isinstance(scheduler, Client):
+        return scheduler, False
+    return connect_client(scheduler_address(scheduler), set_as_default=False), True
+
+
+def connect_client(address: str, **kwargs: Any):
+    """A ``distributed.Client`` of the scheduler at (a checked) ``address``, waiting up to
+    :data:`SCHEDULER_TIMEOUT_S`; an unreachable scheduler is one LandscapeError line (exit 1)."""
+    from distributed import Client
+
+    from landscape import bounds
+
+    try:
+        return Client(address, timeout=bounds.SCHEDULER_TIMEOUT_S, **kwargs)
+    except (OSError, TimeoutError) as exc:
+        raise LandscapeError(f"cannot reach the Dask scheduler at {address} within {bounds.SCHEDULER_TIMEOUT_S} s: "
+                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+
+
+_DASK_STATES: dict[str, dict[str, Any]] = {}
+
+
+def _dask_task(key: str | None, init: tuple | None, trusted: tuple, fn: Callable, *args: Any) -> Any:
+    """A job on a Dask worker: one torch thread, the user code the parent trusts (plain strings, see
+    :func:`_trusted`), the pool's worker state built once per worker process (kept for the pool's ``key``; our
+    workers run one thread each), then ``fn(*args)``."""
+    from landscape import plugins
+
+    one_thread()
+    refs, accept_changed = trusted
+    with plugins.trusting(plugins.TrustState(tuple(refs), bool(accept_changed))):
+        if key is not None:
+            if key not in _DASK_STATES:
+                initializer, initargs = init
+                _DASK_STATES.clear()  # one pool's state at a time
+                _DASK_STATES[key] = initializer(*initargs)
+            set_worker_state(_DASK_STATES[key])
+        return fn(*args)
+
+
+def _dask_as_completed(futures: Sequence[Any]):
+    """Dask futures as they finish. Polled: ``distributed.as_completed`` and ``wait`` look for a default client,
+    and ours never is one (a library must not change a user's Dask session)."""
+    pending = list(futures)
+    while pending:
+        done = [f for f in pending if f.done()]
+        if not done:
+            time.sleep(0.02)
+            continue
+        for f in done:
+            pending.remove(f)
+            yield f
+
+
+class ProcessPool:
+    """The api's one executor: ``submit(fn, *args)`` / ``map(fn, jobs)`` -> ``[fn(*job) ...]`` in order.
+
+    Without a scheduler: in-process for one worker (unless an ``initializer`` needs its own process), else
+    ``workers`` spawned processes (one torch thread each, dying with their parent), created on first use and shared
+    by every call inside the block. With a Dask ``scheduler`` (given, or set by :func:`using_scheduler`): the jobs
+    are Dask tasks on that cluster (``workers`` is then the cluster's business); the ``initializer``'s arguments are
+    scattered to the workers once and its state built once per worker process. The results are the same either
+    way (tested: identical arrays).
+    """
+
+    def __init__(self, workers: int = 1, *, initializer: Callable | None = None, initargs: tuple = (),
+                 scheduler: Any = None):
+        self.workers = int(workers)
+        self.initializer, self.initargs = initializer, initargs
+        self.scheduler = scheduler if scheduler is not None else _SCHEDULER.get()
+        self.in_process = initializer is None  # a worker state is built in its own process
+        self._pool: ProcessPoolExecutor | None = None
+        self._client = None
+        self._own_client = False
+        self._key: str | None = None
+        self._init: Any = None
+        self._trusted = _trusted()  # the caller's trusted code, given to every worker
+
+    def __enter__(self) -> ProcessPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown(cancel=exc[0] is not None)
+
+    @property
+    def distributed(self) -> bool:
+        return self.scheduler is not None
+
+    def _dask(self):
+        if self._client is None:
+            self._client, self._own_client = _connect(self.scheduler)
+            if self.initializer is not None:
+                import uuid
+
+                self._key = uuid.uuid4().hex
+                self._init = self._client.scatter((self.initializer, self.initargs), broadcast=True)
+        return self._client
+
+    def submit(self, fn: Callable, *args: Any):
+        """A future of ``fn(*args)`` (``.result()``), run as :meth:`map` would."""
+        if self.distributed:
+            return self._dask().submit(_dask_task, self._key, self._init, self._trusted, fn, *args, pure=False)
+        if self._pool is None:
+            self._pool = spawn_pool(max(self.workers, 1), self.initializer, self.initargs, self._trusted)
+        return self._pool.submit(fn, *args)
+
+    def as_completed(self, futures: Sequence[Any]):
+        """The futures as they finish."""
+        if self.distributed:
+            return _dask_as_completed(futures)
+        from concurrent.futures import as_completed
+
+        return as_completed(futures)
+
+    def map(self, fn: Callable, jobs: Sequence[tuple]) -> list:
+        if not self.distributed and self.in_process and (self.workers <= 1 or len(jobs) <= 1):
+            return [fn(*job) for job in jobs]
+        futures = [self.submit(fn, *job) for job in jobs]
+        return [f.result() for f in futures]
+
+    def shutdown(self, cancel: bool = False) -> None:
+        """Stop the local processes (``cancel``: drop jobs not started) or close the Dask client this pool opened."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=cancel)
+            self._pool = None
+        if self._client is not None and self._own_client:
+            self._client.close()
+        self._client = None
+
+
+def map_jobs(fn: Callable, jobs: Sequence[tuple], workers: int) -> list:
+    """``[fn(*job) for job in jobs]``, in ``min(workers, len(jobs))`` spawned processes when that is > 1."""
+    with ProcessPool(min(workers, len(jobs))) as pool:
+        return pool.map(fn, jobs)
+
+
+# ------------------------------------------------------------------------------------ execution options
+
+
+@dataclass(frozen=True)
+class ExecutionOptions:
+    """How an analysis runs, not what it computes: ``workers`` local processes or a Dask ``scheduler`` (address or
+    ``distributed.Client``). The command line's ``--workers`` / ``--scheduler`` and the api's ``workers=`` /
+    ``scheduler=`` become one of these; results are the same whatever they are, so they are never part of an
+    analysis' config nor stored in a result's ``params``. Bad values are one UsageError line."""
+
+    workers: int = 1
+    scheduler: Any = None
+
+    def __post_init__(self) -> None:
+        from landscape.bounds import COUNT_MAX
+
+        w = self.workers
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or int(w) != w or not 1 <= w <= COUNT_MAX:
+            raise UsageError(f"--workers must be an integer >= 1, got {w}")
+        object.__setattr__(self, "workers", int(w))
+        check_parallelism(self.workers, self.scheduler)
+
+    def on_cluster(self, parallel: bool) -> ExecutionOptions:
+        """The options the work runs with: the scheduler given, else the one :func:`using_scheduler` set (``figures
+        --scheduler``); on a cluster, an analysis with parallel parts cuts its work into as many parts as the
+        cluster has workers (``workers`` then counts them; the jobs still go to the cluster)."""
+        scheduler = self.scheduler if self.scheduler is not None else current_scheduler()
+        if scheduler is None:
+            return self
+        out = ExecutionOptions(1, scheduler)
+        if parallel:  # parts for the cluster's workers, not local processes: the --workers/--scheduler check is done
+            object.__setattr__(out, "workers", cluster_size(scheduler))
+        return out
