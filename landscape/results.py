@@ -12,11 +12,9 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import glob
-import hashlib
 import json
 import math
 import os
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,30 +24,11 @@ import h5py
 import numpy as np
 
 from landscape.errors import OutputPathError, ResultError
+from landscape.hashing import InputRef, sha256_file  # noqa: F401 (re-exported)
+from landscape.jsonable import is_tensor, to_jsonable
 from landscape.runtime import code_version
 
-
-def is_tensor(value: Any) -> bool:
-    """Whether ``value`` is a torch tensor, without importing torch (reading and listing results needs none;
-    a tensor can only exist once torch is imported)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(value, torch.Tensor)
-
-
 _RESERVED = ("kind", "created", "landscape_version", "torch_version", "inputs", "params")
-
-
-@dataclass(frozen=True)
-class InputRef:
-    """A checkpoint (or other file) a result was computed from, with its content hash."""
-
-    ref: str
-    path: str
-    sha256: str
-
-    @classmethod
-    def of(cls, ref: str, path: str | os.PathLike) -> InputRef:
-        return cls(ref=ref, path=str(path), sha256=sha256_file(path))
 
 
 @dataclass
@@ -96,39 +75,10 @@ class Result:
         return xr.open_dataset(self.path, engine="h5netcdf")
 
 
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _torch_version() -> str:
     import torch
 
     return str(torch.__version__)
-
-
-def to_jsonable(value: Any) -> Any:
-    """Convert numpy/torch scalars, arrays, paths and dataclasses to plain JSON types (NaN/inf as strings)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return to_jsonable(dataclasses.asdict(value))
-    if isinstance(value, Mapping):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_jsonable(v) for v in value]
-    if is_tensor(value):
-        return to_jsonable(value.detach().cpu().numpy())
-    if isinstance(value, np.ndarray):
-        return to_jsonable(value.tolist())
-    if isinstance(value, np.generic):
-        return to_jsonable(value.item())
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, os.PathLike):
-        return str(value)
-    return value
 
 
 def _attr_value(value: Any) -> Any:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from landscape.errors import CheckpointError, IncompatibleError
-from landscape.results import InputRef, sha256_file
+from landscape.hashing import InputRef, sha256_file
 from landscape.store.codec import (
     EXTRA_GROUP,
     STATE_GROUP,

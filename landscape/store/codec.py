@@ -16,7 +16,8 @@ import numpy as np
 
 from landscape.atomic import atomic_write
 from landscape.errors import UsageError
-from landscape.results import is_tensor, sha256_file
+from landscape.hashing import sha256_file
+from landscape.jsonable import is_tensor
 
 if TYPE_CHECKING:
     import torch

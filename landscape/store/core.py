@@ -22,7 +22,7 @@ import numpy as np
 
 from landscape.atomic import stale_temp_files
 from landscape.errors import CheckpointError, UsageError
-from landscape.results import to_jsonable
+from landscape.jsonable import to_jsonable
 from landscape.runtime import code_version
 from landscape.store._locks import LOCK, _FileLock, _lock, _release_holds, _unlock
 from landscape.store.checkpoint import Checkpoint, CheckpointInfo, _info_from_file, load_checkpoint

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from landscape.errors import CheckpointError, UnsafeFileError, UsageError
-from landscape.results import sha256_file
+from landscape.hashing import sha256_file
 from landscape.store.checkpoint import check_state_dict
 from landscape.store.manifest import _one_line, check_run_name
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from landscape.atomic import atomic_write
 from landscape.errors import CheckpointError, UsageError
-from landscape.results import to_jsonable
+from landscape.jsonable import to_jsonable
 
 MANIFEST = "manifest.json"
 ARRAYS = "arrays.h5"
