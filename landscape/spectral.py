@@ -1,18 +1,27 @@
-"""Spectral estimators of a symmetric operator from its matrix-vector products: the top eigenvalues
-(Lanczos with full reorthogonalisation), the trace (Hutchinson) and the spectral density (stochastic
-Lanczos quadrature). See :mod:`landscape.analyze.hessian` for the methods and their references."""
+"""Spectral estimators of a symmetric linear operator from its matrix-vector products alone: the top eigenvalues
+(Lanczos with full reorthogonalisation), the trace (Hutchinson) and the spectral density (stochastic Lanczos
+quadrature). See :mod:`landscape.analyze.hessian` for the methods and their references.
+
+The estimators take any :class:`LinearOperator`: ``dim`` (the dimension of the space it acts on), ``dtype``
+and ``device`` (of its products), and ``matvec(v, out=None)`` mapping flat ``(d,)`` or ``(B, d)`` vectors to
+their products (written into ``out`` when given). The Hessian (:class:`landscape.curvature.HessianOperator`) is
+one; :class:`MatrixOperator` makes one of an explicit symmetric matrix, e.g. a Gram / NTK kernel
+(:func:`landscape.gram.gram_blocks`). An operator may also restrict itself to a subspace of coordinates, as
+the Hessian with pruning masks does: ``numel`` is then the length of its vectors and ``mask_vector()`` the
+0/1 flat mask of the ``dim`` free coordinates, where random probes and start vectors are drawn.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from landscape.curvature import HessianOperator
 from landscape.errors import UsageError
 
 # Vectors per vectorised product (Hutchinson probes, Ritz residuals, SLQ starts): memory grows with it.
@@ -20,6 +29,60 @@ BLOCK = 4
 GRID = 1001
 COLUMNS = 2**14  # column block of the reorthogonalisation of float32 vectors (blocks added in float64)
 DOT_COLUMNS = 2**12  # column block of float32 inner products and norms (block sums added in float64)
+
+
+@runtime_checkable
+class LinearOperator(Protocol):
+    """A symmetric linear operator on flat vectors, known by its products (see the module docstring)."""
+
+    dim: int
+    dtype: torch.dtype
+    device: torch.device
+
+    def matvec(self, v: Tensor, out: Tensor | None = None) -> Tensor:
+        """``A v`` for ``v`` of shape ``(d,)`` or ``A v_b`` for each row of ``(B, d)``, in ``v``'s dtype."""
+        ...
+
+
+class MatrixOperator:
+    """An explicit symmetric matrix as a :class:`LinearOperator`: a Gram or NTK kernel, a dense Hessian.
+
+    ``dtype`` (default: the matrix's floating dtype, float64 for integer matrices) is the precision of the
+    products; ``device`` (default: the matrix's) where they run. A matrix that is not square, not finite or
+    not symmetric (to ``1e-8`` of its largest entry: rounding of a Gram product is far below) is a one-line
+    :class:`~landscape.errors.UsageError`. ``products`` counts the products taken (a batch of ``B`` counts ``B``).
+    """
+
+    def __init__(self, matrix: Tensor | np.ndarray, *, dtype: torch.dtype | None = None,
+                 device: str | torch.device | None = None) -> None:
+        m = torch.as_tensor(matrix)
+        if m.dim() != 2 or m.shape[0] != m.shape[1] or m.shape[0] == 0:
+            raise UsageError(f"a linear operator needs a non-empty square matrix, got shape {tuple(m.shape)}")
+        dtype = dtype or (m.dtype if m.is_floating_point() else torch.float64)
+        m = m.to(device if device is not None else m.device, dtype)
+        if not bool(torch.isfinite(m).all()):
+            raise UsageError("the matrix has NaN or inf entries")
+        scale = float(m.abs().max())
+        asymmetry = float((m - m.T).abs().max())
+        if asymmetry > 1e-8 * scale:
+            raise UsageError(f"the matrix is not symmetric (largest |A - A^T| = {asymmetry:.3g}, "
+                             f"largest |A| = {scale:.3g}); the estimators need a symmetric operator")
+        self.matrix = m
+        self.dim = int(m.shape[0])
+        self.dtype = m.dtype
+        self.device = m.device
+        self.products = 0
+
+    def matvec(self, v: Tensor, out: Tensor | None = None) -> Tensor:
+        self.products += 1 if v.dim() == 1 else int(v.shape[0])
+        product = v.to(self.device, self.dtype) @ self.matrix  # symmetric: v A = (A v)^T row by row
+        if out is None:
+            return product.to(v.dtype)
+        out.copy_(product)
+        return out
+
+    def __repr__(self) -> str:
+        return f"MatrixOperator(dim={self.dim}, dtype={self.dtype}, device={self.device})"
 
 
 # ------------------------------------------------------------------------------------------- Lanczos
@@ -153,15 +216,16 @@ def lanczos(
 # ----------------------------------------------------------------------------------------- estimators
 
 
-def _draw(op: HessianOperator, k: int, generator: torch.Generator, kind: str, dtype: torch.dtype) -> Tensor:
-    """``k`` random flat vectors in the unpruned subspace: ``"gaussian"`` or ``"rademacher"`` (+-1)."""
-    v = torch.empty(k, op.numel, dtype=dtype)
+def _draw(op: LinearOperator, k: int, generator: torch.Generator, kind: str, dtype: torch.dtype) -> Tensor:
+    """``k`` random flat vectors in the operator's free subspace (the unpruned coordinates of a masked
+    Hessian; everything otherwise): ``"gaussian"`` or ``"rademacher"`` (+-1)."""
+    v = torch.empty(k, int(getattr(op, "numel", op.dim)), dtype=dtype)
     if kind == "gaussian":
         v.normal_(generator=generator)
     else:
         v.bernoulli_(0.5, generator=generator).mul_(2).sub_(1)
     v = v.to(op.device)
-    mask = op.mask_vector()
+    mask = op.mask_vector() if hasattr(op, "mask_vector") else None
     return v if mask is None else v * mask.to(dtype)
 
 
@@ -172,17 +236,17 @@ class TopEigen:
     steps: int  # Lanczos steps taken
 
 
-def _into(op: HessianOperator, like: Tensor) -> Callable[[Tensor], Tensor]:
+def _into(op: LinearOperator, like: Tensor) -> Callable[[Tensor], Tensor]:
     """``op.matvec`` writing every product into one buffer shaped like ``like``: for :func:`lanczos`, which
     updates the product in place and stores a normalised copy, so each product may overwrite the last."""
     buffer = torch.empty_like(like)
     return lambda v: op.matvec(v, out=buffer)
 
 
-def top_eigenvalues(op: HessianOperator, k: int, *, steps: int = 80, tol: float = 1e-4, seed: int = 0) -> TopEigen:
+def top_eigenvalues(op: LinearOperator, k: int, *, steps: int = 80, tol: float = 1e-4, seed: int = 0) -> TopEigen:
     """The ``k`` algebraically largest eigenvalues of ``op`` by Lanczos (see the module docstring)."""
     if k > op.dim:
-        raise UsageError(f"--top-k {k} exceeds the model's {op.dim} free parameters")
+        raise UsageError(f"top-k {k} exceeds the operator's dimension {op.dim}")
     gen = torch.Generator().manual_seed(int(seed))
     dtype = op.dtype
 
@@ -223,7 +287,7 @@ class TraceEstimate:
         return float(self.samples.std(ddof=1) / math.sqrt(m)) if m > 1 else math.nan
 
 
-def hutchinson_trace(op: HessianOperator, probes: int, *, seed: int = 0) -> TraceEstimate:
+def hutchinson_trace(op: LinearOperator, probes: int, *, seed: int = 0) -> TraceEstimate:
     """Hutchinson's trace estimate with ``probes`` Rademacher vectors, ``BLOCK`` per vectorised product."""
     gen = torch.Generator().manual_seed(int(seed))
     out = []
@@ -262,7 +326,7 @@ def density_grid(nodes: np.ndarray, sigma_fraction: float) -> tuple[np.ndarray, 
     return np.linspace(lo - 6 * sigma, hi + 6 * sigma, GRID), sigma
 
 
-def spectral_density(op: HessianOperator, runs: int, steps: int, *, sigma: float = 0.01, seed: int = 0) -> SpectralDensity:
+def spectral_density(op: LinearOperator, runs: int, steps: int, *, sigma: float = 0.01, seed: int = 0) -> SpectralDensity:
     """Stochastic Lanczos quadrature with ``runs`` normalised Rademacher starts of ``steps`` steps each."""
     gen = torch.Generator().manual_seed(int(seed))
     nodes, weights = [], []

@@ -1,7 +1,8 @@
 """Hessian sharpness: top eigenvalues, trace and spectral density of the training loss (PyHessian, Yao et al. 2020).
 
 Everything is measured on one fixed seeded subset of ``n`` examples of a split, with the Hessian-vector
-products of :class:`landscape.curvature.HessianOperator` (eval mode, float64 on request, pruning masks kept):
+products of :class:`landscape.curvature.HessianOperator` (eval mode, float64 on request, pruning masks kept)
+and the estimators of :mod:`landscape.spectral`, which take any symmetric linear operator:
 
 top-k eigenvalues
     Lanczos with full reorthogonalisation (Golub & Van Loan 2013, Alg. 10.1.1 with complete
