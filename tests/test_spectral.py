@@ -1,6 +1,7 @@
 """The spectral estimators (landscape.spectral: Lanczos, Hutchinson, SLQ) on any linear operator: an explicit
 symmetric matrix and the Gram / NTK kernels of landscape.gram, against numpy.linalg.eigvalsh / scipy's eigsh,
-the exact trace and exact Gauss quadratures; the Hessian satisfies the same protocol."""
+the exact trace and exact Gauss quadratures; the Hessian and kernels read from a Gram file (out of core)
+satisfy the same protocol."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from torch.func import functional_call, grad, vmap
 from landscape.curvature import HessianOperator
 from landscape.errors import UsageError
 from landscape.gram import gram_blocks
+from landscape.gram_hdf5 import KernelFileOperator, gram_blocks_to_hdf5
 from landscape.models import build_model
 from landscape.spectral import (
     LinearOperator,
@@ -150,3 +152,26 @@ def test_bad_matrices_are_one_line_errors(matrix, match):
 def test_top_k_beyond_the_dimension_is_refused():
     with pytest.raises(UsageError, match="exceeds the operator's dimension 6"):
         top_eigenvalues(MatrixOperator(symmetric(6)), 7)
+
+
+def test_estimators_on_an_out_of_core_kernel_file(tmp_path):
+    """The kernel gram_blocks_to_hdf5 wrote, streamed in row blocks that do not divide its side, gives the
+    products and the spectrum of the in-memory kernel (gram_blocks, numpy eigvalsh)."""
+    model, x, y = mlp_data()
+    path = gram_blocks_to_hdf5(model, x, y, tmp_path / "k.h5", kind="output", chunk=7)
+    dense = sum(gram_blocks(model, x, y, kind="output").values()).numpy()
+    with KernelFileOperator(path, rows=16) as op:
+        assert isinstance(op, LinearOperator) and op.dim == dense.shape[0] == 60
+        v = torch.randn(3, op.dim, dtype=torch.float64)
+        np.testing.assert_allclose(op.matvec(v).numpy(), v.numpy() @ dense, rtol=1e-10, atol=1e-12)
+        top = top_eigenvalues(op, 3, steps=op.dim, tol=1e-12)
+        np.testing.assert_allclose(top.eigenvalues, np.linalg.eigvalsh(dense)[::-1][:3], rtol=1e-9)
+        assert abs(hutchinson_trace(op, 64, seed=0).mean - np.trace(dense)) < 0.2 * np.trace(dense)
+    name = next(k for k, _ in model.named_parameters())
+    block = gram_blocks(model, x, y, kind="output")[name].numpy()
+    with KernelFileOperator(path, name) as op:
+        np.testing.assert_allclose(op.matvec(torch.eye(op.dim, dtype=torch.float64)).numpy(), block, atol=1e-10)
+    with pytest.raises(UsageError, match="has no kernel 'nope'"):
+        KernelFileOperator(path, "nope")
+    with pytest.raises(UsageError, match="no Gram file"):
+        KernelFileOperator(tmp_path / "missing.h5")
