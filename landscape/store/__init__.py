@@ -1,6 +1,6 @@
 """Checkpoint store: run directories of HDF5 checkpoints, references to them, and safe import.
 
-Layout (DESIGN.md "Checkpoint store")::
+Layout::
 
     <root>/<run>/manifest.json       config, seeds, lineage, code_version, model_spec, data_spec, created,
                                      checkpoints: [{step, epoch, epsilon, metrics, file, sha256}, ...]
@@ -22,6 +22,9 @@ file to its last. The lock is per process and reentrant: threads of one process 
 
 Manifests are checked against one schema (:func:`check_manifest`) whenever they are read: a damaged one
 is a one-line :class:`~landscape.errors.CheckpointError` naming the file and the field at fault.
+
+torch is imported only where tensors are made (inside functions; annotations under ``TYPE_CHECKING``): listing
+runs and reading manifests (``landscape store ls``) need none.
 
 A checkpoint reference is ``PATH.h5`` (a file; relative paths are tried against the working directory,
 then the store root) or ``RUN[@SELECTOR]`` with ``@init`` (smallest step), ``@last`` (the default),
