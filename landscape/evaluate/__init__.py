@@ -64,7 +64,8 @@ is (the reference the others are tested against).
 # The package is split by concern (core: evaluate and EvalResult; points: Segment, Affine; metric: the Metric
 # protocol; runner: the loops over batches and points; rewrites: exact module rewrites and fx tracing;
 # allocator: glibc tuning). Every name the single module ``landscape/evaluate.py`` had stays importable from
-# ``landscape.evaluate``, private helpers included.
+# ``landscape.evaluate``, private helpers included (except the counter ``allocator._allocator_depth``, which a copy
+# here would freeze at 0). Patch module constants (MIN_CHUNK, CACHE_BUDGET) in the submodule that reads them.
 
 from landscape.evaluate.allocator import (
     _LIBC,
