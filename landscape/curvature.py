@@ -88,7 +88,9 @@ class HessianOperator:
     parameters' device) where it runs; ``masks`` ``{name: 0/1 tensor}`` restricts it to unpruned coordinates;
     ``batch_size`` bounds the examples per chunk (default: all in one); ``retain_bytes`` bounds the memory of
     kept graphs (0 keeps none). ``products`` counts the Hessian-vector products taken (a batch of ``B``
-    vectors counts ``B``).
+    vectors counts ``B``). A :class:`landscape.spectral.LinearOperator` (``dim``, ``dtype``, ``device``,
+    ``matvec``; ``numel`` and ``mask_vector`` restrict probes to the unpruned coordinates), so the spectral
+    estimators run on it.
     """
 
     def __init__(

@@ -14,6 +14,10 @@ File layout (``h5py`` or ``xarray`` read it; nothing here needs landscape to be 
            torch_version
 
 Written atomically (:func:`landscape.atomic.atomic_write`): an interrupted computation leaves no partial file.
+
+:class:`KernelFileOperator` reads a kernel of such a file back as a :class:`landscape.spectral.LinearOperator`,
+row block by row block, so Lanczos, Hutchinson and SLQ (:mod:`landscape.spectral`) run on kernels that do not
+fit in memory.
 """
 
 from __future__ import annotations
@@ -27,14 +31,14 @@ import torch
 from torch import nn
 
 from landscape.atomic import atomic_write
-from landscape.errors import UsageError
+from landscape.errors import ResultError, UsageError
 from landscape.gram import gram_tiles
 from landscape.results import check_output_path
 from landscape.runtime import code_version
 
 DEFAULT_CHUNK = 512  # samples per chunk: a 512 x 512 float64 tile is 2 MB
 
-__all__ = ["DEFAULT_CHUNK", "gram_blocks_to_hdf5"]
+__all__ = ["DEFAULT_CHUNK", "KernelFileOperator", "gram_blocks_to_hdf5"]
 
 
 def gram_blocks_to_hdf5(
@@ -97,3 +101,66 @@ def _put(dataset: h5py.Dataset, rows: slice, cols: slice, array) -> None:
     dataset[rows, cols] = array
     if rows != cols:
         dataset[cols, rows] = array.T
+
+
+class KernelFileOperator:
+    """A kernel written by :func:`gram_blocks_to_hdf5` as a linear operator, read ``rows`` rows at a time.
+
+    ``name`` is ``"K"`` (the sum over layers; the default) or a parameter name (its block ``/blocks/<name>``).
+    Each product streams the kernel once: memory is ``rows`` x side float64 plus the vectors, whatever the side.
+    The file's kernels are symmetric by construction (every tile is written with its mirror). ``dtype`` is the
+    precision of the products (float64 by default); ``products`` counts them (a batch of ``B`` counts ``B``).
+    Use it as a context manager, or :meth:`close` it, to release the file.
+    """
+
+    def __init__(self, path: str | Path, name: str = "K", *, rows: int = DEFAULT_CHUNK,
+                 dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu") -> None:
+        path = Path(path)
+        if not path.is_file():
+            raise UsageError(f"no Gram file {path}")
+        if int(rows) != rows or rows < 1:
+            raise UsageError(f"rows must be a positive integer, got {rows}")
+        try:
+            self._file = h5py.File(path, "r", locking=False)
+        except OSError as exc:
+            raise ResultError(f"cannot read {path} as HDF5: {' '.join(str(exc).split())}") from None
+        key = "K" if name == "K" else f"blocks/{name}"
+        if key not in self._file:
+            layers = json.loads(self._file.attrs.get("layers", "[]"))
+            self._file.close()
+            raise UsageError(f"{path} has no kernel {name!r} (it has: {', '.join(['K', *layers][:12])})")
+        self._kernel = self._file[key]
+        shape = self._kernel.shape
+        if len(shape) != 2 or shape[0] != shape[1] or shape[0] == 0:
+            self._file.close()
+            raise ResultError(f"{path}: {key} has shape {shape}, not a non-empty square kernel")
+        self.path, self.name, self.rows = path, name, int(rows)
+        self.dim = int(shape[0])
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.products = 0
+
+    def matvec(self, v: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``K v`` for ``(d,)`` or each row of ``(B, d)``, in ``v``'s dtype (into ``out`` when given)."""
+        self.products += 1 if v.dim() == 1 else int(v.shape[0])
+        w = v.to(self.device, self.dtype)
+        product = torch.empty_like(w)
+        for s in range(0, self.dim, self.rows):
+            block = torch.from_numpy(self._kernel[s:s + self.rows]).to(self.device, self.dtype)  # K[s:e, :]
+            product[..., s:s + block.shape[0]] = w @ block.T
+        if out is None:
+            return product.to(v.dtype)
+        out.copy_(product)
+        return out
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> KernelFileOperator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"KernelFileOperator({str(self.path)!r}, {self.name!r}, dim={self.dim})"

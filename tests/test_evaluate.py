@@ -386,7 +386,7 @@ def test_slice_max_pool_is_bit_identical_to_max_pool2d(kernel, stride, size):
 def test_batches_run_in_cache_sized_chunks(lenet_pair, monkeypatch):
     """``batch_size`` caps the examples per forward; the loop methods take fewer when the activations pass the
     cache budget (never fewer than MIN_CHUNK), with the same numbers."""
-    import landscape.evaluate as ev
+    import landscape.evaluate.runner as ev  # where _Runner.chunk looks MIN_CHUNK and CACHE_BUDGET up
 
     model, a, b, x, y = lenet_pair
     seg = Segment(a, b, torch.linspace(0, 1, 3, dtype=torch.float64))

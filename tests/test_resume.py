@@ -130,7 +130,7 @@ TINY = dict(model="mlp", model_kwargs={"widths": [16]}, data="digits", subset=12
 
 def _stall_then_train(mode: str, flag: str, target, kwargs: dict) -> None:
     """Child: patch the store so it stalls at ``mode``, writes FLAG, and waits to be killed; then train."""
-    import landscape.store as store_module
+    import landscape.store.core as store_module  # where Run looks _write_h5_atomic up
 
     def stall() -> None:
         Path(flag).write_text("stalled")

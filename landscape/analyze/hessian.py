@@ -1,7 +1,8 @@
 """Hessian sharpness: top eigenvalues, trace and spectral density of the training loss (PyHessian, Yao et al. 2020).
 
 Everything is measured on one fixed seeded subset of ``n`` examples of a split, with the Hessian-vector
-products of :class:`landscape.curvature.HessianOperator` (eval mode, float64 on request, pruning masks kept):
+products of :class:`landscape.curvature.HessianOperator` (eval mode, float64 on request, pruning masks kept)
+and the estimators of :mod:`landscape.spectral`, which take any symmetric linear operator:
 
 top-k eigenvalues
     Lanczos with full reorthogonalisation (Golub & Van Loan 2013, Alg. 10.1.1 with complete
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,15 +44,33 @@ from landscape.curvature import HessianOperator
 from landscape.errors import UsageError
 from landscape.results import InputRef, StoredResult, stored
 from landscape.runtime import check_device_name, resolve_device
+from landscape.spectral import (  # noqa: F401 (re-exported: the estimators lived here)
+    BLOCK,
+    COLUMNS,
+    DOT_COLUMNS,
+    GRID,
+    Lanczos,
+    SpectralDensity,
+    TopEigen,
+    TraceEstimate,
+    _coefficients,
+    _dots,
+    _draw,
+    _into,
+    _norms,
+    _orthogonalise_,
+    _tridiagonal_eigh,
+    broadened_density,
+    density_grid,
+    hutchinson_trace,
+    lanczos,
+    spectral_density,
+    top_eigenvalues,
+)
 
 KIND = "hessian"
 PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
 SPLITS = ("train", "test")
-# Vectors per vectorised product (Hutchinson probes, Ritz residuals, SLQ starts): memory grows with it.
-BLOCK = 4
-GRID = 1001
-COLUMNS = 2**14  # column block of the reorthogonalisation of float32 vectors (blocks added in float64)
-DOT_COLUMNS = 2**12  # column block of float32 inner products and norms (block sums added in float64)
 
 
 @dataclass
@@ -102,264 +120,6 @@ class HessianConfig:
         check_choice("--precision", self.precision, tuple(PRECISIONS))
         check_choice("--split", self.split, SPLITS)
         check_device_name(self.device)
-
-
-# ------------------------------------------------------------------------------------------- Lanczos
-
-
-@dataclass
-class Lanczos:
-    """``B`` independent Lanczos runs of ``m`` steps: ``T_b = tridiag(beta_b, alpha_b, beta_b)``, basis rows
-    ``basis[j, b]`` (orthonormal over ``j`` for each ``b``)."""
-
-    alpha: np.ndarray  # (B, m) float64
-    beta: np.ndarray  # (B, m - 1) float64; 0 where a run restarted
-    basis: Tensor  # (m, B, d)
-    last_beta: np.ndarray  # (B,) norm of the residual after step m
-
-    @property
-    def steps(self) -> int:
-        return int(self.alpha.shape[1])
-
-    def ritz(self, b: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """Ritz values (ascending) and the eigenvectors of ``T_b``."""
-        return _tridiagonal_eigh(self.alpha[b], self.beta[b])
-
-
-def _tridiagonal_eigh(alpha: np.ndarray, beta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    t = np.diag(alpha) + np.diag(beta, 1) + np.diag(beta, -1)
-    return np.linalg.eigh(t)
-
-
-def _norms(w: Tensor) -> Tensor:
-    """Row norms of (B, d), accumulated in float64 (see :func:`_dots`)."""
-    return _dots(w, w).sqrt()
-
-
-def _dots(w: Tensor, q: Tensor) -> Tensor:
-    """Row-wise inner products of two (B, d) matrices in float64, without a (B, d) temporary.
-
-    float32 rows: products summed in float32 over column blocks of :data:`DOT_COLUMNS`, the block sums added
-    in float64. A single float32 reduction over ResNet-18's 11 M parameters was off by 1e-3 (``vector_norm``;
-    it un-normalised the Lanczos basis and moved lambda_1 by 6e-4), and casting every element to float64
-    (``sum(..., dtype=float64)``) took 58 ms per norm of 11 M entries; the blocks take 1.7 ms, relative error
-    6e-10 on 2^23 positive terms."""
-    if w.dtype == torch.float64:
-        return torch.bmm(w[:, None, :], q[:, :, None]).view(-1)
-    batch, d = w.shape
-    full = d - d % DOT_COLUMNS
-    out = torch.zeros(batch, dtype=torch.float64, device=w.device)
-    if full:
-        blocks = (w[:, :full].reshape(batch, -1, DOT_COLUMNS), q[:, :full].reshape(batch, -1, DOT_COLUMNS))
-        out += torch.einsum("bkc,bkc->bk", *blocks).double().sum(1)
-    if full < d:
-        out += torch.einsum("bc,bc->b", w[:, full:], q[:, full:]).double()
-    return out
-
-
-def _coefficients(rows: Tensor, w: Tensor) -> Tensor:
-    """``rows @ w`` for rows (j, d) and w (d,): in column blocks of :data:`COLUMNS` whose float32 products
-    are added in float64 (one float32 product over millions of parameters loses orthogonality: 2e-3 on
-    ResNet-18, which moved lambda_1 by 6e-4). Returns the coefficients in ``w``'s dtype."""
-    if rows.dtype == torch.float64 or w.shape[0] <= COLUMNS:
-        return rows @ w
-    c = torch.zeros(rows.shape[0], dtype=torch.float64, device=w.device)
-    for s in range(0, w.shape[0], COLUMNS):
-        c += (rows[:, s:s + COLUMNS] @ w[s:s + COLUMNS]).double()
-    return c.to(w.dtype)
-
-
-def _orthogonalise_(w: Tensor, basis: Tensor, passes: int = 2) -> Tensor:
-    """``w`` (B, d) minus its projection on ``basis`` (j, B, d), run by run, in place; ``passes`` times (classical
-    Gram-Schmidt twice is enough, Giraud et al. 2005). Two matrix-vector products per pass, no (j, d) copy."""
-    for b in range(w.shape[0]):
-        rows = basis[:, b]
-        for _ in range(passes):
-            w[b].addmv_(rows.t(), _coefficients(rows, w[b]), alpha=-1)
-    return w
-
-
-def lanczos(
-    matvec: Callable[[Tensor], Tensor],
-    start: Tensor,
-    steps: int,
-    *,
-    draw: Callable[[int], Tensor],
-    stop: Callable[[np.ndarray, np.ndarray, float], bool] | None = None,
-) -> Lanczos:
-    """Lanczos with full reorthogonalisation for ``B`` start vectors ``start`` (B, d) at once.
-
-    At most ``steps`` steps (callers cap them at the dimension of the space ``draw`` samples from).
-    ``matvec`` maps (B, d) -> (B, d); ``draw(k)`` gives ``k`` fresh random vectors (k, d) for runs whose
-    Krylov space is exhausted (``beta`` below ``100 eps ||T||``); ``stop(alpha, beta, last_beta)`` (one run
-    only) ends the iteration early. Vectors are updated in place (a parameter-sized temporary costs page
-    faults on every allocation for large models).
-    """
-    batch, d = start.shape
-    steps = int(min(steps, d))
-    basis = torch.empty(steps, batch, d, dtype=start.dtype, device=start.device)
-    alpha = np.zeros((batch, steps))
-    beta = np.zeros((batch, steps))
-    eps = torch.finfo(start.dtype).eps
-    scale = 0.0
-    torch.div(start, _norms(start)[:, None].to(start.dtype), out=basis[0])
-    m = steps
-    for j in range(steps):
-        w = matvec(basis[j])
-        # the three-term recurrence (alpha_j = q_j^T H q_j summed in float64), then one full
-        # reorthogonalisation pass against the whole basis removes what rounding left (Golub & Van Loan 10.1.5)
-        a = _dots(w, basis[j])
-        w.addcmul_(basis[j], a.to(w.dtype)[:, None], value=-1)
-        if j > 0:
-            w.addcmul_(basis[j - 1], torch.as_tensor(beta[:, j - 1], dtype=w.dtype, device=w.device)[:, None],
-                       value=-1)
-        _orthogonalise_(w, basis[: j + 1], passes=1)
-        b = _norms(w)
-        alpha[:, j] = a.cpu().numpy()
-        beta[:, j] = b.cpu().numpy()
-        scale = max(scale, float(np.abs(alpha[:, j]).max()), float(beta[:, j].max()))
-        if stop is not None and stop(alpha[0, : j + 1], beta[0, :j], float(beta[0, j])):
-            m = j + 1
-            break
-        if j == steps - 1:
-            break
-        for r in np.flatnonzero(beta[:, j] <= 100 * eps * max(scale, np.finfo(float).tiny)):
-            fresh = draw(1).to(w.device, w.dtype)
-            _orthogonalise_(fresh, basis[: j + 1, r: r + 1])
-            w[r] = fresh[0]
-            beta[r, j] = 0.0
-        torch.div(w, _norms(w)[:, None].to(w.dtype), out=basis[j + 1])
-    return Lanczos(alpha=alpha[:, :m], beta=beta[:, : m - 1], basis=basis[:m], last_beta=beta[:, m - 1])
-
-
-# ----------------------------------------------------------------------------------------- estimators
-
-
-def _draw(op: HessianOperator, k: int, generator: torch.Generator, kind: str, dtype: torch.dtype) -> Tensor:
-    """``k`` random flat vectors in the unpruned subspace: ``"gaussian"`` or ``"rademacher"`` (+-1)."""
-    v = torch.empty(k, op.numel, dtype=dtype)
-    if kind == "gaussian":
-        v.normal_(generator=generator)
-    else:
-        v.bernoulli_(0.5, generator=generator).mul_(2).sub_(1)
-    v = v.to(op.device)
-    mask = op.mask_vector()
-    return v if mask is None else v * mask.to(dtype)
-
-
-@dataclass
-class TopEigen:
-    eigenvalues: np.ndarray  # (k,) descending
-    residuals: np.ndarray  # (k,) ||H u - theta u|| of the unit Ritz vectors
-    steps: int  # Lanczos steps taken
-
-
-def _into(op: HessianOperator, like: Tensor) -> Callable[[Tensor], Tensor]:
-    """``op.matvec`` writing every product into one buffer shaped like ``like``: for :func:`lanczos`, which
-    updates the product in place and stores a normalised copy, so each product may overwrite the last."""
-    buffer = torch.empty_like(like)
-    return lambda v: op.matvec(v, out=buffer)
-
-
-def top_eigenvalues(op: HessianOperator, k: int, *, steps: int = 80, tol: float = 1e-4, seed: int = 0) -> TopEigen:
-    """The ``k`` algebraically largest eigenvalues of ``op`` by Lanczos (see the module docstring)."""
-    if k > op.dim:
-        raise UsageError(f"--top-k {k} exceeds the model's {op.dim} free parameters")
-    gen = torch.Generator().manual_seed(int(seed))
-    dtype = op.dtype
-
-    def converged(alpha: np.ndarray, beta: np.ndarray, last: float) -> bool:
-        if len(alpha) < k:
-            return False
-        theta, s = _tridiagonal_eigh(alpha, beta)
-        bound = tol * max(float(np.abs(theta).max()), np.finfo(float).tiny)
-        return bool(np.all(np.abs(last * s[-1, -k:]) <= bound))
-
-    start = _draw(op, 1, gen, "gaussian", dtype)
-    run = lanczos(_into(op, start), start, min(max(steps, k), op.dim),
-                  draw=lambda n: _draw(op, n, gen, "gaussian", dtype), stop=converged)
-    theta, s = run.ritz()
-    theta, s = theta[::-1][:k].copy(), s[:, ::-1][:, :k]
-    vectors = torch.as_tensor(s.T.copy(), dtype=dtype, device=op.device) @ run.basis[:, 0]
-    residuals = []
-    for i in range(0, k, BLOCK):
-        u = vectors[i:i + BLOCK]
-        hu = op.matvec(u)
-        th = torch.as_tensor(theta[i:i + BLOCK], dtype=dtype, device=op.device)[:, None]
-        residuals.append(_norms(hu - th * u).cpu().numpy())
-    return TopEigen(eigenvalues=theta, residuals=np.concatenate(residuals), steps=run.steps)
-
-
-@dataclass
-class TraceEstimate:
-    samples: np.ndarray  # (probes,) z^T H z
-
-    @property
-    def mean(self) -> float:
-        return float(self.samples.mean())
-
-    @property
-    def se(self) -> float:
-        """Standard error of the mean, ``s / sqrt(probes)`` (NaN with one probe)."""
-        m = self.samples.size
-        return float(self.samples.std(ddof=1) / math.sqrt(m)) if m > 1 else math.nan
-
-
-def hutchinson_trace(op: HessianOperator, probes: int, *, seed: int = 0) -> TraceEstimate:
-    """Hutchinson's trace estimate with ``probes`` Rademacher vectors, ``BLOCK`` per vectorised product."""
-    gen = torch.Generator().manual_seed(int(seed))
-    out = []
-    for i in range(0, probes, BLOCK):
-        z = _draw(op, min(BLOCK, probes - i), gen, "rademacher", op.dtype)
-        out.append(_dots(z.double(), op.matvec(z).double()).cpu().numpy())
-    return TraceEstimate(samples=np.concatenate(out))
-
-
-@dataclass
-class SpectralDensity:
-    nodes: np.ndarray  # (runs, m) Ritz values of each run
-    weights: np.ndarray  # (runs, m) tau_j = (first component of T's eigenvector j)^2; each row sums to 1
-    grid: np.ndarray  # (GRID,)
-    density: np.ndarray  # (GRID,)
-    sigma: float  # absolute Gaussian width
-
-    def moment(self, p: int) -> float:
-        """``(1/runs) sum_runs sum_j tau_j theta_j^p``, the SLQ estimate of ``tr(H^p) / dim``."""
-        return float((self.weights * self.nodes**p).sum(1).mean())
-
-
-def broadened_density(grid: np.ndarray, nodes: np.ndarray, weights: np.ndarray, sigma: float) -> np.ndarray:
-    """Ghorbani et al.'s eq. (7) on ``grid``: ``phi(t) = (1/runs) sum_runs sum_j tau_j N(t; theta_j, sigma^2)``
-    (NaN-padded nodes count as absent)."""
-    z = (grid[:, None, None] - nodes[None]) / sigma
-    terms = np.where(np.isfinite(nodes)[None], weights[None] * np.exp(-0.5 * z**2), 0.0)
-    return terms.sum(2).mean(1) / (sigma * math.sqrt(2 * math.pi))
-
-
-def density_grid(nodes: np.ndarray, sigma_fraction: float) -> tuple[np.ndarray, float]:
-    """A grid over the nodes' range padded by ``6 sigma``, and ``sigma = sigma_fraction * (max - min node)``."""
-    lo, hi = float(np.nanmin(nodes)), float(np.nanmax(nodes))
-    spread = hi - lo if hi > lo else max(abs(hi), 1.0)
-    sigma = sigma_fraction * spread
-    return np.linspace(lo - 6 * sigma, hi + 6 * sigma, GRID), sigma
-
-
-def spectral_density(op: HessianOperator, runs: int, steps: int, *, sigma: float = 0.01, seed: int = 0) -> SpectralDensity:
-    """Stochastic Lanczos quadrature with ``runs`` normalised Rademacher starts of ``steps`` steps each."""
-    gen = torch.Generator().manual_seed(int(seed))
-    nodes, weights = [], []
-    for i in range(0, runs, BLOCK):
-        start = _draw(op, min(BLOCK, runs - i), gen, "rademacher", op.dtype)
-        run = lanczos(_into(op, start), start, min(steps, op.dim),
-                      draw=lambda n: _draw(op, n, gen, "gaussian", op.dtype))
-        for b in range(start.shape[0]):
-            theta, s = run.ritz(b)
-            nodes.append(theta)
-            weights.append(s[0] ** 2)
-    nodes_a, weights_a = np.stack(nodes), np.stack(weights)
-    grid, width = density_grid(nodes_a, sigma)
-    return SpectralDensity(nodes=nodes_a, weights=weights_a, grid=grid,
-                           density=broadened_density(grid, nodes_a, weights_a, width), sigma=width)
 
 
 # --------------------------------------------------------------------------------------------- rows

@@ -1,0 +1,111 @@
+"""Data sets by name, returned as tensors with a train and a test split.
+
+Every data set is deterministic given its seed and its options; ``Dataset.spec`` records both, so
+``dataset_from_spec(spec)`` rebuilds the same tensors bit for bit (files on disk permitting). Images are
+``N x C x H x W`` float32, vectors ``N x D`` float32, labels int64 class indices (user data with integer
+inputs, e.g. token ids, keeps them as int64).
+
+Registered names (``DATASETS``):
+
+- ``gaussian-signal``: the signal/noise data of Watson et al. Sec. 3.2, eqs. (6)-(9).
+- ``digits``: scikit-learn's bundled 8x8 digits (no download), with a fixed stratified train/test split.
+- ``mnist``, ``fashion-mnist``, ``cifar10``, ``cifar100``: torchvision's files from ``data_root``
+  (else ``$LANDSCAPE_DATA``); fetched only when ``download=True``.
+
+Beyond the registry, :func:`load_dataset` takes (one resolution for all, see :func:`_other_source`):
+
+- a tensor file ``path.npz`` / ``path.h5`` with ``x_train, y_train, x_test, y_test``;
+- ``imagefolder``: torchvision ``ImageFolder`` trees ``DATA_ROOT/train`` and ``DATA_ROOT/test``;
+- any torchvision classification set by its lower-case class name (``svhn``, ``kmnist``, ``stl10``, ...)
+  from ``data_root`` (never downloaded unless ``download=True``);
+- an installed entry point of the group ``landscape.datasets``, or code the user names,
+  ``module:factory`` / ``file.py:factory`` (:func:`user_arrays`).
+
+Their specs record where the data came from: ``"source": {"path", "sha256"[, "files"]}`` (a directory's sha256
+is that of the manifest of its files' hashes), ``"entry_point"`` (package, version) or ``"code"`` (reference and
+source sha256); rebuilding checks them, and runs code only when the user named it again.
+
+``subset`` (an int count or a float fraction) draws a seeded, stratified sample of the *train* split; the
+test split is never subsampled. Adding a built-in data set is one builder function plus one line in
+``DATASETS``.
+"""
+
+# The package is split by concern (arrays: Dataset and the train subset; builtin: the registered data sets;
+# sources: files, folders, torchvision, entry points and code; core: loading by name and from a spec). Every
+# name the single module landscape/data.py had stays importable from landscape.data.
+
+from landscape.data.arrays import (
+    Dataset,
+    _Arrays,
+    _resolve_size,
+    _stratified_counts,
+    _subset_value,
+    subset_indices,
+)
+from landscape.data.builtin import (
+    _TORCHVISION,
+    DATASETS,
+    _images_tensor,
+    _integer,
+    _real,
+    _standardize,
+    _torchvision_builder,
+    _torchvision_split,
+    _TorchvisionInfo,
+    data_root_of,
+    digits,
+    digits_arrays,
+    gaussian_signal,
+    gaussian_signal_key,
+)
+from landscape.data.core import (
+    _CALL_ARGS,
+    _assemble,
+    _builder,
+    dataset_from_spec,
+    dataset_options,
+    load_dataset,
+)
+from landscape.data.sources import (
+    ENTRY_POINT_GROUP,
+    IMAGEFOLDER,
+    TENSOR_KEYS,
+    TENSOR_SUFFIXES,
+    _channel_standardize,
+    _check_json,
+    _describe_item,
+    _folder_options,
+    _jsonable,
+    _kind_of,
+    _materialise,
+    _no_options,
+    _other_source,
+    _pil_tensor,
+    _stack_images,
+    _tensor_file,
+    _torchvision_tensors,
+    _user_tensors,
+    directory_digest,
+    imagefolder_arrays,
+    tensor_file_arrays,
+    torchvision_arrays,
+    torchvision_class,
+    user_arrays,
+)
+from landscape.runtime import DATA_ENV  # the single module imported it; importers read it here
+
+__all__ = [
+    "DATA_ENV",
+    "DATASETS", "Dataset", "ENTRY_POINT_GROUP", "IMAGEFOLDER", "TENSOR_KEYS", "TENSOR_SUFFIXES",
+    "data_root_of", "dataset_from_spec", "dataset_options", "digits", "digits_arrays", "directory_digest",
+    "gaussian_signal", "gaussian_signal_key", "imagefolder_arrays", "load_dataset", "subset_indices",
+    "tensor_file_arrays", "torchvision_arrays", "torchvision_class", "user_arrays",
+]
+# importable as before the split; not part of the API
+__all__ += [
+    "_Arrays", "_CALL_ARGS", "_TORCHVISION", "_TorchvisionInfo", "_assemble", "_builder",
+    "_channel_standardize", "_check_json", "_describe_item", "_folder_options", "_images_tensor",
+    "_integer", "_jsonable", "_kind_of", "_materialise", "_no_options", "_other_source", "_pil_tensor",
+    "_real", "_resolve_size", "_stack_images", "_standardize", "_stratified_counts", "_subset_value",
+    "_tensor_file", "_torchvision_builder", "_torchvision_split", "_torchvision_tensors", "_user_tensors",
+]

@@ -1,0 +1,107 @@
+"""Data sets by name: :func:`load_dataset` (the registry, then tensor files, folders, torchvision sets, entry points and code) and :func:`dataset_from_spec` (the same tensors again from a stored spec)."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from landscape.data.arrays import Dataset, _Arrays, _subset_value, subset_indices
+from landscape.data.builtin import DATASETS
+from landscape.data.sources import _jsonable, _other_source
+from landscape.errors import DataError
+
+_CALL_ARGS = ("seed", "data_root", "download")
+
+
+def dataset_options(name: str) -> dict[str, Any]:
+    """The options ``name`` accepts, with their defaults."""
+    builder = _builder(name)
+    return {
+        p.name: p.default
+        for p in inspect.signature(builder).parameters.values()
+        if p.kind is p.KEYWORD_ONLY and p.name not in _CALL_ARGS
+    }
+
+
+def _builder(name: str) -> Callable[..., _Arrays]:
+    try:
+        return DATASETS[name]
+    except (KeyError, TypeError):
+        raise DataError(f"unknown data set {name!r}; known: {', '.join(DATASETS)}") from None
+
+
+def load_dataset(
+    name: str,
+    *,
+    seed: int = 0,
+    subset: int | float | None = None,
+    data_root: str | os.PathLike | None = None,
+    download: bool = False,
+    **options: Any,
+) -> Dataset:
+    """Build the data set ``name`` with ``options``; ``subset`` samples the train split (stratified, by ``seed``).
+
+    ``name`` is a built-in (:data:`DATASETS`), a tensor file (``.npz`` / ``.h5`` with ``x_train, y_train,
+    x_test, y_test``), ``"imagefolder"`` (``data_root`` holds ``train/`` and ``test/`` ImageFolder trees), a
+    torchvision classification set by its lower-case class name (``svhn``, ``kmnist``, ...; read from
+    ``data_root``), an installed ``landscape.datasets`` entry point, or a code reference ``module:factory`` /
+    ``file.py:factory`` (naming it here is what lets it run; see :func:`user_arrays` for what a factory may
+    return). Unknown names and options raise :class:`DataError`; so do image sets whose files are not under
+    ``data_root`` (else ``$LANDSCAPE_DATA``) unless ``download`` is set.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise DataError(f"data seed must be an integer, got {seed!r}")
+    seed = int(seed)
+    if subset is not None:
+        subset = _subset_value(subset)
+    if isinstance(name, str) and name in DATASETS:
+        builder = _builder(name)
+        accepted = dataset_options(name)
+        unknown = sorted(set(options) - set(accepted))
+        if unknown:
+            known = ", ".join(accepted) or "none"
+            raise DataError(f"data set {name!r} has no option {', '.join(map(repr, unknown))}; its options: {known}")
+        filled = {**accepted, **options}
+        arrays = builder(seed=seed, data_root=data_root, download=download, **filled)
+        provenance: dict[str, Any] = {}
+    else:
+        name, arrays, filled, provenance = _other_source(name, seed, data_root, download, options, stored=None)
+    return _assemble(name, arrays, seed, subset, filled, provenance)
+
+
+def _assemble(name: str, arrays: _Arrays, seed: int, subset, options: dict, provenance: dict) -> Dataset:
+    x_train, y_train = arrays.x_train, arrays.y_train
+    if subset is not None:
+        keep = subset_indices(y_train, subset, seed)
+        x_train, y_train = x_train[keep], y_train[keep]
+    spec = {"name": name, "seed": seed, "subset": subset, "options": _jsonable(options), **provenance}
+    return Dataset(name, x_train.contiguous(), y_train.contiguous(), arrays.x_test.contiguous(),
+                   arrays.y_test.contiguous(), arrays.num_classes, spec)
+
+
+def dataset_from_spec(spec: dict, *, data_root: str | os.PathLike | None = None, download: bool = False) -> Dataset:
+    """Rebuild the data set a ``Dataset.spec`` describes.
+
+    A file or directory source must still have its recorded sha256 (a tensor file found at the recorded path,
+    or under ``data_root`` by name); code (``"code"``) runs only when the user named it in this context
+    (:func:`landscape.plugins.checked_code`); a spec is never a reason to import anything by itself.
+    """
+    if not isinstance(spec, dict) or "name" not in spec:
+        raise DataError(f"a data spec is a dict with 'name', 'seed', 'subset', 'options'; got {spec!r}")
+    options = dict(spec.get("options") or {})
+    name, seed, subset = spec["name"], spec.get("seed", 0), spec.get("subset")
+    if not any(k in spec for k in ("code", "entry_point", "source")):
+        if not isinstance(name, str) or name not in DATASETS:
+            raise DataError(f"unknown data set {name!r} in a stored spec; known: {', '.join(DATASETS)} (data from "
+                            "files or code records its source, which this spec does not)")
+        return load_dataset(name, seed=seed, subset=subset, data_root=data_root, download=download, **options)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise DataError(f"data seed must be an integer, got {seed!r}")
+    if subset is not None:
+        subset = _subset_value(subset)
+    name, arrays, filled, provenance = _other_source(name, int(seed), data_root, download, options, stored=spec)
+    return _assemble(name, arrays, int(seed), subset, filled, provenance)

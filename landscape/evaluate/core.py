@@ -1,0 +1,134 @@
+"""The evaluator's entry point: :func:`evaluate` (mean cross-entropy, accuracy and hooked metrics at many
+parameter points, one private model copy) and its :class:`EvalResult`."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+from torch import nn
+
+from landscape.errors import UsageError
+from landscape.evaluate.allocator import tuned_allocator
+from landscape.evaluate.metric import Metric, _check_metrics
+from landscape.evaluate.points import Affine, Segment, _Listed
+from landscape.evaluate.rewrites import _slice_pool_call
+from landscape.evaluate.runner import _bn_batches, _Runner
+from landscape.params import ParamSpace
+from landscape.pooling import routed_pool_calls
+
+METHODS = ("auto", "loop", "plain", "vmap")
+DEFAULT_BATCH_SIZE = 1000
+DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes of activations / cached first-layer outputs
+
+
+@dataclass
+class EvalResult:
+    """Mean cross-entropy ``loss`` and ``acc`` (float64, shape (P,)) at each point, and how fast.
+
+    ``metrics`` maps each hooked :class:`Metric`'s name to its ``finish`` value (empty without metrics).
+    """
+
+    loss: torch.Tensor
+    acc: torch.Tensor
+    examples: int
+    seconds: float
+    method: str
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def points(self) -> int:
+        return int(self.loss.numel())
+
+    @property
+    def throughput(self) -> float:
+        """Examples x points per second."""
+        return self.examples * self.points / self.seconds if self.seconds > 0 else math.inf
+
+    @property
+    def nonfinite(self) -> torch.Tensor:
+        return ~torch.isfinite(self.loss)
+
+
+def evaluate(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    points: Segment | Affine | torch.Tensor | Iterable[torch.Tensor],
+    *,
+    space: ParamSpace | None = None,
+    batch_size: int | None = None,
+    bn_recalibrate: torch.Tensor | Sequence[torch.Tensor] | None = None,
+    bn_batch_size: int | None = None,
+    device: str | torch.device = "cpu",
+    method: str = "auto",
+    channels_last: bool = False,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    metrics: Sequence[Metric] | None = None,
+) -> EvalResult:
+    """Loss and accuracy of ``model`` on ``(x, y)`` at every point (flat vectors over ``space``).
+
+    ``space`` defaults to the model's parameters (``ParamSpace.from_model``); buffers not in the space
+    keep the model's values. ``bn_recalibrate`` is training inputs (a tensor, or a sequence of batches):
+    for each point every BatchNorm layer's statistics are reset and recomputed as the cumulative average
+    (``momentum=None``) over those inputs in train mode, then the model is evaluated in eval mode.
+    Non-finite losses are recorded as NaN/inf and warned about. ``metrics`` (:class:`Metric` objects) see the
+    logits of every batch at every point in the same forward passes; their values are in ``result.metrics``.
+    """
+    metrics = _check_metrics(metrics)
+    if method not in METHODS:
+        raise UsageError(f"unknown evaluation method {method!r}; choose from {', '.join(METHODS)}")
+    if x.shape[0] != y.shape[0]:
+        raise UsageError(f"x has {x.shape[0]} examples but y has {y.shape[0]}")
+    if x.shape[0] == 0:
+        raise UsageError("cannot evaluate on an empty data split")
+    pts = points if isinstance(points, (Segment, Affine)) else _Listed(points)
+    space = space or ParamSpace.from_model(model)
+    if len(pts) and pts.dim != space.dim:
+        raise UsageError(f"points have {pts.dim} entries but the parameter space has {space.dim}")
+    batch_size = int(batch_size or DEFAULT_BATCH_SIZE)
+    if batch_size < 1:
+        raise UsageError(f"batch size must be >= 1, got {batch_size}")
+    from landscape.runtime import resolve_device
+
+    dev = resolve_device(device)
+    bn_batches = _bn_batches(bn_recalibrate, bn_batch_size or batch_size)
+    if bn_batches is not None and method == "vmap":
+        raise UsageError("method 'vmap' cannot recalibrate BatchNorm statistics; use method 'loop'")
+
+    start = time.perf_counter()
+    with tuned_allocator(), torch.inference_mode(), contextlib.ExitStack() as stack:
+        fast = method != "plain"  # the plain reference runs the model as given, batches as given
+        runner = _Runner(model, space, dev, x, channels_last=channels_last, rewrite=fast)
+        if runner.routes_pools:
+            stack.enter_context(routed_pool_calls(_slice_pool_call))
+        hooks = [(m, m.start(len(pts), dev)) for m in metrics]
+        if method == "vmap":
+            loss, correct = runner.run_vmap(pts, x, y, batch_size, memory_budget, hooks)
+            used = "vmap"
+        elif bn_batches is not None:
+            used = "loop+bn" + ("+dense-conv" if fast and runner.densify() else "")
+            step = runner.chunk(batch_size) if fast else batch_size
+            loss, correct = runner.run_points_outer(pts, x, y, step, bn_batches, hooks)
+        else:
+            shared = fast and isinstance(pts, (Segment, Affine)) and runner.enable_first_layer()
+            used = ("loop+first-layer" if shared else ("loop" if fast else "plain")) + (
+                "+dense-conv" if fast and runner.densify() else "")  # after the first layer is chosen
+            step = runner.chunk(batch_size) if fast else batch_size
+            loss, correct = runner.run_batches_outer(pts, x, y, step, shared, hooks)
+        values = {m.name: m.finish(state) for m, state in hooks}
+        used += runner.normalized
+    seconds = time.perf_counter() - start
+    n = x.shape[0]
+    result = EvalResult(loss=loss / n, acc=correct / n, examples=n, seconds=seconds, method=used, metrics=values)
+    bad = int(result.nonfinite.sum())
+    if bad:
+        warnings.warn(f"non-finite loss at {bad} of {result.points} points", RuntimeWarning, stacklevel=2)
+    return result

@@ -1,0 +1,199 @@
+"""The HDF5 result file: :func:`write_result` (root attrs, inputs with their hashes, params, arrays with their dimension scales), :func:`read_result` and :class:`Result` (with ``to_frame()`` / ``to_xarray()``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from landscape.errors import ResultError
+from landscape.hashing import InputRef
+from landscape.jsonable import is_tensor, to_jsonable
+from landscape.results.paths import check_output_path
+from landscape.runtime import code_version
+
+_RESERVED = ("kind", "created", "landscape_version", "torch_version", "inputs", "params")
+
+
+@dataclass
+class Result:
+    """A result file read back: its kind, scalar attrs, options, inputs and arrays."""
+
+    path: Path
+    kind: str
+    attrs: dict[str, Any]
+    params: dict[str, Any]
+    inputs: list[InputRef]
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def to_frame(self):
+        """The result's table as a pandas DataFrame: the datasets named by the file's ``table`` attr (written
+        by :func:`write_dataclass`: instability pairs, per-checkpoint rows, an interpolation path...); for a
+        gridded result without one (a surface) the long form of its highest-dimensional labelled arrays (one
+        row per grid cell: x, y, train_loss, ...); else every 1-D dataset of the most common length. Byte
+        strings become str."""
+        import pandas as pd
+
+        if "table" not in self.attrs and any(a.ndim >= 2 for a in self.arrays.values()):
+            try:
+                with self.to_xarray() as ds:
+                    top = max(len(v.dims) for v in ds.data_vars.values())
+                    names = [k for k, v in ds.data_vars.items() if len(v.dims) == top]
+                    if top >= 2 and len({ds[k].dims for k in names}) == 1:
+                        return ds[names].to_dataframe().reset_index()
+            except (OSError, ValueError, KeyError):  # no dimension scales: fall back to the 1-D columns
+                pass
+        names = json.loads(self.attrs["table"]) if "table" in self.attrs else _longest_columns(self.arrays)
+        columns = {}
+        for name in names:
+            values = self.arrays[name]
+            if values.dtype.kind in "SO":
+                values = np.array([v.decode() if isinstance(v, bytes) else str(v) for v in values], dtype=object)
+            columns[name] = values
+        return pd.DataFrame(columns)
+
+    def to_xarray(self):
+        """The file as an ``xarray.Dataset`` (through h5netcdf: dimension scales become labelled dims)."""
+        import xarray as xr
+
+        return xr.open_dataset(self.path, engine="h5netcdf")
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
+def _attr_value(value: Any) -> Any:
+    if value is None:
+        return "none"
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, str):
+        return str(value)  # str subclasses (e.g. torch's version string) are not storable as such
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return value
+    return json.dumps(to_jsonable(value))
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], Any]) -> Path:
+    """:func:`landscape.atomic.atomic_write` (temporary file, fsync, rename, fsync of the directory: a killed
+    process leaves the old file or the new one) for result files: the directory is created, and a file system
+    error is one :class:`ResultError` line."""
+    from landscape import atomic
+
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return atomic.atomic_write(path, write)
+    except OSError as exc:
+        raise ResultError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def write_result(
+    path: str | os.PathLike,
+    kind: str,
+    *,
+    arrays: Mapping[str, Any],
+    attrs: Mapping[str, Any] | None = None,
+    params: Mapping[str, Any] | Any | None = None,
+    inputs: Sequence[InputRef] = (),
+    dims: Mapping[str, Sequence[str]] | None = None,
+) -> Path:
+    """Write a result file atomically and return its path.
+
+    ``arrays`` values may be numpy arrays, tensors or lists; ``attrs`` hold scalars (others are stored
+    as JSON strings); ``params`` is the analysis configuration (a dataclass or mapping), stored as JSON.
+    ``dims`` (array name -> dimension names) attaches HDF5 dimension scales, so netCDF readers
+    (``xarray.open_dataset(path, engine="h5netcdf")``) see labelled dimensions: a dimension named like an
+    array is that array (a coordinate); any other gets an index array of its own name.
+    """
+    path = Path(path)
+    clash = set(attrs or {}) & set(_RESERVED)
+    if clash:
+        raise ValueError(f"attrs {sorted(clash)} are reserved by the result schema")
+    check_output_path(path)
+
+    def write(tmp: Path) -> None:
+        with h5py.File(tmp, "w") as f:
+            f.attrs["kind"] = kind
+            f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+            f.attrs["landscape_version"] = code_version()
+            f.attrs["torch_version"] = _torch_version()
+            f.attrs["inputs"] = json.dumps([dataclasses.asdict(i) for i in inputs])
+            f.attrs["params"] = json.dumps(to_jsonable(params if params is not None else {}))
+            for key, value in (attrs or {}).items():
+                f.attrs[key] = _attr_value(value)
+            for key, value in arrays.items():
+                if is_tensor(value):
+                    value = value.detach().cpu().numpy()
+                f.create_dataset(key, data=np.asarray(value))
+            _attach_scales(f, dims or {})
+
+    return atomic_write(path, write)
+
+
+def _attach_scales(f: h5py.File, dims: Mapping[str, Sequence[str]]) -> None:
+    scales: dict[str, h5py.Dataset] = {}
+    for name, names in dims.items():
+        if name not in f:
+            continue
+        ds = f[name]
+        for axis, dim in enumerate(names):
+            if dim not in scales:
+                if dim not in f:
+                    f.create_dataset(dim, data=np.arange(ds.shape[axis]))
+                f[dim].make_scale(dim)
+                scales[dim] = f[dim]
+            if name != dim:
+                ds.dims[axis].attach_scale(scales[dim])
+
+
+def read_result(path: str | os.PathLike, kind: str | None = None, *, load_arrays: bool = True) -> Result:
+    """Read a result file; ``kind`` (if given) must match. Raises :class:`ResultError` on bad files."""
+    path = Path(path)
+    if not path.is_file():
+        raise ResultError(f"result file not found: {path}")
+    try:
+        with h5py.File(path, "r") as f:
+            file_kind = str(f.attrs.get("kind", ""))
+            if not file_kind:
+                raise ResultError(f"{path} is not a landscape result file (no 'kind' attribute)")
+            if kind is not None and file_kind != kind:
+                raise ResultError(f"{path} holds a '{file_kind}' result, expected '{kind}'")
+            attrs = {k: _decode_attr(v) for k, v in f.attrs.items() if k not in ("inputs", "params")}
+            params = json.loads(f.attrs.get("params", "{}"))
+            inputs = [InputRef(**d) for d in json.loads(f.attrs.get("inputs", "[]"))]
+            arrays: dict[str, np.ndarray] = {}
+            if load_arrays:
+                f.visititems(lambda name, obj: arrays.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None)
+    except ResultError:
+        raise
+    except (OSError, ValueError, KeyError) as exc:
+        raise ResultError(f"cannot read result file {path}: {exc}") from None
+    return Result(path=path, kind=file_kind, attrs=attrs, params=params, inputs=inputs, arrays=arrays)
+
+
+def _longest_columns(arrays: Mapping[str, np.ndarray]) -> list[str]:
+    lengths: dict[int, list[str]] = {}
+    for name, value in arrays.items():
+        if value.ndim == 1:
+            lengths.setdefault(len(value), []).append(name)
+    return max(lengths.values(), key=len) if lengths else []
+
+
+def _decode_attr(value: Any) -> Any:
+    if isinstance(value, bytes):
+        value = value.decode()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value

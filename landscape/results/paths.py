@@ -1,0 +1,110 @@
+"""Output paths of results: the length limits checked before any work (:func:`check_output_path`) and the
+companion files beside a result (CSV, figures; :func:`companions`, :func:`check_companions`)."""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+
+import h5py
+
+from landscape.errors import OutputPathError
+
+
+def is_result_file(path: str | os.PathLike) -> bool:
+    """True when ``path`` is an HDF5 file carrying the result schema's ``kind`` attribute."""
+    try:
+        with h5py.File(path, "r") as f:
+            return "kind" in f.attrs
+    except OSError:
+        return False
+
+
+def _shown(path: Path) -> str:
+    """A path for a one-line message: an over-long one shortened in the middle."""
+    text = str(path)
+    return text if len(text) <= 120 else f"{text[:60]}...{text[-40:]}"
+
+
+NAME_MAX = 255  # bytes of one file name (ext4, xfs, btrfs, apfs)
+PATH_MAX = 4096  # bytes of a whole path (Linux)
+DERIVED_BYTES = 40  # what a result's companions add to its stem: "-train-reliability.png", ".X.h5.<8>.tmp"
+
+
+def check_output_path(path: str | os.PathLike) -> None:
+    """Refuse an output path that would replace anything but a result file, or that lies below a file.
+
+    Results are often written next to checkpoints; a mistyped ``-o`` must never destroy a checkpoint.
+    """
+    path = Path(path)
+    too_long = [part for part in path.parts if len(os.fsencode(part)) > NAME_MAX]
+    if too_long:
+        raise OutputPathError(f"cannot write result {_shown(path)}: the name {too_long[0][:40]}... is longer than "
+                              f"{NAME_MAX} bytes")
+    stem = len(os.fsencode(path.with_suffix("").name))
+    if stem + DERIVED_BYTES > NAME_MAX:  # X-train-reliability.png, X-pairs/, .X.h5.abcd1234.tmp ...
+        raise OutputPathError(f"cannot write result {_shown(path)}: its name ({stem} bytes without the suffix) leaves "
+                              f"no room for the figures and temporary files named after it; use at most "
+                              f"{NAME_MAX - DERIVED_BYTES} bytes")
+    whole = len(os.fsencode(os.path.abspath(path)))
+    if whole + DERIVED_BYTES > PATH_MAX:
+        raise OutputPathError(f"cannot write result {_shown(path)}: the path is {whole} bytes; with the files named "
+                              f"after it that passes the system's limit of {PATH_MAX} bytes")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise OutputPathError(f"cannot write result {path}: {parent} is a file, not a directory")
+            break
+    if path.is_dir():
+        raise OutputPathError(f"cannot write result {path}: it is a directory")
+    if path.exists() and not is_result_file(path):
+        raise OutputPathError(f"refusing to overwrite {path}: it is not a landscape result file (a checkpoint or other "
+                          "data?); choose another output")
+
+
+FIGURE_SUFFIXES = (".png", ".pdf")  # what landscape.plots.style.save_figure writes
+
+
+def companions(path: str | os.PathLike, *, csv: bool = True, figures: bool = True,
+               pairs: bool = True) -> list[Path]:
+    """The existing files a command writing result ``X.h5`` may replace beside it: ``X.csv``; the figures
+    ``X.png``/``X.pdf`` and ``X-<part>.png``/``.pdf`` for a one-word part (surface contours, norms panels); the
+    per-pair results ``X-pairs/*.h5`` of an instability table."""
+    path = Path(path)
+    stem, parent = path.with_suffix("").name, path.parent
+    found: list[Path] = []
+    if csv:
+        found.append(path.with_suffix(".csv"))
+    if figures and parent.is_dir():
+        for suffix in FIGURE_SUFFIXES:
+            found.append(parent / f"{stem}{suffix}")
+            # parts are single words (contour, filled, 3d, params, grads, ...): X-a-b.png is another result's
+            found += sorted(p for p in parent.glob(f"{glob.escape(stem)}-*{suffix}")
+                            if "-" not in p.name[len(stem) + 1:])
+    pair_dir = parent / f"{stem}-pairs"
+    if pairs and pair_dir.exists():
+        found += [pair_dir] if not pair_dir.is_dir() else sorted(pair_dir.iterdir())
+    return [p for p in found if p.exists() or p.is_symlink()]
+
+
+def check_companions(path: str | os.PathLike, *, csv: bool = True, figures: bool = True,
+                     pairs: bool = True) -> None:
+    """Refuse to write result ``path`` when a file it would write beside it (:func:`companions`) is not ours:
+    a CSV or figure while ``path`` itself is not an existing result file, or anything in the pair directory
+    that is not a result file (a directory entry, a user's file). Checked before computing."""
+    path = Path(path)
+    mine = is_result_file(path)
+    pair_dir = path.parent / f"{path.with_suffix('').name}-pairs"
+    for other in companions(path, csv=csv, figures=figures, pairs=pairs):
+        if other.parent == pair_dir:
+            if other.suffix == ".h5" and other.is_file() and is_result_file(other):
+                continue
+            raise OutputPathError(f"refusing to write the pair results into {pair_dir}: {other.name} there is not a "
+                              "landscape result; choose another output")
+        if other == pair_dir:
+            raise OutputPathError(f"refusing to write the pair results into {pair_dir}: it is a file; "
+                              "choose another output")
+        if not mine:
+            raise OutputPathError(f"refusing to overwrite {other}: it was not written with a result {path.name}; "
+                              "choose another output")

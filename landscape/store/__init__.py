@@ -1,0 +1,127 @@
+"""Checkpoint store: run directories of HDF5 checkpoints, references to them, and safe import.
+
+Layout::
+
+    <root>/<run>/manifest.json       config, seeds, lineage, code_version, model_spec, data_spec, created,
+                                     checkpoints: [{step, epoch, epsilon, metrics, file, sha256}, ...]
+    <root>/<run>/step-000120.h5      one file per checkpoint (group ``state_dict``, group ``extra``, attrs)
+    <root>/<run>/arrays.h5           run-level arrays (pruning masks, per-step metric tables, ...)
+
+Every file is written to a hidden temporary file in the same directory and renamed over its final name
+(:func:`landscape.atomic.atomic_write`), so a process killed mid-write never leaves a half-written
+checkpoint or manifest under a final name; nothing lists or loads the stale ``.*.tmp`` files it may leave,
+and :meth:`Store.open_run` sweeps them. Run directories are created with an atomic ``mkdir``, so several
+processes may write *different* runs into one root at once.
+
+One writer per run. Every write (creating a run, a checkpoint, a run array, a manifest field) holds an
+exclusive ``fcntl.flock`` on ``<run>/.lock``; a second process that tries to write the same run gets
+:class:`RunBusyError` (one line, exit 1) instead of interleaving its files with the first one's. The run
+returned by :meth:`Store.create_run` or :meth:`Store.open_run` keeps the lock until :meth:`Run.close` (or
+the end of a ``with`` block, or of the process), so a training run excludes other writers from its first
+file to its last. The lock is per process and reentrant: threads of one process are not told apart.
+
+Manifests are checked against one schema (:func:`check_manifest`) whenever they are read: a damaged one
+is a one-line :class:`~landscape.errors.CheckpointError` naming the file and the field at fault.
+
+torch is imported only where tensors are made (inside functions; annotations under ``TYPE_CHECKING``): listing
+runs and reading manifests (``landscape store ls``) need none.
+
+A checkpoint reference is ``PATH.h5`` (a file; relative paths are tried against the working directory,
+then the store root) or ``RUN[@SELECTOR]`` with ``@init`` (smallest step), ``@last`` (the default),
+``@step=N`` or ``@epoch=E``.
+"""
+
+# The package is split by concern (core: Store and Run; checkpoint: one checkpoint file; manifest: layout and
+# schema; codec: HDF5 arrays; foreign: import of foreign weights; _locks: one writer per run). Every name the
+# single module ``landscape/store.py`` had stays importable from ``landscape.store``, private helpers included
+# (other modules import some of them).
+
+from landscape.store._locks import (
+    _LOCKS,
+    _UMASK,
+    LOCK,
+    RunBusyError,
+    _FileLock,
+    _forget_locks_in_child,
+    _lock,
+    _release_holds,
+    _unlock,
+)
+from landscape.store.checkpoint import (
+    Checkpoint,
+    CheckpointInfo,
+    _dtype_kind,
+    _info_from_file,
+    check_state_dict,
+    load_checkpoint,
+)
+from landscape.store.codec import (
+    _VIEW_NAMES,
+    EXTRA_GROUP,
+    STATE_GROUP,
+    _decode_metrics,
+    _escape,
+    _float_or_none,
+    _json_attr,
+    _open_h5,
+    _plain,
+    _read_array,
+    _read_flat,
+    _read_state_dict,
+    _str_attr,
+    _unescape,
+    _view_dtypes,
+    _write_array,
+    _write_h5_atomic,
+    _write_nested,
+    _write_state_dict,
+)
+from landscape.store.core import DamagedRunWarning, Run, Store, _available, _check_array_name, _now
+from landscape.store.foreign import (
+    PREFIXES,
+    WRAPPER_KEYS,
+    _all_tensors,
+    _looks_like_torch_file,
+    _read_foreign,
+    _strip_prefixes,
+    _unwrap_state_dict,
+    import_checkpoint,
+)
+from landscape.store.manifest import (
+    _CHECKPOINT_FILE,
+    _MANIFEST_KEYS,
+    _NON_FINITE,
+    _RUN_NAME,
+    _SHA256,
+    ARRAYS,
+    CHECKPOINT_FORMAT,
+    MANIFEST,
+    MANIFEST_FORMAT,
+    _is_int,
+    _is_number,
+    _is_run_name,
+    _one_line,
+    _read_manifest,
+    _short,
+    _write_json_atomic,
+    check_manifest,
+    check_run_name,
+)
+
+__all__ = [
+    "ARRAYS", "CHECKPOINT_FORMAT", "Checkpoint", "CheckpointInfo", "DamagedRunWarning", "EXTRA_GROUP",
+    "LOCK", "MANIFEST", "MANIFEST_FORMAT", "PREFIXES", "Run", "RunBusyError", "STATE_GROUP", "Store",
+    "WRAPPER_KEYS", "check_manifest", "check_run_name", "check_state_dict", "import_checkpoint",
+    "load_checkpoint",
+]
+# importable as before the split; not part of the API
+__all__ += [
+    "_CHECKPOINT_FILE", "_FileLock", "_LOCKS", "_MANIFEST_KEYS", "_NON_FINITE", "_RUN_NAME", "_SHA256",
+    "_UMASK", "_VIEW_NAMES", "_all_tensors", "_available", "_check_array_name", "_decode_metrics",
+    "_dtype_kind", "_escape", "_float_or_none", "_forget_locks_in_child", "_info_from_file", "_is_int",
+    "_is_number", "_is_run_name", "_json_attr", "_lock", "_looks_like_torch_file", "_now", "_one_line",
+    "_open_h5", "_plain", "_read_array", "_read_flat", "_read_foreign", "_read_manifest",
+    "_read_state_dict", "_release_holds", "_short", "_str_attr", "_strip_prefixes", "_unescape",
+    "_unlock", "_unwrap_state_dict", "_view_dtypes", "_write_array", "_write_h5_atomic",
+    "_write_json_atomic", "_write_nested", "_write_state_dict",
+]

@@ -1,0 +1,157 @@
+"""Import of foreign weights (``.pt``/``.pth`` through ``torch.load(weights_only=True)`` only,
+``.safetensors``) as step 0 of a new run."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import shutil
+import struct
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from landscape.errors import CheckpointError, UnsafeFileError, UsageError
+from landscape.hashing import sha256_file
+from landscape.store.checkpoint import check_state_dict
+from landscape.store.manifest import _one_line, check_run_name
+
+if TYPE_CHECKING:
+    import torch
+
+    from landscape.store.core import Store
+
+WRAPPER_KEYS = ("state_dict", "model_state_dict", "module_state_dict", "model")  # module_: Opacus save_checkpoint
+PREFIXES = ("_module.", "module.")  # Opacus GradSampleModule, then DataParallel/DDP
+
+
+def import_checkpoint(
+    store: Store,
+    file: str | os.PathLike,
+    *,
+    model_spec: Mapping[str, Any],
+    data_spec: Mapping[str, Any],
+    run: str,
+    privacy: Mapping[str, Any] | None = None,
+    epsilon: float | None = None,
+) -> Path:
+    """Import a foreign state dict as step 0 of a new run; return the checkpoint path.
+
+    ``.pt``/``.pth`` files are read with ``torch.load(weights_only=True)`` only: a file that would need
+    arbitrary code to unpickle is refused with UnsafeFileError and nothing in it runs. ``.safetensors``
+    files are read with safetensors. A dict wrapping the weights under ``state_dict``/``model_state_dict``/
+    ``model`` is unwrapped; Opacus' ``_module.`` (and DataParallel's ``module.``) key prefix is stripped.
+    Keys and shapes are checked against the model ``model_spec`` builds (strict).
+
+    ``privacy`` is the run's ``manifest["privacy"]``: what is known of the weights' privacy history
+    (:class:`landscape.train.accounting.PrivacyHistory`); by default nothing (``unknown_ancestors``), so every
+    run trained from them says that its epsilon covers only the steps landscape saw. ``epsilon`` is the
+    declared epsilon recorded at the checkpoint.
+    """
+    from landscape.models import model_from_spec
+    from landscape.train.accounting import PrivacyHistory
+
+    file = Path(file)
+    check_run_name(run)
+    if not file.is_file():
+        raise CheckpointError(f"file not found: {file}")
+    raw = _read_foreign(file)
+    model = model_from_spec(dict(model_spec))
+    state_dict = _strip_prefixes(_unwrap_state_dict(raw, file), set(model.state_dict()))
+    check_state_dict(model, state_dict, source=str(file))
+    state_dict = {key: state_dict[key] for key in model.state_dict()}  # the model's order (safetensors sorts keys)
+    full_spec = dict(getattr(model, "landscape_spec", None) or model_spec)
+    sha = sha256_file(file)
+    fmt = "safetensors" if file.suffix == ".safetensors" else "torch"
+    new = store.create_run(
+        run,
+        config={"imported_from": str(file.resolve()), "format": fmt},
+        seeds={},
+        lineage={"imported_from": str(file.resolve()), "sha256": sha},
+        model_spec=full_spec,
+        data_spec=dict(data_spec),
+        extra={"privacy": dict(privacy) if privacy is not None
+               else {"accounted": False, **PrivacyHistory(unknown=True).manifest_fields()}},
+    )
+    with new:
+        try:
+            return new.save_checkpoint(state_dict, step=0, epoch=0.0, epsilon=epsilon,
+                                       attrs={"imported_from": str(file.resolve())})
+        except BaseException:
+            shutil.rmtree(new.path, ignore_errors=True)
+            raise
+
+
+def _read_foreign(file: Path) -> Any:
+    suffix = file.suffix.lower()
+    if suffix in (".pt", ".pth"):
+        try:
+            import torch
+
+            with warnings.catch_warnings():  # torch warns about pickle protocols before refusing; the error says it
+                warnings.simplefilter("ignore")
+                return torch.load(file, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            if not _looks_like_torch_file(file):
+                raise CheckpointError(
+                    f"cannot read {file} as a PyTorch file: not a torch.save() file (neither a zip archive nor a "
+                    "binary pickle); is it the right file?"
+                ) from None
+            culprit = re.search(r"GLOBAL ([\w.]+)", str(exc))
+            detail = f" (it references {culprit.group(1)})" if culprit else ""
+            raise UnsafeFileError(
+                f"refusing {file}: torch.load(weights_only=True) cannot load it{detail}, so unpickling it could "
+                "run code; re-save the weights as a plain state dict (torch.save(model.state_dict())) or .safetensors"
+            ) from None
+        except (OSError, RuntimeError, ValueError, EOFError, KeyError, IndexError, struct.error) as exc:  # damaged
+            raise CheckpointError(f"cannot read {file} as a PyTorch file: {_one_line(exc)}") from None
+    if suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(file), device="cpu")
+        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            raise CheckpointError(f"cannot read {file} as safetensors: {_one_line(exc)}") from None
+    raise UsageError(f"cannot import {file}: expected a .pt, .pth or .safetensors file")
+
+
+def _looks_like_torch_file(file: Path) -> bool:
+    """torch.save writes a zip archive (``PK``) or, in the legacy format, a binary pickle (PROTO ``0x80``)."""
+    with open(file, "rb") as f:
+        head = f.read(2)
+    return head.startswith(b"PK") or head[:1] == b"\x80"
+
+
+def _unwrap_state_dict(obj: Any, file: Path) -> dict[str, torch.Tensor]:
+    if isinstance(obj, Mapping) and not _all_tensors(obj):
+        for key in WRAPPER_KEYS:
+            if isinstance(obj.get(key), Mapping) and _all_tensors(obj[key]):
+                obj = obj[key]
+                break
+    if not isinstance(obj, Mapping) or not obj or not _all_tensors(obj):
+        keys = ", ".join(map(str, list(obj)[:8])) if isinstance(obj, Mapping) else type(obj).__name__
+        raise CheckpointError(
+            f"{file} holds no state dict (found: {keys}); expected tensors by name, possibly under "
+            f"{'/'.join(WRAPPER_KEYS)}"
+        )
+    return {str(k): v for k, v in obj.items()}
+
+
+def _all_tensors(d: Mapping) -> bool:
+    import torch
+
+    return all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in d.items())
+
+
+def _strip_prefixes(state_dict: dict[str, torch.Tensor], wanted: set[str]) -> dict[str, torch.Tensor]:
+    while set(state_dict) != wanted:
+        for prefix in PREFIXES:
+            if all(k.startswith(prefix) for k in state_dict):
+                state_dict = {k[len(prefix):]: v for k, v in state_dict.items()}
+                break
+        else:
+            break
+    return state_dict

@@ -1,0 +1,191 @@
+"""A run directory's layout and its manifest: file names, run names, the one manifest schema
+(:func:`check_manifest`), atomic JSON writes."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from landscape.atomic import atomic_write
+from landscape.errors import CheckpointError, UsageError
+from landscape.jsonable import to_jsonable
+
+MANIFEST = "manifest.json"
+ARRAYS = "arrays.h5"
+MANIFEST_FORMAT = "landscape-run/1"
+CHECKPOINT_FORMAT = "landscape-checkpoint/1"
+_RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,+=-]{0,199}")
+_CHECKPOINT_FILE = re.compile(r"step-(\d+)\.h5")
+_MANIFEST_KEYS = frozenset(
+    {"format", "name", "created", "code_version", "config", "seeds", "lineage", "model_spec", "data_spec",
+     "checkpoints"}
+)
+
+
+def check_run_name(name: str) -> None:
+    """Run names are single safe path components: letters, digits and ``_ . , + = -``, not starting with . or -."""
+    if not _is_run_name(name):
+        raise UsageError(
+            f"bad run name {name!r}: use 1-200 letters, digits or _ . , + = - "
+            "(not starting with '.' or '-', no '/' or '@', not ending in .h5)"
+        )
+
+
+def _is_run_name(name: object) -> bool:
+    return isinstance(name, str) and bool(_RUN_NAME.fullmatch(name)) and not name.endswith(".h5")
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    text = json.dumps(to_jsonable(obj), indent=2, allow_nan=False) + "\n"
+    atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read run manifest {path}: {_one_line(exc)}") from None
+    manifest = check_manifest(manifest, path)
+    manifest.setdefault("checkpoints", [])
+    return manifest
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_NON_FINITE = ("nan", "inf", "-inf", "Infinity", "-Infinity", "NaN", "none", "None")
+
+
+def check_manifest(manifest: Any, path: str | os.PathLike) -> dict[str, Any]:
+    """Check a run manifest (as parsed from JSON) against the store's one schema; return it.
+
+    The store's fields: ``config``, ``seeds``, ``model_spec``, ``data_spec`` objects (seeds integers),
+    ``lineage`` an object or null, ``checkpoints`` a list of ``{step, epoch, epsilon, metrics, file, sha256}``
+    with ``step`` a non-negative integer (each once), ``epoch`` a number, ``file`` exactly ``step-NNNNNN.h5``
+    of that step (so no entry can point outside its run directory), ``sha256`` 64 hex digits (the store hashes
+    every checkpoint it lists; an unhashed entry could not be verified). ``format``, ``config``, ``seeds``,
+    ``model_spec``, ``data_spec`` and ``checkpoints`` must be present: an empty or hand-made manifest (``{}``)
+    is damage, never a run whose files nothing vouches for. Fields
+    the trainer adds are checked when present: ``schedule`` (``steps_per_epoch``, ``total_steps``,
+    ``checkpoint_steps``) and ``privacy`` (numbers, ``ancestor_events`` of ``{noise_multiplier, sample_rate,
+    steps}``, the flags ``accounted``, ``non_private_ancestors`` and ``unknown_ancestors``, ``declared_ancestors``
+    of ``{epsilon, delta}``; :class:`landscape.train.accounting.PrivacyHistory`). Any violation is a one-line CheckpointError naming the file and the field.
+    """
+    def bad(field: str, what: str, value: Any = None, show: bool = True) -> CheckpointError:
+        got = f", got {_short(value)}" if show else ""
+        return CheckpointError(f"damaged run manifest {path}: field '{field}' {what}{got}")
+
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"damaged run manifest {path}: not a JSON object (got {type(manifest).__name__})")
+    for key in ("format", "config", "seeds", "model_spec", "data_spec", "checkpoints"):
+        if key not in manifest:
+            raise bad(key, "is missing (the store writes it with every run)", show=False)
+    if manifest["format"] != MANIFEST_FORMAT:
+        raise bad("format", f"must be {MANIFEST_FORMAT!r}", manifest["format"])
+    if "name" in manifest and not isinstance(manifest["name"], str):
+        raise bad("name", "must be a string", manifest["name"])
+    for key in ("config", "seeds", "model_spec", "data_spec"):
+        if key in manifest and not isinstance(manifest[key], dict):
+            raise bad(key, "must be an object", manifest[key])
+    for key, value in (manifest.get("seeds") or {}).items():
+        if not _is_int(value):
+            raise bad(f"seeds.{key}", "must be an integer", value)
+    if manifest.get("lineage") is not None and not isinstance(manifest["lineage"], dict):
+        raise bad("lineage", "must be an object or null", manifest["lineage"])
+    entries = manifest.get("checkpoints", [])
+    if not isinstance(entries, list):
+        raise bad("checkpoints", "must be a list", entries)
+    seen: set[int] = set()
+    for i, e in enumerate(entries):
+        where = f"checkpoints[{i}]"
+        if not isinstance(e, dict):
+            raise bad(where, "must be an object", e)
+        for key in ("step", "epoch", "file"):
+            if key not in e:
+                raise bad(f"{where}.{key}", "is missing", show=False)
+        step = e["step"]
+        if not _is_int(step) or step < 0:
+            raise bad(f"{where}.step", "must be a non-negative integer", step)
+        if step in seen:
+            raise bad(f"{where}.step", "lists a step twice", step)
+        seen.add(step)
+        if not _is_number(e["epoch"]) or not math.isfinite(e["epoch"]):
+            raise bad(f"{where}.epoch", "must be a finite number", e["epoch"])
+        if e["file"] != f"step-{step:06d}.h5":
+            raise bad(f"{where}.file", f"must be 'step-{step:06d}.h5' (the file of step {step})", e["file"])
+        eps = e.get("epsilon")
+        if eps is not None and not _is_number(eps) and eps not in _NON_FINITE:
+            raise bad(f"{where}.epsilon", "must be a number or null", eps)
+        if not isinstance(e.get("metrics", {}), dict):
+            raise bad(f"{where}.metrics", "must be an object", e["metrics"])
+        if "sha256" not in e:
+            raise bad(f"{where}.sha256", "is missing (an unhashed checkpoint cannot be verified)", show=False)
+        sha = e["sha256"]
+        if not (isinstance(sha, str) and _SHA256.fullmatch(sha)):
+            raise bad(f"{where}.sha256", "must be 64 hex digits", sha)
+    schedule = manifest.get("schedule")
+    if schedule is not None:
+        if not isinstance(schedule, dict):
+            raise bad("schedule", "must be an object", schedule)
+        for key, low in (("steps_per_epoch", 1), ("total_steps", 0)):
+            if key not in schedule:
+                raise bad(f"schedule.{key}", "is missing", show=False)
+            if not (_is_int(schedule[key]) and schedule[key] >= low):
+                raise bad(f"schedule.{key}", f"must be an integer >= {low}", schedule[key])
+        if "checkpoint_steps" not in schedule:
+            raise bad("schedule.checkpoint_steps", "is missing", show=False)
+        steps = schedule["checkpoint_steps"]
+        if not isinstance(steps, list) or not all(_is_int(t) and t >= 0 for t in steps):
+            raise bad("schedule.checkpoint_steps", "must be a list of non-negative integers", steps)
+    privacy = manifest.get("privacy")
+    if privacy is not None:
+        if not isinstance(privacy, dict):
+            raise bad("privacy", "must be an object", privacy)
+        for key in ("noise_multiplier", "sample_rate", "delta"):
+            if key in privacy and not _is_number(privacy[key]):
+                raise bad(f"privacy.{key}", "must be a number", privacy[key])
+        if "steps" in privacy and not _is_int(privacy["steps"]):
+            raise bad("privacy.steps", "must be an integer", privacy["steps"])
+        events = privacy.get("ancestor_events", [])
+        if not isinstance(events, list):
+            raise bad("privacy.ancestor_events", "must be a list", events)
+        for i, ev in enumerate(events):
+            if not (isinstance(ev, dict) and set(ev) == {"noise_multiplier", "sample_rate", "steps"}
+                    and _is_number(ev["noise_multiplier"]) and _is_number(ev["sample_rate"])
+                    and _is_int(ev["steps"])):
+                raise bad(f"privacy.ancestor_events[{i}]", "must be {noise_multiplier, sample_rate, steps}", ev)
+        for key in ("non_private_ancestors", "unknown_ancestors", "accounted"):
+            if key in privacy and not isinstance(privacy[key], bool):
+                raise bad(f"privacy.{key}", "must be true or false", privacy[key])
+        if "note" in privacy and not isinstance(privacy["note"], str):
+            raise bad("privacy.note", "must be a string", privacy["note"])
+        if "total_delta" in privacy and not _is_number(privacy["total_delta"]):
+            raise bad("privacy.total_delta", "must be a number", privacy["total_delta"])
+        declared = privacy.get("declared_ancestors", [])
+        if not isinstance(declared, list):
+            raise bad("privacy.declared_ancestors", "must be a list", declared)
+        for i, d in enumerate(declared):
+            if not (isinstance(d, dict) and set(d) == {"epsilon", "delta"} and _is_number(d["delta"])
+                    and 0 <= d["delta"] < 1 and _is_number(d["epsilon"]) and 0 <= d["epsilon"] < math.inf):
+                raise bad(f"privacy.declared_ancestors[{i}]", "must be {epsilon >= 0, delta in [0, 1)}", d)
+    return manifest
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:300] or type(exc).__name__
