@@ -79,7 +79,7 @@ def test_watson_fig5_barriers_match_a_naive_interpolation_loop(made):
     out, root = made
     numbers, verdict, _ = read_summary(out / "watson-fig5" / "watson-fig5-test.h5")
     assert numbers["k"].tolist() == [1.0] and numbers["epsilon"].tolist() == [8.0]
-    group = "watson-fig5-test-e8-k1"
+    group = "watson-fig5-test-e8-k1-lr0.5"
     t = np.linspace(0, 1, 5)
     for family, chord, def23 in (("sgd", numbers["sgd"][0], numbers["sgd_instability"][0]),
                                  ("dpsgd", numbers["dp"][0][0], numbers["dp_instability"][0][0])):
