@@ -232,3 +232,4 @@ def test_underpowered_parts_and_a_stated_need_are_marked(monkeypatch, tmp_path, 
         assert json.loads(f.attrs["needs"]) == 5
     row = next(line for line in (out / "README.md").read_text().splitlines() if line.startswith("| [`toy-w`]"))
     assert "(2 parts underpowered)" in row and "n 3 < the 5 it needs" in row
+    assert "**Needs** 5 seeds per tested part" in (out / "README.md").read_text()

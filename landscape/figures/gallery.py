@@ -78,6 +78,8 @@ def _section(name: str, recipe, out: Path, scale: str) -> tuple[str, str]:
     body = (f"### {name}\n\n{title}: {recipe.claim}.\n\n{image}"
             f"**Verdict: {verdict.status}.** {verdict.line()}\n\n"
             f"**Scaled down.** {recipe.scaled_down}. Settings: `{json.dumps(attrs['settings'], sort_keys=True)}`.\n\n"
+            + (f"**Needs** {needs} seeds per tested part (the recipe's statement; fewer are marked underpowered).\n\n"
+               if needs else "")
             + (f"**Last made** in {', '.join(made)} (runs already in the store are reused, so a remake times "
                "the analyses only).\n\n" if made else "")
             + f"**Paper scale.** {paper}\n")
