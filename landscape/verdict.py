@@ -18,6 +18,14 @@ reading a summary's HDF5) can recompute the verdict:
 - :func:`ordered`: a monotone trend, Spearman's rank correlation of the values with their key, one-sided;
 - :func:`far_below`: a value against a sample's quantile (e.g. one path against 100 random directions).
 
+Practical significance: :func:`greater` and :func:`paired_greater` take a stated minimum effect ``min_effect``
+(the smallest difference the paper's claim means, e.g. one accuracy point): the test is then of
+``A - B > min_effect`` (held only when the difference exceeds the minimum significantly; did not hold when it is
+significantly below it), and ``min effect`` is stored with the numbers. Both also report the ``power`` of their test
+at the observed effect (:func:`power`): the chance that a rerun with the same n and spread rejects in the observed
+direction. A part with power below :data:`POWER` is *underpowered* (the gallery marks it, and a recipe may state
+the n it needs).
+
 Each is three-valued: held when the test rejects "no effect" in the claimed direction at ``alpha``, did not hold
 when it rejects in the other direction, or when both sides are identical constants (the claimed effect is
 exactly absent), or, for :func:`similar`, when the interval lies wholly outside the margin; inconclusive otherwise -- including a group with fewer than two values, where no spread is measurable.
@@ -113,6 +121,7 @@ def spread(values: Sequence[float]) -> float:
 ALPHA = 0.05  # every rule's level; intervals are (1 - 2 ALPHA) two-sided = the one-sided tests at ALPHA
 BOOTSTRAP = 2000  # resamples of :func:`bootstrap_ci`
 INVALID = "inconclusive (invalid regime)"
+POWER = 0.8  # below this power at the observed effect a verdict is marked underpowered
 
 
 def _clean(values: Sequence[float]) -> np.ndarray:
@@ -157,6 +166,34 @@ def _interval(diff: float, se: float, df: float, alpha: float) -> tuple[float, f
     return diff - q * se, diff + q * se
 
 
+def power(effect: float, se: float, df: float, alpha: float = ALPHA) -> float:
+    """Power of a one-sided t-test at ``alpha`` when the true difference (beyond any minimum effect) is ``effect``,
+    with standard error ``se`` and ``df`` degrees of freedom: ``P(T > t_{1-alpha, df})`` for ``T`` noncentral t with
+    noncentrality ``|effect| / se`` (the rejection in the effect's own direction). 1 when ``se`` is 0 and the effect
+    is not; NaN when it cannot be computed (NaN inputs, or no effect and no spread)."""
+    from scipy import stats
+
+    if math.isnan(effect) or math.isnan(se) or math.isnan(df):
+        return math.nan
+    if se == 0.0:
+        return math.nan if effect == 0.0 else 1.0
+    return float(stats.nct.sf(stats.t.ppf(1.0 - alpha, df), df, abs(effect) / se))
+
+
+def underpowered(verdict: Verdict, needs: int | None = None) -> str:
+    """Why a verdict (one part) is underpowered, or ``""``: its stored ``power`` below :data:`POWER`, or its
+    smallest sample size (``n ...`` numbers) below ``needs`` (the n a recipe states it needs)."""
+    why = []
+    p = verdict.numbers.get("power")
+    if isinstance(p, (int, float)) and not math.isnan(float(p)) and float(p) < POWER:
+        why.append(f"power {float(p):.2f} < {POWER:g}")
+    ns = [int(v) for k, v in verdict.numbers.items() if k.startswith("n ") and isinstance(v, (int, float))
+          and not math.isnan(float(v))]
+    if needs and ns and min(ns) < needs:
+        why.append(f"n {min(ns)} < the {needs} it needs")
+    return "; ".join(why)
+
+
 def welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
     """``(mean(a) - mean(b), its standard error, Welch-Satterthwaite df)``; NaN with fewer than 2 values a side."""
     a, b = _clean(a), _clean(b)
@@ -193,25 +230,29 @@ def bootstrap_ci(a: Sequence[float], b: Sequence[float] | None = None, *, paired
 
 
 def greater(claim: str, source: str, a: Sequence[float], b: Sequence[float], *, names: tuple[str, str] = ("A", "B"),
-            unit: str = "pairs", note: str = "", alpha: float = ALPHA) -> Verdict:
-    """Claim ``A > B`` (independent groups): Welch's one-sided t-test at ``alpha``.
+            unit: str = "pairs", note: str = "", alpha: float = ALPHA, min_effect: float = 0.0) -> Verdict:
+    """Claim ``A > B`` (independent groups), by at least ``min_effect``: Welch's one-sided t-test at ``alpha``.
 
-    Held if ``p(A > B) < alpha``, did not hold if ``p(A < B) < alpha``, else (or with fewer than 2 {unit} a side)
-    inconclusive. ``numbers``: the means, sds and n, the difference, its Welch and bootstrap intervals, t, df,
-    the one-sided p and alpha.
+    Held if ``p(A - B > min_effect) < alpha``, did not hold if ``p(A - B < min_effect) < alpha``, else (or with fewer
+    than 2 {unit} a side) inconclusive. ``numbers``: the means, sds and n, the difference, its Welch and bootstrap
+    intervals, t, df, the one-sided p, alpha, the minimum effect (when stated) and the :func:`power` at the observed
+    effect.
     """
     a, b = _clean(a), _clean(b)
     na, nb = names
     diff, se, df = welch(a, b)
-    t, p_gt, p_lt = _t_sides(diff, se, df)
+    t, p_gt, p_lt = _t_sides(diff - min_effect, se, df)
     lo, hi = _interval(diff, se, df, alpha)
     blo, bhi = bootstrap_ci(a, b, alpha=alpha)
     numbers = {f"mean {na}": float(a.mean()) if a.size else math.nan, f"sd {na}": spread(a), f"n {na}": int(a.size),
                f"mean {nb}": float(b.mean()) if b.size else math.nan, f"sd {nb}": spread(b), f"n {nb}": int(b.size),
                "difference": diff, "ci low": lo, "ci high": hi, "bootstrap ci low": blo, "bootstrap ci high": bhi,
-               "t": t, "df": df, "p": p_gt, "alpha": alpha}
-    test = (f"Welch one-sided t-test over {unit}: held if p({na} > {nb}) < {alpha:g}, did not hold if "
-            f"p({na} < {nb}) < {alpha:g} or both sides are the same constant, else inconclusive (also with fewer "
+               "t": t, "df": df, "p": p_gt, "alpha": alpha, **_minimum(min_effect),
+               "power": power(diff - min_effect, se, df, alpha)}
+    gt, lt = (f"{na} > {nb}", f"{na} < {nb}") if not min_effect else (
+        f"{na} - {nb} > {min_effect:g}", f"{na} - {nb} < {min_effect:g}")
+    test = (f"Welch one-sided t-test over {unit}: held if p({gt}) < {alpha:g}, did not hold if "
+            f"p({lt}) < {alpha:g} or both sides are the same constant, else inconclusive (also with fewer "
             f"than 2 {unit} a side); "
             f"interval = {1 - 2 * alpha:.0%} Welch interval of mean({na}) - mean({nb})")
     return Verdict(claim, source, test, numbers, _three_way(p_gt, p_lt, alpha), note)
@@ -219,10 +260,10 @@ def greater(claim: str, source: str, a: Sequence[float], b: Sequence[float], *, 
 
 def paired_greater(claim: str, source: str, a: Sequence[float], b: Sequence[float], *,
                    names: tuple[str, str] = ("A", "B"), unit: str = "seeds", note: str = "",
-                   alpha: float = ALPHA) -> Verdict:
-    """Claim ``A > B`` for paired measurements (``a[i]`` and ``b[i]`` share a seed: the same initialisation or data
-    order): the one-sided paired t-test of the differences at ``alpha`` (held / did not hold / inconclusive as in
-    :func:`greater`)."""
+                   alpha: float = ALPHA, min_effect: float = 0.0) -> Verdict:
+    """Claim ``A > B`` by at least ``min_effect`` for paired measurements (``a[i]`` and ``b[i]`` share a seed: the
+    same initialisation or data order): the one-sided paired t-test of ``mean(a - b) > min_effect`` at ``alpha``
+    (held / did not hold / inconclusive, the numbers and the power as in :func:`greater`)."""
     a, b = _clean(a), _clean(b)
     if a.shape != b.shape:
         raise ValueError(f"paired values need equal lengths, got {a.size} and {b.size}")
@@ -230,7 +271,7 @@ def paired_greater(claim: str, source: str, a: Sequence[float], b: Sequence[floa
     m = float(d.mean()) if d.size else math.nan
     sd = spread(d)
     se, df = (sd / math.sqrt(d.size), float(d.size - 1)) if d.size >= 2 else (math.nan, math.nan)
-    t, p_gt, p_lt = _t_sides(m, se, df)
+    t, p_gt, p_lt = _t_sides(m - min_effect, se, df)
     lo, hi = _interval(m, se, df, alpha)
     blo, bhi = bootstrap_ci(a, b, paired=True, alpha=alpha)
     na, nb = names
@@ -238,12 +279,18 @@ def paired_greater(claim: str, source: str, a: Sequence[float], b: Sequence[floa
                f"mean {nb}": float(b.mean()) if b.size else math.nan,
                f"mean({na} - {nb})": m, f"sd({na} - {nb})": sd, f"n {unit}": int(d.size), "ci low": lo,
                "ci high": hi, "bootstrap ci low": blo, "bootstrap ci high": bhi, "t": t, "df": df, "p": p_gt,
-               "alpha": alpha}
-    test = (f"paired one-sided t-test over {unit}: held if p(mean({na} - {nb}) > 0) < {alpha:g}, did not hold if "
-            f"p(< 0) < {alpha:g} or every difference is 0, else (or with fewer than 2 {unit}) inconclusive; "
+               "alpha": alpha, **_minimum(min_effect), "power": power(m - min_effect, se, df, alpha)}
+    test = (f"paired one-sided t-test over {unit}: held if p(mean({na} - {nb}) > {min_effect:g}) < {alpha:g}, did not "
+            f"hold if p(< {min_effect:g}) < {alpha:g} or every difference is {min_effect:g}, else (or with fewer than 2 "
+            f"{unit}) inconclusive; "
             f"interval = {1 - 2 * alpha:.0%} "
             "t interval of the mean difference")
     return Verdict(claim, source, test, numbers, _three_way(p_gt, p_lt, alpha), note)
+
+
+def _minimum(min_effect: float) -> dict:
+    """``{"min effect": m}`` when a minimum effect is stated (an unstated one, 0, adds nothing)."""
+    return {"min effect": float(min_effect)} if min_effect else {}
 
 
 def similar(claim: str, source: str, a: Sequence[float], b: Sequence[float], *, tolerance: float,

@@ -79,7 +79,7 @@ def test_watson_fig5_barriers_match_a_naive_interpolation_loop(made):
     out, root = made
     numbers, verdict, _ = read_summary(out / "watson-fig5" / "watson-fig5-test.h5")
     assert numbers["k"].tolist() == [1.0] and numbers["epsilon"].tolist() == [8.0]
-    group = "watson-fig5-test-e8-k1"
+    group = "watson-fig5-test-e8-k1-lr0.5"
     t = np.linspace(0, 1, 5)
     for family, chord, def23 in (("sgd", numbers["sgd"][0], numbers["sgd_instability"][0]),
                                  ("dpsgd", numbers["dp"][0][0], numbers["dp_instability"][0][0])):
@@ -154,3 +154,20 @@ def test_watson_fig4_path_ends_are_the_two_solutions_losses(made):
         # every direction starts at the solution's loss
         assert np.allclose(numbers[f"{norm}/direction_loss"][:, 0], a, rtol=1e-4, atol=1e-6)
     assert verdict.numbers["held"] + verdict.numbers["did not hold"] + verdict.numbers["inconclusive"] == 2
+
+
+def test_instability_plot_shows_the_chord_barrier_beside_def_2_3():
+    """The instability figure (demo, tour, Fig. 5 tables) draws the judged chord barrier in its own row above
+    Def. 2.3, with the plotted means equal to the rows' means; tables without chord barriers keep two rows."""
+    from landscape.plots.interpolate import plot_instability
+
+    rows = [dict(k=k, phase2=o, epsilon=None if o == "sgd" else 7.0, chord_barrier_test_loss=0.1 * k + i,
+                 instability_test_loss=0.2 * k, instability_test_error=0.01) for k in (1, 2) for o in ("sgd", "dpsgd")
+            for i in range(2)]
+    fig = plot_instability(rows, splits=["test"])
+    labels = [ax.get_ylabel() for ax in fig.axes]
+    assert labels == ["test loss barrier above chord", "test Def. 2.3 loss instability", "test error barrier"]
+    sgd_line = fig.axes[0].lines[0]
+    np.testing.assert_allclose(np.asarray(sgd_line.get_ydata(), dtype=float), [0.1 + 0.5, 0.2 + 0.5])
+    old = [{k: v for k, v in r.items() if not k.startswith("chord")} for r in rows]
+    assert [ax.get_ylabel() for ax in plot_instability(old, splits=["test"]).axes] == labels[1:]

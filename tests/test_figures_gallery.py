@@ -193,3 +193,43 @@ def test_a_run_failing_its_gate_makes_its_parts_inconclusive_invalid_regime(tmp_
     again = make(ok, scale="test", out=tmp_path / "out2", root=tmp_path / "store")  # runs reused
     assert again.verdict.held is True and INVALID not in again.verdict.note
     assert read_summary(again.path)[0]["gate/passed"].tolist() == [1.0, 1.0]
+
+
+def _make_weak(ctx):
+    from landscape.plots import style
+    from landscape.verdict import all_of, paired_greater
+
+    fig, ax = style.subplots(figsize=(2, 2))
+    ax.plot([0, 1], [0, 1])
+    strong = paired_greater("A beats B", "toy", [3.0, 3.1, 2.9], [1.0, 1.1, 0.9])
+    weak = paired_greater("C beats B", "toy", [1.5, 0.9, 1.4], [1.0, 1.1, 0.9])
+    return {"a": [3.0]}, all_of("both", "toy", [strong, weak]), style.save_figure(fig, ctx.stem("figure"))
+
+
+def test_underpowered_parts_and_a_stated_need_are_marked(monkeypatch, tmp_path, capsys):
+    import dataclasses
+    import json
+
+    import h5py
+
+    from landscape.verdict import POWER
+
+    recipe = dataclasses.replace(_recipe("toy-w", _make_weak), needs=None)
+    monkeypatch.setattr(registry, "names", lambda: ["toy-w"])
+    monkeypatch.setattr(registry, "get", lambda name: recipe)
+    out = tmp_path / "gal"
+    assert run(capsys, "--root", str(tmp_path / "st"), "figures", "toy-w", "--scale", "test", "--out", str(out))[0] == 0
+    _, verdict, _ = read_summary(summary_path(out, "toy-w", "test"))
+    powers = [p.numbers["power"] for p in verdict.parts]
+    assert powers[0] >= POWER > powers[1]  # the second part's test would often miss its own observed effect
+    row = next(line for line in (out / "README.md").read_text().splitlines() if line.startswith("| [`toy-w`]"))
+    assert "(1 part underpowered)" in row and f"inconclusive (*underpowered*: power {powers[1]:.2f} < 0.8)" in row
+    # a recipe that says it needs 5 seeds: both parts (n = 3) are marked, and the need is stored in the summary
+    monkeypatch.setattr(registry, "get", lambda name: dataclasses.replace(recipe, needs=5))
+    assert run(capsys, "--root", str(tmp_path / "st"), "figures", "toy-w", "--scale", "test", "--out", str(out),
+               "--rerun")[0] == 0
+    with h5py.File(summary_path(out, "toy-w", "test"), "r") as f:
+        assert json.loads(f.attrs["needs"]) == 5
+    row = next(line for line in (out / "README.md").read_text().splitlines() if line.startswith("| [`toy-w`]"))
+    assert "(2 parts underpowered)" in row and "n 3 < the 5 it needs" in row
+    assert "**Needs** 5 seeds per tested part" in (out / "README.md").read_text()

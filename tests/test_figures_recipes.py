@@ -99,9 +99,9 @@ def unpaired(a, b):
     return _three(p, 1 - p)
 
 
-def paired(a, b):
-    """The paired one-sided t-test of a > b, by hand."""
-    d = np.asarray(a, float) - np.asarray(b, float)
+def paired(a, b, min_effect=0.0):
+    """The paired one-sided t-test of a - b > min_effect, by hand."""
+    d = np.asarray(a, float) - np.asarray(b, float) - min_effect
     if d.size < 2:
         return None
     se = d.std(ddof=1) / math.sqrt(d.size)
@@ -283,16 +283,27 @@ def test_fig11_R_table_is_the_clipping_results_and_the_paired_rule(made):
 
 def test_fig13_pruned_runs_keep_their_masks_and_accuracies_are_the_checkpoints(made):
     _, root = made
+    from landscape.figures.watson_fig13 import MIN_EFFECT
+    from landscape.store import Store
+
     numbers, verdict, _ = summary(made, "watson-fig13")
+    # the claim-blind lr: the best seed-0 unpruned train accuracy over the grid, read back from those runs
+    grid = list(numbers["lr_grid/lr"])
+    scores = [Store(root).run(f"watson-fig13-test-dp-none-lr{lr:g}-0").checkpoints()[-1].metrics["train_acc"]
+              for lr in grid]
+    np.testing.assert_allclose(numbers["lr_grid/train_acc"], scores)
+    lr = float(numbers["lr_chosen"])
+    assert lr == grid[int(np.argmax(scores))]
+    tag = {"none": "none", "full": "full", "subset": "subset-e10"}  # subset mask: 2 epochs / 0.2 = same SGD steps
     for k in ("none", "full", "subset"):
         np.testing.assert_allclose(numbers[f"{k}/final"],
-                                   [naive_metrics(root, f"watson-fig13-test-dp-{k}-{s}@last")[0] for s in range(2)],
-                                   atol=1e-12)
-    state = point(root, "watson-fig13-test-dp-full-0@last").model().state_dict()
+                                   [naive_metrics(root, f"watson-fig13-test-dp-{tag[k]}-lr{lr:g}-{s}@last")[0]
+                                    for s in range(2)], atol=1e-12)
+    state = point(root, f"watson-fig13-test-dp-full-lr{lr:g}-0@last").model().state_dict()
     weights = [v for n, v in state.items() if n.endswith("weight") and v.dim() > 1]
     for w in weights:  # 70% of every layer removed and still exactly 0 after DP training
         assert abs(float((w == 0).double().mean()) - 0.7) < 0.01
-    assert verdict.held is gated(verdict, [paired(numbers[f"{m}/final"], numbers["none/final"])
+    assert verdict.held is gated(verdict, [paired(numbers[f"{m}/final"], numbers["none/final"], MIN_EFFECT)
                                            for m in ("full", "subset")])
 
 
@@ -360,7 +371,11 @@ def test_bu_ece_nll_and_true_class_probabilities_by_a_numpy_loop(made):
     _, root = made
     numbers, verdict, _ = summary(made, "bu-fig6-7")
     n11, v11, _ = summary(made, "bu-fig11")
-    for key, run in (("C1", "bu-calibration-test-C1-0"), ("C100", "bu-calibration-test-C100-1"),
+    lr = {c: float(numbers[f"lr_chosen/C{c}"]) for c in (1, 100)}
+    for c in (1, 100):  # the claim-blind lr per C: the best seed-0 train accuracy over lr = f 0.15 / C
+        scores = numbers[f"lr_grid/C{c}/train_acc"]
+        assert lr[c] == pytest.approx([f * 0.15 / c for f in (1.0, 3.0)][int(np.argmax(scores))])
+    for key, run in (("C1", f"bu-calibration-test-C1-lr{lr[1]:g}-0"), ("C100", f"bu-calibration-test-C100-lr{lr[100]:g}-1"),
                      ("sgd", "bu-calibration-test-sgd-0")):
         seed = int(run[-1])
         acc, nll, probs, y = naive_metrics(root, f"{run}@last")
@@ -378,6 +393,7 @@ def test_bu_ece_nll_and_true_class_probabilities_by_a_numpy_loop(made):
     shown = -0.05 <= d.mean() - half and d.mean() + half <= 0.05
     for v in (verdict, v11):
         assert ("premise of similar accuracy" in v.note) is (not shown)
+    assert list(numbers["compared_C"]) == [1.0, 100.0]  # the test scale has two norms: the largest is compared
     assert verdict.held is gated(verdict, parts)
     assert v11.held is gated(v11, [paired(n11["C1/fraction_near_0"], n11["C100/fraction_near_0"]),
                                 paired(n11["C1/fraction_near_1"], n11["C100/fraction_near_1"])])
@@ -391,7 +407,9 @@ def test_zhu_fig2_accuracies_and_gains(made):
     numbers, verdict, _ = summary(made, "zhu-fig2")
     for (i, (sigma, c)), (j, r), seed in itertools.product(enumerate([(1.0, 0.25), (2.0, 1.0)]),
                                                           enumerate([0.0, 0.5]), range(2)):
-        run = f"zhu-fig2-test-s{sigma:g}-C{c:g}-r{r:g}-{seed}@last"
+        lr = numbers["lr_chosen"][i, j]  # claim-blind: the best seed-0 train accuracy over the grid
+        assert lr == numbers["lr_grid/lr"][int(np.argmax(numbers["lr_grid/train_acc"][i, j]))]
+        run = f"zhu-fig2-test-s{sigma:g}-C{c:g}-r{r:g}-lr{lr:g}-{seed}@last"
         assert numbers["train_acc"][i, j, seed] == pytest.approx(naive_metrics(root, run, "train")[0], abs=1e-12)
     gains = numbers["train_acc"][:, 1] - numbers["train_acc"][:, 0]
     np.testing.assert_allclose(numbers["gain"], gains, atol=1e-12)
@@ -420,7 +438,10 @@ def test_wang_lssgd_accuracies_and_smoothing_recorded(made):
             assert numbers["test_acc"][0, j, seed] == pytest.approx(naive_metrics(root, f"{run}@last")[0], abs=1e-12)
             config = Store(root).run(run).manifest["config"]
             assert config["smooth"] == S and config["optimizer"] == "dpsgd"
-    parts = [paired(numbers["test_acc"][0, j], numbers["test_acc"][0, 0]) for j in (1, 2)]
+    from landscape.figures.wang_lssgd import MIN_EFFECT
+
+    assert all(p.numbers["min effect"] == MIN_EFFECT for p in verdict.parts)
+    parts = [paired(numbers["test_acc"][0, j], numbers["test_acc"][0, 0], MIN_EFFECT) for j in (1, 2)]
     assert verdict.held is gated(verdict, parts)
     assert not math.isnan(numbers["test_acc"].mean())
 

@@ -221,3 +221,44 @@ def test_verdict_dict_is_json_and_round_trips():
     assert "[inconclusive] c (Watson et al. Fig. 5)" in v.line() and "Rule:" in v.line()
     with pytest.raises(ValueError):
         Verdict("c", "s", "t", {}, held="yes")
+
+
+# ------------------------------------------------------------------ minimum effect and power (issue 25 leftovers)
+
+
+def test_min_effect_shifts_the_test_and_is_stored():
+    from landscape.verdict import greater, paired_greater
+
+    a, b = [0.80, 0.81, 0.82], [0.795, 0.805, 0.815]  # +0.5 points on every seed: significant, not practical
+    assert paired_greater("c", "s", a, b).held is True
+    v = paired_greater("c", "s", a, b, min_effect=0.01)
+    assert v.held is False and v.numbers["min effect"] == 0.01  # every difference is exactly below the minimum
+    w = paired_greater("c", "s", [0.9, 0.93, 0.95], [0.8, 0.81, 0.84], min_effect=0.01)
+    d = np.array([0.1, 0.12, 0.11])
+    t = (d.mean() - 0.01) / (d.std(ddof=1) / math.sqrt(3))
+    assert w.numbers["t"] == pytest.approx(t) and w.numbers["p"] == pytest.approx(1 - special.stdtr(2, t))
+    assert w.held is True
+    g = greater("c", "s", [1.0, 1.1, 1.2], [0.0, 0.1, 0.2], min_effect=2.0)
+    assert g.held is False and "min effect" in g.numbers
+    assert "min effect" not in greater("c", "s", [1.0, 1.1], [0.0, 0.1]).numbers  # unstated: nothing added
+
+
+def test_power_matches_a_monte_carlo_of_the_paired_test():
+    from landscape.verdict import power
+
+    rng = np.random.default_rng(0)
+    n, effect, sd = 4, 0.5, 0.6
+    crit = special.stdtrit(n - 1, 0.95)
+    x = rng.normal(effect, sd, size=(40000, n))
+    rate = np.mean(x.mean(axis=1) / (x.std(axis=1, ddof=1) / math.sqrt(n)) > crit)
+    assert power(effect, sd / math.sqrt(n), n - 1) == pytest.approx(rate, abs=0.01)
+    assert power(1.0, 0.0, 2) == 1.0 and math.isnan(power(0.0, 0.0, 2)) and math.isnan(power(math.nan, 1.0, 2))
+
+
+def test_underpowered_reads_power_and_the_stated_need():
+    from landscape.verdict import paired_greater, underpowered
+
+    weak = paired_greater("c", "s", [0.5, 0.9, 0.6], [0.5, 0.5, 0.5])
+    assert weak.numbers["power"] < 0.8 and "power" in underpowered(weak)
+    strong = paired_greater("c", "s", [1.0, 1.01, 1.02], [0.0, 0.0, 0.0])
+    assert underpowered(strong) == "" and underpowered(strong, needs=5) == "n 3 < the 5 it needs"

@@ -15,7 +15,7 @@ from pathlib import Path
 from landscape.atomic import atomic_write
 from landscape.figures import registry
 from landscape.figures.recipe import paper_line, read_summary, summary_attrs, summary_path
-from landscape.verdict import INVALID
+from landscape.verdict import INVALID, POWER, underpowered
 
 BEGIN = "<!-- gallery:begin (written by `landscape figures`; edit outside the markers) -->"
 END = "<!-- gallery:end -->"
@@ -26,9 +26,22 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _parts(verdict) -> list[str]:
-    """The parts of a combined verdict (:func:`landscape.verdict.all_of`), each as ``status: claim (numbers)``."""
-    return [f"{p.status}: {p.claim} ({p.numbers_text()})" for p in verdict.parts]
+def _parts(verdict, needs: int | None = None) -> list[str]:
+    """The parts of a combined verdict (:func:`landscape.verdict.all_of`), each as ``status: claim (numbers)``,
+    marked *underpowered* (:func:`landscape.verdict.underpowered`) where so."""
+    out = []
+    for p in verdict.parts:
+        weak = underpowered(p, needs)
+        out.append(f"{p.status}{f' (*underpowered*: {weak})' if weak else ''}: {p.claim} ({p.numbers_text()})")
+    return out
+
+
+def _needs(path: Path) -> int | None:
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        raw = f.attrs.get("needs")
+    return json.loads(raw) if raw is not None else None
 
 
 def _section(name: str, recipe, out: Path, scale: str) -> tuple[str, str]:
@@ -43,13 +56,17 @@ def _section(name: str, recipe, out: Path, scale: str) -> tuple[str, str]:
     attrs = summary_attrs(path)
     png = [f for f in figures if f.suffix == ".png"]
     image = f"![{name}]({name}/{png[0].name})\n\n" if png and (out / name / png[0].name).is_file() else ""
-    parts = _parts(verdict)
+    needs = _needs(path)
+    parts = _parts(verdict, needs)
     judged = "<br>".join(parts) if parts else f"{verdict.numbers_text()}. Rule: {verdict.test}"
     status = STATUS[verdict.status]
+    weak = sum(bool(underpowered(p, needs)) for p in (verdict.parts or (verdict,)))
     if verdict.note.startswith(INVALID):
         status = f"*{INVALID}*"
     elif any(p.note.startswith(INVALID) for p in verdict.parts):
         status += f" ({sum(p.note.startswith(INVALID) for p in verdict.parts)} parts: invalid regime)"
+    if weak:
+        status += f" ({weak} {'part' if weak == 1 else 'parts'} underpowered)"
     row = f"| [`{name}`](#{name}) | {_cell(title)} | {_cell(recipe.claim)} | {status} | {_cell(judged)} |"
     made = []
     if "seconds" in attrs:
@@ -61,6 +78,8 @@ def _section(name: str, recipe, out: Path, scale: str) -> tuple[str, str]:
     body = (f"### {name}\n\n{title}: {recipe.claim}.\n\n{image}"
             f"**Verdict: {verdict.status}.** {verdict.line()}\n\n"
             f"**Scaled down.** {recipe.scaled_down}. Settings: `{json.dumps(attrs['settings'], sort_keys=True)}`.\n\n"
+            + (f"**Needs** {needs} seeds per tested part (the recipe's statement; fewer are marked underpowered).\n\n"
+               if needs else "")
             + (f"**Last made** in {', '.join(made)} (runs already in the store are reused, so a remake times "
                "the analyses only).\n\n" if made else "")
             + f"**Paper scale.** {paper}\n")
@@ -80,7 +99,9 @@ def gallery_text(out: str | Path, scale: str = "cpu") -> str:
             "Each verdict is computed by the recipe from its own numbers (`landscape.verdict`, every test at alpha "
             "0.05): held, did not hold, or inconclusive (the test does not reject either way, the spread could not "
             "be measured, or -- *inconclusive (invalid regime)* -- a model it rests on failed the recipe's "
-            "validity gate).\n\n"
+            f"validity gate). A part is marked *underpowered* when its test's power at the observed effect is below "
+            f"{POWER:g} (a rerun with the same n would often not reject) or it has fewer seeds than the recipe says it "
+            "needs; where a recipe states a minimum effect (`min effect`), the test is of a difference beyond it.\n\n"
             "| Recipe | Paper, figure | Claim | Verdict | Numbers and rule |\n|---|---|---|---|---|\n")
     return "\n".join([BEGIN, head + "\n".join(rows) + "\n", *sections, END]) + "\n"
 

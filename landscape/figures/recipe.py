@@ -114,6 +114,9 @@ class Recipe:
     paper_scale: PaperScale
     make: Callable                            # make(ctx) -> (numbers: dict[str, array-like], Verdict)
     gates: Mapping[str, Gate] = dataclasses.field(default_factory=lambda: dict(DEFAULT_GATES))  # per scale
+    # "needs n seeds": the n (seeds or pairs a side) each tested part needs, stated by the recipe (None: no stated
+    # need); a part with fewer, or with power below landscape.verdict.POWER, is marked underpowered in the gallery
+    needs: int | None = None
 
 
 @dataclasses.dataclass
@@ -359,7 +362,7 @@ def make(recipe: Recipe, *, scale: str = "cpu", out: str | Path = "figures-out",
                            claim=recipe.claim, scale=scale, settings=_settings_json(settings),
                            gate=_gate_json(gate),
                            gate_runs=json.dumps([g.run for g in checked]),
-                           gate_parts=json.dumps(ctx.part_runs),
+                           gate_parts=json.dumps(ctx.part_runs), needs=json.dumps(recipe.needs),
                            verdict=json.dumps(verdict.to_dict()), figures=json.dumps([str(p) for p in figures]),
                            seconds=seconds, landscape_version=code_version(),
                            created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))

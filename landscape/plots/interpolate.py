@@ -74,11 +74,17 @@ def plot_interpolation(result, *, labels: tuple[str, str] = ("A", "B"), title: s
 def plot_instability(rows: Sequence[dict], *, splits: Sequence[str], title: str | None = None):
     """Instability against k: SGD pairs in one colour, DP-SGD pairs one shade per epsilon (Watson Fig. 5).
 
-    ``rows`` carry ``k``, ``phase2`` (optimizer), ``epsilon`` and ``instability_<split>_loss``/``_error``.
-    Pairs with the same (optimizer, epsilon, k) are averaged; the spread is shown as error bars.
+    ``rows`` carry ``k``, ``phase2`` (optimizer), ``epsilon``, ``chord_barrier_<split>_loss`` and
+    ``instability_<split>_loss``/``_error``. Top row: the loss barrier above the chord between the end losses (what
+    a basin claim is judged on); middle: Def. 2.3 loss instability beside it (never below half the end-loss gap,
+    so one worse end model alone raises it); bottom: the error barrier. Rows without chord barriers (tables
+    written before they were stored) omit the top row. Pairs with the same (optimizer, epsilon, k) are averaged;
+    the spread is shown as error bars.
     """
-    metrics = (("loss", "loss instability"), ("error", "error barrier"))
-    fig, axes = subplots(len(metrics), len(splits), figsize=(4.2 * len(splits), 5.6), squeeze=False)
+    chord = any(f"chord_barrier_{s}_loss" in r for r in rows for s in splits)
+    metrics = ((("chord", "loss barrier above chord"),) if chord else ()) + (
+        ("loss", "Def. 2.3 loss instability"), ("error", "error barrier"))
+    fig, axes = subplots(len(metrics), len(splits), figsize=(4.2 * len(splits), 2.8 * len(metrics)), squeeze=False)
     groups: dict[tuple[str, float | None], dict[float, list[dict]]] = {}
     for row in rows:
         eps = row.get("epsilon")
@@ -94,7 +100,7 @@ def plot_instability(rows: Sequence[dict], *, splits: Sequence[str], title: str 
         ks = sorted(by_k)
         for i, (metric, _) in enumerate(metrics):
             for j, split in enumerate(splits):
-                col = f"instability_{split}_{metric}"
+                col = f"chord_barrier_{split}_loss" if metric == "chord" else f"instability_{split}_{metric}"
                 vals = [np.array([float(r.get(col, math.nan)) for r in by_k[k]]) for k in ks]
                 mean = [float(np.mean(v)) if np.all(np.isfinite(v)) else math.nan for v in vals]
                 err = [float(np.std(v)) if len(v) > 1 and np.all(np.isfinite(v)) else 0.0 for v in vals]
