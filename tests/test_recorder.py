@@ -458,6 +458,100 @@ def test_opacus_other_accountants_agree_with_landscape_pld_and_rdp(tmp_path, acc
     assert last.epsilon <= landscape_epsilon(1.0, q, 5, 1e-5, "rdp") * 1.01
 
 
+def test_a_run_recorded_from_a_parent_has_the_lineage_and_history_train_from_gives(tmp_path):
+    """parent= is `landscape train --from`: same lineage, same inherited privacy, the parent's weights at step 0."""
+    api.train(api.TrainConfig(**{**CONFIG, "epochs": 1}, run="base"), root=tmp_path, progress=False)  # SGD
+    trained = api.train(api.TrainConfig(from_ref="base@last", epochs=1, batch_size=50, run="trained-child"),
+                        root=tmp_path, progress=False)
+    store = Store(tmp_path)
+    parent = store.load("base@last")
+    data, model = _digits_lenet(seed=3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    with landscape.Recorder(tmp_path, "child", model, data=data, optimizer=opt, parent="base@last",
+                            steps_per_epoch=2) as rec:
+        for k, v in model.state_dict().items():  # the run starts from its parent
+            assert torch.equal(v, parent.state_dict[k]), k
+        rec.save(0)
+        _steps(model, opt, data, 2)
+        rec.save(2)
+    recorded = store.run("child").manifest
+    assert recorded["lineage"] == {**trained.manifest["lineage"], "parent_ref": "base@last"}
+    assert recorded["lineage"]["parent_sha256"] == parent.sha256 and recorded["lineage"]["parent_step"] == parent.step
+    for key in ("ancestor_events", "non_private_ancestors"):
+        assert recorded["privacy"][key] == trained.manifest["privacy"][key], key
+    assert recorded["privacy"]["non_private_ancestors"] is True and recorded["privacy"]["accounted"] is False
+    assert inherited_privacy(store, store.load("child@last")) == inherited_privacy(store, store.load(
+        "trained-child@last"))
+    assert torch.equal(store.load("child@init").state_dict["0.weight"], parent.state_dict["0.weight"])
+    # continuing: the same parent= again; the model is not reset to the parent's weights
+    _, model2 = _digits_lenet(seed=4)
+    before = {k: v.clone() for k, v in model2.state_dict().items()}
+    with landscape.Recorder(tmp_path, "child", model2, data=data, parent="base@last", steps_per_epoch=2) as rec:
+        assert all(torch.equal(v, before[k]) for k, v in model2.state_dict().items())
+        assert rec.restore() == 2
+    for parent_ref, message in ((None, "was recorded from parent base@step=4, now no parent"),
+                                ("trained-child@last", "was recorded from parent base@step=4, now parent trained-child")):
+        with pytest.raises(UsageError, match=message):
+            landscape.Recorder(tmp_path, "child", model2, data=data, parent=parent_ref, steps_per_epoch=2)
+    with pytest.raises(UsageError, match="was recorded without a parent, now parent base@last"):
+        with landscape.Recorder(tmp_path, "plain", model2, data=data, steps_per_epoch=2) as rec:
+            rec.save(0)
+        landscape.Recorder(tmp_path, "plain", model2, data=data, parent="base@last", steps_per_epoch=2)
+
+
+def test_a_dp_run_recorded_from_a_dp_parent_composes_its_epsilon(tmp_path):
+    """An Opacus loop from a DP-SGD parent: each checkpoint's epsilon is the parent's steps composed with its own,
+    by Opacus' accountant (as landscape's RDP gives it, and as a trained child records it)."""
+    from landscape.integrations.opacus import OpacusPrivacy
+
+    api.train(api.TrainConfig(**{**CONFIG, "epochs": 1}, optimizer="dpsgd", noise_multiplier=1.2, run="dp-base"),
+              root=tmp_path, progress=False)
+    store = Store(tmp_path)
+    base = store.run("dp-base").manifest["privacy"]
+    ancestors = [PrivacyEvent(base["noise_multiplier"], base["sample_rate"], 4)]
+    data, model, gsm, opt, loader, engine = _opacus_loop(sigma=1.1)
+    privacy = OpacusPrivacy(engine, opt, loader, delta=1e-5)
+    with landscape.Recorder(tmp_path, "dp-child", gsm, data=data, optimizer=opt, privacy=privacy,
+                            parent="dp-base@last", steps_per_epoch=len(loader)) as rec:
+        rec.save()
+        _opacus_steps(gsm, opt, loader, 5)
+        rec.save()
+    q = 1 / len(loader)
+    init, last = store.load("dp-child@init"), store.load("dp-child@last")
+    assert init.epsilon == pytest.approx(composed_epsilon(ancestors), rel=1e-6) and init.epsilon > 0
+    assert last.epsilon == pytest.approx(composed_epsilon([*ancestors, PrivacyEvent(1.1, q, 5)]), rel=1e-6)
+    assert engine.accountant.get_epsilon(1e-5) < last.epsilon  # the engine's own accountant is left as it was
+    assert engine.accountant.history == [(1.1, pytest.approx(q), 5)]
+    manifest = store.run("dp-child").manifest
+    assert manifest["privacy"]["ancestor_events"] == [vars(e) for e in ancestors]
+    assert manifest["lineage"]["parent_run"] == "dp-base" and manifest["lineage"]["parent_step"] == 4
+    assert [vars(e) for e in inherited_privacy(store, last).events] == [vars(e) for e in ancestors] + [
+        {"noise_multiplier": 1.1, "sample_rate": q, "steps": 5}]
+    # without a privacy source, epsilon= would leave the parent's DP steps out
+    _, plain = _digits_lenet()
+    with landscape.Recorder(tmp_path, "sgd-child", plain, data=data, parent="dp-base@last", steps_per_epoch=5) as rec:
+        with pytest.raises(UsageError, match="the parent checkpoint has a DP history that epsilon= would leave out"):
+            rec.save(0, epsilon=1.0)
+        rec.save(0)
+    assert store.load("sgd-child@init").epsilon is None
+
+
+def test_recorder_refuses_a_bad_parent_in_one_line(tmp_path):
+    api.train(api.TrainConfig(**{**CONFIG, "epochs": 1}, run="base"), root=tmp_path, progress=False)
+    data, model = _digits_lenet()
+    with pytest.raises(landscape.errors.CheckpointError, match="no run 'nope'"):
+        landscape.Recorder(tmp_path, "c", model, data=data, parent="nope@last")
+    with pytest.raises(UsageError, match="parent= must be a checkpoint reference"):
+        landscape.Recorder(tmp_path, "c", model, data=data, parent=3)
+    mlp = build_model("mlp", input_shape=data.input_shape, num_classes=data.num_classes)
+    with pytest.raises(UsageError, match="is not the model of parent base@last.*keeps its parent's model"):
+        landscape.Recorder(tmp_path, "c", mlp, data=data, parent="base@last")
+    api.prune(api.PruneConfig(ref="base@last", remove=0.5, run="pruned"), root=tmp_path)
+    with pytest.raises(UsageError, match="parent pruned@init is a pruned run"):
+        landscape.Recorder(tmp_path, "c", model, data=data, parent="pruned@init")
+    assert not (tmp_path / "c").exists()
+
+
 def test_opacus_helper_refuses_an_engine_without_an_accountant(tmp_path):
     from landscape.integrations.opacus import OpacusPrivacy
 
