@@ -169,7 +169,12 @@ class Recorder:
         self._finalizer = weakref.finalize(self, self._writer.shutdown)
         self._last: int | None = self._writer.opened
         if parent_ckpt is not None and self._last is None:
-            self.model.load_state_dict(parent_ckpt.state_dict, strict=True)  # the run starts from its parent
+            try:
+                self.model.load_state_dict(parent_ckpt.state_dict, strict=True)  # the run starts from its parent
+            except BaseException:
+                self._finalizer.detach()
+                self._writer.stop(discard_if_empty=True)
+                raise
 
     # -- the run ------------------------------------------------------------------------------------
 
@@ -469,8 +474,9 @@ class _Writer:
         self.jobs.close()
         self.replies.close()
         pid, self.pid = self.pid, None
-        if os.waitpid(pid, os.WNOHANG) == (0, 0):
-            threading.Thread(target=_reap, args=(pid,), name=f"landscape-recorder-reap-{pid}", daemon=True).start()
+        with contextlib.suppress(ChildProcessError):  # reaped already (SIGCHLD ignored)
+            if os.waitpid(pid, os.WNOHANG) == (0, 0):
+                threading.Thread(target=_reap, args=(pid,), name=f"landscape-recorder-reap-{pid}", daemon=True).start()
 
     def shutdown(self) -> None:
         """At interpreter exit (or when a recorder is dropped unclosed): write the checkpoint in flight, stop."""
