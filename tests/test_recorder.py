@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -285,6 +286,31 @@ def test_the_writer_process_holds_the_lock_and_ends_with_the_recorder(tmp_path):
     assert not Path(f"/proc/{pid}").exists()
     with pytest.raises(UsageError, match="the recorder of run 'w' is closed"):
         rec.save(1)
+
+
+def test_every_dtype_and_a_checkpoint_larger_than_the_pipe_reach_the_file_bit_exactly(tmp_path):
+    """What the writer process receives is what an in-process store write is given: dtypes numpy cannot hold
+    (bfloat16), empty and 0-d tensors, numpy arrays, nested extras, and more bytes than the job pipe holds."""
+    data, model = _digits_lenet()
+    extra = {"bf16": torch.randn(3, 5).to(torch.bfloat16), "empty": torch.zeros(0, 4), "scalar": torch.tensor(7),
+             "flags": torch.tensor([True, False]), "complex": torch.randn(4, dtype=torch.complex64),
+             "nested": {"np": np.arange(6, dtype=np.int16).reshape(2, 3), "big": torch.randn(5_000_000)},
+             "strided": torch.arange(20.0).reshape(4, 5).t()}
+    with landscape.Recorder(tmp_path, "dt", model, data=data) as rec:
+        rec.save(0, epoch=0, extra=extra)
+    ckpt = Store(tmp_path).load("dt@init")
+    with h5py.File(ckpt.path, "r") as f:  # the torch dtype tags an in-process write gives
+        assert {f["state_dict"][k].attrs["torch_dtype"] for k in f["state_dict"]} == {"float32"}
+        assert f["extra/bf16"].attrs["torch_dtype"] == "bfloat16" and "torch_dtype" not in f["extra/nested/np"].attrs
+    for key, value in ckpt.extra.items():
+        want = extra
+        for part in key.split("/"):
+            want = want[part]
+        want = torch.as_tensor(want)
+        got = torch.as_tensor(value)
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want), key
+    for k, v in model.state_dict().items():
+        assert torch.equal(ckpt.state_dict[k], v)
 
 
 def test_a_recorded_run_cannot_be_rerun_by_landscape(tmp_path):
