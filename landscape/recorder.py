@@ -28,7 +28,7 @@ the run belongs to a *writer process*: a fork of the training process made when 
 every module the parent has, and writes through the very same :class:`landscape.store.Run` calls, so the files
 are byte for byte what an in-process write gives). It takes the run's write lock, creates or opens the run
 and writes every file; it ignores Ctrl-C (the parent decides when to stop) and dies with its parent
-(:func:`landscape.api._common.die_with_parent`: SIGKILL when the parent dies, however it dies).
+(:func:`landscape.runtime.die_with_parent`: SIGKILL when the parent dies, however it dies).
 :meth:`Recorder.save` checks and copies what it records in the training process (weights and optimizer state
 as CPU tensors, metrics, the accountant's epsilon and state), sends the bytes down a pipe and returns while
 the writer writes; at most one checkpoint is in flight (the next ``save`` waits for it);
@@ -74,6 +74,7 @@ from torch import nn
 
 from landscape.errors import CheckpointError, LandscapeError, NonFiniteError, UsageError
 from landscape.results import to_jsonable
+from landscape.runtime import die_with_parent
 from landscape.store import MANIFEST, Checkpoint, Run, Store, check_run_name
 from landscape.train.accounting import PrivacyEvent, PrivacyHistory
 from landscape.train.pruning import MASK_ARRAY, inherited_privacy, lineage_of
@@ -515,8 +516,6 @@ def _serve(jobs: Connection, replies: Connection, parent: int, opener: Callable[
 
     Forked from the training process, it uses only what it made itself after the fork (the pipes, the run and
     its lock, new HDF5 files): no lock another thread of the parent may have held at the fork."""
-    from landscape.api._common import die_with_parent
-
     die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it then stops us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler

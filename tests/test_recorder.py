@@ -218,13 +218,18 @@ def test_a_sigkilled_recorder_leaves_a_run_that_continues(tmp_path):
         landscape.Recorder(tmp_path, "k", model, data=data, steps_per_epoch=1)
     proc.kill()
     proc.wait()
-    deadline = time.monotonic() + 10  # the writer dies with its parent (SIGKILL from the kernel: a moment later)
-    while _alive(writer) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not _alive(writer)
     torch.manual_seed(0)
     model = build_model("lenet", input_shape=data.input_shape, num_classes=data.num_classes)
-    with landscape.Recorder(tmp_path, "k", model, data=data, steps_per_epoch=1) as rec:
+    deadline = time.monotonic() + 10  # the writer dies with its parent (SIGKILL from the kernel), and its lock
+    while True:  # goes when its last thread has exited: a moment (tens of ms) later
+        try:
+            rec = landscape.Recorder(tmp_path, "k", model, data=data, steps_per_epoch=1)
+            break
+        except landscape.store.RunBusyError:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    assert not _alive(writer)
+    with rec:
         last = rec.restore()
         assert last >= 2 and [i.step for i in rec.run.checkpoints()] == list(range(last + 1))
         for info in rec.run.checkpoints():  # each one complete, its sha256 checked on load
