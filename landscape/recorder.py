@@ -409,7 +409,7 @@ class _Writer:
             with contextlib.suppress(OSError, AttributeError):
                 fcntl.fcntl(self.jobs.fileno(), fcntl.F_SETPIPE_SZ, size)
                 break
-        parent = os.getpid()
+        parent = self.owner = os.getpid()
         with warnings.catch_warnings():  # python >= 3.12 warns of forking a threaded process: the child takes
             warnings.simplefilter("ignore", DeprecationWarning)  # no lock another thread may hold (see _serve)
             pid = os.fork()
@@ -466,8 +466,9 @@ class _Writer:
 
     def stop(self, *, discard_if_empty: bool = False) -> None:
         """Let the writer finish and release the run's lock (waited for), then exit (reaped in the background:
-        tearing down a copy of the training process' address space takes tens of ms). Idempotent."""
-        if self.pid is None:
+        tearing down a copy of the training process' address space takes tens of ms). Idempotent; a no-op in
+        any other process (another recorder's writer, forked while this one was open, must not stop this one)."""
+        if self.pid is None or os.getpid() != self.owner:
             return
         with contextlib.suppress(OSError, EOFError):
             self.jobs.send(("stop", discard_if_empty))
@@ -481,6 +482,8 @@ class _Writer:
 
     def shutdown(self) -> None:
         """At interpreter exit (or when a recorder is dropped unclosed): write the checkpoint in flight, stop."""
+        if os.getpid() != self.owner:
+            return
         try:
             self.wait()
         except Exception as exc:  # noqa: BLE001 (nothing can be raised to anyone here)

@@ -293,6 +293,20 @@ def test_the_writer_process_holds_the_lock_and_ends_with_the_recorder(tmp_path):
         rec.save(1)
 
 
+def test_two_recorders_open_at_once_each_have_their_writer(tmp_path):
+    data, model = _digits_lenet()
+    a = landscape.Recorder(tmp_path, "a", model, data=data, steps_per_epoch=1)
+    b = landscape.Recorder(tmp_path, "b", model, data=data, steps_per_epoch=1)  # forked while a's writer runs
+    for step in range(3):
+        a.save(step)
+        b.save(step)
+    a.close()
+    b.save(3)
+    b.close()
+    assert [i.step for i in Store(tmp_path).run("a").checkpoints()] == [0, 1, 2]
+    assert [i.step for i in Store(tmp_path).run("b").checkpoints()] == [0, 1, 2, 3]
+
+
 def test_every_dtype_and_a_checkpoint_larger_than_the_pipe_reach_the_file_bit_exactly(tmp_path):
     """What the writer process receives is what an in-process store write is given: dtypes numpy cannot hold
     (bfloat16), empty and 0-d tensors, numpy arrays, nested extras, and more bytes than the job pipe holds."""
