@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -194,7 +197,7 @@ model = build_model("lenet", input_shape=data.input_shape, num_classes=data.num_
 with landscape.Recorder(sys.argv[1], "k", model, data=data, steps_per_epoch=1) as rec:
     for step in range(1000):
         with torch.no_grad():
-            model[0].bias.add_(1.0)
+            model[0].bias.fill_(step)
         rec.save(step)
         print(step, flush=True)
 """
@@ -209,21 +212,39 @@ def test_a_sigkilled_recorder_leaves_a_run_that_continues(tmp_path):
         if int(line) >= 3:  # steps 0-2 written (the next save waits for the one in flight)
             break
     data, model = _digits_lenet()
-    with pytest.raises(landscape.store.RunBusyError, match="run 'k' is being written by another process"):
+    writer = int((tmp_path / "k" / ".lock").read_text())  # the writer process holds the run's lock
+    assert writer != proc.pid
+    with pytest.raises(landscape.store.RunBusyError, match=f"run 'k' is being written by another process .pid {writer}"):
         landscape.Recorder(tmp_path, "k", model, data=data, steps_per_epoch=1)
     proc.kill()
     proc.wait()
     torch.manual_seed(0)
     model = build_model("lenet", input_shape=data.input_shape, num_classes=data.num_classes)
-    with landscape.Recorder(tmp_path, "k", model, data=data, steps_per_epoch=1) as rec:
+    deadline = time.monotonic() + 10  # the writer dies with its parent (SIGKILL from the kernel), and its lock
+    while True:  # goes when its last thread has exited: a moment (tens of ms) later
+        try:
+            rec = landscape.Recorder(tmp_path, "k", model, data=data, steps_per_epoch=1)
+            break
+        except landscape.store.RunBusyError:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    assert not _alive(writer)
+    with rec:
         last = rec.restore()
         assert last >= 2 and [i.step for i in rec.run.checkpoints()] == list(range(last + 1))
         for info in rec.run.checkpoints():  # each one complete, its sha256 checked on load
             ckpt = Store(tmp_path).load(f"k@step={info.step}")
-            assert torch.equal(ckpt.state_dict["0.bias"], Store(tmp_path).load("k@init").state_dict["0.bias"]
-                               + info.step)
+            assert bool((ckpt.state_dict["0.bias"] == info.step).all())
         rec.save(last + 1)
     assert not list((tmp_path / "k").glob(".*.tmp"))
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not yet reaped by init, counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def test_background_writes_finish_at_exit_and_report_failures(tmp_path, monkeypatch):
@@ -238,15 +259,77 @@ def test_background_writes_finish_at_exit_and_report_failures(tmp_path, monkeypa
     def fail(*args, **kwargs):
         raise landscape.errors.CheckpointError("disk full")
 
+    monkeypatch.setattr(landscape.store.Run, "save_checkpoint", fail)  # before the writer process is forked
     rec = landscape.Recorder(tmp_path, "f", model, data=data, steps_per_epoch=1)
-    monkeypatch.setattr(landscape.store.Run, "save_checkpoint", fail)
-    rec.save(0)  # returns at once; the write fails in the writer thread
-    with pytest.raises(landscape.errors.CheckpointError, match="disk full"):
+    rec.save(0)  # returns at once; the write fails in the writer process
+    with pytest.raises(landscape.errors.CheckpointError, match="^disk full$"):
         rec.flush()
     rec.save(0)
-    with pytest.raises(landscape.errors.CheckpointError, match="disk full"):
+    with pytest.raises(landscape.errors.CheckpointError, match="^disk full$"):
         rec.close()
     assert rec.last_step is None and Store(tmp_path).run("f").checkpoints() == []
+    monkeypatch.setattr(landscape.store.Run, "save_checkpoint", lambda *a, **k: 1 / 0)  # not a landscape error
+    with landscape.Recorder(tmp_path, "g", model, data=data, steps_per_epoch=1) as rec:
+        rec.save(0)
+        with pytest.raises(landscape.errors.CheckpointError, match="^ZeroDivisionError: division by zero$"):
+            rec.flush()
+
+
+def test_the_writer_process_holds_the_lock_and_ends_with_the_recorder(tmp_path):
+    data, model = _digits_lenet()
+    rec = landscape.Recorder(tmp_path, "w", model, data=data, steps_per_epoch=1)
+    pid = rec._writer.pid
+    assert pid != os.getpid() and (tmp_path / "w" / ".lock").read_text().strip() == str(pid)
+    with pytest.raises(landscape.store.RunBusyError):  # another writer (this process too) is refused
+        Store(tmp_path).open_run("w")
+    rec.save(0)
+    rec.close()
+    Store(tmp_path).open_run("w").close()  # the lock is free when close returns
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:  # it ends (and is reaped) soon after
+        time.sleep(0.01)
+    assert not Path(f"/proc/{pid}").exists()
+    with pytest.raises(UsageError, match="the recorder of run 'w' is closed"):
+        rec.save(1)
+
+
+def test_two_recorders_open_at_once_each_have_their_writer(tmp_path):
+    data, model = _digits_lenet()
+    a = landscape.Recorder(tmp_path, "a", model, data=data, steps_per_epoch=1)
+    b = landscape.Recorder(tmp_path, "b", model, data=data, steps_per_epoch=1)  # forked while a's writer runs
+    for step in range(3):
+        a.save(step)
+        b.save(step)
+    a.close()
+    b.save(3)
+    b.close()
+    assert [i.step for i in Store(tmp_path).run("a").checkpoints()] == [0, 1, 2]
+    assert [i.step for i in Store(tmp_path).run("b").checkpoints()] == [0, 1, 2, 3]
+
+
+def test_every_dtype_and_a_checkpoint_larger_than_the_pipe_reach_the_file_bit_exactly(tmp_path):
+    """What the writer process receives is what an in-process store write is given: dtypes numpy cannot hold
+    (bfloat16), empty and 0-d tensors, numpy arrays, nested extras, and more bytes than the job pipe holds."""
+    data, model = _digits_lenet()
+    extra = {"bf16": torch.randn(3, 5).to(torch.bfloat16), "empty": torch.zeros(0, 4), "scalar": torch.tensor(7),
+             "flags": torch.tensor([True, False]), "complex": torch.randn(4, dtype=torch.complex64),
+             "nested": {"np": np.arange(6, dtype=np.int16).reshape(2, 3), "big": torch.randn(5_000_000)},
+             "strided": torch.arange(20.0).reshape(4, 5).t()}
+    with landscape.Recorder(tmp_path, "dt", model, data=data) as rec:
+        rec.save(0, epoch=0, extra=extra)
+    ckpt = Store(tmp_path).load("dt@init")
+    with h5py.File(ckpt.path, "r") as f:  # the torch dtype tags an in-process write gives
+        assert {f["state_dict"][k].attrs["torch_dtype"] for k in f["state_dict"]} == {"float32"}
+        assert f["extra/bf16"].attrs["torch_dtype"] == "bfloat16" and "torch_dtype" not in f["extra/nested/np"].attrs
+    for key, value in ckpt.extra.items():
+        want = extra
+        for part in key.split("/"):
+            want = want[part]
+        want = torch.as_tensor(want)
+        got = torch.as_tensor(value)
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want), key
+    for k, v in model.state_dict().items():
+        assert torch.equal(ckpt.state_dict[k], v)
 
 
 def test_a_recorded_run_cannot_be_rerun_by_landscape(tmp_path):
@@ -418,6 +501,100 @@ def test_opacus_other_accountants_agree_with_landscape_pld_and_rdp(tmp_path, acc
     if accountant == "prv":  # both numerical PLD/PRV: tighter than RDP, and close to each other
         assert last.epsilon == pytest.approx(landscape_epsilon(1.0, q, 5, 1e-5, "pld"), rel=0.05)
     assert last.epsilon <= landscape_epsilon(1.0, q, 5, 1e-5, "rdp") * 1.01
+
+
+def test_a_run_recorded_from_a_parent_has_the_lineage_and_history_train_from_gives(tmp_path):
+    """parent= is `landscape train --from`: same lineage, same inherited privacy, the parent's weights at step 0."""
+    api.train(api.TrainConfig(**{**CONFIG, "epochs": 1}, run="base"), root=tmp_path, progress=False)  # SGD
+    trained = api.train(api.TrainConfig(from_ref="base@last", epochs=1, batch_size=50, run="trained-child"),
+                        root=tmp_path, progress=False)
+    store = Store(tmp_path)
+    parent = store.load("base@last")
+    data, model = _digits_lenet(seed=3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    with landscape.Recorder(tmp_path, "child", model, data=data, optimizer=opt, parent="base@last",
+                            steps_per_epoch=2) as rec:
+        for k, v in model.state_dict().items():  # the run starts from its parent
+            assert torch.equal(v, parent.state_dict[k]), k
+        rec.save(0)
+        _steps(model, opt, data, 2)
+        rec.save(2)
+    recorded = store.run("child").manifest
+    assert recorded["lineage"] == {**trained.manifest["lineage"], "parent_ref": "base@last"}
+    assert recorded["lineage"]["parent_sha256"] == parent.sha256 and recorded["lineage"]["parent_step"] == parent.step
+    for key in ("ancestor_events", "non_private_ancestors"):
+        assert recorded["privacy"][key] == trained.manifest["privacy"][key], key
+    assert recorded["privacy"]["non_private_ancestors"] is True and recorded["privacy"]["accounted"] is False
+    assert inherited_privacy(store, store.load("child@last")) == inherited_privacy(store, store.load(
+        "trained-child@last"))
+    assert torch.equal(store.load("child@init").state_dict["0.weight"], parent.state_dict["0.weight"])
+    # continuing: the same parent= again; the model is not reset to the parent's weights
+    _, model2 = _digits_lenet(seed=4)
+    before = {k: v.clone() for k, v in model2.state_dict().items()}
+    with landscape.Recorder(tmp_path, "child", model2, data=data, parent="base@last", steps_per_epoch=2) as rec:
+        assert all(torch.equal(v, before[k]) for k, v in model2.state_dict().items())
+        assert rec.restore() == 2
+    for parent_ref, message in ((None, "was recorded from parent base@step=4, now no parent"),
+                                ("trained-child@last", "was recorded from parent base@step=4, now parent trained-child")):
+        with pytest.raises(UsageError, match=message):
+            landscape.Recorder(tmp_path, "child", model2, data=data, parent=parent_ref, steps_per_epoch=2)
+    with pytest.raises(UsageError, match="was recorded without a parent, now parent base@last"):
+        with landscape.Recorder(tmp_path, "plain", model2, data=data, steps_per_epoch=2) as rec:
+            rec.save(0)
+        landscape.Recorder(tmp_path, "plain", model2, data=data, parent="base@last", steps_per_epoch=2)
+
+
+def test_a_dp_run_recorded_from_a_dp_parent_composes_its_epsilon(tmp_path):
+    """An Opacus loop from a DP-SGD parent: each checkpoint's epsilon is the parent's steps composed with its own,
+    by Opacus' accountant (as landscape's RDP gives it, and as a trained child records it)."""
+    from landscape.integrations.opacus import OpacusPrivacy
+
+    api.train(api.TrainConfig(**{**CONFIG, "epochs": 1}, optimizer="dpsgd", noise_multiplier=1.2, run="dp-base"),
+              root=tmp_path, progress=False)
+    store = Store(tmp_path)
+    base = store.run("dp-base").manifest["privacy"]
+    ancestors = [PrivacyEvent(base["noise_multiplier"], base["sample_rate"], 4)]
+    data, model, gsm, opt, loader, engine = _opacus_loop(sigma=1.1)
+    privacy = OpacusPrivacy(engine, opt, loader, delta=1e-5)
+    with landscape.Recorder(tmp_path, "dp-child", gsm, data=data, optimizer=opt, privacy=privacy,
+                            parent="dp-base@last", steps_per_epoch=len(loader)) as rec:
+        rec.save()
+        _opacus_steps(gsm, opt, loader, 5)
+        rec.save()
+    q = 1 / len(loader)
+    init, last = store.load("dp-child@init"), store.load("dp-child@last")
+    assert init.epsilon == pytest.approx(composed_epsilon(ancestors), rel=1e-6) and init.epsilon > 0
+    assert last.epsilon == pytest.approx(composed_epsilon([*ancestors, PrivacyEvent(1.1, q, 5)]), rel=1e-6)
+    assert engine.accountant.get_epsilon(1e-5) < last.epsilon  # the engine's own accountant is left as it was
+    assert engine.accountant.history == [(1.1, pytest.approx(q), 5)]
+    manifest = store.run("dp-child").manifest
+    assert manifest["privacy"]["ancestor_events"] == [vars(e) for e in ancestors]
+    assert manifest["lineage"]["parent_run"] == "dp-base" and manifest["lineage"]["parent_step"] == 4
+    assert [vars(e) for e in inherited_privacy(store, last).events] == [vars(e) for e in ancestors] + [
+        {"noise_multiplier": 1.1, "sample_rate": q, "steps": 5}]
+    # without a privacy source, epsilon= would leave the parent's DP steps out
+    _, plain = _digits_lenet()
+    with landscape.Recorder(tmp_path, "sgd-child", plain, data=data, parent="dp-base@last", steps_per_epoch=5) as rec:
+        with pytest.raises(UsageError, match="the parent checkpoint has a DP history that epsilon= would leave out"):
+            rec.save(0, epsilon=1.0)
+        rec.save(0)
+    assert store.load("sgd-child@init").epsilon is None
+
+
+def test_recorder_refuses_a_bad_parent_in_one_line(tmp_path):
+    api.train(api.TrainConfig(**{**CONFIG, "epochs": 1}, run="base"), root=tmp_path, progress=False)
+    data, model = _digits_lenet()
+    with pytest.raises(landscape.errors.CheckpointError, match="no run 'nope'"):
+        landscape.Recorder(tmp_path, "c", model, data=data, parent="nope@last")
+    with pytest.raises(UsageError, match="parent= must be a checkpoint reference"):
+        landscape.Recorder(tmp_path, "c", model, data=data, parent=3)
+    mlp = build_model("mlp", input_shape=data.input_shape, num_classes=data.num_classes)
+    with pytest.raises(UsageError, match="is not the model of parent base@last.*keeps its parent's model"):
+        landscape.Recorder(tmp_path, "c", mlp, data=data, parent="base@last")
+    api.prune(api.PruneConfig(ref="base@last", remove=0.5, run="pruned"), root=tmp_path)
+    with pytest.raises(UsageError, match="parent pruned@init is a pruned run"):
+        landscape.Recorder(tmp_path, "c", model, data=data, parent="pruned@init")
+    assert not (tmp_path / "c").exists()
 
 
 def test_opacus_helper_refuses_an_engine_without_an_accountant(tmp_path):

@@ -13,9 +13,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-import signal
-import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -26,6 +23,7 @@ from typing import Any
 import torch
 
 from landscape.errors import LandscapeError, UsageError
+from landscape.runtime import die_with_parent
 
 # ------------------------------------------------------------------------------------------ pools
 
@@ -35,33 +33,6 @@ def one_thread() -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["MKL_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
-
-
-def die_with_parent(parent: int | None = None, interval: float = 0.5) -> None:
-    """Make this (worker) process exit when its parent dies, even by SIGKILL (issue 14 item 13).
-
-    On Linux the kernel sends SIGKILL at the parent's death (``prctl(PR_SET_PDEATHSIG)``); everywhere a daemon
-    thread also checks every ``interval`` seconds whether the process has been re-parented. A worker blocked
-    on a pipe to a dead parent would otherwise live on (and keep multiprocessing's resource tracker alive).
-    """
-    parent = os.getppid() if parent is None else parent
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent:  # the parent died before the signal was armed
-        os._exit(1)
-
-    def watch() -> None:
-        while True:
-            time.sleep(interval)
-            if os.getppid() != parent:
-                os._exit(1)
-
-    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 
 
 _STATE: dict[str, Any] = {}

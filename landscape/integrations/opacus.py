@@ -23,8 +23,9 @@ landscape`` never loads it.
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from landscape.errors import UsageError
@@ -85,11 +86,20 @@ class OpacusPrivacy:
     def steps(self) -> int:
         return int(sum(int(n) for _, _, n in self._history()))
 
-    def epsilon(self) -> float:
-        """``accountant.get_epsilon(delta)`` (0 before the first step, where Opacus' PRV accountant fails)."""
-        if self.steps() == 0:
+    def epsilon(self, ancestors: Sequence[Any] = ()) -> float:
+        """``accountant.get_epsilon(delta)`` (0 before the first step, where Opacus' PRV accountant fails).
+
+        ``ancestors``: DP steps before this run's (:class:`landscape.train.accounting.PrivacyEvent`, a run recorded
+        from a parent checkpoint), composed by a copy of the same accountant with their entries put first in its
+        history (the engine's own accountant is left as it is)."""
+        accountant = self.accountant
+        if ancestors:
+            accountant = copy.deepcopy(accountant)
+            accountant.history = [(float(e.noise_multiplier), float(e.sample_rate), int(e.steps)) for e in ancestors
+                                  ] + list(accountant.history)
+        elif self.steps() == 0:
             return 0.0
-        eps = float(self.accountant.get_epsilon(self.delta))
+        eps = float(accountant.get_epsilon(self.delta))
         return eps if not math.isnan(eps) else math.inf
 
     def state(self) -> dict[str, Any]:
