@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 
@@ -487,11 +488,17 @@ def test_shipped_fig5_spec_is_the_recipes_cpu_scale():
     phases = [j for j in spec.jobs if j.kind == "phases"]
     tables = [j for j in spec.jobs if j.kind == "instability"]
     assert len(spec.jobs) == 25 and len(phases) == 12 and len(tables) == 13
+    # the recipe picks each epsilon's DP lr from cpu["dp_lrs"] claim-blind; the spec runs the recorded choice
+    with h5py.File(Path(__file__).resolve().parents[1] / "figures" / "watson-fig5" / "watson-fig5-cpu.h5") as f:
+        assert list(f["numbers/lr_grid/dp_lr"][()]) == list(cpu["dp_lrs"])
+        chosen = dict(zip(map(float, cpu["epsilons"]), map(float, f["numbers/lr_chosen"][()]), strict=True))
     for job in phases:
         o = job.options
-        for key in ("model", "data", "epochs", "lr", "dp_lr", "batch_size", "max_grad_norm", "seed", "copies"):
+        for key in ("model", "data", "epochs", "lr", "batch_size", "max_grad_norm", "seed", "copies"):
             want = {"copies": cpu["copies"]}.get(key, cpu.get(key))
             assert o.get(key, defaults[key]) == want, (job.id, key)
+        if list(o["phase2"]) == ["dpsgd"]:
+            assert o["dp_lr"] == chosen[float(o["target_epsilon"])], job.id
         assert o.get("subset") == cpu["subset"] and list(o["phase1"]) == ["sgd"] and o["dp_momentum"] == 0.0
     sgd = sorted(j.options["k"] for j in phases if list(j.options["phase2"]) == ["sgd"])
     dp = sorted((float(j.options["target_epsilon"]), j.options["k"]) for j in phases
