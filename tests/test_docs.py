@@ -11,7 +11,7 @@ comments on the lines just before a block (invisible on the site), say how:
 - ``<!-- run: tol 0.01 -->``: a ``console`` block's numbers must match within this relative tolerance
   (default: exactly, as printed); a ``*`` in a printed line matches any one word (a time).
 
-A ``console`` block is commands (``$ ...``) and the output they print: the printed lines must appear in the
+A Python block whose first line is ``# NAME.py`` is that file: it is written, not run. A ``console`` block is commands (``$ ...``) and the output they print: the printed lines must appear in the
 real output in order (``...`` skips lines), numbers within the tolerance; an output starting with ``error:``
 expects the command to fail with that line. ``landscape ...`` runs as the ``landscape`` command in this process
 (``cli.main.main``; one thread), ``python ...`` as a subprocess with this interpreter; ``examples/`` and
@@ -25,7 +25,9 @@ import io
 import os
 import re
 import shlex
+import shutil
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -37,6 +39,8 @@ NOT_RUN = {"ARCHITECTURE.md": "its recipes are followed as written by tests/toy_
            "api.md": "generated from docstrings"}
 PAGES = sorted(p.name for p in DOCS.glob("*.md") if p.name not in NOT_RUN) + ["../README.md"]  # README: its tour
 SHELL = {"bash", "sh", "console", "shell"}
+SNIPPET = re.compile(r'^--8<-- "(docs/_snippets/[^"]+)"$', re.M)
+SETUP: dict[str, Path] = {}  # a snippet's finished directory, run once and copied into every page that includes it
 NUMBER = re.compile(r"[(]?-?\d+(?:\.\d+)?(?:e[-+]?\d+)?%?[),;]?")
 
 
@@ -154,13 +158,36 @@ def check_output(expected: list[str], actual: str, tol: float, where: str) -> No
 
 
 def run_page(name: str, scratch: Path) -> int:
-    """Run every block of a page; the number of blocks run."""
+    """Run every block of a page; the number of blocks run. An included snippet (``--8<-- "docs/_snippets/X.md"``:
+    the runs a page reads, shown on the page) runs once per session; its directory is copied into the page's."""
     for link in ("examples", "benchmarks"):
         (scratch / link).symlink_to(REPO / link)
-    scale: dict[str, str] = {}
-    namespace: dict = {"__name__": "__docs__"}
+    text = (DOCS / name).read_text()
+    state = {"scale": {}, "namespace": {"__name__": "__docs__"}}
+    ran, pos = 0, 0
+    for m in SNIPPET.finditer(text):
+        ran += run_text(text[pos:m.start()], name, scratch, state)
+        snippet = m.group(1)
+        if snippet not in SETUP:
+            done = Path(tempfile.mkdtemp(prefix="docs-setup-"))
+            for link in ("examples", "benchmarks"):
+                (done / link).symlink_to(REPO / link)
+            cwd = os.getcwd()
+            os.chdir(done)
+            try:
+                run_text((REPO / snippet).read_text(), snippet, done, {"scale": {}, "namespace": {}})
+            finally:
+                os.chdir(cwd)
+            SETUP[snippet] = done
+        shutil.copytree(SETUP[snippet], scratch, symlinks=True, dirs_exist_ok=True)
+        pos = m.end()
+    return ran + run_text(text[pos:], name, scratch, state)
+
+
+def run_text(text: str, name: str, scratch: Path, state: dict) -> int:
+    scale, namespace = state["scale"], state["namespace"]
     ran = 0
-    for lang, code, markers, line in blocks((DOCS / name).read_text()):
+    for lang, code, markers, line in blocks(text):
         where, tol, skip = f"docs/{name}:{line}", 0.0, None
         for marker in markers:
             verb, *args = shlex.split(marker)
@@ -179,8 +206,14 @@ def run_page(name: str, scratch: Path) -> int:
         if skip or lang not in SHELL | {"python"}:
             continue
         ran += 1
-        if lang == "python":
-            exec(compile(code, where, "exec"), namespace)  # noqa: S102 -- the docs' own examples
+        if lang == "python" and re.match(r"# ([\w.-]+\.py)\n", code):  # a file the next commands name
+            (scratch / code.split()[1]).write_text(code)
+        elif lang == "python":
+            sys.path.insert(0, str(scratch))  # `from metrics import ...`: a file an earlier block wrote
+            try:
+                exec(compile(code, where, "exec"), namespace)  # noqa: S102 -- the docs' own examples
+            finally:
+                sys.path.remove(str(scratch))
         elif lang == "console":
             for cmd, expected in console(code):
                 ((env, argv),) = commands(cmd)
