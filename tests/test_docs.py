@@ -5,7 +5,7 @@ one scratch directory per page (blocks of a page share its files and, for Python
 comments on the lines just before a block (invisible on the site), say how:
 
 - ``<!-- run: skip "why" -->``: the block does not run here (a GPU, real CIFAR data, a cluster, a sketch).
-- ``<!-- run: scale --epochs=1 --n=64 -->``: from here to the end of the page, ``landscape`` commands that give
+- ``<!-- run: scale --epochs=1 --n=64 -->``: from here to the end of the page, commands that give
   these options run with these values instead (test scale; the page shows the real one).
 - ``<!-- run: sub "OLD" "NEW" -->``: replace text in the next block only (repeatable).
 - ``<!-- run: tol 0.01 -->``: a ``console`` block's numbers must match within this relative tolerance
@@ -28,6 +28,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import time
 import sys
 from pathlib import Path
 
@@ -120,10 +121,19 @@ def run_landscape(argv: list[str]) -> tuple[int, str]:
 
 
 def run_command(env: dict, argv: list[str], scale: dict[str, str]) -> tuple[int, str]:
+    start = time.perf_counter()
+    try:
+        return _run_command(env, argv, scale)
+    finally:
+        if os.environ.get("DOCS_TIMES"):  # where the runner's time goes: DOCS_TIMES=1 pytest -s tests/test_docs.py
+            print(f"{time.perf_counter() - start:6.1f} s  {shlex.join(argv)[:150]}", file=sys.__stderr__)
+
+
+def _run_command(env: dict, argv: list[str], scale: dict[str, str]) -> tuple[int, str]:
     if argv[0] == "landscape":
         return run_landscape(scaled(argv[1:], scale))
     if argv[0] == "python":
-        proc = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, timeout=300,
+        proc = subprocess.run([sys.executable, *scaled(argv[1:], scale)], capture_output=True, text=True, timeout=300,
                               env={**os.environ, **env, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
         return proc.returncode, proc.stdout + proc.stderr
     raise AssertionError(f"cannot run {argv[0]!r} here: mark the block <!-- run: skip \"why\" -->")
@@ -179,7 +189,8 @@ def run_page(name: str, scratch: Path) -> int:
             finally:
                 os.chdir(cwd)
             SETUP[snippet] = done
-        shutil.copytree(SETUP[snippet], scratch, symlinks=True, dirs_exist_ok=True)
+        shutil.copytree(SETUP[snippet], scratch, symlinks=True, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("examples", "benchmarks"))
         pos = m.end()
     return ran + run_text(text[pos:], name, scratch, state)
 
@@ -239,7 +250,13 @@ def test_every_example_of_the_page_runs(name, tmp_path, monkeypatch):
 def test_every_block_runs_or_says_why_not():
     """A shell or Python block that cannot run here carries a reason; the skipped ones are few."""
     kinds = {}
-    for name in PAGES:
+    for name in [*PAGES, *(f"_snippets/{p.name}" for p in (DOCS / "_snippets").glob("*.md"))]:
+        lines = (DOCS / name).read_text().splitlines()
+        for i, line in enumerate(lines):  # a marker sits directly above a block (or above another marker)
+            if line.strip().startswith("<!-- run:"):
+                following = next(x for x in lines[i + 1:] if not x.strip().startswith("<!-- run:"))
+                assert following.lstrip().startswith("```"), f"docs/{name}:{i + 1}: a run marker not above a block"
+
         for lang, _, markers, line in blocks((DOCS / name).read_text()):
             if lang in SHELL | {"python"}:
                 skip = [m for m in markers if m.startswith("skip")]
