@@ -6,7 +6,8 @@ comments on the lines just before a block (invisible on the site), say how:
 
 - ``<!-- run: skip "why" -->``: the block does not run here (a GPU, real CIFAR data, a cluster, a sketch).
 - ``<!-- run: scale --epochs=1 --n=64 -->``: from here to the end of the page, commands that give
-  these options run with these values instead (test scale; the page shows the real one).
+  these options run with these values instead (test scale; the page shows the real one);
+  ``<!-- run: scale -->`` alone returns to the page's own values.
 - ``<!-- run: sub "OLD" "NEW" -->``: replace text in the next block only (repeatable).
 - ``<!-- run: tol 0.01 -->``: a ``console`` block's numbers must match within this relative tolerance
   (default: exactly, as printed); a ``*`` in a printed line matches any one word (a time).
@@ -27,9 +28,9 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
-import sys
 from pathlib import Path
 
 import pytest
@@ -121,19 +122,19 @@ def run_landscape(argv: list[str]) -> tuple[int, str]:
 
 
 def run_command(env: dict, argv: list[str], scale: dict[str, str]) -> tuple[int, str]:
-    start = time.perf_counter()
+    start, argv = time.perf_counter(), scaled(argv, scale)
     try:
-        return _run_command(env, argv, scale)
+        return _run_command(env, argv)
     finally:
         if os.environ.get("DOCS_TIMES"):  # where the runner's time goes: DOCS_TIMES=1 pytest -s tests/test_docs.py
             print(f"{time.perf_counter() - start:6.1f} s  {shlex.join(argv)[:150]}", file=sys.__stderr__)
 
 
-def _run_command(env: dict, argv: list[str], scale: dict[str, str]) -> tuple[int, str]:
+def _run_command(env: dict, argv: list[str]) -> tuple[int, str]:
     if argv[0] == "landscape":
-        return run_landscape(scaled(argv[1:], scale))
+        return run_landscape(argv[1:])
     if argv[0] == "python":
-        proc = subprocess.run([sys.executable, *scaled(argv[1:], scale)], capture_output=True, text=True, timeout=300,
+        proc = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, timeout=300,
                               env={**os.environ, **env, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
         return proc.returncode, proc.stdout + proc.stderr
     raise AssertionError(f"cannot run {argv[0]!r} here: mark the block <!-- run: skip \"why\" -->")
@@ -205,6 +206,8 @@ def run_text(text: str, name: str, scratch: Path, state: dict) -> int:
             if verb == "skip":
                 assert args and args[0].strip(), f"{where}: a skip says why"
                 skip = args[0]
+            elif verb == "scale" and not args:  # back to the page's own sizes
+                scale.clear()
             elif verb == "scale":
                 scale.update(a.split("=", 1) for a in args)
             elif verb == "sub":

@@ -407,7 +407,7 @@ def test_transformer_hessian_equals_the_exact_hessian(transformer_store):
 # ------------------------------------------------------------------------------------ the README example
 
 
-def test_the_readme_example_runs(tmp_path, capsys):
+def test_the_own_code_page_example_runs(tmp_path, capsys):
     """Every command of the docs page "Your own model, data and training loop" (docs/own-code.md), as written."""
     import re
     import shlex
