@@ -404,7 +404,7 @@ def test_transformer_hessian_equals_the_exact_hessian(transformer_store):
     assert float(v @ (g(flat + eps * v) - g(flat - eps * v))) / (2 * eps) == pytest.approx(exact[0], rel=1e-6)
 
 
-# ------------------------------------------------------------------------------------ the README example
+# ------------------------------------------------------------------------------------ the docs page example (docs/own-code.md)
 
 
 def test_the_own_code_page_example_runs(tmp_path, capsys):
