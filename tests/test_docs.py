@@ -275,3 +275,17 @@ def test_the_site_builds_strictly(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(REPO), "NO_MKDOCS_2_WARNING": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "site" / "api" / "index.html").read_text().count("landscape.api") > 1
+
+
+def test_the_demo_page_quotes_its_generated_output():
+    """docs/demo.md shows `make demo`'s output from a generated file (docs/generated/demo-output.txt, `make
+    docs-demo`), and every decimal number its prose quotes is a number of that file at the quoted precision."""
+    page = (DOCS / "demo.md").read_text()
+    output = (DOCS / "generated" / "demo-output.txt").read_text()
+    assert '--8<-- "docs/generated/demo-output.txt"' in page
+    printed = [abs(float(x)) for x in re.findall(r"-?\d+\.\d+(?:e-?\d+)?", output)]
+    quoted = re.findall(r"(?<![\w.])\d+\.\d+", re.sub(r"```.*?```", "", page, flags=re.S))
+    assert len(quoted) > 20
+    for number in quoted:
+        half = 0.5 * 10 ** -len(number.split(".")[1])
+        assert any(abs(x - float(number)) <= half + 1e-12 for x in printed), f"docs/demo.md quotes {number}"
