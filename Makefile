@@ -6,7 +6,7 @@ export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 export LANDSCAPE_THREADS ?= 1
 
-.PHONY: install install-dev demo test figures bench lint clean
+.PHONY: install install-dev demo test docs docs-demo figures bench lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,15 @@ demo: install
 test: install-dev
 	$(PY) -m pytest -q
 
+# The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or docstring reference fails.
+docs: install-dev
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# Regenerate the demo output the docs quote (docs/generated/demo-output.txt) from a fresh run.
+docs-demo: install
+	rm -rf demo-out
+	$(VENV)/bin/landscape --threads 1 --root demo-out/checkpoints demo --out demo-out > docs/generated/demo-output.txt
+
 # The paper-figure gallery (figures/README.md); finished recipes with unchanged settings are skipped. Not in `test`.
 figures: install
 	$(VENV)/bin/landscape --threads 1 figures all --scale cpu --out figures/
@@ -42,4 +51,4 @@ lint: install-dev
 	$(VENV)/bin/ruff check landscape cli tests benchmarks
 
 clean:
-	rm -rf demo-out .pytest_cache
+	rm -rf demo-out .pytest_cache site

@@ -23,8 +23,8 @@ from cli.options import Count, scheduler_option
 @click.pass_context
 def batch(ctx: click.Context, spec_file: str, workers: int, scheduler: str | None, dry_run: bool,
           dot_file: str | None) -> None:
-    """Run the jobs of batch spec SPEC (YAML: jobs, parameter grids, dependencies; see README "Batch runs on
-    Dask"). The whole spec is validated before anything runs. Jobs whose outputs exist with the same
+    """Run the jobs of batch spec SPEC (YAML: jobs, parameter grids, dependencies; see docs/batch.md). The
+    whole spec is validated before anything runs. Jobs whose outputs exist with the same
     configuration hash are skipped, so a killed batch resumes when run again. A failing job does not stop
     the jobs that do not need it. Writes summary.csv, summary.h5 and index.csv to the spec's results
     directory; exits 1 when any job failed.

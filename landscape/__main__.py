@@ -1,3 +1,4 @@
 from cli.main import main
 
-main()
+if __name__ == "__main__":  # importing the module (docs tools inspect packages) runs nothing
+    main()

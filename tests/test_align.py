@@ -208,7 +208,7 @@ def test_resnet18_groupnorm_copy_aligns_back_exactly():
 
 def test_independent_siblings_have_a_lower_barrier_after_alignment(digits):
     """Two MLPs from different initialisations: weight matching lowers the test-loss instability (measured
-    0.28 -> 0.03 here; the demo's DP siblings, which share a parent, do not behave so: see the README)."""
+    0.28 -> 0.03 here; the demo's DP siblings, which share a parent, do not behave so: see docs/alignment.md)."""
     data = {s: digits.split(s) for s in ("train", "test")}
     a = _fit(_model("mlp", 0, widths=[64, 64]), digits, seed=0)
     b = _fit(_model("mlp", 1, widths=[64, 64]), digits, seed=1)

@@ -113,7 +113,7 @@ def test_demo_is_bit_reproducible_and_the_cli_prints_its_verdicts(tmp_path):
 
 
 def test_the_digits_split_numbers_are_the_codes_everywhere():
-    """data.py's docstring and the README state the split the code makes (issue 14 item 7)."""
+    """data.py's docstring and the docs state the split the code makes (issue 14 item 7)."""
     from landscape.data import digits
 
     arrays = digits(seed=0)
@@ -121,7 +121,7 @@ def test_the_digits_split_numbers_are_the_codes_everywhere():
     assert n_train + n_test == 1797
     doc = digits.__doc__
     assert f"{n_train:,} train and {n_test:,} test" in doc
-    readme = (REPO / "README.md").read_text()
+    readme = "\n".join(p.read_text() for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))])
     assert f"({n_train:,}/{n_test:,})" in readme and f"q = 64/{n_train}" in readme
     stated = {int(m.replace(",", "")) for m in re.findall(r"\b1,?3[45]\d\b", readme + doc)}
     assert stated <= {n_train}, f"other train sizes stated: {stated}"

@@ -405,16 +405,15 @@ def test_transformer_hessian_equals_the_exact_hessian(transformer_store):
     assert float(v @ (g(flat + eps * v) - g(flat - eps * v))) / (2 * eps) == pytest.approx(exact[0], rel=1e-6)
 
 
-# ------------------------------------------------------------------------------------ the README example
+# ------------------------------------------------------------------------------------ the docs page example (docs/own-code.md)
 
 
-def test_the_readme_example_runs(tmp_path, capsys):
-    """Every command of the README section "Your own model, data and training loop", as written there."""
+def test_the_own_code_page_example_runs(tmp_path, capsys):
+    """Every command of the docs page "Your own model, data and training loop" (docs/own-code.md), as written."""
     import re
     import shlex
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    section = readme.split("## Your own model, data and training loop", 1)[1].split("\n## ", 1)[0]
+    section = (Path(__file__).parents[1] / "docs" / "own-code.md").read_text()
     python, bash = re.findall(r"```(?:python|bash)\n(.*?)```", section, re.S)[:2]
     assert python.startswith("# my_model.py")
     Path("my_model.py").write_text(python)

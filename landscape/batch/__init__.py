@@ -3,7 +3,7 @@
 ``landscape.batch.spec`` reads and validates a spec into an expanded job graph (nothing runs);
 ``landscape.batch.runner`` runs it (this process, a ``distributed.LocalCluster`` or an existing scheduler) and
 writes the summary; ``landscape.batch.jobs`` is what runs one job on a worker (idempotent: a job whose
-outputs exist with the same configuration hash is skipped). See README "Batch runs on Dask".
+outputs exist with the same configuration hash is skipped). See docs/batch.md.
 
 >>> from landscape.batch import load_spec, run_batch
 >>> report = run_batch(load_spec("examples/watson-fig5.yaml"), workers=2)

@@ -1,0 +1,294 @@
+"""The documentation site builds with ``mkdocs build --strict``, and every example in its pages runs.
+
+Each page of ``docs/`` is a tutorial: its ``bash`` / ``sh`` / ``console`` and ``python`` blocks run in order, in
+one scratch directory per page (blocks of a page share its files and, for Python, one namespace). Markers, HTML
+comments on the lines just before a block (invisible on the site), say how:
+
+- ``<!-- run: skip "why" -->``: the block does not run here (a GPU, real CIFAR data, a cluster, a sketch).
+- ``<!-- run: scale --epochs=1 --n=64 -->``: from here to the end of the page, commands that give
+  these options run with these values instead (test scale; the page shows the real one);
+  ``<!-- run: scale -->`` alone returns to the page's own values.
+- ``<!-- run: sub "OLD" "NEW" -->``: replace text in the next block only (repeatable).
+- ``<!-- run: tol 0.01 -->``: a ``console`` block's numbers must match within this relative tolerance
+  (default: exactly, as printed); a ``*`` in a printed line matches any one word (a time).
+
+A Python block whose first line is ``# NAME.py`` is that file: it is written, not run. A ``console`` block is commands (``$ ...``) and the output they print: the printed lines must appear in the
+real output in order (``...`` skips lines), numbers within the tolerance; an output starting with ``error:``
+expects the command to fail with that line. ``landscape ...`` runs as the ``landscape`` command in this process
+(``cli.main.main``; one thread), ``python ...`` as a subprocess with this interpreter; ``examples/`` and
+``benchmarks/`` are linked into the scratch directory, as if it were the repository root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+NOT_RUN = {"ARCHITECTURE.md": "its recipes are followed as written by tests/toy_*.py",
+           "api.md": "generated from docstrings"}
+PAGES = sorted(p.name for p in DOCS.glob("*.md") if p.name not in NOT_RUN) + ["../README.md"]  # README: its tour
+SHELL = {"bash", "sh", "console", "shell"}
+SNIPPET = re.compile(r'^--8<-- "(docs/_snippets/[^"]+)"$', re.M)
+SETUP: dict[str, Path] = {}  # a snippet's finished directory, run once and copied into every page that includes it
+NUMBER = re.compile(r"[(]?-?\d+(?:\.\d+)?(?:e[-+]?\d+)?%?[),;]?")
+
+
+# ------------------------------------------------------------------------------------------------ parsing
+
+
+def blocks(text: str):
+    """(language, code, markers, line) for every fenced block of a page, markers = the run: comments before it."""
+    lines = text.splitlines()
+    out, i = [], 0
+    while i < len(lines):
+        m = re.match(r"^(\s*)(`{3,})(\w*)\s*$", lines[i])
+        if not m:
+            i += 1
+            continue
+        indent, fence, lang = m.groups()
+        markers, j = [], i - 1
+        while j >= 0 and lines[j].strip().startswith("<!-- run:"):
+            markers.insert(0, lines[j].strip()[len("<!-- run:"):-len("-->")].strip())
+            j -= 1
+        body, i = [], i + 1
+        while i < len(lines) and lines[i].strip() != fence:
+            body.append(lines[i][len(indent):] if lines[i].startswith(indent) else lines[i])
+            i += 1
+        out.append((lang, "\n".join(body) + "\n", markers, j + 2))
+        i += 1
+    return out
+
+
+def commands(code: str):
+    """Shell commands of a block: continuation lines joined, comments dropped, env assignments split off."""
+    joined = re.sub(r"\\\n\s*", " ", code)
+    for line in joined.splitlines():
+        argv = shlex.split(line, comments=True)
+        if not argv:
+            continue
+        env = {}
+        while argv and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", argv[0]):
+            key, value = argv.pop(0).split("=", 1)
+            env[key] = value
+        yield env, argv
+
+
+def console(code: str):
+    """(command line, expected output lines) pairs of a console block."""
+    pairs = []
+    for line in code.splitlines():
+        if line.startswith("$ "):
+            pairs.append([line[2:], []])
+        elif pairs and line.strip():
+            pairs[-1][1].append(line)
+    return pairs
+
+
+def scaled(argv: list[str], scale: dict[str, str]) -> list[str]:
+    argv = list(argv)
+    for i, arg in enumerate(argv[:-1]):
+        if arg in scale:
+            argv[i + 1] = scale[arg]
+    return argv
+
+
+# ------------------------------------------------------------------------------------------------ running
+
+
+def run_landscape(argv: list[str]) -> tuple[int, str]:
+    from cli.main import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            main(["--threads", "1", *argv])
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else 1
+    return code, out.getvalue()
+
+
+def run_command(env: dict, argv: list[str], scale: dict[str, str]) -> tuple[int, str]:
+    start, argv = time.perf_counter(), scaled(argv, scale)
+    try:
+        return _run_command(env, argv)
+    finally:
+        if os.environ.get("DOCS_TIMES"):  # where the runner's time goes: DOCS_TIMES=1 pytest -s tests/test_docs.py
+            print(f"{time.perf_counter() - start:6.1f} s  {shlex.join(argv)[:150]}", file=sys.__stderr__)
+
+
+def _run_command(env: dict, argv: list[str]) -> tuple[int, str]:
+    if argv[0] == "landscape":
+        return run_landscape(argv[1:])
+    if argv[0] == "python":
+        proc = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, **env, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+        return proc.returncode, proc.stdout + proc.stderr
+    raise AssertionError(f"cannot run {argv[0]!r} here: mark the block <!-- run: skip \"why\" -->")
+
+
+def same_line(expected: str, actual: str, tol: float) -> bool:
+    """Token by token: ``*`` matches any token (a time), numbers agree within ``tol`` (relative), words exactly."""
+    want, got = expected.split(), actual.split()
+    if len(want) != len(got):
+        return False
+    for e, a in zip(want, got, strict=True):
+        if e == "*" or e == a:
+            continue
+        if not (NUMBER.fullmatch(e) and NUMBER.fullmatch(a)):
+            return False
+        e_, a_ = (float(x.strip("(),;%")) for x in (e, a))
+        if abs(e_ - a_) > tol * max(abs(e_), abs(a_)):
+            return False
+    return True
+
+
+def check_output(expected: list[str], actual: str, tol: float, where: str) -> None:
+    lines = [line for line in actual.splitlines() if line.strip()]
+    pos = 0
+    for want in expected:
+        if want.strip() == "...":
+            continue
+        while pos < len(lines) and not same_line(want.strip(), lines[pos].strip(), tol):
+            pos += 1
+        assert pos < len(lines), f"{where}: printed line not found (tolerance {tol}):\n  {want}\nin:\n{actual}"
+        pos += 1
+
+
+def run_page(name: str, scratch: Path) -> int:
+    """Run every block of a page; the number of blocks run. An included snippet (``--8<-- "docs/_snippets/X.md"``:
+    the runs a page reads, shown on the page) runs once per session; its directory is copied into the page's."""
+    for link in ("examples", "benchmarks"):
+        (scratch / link).symlink_to(REPO / link)
+    text = (DOCS / name).read_text()
+    state = {"scale": {}, "namespace": {"__name__": "__docs__"}}
+    ran, pos = 0, 0
+    for m in SNIPPET.finditer(text):
+        ran += run_text(text[pos:m.start()], name, scratch, state)
+        snippet = m.group(1)
+        if snippet not in SETUP:
+            done = Path(tempfile.mkdtemp(prefix="docs-setup-"))
+            for link in ("examples", "benchmarks"):
+                (done / link).symlink_to(REPO / link)
+            cwd = os.getcwd()
+            os.chdir(done)
+            try:
+                run_text((REPO / snippet).read_text(), snippet, done, {"scale": {}, "namespace": {}})
+            finally:
+                os.chdir(cwd)
+            SETUP[snippet] = done
+        shutil.copytree(SETUP[snippet], scratch, symlinks=True, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("examples", "benchmarks"))
+        pos = m.end()
+    return ran + run_text(text[pos:], name, scratch, state)
+
+
+def run_text(text: str, name: str, scratch: Path, state: dict) -> int:
+    scale, namespace = state["scale"], state["namespace"]
+    ran = 0
+    for lang, code, markers, line in blocks(text):
+        where, tol, skip = f"docs/{name}:{line}", 0.0, None
+        for marker in markers:
+            verb, *args = shlex.split(marker)
+            if verb == "skip":
+                assert args and args[0].strip(), f"{where}: a skip says why"
+                skip = args[0]
+            elif verb == "scale" and not args:  # back to the page's own sizes
+                scale.clear()
+            elif verb == "scale":
+                scale.update(a.split("=", 1) for a in args)
+            elif verb == "sub":
+                assert len(args) == 2 and args[0] in code, f"{where}: sub {args[0]!r} not in the block"
+                code = code.replace(args[0], args[1])
+            elif verb == "tol":
+                tol = float(args[0])
+            else:
+                raise AssertionError(f"{where}: unknown marker {marker!r}")
+        if skip or lang not in SHELL | {"python"}:
+            continue
+        ran += 1
+        if lang == "python" and re.match(r"# ([\w.-]+\.py)\n", code):  # a file the next commands name
+            (scratch / code.split()[1]).write_text(code)
+        elif lang == "python":
+            sys.path.insert(0, str(scratch))  # `from metrics import ...`: a file an earlier block wrote
+            try:
+                exec(compile(code, where, "exec"), namespace)  # noqa: S102 -- the docs' own examples
+            finally:
+                sys.path.remove(str(scratch))
+        elif lang == "console":
+            for cmd, expected in console(code):
+                ((env, argv),) = commands(cmd)
+                rc, out = run_command(env, argv, scale)
+                fails = bool(expected) and expected[0].startswith("error:")
+                assert (rc != 0) == fails, f"{where}: `{cmd}` exited {rc}:\n{out}"
+                check_output(expected, out, tol, f"{where}: `{cmd}`")
+        else:
+            for env, argv in commands(code):
+                rc, out = run_command(env, argv, scale)
+                assert rc == 0, f"{where}: `{shlex.join(argv)}` exited {rc}:\n{out[-3000:]}"
+    return ran
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_every_example_of_the_page_runs(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("LANDSCAPE_ROOT", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    run_page(name, tmp_path)
+
+
+def test_every_block_runs_or_says_why_not():
+    """A shell or Python block that cannot run here carries a reason; the skipped ones are few."""
+    kinds = {}
+    for name in [*PAGES, *(f"_snippets/{p.name}" for p in (DOCS / "_snippets").glob("*.md"))]:
+        lines = (DOCS / name).read_text().splitlines()
+        for i, line in enumerate(lines):  # a marker sits directly above a block (or above another marker)
+            if line.strip().startswith("<!-- run:"):
+                following = next(x for x in lines[i + 1:] if not x.strip().startswith("<!-- run:"))
+                assert following.lstrip().startswith("```"), f"docs/{name}:{i + 1}: a run marker not above a block"
+
+        for lang, _, markers, line in blocks((DOCS / name).read_text()):
+            if lang in SHELL | {"python"}:
+                skip = [m for m in markers if m.startswith("skip")]
+                kinds.setdefault("skip" if skip else "run", []).append(f"{name}:{line}")
+    assert len(kinds["run"]) > 3 * len(kinds.get("skip", []))
+
+
+def test_the_site_builds_strictly(tmp_path):
+    pytest.importorskip("mkdocs", reason="mkdocs is not installed: pip install -e '.[dev]' brings it")
+    pytest.importorskip("mkdocstrings", reason="mkdocstrings is not installed: pip install -e '.[dev]' brings it")
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+                          cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "NO_MKDOCS_2_WARNING": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    api = (tmp_path / "site" / "api" / "index.html").read_text()  # generated functions are documented too
+    for name in ("landscape.api.train", "landscape.api.interpolate", "landscape.api.hessian", "landscape.recorder.Recorder",
+                 "landscape.plugins.load", "landscape.evaluate.Metric", "landscape.persample.register_handler"):
+        assert f'id="{name}"' in api, name
+
+
+def test_the_demo_page_quotes_its_generated_output():
+    """docs/demo.md shows `make demo`'s output from a generated file (docs/generated/demo-output.txt, `make
+    docs-demo`), and every decimal number its prose quotes is a number of that file at the quoted precision."""
+    page = (DOCS / "demo.md").read_text()
+    output = (DOCS / "generated" / "demo-output.txt").read_text()
+    assert '--8<-- "docs/generated/demo-output.txt"' in page
+    printed = [abs(float(x)) for x in re.findall(r"-?\d+\.\d+(?:e-?\d+)?", output)]
+    quoted = re.findall(r"(?<![\w.])\d+\.\d+", re.sub(r"```.*?```", "", page, flags=re.S))
+    assert len(quoted) > 20
+    for number in quoted:
+        half = 0.5 * 10 ** -len(number.split(".")[1])
+        assert any(abs(x - float(number)) <= half + 1e-12 for x in printed), f"docs/demo.md quotes {number}"
