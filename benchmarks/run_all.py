@@ -25,7 +25,8 @@ from _common import PLOTS_ENV, RECORDS_ENV, machine_info, machine_load
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 RESULTS_ENV = "LANDSCAPE_BENCH_RESULTS"  # another directory for the record (the tests' temporary one)
-BENCHMARKS = ["persample", "dpsgd_step", "interpolate", "directions", "ntk", "hessian", "batch", "scaling", "gpu"]
+BENCHMARKS = ["persample", "dpsgd_step", "interpolate", "directions", "ntk", "hessian", "user_model", "recorder",
+              "batch", "scaling", "gpu"]
 CPU_BENCHMARKS = BENCHMARKS[:-1]
 
 
