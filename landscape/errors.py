@@ -8,6 +8,15 @@ wrong and what to do. The CLI prints that line to stderr and exits with ``exit_c
 from __future__ import annotations
 
 
+def one_line(exc: BaseException) -> str:
+    """``error: ...`` material for any exception: a LandscapeError's message, else ``Type: message``; first line
+    only (a user's code or a job may raise anything)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if isinstance(exc, LandscapeError):
+        return text or type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 class LandscapeError(Exception):
     """Base class of every error landscape raises on purpose."""
 

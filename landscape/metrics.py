@@ -32,8 +32,7 @@ from typing import Any
 import numpy as np
 
 from landscape import plugins
-from landscape.errors import LandscapeError, UsageError
-from landscape.plugins import _one_line
+from landscape.errors import LandscapeError, UsageError, one_line
 
 #: Built-in metric names -> (module, class, default keyword arguments); our own code, imported directly.
 BUILTIN: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -192,7 +191,7 @@ def _build(item: str) -> tuple[Any, dict[str, Any]]:
         try:
             metric = cls(**{**defaults, **kwargs})
         except (TypeError, ValueError, UsageError) as exc:
-            raise UsageError(f"metric {item!r}: {_one_line(exc)}") from None
+            raise UsageError(f"metric {item!r}: {one_line(exc)}") from None
         return metric, {"ref": item, "kind": "builtin", "builtin": f"{module}:{attr}", "kwargs": kwargs}
     target = plugins.load(ref, callable_=False)
     source = {**plugins.describe(ref), "kwargs": kwargs}
@@ -206,7 +205,7 @@ def _build(item: str) -> tuple[Any, dict[str, Any]]:
     try:
         metric = target(**kwargs)
     except Exception as exc:
-        raise plugins.PluginError(f"metric {item!r}: calling {plugins.parse(ref).attr} failed: {_one_line(exc)}"
+        raise plugins.PluginError(f"metric {item!r}: calling {plugins.parse(ref).attr} failed: {one_line(exc)}"
                                   ) from None
     return _checked(metric, item), source
 
@@ -239,7 +238,7 @@ class _Guarded:
         self.inner, self.label, self.name = metric, label, metric.name
 
     def _failed(self, step: str, exc: Exception) -> MetricError:
-        return MetricError(f"metric {self.label} failed in {step}: {_one_line(exc)}")
+        return MetricError(f"metric {self.label} failed in {step}: {one_line(exc)}")
 
     def start(self, points, device):
         try:

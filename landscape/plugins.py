@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from landscape.errors import LandscapeError, UsageError
+from landscape.errors import LandscapeError, UsageError, one_line
 
 ENTRY_POINT_GROUPS = ("landscape.models", "landscape.datasets", "landscape.metrics")
 
@@ -116,7 +116,7 @@ def _module_of(ref: CodeRef):
             sys.modules.pop(name, None)
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
-            raise PluginError(f"{ref.text!r}: running {path.name} failed: {_one_line(exc)}") from None
+            raise PluginError(f"{ref.text!r}: running {path.name} failed: {one_line(exc)}") from None
         finally:
             try:
                 sys.path.remove(folder)
@@ -128,7 +128,7 @@ def _module_of(ref: CodeRef):
     except ModuleNotFoundError as exc:
         raise PluginError(f"{ref.text!r}: module {exc.name or ref.target!r} is not importable") from None
     except Exception as exc:
-        raise PluginError(f"{ref.text!r}: importing {ref.target} failed: {_one_line(exc)}") from None
+        raise PluginError(f"{ref.text!r}: importing {ref.target} failed: {one_line(exc)}") from None
 
 
 def load(text: str | CodeRef, *, callable_: bool = True) -> Any:
@@ -196,17 +196,12 @@ def load_entry_point(group: str, name: str) -> tuple[Any, dict[str, Any]]:
     try:
         return ep.load(), info
     except Exception as exc:
-        raise PluginError(f"entry point {name!r} ({ep.value}) of {group} failed to load: {_one_line(exc)}") from None
+        raise PluginError(f"entry point {name!r} ({ep.value}) of {group} failed to load: {one_line(exc)}") from None
 
 
 def _identifier(stem: str) -> str:
     out = "".join(c if c.isalnum() or c == "_" else "_" for c in stem)
     return out if out and not out[0].isdigit() else f"m_{out}"
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 # ------------------------------------------------------------------------------------------- trusted code

@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from landscape.errors import one_line
+
 RECORDS = ".batch"
 
 
@@ -32,16 +34,6 @@ def job_dir(results: str | Path, job_id: str) -> Path:
 
 def record_path(results: str | Path, job_id: str) -> Path:
     return Path(results) / RECORDS / f"{job_id}.json"
-
-
-def one_line(exc: BaseException) -> str:
-    """``error: ...`` material: a LandscapeError's message, else ``Type: message``, first line only."""
-    from landscape.errors import LandscapeError
-
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    if isinstance(exc, LandscapeError):
-        return text or type(exc).__name__
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def run_job(payload: dict[str, Any], *upstream: dict[str, Any]) -> dict[str, Any]:

@@ -171,7 +171,7 @@ def _on_dask(spec: BatchSpec, workers: int, scheduler: str | None, threads: int,
                 try:
                     outcome = future.result()
                 except Exception as exc:  # e.g. KilledWorker after too many worker deaths
-                    from landscape.batch.jobs import one_line
+                    from landscape.errors import one_line
 
                     job = by_id[job_id]
                     outcome = {"id": job_id, "kind": job.kind, "hash": job.hash, "status": "failed",
