@@ -1,6 +1,6 @@
 """The job-kind registry: one line per kind; the command line, ``landscape.api`` and batch specs read it.
 
-Every registered analysis (``landscape/analyze/__init__.py``) is a kind too, its :class:`~landscape.jobkind.JobKind`
+Every registered analysis (``landscape/analyze/__init__.py``) is a kind too, its :class:`~landscape.api.jobkind.JobKind`
 made here from its :class:`~landscape.analyze.registry.Analysis` spec (options: ``refs``, the config and run
 options, ``figure``/``data_root``/``download``, ``data_from`` for pairs; run by :func:`landscape.api.runner.run`
 with one worker: in a batch the jobs are the parallelism). The other kinds are the lines below; a new kind is
@@ -15,7 +15,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from landscape.jobkind import JobKind, fields_of
+from landscape.api.jobkind import JobKind, fields_of
 
 # name -> ("module:ATTRIBUTE" of its JobKind, one-line summary, name of its landscape.api function)
 _LINES: dict[str, tuple[str, str, str]] = {}
@@ -174,7 +174,7 @@ def _analysis_kind(name: str) -> JobKind:
         return run_analysis(name, list(job.refs), root=root, output=out / f"{name}.h5", workers=1, **options)
 
     def outcome(result: Any, root: Path, out: Path | None) -> tuple[dict[str, Any], list[Path]]:
-        from landscape.jobkind import files_under
+        from landscape.api.jobkind import files_under
         from landscape.results import read_result
 
         path = Path(getattr(result, "path", None) or Path(out or "results") / f"{name}.h5")

@@ -27,8 +27,8 @@ import torch
 
 from landscape.analyze.align import align_states, apply_permutation, verified_spec
 from landscape.api._common import check_pair, checkpoint_dataset
+from landscape.api.jobkind import JobKind, files_under, run_option
 from landscape.errors import UsageError
-from landscape.jobkind import JobKind, files_under, run_option
 from landscape.store import Checkpoint, Store
 from landscape.train.pruning import MASK_ARRAY, inherited_privacy, lineage_of
 

@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from landscape.api.jobkind import JobKind, files_under, run_option
 from landscape.api.runner import attach
 from landscape.errors import UsageError
-from landscape.jobkind import JobKind, files_under, run_option
 from landscape.store import Checkpoint, Run, Store
 from landscape.train.accounting import PrivacyEvent
 from landscape.train.pruning import MASK_ARRAY, inherited_privacy, prune_into_run

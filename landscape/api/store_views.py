@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from landscape.api.jobkind import JobKind, files_under, run_option
 from landscape.errors import CheckpointError
-from landscape.jobkind import JobKind, files_under, run_option
 
 __all__ = ["runs", "checkpoint", "show", "import_checkpoint"]
 

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from landscape import plugins
+from landscape.api.jobkind import JobKind, fields_of, files_under, run_option, validated
 from landscape.data import load_dataset
 from landscape.errors import CheckpointError
-from landscape.jobkind import JobKind, fields_of, files_under, run_option, validated
 from landscape.store import Run, Store
 from landscape.train.callbacks import Callback
 from landscape.train.config import PhasesConfig, TrainConfig, config_hash

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from landscape.api.jobkind import JobKind, files_under
 from landscape.errors import UsageError
 from landscape.figures import figures
-from landscape.jobkind import JobKind, files_under
 
 
 @dataclass(frozen=True)

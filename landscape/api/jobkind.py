@@ -7,8 +7,8 @@ command line and ``landscape.api`` look a kind up there instead of branching on 
   annotation, which batch specs check values against), ``arguments`` the ones given positionally (command-line
   arguments, leading api arguments) and ``required`` the ones a batch job must give (its runs are then known
   before anything runs);
-- **build**: options -> the validated configuration (what runs; default ``config(**options)`` and its
-  ``validate()``);
+- **build**: options -> the validated configuration (what runs; default ``config(**options)``, its numbers within
+  the fields' declared ranges (:func:`landscape.analyze.registry.check_bounds`) and its ``validate()``);
 - **run**: ``run(config, *, root, out)`` through ``landscape.api`` (``root`` the store, ``out`` a directory for
   the files the job writes outside the store, or None for the kind's default) -> the kind's result object;
 - **produces**: options -> the store runs the job writes (a batch links a job that reads one of them after it);
@@ -16,8 +16,8 @@ command line and ``landscape.api`` look a kind up there instead of branching on 
 - **rows** / **notes** / **details**: how a command prints the result (a table, lines after it, ``--json``).
 
 ``api`` is the public function ``landscape.api.<name>`` when the kind has a hand-written one (``train(config,
-root=...)``); without it, the api function and the command are generated from the spec. This module imports
-nothing of landscape: kinds live in the layers that implement them and are found through :mod:`landscape.kinds`.
+root=...)``); without it, the api function and the command are generated from the spec. Kinds live in the
+modules that implement them (the api, the figures) and are found through the registry :mod:`landscape.kinds`.
 """
 
 from __future__ import annotations
@@ -67,7 +67,11 @@ class JobKind:
         """The validated configuration for ``options`` (a UsageError, ValueError or TypeError names what is wrong)."""
         if self.build is not None:
             return self.build(dict(options))
-        return validated(self.config(**options))
+        from landscape.analyze.registry import check_bounds
+
+        config = self.config(**options)
+        check_bounds(config)
+        return validated(config)
 
 
 def fields_of(cls: type, skip: Iterable[str] = ()) -> dict[str, str]:
