@@ -8,6 +8,8 @@ for it), and appears in ``landscape --help``.
 from __future__ import annotations
 
 import json
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,7 +27,7 @@ BUILT_IN = ["train", "phases", "prune", "align", "figures", "import"]
 def toy(monkeypatch):
     """The recipe's one registry line (undone after the test)."""
     monkeypatch.setattr(kinds, "_LINES", dict(kinds._LINES))
-    kinds.register("toy-scale", "toy_kind:JOB", "Scale a checkpoint's weights into a new run.")
+    kinds.register("toy-scale", "toy_kind:JOB", "Scale a checkpoint's weights into a new run.")  # the recipe's line
     yield
     import landscape.api as api
 
@@ -51,6 +53,17 @@ def _cli(capsys, *args: str) -> tuple[int, str, str]:
         cli.main.main(list(args))
     out = capsys.readouterr()
     return exc.value.code, out.out, out.err
+
+
+def test_the_toy_kind_is_the_recipe_as_written():
+    """tests/toy_kind.py is docs/ARCHITECTURE.md's code line for line (its docstring and the name aside)."""
+    root = Path(__file__).resolve().parents[1]
+    section = (root / "docs" / "ARCHITECTURE.md").read_text().split("## How to add a job kind", 1)[1]
+    block = textwrap.dedent(section.split("```python\n", 1)[1].split("```", 1)[0])
+    toy = (root / "tests" / "toy_kind.py").read_text().split('"""', 2)[2].replace("toy-scale", "scale")
+    assert [line for line in toy.splitlines() if line.strip()] == [line for line in block.splitlines() if line.strip()]
+    line = 'register("scale", "landscape.api.scaling:JOB", "Scale a checkpoint\'s weights into a new run.")'
+    assert line in section.split("```", 2)[2]
 
 
 def test_every_kind_is_registered_with_a_spec():

@@ -25,7 +25,6 @@ class Scaled:
 
 
 def scale(config: ScaleConfig, *, root: Path, out: Path | None = None) -> Scaled:
-    """Write ``factor`` x the weights of ``config.ref`` as step 0 of a new run (lineage: the source)."""
     store = Store(root)
     source = store.load(config.ref)
     lineage = {"parent_run": source.run, "parent_step": source.step, "parent_ref": config.ref,

@@ -9,7 +9,8 @@ Schema (every key is checked; an unknown one is an error naming its line)::
       instability: {figure: false}
     jobs:
       NAME:                      # a job key: letters, digits, - _ .
-        kind: phases             # train, phases, prune or any registered analysis (interpolate, ...)
+        kind: phases             # any job kind of landscape.kinds: train, phases, prune, align, figures, import,
+                                 # or a registered analysis (interpolate, ...)
         grid:                    # optional: one job per combination of values (a cartesian product)
           epsilon: [1, 5, 50]
           seed: [0, 1, 2]
@@ -18,17 +19,22 @@ Schema (every key is checked; an unknown one is an error naming its line)::
         group: "fig5-eps{epsilon}-s{seed}"   # every other key is an option of the kind
         target_epsilon: "{epsilon}"          # a value that is exactly "{var}" keeps the grid value's type
 
-Options are the fields of the kind's configuration (``TrainConfig``; ``PhasesConfig`` plus the training
-options of its base; ``PruneConfig``; an analysis' config dataclass and run options, plus ``refs`` (its
-references: ``[A, B]`` for a pair, ``[RUN]`` for a target, run globs for instability), ``figure``,
-``data_root``, ``download``, ``data_from``). ``kebab-case`` names are accepted as well as ``snake_case``. A
+Options are what the kind's spec says (:meth:`landscape.api.jobkind.JobKind.option_types`: the fields of its
+configuration, ``TrainConfig``; ``PhasesConfig`` plus the training options of its base; ``PruneConfig``, ...; an
+analysis' config dataclass and run options, plus ``refs`` (its references: ``[A, B]`` for a pair, ``[RUN]`` for
+a target, run globs for instability), ``figure``, ``data_root``, ``download``, ``data_from``); the kind's own
+check (its ``build``) runs on every expanded job. ``kebab-case`` names are accepted as well as ``snake_case``. A
 grid variable named like an option of the job also sets that option (unless the job sets it itself).
 
-Dependencies: a job that reads a run another job produces (``train``'s ``run``, ``prune``'s ``run``,
-``phases``' ``GROUP-P1`` and ``GROUP-P1-P2-I`` runs) waits for it: any option value that names such a run,
-as ``RUN``, ``RUN@selector``, inside ``A:B`` / ``B,C`` / ``pca:RUN`` lists, or through a glob (``G-*``),
-makes the edge. ``after:`` adds edges the references cannot show. ``train`` and ``prune`` jobs must name
-their ``run`` and ``phases`` jobs their ``group``, so that the graph is known before anything runs.
+Dependencies: a job that reads a run another job produces (the kind's ``produces``: the ``run`` of ``train``,
+``prune``, ``align`` and ``import``; ``phases``' ``GROUP-P1`` and ``GROUP-P1-P2-I`` runs) waits for it: any
+option value that names such a run, as ``RUN``, ``RUN@selector``, inside ``A:B`` / ``B,C`` / ``pca:RUN`` lists,
+or through a glob (``G-*``), makes the edge. ``after:`` adds edges the references cannot show. The options a
+kind ``required`` (``train``'s ``run``, ``phases``' ``group``, ...) must be given, so that the graph is known
+before anything runs.
+
+The module's seams: :mod:`.loading` (YAML with lines and size limits), :mod:`.checks` (option types, paths,
+references, unique names), :mod:`.graph` (jobs, edges, order, hashes, views); here the expansion of jobs.
 
 Safety, checked before anything runs: every run a job reads is in the store or written by a job of the spec,
 and no reference is a path; every path a job writes (``pair_dir``; ``data_root`` with ``download: true``)
