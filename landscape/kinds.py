@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -112,8 +113,29 @@ def api_function(name: str) -> Any:
         return spec.run(config, root=Path(root), out=None if out is None else Path(out))
 
     function.__name__ = function.__qualname__ = _LINES[name][2]
-    function.__doc__ = spec.doc
+    function.__signature__, function.__doc__ = _signature(spec)
     return function
+
+
+def _signature(spec: JobKind) -> tuple[inspect.Signature, str]:
+    """The generated api function's signature (``help()`` and IDEs show every option) and docstring."""
+    positional, keyword, lines = [], [], []
+    for f in dataclasses.fields(spec.config):
+        if f.name in spec.skip:
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else inspect.Parameter.empty)
+        if f.name in spec.arguments:
+            positional.append(inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=f.type))
+        else:
+            keyword.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                             annotation=f.type))
+        if f.metadata.get("help"):
+            lines.append(f"    {f.name}: {f.metadata['help']}")
+    keyword += [inspect.Parameter("root", inspect.Parameter.KEYWORD_ONLY, default="checkpoints"),
+                inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, default=None)]
+    doc = spec.doc + ("\n\nOptions:\n" + "\n".join(lines) if lines else "")
+    return inspect.Signature(positional + keyword), doc
 
 
 # ------------------------------------------------------------------------------ analyses as job kinds

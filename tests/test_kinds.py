@@ -84,8 +84,12 @@ def test_every_kind_is_registered_with_a_spec():
 def test_a_new_kind_is_one_module_and_one_registry_line(toy, store, tmp_path, capsys):
     source = _weights(store, "a@last")
     # the api: a generated function, positional arguments then options
+    import inspect
+
     from landscape import api
 
+    assert list(inspect.signature(api.toy_scale).parameters) == ["ref", "run", "factor", "root", "out"]
+    assert "factor: Multiply every weight by this." in api.toy_scale.__doc__
     made = api.toy_scale("a@last", root=store.root, run="s-api", factor=0.5)
     assert made.run == "s-api" and Store(store.root).run("s-api").manifest["lineage"]["parent_ref"] == "a@last"
     for key, value in _weights(store, "s-api@init").items():
@@ -174,3 +178,6 @@ jobs:
     assert [o["status"] for o in report.outcomes] == ["done", "done"], report.outcomes
     for key, value in _weights(store, "imported@init").items():
         torch.testing.assert_close(value, weights[key], rtol=0, atol=0)
+    (tmp_path / "results" / ".batch" / "bring.json").unlink()  # killed after the import, before its record
+    again = run_batch(load_spec(spec_file), bar=False)
+    assert [o["status"] for o in again.outcomes] == ["done", "cached"], again.outcomes
