@@ -25,8 +25,12 @@ _LINES: dict[str, tuple[str, str, str]] = {}
 def register(name: str, where: str, summary: str, *, api: str | None = None) -> None:
     """Name a job kind: ``where`` is ``"module:ATTRIBUTE"`` of its :class:`JobKind`, imported on first :func:`get`;
     ``api`` the name of its ``landscape.api`` function when that is not the kind's name (``import`` is a keyword)."""
+    from landscape.analyze import registry
+
     if name in _LINES and _LINES[name][0] != where:
         raise ValueError(f"job kind {name!r} is registered twice ({_LINES[name][0]} and {where})")
+    if name in registry.names():
+        raise ValueError(f"job kind {name!r} is an analysis already (landscape/analyze/__init__.py)")
     _LINES[name] = (where, summary, api or name.replace("-", "_"))
 
 

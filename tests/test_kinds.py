@@ -79,6 +79,10 @@ def test_every_kind_is_registered_with_a_spec():
     assert api.import_checkpoint is import_checkpoint and api.train is kinds.get("train").api
     with pytest.raises(KeyError):
         kinds.get("no-such-kind")
+    with pytest.raises(ValueError, match="registered twice"):
+        kinds.register("train", "elsewhere:JOB", "Another train.")
+    with pytest.raises(ValueError, match="is an analysis"):
+        kinds.register("interpolate", "elsewhere:JOB", "Another interpolate.")
 
 
 def test_a_new_kind_is_one_module_and_one_registry_line(toy, store, tmp_path, capsys):
