@@ -9,7 +9,7 @@ of two :func:`landscape.verdict.greater` parts: the barrier between different-in
 sibling barrier, and it exceeds the difference of the pair's own end losses ("similar losses").
 
 Scaled down: LeNet on ``digits``, 10 epochs, 3 initialisations (3 pairs), trained like the grid's SGD runs (its
-claim-blind lr, batch 32, no momentum; :mod:`landscape.figures._phase_grid`); the paper: CIFAR10 (model per its
+claim-blind lr and momentum, batch 32; :mod:`landscape.figures._phase_grid`); the paper: CIFAR10 (model per its
 Sec. 4.1), 30 alphas.
 """
 
@@ -37,8 +37,8 @@ def make(ctx):
     runs = grid.train_grid(ctx)
     lr = runs["lr"]  # the grid's SGD: its claim-blind lr, batch and momentum
     base = TrainConfig(model=g["model"], data=g["data"], subset=g["subset"], epochs=g["epochs"], lr=lr,
-                       momentum=g["momentum"], batch_size=g["batch_size"], checkpoint_every="none")
-    names = [ctx.train(f"init{seed}-lr{lr:g}", dataclasses.replace(base, seed=seed)).name
+                       momentum=runs["momentum"], batch_size=g["batch_size"], checkpoint_every="none")
+    names = [ctx.train(f"init{seed}-m{runs['momentum']:g}-lr{lr:g}", dataclasses.replace(base, seed=seed)).name
              for seed in range(s["seeds"])]
     inits = [f"{a}:{b}" for a, b in itertools.combinations(names, 2)]
     gname = runs["group"]

@@ -11,8 +11,9 @@ SGD-sibling barrier; held only if it holds after both Phase 1s (:func:`landscape
 end models fail the validity gate (:class:`landscape.figures.recipe.Gate`) is inconclusive (invalid regime).
 
 Fair comparison: Phase-2 SGD and Phase-2 DP-SGD run at one matched learning rate, batch size and momentum (the
-grid's, :mod:`landscape.figures._phase_grid`: the lr chosen claim-blind from the paper's sweep by the best lower
-final train accuracy of a plain SGD and a plain DP-SGD run; stored as ``lr_grid/*``, ``lr_chosen``), so a
+grid's, :mod:`landscape.figures._phase_grid`: chosen claim-blind from the paper's lr sweep x momentum {0, 0.9}
+by the grid's worst arm on train accuracy (with one Phase-2 copy; no arm compared with another); stored as
+``lr_grid/*``, ``lr_chosen``, ``momentum_chosen``), so a
 DP-SGD model is not further away because it took larger steps. An earlier version gave DP-SGD lr 0.5 without
 momentum against SGD's lr 0.03 with momentum 0.9.
 

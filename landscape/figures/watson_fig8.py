@@ -10,8 +10,9 @@ for each of SGD->DP, DP->SGD and DP->DP, its barrier exceeds the SGD->SGD barrie
 (:func:`landscape.verdict.all_of`). A part whose Phase-2 end models fail the validity gate is inconclusive.
 
 Fair comparison: both phases of every pair run at one matched learning rate, batch size and momentum (the
-grid's, :mod:`landscape.figures._phase_grid`: the lr chosen claim-blind from the paper's sweep by the best lower
-final train accuracy of a plain SGD and a plain DP-SGD run; stored as ``lr_grid/*``, ``lr_chosen``), so a
+grid's, :mod:`landscape.figures._phase_grid`: chosen claim-blind from the paper's lr sweep x momentum {0, 0.9}
+by the grid's worst arm on train accuracy (with one Phase-2 copy; no arm compared with another); stored as
+``lr_grid/*``, ``lr_chosen``, ``momentum_chosen``), so a
 DP-SGD Phase 2 does not leave the Phase-1 basin merely by taking larger steps. An earlier version gave DP-SGD
 lr 0.5 without momentum against SGD's lr 0.03 with momentum 0.9.
 
