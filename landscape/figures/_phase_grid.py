@@ -3,8 +3,10 @@
 Sec. 4.1.1: SGD and DP-SGD train ``k`` epochs from one initialisation (Phase 1); from each, SGD and DP-SGD train
 the remaining epochs in ``copies`` copies that differ in data order and noise (Phase 2). The recipes
 ``watson-fig2``, ``watson-fig6-7`` and ``watson-fig8`` (and ``watson-fig3``, for its sibling reference) read the
-same runs (group ``watson-phase-grid-SCALE-lrLR``), so whichever runs first trains them and the others reuse them;
-their settings include :data:`GRID` so a change of the grid changes all their summaries.
+same runs (group ``watson-phase-grid-SCALE-mM-lrLR``, named by the matched momentum and lr), so whichever runs first
+trains them and the others reuse them; their settings include :data:`GRID` so a change of the grid changes all
+their summaries. At cpu scale the grid has 5 Phase-2 copies (3 before; set before any matched run was made, the
+paper averages 3-5 runs).
 
 Fair comparison: matched learning rate, batch size and momentum. SGD and DP-SGD use ONE learning rate, ONE
 momentum and the same batch size in both phases, so a difference between the optimisers -- in accuracy, or in
@@ -76,13 +78,13 @@ def _own(ctx) -> str:
     return f"k{g['k']}-{noise}-n{g['epochs']}"
 
 
-def base_config(ctx, lr: float | None = None, momentum: float = 0.0):
-    """The grid's SGD :class:`~landscape.api.TrainConfig` (seed 0, every epoch checkpointed) at ``lr``, ``momentum``."""
+def base_config(ctx, lr: float, momentum: float):
+    """The grid's base :class:`~landscape.api.TrainConfig` (seed 0, every epoch checkpointed) at ``lr``, ``momentum``."""
     from landscape.api import TrainConfig
 
     g = ctx.settings["grid"]
     return TrainConfig(model=g["model"], data=g["data"], subset=g["subset"], epochs=g["epochs"],
-                       lr=g["lrs"][0] if lr is None else lr, momentum=momentum, batch_size=g["batch_size"],
+                       lr=lr, momentum=momentum, batch_size=g["batch_size"],
                        seed=g["seed"], max_grad_norm=g["max_grad_norm"], target_epsilon=g["target_epsilon"],
                        noise_multiplier=g["noise_multiplier"], checkpoint_every="1e", data_root=ctx.data_root)
 

@@ -98,6 +98,6 @@ RECIPE = Recipe(
     paper_scale=PaperScale(data="cifar10", model="resnet18 (GroupNorm)", epochs=30,
                            hyper="k = 3, sigma 0.55, C = 1, no momentum; one lr for both from the paper's sweep and "
                                  "the paper's SGD batch 128 (the paper: SGD lr 0.1 / 128, DP-SGD lr 0.5 / 1024)",
-                           gpu_hours=12.0),
+                           gpu_hours=33.0),
     make=make,
 )

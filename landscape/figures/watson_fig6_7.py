@@ -87,6 +87,6 @@ RECIPE = Recipe(
     paper_scale=PaperScale(data="cifar10", model="resnet18 (GroupNorm)", epochs=40,
                            hyper="the paper panels k = 20 and epsilon 5; one lr for both from the paper's sweep, batch 128, "
                                  "no momentum",
-                           gpu_hours=15.0),
+                           gpu_hours=41.0),
     make=make,
 )

@@ -84,6 +84,6 @@ RECIPE = Recipe(
     scales=SCALES,
     paper_scale=PaperScale(data="cifar10", model="resnet18 (GroupNorm)", epochs=30,
                            hyper="k = 10, sigma 0.55, C = 1; one lr for both from the paper's sweep, batch 128, "
-                                 "no momentum", gpu_hours=12.0),
+                                 "no momentum", gpu_hours=33.0),
     make=make,
 )
