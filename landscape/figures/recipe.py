@@ -205,18 +205,27 @@ def final(run, metric: str) -> float:
     return float(checkpoint_curve(run, metric)[1][-1])
 
 
-def lr_scores(ctx, what: str, config, lrs, metric: str = "train_acc") -> list[float]:
+def lr_scores(ctx, what: str, config, lrs, metric: str = "train_acc", window: int = 1) -> list[float]:
     """Claim-blind hyper-parameter search, step 1: train ``config`` (its seed) at each learning rate of ``lrs`` as run
-    ``what-lrLR-SEED`` (not gated: selection runs are no end models) and return each run's final ``metric``. The
-    run at the chosen lr is the same run the recipe then uses for that seed (same name and configuration)."""
-    return [final(ctx.train(f"{what}-lr{lr:g}-{config.seed}", dataclasses.replace(config, lr=lr), gated=False),
-                  metric) for lr in lrs]
+    ``what-lrLR-SEED`` (not gated: selection runs are no end models) and return each run's score: its final
+    ``metric``, or with ``window`` > 1 the worst ``metric`` over its last ``window`` checkpoints (a score that sees
+    an oscillating run, as the validity gate's collapse rule does). The run at the chosen lr is the same run the
+    recipe then uses for that seed (same name and configuration)."""
+    return [worst_recent(ctx.train(f"{what}-lr{lr:g}-{config.seed}", dataclasses.replace(config, lr=lr),
+                                   gated=False), metric, window) for lr in lrs]
 
 
-def best(values, scores) -> float:
-    """Step 2: the value with the highest score (NaN scores lose; ties: the first, i.e. the smaller lr)."""
+def worst_recent(run, metric: str = "train_acc", window: int = 1) -> float:
+    """A selection run's score: the worst ``metric`` over its last ``window`` checkpoints (1: the final value)."""
+    return float(np.min(checkpoint_curve(run, metric)[1][-window:]))
+
+
+def best(values, scores):
+    """Step 2: the value with the highest score (NaN scores lose; ties: the first, i.e. the smaller lr); a float, or
+    the candidate itself when the candidates are tuples (e.g. ``(momentum, lr)``)."""
     a = np.nan_to_num(np.asarray(scores, dtype=float), nan=-np.inf)
-    return float(list(values)[int(np.argmax(a))])
+    value = list(values)[int(np.argmax(a))]
+    return value if isinstance(value, tuple) else float(value)
 
 
 @dataclasses.dataclass
