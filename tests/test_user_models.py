@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import run_cli
 from torch import nn
 
-from cli.main import main
 from landscape import plugins
 from landscape.api import calibration, hessian, interpolate, norms
 from landscape.api.training import train as api_train
@@ -37,14 +37,6 @@ TINY = dict(epochs=1, batch_size=32, checkpoint_every="none", device="cpu", lr=0
 
 def ref(attr: str, file: Path = USER) -> str:
     return f"{file}:{attr}"
-
-
-def run_cli(*args, capsys) -> tuple[int, str, str]:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_:
-        main([*map(str, args)])
-    out, err = capsys.readouterr()
-    return exit_.value.code, out, err
 
 
 def one_error(err: str) -> str:
