@@ -352,9 +352,9 @@ def test_transformer_interpolation_calibration_norms_against_plain_torch(transfo
 
     res = norms(["a"], root=root, figure=False, code=CODE_T, grad_samples=len(y_tr), output="n.h5")
     last = res.runs[0].rows[-1]
-    from landscape.analyze.norms import sample_indices
+    from landscape.data import subset_indices
 
-    idx = sample_indices(len(y_tr), len(y_tr), 0)
+    idx = subset_indices(y_tr, len(y_tr), 0)  # the examples the one sampler draws
     model.load_state_dict(a.state_dict)  # the blended loop above left B's weights in it
     naive = []
     for i in idx.tolist():
@@ -495,7 +495,7 @@ def test_transformer_symmetry(transformer_store):
     model.load_state_dict(ckpt.state_dict)
     model.eval()
     x, y = plugins.load(ref("sequences"))(seed=0)[:2]
-    idx = sample_indices(len(y), 16, 5)
+    idx = sample_indices(y, 16, 5)
     shapes = parameter_shapes(model)
     V = torch.stack([torch.cat([t.ravel() for t in direction(5, shapes, j)]) for j in range(5)])
     G = []
