@@ -68,7 +68,8 @@ def parse_selector(selector: str) -> tuple[str, int | float | None]:
 
 
 def slug(text: str) -> str:
-    """Text as a file-name part: ``run@step=3`` stays, ``dir/a.h5`` -> ``a``, other characters -> ``_``."""
+    """Text as a file-name part: ``dir/a.h5`` -> ``a``; characters other than letters, digits and ``_ . = -``
+    become ``_`` (``run@step=3`` -> ``run_step=3``)."""
     text = str(text)
     return _SLUG.sub("_", Path(text).stem if text.endswith(".h5") else text).strip("_")
 
@@ -156,7 +157,7 @@ class Ref:
 
     @property
     def slug(self) -> str:
-        """The reference as a file-name part, selector kept (``run@step=3``; ``dir/a.h5`` -> ``a``)."""
+        """The reference as a file-name part, selector kept (``run@step=3`` -> ``run_step=3``; ``dir/a.h5`` -> ``a``)."""
         return slug(str(self))
 
     def __str__(self) -> str:
