@@ -63,6 +63,20 @@ def test_bad_references_are_one_line_usage_errors(text, message):
     assert "\n" not in str(exc.value)
 
 
+@pytest.mark.parametrize("args", [
+    ("interpolate", "a@bogus", "b"),
+    ("instability", "--pairs", "a:b@step=x"),
+    ("hessian", "dir/notes.txt"),
+    ("ntk", "a@"),
+])
+def test_the_commands_refuse_a_bad_reference_in_one_line_before_anything_runs(tmp_path, capsys, args):
+    from conftest import run_cli
+
+    code, _, err = run_cli("--root", tmp_path / "no-store", *args, "--no-figure", capsys=capsys)
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: bad "), err
+    assert not (tmp_path / "no-store").exists() and not (tmp_path / "results").exists()
+
+
 def test_a_non_string_is_a_usage_error():
     with pytest.raises(UsageError, match="a checkpoint reference is a string"):
         Ref.parse(3)

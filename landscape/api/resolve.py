@@ -210,7 +210,8 @@ class Resolver:
                 ref_a, sep, ref_b = item.strip().partition(":")
                 if not sep or not ref_a or not ref_b:
                     raise UsageError(f"--pairs takes siblings, all, or A:B[,C:D...]; got {item!r}")
-                jobs.append((ref_a, ref_b, pair_labels(self.run_info(ref_a), self.run_info(ref_b))))
+                a, b = Ref.parse(ref_a), Ref.parse(ref_b)  # a bad reference fails here, before any worker starts
+                jobs.append((str(a), str(b), pair_labels(self.run_info(a), self.run_info(b))))
             return jobs
         if pairs not in ("siblings", "all"):
             raise UsageError(f"--pairs takes siblings, all, or A:B[,C:D...]; got {pairs!r}")
@@ -231,7 +232,7 @@ class Resolver:
                 + (" (siblings are Phase-2 copies from `landscape phases` with the same parent; try --pairs all)"
                    if pairs == "siblings" else "")
             )
-        return [(f"{x.name}@last", f"{y.name}@last", pair_labels(x, y)) for x, y in chosen]
+        return [(str(Ref(run=x.name, at="last")), str(Ref(run=y.name, at="last")), pair_labels(x, y)) for x, y in chosen]
 
 
 def compare_data(a: Checkpoint, b: Checkpoint, data_from: str = "a", *, what: str = "A and B") -> DataChoice:
