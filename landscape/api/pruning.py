@@ -212,8 +212,7 @@ def expand_prune_levels(resolver, ref: str, config) -> tuple[list, list]:
     for level in config.prune_levels:
         done = pruned_retrain(store, trained, init, level)
         last = done.checkpoints()[-1]
-        targets.append(Target(f"{done.name}@step={last.step}", str(last.path), done.name, last.step, last.epoch,
-                              tag=(("prune_level", level),)))
+        targets.append(Target.of(done.name, last, tag=(("prune_level", level),)))  # its sha256 checked on load
     return targets, [trained.input_ref(), init.input_ref()]
 
 

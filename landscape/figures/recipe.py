@@ -9,7 +9,7 @@ one HDF5 summary ``<out>/<name>/<name>-<scale>.h5`` (the numbers as datasets, th
 settings as attributes, atomically); a summary whose stored settings equal the current ones means the recipe
 is finished and is skipped on rerun.
 
-Validity gates (issue 25): each recipe states, before it runs, what a usable model is (:class:`Gate`: finite
+Validity gates: each recipe states, before it runs, what a usable model is (:class:`Gate`: finite
 final losses, final test accuracy at or above a floor, no collapse over the last checkpoints). Every end model
 the recipe judges is checked: a part judged from a model that fails (:meth:`Context.judged`) becomes
 "inconclusive (invalid regime)" with the reason, and a failing run trained through :meth:`Context.train` that
@@ -33,6 +33,7 @@ import numpy as np
 
 from landscape.atomic import atomic_write
 from landscape.errors import DataError, UsageError
+from landscape.refs import Ref
 from landscape.runtime import code_version
 from landscape.verdict import Verdict, inconclusive
 
@@ -162,7 +163,7 @@ class Context:
     def judged(self, part: Verdict, runs) -> Verdict:
         """``part`` as judged from the end models ``runs``: unchanged when all pass the gate, else inconclusive
         (invalid regime) with the failing runs and reasons."""
-        names = [r.split("@")[0] if isinstance(r, str) else r.name for r in runs]
+        names = [Ref.parse(r).name if isinstance(r, str) else r.name for r in runs]
         results = self.gate(list(dict.fromkeys(names)))
         self.claimed.update(g.run for g in results)
         self.part_runs[part.claim] = [g.run for g in results]
