@@ -103,6 +103,7 @@ def _plain_our_route(name, shape, x, y):
     import torch
     import torch.nn.functional as F
 
+    from landscape.evaluate.allocator import tuned_allocator
     from landscape.models import build_model
     from landscape.train.privatize import PrivacyConfig, Privatizer
 
@@ -115,11 +116,12 @@ def _plain_our_route(name, shape, x, y):
     ones = torch.ones(len(x))
 
     def mean_grad():
-        xb, yb = engine._prepare(x, y)
-        units, _, _ = engine._capture(xb, yb)
-        sums = engine._zeros()
-        engine._hooks_weighted(units, engine._layer_weights(ones, len(x)), sums)
-        return {k: g.div_(len(x)) for k, g in sums.items()}
+        with tuned_allocator():  # the allocator regime of the engine's and the Privatizer's own calls
+            xb, yb = engine._prepare(x, y)
+            units, _, _ = engine._capture(xb, yb)
+            sums = engine._zeros()
+            engine._hooks_weighted(units, engine._layer_weights(ones, len(x)), sums)
+            return {k: g.div_(len(x)) for k, g in sums.items()}
 
     # the same gradient as autograd's, or the comparison means nothing
     reference = torch.autograd.grad(F.cross_entropy(model(x), y), list(named.values()))
