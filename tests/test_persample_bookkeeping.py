@@ -181,3 +181,14 @@ def test_float32_conv_step_close_to_float64():
                                                            lambda nm: CLIP_FUNCTIONS["abadi"](nm.flat, 0.1))
     assert torch.allclose(norms32.flat, norms64.flat, rtol=1e-5)
     close({k: v.double() for k, v in sums32.items()}, sums64, tol=1e-5)
+
+
+def test_materialised_gradients_are_contiguous_and_exact(monkeypatch):
+    """``grads()`` hands out ordinary contiguous tensors, also where the channels-last route formed a permuted view."""
+    monkeypatch.setattr(handlers, "GROUPED_MIN_POSITIONS", 10**9)
+    model = model_of("conv", seed=6)
+    x, y = data("conv", n=5, seed=6)
+    got = PerSampleEngine(model, strategy="hooks").grads(x, y)
+    want = LoopEngine(model).grads(x, y)
+    assert all(g.is_contiguous() for g in got.values())
+    close(got, want)

@@ -392,7 +392,7 @@ class PerSampleEngine:
                 g = self._hooks_per_sample(units, xc.shape[0])
             else:
                 g, _, _ = self._func_grads(xc, yc)
-            parts.append({k: (g[k] * m[k] if k in m else g[k]).detach() for k in self.names})
+            parts.append({k: (g[k] * m[k] if k in m else g[k]).detach().contiguous() for k in self.names})
         if len(parts) == 1:
             return parts[0]
         return {k: torch.cat([p[k] for p in parts]) for k in self.names}
