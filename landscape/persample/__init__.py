@@ -18,7 +18,10 @@ Exact routes, chosen automatically (``engine.strategy``):
     re-weighted ``B``, or a weighted sum of the gradients already materialised for the norms): no second
     backward. The backward itself only computes activation gradients, never the weight gradients.
     Convolutions materialise per-sample gradients with one grouped weight-gradient kernel (batch folded
-    into the groups) or, for few output positions, a strided unfold and a batched matmul.
+    into the groups) or, for few output positions, one grouped convolution of the inputs with the output
+    gradients as kernels (one input channel per group) or channels-last unfolded patches and a batched
+    matmul. The engine's calls run with glibc keeping freed large blocks (``tuned_allocator``), so these
+    per-batch tensors are not page-faulted in afresh on every step.
 ``mixed``
     The hooks route for the modules with a handler, and in the same forward/backward a ``FunctionalHandler``
     for every other module owning trainable parameters (or the nearest called ancestor of one that is never

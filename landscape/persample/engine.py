@@ -3,6 +3,7 @@ checks it once, and answers norms, weighted and clipped sums, materialised gradi
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, jvp
 
 from landscape.errors import ModelError, UsageError
+from landscape.evaluate.allocator import tuned_allocator
 from landscape.persample.capture import Capture, place_batch, probe_calls
 from landscape.persample.functional import FunctionalHandler, functorch_grads
 from landscape.persample.handlers import HooksFailed, _sq, plan_handlers
@@ -78,6 +80,19 @@ def _shared_parameters(model: nn.Module) -> list[str]:
         for p in m.parameters(recurse=False):
             owners[id(p)] = owners.get(id(p), 0) + 1
     return [k for k, p in model.named_parameters() if owners.get(id(p), 0) > 1]
+
+
+def _kept_memory(method):
+    """Run an engine method inside ``tuned_allocator``: its activations, output gradients, patches and per-sample
+    gradients are large blocks allocated afresh on every batch, which glibc would otherwise hand back to the OS
+    and page-fault in again (on CPU, a large share of a DP step's per-sample work)."""
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        with tuned_allocator():
+            return method(*args, **kwargs)
+
+    return wrapper
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -343,6 +358,7 @@ class PerSampleEngine:
         return functorch_grads(self.model, self.names, x, y)
 
     # ---------------------------------------------------------------- public API
+    @_kept_memory
     def norms(self, x: Tensor, y: Tensor, *, masks: Masks = None) -> PerSampleNorms:
         """Per-sample gradient norms, flat and per layer (float64), with per-sample losses and logits."""
         x, y = self._prepare(x, y)
@@ -361,6 +377,7 @@ class PerSampleEngine:
             parts.append(self._norms_from_sq(sq, losses, logits))
         return parts[0] if len(parts) == 1 else PerSampleNorms.cat(parts)
 
+    @_kept_memory
     def grads(self, x: Tensor, y: Tensor, *, masks: Masks = None) -> dict[str, Tensor]:
         """Materialised per-sample gradients ``{name: (n, *shape)}`` (masked), chunked by ``microbatch``."""
         x, y = self._prepare(x, y)
@@ -375,11 +392,12 @@ class PerSampleEngine:
                 g = self._hooks_per_sample(units, xc.shape[0])
             else:
                 g, _, _ = self._func_grads(xc, yc)
-            parts.append({k: (g[k] * m[k] if k in m else g[k]).detach() for k in self.names})
+            parts.append({k: (g[k] * m[k] if k in m else g[k]).detach().contiguous() for k in self.names})
         if len(parts) == 1:
             return parts[0]
         return {k: torch.cat([p[k] for p in parts]) for k in self.names}
 
+    @_kept_memory
     def weighted_sum(
         self, x: Tensor, y: Tensor, weights: Weights, *, masks: Masks = None
     ) -> dict[str, Tensor]:
@@ -417,6 +435,7 @@ class PerSampleEngine:
             for k in self.names:
                 acc[k].add_(torch.einsum("n,n...->...", w[k], g[k]))
 
+    @_kept_memory
     def clipped_sum(
         self,
         x: Tensor,

@@ -47,6 +47,7 @@ from torch import nn
 
 from landscape.clip import CLIP_FUNCTIONS, CLIP_STYLES, clip_factors, layer_threshold  # noqa: F401 (re-exported)
 from landscape.errors import IncompatibleError, UsageError
+from landscape.evaluate.allocator import tuned_allocator
 from landscape.pooling import exact_fast_pooling
 from landscape.train.smoothing import laplacian_smooth
 
@@ -331,7 +332,12 @@ class Privatizer:
     def compute_gradients(
         self, x: torch.Tensor, y: torch.Tensor, *, masks: Mapping[str, torch.Tensor] | None = None
     ) -> StepStats:
-        """Fill ``p.grad`` with the step's gradient (see module docstring); return the step's metrics."""
+        """Fill ``p.grad`` with the step's gradient (see module docstring); return the step's metrics. glibc keeps
+        the step's large blocks for the next step meanwhile (``tuned_allocator``), plain or private alike."""
+        with tuned_allocator():
+            return self._compute_gradients(x, y, masks)
+
+    def _compute_gradients(self, x, y, masks) -> StepStats:
         cfg = self.config
         masks_t = self.prepare_masks(masks)
         n = int(x.shape[0])
