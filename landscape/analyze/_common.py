@@ -9,6 +9,7 @@ from typing import Any
 from landscape.analyze.registry import option
 from landscape.errors import UsageError
 from landscape.evaluate import DEFAULT_BATCH_SIZE
+from landscape.options import Options
 
 METHODS = ("auto", "loop", "plain", "vmap")  # landscape.evaluate methods
 
@@ -20,16 +21,16 @@ def device_option() -> Any:
                   "recorded in the result's attrs.", kind="device")
 
 
-@dataclasses.dataclass
-class EvaluationOptions:
-    """How checkpoints are evaluated (the base of the interpolate, directions and surface configs): a seeded
-    stratified subset of each split, examples per forward pass, device and engine (:mod:`landscape.evaluate`)."""
+@dataclasses.dataclass(frozen=True)
+class EvaluationOptions(Options):
+    """How checkpoints are evaluated (the base of the interpolate, directions, surface and calibration configs): a
+    seeded stratified subset of each split, examples per forward pass, device and engine (:mod:`landscape.evaluate`)."""
 
     subset: int | float | None = option(None, "Evaluate on a seeded stratified subset of each split (count or "
                                         "fraction; default: all).", kind="subset")
     subset_seed: int = option(0, "Seed of the subset.")
-    batch_size: int = option(DEFAULT_BATCH_SIZE, "Examples per forward pass (results do not depend on it beyond "
-                             "rounding).", min=1)
+    chunk: int = option(DEFAULT_BATCH_SIZE, "Examples per forward pass (memory bound; results do not depend on it "
+                        "beyond rounding).", min=1, renamed_from=("batch_size",))
     device: str = device_option()
     method: str = option("auto", "Evaluation engine (landscape.evaluate).", choices=METHODS)
 

@@ -35,16 +35,20 @@ from landscape.analyze.registry import Analysis, option
 from landscape.clip import CLIP_STYLES, clip_factors, layer_threshold
 from landscape.errors import NonFiniteError, UsageError
 from landscape.gram import KINDS, gram_blocks, layer_names, parse_memory
+from landscape.options import Options
 from landscape.results import StoredResult, stored, write_csv
-from landscape.runtime import check_device_name, resolve_device
+from landscape.runtime import resolve_device
 
 CLIPS = ("none", "flat", "layerwise")
 CLIP_FNS = ("abadi", "automatic", "normalize", "global")
 STRATEGIES = ("auto", "hooks", "materialize", "ghost", "functorch")
-PRECISIONS = ("auto", "double", "single")
+PRECISIONS = ("auto", "float64", "float32")
+#: the config's precision names (those of ``hessian --precision``) -> landscape.gram's
+GRAM_PRECISION = {"auto": "auto", "float64": "double", "float32": "single"}
 KIND_HELP = ("loss-grad: <grad l_i, grad l_j>; output: d f/d w (d f/d w)^T (nM x nM); output-trace: its trace "
              "over logits (n x n).")
-PRECISION_HELP = "auto: float64 for small tensors, model dtype for big contractions; double: model in float64."
+PRECISION_HELP = ("auto: float64 for small tensors, the model's dtype for big contractions; float64: the model and "
+                  "every contraction in float64; float32: every contraction in the model's dtype.")
 #: an eigenvalue counts as >= 0 if it is >= -EIG_RTOL * ||A||_F, as real if |imag| <= EIG_RTOL * ||A||_F
 EIG_RTOL = 1e-6
 #: a matrix counts as symmetric if ||A - A^T||_F / ||A||_F <= SYM_RTOL
@@ -219,11 +223,12 @@ def clip_kernel(
 
 
 # ------------------------------------------------------------------------------------------ configs
-@dataclass
-class KernelOptions:
+@dataclass(frozen=True)
+class KernelOptions(Options):
     """Which kernel of which examples, and how it is computed (the base of NTKConfig and NTKTableConfig)."""
 
-    n: int = option(128, "Number of examples (seeded stratified subset of the checkpoint's data).", min=1)
+    subset: int = option(128, "Number of examples (seeded stratified subset of the checkpoint's data).", min=1,
+                         renamed_from=("n",))
     kind: str = option("loss-grad", KIND_HELP, choices=KINDS)
     clip_fn: str = option("abadi", "Clipping function (Bu et al. Sec. 2.2).", choices=CLIP_FNS)
     layers: tuple[str, ...] | None = option(None, "Glob patterns of parameter names to include (default: all "
@@ -233,11 +238,15 @@ class KernelOptions:
     max_memory: str | int | None = option("4GB", "Memory budget of the Gram computation (e.g. 4GB, 512MiB).",
                                           kind="text")
     strategy: str = option("auto", "How per-layer Gram blocks are computed.", choices=STRATEGIES)
-    precision: str = option("auto", PRECISION_HELP, choices=PRECISIONS)
+    precision: str = option("auto", PRECISION_HELP, choices=PRECISIONS,
+                            value_aliases={"double": "float64", "single": "float32"})
     device: str = device_option()
 
+    def validate(self) -> None:
+        parse_memory(self.max_memory)
 
-@dataclass
+
+@dataclass(frozen=True)
 class NTKConfig(KernelOptions):
     """Options of ``landscape ntk`` (stored as the result's params)."""
 
@@ -246,45 +255,15 @@ class NTKConfig(KernelOptions):
     layer_max_norms: float | None = option(None, "Layerwise per-layer norm C_r (default C / sqrt(#layers), as in "
                                            "training).", flag="--layer-max-norm", min=0, min_open=True)
 
-    def __post_init__(self) -> None:
-        if self.clip not in CLIPS:
-            raise UsageError(f"unknown clip '{self.clip}' (choose from {', '.join(CLIPS)})")
-        if self.n < 1:
-            raise UsageError(f"--n must be at least 1, got {self.n}")
-        if not self.max_grad_norm > 0:
-            raise UsageError(f"--max-grad-norm must be positive, got {self.max_grad_norm}")
-        if self.split not in ("train", "test"):
-            raise UsageError(f"--split must be train or test, got '{self.split}'")
-        _check_kernel_options(self)
 
-
-@dataclass
+@dataclass(frozen=True)
 class NTKTableConfig(KernelOptions):
     """Options of ``landscape ntk-table`` (stored as the result's params)."""
 
     max_grad_norms: tuple[float, ...] = option((0.01, 0.1, 1.0, 10.0, 100.0), "Clipping norms C.",
                                                flag=("--max-grad-norm", "-C"), min=0, min_open=True)
-    clip_styles: tuple[str, ...] = option(CLIP_STYLES, "Clipping styles: flat, layerwise.", flag="--clip-style")
-
-    def __post_init__(self) -> None:
-        self.max_grad_norms = tuple(float(c) for c in self.max_grad_norms)
-        self.clip_styles = tuple(self.clip_styles)
-        if not self.max_grad_norms or any(not c > 0 for c in self.max_grad_norms):
-            raise UsageError("--max-grad-norm needs one or more positive numbers")
-        bad = [s for s in self.clip_styles if s not in CLIP_STYLES]
-        if bad or not self.clip_styles:
-            raise UsageError(f"unknown clip style {bad} (choose from {', '.join(CLIP_STYLES)})")
-        _check_kernel_options(self)
-
-
-def _check_kernel_options(config: NTKConfig | NTKTableConfig) -> None:
-    """What both configs check alike: the kernel kind, the layers (kept as a tuple) and the memory budget."""
-    if config.kind not in KINDS:
-        raise UsageError(f"unknown kernel kind '{config.kind}' (choose from {', '.join(KINDS)})")
-    if config.layers is not None:
-        config.layers = tuple(config.layers)
-    parse_memory(config.max_memory)
-    check_device_name(config.device)
+    clip_styles: tuple[str, ...] = option(CLIP_STYLES, "Clipping styles: flat, layerwise.", flag="--clip-style",
+                                          choices=CLIP_STYLES)
 
 
 # ------------------------------------------------------------------------------------------ kernels
@@ -432,7 +411,7 @@ def compute_ntk(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: NTKC
                 indices: np.ndarray | None = None) -> NTKResult:
     """The (clipped) NTK of ``model`` on examples ``x, y`` as ``config`` asks (pure: no store I/O)."""
     lk = layer_kernels(model, x, y, kind=config.kind, layers=config.layers, strategy=config.strategy,
-                       max_memory=config.max_memory, precision=config.precision)
+                       max_memory=config.max_memory, precision=GRAM_PRECISION[config.precision])
     K = lk.K
     L, n = lk.layer_sq_norms.shape
     layer_max = None
@@ -527,7 +506,7 @@ def ntk_table(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: NTKTab
               epoch: float = float("nan")) -> NTKTable:
     """Bu et al. Table 1 measured on one model: one Gram computation, every clipping norm and style."""
     lk = layer_kernels(model, x, y, kind=config.kind, layers=config.layers, strategy=config.strategy,
-                       max_memory=config.max_memory, precision=config.precision)
+                       max_memory=config.max_memory, precision=GRAM_PRECISION[config.precision])
     return NTKTable(config=config, rows=table_rows(lk, config, step=step, epoch=epoch))
 
 
@@ -540,26 +519,26 @@ def examples(point, n: int, seed: int, split: str) -> tuple[torch.Tensor, torch.
 
     x, y = point.data.split(split)
     if n > len(y):
-        raise UsageError(f"--n {n} is more than the {len(y)} {split} examples of data set "
+        raise UsageError(f"--subset {n} is more than the {len(y)} {split} examples of data set "
                          f"'{point.checkpoint.data_spec.get('name')}'")
     idx = subset_indices(y, n, seed)
     return x[idx], y[idx], idx.numpy()
 
 
 def _model_and_examples(point, config):
-    """The checkpoint's model and the seeded examples on ``config.device`` (in float64 for ``precision="double"``)."""
+    """The checkpoint's model and the seeded examples on ``config.device`` (in float64 for ``precision="float64"``)."""
     device = resolve_device(config.device)
     model = point.model().to(device)
-    if config.precision == "double":
+    if config.precision == "float64":
         model = model.double()
-    x, y, idx = examples(point, config.n, config.seed, config.split)
+    x, y, idx = examples(point, config.subset, config.seed, config.split)
     dtype = next(model.parameters()).dtype
     x = x.to(device, dtype) if x.is_floating_point() else x.to(device)  # token ids stay integers
     return model, x, y.to(device), idx
 
 
 def compute_point(point, config: NTKConfig) -> NTKResult:
-    """:func:`compute_ntk` at one resolved checkpoint (``precision="double"`` runs the model in float64)."""
+    """:func:`compute_ntk` at one resolved checkpoint (``precision="float64"`` runs the model in float64)."""
     model, x, y, idx = _model_and_examples(point, config)
     return compute_ntk(model, x, y, config, indices=idx)
 
@@ -568,7 +547,7 @@ def table_point(point, config: NTKTableConfig) -> list[NTKTableRow]:
     """One checkpoint's rows of the measured Table 1: one Gram computation for every clipping norm and style."""
     model, x, y, _ = _model_and_examples(point, config)
     lk = layer_kernels(model, x, y, kind=config.kind, layers=config.layers, strategy=config.strategy,
-                       max_memory=config.max_memory, precision=config.precision)
+                       max_memory=config.max_memory, precision=GRAM_PRECISION[config.precision])
     return table_rows(lk, config, step=point.step, epoch=float(point.epoch))
 
 
