@@ -48,7 +48,8 @@ def param_type(f: dataclasses.Field, hint: Any) -> dict[str, Any]:
     coercion, :func:`landscape.options.coerce`)."""
     meta = dict(f.metadata)
     kind = meta.get("kind")
-    bounds = {k: meta[k] for k in ("min", "max", "min_open", "max_open") if meta.get(k) not in (None, False)}
+    bounds = {k: meta[k] for k in ("min", "max") if meta.get(k) is not None}
+    bounds |= {k: True for k in ("min_open", "max_open") if meta.get(k)}
     members, _ = split_optional(hint)
     base = members[0] if len(members) == 1 else None
     if kind == "subset":

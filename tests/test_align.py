@@ -217,7 +217,7 @@ def test_independent_siblings_have_a_lower_barrier_after_alignment(digits):
     spec = aligned.spec
     assert similarity(spec, sa, aligned.state) >= similarity(spec, sa, sb)  # the objective never decreases
     assert aligned.distance_after < aligned.distance_before
-    cfg = InterpolateConfig(points=9, splits=("test",))
+    cfg = InterpolateConfig(points=9, split=("test",))
     before = interpolate_states(a, sa, sb, data, config=cfg).instability_loss["test"]
     after = interpolate_states(a, sa, aligned.state, data, config=cfg).instability_loss["test"]
     print(f"siblings test-loss instability before {before:.4f} after {after:.4f}")
@@ -384,7 +384,7 @@ def test_interpolate_and_instability_align_report_before_and_after(tmp_path, dig
     again = InterpolationResult.from_hdf5(plain)  # without --align: the same path, no aligned fields
     assert again.loss_aligned == {} and "instability_loss_aligned" not in again.summary()[0]
     np.testing.assert_array_equal(again.loss["test"], r.loss["test"])
-    code, text, err = run_cli(store.root, "instability", "--pairs", "a:p", "--align", "--splits", "test",
+    code, text, err = run_cli(store.root, "instability", "--pairs", "a:p", "--align", "--split", "test",
                               "--points", "5", "--subset", "150", "-o", tmp_path / "t.h5", "--no-figure",
                               capsys=capsys)
     assert code == 0, err

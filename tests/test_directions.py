@@ -235,7 +235,7 @@ def run_cli(capsys, *args):
 def test_sibling_rise_far_below_random_rise(siblings, tmp_path, capsys):
     out = tmp_path / "d.h5"
     code, stdout, err = run_cli(capsys, "--root", str(siblings), "directions", "g-sgd-sgd-0", "--toward",
-                                "g-sgd-sgd-1", "--n", "16", "--points", "5", "--normalize", "filter", "-o", str(out),
+                                "g-sgd-sgd-1", "--directions", "16", "--points", "5", "--normalize", "filter", "-o", str(out),
                                 "--json")
     assert code == 0, err
     summary = json.loads(stdout)
@@ -252,7 +252,7 @@ def test_sibling_rise_far_below_random_rise(siblings, tmp_path, capsys):
     assert [i.ref for i in result.inputs] == ["g-sgd-sgd-0", "g-sgd-sgd-1"]
     assert all(len(i.sha256) == 64 for i in result.inputs)
     assert {p.suffix for p in map(__import__("pathlib").Path, summary["figures"])} == {".png", ".pdf"}
-    assert result.config == DirectionsConfig(n=16, points=5, normalize="filter")
+    assert result.config == DirectionsConfig(directions=16, points=5, normalize="filter")
 
 
 def test_worker_chunks_give_the_same_arrays(siblings):
@@ -261,7 +261,7 @@ def test_worker_chunks_give_the_same_arrays(siblings):
     from landscape.store import Store
 
     a = Store(siblings).load("g-sgd-sgd-0")
-    config = DirectionsConfig(n=5, points=3, distance=4.0, subset=200)
+    config = DirectionsConfig(directions=5, points=3, distance=4.0, subset=200)
     from landscape.api.execution import set_worker_state, worker_state
 
     set_worker_state(api._init_worker(api._Payload(a.model_spec, a.state_dict, a.data_spec, None, False, config)))

@@ -445,7 +445,7 @@ def test_norms_symmetry_and_ntk_on_a_user_model_equal_the_naive_loop():
     G = flatten_grads(ref)
     point = _point(model, x, y)
 
-    cfg = norms.NormsConfig(grad_samples=12, chunk=5)
+    cfg = norms.NormsConfig(subset=12, chunk=5)
     edges = norms.shared_edges([norms.value_range(point, cfg)], cfg)
     row, _, names = norms.compute_point(point, cfg, edges)
     idx = norms.sample_indices(12, 12, cfg.seed)

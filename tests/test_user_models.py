@@ -152,7 +152,7 @@ def test_a_store_that_names_code_runs_nothing(tmp_path, capsys):
     assert code == 0 and "sys" in out
     assert run_cli("--root", root, "store", "show", "file@last", capsys=capsys)[0] == 0
     commands = [("interpolate", "file@init", "file@last"), ("interpolate", "sys@init", "sys@last"),
-                ("hessian", "file@last", "--n", "10"), ("calibration", "sys@last"), ("norms", "file"),
+                ("hessian", "file@last", "--subset", "10"), ("calibration", "sys@last"), ("norms", "file"),
                 ("calibration", "data@init"), ("interpolate", "bare@init", "bare@last")]
     for command in commands:
         code, _, err = run_cli("--root", root, *command, "--no-figure", capsys=capsys)
@@ -241,7 +241,7 @@ def test_user_cnn_interpolation_equals_a_blended_state_dict_loop(cnn_store, caps
 def test_workers_receive_the_trusted_code(cnn_store, capsys):
     root, user = cnn_store
     code, _, err = run_cli("--root", root, "--code", ref("tiny_cnn", user), "norms", "a", "--workers", 2,
-                           "--grad-samples", 16, "--no-figure", "-o", "n.h5", capsys=capsys)
+                           "--subset", 16, "--no-figure", "-o", "n.h5", capsys=capsys)
     assert code == 0, err
 
 
@@ -295,7 +295,7 @@ def test_mobilenet_from_torchvision_with_groupnorm(tmp_path):
     a, b = store.load("a@last"), store.load("b@last")
     assert a.data_spec["code"]["attr"] == "images" and a.data_spec["name"] == ref("images")
     code = [ref("mobilenet"), ref("images")]
-    result = interpolate("a", "b", root=root, points=3, figure=False, code=code, splits=("test",))
+    result = interpolate("a", "b", root=root, points=3, figure=False, code=code, split=("test",))
     with plugins.trusting(code):
         model = a.build_model()
     assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
@@ -358,7 +358,7 @@ def test_transformer_interpolation_calibration_norms_against_plain_torch(transfo
     assert row.nll == pytest.approx(-logp.gather(1, y_te[:, None]).mean().item(), rel=1e-5)
     assert row.accuracy == pytest.approx((logp.argmax(1) == y_te).float().mean().item())
 
-    res = norms(["a"], root=root, figure=False, code=CODE_T, grad_samples=len(y_tr), output="n.h5")
+    res = norms(["a"], root=root, figure=False, code=CODE_T, subset=len(y_tr), output="n.h5")
     last = res.runs[0].rows[-1]
     from landscape.analyze.norms import sample_indices
 

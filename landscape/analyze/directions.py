@@ -34,7 +34,7 @@ from landscape.bounds import DIRECTIONS_MAX, POINTS_MAX
 from landscape.directions import BIASBN, NORMALIZATIONS, max_abs_cosine, random_directions
 from landscape.errors import NonFiniteError, UsageError
 from landscape.evaluate import Affine, Segment, evaluate
-from landscape.options import Options
+from landscape.options import Options, build
 from landscape.params import ParamSpace
 from landscape.results import StoredResult, stored
 
@@ -277,7 +277,7 @@ def random_profiles(
     forward passes (``point_metrics``, ``toward_metrics``; ``metrics``: already loaded by
     :func:`landscape.metrics.load`). Keyword ``overrides`` replace config fields.
     """
-    config = dataclasses.replace(config or DirectionsConfig(), **overrides)
+    config = build(DirectionsConfig, overrides, base=config)
     space = space or ParamSpace.from_model(model)
     theta = theta.detach()
     if theta.numel() != space.dim:
