@@ -166,6 +166,7 @@ class CommaList(Coerced):
     def __init__(self, number: bool = False, choices: tuple[str, ...] | None = None, **bounds: Any):
         self.annotation = tuple[float, ...] if number else tuple[str, ...]
         self.meta = {**bounds, "choices": tuple(choices) if choices else None}
+        self.item = FiniteFloat(**bounds) if number else None  # the items' type, for --help and introspection
         self.name = ",".join(choices) if choices else ("X,Y,..." if number else "A,B,...")
 
 
