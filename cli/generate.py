@@ -36,7 +36,7 @@ from cli.options import (
 )
 from landscape.analyze.registry import Analysis, get, parallel
 from landscape.bounds import is_seed
-from landscape.options import split_optional, cli_fields, flag_of, flags_of, hints, old_flags
+from landscape.options import cli_fields, flag_of, flags_of, hints, old_flags, split_optional
 
 ARGUMENTS = {"checkpoint": [("ref", 1)], "pair": [("ref_a", 1), ("ref_b", 1)], "pairs": [("runs", -1)], "target": [("target", 1)],
              "targets": [("targets", -1)]}

@@ -421,4 +421,4 @@ def type_name(annotation: Any, meta: Mapping[str, Any] | None = None) -> str:
         return "{" + ", ".join(repr(c) for c in meta["choices"]) + "}"
     if isinstance(annotation, type):
         return annotation.__name__
-    return str(annotation).replace("typing.", "")
+    return str(annotation).replace("typing.", "").replace("collections.abc.", "").replace("pathlib.", "")

@@ -17,7 +17,6 @@ statistics) stay theta_A's. Pure: a model, flat vectors and tensors in, a :class
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence

@@ -266,6 +266,6 @@ SPEC = Analysis(
     output="hessian", purpose="take Hessian-vector products", needs=("manifest",),
     doc="""Hessian sharpness (PyHessian, Yao et al. 2020) of runs or checkpoints TARGETS...: top-k eigenvalues
     (Lanczos, with residuals), --trace (Hutchinson, with its standard error), --density (stochastic Lanczos
-    quadrature, Ghorbani et al. 2019), on a fixed seeded subset of --n examples. A run means every checkpoint
+    quadrature, Ghorbani et al. 2019), on a fixed seeded subset of --subset examples. A run means every checkpoint
     (sharpness against epoch, all runs on one figure).""",
 )

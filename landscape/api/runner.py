@@ -354,21 +354,28 @@ def _field_default(f: dataclasses.Field) -> Any:
 
 
 def api_doc(spec: Analysis) -> str:
-    """The api function's docstring: the spec's doc, then every parameter with its type, default and help."""
+    """The api function's docstring (Google style, as the docs site reads it): the spec's doc, then every
+    parameter with its type, help text and default, and what it returns."""
+    import textwrap
+
     from landscape.options import describe, type_name
 
+    def arg(name: str, type_text: str, text: str) -> list[str]:
+        return textwrap.wrap(f"{name} ({type_text}): {text}", 110, initial_indent="    ", subsequent_indent="        ")
+
     lines = [inspect.cleandoc(spec.doc or spec.compute.__doc__ or spec.name), "",
-             f"Returns the ``{spec.result.__name__}`` (with ``.path`` and ``.figures``). Keyword options replace the "
-             f"fields of ``config`` (default ``{spec.config.__name__}()``).", "", "Parameters", "----------"]
+             f"Keyword options replace the fields of ``config`` (default ``{spec.config.__name__}()``); a value may "
+             "be given as on the command line (``split=\"train,test\"``) or as a Python value.", "", "Args:"]
     for name, annotation, text in _REFS[spec.inputs]:
-        lines += [f"{name} : {type_name(annotation)}", f"    {text}"]
-    lines += ["config : " + spec.config.__name__ + " | None", "    All options at once (keywords replace its fields)."]
+        lines += arg(name, type_name(annotation), text)
+    lines += arg("config", f"{spec.config.__name__} | None", "All options at once (keywords replace its fields).")
     for cls in (spec.config, spec.run_options):
         for name, type_text, default, text in describe(cls) if cls is not None else ():
-            lines += [f"{name} : {type_text}, default {default}", f"    {text or '(api only)'}"]
+            lines += arg(name, type_text, f"{text or 'Api only.'} Default: {default}.")
     for name in _runner_names(spec):
         annotation, default, text = RUNNER_OPTIONS[name]
-        lines += [f"{name} : {type_name(annotation)}, default {default!r}", f"    {text}"]
+        lines += arg(name, type_name(annotation), f"{text} Default: {default!r}.")
+    lines += ["", "Returns:", f"    {spec.result.__name__}: the result, with ``.path`` (the HDF5 file) and ``.figures``."]
     return "\n".join(lines) + "\n"
 
 

@@ -495,7 +495,7 @@ def _check_type(value: Any, annotation: Any, opt: str) -> Any:
     (:func:`landscape.options.coerce`: ``[0.1, 0.5]`` or ``"0.1,0.5"`` for a tuple, ``"3"`` for an int, ...)."""
     from landscape.options import coerce
 
-    return coerce(value, annotation, flag=f"option '{opt}'", name=opt)
+    return coerce(value, annotation, flag="--" + opt.replace("_", "-"), name=opt)
 
 
 _WARNED: set[str] = set()  # spec places whose deprecated option name was already reported in this process
@@ -517,7 +517,7 @@ def _check_options(kind, info, opts, raw_options, grid, env, where, body, key, l
     annotations, required options present, then the kind's configuration built and validated once."""
     import warnings
 
-    from landscape.options import OptionDeprecationWarning, OptionError
+    from landscape.options import OptionDeprecationWarning
 
     def place(opt: str) -> str:
         return raw_options[opt][1] if opt in raw_options else f"{where(grid, opt)}: jobs.{key}.grid.{opt}"
@@ -540,8 +540,6 @@ def _check_options(kind, info, opts, raw_options, grid, env, where, body, key, l
                 out[name] = subset_value(value, "'subset'")
                 continue
             out[name] = _check_type(value, info.options[opt], name)
-        except OptionError as exc:
-            raise SpecError(f"{place(opt)}: {label}: option '{name}' {exc.reason}") from None
         except UsageError as exc:
             raise SpecError(f"{place(opt)}: {label}: {exc}") from None
     for req in info.required:
