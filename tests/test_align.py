@@ -279,7 +279,7 @@ def run_cli(root, *args, capsys):
 
 
 def test_cli_writes_the_aligned_run_with_lineage_privacy_and_mask(root, capsys, digits):
-    code, out, err = run_cli(root, "align", "a", "b", "-o", "b-to-a", capsys=capsys)
+    code, out, err = run_cli(root, "align", "a", "b", "--run", "b-to-a", capsys=capsys)
     assert code == 0, err
     assert "run b-to-a: step 0 = b permuted to match a" in out and "converged" in out
     store = Store(root)
@@ -296,7 +296,7 @@ def test_cli_writes_the_aligned_run_with_lineage_privacy_and_mask(root, capsys, 
 
     history = inherited_privacy(store, store.load("b-to-a@init"))  # what train --from b-to-a@init reads
     assert [vars(e) for e in history.events] == privacy["ancestor_events"] and not history.non_private
-    code, _, err = run_cli(root, "align", "m", "m@init", "-o", "m-self", capsys=capsys)  # one run: its later history
+    code, _, err = run_cli(root, "align", "m", "m@init", "--run", "m-self", capsys=capsys)  # one run: its later history
     assert code == 0, err
     assert store.run("m-self").manifest["privacy"]["non_private_ancestors"] is True  # m's 20 steps: no DP record
     aligned = store.load("b-to-a@init")
@@ -322,8 +322,8 @@ def test_cli_writes_the_aligned_run_with_lineage_privacy_and_mask(root, capsys, 
     (["nan", "a"], 1, "error: A has 1 non-finite value(s)"),
     (["a", "nope"], 1, "error: no run 'nope'"),
     (["a", "b", "--max-iter", "0"], 2, "Invalid value for '--max-iter'"),
-    (["a", "b", "-o", "a"], 1, "error: run 'a' already exists"),
-    (["a", "b", "-o", "bad/name"], 2, "error: bad run name"),
+    (["a", "b", "--run", "a"], 1, "error: run 'a' already exists"),
+    (["a", "b", "--run", "bad/name"], 2, "error: bad run name"),
 ])
 def test_cli_bad_input_is_one_line(root, capsys, args, expected_code, fragment):
     code, _, err = run_cli(root, "align", *args, capsys=capsys)

@@ -223,7 +223,7 @@ def test_cli_align_and_interpolate_align_on_a_user_model(tmp_path, digits, capsy
         assert "Traceback" not in err
         return exit_.value.code, out, err
 
-    code, out, err = cli("align", "a", "b", "-o", "b-to-a")
+    code, out, err = cli("align", "a", "b", "--run", "b-to-a")
     assert code == 0, err
     assert "stream" in out and "inner" in out and "run b-to-a" in out
     b, moved = store.load("b"), store.load("b-to-a@init")

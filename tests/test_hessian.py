@@ -73,7 +73,7 @@ def case():
 
 
 def config(**kw) -> HessianConfig:
-    return dataclasses.replace(HessianConfig(precision="float64", n=N, device="cpu"), **kw)
+    return dataclasses.replace(HessianConfig(precision="float64", subset=N, device="cpu"), **kw)
 
 
 # ------------------------------------------------------------------------------------------- products

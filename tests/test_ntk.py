@@ -344,7 +344,7 @@ def test_cli_errors_are_one_line(store_root, tmp_path):
 
     res = CliRunner().invoke(cli, ["--root", str(store_root), "ntk", "cnn@last", "--subset", "100000",
                                    "-o", str(tmp_path / "x.h5")])
-    assert isinstance(res.exception, UsageError) and "--n 100000" in str(res.exception)
+    assert isinstance(res.exception, UsageError) and "--subset 100000" in str(res.exception)
 
 
 def test_flat_clipping_of_a_layer_subset_uses_the_whole_gradient_norm(cnn, cnn_kernels):
