@@ -329,7 +329,7 @@ def test_cli_ntk_and_table(store_root, tmp_path):
 def test_api_ntk_output_trace(store_root, tmp_path):
     from landscape.api import ntk
 
-    out = ntk("cnn@init", root=store_root, output=tmp_path / "t.h5", figure=False, subset=10, kind="output-trace",
+    out = ntk("cnn@init", root=store_root, output=tmp_path / "t.h5", figure=False, subset=10, kernel="output-trace",
               clip="layerwise", max_grad_norm=0.05)
     assert out.K.shape == (10, 10) and out.figures == [] and out.path == tmp_path / "t.h5"
     assert out.K_properties.symmetric

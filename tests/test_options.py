@@ -150,8 +150,8 @@ RENAMED = {  # analysis -> {old option: new option}: the vocabulary's renames
     "surface": {"batch_size": "chunk", "splits": "split"},
     "directions": {"batch_size": "chunk", "n": "directions"},
     "hessian": {"batch_size": "chunk", "n": "subset"},
-    "ntk": {"n": "subset"},
-    "ntk-table": {"n": "subset"},
+    "ntk": {"n": "subset", "kind": "kernel"},
+    "ntk-table": {"n": "subset", "kind": "kernel"},
     "norms": {"grad_samples": "subset"},
     "symmetry": {"batch_size": "subset"},
     "clipping": {},
@@ -164,7 +164,7 @@ def test_old_names_still_work_with_one_deprecation_line(name, captured):
     assert renames(spec.config) == RENAMED[name]
     args = {"pair": ["a", "b"], "pairs": [], "checkpoint": ["a"], "target": ["a"], "targets": ["a"]}[spec.inputs]
     for old, new in RENAMED[name].items():
-        value = {"splits": "test", "batch_size": "40", "n": "12", "grad_samples": "12"}[old]
+        value = {"splits": "test", "batch_size": "40", "n": "12", "grad_samples": "12", "kind": "output"}[old]
         flag = "--" + old.replace("_", "-")
         cls, config, result = _cli_config(captured, name, *args, flag, value)
         assert getattr(config, new) == getattr(build(cls, {new: value}), new)

@@ -229,7 +229,7 @@ class KernelOptions(Options):
 
     subset: int = option(128, "Number of examples (seeded stratified subset of the checkpoint's data).", min=1,
                          renamed_from=("n",))
-    kind: str = option("loss-grad", KIND_HELP, choices=KINDS)
+    kernel: str = option("loss-grad", KIND_HELP, choices=KINDS, renamed_from=("kind",))  # `kind:` is a batch job's kind
     clip_fn: str = option("abadi", "Clipping function (Bu et al. Sec. 2.2).", choices=CLIP_FNS)
     layers: tuple[str, ...] | None = option(None, "Glob patterns of parameter names to include (default: all "
                                             "trainable).")
@@ -373,7 +373,7 @@ class NTKResult(StoredResult):
 
     def summary(self) -> dict:
         """What the CLI prints: the clipped kernel's properties and the unclipped kernel's."""
-        out = {"kind": self.config.kind, "clip": self.config.clip, "n": int(len(self.labels)),
+        out = {"kind": self.config.kernel, "clip": self.config.clip, "n": int(len(self.labels)),
                "fraction_clipped": self.fraction_clipped}
         out.update(self.properties.scalars())
         out.update({f"K_{k}": v for k, v in self.K_properties.scalars().items()})
@@ -410,7 +410,7 @@ class NTKResult(StoredResult):
 def compute_ntk(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: NTKConfig, *,
                 indices: np.ndarray | None = None) -> NTKResult:
     """The (clipped) NTK of ``model`` on examples ``x, y`` as ``config`` asks (pure: no store I/O)."""
-    lk = layer_kernels(model, x, y, kind=config.kind, layers=config.layers, strategy=config.strategy,
+    lk = layer_kernels(model, x, y, kind=config.kernel, layers=config.layers, strategy=config.strategy,
                        max_memory=config.max_memory, precision=GRAM_PRECISION[config.precision])
     K = lk.K
     L, n = lk.layer_sq_norms.shape
@@ -505,7 +505,7 @@ class NTKTable(StoredResult):
 def ntk_table(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: NTKTableConfig, *, step: int = 0,
               epoch: float = float("nan")) -> NTKTable:
     """Bu et al. Table 1 measured on one model: one Gram computation, every clipping norm and style."""
-    lk = layer_kernels(model, x, y, kind=config.kind, layers=config.layers, strategy=config.strategy,
+    lk = layer_kernels(model, x, y, kind=config.kernel, layers=config.layers, strategy=config.strategy,
                        max_memory=config.max_memory, precision=GRAM_PRECISION[config.precision])
     return NTKTable(config=config, rows=table_rows(lk, config, step=step, epoch=epoch))
 
@@ -546,7 +546,7 @@ def compute_point(point, config: NTKConfig) -> NTKResult:
 def table_point(point, config: NTKTableConfig) -> list[NTKTableRow]:
     """One checkpoint's rows of the measured Table 1: one Gram computation for every clipping norm and style."""
     model, x, y, _ = _model_and_examples(point, config)
-    lk = layer_kernels(model, x, y, kind=config.kind, layers=config.layers, strategy=config.strategy,
+    lk = layer_kernels(model, x, y, kind=config.kernel, layers=config.layers, strategy=config.strategy,
                        max_memory=config.max_memory, precision=GRAM_PRECISION[config.precision])
     return table_rows(lk, config, step=point.step, epoch=float(point.epoch))
 
