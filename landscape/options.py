@@ -236,7 +236,11 @@ def _items(value: Any, item: Any, meta: Mapping[str, Any], flag: str) -> tuple:
     if item is float or item is int:
         out = []
         for v in raw:
-            number = _number(v, item is int, flag)
+            try:
+                number = _number(v, item is int, flag)
+            except OptionError:
+                kind = "integers" if item is int else "finite numbers"
+                raise OptionError(flag, f"must be a comma-separated list of {kind}, got {value!r}") from None
             _bounds(number, meta, flag, item is int)
             out.append(number)
         return tuple(out)
