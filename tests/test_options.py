@@ -274,3 +274,15 @@ def test_an_unknown_keyword_is_one_usage_line():
 
     with pytest.raises(UsageError, match="interpolate\\(\\): got an unexpected keyword argument 'pionts'"):
         api.interpolate("a", "b", pionts=3)
+
+
+def test_landscape_batch_prints_the_deprecation_as_one_line(tmp_path, capsys, monkeypatch):
+    from cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text("jobs:\n  i:\n    kind: hessian\n    refs: [a]\n    n: 32\n")
+    with pytest.raises(SystemExit):
+        main(["batch", "s.yaml", "--dry-run"])
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == ("warning: s.yaml:5: jobs.i.n: option 'n' is deprecated and will be removed in the next "
+                      "release; use 'subset'") and err[1].startswith("error: ") and len(err) == 2
