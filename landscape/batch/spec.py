@@ -498,7 +498,7 @@ def _check_type(value: Any, annotation: Any, opt: str) -> Any:
     return coerce(value, annotation, flag="--" + opt.replace("_", "-"), name=opt)
 
 
-_WARNED: set[str] = set()  # spec places whose deprecated option name was already reported in this process
+_WARNED: set[tuple[int, str]] = set()  # (job mapping, spec place) whose deprecated option name was reported
 
 
 def _renames(kind: str) -> dict[str, str]:
@@ -530,8 +530,8 @@ def _check_options(kind, info, opts, raw_options, grid, env, where, body, key, l
             if new in opts:
                 raise SpecError(f"{place(opt)}: {label}: '{opt}' and '{new}' are the same option ('{opt}' is its "
                                 f"old name); give '{new}' only")
-            if place(opt) not in _WARNED:
-                _WARNED.add(place(opt))
+            if (id(body), place(opt)) not in _WARNED:  # once per place of this spec, not per grid point
+                _WARNED.add((id(body), place(opt)))
                 warnings.warn(f"{place(opt)}: option '{opt}' is deprecated and will be removed in the next release; "
                               f"use '{new}'", OptionDeprecationWarning, stacklevel=2)
         name = new or opt
