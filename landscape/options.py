@@ -153,14 +153,15 @@ def split_optional(hint: Any) -> tuple[tuple[Any, ...], bool]:
 
 
 def _resolve(annotation: Any) -> Any:
-    """An annotation given as a string (a batch spec's kind table) as a type; ``Any`` when it names something
-    this module does not know (such values pass through unchanged)."""
+    """An annotation given as a string (a batch spec's kind table: the text of our own dataclasses' annotations,
+    never user input) as a type; ``Any`` when it names something this module does not know (such values pass
+    through unchanged)."""
     if not isinstance(annotation, str):
         return annotation
     names = {"Any": Any, "Optional": typing.Optional, "Path": Path, "Callable": Callable,
              "Sequence": collections.abc.Sequence, "Mapping": collections.abc.Mapping}
     try:
-        return eval(annotation, {"__builtins__": {}}, {"int": int, "float": float, "bool": bool, "str": str,  # noqa: S307
+        return eval(annotation, {"__builtins__": {}}, {"int": int, "float": float, "bool": bool, "str": str,
                                                         "tuple": tuple, "list": list, "dict": dict, "None": None,
                                                         **names})
     except Exception:
