@@ -155,6 +155,17 @@ def flags(cls: type | None) -> Mapping[str, str]:
     return {} if cls is None else {f.name: flag_of(f) for f in cli_fields(cls)}
 
 
+def check_bounds(config: Any) -> None:
+    """Every option field of ``config`` a value its declaration accepts (:func:`landscape.options.coerce_field`:
+    the declared range, finite numbers, the seed rule, counts at most ``COUNT_MAX``): for dataclasses that are not
+    :class:`landscape.options.Options` (those are checked when made). A violation is one UsageError naming the flag."""
+    from landscape.options import coerce_field
+
+    for f in dataclasses.fields(config):
+        if "help" in f.metadata or "cli" in f.metadata:
+            coerce_field(type(config), f, getattr(config, f.name))
+
+
 def config_with(cls: type, config: Any, options: Mapping[str, Any]) -> Any:
     """``config`` (or a new ``cls``) with keyword ``options`` replacing fields (:func:`landscape.options.build`:
     coerced and validated once; unknown options are one UsageError; old names work with a deprecation line)."""
