@@ -15,6 +15,10 @@ library arguments with :func:`dataset_arguments` / :func:`model_arguments`::
 
 Unknown data set or model names are click usage errors (exit 2); bad options inside the JSON are the
 library's DataError / ModelError (exit 1).
+
+The parameter types (:class:`Count`, :class:`Seed`, :class:`FiniteFloat`, :class:`CommaList`, :class:`SubsetType`,
+:class:`DeviceType`, :class:`FieldType`) convert through :func:`landscape.options.coerce`, the one coercion the
+api and batch specs use too, so a value means the same and a bad one reads the same wherever it is given.
 """
 
 from __future__ import annotations
