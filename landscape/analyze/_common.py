@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from landscape.analyze.registry import option
@@ -39,12 +39,6 @@ def check_positive_int(flag: str, value: Any) -> None:
     """UsageError ``<flag> must be a positive integer, got <value>`` unless ``value`` is an integer >= 1."""
     if int(value) != value or value < 1:
         raise UsageError(f"{flag} must be a positive integer, got {value}")
-
-
-def check_choice(flag: str, value: Any, choices: Sequence[str]) -> None:
-    """UsageError ``<flag> must be one of a, b, got 'x'`` unless ``value`` is one of ``choices``."""
-    if value not in choices:
-        raise UsageError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
 
 
 def split_subset(splits: Mapping[str, Any], name: str, subset: int | float | None, seed: int):
