@@ -380,7 +380,7 @@ def test_transformer_hessian_equals_the_exact_hessian(transformer_store):
     root = transformer_store
     ckpt, model = _transformer(root)
     x, y = plugins.load(ref("sequences"))(seed=0)[:2]
-    res = hessian("a@last", root=root, figure=False, code=CODE_T, top_k=2, n=len(y), precision="float64",
+    res = hessian("a@last", root=root, figure=False, code=CODE_T, top_k=2, subset=len(y), precision="float64",
                   tol=1e-10, lanczos_steps=300)
     names = [k for k, _ in model.named_parameters()]
     params = {k: v.detach().double() for k, v in model.named_parameters()}
@@ -464,7 +464,7 @@ def test_transformer_ntk_is_the_gram_matrix_of_naive_per_sample_gradients(transf
     root = transformer_store
     _, model = _transformer(root)
     x, y = plugins.load(ref("sequences"))(seed=0)[:2]
-    res = ntk("a@last", root=root, n=12, figure=False, code=CODE_T)
+    res = ntk("a@last", root=root, subset=12, figure=False, code=CODE_T)
     rows = []
     for i in np.asarray(res.indices).tolist():  # token inputs reach the model as integers
         model.zero_grad()
@@ -496,7 +496,7 @@ def test_transformer_symmetry(transformer_store):
     from landscape.persample import PerSampleEngine
 
     root = transformer_store
-    res = symmetry("a", root=root, figure=False, code=CODE_T, batch_size=16, projections=3, seed=5,
+    res = symmetry("a", root=root, figure=False, code=CODE_T, subset=16, projections=3, seed=5,
                    permutations=20)
     assert len(res.rows) == 2
     ckpt, model = _transformer(root)
@@ -527,7 +527,7 @@ def test_transformer_directions_surface_clipping(transformer_store):
 
     root = transformer_store
     path = interpolate("a", "b", root=root, points=3, figure=False, code=CODE_T, output="i.h5")
-    toward = directions("a@last", toward="b@last", n=2, points=3, root=root, figure=False, code=CODE_T)
+    toward = directions("a@last", toward="b@last", directions=2, points=3, root=root, figure=False, code=CODE_T)
     np.testing.assert_allclose(toward.toward_loss, path.loss["train"], rtol=1e-5)
     plane = surface("a@last", plane="b@last,dp@last", grid="3", root=root, figure=False, code=CODE_T)
     assert np.isfinite(plane.values["train_loss"]).all() and plane.markers["b@last"][1] == 0.0
