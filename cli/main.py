@@ -1,9 +1,10 @@
 """Entry point of the ``landscape`` command.
 
 Commands live one group per module under ``cli/`` and are loaded lazily (so ``landscape --help`` does not
-import torch-heavy analyzers it does not need). The analysis commands are generated from the analysis
-registry (``landscape/analyze/__init__.py``, :mod:`cli.generate`); another hand-written command is one
-module plus one line in ``COMMANDS``. Every :class:`~landscape.errors.LandscapeError` becomes one line on stderr and its exit code.
+import torch-heavy analyzers it does not need). Every job kind of the registry :mod:`landscape.kinds` is a
+command: an analysis' is generated from its spec (:mod:`cli.generate`), another kind's too (:mod:`cli.kinds`)
+unless ``HAND_WRITTEN`` names its hand-written command. A command that is no job kind is one module plus one
+line in ``COMMANDS``. Every :class:`~landscape.errors.LandscapeError` becomes one line on stderr and its exit code.
 """
 
 from __future__ import annotations
@@ -21,46 +22,60 @@ from landscape.bounds import COUNT_MAX
 # command name -> ("module:attribute" of a click command or group, one-line help shown by --help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("cli.demo:demo", "The main job end to end on digits: phases, instabilities, directions, figures."),
-    "train": ("cli.train:train", "Train SGD / DP-SGD runs into the store (also --from, --resume)."),
-    "phases": ("cli.train:phases", "Phase 1 / Phase 2 SGD and DP-SGD branches (Watson et al. Sec. 4.1.1)."),
     "store": ("cli.store:store", "List runs and inspect checkpoints in the store."),
-    "import": ("cli.store:import_checkpoint", "Import a foreign .pt/.safetensors checkpoint into the store."),
     "show": ("cli.show:show", "Print any result file (kind, inputs, options, attrs, arrays)."),
     "privacy": ("cli.privacy:privacy", "Epsilon of a DP-SGD schedule, or the noise multiplier for a target epsilon."),
-    "prune": ("cli.prune:prune", "Magnitude-prune a checkpoint into a new run (mask stored with it)."),
-    "figures": ("cli.figures:figures", "Regenerate paper figures by recipe (train -> analyse -> plot) with a verdict."),
-    "align": ("cli.align:align", "Permute B's hidden units to match A (Git Re-Basin weight matching) into a new run."),
     "batch": ("cli.batch:batch", "Run a YAML sweep of train/phases/prune/analysis jobs, in-process or on Dask."),
+}
+
+# job kind -> "module:attribute" of its hand-written command (options grouped, parsed or printed beyond what the
+# config's field metadata says); the help line is the registry's
+HAND_WRITTEN: dict[str, str] = {
+    "train": "cli.train:train",
+    "phases": "cli.train:phases",
+    "prune": "cli.prune:prune",
+    "align": "cli.align:align",
+    "figures": "cli.figures:figures",
+    "import": "cli.store:import_checkpoint",
 }
 
 
 def _help(name: str) -> str:
-    from landscape.analyze import registry
+    from landscape import kinds
 
-    return COMMANDS[name][1] if name in COMMANDS else registry.summary(name)
+    return COMMANDS[name][1] if name in COMMANDS else kinds.summary(name)
+
+
+def _load(where: str) -> click.Command:
+    module, attr = where.split(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 class LazyGroup(click.Group):
-    """The hand-written commands of ``COMMANDS`` plus one generated command per registered analysis
-    (``landscape.analyze``: ``cli.generate.command(name)``), each imported only when it runs."""
+    """The commands of ``COMMANDS`` plus one per job kind (:mod:`landscape.kinds`: its ``HAND_WRITTEN`` command, or
+    one generated from its spec), each imported only when it runs."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        from landscape.analyze import registry
+        from landscape import kinds
 
-        return sorted(set(COMMANDS) | set(registry.names()))
+        return sorted(set(COMMANDS) | set(kinds.names()))
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        entry = COMMANDS.get(name)
-        if entry is None:
-            from landscape.analyze import registry
+        if name in COMMANDS:
+            return _load(COMMANDS[name][0])
+        from landscape import kinds
 
-            if name not in registry.names():
-                return None
+        if name not in kinds.names():
+            return None
+        if name in HAND_WRITTEN:
+            return _load(HAND_WRITTEN[name])
+        if kinds.is_analysis(name):
             from cli.generate import command
 
             return command(name)
-        module, attr = entry[0].split(":")
-        return getattr(importlib.import_module(module), attr)
+        from cli.kinds import command
+
+        return command(name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # List commands from the registries' help strings so `--help` imports no command or analyzer module.

@@ -208,7 +208,7 @@ class HessianOperator:
     def _chunk_product(self, c: int, v: Vector, batched: bool) -> Vector:
         fn = self._retained[c]
         if fn is not None:
-            with torch.no_grad():  # no graph of the product itself (vjp_fn would build one: ~10-20% slower)
+            with torch.no_grad():  # no graph of the product itself (vjp_fn would build one)
                 return (vmap(fn) if batched else fn)(v)[0]
         g = grad(self._chunk_loss(c))
 
@@ -237,9 +237,8 @@ class HessianOperator:
     def hvp_batch(self, v: Vector) -> Vector:
         """``H v_b`` for a batch of vectors ``{name: (B, *shape)}``: one vectorised pass (``vmap``) or a loop.
 
-        ``vmap`` is faster for some models (LeNet: 0.7x the loop's time per vector) and slower for others
-        (ResNet-18/GroupNorm: 1.5x), so the first batch of two or more vectors is timed half each way and
-        the faster route (``vectorised``) serves the rest."""
+        ``vmap`` is faster for some models and slower for others (docs/benchmarks.md), so the first batch of two
+        or more vectors is timed half each way and the faster route (``vectorised``) serves the rest."""
         b = int(v[self.names[0]].shape[0])
         self.products += b
         if self.vectorised is None and b >= 2:

@@ -265,35 +265,76 @@ def distance(a, b) -> float:
     return float(torch.linalg.vector_norm(a.double() - b.double()))
 
 
+@dataclass(frozen=True)
+class Mismatch:
+    """The first difference between two sets of named tensors: ``kind`` is ``"only_a"`` / ``"only_b"`` (a tensor
+    in one of them only), ``"shape"`` or ``"dtype"`` (a different kind of dtype, :func:`dtype_kind`); ``a`` and
+    ``b`` are the two shapes or dtypes (None where a tensor is missing)."""
+
+    kind: str
+    name: str
+    a: object = None
+    b: object = None
+
+
+def first_mismatch(a, b, *, dtypes: bool = False) -> Mismatch | None:
+    """The one compatibility check of two models, state dicts, parameter spaces or mappings name -> shape: the
+    FIRST tensor present in only one of them, of a different shape or (``dtypes``) of a different kind of dtype,
+    walking ``a``'s order, then ``b``'s extras; None when they match."""
+    ta, tb = _specs_of(a), _specs_of(b)
+    for name, (shape, dtype) in ta.items():
+        if name not in tb:
+            return Mismatch("only_a", name)
+        other_shape, other_dtype = tb[name]
+        if other_shape != shape:
+            return Mismatch("shape", name, shape, other_shape)
+        if dtypes and dtype is not None and other_dtype is not None and dtype_kind(dtype) != dtype_kind(other_dtype):
+            return Mismatch("dtype", name, dtype, other_dtype)
+    for name in tb:
+        if name not in ta:
+            return Mismatch("only_b", name)
+    return None
+
+
 def check_compatible(a, b, *, names: tuple[str, str] = ("A", "B")) -> None:
-    """Raise :class:`IncompatibleError` naming the FIRST tensor where two state dicts differ.
+    """Raise :class:`IncompatibleError` naming the FIRST tensor where two state dicts differ (:func:`first_mismatch`).
 
     ``a`` and ``b`` are models, state dicts, or mappings name -> shape. Differences are a tensor
     present in only one of them, or a different shape; the check walks ``a``'s order, then ``b``'s extras.
     """
-    sa, sb = _shapes_of(a), _shapes_of(b)
+    m = first_mismatch(a, b)
+    if m is None:
+        return
     na, nb = names
-    for name, shape in sa.items():
-        if name not in sb:
-            raise IncompatibleError(f"incompatible models: tensor '{name}' is in {na} but not in {nb}")
-        if tuple(sb[name]) != tuple(shape):
-            raise IncompatibleError(
-                f"incompatible models: tensor '{name}' has shape {_fmt(shape)} in {na} "
-                f"but {_fmt(sb[name])} in {nb}"
-            )
-    for name in sb:
-        if name not in sa:
-            raise IncompatibleError(f"incompatible models: tensor '{name}' is in {nb} but not in {na}")
+    if m.kind == "only_a":
+        raise IncompatibleError(f"incompatible models: tensor '{m.name}' is in {na} but not in {nb}")
+    if m.kind == "only_b":
+        raise IncompatibleError(f"incompatible models: tensor '{m.name}' is in {nb} but not in {na}")
+    raise IncompatibleError(f"incompatible models: tensor '{m.name}' has shape {_fmt(m.a)} in {na} but {_fmt(m.b)} in {nb}")
 
 
-def _shapes_of(x) -> dict[str, tuple[int, ...]]:
+def dtype_kind(dtype: torch.dtype) -> str:
+    """``boolean``, ``complex``, ``floating point`` or ``integer``: what ``load_state_dict`` does not convert
+    between without changing values."""
+    if dtype == torch.bool:
+        return "boolean"
+    if dtype.is_complex:
+        return "complex"
+    return "floating point" if dtype.is_floating_point else "integer"
+
+
+def _specs_of(x) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
+    """name -> (shape, dtype or None) of a parameter space, model, state dict or mapping name -> shape."""
     if isinstance(x, ParamSpace):
-        return {e.name: e.shape for e in x.entries}
+        return {e.name: (tuple(e.shape), e.dtype) for e in x.entries}
     if isinstance(x, nn.Module):
         x = x.state_dict()
     out = {}
     for k, v in x.items():
-        out[k] = tuple(v.shape) if isinstance(v, torch.Tensor) else tuple(v)
+        if isinstance(v, torch.Tensor) or hasattr(v, "dtype") and hasattr(v, "shape"):
+            out[k] = (tuple(v.shape), v.dtype if isinstance(v.dtype, torch.dtype) else None)
+        else:
+            out[k] = (tuple(v), None)
     return out
 
 

@@ -1,9 +1,7 @@
 """Max pooling for training and per-sample gradients on CPU: PyTorch's own kernels, the faster of its layouts.
 
-PyTorch's CPU ``max_pool2d`` on contiguous (NCHW) inputs was 2.5-5x slower here than its channels-last kernel
-on the same values (forward and backward of a 2x2 pool: 15.8 ms -> 6.2 ms for 256 x 16 x 14 x 14, 3.1 -> 1.3 ms
-for 256 x 32 x 5 x 5, 7.4 -> 6.3 ms for 256 x 6 x 28 x 28, one thread), and in a plain SGD step of
-``opacus-cnn`` the two pools' forward was half the time. :func:`fast_max_pool2d` runs the forward through the
+PyTorch's CPU ``max_pool2d`` has a slower kernel for contiguous (NCHW) inputs than for channels-last ones on the
+same values (timings per machine: docs/benchmarks.md). :func:`fast_max_pool2d` runs the forward through the
 channels-last kernel (which also gives the argmax indices) and the backward through PyTorch's own
 ``max_pool2d_with_indices_backward`` with those indices, so outputs and gradients are PyTorch's, bit for bit:
 both kernels pick the first maximum of a window in row-major order (the last NaN when there are NaNs) and the

@@ -21,9 +21,9 @@ parent's weights, records its lineage (``parent_run``, ``parent_step``, ``parent
 parent's privacy history (:func:`landscape.train.pruning.inherited_privacy`), and each checkpoint's epsilon
 composes the parent's DP steps with the run's own (and adds declared guarantees), as a trained child's does.
 
-The writer process. Writing a checkpoint (HDF5, sha256, the manifest, fsyncs) costs ~20 ms, ~8 ms of it CPU
-with Python's GIL held; in a thread of the training process that stalls a CPU-bound loop for longer than the
-write itself (the writer waits up to Python's 5 ms switch interval for the GIL after every system call). So
+The writer process. Writing a checkpoint (HDF5, sha256, the manifest, fsyncs) takes CPU time with Python's GIL
+held; in a thread of the training process that stalls a CPU-bound loop for longer than the write itself (the
+writer waits up to Python's switch interval for the GIL after every system call; timings: docs/benchmarks.md). So
 the run belongs to a *writer process*: a fork of the training process made when the recorder opens (it has
 every module the parent has, and writes through the very same :class:`landscape.store.Run` calls, so the files
 are byte for byte what an in-process write gives). It takes the run's write lock, creates or opens the run

@@ -32,7 +32,7 @@ def set_threads(threads: int | None = None) -> int | None:
     """Set torch's intra-op thread count from ``threads``, else ``$LANDSCAPE_THREADS``, else leave torch's default
     (and return None).
 
-    On small machines one thread is often much faster than several (see DEVELOPERS.md); tests, CI and
+    On small machines one thread is often faster than several (docs/benchmarks.md); tests, CI and
     benchmarks run with one. torch is not imported for this (``store ls``, ``show``, ``privacy`` need none): if
     it is not loaded yet, ``$OMP_NUM_THREADS`` is set, which torch reads for its default when it loads (at most
     the number of cores, where ``torch.set_num_threads`` would oversubscribe).
@@ -131,7 +131,7 @@ def code_version() -> str:
 
 
 def die_with_parent(parent: int | None = None, interval: float = 0.5) -> None:
-    """Make this (worker) process exit when its parent dies, even by SIGKILL (issue 14 item 13).
+    """Make this (worker) process exit when its parent dies, even by SIGKILL.
 
     On Linux the kernel sends SIGKILL at the parent's death (``prctl(PR_SET_PDEATHSIG)``); everywhere a daemon
     thread also checks every ``interval`` seconds whether the process has been re-parented. A worker blocked

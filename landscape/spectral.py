@@ -123,7 +123,7 @@ def _dots(w: Tensor, q: Tensor) -> Tensor:
     float32 rows: products summed in float32 over column blocks of :data:`DOT_COLUMNS`, the block sums added
     in float64. A single float32 reduction over ResNet-18's 11 M parameters was off by 1e-3 (``vector_norm``;
     it un-normalised the Lanczos basis and moved lambda_1 by 6e-4), and casting every element to float64
-    (``sum(..., dtype=float64)``) took 58 ms per norm of 11 M entries; the blocks take 1.7 ms, relative error
+    (``sum(..., dtype=float64)``) makes a float64 copy of every entry; the blocks need none, relative error
     6e-10 on 2^23 positive terms."""
     if w.dtype == torch.float64:
         return torch.bmm(w[:, None, :], q[:, :, None]).view(-1)

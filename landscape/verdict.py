@@ -12,6 +12,7 @@ reading a summary's HDF5) can recompute the verdict:
 - :func:`greater`: Welch's one-sided t-test of ``A > B`` (unequal variances), with the (1 - 2 alpha) Welch interval
   of ``mean(A) - mean(B)`` and a percentile bootstrap interval beside it (:func:`bootstrap_ci`);
 - :func:`paired_greater`: the one-sided paired t-test (``a[i]`` and ``b[i]`` share a seed);
+- :func:`paired_ratio`: a ratio claim ("1.7x") against a stated minimum ratio, the paired test on log values;
 - :func:`similar`: two one-sided tests (TOST, Schuirmann 1987) against a stated equivalence margin: held when the
   (1 - 2 alpha) interval of the difference lies inside ``[-margin, margin]``;
 - :func:`below`: an effect-size bound for "approximately" claims (one-sample one-sided t-test of mean < bound);
@@ -291,6 +292,31 @@ def paired_greater(claim: str, source: str, a: Sequence[float], b: Sequence[floa
 def _minimum(min_effect: float) -> dict:
     """``{"min effect": m}`` when a minimum effect is stated (an unstated one, 0, adds nothing)."""
     return {"min effect": float(min_effect)} if min_effect else {}
+
+
+def paired_ratio(claim: str, source: str, a: Sequence[float], b: Sequence[float], *, min_ratio: float,
+                 names: tuple[str, str] = ("A", "B"), unit: str = "seeds", note: str = "",
+                 alpha: float = ALPHA) -> Verdict:
+    """Claim ``A / B > min_ratio`` for paired positive measurements (a distance ratio, "1.7x"): :func:`paired_greater`
+    on the logarithms, ``mean(log a - log b) > log(min_ratio)``, i.e. the geometric-mean ratio exceeds the stated
+    minimum. ``numbers`` add the geometric-mean ``ratio``, its (1 - 2 alpha) interval (the log interval
+    exponentiated) and ``min ratio``; positive values only (a ratio of a non-positive distance means nothing)."""
+    a, b = _clean(a), _clean(b)
+    if not (np.all(a > 0) and np.all(b > 0)):
+        raise ValueError("paired_ratio needs positive values")
+    if not min_ratio > 0:
+        raise ValueError(f"min_ratio must be positive, got {min_ratio}")
+    na, nb = names
+    v = paired_greater(claim, source, np.log(a), np.log(b), names=(f"log {na}", f"log {nb}"), unit=unit, note=note,
+                       alpha=alpha, min_effect=math.log(min_ratio))
+    m = v.numbers[f"mean(log {na} - log {nb})"]
+    numbers = {**v.numbers, "ratio": math.exp(m), "ratio ci low": math.exp(v.numbers["ci low"]),
+               "ratio ci high": math.exp(v.numbers["ci high"]), "min ratio": float(min_ratio)}
+    test = (f"paired one-sided t-test on log values over {unit}: held if p(geometric-mean ratio {na}/{nb} > "
+            f"{min_ratio:g}) < {alpha:g}, i.e. p(mean(log {na} - log {nb}) > log {min_ratio:g}) < {alpha:g}; did not "
+            f"hold if p(< log {min_ratio:g}) < {alpha:g}, else (or with fewer than 2 {unit}) inconclusive; interval = "
+            f"{1 - 2 * alpha:.0%} t interval of the mean log ratio, exponentiated")
+    return dataclasses.replace(v, numbers=numbers, test=test)
 
 
 def similar(claim: str, source: str, a: Sequence[float], b: Sequence[float], *, tolerance: float,

@@ -14,6 +14,22 @@ torch.set_num_threads(1)
 import pytest  # noqa: E402
 
 
+def run_cli(*args, capsys) -> tuple[int, str, str]:
+    """Run the ``landscape`` entry point in-process on ``args`` (each passed through ``str``): ``(exit code,
+    stdout, stderr)`` of this command alone. A traceback on stderr fails the test: every error is one line.
+
+    The one CLI runner of the test modules (``from conftest import run_cli``); ``capsys`` is the calling test's.
+    """
+    from cli.main import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err, err
+    return exit_.value.code, out, err
+
+
 @pytest.fixture(autouse=True)
 def _work_in_tmp_path(tmp_path, monkeypatch):
     """Run every test in its own directory, so default outputs (results/, checkpoints/) never land in the repo."""

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import run_cli
 from torch import nn
 
-from cli.main import main
 from landscape.analyze.align import (
     align_states,
     apply_permutation,
@@ -269,17 +269,8 @@ def root(tmp_path, digits):
     return store.root
 
 
-def run_cli(root, *args, capsys):
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_:
-        main(["--root", str(root), *map(str, args)])
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err
-    return exit_.value.code, out, err
-
-
 def test_cli_writes_the_aligned_run_with_lineage_privacy_and_mask(root, capsys, digits):
-    code, out, err = run_cli(root, "align", "a", "b", "--run", "b-to-a", capsys=capsys)
+    code, out, err = run_cli("--root", root, "align", "a", "b", "--run", "b-to-a", capsys=capsys)
     assert code == 0, err
     assert "run b-to-a: step 0 = b permuted to match a" in out and "converged" in out
     store = Store(root)
@@ -296,7 +287,7 @@ def test_cli_writes_the_aligned_run_with_lineage_privacy_and_mask(root, capsys, 
 
     history = inherited_privacy(store, store.load("b-to-a@init"))  # what train --from b-to-a@init reads
     assert [vars(e) for e in history.events] == privacy["ancestor_events"] and not history.non_private
-    code, _, err = run_cli(root, "align", "m", "m@init", "--run", "m-self", capsys=capsys)  # one run: its later history
+    code, _, err = run_cli("--root", root, "align", "m", "m@init", "--run", "m-self", capsys=capsys)  # one run: its later history
     assert code == 0, err
     assert store.run("m-self").manifest["privacy"]["non_private_ancestors"] is True  # m's 20 steps: no DP record
     aligned = store.load("b-to-a@init")
@@ -310,7 +301,7 @@ def test_cli_writes_the_aligned_run_with_lineage_privacy_and_mask(root, capsys, 
     mask = {k: torch.as_tensor(v) for k, v in run.load_array("mask").items()}
     source_mask = {k: torch.as_tensor(v) for k, v in store.run("b").load_array("mask").items()}
     assert all(torch.equal(mask[k], v) for k, v in apply_permutation(spec, perms, source_mask).items())
-    code, out, _ = run_cli(root, "align", "a", "b", "--json", capsys=capsys)
+    code, out, _ = run_cli("--root", root, "align", "a", "b", "--json", capsys=capsys)
     payload = json.loads(out)
     assert code == 0 and payload["distance_after"] < payload["distance_before"]
     assert [r["permutation"] for r in payload["permutations"]] == ["0", "3", "7", "9"]
@@ -326,7 +317,7 @@ def test_cli_writes_the_aligned_run_with_lineage_privacy_and_mask(root, capsys, 
     (["a", "b", "--run", "bad/name"], 2, "error: bad run name"),
 ])
 def test_cli_bad_input_is_one_line(root, capsys, args, expected_code, fragment):
-    code, _, err = run_cli(root, "align", *args, capsys=capsys)
+    code, _, err = run_cli("--root", root, "align", *args, capsys=capsys)
     assert code == expected_code
     lines = err.strip().splitlines()
     assert fragment in lines[-1] and (len(lines) == 1 or err.startswith("Usage:")), err
@@ -343,7 +334,7 @@ def test_cli_unsupported_architecture_is_one_line(root, capsys, monkeypatch, dig
     store = Store(root)
     for name in ("t1", "t2"):
         _save(store, name, build_model("toy", input_shape=(1, 8, 8), num_classes=10), digits.spec)
-    code, _, err = run_cli(root, "align", "t1", "t2", capsys=capsys)
+    code, _, err = run_cli("--root", root, "align", "t1", "t2", capsys=capsys)
     assert code == 1 and err.strip() == ("error: align needs the permutation structure of model 'toy': give it a "
                                          "permutation_spec() method or register_spec() a builder (see "
                                          "landscape.analyze.align); built in: mlp, two-layer-linear, lenet, "
@@ -367,7 +358,7 @@ def test_interpolate_and_instability_align_report_before_and_after(tmp_path, dig
     shuffled.load_state_dict(apply_permutation(spec, random_permutation(spec, seed=4), model.state_dict()))
     _save(store, "p", shuffled, digits.spec)
     out = tmp_path / "ap.h5"
-    code, text, err = run_cli(store.root, "interpolate", "a", "p", "--align", "--points", "5", "--subset", "150",
+    code, text, err = run_cli("--root", store.root, "interpolate", "a", "p", "--align", "--points", "5", "--subset", "150",
                               "-o", out, "--no-figure", capsys=capsys)
     assert code == 0, err
     assert "instability_loss_aligned" in text.splitlines()[0]
@@ -379,12 +370,12 @@ def test_interpolate_and_instability_align_report_before_and_after(tmp_path, dig
         np.testing.assert_array_equal(r.loss_aligned[split], np.full(5, r.loss[split][0]))  # flat: A all along
     assert r.distance > 1 and r.distance_aligned == 0.0
     plain = tmp_path / "plain.h5"
-    assert run_cli(store.root, "interpolate", "a", "p", "--points", "5", "--subset", "150", "-o", plain,
+    assert run_cli("--root", store.root, "interpolate", "a", "p", "--points", "5", "--subset", "150", "-o", plain,
                    "--no-figure", capsys=capsys)[0] == 0
     again = InterpolationResult.from_hdf5(plain)  # without --align: the same path, no aligned fields
     assert again.loss_aligned == {} and "instability_loss_aligned" not in again.summary()[0]
     np.testing.assert_array_equal(again.loss["test"], r.loss["test"])
-    code, text, err = run_cli(store.root, "instability", "--pairs", "a:p", "--align", "--split", "test",
+    code, text, err = run_cli("--root", store.root, "instability", "--pairs", "a:p", "--align", "--split", "test",
                               "--points", "5", "--subset", "150", "-o", tmp_path / "t.h5", "--no-figure",
                               capsys=capsys)
     assert code == 0, err

@@ -14,9 +14,9 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import run_cli
 from torch import nn
 
-from cli.main import main
 from landscape.analyze.align import (
     PermutationSpec,
     SpecBuilder,
@@ -216,12 +216,7 @@ def test_cli_align_and_interpolate_align_on_a_user_model(tmp_path, digits, capsy
         _save(store, name, models.build_model("unknown", input_shape=(1, 8, 8), num_classes=10), digits.spec)
 
     def cli(*args):
-        capsys.readouterr()
-        with pytest.raises(SystemExit) as exit_:
-            main(["--root", str(store.root), *map(str, args)])
-        out, err = capsys.readouterr()
-        assert "Traceback" not in err
-        return exit_.value.code, out, err
+        return run_cli("--root", store.root, *args, capsys=capsys)
 
     code, out, err = cli("align", "a", "b", "--run", "b-to-a")
     assert code == 0, err

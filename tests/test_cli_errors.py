@@ -12,6 +12,7 @@ import math
 import h5py
 import numpy as np
 import pytest
+from conftest import run_cli
 
 from cli.main import main
 from landscape.api.training import train as api_train
@@ -40,14 +41,6 @@ def files(root, tmp_path_factory):
     (d / "text.h5").write_text("not hdf5\n")
     (d / "text.pt").write_text("not a torch file\n")
     return d
-
-
-def run_cli(root, *args, capsys) -> tuple[int, str, str]:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_:
-        main(["--root", str(root), *map(str, args)])
-    out, err = capsys.readouterr()
-    return exit_.value.code, out, err
 
 
 def assert_one_error(code: int, err: str, expected_code: int, *fragments: str) -> str:
@@ -116,7 +109,7 @@ USAGE = [
 
 @pytest.mark.parametrize("args", USAGE, ids=[" ".join(a) for a in USAGE])
 def test_usage_errors_exit_2_with_one_line(root, args, capsys):
-    code, _, err = run_cli(root, *args, capsys=capsys)
+    code, _, err = run_cli("--root", root, *args, capsys=capsys)
     assert_one_error(code, err, 2)
 
 
@@ -125,9 +118,9 @@ def test_cuda_on_a_cpu_machine_is_one_usage_line(root, capsys):
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    code, _, err = run_cli(root, "train", "--device", "cuda", "--run", "gpu", capsys=capsys)
+    code, _, err = run_cli("--root", root, "train", "--device", "cuda", "--run", "gpu", capsys=capsys)
     assert_one_error(code, err, 2, "--device cpu")
-    code, _, err = run_cli(root, "interpolate", "a", "b", "--device", "cuda", capsys=capsys)
+    code, _, err = run_cli("--root", root, "interpolate", "a", "b", "--device", "cuda", capsys=capsys)
     assert_one_error(code, err, 2, "--device cpu")
 
 
@@ -147,7 +140,7 @@ def test_failures_exit_1_with_one_line(root, files, tmp_path, capsys):
         (("import", files / "text.pt", "--model", "mlp", "--data", "digits", "--run", "imp"), ["not a torch.save()"]),
     ]
     for args, fragments in cases:
-        code, _, err = run_cli(root, *args, capsys=capsys)
+        code, _, err = run_cli("--root", root, *args, capsys=capsys)
         assert_one_error(code, err, 1, *fragments)
     assert not (tmp_path / "x.h5").exists()
 
@@ -155,7 +148,7 @@ def test_failures_exit_1_with_one_line(root, files, tmp_path, capsys):
 def test_missing_torchvision_data_names_data_root_and_download(root, tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
-    code, _, err = run_cli(root, "train", "--data", "cifar10", "--data-root", empty, "--run", "c", capsys=capsys)
+    code, _, err = run_cli("--root", root, "train", "--data", "cifar10", "--data-root", empty, "--run", "c", capsys=capsys)
     assert_one_error(code, err, 1, "--data-root", "--download")
     assert not (root / "c").exists()
 
@@ -167,7 +160,7 @@ def test_diverged_training_warns_once_and_records_where(root):
 
 
 def test_diverged_training_from_the_cli_is_a_warning_not_a_crash(root, capsys):
-    code, out, err = run_cli(root, "train", "--lr", "1e6", "--run", "div2", "--subset", "120", "--epochs", "1",
+    code, out, err = run_cli("--root", root, "train", "--lr", "1e6", "--run", "div2", "--subset", "120", "--epochs", "1",
                              "--batch-size", "10", "--checkpoint-every", "none", capsys=capsys)
     assert code == 0 and "Traceback" not in err
     warnings = [ln for ln in err.splitlines() if ln.strip()]
@@ -176,7 +169,7 @@ def test_diverged_training_from_the_cli_is_a_warning_not_a_crash(root, capsys):
 
 def test_interpolation_to_a_diverged_run_is_inf_with_a_reason(root, tmp_path, capsys):
     out_file = tmp_path / "nan.h5"
-    code, out, err = run_cli(root, "interpolate", "a", "diverged", "--points", "3", "--no-figure",
+    code, out, err = run_cli("--root", root, "interpolate", "a", "diverged", "--points", "3", "--no-figure",
                              "-o", out_file, "--json", capsys=capsys)
     assert code == 0 and "Traceback" not in err, err
     assert all(ln.startswith("warning: ") for ln in err.strip().splitlines()), err  # no raw source lines
@@ -186,7 +179,7 @@ def test_interpolation_to_a_diverged_run_is_inf_with_a_reason(root, tmp_path, ca
 
 
 def test_interpolation_to_a_diverged_run_keeps_a_finite_start(root, tmp_path, capsys):
-    code, out, _ = run_cli(root, "interpolate", "a", "diverged", "--points", "3", "--no-figure",
+    code, out, _ = run_cli("--root", root, "interpolate", "a", "diverged", "--points", "3", "--no-figure",
                            "-o", tmp_path / "nan.h5", "--json", capsys=capsys)
     assert code == 0
     assert all(math.isfinite(float(r["loss_A"])) for r in json.loads(out)["rows"])
@@ -194,11 +187,11 @@ def test_interpolation_to_a_diverged_run_keeps_a_finite_start(root, tmp_path, ca
 
 def test_failed_run_leaves_an_existing_result_intact(root, tmp_path, capsys):
     target = tmp_path / "result.h5"
-    code, _, err = run_cli(root, "interpolate", "a", "b", "--points", "2", "--no-figure", "-o", target,
+    code, _, err = run_cli("--root", root, "interpolate", "a", "b", "--points", "2", "--no-figure", "-o", target,
                            capsys=capsys)
     assert code == 0, err
     before = target.read_bytes()
-    code, _, err = run_cli(root, "interpolate", "a", "m", "--points", "2", "--no-figure", "-o", target,
+    code, _, err = run_cli("--root", root, "interpolate", "a", "m", "--points", "2", "--no-figure", "-o", target,
                            capsys=capsys)
     assert_one_error(code, err, 1, "incompatible")
     assert target.read_bytes() == before
@@ -207,7 +200,7 @@ def test_failed_run_leaves_an_existing_result_intact(root, tmp_path, capsys):
 
 def test_interrupted_result_write_keeps_the_old_file(root, tmp_path, capsys, monkeypatch):
     target = tmp_path / "result.h5"
-    code, _, err = run_cli(root, "interpolate", "a", "b", "--points", "2", "--no-figure", "-o", target,
+    code, _, err = run_cli("--root", root, "interpolate", "a", "b", "--points", "2", "--no-figure", "-o", target,
                            capsys=capsys)
     assert code == 0, err
     before = target.read_bytes()
@@ -216,7 +209,7 @@ def test_interrupted_result_write_keeps_the_old_file(root, tmp_path, capsys, mon
         raise KeyboardInterrupt
 
     monkeypatch.setattr(h5py.Group, "create_dataset", interrupted)
-    code, _, err = run_cli(root, "interpolate", "a", "b", "--points", "3", "--no-figure", "-o", target,
+    code, _, err = run_cli("--root", root, "interpolate", "a", "b", "--points", "3", "--no-figure", "-o", target,
                            capsys=capsys)
     assert code == 130 and "Traceback" not in err
     assert target.read_bytes() == before
@@ -241,14 +234,14 @@ def test_output_never_replaces_a_checkpoint_or_sits_below_a_file(root, files, tm
     before = checkpoint.read_bytes()
     for target, fragment in ((checkpoint, "refusing to overwrite"), (files / "plain.h5", "refusing to overwrite"),
                              (files / "text.h5" / "x.h5", "is a file")):
-        code, _, err = run_cli(root, "interpolate", "a", "b", "--points", "2", "--no-figure", "-o", target,
+        code, _, err = run_cli("--root", root, "interpolate", "a", "b", "--points", "2", "--no-figure", "-o", target,
                                capsys=capsys)
         assert_one_error(code, err, 2, fragment)
     assert checkpoint.read_bytes() == before
     # a missing directory is created, and an existing result file is replaced
     target = tmp_path / "new" / "dir" / "r.h5"
     for _ in range(2):
-        code, _, err = run_cli(root, "interpolate", "a", "b", "--points", "2", "--no-figure", "-o", target,
+        code, _, err = run_cli("--root", root, "interpolate", "a", "b", "--points", "2", "--no-figure", "-o", target,
                                capsys=capsys)
         assert code == 0, err
 
@@ -277,13 +270,13 @@ def test_api_output_never_replaces_a_checkpoint(root, tmp_path):
 
 
 def test_norms_grad_epochs_must_name_a_checkpoint_epoch(root, capsys):
-    code, _, err = run_cli(root, "norms", "a", "--grad-epochs", "99", "--subset", "8", "--no-figure",
+    code, _, err = run_cli("--root", root, "norms", "a", "--grad-epochs", "99", "--subset", "8", "--no-figure",
                            capsys=capsys)
     assert_one_error(code, err, 2, "--grad-epochs 99", "available")
 
 
 def test_clipping_on_a_diverged_run_warns(root, tmp_path, capsys):
-    code, _, err = run_cli(root, "clipping", "diverged@last", "--max-grad-norm", "1", "--batch-size", "16",
+    code, _, err = run_cli("--root", root, "clipping", "diverged@last", "--max-grad-norm", "1", "--batch-size", "16",
                            "--batches", "1", "--no-figure", "-o", tmp_path / "c.h5", capsys=capsys)
     assert code == 0, err
     assert "Traceback" not in err
@@ -306,17 +299,17 @@ def test_output_guard_checks_every_file_a_command_writes(root, tmp_path, capsys)
         mine.write_text("my data\n")
         out = tmp_path / (name.split("-")[0].split(".")[0] + ".h5")
         size = ("--subset", "20") if args[0] == "surface" else ("--points", "2")
-        code, _, err = run_cli(root, *args, *size, "-o", out, capsys=capsys)
+        code, _, err = run_cli("--root", root, *args, *size, "-o", out, capsys=capsys)
         assert_one_error(code, err, 2, "P-pairs" if "/" in name else name)
         assert mine.read_text() == "my data\n" and not out.exists()
     # a file where the pair directory goes
     (tmp_path / "F-pairs").write_text("x")
-    code, _, err = run_cli(root, "instability", "--pairs", "a:b", "--points", "2", "--no-figure",
+    code, _, err = run_cli("--root", root, "instability", "--pairs", "a:b", "--points", "2", "--no-figure",
                            "-o", tmp_path / "F.h5", capsys=capsys)
     assert_one_error(code, err, 2, "F-pairs", "is a file")
     # our own result, CSV and pair files are replaced on a second run
     for _ in range(2):
-        code, _, err = run_cli(root, "instability", "--pairs", "a:b", "--points", "2", "--no-figure",
+        code, _, err = run_cli("--root", root, "instability", "--pairs", "a:b", "--points", "2", "--no-figure",
                                "-o", tmp_path / "ours.h5", capsys=capsys)
         assert code == 0, err
     assert (tmp_path / "ours.csv").is_file() and list((tmp_path / "ours-pairs").glob("*.h5"))
@@ -334,13 +327,13 @@ def test_companions_ignore_other_results_figures(tmp_path):
 
 
 def test_numbers_beyond_float32_and_diverged_inputs_are_one_line(root, tmp_path, capsys):
-    code, _, err = run_cli(root, "surface", "a", "--range=-1e39:1e39", "--grid", "2x2", capsys=capsys)
+    code, _, err = run_cli("--root", root, "surface", "a", "--range=-1e39:1e39", "--grid", "2x2", capsys=capsys)
     assert_one_error(code, err, 2, "--range", "float32")
     # a diverged run: its trajectory has no PCA plane and its kernel is not finite -- failures, not usage
-    code, _, err = run_cli(root, "surface", "diverged", "--plane", "pca:diverged", "--grid", "2x2", "--no-figure",
+    code, _, err = run_cli("--root", root, "surface", "diverged", "--plane", "pca:diverged", "--grid", "2x2", "--no-figure",
                            "-o", tmp_path / "s.h5", capsys=capsys)
     assert_one_error(code, err, 1, "diverged run")
-    code, _, err = run_cli(root, "ntk", "diverged", "--subset", "8", "--no-figure", "-o", tmp_path / "n.h5",
+    code, _, err = run_cli("--root", root, "ntk", "diverged", "--subset", "8", "--no-figure", "-o", tmp_path / "n.h5",
                            capsys=capsys)
     assert_one_error(code, err, 1, "non-finite")
     assert not list(tmp_path.iterdir())
@@ -356,7 +349,7 @@ def test_store_root_below_a_file_is_one_line(root, tmp_path, capsys):
 
 def test_long_names_are_one_line_or_a_short_default(root, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code, _, err = run_cli(root, "interpolate", "a", "b", "--points", "2", "--no-figure",
+    code, _, err = run_cli("--root", root, "interpolate", "a", "b", "--points", "2", "--no-figure",
                            "-o", tmp_path / ("o" * 300 + ".h5"), capsys=capsys)
     line = assert_one_error(code, err, 2, "longer than 255 bytes")
     assert len(line) < 400
@@ -364,7 +357,7 @@ def test_long_names_are_one_line_or_a_short_default(root, tmp_path, capsys, monk
     api_train(TrainConfig(model="lenet", run=long, **TINY), root=root)
     for args in (("interpolate", "a", long, "--points", "2"), ("directions", long, "--directions", "1", "--points", "2",
                                                                  "--distance", "1")):
-        code, out, err = run_cli(root, *args, "--no-figure", capsys=capsys)
+        code, out, err = run_cli("--root", root, *args, "--no-figure", capsys=capsys)
         assert code == 0, err
     written = list((tmp_path / "results").glob("*.h5"))
     assert len(written) == 2 and all(len(p.name) <= 255 for p in written)
@@ -373,7 +366,7 @@ def test_long_names_are_one_line_or_a_short_default(root, tmp_path, capsys, monk
 def test_phases_checks_derived_names_before_training(root, capsys):
     group = "g" * 195  # legal alone; G-sgd-sgd-0 is 205 characters
     before = sorted(p.name for p in root.iterdir())
-    code, _, err = run_cli(root, "phases", "--data", "digits", "--subset", "120", "--epochs", "2", "--k", "1",
+    code, _, err = run_cli("--root", root, "phases", "--data", "digits", "--subset", "120", "--epochs", "2", "--k", "1",
                            "--phase1", "sgd", "--phase2", "sgd", "--group", group, capsys=capsys)
     assert_one_error(code, err, 2, "--group", "205 characters")
     assert sorted(p.name for p in root.iterdir()) == before  # Phase 1 did not train
@@ -388,5 +381,5 @@ def test_no_arguments_print_the_help_and_usage_errors_name_it(root, capsys):
         assert exit_.value.code == 0 and out.startswith("Usage: landscape") and not err
     for args, hint in ((("nosuch",), "'landscape --help'"), (("train", "--nosuch"), "'landscape train --help'"),
                        (("store", "show"), "'landscape store show --help'")):
-        code, _, err = run_cli(root, *args, capsys=capsys)
+        code, _, err = run_cli("--root", root, *args, capsys=capsys)
         assert_one_error(code, err, 2, hint)

@@ -12,9 +12,9 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import run_cli
 from torch import nn
 
-from cli import main as cli_main
 from landscape.analyze.directions import (
     DirectionsConfig,
     DirectionsResult,
@@ -225,18 +225,10 @@ def siblings(tmp_path_factory):
     return root
 
 
-def run_cli(capsys, *args):
-    with pytest.raises(SystemExit) as exc:
-        cli_main.main(list(args))
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
-
-
 def test_sibling_rise_far_below_random_rise(siblings, tmp_path, capsys):
     out = tmp_path / "d.h5"
-    code, stdout, err = run_cli(capsys, "--root", str(siblings), "directions", "g-sgd-sgd-0", "--toward",
-                                "g-sgd-sgd-1", "--directions", "16", "--points", "5", "--normalize", "filter", "-o", str(out),
-                                "--json")
+    code, stdout, err = run_cli("--root", siblings, "directions", "g-sgd-sgd-0", "--toward", "g-sgd-sgd-1",
+                                "--directions", "16", "--points", "5", "--normalize", "filter", "-o", out, "--json", capsys=capsys)
     assert code == 0, err
     summary = json.loads(stdout)
     result = DirectionsResult.from_hdf5(out)
@@ -290,7 +282,7 @@ def test_worker_chunks_give_the_same_arrays(siblings):
     ],
 )
 def test_cli_errors_are_one_line(siblings, capsys, args, code, message):
-    got, out, err = run_cli(capsys, "--root", str(siblings), *args)
+    got, out, err = run_cli("--root", siblings, *args, capsys=capsys)
     assert got == code
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], err

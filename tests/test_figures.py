@@ -171,3 +171,19 @@ def test_instability_plot_shows_the_chord_barrier_beside_def_2_3():
     np.testing.assert_allclose(np.asarray(sgd_line.get_ydata(), dtype=float), [0.1 + 0.5, 0.2 + 0.5])
     old = [{k: v for k, v in r.items() if not k.startswith("chord")} for r in rows]
     assert [ax.get_ylabel() for ax in plot_instability(old, splits=["test"]).axes] == labels[1:]
+
+
+def test_claim_blind_selection_scores_the_worst_recent_checkpoint_and_picks_the_first_best():
+    """``worst_recent`` is the minimum over a run's last ``window`` checkpoints (an oscillating run scores its dip);
+    ``best`` picks the first highest score (NaN loses) and returns tuple candidates as they are."""
+    from types import SimpleNamespace
+
+    from landscape.figures.recipe import best, worst_recent
+
+    infos = [SimpleNamespace(epoch=e, metrics={"train_acc": a}) for e, a in enumerate([0.1, 0.9, 0.5, 0.95])]
+    run = SimpleNamespace(checkpoints=lambda: infos)
+    assert worst_recent(run, "train_acc", 1) == 0.95
+    assert worst_recent(run, "train_acc", 3) == 0.5
+    assert worst_recent(run, "train_acc", 10) == 0.1
+    assert best([0.01, 0.1, 1.0], [0.5, float("nan"), 0.5]) == 0.01
+    assert best([(0.0, 0.1), (0.9, 0.01)], [0.6, 0.7]) == (0.9, 0.01)

@@ -287,7 +287,7 @@ def test_agrees_with_pyhessian_eigenvalues_and_trace(case):
 def test_hessian_row_uses_the_seeded_subset_and_leaves_the_model_alone(case):
     model, x, y, h = case
     before = {k: p.detach().clone() for k, p in model.named_parameters()}
-    cfg = config(top_k=1, subset=20, seed=3, trace=True, probes=4, density=True, lanczos_steps=10)
+    cfg = config(top_k=1, subset=20, seed=3, trace=True, probes=4, density=True, lanczos_steps=20)  # converged
     row = hessian_row(model, x, y, cfg, ref="r@step=5", step=5, epoch=1.5, run="r", optimizer="sgd")
     xs, ys = subset(x, y, 20, 3)
     exact = np.linalg.eigvalsh(exact_hessian(model, xs, ys))[::-1]
@@ -295,8 +295,8 @@ def test_hessian_row_uses_the_seeded_subset_and_leaves_the_model_alone(case):
     with torch.no_grad():
         assert row.loss == pytest.approx(float(F.cross_entropy(model(xs), ys)), rel=1e-12)
     assert (row.ref, row.step, row.epoch, row.run, row.optimizer) == ("r@step=5", 5, 1.5, "r", "sgd")
-    assert row.density_nodes.shape == (1, 10) and row.density.shape == row.density_grid.shape
-    assert row.products >= row.lanczos_steps + 1 + 4 + 10
+    assert row.density_nodes.shape == (1, 20) and row.density.shape == row.density_grid.shape
+    assert row.products >= row.lanczos_steps + 1 + 4 + 20
     for k, p in model.named_parameters():
         assert torch.equal(p, before[k])
     again = hessian_row(model, x, y, cfg)

@@ -11,8 +11,8 @@ import json
 
 import pytest
 import torch
+from conftest import run_cli
 
-from cli.main import main
 from landscape import api
 from landscape.data import load_dataset
 from landscape.errors import CheckpointError, UsageError
@@ -27,15 +27,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:Secure RNG turned off", "ignore:
 SUBSET = 100
 BATCH = 20
 SIGMA = 1.0
-
-
-def run_cli(root, *args, capsys):
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_:
-        main(["--root", str(root), *map(str, args)])
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err
-    return exit_.value.code, out, err
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +53,12 @@ def opacus_file(tmp_path_factory):
 
 
 def _import(root, path, capsys, *declare):
-    return run_cli(root, "import", path, "--model", "lenet", "--data", "digits", "--subset", SUBSET, "--run", "imp",
+    return run_cli("--root", root, "import", path, "--model", "lenet", "--data", "digits", "--subset", SUBSET, "--run", "imp",
                    *declare, capsys=capsys)
 
 
 def _child(root, capsys, name="child"):
-    code, out, err = run_cli(root, "train", "--from", "imp@init", "--optimizer", "dpsgd", "--noise-multiplier",
+    code, out, err = run_cli("--root", root, "train", "--from", "imp@init", "--optimizer", "dpsgd", "--noise-multiplier",
                              SIGMA, "--batch-size", BATCH, "--epochs", 1, "--run", name, capsys=capsys)
     assert code == 0, err
     return Store(root).run(name)
@@ -91,24 +82,24 @@ def test_undeclared_import_makes_every_descendant_report_unknown_ancestry(tmp_pa
     assert grandchild_history.unknown and [vars(e) for e in grandchild_history.events] == [
         {"noise_multiplier": SIGMA, "sample_rate": q, "steps": 5}]
     # store ls, store show (and their --json), show, an analysis' provenance
-    code, out, _ = run_cli(root, "store", "ls", capsys=capsys)
+    code, out, _ = run_cli("--root", root, "store", "ls", capsys=capsys)
     assert f"note: run child: {UNKNOWN_ANCESTRY}" in out and f"note: run imp: {UNKNOWN_ANCESTRY}" in out
-    code, out, _ = run_cli(root, "store", "ls", "--json", capsys=capsys)
+    code, out, _ = run_cli("--root", root, "store", "ls", "--json", capsys=capsys)
     assert {r["name"]: r["privacy_note"] for r in json.loads(out)["runs"]} == {"imp": UNKNOWN_ANCESTRY,
                                                                               "child": UNKNOWN_ANCESTRY}
-    code, out, _ = run_cli(root, "store", "show", "child@last", capsys=capsys)
+    code, out, _ = run_cli("--root", root, "store", "show", "child@last", capsys=capsys)
     assert f"privacy      {UNKNOWN_ANCESTRY}" in out
-    code, out, err = run_cli(root, "calibration", "child@last", "--bins", 5, "-o", tmp_path / "cal.h5", "--no-figure",
+    code, out, err = run_cli("--root", root, "calibration", "child@last", "--bins", 5, "-o", tmp_path / "cal.h5", "--no-figure",
                              capsys=capsys)
     assert code == 0, err
     assert read_result(tmp_path / "cal.h5").attrs["privacy_note"] == f"run child: {UNKNOWN_ANCESTRY}"
-    code, out, _ = run_cli(root, "show", tmp_path / "cal.h5", capsys=capsys)
+    code, out, _ = run_cli("--root", root, "show", tmp_path / "cal.h5", capsys=capsys)
     assert f"attr   privacy_note = run child: {UNKNOWN_ANCESTRY}" in out
     for made in (api.prune(api.PruneConfig("child@last", 0.5, rewind="none", run="pruned"), root=root).run,
                  api.align("imp@init", "child@last", run="aligned", root=root).run):  # more descendants
         privacy = Store(root).run(made).manifest["privacy"]
         assert privacy["unknown_ancestors"] is True and privacy["note"] == UNKNOWN_ANCESTRY
-    code, out, err = run_cli(root, "interpolate", "imp@init", "child@last", "--points", 3, "-o", tmp_path / "i.h5",
+    code, out, err = run_cli("--root", root, "interpolate", "imp@init", "child@last", "--points", 3, "-o", tmp_path / "i.h5",
                              "--no-figure", capsys=capsys)
     assert code == 0, err
     assert read_result(tmp_path / "i.h5").attrs["privacy_note"] == f"runs imp, child: {UNKNOWN_ANCESTRY}"
@@ -129,7 +120,7 @@ def test_a_declared_epsilon_is_reported_and_composed(tmp_path, opacus_file, caps
     own = epsilon(SIGMA, BATCH / SUBSET, 5, 1e-5)  # basic composition: epsilons add, deltas add
     assert Store(root).load("child@last").epsilon == pytest.approx(eps_opacus + own, rel=1e-9)
     assert Store(root).load("child@init").epsilon == pytest.approx(eps_opacus, rel=1e-9)
-    code, out, _ = run_cli(root, "store", "ls", capsys=capsys)
+    code, out, _ = run_cli("--root", root, "store", "ls", capsys=capsys)
     assert ("note: run child: epsilon includes the declared epsilon of imported ancestors and holds at delta 2e-05"
             in out)
 

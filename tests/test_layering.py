@@ -6,7 +6,7 @@ Imports are read statically with ``ast`` (nothing is imported, so this needs no 
   inside a function alike (a function-level import runs as soon as the function does). ``from P import name``
   is an edge to the module ``P.name`` when that is a module, else to ``P``. Not edges: imports under
   ``if TYPE_CHECKING:`` (never executed) and the lazy re-exports inside a package ``__init__``'s module-level
-  ``__getattr__`` (PEP 562: a facade such as ``landscape.Recorder`` or ``landscape.api.interpolate``, which runs
+  ``__getattr__`` and ``__dir__`` (PEP 562: a facade such as ``landscape.Recorder`` or ``landscape.api.interpolate``, which runs
   only when a user asks the package for that name, never when one of the package's own modules is imported).
 - **Layers.** Every module belongs to exactly one layer of :data:`LAYERS` (its longest matching prefix). A
   module may import its own layer and the layers below it, never a layer above. A string constant naming a
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundations", ("landscape", "landscape.errors", "landscape.runtime", "landscape.atomic", "landscape.bounds",
                      "landscape.options",
-                     "landscape.plugins", "landscape.verdict")),
+                     "landscape.plugins", "landscape.verdict", "landscape.refs")),
     ("data and models", ("landscape.data", "landscape.models", "landscape.params", "landscape.directions")),
     # the privacy accountant is pure numbers (RDP of the subsampled Gaussian); the store records its events
     ("numerics", ("landscape.persample", "landscape.gram", "landscape.curvature", "landscape.evaluate",
@@ -42,7 +42,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # user metrics: references -> evaluator Metrics for the analyses (built-in ``ece`` is the calibration analysis')
     ("analyses", ("landscape.analyze", "landscape.plots", "landscape.metrics")),
     ("api", ("landscape.api",)),
-    ("applications", ("landscape.figures", "landscape.batch")),
+    ("applications", ("landscape.figures", "landscape.batch", "landscape.kinds")),
     ("command line", ("cli", "landscape.__main__")),
 )
 
@@ -52,7 +52,6 @@ _MODULE_STRING = re.compile(r"^((?:landscape|cli)(?:\.\w+)+)(?::\w+)?$")
 NOT_REFERENCES = {
     ("landscape.plugins", "landscape.models"): "an entry-point group name",
     ("landscape.plugins", "landscape.metrics"): "an entry-point group name",
-    ("landscape.api", "landscape.figures"): "the api facade's lazy re-export of figures() (its __getattr__ table)",
 }
 
 
@@ -98,14 +97,15 @@ def _known(name: str) -> str | None:
 
 
 def _skipped_nodes(tree: ast.Module, path: Path) -> set[int]:
-    """Nodes whose imports are not edges: ``if TYPE_CHECKING:`` blocks, and a package ``__init__``'s ``__getattr__``."""
+    """Nodes whose imports are not edges: ``if TYPE_CHECKING:`` blocks, and a package ``__init__``'s ``__getattr__``
+    and ``__dir__`` (PEP 562's two hooks of a lazy facade)."""
     skipped: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             skipped |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
     if path.name == "__init__.py":
         for node in tree.body:
-            if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+            if isinstance(node, ast.FunctionDef) and node.name in ("__getattr__", "__dir__"):
                 skipped |= {id(n) for n in ast.walk(node)}
     return skipped
 

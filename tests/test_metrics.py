@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import run_cli
 from torchmetrics.functional.classification import multiclass_accuracy, multiclass_calibration_error
 
-from cli.main import main
 from landscape.errors import UsageError
 from landscape.metrics import MetricError, MetricObject, load, normalize, parse
 from landscape.plugins import sha256_file
@@ -276,26 +276,17 @@ def test_directions_and_surface_metrics_and_two_workers(setup, tmp_path):
 # -------------------------------------------------------------------------------------------- bad input
 
 
-def run_cli(args, capsys):
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_:
-        main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err
-    return exit_.value.code, out, err
-
-
 def test_cli_metric_options_show_and_figure(setup, tmp_path, capsys):
     root, path, _ = setup
     out = tmp_path / "c.h5"
-    code, text, err = run_cli(["--root", root / "ck", "interpolate", "r@init", "r@last", "--points", "3",
+    code, text, err = run_cli("--root", root / "ck", "interpolate", "r@init", "r@last", "--points", "3",
                                "--metric", f"{path}:Brier", "--metric", f'{path}:TopK{{"k": 2}}', "--metrics", "ece",
-                               "-o", out], capsys)
+                               "-o", out, capsys=capsys)
     assert code == 0, err
     header = text.splitlines()[0]
     assert "brier_A" in header and "max_top2" in header and "ece_B" in header
     assert out.with_suffix(".png").is_file()
-    code, text, _ = run_cli(["show", out], capsys)
+    code, text, _ = run_cli("show", out, capsys=capsys)
     assert code == 0 and "test_brier" in text and "metric_sources" in text and "train_top2" in text
 
 
@@ -317,8 +308,8 @@ def test_bad_metrics_are_one_line_and_write_nothing(setup, tmp_path, capsys, met
     root, path, _ = setup
     out = tmp_path / "bad.h5"
     ref = metric.format(file=path, dir=path.parent)
-    got, _, err = run_cli(["--root", root / "ck", "interpolate", "r@init", "r@last", "--points", "3", "--metric", ref,
-                           "-o", out], capsys)
+    got, _, err = run_cli("--root", root / "ck", "interpolate", "r@init", "r@last", "--points", "3", "--metric", ref,
+                           "-o", out, capsys=capsys)
     lines = err.strip().splitlines()
     assert got == code and len(lines) == 1 and fragment in lines[0], err
     assert not out.exists()

@@ -438,6 +438,7 @@ def test_clipping_on_a_user_model_equals_the_naive_loop(clip_style):
 
 def test_norms_symmetry_and_ntk_on_a_user_model_equal_the_naive_loop():
     from landscape.analyze import norms, ntk, symmetry
+    from landscape.data import subset_indices
 
     model = transformer(seed=2)
     x, y = tokens(12, seed=6)
@@ -448,7 +449,7 @@ def test_norms_symmetry_and_ntk_on_a_user_model_equal_the_naive_loop():
     cfg = norms.NormsConfig(subset=12, chunk=5)
     edges = norms.shared_edges([norms.value_range(point, cfg)], cfg)
     row, _, names = norms.compute_point(point, cfg, edges)
-    idx = norms.sample_indices(12, 12, cfg.seed)
+    idx = subset_indices(y, 12, cfg.seed)  # the examples the one sampler draws (here: all 12)
     assert names == list(ref)
     assert np.allclose(row.grad_norms, G[idx].norm(dim=1).numpy(), rtol=1e-10)
 

@@ -10,21 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_cli
 
-from cli.main import main
 from landscape.data import load_dataset
 from landscape.models import build_model
 from landscape.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def run_cli(*args: str, capsys) -> tuple[int, str, str]:
-    """Run the entry point in-process (as `landscape ...`): exit code, stdout, stderr."""
-    with pytest.raises(SystemExit) as exit_:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return exit_.value.code, out, err
 
 
 def start_subprocess(*args: str) -> subprocess.Popen:

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import run_cli
 
-from cli.main import main
 from landscape.atomic import atomic_write, stale_temp_files
 from landscape.errors import CheckpointError, IncompatibleError, UsageError
 from landscape.models import build_model
@@ -23,13 +23,6 @@ from landscape.train.config import parse_every
 
 DATA_SPEC = {"name": "digits", "seed": 0, "subset": None, "options": {}}
 MODEL_SPEC = {"name": "mlp", "kwargs": {"widths": [8]}}
-
-
-def run_cli(*args: str, capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return exit_.value.code, out, err
 
 
 def make_run(store: Store, name: str, steps=(0, 5)):

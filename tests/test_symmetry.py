@@ -16,6 +16,7 @@ from landscape.analyze.symmetry import (
     parameter_shapes,
     skewness,
 )
+from landscape.data import subset_indices
 from landscape.models import build_model
 
 
@@ -96,7 +97,7 @@ def test_analyzer_projections_equal_brute_force():
     x = torch.randn(30, 5, dtype=torch.float64)
     y = torch.randint(0, 3, (30,))
     res = gradient_symmetry(model, x, y, projections=3, seed=4, batch_size=30, permutations=50, chunk=7)
-    idx = torch.randperm(30, generator=torch.Generator().manual_seed(4))[:30]
+    idx = subset_indices(y, 30, 4)  # the one sampler's examples (here all 30)
     ref = _brute_projections(model, x[idx], y[idx], 4, 5)
     np.testing.assert_allclose(res.rows[0].stats.plane, ref[:, :2], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(res.rows[0].stats.skew, skewness(ref[:, 2:]), rtol=1e-6, atol=1e-6)
@@ -136,7 +137,7 @@ def test_same_matrix_for_every_checkpoint_of_a_run(run_store, tmp_path):
         from landscape.data import dataset_from_spec
 
         x, y = dataset_from_spec(ckpt.data_spec).split("train")
-        idx = torch.randperm(len(y), generator=torch.Generator().manual_seed(9))[:40]
+        idx = subset_indices(y, 40, 9)  # the one sampler's (seeded, stratified) examples
         ref = _brute_projections(model, x[idx].double(), y[idx], 9, 2)
         np.testing.assert_allclose(row.stats.plane, ref, rtol=1e-4, atol=1e-5)
     shapes = parameter_shapes(store.load("r@init").build_model())

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import run_cli
 
 import cli.main
 from landscape.errors import CheckpointError, ModelError, UsageError
@@ -25,13 +26,6 @@ SMALL = dict(model="lenet", data="digits", subset=200, batch_size=50, lr=0.05, c
 def cli_commands(monkeypatch):
     monkeypatch.setitem(cli.main.COMMANDS, "train", ("cli.train:train", "Train."))
     monkeypatch.setitem(cli.main.COMMANDS, "phases", ("cli.train:phases", "Phases."))
-
-
-def run_cli(args, capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        cli.main.main(args)
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 def weights(store: Store, ref: str) -> dict[str, torch.Tensor]:
@@ -293,13 +287,13 @@ def test_dp_with_batchnorm_is_refused_with_a_pointer_to_groupnorm(tmp_path):
 
 
 def test_cli_train_prints_a_table_and_json(tmp_path, capsys, cli_commands):
-    code, out, err = run_cli(["--root", str(tmp_path), "train", "--subset", "200", "--batch-size", "50",
-                              "--epochs", "1", "--run", "c1"], capsys)
+    code, out, err = run_cli("--root", str(tmp_path), "train", "--subset", "200", "--batch-size", "50",
+                              "--epochs", "1", "--run", "c1", capsys=capsys)
     assert code == 0, err
     assert "c1" in out and "test_acc" in out
-    code, out, err = run_cli(["--root", str(tmp_path), "train", "--from", "c1", "--epochs", "1",
+    code, out, err = run_cli("--root", str(tmp_path), "train", "--from", "c1", "--epochs", "1",
                               "--optimizer", "dpsgd", "--noise-multiplier", "1", "--sampling", "shuffle",
-                              "--batch-size", "50", "--run", "c2", "--json"], capsys)
+                              "--batch-size", "50", "--run", "c2", "--json", capsys=capsys)
     assert code == 0, err
     summary = json.loads(out)
     assert summary["run"] == "c2" and summary["parent"] == "c1@step=4"
@@ -319,7 +313,7 @@ def test_cli_train_prints_a_table_and_json(tmp_path, capsys, cli_commands):
     ],
 )
 def test_cli_train_errors_are_one_line(tmp_path, capsys, cli_commands, args, code, message):
-    got, out, err = run_cli(["--root", str(tmp_path), "train", "--epochs", "1", *args], capsys)
+    got, out, err = run_cli("--root", str(tmp_path), "train", "--epochs", "1", *args, capsys=capsys)
     assert got == code
     assert message in err
     assert "Traceback" not in err

@@ -14,7 +14,8 @@ import time
 
 import click
 import pytest
-from test_cli_errors import assert_one_error, run_cli  # noqa: I001
+from conftest import run_cli
+from test_cli_errors import assert_one_error  # noqa: I001
 from test_cli_fuzz import walk
 
 from cli.main import cli
@@ -69,7 +70,7 @@ def test_every_command_has_the_same_seed_rule():
                          ids=[f"{' '.join(p)} {q.opts[0]}" for p, _, q in SEED_OPTIONS])
 def test_a_negative_seed_is_one_usage_line_everywhere(tmp_path, capsys, path, command, param):
     arguments = ["x" for p in command.params if isinstance(p, click.Argument)]
-    code, _, err = run_cli(tmp_path, *path, f"{param.opts[0]}=-1", *arguments, capsys=capsys)
+    code, _, err = run_cli("--root", tmp_path, *path, f"{param.opts[0]}=-1", *arguments, capsys=capsys)
     one_error(code, err, 2, param.opts[0], "[0, 2**63 - 1]")
 
 
@@ -106,13 +107,13 @@ def test_the_seed_rule_holds_in_the_api_and_batch_configs():
 ])
 def test_huge_counts_are_refused_at_once(root, capsys, args, flag, limit):
     start = time.perf_counter()
-    code, _, err = run_cli(root, *args, capsys=capsys)
+    code, _, err = run_cli("--root", root, *args, capsys=capsys)
     one_error(code, err, 2, flag, str(limit))
     assert time.perf_counter() - start < 5
 
 
 def test_huge_surface_grid_and_api_counts_are_refused(root, capsys):
-    code, _, err = run_cli(root, "surface", "a", "--grid", "100000x100000", capsys=capsys)
+    code, _, err = run_cli("--root", root, "surface", "a", "--grid", "100000x100000", capsys=capsys)
     one_error(code, err, 2, "--grid", "1000000 cells")
     from landscape.api import calibration
 
@@ -137,15 +138,15 @@ def test_huge_surface_grid_and_api_counts_are_refused(root, capsys):
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e400GB", "0"])
 def test_ntk_max_memory_must_be_a_finite_positive_size(root, capsys, value):
-    code, _, err = run_cli(root, "ntk", "a", "--max-memory", value, capsys=capsys)
+    code, _, err = run_cli("--root", root, "ntk", "a", "--max-memory", value, capsys=capsys)
     one_error(code, err, 2, "memory budget")
 
 
 def test_directions_distance_beyond_float32_and_non_finite_profiles(root, tmp_path, capsys):
-    code, _, err = run_cli(root, "directions", "a", "--distance", "1e39", capsys=capsys)
+    code, _, err = run_cli("--root", root, "directions", "a", "--distance", "1e39", capsys=capsys)
     one_error(code, err, 2, "--distance", "float32")
     # finite in float32, but every step away from A overflows the weights: a failure, not all-NaN results
-    code, _, err = run_cli(root, "directions", "a", "--distance", "3e38", "--directions", "2", "--points", "2",
+    code, _, err = run_cli("--root", root, "directions", "a", "--distance", "3e38", "--directions", "2", "--points", "2",
                            "--no-figure", "-o", tmp_path / "d.h5", capsys=capsys)
     one_error(code, err, 1, "non-finite", "--distance")
     assert not (tmp_path / "d.h5").exists()
@@ -153,14 +154,14 @@ def test_directions_distance_beyond_float32_and_non_finite_profiles(root, tmp_pa
 
 def test_output_names_are_checked_with_their_derived_files(root, tmp_path, capsys):
     name = "o" * 249 + ".h5"  # 252 bytes: legal itself, but o...o.png / -reliability.pdf / its temp file are not
-    code, _, err = run_cli(root, "interpolate", "a", "a", "--points", "2", "-o", tmp_path / name, capsys=capsys)
+    code, _, err = run_cli("--root", root, "interpolate", "a", "a", "--points", "2", "-o", tmp_path / name, capsys=capsys)
     one_error(code, err, 2, "no room for the figures")
     deep = tmp_path / "/".join(["d" * 200] * 21) / "r.h5"  # past PATH_MAX (4096 bytes)
-    code, _, err = run_cli(root, "interpolate", "a", "a", "--points", "2", "-o", deep, capsys=capsys)
+    code, _, err = run_cli("--root", root, "interpolate", "a", "a", "--points", "2", "-o", deep, capsys=capsys)
     one_error(code, err, 2, "4096")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     ok = tmp_path / ("o" * 200 + ".h5")
-    code, _, err = run_cli(root, "interpolate", "a", "a", "--points", "2", "-o", ok, capsys=capsys)
+    code, _, err = run_cli("--root", root, "interpolate", "a", "a", "--points", "2", "-o", ok, capsys=capsys)
     assert code == 0, err
     assert ok.exists() and ok.with_suffix(".png").exists()
 
@@ -170,7 +171,7 @@ def test_paths_past_the_system_limits_are_one_usage_line(root, tmp_path, capsys)
     for args in (("--root", deep, "store", "ls"), ("interpolate", f"{deep}/x.h5", "a"), ("show", f"{deep}/x.h5"),
                  ("import", f"{deep}/x.pt", "--model", "mlp", "--data", "digits", "--run", "q"),
                  ("store", "show", "n" * 300 + ".h5")):
-        code, _, err = run_cli(root, *args, capsys=capsys)
+        code, _, err = run_cli("--root", root, *args, capsys=capsys)
         line = one_error(code, err, 2, "file name too long", "255 a name and 4096 a path")
         assert len(line) < 300
 
@@ -181,13 +182,13 @@ def test_import_of_a_link_to_a_non_checkpoint_is_one_line(root, tmp_path, capsys
     os.symlink(tmp_path / "notes.txt", tmp_path / "link.pt")
     os.symlink(tmp_path / "abc.pt", tmp_path / "link2.pt")
     for name in ("link.pt", "link2.pt", "abc.pt"):
-        code, _, err = run_cli(tmp_path / "ck", "import", tmp_path / name, "--run", "imp", "--model", "mlp", "--data", "digits",
+        code, _, err = run_cli("--root", tmp_path / "ck", "import", tmp_path / name, "--run", "imp", "--model", "mlp", "--data", "digits",
                                capsys=capsys)
         line = one_error(code, err, 1, "not a torch.save() file")
         assert ("a link to" in line) == name.startswith("link")
     (tmp_path / "pickle.pt").write_bytes(b"\x80\x02abc")  # a pickle header, then garbage: IndexError in torch
     os.symlink(tmp_path / "pickle.pt", tmp_path / "link3.pt")
-    code, _, err = run_cli(tmp_path / "ck", "import", tmp_path / "link3.pt", "--run", "imp", "--model", "mlp",
+    code, _, err = run_cli("--root", tmp_path / "ck", "import", tmp_path / "link3.pt", "--run", "imp", "--model", "mlp",
                            "--data", "digits", capsys=capsys)
     one_error(code, err, 1, "cannot read", "link3.pt as a PyTorch file")
     assert not (tmp_path / "ck" / "imp").exists()
@@ -203,7 +204,7 @@ def test_an_empty_manifest_is_damage(root, tmp_path, capsys, manifest, field):
     store = tmp_path / "ck"
     shutil.copytree(root / "a", store / "a")
     (store / "a" / "manifest.json").write_text(json.dumps(manifest))
-    code, _, err = run_cli(store, "store", "show", "a", capsys=capsys)
+    code, _, err = run_cli("--root", store, "store", "show", "a", capsys=capsys)
     one_error(code, err, 1, "damaged run manifest", f"'{field}' is missing")
 
 
@@ -216,7 +217,7 @@ def test_an_unhashed_checkpoint_entry_is_damage(root, tmp_path, capsys):
     manifest = json.loads(path.read_text())
     manifest["checkpoints"][0]["sha256"] = None
     path.write_text(json.dumps(manifest))
-    code, _, err = run_cli(store, "store", "show", "a", capsys=capsys)
+    code, _, err = run_cli("--root", store, "store", "show", "a", capsys=capsys)
     one_error(code, err, 1, "checkpoints[0].sha256", "64 hex digits")
 
 
@@ -239,7 +240,7 @@ def test_a_malformed_scheduler_is_one_usage_line(tmp_path, capsys, path, address
     command = dict(walk(cli))[path]
     arguments = ["x" for p in command.params if isinstance(p, click.Argument)]
     start = time.perf_counter()
-    code, _, err = run_cli(tmp_path, *path, "--scheduler", address, *arguments, capsys=capsys)
+    code, _, err = run_cli("--root", tmp_path, *path, "--scheduler", address, *arguments, capsys=capsys)
     one_error(code, err, 2, "--scheduler", "tcp://HOST:PORT")
     assert time.perf_counter() - start < 5
 
@@ -251,6 +252,6 @@ def test_an_unreachable_scheduler_is_one_failure_line_saying_how_long(root, tmp_
     (tmp_path / "spec.yaml").write_text("jobs:\n  i: {kind: interpolate, refs: [a, a], points: 2}\n")
     monkeypatch.chdir(tmp_path)
     for args in (("batch", "spec.yaml"), ("surface", "a", "--grid", "2x2")):
-        code, _, err = run_cli(root, *args, "--scheduler", "tcp://127.0.0.1:1", capsys=capsys)
+        code, _, err = run_cli("--root", root, *args, "--scheduler", "tcp://127.0.0.1:1", capsys=capsys)
         one_error(code, err, 1, "cannot reach the Dask scheduler at tcp://127.0.0.1:1 within 1 s")
         assert "dask: connecting to the scheduler at tcp://127.0.0.1:1 (waiting up to 1 s)" in err

@@ -9,22 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from click.testing import CliRunner
-
-from cli.main import cli
+from conftest import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def invoke(*args: str):
-    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)  # stderr is not a terminal here
-    return result.exit_code, result.stdout, result.stderr
-
-
-def test_phases_prints_a_line_per_finished_run(tmp_path):
-    code, out, err = invoke("--root", str(tmp_path / "ck"), "phases", "--k", "1", "--epochs", "2", "--copies", "2",
+def test_phases_prints_a_line_per_finished_run(tmp_path, capsys):
+    code, out, err = run_cli("--root", str(tmp_path / "ck"), "phases", "--k", "1", "--epochs", "2", "--copies", "2",
                             "--phase1", "sgd", "--phase2", "sgd", "--subset", "100", "--batch-size", "50",
-                            "--checkpoint-every", "none", "--group", "g")
+                            "--checkpoint-every", "none", "--group", "g", capsys=capsys)
     assert code == 0, err
     lines = [line for line in err.splitlines() if line.startswith("phases: ")]
     assert [line.split("]")[0] for line in lines] == ["phases: [1/3", "phases: [2/3", "phases: [3/3"], err
@@ -33,13 +26,13 @@ def test_phases_prints_a_line_per_finished_run(tmp_path):
     assert "g-sgd-sgd-1" in out  # the table still goes to stdout
 
 
-def test_figures_prints_a_line_per_finished_recipe(tmp_path):
+def test_figures_prints_a_line_per_finished_recipe(tmp_path, capsys):
     args = ("--root", str(tmp_path / "ck"), "figures", "watson-thm33", "--scale", "test", "--out", str(tmp_path / "f"))
-    code, _, err = invoke(*args)
+    code, _, err = run_cli(*args, capsys=capsys)
     assert code == 0, err
     line = [ln for ln in err.splitlines() if ln.startswith("figures: ")]
     assert len(line) == 1 and line[0].startswith("figures: [1/1] watson-thm33 made: "), err
-    code, _, err = invoke(*args)
+    code, _, err = run_cli(*args, capsys=capsys)
     assert "figures: [1/1] watson-thm33 skipped (finished)" in err
 
 

@@ -11,7 +11,8 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from test_user_models import one_error, run_cli
+from conftest import run_cli
+from test_user_models import one_error
 
 from landscape import plugins
 from landscape.api.training import train as api_train

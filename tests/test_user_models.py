@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import run_cli
 from torch import nn
 
-from cli.main import main
 from landscape import plugins
 from landscape.api import calibration, hessian, interpolate, norms
 from landscape.api.training import train as api_train
@@ -37,14 +37,6 @@ TINY = dict(epochs=1, batch_size=32, checkpoint_every="none", device="cpu", lr=0
 
 def ref(attr: str, file: Path = USER) -> str:
     return f"{file}:{attr}"
-
-
-def run_cli(*args, capsys) -> tuple[int, str, str]:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_:
-        main([*map(str, args)])
-    out, err = capsys.readouterr()
-    return exit_.value.code, out, err
 
 
 def one_error(err: str) -> str:
@@ -360,9 +352,9 @@ def test_transformer_interpolation_calibration_norms_against_plain_torch(transfo
 
     res = norms(["a"], root=root, figure=False, code=CODE_T, subset=len(y_tr), output="n.h5")
     last = res.runs[0].rows[-1]
-    from landscape.analyze.norms import sample_indices
+    from landscape.data import subset_indices
 
-    idx = sample_indices(len(y_tr), len(y_tr), 0)
+    idx = subset_indices(y_tr, len(y_tr), 0)  # the examples the one sampler draws
     model.load_state_dict(a.state_dict)  # the blended loop above left B's weights in it
     naive = []
     for i in idx.tolist():
@@ -503,7 +495,7 @@ def test_transformer_symmetry(transformer_store):
     model.load_state_dict(ckpt.state_dict)
     model.eval()
     x, y = plugins.load(ref("sequences"))(seed=0)[:2]
-    idx = sample_indices(len(y), 16, 5)
+    idx = sample_indices(y, 16, 5)
     shapes = parameter_shapes(model)
     V = torch.stack([torch.cat([t.ravel() for t in direction(5, shapes, j)]) for j in range(5)])
     G = []

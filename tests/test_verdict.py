@@ -262,3 +262,38 @@ def test_underpowered_reads_power_and_the_stated_need():
     assert weak.numbers["power"] < 0.8 and "power" in underpowered(weak)
     strong = paired_greater("c", "s", [1.0, 1.01, 1.02], [0.0, 0.0, 0.0])
     assert underpowered(strong) == "" and underpowered(strong, needs=5) == "n 3 < the 5 it needs"
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.5, 50.0), st.floats(0.5, 50.0)), min_size=3, max_size=8),
+       st.floats(1.0, 2.0))
+def test_paired_ratio_is_the_paired_t_test_on_logs(pairs, min_ratio):
+    """A ratio claim against a minimum ratio is scipy's paired t-test of log a - log b - log(min_ratio) > 0, and its
+    ratio is the geometric mean of a / b."""
+    from landscape.verdict import paired_ratio
+
+    a, b = np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+    v = paired_ratio("c", "s", a, b, min_ratio=min_ratio)
+    d = np.log(a) - np.log(b) - math.log(min_ratio)
+    assert v.numbers["ratio"] == pytest.approx(float(np.exp(np.mean(np.log(a / b)))), rel=1e-9)
+    assert v.numbers["min ratio"] == min_ratio
+    assert v.numbers["ratio ci low"] <= v.numbers["ratio"] <= v.numbers["ratio ci high"] or math.isnan(
+        v.numbers["ratio ci low"])
+    if np.ptp(d) > 1e-9 * max(1.0, float(np.abs(d).max())):
+        g = stats.ttest_rel(np.log(a) - math.log(min_ratio), np.log(b), alternative="greater").pvalue
+        assert v.numbers["p"] == pytest.approx(g, rel=1e-6, abs=1e-12)
+        assert v.held is rule(g, 1.0 - g)
+
+
+def test_paired_ratio_worked_cases_and_bad_input():
+    from landscape.verdict import paired_ratio
+
+    sgd = [13.0, 13.4, 13.1]
+    assert paired_ratio("c", "s", [31.4, 31.6, 31.5], sgd, min_ratio=1.2).held is True  # 2.4x
+    assert paired_ratio("c", "s", [13.5, 13.7, 13.4], sgd, min_ratio=1.2).held is False  # ~1.02x, far below 1.2
+    v = paired_ratio("c", "s", [15.0, 17.5, 14.0], sgd, min_ratio=1.2)  # ~1.19x with a wide spread
+    assert v.held is None
+    with pytest.raises(ValueError, match="positive"):
+        paired_ratio("c", "s", [1.0, -1.0], [1.0, 1.0], min_ratio=1.2)
+    with pytest.raises(ValueError, match="positive"):
+        paired_ratio("c", "s", [1.0, 2.0], [1.0, 1.0], min_ratio=0.0)

@@ -12,7 +12,7 @@ register("interpolate", "landscape.analyze.interpolate:SPEC",
 register("instability", "landscape.analyze.instability:SPEC",
          "Instability of many checkpoint pairs: CSV + HDF5 + figure (Watson Fig. 5).")
 register("ntk", "landscape.analyze.ntk:SPEC", "Empirical NTK under clipping: symmetry, positivity, spectra (Bu et al.).")
-register("ntk-table", "landscape.analyze.ntk:TABLE_SPEC", "Bu et al. Table 1 measured at a checkpoint or along a run.")
+register("ntk-table", "landscape.analyze.ntk_table:TABLE_SPEC", "Bu et al. Table 1 measured at a checkpoint or along a run.")
 register("clipping", "landscape.analyze.clipping:SPEC",
          "Clipping ratio R and the Thm. 3.2 bound (Watson Sec. 3.1); --prune-levels for Fig. 11.")
 register("symmetry", "landscape.analyze.symmetry:SPEC",

@@ -42,14 +42,10 @@ def check_positive_int(flag: str, value: Any) -> None:
 
 
 def split_subset(splits: Mapping[str, Any], name: str, subset: int | float | None, seed: int):
-    """``(x, y)`` of split ``name``, or its seeded stratified ``subset`` (a count or a fraction); a split the data
-    does not have is a UsageError naming the ones it has."""
+    """``(x, y)`` of split ``name``, or the examples of it the one sampler draws (``subset`` a count or a fraction:
+    :func:`landscape.data.sample_subset`); a split the data does not have is a UsageError naming the ones it has."""
     if name not in splits:
         raise UsageError(f"split {name!r} is not in the data (have {', '.join(splits)})")
-    x, y = splits[name]
-    if subset is None:
-        return x, y
-    from landscape.data import subset_indices
+    from landscape.data import take_subset
 
-    idx = subset_indices(y, subset, seed)
-    return x[idx], y[idx]
+    return take_subset(*splits[name], subset, seed, split=name)

@@ -46,6 +46,7 @@ from landscape.bounds import BINS_MAX
 from landscape.errors import UsageError
 from landscape.evaluate import Metric, evaluate
 from landscape.params import ParamSpace
+from landscape.refs import Ref
 from landscape.results import StoredResult, stored
 
 KIND = "calibration"
@@ -263,8 +264,8 @@ class CalibrationRow:
     run: str = ""
 
     def __post_init__(self) -> None:
-        if not self.run:  # a RUN@SELECTOR reference names its run; a checkpoint file stands for itself
-            self.run = self.ref.partition("@")[0] if "@" in self.ref else Path(self.ref).stem
+        if not self.run and self.ref:  # a RUN@SELECTOR reference names its run; a checkpoint file stands for itself
+            self.run = Ref.parse(self.ref).name
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Hessian sharpness: top eigenvalues, trace and spectral density of the training loss (PyHessian, Yao et al. 2020).
 
-Everything is measured on one fixed seeded subset of ``n`` examples of a split, with the Hessian-vector
+Everything is measured on one fixed seeded stratified subset of ``n`` examples of a split (the analyses' one
+sampler, :func:`landscape.data.sample_subset`), with the Hessian-vector
 products of :class:`landscape.curvature.HessianOperator` (eval mode, float64 on request, pruning masks kept)
 and the estimators of :mod:`landscape.spectral`, which take any symmetric linear operator:
 
@@ -37,10 +38,10 @@ import torch
 from torch import Tensor, nn
 
 from landscape.analyze._common import device_option
-from landscape.analyze.norms import sample_indices
 from landscape.analyze.registry import Analysis, option
 from landscape.bounds import LANCZOS_STEPS_MAX
 from landscape.curvature import HessianOperator
+from landscape.data import take_subset
 from landscape.errors import UsageError
 from landscape.options import Options
 from landscape.results import InputRef, StoredResult, stored
@@ -81,8 +82,8 @@ class HessianConfig(Options):
     top_k: int = option(5, "Largest Hessian eigenvalues to compute (Lanczos); 0 for none.", min=0)
     trace: bool = option(False, "Also estimate the trace (Hutchinson, Rademacher probes, with its standard error).")
     density: bool = option(False, "Also estimate the spectral density (stochastic Lanczos quadrature).")
-    subset: int = option(1000, "Examples in the fixed seeded subset the loss is taken over (the same at every "
-                         "checkpoint).", min=1, renamed_from=("n",))
+    subset: int = option(1000, "Examples in the fixed seeded stratified subset the loss is taken over (the same at "
+                         "every checkpoint).", min=1, renamed_from=("n",))
     seed: int = option(0, "Seed of the subset, the Lanczos start vector and the probes.")
     split: str = option("train", "Which split the subset comes from.", choices=SPLITS)
     probes: int = option(100, "Rademacher probes of the trace estimate.", min=1)
@@ -196,10 +197,10 @@ class HessianResult(StoredResult):
         return out
 
 
-def subset(x: Tensor, y: Tensor, n: int, seed: int) -> tuple[Tensor, Tensor]:
-    """The fixed seeded subset of ``min(n, len(y))`` examples every measurement of a run uses."""
-    idx = sample_indices(len(y), n, seed)
-    return x[idx], y[idx]
+def subset(x: Tensor, y: Tensor, n: int, seed: int, split: str = "") -> tuple[Tensor, Tensor]:
+    """The fixed subset of ``min(n, len(y))`` examples every measurement of a run uses: the one sampler's
+    (:func:`landscape.data.sample_subset`: seeded, stratified by class)."""
+    return take_subset(x, y, min(int(n), len(y)), seed, split=split)
 
 
 def hessian_row(
@@ -219,7 +220,7 @@ def hessian_row(
     subset of ``x, y``. Pure: the model is not modified."""
     config.validate()
     start = time.perf_counter()
-    xs, ys = subset(x, y, config.subset, config.seed)
+    xs, ys = subset(x, y, config.subset, config.seed, config.split)
     op = HessianOperator(model, xs, ys, masks=masks, dtype=PRECISIONS[config.precision],
                          device=resolve_device(config.device), batch_size=config.chunk)
     if config.top_k > op.dim:

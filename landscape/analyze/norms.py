@@ -22,6 +22,7 @@ from torch import nn
 from landscape.analyze._common import device_option
 from landscape.analyze.registry import Analysis, option
 from landscape.bounds import BINS_MAX
+from landscape.data import take_subset
 from landscape.errors import UsageError
 from landscape.options import Options
 from landscape.results import StoredResult, stored
@@ -36,8 +37,8 @@ class NormsConfig(Options):
 
     bins: int = option(100, "Bins of the parameter-value histograms (shared by all targets).", min=1,
                        max=BINS_MAX)
-    subset: int = option(256, "Examples (a seeded draw of the split) whose per-sample gradient norms are taken at "
-                         "every checkpoint (0: none).", min=0, renamed_from=("grad_samples",))
+    subset: int = option(256, "Examples whose per-sample gradient norms are taken at every checkpoint (a seeded "
+                         "stratified subset of the split; 0: none).", min=0, renamed_from=("grad_samples",))
     grad_epochs: tuple[float, ...] | None = option(None, "Epochs whose gradient-norm histograms are drawn (default: "
                                                    "first after init, and last).", min=0)
     seed: int = option(0, "Seed of the example draw.")
@@ -102,11 +103,6 @@ def value_histogram(values: torch.Tensor | np.ndarray, edges: np.ndarray) -> np.
     v = np.clip(v.astype(np.float64).ravel(), edges[0], edges[-1])
     counts, _ = np.histogram(v, bins=edges)
     return counts.astype(np.int64)
-
-
-def sample_indices(num_examples: int, samples: int, seed: int) -> torch.Tensor:
-    perm = torch.randperm(num_examples, generator=torch.Generator().manual_seed(int(seed)))
-    return perm[: min(samples, num_examples)]
 
 
 def per_sample_grad_norms(
@@ -218,8 +214,8 @@ def checkpoint_norms(
     hist = value_histogram(parameter_vector(state, names), edges)
     grad_norms = np.zeros(0)
     if config.subset > 0 and x is not None:
-        idx = sample_indices(len(y), config.subset, config.seed)
-        grad_norms = per_sample_grad_norms(model, x[idx], y[idx], chunk=config.chunk, engine=engine)
+        xs, ys = take_subset(x, y, min(config.subset, len(y)), config.seed, split=config.split)
+        grad_norms = per_sample_grad_norms(model, xs, ys, chunk=config.chunk, engine=engine)
     return CheckpointNorms(ref=ref, step=int(step), epoch=float(epoch), params=params, histogram=hist,
                            grad_norms=grad_norms)
 

@@ -9,7 +9,11 @@ again (Thm. 2). This module measures that on a model:
 - :func:`kernel_properties` -- symmetry and the two positivity notions of Def. 4.2 for any square matrix;
 - :func:`clip_kernel` -- A = K C (flat) or A = sum_r K_r C_r (layerwise) from per-layer blocks, with C from
   the gradient norms sqrt(K_r[i, i]) and :func:`landscape.clip.clip_factors`;
-- :func:`compute_ntk` -> :class:`NTKResult` and :func:`ntk_table` -> :class:`NTKTable` (Bu Table 1 measured).
+- :func:`compute_ntk` -> :class:`NTKResult` (here) and :func:`~landscape.analyze.ntk_table.ntk_table` ->
+  :class:`~landscape.analyze.ntk_table.NTKTable` (Bu Table 1 measured, :mod:`landscape.analyze.ntk_table`).
+
+The kernel machinery both analyses share is :mod:`landscape.analyze.ntk_kernels`; its names and the table's are
+importable from here too.
 
 Kernel kinds (see :mod:`landscape.gram`): ``loss-grad`` is the Gram matrix of per-sample loss gradients,
 K = G G^T (H sandwiched between the loss derivatives); ``output`` is Bu's H itself for M logits,
@@ -22,230 +26,51 @@ over logits (n x n). The clipping factors always come from the loss-gradient nor
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
-from landscape.analyze._common import device_option
+from landscape.analyze.ntk_kernels import (  # noqa: F401 (re-exported: both analyses lived in this module)
+    CLIP_FNS,
+    CLIPS,
+    EIG_RTOL,
+    GRAM_PRECISION,
+    KIND_HELP,
+    PRECISION_HELP,
+    PRECISIONS,
+    STRATEGIES,
+    SYM_RTOL,
+    ClippedKernel,
+    KernelOptions,
+    KernelProperties,
+    LayerKernels,
+    clip_kernel,
+    clip_layer_kernels,
+    clipping_factors,
+    default_layer_max_norms,
+    examples,
+    kernel_properties,
+    layer_kernels,
+    model_and_examples,
+    yes_no,
+)
+from landscape.analyze.ntk_table import (  # noqa: F401 (re-exported)
+    TABLE_COLUMNS,
+    TABLE_SPEC,
+    NTKTable,
+    NTKTableConfig,
+    NTKTableRow,
+    ntk_table,
+    table_point,
+    table_rows,
+)
 from landscape.analyze.registry import Analysis, option
-from landscape.clip import CLIP_STYLES, clip_factors, layer_threshold
-from landscape.errors import NonFiniteError, UsageError
-from landscape.gram import KINDS, gram_blocks, layer_names, parse_memory
-from landscape.options import Options
-from landscape.results import StoredResult, stored, write_csv
-from landscape.runtime import resolve_device
-
-CLIPS = ("none", "flat", "layerwise")
-CLIP_FNS = ("abadi", "automatic", "normalize", "global")
-STRATEGIES = ("auto", "hooks", "materialize", "ghost", "functorch")
-PRECISIONS = ("auto", "float64", "float32")
-#: the config's precision names (those of ``hessian --precision``) -> landscape.gram's
-GRAM_PRECISION = {"auto": "auto", "float64": "double", "float32": "single"}
-KIND_HELP = ("loss-grad: <grad l_i, grad l_j>; output: d f/d w (d f/d w)^T (nM x nM); output-trace: its trace "
-             "over logits (n x n).")
-PRECISION_HELP = ("auto: float64 for small tensors, the model's dtype for big contractions; float64: the model and "
-                  "every contraction in float64; float32: every contraction in the model's dtype.")
-#: an eigenvalue counts as >= 0 if it is >= -EIG_RTOL * ||A||_F, as real if |imag| <= EIG_RTOL * ||A||_F
-EIG_RTOL = 1e-6
-#: a matrix counts as symmetric if ||A - A^T||_F / ||A||_F <= SYM_RTOL
-SYM_RTOL = 1e-6
+from landscape.results import StoredResult, stored
 
 
-# ------------------------------------------------------------------------------------ kernel properties
-@dataclass(frozen=True)
-class KernelProperties:
-    """Symmetry and positivity of a square matrix A (Bu et al. Def. 4.2), with the numbers behind them.
-
-    Tolerances are relative to ``norm`` = ||A||_F: ``symmetric`` iff ``asymmetry`` <= ``sym_rtol``;
-    an eigenvalue is "non-negative" iff it is >= -``eig_rtol`` * norm and "real" iff its |imaginary part|
-    is <= ``eig_rtol`` * norm. ``positive_quadratic`` (x^T A x >= 0 for all x) iff the smallest eigenvalue
-    of (A + A^T)/2 is non-negative; ``positive_eigenvalues`` iff every eigenvalue of A is real and
-    non-negative. The zero matrix is symmetric and positive in both senses (asymmetry 0).
-    """
-
-    n: int
-    norm: float
-    asymmetry: float
-    min_sym_eig: float
-    max_sym_eig: float
-    n_negative_sym_eigs: int
-    min_real_eig: float
-    max_abs_imag_eig: float
-    n_negative_real_eigs: int
-    symmetric: bool
-    positive_quadratic: bool
-    positive_eigenvalues: bool
-    sym_rtol: float
-    eig_rtol: float
-    eigvals: np.ndarray = field(repr=False, compare=False)
-    sym_eigvals: np.ndarray = field(repr=False, compare=False)
-
-    def scalars(self) -> dict[str, float | int | bool]:
-        """The scalar fields (no spectra), e.g. for a table row or file attributes."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("eigvals", "sym_eigvals")}
-
-
-def _as_numpy(A: np.ndarray | torch.Tensor) -> np.ndarray:
-    if isinstance(A, torch.Tensor):
-        A = A.detach().cpu().to(torch.float64).numpy()
-    A = np.asarray(A, dtype=np.float64)
-    if A.ndim != 2 or A.shape[0] != A.shape[1]:
-        raise UsageError(f"kernel must be a square matrix, got shape {A.shape}")
-    if not np.isfinite(A).all():
-        raise NonFiniteError("kernel has non-finite entries (NaN or inf): did the checkpoint diverge? check its "
-                             "weights (landscape store show), the gradients and clipping factors")
-    return A
-
-
-def kernel_properties(A: np.ndarray | torch.Tensor, *, sym_rtol: float = SYM_RTOL,
-                      eig_rtol: float = EIG_RTOL) -> KernelProperties:
-    """Symmetry, positivity in quadratic form and positivity in eigenvalues of any square matrix."""
-    A = _as_numpy(A)
-    n = A.shape[0]
-    norm = float(np.linalg.norm(A))
-    if n == 0 or norm == 0.0:
-        zeros = np.zeros(n)
-        return KernelProperties(n, 0.0, 0.0, 0.0, 0.0, 0, 0.0, 0.0, 0, True, True, True, sym_rtol, eig_rtol,
-                                zeros.astype(np.complex128), zeros)
-    tol = eig_rtol * norm
-    asym = float(np.linalg.norm(A - A.T) / norm)
-    sym_eigs = np.linalg.eigvalsh((A + A.T) / 2)
-    eigs = np.linalg.eigvals(A).astype(np.complex128)  # complex even when every eigenvalue is real
-    eigs = eigs[np.lexsort((eigs.imag, eigs.real))]
-    min_sym = float(sym_eigs[0])
-    return KernelProperties(
-        n=n,
-        norm=norm,
-        asymmetry=asym,
-        min_sym_eig=min_sym,
-        max_sym_eig=float(sym_eigs[-1]),
-        n_negative_sym_eigs=int((sym_eigs < -tol).sum()),
-        min_real_eig=float(eigs.real.min()),
-        max_abs_imag_eig=float(np.abs(eigs.imag).max()),
-        n_negative_real_eigs=int((eigs.real < -tol).sum()),
-        symmetric=asym <= sym_rtol,
-        positive_quadratic=min_sym >= -tol,
-        positive_eigenvalues=bool(eigs.real.min() >= -tol and np.abs(eigs.imag).max() <= tol),
-        sym_rtol=sym_rtol,
-        eig_rtol=eig_rtol,
-        eigvals=eigs,
-        sym_eigvals=sym_eigs,
-    )
-
-
-# ------------------------------------------------------------------------------------------- clipping
-def clipping_factors(norms: torch.Tensor | np.ndarray, max_norm: float | torch.Tensor, fn: str) -> torch.Tensor:
-    """Per-sample clipping factors from gradient norms, by the training code's clipping functions.
-
-    Delegates to :func:`landscape.clip.clip_factors` (abadi min(1, C/||g||), automatic
-    C/(||g|| + 0.01), normalize C/||g||, global 1{||g|| <= C}; Bu et al. Sec. 2.2), so the kernel uses the
-    same factors as training.
-    """
-    norms = torch.as_tensor(norms, dtype=torch.float64)
-    return clip_factors(norms, max_norm, fn).to(torch.float64)
-
-
-def default_layer_max_norms(max_grad_norm: float, n_layers: int) -> float:
-    """Per-layer threshold of layerwise clipping, C / sqrt(#layers): the squares sum to C^2 (training default)."""
-    return layer_threshold(max_grad_norm, n_layers)
-
-
-@dataclass
-class ClippedKernel:
-    """A = K C or sum_r K_r C_r, the factors C ((n,) flat, (L, n) layerwise) and the fraction clipped.
-
-    A sample (or a sample's layer) counts as clipped when its gradient norm exceeds the threshold.
-    For layerwise clipping ``fraction_clipped`` counts samples with at least one clipped layer and
-    ``fraction_layers_clipped`` the (sample, layer) pairs.
-    """
-
-    style: str
-    A: np.ndarray
-    C: np.ndarray
-    fraction_clipped: float
-    fraction_layers_clipped: float
-
-
-def clip_kernel(
-    K_layers: np.ndarray | torch.Tensor,
-    layer_sq_norms: np.ndarray | torch.Tensor,
-    *,
-    style: str,
-    max_grad_norm: float,
-    clip_fn: str = "abadi",
-    layer_max_norms: float | Sequence[float] | None = None,
-    logits_per_sample: int = 1,
-    sample_sq_norms: np.ndarray | torch.Tensor | None = None,
-) -> ClippedKernel:
-    """The clipped NTK from per-layer blocks (Bu et al. eqs. 4.3, 4.4).
-
-    ``K_layers`` is (L, R, R) with R = n * ``logits_per_sample`` (sample-major), ``layer_sq_norms`` (L, n)
-    the squared per-layer loss-gradient norms ||g_{i,r}||^2 (for loss-grad kernels: the diagonals of K_r).
-    Flat: C_i from ||g_i|| = sqrt(sum_r ||g_{i,r}||^2), A = (sum_r K_r) C. Layerwise: C_{i,r} from ||g_{i,r}||
-    with per-layer thresholds ``layer_max_norms`` (default C/sqrt(L)), A = sum_r K_r C_r. The factor of
-    sample i scales every column (i, m). ``sample_sq_norms`` (n,) gives the whole model's ||g_i||^2 for flat
-    clipping when ``K_layers`` holds only some of the model's layers (flat clipping in training uses the
-    norm of the full gradient); by default it is the sum over the given layers.
-    """
-    K_layers = torch.as_tensor(np.asarray(K_layers) if not isinstance(K_layers, torch.Tensor) else K_layers,
-                               dtype=torch.float64)
-    sq = torch.as_tensor(np.asarray(layer_sq_norms) if not isinstance(layer_sq_norms, torch.Tensor)
-                         else layer_sq_norms, dtype=torch.float64).clamp_min(0)
-    L = K_layers.shape[0]
-    M = logits_per_sample
-    if style == "flat":
-        full = sq.sum(0) if sample_sq_norms is None else torch.as_tensor(np.asarray(sample_sq_norms),
-                                                                          dtype=torch.float64).clamp_min(0)
-        norms = full.sqrt()
-        C = clipping_factors(norms, max_grad_norm, clip_fn)
-        A = K_layers.sum(0) * C.repeat_interleave(M)[None, :]
-        frac = float((norms > max_grad_norm).double().mean())
-        return ClippedKernel(style, A.numpy(), C.numpy(), frac, frac)
-    if style == "layerwise":
-        if layer_max_norms is None:
-            layer_max_norms = default_layer_max_norms(max_grad_norm, L)
-        thresholds = torch.as_tensor(layer_max_norms, dtype=torch.float64).reshape(-1)
-        if thresholds.numel() == 1:
-            thresholds = thresholds.expand(L)
-        if thresholds.numel() != L:
-            raise UsageError(f"need one layer max norm per layer ({L}), got {thresholds.numel()}")
-        norms = sq.sqrt()
-        C = torch.stack([clipping_factors(norms[r], thresholds[r], clip_fn) for r in range(L)])
-        A = (K_layers * C.repeat_interleave(M, dim=1)[:, None, :]).sum(0)
-        over = norms > thresholds[:, None]
-        return ClippedKernel(style, A.numpy(), C.numpy(), float(over.any(0).double().mean()),
-                             float(over.double().mean()))
-    raise UsageError(f"unknown clip style '{style}' (choose from {', '.join(CLIP_STYLES)})")
-
-
-# ------------------------------------------------------------------------------------------ configs
-@dataclass(frozen=True)
-class KernelOptions(Options):
-    """Which kernel of which examples, and how it is computed (the base of NTKConfig and NTKTableConfig)."""
-
-    subset: int = option(128, "Number of examples (seeded stratified subset of the checkpoint's data).", min=1,
-                         renamed_from=("n",))
-    kernel: str = option("loss-grad", KIND_HELP, choices=KINDS, renamed_from=("kind",))  # `kind:` is a batch job's kind
-    clip_fn: str = option("abadi", "Clipping function (Bu et al. Sec. 2.2).", choices=CLIP_FNS)
-    layers: tuple[str, ...] | None = option(None, "Glob patterns of parameter names to include (default: all "
-                                            "trainable).")
-    seed: int = option(0, "Seed of the example subset.")
-    split: str = option("train", "Data split.", choices=("train", "test"))
-    max_memory: str | int | None = option("4GB", "Memory budget of the Gram computation (e.g. 4GB, 512MiB).",
-                                          kind="text")
-    strategy: str = option("auto", "How per-layer Gram blocks are computed.", choices=STRATEGIES)
-    precision: str = option("auto", PRECISION_HELP, choices=PRECISIONS,
-                            value_aliases={"double": "float64", "single": "float32"})
-    device: str = device_option()
-
-    def validate(self) -> None:
-        parse_memory(self.max_memory)
-
-
+# ------------------------------------------------------------------------------------------- config
 @dataclass(frozen=True)
 class NTKConfig(KernelOptions):
     """Options of ``landscape ntk`` (stored as the result's params)."""
@@ -254,91 +79,6 @@ class NTKConfig(KernelOptions):
     max_grad_norm: float = option(1.0, "Clipping norm C.", flag=("--max-grad-norm", "-C"), min=0, min_open=True)
     layer_max_norms: float | None = option(None, "Layerwise per-layer norm C_r (default C / sqrt(#layers), as in "
                                            "training).", flag="--layer-max-norm", min=0, min_open=True)
-
-
-@dataclass(frozen=True)
-class NTKTableConfig(KernelOptions):
-    """Options of ``landscape ntk-table`` (stored as the result's params)."""
-
-    max_grad_norms: tuple[float, ...] = option((0.01, 0.1, 1.0, 10.0, 100.0), "Clipping norms C.",
-                                               flag=("--max-grad-norm", "-C"), min=0, min_open=True)
-    clip_styles: tuple[str, ...] = option(CLIP_STYLES, "Clipping styles: flat, layerwise.", flag="--clip-style",
-                                          choices=CLIP_STYLES)
-
-
-# ------------------------------------------------------------------------------------------ kernels
-@dataclass
-class LayerKernels:
-    """Per-layer blocks of one kind, plus the squared per-layer loss-gradient norms behind the clipping."""
-
-    kind: str
-    layer_names: list[str]
-    K_layers: np.ndarray  # (L, R, R)
-    layer_sq_norms: np.ndarray  # (L, n)
-    logits_per_sample: int  # M for kind "output", else 1
-    n_model_layers: int  # trainable parameter tensors of the whole model (for C / sqrt(#layers))
-    sample_sq_norms: np.ndarray  # (n,) ||g_i||^2 over the WHOLE model (flat clipping), even for a layer subset
-
-    @property
-    def K(self) -> np.ndarray:
-        return self.K_layers.sum(0)
-
-
-def layer_kernels(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, kind: str = "loss-grad",
-                  layers: Sequence[str] | None = None, strategy: str = "auto",
-                  max_memory: str | int | None = None, precision: str = "auto") -> LayerKernels:
-    """Per-layer kernels of ``kind`` and the per-layer loss-gradient norms, with one Gram computation."""
-    names = layer_names(model, layers)
-    all_names = layer_names(model)
-    gram_kind = "loss-grad" if kind == "loss-grad" else "output"
-    blocks = gram_blocks(model, x, y, kind=gram_kind, strategy=strategy, max_memory=max_memory,
-                         layers=names, precision=precision)
-    R = blocks[names[0]].shape[0]
-    stacked = torch.empty(len(names), R, R, dtype=torch.float64)  # (L, R, R), filled block by block
-    for i, k in enumerate(names):
-        stacked[i] = blocks.pop(k)
-    n = x.shape[0]
-    if kind == "loss-grad":
-        sq = stacked.diagonal(dim1=1, dim2=2)
-        return LayerKernels(kind, names, stacked.numpy(), sq.numpy(), 1, len(all_names),
-                            _full_sq_norms(model, x, y, sq, names, all_names))
-    M = stacked.shape[1] // n
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            logits = model(x).to(device="cpu", dtype=torch.float64)
-    finally:
-        model.train(was_training)
-    v = torch.softmax(logits, dim=1) - torch.nn.functional.one_hot(y.cpu(), M).to(torch.float64)  # dl_i/df_i
-    per = stacked.reshape(len(names), n, M, n, M).diagonal(dim1=1, dim2=3)  # (L, M, M, n)
-    sq = torch.einsum("im,rmki,ik->ri", v, per, v)
-    if kind == "output-trace":
-        stacked = stacked.reshape(len(names), n, M, n, M).diagonal(dim1=2, dim2=4).sum(-1)
-        M = 1
-    return LayerKernels(kind, names, stacked.numpy(), sq.numpy(), M, len(all_names),
-                        _full_sq_norms(model, x, y, sq, names, all_names))
-
-
-def _full_sq_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, sq: torch.Tensor, names: Sequence[str],
-                   all_names: Sequence[str]) -> np.ndarray:
-    """||g_i||^2 of the whole model: the sum of the per-layer values when every layer is there, else from the
-    per-sample engine (flat clipping clips the full gradient, whichever layers the kernel shows)."""
-    if list(names) == list(all_names):
-        return sq.sum(0).numpy()
-    from landscape.persample import PerSampleEngine
-
-    return (PerSampleEngine(model).norms(x, y).flat.to(device="cpu", dtype=torch.float64) ** 2).numpy()
-
-
-def clip_layer_kernels(lk: LayerKernels, *, style: str, max_grad_norm: float, clip_fn: str,
-                       layer_max_norms: float | None = None) -> ClippedKernel:
-    """:func:`clip_kernel` on :class:`LayerKernels`, per-layer thresholds C/sqrt(#model layers) by default."""
-    if style == "layerwise" and layer_max_norms is None:
-        layer_max_norms = default_layer_max_norms(max_grad_norm, lk.n_model_layers)
-    return clip_kernel(lk.K_layers, lk.layer_sq_norms, sample_sq_norms=lk.sample_sq_norms, style=style,
-                       max_grad_norm=max_grad_norm,
-                       clip_fn=clip_fn, layer_max_norms=layer_max_norms, logits_per_sample=lk.logits_per_sample)
 
 
 # ------------------------------------------------------------------------------------------- results
@@ -434,144 +174,21 @@ def compute_ntk(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: NTKC
     )
 
 
-# ---------------------------------------------------------------------------------- Bu Table 1 measured
-TABLE_COLUMNS = (
-    "step", "epoch", "max_grad_norm", "style", "fraction_clipped", "symmetric", "asymmetry",
-    "positive_quadratic", "min_sym_eig", "n_negative_sym_eigs", "positive_eigenvalues", "min_real_eig",
-    "max_abs_imag_eig", "n_negative_real_eigs", "norm",
-)
-
-
-@dataclass
-class NTKTableRow:
-    """One cell row of the measured Table 1: a clipping norm and style (style "none": no clipping)."""
-
-    step: int
-    epoch: float
-    max_grad_norm: float  # NaN for the unclipped row
-    style: str
-    fraction_clipped: float
-    symmetric: bool
-    asymmetry: float
-    positive_quadratic: bool
-    min_sym_eig: float
-    n_negative_sym_eigs: int
-    positive_eigenvalues: bool
-    min_real_eig: float
-    max_abs_imag_eig: float
-    n_negative_real_eigs: int
-    norm: float
-
-
-def table_rows(lk: LayerKernels, config: NTKTableConfig, *, step: int = 0, epoch: float = float("nan")) -> list[NTKTableRow]:
-    """Rows of the measured Table 1 for one checkpoint: no clipping, then every (norm, style)."""
-
-    def row(norm: float, style: str, A: np.ndarray, frac: float) -> NTKTableRow:
-        p = kernel_properties(A)
-        return NTKTableRow(step=step, epoch=epoch, max_grad_norm=norm, style=style, fraction_clipped=frac,
-                           **{k: getattr(p, k) for k in TABLE_COLUMNS[5:]})
-
-    rows = [row(float("nan"), "none", lk.K, 0.0)]
-    for c in config.max_grad_norms:
-        for style in config.clip_styles:
-            ck = clip_layer_kernels(lk, style=style, max_grad_norm=c, clip_fn=config.clip_fn)
-            rows.append(row(c, style, ck.A, ck.fraction_clipped))
-    return rows
-
-
-@dataclass
-class NTKTable(StoredResult):
-    """Bu et al. Table 1 measured: per checkpoint, clipping norm and style, the properties of the kernel."""
-
-    KIND = "ntk-table"
-    CONFIG = NTKTableConfig
-
-    config: NTKTableConfig
-    rows: list[NTKTableRow] = stored("table", count="n_rows")
-    csv_path: Path | None = None
-
-    def column(self, name: str) -> np.ndarray:
-        values = [getattr(r, name) for r in self.rows]
-        if name == "style":
-            return np.array(values, dtype="S")
-        return np.asarray(values)
-
-    def to_csv(self, path: str | Path) -> Path:
-        records = [{c: getattr(r, c) for c in TABLE_COLUMNS} for r in self.rows]
-        self.csv_path = write_csv(path, records, TABLE_COLUMNS, nan="nan")
-        return self.csv_path
-
-
-def ntk_table(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: NTKTableConfig, *, step: int = 0,
-              epoch: float = float("nan")) -> NTKTable:
-    """Bu et al. Table 1 measured on one model: one Gram computation, every clipping norm and style."""
-    lk = layer_kernels(model, x, y, kind=config.kernel, layers=config.layers, strategy=config.strategy,
-                       max_memory=config.max_memory, precision=GRAM_PRECISION[config.precision])
-    return NTKTable(config=config, rows=table_rows(lk, config, step=step, epoch=epoch))
-
-
-# ------------------------------------------------------------------------------------------ the specs
-
-
-def examples(point, n: int, seed: int, split: str) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-    """A seeded stratified subset of ``n`` examples of a resolved checkpoint's data split: x, y, indices."""
-    from landscape.data import subset_indices
-
-    x, y = point.data.split(split)
-    if n > len(y):
-        raise UsageError(f"--subset {n} is more than the {len(y)} {split} examples of data set "
-                         f"'{point.checkpoint.data_spec.get('name')}'")
-    idx = subset_indices(y, n, seed)
-    return x[idx], y[idx], idx.numpy()
-
-
-def _model_and_examples(point, config):
-    """The checkpoint's model and the seeded examples on ``config.device`` (in float64 for ``precision="float64"``)."""
-    device = resolve_device(config.device)
-    model = point.model().to(device)
-    if config.precision == "float64":
-        model = model.double()
-    x, y, idx = examples(point, config.subset, config.seed, config.split)
-    dtype = next(model.parameters()).dtype
-    x = x.to(device, dtype) if x.is_floating_point() else x.to(device)  # token ids stay integers
-    return model, x, y.to(device), idx
-
-
 def compute_point(point, config: NTKConfig) -> NTKResult:
     """:func:`compute_ntk` at one resolved checkpoint (``precision="float64"`` runs the model in float64)."""
-    model, x, y, idx = _model_and_examples(point, config)
+    model, x, y, idx = model_and_examples(point, config)
     return compute_ntk(model, x, y, config, indices=idx)
-
-
-def table_point(point, config: NTKTableConfig) -> list[NTKTableRow]:
-    """One checkpoint's rows of the measured Table 1: one Gram computation for every clipping norm and style."""
-    model, x, y, _ = _model_and_examples(point, config)
-    lk = layer_kernels(model, x, y, kind=config.kernel, layers=config.layers, strategy=config.strategy,
-                       max_memory=config.max_memory, precision=GRAM_PRECISION[config.precision])
-    return table_rows(lk, config, step=point.step, epoch=float(point.epoch))
-
-
-def _yn(flag: bool) -> str:
-    return "yes" if flag else "NO"
 
 
 def _ntk_rows(r: NTKResult) -> list[dict]:
     rows = []
     for label, p, frac in (("K", r.K_properties, 0.0), (f"A ({r.config.clip})", r.properties, r.fraction_clipped)):
         if label == "K" or r.config.clip != "none":
-            rows.append({"kernel": label, "size": p.n, "clipped": frac, "symmetric": _yn(p.symmetric),
-                         "asymmetry": p.asymmetry, "pos_quad": _yn(p.positive_quadratic),
-                         "min_sym_eig": p.min_sym_eig, "pos_eig": _yn(p.positive_eigenvalues),
+            rows.append({"kernel": label, "size": p.n, "clipped": frac, "symmetric": yes_no(p.symmetric),
+                         "asymmetry": p.asymmetry, "pos_quad": yes_no(p.positive_quadratic),
+                         "min_sym_eig": p.min_sym_eig, "pos_eig": yes_no(p.positive_eigenvalues),
                          "min_re_eig": p.min_real_eig, "max_|im|": p.max_abs_imag_eig, "norm": p.norm})
     return rows
-
-
-def _table_rows(t: NTKTable) -> list[dict]:
-    return [{"step": r.step, "epoch": r.epoch, "C": None if r.style == "none" else r.max_grad_norm, "style": r.style,
-             "clipped": r.fraction_clipped, "symmetric": _yn(r.symmetric), "asymmetry": r.asymmetry,
-             "pos_quad": _yn(r.positive_quadratic), "min_sym_eig": r.min_sym_eig,
-             "pos_eig": _yn(r.positive_eigenvalues), "min_re_eig": r.min_real_eig, "max_|im|": r.max_abs_imag_eig}
-            for r in t.rows]
 
 
 SPEC = Analysis(
@@ -581,17 +198,4 @@ SPEC = Analysis(
     doc="""Empirical NTK at checkpoint REF, with or without clipping: symmetry, positivity, spectra.
 
     REF is PATH.h5 or RUN@init|@last|@step=N|@epoch=E.""",
-)
-
-TABLE_SPEC = Analysis(
-    name="ntk-table", config=NTKTableConfig, compute=table_point, result=NTKTable, inputs="target",
-    collect=lambda rows, config, _: NTKTable(config=config, rows=[r for rs in rows for r in rs]),
-    figure="landscape.plots.ntk:ntk_table_figure", rows=_table_rows, output="ntk-table", csv=True,
-    purpose="compute the NTK",
-    details=lambda t: {"csv": str(t.csv_path), "rows": [vars(r) for r in t.rows]},
-    doc="""Bu et al. Table 1 measured at TARGET: for each clipping norm and style, is the kernel symmetric,
-    positive in quadratic form, positive in eigenvalues (with the numbers behind each answer).
-
-    TARGET is a checkpoint (PATH.h5, RUN@last, ...) or a run name, meaning every checkpoint of the run.
-    Writes HDF5 + CSV + figure.""",
 )

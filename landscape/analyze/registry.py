@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from landscape.options import build, cli_fields, flag_of, flags_of, option  # noqa: F401 (re-exported)
+from landscape.refs import slug  # noqa: F401 (importable from here as before: the one slug is landscape.refs')
 
 #: What the references of an analysis are and how ``compute`` is called (see :class:`Analysis`).
 INPUTS = ("checkpoint", "pair", "pairs", "target", "targets")
@@ -54,7 +55,8 @@ class Analysis:
     has parallel parts although its inputs alone do not say so (an ``execute`` hook with a worker pool); then
     the runner's ``workers`` / ``scheduler`` (:class:`landscape.api.execution.ExecutionOptions`, never part of
     the config) apply. ``stem(refs, config, run_options) -> str`` names the default output when the references
-    alone do not (``slug`` makes a reference a file-name part).
+    alone do not (``landscape.refs.slug`` makes a reference a file-name part; the references arrive as text, the
+    hooks' ``ref`` as a parsed :class:`landscape.refs.Ref`).
 
     ``needs`` asks the resolver for more in each Point: ``"init"`` (the run's initial weights),
     ``"manifest"`` (the run's manifest).
@@ -134,15 +136,6 @@ def get(name: str) -> Analysis:
     if spec.name != name:
         raise ValueError(f"{_LINES[name][0]} is the spec of {spec.name!r}, registered as {name!r}")
     return spec
-
-
-def slug(ref: str) -> str:
-    """A reference as a file-name part: ``run@step=3`` stays, ``dir/a.h5`` -> ``a``, other characters -> ``_``."""
-    import re
-    from pathlib import Path
-
-    text = str(ref)
-    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", Path(text).stem if text.endswith(".h5") else text).strip("_")
 
 
 # ------------------------------------------------------------------------------------ config fields

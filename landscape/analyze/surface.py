@@ -38,13 +38,14 @@ from torch import nn
 
 from landscape import metrics as user_metrics
 from landscape.analyze.directions import RandomDirectionOptions, nonzero_random_directions
-from landscape.analyze.registry import Analysis, option, slug
+from landscape.analyze.registry import Analysis, option
 from landscape.bounds import GRID_CELLS_MAX
 from landscape.directions import NORMALIZATIONS, trajectory_pca
 from landscape.errors import UsageError
 from landscape.evaluate import Affine, evaluate
 from landscape.options import Options
 from landscape.params import ParamSpace
+from landscape.refs import slug
 from landscape.results import StoredResult, stored, to_jsonable
 
 KIND = "surface"

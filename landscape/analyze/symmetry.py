@@ -31,6 +31,7 @@ from torch import nn
 
 from landscape.analyze._common import device_option
 from landscape.analyze.registry import Analysis, option
+from landscape.data import sample_subset
 from landscape.errors import UsageError
 from landscape.options import Options
 from landscape.results import StoredResult, stored
@@ -232,12 +233,12 @@ def parameter_shapes(model: nn.Module) -> list[tuple[int, ...]]:
     return [tuple(p.shape) for p in model.parameters() if p.requires_grad]
 
 
-def sample_indices(num_examples: int, batch_size: int, seed: int) -> torch.Tensor:
-    """The examples whose deviations are drawn: the same ``batch_size`` examples for every checkpoint."""
-    if batch_size > num_examples:
-        raise UsageError(f"--subset {batch_size} exceeds the {num_examples} examples of the split")
-    perm = torch.randperm(num_examples, generator=torch.Generator().manual_seed(int(seed)))
-    return perm[:batch_size]
+def sample_indices(y: torch.Tensor, batch_size: int, seed: int, split: str = "") -> torch.Tensor:
+    """The examples whose deviations are drawn: the same ``batch_size`` examples for every checkpoint, drawn by
+    the one sampler (:func:`landscape.data.sample_subset`: seeded, stratified by class)."""
+    if batch_size > len(y):
+        raise UsageError(f"--subset {batch_size} exceeds the {len(y)} examples of the split")
+    return sample_subset(y, batch_size, seed, split=split)
 
 
 def projected_gradients(
@@ -274,7 +275,7 @@ def symmetry_row(
         from landscape.persample import PerSampleEngine
 
         engine = PerSampleEngine(model)
-    idx = sample_indices(len(y), config.subset, config.seed)
+    idx = sample_indices(y, config.subset, config.seed, config.split)
     projected = projected_gradients(
         engine, model, x[idx], y[idx], rows=PLANE + config.projections, seed=config.seed, chunk=config.chunk,
         directions_per_pass=config.directions_per_pass, masks=masks,

@@ -65,11 +65,6 @@ def check_pair(a: Checkpoint, b: Checkpoint, *, b_label: str | None = None) -> N
 # ---------------------------------------------------------------------------------------- outputs
 
 
-def run_label(ref: str) -> str:
-    """The run (or file stem) a reference names, without its selector: ``run@last`` -> ``run``."""
-    return Path(ref.split("@")[0].replace("/", "_").removesuffix(".h5")).name
-
-
 def default_output(name: str) -> Path:
     """``results/<name>.h5`` (relative to the working directory); a name too long for a file (long run names)
     keeps its first 150 characters and gets a hash of the whole, so it stays unique."""

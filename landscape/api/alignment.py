@@ -27,6 +27,7 @@ import torch
 
 from landscape.analyze.align import align_states, apply_permutation, verified_spec
 from landscape.api._common import check_pair, checkpoint_dataset
+from landscape.api.jobkind import JobKind, files_under, run_option
 from landscape.errors import UsageError
 from landscape.store import Checkpoint, Store
 from landscape.train.pruning import MASK_ARRAY, inherited_privacy, lineage_of
@@ -109,6 +110,24 @@ def align(ref_a: str, ref_b: str, *, run: str | None = None, root: str | Path = 
         converged=alignment.perms.converged, distance_before=alignment.distance_before,
         distance_after=alignment.distance_after, permutations=alignment.rows(),
     )
+
+
+def _align_job(config: AlignConfig, *, root: Path, out: Path | None = None) -> AlignResult:
+    return align(config.ref_a, config.ref_b, run=config.run, root=root, seed=config.seed, max_iter=config.max_iter)
+
+
+def _align_outcome(result: AlignResult, root: Path, out: Path | None) -> tuple[dict[str, Any], list[Path]]:
+    numbers = {"distance_before": result.distance_before, "distance_after": result.distance_after,
+               "iterations": result.iterations, "converged": int(result.converged)}
+    return numbers, files_under(Store(root).run(result.run).path)
+
+
+JOB = JobKind(
+    name="align", config=AlignConfig, run=_align_job, arguments=("ref_a", "ref_b"),
+    required=("ref_a", "ref_b", "run"), produces=run_option, outcome=_align_outcome, api=align,
+    details=lambda result: result.to_dict(),
+    doc="Permute the hidden units of checkpoint B to match A (weight matching, Ainsworth et al. 2023) into a new run.",
+)
 
 
 def _privacy_of_both(store: Store, b: Checkpoint, a: Checkpoint) -> dict[str, Any]:

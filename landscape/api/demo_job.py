@@ -32,10 +32,11 @@ WATSON = "Watson et al."
 
 @dataclasses.dataclass
 class DemoConfig:
-    """Sizes of the demo; the defaults finish in about a minute of compute on one CPU thread.
+    """Sizes of the demo (small enough for one CPU thread).
 
     Three copies give three sibling pairs per k and optimizer, so the Fig. 5 verdicts can measure a spread
-    (with two there is one pair and they are inconclusive); they cost ~25 % more than two.
+    (with two there is one pair and they are inconclusive); a third copy is one more Phase-2 run per k and
+    optimizer.
     """
 
     epochs: int = 8

@@ -42,15 +42,15 @@ from landscape.analyze.surface import (
     random_plane,
     surface_rows,
 )
-from landscape.api._common import check_pair as _check_pair
 from landscape.api._common import checkpoint_dataset
 from landscape.api.execution import ExecutionOptions, ProcessPool, worker_state
-from landscape.api.resolve import Resolver, compare_others
+from landscape.api.resolve import Point, Resolver, Target, compare_others
 from landscape.api.runner import attach
 from landscape.errors import CheckpointError, UsageError
 from landscape.params import ParamSpace
+from landscape.refs import Ref
 from landscape.results import InputRef
-from landscape.store import Checkpoint, Store, load_checkpoint
+from landscape.store import Checkpoint
 
 __all__ = ["DirectionsConfig", "DirectionsResult", "SurfaceConfig", "SurfaceResult", "run_directions", "run_surface"]
 
@@ -64,10 +64,9 @@ def run_directions(resolver: Resolver, ref_a: str, config: DirectionsConfig, opt
     toward = options.toward
     if config.distance == "auto" and toward is None:
         raise UsageError("--distance auto needs --toward B (or give a number)")
-    a = resolver.load(ref_a)
-    b = resolver.load(toward) if toward is not None else None
-    if b is not None:
-        check_pair(a, b)
+    point_a = resolver.point(ref_a, data=False)
+    a = point_a.checkpoint
+    b = _checked(resolver, toward, point_a) if toward is not None else None
     model = a.build_model()
     space = ParamSpace.from_model(model)
     theta = space.flatten(a.state_dict)
@@ -85,10 +84,11 @@ def run_directions(resolver: Resolver, ref_a: str, config: DirectionsConfig, opt
     return result, [a.input_ref()] + ([b.input_ref()] if b is not None else []), attrs
 
 
-def check_pair(a: Checkpoint, b: Checkpoint) -> None:
-    """IncompatibleError naming the first differing tensor, else the first differing model name or option
-    (B, C or a trajectory checkpoint is named by its reference)."""
-    _check_pair(a, b, b_label=b.ref)
+def _checked(resolver: Resolver, ref, a: Point) -> Checkpoint:
+    """B, C or a trajectory checkpoint, loaded and verified and checked against A (the same tensors and model;
+    the message names it by its reference)."""
+    return resolver.point(ref, like=a, label=str(ref.ref if isinstance(ref, Target) else Ref.parse(ref)),
+                          data=False).checkpoint
 
 
 @dataclasses.dataclass
@@ -156,12 +156,12 @@ def run_surface(resolver: Resolver, ref_a: str, config: SurfaceConfig, options, 
                 out: Path) -> tuple[SurfaceResult, list[InputRef], dict]:
     """The surface around A on ``config.plane``, written to ``out`` after every block of rows (resumed from a
     partial file with the same options, inputs and plane unless ``options.resume`` is false)."""
-    store = resolver.store
-    a = store.load(ref_a)
+    point_a = resolver.point(ref_a, data=False)
+    a = point_a.checkpoint
     model = a.build_model()
     space = ParamSpace.from_model(model)
     theta = space.flatten(a.state_dict)
-    plane, extra_inputs, others = _plane(store, a, space, theta, config)
+    plane, extra_inputs, others = _plane(resolver, point_a, space, theta, config)
     attrs = compare_others(a, others, what="the plane's checkpoint" + ("s" if len(others) > 1 else ""))
     inputs = [a.input_ref(), *extra_inputs]
     metrics = user_metrics.load(config.metrics, reserved=surface_analysis.RESERVED, analysis="surface")
@@ -188,7 +188,7 @@ def run_surface(resolver: Resolver, ref_a: str, config: SurfaceConfig, options, 
     return result, inputs, attrs
 
 
-def _plane(store: Store, a: Checkpoint, space: ParamSpace, theta: torch.Tensor, config: SurfaceConfig
+def _plane(resolver: Resolver, point_a: Point, space: ParamSpace, theta: torch.Tensor, config: SurfaceConfig
            ) -> tuple[Plane, list[InputRef], list[Checkpoint]]:
     """The plane, the inputs it adds and the checkpoints that placed it."""
     kind = config.plane_kind
@@ -196,25 +196,23 @@ def _plane(store: Store, a: Checkpoint, space: ParamSpace, theta: torch.Tensor, 
         return random_plane(theta, space, seed=config.seed, normalize=config.normalize, biasbn=config.biasbn), [], []
     if kind == "checkpoints":
         ref_b, ref_c = config.plane_refs
-        b, c = store.load(ref_b), store.load(ref_c)
-        check_pair(a, b)
-        check_pair(a, c)
+        b, c = _checked(resolver, ref_b, point_a), _checked(resolver, ref_c, point_a)
         plane = checkpoint_plane(theta, space.flatten(b.state_dict), space.flatten(c.state_dict),
-                                 labels=(a.ref, ref_b, ref_c))
+                                 labels=(point_a.ref, ref_b, ref_c))
         return plane, [b.input_ref(), c.input_ref()], [b, c]
-    run = store.run(config.plane_refs[0])
-    infos = run.checkpoints()
-    if len(infos) < 2:
-        raise CheckpointError(f"run '{run.name}' has {len(infos)} checkpoint(s); a trajectory PCA needs at least 2")
+    name = config.plane_refs[0]
+    run = resolver.store.run(name)
+    targets = [Target.of(run.name, info) for info in run.checkpoints()]
+    if len(targets) < 2:
+        raise CheckpointError(f"run '{run.name}' has {len(targets)} checkpoint(s); a trajectory PCA needs at least 2")
     points, steps, refs, others = [], [], [], []
-    for info in infos:
-        ckpt = load_checkpoint(info.path, ref=f"{run.name}@step={info.step}")
-        check_pair(a, ckpt)
+    for target in targets:
+        ckpt = _checked(resolver, target, point_a)
         points.append(space.flatten(ckpt.state_dict))
-        steps.append(info.step)
+        steps.append(target.step)
         refs.append(ckpt.input_ref())
         others.append(dataclasses.replace(ckpt, state_dict={}))  # keep the specs, not every state in memory
-    plane = pca_plane(theta, torch.stack(points), steps=steps, label=a.ref)
+    plane = pca_plane(theta, torch.stack(points), steps=steps, label=point_a.ref)
     return plane, refs, others
 
 
@@ -258,14 +256,10 @@ def _run_rows(blocks: list[list[int]], *, payload: _Payload, xs, ys) -> Iterator
 
 def _split_data(data_spec: dict, split: str, subset, subset_seed: int, data_root: str | None, download: bool
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    data = checkpoint_dataset(data_spec, data_root, download)
-    x, y = data.split(split)
-    if subset is None:
-        return x, y
-    from landscape.data import subset_indices
+    from landscape.data import take_subset
 
-    idx = subset_indices(y, subset, subset_seed)
-    return x[idx], y[idx]
+    data = checkpoint_dataset(data_spec, data_root, download)
+    return take_subset(*data.split(split), subset, subset_seed, split=split)
 
 
 attach("directions", "execute", run_directions)

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from landscape.api.jobkind import JobKind, files_under, run_option
 from landscape.api.runner import attach
 from landscape.errors import UsageError
 from landscape.store import Checkpoint, Run, Store
@@ -115,6 +116,26 @@ def load_masks(run: Run) -> dict[str, torch.Tensor] | None:
         return None
     return {k: torch.as_tensor(np.asarray(v)).to(torch.bool) for k, v in run.load_array(MASK_ARRAY).items()}
 
+def _prune_build(options: dict[str, Any]) -> PruneConfig:
+    config = PruneConfig(**options)
+    config.validate()
+    if not 0 <= float(config.remove) < 1:
+        raise UsageError(f"'remove' must be in [0, 1), got {config.remove}")
+    return config
+
+
+def _prune_outcome(result: PruneResult, root: Path, out: Path | None) -> tuple[dict[str, Any], list[Path]]:
+    return {"kept_fraction": result.kept_fraction}, files_under(Store(root).run(result.run).path)
+
+
+JOB = JobKind(
+    name="prune", config=PruneConfig, run=lambda config, *, root, out=None: prune(config, root=root),
+    arguments=("ref",), required=("ref", "remove", "run"), build=_prune_build, produces=run_option,
+    outcome=_prune_outcome, api=prune, details=PruneResult.to_dict,
+    doc="Prune the Linear/Conv weights of a checkpoint by magnitude; store the mask with a new run.",
+)
+
+
 # ------------------------------------------------------------------------ clipping --prune-levels (Watson Fig. 11)
 
 
@@ -191,8 +212,7 @@ def expand_prune_levels(resolver, ref: str, config) -> tuple[list, list]:
     for level in config.prune_levels:
         done = pruned_retrain(store, trained, init, level)
         last = done.checkpoints()[-1]
-        targets.append(Target(f"{done.name}@step={last.step}", str(last.path), done.name, last.step, last.epoch,
-                              tag=(("prune_level", level),)))
+        targets.append(Target.of(done.name, last, tag=(("prune_level", level),)))  # its sha256 checked on load
     return targets, [trained.input_ref(), init.input_ref()]
 
 

@@ -1,11 +1,13 @@
 """References -> store -> checkpoints: the one place that opens the store for an analysis.
 
-A reference is ``PATH.h5`` or ``RUN[@init|@last|@step=N|@epoch=E]``; for ``target``/``targets`` analyses a
-bare run name means every checkpoint of the run (:meth:`Resolver.expand`). :meth:`Resolver.point` loads one
-checkpoint into a :class:`Point` (checkpoint, data set, the run's pruning mask) which is all an analyzer's
-``compute`` sees. :meth:`Resolver.pair` also checks that A and B hold the same tensors and model, and compares
-their data specs: when they differ it warns in one line and evaluates on A's data, or on B's with
-``data_from="b"`` (both specs are recorded in the result by the runner).
+A reference is a :class:`landscape.refs.Ref` (or its text, ``PATH.h5`` or ``RUN[@init|@last|@step=N|@epoch=E]``,
+parsed by :meth:`Ref.parse`); for ``target``/``targets`` analyses a bare run name means every checkpoint of the run
+(:meth:`Resolver.expand`). :meth:`Resolver.point` is the one load-and-verify step: it loads one checkpoint (its
+sha256 checked against the run's manifest), checks it against another point when given one (same tensors, same
+model) and makes the :class:`Point` (checkpoint, data set, the run's pruning mask) which is all an analyzer's
+``compute`` sees. :meth:`Resolver.pair` uses it for A and B and compares their data specs: when they differ it
+warns in one line and evaluates on A's data, or on B's with ``data_from="b"`` (both specs are recorded in the
+result by the runner).
 """
 
 from __future__ import annotations
@@ -22,14 +24,16 @@ import torch
 
 from landscape.api._common import check_pair, checkpoint_dataset
 from landscape.errors import CheckpointError, UsageError
-from landscape.store import Checkpoint, Store, load_checkpoint
+from landscape.refs import Ref
+from landscape.store import Checkpoint, CheckpointInfo, Store, load_verified
 
 MASK_ARRAY = "mask"  # the run array holding a pruning mask (landscape.train.pruning.MASK_ARRAY)
 
 
 @dataclass(frozen=True)
 class Target:
-    """One checkpoint to analyse, not yet loaded: its reference, file, run (if any), step and epoch."""
+    """One checkpoint to analyse, not yet loaded: its reference, file, run (if any), step, epoch and the sha256
+    its run's manifest recorded (checked when it is loaded)."""
 
     ref: str
     path: str
@@ -37,6 +41,12 @@ class Target:
     step: int
     epoch: float
     tag: tuple = ()  # what an analysis' expand() attached, as (key, value) pairs (e.g. the pruning level)
+    sha256: str | None = None
+
+    @classmethod
+    def of(cls, run: str, info: CheckpointInfo, tag: tuple = ()) -> Target:
+        """Checkpoint ``info`` of run ``run``, as ``RUN@step=N``."""
+        return cls(str(Ref.at_step(run, info.step)), str(info.path), run, info.step, info.epoch, tag, info.sha256)
 
 
 @dataclass
@@ -67,14 +77,11 @@ class Point:
         return self.checkpoint.build_model()
 
     def split(self, name: str, subset: int | float | None = None, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(x, y)`` of split ``name`` of ``data``; with ``subset`` a seeded stratified subset of it."""
-        x, y = self.data.split(name)
-        if subset is None:
-            return x, y
-        from landscape.data import subset_indices
+        """``(x, y)`` of split ``name`` of ``data``; with ``subset`` (a count or a fraction) the examples the one
+        sampler draws (:func:`landscape.data.sample_subset`: seeded, stratified, recorded in the result)."""
+        from landscape.data import take_subset
 
-        idx = subset_indices(y, subset, seed)
-        return x[idx], y[idx]
+        return take_subset(*self.data.split(name), subset, seed, split=name)
 
     def input_ref(self):
         return self.checkpoint.input_ref()
@@ -106,40 +113,48 @@ class Resolver:
     def store(self) -> Store:
         return Store(self.root)
 
-    def load(self, ref: str) -> Checkpoint:
+    def load(self, ref: str | Ref) -> Checkpoint:
+        """The checkpoint ``ref`` names, its sha256 checked against its run's manifest (no data, no checks
+        against another checkpoint: :meth:`point` is the step an analysis uses)."""
         return self.store.load(ref)
 
-    def expand(self, target: str) -> list[Target]:
+    def expand(self, target: str | Ref) -> list[Target]:
         """A bare run name -> every checkpoint of the run; anything else -> the one checkpoint it names."""
+        ref = Ref.parse(target)
         store = self.store
-        target = str(target).strip()
-        if target and "@" not in target and not target.endswith(".h5") and "/" not in target:
-            if target in store.run_names():
-                infos = store.run(target).checkpoints()
-                if not infos:
-                    raise CheckpointError(f"run '{target}' has no checkpoints yet")
-                return [Target(f"{target}@step={i.step}", str(i.path), target, i.step, i.epoch) for i in infos]
-        ckpt = store.load(target)
-        return [Target(target, str(ckpt.path), ckpt.run, ckpt.step, ckpt.epoch)]
+        if ref.bare and ref.run in store.run_names():
+            infos = store.run(ref.run).checkpoints()
+            if not infos:
+                raise CheckpointError(f"run '{ref.run}' has no checkpoints yet")
+            return [Target.of(ref.run, i) for i in infos]
+        ckpt = store.load(ref)
+        return [Target(str(ref), str(ckpt.path), ckpt.run, ckpt.step, ckpt.epoch, sha256=ckpt.sha256)]
 
     def dataset(self, ckpt: Checkpoint, *, purpose: str = "evaluate it"):
         return checkpoint_dataset(ckpt.data_spec, self.data_root, self.download, purpose=purpose,
                                   source=str(ckpt.path) if ckpt.run is None else "the checkpoint")
 
-    def point(self, target: Target | str, *, data: bool = True, masks: bool = False,
-              purpose: str = "evaluate it", needs: tuple[str, ...] = ()) -> Point:
-        """Load one checkpoint (a :class:`Target` from :meth:`expand`, or a reference) into a :class:`Point`;
-        ``needs`` may add ``"init"`` (the run's @init weights) and ``"manifest"``."""
+    def point(self, target: Target | str | Ref, *, like: Point | None = None, label: str | None = None,
+              data: bool = True, masks: bool = False, purpose: str = "evaluate it",
+              needs: tuple[str, ...] = ()) -> Point:
+        """The one load-and-verify step: one checkpoint (a :class:`Target` from :meth:`expand`, or a reference)
+        loaded with its sha256 checked against its run's manifest, checked against ``like`` when given (the same
+        tensors and model: IncompatibleError naming the first difference; ``label`` names this checkpoint in the
+        message, default ``B (<ref>)``), as a :class:`Point`. ``data`` adds its data set, ``masks`` its run's
+        pruning mask; ``needs`` may add ``"init"`` (the run's @init weights) and ``"manifest"``."""
         if isinstance(target, Target):
-            ckpt = load_checkpoint(target.path, ref=target.ref)
+            ckpt = load_verified(target.path, ref=target.ref, sha256=target.sha256)
         else:
             ckpt = self.load(target)
-            target = Target(str(target), str(ckpt.path), ckpt.run, ckpt.step, ckpt.epoch)
+            target = Target(ckpt.ref, str(ckpt.path), ckpt.run, ckpt.step, ckpt.epoch, sha256=ckpt.sha256)
+        if like is not None:
+            check_pair(like.checkpoint, ckpt, b_label=label)
         run = self._run(target.run) if needs else None
         init = None
         if "init" in needs and run is not None:
             try:
-                init = load_checkpoint(run.select("init").path).state_dict
+                info = run.select("init")
+                init = load_verified(info.path, sha256=info.sha256).state_dict
             except CheckpointError:
                 init = None
         return Point(ref=target.ref, run=target.run, step=target.step, epoch=target.epoch, checkpoint=ckpt,
@@ -156,12 +171,12 @@ class Resolver:
         except CheckpointError:
             return None
 
-    def pair(self, ref_a: str, ref_b: str, *, data_from: str = "a") -> tuple[Point, Point, DataChoice]:
+    def pair(self, ref_a: str | Ref, ref_b: str | Ref, *, data_from: str = "a") -> tuple[Point, Point, DataChoice]:
         """A and B checked compatible (same tensors, same model), both with the data set ``data_from`` picks."""
         if data_from not in ("a", "b"):
             raise UsageError(f"--data-from must be a or b, got {data_from!r}")
-        a, b = self.point(ref_a, data=False), self.point(ref_b, data=False)
-        check_pair(a.checkpoint, b.checkpoint)
+        a = self.point(ref_a, data=False)
+        b = self.point(ref_b, like=a, data=False)
         choice = compare_data(a.checkpoint, b.checkpoint, data_from)
         data = self.dataset((a if data_from == "a" else b).checkpoint)
         a.data = b.data = data
@@ -174,14 +189,14 @@ class Resolver:
             return None
         return {k: torch.as_tensor(np.asarray(v)) for k, v in r.load_array(MASK_ARRAY).items()}
 
-    def run_info(self, ref: str):
+    def run_info(self, ref: str | Ref):
         """What pairing needs from the manifest of the run a reference names (a file outside a run: none)."""
         from landscape.analyze.instability import RunInfo
 
-        name = ref.partition("@")[0]
-        if name.endswith(".h5") or "/" in name or name not in self.store.run_names():
-            return RunInfo(ref, None, None)
-        run = self.store.run(name)
+        ref = Ref.parse(ref)
+        if ref.run is None or ref.run not in self.store.run_names():
+            return RunInfo(str(ref), None, None)
+        run = self.store.run(ref.run)
         return RunInfo(run.name, run.manifest.get("phases"), run.manifest.get("lineage"))
 
     def pair_jobs(self, patterns: Sequence[str], pairs: str) -> list[tuple[str, str, dict]]:
@@ -195,7 +210,8 @@ class Resolver:
                 ref_a, sep, ref_b = item.strip().partition(":")
                 if not sep or not ref_a or not ref_b:
                     raise UsageError(f"--pairs takes siblings, all, or A:B[,C:D...]; got {item!r}")
-                jobs.append((ref_a, ref_b, pair_labels(self.run_info(ref_a), self.run_info(ref_b))))
+                a, b = Ref.parse(ref_a), Ref.parse(ref_b)  # a bad reference fails here, before any worker starts
+                jobs.append((str(a), str(b), pair_labels(self.run_info(a), self.run_info(b))))
             return jobs
         if pairs not in ("siblings", "all"):
             raise UsageError(f"--pairs takes siblings, all, or A:B[,C:D...]; got {pairs!r}")
@@ -216,14 +232,14 @@ class Resolver:
                 + (" (siblings are Phase-2 copies from `landscape phases` with the same parent; try --pairs all)"
                    if pairs == "siblings" else "")
             )
-        return [(f"{x.name}@last", f"{y.name}@last", pair_labels(x, y)) for x, y in chosen]
+        return [(str(Ref(run=x.name, at="last")), str(Ref(run=y.name, at="last")), pair_labels(x, y)) for x, y in chosen]
 
 
 def compare_data(a: Checkpoint, b: Checkpoint, data_from: str = "a", *, what: str = "A and B") -> DataChoice:
     """Compare the data specs of A and B; when they differ, warn in one line which one is used.
 
     Interpolating between checkpoints trained on different data evaluates every point on one data set; the
-    warning says which and how to choose the other (issue 14 item 4).
+    warning says which and how to choose the other.
     """
     spec_a, spec_b = a.data_spec or {}, b.data_spec or {}
     if spec_a != spec_b:

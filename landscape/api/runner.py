@@ -18,18 +18,21 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import json
 import os
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from landscape.analyze.registry import Analysis, config_with, get, parallel, slug
-from landscape.api._common import default_output, run_label
+from landscape.analyze.registry import Analysis, config_with, get, parallel
+from landscape.api._common import default_output
 from landscape.api.accounting import provenance_attrs
 from landscape.api.execution import ExecutionOptions, ProcessPool, map_jobs, using_scheduler
 from landscape.api.resolve import Resolver, Target
+from landscape.data import recording_subsets
 from landscape.errors import UsageError
+from landscape.refs import Ref, slug
 from landscape.results import InputRef, check_companions, check_output_path
 from landscape.runtime import resolve_device
 
@@ -72,7 +75,9 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
          data_root: str | None, download: bool, data_from: str, execution: ExecutionOptions) -> Any:
     workers = execution.workers
     resolver = Resolver(root, data_root=data_root, download=download)
-    refs = [str(r) for r in refs]
+    # parsed once here (a bad reference is a one-line UsageError before anything runs); run globs are not references
+    parsed = [str(r) for r in refs] if spec.inputs == "pairs" else [Ref.parse(r) for r in refs]
+    refs = [str(r) for r in parsed]
     if spec.inputs == "targets" and not refs:
         raise UsageError(f"{spec.name} needs at least one run or checkpoint")
     out = Path(output) if output is not None else default_output(_stem(spec, refs, config, run_opts))
@@ -80,44 +85,50 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
     check_companions(out, csv=spec.csv, figures=figure and spec.figure is not None, pairs=spec.inputs == "pairs")
     attrs: dict[str, Any] = {}
     title = refs[0] if refs else ""
+    draws: list[dict] = []  # the example subsets drawn (landscape.data.sample_subset), here and in the workers
     if spec.inputs == "checkpoint":
-        if "execute" in spec.hooks:
-            result, inputs, attrs = hook(spec, "execute")(resolver, refs[0], config, run_opts, execution, out)
-        else:
-            point = resolver.point(refs[0], masks=True, purpose=spec.purpose)
-            result = spec.compute(point, config)
-            inputs = [point.input_ref()]
+        with recording_subsets() as draws:
+            if "execute" in spec.hooks:
+                result, inputs, attrs = hook(spec, "execute")(resolver, parsed[0], config, run_opts, execution, out)
+            else:
+                point = resolver.point(parsed[0], masks=True, purpose=spec.purpose)
+                result = spec.compute(point, config)
+                inputs = [point.input_ref()]
     elif spec.inputs == "pair":
         ref_a, ref_b = refs
-        a, b, choice = resolver.pair(ref_a, ref_b, data_from=data_from)
-        result = spec.compute(a, b, config)
+        a, b, choice = resolver.pair(*parsed, data_from=data_from)
+        with recording_subsets() as draws:
+            result = spec.compute(a, b, config)
         inputs = [a.input_ref(), b.input_ref()]
         attrs = choice.attrs()
         title = f"A = {ref_a}   B = {ref_b}"
     elif spec.inputs == "pairs":
-        result, inputs = _pairs(spec, resolver, refs, config, run_opts, data_from, workers, out)
+        result, inputs, draws = _pairs(spec, resolver, refs, config, run_opts, data_from, workers, out)
         title = ""
     elif spec.inputs == "target":
-        (ref,) = refs
+        (ref,) = parsed
         targets, extra = hook(spec, "expand")(resolver, ref, config) if "expand" in spec.hooks \
             else (resolver.expand(ref), [])
-        rows = _map(_point_job, [(spec.name, resolver, t, config) for t in targets], workers)
+        rows = _recorded(_map(_point_job, [(spec.name, resolver, t, config) for t in targets], workers), draws)
         result = spec.collect(rows, config, run_opts)
         inputs = extra + _inputs(targets)
     else:  # targets
-        groups = [resolver.expand(r) for r in refs]
+        groups = [resolver.expand(r) for r in parsed]
         flat = [t for g in groups for t in g]
         with ProcessPool(min(workers, len(flat))) as pool:
             shared = None
             if spec.prepare is not None:
-                values = _map(_prepare_job, [(spec.name, resolver, t, config) for t in flat], pool=pool)
+                values = _recorded(_map(_prepare_job, [(spec.name, resolver, t, config) for t in flat], pool=pool),
+                                   draws)
                 shared = spec.share(values, config)
-            rows = iter(_map(_point_job, [(spec.name, resolver, t, config, shared) for t in flat], pool=pool))
+            rows = iter(_recorded(_map(_point_job, [(spec.name, resolver, t, config, shared) for t in flat],
+                                       pool=pool), draws))
         result = spec.collect([[next(rows) for _ in g] for g in groups], config, run_opts, refs, shared)
         inputs = _inputs(flat)
         title = ""
     if isinstance(getattr(config, "device", None), str):  # the device actually used ("auto" resolved)
         attrs = {**attrs, "device": str(resolve_device(config.device))}
+    attrs = {**attrs, **subsets_attr(draws)}
     result.to_hdf5(out, inputs=inputs, attrs={**attrs, **_code_attrs(), **provenance_attrs(inputs)})
     if spec.csv:
         result.to_csv(out.with_suffix(".csv"))
@@ -130,8 +141,6 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
 def _code_attrs() -> dict[str, Any]:
     """The attr ``code``: the user code trusted for this result (each reference's current source sha256) and
     whether changed code was accepted; none when no code was named."""
-    import json
-
     from landscape import plugins
 
     state = plugins.trust_state()
@@ -141,16 +150,30 @@ def _code_attrs() -> dict[str, Any]:
     return {"code": json.dumps({"refs": described, "accept_changed": state.accept_changed}, sort_keys=True)}
 
 
+def subsets_attr(draws: Sequence[dict]) -> dict[str, str]:
+    """The result attr ``subsets``: the distinct example subsets an analysis drew (split, size asked, seed, count,
+    of, indices_sha256; :func:`landscape.data.sample_subset`) as JSON; none when it drew none."""
+    unique = [dict(t) for t in dict.fromkeys(tuple(sorted(d.items())) for d in draws)]
+    return {"subsets": json.dumps(unique, sort_keys=True)} if unique else {}
+
+
+def _recorded(outcomes: list[tuple[Any, list[dict]]], draws: list[dict]) -> list:
+    """The values of jobs that return ``(value, subsets drawn)``; their draws are added to ``draws``."""
+    for _, drawn in outcomes:
+        draws.extend(drawn)
+    return [value for value, _ in outcomes]
+
+
 def _stem(spec: Analysis, refs: list[str], config: Any, run_opts: Any) -> str:
     """The default output name: the spec's ``stem``, else ``<output>-<A>--<B>`` for a pair, ``<output>`` for
     pairs of runs, ``<output>-<run of the first reference>`` otherwise."""
     if spec.stem is not None:
         return spec.stem(refs, config, run_opts)
     if spec.inputs == "pair":
-        return f"{spec.output}-{slug(refs[0])}--{slug(refs[1])}"
+        return f"{spec.output}-{Ref.parse(refs[0]).slug}--{Ref.parse(refs[1]).slug}"
     if spec.inputs == "pairs":
         return spec.output
-    return f"{spec.output}-{run_label(refs[0])}"
+    return f"{spec.output}-{Ref.parse(refs[0]).label}"
 
 
 def _inputs(targets: Sequence[Target]) -> list[InputRef]:
@@ -226,14 +249,21 @@ def _point(spec: Analysis, resolver: Resolver, target: Target):
     return resolver.point(target, masks=True, purpose=spec.purpose, needs=spec.needs)
 
 
+def _drawing(fn: Callable, *args) -> tuple[Any, list[dict]]:
+    """``fn(*args)`` and the example subsets it drew (recorded in this worker, written by the parent)."""
+    with recording_subsets() as draws:
+        value = fn(*args)
+    return value, draws
+
+
 def _point_job(name: str, resolver: Resolver, target: Target, config: Any, *shared: Any):
     spec = get(name)
-    return _caught(lambda: spec.compute(_point(spec, resolver, target), config, *shared))
+    return _caught(lambda: _drawing(lambda: spec.compute(_point(spec, resolver, target), config, *shared)))
 
 
 def _prepare_job(name: str, resolver: Resolver, target: Target, config: Any):
     spec = get(name)
-    return _caught(lambda: spec.prepare(_point(spec, resolver, target), config))
+    return _caught(lambda: _drawing(lambda: spec.prepare(_point(spec, resolver, target), config)))
 
 
 def _pair_job(name: str, resolver: Resolver, ref_a: str, ref_b: str, labels: dict, config: Any, data_from: str,
@@ -242,51 +272,58 @@ def _pair_job(name: str, resolver: Resolver, ref_a: str, ref_b: str, labels: dic
         spec = get(name)
         a, b, choice = resolver.pair(ref_a, ref_b, data_from=data_from)
         refs = [a.input_ref(), b.input_ref()]
-        kept = _current_pair_file(out, refs, config, choice.attrs())
+        kept, draws = _current_pair_file(out, refs, config, choice.attrs())
         if kept is not None:
             row, _ = spec.compute(a, b, config, labels, result=kept)
         else:
-            row, detail = spec.compute(a, b, config, labels)
-            detail.to_hdf5(out, inputs=refs, attrs={**choice.attrs(), **provenance_attrs(refs)})
+            with recording_subsets() as draws:
+                row, detail = spec.compute(a, b, config, labels)
+            detail.to_hdf5(out, inputs=refs, attrs={**choice.attrs(), **provenance_attrs(refs), **subsets_attr(draws)})
         row.result = out
-        return row, refs
+        return row, refs, draws
 
     return _caught(job)
 
 
-def _current_pair_file(out: str, refs: list[InputRef], config: Any, data_attrs: dict[str, Any]) -> Any:
-    """The pair's interpolation read back from ``out`` when it was made from the same checkpoint files (sha256),
-    options, data and code version (user metrics: their source files' sha256); else None: the pair is recomputed
-    and the file replaced (the writer refuses to replace a file that is not a landscape result)."""
+def _current_pair_file(out: str, refs: list[InputRef], config: Any, data_attrs: dict[str, Any]
+                       ) -> tuple[Any, list[dict]]:
+    """The pair's interpolation read back from ``out``, with the example subsets it recorded, when it was made from
+    the same checkpoint files (sha256), options, data and code version (user metrics: their source files' sha256);
+    else ``(None, [])``: the pair is recomputed and the file replaced (the writer refuses to replace a file that is
+    not a landscape result)."""
     from landscape.analyze.interpolate import InterpolationResult
     from landscape.results import read_result
     from landscape.runtime import code_version
 
     if not Path(out).is_file():
-        return None
+        return None, []
     try:
         head = read_result(out, load_arrays=False)
         if ([i.sha256 for i in head.inputs] != [r.sha256 for r in refs]
                 or head.attrs.get("landscape_version") != code_version()
                 or any(head.attrs.get(k) != v for k, v in data_attrs.items())):
-            return None
+            return None, []
         kept = InterpolationResult.from_hdf5(out)
+        draws = json.loads(head.attrs.get("subsets") or "[]")
     except Exception:  # unreadable: recomputed (and never overwritten unless it is a landscape result)
-        return None
+        return None, []
     from landscape.metrics import same_code
 
-    return kept if kept.config == config and same_code(kept.metric_sources) else None  # user metrics' code too
+    if kept.config == config and same_code(kept.metric_sources):  # user metrics' code too
+        return kept, draws
+    return None, []
 
 
 def _pairs(spec: Analysis, resolver: Resolver, patterns: list[str], config: Any, run_opts: Any, data_from: str,
-           workers: int, out: Path) -> tuple[Any, list[InputRef]]:
+           workers: int, out: Path) -> tuple[Any, list[InputRef], list[dict]]:
     jobs = resolver.pair_jobs(patterns, run_opts.pairs)
     pair_dir = Path(run_opts.pair_dir) if run_opts.pair_dir else out.with_name(out.stem + "-pairs")
     tasks = [(spec.name, resolver, a, b, labels, config, data_from, str(pair_dir / f"{slug(a)}--{slug(b)}.h5"))
              for a, b, labels in jobs]
     outcomes = _map(_pair_job, tasks, workers)
-    inputs = list({ref.sha256 + ref.path: ref for _, refs in outcomes for ref in refs}.values())
-    return spec.collect([row for row, _ in outcomes], config, run_opts), inputs
+    inputs = list({ref.sha256 + ref.path: ref for _, refs, _ in outcomes for ref in refs}.values())
+    draws = [d for _, _, drawn in outcomes for d in drawn]
+    return spec.collect([row for row, _, _ in outcomes], config, run_opts), inputs, draws
 
 
 # --------------------------------------------------------------------------------- public functions

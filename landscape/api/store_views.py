@@ -1,21 +1,25 @@
 """Looking into the store and bringing checkpoints in: ``runs``, ``checkpoint``, ``show``, ``import_checkpoint``.
 
 The CLI commands ``store ls``, ``store show``, ``show`` and ``import`` are thin layers over these functions
-(parse, call, print; issue 10 item 3). ``runs``, ``checkpoint`` and ``show`` read numpy arrays and HDF5
+(parse, call, print). ``runs``, ``checkpoint`` and ``show`` read numpy arrays and HDF5
 attributes only, so they import no torch (``tests/test_cli_lazy_torch.py``); ``import_checkpoint`` builds the
 model and so needs it. The summaries are plain JSON-ready dicts: ``landscape store ls --json`` prints exactly
-``runs(root)``, ``landscape store show --json`` prints ``checkpoint(ref, root)``.
+``runs(root)``, ``landscape store show --json`` prints ``checkpoint(ref, root)``. ``IMPORT_JOB`` is the job kind
+``import`` (:mod:`landscape.kinds`: a batch job that imports a file as a run other jobs read).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from landscape.api.jobkind import JobKind, files_under, run_option
 from landscape.errors import CheckpointError
 
 __all__ = ["runs", "checkpoint", "show", "import_checkpoint"]
@@ -133,6 +137,56 @@ def import_checkpoint(
     return {"run": run, "ref": f"{run}@init", "path": str(path), "sha256": ckpt.sha256,
             "tensors": len(ckpt.state_dict), "epsilon": ckpt.epsilon,
             "privacy_note": ancestry_note(st.run(run).manifest)}
+
+
+@dataclass(frozen=True)
+class ImportConfig:
+    """The options of :func:`import_checkpoint` (the job kind ``import``)."""
+
+    file: str
+    run: str
+    model: str
+    data: str
+    model_kwargs: dict[str, Any] | None = None
+    data_kwargs: dict[str, Any] | None = None
+    subset: int | float | None = None
+    data_root: str | None = None
+    download: bool = False
+    epsilon: float | None = None
+    delta: float | None = None
+    noise_multiplier: float | None = None
+    sample_rate: float | None = None
+    steps: int | None = None
+
+
+def _import_job(config: ImportConfig, *, root: Path, out: Path | None = None) -> dict[str, Any]:
+    """An import job: a run of that name whose step 0 has the file's weights is the job done before (a kill
+    after the import); any other run of that name is refused by the store."""
+    from landscape.hashing import sha256_file
+    from landscape.store import Store
+
+    store = Store(root)
+    if config.run in store.run_names():
+        run = store.run(config.run)
+        if run.checkpoints() and (run.manifest.get("lineage") or {}).get("sha256") == sha256_file(config.file):
+            ckpt = store.load(f"{config.run}@init", tensors=False)
+            return {"run": config.run, "ref": f"{config.run}@init", "path": str(ckpt.path), "sha256": ckpt.sha256,
+                    "tensors": None, "epsilon": ckpt.epsilon, "privacy_note": None}
+    return import_checkpoint(root=root, **dataclasses.asdict(config))
+
+
+def _import_outcome(done: dict[str, Any], root: Path, out: Path | None) -> tuple[dict[str, Any], list[Path]]:
+    from landscape.store import Store
+
+    numbers = {k: done[k] for k in ("tensors", "epsilon") if isinstance(done.get(k), (int, float))}
+    return numbers, files_under(Store(root).run(done["run"]).path)
+
+
+IMPORT_JOB = JobKind(
+    name="import", config=ImportConfig, run=_import_job, arguments=("file",), required=("file", "run", "model", "data"),
+    produces=run_option, outcome=_import_outcome, api=import_checkpoint, details=lambda done: done,
+    doc="Import a foreign checkpoint FILE (.pt/.pth state dict, or .safetensors) as a new run.",
+)
 
 
 def _run_summary(run: Any) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Python face of training: ``train`` (also ``--from`` and ``--resume``) and ``phases``.
+"""Python face of training: ``train`` (also ``--from`` and ``--resume``) and ``phases``, and their job kinds
+(``TRAIN_JOB``, ``PHASES_JOB``: :mod:`landscape.kinds`).
 
 >>> from landscape.api.training import TrainConfig, train
 >>> run = train(TrainConfig(model="lenet", data="digits", epochs=3), root="checkpoints")
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from landscape import plugins
+from landscape.api.jobkind import JobKind, fields_of, files_under, run_option, validated
 from landscape.data import load_dataset
 from landscape.errors import CheckpointError
 from landscape.store import Run, Store
@@ -23,7 +25,8 @@ from landscape.train.loop import DEFAULT_DATA, DEFAULT_MODEL, calibrate_noise
 from landscape.train.loop import train as _train
 from landscape.train.sampling import steps_per_epoch
 
-__all__ = ["PhasesConfig", "RunSummary", "TrainConfig", "phases", "resume", "summarize", "train"]
+__all__ = ["PHASES_JOB", "TRAIN_JOB", "PhasesConfig", "RunSummary", "TrainConfig", "phases", "resume", "summarize",
+           "train"]
 
 
 @dataclass
@@ -181,3 +184,80 @@ def ensure(store: Store, config: TrainConfig, phases_label: dict[str, Any] | Non
             )
         return _train(TrainConfig(resume=config.run, data_root=config.data_root), root=store.root, progress=progress)
     return _train(config, root=store.root, progress=progress, phases=phases_label)
+
+
+# ------------------------------------------------------------------------------------ job kinds
+
+_NUMBERS = ("step", "epoch", "epsilon", "train_loss", "train_acc", "test_loss", "test_acc")
+
+
+def _train_job(config: TrainConfig, *, root: Path, out: Path | None = None) -> Run:
+    """A train job: the same job again after a kill resumes its run (a finished one returns at once); a run of
+    that name with a different configuration is an error."""
+    store = Store(root)
+    if config.run in store.run_names():
+        existing = store.run(config.run).manifest
+        full = config if config.from_ref is not None else dataclasses.replace(
+            config, model=config.model or DEFAULT_MODEL, data=config.data or DEFAULT_DATA)
+        if existing.get("checkpoints") and existing.get("config_hash") != config_hash(full):
+            raise CheckpointError(f"run '{config.run}' already exists with a different configuration")
+        if existing.get("checkpoints"):
+            config = TrainConfig(resume=config.run, data_root=config.data_root, device=config.device)
+    return train(config, root=root, progress=False)
+
+
+def _train_outcome(run: Run, root: Path, out: Path | None) -> tuple[dict[str, Any], list[Path]]:
+    summary = summarize(run)
+    return {k: getattr(summary, k) for k in _NUMBERS}, files_under(run.path)
+
+
+TRAIN_JOB = JobKind(
+    name="train", config=TrainConfig, run=_train_job, skip=("resume",), required=("run",), produces=run_option,
+    outcome=_train_outcome, api=train, rows=lambda run: [dataclasses.asdict(summarize(run))],
+    doc="Train a model (SGD or the DP-SGD family) into the checkpoint store.",
+)
+
+
+def _phase_fields() -> set[str]:
+    return {f.name for f in dataclasses.fields(PhasesConfig)} - {"base"}
+
+
+def _phases_options() -> dict[str, str]:
+    return {**fields_of(TrainConfig, skip=("run", "from_ref", "resume")), **fields_of(PhasesConfig, skip=("base",))}
+
+
+def _phases_build(options: dict[str, Any]) -> PhasesConfig:
+    own = {k: options.pop(k) for k in list(options) if k in _phase_fields()}
+    own = {k: tuple(v) if isinstance(v, list) else v for k, v in own.items()}
+    return validated(PhasesConfig(base=TrainConfig(**options), **own))
+
+
+def _phases_produces(options: dict[str, Any]) -> list[str]:
+    """``GROUP-P1`` and ``GROUP-P1-P2-I`` for every family and copy (the job's ``group`` is required)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(PhasesConfig) if f.name != "base"}
+    group, copies = options["group"], options.get("copies", defaults["copies"])
+    out = []
+    for p1 in options.get("phase1", defaults["phase1"]):
+        out.append(f"{group}-{p1}")
+        out.extend(f"{group}-{p1}-{p2}-{i}" for p2 in options.get("phase2", defaults["phase2"]) for i in range(copies))
+    return out
+
+
+def _phases_outcome(summaries: list[RunSummary], root: Path, out: Path | None) -> tuple[dict[str, Any], list[Path]]:
+    store = Store(root)
+    files: list[Path] = []
+    for s in summaries:
+        files.extend(files_under(store.run(s.run).path))
+    accs = [s.test_acc for s in summaries if s.test_acc is not None]
+    eps = [s.epsilon for s in summaries if s.epsilon is not None and math.isfinite(s.epsilon)]
+    numbers = {"runs": len(summaries), "test_acc_min": min(accs) if accs else None,
+               "test_acc_max": max(accs) if accs else None, "epsilon": max(eps) if eps else None}
+    return numbers, files
+
+
+PHASES_JOB = JobKind(
+    name="phases", config=PhasesConfig, run=lambda config, *, root, out=None: phases(config, root=root, progress=False),
+    required=("group",), options=_phases_options, build=_phases_build, produces=_phases_produces,
+    outcome=_phases_outcome, api=phases, rows=lambda summaries: [dataclasses.asdict(s) for s in summaries],
+    doc="Phase 1 / Phase 2 branches: SGD and DP-SGD for k epochs from one init, then each way for the rest.",
+)

@@ -1,4 +1,4 @@
-"""Batch runs: sweeps of training and analysis jobs from a YAML spec, in-process or on Dask (issue 13).
+"""Batch runs: sweeps of training and analysis jobs from a YAML spec, in-process or on Dask.
 
 ``landscape.batch.spec`` reads and validates a spec into an expanded job graph (nothing runs);
 ``landscape.batch.runner`` runs it (this process, a ``distributed.LocalCluster`` or an existing scheduler) and

@@ -14,9 +14,7 @@ checkpoint (same numbers as an uninterrupted run), an analysis rewrites its resu
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -119,135 +117,19 @@ def _describe_files(files: list[Path]) -> list[dict[str, Any]]:
     return out
 
 
-def _files_under(directory: Path) -> list[Path]:
-    return [p for p in directory.rglob("*") if p.is_file() and not p.name.startswith(".")]
-
-
-# ---------------------------------------------------------------------------------------- executors
+# ---------------------------------------------------------------------------------------- executor
 
 
 def _execute(payload: dict[str, Any]) -> tuple[dict[str, Any], list[Path]]:
-    kind, options = payload["kind"], dict(payload["options"])
+    """The job's kind (:mod:`landscape.kinds`) builds its configuration from the options, runs it and says what
+    it made; analyses and figures write under the job's directory."""
+    from landscape import kinds
+
+    spec = kinds.get(payload["kind"])
+    out = job_dir(payload["results"], payload["id"])
     root = Path(payload["root"])
-    if kind == "train":
-        return _train(options, root)
-    if kind == "phases":
-        return _phases(options, root)
-    if kind == "prune":
-        return _prune(options, root)
-    if kind == "align":
-        return _align(options, root)
-    if kind == "figures":
-        return _figures(options, root, job_dir(payload["results"], payload["id"]))
-    return _analysis(kind, options, root, job_dir(payload["results"], payload["id"]))
-
-
-def _run_numbers(run) -> dict[str, Any]:
-    from landscape.api.training import summarize
-
-    s = summarize(run)
-    return {k: getattr(s, k) for k in ("step", "epoch", "epsilon", "train_loss", "train_acc", "test_loss",
-                                       "test_acc")}
-
-
-def _train(options: dict[str, Any], root: Path) -> tuple[dict[str, Any], list[Path]]:
-    from landscape.api.training import TrainConfig, train
-    from landscape.errors import CheckpointError
-    from landscape.store import Store
-    from landscape.train.config import config_hash
-    from landscape.train.loop import DEFAULT_DATA, DEFAULT_MODEL
-
-    config = TrainConfig(**options)
-    store = Store(root)
-    if config.run in store.run_names():
-        # the same job after a kill: resume (a finished run returns at once); a different config is an error
-        existing = store.run(config.run).manifest
-        full = config if config.from_ref is not None else dataclasses.replace(
-            config, model=config.model or DEFAULT_MODEL, data=config.data or DEFAULT_DATA)
-        if existing.get("checkpoints") and existing.get("config_hash") != config_hash(full):
-            raise CheckpointError(f"run '{config.run}' already exists with a different configuration")
-        if existing.get("checkpoints"):
-            config = TrainConfig(resume=config.run, data_root=config.data_root, device=config.device)
-    run = train(config, root=root, progress=False)
-    return _run_numbers(run), _files_under(run.path)
-
-
-def _phases(options: dict[str, Any], root: Path) -> tuple[dict[str, Any], list[Path]]:
-    from landscape.api.training import PhasesConfig, TrainConfig, phases
-    from landscape.store import Store
-
-    phase_fields = {f.name for f in dataclasses.fields(PhasesConfig)}
-    own = {k: options.pop(k) for k in list(options) if k in phase_fields}
-    own = {k: tuple(v) if isinstance(v, list) else v for k, v in own.items()}
-    summaries = phases(PhasesConfig(base=TrainConfig(**options), **own), root=root, progress=False)
-    store = Store(root)
-    files: list[Path] = []
-    for s in summaries:
-        files.extend(_files_under(store.run(s.run).path))
-    accs = [s.test_acc for s in summaries if s.test_acc is not None]
-    eps = [s.epsilon for s in summaries if s.epsilon is not None and math.isfinite(s.epsilon)]
-    numbers = {"runs": len(summaries), "test_acc_min": min(accs) if accs else None,
-               "test_acc_max": max(accs) if accs else None, "epsilon": max(eps) if eps else None}
-    return numbers, files
-
-
-def _prune(options: dict[str, Any], root: Path) -> tuple[dict[str, Any], list[Path]]:
-    from landscape.api.pruning import PruneConfig, prune
-    from landscape.store import Store
-
-    result = prune(PruneConfig(**options), root=root)
-    return {"kept_fraction": result.kept_fraction}, _files_under(Store(root).run(result.run).path)
-
-
-def _align(options: dict[str, Any], root: Path) -> tuple[dict[str, Any], list[Path]]:
-    from landscape.api.alignment import align
-    from landscape.store import Store
-
-    result = align(options.pop("ref_a"), options.pop("ref_b"), root=root, **options)
-    numbers = {"distance_before": result.distance_before, "distance_after": result.distance_after,
-               "iterations": result.iterations, "converged": int(result.converged)}
-    return numbers, _files_under(Store(root).run(result.run).path)
-
-
-def _figures(options: dict[str, Any], root: Path, out_dir: Path) -> tuple[dict[str, Any], list[Path]]:
-    """One recipe (runs in the batch's store, files under the job's directory); numbers: the verdict (1 held,
-    0 did not hold, NaN inconclusive) and its part counts."""
-    from landscape.figures import registry
-    from landscape.figures.recipe import make
-
-    made = make(registry.get(options["recipe"]), scale=options.get("scale", "cpu"), out=out_dir, root=root,
-                data_root=options.get("data_root"), rerun=bool(options.get("rerun", False)))
-    numbers = {"verdict": {True: 1.0, False: 0.0, None: math.nan}[made.verdict.held]}
-    numbers.update({f"parts_{k.replace(' ', '_')}": v for k, v in made.verdict.numbers.items()
-                    if k in ("held", "did not hold", "inconclusive")})
-    return numbers, _files_under(out_dir)
-
-
-def _analysis(kind: str, options: dict[str, Any], root: Path, out_dir: Path) -> tuple[dict[str, Any], list[Path]]:
-    from landscape.api.runner import run
-    from landscape.results import read_result
-
-    refs = options.pop("refs", [])
-    refs = [refs] if isinstance(refs, str) else list(refs)
-    options = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
-    if options.get("pair_dir"):  # instability's shared per-pair files: relative to the results directory
-        options["pair_dir"] = str(out_dir.parent / options["pair_dir"])
-    output = out_dir / f"{kind}.h5"
-    result = run(kind, refs, root=root, output=output, workers=1, **options)
-    path = Path(getattr(result, "path", None) or output)
-    attrs = read_result(path, load_arrays=False).attrs
-    numbers = {k: _plain(v) for k, v in attrs.items() if _is_number(v)}
-    return numbers, _files_under(out_dir)
-
-
-def _is_number(value: Any) -> bool:
-    import numpy as np
-
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
-
-
-def _plain(value: Any) -> Any:
-    return value.item() if hasattr(value, "item") else value
+    result = spec.run(spec.configure(dict(payload["options"])), root=root, out=out)
+    return spec.outcome(result, root, out)
 
 
 def pid() -> int:

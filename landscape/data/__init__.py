@@ -40,7 +40,11 @@ from landscape.data.arrays import (
     _resolve_size,
     _stratified_counts,
     _subset_value,
+    indices_sha256,
+    recording_subsets,
+    sample_subset,
     subset_indices,
+    take_subset,
 )
 from landscape.data.builtin import (
     _TORCHVISION,
@@ -98,7 +102,8 @@ __all__ = [
     "DATA_ENV",
     "DATASETS", "Dataset", "ENTRY_POINT_GROUP", "IMAGEFOLDER", "TENSOR_KEYS", "TENSOR_SUFFIXES",
     "data_root_of", "dataset_from_spec", "dataset_options", "digits", "digits_arrays", "directory_digest",
-    "gaussian_signal", "gaussian_signal_key", "imagefolder_arrays", "load_dataset", "subset_indices",
+    "gaussian_signal", "gaussian_signal_key", "imagefolder_arrays", "indices_sha256", "load_dataset",
+    "recording_subsets", "sample_subset", "subset_indices", "take_subset",
     "tensor_file_arrays", "torchvision_arrays", "torchvision_class", "user_arrays",
 ]
 # importable as before the split; not part of the API

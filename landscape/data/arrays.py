@@ -1,8 +1,14 @@
 """What every data set is: :class:`Dataset` (train and test tensors with the spec that rebuilds them) and the
-builders' raw ``_Arrays``; the seeded, stratified train subset (:func:`subset_indices`)."""
+builders' raw ``_Arrays``; the seeded, stratified subset (:func:`subset_indices`), and the one sampler the
+analyses draw their examples with (:func:`sample_subset`), whose draws a caller may record
+(:func:`recording_subsets`)."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,3 +106,49 @@ def subset_indices(y: torch.Tensor, size: int | float, seed: int) -> torch.Tenso
         for c, k in enumerate(counts)
     ]
     return torch.from_numpy(np.sort(np.concatenate(chosen))).to(torch.int64)
+
+
+# The draws of sample_subset while a recording_subsets() block is open in this context (None: not recording).
+_DRAWS: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar("landscape_subsets",
+                                                                                      default=None)
+
+
+def sample_subset(y: torch.Tensor, size: int | float, seed: int, *, split: str = "") -> torch.Tensor:
+    """The one sampler of the analyses' example subsets: :func:`subset_indices` (seeded, stratified, sorted;
+    ``size`` a count or a fraction of ``len(y)``), and, inside :func:`recording_subsets`, a record of the draw:
+    ``split``, ``size`` as asked, ``seed``, ``count`` drawn, ``of`` (the split's size) and ``indices_sha256``
+    (sha256 of the indices as little-endian int64), which the api runner writes as the result's attr
+    ``subsets``."""
+    idx = subset_indices(y, size, seed)
+    draws = _DRAWS.get()
+    if draws is not None:
+        record = {"split": split, "size": _subset_value(size), "seed": int(seed), "count": int(idx.numel()),
+                  "of": int(len(y)), "indices_sha256": indices_sha256(idx)}
+        if record not in draws:
+            draws.append(record)
+    return idx
+
+
+def take_subset(x: torch.Tensor, y: torch.Tensor, size: int | float | None, seed: int, *, split: str = ""
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x, y)``, or the examples :func:`sample_subset` draws from them (``size`` None: all of them)."""
+    if size is None:
+        return x, y
+    idx = sample_subset(y, size, seed, split=split)
+    return x[idx], y[idx]
+
+
+def indices_sha256(idx: torch.Tensor) -> str:
+    """sha256 of example indices as little-endian int64 (what a result records of the examples it used)."""
+    return hashlib.sha256(np.ascontiguousarray(torch.as_tensor(idx).cpu().numpy(), dtype="<i8").tobytes()).hexdigest()
+
+
+@contextlib.contextmanager
+def recording_subsets() -> Iterator[list[dict[str, Any]]]:
+    """Collect the distinct draws of :func:`sample_subset` made in this block (this thread or task only)."""
+    draws: list[dict[str, Any]] = []
+    token = _DRAWS.set(draws)
+    try:
+        yield draws
+    finally:
+        _DRAWS.reset(token)

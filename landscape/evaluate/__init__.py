@@ -27,7 +27,7 @@ What makes many points cheaper than many independent evaluations (``method="loop
   shared outputs once per batch as contiguous tensors, and each point mixes them and takes the maximum
   (bit-identical to pooling the mixed output, without strided passes over it).
 * **Exact module rewrites** in the private copy: ``MaxPool2d`` as a maximum over strided slices, window rows
-  first, then columns (PyTorch's CPU kernel also computes argmax indices and was 5-10x slower here), and
+  first, then columns (PyTorch's CPU kernel also computes the argmax indices, which are thrown away), and
   ``ReLU -> MaxPool2d`` in a ``Sequential`` swapped to pool-then-ReLU (both monotone: identical values, a
   quarter of the ReLU work).
 * **Functional forwards** (a model brought as code that calls ``F.max_pool2d``, ``F.relu``, ``x.flatten(1)``
@@ -41,15 +41,14 @@ What makes many points cheaper than many independent evaluations (``method="loop
   against the model on a probe batch and otherwise not used.
 * **Small convolutions as one matrix product** (:class:`_DenseConv`): a ``Conv2d`` whose input has no more
   positions than its kernel (``H * W <= kh * kw``: LeNet's second convolution on 8 x 8 digits) runs as
-  ``x.flatten(1) @ M + b``, no more multiply-adds and 2.6x faster here; a max pool right after it is folded
+  ``x.flatten(1) @ M + b``, no more multiply-adds in one matrix product; a max pool right after it is folded
   into the product's columns. Same values up to the order of the float sums.
 * **Cache-sized chunks**: each batch runs in chunks whose activations take at most ``CACHE_BUDGET`` bytes
   (:meth:`_Runner.chunk`), so the per-point element-wise passes stay near the cache.
 * **Loss**: cross-entropy as ``logsumexp(logits) - logits[y]`` (F.cross_entropy's value, another summation
-  order; 4x faster for 10 classes).
+  order, without materialising the log-softmax).
 * **Memory format**: contiguous (NCHW) by default; ``channels_last=True`` runs convolutions channels-last.
-  Which is faster depends on the CPU: on an AVX-512 Xeon channels-last was 5-15% slower for LeNet and
-  ResNet-18/GroupNorm (and the plain loop 10% slower with it too); on an earlier machine it was the faster.
+  Which is faster depends on the CPU and the model (measured per machine: docs/benchmarks.md).
 * **Batch-outer order**: each batch is moved and its shared work done once for all points.
 * **Allocator**: on glibc, during the call (:func:`tuned_allocator`), freed large blocks are kept instead of
   being returned to the OS, so the many same-sized activations of a sweep do not page-fault afresh; on return the

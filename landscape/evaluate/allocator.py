@@ -19,8 +19,8 @@ _allocator_depth = 0
 def tuned_allocator() -> Iterator[None]:
     """Within the block, glibc keeps freed large blocks in the process so repeated activations do not page-fault.
 
-    Measured on the project machine: a ReLU over 7 MB of activations took 37 ms with glibc's default
-    (mmap + munmap per call, every page faulted again) and 0.7 ms with this. :func:`evaluate` enters it for
+    With glibc's default every large activation is mmap'ed and munmap'ed per call, so every page faults again
+    (timings: docs/benchmarks.md). :func:`evaluate` enters it for
     the duration of its call; nested blocks (a benchmark or an analysis wrapping many calls) tune once, and
     the outermost block restores on exit. ``LANDSCAPE_MALLOC_TUNE=0`` (or a platform without glibc) makes it
     a no-op.

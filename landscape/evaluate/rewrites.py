@@ -21,7 +21,7 @@ def _rewrite_modules(model: nn.Module) -> None:
     """Exact, faster equivalents inside the private copy (never the caller's model).
 
     * ``MaxPool2d`` without padding/dilation/ceil mode becomes a maximum over strided slices (bit-identical;
-      PyTorch's CPU kernel also computes the argmax indices it then throws away, ~5x slower here).
+      PyTorch's CPU kernel also computes the argmax indices it then throws away).
     * In a ``Sequential``, ``ReLU`` directly followed by such a pool is swapped to pool-then-ReLU: both are
       monotone so ``relu(max(v)) == max(relu(v))`` exactly, and the ReLU then touches a quarter of the values.
     """
@@ -244,7 +244,7 @@ class _DenseConv:
     holds each output's weights at the input positions they touch (zeros elsewhere, padding dropped). That is
     no more multiply-adds than the convolution when ``H * W <= kh * kw`` (LeNet's second convolution on 8 x 8
     digits sees 6 x 4 x 4 inputs with 5 x 5 kernels: 96 x 256 against 16 x 150 x 16 per example) and runs as
-    one matrix multiplication, 2.6x faster than PyTorch's CPU convolution for that layer. ``M`` is gathered from
+    one matrix multiplication (timings against PyTorch's CPU convolution: docs/benchmarks.md). ``M`` is gathered from
     the weights (an index built once) at the first call after :meth:`changed` (the runner calls it whenever it
     writes a point's parameters), so once per evaluated point. Same values as the convolution up to float
     rounding (the sums run in another order); inputs of another shape take the ordinary convolution.
@@ -283,7 +283,7 @@ class _DenseConv:
     def _fold(self, pool: nn.MaxPool2d, oh: int, ow: int) -> None:
         """Take a following non-overlapping max pool into the product: its columns are reordered (window
         offset, channel, pooled row, pooled column), so that the pool is a maximum over ``kh * kw`` contiguous
-        column blocks (about 3x faster here than the strided slices of the pooled map), bit-identical."""
+        column blocks (contiguous reads instead of the strided slices of the pooled map), bit-identical."""
         kh, kw = _pair(pool.kernel_size)
         ph, pw = (oh - kh) // kh + 1, (ow - kw) // kw + 1
         if ph < 1 or pw < 1:
@@ -360,8 +360,8 @@ def _slice_max(kernel: tuple[int, int], stride: tuple[int, int]):
     (kh, kw), (sh, sw) = kernel, stride
 
     def forward(v: torch.Tensor) -> torch.Tensor:
-        # rows first: the window rows' maximum reads whole contiguous rows (1.4-1.6x faster here than taking
-        # the kh*kw doubly strided slices in turn), then the columns' maximum over that half-size result
+        # rows first: the window rows' maximum reads whole contiguous rows (instead of taking the kh*kw doubly
+        # strided slices in turn), then the columns' maximum over that half-size result
         h, w = v.shape[-2:]
         oh, ow = (h - kh) // sh + 1, (w - kw) // sw + 1
         rows = None

@@ -9,7 +9,7 @@ one HDF5 summary ``<out>/<name>/<name>-<scale>.h5`` (the numbers as datasets, th
 settings as attributes, atomically); a summary whose stored settings equal the current ones means the recipe
 is finished and is skipped on rerun.
 
-Validity gates (issue 25): each recipe states, before it runs, what a usable model is (:class:`Gate`: finite
+Validity gates: each recipe states, before it runs, what a usable model is (:class:`Gate`: finite
 final losses, final test accuracy at or above a floor, no collapse over the last checkpoints). Every end model
 the recipe judges is checked: a part judged from a model that fails (:meth:`Context.judged`) becomes
 "inconclusive (invalid regime)" with the reason, and a failing run trained through :meth:`Context.train` that
@@ -33,6 +33,7 @@ import numpy as np
 
 from landscape.atomic import atomic_write
 from landscape.errors import DataError, UsageError
+from landscape.refs import Ref
 from landscape.runtime import code_version
 from landscape.verdict import Verdict, inconclusive
 
@@ -162,7 +163,7 @@ class Context:
     def judged(self, part: Verdict, runs) -> Verdict:
         """``part`` as judged from the end models ``runs``: unchanged when all pass the gate, else inconclusive
         (invalid regime) with the failing runs and reasons."""
-        names = [r.split("@")[0] if isinstance(r, str) else r.name for r in runs]
+        names = [Ref.parse(r).name if isinstance(r, str) else r.name for r in runs]
         results = self.gate(list(dict.fromkeys(names)))
         self.claimed.update(g.run for g in results)
         self.part_runs[part.claim] = [g.run for g in results]
@@ -205,18 +206,27 @@ def final(run, metric: str) -> float:
     return float(checkpoint_curve(run, metric)[1][-1])
 
 
-def lr_scores(ctx, what: str, config, lrs, metric: str = "train_acc") -> list[float]:
+def lr_scores(ctx, what: str, config, lrs, metric: str = "train_acc", window: int = 1) -> list[float]:
     """Claim-blind hyper-parameter search, step 1: train ``config`` (its seed) at each learning rate of ``lrs`` as run
-    ``what-lrLR-SEED`` (not gated: selection runs are no end models) and return each run's final ``metric``. The
-    run at the chosen lr is the same run the recipe then uses for that seed (same name and configuration)."""
-    return [final(ctx.train(f"{what}-lr{lr:g}-{config.seed}", dataclasses.replace(config, lr=lr), gated=False),
-                  metric) for lr in lrs]
+    ``what-lrLR-SEED`` (not gated: selection runs are no end models) and return each run's score: its final
+    ``metric``, or with ``window`` > 1 the worst ``metric`` over its last ``window`` checkpoints (a score that sees
+    an oscillating run, as the validity gate's collapse rule does). The run at the chosen lr is the same run the
+    recipe then uses for that seed (same name and configuration)."""
+    return [worst_recent(ctx.train(f"{what}-lr{lr:g}-{config.seed}", dataclasses.replace(config, lr=lr),
+                                   gated=False), metric, window) for lr in lrs]
 
 
-def best(values, scores) -> float:
-    """Step 2: the value with the highest score (NaN scores lose; ties: the first, i.e. the smaller lr)."""
+def worst_recent(run, metric: str = "train_acc", window: int = 1) -> float:
+    """A selection run's score: the worst ``metric`` over its last ``window`` checkpoints (1: the final value)."""
+    return float(np.min(checkpoint_curve(run, metric)[1][-window:]))
+
+
+def best(values, scores):
+    """Step 2: the value with the highest score (NaN scores lose; ties: the first, i.e. the smaller lr); a float, or
+    the candidate itself when the candidates are tuples (e.g. ``(momentum, lr)``)."""
     a = np.nan_to_num(np.asarray(scores, dtype=float), nan=-np.inf)
-    return float(list(values)[int(np.argmax(a))])
+    value = list(values)[int(np.argmax(a))]
+    return value if isinstance(value, tuple) else float(value)
 
 
 @dataclasses.dataclass

@@ -5,9 +5,17 @@ origin than SGD models (Fig. 17: 142 vs 86, "1.7x", fewer parameters near 0).
 Measured with ``landscape norms`` at every epoch's checkpoint of an SGD run and a DP-SGD run (epsilon 1) per
 seed (the two runs of a seed share their initialisation): the L2 distance from the origin, the per-sample
 gradient norms on a fixed sample, and parameter histograms on shared edges. Verdict
-(:func:`landscape.verdict.all_of` of two :func:`landscape.verdict.paired_greater` parts, paired by seed): at
-the final checkpoint the DP-SGD model is further from the origin, and its mean per-sample gradient norm is
-larger, than the SGD model of the same seed.
+(:func:`landscape.verdict.all_of` of two parts, paired by seed): at the final checkpoint the DP-SGD model is
+further from the origin than the SGD model of the same seed by more than the minimum ratio :data:`MIN_RATIO`
+(:func:`landscape.verdict.paired_ratio`: the paired t-test on log distances, i.e. the geometric-mean ratio
+DP/SGD), and its mean per-sample gradient norm is larger (:func:`landscape.verdict.paired_greater`).
+
+Minimum effect :data:`MIN_RATIO` = 1.2 (stored as ``min_effect``): the paper calls DP-SGD models "significantly
+further from the origin than SGD models (e.g. 1.7x)" and says pruning "reduces this difference" to 1.2x, "more
+closely replicating" SGD models (Sec. 4.2 and Appendix Sec. 9). So 1.7x is an example, not the claim, and a ratio of
+1.2 is what the paper itself contrasts with "significantly further": the claim holds only when the ratio exceeds
+1.2 significantly (and did not hold when it is significantly below 1.2). The ratio and its interval are reported
+beside the paper's 1.7. An earlier version tested only "DP further than SGD" (any ratio above 1).
 
 Fair comparison: SGD and DP-SGD run with the same learning rate, batch size and momentum -- matched
 hyper-parameters, as the paper's "batches of 128" for both; an earlier version gave DP-SGD lr 1.0 / batch 64
@@ -28,9 +36,10 @@ import dataclasses
 import numpy as np
 
 from landscape.figures.recipe import PaperScale, Recipe, best, lr_scores
-from landscape.verdict import all_of, paired_greater
+from landscape.verdict import all_of, paired_greater, paired_ratio
 
 SOURCE = "Watson et al. 2023, Figs. 16-17, Appendix"
+MIN_RATIO = 1.2  # distance DP/SGD: the paper's pruned DP-SGD ratio, which it counts as "closely replicating" SGD
 _COMMON = dict(model="lenet", data="digits", lrs=(0.01, 0.03, 0.1), batch=64, momentum=0.9, epsilon=1.0,
                max_grad_norm=1.0, bins=60)
 SCALES = {
@@ -64,10 +73,10 @@ def make(ctx):
     dist = {m: [r.runs[i].rows[-1].params.dist_origin for r in results] for i, m in enumerate(("sgd", "dp"))}
     grad = {m: [r.runs[i].rows[-1].mean_grad_norm for r in results] for i, m in enumerate(("sgd", "dp"))}
     chosen = f"Matched lr {lr:g} (claim-blind: best lower test accuracy of seed 0's SGD/DP runs over lr {s['lrs']})."
-    parts = [ctx.judged(paired_greater(
-                 "the DP-SGD model ends further from the origin than the SGD model", SOURCE, dist["dp"], dist["sgd"],
-                 names=("DP", "SGD"), unit="seeds",
-                 note=f"ratio DP/SGD {np.mean(dist['dp']) / np.mean(dist['sgd']):.3g} (paper: 1.7). {chosen}"), used),
+    parts = [ctx.judged(paired_ratio(
+                 f"the DP-SGD model ends further from the origin than the SGD model (ratio above {MIN_RATIO:g})",
+                 SOURCE, dist["dp"], dist["sgd"], names=("DP", "SGD"), unit="seeds", min_ratio=MIN_RATIO,
+                 note=f"paper: 1.7x, and 1.2x after pruning ('more closely replicating' SGD). {chosen}"), used),
              ctx.judged(paired_greater("DP-SGD's final mean per-sample gradient norm exceeds SGD's", SOURCE,
                                        grad["dp"], grad["sgd"], names=("DP", "SGD"), unit="seeds", note=chosen), used)]
     verdict = all_of("DP-SGD ends further from the origin with larger gradients than SGD", SOURCE, parts,
@@ -77,7 +86,7 @@ def make(ctx):
     origin = {m: np.array([r.runs[i].column("dist_origin") for r in results]) for i, m in enumerate(("sgd", "dp"))}
     first = results[0]
     numbers = {"epoch": epochs, "lr_grid/lr": list(s["lrs"]), "lr_grid/sgd_acc": grid_acc[:, 0],
-               "lr_grid/dp_acc": grid_acc[:, 1], "lr_chosen": lr, "sgd/grad_curve": curve["sgd"], "dp/grad_curve": curve["dp"],
+               "lr_grid/dp_acc": grid_acc[:, 1], "lr_chosen": lr, "min_effect": MIN_RATIO, "sgd/grad_curve": curve["sgd"], "dp/grad_curve": curve["dp"],
                "sgd/dist_origin": origin["sgd"], "dp/dist_origin": origin["dp"], "edges": first.edges,
                "sgd/final_histogram": first.runs[0].rows[-1].histogram, "dp/final_histogram": first.runs[1].rows[-1].histogram,
                "sgd/final_grad_norms": first.runs[0].rows[-1].grad_norms, "dp/final_grad_norms": first.runs[1].rows[-1].grad_norms}
@@ -111,7 +120,8 @@ def make(ctx):
 
 RECIPE = Recipe(
     name="watson-fig16-17", paper="Watson et al. 2023 (clipping, pruning and loss landscapes)", figure="Figs. 16-17",
-    claim="DP-SGD models end further from the origin (1.7x) with larger per-sample gradients than SGD models",
+    claim="DP-SGD models end significantly further from the origin (e.g. 1.7x; more than the 1.2x the paper calls "
+          "closely replicating SGD) with larger per-sample gradients than SGD models",
     scaled_down="LeNet on digits, 10 epochs, SGD vs DP-SGD at epsilon 1 with one matched lr (chosen claim-blind from "
                 "{0.01, 0.03, 0.1} by accuracy), batch 64, momentum 0.9, 3 seeds, 256 examples' gradient norms",
     scales=SCALES,

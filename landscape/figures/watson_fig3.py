@@ -8,7 +8,8 @@ Phase-2 SGD siblings of one Phase-1 run (the ``watson-fig2`` grid). Verdict (:fu
 of two :func:`landscape.verdict.greater` parts: the barrier between different-init solutions exceeds the
 sibling barrier, and it exceeds the difference of the pair's own end losses ("similar losses").
 
-Scaled down: LeNet on ``digits``, 10 epochs, 3 initialisations (3 pairs); the paper: CIFAR10 (model per its
+Scaled down: LeNet on ``digits``, 10 epochs, 3 initialisations (3 pairs), trained like the grid's SGD runs (its
+claim-blind lr and momentum, batch 32; :mod:`landscape.figures._phase_grid`); the paper: CIFAR10 (model per its
 Sec. 4.1), 30 alphas.
 """
 
@@ -33,12 +34,14 @@ def make(ctx):
     from landscape.plots import style
 
     s, g = ctx.settings, ctx.settings["grid"]
-    grid.train_grid(ctx)
-    base = TrainConfig(model=g["model"], data=g["data"], subset=g["subset"], epochs=g["epochs"], lr=g["lr"],
-                       batch_size=g["batch_size"], checkpoint_every="none")
-    names = [ctx.train(f"init{seed}", dataclasses.replace(base, seed=seed)).name for seed in range(s["seeds"])]
+    runs = grid.train_grid(ctx)
+    lr = runs["lr"]  # the grid's SGD: its claim-blind lr, batch and momentum
+    base = TrainConfig(model=g["model"], data=g["data"], subset=g["subset"], epochs=g["epochs"], lr=lr,
+                       momentum=runs["momentum"], batch_size=g["batch_size"], checkpoint_every="none")
+    names = [ctx.train(f"init{seed}-m{runs['momentum']:g}-lr{lr:g}", dataclasses.replace(base, seed=seed)).name
+             for seed in range(s["seeds"])]
     inits = [f"{a}:{b}" for a, b in itertools.combinations(names, 2)]
-    gname = grid.group(ctx)
+    gname = runs["group"]
     siblings = [f"{gname}-sgd-sgd-{i}:{gname}-sgd-sgd-{j}" for i, j in itertools.combinations(range(g["copies"]), 2)]
     table = instability(pairs=",".join(inits + siblings), root=ctx.root, workers=ctx.workers,
                         config=InterpolateConfig(points=s["points"], split=("test",)),
@@ -57,7 +60,7 @@ def make(ctx):
     alpha = np.linspace(0, 1, s["points"])
     numbers = {"init_barriers": values[:n], "sibling_barriers": values[n:], "end_gaps": end_gaps, "alpha": alpha,
                "init_instability": def23[:n], "sibling_instability": def23[n:],
-               "init_paths": paths[:n], "sibling_paths": paths[n:]}
+               "init_paths": paths[:n], "sibling_paths": paths[n:], **grid.lr_numbers(runs)}
     fig, ax = style.subplots(figsize=(4.8, 3.2), layout="constrained")
     for i, path in enumerate(paths[:n]):
         ax.plot(alpha, path, color=style.method_color("sgd"), lw=1.5, label="different inits" if i == 0 else None)
@@ -74,6 +77,6 @@ RECIPE = Recipe(
     scaled_down="LeNet on digits, 10 epochs, 3 initialisations; siblings from the watson-fig2 grid as reference",
     scales=SCALES,
     paper_scale=PaperScale(data="cifar10", model="resnet18 (GroupNorm)", epochs=30,
-                           hyper="3 seeds, 30 alphas; lr 0.1 / batch 128 assumed", gpu_hours=6.0),
+                           hyper="3 seeds, 30 alphas; the grid's lr (from the paper's sweep), batch 128, no momentum", gpu_hours=6.0),
     make=make,
 )

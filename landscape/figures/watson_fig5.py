@@ -30,6 +30,7 @@ import numpy as np
 
 from landscape.figures import _phase_grid as grid
 from landscape.figures.recipe import GateResult, PaperScale, Recipe, best, final
+from landscape.refs import Ref
 from landscape.verdict import all_of, greater
 
 SOURCE = "Watson et al. 2023, Fig. 5"
@@ -136,7 +137,7 @@ def make(ctx):
                "lr_grid/dp_lr": list(s["dp_lrs"]), "lr_grid/train_acc": [scores[e] for e in eps_list],
                "lr_chosen": [lr_of[e] for e in eps_list]}
     invalid = {e for e in eps_list for k in ks for r in ends.get(("dpsgd", (e, k)), [])
-               if not ctx.gates.get(r.split("@")[0], GateResult("", 0, 0, 0, True)).passed}
+               if not ctx.gates.get(Ref.parse(r).name, GateResult("", 0, 0, 0, True)).passed}
     fig, axes = style.subplots(1, 2, figsize=(8.0, 3.3), sharex=True, layout="constrained")
     series = style.series_styles(len(eps_list) + 1)
     for ax, (key_sgd, key_dp, what) in zip(axes, (("sgd", "dp", "barrier above the chord"),

@@ -1,6 +1,6 @@
 """Per-sample gradients: norms, weighted and clipped sums, materialised gradients, projections.
 
-The one engine every per-example computation goes through (DESIGN.md, "Per-sample gradients"). A "layer"
+The one engine every per-example computation goes through. A "layer"
 is one parameter tensor, named as in ``model.named_parameters()``. The per-sample loss is
 ``l_i = cross_entropy(f(x_i), y_i)`` and ``g_i`` is its gradient with respect to the trainable parameters.
 

@@ -110,8 +110,8 @@ class Handler:
 
     def _sum(self, t: Tensor, dim) -> Tensor:
         """``t.sum(dim)`` (dim > 0) in ``reduce_dtype``; a widening sum is done in blocks of samples of at most
-        ``SUM_BLOCK`` elements: the same numbers, but float32 -> float64 sums of a whole resnet activation
-        batch are ~25x slower on CPU than block by block (measured: (64, 64, 1024) 36 ms vs 1.5 ms)."""
+        ``SUM_BLOCK`` elements: the same numbers, without a float64 copy of a whole activation batch at once
+        (timings: docs/benchmarks.md)."""
         dt = self.reduce_dtype
         if dt is None or dt == t.dtype or t.numel() <= SUM_BLOCK:
             return t.sum(dim, dtype=dt)

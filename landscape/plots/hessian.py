@@ -9,6 +9,7 @@ import numpy as np
 
 from landscape.analyze.hessian import broadened_density, density_grid
 from landscape.plots.style import method_color, save_figure, styled, subplots
+from landscape.refs import Ref
 
 MAX_DENSITIES = 6
 STYLES = ("o-", "s--", "^-.", "d:")
@@ -18,7 +19,7 @@ def runs(result) -> dict[str, list[int]]:
     """Row indices grouped by run (a loose checkpoint is its own run), each run's in epoch order."""
     out: dict[str, list[int]] = {}
     for c, row in enumerate(result.rows):
-        out.setdefault(row.run or row.ref.split("@")[0], []).append(c)
+        out.setdefault(row.run or Ref.parse(row.ref).name, []).append(c)
     return {k: sorted(v, key=lambda c: (result.rows[c].epoch, result.rows[c].step)) for k, v in out.items()}
 
 

@@ -26,9 +26,10 @@ is a one-line :class:`~landscape.errors.CheckpointError` naming the file and the
 torch is imported only where tensors are made (inside functions; annotations under ``TYPE_CHECKING``): listing
 runs and reading manifests (``landscape store ls``) need none.
 
-A checkpoint reference is ``PATH.h5`` (a file; relative paths are tried against the working directory,
-then the store root) or ``RUN[@SELECTOR]`` with ``@init`` (smallest step), ``@last`` (the default),
-``@step=N`` or ``@epoch=E``.
+A checkpoint reference (:class:`landscape.refs.Ref`) is ``PATH.h5`` (a file; relative paths are tried against
+the working directory, then the store root) or ``RUN[@SELECTOR]`` with ``@init`` (smallest step), ``@last``
+(the default), ``@step=N`` or ``@epoch=E``; :meth:`Store.load` checks a run's checkpoint against the sha256 its
+manifest recorded (:func:`load_verified`).
 """
 
 # The package is split by concern (core: Store and Run; checkpoint: one checkpoint file; manifest: layout and
@@ -54,6 +55,7 @@ from landscape.store.checkpoint import (
     _info_from_file,
     check_state_dict,
     load_checkpoint,
+    load_verified,
 )
 from landscape.store.codec import (
     _VIEW_NAMES,
@@ -112,7 +114,7 @@ __all__ = [
     "ARRAYS", "CHECKPOINT_FORMAT", "Checkpoint", "CheckpointInfo", "DamagedRunWarning", "EXTRA_GROUP",
     "LOCK", "MANIFEST", "MANIFEST_FORMAT", "PREFIXES", "Run", "RunBusyError", "STATE_GROUP", "Store",
     "WRAPPER_KEYS", "check_manifest", "check_run_name", "check_state_dict", "import_checkpoint",
-    "load_checkpoint",
+    "load_checkpoint", "load_verified",
 ]
 # importable as before the split; not part of the API
 __all__ += [

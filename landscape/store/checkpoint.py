@@ -113,41 +113,51 @@ def load_checkpoint(path: str | os.PathLike, *, ref: str | None = None, tensors:
     return ckpt
 
 
-def _dtype_kind(dtype: torch.dtype) -> str:
-    import torch
+def load_verified(path: str | os.PathLike, *, ref: str | None = None, sha256: str | None = None,
+                  tensors: bool = True) -> Checkpoint:
+    """:func:`load_checkpoint`, and a CheckpointError when the file's sha256 is not ``sha256`` (what its run's
+    manifest recorded when it was written; None: a file outside a run, nothing to check against)."""
+    ckpt = load_checkpoint(path, ref=ref, tensors=tensors)
+    if sha256 and sha256 != ckpt.sha256:
+        raise CheckpointError(
+            f"{ckpt.path} changed after it was written (sha256 {ckpt.sha256[:12]} != manifest {sha256[:12]})"
+        )
+    return ckpt
 
-    if dtype == torch.bool:
-        return "boolean"
-    if dtype.is_complex:
-        return "complex"
-    return "floating point" if dtype.is_floating_point else "integer"
+
+def _dtype_kind(dtype: torch.dtype) -> str:
+    from landscape.params import dtype_kind
+
+    return dtype_kind(dtype)
 
 
 def check_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], *, source: str) -> None:
     """Raise IncompatibleError naming the first key that is missing, unexpected, of the wrong shape or of the
     wrong kind of dtype (integer weights for a floating-point tensor would be cast without a word by
-    ``load_state_dict``; precision within a kind, e.g. float64 into float32, is converted on load)."""
+    ``load_state_dict``; precision within a kind, e.g. float64 into float32, is converted on load): the one
+    check of :func:`landscape.params.first_mismatch`, phrased for a file loaded into a model."""
+    from landscape.params import first_mismatch
+
     expected = model.state_dict()
+    m = first_mismatch(expected, state_dict, dtypes=True)
+    if m is None:
+        return
     spec = getattr(model, "landscape_spec", None)
     what = f"model '{spec['name']}'" if isinstance(spec, Mapping) and "name" in spec else "the model"
-    for key, tensor in expected.items():
-        if key not in state_dict:
-            raise IncompatibleError(
-                f"{source}: missing tensor '{key}' that {what} expects "
-                f"({len(state_dict)} tensors in the file, {len(expected)} in the model)"
-            )
-        got = tuple(state_dict[key].shape)
-        if got != tuple(tensor.shape):
-            raise IncompatibleError(f"{source}: tensor '{key}' has shape {got} but {what} expects {tuple(tensor.shape)}")
-        have, want = _dtype_kind(state_dict[key].dtype), _dtype_kind(tensor.dtype)
-        if have != want:
-            raise IncompatibleError(
-                f"{source}: tensor '{key}' is {str(state_dict[key].dtype).removeprefix('torch.')} ({have}) but "
-                f"{what} expects {str(tensor.dtype).removeprefix('torch.')} ({want}); convert the weights first"
-            )
-    for key in state_dict:
-        if key not in expected:
-            raise IncompatibleError(f"{source}: unexpected tensor '{key}' that {what} does not have")
+    if m.kind == "only_a":
+        raise IncompatibleError(
+            f"{source}: missing tensor '{m.name}' that {what} expects "
+            f"({len(state_dict)} tensors in the file, {len(expected)} in the model)"
+        )
+    if m.kind == "only_b":
+        raise IncompatibleError(f"{source}: unexpected tensor '{m.name}' that {what} does not have")
+    if m.kind == "shape":
+        raise IncompatibleError(f"{source}: tensor '{m.name}' has shape {m.b} but {what} expects {m.a}")
+    have, want = _dtype_kind(m.b), _dtype_kind(m.a)
+    raise IncompatibleError(
+        f"{source}: tensor '{m.name}' is {str(m.b).removeprefix('torch.')} ({have}) but "
+        f"{what} expects {str(m.a).removeprefix('torch.')} ({want}); convert the weights first"
+    )
 
 
 def _info_from_file(path: Path) -> CheckpointInfo | None:

@@ -7,7 +7,6 @@ import contextlib
 import datetime as _dt
 import fnmatch
 import json
-import math
 import os
 import secrets
 import shutil
@@ -23,9 +22,16 @@ import numpy as np
 from landscape.atomic import stale_temp_files
 from landscape.errors import CheckpointError, UsageError
 from landscape.jsonable import to_jsonable
+from landscape.refs import Ref, parse_selector
 from landscape.runtime import code_version
 from landscape.store._locks import LOCK, _FileLock, _lock, _release_holds, _unlock
-from landscape.store.checkpoint import Checkpoint, CheckpointInfo, _info_from_file, load_checkpoint
+from landscape.store.checkpoint import (
+    Checkpoint,
+    CheckpointInfo,
+    _info_from_file,
+    load_checkpoint,
+    load_verified,
+)
 from landscape.store.codec import (
     EXTRA_GROUP,
     STATE_GROUP,
@@ -230,40 +236,26 @@ class Store:
             warnings.warn(f"skipping a damaged run: {message}", DamagedRunWarning, stacklevel=2)
         return runs
 
-    def resolve(self, ref: str) -> Path:
-        """The checkpoint file a reference names (see the module docstring for the syntax)."""
-        return self._resolve(ref)[0]
+    def resolve(self, ref: str | Ref) -> Path:
+        """The checkpoint file a reference names (:class:`landscape.refs.Ref` or its text)."""
+        return self._resolve(Ref.parse(ref))[0]
 
-    def _resolve(self, ref: str) -> tuple[Path, CheckpointInfo | None]:
-        ref = str(ref).strip()
-        if not ref:
-            raise UsageError("empty checkpoint reference; expected PATH.h5 or RUN[@init|@last|@step=N|@epoch=E]")
-        if ref.endswith(".h5") or os.sep in ref or "/" in ref:
-            if not ref.endswith(".h5"):
-                raise UsageError(
-                    f"bad checkpoint reference '{ref}': expected PATH.h5 or RUN[@init|@last|@step=N|@epoch=E]"
-                )
-            for candidate in (Path(ref), self.root / ref):
+    def _resolve(self, ref: Ref) -> tuple[Path, CheckpointInfo | None]:
+        if ref.file is not None:
+            for candidate in (Path(ref.file), self.root / ref.file):
                 if candidate.is_file():
                     return candidate, None
-            raise CheckpointError(f"checkpoint file not found: {ref} (also looked in {self.root})")
-        name, at, selector = ref.partition("@")
-        if at and not selector:
-            raise UsageError(f"bad checkpoint reference '{ref}': after '@' give init, last, step=N or epoch=E")
-        run = self.run(name)
-        info = run.select(selector or "last")
+            raise CheckpointError(f"checkpoint file not found: {ref.file} (also looked in {self.root})")
+        info = self.run(ref.run).checkpoint_at(ref.at or "last", ref.value)
         return info.path, info
 
-    def load(self, ref: str, *, tensors: bool = True) -> Checkpoint:
-        """Load the checkpoint a reference names; files listed in a manifest are checked against its sha256.
-        ``tensors=False``: the state dict as numpy arrays (no torch import; see :func:`load_checkpoint`)."""
+    def load(self, ref: str | Ref, *, tensors: bool = True) -> Checkpoint:
+        """Load the checkpoint a reference names, verified: a file listed in a manifest must still have the
+        sha256 recorded there. ``tensors=False``: the state dict as numpy arrays (no torch import; see
+        :func:`load_checkpoint`)."""
+        ref = Ref.parse(ref)
         path, info = self._resolve(ref)
-        ckpt = load_checkpoint(path, ref=str(ref), tensors=tensors)
-        if info is not None and info.sha256 and info.sha256 != ckpt.sha256:
-            raise CheckpointError(
-                f"{path} changed after it was written (sha256 {ckpt.sha256[:12]} != manifest {info.sha256[:12]})"
-            )
-        return ckpt
+        return load_verified(path, ref=str(ref), sha256=info.sha256 if info is not None else None, tensors=tensors)
 
 
 class DamagedRunWarning(UserWarning):
@@ -449,43 +441,35 @@ class Run:
 
     def select(self, selector: str) -> CheckpointInfo:
         """One checkpoint by selector: ``init``, ``last``, ``step=N`` or ``epoch=E``."""
+        return self.checkpoint_at(*parse_selector(selector))
+
+    def checkpoint_at(self, at: str, value: int | float | None = None) -> CheckpointInfo:
+        """One checkpoint by a parsed selector (:class:`landscape.refs.Ref`'s ``at`` and ``value``)."""
         infos = self.checkpoints()
         if not infos:
             raise CheckpointError(f"run '{self.name}' has no checkpoints yet")
         steps = [i.step for i in infos]
-        if selector == "init":
+        if at == "init":
             return infos[0]
-        if selector == "last":
+        if at == "last":
             return infos[-1]
-        kind, _, value = selector.partition("=")
-        if kind == "step":
-            try:
-                step = int(value)
-            except ValueError:
-                raise UsageError(f"bad selector '@{selector}': the step must be an integer") from None
+        if at == "step":
             for info in infos:
-                if info.step == step:
+                if info.step == value:
                     return info
-            raise CheckpointError(f"run '{self.name}' has no checkpoint at step {step} ({_available(steps, 'steps')})")
-        if kind == "epoch":
-            try:
-                epoch = float(value)
-            except ValueError:
-                raise UsageError(f"bad selector '@{selector}': the epoch must be a number") from None
-            if not math.isfinite(epoch):
-                raise UsageError(f"bad selector '@{selector}': the epoch must be a finite number")
-            tol = 1e-6 * max(1.0, abs(epoch))
-            hits = [i for i in infos if abs(i.epoch - epoch) <= tol]
-            if len(hits) == 1:
-                return hits[0]
-            if hits:
-                raise CheckpointError(
-                    f"run '{self.name}' has several checkpoints at epoch {epoch:g} "
-                    f"(steps {', '.join(str(i.step) for i in hits)}); use @step=N"
-                )
-            epochs = [f"{i.epoch:.6g}" for i in infos]
-            raise CheckpointError(f"run '{self.name}' has no checkpoint at epoch {epoch:g} ({_available(epochs, 'epochs')})")
-        raise UsageError(f"bad selector '@{selector}': expected @init, @last, @step=N or @epoch=E")
+            raise CheckpointError(f"run '{self.name}' has no checkpoint at step {value} ({_available(steps, 'steps')})")
+        epoch = float(value)
+        tol = 1e-6 * max(1.0, abs(epoch))
+        hits = [i for i in infos if abs(i.epoch - epoch) <= tol]
+        if len(hits) == 1:
+            return hits[0]
+        if hits:
+            raise CheckpointError(
+                f"run '{self.name}' has several checkpoints at epoch {epoch:g} "
+                f"(steps {', '.join(str(i.step) for i in hits)}); use @step=N"
+            )
+        epochs = [f"{i.epoch:.6g}" for i in infos]
+        raise CheckpointError(f"run '{self.name}' has no checkpoint at epoch {epoch:g} ({_available(epochs, 'epochs')})")
 
     def update_manifest(self, **fields: Any) -> None:
         """Set top-level manifest fields (not the store's own ones) and rewrite the manifest atomically."""

@@ -11,32 +11,20 @@ from pathlib import Path
 from typing import Any
 
 from landscape.atomic import atomic_write
-from landscape.errors import CheckpointError, UsageError
+from landscape.errors import CheckpointError
 from landscape.jsonable import to_jsonable
+from landscape.refs import _RUN_NAME, check_run_name  # noqa: F401 (run names are landscape.refs'; re-exported)
+from landscape.refs import is_run_name as _is_run_name  # noqa: F401
 
 MANIFEST = "manifest.json"
 ARRAYS = "arrays.h5"
 MANIFEST_FORMAT = "landscape-run/1"
 CHECKPOINT_FORMAT = "landscape-checkpoint/1"
-_RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.,+=-]{0,199}")
 _CHECKPOINT_FILE = re.compile(r"step-(\d+)\.h5")
 _MANIFEST_KEYS = frozenset(
     {"format", "name", "created", "code_version", "config", "seeds", "lineage", "model_spec", "data_spec",
      "checkpoints"}
 )
-
-
-def check_run_name(name: str) -> None:
-    """Run names are single safe path components: letters, digits and ``_ . , + = -``, not starting with . or -."""
-    if not _is_run_name(name):
-        raise UsageError(
-            f"bad run name {name!r}: use 1-200 letters, digits or _ . , + = - "
-            "(not starting with '.' or '-', no '/' or '@', not ending in .h5)"
-        )
-
-
-def _is_run_name(name: object) -> bool:
-    return isinstance(name, str) and bool(_RUN_NAME.fullmatch(name)) and not name.endswith(".h5")
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:

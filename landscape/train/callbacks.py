@@ -9,7 +9,7 @@ everything else is a :class:`Callback` composed into a list. Hooks:
   (metrics, epsilon, attrs, arrays in ``extra``) to the :class:`CheckpointRecord`;
 - ``on_end(state)`` once after the last step.
 
-Per-step values stay in preallocated tensors; nothing calls ``.item()`` per batch (STYLE.md).
+Per-step values stay in preallocated tensors; nothing calls ``.item()`` per batch.
 """
 
 from __future__ import annotations

@@ -275,7 +275,7 @@ class PhasesConfig:
                 raise UsageError("a dpsgd phase needs --noise-multiplier SIGMA or --target-epsilon EPS")
         for family in {*self.phase1, *self.phase2}:
             self.phase_config(family, epochs=self.base.epochs, seed=self.base.seed).validate()
-        if self.group is not None:  # every derived name, before Phase 1 trains (issue 14 item 15)
+        if self.group is not None:  # every derived name, before Phase 1 trains
             from landscape.store import check_run_name
 
             for name in self.run_names(self.group):

@@ -1,6 +1,6 @@
 """One privatised gradient step: per-sample clipping, Gaussian noise, masks and smoothing.
 
-The optimiser families (issue 3):
+The optimiser families:
 
 - ``sgd``: the plain mini-batch gradient, ``(1/n) sum_i g_i`` over the ``n`` examples actually in the batch.
 - ``dpsgd`` (Abadi et al. 2016; Bu et al. 2023 eq. 2.2): ``(sum_i c_i g_i + N(0, sigma^2 C^2 I)) / B``, where

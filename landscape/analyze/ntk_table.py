@@ -1,0 +1,144 @@
+"""Bu et al. (2023) Table 1 measured (``landscape ntk-table``): at a checkpoint or along a run, for every clipping
+norm and style, is the clipped NTK symmetric, positive in quadratic form, positive in eigenvalues, with the
+numbers behind each answer. One Gram computation per checkpoint serves every norm and style; the kernels and
+their properties are :mod:`landscape.analyze.ntk_kernels`'.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from landscape.analyze.ntk_kernels import (
+    GRAM_PRECISION,
+    KernelOptions,
+    LayerKernels,
+    clip_layer_kernels,
+    kernel_properties,
+    layer_kernels,
+    model_and_examples,
+    yes_no,
+)
+from landscape.analyze.registry import Analysis, option
+from landscape.clip import CLIP_STYLES
+from landscape.results import StoredResult, stored, write_csv
+
+
+@dataclass(frozen=True)
+class NTKTableConfig(KernelOptions):
+    """Options of ``landscape ntk-table`` (stored as the result's params)."""
+
+    max_grad_norms: tuple[float, ...] = option((0.01, 0.1, 1.0, 10.0, 100.0), "Clipping norms C.",
+                                               flag=("--max-grad-norm", "-C"), min=0, min_open=True)
+    clip_styles: tuple[str, ...] = option(CLIP_STYLES, "Clipping styles: flat, layerwise.", flag="--clip-style",
+                                          choices=CLIP_STYLES)
+
+
+# ---------------------------------------------------------------------------------- Bu Table 1 measured
+TABLE_COLUMNS = (
+    "step", "epoch", "max_grad_norm", "style", "fraction_clipped", "symmetric", "asymmetry",
+    "positive_quadratic", "min_sym_eig", "n_negative_sym_eigs", "positive_eigenvalues", "min_real_eig",
+    "max_abs_imag_eig", "n_negative_real_eigs", "norm",
+)
+
+
+@dataclass
+class NTKTableRow:
+    """One cell row of the measured Table 1: a clipping norm and style (style "none": no clipping)."""
+
+    step: int
+    epoch: float
+    max_grad_norm: float  # NaN for the unclipped row
+    style: str
+    fraction_clipped: float
+    symmetric: bool
+    asymmetry: float
+    positive_quadratic: bool
+    min_sym_eig: float
+    n_negative_sym_eigs: int
+    positive_eigenvalues: bool
+    min_real_eig: float
+    max_abs_imag_eig: float
+    n_negative_real_eigs: int
+    norm: float
+
+
+def table_rows(lk: LayerKernels, config: NTKTableConfig, *, step: int = 0, epoch: float = float("nan")) -> list[NTKTableRow]:
+    """Rows of the measured Table 1 for one checkpoint: no clipping, then every (norm, style)."""
+
+    def row(norm: float, style: str, A: np.ndarray, frac: float) -> NTKTableRow:
+        p = kernel_properties(A)
+        return NTKTableRow(step=step, epoch=epoch, max_grad_norm=norm, style=style, fraction_clipped=frac,
+                           **{k: getattr(p, k) for k in TABLE_COLUMNS[5:]})
+
+    rows = [row(float("nan"), "none", lk.K, 0.0)]
+    for c in config.max_grad_norms:
+        for style in config.clip_styles:
+            ck = clip_layer_kernels(lk, style=style, max_grad_norm=c, clip_fn=config.clip_fn)
+            rows.append(row(c, style, ck.A, ck.fraction_clipped))
+    return rows
+
+
+@dataclass
+class NTKTable(StoredResult):
+    """Bu et al. Table 1 measured: per checkpoint, clipping norm and style, the properties of the kernel."""
+
+    KIND = "ntk-table"
+    CONFIG = NTKTableConfig
+
+    config: NTKTableConfig
+    rows: list[NTKTableRow] = stored("table", count="n_rows")
+    csv_path: Path | None = None
+
+    def column(self, name: str) -> np.ndarray:
+        values = [getattr(r, name) for r in self.rows]
+        if name == "style":
+            return np.array(values, dtype="S")
+        return np.asarray(values)
+
+    def to_csv(self, path: str | Path) -> Path:
+        records = [{c: getattr(r, c) for c in TABLE_COLUMNS} for r in self.rows]
+        self.csv_path = write_csv(path, records, TABLE_COLUMNS, nan="nan")
+        return self.csv_path
+
+
+def ntk_table(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: NTKTableConfig, *, step: int = 0,
+              epoch: float = float("nan")) -> NTKTable:
+    """Bu et al. Table 1 measured on one model: one Gram computation, every clipping norm and style."""
+    lk = layer_kernels(model, x, y, kind=config.kernel, layers=config.layers, strategy=config.strategy,
+                       max_memory=config.max_memory, precision=GRAM_PRECISION[config.precision])
+    return NTKTable(config=config, rows=table_rows(lk, config, step=step, epoch=epoch))
+
+
+def table_point(point, config: NTKTableConfig) -> list[NTKTableRow]:
+    """One checkpoint's rows of the measured Table 1: one Gram computation for every clipping norm and style."""
+    model, x, y, _ = model_and_examples(point, config)
+    lk = layer_kernels(model, x, y, kind=config.kernel, layers=config.layers, strategy=config.strategy,
+                       max_memory=config.max_memory, precision=GRAM_PRECISION[config.precision])
+    return table_rows(lk, config, step=point.step, epoch=float(point.epoch))
+
+
+def _table_rows(t: NTKTable) -> list[dict]:
+    return [{"step": r.step, "epoch": r.epoch, "C": None if r.style == "none" else r.max_grad_norm, "style": r.style,
+             "clipped": r.fraction_clipped, "symmetric": yes_no(r.symmetric), "asymmetry": r.asymmetry,
+             "pos_quad": yes_no(r.positive_quadratic), "min_sym_eig": r.min_sym_eig,
+             "pos_eig": yes_no(r.positive_eigenvalues), "min_re_eig": r.min_real_eig, "max_|im|": r.max_abs_imag_eig}
+            for r in t.rows]
+
+
+TABLE_SPEC = Analysis(
+    name="ntk-table", config=NTKTableConfig, compute=table_point, result=NTKTable, inputs="target",
+    collect=lambda rows, config, _: NTKTable(config=config, rows=[r for rs in rows for r in rs]),
+    figure="landscape.plots.ntk:ntk_table_figure", rows=_table_rows, output="ntk-table", csv=True,
+    purpose="compute the NTK",
+    details=lambda t: {"csv": str(t.csv_path), "rows": [vars(r) for r in t.rows]},
+    doc="""Bu et al. Table 1 measured at TARGET: for each clipping norm and style, is the kernel symmetric,
+    positive in quadratic form, positive in eigenvalues (with the numbers behind each answer).
+
+    TARGET is a checkpoint (PATH.h5, RUN@last, ...) or a run name, meaning every checkpoint of the run.
+    Writes HDF5 + CSV + figure.""",
+)
