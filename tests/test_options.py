@@ -125,8 +125,8 @@ def _cli_config(captured, *args):
 
 
 def test_command_line_api_and_batch_spec_build_the_same_config(captured, tmp_path):
-    from landscape import api
-    from landscape.batch.spec import _build
+    from landscape import api, kinds
+    from landscape.batch.checks import _check_type
 
     want = InterpolateConfig(points=5, split=("test",), chunk=64, subset=0.5)
     _, from_cli, _ = _cli_config(captured, "interpolate", "a", "b", "--points", "5", "--split", "test",
@@ -135,8 +135,9 @@ def test_command_line_api_and_batch_spec_build_the_same_config(captured, tmp_pat
         api.interpolate("a", "b", points=5, split="test", chunk=64, subset=0.5)
     _, _, kwargs = captured.pop()
     from_api = build(InterpolateConfig, {k: v for k, v in kwargs.items() if k in hints(InterpolateConfig)})
-    from_yaml = _build("interpolate", {"refs": ["a", "b"], "points": 5, "split": ["test"], "chunk": 64,
-                                       "subset": 0.5})
+    types_ = kinds.get("interpolate").option_types()  # what a batch job's YAML values are checked against
+    yaml_values = {"points": 5, "split": ["test"], "chunk": 64, "subset": 0.5}
+    from_yaml = build(InterpolateConfig, {k: _check_type(v, types_[k], k) for k, v in yaml_values.items()})
     assert from_cli == from_api == from_yaml == want
 
 
