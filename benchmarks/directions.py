@@ -7,7 +7,7 @@ ratios are printed. loss-landscapes is run under ``torch.no_grad()`` (its metric
 autograd graph at every point, which would flatter us) with ``deepcopy_model=True`` and filter
 normalisation, like ours. Ours evaluates t = 0 once per call and loss-landscapes never does, so points are
 counted as evaluated: ours ``n (points - 1) + 1`` and ``grid^2``; theirs ``n * steps`` and ``steps^2``.
-Both see the whole split in one forward pass (ours: ``batch_size=2048``).
+Both see the whole split in one forward pass (ours: ``chunk=2048``).
 
     OMP_NUM_THREADS=1 python benchmarks/directions.py [--n 8] [--steps 10] [--grid 8] [--repeats 5] [--case digits|mnist-shape]
 """
@@ -66,7 +66,7 @@ def main() -> None:
     theta = space.flatten(model)
     metric = Loss(torch.nn.CrossEntropyLoss(), x, y)
     surface_config = SurfaceConfig(
-        grid=f"{args.grid}x{args.grid}", range="-1:1", splits=("train",), batch_size=BATCH, device="cpu"
+        grid=f"{args.grid}x{args.grid}", range="-1:1", split=("train",), chunk=BATCH, device="cpu"
     )
 
     def ours_directions():
@@ -75,11 +75,11 @@ def main() -> None:
             theta,
             x,
             y,
-            n=args.n,
+            directions=args.n,
             points=args.steps + 1,
             distance=1.0,
             normalize="filter",
-            batch_size=BATCH,
+            chunk=BATCH,
             device="cpu",  # the peers run on the CPU: so do we, also where a GPU is (benchmarks/gpu.py is for it)
         )
 

@@ -203,7 +203,7 @@ def interpolate(repeats: int) -> None:
     cpu_model = copy.deepcopy(a).cpu()
 
     def landscape_run():
-        ours(cpu_model, sa, sb, {"train": (xc, yc)}, splits=("train",), points=points, device=DEV)
+        ours(cpu_model, sa, sb, {"train": (xc, yc)}, split=("train",), points=points, device=DEV)
 
     def plain_loop():
         model = copy.deepcopy(a)

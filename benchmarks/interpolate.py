@@ -64,7 +64,7 @@ def make_methods(model_a, model_b, x, y, points: int):
     data = {"train": (x, y)}
 
     def ours():
-        interpolate(model_a, state_a, state_b, data, splits=("train",), points=points, device="cpu")
+        interpolate(model_a, state_a, state_b, data, split=("train",), points=points, device="cpu")
 
     def loss_landscapes_run():
         from loss_landscapes import linear_interpolation

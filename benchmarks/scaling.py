@@ -194,7 +194,7 @@ def bench_surface(size: dict, repeats: int, tmp: Path) -> dict:
         for g, w in cells if r % 2 == 0 else cells[::-1]:
             out = tmp / f"surface-{g}-{w}-{r}.h5"
             t0 = time.perf_counter()
-            surface("a", root=tmp / "store", grid=f"{g}x{g}", splits=("test",), workers=w, output=out, figure=False,
+            surface("a", root=tmp / "store", grid=f"{g}x{g}", split=("test",), workers=w, output=out, figure=False,
                     resume=False, device="cpu")
             rows.append({"grid": g, "points": g * g, "workers": w, "seconds": time.perf_counter() - t0, "round": r})
             out.unlink()
@@ -228,7 +228,7 @@ def bench_interpolate(size: dict, repeats: int) -> dict:
     for r in range(repeats):
         for p in size["points"] if r % 2 == 0 else size["points"][::-1]:
             t0 = time.perf_counter()
-            interpolate(model, model.state_dict(), other.state_dict(), split, splits=("test",), points=p,
+            interpolate(model, model.state_dict(), other.state_dict(), split, split=("test",), points=p,
                         device="cpu")
             rows.append({"points": p, "seconds": time.perf_counter() - t0, "round": r})
     per_round = [fit_power([m["points"] for m in rows if m["round"] == r],

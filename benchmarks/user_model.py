@@ -74,7 +74,7 @@ def main(argv=None) -> None:
 
     def interp(name):
         return lambda: interpolate(nets[name], *ends[name], {"train": (x, y)}, points=args.points,
-                                   splits=("train",))
+                                   split=("train",))
 
     def norms(name):
         engine = PerSampleEngine(nets[name])

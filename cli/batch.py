@@ -7,7 +7,7 @@ import sys
 import click
 
 from cli.common import root_of
-from cli.options import Count, scheduler_option
+from cli.options import Count, run_api, scheduler_option
 
 
 @click.command()
@@ -34,7 +34,7 @@ def batch(ctx: click.Context, spec_file: str, workers: int, scheduler: str | Non
 
     if scheduler is not None and workers != 1:
         raise UsageError("give --workers N (a local cluster) or --scheduler ADDRESS, not both")
-    spec = load_spec(spec_file, root=root_of(ctx))
+    spec = run_api(lambda: load_spec(spec_file, root=root_of(ctx)))  # a renamed option's warning: one line
     if dot_file is not None:
         from landscape.results import atomic_write
 

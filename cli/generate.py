@@ -11,8 +11,8 @@ notes after it) and where the files went; ``--json`` prints the same as JSON.
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
+import warnings
 from typing import Any
 
 import click
@@ -22,6 +22,7 @@ from cli.options import (
     CommaList,
     Count,
     DeviceType,
+    FieldType,
     FiniteFloat,
     Seed,
     SubsetType,
@@ -33,70 +34,46 @@ from cli.options import (
     run_api,
     scheduler_option,
 )
-from landscape.analyze.registry import Analysis, cli_fields, flags_of, get, parallel
+from landscape.analyze.registry import Analysis, get, parallel
 from landscape.bounds import is_seed
+from landscape.options import cli_fields, flag_of, flags_of, hints, old_flags, split_optional
 
 ARGUMENTS = {"checkpoint": [("ref", 1)], "pair": [("ref_a", 1), ("ref_b", 1)], "pairs": [("runs", -1)], "target": [("target", 1)],
              "targets": [("targets", -1)]}
 
 
-class Choices(CommaList):
-    """A comma list of strings, each one of ``choices``, none repeated."""
-
-    def __init__(self, choices: tuple[str, ...]):
-        super().__init__()
-        self.choices = tuple(choices)
-        self.name = ",".join(choices)
-
-    def convert(self, value: Any, param, ctx) -> tuple:
-        items = super().convert(value, param, ctx)
-        bad = [v for v in items if v not in self.choices]
-        if bad:
-            self.fail(f"{value!r}: {bad[0]!r} is not one of {', '.join(self.choices)}", param, ctx)
-        if len(set(items)) != len(items):
-            self.fail(f"{value!r}: {items[0] if items.count(items[0]) > 1 else 'an item'} is repeated", param, ctx)
-        return items
-
-
-def _base(hint: Any) -> tuple[Any, bool]:
-    """The annotation without ``None`` and whether None was allowed."""
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        optional = len(args) < len(typing.get_args(hint))
-        return (args[0] if len(args) == 1 else tuple(args)), optional
-    return hint, False
-
-
 def param_type(f: dataclasses.Field, hint: Any) -> dict[str, Any]:
-    """click keyword arguments (type / is_flag) for a config field from its annotation and metadata."""
-    meta = f.metadata
+    """click keyword arguments (type / is_flag / multiple) for a config field: a :class:`cli.options.Coerced` type
+    made from its annotation and metadata (so the command line converts with the api's and batch specs' one
+    coercion, :func:`landscape.options.coerce`)."""
+    meta = dict(f.metadata)
     kind = meta.get("kind")
+    bounds = {k: meta[k] for k in ("min", "max") if meta.get(k) is not None}
+    bounds |= {k: True for k in ("min_open", "max_open") if meta.get(k)}
+    members, _ = split_optional(hint)
+    base = members[0] if len(members) == 1 else None
     if kind == "subset":
         return {"type": SubsetType()}
     if kind == "device":
         return {"type": DeviceType()}
-    if kind == "text":
-        return {"type": click.STRING}
     if kind == "metrics":  # repeatable: --metric REF --metric REF (a reference may hold commas in its JSON)
         return {"type": click.STRING, "multiple": True}
-    base, _ = _base(hint)
-    bounds = {k: meta[k] for k in ("min", "max") if meta.get(k) is not None}
-    for key in ("min_open", "max_open"):
-        if meta.get(key):
-            bounds[key] = True
-    if base is bool:
+    if kind is None and base is bool:
         return {"is_flag": True}
-    if base is int:
+    if kind is None and base is int:
         return {"type": Seed() if is_seed(f.name) else Count(**bounds)}
-    if base is float:
+    if kind is None and base is float:
         return {"type": FiniteFloat(**bounds)}
-    if base is str:
-        return {"type": click.Choice(list(meta["choices"]))} if meta.get("choices") else {"type": click.STRING}
-    if typing.get_origin(base) is tuple:
-        item = typing.get_args(base)[0]
-        if item is float:
-            return {"type": CommaList(number=True, **bounds)}
-        return {"type": Choices(meta["choices"]) if meta.get("choices") else CommaList()}
+    if kind is None and typing.get_origin(base) is tuple:
+        number = typing.get_args(base)[0] is float
+        return {"type": CommaList(number=number, choices=meta.get("choices"), **bounds)}
+    if kind is None and base is str and meta.get("choices"):
+        choices = list(meta["choices"])
+        choice = FieldType(hint, meta, f.name, name="[" + "|".join(choices) + "]")
+        choice.shell_complete = click.Choice(choices).shell_complete  # type: ignore[method-assign]
+        return {"type": choice}
+    if kind in (None, "text"):
+        return {"type": FieldType(hint, meta, f.name)}
     raise TypeError(f"no command-line type for field {f.name!r} annotated {hint}")
 
 
@@ -120,14 +97,52 @@ def field_option(f: dataclasses.Field, hint: Any):
         kwargs["show_default"] = meta.get("show_default", True) if default is not None else False
     if meta.get("metavar"):
         kwargs["metavar"] = meta["metavar"]
+    elif isinstance(kwargs.get("type"), FieldType) and kwargs["type"].name.startswith("["):
+        kwargs["metavar"] = kwargs["type"].name
     return click.option(*flags_of(f), f.name, help=meta.get("help") or None, **kwargs)
+
+
+def old_options(f: dataclasses.Field, hint: Any) -> list:
+    """Hidden click options for a renamed field's old flags (``--batch-size`` of ``chunk``): accepted for one
+    release, with a deprecation line (:func:`deprecated_values`)."""
+    out = []
+    for old, flag in zip(f.metadata.get("renamed_from", ()), old_flags(f), strict=True):
+        kwargs = param_type(f, hint)
+        if not kwargs.get("is_flag"):
+            kwargs["default"] = None
+        out.append(click.option(flag, f"{OLD}{old}", hidden=True, **kwargs))
+    return out
+
+
+OLD = "_old_"  # the keyword prefix of a renamed field's hidden old option
+
+
+def deprecated_values(cls: type | None, kwargs: dict[str, Any], ctx: click.Context) -> dict[str, Any]:
+    """Pop the old flags' values out of ``kwargs``: field name -> value for those given (each with one
+    deprecation line); giving both the old and the new flag is a usage error."""
+    from landscape.errors import UsageError
+    from landscape.options import deprecated
+
+    out: dict[str, Any] = {}
+    for f in cli_fields(cls) if cls is not None else ():
+        for old, flag in zip(f.metadata.get("renamed_from", ()), old_flags(f), strict=True):
+            value = kwargs.pop(f"{OLD}{old}", None)
+            if value is None or value == ():
+                continue
+            if ctx.get_parameter_source(f.name) == click.core.ParameterSource.COMMANDLINE:
+                raise UsageError(f"{flag} and {flag_of(f)} are the same option ({flag} is its old name); give "
+                                 f"{flag_of(f)} only")
+            deprecated(flag, flag_of(f))
+            out[f.name] = value
+    return out
 
 
 def config_options(cls: type | None) -> list:
     if cls is None:
         return []
-    hints = typing.get_type_hints(cls)
-    return [field_option(f, hints[f.name]) for f in cli_fields(cls)]
+    types_ = hints(cls)
+    return [option for f in cli_fields(cls)
+            for option in [field_option(f, types_[f.name]), *old_options(f, types_[f.name])]]
 
 
 def command(name: str) -> click.Command:
@@ -154,8 +169,12 @@ def command(name: str) -> click.Command:
         if spec.inputs in ("pairs", "targets"):
             refs = list(refs[0])
         as_json = kwargs.pop("as_json")
-        values = {k: kwargs.pop(k) for k in config_names}
-        run_values = {k: kwargs.pop(k) for k in run_names}
+        with warnings.catch_warnings():  # an old flag's deprecation line, shown as every warning is
+            warnings.showwarning = lambda message, *args, **kw: click.echo(f"warning: {message}", err=True)
+            warnings.simplefilter("always")
+            old = {**deprecated_values(spec.config, kwargs, ctx), **deprecated_values(spec.run_options, kwargs, ctx)}
+        values = {k: old.get(k, kwargs.pop(k)) for k in config_names}
+        run_values = {k: old.get(k, kwargs.pop(k)) for k in run_names}
         figure = not kwargs.pop("no_figure")
         if kwargs.get("scheduler") is not None:
             from landscape.api.execution import check_parallelism

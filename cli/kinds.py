@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from cli.common import echo_json, echo_table, json_option, root_of
-from cli.generate import config_options
+from cli.generate import deprecated_values
 from cli.options import add_options, run_api
 
 
@@ -28,6 +28,7 @@ def command(name: str) -> click.Command:
     def callback(**kwargs: Any) -> None:
         ctx = click.get_current_context()
         as_json = kwargs.pop("as_json")
+        kwargs.update(run_api(lambda: deprecated_values(spec.config, kwargs, ctx)))  # a renamed option's old flag
         config = spec.configure(kwargs)
         result = run_api(lambda: spec.run(config, root=Path(root_of(ctx)), out=None))
         rows = spec.rows(result) if spec.rows is not None else []
@@ -47,7 +48,10 @@ def command(name: str) -> click.Command:
 
 def _field_options(cls: type, skip: tuple[str, ...]) -> list:
     """The options of ``cls``'s CLI fields other than ``skip`` (:func:`cli.generate.config_options`' options)."""
+    from cli.generate import field_option, old_options
     from landscape.analyze.registry import cli_fields
+    from landscape.options import hints
 
-    names = [f.name for f in cli_fields(cls)]
-    return [option for option, field_name in zip(config_options(cls), names, strict=True) if field_name not in skip]
+    types_ = hints(cls)
+    return [option for f in cli_fields(cls) if f.name not in skip
+            for option in [field_option(f, types_[f.name]), *old_options(f, types_[f.name])]]

@@ -15,11 +15,14 @@ library arguments with :func:`dataset_arguments` / :func:`model_arguments`::
 
 Unknown data set or model names are click usage errors (exit 2); bad options inside the JSON are the
 library's DataError / ModelError (exit 1).
+
+The parameter types (:class:`Count`, :class:`Seed`, :class:`FiniteFloat`, :class:`CommaList`, :class:`SubsetType`,
+:class:`DeviceType`, :class:`FieldType`) convert through :func:`landscape.options.coerce`, the one coercion the
+api and batch specs use too, so a value means the same and a bad one reads the same wherever it is given.
 """
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -28,40 +31,67 @@ from typing import Any
 import click
 
 from cli.common import parse_json_option
-from landscape.bounds import COUNT_MAX, SCHEDULER_TIMEOUT_S, SEED_MAX, subset_value
+from landscape.bounds import COUNT_MAX, SCHEDULER_TIMEOUT_S, SEED_MAX
+from landscape.options import OptionError, coerce
 from landscape.runtime import DATA_ENV
 
 _RESERVED_DATA_KEYS = ("name", "subset", "data_root", "download")
 
 
-class SubsetType(click.ParamType):
+class Coerced(click.ParamType):
+    """A click type whose conversion is :func:`landscape.options.coerce` (the one coercion of the command line,
+    the api and batch specs): ``annotation`` and :func:`~landscape.options.option` metadata ``meta``; a value it
+    refuses is click's one usage line naming the option. Mixed into click's own types below so that ``--help``
+    shows ranges and choices as click does."""
+
+    annotation: Any = str
+    meta: dict[str, Any] = {}
+    field_name: str = ""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        flag = param.opts[0] if param is not None and param.opts else "value"
+        try:
+            with warnings.catch_warnings(record=True) as caught:  # an old choice's deprecation line
+                warnings.simplefilter("always")
+                value = coerce(value, self.annotation, self.meta, flag=flag, name=self.field_name)
+        except OptionError as exc:
+            self.fail(exc.reason, param, ctx)
+        for warning in caught:
+            click.echo(f"warning: {warning.message}", err=True)
+        return value
+
+
+class SubsetType(Coerced):
     """``--subset``: an integer count (``500``) or a fraction in (0, 1] (``0.05``); the rule is
     :func:`landscape.bounds.subset_value` (batch specs use it too)."""
 
     name = "N|FRACTION"
     # the declared range of its values, as click's number ranges state theirs: counts >= 1 or fractions in (0, 1]
     min, max, min_open, max_open = 0, COUNT_MAX, True, False
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | float:
-        from landscape.errors import UsageError
-
-        try:
-            return subset_value(value, "")
-        except UsageError as exc:
-            self.fail(str(exc).removeprefix(": "), param, ctx)
+    annotation, meta = int | float | None, {"kind": "subset"}
 
 
-class Count(click.IntRange):
+def _bounds(min: float | None, max: float | None, min_open: bool, max_open: bool) -> dict[str, Any]:
+    return {"min": min, "max": max, "min_open": min_open, "max_open": max_open}
+
+
+class Count(Coerced, click.IntRange):
     """An integer count: ``click.IntRange`` whose maximum defaults to :data:`landscape.bounds.COUNT_MAX`."""
 
-    def __init__(self, min: int | None = None, max: int | None = COUNT_MAX, **kw: Any):
-        super().__init__(min=min, max=COUNT_MAX if max is None else max, **kw)
+    annotation = int
+
+    def __init__(self, min: int | None = None, max: int | None = COUNT_MAX, min_open: bool = False,
+                 max_open: bool = False, **kw: Any):
+        max = COUNT_MAX if max is None else max
+        super().__init__(min=min, max=max, min_open=min_open, max_open=max_open, **kw)
+        self.meta = _bounds(min, max, min_open, max_open)
 
 
-class Seed(click.IntRange):
+class Seed(Coerced, click.IntRange):
     """A seed: an integer in [0, 2**63 - 1], the one rule of :mod:`landscape.bounds` for every command."""
 
     name = "SEED"
+    annotation, field_name = int, "seed"
 
     def __init__(self) -> None:
         super().__init__(min=0, max=SEED_MAX)
@@ -114,66 +144,42 @@ class SourceName(click.ParamType):
                   param, ctx)
 
 
-class DeviceType(click.ParamType):
+class DeviceType(Coerced):
     """``--device``: auto, cpu, cuda or cuda:N (whether a GPU is there is checked when it is used)."""
 
     name = "auto|cpu|cuda[:N]"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        from landscape.errors import UsageError
-        from landscape.runtime import check_device_name
-
-        try:
-            return check_device_name(str(value).strip().lower())
-        except UsageError:
-            self.fail(f"{value!r}: use auto, cpu, cuda or cuda:N", param, ctx)
+    meta = {"kind": "device"}
 
 
-FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max: models and evaluations run in float32
-
-
-class FiniteFloat(click.FloatRange):
+class FiniteFloat(Coerced, click.FloatRange):
     """``click.FloatRange`` that also refuses NaN, infinities and magnitudes float32 cannot hold (a NaN passes
     every range comparison; ``1e39`` becomes ``inf`` in a float32 model)."""
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
-        if abs(number) > FLOAT32_MAX:
-            self.fail(f"{value!r} is too large (float32 holds magnitudes up to {FLOAT32_MAX:.4g})", param, ctx)
-        return number
+    annotation = float
+
+    def __init__(self, min: float | None = None, max: float | None = None, min_open: bool = False,
+                 max_open: bool = False, **kw: Any):
+        super().__init__(min=min, max=max, min_open=min_open, max_open=max_open, **kw)
+        self.meta = _bounds(min, max, min_open, max_open)
 
 
-class CommaList(click.ParamType):
+class CommaList(Coerced):
     """Comma-separated strings (``conv1.*,fc.weight``) or, with ``number=True``, finite floats, each in the range
-    given by ``min``/``max``/``min_open``/``max_open`` (as :class:`FiniteFloat`)."""
+    given by ``min``/``max``/``min_open``/``max_open``; with ``choices``, each item one of them, none repeated."""
 
-    def __init__(self, number: bool = False, **bounds: Any):
-        self.number = number
-        self.item = FiniteFloat(**bounds) if number else None
-        self.name = "X,Y,..." if number else "A,B,..."
+    def __init__(self, number: bool = False, choices: tuple[str, ...] | None = None, **bounds: Any):
+        self.annotation = tuple[float, ...] if number else tuple[str, ...]
+        self.meta = {**bounds, "choices": tuple(choices) if choices else None}
+        self.item = FiniteFloat(**bounds) if number else None  # the items' type, for --help and introspection
+        self.name = ",".join(choices) if choices else ("X,Y,..." if number else "A,B,...")
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple:
-        if isinstance(value, (tuple, list)):
-            return tuple(value)
-        items = [v.strip() for v in str(value).split(",") if v.strip()]
-        if not items:
-            self.fail("give at least one value", param, ctx)
-        if self.item is None:
-            return tuple(items)
-        try:
-            numbers = tuple(float(v) for v in items)
-        except ValueError:
-            self.fail(f"{value!r} is not a comma-separated list of numbers", param, ctx)
-        if not all(math.isfinite(v) for v in numbers):
-            self.fail(f"{value!r}: every number must be finite", param, ctx)
-        for number in numbers:  # the field's range, float32's magnitude
-            try:
-                self.item.convert(number, param, ctx)
-            except click.BadParameter as exc:
-                self.fail(f"{value!r}: {exc.message}", param, ctx)
-        return numbers
+
+class FieldType(Coerced):
+    """The click type of a config field that is not a number (strings, choices, kinds): its annotation and
+    metadata, converted by the one coercion."""
+
+    def __init__(self, annotation: Any, meta: dict[str, Any], field_name: str, name: str = "TEXT"):
+        self.annotation, self.meta, self.field_name, self.name = annotation, dict(meta), field_name, name
 
 
 class SchedulerAddress(click.ParamType):
@@ -243,7 +249,7 @@ def add_options(options: list[Callable], func: Callable | None = None) -> Callab
 _decorator = add_options
 
 
-def device_option(default: str = "cpu") -> Callable:
+def device_option(default: str = "auto") -> Callable:
     return click.option("--device", type=DeviceType(), default=default, show_default=True,
                         help="auto, cpu, cuda or cuda:N.")
 

@@ -7,7 +7,7 @@
 * **Counts** (epochs, batch sizes, examples, probes, ...) are at most ``COUNT_MAX`` (``2**31 - 1``).
 * **Resolutions** whose size is allocated up front are bounded tighter: ``POINTS_MAX`` points of a path or
   profile (``--points``), ``BINS_MAX`` histogram / calibration bins (``--bins``), ``GRID_CELLS_MAX`` cells of a
-  surface grid (``--grid``), ``DIRECTIONS_MAX`` random directions (``directions --n``), ``LANCZOS_STEPS_MAX``
+  surface grid (``--grid``), ``DIRECTIONS_MAX`` random directions (``directions --directions``), ``LANCZOS_STEPS_MAX``
   Lanczos steps (``hessian --lanczos-steps``: every step keeps a parameter-sized vector, and the full
   reorthogonalisation costs steps^2 x parameters).
 * **Waiting**: a command given ``--scheduler`` waits ``SCHEDULER_TIMEOUT_S`` seconds for the Dask scheduler.
@@ -29,7 +29,7 @@ COUNT_MAX = 2**31 - 1
 POINTS_MAX = 10_000
 BINS_MAX = 10_000
 GRID_CELLS_MAX = 1_000_000
-DIRECTIONS_MAX = 10_000  # random directions of ``directions --n``: all are held in memory at once
+DIRECTIONS_MAX = 10_000  # random directions of ``directions --directions``: all are held in memory at once
 LANCZOS_STEPS_MAX = 10_000  # ``hessian --lanczos-steps``: a (steps, parameters) basis is held at once
 SCHEDULER_TIMEOUT_S = 10  # how long a command waits for the Dask scheduler it names (``--scheduler``)
 

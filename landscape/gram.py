@@ -42,7 +42,7 @@ positions in float64 and forms the Gram products of small tensors (<= ``SMALL_PA
 large contractions in the model's dtype; ``"double"`` does every contraction in float64; ``"single"``
 everything in the model's dtype. The accuracy of a float32 model is limited by its float32 backward pass
 itself (measured on resnet18/GroupNorm: total K to ~2e-5, single GroupNorm-bias blocks to ~3e-3 relative);
-run the model in float64 (``model.double()``, ``--precision double`` in the CLI) when per-layer blocks of
+run the model in float64 (``model.double()``, ``--precision float64`` in the CLI) when per-layer blocks of
 tiny tensors must be exact.
 BatchNorm couples the samples of a batch, so per-sample gradients are undefined: such models are refused.
 """

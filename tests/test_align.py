@@ -217,7 +217,7 @@ def test_independent_siblings_have_a_lower_barrier_after_alignment(digits):
     spec = aligned.spec
     assert similarity(spec, sa, aligned.state) >= similarity(spec, sa, sb)  # the objective never decreases
     assert aligned.distance_after < aligned.distance_before
-    cfg = InterpolateConfig(points=9, splits=("test",))
+    cfg = InterpolateConfig(points=9, split=("test",))
     before = interpolate_states(a, sa, sb, data, config=cfg).instability_loss["test"]
     after = interpolate_states(a, sa, aligned.state, data, config=cfg).instability_loss["test"]
     print(f"siblings test-loss instability before {before:.4f} after {after:.4f}")
@@ -270,7 +270,7 @@ def root(tmp_path, digits):
 
 
 def test_cli_writes_the_aligned_run_with_lineage_privacy_and_mask(root, capsys, digits):
-    code, out, err = run_cli("--root", root, "align", "a", "b", "-o", "b-to-a", capsys=capsys)
+    code, out, err = run_cli("--root", root, "align", "a", "b", "--run", "b-to-a", capsys=capsys)
     assert code == 0, err
     assert "run b-to-a: step 0 = b permuted to match a" in out and "converged" in out
     store = Store(root)
@@ -287,7 +287,7 @@ def test_cli_writes_the_aligned_run_with_lineage_privacy_and_mask(root, capsys, 
 
     history = inherited_privacy(store, store.load("b-to-a@init"))  # what train --from b-to-a@init reads
     assert [vars(e) for e in history.events] == privacy["ancestor_events"] and not history.non_private
-    code, _, err = run_cli("--root", root, "align", "m", "m@init", "-o", "m-self", capsys=capsys)  # one run: its later history
+    code, _, err = run_cli("--root", root, "align", "m", "m@init", "--run", "m-self", capsys=capsys)  # one run: its later history
     assert code == 0, err
     assert store.run("m-self").manifest["privacy"]["non_private_ancestors"] is True  # m's 20 steps: no DP record
     aligned = store.load("b-to-a@init")
@@ -313,8 +313,8 @@ def test_cli_writes_the_aligned_run_with_lineage_privacy_and_mask(root, capsys, 
     (["nan", "a"], 1, "error: A has 1 non-finite value(s)"),
     (["a", "nope"], 1, "error: no run 'nope'"),
     (["a", "b", "--max-iter", "0"], 2, "Invalid value for '--max-iter'"),
-    (["a", "b", "-o", "a"], 1, "error: run 'a' already exists"),
-    (["a", "b", "-o", "bad/name"], 2, "error: bad run name"),
+    (["a", "b", "--run", "a"], 1, "error: run 'a' already exists"),
+    (["a", "b", "--run", "bad/name"], 2, "error: bad run name"),
 ])
 def test_cli_bad_input_is_one_line(root, capsys, args, expected_code, fragment):
     code, _, err = run_cli("--root", root, "align", *args, capsys=capsys)
@@ -375,7 +375,7 @@ def test_interpolate_and_instability_align_report_before_and_after(tmp_path, dig
     again = InterpolationResult.from_hdf5(plain)  # without --align: the same path, no aligned fields
     assert again.loss_aligned == {} and "instability_loss_aligned" not in again.summary()[0]
     np.testing.assert_array_equal(again.loss["test"], r.loss["test"])
-    code, text, err = run_cli("--root", store.root, "instability", "--pairs", "a:p", "--align", "--splits", "test",
+    code, text, err = run_cli("--root", store.root, "instability", "--pairs", "a:p", "--align", "--split", "test",
                               "--points", "5", "--subset", "150", "-o", tmp_path / "t.h5", "--no-figure",
                               capsys=capsys)
     assert code == 0, err

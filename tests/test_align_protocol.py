@@ -136,7 +136,7 @@ def test_independent_user_models_have_a_lower_barrier_and_distance_after_alignme
     aligned = align_states(a, sa, sb)
     assert similarity(aligned.spec, sa, aligned.state) >= similarity(aligned.spec, sa, sb)
     assert aligned.distance_after < aligned.distance_before
-    cfg = InterpolateConfig(points=9, splits=("test",))
+    cfg = InterpolateConfig(points=9, split=("test",))
     before = interpolate_states(a, sa, sb, data, config=cfg).instability_loss["test"]
     after = interpolate_states(a, sa, aligned.state, data, config=cfg).instability_loss["test"]
     print(f"residual MLP siblings: test-loss instability {before:.4f} -> {after:.4f}, distance "
@@ -218,7 +218,7 @@ def test_cli_align_and_interpolate_align_on_a_user_model(tmp_path, digits, capsy
     def cli(*args):
         return run_cli("--root", store.root, *args, capsys=capsys)
 
-    code, out, err = cli("align", "a", "b", "-o", "b-to-a")
+    code, out, err = cli("align", "a", "b", "--run", "b-to-a")
     assert code == 0, err
     assert "stream" in out and "inner" in out and "run b-to-a" in out
     b, moved = store.load("b"), store.load("b-to-a@init")
@@ -229,7 +229,7 @@ def test_cli_align_and_interpolate_align_on_a_user_model(tmp_path, digits, capsy
     model.load_state_dict(b.state_dict)
     with torch.no_grad():
         torch.testing.assert_close(other(x), model(x), rtol=1e-5, atol=1e-5)  # the same function as B
-    code, out, err = cli("interpolate", "a", "b", "--align", "--points", "5", "--splits", "test", "-o",
+    code, out, err = cli("interpolate", "a", "b", "--align", "--points", "5", "--split", "test", "-o",
                          tmp_path / "ab.h5", "--no-figure")
     assert code == 0, err
     from landscape.analyze.interpolate import InterpolationResult

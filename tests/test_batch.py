@@ -187,7 +187,7 @@ BAD_SPECS = {
     "cycle via after": ("jobs:\n  a: {kind: train, run: x, after: [b]}\n  b: {kind: train, run: y, after: [a]}\n",
                         2, "cyclic dependency"),
     "bad grid value (type)": ("jobs:\n  a:\n    kind: train\n    run: 'x{epochs}'\n    grid:\n      epochs: [1, two]\n",
-                              6, "jobs.a.grid.epochs: jobs.a (epochs=two): option 'epochs' must be int"),
+                              6, "jobs.a.grid.epochs: jobs.a (epochs=two): --epochs must be an integer, got 'two'"),
     "bad grid value (range)": ("jobs:\n  a:\n    kind: train\n    run: 'x{e}'\n    optimizer: dpsgd\n"
                                "    target_epsilon: '{e}'\n    grid:\n      e: [1, -5]\n", 8,
                                "--target-epsilon must be > 0, got -5"),
@@ -506,7 +506,7 @@ def test_shipped_fig5_spec_is_the_recipes_cpu_scale():
     assert sgd == sorted(cpu["ks"])
     assert dp == sorted((e, k) for e in cpu["epsilons"] for k in cpu["ks"])
     for job in tables:
-        assert job.options["points"] == cpu["points"] and list(job.options["splits"]) == ["test"]
+        assert job.options["points"] == cpu["points"] and list(job.options["split"]) == ["test"]
     figure = spec.job("figure")
     assert set(figure.deps) == {j.id for j in phases + tables if j.id != "figure"} and figure.options["figure"] is True
     assert {j.options["pair_dir"] for j in tables} == {"pairs"}  # one directory: the figure job reuses the files

@@ -76,9 +76,9 @@ USAGE = [
     ("interpolate", "a", "b", "--points", "nan"),
     ("interpolate", "a", "b", "--subset", "nan"),
     ("interpolate", "a", "b", "--subset", "-1"),
-    ("interpolate", "a", "b", "--batch-size", "0"),
+    ("interpolate", "a", "b", "--chunk", "0"),
     ("directions", "a", "--distance", "nan"),
-    ("directions", "a", "--n", "0"),
+    ("directions", "a", "--directions", "0"),
     ("surface", "a", "--grid", "3x0"),
     ("surface", "a", "--range", "nan:1"),
     ("clipping", "a", "-C", "nan"),
@@ -132,7 +132,7 @@ def test_failures_exit_1_with_one_line(root, files, tmp_path, capsys):
         (("store", "show", files / "text.h5"), ["text.h5"]),
         (("interpolate", files / "plain.h5", "b"), ["not a landscape checkpoint"]),
         (("interpolate", "a", "m", "-o", tmp_path / "x.h5"), ["incompatible"]),
-        (("directions", "a", "--toward", "m", "--n", "2", "--points", "3"), ["incompatible"]),
+        (("directions", "a", "--toward", "m", "--directions", "2", "--points", "3"), ["incompatible"]),
         (("show", files / "plain.h5"), ["plain.h5"]),
         (("show", files / "missing.h5"), ["missing.h5"]),
         (("train", "--run", "a", "--epochs", "1"), ["already exists"]),
@@ -270,7 +270,7 @@ def test_api_output_never_replaces_a_checkpoint(root, tmp_path):
 
 
 def test_norms_grad_epochs_must_name_a_checkpoint_epoch(root, capsys):
-    code, _, err = run_cli("--root", root, "norms", "a", "--grad-epochs", "99", "--grad-samples", "8", "--no-figure",
+    code, _, err = run_cli("--root", root, "norms", "a", "--grad-epochs", "99", "--subset", "8", "--no-figure",
                            capsys=capsys)
     assert_one_error(code, err, 2, "--grad-epochs 99", "available")
 
@@ -333,7 +333,7 @@ def test_numbers_beyond_float32_and_diverged_inputs_are_one_line(root, tmp_path,
     code, _, err = run_cli("--root", root, "surface", "diverged", "--plane", "pca:diverged", "--grid", "2x2", "--no-figure",
                            "-o", tmp_path / "s.h5", capsys=capsys)
     assert_one_error(code, err, 1, "diverged run")
-    code, _, err = run_cli("--root", root, "ntk", "diverged", "--n", "8", "--no-figure", "-o", tmp_path / "n.h5",
+    code, _, err = run_cli("--root", root, "ntk", "diverged", "--subset", "8", "--no-figure", "-o", tmp_path / "n.h5",
                            capsys=capsys)
     assert_one_error(code, err, 1, "non-finite")
     assert not list(tmp_path.iterdir())
@@ -355,7 +355,7 @@ def test_long_names_are_one_line_or_a_short_default(root, tmp_path, capsys, monk
     assert len(line) < 400
     long = "r" * 200  # the longest legal run name: default outputs embed it (twice for a pair)
     api_train(TrainConfig(model="lenet", run=long, **TINY), root=root)
-    for args in (("interpolate", "a", long, "--points", "2"), ("directions", long, "--n", "1", "--points", "2",
+    for args in (("interpolate", "a", long, "--points", "2"), ("directions", long, "--directions", "1", "--points", "2",
                                                                  "--distance", "1")):
         code, out, err = run_cli("--root", root, *args, "--no-figure", capsys=capsys)
         assert code == 0, err

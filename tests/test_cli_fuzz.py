@@ -22,8 +22,9 @@ import click
 import pytest
 
 from cli.main import cli, main
-from cli.options import FLOAT32_MAX, CommaList, SubsetType
+from cli.options import CommaList, FieldType, SubsetType
 from landscape.analyze.registry import get, names
+from landscape.options import FLOAT32_MAX
 
 VALUES = ("0", "-1", "nan", "inf", "1e39", "abc", str(2**63))
 CASE_SECONDS = 20
@@ -66,7 +67,7 @@ def legal(text: str, kind: click.ParamType, lo, hi, lo_open, hi_open) -> bool:
 
 def numeric_text(path: tuple[str, ...], param: click.Parameter) -> bool:
     """A free-text option of an analysis whose config field holds a number (``float | str``, ``str | int``)."""
-    if len(path) != 1 or path[0] not in names() or param.type is not click.STRING:
+    if len(path) != 1 or path[0] not in names() or not isinstance(param.type, FieldType) or param.type.meta.get("choices"):
         return False
     spec = get(path[0])
     for cls in (spec.config, spec.run_options):

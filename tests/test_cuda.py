@@ -92,8 +92,8 @@ def test_results_and_runs_record_the_device_actually_used(store, tmp_path):
 def test_auto_changes_no_cpu_result(digits):
     a, b = lenet(0), lenet(1)
     data = {"test": digits.split("test")}
-    ra = interpolate_states(a, a.state_dict(), b.state_dict(), data, splits=("test",), points=5, device="auto")
-    rc = interpolate_states(a, a.state_dict(), b.state_dict(), data, splits=("test",), points=5, device="cpu")
+    ra = interpolate_states(a, a.state_dict(), b.state_dict(), data, split=("test",), points=5, device="auto")
+    rc = interpolate_states(a, a.state_dict(), b.state_dict(), data, split=("test",), points=5, device="cpu")
     np.testing.assert_array_equal(ra.loss["test"], rc.loss["test"])
     np.testing.assert_array_equal(ra.acc["test"], rc.acc["test"])
 
@@ -114,7 +114,7 @@ def test_training_on_cuda_matches_cpu(tmp_path, exact_cuda):
 def test_interpolation_on_cuda_matches_cpu(digits, exact_cuda):
     a, b = lenet(0), lenet(1)
     data = {"train": digits.split("train")}
-    out = {dev: interpolate_states(a, a.state_dict(), b.state_dict(), data, splits=("train",), points=7, device=dev)
+    out = {dev: interpolate_states(a, a.state_dict(), b.state_dict(), data, split=("train",), points=7, device=dev)
            for dev in ("cpu", "cuda")}
     np.testing.assert_allclose(out["cuda"].loss["train"], out["cpu"].loss["train"], rtol=1e-5)
     np.testing.assert_allclose(out["cuda"].acc["train"], out["cpu"].acc["train"], atol=1 / 1000)
@@ -180,11 +180,11 @@ def test_an_analysis_by_default_runs_on_cuda_and_says_so(store, tmp_path, exact_
 # (issue 24 item 5) ntk, ntk-table, clipping, symmetry and norms take --device like the other analyses: "auto"
 # and "cpu" give the same numbers on a CPU machine, CUDA agrees with the CPU, the file records the device used.
 DEVICE_ANALYSES = {
-    "ntk": (["a@last"], dict(n=24, clip="flat", max_grad_norm=0.5, precision="double")),
-    "ntk-table": (["a"], dict(n=24, max_grad_norms=(0.1, 10.0), precision="double")),
+    "ntk": (["a@last"], dict(subset=24, clip="flat", max_grad_norm=0.5, precision="float64")),
+    "ntk-table": (["a"], dict(subset=24, max_grad_norms=(0.1, 10.0), precision="float64")),
     "clipping": (["a"], dict(batch_size=40, batches=2, chunk=16, max_grad_norm=0.5)),
-    "symmetry": (["a"], dict(batch_size=40, projections=3, permutations=20, chunk=16)),
-    "norms": (["a"], dict(grad_samples=40, bins=20, chunk=16)),
+    "symmetry": (["a"], dict(subset=40, projections=3, permutations=20, chunk=16)),
+    "norms": (["a"], dict(subset=40, bins=20, chunk=16)),
 }
 
 

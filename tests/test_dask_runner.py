@@ -58,12 +58,12 @@ def _same(a, b):
 
 
 CASES = {
-    "norms": (["a", "b"], dict(bins=8, grad_samples=16)),
+    "norms": (["a", "b"], dict(bins=8, subset=16)),
     "clipping": (["a"], dict(batch_size=32)),
     # with a user metric by reference: the workers (local or Dask) load it themselves (landscape.metrics)
     "surface": (["a@last"], dict(grid="3x3", range="-0.5:0.5", subset=60,
                                  metrics=['landscape.analyze.calibration:ECE{"bins": 5}'])),
-    "directions": (["a@last"], dict(n=4, points=3, distance=0.5, subset=60,
+    "directions": (["a@last"], dict(directions=4, points=3, distance=0.5, subset=60,
                                     metrics=["landscape.analyze.calibration:ECE"])),
 }
 
@@ -110,7 +110,7 @@ def test_scheduler_and_workers_are_exclusive_and_a_dead_scheduler_is_one_line(st
         (["--scheduler", "tcp://127.0.0.1:1"], 1, "cannot reach the Dask scheduler at tcp://127.0.0.1:1 within 1 s"),
     ):
         with pytest.raises(SystemExit) as exc:
-            main(["--root", str(store), "norms", "a", "--grad-samples", "0", "--no-figure",
+            main(["--root", str(store), "norms", "a", "--subset", "0", "--no-figure",
                   "-o", str(tmp_path / "n.h5"), *args])
         err = capsys.readouterr().err
         lines = [line for line in err.splitlines() if not line.startswith("dask: connecting")]

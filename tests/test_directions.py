@@ -77,7 +77,7 @@ def closed_form(h, w_star, w, u, s):
 
 def test_quadratic_profiles_equal_closed_form():
     model, h, w_star, w_a, w_b, x, y = quadratic_problem()
-    result = random_profiles(model, w_a, x, y, toward=w_b, n=7, points=9, distance="auto", seed=3)
+    result = random_profiles(model, w_a, x, y, toward=w_b, directions=7, points=9, distance="auto", seed=3)
     dist = float(torch.linalg.vector_norm(w_b - w_a))
     assert result.distance == pytest.approx(dist, rel=1e-15)
     s = torch.as_tensor(result.t, dtype=torch.float64) * dist
@@ -95,17 +95,17 @@ def test_quadratic_profiles_equal_closed_form():
 
 def test_quadratic_fixed_distance_and_normalisations():
     model, h, w_star, w_a, w_b, x, y = quadratic_problem(seed=1)
-    result = random_profiles(model, w_a, x, y, toward=w_b, n=3, points=5, distance=2.5, seed=0)
+    result = random_profiles(model, w_a, x, y, toward=w_b, directions=3, points=5, distance=2.5, seed=0)
     s = torch.as_tensor(result.t) * 2.5
     u_b = (w_b - w_a) / torch.linalg.vector_norm(w_b - w_a)
     np.testing.assert_allclose(result.toward_loss, closed_form(h, w_star, w_a, u_b, s), rtol=1e-10)
     # the only tensor is 1-D: Li et al.'s default zeroes it, which leaves no direction at all
     with pytest.raises(UsageError, match="zero"):
-        random_profiles(model, w_a, x, y, n=2, points=3, distance=1.0, normalize="filter")
-    kept = random_profiles(model, w_a, x, y, n=2, points=3, distance=1.0, normalize="filter", biasbn="random")
+        random_profiles(model, w_a, x, y, directions=2, points=3, distance=1.0, normalize="filter")
+    kept = random_profiles(model, w_a, x, y, directions=2, points=3, distance=1.0, normalize="filter", biasbn="random")
     assert np.all(np.isfinite(kept.direction_loss))
     with pytest.raises(UsageError, match="--toward"):
-        random_profiles(model, w_a, x, y, n=2, points=3)
+        random_profiles(model, w_a, x, y, directions=2, points=3)
 
 
 # ------------------------------------------------------------------------------------ directions
@@ -118,7 +118,7 @@ def test_max_abs_cos_1e5_dims_100_directions_matches_numpy():
     assert space.dim > 1e5
     theta = space.flatten(model)
     x, y = torch.randn(8, 1000), torch.randint(0, 100, (8,))
-    result = random_profiles(model, theta, x, y, n=100, points=2, distance=1.0, seed=7)
+    result = random_profiles(model, theta, x, y, directions=100, points=2, distance=1.0, seed=7)
     dirs = scaled_directions(theta, space, range(100), result.config, 1.0).double().numpy()
     norms = np.sqrt((dirs * dirs).sum(axis=1))
     direct = max(abs(float(np.dot(dirs[i], dirs[j]))) / (norms[i] * norms[j])
@@ -201,7 +201,7 @@ def test_rays_match_plain_evaluation_at_explicit_points():
     x, y = data.split("train")
     space = ParamSpace.from_model(model)
     theta = space.flatten(model)
-    result = random_profiles(model, theta, x, y, n=4, points=4, distance=3.0, normalize="filter")
+    result = random_profiles(model, theta, x, y, directions=4, points=4, distance=3.0, normalize="filter")
     dirs = scaled_directions(theta, space, range(4), result.config, 3.0)
     pts = torch.stack([theta + float(t) * dirs[i] for i in range(4) for t in result.t])
     ref = evaluate(model, x, y, pts, method="plain")
@@ -227,8 +227,8 @@ def siblings(tmp_path_factory):
 
 def test_sibling_rise_far_below_random_rise(siblings, tmp_path, capsys):
     out = tmp_path / "d.h5"
-    code, stdout, err = run_cli("--root", siblings, "directions", "g-sgd-sgd-0", "--toward", "g-sgd-sgd-1", "--n",
-                                "16", "--points", "5", "--normalize", "filter", "-o", out, "--json", capsys=capsys)
+    code, stdout, err = run_cli("--root", siblings, "directions", "g-sgd-sgd-0", "--toward", "g-sgd-sgd-1",
+                                "--directions", "16", "--points", "5", "--normalize", "filter", "-o", out, "--json", capsys=capsys)
     assert code == 0, err
     summary = json.loads(stdout)
     result = DirectionsResult.from_hdf5(out)
@@ -244,7 +244,7 @@ def test_sibling_rise_far_below_random_rise(siblings, tmp_path, capsys):
     assert [i.ref for i in result.inputs] == ["g-sgd-sgd-0", "g-sgd-sgd-1"]
     assert all(len(i.sha256) == 64 for i in result.inputs)
     assert {p.suffix for p in map(__import__("pathlib").Path, summary["figures"])} == {".png", ".pdf"}
-    assert result.config == DirectionsConfig(n=16, points=5, normalize="filter")
+    assert result.config == DirectionsConfig(directions=16, points=5, normalize="filter")
 
 
 def test_worker_chunks_give_the_same_arrays(siblings):
@@ -253,7 +253,7 @@ def test_worker_chunks_give_the_same_arrays(siblings):
     from landscape.store import Store
 
     a = Store(siblings).load("g-sgd-sgd-0")
-    config = DirectionsConfig(n=5, points=3, distance=4.0, subset=200)
+    config = DirectionsConfig(directions=5, points=3, distance=4.0, subset=200)
     from landscape.api.execution import set_worker_state, worker_state
 
     set_worker_state(api._init_worker(api._Payload(a.model_spec, a.state_dict, a.data_spec, None, False, config)))

@@ -123,7 +123,7 @@ def test_interpolation_of_a_functional_model_equals_a_plain_loop_and_the_builtin
     alphas = torch.linspace(0, 1, 7, dtype=torch.float64)
     ref_loss, ref_acc = blended_loop(user, a_state, b_state, alphas, x, y)
 
-    result = interpolate(user, a_state, b_state, {"train": (x, y)}, points=7, splits=("train",))
+    result = interpolate(user, a_state, b_state, {"train": (x, y)}, points=7, split=("train",))
     torch.testing.assert_close(torch.as_tensor(result.loss["train"]), ref_loss, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(torch.as_tensor(result.acc["train"]), ref_acc, rtol=0, atol=1e-12)
 

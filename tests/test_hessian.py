@@ -73,7 +73,7 @@ def case():
 
 
 def config(**kw) -> HessianConfig:
-    return dataclasses.replace(HessianConfig(precision="float64", n=N, device="cpu"), **kw)
+    return dataclasses.replace(HessianConfig(precision="float64", subset=N, device="cpu"), **kw)
 
 
 # ------------------------------------------------------------------------------------------- products
@@ -287,7 +287,7 @@ def test_agrees_with_pyhessian_eigenvalues_and_trace(case):
 def test_hessian_row_uses_the_seeded_subset_and_leaves_the_model_alone(case):
     model, x, y, h = case
     before = {k: p.detach().clone() for k, p in model.named_parameters()}
-    cfg = config(top_k=1, n=20, seed=3, trace=True, probes=4, density=True, lanczos_steps=20)  # converged
+    cfg = config(top_k=1, subset=20, seed=3, trace=True, probes=4, density=True, lanczos_steps=20)  # converged
     row = hessian_row(model, x, y, cfg, ref="r@step=5", step=5, epoch=1.5, run="r", optimizer="sgd")
     xs, ys = subset(x, y, 20, 3)
     exact = np.linalg.eigvalsh(exact_hessian(model, xs, ys))[::-1]
@@ -316,7 +316,7 @@ def test_bad_input_is_one_clear_error(case):
     with pytest.raises(ModelError, match="1.weight has NaN or inf"):
         hessian_row(broken, x, y, config(top_k=1))
     for bad, match in [({"top_k": 0}, "nothing to compute"), ({"precision": "half"}, "--precision"),
-                       ({"top_k": 9, "lanczos_steps": 5}, "at least --top-k"), ({"n": 0}, "--n"),
+                       ({"top_k": 9, "lanczos_steps": 5}, "at least --top-k"), ({"subset": 0}, "--subset"),
                        ({"device": "gpu"}, "--device"), ({"tol": 0.0}, "--tol")]:
         with pytest.raises(UsageError, match=match):
             config(**bad)
@@ -329,7 +329,7 @@ def test_figures_show_every_run(case, tmp_path):
     from landscape.plots.hessian import plot_hessian, runs
 
     model, x, y, _ = case
-    cfg = config(top_k=1, n=16, trace=True, probes=3, density=True, lanczos_steps=6)
+    cfg = config(top_k=1, subset=16, trace=True, probes=3, density=True, lanczos_steps=6)
     rows = [hessian_row(model, x, y, cfg, ref=f"{r}@step={s}", run=r, optimizer=o, step=s, epoch=s)
             for r, o in (("sgd-run", "sgd"), ("dp-run", "dpsgd")) for s in (2, 1)]
     result = HessianResult.from_rows(rows, cfg)
@@ -379,7 +379,7 @@ def test_api_over_runs_matches_the_exact_masked_hessian_and_reads_back(two_runs,
 
     out = tmp_path / "h.h5"
     res = hessian(["plain", "pruned"], root=two_runs, top_k=2, trace=True, probes=5, density=True,
-                  lanczos_steps=40, tol=1e-9, n=40, precision="float64", device="cpu", output=out)
+                  lanczos_steps=40, tol=1e-9, subset=40, precision="float64", device="cpu", output=out)
     assert res.path == out and {f.name for f in res.figures} == {
         "h-sharpness.png", "h-sharpness.pdf", "h-density.png", "h-density.pdf"}
     store = Store(two_runs)
@@ -420,7 +420,7 @@ def test_cli_prints_the_table_and_refuses_bad_input_in_one_line(two_runs, tmp_pa
         captured = capsys.readouterr()
         return exc.value.code, captured.out, captured.err
 
-    code, out, _ = run("plain@last", "--top-k", "2", "--n", "30", "--no-figure", "--json", "-o", "a.h5")
+    code, out, _ = run("plain@last", "--top-k", "2", "--subset", "30", "--no-figure", "--json", "-o", "a.h5")
     rows = json.loads(out)["rows"]
     assert code == 0 and rows[0]["ref"] == "plain@last" and rows[0]["lambda_1"] >= rows[0]["lambda_2"]
     code, _, err = run("plain@last", "--top-k", "70", "--lanczos-steps", "80", "--no-figure")

@@ -108,7 +108,7 @@ def test_sign_flipped_tanh_unit_has_the_closed_form_barrier():
     b = {k: -v for k, v in a.items()}
     x = torch.tensor([[-2.0], [-1.0], [-0.5], [0.5], [1.0], [2.0]], dtype=torch.float64)
     y = (x[:, 0] > 0).long()
-    r = interpolate_states(net, a, b, {"train": (x, y)}, splits=("train",), points=31)
+    r = interpolate_states(net, a, b, {"train": (x, y)}, split=("train",), points=31)
     c = 1.0 - 2.0 * r.alpha[:, None]  # theta_alpha = c * theta_A
     margin = 4.0 * c * np.tanh(3.0 * c * x.numpy()[:, 0][None, :]) * np.where(y.numpy() == 1, 1.0, -1.0)
     closed = np.mean(np.logaddexp(0.0, -margin), axis=1)  # CE of two logits = softplus(-margin)
@@ -154,7 +154,7 @@ def test_parity_with_loss_landscapes_and_the_model_is_left_alone():
     start.train()
     start[0].weight.requires_grad_(False)
     before = {k: v.clone() for k, v in start.state_dict().items()}
-    ours = interpolate_states(start, start.state_dict(), end.state_dict(), {"train": (x, y)}, splits=("train",),
+    ours = interpolate_states(start, start.state_dict(), end.state_dict(), {"train": (x, y)}, split=("train",),
                               points=31)
     assert start.training and not start[0].weight.requires_grad and start[3].weight.requires_grad
     assert all(torch.equal(before[k], v) for k, v in start.state_dict().items())
@@ -238,7 +238,7 @@ def test_cli_interpolate_prints_table_and_json(store, tmp_path):
     assert res.exit_code == 0, res.output
     assert "instability_loss" in res.output and "test" in res.output and f"wrote {out}" in res.output
     res = CliRunner().invoke(_cli(), ["--root", str(store.root), "interpolate", "a", "b", "--points", "5",
-                                      "--splits", "test", "--subset", "100", "-o", str(out), "--json"])
+                                      "--split", "test", "--subset", "100", "-o", str(out), "--json"])
     payload = json.loads(res.output)
     assert [r["split"] for r in payload["rows"]] == ["test"] and len(payload["figures"]) == 2
     res = CliRunner().invoke(_cli(), ["--root", str(store.root), "interpolate", "a", "b", "--points", "1"])
@@ -301,10 +301,10 @@ def test_instability_of_siblings_table_csv_hdf5_figure(phases_store, tmp_path):
 
 
 def test_instability_workers_give_the_same_table(phases_store, tmp_path):
-    cfg = InterpolateConfig(points=3, subset=50, splits=("test",))
+    cfg = InterpolateConfig(points=3, subset=50, split=("test",))
     serial = api_instability(["G-*"], root=phases_store.root, config=cfg, output=tmp_path / "s.h5", figure=False)
     res = CliRunner().invoke(_cli(), ["--root", str(phases_store.root), "instability", "G-*", "--points", "3",
-                                      "--subset", "50", "--splits", "test", "--workers", "2", "-o",
+                                      "--subset", "50", "--split", "test", "--workers", "2", "-o",
                                       str(tmp_path / "p.h5"), "--no-figure", "--json"])
     assert res.exit_code == 0, res.output
     rows = json.loads(res.output)["rows"]
@@ -318,7 +318,7 @@ def test_tour_for_the_demo(phases_store, tmp_path):
     from landscape.api.interpolation import tour
 
     t = tour("G-*", root=phases_store.root, out_dir=tmp_path / "demo",
-             config=InterpolateConfig(points=3, subset=50, splits=("test",)))
+             config=InterpolateConfig(points=3, subset=50, split=("test",)))
     kinds = [r["kind"] for r in t.rows()]
     dp_row = next(r for r in t.table.rows if r.phase2 == "dpsgd")  # labelled with the epsilon spent, not the target
     assert 0 < dp_row.epsilon_spent <= 2.0 + 1e-9 and dp_row.epsilon == 2.0
@@ -336,7 +336,7 @@ def test_instability_reuses_current_pair_files_and_recomputes_stale_ones(phases_
     import landscape.analyze.instability as inst
     import landscape.runtime
 
-    cfg = InterpolateConfig(points=4, subset=60, splits=("test",))
+    cfg = InterpolateConfig(points=4, subset=60, split=("test",))
     pairs = tmp_path / "pairs"
     first = api_instability(["G-*"], root=phases_store.root, config=cfg, output=tmp_path / "one.h5", figure=False,
                             pair_dir=str(pairs))
@@ -379,7 +379,7 @@ def test_instability_reuses_current_pair_files_and_recomputes_stale_ones(phases_
 def test_instability_pair_dir_from_the_cli(phases_store, tmp_path):
     pairs = tmp_path / "shared"
     res = CliRunner().invoke(_cli(), ["--root", str(phases_store.root), "instability", "G-*", "--points", "3",
-                                      "--subset", "40", "--splits", "test", "--pair-dir", str(pairs), "-o",
+                                      "--subset", "40", "--split", "test", "--pair-dir", str(pairs), "-o",
                                       str(tmp_path / "t.h5"), "--no-figure", "--json"])
     assert res.exit_code == 0, res.output
     assert len(list(pairs.glob("*.h5"))) == 2

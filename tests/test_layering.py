@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Lowest first. A module may import its own layer and those below, never one above.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundations", ("landscape", "landscape.errors", "landscape.runtime", "landscape.atomic", "landscape.bounds",
+                     "landscape.options",
                      "landscape.plugins", "landscape.verdict", "landscape.refs")),
     ("data and models", ("landscape.data", "landscape.models", "landscape.params", "landscape.directions")),
     # the privacy accountant is pure numbers (RDP of the subsampled Gaussian); the store records its events

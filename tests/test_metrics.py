@@ -222,7 +222,7 @@ def test_objects_in_python_and_several_columns_from_one_metric(setup):
     a, b = store.load("r@init"), store.load("r@last")
     margin = load_code(f"{path}:Margin")()
     r = interpolate_states(a.build_model(), a.state_dict, b.state_dict, {"test": data.split("test")}, points=3,
-                           splits=("test",), metrics=[margin, f"{path}:MaxSoftmax"])
+                           split=("test",), metrics=[margin, f"{path}:MaxSoftmax"])
     assert r.config.metrics[0].startswith("<object ") and isinstance(r.config.metrics[0], MetricObject)
     _, y = data.split("test")
     for i, logits in enumerate(_blended_logits(setup, r.alpha)):
@@ -242,7 +242,7 @@ def test_directions_and_surface_metrics_and_two_workers(setup, tmp_path):
 
     root, path, data = setup
     refs = [f"{path}:Brier", f'{path}:TopK{{"k": 2}}']
-    kw = dict(root=root / "ck", n=4, points=3, split="test", metrics=refs, figure=True)
+    kw = dict(root=root / "ck", directions=4, points=3, split="test", metrics=refs, figure=True)
     one = directions("r@init", toward="r@last", output=tmp_path / "d1.h5", **kw)
     two = directions("r@init", toward="r@last", output=tmp_path / "d2.h5", workers=2, **kw)
     _, y = data.split("test")
@@ -259,7 +259,7 @@ def test_directions_and_surface_metrics_and_two_workers(setup, tmp_path):
         assert ds["direction_brier"].dims == ("direction", "t") and ds["toward_top2"].dims == ("t",)
     assert any(p.suffix == ".png" for p in one.figures)
 
-    kw = dict(root=root / "ck", grid="3x3", range="-0.5:0.5", splits=("test",), metrics=refs, figure=True)
+    kw = dict(root=root / "ck", grid="3x3", range="-0.5:0.5", split=("test",), metrics=refs, figure=True)
     s1 = surface("r@last", output=tmp_path / "s1.h5", **kw)
     s2 = surface("r@last", output=tmp_path / "s2.h5", workers=2, rows_per_call=1, **kw)
     (logits_b,) = _blended_logits(setup, [1.0])
@@ -345,7 +345,7 @@ def test_instability_pairs_carry_metric_references_to_two_workers(setup, tmp_pat
     from landscape.plugins import load as load_code
 
     root, path, _ = setup
-    kw = dict(root=root / "ck", pairs="r@init:r@last,r@last:r@init", points=3, splits=("test",), figure=False)
+    kw = dict(root=root / "ck", pairs="r@init:r@last,r@last:r@init", points=3, split=("test",), figure=False)
     table = instability(output=tmp_path / "t.h5", workers=2, metrics=[f"{path}:Brier"], **kw)
     first = InterpolationResult.from_hdf5(table.rows[0].result)
     second = InterpolationResult.from_hdf5(table.rows[1].result)
@@ -366,7 +366,7 @@ def test_an_interrupted_surface_resumes_its_metric_grids(setup, tmp_path):
     def stop(result, rows):
         raise Stop
 
-    kw = dict(root=root / "ck", grid="4x3", range="-0.3:0.3", splits=("test",), metrics=[f"{path}:Brier"],
+    kw = dict(root=root / "ck", grid="4x3", range="-0.3:0.3", split=("test",), metrics=[f"{path}:Brier"],
               figure=False)
     whole = surface("r@last", output=tmp_path / "whole.h5", **kw)
     with pytest.raises(Stop):
@@ -416,7 +416,7 @@ def test_instability_reuses_a_pair_file_only_while_the_metric_code_is_unchanged(
     root, _, _ = setup
     code = tmp_path / "m.py"
     code.write_text(METRICS_FILE)
-    kw = dict(root=root / "ck", pairs="r@init:r@last", points=3, splits=("test",), figure=False,
+    kw = dict(root=root / "ck", pairs="r@init:r@last", points=3, split=("test",), figure=False,
               metrics=[f"{code}:Brier"], output=tmp_path / "t.h5")
     pair_file = instability(**kw).rows[0].result
     mtime = os.stat(pair_file).st_mtime_ns

@@ -81,7 +81,7 @@ def test_norms_over_runs_against_torch(two_runs, tmp_path):
     from landscape.store import Store
 
     out = tmp_path / "norms.h5"
-    res = norms(["small", "large"], root=two_runs, bins=30, grad_samples=20, output=out)
+    res = norms(["small", "large"], root=two_runs, bins=30, subset=20, output=out)
     back = NormsResult.from_hdf5(out)
     store = Store(two_runs)
     for run in back.runs:
@@ -109,7 +109,7 @@ def test_norms_cli_table_and_errors(two_runs, tmp_path, monkeypatch, capsys):
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exc:
-        cli_main.main(["--root", str(two_runs), "norms", "small", "large@last", "--grad-samples", "0",
+        cli_main.main(["--root", str(two_runs), "norms", "small", "large@last", "--subset", "0",
                        "--no-figure", "-o", "n.h5"])
     out = capsys.readouterr().out
     assert exc.value.code == 0

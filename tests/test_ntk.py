@@ -232,7 +232,7 @@ def test_huge_clipping_norm_gives_k(cnn, cnn_kernels):
     """Thm. 2: nothing clipped -> both kernels are K."""
     model, x, y = cnn
     for style in ("flat", "layerwise"):
-        r = compute_ntk(model, x, y, NTKConfig(n=12, clip=style, max_grad_norm=1e6))
+        r = compute_ntk(model, x, y, NTKConfig(subset=12, clip=style, max_grad_norm=1e6))
         assert r.fraction_clipped == 0.0
         np.testing.assert_array_equal(r.A, r.K)
         np.testing.assert_allclose(r.K, cnn_kernels.K, rtol=1e-12)
@@ -253,7 +253,7 @@ def test_output_kind_norms_from_output_blocks(cnn, cnn_kernels):
 
 def test_result_and_table_files_round_trip(cnn, tmp_path):
     model, x, y = cnn
-    r = compute_ntk(model, x, y, NTKConfig(n=12, clip="layerwise", max_grad_norm=0.1, layers=("0.*", "3.*")))
+    r = compute_ntk(model, x, y, NTKConfig(subset=12, clip="layerwise", max_grad_norm=0.1, layers=("0.*", "3.*")))
     assert r.layer_names == ["0.weight", "0.bias", "3.weight", "3.bias"]
     path = r.to_hdf5(tmp_path / "ntk.h5")
     back = NTKResult.from_hdf5(path)
@@ -267,7 +267,7 @@ def test_result_and_table_files_round_trip(cnn, tmp_path):
         assert {"K", "K_layers", "C", "A", "eigvals_real", "eigvals_imag", "sym_eigvals"} <= set(f)
         assert f.attrs["kind"] == "ntk" and "min_real_eig" in f.attrs
 
-    table = ntk_table(model, x, y, NTKTableConfig(max_grad_norms=(1e-3, 1e6), n=12), step=7, epoch=1.5)
+    table = ntk_table(model, x, y, NTKTableConfig(max_grad_norms=(1e-3, 1e6), subset=12), step=7, epoch=1.5)
     assert [(r.style, r.max_grad_norm) for r in table.rows[1:]] == [
         ("flat", 1e-3), ("layerwise", 1e-3), ("flat", 1e6), ("layerwise", 1e6)]
     none, flat_small, _, flat_big, layer_big = table.rows
@@ -308,7 +308,7 @@ def test_cli_ntk_and_table(store_root, tmp_path):
 
     runner = CliRunner()
     out = tmp_path / "k.h5"
-    res = runner.invoke(cli, ["--root", str(store_root), "ntk", "cnn@last", "--n", "20", "--clip", "flat",
+    res = runner.invoke(cli, ["--root", str(store_root), "ntk", "cnn@last", "--subset", "20", "--clip", "flat",
                               "-C", "0.01", "-o", str(out)])
     assert res.exit_code == 0, res.output
     assert "A (flat)" in res.output and out.exists() and out.with_suffix(".png").exists()
@@ -317,7 +317,7 @@ def test_cli_ntk_and_table(store_root, tmp_path):
     assert len(set(r.labels.tolist())) == 10  # stratified subset of digits
 
     tab = tmp_path / "tab.h5"
-    res = runner.invoke(cli, ["--root", str(store_root), "ntk-table", "cnn", "--n", "12", "-C", "0.01,1e6",
+    res = runner.invoke(cli, ["--root", str(store_root), "ntk-table", "cnn", "--subset", "12", "-C", "0.01,1e6",
                               "--clip-style", "flat,layerwise", "-o", str(tab), "--json"])
     assert '"rows"' in res.output
     assert res.exit_code == 0, res.output
@@ -329,7 +329,7 @@ def test_cli_ntk_and_table(store_root, tmp_path):
 def test_api_ntk_output_trace(store_root, tmp_path):
     from landscape.api import ntk
 
-    out = ntk("cnn@init", root=store_root, output=tmp_path / "t.h5", figure=False, n=10, kind="output-trace",
+    out = ntk("cnn@init", root=store_root, output=tmp_path / "t.h5", figure=False, subset=10, kernel="output-trace",
               clip="layerwise", max_grad_norm=0.05)
     assert out.K.shape == (10, 10) and out.figures == [] and out.path == tmp_path / "t.h5"
     assert out.K_properties.symmetric
@@ -342,9 +342,9 @@ def test_cli_errors_are_one_line(store_root, tmp_path):
     assert res.returncode == 1 and res.stderr.startswith("error: ") and len(res.stderr.strip().splitlines()) == 1
     from cli.main import cli
 
-    res = CliRunner().invoke(cli, ["--root", str(store_root), "ntk", "cnn@last", "--n", "100000",
+    res = CliRunner().invoke(cli, ["--root", str(store_root), "ntk", "cnn@last", "--subset", "100000",
                                    "-o", str(tmp_path / "x.h5")])
-    assert isinstance(res.exception, UsageError) and "--n 100000" in str(res.exception)
+    assert isinstance(res.exception, UsageError) and "--subset 100000" in str(res.exception)
 
 
 def test_flat_clipping_of_a_layer_subset_uses_the_whole_gradient_norm(cnn, cnn_kernels):

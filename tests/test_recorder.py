@@ -80,14 +80,14 @@ def test_recorded_manifest_matches_the_trained_one_field_by_field(twins):
 ANALYSES = [
     ("interpolate", ["t@init", "t@last"], dict(points=5)),
     ("instability", [], dict(pairs="t@init:t@last", points=5)),
-    ("hessian", ["t"], dict(top_k=2, n=64, lanczos_steps=10, device="cpu")),
+    ("hessian", ["t"], dict(top_k=2, subset=64, lanczos_steps=10, device="cpu")),
     ("calibration", ["t@last"], dict(bins=5)),
-    ("ntk", ["t@last"], dict(n=8)),
-    ("norms", ["t"], dict(grad_samples=16, bins=10)),
+    ("ntk", ["t@last"], dict(subset=8)),
+    ("norms", ["t"], dict(subset=16, bins=10)),
     ("clipping", ["t"], dict(batch_size=32)),
-    ("symmetry", ["t@last"], dict(projections=4, permutations=19, batch_size=64)),
-    ("ntk-table", ["t@last"], dict(n=8, max_grad_norms=(0.1, 1.0))),
-    ("directions", ["t@last"], dict(n=3, points=5, toward="t@init")),
+    ("symmetry", ["t@last"], dict(projections=4, permutations=19, subset=64)),
+    ("ntk-table", ["t@last"], dict(subset=8, max_grad_norms=(0.1, 1.0))),
+    ("directions", ["t@last"], dict(directions=3, points=5, toward="t@init")),
     ("surface", ["t@last"], dict(grid="4x3", plane="t@init,t@step=4")),
 ]
 
@@ -634,7 +634,7 @@ def test_examples_record_runs_that_the_analyses_read(tmp_path, capsys):
     assert plain.manifest["model_spec"]["name"] == dp.manifest["model_spec"]["name"]
     code = f"{REPO / 'examples' / 'my_model.py'}:small_cnn"  # the model's code, named for the analyses
     for args in (["interpolate", "plain@init", "plain@last", "--points", "3", "-o", tmp_path / "i.h5"],
-                 ["hessian", "opacus", "--top-k", "1", "--n", "64", "--lanczos-steps", "8"]):
+                 ["hessian", "opacus", "--top-k", "1", "--subset", "64", "--lanczos-steps", "8"]):
         with pytest.raises(SystemExit) as exit_:
             main(["--root", str(tmp_path / "ck"), "--code", code, *map(str, args), "--no-figure"])
         assert exit_.value.code == 0, capsys.readouterr().err

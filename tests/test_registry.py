@@ -38,8 +38,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_every_config_field_has_its_option_and_every_option_its_field(name):
     spec = registry.get(name)
     cmd = command(name)
-    options = {p.name for p in cmd.params if isinstance(p, __import__("click").Option)}
+    options = {p.name for p in cmd.params if isinstance(p, __import__("click").Option) and not p.hidden}
     runner = {"data_from", "workers", "scheduler", "data_root", "no_figure", "output", "as_json"}
+    old = {p.name.removeprefix("_old_") for p in cmd.params if getattr(p, "hidden", False)}  # renamed fields' old flags
+    assert old == {o for f in dataclasses.fields(spec.config) for o in f.metadata.get("renamed_from", ())}
     fields = {f.name for f in registry.cli_fields(spec.config)}
     fields |= {f.name for f in registry.cli_fields(spec.run_options)} if spec.run_options else set()
     assert fields - options == set()
@@ -267,7 +269,7 @@ def test_interpolation_file_reads_as_frame_and_labelled_xarray(mixed_store, tmp_
 def test_pair_on_different_data_warns_records_both_specs_and_data_from_b(mixed_store, two_data, tmp_path):
     from landscape.api import interpolate
 
-    cfg = InterpolateConfig(points=2, splits=("train",))
+    cfg = InterpolateConfig(points=2, split=("train",))
     with pytest.warns(UserWarning, match=r"trained on different data \(seed: 0 vs 1\); evaluating on A's "
                                          r"\(--data-from b for the other\)"):
         on_a = interpolate("a", "b", cfg, root=mixed_store.root, output=tmp_path / "a.h5", figure=False)
@@ -287,7 +289,7 @@ def test_pair_on_different_data_warns_records_both_specs_and_data_from_b(mixed_s
 
 def test_cli_data_from_and_one_warning_line(mixed_store, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "landscape", "--root", str(mixed_store.root), "interpolate", "a",
-                           "b", "--points", "2", "--splits", "test", "--data-from", "b", "--no-figure", "-o",
+                           "b", "--points", "2", "--split", "test", "--data-from", "b", "--no-figure", "-o",
                            str(tmp_path / "c.h5")], capture_output=True, text=True, cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr
@@ -362,9 +364,9 @@ def _alive(pid: int) -> bool:
 def test_directions_and_surface_files_have_labelled_dims(mixed_store, tmp_path):
     from landscape.api import directions, surface
 
-    d = directions("a", root=mixed_store.root, n=2, points=3, distance=0.5, subset=50, output=tmp_path / "d.h5",
+    d = directions("a", root=mixed_store.root, directions=2, points=3, distance=0.5, subset=50, output=tmp_path / "d.h5",
                    figure=False)
-    s = surface("a", root=mixed_store.root, grid="3x2", splits=("test",), subset=50, output=tmp_path / "s.h5",
+    s = surface("a", root=mixed_store.root, grid="3x2", split=("test",), subset=50, output=tmp_path / "s.h5",
                 figure=False)
     with read_result(d.path).to_xarray() as ds:
         assert ds["direction_loss"].dims == ("direction", "t") and ds["rise"].dims == ("direction",)
@@ -391,7 +393,7 @@ def test_output_never_replaces_a_users_csv_or_figure(mixed_store, tmp_path):
     with pytest.raises(ResultError, match="Y.png"):
         interpolate("a", "b", root=mixed_store.root, points=2, output=tmp_path / "Y.h5")
     with pytest.warns(UserWarning):  # without the figure nothing beside Y.h5 is touched
-        res = interpolate("a", "b", root=mixed_store.root, points=2, splits=("test",), output=tmp_path / "Y.h5",
+        res = interpolate("a", "b", root=mixed_store.root, points=2, split=("test",), output=tmp_path / "Y.h5",
                           figure=False)
     assert res.path.is_file() and (tmp_path / "Y.png").read_bytes() == b"a picture"
 
@@ -414,19 +416,19 @@ def test_directions_and_surface_through_checkpoints_on_other_data_warn_and_recor
 
     _save(mixed_store, "c", _lenet(2), two_data[0].spec)
     with pytest.warns(UserWarning, match=r"B b was trained on different data than A \(a\)"):
-        d = directions("a", root=mixed_store.root, toward="b", n=2, points=3, subset=50, output=tmp_path / "d.h5",
+        d = directions("a", root=mixed_store.root, toward="b", directions=2, points=3, subset=50, output=tmp_path / "d.h5",
                        figure=False)
     attrs = read_result(d.path).attrs
     assert json.loads(attrs["data_spec_a"])["seed"] == 0 and json.loads(attrs["data_specs_other"])["b"]["seed"] == 1
     with pytest.warns(UserWarning, match="the plane's checkpoints b was trained on different data"):
-        s = surface("a", root=mixed_store.root, plane="b,c", grid="2x2", splits=("test",), subset=50,
+        s = surface("a", root=mixed_store.root, plane="b,c", grid="2x2", split=("test",), subset=50,
                     output=tmp_path / "s.h5", figure=False)
     assert list(json.loads(read_result(s.path).attrs["data_specs_other"])) == ["b"]
     import warnings as _w
 
     with _w.catch_warnings():
         _w.simplefilter("error")  # same data: no warning
-        same = directions("a", root=mixed_store.root, toward="c", n=2, points=3, subset=50,
+        same = directions("a", root=mixed_store.root, toward="c", directions=2, points=3, subset=50,
                           output=tmp_path / "same.h5", figure=False)
     assert "data_specs_other" not in read_result(same.path).attrs
 
@@ -468,7 +470,7 @@ def test_clipping_and_norms_files_read_as_frames(mixed_store, tmp_path):
                                                                    strict=True)]:
         for key, value in dataclasses.asdict(want).items():
             np.testing.assert_array_equal(getattr(got, key), value)
-    n = norms(["a", "b"], root=mixed_store.root, grad_samples=7, bins=5, output=tmp_path / "n.h5", figure=False)
+    n = norms(["a", "b"], root=mixed_store.root, subset=7, bins=5, output=tmp_path / "n.h5", figure=False)
     frame = read_result(n.path).to_frame()
     assert frame["run_labels"].tolist() == ["a", "b"]
     assert frame["ratio_to_first"].tolist() == [r["ratio_to_first"] for r in n.ratio_rows()]
@@ -497,7 +499,7 @@ def test_clipping_and_norms_files_read_as_frames(mixed_store, tmp_path):
 def test_ntk_file_has_labelled_sample_dims(mixed_store, tmp_path):
     from landscape.api import ntk
 
-    r = ntk("a", root=mixed_store.root, n=12, clip="layerwise", output=tmp_path / "k.h5", figure=False)
+    r = ntk("a", root=mixed_store.root, subset=12, clip="layerwise", output=tmp_path / "k.h5", figure=False)
     with read_result(r.path).to_xarray() as ds:
         assert ds["K"].dims == ("sample", "sample_j") and ds["K_layers"].dims[0] == "layer"
         np.testing.assert_array_equal(ds["K"].values, r.K)
@@ -519,7 +521,7 @@ def test_ntk_file_has_labelled_sample_dims(mixed_store, tmp_path):
 def test_surface_frame_is_one_row_per_grid_cell(mixed_store, tmp_path):
     from landscape.api import surface
 
-    s = surface("a", root=mixed_store.root, grid="3x2", splits=("test",), subset=50, output=tmp_path / "s.h5",
+    s = surface("a", root=mixed_store.root, grid="3x2", split=("test",), subset=50, output=tmp_path / "s.h5",
                 figure=False)
     frame = read_result(s.path).to_frame()
     assert len(frame) == 6 and {"x", "y", "test_loss", "test_acc"} <= set(frame.columns)

@@ -33,7 +33,7 @@ def test_quadratic_surface_closed_form_and_orientation():
     model, h, w_star, w_a, w_b, x, y = quadratic_problem()
     space = ParamSpace.from_model(model)
     plane = random_plane(w_a, space, seed=2, normalize="none")
-    config = SurfaceConfig(grid="5x3", range="-1:1,-0.5:2", splits=("train",))
+    config = SurfaceConfig(grid="5x3", range="-1:1,-0.5:2", split=("train",))
     result = compute_surface(model, plane, {"train": (x, y)}, config=config)
     loss = result.values["train_loss"]
     assert loss.shape == (5, 3)  # [x, y], not Li et al.'s [y, x]
@@ -55,7 +55,7 @@ def test_plane_through_three_checkpoints():
         mx, my = plane.markers[name]
         np.testing.assert_allclose(w_a + mx * plane.dx + my * plane.dy, w, atol=1e-12)
     bx, _ = plane.markers["B"]
-    config = SurfaceConfig(plane="B,C", grid="3x3", range=f"0:{bx},-1:1", splits=("train",))
+    config = SurfaceConfig(plane="B,C", grid="3x3", range=f"0:{bx},-1:1", split=("train",))
     result = compute_surface(model, plane, {"train": (x, y)}, config=config)
     assert result.values["train_loss"][-1, 1] == pytest.approx(q_of(h, w_star, w_b), rel=1e-10)
     with pytest.raises(UsageError, match="one line"):
@@ -149,7 +149,7 @@ def test_workers_fill_the_same_grid(store, tmp_path):
     """Blocks computed by spawned workers, interrupted, then finished serially: the serial run's arrays."""
     from landscape.api import surface
 
-    kw = dict(root=store, grid="3x3", splits=("train",), subset=60, figure=False)
+    kw = dict(root=store, grid="3x3", split=("train",), subset=60, figure=False)
     serial = surface("traj@last", output=tmp_path / "s.h5", **kw)
     out = tmp_path / "p.h5"
     first: list[list[int]] = []
@@ -174,7 +174,7 @@ def test_a_partial_file_with_workers_in_its_params_resumes(store, tmp_path):
 
     from landscape.api import surface
 
-    kw = dict(root=store, grid="3x3", splits=("train",), subset=60, figure=False, rows_per_call=1)
+    kw = dict(root=store, grid="3x3", split=("train",), subset=60, figure=False, rows_per_call=1)
     whole = surface("traj@last", output=tmp_path / "whole.h5", **kw)
     assert "workers" not in read_result(whole.path).params
     out = tmp_path / "old.h5"
@@ -199,7 +199,7 @@ def test_pca_surface_cli(store, tmp_path, capsys):
     out = tmp_path / "pca.h5"
     with pytest.raises(SystemExit) as exc:
         cli_main.main(["--root", str(store), "surface", "traj@last", "--plane", "pca:traj", "--grid", "4x3",
-                       "--splits", "train", "--3d", "-o", str(out), "--json"])
+                       "--split", "train", "--3d", "-o", str(out), "--json"])
     captured = capsys.readouterr()
     assert exc.value.code == 0, captured.err
     summary = json.loads(captured.out)

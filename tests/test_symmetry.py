@@ -127,7 +127,7 @@ def test_same_matrix_for_every_checkpoint_of_a_run(run_store, tmp_path):
     from landscape.store import Store
 
     out = tmp_path / "sym.h5"
-    res = symmetry("r", root=run_store, projections=2, seed=9, batch_size=40, permutations=50, output=out)
+    res = symmetry("r", root=run_store, projections=2, seed=9, subset=40, permutations=50, output=out)
     assert [r.epoch for r in res.rows] == [0.0, 1.0, 2.0]
     back = SymmetryResult.from_hdf5(out)
     store = Store(run_store)

@@ -144,7 +144,7 @@ def test_a_store_that_names_code_runs_nothing(tmp_path, capsys):
     assert code == 0 and "sys" in out
     assert run_cli("--root", root, "store", "show", "file@last", capsys=capsys)[0] == 0
     commands = [("interpolate", "file@init", "file@last"), ("interpolate", "sys@init", "sys@last"),
-                ("hessian", "file@last", "--n", "10"), ("calibration", "sys@last"), ("norms", "file"),
+                ("hessian", "file@last", "--subset", "10"), ("calibration", "sys@last"), ("norms", "file"),
                 ("calibration", "data@init"), ("interpolate", "bare@init", "bare@last")]
     for command in commands:
         code, _, err = run_cli("--root", root, *command, "--no-figure", capsys=capsys)
@@ -233,7 +233,7 @@ def test_user_cnn_interpolation_equals_a_blended_state_dict_loop(cnn_store, caps
 def test_workers_receive_the_trusted_code(cnn_store, capsys):
     root, user = cnn_store
     code, _, err = run_cli("--root", root, "--code", ref("tiny_cnn", user), "norms", "a", "--workers", 2,
-                           "--grad-samples", 16, "--no-figure", "-o", "n.h5", capsys=capsys)
+                           "--subset", 16, "--no-figure", "-o", "n.h5", capsys=capsys)
     assert code == 0, err
 
 
@@ -287,7 +287,7 @@ def test_mobilenet_from_torchvision_with_groupnorm(tmp_path):
     a, b = store.load("a@last"), store.load("b@last")
     assert a.data_spec["code"]["attr"] == "images" and a.data_spec["name"] == ref("images")
     code = [ref("mobilenet"), ref("images")]
-    result = interpolate("a", "b", root=root, points=3, figure=False, code=code, splits=("test",))
+    result = interpolate("a", "b", root=root, points=3, figure=False, code=code, split=("test",))
     with plugins.trusting(code):
         model = a.build_model()
     assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
@@ -350,7 +350,7 @@ def test_transformer_interpolation_calibration_norms_against_plain_torch(transfo
     assert row.nll == pytest.approx(-logp.gather(1, y_te[:, None]).mean().item(), rel=1e-5)
     assert row.accuracy == pytest.approx((logp.argmax(1) == y_te).float().mean().item())
 
-    res = norms(["a"], root=root, figure=False, code=CODE_T, grad_samples=len(y_tr), output="n.h5")
+    res = norms(["a"], root=root, figure=False, code=CODE_T, subset=len(y_tr), output="n.h5")
     last = res.runs[0].rows[-1]
     from landscape.data import subset_indices
 
@@ -372,7 +372,7 @@ def test_transformer_hessian_equals_the_exact_hessian(transformer_store):
     root = transformer_store
     ckpt, model = _transformer(root)
     x, y = plugins.load(ref("sequences"))(seed=0)[:2]
-    res = hessian("a@last", root=root, figure=False, code=CODE_T, top_k=2, n=len(y), precision="float64",
+    res = hessian("a@last", root=root, figure=False, code=CODE_T, top_k=2, subset=len(y), precision="float64",
                   tol=1e-10, lanczos_steps=300)
     names = [k for k, _ in model.named_parameters()]
     params = {k: v.detach().double() for k, v in model.named_parameters()}
@@ -456,7 +456,7 @@ def test_transformer_ntk_is_the_gram_matrix_of_naive_per_sample_gradients(transf
     root = transformer_store
     _, model = _transformer(root)
     x, y = plugins.load(ref("sequences"))(seed=0)[:2]
-    res = ntk("a@last", root=root, n=12, figure=False, code=CODE_T)
+    res = ntk("a@last", root=root, subset=12, figure=False, code=CODE_T)
     rows = []
     for i in np.asarray(res.indices).tolist():  # token inputs reach the model as integers
         model.zero_grad()
@@ -488,7 +488,7 @@ def test_transformer_symmetry(transformer_store):
     from landscape.persample import PerSampleEngine
 
     root = transformer_store
-    res = symmetry("a", root=root, figure=False, code=CODE_T, batch_size=16, projections=3, seed=5,
+    res = symmetry("a", root=root, figure=False, code=CODE_T, subset=16, projections=3, seed=5,
                    permutations=20)
     assert len(res.rows) == 2
     ckpt, model = _transformer(root)
@@ -519,7 +519,7 @@ def test_transformer_directions_surface_clipping(transformer_store):
 
     root = transformer_store
     path = interpolate("a", "b", root=root, points=3, figure=False, code=CODE_T, output="i.h5")
-    toward = directions("a@last", toward="b@last", n=2, points=3, root=root, figure=False, code=CODE_T)
+    toward = directions("a@last", toward="b@last", directions=2, points=3, root=root, figure=False, code=CODE_T)
     np.testing.assert_allclose(toward.toward_loss, path.loss["train"], rtol=1e-5)
     plane = surface("a@last", plane="b@last,dp@last", grid="3", root=root, figure=False, code=CODE_T)
     assert np.isfinite(plane.values["train_loss"]).all() and plane.markers["b@last"][1] == 0.0

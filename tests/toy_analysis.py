@@ -6,13 +6,14 @@ from dataclasses import dataclass, field
 import torch
 
 from landscape.analyze.registry import Analysis, option
+from landscape.options import Options
 from landscape.results import StoredResult, stored
 
 KIND = "toy-norm"
 
 
-@dataclass
-class ToyConfig:
+@dataclass(frozen=True)
+class ToyConfig(Options):
     scale: float = option(1.0, "Multiply the norm by this.", min=0, min_open=True)
     layers: tuple[str, ...] | None = option(None, "Parameter names to include (default: all).")
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from landscape.analyze.registry import option
 from landscape.errors import UsageError
 from landscape.evaluate import DEFAULT_BATCH_SIZE
+from landscape.options import Options
 
 METHODS = ("auto", "loop", "plain", "vmap")  # landscape.evaluate methods
 
@@ -20,16 +21,16 @@ def device_option() -> Any:
                   "recorded in the result's attrs.", kind="device")
 
 
-@dataclasses.dataclass
-class EvaluationOptions:
-    """How checkpoints are evaluated (the base of the interpolate, directions and surface configs): a seeded
-    stratified subset of each split, examples per forward pass, device and engine (:mod:`landscape.evaluate`)."""
+@dataclasses.dataclass(frozen=True)
+class EvaluationOptions(Options):
+    """How checkpoints are evaluated (the base of the interpolate, directions, surface and calibration configs): a
+    seeded stratified subset of each split, examples per forward pass, device and engine (:mod:`landscape.evaluate`)."""
 
     subset: int | float | None = option(None, "Evaluate on a seeded stratified subset of each split (count or "
                                         "fraction; default: all).", kind="subset")
     subset_seed: int = option(0, "Seed of the subset.")
-    batch_size: int = option(DEFAULT_BATCH_SIZE, "Examples per forward pass (results do not depend on it beyond "
-                             "rounding).", min=1)
+    chunk: int = option(DEFAULT_BATCH_SIZE, "Examples per forward pass (memory bound; results do not depend on it "
+                        "beyond rounding).", min=1, renamed_from=("batch_size",))
     device: str = device_option()
     method: str = option("auto", "Evaluation engine (landscape.evaluate).", choices=METHODS)
 
@@ -38,12 +39,6 @@ def check_positive_int(flag: str, value: Any) -> None:
     """UsageError ``<flag> must be a positive integer, got <value>`` unless ``value`` is an integer >= 1."""
     if int(value) != value or value < 1:
         raise UsageError(f"{flag} must be a positive integer, got {value}")
-
-
-def check_choice(flag: str, value: Any, choices: Sequence[str]) -> None:
-    """UsageError ``<flag> must be one of a, b, got 'x'`` unless ``value`` is one of ``choices``."""
-    if value not in choices:
-        raise UsageError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
 
 
 def split_subset(splits: Mapping[str, Any], name: str, subset: int | float | None, seed: int):

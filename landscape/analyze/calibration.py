@@ -53,29 +53,15 @@ KIND = "calibration"
 SPLITS = ("train", "test")
 
 
-@dataclass
+@dataclass(frozen=True)
 class CalibrationConfig(EvaluationOptions):
     """Options of ``landscape calibration`` (stored as the result's ``params``)."""
 
     bins: int = option(15, "Number of equal-width confidence bins ((m-1)/M, m/M] for ECE, MCE, the reliability "
                        "diagram and the histograms; also the number of equal-mass bins of the adaptive ECE.", min=1,
                        max=BINS_MAX)
-    splits: tuple[str, ...] = option(("test",), "Data splits to evaluate.", choices=SPLITS, metavar="train,test")
-
-    def __post_init__(self) -> None:
-        if isinstance(self.splits, str):
-            self.splits = tuple(s.strip() for s in self.splits.split(",") if s.strip())
-        self.splits = tuple(self.splits)
-        if not self.splits:
-            raise UsageError("give at least one split (train, test)")
-        bad = [s for s in self.splits if s not in SPLITS]
-        if bad:
-            raise UsageError(f"unknown split {bad[0]!r}; use train and/or test")
-        if len(set(self.splits)) != len(self.splits):
-            raise UsageError(f"splits repeat: {','.join(self.splits)}")
-        check_positive_int("--bins", self.bins)
-        self.bins = int(self.bins)
-        check_positive_int("--batch-size", self.batch_size)
+    split: tuple[str, ...] = option(("test",), "Data split(s) to evaluate: train, test or train,test.",
+                                    choices=SPLITS, metavar="train,test", renamed_from=("splits",))
 
 
 # ----------------------------------------------------------------------------------------- binning
@@ -371,9 +357,9 @@ def calibration_row(
     space = ParamSpace.from_model(model)
     point = space.flatten(model).unsqueeze(0)
     out: dict[str, SplitCalibration] = {}
-    for s in config.splits:
+    for s in config.split:
         x, y = split_subset(data, s, config.subset, config.subset_seed)
-        r = evaluate(model, x, y, point, space=space, batch_size=config.batch_size, device=config.device,
+        r = evaluate(model, x, y, point, space=space, batch_size=config.chunk, device=config.device,
                      method=config.method, metrics=[_Examples()])
         out[s] = calibration_from_stats(r.metrics["examples"][0], config.bins)
     return CalibrationRow(ref=ref, step=int(step), epoch=float(epoch), splits=out, run=run)
@@ -384,7 +370,7 @@ def calibration_row(
 
 def compute_point(point, config: CalibrationConfig, shared: Any = None) -> CalibrationRow:
     """:func:`calibration_row` at one resolved checkpoint (``landscape.api.resolve.Point``) on its own data."""
-    data = {s: point.split(s) for s in config.splits}
+    data = {s: point.split(s) for s in config.split}
     return calibration_row(point.model(), data, config, ref=point.ref, step=point.step, epoch=point.epoch,
                            run=point.run or "")
 

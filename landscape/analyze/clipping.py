@@ -49,20 +49,22 @@ from landscape.analyze._common import device_option
 from landscape.analyze.registry import Analysis, option
 from landscape.clip import CLIP_STYLES, clip_factors, layer_threshold
 from landscape.errors import UsageError
+from landscape.options import Options
 from landscape.results import StoredResult, stored
-from landscape.runtime import check_device_name, resolve_device
+from landscape.runtime import resolve_device
 
 KIND = "clipping"
 # The bound is checked with this relative slack for floating-point rounding (equality holds when all g_i agree).
 BOUND_RTOL = 1e-9
 
 
-@dataclass
-class ClippingConfig:
+@dataclass(frozen=True)
+class ClippingConfig(Options):
     """Options of ``landscape clipping`` (and ``landscape.api.clipping``)."""
 
     max_grad_norm: float = option(1.0, "Clipping norm C.", flag=("--max-grad-norm", "-C"), min=0, min_open=True)
-    batch_size: int = option(256, "Examples per batch B.", min=1)
+    batch_size: int = option(256, "Batch size B: examples per batch (R depends on it, as on the batch size of a "
+                             "DP-SGD step).", min=1)
     batches: int = option(1, "Number K of disjoint batches (R is reported per batch and over all K x B examples).",
                           min=1)
     clip_style: str = option("flat", "flat: one norm per sample; layerwise: one per layer.", choices=CLIP_STYLES)
@@ -73,18 +75,6 @@ class ClippingConfig:
     split: str = option("train", "Which split the per-sample gradients come from.", choices=("train", "test"))
     chunk: int = option(250, "Examples per engine pass (memory bound; results do not depend on it).", min=1)
     device: str = device_option()
-
-    def validate(self) -> None:
-        check_device_name(self.device)
-        if not self.max_grad_norm > 0 or not math.isfinite(self.max_grad_norm):
-            raise UsageError(f"--max-grad-norm must be a positive number, got {self.max_grad_norm}")
-        if self.batch_size < 1 or self.batches < 1 or self.chunk < 1:
-            raise UsageError("--batch-size, --batches and --chunk must be >= 1")
-        if self.clip_style not in CLIP_STYLES:
-            raise UsageError(f"--clip-style must be one of {', '.join(CLIP_STYLES)}, got {self.clip_style!r}")
-        for level in self.prune_levels or []:
-            if not 0 <= level < 1:
-                raise UsageError(f"--prune-levels must lie in [0, 1), got {level}")
 
 
 # ------------------------------------------------------------------------------------------ pure math

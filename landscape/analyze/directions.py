@@ -17,7 +17,6 @@ statistics) stay theta_A's. Pure: a model, flat vectors and tensors in, a :class
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -28,12 +27,13 @@ import torch
 from torch import nn
 
 from landscape import metrics as user_metrics
-from landscape.analyze._common import EvaluationOptions, check_choice, check_positive_int
+from landscape.analyze._common import EvaluationOptions
 from landscape.analyze.registry import Analysis, option
 from landscape.bounds import DIRECTIONS_MAX, POINTS_MAX
 from landscape.directions import BIASBN, NORMALIZATIONS, max_abs_cosine, random_directions
 from landscape.errors import NonFiniteError, UsageError
 from landscape.evaluate import Affine, Segment, evaluate
+from landscape.options import Options, build
 from landscape.params import ParamSpace
 from landscape.refs import slug
 from landscape.results import StoredResult, stored
@@ -44,7 +44,7 @@ GENERATOR_BUDGET = 1 << 29  # bytes of cached first-layer outputs per evaluate c
 RESERVED = ("loss", "acc", "distance", "distances", "rise")  # direction_<column>, toward_<column> are taken
 
 
-@dataclass
+@dataclass(frozen=True)
 class RandomDirectionOptions(EvaluationOptions):
     """How random directions are drawn (the base of the directions and surface configs) and the user metrics
     recorded at every point (:mod:`landscape.metrics`; references travel to the workers)."""
@@ -55,12 +55,12 @@ class RandomDirectionOptions(EvaluationOptions):
     metrics: tuple[str, ...] | None = option(None, user_metrics.METRIC_HELP, flag=("--metric", "--metrics"),
                                              metavar="REF", kind="metrics")
 
-    def check_metrics(self) -> None:
+    def validate(self) -> None:
         """Normalise ``metrics`` (:func:`landscape.metrics.normalize`); the runner refuses objects with workers."""
-        self.metrics = user_metrics.normalize(self.metrics)
+        self._set("metrics", user_metrics.normalize(self.metrics))
 
 
-@dataclass
+@dataclass(frozen=True)
 class DirectionsConfig(RandomDirectionOptions):
     """Options of ``landscape directions`` (stored as the result's ``params``).
 
@@ -70,8 +70,8 @@ class DirectionsConfig(RandomDirectionOptions):
     ``copy`` or ``random`` (only with filter/layer normalisation).
     """
 
-    n: int = option(100, "Number of random directions (held in memory together, for their cosines).", min=1,
-                    max=DIRECTIONS_MAX)
+    directions: int = option(100, "Number of random directions (held in memory together, for their cosines).",
+                             min=1, max=DIRECTIONS_MAX, renamed_from=("n",))
     points: int = option(30, "Points per profile: t = linspace(0, 1, points) of the distance.", min=2,
                          max=POINTS_MAX)
     distance: float | str = option("auto", "How far to go: a number, or auto = ||B - A|| (needs --toward).",
@@ -80,18 +80,9 @@ class DirectionsConfig(RandomDirectionOptions):
     normalize: str = option("none", "Direction normalisation (Li et al. 2018): none (isotropic, as Watson et al.), "
                             "filter or layer.", choices=NORMALIZATIONS)
 
-    def __post_init__(self) -> None:
-        check_positive_int("--n", self.n)
-        if int(self.points) != self.points or self.points < 2:
-            raise UsageError(f"--points must be an integer >= 2 (t = 0 and t = 1 are evaluated), got {self.points}")
-        self.n, self.points = int(self.n), int(self.points)
-        self.distance = parse_distance(self.distance)
-        check_choice("--normalize", self.normalize, NORMALIZATIONS)
-        check_choice("--biasbn", self.biasbn, BIASBN)
-        if self.split not in SPLITS:
-            raise UsageError(f"--split must be train or test, got {self.split!r}")
-        check_positive_int("--batch-size", self.batch_size)
-        self.check_metrics()
+    def validate(self) -> None:
+        super().validate()
+        self._set("distance", parse_distance(self.distance))
 
 
 def parse_distance(value: float | str) -> float | str:
@@ -149,7 +140,7 @@ def direction_chunk(model: nn.Module, space: ParamSpace, theta: torch.Tensor, di
                     ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], float]:
     """Loss, accuracy and each metric column (k, len(steps)) at ``theta + s * dirs[j]`` in one evaluate call
     (the metrics in the same forward passes); and its seconds."""
-    r = evaluate(model, x, y, rays(theta, dirs, steps), space=space, batch_size=config.batch_size,
+    r = evaluate(model, x, y, rays(theta, dirs, steps), space=space, batch_size=config.chunk,
                  device=config.device, method=config.method, metrics=[b.metric for b in metrics])
     k = dirs.shape[0]
     values = {col: v.reshape(k, -1) for col, v in user_metrics.point_values(metrics, r.metrics, r.loss).items()}
@@ -277,7 +268,7 @@ def random_profiles(
     metrics: Sequence[user_metrics.Bound] | None = None,
     **overrides,
 ) -> DirectionsResult:
-    """Watson et al. Fig. 4 for one model: profiles along ``config.n`` random directions (and toward ``toward``).
+    """Watson et al. Fig. 4 for one model: profiles along ``config.directions`` random directions (and toward ``toward``).
 
     ``theta``/``toward`` are flat vectors over ``space`` (default: the model's parameters); ``(x, y)`` the
     data already chosen (split, subset). ``chunk_runner(chunks, distance, steps)`` may evaluate the chunks
@@ -286,7 +277,7 @@ def random_profiles(
     forward passes (``point_metrics``, ``toward_metrics``; ``metrics``: already loaded by
     :func:`landscape.metrics.load`). Keyword ``overrides`` replace config fields.
     """
-    config = dataclasses.replace(config or DirectionsConfig(), **overrides)
+    config = build(DirectionsConfig, overrides, base=config)
     space = space or ParamSpace.from_model(model)
     theta = theta.detach()
     if theta.numel() != space.dim:
@@ -311,7 +302,7 @@ def random_profiles(
                                                                   analysis="directions")
 
     # t = 0 (theta_A, shared by every profile) and the path toward B
-    common = dict(space=space, batch_size=config.batch_size, device=config.device, method=config.method,
+    common = dict(space=space, batch_size=config.chunk, device=config.device, method=config.method,
                   metrics=[b.metric for b in bound])
     toward_loss = toward_acc = None
     toward_metrics: dict[str, np.ndarray] = {}
@@ -335,12 +326,12 @@ def random_profiles(
         method = r0.method
 
     # the random directions: all of them for the cosines, evaluated in chunks
-    dirs = scaled_directions(theta, space, range(config.n), config, distance)
+    dirs = scaled_directions(theta, space, range(config.directions), config, distance)
     cos = max_abs_cosine(dirs)
-    size = chunk_size(model, x, config.batch_size)
+    size = chunk_size(model, x, config.chunk)
     if chunk_runner is not None:
-        size = min(size, max(1, math.ceil(config.n / (2 * workers))))
-    chunks = [list(range(i, min(config.n, i + size))) for i in range(0, config.n, size)]
+        size = min(size, max(1, math.ceil(config.directions / (2 * workers))))
+    chunks = [list(range(i, min(config.directions, i + size))) for i in range(0, config.directions, size)]
     if chunk_runner is None:
         outs: Iterator = (direction_chunk(model, space, theta, dirs[c[0] : c[-1] + 1], steps, x, y, config, bound)
                           for c in chunks)
@@ -351,7 +342,7 @@ def random_profiles(
         losses.append(loss)
         accs.append(acc)
         extras.append(extra)
-    n = config.n
+    n = config.directions
 
     def profiles(base: float, chunks: list[np.ndarray]) -> np.ndarray:  # t = 0, then the chunks' steps
         return np.concatenate([np.full((n, 1), base), np.concatenate(chunks)], axis=1)
@@ -376,8 +367,8 @@ def random_profiles(
 # ------------------------------------------------------------------------------------------- the spec
 
 
-@dataclass
-class DirectionsOptions:
+@dataclass(frozen=True)
+class DirectionsOptions(Options):
     """The target of ``directions`` (an api keyword and a command-line option)."""
 
     toward: str | None = option(None, "Checkpoint B: also evaluate the straight path from A toward B.")

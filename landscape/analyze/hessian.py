@@ -37,14 +37,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from landscape.analyze._common import check_choice, check_positive_int, device_option
+from landscape.analyze._common import device_option
 from landscape.analyze.registry import Analysis, option
 from landscape.bounds import LANCZOS_STEPS_MAX
 from landscape.curvature import HessianOperator
 from landscape.data import take_subset
 from landscape.errors import UsageError
+from landscape.options import Options
 from landscape.results import InputRef, StoredResult, stored
-from landscape.runtime import check_device_name, resolve_device
+from landscape.runtime import resolve_device
 from landscape.spectral import (  # noqa: F401 (re-exported: the estimators lived here)
     BLOCK,
     COLUMNS,
@@ -74,15 +75,15 @@ PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
 SPLITS = ("train", "test")
 
 
-@dataclass
-class HessianConfig:
+@dataclass(frozen=True)
+class HessianConfig(Options):
     """Options of ``landscape hessian`` (and ``landscape.api.hessian``)."""
 
     top_k: int = option(5, "Largest Hessian eigenvalues to compute (Lanczos); 0 for none.", min=0)
     trace: bool = option(False, "Also estimate the trace (Hutchinson, Rademacher probes, with its standard error).")
     density: bool = option(False, "Also estimate the spectral density (stochastic Lanczos quadrature).")
-    n: int = option(1000, "Examples in the fixed seeded stratified subset the loss is taken over (the same at every "
-                    "checkpoint).", min=1)
+    subset: int = option(1000, "Examples in the fixed seeded stratified subset the loss is taken over (the same at "
+                         "every checkpoint).", min=1, renamed_from=("n",))
     seed: int = option(0, "Seed of the subset, the Lanczos start vector and the probes.")
     split: str = option("train", "Which split the subset comes from.", choices=SPLITS)
     probes: int = option(100, "Rademacher probes of the trace estimate.", min=1)
@@ -94,33 +95,17 @@ class HessianConfig:
                         min=0, min_open=True, max=1)
     sigma: float = option(0.01, "Gaussian width of the density, as a fraction of the spectral range.",
                           min=0, min_open=True)
-    precision: str = option("float32", "Precision of the Hessian-vector products.", choices=tuple(PRECISIONS))
-    batch_size: int = option(250, "Examples per chunk of each product (memory bound; results do not depend on it).",
-                             min=1)
+    precision: str = option("float32", "Precision of the Hessian-vector products.", choices=tuple(PRECISIONS),
+                            value_aliases={"single": "float32", "double": "float64"})
+    chunk: int = option(250, "Examples per chunk of each product (memory bound; results do not depend on it).",
+                        min=1, renamed_from=("batch_size",))
     device: str = device_option()
 
-    def __post_init__(self) -> None:
-        self.validate()
-
     def validate(self) -> None:
-        if int(self.top_k) != self.top_k or self.top_k < 0:
-            raise UsageError(f"--top-k must be a non-negative integer, got {self.top_k}")
-        for flag, value in (("--n", self.n), ("--probes", self.probes), ("--density-probes", self.density_probes),
-                            ("--lanczos-steps", self.lanczos_steps), ("--batch-size", self.batch_size)):
-            check_positive_int(flag, value)
         if self.top_k == 0 and not self.trace and not self.density:
             raise UsageError("nothing to compute: --top-k 0 without --trace or --density")
-        if self.lanczos_steps > LANCZOS_STEPS_MAX:
-            raise UsageError(f"--lanczos-steps must be <= {LANCZOS_STEPS_MAX}, got {self.lanczos_steps}")
         if self.top_k > self.lanczos_steps:
             raise UsageError(f"--lanczos-steps ({self.lanczos_steps}) must be at least --top-k ({self.top_k})")
-        if not (math.isfinite(self.tol) and 0 < self.tol <= 1):
-            raise UsageError(f"--tol must lie in (0, 1], got {self.tol}")
-        if not (math.isfinite(self.sigma) and self.sigma > 0):
-            raise UsageError(f"--sigma must be a positive number, got {self.sigma}")
-        check_choice("--precision", self.precision, tuple(PRECISIONS))
-        check_choice("--split", self.split, SPLITS)
-        check_device_name(self.device)
 
 
 # --------------------------------------------------------------------------------------------- rows
@@ -235,9 +220,9 @@ def hessian_row(
     subset of ``x, y``. Pure: the model is not modified."""
     config.validate()
     start = time.perf_counter()
-    xs, ys = subset(x, y, config.n, config.seed, config.split)
+    xs, ys = subset(x, y, config.subset, config.seed, config.split)
     op = HessianOperator(model, xs, ys, masks=masks, dtype=PRECISIONS[config.precision],
-                         device=resolve_device(config.device), batch_size=config.batch_size)
+                         device=resolve_device(config.device), batch_size=config.chunk)
     if config.top_k > op.dim:
         raise UsageError(f"--top-k {config.top_k} exceeds the model's {op.dim} free parameters")
     empty = np.zeros(0)
@@ -282,6 +267,6 @@ SPEC = Analysis(
     output="hessian", purpose="take Hessian-vector products", needs=("manifest",),
     doc="""Hessian sharpness (PyHessian, Yao et al. 2020) of runs or checkpoints TARGETS...: top-k eigenvalues
     (Lanczos, with residuals), --trace (Hutchinson, with its standard error), --density (stochastic Lanczos
-    quadrature, Ghorbani et al. 2019), on a fixed seeded subset of --n examples. A run means every checkpoint
+    quadrature, Ghorbani et al. 2019), on a fixed seeded subset of --subset examples. A run means every checkpoint
     (sharpness against epoch, all runs on one figure).""",
 )

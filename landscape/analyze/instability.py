@@ -21,6 +21,7 @@ from pathlib import Path
 from landscape.analyze.interpolate import InterpolateConfig
 from landscape.analyze.interpolate import compute_pair as interpolate_pair
 from landscape.analyze.registry import Analysis, option
+from landscape.options import Options
 from landscape.results import StoredResult, stored, table_columns, write_csv
 
 KIND = "instability"
@@ -142,8 +143,8 @@ def _copy_of(run: RunInfo) -> int:
 # ------------------------------------------------------------------------------------------- the spec
 
 
-@dataclass
-class InstabilityOptions:
+@dataclass(frozen=True)
+class InstabilityOptions(Options):
     """How ``instability`` pairs runs (an api keyword and a command-line option, not an analyzer option)."""
 
     pairs: str = option("siblings", "siblings (Phase-2 copies of one Phase-1 checkpoint), all, or explicit "
@@ -175,7 +176,7 @@ def compute_pair(a, b, config, labels: Mapping, result=None) -> tuple[PairInstab
 
 
 def collect(rows: list[PairInstability], config, options: InstabilityOptions) -> InstabilityTable:
-    return InstabilityTable(rows=rows, splits=tuple(config.splits),
+    return InstabilityTable(rows=rows, splits=tuple(config.split),
                             params={**dataclasses.asdict(config), "pairs": options.pairs})
 
 

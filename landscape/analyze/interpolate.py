@@ -13,7 +13,6 @@ tensors in, an :class:`InterpolationResult` out; it never opens the store and ne
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,11 +22,12 @@ import torch
 from torch import nn
 
 from landscape import metrics as user_metrics
-from landscape.analyze._common import EvaluationOptions, check_positive_int, split_subset
+from landscape.analyze._common import EvaluationOptions, split_subset
 from landscape.analyze.registry import Analysis, option
 from landscape.bounds import POINTS_MAX
 from landscape.errors import UsageError
 from landscape.evaluate import EvalResult, Segment, evaluate
+from landscape.options import build
 from landscape.params import ParamSpace, check_compatible
 from landscape.results import StoredResult, stored
 
@@ -38,13 +38,14 @@ SPLITS = ("train", "test")
 RESERVED = ("loss", "acc", "error", "alpha")
 
 
-@dataclass
+@dataclass(frozen=True)
 class InterpolateConfig(EvaluationOptions):
     """Options of ``landscape interpolate`` / ``instability`` (stored as the result's ``params``)."""
 
     points: int = option(30, "Number of alphas in linspace(0, 1, points), both endpoints included.", min=2,
                          max=POINTS_MAX)
-    splits: tuple[str, ...] = option(SPLITS, "Data splits to evaluate.", choices=SPLITS, metavar="train,test")
+    split: tuple[str, ...] = option(SPLITS, "Data split(s) to evaluate: train, test or train,test.", choices=SPLITS,
+                                    metavar="train,test", renamed_from=("splits",))
     bn_recalibrate: bool = option(False, "Recompute BatchNorm statistics at every point from the training data.")
     metrics: tuple[str, ...] | None = option(None, user_metrics.METRIC_HELP + " ece: expected calibration error, "
                                              "15 equal-width bins as landscape calibration.", flag=("--metric", "--metrics"),
@@ -52,22 +53,8 @@ class InterpolateConfig(EvaluationOptions):
     align: bool = option(False, "Also permute B's hidden units to match A (Git Re-Basin weight matching, "
                          "landscape.analyze.align) and report the instability after alignment beside it.")
 
-    def __post_init__(self) -> None:
-        if isinstance(self.splits, str):
-            self.splits = tuple(s.strip() for s in self.splits.split(",") if s.strip())
-        self.splits = tuple(self.splits)
-        self.metrics = user_metrics.normalize(self.metrics)
-        if int(self.points) != self.points or self.points < 2:
-            raise UsageError(f"--points must be an integer >= 2 (both endpoints are evaluated), got {self.points}")
-        self.points = int(self.points)
-        if not self.splits:
-            raise UsageError("give at least one split (train, test)")
-        bad = [s for s in self.splits if s not in SPLITS]
-        if bad:
-            raise UsageError(f"unknown split {bad[0]!r}; use train and/or test")
-        if len(set(self.splits)) != len(self.splits):
-            raise UsageError(f"splits repeat: {','.join(self.splits)}")
-        check_positive_int("--batch-size", self.batch_size)
+    def validate(self) -> None:
+        self._set("metrics", user_metrics.normalize(self.metrics))
 
 
 @dataclass
@@ -217,18 +204,18 @@ def interpolate(
     """Loss and accuracy along ``lerp(theta_a, theta_b, alpha)`` on each split, and the instabilities.
 
     ``theta_a``/``theta_b`` are state dicts of ``model``'s architecture (or flat vectors over ``space``);
-    ``data`` maps ``"train"``/``"test"`` to ``(x, y)``; the config's ``splits`` pick which are evaluated
+    ``data`` maps ``"train"``/``"test"`` to ``(x, y)``; the config's ``split`` picks which are evaluated
     and ``subset`` draws a seeded stratified subset of each. With ``bn_recalibrate`` the BatchNorm
     statistics are recomputed at every point from ``bn_inputs`` (default: the training inputs, same subset).
     ``config.metrics`` (references, built-in names or metric objects: :mod:`landscape.metrics`) are computed in
     the same forward passes and returned in ``point_metrics[column][split]``. Keyword ``overrides`` replace config
     fields (``interpolate(m, a, b, data, points=10)``).
     """
-    config = dataclasses.replace(config or InterpolateConfig(), **overrides)
+    config = build(InterpolateConfig, overrides, base=config)
     space = space or interpolation_space(model)
     a, b = _flat(theta_a, space, model, "A"), _flat(theta_b, space, model, "B")
     alphas = torch.from_numpy(np.linspace(0.0, 1.0, config.points))  # both ends exact
-    chosen = {s: split_subset(data, s, config.subset, config.subset_seed) for s in config.splits}
+    chosen = {s: split_subset(data, s, config.subset, config.subset_seed) for s in config.split}
     if config.bn_recalibrate and bn_inputs is None:
         if "train" not in data:
             raise UsageError("BatchNorm recalibration needs the training split")
@@ -243,7 +230,7 @@ def interpolate(
     seconds = 0.0
     method = ""
     for s, (x, y) in chosen.items():
-        r: EvalResult = evaluate(model, x, y, segment, space=space, batch_size=config.batch_size,
+        r: EvalResult = evaluate(model, x, y, segment, space=space, batch_size=config.chunk,
                                  bn_recalibrate=bn_inputs, device=config.device, method=config.method,
                                  metrics=[b.metric for b in bound])
         values_l, values_a = r.loss.numpy(), r.acc.numpy()

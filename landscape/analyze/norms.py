@@ -24,33 +24,27 @@ from landscape.analyze.registry import Analysis, option
 from landscape.bounds import BINS_MAX
 from landscape.data import take_subset
 from landscape.errors import UsageError
+from landscape.options import Options
 from landscape.results import StoredResult, stored
-from landscape.runtime import check_device_name, resolve_device
+from landscape.runtime import resolve_device
 
 KIND = "norms"
 
 
-@dataclass
-class NormsConfig:
+@dataclass(frozen=True)
+class NormsConfig(Options):
     """Options of ``landscape norms`` (and ``landscape.api.norms``)."""
 
     bins: int = option(100, "Bins of the parameter-value histograms (shared by all targets).", min=1,
                        max=BINS_MAX)
-    grad_samples: int = option(256, "Examples whose per-sample gradient norms are taken at every checkpoint (a "
-                               "seeded stratified subset of the split; 0: none).", min=0)
+    subset: int = option(256, "Examples whose per-sample gradient norms are taken at every checkpoint (a seeded "
+                         "stratified subset of the split; 0: none).", min=0, renamed_from=("grad_samples",))
     grad_epochs: tuple[float, ...] | None = option(None, "Epochs whose gradient-norm histograms are drawn (default: "
                                                    "first after init, and last).", min=0)
     seed: int = option(0, "Seed of the example draw.")
     split: str = option("train", "Which split the per-sample gradients come from.", choices=("train", "test"))
     chunk: int = option(250, "Examples per engine pass (memory bound; results do not depend on it).", min=1)
     device: str = device_option()
-
-    def validate(self) -> None:
-        check_device_name(self.device)
-        if self.bins < 1:
-            raise UsageError(f"--bins must be >= 1, got {self.bins}")
-        if self.grad_samples < 0 or self.chunk < 1:
-            raise UsageError("--grad-samples must be >= 0 and --chunk >= 1")
 
 
 # ------------------------------------------------------------------------------------------ pure parts
@@ -213,14 +207,14 @@ def checkpoint_norms(
     step: int = 0,
     epoch: float = math.nan,
 ) -> CheckpointNorms:
-    """Norm statistics of one parameter point (``x, y`` may be None when ``config.grad_samples == 0``)."""
+    """Norm statistics of one parameter point (``x, y`` may be None when ``config.subset == 0``)."""
     names = trainable_names(model)
     state = {n: p.detach().cpu() for n, p in model.named_parameters()}  # parameter statistics on the CPU
     params = parameter_norms(state, names, init)
     hist = value_histogram(parameter_vector(state, names), edges)
     grad_norms = np.zeros(0)
-    if config.grad_samples > 0 and x is not None:
-        xs, ys = take_subset(x, y, min(config.grad_samples, len(y)), config.seed, split=config.split)
+    if config.subset > 0 and x is not None:
+        xs, ys = take_subset(x, y, min(config.subset, len(y)), config.seed, split=config.split)
         grad_norms = per_sample_grad_norms(model, xs, ys, chunk=config.chunk, engine=engine)
     return CheckpointNorms(ref=ref, step=int(step), epoch=float(epoch), params=params, histogram=hist,
                            grad_norms=grad_norms)
@@ -264,7 +258,7 @@ def compute_point(point, config: NormsConfig, edges: np.ndarray):
 
     model = point.model().eval().to(resolve_device(config.device))  # eval: dropout off at the point
     x = y = None
-    if config.grad_samples > 0:
+    if config.subset > 0:
         x, y = point.split(config.split)  # the engine moves each chunk (and the masks) to the model's device
     engine = _MaskedNorms(PerSampleEngine(model), point.masks) if point.masks is not None else None
     row = checkpoint_norms(model, x, y, config, edges, init=point.init, engine=engine, ref=point.ref,

@@ -36,6 +36,7 @@ from landscape.analyze.ntk_kernels import (  # noqa: F401 (re-exported: both ana
     CLIP_FNS,
     CLIPS,
     EIG_RTOL,
+    GRAM_PRECISION,
     KIND_HELP,
     PRECISION_HELP,
     PRECISIONS,
@@ -45,7 +46,6 @@ from landscape.analyze.ntk_kernels import (  # noqa: F401 (re-exported: both ana
     KernelOptions,
     KernelProperties,
     LayerKernels,
-    check_kernel_options,
     clip_kernel,
     clip_layer_kernels,
     clipping_factors,
@@ -67,12 +67,11 @@ from landscape.analyze.ntk_table import (  # noqa: F401 (re-exported)
     table_rows,
 )
 from landscape.analyze.registry import Analysis, option
-from landscape.errors import UsageError
 from landscape.results import StoredResult, stored
 
 
 # ------------------------------------------------------------------------------------------- config
-@dataclass
+@dataclass(frozen=True)
 class NTKConfig(KernelOptions):
     """Options of ``landscape ntk`` (stored as the result's params)."""
 
@@ -80,17 +79,6 @@ class NTKConfig(KernelOptions):
     max_grad_norm: float = option(1.0, "Clipping norm C.", flag=("--max-grad-norm", "-C"), min=0, min_open=True)
     layer_max_norms: float | None = option(None, "Layerwise per-layer norm C_r (default C / sqrt(#layers), as in "
                                            "training).", flag="--layer-max-norm", min=0, min_open=True)
-
-    def __post_init__(self) -> None:
-        if self.clip not in CLIPS:
-            raise UsageError(f"unknown clip '{self.clip}' (choose from {', '.join(CLIPS)})")
-        if self.n < 1:
-            raise UsageError(f"--n must be at least 1, got {self.n}")
-        if not self.max_grad_norm > 0:
-            raise UsageError(f"--max-grad-norm must be positive, got {self.max_grad_norm}")
-        if self.split not in ("train", "test"):
-            raise UsageError(f"--split must be train or test, got '{self.split}'")
-        check_kernel_options(self)
 
 
 # ------------------------------------------------------------------------------------------- results
@@ -125,7 +113,7 @@ class NTKResult(StoredResult):
 
     def summary(self) -> dict:
         """What the CLI prints: the clipped kernel's properties and the unclipped kernel's."""
-        out = {"kind": self.config.kind, "clip": self.config.clip, "n": int(len(self.labels)),
+        out = {"kind": self.config.kernel, "clip": self.config.clip, "n": int(len(self.labels)),
                "fraction_clipped": self.fraction_clipped}
         out.update(self.properties.scalars())
         out.update({f"K_{k}": v for k, v in self.K_properties.scalars().items()})
@@ -162,8 +150,8 @@ class NTKResult(StoredResult):
 def compute_ntk(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: NTKConfig, *,
                 indices: np.ndarray | None = None) -> NTKResult:
     """The (clipped) NTK of ``model`` on examples ``x, y`` as ``config`` asks (pure: no store I/O)."""
-    lk = layer_kernels(model, x, y, kind=config.kind, layers=config.layers, strategy=config.strategy,
-                       max_memory=config.max_memory, precision=config.precision)
+    lk = layer_kernels(model, x, y, kind=config.kernel, layers=config.layers, strategy=config.strategy,
+                       max_memory=config.max_memory, precision=GRAM_PRECISION[config.precision])
     K = lk.K
     L, n = lk.layer_sq_norms.shape
     layer_max = None
@@ -187,7 +175,7 @@ def compute_ntk(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: NTKC
 
 
 def compute_point(point, config: NTKConfig) -> NTKResult:
-    """:func:`compute_ntk` at one resolved checkpoint (``precision="double"`` runs the model in float64)."""
+    """:func:`compute_ntk` at one resolved checkpoint (``precision="float64"`` runs the model in float64)."""
     model, x, y, idx = model_and_examples(point, config)
     return compute_ntk(model, x, y, config, indices=idx)
 

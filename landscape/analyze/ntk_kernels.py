@@ -19,15 +19,19 @@ from landscape.analyze.registry import option
 from landscape.clip import CLIP_STYLES, clip_factors, layer_threshold
 from landscape.errors import NonFiniteError, UsageError
 from landscape.gram import KINDS, gram_blocks, layer_names, parse_memory
-from landscape.runtime import check_device_name, resolve_device
+from landscape.options import Options
+from landscape.runtime import resolve_device
 
 CLIPS = ("none", "flat", "layerwise")
 CLIP_FNS = ("abadi", "automatic", "normalize", "global")
 STRATEGIES = ("auto", "hooks", "materialize", "ghost", "functorch")
-PRECISIONS = ("auto", "double", "single")
+PRECISIONS = ("auto", "float64", "float32")
+#: the config's precision names (those of ``hessian --precision``) -> landscape.gram's
+GRAM_PRECISION = {"auto": "auto", "float64": "double", "float32": "single"}
 KIND_HELP = ("loss-grad: <grad l_i, grad l_j>; output: d f/d w (d f/d w)^T (nM x nM); output-trace: its trace "
              "over logits (n x n).")
-PRECISION_HELP = "auto: float64 for small tensors, model dtype for big contractions; double: model in float64."
+PRECISION_HELP = ("auto: float64 for small tensors, the model's dtype for big contractions; float64: the model and "
+                  "every contraction in float64; float32: every contraction in the model's dtype.")
 #: an eigenvalue counts as >= 0 if it is >= -EIG_RTOL * ||A||_F, as real if |imag| <= EIG_RTOL * ||A||_F
 EIG_RTOL = 1e-6
 #: a matrix counts as symmetric if ||A - A^T||_F / ||A||_F <= SYM_RTOL
@@ -202,12 +206,13 @@ def clip_kernel(
 
 
 # ------------------------------------------------------------------------------------- kernel options
-@dataclass
-class KernelOptions:
+@dataclass(frozen=True)
+class KernelOptions(Options):
     """Which kernel of which examples, and how it is computed (the base of NTKConfig and NTKTableConfig)."""
 
-    n: int = option(128, "Number of examples (seeded stratified subset of the checkpoint's data).", min=1)
-    kind: str = option("loss-grad", KIND_HELP, choices=KINDS)
+    subset: int = option(128, "Number of examples (seeded stratified subset of the checkpoint's data).", min=1,
+                         renamed_from=("n",))
+    kernel: str = option("loss-grad", KIND_HELP, choices=KINDS, renamed_from=("kind",))  # `kind:` is a batch job's kind
     clip_fn: str = option("abadi", "Clipping function (Bu et al. Sec. 2.2).", choices=CLIP_FNS)
     layers: tuple[str, ...] | None = option(None, "Glob patterns of parameter names to include (default: all "
                                             "trainable).")
@@ -216,18 +221,12 @@ class KernelOptions:
     max_memory: str | int | None = option("4GB", "Memory budget of the Gram computation (e.g. 4GB, 512MiB).",
                                           kind="text")
     strategy: str = option("auto", "How per-layer Gram blocks are computed.", choices=STRATEGIES)
-    precision: str = option("auto", PRECISION_HELP, choices=PRECISIONS)
+    precision: str = option("auto", PRECISION_HELP, choices=PRECISIONS,
+                            value_aliases={"double": "float64", "single": "float32"})
     device: str = device_option()
 
-
-def check_kernel_options(config: KernelOptions) -> None:
-    """What both configs check alike: the kernel kind, the layers (kept as a tuple) and the memory budget."""
-    if config.kind not in KINDS:
-        raise UsageError(f"unknown kernel kind '{config.kind}' (choose from {', '.join(KINDS)})")
-    if config.layers is not None:
-        config.layers = tuple(config.layers)
-    parse_memory(config.max_memory)
-    check_device_name(config.device)
+    def validate(self) -> None:
+        parse_memory(self.max_memory)
 
 
 # ------------------------------------------------------------------------------------------ kernels
@@ -315,19 +314,19 @@ def examples(point, n: int, seed: int, split: str) -> tuple[torch.Tensor, torch.
 
     x, y = point.data.split(split)
     if n > len(y):
-        raise UsageError(f"--n {n} is more than the {len(y)} {split} examples of data set "
+        raise UsageError(f"--subset {n} is more than the {len(y)} {split} examples of data set "
                          f"'{point.checkpoint.data_spec.get('name')}'")
     idx = sample_subset(y, n, seed, split=split)
     return x[idx], y[idx], idx.numpy()
 
 
 def model_and_examples(point, config):
-    """The checkpoint's model and the seeded examples on ``config.device`` (in float64 for ``precision="double"``)."""
+    """The checkpoint's model and the seeded examples on ``config.device`` (in float64 for ``precision="float64"``)."""
     device = resolve_device(config.device)
     model = point.model().to(device)
-    if config.precision == "double":
+    if config.precision == "float64":
         model = model.double()
-    x, y, idx = examples(point, config.n, config.seed, config.split)
+    x, y, idx = examples(point, config.subset, config.seed, config.split)
     dtype = next(model.parameters()).dtype
     x = x.to(device, dtype) if x.is_floating_point() else x.to(device)  # token ids stay integers
     return model, x, y.to(device), idx

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from landscape.analyze.ntk_kernels import (
+    GRAM_PRECISION,
     KernelOptions,
     LayerKernels,
-    check_kernel_options,
     clip_layer_kernels,
     kernel_properties,
     layer_kernels,
@@ -25,27 +25,17 @@ from landscape.analyze.ntk_kernels import (
 )
 from landscape.analyze.registry import Analysis, option
 from landscape.clip import CLIP_STYLES
-from landscape.errors import UsageError
 from landscape.results import StoredResult, stored, write_csv
 
 
-@dataclass
+@dataclass(frozen=True)
 class NTKTableConfig(KernelOptions):
     """Options of ``landscape ntk-table`` (stored as the result's params)."""
 
     max_grad_norms: tuple[float, ...] = option((0.01, 0.1, 1.0, 10.0, 100.0), "Clipping norms C.",
                                                flag=("--max-grad-norm", "-C"), min=0, min_open=True)
-    clip_styles: tuple[str, ...] = option(CLIP_STYLES, "Clipping styles: flat, layerwise.", flag="--clip-style")
-
-    def __post_init__(self) -> None:
-        self.max_grad_norms = tuple(float(c) for c in self.max_grad_norms)
-        self.clip_styles = tuple(self.clip_styles)
-        if not self.max_grad_norms or any(not c > 0 for c in self.max_grad_norms):
-            raise UsageError("--max-grad-norm needs one or more positive numbers")
-        bad = [s for s in self.clip_styles if s not in CLIP_STYLES]
-        if bad or not self.clip_styles:
-            raise UsageError(f"unknown clip style {bad} (choose from {', '.join(CLIP_STYLES)})")
-        check_kernel_options(self)
+    clip_styles: tuple[str, ...] = option(CLIP_STYLES, "Clipping styles: flat, layerwise.", flag="--clip-style",
+                                          choices=CLIP_STYLES)
 
 
 # ---------------------------------------------------------------------------------- Bu Table 1 measured
@@ -119,16 +109,16 @@ class NTKTable(StoredResult):
 def ntk_table(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: NTKTableConfig, *, step: int = 0,
               epoch: float = float("nan")) -> NTKTable:
     """Bu et al. Table 1 measured on one model: one Gram computation, every clipping norm and style."""
-    lk = layer_kernels(model, x, y, kind=config.kind, layers=config.layers, strategy=config.strategy,
-                       max_memory=config.max_memory, precision=config.precision)
+    lk = layer_kernels(model, x, y, kind=config.kernel, layers=config.layers, strategy=config.strategy,
+                       max_memory=config.max_memory, precision=GRAM_PRECISION[config.precision])
     return NTKTable(config=config, rows=table_rows(lk, config, step=step, epoch=epoch))
 
 
 def table_point(point, config: NTKTableConfig) -> list[NTKTableRow]:
     """One checkpoint's rows of the measured Table 1: one Gram computation for every clipping norm and style."""
     model, x, y, _ = model_and_examples(point, config)
-    lk = layer_kernels(model, x, y, kind=config.kind, layers=config.layers, strategy=config.strategy,
-                       max_memory=config.max_memory, precision=config.precision)
+    lk = layer_kernels(model, x, y, kind=config.kernel, layers=config.layers, strategy=config.strategy,
+                       max_memory=config.max_memory, precision=GRAM_PRECISION[config.precision])
     return table_rows(lk, config, step=point.step, epoch=float(point.epoch))
 
 

@@ -16,9 +16,10 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from landscape.options import build, cli_fields, flag_of, flags_of, option  # noqa: F401 (re-exported)
 from landscape.refs import slug  # noqa: F401 (importable from here as before: the one slug is landscape.refs')
 
 #: What the references of an analysis are and how ``compute`` is called (see :class:`Analysis`).
@@ -138,48 +139,8 @@ def get(name: str) -> Analysis:
 
 
 # ------------------------------------------------------------------------------------ config fields
-
-
-def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | tuple[str, ...] | None = None,
-           choices: tuple | None = None, metavar: str | None = None, min: float | None = None,
-           max: float | None = None, min_open: bool = False, max_open: bool = False, kind: str | None = None,
-           cli: bool = True, show_default: Any = True, default_factory: Callable | None = None) -> Any:
-    """A config dataclass field with its command-line option in the field's metadata.
-
-    The option's type comes from the annotation: ``int``/``float`` (finite; ``min``/``max`` bounds), ``bool``
-    (a flag), ``str`` (free, or one of ``choices``), ``tuple[str, ...]``/``tuple[float, ...]`` (a comma list;
-    ``choices`` limit the items; ``X | None`` defaults to None). ``kind`` names a special parameter type
-    instead (``"device"``, ``"subset"`` for ``int | float | None`` counts or fractions, ``"text"`` for a
-    string the config parses itself, ``"metrics"`` for a repeatable ``--metric REF`` of
-    :mod:`landscape.metrics`). ``flag`` overrides ``--field-name`` (a tuple adds aliases such as
-    ``("--max-grad-norm", "-C")``); ``min_open`` / ``max_open`` make ``min`` / ``max`` exclusive; ``cli=False``
-    keeps a field out of the command line (api only).
-    """
-    meta = {"help": help, "flag": flag, "choices": choices, "metavar": metavar, "min": min, "max": max,
-            "min_open": min_open, "max_open": max_open, "kind": kind, "cli": cli, "show_default": show_default}
-    if default_factory is not None:
-        return field(default_factory=default_factory, metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def cli_fields(cls: type) -> list[dataclasses.Field]:
-    """The fields of config dataclass ``cls`` that are command-line options: its own first, then inherited ones
-    (``EvaluationOptions``' subset/batch/device options come after an analysis' own)."""
-    own = set(cls.__dict__.get("__annotations__", {}))
-    fields = [f for f in dataclasses.fields(cls) if f.metadata.get("cli", False)]
-    return [f for f in fields if f.name in own] + [f for f in fields if f.name not in own]
-
-
-def flags_of(f: dataclasses.Field) -> tuple[str, ...]:
-    """``("--points",)`` for field ``points``, ``("--bn-recalibrate",)`` for ``bn_recalibrate``, or the metadata's
-    flag(s) (``("--max-grad-norm", "-C")``)."""
-    flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
-    return (flag,) if isinstance(flag, str) else tuple(flag)
-
-
-def flag_of(f: dataclasses.Field) -> str:
-    """The main flag of a config field (the first of :func:`flags_of`)."""
-    return flags_of(f)[0]
+# Options are declared and coerced by landscape.options (one coercion for the command line, the api and batch
+# specs); the names below are re-exported so an analysis module imports Analysis and option from one place.
 
 
 def flags(cls: type | None) -> Mapping[str, str]:
@@ -188,52 +149,20 @@ def flags(cls: type | None) -> Mapping[str, str]:
 
 
 def check_bounds(config: Any) -> None:
-    """Every number of ``config`` within its field's declared range (``min``/``max``/``min_open``/``max_open``),
-    finite, seeds by the one rule of :mod:`landscape.bounds` and counts at most ``COUNT_MAX``: what the command
-    line's types check, for the api and batch specs. A violation is one UsageError line naming the flag."""
-    import math
-
-    from landscape.bounds import COUNT_MAX, check_seed, is_seed, subset_value
-    from landscape.errors import UsageError
+    """Every option field of ``config`` a value its declaration accepts (:func:`landscape.options.coerce_field`:
+    the declared range, finite numbers, the seed rule, counts at most ``COUNT_MAX``): for dataclasses that are not
+    :class:`landscape.options.Options` (those are checked when made). A violation is one UsageError naming the flag."""
+    from landscape.options import coerce_field
 
     for f in dataclasses.fields(config):
-        value, meta = getattr(config, f.name), f.metadata
-        if "min" not in meta or isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        flag = flag_of(f)
-        if meta.get("kind") == "subset":
-            subset_value(value, flag)
-            continue
-        if is_seed(f.name):
-            check_seed(flag, value)
-            continue
-        if isinstance(value, float) and not math.isfinite(value):
-            raise UsageError(f"{flag} must be a finite number, got {value}")
-        lo, hi = meta.get("min"), meta.get("max")
-        if hi is None and isinstance(value, int) and meta.get("kind") is None:
-            hi = COUNT_MAX
-        if lo is not None and (value < lo or (meta.get("min_open") and value == lo)):
-            raise UsageError(f"{flag} must be {'>' if meta.get('min_open') else '>='} {lo}, got {value}")
-        if hi is not None and (value > hi or (meta.get("max_open") and value == hi)):
-            raise UsageError(f"{flag} must be {'<' if meta.get('max_open') else '<='} {hi}, got {value}")
+        if "help" in f.metadata or "cli" in f.metadata:
+            coerce_field(type(config), f, getattr(config, f.name))
 
 
-def config_with(cls: type, config: Any, options: dict[str, Any]) -> Any:
-    """``config`` (or ``cls()``) with keyword ``options`` replacing fields, bounds checked (:func:`check_bounds`);
-    a UsageError names unknown options. Configs that check themselves in ``validate()`` (rather than
-    ``__post_init__``) are checked here too. The api runner, the hand-written api functions and batch specs use it."""
-    from landscape.errors import UsageError
-
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise UsageError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    out = dataclasses.replace(config if config is not None else cls(), **options)
-    check_bounds(out)
-    validate = getattr(out, "validate", None)
-    if validate is not None:
-        validate()
-    return out
+def config_with(cls: type, config: Any, options: Mapping[str, Any]) -> Any:
+    """``config`` (or a new ``cls``) with keyword ``options`` replacing fields (:func:`landscape.options.build`:
+    coerced and validated once; unknown options are one UsageError; old names work with a deprecation line)."""
+    return build(cls, options, base=config)
 
 
 def parallel(spec: Analysis) -> bool:

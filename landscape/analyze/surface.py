@@ -37,13 +37,13 @@ import torch
 from torch import nn
 
 from landscape import metrics as user_metrics
-from landscape.analyze._common import check_choice, check_positive_int
 from landscape.analyze.directions import RandomDirectionOptions, nonzero_random_directions
 from landscape.analyze.registry import Analysis, option
 from landscape.bounds import GRID_CELLS_MAX
-from landscape.directions import BIASBN, NORMALIZATIONS, trajectory_pca
+from landscape.directions import NORMALIZATIONS, trajectory_pca
 from landscape.errors import UsageError
 from landscape.evaluate import Affine, evaluate
+from landscape.options import Options
 from landscape.params import ParamSpace
 from landscape.refs import slug
 from landscape.results import StoredResult, stored, to_jsonable
@@ -60,7 +60,7 @@ _GRID = re.compile(r"^\s*(\d+)\s*(?:[xX]\s*(\d+))?\s*$")
 _RANGE = re.compile(r"^\s*([-+0-9.eE]+)\s*:\s*([-+0-9.eE]+)\s*$")
 
 
-@dataclass
+@dataclass(frozen=True)
 class SurfaceConfig(RandomDirectionOptions):
     """Options of ``landscape surface`` (stored as the result's ``params``).
 
@@ -75,29 +75,19 @@ class SurfaceConfig(RandomDirectionOptions):
     grid: str = option("25x25", "Grid points NXxNY (or N).")
     range: str = option("auto", "auto, LO:HI (both axes) or XLO:XHI,YLO:YHI; auto = -1:1 for random, else around "
                         "the points.")
-    splits: tuple[str, ...] = option(SPLITS, "Data splits to evaluate: train, test or both.", choices=SPLITS,
-                                     metavar="train,test")
+    split: tuple[str, ...] = option(SPLITS, "Data split(s) to evaluate: train, test or train,test.", choices=SPLITS,
+                                    metavar="train,test", renamed_from=("splits",))
     normalize: str = option("filter", "Direction normalisation of the random plane (Li et al. 2018): none, filter "
                             "or layer.", choices=NORMALIZATIONS)
     rows_per_call: int | None = option(None, "Grid rows per evaluation call and file write (default: about 64 "
                                        "points per call).", min=1)
 
-    def __post_init__(self) -> None:
-        if isinstance(self.splits, str):
-            self.splits = tuple(s.strip() for s in self.splits.split(",") if s.strip())
-        self.splits = tuple(self.splits)
-        if not self.splits or any(s not in SPLITS for s in self.splits) or len(set(self.splits)) != len(self.splits):
-            raise UsageError(f"--splits takes train, test or train,test; got {','.join(self.splits) or 'nothing'}")
-        self.plane = str(self.plane).strip()
+    def validate(self) -> None:
+        super().validate()
+        self._set("plane", self.plane.strip())
         self.plane_kind  # noqa: B018 (validates)
         self.shape  # noqa: B018
         self.ranges  # noqa: B018
-        check_choice("--normalize", self.normalize, NORMALIZATIONS)
-        check_choice("--biasbn", self.biasbn, BIASBN)
-        check_positive_int("--batch-size", self.batch_size)
-        if self.rows_per_call is not None:
-            check_positive_int("--rows-per-call", self.rows_per_call)
-        self.check_metrics()
 
     @property
     def plane_kind(self) -> str:
@@ -287,9 +277,9 @@ class SurfaceResult(StoredResult):
         column."""
         (x0, x1), (y0, y1) = config.ranges or plane.auto_ranges()
         nx, ny = config.shape
-        values = {f"{s}_{m}": np.full((nx, ny), np.nan) for s in config.splits for m in METRICS}
+        values = {f"{s}_{m}": np.full((nx, ny), np.nan) for s in config.split for m in METRICS}
         return cls(
-            point_metrics={c: {s: np.full((nx, ny), np.nan) for s in config.splits} for c in columns},
+            point_metrics={c: {s: np.full((nx, ny), np.nan) for s in config.split} for c in columns},
             xcoordinates=np.linspace(x0, x1, nx), ycoordinates=np.linspace(y0, y1, ny), values=values,
             plane_kind=plane.kind, xlabel=plane.xlabel, ylabel=plane.ylabel,
             explained_variance=plane.explained_variance, trajectory=plane.trajectory,
@@ -379,9 +369,9 @@ def surface_rows(model: nn.Module, space: ParamSpace, plane: Plane, x_values: Se
     points = Affine(plane.origin, torch.stack([plane.dx, plane.dy]).to(plane.origin.dtype), coords)
     out: RowValues = {}
     seconds, method = 0.0, ""
-    for s in config.splits:
+    for s in config.split:
         x, y = data[s]
-        r = evaluate(model, x, y, points, space=space, batch_size=config.batch_size, device=config.device,
+        r = evaluate(model, x, y, points, space=space, batch_size=config.chunk, device=config.device,
                      method=config.method, metrics=[b.metric for b in metrics])
         extra = {col: v.reshape(len(xs), len(ys)) for col, v in user_metrics.point_values(metrics, r.metrics,
                                                                                           r.loss).items()}
@@ -418,7 +408,7 @@ def compute_surface(
     columns = [c for b in metrics for c in b.columns]
     result = partial if partial is not None else SurfaceResult.empty(plane, config, columns)
     result.metric_sources = user_metrics.sources(metrics)
-    result.examples = {s: int(data[s][0].shape[0]) for s in config.splits}
+    result.examples = {s: int(data[s][0].shape[0]) for s in config.split}
     blocks = row_blocks(pending_rows(result), len(result.ycoordinates), config, workers)
     if row_runner is None:
         def row_runner(todo: list[list[int]]):
@@ -445,8 +435,8 @@ def compute_surface(
 # ------------------------------------------------------------------------------------------- the spec
 
 
-@dataclass
-class SurfaceOptions:
+@dataclass(frozen=True)
+class SurfaceOptions(Options):
     """How ``surface`` runs and draws (api keywords and command-line options, not analyzer options)."""
 
     three_d: bool = option(False, "Also draw a 3-D surface view.", flag="--3d")

@@ -33,35 +33,28 @@ from landscape.analyze._common import device_option
 from landscape.analyze.registry import Analysis, option
 from landscape.data import sample_subset
 from landscape.errors import UsageError
+from landscape.options import Options
 from landscape.results import StoredResult, stored
-from landscape.runtime import check_device_name, resolve_device
+from landscape.runtime import resolve_device
 
 KIND = "symmetry"
 PLANE = 2  # rows 0 and 1 of the projection matrix span the 2-D picture
 
 
-@dataclass
-class SymmetryConfig:
+@dataclass(frozen=True)
+class SymmetryConfig(Options):
     """Options of ``landscape symmetry`` (and ``landscape.api.symmetry``)."""
 
     projections: int = option(16, "Random 1-D directions for the skewness (besides the 2-D plane).",
                               flag=("--projections", "-P"), min=0)
     seed: int = option(0, "Seed of the projection matrix, the example draw and the permutations.")
-    batch_size: int = option(500, "Examples whose deviations are drawn (the same for every checkpoint).", min=3)
+    subset: int = option(500, "Examples (a seeded draw of the split, the same at every checkpoint) whose deviations "
+                         "are taken.", min=3, renamed_from=("batch_size",))
     permutations: int = option(999, "Sign-flip permutations for the p-value.", min=1)
     split: str = option("train", "Which split the per-sample gradients come from.", choices=("train", "test"))
     chunk: int = option(250, "Examples per engine pass (memory bound; results do not depend on it).", min=1)
-    directions_per_pass: int = option(4, cli=False)
+    directions_per_pass: int = option(4, cli=False, min=1)
     device: str = device_option()
-
-    def validate(self) -> None:
-        check_device_name(self.device)
-        if self.projections < 0:
-            raise UsageError(f"--projections must be >= 0, got {self.projections}")
-        if self.batch_size < 3:
-            raise UsageError(f"--batch-size must be >= 3, got {self.batch_size}")
-        if self.permutations < 1 or self.chunk < 1 or self.directions_per_pass < 1:
-            raise UsageError("--permutations, --chunk and --directions-per-pass must be >= 1")
 
 
 # ------------------------------------------------------------------------------------ random directions
@@ -244,7 +237,7 @@ def sample_indices(y: torch.Tensor, batch_size: int, seed: int, split: str = "")
     """The examples whose deviations are drawn: the same ``batch_size`` examples for every checkpoint, drawn by
     the one sampler (:func:`landscape.data.sample_subset`: seeded, stratified by class)."""
     if batch_size > len(y):
-        raise UsageError(f"--batch-size {batch_size} exceeds the {len(y)} examples of the split")
+        raise UsageError(f"--subset {batch_size} exceeds the {len(y)} examples of the split")
     return sample_subset(y, batch_size, seed, split=split)
 
 
@@ -282,7 +275,7 @@ def symmetry_row(
         from landscape.persample import PerSampleEngine
 
         engine = PerSampleEngine(model)
-    idx = sample_indices(y, config.batch_size, config.seed, config.split)
+    idx = sample_indices(y, config.subset, config.seed, config.split)
     projected = projected_gradients(
         engine, model, x[idx], y[idx], rows=PLANE + config.projections, seed=config.seed, chunk=config.chunk,
         directions_per_pass=config.directions_per_pass, masks=masks,
@@ -297,9 +290,8 @@ def gradient_symmetry(
     step: int = 0, epoch: float = math.nan,
 ) -> SymmetryResult:
     """Zhu & Blaschko App. F at one parameter point: projected deviations + symmetry statistics."""
-    config = SymmetryConfig(projections=projections, seed=seed, batch_size=batch_size, permutations=permutations,
+    config = SymmetryConfig(projections=projections, seed=seed, subset=batch_size, permutations=permutations,
                             chunk=chunk)
-    config.validate()
     row = symmetry_row(model, x, y, config, engine=engine, ref=ref, step=step, epoch=epoch)
     shapes = parameter_shapes(model)
     return SymmetryResult(config=config, rows=[row], fingerprint=matrix_fingerprint(seed, shapes, PLANE),

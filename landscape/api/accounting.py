@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from landscape.errors import CheckpointError, UsageError
+from landscape.options import Options, option
 from landscape.train import accounting
 
 
-@dataclass
-class PrivacyQuery:
-    """Options of ``landscape privacy`` (mirrored one-to-one by the CLI)."""
+@dataclass(frozen=True)
+class PrivacyQuery(Options):
+    """Options of ``landscape privacy`` (mirrored one-to-one by the CLI); ``accountant`` was ``method``."""
 
     noise_multiplier: float | None = None
     target_epsilon: float | None = None
@@ -34,7 +35,9 @@ class PrivacyQuery:
     steps: int | None = None
     epochs: int | None = None
     delta: float = 1e-5
-    method: str = "rdp"
+    accountant: str = option("rdp", "rdp: exact sampled-Gaussian RDP at Opacus' orders (equals Opacus); pld: "
+                             "dp_accounting's privacy loss distributions (tighter).", choices=("rdp", "pld"),
+                             renamed_from=("method",))
 
     def schedule(self) -> tuple[float, int]:
         """``(q, steps)``; a usage error when the options conflict or are missing."""
@@ -84,17 +87,17 @@ def privacy(query: PrivacyQuery) -> PrivacyAnswer:
     """Epsilon of the schedule (``noise_multiplier`` given) or the calibrated sigma (``target_epsilon``)."""
     q, steps = query.schedule()
     if query.target_epsilon is not None:
-        sigma = accounting.noise_for_epsilon(query.target_epsilon, q, steps, query.delta, query.method)
+        sigma = accounting.noise_for_epsilon(query.target_epsilon, q, steps, query.delta, query.accountant)
     else:
         sigma = float(query.noise_multiplier)
-    eps = accounting.epsilon(sigma, q, steps, query.delta, query.method)
+    eps = accounting.epsilon(sigma, q, steps, query.delta, query.accountant)
     return PrivacyAnswer(
         noise_multiplier=sigma,
         epsilon=eps,
         delta=query.delta,
         sample_rate=q,
         steps=steps,
-        method=query.method,
+        method=query.accountant,
         target_epsilon=query.target_epsilon,
     )
 

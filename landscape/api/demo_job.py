@@ -83,7 +83,7 @@ def demo(out_dir: str | Path = "demo-out", *, root: str | Path | None = None, co
     made = tour("demo-k*", root=root, out_dir=results, config=InterpolateConfig(points=config.points))
     k = max(config.ks)
     profile = directions(f"demo-k{k}-sgd-sgd-0@last", toward=f"demo-k{k}-sgd-sgd-1@last", root=root,
-                         output=results / "directions-sgd-sibling.h5", n=config.directions,
+                         output=results / "directions-sgd-sibling.h5", directions=config.directions,
                          points=config.points, distance="auto", normalize=config.normalize, seed=config.seed)
     split = "test" if "test" in made.table.splits else made.table.splits[0]
     pairs = [{"k": r.k, "phase2": r.phase2, "chord_barrier": r.chord_barrier_loss[split],

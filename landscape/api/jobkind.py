@@ -75,9 +75,12 @@ class JobKind:
 
 
 def fields_of(cls: type, skip: Iterable[str] = ()) -> dict[str, str]:
-    """Field name -> annotation string of dataclass ``cls`` (without ``skip``)."""
+    """Field name -> annotation string of dataclass ``cls`` (without ``skip``; renamed fields' old names too)."""
+    from landscape.options import renames
+
     skip = set(skip)
-    return {f.name: str(f.type) for f in dataclasses.fields(cls) if f.name not in skip}
+    out = {f.name: str(f.type) for f in dataclasses.fields(cls) if f.name not in skip}
+    return out | {old: out[new] for old, new in renames(cls).items() if new in out}  # old names, for one release
 
 
 def validated(config: Any) -> Any:

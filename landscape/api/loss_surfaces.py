@@ -114,7 +114,7 @@ def _init_worker(payload: _Payload) -> dict[str, Any]:
     model.load_state_dict(payload.state_dict, strict=True)
     space = ParamSpace.from_model(model)
     cfg = payload.config
-    splits = cfg.splits if isinstance(cfg, SurfaceConfig) else (cfg.split,)
+    splits = cfg.split if isinstance(cfg, SurfaceConfig) else (cfg.split,)
     data = {s: _split_data(payload.data_spec, s, cfg.subset, cfg.subset_seed, payload.data_root, payload.download)
             for s in splits}
     analysis = surface_analysis if isinstance(cfg, SurfaceConfig) else directions_analysis
@@ -171,7 +171,7 @@ def run_surface(resolver: Resolver, ref_a: str, config: SurfaceConfig, options, 
     partial.config, partial.metric_sources = config, user_metrics.sources(metrics)
     partial.to_hdf5(out, inputs=inputs, attrs=attrs)
     data = {s: _split_data(a.data_spec, s, config.subset, config.subset_seed, resolver.data_root, resolver.download)
-            for s in config.splits}
+            for s in config.split}
 
     def written(result: SurfaceResult, rows: list[int]) -> None:
         result.to_hdf5(out, inputs=inputs, attrs=attrs)

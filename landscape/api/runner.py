@@ -329,51 +329,126 @@ def _pairs(spec: Analysis, resolver: Resolver, patterns: list[str], config: Any,
 # --------------------------------------------------------------------------------- public functions
 
 
-def api_function(name: str) -> Callable:
-    """The public ``landscape.api`` function of analysis ``name`` (e.g. ``interpolate(ref_a, ref_b, *, root=...,
-    config=None, output=None, figure=True, data_root=None, download=False, data_from="a", **options)``).
+#: The keyword-only runner options of every api function: name -> (annotation, default, help).
+RUNNER_OPTIONS: dict[str, tuple[Any, Any, str]] = {
+    "root": (str | Path, "checkpoints", "Checkpoint store root."),
+    "output": (str | Path | None, None, "Result HDF5 file to write (default results/<name>-<A>.h5)."),
+    "figure": (bool, True, "Draw the figure(s) beside the result file."),
+    "data_root": (str | None, None, "Where torchvision data sets live (default $LANDSCAPE_DATA)."),
+    "download": (bool, False, "Download a torchvision data set into data_root if absent."),
+    "data_from": (str, "a", "When A and B were trained on different data: evaluate on A's ('a') or B's ('b')."),
+    "workers": (int, 1, "Parallel worker processes (spawned, one torch thread each)."),
+    "scheduler": (Any, None, "A Dask scheduler address (tcp://HOST:PORT) or distributed.Client: run the parallel "
+                             "parts there instead of local worker processes."),
+    "code": (Sequence[str], (), "Model / data code (module:factory, file.py:factory) the checkpoints were built "
+                                "with, trusted to rebuild them."),
+    "accept_changed_code": (bool, False, "Accept code whose source sha256 changed since it was recorded."),
+}
+_REFS = {"checkpoint": (("ref", str | Path, "A checkpoint reference: RUN@selector or a checkpoint file."),),
+         "pair": (("ref_a", str | Path, "Checkpoint A (RUN@selector or a file)."),
+                  ("ref_b", str | Path, "Checkpoint B (RUN@selector or a file).")),
+         "pairs": (("run_patterns", Sequence[str], "Run names or globs whose checkpoints are paired."),),
+         "target": (("target", str | Path, "A checkpoint, or a run name: every checkpoint of the run."),),
+         "targets": (("targets", Sequence[str], "Runs or checkpoints to compare."),)}
 
-    Its references are positional (``ref_a, ref_b`` / ``target`` / ``targets`` / ``run_patterns``), then the
-    config (positional or keyword), then keyword-only runner options; any config field or run option may be
-    given as a keyword (``interpolate("a", "b", points=10)``). Returns the result (``.path``, ``.figures``).
-    """
-    spec = get(name)
-    P = inspect.Parameter
-    refs = {"checkpoint": ["ref"], "pair": ["ref_a", "ref_b"], "pairs": ["run_patterns"], "target": ["target"],
-            "targets": ["targets"]}
-    ref_names = refs[spec.inputs]
-    params = [P(n, P.POSITIONAL_OR_KEYWORD, default=() if n == "run_patterns" else P.empty) for n in ref_names]
-    params.append(P("config", P.POSITIONAL_OR_KEYWORD, default=None, annotation=spec.config))
-    defaults = {"root": "checkpoints", "output": None, "figure": True, "data_root": None, "download": False,
-                "code": (), "accept_changed_code": False}
+
+def _runner_names(spec: Analysis) -> list[str]:
+    names = ["root", "output", "figure", "data_root", "download"]
     if spec.inputs in ("pair", "pairs"):
-        defaults["data_from"] = "a"
+        names.append("data_from")
     if parallel(spec):
-        defaults["workers"] = 1
-        defaults["scheduler"] = None
-    for opt in dataclasses.fields(spec.run_options) if spec.run_options else ():
-        defaults[opt.name] = opt.default
-    params += [P(k, P.KEYWORD_ONLY, default=v) for k, v in defaults.items()]
-    params.append(P("options", P.VAR_KEYWORD))
-    signature = inspect.Signature(params)
-    run_option_names = [f.name for f in dataclasses.fields(spec.run_options)] if spec.run_options else []
+        names += ["workers", "scheduler"]
+    return names + ["code", "accept_changed_code"]
+
+
+def api_signature(spec: Analysis) -> inspect.Signature:
+    """The real signature of the api function of ``spec``: the references (positional), ``config`` (positional or
+    keyword), then every config field, run option and runner option as a keyword-only parameter with its type
+    and default (old option names are accepted too, with a deprecation line, but not shown)."""
+    from landscape.options import hints
+
+    P = inspect.Parameter
+    params = [P(n, P.POSITIONAL_OR_KEYWORD, annotation=t, default=() if n == "run_patterns" else P.empty)
+              for n, t, _ in _REFS[spec.inputs]]
+    params.append(P("config", P.POSITIONAL_OR_KEYWORD, default=None, annotation=spec.config | None))
+    for cls in (spec.config, spec.run_options):
+        if cls is None:
+            continue
+        types_ = hints(cls)
+        params += [P(f.name, P.KEYWORD_ONLY, default=_field_default(f), annotation=types_.get(f.name, f.type))
+                   for f in dataclasses.fields(cls)]
+    params += [P(n, P.KEYWORD_ONLY, default=RUNNER_OPTIONS[n][1], annotation=RUNNER_OPTIONS[n][0])
+               for n in _runner_names(spec)]
+    return inspect.Signature(params, return_annotation=spec.result)
+
+
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return inspect.Parameter.empty
+
+
+def api_doc(spec: Analysis) -> str:
+    """The api function's docstring (Google style, as the docs site reads it): the spec's doc, then every
+    parameter with its type, help text and default, and what it returns."""
+    import textwrap
+
+    from landscape.options import describe, type_name
+
+    def arg(name: str, type_text: str, text: str) -> list[str]:
+        return textwrap.wrap(f"{name} ({type_text}): {text}", 110, initial_indent="    ", subsequent_indent="        ")
+
+    lines = [inspect.cleandoc(spec.doc or spec.compute.__doc__ or spec.name), "",
+             f"Keyword options replace the fields of ``config`` (default ``{spec.config.__name__}()``); a value may "
+             "be given as on the command line (``split=\"train,test\"``) or as a Python value.", "", "Args:"]
+    for name, annotation, text in _REFS[spec.inputs]:
+        lines += arg(name, type_name(annotation), text)
+    lines += arg("config", f"{spec.config.__name__} | None", "All options at once (keywords replace its fields).")
+    for cls in (spec.config, spec.run_options):
+        for name, type_text, default, text in describe(cls) if cls is not None else ():
+            lines += arg(name, type_text, f"{text or 'Api only.'} Default: {default}.")
+    for name in _runner_names(spec):
+        annotation, default, text = RUNNER_OPTIONS[name]
+        lines += arg(name, type_name(annotation), f"{text} Default: {default!r}.")
+    lines += ["", "Returns:", f"    {spec.result.__name__}: the result, with ``.path`` (the HDF5 file) and ``.figures``."]
+    return "\n".join(lines) + "\n"
+
+
+def api_function(name: str) -> Callable:
+    """The public ``landscape.api`` function of analysis ``name``, with a real signature (:func:`api_signature`:
+    ``interpolate(ref_a, ref_b, config=None, *, points=30, split=('train', 'test'), ..., root='checkpoints',
+    output=None, ...)``) and a docstring listing every option (:func:`api_doc`), so ``help()`` and IDEs show them.
+
+    Only the keywords a call gives replace fields of ``config``; their values go through the one coercion of
+    :mod:`landscape.options` (``split="train,test"`` and ``split=("train", "test")`` are the same); old option
+    names still work with a deprecation line. Returns the result (``.path``, ``.figures``).
+    """
+    from landscape.options import renamed
+
+    spec = get(name)
+    signature = api_signature(spec)
+    ref_names = [n for n, _, _ in _REFS[spec.inputs]]
 
     def function(*args: Any, **kwargs: Any) -> Any:
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        values = dict(bound.arguments)
-        options = values.pop("options")
+        for cls in (spec.config, spec.run_options):
+            if cls is not None:
+                kwargs = renamed(cls, kwargs)
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise UsageError(f"{function.__name__}(): {exc}") from None
+        values = dict(bound.arguments)  # only what the call gave: the config's own fields stay otherwise
         if len(ref_names) == 2:
             ref_values = [values.pop("ref_a"), values.pop("ref_b")]
         else:
-            value = values.pop(ref_names[0])
+            value = values.pop(ref_names[0], ())
             ref_values = [value] if isinstance(value, (str, Path)) else list(value)
-        for opt in run_option_names:
-            options[opt] = values.pop(opt)
-        return run(name, ref_values, **values, **options)
+        return run(name, ref_values, **values)
 
     function.__name__ = function.__qualname__ = name.replace("-", "_")
     function.__module__ = "landscape.api"
     function.__signature__ = signature
-    function.__doc__ = spec.doc or spec.compute.__doc__
+    function.__doc__ = api_doc(spec)
     return function

@@ -21,68 +21,60 @@ REF_OPTIONS = ("refs", "ref", "ref_a", "ref_b", "from_ref", "toward", "plane", "
 _REF_KEYWORDS = {"plane": ("random", "pca"), "pairs": ("siblings", "all")}
 
 
-def _check_type(value: Any, annotation: str) -> Any:
-    """``value`` as the annotation wants it (lists -> tuples for tuple fields), or raise TypeError."""
-    parts = [p.strip() for p in annotation.replace("Optional[", "").rstrip("]").split("|")]
-    heads = {re.split(r"[\[ ]", p)[0] for p in parts}
-    if heads & {"Any", "object"} or not heads & {"int", "float", "bool", "str", "tuple", "list", "Sequence",
-                                                 "dict", "Mapping", "None", "Path", "os.PathLike"}:
-        return value
-    if value is None:
-        if "None" in heads:
-            return None
-        raise TypeError
-    if isinstance(value, bool):
-        if "bool" in heads:
-            return value
-        raise TypeError
-    if isinstance(value, int):
-        if "int" in heads:
-            return value
-        if "float" in heads:
-            return float(value)
-        raise TypeError
-    if isinstance(value, float):
-        if "float" in heads:
-            return value
-        raise TypeError
-    if isinstance(value, str):
-        if heads & {"str", "Path", "os.PathLike"}:
-            return value
-        if "tuple" in heads:  # a comma list, as on the command line
-            return tuple(s.strip() for s in value.split(",") if s.strip())
-        raise TypeError
-    if isinstance(value, list):
-        if "tuple" in heads:
-            return tuple(value)
-        if heads & {"list", "Sequence"}:
-            return list(value)
-        raise TypeError
-    if isinstance(value, dict):
-        if heads & {"dict", "Mapping"}:
-            return dict(value)
-        raise TypeError
-    raise TypeError
+def _check_type(value: Any, annotation: Any, opt: str) -> Any:
+    """``value`` as the annotation wants it: the one coercion of the command line and the api
+    (:func:`landscape.options.coerce`: ``[0.1, 0.5]`` or ``"0.1,0.5"`` for a tuple, ``"3"`` for an int, ...)."""
+    from landscape.options import coerce
+
+    return coerce(value, annotation, flag="--" + opt.replace("_", "-"), name=opt)
+
+
+_WARNED: set[tuple[int, str]] = set()  # (job mapping, spec place) whose deprecated option name was reported
+
+
+def _renames(kind: str) -> dict[str, str]:
+    """Old option name -> current one for the kind's renamed options (its config; an analysis' run options too)."""
+    from landscape import kinds
+    from landscape.options import renames
+
+    classes = [kinds.get(kind).config]
+    if kinds.is_analysis(kind):
+        from landscape.analyze.registry import get
+
+        classes.append(get(kind).run_options)
+    return {old: new for cls in classes if cls is not None for old, new in renames(cls).items()}
 
 
 def _check_options(kind, info, opts, raw_options, grid, env, where, body, key, label, at) -> dict[str, Any]:
-    """Types against the annotations, required options present, then the kind's own validation."""
+    """Old option names renamed (one deprecation line per place in the spec), values coerced by their
+    annotations, required options present, then the kind's configuration built and validated once."""
+    import warnings
+
+    from landscape.options import OptionDeprecationWarning
+
+    def place(opt: str) -> str:
+        return raw_options[opt][1] if opt in raw_options else f"{where(grid, opt)}: jobs.{key}.grid.{opt}"
+
+    table = _renames(kind)
     out = {}
     for opt, value in opts.items():
+        new = table.get(opt)
+        if new is not None:
+            if new in opts:
+                raise SpecError(f"{place(opt)}: {label}: '{opt}' and '{new}' are the same option ('{opt}' is its "
+                                f"old name); give '{new}' only")
+            if (id(body), place(opt)) not in _WARNED:  # once per place of this spec, not per grid point
+                _WARNED.add((id(body), place(opt)))
+                warnings.warn(f"{place(opt)}: option '{opt}' is deprecated and will be removed in the next release; "
+                              f"use '{new}'", OptionDeprecationWarning, stacklevel=2)
+        name = new or opt
         try:
-            if opt == "subset":  # a count or a fraction, by the command line's rule (300 is 300 examples)
-                out[opt] = subset_value(value, "'subset'")
+            if opt == "subset" and not _is_analysis(kind):  # a count or a fraction (300 is 300 examples)
+                out[name] = subset_value(value, "'subset'")
                 continue
-            out[opt] = _check_type(value, info.options[opt])
+            out[name] = _check_type(value, info.options[opt], name)
         except UsageError as exc:
-            oat = raw_options[opt][1] if opt in raw_options else f"{where(grid, opt)}: jobs.{key}.grid.{opt}"
-            raise SpecError(f"{oat}: {label}: {exc}") from None
-        except TypeError:
-            if opt in raw_options:
-                oat = raw_options[opt][1]
-            else:
-                oat = f"{where(grid, opt)}: jobs.{key}.grid.{opt}"
-            raise SpecError(f"{oat}: {label}: option '{opt}' must be {info.options[opt]}, got {value!r}") from None
+            raise SpecError(f"{place(opt)}: {label}: {exc}") from None
     for req in info.required:
         if out.get(req) in (None, "", [], ()):
             raise SpecError(f"{at}: {label}: job kind '{kind}' needs option '{req}' in a batch")
@@ -93,6 +85,12 @@ def _check_options(kind, info, opts, raw_options, grid, env, where, body, key, l
         raise SpecError(f"{blame or at}: {label}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") \
             from None
     return out
+
+
+def _is_analysis(kind: str) -> bool:
+    from landscape import kinds
+
+    return kinds.is_analysis(kind)
 
 
 def _blame(message: str, raw_options, grid, env, where, key) -> str | None:

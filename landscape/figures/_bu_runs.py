@@ -136,7 +136,7 @@ def calibrate(ctx, runs: dict, bins: int = 15):
     from landscape.api import calibration
 
     refs = [f"{run.name}@last" for group in runs.values() for run in group]
-    res = calibration(refs, root=ctx.root, bins=bins, splits=("test",), workers=ctx.workers,
+    res = calibration(refs, root=ctx.root, bins=bins, split=("test",), workers=ctx.workers,
                       output=ctx.stem("calibration").with_suffix(".h5"), data_root=ctx.data_root, figure=False)
     where = {r.run: i for i, r in enumerate(res.rows)}
     return res, {key: [where[run.name] for run in group] for key, group in runs.items()}

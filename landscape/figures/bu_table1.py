@@ -60,8 +60,8 @@ def make(ctx):
     run = ctx.train("sgd", TrainConfig(model=s["model"], data=s["data"], subset=s["subset"], epochs=s["epochs"],
                                        lr=s["lr"], batch_size=s["batch_size"], seed=s["seed"],
                                        checkpoint_every=s["every"]))
-    table = ntk_table(run.name, root=ctx.root, n=s["n"], max_grad_norms=tuple(s["norms"]),
-                      clip_styles=tuple(s["styles"]), precision="double", workers=ctx.workers,
+    table = ntk_table(run.name, root=ctx.root, subset=s["n"], max_grad_norms=tuple(s["norms"]),
+                      clip_styles=tuple(s["styles"]), precision="float64", workers=ctx.workers,
                       output=ctx.stem("ntk-table").with_suffix(".h5"), data_root=ctx.data_root, figure=False)
     rows = table.rows
     unclipped = [r for r in rows if r.style == "none" or r.fraction_clipped == 0]

@@ -44,7 +44,7 @@ def make(ctx):
     gname = runs["group"]
     siblings = [f"{gname}-sgd-sgd-{i}:{gname}-sgd-sgd-{j}" for i, j in itertools.combinations(range(g["copies"]), 2)]
     table = instability(pairs=",".join(inits + siblings), root=ctx.root, workers=ctx.workers,
-                        config=InterpolateConfig(points=s["points"], splits=("test",)),
+                        config=InterpolateConfig(points=s["points"], split=("test",)),
                         output=ctx.stem("instability").with_suffix(".h5"), data_root=ctx.data_root)
     values, def23, paths = grid.barriers_and_paths(table, inits + siblings)
     n = len(inits)

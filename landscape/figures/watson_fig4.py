@@ -52,7 +52,7 @@ def make(ctx):
     fig, axes = style.subplots(1, len(NORMALIZATIONS), figsize=(8, 3.2), sharey=True, layout="constrained")
     for norm, ax in zip(NORMALIZATIONS, axes, strict=True):
         p = directions(a, toward=b, root=ctx.root, output=ctx.stem(f"directions-{norm}").with_suffix(".h5"),
-                       n=s["n"], points=s["points"], distance="auto", normalize=norm, seed=s["seed"],
+                       directions=s["n"], points=s["points"], distance="auto", normalize=norm, seed=s["seed"],
                        workers=ctx.workers, data_root=ctx.data_root)
         toward, rises = float(path_rise(p.toward_loss)[0]), path_rise(p.direction_loss)
         numbers.update({f"{norm}/random_rises": rises, f"{norm}/toward_rise": toward,

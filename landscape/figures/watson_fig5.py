@@ -92,7 +92,7 @@ def make(ctx):
         phases(PhasesConfig(base=base_of(eps), k=k, copies=s["copies"], phase1=("sgd",), phase2=phase2,
                             dp_lr=lr_of[eps], dp_momentum=0.0, group=group), root=ctx.root, progress=False)
         table = instability([f"{group}-*"], pairs="siblings", root=ctx.root, workers=ctx.workers,
-                            config=InterpolateConfig(points=s["points"], splits=("test",)),
+                            config=InterpolateConfig(points=s["points"], split=("test",)),
                             output=ctx.stem(f"instability-e{eps:g}-k{k}").with_suffix(".h5"),
                             data_root=ctx.data_root)
         for r in table.rows:

@@ -48,7 +48,7 @@ def make(ctx):
         mixed = [f"{g}-{p1}-sgd-{i}:{g}-{p1}-dpsgd-{i}" for i in range(copies)]
         siblings = [f"{g}-{p1}-sgd-{i}:{g}-{p1}-sgd-{j}" for i, j in itertools.combinations(range(copies), 2)]
         table = instability(pairs=",".join(mixed + siblings), root=ctx.root, workers=ctx.workers,
-                            config=InterpolateConfig(points=ctx.settings["points"], splits=("test",)),
+                            config=InterpolateConfig(points=ctx.settings["points"], split=("test",)),
                             output=ctx.stem(f"instability-{p1}").with_suffix(".h5"), data_root=ctx.data_root)
         values, def23, paths = grid.barriers_and_paths(table, mixed + siblings)
         n = len(mixed)

@@ -44,7 +44,7 @@ def make(ctx):
     combos = list(itertools.product(grid.OPTIMIZERS, grid.OPTIMIZERS))
     pairs = [f"{g}-{p1}:{g}-{p1}-{p2}-{i}" for p1, p2 in combos for i in range(copies)]
     table = instability(pairs=",".join(pairs), root=ctx.root, workers=ctx.workers,
-                        config=InterpolateConfig(points=ctx.settings["points"], splits=("test",)),
+                        config=InterpolateConfig(points=ctx.settings["points"], split=("test",)),
                         output=ctx.stem("instability").with_suffix(".h5"), data_root=ctx.data_root)
     values, def23, paths = grid.barriers_and_paths(table, pairs)
     barrier = {c: values[j * copies:(j + 1) * copies] for j, c in enumerate(combos)}

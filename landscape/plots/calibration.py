@@ -167,7 +167,7 @@ def figure(result, stem: str | Path, title: str | None = None) -> list[Path]:
     stem = Path(stem)
     stem = stem.with_suffix("") if stem.suffix.lower() in (".h5", ".hdf5", ".png", ".pdf") else stem
     paths: list[Path] = []
-    for split in result.config.splits:
+    for split in result.config.split:
         base = stem.with_name(f"{stem.name}-{split}")
         entries = [(result.rows[i].ref, result.calibration(i)) for i in panel_rows(result.rows, split)]
         if not entries:

@@ -52,7 +52,7 @@ def plot_ntk(result: NTKResult, stem: str | os.PathLike) -> list[Path]:
     ax.set_yscale("symlog", linthresh=max(linthresh, 1e-12 * max(kp.norm, p.norm, 1e-300)))
     ax.set_xlabel("index (sorted)")
     ax.set_ylabel("eigenvalue")
-    ax.set_title(f"spectra ({result.config.kind}, clip {result.config.clip})")
+    ax.set_title(f"spectra ({result.config.kernel}, clip {result.config.clip})")
     ax.legend()
     _heatmap(axes[1], result.K, "K", diverging=True)
     _heatmap(axes[2], result.A - result.A.T, f"A - A^T (asymmetry {p.asymmetry:.2g})", diverging=True)

@@ -345,14 +345,15 @@ def _dict_field(source: Mapping[str, Any], template: str, order: Sequence[str], 
 
 def read_dataclass(cls: type, path: str | os.PathLike, kind: str, *, config: type | None = None) -> Any:
     """The result dataclass ``cls`` from a file written by :func:`write_dataclass` (``kind`` must match);
-    ``config`` is the class of its ``config`` field (rebuilt from the stored params, unknown keys dropped)."""
+    ``config`` is the class of its ``config`` field (rebuilt from the stored params by
+    :func:`landscape.options.from_params`: renamed options read by their old names, unknown keys dropped)."""
     r = read_result(path, kind)
     values = _field_values(cls, r)
     names = {f.name for f in dataclasses.fields(cls)}
-    if "config" in names and config is not None:
-        known = {f.name for f in dataclasses.fields(config)}
-        values["config"] = config(**{k: (tuple(v) if isinstance(v, list) else v)
-                                     for k, v in r.params.items() if k in known})
+    if "config" in names and config is not None:  # old option names read as the current ones
+        from landscape.options import from_params
+
+        values["config"] = from_params(config, r.params)
     if "params" in names:
         values["params"] = r.params
     if "inputs" in names:

@@ -98,29 +98,29 @@ def run_analyses(root: Path, out: Path) -> dict[str, Path]:
         return files[name]
 
     api.interpolate(DP_A, DP_B, config=InterpolateConfig(points=7), output=path("interpolate"), **common)
-    api.interpolate(f"{GROUP}-sgd@last", SGD_A, config=InterpolateConfig(points=5, splits=("test",), subset=100),
+    api.interpolate(f"{GROUP}-sgd@last", SGD_A, config=InterpolateConfig(points=5, split=("test",), subset=100),
                     output=path("interpolate_subset"), **common)
     api.instability(pairs=f"{SGD_A}:{SGD_B},{DP_A}:{DP_B}", config=InterpolateConfig(points=5),
                     output=path("instability"), **common)
-    api.directions(SGD_A, toward=SGD_B, config=DirectionsConfig(n=3, points=5, subset=200),
+    api.directions(SGD_A, toward=SGD_B, config=DirectionsConfig(directions=3, points=5, subset=200),
                    output=path("directions"), **common)
-    api.directions(DP_A, config=DirectionsConfig(n=2, points=4, distance=0.5, normalize="filter", split="test"),
+    api.directions(DP_A, config=DirectionsConfig(directions=2, points=4, distance=0.5, normalize="filter", split="test"),
                    output=path("directions_filter"), **common)
     api.surface(SGD_A, config=SurfaceConfig(grid="4x3", subset=200), output=path("surface"), **common)
-    api.surface(SGD_A, config=SurfaceConfig(plane=f"{SGD_B},{DP_A}", grid="3x3", splits=("test",)),
+    api.surface(SGD_A, config=SurfaceConfig(plane=f"{SGD_B},{DP_A}", grid="3x3", split=("test",)),
                 output=path("surface_plane"), **common)
     api.clipping(f"{GROUP}-sgd-dpsgd-0", max_grad_norm=0.5, batch_size=64, batches=2, output=path("clipping"),
                  **common)
     api.clipping(SGD_A, clip_style="layerwise", batch_size=64, output=path("clipping_layerwise"), **common)
-    api.symmetry(f"{GROUP}-sgd", projections=4, batch_size=100, permutations=49, output=path("symmetry"), **common)
-    api.norms([f"{GROUP}-sgd-sgd-0", f"{GROUP}-sgd-dpsgd-0"], bins=10, grad_samples=32, output=path("norms"),
+    api.symmetry(f"{GROUP}-sgd", projections=4, subset=100, permutations=49, output=path("symmetry"), **common)
+    api.norms([f"{GROUP}-sgd-sgd-0", f"{GROUP}-sgd-dpsgd-0"], bins=10, subset=32, output=path("norms"),
               **common)
-    api.ntk(DP_A, n=16, output=path("ntk"), **common)
-    api.ntk(SGD_A, n=12, clip="layerwise", max_grad_norm=0.1, precision="double", output=path("ntk_layerwise"),
+    api.ntk(DP_A, subset=16, output=path("ntk"), **common)
+    api.ntk(SGD_A, subset=12, clip="layerwise", max_grad_norm=0.1, precision="float64", output=path("ntk_layerwise"),
             **common)
-    api.ntk(f"{GROUP}-sgd@init", n=3, kind="output", clip="flat", max_grad_norm=0.5, output=path("ntk_output"),
+    api.ntk(f"{GROUP}-sgd@init", subset=3, kernel="output", clip="flat", max_grad_norm=0.5, output=path("ntk_output"),
             **common)
-    api.ntk_table(f"{GROUP}-sgd", n=10, max_grad_norms=(0.1, 1.0), output=path("ntk_table"), **common)
+    api.ntk_table(f"{GROUP}-sgd", subset=10, max_grad_norms=(0.1, 1.0), output=path("ntk_table"), **common)
     return files
 
 

@@ -1,0 +1,429 @@
+"""Options: one declaration and one coercion for the command line, the Python api and batch specs.
+
+An option is a dataclass field declared with :func:`option` (default, help, flag, choices, bounds, kind; its type
+is the field's annotation). :func:`coerce` turns a value into what the field holds, whatever it came as: a
+command-line string (``"0.1,0.5"``), a YAML value (``[0.1, 0.5]``) or a Python value (``(0.1, 0.5)``); a value it
+cannot take is one :class:`OptionError` line naming the option's flag (``--points must be >= 2, got 1``).
+
+A config class derives from :class:`Options` and is a frozen dataclass: at construction every field is coerced
+and then ``validate()`` (checks that span fields) runs, once. :func:`build` makes a config from keyword options
+(the api function's keywords, a batch job's options, the command line's values), naming unknown ones in one
+line; :func:`from_params` rebuilds one from a result file's stored ``params``.
+
+Renamed options keep working for one release: ``option(..., renamed_from=("batch_size",))`` accepts the old
+keyword (api, batch spec) and flag (``--batch-size``) with one :class:`OptionDeprecationWarning` line, and a
+result file that stored the old name reads back; ``value_aliases={"double": "float64"}`` does the same for
+renamed choices. The vocabulary (one name per meaning) is the table in docs/ARCHITECTURE.md.
+
+This module imports nothing heavy (the command line reads it before torch is loaded).
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import functools
+import math
+import types
+import typing
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from landscape.bounds import COUNT_MAX, SEED_MAX, is_seed, subset_value
+from landscape.errors import UsageError
+
+FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max: models and evaluations run in float32
+KINDS = ("subset", "device", "text", "metrics")
+
+
+class OptionError(UsageError):
+    """A value an option cannot take: ``<flag> <reason>`` (exit 2); ``flag`` and ``reason`` apart for click."""
+
+    def __init__(self, flag: str, reason: str):
+        super().__init__(f"{flag} {reason}")
+        self.flag, self.reason = flag, reason
+
+
+class OptionDeprecationWarning(FutureWarning):
+    """A renamed option or value used by its old name (shown by default; accepted for one more release)."""
+
+
+def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | tuple[str, ...] | None = None,
+           choices: tuple | None = None, metavar: str | None = None, min: float | None = None,
+           max: float | None = None, min_open: bool = False, max_open: bool = False, kind: str | None = None,
+           cli: bool = True, show_default: Any = True, default_factory: Callable | None = None,
+           renamed_from: tuple[str, ...] = (), value_aliases: Mapping[str, str] | None = None) -> Any:
+    """A config dataclass field with its option in the field's metadata.
+
+    The type comes from the annotation: ``int``/``float`` (finite; ``min``/``max`` bounds, ``min_open`` /
+    ``max_open`` exclusive; ints are at most ``COUNT_MAX`` and seeds follow :func:`landscape.bounds.check_seed`),
+    ``bool`` (a flag), ``str`` (free, or one of ``choices``), ``tuple[str, ...]``/``tuple[float, ...]`` (a
+    comma list; ``choices`` limit the items, which may not repeat; ``X | None`` allows None). ``kind`` names a
+    special type instead: ``"device"`` (auto, cpu, cuda, cuda:N), ``"subset"`` (``int | float | None``: a count
+    or a fraction), ``"text"`` (a string the config parses itself), ``"metrics"`` (a repeatable ``--metric
+    REF``). ``flag`` overrides ``--field-name`` (a tuple adds aliases such as ``("--max-grad-norm", "-C")``);
+    ``cli=False`` keeps a field off the command line (api only). ``renamed_from``: the field's old names,
+    still accepted with a deprecation line; ``value_aliases``: old choice -> new choice, likewise.
+    """
+    if kind is not None and kind not in KINDS:
+        raise ValueError(f"option kind must be one of {KINDS}, got {kind!r}")
+    meta = {"help": help, "flag": flag, "choices": choices, "metavar": metavar, "min": min, "max": max,
+            "min_open": min_open, "max_open": max_open, "kind": kind, "cli": cli, "show_default": show_default,
+            "renamed_from": tuple(renamed_from), "value_aliases": dict(value_aliases or {})}
+    if default_factory is not None:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+# ------------------------------------------------------------------------------------------ fields
+
+
+def cli_fields(cls: type) -> list[dataclasses.Field]:
+    """The fields of ``cls`` that are command-line options: its own first, then inherited ones (the shared
+    evaluation options come after an analysis' own)."""
+    own = set(cls.__dict__.get("__annotations__", {}))
+    fields = [f for f in dataclasses.fields(cls) if f.metadata.get("cli", False)]
+    return [f for f in fields if f.name in own] + [f for f in fields if f.name not in own]
+
+
+def flags_of(f: dataclasses.Field) -> tuple[str, ...]:
+    """``("--points",)`` for field ``points``, ``("--bn-recalibrate",)`` for ``bn_recalibrate``, or the metadata's
+    flag(s) (``("--max-grad-norm", "-C")``)."""
+    flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+    return (flag,) if isinstance(flag, str) else tuple(flag)
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    """The main flag of a field (the first of :func:`flags_of`; ``--resume`` of ``--resume/--no-resume``)."""
+    return flags_of(f)[0].split("/")[0]
+
+
+def old_flags(f: dataclasses.Field) -> tuple[str, ...]:
+    """The deprecated flags of a renamed field (``--batch-size`` for ``renamed_from=("batch_size",)``)."""
+    return tuple("--" + old.replace("_", "-") for old in f.metadata.get("renamed_from", ()))
+
+
+@functools.cache
+def hints(cls: type) -> dict[str, Any]:
+    """The resolved annotations of dataclass ``cls`` (they are strings under ``from __future__ import annotations``)."""
+    return typing.get_type_hints(cls)
+
+
+@functools.cache
+def renames(cls: type) -> dict[str, str]:
+    """Old field name -> new field name for every renamed field of ``cls``."""
+    return {old: f.name for f in dataclasses.fields(cls) for old in f.metadata.get("renamed_from", ())}
+
+
+def deprecated(old: str, new: str, *, stacklevel: int = 3) -> None:
+    """The one deprecation line: ``old`` still works for this release; ``new`` is its name now."""
+    warnings.warn(f"{old} is deprecated and will be removed in the next release; use {new}",
+                  OptionDeprecationWarning, stacklevel=stacklevel)
+
+
+def renamed(cls: type, options: Mapping[str, Any], *, warn: bool = True) -> dict[str, Any]:
+    """``options`` with old names replaced by the fields' current ones (one deprecation line each when
+    ``warn``); an option given under both names is a UsageError."""
+    table = renames(cls)
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        new = table.get(key)
+        if new is None:
+            out[key] = value
+            continue
+        if new in options:
+            raise UsageError(f"{key!r} and {new!r} are the same option ({key} is its old name); give {new!r} only")
+        if warn:
+            deprecated(f"option {key!r}", f"{new!r}", stacklevel=4)
+        out[new] = value
+    return out
+
+
+# ------------------------------------------------------------------------------------------ coercion
+
+
+def split_optional(hint: Any) -> tuple[tuple[Any, ...], bool]:
+    """The members of a union annotation without None, and whether None was among them."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = typing.get_args(hint)
+        return tuple(a for a in args if a is not type(None)), type(None) in args
+    return (hint,), hint is type(None)
+
+
+def _resolve(annotation: Any) -> Any:
+    """An annotation given as a string (a batch spec's kind table: the text of our own dataclasses' annotations,
+    never user input) as a type; ``Any`` when it names something this module does not know (such values pass
+    through unchanged)."""
+    if not isinstance(annotation, str):
+        return annotation
+    names = {"Any": Any, "Optional": typing.Optional, "Path": Path, "Callable": Callable,
+             "Sequence": collections.abc.Sequence, "Mapping": collections.abc.Mapping}
+    try:
+        return eval(annotation, {"__builtins__": {}}, {"int": int, "float": float, "bool": bool, "str": str,
+                                                        "tuple": tuple, "list": list, "dict": dict, "None": None,
+                                                        **names})
+    except Exception:
+        return Any
+
+
+def _number(value: Any, integer: bool, flag: str) -> int | float:
+    if isinstance(value, bool):
+        raise OptionError(flag, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
+    number: Any = value
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            number = int(text) if integer else float(text)
+        except ValueError:
+            try:
+                number = float(text)
+            except ValueError:
+                raise OptionError(flag, f"must be {'an integer' if integer else 'a number'}, got {value!r}") from None
+    elif not isinstance(value, (int, float)):
+        try:
+            number = value.item() if hasattr(value, "item") else value  # numpy scalars
+        except (TypeError, ValueError):
+            pass
+        if isinstance(number, bool) or not isinstance(number, (int, float)):
+            raise OptionError(flag, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if isinstance(number, float) and not math.isfinite(number):
+        raise OptionError(flag, f"must be a finite number, got {value!r}")
+    if integer:
+        if isinstance(number, float):
+            if number != int(number):
+                raise OptionError(flag, f"must be an integer, got {value!r}")
+            number = int(number)
+        return number
+    if abs(number) > FLOAT32_MAX:
+        raise OptionError(flag, f"{value!r} is too large (float32 holds magnitudes up to {FLOAT32_MAX:.4g})")
+    return float(number)
+
+
+def _bounds(number: int | float, meta: Mapping[str, Any], flag: str, integer: bool) -> None:
+    lo, hi = meta.get("min"), meta.get("max")
+    if hi is None and integer and meta.get("kind") is None:
+        hi = COUNT_MAX
+    if lo is not None and (number < lo or (meta.get("min_open") and number == lo)):
+        raise OptionError(flag, f"must be {'>' if meta.get('min_open') else '>='} {lo}, got {number}")
+    if hi is not None and (number > hi or (meta.get("max_open") and number == hi)):
+        raise OptionError(flag, f"must be {'<' if meta.get('max_open') else '<='} {hi}, got {number}")
+
+
+def _choice(value: Any, meta: Mapping[str, Any], flag: str) -> str:
+    if not isinstance(value, str):
+        raise OptionError(flag, f"must be a string, got {value!r}")
+    text = value.strip()
+    aliases = meta.get("value_aliases") or {}
+    if text in aliases:
+        deprecated(f"{flag} {text}", f"{flag} {aliases[text]}", stacklevel=6)
+        text = aliases[text]
+    choices = meta.get("choices")
+    if choices and text not in choices:
+        raise OptionError(flag, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
+    return text
+
+
+def _items(value: Any, item: Any, meta: Mapping[str, Any], flag: str) -> tuple:
+    if isinstance(value, str):
+        raw = [v.strip() for v in value.split(",") if v.strip()]
+    elif isinstance(value, (list, tuple)):
+        raw = list(value)
+    else:
+        raise OptionError(flag, f"must be a comma list or a list, got {value!r}")
+    if not raw:
+        raise OptionError(flag, "needs at least one value")
+    if item is float or item is int:
+        out = []
+        for v in raw:
+            try:
+                number = _number(v, item is int, flag)
+            except OptionError:
+                kind = "integers" if item is int else "finite numbers"
+                raise OptionError(flag, f"must be a comma-separated list of {kind}, got {value!r}") from None
+            _bounds(number, meta, flag, item is int)
+            out.append(number)
+        return tuple(out)
+    items = tuple(_choice(v, meta, flag) for v in raw)
+    if meta.get("choices") and len(set(items)) != len(items):
+        repeated = next(v for v in items if items.count(v) > 1)
+        raise OptionError(flag, f"repeats {repeated!r} in {','.join(items)}")
+    return items
+
+
+def coerce(value: Any, annotation: Any, meta: Mapping[str, Any] | None = None, *, flag: str = "value",
+           name: str = "") -> Any:
+    """``value`` (a command-line string, a YAML value or a Python value) as an option annotated ``annotation``
+    with :func:`option` metadata ``meta`` holds it; an :class:`OptionError` naming ``flag`` otherwise.
+
+    Annotations may be strings (``"tuple[str, ...] | None"``); what is not an option type (``dict``, ``Any``, a
+    callable) passes through unchanged. ``name`` is the field name (seeds are known by it).
+    """
+    meta = meta or {}
+    kind = meta.get("kind")
+    if kind == "subset":
+        try:
+            return subset_value(value, flag)
+        except UsageError as exc:
+            raise OptionError(flag, str(exc).removeprefix(f"{flag}: ")) from None
+    members, optional = split_optional(_resolve(annotation))
+    if value is None:
+        if optional or kind in ("metrics",) or not members or members == (Any,):
+            return None
+        raise OptionError(flag, "needs a value, got None")
+    if kind == "device":
+        from landscape.runtime import check_device_name
+
+        try:
+            return check_device_name(str(value).strip().lower())
+        except UsageError:
+            raise OptionError(flag, f"{value!r}: use auto, cpu, cuda or cuda:N") from None
+    if kind == "metrics":
+        if isinstance(value, list):
+            return tuple(value)
+        return value  # landscape.metrics.normalize (the config's validate) checks references and objects
+    if kind == "text":
+        return value.strip() if isinstance(value, str) else value
+    if len(members) > 1:  # e.g. str | int: keep a value one member holds as it is
+        for member in members:
+            if isinstance(member, type) and isinstance(value, member) and not isinstance(value, bool):
+                return value
+        if isinstance(value, bool) and bool in members:
+            return value
+        for member in members:
+            try:
+                return coerce(value, member, meta, flag=flag, name=name)
+            except OptionError:
+                continue
+        raise OptionError(flag, f"must be {' or '.join(getattr(m, '__name__', str(m)) for m in members)}, "
+                                f"got {value!r}")
+    hint = members[0]
+    origin = typing.get_origin(hint)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.strip().lower() in ("true", "yes", "1")
+        raise OptionError(flag, f"must be true or false, got {value!r}")
+    if hint is int:
+        if is_seed(name or flag):  # the one seed rule of landscape.bounds
+            try:
+                number = _number(value, True, flag)
+            except OptionError:
+                raise OptionError(flag, f"must be an integer seed in [0, 2**63 - 1], got {value!r}") from None
+            if not 0 <= number <= SEED_MAX:
+                raise OptionError(flag, "must be an integer seed in [0, 2**63 - 1] (seeds are never negative), "
+                                        f"got {number}")
+            return number
+        number = _number(value, True, flag)
+        _bounds(number, meta, flag, True)
+        return number
+    if hint is float:
+        number = _number(value, False, flag)
+        _bounds(number, meta, flag, False)
+        return number
+    if hint is str:
+        if meta.get("choices") or meta.get("value_aliases"):
+            return _choice(value, meta, flag)
+        if isinstance(value, Path):
+            return str(value)
+        if not isinstance(value, str):
+            raise OptionError(flag, f"must be a string, got {value!r}")
+        return value
+    if origin is tuple:
+        args = typing.get_args(hint)
+        return _items(value, args[0] if args else str, meta, flag)
+    if origin is list and isinstance(value, (list, tuple)):
+        return list(value)
+    if (hint is dict or origin is dict) and not isinstance(value, Mapping):
+        raise OptionError(flag, f"must be a mapping, got {value!r}")
+    return value
+
+
+def coerce_field(cls: type, f: dataclasses.Field, value: Any) -> Any:
+    """``value`` as field ``f`` of dataclass ``cls`` holds it (:func:`coerce` with its annotation and metadata)."""
+    return coerce(value, hints(cls).get(f.name, f.type), f.metadata, flag=flag_of(f), name=f.name)
+
+
+# ------------------------------------------------------------------------------------------ configs
+
+
+class _Renaming(type):
+    """Options classes take their fields' old names as keywords too (with a deprecation line)."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        return super().__call__(*args, **renamed(cls, kwargs)) if renames(cls) else super().__call__(*args, **kwargs)
+
+
+class Options(metaclass=_Renaming):
+    """Base of the option dataclasses (declare them ``@dataclass(frozen=True)``): every field is coerced
+    (:func:`coerce_field`) and then :meth:`validate` runs, once, when the object is made; a field's old name
+    (``renamed_from``) is accepted as a keyword with a deprecation line."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, coerce_field(type(self), f, getattr(self, f.name)))
+        self.validate()
+
+    def validate(self) -> None:
+        """Checks that span fields (raise :class:`~landscape.errors.UsageError`, one line); normalise with
+        :meth:`_set`. Single fields are checked by their declaration."""
+
+    def _set(self, name: str, value: Any) -> None:
+        """Set a field of the frozen object while it is being validated."""
+        object.__setattr__(self, name, value)
+
+
+def build(cls: type, options: Mapping[str, Any] | None = None, *, base: Any = None) -> Any:
+    """A ``cls`` from keyword ``options`` (old names accepted with a deprecation line), replacing the fields of
+    ``base`` when given; unknown options are one UsageError naming the known ones. ``base`` itself comes back
+    when there is nothing to replace (it was validated when it was made)."""
+    options = renamed(cls, dict(options or {}))
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise UsageError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    if base is not None and not options and isinstance(base, cls):
+        return base
+    if issubclass(cls, Options):
+        return dataclasses.replace(base, **options) if base is not None else cls(**options)
+    by_name = {f.name: f for f in dataclasses.fields(cls)}  # a plain dataclass (a user's, a test's): coerced here
+    options = {k: coerce_field(cls, by_name[k], v) for k, v in options.items()}
+    out = dataclasses.replace(base, **options) if base is not None else cls(**options)
+    if callable(getattr(out, "validate", None)):
+        out.validate()
+    return out
+
+
+def from_params(cls: type, params: Mapping[str, Any]) -> Any:
+    """A ``cls`` rebuilt from a result file's stored ``params``: old option names read as the current ones
+    (silently: the file is not the user's call), keys the class no longer has dropped."""
+    values = renamed(cls, params, warn=False)
+    known = {f.name for f in dataclasses.fields(cls)}
+    with warnings.catch_warnings():  # old choice names (value_aliases) too
+        warnings.simplefilter("ignore", OptionDeprecationWarning)
+        return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in values.items() if k in known})
+
+
+def describe(cls: type) -> list[tuple[str, str, str, str]]:
+    """``(name, type, default, help)`` of every field of ``cls`` that is an option (for generated docstrings)."""
+    out = []
+    for f in dataclasses.fields(cls):
+        if "help" not in f.metadata and "cli" not in f.metadata:
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        out.append((f.name, type_name(hints(cls).get(f.name, f.type), f.metadata), repr(default),
+                    f.metadata.get("help") or ""))
+    return out
+
+
+def type_name(annotation: Any, meta: Mapping[str, Any] | None = None) -> str:
+    """A readable type: ``int``, ``tuple[str, ...] | None``, ``{'float32', 'float64'}`` for choices."""
+    meta = meta or {}
+    if meta.get("choices") and annotation is str:
+        return "{" + ", ".join(repr(c) for c in meta["choices"]) + "}"
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "").replace("collections.abc.", "").replace("pathlib.", "")
