@@ -63,7 +63,8 @@ def test_the_other_functions_and_styles():
 
 def test_one_home():
     """Training, the clipping analysis and the NTK reach the same function object (no second definition)."""
-    from landscape.analyze import clipping, ntk
+    from landscape.analyze import clipping
+    from landscape.analyze import ntk_kernels as ntk
     from landscape.train import privatize
 
     assert privatize.clip_factors is clip_factors and privatize.CLIP_FUNCTIONS is CLIP_FUNCTIONS
