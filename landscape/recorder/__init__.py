@@ -49,22 +49,11 @@ nothing saved.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
-import hashlib
-import json
 import math
 import os
-import platform
-import shutil
-import signal
-import sys
-import threading
-import warnings
 import weakref
-from collections.abc import Callable, Mapping, Sequence
-from multiprocessing.connection import Connection, Pipe
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -72,20 +61,25 @@ import numpy as np
 import torch
 from torch import nn
 
-from landscape.errors import CheckpointError, LandscapeError, NonFiniteError, UsageError
-from landscape.results import to_jsonable
-from landscape.runtime import die_with_parent
-from landscape.store import MANIFEST, Checkpoint, Run, Store, check_run_name
-from landscape.train.accounting import PrivacyEvent, PrivacyHistory
-from landscape.train.pruning import MASK_ARRAY, inherited_privacy, lineage_of
+from landscape.errors import NonFiniteError, UsageError
+from landscape.recorder.manifest import (
+    RECORDER_FORMAT,
+    data_spec,
+    jsonable,
+    model_spec,
+    open_run,
+    parent_of,
+    recorder_record,
+)
+from landscape.recorder.writer import Writer
+from landscape.store import Checkpoint, Run, Store, check_run_name
+from landscape.train.accounting import PrivacyEvent
 
-RECORDER_FORMAT = "landscape-recorder/1"
+__all__ = ["OPTIMIZER_ATTR", "OPTIMIZER_EXTRA", "PRIVACY_ATTR", "RECORDER_FORMAT", "PrivacySource", "Recorder", "unwrap"]
+
 OPTIMIZER_EXTRA = "optimizer"  # checkpoint extra group of the optimizer's tensors
 OPTIMIZER_ATTR = "optimizer"  # checkpoint attr: its param groups and non-tensor state (JSON)
 PRIVACY_ATTR = "privacy_state"  # checkpoint attr: the privacy source's state (e.g. Opacus' accountant history)
-_PIPE_BYTES = 16 << 20  # the writer's job pipe, when the system allows it (else 1 MiB, else its default)
-_ALIGN = 64  # byte alignment of each tensor in the writer's job buffer
-_IOV_MAX = 1024  # buffers per writev (POSIX guarantees at least 16; Linux allows 1024)
 
 
 class PrivacySource(Protocol):
@@ -157,15 +151,15 @@ class Recorder:
         if seed is not None and not _is_whole(seed):
             raise UsageError(f"seed must be an integer, got {seed!r}")
         seed = None if seed is None else int(seed)
-        fields = dict(config=_jsonable(config or {}, "config"), seeds={} if seed is None else {"seed": seed},
-                      model_spec=_model_spec(self.model), data_spec=_data_spec(data))
+        fields = dict(config=jsonable(config or {}, "config"), seeds={} if seed is None else {"seed": seed},
+                      model_spec=model_spec(self.model), data_spec=data_spec(data))
         store = Store(root)
         self._store = store
         self._name = run
-        parent_ckpt, lineage, self.history = _parent(store, parent, fields["model_spec"])
+        parent_ckpt, lineage, self.history = parent_of(store, parent, fields["model_spec"])
         privacy_record = self._privacy_record(0)
-        extra = {"device": _device(self.model), "privacy": privacy_record, "recorder": _recorder_record()}
-        self._writer = _Writer(run, functools.partial(_open_run, store, run, fields, lineage, privacy_record, extra,
+        extra = {"device": _device(self.model), "privacy": privacy_record, "recorder": recorder_record()}
+        self._writer = Writer(run, functools.partial(open_run, store, run, fields, lineage, privacy_record, extra,
                                                       self._privacy_record))
         self._finalizer = weakref.finalize(self, self._writer.shutdown)
         self._last: int | None = self._writer.opened
@@ -251,7 +245,7 @@ class Recorder:
             arrays[OPTIMIZER_EXTRA], attrs[OPTIMIZER_ATTR] = _optimizer_state(self.optimizer)
         privacy = None
         if self.privacy is not None:
-            attrs[PRIVACY_ATTR] = _jsonable(self.privacy.state(), "the privacy state")
+            attrs[PRIVACY_ATTR] = jsonable(self.privacy.state(), "the privacy state")
             privacy = self._privacy_record(step)
         self._writer.send(dict(step=step, epoch=epoch, epsilon=epsilon, metrics=numbers, attrs=attrs),
                           state, arrays, privacy)
@@ -337,388 +331,13 @@ class Recorder:
         base: dict[str, Any] = {"accounted": False}
         delta = None
         if self.privacy is not None:
-            base = {**_jsonable(self.privacy.record(), "the privacy record"), "steps": int(steps), "accounted": True}
+            base = {**jsonable(self.privacy.record(), "the privacy record"), "steps": int(steps), "accounted": True}
             delta = base.get("delta")
         return {**base, **self.history.manifest_fields(delta)}
 
 
-# ------------------------------------------------------------------------------------- the writer process
-
-
-def _open_run(store: Store, name: str, fields: dict[str, Any], lineage: dict[str, Any] | None,
-              privacy: dict[str, Any], extra: dict[str, Any], privacy_record: Callable[[int], dict[str, Any]],
-              ) -> tuple[Run, bool]:
-    """In the writer process: create run ``name``, or open it (its lock) when it exists and this recorder would
-    have created it. Returns the run and whether it was created."""
-    if not (store.root / name / MANIFEST).is_file():
-        return store.create_run(name, lineage=lineage, extra=extra, **fields), True
-    run = store.open_run(name)
-    try:
-        _check_same(run, fields, lineage, privacy)
-        if privacy.get("accounted"):  # a writer killed between a checkpoint and its manifest update
-            infos = run.checkpoints()
-            last = infos[-1].step if infos else 0
-            if run.manifest["privacy"].get("steps") != last:
-                run.update_manifest(privacy=privacy_record(last))
-    except BaseException:
-        run.close()
-        raise
-    return run, False
-
-
-def _check_same(run: Run, fields: dict[str, Any], lineage: dict[str, Any] | None, privacy: dict[str, Any]) -> None:
-    """Refuse, in one line, to write into a run this recorder would not have created."""
-    manifest, name = run.manifest, run.name
-    if not isinstance(manifest.get("recorder"), dict):
-        by = ("landscape train" if "schedule" in manifest else
-              "landscape import" if (manifest.get("lineage") or {}).get("imported_from") else "another writer")
-        raise UsageError(f"run '{name}' was written by {by}, not by a Recorder; record into a new run name")
-    for key, value in fields.items():
-        if manifest.get(key) != _normal(value):
-            raise UsageError(f"run '{name}' was recorded with another {key.replace('_', ' ')} "
-                             f"({_short(manifest.get(key))}, now {_short(_normal(value))}); record into a new "
-                             "run name")
-    recorded_parent = manifest.get("lineage") or {}
-    if recorded_parent.get("parent_sha256") != (lineage or {}).get("parent_sha256"):
-        was = (f"from parent {recorded_parent.get('parent_run')}@step={recorded_parent.get('parent_step')}"
-               if recorded_parent else "without a parent")
-        now = f"parent {lineage['parent_ref']}" if lineage else "no parent"
-        raise UsageError(f"run '{name}' was recorded {was}, now {now}; give the same parent= (or record into a new "
-                         "run name)")
-    fixed = {k: v for k, v in _normal(privacy).items() if k != "steps"}
-    recorded = {k: v for k, v in (manifest.get("privacy") or {}).items() if k != "steps"}
-    if recorded != fixed:
-        raise UsageError(f"run '{name}' was recorded with other privacy settings ({_short(recorded)}, now "
-                         f"{_short(fixed)}); record into a new run name")
-
-
-class _Writer:
-    """The parent's end of a recorder's writer process (module docstring): ``send`` one checkpoint, ``wait`` for
-    it, ``stop``. The child is forked here and runs :func:`_serve`; it opens the run by calling ``opener``.
-
-    Two pipes: jobs (a pickled header of plain values, then the tensors' bytes in one ``writev``: no copy in this
-    process) and replies. The jobs pipe is enlarged where the system allows (Linux: up to 1 MiB for anyone), so
-    that a small model's checkpoint is in the pipe at once, whether or not the writer runs at that moment."""
-
-    def __init__(self, name: str, opener: Callable[[], tuple[Run, bool]]) -> None:
-        self.name = name
-        self.in_flight: int | None = None  # the step being written
-        jobs_out, self.jobs = Pipe(duplex=False)
-        self.replies, replies_in = Pipe(duplex=False)
-        for size in (_PIPE_BYTES, 1 << 20):
-            with contextlib.suppress(OSError, AttributeError):
-                fcntl.fcntl(self.jobs.fileno(), fcntl.F_SETPIPE_SZ, size)
-                break
-        parent = self.owner = os.getpid()
-        with warnings.catch_warnings():  # python >= 3.12 warns of forking a threaded process: the child takes
-            warnings.simplefilter("ignore", DeprecationWarning)  # no lock another thread may hold (see _serve)
-            pid = os.fork()
-        if pid == 0:  # the writer process: never returns into the caller's code
-            code = 1
-            try:
-                self.jobs.close()
-                self.replies.close()
-                code = _serve(jobs_out, replies_in, parent, opener)
-            finally:
-                os._exit(code)
-        jobs_out.close()
-        replies_in.close()
-        self.pid: int | None = pid
-        try:
-            self.opened: int | None = self._reply("the run")
-        except BaseException:
-            self.stop()
-            raise
-
-    def send(self, header: dict[str, Any], state: Mapping[str, torch.Tensor], extra: Mapping[str, Any],
-             privacy: dict[str, Any] | None) -> None:
-        """Send one checkpoint (its bytes are in the pipe or the writer when this returns)."""
-        layout, buffers, offset = [], [], 0
-        items = [(("state_dict", key), value) for key, value in state.items()]
-        items += [(("extra", *path), value) for path, value in _flatten(extra)]
-        for path, value in items:
-            spec, data = _pack(value)
-            pad = -offset % _ALIGN  # each tensor at an aligned offset of the writer's buffer
-            if pad:
-                buffers.append(bytes(pad))
-            offset += pad
-            layout.append((path, spec, offset))
-            if len(data):
-                buffers.append(data)
-            offset += spec[-1]
-        if self.pid is None:
-            raise UsageError(f"the recorder of run '{self.name}' is closed")
-        try:
-            self.jobs.send(("write", {**header, "privacy": privacy, "layout": layout, "nbytes": offset}))
-            _write_all(self.jobs.fileno(), buffers)
-        except OSError:
-            raise self._died(f"checkpoint step {header['step']} was not written") from None
-        self.in_flight = header["step"]
-
-    def wait(self) -> None:
-        """Wait for the checkpoint in flight; raise its error."""
-        if self.in_flight is not None:
-            step = self.in_flight
-            try:
-                self._reply(f"checkpoint step {step}")
-            finally:
-                self.in_flight = None
-
-    def stop(self, *, discard_if_empty: bool = False) -> None:
-        """Let the writer finish and release the run's lock (waited for), then exit (reaped in the background:
-        tearing down a copy of the training process' address space takes tens of ms). Idempotent; a no-op in
-        any other process (another recorder's writer, forked while this one was open, must not stop this one)."""
-        if self.pid is None or os.getpid() != self.owner:
-            return
-        with contextlib.suppress(OSError, EOFError):
-            self.jobs.send(("stop", discard_if_empty))
-            self.replies.recv()  # the lock is released
-        self.jobs.close()
-        self.replies.close()
-        pid, self.pid = self.pid, None
-        with contextlib.suppress(ChildProcessError):  # reaped already (SIGCHLD ignored)
-            if os.waitpid(pid, os.WNOHANG) == (0, 0):
-                threading.Thread(target=_reap, args=(pid,), name=f"landscape-recorder-reap-{pid}", daemon=True).start()
-
-    def shutdown(self) -> None:
-        """At interpreter exit (or when a recorder is dropped unclosed): write the checkpoint in flight, stop."""
-        if os.getpid() != self.owner:
-            return
-        try:
-            self.wait()
-        except Exception as exc:  # noqa: BLE001 (nothing can be raised to anyone here)
-            print(f"error: landscape.Recorder could not write the last checkpoint of run '{self.name}': {exc}",
-                  file=sys.stderr)
-        finally:
-            self.stop()
-
-    def _reply(self, what: str) -> Any:
-        try:
-            status, value = self.replies.recv()
-        except (EOFError, OSError):
-            raise self._died(f"{what} was not written") from None
-        if status == "error":
-            raise _rebuild(value)
-        return value
-
-    def _died(self, what: str) -> CheckpointError:
-        how = "ended"
-        if self.pid is not None:
-            with contextlib.suppress(ChildProcessError):
-                _, status = os.waitpid(self.pid, 0)
-                how = (f"was killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else
-                       f"exited with code {os.waitstatus_to_exitcode(status)}")
-            self.pid = None
-            self.jobs.close()
-            self.replies.close()
-        return CheckpointError(f"the writer process of run '{self.name}' {how}; {what}")
-
-
-def _serve(jobs: Connection, replies: Connection, parent: int, opener: Callable[[], tuple[Run, bool]]) -> int:
-    """The writer process: open the run, then write each checkpoint the parent sends until it says stop.
-
-    Forked from the training process, it uses only what it made itself after the fork (the pipes, the run and
-    its lock, new HDF5 files): no lock another thread of the parent may have held at the fork."""
-    die_with_parent(parent)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it then stops us
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler
-    try:
-        run, created = opener()
-        infos = run.checkpoints()
-    except BaseException as exc:  # noqa: BLE001 (reported to the parent, which raises it)
-        _answer(replies, ("error", _describe(exc)))
-        return 1
-    _answer(replies, ("ok", infos[-1].step if infos else None))
-    discard = False
-    try:
-        while True:
-            try:
-                kind, message = jobs.recv()
-                if kind == "stop":
-                    discard = bool(message)
-                    break
-                buffer = bytearray(message["nbytes"])
-                _read_all(jobs.fileno(), buffer)
-            except (EOFError, OSError):
-                return 0  # the parent is gone
-            try:
-                _write(run, message, buffer)
-                reply: tuple[str, Any] = ("ok", None)
-            except BaseException as exc:  # noqa: BLE001 (reported to the parent, which raises it)
-                reply = ("error", _describe(exc))
-            _answer(replies, reply)
-    finally:
-        if discard and created:
-            with contextlib.suppress(Exception):
-                if not run.checkpoints():
-                    shutil.rmtree(run.path, ignore_errors=True)
-        run.close()
-    _answer(replies, ("ok", None))
-    return 0
-
-
-def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, 0)
-
-
-def _write_all(fd: int, buffers: list[Any]) -> None:
-    """All of ``buffers`` into ``fd`` (``writev``: from their memory, no copy; partial writes continued)."""
-    views = [memoryview(b).cast("B") for b in buffers]
-    while views:
-        done = os.writev(fd, views[:_IOV_MAX])
-        while views and done >= len(views[0]):
-            done -= len(views[0])
-            views.pop(0)
-        if done:
-            views[0] = views[0][done:]
-
-
-def _read_all(fd: int, buffer: bytearray) -> None:
-    view, got = memoryview(buffer), 0
-    while got < len(buffer):
-        n = os.readv(fd, [view[got:]])
-        if n == 0:
-            raise EOFError("the recorder's parent is gone")
-        got += n
-
-
-def _write(run: Run, message: dict[str, Any], buffer: bytearray) -> None:
-    state: dict[str, torch.Tensor] = {}
-    extra: dict[str, Any] = {}
-    for path, spec, offset in message["layout"]:
-        value = _unpack(spec, buffer, offset)
-        if path[0] == "state_dict":
-            state[path[1]] = value
-        else:
-            node = extra
-            for key in path[1:-1]:
-                node = node.setdefault(key, {})
-            node[path[-1]] = value
-    run.save_checkpoint(state, step=message["step"], epoch=message["epoch"], epsilon=message["epsilon"],
-                        metrics=message["metrics"], extra=extra or None, attrs=message["attrs"])
-    if message["privacy"] is not None:
-        run.update_manifest(privacy=message["privacy"])
-
-
-def _answer(conn: Connection, reply: tuple[str, Any]) -> None:
-    with contextlib.suppress(OSError):  # the parent is gone: nobody to tell
-        conn.send(reply)
-
-
-def _describe(exc: BaseException) -> tuple[str, str, str]:
-    return type(exc).__module__, type(exc).__qualname__, str(exc)
-
-
-def _rebuild(described: tuple[str, str, str]) -> BaseException:
-    """The writer's error in the parent: the same landscape error class (already imported: nothing is imported
-    by name), anything else as a CheckpointError naming it."""
-    module, qualname, message = described
-    cls = getattr(sys.modules.get(module), qualname, None)
-    if isinstance(cls, type) and issubclass(cls, LandscapeError):
-        return cls(message)
-    return CheckpointError(f"{qualname}: {message}")
-
-
-def _pack(value: Any) -> tuple[tuple[Any, ...], Any]:
-    """``(spec, bytes)`` of a CPU tensor or an array: ``spec`` = (kind, dtype, shape, byte count)."""
-    if torch.is_tensor(value):
-        flat = value.detach().contiguous().reshape(-1)
-        data = flat.view(torch.uint8).numpy() if flat.numel() else b""
-        return ("torch", str(value.dtype).removeprefix("torch."), tuple(value.shape), len(data)), data
-    array = np.ascontiguousarray(value)
-    if array.dtype.hasobject:
-        raise UsageError(f"cannot store {type(value).__name__} of dtype {array.dtype}: not a numeric array")
-    data = array.reshape(-1).view(np.uint8)
-    return ("numpy", np.lib.format.dtype_to_descr(array.dtype), array.shape, data.nbytes), data
-
-
-def _unpack(spec: tuple[Any, ...], buffer: bytearray, offset: int) -> Any:
-    """A tensor or array of the writer's job buffer (a view: no copy)."""
-    kind, dtype, shape, nbytes = spec
-    if kind == "torch":
-        dtype = getattr(torch, dtype)
-        if not nbytes:
-            return torch.empty(shape, dtype=dtype)
-        return torch.frombuffer(buffer, dtype=torch.uint8, count=nbytes, offset=offset).view(dtype).reshape(shape)
-    dtype = np.lib.format.descr_to_dtype(dtype)
-    if not nbytes:
-        return np.empty(shape, dtype=dtype)
-    return np.frombuffer(buffer, dtype=np.uint8, count=nbytes, offset=offset).view(dtype).reshape(shape)
-
-
-def _flatten(arrays: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
-    out = []
-    for key, value in arrays.items():
-        if isinstance(value, Mapping):
-            out.extend(_flatten(value, (*prefix, str(key))))
-        else:
-            out.append(((*prefix, str(key)), value))
-    return out
-
-
-def _parent(store: Store, parent: Any, model_spec: dict[str, Any]
-            ) -> tuple[Checkpoint | None, dict[str, Any] | None, PrivacyHistory]:
-    """The parent checkpoint of ``parent=``, the run's lineage and the parent's privacy history."""
-    if parent is None:
-        return None, None, PrivacyHistory()
-    if not isinstance(parent, (str, os.PathLike)) or not str(parent):
-        raise UsageError(f"parent= must be a checkpoint reference ('run@last', 'run@step=N' or a file), got {parent!r}")
-    ref = str(parent)
-    ckpt = store.load(ref)
-    if _normal(ckpt.model_spec) != _normal(model_spec):
-        raise UsageError(f"the model ({_short(_normal(model_spec))}) is not the model of parent {ref} "
-                         f"({_short(_normal(ckpt.model_spec))}); a child run keeps its parent's model")
-    if ckpt.run is not None and (store.root / ckpt.run / MANIFEST).is_file() and \
-            MASK_ARRAY in store.run(ckpt.run).array_names():
-        raise UsageError(f"parent {ref} is a pruned run: a recorder cannot keep its pruned weights at zero in your "
-                         "loop; train the child with landscape train --from")
-    return ckpt, lineage_of(ckpt, ref), inherited_privacy(store, ckpt)
-
-
 # ------------------------------------------------------------------------------------------- helpers
 
-
-def _model_spec(model: nn.Module) -> dict[str, Any]:
-    spec = getattr(model, "landscape_spec", None)
-    if not isinstance(spec, Mapping) or "name" not in spec:
-        raise UsageError(f"the model ({type(model).__name__}) has no landscape_spec: build it with "
-                         "landscape.models.build_model(...) so that analyses can rebuild it")
-    return _jsonable(spec, "the model spec")
-
-
-def _data_spec(data: Any) -> dict[str, Any]:
-    spec = getattr(data, "spec", data)
-    if not isinstance(spec, Mapping) or "name" not in spec:
-        raise UsageError("data= must be a landscape.data.Dataset (or its spec): analyses evaluate the run on it")
-    return _jsonable(spec, "the data spec")
-
-
-def _jsonable(value: Any, what: str) -> dict[str, Any]:
-    try:
-        return json.loads(json.dumps(to_jsonable(dict(value)), allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"{what} must be JSON-able (numbers, strings, lists, dicts): {exc}") from None
-
-
-def _normal(value: Any) -> Any:
-    return json.loads(json.dumps(to_jsonable(value)))
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _recorder_record() -> dict[str, Any]:
-    """How the run was recorded: the script (``__main__``) and its sha256, torch and python versions."""
-    record: dict[str, Any] = {"format": RECORDER_FORMAT, "torch": torch.__version__,
-                              "python": platform.python_version()}
-    script = getattr(sys.modules.get("__main__"), "__file__", None)
-    if script and Path(script).is_file():
-        record["script"] = str(Path(script).resolve())
-        record["script_sha256"] = hashlib.sha256(Path(script).read_bytes()).hexdigest()
-    return record
 
 
 def _cpu_state(model: nn.Module, step: int) -> dict[str, torch.Tensor]:
@@ -766,7 +385,7 @@ def _optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], 
                 tensors[f"{index}/{key}"] = value.detach().to("cpu")
             else:
                 scalars.setdefault(str(index), {})[key] = value
-    return tensors, _jsonable({"param_groups": sd["param_groups"], "scalars": scalars}, "the optimizer's settings")
+    return tensors, jsonable({"param_groups": sd["param_groups"], "scalars": scalars}, "the optimizer's settings")
 
 
 def _load_optimizer_state(optimizer: torch.optim.Optimizer, ckpt: Checkpoint) -> None:
