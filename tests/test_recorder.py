@@ -279,6 +279,7 @@ def test_the_writer_process_holds_the_lock_and_ends_with_the_recorder(tmp_path):
     data, model = _digits_lenet()
     rec = landscape.Recorder(tmp_path, "w", model, data=data, steps_per_epoch=1)
     pid = rec._writer.pid
+    rec.flush()  # a new run is created by the writer while training starts: flush waits for it
     assert pid != os.getpid() and (tmp_path / "w" / ".lock").read_text().strip() == str(pid)
     with pytest.raises(landscape.store.RunBusyError):  # another writer (this process too) is refused
         Store(tmp_path).open_run("w")
@@ -291,6 +292,27 @@ def test_the_writer_process_holds_the_lock_and_ends_with_the_recorder(tmp_path):
     assert not Path(f"/proc/{pid}").exists()
     with pytest.raises(UsageError, match="the recorder of run 'w' is closed"):
         rec.save(1)
+
+
+def test_a_new_run_is_created_while_training_starts_and_its_failure_raised_at_the_next_wait(tmp_path):
+    """The constructor does not wait for the writer to create a new run: a failure (the store root is a file) is
+    raised in one line by the first call that waits for the writer, and then the recorder refuses to save."""
+    data, model = _digits_lenet()
+    root = tmp_path / "a-file"
+    root.write_text("")
+    rec = landscape.Recorder(root, "r", model, data=data, steps_per_epoch=1)
+    pid = rec._writer.pid
+    with pytest.raises(landscape.errors.CheckpointError, match="^cannot create the store root"):
+        rec.save(0)  # returns at once unless the writer has exited already
+        rec.save(1)  # waits for step 0, hence for the run
+    assert rec.last_step is None
+    with pytest.raises(UsageError, match=r"^the recorder of run 'r' could not open it \(cannot create the store root"):
+        rec.save(0)
+    rec.close()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not Path(f"/proc/{pid}").exists()
 
 
 def test_two_recorders_open_at_once_each_have_their_writer(tmp_path):

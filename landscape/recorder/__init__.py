@@ -21,13 +21,17 @@ parent's weights, records its lineage (``parent_run``, ``parent_step``, ``parent
 parent's privacy history (:func:`landscape.train.pruning.inherited_privacy`), and each checkpoint's epsilon
 composes the parent's DP steps with the run's own (and adds declared guarantees), as a trained child's does.
 
-The writer process. Writing a checkpoint (HDF5, sha256, the manifest, fsyncs) costs ~20 ms, ~8 ms of it CPU
-with Python's GIL held; in a thread of the training process that stalls a CPU-bound loop for longer than the
-write itself (the writer waits up to Python's 5 ms switch interval for the GIL after every system call). So
+The writer process. Writing a checkpoint (HDF5, sha256, the manifest, fsyncs) takes milliseconds of CPU with
+Python's GIL held; in a thread of the training process that stalls a CPU-bound loop for longer than the write
+itself (the writer waits up to Python's 5 ms switch interval for the GIL after every system call). So
 the run belongs to a *writer process*: a fork of the training process made when the recorder opens (it has
 every module the parent has, and writes through the very same :class:`landscape.store.Run` calls, so the files
 are byte for byte what an in-process write gives). It takes the run's write lock, creates or opens the run
-and writes every file; it ignores Ctrl-C (the parent decides when to stop) and dies with its parent
+and writes every file. The recorder waits for it to open a run that exists (to continue it: a run someone
+else wrote, or one a live writer holds, is refused there and then), not to create a new one: that happens
+while training starts, and its failure (say, the name taken by another process a moment earlier) is raised
+by the first call that waits for the writer (a ``save`` with a checkpoint in flight, ``flush``, ``close``,
+:attr:`Recorder.run`). The writer ignores Ctrl-C (the parent decides when to stop) and dies with its parent
 (:func:`landscape.runtime.die_with_parent`: SIGKILL when the parent dies, however it dies).
 :meth:`Recorder.save` checks and copies what it records in the training process (weights and optimizer state
 as CPU tensors, metrics, the accountant's epsilon and state), sends the bytes down a pipe and returns while
@@ -61,7 +65,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from landscape.errors import NonFiniteError, UsageError
+from landscape.errors import CheckpointError, NonFiniteError, UsageError
 from landscape.recorder.manifest import (
     RECORDER_FORMAT,
     data_spec,
@@ -159,8 +163,11 @@ class Recorder:
         parent_ckpt, lineage, self.history = parent_of(store, parent, fields["model_spec"])
         privacy_record = self._privacy_record(0)
         extra = {"device": _device(self.model), "privacy": privacy_record, "recorder": recorder_record()}
+        # A run to continue (or a name taken) is opened before this returns, so that a run written by anyone
+        # else, or by a live writer, is refused here; a new run is created while training starts.
         self._writer = Writer(run, functools.partial(open_run, store, run, fields, lineage, privacy_record, extra,
-                                                      self._privacy_record))
+                                                     self._privacy_record),
+                              wait_open=os.path.lexists(store.root / run))
         self._finalizer = weakref.finalize(self, self._writer.shutdown)
         self._last: int | None = self._writer.opened
         if parent_ckpt is not None and self._last is None:
@@ -176,6 +183,7 @@ class Recorder:
     @property
     def run(self) -> Run:
         """The run as it is on disk now (for reading; its writer process holds the lock)."""
+        self._writer.wait_open()
         return self._store.run(self._name)
 
     @property
@@ -192,7 +200,10 @@ class Recorder:
         try:
             self._writer.wait()
         except BaseException:
-            infos = self.run.checkpoints()  # the failed step was not saved: it may be saved again
+            try:
+                infos = self.run.checkpoints()  # the failed step was not saved: it may be saved again
+            except CheckpointError:
+                infos = []  # the run could not be created
             self._last = infos[-1].step if infos else None
             raise
 
@@ -231,7 +242,8 @@ class Recorder:
         ``step / steps_per_epoch``. ``metrics``: numbers (or one-element tensors) stored with the checkpoint;
         ``extra``: arrays stored beside the weights. Returns the checkpoint file.
         """
-        self.flush()  # at most one checkpoint in flight; an earlier failure is raised here
+        if self._writer.in_flight is not None:
+            self.flush()  # at most one checkpoint in flight; an earlier failure is raised here
         step = self._check_step(step)
         epoch = self._epoch(step, epoch)
         epsilon = self._epsilon(epsilon)

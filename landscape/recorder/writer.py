@@ -5,13 +5,13 @@ writer's loop; between them two pipes (a pickled header of plain values, then th
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import fcntl
 import os
 import shutil
 import signal
 import sys
-import threading
 import warnings
 from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection, Pipe
@@ -38,9 +38,12 @@ class Writer:
     process) and replies. The jobs pipe is enlarged where the system allows (Linux: up to 1 MiB for anyone), so
     that a small model's checkpoint is in the pipe at once, whether or not the writer runs at that moment."""
 
-    def __init__(self, name: str, opener: Callable[[], tuple[Run, bool]]) -> None:
+    def __init__(self, name: str, opener: Callable[[], tuple[Run, bool]], *, wait_open: bool = True) -> None:
         self.name = name
         self.in_flight: int | None = None  # the step being written
+        self.opening = True  # the writer's answer to opening the run is still to be read
+        self.opened: int | None = None  # the step of the run's last checkpoint (None: none), once opened
+        self.gone = "is closed"  # why nothing can be sent any more, once the writer is gone
         jobs_out, self.jobs = Pipe(duplex=False)
         self.replies, replies_in = Pipe(duplex=False)
         for size in (_PIPE_BYTES, 1 << 20):
@@ -62,11 +65,26 @@ class Writer:
         jobs_out.close()
         replies_in.close()
         self.pid: int | None = pid
-        try:
-            self.opened: int | None = self._reply("the run")
-        except BaseException:
-            self.stop()
-            raise
+        if wait_open:
+            try:
+                self.wait_open()
+            except BaseException:
+                self.stop()
+                raise
+
+    def wait_open(self) -> int | None:
+        """Wait until the writer has created or opened the run (raise why it could not); the step of its last
+        checkpoint (None: none yet)."""
+        if self.opening:
+            try:
+                self.opened = self._reply("the run")
+                self.opening = False
+            except BaseException as exc:
+                self.opening, self.in_flight = False, None  # a checkpoint sent meanwhile was not written
+                self.gone = f"could not open it ({exc})"
+                self._release()  # the writer has exited
+                raise
+        return self.opened
 
     def send(self, header: dict[str, Any], state: Mapping[str, torch.Tensor], extra: Mapping[str, Any],
              privacy: dict[str, Any] | None) -> None:
@@ -85,16 +103,19 @@ class Writer:
                 buffers.append(data)
             offset += spec[-1]
         if self.pid is None:
-            raise UsageError(f"the recorder of run '{self.name}' is closed")
+            raise UsageError(f"the recorder of run '{self.name}' {self.gone}")
         try:
             self.jobs.send(("write", {**header, "privacy": privacy, "layout": layout, "nbytes": offset}))
             _write_all(self.jobs.fileno(), buffers)
         except OSError:
+            if self.opening:  # the writer could not open the run and exited: its answer says why
+                self.wait_open()
             raise self._died(f"checkpoint step {header['step']} was not written") from None
         self.in_flight = header["step"]
 
     def wait(self) -> None:
-        """Wait for the checkpoint in flight; raise its error."""
+        """Wait for the run to be open and the checkpoint in flight written; raise their error."""
+        self.wait_open()
         if self.in_flight is not None:
             step = self.in_flight
             try:
@@ -103,20 +124,28 @@ class Writer:
                 self.in_flight = None
 
     def stop(self, *, discard_if_empty: bool = False) -> None:
-        """Let the writer finish and release the run's lock (waited for), then exit (reaped in the background:
-        tearing down a copy of the training process' address space takes tens of ms). Idempotent; a no-op in
-        any other process (another recorder's writer, forked while this one was open, must not stop this one)."""
+        """Let the writer finish and release the run's lock (waited for), then exit. Idempotent; a no-op in any
+        other process (another recorder's writer, forked while this one was open, must not stop this one)."""
         if self.pid is None or os.getpid() != self.owner:
             return
+        unread = self.opening + (self.in_flight is not None)  # answers not waited for (a failure on the way)
+        self.opening, self.in_flight = False, None
         with contextlib.suppress(OSError, EOFError):
             self.jobs.send(("stop", discard_if_empty))
-            self.replies.recv()  # the lock is released
+            for _ in range(unread + 1):
+                self.replies.recv()  # the last: the lock is released
+        self._release()
+
+    def _release(self) -> None:
+        """Close the pipes; the writer process is reaped in the background (tearing down its copy of the
+        training process' address space takes tens of ms), by a bare thread (``threading.Thread.start`` waits
+        until the thread runs: milliseconds on a busy machine)."""
         self.jobs.close()
         self.replies.close()
         pid, self.pid = self.pid, None
         with contextlib.suppress(ChildProcessError):  # reaped already (SIGCHLD ignored)
-            if os.waitpid(pid, os.WNOHANG) == (0, 0):
-                threading.Thread(target=_reap, args=(pid,), name=f"landscape-recorder-reap-{pid}", daemon=True).start()
+            if pid is not None and os.waitpid(pid, os.WNOHANG) == (0, 0):
+                _thread.start_new_thread(_reap, (pid,))
 
     def shutdown(self) -> None:
         """At interpreter exit (or when a recorder is dropped unclosed): write the checkpoint in flight, stop."""
