@@ -400,6 +400,23 @@ def test_recorder_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path):
     assert Store(tmp_path).run("x").checkpoints() == [] and not list((tmp_path / "x").glob("*.h5"))
 
 
+def test_finite_weights_are_told_from_non_finite_ones_exactly(tmp_path):
+    """save checks all weights at once by their norms; a norm that overflows (finite weights near float32's
+    maximum) is checked element by element: saved, bit-exactly; an infinity is refused, naming its tensor."""
+    data, model = _digits_lenet()
+    with torch.no_grad():
+        model[0].weight.view(-1)[:2] = 3e38
+    assert not torch.isfinite(torch.linalg.vector_norm(model[0].weight))
+    with landscape.Recorder(tmp_path, "big", model, data=data) as rec:
+        rec.save(0, epoch=0)
+        with torch.no_grad():
+            model[0].bias.view(-1)[1] = -float("inf")
+        with pytest.raises(NonFiniteError, match="^step 1: tensor '0.bias' of the model is not finite"):
+            rec.save(1, epoch=1)
+    ckpt = Store(tmp_path).load("big@last")
+    assert ckpt.step == 0 and torch.equal(ckpt.state_dict["0.weight"], model.state_dict()["0.weight"])
+
+
 def test_the_recorder_copies_weights_off_the_model_device(tmp_path):
     """Whatever the model's device, the stored tensors are CPU copies (here CPU; CUDA when present)."""
     data, model = _digits_lenet()

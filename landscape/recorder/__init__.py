@@ -355,14 +355,27 @@ class Recorder:
 def _cpu_state(model: nn.Module, step: int) -> dict[str, torch.Tensor]:
     """The weights on the CPU (copied off an accelerator; CPU tensors are sent as they are, before
     :meth:`Recorder.save` returns), refused in one line when one is not finite."""
-    state = {}
-    for key, value in model.state_dict().items():
-        value = value.detach()
-        if (value.is_floating_point() or value.is_complex()) and not bool(torch.isfinite(value).all()):
-            raise NonFiniteError(f"step {step}: tensor '{key}' of the model is not finite (NaN or inf); nothing "
-                                 "was saved (training diverged? lower the learning rate)")
-        state[key] = value.to("cpu")
-    return state
+    state = {key: value.detach() for key, value in model.state_dict().items()}
+    inexact = [value for value in state.values() if value.is_floating_point() or value.is_complex()]
+    if inexact and not _norms_finite(inexact):
+        for key, value in state.items():
+            if (value.is_floating_point() or value.is_complex()) and not bool(torch.isfinite(value).all()):
+                raise NonFiniteError(f"step {step}: tensor '{key}' of the model is not finite (NaN or inf); "
+                                     "nothing was saved (training diverged? lower the learning rate)")
+    return {key: value.to("cpu") for key, value in state.items()}
+
+
+def _norms_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether the 2-norms of ``tensors`` are all finite, from one ``torch._foreach_norm`` call and one
+    synchronisation per device. A NaN or an infinity makes its tensor's norm one, so True means every element
+    is finite; False may also be a norm that overflowed (the caller then checks tensor by tensor)."""
+    try:
+        by_device: dict[torch.device, list[torch.Tensor]] = {}
+        for norm in torch._foreach_norm(tensors):
+            by_device.setdefault(norm.device, []).append(norm)
+        return all(bool(torch.stack(norms).isfinite().all()) for norms in by_device.values())
+    except RuntimeError:  # a tensor _foreach_norm does not take: the exact check decides
+        return False
 
 
 def _device(model: nn.Module) -> str:
