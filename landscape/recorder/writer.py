@@ -32,7 +32,8 @@ _IOV_MAX = 1024  # buffers per writev (POSIX guarantees at least 16; Linux allow
 
 class Writer:
     """The parent's end of a recorder's writer process (module docstring): ``send`` one checkpoint, ``wait`` for
-    it, ``stop``. The child is forked here and runs :func:`serve`; it opens the run by calling ``opener``.
+    it, ``stop``. The child is forked here and runs :func:`serve`; it opens the run by calling ``opener``, which
+    is waited for here (``wait_open``) or else by the first ``wait``: a checkpoint can be sent meanwhile.
 
     Two pipes: jobs (a pickled header of plain values, then the tensors' bytes in one ``writev``: no copy in this
     process) and replies. The jobs pipe is enlarged where the system allows (Linux: up to 1 MiB for anyone), so
