@@ -15,36 +15,27 @@ timed whole: opening its store run or directory, the epochs, the last write:
 - ``store writes in a thread``: the recorder's earlier design (the same store calls in a thread of the training
   process), kept here for comparison.
 
-Printed: median seconds and ratios; the recorder's fixed costs (opening the run: the fork and the run's manifest;
-close: the last checkpoint made durable) and the median time a ``save`` call keeps the training thread; the CPU
-time of the training process (all its threads; the writer process not counted); and the goal figure, the median
-of per-round ratios with their spread.
+Printed: median seconds and ratios; the recorder's fixed costs (opening the run: the fork of its writer, the run
+being created by the writer while training starts; close: the last checkpoint made durable) and the median time
+a ``save`` call keeps the training thread (torch.save's too); the CPU time of the training process (all its
+threads; the writer process not counted); the goal figure, the median of per-round ratios with their spread;
+then, as a second figure that is not the goal's loop, torch.save against the Recorder over ``--long-epochs``
+epochs (the same fixed costs spread over a longer run).
 
-Result (2-core machine shared with four other sessions; the wall-time ratios are dominated by their load: read
-the spread). Four runs of 10 epochs x 5-7 rounds, 25 Nov 2026, load average 6.6 / 5.6 / 5.2 / 2.2:
+Where the time goes (profiled, 25 Nov 2026, 2-core machine at load ~0.3-1; the numbers are in
+docs/own-code.md and the records under benchmarks/results/). The save calls cost less than torch.save's; what
+is left is fixed and comes from the writer being a fork of a process with torch loaded (~370 MB anonymous
+memory): the fork (~10-13 ms of page tables), the training process' copy-on-write faults while the writer
+lives (~1.2k pages, ~10 ms CPU over the loop, measured against an idle forked child), and close waiting for
+the last checkpoint to be durable (~5-7 ms: HDF5 ~3.5 ms, the manifest ~1 ms, fsyncs). Removed since the
+record of commit 34281b0 (1.12x): the constructor waiting ~10 ms for the writer to create the run (mostly
+the child's own copy-on-write faults right after the fork; now overlapped with the first epoch),
+``threading.Thread.start`` of the reaper at close (3-15 ms waiting for the thread to run; now a bare
+``_thread`` start), and per-tensor finiteness checks in ``save``. A writer that is not a fork (spawned) would
+have none of these costs but takes ~0.1 s to import its modules, which the first checkpoints (at most one in
+flight) would wait for: worse at this size.
 
-    method                       wall x torch.save (median)       training-process CPU x torch.save
-    torch.save + fsync           1.19 / 1.34 / 1.57 / 0.97        0.97-1.04
-    Recorder                     1.36 / 1.56 / 1.83 / 1.40        1.08-1.14   (goal figure at load 2.2: 1.46x,
-    Recorder, background=False   1.67 / 1.73 / 2.41 / 1.34        1.04-1.10    IQR 1.36-1.52, range 1.22-1.55)
-    store writes in a thread     1.41 / 1.20 / 1.54 / 1.29        1.21-1.29
-
-The goal (<= 1.05 in wall time) is NOT met on this machine, and this is the bound: the store's durable write
-costs ~20 ms a checkpoint (profiled, one process alone: ~8 ms CPU of it, h5py ~3.5 ms, the manifest's JSON
-read/check/dump ~2-3 ms, sha256 0.2 ms; four fsyncs ~13 ms of waiting), against epochs of 26-70 ms. The writer
-process takes all of it off the training process: in a separate measurement (3 loops each) the training
-process used 300 ms CPU recording vs 291-313 ms saving with torch.save, and 414-453 ms with the thread (the
-fork's copy-on-write costs ~1.9k minor page faults, ~8 MB, per loop; a ``save`` call ~0.3-1.4 ms: checking and
-writing the weights into the pipe). But the writer needs a core of its own: with five sessions on two cores
-there is none, so its ~8 ms of CPU per checkpoint competes with training, a save waits for the previous write
-when an epoch is shorter than that write takes under contention, and ``background=False`` is no worse. Fixed
-costs count too in a 0.3-0.8 s loop: opening the run (~15 ms fork + the manifest's two fsyncs: 20-90 ms here)
-and close (the last checkpoint made durable: 8-50 ms) are 4-15% of it by themselves. Before the writer process
-(same machine, load 1.1, thread design): 1.24x; the previous session measured 1.36x (thread) and 1.49x
-(synchronous). With a free core and epochs long against ~20 ms the recorded loop should run within the goal;
-that was not measurable here.
-
-    OMP_NUM_THREADS=1 python benchmarks/recorder.py [--epochs 10] [--repeats 7] [--batch-size 64]
+    OMP_NUM_THREADS=1 python benchmarks/recorder.py [--epochs 10] [--repeats 7] [--batch-size 64] [--long-epochs 50]
 """
 
 from __future__ import annotations
