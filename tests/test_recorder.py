@@ -279,6 +279,7 @@ def test_the_writer_process_holds_the_lock_and_ends_with_the_recorder(tmp_path):
     data, model = _digits_lenet()
     rec = landscape.Recorder(tmp_path, "w", model, data=data, steps_per_epoch=1)
     pid = rec._writer.pid
+    rec.flush()  # a new run is created by the writer while training starts: flush waits for it
     assert pid != os.getpid() and (tmp_path / "w" / ".lock").read_text().strip() == str(pid)
     with pytest.raises(landscape.store.RunBusyError):  # another writer (this process too) is refused
         Store(tmp_path).open_run("w")
@@ -291,6 +292,27 @@ def test_the_writer_process_holds_the_lock_and_ends_with_the_recorder(tmp_path):
     assert not Path(f"/proc/{pid}").exists()
     with pytest.raises(UsageError, match="the recorder of run 'w' is closed"):
         rec.save(1)
+
+
+def test_a_new_run_is_created_while_training_starts_and_its_failure_raised_at_the_next_wait(tmp_path):
+    """The constructor does not wait for the writer to create a new run: a failure (the store root is a file) is
+    raised in one line by the first call that waits for the writer, and then the recorder refuses to save."""
+    data, model = _digits_lenet()
+    root = tmp_path / "a-file"
+    root.write_text("")
+    rec = landscape.Recorder(root, "r", model, data=data, steps_per_epoch=1)
+    pid = rec._writer.pid
+    with pytest.raises(landscape.errors.CheckpointError, match="^cannot create the store root"):
+        rec.save(0)  # returns at once unless the writer has exited already
+        rec.save(1)  # waits for step 0, hence for the run
+    assert rec.last_step is None
+    with pytest.raises(UsageError, match=r"^the recorder of run 'r' could not open it \(cannot create the store root"):
+        rec.save(0)
+    rec.close()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not Path(f"/proc/{pid}").exists()
 
 
 def test_two_recorders_open_at_once_each_have_their_writer(tmp_path):
@@ -376,6 +398,23 @@ def test_recorder_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path):
         with pytest.raises(NonFiniteError, match="is not finite"):
             rec.save(0, epoch=0)
     assert Store(tmp_path).run("x").checkpoints() == [] and not list((tmp_path / "x").glob("*.h5"))
+
+
+def test_finite_weights_are_told_from_non_finite_ones_exactly(tmp_path):
+    """save checks all weights at once by their norms; a norm that overflows (finite weights near float32's
+    maximum) is checked element by element: saved, bit-exactly; an infinity is refused, naming its tensor."""
+    data, model = _digits_lenet()
+    with torch.no_grad():
+        model[0].weight.view(-1)[:2] = 3e38
+    assert not torch.isfinite(torch.linalg.vector_norm(model[0].weight))
+    with landscape.Recorder(tmp_path, "big", model, data=data) as rec:
+        rec.save(0, epoch=0)
+        with torch.no_grad():
+            model[0].bias.view(-1)[1] = -float("inf")
+        with pytest.raises(NonFiniteError, match="^step 1: tensor '0.bias' of the model is not finite"):
+            rec.save(1, epoch=1)
+    ckpt = Store(tmp_path).load("big@last")
+    assert ckpt.step == 0 and torch.equal(ckpt.state_dict["0.weight"], model.state_dict()["0.weight"])
 
 
 def test_the_recorder_copies_weights_off_the_model_device(tmp_path):

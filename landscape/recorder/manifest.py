@@ -1,0 +1,138 @@
+"""What a recorded run's manifest says, and how the writer process opens the run (:mod:`landscape.recorder`).
+
+The parent (the training process) computes the fields (:func:`model_spec`, :func:`data_spec`, :func:`jsonable`
+config, :func:`recorder_record`, the parent checkpoint's lineage and privacy history, :func:`parent_of`); the
+writer process creates the run with them or, for a run this recorder would have created, opens it again
+(:func:`open_run`, which refuses anything else in one line, :func:`check_same`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from landscape.errors import UsageError
+from landscape.results import to_jsonable
+from landscape.store import MANIFEST, Checkpoint, Run, Store
+from landscape.train.accounting import PrivacyHistory
+from landscape.train.pruning import MASK_ARRAY, inherited_privacy, lineage_of
+
+RECORDER_FORMAT = "landscape-recorder/1"
+
+
+def open_run(store: Store, name: str, fields: dict[str, Any], lineage: dict[str, Any] | None,
+              privacy: dict[str, Any], extra: dict[str, Any], privacy_record: Callable[[int], dict[str, Any]],
+              ) -> tuple[Run, bool]:
+    """In the writer process: create run ``name``, or open it (its lock) when it exists and this recorder would
+    have created it. Returns the run and whether it was created."""
+    if not (store.root / name / MANIFEST).is_file():
+        return store.create_run(name, lineage=lineage, extra=extra, **fields), True
+    run = store.open_run(name)
+    try:
+        check_same(run, fields, lineage, privacy)
+        if privacy.get("accounted"):  # a writer killed between a checkpoint and its manifest update
+            infos = run.checkpoints()
+            last = infos[-1].step if infos else 0
+            if run.manifest["privacy"].get("steps") != last:
+                run.update_manifest(privacy=privacy_record(last))
+    except BaseException:
+        run.close()
+        raise
+    return run, False
+
+
+def check_same(run: Run, fields: dict[str, Any], lineage: dict[str, Any] | None, privacy: dict[str, Any]) -> None:
+    """Refuse, in one line, to write into a run this recorder would not have created."""
+    manifest, name = run.manifest, run.name
+    if not isinstance(manifest.get("recorder"), dict):
+        by = ("landscape train" if "schedule" in manifest else
+              "landscape import" if (manifest.get("lineage") or {}).get("imported_from") else "another writer")
+        raise UsageError(f"run '{name}' was written by {by}, not by a Recorder; record into a new run name")
+    for key, value in fields.items():
+        if manifest.get(key) != normal(value):
+            raise UsageError(f"run '{name}' was recorded with another {key.replace('_', ' ')} "
+                             f"({short(manifest.get(key))}, now {short(normal(value))}); record into a new "
+                             "run name")
+    recorded_parent = manifest.get("lineage") or {}
+    if recorded_parent.get("parent_sha256") != (lineage or {}).get("parent_sha256"):
+        was = (f"from parent {recorded_parent.get('parent_run')}@step={recorded_parent.get('parent_step')}"
+               if recorded_parent else "without a parent")
+        now = f"parent {lineage['parent_ref']}" if lineage else "no parent"
+        raise UsageError(f"run '{name}' was recorded {was}, now {now}; give the same parent= (or record into a new "
+                         "run name)")
+    fixed = {k: v for k, v in normal(privacy).items() if k != "steps"}
+    recorded = {k: v for k, v in (manifest.get("privacy") or {}).items() if k != "steps"}
+    if recorded != fixed:
+        raise UsageError(f"run '{name}' was recorded with other privacy settings ({short(recorded)}, now "
+                         f"{short(fixed)}); record into a new run name")
+
+
+
+def parent_of(store: Store, parent: Any, model_spec: dict[str, Any]
+            ) -> tuple[Checkpoint | None, dict[str, Any] | None, PrivacyHistory]:
+    """The parent checkpoint of ``parent=``, the run's lineage and the parent's privacy history."""
+    if parent is None:
+        return None, None, PrivacyHistory()
+    if not isinstance(parent, (str, os.PathLike)) or not str(parent):
+        raise UsageError(f"parent= must be a checkpoint reference ('run@last', 'run@step=N' or a file), got {parent!r}")
+    ref = str(parent)
+    ckpt = store.load(ref)
+    if normal(ckpt.model_spec) != normal(model_spec):
+        raise UsageError(f"the model ({short(normal(model_spec))}) is not the model of parent {ref} "
+                         f"({short(normal(ckpt.model_spec))}); a child run keeps its parent's model")
+    if ckpt.run is not None and (store.root / ckpt.run / MANIFEST).is_file() and \
+            MASK_ARRAY in store.run(ckpt.run).array_names():
+        raise UsageError(f"parent {ref} is a pruned run: a recorder cannot keep its pruned weights at zero in your "
+                         "loop; train the child with landscape train --from")
+    return ckpt, lineage_of(ckpt, ref), inherited_privacy(store, ckpt)
+
+
+def model_spec(model: nn.Module) -> dict[str, Any]:
+    spec = getattr(model, "landscape_spec", None)
+    if not isinstance(spec, Mapping) or "name" not in spec:
+        raise UsageError(f"the model ({type(model).__name__}) has no landscape_spec: build it with "
+                         "landscape.models.build_model(...) so that analyses can rebuild it")
+    return jsonable(spec, "the model spec")
+
+
+def data_spec(data: Any) -> dict[str, Any]:
+    spec = getattr(data, "spec", data)
+    if not isinstance(spec, Mapping) or "name" not in spec:
+        raise UsageError("data= must be a landscape.data.Dataset (or its spec): analyses evaluate the run on it")
+    return jsonable(spec, "the data spec")
+
+
+def jsonable(value: Any, what: str) -> dict[str, Any]:
+    try:
+        return json.loads(json.dumps(to_jsonable(dict(value)), allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"{what} must be JSON-able (numbers, strings, lists, dicts): {exc}") from None
+
+
+def normal(value: Any) -> Any:
+    return json.loads(json.dumps(to_jsonable(value)))
+
+
+def short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def recorder_record() -> dict[str, Any]:
+    """How the run was recorded: the script (``__main__``) and its sha256, torch and python versions."""
+    record: dict[str, Any] = {"format": RECORDER_FORMAT, "torch": torch.__version__,
+                              "python": platform.python_version()}
+    script = getattr(sys.modules.get("__main__"), "__file__", None)
+    if script and Path(script).is_file():
+        record["script"] = str(Path(script).resolve())
+        record["script_sha256"] = hashlib.sha256(Path(script).read_bytes()).hexdigest()
+    return record

@@ -1,0 +1,325 @@
+"""The writer process of a :class:`landscape.recorder.Recorder` (the package docstring says why a process):
+:class:`Writer` is the training process' end (fork, send a checkpoint, wait for it, stop), :func:`serve` the
+writer's loop; between them two pipes (a pickled header of plain values, then the tensors' bytes).
+"""
+
+from __future__ import annotations
+
+import _thread
+import contextlib
+import fcntl
+import os
+import shutil
+import signal
+import sys
+import warnings
+from collections.abc import Callable, Mapping
+from multiprocessing.connection import Connection, Pipe
+from typing import Any
+
+import numpy as np
+import torch
+
+from landscape.errors import CheckpointError, LandscapeError, UsageError
+from landscape.runtime import die_with_parent
+from landscape.store import Run
+
+_PIPE_BYTES = 16 << 20  # the writer's job pipe, when the system allows it (else 1 MiB, else its default)
+_ALIGN = 64  # byte alignment of each tensor in the writer's job buffer
+_IOV_MAX = 1024  # buffers per writev (POSIX guarantees at least 16; Linux allows 1024)
+
+
+
+class Writer:
+    """The parent's end of a recorder's writer process (module docstring): ``send`` one checkpoint, ``wait`` for
+    it, ``stop``. The child is forked here and runs :func:`serve`; it opens the run by calling ``opener``, which
+    is waited for here (``wait_open``) or else by the first ``wait``: a checkpoint can be sent meanwhile.
+
+    Two pipes: jobs (a pickled header of plain values, then the tensors' bytes in one ``writev``: no copy in this
+    process) and replies. The jobs pipe is enlarged where the system allows (Linux: up to 1 MiB for anyone), so
+    that a small model's checkpoint is in the pipe at once, whether or not the writer runs at that moment."""
+
+    def __init__(self, name: str, opener: Callable[[], tuple[Run, bool]], *, wait_open: bool = True) -> None:
+        self.name = name
+        self.in_flight: int | None = None  # the step being written
+        self.opening = True  # the writer's answer to opening the run is still to be read
+        self.opened: int | None = None  # the step of the run's last checkpoint (None: none), once opened
+        self.gone = "is closed"  # why nothing can be sent any more, once the writer is gone
+        jobs_out, self.jobs = Pipe(duplex=False)
+        self.replies, replies_in = Pipe(duplex=False)
+        for size in (_PIPE_BYTES, 1 << 20):
+            with contextlib.suppress(OSError, AttributeError):
+                fcntl.fcntl(self.jobs.fileno(), fcntl.F_SETPIPE_SZ, size)
+                break
+        parent = self.owner = os.getpid()
+        with warnings.catch_warnings():  # python >= 3.12 warns of forking a threaded process: the child takes
+            warnings.simplefilter("ignore", DeprecationWarning)  # no lock another thread may hold (see serve)
+            pid = os.fork()
+        if pid == 0:  # the writer process: never returns into the caller's code
+            code = 1
+            try:
+                self.jobs.close()
+                self.replies.close()
+                code = serve(jobs_out, replies_in, parent, opener)
+            finally:
+                os._exit(code)
+        jobs_out.close()
+        replies_in.close()
+        self.pid: int | None = pid
+        if wait_open:
+            try:
+                self.wait_open()
+            except BaseException:
+                self.stop()
+                raise
+
+    def wait_open(self) -> int | None:
+        """Wait until the writer has created or opened the run (raise why it could not); the step of its last
+        checkpoint (None: none yet)."""
+        if self.opening:
+            try:
+                self.opened = self._reply("the run")
+                self.opening = False
+            except BaseException as exc:
+                self.opening, self.in_flight = False, None  # a checkpoint sent meanwhile was not written
+                self.gone = f"could not open it ({exc})"
+                self._release()  # the writer has exited
+                raise
+        return self.opened
+
+    def send(self, header: dict[str, Any], state: Mapping[str, torch.Tensor], extra: Mapping[str, Any],
+             privacy: dict[str, Any] | None) -> None:
+        """Send one checkpoint (its bytes are in the pipe or the writer when this returns)."""
+        layout, buffers, offset = [], [], 0
+        items = [(("state_dict", key), value) for key, value in state.items()]
+        items += [(("extra", *path), value) for path, value in _flatten(extra)]
+        for path, value in items:
+            spec, data = _pack(value)
+            pad = -offset % _ALIGN  # each tensor at an aligned offset of the writer's buffer
+            if pad:
+                buffers.append(bytes(pad))
+            offset += pad
+            layout.append((path, spec, offset))
+            if len(data):
+                buffers.append(data)
+            offset += spec[-1]
+        if self.pid is None:
+            raise UsageError(f"the recorder of run '{self.name}' {self.gone}")
+        try:
+            self.jobs.send(("write", {**header, "privacy": privacy, "layout": layout, "nbytes": offset}))
+            _write_all(self.jobs.fileno(), buffers)
+        except OSError:
+            if self.opening:  # the writer could not open the run and exited: its answer says why
+                self.wait_open()
+            raise self._died(f"checkpoint step {header['step']} was not written") from None
+        self.in_flight = header["step"]
+
+    def wait(self) -> None:
+        """Wait for the run to be open and the checkpoint in flight written; raise their error."""
+        self.wait_open()
+        if self.in_flight is not None:
+            step = self.in_flight
+            try:
+                self._reply(f"checkpoint step {step}")
+            finally:
+                self.in_flight = None
+
+    def stop(self, *, discard_if_empty: bool = False) -> None:
+        """Let the writer finish and release the run's lock (waited for), then exit. Idempotent; a no-op in any
+        other process (another recorder's writer, forked while this one was open, must not stop this one)."""
+        if self.pid is None or os.getpid() != self.owner:
+            return
+        unread = self.opening + (self.in_flight is not None)  # answers not waited for (a failure on the way)
+        self.opening, self.in_flight = False, None
+        with contextlib.suppress(OSError, EOFError):
+            self.jobs.send(("stop", discard_if_empty))
+            for _ in range(unread + 1):
+                self.replies.recv()  # the last: the lock is released
+        self._release()
+
+    def _release(self) -> None:
+        """Close the pipes; the writer process is reaped in the background (tearing down its copy of the
+        training process' address space takes tens of ms), by a bare thread (``threading.Thread.start`` waits
+        until the thread runs: milliseconds on a busy machine)."""
+        self.jobs.close()
+        self.replies.close()
+        pid, self.pid = self.pid, None
+        with contextlib.suppress(ChildProcessError):  # reaped already (SIGCHLD ignored)
+            if pid is not None and os.waitpid(pid, os.WNOHANG) == (0, 0):
+                _thread.start_new_thread(_reap, (pid,))
+
+    def shutdown(self) -> None:
+        """At interpreter exit (or when a recorder is dropped unclosed): write the checkpoint in flight, stop."""
+        if os.getpid() != self.owner:
+            return
+        try:
+            self.wait()
+        except Exception as exc:  # noqa: BLE001 (nothing can be raised to anyone here)
+            print(f"error: landscape.Recorder could not write the last checkpoint of run '{self.name}': {exc}",
+                  file=sys.stderr)
+        finally:
+            self.stop()
+
+    def _reply(self, what: str) -> Any:
+        try:
+            status, value = self.replies.recv()
+        except (EOFError, OSError):
+            raise self._died(f"{what} was not written") from None
+        if status == "error":
+            raise _rebuild(value)
+        return value
+
+    def _died(self, what: str) -> CheckpointError:
+        how = "ended"
+        if self.pid is not None:
+            with contextlib.suppress(ChildProcessError):
+                _, status = os.waitpid(self.pid, 0)
+                how = (f"was killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else
+                       f"exited with code {os.waitstatus_to_exitcode(status)}")
+            self.pid = None
+            self.jobs.close()
+            self.replies.close()
+        return CheckpointError(f"the writer process of run '{self.name}' {how}; {what}")
+
+
+def serve(jobs: Connection, replies: Connection, parent: int, opener: Callable[[], tuple[Run, bool]]) -> int:
+    """The writer process: open the run, then write each checkpoint the parent sends until it says stop.
+
+    Forked from the training process, it uses only what it made itself after the fork (the pipes, the run and
+    its lock, new HDF5 files): no lock another thread of the parent may have held at the fork."""
+    die_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it then stops us
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler
+    try:
+        run, created = opener()
+        infos = run.checkpoints()
+    except BaseException as exc:  # noqa: BLE001 (reported to the parent, which raises it)
+        _answer(replies, ("error", _describe(exc)))
+        return 1
+    _answer(replies, ("ok", infos[-1].step if infos else None))
+    discard = False
+    try:
+        while True:
+            try:
+                kind, message = jobs.recv()
+                if kind == "stop":
+                    discard = bool(message)
+                    break
+                buffer = bytearray(message["nbytes"])
+                _read_all(jobs.fileno(), buffer)
+            except (EOFError, OSError):
+                return 0  # the parent is gone
+            try:
+                _write(run, message, buffer)
+                reply: tuple[str, Any] = ("ok", None)
+            except BaseException as exc:  # noqa: BLE001 (reported to the parent, which raises it)
+                reply = ("error", _describe(exc))
+            _answer(replies, reply)
+    finally:
+        if discard and created:
+            with contextlib.suppress(Exception):
+                if not run.checkpoints():
+                    shutil.rmtree(run.path, ignore_errors=True)
+        run.close()
+    _answer(replies, ("ok", None))
+    return 0
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
+def _write_all(fd: int, buffers: list[Any]) -> None:
+    """All of ``buffers`` into ``fd`` (``writev``: from their memory, no copy; partial writes continued)."""
+    views = [memoryview(b).cast("B") for b in buffers]
+    while views:
+        done = os.writev(fd, views[:_IOV_MAX])
+        while views and done >= len(views[0]):
+            done -= len(views[0])
+            views.pop(0)
+        if done:
+            views[0] = views[0][done:]
+
+
+def _read_all(fd: int, buffer: bytearray) -> None:
+    view, got = memoryview(buffer), 0
+    while got < len(buffer):
+        n = os.readv(fd, [view[got:]])
+        if n == 0:
+            raise EOFError("the recorder's parent is gone")
+        got += n
+
+
+def _write(run: Run, message: dict[str, Any], buffer: bytearray) -> None:
+    state: dict[str, torch.Tensor] = {}
+    extra: dict[str, Any] = {}
+    for path, spec, offset in message["layout"]:
+        value = _unpack(spec, buffer, offset)
+        if path[0] == "state_dict":
+            state[path[1]] = value
+        else:
+            node = extra
+            for key in path[1:-1]:
+                node = node.setdefault(key, {})
+            node[path[-1]] = value
+    run.save_checkpoint(state, step=message["step"], epoch=message["epoch"], epsilon=message["epsilon"],
+                        metrics=message["metrics"], extra=extra or None, attrs=message["attrs"])
+    if message["privacy"] is not None:
+        run.update_manifest(privacy=message["privacy"])
+
+
+def _answer(conn: Connection, reply: tuple[str, Any]) -> None:
+    with contextlib.suppress(OSError):  # the parent is gone: nobody to tell
+        conn.send(reply)
+
+
+def _describe(exc: BaseException) -> tuple[str, str, str]:
+    return type(exc).__module__, type(exc).__qualname__, str(exc)
+
+
+def _rebuild(described: tuple[str, str, str]) -> BaseException:
+    """The writer's error in the parent: the same landscape error class (already imported: nothing is imported
+    by name), anything else as a CheckpointError naming it."""
+    module, qualname, message = described
+    cls = getattr(sys.modules.get(module), qualname, None)
+    if isinstance(cls, type) and issubclass(cls, LandscapeError):
+        return cls(message)
+    return CheckpointError(f"{qualname}: {message}")
+
+
+def _pack(value: Any) -> tuple[tuple[Any, ...], Any]:
+    """``(spec, bytes)`` of a CPU tensor or an array: ``spec`` = (kind, dtype, shape, byte count)."""
+    if torch.is_tensor(value):
+        flat = value.detach().contiguous().reshape(-1)
+        data = flat.view(torch.uint8).numpy() if flat.numel() else b""
+        return ("torch", str(value.dtype).removeprefix("torch."), tuple(value.shape), len(data)), data
+    array = np.ascontiguousarray(value)
+    if array.dtype.hasobject:
+        raise UsageError(f"cannot store {type(value).__name__} of dtype {array.dtype}: not a numeric array")
+    data = array.reshape(-1).view(np.uint8)
+    return ("numpy", np.lib.format.dtype_to_descr(array.dtype), array.shape, data.nbytes), data
+
+
+def _unpack(spec: tuple[Any, ...], buffer: bytearray, offset: int) -> Any:
+    """A tensor or array of the writer's job buffer (a view: no copy)."""
+    kind, dtype, shape, nbytes = spec
+    if kind == "torch":
+        dtype = getattr(torch, dtype)
+        if not nbytes:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(buffer, dtype=torch.uint8, count=nbytes, offset=offset).view(dtype).reshape(shape)
+    dtype = np.lib.format.descr_to_dtype(dtype)
+    if not nbytes:
+        return np.empty(shape, dtype=dtype)
+    return np.frombuffer(buffer, dtype=np.uint8, count=nbytes, offset=offset).view(dtype).reshape(shape)
+
+
+def _flatten(arrays: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    out = []
+    for key, value in arrays.items():
+        if isinstance(value, Mapping):
+            out.extend(_flatten(value, (*prefix, str(key))))
+        else:
+            out.append(((*prefix, str(key)), value))
+    return out
