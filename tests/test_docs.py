@@ -386,11 +386,9 @@ def source_numbers(name: str, text: str, source: str) -> list[float]:
     return [abs(float(x)) for x in FIGURE.findall(printed)]
 
 
-@pytest.mark.parametrize("name", PAGES)
-def test_quoted_numbers_come_from_generated_or_checked_output(name):
-    """Every decimal number of a ``numbers`` paragraph is one its sources print, at the quoted precision (or a
-    hundredfold: a percentage); a recorded block's file is shown on its page."""
-    text = (DOCS / name).read_text()
+def check_quoted_numbers(name: str, text: str) -> None:
+    """Every number of a ``numbers`` paragraph is one its sources print, at the quoted precision (or a hundredfold:
+    a percentage), or a whole number among the page's own command options; a recorded file is shown on its page."""
     for record in re.findall(r"<!-- run: record (\S+) -->", text):
         assert f'--8<-- "docs/generated/{record}"' in text, f"docs/{name}: record {record} is not shown on the page"
     parameters = {abs(float(x)) for _, code, _, _ in blocks(text) for x in FIGURE.findall(code)}
@@ -404,6 +402,32 @@ def test_quoted_numbers_come_from_generated_or_checked_output(name):
             half = 0.5 * 10 ** -len(number.partition(".")[2]) + 1e-12
             assert any(abs(x - float(number)) <= half or abs(100 * x - float(number)) <= half for x in printed), (
                 f"docs/{name}:{line}: {number} is not a number of {', '.join(sources)}")
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_quoted_numbers_come_from_generated_or_checked_output(name):
+    check_quoted_numbers(name, (DOCS / name).read_text())
+
+
+def test_a_drifted_number_or_line_is_caught():
+    """The checks bite: a quoted number the generated file does not print, a number off by more than the
+    quoted precision, a recorded line whose words changed, a number outside a block's tolerance."""
+    text = (DOCS / "alignment.md").read_text()
+    assert "(0.385 → 0.541)" in text
+    check_quoted_numbers("alignment.md", text.replace("(0.385 → 0.541)", "(0.385 → 0.54)"))  # rounded: fine
+    for drifted in ("(0.385 → 0.542)", "(0.385 → 0.641)", "(385 → 0.541)"):
+        with pytest.raises(AssertionError, match="is not a number of alignment-table.md"):
+            check_quoted_numbers("alignment.md", text.replace("(0.385 → 0.541)", drifted))
+    path = GENERATED / "geometry-theorem.txt"
+    committed = path.read_text()
+    check_recorded(path, committed.replace("2.4938", "2.5"), None, "here")  # test scale: any number
+    check_recorded(path, committed.replace("2.4938", "2.49"), 0.01, "here")  # within a tolerance
+    with pytest.raises(AssertionError, match="where geometry-theorem.txt has"):
+        check_recorded(path, committed.replace("2.4938", "2.6"), 0.01, "here")
+    with pytest.raises(AssertionError, match="where geometry-theorem.txt has"):
+        check_recorded(path, committed.replace("bound_held False", "bound_held True"), None, "here")
+    with pytest.raises(AssertionError, match="lines printed"):
+        check_recorded(path, committed + "one more line\n", None, "here")
 
 
 def test_every_generated_file_is_shown_and_made_by_a_page():
