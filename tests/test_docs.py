@@ -14,20 +14,21 @@ comments on the lines just before a block (invisible on the site), say how:
 - ``<!-- run: record NAME -->``: what the block prints (its commands' output, a Python block's stdout) is the
   generated file ``docs/generated/NAME``, which the page shows (``--8<-- "docs/generated/NAME"``). Here the
   block runs at test scale and must print the committed file's lines with only the numbers changed (at the
-  page's own size, with no ``sub`` applied, the numbers too, within the block's ``tol``).
-  ``python tests/test_docs.py --record [PAGE...]`` (``make docs-numbers``) runs the pages at their own size,
-  every ``scale`` and ``sub`` ignored, and rewrites the files.
+  page's own size, with no ``sub`` applied and no snippet made at test scale, the numbers too, within the
+  block's ``tol``). ``python tests/test_docs.py --record [PAGE...]`` (``make docs-numbers``) runs the pages
+  at their own size, every ``scale`` and ``sub`` ignored, and rewrites the files.
 
-Prose numbers: ``<!-- numbers: NAME... -->`` on the line above a paragraph says where its numbers come from, a
-generated file (``docs/generated/NAME``) or ``page`` (the outputs the page's ``console`` blocks print, checked
-within their tolerance): every number of the paragraph must be one of theirs at the quoted precision (or a
-hundredfold, a percentage), or, for a whole number, one the page's blocks contain (an option such as
-``--epochs 10``); inline code and references to a paper (``Thm. 3.2``) are left out. Checked by
-``test_quoted_numbers_come_from_generated_or_checked_output``.
+Prose numbers: ``<!-- numbers: NAME... -->`` on the line above a paragraph says where its numbers come from:
+a generated file (``docs/generated/NAME``; a path with a ``/`` is relative to the repository, e.g. a
+benchmark record) or ``page`` (the outputs the page's ``console`` blocks print, checked within their
+tolerance). Every number of the paragraph must be one of theirs at the quoted precision (or a hundredfold, a
+percentage) or, for a whole number, one the page's blocks contain (an option such as ``--epochs 10``); inline
+code and references to a paper (``Thm. 3.2``) are left out (``test_quoted_numbers_come_from_...``).
 
-A Python block whose first line is ``# NAME.py`` is that file: it is written, not run. A ``console`` block is commands (``$ ...``) and the output they print: the printed lines must appear in the
-real output in order (``...`` skips lines), numbers within the tolerance; an output starting with ``error:``
-expects the command to fail with that line. ``landscape ...`` runs as the ``landscape`` command in this process
+A Python block whose first line is ``# NAME.py`` is that file: it is written, not run. A ``console`` block is
+commands (``$ ...``) and the output they print: the printed lines must appear in the real output in order
+(``...`` skips lines), numbers within the tolerance; an output starting with ``error:`` expects the command to
+fail with that line. ``landscape ...`` runs as the ``landscape`` command in this process
 (``cli.main.main``; one thread), ``python ...`` as a subprocess with this interpreter; ``examples/`` and
 ``benchmarks/`` are linked into the scratch directory, as if it were the repository root.
 """
@@ -380,9 +381,10 @@ def source_numbers(name: str, text: str, source: str) -> list[float]:
     if source == "page":  # what the page's console blocks print, which run_text checks within their tolerance
         printed = "\n".join(line for lang, code, _, _ in blocks(text) if lang == "console"
                             for _, lines in console(code) for line in lines)
-    else:
-        assert (GENERATED / source).exists(), f"docs/{name}: numbers from a missing docs/generated/{source}"
-        printed = (GENERATED / source).read_text()
+    else:  # a generated file, or a path in the repository (a benchmark record, the figure gallery)
+        path = REPO / source if "/" in source else GENERATED / source
+        assert path.is_file(), f"docs/{name}: numbers from a missing {path.relative_to(REPO)}"
+        printed = path.read_text()
     return [abs(float(x)) for x in FIGURE.findall(printed)]
 
 
