@@ -414,12 +414,13 @@ def test_quoted_numbers_come_from_generated_or_checked_output(name):
 def test_a_drifted_number_or_line_is_caught():
     """The checks bite: a quoted number the generated file does not print, a number off by more than the
     quoted precision, a recorded line whose words changed, a number outside a block's tolerance."""
-    text = (DOCS / "alignment.md").read_text()
-    assert "(0.385 → 0.541)" in text
-    check_quoted_numbers("alignment.md", text.replace("(0.385 → 0.541)", "(0.385 → 0.54)"))  # rounded: fine
-    for drifted in ("(0.385 → 0.542)", "(0.385 → 0.641)", "(385 → 0.541)"):
-        with pytest.raises(AssertionError, match="is not a number of alignment-table.md"):
-            check_quoted_numbers("alignment.md", text.replace("(0.385 → 0.541)", drifted))
+    text = (DOCS / "ntk.md").read_text()  # Bu Fact A.4: closed form, the same on every machine
+    quoted = "eigenvalues 0.08 and 5.02"
+    assert quoted in text
+    check_quoted_numbers("ntk.md", text.replace(quoted, "eigenvalues 0.080 and 5.0"))  # other roundings: fine
+    for drifted in ("eigenvalues 0.09 and 5.02", "eigenvalues 0.08 and 5.021", "eigenvalues 0.08 and 4.02"):
+        with pytest.raises(AssertionError, match="is not a number of ntk-fact-a4.txt"):
+            check_quoted_numbers("ntk.md", text.replace(quoted, drifted))
     path = GENERATED / "geometry-theorem.txt"
     committed = path.read_text()
     check_recorded(path, committed.replace("2.4938", "2.5"), None, "here")  # test scale: any number
