@@ -6,7 +6,7 @@ export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 export LANDSCAPE_THREADS ?= 1
 
-.PHONY: install install-dev demo test docs docs-demo figures bench lint clean
+.PHONY: install install-dev demo test docs docs-demo docs-numbers figures bench lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ docs: install-dev
 docs-demo: install
 	rm -rf demo-out
 	$(VENV)/bin/landscape --threads 1 --root demo-out/checkpoints demo --out demo-out > docs/generated/demo-output.txt
+
+# Regenerate every other number the docs quote (docs/generated/*: the blocks marked `run: record`), each page's
+# commands at the page's own size in a scratch directory (tests/test_docs.py checks them at test scale).
+docs-numbers: install-dev docs-demo
+	$(PY) tests/test_docs.py --record
 
 # The paper-figure gallery (figures/README.md); finished recipes with unchanged settings are skipped. Not in `test`.
 figures: install

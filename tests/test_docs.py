@@ -11,10 +11,24 @@ comments on the lines just before a block (invisible on the site), say how:
 - ``<!-- run: sub "OLD" "NEW" -->``: replace text in the next block only (repeatable).
 - ``<!-- run: tol 0.01 -->``: a ``console`` block's numbers must match within this relative tolerance
   (default: exactly, as printed); a ``*`` in a printed line matches any one word (a time).
+- ``<!-- run: record NAME -->``: what the block prints (its commands' output, a Python block's stdout) is the
+  generated file ``docs/generated/NAME``, which the page shows (``--8<-- "docs/generated/NAME"``). Here the
+  block runs at test scale and must print the committed file's lines with only the numbers changed (at the
+  page's own size, with no ``sub`` applied and no snippet made at test scale, the numbers too, within the
+  block's ``tol``). ``python tests/test_docs.py --record [PAGE...]`` (``make docs-numbers``) runs the pages
+  at their own size, every ``scale`` and ``sub`` ignored, and rewrites the files.
 
-A Python block whose first line is ``# NAME.py`` is that file: it is written, not run. A ``console`` block is commands (``$ ...``) and the output they print: the printed lines must appear in the
-real output in order (``...`` skips lines), numbers within the tolerance; an output starting with ``error:``
-expects the command to fail with that line. ``landscape ...`` runs as the ``landscape`` command in this process
+Prose numbers: ``<!-- numbers: NAME... -->`` on the line above a paragraph says where its numbers come from:
+a generated file (``docs/generated/NAME``; a path with a ``/`` is relative to the repository, e.g. a
+benchmark record) or ``page`` (the outputs the page's ``console`` blocks print, checked within their
+tolerance). Every number of the paragraph must be one of theirs at the quoted precision (or a hundredfold, a
+percentage) or, for a whole number, one the page's blocks contain (an option such as ``--epochs 10``); inline
+code and references to a paper (``Thm. 3.2``) are left out (``test_quoted_numbers_come_from_...``).
+
+A Python block whose first line is ``# NAME.py`` is that file: it is written, not run. A ``console`` block is
+commands (``$ ...``) and the output they print: the printed lines must appear in the real output in order
+(``...`` skips lines), numbers within the tolerance; an output starting with ``error:`` expects the command to
+fail with that line. ``landscape ...`` runs as the ``landscape`` command in this process
 (``cli.main.main``; one thread), ``python ...`` as a subprocess with this interpreter; ``examples/`` and
 ``benchmarks/`` are linked into the scratch directory, as if it were the repository root.
 """
@@ -42,7 +56,8 @@ NOT_RUN = {"ARCHITECTURE.md": "its recipes are followed as written by tests/toy_
 PAGES = sorted(p.name for p in DOCS.glob("*.md") if p.name not in NOT_RUN) + ["../README.md"]  # README: its tour
 SHELL = {"bash", "sh", "console", "shell"}
 SNIPPET = re.compile(r'^--8<-- "(docs/_snippets/[^"]+)"$', re.M)
-SETUP: dict[str, Path] = {}  # a snippet's finished directory, run once and copied into every page that includes it
+GENERATED = DOCS / "generated"
+SETUP: dict[tuple[str, bool], tuple[Path, bool]] = {}  # (snippet, record): its directory, made at test scale  # a snippet's finished directory, run once and copied into every page that includes it
 NUMBER = re.compile(r"[(]?-?\d+(?:\.\d+)?(?:e[-+]?\d+)?%?[),;]?")
 
 
@@ -168,39 +183,51 @@ def check_output(expected: list[str], actual: str, tol: float, where: str) -> No
         pos += 1
 
 
-def run_page(name: str, scratch: Path) -> int:
+def run_page(name: str, scratch: Path, record: bool = False) -> int:
     """Run every block of a page; the number of blocks run. An included snippet (``--8<-- "docs/_snippets/X.md"``:
-    the runs a page reads, shown on the page) runs once per session; its directory is copied into the page's."""
+    the runs a page reads, shown on the page) runs once per session; its directory is copied into the page's.
+    ``record``: at the page's own size, writing every ``record`` block's output to ``docs/generated/``; the
+    page stops after its last ``record`` block."""
     for link in ("examples", "benchmarks"):
         (scratch / link).symlink_to(REPO / link)
     text = (DOCS / name).read_text()
-    state = {"scale": {}, "namespace": {"__name__": "__docs__"}}
+    if record:  # nothing after the last recorded block
+        lines = text.splitlines(keepends=True)
+        last = max(i for i, line in enumerate(lines) if line.startswith("<!-- run: record "))
+        opening = next(i for i in range(last + 1, len(lines)) if lines[i].lstrip().startswith("```"))
+        fence = lines[opening].strip().rstrip("abcdefghijklmnopqrstuvwxyz")
+        closing = next(i for i in range(opening + 1, len(lines)) if lines[i].strip() == fence)
+        text = "".join(lines[:closing + 1])
+    state = {"scale": {}, "namespace": {"__name__": "__docs__"}, "record": record, "reduced": False}
     ran, pos = 0, 0
     for m in SNIPPET.finditer(text):
         ran += run_text(text[pos:m.start()], name, scratch, state)
         snippet = m.group(1)
-        if snippet not in SETUP:
+        if (snippet, record) not in SETUP:
             done = Path(tempfile.mkdtemp(prefix="docs-setup-"))
             for link in ("examples", "benchmarks"):
                 (done / link).symlink_to(REPO / link)
             cwd = os.getcwd()
             os.chdir(done)
+            setup = {"scale": {}, "namespace": {}, "record": record, "reduced": False}
             try:
-                run_text((REPO / snippet).read_text(), snippet, done, {"scale": {}, "namespace": {}})
+                run_text((REPO / snippet).read_text(), snippet, done, setup)
             finally:
                 os.chdir(cwd)
-            SETUP[snippet] = done
-        shutil.copytree(SETUP[snippet], scratch, symlinks=True, dirs_exist_ok=True,
+            SETUP[snippet, record] = done, setup["reduced"]
+        done, reduced = SETUP[snippet, record]
+        state["reduced"] = state["reduced"] or reduced  # the page reads runs made at test scale
+        shutil.copytree(done, scratch, symlinks=True, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("examples", "benchmarks"))
         pos = m.end()
     return ran + run_text(text[pos:], name, scratch, state)
 
 
 def run_text(text: str, name: str, scratch: Path, state: dict) -> int:
-    scale, namespace = state["scale"], state["namespace"]
+    scale, namespace, record = state["scale"], state["namespace"], state.get("record", False)
     ran = 0
     for lang, code, markers, line in blocks(text):
-        where, tol, skip = f"docs/{name}:{line}", 0.0, None
+        where, tol, skip, target, own_size = f"docs/{name}:{line}", 0.0, None, None, not scale and not state["reduced"]
         for marker in markers:
             verb, *args = shlex.split(marker)
             if verb == "skip":
@@ -208,38 +235,73 @@ def run_text(text: str, name: str, scratch: Path, state: dict) -> int:
                 skip = args[0]
             elif verb == "scale" and not args:  # back to the page's own sizes
                 scale.clear()
+                own_size = not state["reduced"]
             elif verb == "scale":
                 scale.update(a.split("=", 1) for a in args)
+                own_size = record
             elif verb == "sub":
                 assert len(args) == 2 and args[0] in code, f"{where}: sub {args[0]!r} not in the block"
-                code = code.replace(args[0], args[1])
+                if not record:
+                    code, own_size = code.replace(args[0], args[1]), False
+                    state["reduced"] |= name.startswith("docs/_snippets/")  # what a snippet makes, every page reads
             elif verb == "tol":
                 tol = float(args[0])
+            elif verb == "record":
+                assert len(args) == 1 and re.fullmatch(r"[\w.-]+", args[0]), f"{where}: record NAME"
+                target = GENERATED / args[0]
             else:
                 raise AssertionError(f"{where}: unknown marker {marker!r}")
         if skip or lang not in SHELL | {"python"}:
             continue
+        assert target is None or lang in ("bash", "sh", "python"), f"{where}: record a bash or python block"
         ran += 1
+        printed = []
         if lang == "python" and re.match(r"# ([\w.-]+\.py)\n", code):  # a file the next commands name
             (scratch / code.split()[1]).write_text(code)
         elif lang == "python":
             sys.path.insert(0, str(scratch))  # `from metrics import ...`: a file an earlier block wrote
+            out = io.StringIO()
             try:
-                exec(compile(code, where, "exec"), namespace)  # noqa: S102 -- the docs' own examples
+                with contextlib.redirect_stdout(out) if target else contextlib.nullcontext():
+                    exec(compile(code, where, "exec"), namespace)  # noqa: S102 -- the docs' own examples
             finally:
                 sys.path.remove(str(scratch))
+            printed.append(out.getvalue())
         elif lang == "console":
             for cmd, expected in console(code):
                 ((env, argv),) = commands(cmd)
-                rc, out = run_command(env, argv, scale)
+                rc, out = run_command(env, argv, {} if record else scale)
                 fails = bool(expected) and expected[0].startswith("error:")
                 assert (rc != 0) == fails, f"{where}: `{cmd}` exited {rc}:\n{out}"
                 check_output(expected, out, tol, f"{where}: `{cmd}`")
         else:
             for env, argv in commands(code):
-                rc, out = run_command(env, argv, scale)
+                rc, out = run_command(env, argv, {} if record else scale)
                 assert rc == 0, f"{where}: `{shlex.join(argv)}` exited {rc}:\n{out[-3000:]}"
+                printed.append(out)
+        if target and record:
+            target.write_text("".join(printed))
+            print(f"wrote {target.relative_to(REPO)}", file=sys.__stderr__)
+        elif target:
+            check_recorded(target, "".join(printed), tol if own_size else None, where)
     return ran
+
+
+def check_recorded(path: Path, actual: str, tol: float | None, where: str) -> None:
+    """The output of a ``record`` block against its committed file: the same lines, word for word, except the
+    numbers (``tol`` None: at test scale, any number; else within ``tol``, relative)."""
+    assert path.exists(), f"{where}: {path.relative_to(REPO)} is missing: make docs-numbers"
+    want = [line.split() for line in path.read_text().splitlines() if line.strip()]
+    got = [line.split() for line in actual.splitlines() if line.strip()]
+    assert len(want) == len(got), f"{where}: {len(got)} lines printed, {path.name} has {len(want)}:\n{actual}"
+    for w, g in zip(want, got, strict=True):
+        same = len(w) == len(g) and all(
+            a == b or (numeric(a) and numeric(b) and (tol is None or same_line(a, b, tol))) for a, b in zip(w, g, strict=False))
+        assert same, f"{where}: printed\n  {' '.join(g)}\nwhere {path.name} has\n  {' '.join(w)}"
+
+
+def numeric(token: str) -> bool:
+    return bool(NUMBER.fullmatch(token)) or token.strip("(),;%").lower() in ("nan", "inf", "-inf")
 
 
 @pytest.mark.parametrize("name", PAGES)
@@ -282,7 +344,8 @@ def test_the_site_builds_strictly(tmp_path):
 
 def test_the_demo_page_quotes_its_generated_output():
     """docs/demo.md shows `make demo`'s output from a generated file (docs/generated/demo-output.txt, `make
-    docs-demo`), and every decimal number its prose quotes is a number of that file at the quoted precision."""
+    docs-demo`), and every decimal number its prose quotes is a number of that file at the quoted precision (or a
+    hundredfold: a percentage)."""
     page = (DOCS / "demo.md").read_text()
     output = (DOCS / "generated" / "demo-output.txt").read_text()
     assert '--8<-- "docs/generated/demo-output.txt"' in page
@@ -291,4 +354,108 @@ def test_the_demo_page_quotes_its_generated_output():
     assert len(quoted) > 20
     for number in quoted:
         half = 0.5 * 10 ** -len(number.split(".")[1])
-        assert any(abs(x - float(number)) <= half + 1e-12 for x in printed), f"docs/demo.md quotes {number}"
+        assert any(abs(x - float(number)) <= half + 1e-12 or abs(100 * x - float(number)) <= half + 1e-12
+                   for x in printed), f"docs/demo.md quotes {number}"
+
+
+# ------------------------------------------------------------------------------------------------ quoted numbers
+
+QUOTED = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.])")
+REFERENCE = re.compile(r"\b(?:Thm|Sec|Def|Figs?|Eqs?|eqs?|Table|App|Alg|Fact|Lemma|Prop)\.?\s+[A-Z]?\d+(?:\.\d+)*")
+FIGURE = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def numbers_paragraphs(text: str):
+    """(sources, paragraph, line) for every ``<!-- numbers: ... -->`` marker: the paragraph is the text below
+    it up to the next blank line, inline code (options) and references to a paper (``Thm. 3.2``) left out."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = re.fullmatch(r"<!-- numbers: (.+) -->", line.strip())
+        if m:
+            end = next((j for j in range(i + 1, len(lines)) if not lines[j].strip()), len(lines))
+            paragraph = re.sub(r"`[^`]*`", "", "\n".join(lines[i + 1:end]))
+            yield m.group(1).split(), REFERENCE.sub("", paragraph), i + 1
+
+
+def source_numbers(name: str, text: str, source: str) -> list[float]:
+    if source == "page":  # what the page's console blocks print, which run_text checks within their tolerance
+        printed = "\n".join(line for lang, code, _, _ in blocks(text) if lang == "console"
+                            for _, lines in console(code) for line in lines)
+    else:  # a generated file, or a path in the repository (a benchmark record, the figure gallery)
+        path = REPO / source if "/" in source else GENERATED / source
+        assert path.is_file(), f"docs/{name}: numbers from a missing {path.relative_to(REPO)}"
+        printed = path.read_text()
+    return [abs(float(x)) for x in FIGURE.findall(printed)]
+
+
+def check_quoted_numbers(name: str, text: str) -> None:
+    """Every number of a ``numbers`` paragraph is one its sources print, at the quoted precision (or a hundredfold:
+    a percentage), or a whole number among the page's own command options; a recorded file is shown on its page."""
+    for record in re.findall(r"<!-- run: record (\S+) -->", text):
+        assert f'--8<-- "docs/generated/{record}"' in text, f"docs/{name}: record {record} is not shown on the page"
+    parameters = {abs(float(x)) for _, code, _, _ in blocks(text) for x in FIGURE.findall(code)}
+    for sources, paragraph, line in numbers_paragraphs(text):
+        printed = [x for source in sources for x in source_numbers(name, text, source)]
+        quoted = QUOTED.findall(paragraph)
+        assert any("." in q for q in quoted), f"docs/{name}:{line}: a numbers paragraph that quotes no result"
+        for number in quoted:
+            if "." not in number and float(number) in parameters:  # an option of the page's own commands
+                continue
+            half = 0.5 * 10 ** -len(number.partition(".")[2]) + 1e-12
+            assert any(abs(x - float(number)) <= half or abs(100 * x - float(number)) <= half for x in printed), (
+                f"docs/{name}:{line}: {number} is not a number of {', '.join(sources)}")
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_quoted_numbers_come_from_generated_or_checked_output(name):
+    check_quoted_numbers(name, (DOCS / name).read_text())
+
+
+def test_a_drifted_number_or_line_is_caught():
+    """The checks bite: a quoted number the generated file does not print, a number off by more than the
+    quoted precision, a recorded line whose words changed, a number outside a block's tolerance."""
+    text = (DOCS / "ntk.md").read_text()  # Bu Fact A.4: closed form, the same on every machine
+    quoted = "eigenvalues 0.08 and 5.02"
+    assert quoted in text
+    check_quoted_numbers("ntk.md", text.replace(quoted, "eigenvalues 0.080 and 5.0"))  # other roundings: fine
+    for drifted in ("eigenvalues 0.09 and 5.02", "eigenvalues 0.08 and 5.021", "eigenvalues 0.08 and 4.02"):
+        with pytest.raises(AssertionError, match="is not a number of ntk-fact-a4.txt"):
+            check_quoted_numbers("ntk.md", text.replace(quoted, drifted))
+    path = GENERATED / "geometry-theorem.txt"
+    committed = path.read_text()
+    check_recorded(path, committed.replace("2.4938", "2.5"), None, "here")  # test scale: any number
+    check_recorded(path, committed.replace("2.4938", "2.49"), 0.01, "here")  # within a tolerance
+    with pytest.raises(AssertionError, match="where geometry-theorem.txt has"):
+        check_recorded(path, committed.replace("2.4938", "2.6"), 0.01, "here")
+    with pytest.raises(AssertionError, match="where geometry-theorem.txt has"):
+        check_recorded(path, committed.replace("bound_held False", "bound_held True"), None, "here")
+    with pytest.raises(AssertionError, match="lines printed"):
+        check_recorded(path, committed + "one more line\n", None, "here")
+
+
+def test_every_generated_file_is_shown_and_made_by_a_page():
+    """docs/generated/ holds what pages record and show (and the demo's output, `make docs-demo`), nothing stale."""
+    texts = "\n".join((DOCS / name).read_text() for name in [*PAGES, *(f"_snippets/{p.name}" for p in (DOCS / "_snippets").glob("*.md"))])
+    for path in GENERATED.iterdir():
+        assert f'--8<-- "docs/generated/{path.name}"' in texts, f"{path.name} is shown by no page"
+        assert path.name == "demo-output.txt" or f"<!-- run: record {path.name} -->" in texts, f"{path.name}: no page records it"
+
+
+def record_pages(names: list[str]) -> None:
+    """Rerun the pages that record generated files, at their own size (``make docs-numbers``)."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ.pop("LANDSCAPE_ROOT", None)
+    names = names or [p for p in PAGES if re.search(r"^<!-- run: record ", (DOCS / p).read_text(), re.M)]
+    for name in names:
+        scratch = Path(tempfile.mkdtemp(prefix=f"docs-record-{Path(name).stem}-"))
+        os.chdir(scratch)
+        start = time.perf_counter()
+        run_page(name, scratch, record=True)
+        print(f"docs/{name}: {time.perf_counter() - start:.0f} s in {scratch}", file=sys.stderr)
+
+
+if __name__ == "__main__":  # python tests/test_docs.py --record [PAGE.md ...]
+    if sys.argv[1:2] != ["--record"]:
+        sys.exit("usage: python tests/test_docs.py --record [PAGE.md ...]  (rewrites docs/generated/)")
+    sys.path.insert(0, str(REPO))
+    record_pages(sys.argv[2:])
