@@ -360,7 +360,7 @@ def test_the_demo_page_quotes_its_generated_output():
 
 # ------------------------------------------------------------------------------------------------ quoted numbers
 
-QUOTED = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.])")
+QUOTED = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?=x\b|(?![\w.]))")  # 1.58x: a ratio is a number too
 REFERENCE = re.compile(r"\b(?:Thm|Sec|Def|Figs?|Eqs?|eqs?|Table|App|Alg|Fact|Lemma|Prop)\.?\s+[A-Z]?\d+(?:\.\d+)*")
 FIGURE = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 
@@ -455,9 +455,10 @@ def test_a_drifted_number_or_line_is_caught():
         check_recorded(path, committed + "one more line\n", None, "here")
 
 
-def test_a_drifted_gallery_or_summary_number_is_caught():
+def test_a_drifted_gallery_summary_or_record_number_is_caught():
     """figures.md's verdict table is checked against the gallery, its lr-grid sentence against one group of a
-    recipe's HDF5 summary (full precision, the quoted rounding): a number moved past its last digit is caught."""
+    recipe's HDF5 summary (full precision, the quoted rounding), batch.md's speed-up against a benchmark record:
+    a number moved past its last digit is caught."""
     text = (DOCS / "figures.md").read_text()
     for quoted, drifted, source in [("(+16.6 points, p = 0.043", "(+16.9 points, p = 0.043", "figures/README.md"),
                                     ("SGD 78.6 / 97.3", "SGD 78.6 / 97.7", "watson-fig16-17-cpu.h5:numbers/lr_grid")]:
@@ -466,6 +467,10 @@ def test_a_drifted_gallery_or_summary_number_is_caught():
             check_quoted_numbers("figures.md", text.replace(quoted, drifted))
     with pytest.raises(AssertionError, match="has no group 'numbers/nothing'"):
         check_quoted_numbers("figures.md", text.replace(":numbers/lr_grid ", ":numbers/nothing ", 1))
+    batch = (DOCS / "batch.md").read_text()  # a benchmark record; a ratio written 1.58x is a number too
+    assert "**1.58x** faster" in batch
+    with pytest.raises(AssertionError, match="1.62 is not a number of benchmarks/results/"):
+        check_quoted_numbers("batch.md", batch.replace("**1.58x** faster", "**1.62x** faster"))
 
 
 def test_every_generated_file_is_shown_and_made_by_a_page():
