@@ -20,7 +20,7 @@ comments on the lines just before a block (invisible on the site), say how:
 
 Prose numbers: ``<!-- numbers: NAME... -->`` on the line above a paragraph says where its numbers come from:
 a generated file (``docs/generated/NAME``; a path with a ``/`` is relative to the repository, e.g. a
-benchmark record) or ``page`` (the outputs the page's ``console`` blocks print, checked within their
+benchmark record or the figure gallery; ``SUMMARY.h5:GROUP`` is one group of a recipe's HDF5 summary) or ``page`` (the outputs the page's ``console`` blocks print, checked within their
 tolerance). Every number of the paragraph must be one of theirs at the quoted precision (or a hundredfold, a
 percentage) or, for a whole number, one the page's blocks contain (an option such as ``--epochs 10``); inline
 code and references to a paper (``Thm. 3.2``) are left out (``test_quoted_numbers_come_from_...``).
@@ -360,7 +360,7 @@ def test_the_demo_page_quotes_its_generated_output():
 
 # ------------------------------------------------------------------------------------------------ quoted numbers
 
-QUOTED = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.])")
+QUOTED = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?=x\b|(?![\w.]))")  # 1.58x: a ratio is a number too
 REFERENCE = re.compile(r"\b(?:Thm|Sec|Def|Figs?|Eqs?|eqs?|Table|App|Alg|Fact|Lemma|Prop)\.?\s+[A-Z]?\d+(?:\.\d+)*")
 FIGURE = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 
@@ -381,11 +381,33 @@ def source_numbers(name: str, text: str, source: str) -> list[float]:
     if source == "page":  # what the page's console blocks print, which run_text checks within their tolerance
         printed = "\n".join(line for lang, code, _, _ in blocks(text) if lang == "console"
                             for _, lines in console(code) for line in lines)
-    else:  # a generated file, or a path in the repository (a benchmark record, the figure gallery)
+    else:  # a generated file, or a path in the repository (a benchmark record, the figure gallery, a summary)
+        source, _, group = source.partition(":")  # SUMMARY.h5:GROUP: that group of a summary only
         path = REPO / source if "/" in source else GENERATED / source
         assert path.is_file(), f"docs/{name}: numbers from a missing {path.relative_to(REPO)}"
-        printed = path.read_text()
+        printed = summary_text(path, group) if path.suffix == ".h5" else path.read_text()
     return [abs(float(x)) for x in FIGURE.findall(printed)]
+
+
+def summary_text(path: Path, group: str) -> str:
+    """One group of an HDF5 summary (a figure recipe's ``NAME-SCALE.h5``, e.g. ``numbers/lr_grid``) as text: its
+    datasets' values in full precision and its attributes. Name the smallest group that holds the quoted numbers:
+    a whole summary holds so many numbers that a drifted one could match by chance."""
+    import h5py
+    import numpy as np
+
+    with h5py.File(path, "r") as f:
+        assert group in f, f"{path.relative_to(REPO)} has no group {group!r}"
+        top = f[group]
+        names: list[str] = []
+        if isinstance(top, h5py.Group):
+            top.visit(names.append)
+        parts: list[str] = []
+        for obj in [top, *(top[key] for key in names)]:
+            parts += [str(value) for value in obj.attrs.values()]
+            if isinstance(obj, h5py.Dataset) and obj.dtype.kind in "fiub":
+                parts.append(" ".join(repr(float(x)) for x in np.asarray(obj[()], dtype=float).ravel()))
+    return "\n".join(parts)
 
 
 def check_quoted_numbers(name: str, text: str) -> None:
@@ -431,6 +453,24 @@ def test_a_drifted_number_or_line_is_caught():
         check_recorded(path, committed.replace("bound_held False", "bound_held True"), None, "here")
     with pytest.raises(AssertionError, match="lines printed"):
         check_recorded(path, committed + "one more line\n", None, "here")
+
+
+def test_a_drifted_gallery_summary_or_record_number_is_caught():
+    """figures.md's verdict table is checked against the gallery, its lr-grid sentence against one group of a
+    recipe's HDF5 summary (full precision, the quoted rounding), batch.md's speed-up against a benchmark record:
+    a number moved past its last digit is caught."""
+    text = (DOCS / "figures.md").read_text()
+    for quoted, drifted, source in [("(+16.6 points, p = 0.043", "(+16.9 points, p = 0.043", "figures/README.md"),
+                                    ("SGD 78.6 / 97.3", "SGD 78.6 / 97.7", "watson-fig16-17-cpu.h5:numbers/lr_grid")]:
+        assert quoted in text
+        with pytest.raises(AssertionError, match=f"is not a number of .*{re.escape(source)}"):
+            check_quoted_numbers("figures.md", text.replace(quoted, drifted))
+    with pytest.raises(AssertionError, match="has no group 'numbers/nothing'"):
+        check_quoted_numbers("figures.md", text.replace(":numbers/lr_grid ", ":numbers/nothing ", 1))
+    batch = (DOCS / "batch.md").read_text()  # a benchmark record; a ratio written 1.58x is a number too
+    assert "**1.58x** faster" in batch
+    with pytest.raises(AssertionError, match="1.62 is not a number of benchmarks/results/"):
+        check_quoted_numbers("batch.md", batch.replace("**1.58x** faster", "**1.62x** faster"))
 
 
 def test_every_generated_file_is_shown_and_made_by_a_page():
