@@ -506,25 +506,20 @@ def test_the_inline_writer_holds_the_lock_in_this_process_and_raises_at_once(tmp
     assert not (tmp_path / "fresh").exists()
 
 
-def test_auto_writes_inline_up_to_the_threshold_size_of_state(tmp_path, monkeypatch):
-    """writer='auto' decides by the bytes a checkpoint holds: the weights, and the optimizer's state (counted as
-    the weights again before its first step makes it)."""
+def test_auto_writes_in_a_writer_process_when_a_core_is_free_for_it(tmp_path, monkeypatch):
+    """writer='auto': a model on the CPU keeps torch.get_num_threads() cores busy, one on an accelerator one."""
     data, model = _digits_lenet()
-    weights = sum(p.numel() for p in model.parameters()) * 4  # LeNet: float32 weights, no buffers
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    for optimizer, size in ((None, weights), (opt, 2 * weights)):
-        for limit, chosen in ((size, "inline"), (size - 1, "process")):
-            monkeypatch.setattr(landscape.recorder, "INLINE_MAX_BYTES", limit)
-            with landscape.Recorder(tmp_path, f"{chosen}-{size}", model, data=data, optimizer=optimizer,
-                                    steps_per_epoch=1) as rec:
-                assert (rec.writer, rec.state_bytes) == (chosen, size)
-                assert (chosen == "process") == hasattr(rec._writer, "pid")
+    cores = len(os.sched_getaffinity(0))
+    for threads, chosen in ((cores, "inline"), (cores - 1, "process")):
+        monkeypatch.setattr(torch, "get_num_threads", lambda threads=threads: threads)
+        assert landscape.recorder.spare_cores(model) == cores - threads
+        if threads >= 1:
+            with landscape.Recorder(tmp_path, f"{chosen}-{threads}", model, data=data, steps_per_epoch=1) as rec:
+                assert rec.writer == chosen and (chosen == "process") == hasattr(rec._writer, "pid")
                 rec.save(0)
-    _steps(model, opt, data, 1)
-    adam = torch.optim.Adam(model.parameters())
-    _steps(model, adam, data, 1)  # exp_avg, exp_avg_sq and a step count per parameter
-    with landscape.Recorder(tmp_path, "adam", model, data=data, optimizer=adam, writer="process") as rec:
-        assert rec.state_bytes == 3 * weights + 4 * len(list(model.parameters()))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: cores)
+    monkeypatch.setattr(landscape.recorder, "_device", lambda model: "cuda:0")
+    assert landscape.recorder.spare_cores(model) == cores - 1
 
 
 def test_import_landscape_loads_neither_torch_nor_opacus():

@@ -46,15 +46,17 @@ and the guarantees below hold.
   copy-on-write faults in the training process while the writer lives, and ``close`` waiting for the last
   write. (Not a thread: a write holds Python's GIL for milliseconds, and a writer thread waits up to the 5 ms
   switch interval for the GIL after every system call, stalling a CPU-bound loop for longer than the write.)
-- ``"auto"`` (the default): inline when a checkpoint holds at most :data:`INLINE_MAX_BYTES` (8 MiB) of state,
-  the writer process above. The state is the model's ``state_dict`` and, with ``optimizer=``, the optimizer's
-  tensors (counted as the weights once more while it has none: most make theirs at their first step). The
-  threshold is measured (``benchmarks/recorder.py --sizes``): the size at which one inline save costs about
-  what the writer process' fork costs. Below it an inline save costs less than the fork alone, and the
-  training loop pays no fork, copy-on-write or wait at close; above it the writer process overlaps large
-  writes with training. Which was chosen is :attr:`Recorder.writer`. The writer process needs a CPU core the
-  training loop leaves free to overlap anything: with many checkpoints of a small model and a free core it
-  can still cost less than inline (docs/own-code.md, "What recording costs"); give ``writer=`` to decide.
+- ``"auto"`` (the default): the writer process when a CPU core is free for it (:func:`spare_cores`: the cores
+  this process may use, less ``torch.get_num_threads()`` for a model on the CPU or one for a model on an
+  accelerator), else inline. Which was chosen is :attr:`Recorder.writer`. The rule follows what each costs
+  (measured by ``benchmarks/recorder.py``, numbers in docs/own-code.md): an inline save costs the loop its
+  whole write every time, growing with the checkpoint's size; the writer process costs a fixed amount (the
+  fork, copy-on-write, the last write at close) and a small copy per save, *if* a core is free to write on:
+  without one it writes on the loop's cores and costs more than inline. With a free core, inline costs less
+  only for a run of a few checkpoints (the fixed cost over what an inline save costs more: a handful for a
+  small model, fewer for a large one), which the recorder cannot know when it opens; nor can a size threshold
+  tell (the fork is paid once, an inline save every time). Give ``writer=`` to decide yourself (say
+  ``"inline"`` when data loader workers take the spare cores, or for a run of one or two checkpoints).
 
 Crash safety is the store's: a training process killed at any moment (a writer process then dies with it)
 loses at most the checkpoint being written, every file and the manifest stay whole, and the same ``Recorder``
@@ -98,13 +100,12 @@ from landscape.recorder.writer import InlineWriter, Writer
 from landscape.store import Checkpoint, Run, Store, check_run_name
 from landscape.train.accounting import PrivacyEvent
 
-__all__ = ["INLINE_MAX_BYTES", "OPTIMIZER_ATTR", "OPTIMIZER_EXTRA", "PRIVACY_ATTR", "RECORDER_FORMAT", "PrivacySource", "Recorder", "unwrap"]
+__all__ = ["OPTIMIZER_ATTR", "OPTIMIZER_EXTRA", "PRIVACY_ATTR", "RECORDER_FORMAT", "PrivacySource", "Recorder", "unwrap"]
 
 OPTIMIZER_EXTRA = "optimizer"  # checkpoint extra group of the optimizer's tensors
 OPTIMIZER_ATTR = "optimizer"  # checkpoint attr: its param groups and non-tensor state (JSON)
 PRIVACY_ATTR = "privacy_state"  # checkpoint attr: the privacy source's state (e.g. Opacus' accountant history)
 WRITERS = ("auto", "process", "inline")
-INLINE_MAX_BYTES = 8 << 20  # writer="auto" writes inline up to this many bytes of state (module docstring)
 
 
 class PrivacySource(Protocol):
@@ -153,14 +154,13 @@ class Recorder:
     train --from``: the model must be the parent's (same model spec); a new run puts the parent's weights into
     it and records the lineage and the parent's privacy history. ``steps_per_epoch``: gives each checkpoint's
     epoch when :meth:`save` is not told it. ``seed``: recorded in ``manifest["seeds"]``. ``writer``: where
-    checkpoints are written, ``"auto"`` (inline up to :data:`INLINE_MAX_BYTES` of weights and optimizer state,
-    else ``"process"``), ``"inline"`` (in this process, before ``save`` returns) or ``"process"`` (a writer
-    process, while training goes on); the module docstring says what each costs. ``background``: with the
+    checkpoints are written, ``"auto"`` (``"process"`` when a CPU core is free for it, else ``"inline"``),
+    ``"inline"`` (in this process, before ``save`` returns) or ``"process"`` (a writer process, while training
+    goes on); the module docstring says what each costs. ``background``: with the
     writer process, ``False`` makes each ``save`` wait until its checkpoint is written.
 
     Use it as a context manager (or call :meth:`close`): it holds the run's write lock (through its writer
-    process, or this process inline) while it is open. :attr:`writer` is the writer chosen, :attr:`state_bytes`
-    the size it was chosen by.
+    process, or this process inline) while it is open. :attr:`writer` is the writer chosen.
     """
 
     def __init__(
@@ -190,9 +190,8 @@ class Recorder:
         parent_ckpt, lineage, self.history = parent_of(store, parent, fields["model_spec"])
         privacy_record = self._privacy_record(0)
         extra = {"device": _device(self.model), "privacy": privacy_record, "recorder": recorder_record()}
-        self.state_bytes = _state_bytes(self.model, optimizer)
         if writer == "auto":
-            writer = "inline" if self.state_bytes <= INLINE_MAX_BYTES else "process"
+            writer = "process" if spare_cores(self.model) >= 1 else "inline"
         self.writer = writer
         opener = functools.partial(open_run, store, run, fields, lineage, privacy_record, extra, self._privacy_record)
         # A run to continue (or a name taken) is opened before this returns, so that a run written by anyone
@@ -418,16 +417,14 @@ def _norms_finite(tensors: list[torch.Tensor]) -> bool:
         return False
 
 
-def _state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
-    """Bytes of what each checkpoint holds: the weights and buffers, and with an optimizer its state: the
-    tensors it holds now, or the weights' size once more when it has none yet (SGD with momentum, Adam, ... make
-    theirs at their first step)."""
-    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values() if torch.is_tensor(t))
-    if optimizer is None:
-        return weights
-    held = sum(t.numel() * t.element_size() for entry in optimizer.state.values() for t in entry.values()
-               if torch.is_tensor(t))
-    return weights + (held or weights)
+def spare_cores(model: nn.Module) -> int:
+    """CPU cores this process may run on that its training loop leaves free (``writer="auto"``): the loop of a
+    model on the CPU keeps ``torch.get_num_threads()`` cores busy, one on an accelerator (its Python thread)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return cores - (torch.get_num_threads() if _device(model) == "cpu" else 1)
 
 
 def _device(model: nn.Module) -> str:
