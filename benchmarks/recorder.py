@@ -44,6 +44,7 @@ flight) would wait for: worse at this size.
 
     OMP_NUM_THREADS=1 python benchmarks/recorder.py [--epochs 10] [--repeats 7] [--batch-size 64] [--long-epochs 50]
     OMP_NUM_THREADS=1 python benchmarks/recorder.py --sizes
+    python benchmarks/recorder.py --threads 2 --long-epochs 0    # on 2 cores: none free, auto writes inline
 """
 
 from __future__ import annotations
@@ -173,9 +174,15 @@ def main() -> None:
                     help="also time torch.save vs each Recorder over this many epochs (0: not)")
     ap.add_argument("--sizes", action="store_true",
                     help="only measure, by checkpoint size, an inline save and the writer process' fixed costs")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads of the training loop (as many as the machine has cores: no core is free "
+                         "for a writer process, and writer='auto' writes inline)")
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)
     one_thread()
+    import torch
+
+    torch.set_num_threads(args.threads)
     from landscape.data import load_dataset
 
     data = load_dataset("digits")
@@ -206,7 +213,7 @@ def main() -> None:
     med = medians(times)
     base = "torch.save per epoch"
     print_table(f"LeNet on digits ({len(data.y_train)} examples), {args.epochs} epochs, batch {args.batch_size}, a "
-                f"checkpoint per epoch; load {machine_load()} (a shared machine: read the per-round spread)", med,
+                f"checkpoint per epoch, {args.threads} torch thread(s); load {machine_load()} (a shared machine: read the per-round spread)", med,
                 baseline=base)
     ms = {k: 1e3 * statistics.median(v) for k, v in PARTS.items()}
     print(f"  an epoch takes ~{1e3 * med[base] / (args.epochs + 1):.0f} ms; Recorder() chose writer="
@@ -219,21 +226,22 @@ def main() -> None:
     base_cpu = statistics.median(cpu["torch.save"])
     print("  CPU time of the training process (all its threads; a writer process not counted), x torch.save: "
           + ", ".join(f"{k} {statistics.median(cpu[v]) / base_cpu:.3f}" for k, v in names.items()))
-    record("Recorder: CPU time of the training process x the loop saving with torch.save",
+    tag = "" if args.threads == 1 else f" ({args.threads} torch threads)"
+    record(f"Recorder{tag}: CPU time of the training process x the loop saving with torch.save",
            samples=[a / b for a, b in zip(cpu["recorder:auto"], cpu["torch.save"], strict=True)],
            better="lower")
-    record("Recorder: loop + a checkpoint per epoch, time x the loop saving with torch.save",
-           samples=ratios(times, "Recorder", base), goal=1.05, better="lower",
+    record(f"Recorder{tag}: loop + a checkpoint per epoch, time x the loop saving with torch.save",
+           samples=ratios(times, "Recorder", base), goal=1.05 if not tag else None, better="lower",
            note=f"the default, writer='auto', chose '{CHOSEN['recorder:auto']}'")
     for mode in ("process", "inline"):
-        record(f"Recorder, writer='{mode}' (forced; not the goal's default): loop + a checkpoint per epoch, time x "
+        record(f"Recorder, writer='{mode}'{tag} (forced; not the goal's default): loop + a checkpoint per epoch, time x "
                "the loop saving with torch.save", samples=ratios(times, f"Recorder, writer='{mode}'", base),
                better="lower")
     if args.long_epochs:
-        _longer(data, args, scratch)
+        _longer(data, args, scratch, tag)
 
 
-def _longer(data, args, scratch: Path) -> None:
+def _longer(data, args, scratch: Path, tag: str) -> None:
     """The same loop over ``--long-epochs`` epochs, torch.save against each Recorder: the writer process' fixed
     costs (its fork, the last checkpoint made durable at close) spread over a longer run, the inline writer's
     per-checkpoint cost not; not the goal figure."""
@@ -258,7 +266,7 @@ def _longer(data, args, scratch: Path) -> None:
     for name in names:
         if name.startswith("Recorder"):
             what = "fixed costs spread over a longer loop; not the goal's loop" if name == "Recorder" else "forced"
-            record(f"{name}, {args.long_epochs} epochs ({what}): time x the loop saving with torch.save",
+            record(f"{name}, {args.long_epochs} epochs{tag} ({what}): time x the loop saving with torch.save",
                    samples=ratios(times, name, "torch.save per epoch"), better="lower")
 
 
