@@ -9,22 +9,29 @@ timed whole: opening its store run or directory, the epochs, the last write:
   killed mid-save leaves a torn file under the final name.
 - ``torch.save + fsync``: the same made durable (fsync of the file and of its directory), for reference: what
   durability alone costs any writer on this disk.
-- ``Recorder``: :class:`landscape.Recorder` (a store run: HDF5, sha256, manifest, run lock, atomic renames, 4
-  fsyncs per checkpoint), written by its writer process (a fork of the training process) while training goes on.
-- ``Recorder, background=False``: each ``save`` waits until its checkpoint is durable.
+- ``Recorder``: :class:`landscape.Recorder` as it comes (``writer="auto"``; a store run: HDF5, sha256, manifest,
+  run lock, atomic renames, 4 fsyncs per checkpoint): the goal figure. One torch thread on a machine of two or
+  more cores leaves a core free, so it chooses its writer process.
+- ``Recorder, writer='process'`` and ``Recorder, writer='inline'``: each writer forced, each with its own figure
+  (what the default did not choose is not hidden): the writer process (a fork of the training process) writing
+  while training goes on, and the training process writing each checkpoint before ``save`` returns.
+- ``Recorder, writer='process', background=False``: each ``save`` waits until its checkpoint is durable.
 - ``store writes in a thread``: the recorder's earlier design (the same store calls in a thread of the training
   process), kept here for comparison.
 
-Printed: median seconds and ratios; the recorder's fixed costs (opening the run: the fork of its writer, the run
-being created by the writer while training starts; close: the last checkpoint made durable) and the median time
-a ``save`` call keeps the training thread (torch.save's too); the CPU time of the training process (all its
-threads; the writer process not counted); the goal figure, the median of per-round ratios with their spread;
-then, as a second figure that is not the goal's loop, torch.save against the Recorder over ``--long-epochs``
-epochs (the same fixed costs spread over a longer run).
+Printed: median seconds and ratios; per writer, its fixed costs (opening the run: the fork of the writer
+process, or the run created inline; close: the last checkpoint made durable) and the median time a ``save``
+call keeps the training thread (torch.save's too); the CPU time of the training process (all its threads; a
+writer process not counted); the figures, medians of per-round ratios with their spread; then, as further
+figures that are not the goal's loop, torch.save against each Recorder over ``--long-epochs`` epochs (the
+writer process' fixed costs spread over a longer run). ``--sizes`` instead measures an inline save and the
+writer process' fixed costs by checkpoint size (:func:`_sizes`).
 
 Where the time goes (profiled, 25 Nov 2026, 2-core machine at load ~0.3-1; the numbers are in
-docs/own-code.md and the records under benchmarks/results/). The save calls cost less than torch.save's; what
-is left is fixed and comes from the writer being a fork of a process with torch loaded (~370 MB anonymous
+docs/own-code.md and the records under benchmarks/results/). Inline, every checkpoint costs the training loop
+its whole write (~4 ms + ~1 ms per MiB: HDF5, sha256, manifest, fsyncs). With the writer process, the save
+calls cost less than torch.save's (when a core is free for the writer); what is left is fixed and comes from
+the writer being a fork of a process with torch loaded (~370 MB anonymous
 memory): the fork (~10-13 ms of page tables), the training process' copy-on-write faults while the writer
 lives (~1.2k pages, ~10 ms CPU over the loop, measured against an idle forked child), and close waiting for
 the last checkpoint to be durable (~5-7 ms: HDF5 ~3.5 ms, the manifest ~1 ms, fsyncs). Removed since the
@@ -36,6 +43,8 @@ have none of these costs but takes ~0.1 s to import its modules, which the first
 flight) would wait for: worse at this size.
 
     OMP_NUM_THREADS=1 python benchmarks/recorder.py [--epochs 10] [--repeats 7] [--batch-size 64] [--long-epochs 50]
+    OMP_NUM_THREADS=1 python benchmarks/recorder.py --sizes
+    python benchmarks/recorder.py --threads 2 --long-epochs 0    # on 2 cores: none free, auto writes inline
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 from _common import interleaved, machine_load, medians, one_thread, print_table, ratios, record  # noqa: E402
 
 PARTS: dict[str, list[float]] = {}  # seconds of the recorder's fixed costs and of its save calls, per method
+CHOSEN: dict[str, str] = {}  # the writer each recorder method ran with
 
 
 class _ThreadWriter:
@@ -119,9 +129,11 @@ def _loop(data, epochs: int, batch_size: int, root: Path, how: str):
     elif how == "thread":
         rec = _ThreadWriter(root, model, opt, data, spe)
         write, close = rec.save, rec.close
-    else:
+    else:  # "recorder:<writer>" or "sync" (the writer process, each save waited for)
         rec = landscape.Recorder(root, "bench", model, data=data, optimizer=opt, steps_per_epoch=spe,
-                                 config={"optimizer": "sgd", "lr": 0.05}, background=how == "recorder")
+                                 config={"optimizer": "sgd", "lr": 0.05}, background=how != "sync",
+                                 writer=how.partition(":")[2] or "process")
+        CHOSEN[how] = rec.writer
 
         def write(step, metrics):
             rec.save(step, metrics=metrics)
@@ -159,13 +171,23 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--long-epochs", type=int, default=50,
-                    help="also time torch.save vs Recorder over this many epochs (0: not)")
+                    help="also time torch.save vs each Recorder over this many epochs (0: not)")
+    ap.add_argument("--sizes", action="store_true",
+                    help="only measure, by checkpoint size, an inline save and the writer process' fixed costs")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads of the training loop (as many as the machine has cores: no core is free "
+                         "for a writer process, and writer='auto' writes inline)")
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)
     one_thread()
+    import torch
+
+    torch.set_num_threads(args.threads)
     from landscape.data import load_dataset
 
     data = load_dataset("digits")
+    if args.sizes:
+        return _sizes(data, args.repeats)
     scratch = Path(tempfile.mkdtemp(prefix="landscape-bench-recorder-"))
     counter = iter(range(10**6))
 
@@ -180,8 +202,10 @@ def main() -> None:
             shutil.rmtree(root)
         return go
 
-    names = {"torch.save per epoch": "torch.save", "torch.save + fsync": "torch.save+fsync", "Recorder": "recorder",
-             "Recorder, background=False": "sync", "store writes in a thread": "thread"}
+    names = {"torch.save per epoch": "torch.save", "torch.save + fsync": "torch.save+fsync",
+             "Recorder": "recorder:auto", "Recorder, writer='process'": "recorder:process",
+             "Recorder, writer='inline'": "recorder:inline", "Recorder, writer='process', background=False": "sync",
+             "store writes in a thread": "thread"}
     try:
         times = interleaved({k: method(v) for k, v in names.items()}, repeats=args.repeats, warmup=1)
     finally:
@@ -189,29 +213,38 @@ def main() -> None:
     med = medians(times)
     base = "torch.save per epoch"
     print_table(f"LeNet on digits ({len(data.y_train)} examples), {args.epochs} epochs, batch {args.batch_size}, a "
-                f"checkpoint per epoch; load {machine_load()} (a shared machine: read the per-round spread)", med,
+                f"checkpoint per epoch, {args.threads} torch thread(s); load {machine_load()} (a shared machine: read the per-round spread)", med,
                 baseline=base)
     ms = {k: 1e3 * statistics.median(v) for k, v in PARTS.items()}
-    print(f"  an epoch takes ~{1e3 * med[base] / (args.epochs + 1):.0f} ms; Recorder (median ms): opening the run "
-          f"{ms['recorder open']:.1f} (the fork of its writer; a new run is created while training starts), a save "
-          f"call {ms['recorder save']:.2f} (torch.save {ms['torch.save save']:.2f}), close "
-          f"{ms['recorder close']:.1f} (the last checkpoint made durable)")
+    print(f"  an epoch takes ~{1e3 * med[base] / (args.epochs + 1):.0f} ms; Recorder() chose writer="
+          f"'{CHOSEN['recorder:auto']}'. Median ms: torch.save call {ms['torch.save save']:.2f}")
+    for mode in ("process", "inline"):
+        how = f"recorder:{mode}"
+        print(f"  writer='{mode}': opening the run {ms[how + ' open']:.1f}, a save call {ms[how + ' save']:.2f}, "
+              f"close {ms[how + ' close']:.1f}")
     cpu = {k: v[1:] for k, v in cpu.items()}  # the warm-up round is not timed
     base_cpu = statistics.median(cpu["torch.save"])
-    print("  CPU time of the training process (all its threads; the writer process not counted), x torch.save: "
+    print("  CPU time of the training process (all its threads; a writer process not counted), x torch.save: "
           + ", ".join(f"{k} {statistics.median(cpu[v]) / base_cpu:.3f}" for k, v in names.items()))
-    record("Recorder: CPU time of the training process x the loop saving with torch.save",
-           samples=[a / b for a, b in zip(cpu["recorder"], cpu["torch.save"], strict=True)],
+    tag = "" if args.threads == 1 else f" ({args.threads} torch threads)"
+    record(f"Recorder{tag}: CPU time of the training process x the loop saving with torch.save",
+           samples=[a / b for a, b in zip(cpu["recorder:auto"], cpu["torch.save"], strict=True)],
            better="lower")
-    record("Recorder: loop + a checkpoint per epoch, time x the loop saving with torch.save",
-           samples=ratios(times, "Recorder", base), goal=1.05, better="lower")
+    record(f"Recorder{tag}: loop + a checkpoint per epoch, time x the loop saving with torch.save",
+           samples=ratios(times, "Recorder", base), goal=1.05 if not tag else None, better="lower",
+           note=f"the default, writer='auto', chose '{CHOSEN['recorder:auto']}'")
+    for mode in ("process", "inline"):
+        record(f"Recorder, writer='{mode}'{tag} (forced; not the goal's default): loop + a checkpoint per epoch, time x "
+               "the loop saving with torch.save", samples=ratios(times, f"Recorder, writer='{mode}'", base),
+               better="lower")
     if args.long_epochs:
-        _longer(data, args, scratch)
+        _longer(data, args, scratch, tag)
 
 
-def _longer(data, args, scratch: Path) -> None:
-    """The same loop over ``--long-epochs`` epochs, torch.save against the Recorder only: the recorder's fixed
-    costs (its fork, the last checkpoint made durable at close) spread over a longer run; not the goal figure."""
+def _longer(data, args, scratch: Path, tag: str) -> None:
+    """The same loop over ``--long-epochs`` epochs, torch.save against each Recorder: the writer process' fixed
+    costs (its fork, the last checkpoint made durable at close) spread over a longer run, the inline writer's
+    per-checkpoint cost not; not the goal figure."""
     counter = iter(range(10**6))
 
     def method(how):
@@ -221,7 +254,8 @@ def _longer(data, args, scratch: Path) -> None:
             shutil.rmtree(root)
         return go
 
-    names = {"torch.save per epoch": "torch.save", "Recorder": "recorder"}
+    names = {"torch.save per epoch": "torch.save", "Recorder": "recorder:auto",
+             "Recorder, writer='process'": "recorder:process", "Recorder, writer='inline'": "recorder:inline"}
     scratch.mkdir(exist_ok=True)
     try:
         times = interleaved({k: method(v) for k, v in names.items()}, repeats=args.repeats, warmup=1)
@@ -229,9 +263,56 @@ def _longer(data, args, scratch: Path) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
     print_table(f"the same, {args.long_epochs} epochs; load {machine_load()}", medians(times),
                 baseline="torch.save per epoch")
-    record(f"Recorder, {args.long_epochs} epochs (fixed costs spread over a longer loop; not the goal's loop): "
-           "time x the loop saving with torch.save", samples=ratios(times, "Recorder", "torch.save per epoch"),
-           better="lower")
+    for name in names:
+        if name.startswith("Recorder"):
+            what = "fixed costs spread over a longer loop; not the goal's loop" if name == "Recorder" else "forced"
+            record(f"{name}, {args.long_epochs} epochs{tag} ({what}): time x the loop saving with torch.save",
+                   samples=ratios(times, name, "torch.save per epoch"), better="lower")
+
+
+def _sizes(data, repeats: int) -> None:
+    """Per checkpoint size (LeNet's weights, 0.08 MiB, plus a float32 extra array), median ms of: one inline save
+    (the training thread writes the checkpoint: HDF5, sha256, manifest, fsyncs) and the writer process' fixed
+    costs (the fork when the recorder opens, close waiting for the last checkpoint), of which inline pays only
+    the run's creation: the per-checkpoint cost inline against the fixed cost of the writer process that
+    ``writer="auto"`` weighs (module docstring of :mod:`landscape.recorder`). Copy-on-write faults in the training process while the
+    writer lives (~10 ms over a loop, profiled) come on top of the fork and are not timed here."""
+    import torch
+
+    import landscape
+    from landscape.models import build_model
+
+    model = build_model("lenet", input_shape=data.input_shape, num_classes=data.num_classes)
+    scratch = Path(tempfile.mkdtemp(prefix="landscape-bench-recorder-"))
+    rows = []
+    try:
+        for mb in (0, 1, 2, 4, 8, 16, 64):
+            extra = {"pad": torch.zeros(mb * 2**18)}
+            ms: dict[str, list[float]] = {}
+            for r in range(repeats):
+                for mode in ("inline", "process"):
+                    t = time.perf_counter()
+                    rec = landscape.Recorder(scratch, f"{mode}-{mb}-{r}", model, data=data, writer=mode)
+                    ms.setdefault(f"{mode} open", []).append(time.perf_counter() - t)
+                    for step in range(4):
+                        t = time.perf_counter()
+                        rec.save(step, epoch=step, extra=extra)
+                        if step:  # the first inline save also pays h5py's first file of the run
+                            ms.setdefault(f"{mode} save", []).append(time.perf_counter() - t)
+                    t = time.perf_counter()
+                    rec.close()
+                    ms.setdefault(f"{mode} close", []).append(time.perf_counter() - t)
+                    shutil.rmtree(scratch / f"{mode}-{mb}-{r}")
+            med = {k: 1e3 * statistics.median(v) for k, v in ms.items()}
+            rows.append(((sum(t.nbytes for t in model.state_dict().values()) + extra['pad'].nbytes) / 2**20,
+                         med))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print(f"checkpoint size: median ms of an inline save, the writer process' open (its fork) and close (the last "
+          f"checkpoint made durable), the inline open (the run created); load {machine_load()}")
+    for size, med in rows:
+        print(f"  {size:7.2f} MiB: inline save {med['inline save']:7.2f}, process: open {med['process open']:6.2f} "
+              f"(the fork), close {med['process close']:6.2f}; inline open {med['inline open']:6.2f}")
 
 
 if __name__ == "__main__":

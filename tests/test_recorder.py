@@ -38,6 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 CONFIG = dict(model="lenet", data="digits", subset=200, batch_size=50, lr=0.05, epochs=2, checkpoint_every="1e")
 # manifest fields that say who wrote the run and when, not what it holds
 PROVENANCE = {"name", "created", "code_version", "config", "config_hash", "seeds", "schedule", "recorder"}
+WRITERS = ["process", "inline"]  # every guarantee holds for both writers (the tests that apply run with each)
 
 
 @pytest.fixture(scope="module")
@@ -135,19 +136,21 @@ def _steps(model, optimizer, data, n, start=0):
         optimizer.step()
 
 
-def test_a_killed_run_continues_its_trajectory_exactly(tmp_path):
+@pytest.mark.parametrize("writer", WRITERS)
+def test_a_killed_run_continues_its_trajectory_exactly(tmp_path, writer):
     """Interrupted after step 3 and continued from the store equals an uninterrupted loop (weights, momentum)."""
     data, model = _digits_lenet()
     init = {k: v.clone() for k, v in model.state_dict().items()}
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    with landscape.Recorder(tmp_path, "r", model, data=data, optimizer=opt, steps_per_epoch=3) as rec:
+    with landscape.Recorder(tmp_path, "r", model, data=data, optimizer=opt, steps_per_epoch=3, writer=writer) as rec:
         rec.save(0)
         _steps(model, opt, data, 3)
         rec.save(3, metrics={"loss": torch.tensor(0.5)})
     # a fresh process: new model and optimizer, the same Recorder call
     _, model2 = _digits_lenet(seed=1)
     opt2 = torch.optim.SGD(model2.parameters(), lr=0.05, momentum=0.9)
-    with landscape.Recorder(tmp_path, "r", model2, data=data, optimizer=opt2, steps_per_epoch=3) as rec:
+    with landscape.Recorder(tmp_path, "r", model2, data=data, optimizer=opt2, steps_per_epoch=3,
+                            writer=writer) as rec:
         assert rec.last_step == 3 and rec.restore() == 3
         with pytest.raises(UsageError, match="step 3 does not come after step 3"):
             rec.save(3)
@@ -169,20 +172,22 @@ def test_a_killed_run_continues_its_trajectory_exactly(tmp_path):
     assert run.manifest["checkpoints"][1]["metrics"] == {"loss": 0.5}
 
 
-def test_recorder_refuses_someone_elses_run_in_one_line(tmp_path):
+@pytest.mark.parametrize("writer", WRITERS)
+def test_recorder_refuses_someone_elses_run_in_one_line(tmp_path, writer):
     api.train(api.TrainConfig(**{**CONFIG, "epochs": 1}, run="trained"), root=tmp_path, progress=False)
     data, model = _digits_lenet()
     with pytest.raises(UsageError, match="run 'trained' was written by landscape train, not by a Recorder"):
-        landscape.Recorder(tmp_path, "trained", model, data=data)
-    with landscape.Recorder(tmp_path, "mine", model, data=data, config={"lr": 0.1}) as rec:
+        landscape.Recorder(tmp_path, "trained", model, data=data, writer=writer)
+    with landscape.Recorder(tmp_path, "mine", model, data=data, config={"lr": 0.1}, writer=writer) as rec:
         rec.save(0, epoch=0)
     other = build_model("mlp", input_shape=data.input_shape, num_classes=data.num_classes)
     with pytest.raises(UsageError, match="run 'mine' was recorded with another model spec"):
-        landscape.Recorder(tmp_path, "mine", other, data=data, config={"lr": 0.1})
+        landscape.Recorder(tmp_path, "mine", other, data=data, config={"lr": 0.1}, writer=writer)
     with pytest.raises(UsageError, match="run 'mine' was recorded with another data spec"):
-        landscape.Recorder(tmp_path, "mine", model, data=load_dataset("digits", subset=50), config={"lr": 0.1})
+        landscape.Recorder(tmp_path, "mine", model, data=load_dataset("digits", subset=50), config={"lr": 0.1},
+                           writer=writer)
     with pytest.raises(UsageError, match="run 'mine' was recorded with another config"):
-        landscape.Recorder(tmp_path, "mine", model, data=data, config={"lr": 0.2})
+        landscape.Recorder(tmp_path, "mine", model, data=data, config={"lr": 0.2}, writer=writer)
     assert [i.step for i in Store(tmp_path).run("mine").checkpoints()] == [0]
     assert len(Store(tmp_path).run("trained").checkpoints()) == 2
 
@@ -194,7 +199,7 @@ from landscape.models import build_model
 data = load_dataset("digits", subset=100)
 torch.manual_seed(0)
 model = build_model("lenet", input_shape=data.input_shape, num_classes=data.num_classes)
-with landscape.Recorder(sys.argv[1], "k", model, data=data, steps_per_epoch=1) as rec:
+with landscape.Recorder(sys.argv[1], "k", model, data=data, steps_per_epoch=1, writer=sys.argv[2]) as rec:
     for step in range(1000):
         with torch.no_grad():
             model[0].bias.fill_(step)
@@ -203,19 +208,20 @@ with landscape.Recorder(sys.argv[1], "k", model, data=data, steps_per_epoch=1) a
 """
 
 
-def test_a_sigkilled_recorder_leaves_a_run_that_continues(tmp_path):
+@pytest.mark.parametrize("writer", WRITERS)
+def test_a_sigkilled_recorder_leaves_a_run_that_continues(tmp_path, writer):
     """SIGKILL mid-recording: every listed checkpoint is complete, the lock is free, and the same Recorder call
     continues after the last one; meanwhile a second writer is refused in one line."""
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_SCRIPT, str(tmp_path)], stdout=subprocess.PIPE, text=True,
-                            env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_SCRIPT, str(tmp_path), writer], stdout=subprocess.PIPE,
+                            text=True, env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
     for line in proc.stdout:
         if int(line) >= 3:  # steps 0-2 written (the next save waits for the one in flight)
             break
     data, model = _digits_lenet()
-    writer = int((tmp_path / "k" / ".lock").read_text())  # the writer process holds the run's lock
-    assert writer != proc.pid
-    with pytest.raises(landscape.store.RunBusyError, match=f"run 'k' is being written by another process .pid {writer}"):
-        landscape.Recorder(tmp_path, "k", model, data=data, steps_per_epoch=1)
+    holder = int((tmp_path / "k" / ".lock").read_text())  # the writer process (inline: the training process)
+    assert (holder != proc.pid) == (writer == "process")
+    with pytest.raises(landscape.store.RunBusyError, match=f"run 'k' is being written by another process .pid {holder}"):
+        landscape.Recorder(tmp_path, "k", model, data=data, steps_per_epoch=1, writer=writer)
     proc.kill()
     proc.wait()
     torch.manual_seed(0)
@@ -223,12 +229,12 @@ def test_a_sigkilled_recorder_leaves_a_run_that_continues(tmp_path):
     deadline = time.monotonic() + 10  # the writer dies with its parent (SIGKILL from the kernel), and its lock
     while True:  # goes when its last thread has exited: a moment (tens of ms) later
         try:
-            rec = landscape.Recorder(tmp_path, "k", model, data=data, steps_per_epoch=1)
+            rec = landscape.Recorder(tmp_path, "k", model, data=data, steps_per_epoch=1, writer=writer)
             break
         except landscape.store.RunBusyError:
             assert time.monotonic() < deadline
             time.sleep(0.01)
-    assert not _alive(writer)
+    assert not _alive(holder)
     with rec:
         last = rec.restore()
         assert last >= 2 and [i.step for i in rec.run.checkpoints()] == list(range(last + 1))
@@ -251,7 +257,7 @@ def test_background_writes_finish_at_exit_and_report_failures(tmp_path, monkeypa
     script = KILLED_SCRIPT.replace('with landscape.Recorder(sys.argv[1], "k", model, data=data, steps_per_epoch=1) as '
                                    'rec:', 'rec = landscape.Recorder(sys.argv[1], "k", model, data=data, '
                                    'steps_per_epoch=1)\nif True:').replace("range(1000)", "range(3)")
-    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, capture_output=True,
+    subprocess.run([sys.executable, "-c", script, str(tmp_path), "process"], check=True, capture_output=True,
                    env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})  # never closed: written at exit
     assert [i.step for i in Store(tmp_path).run("k").checkpoints()] == [0, 1, 2]
     data, model = _digits_lenet()
@@ -260,7 +266,7 @@ def test_background_writes_finish_at_exit_and_report_failures(tmp_path, monkeypa
         raise landscape.errors.CheckpointError("disk full")
 
     monkeypatch.setattr(landscape.store.Run, "save_checkpoint", fail)  # before the writer process is forked
-    rec = landscape.Recorder(tmp_path, "f", model, data=data, steps_per_epoch=1)
+    rec = landscape.Recorder(tmp_path, "f", model, data=data, steps_per_epoch=1, writer="process")
     rec.save(0)  # returns at once; the write fails in the writer process
     with pytest.raises(landscape.errors.CheckpointError, match="^disk full$"):
         rec.flush()
@@ -269,7 +275,7 @@ def test_background_writes_finish_at_exit_and_report_failures(tmp_path, monkeypa
         rec.close()
     assert rec.last_step is None and Store(tmp_path).run("f").checkpoints() == []
     monkeypatch.setattr(landscape.store.Run, "save_checkpoint", lambda *a, **k: 1 / 0)  # not a landscape error
-    with landscape.Recorder(tmp_path, "g", model, data=data, steps_per_epoch=1) as rec:
+    with landscape.Recorder(tmp_path, "g", model, data=data, steps_per_epoch=1, writer="process") as rec:
         rec.save(0)
         with pytest.raises(landscape.errors.CheckpointError, match="^ZeroDivisionError: division by zero$"):
             rec.flush()
@@ -277,7 +283,7 @@ def test_background_writes_finish_at_exit_and_report_failures(tmp_path, monkeypa
 
 def test_the_writer_process_holds_the_lock_and_ends_with_the_recorder(tmp_path):
     data, model = _digits_lenet()
-    rec = landscape.Recorder(tmp_path, "w", model, data=data, steps_per_epoch=1)
+    rec = landscape.Recorder(tmp_path, "w", model, data=data, steps_per_epoch=1, writer="process")
     pid = rec._writer.pid
     rec.flush()  # a new run is created by the writer while training starts: flush waits for it
     assert pid != os.getpid() and (tmp_path / "w" / ".lock").read_text().strip() == str(pid)
@@ -300,7 +306,7 @@ def test_a_new_run_is_created_while_training_starts_and_its_failure_raised_at_th
     data, model = _digits_lenet()
     root = tmp_path / "a-file"
     root.write_text("")
-    rec = landscape.Recorder(root, "r", model, data=data, steps_per_epoch=1)
+    rec = landscape.Recorder(root, "r", model, data=data, steps_per_epoch=1, writer="process")
     pid = rec._writer.pid
     with pytest.raises(landscape.errors.CheckpointError, match="^cannot create the store root"):
         rec.save(0)  # returns at once unless the writer has exited already
@@ -317,8 +323,8 @@ def test_a_new_run_is_created_while_training_starts_and_its_failure_raised_at_th
 
 def test_two_recorders_open_at_once_each_have_their_writer(tmp_path):
     data, model = _digits_lenet()
-    a = landscape.Recorder(tmp_path, "a", model, data=data, steps_per_epoch=1)
-    b = landscape.Recorder(tmp_path, "b", model, data=data, steps_per_epoch=1)  # forked while a's writer runs
+    a = landscape.Recorder(tmp_path, "a", model, data=data, steps_per_epoch=1, writer="process")
+    b = landscape.Recorder(tmp_path, "b", model, data=data, steps_per_epoch=1, writer="process")  # a's writer runs
     for step in range(3):
         a.save(step)
         b.save(step)
@@ -329,7 +335,8 @@ def test_two_recorders_open_at_once_each_have_their_writer(tmp_path):
     assert [i.step for i in Store(tmp_path).run("b").checkpoints()] == [0, 1, 2, 3]
 
 
-def test_every_dtype_and_a_checkpoint_larger_than_the_pipe_reach_the_file_bit_exactly(tmp_path):
+@pytest.mark.parametrize("writer", WRITERS)
+def test_every_dtype_and_a_checkpoint_larger_than_the_pipe_reach_the_file_bit_exactly(tmp_path, writer):
     """What the writer process receives is what an in-process store write is given: dtypes numpy cannot hold
     (bfloat16), empty and 0-d tensors, numpy arrays, nested extras, and more bytes than the job pipe holds."""
     data, model = _digits_lenet()
@@ -337,7 +344,7 @@ def test_every_dtype_and_a_checkpoint_larger_than_the_pipe_reach_the_file_bit_ex
              "flags": torch.tensor([True, False]), "complex": torch.randn(4, dtype=torch.complex64),
              "nested": {"np": np.arange(6, dtype=np.int16).reshape(2, 3), "big": torch.randn(5_000_000)},
              "strided": torch.arange(20.0).reshape(4, 5).t()}
-    with landscape.Recorder(tmp_path, "dt", model, data=data) as rec:
+    with landscape.Recorder(tmp_path, "dt", model, data=data, writer=writer) as rec:
         rec.save(0, epoch=0, extra=extra)
     ckpt = Store(tmp_path).load("dt@init")
     with h5py.File(ckpt.path, "r") as f:  # the torch dtype tags an in-process write gives
@@ -365,8 +372,11 @@ def test_a_recorded_run_cannot_be_rerun_by_landscape(tmp_path):
         api.clipping("mine@last", root=tmp_path, prune_levels=(0.5,), figure=False)
 
 
-def test_recorder_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path):
+@pytest.mark.parametrize("writer", WRITERS)
+def test_recorder_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path, writer):
     data, model = _digits_lenet()
+    with pytest.raises(UsageError, match="^writer must be one of 'auto', 'process', 'inline', got 'thread'$"):
+        landscape.Recorder(tmp_path, "x", model, data=data, writer="thread")
     with pytest.raises(UsageError, match="no landscape_spec"):
         landscape.Recorder(tmp_path, "x", torch.nn.Linear(64, 10), data=data)
     with pytest.raises(UsageError, match="data= must be"):
@@ -379,7 +389,7 @@ def test_recorder_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path):
     with pytest.raises(UsageError, match="seed must be an integer"):
         landscape.Recorder(tmp_path, "x", model, data=data, seed="0")
     assert not (tmp_path / "x").exists()
-    with landscape.Recorder(tmp_path, "x", model, data=data) as rec:
+    with landscape.Recorder(tmp_path, "x", model, data=data, writer=writer) as rec:
         for bad in ("1", 1.5, None):
             with pytest.raises(UsageError, match="the step must be a whole number >= 0|give the checkpoint's step"):
                 rec.save(bad, epoch=0)
@@ -393,6 +403,8 @@ def test_recorder_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path):
             rec.save(-1, epoch=0)
         with pytest.raises(UsageError, match="epsilon must be a number >= 0"):
             rec.save(0, epoch=0, epsilon=float("nan"))
+        with pytest.raises(UsageError, match="^cannot store ndarray of dtype object: not a numeric array$"):
+            rec.save(0, epoch=0, extra={"bad": np.array([object()])})
         with torch.no_grad():
             model[0].weight.view(-1)[0] = float("nan")
         with pytest.raises(NonFiniteError, match="is not finite"):
@@ -417,16 +429,97 @@ def test_finite_weights_are_told_from_non_finite_ones_exactly(tmp_path):
     assert ckpt.step == 0 and torch.equal(ckpt.state_dict["0.weight"], model.state_dict()["0.weight"])
 
 
-def test_the_recorder_copies_weights_off_the_model_device(tmp_path):
+@pytest.mark.parametrize("writer", WRITERS)
+def test_the_recorder_copies_weights_off_the_model_device(tmp_path, writer):
     """Whatever the model's device, the stored tensors are CPU copies (here CPU; CUDA when present)."""
     data, model = _digits_lenet()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model.to(device)
-    with landscape.Recorder(tmp_path, "dev", model, data=data) as rec:
+    with landscape.Recorder(tmp_path, "dev", model, data=data, writer=writer) as rec:
         rec.save(0, epoch=0.0)
     ckpt = Store(tmp_path).load("dev@init")
     for k, v in model.state_dict().items():
         assert ckpt.state_dict[k].device.type == "cpu" and torch.equal(ckpt.state_dict[k], v.cpu())
+
+
+def test_both_writers_write_the_same_run(tmp_path):
+    """The same checkpoints recorded by the writer process and inline: the same manifest and files, apart from
+    when they were written."""
+    data, model = _digits_lenet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    for writer in WRITERS:
+        model.load_state_dict(init)
+        opt.state.clear()
+        with landscape.Recorder(tmp_path / writer, "r", model, data=data, optimizer=opt, steps_per_epoch=2,
+                                config={"lr": 0.05}, writer=writer) as rec:
+            rec.save(0)
+            _steps(model, opt, data, 2)
+            rec.save(2, metrics={"loss": 0.25}, extra={"seen": np.arange(3)})
+    runs = [Store(tmp_path / w).run("r") for w in WRITERS]
+
+    def timeless(manifest):
+        return {k: v for k, v in manifest.items() if k not in ("created", "checkpoints")}, [
+            {k: v for k, v in e.items() if k != "sha256"} for e in manifest["checkpoints"]]
+
+    assert timeless(runs[0].manifest) == timeless(runs[1].manifest)
+    for step in (0, 2):
+        a, b = (Store(tmp_path / w).load(f"r@step={step}") for w in WRITERS)  # sha256 checked on load
+        assert a.attrs == b.attrs and a.metrics == b.metrics and a.epoch == b.epoch
+        assert a.state_dict.keys() == b.state_dict.keys() and a.extra.keys() == b.extra.keys()
+        assert all(torch.equal(a.state_dict[k], b.state_dict[k]) for k in a.state_dict)
+        assert all(np.array_equal(a.extra[k], b.extra[k]) for k in a.extra)
+
+
+def test_the_inline_writer_holds_the_lock_in_this_process_and_raises_at_once(tmp_path, monkeypatch):
+    data, model = _digits_lenet()
+    rec = landscape.Recorder(tmp_path, "w", model, data=data, steps_per_epoch=1, writer="inline")
+    assert rec.writer == "inline" and (tmp_path / "w" / ".lock").read_text().strip() == str(os.getpid())
+    with pytest.raises(landscape.store.RunBusyError, match="^run 'w' is being written by another Recorder of this "
+                                                           "process; one writer per run"):
+        landscape.Recorder(tmp_path, "w", model, data=data, steps_per_epoch=1, writer="inline")
+    code = f"from landscape.store import Store; Store({str(tmp_path)!r}).open_run('w')"
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    assert other.returncode == 1 and f"being written by another process (pid {os.getpid()})" in other.stderr
+    rec.save(0)
+    assert [i.step for i in Store(tmp_path).run("w").checkpoints()] == [0]  # on disk when save returns
+
+    def fail(*args, **kwargs):
+        raise landscape.errors.CheckpointError("disk full")
+
+    monkeypatch.setattr(landscape.store.Run, "save_checkpoint", fail)
+    with pytest.raises(landscape.errors.CheckpointError, match="^disk full$"):
+        rec.save(1)  # raised by save itself
+    assert rec.last_step == 0
+    monkeypatch.undo()
+    rec.save(1)
+    rec.close()
+    Store(tmp_path).open_run("w").close()  # the lock is free when close returns
+    with pytest.raises(UsageError, match="the recorder of run 'w' is closed"):
+        rec.save(2)
+    with landscape.Recorder(tmp_path, "w", model, data=data, steps_per_epoch=1, writer="inline") as rec:
+        assert rec.last_step == 1
+    with pytest.raises(ZeroDivisionError):  # an error before the first checkpoint frees the name
+        with landscape.Recorder(tmp_path, "fresh", model, data=data, steps_per_epoch=1, writer="inline"):
+            raise ZeroDivisionError
+    assert not (tmp_path / "fresh").exists()
+
+
+def test_auto_writes_in_a_writer_process_when_a_core_is_free_for_it(tmp_path, monkeypatch):
+    """writer='auto': a model on the CPU keeps torch.get_num_threads() cores busy, one on an accelerator one."""
+    data, model = _digits_lenet()
+    cores = len(os.sched_getaffinity(0))
+    for threads, chosen in ((cores, "inline"), (cores - 1, "process")):
+        monkeypatch.setattr(torch, "get_num_threads", lambda threads=threads: threads)
+        assert landscape.recorder.spare_cores(model) == cores - threads
+        if threads >= 1:
+            with landscape.Recorder(tmp_path, f"{chosen}-{threads}", model, data=data, steps_per_epoch=1) as rec:
+                assert rec.writer == chosen and (chosen == "process") == hasattr(rec._writer, "pid")
+                rec.save(0)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: cores)
+    monkeypatch.setattr(landscape.recorder, "_device", lambda model: "cuda:0")
+    assert landscape.recorder.spare_cores(model) == cores - 1
 
 
 def test_import_landscape_loads_neither_torch_nor_opacus():
@@ -504,17 +597,18 @@ def test_opacus_privacy_is_recorded_as_landscape_train_records_it(tmp_path):
     assert child.manifest["privacy"]["ancestor_events"] == [{"noise_multiplier": 1.1, "sample_rate": q, "steps": 6}]
 
 
-def test_opacus_run_continues_with_its_accountant(tmp_path):
+@pytest.mark.parametrize("writer", WRITERS)
+def test_opacus_run_continues_with_its_accountant(tmp_path, writer):
     from landscape.integrations.opacus import OpacusPrivacy
 
     data, _, gsm, opt, loader, engine = _opacus_loop()
     with landscape.Recorder(tmp_path, "dp", gsm, data=data, optimizer=opt, steps_per_epoch=len(loader),
-                            privacy=OpacusPrivacy(engine, opt, loader)) as rec:
+                            privacy=OpacusPrivacy(engine, opt, loader), writer=writer) as rec:
         _opacus_steps(gsm, opt, loader, 3)
         rec.save()
     data, _, gsm, opt, loader, engine = _opacus_loop()  # the script started again
     with landscape.Recorder(tmp_path, "dp", gsm, data=data, optimizer=opt, steps_per_epoch=len(loader),
-                            privacy=OpacusPrivacy(engine, opt, loader)) as rec:
+                            privacy=OpacusPrivacy(engine, opt, loader), writer=writer) as rec:
         assert rec.restore() == 3 and engine.accountant.history == [(1.1, pytest.approx(1 / len(loader)), 3)]
         _opacus_steps(gsm, opt, loader, 2)
         rec.save()
@@ -542,7 +636,8 @@ def test_opacus_other_accountants_agree_with_landscape_pld_and_rdp(tmp_path, acc
     assert last.epsilon <= landscape_epsilon(1.0, q, 5, 1e-5, "rdp") * 1.01
 
 
-def test_a_run_recorded_from_a_parent_has_the_lineage_and_history_train_from_gives(tmp_path):
+@pytest.mark.parametrize("writer", WRITERS)
+def test_a_run_recorded_from_a_parent_has_the_lineage_and_history_train_from_gives(tmp_path, writer):
     """parent= is `landscape train --from`: same lineage, same inherited privacy, the parent's weights at step 0."""
     api.train(api.TrainConfig(**{**CONFIG, "epochs": 1}, run="base"), root=tmp_path, progress=False)  # SGD
     trained = api.train(api.TrainConfig(from_ref="base@last", epochs=1, batch_size=50, run="trained-child"),
@@ -552,7 +647,7 @@ def test_a_run_recorded_from_a_parent_has_the_lineage_and_history_train_from_giv
     data, model = _digits_lenet(seed=3)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     with landscape.Recorder(tmp_path, "child", model, data=data, optimizer=opt, parent="base@last",
-                            steps_per_epoch=2) as rec:
+                            steps_per_epoch=2, writer=writer) as rec:
         for k, v in model.state_dict().items():  # the run starts from its parent
             assert torch.equal(v, parent.state_dict[k]), k
         rec.save(0)
@@ -570,17 +665,17 @@ def test_a_run_recorded_from_a_parent_has_the_lineage_and_history_train_from_giv
     # continuing: the same parent= again; the model is not reset to the parent's weights
     _, model2 = _digits_lenet(seed=4)
     before = {k: v.clone() for k, v in model2.state_dict().items()}
-    with landscape.Recorder(tmp_path, "child", model2, data=data, parent="base@last", steps_per_epoch=2) as rec:
+    with landscape.Recorder(tmp_path, "child", model2, data=data, parent="base@last", steps_per_epoch=2, writer=writer) as rec:
         assert all(torch.equal(v, before[k]) for k, v in model2.state_dict().items())
         assert rec.restore() == 2
     for parent_ref, message in ((None, "was recorded from parent base@step=4, now no parent"),
                                 ("trained-child@last", "was recorded from parent base@step=4, now parent trained-child")):
         with pytest.raises(UsageError, match=message):
-            landscape.Recorder(tmp_path, "child", model2, data=data, parent=parent_ref, steps_per_epoch=2)
+            landscape.Recorder(tmp_path, "child", model2, data=data, parent=parent_ref, steps_per_epoch=2, writer=writer)
     with pytest.raises(UsageError, match="was recorded without a parent, now parent base@last"):
-        with landscape.Recorder(tmp_path, "plain", model2, data=data, steps_per_epoch=2) as rec:
+        with landscape.Recorder(tmp_path, "plain", model2, data=data, steps_per_epoch=2, writer=writer) as rec:
             rec.save(0)
-        landscape.Recorder(tmp_path, "plain", model2, data=data, parent="base@last", steps_per_epoch=2)
+        landscape.Recorder(tmp_path, "plain", model2, data=data, parent="base@last", steps_per_epoch=2, writer=writer)
 
 
 def test_a_dp_run_recorded_from_a_dp_parent_composes_its_epsilon(tmp_path):

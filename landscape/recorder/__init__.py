@@ -21,28 +21,48 @@ parent's weights, records its lineage (``parent_run``, ``parent_step``, ``parent
 parent's privacy history (:func:`landscape.train.pruning.inherited_privacy`), and each checkpoint's epsilon
 composes the parent's DP steps with the run's own (and adds declared guarantees), as a trained child's does.
 
-The writer process. Writing a checkpoint (HDF5, sha256, the manifest, fsyncs) takes milliseconds of CPU with
-Python's GIL held; in a thread of the training process that stalls a CPU-bound loop for longer than the write
-itself (the writer waits up to Python's switch interval for the GIL after every system call; timings:
-docs/benchmarks.md). So
-the run belongs to a *writer process*: a fork of the training process made when the recorder opens (it has
-every module the parent has, and writes through the very same :class:`landscape.store.Run` calls, so the files
-are byte for byte what an in-process write gives). It takes the run's write lock, creates or opens the run
-and writes every file. The recorder waits for it to open a run that exists (to continue it: a run someone
-else wrote, or one a live writer holds, is refused there and then), not to create a new one: that happens
-while training starts, and its failure (say, the name taken by another process a moment earlier) is raised
-by the first call that waits for the writer (a ``save`` with a checkpoint in flight, ``flush``, ``close``,
-:attr:`Recorder.run`). The writer ignores Ctrl-C (the parent decides when to stop) and dies with its parent
-(:func:`landscape.runtime.die_with_parent`: SIGKILL when the parent dies, however it dies).
-:meth:`Recorder.save` checks and copies what it records in the training process (weights and optimizer state
-as CPU tensors, metrics, the accountant's epsilon and state), sends the bytes down a pipe and returns while
-the writer writes; at most one checkpoint is in flight (the next ``save`` waits for it);
-:meth:`Recorder.flush`, :meth:`Recorder.close` and the end of the ``with`` block wait for the last one and raise
-a failed write's error (one line), and it is written at interpreter exit too (``background=False`` waits
-before ``save`` returns). Crash safety is the store's: a training process killed at any moment (its writer
-then dies with it) loses at most the checkpoint in flight, every file and the manifest stay whole, and the
-same ``Recorder`` call continues the run. Durability is the store's too: when ``flush`` returns, the checkpoint
-file and the manifest that lists it are fsynced, their renames too (a power cut then loses nothing written).
+The writers: where each checkpoint is written, chosen when the recorder opens (``writer=``). Either way the
+run's files are byte for byte what the same :class:`landscape.store.Run` calls give (``landscape train``'s),
+and the guarantees below hold.
+
+- ``"inline"``: the training process writes each checkpoint before :meth:`Recorder.save` returns and holds
+  the run's write lock itself (a second recorder of the same run, in this process or another, is refused,
+  :class:`landscape.store.RunBusyError`). A save costs the training loop the whole write (HDF5, sha256, the
+  manifest, four fsyncs: milliseconds even for a small model, growing with its size); nothing else.
+- ``"process"``: the run belongs to a *writer process*, a fork of the training process made when the recorder
+  opens (it has every module the parent has). It takes the run's write lock, creates or opens the run and
+  writes every file, while training goes on. The recorder waits for it to open a run that exists (to continue
+  it: a run someone else wrote, or one a live writer holds, is refused there and then), not to create a new
+  one: that happens while training starts, and its failure (say, the name taken by another process a moment
+  earlier) is raised by the first call that waits for the writer (a ``save`` with a checkpoint in flight,
+  ``flush``, ``close``, :attr:`Recorder.run`). The writer ignores Ctrl-C (the parent decides when to stop) and
+  dies with its parent (:func:`landscape.runtime.die_with_parent`: SIGKILL when the parent dies, however it
+  dies). :meth:`Recorder.save` checks and copies what it records in the training process (weights and
+  optimizer state as CPU tensors, metrics, the accountant's epsilon and state), sends the bytes down a pipe
+  and returns while the writer writes; at most one checkpoint is in flight (the next ``save`` waits for it);
+  :meth:`Recorder.flush`, :meth:`Recorder.close` and the end of the ``with`` block wait for the last one and
+  raise a failed write's error (one line), and it is written at interpreter exit too (``background=False``
+  waits before ``save`` returns). Its costs are fixed: the fork (page tables of the whole training process),
+  copy-on-write faults in the training process while the writer lives, and ``close`` waiting for the last
+  write. (Not a thread: a write holds Python's GIL for milliseconds, and a writer thread waits up to the 5 ms
+  switch interval for the GIL after every system call, stalling a CPU-bound loop for longer than the write.)
+- ``"auto"`` (the default): the writer process when a CPU core is free for it (:func:`spare_cores`: the cores
+  this process may use, less ``torch.get_num_threads()`` for a model on the CPU or one for a model on an
+  accelerator), else inline. Which was chosen is :attr:`Recorder.writer`. The rule follows what each costs
+  (measured by ``benchmarks/recorder.py``, numbers in docs/own-code.md): an inline save costs the loop its
+  whole write every time, growing with the checkpoint's size; the writer process costs a fixed amount (the
+  fork, copy-on-write, the last write at close) and a small copy per save, *if* a core is free to write on:
+  without one it writes on the loop's cores and costs more than inline. With a free core, inline costs less
+  only for a run of a few checkpoints (the fixed cost over what an inline save costs more: a handful for a
+  small model, fewer for a large one), which the recorder cannot know when it opens; nor can a size threshold
+  tell (the fork is paid once, an inline save every time). Give ``writer=`` to decide yourself (say
+  ``"inline"`` when data loader workers take the spare cores, or for a run of one or two checkpoints).
+
+Crash safety is the store's: a training process killed at any moment (a writer process then dies with it)
+loses at most the checkpoint being written, every file and the manifest stay whole, and the same ``Recorder``
+call continues the run. Durability is the store's too: when ``save`` (inline) or ``flush`` returns, the
+checkpoint file and the manifest that lists it are fsynced, their renames too (a power cut then loses
+nothing written).
 
 Continuing a killed run: the same ``Recorder(root, run, ...)`` again opens the run (with the same model, data,
 config, privacy and parent; anything else is refused in one line), :meth:`Recorder.restore` puts the last
@@ -76,7 +96,7 @@ from landscape.recorder.manifest import (
     parent_of,
     recorder_record,
 )
-from landscape.recorder.writer import Writer
+from landscape.recorder.writer import InlineWriter, Writer
 from landscape.store import Checkpoint, Run, Store, check_run_name
 from landscape.train.accounting import PrivacyEvent
 
@@ -85,6 +105,7 @@ __all__ = ["OPTIMIZER_ATTR", "OPTIMIZER_EXTRA", "PRIVACY_ATTR", "RECORDER_FORMAT
 OPTIMIZER_EXTRA = "optimizer"  # checkpoint extra group of the optimizer's tensors
 OPTIMIZER_ATTR = "optimizer"  # checkpoint attr: its param groups and non-tensor state (JSON)
 PRIVACY_ATTR = "privacy_state"  # checkpoint attr: the privacy source's state (e.g. Opacus' accountant history)
+WRITERS = ("auto", "process", "inline")
 
 
 class PrivacySource(Protocol):
@@ -132,20 +153,25 @@ class Recorder:
     checkpoint of the store (``"base@last"``, ``"base@step=N"``, a file) the run starts from, as ``landscape
     train --from``: the model must be the parent's (same model spec); a new run puts the parent's weights into
     it and records the lineage and the parent's privacy history. ``steps_per_epoch``: gives each checkpoint's
-    epoch when :meth:`save` is not told it. ``seed``: recorded in ``manifest["seeds"]``. ``background``: write
-    each checkpoint while training goes on (module docstring).
+    epoch when :meth:`save` is not told it. ``seed``: recorded in ``manifest["seeds"]``. ``writer``: where
+    checkpoints are written, ``"auto"`` (``"process"`` when a CPU core is free for it, else ``"inline"``),
+    ``"inline"`` (in this process, before ``save`` returns) or ``"process"`` (a writer process, while training
+    goes on); the module docstring says what each costs. ``background``: with the
+    writer process, ``False`` makes each ``save`` wait until its checkpoint is written.
 
-    Use it as a context manager (or call :meth:`close`): its writer process holds the run's write lock while
-    it is open.
+    Use it as a context manager (or call :meth:`close`): it holds the run's write lock (through its writer
+    process, or this process inline) while it is open. :attr:`writer` is the writer chosen.
     """
 
     def __init__(
         self, root: str | Path, run: str, model: nn.Module, *, data: Any, config: Mapping[str, Any] | None = None,
         optimizer: torch.optim.Optimizer | None = None, privacy: PrivacySource | None = None,
         parent: str | os.PathLike | None = None, steps_per_epoch: int | None = None, seed: int | None = None,
-        background: bool = True,
+        background: bool = True, writer: str = "auto",
     ) -> None:
         check_run_name(run)
+        if writer not in WRITERS:
+            raise UsageError(f"writer must be one of {', '.join(map(repr, WRITERS))}, got {writer!r}")
         self.background = bool(background)
         self.model = unwrap(model)
         self.optimizer = optimizer
@@ -164,11 +190,15 @@ class Recorder:
         parent_ckpt, lineage, self.history = parent_of(store, parent, fields["model_spec"])
         privacy_record = self._privacy_record(0)
         extra = {"device": _device(self.model), "privacy": privacy_record, "recorder": recorder_record()}
+        if writer == "auto":
+            writer = "process" if spare_cores(self.model) >= 1 else "inline"
+        self.writer = writer
+        opener = functools.partial(open_run, store, run, fields, lineage, privacy_record, extra, self._privacy_record)
         # A run to continue (or a name taken) is opened before this returns, so that a run written by anyone
-        # else, or by a live writer, is refused here; a new run is created while training starts.
-        self._writer = Writer(run, functools.partial(open_run, store, run, fields, lineage, privacy_record, extra,
-                                                     self._privacy_record),
-                              wait_open=os.path.lexists(store.root / run))
+        # else, or by a live writer, is refused here; a writer process creates a new run while training starts.
+        self._writer: Writer | InlineWriter = (
+            InlineWriter(run, opener) if writer == "inline" else
+            Writer(run, opener, wait_open=os.path.lexists(store.root / run)))
         self._finalizer = weakref.finalize(self, self._writer.shutdown)
         self._last: int | None = self._writer.opened
         if parent_ckpt is not None and self._last is None:
@@ -183,7 +213,7 @@ class Recorder:
 
     @property
     def run(self) -> Run:
-        """The run as it is on disk now (for reading; its writer process holds the lock)."""
+        """The run as it is on disk now (for reading; the recorder's writer holds the lock)."""
         self._writer.wait_open()
         return self._store.run(self._name)
 
@@ -201,16 +231,20 @@ class Recorder:
         try:
             self._writer.wait()
         except BaseException:
-            try:
-                infos = self.run.checkpoints()  # the failed step was not saved: it may be saved again
-            except CheckpointError:
-                infos = []  # the run could not be created
-            self._last = infos[-1].step if infos else None
+            self._resync()
             raise
 
+    def _resync(self) -> None:
+        """After a failed write: the last step is the run's on disk (the failed step may be saved again)."""
+        try:
+            infos = self.run.checkpoints()
+        except CheckpointError:
+            infos = []  # the run could not be created
+        self._last = infos[-1].step if infos else None
+
     def close(self) -> None:
-        """Write the checkpoint in flight (:meth:`flush`), then stop the writer process, which releases the run's
-        write lock (the checkpoints stay)."""
+        """Write the checkpoint in flight (:meth:`flush`), then stop the writer (a writer process exits), which
+        releases the run's write lock (the checkpoints stay)."""
         try:
             self.flush()
         finally:
@@ -260,8 +294,12 @@ class Recorder:
         if self.privacy is not None:
             attrs[PRIVACY_ATTR] = jsonable(self.privacy.state(), "the privacy state")
             privacy = self._privacy_record(step)
-        self._writer.send(dict(step=step, epoch=epoch, epsilon=epsilon, metrics=numbers, attrs=attrs),
-                          state, arrays, privacy)
+        try:
+            self._writer.send(dict(step=step, epoch=epoch, epsilon=epsilon, metrics=numbers, attrs=attrs),
+                              state, arrays, privacy)
+        except BaseException:
+            self._resync()
+            raise
         self._last = step
         if not self.background:
             self.flush()
@@ -377,6 +415,16 @@ def _norms_finite(tensors: list[torch.Tensor]) -> bool:
         return all(bool(torch.stack(norms).isfinite().all()) for norms in by_device.values())
     except RuntimeError:  # a tensor _foreach_norm does not take: the exact check decides
         return False
+
+
+def spare_cores(model: nn.Module) -> int:
+    """CPU cores this process may run on that its training loop leaves free (``writer="auto"``): the loop of a
+    model on the CPU keeps ``torch.get_num_threads()`` cores busy, one on an accelerator (its Python thread)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return cores - (torch.get_num_threads() if _device(model) == "cpu" else 1)
 
 
 def _device(model: nn.Module) -> str:

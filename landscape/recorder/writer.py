@@ -1,6 +1,8 @@
-"""The writer process of a :class:`landscape.recorder.Recorder` (the package docstring says why a process):
-:class:`Writer` is the training process' end (fork, send a checkpoint, wait for it, stop), :func:`serve` the
-writer's loop; between them two pipes (a pickled header of plain values, then the tensors' bytes).
+"""The writers of a :class:`landscape.recorder.Recorder` (the package docstring says when each): the writer
+process, where :class:`Writer` is the training process' end (fork, send a checkpoint, wait for it, stop) and
+:func:`serve` the writer's loop, with two pipes between them (a pickled header of plain values, then the
+tensors' bytes); and :class:`InlineWriter`, the same interface writing in the training process. Both write a
+checkpoint with :func:`write_checkpoint`.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ import torch
 
 from landscape.errors import CheckpointError, LandscapeError, UsageError
 from landscape.runtime import die_with_parent
-from landscape.store import Run
+from landscape.store import Run, RunBusyError
 
 _PIPE_BYTES = 16 << 20  # the writer's job pipe, when the system allows it (else 1 MiB, else its default)
 _ALIGN = 64  # byte alignment of each tensor in the writer's job buffer
 _IOV_MAX = 1024  # buffers per writev (POSIX guarantees at least 16; Linux allows 1024)
+_INLINE_RUNS: set[str] = set()  # the run directories inline writers of this process hold
 
 
 
@@ -182,6 +185,60 @@ class Writer:
         return CheckpointError(f"the writer process of run '{self.name}' {how}; {what}")
 
 
+class InlineWriter:
+    """A recorder's writer in the training process itself (``Recorder(writer="inline")``): the run is created or
+    opened (its write lock taken by this process) when the recorder opens, and ``send`` writes the checkpoint
+    before it returns, through the same store calls as the writer process (:func:`write_checkpoint`). The
+    interface is :class:`Writer`'s, with nothing ever in flight."""
+
+    in_flight = None
+    opening = False
+
+    def __init__(self, name: str, opener: Callable[[], tuple[Run, bool]]) -> None:
+        self.name = name
+        self.owner = os.getpid()
+        self.gone = "is closed"
+        run, self.created = opener()
+        self.key = os.path.realpath(run.path)
+        try:
+            if self.key in _INLINE_RUNS:  # the store's lock is this process' own: it would let a second writer in
+                raise RunBusyError(f"run '{name}' is being written by another Recorder of this process; one writer "
+                                   "per run: close that one first")
+            infos = run.checkpoints()
+        except BaseException:
+            run.close()
+            raise
+        _INLINE_RUNS.add(self.key)
+        self.opened: int | None = infos[-1].step if infos else None
+        self._run: Run | None = run
+
+    def wait_open(self) -> int | None:
+        return self.opened
+
+    def send(self, header: dict[str, Any], state: Mapping[str, torch.Tensor], extra: Mapping[str, Any],
+             privacy: dict[str, Any] | None) -> None:
+        """Write one checkpoint now (refusing what the writer process would refuse)."""
+        pairs = [(path, value if torch.is_tensor(value) else _numeric(np.asarray(value), value))
+                 for path, value in _flatten(extra)]
+        if self._run is None:
+            raise UsageError(f"the recorder of run '{self.name}' {self.gone}")
+        write_checkpoint(self._run, header, state, _nest(pairs), privacy)
+
+    def wait(self) -> None:
+        """Nothing is ever in flight."""
+
+    def stop(self, *, discard_if_empty: bool = False) -> None:
+        """Release the run's lock (idempotent; a no-op in a process forked from this one, which shares the lock)."""
+        if self._run is None or os.getpid() != self.owner:
+            return
+        run, self._run = self._run, None
+        _INLINE_RUNS.discard(self.key)
+        close_run(run, discard_if_empty and self.created)
+
+    def shutdown(self) -> None:
+        self.stop()
+
+
 def serve(jobs: Connection, replies: Connection, parent: int, opener: Callable[[], tuple[Run, bool]]) -> int:
     """The writer process: open the run, then write each checkpoint the parent sends until it says stop.
 
@@ -216,11 +273,7 @@ def serve(jobs: Connection, replies: Connection, parent: int, opener: Callable[[
                 reply = ("error", _describe(exc))
             _answer(replies, reply)
     finally:
-        if discard and created:
-            with contextlib.suppress(Exception):
-                if not run.checkpoints():
-                    shutil.rmtree(run.path, ignore_errors=True)
-        run.close()
+        close_run(run, discard and created)
     _answer(replies, ("ok", None))
     return 0
 
@@ -253,20 +306,36 @@ def _read_all(fd: int, buffer: bytearray) -> None:
 
 def _write(run: Run, message: dict[str, Any], buffer: bytearray) -> None:
     state: dict[str, torch.Tensor] = {}
-    extra: dict[str, Any] = {}
+    extra: list[tuple[tuple[str, ...], Any]] = []
     for path, spec, offset in message["layout"]:
         value = _unpack(spec, buffer, offset)
         if path[0] == "state_dict":
             state[path[1]] = value
         else:
-            node = extra
-            for key in path[1:-1]:
-                node = node.setdefault(key, {})
-            node[path[-1]] = value
-    run.save_checkpoint(state, step=message["step"], epoch=message["epoch"], epsilon=message["epsilon"],
-                        metrics=message["metrics"], extra=extra or None, attrs=message["attrs"])
-    if message["privacy"] is not None:
-        run.update_manifest(privacy=message["privacy"])
+            extra.append((path[1:], value))
+    write_checkpoint(run, message, state, _nest(extra), message["privacy"])
+
+
+def write_checkpoint(run: Run, header: Mapping[str, Any], state: Mapping[str, torch.Tensor],
+                     extra: Mapping[str, Any], privacy: dict[str, Any] | None) -> None:
+    """One checkpoint of a recorded run, by either writer: the store's atomic checkpoint write (its sha256 into
+    the manifest), then a DP run's privacy record (its step count) into the manifest."""
+    run.save_checkpoint(state, step=header["step"], epoch=header["epoch"], epsilon=header["epsilon"],
+                        metrics=header["metrics"], extra=extra or None, attrs=header["attrs"])
+    if privacy is not None:
+        run.update_manifest(privacy=privacy)
+
+
+def close_run(run: Run, discard: bool) -> None:
+    """Release the run's lock; with ``discard`` (a run this recorder created, left by an error before its first
+    checkpoint) remove the run if it holds no checkpoint, freeing the name."""
+    try:
+        if discard:
+            with contextlib.suppress(Exception):
+                if not run.checkpoints():
+                    shutil.rmtree(run.path, ignore_errors=True)
+    finally:
+        run.close()
 
 
 def _answer(conn: Connection, reply: tuple[str, Any]) -> None:
@@ -294,11 +363,15 @@ def _pack(value: Any) -> tuple[tuple[Any, ...], Any]:
         flat = value.detach().contiguous().reshape(-1)
         data = flat.view(torch.uint8).numpy() if flat.numel() else b""
         return ("torch", str(value.dtype).removeprefix("torch."), tuple(value.shape), len(data)), data
-    array = np.ascontiguousarray(value)
-    if array.dtype.hasobject:
-        raise UsageError(f"cannot store {type(value).__name__} of dtype {array.dtype}: not a numeric array")
+    array = _numeric(np.ascontiguousarray(value), value)
     data = array.reshape(-1).view(np.uint8)
     return ("numpy", np.lib.format.dtype_to_descr(array.dtype), array.shape, data.nbytes), data
+
+
+def _numeric(array: np.ndarray, value: Any) -> np.ndarray:
+    if array.dtype.hasobject:
+        raise UsageError(f"cannot store {type(value).__name__} of dtype {array.dtype}: not a numeric array")
+    return array
 
 
 def _unpack(spec: tuple[Any, ...], buffer: bytearray, offset: int) -> Any:
@@ -322,4 +395,15 @@ def _flatten(arrays: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> list[tu
             out.extend(_flatten(value, (*prefix, str(key))))
         else:
             out.append(((*prefix, str(key)), value))
+    return out
+
+
+def _nest(pairs: Any) -> dict[str, Any]:
+    """The nested mapping of ``(path, value)`` pairs (:func:`_flatten` undone)."""
+    out: dict[str, Any] = {}
+    for path, value in pairs:
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
     return out
