@@ -180,8 +180,11 @@ def make(ctx):
                "dp_instability": [[table_of(dp23.get((e, k), [])) for k in ks] for e in eps_list],
                "lr_grid/dp_lr": list(s["dp_lrs"]), "lr_grid/train_acc": [scores[e] for e in eps_list],
                "lr_chosen": [lr_of[e] for e in eps_list], "sgd_lr": [lr_of[e] for e in eps_list]}
-    invalid = {e for e in eps_list for k in ks for r in ends.get(("dpsgd", (e, k)), [])
-               if not ctx.gates.get(Ref.parse(r).name, GateResult("", 0, 0, 0, True)).passed}
+    def failing(family):  # the epsilons whose DP siblings / SGD reference have an end model failing the gate
+        return {e for e in eps_list for k in ks for r in ends.get((family, (e, k)), [])
+                if not ctx.gates.get(Ref.parse(r).name, GateResult("", 0, 0, 0, True)).passed}
+
+    invalid, invalid_sgd = failing("dpsgd"), failing("sgd")
     fig, axes = style.subplots(1, 2, figsize=(8.0, 3.3), sharex=True, layout="constrained")
     # one SGD reference per distinct matched lr (epsilons sharing an lr share it), then the DP series
     ref_of = {lr: eps_list.index(next(e for e in eps_list if lr_of[e] == lr)) for lr in dict.fromkeys(
@@ -192,7 +195,7 @@ def make(ctx):
                                            strict=True):
         rows = [np.asarray(numbers[key_sgd][i]) for i in ref_of.values()] + [np.asarray(r) for r in numbers[key_dp]]
         labels = [f"SGD lr {lr:g} (" + ", ".join(f"eps {e:g}" for e in eps_list if lr_of[e] == lr) + ")"
-                  for lr in ref_of]
+                  + (" (invalid regime)" if eps_list[i] in invalid_sgd else "") for lr, i in ref_of.items()]
         labels += [f"DP-SGD eps {e:g}, lr {lr_of[e]:g}" + (" (invalid regime)" if e in invalid else "")
                    for e in eps_list]
         for a, label, st in zip(rows, labels, series, strict=True):
