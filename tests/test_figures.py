@@ -78,12 +78,28 @@ def test_watson_fig5_barriers_match_a_naive_interpolation_loop(made):
 
     out, root = made
     numbers, verdict, _ = read_summary(out / "watson-fig5" / "watson-fig5-test.h5")
+    from landscape.store import Store
+
     assert numbers["k"].tolist() == [1.0] and numbers["epsilon"].tolist() == [8.0]
     group = "watson-fig5-test-e8-k1-lr0.5"
+    sgd_group = "watson-fig5-test-sgd-k1-lr0.5"
+    # matched lr per epsilon: the SGD-sibling reference trains Phase 2 at its epsilon's DP lr, batch and momentum,
+    # from the same Phase-1 checkpoint as the DP siblings
+    store = Store(root)
+    dp_runs = [store.run(f"{group}-sgd-dpsgd-{i}").manifest for i in range(3)]
+    sgd_runs = [store.run(f"{sgd_group}-sgd-sgd-{i}").manifest for i in range(3)]
+    assert numbers["lr_chosen"].tolist() == numbers["sgd_lr"].tolist() == [0.5]
+    assert {m["config"]["optimizer"] for m in dp_runs} == {"dpsgd"} and {
+        m["config"]["optimizer"] for m in sgd_runs} == {"sgd"}
+    assert {(m["config"]["lr"], m["config"]["momentum"], m["config"]["batch_size"]) for m in dp_runs + sgd_runs} == {
+        (0.5, 0.0, 32)}
+    assert {m["config"]["from_ref"] for m in dp_runs + sgd_runs} == {f"{group}-sgd@last"}
     t = np.linspace(0, 1, 5)
-    for family, chord, def23 in (("sgd", numbers["sgd"][0], numbers["sgd_instability"][0]),
-                                 ("dpsgd", numbers["dp"][0][0], numbers["dp_instability"][0][0])):
-        runs = [f"{group}-sgd-{family}-{i}" for i in range(3)]
+    for family, chord, def23, runs in (
+            ("sgd", numbers["sgd"][0][0], numbers["sgd_instability"][0][0],
+             [f"{sgd_group}-sgd-sgd-{i}" for i in range(3)]),
+            ("dpsgd", numbers["dp"][0][0], numbers["dp_instability"][0][0],
+             [f"{group}-sgd-dpsgd-{i}" for i in range(3)])):
         paths = [_naive_path(root, a, b) for a, b in itertools.combinations(runs, 2)]
         naive_chord = sorted(float(np.max(v - ((1 - t) * v[0] + t * v[-1]))) for v in paths)
         naive23 = sorted(float(v.max() - (v[0] + v[-1]) / 2) for v in paths)
@@ -91,7 +107,7 @@ def test_watson_fig5_barriers_match_a_naive_interpolation_loop(made):
         assert np.allclose(sorted(def23), naive23, rtol=1e-4, atol=1e-6), (family, def23, naive23)
     # one (k, epsilon) point at test scale: no corner to except, so it is the one judged part (Welch, alpha 0.05)
     assert len(verdict.parts) == 1 and "Exception" not in verdict.note
-    dp, sgd = numbers["dp"][0][0], numbers["sgd"][0]
+    dp, sgd = numbers["dp"][0][0], numbers["sgd"][0][0]
     if dp.std() + sgd.std() > 0:
         p = stats.ttest_ind(dp, sgd, equal_var=False, alternative="greater").pvalue
         expected = True if p < 0.05 else (False if 1 - p < 0.05 else None)

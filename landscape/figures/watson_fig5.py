@@ -17,6 +17,14 @@ accuracy (ties: the smaller lr); every k and copy at that epsilon then uses it (
 The grid, the scores and the choices are stored in the summary (``lr_grid/*``, ``lr_chosen``). With one fixed lr
 0.5 the epsilon-1 models diverged (test loss 32-98, accuracy 31-45%: invalid regime).
 
+Fair comparison, matched lr per epsilon: each epsilon's SGD-sibling reference trains Phase 2 at that epsilon's DP
+lr, batch size and momentum (0), from the same Phase-1 SGD checkpoint as its DP siblings, so a barrier difference
+comes from clipping and noise, not from the step size. SGD siblings are trained once per (k, lr) (group
+``NAME-SCALE-sgd-kK-lrLR``): epsilons that chose the same lr share them. Phase 1 (SGD, lr ``lr``, momentum 0.9) is
+common to both. The summary stores the reference per epsilon (``sgd``, ``sgd_instability``: epsilon x k x pairs)
+and its lr (``sgd_lr``, equal to ``lr_chosen``). Before, every reference ran Phase 2 at the base lr 0.03 with
+momentum 0.9.
+
 Scaled down: LeNet on ``digits`` (8x8) instead of Resnet18 on CIFAR10; a few epochs instead of the paper's
 schedule; k in epochs of the short run; ``copies`` Phase-2 copies give ``copies*(copies-1)/2`` sibling pairs
 per point (>= 3 at cpu scale).
@@ -24,6 +32,7 @@ per point (>= 3 at cpu scale).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -51,16 +60,36 @@ def _group(ctx, eps: float, k: int, lr: float) -> str:
     return f"{ctx.name}-{ctx.scale}-e{eps:g}-k{k}-lr{lr:g}"
 
 
-def _groups(ctx, lr_of: dict) -> list[tuple[float, int, str, tuple[str, ...]]]:
-    """(epsilon, k, group name, Phase-2 families): SGD siblings are trained once per k (with the first epsilon's
-    group), DP siblings once per (k, epsilon), at the epsilon's chosen DP lr ``lr_of[eps]``."""
+def _sgd_group(ctx, k: int, lr: float) -> str:
+    return f"{ctx.name}-{ctx.scale}-sgd-k{k}-lr{lr:g}"
+
+
+def _groups(ctx, lr_of: dict) -> list[tuple[float, int, str]]:
+    """(epsilon, k, group name): DP siblings are trained once per (k, epsilon) at the epsilon's chosen DP lr
+    ``lr_of[eps]``; that group's Phase-1 SGD run is also the parent of the SGD siblings at that lr (see
+    :func:`_sgd_siblings`)."""
     s = ctx.settings
-    out = []
-    for i, eps in enumerate(s["epsilons"]):
-        for k in s["ks"]:
-            out.append((float(eps), int(k), _group(ctx, float(eps), int(k), lr_of[float(eps)]),
-                        ("sgd", "dpsgd") if i == 0 else ("dpsgd",)))
-    return out
+    return [(float(eps), int(k), _group(ctx, float(eps), int(k), lr_of[float(eps)]))
+            for eps in s["epsilons"] for k in s["ks"]]
+
+
+def _sgd_siblings(ctx, config, parent: str, group: str) -> None:
+    """The SGD-sibling reference at a matched lr: ``config.copies`` Phase-2 SGD copies from ``parent`` (a DP group's
+    Phase-1 SGD run) at ``config.dp_lr`` / ``config.dp_momentum`` and the DP batch size, named and labelled as
+    ``landscape phases`` names its copies (``GROUP-sgd-sgd-i``, seed ``seed + 1 + i``) so that they pair as
+    siblings; existing runs are reused."""
+    from landscape.api.training import ensure
+    from landscape.store import Store
+
+    store = Store(ctx.root)
+    base = dataclasses.replace(config.base, lr=config.dp_lr, momentum=config.dp_momentum)
+    matched = dataclasses.replace(config, base=base)
+    label = {"group": group, "k": config.k, "epsilon_target": None, "noise_multiplier": None, "phase1": "sgd",
+             "phase2": "sgd"}
+    for i in range(config.copies):
+        cfg = matched.phase_config("sgd", epochs=base.epochs - config.k, seed=base.seed + 1 + i,
+                                   from_ref=f"{parent}@last", run=f"{group}-sgd-sgd-{i}")
+        ensure(store, cfg, {**label, "copy": i}, progress=False)
 
 
 def make(ctx):
@@ -69,9 +98,9 @@ def make(ctx):
     from landscape.store import Store
 
     s = ctx.settings
-    sgd, dp = {}, {}   # k -> [chord barriers]; (eps, k) -> [chord barriers]
+    sgd, dp = {}, {}   # (eps, k) -> [chord barriers] (SGD: the reference at eps's DP lr)
     sgd23, dp23 = {}, {}  # the same for Def. 2.3 instability
-    ends: dict = {}      # ("sgd", k) / ("dpsgd", eps, k) -> the run names at the pairs' ends
+    ends: dict = {}      # ("sgd" or "dpsgd", (eps, k)) -> the run names at the pairs' ends
 
     def base_of(eps):
         return TrainConfig(model=s["model"], data=s["data"], subset=s["subset"], epochs=s["epochs"], lr=s["lr"],
@@ -88,32 +117,47 @@ def make(ctx):
                                 dp_momentum=0.0, group=group), root=ctx.root, progress=False)
             scores[eps].append(final(Store(ctx.root).run(f"{group}-sgd-dpsgd-0"), "train_acc"))
         lr_of[eps] = best(s["dp_lrs"], scores[eps])
-    for eps, k, group, phase2 in _groups(ctx, lr_of):
-        phases(PhasesConfig(base=base_of(eps), k=k, copies=s["copies"], phase1=("sgd",), phase2=phase2,
-                            dp_lr=lr_of[eps], dp_momentum=0.0, group=group), root=ctx.root, progress=False)
-        table = instability([f"{group}-*"], pairs="siblings", root=ctx.root, workers=ctx.workers,
-                            config=InterpolateConfig(points=s["points"], split=("test",)),
-                            output=ctx.stem(f"instability-e{eps:g}-k{k}").with_suffix(".h5"),
-                            data_root=ctx.data_root)
-        for r in table.rows:
-            if r.phase2 not in ("sgd", "dpsgd"):
-                continue
-            key = k if r.phase2 == "sgd" else (eps, k)
-            chord, def23 = (sgd, sgd23) if r.phase2 == "sgd" else (dp, dp23)
-            chord.setdefault(key, []).append(float(r.chord_barrier_loss["test"]))
-            def23.setdefault(key, []).append(float(r.instability_loss["test"]))
-            ends.setdefault((r.phase2, key), []).extend([r.ref_a, r.ref_b])
-    ks = sorted(sgd)
-    eps_list = sorted({e for e, _ in dp})
+    sgd_done: dict = {}  # (k, lr) -> the SGD-sibling rows (chord, Def. 2.3, end runs), shared by epsilons
+    for eps, k, group in _groups(ctx, lr_of):
+        config = PhasesConfig(base=base_of(eps), k=k, copies=s["copies"], phase1=("sgd",), phase2=("dpsgd",),
+                              dp_lr=lr_of[eps], dp_momentum=0.0, group=group)
+        phases(config, root=ctx.root, progress=False)
+        groups = [group]
+        if (k, lr_of[eps]) not in sgd_done:
+            sgd_group = _sgd_group(ctx, k, lr_of[eps])
+            _sgd_siblings(ctx, config, f"{group}-sgd", sgd_group)
+            groups.append(sgd_group)
+        for g in groups:
+            table = instability([f"{g}-*"], pairs="siblings", root=ctx.root, workers=ctx.workers,
+                                config=InterpolateConfig(points=s["points"], split=("test",)),
+                                output=ctx.stem(f"instability-e{eps:g}-k{k}" if g == group else
+                                                f"instability-sgd-k{k}-lr{lr_of[eps]:g}".replace(".", "_")).with_suffix(".h5"),
+                                data_root=ctx.data_root)
+            rows = [(r.phase2, float(r.chord_barrier_loss["test"]), float(r.instability_loss["test"]),
+                     [r.ref_a, r.ref_b]) for r in table.rows if r.phase2 in ("sgd", "dpsgd")]
+            if g != group:
+                sgd_done[(k, lr_of[eps])] = [r for r in rows if r[0] == "sgd"]
+            for _, chord_value, def23_value, refs in (r for r in rows if r[0] == "dpsgd"):
+                dp.setdefault((eps, k), []).append(chord_value)
+                dp23.setdefault((eps, k), []).append(def23_value)
+                ends.setdefault(("dpsgd", (eps, k)), []).extend(refs)
+        for _, chord_value, def23_value, refs in sgd_done[(k, lr_of[eps])]:
+            sgd.setdefault((eps, k), []).append(chord_value)
+            sgd23.setdefault((eps, k), []).append(def23_value)
+            ends.setdefault(("sgd", (eps, k)), []).extend(refs)
+    ks = sorted({k for _, k in sgd})
+    eps_list = sorted({e for e, _ in sgd})
     corner = (eps_list[-1], ks[-1]) if len(ks) > 1 and len(eps_list) > 1 else None
 
     def part(e, k):
-        v = greater(f"DP-SGD (eps {e:g}) siblings are separated by a higher barrier than SGD siblings at k = {k}",
-                    SOURCE, dp.get((e, k), []), sgd.get(k, []), names=(f"DP eps {e:g}", "SGD"),
+        v = greater(f"DP-SGD (eps {e:g}) siblings are separated by a higher barrier than SGD siblings at k = {k} "
+                    f"(matched lr {lr_of[e]:g})", SOURCE, dp.get((e, k), []), sgd.get((e, k), []),
+                    names=(f"DP eps {e:g}", f"SGD lr {lr_of[e]:g}"),
                     unit="sibling pairs", note=f"Def. 2.3 beside it: DP {np.mean(dp23.get((e, k), [np.nan])):.3g}, "
-                                               f"SGD {np.mean(sgd23.get(k, [np.nan])):.3g}. DP lr {lr_of[e]:g} "
-                                               f"(claim-blind over {tuple(s['dp_lrs'])}).")
-        return ctx.judged(v, ends.get(("dpsgd", (e, k)), []) + ends.get(("sgd", k), []))
+                                               f"SGD {np.mean(sgd23.get((e, k), [np.nan])):.3g}. DP lr {lr_of[e]:g} "
+                                               f"(claim-blind over {tuple(s['dp_lrs'])}), SGD siblings' Phase 2 "
+                                               "at the same lr, batch and momentum.")
+        return ctx.judged(v, ends.get(("dpsgd", (e, k)), []) + ends.get(("sgd", (e, k)), []))
 
     parts = [part(e, k) for e in eps_list for k in ks if (e, k) != corner]
     exception = part(*corner) if corner else None
@@ -130,21 +174,30 @@ def make(ctx):
         a[:len(values)] = values[:n]
         return a
 
-    numbers = {"k": ks, "epsilon": eps_list, "sgd": [table_of(sgd[k]) for k in ks],
+    numbers = {"k": ks, "epsilon": eps_list, "sgd": [[table_of(sgd[(e, k)]) for k in ks] for e in eps_list],
                "dp": [[table_of(dp.get((e, k), [])) for k in ks] for e in eps_list],
-               "sgd_instability": [table_of(sgd23[k]) for k in ks],
+               "sgd_instability": [[table_of(sgd23[(e, k)]) for k in ks] for e in eps_list],
                "dp_instability": [[table_of(dp23.get((e, k), [])) for k in ks] for e in eps_list],
                "lr_grid/dp_lr": list(s["dp_lrs"]), "lr_grid/train_acc": [scores[e] for e in eps_list],
-               "lr_chosen": [lr_of[e] for e in eps_list]}
-    invalid = {e for e in eps_list for k in ks for r in ends.get(("dpsgd", (e, k)), [])
-               if not ctx.gates.get(Ref.parse(r).name, GateResult("", 0, 0, 0, True)).passed}
+               "lr_chosen": [lr_of[e] for e in eps_list], "sgd_lr": [lr_of[e] for e in eps_list]}
+    def failing(family):  # the epsilons whose DP siblings / SGD reference have an end model failing the gate
+        return {e for e in eps_list for k in ks for r in ends.get((family, (e, k)), [])
+                if not ctx.gates.get(Ref.parse(r).name, GateResult("", 0, 0, 0, True)).passed}
+
+    invalid, invalid_sgd = failing("dpsgd"), failing("sgd")
     fig, axes = style.subplots(1, 2, figsize=(8.0, 3.3), sharex=True, layout="constrained")
-    series = style.series_styles(len(eps_list) + 1)
+    # one SGD reference per distinct matched lr (epsilons sharing an lr share it), then the DP series
+    ref_of = {lr: eps_list.index(next(e for e in eps_list if lr_of[e] == lr)) for lr in dict.fromkeys(
+        lr_of[e] for e in eps_list)}
+    series = style.series_styles(len(ref_of) + len(eps_list))
     for ax, (key_sgd, key_dp, what) in zip(axes, (("sgd", "dp", "barrier above the chord"),
                                                    ("sgd_instability", "dp_instability", "Def. 2.3 instability")),
                                            strict=True):
-        rows = [np.asarray(numbers[key_sgd])] + [np.asarray(r) for r in numbers[key_dp]]
-        labels = ["SGD"] + [f"DP-SGD eps {e:g}" + (" (invalid regime)" if e in invalid else "") for e in eps_list]
+        rows = [np.asarray(numbers[key_sgd][i]) for i in ref_of.values()] + [np.asarray(r) for r in numbers[key_dp]]
+        labels = [f"SGD lr {lr:g} (" + ", ".join(f"eps {e:g}" for e in eps_list if lr_of[e] == lr) + ")"
+                  + (" (invalid regime)" if eps_list[i] in invalid_sgd else "") for lr, i in ref_of.items()]
+        labels += [f"DP-SGD eps {e:g}, lr {lr_of[e]:g}" + (" (invalid regime)" if e in invalid else "")
+                   for e in eps_list]
         for a, label, st in zip(rows, labels, series, strict=True):
             m = np.nanmean(a, axis=1)
             sd = np.nanstd(a, axis=1, ddof=1) if n > 1 else np.zeros_like(m)
@@ -163,7 +216,8 @@ RECIPE = Recipe(
     claim="two runs of DP-SGD almost never end in the same linear basin (a higher barrier than SGD siblings), except "
           "perhaps for high values of both k and epsilon",
     scaled_down="LeNet on digits, 8 epochs, k in {1,2,4}, 3 copies (3 sibling pairs) per point, DP lr per epsilon "
-                "claim-blind from {0.1, 0.2, 0.5}; judged on the barrier above the chord",
+                "claim-blind from {0.1, 0.2, 0.5}, SGD siblings' Phase 2 at the same lr, batch and momentum (matched lr per "
+                "epsilon); judged on the barrier above the chord",
     scales=SCALES,
     paper_scale=PaperScale(data="cifar10", model="resnet18 (GroupNorm)", epochs=20,
                            hyper="C=1, eps in {1,5,50} (Fig. 5 b-d), delta 1e-5, 30 alphas; lr 0.1 / batch 128 "

@@ -95,8 +95,8 @@ def dp_shades(n: int) -> list[str]:
     from matplotlib.colors import to_rgb
 
     base = to_rgb(DP_COLOR)
-    if n <= 1:
-        return [DP_COLOR]
+    if n <= 1:  # none (a table of SGD pairs only) or one
+        return [DP_COLOR] * n
     out = []
     for i in range(n):
         t = 0.35 + 0.65 * i / (n - 1)  # mix with white: light (small eps) -> full colour (large eps)
