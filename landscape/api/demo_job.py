@@ -88,8 +88,10 @@ def demo(out_dir: str | Path = "demo-out", *, root: str | Path | None = None, co
     split = "test" if "test" in made.table.splits else made.table.splits[0]
     pairs = [{"k": r.k, "phase2": r.phase2, "chord_barrier": r.chord_barrier_loss[split],
               "instability": r.instability_loss[split]} for r in made.table.rows]
+    comparison = (f"Not lr-matched: SGD siblings at lr {base.lr:g} / momentum {base.momentum:g}, DP-SGD siblings at "
+                  f"lr {config.dp_lr:g} / momentum {config.dp_momentum:g} (the gallery's watson-fig5 matches them).")
     found = verdicts(pairs, profile.toward_loss, profile.direction_loss, split=split,
-                     profile_split=profile.config.split)
+                     profile_split=profile.config.split, comparison=comparison)
     verdict_path = results / "verdicts.json"
     text = json.dumps([v.to_dict() for v in found], indent=1) + "\n"
     atomic_write(verdict_path, lambda tmp: tmp.write_text(text))
@@ -107,8 +109,9 @@ def path_rise(losses: Sequence[float] | np.ndarray) -> np.ndarray:
 
 
 def verdicts(pairs: Sequence[Mapping], toward_loss: Sequence[float], random_loss: Sequence[Sequence[float]], *,
-             split: str = "test", profile_split: str = "train") -> list[Verdict]:
+             split: str = "test", profile_split: str = "train", comparison: str = "") -> list[Verdict]:
     """The verdicts of the claims the demo shows, computed from its numbers (rules: :mod:`landscape.verdict`).
+    ``comparison`` (how the SGD and DP-SGD siblings' hyper-parameters compare) is added to every Fig. 5 note.
 
     ``pairs``: one mapping per sibling pair with ``k`` (Phase-1 epochs), ``phase2`` (``"sgd"``/``"dpsgd"``),
     ``chord_barrier`` (the ``split`` loss barrier above the chord) and ``instability`` (Watson et al. Def. 2.3,
@@ -135,14 +138,14 @@ def verdicts(pairs: Sequence[Mapping], toward_loss: Sequence[float], random_loss
     def beside(k: float) -> str:
         means = {o: np.mean(def23[(o, k)]) if def23.get((o, k)) else math.nan for o in ("dpsgd", "sgd")}
         return (f"Barrier = {split} loss above the chord; Def. 2.3 instability beside it: DP {means['dpsgd']:.3g}, "
-                f"SGD {means['sgd']:.3g}.")
+                f"SGD {means['sgd']:.3g}." + (f" {comparison}" if comparison else ""))
 
     per_k = [greater(f"DP-SGD siblings are separated by a higher barrier than SGD siblings at k = {k:g}", fig5,
                      by.get(("dpsgd", k), []), by.get(("sgd", k), []), names=("DP", "SGD"), unit="sibling pairs",
                      note=beside(k))
              for k in ks]
     out = [*per_k, all_of("DP-SGD siblings are separated by a higher barrier than SGD siblings at every k", fig5,
-                          per_k, note=f"k = {', '.join(f'{k:g}' for k in ks)}.")]
+                          per_k, note=f"k = {', '.join(f'{k:g}' for k in ks)}." + (f" {comparison}" if comparison else ""))]
     dp = {k: by[("dpsgd", k)] for k in ks if ("dpsgd", k) in by}
     out.append(ordered("the barrier between DP-SGD siblings falls as the SGD Phase 1 (k epochs) grows", fig5, dp,
                        decreasing=True, unit="sibling pairs"))
