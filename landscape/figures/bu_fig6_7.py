@@ -91,7 +91,7 @@ RECIPE = Recipe(
     claim="a large clipping norm (lr 0.15 / C) gives lower NLL and ECE than a small one; small C is mis-calibrated",
     scaled_down="LeNet on digits, batch 32, 20 epochs, sigma 1.1, C in {1, 10, 100} with lr = f 0.15 / C, f from "
                 "{1, 3, 10} per C (claim-blind), 3 seeds; the largest C at similar accuracy is compared with C = 1; "
-                "non-DP SGD at matched accuracy (its epoch checkpoint closest in test accuracy to C = 1, per seed)",
+                "non-DP SGD at matched accuracy (its checkpoint, every 1/8 epoch, closest in test accuracy to C = 1, per seed)",
     scales=SCALES,
     paper_scale=PaperScale(data="mnist", model="opacus-cnn (4-layer CNN)", epochs=30,
                            hyper="batch 256, sigma 1.1, lr 0.15 / C, C from 0.1 to 200, 5 runs", gpu_hours=3.0),
