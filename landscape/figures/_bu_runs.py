@@ -163,6 +163,7 @@ class Matched:
     dp_accuracy: list  # the test accuracy of the DP model it is matched to
     ece: list          # its ECE (test split)
     matched: bool      # every seed's |accuracy - dp_accuracy| <= MATCH_TOLERANCE
+    bin_accuracy: list  # its reliability bins (accuracy per confidence bin, NaN where empty)
 
     def numbers(self) -> dict:
         return {"sgd_matched/epoch": self.epoch, "sgd_matched/accuracy": self.accuracy,
@@ -184,11 +185,13 @@ def sgd_matched(ctx, m: Measured, key: float) -> Matched:
     refs = [f"{run.name}@step={info.step}" for run in m.runs["sgd"] for info in run.checkpoints()]
     res = calibration(refs, root=ctx.root, bins=15, split=("test",), workers=ctx.workers,
                       output=ctx.stem("sgd-checkpoints").with_suffix(".h5"), data_root=ctx.data_root, figure=False)
-    epoch, acc, dp, ece = [], [], [], []
+    epoch, acc, dp, ece, bins = [], [], [], [], []
     for run, i in zip(m.runs["sgd"], m.rows[key], strict=True):
         target = float(m.res.rows[i].accuracy)
-        rows = [r for r in res.rows if r.run == run.name]
-        r = min(rows, key=lambda r: (abs(float(r.accuracy) - target), r.step))  # closest; ties: the earlier
+        rows = [j for j, r in enumerate(res.rows) if r.run == run.name]
+        j = min(rows, key=lambda j: (abs(float(res.rows[j].accuracy) - target), res.rows[j].step))  # ties: earlier
+        r = res.rows[j]
         epoch.append(float(r.epoch)), acc.append(float(r.accuracy)), dp.append(target), ece.append(float(r.ece))
+        bins.append(res.bin_accuracy[j])
     ok = all(abs(a - d) <= MATCH_TOLERANCE for a, d in zip(acc, dp, strict=True))
-    return Matched(epoch, acc, dp, ece, ok)
+    return Matched(epoch, acc, dp, ece, ok, bins)

@@ -56,10 +56,10 @@ def make(ctx):
     numbers = {"max_grad_norm": norms, **m.numbers(), **matched.numbers()}
     for name in ("accuracy", "nll", "ece"):
         numbers.update({f"{'sgd' if k == 'sgd' else f'C{k:g}'}/{name}": metric(k, name) for k in keys})
-    # the reliability bins (NaN in empty bins) stay in the calibration file beside the summary
+    # the reliability bins (NaN in empty bins) stay in the calibration files beside the summary; the last panel is
+    # seed 0's accuracy-matched SGD checkpoint
     fig, grid = style.subplots(2, 3, figsize=(11, 6.4), layout="constrained")
-    grid[1, 2].set_axis_off()  # five panels on a 2 x 3 grid
-    axes = [*grid[0], *grid[1, :2]]
+    axes = [*grid[0], *grid[1]]
     for ax, name in zip(axes[:2], ("nll", "accuracy"), strict=True):
         vals = np.array([metric(c, name) for c in norms])
         ax.errorbar(norms, vals.mean(axis=1), yerr=vals.std(axis=1, ddof=1) if vals.shape[1] > 1 else None,
@@ -73,13 +73,16 @@ def make(ctx):
     twin.axhline(np.mean(matched.ece), color=style.method_color("sgd"), ls=":", lw=0.8,
                  label="ECE of SGD at C = 1's accuracy")
     twin.legend(fontsize=7, loc="center right")
-    for ax, k, title in zip(axes[2:], ("sgd", large, small), ("non-DP", f"C = {large:g}", f"C = {small:g}"), strict=True):
-        i = rows[k][0]
-        edges = np.linspace(0, 1, res.bin_accuracy.shape[1] + 1)
-        ax.bar(edges[:-1], np.nan_to_num(res.bin_accuracy[i]), width=np.diff(edges), align="edge",
-               color=style.method_color("sgd" if k == "sgd" else "dpsgd"), alpha=0.7, edgecolor="white")
+    panels = [(res.bin_accuracy[rows[k][0]], "sgd" if k == "sgd" else "dpsgd",
+               f"{title}: ECE {res.rows[rows[k][0]].ece:.3f} (seed 0)")
+              for k, title in (("sgd", "non-DP"), (large, f"C = {large:g}"), (small, f"C = {small:g}"))]
+    panels.append((matched.bin_accuracy[0], "sgd", f"non-DP, epoch {matched.epoch[0]:.3g}: ECE {matched.ece[0]:.3f}"))
+    for ax, (bins, method, title) in zip(axes[2:], panels, strict=True):
+        edges = np.linspace(0, 1, len(bins) + 1)
+        ax.bar(edges[:-1], np.nan_to_num(bins), width=np.diff(edges), align="edge",
+               color=style.method_color(method), alpha=0.7, edgecolor="white")
         ax.plot([0, 1], [0, 1], color="0.4", ls="--", lw=0.8)
-        ax.set(xlabel="confidence", ylabel="accuracy", title=f"{title}: ECE {res.rows[i].ece:.3f} (seed 0)")
+        ax.set(xlabel="confidence", ylabel="accuracy", title=title)
     fig.suptitle(f"Figs. 6-7 ({ctx.scale}): {verdict.status}")
     style.panel_labels(axes)
     return numbers, verdict, style.save_figure(fig, ctx.stem("figure"))
