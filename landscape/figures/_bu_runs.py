@@ -23,7 +23,7 @@ than non-DP SGD" compares at *matched accuracy* (:func:`sgd_matched`): the SGD r
 tolerance), and per seed the reference is the SGD checkpoint whose test accuracy is closest to the smallest C's final
 test accuracy of the same seed (ties: the earlier checkpoint), chosen from test accuracies alone. When some
 seed's closest checkpoint is more than :data:`MATCH_TOLERANCE` away, there is no accuracy-matched reference and
-that part is inconclusive (invalid regime). The chosen epochs and both accuracies go into the summaries.
+that part is inconclusive (invalid regime). The chosen epochs and both accuracies go into bu-fig6-7's summary.
 """
 
 from __future__ import annotations
