@@ -16,6 +16,14 @@ the smallest is the largest C of the grid for which the premise is shown (:func:
 accuracies alone, before any calibration number is computed); when no C is, the largest C is compared and the
 verdict is inconclusive (invalid regime), whatever the calibration numbers say. Only the runs compared (and
 non-DP SGD) are end models under the validity gate.
+
+Non-DP SGD (lr ``sgd_lr``, momentum 0.9) ends far more accurate than any DP run, so "C = 1 is worse calibrated
+than non-DP SGD" compares at *matched accuracy* (:func:`sgd_matched`): the SGD runs keep a checkpoint every
+1/8 epoch (on the steep early part of SGD's accuracy curve one epoch gains ~10 points, too coarse for the
+tolerance), and per seed the reference is the SGD checkpoint whose test accuracy is closest to the smallest C's final
+test accuracy of the same seed (ties: the earlier checkpoint), chosen from test accuracies alone. When some
+seed's closest checkpoint is more than :data:`MATCH_TOLERANCE` away, there is no accuracy-matched reference and
+that part is inconclusive (invalid regime). The chosen epochs and both accuracies go into bu-fig6-7's summary.
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ RUNS = {
 
 SCALES = {scale: {"runs": settings} for scale, settings in RUNS.items()}  # the recipes' settings
 MARGIN = 0.05  # "similar accuracy": within 5 accuracy points
+MATCH_TOLERANCE = 0.02  # an accuracy-matched SGD reference: within 2 test-accuracy points of the DP model
+SGD_CHECKPOINTS = "0.125e"  # the SGD runs' checkpoints (runs ``...-sgd-ck8-SEED``): the candidates for the match
 
 
 def premise(res, rows, small: float, large: float, source: str):
@@ -71,6 +81,7 @@ class Measured:
     premise: object
     lr: dict        # C -> chosen lr
     grid: dict      # C -> seed-0 final train accuracy per factor of lr_factors
+    runs: dict      # "sgd" / C -> the runs, one per seed
 
     def numbers(self) -> dict:
         """What a summary stores about the choices: the lr grid and its scores, the chosen lr, the compared C."""
@@ -98,7 +109,7 @@ def measured(ctx, source: str) -> Measured:
             large, shown = c, p
             break
     ctx.uses(run for key in ("sgd", small, large) for run in runs[key])
-    return Measured(res, rows, norms, small, large, shown, lr, grid)
+    return Measured(res, rows, norms, small, large, shown, lr, grid, runs)
 
 
 def train_runs(ctx) -> tuple[dict, dict, dict]:
@@ -114,7 +125,8 @@ def train_runs(ctx) -> tuple[dict, dict, dict]:
     base = TrainConfig(model=s["model"], data=s["data"], subset=s["subset"], epochs=s["epochs"],
                        batch_size=s["batch_size"], checkpoint_every="none", data_root=ctx.data_root)
     prefix = f"bu-calibration-{ctx.scale}"
-    out: dict = {"sgd": [ensure(store, dataclasses.replace(base, lr=s["sgd_lr"], seed=seed, run=f"{prefix}-sgd-{seed}"))
+    sgd = dataclasses.replace(base, lr=s["sgd_lr"], checkpoint_every=SGD_CHECKPOINTS)
+    out: dict = {"sgd": [ensure(store, dataclasses.replace(sgd, seed=seed, run=f"{prefix}-sgd-ck8-{seed}"))
                          for seed in range(s["seeds"])]}
     lrs, grid = {}, {}
     for c in s["norms"]:
@@ -140,3 +152,46 @@ def calibrate(ctx, runs: dict, bins: int = 15):
                       output=ctx.stem("calibration").with_suffix(".h5"), data_root=ctx.data_root, figure=False)
     where = {r.run: i for i, r in enumerate(res.rows)}
     return res, {key: [where[run.name] for run in group] for key, group in runs.items()}
+
+
+@dataclasses.dataclass
+class Matched:
+    """Per seed, the SGD checkpoint accuracy-matched to a DP model (see :func:`sgd_matched`)."""
+
+    epoch: list        # the chosen SGD checkpoint's epoch, per seed
+    accuracy: list     # its test accuracy
+    dp_accuracy: list  # the test accuracy of the DP model it is matched to
+    ece: list          # its ECE (test split)
+    matched: bool      # every seed's |accuracy - dp_accuracy| <= MATCH_TOLERANCE
+    bin_accuracy: list  # its reliability bins (accuracy per confidence bin, NaN where empty)
+
+    def numbers(self) -> dict:
+        return {"sgd_matched/epoch": self.epoch, "sgd_matched/accuracy": self.accuracy,
+                "sgd_matched/dp_accuracy": self.dp_accuracy, "sgd_matched/ece": self.ece,
+                "sgd_matched/tolerance": MATCH_TOLERANCE}
+
+    def text(self) -> str:
+        pairs = ", ".join(f"seed {i}: epoch {e:.3g}, accuracy {a:.3f} vs {d:.3f}"
+                          for i, (e, a, d) in enumerate(zip(self.epoch, self.accuracy, self.dp_accuracy, strict=True)))
+        return f"SGD reference at matched accuracy: per seed the SGD checkpoint closest in test accuracy ({pairs})"
+
+
+def sgd_matched(ctx, m: Measured, key: float) -> Matched:
+    """Per seed, the SGD checkpoint whose test accuracy is closest to C = ``key``'s final test accuracy of the same
+    seed (ties: the earlier checkpoint), with its ECE. Every checkpoint of the SGD runs is calibrated (the
+    recipe's file ``sgd-checkpoints``)."""
+    from landscape.api import calibration
+
+    refs = [f"{run.name}@step={info.step}" for run in m.runs["sgd"] for info in run.checkpoints()]
+    res = calibration(refs, root=ctx.root, bins=15, split=("test",), workers=ctx.workers,
+                      output=ctx.stem("sgd-checkpoints").with_suffix(".h5"), data_root=ctx.data_root, figure=False)
+    epoch, acc, dp, ece, bins = [], [], [], [], []
+    for run, i in zip(m.runs["sgd"], m.rows[key], strict=True):
+        target = float(m.res.rows[i].accuracy)
+        rows = [j for j, r in enumerate(res.rows) if r.run == run.name]
+        j = min(rows, key=lambda j: (abs(float(res.rows[j].accuracy) - target), res.rows[j].step))  # ties: earlier
+        r = res.rows[j]
+        epoch.append(float(r.epoch)), acc.append(float(r.accuracy)), dp.append(target), ece.append(float(r.ece))
+        bins.append(res.bin_accuracy[j])
+    ok = all(abs(a - d) <= MATCH_TOLERANCE for a, d in zip(acc, dp, strict=True))
+    return Matched(epoch, acc, dp, ece, ok, bins)
