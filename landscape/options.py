@@ -349,14 +349,15 @@ def coerce_field(cls: type, f: dataclasses.Field, value: Any) -> Any:
 # ------------------------------------------------------------------------------------------ configs
 
 
-class _Renaming(type):
-    """Options classes take their fields' old names as keywords too (with a deprecation line)."""
+class Renaming(type):
+    """Options classes (and any dataclass declared with ``metaclass=Renaming``, such as the training config)
+    take their fields' old names as keywords too (with a deprecation line)."""
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         return super().__call__(*args, **renamed(cls, kwargs)) if renames(cls) else super().__call__(*args, **kwargs)
 
 
-class Options(metaclass=_Renaming):
+class Options(metaclass=Renaming):
     """Base of the option dataclasses (declare them ``@dataclass(frozen=True)``): every field is coerced
     (:func:`coerce_field`) and then :meth:`validate` runs, once, when the object is made; a field's old name
     (``renamed_from``) is accepted as a keyword with a deprecation line."""
