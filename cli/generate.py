@@ -92,7 +92,9 @@ def field_option(f: dataclasses.Field, hint: Any):
     default = _default(f)
     if isinstance(default, tuple):
         default = ",".join(str(v) for v in default) if default else None
-    if not kwargs.get("is_flag"):
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+        kwargs["required"] = True  # a field without a default is required everywhere (``prune --remove``)
+    elif not kwargs.get("is_flag"):
         kwargs["default"] = default
         kwargs["show_default"] = meta.get("show_default", True) if default is not None else False
     if meta.get("metavar"):
