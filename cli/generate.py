@@ -92,7 +92,9 @@ def field_option(f: dataclasses.Field, hint: Any):
     default = _default(f)
     if isinstance(default, tuple):
         default = ",".join(str(v) for v in default) if default else None
-    if not kwargs.get("is_flag"):
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+        kwargs["required"] = True  # a field without a default is required everywhere (``prune --remove``)
+    elif not kwargs.get("is_flag"):
         kwargs["default"] = default
         kwargs["show_default"] = meta.get("show_default", True) if default is not None else False
     if meta.get("metavar"):
@@ -106,7 +108,7 @@ def old_options(f: dataclasses.Field, hint: Any) -> list:
     """Hidden click options for a renamed field's old flags (``--batch-size`` of ``chunk``): accepted for one
     release, with a deprecation line (:func:`deprecated_values`)."""
     out = []
-    for old, flag in zip(f.metadata.get("renamed_from", ()), old_flags(f), strict=True):
+    for old, flag in old_flags(f):
         kwargs = param_type(f, hint)
         if not kwargs.get("is_flag"):
             kwargs["default"] = None
@@ -125,14 +127,14 @@ def deprecated_values(cls: type | None, kwargs: dict[str, Any], ctx: click.Conte
 
     out: dict[str, Any] = {}
     for f in cli_fields(cls) if cls is not None else ():
-        for old, flag in zip(f.metadata.get("renamed_from", ()), old_flags(f), strict=True):
+        for old, flag in old_flags(f):
             value = kwargs.pop(f"{OLD}{old}", None)
             if value is None or value == ():
                 continue
             if ctx.get_parameter_source(f.name) == click.core.ParameterSource.COMMANDLINE:
                 raise UsageError(f"{flag} and {flag_of(f)} are the same option ({flag} is its old name); give "
                                  f"{flag_of(f)} only")
-            deprecated(flag, flag_of(f))
+            deprecated(flag if flag.startswith("--") else f"{ctx.info_name} {flag}", flag_of(f))  # align -o
             out[f.name] = value
     return out
 

@@ -33,8 +33,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
 HAND_WRITTEN: dict[str, str] = {
     "train": "cli.train:train",
     "phases": "cli.train:phases",
-    "prune": "cli.prune:prune",
-    "align": "cli.align:align",
     "figures": "cli.figures:figures",
     "import": "cli.store:import_checkpoint",
 }

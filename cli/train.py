@@ -9,10 +9,12 @@ from typing import Any
 import click
 
 from cli.common import echo_json, echo_table, json_option, parse_json_option, progress_enabled, root_of
+from cli.generate import deprecated_values, old_options
 from cli.options import Count, FiniteFloat, Seed, data_options, device_option, model_options, run_api
 from landscape.train.config import OPTIMIZERS, PHASE_FAMILIES, PhasesConfig, TrainConfig
 
 _D = TrainConfig()
+_CHUNK = next(f for f in dataclasses.fields(TrainConfig) if f.name == "chunk")
 _COLUMNS = ["run", "optimizer", "parent", "step", "epoch", "epsilon", "train_acc", "test_acc", "test_loss",
             "seconds"]
 
@@ -53,8 +55,8 @@ def _training_options(func: Callable) -> Callable:
                      help="Random sparsification rate R* with gradual cooling (Zhu & Blaschko Alg. 1)."),
         click.option("--smooth", type=FiniteFloat(min=0), default=_D.smooth, show_default=True,
                      help="Laplacian smoothing sigma_LS (DP-LSSGD)."),
-        click.option("--microbatch", type=Count(min=1), default=None,
-                     help="Per-sample gradient chunk size (memory bound)."),
+        click.option("--chunk", type=Count(min=1), default=None, help=_CHUNK.metadata["help"]),
+        *old_options(_CHUNK, int),  # --microbatch, its old name, for one release
     ]
     for option in reversed(options):
         func = option(func)
@@ -65,9 +67,11 @@ def _training_options(func: Callable) -> Callable:
     return func
 
 
-def _config_fields(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Click keyword arguments -> TrainConfig fields (JSON options parsed)."""
+def _config_fields(kwargs: dict[str, Any], ctx: click.Context) -> dict[str, Any]:
+    """Click keyword arguments -> TrainConfig fields (JSON options parsed; a renamed option's old flag, with its
+    deprecation line)."""
     out = dict(kwargs)
+    out.update(run_api(lambda: deprecated_values(TrainConfig, out, ctx)))
     out["data_kwargs"] = parse_json_option(out.get("data_kwargs"), "--data-kwargs")
     out["model_kwargs"] = parse_json_option(out.get("model_kwargs"), "--model-kwargs")
     for key in ("name", "subset", "data_root", "download"):
@@ -102,7 +106,7 @@ def train(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:
                  and ctx.get_parameter_source(p.name) == click.core.ParameterSource.COMMANDLINE]
         if given:
             raise UsageError(f"--resume RUN continues with the run's stored options; drop {', '.join(given)}")
-    config = TrainConfig(**_config_fields(kwargs))
+    config = TrainConfig(**_config_fields(kwargs, ctx))
     run = run_api(lambda: api_train(config, root=root_of(ctx), progress=progress_enabled()))
     summary = summarize(run)
     if as_json:
@@ -133,7 +137,7 @@ def phases(ctx: click.Context, as_json: bool, k: int, copies: int, phase1: str, 
     """Phase 1 / Phase 2 branches: SGD and DP-SGD for k epochs from one init, then each way for the rest."""
     from landscape.api.training import phases as api_phases
 
-    base = TrainConfig(**_config_fields(kwargs), optimizer="sgd")
+    base = TrainConfig(**_config_fields(kwargs, ctx), optimizer="sgd")
     config = PhasesConfig(base=base, k=k, copies=copies, phase1=_families(phase1), phase2=_families(phase2),
                           dp_lr=dp_lr, dp_momentum=dp_momentum, group=group)
     bars = progress_enabled()  # without bars (output piped): one line per finished run on stderr

@@ -210,7 +210,7 @@ def _analysis_kind(name: str) -> JobKind:
 
     return JobKind(name=name, config=spec.config, run=run, doc=spec.doc, required=() if spec.inputs == "pairs"
                    else ("refs",), build=build, outcome=outcome, options=option_types, rows=spec.rows,
-                   notes=spec.notes, details=spec.details)
+                   notes=spec.notes, details=spec.details, option_classes=(spec.run_options,))
 
 
 def _is_number(value: Any) -> bool:

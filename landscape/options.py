@@ -54,7 +54,8 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | tu
            choices: tuple | None = None, metavar: str | None = None, min: float | None = None,
            max: float | None = None, min_open: bool = False, max_open: bool = False, kind: str | None = None,
            cli: bool = True, show_default: Any = True, default_factory: Callable | None = None,
-           renamed_from: tuple[str, ...] = (), value_aliases: Mapping[str, str] | None = None) -> Any:
+           renamed_from: tuple[str, ...] = (), value_aliases: Mapping[str, str] | None = None,
+           old_flags: tuple[str, ...] = ()) -> Any:
     """A config dataclass field with its option in the field's metadata.
 
     The type comes from the annotation: ``int``/``float`` (finite; ``min``/``max`` bounds, ``min_open`` /
@@ -65,13 +66,15 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | tu
     or a fraction), ``"text"`` (a string the config parses itself), ``"metrics"`` (a repeatable ``--metric
     REF``). ``flag`` overrides ``--field-name`` (a tuple adds aliases such as ``("--max-grad-norm", "-C")``);
     ``cli=False`` keeps a field off the command line (api only). ``renamed_from``: the field's old names,
-    still accepted with a deprecation line; ``value_aliases``: old choice -> new choice, likewise.
+    still accepted with a deprecation line; ``value_aliases``: old choice -> new choice, likewise; ``old_flags``:
+    earlier command-line flags that were no option name (align's ``-o``), likewise on the command line only.
     """
     if kind is not None and kind not in KINDS:
         raise ValueError(f"option kind must be one of {KINDS}, got {kind!r}")
     meta = {"help": help, "flag": flag, "choices": choices, "metavar": metavar, "min": min, "max": max,
             "min_open": min_open, "max_open": max_open, "kind": kind, "cli": cli, "show_default": show_default,
-            "renamed_from": tuple(renamed_from), "value_aliases": dict(value_aliases or {})}
+            "renamed_from": tuple(renamed_from), "value_aliases": dict(value_aliases or {}),
+            "old_flags": tuple(old_flags)}
     if default_factory is not None:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -100,9 +103,11 @@ def flag_of(f: dataclasses.Field) -> str:
     return flags_of(f)[0].split("/")[0]
 
 
-def old_flags(f: dataclasses.Field) -> tuple[str, ...]:
-    """The deprecated flags of a renamed field (``--batch-size`` for ``renamed_from=("batch_size",)``)."""
-    return tuple("--" + old.replace("_", "-") for old in f.metadata.get("renamed_from", ()))
+def old_flags(f: dataclasses.Field) -> tuple[tuple[str, str], ...]:
+    """``(name, flag)`` of each deprecated flag of a field: ``("batch_size", "--batch-size")`` for
+    ``renamed_from=("batch_size",)``, ``("o", "-o")`` for ``old_flags=("-o",)``."""
+    renamed = tuple((old, "--" + old.replace("_", "-")) for old in f.metadata.get("renamed_from", ()))
+    return renamed + tuple((flag.lstrip("-").replace("-", "_"), flag) for flag in f.metadata.get("old_flags", ()))
 
 
 @functools.cache
@@ -349,14 +354,15 @@ def coerce_field(cls: type, f: dataclasses.Field, value: Any) -> Any:
 # ------------------------------------------------------------------------------------------ configs
 
 
-class _Renaming(type):
-    """Options classes take their fields' old names as keywords too (with a deprecation line)."""
+class Renaming(type):
+    """Options classes (and any dataclass declared with ``metaclass=Renaming``, such as the training config)
+    take their fields' old names as keywords too (with a deprecation line)."""
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         return super().__call__(*args, **renamed(cls, kwargs)) if renames(cls) else super().__call__(*args, **kwargs)
 
 
-class Options(metaclass=_Renaming):
+class Options(metaclass=Renaming):
     """Base of the option dataclasses (declare them ``@dataclass(frozen=True)``): every field is coerced
     (:func:`coerce_field`) and then :meth:`validate` runs, once, when the object is made; a field's old name
     (``renamed_from``) is accepted as a keyword with a deprecation line."""

@@ -69,6 +69,7 @@ USAGE = [
     ("train", "--optimizer", "dpsgd", "--noise-multiplier", "-1"),
     ("train", "--subset", "nan"),
     ("train", "--subset", "0"),
+    ("train", "--chunk", "0"),
     ("train", "--microbatch", "0"),
     ("phases", "--k", "1", "--epochs", "2", "--noise-multiplier", "1", "--dp-lr", "nan"),
     ("phases", "--k", "1", "--epochs", "2", "--noise-multiplier", "1", "--dp-momentum", "-1"),

@@ -185,3 +185,20 @@ jobs:
     (tmp_path / "results" / ".batch" / "bring.json").unlink()  # killed after the import, before its record
     again = run_batch(load_spec(spec_file), bar=False)
     assert [o["status"] for o in again.outcomes] == ["done", "cached"], again.outcomes
+
+
+def test_prune_command_is_generated_with_its_required_option(store, capsys):
+    """``prune`` has no hand-written command: its options, help and output come from its spec, and ``remove`` (a
+    field without a default) is a required option."""
+    assert "prune" not in cli.main.HAND_WRITTEN and "align" not in cli.main.HAND_WRITTEN
+    with pytest.raises(SystemExit) as info:
+        cli.main.main(["--root", str(store.root), "prune", "a@last"])
+    assert info.value.code == 2 and "Missing option '--remove'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        cli.main.main(["--root", str(store.root), "prune", "a@last", "--remove", "0.5", "--run", "kinds-p50"])
+    out = capsys.readouterr().out.splitlines()
+    assert info.value.code in (0, None)
+    assert out[0].split() == ["tensor", "shape", "weights", "kept", "kept_fraction"]
+    assert out[-3].startswith("total") and abs(float(out[-3].split()[-1]) - 0.5) < 0.01
+    assert out[-2] == "run kinds-p50: step 0 = a@last pruned (rewound to a@init), mask in run array 'mask'"
+    assert out[-1].startswith("checkpoint: ") and out[-1].endswith("step-000000.h5")

@@ -242,6 +242,103 @@ def test_align_run_name_was_dash_o(tmp_path, capsys):
     assert err[1].startswith("error: ") and len(err) == 2
 
 
+def _warnings(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("warning:")]
+
+
+def test_train_chunk_was_microbatch_on_the_command_line(tmp_path, capsys):
+    from cli.main import main
+    from landscape.store import Store
+    from landscape.train.config import TrainConfig, config_hash
+
+    args = ["--root", str(tmp_path), "train", "--optimizer", "dpsgd", "--noise-multiplier", "1", "--subset", "0.05",
+            "--epochs", "1", "--checkpoint-every", "none", "--json"]
+    with pytest.raises(SystemExit) as info:
+        main([*args, "--run", "old", "--microbatch", "4"])
+    assert info.value.code in (0, None)
+    assert _warnings(capsys.readouterr().err) == [
+        "warning: --microbatch is deprecated and will be removed in the next release; use --chunk"]
+    manifest = Store(tmp_path).run("old").manifest
+    assert manifest["config"]["chunk"] == 4 and "microbatch" not in manifest["config"]
+    # a chunk never changes results: it is no part of the run's identity
+    assert manifest["config_hash"] == config_hash({**manifest["config"], "chunk": None, "run": "other"})
+    with pytest.raises(SystemExit) as info:
+        main([*args, "--run", "both", "--microbatch", "4", "--chunk", "4"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "--microbatch and --chunk are the same option" in err
+    with pytest.raises(SystemExit) as info:
+        main([*args, "--run", "zero", "--microbatch", "0"])
+    assert info.value.code == 2 and "'--microbatch': must be >= 1, got 0" in capsys.readouterr().err
+    assert TrainConfig.from_dict(manifest["config"]).chunk == 4
+
+
+def test_phases_chunk_was_microbatch_on_the_command_line(monkeypatch, tmp_path):
+    import landscape.api.training as training
+    from cli.main import cli
+
+    seen = {}
+    monkeypatch.setattr(training, "phases", lambda config, **kw: seen.setdefault("config", config) and [])
+    result = CliRunner().invoke(cli, ["--root", str(tmp_path), "phases", "--k", "1", "--epochs", "2",
+                                      "--noise-multiplier", "1", "--microbatch", "3"])
+    assert result.exit_code == 0, result.output
+    assert seen["config"].base.chunk == 3
+    assert _warnings(result.output) == [
+        "warning: --microbatch is deprecated and will be removed in the next release; use --chunk"]
+
+
+def test_train_config_takes_microbatch_as_a_keyword_with_one_warning():
+    from landscape.train.config import TrainConfig
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = TrainConfig(optimizer="dpsgd", noise_multiplier=1.0, microbatch=8)
+    assert config == TrainConfig(optimizer="dpsgd", noise_multiplier=1.0, chunk=8)
+    assert [str(w.message) for w in caught] == [
+        "option 'microbatch' is deprecated and will be removed in the next release; use 'chunk'"]
+    assert all(w.category is OptionDeprecationWarning for w in caught)
+    with pytest.raises(UsageError, match="'microbatch' and 'chunk' are the same option"):
+        TrainConfig(microbatch=8, chunk=8)
+    with pytest.raises(UsageError, match="--chunk must be >= 1, got 0"):
+        TrainConfig(chunk=0).validate()
+
+
+def test_a_manifest_written_with_microbatch_loads_with_its_hash_unchanged():
+    from landscape.train.config import TrainConfig, config_hash
+
+    # the ``config`` of a manifest written before the rename, and its ``config_hash`` as that version computed it
+    old = {"model": "lenet", "model_kwargs": {}, "data": "digits", "data_kwargs": {}, "subset": None, "data_seed": 0,
+           "data_root": None, "download": False, "epochs": 2, "lr": 0.05, "momentum": 0.9, "weight_decay": 0.0,
+           "batch_size": 32, "seed": 0, "device": "auto", "checkpoint_every": "1e", "optimizer": "dpsgd",
+           "max_grad_norm": 1.0, "noise_multiplier": 1.1, "target_epsilon": None, "delta": 1e-05,
+           "accountant": "rdp", "clip_style": "flat", "clip_fn": "abadi", "sampling": None, "sparsify": 0.0,
+           "smooth": 0.0, "microbatch": 8, "run": "old", "from_ref": None, "resume": None}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a stored file is not the user's call: read silently
+        config = TrainConfig.from_dict(old)
+        assert config.chunk == 8
+        assert config_hash(old) == config_hash(config) == "cba6568353c2553f"
+    new = config.to_dict()
+    assert "microbatch" not in new and new["chunk"] == 8 and config_hash(new) == "cba6568353c2553f"
+
+
+def test_old_training_names_in_a_batch_spec_warn_once_per_place(tmp_path):
+    from landscape.batch import load_spec
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("jobs:\n  t:\n    kind: train\n    run: x\n    optimizer: dpsgd\n    noise_multiplier: 1.0\n"
+                    "    microbatch: 4\n  p:\n    kind: phases\n    group: g{seed}\n    k: 1\n    epochs: 2\n"
+                    "    noise_multiplier: 1.0\n    grid: {seed: [0, 1]}\n    microbatch: 3\n")
+    with pytest.warns(OptionDeprecationWarning) as caught:
+        jobs = {job.id: job for job in load_spec(spec, root=tmp_path / "store").jobs}
+    messages = [str(w.message) for w in caught]
+    assert messages == [f"{spec}:7: jobs.t.microbatch: option 'microbatch' is deprecated and will be removed in "
+                        "the next release; use 'chunk'",
+                        f"{spec}:15: jobs.p.microbatch: option 'microbatch' is deprecated and will be removed in "
+                        "the next release; use 'chunk'"]
+    assert jobs["t"].options["chunk"] == 4 and "microbatch" not in jobs["t"].options
+    assert {job.options["chunk"] for job in jobs.values() if job.kind == "phases"} == {3}
+
+
 # ------------------------------------------------------------------------------------- api signatures
 
 

@@ -11,7 +11,6 @@ from cli import main as cli_main
 
 COMMANDS = {
     "privacy": ("cli.privacy:privacy", "Epsilon of a DP-SGD schedule, or sigma for a target epsilon."),
-    "prune": ("cli.prune:prune", "Magnitude-prune a checkpoint into a new run (mask stored with it)."),
 }
 
 

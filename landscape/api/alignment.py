@@ -29,6 +29,7 @@ from landscape.analyze.align import align_states, apply_permutation, verified_sp
 from landscape.api._common import check_pair, checkpoint_dataset
 from landscape.api.jobkind import JobKind, files_under, run_option
 from landscape.errors import UsageError
+from landscape.options import option
 from landscape.store import Checkpoint, Store
 from landscape.train.pruning import MASK_ARRAY, inherited_privacy, lineage_of
 
@@ -37,13 +38,13 @@ PERMUTATION_ARRAY = "permutation"
 
 @dataclass
 class AlignConfig:
-    """Options of ``landscape align`` (mirrored by the CLI)."""
+    """Options of ``landscape align`` (its command and batch kind are generated from these fields: :data:`JOB`)."""
 
     ref_a: str
     ref_b: str
-    run: str | None = None
-    seed: int = 0  # order in which weight matching visits the permutations
-    max_iter: int = 100  # passes over all permutations at most
+    run: str | None = option(None, "Name of the new run (default: generated).", metavar="RUN", old_flags=("-o",))
+    seed: int = option(0, "Seed of the order in which weight matching visits the permutations.")
+    max_iter: int = option(100, "At most this many passes over all permutations.", min=1)
 
     def validate(self) -> None:
         for flag, value in (("--seed", self.seed), ("--max-iter", self.max_iter)):
@@ -116,6 +117,13 @@ def _align_job(config: AlignConfig, *, root: Path, out: Path | None = None) -> A
     return align(config.ref_a, config.ref_b, run=config.run, root=root, seed=config.seed, max_iter=config.max_iter)
 
 
+def _align_notes(result: AlignResult) -> list[str]:
+    state = "converged" if result.converged else "stopped at --max-iter"
+    return [f"weight matching {state} after {result.iterations} pass(es); ||B - A|| {result.distance_before:.4g} -> "
+            f"{result.distance_after:.4g}", f"run {result.run}: step 0 = {result.ref_b} permuted to match {result.ref_a}",
+            f"checkpoint: {result.checkpoint}"]
+
+
 def _align_outcome(result: AlignResult, root: Path, out: Path | None) -> tuple[dict[str, Any], list[Path]]:
     numbers = {"distance_before": result.distance_before, "distance_after": result.distance_after,
                "iterations": result.iterations, "converged": int(result.converged)}
@@ -125,8 +133,11 @@ def _align_outcome(result: AlignResult, root: Path, out: Path | None) -> tuple[d
 JOB = JobKind(
     name="align", config=AlignConfig, run=_align_job, arguments=("ref_a", "ref_b"),
     required=("ref_a", "ref_b", "run"), produces=run_option, outcome=_align_outcome, api=align,
-    details=lambda result: result.to_dict(),
-    doc="Permute the hidden units of checkpoint B to match A (weight matching, Ainsworth et al. 2023) into a new run.",
+    rows=lambda result: result.permutations, notes=_align_notes, details=AlignResult.to_dict,
+    doc="Permute the hidden units of checkpoint B to match A (weight matching, Ainsworth et al. 2023).\n\n"
+        "The new run's step 0 computes the same function as B; interpolate A against it to see the barrier that is "
+        "not due to unit order: `landscape interpolate A RUN@init`. Works for the built-in models and any model that "
+        "describes its units (a permutation_spec() method or register_spec(); landscape.analyze.align).",
 )
 
 

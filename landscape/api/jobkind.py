@@ -6,7 +6,8 @@ command line and ``landscape.api`` look a kind up there instead of branching on 
 - **options**: the fields of ``config`` (a dataclass; :meth:`JobKind.option_types` maps each option to its
   annotation, which batch specs check values against), ``arguments`` the ones given positionally (command-line
   arguments, leading api arguments) and ``required`` the ones a batch job must give (its runs are then known
-  before anything runs);
+  before anything runs); ``option_classes`` are further dataclasses whose fields are options too (an analysis'
+  run options, the training options of ``phases``), so that their renamed fields' old names are known;
 - **build**: options -> the validated configuration (what runs; default ``config(**options)``, its numbers within
   the fields' declared ranges (:func:`landscape.analyze.registry.check_bounds`) and its ``validate()``);
 - **run**: ``run(config, *, root, out)`` through ``landscape.api`` (``root`` the store, ``out`` a directory for
@@ -56,6 +57,15 @@ class JobKind:
     notes: Callable[[Any], list[str]] | None = None
     details: Callable[[Any], dict[str, Any]] | None = None
     api: Callable[..., Any] | None = None
+    option_classes: tuple[type, ...] = ()  # further dataclasses whose fields are options (phases: TrainConfig)
+
+    def renames(self) -> dict[str, str]:
+        """Old option name -> current one, for the renamed fields of ``config`` and ``option_classes`` (the old
+        names are accepted for one release with a deprecation line)."""
+        from landscape.options import renames
+
+        return {old: new for cls in (self.config, *self.option_classes) if cls is not None
+                for old, new in renames(cls).items()}
 
     def option_types(self) -> dict[str, str]:
         """Option name -> its type annotation (a string, as the dataclass declares it)."""

@@ -30,23 +30,28 @@ import torch
 from landscape.api.jobkind import JobKind, files_under, run_option
 from landscape.api.runner import attach
 from landscape.errors import UsageError
+from landscape.options import option
 from landscape.store import Checkpoint, Run, Store
 from landscape.train.accounting import PrivacyEvent
 from landscape.train.pruning import MASK_ARRAY, inherited_privacy, prune_into_run
 
 REWINDS = ("init", "none")
+SCOPES = ("layer", "global")
 
 
 @dataclass
 class PruneConfig:
-    """Options of ``landscape prune`` (mirrored one-to-one by the CLI)."""
+    """Options of ``landscape prune`` (its command and batch kind are generated from these fields: :data:`JOB`)."""
 
     ref: str
-    remove: float
-    scope: str = "layer"  # layer | global
-    rewind: str = "init"  # init | none
-    run: str | None = None
-    init: str | None = None  # reference of the initial weights; default: the source run's @init
+    remove: float = option(help="Fraction of weights REMOVED (smallest magnitude). Watson et al.'s 'pruning level "
+                                "p' = 1 - remove.", min=0.0, max=1.0)
+    scope: str = option("layer", "Remove the fraction in every layer, or over all prunable weights together.",
+                        choices=SCOPES)
+    rewind: str = option("init", "init: survivors take their initial values (the source run's @init); none: keep "
+                                 "trained values.", choices=REWINDS)
+    init: str | None = option(None, "Initial weights to rewind to (default: the source run's @init).", metavar="REF")
+    run: str | None = option(None, "Name of the new run (default: generated).")
 
     def validate(self) -> None:
         if self.rewind not in REWINDS:
@@ -116,12 +121,19 @@ def load_masks(run: Run) -> dict[str, torch.Tensor] | None:
         return None
     return {k: torch.as_tensor(np.asarray(v)).to(torch.bool) for k, v in run.load_array(MASK_ARRAY).items()}
 
-def _prune_build(options: dict[str, Any]) -> PruneConfig:
-    config = PruneConfig(**options)
-    config.validate()
-    if not 0 <= float(config.remove) < 1:
-        raise UsageError(f"'remove' must be in [0, 1), got {config.remove}")
-    return config
+def _prune_rows(result: PruneResult) -> list[dict[str, Any]]:
+    """One row per pruned tensor, then the total."""
+    rows = [{"tensor": r["name"], "shape": "x".join(map(str, r["shape"])), "weights": r["numel"], "kept": r["kept"],
+             "kept_fraction": r["kept_fraction"]} for r in result.layers]
+    total = {"tensor": "total", "shape": "", "weights": sum(r["numel"] for r in result.layers),
+             "kept": sum(r["kept"] for r in result.layers), "kept_fraction": result.kept_fraction}
+    return [*rows, total]
+
+
+def _prune_notes(result: PruneResult) -> list[str]:
+    rewound = f"rewound to {result.init}" if result.init else "not rewound"
+    return [f"run {result.run}: step 0 = {result.source} pruned ({rewound}), mask in run array 'mask'",
+            f"checkpoint: {result.checkpoint}"]
 
 
 def _prune_outcome(result: PruneResult, root: Path, out: Path | None) -> tuple[dict[str, Any], list[Path]]:
@@ -130,9 +142,11 @@ def _prune_outcome(result: PruneResult, root: Path, out: Path | None) -> tuple[d
 
 JOB = JobKind(
     name="prune", config=PruneConfig, run=lambda config, *, root, out=None: prune(config, root=root),
-    arguments=("ref",), required=("ref", "remove", "run"), build=_prune_build, produces=run_option,
-    outcome=_prune_outcome, api=prune, details=PruneResult.to_dict,
-    doc="Prune the Linear/Conv weights of a checkpoint by magnitude; store the mask with a new run.",
+    arguments=("ref",), required=("ref", "remove", "run"), produces=run_option, outcome=_prune_outcome, api=prune,
+    rows=_prune_rows, notes=_prune_notes, details=PruneResult.to_dict,
+    doc="Prune the Linear/Conv weights of checkpoint REF by magnitude; store the mask with a new run.\n\n"
+        "Train from it with `landscape train --from RUN@init ...`: pruned weights stay exactly 0 (masked gradients, "
+        "noise and momentum), and its epsilon composes the DP steps of REF (which chose the mask).",
 )
 
 

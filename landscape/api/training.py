@@ -258,6 +258,7 @@ def _phases_outcome(summaries: list[RunSummary], root: Path, out: Path | None) -
 PHASES_JOB = JobKind(
     name="phases", config=PhasesConfig, run=lambda config, *, root, out=None: phases(config, root=root, progress=False),
     required=("group",), options=_phases_options, build=_phases_build, produces=_phases_produces,
-    outcome=_phases_outcome, api=phases, rows=lambda summaries: [dataclasses.asdict(s) for s in summaries],
+    outcome=_phases_outcome, api=phases, option_classes=(TrainConfig,),
+    rows=lambda summaries: [dataclasses.asdict(s) for s in summaries],
     doc="Phase 1 / Phase 2 branches: SGD and DP-SGD for k epochs from one init, then each way for the rest.",
 )

@@ -33,16 +33,11 @@ _WARNED: set[tuple[int, str]] = set()  # (job mapping, spec place) whose depreca
 
 
 def _renames(kind: str) -> dict[str, str]:
-    """Old option name -> current one for the kind's renamed options (its config; an analysis' run options too)."""
+    """Old option name -> current one for the kind's renamed options (its config; an analysis' run options and
+    the training options of ``phases`` too)."""
     from landscape import kinds
-    from landscape.options import renames
 
-    classes = [kinds.get(kind).config]
-    if kinds.is_analysis(kind):
-        from landscape.analyze.registry import get
-
-        classes.append(get(kind).run_options)
-    return {old: new for cls in classes if cls is not None for old, new in renames(cls).items()}
+    return kinds.get(kind).renames()
 
 
 def _check_options(kind, info, opts, raw_options, grid, env, where, body, key, label, at) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any
 from landscape.bounds import check_seed
 from landscape.clip import CLIP_STYLES
 from landscape.errors import UsageError
+from landscape.options import Renaming, option, renamed
 from landscape.runtime import check_device_name
 
 OPTIMIZERS = ("sgd", "dpsgd", "clip-only", "noise-only")
@@ -26,7 +27,7 @@ DP_OPTIMIZERS = ("dpsgd", "clip-only", "noise-only")
 SAMPLINGS = ("poisson", "shuffle")
 
 # Fields that name or locate a run rather than define what it computes: left out of the config hash.
-_NOT_HASHED = ("run", "resume", "device", "microbatch", "data_root", "download")
+_NOT_HASHED = ("run", "resume", "device", "chunk", "data_root", "download")
 
 
 # Float options checked for NaN/inf before their range checks (a NaN compares False with every bound).
@@ -39,7 +40,7 @@ class SamplingWarning(UserWarning):
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(metaclass=Renaming):
     """Every option of one training run (``landscape train``).
 
     ``model`` and ``data`` default to lenet and digits from scratch; a child run (``from_ref``) keeps its
@@ -76,7 +77,8 @@ class TrainConfig:
     sampling: str | None = None
     sparsify: float = 0.0
     smooth: float = 0.0
-    microbatch: int | None = None
+    chunk: int | None = option(None, "Per-sample gradients computed in chunks of this many samples (bounds "
+                                     "memory; never changes results).", min=1, renamed_from=("microbatch",))
     run: str | None = None
     from_ref: str | None = None
     resume: str | None = None
@@ -122,6 +124,8 @@ class TrainConfig:
             raise UsageError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.lr <= 0:
             raise UsageError(f"--lr must be > 0, got {self.lr}")
+        if self.chunk is not None and self.chunk < 1:
+            raise UsageError(f"--chunk must be >= 1, got {self.chunk}")
         if not 0 <= self.momentum < 1:
             raise UsageError(f"--momentum must be in [0, 1), got {self.momentum}")
         if not 0 < self.delta < 1:
@@ -174,9 +178,10 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        """Rebuild from a manifest's ``config`` (unknown keys are ignored; missing ones take defaults)."""
+        """Rebuild from a manifest's ``config`` (unknown keys are ignored; missing ones take defaults; an option's
+        old name, such as ``microbatch`` for ``chunk``, reads as its current one, silently)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return cls(**{k: v for k, v in renamed(cls, d, warn=False).items() if k in names})
 
 
 def config_hash(config: TrainConfig | dict[str, Any]) -> str:
