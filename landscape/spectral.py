@@ -204,12 +204,15 @@ def lanczos(
             break
         if j == steps - 1:
             break
-        for r in np.flatnonzero(beta[:, j] <= 100 * eps * max(scale, np.finfo(float).tiny)):
+        restarts = np.flatnonzero(beta[:, j] <= 100 * eps * max(scale, np.finfo(float).tiny))
+        for r in restarts:
             fresh = draw(1).to(w.device, w.dtype)
             _orthogonalise_(fresh, basis[: j + 1, r: r + 1])
             w[r] = fresh[0]
             beta[r, j] = 0.0
-        torch.div(w, _norms(w)[:, None].to(w.dtype), out=basis[j + 1])
+        if restarts.size:  # the restarted rows' norms changed; the others' are the beta just computed
+            b = _norms(w)
+        torch.div(w, b[:, None].to(w.dtype), out=basis[j + 1])
     return Lanczos(alpha=alpha[:, :m], beta=beta[:, : m - 1], basis=basis[:m], last_beta=beta[:, m - 1])
 
 
@@ -236,10 +239,9 @@ class TopEigen:
     steps: int  # Lanczos steps taken
 
 
-def _into(op: LinearOperator, like: Tensor) -> Callable[[Tensor], Tensor]:
-    """``op.matvec`` writing every product into one buffer shaped like ``like``: for :func:`lanczos`, which
-    updates the product in place and stores a normalised copy, so each product may overwrite the last."""
-    buffer = torch.empty_like(like)
+def _into(op: LinearOperator, buffer: Tensor) -> Callable[[Tensor], Tensor]:
+    """``op.matvec`` writing every product into ``buffer`` (the shape of the vectors): for :func:`lanczos`,
+    which updates the product in place and stores a normalised copy, so each product may overwrite the last."""
     return lambda v: op.matvec(v, out=buffer)
 
 
@@ -258,17 +260,23 @@ def top_eigenvalues(op: LinearOperator, k: int, *, steps: int = 80, tol: float =
         return bool(np.all(np.abs(last * s[-1, -k:]) <= bound))
 
     start = _draw(op, 1, gen, "gaussian", dtype)
-    run = lanczos(_into(op, start), start, min(max(steps, k), op.dim),
+    # Buffers already touched where they can be (a fresh parameter-sized vector costs page faults on its
+    # first write, more than the arithmetic on it): one for every product, the iteration's and the
+    # residuals'; the start vector's memory for the Ritz vector when there is one.
+    rows = min(k, BLOCK)
+    products = torch.empty(rows, start.shape[1], dtype=dtype, device=start.device)
+    run = lanczos(_into(op, products[:1]), start, min(max(steps, k), op.dim),
                   draw=lambda n: _draw(op, n, gen, "gaussian", dtype), stop=converged)
     theta, s = run.ritz()
     theta, s = theta[::-1][:k].copy(), s[:, ::-1][:, :k]
-    vectors = torch.as_tensor(s.T.copy(), dtype=dtype, device=op.device) @ run.basis[:, 0]
+    coefficients = torch.as_tensor(s.T.copy(), dtype=dtype, device=op.device)
+    ritz = start if rows == 1 else torch.empty_like(products)
     residuals = []
     for i in range(0, k, BLOCK):
-        u = vectors[i:i + BLOCK]
-        hu = op.matvec(u)
+        u = torch.mm(coefficients[i:i + BLOCK], run.basis[:, 0], out=ritz[: min(BLOCK, k - i)])
+        hu = op.matvec(u, out=products[: len(u)])
         th = torch.as_tensor(theta[i:i + BLOCK], dtype=dtype, device=op.device)[:, None]
-        residuals.append(_norms(hu - th * u).cpu().numpy())
+        residuals.append(_norms(hu.sub_(u.mul_(th))).cpu().numpy())  # H u - theta u, in place
     return TopEigen(eigenvalues=theta, residuals=np.concatenate(residuals), steps=run.steps)
 
 
@@ -332,7 +340,7 @@ def spectral_density(op: LinearOperator, runs: int, steps: int, *, sigma: float 
     nodes, weights = [], []
     for i in range(0, runs, BLOCK):
         start = _draw(op, min(BLOCK, runs - i), gen, "rademacher", op.dtype)
-        run = lanczos(_into(op, start), start, min(steps, op.dim),
+        run = lanczos(_into(op, torch.empty_like(start)), start, min(steps, op.dim),
                       draw=lambda n: _draw(op, n, gen, "gaussian", op.dtype))
         for b in range(start.shape[0]):
             theta, s = run.ritz(b)
