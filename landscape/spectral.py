@@ -97,6 +97,7 @@ class Lanczos:
     beta: np.ndarray  # (B, m - 1) float64; 0 where a run restarted
     basis: Tensor  # (m, B, d)
     last_beta: np.ndarray  # (B,) norm of the residual after step m
+    residual: Tensor  # (B, d) the residual after step m, last_beta times the next basis vector
 
     @property
     def steps(self) -> int:
@@ -161,7 +162,7 @@ def _orthogonalise_(w: Tensor, basis: Tensor, passes: int = 2) -> Tensor:
 
 
 def lanczos(
-    matvec: Callable[[Tensor], Tensor],
+    matvec: Callable[[Tensor, Tensor], Tensor],
     start: Tensor,
     steps: int,
     *,
@@ -171,14 +172,15 @@ def lanczos(
     """Lanczos with full reorthogonalisation for ``B`` start vectors ``start`` (B, d) at once.
 
     At most ``steps`` steps (callers cap them at the dimension of the space ``draw`` samples from).
-    ``matvec`` maps (B, d) -> (B, d); ``draw(k)`` gives ``k`` fresh random vectors (k, d) for runs whose
-    Krylov space is exhausted (``beta`` below ``100 eps ||T||``); ``stop(alpha, beta, last_beta)`` (one run
-    only) ends the iteration early. Vectors are updated in place (a parameter-sized temporary costs page
-    faults on every allocation for large models).
+    ``matvec(v, out)`` writes the products of the rows of ``v`` (B, d) into ``out`` (B, d); ``draw(k)`` gives
+    ``k`` fresh random vectors (k, d) for runs whose Krylov space is exhausted (``beta`` below
+    ``100 eps ||T||``); ``stop(alpha, beta, last_beta)`` (one run only) ends the iteration early. Each product is written into the next row of the basis and normalised
+    there, in place: no parameter-sized temporary (a fresh one costs page faults on its first write, more than
+    the arithmetic on it, for large models).
     """
     batch, d = start.shape
     steps = int(min(steps, d))
-    basis = torch.empty(steps, batch, d, dtype=start.dtype, device=start.device)
+    basis = torch.empty(steps + 1, batch, d, dtype=start.dtype, device=start.device)  # row steps: last residual
     alpha = np.zeros((batch, steps))
     beta = np.zeros((batch, steps))
     eps = torch.finfo(start.dtype).eps
@@ -186,7 +188,8 @@ def lanczos(
     torch.div(start, _norms(start)[:, None].to(start.dtype), out=basis[0])
     m = steps
     for j in range(steps):
-        w = matvec(basis[j])
+        w = basis[j + 1]
+        matvec(basis[j], w)
         # the three-term recurrence (alpha_j = q_j^T H q_j summed in float64), then one full
         # reorthogonalisation pass against the whole basis removes what rounding left (Golub & Van Loan 10.1.5)
         a = _dots(w, basis[j])
@@ -204,13 +207,17 @@ def lanczos(
             break
         if j == steps - 1:
             break
-        for r in np.flatnonzero(beta[:, j] <= 100 * eps * max(scale, np.finfo(float).tiny)):
+        restarts = np.flatnonzero(beta[:, j] <= 100 * eps * max(scale, np.finfo(float).tiny))
+        for r in restarts:
             fresh = draw(1).to(w.device, w.dtype)
             _orthogonalise_(fresh, basis[: j + 1, r: r + 1])
             w[r] = fresh[0]
             beta[r, j] = 0.0
-        torch.div(w, _norms(w)[:, None].to(w.dtype), out=basis[j + 1])
-    return Lanczos(alpha=alpha[:, :m], beta=beta[:, : m - 1], basis=basis[:m], last_beta=beta[:, m - 1])
+        if restarts.size:  # the restarted rows' norms changed; the others' are the beta just computed
+            b = _norms(w)
+        w.div_(b[:, None].to(w.dtype))
+    return Lanczos(alpha=alpha[:, :m], beta=beta[:, : m - 1], basis=basis[:m], last_beta=beta[:, m - 1],
+                   residual=basis[m])
 
 
 # ----------------------------------------------------------------------------------------- estimators
@@ -236,13 +243,6 @@ class TopEigen:
     steps: int  # Lanczos steps taken
 
 
-def _into(op: LinearOperator, like: Tensor) -> Callable[[Tensor], Tensor]:
-    """``op.matvec`` writing every product into one buffer shaped like ``like``: for :func:`lanczos`, which
-    updates the product in place and stores a normalised copy, so each product may overwrite the last."""
-    buffer = torch.empty_like(like)
-    return lambda v: op.matvec(v, out=buffer)
-
-
 def top_eigenvalues(op: LinearOperator, k: int, *, steps: int = 80, tol: float = 1e-4, seed: int = 0) -> TopEigen:
     """The ``k`` algebraically largest eigenvalues of ``op`` by Lanczos (see the module docstring)."""
     if k > op.dim:
@@ -258,17 +258,24 @@ def top_eigenvalues(op: LinearOperator, k: int, *, steps: int = 80, tol: float =
         return bool(np.all(np.abs(last * s[-1, -k:]) <= bound))
 
     start = _draw(op, 1, gen, "gaussian", dtype)
-    run = lanczos(_into(op, start), start, min(max(steps, k), op.dim),
+    run = lanczos(op.matvec, start, min(max(steps, k), op.dim),
                   draw=lambda n: _draw(op, n, gen, "gaussian", dtype), stop=converged)
     theta, s = run.ritz()
     theta, s = theta[::-1][:k].copy(), s[:, ::-1][:, :k]
-    vectors = torch.as_tensor(s.T.copy(), dtype=dtype, device=op.device) @ run.basis[:, 0]
+    coefficients = torch.as_tensor(s.T.copy(), dtype=dtype, device=op.device)
+    # memory already touched where it can be (a fresh parameter-sized vector costs page faults on its first
+    # write): for one Ritz vector, the start vector's and the Lanczos residual's (neither is needed any more)
+    if k == 1:
+        ritz, products = start, run.residual
+    else:
+        ritz = torch.empty(min(k, BLOCK), start.shape[1], dtype=dtype, device=start.device)
+        products = torch.empty_like(ritz)
     residuals = []
     for i in range(0, k, BLOCK):
-        u = vectors[i:i + BLOCK]
-        hu = op.matvec(u)
+        u = torch.mm(coefficients[i:i + BLOCK], run.basis[:, 0], out=ritz[: min(BLOCK, k - i)])
+        hu = op.matvec(u, out=products[: len(u)])
         th = torch.as_tensor(theta[i:i + BLOCK], dtype=dtype, device=op.device)[:, None]
-        residuals.append(_norms(hu - th * u).cpu().numpy())
+        residuals.append(_norms(hu.sub_(u.mul_(th))).cpu().numpy())  # H u - theta u, in place
     return TopEigen(eigenvalues=theta, residuals=np.concatenate(residuals), steps=run.steps)
 
 
@@ -332,7 +339,7 @@ def spectral_density(op: LinearOperator, runs: int, steps: int, *, sigma: float 
     nodes, weights = [], []
     for i in range(0, runs, BLOCK):
         start = _draw(op, min(BLOCK, runs - i), gen, "rademacher", op.dtype)
-        run = lanczos(_into(op, start), start, min(steps, op.dim),
+        run = lanczos(op.matvec, start, min(steps, op.dim),
                       draw=lambda n: _draw(op, n, gen, "gaussian", op.dtype))
         for b in range(start.shape[0]):
             theta, s = run.ritz(b)

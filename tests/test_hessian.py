@@ -190,7 +190,7 @@ def test_lanczos_restarts_when_the_krylov_space_is_exhausted():
     eig = np.array([5.0, 5.0, 2.0, 2.0, -1.0, -1.0])
     a = torch.as_tensor(q @ np.diag(eig) @ q.T)
     gen = torch.Generator().manual_seed(0)
-    run = lanczos(lambda v: v @ a, torch.randn(1, 6, dtype=torch.float64, generator=gen), 6,
+    run = lanczos(lambda v, out: torch.mm(v, a, out=out), torch.randn(1, 6, dtype=torch.float64, generator=gen), 6,
                   draw=lambda k: torch.randn(k, 6, dtype=torch.float64, generator=gen))
     assert (run.beta[0] == 0).sum() == 1 and run.beta[0][2] == 0
     np.testing.assert_allclose(run.ritz()[0], np.sort(eig), atol=1e-10)

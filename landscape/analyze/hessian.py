@@ -58,7 +58,6 @@ from landscape.spectral import (  # noqa: F401 (re-exported: the estimators live
     _coefficients,
     _dots,
     _draw,
-    _into,
     _norms,
     _orthogonalise_,
     _tridiagonal_eigh,
