@@ -256,7 +256,7 @@ results: results/sweep
 defaults:
   train: {{model: lenet, data: digits, epochs: {sweep['epochs']}, batch_size: 32, momentum: 0.9,
           checkpoint_every: none{subset}}}
-  instability: {{points: {sweep['points']}, splits: [test], figure: false, pairs: all}}
+  instability: {{points: {sweep['points']}, split: [test], figure: false, pairs: all}}
 jobs:
   train:
     kind: train

@@ -422,6 +422,16 @@ def test_align_and_figures_jobs(tmp_path):
     assert again.returncode == 0 and "cached" in again.stderr
 
 
+def _cmdline(process) -> list[str]:
+    """A process' command line, empty for one that has just exited (a zombie or gone: not a live worker)."""
+    import psutil
+
+    try:
+        return process.cmdline()
+    except (psutil.ZombieProcess, psutil.NoSuchProcess):
+        return []
+
+
 def test_local_cluster_workers_die_with_a_sigkilled_client(tmp_path):
     """`batch --workers 2` starts a LocalCluster (two worker processes forked from the client, and a resource
     tracker) under the client; a SIGKILL of the client mid-job must not leave them running (they would hold the
@@ -444,7 +454,7 @@ jobs:
                 kids = psutil.Process(batch.pid).children(recursive=True)
             except psutil.NoSuchProcess:
                 return []
-            workers = [k for k in kids if "resource_tracker" not in " ".join(k.cmdline())]
+            workers = [k for k in kids if "resource_tracker" not in " ".join(_cmdline(k))]
             return kids if len(workers) >= 2 and (tmp_path / "checkpoints").is_dir() else []
 
         kids = _wait_for(workers, 120, "the cluster's processes and a training job")
