@@ -281,6 +281,11 @@ def test_ntk_analysis_of_a_batchnorm_model_equals_the_naive_loop(bn_store, tmp_p
     K = (G @ G.T).numpy()
     np.testing.assert_allclose(res.K, K, rtol=1e-9, atol=1e-12 * np.abs(K).max())
     np.testing.assert_allclose(res.norms, G.norm(dim=1).numpy(), rtol=1e-9)
+    # a layer subset: the kernel of those layers, the norms (flat clipping's) still of the whole gradient
+    part = ntk("bn@last", root=bn_store, output=tmp_path / "p.h5", figure=False, subset=6, precision="float64",
+               layers=("layer4.1.bn2.*",))
+    assert part.layer_names == ["layer4.1.bn2.weight", "layer4.1.bn2.bias"]
+    np.testing.assert_allclose(part.norms, G.norm(dim=1).numpy(), rtol=1e-9)
 
 
 def test_norms_analysis_of_a_batchnorm_model_equals_the_naive_loop(bn_store, tmp_path):
@@ -294,3 +299,33 @@ def test_norms_analysis_of_a_batchnorm_model_equals_the_naive_loop(bn_store, tmp
     xs, ys = take_subset(*dataset_from_spec(spec).split("train"), 6, res.config.seed, split="train")
     ref = _reference(bn_store, x=xs, y=ys).norm(dim=1).numpy()
     np.testing.assert_allclose(row.grad_norms, ref, rtol=1e-4)  # the analysis runs the float32 model
+
+
+def test_clipping_and_symmetry_put_a_batchnorm_model_in_eval_mode_and_equal_the_naive_loop():
+    """Both analyses run the checkpoint's model in eval mode (a rebuilt model starts in training mode), so a
+    BatchNorm model is accepted; their numbers equal those from a per-example loop on the eval-mode model."""
+    import math
+    import types
+
+    from landscape.analyze import clipping, symmetry
+    from landscape.train.privatize import LoopEngine
+
+    x, y = data((2, 6, 6), 12, 3, seed=4)
+    point = types.SimpleNamespace(
+        model=lambda: small_bn().train(), split=lambda name, subset=None, seed=0: (x, y), masks=None, ref="bn@0",
+        step=0, epoch=0.0, tag={}, init=None, manifest=None, data=types.SimpleNamespace(split=lambda name: (x, y)),
+        checkpoint=types.SimpleNamespace(data_spec={"name": "bn"}),
+    )
+    reference = small_bn()
+    c = float(flatten_grads(naive_grads(reference, x, y)).norm(dim=1).quantile(0.5))
+    cfg = clipping.ClippingConfig(max_grad_norm=c, batch_size=6, batches=2, chunk=5)
+    row, _, _ = clipping.compute_point(point, cfg)
+    want, _, _ = clipping.clipping_row(reference, x, y, cfg, engine=LoopEngine(reference))
+    assert 0 < row.total.fraction_clipped < 1
+    for field in ("R", "projection", "bound", "fraction_clipped", "cos_clipped_mean", "mean_grad_norm"):
+        assert math.isclose(getattr(row.total, field), getattr(want.total, field), rel_tol=1e-9, abs_tol=1e-12)
+    scfg = symmetry.SymmetryConfig(projections=3, subset=10, permutations=19, chunk=4)
+    srow, _ = symmetry.compute_point(point, scfg)
+    swant = symmetry.symmetry_row(reference, x, y, scfg, engine=LoopEngine(reference))
+    assert np.allclose(srow.stats.plane, swant.stats.plane, rtol=1e-9, atol=1e-12)
+    assert np.allclose(srow.stats.skew, swant.stats.skew, rtol=1e-8, atol=1e-10)
