@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_persample import maxdiff, naive_grads  # the per-example loop reference
 from torch import nn
 
 from landscape.errors import ModelError, UsageError
@@ -19,21 +20,6 @@ from landscape.gram import gram_blocks
 from landscape.models import build_model
 from landscape.options import OptionDeprecationWarning
 from landscape.persample import BatchNormHandler, PerSampleEngine, flatten_grads, handler_for
-
-
-def naive_grads(model: nn.Module, x, y) -> dict[str, torch.Tensor]:
-    named = [(k, p) for k, p in model.named_parameters() if p.requires_grad]
-    out = {k: [] for k, _ in named}
-    for i in range(len(x)):
-        loss = F.cross_entropy(model(x[i : i + 1]), y[i : i + 1], reduction="sum")
-        for (k, _), g in zip(named, torch.autograd.grad(loss, [p for _, p in named]), strict=True):
-            out[k].append(g)
-    return {k: torch.stack(v) for k, v in out.items()}
-
-
-def maxdiff(a: dict, b: dict) -> float:
-    assert list(a) == list(b)
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
 def calibrated(model: nn.Module, shape, seed=0) -> nn.Module:
