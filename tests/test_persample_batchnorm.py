@@ -146,17 +146,27 @@ def test_torchvision_resnet18_in_eval_mode_equals_the_naive_loop_and_torch_func(
     assert torch.allclose(engine.norms(x, y).flat, flatten_grads(ref).norm(dim=1), rtol=1e-10)
 
 
-def test_gram_blocks_of_a_batchnorm_model_equal_the_naive_loop():
+@pytest.mark.parametrize("strategy", ["auto", "ghost", "functorch"])
+def test_gram_blocks_of_a_batchnorm_model_equal_the_naive_loop(strategy):
     """gram_blocks runs the model in eval mode: a BatchNorm model in training mode is accepted there (and left
-    in training mode), with the eval-mode kernel."""
+    in training mode), with the eval-mode kernel; the output kind (one backward per logit) too."""
     model = small_bn().train()
     x, y = data((2, 6, 6), 5, 3)
-    blocks = gram_blocks(model, x, y)
+    blocks = gram_blocks(model, x, y, strategy=strategy)
+    out = gram_blocks(model, x, kind="output", strategy=strategy)
     assert model.training and all(m.training for m in model.modules())
     ref = naive_grads(model.eval(), x, y)
     for k, G in ref.items():
         G = G.flatten(1)
         assert torch.allclose(blocks[k], G @ G.T, rtol=1e-10, atol=1e-14), k
+    from torch.func import functional_call, jacrev, vmap
+
+    params = {k: p.detach() for k, p in model.named_parameters()}
+    jac = vmap(jacrev(lambda p, xi: functional_call(model, p, (xi.unsqueeze(0),)).squeeze(0)), in_dims=(None, 0))
+    J = jac(params, x)  # (n, M, *shape) per parameter, eval mode
+    for k, Jk in J.items():
+        Jk = Jk.reshape(5 * 3, -1)
+        assert torch.allclose(out[k], Jk @ Jk.T, rtol=1e-10, atol=1e-14), k
 
 
 # ---------------------------------------------------------------------------------------------- refusals
