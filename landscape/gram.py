@@ -44,7 +44,9 @@ everything in the model's dtype. The accuracy of a float32 model is limited by i
 itself (measured on resnet18/GroupNorm: total K to ~2e-5, single GroupNorm-bias blocks to ~3e-3 relative);
 run the model in float64 (``model.double()``, ``--precision float64`` in the CLI) when per-layer blocks of
 tiny tensors must be exact.
-BatchNorm couples the samples of a batch, so per-sample gradients are undefined: such models are refused.
+The model runs in eval mode, so BatchNorm uses its running statistics and acts on each sample alone (its
+handler in :mod:`landscape.persample.norm_layers`); a BatchNorm without running statistics
+(``track_running_stats=False``) normalises by the batch even there: such models are refused.
 """
 
 from __future__ import annotations
@@ -185,7 +187,7 @@ def _checked_engine(model, x, y, kind, strategy, dtype, max_memory, layers, prec
         raise UsageError(f"unknown strategy '{strategy}' (choose from {', '.join(STRATEGIES)})")
     if precision not in PRECISIONS:
         raise UsageError(f"unknown precision '{precision}' (choose from {', '.join(PRECISIONS)})")
-    refuse_batchnorm(model)
+    refuse_batchnorm(model, as_eval=True)  # the blocks are computed in eval mode
     if kind == "loss-grad" and y is None:
         raise UsageError("kind='loss-grad' needs labels y")
     budget = parse_memory(max_memory) or DEFAULT_MAX_MEMORY

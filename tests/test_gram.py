@@ -193,8 +193,13 @@ def test_unsupported_modules_fall_back_to_functorch():
             assert _rel(block, ref[layer]) < 1e-6, (strategy, layer)
 
 
-def test_batchnorm_refused_and_bad_options():
+def test_batchnorm_without_running_statistics_refused_and_bad_options():
+    """The blocks are computed in eval mode, where BatchNorm with running statistics acts per sample (exact:
+    tests/test_persample_batchnorm.py); without them it normalises by the batch even there."""
     model = build_model("resnet18", input_shape=(3, 8, 8), num_classes=3, norm="batch")
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.track_running_stats, m.running_mean, m.running_var = False, None, None
     x = torch.randn(2, 3, 8, 8)
     with pytest.raises(ModelError, match="norm='group'"):
         gram_blocks(model, x, torch.tensor([0, 1]))

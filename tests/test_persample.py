@@ -86,7 +86,7 @@ def test_norms_weighted_and_clipped_sums_match_naive(strategy):
     model = model64("opacus-cnn", shape, activation="tanh")
     x, y = batch(shape, n, seed=1)
     ref = naive_grads(model, x, y)
-    engine = PerSampleEngine(model, strategy=strategy, microbatch=4)  # two chunks: 4 + 2
+    engine = PerSampleEngine(model, strategy=strategy, chunk=4)  # two chunks: 4 + 2
     norms = engine.norms(x, y)
     ref_flat = flatten_grads(ref).norm(dim=1)
     assert norms.flat.dtype == torch.float64 and torch.allclose(norms.flat, ref_flat, rtol=1e-10)
@@ -259,7 +259,7 @@ def test_projections_equal_inner_products():
     shape, n = (1, 28, 28), 5
     model = model64("opacus-cnn", shape)
     x, y = batch(shape, n)
-    eng = PerSampleEngine(model, microbatch=2)
+    eng = PerSampleEngine(model, chunk=2)
     G = flatten_grads(eng.grads(x, y))
     V = torch.randn(3, G.shape[1], dtype=torch.float64)
     P = eng.projections(x, y, V)
@@ -338,7 +338,7 @@ def test_batchnorm_refused_with_pointer():
 def test_batch_sizes_zero_and_one(strategy):
     shape = (1, 8, 8)
     model = model64("lenet", shape)
-    eng = PerSampleEngine(model, strategy=strategy, microbatch=3)
+    eng = PerSampleEngine(model, strategy=strategy, chunk=3)
     x0, y0 = batch(shape, 0)
     norms = eng.norms(x0, y0)
     assert isinstance(norms, PerSampleNorms) and len(norms) == 0 and norms.flat.dtype == torch.float64

@@ -160,7 +160,7 @@ def check_engine_against_naive(engine, model, x, y):
 def test_transformer_mixed_route_equals_naive_loop(batch_first):
     model = transformer(batch_first)
     x, y = tokens(6)
-    engine = PerSampleEngine(model, microbatch=4)  # two chunks: 4 + 2
+    engine = PerSampleEngine(model, chunk=4)  # two chunks: 4 + 2
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback, no vmap performance notice
         check_engine_against_naive(engine, model, x, y)
@@ -236,7 +236,7 @@ def test_other_torch_layers_take_the_functional_route():
     torch.manual_seed(0)
     model = TorchLayers().double()
     x, y = torch.randn(5, 2, 4, 4, dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1])
-    engine = PerSampleEngine(model, microbatch=3)
+    engine = PerSampleEngine(model, chunk=3)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warnings.filterwarnings("ignore", "There is a performance drop")  # PyTorch: no vmap rule for bilinear
@@ -538,10 +538,10 @@ class Gated4(Gated):
     kinds=st.lists(st.sampled_from(Stack.KINDS), min_size=1, max_size=4),
     seq_first=st.booleans(),
     n=st.integers(1, 5),
-    microbatch=st.sampled_from([None, 2]),
+    chunk=st.sampled_from([None, 2]),
     seed=st.integers(0, 2**16),
 )
-def test_any_stack_of_blocks_equals_the_naive_loop(kinds, seq_first, n, microbatch, seed):
+def test_any_stack_of_blocks_equals_the_naive_loop(kinds, seq_first, n, chunk, seed):
     """Per-sample gradients and clipped sums of models assembled from handled and unhandled blocks, the batch
     first or not, in chunks or not, equal the per-example loop."""
     torch.manual_seed(seed)
@@ -549,7 +549,7 @@ def test_any_stack_of_blocks_equals_the_naive_loop(kinds, seq_first, n, microbat
     g = torch.Generator().manual_seed(seed)
     x, y = torch.randn(n, 3, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (n,), generator=g)
     ref = naive_grads(model, x, y)
-    engine = PerSampleEngine(model, microbatch=microbatch)
+    engine = PerSampleEngine(model, chunk=chunk)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert maxdiff(engine.grads(x, y), ref) < 1e-10

@@ -17,6 +17,7 @@ from torch import nn
 from landscape.analyze._common import device_option
 from landscape.analyze.registry import option
 from landscape.clip import CLIP_STYLES, clip_factors, layer_threshold
+from landscape.curvature import eval_mode
 from landscape.errors import NonFiniteError, UsageError
 from landscape.gram import KINDS, gram_blocks, layer_names, parse_memory
 from landscape.options import Options
@@ -291,7 +292,8 @@ def _full_sq_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, sq: torch
         return sq.sum(0).numpy()
     from landscape.persample import PerSampleEngine
 
-    return (PerSampleEngine(model).norms(x, y).flat.to(device="cpu", dtype=torch.float64) ** 2).numpy()
+    with eval_mode(model):  # as the kernels are computed: dropout off, BatchNorm on its running statistics
+        return (PerSampleEngine(model).norms(x, y).flat.to(device="cpu", dtype=torch.float64) ** 2).numpy()
 
 
 def clip_layer_kernels(lk: LayerKernels, *, style: str, max_grad_norm: float, clip_fn: str,
@@ -323,7 +325,7 @@ def examples(point, n: int, seed: int, split: str) -> tuple[torch.Tensor, torch.
 def model_and_examples(point, config):
     """The checkpoint's model and the seeded examples on ``config.device`` (in float64 for ``precision="float64"``)."""
     device = resolve_device(config.device)
-    model = point.model().to(device)
+    model = point.model().eval().to(device)  # eval: dropout off, BatchNorm on its running statistics
     if config.precision == "float64":
         model = model.double()
     x, y, idx = examples(point, config.subset, config.seed, config.split)

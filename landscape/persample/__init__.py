@@ -10,7 +10,8 @@ Exact routes, chosen automatically (``engine.strategy``):
     One batched forward and one backward that keeps, for every module with a registered handler (the open
     registry ``register_handler``, in the spirit of Opacus' ``register_grad_sampler``; built in: ``nn.Linear``,
     ``nn.Conv1d``/``nn.Conv2d`` with any stride, padding, dilation and groups, ``nn.GroupNorm``,
-    ``nn.LayerNorm``, ``nn.Embedding``), its input activations ``A_i`` and output gradients ``B_i``, so
+    ``nn.LayerNorm``, ``nn.Embedding``, ``nn.BatchNorm1d/2d/3d`` in eval mode), its input activations ``A_i``
+    and output gradients ``B_i``, so
     ``g_i = B_i^T A_i``. Per-sample squared norms use the "ghost norm" identity
     ``||B_i^T A_i||^2 = sum_{t,s} (A_i A_i^T)_{ts} (B_i B_i^T)_{ts}`` when it is clearly cheaper than
     materialising (Li et al. 2021; Bu et al. 2023, "book-keeping"), and the clipped sum
@@ -29,7 +30,7 @@ Exact routes, chosen automatically (``engine.strategy``):
     ``vmap(grad)`` of the module alone gives the per-sample vector-Jacobian products. Where every module keeps
     the batch is measured by ``probe_calls`` (forwards on one and two copies of the first example).
 ``functorch``
-    ``torch.func.functional_call`` + ``vmap(grad)`` of the whole model (chunked by ``microbatch``). Used when a
+    ``torch.func.functional_call`` + ``vmap(grad)`` of the whole model (chunked by ``chunk``). Used when a
     trainable parameter belongs to the root module or is tied between modules, when a module draws random
     numbers (dropout in training mode), or when the one-off self-check of the hooks route fails (a parameter
     used outside its module's ``forward``, a wrong registered handler).
@@ -44,7 +45,10 @@ Projections ``<g_i, v>`` do not need per-sample gradients: they are the forward-
 derivatives ``d/dt l_i(theta + t v)`` at ``t = 0`` (one ``torch.func.jvp`` per direction); a model with a
 kernel that has no forward-mode rule gets them from per-sample gradients.
 
-BatchNorm mixes the samples of a batch, so per-sample gradients are undefined: such models are refused.
+BatchNorm in eval mode (running statistics) is a per-channel affine map of each sample: exact, by its handler
+(:mod:`landscape.persample.norm_layers`). In training mode, or without running statistics, it mixes the samples
+of a batch, so per-sample gradients are undefined: such models are refused (when the engine is built and on
+every call).
 """
 
 from landscape.persample.capture import Capture, place_batch, probe_calls
@@ -54,7 +58,6 @@ from landscape.persample.engine import (
     PerSampleEngine,
     PerSampleNorms,
     flatten_grads,
-    refuse_batchnorm,
 )
 from landscape.persample.functional import FunctionalHandler, functorch_grads
 from landscape.persample.handlers import (
@@ -69,10 +72,12 @@ from landscape.persample.handlers import (
     register_handler,
     unregister_handler,
 )
+from landscape.persample.norm_layers import BatchNormHandler, refuse_batchnorm
 
 __all__ = [
     "LOSSES",
     "STRATEGIES",
+    "BatchNormHandler",
     "Capture",
     "ConvHandler",
     "EmbeddingHandler",

@@ -15,9 +15,11 @@ from torch.func import functional_call, jvp
 
 from landscape.errors import ModelError, UsageError
 from landscape.evaluate.allocator import tuned_allocator
+from landscape.options import deprecated
 from landscape.persample.capture import Capture, place_batch, probe_calls
 from landscape.persample.functional import FunctionalHandler, functorch_grads
 from landscape.persample.handlers import HooksFailed, _sq, plan_handlers
+from landscape.persample.norm_layers import batchnorm_layers, check_batchnorm
 from landscape.pooling import exact_fast_pooling
 from landscape.runtime import math_attention
 
@@ -61,18 +63,6 @@ def flatten_grads(grads: dict[str, Tensor], names: list[str] | None = None) -> T
     return torch.cat([grads[k].reshape(n, -1) for k in names], dim=1)
 
 
-def refuse_batchnorm(model: nn.Module) -> None:
-    """Refuse models with BatchNorm: it mixes the samples of a batch, so per-sample gradients are undefined."""
-    for name, m in model.named_modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            raise ModelError(
-                f"model has BatchNorm ({name or 'root'}: {type(m).__name__}), which mixes the samples of a batch "
-                'so per-sample gradients are undefined; build it with norm="group" '
-                "(build_model(..., norm='group')) or convert it with "
-                "landscape.models.convert_batchnorm_to_groupnorm(model)"
-            )
-
-
 def _shared_parameters(model: nn.Module) -> list[str]:
     """Names of parameters held by two or more modules (tied): no module's call sees all their uses."""
     owners: dict[int, int] = {}
@@ -103,11 +93,15 @@ def _kept_memory(method):
 class PerSampleEngine:
     """Per-sample gradients of ``l_i = cross_entropy(model(x_i), y_i)`` w.r.t. the trainable parameters.
 
-    ``microbatch`` bounds how many samples go through one pass (memory). ``strategy`` is ``"auto"`` (the
+    ``chunk`` bounds how many samples go through one pass (memory; never the results; ``microbatch``, its old
+    name, is accepted for this release with a deprecation line). ``strategy`` is ``"auto"`` (the
     registered handlers by hooks and, when some trainable parameter has none, the other modules by ``torch.func``
     in the same pass: ``self.strategy == "mixed"``; the whole model by ``torch.func`` when that is cheaper or
     the first call's self-check fails), ``"hooks"`` (registered handlers only, else an error) or
     ``"functorch"`` (the whole model). The model is never modified (no ``.grad``, no mode change).
+    BatchNorm is exact in eval mode (running statistics); one in training mode, or without running statistics,
+    mixes the samples and is refused when the engine is built and on every call (a model switched to training
+    mode mid-way included; :mod:`landscape.persample.norm_layers`).
     """
 
     def __init__(
@@ -115,8 +109,9 @@ class PerSampleEngine:
         model: nn.Module,
         *,
         loss: str = "cross_entropy",
-        microbatch: int | None = None,
+        chunk: int | None = None,
         strategy: str = "auto",
+        microbatch: int | None = None,
     ):
         if loss not in LOSSES:
             raise UsageError(f"unknown per-sample loss {loss!r}; choose one of {', '.join(LOSSES)}")
@@ -124,12 +119,18 @@ class PerSampleEngine:
             raise UsageError(
                 f"unknown per-sample strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}"
             )
-        if microbatch is not None and int(microbatch) < 1:
-            raise UsageError(f"microbatch must be a positive integer, got {microbatch}")
-        refuse_batchnorm(model)
+        if microbatch is not None:
+            if chunk is not None:
+                raise UsageError("PerSampleEngine: give chunk= only (microbatch= is its old name)")
+            deprecated("PerSampleEngine(microbatch=)", "chunk=")
+            chunk = microbatch
+        if chunk is not None and int(chunk) < 1:
+            raise UsageError(f"chunk must be a positive integer, got {chunk}")
+        self._batchnorms = batchnorm_layers(model)
+        check_batchnorm(self._batchnorms)
         self.model = model
         self.loss = loss
-        self.microbatch = None if microbatch is None else int(microbatch)
+        self.chunk = None if chunk is None else int(chunk)
         self.params: dict[str, nn.Parameter] = {k: p for k, p in model.named_parameters() if p.requires_grad}
         if not self.params:
             raise ModelError("model has no trainable parameters (all have requires_grad=False)")
@@ -156,6 +157,7 @@ class PerSampleEngine:
         return next(iter(self.params.values()))
 
     def _prepare(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        check_batchnorm(self._batchnorms)  # the model may have been switched to training mode since
         ref = self._ref
         x = torch.as_tensor(x, device=ref.device)
         if x.is_floating_point():
@@ -167,7 +169,7 @@ class PerSampleEngine:
 
     def _chunks(self, x: Tensor, y: Tensor, *extra: Tensor) -> Iterator[tuple[Tensor, ...]]:
         n = x.shape[0]
-        step = n if self.microbatch is None else self.microbatch
+        step = n if self.chunk is None else self.chunk
         for s in range(0, n, max(step, 1)):
             yield (x[s : s + step], y[s : s + step], *(e[s : s + step] for e in extra))
 
@@ -379,7 +381,7 @@ class PerSampleEngine:
 
     @_kept_memory
     def grads(self, x: Tensor, y: Tensor, *, masks: Masks = None) -> dict[str, Tensor]:
-        """Materialised per-sample gradients ``{name: (n, *shape)}`` (masked), chunked by ``microbatch``."""
+        """Materialised per-sample gradients ``{name: (n, *shape)}`` (masked), chunked by ``chunk``."""
         x, y = self._prepare(x, y)
         m = self._masks(masks)
         if x.shape[0] == 0:
@@ -447,8 +449,8 @@ class PerSampleEngine:
         """Norms, then ``sum_i c_i g_i`` with ``c = factor_fn(norms)`` ((n,) or ``{name: (n,)}``), masked.
 
         Hooks route: one forward and one activation backward; the sum re-uses the kept activations and
-        output gradients (book-keeping, Bu et al. 2023). ``factor_fn`` is called once per ``microbatch``
-        chunk with that chunk's norms, so it must act sample by sample (every clipping function does).
+        output gradients (book-keeping, Bu et al. 2023). ``factor_fn`` is called once per ``chunk``
+        of samples with that chunk's norms, so it must act sample by sample (every clipping function does).
         """
         x, y = self._prepare(x, y)
         n = x.shape[0]

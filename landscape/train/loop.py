@@ -489,7 +489,7 @@ def _engine(config: TrainConfig, model: nn.Module):
         return None
     from landscape.persample import PerSampleEngine
 
-    return PerSampleEngine(model, microbatch=config.chunk)
+    return PerSampleEngine(model, chunk=config.chunk)
 
 
 def _build_state(
