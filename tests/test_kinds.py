@@ -66,6 +66,19 @@ def test_the_toy_kind_is_the_recipe_as_written():
     assert line in section.split("```", 2)[2]
 
 
+def test_the_toy_analysis_is_the_recipe_as_written():
+    """tests/toy_analysis.py is step 1 of docs/ARCHITECTURE.md's "How to add an analysis" line for line (its docstring
+    and its names aside: ``toy-norm`` / ``Toy...`` for ``param-norm`` / ``ParamNorm...``)."""
+    root = Path(__file__).resolve().parents[1]
+    section = (root / "docs" / "ARCHITECTURE.md").read_text().split("## How to add an analysis", 1)[1]
+    block = textwrap.dedent(section.split("```python\n", 1)[1].split("```", 1)[0])
+    toy = (root / "tests" / "toy_analysis.py").read_text().split('"""', 2)[2]
+    toy = toy.replace("toy-norm", "param-norm").replace("Toy", "ParamNorm")
+    assert [line for line in toy.splitlines() if line.strip()] == [line for line in block.splitlines() if line.strip()]
+    line = 'register("param-norm", "landscape.analyze.param_norm:SPEC", "Parameter norm and loss along a run.")'
+    assert line in section.split("```", 2)[2]
+
+
 def test_every_kind_is_registered_with_a_spec():
     names = kinds.names()
     assert names[:len(BUILT_IN)] == BUILT_IN and "interpolate" in names
