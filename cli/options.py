@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import click
@@ -198,42 +197,29 @@ class SchedulerAddress(click.ParamType):
             self.fail(str(exc).removeprefix(f"--scheduler {str(value)!r}: "), param, ctx)
 
 
+def scheduler_help(help: str) -> str:
+    """The help of a ``--scheduler`` option: ``help`` and how long the command waits."""
+    return (f"{help} Waits up to {SCHEDULER_TIMEOUT_S} s for the scheduler: a malformed address exits 2, an "
+            f"unreachable one exits 1.")
+
+
 def scheduler_option(help: str) -> Callable:
-    """``--scheduler ADDRESS`` of every command that can run on a Dask cluster (batch, figures, analyses)."""
-    return click.option("--scheduler", type=SchedulerAddress(), default=None,
-                        help=f"{help} Waits up to {SCHEDULER_TIMEOUT_S} s for the scheduler: a malformed address exits 2, an "
-                             f"unreachable one exits 1.")
+    """``--scheduler ADDRESS`` of every command that can run on a Dask cluster (batch, analyses)."""
+    return click.option("--scheduler", type=SchedulerAddress(), default=None, help=scheduler_help(help))
 
 
 def note_scheduler(scheduler: str | None) -> None:
     """Say on stderr which scheduler the command waits for, and how long."""
     if scheduler is not None:
-        from landscape import bounds
+        from landscape.bounds import scheduler_note
 
-        click.echo(f"dask: connecting to the scheduler at {scheduler} (waiting up to {bounds.SCHEDULER_TIMEOUT_S} s)",
-                   err=True)
-
-
-class ResultPath(click.Path):
-    """``-o/--output``: a result file to (over)write. Its directory may be missing (it is created) but must not
-    lie below a file, and an existing file there must be a landscape result: a checkpoint, a figure or any other
-    data is never replaced."""
-
-    def __init__(self) -> None:
-        super().__init__(dir_okay=False)
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        from landscape.errors import ResultError
-        from landscape.results import check_output_path
-
-        try:
-            check_output_path(Path(super().convert(value, param, ctx)))
-        except ResultError as exc:
-            self.fail(str(exc), param, ctx)
-        return value
+        click.echo(scheduler_note(scheduler), err=True)
 
 
-output_option = click.option("-o", "--output", type=ResultPath(), default=None, help="Result HDF5 file to write.")
+# the path is checked once, by the runner before it computes (landscape.results.check_output_path: one message from
+# the command line and the api alike)
+output_option = click.option("-o", "--output", type=click.Path(), metavar="FILE", default=None,
+                             help="Result HDF5 file to write.")
 
 
 def add_options(options: list[Callable], func: Callable | None = None) -> Callable:
