@@ -154,12 +154,14 @@ def deprecated_values(cls: type | None, kwargs: dict[str, Any], ctx: click.Conte
     return out
 
 
+def field_options(cls: type, f: dataclasses.Field) -> list:
+    """The click option of field ``f`` of dataclass ``cls`` and the hidden ones of its old flags."""
+    hint = hints(cls)[f.name]
+    return [field_option(f, hint), *old_options(f, hint)]
+
+
 def config_options(cls: type | None) -> list:
-    if cls is None:
-        return []
-    types_ = hints(cls)
-    return [option for f in cli_fields(cls)
-            for option in [field_option(f, types_[f.name]), *old_options(f, types_[f.name])]]
+    return [] if cls is None else [option for f in cli_fields(cls) for option in field_options(cls, f)]
 
 
 def command(name: str) -> click.Command:

@@ -20,7 +20,7 @@ from typing import Any
 import click
 
 from cli.common import echo_json, echo_table, json_option, progress_enabled, root_of
-from cli.generate import deprecated_values, field_option, old_options, param_type
+from cli.generate import deprecated_values, field_options, param_type
 from cli.options import add_options, run_api
 from landscape.errors import LandscapeError
 from landscape.options import hints, split_optional
@@ -62,8 +62,7 @@ def command(name: str) -> click.Command:
             echo_table(rows)
         _echo_notes(spec, result)
 
-    options = [option for cls, f in fields if f.name not in spec.arguments
-               for option in [field_option(f, hints(cls)[f.name]), *old_options(f, hints(cls)[f.name])]]
+    options = [option for cls, f in fields if f.name not in spec.arguments for option in field_options(cls, f)]
     f = add_options(options + [json_option], callback)
     by_name = {f.name: (cls, f) for cls, f in spec.option_fields()}
     for arg in reversed(spec.arguments):
