@@ -120,6 +120,7 @@ def import_checkpoint(
     from landscape.store import import_checkpoint as store_import
     from landscape.train.accounting import ancestry_note
 
+    check_kwargs(data_kwargs, model_kwargs)
     source = Path(file)
     target = source.resolve()  # a link is judged by what it points to, before the data set is loaded
     if source.suffix.lower() in (".pt", ".pth") and target.is_file() and not _looks_like_torch_file(target):
