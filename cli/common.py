@@ -20,19 +20,6 @@ def root_of(ctx: click.Context) -> str:
 json_option = click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 
 
-def parse_json_option(value: str | None, name: str) -> dict[str, Any]:
-    """Parse a JSON object given on the command line; a bad one is a usage error."""
-    if not value:
-        return {}
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not valid JSON: {exc.msg}", param_hint=name) from None
-    if not isinstance(parsed, dict):
-        raise click.BadParameter("must be a JSON object", param_hint=name)
-    return parsed
-
-
 def echo_json(obj: Any) -> None:
     click.echo(json.dumps(to_jsonable(obj), indent=2))
 

@@ -24,7 +24,9 @@ from cli.options import (
     DeviceType,
     FieldType,
     FiniteFloat,
+    SchedulerAddress,
     Seed,
+    SourceName,
     SubsetType,
     add_options,
     data_root_option,
@@ -32,6 +34,7 @@ from cli.options import (
     note_scheduler,
     output_option,
     run_api,
+    scheduler_help,
     scheduler_option,
 )
 from landscape.analyze.registry import Analysis, get, parallel
@@ -56,6 +59,15 @@ def param_type(f: dataclasses.Field, hint: Any) -> dict[str, Any]:
         return {"type": SubsetType()}
     if kind == "device":
         return {"type": DeviceType()}
+    if kind in ("model", "data"):  # a registry name, an entry point or code (the registry is read when checked)
+        return {"type": SourceName("landscape.data:DATASETS", "landscape.datasets", data=True) if kind == "data"
+                else SourceName("landscape.models:MODELS", "landscape.models")}
+    if kind in ("directory", "file"):
+        return {"type": click.Path(file_okay=kind == "file", dir_okay=kind == "directory")}
+    if kind == "json":
+        return {"type": FieldType(hint, meta, f.name, name="JSON")}
+    if kind == "scheduler":
+        return {"type": SchedulerAddress()}
     if kind == "metrics":  # repeatable: --metric REF --metric REF (a reference may hold commas in its JSON)
         return {"type": click.STRING, "multiple": True}
     if kind is None and base is bool:
@@ -92,16 +104,19 @@ def field_option(f: dataclasses.Field, hint: Any):
     default = _default(f)
     if isinstance(default, tuple):
         default = ",".join(str(v) for v in default) if default else None
-    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING or meta.get("required"):
         kwargs["required"] = True  # a field without a default is required everywhere (``prune --remove``)
     elif not kwargs.get("is_flag"):
         kwargs["default"] = default
-        kwargs["show_default"] = meta.get("show_default", True) if default is not None else False
+        kwargs["show_default"] = meta.get("show_default", True) if default not in (None, {}) else False
+    if meta.get("envvar"):
+        kwargs.update(envvar=meta["envvar"], show_envvar=True)
     if meta.get("metavar"):
         kwargs["metavar"] = meta["metavar"]
     elif isinstance(kwargs.get("type"), FieldType) and kwargs["type"].name.startswith("["):
         kwargs["metavar"] = kwargs["type"].name
-    return click.option(*flags_of(f), f.name, help=meta.get("help") or None, **kwargs)
+    help = scheduler_help(meta["help"]) if meta.get("kind") == "scheduler" else meta.get("help")
+    return click.option(*flags_of(f), f.name, help=help or None, **kwargs)
 
 
 def old_options(f: dataclasses.Field, hint: Any) -> list:
@@ -139,12 +154,14 @@ def deprecated_values(cls: type | None, kwargs: dict[str, Any], ctx: click.Conte
     return out
 
 
+def field_options(cls: type, f: dataclasses.Field) -> list:
+    """The click option of field ``f`` of dataclass ``cls`` and the hidden ones of its old flags."""
+    hint = hints(cls)[f.name]
+    return [field_option(f, hint), *old_options(f, hint)]
+
+
 def config_options(cls: type | None) -> list:
-    if cls is None:
-        return []
-    types_ = hints(cls)
-    return [option for f in cli_fields(cls)
-            for option in [field_option(f, types_[f.name]), *old_options(f, types_[f.name])]]
+    return [] if cls is None else [option for f in cli_fields(cls) for option in field_options(cls, f)]
 
 
 def command(name: str) -> click.Command:

@@ -1,22 +1,29 @@
-"""The click command of a job kind (:mod:`landscape.kinds`) that has no hand-written one, generated from its spec.
+"""The click command of a job kind (:mod:`landscape.kinds`) that is no analysis, generated from its spec.
 
-One argument per field the spec names in ``arguments``, one option per other config field with :func:`option`
-metadata (help, flag, choices, bounds and type as for an analysis' options: :func:`cli.generate.config_options`),
-then ``--json``. The command builds the kind's configuration, runs it through the kind's ``run`` (on the store
-of the global ``--root``), prints the spec's ``rows`` as a table and its ``notes`` after it; ``--json`` prints
-``details(result)`` (else the rows) as JSON.
+One argument per field the spec names in ``arguments`` (typed by its :func:`option` metadata; a tuple field takes
+any number), one option per other field of the kind's dataclasses (``JobKind.option_fields``) with :func:`option`
+metadata (help, flag, choices, bounds, type, environment variable as for an analysis' options:
+:func:`cli.generate.field_option`; old flags hidden, with their deprecation line), then ``--json``. The command
+checks which options were given (the spec's ``given``), builds the kind's configuration, runs it (the spec's
+``command``, else ``run``, on the store of the global ``--root``; progress bars when stderr is a terminal, report
+lines on stderr), prints the spec's ``rows`` as a table and its ``notes`` after it; ``--json`` prints
+``details(result)`` (else the rows) as JSON. An error that carries a ``partial`` result (what finished before it)
+has that result's notes printed before its line.
 """
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 from typing import Any
 
 import click
 
-from cli.common import echo_json, echo_table, json_option, root_of
-from cli.generate import deprecated_values
+from cli.common import echo_json, echo_table, json_option, progress_enabled, root_of
+from cli.generate import deprecated_values, field_options, param_type
 from cli.options import add_options, run_api
+from landscape.errors import LandscapeError
+from landscape.options import hints, split_optional
 
 
 def command(name: str) -> click.Command:
@@ -24,34 +31,54 @@ def command(name: str) -> click.Command:
     from landscape import kinds
 
     spec = kinds.get(name)
+    fields = [(cls, f) for cls, f in spec.option_fields() if f.metadata.get("cli", False)]
+    classes = list(dict.fromkeys(cls for cls, _ in fields))
 
     def callback(**kwargs: Any) -> None:
         ctx = click.get_current_context()
         as_json = kwargs.pop("as_json")
-        kwargs.update(run_api(lambda: deprecated_values(spec.config, kwargs, ctx)))  # a renamed option's old flag
-        config = spec.configure(kwargs)
-        result = run_api(lambda: spec.run(config, root=Path(root_of(ctx)), out=None))
+        for arg in spec.arguments:  # an argument of any number given none: the field's default
+            if kwargs[arg] == ():
+                del kwargs[arg]
+        if spec.given is not None:
+            source = click.core.ParameterSource.COMMANDLINE
+            run_api(lambda: spec.given({p.name: p.opts[0] for p in ctx.command.params
+                                        if p.name != "as_json" and ctx.get_parameter_source(p.name) == source}))
+        for cls in classes:  # a renamed option's old flag
+            kwargs.update(run_api(lambda cls=cls: deprecated_values(cls, kwargs, ctx)))
+        config = run_api(lambda: spec.configure(kwargs))
+        try:
+            result = run_api(lambda: spec.execute(config, root=Path(root_of(ctx)), progress=progress_enabled(),
+                                                  report=lambda line: click.echo(line, err=True)))
+        except LandscapeError as exc:  # what finished before the error (figures: the recipes made), then the error
+            if getattr(exc, "partial", None) is not None:
+                _echo_notes(spec, exc.partial)
+            raise
         rows = spec.rows(result) if spec.rows is not None else []
         if as_json:
             echo_json(spec.details(result) if spec.details is not None else rows)
             return
         if rows:
             echo_table(rows)
-        for line in spec.notes(result) if spec.notes is not None else []:
-            click.echo(line)
+        _echo_notes(spec, result)
 
-    f = add_options(_field_options(spec.config, spec.arguments) + [json_option], callback)
+    options = [option for cls, f in fields if f.name not in spec.arguments for option in field_options(cls, f)]
+    f = add_options(options + [json_option], callback)
+    by_name = {f.name: (cls, f) for cls, f in spec.option_fields()}
     for arg in reversed(spec.arguments):
-        f = click.argument(arg)(f)
+        f = _argument(arg, *by_name[arg])(f)
     return click.command(name, help=spec.doc)(f)
 
 
-def _field_options(cls: type, skip: tuple[str, ...]) -> list:
-    """The options of ``cls``'s CLI fields other than ``skip`` (:func:`cli.generate.config_options`' options)."""
-    from cli.generate import field_option, old_options
-    from landscape.analyze.registry import cli_fields
-    from landscape.options import hints
+def _echo_notes(spec: Any, result: Any) -> None:
+    for line in spec.notes(result) if spec.notes is not None else []:
+        click.echo(line)
 
-    types_ = hints(cls)
-    return [option for f in cli_fields(cls) if f.name not in skip
-            for option in [field_option(f, types_[f.name]), *old_options(f, types_[f.name])]]
+
+def _argument(name: str, cls: type, f: Any) -> Any:
+    """The click argument of field ``f``: typed by its option metadata; a tuple field takes any number."""
+    hint = hints(cls)[f.name]
+    kwargs = param_type(f, hint) if f.metadata.get("cli", False) else {}
+    if typing.get_origin(split_optional(hint)[0][0]) is tuple:
+        kwargs = {"nargs": -1}
+    return click.argument(name, **kwargs)

@@ -2,9 +2,8 @@
 
 Commands live one group per module under ``cli/`` and are loaded lazily (so ``landscape --help`` does not
 import torch-heavy analyzers it does not need). Every job kind of the registry :mod:`landscape.kinds` is a
-command: an analysis' is generated from its spec (:mod:`cli.generate`), another kind's too (:mod:`cli.kinds`)
-unless ``HAND_WRITTEN`` names its hand-written command. A command that is no job kind is one module plus one
-line in ``COMMANDS``. Every :class:`~landscape.errors.LandscapeError` becomes one line on stderr and its exit code.
+command generated from its spec: an analysis' by :mod:`cli.generate`, every other kind's by :mod:`cli.kinds`. A
+command that is no job kind is one module plus one line in ``COMMANDS``. Every :class:`~landscape.errors.LandscapeError` becomes one line on stderr and its exit code.
 """
 
 from __future__ import annotations
@@ -28,16 +27,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "batch": ("cli.batch:batch", "Run a YAML sweep of train/phases/prune/analysis jobs, in-process or on Dask."),
 }
 
-# job kind -> "module:attribute" of its hand-written command (options grouped, parsed or printed beyond what the
-# config's field metadata says); the help line is the registry's
-HAND_WRITTEN: dict[str, str] = {
-    "train": "cli.train:train",
-    "phases": "cli.train:phases",
-    "figures": "cli.figures:figures",
-    "import": "cli.store:import_checkpoint",
-}
-
-
 def _help(name: str) -> str:
     from landscape import kinds
 
@@ -50,8 +39,8 @@ def _load(where: str) -> click.Command:
 
 
 class LazyGroup(click.Group):
-    """The commands of ``COMMANDS`` plus one per job kind (:mod:`landscape.kinds`: its ``HAND_WRITTEN`` command, or
-    one generated from its spec), each imported only when it runs."""
+    """The commands of ``COMMANDS`` plus one per job kind (:mod:`landscape.kinds`), generated from its spec, each
+    imported only when it runs."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         from landscape import kinds
@@ -65,8 +54,6 @@ class LazyGroup(click.Group):
 
         if name not in kinds.names():
             return None
-        if name in HAND_WRITTEN:
-            return _load(HAND_WRITTEN[name])
         if kinds.is_analysis(name):
             from cli.generate import command
 

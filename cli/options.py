@@ -1,20 +1,9 @@
-"""Options shared by the commands that need a model and a data set.
+"""The click parameter types and the shared options of the commands.
 
-``@data_options`` adds ``--data``, ``--data-kwargs``, ``--subset``, ``--data-root`` and ``--download``;
-``@model_options`` adds ``--model`` and ``--model-kwargs``. The command receives them as the keyword
-arguments ``data, data_kwargs, subset, data_root, download`` and ``model, model_kwargs``, and turns them into
-library arguments with :func:`dataset_arguments` / :func:`model_arguments`::
-
-    @click.command()
-    @data_options
-    @model_options
-    def train(data, data_kwargs, subset, data_root, download, model, model_kwargs, ...):
-        dataset = load_dataset(**{"seed": seed, **dataset_arguments(data, data_kwargs, subset, data_root, download)})
-        name, kwargs = model_arguments(model, model_kwargs)
-        net = build_model(name, input_shape=dataset.input_shape, num_classes=dataset.num_classes, **kwargs)
-
-Unknown data set or model names are click usage errors (exit 2); bad options inside the JSON are the
-library's DataError / ModelError (exit 1).
+``--model`` / ``--data`` are :class:`SourceName` (registry names, entry points, code references); unknown names are
+click usage errors (exit 2), bad options inside ``--model-kwargs`` / ``--data-kwargs`` the library's DataError /
+ModelError (exit 1). The options of a config field are made by :func:`cli.generate.field_option` from its
+:func:`landscape.options.option` metadata.
 
 The parameter types (:class:`Count`, :class:`Seed`, :class:`FiniteFloat`, :class:`CommaList`, :class:`SubsetType`,
 :class:`DeviceType`, :class:`FieldType`) convert through :func:`landscape.options.coerce`, the one coercion the
@@ -25,17 +14,12 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import click
 
-from cli.common import parse_json_option
 from landscape.bounds import COUNT_MAX, SCHEDULER_TIMEOUT_S, SEED_MAX
 from landscape.options import OptionError, coerce
-from landscape.runtime import DATA_ENV
-
-_RESERVED_DATA_KEYS = ("name", "subset", "data_root", "download")
 
 
 class Coerced(click.ParamType):
@@ -198,42 +182,29 @@ class SchedulerAddress(click.ParamType):
             self.fail(str(exc).removeprefix(f"--scheduler {str(value)!r}: "), param, ctx)
 
 
+def scheduler_help(help: str) -> str:
+    """The help of a ``--scheduler`` option: ``help`` and how long the command waits."""
+    return (f"{help} Waits up to {SCHEDULER_TIMEOUT_S} s for the scheduler: a malformed address exits 2, an "
+            f"unreachable one exits 1.")
+
+
 def scheduler_option(help: str) -> Callable:
-    """``--scheduler ADDRESS`` of every command that can run on a Dask cluster (batch, figures, analyses)."""
-    return click.option("--scheduler", type=SchedulerAddress(), default=None,
-                        help=f"{help} Waits up to {SCHEDULER_TIMEOUT_S} s for the scheduler: a malformed address exits 2, an "
-                             f"unreachable one exits 1.")
+    """``--scheduler ADDRESS`` of every command that can run on a Dask cluster (batch, analyses)."""
+    return click.option("--scheduler", type=SchedulerAddress(), default=None, help=scheduler_help(help))
 
 
 def note_scheduler(scheduler: str | None) -> None:
     """Say on stderr which scheduler the command waits for, and how long."""
     if scheduler is not None:
-        from landscape import bounds
+        from landscape.bounds import scheduler_note
 
-        click.echo(f"dask: connecting to the scheduler at {scheduler} (waiting up to {bounds.SCHEDULER_TIMEOUT_S} s)",
-                   err=True)
-
-
-class ResultPath(click.Path):
-    """``-o/--output``: a result file to (over)write. Its directory may be missing (it is created) but must not
-    lie below a file, and an existing file there must be a landscape result: a checkpoint, a figure or any other
-    data is never replaced."""
-
-    def __init__(self) -> None:
-        super().__init__(dir_okay=False)
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        from landscape.errors import ResultError
-        from landscape.results import check_output_path
-
-        try:
-            check_output_path(Path(super().convert(value, param, ctx)))
-        except ResultError as exc:
-            self.fail(str(exc), param, ctx)
-        return value
+        click.echo(scheduler_note(scheduler), err=True)
 
 
-output_option = click.option("-o", "--output", type=ResultPath(), default=None, help="Result HDF5 file to write.")
+# the path is checked once, by the runner before it computes (landscape.results.check_output_path: one message from
+# the command line and the api alike)
+output_option = click.option("-o", "--output", type=click.Path(), metavar="FILE", default=None,
+                             help="Result HDF5 file to write.")
 
 
 def add_options(options: list[Callable], func: Callable | None = None) -> Callable:
@@ -246,89 +217,9 @@ def add_options(options: list[Callable], func: Callable | None = None) -> Callab
     return apply(func) if func is not None else apply
 
 
-_decorator = add_options
-
-
-def device_option(default: str = "auto") -> Callable:
-    return click.option("--device", type=DeviceType(), default=default, show_default=True,
-                        help="auto, cpu, cuda or cuda:N.")
-
-
 data_root_option = click.option("--data-root", type=click.Path(file_okay=False), default=None,
                                 help="Where torchvision data sets live (default $LANDSCAPE_DATA).")
 no_figure_option = click.option("--no-figure", is_flag=True, help="Write the result file only.")
-
-
-def _default_or_required(default: str | None, required: bool | None) -> dict[str, Any]:
-    # click >= 8.3 treats an explicit default=None as a given value, so a required option must omit it
-    if default is not None:
-        return {"default": default, "show_default": True}
-    return {"required": required is None or required}
-
-
-def data_options(func: Callable | None = None, *, default: str | None = "digits",
-                 required: bool | None = None) -> Callable:
-    """Add the data-set options; use bare (``@data_options``) or with ``default=None`` to make ``--data`` required
-    (``default=None, required=False``: optional, ``data`` is None when not given)."""
-    options = [
-        click.option("--data", type=SourceName("landscape.data:DATASETS", "landscape.datasets", data=True),
-                     help="Data set: a name, a torchvision set by name (svhn, kmnist, ...) or imagefolder (both "
-                          "with --data-root), a .npz/.h5 tensor file, or module:factory / file.py:factory.",
-                     **_default_or_required(default, required)),
-        click.option("--data-kwargs", default=None, metavar="JSON",
-                     help='Data set options as a JSON object, e.g. \'{"ds": 10, "dn": 90}\'.'),
-        click.option("--subset", type=SubsetType(), default=None,
-                     help="Train on a stratified subset: a count or a fraction of the train split."),
-        click.option("--data-root", type=click.Path(file_okay=False), envvar=DATA_ENV, default=None,
-                     show_envvar=True, help="Directory holding torchvision data sets (mnist, cifar10, ...)."),
-        click.option("--download", is_flag=True, help="Download a torchvision data set into --data-root if absent."),
-    ]
-    return _decorator(options, func)
-
-
-def model_options(func: Callable | None = None, *, default: str | None = "lenet",
-                  required: bool | None = None) -> Callable:
-    """Add the model options; use bare (``@model_options``) or with ``default=None`` to make ``--model`` required
-    (``default=None, required=False``: optional, ``model`` is None when not given)."""
-    options = [
-        click.option("--model", type=SourceName("landscape.models:MODELS", "landscape.models"),
-                     help="Model: a name, or module:factory / file.py:factory (called with input_shape, num_classes "
-                          "and --model-kwargs).",
-                     **_default_or_required(default, required)),
-        click.option("--model-kwargs", default=None, metavar="JSON",
-                     help='Model options as a JSON object, e.g. \'{"norm": "batch"}\'.'),
-    ]
-    return _decorator(options, func)
-
-
-def dataset_arguments(
-    data: str,
-    data_kwargs: str | dict | None = None,
-    subset: int | float | None = None,
-    data_root: str | None = None,
-    download: bool = False,
-) -> dict[str, Any]:
-    """Keyword arguments for ``landscape.data.load_dataset(**args)``; a ``seed`` in ``--data-kwargs`` passes through
-    (so it overrides a command's seed when merged as ``{"seed": seed, **args}``)."""
-    options = data_kwargs if isinstance(data_kwargs, dict) else parse_json_option(data_kwargs, "--data-kwargs")
-    clash = [k for k in _RESERVED_DATA_KEYS if k in options]
-    if clash:
-        raise click.BadParameter(
-            f"{', '.join(clash)} cannot go in the JSON; use the matching command-line option",
-            param_hint="--data-kwargs",
-        )
-    return {"name": data, "subset": subset, "data_root": data_root, "download": download, **options}
-
-
-def model_arguments(model: str, model_kwargs: str | dict | None = None) -> tuple[str, dict[str, Any]]:
-    """``(name, kwargs)`` for ``landscape.models.build_model(name, input_shape=..., num_classes=..., **kwargs)``."""
-    options = model_kwargs if isinstance(model_kwargs, dict) else parse_json_option(model_kwargs, "--model-kwargs")
-    clash = [k for k in ("input_shape", "num_classes") if k in options]
-    if clash:
-        raise click.BadParameter(
-            f"{', '.join(clash)} come from the data set and cannot be given", param_hint="--model-kwargs"
-        )
-    return model, options
 
 
 def run_api(fn: Callable[[], Any]) -> Any:

@@ -1,4 +1,4 @@
-"""`landscape store ls|show` and `landscape import`: look into the checkpoint store and bring checkpoints in."""
+"""`landscape store ls|show`: look into the checkpoint store."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from typing import Any
 import click
 
 from cli.common import echo_json, echo_table, format_value, json_option, root_of
-from cli.options import FiniteFloat, data_options, dataset_arguments, model_arguments, model_options
 from landscape.plugins import short_name
 
 # final metrics shown by `store ls`, in this order when present (others follow alphabetically, up to MAX)
@@ -95,55 +94,6 @@ def show(ctx: click.Context, ref: str, as_json: bool) -> None:
         [{"tensor": t["name"], "shape": "x".join(map(str, t["shape"])) or "scalar", "dtype": t["dtype"]}
          for t in info["tensors"]]
     )
-
-
-@click.command("import")
-@click.argument("file", type=click.Path(dir_okay=False))
-@model_options(default=None)
-@data_options(default=None)
-@click.option("--run", "run_name", required=True, help="Name of the new run (step 0 holds the imported weights).")
-@click.option("--epsilon", type=FiniteFloat(min=0), default=None,
-              help="Declare the weights' (epsilon, delta)-DP guarantee (with --delta); without a declaration their "
-              "privacy history is unknown.")
-@click.option("--delta", type=FiniteFloat(min=0, max=1, max_open=True), default=None,
-              help="Delta of --epsilon (or at which to report the declared DP-SGD's epsilon; default 1e-5).")
-@click.option("--noise-multiplier", type=FiniteFloat(min=0), default=None,
-              help="Declare the DP-SGD that made the weights (with --sample-rate and --steps; composed exactly).")
-@click.option("--sample-rate", type=FiniteFloat(min=0, max=1, min_open=True), default=None,
-              help="Poisson sample rate of the declared DP-SGD.")
-@click.option("--steps", type=click.IntRange(min=0), default=None, help="Steps of the declared DP-SGD.")
-@json_option
-@click.pass_context
-def import_checkpoint(
-    ctx: click.Context, file: str, model: str, model_kwargs: str | None, data: str, data_kwargs: str | None,
-    subset: int | float | None, data_root: str | None, download: bool, run_name: str, epsilon: float | None,
-    delta: float | None, noise_multiplier: float | None, sample_rate: float | None, steps: int | None,
-    as_json: bool,
-) -> None:
-    """Import a foreign checkpoint FILE (.pt/.pth state dict, or .safetensors) as a new run.
-
-    .pt files are read with torch.load(weights_only=True): a file that would run code is refused. Opacus'
-    `_module.` key prefix is stripped; keys and shapes must match the model built for the data set.
-    The weights' privacy history is unknown unless declared (--epsilon with --delta, or --noise-multiplier,
-    --sample-rate and --steps): runs trained from them then say that their epsilon covers only the steps
-    landscape saw.
-    """
-    from landscape.api.store_views import import_checkpoint as do_import
-
-    name, kwargs = model_arguments(model, model_kwargs)
-    data_args = dataset_arguments(data, data_kwargs, subset, data_root, download)
-    done = do_import(file, run=run_name, model=name, model_kwargs=kwargs, data=data_args.pop("name"),
-                     subset=data_args.pop("subset"), data_root=data_args.pop("data_root"),
-                     download=data_args.pop("download"), data_kwargs=data_args, root=root_of(ctx), epsilon=epsilon,
-                     delta=delta, noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps)
-    if as_json:
-        echo_json(done)
-        return
-    click.echo(f"imported {file} -> {run_name}@init ({done['tensors']} tensors) at {done['path']}")
-    if done["epsilon"] is not None:
-        click.echo(f"privacy: declared epsilon {done['epsilon']:.4g}")
-    elif done["privacy_note"]:
-        click.echo(f"privacy: {done['privacy_note']} (declare it with --epsilon/--delta)")
 
 
 def _metric_columns(all_metrics: Any) -> list[str]:

@@ -83,3 +83,8 @@ def subset_value(value: Any, flag: str = "--subset") -> int | float | None:
     if not (math.isfinite(number) and 0.0 < number <= 1.0):
         raise UsageError(f"{flag}: a fraction must be in (0, 1], got {number} (a count is an integer)")
     return float(number)
+
+
+def scheduler_note(address: str) -> str:
+    """The line a command prints on stderr before it waits for a Dask scheduler."""
+    return f"dask: connecting to the scheduler at {address} (waiting up to {SCHEDULER_TIMEOUT_S} s)"

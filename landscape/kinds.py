@@ -124,7 +124,7 @@ def api_function(name: str) -> Any:
 def _signature(spec: JobKind) -> tuple[inspect.Signature, str]:
     """The generated api function's signature (``help()`` and IDEs show every option) and docstring."""
     positional, keyword, lines = [], [], []
-    for f in dataclasses.fields(spec.config):
+    for _, f in spec.option_fields():
         if f.name in spec.skip:
             continue
         default = f.default if f.default is not dataclasses.MISSING else (
@@ -210,7 +210,8 @@ def _analysis_kind(name: str) -> JobKind:
 
     return JobKind(name=name, config=spec.config, run=run, doc=spec.doc, required=() if spec.inputs == "pairs"
                    else ("refs",), build=build, outcome=outcome, options=option_types, rows=spec.rows,
-                   notes=spec.notes, details=spec.details, option_classes=(spec.run_options,))
+                   notes=spec.notes, details=spec.details,
+                   fields=tuple((cls, ()) for cls in (spec.config, spec.run_options) if cls is not None))
 
 
 def _is_number(value: Any) -> bool:

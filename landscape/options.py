@@ -35,7 +35,36 @@ from landscape.bounds import COUNT_MAX, SEED_MAX, is_seed, subset_value
 from landscape.errors import UsageError
 
 FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max: models and evaluations run in float32
-KINDS = ("subset", "device", "text", "metrics")
+KINDS = ("subset", "device", "text", "metrics", "model", "data", "json", "directory", "file", "scheduler")
+
+
+# the help of the model and data-set options (field name -> help), the same in every command that builds a model
+# for a data set (train, phases, import)
+SOURCE_HELP = {
+    "data": "Data set: a name, a torchvision set by name (svhn, kmnist, ...) or imagefolder (both with --data-root), "
+            "a .npz/.h5 tensor file, or module:factory / file.py:factory.",
+    "data_kwargs": 'Data set options as a JSON object, e.g. \'{"ds": 10, "dn": 90}\'.',
+    "subset": "Train on a stratified subset: a count or a fraction of the train split.",
+    "data_root": "Directory holding torchvision data sets (mnist, cifar10, ...).",
+    "download": "Download a torchvision data set into --data-root if absent.",
+    "model": "Model: a name, or module:factory / file.py:factory (called with input_shape, num_classes and "
+             "--model-kwargs).",
+    "model_kwargs": 'Model options as a JSON object, e.g. \'{"norm": "batch"}\'.',
+}
+# keys of --data-kwargs / --model-kwargs that are options of their own, or come from the data set
+DATA_RESERVED = ("name", "subset", "data_root", "download")
+MODEL_RESERVED = ("input_shape", "num_classes")
+
+
+def check_kwargs(data_kwargs: Mapping[str, Any] | None, model_kwargs: Mapping[str, Any] | None) -> None:
+    """Refuse keys of ``--data-kwargs`` that are options of their own and keys of ``--model-kwargs`` that come from
+    the data set (one UsageError line naming the flag)."""
+    clash = [k for k in DATA_RESERVED if k in (data_kwargs or {})]
+    if clash:
+        raise OptionError("--data-kwargs", f"{', '.join(clash)} cannot go in the JSON; use the matching option")
+    clash = [k for k in MODEL_RESERVED if k in (model_kwargs or {})]
+    if clash:
+        raise OptionError("--model-kwargs", f"{', '.join(clash)} come from the data set and cannot be given")
 
 
 class OptionError(UsageError):
@@ -55,7 +84,7 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | tu
            max: float | None = None, min_open: bool = False, max_open: bool = False, kind: str | None = None,
            cli: bool = True, show_default: Any = True, default_factory: Callable | None = None,
            renamed_from: tuple[str, ...] = (), value_aliases: Mapping[str, str] | None = None,
-           old_flags: tuple[str, ...] = ()) -> Any:
+           old_flags: tuple[str, ...] = (), envvar: str | None = None, required: bool = False) -> Any:
     """A config dataclass field with its option in the field's metadata.
 
     The type comes from the annotation: ``int``/``float`` (finite; ``min``/``max`` bounds, ``min_open`` /
@@ -64,17 +93,21 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | tu
     comma list; ``choices`` limit the items, which may not repeat; ``X | None`` allows None). ``kind`` names a
     special type instead: ``"device"`` (auto, cpu, cuda, cuda:N), ``"subset"`` (``int | float | None``: a count
     or a fraction), ``"text"`` (a string the config parses itself), ``"metrics"`` (a repeatable ``--metric
-    REF``). ``flag`` overrides ``--field-name`` (a tuple adds aliases such as ``("--max-grad-norm", "-C")``);
+    REF``), ``"model"`` / ``"data"`` (a model or data set name, or code: ``module:factory``), ``"json"`` (a JSON
+    object: a mapping, or its text on the command line), ``"directory"`` / ``"file"`` (a path), ``"scheduler"`` (a
+    Dask scheduler address, checked where it is used). ``flag`` overrides ``--field-name`` (a tuple adds aliases such as ``("--max-grad-norm", "-C")``);
     ``cli=False`` keeps a field off the command line (api only). ``renamed_from``: the field's old names,
     still accepted with a deprecation line; ``value_aliases``: old choice -> new choice, likewise; ``old_flags``:
     earlier command-line flags that were no option name (align's ``-o``), likewise on the command line only.
+    ``envvar``: the environment variable the command line reads when the flag is not given; ``required``: the
+    command line requires the flag although the field has a default for the api and batch specs (``phases --k``).
     """
     if kind is not None and kind not in KINDS:
         raise ValueError(f"option kind must be one of {KINDS}, got {kind!r}")
     meta = {"help": help, "flag": flag, "choices": choices, "metavar": metavar, "min": min, "max": max,
             "min_open": min_open, "max_open": max_open, "kind": kind, "cli": cli, "show_default": show_default,
             "renamed_from": tuple(renamed_from), "value_aliases": dict(value_aliases or {}),
-            "old_flags": tuple(old_flags)}
+            "old_flags": tuple(old_flags), "envvar": envvar, "required": required}
     if default_factory is not None:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -273,6 +306,8 @@ def coerce(value: Any, annotation: Any, meta: Mapping[str, Any] | None = None, *
         except UsageError as exc:
             raise OptionError(flag, str(exc).removeprefix(f"{flag}: ")) from None
     members, optional = split_optional(_resolve(annotation))
+    if kind == "json":
+        return _json_object(value, optional, flag)
     if value is None:
         if optional or kind in ("metrics",) or not members or members == (Any,):
             return None
@@ -288,8 +323,10 @@ def coerce(value: Any, annotation: Any, meta: Mapping[str, Any] | None = None, *
         if isinstance(value, list):
             return tuple(value)
         return value  # landscape.metrics.normalize (the config's validate) checks references and objects
-    if kind == "text":
+    if kind in ("text", "model", "data", "scheduler"):
         return value.strip() if isinstance(value, str) else value
+    if kind in ("directory", "file"):
+        return str(value) if isinstance(value, Path) else value
     if len(members) > 1:  # e.g. str | int: keep a value one member holds as it is
         for member in members:
             if isinstance(member, type) and isinstance(value, member) and not isinstance(value, bool):
@@ -344,6 +381,22 @@ def coerce(value: Any, annotation: Any, meta: Mapping[str, Any] | None = None, *
     if (hint is dict or origin is dict) and not isinstance(value, Mapping):
         raise OptionError(flag, f"must be a mapping, got {value!r}")
     return value
+
+
+def _json_object(value: Any, optional: bool, flag: str) -> dict[str, Any] | None:
+    """A ``"json"`` option: a mapping as a dict, its JSON text parsed (empty text: no options)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None if optional and value is None else {}
+    if isinstance(value, str):
+        import json
+
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise OptionError(flag, f"not valid JSON: {exc.msg}") from None
+    if not isinstance(value, Mapping):
+        raise OptionError(flag, "must be a JSON object")
+    return dict(value)
 
 
 def coerce_field(cls: type, f: dataclasses.Field, value: Any) -> Any:

@@ -247,6 +247,33 @@ def test_output_never_replaces_a_checkpoint_or_sits_below_a_file(root, files, tm
         assert code == 0, err
 
 
+@pytest.mark.parametrize("case", ["checkpoint", "other data", "below a file", "a directory", "name too long"])
+def test_a_bad_output_is_one_message_from_the_command_line_and_the_api(root, files, tmp_path, capsys, case):
+    """The output rule is checked in one place (landscape.results.check_output_path, before any work): the command
+    line prints the api's message as it is, exit 2, and nothing is written."""
+    from landscape.errors import OutputPathError
+
+    checkpoint = tmp_path / "ckpt.h5"
+    checkpoint.write_bytes(sorted((root / "a").glob("step-*.h5"))[-1].read_bytes())
+    (tmp_path / "folder.h5").mkdir()
+    target, fragment = {
+        "checkpoint": (checkpoint, f"refusing to overwrite {checkpoint}: it is not a landscape result file"),
+        "other data": (files / "plain.h5", "refusing to overwrite"),
+        "below a file": (files / "text.h5" / "x.h5", "text.h5 is a file, not a directory"),
+        "a directory": (tmp_path / "folder.h5", f"cannot write result {tmp_path / 'folder.h5'}: it is a directory"),
+        "name too long": (tmp_path / ("n" * 300 + ".h5"), "is longer than 255 bytes"),
+    }[case]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(OutputPathError) as caught:
+        _api_interpolate(root, target)
+    assert fragment in str(caught.value)
+    code, _, err = run_cli("--root", root, "interpolate", "a", "b", "--points", "2", "--no-figure", "-o", target,
+                           capsys=capsys)
+    assert_one_error(code, err, 2, fragment)
+    assert err.strip() == f"error: {caught.value}"  # the same line, not click's "Invalid value for '-o'" form
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
 def _api_interpolate(root, output):
     from landscape.analyze.interpolate import InterpolateConfig
     from landscape.api import interpolate

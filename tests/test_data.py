@@ -13,7 +13,6 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cli.options import data_options, dataset_arguments
 from landscape.data import (
     DATA_ENV,
     DATASETS,
@@ -226,15 +225,28 @@ def test_torchvision_files_on_disk_load_as_standardised_tensors(tmp_path, name, 
     assert_same(data, dataset_from_spec(data.spec, data_root=tmp_path))
 
 
-def test_cli_data_options_parse_into_load_dataset_arguments(monkeypatch):
+def test_cli_data_options_parse_into_load_dataset_arguments(monkeypatch, tmp_path, capsys):
+    """The data-set options of train, phases and import (generated from their fields) parse into load_dataset's
+    arguments; a bad value is a usage error, also a --data-kwargs key that is an option of its own."""
+    import dataclasses
+
+    from conftest import run_cli
+
+    from cli.generate import field_option
+    from cli.options import add_options
+    from landscape.options import hints
+    from landscape.train.config import TrainConfig
+
     monkeypatch.delenv(DATA_ENV, raising=False)
     seen = {}
+    by_name = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
-    @click.command()
-    @data_options
-    def command(**params):
-        seen.update(dataset_arguments(**params))
+    def record(data, data_kwargs, **params):
+        seen.update({"name": data, **params, **data_kwargs})
 
+    options = [field_option(by_name[n], hints(TrainConfig)[n]) for n in ("data", "data_kwargs", "subset", "data_root",
+                                                                          "download")]
+    command = click.command()(add_options(options, record))
     runner = CliRunner()
     result = runner.invoke(command, ["--data", "gaussian-signal", "--data-kwargs", '{"ds": 3}', "--subset", "0.5"])
     assert result.exit_code == 0, result.output
@@ -243,9 +255,11 @@ def test_cli_data_options_parse_into_load_dataset_arguments(monkeypatch):
     result = runner.invoke(command, ["--subset", "40"], env={DATA_ENV: "/data"})
     assert seen["subset"] == 40 and isinstance(seen["subset"], int) and seen["data_root"] == "/data"
     for bad in (["--data", "no-such-data"], ["--subset", "0"], ["--subset", "1.5"], ["--subset", "x"],
-                ["--data-kwargs", "[1]"], ["--data-kwargs", '{"subset": 3}']):
+                ["--data-kwargs", "[1]"]):
         result = runner.invoke(command, bad)
         assert result.exit_code == 2, (bad, result.output)
+    code, _, err = run_cli("--root", tmp_path, "train", "--data-kwargs", '{"subset": 3}', capsys=capsys)
+    assert code == 2 and "subset cannot go in the JSON" in err
 
 
 def test_numpy_subset_from_a_file_is_recorded_as_plain_json():

@@ -66,6 +66,19 @@ def test_the_toy_kind_is_the_recipe_as_written():
     assert line in section.split("```", 2)[2]
 
 
+def test_the_toy_analysis_is_the_recipe_as_written():
+    """tests/toy_analysis.py is step 1 of docs/ARCHITECTURE.md's "How to add an analysis" line for line (its docstring
+    and its names aside: ``toy-norm`` / ``Toy...`` for ``param-norm`` / ``ParamNorm...``)."""
+    root = Path(__file__).resolve().parents[1]
+    section = (root / "docs" / "ARCHITECTURE.md").read_text().split("## How to add an analysis", 1)[1]
+    block = textwrap.dedent(section.split("```python\n", 1)[1].split("```", 1)[0])
+    toy = (root / "tests" / "toy_analysis.py").read_text().split('"""', 2)[2]
+    toy = toy.replace("toy-norm", "param-norm").replace("Toy", "ParamNorm")
+    assert [line for line in toy.splitlines() if line.strip()] == [line for line in block.splitlines() if line.strip()]
+    line = 'register("param-norm", "landscape.analyze.param_norm:SPEC", "Parameter norm and loss along a run.")'
+    assert line in section.split("```", 2)[2]
+
+
 def test_every_kind_is_registered_with_a_spec():
     names = kinds.names()
     assert names[:len(BUILT_IN)] == BUILT_IN and "interpolate" in names
@@ -187,10 +200,26 @@ jobs:
     assert [o["status"] for o in again.outcomes] == ["done", "cached"], again.outcomes
 
 
+@pytest.mark.parametrize("name", BUILT_IN)
+def test_every_kind_command_is_generated_from_its_dataclasses(name):
+    """No command of a job kind is written by hand: its options are the option fields of the kind's dataclasses
+    (a field added to ``PhasesConfig`` or ``TrainConfig`` with option() metadata is an option of the command
+    without further code), its arguments the spec's ``arguments``."""
+    import dataclasses
+
+    assert not hasattr(cli.main, "HAND_WRITTEN")
+    command = cli.main.cli.get_command(None, name)
+    assert command.callback.__module__ == "cli.kinds"
+    spec = kinds.get(name)
+    fields = [f for cls, left_out in spec.fields or ((spec.config, ()),) for f in dataclasses.fields(cls)
+              if f.name not in left_out and f.metadata.get("cli")]
+    params = [p.name for p in command.params if not getattr(p, "hidden", False) and p.name != "as_json"]
+    assert params == [*spec.arguments, *(f.name for f in fields if f.name not in spec.arguments)]
+
+
 def test_prune_command_is_generated_with_its_required_option(store, capsys):
     """``prune`` has no hand-written command: its options, help and output come from its spec, and ``remove`` (a
     field without a default) is a required option."""
-    assert "prune" not in cli.main.HAND_WRITTEN and "align" not in cli.main.HAND_WRITTEN
     with pytest.raises(SystemExit) as info:
         cli.main.main(["--root", str(store.root), "prune", "a@last"])
     assert info.value.code == 2 and "Missing option '--remove'" in capsys.readouterr().err

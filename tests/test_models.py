@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from cli.options import model_arguments, model_options
 from landscape.errors import ModelError
 from landscape.models import (
     MODELS,
@@ -185,25 +184,38 @@ def test_spec_arguments_override_and_merge():
     assert build_model(spec, num_classes=6)(torch.randn(1, 4)).shape == (1, 6)
 
 
-def test_cli_model_options_parse_into_build_model_arguments():
+def test_cli_model_options_parse_into_build_model_arguments(tmp_path, capsys):
+    """The model options of import (required) and train (optional; generated from their fields) parse into
+    build_model's arguments; a bad value is a usage error, also a --model-kwargs key the data set decides."""
+    import dataclasses
+
+    from conftest import run_cli
+
+    from cli.generate import field_option
+    from cli.options import add_options
+    from landscape.api.store_views import ImportConfig
+    from landscape.options import hints
+    from landscape.train.config import TrainConfig
+
+    def options(cls):
+        by_name = {f.name: f for f in dataclasses.fields(cls)}
+        return [field_option(by_name[n], hints(cls)[n]) for n in ("model", "model_kwargs")]
+
     seen = {}
 
-    @click.command()
-    @model_options(default=None)
-    def command(model, model_kwargs):
-        seen["args"] = model_arguments(model, model_kwargs)
+    def record(model, model_kwargs):
+        seen["args"] = (model, model_kwargs)
 
+    command = click.command()(add_options(options(ImportConfig), record))
     runner = CliRunner()
     result = runner.invoke(command, ["--model", "resnet18", "--model-kwargs", '{"norm": "batch"}'])
     assert result.exit_code == 0, result.output
     assert seen["args"] == ("resnet18", {"norm": "batch"})
-    for bad in ([], ["--model", "vgg"], ["--model", "mlp", "--model-kwargs", "{bad"],
-                ["--model", "mlp", "--model-kwargs", '{"num_classes": 3}']):
+    for bad in ([], ["--model", "vgg"], ["--model", "mlp", "--model-kwargs", "{bad"]):
         assert runner.invoke(command, bad).exit_code == 2, bad
+    code, _, err = run_cli("--root", tmp_path, "import", tmp_path / "w.pt", "--model", "mlp", "--data", "digits",
+                           "--run", "x", "--model-kwargs", '{"num_classes": 3}', capsys=capsys)
+    assert code == 2 and "num_classes come from the data set" in err
 
-    @click.command()
-    @model_options(default=None, required=False)
-    def optional(model, model_kwargs):
-        seen["optional"] = model
-
-    assert runner.invoke(optional, []).exit_code == 0 and seen["optional"] is None
+    optional = click.command()(add_options(options(TrainConfig), record))
+    assert runner.invoke(optional, []).exit_code == 0 and seen["args"] == (None, {})

@@ -100,8 +100,7 @@ def test_phases_validation():
         PhasesConfig(base=TrainConfig(**{**BASE, "noise_multiplier": None}), k=1).validate()
 
 
-def test_cli_phases_prints_the_runs(tmp_path, capsys, monkeypatch):
-    monkeypatch.setitem(cli.main.COMMANDS, "phases", ("cli.train:phases", "Phases."))
+def test_cli_phases_prints_the_runs(tmp_path, capsys):
     args = ["--root", str(tmp_path), "phases", "--k", "1", "--epochs", "2", "--copies", "1", "--subset", "100",
             "--batch-size", "50", "--phase1", "sgd", "--phase2", "sgd,dpsgd", "--noise-multiplier", "1.0",
             "--group", "demo"]

@@ -10,7 +10,6 @@ import pytest
 import torch
 from conftest import run_cli
 
-import cli.main
 from landscape.errors import CheckpointError, ModelError, UsageError
 from landscape.store import Store
 from landscape.train import accounting
@@ -20,12 +19,6 @@ from landscape.train.sampling import PoissonSampler, ShuffleSampler, steps_per_e
 
 # a small, fast setting: 200 digits, 4 steps per epoch
 SMALL = dict(model="lenet", data="digits", subset=200, batch_size=50, lr=0.05, checkpoint_every="1e")
-
-
-@pytest.fixture
-def cli_commands(monkeypatch):
-    monkeypatch.setitem(cli.main.COMMANDS, "train", ("cli.train:train", "Train."))
-    monkeypatch.setitem(cli.main.COMMANDS, "phases", ("cli.train:phases", "Phases."))
 
 
 def weights(store: Store, ref: str) -> dict[str, torch.Tensor]:
@@ -286,7 +279,7 @@ def test_dp_with_batchnorm_is_refused_with_a_pointer_to_groupnorm(tmp_path):
 # ------------------------------------------------------------------------------------------- CLI
 
 
-def test_cli_train_prints_a_table_and_json(tmp_path, capsys, cli_commands):
+def test_cli_train_prints_a_table_and_json(tmp_path, capsys):
     code, out, err = run_cli("--root", str(tmp_path), "train", "--subset", "200", "--batch-size", "50",
                               "--epochs", "1", "--run", "c1", capsys=capsys)
     assert code == 0, err
@@ -312,7 +305,7 @@ def test_cli_train_prints_a_table_and_json(tmp_path, capsys, cli_commands):
         (["--checkpoint-every", "7"], 2, "steps"),
     ],
 )
-def test_cli_train_errors_are_one_line(tmp_path, capsys, cli_commands, args, code, message):
+def test_cli_train_errors_are_one_line(tmp_path, capsys, args, code, message):
     got, out, err = run_cli("--root", str(tmp_path), "train", "--epochs", "1", *args, capsys=capsys)
     assert got == code
     assert message in err
@@ -324,8 +317,9 @@ def test_cli_train_errors_are_one_line(tmp_path, capsys, cli_commands, args, cod
 def test_cli_options_mirror_train_config():
     import dataclasses
 
-    from cli.train import train as command
+    from cli.kinds import command as generated
 
+    command = generated("train")
     params = {p.name for p in command.params if not p.hidden} - {"as_json"}  # hidden: an old name (--microbatch)
     assert params == {f.name for f in dataclasses.fields(TrainConfig)}
 

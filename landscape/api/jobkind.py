@@ -3,22 +3,27 @@
 One :class:`JobKind` per kind, one line per kind in the registry :mod:`landscape.kinds`. The batch runner, the
 command line and ``landscape.api`` look a kind up there instead of branching on its name:
 
-- **options**: the fields of ``config`` (a dataclass; :meth:`JobKind.option_types` maps each option to its
+- **options**: the option fields of ``config`` (a dataclass; :meth:`JobKind.option_types` maps each option to its
   annotation, which batch specs check values against), ``arguments`` the ones given positionally (command-line
   arguments, leading api arguments) and ``required`` the ones a batch job must give (its runs are then known
-  before anything runs); ``option_classes`` are further dataclasses whose fields are options too (an analysis'
-  run options, the training options of ``phases``), so that their renamed fields' old names are known;
+  before anything runs); ``fields`` names the dataclasses whose fields are the options when they are more than
+  ``config``'s (``phases``: the training options, then its own), each with the fields it leaves out, in the
+  order the command lists them; ``skip`` are fields that are options of the command only (train's ``resume``);
 - **build**: options -> the validated configuration (what runs; default ``config(**options)``, its numbers within
   the fields' declared ranges (:func:`landscape.analyze.registry.check_bounds`) and its ``validate()``);
 - **run**: ``run(config, *, root, out)`` through ``landscape.api`` (``root`` the store, ``out`` a directory for
   the files the job writes outside the store, or None for the kind's default) -> the kind's result object;
+- **command**: what the command runs, when it is not ``run``: ``command(config, *, root, progress, report)``
+  (``progress``: draw progress bars, stderr is a terminal; ``report``: prints one line on stderr); ``given``
+  checks which options the command line gave (``given(names -> flags)``: train's ``--resume`` takes no others);
 - **produces**: options -> the store runs the job writes (a batch links a job that reads one of them after it);
 - **outcome**: ``outcome(result, root, out)`` -> (numbers, files): what a batch records of a finished job;
-- **rows** / **notes** / **details**: how a command prints the result (a table, lines after it, ``--json``).
+- **rows** / **notes** / **details**: how a command prints what it ran (a table, lines after it, ``--json``).
 
 ``api`` is the public function ``landscape.api.<name>`` when the kind has a hand-written one (``train(config,
-root=...)``); without it, the api function and the command are generated from the spec. Kinds live in the
-modules that implement them (the api, the figures) and are found through the registry :mod:`landscape.kinds`.
+root=...)``); without it, the api function is generated from the spec. The command is always generated
+(:mod:`cli.kinds`). Kinds live in the modules that implement them (the api, the figures) and are found through
+the registry :mod:`landscape.kinds`.
 """
 
 from __future__ import annotations
@@ -48,7 +53,8 @@ class JobKind:
     doc: str = ""
     arguments: tuple[str, ...] = ()
     required: tuple[str, ...] = ()
-    skip: tuple[str, ...] = ()  # config fields that are no option of the kind (train's ``resume``)
+    skip: tuple[str, ...] = ()  # config fields that are options of the command only (train's ``resume``)
+    fields: tuple[tuple[type, tuple[str, ...]], ...] = ()  # (dataclass, fields left out); default: config's
     build: Callable[[dict[str, Any]], Any] | None = None
     produces: Callable[[dict[str, Any]], list[str]] = _no_runs
     outcome: Callable[[Any, Path, Path | None], tuple[dict[str, Any], list[Path]]] = _no_numbers
@@ -57,21 +63,35 @@ class JobKind:
     notes: Callable[[Any], list[str]] | None = None
     details: Callable[[Any], dict[str, Any]] | None = None
     api: Callable[..., Any] | None = None
-    option_classes: tuple[type, ...] = ()  # further dataclasses whose fields are options (phases: TrainConfig)
+    command: Callable[..., Any] | None = None
+    given: Callable[[dict[str, str]], None] | None = None
+
+    def option_fields(self) -> list[tuple[type, dataclasses.Field]]:
+        """``(dataclass, field)`` of every option of the kind (command-only ones too), in the command's order."""
+        return [(cls, f) for cls, left_out in self.fields or ((self.config, ()),)
+                for f in dataclasses.fields(cls) if f.name not in left_out]
 
     def renames(self) -> dict[str, str]:
-        """Old option name -> current one, for the renamed fields of ``config`` and ``option_classes`` (the old
-        names are accepted for one release with a deprecation line)."""
+        """Old option name -> current one, for the renamed fields of the kind's dataclasses (the old names are
+        accepted for one release with a deprecation line)."""
         from landscape.options import renames
 
-        return {old: new for cls in (self.config, *self.option_classes) if cls is not None
+        return {old: new for cls in dict.fromkeys(cls for cls, _ in self.option_fields())
                 for old, new in renames(cls).items()}
 
     def option_types(self) -> dict[str, str]:
-        """Option name -> its type annotation (a string, as the dataclass declares it)."""
+        """Option name -> its type annotation (a string, as the dataclass declares it); old names too."""
         if self.options is not None:
             return self.options()
-        return fields_of(self.config, skip=self.skip)
+        types_ = {f.name: str(f.type) for _, f in self.option_fields() if f.name not in self.skip}
+        return types_ | {old: types_[new] for old, new in self.renames().items() if new in types_}
+
+    def execute(self, config: Any, *, root: Path, progress: bool = False,
+                report: Callable[[str], None] | None = None) -> Any:
+        """What the command runs: ``command`` (with progress bars and report lines), else ``run``."""
+        if self.command is not None:
+            return self.command(config, root=root, progress=progress, report=report)
+        return self.run(config, root=root, out=None)
 
     def configure(self, options: dict[str, Any]) -> Any:
         """The validated configuration for ``options`` (a UsageError, ValueError or TypeError names what is wrong)."""

@@ -21,6 +21,8 @@ import numpy as np
 
 from landscape.api.jobkind import JobKind, files_under, run_option
 from landscape.errors import CheckpointError
+from landscape.options import SOURCE_HELP, check_kwargs, option
+from landscape.runtime import DATA_ENV
 
 __all__ = ["runs", "checkpoint", "show", "import_checkpoint"]
 
@@ -118,6 +120,7 @@ def import_checkpoint(
     from landscape.store import import_checkpoint as store_import
     from landscape.train.accounting import ancestry_note
 
+    check_kwargs(data_kwargs, model_kwargs)
     source = Path(file)
     target = source.resolve()  # a link is judged by what it points to, before the data set is loaded
     if source.suffix.lower() in (".pt", ".pth") and target.is_file() and not _looks_like_torch_file(target):
@@ -139,24 +142,53 @@ def import_checkpoint(
             "privacy_note": ancestry_note(st.run(run).manifest)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ImportConfig:
-    """The options of :func:`import_checkpoint` (the job kind ``import``)."""
+    """The options of :func:`import_checkpoint` (the job kind ``import``: its command is generated from them)."""
+
+    file: str = option(help="The .pt/.pth state dict or .safetensors file.", kind="file")
+    model: str = option(help=SOURCE_HELP["model"], kind="model")
+    model_kwargs: dict[str, Any] | None = option(None, SOURCE_HELP["model_kwargs"], kind="json")
+    data: str = option(help=SOURCE_HELP["data"], kind="data")
+    data_kwargs: dict[str, Any] | None = option(None, SOURCE_HELP["data_kwargs"], kind="json")
+    subset: int | float | None = option(None, SOURCE_HELP["subset"], kind="subset")
+    data_root: str | None = option(None, SOURCE_HELP["data_root"], kind="directory", envvar=DATA_ENV)
+    download: bool = option(False, SOURCE_HELP["download"])
+    run: str = option(help="Name of the new run (step 0 holds the imported weights).")
+    epsilon: float | None = option(None, "Declare the weights' (epsilon, delta)-DP guarantee (with --delta); without "
+                                         "a declaration their privacy history is unknown.", min=0)
+    delta: float | None = option(None, "Delta of --epsilon (or at which to report the declared DP-SGD's epsilon; "
+                                       "default 1e-5).", min=0, max=1, max_open=True)
+    noise_multiplier: float | None = option(None, "Declare the DP-SGD that made the weights (with --sample-rate and "
+                                                  "--steps; composed exactly).", min=0)
+    sample_rate: float | None = option(None, "Poisson sample rate of the declared DP-SGD.", min=0, max=1,
+                                       min_open=True)
+    steps: int | None = option(None, "Steps of the declared DP-SGD.", min=0)
+
+    def validate(self) -> None:
+        check_kwargs(self.data_kwargs, self.model_kwargs)
+
+
+@dataclass(frozen=True)
+class Imported:
+    """What ``landscape import`` made: the file and :func:`import_checkpoint`'s summary (its ``--json``)."""
 
     file: str
-    run: str
-    model: str
-    data: str
-    model_kwargs: dict[str, Any] | None = None
-    data_kwargs: dict[str, Any] | None = None
-    subset: int | float | None = None
-    data_root: str | None = None
-    download: bool = False
-    epsilon: float | None = None
-    delta: float | None = None
-    noise_multiplier: float | None = None
-    sample_rate: float | None = None
-    steps: int | None = None
+    done: dict[str, Any]
+
+
+def _import_command(config: ImportConfig, *, root: Path, progress: bool, report: Any) -> Imported:
+    return Imported(config.file, import_checkpoint(root=root, **dataclasses.asdict(config)))
+
+
+def _import_notes(made: Imported) -> list[str]:
+    done = made.done
+    lines = [f"imported {made.file} -> {done['run']}@init ({done['tensors']} tensors) at {done['path']}"]
+    if done["epsilon"] is not None:
+        lines.append(f"privacy: declared epsilon {done['epsilon']:.4g}")
+    elif done["privacy_note"]:
+        lines.append(f"privacy: {done['privacy_note']} (declare it with --epsilon/--delta)")
+    return lines
 
 
 def _import_job(config: ImportConfig, *, root: Path, out: Path | None = None) -> dict[str, Any]:
@@ -184,8 +216,16 @@ def _import_outcome(done: dict[str, Any], root: Path, out: Path | None) -> tuple
 
 IMPORT_JOB = JobKind(
     name="import", config=ImportConfig, run=_import_job, arguments=("file",), required=("file", "run", "model", "data"),
-    produces=run_option, outcome=_import_outcome, api=import_checkpoint, details=lambda done: done,
-    doc="Import a foreign checkpoint FILE (.pt/.pth state dict, or .safetensors) as a new run.",
+    produces=run_option, outcome=_import_outcome, api=import_checkpoint, command=_import_command,
+    notes=_import_notes, details=lambda made: made.done,
+    doc="""Import a foreign checkpoint FILE (.pt/.pth state dict, or .safetensors) as a new run.
+
+    .pt files are read with torch.load(weights_only=True): a file that would run code is refused. Opacus'
+    `_module.` key prefix is stripped; keys and shapes must match the model built for the data set.
+    The weights' privacy history is unknown unless declared (--epsilon with --delta, or --noise-multiplier,
+    --sample-rate and --steps): runs trained from them then say that their epsilon covers only the steps
+    landscape saw.
+    """,
 )
 
 

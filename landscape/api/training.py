@@ -1,5 +1,6 @@
 """Python face of training: ``train`` (also ``--from`` and ``--resume``) and ``phases``, and their job kinds
-(``TRAIN_JOB``, ``PHASES_JOB``: :mod:`landscape.kinds`).
+(``TRAIN_JOB``, ``PHASES_JOB``: :mod:`landscape.kinds`). ``train`` is the training loop's entry point itself
+(:func:`landscape.train.loop.train`).
 
 >>> from landscape.api.training import TrainConfig, train
 >>> run = train(TrainConfig(model="lenet", data="digits", epochs=3), root="checkpoints")
@@ -15,14 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from landscape import plugins
-from landscape.api.jobkind import JobKind, fields_of, files_under, run_option, validated
+from landscape.api.jobkind import JobKind, files_under, run_option, validated
 from landscape.data import load_dataset
-from landscape.errors import CheckpointError
+from landscape.errors import CheckpointError, UsageError
 from landscape.store import Run, Store
-from landscape.train.callbacks import Callback
 from landscape.train.config import PhasesConfig, TrainConfig, config_hash
-from landscape.train.loop import DEFAULT_DATA, DEFAULT_MODEL, calibrate_noise
-from landscape.train.loop import train as _train
+from landscape.train.loop import DEFAULT_DATA, DEFAULT_MODEL, calibrate_noise, train
 from landscape.train.sampling import steps_per_epoch
 
 __all__ = ["PHASES_JOB", "TRAIN_JOB", "PhasesConfig", "RunSummary", "TrainConfig", "phases", "resume", "summarize",
@@ -77,23 +76,11 @@ def summarize(run: Run) -> RunSummary:
     )
 
 
-def train(
-    config: TrainConfig,
-    *,
-    root: str | Path,
-    callbacks: Sequence[Callback] = (),
-    progress: bool | None = None,
-    phases: dict[str, Any] | None = None,
-) -> Run:
-    """Train a run (from scratch, from ``config.from_ref``, or resume ``config.resume``); see landscape.train.loop."""
-    return _train(config, root=root, callbacks=callbacks, progress=progress, phases=phases)
-
-
 def resume(run: str, *, root: str | Path, data_root: str | None = None, progress: bool | None = None) -> Run:
     """Continue a killed run from its last checkpoint, or from step 0 when it was killed before writing one
     (bit-identical to an uninterrupted run on CPU with fixed seeds). Another process writing the run is a
     RunBusyError (one writer per run)."""
-    return _train(TrainConfig(resume=run, data_root=data_root), root=root, progress=progress)
+    return train(TrainConfig(resume=run, data_root=data_root), root=root, progress=progress)
 
 
 def phases(config: PhasesConfig, *, root: str | Path, progress: bool | None = None,
@@ -182,8 +169,8 @@ def ensure(store: Store, config: TrainConfig, phases_label: dict[str, Any] | Non
             raise CheckpointError(
                 f"run '{config.run}' already exists with a different configuration; choose another --group"
             )
-        return _train(TrainConfig(resume=config.run, data_root=config.data_root), root=store.root, progress=progress)
-    return _train(config, root=store.root, progress=progress, phases=phases_label)
+        return train(TrainConfig(resume=config.run, data_root=config.data_root), root=store.root, progress=progress)
+    return train(config, root=store.root, progress=progress, phases=phases_label)
 
 
 # ------------------------------------------------------------------------------------ job kinds
@@ -211,25 +198,48 @@ def _train_outcome(run: Run, root: Path, out: Path | None) -> tuple[dict[str, An
     return {k: getattr(summary, k) for k in _NUMBERS}, files_under(run.path)
 
 
+_COLUMNS = ("run", "optimizer", "parent", "step", "epoch", "epsilon", "train_acc", "test_acc", "test_loss", "seconds")
+_PHASES_COLUMNS = ("run", "phase1", "phase2", "copy", "parent", "epoch", "epsilon", "test_acc", "test_loss")
+
+
+def _train_given(given: dict[str, str]) -> None:
+    """``--resume RUN`` continues with the run's stored options: no other option but ``--data-root``."""
+    others = [flag for name, flag in given.items() if name not in ("resume", "data_root")]
+    if "resume" in given and others:
+        raise UsageError(f"--resume RUN continues with the run's stored options; drop {', '.join(others)}")
+
+
+def _train_command(config: TrainConfig, *, root: Path, progress: bool, report: Callable[[str], None] | None) -> Run:
+    return train(config, root=root, progress=progress)
+
+
 TRAIN_JOB = JobKind(
     name="train", config=TrainConfig, run=_train_job, skip=("resume",), required=("run",), produces=run_option,
-    outcome=_train_outcome, api=train, rows=lambda run: [dataclasses.asdict(summarize(run))],
+    outcome=_train_outcome, api=train, command=_train_command, given=_train_given,
+    rows=lambda run: [_columns(summarize(run), _COLUMNS)], notes=lambda run: [f"run written to {run.path}"],
+    details=lambda run: dataclasses.asdict(summarize(run)),
     doc="Train a model (SGD or the DP-SGD family) into the checkpoint store.",
 )
+
+
+def _columns(summary: RunSummary, columns: Sequence[str]) -> dict[str, Any]:
+    return {c: getattr(summary, c) for c in columns}
 
 
 def _phase_fields() -> set[str]:
     return {f.name for f in dataclasses.fields(PhasesConfig)} - {"base"}
 
 
-def _phases_options() -> dict[str, str]:
-    return {**fields_of(TrainConfig, skip=("run", "from_ref", "resume")), **fields_of(PhasesConfig, skip=("base",))}
-
-
 def _phases_build(options: dict[str, Any]) -> PhasesConfig:
     own = {k: options.pop(k) for k in list(options) if k in _phase_fields()}
     own = {k: tuple(v) if isinstance(v, list) else v for k, v in own.items()}
     return validated(PhasesConfig(base=TrainConfig(**options), **own))
+
+
+def _phases_command(config: PhasesConfig, *, root: Path, progress: bool,
+                    report: Callable[[str], None] | None) -> list[RunSummary]:
+    """Without progress bars (output piped), one line per finished run on stderr."""
+    return phases(config, root=root, progress=progress, report=None if progress else report)
 
 
 def _phases_produces(options: dict[str, Any]) -> list[str]:
@@ -257,8 +267,10 @@ def _phases_outcome(summaries: list[RunSummary], root: Path, out: Path | None) -
 
 PHASES_JOB = JobKind(
     name="phases", config=PhasesConfig, run=lambda config, *, root, out=None: phases(config, root=root, progress=False),
-    required=("group",), options=_phases_options, build=_phases_build, produces=_phases_produces,
-    outcome=_phases_outcome, api=phases, option_classes=(TrainConfig,),
-    rows=lambda summaries: [dataclasses.asdict(s) for s in summaries],
+    fields=((TrainConfig, ("optimizer", "run", "from_ref", "resume")), (PhasesConfig, ("base",))),
+    required=("group",), build=_phases_build, produces=_phases_produces, outcome=_phases_outcome, api=phases,
+    command=_phases_command, rows=lambda summaries: [_columns(s, _PHASES_COLUMNS) for s in summaries],
+    notes=lambda summaries: [f"{len(summaries)} runs in {summaries[0].path.parent if summaries else '-'}"],
+    details=lambda summaries: [dataclasses.asdict(s) for s in summaries],
     doc="Phase 1 / Phase 2 branches: SGD and DP-SGD for k epochs from one init, then each way for the rest.",
 )

@@ -1,37 +1,64 @@
-"""The job kind ``figures`` (:mod:`landscape.kinds`): one paper-figure recipe at one scale as a batch job, its
-outputs in the job's directory and its runs in the batch's store (reused by any later job or rerun with the same
-configuration)."""
+"""The job kind ``figures`` (:mod:`landscape.kinds`): paper-figure recipes by name.
+
+A batch job makes one ``recipe`` at one scale, its outputs in the job's directory and its runs in the batch's store
+(reused by any later job or rerun with the same configuration). The command (generated from :class:`FigureJob`:
+:mod:`cli.kinds`) makes the recipes it names (or ``all``) into ``--out`` with ``--workers`` or on a Dask
+``--scheduler``, or lists them (``--list``): options of the command only.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from landscape.api.jobkind import JobKind, files_under
-from landscape.errors import UsageError
+from landscape.bounds import scheduler_note
+from landscape.errors import RecipeError, UsageError
 from landscape.figures import figures
+from landscape.figures.recipe import SCALES
+from landscape.options import option
+
+_COMMAND_ONLY = ("names", "listing", "out", "workers", "scheduler")
 
 
 @dataclass(frozen=True)
 class FigureJob:
-    """One recipe at one scale (``landscape figures RECIPE --scale S``)."""
+    """Recipes at one scale: ``recipe`` (a batch job's one recipe) or ``names`` (the command's)."""
 
-    recipe: str
-    scale: str = "cpu"
-    rerun: bool = False
-    data_root: str | None = None
+    names: tuple[str, ...] | None = option(None, "Recipe names, or `all`.")
+    listing: bool = option(False, "List every recipe with its paper figure and claim.", flag="--list")
+    scale: str = option("cpu", "test: seconds; cpu: minutes on a laptop; paper: the paper's data set and model (GPU).",
+                        choices=SCALES)
+    out: str = option("figures-out", "Output folder (one subfolder per recipe: figure PNG + PDF, HDF5 summary).",
+                      kind="directory")
+    workers: int = option(1, "Worker processes.", min=1)
+    data_root: str | None = option(None, "Folder of the paper's data sets (else $LANDSCAPE_DATA).")
+    rerun: bool = option(False, "Make finished recipes again (their trained runs are still reused).")
+    scheduler: str | None = option(None, "Run the analyses' parallel parts on this Dask scheduler instead of "
+                                         "--workers.", kind="scheduler")
+    recipe: str | None = option(None, "The recipe of a batch job.", cli=False)
 
     def validate(self) -> FigureJob:
         from landscape.figures import registry
-        from landscape.figures.recipe import SCALES
 
-        if self.recipe not in registry.names():
+        if self.recipe is not None and self.recipe not in registry.names():
             raise UsageError(f"'recipe': unknown recipe {self.recipe!r}; see `landscape figures --list`")
         if self.scale not in SCALES:
             raise UsageError(f"'scale' must be one of {', '.join(SCALES)}, got {self.scale!r}")
         return self
+
+
+@dataclass
+class Figures:
+    """What the command did: the recipes made (or skipped) and the gallery page, or the list of recipes."""
+
+    made: list[Any] = dataclasses.field(default_factory=list)
+    gallery: Path | None = None
+    listing: list[str] = dataclasses.field(default_factory=list)
 
 
 def _run(job: FigureJob, *, root: Path, out: Path | None = None) -> Any:
@@ -42,6 +69,43 @@ def _run(job: FigureJob, *, root: Path, out: Path | None = None) -> Any:
                 data_root=job.data_root, rerun=job.rerun)
 
 
+def _command(job: FigureJob, *, root: Path, progress: bool, report: Callable[[str], None] | None) -> Figures:
+    """``--list``, or the named recipes (``all``: every one); the recipes that finished before a failure are
+    the error's ``partial`` result (the command prints them before the error line)."""
+    from landscape.figures import registry
+
+    if job.listing:
+        return Figures(listing=[f"{name:14s} {r.paper.split(' (')[0]}, {r.figure}: {r.claim}"
+                                for name, r in ((n, registry.get(n)) for n in registry.names())])
+    if not job.names:
+        raise UsageError("name a recipe (or `all`); `landscape figures --list` shows them")
+    if job.scheduler is not None and report is not None:
+        report(scheduler_note(job.scheduler))
+    try:
+        made = figures(list(job.names), scale=job.scale, out=job.out, root=root, workers=job.workers,
+                       data_root=job.data_root, rerun=job.rerun, scheduler=job.scheduler, report=report)
+    except RecipeError as exc:
+        exc.partial = Figures(made=exc.made)
+        raise
+    return Figures(made=made, gallery=Path(job.out) / "README.md")
+
+
+def _notes(done: Figures) -> list[str]:
+    """The recipe list, or per recipe whether it was made and its verdict, then the gallery page."""
+    lines = list(done.listing)
+    for m in done.made:
+        lines.append(f"{m.name} [{m.scale}] {'skipped (finished)' if m.skipped else 'made'}: {m.path}")
+        lines.append(f"  {dataclasses.replace(m.verdict, note='').line()}")
+    return lines + ([f"gallery: {done.gallery}"] if done.gallery is not None else [])
+
+
+def _details(done: Figures) -> dict[str, Any]:
+    """``--json``: the recipe list, or each recipe made (or skipped) with its verdict, and the gallery page."""
+    made = [{"name": m.name, "scale": m.scale, "skipped": m.skipped, "path": str(m.path), "held": m.verdict.held,
+             "verdict": dataclasses.replace(m.verdict, note="").line()} for m in done.made]
+    return {"recipes": made, "gallery": None if done.gallery is None else str(done.gallery), "listing": done.listing}
+
+
 def _outcome(made: Any, root: Path, out: Path | None) -> tuple[dict[str, Any], list[Path]]:
     """The verdict (1 held, 0 did not hold, NaN inconclusive) and its part counts; the files under ``out``."""
     numbers = {"verdict": {True: 1.0, False: 0.0, None: math.nan}[made.verdict.held]}
@@ -50,5 +114,15 @@ def _outcome(made: Any, root: Path, out: Path | None) -> tuple[dict[str, Any], l
     return numbers, files_under(out if out is not None else Path(made.path).parent)
 
 
-JOB = JobKind(name="figures", config=FigureJob, run=_run, required=("recipe",), outcome=_outcome, api=figures,
-              doc="Make a paper figure by recipe: train, analyse, plot, judge the claim.")
+def _build(options: dict[str, Any]) -> FigureJob:
+    """A batch job's options (checked by the batch against their annotations) or the command's (by click) as the
+    job, checked by :meth:`FigureJob.validate` (a batch spec's message names ``'recipe'``/``'scale'``)."""
+    return FigureJob(**options).validate()
+
+
+JOB = JobKind(name="figures", config=FigureJob, run=_run, arguments=("names",), required=("recipe",),
+              skip=_COMMAND_ONLY, build=_build, outcome=_outcome, api=figures, command=_command, notes=_notes, details=_details,
+              doc="""Make paper figures by recipe NAME (or `all`); finished recipes (same settings) are skipped on rerun.
+
+              Example: landscape figures watson-fig5 --scale cpu --out figures/
+              """)

@@ -1,6 +1,7 @@
 """Training options: one dataclass holds every option of ``landscape train`` (open_lth's hparams style).
 
-The click command mirrors :class:`TrainConfig` field by field, the run manifest stores it as ``config``,
+The click commands ``train`` and ``phases`` are generated from the fields' :func:`~landscape.options.option`
+metadata (:mod:`cli.kinds`), the run manifest stores it as ``config``,
 and :func:`config_hash` identifies a run by its non-default fields only, so adding an option with a default
 never changes old hashes (open_lth ``foundations/desc.py``).
 """
@@ -13,14 +14,15 @@ import json
 import math
 import re
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from landscape.bounds import check_seed
-from landscape.clip import CLIP_STYLES
+from landscape.clip import CLIP_FUNCTIONS, CLIP_STYLES
 from landscape.errors import UsageError
-from landscape.options import Renaming, option, renamed
-from landscape.runtime import check_device_name
+from landscape.options import SOURCE_HELP, Renaming, check_kwargs, option, renamed
+from landscape.runtime import DATA_ENV, check_device_name
+from landscape.train.accounting import METHODS as ACCOUNTANTS
 
 OPTIMIZERS = ("sgd", "dpsgd", "clip-only", "noise-only")
 DP_OPTIMIZERS = ("dpsgd", "clip-only", "noise-only")
@@ -50,38 +52,45 @@ class TrainConfig(metaclass=Renaming):
     steps), ``"Ee"`` (every E epochs, E may be fractional) or ``"none"``; init and final are always kept.
     """
 
-    model: str | None = None
-    model_kwargs: dict[str, Any] = field(default_factory=dict)
-    data: str | None = None
-    data_kwargs: dict[str, Any] = field(default_factory=dict)
-    subset: float | None = None
-    data_seed: int = 0
-    data_root: str | None = None
-    download: bool = False
-    epochs: int = 10
-    lr: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    batch_size: int = 64
-    seed: int = 0
-    device: str = "auto"
-    checkpoint_every: str = "1e"
-    optimizer: str = "sgd"
-    max_grad_norm: float = 1.0
-    noise_multiplier: float | None = None
-    target_epsilon: float | None = None
-    delta: float = 1e-5
-    accountant: str = "rdp"
-    clip_style: str = "flat"
-    clip_fn: str = "abadi"
-    sampling: str | None = None
-    sparsify: float = 0.0
-    smooth: float = 0.0
+    data: str | None = option(None, SOURCE_HELP["data"] + " Default: digits, or the parent's with --from.",
+                              kind="data")
+    data_kwargs: dict[str, Any] = option(help=SOURCE_HELP["data_kwargs"], kind="json", default_factory=dict)
+    subset: float | None = option(None, SOURCE_HELP["subset"], kind="subset")
+    data_root: str | None = option(None, SOURCE_HELP["data_root"], kind="directory", envvar=DATA_ENV)
+    download: bool = option(False, SOURCE_HELP["download"])
+    model: str | None = option(None, SOURCE_HELP["model"] + " Default: lenet, or the parent's with --from.",
+                               kind="model")
+    model_kwargs: dict[str, Any] = option(help=SOURCE_HELP["model_kwargs"], kind="json", default_factory=dict)
+    data_seed: int = option(0, "Seed of the data set (subset draw, synthetic data).")
+    epochs: int = option(10, "Epochs of ceil(N/B) steps each (as `landscape privacy --epochs` counts).", min=1)
+    lr: float = option(0.05, "Learning rate.", min=0, min_open=True)
+    momentum: float = option(0.9, min=0, max=1, max_open=True)
+    weight_decay: float = option(0.0, min=0)
+    batch_size: int = option(64, "Batch size B (the expected batch size q*N under Poisson sampling).", min=1)
+    seed: int = option(0, "Seeds initialisation, data order and noise.")
+    device: str = option("auto", "auto, cpu, cuda or cuda:N.", kind="device")
+    checkpoint_every: str = option("1e", "Ns (steps), Ee (epochs) or none; init and final are always kept.")
+    max_grad_norm: float = option(1.0, "Clipping norm C.", min=0, min_open=True)
+    noise_multiplier: float | None = option(None, "Noise multiplier sigma.", min=0)
+    target_epsilon: float | None = option(None, "Find sigma so that epsilon after training equals this (instead of "
+                                                "--noise-multiplier).", min=0, min_open=True)
+    delta: float = option(1e-5, min=0, max=1, min_open=True, max_open=True)
+    accountant: str = option("rdp", choices=ACCOUNTANTS)
+    clip_style: str = option("flat", choices=CLIP_STYLES)
+    clip_fn: str = option("abadi", choices=tuple(CLIP_FUNCTIONS))
+    sampling: str | None = option(None, "Default: poisson for DP optimizers (what the accountant assumes), shuffle "
+                                        "for sgd.", choices=SAMPLINGS)
+    sparsify: float = option(0.0, "Random sparsification rate R* with gradual cooling (Zhu & Blaschko Alg. 1).",
+                             min=0, max=1, max_open=True)
+    smooth: float = option(0.0, "Laplacian smoothing sigma_LS (DP-LSSGD).", min=0)
     chunk: int | None = option(None, "Per-sample gradients computed in chunks of this many samples (bounds "
                                      "memory; never changes results).", min=1, renamed_from=("microbatch",))
-    run: str | None = None
-    from_ref: str | None = None
-    resume: str | None = None
+    optimizer: str = option("sgd", "sgd, dpsgd (clip + noise), clip-only, noise-only.", choices=OPTIMIZERS)
+    run: str | None = option(None, "Run name (default: a generated unique id).")
+    from_ref: str | None = option(None, "Start from a checkpoint (RUN[@init|@last|@step=N|@epoch=E] or PATH.h5): a "
+                                        "child run.", flag="--from", metavar="REF")
+    resume: str | None = option(None, "Continue a killed run from its last checkpoint (from step 0 if it was killed "
+                                      "before its first).", metavar="RUN")
 
     # -- derived -----------------------------------------------------------------------------------
     @property
@@ -161,6 +170,7 @@ class TrainConfig(metaclass=Renaming):
         if self.from_ref is not None and self.resume is not None:
             raise UsageError("give --from REF or --resume RUN, not both")
         parse_every(self.checkpoint_every)
+        check_kwargs(self.data_kwargs, self.model_kwargs)
         return self
 
     def warn_sampling(self) -> None:
@@ -249,13 +259,16 @@ class PhasesConfig:
     """
 
     base: TrainConfig
-    k: int = 1
-    copies: int = 2
-    phase1: tuple[str, ...] = PHASE_FAMILIES
-    phase2: tuple[str, ...] = PHASE_FAMILIES
-    dp_lr: float | None = None
-    dp_momentum: float | None = None
-    group: str | None = None
+    k: int = option(1, "Phase-1 epochs (Watson et al. Sec. 4.1.1).", min=1, required=True)
+    copies: int = option(2, "Phase-2 copies per combination (they differ only in data order and noise).", min=1)
+    phase1: tuple[str, ...] = option(PHASE_FAMILIES, "Phase-1 families: sgd,dpsgd.", choices=PHASE_FAMILIES,
+                                     metavar="TEXT")
+    phase2: tuple[str, ...] = option(PHASE_FAMILIES, "Phase-2 families: sgd,dpsgd.", choices=PHASE_FAMILIES,
+                                     metavar="TEXT")
+    dp_lr: float | None = option(None, "Learning rate of DP phases (default: --lr).", min=0, min_open=True)
+    dp_momentum: float | None = option(None, "Momentum of DP phases (default: --momentum).", min=0, max=1,
+                                       max_open=True)
+    group: str | None = option(None, "Name prefix of the runs (default: phases-<hash>).")
 
     def validate(self) -> PhasesConfig:
         for name, value in (("--dp-lr", self.dp_lr), ("--dp-momentum", self.dp_momentum)):
