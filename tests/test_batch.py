@@ -375,6 +375,42 @@ jobs:
     assert all(store.run(f"t{s}").checkpoints()[-1].epoch == 1 for s in range(3))
 
 
+def test_a_train_job_killed_between_its_checkpoint_file_and_the_manifest_entry_continues(tmp_path):
+    """A kill can land after a checkpoint file is complete and before the manifest lists it: the same batch again
+    adopts that file and continues the run (it once said the run 'already exists' when no checkpoint was listed)."""
+    import json
+
+    from landscape.store import MANIFEST, Store
+
+    spec = _write(tmp_path, """\
+jobs:
+  t:
+    kind: train
+    data: digits
+    subset: 0.2
+    epochs: 2
+    run: t0
+""")
+    first = _batch(tmp_path, spec.name)
+    assert first.returncode == 0, first.stderr
+    run_dir = tmp_path / "checkpoints" / "t0"
+    files = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.name.startswith("step-")}
+    assert len(files) >= 2
+    last = max(Store(tmp_path / "checkpoints").run("t0").checkpoints(), key=lambda c: c.step).step
+    manifest = json.loads((run_dir / MANIFEST).read_text())
+    manifest["checkpoints"] = []  # the files complete, their entries not yet written
+    (run_dir / MANIFEST).write_text(json.dumps(manifest))
+    for record in (tmp_path / "results" / "spec" / ".batch").glob("*.json"):
+        record.unlink()  # the job did not finish
+    again = _batch(tmp_path, spec.name)
+    assert again.returncode == 0, again.stderr
+    assert "1 done" in again.stdout
+    run = Store(tmp_path / "checkpoints").run("t0")
+    assert max(c.step for c in run.checkpoints()) == last
+    assert all(c.sha256 for c in run.checkpoints())  # adopted: hashed and listed
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.name.startswith("step-")} == files
+
+
 ALIGN_FIGURES = """\
 defaults:
   train: {data: digits, subset: 0.2, epochs: 1, checkpoint_every: none, model_kwargs: {channels: [2, 4], hidden: [8]}}

@@ -179,17 +179,19 @@ _NUMBERS = ("step", "epoch", "epsilon", "train_loss", "train_acc", "test_loss", 
 
 
 def _train_job(config: TrainConfig, *, root: Path, out: Path | None = None) -> Run:
-    """A train job: the same job again after a kill resumes its run (a finished one returns at once); a run of
-    that name with a different configuration is an error."""
+    """A train job: the same job again after a kill resumes its run (a finished one returns at once), also when
+    the kill came between a checkpoint file and the manifest entry listing it; a run of that name with a
+    different configuration is an error."""
     store = Store(root)
     if config.run in store.run_names():
         existing = store.run(config.run).manifest
         full = config if config.from_ref is not None else dataclasses.replace(
             config, model=config.model or DEFAULT_MODEL, data=config.data or DEFAULT_DATA)
-        if existing.get("checkpoints") and existing.get("config_hash") != config_hash(full):
+        if existing.get("config_hash") != config_hash(full):
             raise CheckpointError(f"run '{config.run}' already exists with a different configuration")
-        if existing.get("checkpoints"):
-            config = TrainConfig(resume=config.run, data_root=config.data_root, device=config.device)
+        # the same job: continue it, whatever the kill left (recorded checkpoints, a complete file the manifest
+        # does not list yet, or none: the resume path adopts the file or starts over from step 0)
+        config = TrainConfig(resume=config.run, data_root=config.data_root, device=config.device)
     return train(config, root=root, progress=False)
 
 
