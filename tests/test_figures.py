@@ -203,3 +203,26 @@ def test_claim_blind_selection_scores_the_worst_recent_checkpoint_and_picks_the_
     assert worst_recent(run, "train_acc", 10) == 0.1
     assert best([0.01, 0.1, 1.0], [0.5, float("nan"), 0.5]) == 0.01
     assert best([(0.0, 0.1), (0.9, 0.01)], [0.6, 0.7]) == (0.9, 0.01)
+
+
+def _counts(settings, keys=("seeds", "noise_seeds", "copies"), prefix="") -> dict:
+    """The sample counts in a recipe's settings (nested settings such as ``runs`` / ``grid`` included)."""
+    out = {}
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            out.update(_counts(value, keys, f"{prefix}{key}."))
+        elif key in keys:
+            out[prefix + key] = value
+    return out
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_cpu_scale_runs_the_seeds_its_recipe_says_it_needs_and_no_fewer_than_paper_scale(name):
+    # a recipe that states it needs n seeds runs n at cpu scale (its gallery marks then come from power alone), and
+    # the cpu scale never runs fewer seeds / noise draws / copies than the paper scale it stands in for
+    r = registry.get(name)
+    cpu, paper = _counts(dict(r.scales["cpu"])), _counts(dict(r.scales["paper"]))
+    assert cpu.keys() == paper.keys()
+    assert all(cpu[k] >= paper[k] for k in cpu), (cpu, paper)
+    if r.needs:
+        assert cpu and min(cpu.values()) >= r.needs, (cpu, r.needs)

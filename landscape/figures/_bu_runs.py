@@ -35,7 +35,7 @@ _COMMON = dict(model="lenet", data="digits", sigma=1.1, base_lr=0.15, batch_size
 # Bu et al.: MNIST, the 4-layer CNN of the DP libraries, batch 256, sigma 1.1, lr 0.15 / C, 5 runs.
 RUNS = {
     "test": {**_COMMON, "subset": 200, "epochs": 2, "seeds": 2, "norms": (1.0, 100.0), "lr_factors": (1.0, 3.0)},
-    "cpu": {**_COMMON, "subset": None, "epochs": 20, "seeds": 3},
+    "cpu": {**_COMMON, "subset": None, "epochs": 20, "seeds": 5},
     "paper": {**_COMMON, "model": "opacus-cnn", "data": "mnist", "subset": None, "batch_size": 256, "epochs": 30,
               "seeds": 5, "norms": (0.1, 1.0, 10.0, 100.0, 200.0)},
 }

@@ -4,7 +4,7 @@ Fig. 6: DP-SGD (sigma 1.1, lr 0.15 / C) with a large C "leads to smaller loss (o
 across C there is "a clear accuracy-calibration trade-off"; Fig. 7: reliability diagrams of non-DP, large-C and
 small-C models: small C is mis-calibrated (over-confident), "large R training again mitigates the
 mis-calibration". Measured with ``landscape calibration`` (test split, 15 equal-width bins) on the runs of
-``_bu_runs`` (each C and non-DP SGD, 3 seeds). Verdict (:func:`landscape.verdict.all_of`): the largest C has a
+``_bu_runs`` (each C and non-DP SGD, 5 seeds). Verdict (:func:`landscape.verdict.all_of`): the largest C has a
 lower ECE and a lower NLL than the smallest C (:func:`landscape.verdict.paired_greater`, paired by seed: a
 seed's runs share their initialisation), and the smallest C is worse calibrated than non-DP SGD at matched
 accuracy (:func:`landscape.verdict.greater`): per seed against the SGD checkpoint whose test accuracy is closest
@@ -13,7 +13,7 @@ is far more accurate than any DP run). The SGD panels and ``sgd/*`` numbers show
 ``sgd_matched/*`` holds the chosen epochs, both accuracies and the matched ECE.
 
 Scaled down: LeNet on ``digits``, batch 32, 20 epochs, C in {1, 10, 100}, lr per C claim-blind (``_bu_runs``),
-3 seeds (needs 5, as the paper averages 5 runs: marked underpowered) (the paper: the 4-layer CNN on MNIST,
+5 seeds (as the paper averages 5 runs; the recipe states it needs 5) (the paper: the 4-layer CNN on MNIST,
 batch 256, C from 0.1 to 200; Fig. 7 compares C = 200 with C = 1).
 """
 
@@ -93,7 +93,7 @@ RECIPE = Recipe(
     figure="Figs. 6-7",
     claim="a large clipping norm (lr 0.15 / C) gives lower NLL and ECE than a small one; small C is mis-calibrated",
     scaled_down="LeNet on digits, batch 32, 20 epochs, sigma 1.1, C in {1, 10, 100} with lr = f 0.15 / C, f from "
-                "{1, 3, 10} per C (claim-blind), 3 seeds; the largest C at similar accuracy is compared with C = 1; "
+                "{1, 3, 10} per C (claim-blind), 5 seeds; the largest C at similar accuracy is compared with C = 1; "
                 "non-DP SGD at matched accuracy (its checkpoint, every 1/8 epoch, closest in test accuracy to C = 1, per seed)",
     scales=SCALES,
     paper_scale=PaperScale(data="mnist", model="opacus-cnn (4-layer CNN)", epochs=30,

@@ -8,7 +8,7 @@ checkpoint (``landscape clipping --prune-levels``), for ``seeds`` independent ru
 (:func:`landscape.verdict.all_of`): at every pruning level > 0, R is below R without pruning (:func:`landscape.verdict.paired_greater`,
 the paired one-sided t-test at alpha 0.05: a seed's runs share their initialisation, data order and noise draws).
 
-Scaled down: d_s 10, d_n 90, n 1,000, 5 epochs, 3 seeds (the paper does not state its sizes).
+Scaled down: d_s 10, d_n 90, n 1,000, 5 epochs, 5 seeds (the paper does not state its sizes).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ _COMMON = dict(model="two-layer-linear", model_kwargs={"hidden": 32, "balanced_i
                levels=(0.0, 0.3, 0.5, 0.7, 0.9), clip_batch=256)
 SCALES = {
     "test": {**_COMMON, "data_kwargs": {"n": 300}, "epochs": 1, "seeds": 2, "levels": (0.0, 0.7), "batches": 1},
-    "cpu": {**_COMMON, "data_kwargs": {"n": 1000}, "epochs": 5, "seeds": 3, "batches": 3},
+    "cpu": {**_COMMON, "data_kwargs": {"n": 1000}, "epochs": 5, "seeds": 5, "batches": 3},
     "paper": {**_COMMON, "data_kwargs": {"n": 10000, "dn": 990}, "epochs": 20, "seeds": 5, "batches": 10},
 }
 
@@ -68,7 +68,7 @@ def make(ctx):
 RECIPE = Recipe(
     name="watson-fig11", paper="Watson et al. 2023 (clipping, pruning and loss landscapes)", figure="Fig. 11",
     claim="pruning reduces the clipping ratio R (signal/noise data of Sec. 3.2)",
-    scaled_down="two-layer linear net on gaussian-signal (d_s 10, d_n 90, n 1,000), DP-SGD 5 epochs, 3 seeds",
+    scaled_down="two-layer linear net on gaussian-signal (d_s 10, d_n 90, n 1,000), DP-SGD 5 epochs, 5 seeds",
     scales=SCALES,
     paper_scale=PaperScale(data="gaussian-signal", model="two-layer linear (balanced init)", epochs=20,
                            hyper="sizes not stated in the paper; here d_n 990, n 10,000, 5 seeds", gpu_hours=0.2),

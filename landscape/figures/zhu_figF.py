@@ -12,7 +12,7 @@ chance", tested exact symmetry and rejected it even at initialisation (H ~ 0.01 
 examples), so "approximately" could not pass; its rejection count is reported beside the verdict.
 
 Scaled down: LeNet on ``digits``, DP-SGD sigma 1, C 1, lr 1.0, batch 64, 10 epochs, RS final rate 0.5, 256
-examples and 16 random directions per checkpoint, 3 seeds (the paper: DP-CNN on CIFAR10, 80 epochs).
+examples and 16 random directions per checkpoint, 5 seeds (the paper: DP-CNN on CIFAR10, 80 epochs).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ _COMMON = dict(model="lenet", data="digits", lr=1.0, batch_size=64, sigma=1.0, C
                projections=16, permutations=199)
 SCALES = {
     "test": {**_COMMON, "subset": 200, "epochs": 2, "seeds": 2, "examples": 64},
-    "cpu": {**_COMMON, "subset": None, "epochs": 10, "seeds": 3, "examples": 256},
+    "cpu": {**_COMMON, "subset": None, "epochs": 10, "seeds": 5, "examples": 256},
     "paper": {**_COMMON, "data": "cifar10", "model": "opacus-cnn", "subset": None, "batch_size": 1000,
               "epochs": 80, "seeds": 5, "examples": 1000},
 }
@@ -102,7 +102,7 @@ RECIPE = Recipe(
     name="zhu-figF", paper="Zhu & Blaschko 2023 (random sparsification in DP-SGD)", figure="App. F, Figs. 6-9",
     claim="the gradient-deviation distribution \"approximates symmetry during training with DP-SGD\", with and "
           "without RS (energy coefficient H below 0.1 at every checkpoint)",
-    scaled_down="LeNet on digits, 10 epochs, sigma 1, C 1, RS final rate 0.5, 256 examples per checkpoint, 3 seeds",
+    scaled_down="LeNet on digits, 10 epochs, sigma 1, C 1, RS final rate 0.5, 256 examples per checkpoint, 5 seeds",
     scales=SCALES,
     paper_scale=PaperScale(data="cifar10", model="opacus-cnn (DP-CNN)", epochs=80,
                            hyper="batch 1000, 2-D random projections at every epoch; sigma / C as in Fig. 2",
