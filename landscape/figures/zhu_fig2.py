@@ -26,7 +26,8 @@ runs of a seed are paired). Verdict (:func:`landscape.verdict.all_of`), one part
     which the paper claims only at sigma^2 C^2 = 4.
 
 Every test is at alpha 0.05; a scale without a cell at ``gain_at`` or ``maintained_at`` has no such part. Each part is
-judged from its own runs (a run failing the validity gate makes only the parts that use it inconclusive).
+judged from the RS and plain runs of its own cells: one of them failing the validity gate makes only the parts that
+use it inconclusive; a failing run no part uses (r* other than 0 and ``r_test``, the lr grid) makes every part so.
 
 Matched, claim-blind learning rate: per (sigma, C) one lr for every r* -- the RS and plain runs compared share it,
 so the gain is not a gain from tuning each variant separately. Over the grid ``lrs`` it is the lr whose seed-0
