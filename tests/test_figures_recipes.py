@@ -120,6 +120,14 @@ def tost(a, b, margin):
     return True if -margin <= lo and hi <= margin else (False if lo > margin or hi < -margin else None)
 
 
+def paired_tost(a, b, margin):
+    """Paired equivalence by hand: the 90% t interval of mean(a - b) inside +-margin."""
+    d = np.asarray(a, float) - np.asarray(b, float)
+    half = special.stdtrit(d.size - 1, 1 - ALPHA) * d.std(ddof=1) / math.sqrt(d.size)
+    lo, hi = d.mean() - half, d.mean() + half
+    return True if -margin <= lo and hi <= margin else (False if lo > margin or hi < -margin else None)
+
+
 def spearman_rising(groups):
     xs = [k for k in sorted(groups) for _ in groups[k]]
     ys = [v for k in sorted(groups) for v in groups[k]]
@@ -482,10 +490,14 @@ def test_bu_ece_nll_and_true_class_probabilities_by_a_numpy_loop(made):
 
 
 def test_zhu_fig2_accuracies_and_gains(made):
+    from landscape.figures.zhu_fig2 import MARGIN, MIN_GAIN
+
     _, root = made
     numbers, verdict, _ = summary(made, "zhu-fig2")
-    for (i, (sigma, c)), (j, r), seed in itertools.product(enumerate([(1.0, 0.25), (2.0, 1.0)]),
-                                                          enumerate([0.0, 0.5]), range(2)):
+    cells = [(1.0, 0.25), (1.0, 1.0), (2.0, 1.0)]
+    np.testing.assert_array_equal(numbers["sigma"], [a for a, _ in cells])
+    np.testing.assert_array_equal(numbers["C"], [b for _, b in cells])
+    for (i, (sigma, c)), (j, r), seed in itertools.product(enumerate(cells), enumerate([0.0, 0.5]), range(2)):
         # matched and claim-blind: one lr per cell, the best lower seed-0 train accuracy of r* = 0 and r* = 0.5
         lr = numbers["lr_chosen"][i]
         scores = [[naive_metrics(root, f"zhu-fig2-test-s{sigma:g}-C{c:g}-r{q:g}-lr{g:g}-0@last", "train")[0]
@@ -495,10 +507,29 @@ def test_zhu_fig2_accuracies_and_gains(made):
         assert lr == (0.3, 1.0)[int(np.argmax(np.min(scores, axis=0)))]
         run = f"zhu-fig2-test-s{sigma:g}-C{c:g}-r{r:g}-lr{lr:g}-{seed}@last"
         assert numbers["train_acc"][i, j, seed] == pytest.approx(naive_metrics(root, run, "train")[0], abs=1e-12)
-    gains = numbers["train_acc"][:, 1] - numbers["train_acc"][:, 0]
+    rt = list(numbers["rates"]).index(float(numbers["r_test"]))
+    rs, plain = numbers["train_acc"][:, rt], numbers["train_acc"][:, 0]
+    gains = rs - plain
     np.testing.assert_allclose(numbers["gain"], gains, atol=1e-12)
-    expected = spearman_rising({i: list(g) for i, g in enumerate(gains)})  # cells in rising sigma C
-    assert verdict.held is (None if verdict.note.startswith(INVALID) else expected)
+    # the paper's two magnitudes: a gain at sigma^2 C^2 = 4 beyond the 1-point margin of "the same accuracy", and
+    # the accuracy maintained within that margin at sigma^2 C^2 = 1 (the summary states both and the cells' sigma C)
+    assert (numbers["gain_at"], numbers["maintained_at"]) == (2.0, 1.0)
+    assert numbers["min_gain"] == MIN_GAIN == numbers["margin"] == MARGIN == 0.01
+    sigma_c = numbers["sigma"] * numbers["C"]
+    at_gain, at_same = np.flatnonzero(sigma_c == numbers["gain_at"]), np.flatnonzero(sigma_c == numbers["maintained_at"])
+    assert list(at_gain) == [2] and list(at_same) == [1]
+    expected = [spearman_rising({i: list(g) for i, g in enumerate(gains)})]  # cells in rising sigma C
+    expected += [paired(rs[i], plain[i], numbers["min_gain"]) for i in at_gain]
+    expected += [paired_tost(rs[i], plain[i], numbers["margin"]) for i in at_same]
+    assert verdict.held is gated(verdict, expected)
+    # the parts' reported effects and intervals, by hand
+    for part, i in zip(verdict.parts[1:], [*at_gain, *at_same], strict=True):
+        d = rs[i] - plain[i]
+        half = special.stdtrit(d.size - 1, 1 - ALPHA) * d.std(ddof=1) / math.sqrt(d.size)
+        assert part.numbers["ci low"] == pytest.approx(d.mean() - half, abs=1e-12)
+        assert part.numbers["ci high"] == pytest.approx(d.mean() + half, abs=1e-12)
+    assert verdict.parts[1].numbers["min effect"] == numbers["min_gain"]
+    assert verdict.parts[2].numbers["margin"] == numbers["margin"]
 
 
 def test_zhu_figF_is_an_effect_size_bound_on_the_energy_coefficient(made):
