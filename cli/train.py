@@ -9,8 +9,9 @@ from typing import Any
 import click
 
 from cli.common import echo_json, echo_table, json_option, parse_json_option, progress_enabled, root_of
-from cli.generate import deprecated_values, old_options
+from cli.generate import deprecated_values, field_option, old_options
 from cli.options import Count, FiniteFloat, Seed, data_options, device_option, model_options, run_api
+from landscape.options import hints
 from landscape.train.config import OPTIMIZERS, PHASE_FAMILIES, PhasesConfig, TrainConfig
 
 _D = TrainConfig()
@@ -116,6 +117,12 @@ def train(ctx: click.Context, as_json: bool, **kwargs: Any) -> None:
     click.echo(f"run written to {run.path}")
 
 
+def _phases_option(name: str):
+    """The click option of PhasesConfig field ``name``, from its option() metadata."""
+    f = next(f for f in dataclasses.fields(PhasesConfig) if f.name == name)
+    return field_option(f, hints(PhasesConfig)[name])
+
+
 def _families(value: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip())
 
@@ -130,16 +137,20 @@ def _families(value: str) -> tuple[str, ...]:
 @click.option("--dp-lr", type=FiniteFloat(min=0, min_open=True), default=None, help="Learning rate of DP phases (default: --lr).")
 @click.option("--dp-momentum", type=FiniteFloat(min=0, max=1, max_open=True), default=None, help="Momentum of DP phases (default: --momentum).")
 @click.option("--group", default=None, help="Name prefix of the runs (default: phases-<hash>).")
+@_phases_option("phase2_sgd_lr")
+@_phases_option("phase2_sgd_momentum")
 @json_option
 @click.pass_context
 def phases(ctx: click.Context, as_json: bool, k: int, copies: int, phase1: str, phase2: str,
-           dp_lr: float | None, dp_momentum: float | None, group: str | None, **kwargs: Any) -> None:
+           dp_lr: float | None, dp_momentum: float | None, group: str | None, phase2_sgd_lr: float | None,
+           phase2_sgd_momentum: float | None, **kwargs: Any) -> None:
     """Phase 1 / Phase 2 branches: SGD and DP-SGD for k epochs from one init, then each way for the rest."""
     from landscape.api.training import phases as api_phases
 
     base = TrainConfig(**_config_fields(kwargs, ctx), optimizer="sgd")
     config = PhasesConfig(base=base, k=k, copies=copies, phase1=_families(phase1), phase2=_families(phase2),
-                          dp_lr=dp_lr, dp_momentum=dp_momentum, group=group)
+                          dp_lr=dp_lr, dp_momentum=dp_momentum, group=group, phase2_sgd_lr=phase2_sgd_lr,
+                          phase2_sgd_momentum=phase2_sgd_momentum)
     bars = progress_enabled()  # without bars (output piped): one line per finished run on stderr
     report = None if bars else (lambda line: click.echo(line, err=True))
     summaries = run_api(lambda: api_phases(config, root=root_of(ctx), progress=bars, report=report))
