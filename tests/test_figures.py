@@ -97,23 +97,24 @@ def test_watson_fig5_lr_choice_is_recomputed_from_the_checkpoints(made):
     assert numbers["lr_grid/lr"].tolist() == lrs and numbers["lr_grid/momentum"].tolist() == momenta
     candidates = list(itertools.product(momenta, lrs))
     names = set(store.run_names())
-    score = {}
-    for arm, (i, (m, lr)) in itertools.product(arms, enumerate(candidates)):
+    score = {}  # (candidate index, arm, copy) -> the run's score, or None: never trained
+    for (i, (m, lr)), arm, c in itertools.product(enumerate(candidates), arms, range(copies)):
         family = "sgd" if arm == "sgd" else "dpsgd"
-        runs = [f"watson-fig5-test-{arm}-k1-m{m:g}-lr{lr:g}-sgd-{family}-{c}" for c in range(copies)]
-        stored = numbers[f"lr_grid/{arm}/train_acc"][momenta.index(m)][lrs.index(lr)]
-        if all(r not in names for r in runs):
-            assert stored.tolist() == [-1.0] * copies, (arm, m, lr)
-            score[(arm, i)] = None
+        run = f"watson-fig5-test-{arm}-k1-m{m:g}-lr{lr:g}-sgd-{family}-{c}"
+        stored = numbers[f"lr_grid/{arm}/train_acc"][momenta.index(m)][lrs.index(lr)][c]
+        if run not in names:
+            assert stored == -1.0, run
+            score[(i, arm, c)] = None
             continue
-        steps = {r: [c.step for c in store.run(r).checkpoints()][-3:] for r in runs}
-        score[(arm, i)] = [min(_naive_train_acc(root, f"{r}@step={t}") for t in steps[r]) for r in runs]
-        np.testing.assert_allclose(stored, score[(arm, i)], atol=1e-12)
-    assert all(score[("sgd", i)] is not None for i in range(len(candidates)))  # the first arm is always trained
+        steps = [t.step for t in store.run(run).checkpoints()][-3:]
+        score[(i, arm, c)] = min(_naive_train_acc(root, f"{run}@step={t}") for t in steps)
+        assert stored == pytest.approx(score[(i, arm, c)], abs=1e-12), run
     worst, best_i, complete = [], None, -np.inf
     for i in range(len(candidates)):
-        trained = [v for arm in arms if score[(arm, i)] is not None for v in score[(arm, i)]]
-        if any(score[(arm, i)] is None for arm in arms):  # cut: it could not have beaten an earlier candidate
+        values = [score[(i, arm, c)] for arm in arms for c in range(copies)]
+        assert values[0] is not None  # the first unit is always trained
+        trained = [v for v in values if v is not None]
+        if len(trained) < len(values):  # cut: it could not have beaten an earlier candidate
             assert min(trained) <= complete, candidates[i]
             worst.append(-1.0)
             continue

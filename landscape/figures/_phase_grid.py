@@ -148,7 +148,7 @@ def worst_run(scores: dict) -> np.ndarray:
     return a.min(axis=(0, 3)).ravel()
 
 
-def search(candidates: list, arms: list[str], score: Callable[[Any, str], list[float]]) -> tuple[Any, dict]:
+def search(candidates: list, arms: list, score: Callable[[Any, Any], list[float]]) -> tuple[Any, dict]:
     """The same worst-run choice (:func:`worst_run` then :func:`best`, ties: the earlier candidate) without training
     what cannot be chosen: ``(choice, {arm: score per candidate per run})`` for a recipe whose arms are trained
     separately. ``score(candidate, arm)`` trains (or reuses) one arm's runs at ``candidate`` and returns their
@@ -158,7 +158,7 @@ def search(candidates: list, arms: list[str], score: Callable[[Any, str], list[f
     below every accuracy): its worst run can be no better and the tie goes to the earlier one, so it could not be
     chosen. The result is therefore the choice of training every candidate (the exhaustive argmax is never cut: it
     beats every earlier candidate), and :func:`worst_run` / :func:`best` on the returned table give it again."""
-    scores: dict[str, list[list[float]]] = {arm: [] for arm in arms}
+    scores: dict[Any, list[list[float]]] = {arm: [] for arm in arms}
     complete = -np.inf  # the best worst run of the fully scored candidates so far
     for candidate in candidates:
         low = np.inf

@@ -76,7 +76,8 @@ SCALES = {
 
 
 def arms(settings: dict) -> list[str]:
-    """The Phase-2 arms, in the order the selection trains them: ``sgd``, then ``dp-eE`` per epsilon (ascending)."""
+    """The Phase-2 arms: ``sgd``, then ``dp-eE`` per epsilon (ascending). The selection trains them per k (smallest
+    first: the least trained Phase-1 model), each k's arms in this order, so a candidate is cut early."""
     return ["sgd", *(f"dp-e{e:g}" for e in sorted(map(float, settings["epsilons"])))]
 
 
@@ -117,16 +118,16 @@ def make(ctx):
     ks, eps_list = sorted(map(int, s["ks"])), sorted(map(float, s["epsilons"]))
     store = Store(ctx.root)
 
-    def score(candidate: tuple[float, float], arm: str) -> list[float]:  # one arm: every k and copy (train data)
-        out = []
-        for k in ks:
-            phases(phases_config(ctx, arm, k, *candidate), root=ctx.root, progress=False)
-            out += [worst_recent(store.run(name), "train_acc", grid.WINDOW) for name in copies(ctx, arm, k, *candidate)]
-        return out
+    def score(candidate: tuple[float, float], unit: tuple[str, int]) -> list[float]:  # one arm at one k (train data)
+        arm, k = unit
+        phases(phases_config(ctx, arm, k, *candidate), root=ctx.root, progress=False)
+        return [worst_recent(store.run(name), "train_acc", grid.WINDOW) for name in copies(ctx, arm, k, *candidate)]
 
     momenta, lrs = [float(v) for v in s["phase2_momenta"]], [float(v) for v in s["phase2_lrs"]]
-    (m, lr), scores = grid.search([(m, lr) for m in momenta for lr in lrs], arms(s), score)
-    tables = {arm: np.reshape(table, (len(momenta), len(lrs), -1)) for arm, table in scores.items()}
+    units = [(arm, k) for k in ks for arm in arms(s)]
+    (m, lr), scores = grid.search([(m, lr) for m in momenta for lr in lrs], units, score)
+    tables = {arm: np.reshape([[v for k in ks for v in scores[(arm, k)][i]] for i in range(len(momenta) * len(lrs))],
+                              (len(momenta), len(lrs), -1)) for arm in arms(s)}  # per arm: k-major, then copy
     worst = grid.worst_run(tables).reshape(len(momenta), len(lrs))  # -1: cut by the search
 
     chord, def23, ends = {}, {}, {}  # (arm, k) -> sibling barriers / Def. 2.3 / the runs at the pairs' ends
