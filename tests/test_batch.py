@@ -522,49 +522,40 @@ jobs:
 
 
 def test_shipped_fig5_spec_is_the_recipes_cpu_scale():
-    """examples/watson-fig5.yaml runs what `landscape figures watson-fig5 --scale cpu` runs: the same training
-    settings, k, epsilons, copies, path points and split (a change to one without the other fails here), except the
-    one difference its comment states -- checked here to be true, and still inexpressible by a `phases` job."""
+    """examples/watson-fig5.yaml runs exactly the runs `landscape figures watson-fig5 --scale cpu` judges: every
+    `phases` job builds the recipe's own PhasesConfig for its arm and k at the matched Phase-2 lr and momentum the
+    recipe chose claim-blind (read from its summary), and the instability jobs use its path points and split (a
+    change to one without the other fails here). The unused half of the shared defaults (dp_* for an SGD family, phase2_sgd_*
+    for a DP one) changes no run."""
+    from types import SimpleNamespace
+
+    from landscape.api.training import PHASES_JOB
     from landscape.batch import load_spec
-    from landscape.figures.watson_fig5 import SCALES
-    from landscape.train.config import PhasesConfig, TrainConfig
+    from landscape.figures.watson_fig5 import SCALES, phases_config
 
     cpu = SCALES["cpu"]
-    defaults = {f.name: f.default for c in (TrainConfig, PhasesConfig) for f in dataclasses.fields(c)}
     path = Path(__file__).resolve().parents[1] / "examples" / "watson-fig5.yaml"
     spec = load_spec(path)
     phases = [j for j in spec.jobs if j.kind == "phases"]
     tables = [j for j in spec.jobs if j.kind == "instability"]
     assert len(spec.jobs) == 25 and len(phases) == 12 and len(tables) == 13
-    # the recipe picks each epsilon's DP lr from cpu["dp_lrs"] claim-blind; the spec runs the recorded choice
     with h5py.File(Path(__file__).resolve().parents[1] / "figures" / "watson-fig5" / "watson-fig5-cpu.h5") as f:
-        assert list(f["numbers/lr_grid/dp_lr"][()]) == list(cpu["dp_lrs"])
-        chosen = dict(zip(map(float, cpu["epsilons"]), map(float, f["numbers/lr_chosen"][()]), strict=True))
-        sgd_lr = [float(v) for v in f["numbers/sgd_lr"][()]]
-    # the stated difference: the recipe's SGD-sibling reference runs Phase 2 at each epsilon's DP lr, momentum 0 ...
-    text = path.read_text()
-    assert "One difference from the recipe" in text
-    assert sgd_lr == [chosen[float(e)] for e in cpu["epsilons"]] and ", ".join(f"{v:g}" for v in sgd_lr) in text
-    # ... which `phases` cannot express (no option sets Phase-2 SGD's lr apart from Phase 1's) ...
-    assert {f.name for f in dataclasses.fields(PhasesConfig)} == {"base", "k", "copies", "phase1", "phase2", "dp_lr",
-                                                                   "dp_momentum", "group"}
-    # ... so the spec's SGD families run Phase 2 at the base lr and momentum, as the comment says
-    for job in (j for j in spec.jobs if j.kind == "phases" and list(j.options["phase2"]) == ["sgd"]):
-        lr, momentum = job.options.get("lr", defaults["lr"]), job.options.get("momentum", defaults["momentum"])
-        assert (lr, momentum) == (cpu["lr"], 0.9) and f"at lr {lr:g} with momentum {momentum:g}" in text, job.id
+        assert list(f["numbers/lr_grid/lr"][()]) == list(cpu["phase2_lrs"])
+        assert list(f["numbers/lr_grid/momentum"][()]) == list(cpu["phase2_momenta"])
+        lr, momentum = float(f["numbers/lr_chosen"][()]), float(f["numbers/momentum_chosen"][()])
+    ctx = SimpleNamespace(name="watson-fig5", scale="cpu", settings=cpu, data_root=None)
+    unused = {("sgd",): dict(dp_lr=None, dp_momentum=None), ("dpsgd",): dict(phase2_sgd_lr=None,
+                                                                              phase2_sgd_momentum=None)}
+    arms = []
     for job in phases:
-        o = job.options
-        for key in ("model", "data", "epochs", "lr", "batch_size", "max_grad_norm", "seed", "copies"):
-            want = {"copies": cpu["copies"]}.get(key, cpu.get(key))
-            assert o.get(key, defaults[key]) == want, (job.id, key)
-        if list(o["phase2"]) == ["dpsgd"]:
-            assert o["dp_lr"] == chosen[float(o["target_epsilon"])], job.id
-        assert o.get("subset") == cpu["subset"] and list(o["phase1"]) == ["sgd"] and o["dp_momentum"] == 0.0
-    sgd = sorted(j.options["k"] for j in phases if list(j.options["phase2"]) == ["sgd"])
-    dp = sorted((float(j.options["target_epsilon"]), j.options["k"]) for j in phases
-                if list(j.options["phase2"]) == ["dpsgd"])
-    assert sgd == sorted(cpu["ks"])
-    assert dp == sorted((e, k) for e in cpu["epsilons"] for k in cpu["ks"])
+        built = PHASES_JOB.build(dict(job.options))
+        arm = "sgd" if built.phase2 == ("sgd",) else f"dp-e{built.base.target_epsilon:g}"
+        arms.append((arm, built.k))
+        recipe = phases_config(ctx, arm, built.k, momentum, lr)
+        assert dataclasses.replace(built, group=None, **unused[built.phase2]) == dataclasses.replace(
+            recipe, group=None, **unused[built.phase2]), job.id
+    assert sorted(arms) == sorted((a, k) for a in ["sgd", *(f"dp-e{e:g}" for e in cpu["epsilons"])]
+                                  for k in cpu["ks"])
     for job in tables:
         assert job.options["points"] == cpu["points"] and list(job.options["split"]) == ["test"]
     figure = spec.job("figure")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -111,3 +113,71 @@ def test_cli_phases_prints_the_runs(tmp_path, capsys):
     for name in ("demo-sgd", "demo-sgd-sgd-0", "demo-sgd-dpsgd-0"):
         assert name in out
     assert "3 runs" in out
+
+
+def test_phase2_sgd_lr_and_momentum_set_phase2_sgd_only(tmp_path):
+    """``phase2_sgd_lr`` / ``phase2_sgd_momentum`` (the matched-lr SGD sibling reference): Phase-2 SGD copies take
+    them; Phase-1 SGD keeps the base lr and momentum, DP phases keep ``dp_lr`` / ``dp_momentum``. The Phase-2 SGD
+    copy is bit-identical to the same run trained by hand with ``train --from`` (independent reference)."""
+    from landscape.api.training import train
+
+    config = PhasesConfig(base=TrainConfig(**BASE), k=1, copies=1, phase1=("sgd", "dpsgd"), phase2=("sgd", "dpsgd"),
+                          dp_lr=0.2, dp_momentum=0.0, phase2_sgd_lr=0.1, phase2_sgd_momentum=0.5, group="m")
+    phases(config, root=tmp_path, progress=False)
+    store = Store(tmp_path)
+    settings = {name: (store.run(name).manifest["config"]["lr"], store.run(name).manifest["config"]["momentum"])
+                for name in config.run_names("m")}
+    assert settings == {"m-sgd": (0.05, 0.9), "m-sgd-sgd-0": (0.1, 0.5), "m-sgd-dpsgd-0": (0.2, 0.0),
+                        "m-dpsgd": (0.2, 0.0), "m-dpsgd-sgd-0": (0.1, 0.5), "m-dpsgd-dpsgd-0": (0.2, 0.0)}
+    by_hand = TrainConfig(**{**BASE, "model": None, "data": None, "subset": None, "noise_multiplier": None,
+                             "from_ref": "m-sgd@last", "epochs": 2, "seed": BASE["seed"] + 1, "lr": 0.1,
+                             "momentum": 0.5, "run": "hand"})
+    train(by_hand, root=tmp_path, progress=False)
+    assert equal_states(store.load("hand@last").state_dict, store.load("m-sgd-sgd-0@last").state_dict)
+
+
+def test_phase2_sgd_options_unset_keep_every_run_and_group_hash():
+    """Unset (the default), the new options change no run configuration hash and no default group name: the
+    values below were computed before the options existed."""
+    from landscape.api.training import _phases_hash
+    from landscape.train.config import config_hash
+
+    base = TrainConfig(**BASE)
+    for config, group, hashes in (
+            (PhasesConfig(base=base, k=1, copies=2), "c08ceef8", ["fbd0e6ba8f0e8a1a", "3c7e4c9997381fce"]),
+            (PhasesConfig(base=base, k=2, copies=3, phase1=("sgd",), dp_lr=0.5, dp_momentum=0.0), "4c83efb0",
+             ["fbd0e6ba8f0e8a1a", "740cb81ce0d53122"])):
+        assert _phases_hash(config) == group
+        assert [config_hash(config.phase_config(f, epochs=2, seed=8, from_ref="g-sgd@last", run=f"g-sgd-{f}-0",
+                                                phase=2)) for f in ("sgd", "dpsgd")] == hashes
+        moved = dataclasses.replace(config, phase2_sgd_lr=0.01)
+        assert _phases_hash(moved) != group
+
+
+def test_phase2_sgd_options_are_validated_in_one_line():
+    for kwargs, match in (({"phase2_sgd_lr": 0.0}, "--phase2-sgd-lr must be > 0"),
+                          ({"phase2_sgd_lr": float("nan")}, "--phase2-sgd-lr must be a finite"),
+                          ({"phase2_sgd_momentum": 1.0}, r"--phase2-sgd-momentum must be in \[0, 1\)")):
+        with pytest.raises(UsageError, match=match):
+            PhasesConfig(base=TrainConfig(**BASE), k=1, **kwargs).validate()
+
+
+def test_phase2_sgd_options_from_the_command_line_and_a_batch_job(tmp_path, capsys, monkeypatch):
+    from landscape.api.training import PHASES_JOB
+
+    monkeypatch.setitem(cli.main.COMMANDS, "phases", ("cli.train:phases", "Phases."))
+    args = ["--root", str(tmp_path), "phases", "--k", "1", "--epochs", "2", "--copies", "1", "--subset", "100",
+            "--batch-size", "50", "--phase1", "sgd", "--phase2", "sgd", "--phase2-sgd-lr", "0.02",
+            "--phase2-sgd-momentum", "0", "--group", "c"]
+    with pytest.raises(SystemExit) as exc:
+        cli.main.main(args)
+    assert exc.value.code == 0, capsys.readouterr().err
+    store = Store(tmp_path)
+    assert (store.run("c-sgd-sgd-0").manifest["config"]["lr"], store.run("c-sgd-sgd-0").manifest["config"]["momentum"],
+            store.run("c-sgd").manifest["config"]["lr"]) == (0.02, 0.0, 0.05)
+    with pytest.raises(SystemExit) as exc:
+        cli.main.main([*args[:-2], "--phase2-sgd-lr", "-1", "--group", "d"])
+    assert exc.value.code == 2
+    built = PHASES_JOB.build({"group": "b", "k": 1, "epochs": 2, "phase1": ["sgd"], "phase2": ["sgd"],
+                              "phase2_sgd_lr": 0.3, "phase2_sgd_momentum": 0.0})
+    assert (built.phase2_sgd_lr, built.phase2_sgd_momentum) == (0.3, 0.0)

@@ -141,7 +141,7 @@ def _phases(config: PhasesConfig, *, root: str | Path, progress: bool | None,
             for i in range(config.copies):
                 cfg2 = config.phase_config(
                     p2, epochs=base.epochs - config.k, seed=base.seed + 1 + i, noise_multiplier=sigma,
-                    from_ref=f"{name1}@last", run=f"{group}-{p1}-{p2}-{i}",
+                    from_ref=f"{name1}@last", run=f"{group}-{p1}-{p2}-{i}", phase=2,
                 )
                 run2 = ensure(store, cfg2, {**label, "phase1": p1, "phase2": p2, "copy": i}, progress)
                 finished(run2, f"phase 2 ({p1}->{p2}, copy {i})")
@@ -154,7 +154,9 @@ def _phases_hash(config: PhasesConfig) -> str:
 
     blob = json.dumps({"base": config_hash(config.base), "k": config.k, "copies": config.copies,
                        "phase1": list(config.phase1), "phase2": list(config.phase2), "dp_lr": config.dp_lr,
-                       "dp_momentum": config.dp_momentum},
+                       "dp_momentum": config.dp_momentum,
+                       **{k: v for k in ("phase2_sgd_lr", "phase2_sgd_momentum")  # only when set: old hashes kept
+                          if (v := getattr(config, k)) is not None}},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:8]
 

@@ -20,7 +20,8 @@ not collapsing in its last epochs) measured on train data, on exactly the runs t
 momentum 0 first, then the smaller lr. The selection reads train accuracy only (never test accuracy,
 interpolations, barriers or any verdict input), never compares arms, and maximising the worst run works against a
 large gap between arms, not for it. The chosen candidate's grid is the grid (reused, not retrained). The recipes
-store the grid, every run's score and the choice (:func:`lr_numbers`).
+store the grid, every run's score and the choice (:func:`lr_numbers`). :func:`search` makes the same choice for a
+recipe whose arms are trained separately (``watson-fig5``), leaving untrained what could not be chosen.
 
 What was tried, in order (each change made because end models failed the validity gate, never for a verdict):
 an earlier version compared SGD at lr 0.03 with momentum 0.9 against DP-SGD at lr 0.5 without momentum
@@ -42,6 +43,9 @@ paper's sweep) and the batch (the paper's SGD batch of 128).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 from landscape.figures.recipe import best, checkpoint_curve, worst_recent
@@ -50,6 +54,7 @@ OPTIMIZERS = ("sgd", "dpsgd")
 PAPER_LRS = (0.01, 0.05, 0.1, 0.5, 1.0)  # Watson et al., Appendix Sec. 8: the learning rates of their sweeps
 _COMMON = dict(model="lenet", data="digits", lrs=PAPER_LRS, momenta=(0.0, 0.9), batch_size=32, max_grad_norm=1.0,
                target_epsilon=7.0, noise_multiplier=None, seed=0)
+NOT_TRAINED = -1.0  # a score of :func:`search` for a run it did not need to train (below every accuracy)
 WINDOW = 3  # the selection score: the worst train accuracy over a run's last WINDOW checkpoints (the gate's window)
 # Watson Fig. 2: sigma 0.55, C 1, epsilon ~ 7 after training; at test and cpu scale the accountant finds sigma for
 # epsilon 7 on digits, at paper scale sigma is the paper's 0.55.
@@ -141,6 +146,33 @@ def worst_run(scores: dict) -> np.ndarray:
     a = np.stack([np.asarray(v, dtype=float) for v in scores.values()])  # (arms, momenta, lrs, copies)
     a = np.nan_to_num(a, nan=-np.inf)
     return a.min(axis=(0, 3)).ravel()
+
+
+def search(candidates: list, arms: list, score: Callable[[Any, Any], list[float]]) -> tuple[Any, dict]:
+    """The same worst-run choice (:func:`worst_run` then :func:`best`, ties: the earlier candidate) without training
+    what cannot be chosen: ``(choice, {arm: score per candidate per run})`` for a recipe whose arms are trained
+    separately. ``score(candidate, arm)`` trains (or reuses) one arm's runs at ``candidate`` and returns their
+    scores (:func:`~landscape.figures.recipe.worst_recent` over the last :data:`WINDOW` checkpoints). Candidates go
+    in tie order, each one's arms in ``arms`` order; as soon as a candidate has a run scoring no higher than the
+    best worst run of an earlier, fully scored candidate, its remaining arms are not trained (:data:`NOT_TRAINED`,
+    below every accuracy): its worst run can be no better and the tie goes to the earlier one, so it could not be
+    chosen. The result is therefore the choice of training every candidate (the exhaustive argmax is never cut: it
+    beats every earlier candidate), and :func:`worst_run` / :func:`best` on the returned table give it again."""
+    scores: dict[Any, list[list[float]]] = {arm: [] for arm in arms}
+    complete = -np.inf  # the best worst run of the fully scored candidates so far
+    for candidate in candidates:
+        low = np.inf
+        for arm in arms:
+            if low <= complete:
+                scores[arm].append([NOT_TRAINED] * len(scores[arms[0]][-1]))  # cannot be chosen
+                continue
+            values = [float(v) for v in score(candidate, arm)]
+            scores[arm].append(values)
+            low = min(low, float(np.min(np.nan_to_num(values, nan=-np.inf))))
+        if low > complete:
+            complete = low
+    choice = best(candidates, worst_run({arm: [table] for arm, table in scores.items()}))  # one "momentum" axis
+    return choice, scores
 
 
 def lr_numbers(grid: dict) -> dict:

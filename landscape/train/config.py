@@ -254,8 +254,11 @@ class PhasesConfig:
     each Phase-1 run, Phase 2 trains ``epochs - k`` epochs with each family in ``phase2``, in ``copies``
     copies whose seeds are ``base.seed + 1 + i`` (so copies differ only in data order and noise).
     ``dp_lr`` and ``dp_momentum`` are the learning rate and momentum of DP phases (default: ``base``'s;
-    DP-SGD usually wants a larger rate and less momentum). ``group`` names the runs
-    (``G-sgd``, ``G-sgd-dpsgd-0``, ...); default ``phases-<config hash>``.
+    DP-SGD usually wants a larger rate and less momentum). ``phase2_sgd_lr`` and ``phase2_sgd_momentum`` are
+    those of Phase-2 SGD copies only (default: ``base``'s, as Phase-1 SGD): with ``dp_lr`` / ``dp_momentum`` set
+    to the same values, Phase-2 SGD and Phase-2 DP-SGD take the same steps from a Phase-1 SGD run trained at
+    ``base``'s (a matched-lr sibling reference). Unset, they change neither the runs nor any hash. ``group``
+    names the runs (``G-sgd``, ``G-sgd-dpsgd-0``, ...); default ``phases-<config hash>``.
     """
 
     base: TrainConfig
@@ -269,15 +272,21 @@ class PhasesConfig:
     dp_momentum: float | None = option(None, "Momentum of DP phases (default: --momentum).", min=0, max=1,
                                        max_open=True)
     group: str | None = option(None, "Name prefix of the runs (default: phases-<hash>).")
+    phase2_sgd_lr: float | None = option(None, "Learning rate of Phase-2 SGD copies (default: --lr).", min=0,
+                                         min_open=True)
+    phase2_sgd_momentum: float | None = option(None, "Momentum of Phase-2 SGD copies (default: --momentum).", min=0,
+                                               max=1, max_open=True)
 
     def validate(self) -> PhasesConfig:
-        for name, value in (("--dp-lr", self.dp_lr), ("--dp-momentum", self.dp_momentum)):
-            if value is not None and not math.isfinite(value):
-                raise UsageError(f"{name} must be a finite number, got {value}")
-        if self.dp_lr is not None and self.dp_lr <= 0:
-            raise UsageError(f"--dp-lr must be > 0, got {self.dp_lr}")
-        if self.dp_momentum is not None and not 0 <= self.dp_momentum < 1:
-            raise UsageError(f"--dp-momentum must be in [0, 1), got {self.dp_momentum}")
+        for flag, lr, momentum in (("--dp", self.dp_lr, self.dp_momentum),
+                                   ("--phase2-sgd", self.phase2_sgd_lr, self.phase2_sgd_momentum)):
+            for name, value in ((f"{flag}-lr", lr), (f"{flag}-momentum", momentum)):
+                if value is not None and not math.isfinite(value):
+                    raise UsageError(f"{name} must be a finite number, got {value}")
+            if lr is not None and lr <= 0:
+                raise UsageError(f"{flag}-lr must be > 0, got {lr}")
+            if momentum is not None and not 0 <= momentum < 1:
+                raise UsageError(f"{flag}-momentum must be in [0, 1), got {momentum}")
         if not 1 <= self.k < self.base.epochs:
             raise UsageError(f"--k must be between 1 and --epochs - 1 = {self.base.epochs - 1}, got {self.k}")
         if self.copies < 1:
@@ -291,8 +300,9 @@ class PhasesConfig:
         if "dpsgd" in (*self.phase1, *self.phase2):
             if self.base.noise_multiplier is None and self.base.target_epsilon is None:
                 raise UsageError("a dpsgd phase needs --noise-multiplier SIGMA or --target-epsilon EPS")
-        for family in {*self.phase1, *self.phase2}:
-            self.phase_config(family, epochs=self.base.epochs, seed=self.base.seed).validate()
+        for phase, families in ((1, self.phase1), (2, self.phase2)):
+            for family in families:
+                self.phase_config(family, epochs=self.base.epochs, seed=self.base.seed, phase=phase).validate()
         if self.group is not None:  # every derived name, before Phase 1 trains
             from landscape.store import check_run_name
 
@@ -313,9 +323,16 @@ class PhasesConfig:
                                                for i in range(self.copies)))]
 
     def phase_config(self, family: str, *, epochs: int, seed: int, noise_multiplier: float | None = None,
-                     from_ref: str | None = None, run: str | None = None) -> TrainConfig:
-        """The TrainConfig of one phase run (``family`` sgd or dpsgd)."""
+                     from_ref: str | None = None, run: str | None = None, phase: int = 1) -> TrainConfig:
+        """The TrainConfig of one run of Phase ``phase`` (1 or 2; ``family`` sgd or dpsgd)."""
         dp = family == "dpsgd"
+        lr, momentum = self.base.lr, self.base.momentum
+        if dp:
+            lr = self.dp_lr if self.dp_lr is not None else lr
+            momentum = self.dp_momentum if self.dp_momentum is not None else momentum
+        elif phase == 2:
+            lr = self.phase2_sgd_lr if self.phase2_sgd_lr is not None else lr
+            momentum = self.phase2_sgd_momentum if self.phase2_sgd_momentum is not None else momentum
         fields = {
             **self.base.to_dict(),
             "optimizer": family,
@@ -324,8 +341,8 @@ class PhasesConfig:
             "run": run,
             "from_ref": from_ref,
             "resume": None,
-            "lr": self.dp_lr if dp and self.dp_lr is not None else self.base.lr,
-            "momentum": self.dp_momentum if dp and self.dp_momentum is not None else self.base.momentum,
+            "lr": lr,
+            "momentum": momentum,
         }
         if from_ref is not None:
             fields.update(model=None, model_kwargs={}, data=None, data_kwargs={}, subset=None)
