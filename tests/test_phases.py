@@ -162,10 +162,9 @@ def test_phase2_sgd_options_are_validated_in_one_line():
             PhasesConfig(base=TrainConfig(**BASE), k=1, **kwargs).validate()
 
 
-def test_phase2_sgd_options_from_the_command_line_and_a_batch_job(tmp_path, capsys, monkeypatch):
+def test_phase2_sgd_options_from_the_command_line_and_a_batch_job(tmp_path, capsys):
     from landscape.api.training import PHASES_JOB
 
-    monkeypatch.setitem(cli.main.COMMANDS, "phases", ("cli.train:phases", "Phases."))
     args = ["--root", str(tmp_path), "phases", "--k", "1", "--epochs", "2", "--copies", "1", "--subset", "100",
             "--batch-size", "50", "--phase1", "sgd", "--phase2", "sgd", "--phase2-sgd-lr", "0.02",
             "--phase2-sgd-momentum", "0", "--group", "c"]
