@@ -62,6 +62,7 @@ def _ours(name, shape, x, y, clip_style):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    _ours.last = priv
     return step, priv.engine.strategy
 
 
@@ -191,6 +192,62 @@ def _opacus(name, shape, x, y, mode):
     return step
 
 
+def profile(name: str, repeats: int) -> None:
+    """Where a step's CPU time goes, per layer (fastest of ``repeats`` by the process' CPU clock): the capture
+    (forward + activation backward) both steps share, each handled layer's summed gradient (plain step on our
+    route) against its per-sample norm + clipped sum (DP step), and the rest of each whole step (norm assembly,
+    clipping factors, noise, the optimiser's step)."""
+    import torch
+
+    from landscape.evaluate.allocator import tuned_allocator
+
+    shape, batch = CASES[name]
+    x, y = _data(shape, batch)
+
+    def fastest(fn):
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.process_time()
+            fn()
+            best = min(best, time.process_time() - t0)
+        return best * 1e3
+
+    with tuned_allocator():
+        dp, _ = _ours(name, shape, x, y, "flat")
+        plain = _plain_our_route(name, shape, x, y)
+        engine = _ours.last.engine
+        xb, yb = engine._prepare(x, y)
+        units, _, _ = engine._capture(xb, yb)
+        ones, w = torch.ones(batch), torch.rand(batch, generator=torch.Generator().manual_seed(0))
+        capture = fastest(lambda: engine._capture(xb, yb))
+        rows = []
+        for h, u in units.items():
+            def fresh(u=u):
+                return {k: v for k, v in u.items() if k not in ("g", "gw")}  # no cached per-sample gradients
+
+            def summed_grad(h=h, fresh=fresh):  # the plain route: weights 1
+                h.weighted(fresh(), dict.fromkeys(h.pnames, ones))
+
+            def clipped_sum(h=h, fresh=fresh):  # DP: per-sample norms, then the weighted sum
+                v = fresh()
+                h.sq_norms(v, {})
+                h.weighted(v, dict.fromkeys(h.pnames, w))
+
+            summed, clipped = fastest(summed_grad), fastest(clipped_sum)
+            shapes = ", ".join(f"{k} {tuple(h.module.get_parameter(k).shape)}" for k in h.pnames)
+            rows.append((f"{type(h.module).__name__} ({shapes})", summed, clipped))
+        plain_total, dp_total = fastest(plain), fastest(dp)
+    print(f"\n{name}: batch {batch}, CPU ms per step (fastest of {repeats})")
+    print(f"  {'piece':<58} {'plain route':>12} {'DP step':>10}")
+    print(f"  {'forward + activation backward (the capture)':<58} {capture:12.2f} {capture:10.2f}")
+    for label, a, b in rows:
+        print(f"  {label[:58]:<58} {a:12.2f} {b:10.2f}")
+    rest_p = plain_total - capture - sum(r[1] for r in rows)
+    rest_d = dp_total - capture - sum(r[2] for r in rows)
+    print(f"  {'rest (norms, clipping, noise, statistics, optimiser step)':<58} {rest_p:12.2f} {rest_d:10.2f}")
+    print(f"  {'whole step':<58} {plain_total:12.2f} {dp_total:10.2f}   ratio {dp_total / plain_total:.3f}")
+
+
 def metered(methods: dict, log: dict) -> dict:
     """The methods, each also logging the process CPU seconds and minor page faults of every call into ``log``."""
 
@@ -281,12 +338,17 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(CASES))
     ap.add_argument("--cpu-time", action="store_true",
                     help="time by the process' CPU clock (time spent descheduled on a shared machine not counted)")
+    ap.add_argument("--profile", action="store_true",
+                    help="instead: where the plain step on our route and the DP step spend CPU time, per layer")
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)
     warnings.filterwarnings("ignore", category=UserWarning)  # Opacus' secure-RNG and backward-hook notices
     one_thread()
     for name in args.models.split(","):
-        run(name, args.repeats, time.process_time if args.cpu_time else None)
+        if args.profile:
+            profile(name, args.repeats)
+        else:
+            run(name, args.repeats, time.process_time if args.cpu_time else None)
 
 
 if __name__ == "__main__":
