@@ -192,3 +192,39 @@ def test_materialised_gradients_are_contiguous_and_exact(monkeypatch):
     want = LoopEngine(model).grads(x, y)
     assert all(g.is_contiguous() for g in got.values())
     close(got, want)
+
+
+def test_a_capture_is_freed_with_its_batch():
+    """What one batch kept (inputs, output gradients) is freed when the batch is done, by reference counting:
+    the hooks on the graph's nodes must not hold the Capture that holds those nodes (a cycle through autograd's
+    C++ nodes, which the collector cannot break, kept every batch's activations for good)."""
+    import gc
+    import weakref
+
+    from landscape.persample.capture import Capture
+
+    model = model_of("conv")
+    x, y = data("conv")
+    engine = PerSampleEngine(model)
+    engine.clipped_sum(x, y, lambda nm: 1 / (1 + nm.flat))  # plans the route
+    cap = Capture(engine._handlers)
+    with cap, torch.enable_grad():
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+    cap.backward(loss)
+    kept = weakref.ref(cap.inputs[engine._handlers[0]][0])
+    assert kept() is not None
+    gone = weakref.ref(cap)
+    del cap
+    gc.collect()
+    assert gone() is None and kept() is None  # loss and its graph are still alive here
+
+    seen = []
+    original = Capture.__init__
+    try:
+        Capture.__init__ = lambda self, *a, **k: seen.append(weakref.ref(self)) or original(self, *a, **k)
+        for _ in range(2):
+            engine.clipped_sum(x, y, lambda nm: 1 / (1 + nm.flat))
+            engine.weighted_sum(x, y, torch.ones(len(y), dtype=torch.float64))
+    finally:
+        Capture.__init__ = original
+    assert len(seen) == 4 and all(r() is None for r in seen)

@@ -141,6 +141,33 @@ def test_sgd_is_plain_mean_gradient():
             assert torch.allclose(got[n], p.grad, atol=1e-12)
 
 
+def test_allocator_stays_tuned_while_the_privatizer_lives(monkeypatch):
+    """glibc keeps freed blocks from the first step until the Privatizer is released or collected (what runs
+    between two steps, the optimiser's step and ``zero_grad``, would otherwise trim the whole step's memory)."""
+    import gc
+
+    from landscape.evaluate import allocator
+
+    if allocator._libc() is None:
+        pytest.skip("needs glibc")
+    monkeypatch.delenv("LANDSCAPE_MALLOC_TUNE", raising=False)
+    depth = allocator._allocator_depth
+    model = small_model()
+    x, y = batch()
+    priv = Privatizer(model, PrivacyConfig("dpsgd"), expected_batch_size=12, generator=torch.Generator())
+    assert allocator._allocator_depth == depth
+    for _ in range(2):
+        priv.compute_gradients(x, y)
+        assert allocator._allocator_depth == depth + 1
+    priv.release_memory()
+    assert allocator._allocator_depth == depth
+    priv.compute_gradients(x, y)
+    assert allocator._allocator_depth == depth + 1
+    del priv
+    gc.collect()
+    assert allocator._allocator_depth == depth
+
+
 @pytest.mark.parametrize("style", ["flat", "layerwise"])
 def test_noise_std_is_sigma_c_over_b(style):
     """Zero data gradient: empirical per-coordinate std = sigma * C / B within 2%."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -90,6 +91,21 @@ def place_batch(handlers: list[Handler], calls: dict[nn.Module, list | str]) -> 
         h.batch_dim = a
 
 
+def _weakly(method, *args) -> Callable[[Tensor], None]:
+    """A tensor hook calling ``method(*args, grad)`` that holds its object (a ``Capture``) only weakly. The hook
+    lives on the output's autograd node, and the Capture holds that node (its gradient edge): a strong reference
+    would close a cycle through C++ that Python's collector cannot see, and every batch's kept inputs and output
+    gradients would stay in memory for good (a leak the size of the activations, page-faulted afresh each batch)."""
+    ref = weakref.WeakMethod(method)
+
+    def hook(grad: Tensor) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(*args, grad)
+
+    return hook
+
+
 class Capture:
     """The one capture of the hooks routes: module inputs in the forward, output gradients in the backward.
 
@@ -135,7 +151,7 @@ class Capture:
             self.shapes[h].append(output.shape)
             self.grads[h].append([])
             self._edges.append(get_gradient_edge(output))
-            output.register_hook(functools.partial(self._grad_hook, h, k))
+            output.register_hook(_weakly(self._grad_hook, h, k))
 
     def _call_hook(self, h: FunctionalHandler, _module, args, kwargs, output) -> None:
         """A functional handler's call: all its inputs (positional and keyword) and a hook on every output
@@ -154,7 +170,7 @@ class Capture:
         self.grads[h].append([{}])
         for j, t in outs:
             self._edges.append(get_gradient_edge(t))
-            t.register_hook(functools.partial(self._leaf_hook, h, k, j))
+            t.register_hook(_weakly(self._leaf_hook, h, k, j))
 
     def _leaf_hook(self, h: FunctionalHandler, k: int, j: int, g: Tensor) -> None:
         self.grads[h][k][0][j] = g.detach()

@@ -37,6 +37,7 @@ slow, obviously-correct per-example loop with the same interface, used as the re
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -222,6 +223,12 @@ class Privatizer:
     batch size for shuffling). ``generator`` draws the noise (a CUDA generator for CUDA parameters, else the
     noise is drawn on the generator's device and moved). Parameters with ``requires_grad=False`` are left
     alone.
+
+    From its first step until it is garbage collected (or ``release_memory()``), glibc keeps freed large blocks
+    in the process (``tuned_allocator``): a step's activations, kept output gradients, per-sample gradients and
+    noise then reuse the memory of the step before, also across what runs between two steps (the optimiser's
+    step, ``zero_grad``), where glibc's own thresholds would hand the whole step's memory back to the OS and
+    every step would page it in afresh.
     """
 
     def __init__(
@@ -251,6 +258,7 @@ class Privatizer:
         # std of the noise added to the SUM of (clipped) per-sample gradients
         self.noise_std = config.noise_multiplier * self.sensitivity if config.adds_noise else 0.0
         self._mask_cache: tuple[Any, dict[str, torch.Tensor]] | None = None
+        self._kept: weakref.finalize | None = None
 
     def _layer_norms(self) -> dict[str, float]:
         names = [n for n, _ in self.named]
@@ -333,9 +341,18 @@ class Privatizer:
         self, x: torch.Tensor, y: torch.Tensor, *, masks: Mapping[str, torch.Tensor] | None = None
     ) -> StepStats:
         """Fill ``p.grad`` with the step's gradient (see module docstring); return the step's metrics. glibc keeps
-        the step's large blocks for the next step meanwhile (``tuned_allocator``), plain or private alike."""
-        with tuned_allocator():
-            return self._compute_gradients(x, y, masks)
+        freed large blocks from now on while this Privatizer lives (see the class), plain or private alike."""
+        if self._kept is None or not self._kept.alive:
+            kept = tuned_allocator()
+            kept.__enter__()
+            self._kept = weakref.finalize(self, kept.__exit__, None, None, None)
+        return self._compute_gradients(x, y, masks)
+
+    def release_memory(self) -> None:
+        """End the allocator tuning of the steps (``tuned_allocator``) now rather than when this object is collected;
+        a later step starts it again."""
+        if self._kept is not None:
+            self._kept()
 
     def _compute_gradients(self, x, y, masks) -> StepStats:
         cfg = self.config
