@@ -9,6 +9,10 @@ one; :class:`MatrixOperator` makes one of an explicit symmetric matrix, e.g. a G
 (:func:`landscape.gram.gram_blocks`). An operator may also restrict itself to a subspace of coordinates, as
 the Hessian with pruning masks does: ``numel`` is then the length of its vectors and ``mask_vector()`` the
 0/1 flat mask of the ``dim`` free coordinates, where random probes and start vectors are drawn.
+
+The estimators run with glibc keeping freed large blocks (:func:`landscape.evaluate.allocator.tuned_allocator`,
+set back on return): a product of a large model frees parameter-sized temporaries that glibc would otherwise
+hand back to the OS and page-fault in again for the next product.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 from torch import Tensor
 
 from landscape.errors import UsageError
+from landscape.evaluate.allocator import tuned_allocator
 
 # Vectors per vectorised product (Hutchinson probes, Ritz residuals, SLQ starts): memory grows with it.
 BLOCK = 4
@@ -243,6 +248,7 @@ class TopEigen:
     steps: int  # Lanczos steps taken
 
 
+@tuned_allocator()
 def top_eigenvalues(op: LinearOperator, k: int, *, steps: int = 80, tol: float = 1e-4, seed: int = 0) -> TopEigen:
     """The ``k`` algebraically largest eigenvalues of ``op`` by Lanczos (see the module docstring)."""
     if k > op.dim:
@@ -294,6 +300,7 @@ class TraceEstimate:
         return float(self.samples.std(ddof=1) / math.sqrt(m)) if m > 1 else math.nan
 
 
+@tuned_allocator()
 def hutchinson_trace(op: LinearOperator, probes: int, *, seed: int = 0) -> TraceEstimate:
     """Hutchinson's trace estimate with ``probes`` Rademacher vectors, ``BLOCK`` per vectorised product."""
     gen = torch.Generator().manual_seed(int(seed))
@@ -333,6 +340,7 @@ def density_grid(nodes: np.ndarray, sigma_fraction: float) -> tuple[np.ndarray, 
     return np.linspace(lo - 6 * sigma, hi + 6 * sigma, GRID), sigma
 
 
+@tuned_allocator()
 def spectral_density(op: LinearOperator, runs: int, steps: int, *, sigma: float = 0.01, seed: int = 0) -> SpectralDensity:
     """Stochastic Lanczos quadrature with ``runs`` normalised Rademacher starts of ``steps`` steps each."""
     gen = torch.Generator().manual_seed(int(seed))

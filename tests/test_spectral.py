@@ -175,3 +175,27 @@ def test_estimators_on_an_out_of_core_kernel_file(tmp_path):
         KernelFileOperator(path, "nope")
     with pytest.raises(UsageError, match="no Gram file"):
         KernelFileOperator(tmp_path / "missing.h5")
+
+
+def test_estimators_run_with_the_allocator_keeping_freed_blocks(monkeypatch):
+    """Every product of an estimator runs inside ``tuned_allocator`` (a large model's product frees
+    parameter-sized temporaries; returned to the OS they are page-faulted in again by the next product), and the
+    setting is given back when the estimator returns."""
+    from landscape.evaluate import allocator
+
+    if allocator._libc() is None:
+        pytest.skip("no glibc mallopt here: tuned_allocator is a no-op")
+    monkeypatch.delenv("LANDSCAPE_MALLOC_TUNE", raising=False)
+    depths = []
+
+    class Recording(MatrixOperator):
+        def matvec(self, v, out=None):
+            depths.append(allocator._allocator_depth)
+            return super().matvec(v, out)
+
+    op = Recording(symmetric(12))
+    top_eigenvalues(op, 2)
+    hutchinson_trace(op, 5)
+    spectral_density(op, 2, 6)
+    assert depths and min(depths) >= 1
+    assert allocator._allocator_depth == 0
