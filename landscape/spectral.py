@@ -32,7 +32,7 @@ from landscape.evaluate.allocator import tuned_allocator
 # Vectors per vectorised product (Hutchinson probes, Ritz residuals, SLQ starts): memory grows with it.
 BLOCK = 4
 GRID = 1001
-COLUMNS = 2**14  # column block of the reorthogonalisation of float32 vectors (blocks added in float64)
+COLUMNS = 2**16  # column block of the reorthogonalisation of float32 vectors (blocks added in float64)
 DOT_COLUMNS = 2**12  # column block of float32 inner products and norms (block sums added in float64)
 
 
@@ -198,10 +198,12 @@ def lanczos(
         # the three-term recurrence (alpha_j = q_j^T H q_j summed in float64), then one full
         # reorthogonalisation pass against the whole basis removes what rounding left (Golub & Van Loan 10.1.5)
         a = _dots(w, basis[j])
-        w.addcmul_(basis[j], a.to(w.dtype)[:, None], value=-1)
-        if j > 0:
-            w.addcmul_(basis[j - 1], torch.as_tensor(beta[:, j - 1], dtype=w.dtype, device=w.device)[:, None],
-                       value=-1)
+        if j == 0:
+            w.addcmul_(basis[j], a.to(w.dtype)[:, None], value=-1)
+        else:  # w -= beta_{j-1} q_{j-1} + alpha_j q_j: one pass over w
+            coefficients = torch.stack([torch.as_tensor(beta[:, j - 1], device=w.device), a], 1).to(w.dtype)
+            for r in range(batch):
+                w[r].addmv_(basis[j - 1: j + 1, r].t(), coefficients[r], alpha=-1)
         _orthogonalise_(w, basis[: j + 1], passes=1)
         b = _norms(w)
         alpha[:, j] = a.cpu().numpy()
