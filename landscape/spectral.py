@@ -173,6 +173,7 @@ def lanczos(
     *,
     draw: Callable[[int], Tensor],
     stop: Callable[[np.ndarray, np.ndarray, float], bool] | None = None,
+    basis: Tensor | None = None,
 ) -> Lanczos:
     """Lanczos with full reorthogonalisation for ``B`` start vectors ``start`` (B, d) at once.
 
@@ -181,11 +182,13 @@ def lanczos(
     ``k`` fresh random vectors (k, d) for runs whose Krylov space is exhausted (``beta`` below
     ``100 eps ||T||``); ``stop(alpha, beta, last_beta)`` (one run only) ends the iteration early. Each product is written into the next row of the basis and normalised
     there, in place: no parameter-sized temporary (a fresh one costs page faults on its first write, more than
-    the arithmetic on it, for large models).
+    the arithmetic on it, for large models). ``basis`` is memory for the basis, ``(steps + 1, B, d)`` (row
+    ``steps``: the last residual; allocated when None); ``start`` may be its row 0, normalised in place.
     """
     batch, d = start.shape
     steps = int(min(steps, d))
-    basis = torch.empty(steps + 1, batch, d, dtype=start.dtype, device=start.device)  # row steps: last residual
+    if basis is None:
+        basis = torch.empty(steps + 1, batch, d, dtype=start.dtype, device=start.device)
     alpha = np.zeros((batch, steps))
     beta = np.zeros((batch, steps))
     eps = torch.finfo(start.dtype).eps
@@ -230,17 +233,26 @@ def lanczos(
 # ----------------------------------------------------------------------------------------- estimators
 
 
-def _draw(op: LinearOperator, k: int, generator: torch.Generator, kind: str, dtype: torch.dtype) -> Tensor:
+def _draw(op: LinearOperator, k: int, generator: torch.Generator, kind: str, dtype: torch.dtype,
+          out: Tensor | None = None) -> Tensor:
     """``k`` random flat vectors in the operator's free subspace (the unpruned coordinates of a masked
-    Hessian; everything otherwise): ``"gaussian"`` or ``"rademacher"`` (+-1)."""
-    v = torch.empty(k, int(getattr(op, "numel", op.dim)), dtype=dtype)
+    Hessian; everything otherwise): ``"gaussian"`` or ``"rademacher"`` (+-1); written into ``out`` (``(k, d)``
+    in ``dtype`` on the operator's device) when given. The draws come from the CPU ``generator`` whatever the
+    device, so they do not depend on it."""
+    shape = (k, int(getattr(op, "numel", op.dim)))
+    cpu = out is not None and out.device.type == "cpu"
+    v = out if cpu else torch.empty(shape, dtype=dtype)
     if kind == "gaussian":
         v.normal_(generator=generator)
     else:
         v.bernoulli_(0.5, generator=generator).mul_(2).sub_(1)
+    if out is not None and not cpu:
+        v = out.copy_(v)
     v = v.to(op.device)
     mask = op.mask_vector() if hasattr(op, "mask_vector") else None
-    return v if mask is None else v * mask.to(dtype)
+    if mask is None:
+        return v
+    return v.mul_(mask.to(dtype)) if out is not None else v * mask.to(dtype)
 
 
 @dataclass
@@ -265,22 +277,27 @@ def top_eigenvalues(op: LinearOperator, k: int, *, steps: int = 80, tol: float =
         bound = tol * max(float(np.abs(theta).max()), np.finfo(float).tiny)
         return bool(np.all(np.abs(last * s[-1, -k:]) <= bound))
 
-    start = _draw(op, 1, gen, "gaussian", dtype)
-    run = lanczos(op.matvec, start, min(max(steps, k), op.dim),
-                  draw=lambda n: _draw(op, n, gen, "gaussian", dtype), stop=converged)
+    steps = min(max(steps, k), op.dim)
+    # the start vector is drawn into the basis' first row: no parameter-sized vector of its own (a fresh one
+    # costs page faults on its first write, more than the arithmetic on it, for large models)
+    basis = torch.empty(steps + 1, 1, int(getattr(op, "numel", op.dim)), dtype=dtype, device=op.device)
+    start = _draw(op, 1, gen, "gaussian", dtype, out=basis[0])
+    run = lanczos(op.matvec, start, steps, draw=lambda n: _draw(op, n, gen, "gaussian", dtype), stop=converged,
+                  basis=basis)
     theta, s = run.ritz()
     theta, s = theta[::-1][:k].copy(), s[:, ::-1][:, :k]
     coefficients = torch.as_tensor(s.T.copy(), dtype=dtype, device=op.device)
-    # memory already touched where it can be (a fresh parameter-sized vector costs page faults on its first
-    # write): for one Ritz vector, the start vector's and the Lanczos residual's (neither is needed any more)
-    if k == 1:
-        ritz, products = start, run.residual
+    rows = run.basis[:, 0]
+    if k == 1:  # u = sum_i s_i q_i formed over q_0's row, H u into the Lanczos residual's: memory already touched
+        ritz = rows[:1].mul_(coefficients[0, 0])
+        ritz[0].addmv_(rows[1:].t(), coefficients[0, 1:])
+        products = run.residual
     else:
-        ritz = torch.empty(min(k, BLOCK), start.shape[1], dtype=dtype, device=start.device)
+        ritz = torch.empty(min(k, BLOCK), rows.shape[1], dtype=dtype, device=op.device)
         products = torch.empty_like(ritz)
     residuals = []
     for i in range(0, k, BLOCK):
-        u = torch.mm(coefficients[i:i + BLOCK], run.basis[:, 0], out=ritz[: min(BLOCK, k - i)])
+        u = ritz if k == 1 else torch.mm(coefficients[i:i + BLOCK], rows, out=ritz[: min(BLOCK, k - i)])
         hu = op.matvec(u, out=products[: len(u)])
         th = torch.as_tensor(theta[i:i + BLOCK], dtype=dtype, device=op.device)[:, None]
         residuals.append(_norms(hu.sub_(u.mul_(th))).cpu().numpy())  # H u - theta u, in place
