@@ -9,6 +9,10 @@ one; :class:`MatrixOperator` makes one of an explicit symmetric matrix, e.g. a G
 (:func:`landscape.gram.gram_blocks`). An operator may also restrict itself to a subspace of coordinates, as
 the Hessian with pruning masks does: ``numel`` is then the length of its vectors and ``mask_vector()`` the
 0/1 flat mask of the ``dim`` free coordinates, where random probes and start vectors are drawn.
+
+The estimators run with glibc keeping freed large blocks (:func:`landscape.evaluate.allocator.tuned_allocator`,
+set back on return): a product of a large model frees parameter-sized temporaries that glibc would otherwise
+hand back to the OS and page-fault in again for the next product.
 """
 
 from __future__ import annotations
@@ -23,11 +27,12 @@ import torch
 from torch import Tensor
 
 from landscape.errors import UsageError
+from landscape.evaluate.allocator import tuned_allocator
 
 # Vectors per vectorised product (Hutchinson probes, Ritz residuals, SLQ starts): memory grows with it.
 BLOCK = 4
 GRID = 1001
-COLUMNS = 2**14  # column block of the reorthogonalisation of float32 vectors (blocks added in float64)
+COLUMNS = 2**16  # column block of the reorthogonalisation of float32 vectors (blocks added in float64)
 DOT_COLUMNS = 2**12  # column block of float32 inner products and norms (block sums added in float64)
 
 
@@ -168,6 +173,7 @@ def lanczos(
     *,
     draw: Callable[[int], Tensor],
     stop: Callable[[np.ndarray, np.ndarray, float], bool] | None = None,
+    basis: Tensor | None = None,
 ) -> Lanczos:
     """Lanczos with full reorthogonalisation for ``B`` start vectors ``start`` (B, d) at once.
 
@@ -176,11 +182,13 @@ def lanczos(
     ``k`` fresh random vectors (k, d) for runs whose Krylov space is exhausted (``beta`` below
     ``100 eps ||T||``); ``stop(alpha, beta, last_beta)`` (one run only) ends the iteration early. Each product is written into the next row of the basis and normalised
     there, in place: no parameter-sized temporary (a fresh one costs page faults on its first write, more than
-    the arithmetic on it, for large models).
+    the arithmetic on it, for large models). ``basis`` is memory for the basis, ``(steps + 1, B, d)`` (row
+    ``steps``: the last residual; allocated when None); ``start`` may be its row 0, normalised in place.
     """
     batch, d = start.shape
     steps = int(min(steps, d))
-    basis = torch.empty(steps + 1, batch, d, dtype=start.dtype, device=start.device)  # row steps: last residual
+    if basis is None:
+        basis = torch.empty(steps + 1, batch, d, dtype=start.dtype, device=start.device)
     alpha = np.zeros((batch, steps))
     beta = np.zeros((batch, steps))
     eps = torch.finfo(start.dtype).eps
@@ -193,10 +201,12 @@ def lanczos(
         # the three-term recurrence (alpha_j = q_j^T H q_j summed in float64), then one full
         # reorthogonalisation pass against the whole basis removes what rounding left (Golub & Van Loan 10.1.5)
         a = _dots(w, basis[j])
-        w.addcmul_(basis[j], a.to(w.dtype)[:, None], value=-1)
-        if j > 0:
-            w.addcmul_(basis[j - 1], torch.as_tensor(beta[:, j - 1], dtype=w.dtype, device=w.device)[:, None],
-                       value=-1)
+        if j == 0:
+            w.addcmul_(basis[j], a.to(w.dtype)[:, None], value=-1)
+        else:  # w -= beta_{j-1} q_{j-1} + alpha_j q_j: one pass over w
+            coefficients = torch.stack([torch.as_tensor(beta[:, j - 1], device=w.device), a], 1).to(w.dtype)
+            for r in range(batch):
+                w[r].addmv_(basis[j - 1: j + 1, r].t(), coefficients[r], alpha=-1)
         _orthogonalise_(w, basis[: j + 1], passes=1)
         b = _norms(w)
         alpha[:, j] = a.cpu().numpy()
@@ -223,17 +233,26 @@ def lanczos(
 # ----------------------------------------------------------------------------------------- estimators
 
 
-def _draw(op: LinearOperator, k: int, generator: torch.Generator, kind: str, dtype: torch.dtype) -> Tensor:
+def _draw(op: LinearOperator, k: int, generator: torch.Generator, kind: str, dtype: torch.dtype,
+          out: Tensor | None = None) -> Tensor:
     """``k`` random flat vectors in the operator's free subspace (the unpruned coordinates of a masked
-    Hessian; everything otherwise): ``"gaussian"`` or ``"rademacher"`` (+-1)."""
-    v = torch.empty(k, int(getattr(op, "numel", op.dim)), dtype=dtype)
+    Hessian; everything otherwise): ``"gaussian"`` or ``"rademacher"`` (+-1); written into ``out`` (``(k, d)``
+    in ``dtype`` on the operator's device) when given. The draws come from the CPU ``generator`` whatever the
+    device, so they do not depend on it."""
+    shape = (k, int(getattr(op, "numel", op.dim)))
+    cpu = out is not None and out.device.type == "cpu"
+    v = out if cpu else torch.empty(shape, dtype=dtype)
     if kind == "gaussian":
         v.normal_(generator=generator)
     else:
         v.bernoulli_(0.5, generator=generator).mul_(2).sub_(1)
+    if out is not None and not cpu:
+        v = out.copy_(v)
     v = v.to(op.device)
     mask = op.mask_vector() if hasattr(op, "mask_vector") else None
-    return v if mask is None else v * mask.to(dtype)
+    if mask is None:
+        return v
+    return v.mul_(mask.to(dtype)) if out is not None else v * mask.to(dtype)
 
 
 @dataclass
@@ -243,6 +262,7 @@ class TopEigen:
     steps: int  # Lanczos steps taken
 
 
+@tuned_allocator()
 def top_eigenvalues(op: LinearOperator, k: int, *, steps: int = 80, tol: float = 1e-4, seed: int = 0) -> TopEigen:
     """The ``k`` algebraically largest eigenvalues of ``op`` by Lanczos (see the module docstring)."""
     if k > op.dim:
@@ -257,22 +277,27 @@ def top_eigenvalues(op: LinearOperator, k: int, *, steps: int = 80, tol: float =
         bound = tol * max(float(np.abs(theta).max()), np.finfo(float).tiny)
         return bool(np.all(np.abs(last * s[-1, -k:]) <= bound))
 
-    start = _draw(op, 1, gen, "gaussian", dtype)
-    run = lanczos(op.matvec, start, min(max(steps, k), op.dim),
-                  draw=lambda n: _draw(op, n, gen, "gaussian", dtype), stop=converged)
+    steps = min(max(steps, k), op.dim)
+    # the start vector is drawn into the basis' first row: no parameter-sized vector of its own (a fresh one
+    # costs page faults on its first write, more than the arithmetic on it, for large models)
+    basis = torch.empty(steps + 1, 1, int(getattr(op, "numel", op.dim)), dtype=dtype, device=op.device)
+    start = _draw(op, 1, gen, "gaussian", dtype, out=basis[0])
+    run = lanczos(op.matvec, start, steps, draw=lambda n: _draw(op, n, gen, "gaussian", dtype), stop=converged,
+                  basis=basis)
     theta, s = run.ritz()
     theta, s = theta[::-1][:k].copy(), s[:, ::-1][:, :k]
     coefficients = torch.as_tensor(s.T.copy(), dtype=dtype, device=op.device)
-    # memory already touched where it can be (a fresh parameter-sized vector costs page faults on its first
-    # write): for one Ritz vector, the start vector's and the Lanczos residual's (neither is needed any more)
-    if k == 1:
-        ritz, products = start, run.residual
+    rows = run.basis[:, 0]
+    if k == 1:  # u = sum_i s_i q_i formed over q_0's row, H u into the Lanczos residual's: memory already touched
+        ritz = rows[:1].mul_(coefficients[0, 0])
+        ritz[0].addmv_(rows[1:].t(), coefficients[0, 1:])
+        products = run.residual
     else:
-        ritz = torch.empty(min(k, BLOCK), start.shape[1], dtype=dtype, device=start.device)
+        ritz = torch.empty(min(k, BLOCK), rows.shape[1], dtype=dtype, device=op.device)
         products = torch.empty_like(ritz)
     residuals = []
     for i in range(0, k, BLOCK):
-        u = torch.mm(coefficients[i:i + BLOCK], run.basis[:, 0], out=ritz[: min(BLOCK, k - i)])
+        u = ritz if k == 1 else torch.mm(coefficients[i:i + BLOCK], rows, out=ritz[: min(BLOCK, k - i)])
         hu = op.matvec(u, out=products[: len(u)])
         th = torch.as_tensor(theta[i:i + BLOCK], dtype=dtype, device=op.device)[:, None]
         residuals.append(_norms(hu.sub_(u.mul_(th))).cpu().numpy())  # H u - theta u, in place
@@ -294,6 +319,7 @@ class TraceEstimate:
         return float(self.samples.std(ddof=1) / math.sqrt(m)) if m > 1 else math.nan
 
 
+@tuned_allocator()
 def hutchinson_trace(op: LinearOperator, probes: int, *, seed: int = 0) -> TraceEstimate:
     """Hutchinson's trace estimate with ``probes`` Rademacher vectors, ``BLOCK`` per vectorised product."""
     gen = torch.Generator().manual_seed(int(seed))
@@ -333,6 +359,7 @@ def density_grid(nodes: np.ndarray, sigma_fraction: float) -> tuple[np.ndarray, 
     return np.linspace(lo - 6 * sigma, hi + 6 * sigma, GRID), sigma
 
 
+@tuned_allocator()
 def spectral_density(op: LinearOperator, runs: int, steps: int, *, sigma: float = 0.01, seed: int = 0) -> SpectralDensity:
     """Stochastic Lanczos quadrature with ``runs`` normalised Rademacher starts of ``steps`` steps each."""
     gen = torch.Generator().manual_seed(int(seed))

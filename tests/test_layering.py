@@ -35,7 +35,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                      "landscape.plugins", "landscape.verdict", "landscape.refs")),
     ("data and models", ("landscape.data", "landscape.models", "landscape.params", "landscape.directions")),
     # the privacy accountant is pure numbers (RDP of the subsampled Gaussian); the store records its events
-    ("numerics", ("landscape.persample", "landscape.gram", "landscape.curvature", "landscape.evaluate",
+    ("numerics", ("landscape.persample", "landscape.gram", "landscape.curvature", "landscape.spectral",
+                  "landscape.evaluate",
                   "landscape.pooling", "landscape.clip", "landscape.train.accounting")),
     ("store and results", ("landscape.store", "landscape.results", "landscape.gram_hdf5")),
     ("training", ("landscape.train", "landscape.recorder", "landscape.integrations")),

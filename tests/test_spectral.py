@@ -175,3 +175,57 @@ def test_estimators_on_an_out_of_core_kernel_file(tmp_path):
         KernelFileOperator(path, "nope")
     with pytest.raises(UsageError, match="no Gram file"):
         KernelFileOperator(tmp_path / "missing.h5")
+
+
+def test_estimators_run_with_the_allocator_keeping_freed_blocks(monkeypatch):
+    """Every product of an estimator runs inside ``tuned_allocator`` (a large model's product frees
+    parameter-sized temporaries; returned to the OS they are page-faulted in again by the next product), and the
+    setting is given back when the estimator returns."""
+    from landscape.evaluate import allocator
+
+    if allocator._libc() is None:
+        pytest.skip("no glibc mallopt here: tuned_allocator is a no-op")
+    monkeypatch.delenv("LANDSCAPE_MALLOC_TUNE", raising=False)
+    depths = []
+
+    class Recording(MatrixOperator):
+        def matvec(self, v, out=None):
+            depths.append(allocator._allocator_depth)
+            return super().matvec(v, out)
+
+    op = Recording(symmetric(12))
+    top_eigenvalues(op, 2)
+    hutchinson_trace(op, 5)
+    spectral_density(op, 2, 6)
+    assert depths and min(depths) >= 1
+    assert allocator._allocator_depth == 0
+
+
+def test_one_eigenvalue_reports_the_true_residual_of_its_ritz_pair():
+    """With one eigenvalue the Ritz vector is formed in place over the basis' first row; its residual must still
+    be the true ||A u - theta u||, on an early stop: at most the stopping rule's tol |theta| (the Lanczos estimate
+    |beta_m s_m| it stopped on equals the true residual up to rounding; a wrong u would be far off), and
+    Weinstein's bound (an eigenvalue within r of theta) and Kato-Temple's (lambda_1 - theta <= r^2 /
+    (theta - lambda_2)) hold, which a too small r would break."""
+    a = symmetric(60, seed=2)
+    exact = np.linalg.eigvalsh(a)[::-1]
+    for tol in (1e-2, 1e-3):
+        top = top_eigenvalues(MatrixOperator(torch.as_tensor(a)), 1, tol=tol, seed=1)
+        theta, r = float(top.eigenvalues[0]), float(top.residuals[0])
+        assert top.steps < 60 and 0 < r <= tol * abs(theta) * (1 + 1e-6)
+        assert np.abs(exact - theta).min() <= r * (1 + 1e-9)
+        assert 0 <= exact[0] - theta <= r**2 / (theta - exact[1]) * (1 + 1e-9) + 1e-12
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "rademacher"])
+def test_draws_into_given_memory_are_the_same_draws(kind):
+    """``_draw(..., out=)`` (the start vector drawn into the Lanczos basis' first row) gives the same vectors as
+    a fresh draw from the same generator, masked alike."""
+    model, x, y = mlp_data()
+    op = HessianOperator(model, x, y, masks={"1.weight": (torch.arange(60).reshape(10, 6) % 3 > 0).double()})
+    fresh = _draw(op, 2, torch.Generator().manual_seed(4), kind, torch.float64)
+    out = torch.full((2, op.numel), float("nan"), dtype=torch.float64)
+    given = _draw(op, 2, torch.Generator().manual_seed(4), kind, torch.float64, out=out)
+    assert given.data_ptr() == out.data_ptr()
+    torch.testing.assert_close(given, fresh, rtol=0, atol=0)
+    assert int((given == 0).sum()) == 2 * (op.numel - op.dim)

@@ -43,6 +43,7 @@ from landscape.bounds import LANCZOS_STEPS_MAX
 from landscape.curvature import HessianOperator
 from landscape.data import take_subset
 from landscape.errors import UsageError
+from landscape.evaluate.allocator import tuned_allocator
 from landscape.options import Options
 from landscape.results import InputRef, StoredResult, stored
 from landscape.runtime import resolve_device
@@ -202,6 +203,7 @@ def subset(x: Tensor, y: Tensor, n: int, seed: int, split: str = "") -> tuple[Te
     return take_subset(x, y, min(int(n), len(y)), seed, split=split)
 
 
+@tuned_allocator()  # one block for the operator and every estimator: the products' temporaries are reused
 def hessian_row(
     model: nn.Module,
     x: Tensor,
