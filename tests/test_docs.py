@@ -462,7 +462,7 @@ def test_a_drifted_gallery_summary_or_record_number_is_caught():
     recipe's HDF5 summary (full precision, the quoted rounding), batch.md's speed-up against a benchmark record:
     a number moved past its last digit is caught."""
     text = (DOCS / "figures.md").read_text()
-    for quoted, drifted, source in [("(+16.3 points, p = 0.047", "(+46.3 points, p = 0.047", "figures/README.md"),
+    for quoted, drifted, source in [("+14.8 points (p = 0.00852", "+44.8 points (p = 0.00852", "figures/README.md"),
                                     ("SGD 78.6 / 97.3", "SGD 78.6 / 97.7", "watson-fig16-17-cpu.h5:numbers/lr_grid")]:
         assert quoted in text
         with pytest.raises(AssertionError, match=f"is not a number of .*{re.escape(source)}"):
