@@ -40,7 +40,7 @@ from landscape.store import Run, RunBusyError
 from landscape.store.codec import _view_dtypes
 
 MAX_IN_FLIGHT = 8  # checkpoints sent and not yet written, at most (a save waits for the oldest beyond)
-MAX_BYTES_IN_FLIGHT = 256 << 20  # nor more bytes than this (but always one checkpoint)
+MAX_BYTES_IN_FLIGHT = 128 << 20  # nor more bytes than this (but always one checkpoint)
 _IOV_MAX = 1024  # buffers per writev (POSIX guarantees at least 16; Linux allows 1024)
 _INLINE_RUNS: set[str] = set()  # the run directories inline writers of this process hold
 # The writer process' first line: the parent's module path (the same numpy, h5py, landscape), then the writer.
