@@ -78,7 +78,8 @@ class Writer:
         self.sock = ours
         self.pid: int | None = self.proc.pid
         self.owner = os.getpid()
-        send_message(self.sock, {"kind": "open", "run": dict(init)})
+        with contextlib.suppress(OSError):  # a writer that died at once: its end of file says so (wait_open)
+            send_message(self.sock, {"kind": "open", "run": dict(init)})
         if wait_open:
             try:
                 self.wait_open()
@@ -172,7 +173,8 @@ class Writer:
                 with contextlib.suppress(LandscapeError):  # skipped (or the writer died: pid None)
                     self._reply("a checkpoint")
             if self.pid is not None:
-                send_message(self.sock, {"kind": "resume"})
+                with contextlib.suppress(OSError):  # a writer gone: the next send says so
+                    send_message(self.sock, {"kind": "resume"})
             self.pending.clear()
             raise
 
