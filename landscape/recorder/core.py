@@ -159,7 +159,7 @@ class Recorder:
         return self._last
 
     def flush(self) -> None:
-        """Wait until the checkpoint being written is on disk; raise its error if writing it failed."""
+        """Wait until every checkpoint in flight is on disk (durably); raise a failed write's error."""
         try:
             self._writer.wait()
         except BaseException:
@@ -175,7 +175,7 @@ class Recorder:
         self._last = infos[-1].step if infos else None
 
     def close(self) -> None:
-        """Write the checkpoint in flight (:meth:`flush`), then stop the writer (a writer process exits), which
+        """Write the checkpoints in flight (:meth:`flush`), then stop the writer (a writer process exits), which
         releases the run's write lock (the checkpoints stay)."""
         try:
             self.flush()
