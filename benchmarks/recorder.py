@@ -13,34 +13,31 @@ timed whole: opening its store run or directory, the epochs, the last write:
   run lock, atomic renames, 4 fsyncs per checkpoint): the goal figure. One torch thread on a machine of two or
   more cores leaves a core free, so it chooses its writer process.
 - ``Recorder, writer='process'`` and ``Recorder, writer='inline'``: each writer forced, each with its own figure
-  (what the default did not choose is not hidden): the writer process (a fork of the training process) writing
-  while training goes on, and the training process writing each checkpoint before ``save`` returns.
+  (what the default did not choose is not hidden): the writer process (a fresh interpreter started with
+  ``posix_spawn``, importing the store but not torch) writing while training goes on, and the training process
+  writing each checkpoint before ``save`` returns.
 - ``Recorder, writer='process', background=False``: each ``save`` waits until its checkpoint is durable.
-- ``store writes in a thread``: the recorder's earlier design (the same store calls in a thread of the training
-  process), kept here for comparison.
+- ``store writes in a thread``: the same store calls in a thread of the training process, for comparison
+  (what a writer thread costs a CPU-bound loop through the GIL).
 
-Printed: median seconds and ratios; per writer, its fixed costs (opening the run: the fork of the writer
-process, or the run created inline; close: the last checkpoint made durable) and the median time a ``save``
-call keeps the training thread (torch.save's too); the CPU time of the training process (all its threads; a
-writer process not counted); the figures, medians of per-round ratios with their spread; then, as further
-figures that are not the goal's loop, torch.save against each Recorder over ``--long-epochs`` epochs (the
-writer process' fixed costs spread over a longer run). ``--sizes`` instead measures an inline save and the
-writer process' fixed costs by checkpoint size (:func:`_sizes`).
+Printed: median seconds and ratios; per writer, its fixed costs (opening the run: starting the writer process,
+or the run created inline; close: the checkpoints in flight made durable) and the median time a ``save`` call
+keeps the training thread (torch.save's too); the CPU time of the training process (all its threads; a writer
+process not counted); the figures, medians of per-round ratios with their spread; then, as further figures that
+are not the goal's loop, torch.save against each Recorder over ``--long-epochs`` epochs. ``--sizes`` instead
+measures an inline save and the writer process' fixed costs by checkpoint size (:func:`_sizes`).
 
-Where the time goes (profiled, 25 Nov 2026, 2-core machine at load ~0.3-1; the numbers are in
-docs/own-code.md and the records under benchmarks/results/). Inline, every checkpoint costs the training loop
-its whole write (~4 ms + ~1 ms per MiB: HDF5, sha256, manifest, fsyncs). With the writer process, the save
-calls cost less than torch.save's (when a core is free for the writer); what is left is fixed and comes from
-the writer being a fork of a process with torch loaded (~370 MB anonymous
-memory): the fork (~10-13 ms of page tables), the training process' copy-on-write faults while the writer
-lives (~1.2k pages, ~10 ms CPU over the loop, measured against an idle forked child), and close waiting for
-the last checkpoint to be durable (~5-7 ms: HDF5 ~3.5 ms, the manifest ~1 ms, fsyncs). Removed since the
-record of commit 34281b0 (1.12x): the constructor waiting ~10 ms for the writer to create the run (mostly
-the child's own copy-on-write faults right after the fork; now overlapped with the first epoch),
-``threading.Thread.start`` of the reaper at close (3-15 ms waiting for the thread to run; now a bare
-``_thread`` start), and per-tensor finiteness checks in ``save``. A writer that is not a fork (spawned) would
-have none of these costs but takes ~0.1 s to import its modules, which the first checkpoints (at most one in
-flight) would wait for: worse at this size.
+Where the time goes (docs/own-code.md has the numbers, benchmarks/results/ the records). Inline, every
+checkpoint costs the training loop its whole write (HDF5, sha256, manifest, four fsyncs; growing with the
+checkpoint's size). The writer process takes the write off the training process: what is left there is
+starting it (one ``posix_spawn``, independent of the training process' size), a copy of each checkpoint into
+an in-memory file per save, and close waiting for the last checkpoint to be durable. The writer's own start
+(a Python interpreter importing numpy and h5py) runs on the free core while the first epochs train; the
+checkpoints saved meanwhile wait in flight (up to ``landscape.recorder.writer.MAX_IN_FLIGHT``). An earlier
+writer process was a fork of the training process: the fork copied the page tables of a process with torch
+loaded (the same for any model) and the training process then took copy-on-write faults while the writer
+lived, a fixed cost of a few per cent of this loop. On a machine without a free core the writer's start and
+writes compete with the loop (run with ``--threads`` = the cores to see ``auto`` choose inline).
 
     OMP_NUM_THREADS=1 python benchmarks/recorder.py [--epochs 10] [--repeats 7] [--batch-size 64] [--long-epochs 50]
     OMP_NUM_THREADS=1 python benchmarks/recorder.py --sizes
@@ -67,8 +64,8 @@ CHOSEN: dict[str, str] = {}  # the writer each recorder method ran with
 
 
 class _ThreadWriter:
-    """The design the recorder had before its writer process, for comparison: the same store calls from a thread of
-    the training process (weights and optimizer state copied to CPU, at most one checkpoint in flight)."""
+    """A writer thread, for comparison: the same store calls from a thread of the training process (weights and
+    optimizer state copied to CPU, at most one checkpoint in flight)."""
 
     def __init__(self, root: Path, model, opt, data, spe: int) -> None:
         from landscape.store import Store
@@ -243,7 +240,7 @@ def main() -> None:
 
 def _longer(data, args, scratch: Path, tag: str) -> None:
     """The same loop over ``--long-epochs`` epochs, torch.save against each Recorder: the writer process' fixed
-    costs (its fork, the last checkpoint made durable at close) spread over a longer run, the inline writer's
+    costs (its start, the last checkpoint made durable at close) spread over a longer run, the inline writer's
     per-checkpoint cost not; not the goal figure."""
     counter = iter(range(10**6))
 
@@ -273,10 +270,10 @@ def _longer(data, args, scratch: Path, tag: str) -> None:
 def _sizes(data, repeats: int) -> None:
     """Per checkpoint size (LeNet's weights, 0.08 MiB, plus a float32 extra array), median ms of: one inline save
     (the training thread writes the checkpoint: HDF5, sha256, manifest, fsyncs) and the writer process' fixed
-    costs (the fork when the recorder opens, close waiting for the last checkpoint), of which inline pays only
-    the run's creation: the per-checkpoint cost inline against the fixed cost of the writer process that
-    ``writer="auto"`` weighs (module docstring of :mod:`landscape.recorder`). Copy-on-write faults in the training process while the
-    writer lives (~10 ms over a loop, profiled) come on top of the fork and are not timed here."""
+    costs (starting it when the recorder opens, close waiting for the checkpoints in flight: here the writer's
+    own start too, as the saves follow one another at once), of which inline pays only the run's creation: the
+    per-checkpoint cost inline against the fixed cost of the writer process that ``writer="auto"`` weighs
+    (module docstring of :mod:`landscape.recorder`)."""
     import torch
 
     import landscape
@@ -308,11 +305,11 @@ def _sizes(data, repeats: int) -> None:
                          med))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    print(f"checkpoint size: median ms of an inline save, the writer process' open (its fork) and close (the last "
-          f"checkpoint made durable), the inline open (the run created); load {machine_load()}")
+    print(f"checkpoint size: median ms of an inline save, the writer process' open (its start) and close (the "
+          f"checkpoints in flight made durable), the inline open (the run created); load {machine_load()}")
     for size, med in rows:
         print(f"  {size:7.2f} MiB: inline save {med['inline save']:7.2f}, process: open {med['process open']:6.2f} "
-              f"(the fork), close {med['process close']:6.2f}; inline open {med['inline open']:6.2f}")
+              f"(its start), close {med['process close']:6.2f}; inline open {med['inline open']:6.2f}")
 
 
 if __name__ == "__main__":

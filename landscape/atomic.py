@@ -5,6 +5,13 @@ fsyncs it, renames it over the target and fsyncs the directory: a process killed
 either the old file or the complete new one under the final name, never a half-written file. A killed
 writer may leave its temporary file behind; :func:`stale_temp_files` finds those (the store sweeps them
 when a run is reopened for writing under its lock).
+
+Why every write fsyncs its directory, even when two files of one directory are renamed in a row (a checkpoint,
+then the run manifest that lists it): POSIX orders neither renames nor their durability until the directory is
+fsynced, so with one directory fsync after both renames a power cut could keep the manifest's rename and lose
+the checkpoint's, leaving a manifest that lists a missing file (which the store reports as a damaged run, never
+as "not written"). The fsync of the first rename is what makes "listed in the manifest" imply "on disk"; it
+is also the cheapest of the four (the file's own fsync has just committed the file system's journal).
 """
 
 from __future__ import annotations

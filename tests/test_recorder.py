@@ -22,6 +22,7 @@ import torch
 
 import landscape
 import landscape.errors
+import landscape.recorder.core
 import landscape.store
 from landscape import api
 from landscape.data import load_dataset
@@ -215,8 +216,12 @@ def test_a_sigkilled_recorder_leaves_a_run_that_continues(tmp_path, writer):
     proc = subprocess.Popen([sys.executable, "-c", KILLED_SCRIPT, str(tmp_path), writer], stdout=subprocess.PIPE,
                             text=True, env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
     for line in proc.stdout:
-        if int(line) >= 3:  # steps 0-2 written (the next save waits for the one in flight)
+        if int(line) >= 3:
             break
+    deadline = time.monotonic() + 60  # steps 0-2 written (the writer process may still be starting)
+    while not (tmp_path / "k" / landscape.store.MANIFEST).is_file() or len(Store(tmp_path).run("k").checkpoints()) < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     data, model = _digits_lenet()
     holder = int((tmp_path / "k" / ".lock").read_text())  # the writer process (inline: the training process)
     assert (holder != proc.pid) == (writer == "process")
@@ -261,24 +266,42 @@ def test_background_writes_finish_at_exit_and_report_failures(tmp_path, monkeypa
                    env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})  # never closed: written at exit
     assert [i.step for i in Store(tmp_path).run("k").checkpoints()] == [0, 1, 2]
     data, model = _digits_lenet()
-
-    def fail(*args, **kwargs):
-        raise landscape.errors.CheckpointError("disk full")
-
-    monkeypatch.setattr(landscape.store.Run, "save_checkpoint", fail)  # before the writer process is forked
     rec = landscape.Recorder(tmp_path, "f", model, data=data, steps_per_epoch=1, writer="process")
+    rec.flush()  # the run is created
+    (tmp_path / "f" / "step-000000.h5").mkdir()  # the writer's rename onto it fails (not a landscape error)
     rec.save(0)  # returns at once; the write fails in the writer process
-    with pytest.raises(landscape.errors.CheckpointError, match="^disk full$"):
+    with pytest.raises(landscape.errors.CheckpointError, match="^IsADirectoryError: .*step-000000.h5"):
+        rec.save(1)  # sent before the failure is known (then skipped: no checkpoint after a failed one), or refused
         rec.flush()
+    assert rec.last_step is None and Store(tmp_path).run("f").checkpoints() == []
     rec.save(0)
-    with pytest.raises(landscape.errors.CheckpointError, match="^disk full$"):
+    with pytest.raises(landscape.errors.CheckpointError, match="^IsADirectoryError"):
         rec.close()
     assert rec.last_step is None and Store(tmp_path).run("f").checkpoints() == []
-    monkeypatch.setattr(landscape.store.Run, "save_checkpoint", lambda *a, **k: 1 / 0)  # not a landscape error
-    with landscape.Recorder(tmp_path, "g", model, data=data, steps_per_epoch=1, writer="process") as rec:
-        rec.save(0)
-        with pytest.raises(landscape.errors.CheckpointError, match="^ZeroDivisionError: division by zero$"):
+    with landscape.Recorder(tmp_path, "f", model, data=data, steps_per_epoch=1, writer="process") as rec:
+        rec.save(0)  # the step-0 write fails again
+        with pytest.raises(landscape.errors.CheckpointError, match="^IsADirectoryError"):
+            rec.save(1)
             rec.flush()
+        (tmp_path / "f" / "step-000000.h5").rmdir()
+        rec.save(0)  # the writer writes again
+        rec.save(1)
+    assert [i.step for i in Store(tmp_path).run("f").checkpoints()] == [0, 1]
+
+
+def test_a_writer_error_is_raised_as_its_landscape_class_and_nothing_else_by_name():
+    """The writer process reports an error as [module, class, message]; the training process raises a landscape
+    error class it has imported, and anything else (never looked up as code to call) as a CheckpointError."""
+    from landscape.recorder.writer import _rebuild
+
+    error = _rebuild(["landscape.errors", "CheckpointError", "disk full"])
+    assert type(error) is landscape.errors.CheckpointError and str(error) == "disk full"
+    assert type(_rebuild(["landscape.store._locks", "RunBusyError", "busy"])) is landscape.store.RunBusyError
+    for described in (["builtins", "ZeroDivisionError", "division by zero"], ["os", "system", "echo hi"],
+                      ["no.such.module", "Error", "x"]):
+        error = _rebuild(described)
+        assert type(error) is landscape.errors.CheckpointError
+        assert str(error) == f"{described[1]}: {described[2]}"
 
 
 def test_the_writer_process_holds_the_lock_and_ends_with_the_recorder(tmp_path):
@@ -287,6 +310,8 @@ def test_the_writer_process_holds_the_lock_and_ends_with_the_recorder(tmp_path):
     pid = rec._writer.pid
     rec.flush()  # a new run is created by the writer while training starts: flush waits for it
     assert pid != os.getpid() and (tmp_path / "w" / ".lock").read_text().strip() == str(pid)
+    maps = Path(f"/proc/{pid}/maps").read_text()  # a fresh interpreter with the store's modules, not a fork
+    assert "h5py" in maps and "libtorch" not in maps and "torch" not in Path(f"/proc/{pid}/cmdline").read_text()
     with pytest.raises(landscape.store.RunBusyError):  # another writer (this process too) is refused
         Store(tmp_path).open_run("w")
     rec.save(0)
@@ -300,6 +325,26 @@ def test_the_writer_process_holds_the_lock_and_ends_with_the_recorder(tmp_path):
         rec.save(1)
 
 
+def test_saves_do_not_wait_for_the_writer_up_to_the_bound_and_are_written_in_order(tmp_path, monkeypatch):
+    """Up to MAX_IN_FLIGHT checkpoints are in flight (the first saves need not wait while the writer starts);
+    a save beyond waits for the oldest; every one is written, in order, with its own weights."""
+    import landscape.recorder.writer as writer
+
+    monkeypatch.setattr(writer, "MAX_IN_FLIGHT", 3)
+    data, model = _digits_lenet()
+    rec = landscape.Recorder(tmp_path, "q", model, data=data, steps_per_epoch=1, writer="process")
+    for step in range(10):
+        with torch.no_grad():
+            model[0].bias.fill_(step)
+        rec.save(step)
+        assert 1 <= rec._writer.in_flight <= 3
+    rec.close()
+    assert rec._writer.in_flight == 0
+    for info in Store(tmp_path).run("q").checkpoints():
+        assert bool((Store(tmp_path).load(f"q@step={info.step}").state_dict["0.bias"] == info.step).all())
+    assert [i.step for i in Store(tmp_path).run("q").checkpoints()] == list(range(10))
+
+
 def test_a_new_run_is_created_while_training_starts_and_its_failure_raised_at_the_next_wait(tmp_path):
     """The constructor does not wait for the writer to create a new run: a failure (the store root is a file) is
     raised in one line by the first call that waits for the writer, and then the recorder refuses to save."""
@@ -309,8 +354,8 @@ def test_a_new_run_is_created_while_training_starts_and_its_failure_raised_at_th
     rec = landscape.Recorder(root, "r", model, data=data, steps_per_epoch=1, writer="process")
     pid = rec._writer.pid
     with pytest.raises(landscape.errors.CheckpointError, match="^cannot create the store root"):
-        rec.save(0)  # returns at once unless the writer has exited already
-        rec.save(1)  # waits for step 0, hence for the run
+        rec.save(0)  # returns at once unless the writer has answered already
+        rec.flush()  # waits for the run
     assert rec.last_step is None
     with pytest.raises(UsageError, match=r"^the recorder of run 'r' could not open it \(cannot create the store root"):
         rec.save(0)
@@ -518,7 +563,7 @@ def test_auto_writes_in_a_writer_process_when_a_core_is_free_for_it(tmp_path, mo
                 assert rec.writer == chosen and (chosen == "process") == hasattr(rec._writer, "pid")
                 rec.save(0)
     monkeypatch.setattr(torch, "get_num_threads", lambda: cores)
-    monkeypatch.setattr(landscape.recorder, "_device", lambda model: "cuda:0")
+    monkeypatch.setattr(landscape.recorder.core, "_device", lambda model: "cuda:0")
     assert landscape.recorder.spare_cores(model) == cores - 1
 
 

@@ -2,8 +2,9 @@
 
 The parent (the training process) computes the fields (:func:`model_spec`, :func:`data_spec`, :func:`jsonable`
 config, :func:`recorder_record`, the parent checkpoint's lineage and privacy history, :func:`parent_of`); the
-writer process creates the run with them or, for a run this recorder would have created, opens it again
-(:func:`open_run`, which refuses anything else in one line, :func:`check_same`).
+writer creates the run with them or, for a run this recorder would have created, opens it again
+(:func:`open_run`, which refuses anything else in one line, :func:`check_same`). Importing this module loads no
+torch: the writer process (:mod:`landscape.recorder.writer_main`) opens the run with it.
 """
 
 from __future__ import annotations
@@ -13,27 +14,26 @@ import json
 import os
 import platform
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from landscape.errors import UsageError
-from landscape.results import to_jsonable
+from landscape.jsonable import to_jsonable
 from landscape.store import MANIFEST, Checkpoint, Run, Store
 from landscape.train.accounting import PrivacyHistory
-from landscape.train.pruning import MASK_ARRAY, inherited_privacy, lineage_of
+
+if TYPE_CHECKING:
+    from torch import nn
 
 RECORDER_FORMAT = "landscape-recorder/1"
 
 
 def open_run(store: Store, name: str, fields: dict[str, Any], lineage: dict[str, Any] | None,
-              privacy: dict[str, Any], extra: dict[str, Any], privacy_record: Callable[[int], dict[str, Any]],
-              ) -> tuple[Run, bool]:
-    """In the writer process: create run ``name``, or open it (its lock) when it exists and this recorder would
-    have created it. Returns the run and whether it was created."""
+             privacy: dict[str, Any], extra: dict[str, Any]) -> tuple[Run, bool]:
+    """In the writer: create run ``name``, or open it (its lock) when it exists and this recorder would have
+    created it. Returns the run and whether it was created. ``privacy`` is the run's privacy record at step 0
+    (its fields but ``steps`` are fixed)."""
     if not (store.root / name / MANIFEST).is_file():
         return store.create_run(name, lineage=lineage, extra=extra, **fields), True
     run = store.open_run(name)
@@ -43,7 +43,7 @@ def open_run(store: Store, name: str, fields: dict[str, Any], lineage: dict[str,
             infos = run.checkpoints()
             last = infos[-1].step if infos else 0
             if run.manifest["privacy"].get("steps") != last:
-                run.update_manifest(privacy=privacy_record(last))
+                run.update_manifest(privacy={**privacy, "steps": last})
     except BaseException:
         run.close()
         raise
@@ -80,6 +80,8 @@ def check_same(run: Run, fields: dict[str, Any], lineage: dict[str, Any] | None,
 def parent_of(store: Store, parent: Any, model_spec: dict[str, Any]
             ) -> tuple[Checkpoint | None, dict[str, Any] | None, PrivacyHistory]:
     """The parent checkpoint of ``parent=``, the run's lineage and the parent's privacy history."""
+    from landscape.train.pruning import MASK_ARRAY, inherited_privacy, lineage_of
+
     if parent is None:
         return None, None, PrivacyHistory()
     if not isinstance(parent, (str, os.PathLike)) or not str(parent):
@@ -129,6 +131,8 @@ def short(value: Any) -> str:
 
 def recorder_record() -> dict[str, Any]:
     """How the run was recorded: the script (``__main__``) and its sha256, torch and python versions."""
+    import torch
+
     record: dict[str, Any] = {"format": RECORDER_FORMAT, "torch": torch.__version__,
                               "python": platform.python_version()}
     script = getattr(sys.modules.get("__main__"), "__file__", None)

@@ -1,80 +1,96 @@
-"""The writers of a :class:`landscape.recorder.Recorder` (the package docstring says when each): the writer
-process, where :class:`Writer` is the training process' end (fork, send a checkpoint, wait for it, stop) and
-:func:`serve` the writer's loop, with two pipes between them (a pickled header of plain values, then the
-tensors' bytes); and :class:`InlineWriter`, the same interface writing in the training process. Both write a
-checkpoint with :func:`write_checkpoint`.
+"""The writers of a :class:`landscape.recorder.Recorder` (the package docstring says when each): the training
+process' end of the writer process (:class:`Writer`: start it, send a checkpoint, collect its answer, stop; the
+process itself is :mod:`landscape.recorder.writer_main`), and :class:`InlineWriter`, the same interface writing
+in the training process. Both write a checkpoint with :func:`write_checkpoint`.
 """
 
 from __future__ import annotations
 
 import _thread
 import contextlib
-import fcntl
+import functools
+import json
 import os
-import shutil
-import signal
+import select
+import socket
+import subprocess
 import sys
-import warnings
+import tempfile
+from collections import deque
 from collections.abc import Callable, Mapping
-from multiprocessing.connection import Connection, Pipe
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+import landscape
 from landscape.errors import CheckpointError, LandscapeError, UsageError
-from landscape.runtime import die_with_parent
+from landscape.recorder.writer_main import (
+    _LENGTH,
+    ALIGN,
+    close_run,
+    data_start,
+    nest,
+    recv_message,
+    send_message,
+    write_checkpoint,
+)
 from landscape.store import Run, RunBusyError
+from landscape.store.codec import _view_dtypes
 
-_PIPE_BYTES = 16 << 20  # the writer's job pipe, when the system allows it (else 1 MiB, else its default)
-_ALIGN = 64  # byte alignment of each tensor in the writer's job buffer
+MAX_IN_FLIGHT = 8  # checkpoints sent and not yet written, at most (a save waits for the oldest beyond)
+MAX_BYTES_IN_FLIGHT = 128 << 20  # nor more bytes than this (but always one checkpoint)
 _IOV_MAX = 1024  # buffers per writev (POSIX guarantees at least 16; Linux allows 1024)
 _INLINE_RUNS: set[str] = set()  # the run directories inline writers of this process hold
-
+# The writer process' first line: the parent's module path (the same numpy, h5py, landscape), then the writer.
+_BOOT = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
+         "from landscape.recorder.writer_main import main; sys.exit(main(sys.argv[2:]))")
 
 
 class Writer:
-    """The parent's end of a recorder's writer process (module docstring): ``send`` one checkpoint, ``wait`` for
-    it, ``stop``. The child is forked here and runs :func:`serve`; it opens the run by calling ``opener``, which
-    is waited for here (``wait_open``) or else by the first ``wait``: a checkpoint can be sent meanwhile.
+    """The training process' end of a recorder's writer process (:mod:`landscape.recorder.writer_main`):
+    ``send`` a checkpoint, ``wait`` for those in flight, ``stop``. The process is started here (a fresh
+    interpreter, ``posix_spawn``: no fork of this process) and told to open the run (``init``: the arguments
+    of :func:`landscape.recorder.manifest.open_run`); its answer is waited for here (``wait_open``) or else
+    by the first call that waits. Checkpoints are sent meanwhile: the writer writes them once it has started.
 
-    Two pipes: jobs (a pickled header of plain values, then the tensors' bytes in one ``writev``: no copy in this
-    process) and replies. The jobs pipe is enlarged where the system allows (Linux: up to 1 MiB for anyone), so
-    that a small model's checkpoint is in the pipe at once, whether or not the writer runs at that moment."""
+    Each checkpoint goes into an anonymous in-memory file (one copy, then this process is done with it) whose
+    descriptor is passed over the socket; up to :data:`MAX_IN_FLIGHT` checkpoints (and
+    :data:`MAX_BYTES_IN_FLIGHT`) may be in flight, so that saves do not wait for the writer's start."""
 
-    def __init__(self, name: str, opener: Callable[[], tuple[Run, bool]], *, wait_open: bool = True) -> None:
+    def __init__(self, name: str, init: Mapping[str, Any], *, wait_open: bool = True) -> None:
         self.name = name
-        self.in_flight: int | None = None  # the step being written
+        self.pending: deque[tuple[int, int]] = deque()  # (step, bytes) sent, answer not read yet
         self.opening = True  # the writer's answer to opening the run is still to be read
         self.opened: int | None = None  # the step of the run's last checkpoint (None: none), once opened
         self.gone = "is closed"  # why nothing can be sent any more, once the writer is gone
-        jobs_out, self.jobs = Pipe(duplex=False)
-        self.replies, replies_in = Pipe(duplex=False)
-        for size in (_PIPE_BYTES, 1 << 20):
-            with contextlib.suppress(OSError, AttributeError):
-                fcntl.fcntl(self.jobs.fileno(), fcntl.F_SETPIPE_SZ, size)
-                break
-        parent = self.owner = os.getpid()
-        with warnings.catch_warnings():  # python >= 3.12 warns of forking a threaded process: the child takes
-            warnings.simplefilter("ignore", DeprecationWarning)  # no lock another thread may hold (see serve)
-            pid = os.fork()
-        if pid == 0:  # the writer process: never returns into the caller's code
-            code = 1
-            try:
-                self.jobs.close()
-                self.replies.close()
-                code = serve(jobs_out, replies_in, parent, opener)
-            finally:
-                os._exit(code)
-        jobs_out.close()
-        replies_in.close()
-        self.pid: int | None = pid
+        ours, theirs = socket.socketpair()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-c", _BOOT, json.dumps(_module_path()), str(theirs.fileno()),
+                 str(os.getpid())], stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),))
+        except OSError as exc:
+            ours.close()
+            raise CheckpointError(f"cannot start the writer process of run '{name}': {exc}") from None
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.pid: int | None = self.proc.pid
+        self.owner = os.getpid()
+        with contextlib.suppress(OSError):  # a writer that died at once: its end of file says so (wait_open)
+            send_message(self.sock, {"kind": "open", "run": dict(init)})
         if wait_open:
             try:
                 self.wait_open()
             except BaseException:
                 self.stop()
                 raise
+
+    @property
+    def in_flight(self) -> int:
+        """Checkpoints sent whose answer has not been read."""
+        return len(self.pending)
 
     def wait_open(self) -> int | None:
         """Wait until the writer has created or opened the run (raise why it could not); the step of its last
@@ -84,7 +100,8 @@ class Writer:
                 self.opened = self._reply("the run")
                 self.opening = False
             except BaseException as exc:
-                self.opening, self.in_flight = False, None  # a checkpoint sent meanwhile was not written
+                self.opening = False
+                self.pending.clear()  # checkpoints sent meanwhile were not written
                 self.gone = f"could not open it ({exc})"
                 self._release()  # the writer has exited
                 raise
@@ -92,67 +109,99 @@ class Writer:
 
     def send(self, header: dict[str, Any], state: Mapping[str, torch.Tensor], extra: Mapping[str, Any],
              privacy: dict[str, Any] | None) -> None:
-        """Send one checkpoint (its bytes are in the pipe or the writer when this returns)."""
+        """Send one checkpoint (its bytes are in the writer's in-memory file when this returns); first raise a
+        failed earlier write's error, and wait for the oldest checkpoint in flight while too many are."""
         layout, buffers, offset = [], [], 0
         items = [(("state_dict", key), value) for key, value in state.items()]
         items += [(("extra", *path), value) for path, value in _flatten(extra)]
         for path, value in items:
-            spec, data = _pack(value)
-            pad = -offset % _ALIGN  # each tensor at an aligned offset of the writer's buffer
-            if pad:
-                buffers.append(bytes(pad))
-            offset += pad
+            spec, data = _pack(value, path[-1])
+            offset += -offset % ALIGN  # each tensor at an aligned offset
             layout.append((path, spec, offset))
-            if len(data):
-                buffers.append(data)
+            buffers.append((offset, data))
             offset += spec[-1]
         if self.pid is None:
             raise UsageError(f"the recorder of run '{self.name}' {self.gone}")
+        self._settle()
+        while self.pending and (len(self.pending) >= MAX_IN_FLIGHT or
+                                sum(n for _, n in self.pending) + offset > MAX_BYTES_IN_FLIGHT):
+            self._collect()
+        head = json.dumps({**header, "privacy": privacy, "layout": layout}, default=_json_value).encode()
+        chunks = [_LENGTH.pack(len(head)), head, bytes(data_start(len(head)) - _LENGTH.size - len(head))]
+        end = 0
+        for at, data in buffers:
+            if at > end:
+                chunks.append(bytes(at - end))
+            if len(data):
+                chunks.append(data)
+            end = at + len(data)
         try:
-            self.jobs.send(("write", {**header, "privacy": privacy, "layout": layout, "nbytes": offset}))
-            _write_all(self.jobs.fileno(), buffers)
+            with _memory_file() as fd:
+                _write_all(fd, chunks)
+                send_message(self.sock, {"kind": "write"}, fd)
         except OSError:
             if self.opening:  # the writer could not open the run and exited: its answer says why
                 self.wait_open()
             raise self._died(f"checkpoint step {header['step']} was not written") from None
-        self.in_flight = header["step"]
+        self.pending.append((header["step"], end))
 
     def wait(self) -> None:
-        """Wait for the run to be open and the checkpoint in flight written; raise their error."""
+        """Wait for the run to be open and every checkpoint in flight written; raise the first error."""
         self.wait_open()
-        if self.in_flight is not None:
-            step = self.in_flight
-            try:
-                self._reply(f"checkpoint step {step}")
-            finally:
-                self.in_flight = None
+        while self.pending:
+            self._collect()
+
+    def _settle(self) -> None:
+        """Read the answers that have come (without waiting for any); raise a failed write's error."""
+        while (self.opening or self.pending) and _readable(self.sock):
+            if self.opening:
+                self.wait_open()
+            else:
+                self._collect()
+
+    def _collect(self) -> None:
+        """Read the answer of the oldest checkpoint in flight (waiting for it). When its write failed, the
+        writer has skipped those sent after it: their answers are read, the writer told to resume, the error
+        raised (the recorder then reads the run's last step from disk)."""
+        self.wait_open()
+        step, _ = self.pending.popleft()
+        try:
+            self._reply(f"checkpoint step {step}")
+        except BaseException:
+            while self.pid is not None and self.pending:
+                self.pending.popleft()
+                with contextlib.suppress(LandscapeError):  # skipped (or the writer died: pid None)
+                    self._reply("a checkpoint")
+            if self.pid is not None:
+                with contextlib.suppress(OSError):  # a writer gone: the next send says so
+                    send_message(self.sock, {"kind": "resume"})
+            self.pending.clear()
+            raise
 
     def stop(self, *, discard_if_empty: bool = False) -> None:
         """Let the writer finish and release the run's lock (waited for), then exit. Idempotent; a no-op in any
-        other process (another recorder's writer, forked while this one was open, must not stop this one)."""
+        other process (one forked from this one, e.g. a data loader's worker)."""
         if self.pid is None or os.getpid() != self.owner:
             return
-        unread = self.opening + (self.in_flight is not None)  # answers not waited for (a failure on the way)
-        self.opening, self.in_flight = False, None
-        with contextlib.suppress(OSError, EOFError):
-            self.jobs.send(("stop", discard_if_empty))
+        unread = self.opening + len(self.pending)  # answers not waited for (a failure on the way)
+        self.opening = False
+        self.pending.clear()
+        with contextlib.suppress(OSError, EOFError, ValueError):
+            send_message(self.sock, {"kind": "stop", "discard": discard_if_empty})
             for _ in range(unread + 1):
-                self.replies.recv()  # the last: the lock is released
+                recv_message(self.sock)  # the last: the lock is released
         self._release()
 
     def _release(self) -> None:
-        """Close the pipes; the writer process is reaped in the background (tearing down its copy of the
-        training process' address space takes tens of ms), by a bare thread (``threading.Thread.start`` waits
-        until the thread runs: milliseconds on a busy machine)."""
-        self.jobs.close()
-        self.replies.close()
-        pid, self.pid = self.pid, None
-        with contextlib.suppress(ChildProcessError):  # reaped already (SIGCHLD ignored)
-            if pid is not None and os.waitpid(pid, os.WNOHANG) == (0, 0):
-                _thread.start_new_thread(_reap, (pid,))
+        """Close the socket; the writer process is reaped in the background (by a bare thread:
+        ``threading.Thread.start`` waits until the thread runs, milliseconds on a busy machine)."""
+        self.sock.close()
+        self.pid = None
+        if self.proc.poll() is None:
+            _thread.start_new_thread(self.proc.wait, ())
 
     def shutdown(self) -> None:
-        """At interpreter exit (or when a recorder is dropped unclosed): write the checkpoint in flight, stop."""
+        """At interpreter exit (or when a recorder is dropped unclosed): write the checkpoints in flight, stop."""
         if os.getpid() != self.owner:
             return
         try:
@@ -164,24 +213,24 @@ class Writer:
             self.stop()
 
     def _reply(self, what: str) -> Any:
+        """The writer's next answer: its value, or its error raised (``skipped``: a CheckpointError)."""
         try:
-            status, value = self.replies.recv()
-        except (EOFError, OSError):
+            reply, _ = recv_message(self.sock)
+        except (EOFError, OSError, ValueError):
             raise self._died(f"{what} was not written") from None
-        if status == "error":
-            raise _rebuild(value)
-        return value
+        if "error" in reply:
+            raise _rebuild(reply["error"])
+        if reply.get("skipped"):
+            raise CheckpointError(f"{what} was not written (an earlier write failed)")
+        return reply.get("ok")
 
     def _died(self, what: str) -> CheckpointError:
         how = "ended"
         if self.pid is not None:
-            with contextlib.suppress(ChildProcessError):
-                _, status = os.waitpid(self.pid, 0)
-                how = (f"was killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else
-                       f"exited with code {os.waitstatus_to_exitcode(status)}")
+            code = self.proc.wait()
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
             self.pid = None
-            self.jobs.close()
-            self.replies.close()
+            self.sock.close()
         return CheckpointError(f"the writer process of run '{self.name}' {how}; {what}")
 
 
@@ -191,7 +240,6 @@ class InlineWriter:
     before it returns, through the same store calls as the writer process (:func:`write_checkpoint`). The
     interface is :class:`Writer`'s, with nothing ever in flight."""
 
-    in_flight = None
     opening = False
 
     def __init__(self, name: str, opener: Callable[[], tuple[Run, bool]]) -> None:
@@ -222,7 +270,7 @@ class InlineWriter:
                  for path, value in _flatten(extra)]
         if self._run is None:
             raise UsageError(f"the recorder of run '{self.name}' {self.gone}")
-        write_checkpoint(self._run, header, state, _nest(pairs), privacy)
+        write_checkpoint(self._run, header, state, nest(pairs), privacy)
 
     def wait(self) -> None:
         """Nothing is ever in flight."""
@@ -239,48 +287,30 @@ class InlineWriter:
         self.stop()
 
 
-def serve(jobs: Connection, replies: Connection, parent: int, opener: Callable[[], tuple[Run, bool]]) -> int:
-    """The writer process: open the run, then write each checkpoint the parent sends until it says stop.
-
-    Forked from the training process, it uses only what it made itself after the fork (the pipes, the run and
-    its lock, new HDF5 files): no lock another thread of the parent may have held at the fork."""
-    die_with_parent(parent)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it then stops us
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler
-    try:
-        run, created = opener()
-        infos = run.checkpoints()
-    except BaseException as exc:  # noqa: BLE001 (reported to the parent, which raises it)
-        _answer(replies, ("error", _describe(exc)))
-        return 1
-    _answer(replies, ("ok", infos[-1].step if infos else None))
-    discard = False
-    try:
-        while True:
-            try:
-                kind, message = jobs.recv()
-                if kind == "stop":
-                    discard = bool(message)
-                    break
-                buffer = bytearray(message["nbytes"])
-                _read_all(jobs.fileno(), buffer)
-            except (EOFError, OSError):
-                return 0  # the parent is gone
-            try:
-                _write(run, message, buffer)
-                reply: tuple[str, Any] = ("ok", None)
-            except BaseException as exc:  # noqa: BLE001 (reported to the parent, which raises it)
-                reply = ("error", _describe(exc))
-            _answer(replies, reply)
-    finally:
-        close_run(run, discard and created)
-    _answer(replies, ("ok", None))
-    return 0
 
 
-def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, 0)
+def _module_path() -> list[str]:
+    """Where the writer process finds its modules: this landscape first, then this process' ``sys.path``."""
+    here = str(Path(landscape.__file__).resolve().parents[1])
+    return list(dict.fromkeys([here, *(os.path.abspath(p) if p else os.getcwd() for p in sys.path)]))
+
+
+@contextlib.contextmanager
+def _memory_file():
+    """A file descriptor of an anonymous in-memory file (Linux ``memfd``; elsewhere an unlinked temporary file)."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("landscape-checkpoint")
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+    else:
+        with tempfile.TemporaryFile() as f:
+            yield f.fileno()
+
+
+def _readable(sock: socket.socket) -> bool:
+    return bool(select.select([sock], [], [], 0)[0])
 
 
 def _write_all(fd: int, buffers: list[Any]) -> None:
@@ -295,59 +325,7 @@ def _write_all(fd: int, buffers: list[Any]) -> None:
             views[0] = views[0][done:]
 
 
-def _read_all(fd: int, buffer: bytearray) -> None:
-    view, got = memoryview(buffer), 0
-    while got < len(buffer):
-        n = os.readv(fd, [view[got:]])
-        if n == 0:
-            raise EOFError("the recorder's parent is gone")
-        got += n
-
-
-def _write(run: Run, message: dict[str, Any], buffer: bytearray) -> None:
-    state: dict[str, torch.Tensor] = {}
-    extra: list[tuple[tuple[str, ...], Any]] = []
-    for path, spec, offset in message["layout"]:
-        value = _unpack(spec, buffer, offset)
-        if path[0] == "state_dict":
-            state[path[1]] = value
-        else:
-            extra.append((path[1:], value))
-    write_checkpoint(run, message, state, _nest(extra), message["privacy"])
-
-
-def write_checkpoint(run: Run, header: Mapping[str, Any], state: Mapping[str, torch.Tensor],
-                     extra: Mapping[str, Any], privacy: dict[str, Any] | None) -> None:
-    """One checkpoint of a recorded run, by either writer: the store's atomic checkpoint write (its sha256 into
-    the manifest), then a DP run's privacy record (its step count) into the manifest."""
-    run.save_checkpoint(state, step=header["step"], epoch=header["epoch"], epsilon=header["epsilon"],
-                        metrics=header["metrics"], extra=extra or None, attrs=header["attrs"])
-    if privacy is not None:
-        run.update_manifest(privacy=privacy)
-
-
-def close_run(run: Run, discard: bool) -> None:
-    """Release the run's lock; with ``discard`` (a run this recorder created, left by an error before its first
-    checkpoint) remove the run if it holds no checkpoint, freeing the name."""
-    try:
-        if discard:
-            with contextlib.suppress(Exception):
-                if not run.checkpoints():
-                    shutil.rmtree(run.path, ignore_errors=True)
-    finally:
-        run.close()
-
-
-def _answer(conn: Connection, reply: tuple[str, Any]) -> None:
-    with contextlib.suppress(OSError):  # the parent is gone: nobody to tell
-        conn.send(reply)
-
-
-def _describe(exc: BaseException) -> tuple[str, str, str]:
-    return type(exc).__module__, type(exc).__qualname__, str(exc)
-
-
-def _rebuild(described: tuple[str, str, str]) -> BaseException:
+def _rebuild(described: list[str]) -> BaseException:
     """The writer's error in the parent: the same landscape error class (already imported: nothing is imported
     by name), anything else as a CheckpointError naming it."""
     module, qualname, message = described
@@ -357,35 +335,46 @@ def _rebuild(described: tuple[str, str, str]) -> BaseException:
     return CheckpointError(f"{qualname}: {message}")
 
 
-def _pack(value: Any) -> tuple[tuple[Any, ...], Any]:
-    """``(spec, bytes)`` of a CPU tensor or an array: ``spec`` = (kind, dtype, shape, byte count)."""
+def _json_value(value: Any) -> Any:
+    """A metric JSON cannot hold as it is (numpy scalars and arrays, tensors) as plain numbers."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray) or torch.is_tensor(value):
+        return value.tolist()
+    raise TypeError(f"cannot record {type(value).__name__} {value!r}")
+
+
+@functools.cache
+def _storage(dtype: torch.dtype) -> tuple[torch.dtype, str]:
+    """The dtype a tensor's bytes are stored as (:func:`landscape.store.codec._view_dtypes` for those numpy
+    lacks) and numpy's descr of it."""
+    view = _view_dtypes().get(dtype, dtype)
+    try:
+        descr = np.lib.format.dtype_to_descr(torch.empty(0, dtype=view).numpy().dtype)
+    except (TypeError, RuntimeError):
+        raise UsageError(f"cannot store a tensor of dtype {str(dtype).removeprefix('torch.')}") from None
+    return view, descr
+
+
+def _pack(value: Any, name: str) -> tuple[list[Any], Any]:
+    """``(spec, bytes)`` of a CPU tensor or an array: ``spec`` as :func:`landscape.recorder.writer_main.unpack`
+    reads it."""
     if torch.is_tensor(value):
+        if value.is_sparse or value.layout != torch.strided:
+            raise UsageError(f"cannot store '{name}': only dense tensors are supported")
+        _, descr = _storage(value.dtype)
         flat = value.detach().contiguous().reshape(-1)
         data = flat.view(torch.uint8).numpy() if flat.numel() else b""
-        return ("torch", str(value.dtype).removeprefix("torch."), tuple(value.shape), len(data)), data
+        return ["torch", str(value.dtype).removeprefix("torch."), descr, list(value.shape), len(data)], data
     array = _numeric(np.ascontiguousarray(value), value)
     data = array.reshape(-1).view(np.uint8)
-    return ("numpy", np.lib.format.dtype_to_descr(array.dtype), array.shape, data.nbytes), data
+    return ["numpy", None, np.lib.format.dtype_to_descr(array.dtype), list(array.shape), data.nbytes], data
 
 
 def _numeric(array: np.ndarray, value: Any) -> np.ndarray:
     if array.dtype.hasobject:
         raise UsageError(f"cannot store {type(value).__name__} of dtype {array.dtype}: not a numeric array")
     return array
-
-
-def _unpack(spec: tuple[Any, ...], buffer: bytearray, offset: int) -> Any:
-    """A tensor or array of the writer's job buffer (a view: no copy)."""
-    kind, dtype, shape, nbytes = spec
-    if kind == "torch":
-        dtype = getattr(torch, dtype)
-        if not nbytes:
-            return torch.empty(shape, dtype=dtype)
-        return torch.frombuffer(buffer, dtype=torch.uint8, count=nbytes, offset=offset).view(dtype).reshape(shape)
-    dtype = np.lib.format.descr_to_dtype(dtype)
-    if not nbytes:
-        return np.empty(shape, dtype=dtype)
-    return np.frombuffer(buffer, dtype=np.uint8, count=nbytes, offset=offset).view(dtype).reshape(shape)
 
 
 def _flatten(arrays: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
@@ -395,15 +384,4 @@ def _flatten(arrays: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> list[tu
             out.extend(_flatten(value, (*prefix, str(key))))
         else:
             out.append(((*prefix, str(key)), value))
-    return out
-
-
-def _nest(pairs: Any) -> dict[str, Any]:
-    """The nested mapping of ``(path, value)`` pairs (:func:`_flatten` undone)."""
-    out: dict[str, Any] = {}
-    for path, value in pairs:
-        node = out
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = value
     return out

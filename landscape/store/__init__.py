@@ -61,6 +61,7 @@ from landscape.store.codec import (
     _VIEW_NAMES,
     EXTRA_GROUP,
     STATE_GROUP,
+    TensorData,
     _decode_metrics,
     _escape,
     _float_or_none,
@@ -113,7 +114,7 @@ from landscape.store.manifest import (
 __all__ = [
     "ARRAYS", "CHECKPOINT_FORMAT", "Checkpoint", "CheckpointInfo", "DamagedRunWarning", "EXTRA_GROUP",
     "LOCK", "MANIFEST", "MANIFEST_FORMAT", "PREFIXES", "Run", "RunBusyError", "STATE_GROUP", "Store",
-    "WRAPPER_KEYS", "check_manifest", "check_run_name", "check_state_dict", "import_checkpoint",
+    "TensorData", "WRAPPER_KEYS", "check_manifest", "check_run_name", "check_state_dict", "import_checkpoint",
     "load_checkpoint", "load_verified",
 ]
 # importable as before the split; not part of the API

@@ -7,6 +7,7 @@ import functools
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
@@ -25,6 +26,17 @@ if TYPE_CHECKING:
 STATE_GROUP = "state_dict"
 EXTRA_GROUP = "extra"
 _VIEW_NAMES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+
+@dataclass(frozen=True)
+class TensorData:
+    """A torch tensor as the store writes it, held without torch (a writer process that never imports it):
+    ``array``, the tensor's values as numpy holds them (for a dtype numpy lacks, the same-width integer view
+    :func:`_view_dtypes` names), and ``dtype``, the torch dtype's name (``"float32"``, ``"bfloat16"``). Written
+    exactly as the tensor itself is."""
+
+    array: np.ndarray
+    dtype: str
 
 
 @functools.cache
@@ -67,6 +79,9 @@ def _unescape(name: str) -> str:
 
 
 def _write_array(group: h5py.Group, name: str, value: Any) -> None:
+    if isinstance(value, TensorData):
+        group.create_dataset(name, data=value.array).attrs["torch_dtype"] = value.dtype
+        return
     if is_tensor(value):
         import torch
 
@@ -110,7 +125,7 @@ def _write_state_dict(group: h5py.Group, state_dict: Mapping[str, torch.Tensor])
     for key, value in state_dict.items():
         if not isinstance(key, str):
             raise UsageError(f"state_dict keys must be strings, got {key!r}")
-        if not is_tensor(value):
+        if not (is_tensor(value) or isinstance(value, TensorData)):
             raise UsageError(f"state_dict entry '{key}' is a {type(value).__name__}, not a tensor")
         _write_array(group, _escape(key), value)
 
