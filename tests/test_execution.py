@@ -104,7 +104,7 @@ def test_old_params_with_workers_read_back(tmp_path):
 
     path = tmp_path / "old.h5"
     config = ToyConfig(scale=2.0)
-    ToyResult(rows=[ToyRow("r@last", 1.0, 3.0)], config=config).to_hdf5(path, inputs=[])
+    ToyResult(rows=[ToyRow("r@last", 1.0, 3.0, 0.5)], config=config).to_hdf5(path, inputs=[])
     with h5py.File(path, "r+") as f:
         f.attrs["params"] = json.dumps({**json.loads(f.attrs["params"]), "workers": 3})
     back = ToyResult.from_hdf5(path)
