@@ -13,14 +13,16 @@ them); an exponent is fitted per round and the figure is their median with its s
 - ``interpolate``: ``landscape.analyze.interpolate.interpolate`` on the same model and split against the points.
 
 Everything runs on the CPU with one thread (``device="cpu"`` even where a GPU is: ``gpu.py`` measures that).
-- ``batch``: a sweep spec (LeNet trainings on digits over a grid of learning rates and seeds, then one
-  ``instability`` table per learning rate over its seeds) run with ``landscape batch --workers 1`` and
-  ``--workers 2`` in turn; the parallel efficiency ``T1 / (2 T2)`` per round (goal >= 0.85 on 2 workers, for a
-  quiet machine with two free cores). The jobs' durations from the one-worker runs and the spec's dependency
-  graph feed :mod:`scaling_sim`: speed-up on 8, 64 and 512 workers by list scheduling, the critical path, the
-  work-span and Amdahl bounds (the serial part: what the two-worker run spent beyond its simulated schedule).
+- ``batch``: a sweep spec (DP-SGD LeNet trainings on digits over a grid of noise multipliers, learning rates
+  and seeds with a checkpoint per epoch, then one ``instability`` table per (noise, learning rate) over its
+  seeds) run with ``landscape batch --workers 1`` and ``--workers 2`` in turn; the parallel efficiency
+  ``T1 / (2 T2)`` per round (goal >= 0.85 on 2 workers, for a quiet machine with two free cores). At the full
+  size the sweep is 81 jobs with about 5.3 minutes of job work on one worker, so a round takes about 8
+  minutes. The jobs' durations from the one-worker runs and the spec's dependency graph feed
+  :mod:`scaling_sim`: speed-up on 8, 64 and 512 workers by list scheduling, the critical path, the work-span and
+  Amdahl bounds (the serial part: what the two-worker run spent beyond its simulated schedule).
 
-``--size full`` is the issue's range (n = 64 .. 4,096; grids 11^2 .. 101^2; 3 .. 300 points; a sweep with about
+``--size full`` is the issue's range (n = 64 .. 4,096; grids 11^2 .. 101^2; 3 .. 300 points; a sweep with over
 5 minutes of job work), for ``make bench``; ``--size tiny`` proves the machinery in seconds (the tests run it).
 Plots (PNG + PDF, ``landscape.plots.style``) and ``scaling.json`` (every measurement, fit and the simulation)
 go to ``--out`` (default: next to the benchmark record when ``run_all.py`` runs it, else
@@ -50,11 +52,12 @@ from _common import MIN_REPEATS, ROOT, plots_dir, record  # noqa: E402
 PARTS = ("gram", "surface", "interpolate", "batch")
 SIZES = {
     "tiny": {"gram_n": [8, 16], "chunk": 8, "grids": [3, 5], "workers": [1, 2], "points": [3, 6],
-             "sweep": {"lrs": [0.05], "seeds": 2, "epochs": 1, "subset": 0.1, "points": 3},
+             "sweep": {"lrs": [0.05], "noises": [1.0], "seeds": 2, "epochs": 1, "subset": 0.1, "points": 3},
              "repeats": 1, "batch_repeats": 1, "sim_workers": [1, 2, 8, 64, 512]},
     "full": {"gram_n": [64, 128, 256, 512, 1024, 2048, 4096], "chunk": 512, "grids": [11, 21, 41, 71, 101],
              "workers": [1, 2], "points": [3, 10, 30, 100, 300],
-             "sweep": {"lrs": [0.02, 0.05, 0.1], "seeds": 8, "epochs": 15, "subset": None, "points": 10},
+             "sweep": {"lrs": [0.05, 0.1, 0.2], "noises": [0.5, 1.0, 2.0], "seeds": 8, "epochs": 55, "subset": None,
+                       "points": 10},
              "repeats": MIN_REPEATS, "batch_repeats": MIN_REPEATS, "sim_workers": [1, 2, 4, 8, 16, 64, 512]},
 }
 GRAM_METHODS = ("in memory", "streamed to HDF5")
@@ -245,29 +248,31 @@ def bench_interpolate(size: dict, repeats: int) -> dict:
 # ---------------------------------------------------------------------------------------------------- batch
 
 def sweep_spec(sweep: dict) -> str:
-    """The sweep: LeNet on digits over learning rates x seeds, then one instability table per learning rate."""
+    """The sweep: DP-SGD LeNet trainings on digits over noise multipliers x learning rates x seeds, a checkpoint
+    per epoch (trajectories, as a study stores them), then one instability table per (noise, lr) over its seeds."""
     lrs = ", ".join(str(lr) for lr in sweep["lrs"])
+    noises = ", ".join(str(s) for s in sweep["noises"])
     seeds = ", ".join(str(s) for s in range(sweep["seeds"]))
     subset = "" if sweep["subset"] is None else f", subset: {sweep['subset']}"
     return f"""\
-# written by benchmarks/scaling.py: independent trainings, then tables that wait for them
+# written by benchmarks/scaling.py: independent DP-SGD trainings, then tables that wait for them
 root: checkpoints/sweep
 results: results/sweep
 defaults:
-  train: {{model: lenet, data: digits, epochs: {sweep['epochs']}, batch_size: 32, momentum: 0.9,
-          checkpoint_every: none{subset}}}
+  train: {{model: lenet, data: digits, optimizer: dpsgd, epochs: {sweep['epochs']}, batch_size: 64,
+          momentum: 0.9, max_grad_norm: 1.0, checkpoint_every: 1e{subset}}}
   instability: {{points: {sweep['points']}, split: [test], figure: false, pairs: all}}
 jobs:
   train:
     kind: train
-    grid: {{lr: [{lrs}], seed: [{seeds}]}}
-    name: "train-lr{{lr}}-s{{seed}}"
-    run: "sweep-lr{{lr}}-s{{seed}}"
+    grid: {{noise_multiplier: [{noises}], lr: [{lrs}], seed: [{seeds}]}}
+    name: "train-n{{noise_multiplier}}-lr{{lr}}-s{{seed}}"
+    run: "sweep-n{{noise_multiplier}}-lr{{lr}}-s{{seed}}"
   instab:
     kind: instability
-    grid: {{lr: [{lrs}]}}
-    name: "instab-lr{{lr}}"
-    refs: ["sweep-lr{{lr}}-s*"]
+    grid: {{noise_multiplier: [{noises}], lr: [{lrs}]}}
+    name: "instab-n{{noise_multiplier}}-lr{{lr}}"
+    refs: ["sweep-n{{noise_multiplier}}-lr{{lr}}-s*"]
 """
 
 

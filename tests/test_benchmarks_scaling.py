@@ -115,8 +115,8 @@ def test_the_sweep_spec_is_valid_and_its_tables_wait_for_their_trainings(tmp_pat
     spec = tmp_path / "sweep.yaml"
     spec.write_text(scaling.sweep_spec(scaling.SIZES["full"]["sweep"]))
     jobs = {j.id: set(j.deps) for j in load_spec(spec).jobs}
-    assert len(jobs) == 3 * 8 + 3
-    assert jobs["instab-lr0.05"] == {f"train-lr0.05-s{s}" for s in range(8)}
+    assert len(jobs) == 3 * 3 * 8 + 3 * 3  # noise x lr x seed trainings, one table per (noise, lr)
+    assert jobs["instab-n1.0-lr0.05"] == {f"train-n1.0-lr0.05-s{s}" for s in range(8)}
     assert all(not deps for job, deps in jobs.items() if job.startswith("train-"))
 
 
@@ -133,7 +133,7 @@ def test_scaling_runs_at_its_tiny_size(tmp_path, monkeypatch):
     def fake_run(spec, workers, jobs=None):
         calls.append(workers)
         if jobs is not None:
-            jobs.update({"train-lr0.05-s0": 2.0, "train-lr0.05-s1": 2.0, "instab-lr0.05": 1.0})
+            jobs.update({"train-n1.0-lr0.05-s0": 2.0, "train-n1.0-lr0.05-s1": 2.0, "instab-n1.0-lr0.05": 1.0})
         return (7.0, 5.0) if workers == 1 else (5.0, 5.5)
 
     monkeypatch.setattr(batch_bench, "run", fake_run)
@@ -165,14 +165,14 @@ def test_simulating_any_spec_from_its_summary(tmp_path, capsys):
     spec = tmp_path / "sweep.yaml"
     spec.write_text(scaling.sweep_spec(scaling.SIZES["tiny"]["sweep"]))
     summary = tmp_path / "summary.csv"
-    summary.write_text("job,kind,status,seconds\ntrain-lr0.05-s0,train,ok,2.0\ntrain-lr0.05-s1,train,ok,2.0\n"
-                       "instab-lr0.05,instability,ok,1.0\n")
+    summary.write_text("job,kind,status,seconds\ntrain-n1.0-lr0.05-s0,train,ok,2.0\ntrain-n1.0-lr0.05-s1,train,ok,2.0\n"
+                       "instab-n1.0-lr0.05,instability,ok,1.0\n")
     assert sim.main([str(spec), str(summary), "--workers", "1,2,8", "--serial", "2"]) == 0
     out = capsys.readouterr().out
     assert "critical path L = 3.0 s" in out and "parallelism W/L = 1.67" in out
     row2 = next(line.split() for line in out.splitlines() if line.split()[:1] == ["2"])
     assert float(row2[1]) == 5.0 and float(row2[2]) == pytest.approx(7 / 5, abs=0.005)
-    summary.write_text("job,kind,status,seconds\ntrain-lr0.05-s0,train,ok,2.0\n")
+    summary.write_text("job,kind,status,seconds\ntrain-n1.0-lr0.05-s0,train,ok,2.0\n")
     assert sim.main([str(spec), str(summary)]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and "no time for job(s) train-lr0.05-s1, instab-lr0.05" in err and err.count("\n") == 1
+    assert err.startswith("error: ") and "no time for job(s) train-n1.0-lr0.05-s1, instab-n1.0-lr0.05" in err and err.count("\n") == 1
