@@ -532,3 +532,34 @@ def test_import_rejects_mismatches_in_one_line(tmp_path):
     with pytest.raises(UsageError, match=r"\.safetensors"):
         import_checkpoint(store, tmp_path / "w.bin", model_spec=spec, data_spec=DATA_SPEC, run="x")
     assert store.run_names() == []
+
+
+def test_the_manifest_lists_one_checkpoint_per_line_and_reads_back_as_written(tmp_path):
+    """The manifest is rewritten at every save; its checkpoint entries are one compact line each (json's C
+    encoder), every other field indented: the file parses to exactly what an indented dump of the same
+    manifest gives (non-finite metrics as strings, numpy scalars as numbers)."""
+    from landscape.jsonable import to_jsonable
+    from landscape.store.manifest import _write_json_atomic
+
+    manifest = {"format": "x", "config": {"a": [1, {"b": float("nan")}], "c": '"checkpoints": []'},
+                "checkpoints": [{"step": i, "epoch": np.float32(i / 2), "metrics": {"loss": float("inf") if i == 1
+                                                                                  else 0.5}, "file": f"s{i}"}
+                                for i in range(3)], "seeds": {}}
+    _write_json_atomic(tmp_path / "m.json", manifest)
+    text = (tmp_path / "m.json").read_text()
+    assert json.loads(text) == json.loads(json.dumps(to_jsonable(manifest)))
+    assert json.loads(text)["checkpoints"][1]["metrics"]["loss"] == "inf"
+    lines = text.splitlines()
+    start = lines.index('  "checkpoints": [')
+    assert [json.loads(line.strip().rstrip(","))["step"] for line in lines[start + 1:start + 4]] == [0, 1, 2]
+    empty = {**manifest, "checkpoints": []}
+    _write_json_atomic(tmp_path / "e.json", empty)
+    assert (tmp_path / "e.json").read_text() == json.dumps(to_jsonable(empty), indent=2) + "\n"
+    store = Store(tmp_path / "store")
+    run = store.create_run("r", config={"lr": 0.1}, seeds={"seed": 0}, model_spec={}, data_spec={})
+    for step in range(3):
+        run.save_checkpoint({"w": torch.full((2,), float(step))}, step=step, epoch=step, metrics={"loss": 1.0 / (step + 1)})
+    run.close()
+    reopened = store.run("r")
+    assert [c.step for c in reopened.checkpoints()] == [0, 1, 2]
+    assert [c.metrics["loss"] for c in reopened.checkpoints()] == [1.0, 0.5, 1.0 / 3]

@@ -68,9 +68,12 @@ def _open_h5(path: Path) -> h5py.File:
     return h5py.File(path, "r", locking=False)
 
 
+_SAFE = "".join(chr(c) for c in range(32, 127) if chr(c) not in "%/")  # printable ASCII but '%' and '/'
+
+
 def _escape(key: str) -> str:
     """HDF5-safe, reversible member name: '%' and '/' are percent-encoded; '.' alone becomes '%2E'."""
-    escaped = quote(key, safe="".join(chr(c) for c in range(32, 127) if chr(c) not in "%/"))
+    escaped = quote(key, safe=_SAFE)
     return "%2E" if escaped == "." else escaped or "%00empty"
 
 
