@@ -39,6 +39,51 @@ def _data(case: str):
     return torch.randn(1000, 1, 28, 28, generator=g), torch.randint(0, 10, (1000,), generator=g), (1, 28, 28), 10
 
 
+def macs_per_point(model, x) -> int:
+    """Multiply-adds of one evaluation of ``model`` on ``x`` (its convolutions and linear layers: the arithmetic
+    every method must do per parameter point)."""
+    import math
+
+    import torch
+
+    total = 0
+
+    def count(module, inputs, output):
+        nonlocal total
+        if isinstance(module, torch.nn.Conv2d):
+            total += output.numel() * module.in_channels // module.groups * math.prod(module.kernel_size)
+        elif isinstance(module, torch.nn.Linear):
+            total += output.numel() * module.in_features
+
+    hooks = [m.register_forward_hook(count) for m in model.modules() if isinstance(m, (torch.nn.Conv2d,
+                                                                                      torch.nn.Linear))]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return total
+
+
+def matmul_rate(n: int = 2048, repeats: int = 7) -> float:
+    """Multiply-adds per second of one n x n x n float32 matrix product on this core (median of ``repeats``): what
+    a dense kernel reaches here, the ceiling of any method's rate."""
+    import statistics
+    import time
+
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    seconds = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        seconds.append(time.perf_counter() - t)
+    return n**3 / statistics.median(seconds)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=8, help="random directions per call")
@@ -126,10 +171,23 @@ def main() -> None:
     scale_line = points["directions (ours)"] / points["random_line (loss-landscapes)"]
     scale_plane = points["surface (ours)"] / points["random_plane (loss-landscapes)"]
     print(f"  points/s x loss-landscapes: random_line {line:.2f}, random_plane {plane:.2f} (ratios of medians)")
+    # context for the ratio on this machine: the model's multiply-adds per point over each method's time per point
+    # (ours does fewer per point: its first layer is shared between points, its second convolution is one dense
+    # product without the padding taps) beside what a large dense float32 product reaches on this core
+    macs, peak = macs_per_point(model, x), matmul_rate()
+    gmacs = {k: rate[k] * macs / 1e9 for k in rate}
+    print(f"  the model's arithmetic: {macs / 1e6:.1f} M multiply-adds per point; per second (G): " + ", ".join(
+        f"{k} {v:.1f}" for k, v in gmacs.items()) + f"; one 2048^3 float32 product on this core {peak / 1e9:.1f}")
+    notes = {ours: (f"the model's multiply-adds per second: ours {gmacs[ours]:.1f} G (fewer done per point), "
+                    f"loss-landscapes {gmacs[theirs]:.1f} G; a 2048^3 float32 product on this core {peak / 1e9:.1f} G")
+             for ours, theirs in (("directions (ours)", "random_line (loss-landscapes)"),
+                                  ("surface (ours)", "random_plane (loss-landscapes)"))}
     record("directions, LeNet on digits: points/s x loss-landscapes random_line", goal=3.0, samples=[
-        r * scale_line for r in ratios(times, "random_line (loss-landscapes)", "directions (ours)")])
+        r * scale_line for r in ratios(times, "random_line (loss-landscapes)", "directions (ours)")],
+        note=notes["directions (ours)"])
     record("surface, LeNet on digits: points/s x loss-landscapes random_plane", goal=3.0, samples=[
-        r * scale_plane for r in ratios(times, "random_plane (loss-landscapes)", "surface (ours)")])
+        r * scale_plane for r in ratios(times, "random_plane (loss-landscapes)", "surface (ours)")],
+        note=notes["surface (ours)"])
 
 
 if __name__ == "__main__":
