@@ -48,8 +48,6 @@ from landscape.analyze.ntk_kernels import (  # noqa: F401 (re-exported: both ana
     LayerKernels,
     clip_kernel,
     clip_layer_kernels,
-    clipping_factors,
-    default_layer_max_norms,
     examples,
     kernel_properties,
     layer_kernels,
@@ -67,6 +65,7 @@ from landscape.analyze.ntk_table import (  # noqa: F401 (re-exported)
     table_rows,
 )
 from landscape.analyze.registry import Analysis, option
+from landscape.clip import layer_threshold
 from landscape.results import StoredResult, stored
 
 
@@ -163,7 +162,7 @@ def compute_ntk(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: NTKC
         A, C, frac, frac_layers = ck.A, ck.C, ck.fraction_clipped, ck.fraction_layers_clipped
         if config.clip == "layerwise":
             layer_max = (config.layer_max_norms if config.layer_max_norms is not None
-                         else default_layer_max_norms(config.max_grad_norm, lk.n_model_layers))
+                         else layer_threshold(config.max_grad_norm, lk.n_model_layers))
     return NTKResult(
         config=config, layer_names=lk.layer_names, K=K, K_layers=lk.K_layers,
         norms=np.sqrt(np.clip(lk.sample_sq_norms, 0, None)), layer_norms=np.sqrt(np.clip(lk.layer_sq_norms, 0, None)),

@@ -122,29 +122,14 @@ def kernel_properties(A: np.ndarray | torch.Tensor, *, sym_rtol: float = SYM_RTO
 
 
 # ------------------------------------------------------------------------------------------- clipping
-def clipping_factors(norms: torch.Tensor | np.ndarray, max_norm: float | torch.Tensor, fn: str) -> torch.Tensor:
-    """Per-sample clipping factors from gradient norms, by the training code's clipping functions.
-
-    Delegates to :func:`landscape.clip.clip_factors` (abadi min(1, C/||g||), automatic
-    C/(||g|| + 0.01), normalize C/||g||, global 1{||g|| <= C}; Bu et al. Sec. 2.2), so the kernel uses the
-    same factors as training.
-    """
-    norms = torch.as_tensor(norms, dtype=torch.float64)
-    return clip_factors(norms, max_norm, fn).to(torch.float64)
-
-
-def default_layer_max_norms(max_grad_norm: float, n_layers: int) -> float:
-    """Per-layer threshold of layerwise clipping, C / sqrt(#layers): the squares sum to C^2 (training default)."""
-    return layer_threshold(max_grad_norm, n_layers)
-
-
 @dataclass
 class ClippedKernel:
     """A = K C or sum_r K_r C_r, the factors C ((n,) flat, (L, n) layerwise) and the fraction clipped.
 
     A sample (or a sample's layer) counts as clipped when its gradient norm exceeds the threshold.
     For layerwise clipping ``fraction_clipped`` counts samples with at least one clipped layer and
-    ``fraction_layers_clipped`` the (sample, layer) pairs.
+    ``fraction_layers_clipped`` the (sample, layer) pairs. The factors are :func:`landscape.clip.clip_factors`
+    (training's own) and the default per-layer threshold :func:`landscape.clip.layer_threshold`.
     """
 
     style: str
@@ -185,20 +170,20 @@ def clip_kernel(
         full = sq.sum(0) if sample_sq_norms is None else torch.as_tensor(np.asarray(sample_sq_norms),
                                                                           dtype=torch.float64).clamp_min(0)
         norms = full.sqrt()
-        C = clipping_factors(norms, max_grad_norm, clip_fn)
+        C = clip_factors(norms, max_grad_norm, clip_fn)
         A = K_layers.sum(0) * C.repeat_interleave(M)[None, :]
         frac = float((norms > max_grad_norm).double().mean())
         return ClippedKernel(style, A.numpy(), C.numpy(), frac, frac)
     if style == "layerwise":
         if layer_max_norms is None:
-            layer_max_norms = default_layer_max_norms(max_grad_norm, L)
+            layer_max_norms = layer_threshold(max_grad_norm, L)
         thresholds = torch.as_tensor(layer_max_norms, dtype=torch.float64).reshape(-1)
         if thresholds.numel() == 1:
             thresholds = thresholds.expand(L)
         if thresholds.numel() != L:
             raise UsageError(f"need one layer max norm per layer ({L}), got {thresholds.numel()}")
         norms = sq.sqrt()
-        C = torch.stack([clipping_factors(norms[r], thresholds[r], clip_fn) for r in range(L)])
+        C = torch.stack([clip_factors(norms[r], thresholds[r], clip_fn) for r in range(L)])
         A = (K_layers * C.repeat_interleave(M, dim=1)[:, None, :]).sum(0)
         over = norms > thresholds[:, None]
         return ClippedKernel(style, A.numpy(), C.numpy(), float(over.any(0).double().mean()),
@@ -300,7 +285,7 @@ def clip_layer_kernels(lk: LayerKernels, *, style: str, max_grad_norm: float, cl
                        layer_max_norms: float | None = None) -> ClippedKernel:
     """:func:`clip_kernel` on :class:`LayerKernels`, per-layer thresholds C/sqrt(#model layers) by default."""
     if style == "layerwise" and layer_max_norms is None:
-        layer_max_norms = default_layer_max_norms(max_grad_norm, lk.n_model_layers)
+        layer_max_norms = layer_threshold(max_grad_norm, lk.n_model_layers)
     return clip_kernel(lk.K_layers, lk.layer_sq_norms, sample_sq_norms=lk.sample_sq_norms, style=style,
                        max_grad_norm=max_grad_norm,
                        clip_fn=clip_fn, layer_max_norms=layer_max_norms, logits_per_sample=lk.logits_per_sample)
