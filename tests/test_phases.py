@@ -157,7 +157,9 @@ def test_phase2_sgd_options_unset_keep_every_run_and_group_hash():
 def test_phase2_sgd_options_are_validated_in_one_line():
     for kwargs, match in (({"phase2_sgd_lr": 0.0}, "--phase2-sgd-lr must be > 0"),
                           ({"phase2_sgd_lr": float("nan")}, "--phase2-sgd-lr must be a finite"),
-                          ({"phase2_sgd_momentum": 1.0}, r"--phase2-sgd-momentum must be in \[0, 1\)")):
+                          ({"phase2_sgd_momentum": 1.0}, "--phase2-sgd-momentum must be < 1, got 1.0"),
+                          ({"dp_momentum": -0.5}, "--dp-momentum must be >= 0, got -0.5"),
+                          ({"dp_lr": float("inf")}, "--dp-lr must be a finite")):
         with pytest.raises(UsageError, match=match):
             PhasesConfig(base=TrainConfig(**BASE), k=1, **kwargs).validate()
 

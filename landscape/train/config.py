@@ -20,7 +20,7 @@ from typing import Any
 from landscape.bounds import check_seed
 from landscape.clip import CLIP_FUNCTIONS, CLIP_STYLES
 from landscape.errors import UsageError
-from landscape.options import SOURCE_HELP, Renaming, check_kwargs, option, renamed
+from landscape.options import SOURCE_HELP, Renaming, check_kwargs, coerce_field, option, renamed
 from landscape.runtime import DATA_ENV, check_device_name
 from landscape.train.accounting import METHODS as ACCOUNTANTS
 
@@ -278,19 +278,11 @@ class PhasesConfig:
                                                max=1, max_open=True)
 
     def validate(self) -> PhasesConfig:
-        for flag, lr, momentum in (("--dp", self.dp_lr, self.dp_momentum),
-                                   ("--phase2-sgd", self.phase2_sgd_lr, self.phase2_sgd_momentum)):
-            for name, value in ((f"{flag}-lr", lr), (f"{flag}-momentum", momentum)):
-                if value is not None and not math.isfinite(value):
-                    raise UsageError(f"{name} must be a finite number, got {value}")
-            if lr is not None and lr <= 0:
-                raise UsageError(f"{flag}-lr must be > 0, got {lr}")
-            if momentum is not None and not 0 <= momentum < 1:
-                raise UsageError(f"{flag}-momentum must be in [0, 1), got {momentum}")
+        for f in dataclasses.fields(self):  # each option by its declaration (bounds, finiteness), as the CLI does
+            if f.name in ("copies", "dp_lr", "dp_momentum", "phase2_sgd_lr", "phase2_sgd_momentum"):
+                coerce_field(PhasesConfig, f, getattr(self, f.name))
         if not 1 <= self.k < self.base.epochs:
             raise UsageError(f"--k must be between 1 and --epochs - 1 = {self.base.epochs - 1}, got {self.k}")
-        if self.copies < 1:
-            raise UsageError(f"--copies must be >= 1, got {self.copies}")
         for name, families in (("--phase1", self.phase1), ("--phase2", self.phase2)):
             bad = [f for f in families if f not in PHASE_FAMILIES]
             if bad or not families:
