@@ -45,6 +45,7 @@ def interleaved(
     budget: float | None = None,
     clock: Callable[[], float] = time.perf_counter,
     sync: Callable[[], None] | None = None,
+    after: Callable[[str], None] | None = None,
 ) -> dict[str, list[float]]:
     """Seconds of each method over ``repeats`` rounds; in each round every method runs once, round ``r`` starting
     with method ``r mod k`` (the order rotates, so a method that warms a cache or heats the CPU for the next one
@@ -52,10 +53,14 @@ def interleaved(
 
     ``warmup`` untimed rounds come first. ``budget`` (seconds) stops after the round that exceeds it, but never
     before ``min(repeats, MIN_REPEATS)`` rounds. ``sync`` (e.g. ``torch.cuda.synchronize``) is called before each
-    clock reading, so asynchronous GPU work is timed to its end; ``clock`` is replaceable for tests."""
+    clock reading, so asynchronous GPU work is timed to its end; ``clock`` is replaceable for tests. ``after(name)``
+    runs untimed after each call of method ``name`` (removing what it wrote, waiting for what it left running), so
+    that no method is timed with its predecessor's leftovers."""
     for _ in range(warmup):
-        for fn in methods.values():
+        for name, fn in methods.items():
             fn()
+            if after:
+                after(name)
     times: dict[str, list[float]] = {k: [] for k in methods}
     order = list(methods)
     floor = min(repeats, MIN_REPEATS)
@@ -70,6 +75,8 @@ def interleaved(
             if sync:
                 sync()
             times[name].append(clock() - t0)
+            if after:
+                after(name)
         if budget is not None and r + 1 >= floor and clock() - start > budget:
             break
     return times

@@ -2,7 +2,10 @@
 
 LeNet on digits (1348 examples, batch 64: 22 steps, ~30-70 ms an epoch here), SGD with momentum, 10 epochs, one
 checkpoint per epoch (and one at step 0). Methods, run interleaved in one process (one torch thread), each loop
-timed whole: opening its store run or directory, the epochs, the last write:
+timed whole: opening its store run or directory, the epochs, the last write. Between two loops, untimed, the last
+one's directory is removed and its writer process (if any) has exited (:func:`_settle`): otherwise each method was
+timed beside its predecessor's leftovers, and the rotating order gives every method the same predecessor in
+almost every round (the same writer measured 5% slower after one method than after another). Methods:
 
 - ``torch.save per epoch`` (the baseline the goal names): ``torch.save(model and optimizer state_dict)``. It is
   not durable: the file may still be in the page cache when the loop ends (a power cut loses it), and a process
@@ -196,7 +199,6 @@ def main() -> None:
             t = time.process_time()
             _loop(data, args.epochs, args.batch_size, root, how)
             cpu.setdefault(how, []).append(time.process_time() - t)  # this process' CPU (all its threads)
-            shutil.rmtree(root)
         return go
 
     names = {"torch.save per epoch": "torch.save", "torch.save + fsync": "torch.save+fsync",
@@ -204,7 +206,8 @@ def main() -> None:
              "Recorder, writer='inline'": "recorder:inline", "Recorder, writer='process', background=False": "sync",
              "store writes in a thread": "thread"}
     try:
-        times = interleaved({k: method(v) for k, v in names.items()}, repeats=args.repeats, warmup=1)
+        times = interleaved({k: method(v) for k, v in names.items()}, repeats=args.repeats, warmup=1,
+                            after=lambda _: _settle(scratch))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     med = medians(times)
@@ -238,6 +241,29 @@ def main() -> None:
         _longer(data, args, scratch, tag)
 
 
+def _children() -> list[str]:
+    """The process ids of this process' children (Linux ``/proc/PID/task/TID/children``; empty elsewhere)."""
+    found: list[str] = []
+    tasks = Path(f"/proc/{os.getpid()}/task")
+    for task in tasks.iterdir() if tasks.is_dir() else ():
+        try:
+            found += (task / "children").read_text().split()
+        except OSError:
+            pass
+    return found
+
+
+def _settle(scratch: Path, timeout: float = 10.0) -> None:
+    """Between two timed loops, untimed: remove what the last one wrote and wait until the writer process it
+    stopped has exited (close returns once the run is durable and its lock released; the writer's interpreter then
+    exits on its own), so that the next loop is not timed beside it."""
+    for path in scratch.iterdir():
+        shutil.rmtree(path, ignore_errors=True)
+    deadline = time.monotonic() + timeout
+    while _children() and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 def _longer(data, args, scratch: Path, tag: str) -> None:
     """The same loop over ``--long-epochs`` epochs, torch.save against each Recorder: the writer process' fixed
     costs (its start, the last checkpoint made durable at close) spread over a longer run, the inline writer's
@@ -246,16 +272,15 @@ def _longer(data, args, scratch: Path, tag: str) -> None:
 
     def method(how):
         def go():
-            root = scratch / f"long-{next(counter)}"
-            _loop(data, args.long_epochs, args.batch_size, root, how)
-            shutil.rmtree(root)
+            _loop(data, args.long_epochs, args.batch_size, scratch / f"long-{next(counter)}", how)
         return go
 
     names = {"torch.save per epoch": "torch.save", "Recorder": "recorder:auto",
              "Recorder, writer='process'": "recorder:process", "Recorder, writer='inline'": "recorder:inline"}
     scratch.mkdir(exist_ok=True)
     try:
-        times = interleaved({k: method(v) for k, v in names.items()}, repeats=args.repeats, warmup=1)
+        times = interleaved({k: method(v) for k, v in names.items()}, repeats=args.repeats, warmup=1,
+                            after=lambda _: _settle(scratch))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print_table(f"the same, {args.long_epochs} epochs; load {machine_load()}", medians(times),

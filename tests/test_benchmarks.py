@@ -61,6 +61,42 @@ def test_sync_is_called_around_every_timed_call():
     assert events == ["sync", "run", "sync"] * 2
 
 
+def test_after_runs_untimed_after_every_call_warm_up_included():
+    clock, calls = FakeClock(), []
+    methods = {k: scripted(clock, calls, k, d) for k, d in {"a": [9, 1, 2], "b": [9, 10, 20]}.items()}
+
+    def after(name):
+        calls.append(f"after {name}")
+        clock.now += 1000  # cleaning up takes long: none of it may be timed
+
+    times = _common.interleaved(methods, repeats=2, warmup=1, clock=clock, after=after)
+    assert calls == ["a", "after a", "b", "after b",  # warm-up
+                     "a", "after a", "b", "after b", "b", "after b", "a", "after a"]
+    assert times == {"a": [1, 2], "b": [10, 20]}
+
+
+def test_the_recorder_benchmark_settles_between_loops(tmp_path):
+    """_settle removes what a loop wrote and returns only once this process has no child left (a writer process
+    still exiting would be timed beside the next loop)."""
+    import subprocess
+
+    import recorder
+
+    (tmp_path / "store-0" / "run").mkdir(parents=True)
+    (tmp_path / "store-0" / "run" / "step-0.h5").write_bytes(b"x")
+    import threading
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    threading.Thread(target=child.wait, daemon=True).start()  # reaped in the background, as the recorder's writer
+    assert str(child.pid) in recorder._children()
+    start = time.monotonic()
+    recorder._settle(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    assert str(child.pid) not in recorder._children() and child.wait(timeout=5) == 0
+    assert time.monotonic() - start < 5  # it waited for the child, not for its timeout
+
+
 @pytest.mark.parametrize("samples", [[3.0], [1.0, 2.0], [5.0, 1.0, 4.0, 2.0, 3.0], [0.56, 1.21, 1.58, 0.57, 0.9, 2.4]])
 def test_spread_matches_numpy(samples):
     s = _common.spread(samples)
