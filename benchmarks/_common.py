@@ -263,3 +263,28 @@ def machine_info(env: dict | None = None, torch_threads: int | None = None) -> d
         info["cuda"] = {"device": torch.cuda.get_device_name(0), "count": torch.cuda.device_count(),
                         "runtime": torch.version.cuda}
     return info
+
+
+def matmul_peak(n: int = 1024, repeats: int = 7) -> float:
+    """Float32 FLOP/s of one n x n x n matrix product on this core (the fastest of ``repeats``): what a dense kernel
+    reaches here, beside which a method's rate can be read."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    seconds = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        seconds.append(time.perf_counter() - t0)
+    return 2 * n**3 / min(seconds)
+
+
+def forward_flops(model, x) -> int:
+    """FLOPs of one forward pass of ``model`` on ``x`` (torch's FlopCounterMode: 2 per multiply-add)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        model(x)
+    return counter.get_total_flops()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-from _common import MIN_REPEATS, interleaved, medians, one_thread, ratios, record  # noqa: E402
+from _common import MIN_REPEATS, forward_flops, interleaved, matmul_peak, medians, one_thread, ratios, record  # noqa: E402
 
 BATCH = 2048  # the whole split in one forward pass, as loss-landscapes' Loss metric does
 CASES = ("digits", "mnist-shape")
@@ -37,51 +37,6 @@ def _data(case: str):
         return x, y, data.input_shape, data.num_classes
     g = torch.Generator().manual_seed(0)
     return torch.randn(1000, 1, 28, 28, generator=g), torch.randint(0, 10, (1000,), generator=g), (1, 28, 28), 10
-
-
-def macs_per_point(model, x) -> int:
-    """Multiply-adds of one evaluation of ``model`` on ``x`` (its convolutions and linear layers: the arithmetic
-    every method must do per parameter point)."""
-    import math
-
-    import torch
-
-    total = 0
-
-    def count(module, inputs, output):
-        nonlocal total
-        if isinstance(module, torch.nn.Conv2d):
-            total += output.numel() * module.in_channels // module.groups * math.prod(module.kernel_size)
-        elif isinstance(module, torch.nn.Linear):
-            total += output.numel() * module.in_features
-
-    hooks = [m.register_forward_hook(count) for m in model.modules() if isinstance(m, (torch.nn.Conv2d,
-                                                                                      torch.nn.Linear))]
-    try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        for h in hooks:
-            h.remove()
-    return total
-
-
-def matmul_rate(n: int = 2048, repeats: int = 7) -> float:
-    """Multiply-adds per second of one n x n x n float32 matrix product on this core (median of ``repeats``): what
-    a dense kernel reaches here, the ceiling of any method's rate."""
-    import statistics
-    import time
-
-    import torch
-
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    seconds = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        a @ b
-        seconds.append(time.perf_counter() - t)
-    return n**3 / statistics.median(seconds)
 
 
 def main() -> None:
@@ -174,10 +129,10 @@ def main() -> None:
     # context for the ratio on this machine: the model's multiply-adds per point over each method's time per point
     # (ours does fewer per point: its first layer is shared between points, its second convolution is one dense
     # product without the padding taps) beside what a large dense float32 product reaches on this core
-    macs, peak = macs_per_point(model, x), matmul_rate()
+    macs, peak = forward_flops(model, x) // 2, matmul_peak(n=2048) / 2  # multiply-adds, and per second
     gmacs = {k: rate[k] * macs / 1e9 for k in rate}
     print(f"  the model's arithmetic: {macs / 1e6:.1f} M multiply-adds per point; per second (G): " + ", ".join(
-        f"{k} {v:.1f}" for k, v in gmacs.items()) + f"; one 2048^3 float32 product on this core {peak / 1e9:.1f}")
+        f"{k} {v:.1f}" for k, v in gmacs.items()) + f"; one 2048^3 float32 product on this core (fastest of 7) {peak / 1e9:.1f}")
     notes = {ours: (f"the model's multiply-adds per second: ours {gmacs[ours]:.1f} G (fewer done per point), "
                     f"loss-landscapes {gmacs[theirs]:.1f} G; a 2048^3 float32 product on this core {peak / 1e9:.1f} G")
              for ours, theirs in (("directions (ours)", "random_line (loss-landscapes)"),

@@ -28,35 +28,16 @@ import argparse
 import copy
 import os
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
-from _common import MIN_REPEATS, interleaved, ratios, record  # noqa: E402  (benchmarks/ is the script's directory)
-from torch.utils.flop_counter import FlopCounterMode
+from _common import MIN_REPEATS, forward_flops, interleaved, matmul_peak, ratios, record  # noqa: E402
 
 from landscape.analyze.interpolate import interpolate
 from landscape.evaluate import tuned_allocator
 from landscape.models import build_model
 
 POINTS = 30
-
-
-def matmul_peak(n: int = 1024, repeats: int = 7) -> float:
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - t0)
-    return 2 * n**3 / min(times)
-
-
-def forward_flops(model, x) -> int:
-    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
-        model(x)
-    return counter.get_total_flops()
 
 
 def make_methods(model_a, model_b, x, y, points: int):

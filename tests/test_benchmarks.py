@@ -241,15 +241,15 @@ def test_run_all_writes_one_record_with_machine_and_spreads(tmp_path, monkeypatc
     assert run_all.main(["nonsense"]) == 2
 
 
-def test_directions_counts_lenets_multiply_adds_as_the_closed_form():
+def test_forward_flops_count_lenets_multiply_adds_as_the_closed_form():
     """LeNet on 1x8x8 digits: conv 1 (6 maps of 8x8, 25 taps), conv 2 (16 maps of 4x4, 6x25 taps), then linear
-    64-120-84-10: 9,600 + 38,400 + 18,600 multiply-adds per example."""
-    import directions
+    64-120-84-10: 9,600 + 38,400 + 18,600 multiply-adds per example, two FLOPs each (what directions.py and
+    interpolate.py read their rates against)."""
     import torch
 
     from landscape.models import build_model
 
     model = build_model("lenet", input_shape=(1, 8, 8), num_classes=10).eval()
     per_example = 64 * 6 * 25 + 16 * 16 * 6 * 25 + (64 * 120 + 120 * 84 + 84 * 10)
-    assert directions.macs_per_point(model, torch.zeros(7, 1, 8, 8)) == 7 * per_example == 7 * 66_600
-    assert directions.matmul_rate(n=64, repeats=3) > 0
+    assert _common.forward_flops(model, torch.zeros(7, 1, 8, 8)) == 2 * 7 * per_example == 2 * 7 * 66_600
+    assert _common.matmul_peak(n=64, repeats=3) > 0
