@@ -135,7 +135,7 @@ def test_every_convolution_route_with_masks(monkeypatch, grouped_min, ghost_rati
     for route in ("_correlated_per_sample", "_unfolded_per_sample", "_patches_last", "_wgrad"):
         original = getattr(handlers.ConvHandler, route)
         monkeypatch.setattr(handlers.ConvHandler, route,
-                            lambda self, *a, _f=original, _r=route: used.append(_r) or _f(self, *a))
+                            lambda self, *a, _f=original, _r=route, **kw: used.append(_r) or _f(self, *a, **kw))
     model = model_of("conv", seed=3)
     x, y = data("conv", n=6, seed=4)
     engine = PerSampleEngine(model, strategy="hooks")
@@ -228,3 +228,39 @@ def test_a_capture_is_freed_with_its_batch():
     finally:
         Capture.__init__ = original
     assert len(seen) == 4 and all(r() is None for r in seen)
+
+
+@pytest.mark.parametrize("conv", ["conv2d", "conv1d", "grouped"])
+def test_materialised_gradients_in_the_weights_layout_equal_a_per_example_loop(monkeypatch, conv):
+    """Layers with more output channels than positions form materialised per-sample gradients from patches
+    reordered to the weight's layout (no permuted copy of the larger product): each equals autograd's gradient of
+    that example alone, in float64."""
+    monkeypatch.setattr(handlers, "GROUPED_MIN_POSITIONS", 10**9)  # the patches route for every layer
+    torch.manual_seed(0)
+    if conv == "conv1d":
+        model = torch.nn.Sequential(torch.nn.Conv1d(3, 12, 3), torch.nn.Tanh(), torch.nn.Flatten(),
+                                    torch.nn.Linear(12 * 3, 4)).double()
+        x = torch.randn(5, 3, 5, dtype=torch.float64)
+    else:
+        groups = 2 if conv == "grouped" else 1
+        model = torch.nn.Sequential(torch.nn.Conv2d(4, 16, 3, padding=1, groups=groups), torch.nn.Tanh(),
+                                    torch.nn.Conv2d(16, 24, 2, groups=groups), torch.nn.Tanh(), torch.nn.Flatten(),
+                                    torch.nn.Linear(24 * 2 * 2, 4)).double()
+        x = torch.randn(5, 4, 3, 3, dtype=torch.float64)
+    y = torch.randint(0, 4, (5,))
+    layouts = []
+    original = handlers.ConvHandler._unfolded_per_sample
+
+    def spy(self, x, pad, b, layout=None):
+        layouts.append((layout, b[0, 0].numel() < b.shape[1]))  # (asked layout, fewer positions than channels)
+        return original(self, x, pad, b, layout=layout)
+
+    monkeypatch.setattr(handlers.ConvHandler, "_unfolded_per_sample", spy)
+    grads = PerSampleEngine(model, strategy="hooks").grads(x, y)
+    assert ("weight", True) in layouts  # the reordered-patches branch ran
+    for i in range(5):
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(model(x[i:i + 1]), y[i:i + 1], reduction="sum").backward()
+        for name, p in model.named_parameters():
+            assert grads[name][i].is_contiguous()
+            assert torch.allclose(grads[name][i], p.grad, rtol=1e-10, atol=1e-12), (name, i)

@@ -305,6 +305,7 @@ class PerSampleEngine:
     def _hooks_per_sample(self, units, n) -> dict[str, Tensor]:
         out = {}
         for h, u in units.items():
+            u["layout"] = "weight"  # materialised: a handler may form them in the weight's layout directly
             for k, v in h.per_sample(u).items():
                 out[h.pnames[k]] = v
         return {k: out[k] if k in out else self._ref.new_zeros(n, *self.params[k].shape) for k in self.names}

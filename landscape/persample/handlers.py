@@ -10,6 +10,7 @@ registered through it. Modules without a handler go to :mod:`landscape.persample
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 
 import torch
@@ -367,7 +368,7 @@ class ConvHandler(_WeightBiasHandler):
                 elif m.weight.shape[1] == 1:
                     g = _acc(g, self._correlated_per_sample(x, pad, b))
                 else:
-                    g = _acc(g, self._unfolded_per_sample(x, pad, b))
+                    g = _acc(g, self._unfolded_per_sample(x, pad, b, layout=u.get("layout")))
             u["gw"] = g
         return u["gw"]
 
@@ -386,13 +387,22 @@ class ConvHandler(_WeightBiasHandler):
         g = g[(..., *[slice(0, k) for k in m.kernel_size])]
         return g.reshape(n, *m.weight.shape)
 
-    def _unfolded_per_sample(self, x: Tensor, pad: list[int], b: Tensor) -> Tensor:
+    def _unfolded_per_sample(self, x: Tensor, pad: list[int], b: Tensor, layout: str | None = None) -> Tensor:
         """Per-sample weight gradients of one call from channels-last patches (``_patches_last``): one batched
         product with no transposed operand. Returned as a permuted view of the (n, G, P, k_h, k_w, C_in/G)
-        product in the weight's shape; ``_sq`` and ``_wsum`` read it without a copy."""
+        product in the weight's shape; ``_sq`` and ``_wsum`` read it without a copy.
+
+        ``layout="weight"`` (the gradients will be materialised in the weight's layout): when the layer has more
+        output channels than positions (P > T), the patches, the smaller operand, are reordered to
+        (T, C_in/G, k_h, k_w) first, so the product comes out contiguous in the weight's layout; otherwise
+        the caller's copy of the smaller product is the cheaper reordering."""
         m = self.module
         a, bb = self._patches_last(x, pad, b)
         k = (1, *m.kernel_size) if isinstance(m, nn.Conv1d) else m.kernel_size
+        taps = math.prod(k)
+        if layout == "weight" and bb.shape[2] > a.shape[2]:
+            a = a.reshape(*a.shape[:3], taps, -1).transpose(-1, -2).reshape(a.shape)
+            return (bb @ a).reshape(x.shape[0], *m.weight.shape)
         g = (bb @ a).reshape(*bb.shape[:3], *k, -1).permute(0, 1, 2, 5, 3, 4)
         return g.reshape(x.shape[0], *m.weight.shape)
 
