@@ -399,9 +399,8 @@ class ConvHandler(_WeightBiasHandler):
         m = self.module
         a, bb = self._patches_last(x, pad, b)
         k = (1, *m.kernel_size) if isinstance(m, nn.Conv1d) else m.kernel_size
-        taps = math.prod(k)
         if layout == "weight" and bb.shape[2] > a.shape[2]:
-            a = a.reshape(*a.shape[:3], taps, -1).transpose(-1, -2).reshape(a.shape)
+            a = a.reshape(*a.shape[:3], math.prod(k), -1).transpose(-1, -2).reshape(a.shape)
             return (bb @ a).reshape(x.shape[0], *m.weight.shape)
         g = (bb @ a).reshape(*bb.shape[:3], *k, -1).permute(0, 1, 2, 5, 3, 4)
         return g.reshape(x.shape[0], *m.weight.shape)
