@@ -9,6 +9,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
@@ -83,7 +84,7 @@ def _unescape(name: str) -> str:
 
 def _write_array(group: h5py.Group, name: str, value: Any) -> None:
     if isinstance(value, TensorData):
-        group.create_dataset(name, data=value.array).attrs["torch_dtype"] = value.dtype
+        _set_attr(_create_dataset(group, name, value.array), "torch_dtype", value.dtype)
         return
     if is_tensor(value):
         import torch
@@ -95,13 +96,79 @@ def _write_array(group: h5py.Group, name: str, value: Any) -> None:
         view = _view_dtypes().get(tensor.dtype)
         if view is not None:
             tensor = tensor.contiguous().view(view)
-        ds = group.create_dataset(name, data=tensor.contiguous().numpy())
-        ds.attrs["torch_dtype"] = torch_dtype
+        _set_attr(_create_dataset(group, name, tensor.contiguous().numpy()), "torch_dtype", torch_dtype)
         return
     array = np.asarray(value)
     if array.dtype == object:
         raise UsageError(f"cannot store '{name}': {type(value).__name__} is not a numeric array")
-    group.create_dataset(name, data=array)
+    _create_dataset(group, name, array)
+
+
+# A checkpoint holds a dataset per tensor (and an attr on each): h5py's high-level calls (``create_dataset``,
+# ``attrs[...] =``) spend more time in Python checking options the store never uses than HDF5 spends creating the
+# object. :func:`_create_dataset` and :func:`_set_attr` make exactly what those calls make, with the same
+# low-level calls and property lists (tests/test_store_codec.py compares the two object by object), in 40% less
+# time: a LeNet checkpoint with its optimizer state 2.4 -> 1.5 ms. Anything else goes through the high-level call.
+_FAST_KINDS = frozenset("biufc")  # bool, integers, floats, complex
+
+
+@functools.cache
+def _dataset_plist() -> h5py.h5p.PropDCID:
+    """What h5py's ``create_dataset(name, data=array)`` creates a dataset with: HDF5's defaults (contiguous, no
+    filter), times not recorded."""
+    plist = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    plist.set_obj_track_times(False)
+    return plist
+
+
+@functools.cache
+def _h5_types(dtype: np.dtype) -> tuple[h5py.h5t.TypeID, h5py.h5t.TypeID]:
+    """The HDF5 file type h5py makes for ``dtype`` (logical: bool as its enum) and its in-memory type."""
+    return h5py.h5t.py_create(dtype, logical=True), h5py.h5t.py_create(dtype)
+
+
+@functools.cache
+def _str_types() -> tuple[h5py.h5t.TypeID, h5py.h5t.TypeID]:
+    """h5py's types for a Python ``str`` attribute (variable-length UTF-8)."""
+    dtype = h5py.string_dtype()
+    return h5py.h5t.py_create(dtype, logical=True), h5py.h5t.py_create(dtype)
+
+
+def _create_dataset(group: h5py.Group, name: str, array: np.ndarray) -> h5py.h5d.DatasetID | h5py.Dataset:
+    """``group.create_dataset(name, data=array)`` (a '/' in ``name`` makes the groups on its way, as there): the
+    low-level id of the new dataset (for :func:`_set_attr`)."""
+    array = np.asarray(array, order="C")
+    if array.dtype.kind not in _FAST_KINDS or array.dtype.fields is not None:
+        return group.create_dataset(name, data=array)
+    parent, _, leaf = name.rpartition("/")
+    if parent:
+        group = group.require_group(parent)
+    dataset = h5py.h5d.create(group.id, leaf.encode(), _h5_types(array.dtype)[0],
+                              h5py.h5s.create_simple(array.shape), dcpl=_dataset_plist())
+    dataset.write(h5py.h5s.ALL, h5py.h5s.ALL, array)
+    return dataset
+
+
+def _set_attr(obj: Any, name: str, value: Any) -> None:
+    """``obj.attrs[name] = value`` on a new object (``obj``: an h5py object or its low-level id) for a ``str``, a
+    number or a numeric array; anything else through h5py's own call."""
+    oid = obj.id if isinstance(obj, h5py.HLObject) else obj
+    if isinstance(value, str):
+        data, (file_type, memory_type) = np.array(value, dtype=h5py.string_dtype()), _str_types()
+    else:
+        data = np.asarray(value, order="C")
+        if data.dtype.kind not in _FAST_KINDS or data.dtype.fields is not None:
+            h5py.AttributeManager(SimpleNamespace(id=oid))[name] = value  # it reads only its parent's id
+            return
+        file_type, memory_type = _h5_types(data.dtype)
+    key = name.encode()
+    if h5py.h5a.exists(oid, key):
+        h5py.h5a.delete(oid, key)
+    attr = h5py.h5a.create(oid, key, file_type, h5py.h5s.create_simple(data.shape))
+    try:
+        attr.write(data, mtype=memory_type)
+    finally:
+        attr.close()
 
 
 def _read_array(ds: h5py.Dataset, *, as_torch: bool) -> Any:

@@ -41,6 +41,7 @@ from landscape.store.codec import (
     _plain,
     _read_array,
     _read_flat,
+    _set_attr,
     _write_array,
     _write_h5_atomic,
     _write_nested,
@@ -398,7 +399,7 @@ class Run:
 
         def write(f: h5py.File) -> None:
             for key, value in meta.items():
-                f.attrs[key] = value
+                _set_attr(f, key, value)
             _write_state_dict(f.create_group(STATE_GROUP, track_order=True), state_dict)
             if extra:
                 _write_nested(f.create_group(EXTRA_GROUP, track_order=True), extra, escape=False)
