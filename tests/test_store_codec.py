@@ -112,3 +112,37 @@ def test_what_h5py_refuses_is_still_refused(tmp_path, value):
     with h5py.File(tmp_path / "x.h5", "w") as f, pytest.raises(TypeError):
         _set_attr(f, "bad", value)
 
+
+def test_a_save_rereads_the_manifest_only_when_someone_else_may_have_written(tmp_path, monkeypatch):
+    """Run._writing: a run that holds its lock and made the last write keeps its manifest (no re-parse of the
+    whole trajectory per save); a write by another Run object of the process, or a failed write, makes the next
+    one read the file again, so nothing anyone wrote is lost."""
+    import landscape.store.core as core
+
+    reads = []
+    real = core._read_manifest
+    monkeypatch.setattr(core, "_read_manifest", lambda path: reads.append(path) or real(path))
+    store = Store(tmp_path)
+    first = store.create_run("r", config={}, seeds={}, model_spec={}, data_spec={})
+    state = {"w": torch.zeros(2)}
+    for step in range(3):
+        first.save_checkpoint(state, step=step, epoch=step)
+    assert len(reads) == 2  # the run's creation, then the first write (made under a lock taken before it)
+    second = store.open_run("r")  # this process re-enters the lock: a second writer of the same run
+    n = len(reads)
+    second.save_checkpoint(state, step=10, epoch=10)
+    second.update_manifest(note="from the second")
+    assert len(reads) == n  # it made the last write through this lock itself
+    first.save_checkpoint(state, step=3, epoch=3)  # must see step 10 and the note
+    assert len(reads) == n + 1
+    assert [e["step"] for e in first.manifest["checkpoints"]] == [0, 1, 2, 3, 10]
+    assert first.manifest["note"] == "from the second"
+    with pytest.raises(CheckpointError, match="checkpoints"):  # a failed write: its in-memory manifest is not kept
+        first.manifest["checkpoints"] = "damaged in memory"
+        first.update_manifest(note="x")
+    first.save_checkpoint(state, step=4, epoch=4)
+    assert len(reads) == n + 2
+    on_disk = json.loads((tmp_path / "r" / "manifest.json").read_text())
+    assert [e["step"] for e in on_disk["checkpoints"]] == [0, 1, 2, 3, 4, 10]
+    second.close()
+    first.close()

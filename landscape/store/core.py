@@ -272,6 +272,7 @@ class Run:
         self.manifest = manifest
         self._hold: list[Any] = [None, 0]  # [the process-wide lock entry, how many holds this object has]
         self._finalizer: weakref.finalize | None = None
+        self._current: tuple[_FileLock, int] | None = None  # (lock, its write count) when the manifest was current
 
     def __repr__(self) -> str:
         return f"Run({self.name!r}, checkpoints={len(self.manifest.get('checkpoints', []))})"
@@ -309,14 +310,22 @@ class Run:
 
     @contextlib.contextmanager
     def _writing(self):
-        """Hold the lock for one write and re-read the manifest under it (another writer may have been first)."""
+        """Hold the lock for one write, with the manifest as it is on disk: re-read under the lock (another writer
+        may have been first), unless this object made the last write through this very lock. The lock entry of a
+        process lives exactly as long as the process holds the run's ``flock`` (no other process can write
+        meanwhile), and every write through it, by any Run object of this process, counts on it: a save does not
+        re-parse and re-check the whole trajectory. A write that fails leaves the in-memory manifest unknown."""
         self._acquire()
+        lock, done = self._hold[0], False
         try:
-            if (self.path / MANIFEST).exists():
+            if self._current != (lock, lock.writes) and (self.path / MANIFEST).exists():
                 self.manifest = _read_manifest(self.path / MANIFEST)
             self.manifest.setdefault("checkpoints", [])
             yield
+            done = True
         finally:
+            lock.writes += 1
+            self._current = (lock, lock.writes) if done else None
             self._release()
 
     def sweep_temporary_files(self) -> list[Path]:
