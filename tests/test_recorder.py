@@ -304,12 +304,17 @@ def test_a_writer_error_is_raised_as_its_landscape_class_and_nothing_else_by_nam
         assert str(error) == f"{described[1]}: {described[2]}"
 
 
-def test_the_writer_process_holds_the_lock_and_ends_with_the_recorder(tmp_path):
+def test_the_writer_process_holds_the_lock_and_ends_with_the_recorder(tmp_path, monkeypatch):
     data, model = _digits_lenet()
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # a user's default environment
+        monkeypatch.delenv(name, raising=False)
     rec = landscape.Recorder(tmp_path, "w", model, data=data, steps_per_epoch=1, writer="process")
     pid = rec._writer.pid
     rec.flush()  # a new run is created by the writer while training starts: flush waits for it
     assert pid != os.getpid() and (tmp_path / "w" / ".lock").read_text().strip() == str(pid)
+    # its own two threads (the main one, the parent watcher of landscape.runtime.die_with_parent): numpy's import
+    # in the writer starts no BLAS thread pool beside the training loop's cores
+    assert "Threads:\t2\n" in Path(f"/proc/{pid}/status").read_text()
     maps = Path(f"/proc/{pid}/maps").read_text()  # a fresh interpreter with the store's modules, not a fork
     assert "h5py" in maps and "libtorch" not in maps and "torch" not in Path(f"/proc/{pid}/cmdline").read_text()
     with pytest.raises(landscape.store.RunBusyError):  # another writer (this process too) is refused

@@ -69,7 +69,7 @@ class Writer:
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-I", "-c", _BOOT, json.dumps(_module_path()), str(theirs.fileno()),
-                 str(os.getpid())], stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),))
+                 str(os.getpid())], stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), env=_writer_env())
         except OSError as exc:
             ours.close()
             raise CheckpointError(f"cannot start the writer process of run '{name}': {exc}") from None
@@ -287,6 +287,13 @@ class InlineWriter:
         self.stop()
 
 
+
+
+def _writer_env() -> dict[str, str]:
+    """The writer process' environment: this one's, with one thread for each numerical library it might load.
+    It never computes, but numpy's import starts OpenBLAS' thread pool, one thread per core unless told otherwise:
+    threads that compete with the training loop for its cores."""
+    return {**os.environ, **dict.fromkeys(("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"), "1")}
 
 
 def _module_path() -> list[str]:
