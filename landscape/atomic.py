@@ -18,46 +18,58 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["atomic_write", "fsync_dir", "is_temp_name", "stale_temp_files"]
+__all__ = ["atomic_write", "commit", "fsync_dir", "is_temp_name", "stale_temp_files", "temp_beside"]
 
 _TEMP_NAME = re.compile(r"\.(?P<final>.+)\.[A-Za-z0-9_]+\.tmp")
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+def temp_beside(path: str | os.PathLike) -> Path:
+    """A new, empty temporary file for the final name ``path`` (hidden, same directory: the rename cannot cross
+    file systems), with ordinary permissions (0666 & ~umask, applied by ``open`` itself).
+
+    OSError from creating it is the caller's to report."""
+    path = Path(path)
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
+        except FileExistsError:
+            continue
+        return tmp
+
+
+def commit(tmp: str | os.PathLike, path: str | os.PathLike) -> Path:
+    """Make the complete temporary file ``tmp`` durable and rename it over ``path``, then make the rename
+    durable (module docstring); ``tmp`` is removed if that fails. Returns ``path``."""
+    path = Path(path)
+    try:
+        _fsync(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return path
 
 
 def atomic_write(path: str | os.PathLike, write_fn: Callable[[Path], object]) -> Path:
     """Create or replace ``path`` atomically: ``write_fn(tmp)`` writes the whole content to the temporary
-    file ``tmp`` (same directory, so the rename cannot cross file systems), which is then fsynced and renamed
-    over ``path``. On any exception (also KeyboardInterrupt) the temporary file is removed and ``path`` is
-    untouched. The file gets ordinary permissions (0666 & ~umask, not mkstemp's 0600). Returns ``path``.
+    file ``tmp`` (:func:`temp_beside`), which is then fsynced and renamed over ``path`` (:func:`commit`). On any
+    exception (also KeyboardInterrupt) the temporary file is removed and ``path`` is untouched. Returns ``path``.
 
     The parent directory must exist; OSError from creating the temporary file is the caller's to report.
     """
-    path = Path(path)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(tmp_name)
+    tmp = temp_beside(path)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
-        os.close(fd)
-        fd = -1
         write_fn(tmp)
-        _fsync(tmp)
-        os.replace(tmp, path)
     except BaseException:
-        if fd >= 0:
-            os.close(fd)
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
-    return path
+    return commit(tmp, path)
 
 
 def is_temp_name(name: str, final: str | None = None) -> bool:
