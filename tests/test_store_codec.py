@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from landscape.errors import CheckpointError
+from landscape.errors import CheckpointError, UsageError
 from landscape.store import Store, load_checkpoint
 from landscape.store.codec import _create_dataset, _set_attr
 
@@ -72,8 +72,7 @@ def test_low_level_writes_make_what_h5py_makes(tmp_path):
         for f in (ours, theirs):
             f.create_group("g", track_order=True)
         for name, array in ARRAYS.items():
-            created = _create_dataset(ours["g"], name, array)
-            _set_attr(created, "torch_dtype", "float32")
+            _create_dataset(ours["g"], name, array, "float32")
             theirs["g"].create_dataset(name, data=array).attrs["torch_dtype"] = "float32"
         for name, value in ATTRS.items():
             _set_attr(ours, name, value)
@@ -146,3 +145,83 @@ def test_a_save_rereads_the_manifest_only_when_someone_else_may_have_written(tmp
     assert [e["step"] for e in on_disk["checkpoints"]] == [0, 1, 2, 3, 4, 10]
     second.close()
     first.close()
+
+
+def _checkpoint(seed: int, **change):
+    """A checkpoint's state and extra as the recorder's writer process holds them (TensorData, numpy arrays)."""
+    from landscape.store import TensorData
+
+    rng = np.random.default_rng(seed)
+    state = {"conv.weight": TensorData(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "float32"),
+             "norm.running": TensorData(rng.integers(0, 9, 5).astype(np.int16), "bfloat16"),
+             "count": TensorData(np.array(seed, dtype=np.int64), "int64")}
+    extra = {"optimizer": {"0/momentum_buffer": rng.standard_normal(7), "1/step": np.array(3.0)},
+             "rng": {"cpu": rng.integers(0, 255, 16).astype(np.uint8)}, "empty": {}, "mask": np.array([True])}
+    for key, value in change.items():
+        state[key] = value
+    return state, extra
+
+
+def _write_both(tmp_path, monkeypatch, prepare_from, state, extra, name):
+    import landscape.store.core as core
+
+    monkeypatch.setattr(core, "_now", lambda: "2026-11-26T00:00:00+00:00")
+    plain = Store(tmp_path / f"plain-{name}").create_run("r", config={}, seeds={}, model_spec={}, data_spec={})
+    plain.save_checkpoint(state, step=5, epoch=1.0, metrics={"loss": 0.25}, extra=extra)
+    run = Store(tmp_path / f"prepared-{name}").create_run("r", config={}, seeds={}, model_spec={}, data_spec={})
+    prepared = run.prepare_checkpoint(*prepare_from)
+    assert prepared is not None and prepared.tmp.exists() and prepared.tmp.name.startswith(".next-checkpoint.h5.")
+    run.save_checkpoint(state, step=5, epoch=1.0, metrics={"loss": 0.25}, extra=extra, prepared=prepared)
+    assert not prepared.tmp.exists() and sorted(p.name for p in run.path.iterdir()) == [
+        ".lock", "manifest.json", "step-000005.h5"]
+    with h5py.File(plain.path / "step-000005.h5", "r") as a, h5py.File(run.path / "step-000005.h5", "r") as b:
+        _same(a, b)
+    assert run.checkpoints()[0].sha256 == Store(run.path.parent).load("r@last").sha256  # the manifest's hash holds
+    return plain, run
+
+
+def test_a_prepared_checkpoint_file_holds_what_a_plain_write_gives(tmp_path, monkeypatch):
+    """Run.prepare_checkpoint + save_checkpoint(prepared=...): made from the previous checkpoint's arrays (other
+    numbers, the same layout), filled with the next one's: object for object, each dataset's bytes, what
+    save_checkpoint writes without it."""
+    _write_both(tmp_path, monkeypatch, _checkpoint(1), *_checkpoint(2), name="same")
+
+
+@pytest.mark.parametrize("change", ["shape", "dtype", "torch dtype", "key", "one more", "one fewer", "nesting"])
+def test_a_checkpoint_of_another_layout_is_written_plainly_and_the_prepared_file_removed(tmp_path, monkeypatch,
+                                                                                            change):
+    from landscape.store import TensorData
+
+    state, extra = _checkpoint(2)
+    if change == "shape":
+        state["conv.weight"] = TensorData(np.zeros((4, 3, 3, 2), dtype=np.float32), "float32")
+    elif change == "dtype":
+        extra["optimizer"]["1/step"] = np.array(3, dtype=np.int64)
+    elif change == "torch dtype":
+        state["norm.running"] = TensorData(state["norm.running"].array, "int16")
+    elif change == "key":
+        state = {("conv.w" if k == "conv.weight" else k): v for k, v in state.items()}
+    elif change == "one more":
+        extra["rng"]["cuda"] = np.zeros(2, dtype=np.uint8)
+    elif change == "one fewer":
+        del extra["empty"]
+    else:  # the same arrays, nested otherwise
+        extra["rng"] = {"cpu": {"state": extra["rng"]["cpu"]}}
+    _write_both(tmp_path, monkeypatch, _checkpoint(1), state, extra, name=change.replace(" ", "-"))
+
+
+def test_a_prepared_file_is_refused_for_non_numeric_arrays_and_removed_on_errors(tmp_path):
+    run = Store(tmp_path).create_run("r", config={}, seeds={}, model_spec={}, data_spec={})
+    state = {"w": torch.ones(2)}
+    assert run.prepare_checkpoint(state, {"names": np.array([b"a", b"b"])}) is None  # h5py's own call writes it
+    assert not any(p.name.endswith(".tmp") for p in run.path.iterdir())
+    prepared = run.prepare_checkpoint(state)
+    with pytest.raises(UsageError, match="state_dict keys must be strings"):
+        run.save_checkpoint({0: torch.ones(2)}, step=0, epoch=0, prepared=prepared)
+    assert not prepared.tmp.exists() and run.checkpoints() == []
+    left = run.prepare_checkpoint(state)  # a writer killed while holding one: swept when the run is reopened
+    left.file.close()
+    run.close()
+    reopened = Store(tmp_path).open_run("r")
+    assert not left.tmp.exists()
+    reopened.close()
