@@ -411,6 +411,71 @@ def test_every_dtype_and_a_checkpoint_larger_than_the_pipe_reach_the_file_bit_ex
         assert torch.equal(ckpt.state_dict[k], v)
 
 
+def _made_ahead(path: Path) -> bool:
+    """Whether an HDF5 file's objects all come before its data (made, then filled)."""
+    headers, data = [], []
+
+    def visit(_, obj):
+        headers.append(h5py.h5o.get_info(obj.id).addr)
+        if isinstance(obj, h5py.Dataset) and obj.id.get_offset() is not None:
+            data.append(obj.id.get_offset())
+
+    with h5py.File(path, "r") as f:
+        f.visititems(visit)
+    return min(data) > max(headers)
+
+
+def test_the_writer_process_prepares_the_next_file_and_any_layout_is_written_exactly(tmp_path):
+    """Between two checkpoints the writer makes the next one's file from the last one's layout (a hidden temporary
+    file of the run); a checkpoint of another layout (an extra array added, a shape changed, one removed) is
+    written plainly, and each checkpoint holds exactly what was saved. Nothing is left once the recorder closes;
+    a writer killed while holding one leaves a temporary file that reopening the run removes."""
+    data, model = _digits_lenet()
+    saved = {}
+    layouts = [{}, {}, {"seen": torch.arange(3)}, {"seen": torch.arange(4)}, {}, {}]
+    rec = landscape.Recorder(tmp_path, "p", model, data=data, steps_per_epoch=1, writer="process")
+    prepared = []
+    for step, extra in enumerate(layouts):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01 * (step + 1))
+        saved[step] = ({k: v.clone() for k, v in model.state_dict().items()}, extra)
+        rec.save(step, extra=extra)
+        rec.flush()
+        deadline = time.monotonic() + 10  # the writer prepares after answering: wait for its file
+        while not (found := list((tmp_path / "p").glob(".next-checkpoint.h5.*.tmp"))) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        prepared.append(len(found))
+    rec.close()
+    assert prepared == [1] * len(layouts)
+    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == sorted(
+        [".lock", "manifest.json"] + [f"step-{s:06d}.h5" for s in range(len(layouts))])
+    store = Store(tmp_path)
+    # the steps written into a prepared file: the last one's layout (a file made ahead has all its objects
+    # before any data; a plain write puts each dataset's data right after its object)
+    assert [step for step in saved if _made_ahead(tmp_path / "p" / f"step-{step:06d}.h5")] == [1, 5]
+    for step, (state, extra) in saved.items():
+        ckpt = store.load(f"p@step={step}")
+        assert all(torch.equal(ckpt.state_dict[k], v) for k, v in state.items())
+        assert {k: torch.as_tensor(v).tolist() for k, v in ckpt.extra.items()} == {
+            k: v.tolist() for k, v in extra.items()}
+        assert ckpt.sha256 == store.run("p").checkpoints()[step].sha256
+
+    rec = landscape.Recorder(tmp_path, "p", model, data=data, steps_per_epoch=1, writer="process")
+    rec.save(len(layouts))
+    rec.flush()
+    deadline = time.monotonic() + 10
+    while not list((tmp_path / "p").glob(".next-checkpoint.h5.*.tmp")) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    os.kill(rec._writer.pid, 9)
+    rec._writer.proc.wait()
+    assert len(list((tmp_path / "p").glob(".next-checkpoint.h5.*.tmp"))) == 1
+    rec.close()  # every checkpoint was durable before the kill: nothing to report
+    Store(tmp_path).open_run("p").close()
+    assert not list((tmp_path / "p").glob(".*.tmp"))
+    assert [i.step for i in Store(tmp_path).run("p").checkpoints()] == list(range(len(layouts) + 1))
+
+
 def test_a_recorded_run_cannot_be_rerun_by_landscape(tmp_path):
     data, model = _digits_lenet()
     with landscape.Recorder(tmp_path, "mine", model, data=data, config={"optimizer": "sgd", "epochs": 3}) as rec:

@@ -175,26 +175,34 @@ class Recorder:
         self._last = infos[-1].step if infos else None
 
     def close(self) -> None:
-        """Write the checkpoints in flight (:meth:`flush`), then stop the writer (a writer process exits), which
-        releases the run's write lock (the checkpoints stay)."""
+        """Write the checkpoints in flight (as :meth:`flush`: a failed write's error is raised), then stop the
+        writer (a writer process exits), which releases the run's write lock (the checkpoints stay)."""
         try:
-            self.flush()
+            self._finish()
         finally:
             self._finalizer.detach()
             self._writer.stop()
+
+    def _finish(self, *, discard_if_empty: bool = False) -> None:
+        """Write what is in flight and stop the writer (one round trip: :meth:`Writer.finish`)."""
+        try:
+            self._writer.finish(discard_if_empty=discard_if_empty)
+        except BaseException:
+            self._resync()
+            raise
 
     def __enter__(self) -> Recorder:
         return self
 
     def __exit__(self, kind: type | None, *exc: object) -> None:
         try:
-            self.flush()
+            self._finish(discard_if_empty=kind is not None)  # failed before its first checkpoint: free the name
         except Exception:
             if kind is None:
                 raise  # else the block's own error is the one to see
         finally:
             self._finalizer.detach()
-            self._writer.stop(discard_if_empty=kind is not None)  # failed before its first checkpoint: free the name
+            self._writer.stop(discard_if_empty=kind is not None)
 
     # -- saving -------------------------------------------------------------------------------------
 

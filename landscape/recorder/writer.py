@@ -65,6 +65,7 @@ class Writer:
         self.opening = True  # the writer's answer to opening the run is still to be read
         self.opened: int | None = None  # the step of the run's last checkpoint (None: none), once opened
         self.gone = "is closed"  # why nothing can be sent any more, once the writer is gone
+        self.stop_sent = False
         ours, theirs = socket.socketpair()
         try:
             self.proc = subprocess.Popen(
@@ -178,6 +179,20 @@ class Writer:
             self.pending.clear()
             raise
 
+    def finish(self, *, discard_if_empty: bool = False) -> None:
+        """Write the checkpoints in flight and stop, in one round trip: the stop is sent behind them (the writer
+        serves messages in order, and prepares no next file once it sees one waiting), then every answer is read;
+        the first failed write's error is raised once the writer has stopped and released the run's lock."""
+        if self.pid is None or os.getpid() != self.owner:
+            return
+        with contextlib.suppress(OSError):  # a writer already gone: the answers below say why
+            send_message(self.sock, {"kind": "stop", "discard": discard_if_empty})
+            self.stop_sent = True
+        try:
+            self.wait()
+        finally:
+            self.stop()
+
     def stop(self, *, discard_if_empty: bool = False) -> None:
         """Let the writer finish and release the run's lock (waited for), then exit. Idempotent; a no-op in any
         other process (one forked from this one, e.g. a data loader's worker)."""
@@ -187,7 +202,9 @@ class Writer:
         self.opening = False
         self.pending.clear()
         with contextlib.suppress(OSError, EOFError, ValueError):
-            send_message(self.sock, {"kind": "stop", "discard": discard_if_empty})
+            if not self.stop_sent:
+                send_message(self.sock, {"kind": "stop", "discard": discard_if_empty})
+                self.stop_sent = True
             for _ in range(unread + 1):
                 recv_message(self.sock)  # the last: the lock is released
         self._release()
@@ -274,6 +291,10 @@ class InlineWriter:
 
     def wait(self) -> None:
         """Nothing is ever in flight."""
+
+    def finish(self, *, discard_if_empty: bool = False) -> None:
+        """Nothing is in flight: release the run's lock."""
+        self.stop(discard_if_empty=discard_if_empty)
 
     def stop(self, *, discard_if_empty: bool = False) -> None:
         """Release the run's lock (idempotent; a no-op in a process forked from this one, which shares the lock)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -32,6 +33,7 @@ import numpy as np
 from landscape.recorder.manifest import open_run
 from landscape.runtime import die_with_parent
 from landscape.store import Run, Store, TensorData
+from landscape.store.codec import PreparedFile
 
 _LENGTH = struct.Struct("!I")  # a frame's (and a checkpoint's header's) length prefix
 ALIGN = 64  # byte alignment of a checkpoint's tensors in its in-memory file
@@ -66,6 +68,7 @@ def serve(sock: socket.socket) -> int:
         return 1
     _answer(sock, {"ok": infos[-1].step if infos else None})
     discard = failed = False
+    prepared: PreparedFile | None = None  # the next checkpoint's file, made while the parent trains
     try:
         while True:
             try:
@@ -80,11 +83,12 @@ def serve(sock: socket.socket) -> int:
                 failed = False
                 continue
             reply: dict[str, Any] = {"skipped": True}
+            written = None
             try:
                 if not failed:
                     if fd is None:
                         raise ValueError("a write without its data")
-                    _write(run, fd)
+                    written, prepared = _write(run, fd, prepared), None  # save_checkpoint consumed it
                     reply = {"ok": None}
             except BaseException as exc:  # noqa: BLE001 (reported to the parent, which raises it)
                 failed = True
@@ -93,35 +97,65 @@ def serve(sock: socket.socket) -> int:
                 if fd is not None:
                     os.close(fd)
             _answer(sock, reply)
+            if prepared is not None and written is None:
+                prepared.discard()  # a failed or skipped write: nothing says what comes next
+                prepared = None
+            if written is not None and not _waiting(sock):
+                prepared = _prepare(run, *written)
     finally:
+        if prepared is not None:
+            prepared.discard()
         close_run(run, discard and created)
     _answer(sock, {"ok": None})
     return 0
 
 
-def _write(run: Run, fd: int) -> None:
+def _waiting(sock: socket.socket) -> bool:
+    """Whether the parent's next message has come (then it is served first: nothing is prepared)."""
+    return bool(select.select([sock], [], [], 0)[0])
+
+
+def _prepare(run: Run, state: dict[str, Any], extra: dict[str, Any]) -> PreparedFile | None:
+    """The next checkpoint's file, made from the last one's arrays while training goes on (a recorded loop saves
+    checkpoints of one layout: :meth:`landscape.store.Run.prepare_checkpoint`), so that the parent's last save
+    waits only for data, attrs, fsyncs and renames at close. None when it cannot be made (the next write then
+    makes its file itself, and reports what is wrong)."""
+    try:
+        return run.prepare_checkpoint(state, extra or None)
+    except Exception:  # noqa: BLE001 (not needed: the next write does without it)
+        return None
+
+
+def _write(run: Run, fd: int, prepared: PreparedFile | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """One checkpoint from its in-memory file: ``[header length][JSON header][tensor bytes]``, each tensor at
-    its layout's offset from :func:`data_start`."""
-    size = os.fstat(fd).st_size
-    buffer = bytearray(size)
-    view, got = memoryview(buffer), 0
-    while got < size:
-        n = os.preadv(fd, [view[got:]], got)
-        if n == 0:
-            raise EOFError("a checkpoint's data ended early")
-        got += n
-    (length,) = _LENGTH.unpack_from(buffer, 0)
-    header = json.loads(bytes(buffer[_LENGTH.size:_LENGTH.size + length]))
-    start = data_start(length)
-    state: dict[str, Any] = {}
-    extra: list[tuple[list[str], Any]] = []
-    for path, spec, offset in header["layout"]:
-        value = unpack(spec, buffer, start + offset)
-        if path[0] == "state_dict":
-            state[path[1]] = value
-        else:
-            extra.append((path[1:], value))
-    write_checkpoint(run, header, state, nest(extra), header["privacy"])
+    its layout's offset from :func:`data_start`; returns its weights and extra arrays."""
+    try:
+        size = os.fstat(fd).st_size
+        buffer = bytearray(size)
+        view, got = memoryview(buffer), 0
+        while got < size:
+            n = os.preadv(fd, [view[got:]], got)
+            if n == 0:
+                raise EOFError("a checkpoint's data ended early")
+            got += n
+        (length,) = _LENGTH.unpack_from(buffer, 0)
+        header = json.loads(bytes(buffer[_LENGTH.size:_LENGTH.size + length]))
+        start = data_start(length)
+        state: dict[str, Any] = {}
+        pairs: list[tuple[list[str], Any]] = []
+        for path, spec, offset in header["layout"]:
+            value = unpack(spec, buffer, start + offset)
+            if path[0] == "state_dict":
+                state[path[1]] = value
+            else:
+                pairs.append((path[1:], value))
+        extra = nest(pairs)
+    except BaseException:
+        if prepared is not None:
+            prepared.discard()
+        raise
+    write_checkpoint(run, header, state, extra, header["privacy"], prepared)
+    return state, extra
 
 
 def unpack(spec: list[Any], buffer: bytearray, offset: int) -> Any:
@@ -140,11 +174,12 @@ def unpack(spec: list[Any], buffer: bytearray, offset: int) -> Any:
 
 
 def write_checkpoint(run: Run, header: Mapping[str, Any], state: Mapping[str, Any], extra: Mapping[str, Any],
-                     privacy: dict[str, Any] | None) -> None:
+                     privacy: dict[str, Any] | None, prepared: PreparedFile | None = None) -> None:
     """One checkpoint of a recorded run, by either writer: the store's atomic checkpoint write (its sha256 into
-    the manifest), then a DP run's privacy record (its step count) into the manifest."""
+    the manifest; into the ``prepared`` file when it has this layout), then a DP run's privacy record (its step
+    count) into the manifest."""
     run.save_checkpoint(state, step=header["step"], epoch=header["epoch"], epsilon=header["epsilon"],
-                        metrics=header["metrics"], extra=extra or None, attrs=header["attrs"])
+                        metrics=header["metrics"], extra=extra or None, attrs=header["attrs"], prepared=prepared)
     if privacy is not None:
         run.update_manifest(privacy=privacy)
 
