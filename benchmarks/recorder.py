@@ -34,7 +34,8 @@ Where the time goes (docs/own-code.md has the numbers, benchmarks/results/ the r
 checkpoint costs the training loop its whole write (HDF5, sha256, manifest, four fsyncs; growing with the
 checkpoint's size). The writer process takes the write off the training process: what is left there is
 starting it (one ``posix_spawn``, independent of the training process' size), a copy of each checkpoint into
-an in-memory file per save, and close waiting for the last checkpoint to be durable. The writer's own start
+an in-memory file per save, and close waiting for the last checkpoint to be durable (its data, attrs, fsyncs
+and renames: the writer made its file ahead from the last checkpoint's layout while training ran). The writer's own start
 (a Python interpreter importing numpy and h5py) runs on the free core while the first epochs train; the
 checkpoints saved meanwhile wait in flight (up to ``landscape.recorder.writer.MAX_IN_FLIGHT``). An earlier
 writer process was a fork of the training process: the fork copied the page tables of a process with torch

@@ -51,7 +51,9 @@ and the guarantees below hold.
   in flight, and they are written at interpreter exit too (``background=False`` waits before each ``save``
   returns). Its costs: starting it (``posix_spawn``, whatever the size of the training process), copying each
   checkpoint once into memory, and ``close`` waiting for the last write; the writer's start (its imports) and
-  its writes run on another core. (Not a fork: forking copies the page tables of the whole training process
+  its writes run on another core. Between two checkpoints the writer makes the next one's file from the last
+  one's layout (:meth:`landscape.store.Run.prepare_checkpoint`), so the last write at ``close`` is data, attrs,
+  fsyncs and renames. (Not a fork: forking copies the page tables of the whole training process
   and makes it take copy-on-write faults while the writer lives. Not a thread: a write holds Python's GIL for
   milliseconds, and a writer thread waits up to the 5 ms switch interval for the GIL after every system call,
   stalling a CPU-bound loop for longer than the write.)
