@@ -25,6 +25,7 @@ from pathlib import Path
 __all__ = ["atomic_write", "commit", "fsync_dir", "is_temp_name", "stale_temp_files", "temp_beside"]
 
 _TEMP_NAME = re.compile(r"\.(?P<final>.+)\.[A-Za-z0-9_]+\.tmp")
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)  # a new file only (not inherited)
 
 
 def temp_beside(path: str | os.PathLike) -> Path:
@@ -36,7 +37,7 @@ def temp_beside(path: str | os.PathLike) -> Path:
     while True:
         tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
         try:
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
+            os.close(os.open(tmp, _CREATE, 0o666))
         except FileExistsError:
             continue
         return tmp

@@ -102,6 +102,7 @@ def serve(sock: socket.socket) -> int:
                 prepared = None
             if written is not None and not _waiting(sock):
                 prepared = _prepare(run, *written)
+            written = None  # the checkpoint's bytes are not kept while the writer waits
     finally:
         if prepared is not None:
             prepared.discard()
