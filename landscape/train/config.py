@@ -17,11 +17,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from landscape.bounds import check_seed
 from landscape.clip import CLIP_FUNCTIONS, CLIP_STYLES
 from landscape.errors import UsageError
 from landscape.options import SOURCE_HELP, Renaming, check_kwargs, coerce_field, option, renamed
-from landscape.runtime import DATA_ENV, check_device_name
+from landscape.runtime import DATA_ENV
 from landscape.train.accounting import METHODS as ACCOUNTANTS
 
 OPTIMIZERS = ("sgd", "dpsgd", "clip-only", "noise-only")
@@ -30,11 +29,6 @@ SAMPLINGS = ("poisson", "shuffle")
 
 # Fields that name or locate a run rather than define what it computes: left out of the config hash.
 _NOT_HASHED = ("run", "resume", "device", "chunk", "data_root", "download")
-
-
-# Float options checked for NaN/inf before their range checks (a NaN compares False with every bound).
-_FLOAT_OPTIONS = ("lr", "momentum", "weight_decay", "max_grad_norm", "noise_multiplier", "target_epsilon",
-                  "delta", "sparsify", "smooth")
 
 
 class SamplingWarning(UserWarning):
@@ -112,45 +106,11 @@ class TrainConfig(metaclass=Renaming):
 
     def validate(self) -> TrainConfig:
         """Check option combinations; raise :class:`UsageError` (exit 2) with a one-line message."""
-        if self.optimizer not in OPTIMIZERS:
-            raise UsageError(f"unknown --optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
-        if self.sampling is not None and self.sampling not in SAMPLINGS:
-            raise UsageError(f"unknown --sampling {self.sampling!r}; choose poisson or shuffle")
-        if self.clip_style not in CLIP_STYLES:
-            raise UsageError(f"unknown --clip-style {self.clip_style!r}; choose flat or layerwise")
+        for f in dataclasses.fields(self):  # each option by its declaration, as the command line checks it (type,
+            # bounds, finiteness, choices, seeds, device), and held as the command line holds it ("10" becomes 10)
+            setattr(self, f.name, coerce_field(TrainConfig, f, getattr(self, f.name)))
         if self.noise_multiplier is not None and self.target_epsilon is not None:
             raise UsageError("give --noise-multiplier or --target-epsilon, not both")
-        for name in _FLOAT_OPTIONS:
-            value = getattr(self, name)
-            if value is not None and not math.isfinite(value):
-                raise UsageError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
-        check_device_name(self.device)
-        check_seed("--seed", self.seed)
-        check_seed("--data-seed", self.data_seed)
-        if self.epochs < 1:
-            raise UsageError(f"--epochs must be >= 1, got {self.epochs}")
-        if self.batch_size < 1:
-            raise UsageError(f"--batch-size must be >= 1, got {self.batch_size}")
-        if self.lr <= 0:
-            raise UsageError(f"--lr must be > 0, got {self.lr}")
-        if self.chunk is not None and self.chunk < 1:
-            raise UsageError(f"--chunk must be >= 1, got {self.chunk}")
-        if not 0 <= self.momentum < 1:
-            raise UsageError(f"--momentum must be in [0, 1), got {self.momentum}")
-        if not 0 < self.delta < 1:
-            raise UsageError(f"--delta must be in (0, 1), got {self.delta}")
-        if self.max_grad_norm <= 0:
-            raise UsageError(f"--max-grad-norm must be > 0, got {self.max_grad_norm}")
-        if self.noise_multiplier is not None and self.noise_multiplier < 0:
-            raise UsageError(f"--noise-multiplier must be >= 0, got {self.noise_multiplier}")
-        if self.target_epsilon is not None and self.target_epsilon <= 0:
-            raise UsageError(f"--target-epsilon must be > 0, got {self.target_epsilon}")
-        if not 0 <= self.sparsify < 1:
-            raise UsageError(f"--sparsify must be in [0, 1), got {self.sparsify}")
-        if self.smooth < 0:
-            raise UsageError(f"--smooth must be >= 0, got {self.smooth}")
-        if self.weight_decay < 0:
-            raise UsageError(f"--weight-decay must be >= 0, got {self.weight_decay}")
         if not self.is_dp:
             dp_only = {
                 "--noise-multiplier": self.noise_multiplier is not None,
