@@ -88,7 +88,12 @@ def serve(sock: socket.socket) -> int:
                 if not failed:
                     if fd is None:
                         raise ValueError("a write without its data")
-                    written, prepared = _write(run, fd, prepared), None  # save_checkpoint consumed it
+                    current, prepared = prepared, None
+                    try:
+                        written = _write(run, fd, current)
+                    finally:
+                        if current is not None:
+                            current.discard()  # used or not, it is spent (a no-op once committed)
                     reply = {"ok": None}
             except BaseException as exc:  # noqa: BLE001 (reported to the parent, which raises it)
                 failed = True
@@ -97,9 +102,6 @@ def serve(sock: socket.socket) -> int:
                 if fd is not None:
                     os.close(fd)
             _answer(sock, reply)
-            if prepared is not None and written is None:
-                prepared.discard()  # a failed or skipped write: nothing says what comes next
-                prepared = None
             if written is not None and not _waiting(sock):
                 prepared = _prepare(run, *written)
             written = None  # the checkpoint's bytes are not kept while the writer waits
@@ -130,31 +132,26 @@ def _prepare(run: Run, state: dict[str, Any], extra: dict[str, Any]) -> Prepared
 def _write(run: Run, fd: int, prepared: PreparedFile | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """One checkpoint from its in-memory file: ``[header length][JSON header][tensor bytes]``, each tensor at
     its layout's offset from :func:`data_start`; returns its weights and extra arrays."""
-    try:
-        size = os.fstat(fd).st_size
-        buffer = bytearray(size)
-        view, got = memoryview(buffer), 0
-        while got < size:
-            n = os.preadv(fd, [view[got:]], got)
-            if n == 0:
-                raise EOFError("a checkpoint's data ended early")
-            got += n
-        (length,) = _LENGTH.unpack_from(buffer, 0)
-        header = json.loads(bytes(buffer[_LENGTH.size:_LENGTH.size + length]))
-        start = data_start(length)
-        state: dict[str, Any] = {}
-        pairs: list[tuple[list[str], Any]] = []
-        for path, spec, offset in header["layout"]:
-            value = unpack(spec, buffer, start + offset)
-            if path[0] == "state_dict":
-                state[path[1]] = value
-            else:
-                pairs.append((path[1:], value))
-        extra = nest(pairs)
-    except BaseException:
-        if prepared is not None:
-            prepared.discard()
-        raise
+    size = os.fstat(fd).st_size
+    buffer = bytearray(size)
+    view, got = memoryview(buffer), 0
+    while got < size:
+        n = os.preadv(fd, [view[got:]], got)
+        if n == 0:
+            raise EOFError("a checkpoint's data ended early")
+        got += n
+    (length,) = _LENGTH.unpack_from(buffer, 0)
+    header = json.loads(bytes(buffer[_LENGTH.size:_LENGTH.size + length]))
+    start = data_start(length)
+    state: dict[str, Any] = {}
+    pairs: list[tuple[list[str], Any]] = []
+    for path, spec, offset in header["layout"]:
+        value = unpack(spec, buffer, start + offset)
+        if path[0] == "state_dict":
+            state[path[1]] = value
+        else:
+            pairs.append((path[1:], value))
+    extra = nest(pairs)
     write_checkpoint(run, header, state, extra, header["privacy"], prepared)
     return state, extra
 

@@ -174,6 +174,11 @@ def _write_array(group: h5py.Group | None, name: str, value: Any, plan: Plan | N
 _FAST_KINDS = frozenset("biufc")  # bool, integers, floats, complex
 
 
+def _fast(dtype: np.dtype) -> bool:
+    """Whether the low-level calls write this dtype (numeric, no fields); others go through h5py's own."""
+    return dtype.kind in _FAST_KINDS and dtype.fields is None
+
+
 @functools.cache
 def _dataset_plist() -> h5py.h5p.PropDCID:
     """What h5py's ``create_dataset(name, data=array)`` creates a dataset with: HDF5's defaults (contiguous, no
@@ -199,14 +204,13 @@ def _str_types() -> tuple[h5py.h5t.TypeID, h5py.h5t.TypeID]:
 def _create_dataset(group: h5py.Group | None, name: str, array: np.ndarray, torch_dtype: str | None = None,
                     plan: Plan | None = None) -> None:
     """``group.create_dataset(name, data=array)`` (a '/' in ``name`` makes the groups on its way, as there), with
-    the attr ``torch_dtype`` when given; with a ``plan``, made without its data (:meth:`Plan.preparing`) or its
-    data written into the dataset the plan made for it (:meth:`Plan.filling`, ``group`` None)."""
+    the attr ``torch_dtype`` when given; with a ``plan``, made without its data (its preparing pass) or its data
+    written into the dataset the plan made for it (its filling pass, ``group`` None)."""
     array = np.asarray(array, order="C")
-    fast = array.dtype.kind in _FAST_KINDS and array.dtype.fields is None
     if plan is not None and plan.filling:
         plan.fill(("dataset", name, array.dtype.str, array.shape, torch_dtype), array)
         return
-    if not fast:
+    if not _fast(array.dtype):
         if plan is not None:
             raise _NotPlannable(f"'{name}' is not numeric")
         dataset: Any = group.create_dataset(name, data=array)
@@ -229,11 +233,11 @@ class _NotPlannable(Exception):
 
 class Plan:
     """A checkpoint file's objects made ahead of their data, then filled (``Run.prepare_checkpoint``): the same
-    writing code runs twice, first :meth:`preparing` (groups and datasets created, each in the order and with the
-    names, dtypes, shapes and attrs a plain write gives it, recorded as an event), then :meth:`filling` with the
-    next checkpoint's arrays (``group`` None: nothing is created; each event must be the recorded one, in turn,
-    and each array is written into its dataset). A checkpoint of another layout is a :class:`PlanMismatch`
-    before anything is written (:meth:`check`)."""
+    writing code runs twice, first preparing (groups and datasets created, each in the order and with the names,
+    dtypes, shapes and attrs a plain write gives it, each recorded as an event by :meth:`made`), then filling
+    (:meth:`check`) with the next checkpoint's arrays (``group`` None: nothing is created; each event must be the
+    recorded one, in turn, and each array is written into its dataset by :meth:`write`). A checkpoint of another
+    layout is a :class:`PlanMismatch` before anything is written."""
 
     def __init__(self) -> None:
         self.events: list[tuple] = []  # ("group", name), ("end",), ("dataset", name, dtype, shape, torch_dtype)
@@ -296,7 +300,7 @@ def _set_attr(obj: Any, name: str, value: Any) -> None:
         data, (file_type, memory_type) = np.array(value, dtype=h5py.string_dtype()), _str_types()
     else:
         data = np.asarray(value, order="C")
-        if data.dtype.kind not in _FAST_KINDS or data.dtype.fields is not None:
+        if not _fast(data.dtype):
             h5py.AttributeManager(SimpleNamespace(id=oid))[name] = value  # it reads only its parent's id
             return
         file_type, memory_type = _h5_types(data.dtype)
