@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,7 +43,3 @@ def echo_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = N
     for row in cells:
         click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
-
-def progress_enabled() -> bool:
-    """Progress bars go to stderr and only when it is a terminal."""
-    return sys.stderr.isatty()

@@ -44,6 +44,7 @@ def test_batch_prints_a_line_per_finished_job_when_piped(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "cli.main", "batch", "spec.yaml"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)  # stderr is a pipe
     assert proc.returncode == 0, proc.stderr
-    lines = [line.split(" (")[0].split() for line in proc.stderr.splitlines()]
+    lines = [line.split(" (")[0].split() for line in proc.stderr.splitlines()
+             if "ETA" not in line]  # the progress line every 10 s of a slow machine
     assert lines == [["done", "t"], ["done", "i"]], proc.stderr
     assert "\r" not in proc.stderr and "\x1b" not in proc.stderr  # no bar redrawn into a file

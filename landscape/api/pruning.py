@@ -203,7 +203,7 @@ def pruned_retrain(store: Store, trained: Checkpoint, init: Checkpoint, level: f
         **stored, "run": retrain_name, "from_ref": f"{tag}@init", "resume": None, "model": None,
         "model_kwargs": {}, "data": None, "data_kwargs": {},
     })
-    return train(retrain, root=store.root, progress=False)
+    return train(retrain, root=store.root)
 
 
 def expand_prune_levels(resolver, ref: str, config) -> tuple[list, list]:

@@ -109,7 +109,8 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
         (ref,) = parsed
         targets, extra = hook(spec, "expand")(resolver, ref, config) if "expand" in spec.hooks \
             else (resolver.expand(ref), [])
-        rows = _recorded(_map(_point_job, [(spec.name, resolver, t, config) for t in targets], workers), draws)
+        rows = _recorded(_map(_point_job, [(spec.name, resolver, t, config) for t in targets], workers,
+                              what=spec.name, unit="checkpoints"), draws)
         result = spec.collect(rows, config, run_opts)
         inputs = extra + _inputs(targets)
     else:  # targets
@@ -118,11 +119,11 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
         with ProcessPool(min(workers, len(flat))) as pool:
             shared = None
             if spec.prepare is not None:
-                values = _recorded(_map(_prepare_job, [(spec.name, resolver, t, config) for t in flat], pool=pool),
-                                   draws)
+                values = _recorded(_map(_prepare_job, [(spec.name, resolver, t, config) for t in flat], pool=pool,
+                                        what=f"{spec.name} (first pass)", unit="checkpoints"), draws)
                 shared = spec.share(values, config)
             rows = iter(_recorded(_map(_point_job, [(spec.name, resolver, t, config, shared) for t in flat],
-                                       pool=pool), draws))
+                                       pool=pool, what=spec.name, unit="checkpoints"), draws))
         result = spec.collect([[next(rows) for _ in g] for g in groups], config, run_opts, refs, shared)
         inputs = _inputs(flat)
         title = ""
@@ -219,11 +220,14 @@ def _callable(where: str | Callable) -> Callable:
 # -------------------------------------------------------------------------------- jobs (in workers)
 
 
-def _map(fn: Callable, jobs: list[tuple], workers: int = 1, *, pool: ProcessPool | None = None) -> list:
+def _map(fn: Callable, jobs: list[tuple], workers: int = 1, *, pool: ProcessPool | None = None, what: str,
+         unit: str) -> list:
     """``map_jobs`` (or ``pool.map``) whose jobs return ``(value, warnings)``: warnings raised in workers are
-    re-raised here, so the CLI shows them as one ``warning:`` line each whichever process they came from."""
+    re-raised here, so the CLI shows them as one ``warning:`` line each whichever process they came from. The
+    progress display counts the jobs done (``what``, ``unit``)."""
     out = []
-    for value, messages in (pool.map(fn, jobs) if pool is not None else map_jobs(fn, jobs, workers)):
+    shown = {"what": what, "unit": unit}
+    for value, messages in (pool.map(fn, jobs, **shown) if pool is not None else map_jobs(fn, jobs, workers, **shown)):
         for category, message in messages:
             warnings.warn(message, category, stacklevel=3)
         out.append(value)
@@ -320,7 +324,7 @@ def _pairs(spec: Analysis, resolver: Resolver, patterns: list[str], config: Any,
     pair_dir = Path(run_opts.pair_dir) if run_opts.pair_dir else out.with_name(out.stem + "-pairs")
     tasks = [(spec.name, resolver, a, b, labels, config, data_from, str(pair_dir / f"{slug(a)}--{slug(b)}.h5"))
              for a, b, labels in jobs]
-    outcomes = _map(_pair_job, tasks, workers)
+    outcomes = _map(_pair_job, tasks, workers, what=spec.name, unit="pairs")
     inputs = list({ref.sha256 + ref.path: ref for _, refs, _ in outcomes for ref in refs}.values())
     draws = [d for _, _, drawn in outcomes for d in drawn]
     return spec.collect([row for row, _, _ in outcomes], config, run_opts), inputs, draws

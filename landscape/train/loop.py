@@ -115,7 +115,9 @@ def train(
     ``config.resume`` continues that run from its last checkpoint instead (its stored config is used;
     the other fields of ``config`` are ignored). ``callbacks`` are appended to the standard ones (metrics,
     accounting, evaluation, resume state, checkpointing, progress). ``phases`` is stored as
-    ``manifest["phases"]`` (``landscape phases``).
+    ``manifest["phases"]`` (``landscape phases``). ``progress``: True shows the steps on stderr (a bar on a
+    terminal, else a line every ~10 s), False never, None as the caller's :mod:`landscape.progress` says (off
+    unless turned on: ``with landscape.progress.enabled(): ...``; the command line turns it on).
 
     A ``model`` or ``data`` that is a code reference (``file.py:factory``) is named by the user here, so it may
     also rebuild this run's checkpoints while training (a child run's parent); resuming a run whose model or
@@ -538,7 +540,31 @@ def _build_state(
 
 
 def _run(state: TrainState, extra: Sequence[Callback], progress: bool | None) -> None:
-    state.callbacks = [*state.callbacks, *extra, Progress(progress)]
+    """The steps; ``progress`` True / False turns the progress display on / off for this run, None follows the
+    caller's (:mod:`landscape.progress`). Ctrl-C leaves a note on the interrupt naming the command that continues
+    the run (once it has a checkpoint)."""
+    from landscape import progress as display
+
+    try:
+        with display.enabled(progress):
+            _steps(state, [*state.callbacks, *extra, Progress()])
+    except KeyboardInterrupt as exc:
+        with contextlib.suppress(Exception):
+            if state.run.checkpoints():
+                exc.add_note(f"continue it with: {resume_command(state.run, state.config)}")
+        raise
+
+
+def resume_command(run: Run, config: TrainConfig) -> str:
+    """The command that continues ``run``: ``landscape --root ROOT [--code REF ...] train --resume NAME``."""
+    import shlex
+
+    code = [a for ref in plugins.code_refs(config.model, config.data) for a in ("--code", ref)]
+    return shlex.join(["landscape", "--root", str(run.path.parent), *code, "train", "--resume", run.name])
+
+
+def _steps(state: TrainState, callbacks: list[Callback]) -> None:
+    state.callbacks = callbacks
     model, x_train, y_train = state.model, state.data.x_train, state.data.y_train
     model.train()
     for cb in state.callbacks:
