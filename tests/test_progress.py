@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
+
 from landscape import progress
 
 REPO = Path(__file__).resolve().parents[1]

@@ -22,7 +22,6 @@ import torch
 from torch import nn
 
 from landscape import metrics as user_metrics
-from landscape import progress
 from landscape.analyze._common import EvaluationOptions, split_subset
 from landscape.analyze.registry import Analysis, option
 from landscape.bounds import POINTS_MAX
@@ -230,22 +229,20 @@ def interpolate(
     extra: dict[str, dict[str, np.ndarray]] = {col: {} for b in bound for col in b.columns}
     seconds = 0.0
     method = ""
-    with progress.task("interpolate", total=len(chosen), unit="splits") as task:
-        for s, (x, y) in chosen.items():
-            r: EvalResult = evaluate(model, x, y, segment, space=space, batch_size=config.chunk,
-                                     bn_recalibrate=bn_inputs, device=config.device, method=config.method,
-                                     metrics=[b.metric for b in bound])
-            task.update(1)
-            values_l, values_a = r.loss.numpy(), r.acc.numpy()
-            values_m = user_metrics.point_values(bound, r.metrics, r.loss)
-            if identical:  # one point is the whole path
-                values_l, values_a = np.repeat(values_l, config.points), np.repeat(values_a, config.points)
-                values_m = {col: np.repeat(v, config.points) for col, v in values_m.items()}
-            loss[s], acc[s], examples[s] = values_l, values_a, int(x.shape[0])
-            for col, v in values_m.items():
-                extra[col][s] = v
-            seconds += r.seconds
-            method = r.method
+    for s, (x, y) in chosen.items():
+        r: EvalResult = evaluate(model, x, y, segment, space=space, batch_size=config.chunk,
+                                 bn_recalibrate=bn_inputs, device=config.device, method=config.method,
+                                 metrics=[b.metric for b in bound])
+        values_l, values_a = r.loss.numpy(), r.acc.numpy()
+        values_m = user_metrics.point_values(bound, r.metrics, r.loss)
+        if identical:  # one point is the whole path
+            values_l, values_a = np.repeat(values_l, config.points), np.repeat(values_a, config.points)
+            values_m = {col: np.repeat(v, config.points) for col, v in values_m.items()}
+        loss[s], acc[s], examples[s] = values_l, values_a, int(x.shape[0])
+        for col, v in values_m.items():
+            extra[col][s] = v
+        seconds += r.seconds
+        method = r.method
     result = InterpolationResult(
         alpha=alphas.numpy(), loss=loss, acc=acc, instability_loss={}, instability_error={},
         examples=examples, point_metrics=extra, metric_sources=user_metrics.sources(bound),

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from landscape import progress
 from landscape.analyze.registry import Analysis, config_with, get, parallel
 from landscape.api._common import default_output
 from landscape.api.accounting import provenance_attrs
@@ -92,13 +93,16 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
                 result, inputs, attrs = hook(spec, "execute")(resolver, parsed[0], config, run_opts, execution, out)
             else:
                 point = resolver.point(parsed[0], masks=True, purpose=spec.purpose)
-                result = spec.compute(point, config)
+                with progress.task(spec.name, total=1, unit="checkpoints") as task:
+                    result = spec.compute(point, config)
+                    task.update(1)
                 inputs = [point.input_ref()]
     elif spec.inputs == "pair":
         ref_a, ref_b = refs
         a, b, choice = resolver.pair(*parsed, data_from=data_from)
-        with recording_subsets() as draws:
+        with recording_subsets() as draws, progress.task(spec.name, total=1, unit="pairs") as task:
             result = spec.compute(a, b, config)
+            task.update(1)
         inputs = [a.input_ref(), b.input_ref()]
         attrs = choice.attrs()
         title = f"A = {ref_a}   B = {ref_b}"
