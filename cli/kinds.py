@@ -24,6 +24,7 @@ from cli.generate import deprecated_values, field_options, param_type
 from cli.options import add_options, run_api
 from landscape.errors import LandscapeError
 from landscape.options import hints, split_optional
+from landscape.progress import echo
 
 
 def command(name: str) -> click.Command:
@@ -49,7 +50,7 @@ def command(name: str) -> click.Command:
         config = run_api(lambda: spec.configure(kwargs))
         try:
             result = run_api(lambda: spec.execute(config, root=Path(root_of(ctx)),  # progress: landscape --quiet's
-                                                  report=lambda line: click.echo(line, err=True)))
+                                                  report=echo))
         except LandscapeError as exc:  # what finished before the error (figures: the recipes made), then the error
             if getattr(exc, "partial", None) is not None:
                 _echo_notes(spec, exc.partial)

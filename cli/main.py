@@ -68,7 +68,7 @@ class LazyGroup(click.Group):
         try:
             return super().resolve_command(ctx, args)
         except click.exceptions.NoSuchCommand as exc:  # click suggests close names (difflib) from the possibilities
-            raise click.exceptions.NoSuchCommand(exc.cmd_name, possibilities=self.list_commands(ctx), ctx=ctx) from None
+            raise click.exceptions.NoSuchCommand(exc.command_name, possibilities=self.list_commands(ctx), ctx=ctx) from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # List commands from the registries' help strings so `--help` imports no command or analyzer module.

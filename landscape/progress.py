@@ -180,6 +180,16 @@ def note(text: str) -> None:
         display.write(text)
 
 
+def echo(text: str) -> None:
+    """One line on stderr whether progress is on or not (a warning, a note the user must see), written above the
+    bars when they are drawn, so none is torn."""
+    display = _DISPLAY.get()
+    if display is not None:
+        display.write(text)
+    else:
+        print(text, file=sys.stderr, flush=True)
+
+
 def task(what: str, total: float | None = None, *, unit: str = "", done: float = 0, leave: bool = False) -> Task:
     """A unit of long work: ``update(n)`` as it advances, ``close()`` (or a ``with`` block) when it ends.
 

@@ -354,6 +354,11 @@ def test_instability_reuses_current_pair_files_and_recomputes_stale_ones(phases_
     assert [r.instability_loss for r in again.rows] == [r.instability_loss for r in first.rows]
     assert [(r.pair, r.phase2, r.k) for r in again.rows] == [(r.pair, r.phase2, r.k) for r in first.rows]
     assert {f: f.stat().st_mtime_ns for f in files} == stamps  # not rewritten
+    # the table says which pairs were read back, and the command says so after it
+    assert [r.reused for r in first.rows] == [False, False] and [r.reused for r in again.rows] == [True, True]
+    assert [r.reused for r in inst.InstabilityTable.from_hdf5(tmp_path / "two.h5").rows] == [True, True]
+    assert inst.SPEC.notes(first) == []
+    assert inst.SPEC.notes(again)[0].startswith(f"reused 2 of 2 pairs from {pairs} (their checkpoints, options")
 
     other = api_instability(["G-*"], root=phases_store.root, config=dataclasses.replace(cfg, points=5),
                             output=tmp_path / "three.h5", figure=False, pair_dir=str(pairs))
@@ -385,3 +390,12 @@ def test_instability_pair_dir_from_the_cli(phases_store, tmp_path):
     assert len(list(pairs.glob("*.h5"))) == 2
     rows = json.loads(res.output)["rows"]
     assert all(Path(r["result"]).parent == pairs for r in rows)
+    res = CliRunner().invoke(_cli(), ["--root", str(phases_store.root), "instability", "G-*", "--points", "3",
+                                      "--subset", "40", "--split", "test", "--pair-dir", str(pairs), "-o",
+                                      str(tmp_path / "t2.h5"), "--no-figure"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert f"reused 2 of 2 pairs from {pairs} " in res.output
+    head, sgd = lines[0].split(), next(line.split() for line in lines if "G-sgd-sgd-0" in line)
+    assert sgd[head.index("epsilon")] == "-" and sgd[head.index("epsilon_spent")] == "-"  # not applicable
+    assert "nan" not in res.output
