@@ -129,15 +129,13 @@ RESUMED_BY_RERUN = ("batch", "demo", "figures", "instability", "phases", "surfac
 
 
 def interrupted(argv: list[str], command: str | None, exc: BaseException | None) -> str:
-    """The line for Ctrl-C: ``interrupted``, and the exact command that continues the work where there is one
-    (what the interrupted code attached as a note, e.g. a training run's ``train --resume``; else the same command
-    again for :data:`RESUMED_BY_RERUN`)."""
-    notes = [n for n in getattr(exc, "__notes__", ()) if n.startswith("continue it with: ")]
-    if notes:
-        return f"interrupted; {notes[-1]}"
+    """The line for Ctrl-C: ``interrupted``, and the exact command that continues the work where there is one: the
+    same command again for :data:`RESUMED_BY_RERUN`, else what the interrupted code attached as a note (a training
+    run's ``train --resume``)."""
     if command in RESUMED_BY_RERUN and "--no-resume" not in argv:
         return f"interrupted; continue where it stopped with the same command: {shlex.join(['landscape', *argv])}"
-    return "interrupted"
+    notes = [n for n in getattr(exc, "__notes__", ()) if n.startswith("continue it with: ")]
+    return f"interrupted; {notes[-1]}" if notes else "interrupted"
 
 
 def main(argv: list[str] | None = None) -> None:

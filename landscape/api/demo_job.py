@@ -66,7 +66,7 @@ class DemoResult:
 def demo(out_dir: str | Path = "demo-out", *, root: str | Path | None = None, config: DemoConfig | None = None,
          progress: bool | None = None) -> DemoResult:
     """Train the Phase-1/Phase-2 runs on digits and measure their geometry; see the module docstring.
-    ``progress``: True / False turns the progress display on / off (stderr), None follows :mod:`landscape.progress`."""
+    ``progress``: True / False turns the progress display on / off (stderr), None follows ``landscape.progress``."""
     from landscape import progress as display
 
     config = config or DemoConfig()

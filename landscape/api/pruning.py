@@ -74,7 +74,7 @@ class PruneResult:
 
 
 def prune(config: PruneConfig, *, root: str | Path) -> PruneResult:
-    """Prune ``config.ref`` and write the new run into the store at ``root`` (:func:`prune_into_run`)."""
+    """Prune ``config.ref`` and write the new run into the store at ``root`` (``prune_into_run``)."""
     config.validate()
     store = Store(root)
     source = store.load(config.ref)

@@ -15,13 +15,13 @@ from landscape.figures.recipe import Made, Recipe, make
 def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out", root: str | Path = "checkpoints",
             workers: int = 1, data_root: str | None = None, rerun: bool = False, scheduler=None,
             report=None) -> list[Made]:
-    """Run the named recipes (or ``"all"``) and update ``out/README.md`` (:mod:`landscape.figures.gallery`).
+    """Run the named recipes (or ``"all"``) and update ``out/README.md`` (``landscape.figures.gallery``).
 
     Finished recipes (same settings) are skipped unless ``rerun`` (which still reuses their trained runs: only the
     analyses, figure and summary are made again). A recipe that fails does not stop the others: the rest run, the
-    gallery is written, and then :class:`~landscape.errors.RecipeError` names every failure (one line; its
+    gallery is written, and then ``RecipeError`` names every failure (one line; its
     ``made`` holds the recipes that finished). ``scheduler`` (a Dask address or client) runs the recipes'
-    analyses' parallel parts on that cluster (see :func:`landscape.api.execution.using_scheduler`). ``report``
+    analyses' parallel parts on that cluster (see ``landscape.api.execution.using_scheduler``). ``report``
     receives one line per finished (or failed) recipe, as it finishes (the command prints them on stderr).
     """
     import contextlib

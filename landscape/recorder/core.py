@@ -75,23 +75,23 @@ def unwrap(model: nn.Module) -> nn.Module:
 class Recorder:
     """Writes the checkpoints of a training loop landscape does not run into run ``run`` of the store at ``root``.
 
-    ``model``: the module being trained (any device; wrappers are looked through, :func:`unwrap`), built by
-    :func:`landscape.models.build_model` so that it carries the ``landscape_spec`` analyses rebuild it from.
-    ``data``: the :class:`landscape.data.Dataset` it is trained on (or its spec). ``config``: the run's
+    ``model``: the module being trained (any device; wrappers are looked through, ``unwrap``), built by
+    ``landscape.models.build_model`` so that it carries the ``landscape_spec`` analyses rebuild it from.
+    ``data``: the ``landscape.data.Dataset`` it is trained on (or its spec). ``config``: the run's
     hyper-parameters as the user names them (JSON-able; ``optimizer`` labels the run in hessian and norms
-    tables). ``optimizer``: saved with each checkpoint and put back by :meth:`restore`. ``privacy``: a
-    :class:`PrivacySource` (DP-SGD; checkpoints then record its epsilon and its step count). ``parent``: a
+    tables). ``optimizer``: saved with each checkpoint and put back by ``restore``. ``privacy``: a
+    ``PrivacySource`` (DP-SGD; checkpoints then record its epsilon and its step count). ``parent``: a
     checkpoint of the store (``"base@last"``, ``"base@step=N"``, a file) the run starts from, as ``landscape
     train --from``: the model must be the parent's (same model spec); a new run puts the parent's weights into
     it and records the lineage and the parent's privacy history. ``steps_per_epoch``: gives each checkpoint's
-    epoch when :meth:`save` is not told it. ``seed``: recorded in ``manifest["seeds"]``. ``writer``: where
+    epoch when ``save`` is not told it. ``seed``: recorded in ``manifest["seeds"]``. ``writer``: where
     checkpoints are written, ``"auto"`` (``"process"`` when a CPU core is free for it, else ``"inline"``),
     ``"inline"`` (in this process, before ``save`` returns) or ``"process"`` (a writer process, while training
     goes on); the module docstring says what each costs. ``background``: with the
     writer process, ``False`` makes each ``save`` wait until its checkpoint is written.
 
-    Use it as a context manager (or call :meth:`close`): it holds the run's write lock (through its writer
-    process, or this process inline) while it is open. :attr:`writer` is the writer chosen.
+    Use it as a context manager (or call ``close``): it holds the run's write lock (through its writer
+    process, or this process inline) while it is open. ``writer`` is the writer chosen.
     """
 
     def __init__(
@@ -175,7 +175,7 @@ class Recorder:
         self._last = infos[-1].step if infos else None
 
     def close(self) -> None:
-        """Write the checkpoints in flight (as :meth:`flush`: a failed write's error is raised), then stop the
+        """Write the checkpoints in flight (as ``flush``: a failed write's error is raised), then stop the
         writer (a writer process exits), which releases the run's write lock (the checkpoints stay)."""
         try:
             self._finish()
