@@ -300,8 +300,3 @@ class _Silent(Task):
 
 SILENT = _Silent()  # the task of a display that is off (a default argument for loops)
 
-
-def tasks_open() -> list[str]:
-    """The open tasks' lines, outermost first (what the next plain line shows): for tests and debugging."""
-    display = _DISPLAY.get()
-    return [t.describe() for t in display.tasks] if display is not None else []
