@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import run_cli
 
-from landscape.api.training import summarize, train
+from landscape.api.training import TRAIN_JOB, ensure, summarize, train
 from landscape.data import load_dataset
 from landscape.models import build_model
 from landscape.store import Store
@@ -119,6 +119,10 @@ def test_a_child_of_a_pld_run_continues_with_pld(tmp_path):
     assert c.manifest["privacy"]["accountant"] == c.manifest["config"]["accountant"] == "pld"
     assert first_epsilon(c) == parent.checkpoints()[-1].epsilon  # the same events, the same accountant
     assert math.isfinite(c.checkpoints()[-1].epsilon) and c.checkpoints()[-1].epsilon > first_epsilon(c)
+    # the same job again (a batch rerun, phases' and the recipes' reuse): the same run, not "another configuration"
+    same = TrainConfig(**DATA, from_ref="p@last", run="c", optimizer="dpsgd", noise_multiplier=SIGMA, batch_size=25,
+                       epochs=1, checkpoint_every="none", lr=0.05)
+    assert TRAIN_JOB.run(same, root=tmp_path).name == ensure(Store(tmp_path), same).name == "c"
     # a run from scratch and a child of an rdp run keep rdp, and their configuration hashes as before
     scratch = train(TrainConfig(**DATA, run="s", optimizer="dpsgd", noise_multiplier=SIGMA, batch_size=25,
                                 epochs=1, checkpoint_every="none"), root=tmp_path, progress=False)

@@ -168,3 +168,15 @@ def test_a_default_named_instability_table_reuses_its_pair_files(root, monkeypat
     assert [r.instability_loss for r in again.rows] == [r.instability_loss for r in first.rows]
     with pytest.raises(OutputPathError):
         instability(["A", "B", "C"], **kw)
+
+
+def test_a_default_name_taken_by_another_file_is_never_replaced(root):
+    from landscape.api import norms
+
+    target = Path("results/norms-A_last.h5")
+    target.parent.mkdir()
+    target.write_bytes(b"a user's file")
+    for overwrite in (False, True):
+        with pytest.raises(OutputPathError, match="it is not a landscape result file"):
+            norms("A@last", root=root, overwrite=overwrite, **NO_FIG)
+    assert target.read_bytes() == b"a user's file"

@@ -173,7 +173,7 @@ def ensure(store: Store, config: TrainConfig, phases_label: dict[str, Any] | Non
     resume it; a finished one is returned as it is); a run of that name with another configuration is refused."""
     if config.run in store.run_names():
         run = store.run(config.run)
-        if run.manifest.get("config_hash") != config_hash(config):
+        if run.manifest.get("config_hash") != config_hash(resolved(store, config)):
             raise CheckpointError(
                 f"run '{config.run}' already exists with a different configuration; choose another --group"
             )

@@ -88,7 +88,7 @@ def check_default_output(path: str | os.PathLike, *, overwrite: bool = False) ->
     """Refuse, in one line, to replace a result under a default name (made of the same analysis, references and
     options: the same result, or one differing only in options that do not change it) unless ``overwrite``."""
     path = Path(path)
-    if path.exists() and not overwrite:
+    if path.is_file() and is_result_file(path) and not overwrite:  # anything else: check_output_path's refusal
         raise OutputPathError(f"refusing to replace {_shown(path)}: a result of the same analysis, references and "
                               "options is there already (landscape show reads it); pass -o FILE to write another "
                               "file, or --overwrite (overwrite=True) to compute it again and replace it")
