@@ -7,6 +7,7 @@ accountants as the reference, and runs `landscape train` wrote with each of its 
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 
@@ -130,3 +131,49 @@ def test_a_child_of_a_pld_run_continues_with_pld(tmp_path):
     again = child(tmp_path, "s", "c-of-s")
     assert again.manifest["privacy"]["accountant"] == "rdp"
     assert first_epsilon(again) == scratch.checkpoints()[-1].epsilon
+
+
+@pytest.mark.filterwarnings("ignore:Secure RNG turned off", "ignore:Full backward hook is firing",
+                            "ignore:Optimal order is the")
+def test_a_real_opacus_prv_loop_then_train_from_it(tmp_path, capsys):
+    """The issue as a user meets it: an Opacus loop with PrivacyEngine(accountant="prv") recorded, then
+    `landscape train --from` its last checkpoint: the child's first epsilon is labelled, never a silent jump."""
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import landscape
+    from landscape.integrations.opacus import OpacusPrivacy
+
+    data = load_dataset("digits", subset=100, seed=0)
+    torch.manual_seed(0)
+    model = build_model("mlp", input_shape=data.input_shape, num_classes=data.num_classes, widths=[8])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(data.x_train, data.y_train), batch_size=25,
+                        generator=torch.Generator().manual_seed(0))
+    engine = PrivacyEngine(accountant="prv")
+    model, optimizer, loader = engine.make_private(module=model, optimizer=optimizer, data_loader=loader,
+                                                   noise_multiplier=SIGMA, max_grad_norm=1.0)
+    with landscape.Recorder(tmp_path, "opacus", model, data=data, optimizer=optimizer, steps_per_epoch=len(loader),
+                            privacy=OpacusPrivacy(engine, optimizer, loader)) as rec:
+        rec.save()
+        for x, y in loader:
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        rec.save()
+    parent = Store(tmp_path).run("opacus")
+    reported = parent.checkpoints()[-1].epsilon
+    assert parent.manifest["privacy"]["accountant"] == "prv" and reported == pytest.approx(
+        engine.accountant.get_epsilon(1e-5))
+    code, out, err = run_cli("--root", tmp_path, "train", "--from", "opacus@last", "--run", "child", "--optimizer",
+                             "dpsgd", "--noise-multiplier", SIGMA, "--epochs", 1, "--batch-size", 25, "--json",
+                             capsys=capsys)
+    assert code == 0, err
+    assert f"reported epsilon {reported:.4g} by prv (opacus)" in err
+    child = Store(tmp_path).run("child")
+    assert child.manifest["privacy"]["parent_epsilon"]["epsilon"] == reported
+    steps = parent.manifest["privacy"]["steps"]
+    q = parent.manifest["privacy"]["sample_rate"]
+    assert first_epsilon(child) == pytest.approx(accounting.epsilon(SIGMA, q, steps, 1e-5, "pld"), rel=1e-12)
+    details = json.loads(out)
+    assert details["accountant"] == "pld" and details["parent_epsilon"]["accountant"] == "prv"
