@@ -129,7 +129,7 @@ def test_output_stem_and_changed_options_by_themselves():
     assert changed_options(SurfaceConfig(plane="B,C", grid="3x3"))["plane"] == "B,C"
 
 
-def test_an_interrupted_default_named_surface_resumes_and_a_finished_one_is_kept(root):
+def test_an_interrupted_default_named_surface_resumes_and_overwrite_computes_it_again(root):
     class Stop(Exception):
         pass
 
@@ -147,6 +147,10 @@ def test_an_interrupted_default_named_surface_resumes_and_a_finished_one_is_kept
     np.testing.assert_array_equal(resumed.values["test_loss"], whole.values["test_loss"])
     with pytest.raises(OutputPathError, match="refusing to replace"):  # starting afresh would replace it
         surface("A@last", resume=False, **kw)
+    rows = []
+    again = surface("A@last", overwrite=True, on_rows=lambda r, done: rows.extend(done), **kw)  # computed again
+    assert sorted(rows) == [0, 1, 2] and again.path == path
+    np.testing.assert_array_equal(again.values["test_loss"], whole.values["test_loss"])
 
 
 def test_a_default_named_instability_table_reuses_its_pair_files(root, monkeypatch):
