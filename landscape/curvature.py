@@ -180,7 +180,7 @@ def second_derivative_culprit(model: nn.Module, tensors: dict[str, Tensor], x1: 
                               route: str) -> tuple[str, nn.Module, str, int] | None:
     """The first layer of ``model`` whose own second derivative fails on the input it sees in a forward of
     ``x1`` (``tensors``: every parameter and buffer by name, trainable ones with ``requires_grad``), as
-    ``(module name, module, operation, how many modules of its type and settings)``; None when every module
+    ``(module name, module, operation, how many modules of its type the model has)``; None when every module
     alone has one. Leaves are tried first, in forward order, one per distinct layer (type and settings);
     then the other modules from the innermost out, so a module whose own ``forward`` code holds the operation
     is found after its children pass."""
