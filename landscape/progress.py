@@ -20,9 +20,10 @@ The library marks its long loops with :func:`task` and a finished step with :fun
             task.update(len(block))
 
 Tasks nest (a figure recipe's runs, a run's steps; a surface's rows, each call's evaluation): on a terminal one
-bar per level, elsewhere one line naming every level, ``surface: 20/51 rows (39%, ETA 1m 02s) > evaluate 102
-points: 150/306 forward passes (49%, ETA 1 s)``. The line comes from a watcher thread, so it comes on time even
-while one step (a long matrix product) holds the loop.
+bar per level, elsewhere one line naming every level (the first 2 s after the work began, then one every
+interval), ``surface: 20/51 rows (39%, ETA 1m 02s) > evaluate 102 points: 150/306 forward passes (49%, ETA 1 s)``.
+The line comes from a watcher thread, so it comes on time even while one step (a long matrix product) holds the
+loop.
 
 Nothing global: the state is a context variable, so a new thread or a spawned worker process starts silent
 (pools report their jobs in the parent as each completes) and turning progress on in one block changes nothing
@@ -44,6 +45,7 @@ from typing import Any, TextIO
 INTERVAL = 10.0  # seconds between two plain lines
 INTERVAL_ENV = "LANDSCAPE_PROGRESS_INTERVAL"
 BAR_DELAY = 1.0  # seconds before a bar appears (work shorter than that draws nothing)
+FIRST_LINE = 2.0  # seconds from the first task to the first plain line (then one every interval)
 
 
 class _Display:
@@ -55,7 +57,8 @@ class _Display:
         self.interval = interval if interval is not None else _interval_from_env()
         self.tasks: list[Task] = []
         self.lock = threading.RLock()
-        self.last = time.monotonic()  # when the last plain line was written (or the display began)
+        self.last: float | None = None  # when the last plain line was written
+        self.began: float | None = None  # when the first task opened
         self._stop: threading.Event | None = None
         self._watcher: threading.Thread | None = None
 
@@ -76,10 +79,12 @@ class _Display:
         return " > ".join(t.describe() for t in list(self.tasks))
 
     def tick(self) -> None:
-        """The plain line, when ``interval`` has passed since the last one."""
+        """The plain line, when ``interval`` has passed since the last one (the first: :data:`FIRST_LINE` after the
+        first task opened, so a piped command says early what it does)."""
         with self.lock:
             now = time.monotonic()
-            if self.tasks and now - self.last >= self.interval:
+            due = (self.began + min(FIRST_LINE, self.interval)) if self.last is None else self.last + self.interval
+            if self.tasks and now >= due:
                 self.last = now
                 with contextlib.suppress(ValueError, OSError):  # a closed stream ends the lines, not the work
                     print(self.line(), file=self.stream, flush=True)
@@ -87,6 +92,8 @@ class _Display:
     def opened(self, task: Task) -> None:
         with self.lock:
             self.tasks.append(task)
+            if self.began is None:
+                self.began = time.monotonic()
             if not self.bar and self._watcher is None:
                 self._stop = threading.Event()
                 self._watcher = threading.Thread(target=self._watch, args=(self._stop,), name="landscape-progress",
