@@ -10,9 +10,9 @@ off); Python code turns it on for a block::
         api.surface("run@last", grid="51x51")
 
 ``enabled(interval=2.0, stream=f, bar=False)`` chooses the line interval, the stream and the form;
-:data:`INTERVAL_ENV` (``LANDSCAPE_PROGRESS_INTERVAL``, seconds) sets the interval where it is not given.
+``INTERVAL_ENV`` (``LANDSCAPE_PROGRESS_INTERVAL``, seconds) sets the interval where it is not given.
 
-The library marks its long loops with :func:`task` and a finished step with :func:`note`::
+The library marks its long loops with ``task`` and a finished step with ``note``::
 
     with progress.task("surface", total=len(rows), unit="rows") as task:
         for block in blocks:
@@ -79,7 +79,7 @@ class _Display:
         return " > ".join(t.describe() for t in list(self.tasks))
 
     def tick(self) -> None:
-        """The plain line, when ``interval`` has passed since the last one (the first: :data:`FIRST_LINE` after the
+        """The plain line, when ``interval`` has passed since the last one (the first: ``FIRST_LINE`` after the
         first task opened, so a piped command says early what it does)."""
         with self.lock:
             now = time.monotonic()
@@ -149,8 +149,8 @@ def enabled(on: bool | None = True, *, stream: TextIO | None = None, bar: bool |
     """Progress on (``on=True``) or off (``on=False``) inside the block; ``on=None`` changes nothing.
 
     ``stream``: where it goes (default ``sys.stderr``); ``bar``: tqdm bars (default: when the stream is a
-    terminal) or plain lines; ``interval``: seconds between plain lines (default :data:`INTERVAL_ENV`, else
-    :data:`INTERVAL`). Turning it on inside a block that has it on keeps the outer display (its tasks nest)
+    terminal) or plain lines; ``interval``: seconds between plain lines (default ``INTERVAL_ENV``, else
+    ``INTERVAL``). Turning it on inside a block that has it on keeps the outer display (its tasks nest)
     unless a stream, form or interval is given.
     """
     if on is None or (on and _DISPLAY.get() is not None and stream is None and bar is None and interval is None):
@@ -165,7 +165,7 @@ def enabled(on: bool | None = True, *, stream: TextIO | None = None, bar: bool |
 
 def enable(*, stream: TextIO | None = None, bar: bool | None = None, interval: float | None = None) -> None:
     """Turn progress on in the current context until it ends: the command line's switch (each command runs in a
-    context of its own). Python code uses :func:`enabled`, which ends with its block."""
+    context of its own). Python code uses ``enabled``, which ends with its block."""
     _DISPLAY.set(_Display(stream, bar, interval))
 
 
