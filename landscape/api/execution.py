@@ -278,7 +278,8 @@ class ProcessPool:
                     task.update(1)
                 return out
             futures = [self.submit(fn, *job) for job in jobs]
-            for _ in self.as_completed(futures):
+            for done in self.as_completed(futures):
+                done.result()  # a failed job raises as soon as it is known
                 task.update(1)
             return [f.result() for f in futures]
 
