@@ -20,7 +20,7 @@ import h5py
 import numpy as np
 
 from landscape.atomic import stale_temp_files, temp_beside
-from landscape.errors import CheckpointError, UsageError
+from landscape.errors import CheckpointError, UsageError, WriteError
 from landscape.jsonable import to_jsonable
 from landscape.refs import Ref, parse_selector
 from landscape.runtime import code_version
@@ -435,14 +435,22 @@ class Run:
 
         try:
             with self._writing():
-                sha = prepared.commit(final, meta, body) if prepared is not None else None
-                if sha is None:  # none prepared, or for another layout (then removed)
-                    sha = _write_h5_atomic(final, write)
+                kept = _kept(self.name, self.manifest["checkpoints"])
+                try:
+                    sha = prepared.commit(final, meta, body) if prepared is not None else None
+                    if sha is None:  # none prepared, or for another layout (then removed)
+                        sha = _write_h5_atomic(final, write)
+                except WriteError as exc:
+                    raise exc.noted(f"; {kept}") from None
                 entry = {"step": step, "epoch": epoch, "epsilon": epsilon, "metrics": metrics, "file": final.name,
                          "sha256": sha}
                 entries = [e for e in self.manifest["checkpoints"] if int(e["step"]) != step]
                 self.manifest["checkpoints"] = sorted([*entries, entry], key=lambda e: int(e["step"]))
-                _write_json_atomic(self.path / MANIFEST, self.manifest)
+                try:
+                    _write_json_atomic(self.path / MANIFEST, self.manifest)
+                except WriteError as exc:
+                    raise exc.noted(f"; {kept}; {final.name} is complete but not listed: continuing the run "
+                                    "adopts it") from None
         finally:
             if prepared is not None:
                 prepared.discard()  # consumed either way (a no-op once committed)
@@ -572,6 +580,15 @@ class Run:
             return []
         with _open_h5(target) as f:
             return list(f.keys())
+
+
+def _kept(name: str, entries: list[dict[str, Any]]) -> str:
+    """What a run keeps when a save fails: its listed checkpoints (a continued run starts from the last)."""
+    if not entries:
+        return f"run '{name}' has no checkpoint yet"
+    last = max(int(e["step"]) for e in entries)
+    return (f"run '{name}' keeps its {len(entries)} checkpoint{'s' if len(entries) > 1 else ''} (the last at step "
+            f"{last}), where continuing it starts")
 
 
 def _check_array_name(name: str) -> None:
