@@ -84,56 +84,62 @@ def states() -> dict:
             "ResNet-18": torchvision.models.resnet18(weights=None).state_dict()}
 
 
+def measure(label: str, state: dict, root: Path, repeats: int) -> None:
+    """Time each writer's save (and torch.save + fsync) of ``state`` interleaved; print the table."""
+    import torch
+
+    mib = sum(t.numel() * t.element_size() for t in state.values()) / 2**20
+    here = root / label
+    store = Store(here)
+    runs = {name: store.create_run(f"r{i}", config={}, seeds={}, model_spec={}, data_spec={})
+            for i, name in enumerate(WRITERS)}
+    steps = itertools.count()
+
+    def save(name: str):
+        def call() -> None:
+            codec.atomic_write_hdf5 = WRITERS[name]
+            runs[name].save_checkpoint(state, step=next(steps), epoch=0.0)
+        return call
+
+    def torch_save() -> None:
+        path = here / f"torch-{next(steps)}.pt"
+        with open(path, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        atomic.fsync_dir(path.parent)
+
+    def tidy(name: str) -> None:  # each method meets an equally empty directory
+        for path in [*here.glob("*/step-*.h5"), *here.glob("torch-*.pt")]:
+            path.unlink()
+
+    repeats = repeats if mib < 1 else max(5, repeats // 3)
+    try:
+        times = interleaved({**{name: save(name) for name in WRITERS}, "torch.save + fsync": torch_save},
+                            repeats=repeats, after=tidy)
+    finally:
+        codec.atomic_write_hdf5 = atomic.atomic_write_hdf5
+        for run in runs.values():
+            run.close()
+    print(f"\n{label} ({mib:.1f} MiB), {repeats} rounds")
+    print(f"  {'writer':<20} {'median ms':>10} {'ms/MiB':>8} {'x h5py file':>12} {'(min-max)':>14}")
+    for name, values in times.items():
+        med = statistics.median(values)
+        r = ratios(times, name, "h5py file")
+        print(f"  {name:<20} {1e3 * med:10.2f} {1e3 * med / mib:8.2f} {statistics.median(r):12.2f} "
+              f"  ({min(r):.2f}-{max(r):.2f})", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30, help="rounds for LeNet (ResNet-18: a third, >= 5)")
     parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
     args = parser.parse_args()
     one_thread()
-    import torch
-
     root = Path(tempfile.mkdtemp(prefix="landscape-store-write-", dir=args.dir))
     try:
         for label, state in states().items():
-            mib = sum(t.numel() * t.element_size() for t in state.values()) / 2**20
-            store = Store(root / label)
-            runs = {name: store.create_run(f"r{i}", config={}, seeds={}, model_spec={}, data_spec={})
-                    for i, name in enumerate(WRITERS)}
-            steps = itertools.count()
-
-            def save(name: str):
-                def call() -> None:
-                    codec.atomic_write_hdf5 = WRITERS[name]
-                    runs[name].save_checkpoint(state, step=next(steps), epoch=0.0)
-                return call
-
-            def torch_save() -> None:
-                path = root / label / f"torch-{next(steps)}.pt"
-                with open(path, "wb") as f:
-                    torch.save(state, f)
-                    f.flush()
-                    os.fsync(f.fileno())
-                atomic.fsync_dir(path.parent)
-
-            def tidy(name: str) -> None:  # each method meets an equally empty directory
-                for path in (root / label).glob("*/step-*.h5"):
-                    path.unlink()
-                for path in (root / label).glob("torch-*.pt"):
-                    path.unlink()
-
-            repeats = args.repeats if mib < 1 else max(5, args.repeats // 3)
-            methods = {**{name: save(name) for name in WRITERS}, "torch.save + fsync": torch_save}
-            times = interleaved(methods, repeats=repeats, after=tidy)
-            codec.atomic_write_hdf5 = atomic.atomic_write_hdf5
-            for run in runs.values():
-                run.close()
-            print(f"\n{label} ({mib:.1f} MiB), {repeats} rounds")
-            print(f"  {'writer':<20} {'median ms':>10} {'ms/MiB':>8} {'x h5py file':>12} {'(min-max)':>14}")
-            for name, values in times.items():
-                med = statistics.median(values)
-                r = ratios(times, name, "h5py file")
-                print(f"  {name:<20} {1e3 * med:10.2f} {1e3 * med / mib:8.2f} {statistics.median(r):12.2f} "
-                      f"  ({min(r):.2f}-{max(r):.2f})", flush=True)
+            measure(label, state, root, args.repeats)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
