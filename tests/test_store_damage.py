@@ -18,7 +18,8 @@ from conftest import run_cli
 from landscape.atomic import atomic_write, stale_temp_files
 from landscape.errors import CheckpointError, IncompatibleError, UsageError
 from landscape.models import build_model
-from landscape.store import Store, check_manifest, import_checkpoint
+from landscape.store import MAX_JSON_DEPTH, Store, check_manifest, import_checkpoint
+from landscape.store.manifest import json_depth
 from landscape.train.config import parse_every
 
 DATA_SPEC = {"name": "digits", "seed": 0, "subset": None, "options": {}}
@@ -126,6 +127,85 @@ def test_invalid_json_in_one_manifest_hides_no_other_run(tmp_path, capsys):
     with pytest.warns(UserWarning, match="damaged run") as caught:
         runs = store.runs_matching("*")
     assert [r.name for r in runs] == ["a", "c"] and len(caught) == 1
+
+
+def _deep(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+NESTED = {
+    "nested 100000 deep": lambda m: '{"format": "landscape-run/1", "config": ' + _deep(100_000) + "}",
+    "objects 5000 deep": lambda m: '{"config": ' + '{"a": ' * 5000 + "1" + "}" * 5000 + "}",
+    "config 65 deep": lambda m: json.dumps({**m, "config": json.loads(_deep(64))}),  # the manifest is level 1
+    "truncated": lambda m: json.dumps(m)[:40],
+    "created a number": lambda m: json.dumps({**m, "created": 5}),
+    "model name a list": lambda m: json.dumps({**m, "model_spec": {"name": ["mlp"]}}),
+    "config a list": lambda m: json.dumps({**m, "config": [1]}),
+    "not UTF-8": lambda m: "\udcff",
+}
+
+
+@pytest.mark.parametrize("damage", sorted(NESTED))
+def test_a_manifest_too_deep_truncated_or_of_wrong_types_is_reported_for_its_run_alone(tmp_path, capsys, damage):
+    """Deep JSON is refused before it is parsed (it raised RecursionError, and `store ls` listed nothing)."""
+    store = Store(tmp_path)
+    for name in ("a", "b", "c"):
+        make_run(store, name)
+    path = tmp_path / "b" / "manifest.json"
+    text = NESTED[damage](json.loads(path.read_text()))
+    path.write_bytes(text.encode(errors="surrogateescape"))
+    code, out, err = run_cli("--root", tmp_path, "store", "ls", capsys=capsys)
+    assert code == 0 and [line.split()[0] for line in out.strip().splitlines()[1:]] == ["a", "c"]
+    assert len(err.strip().splitlines()) == 1 and "run 'b': " in err and str(path) in err, err
+    from landscape.api import runs
+
+    listing = runs(tmp_path)
+    assert [r["name"] for r in listing["runs"]] == ["a", "c"] and [d["name"] for d in listing["damaged"]] == ["b"]
+    with pytest.raises(CheckpointError) as exc:
+        store.run("b")
+    assert "\n" not in str(exc.value) and len(str(exc.value)) < 300
+    if "deep" in damage:
+        assert f"nests deeper than {MAX_JSON_DEPTH} levels" in str(exc.value)
+    code, _, err = run_cli("--root", tmp_path, "store", "show", "b", capsys=capsys)
+    assert code == 1 and one_error_line(err)
+
+
+def test_json_depth_counts_as_parsing_would():
+    import random
+
+    def naive(value) -> int:
+        if isinstance(value, dict):
+            return 1 + max(map(naive, value.values()), default=0)
+        if isinstance(value, list):
+            return 1 + max(map(naive, value), default=0)
+        return 0
+
+    def make(depth: int):
+        if depth == 0:
+            return random.choice([1, 2.5, None, True, 'a "[{" \\', "]}]", "\\"])
+        if random.random() < 0.5:
+            return [make(random.randrange(depth)) for _ in range(random.randrange(3))] + [make(depth - 1)]
+        return {f"k{i}[": make(random.randrange(depth)) for i in range(random.randrange(3))} | {"}": make(depth - 1)}
+
+    random.seed(0)
+    for _ in range(300):
+        value = make(random.randrange(8))
+        assert json_depth(json.dumps(value)) == naive(value)
+        assert json_depth(json.dumps(value, indent=1, ensure_ascii=False)) == naive(value)
+
+
+def test_a_run_whose_fields_nest_too_deep_is_refused_before_anything_is_written(tmp_path):
+    def nest(levels: int) -> dict:  # ``levels`` objects one inside the other
+        return {} if levels == 1 else {"a": nest(levels - 1)}
+
+    deepest = MAX_JSON_DEPTH - 1  # a field is level 2 of its manifest
+    with pytest.raises(UsageError, match=f"manifest field 'config' nests deeper than {MAX_JSON_DEPTH} levels"):
+        Store(tmp_path).create_run("deep", config=nest(deepest + 1), seeds={}, model_spec={}, data_spec={})
+    assert not (tmp_path / "deep").exists()
+    with Store(tmp_path).create_run("ok", config=nest(deepest), seeds={}, model_spec={}, data_spec={}) as run:
+        with pytest.raises(UsageError, match="manifest field 'notes' nests deeper"):
+            run.update_manifest(notes=[nest(deepest)])
+    assert Store(tmp_path).run("ok").manifest["config"] == nest(deepest)  # the deepest a manifest may be
 
 
 def test_instability_over_a_glob_skips_a_damaged_run(tmp_path, capsys):

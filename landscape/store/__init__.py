@@ -100,6 +100,7 @@ from landscape.store.manifest import (
     CHECKPOINT_FORMAT,
     MANIFEST,
     MANIFEST_FORMAT,
+    MAX_JSON_DEPTH,
     _is_int,
     _is_number,
     _is_run_name,
@@ -113,7 +114,7 @@ from landscape.store.manifest import (
 
 __all__ = [
     "ARRAYS", "CHECKPOINT_FORMAT", "Checkpoint", "CheckpointInfo", "DamagedRunWarning", "EXTRA_GROUP",
-    "LOCK", "MANIFEST", "MANIFEST_FORMAT", "PREFIXES", "Run", "RunBusyError", "STATE_GROUP", "Store",
+    "LOCK", "MANIFEST", "MANIFEST_FORMAT", "MAX_JSON_DEPTH", "PREFIXES", "Run", "RunBusyError", "STATE_GROUP", "Store",
     "TensorData", "WRAPPER_KEYS", "check_manifest", "check_run_name", "check_state_dict", "import_checkpoint",
     "load_checkpoint", "load_verified",
 ]

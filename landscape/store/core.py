@@ -20,7 +20,7 @@ import h5py
 import numpy as np
 
 from landscape.atomic import stale_temp_files, temp_beside
-from landscape.errors import CheckpointError, UsageError, WriteError
+from landscape.errors import CheckpointError, UsageError, WriteError, one_line
 from landscape.jsonable import to_jsonable
 from landscape.refs import Ref, parse_selector
 from landscape.runtime import code_version
@@ -63,6 +63,7 @@ from landscape.store.manifest import (
     _is_run_name,
     _read_manifest,
     _write_json_atomic,
+    check_depth,
     check_manifest,
     check_run_name,
 )
@@ -99,6 +100,8 @@ class Store:
         clash = set(extra or {}) & _MANIFEST_KEYS
         if clash:
             raise UsageError(f"manifest fields {sorted(clash)} are set by the store, not through extra=")
+        check_depth({"config": config, "seeds": seeds, "lineage": lineage, "model_spec": model_spec,
+                     "data_spec": data_spec, **dict(extra or {})})
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -214,8 +217,9 @@ class Store:
     def scan(self, pattern: str = "*") -> tuple[list[Run], dict[str, str]]:
         """Runs whose name matches a shell glob, and the damaged ones apart: ``(runs, {name: one-line error})``.
 
-        A run is damaged when its manifest is not valid (:func:`check_manifest`) or a checkpoint it lists
-        is missing; one damaged run never hides the others.
+        A run is damaged when its manifest is not valid (:func:`check_manifest`; nested deeper than
+        ``MAX_JSON_DEPTH``) or a checkpoint it lists is missing; one damaged run never hides the others, whatever
+        reading it raised.
         """
         runs: list[Run] = []
         broken: dict[str, str] = {}
@@ -226,7 +230,10 @@ class Store:
                 run = self.run(name)
                 run.checkpoints()
             except CheckpointError as exc:
-                broken[name] = str(exc)
+                broken[name] = str(exc) if str(exc).startswith(f"run '{name}'") else f"run '{name}': {exc}"
+                continue
+            except Exception as exc:  # what the schema let through: still this run's damage alone
+                broken[name] = f"run '{name}': cannot be read: {one_line(exc)}"
                 continue
             runs.append(run)
         return runs, broken
@@ -532,6 +539,7 @@ class Run:
         clash = set(fields) & _MANIFEST_KEYS
         if clash:
             raise UsageError(f"manifest fields {sorted(clash)} are set by the store")
+        check_depth(fields)
         with self._writing():
             self.manifest.update(fields)
             check_manifest(to_jsonable(self.manifest), self.path / MANIFEST)

@@ -10,8 +10,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from landscape.atomic import atomic_write
-from landscape.errors import CheckpointError
+from landscape.errors import CheckpointError, UsageError
 from landscape.jsonable import to_jsonable
 from landscape.refs import _RUN_NAME, check_run_name  # noqa: F401 (run names are landscape.refs'; re-exported)
 from landscape.refs import is_run_name as _is_run_name  # noqa: F401
@@ -56,9 +58,43 @@ def _one_line_json(value: Any) -> str:
         return json.dumps(to_jsonable(value), allow_nan=False)
 
 
+#: The deepest nesting of arrays and objects a manifest may have (the store's own fields nest 4 deep; a user's
+#: config or data options a few more). Deeper JSON is damage, refused before it is parsed: parsing and every
+#: walk over the parsed value recurse once per level.
+MAX_JSON_DEPTH = 64
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def json_depth(text: str) -> int:
+    """How deep the arrays and objects of the JSON ``text`` nest (0: a scalar), without parsing it."""
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)).encode()
+    if not brackets:
+        return 0
+    steps = np.frombuffer(brackets, dtype=np.uint8)
+    return int(np.cumsum(np.where((steps == ord("[")) | (steps == ord("{")), 1, -1)).max())
+
+
+def check_depth(fields: dict[str, Any]) -> None:
+    """A one-line UsageError naming the first manifest field nested deeper than :data:`MAX_JSON_DEPTH` (counted
+    from the manifest: a field's own object is level 2), so that no manifest is written that cannot be read."""
+    for key, value in fields.items():
+        todo = [(value, 2)]
+        while todo:  # a cycle is too deep too
+            obj, depth = todo.pop()
+            if not isinstance(obj, (dict, list, tuple)):
+                continue
+            if depth > MAX_JSON_DEPTH:
+                raise UsageError(f"manifest field '{key}' nests deeper than {MAX_JSON_DEPTH} levels")
+            todo.extend((v, depth + 1) for v in (obj.values() if isinstance(obj, dict) else obj))
+
+
 def _read_manifest(path: Path) -> dict[str, Any]:
     try:
-        manifest = json.loads(path.read_text())
+        text = path.read_text()
+        if json_depth(text) > MAX_JSON_DEPTH:
+            raise ValueError(f"it nests deeper than {MAX_JSON_DEPTH} levels")
+        manifest = json.loads(text)
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"cannot read run manifest {path}: {_one_line(exc)}") from None
     manifest = check_manifest(manifest, path)
@@ -96,11 +132,15 @@ def check_manifest(manifest: Any, path: str | os.PathLike) -> dict[str, Any]:
             raise bad(key, "is missing (the store writes it with every run)", show=False)
     if manifest["format"] != MANIFEST_FORMAT:
         raise bad("format", f"must be {MANIFEST_FORMAT!r}", manifest["format"])
-    if "name" in manifest and not isinstance(manifest["name"], str):
-        raise bad("name", "must be a string", manifest["name"])
+    for key in ("name", "created", "code_version"):
+        if key in manifest and not isinstance(manifest[key], str):
+            raise bad(key, "must be a string", manifest[key])
     for key in ("config", "seeds", "model_spec", "data_spec"):
         if key in manifest and not isinstance(manifest[key], dict):
             raise bad(key, "must be an object", manifest[key])
+    for key in ("model_spec", "data_spec"):
+        if "name" in manifest[key] and not isinstance(manifest[key]["name"], str):
+            raise bad(f"{key}.name", "must be a string", manifest[key]["name"])
     for key, value in (manifest.get("seeds") or {}).items():
         if not _is_int(value):
             raise bad(f"seeds.{key}", "must be an integer", value)
