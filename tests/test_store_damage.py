@@ -294,6 +294,51 @@ def test_a_second_writer_is_refused_while_a_process_holds_the_run(tmp_path, caps
     assert [i.step for i in store.run("r").checkpoints()] == [0, 5, 7]
 
 
+def _hold_new_run(root: str, name: str, flag: str, manifest: bool) -> None:
+    """A creator mid-way: the run directory made and locked, its manifest written (or not yet)."""
+    store = Store(root)
+    if manifest:
+        run = store.create_run(name, config={}, seeds={}, model_spec=MODEL_SPEC, data_spec=DATA_SPEC)  # noqa: F841
+    else:
+        from landscape.store import _lock
+
+        (Path(root) / name).mkdir(parents=True)
+        lock = _lock(Path(root) / name, name)  # noqa: F841
+    Path(flag).write_text(str(os.getpid()))
+    time.sleep(120)
+
+
+@pytest.mark.parametrize("manifest", [False, True], ids=["before its manifest", "after its manifest"])
+def test_the_loser_of_two_writers_creating_one_run_hears_that_another_process_writes_it(tmp_path, capsys, manifest):
+    """Not 'continue it: train --resume' (which the winner is doing): the run is being written, by that pid."""
+    root, flag = tmp_path / "root", tmp_path / "flag"
+    holder = multiprocessing.get_context("fork").Process(target=_hold_new_run, args=(str(root), "r", str(flag),
+                                                                                      manifest), daemon=True)
+    holder.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not flag.exists():
+            assert holder.is_alive() and time.monotonic() < deadline, "the creator did not start"
+            time.sleep(0.01)
+        before = sorted(p.name for p in (root / "r").iterdir())
+        with pytest.raises(CheckpointError) as err:
+            make_run(Store(root), "r")
+        assert str(err.value) == (f"run 'r' is being written by another process (pid {holder.pid}); one writer per "
+                                  "run: wait for it to end")
+        code, _, text = run_cli("--root", root, "train", "--run", "r", "--epochs", "1", "--subset", "50",
+                                capsys=capsys)
+        assert code == 1 and one_error_line(text) == f"error: {err.value}"
+        assert sorted(p.name for p in (root / "r").iterdir()) == before  # nothing written, nothing swept
+    finally:
+        holder.kill()
+        holder.join(timeout=30)
+    if manifest:  # once its writer is gone, a run is a run: continue it, or choose another name
+        with pytest.raises(CheckpointError, match="run 'r' already exists .* continue it: train --resume r"):
+            make_run(Store(root), "r")
+    else:  # a creator killed before its manifest: the name is free again
+        make_run(Store(root), "r")
+
+
 def test_lock_is_reentrant_within_a_process_and_released_by_close(tmp_path):
     store = Store(tmp_path)
     run = make_run(store, "r")

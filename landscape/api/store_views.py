@@ -122,12 +122,13 @@ def import_checkpoint(
     from landscape.api.accounting import import_privacy
     from landscape.data import load_dataset
     from landscape.models import build_model
-    from landscape.store import Store, _looks_like_torch_file
+    from landscape.store import Store, _looks_like_torch_file, check_regular_file
     from landscape.store import import_checkpoint as store_import
     from landscape.train.accounting import ancestry_note
 
     check_kwargs(data_kwargs, model_kwargs)
     source = Path(file)
+    check_regular_file(source)
     target = source.resolve()  # a link is judged by what it points to, before the data set is loaded
     if source.suffix.lower() in (".pt", ".pth") and target.is_file() and not _looks_like_torch_file(target):
         link = f" (a link to {target})" if source.is_symlink() else ""

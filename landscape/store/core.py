@@ -115,12 +115,7 @@ class Store:
             try:
                 path.mkdir()
             except FileExistsError:
-                lock = self._reclaim(path)
-                if lock is None:
-                    raise CheckpointError(
-                        f"run '{name}' already exists in {self.root}; choose another --run name "
-                        f"(or continue it: train --resume {name})"
-                    ) from None
+                lock = self._reclaim(path, name)
             except OSError as exc:
                 raise CheckpointError(f"cannot create run directory {path}: {exc.strerror or exc}") from None
         run = Run(path, {})
@@ -148,19 +143,19 @@ class Store:
             raise
         return run
 
-    def _reclaim(self, path: Path) -> _FileLock | None:
-        """The lock of a run directory whose creator was killed before writing its manifest (nothing but
-        temporary files in it, which are removed), or None when ``path`` is a run or someone else's."""
-        if not path.is_dir() or (path / MANIFEST).exists():
-            return None
-        try:
-            lock = _lock(path, path.name)
-        except CheckpointError:
-            return None  # its creator is alive and about to write the manifest
+    def _reclaim(self, path: Path, name: str) -> _FileLock:
+        """The lock of the run directory ``path`` that exists already, when its creator was killed before
+        writing its manifest (nothing but temporary files in it, which are removed). A directory another process
+        holds is :class:`RunBusyError` (with its pid: the loser of two writers racing to create one run hears
+        that), a run or anything else there a CheckpointError."""
+        if not path.is_dir():
+            raise CheckpointError(f"cannot create run '{name}': {path} exists and is not a directory")
+        lock = _lock(path, name)  # RunBusyError while its creator (or any writer) is alive
         left = [p for p in path.iterdir() if p.name != LOCK]
         if (path / MANIFEST).exists() or any(p.is_dir() or not p.name.endswith(".tmp") for p in left):
             _unlock(lock)
-            return None
+            raise CheckpointError(f"run '{name}' already exists in {self.root}; choose another --run name "
+                                  f"(or continue it: train --resume {name})")
         for p in left:
             p.unlink(missing_ok=True)
         return lock
