@@ -19,7 +19,6 @@ from landscape.atomic import atomic_write, stale_temp_files
 from landscape.errors import CheckpointError, IncompatibleError, UsageError
 from landscape.models import build_model
 from landscape.store import MAX_JSON_DEPTH, Store, check_manifest, import_checkpoint
-from landscape.store.manifest import json_depth
 from landscape.train.config import parse_every
 
 DATA_SPEC = {"name": "digits", "seed": 0, "subset": None, "options": {}}
@@ -141,6 +140,7 @@ NESTED = {
     "created a number": lambda m: json.dumps({**m, "created": 5}),
     "model name a list": lambda m: json.dumps({**m, "model_spec": {"name": ["mlp"]}}),
     "config a list": lambda m: json.dumps({**m, "config": [1]}),
+    "a metric a list": lambda m: json.dumps({**m, "checkpoints": [{**m["checkpoints"][0], "metrics": {"a": [[]]}}]}),
     "not UTF-8": lambda m: "\udcff",
 }
 
@@ -170,28 +170,13 @@ def test_a_manifest_too_deep_truncated_or_of_wrong_types_is_reported_for_its_run
     assert code == 1 and one_error_line(err)
 
 
-def test_json_depth_counts_as_parsing_would():
-    import random
-
-    def naive(value) -> int:
-        if isinstance(value, dict):
-            return 1 + max(map(naive, value.values()), default=0)
-        if isinstance(value, list):
-            return 1 + max(map(naive, value), default=0)
-        return 0
-
-    def make(depth: int):
-        if depth == 0:
-            return random.choice([1, 2.5, None, True, 'a "[{" \\', "]}]", "\\"])
-        if random.random() < 0.5:
-            return [make(random.randrange(depth)) for _ in range(random.randrange(3))] + [make(depth - 1)]
-        return {f"k{i}[": make(random.randrange(depth)) for i in range(random.randrange(3))} | {"}": make(depth - 1)}
-
-    random.seed(0)
-    for _ in range(300):
-        value = make(random.randrange(8))
-        assert json_depth(json.dumps(value)) == naive(value)
-        assert json_depth(json.dumps(value, indent=1, ensure_ascii=False)) == naive(value)
+def test_a_metric_that_is_not_a_number_is_refused_before_anything_is_written(tmp_path):
+    run = make_run(Store(tmp_path), "r")
+    before = (run.path / "manifest.json").read_bytes()
+    with Store(tmp_path).open_run("r") as again:
+        with pytest.raises(UsageError, match="metric 'curve' must be a number, got list"):
+            again.save_checkpoint({"w": torch.zeros(2, 3)}, step=9, epoch=1.0, metrics={"curve": [0.5, 0.4]})
+    assert (run.path / "manifest.json").read_bytes() == before and not (run.path / "step-000009.h5").exists()
 
 
 def test_a_run_whose_fields_nest_too_deep_is_refused_before_anything_is_written(tmp_path):

@@ -411,6 +411,9 @@ class Run:
         epoch = float(epoch)
         epsilon = None if epsilon is None else float(epsilon)
         metrics = {str(k): _plain(v) for k, v in (metrics or {}).items()}
+        for key, value in metrics.items():
+            if isinstance(value, (Mapping, list, tuple)):
+                raise UsageError(f"metric '{key}' must be a number, got {type(value).__name__}")
         final = self.path / f"step-{step:06d}.h5"
         meta = {
             "format": CHECKPOINT_FORMAT,
