@@ -91,14 +91,13 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
 
 def check_regular_file(file: Path) -> None:
     """A one-line CheckpointError unless ``file`` is a regular file (a link: what it points to), judged without
-    opening it (opening a named pipe waits for a writer)."""
+    opening it (opening a named pipe waits for a writer). Another OSError (a name too long, a permission) is
+    raised as it is."""
     try:
         mode = os.stat(file).st_mode
     except FileNotFoundError:
         link = " (a link to a missing file)" if os.path.islink(file) else ""
         raise CheckpointError(f"file not found: {file}{link}") from None
-    except OSError as exc:
-        raise CheckpointError(f"cannot read {file}: {exc.strerror or exc}") from None
     if not stat.S_ISREG(mode):
         kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
         raise CheckpointError(f"{file} is {kind}, not a regular file: import reads a .pt, .pth or .safetensors file")
