@@ -145,6 +145,8 @@ class _Sink:
             try:
                 while view:
                     done = os.pwrite(self.fd, view, at)
+                    if done == 0:  # no progress and no error: the device takes no more
+                        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                     view, at = view[done:], at + done
             except OSError as exc:
                 self.error = exc
