@@ -20,8 +20,11 @@ The library marks its long loops with ``task`` and a finished step with ``note``
             task.update(len(block))
 
 Tasks nest (a figure recipe's runs, a run's steps; a surface's rows, each call's evaluation): on a terminal one
-bar per level, elsewhere one line naming every level (the first 2 s after the work began, then one every
-interval), ``surface: 20/51 rows (39%, ETA 1m 02s) > evaluate 102 points: 150/306 forward passes (49%, ETA 1 s)``.
+bar per level, elsewhere one line naming every level (the first a fifth of the interval after the work began,
+then one every interval)::
+
+    surface 51x51: 20/51 rows (39%, ETA 1m 02s) > evaluate 102 points x 1348 examples: 150/204 forward passes ...
+
 The line comes from a watcher thread, so it comes on time even while one step (a long matrix product) holds the
 loop.
 
@@ -45,7 +48,7 @@ from typing import Any, TextIO
 INTERVAL = 10.0  # seconds between two plain lines
 INTERVAL_ENV = "LANDSCAPE_PROGRESS_INTERVAL"
 BAR_DELAY = 1.0  # seconds before a bar appears (work shorter than that draws nothing)
-FIRST_LINE = 2.0  # seconds from the first task to the first plain line (then one every interval)
+FIRST_LINE = 0.2  # the first plain line comes this fraction of the interval after the first task (2 s of 10)
 
 
 class _Display:
@@ -79,11 +82,11 @@ class _Display:
         return " > ".join(t.describe() for t in list(self.tasks))
 
     def tick(self) -> None:
-        """The plain line, when ``interval`` has passed since the last one (the first: ``FIRST_LINE`` after the
-        first task opened, so a piped command says early what it does)."""
+        """The plain line, when ``interval`` has passed since the last one (the first: a fifth of it after the first
+        task opened, so a piped command says early what it does)."""
         with self.lock:
             now = time.monotonic()
-            due = (self.began + min(FIRST_LINE, self.interval)) if self.last is None else self.last + self.interval
+            due = self.began + FIRST_LINE * self.interval if self.last is None else self.last + self.interval
             if self.tasks and now >= due:
                 self.last = now
                 with contextlib.suppress(ValueError, OSError):  # a closed stream ends the lines, not the work
