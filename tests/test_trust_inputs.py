@@ -9,7 +9,9 @@ runs and an unreachable one a failure. Every case runs the entry point in-proces
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import time
 
 import click
@@ -255,3 +257,113 @@ def test_an_unreachable_scheduler_is_one_failure_line_saying_how_long(root, tmp_
         code, _, err = run_cli("--root", root, *args, "--scheduler", "tcp://127.0.0.1:1", capsys=capsys)
         one_error(code, err, 1, "cannot reach the Dask scheduler at tcp://127.0.0.1:1 within 1 s")
         assert "dask: connecting to the scheduler at tcp://127.0.0.1:1 (waiting up to 1 s)" in err
+
+
+# ------------------------------------------------------------------------- scheduler handshake (round four)
+
+
+class Service:
+    """A TCP service on 127.0.0.1 that is not a Dask scheduler: ``http`` answers whatever it reads with an HTTP 400
+    (as a web server or the dashboard does), ``silent`` accepts and never answers, ``close`` closes at once."""
+
+    def __init__(self, mode: str):
+        import socket
+        import threading
+
+        self.mode, self.conns = mode, []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.address = f"tcp://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed by stop()
+                return
+            self.conns.append(conn)
+            if self.mode == "http":
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                conn.close()
+            elif self.mode == "close":
+                conn.close()
+
+    def stop(self) -> None:
+        self.sock.close()
+        for conn in self.conns:
+            conn.close()
+
+
+@pytest.fixture(params=["http", "silent", "close", "nothing"])
+def not_dask(request, monkeypatch):
+    """``(address, what the one line says)`` of a service that is not a Dask scheduler, with a 1 s deadline."""
+    from landscape import bounds
+
+    monkeypatch.setattr(bounds, "SCHEDULER_TIMEOUT_S", 1)
+    if request.param == "nothing":  # a port with nothing listening
+        yield "tcp://127.0.0.1:1", "cannot reach the Dask scheduler at tcp://127.0.0.1:1 within 1 s"
+        return
+    service = Service(request.param)
+    expected = {"http": "is not a Dask scheduler", "silent": "did not answer within 1 s",
+                "close": "closed the connection during Dask's handshake"}[request.param]
+    yield service.address, f"{service.address} {expected}" if request.param != "silent" else expected
+    service.stop()
+
+
+def test_a_service_that_is_not_dask_is_one_line_from_every_command(root, tmp_path, capsys, monkeypatch, not_dask):
+    """The whole handshake (connect, Dask's greeting, the identity reply) has the deadline, not the connect alone:
+    against an HTTP server `batch` waited for ever and an HTTP 400 was a 3.07 EiB allocation traceback."""
+    address, expected = not_dask
+    (tmp_path / "spec.yaml").write_text("jobs:\n  i: {kind: interpolate, refs: [a, a], points: 2}\n")
+    monkeypatch.chdir(tmp_path)
+    for args in (("batch", "spec.yaml"), ("surface", "a", "--grid", "2x2", "--no-figure"),
+                 ("figures", "watson-fig11", "--scale", "test", "--out", tmp_path / "f")):
+        start = time.perf_counter()
+        code, _, err = run_cli("--root", root, *args, "--scheduler", address, capsys=capsys)
+        one_error(code, err, 1, expected)
+        assert time.perf_counter() - start < 5, args
+    assert not (tmp_path / "f").exists() and not (tmp_path / "results").exists()
+
+
+def test_the_handshake_deadline_holds_in_the_api(root, not_dask):
+    from landscape.api import surface
+    from landscape.api.execution import ProcessPool, probe_scheduler
+    from landscape.errors import LandscapeError
+
+    address, expected = not_dask
+    start = time.perf_counter()
+    for call in (lambda: probe_scheduler(address), lambda: surface("a", root=str(root), grid="2x2", figure=False,
+                                                                   scheduler=address),
+                 lambda: ProcessPool(scheduler=address).map(abs, [(-1,)])):
+        with pytest.raises(LandscapeError, match=re.escape(expected)):
+            call()
+    assert time.perf_counter() - start < 10
+
+
+def test_tls_without_dask_tls_settings_is_one_usage_line(root, tmp_path, capsys):
+    (tmp_path / "spec.yaml").write_text("jobs:\n  i: {kind: interpolate, refs: [a, a], points: 2}\n")
+    for args in (("surface", "a", "--grid", "2x2"), ("batch", "spec.yaml")):
+        start = time.perf_counter()
+        code, _, err = run_cli("--root", root, *args, "--scheduler", "tls://127.0.0.1:1", capsys=capsys)
+        one_error(code, err, 2, "tls:// needs Dask's TLS settings")
+        assert time.perf_counter() - start < 5
+
+
+def test_a_dask_worker_is_not_the_scheduler_and_a_scheduler_passes():
+    distributed = pytest.importorskip("distributed")
+    from landscape.api.execution import connect_client, probe_scheduler
+    from landscape.errors import LandscapeError
+
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp",
+                                  host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                                  silence_logs=logging.CRITICAL) as cluster:
+        assert probe_scheduler(cluster.scheduler_address)["type"] == "Scheduler"
+        client = connect_client(cluster.scheduler_address, set_as_default=False)
+        try:
+            assert client.submit(abs, -3).result() == 3
+        finally:
+            client.close()
+        worker = next(iter(cluster.workers.values())).address
+        with pytest.raises(LandscapeError, match=f"^{re.escape(worker)} is a Dask worker, not the scheduler"):
+            probe_scheduler(worker)
