@@ -15,7 +15,9 @@ import re
 import time
 
 import click
+import numpy as np
 import pytest
+import torch
 from conftest import run_cli
 from test_cli_errors import assert_one_error  # noqa: I001
 from test_cli_fuzz import walk
@@ -367,3 +369,187 @@ def test_a_dask_worker_is_not_the_scheduler_and_a_scheduler_passes():
         worker = next(iter(cluster.workers.values())).address
         with pytest.raises(LandscapeError, match=f"^{re.escape(worker)} is a Dask worker, not the scheduler"):
             probe_scheduler(worker)
+
+
+# ------------------------------------------------------------------------------- data files (round four)
+
+
+def _tensors(tmp_path, name="data.npz", x=None, y=None, **arrays):
+    """An .npz of 60 train and 20 test examples, 10 classes, 1x8x8 inputs; ``x`` / ``y`` replace both splits'."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((60, 1, 8, 8)).astype(np.float32) if x is None else x
+    y = np.arange(60) % 10 if y is None else y
+    a = {"x_train": x, "y_train": y, "x_test": x[:20], "y_test": y[:20], **arrays}
+    np.savez(tmp_path / name, **a)
+    return tmp_path / name
+
+
+def test_uint8_images_become_floats_in_0_1_recorded_in_the_spec(tmp_path, capsys):
+    """Images stored as bytes (the usual way) train; they used to be int64 token ids and a conv traceback."""
+    from landscape.data import dataset_from_spec, load_dataset
+    from landscape.errors import DataError
+
+    x = np.random.default_rng(1).integers(0, 256, (60, 1, 8, 8), dtype=np.uint8)
+    path = _tensors(tmp_path, x=x)
+    data = load_dataset(str(path))
+    assert data.x_train.dtype == torch.float32 and data.spec["inputs"] == "uint8/255"
+    torch.testing.assert_close(data.x_train, torch.from_numpy(x).float() / 255, rtol=0, atol=0)
+    assert 0 <= float(data.x_train.min()) and float(data.x_train.max()) <= 1
+    assert torch.equal(dataset_from_spec(data.spec).x_train, data.x_train)
+    with pytest.raises(DataError, match="records the inputs converted as stored, but this version reads them as "
+                                        "uint8/255"):
+        dataset_from_spec({k: v for k, v in data.spec.items() if k != "inputs"})
+    code, out, err = run_cli("--root", tmp_path / "st", "train", "--data", path, "--model", "lenet", "--epochs", "1",
+                             "--batch-size", "20", "--checkpoint-every", "none", "--run", "u8", capsys=capsys)
+    assert code == 0, err
+    # integer inputs of other widths stay token ids (int64), as before
+    tokens = _tensors(tmp_path, "tokens.npz", x=np.arange(60 * 5).reshape(60, 5).astype(np.int32) % 7)
+    assert load_dataset(str(tokens)).x_train.dtype == torch.int64 and "inputs" not in load_dataset(str(tokens)).spec
+
+
+@pytest.mark.parametrize("labels, fragments", [
+    ("stray", ("leave 245 of 256 classes without any example", "10, 11, 12, 13, 14, ...", "largest label 255",
+               "'{\"num_classes\": 256}'")),
+    ("one-based", ("leave 1 of 11 classes without any example (0;", "1-based labels? subtract 1")),
+    ("huge", ("the largest label is 1,000,000,000, more than 100,000 classes",)),
+    ("negative", ("labels must be class indices >= 0, got -1",)),
+])
+def test_labels_are_bounded_and_every_class_has_an_example(tmp_path, capsys, labels, fragments):
+    y = np.arange(60) % 10
+    y = {"stray": np.where(np.arange(60) == 7, 255, y), "one-based": y + 1, "huge": np.where(y == 3, 10**9, y),
+         "negative": y - (np.arange(60) == 0)}[labels]
+    path = _tensors(tmp_path, y=y)
+    start = time.perf_counter()
+    code, _, err = run_cli("--root", tmp_path / "st", "train", "--data", path, "--run", "r", capsys=capsys)
+    one_error(code, err, 1, str(path), *fragments)
+    assert time.perf_counter() - start < 10 and not (tmp_path / "st" / "r").exists()
+
+
+def test_a_stated_class_count_allows_empty_classes(tmp_path):
+    from landscape.data import dataset_from_spec, load_dataset
+    from landscape.errors import DataError
+
+    path = _tensors(tmp_path, y=np.where(np.arange(60) == 7, 12, np.arange(60) % 10))
+    data = load_dataset(str(path), num_classes=13)
+    assert data.num_classes == 13 and data.spec["options"] == {"num_classes": 13}
+    assert dataset_from_spec(data.spec).num_classes == 13
+    for bad, needle in ((12, "num_classes must be an integer >= 13"), (10**6, "more than 100,000 classes")):
+        with pytest.raises(DataError, match=re.escape(needle)):
+            load_dataset(str(path), num_classes=bad)
+    with pytest.raises(DataError, match="has no option 'classes'; its option: num_classes"):
+        load_dataset(str(path), classes=13)
+
+
+def _npy(array) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+def test_empty_and_non_zip_npz_files_are_one_line(tmp_path, capsys):
+    """An empty .npz used to say "interrupted" (exit 130): numpy's EOFError reached click as an abort."""
+    (tmp_path / "empty.npz").write_bytes(b"")
+    (tmp_path / "text.npz").write_text("x_train,y_train\n1,2\n")
+    (tmp_path / "array.npz").write_bytes(_npy(np.zeros(3)))  # np.save's .npy under an .npz name
+    for name, what in (("empty.npz", "an empty file"), ("text.npz", "not a zip archive"),
+                       ("array.npz", "not a zip archive")):
+        code, _, err = run_cli("--root", tmp_path / "st", "train", "--data", tmp_path / name, "--run", "r",
+                               capsys=capsys)
+        one_error(code, err, 1, f"{tmp_path / name} is not an .npz file ({what})", "numpy.savez")
+
+
+def test_impossible_headers_are_refused_before_anything_is_allocated(tmp_path, capsys):
+    import zipfile
+
+    import h5py
+
+    y = np.arange(60) % 10
+    header = __import__("io").BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False,
+                                                  "shape": (128_000_000_000,)})
+    with zipfile.ZipFile(tmp_path / "claims.npz", "w") as z:  # 477 GiB claimed, 64 bytes held
+        z.writestr("x_train.npy", header.getvalue() + b"\0" * 64)
+        for key, value in (("y_train", y), ("x_test", np.zeros((20, 3), np.float32)), ("y_test", y[:20])):
+            z.writestr(f"{key}.npy", _npy(value))
+    with h5py.File(tmp_path / "sparse.h5", "w") as f:  # HDF5 may declare 3.6 TiB it never wrote
+        f.create_dataset("x_train", shape=(10**12,), dtype="f4")
+        f["y_train"], f["x_test"], f["y_test"] = y, np.zeros((20, 3), np.float32), y[:20]
+    for name, fragments in (("claims.npz", ("the header of x_train claims shape [128000000000] of float32 (477 GiB) "
+                                            "but the file holds 64 bytes of it",)),
+                            ("sparse.h5", ("loading it needs about 7.28 TiB of memory", "are available"))):
+        start = time.perf_counter()
+        code, _, err = run_cli("--root", tmp_path / "st", "train", "--data", tmp_path / name, "--run", "r",
+                               capsys=capsys)
+        one_error(code, err, 1, str(tmp_path / name), *fragments)
+        assert time.perf_counter() - start < 10
+
+
+def test_non_finite_inputs_name_the_file_not_the_learning_rate(tmp_path, capsys):
+    from landscape.data import load_dataset
+    from landscape.errors import DataError
+
+    x = np.random.default_rng(0).standard_normal((60, 1, 8, 8)).astype(np.float32)
+    x[[5, 9], 0, 0, 0] = [np.nan, np.inf]
+    path = _tensors(tmp_path, x=x)
+    code, _, err = run_cli("--root", tmp_path / "st", "train", "--data", path, "--run", "r", capsys=capsys)
+    one_error(code, err, 1, f"{path}: x_train holds 2 NaN or infinite value(s) in 2 example(s) (the first is "
+                            f"example 5)", "numpy.nan_to_num")
+    assert "--lr" not in err
+    code_file = tmp_path / "nan_data.py"
+    code_file.write_text("import torch\n\ndef make():\n    x = torch.zeros(8, 3)\n    x[2, 1] = float('nan')\n"
+                         "    y = torch.arange(8) % 2\n    return x, y, x, y\n")
+    with pytest.raises(DataError, match=r"^data set '.*nan_data.py:make': x_train holds 1 NaN"):
+        load_dataset(f"{code_file}:make")
+
+
+def _image_tree(root, bad: str):
+    """``root/{train,test}/{a,b}/`` with three 6x6 PNGs each, and one bad file ``train/a/bad.png``."""
+    import struct
+    import zlib
+
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for label in ("a", "b"):
+            (root / split / label).mkdir(parents=True)
+            for i in range(3):
+                Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)).save(root / split / label / f"{i}.png")
+    path = root / "train" / "a" / "bad.png"
+    if bad == "zero-byte":
+        path.write_bytes(b"")
+    elif bad == "not-an-image":
+        path.write_text("hello\n")
+    elif bad in ("truncated", "corrupt"):
+        Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(path)
+        data = bytearray(path.read_bytes())
+        if bad == "corrupt":
+            data[30:60] = b"\xff" * 30
+        path.write_bytes(bytes(data if bad == "corrupt" else data[:300]))
+    else:  # a 60000 x 60000 PNG in 100 bytes: PIL's DecompressionBombError
+        def chunk(kind: bytes, body: bytes) -> bytes:
+            return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+        path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 60000, 60000, 8, 0, 0, 0, 0))
+                         + chunk(b"IDAT", zlib.compress(b"\0" * 100)) + chunk(b"IEND", b""))
+    return path
+
+
+@pytest.mark.parametrize("bad, reason", [
+    ("zero-byte", "an empty file"), ("not-an-image", "not an image PIL can read"),
+    ("truncated", "image file is truncated"), ("corrupt", "not an image PIL can read"),
+    ("bomb", "more pixels than PIL's limit of 89,478,485 (a decompression bomb?)"),
+])
+def test_a_bad_image_in_an_image_folder_is_one_line_naming_it(tmp_path, capsys, bad, reason):
+    from landscape.data import load_dataset
+    from landscape.errors import DataError
+
+    path = _image_tree(tmp_path / "images", bad)
+    start = time.perf_counter()
+    code, _, err = run_cli("--root", tmp_path / "st", "train", "--data", "imagefolder", "--data-root",
+                           tmp_path / "images", "--model", "mlp", "--run", "r", capsys=capsys)
+    one_error(code, err, 1, f"image {path}", reason, "replace or remove it" if bad != "bomb" else "shrink it")
+    assert time.perf_counter() - start < 10
+    with pytest.raises(DataError, match=re.escape(str(path))):
+        load_dataset("imagefolder", data_root=tmp_path / "images")
