@@ -553,3 +553,152 @@ def test_a_bad_image_in_an_image_folder_is_one_line_naming_it(tmp_path, capsys, 
     assert time.perf_counter() - start < 10
     with pytest.raises(DataError, match=re.escape(str(path))):
         load_dataset("imagefolder", data_root=tmp_path / "images")
+
+
+# ---------------------------------------------------------------------------- user models' forward (round four)
+
+BAD_MODELS = '''\
+import math
+
+import torch
+from torch import nn
+
+
+def wrong_classes(input_shape, num_classes):
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def wrong_input(input_shape, num_classes):
+    return nn.Sequential(nn.Flatten(), nn.Linear(100, 8), nn.ReLU(), nn.Linear(8, num_classes))
+
+
+class Raising(nn.Module):
+    def __init__(self, n, k):
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(n, k))
+
+    def forward(self, x):
+        h = self.body(x)
+        raise ValueError("forward is not written yet")
+
+
+def raising(input_shape, num_classes):
+    return Raising(math.prod(input_shape), num_classes)
+
+
+def lazy(input_shape, num_classes):
+    return nn.Sequential(nn.Flatten(), nn.LazyLinear(16), nn.ReLU(), nn.Linear(16, num_classes))
+
+
+def lazy_materialised(input_shape, num_classes):
+    model = lazy(input_shape, num_classes)
+    model(torch.zeros(1, *input_shape))
+    return model
+
+
+class Pair(nn.Module):
+    def __init__(self, n, k):
+        super().__init__()
+        self.fc = nn.Linear(n, k)
+
+    def forward(self, x):
+        return self.fc(x.flatten(1)), x
+
+
+def returns_pair(input_shape, num_classes):
+    return Pair(math.prod(input_shape), num_classes)
+
+
+def exits(input_shape, num_classes):
+    raise SystemExit(0)
+'''
+
+
+@pytest.fixture
+def bad_models(tmp_path):
+    path = tmp_path / "bad_models.py"
+    path.write_text(BAD_MODELS)
+    return path
+
+
+@pytest.mark.parametrize("factory, fragments", [
+    ("wrong_classes", ("returns float32 logits of shape [2, 3] (its last layer '3': Linear(in_features=8, "
+                       "out_features=3, bias=True)) for a batch of [2, 1, 8, 8]", "has 10 classes",
+                       "must return floats of shape [2, 10]", "num_classes argument")),
+    ("wrong_input", ("fails on a batch of shape [2, 1, 8, 8] (float32) in layer '1' (Linear(in_features=100, "
+                     "out_features=8, bias=True)) given input [2, 64]",
+                     "mat1 and mat2 shapes cannot be multiplied (2x64 and 100x8)")),
+    ("raising", ("in its own forward code, after layer 'body' (Sequential) returned [2, 10]: ValueError: forward is "
+                 "not written yet",)),
+    ("lazy", ("layer '1' (LazyLinear) has uninitialised weight, bias", "run the model once on a dummy batch")),
+    ("returns_pair", ("returns a tuple, not a tensor of logits (N, 10)",)),
+    ("exits", ("the factory called sys.exit(0); it must return a model",)),
+])
+def test_a_model_that_fails_on_its_data_is_one_line_naming_the_layer(tmp_path, capsys, bad_models, factory, fragments):
+    from landscape.errors import ModelError
+
+    ref = f"{bad_models}:{factory}"
+    start = time.perf_counter()
+    code, _, err = run_cli("--root", tmp_path / "st", "train", "--model", ref, "--subset", "100", "--run", "r",
+                           capsys=capsys)
+    one_error(code, err, 1, f"model '{ref}'", *fragments)
+    assert time.perf_counter() - start < 10 and not (tmp_path / "st" / "r").exists()
+    with pytest.raises(ModelError, match=re.escape(fragments[0])):
+        api_train(TrainConfig(model=ref, seed=0, run="r", **TINY), root=tmp_path / "st")
+    torch.save({}, tmp_path / "w.pt")  # import meets the data too, before it reads any weights
+    code, _, err = run_cli("--root", tmp_path / "st", "import", tmp_path / "w.pt", "--model", ref, "--data", "digits",
+                           "--run", "imp", capsys=capsys)
+    one_error(code, err, 1, *fragments)
+    assert not (tmp_path / "st" / "imp").exists()
+
+
+def test_the_check_forward_changes_no_weights_mode_or_random_stream(tmp_path, bad_models):
+    """The check runs in eval mode, without gradients, in a fork of the random generators: training numbers are
+    those of a run without it (the goldens hold), and a factory that materialises its Lazy layers trains."""
+    from landscape.models import check_forward
+
+    class Noisy(torch.nn.Module):  # draws random numbers in every forward, BatchNorm statistics in training
+        def __init__(self):
+            super().__init__()
+            self.norm, self.fc = torch.nn.BatchNorm1d(64), torch.nn.Linear(64, 10)
+
+        def forward(self, x):
+            return self.fc(self.norm(x.flatten(1)) + torch.randn(len(x), 64))
+
+    torch.manual_seed(0)
+    model = Noisy()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(2, 1, 8, 8)
+    state = torch.random.get_rng_state()
+    check_forward(model, x, 10)
+    assert model.training and torch.equal(torch.random.get_rng_state(), state)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    model.eval()
+    check_forward(model, x, 10)
+    assert not model.training
+    run = api_train(TrainConfig(model=f"{bad_models}:lazy_materialised", seed=0, run="lz", **TINY),
+                    root=tmp_path / "st")
+    assert run.checkpoints()
+
+
+# ------------------------------------------------------------------------------ sys.exit at import (round four)
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ("import sys\nsys.exit(0)\n", "called sys.exit(0) while being imported"),
+    ("raise SystemExit('bye')\n", "called sys.exit('bye') while being imported"),
+    ("raise GeneratorExit\n", "failed: GeneratorExit"),
+])
+def test_sys_exit_at_import_is_an_error_never_a_success(tmp_path, capsys, monkeypatch, body, fragment):
+    """``sys.exit(0)`` in a model file's top level made ``train`` exit 0 having written nothing."""
+    from landscape import plugins
+
+    (tmp_path / "quits.py").write_text(body + "def make(input_shape, num_classes):\n    return None\n")
+    for option in ("--model", "--data"):
+        code, _, err = run_cli("--root", tmp_path / "st", "train", option, tmp_path / "quits.py:make", "--run", "r",
+                               capsys=capsys)
+        one_error(code, err, 2, "quits.py", fragment)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the module form too
+    with pytest.raises(plugins.PluginError, match=re.escape(fragment)):
+        plugins.load("quits:make")
+    assert not (tmp_path / "st" / "r").exists()

@@ -382,6 +382,9 @@ def user_arrays(factory: Callable[..., Any], name: str, seed: int, data_root, op
         returned = factory(**call)
     except DataError:
         raise
+    except SystemExit as exc:  # never the command's own exit (sys.exit(0) would be a success that wrote nothing)
+        raise DataError(f"data set {name!r}: the factory called sys.exit({exc.code!r}); it must return the data") \
+            from None
     except Exception as exc:
         raise DataError(f"data set {name!r}: the factory failed: {type(exc).__name__}: "
                         f"{(str(exc).splitlines() or [''])[0]}") from None

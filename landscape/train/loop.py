@@ -41,7 +41,7 @@ from torch import nn
 from landscape import plugins
 from landscape.data import Dataset, dataset_from_spec, load_dataset
 from landscape.errors import CheckpointError, IncompatibleError, LandscapeError, ModelError, UsageError
-from landscape.models import build_model, has_batchnorm, model_from_spec
+from landscape.models import build_model, check_forward, has_batchnorm, model_from_spec
 from landscape.runtime import resolve_device, seed_everything
 from landscape.store import MANIFEST, Checkpoint, Run, Store, check_state_dict
 from landscape.train import accounting
@@ -184,6 +184,7 @@ def _start(
         history = inherited_privacy(store, parent)
     _check_dp_model(config, model)
     model.to(device)
+    check_forward(model, data.x_train[:2], data.num_classes)  # a failing forward is one line naming its layer
 
     n = len(data.y_train)
     spe = steps_per_epoch(n, config.batch_size)
