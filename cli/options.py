@@ -205,6 +205,8 @@ def note_scheduler(scheduler: str | None) -> None:
 # the command line and the api alike)
 output_option = click.option("-o", "--output", type=click.Path(), metavar="FILE", default=None,
                              help="Result HDF5 file to write.")
+overwrite_option = click.option("--overwrite", is_flag=True,
+                                help="Replace a result already under the default output name (refused without it).")
 
 
 def add_options(options: list[Callable], func: Callable | None = None) -> Callable:

@@ -6,8 +6,11 @@ code all come through it, so the rules are stated once:
 - **Only named code runs.** :func:`load` imports what its caller passes, and callers pass only what the user
   named (a command-line option, an API argument) or an installed entry point. Nothing read from a store, a
   manifest or a result file is ever handed to :func:`load` by itself.
-- **Provenance.** :func:`describe` says what a reference points at, with the sha256 of the source file, so a
-  stored spec can tell later whether the code changed; :func:`check_unchanged` compares.
+- **Provenance.** :func:`describe` says what a reference points at, with the sha256 of the source file and of
+  the user's local modules it imported (``modules``: a sibling ``helpers.py`` the file imports, found as the
+  modules first imported while it ran whose files live under its folder or the working directory, outside
+  site-packages, the standard library and landscape itself), so a stored spec can tell later whether the code
+  changed; :func:`check_unchanged` compares every one of them (a changed helper is changed code).
 - **One-line errors.** A malformed reference, a module that cannot be imported, a missing or non-callable
   attribute raise :class:`PluginError` (a usage error, exit 2) naming the cause.
 
@@ -24,8 +27,10 @@ import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
+import inspect
 import os
 import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +99,46 @@ def sha256_file(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
+# The local modules each user module imported when it was first loaded in this process: {target: (files)}.
+_LOCAL: dict[str, tuple[str, ...]] = {}
+
+
+def _not_user_code() -> tuple[Path, ...]:
+    """Folders whose modules are never a user's local code: the standard library, site-packages, the
+    interpreter's prefixes and landscape's own package."""
+    paths = {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    paths |= {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(__file__).resolve().parent)}
+    return tuple(Path(p).resolve() for p in paths if p)
+
+
+def _local_files(main: Path, modules: list[Any]) -> tuple[str, ...]:
+    """The source files of ``modules`` that are the user's local code beside ``main`` (under its folder or the
+    working directory; not ``main`` itself, nor anything under :func:`_not_user_code` or a site-packages)."""
+    roots = (main.parent, Path.cwd().resolve())
+    excluded = _not_user_code()
+    found = []
+    for module in modules:
+        origin = getattr(module, "__file__", None)
+        if not origin or not str(origin).endswith(".py"):
+            continue
+        path = Path(origin).resolve()
+        if path == main or not path.is_file() or "site-packages" in path.parts or "dist-packages" in path.parts:
+            continue
+        if any(path.is_relative_to(x) for x in excluded) or not any(path.is_relative_to(r) for r in roots):
+            continue
+        found.append(str(path))
+    return tuple(sorted(set(found)))
+
+
+def _imported(module: Any, before: set[str]) -> list[Any]:
+    """The modules first imported while ``module`` ran (not in ``before``), and those its namespace names (a
+    helper an earlier user module imported first)."""
+    new = [m for name, m in list(sys.modules.items()) if name not in before and m is not module]
+    named = [v if inspect.ismodule(v) else sys.modules.get(getattr(v, "__module__", "") or "")
+             for v in vars(module).values() if inspect.ismodule(v) or hasattr(v, "__module__")]
+    return [m for m in [*new, *named] if m is not None and m is not module]
+
+
 def _module_of(ref: CodeRef):
     if ref.kind == "file":
         path = Path(ref.target)
@@ -108,6 +153,7 @@ def _module_of(ref: CodeRef):
             raise PluginError(f"{ref.text!r}: {path} cannot be loaded as Python code")
         module = importlib.util.module_from_spec(spec)
         folder = str(path.parent)
+        before = set(sys.modules)
         sys.path.insert(0, folder)
         sys.modules[name] = module
         try:
@@ -122,15 +168,21 @@ def _module_of(ref: CodeRef):
                 sys.path.remove(folder)
             except ValueError:
                 pass
+        _LOCAL[ref.target] = _local_files(path.resolve(), _imported(module, before))
         return module
+    before = set(sys.modules)
     try:
-        return importlib.import_module(ref.target)
+        module = importlib.import_module(ref.target)
     except ModuleNotFoundError as exc:
         raise PluginError(f"{ref.text!r}: module {exc.name or ref.target!r} is not importable") from None
     except KeyboardInterrupt:
         raise
     except BaseException as exc:
         raise _import_failed(ref, ref.target, exc) from None
+    origin = getattr(module, "__file__", None)
+    if ref.target not in _LOCAL and origin:
+        _LOCAL[ref.target] = _local_files(Path(origin).resolve(), _imported(module, before))
+    return module
 
 
 def _import_failed(ref: CodeRef, what: str, exc: BaseException) -> PluginError:
@@ -142,6 +194,18 @@ def _import_failed(ref: CodeRef, what: str, exc: BaseException) -> PluginError:
                            f"'__main__':`)")
     verb = "running" if ref.kind == "file" else "importing"
     return PluginError(f"{ref.text!r}: {verb} {what} failed: {one_line(exc)}")
+
+
+def _module_hashes(main: str | None, files: Any) -> dict[str, str | None]:
+    """``{file: sha256}`` of local modules, keyed by the path relative to ``main``'s folder where they live under
+    it (so code moved with its helpers is the same code), else absolute; a missing file hashes to None."""
+    folder = Path(main).resolve().parent if main else None
+    out: dict[str, str | None] = {}
+    for f in files:
+        path = Path(f) if folder is None else folder / f
+        key = str(path.relative_to(folder)) if folder is not None and path.is_relative_to(folder) else str(path)
+        out[key] = sha256_file(path) if path.is_file() else None
+    return out
 
 
 def load(text: str | CodeRef, *, callable_: bool = True) -> Any:
@@ -173,21 +237,33 @@ def describe(text: str | CodeRef) -> dict[str, Any]:
     if ref.kind == "file":
         if not Path(ref.target).is_file():
             raise PluginError(f"{ref.text!r}: no such file {ref.target}")
-        return {"ref": ref.text, "kind": "file", "file": ref.target, "attr": ref.attr,
-                "sha256": sha256_file(ref.target)}
-    module = _module_of(ref)
-    origin = getattr(module, "__file__", None)
-    return {"ref": ref.text, "kind": "module", "module": ref.target, "attr": ref.attr,
-            "file": origin, "sha256": sha256_file(origin) if origin and Path(origin).is_file() else None}
+        out = {"ref": ref.text, "kind": "file", "file": ref.target, "attr": ref.attr,
+               "sha256": sha256_file(ref.target)}
+    else:
+        module = _module_of(ref)
+        origin = getattr(module, "__file__", None)
+        out = {"ref": ref.text, "kind": "module", "module": ref.target, "attr": ref.attr,
+               "file": origin, "sha256": sha256_file(origin) if origin and Path(origin).is_file() else None}
+    if _LOCAL.get(ref.target):  # imported in this process: the local modules it brought
+        out["modules"] = _module_hashes(out.get("file"), _LOCAL[ref.target])
+    return out
 
 
 def check_unchanged(stored: dict[str, Any], current: dict[str, Any]) -> str | None:
-    """``None`` when ``current`` (from :func:`describe`) has the stored source hash, else a one-line reason."""
-    if stored.get("sha256") == current.get("sha256"):
-        return None
-    where = current.get("file") or current.get("module") or current.get("ref")
-    return (f"the code of {stored.get('ref') or current.get('ref')!r} changed since it was recorded "
-            f"({where}: sha256 {str(stored.get('sha256'))[:12]} then, {str(current.get('sha256'))[:12]} now)")
+    """``None`` when ``current`` (from :func:`describe`) has the stored source hash and every local module the
+    stored code imported (``modules``) still has its recorded hash (looked up beside ``current``'s file, without
+    importing anything), else a one-line reason naming the file that changed."""
+    name = stored.get("ref") or current.get("ref")
+    if stored.get("sha256") != current.get("sha256"):
+        where = current.get("file") or current.get("module") or current.get("ref")
+        return (f"the code of {name!r} changed since it was recorded "
+                f"({where}: sha256 {str(stored.get('sha256'))[:12]} then, {str(current.get('sha256'))[:12]} now)")
+    now = _module_hashes(current.get("file"), list(stored.get("modules") or {}))
+    for key, then in (stored.get("modules") or {}).items():
+        if now.get(key) != then:
+            return (f"the code of {name!r} changed since it was recorded (its local module {key}: sha256 "
+                    f"{str(then)[:12]} then, {'missing' if now.get(key) is None else now[key][:12]} now)")
+    return None
 
 
 def entry_points(group: str) -> dict[str, importlib.metadata.EntryPoint]:
@@ -329,6 +405,8 @@ def checked_code(stored: dict[str, Any], what: str) -> tuple[CodeRef, dict[str, 
     recorded in the returned description as ``accepted_change_from`` (the recorded sha256)."""
     ref = named_code(stored, what)
     current = describe(ref)
+    if "modules" not in current and stored.get("modules"):  # not imported yet: the recorded helpers, hashed now
+        current = {**current, "modules": _module_hashes(current.get("file"), list(stored["modules"]))}
     reason = check_unchanged(stored, current)
     if reason is not None:
         if not _TRUST.get().accept_changed:

@@ -112,6 +112,35 @@ def seed_everything(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+#: The packages whose versions every run and result records (when installed; read from their metadata, so
+#: none is imported for it: Opacus, a test reference, stays unloaded).
+ENVIRONMENT_PACKAGES = ("torch", "torchvision", "opacus", "numpy", "dp-accounting")
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> dict[str, str]:
+    """``{"python": ..., "torch": ..., "torchvision": ..., "opacus": ..., ...}``: the versions a run or result is
+    made with, each package only when installed (:data:`ENVIRONMENT_PACKAGES`), read without importing anything,
+    so every process says the same: the ``__version__`` its ``version.py`` states (torch's and torchvision's
+    carry the build, ``2.5.1+cu124``), else the installed metadata's."""
+    import platform
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for name in ENVIRONMENT_PACKAGES:
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        version = dist.version
+        with contextlib.suppress(OSError, TypeError):
+            text = Path(str(dist.locate_file(f"{name.replace('-', '_')}/version.py"))).read_text()
+            found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+            version = found.group(1) if found else version
+        out[name] = str(version)
+    return out
+
+
 @functools.lru_cache(maxsize=1)
 def code_version() -> str:
     """``landscape`` version plus the git commit (``+dirty`` when the tree has changes), when known."""

@@ -35,7 +35,6 @@ from landscape.errors import NonFiniteError, UsageError
 from landscape.evaluate import Affine, Segment, evaluate
 from landscape.options import Options, build
 from landscape.params import ParamSpace
-from landscape.refs import slug
 from landscape.results import StoredResult, stored
 
 KIND = "directions"
@@ -405,7 +404,6 @@ def _notes(result: DirectionsResult) -> list[str]:
 SPEC = Analysis(
     name="directions", config=DirectionsConfig, compute=random_profiles, result=DirectionsResult,
     inputs="checkpoint", run_options=DirectionsOptions, hooks=("execute",), parallel=True,
-    stem=lambda refs, config, opts: f"directions-{slug(refs[0])}" + (f"-to-{slug(opts.toward)}" if opts.toward else ""),
     figure="landscape.plots.directions:directions_figure", rows=_rows, notes=_notes,
     details=lambda r: {**r.summary(), "seconds": r.seconds, "points_per_second": r.throughput}, output="directions",
     doc="""Loss along N random directions from A against the path toward B (Watson et al. Fig. 4).

@@ -45,7 +45,6 @@ from landscape.errors import UsageError
 from landscape.evaluate import Affine, evaluate
 from landscape.options import Options
 from landscape.params import ParamSpace
-from landscape.refs import slug
 from landscape.results import StoredResult, stored, to_jsonable
 
 KIND = "surface"
@@ -453,7 +452,6 @@ def _notes(result: SurfaceResult) -> list[str]:
 SPEC = Analysis(
     name="surface", config=SurfaceConfig, compute=compute_surface, result=SurfaceResult, inputs="checkpoint",
     run_options=SurfaceOptions, hooks=("execute",), parallel=True,
-    stem=lambda refs, config, options: f"surface-{slug(refs[0])}-{slug(config.plane)}",
     figure="landscape.plots.surface:surface_figure",
     rows=lambda r: [{k: v for k, v in r.summary().items() if k != "explained_variance"}], notes=_notes,
     details=SurfaceResult.summary, output="surface",

@@ -21,7 +21,7 @@ from landscape.data import load_dataset
 from landscape.errors import CheckpointError, UsageError
 from landscape.store import Run, Store
 from landscape.train.config import PhasesConfig, TrainConfig, config_hash
-from landscape.train.loop import DEFAULT_DATA, DEFAULT_MODEL, calibrate_noise, train
+from landscape.train.loop import DEFAULT_DATA, DEFAULT_MODEL, calibrate_noise, resolved, train
 from landscape.train.sampling import steps_per_epoch
 
 __all__ = ["PHASES_JOB", "TRAIN_JOB", "PhasesConfig", "RunSummary", "TrainConfig", "phases", "resume", "summarize",
@@ -47,6 +47,8 @@ class RunSummary:
     phase2: str | None = None
     copy: int | None = None
     seconds: float | None = None
+    accountant: str | None = None  # the accountant the epsilon comes from
+    parent_epsilon: dict[str, Any] | None = None  # what the parent reported, and by which accountant
 
 
 def summarize(run: Run) -> RunSummary:
@@ -56,6 +58,7 @@ def summarize(run: Run) -> RunSummary:
     metrics = last.metrics if last is not None else {}
     lineage = run.manifest.get("lineage") or {}
     phases_ = run.manifest.get("phases") or {}
+    privacy = run.manifest.get("privacy") or {}
     parent = f"{lineage['parent_run']}@step={lineage['parent_step']}" if lineage.get("parent_run") else None
     return RunSummary(
         run=run.name,
@@ -73,6 +76,8 @@ def summarize(run: Run) -> RunSummary:
         phase2=phases_.get("phase2"),
         copy=phases_.get("copy"),
         seconds=metrics.get("wall_seconds"),
+        accountant=privacy.get("accountant") if last is not None and last.epsilon is not None else None,
+        parent_epsilon=privacy.get("parent_epsilon"),
     )
 
 
@@ -106,7 +111,8 @@ def phases(config: PhasesConfig, *, root: str | Path, progress: bool | None = No
 def _phases(config: PhasesConfig, *, root: str | Path, progress: bool | None,
             report: Callable[[str], None] | None) -> list[RunSummary]:
     config = dataclasses.replace(config, base=dataclasses.replace(
-        config.base, model=config.base.model or DEFAULT_MODEL, data=config.base.data or DEFAULT_DATA))
+        config.base, model=config.base.model or DEFAULT_MODEL, data=config.base.data or DEFAULT_DATA,
+        accountant=config.base.accountant or "rdp"))
     base = config.base
     store = Store(root)
     group = config.group or f"phases-{_phases_hash(config)}"
@@ -167,7 +173,7 @@ def ensure(store: Store, config: TrainConfig, phases_label: dict[str, Any] | Non
     resume it; a finished one is returned as it is); a run of that name with another configuration is refused."""
     if config.run in store.run_names():
         run = store.run(config.run)
-        if run.manifest.get("config_hash") != config_hash(config):
+        if run.manifest.get("config_hash") != config_hash(resolved(store, config)):
             raise CheckpointError(
                 f"run '{config.run}' already exists with a different configuration; choose another --group"
             )
@@ -187,9 +193,7 @@ def _train_job(config: TrainConfig, *, root: Path, out: Path | None = None) -> R
     store = Store(root)
     if config.run in store.run_names():
         existing = store.run(config.run).manifest
-        full = config if config.from_ref is not None else dataclasses.replace(
-            config, model=config.model or DEFAULT_MODEL, data=config.data or DEFAULT_DATA)
-        if existing.get("config_hash") != config_hash(full):
+        if existing.get("config_hash") != config_hash(resolved(store, config)):
             raise CheckpointError(f"run '{config.run}' already exists with a different configuration")
         # the same job: continue it, whatever the kill left (recorded checkpoints, a complete file the manifest
         # does not list yet, or none: the resume path adopts the file or starts over from step 0)

@@ -74,10 +74,11 @@ def _other_source(name: Any, seed: int, data_root, download: bool, options: dict
     # code
     if stored is not None:
         ref, current = plugins.checked_code(stored["code"], "the stored data set")
+        factory = plugins.load(ref)
     else:
         ref = plugins.parse(name)
-        current = plugins.describe(ref)
-    factory = plugins.load(ref)
+        factory = plugins.load(ref)
+        current = plugins.describe(ref)  # after the import: with the local modules it brought
     canonical = plugins.canonical(ref)
     return canonical, user_arrays(factory, canonical, seed, data_root, options), options, {"code": current}
 

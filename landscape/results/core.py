@@ -18,9 +18,9 @@ from landscape.errors import ResultError
 from landscape.hashing import InputRef
 from landscape.jsonable import is_tensor, to_jsonable
 from landscape.results.paths import check_output_path
-from landscape.runtime import code_version
+from landscape.runtime import code_version, environment
 
-_RESERVED = ("kind", "created", "landscape_version", "torch_version", "inputs", "params")
+_RESERVED = ("kind", "created", "landscape_version", "torch_version", "environment", "inputs", "params")
 
 
 @dataclass
@@ -129,6 +129,7 @@ def write_result(
             f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
             f.attrs["landscape_version"] = code_version()
             f.attrs["torch_version"] = _torch_version()
+            f.attrs["environment"] = json.dumps(environment(), sort_keys=True)  # torchvision, opacus, ... too
             f.attrs["inputs"] = json.dumps([dataclasses.asdict(i) for i in inputs])
             f.attrs["params"] = json.dumps(to_jsonable(params if params is not None else {}))
             for key, value in (attrs or {}).items():

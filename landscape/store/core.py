@@ -23,7 +23,7 @@ from landscape.atomic import stale_temp_files, temp_beside
 from landscape.errors import CheckpointError, UsageError
 from landscape.jsonable import to_jsonable
 from landscape.refs import Ref, parse_selector
-from landscape.runtime import code_version
+from landscape.runtime import code_version, environment
 from landscape.store._locks import LOCK, _FileLock, _lock, _release_holds, _unlock
 from landscape.store.checkpoint import (
     Checkpoint,
@@ -127,6 +127,7 @@ class Store:
             "name": path.name,
             "created": _now(),
             "code_version": code_version(),
+            "environment": environment(),  # python, torch, torchvision, opacus, ... versions
             "config": dict(config),
             "seeds": dict(seeds),
             "lineage": dict(lineage) if lineage is not None else None,

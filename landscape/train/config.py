@@ -69,7 +69,10 @@ class TrainConfig(metaclass=Renaming):
     target_epsilon: float | None = option(None, "Find sigma so that epsilon after training equals this (instead of "
                                                 "--noise-multiplier).", min=0, min_open=True)
     delta: float = option(1e-5, min=0, max=1, min_open=True, max_open=True)
-    accountant: str = option("rdp", choices=ACCOUNTANTS)
+    accountant: str | None = option(None, "Privacy accountant. Default: rdp; a child run (--from) continues with "
+                                          "its parent's (pld for a parent accounted by Opacus' prv or gdp, which "
+                                          "landscape cannot compute; both epsilons are then recorded).",
+                                    choices=ACCOUNTANTS)
     clip_style: str = option("flat", choices=CLIP_STYLES)
     clip_fn: str = option("abadi", choices=tuple(CLIP_FUNCTIONS))
     sampling: str | None = option(None, "Default: poisson for DP optimizers (what the accountant assumes), shuffle "
@@ -162,6 +165,7 @@ def config_hash(config: TrainConfig | dict[str, Any]) -> str:
         f.name: getattr(cfg, f.name)
         for f in dataclasses.fields(TrainConfig)
         if f.name not in _NOT_HASHED and getattr(cfg, f.name) != getattr(default, f.name)
+        and not (f.name == "accountant" and cfg.accountant == "rdp")  # the default a run resolves to: old hashes
     }
     blob = json.dumps(diff, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import json
 import shutil
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,10 +43,11 @@ from landscape import plugins
 from landscape.data import Dataset, dataset_from_spec, load_dataset
 from landscape.errors import CheckpointError, IncompatibleError, LandscapeError, ModelError, UsageError
 from landscape.models import build_model, check_forward, has_batchnorm, model_from_spec
+from landscape.refs import Ref
 from landscape.runtime import resolve_device, seed_everything
 from landscape.store import MANIFEST, Checkpoint, Run, Store, check_state_dict
 from landscape.train import accounting
-from landscape.train.accounting import PrivacyEvent, PrivacyHistory
+from landscape.train.accounting import AccountantWarning, PrivacyEvent, PrivacyHistory
 from landscape.train.callbacks import (
     METRICS_ARRAY,
     Accounting,
@@ -144,7 +146,7 @@ def _interrupted_before_first_checkpoint(store: Store, config: TrainConfig) -> b
     with contextlib.suppress(CheckpointError):
         run = store.run(config.run)
         return (not run.checkpoints() and "schedule" in run.manifest
-                and run.manifest.get("config_hash") == config_hash(_with_defaults(config)))
+                and run.manifest.get("config_hash") == config_hash(resolved(store, config)))
     return False
 
 
@@ -155,6 +157,21 @@ def _with_defaults(config: TrainConfig) -> TrainConfig:
     return dataclasses.replace(config, model=config.model or DEFAULT_MODEL, data=config.data or DEFAULT_DATA)
 
 
+def resolved(store: Store, config: TrainConfig) -> TrainConfig:
+    """``config`` as a run records it: :func:`_with_defaults`, and the accountant resolved (a child run's
+    default is its parent's, :func:`landscape.train.accounting.continuing_accountant`)."""
+    config = _with_defaults(config)
+    if config.accountant is not None:
+        return config
+    parent = None
+    if config.from_ref is not None:
+        with contextlib.suppress(CheckpointError, UsageError):
+            name = Ref.parse(config.from_ref).run
+            privacy = (store.run(name).manifest.get("privacy") or {}) if name else {}
+            parent = privacy.get("accountant") if privacy.get("accounted") else None
+    return dataclasses.replace(config, accountant=accounting.continuing_accountant(parent))
+
+
 def _start(
     store: Store, config: TrainConfig, *, callbacks: Sequence[Callback], progress: bool | None,
     phases: dict[str, Any] | None, existing: Run | None = None,
@@ -163,7 +180,7 @@ def _start(
     killed before the first one), train that run from step 0 instead, after checking that its recorded
     manifest is exactly what this configuration gives (so the numbers are those of an uninterrupted run)."""
     config.warn_sampling()
-    config = _with_defaults(config)
+    config = resolved(store, config)
     device = resolve_device(config.device)
     parent: Checkpoint | None = None
     if config.from_ref is not None:
@@ -182,6 +199,11 @@ def _start(
         lineage = lineage_of(parent, config.from_ref)
         masks = _parent_masks(store, parent)
         history = inherited_privacy(store, parent)
+        if history.parent_epsilon is not None:
+            history.parent_epsilon["ref"] = config.from_ref
+        note = history.accountant_note(config.run or "(new)", config.accountant) if config.accounted else None
+        if note is not None:
+            warnings.warn(note, AccountantWarning, stacklevel=3)
     _check_dp_model(config, model)
     model.to(device)
     check_forward(model, data.x_train[:2], data.num_classes)  # a failing forward is one line naming its layer
