@@ -160,9 +160,9 @@ def _module_of(ref: CodeRef):
             spec.loader.exec_module(module)
         except BaseException as exc:
             sys.modules.pop(name, None)
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            if isinstance(exc, KeyboardInterrupt):
                 raise
-            raise PluginError(f"{ref.text!r}: running {path.name} failed: {one_line(exc)}") from None
+            raise _import_failed(ref, path.name, exc) from None
         finally:
             try:
                 sys.path.remove(folder)
@@ -175,12 +175,25 @@ def _module_of(ref: CodeRef):
         module = importlib.import_module(ref.target)
     except ModuleNotFoundError as exc:
         raise PluginError(f"{ref.text!r}: module {exc.name or ref.target!r} is not importable") from None
-    except Exception as exc:
-        raise PluginError(f"{ref.text!r}: importing {ref.target} failed: {one_line(exc)}") from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        raise _import_failed(ref, ref.target, exc) from None
     origin = getattr(module, "__file__", None)
     if ref.target not in _LOCAL and origin:
         _LOCAL[ref.target] = _local_files(Path(origin).resolve(), _imported(module, before))
     return module
+
+
+def _import_failed(ref: CodeRef, what: str, exc: BaseException) -> PluginError:
+    """The one line for user code that failed while imported: an exception, or ``sys.exit()`` / another
+    BaseException, which would otherwise end the command (with ``sys.exit(0)``: as a success that wrote nothing)."""
+    if isinstance(exc, SystemExit):
+        return PluginError(f"{ref.text!r}: {what} called sys.exit({exc.code!r}) while being imported; a model or "
+                           f"data file defines its factory and returns (put script code under `if __name__ == "
+                           f"'__main__':`)")
+    verb = "running" if ref.kind == "file" else "importing"
+    return PluginError(f"{ref.text!r}: {verb} {what} failed: {one_line(exc)}")
 
 
 def _module_hashes(main: str | None, files: Any) -> dict[str, str | None]:
@@ -271,7 +284,9 @@ def load_entry_point(group: str, name: str) -> tuple[Any, dict[str, Any]]:
             "version": dist.version if dist is not None else None}
     try:
         return ep.load(), info
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # sys.exit() at import too: never the command's own exit
         raise PluginError(f"entry point {name!r} ({ep.value}) of {group} failed to load: {one_line(exc)}") from None
 
 

@@ -121,7 +121,7 @@ def import_checkpoint(
     from landscape import plugins
     from landscape.api.accounting import import_privacy
     from landscape.data import load_dataset
-    from landscape.models import build_model
+    from landscape.models import build_model, check_forward
     from landscape.store import Store, _looks_like_torch_file, check_regular_file
     from landscape.store import import_checkpoint as store_import
     from landscape.train.accounting import ancestry_note
@@ -137,8 +137,10 @@ def import_checkpoint(
     privacy, declared_epsilon = import_privacy(epsilon, delta, noise_multiplier, sample_rate, steps)
     dataset = load_dataset(name=data, subset=subset, data_root=data_root, download=download,
                            **(data_kwargs or {}))
-    spec = build_model(model, input_shape=dataset.input_shape, num_classes=dataset.num_classes,
-                       **(model_kwargs or {})).landscape_spec
+    built = build_model(model, input_shape=dataset.input_shape, num_classes=dataset.num_classes,
+                        **(model_kwargs or {}))
+    check_forward(built, dataset.x_train[:2], dataset.num_classes)  # the model must take this data
+    spec = built.landscape_spec
     st = Store(root)
     with plugins.trusting([r for r in (model, data) if plugins.is_code_ref(r)]):  # named here: may be rebuilt
         path = store_import(st, file, model_spec=spec, data_spec=dataset.spec, run=run, privacy=privacy,

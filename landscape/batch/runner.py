@@ -90,8 +90,14 @@ def run_batch(spec: BatchSpec, *, workers: int = 1, scheduler: str | None = None
 def _run_batch(spec: BatchSpec, workers: int, scheduler: str | None, threads: int | None,
                progress: JobProgress) -> BatchReport:
     start = time.perf_counter()
-    spec.results.mkdir(parents=True, exist_ok=True)
-    spec.root.mkdir(parents=True, exist_ok=True)
+    client = _client(scheduler, progress) if scheduler is not None else None  # before anything is made
+    try:
+        spec.results.mkdir(parents=True, exist_ok=True)
+        spec.root.mkdir(parents=True, exist_ok=True)
+    except BaseException:
+        if client is not None:
+            client.close()
+        raise
     lost: list[str] = []
     retried: list[str] = []
     with plugins.trusting(spec_code(spec)):
@@ -99,7 +105,7 @@ def _run_batch(spec: BatchSpec, workers: int, scheduler: str | None, threads: in
             outcomes = _in_process(spec, threads, progress)
             dashboard = None
         else:
-            outcomes, dashboard = _on_dask(spec, workers, scheduler, threads if threads else 1, progress, lost,
+            outcomes, dashboard = _on_dask(spec, workers, client, threads if threads else 1, progress, lost,
                                            retried)
     report = BatchReport(outcomes=outcomes, seconds=time.perf_counter() - start, dashboard=dashboard,
                          lost_workers=lost, retried=retried)
@@ -117,14 +123,29 @@ def _in_process(spec: BatchSpec, threads: int | None, progress: JobProgress) -> 
     return [done[j.id] for j in spec.jobs]
 
 
-def _on_dask(spec: BatchSpec, workers: int, scheduler: str | None, threads: int, progress: JobProgress,
+def _client(scheduler: str, progress: JobProgress) -> Any:
+    """A client of the Dask scheduler at ``scheduler``, after a line saying how long it waits; the whole handshake
+    has that deadline, so a service that is not a scheduler is one line, never a wait without end."""
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        raise UsageError("--workers > 1 and --scheduler need Dask: pip install 'landscape[dist]'") from None
+    from landscape.api.execution import connect_client, scheduler_address
+    from landscape.bounds import scheduler_note
+
+    progress.note(scheduler_note(scheduler))
+    return connect_client(scheduler_address(scheduler))
+
+
+def _on_dask(spec: BatchSpec, workers: int, client: Any, threads: int, progress: JobProgress,
              lost: list[str], retried: list[str]) -> tuple[list[dict[str, Any]], str | None]:
+    """The jobs on ``client``'s cluster, or (None) on a local cluster of ``workers`` processes made here."""
     try:
         from distributed import Client, LocalCluster
     except ImportError:
         raise UsageError("--workers > 1 and --scheduler need Dask: pip install 'landscape[dist]'") from None
     cluster = None
-    if scheduler is None:
+    if client is None:
         dashboard = "127.0.0.1:0" if _has_bokeh() else None
         import dask
 
@@ -135,13 +156,6 @@ def _on_dask(spec: BatchSpec, workers: int, scheduler: str | None, threads: int,
                                    dashboard_address=dashboard, silence_logs=logging.CRITICAL,
                                    worker_dashboard_address=None, preload=["landscape.batch.parent_watch"])
         client = Client(cluster)
-    else:
-        from landscape import bounds
-        from landscape.api.execution import connect_client, scheduler_address
-
-        progress.note(f"dask: connecting to the scheduler at {scheduler} (waiting up to "
-                      f"{bounds.SCHEDULER_TIMEOUT_S} s)")
-        client = connect_client(scheduler_address(scheduler))
     try:
         link = client.dashboard_link if (cluster is None or _has_bokeh()) else None
         progress.note(f"dask: {len(client.scheduler_info(n_workers=-1)['workers'])} worker(s) at "

@@ -42,7 +42,7 @@ from torch import nn
 from landscape import plugins
 from landscape.data import Dataset, dataset_from_spec, load_dataset
 from landscape.errors import CheckpointError, IncompatibleError, LandscapeError, ModelError, UsageError
-from landscape.models import MODELS, build_model, has_batchnorm, model_from_spec, model_options
+from landscape.models import MODELS, build_model, check_forward, has_batchnorm, model_from_spec, model_options
 from landscape.refs import Ref
 from landscape.runtime import resolve_device, seed_everything
 from landscape.store import MANIFEST, Checkpoint, Run, Store, check_state_dict
@@ -208,6 +208,7 @@ def _start(
             warnings.warn(note, AccountantWarning, stacklevel=3)
     _check_dp_model(config, model)
     model.to(device)
+    check_forward(model, data.x_train[:2], data.num_classes)  # a failing forward is one line naming its layer
 
     n = len(data.y_train)
     spe = steps_per_epoch(n, config.batch_size)
