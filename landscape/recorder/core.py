@@ -19,7 +19,7 @@ from torch import nn
 
 from landscape import plugins
 from landscape.errors import IncompatibleError, NonFiniteError, UsageError
-from landscape.params import first_mismatch, plain_names, unwrap
+from landscape.params import dtype_kind, first_mismatch, plain_names, unwrap
 from landscape.recorder.manifest import (
     RECORDER_FORMAT,
     close_run,
@@ -42,6 +42,10 @@ WRITERS = ("inline", "thread")
 # The runs open Recorders of this process write: the store's lock is per process, so it would let a second one in.
 _OPEN: set[str] = set()
 _OPEN_LOCK = threading.Lock()
+# Held by every checkpoint write. A fork waits for it: a child that inherited an HDF5 file half written by another
+# thread would write its stale copy into that file when it exits.
+_WRITING = threading.Lock()
+os.register_at_fork(before=_WRITING.acquire, after_in_parent=_WRITING.release, after_in_child=_WRITING.release)
 
 
 class PrivacySource(Protocol):
@@ -377,9 +381,10 @@ class _Writer:
 
 def _write(run: Run, *, state: dict[str, torch.Tensor], privacy: dict[str, Any] | None, **checkpoint: Any) -> None:
     """One checkpoint through the store, then a DP run's privacy record (its step count) into the manifest."""
-    run.save_checkpoint(state, **checkpoint)
-    if privacy is not None:
-        run.update_manifest(privacy=privacy)
+    with _WRITING:
+        run.save_checkpoint(state, **checkpoint)
+        if privacy is not None:
+            run.update_manifest(privacy=privacy)
 
 
 # ------------------------------------------------------------------------------------------- helpers
@@ -410,16 +415,24 @@ def _check_structure(reference: Mapping[str, torch.Tensor], state: Mapping[str, 
             f"the model's state dict names start '{prefix}': a {type(unwrap(model)).__name__} around the model, a "
             "wrapper the Recorder does not look through (it looks through torch.compile, DataParallel, "
             "DistributedDataParallel and Opacus' GradSampleModule); give it the model inside")
-    what = {"only_a": f"tensor '{m.name}' is missing (the spec's model has it)",
-            "only_b": f"tensor '{m.name}' is not in the spec's model",
-            "shape": f"tensor '{m.name}' is {tuple(m.b or ())} here, {tuple(m.a or ())} in the spec's model",
-            "dtype": f"tensor '{m.name}' is {m.b} here, {m.a} in the spec's model"}[m.kind]
+    if m.kind == "only_a":
+        what = f"tensor '{m.name}' is missing (the spec's model has it)"
+    elif m.kind == "only_b":
+        what = f"tensor '{m.name}' is not in the spec's model"
+    elif m.kind == "shape":
+        what = f"tensor '{m.name}' is {tuple(m.b)} here, {tuple(m.a)} in the spec's model"
+    else:
+        what = f"tensor '{m.name}' is {_dtype(m.b)} here, {_dtype(m.a)} in the spec's model"
     when = "" if step is None else f"step {step}: "
     raise IncompatibleError(
         f"{when}the model is not the one its landscape_spec builds: {what}; analyses rebuild the model from the "
         "spec, so they could not read this run (nothing was written). Make the same change inside the model's "
         "factory (e.g. call Opacus' ModuleValidator.fix there), or build the model with "
         "landscape.models.build_model from a factory that returns the changed model")
+
+
+def _dtype(dtype: Any) -> str:
+    return f"{str(dtype).removeprefix('torch.')} ({dtype_kind(dtype)})"
 
 
 def _check_finite(state: Mapping[str, torch.Tensor], step: int) -> None:
