@@ -212,6 +212,22 @@ def test_a_model_changed_between_saves_is_refused_at_that_save(tmp_path):
     assert [i.step for i in Store(tmp_path).run("r").checkpoints()] == [0]
 
 
+def test_a_factory_that_reads_tensor_values_is_checked_too(tmp_path):
+    """The spec's model is built on the meta device unless its factory reads values (here a width from a tensor):
+    then on the CPU, as analyses build it, and the check is the same."""
+    path = tmp_path / "valued.py"
+    path.write_text("import torch\nfrom torch import nn\n\n\ndef make(input_shape, num_classes):\n"
+                    "    width = int(torch.tensor([3, 4]).sum().item())\n"
+                    "    return nn.Sequential(nn.Flatten(), nn.Linear(64, width), nn.Linear(width, num_classes))\n")
+    data = _data()
+    model = build_model(f"{path}:make", input_shape=data.input_shape, num_classes=data.num_classes)
+    with landscape.Recorder(tmp_path, "v", model, data=data) as rec:
+        rec.save(0, epoch=0)
+    model[2] = nn.Linear(7, 5)
+    with pytest.raises(IncompatibleError, match=r"tensor '2.weight' is \(5, 7\) here, \(10, 7\) in the spec's model"):
+        landscape.Recorder(tmp_path, "w", model, data=data)
+
+
 def test_opening_a_recorder_leaves_torch_random_state_alone(tmp_path):
     """Building the spec's model to compare with draws its initial weights: under a forked generator."""
     data = _data()

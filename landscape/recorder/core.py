@@ -392,14 +392,19 @@ def _write(run: Run, *, state: dict[str, torch.Tensor], privacy: dict[str, Any] 
 
 def _reference(spec: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The tensors (on the meta device: names, shapes, dtypes) of the model ``spec`` builds, as every analysis
-    rebuilds it; the code it names is the code the caller's model came from. Leaves torch's random state as it was."""
+    rebuilds it; the code it names is the code the caller's model came from. Built on the meta device (no memory
+    for weights) unless the factory needs real tensors; torch's random state is left as it was."""
     from landscape.models import model_from_spec
 
     code = spec.get("code")
     refs = [f"{code.get('file') if code.get('kind') == 'file' else code.get('module')}:{code.get('attr')}"
             ] if isinstance(code, Mapping) else []
     with torch.random.fork_rng(devices=[]), plugins.trusting(refs):
-        built = model_from_spec(spec)
+        try:
+            with torch.device("meta"):
+                built = model_from_spec(spec)
+        except Exception:  # noqa: BLE001 (a factory that reads values, say: built as analyses build it)
+            built = model_from_spec(spec)
     return {key: value.to("meta") for key, value in built.state_dict().items()}
 
 
