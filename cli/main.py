@@ -138,17 +138,12 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
-    except OSError as exc:
-        import errno
+    except OSError as exc:  # one line naming the file (cli.common.os_error_line), never a traceback
+        from cli.common import os_error_line
 
-        if exc.errno != errno.ENAMETOOLONG:
-            raise
-        # a path the user gave past the system's limits (255 bytes a name, 4096 a path): a usage error
-        name = str(exc.filename or "")
-        shown = name if len(name) <= 120 else f"{name[:60]}...{name[-40:]}"
-        click.echo(f"error: {shown}: file name too long ({len(os.fsencode(name))} bytes; the system allows 255 a "
-                   f"name and 4096 a path)", err=True)
-        sys.exit(2)
+        line, code = os_error_line(exc)
+        click.echo(f"error: {line}", err=True)
+        sys.exit(code)
     sys.exit(0)
 
 

@@ -384,6 +384,9 @@ def test_recorder_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path, wri
             rec.save(-1, epoch=0)
         with pytest.raises(UsageError, match="epsilon must be a number >= 0"):
             rec.save(0, epoch=0, epsilon=float("nan"))
+        for bad in (torch.ones(3), "0.5", None, True, {"a": 1}):  # refused by save itself, whatever the writer
+            with pytest.raises(UsageError, match="^metric 'loss' must be a number, got "):
+                rec.save(0, epoch=0, metrics={"loss": bad})
         with pytest.raises(UsageError, match="^cannot store ndarray of dtype object: not a numeric array$"):
             rec.save(0, epoch=0, extra={"bad": np.array([object()])})
         with torch.no_grad():

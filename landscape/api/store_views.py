@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from landscape.api.jobkind import JobKind, files_under, run_option
-from landscape.errors import CheckpointError
+from landscape.errors import CheckpointError, one_line
 from landscape.options import SOURCE_HELP, check_kwargs, option
 from landscape.runtime import DATA_ENV
 
@@ -43,8 +43,14 @@ def runs(root: str | os.PathLike = "checkpoints", pattern: str = "*") -> dict[st
 
     st = Store(root)
     found, damaged = st.scan(pattern)
-    return {"root": str(st.root), "runs": [_run_summary(run) for run in found],
-            "damaged": [{"name": name, "error": message} for name, message in damaged.items()]}
+    summaries = []
+    for run in found:
+        try:
+            summaries.append(_run_summary(run))
+        except Exception as exc:  # a field the store's schema does not check: this run's damage alone
+            damaged[run.name] = f"run '{run.name}': cannot be summarised: {one_line(exc)}"
+    return {"root": str(st.root), "runs": summaries,
+            "damaged": [{"name": name, "error": damaged[name]} for name in sorted(damaged)]}
 
 
 def checkpoint(ref: str, root: str | os.PathLike = "checkpoints") -> dict[str, Any]:
@@ -116,12 +122,13 @@ def import_checkpoint(
     from landscape.api.accounting import import_privacy
     from landscape.data import load_dataset
     from landscape.models import build_model
-    from landscape.store import Store, _looks_like_torch_file
+    from landscape.store import Store, _looks_like_torch_file, check_regular_file
     from landscape.store import import_checkpoint as store_import
     from landscape.train.accounting import ancestry_note
 
     check_kwargs(data_kwargs, model_kwargs)
     source = Path(file)
+    check_regular_file(source)
     target = source.resolve()  # a link is judged by what it points to, before the data set is loaded
     if source.suffix.lower() in (".pt", ".pth") and target.is_file() and not _looks_like_torch_file(target):
         link = f" (a link to {target})" if source.is_symlink() else ""

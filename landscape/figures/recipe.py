@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from landscape.atomic import atomic_write
+from landscape.atomic import atomic_write_hdf5
 from landscape.errors import DataError, UsageError
 from landscape.refs import Ref
 from landscape.runtime import code_version
@@ -363,19 +363,18 @@ def make(recipe: Recipe, *, scale: str = "cpu", out: str | Path = "figures-out",
         if not np.all(np.isfinite(a)):
             verdict = dataclasses.replace(verdict, held=None, note=(verdict.note + f" {k} has non-finite values.").strip())
 
-    def write(tmp: Path) -> None:
-        with h5py.File(tmp, "w") as f:
-            g = f.create_group("numbers")
-            for k, v in numbers.items():
-                g.create_dataset(k, data=np.asarray(v, dtype=float))
-            f.attrs.update(kind="figure-recipe", recipe=recipe.name, paper=recipe.paper, figure=recipe.figure,
-                           claim=recipe.claim, scale=scale, settings=_settings_json(settings),
-                           gate=_gate_json(gate),
-                           gate_runs=json.dumps([g.run for g in checked]),
-                           gate_parts=json.dumps(ctx.part_runs), needs=json.dumps(recipe.needs),
-                           verdict=json.dumps(verdict.to_dict()), figures=json.dumps([str(p) for p in figures]),
-                           seconds=seconds, landscape_version=code_version(),
-                           created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    def fill(f: h5py.File, check) -> None:
+        g = f.create_group("numbers")
+        for k, v in numbers.items():
+            g.create_dataset(k, data=np.asarray(v, dtype=float))
+        f.attrs.update(kind="figure-recipe", recipe=recipe.name, paper=recipe.paper, figure=recipe.figure,
+                       claim=recipe.claim, scale=scale, settings=_settings_json(settings),
+                       gate=_gate_json(gate),
+                       gate_runs=json.dumps([g.run for g in checked]),
+                       gate_parts=json.dumps(ctx.part_runs), needs=json.dumps(recipe.needs),
+                       verdict=json.dumps(verdict.to_dict()), figures=json.dumps([str(p) for p in figures]),
+                       seconds=seconds, landscape_version=code_version(),
+                       created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
 
-    atomic_write(path, write)
+    atomic_write_hdf5(path, fill)
     return Made(recipe.name, scale, verdict, path, [Path(p) for p in figures])

@@ -199,8 +199,7 @@ class Recorder:
         arrays = {str(k): _snapshot(v, copy) for k, v in (extra or {}).items()}
         if OPTIMIZER_EXTRA in arrays:
             raise UsageError(f"extra name '{OPTIMIZER_EXTRA}' is the recorder's (the optimizer state); use another")
-        numbers = jsonable({str(k): float(v) if torch.is_tensor(v) and v.numel() == 1 else v
-                            for k, v in (metrics or {}).items()}, "metrics")
+        numbers = {str(k): _number(k, v) for k, v in (metrics or {}).items()}
         attrs: dict[str, Any] = {}
         if self.optimizer is not None:
             arrays[OPTIMIZER_EXTRA], attrs[OPTIMIZER_ATTR] = _optimizer_state(self.optimizer, copy)
@@ -474,6 +473,15 @@ def _device(model: nn.Module) -> str:
 def _is_whole(value: Any) -> bool:
     """An integer (python or numpy), not a bool."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _number(name: Any, value: Any) -> float | int:
+    """A metric: a number (a one-element tensor or numpy scalar becomes one)."""
+    if (torch.is_tensor(value) and value.numel() == 1) or isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UsageError(f"metric '{name}' must be a number, got {type(value).__name__}")
+    return value
 
 
 def _snapshot(value: Any, copy: bool) -> Any:

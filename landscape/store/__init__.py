@@ -87,6 +87,8 @@ from landscape.store.foreign import (
     _read_foreign,
     _strip_prefixes,
     _unwrap_state_dict,
+    check_finite,
+    check_regular_file,
     import_checkpoint,
 )
 from landscape.store.manifest import (
@@ -99,6 +101,7 @@ from landscape.store.manifest import (
     CHECKPOINT_FORMAT,
     MANIFEST,
     MANIFEST_FORMAT,
+    MAX_JSON_DEPTH,
     _is_int,
     _is_number,
     _is_run_name,
@@ -111,10 +114,10 @@ from landscape.store.manifest import (
 )
 
 __all__ = [
-    "ARRAYS", "CHECKPOINT_FORMAT", "Checkpoint", "CheckpointInfo", "DamagedRunWarning", "EXTRA_GROUP",
-    "LOCK", "MANIFEST", "MANIFEST_FORMAT", "Run", "RunBusyError", "STATE_GROUP", "Store",
-    "TensorData", "WRAPPER_KEYS", "check_manifest", "check_run_name", "check_state_dict", "import_checkpoint",
-    "load_checkpoint", "load_verified",
+    "ARRAYS", "CHECKPOINT_FORMAT", "Checkpoint", "CheckpointInfo", "DamagedRunWarning", "EXTRA_GROUP", "LOCK",
+    "MANIFEST", "MANIFEST_FORMAT", "MAX_JSON_DEPTH", "Run", "RunBusyError", "STATE_GROUP", "Store",
+    "TensorData", "WRAPPER_KEYS", "check_finite", "check_manifest", "check_regular_file", "check_run_name",
+    "check_state_dict", "import_checkpoint", "load_checkpoint", "load_verified",
 ]
 # importable as before the split; not part of the API
 __all__ += [

@@ -17,7 +17,7 @@ from urllib.parse import quote, unquote
 import h5py
 import numpy as np
 
-from landscape.atomic import atomic_write, commit
+from landscape.atomic import atomic_write_hdf5, commit
 from landscape.errors import UsageError
 from landscape.hashing import sha256_file
 from landscape.jsonable import is_tensor
@@ -50,18 +50,12 @@ def _view_dtypes() -> dict[torch.dtype, torch.dtype]:
             **{getattr(torch, n): torch.uint8 for n in _VIEW_NAMES[1:] if hasattr(torch, n)}}
 
 
-def _write_h5_atomic(final: Path, write) -> str:
-    """Write an HDF5 file through ``write(f)`` atomically (:func:`atomic_write`); return its sha256."""
-    sha = ""
-
-    def write_file(tmp: Path) -> None:
-        nonlocal sha
-        with h5py.File(tmp, "w", track_order=True, locking=False) as f:  # a private temp file
-            write(f)
-        sha = sha256_file(tmp)
-
-    atomic_write(final, write_file)
-    return sha
+def _write_h5_atomic(final: Path, write: Callable[[h5py.File], None]) -> str:
+    """Write an HDF5 file through ``write(f)`` atomically (:func:`landscape.atomic.atomic_write_hdf5`: a refused
+    write is a :class:`landscape.errors.WriteError` and ``final`` is as it was); return its sha256 (read back
+    from ``final``, which nothing else writes: the caller holds the run)."""
+    atomic_write_hdf5(final, lambda f, check: write(f), track_order=True)
+    return sha256_file(final)
 
 
 class PreparedFile:

@@ -20,7 +20,7 @@ import h5py
 import numpy as np
 
 from landscape.atomic import stale_temp_files, temp_beside
-from landscape.errors import CheckpointError, UsageError
+from landscape.errors import CheckpointError, UsageError, WriteError, one_line
 from landscape.jsonable import to_jsonable
 from landscape.refs import Ref, parse_selector
 from landscape.runtime import code_version, environment
@@ -63,6 +63,7 @@ from landscape.store.manifest import (
     _is_run_name,
     _read_manifest,
     _write_json_atomic,
+    check_depth,
     check_manifest,
     check_run_name,
 )
@@ -99,6 +100,8 @@ class Store:
         clash = set(extra or {}) & _MANIFEST_KEYS
         if clash:
             raise UsageError(f"manifest fields {sorted(clash)} are set by the store, not through extra=")
+        check_depth({"config": config, "seeds": seeds, "lineage": lineage, "model_spec": model_spec,
+                     "data_spec": data_spec, **dict(extra or {})})
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -112,12 +115,7 @@ class Store:
             try:
                 path.mkdir()
             except FileExistsError:
-                lock = self._reclaim(path)
-                if lock is None:
-                    raise CheckpointError(
-                        f"run '{name}' already exists in {self.root}; choose another --run name "
-                        f"(or continue it: train --resume {name})"
-                    ) from None
+                lock = self._reclaim(path, name)
             except OSError as exc:
                 raise CheckpointError(f"cannot create run directory {path}: {exc.strerror or exc}") from None
         run = Run(path, {})
@@ -146,19 +144,19 @@ class Store:
             raise
         return run
 
-    def _reclaim(self, path: Path) -> _FileLock | None:
-        """The lock of a run directory whose creator was killed before writing its manifest (nothing but
-        temporary files in it, which are removed), or None when ``path`` is a run or someone else's."""
-        if not path.is_dir() or (path / MANIFEST).exists():
-            return None
-        try:
-            lock = _lock(path, path.name)
-        except CheckpointError:
-            return None  # its creator is alive and about to write the manifest
+    def _reclaim(self, path: Path, name: str) -> _FileLock:
+        """The lock of the run directory ``path`` that exists already, when its creator was killed before
+        writing its manifest (nothing but temporary files in it, which are removed). A directory another process
+        holds is :class:`RunBusyError` (with its pid: the loser of two writers racing to create one run hears
+        that), a run or anything else there a CheckpointError."""
+        if not path.is_dir():
+            raise CheckpointError(f"cannot create run '{name}': {path} exists and is not a directory")
+        lock = _lock(path, name)  # RunBusyError while its creator (or any writer) is alive
         left = [p for p in path.iterdir() if p.name != LOCK]
         if (path / MANIFEST).exists() or any(p.is_dir() or not p.name.endswith(".tmp") for p in left):
             _unlock(lock)
-            return None
+            raise CheckpointError(f"run '{name}' already exists in {self.root}; choose another --run name "
+                                  f"(or continue it: train --resume {name})")
         for p in left:
             p.unlink(missing_ok=True)
         return lock
@@ -215,8 +213,9 @@ class Store:
     def scan(self, pattern: str = "*") -> tuple[list[Run], dict[str, str]]:
         """Runs whose name matches a shell glob, and the damaged ones apart: ``(runs, {name: one-line error})``.
 
-        A run is damaged when its manifest is not valid (:func:`check_manifest`) or a checkpoint it lists
-        is missing; one damaged run never hides the others.
+        A run is damaged when its manifest is not valid (:func:`check_manifest`; nested deeper than
+        ``MAX_JSON_DEPTH``) or a checkpoint it lists is missing; one damaged run never hides the others, whatever
+        reading it raised.
         """
         runs: list[Run] = []
         broken: dict[str, str] = {}
@@ -227,7 +226,10 @@ class Store:
                 run = self.run(name)
                 run.checkpoints()
             except CheckpointError as exc:
-                broken[name] = str(exc)
+                broken[name] = str(exc) if str(exc).startswith(f"run '{name}'") else f"run '{name}': {exc}"
+                continue
+            except Exception as exc:  # what the schema let through: still this run's damage alone
+                broken[name] = f"run '{name}': cannot be read: {one_line(exc)}"
                 continue
             runs.append(run)
         return runs, broken
@@ -410,6 +412,9 @@ class Run:
         epoch = float(epoch)
         epsilon = None if epsilon is None else float(epsilon)
         metrics = {str(k): _plain(v) for k, v in (metrics or {}).items()}
+        for key, value in metrics.items():
+            if isinstance(value, (Mapping, list, tuple)):
+                raise UsageError(f"metric '{key}' must be a number, got {type(value).__name__}")
         final = self.path / f"step-{step:06d}.h5"
         meta = {
             "format": CHECKPOINT_FORMAT,
@@ -436,14 +441,22 @@ class Run:
 
         try:
             with self._writing():
-                sha = prepared.commit(final, meta, body) if prepared is not None else None
-                if sha is None:  # none prepared, or for another layout (then removed)
-                    sha = _write_h5_atomic(final, write)
+                kept = _kept(self.name, self.manifest["checkpoints"])
+                try:
+                    sha = prepared.commit(final, meta, body) if prepared is not None else None
+                    if sha is None:  # none prepared, or for another layout (then removed)
+                        sha = _write_h5_atomic(final, write)
+                except WriteError as exc:
+                    raise exc.noted(f"; {kept}") from None
                 entry = {"step": step, "epoch": epoch, "epsilon": epsilon, "metrics": metrics, "file": final.name,
                          "sha256": sha}
                 entries = [e for e in self.manifest["checkpoints"] if int(e["step"]) != step]
                 self.manifest["checkpoints"] = sorted([*entries, entry], key=lambda e: int(e["step"]))
-                _write_json_atomic(self.path / MANIFEST, self.manifest)
+                try:
+                    _write_json_atomic(self.path / MANIFEST, self.manifest)
+                except WriteError as exc:
+                    raise exc.noted(f"; {kept}; {final.name} is complete but not listed: continuing the run "
+                                    "adopts it") from None
         finally:
             if prepared is not None:
                 prepared.discard()  # consumed either way (a no-op once committed)
@@ -525,6 +538,7 @@ class Run:
         clash = set(fields) & _MANIFEST_KEYS
         if clash:
             raise UsageError(f"manifest fields {sorted(clash)} are set by the store")
+        check_depth(fields)
         with self._writing():
             self.manifest.update(fields)
             check_manifest(to_jsonable(self.manifest), self.path / MANIFEST)
@@ -573,6 +587,15 @@ class Run:
             return []
         with _open_h5(target) as f:
             return list(f.keys())
+
+
+def _kept(name: str, entries: list[dict[str, Any]]) -> str:
+    """What a run keeps when a save fails: its listed checkpoints (a continued run starts from the last)."""
+    if not entries:
+        return f"run '{name}' has no checkpoint yet"
+    last = max(int(e["step"]) for e in entries)
+    return (f"run '{name}' keeps its {len(entries)} checkpoint{'s' if len(entries) > 1 else ''} (the last at step "
+            f"{last}), where continuing it starts")
 
 
 def _check_array_name(name: str) -> None:

@@ -7,13 +7,14 @@ import os
 import pickle
 import re
 import shutil
+import stat
 import struct
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from landscape.errors import CheckpointError, UnsafeFileError, UsageError
+from landscape.errors import CheckpointError, NonFiniteError, UnsafeFileError, UsageError
 from landscape.hashing import sha256_file
 from landscape.store.checkpoint import check_state_dict
 from landscape.store.manifest import _one_line, check_run_name
@@ -55,12 +56,12 @@ def import_checkpoint(
 
     file = Path(file)
     check_run_name(run)
-    if not file.is_file():
-        raise CheckpointError(f"file not found: {file}")
+    check_regular_file(file)
     raw = _read_foreign(file)
     model = model_from_spec(dict(model_spec))
     state_dict = _strip_prefixes(_unwrap_state_dict(raw, file), set(model.state_dict()))
     check_state_dict(model, state_dict, source=str(file))
+    check_finite(state_dict, source=str(file))
     state_dict = {key: state_dict[key] for key in model.state_dict()}  # the model's order (safetensors sorts keys)
     full_spec = dict(getattr(model, "landscape_spec", None) or model_spec)
     sha = sha256_file(file)
@@ -82,6 +83,38 @@ def import_checkpoint(
         except BaseException:
             shutil.rmtree(new.path, ignore_errors=True)
             raise
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def check_regular_file(file: Path) -> None:
+    """A one-line CheckpointError unless ``file`` is a regular file (a link: what it points to), judged without
+    opening it (opening a named pipe waits for a writer). Another OSError (a name too long, a permission) is
+    raised as it is."""
+    try:
+        mode = os.stat(file).st_mode
+    except FileNotFoundError:
+        link = " (a link to a missing file)" if os.path.islink(file) else ""
+        raise CheckpointError(f"file not found: {file}{link}") from None
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+        raise CheckpointError(f"{file} is {kind}, not a regular file: import reads a .pt, .pth or .safetensors file")
+
+
+def check_finite(state_dict: Mapping[str, torch.Tensor], *, source: str) -> None:
+    """A one-line NonFiniteError naming the first floating-point tensor with a NaN or an infinity: no analysis
+    can use such weights (a diverged or damaged model), so none is imported."""
+    import torch
+
+    for key, value in state_dict.items():
+        if (value.is_floating_point() or value.is_complex()) and value.numel():
+            bad = int((~torch.isfinite(value)).sum())
+            if bad:
+                raise NonFiniteError(
+                    f"{source}: tensor '{key}' has {bad} of {value.numel()} values NaN or infinite (a diverged or "
+                    "damaged model); nothing imported")
 
 
 def _read_foreign(file: Path) -> Any:
