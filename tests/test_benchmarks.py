@@ -76,7 +76,7 @@ def test_after_runs_untimed_after_every_call_warm_up_included():
 
 
 def test_the_recorder_benchmark_runs_in_its_quick_mode(tmp_path, monkeypatch, capsys):
-    """The recorder benchmark's code at toy size (one round, nothing measured): every figure recorded, positive."""
+    """The recorder benchmark's code at toy size (one round, nothing measured): every figure recorded."""
     import recorder
 
     path = tmp_path / "r.jsonl"
@@ -87,7 +87,8 @@ def test_the_recorder_benchmark_runs_in_its_quick_mode(tmp_path, monkeypatch, ca
     for writer in ("inline", "thread"):
         assert any(f"Recorder {writer}: loop + a checkpoint per epoch" in n for n in names)
         assert any(f"per-save cost, Recorder {writer}: save: ms per MiB" in n for n in names)
-    assert all(f["value"] > 0 for f in figures if "fixed ms" not in f["figure"])
+    assert all(np.isfinite(f["value"]) for f in figures)  # one noisy round: a fitted slope may come out negative
+    assert all(f["value"] > 0 for f in figures if "loop + a checkpoint" in f["figure"])
     assert "torch.save + fsync" in capsys.readouterr().out
 
 
