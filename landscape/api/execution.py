@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from landscape import progress
 from landscape.errors import LandscapeError, UsageError
 from landscape.runtime import die_with_parent
 
@@ -266,11 +267,21 @@ class ProcessPool:
 
         return as_completed(futures)
 
-    def map(self, fn: Callable, jobs: Sequence[tuple]) -> list:
-        if not self.distributed and self.in_process and (self.workers <= 1 or len(jobs) <= 1):
-            return [fn(*job) for job in jobs]
-        futures = [self.submit(fn, *job) for job in jobs]
-        return [f.result() for f in futures]
+    def map(self, fn: Callable, jobs: Sequence[tuple], *, what: str | None = None, unit: str = "jobs") -> list:
+        """``[fn(*job) for job in jobs]``, in order. ``what`` names the jobs for the progress display
+        (:mod:`landscape.progress`): jobs done of the total, counted here as each completes (workers print nothing)."""
+        with progress.task(what, total=len(jobs), unit=unit) if what is not None else progress.SILENT as task:
+            if not self.distributed and self.in_process and (self.workers <= 1 or len(jobs) <= 1):
+                out = []
+                for job in jobs:
+                    out.append(fn(*job))
+                    task.update(1)
+                return out
+            futures = [self.submit(fn, *job) for job in jobs]
+            for done in self.as_completed(futures):
+                done.result()  # a failed job raises as soon as it is known
+                task.update(1)
+            return [f.result() for f in futures]
 
     def shutdown(self, cancel: bool = False) -> None:
         """Stop the local processes (``cancel``: drop jobs not started) or close the Dask client this pool opened."""
@@ -282,10 +293,11 @@ class ProcessPool:
         self._client = None
 
 
-def map_jobs(fn: Callable, jobs: Sequence[tuple], workers: int) -> list:
-    """``[fn(*job) for job in jobs]``, in ``min(workers, len(jobs))`` spawned processes when that is > 1."""
+def map_jobs(fn: Callable, jobs: Sequence[tuple], workers: int, *, what: str | None = None, unit: str = "jobs") -> list:
+    """``[fn(*job) for job in jobs]``, in ``min(workers, len(jobs))`` spawned processes when that is > 1 (``what``,
+    ``unit``: the progress display's, as :meth:`ProcessPool.map`)."""
     with ProcessPool(min(workers, len(jobs))) as pool:
-        return pool.map(fn, jobs)
+        return pool.map(fn, jobs, what=what, unit=unit)
 
 
 # ------------------------------------------------------------------------------------ execution options

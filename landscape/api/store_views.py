@@ -109,14 +109,14 @@ def import_checkpoint(
     """Import a foreign checkpoint (.pt/.pth state dict or .safetensors) as the step-0 checkpoint of a new run.
 
     The model is built for the data set (``model``, ``model_kwargs``; input shape and classes from ``data``;
-    either may be a code reference ``module:factory`` / ``file.py:factory``, see :func:`landscape.models.build_model`)
+    either may be a code reference ``module:factory`` / ``file.py:factory``, see ``landscape.models.build_model``)
     and the file's keys and shapes must match it; .pt files are read with ``torch.load(weights_only=True)``
     (``landscape.store.import_checkpoint``). Returns ``{"run", "ref", "path", "sha256", "tensors", "epsilon",
     "privacy_note"}``.
 
     The weights' privacy history is unknown unless declared: ``epsilon`` with ``delta``, or the DP-SGD that
     made them (``noise_multiplier``, ``sample_rate``, ``steps``); see
-    :func:`landscape.api.accounting.import_privacy`.
+    ``landscape.api.accounting.import_privacy``.
     """
     from landscape import plugins
     from landscape.api.accounting import import_privacy

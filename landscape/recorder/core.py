@@ -1,4 +1,4 @@
-"""The :class:`Recorder`: what a ``save`` checks and copies, and who writes it (the caller, or one thread)."""
+"""The ``Recorder``: what a ``save`` checks and copies, and who writes it (the caller, or one thread)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ os.register_at_fork(before=_WRITING.acquire, after_in_parent=_WRITING.release, a
 
 
 class PrivacySource(Protocol):
-    """What the recorder asks a DP training loop's accountant (:class:`landscape.integrations.opacus.OpacusPrivacy`)."""
+    """What the recorder asks a DP training loop's accountant (``landscape.integrations.opacus.OpacusPrivacy``)."""
 
     def record(self) -> dict[str, Any]:
         """The run's fixed ``manifest["privacy"]`` fields (noise_multiplier, sample_rate, delta, ...)."""
@@ -65,28 +65,28 @@ class PrivacySource(Protocol):
         """JSON-able state to continue from (stored with each checkpoint)."""
 
     def load_state(self, state: Mapping[str, Any]) -> None:
-        """Put a :meth:`state` back."""
+        """Put a ``state`` back."""
 
 
 class Recorder:
     """Writes the checkpoints of a training loop landscape does not run into run ``run`` of the store at ``root``.
 
-    ``model``: the module being trained, on any device, built by :func:`landscape.models.build_model` (its
+    ``model``: the module being trained, on any device, built by ``landscape.models.build_model`` (its
     ``landscape_spec`` is what analyses rebuild it from) and possibly wrapped (``torch.compile``,
     ``DataParallel``, ``DistributedDataParallel``, Opacus' ``GradSampleModule``, nested in any order: looked
     through). Its tensors must be those of the model its spec builds (names, shapes, kinds of dtype), checked
     here and at every save: a model changed after its factory built it is refused. ``data``: the
-    :class:`landscape.data.Dataset` it is trained on (or its spec). ``config``: the run's hyper-parameters
+    ``landscape.data.Dataset`` it is trained on (or its spec). ``config``: the run's hyper-parameters
     (JSON-able; ``optimizer`` labels the run in tables). ``optimizer``: saved with each checkpoint, put back by
-    :meth:`restore`. ``privacy``: a :class:`PrivacySource` (DP-SGD: checkpoints record its epsilon and step
+    ``restore``. ``privacy``: a ``PrivacySource`` (DP-SGD: checkpoints record its epsilon and step
     count). ``parent``: a store checkpoint the run starts from, as ``landscape train --from`` (same model spec;
     a new run gets its weights, its lineage and its privacy history). ``steps_per_epoch``: each checkpoint's
-    epoch when :meth:`save` is not told it. ``seed``: recorded in ``manifest["seeds"]``. ``writer``:
+    epoch when ``save`` is not told it. ``seed``: recorded in ``manifest["seeds"]``. ``writer``:
     ``"inline"`` (each ``save`` writes its checkpoint, durably, before it returns) or ``"thread"`` (``save``
     copies the checkpoint to CPU memory and one background thread writes it; a failed write is raised by the next
-    ``save``, :meth:`flush` or :meth:`close`).
+    ``save``, ``flush`` or ``close``).
 
-    Use it as a context manager (or call :meth:`close`): it holds the run's write lock while it is open.
+    Use it as a context manager (or call ``close``): it holds the run's write lock while it is open.
     """
 
     def __init__(
@@ -152,7 +152,7 @@ class Recorder:
             raise
 
     def close(self) -> None:
-        """:meth:`flush`, then release the run's write lock (the checkpoints stay). Idempotent."""
+        """``flush``, then release the run's write lock (the checkpoints stay). Idempotent."""
         try:
             self.flush()
         finally:

@@ -1,4 +1,4 @@
-"""A recorded run's manifest fields, and creating or continuing the run (:func:`open_run`)."""
+"""A recorded run's manifest fields, and creating or continuing the run (``open_run``)."""
 
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def parent_of(store: Store, parent: Any, model_spec: dict[str, Any]
 
 
 def model_spec(model: nn.Module) -> dict[str, Any]:
-    """The ``landscape_spec`` of the model inside ``model``'s wrappers (:func:`landscape.params.unwrap`)."""
+    """The ``landscape_spec`` of the model inside ``model``'s wrappers (``landscape.params.unwrap``)."""
     inner = unwrap(model)
     spec = getattr(inner, "landscape_spec", None)
     if not isinstance(spec, Mapping) or "name" not in spec:
