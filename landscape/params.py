@@ -1,12 +1,12 @@
 """Parameters as flat vectors and back; interpolation, distance and compatibility of two models; a model's
 state dict seen through the wrappers training puts around it (``plain_names``).
 
-A ``ParamSpace`` fixes which named tensors of a model make up a "point" in parameter space, in which
+A :class:`ParamSpace` fixes which named tensors of a model make up a "point" in parameter space, in which
 order, with which shapes and dtypes, and whether each is a parameter (``named_parameters``) or a buffer
 (BatchNorm running statistics). ``flatten`` / ``unflatten`` convert between a state dict (or a model) and
 one flat vector in that order; ``ParamSpace.assign_`` writes a flat vector into a model in place.
 
-Random directions and filter normalisation live in ``landscape.directions``.
+Random directions and filter normalisation live in :mod:`landscape.directions`.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ class TensorSpec:
 class ParamSpace:
     """Names, shapes, dtypes and kinds of the tensors that form a flat parameter vector, in order.
 
-    Build it with ``from_model`` (parameters in ``named_parameters`` order; floating-point buffers
-    appended when ``buffers=True``) or ``from_state_dict``.
+    Build it with :meth:`from_model` (parameters in ``named_parameters`` order; floating-point buffers
+    appended when ``buffers=True``) or :meth:`from_state_dict`.
     """
 
     def __init__(self, entries: Sequence[TensorSpec]):
@@ -186,7 +186,7 @@ class ParamSpace:
             torch._foreach_copy_(targets, sources)
 
     def check_compatible(self, other: ParamSpace, names: tuple[str, str] = ("A", "B")) -> None:
-        """Raise ``IncompatibleError`` naming the first tensor that differs between two spaces."""
+        """Raise :class:`IncompatibleError` naming the first tensor that differs between two spaces."""
         check_compatible(
             {e.name: e.shape for e in self.entries}, {e.name: e.shape for e in other.entries}, names=names
         )
@@ -225,7 +225,7 @@ def unflatten(vector: torch.Tensor, space: ParamSpace) -> dict[str, torch.Tensor
 
 
 def lerp_tensor(a: torch.Tensor, b: torch.Tensor, alpha: float) -> torch.Tensor:
-    """``torch.lerp`` that returns ``a`` itself at ``alpha=0`` and ``b`` at ``alpha=1``.
+    """:func:`torch.lerp` that returns ``a`` itself at ``alpha=0`` and ``b`` at ``alpha=1``.
 
     ``torch.lerp`` computes ``a + alpha (b - a)`` for small alpha, which is NaN at ``alpha=0`` when ``b``
     holds NaN/inf (a diverged checkpoint); the ends of a path must be the checkpoints exactly.
@@ -240,7 +240,7 @@ def lerp_tensor(a: torch.Tensor, b: torch.Tensor, alpha: float) -> torch.Tensor:
 def lerp(a, b, alpha: float):
     """``(1 - alpha) a + alpha b`` for flat tensors or state dicts (Watson et al. Sec. 2.2).
 
-    Exact at both ends (``lerp_tensor``): ``alpha=0`` gives ``a`` and ``alpha=1`` gives ``b`` bit for
+    Exact at both ends (:func:`lerp_tensor`): ``alpha=0`` gives ``a`` and ``alpha=1`` gives ``b`` bit for
     bit, even when the other end is non-finite. For state dicts, non-floating entries (e.g. BatchNorm's
     ``num_batches_tracked``) are taken from ``a``; both dicts must be compatible.
     """
@@ -269,7 +269,7 @@ def distance(a, b) -> float:
 @dataclass(frozen=True)
 class Mismatch:
     """The first difference between two sets of named tensors: ``kind`` is ``"only_a"`` / ``"only_b"`` (a tensor
-    in one of them only), ``"shape"`` or ``"dtype"`` (a different kind of dtype, ``dtype_kind``); ``a`` and
+    in one of them only), ``"shape"`` or ``"dtype"`` (a different kind of dtype, :func:`dtype_kind`); ``a`` and
     ``b`` are the two shapes or dtypes (None where a tensor is missing)."""
 
     kind: str
@@ -298,7 +298,7 @@ def first_mismatch(a, b, *, dtypes: bool = False) -> Mismatch | None:
 
 
 def check_compatible(a, b, *, names: tuple[str, str] = ("A", "B")) -> None:
-    """Raise ``IncompatibleError`` naming the FIRST tensor where two state dicts differ (``first_mismatch``).
+    """Raise :class:`IncompatibleError` naming the FIRST tensor where two state dicts differ (:func:`first_mismatch`).
 
     ``a`` and ``b`` are models, state dicts, or mappings name -> shape. Differences are a tensor
     present in only one of them, or a different shape; the check walks ``a``'s order, then ``b``'s extras.
@@ -334,7 +334,7 @@ WRAPPER_PREFIXES = tuple(f"{attr}." for attr in dict.fromkeys(WRAPPERS.values())
 
 
 def wrapped(module: nn.Module) -> str | None:
-    """The attribute of ``module`` that holds the module it wraps (``WRAPPERS``), or None: not a wrapper."""
+    """The attribute of ``module`` that holds the module it wraps (:data:`WRAPPERS`), or None: not a wrapper."""
     for cls in type(module).__mro__:
         attr = WRAPPERS.get((cls.__module__.partition(".")[0], cls.__name__))
         if attr is not None and isinstance(module._modules.get(attr), nn.Module):
