@@ -229,8 +229,9 @@ IMPORT_JOB = JobKind(
     notes=_import_notes, details=lambda made: made.done,
     doc="""Import a foreign checkpoint FILE (.pt/.pth state dict, or .safetensors) as a new run.
 
-    .pt files are read with torch.load(weights_only=True): a file that would run code is refused. Opacus'
-    `_module.` key prefix is stripped; keys and shapes must match the model built for the data set.
+    .pt files are read with torch.load(weights_only=True): a file that would run code is refused. The key
+    prefixes of wrappers (torch.compile's `_orig_mod.`, Opacus' `_module.`, DataParallel's `module.`) are
+    stripped; keys and shapes must match the model built for the data set.
     The weights' privacy history is unknown unless declared (--epsilon with --delta, or --noise-multiplier,
     --sample-rate and --steps): runs trained from them then say that their epsilon covers only the steps
     landscape saw.
