@@ -33,8 +33,7 @@ from typing import Any
 
 from landscape.errors import WriteError
 
-__all__ = ["WRITE_ERRNOS", "atomic_write", "atomic_write_hdf5", "commit", "fsync_dir", "is_temp_name",
-           "stale_temp_files", "temp_beside"]
+__all__ = ["WRITE_ERRNOS", "atomic_write", "atomic_write_hdf5", "fsync_dir", "is_temp_name", "stale_temp_files"]
 
 #: The errors of a write the system refused for want of room or of a working device (a :class:`WriteError`).
 WRITE_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG, errno.EIO})
@@ -43,51 +42,34 @@ _TEMP_NAME = re.compile(r"\.(?P<final>.+)\.[A-Za-z0-9_]+\.tmp")
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)  # a new file only (not inherited)
 
 
-def temp_beside(path: str | os.PathLike) -> Path:
-    """A new, empty temporary file for the final name ``path`` (hidden, same directory: the rename cannot cross
-    file systems), with ordinary permissions (0666 & ~umask, applied by ``open`` itself).
-
-    OSError from creating it is the caller's to report."""
-    path = Path(path)
-    while True:
-        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-        try:
-            os.close(os.open(tmp, _CREATE, 0o666))
-        except FileExistsError:
-            continue
-        return tmp
-
-
-def commit(tmp: str | os.PathLike, path: str | os.PathLike) -> Path:
-    """Make the complete temporary file ``tmp`` durable and rename it over ``path``, then make the rename
-    durable (module docstring); ``tmp`` is removed if that fails. Returns ``path``."""
-    path = Path(path)
-    try:
-        _fsync(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-    return path
-
-
 def atomic_write(path: str | os.PathLike, write_fn: Callable[[Path], object]) -> Path:
-    """Create or replace ``path`` atomically: ``write_fn(tmp)`` writes the whole content to the temporary
-    file ``tmp`` (:func:`temp_beside`), which is then fsynced and renamed over ``path`` (:func:`commit`). On any
-    exception (also KeyboardInterrupt) the temporary file is removed and ``path`` is untouched; a refused
-    write (:data:`WRITE_ERRNOS`) is a :class:`WriteError` naming ``path``. Returns ``path``.
+    """Create or replace ``path`` atomically: ``write_fn(tmp)`` writes the whole content to a new, empty
+    temporary file ``tmp`` beside ``path`` (hidden; in the same directory, so that the rename cannot cross file
+    systems; permissions 0666 & ~umask), which is then fsynced and renamed over ``path``, and the rename made
+    durable (module docstring). On any exception (also KeyboardInterrupt) the temporary file is removed and
+    ``path`` is untouched; a refused write (:data:`WRITE_ERRNOS`) is a :class:`WriteError` naming ``path``.
+    Returns ``path``.
 
     The parent directory must exist; other OSErrors from creating the temporary file are the caller's to report.
     """
+    path = Path(path)
     with _refused(path):
-        tmp = temp_beside(path)
+        while True:
+            tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+            try:
+                os.close(os.open(tmp, _CREATE, 0o666))
+                break
+            except FileExistsError:
+                continue
         try:
             write_fn(tmp)
+            _fsync(tmp)
+            os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        return commit(tmp, path)
+        fsync_dir(path.parent)
+        return path
 
 
 def atomic_write_hdf5(path: str | os.PathLike, fill: Callable[[Any, Callable[[], None]], object],

@@ -27,7 +27,7 @@ from conftest import run_cli
 from landscape.atomic import atomic_write, atomic_write_hdf5
 from landscape.errors import LandscapeError, WriteError
 from landscape.store import MANIFEST, Store, load_checkpoint
-from landscape.store.codec import _set_attr, _write_nested, _write_state_dict
+from landscape.store.codec import _write_nested, _write_state_dict
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -72,7 +72,7 @@ def _snapshot(root: Path) -> dict[str, bytes]:
 
 def _checkpoint_like(f: h5py.File, check) -> None:
     for i in range(4):
-        _set_attr(f, f"attr{i}", "x" * 40)
+        f.attrs[f"attr{i}"] = "x" * 40
     _write_state_dict(f.create_group("state_dict", track_order=True),
                       {"w": torch.arange(3000.0).reshape(60, 50), "b": torch.ones(7, dtype=torch.bfloat16)})
     _write_nested(f.create_group("extra", track_order=True),

@@ -61,7 +61,6 @@ from landscape.store.codec import (
     _VIEW_NAMES,
     EXTRA_GROUP,
     STATE_GROUP,
-    TensorData,
     _decode_metrics,
     _escape,
     _float_or_none,
@@ -75,7 +74,6 @@ from landscape.store.codec import (
     _unescape,
     _view_dtypes,
     _write_array,
-    _write_h5_atomic,
     _write_nested,
     _write_state_dict,
 )
@@ -116,7 +114,7 @@ from landscape.store.manifest import (
 __all__ = [
     "ARRAYS", "CHECKPOINT_FORMAT", "Checkpoint", "CheckpointInfo", "DamagedRunWarning", "EXTRA_GROUP", "LOCK",
     "MANIFEST", "MANIFEST_FORMAT", "MAX_JSON_DEPTH", "Run", "RunBusyError", "STATE_GROUP", "Store",
-    "TensorData", "WRAPPER_KEYS", "check_finite", "check_manifest", "check_regular_file", "check_run_name",
+    "WRAPPER_KEYS", "check_finite", "check_manifest", "check_regular_file", "check_run_name",
     "check_state_dict", "import_checkpoint", "load_checkpoint", "load_verified",
 ]
 # importable as before the split; not part of the API
@@ -127,6 +125,6 @@ __all__ += [
     "_is_number", "_is_run_name", "_json_attr", "_lock", "_looks_like_torch_file", "_now", "_one_line",
     "_open_h5", "_plain", "_read_array", "_read_flat", "_read_foreign", "_read_manifest",
     "_read_state_dict", "_release_holds", "_short", "_str_attr", "_strip_prefixes", "_unescape",
-    "_unlock", "_unwrap_state_dict", "_view_dtypes", "_write_array", "_write_h5_atomic",
+    "_unlock", "_unwrap_state_dict", "_view_dtypes", "_write_array",
     "_write_json_atomic", "_write_nested", "_write_state_dict",
 ]

@@ -18,7 +18,6 @@ from landscape.refs import is_run_name as _is_run_name  # noqa: F401
 
 MANIFEST = "manifest.json"
 ARRAYS = "arrays.h5"
-PREPARED = "next-checkpoint.h5"  # the final name of a prepared checkpoint's temporary file (Run.prepare_checkpoint)
 MANIFEST_FORMAT = "landscape-run/1"
 CHECKPOINT_FORMAT = "landscape-checkpoint/1"
 _CHECKPOINT_FILE = re.compile(r"step-(\d+)\.h5")
