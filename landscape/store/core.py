@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import fnmatch
+import hashlib
 import json
 import os
 import secrets
@@ -21,7 +22,6 @@ import numpy as np
 
 from landscape.atomic import atomic_write_hdf5, stale_temp_files
 from landscape.errors import CheckpointError, UsageError, WriteError, one_line
-from landscape.hashing import sha256_file
 from landscape.jsonable import to_jsonable
 from landscape.refs import Ref, parse_selector
 from landscape.runtime import code_version, environment
@@ -411,11 +411,12 @@ class Run:
 
         with self._writing():
             kept = _kept(self.name, self.manifest["checkpoints"])
+            hasher = hashlib.sha256()
             try:
-                atomic_write_hdf5(final, lambda f, check: write(f), track_order=True)
+                atomic_write_hdf5(final, lambda f, check: write(f), hasher=hasher, track_order=True)
             except WriteError as exc:
                 raise exc.noted(f"; {kept}") from None
-            sha = sha256_file(final)  # from the page cache (HDF5 does not write a file in order: no running hash)
+            sha = hasher.hexdigest()
             entry = {"step": step, "epoch": epoch, "epsilon": epsilon, "metrics": metrics, "file": final.name,
                      "sha256": sha}
             entries = [e for e in self.manifest["checkpoints"] if int(e["step"]) != step]
