@@ -6,7 +6,8 @@ a crash: :mod:`landscape.atomic`).
 fsyncs), run interleaved in one process (one torch thread), the file written:
 
 - ``guarded (store)``: as the store writes it, through :func:`landscape.atomic.atomic_write_hdf5` (h5py's
-  ``fileobj`` driver over the temporary file; a refused write is kept from HDF5).
+  ``fileobj`` driver over the temporary file; a refused write is kept from HDF5; the sha256 read back while the
+  file is fsynced).
 - ``h5py file``: h5py writing the temporary file itself (its default ``sec2`` driver): how the store wrote
   before, which crashes the process when a write fails (HDF5 cannot close the file; h5py then segfaults).
 - ``in memory``: the whole file built in memory (HDF5's ``core`` driver, no backing store), its image then
@@ -43,7 +44,7 @@ from landscape.hashing import sha256_file
 from landscape.store import Store
 
 
-def plain_h5py(path, fill, **options):
+def plain_h5py(path, fill, hasher=None, **options):
     """The store's write before: h5py writes the temporary file itself."""
     import h5py
 
@@ -51,13 +52,13 @@ def plain_h5py(path, fill, **options):
         with h5py.File(tmp, "w", **options) as f:
             fill(f, lambda: None)
 
-    return atomic.atomic_write(path, write)
+    return atomic.atomic_write(path, write, hasher=hasher)
 
 
 _names = itertools.count()
 
 
-def in_memory(path, fill, **options):
+def in_memory(path, fill, hasher=None, **options):
     """The file built in memory (HDF5's core driver), its image written atomically."""
     import h5py
 
@@ -73,7 +74,7 @@ def in_memory(path, fill, **options):
         with open(tmp, "wb") as out:
             out.write(image)
 
-    return atomic.atomic_write(path, write)
+    return atomic.atomic_write(path, write, hasher=hasher)
 
 
 WRITERS = {"guarded (store)": atomic.atomic_write_hdf5, "h5py file": plain_h5py, "in memory": in_memory}

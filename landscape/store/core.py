@@ -403,7 +403,7 @@ class Run:
         if epsilon is not None:
             meta["epsilon"] = epsilon
 
-        def write(f: h5py.File) -> None:
+        def write(f: h5py.File, check: Any) -> None:
             f.attrs.update(meta)
             _write_state_dict(f.create_group(STATE_GROUP, track_order=True), state_dict)
             if extra:
@@ -413,7 +413,7 @@ class Run:
             kept = _kept(self.name, self.manifest["checkpoints"])
             hasher = hashlib.sha256()
             try:
-                atomic_write_hdf5(final, lambda f, check: write(f), hasher=hasher, track_order=True)
+                atomic_write_hdf5(final, write, hasher=hasher, track_order=True)
             except WriteError as exc:
                 raise exc.noted(f"; {kept}") from None
             sha = hasher.hexdigest()
@@ -508,7 +508,7 @@ class Run:
         _check_array_name(name)
         target = self.path / ARRAYS
 
-        def write(f: h5py.File) -> None:
+        def write(f: h5py.File, check: Any) -> None:
             if target.is_file():
                 with _open_h5(target) as old:
                     for key in old:
@@ -520,7 +520,7 @@ class Run:
                 _write_array(f, name, array)
 
         with self._writing():
-            atomic_write_hdf5(target, lambda f, check: write(f), track_order=True)
+            atomic_write_hdf5(target, write, track_order=True)
 
     def load_array(self, name: str) -> np.ndarray | dict[str, np.ndarray]:
         """An array saved with :meth:`save_array` (a dict of arrays when a mapping was saved)."""
