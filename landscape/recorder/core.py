@@ -1,15 +1,15 @@
-"""The :class:`Recorder` (the package docstring, :mod:`landscape.recorder`, says what it guarantees): what a
-``save`` checks and copies in the training process, the run's manifest record, continuing a run."""
-
+"""The :class:`Recorder` (the package docstring, :mod:`landscape.recorder`, says what it guarantees)."""
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import sys
+import threading
+import warnings
 import weakref
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,37 +20,40 @@ from torch import nn
 from landscape.errors import CheckpointError, NonFiniteError, UsageError
 from landscape.recorder.manifest import (
     RECORDER_FORMAT,
+    close_run,
     data_spec,
     jsonable,
-    model_spec,
     open_run,
     parent_of,
     recorder_record,
 )
-from landscape.recorder.writer import InlineWriter, Writer
-from landscape.store import Checkpoint, Run, Store, check_run_name
-from landscape.train.accounting import PrivacyEvent
+from landscape.recorder.structure import HOW_TO_FIX, mismatch, model_spec, reference, unwrap
+from landscape.store import Checkpoint, Run, RunBusyError, Store, check_run_name
+from landscape.train.accounting import AccountantWarning, PrivacyEvent
 
-__all__ = ["OPTIMIZER_ATTR", "OPTIMIZER_EXTRA", "PRIVACY_ATTR", "RECORDER_FORMAT", "PrivacySource", "Recorder", "unwrap"]
+__all__ = ["OPTIMIZER_ATTR", "OPTIMIZER_EXTRA", "PRIVACY_ATTR", "RECORDER_FORMAT", "WRITERS", "PrivacySource",
+           "Recorder", "unwrap"]
 
 OPTIMIZER_EXTRA = "optimizer"  # checkpoint extra group of the optimizer's tensors
 OPTIMIZER_ATTR = "optimizer"  # checkpoint attr: its param groups and non-tensor state (JSON)
 PRIVACY_ATTR = "privacy_state"  # checkpoint attr: the privacy source's state (e.g. Opacus' accountant history)
-WRITERS = ("auto", "process", "inline")
+WRITERS = ("inline", "thread")
+_OPEN: set[str] = set()  # the runs Recorders of this process hold: the store's lock is per process
+_OPEN_LOCK = threading.Lock()
 
 
 class PrivacySource(Protocol):
     """What the recorder asks a DP training loop's accountant (:class:`landscape.integrations.opacus.OpacusPrivacy`)."""
 
     def record(self) -> dict[str, Any]:
-        """The run's fixed ``manifest["privacy"]`` fields (noise_multiplier, sample_rate, delta, ...)."""
+        """The run's fixed ``manifest["privacy"]`` fields (noise_multiplier, sample_rate, delta, accountant, ...)."""
 
     def steps(self) -> int:
         """Noisy steps taken so far."""
 
     def epsilon(self, ancestors: Sequence[PrivacyEvent] = ()) -> float:
-        """Epsilon so far at ``record()["delta"]``, composed with the ``ancestors``' DP steps (a run recorded
-        from a parent checkpoint; the recorder passes them only when there are some)."""
+        """Epsilon so far at ``record()["delta"]``, composed with the ``ancestors``' DP steps (given only when
+        there are some: a run recorded from a parent checkpoint)."""
 
     def state(self) -> dict[str, Any]:
         """JSON-able state to continue from (stored with each checkpoint)."""
@@ -59,94 +62,76 @@ class PrivacySource(Protocol):
         """Put a :meth:`state` back."""
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    """The user's module inside wrappers that prefix its state dict keys: Opacus' ``GradSampleModule``
-    (``_module.``), ``DataParallel`` / ``DistributedDataParallel`` (``module.``)."""
-    while not hasattr(model, "landscape_spec"):
-        inner = getattr(model, "_module", None)
-        if not isinstance(inner, nn.Module):
-            inner = model.module if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)) else None
-        if inner is None:
-            break
-        model = inner
-    return model
-
-
 class Recorder:
     """Writes the checkpoints of a training loop landscape does not run into run ``run`` of the store at ``root``.
 
-    ``model``: the module being trained (any device; wrappers are looked through, :func:`unwrap`), built by
-    :func:`landscape.models.build_model` so that it carries the ``landscape_spec`` analyses rebuild it from.
-    ``data``: the :class:`landscape.data.Dataset` it is trained on (or its spec). ``config``: the run's
-    hyper-parameters as the user names them (JSON-able; ``optimizer`` labels the run in hessian and norms
-    tables). ``optimizer``: saved with each checkpoint and put back by :meth:`restore`. ``privacy``: a
-    :class:`PrivacySource` (DP-SGD; checkpoints then record its epsilon and its step count). ``parent``: a
-    checkpoint of the store (``"base@last"``, ``"base@step=N"``, a file) the run starts from, as ``landscape
-    train --from``: the model must be the parent's (same model spec); a new run puts the parent's weights into
-    it and records the lineage and the parent's privacy history. ``steps_per_epoch``: gives each checkpoint's
-    epoch when :meth:`save` is not told it. ``seed``: recorded in ``manifest["seeds"]``. ``writer``: where
-    checkpoints are written, ``"auto"`` (``"process"`` when a CPU core is free for it, else ``"inline"``),
-    ``"inline"`` (in this process, before ``save`` returns) or ``"process"`` (a writer process, while training
-    goes on); the module docstring says what each costs. ``background``: with the
-    writer process, ``False`` makes each ``save`` wait until its checkpoint is written.
+    ``model``: the module being trained (any device; wrappers that only prefix its names are looked through,
+    :func:`unwrap`), built by :func:`landscape.models.build_model` and with the tensors of the model its
+    ``landscape_spec`` builds (checked here: analyses rebuild it from that spec). ``data``: the
+    :class:`landscape.data.Dataset` it is trained on (or its spec). ``config``: the run's hyper-parameters
+    (JSON-able; ``optimizer`` labels the run in hessian and norms tables). ``optimizer``: saved with each
+    checkpoint and put back by :meth:`restore`. ``privacy``: a :class:`PrivacySource` (DP-SGD: checkpoints record
+    its epsilon and step count). ``parent``: a store checkpoint the run starts from, as ``landscape train --from``
+    (same model spec; a new run starts from its weights and records the lineage and privacy history).
+    ``steps_per_epoch``: each checkpoint's epoch when :meth:`save` is not told it. ``seed``: recorded in
+    ``manifest["seeds"]``. ``writer``: ``"inline"`` (each ``save`` writes before it returns) or ``"thread"``
+    (``save`` copies the state and one worker thread writes it; a failed write is raised by the next ``save``,
+    ``flush`` or ``close``).
 
-    Use it as a context manager (or call :meth:`close`): it holds the run's write lock (through its writer
-    process, or this process inline) while it is open. :attr:`writer` is the writer chosen.
+    Use it as a context manager (or call :meth:`close`): it holds the run's write lock while it is open.
     """
 
     def __init__(
         self, root: str | Path, run: str, model: nn.Module, *, data: Any, config: Mapping[str, Any] | None = None,
         optimizer: torch.optim.Optimizer | None = None, privacy: PrivacySource | None = None,
         parent: str | os.PathLike | None = None, steps_per_epoch: int | None = None, seed: int | None = None,
-        background: bool = True, writer: str = "auto",
+        writer: str = "inline",
     ) -> None:
         check_run_name(run)
         if writer not in WRITERS:
             raise UsageError(f"writer must be one of {', '.join(map(repr, WRITERS))}, got {writer!r}")
-        self.background = bool(background)
-        self.model = unwrap(model)
-        self.optimizer = optimizer
-        self.privacy = privacy
         if steps_per_epoch is not None and not (_is_whole(steps_per_epoch) and steps_per_epoch >= 1):
             raise UsageError(f"steps_per_epoch must be a whole number >= 1, got {steps_per_epoch!r}")
-        self.steps_per_epoch = None if steps_per_epoch is None else int(steps_per_epoch)
         if seed is not None and not _is_whole(seed):
             raise UsageError(f"seed must be an integer, got {seed!r}")
-        seed = None if seed is None else int(seed)
-        fields = dict(config=jsonable(config or {}, "config"), seeds={} if seed is None else {"seed": seed},
-                      model_spec=model_spec(self.model), data_spec=data_spec(data))
-        store = Store(root)
-        self._store = store
-        self._name = run
-        parent_ckpt, lineage, self.history = parent_of(store, parent, fields["model_spec"])
+        self.model = unwrap(model)
+        spec = jsonable(model_spec(self.model), "the model spec")
+        self._built = reference(spec)
+        self._check_structure(self.model.state_dict(keep_vars=True), spec["name"])
+        self.writer, self.optimizer, self.privacy = writer, optimizer, privacy
+        self.steps_per_epoch = None if steps_per_epoch is None else int(steps_per_epoch)
+        fields = dict(config=jsonable(config or {}, "config"), seeds={} if seed is None else {"seed": int(seed)},
+                      model_spec=spec, data_spec=data_spec(data))
+        self._store, self._name = Store(root), run
+        parent_ckpt, lineage, self.history = parent_of(self._store, parent, spec)
+        if privacy is not None:
+            note = self.history.accountant_note(run, str(privacy.record().get("accountant")))
+            if note is not None:
+                warnings.warn(note, AccountantWarning, stacklevel=2)
         privacy_record = self._privacy_record(0)
         extra = {"device": _device(self.model), "privacy": privacy_record, "recorder": recorder_record()}
-        if writer == "auto":
-            writer = "process" if spare_cores(self.model) >= 1 and sys.executable else "inline"
-        self.writer = writer
-        init = dict(root=os.path.abspath(store.root), name=run, fields=fields, lineage=lineage,
-                    privacy=privacy_record, extra=extra)
-        # A run to continue (or a name taken) is opened before this returns, so that a run written by anyone
-        # else, or by a live writer, is refused here; a writer process creates a new run while training starts.
-        self._writer: Writer | InlineWriter = (
-            InlineWriter(run, functools.partial(open_run, store, **{k: v for k, v in init.items() if k != "root"}))
-            if writer == "inline" else Writer(run, init, wait_open=os.path.lexists(store.root / run)))
-        self._finalizer = weakref.finalize(self, self._writer.shutdown)
-        self._last: int | None = self._writer.opened
+        self._key = os.path.realpath(self._store.root / run)
+        with _OPEN_LOCK:
+            if self._key in _OPEN:
+                raise RunBusyError(f"run '{run}' is being written by another Recorder of this process; one writer "
+                                   "per run: close that one first")
+            self._sink = _Sink(*open_run(self._store, run, fields, lineage, privacy_record, extra), writer == "thread")
+            _OPEN.add(self._key)
+        self._finalizer = weakref.finalize(self, self._sink.close_at_exit, self._key)
+        infos = self._sink.run.checkpoints()
+        self._last: int | None = infos[-1].step if infos else None
         if parent_ckpt is not None and self._last is None:
             try:
                 self.model.load_state_dict(parent_ckpt.state_dict, strict=True)  # the run starts from its parent
             except BaseException:
-                self._finalizer.detach()
-                self._writer.stop(discard_if_empty=True)
+                self._stop(discard=True)
                 raise
 
     # -- the run ------------------------------------------------------------------------------------
 
     @property
     def run(self) -> Run:
-        """The run as it is on disk now (for reading; the recorder's writer holds the lock)."""
-        self._writer.wait_open()
+        """The run as it is on disk now (for reading)."""
         return self._store.run(self._name)
 
     @property
@@ -159,9 +144,9 @@ class Recorder:
         return self._last
 
     def flush(self) -> None:
-        """Wait until every checkpoint in flight is on disk (durably); raise a failed write's error."""
+        """Wait until the checkpoint being written (``writer="thread"``) is on disk, durably; raise its error."""
         try:
-            self._writer.wait()
+            self._sink.wait()
         except BaseException:
             self._resync()
             raise
@@ -171,38 +156,31 @@ class Recorder:
         try:
             infos = self.run.checkpoints()
         except CheckpointError:
-            infos = []  # the run could not be created
+            infos = []
         self._last = infos[-1].step if infos else None
 
     def close(self) -> None:
-        """Write the checkpoints in flight (as :meth:`flush`: a failed write's error is raised), then stop the
-        writer (a writer process exits), which releases the run's write lock (the checkpoints stay)."""
-        try:
-            self._finish()
-        finally:
-            self._finalizer.detach()
-            self._writer.stop()
+        """Wait for the checkpoint being written (raising its error), then release the run's write lock."""
+        self._stop(discard=False)
 
-    def _finish(self, *, discard_if_empty: bool = False) -> None:
-        """Write what is in flight and stop the writer (one round trip: :meth:`Writer.finish`)."""
+    def _stop(self, *, discard: bool) -> None:
+        self._finalizer.detach()
         try:
-            self._writer.finish(discard_if_empty=discard_if_empty)
-        except BaseException:
-            self._resync()
-            raise
+            self.flush()
+        finally:
+            self._sink.close(discard)
+            with _OPEN_LOCK:
+                _OPEN.discard(self._key)
 
     def __enter__(self) -> Recorder:
         return self
 
     def __exit__(self, kind: type | None, *exc: object) -> None:
         try:
-            self._finish(discard_if_empty=kind is not None)  # failed before its first checkpoint: free the name
+            self._stop(discard=kind is not None)  # failed before its first checkpoint: free the name
         except Exception:
             if kind is None:
                 raise  # else the block's own error is the one to see
-        finally:
-            self._finalizer.detach()
-            self._writer.stop(discard_if_empty=kind is not None)
 
     # -- saving -------------------------------------------------------------------------------------
 
@@ -217,31 +195,52 @@ class Recorder:
         ``step / steps_per_epoch``. ``metrics``: numbers (or one-element tensors) stored with the checkpoint;
         ``extra``: arrays stored beside the weights. Returns the checkpoint file.
         """
+        if self._sink.closed:
+            raise UsageError(f"the recorder of run '{self.name}' is closed")
+        if os.getpid() != self._sink.owner:
+            raise UsageError(f"the recorder of run '{self.name}' belongs to process {self._sink.owner}, which this "
+                             "one was forked from; open a Recorder here (one writer per run)")
+        self.flush()  # the last write's error first
         step = self._check_step(step)
         epoch = self._epoch(step, epoch)
         epsilon = self._epsilon(epsilon)
-        state = _cpu_state(self.model, step)
-        arrays = {str(k): _snapshot(v) for k, v in (extra or {}).items()}
+        copy = self.writer == "thread"  # training goes on while the thread writes: copy what is on the CPU too
+        state = self.model.state_dict()
+        self._check_structure(state, None)
+        state = _cpu_state(state, step, copy)
+        arrays = {str(k): _snapshot(v, str(k), copy) for k, v in (extra or {}).items()}
         if OPTIMIZER_EXTRA in arrays:
             raise UsageError(f"extra name '{OPTIMIZER_EXTRA}' is the recorder's (the optimizer state); use another")
         numbers = {str(k): float(v) if torch.is_tensor(v) and v.numel() == 1 else v for k, v in (metrics or {}).items()}
         attrs: dict[str, Any] = {}
         if self.optimizer is not None:
-            arrays[OPTIMIZER_EXTRA], attrs[OPTIMIZER_ATTR] = _optimizer_state(self.optimizer)
+            arrays[OPTIMIZER_EXTRA], attrs[OPTIMIZER_ATTR] = _optimizer_state(self.optimizer, copy)
         privacy = None
         if self.privacy is not None:
             attrs[PRIVACY_ATTR] = jsonable(self.privacy.state(), "the privacy state")
             privacy = self._privacy_record(step)
+        jsonable(numbers, "metrics")
+
+        def write(run: Run) -> None:
+            run.save_checkpoint(state, step=step, epoch=epoch, epsilon=epsilon, metrics=numbers,
+                                extra=arrays or None, attrs=attrs)
+            if privacy is not None:
+                run.update_manifest(privacy=privacy)
+
         try:
-            self._writer.send(dict(step=step, epoch=epoch, epsilon=epsilon, metrics=numbers, attrs=attrs),
-                              state, arrays, privacy)
+            self._sink.write(write)
         except BaseException:
             self._resync()
             raise
         self._last = step
-        if not self.background:
-            self.flush()
         return self._store.root / self._name / f"step-{step:06d}.h5"
+
+    def _check_structure(self, state: Mapping[str, Any], name: str | None) -> None:
+        what = mismatch(self._built, state)
+        if what is not None:
+            model = f"the model is not the one its spec ('{name}') builds" if name else \
+                "the model has changed since the Recorder opened"
+            raise UsageError(f"{model}: {what}; {HOW_TO_FIX}")
 
     def _check_step(self, step: Any) -> int:
         if self.privacy is not None:
@@ -255,15 +254,12 @@ class Recorder:
             raise UsageError("give the checkpoint's step: rec.save(step, ...)")
         if torch.is_tensor(step) and step.numel() == 1 and not step.is_floating_point():
             step = int(step)
-        if not _is_whole(step):
+        if not _is_whole(step) or step < 0:
             raise UsageError(f"the step must be a whole number >= 0, got {step!r}")
         step = int(step)
-        if step < 0:
-            raise UsageError(f"the step must be a whole number >= 0, got {step}")
-        last = self.last_step
-        if last is not None and step <= last:
-            raise UsageError(f"step {step} does not come after step {last}, the last checkpoint of run "
-                             f"'{self.name}': a recorded trajectory only goes forward (continue after {last})")
+        if self._last is not None and step <= self._last:
+            raise UsageError(f"step {step} does not come after step {self._last}, the last checkpoint of run "
+                             f"'{self.name}': a recorded trajectory only goes forward (continue after {self._last})")
         return step
 
     def _epoch(self, step: int, epoch: Any) -> float:
@@ -303,18 +299,15 @@ class Recorder:
         """Put the last checkpoint back: the weights into the model, the optimizer's state, the privacy
         accountant's state. Returns its step (the loop continues after it), or None when there is none."""
         self.flush()
-        last = self.last_step
-        if last is None:
+        if self._last is None:
             return None
-        ckpt = self._store.load(f"{self.name}@step={last}")
+        ckpt = self._store.load(f"{self.name}@step={self._last}")
         self.model.load_state_dict(ckpt.state_dict, strict=True)
         if self.optimizer is not None:
             _load_optimizer_state(self.optimizer, ckpt)
         if self.privacy is not None and PRIVACY_ATTR in ckpt.attrs:
             self.privacy.load_state(ckpt.attrs[PRIVACY_ATTR])
-        return last
-
-    # -- the manifest -------------------------------------------------------------------------------
+        return self._last
 
     def _privacy_record(self, steps: int) -> dict[str, Any]:
         base: dict[str, Any] = {"accounted": False}
@@ -325,27 +318,69 @@ class Recorder:
         return {**base, **self.history.manifest_fields(delta)}
 
 
+class _Sink:
+    """The open run and who writes into it: the caller (``write`` returns once the checkpoint is durable) or one
+    worker thread (``write`` returns at once; at most one checkpoint is in flight, so the next ``write`` first
+    waits for it and raises its error)."""
+
+    def __init__(self, run: Run, created: bool, threaded: bool) -> None:
+        self.run, self.created, self.owner, self.closed = run, created, os.getpid(), False
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix=f"landscape-recorder-{run.name}") if threaded else None
+        self.pending: Future | None = None
+
+    def write(self, job) -> None:
+        if self.pool is None:
+            job(self.run)
+        else:
+            self.wait()
+            self.pending = self.pool.submit(job, self.run)
+
+    def wait(self) -> None:
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self, discard: bool) -> None:
+        if self.closed or os.getpid() != self.owner:  # a forked child shares nothing it may release
+            return
+        self.closed = True
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+        close_run(self.run, discard and self.created)
+
+    def close_at_exit(self, key: str) -> None:
+        """An unclosed recorder at interpreter exit (or garbage collected): write what is in flight, release."""
+        if os.getpid() != self.owner:
+            return
+        try:
+            self.wait()
+        except Exception as exc:  # noqa: BLE001 (nobody to raise it to)
+            print(f"error: landscape.Recorder could not write the last checkpoint of run '{self.run.name}': {exc}",
+                  file=sys.stderr)
+        finally:
+            self.close(False)
+            with _OPEN_LOCK:
+                _OPEN.discard(key)
+
+
 # ------------------------------------------------------------------------------------------- helpers
 
 
-
-def _cpu_state(model: nn.Module, step: int) -> dict[str, torch.Tensor]:
-    """The weights on the CPU (copied off an accelerator; CPU tensors are sent as they are, before
-    :meth:`Recorder.save` returns), refused in one line when one is not finite."""
-    state = {key: value.detach() for key, value in model.state_dict().items()}
+def _cpu_state(state: Mapping[str, torch.Tensor], step: int, copy: bool) -> dict[str, torch.Tensor]:
+    """The weights on the CPU (copies when ``copy``), refused in one line when one is not finite."""
+    state = {key: value.detach() for key, value in state.items()}
     inexact = [value for value in state.values() if value.is_floating_point() or value.is_complex()]
     if inexact and not _norms_finite(inexact):
         for key, value in state.items():
             if (value.is_floating_point() or value.is_complex()) and not bool(torch.isfinite(value).all()):
                 raise NonFiniteError(f"step {step}: tensor '{key}' of the model is not finite (NaN or inf); "
                                      "nothing was saved (training diverged? lower the learning rate)")
-    return {key: value.to("cpu") for key, value in state.items()}
+    return {key: value.to("cpu", copy=copy) for key, value in state.items()}
 
 
 def _norms_finite(tensors: list[torch.Tensor]) -> bool:
-    """Whether the 2-norms of ``tensors`` are all finite, from one ``torch._foreach_norm`` call and one
-    synchronisation per device. A NaN or an infinity makes its tensor's norm one, so True means every element
-    is finite; False may also be a norm that overflowed (the caller then checks tensor by tensor)."""
+    """Whether the 2-norms of ``tensors`` are all finite (one ``torch._foreach_norm``, one synchronisation per
+    device). True means every element is finite; False may also be a norm that overflowed."""
     try:
         by_device: dict[torch.device, list[torch.Tensor]] = {}
         for norm in torch._foreach_norm(tensors):
@@ -353,16 +388,6 @@ def _norms_finite(tensors: list[torch.Tensor]) -> bool:
         return all(bool(torch.stack(norms).isfinite().all()) for norms in by_device.values())
     except RuntimeError:  # a tensor _foreach_norm does not take: the exact check decides
         return False
-
-
-def spare_cores(model: nn.Module) -> int:
-    """CPU cores this process may run on that its training loop leaves free (``writer="auto"``): the loop of a
-    model on the CPU keeps ``torch.get_num_threads()`` cores busy, one on an accelerator (its Python thread)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return cores - (torch.get_num_threads() if _device(model) == "cpu" else 1)
 
 
 def _device(model: nn.Module) -> str:
@@ -377,16 +402,20 @@ def _is_whole(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
-def _snapshot(value: Any) -> Any:
-    """An extra array (or a mapping of them) on the CPU."""
+def _snapshot(value: Any, name: str, copy: bool) -> Any:
+    """An extra array (or a mapping of them) on the CPU; a copy when ``copy``."""
     if isinstance(value, Mapping):
-        return {str(k): _snapshot(v) for k, v in value.items()}
+        return {str(k): _snapshot(v, f"{name}/{k}", copy) for k, v in value.items()}
     if torch.is_tensor(value):
-        return value.detach().to("cpu")
-    return np.asarray(value)
+        return value.detach().to("cpu", copy=copy)
+    array = np.array(value, copy=copy or None)
+    if array.dtype.hasobject:
+        raise UsageError(f"cannot store extra '{name}': {type(value).__name__} of dtype {array.dtype} is not a "
+                         "numeric array")
+    return array
 
 
-def _optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+def _optimizer_state(optimizer: torch.optim.Optimizer, copy: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(tensors by "index/key", {"param_groups", "scalars"})`` of ``optimizer.state_dict()``."""
     sd = optimizer.state_dict()
     tensors: dict[str, Any] = {}
@@ -394,7 +423,7 @@ def _optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], 
     for index, entry in sd["state"].items():
         for key, value in entry.items():
             if torch.is_tensor(value):
-                tensors[f"{index}/{key}"] = value.detach().to("cpu")
+                tensors[f"{index}/{key}"] = value.detach().to("cpu", copy=copy)
             else:
                 scalars.setdefault(str(index), {})[key] = value
     return tensors, jsonable({"param_groups": sd["param_groups"], "scalars": scalars}, "the optimizer's settings")

@@ -1,45 +1,36 @@
-"""What a recorded run's manifest says, and how the writer process opens the run (:mod:`landscape.recorder`).
-
-The parent (the training process) computes the fields (:func:`model_spec`, :func:`data_spec`, :func:`jsonable`
-config, :func:`recorder_record`, the parent checkpoint's lineage and privacy history, :func:`parent_of`); the
-writer creates the run with them or, for a run this recorder would have created, opens it again
-(:func:`open_run`, which refuses anything else in one line, :func:`check_same`). Importing this module loads no
-torch: the writer process (:mod:`landscape.recorder.writer_main`) opens the run with it.
-"""
+"""A recorded run's manifest fields, and opening a run again to continue it (what else may not be written to)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import platform
+import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from landscape.errors import UsageError
 from landscape.jsonable import to_jsonable
 from landscape.store import MANIFEST, Checkpoint, Run, Store
 from landscape.train.accounting import PrivacyHistory
 
-if TYPE_CHECKING:
-    from torch import nn
-
 RECORDER_FORMAT = "landscape-recorder/1"
 
 
 def open_run(store: Store, name: str, fields: dict[str, Any], lineage: dict[str, Any] | None,
              privacy: dict[str, Any], extra: dict[str, Any]) -> tuple[Run, bool]:
-    """In the writer: create run ``name``, or open it (its lock) when it exists and this recorder would have
-    created it. Returns the run and whether it was created. ``privacy`` is the run's privacy record at step 0
-    (its fields but ``steps`` are fixed)."""
+    """Create run ``name``, or open it (taking its lock) when it exists and this recorder would have created it.
+    Returns the run and whether it was created. ``privacy`` is the run's privacy record at step 0."""
     if not (store.root / name / MANIFEST).is_file():
         return store.create_run(name, lineage=lineage, extra=extra, **fields), True
     run = store.open_run(name)
     try:
         check_same(run, fields, lineage, privacy)
-        if privacy.get("accounted"):  # a writer killed between a checkpoint and its manifest update
+        if privacy.get("accounted"):  # killed between a checkpoint and its manifest update
             infos = run.checkpoints()
             last = infos[-1].step if infos else 0
             if run.manifest["privacy"].get("steps") != last:
@@ -48,6 +39,18 @@ def open_run(store: Store, name: str, fields: dict[str, Any], lineage: dict[str,
         run.close()
         raise
     return run, False
+
+
+def close_run(run: Run, discard: bool) -> None:
+    """Release the run's lock; with ``discard`` remove the run first if it holds no checkpoint (freeing the name
+    of a run an error ended before its first checkpoint)."""
+    try:
+        if discard:
+            with contextlib.suppress(Exception):
+                if not run.checkpoints():
+                    shutil.rmtree(run.path, ignore_errors=True)
+    finally:
+        run.close()
 
 
 def check_same(run: Run, fields: dict[str, Any], lineage: dict[str, Any] | None, privacy: dict[str, Any]) -> None:
@@ -76,9 +79,8 @@ def check_same(run: Run, fields: dict[str, Any], lineage: dict[str, Any] | None,
                          f"{short(fixed)}); record into a new run name")
 
 
-
 def parent_of(store: Store, parent: Any, model_spec: dict[str, Any]
-            ) -> tuple[Checkpoint | None, dict[str, Any] | None, PrivacyHistory]:
+              ) -> tuple[Checkpoint | None, dict[str, Any] | None, PrivacyHistory]:
     """The parent checkpoint of ``parent=``, the run's lineage and the parent's privacy history."""
     from landscape.train.pruning import MASK_ARRAY, inherited_privacy, lineage_of
 
@@ -95,15 +97,10 @@ def parent_of(store: Store, parent: Any, model_spec: dict[str, Any]
             MASK_ARRAY in store.run(ckpt.run).array_names():
         raise UsageError(f"parent {ref} is a pruned run: a recorder cannot keep its pruned weights at zero in your "
                          "loop; train the child with landscape train --from")
-    return ckpt, lineage_of(ckpt, ref), inherited_privacy(store, ckpt)
-
-
-def model_spec(model: nn.Module) -> dict[str, Any]:
-    spec = getattr(model, "landscape_spec", None)
-    if not isinstance(spec, Mapping) or "name" not in spec:
-        raise UsageError(f"the model ({type(model).__name__}) has no landscape_spec: build it with "
-                         "landscape.models.build_model(...) so that analyses can rebuild it")
-    return jsonable(spec, "the model spec")
+    history = inherited_privacy(store, ckpt)
+    if history.parent_epsilon is not None:
+        history.parent_epsilon["ref"] = ref  # as the user named it, as train --from records it
+    return ckpt, lineage_of(ckpt, ref), history
 
 
 def data_spec(data: Any) -> dict[str, Any]:

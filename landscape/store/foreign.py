@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from landscape.store.core import Store
 
 WRAPPER_KEYS = ("state_dict", "model_state_dict", "module_state_dict", "model")  # module_: Opacus save_checkpoint
-PREFIXES = ("_module.", "module.")  # Opacus GradSampleModule, then DataParallel/DDP
+PREFIXES = ("_orig_mod.", "_module.", "module.")  # torch.compile, Opacus GradSampleModule, DataParallel/DDP
 
 
 def import_checkpoint(
@@ -43,7 +43,8 @@ def import_checkpoint(
     ``.pt``/``.pth`` files are read with ``torch.load(weights_only=True)`` only: a file that would need
     arbitrary code to unpickle is refused with UnsafeFileError and nothing in it runs. ``.safetensors``
     files are read with safetensors. A dict wrapping the weights under ``state_dict``/``model_state_dict``/
-    ``model`` is unwrapped; Opacus' ``_module.`` (and DataParallel's ``module.``) key prefix is stripped.
+    ``model`` is unwrapped; the key prefixes of wrappers (``torch.compile``'s ``_orig_mod.``, Opacus' ``_module.``,
+    DataParallel's ``module.``: ``PREFIXES``) are stripped.
     Keys and shapes are checked against the model ``model_spec`` builds (strict).
 
     ``privacy`` is the run's ``manifest["privacy"]``: what is known of the weights' privacy history
