@@ -211,7 +211,7 @@ class Recorder:
         arrays = {str(k): _snapshot(v, str(k), copy) for k, v in (extra or {}).items()}
         if OPTIMIZER_EXTRA in arrays:
             raise UsageError(f"extra name '{OPTIMIZER_EXTRA}' is the recorder's (the optimizer state); use another")
-        numbers = {str(k): float(v) if torch.is_tensor(v) and v.numel() == 1 else v for k, v in (metrics or {}).items()}
+        numbers = {str(k): _metric(str(k), v) for k, v in (metrics or {}).items()}
         attrs: dict[str, Any] = {}
         if self.optimizer is not None:
             arrays[OPTIMIZER_EXTRA], attrs[OPTIMIZER_ATTR] = _optimizer_state(self.optimizer, copy)
@@ -219,7 +219,6 @@ class Recorder:
         if self.privacy is not None:
             attrs[PRIVACY_ATTR] = jsonable(self.privacy.state(), "the privacy state")
             privacy = self._privacy_record(step)
-        jsonable(numbers, "metrics")
 
         def write(run: Run) -> None:
             run.save_checkpoint(state, step=step, epoch=epoch, epsilon=epsilon, metrics=numbers,
@@ -400,6 +399,18 @@ def _device(model: nn.Module) -> str:
 def _is_whole(value: Any) -> bool:
     """An integer (python or numpy), not a bool."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _metric(name: str, value: Any) -> Any:
+    """A metric as the manifest holds it (a one-element tensor as a float), refused in one line when it is not one
+    number (or a string, a boolean, None)."""
+    if torch.is_tensor(value) and value.numel() == 1:
+        return float(value)
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise UsageError(f"metric '{name}' must be a number, got {type(value).__name__}")
 
 
 def _snapshot(value: Any, name: str, copy: bool) -> Any:
