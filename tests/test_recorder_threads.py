@@ -6,6 +6,7 @@ recording process until close, and by nobody after."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import subprocess
 import sys
 import threading
@@ -101,15 +102,21 @@ def test_recording_beside_dataloader_workers(tmp_path, writer):
 
 
 def _in_fork(root, parent_rec, out):
-    """In a forked child: the parent's recorder is the parent's (refused here); a Recorder of its own records."""
+    """In a forked child: the parent's recorder and run are the parent's (refused here); a Recorder of its own
+    records."""
     try:
         parent_rec.save(99)
         out.put("the parent's recorder saved in the child")
     except landscape.errors.UsageError as exc:
         try:
-            out.put((str(exc), _record(root, "child", "thread")))
-        except BaseException as err:  # noqa: BLE001 (reported to the test)
-            out.put(repr(err))
+            data, model = _lenet()
+            landscape.Recorder(root, "parent", model, data=data)
+            out.put("a second Recorder of the parent's run opened in the child")
+        except RunBusyError as busy:
+            try:
+                out.put((str(exc), str(busy), _record(root, "child", "thread")))
+            except BaseException as err:  # noqa: BLE001 (reported to the test)
+                out.put(repr(err))
 
 
 def test_a_forked_child_records_its_own_run_and_leaves_the_parents_alone(tmp_path):
@@ -121,10 +128,11 @@ def test_a_forked_child_records_its_own_run_and_leaves_the_parents_alone(tmp_pat
         out = context.Queue()
         child = context.Process(target=_in_fork, args=(tmp_path, rec, out))
         child.start()
-        message, steps = out.get(timeout=120)
+        message, busy, steps = out.get(timeout=120)
         child.join(timeout=60)
         assert child.exitcode == 0 and steps == [0, 1, 2]
         assert message.startswith("the recorder of run 'parent' belongs to process ")
+        assert busy.startswith(f"run 'parent' is being written by another process (pid {os.getpid()})")
         assert _locked(tmp_path, "parent")  # the child's exit released nothing of the parent's
         torch.nn.init.ones_(model[0].bias)
         rec.save(1)

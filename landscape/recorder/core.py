@@ -42,6 +42,16 @@ _OPEN: set[str] = set()  # the runs Recorders of this process hold: the store's 
 _OPEN_LOCK = threading.Lock()
 
 
+def _forget_in_child() -> None:
+    """A forked child holds none of its parent's runs (the store forgets their locks there too)."""
+    global _OPEN_LOCK
+    _OPEN.clear()
+    _OPEN_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 class PrivacySource(Protocol):
     """What the recorder asks a DP training loop's accountant (:class:`landscape.integrations.opacus.OpacusPrivacy`)."""
 
@@ -110,14 +120,14 @@ class Recorder:
                 warnings.warn(note, AccountantWarning, stacklevel=2)
         privacy_record = self._privacy_record(0)
         extra = {"device": _device(self.model), "privacy": privacy_record, "recorder": recorder_record()}
-        self._key = os.path.realpath(self._store.root / run)
+        key = os.path.realpath(self._store.root / run)
         with _OPEN_LOCK:
-            if self._key in _OPEN:
+            if key in _OPEN:
                 raise RunBusyError(f"run '{run}' is being written by another Recorder of this process; one writer "
                                    "per run: close that one first")
-            self._sink = _Sink(*open_run(self._store, run, fields, lineage, privacy_record, extra), writer == "thread")
-            _OPEN.add(self._key)
-        self._finalizer = weakref.finalize(self, self._sink.close_at_exit, self._key)
+            self._sink = _Sink(*open_run(self._store, run, fields, lineage, privacy_record, extra), key,
+                               writer == "thread")
+        self._finalizer = weakref.finalize(self, self._sink.close_at_exit)
         infos = self._sink.run.checkpoints()
         self._last: int | None = infos[-1].step if infos else None
         if parent_ckpt is not None and self._last is None:
@@ -169,8 +179,6 @@ class Recorder:
             self.flush()
         finally:
             self._sink.close(discard)
-            with _OPEN_LOCK:
-                _OPEN.discard(self._key)
 
     def __enter__(self) -> Recorder:
         return self
@@ -322,8 +330,9 @@ class _Sink:
     worker thread (``write`` returns at once; at most one checkpoint is in flight, so the next ``write`` first
     waits for it and raises its error)."""
 
-    def __init__(self, run: Run, created: bool, threaded: bool) -> None:
-        self.run, self.created, self.owner, self.closed = run, created, os.getpid(), False
+    def __init__(self, run: Run, created: bool, key: str, threaded: bool) -> None:
+        self.run, self.created, self.key, self.owner, self.closed = run, created, key, os.getpid(), False
+        _OPEN.add(key)
         self.pool = ThreadPoolExecutor(1, thread_name_prefix=f"landscape-recorder-{run.name}") if threaded else None
         self.pending: Future | None = None
 
@@ -345,9 +354,11 @@ class _Sink:
         self.closed = True
         if self.pool is not None:
             self.pool.shutdown(wait=True)
+        with _OPEN_LOCK:
+            _OPEN.discard(self.key)
         close_run(self.run, discard and self.created)
 
-    def close_at_exit(self, key: str) -> None:
+    def close_at_exit(self) -> None:
         """An unclosed recorder at interpreter exit (or garbage collected): write what is in flight, release."""
         if os.getpid() != self.owner:
             return
@@ -358,8 +369,6 @@ class _Sink:
                   file=sys.stderr)
         finally:
             self.close(False)
-            with _OPEN_LOCK:
-                _OPEN.discard(key)
 
 
 # ------------------------------------------------------------------------------------------- helpers
