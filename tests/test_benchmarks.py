@@ -75,17 +75,21 @@ def test_after_runs_untimed_after_every_call_warm_up_included():
     assert times == {"a": [1, 2], "b": [10, 20]}
 
 
-def test_the_recorder_benchmark_runs_its_quick_mode(tmp_path, monkeypatch):
-    """benchmarks/recorder.py --quick: every method of the per-save table and of the loop runs (toy sizes), and
-    its figures are recorded, none of them judged against a goal."""
+def test_the_recorder_benchmark_runs_in_its_quick_mode(tmp_path, monkeypatch, capsys):
+    """The recorder benchmark's code at toy size (one round, nothing measured): every figure recorded."""
     import recorder
 
     path = tmp_path / "r.jsonl"
     monkeypatch.setenv(_common.RECORDS_ENV, str(path))
     assert recorder.main(["--quick"]) == 0
     figures = [json.loads(line) for line in path.read_text().splitlines()]
-    assert len(figures) == 3 + 5  # one save: inline, the thread's call, + flush; the loop: 3 x none, 2 x torch.save
-    assert all(f["value"] > 0 and f["goal"] is None and f["repeats"] == 2 for f in figures)
+    names = [f["figure"] for f in figures]
+    for writer in ("inline", "thread"):
+        assert any(f"Recorder {writer}: loop + a checkpoint per epoch" in n for n in names)
+        assert any(f"per-save cost, Recorder {writer}: save: ms per MiB" in n for n in names)
+    assert all(np.isfinite(f["value"]) for f in figures)  # one noisy round: a fitted slope may come out negative
+    assert all(f["value"] > 0 for f in figures if "loop + a checkpoint" in f["figure"])
+    assert "torch.save + fsync" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("samples", [[3.0], [1.0, 2.0], [5.0, 1.0, 4.0, 2.0, 3.0], [0.56, 1.21, 1.58, 0.57, 0.9, 2.4]])

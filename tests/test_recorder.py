@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import h5py
@@ -31,7 +30,7 @@ from landscape.errors import NonFiniteError, UsageError
 from landscape.models import build_model
 from landscape.results import read_result
 from landscape.store import Store
-from landscape.train.accounting import AccountantWarning, PrivacyEvent, composed_epsilon
+from landscape.train.accounting import PrivacyEvent, composed_epsilon
 from landscape.train.pruning import inherited_privacy
 
 # Opacus' own notices (secure RNG off; its hooks on inputs without grad): not ours to report
@@ -219,28 +218,19 @@ def test_a_sigkilled_recorder_leaves_a_run_that_continues(tmp_path, writer):
     for line in proc.stdout:
         if int(line) >= 3:
             break
-    deadline = time.monotonic() + 60  # steps 0-2 written (the thread may still be writing step 2)
-    while len(Store(tmp_path).run("k").checkpoints()) < 3:
+    deadline = time.monotonic() + 60  # steps 0-2 written (the thread may still be writing the last one)
+    while not (tmp_path / "k" / landscape.store.MANIFEST).is_file() or len(Store(tmp_path).run("k").checkpoints()) < 3:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     data, model = _digits_lenet()
-    holder = int((tmp_path / "k" / ".lock").read_text())
-    assert holder == proc.pid
-    with pytest.raises(landscape.store.RunBusyError, match=f"run 'k' is being written by another process .pid {holder}"):
+    assert int((tmp_path / "k" / ".lock").read_text()) == proc.pid  # the training process holds the run
+    with pytest.raises(landscape.store.RunBusyError, match=f"run 'k' is being written by another process .pid {proc.pid}"):
         landscape.Recorder(tmp_path, "k", model, data=data, steps_per_epoch=1, writer=writer)
     proc.kill()
     proc.wait()
     torch.manual_seed(0)
     model = build_model("lenet", input_shape=data.input_shape, num_classes=data.num_classes)
-    deadline = time.monotonic() + 10  # the lock goes when the killed process' last thread has exited
-    while True:
-        try:
-            rec = landscape.Recorder(tmp_path, "k", model, data=data, steps_per_epoch=1, writer=writer)
-            break
-        except landscape.store.RunBusyError:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-    assert not _alive(holder)
+    rec = landscape.Recorder(tmp_path, "k", model, data=data, steps_per_epoch=1, writer=writer)  # the lock is free
     with rec:
         last = rec.restore()
         assert last >= 2 and [i.step for i in rec.run.checkpoints()] == list(range(last + 1))
@@ -251,49 +241,105 @@ def test_a_sigkilled_recorder_leaves_a_run_that_continues(tmp_path, writer):
     assert not list((tmp_path / "k").glob(".*.tmp"))
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, dead but not yet reaped by init, counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+UNCLOSED_SCRIPT = """
+import sys, torch, landscape
+from landscape.data import load_dataset
+from landscape.models import build_model
+data = load_dataset("digits", subset=100)
+model = build_model("lenet", input_shape=data.input_shape, num_classes=data.num_classes)
+rec = landscape.Recorder(sys.argv[1], "k", model, data=data, steps_per_epoch=1, writer="thread")
+for step in range(3):
+    rec.save(step)
+"""
+
+
+def test_thread_writes_finish_at_exit_and_failures_are_raised_at_the_next_call(tmp_path):
+    """writer="thread": a recorder never closed still writes its last checkpoint at interpreter exit; a failed
+    write is raised by the next save, flush or close, the failed step is not the run's, and it may be saved again."""
+    subprocess.run([sys.executable, "-c", UNCLOSED_SCRIPT, str(tmp_path)], check=True, capture_output=True,
+                   env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    assert [i.step for i in Store(tmp_path).run("k").checkpoints()] == [0, 1, 2]
+    data, model = _digits_lenet()
+    rec = landscape.Recorder(tmp_path, "f", model, data=data, steps_per_epoch=1, writer="thread")
+    (tmp_path / "f" / "step-000000.h5").mkdir()  # the rename onto it fails
+    rec.save(0)  # returns at once; the write fails in the thread
+    with pytest.raises(Exception, match="step-000000.h5") as failed:
+        rec.save(1)  # raised here: nothing is written after a failed checkpoint
+    assert "Traceback" not in str(failed.value)
+    assert rec.last_step is None and Store(tmp_path).run("f").checkpoints() == []
+    rec.save(0)
+    with pytest.raises(Exception, match="step-000000.h5"):
+        rec.flush()
+    rec.save(0)
+    with pytest.raises(Exception, match="step-000000.h5"):
+        rec.close()
+    assert rec.last_step is None and Store(tmp_path).run("f").checkpoints() == []
+    with pytest.raises(UsageError, match="^the recorder of run 'f' is closed$"):
+        rec.save(0)
+    with landscape.Recorder(tmp_path, "f", model, data=data, steps_per_epoch=1, writer="thread") as rec:
+        (tmp_path / "f" / "step-000000.h5").rmdir()
+        rec.save(0)
+        rec.save(1)
+    assert [i.step for i in Store(tmp_path).run("f").checkpoints()] == [0, 1]
+
+
+def test_thread_writes_what_was_saved_while_the_loop_changes_the_model(tmp_path):
+    """The thread's checkpoint is the CPU copy taken when save was called, whatever the loop does next."""
+    data, model = _digits_lenet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    saved = {}
+    with landscape.Recorder(tmp_path, "t", model, data=data, optimizer=opt, steps_per_epoch=1, writer="thread") as rec:
+        for step in range(4):
+            _steps(model, opt, data, 1, start=step)
+            saved[step] = {k: v.clone() for k, v in model.state_dict().items()}
+            rec.save(step, extra={"seen": np.arange(step + 1)})
+            with torch.no_grad():  # changed at once, while the thread writes
+                for p in model.parameters():
+                    p.add_(1.0)
+    for step, state in saved.items():
+        ckpt = Store(tmp_path).load(f"t@step={step}")
+        assert all(torch.equal(ckpt.state_dict[k], v) for k, v in state.items()), step
+        assert np.array_equal(ckpt.extra["seen"], np.arange(step + 1))
+
+
+def test_two_recorders_open_at_once(tmp_path):
+    data, model = _digits_lenet()
+    a = landscape.Recorder(tmp_path, "a", model, data=data, steps_per_epoch=1, writer="thread")
+    b = landscape.Recorder(tmp_path, "b", model, data=data, steps_per_epoch=1)
+    for step in range(3):
+        a.save(step)
+        b.save(step)
+    a.close()
+    b.save(3)
+    b.close()
+    assert [i.step for i in Store(tmp_path).run("a").checkpoints()] == [0, 1, 2]
+    assert [i.step for i in Store(tmp_path).run("b").checkpoints()] == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize("writer", WRITERS)
 def test_every_dtype_and_a_large_checkpoint_reach_the_file_bit_exactly(tmp_path, writer):
-    """Dtypes numpy cannot hold (bfloat16), empty and 0-d tensors, numpy arrays, nested extras, a strided view and
-    20 MB of extra, by either writer; what is written is what was saved, though the tensors change once save
-    returns (the thread writes copies)."""
+    """Every dtype reaches the file exactly: dtypes numpy cannot hold (bfloat16), empty and 0-d tensors, numpy
+    arrays, nested extras, a non-contiguous tensor, a large one."""
     data, model = _digits_lenet()
     extra = {"bf16": torch.randn(3, 5).to(torch.bfloat16), "empty": torch.zeros(0, 4), "scalar": torch.tensor(7),
              "flags": torch.tensor([True, False]), "complex": torch.randn(4, dtype=torch.complex64),
              "nested": {"np": np.arange(6, dtype=np.int16).reshape(2, 3), "big": torch.randn(5_000_000)},
              "strided": torch.arange(20.0).reshape(4, 5).t()}
-    saved = _copied(extra)
-    state = _copied(model.state_dict())
     with landscape.Recorder(tmp_path, "dt", model, data=data, writer=writer) as rec:
         rec.save(0, epoch=0, extra=extra)
-        for value in (*model.state_dict().values(), extra["bf16"], extra["nested"]["big"], extra["nested"]["np"]):
-            value += 1  # the training loop goes on
     ckpt = Store(tmp_path).load("dt@init")
-    with h5py.File(ckpt.path, "r") as f:  # the torch dtype tags
+    with h5py.File(ckpt.path, "r") as f:  # the torch dtype tags an in-process write gives
         assert {f["state_dict"][k].attrs["torch_dtype"] for k in f["state_dict"]} == {"float32"}
         assert f["extra/bf16"].attrs["torch_dtype"] == "bfloat16" and "torch_dtype" not in f["extra/nested/np"].attrs
     for key, value in ckpt.extra.items():
-        want = saved
+        want = extra
         for part in key.split("/"):
             want = want[part]
         want = torch.as_tensor(want)
         got = torch.as_tensor(value)
         assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want), key
-    assert set(ckpt.extra) == {"bf16", "empty", "scalar", "flags", "complex", "nested/np", "nested/big", "strided"}
-    for k, v in state.items():
+    for k, v in model.state_dict().items():
         assert torch.equal(ckpt.state_dict[k], v)
-
-
-def _copied(arrays):
-    return {k: _copied(v) if isinstance(v, dict) else v.copy() if isinstance(v, np.ndarray) else v.clone()
-            for k, v in arrays.items()}
 
 
 def test_a_recorded_run_cannot_be_rerun_by_landscape(tmp_path):
@@ -323,9 +369,6 @@ def test_recorder_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path, wri
             landscape.Recorder(tmp_path, "x", model, data=data, steps_per_epoch=bad)
     with pytest.raises(UsageError, match="seed must be an integer"):
         landscape.Recorder(tmp_path, "x", model, data=data, seed="0")
-    (tmp_path / "a-file").write_text("")
-    with pytest.raises(landscape.errors.CheckpointError, match="^cannot create the store root"):
-        landscape.Recorder(tmp_path / "a-file", "x", model, data=data, writer=writer)
     assert not (tmp_path / "x").exists()
     with landscape.Recorder(tmp_path, "x", model, data=data, writer=writer) as rec:
         for bad in ("1", 1.5, None):
@@ -341,18 +384,16 @@ def test_recorder_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path, wri
             rec.save(-1, epoch=0)
         with pytest.raises(UsageError, match="epsilon must be a number >= 0"):
             rec.save(0, epoch=0, epsilon=float("nan"))
-        with pytest.raises(UsageError, match="^cannot store extra 'a/bad': ndarray of dtype object is not a numeric"):
-            rec.save(0, epoch=0, extra={"a": {"bad": np.array([object()])}})
-        for bad in (object(), [1.0, 2.0], torch.ones(2)):
+        for bad in (torch.ones(3), "0.5", None, True, {"a": 1}):  # refused by save itself, whatever the writer
             with pytest.raises(UsageError, match="^metric 'loss' must be a number, got "):
                 rec.save(0, epoch=0, metrics={"loss": bad})
+        with pytest.raises(UsageError, match="^cannot store ndarray of dtype object: not a numeric array$"):
+            rec.save(0, epoch=0, extra={"bad": np.array([object()])})
         with torch.no_grad():
             model[0].weight.view(-1)[0] = float("nan")
         with pytest.raises(NonFiniteError, match="is not finite"):
             rec.save(0, epoch=0)
     assert Store(tmp_path).run("x").checkpoints() == [] and not list((tmp_path / "x").glob("*.h5"))
-    with pytest.raises(UsageError, match="^the recorder of run 'x' is closed$"):
-        rec.save(0, epoch=0)
 
 
 def test_finite_weights_are_told_from_non_finite_ones_exactly(tmp_path):
@@ -386,7 +427,7 @@ def test_the_recorder_copies_weights_off_the_model_device(tmp_path, writer):
 
 
 def test_both_writers_write_the_same_run(tmp_path):
-    """The same checkpoints recorded inline and by the thread: the same manifest and files, apart from when they
+    """The same checkpoints recorded inline and by a thread: the same manifest and files, apart from when they
     were written."""
     data, model = _digits_lenet()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -414,75 +455,40 @@ def test_both_writers_write_the_same_run(tmp_path):
         assert all(np.array_equal(a.extra[k], b.extra[k]) for k in a.extra)
 
 
-@pytest.mark.parametrize("writer", WRITERS)
-def test_the_recorder_holds_the_lock_and_a_failed_write_is_raised_once(tmp_path, monkeypatch, writer):
-    """One writer per run (another Recorder of this process, another process); a failed write is raised by save
-    itself (inline) or by the next save, flush or close (thread), and the run's last step is the one on disk."""
+def test_the_recorder_holds_the_lock_in_this_process_and_raises_at_once(tmp_path, monkeypatch):
     data, model = _digits_lenet()
-    rec = landscape.Recorder(tmp_path, "w", model, data=data, steps_per_epoch=1, writer=writer)
-    assert rec.writer == writer and (tmp_path / "w" / ".lock").read_text().strip() == str(os.getpid())
-    with pytest.raises(landscape.store.RunBusyError, match="^run 'w' is being written by another Recorder of this "
-                                                           "process; one writer per run"):
-        landscape.Recorder(tmp_path, "w", model, data=data, steps_per_epoch=1, writer=writer)
+    rec = landscape.Recorder(tmp_path, "w", model, data=data, steps_per_epoch=1, writer="inline")
+    assert rec.writer == "inline" and (tmp_path / "w" / ".lock").read_text().strip() == str(os.getpid())
+    for writer in WRITERS:  # a second recorder of the run in this process (the store's lock is the process')
+        with pytest.raises(landscape.store.RunBusyError, match="^run 'w' is being written by another Recorder of "
+                                                               "this process; one writer per run"):
+            landscape.Recorder(tmp_path, "w", model, data=data, steps_per_epoch=1, writer=writer)
     code = f"from landscape.store import Store; Store({str(tmp_path)!r}).open_run('w')"
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
     assert other.returncode == 1 and f"being written by another process (pid {os.getpid()})" in other.stderr
     rec.save(0)
-    rec.flush()
-    assert [i.step for i in Store(tmp_path).run("w").checkpoints()] == [0]  # on disk when flush returns
+    assert [i.step for i in Store(tmp_path).run("w").checkpoints()] == [0]  # on disk when save returns
 
     def fail(*args, **kwargs):
         raise landscape.errors.CheckpointError("disk full")
 
     monkeypatch.setattr(landscape.store.Run, "save_checkpoint", fail)
     with pytest.raises(landscape.errors.CheckpointError, match="^disk full$"):
-        rec.save(1)  # inline: raised by save itself
-        rec.save(2)  # thread: step 1 failed in the thread; raised here, step 2 not sent
+        rec.save(1)  # raised by save itself
     assert rec.last_step == 0
-    if writer == "thread":
-        rec.save(1)
-        with pytest.raises(landscape.errors.CheckpointError, match="^disk full$"):
-            rec.close()  # raised by close, which releases the lock all the same
-        Store(tmp_path).open_run("w").close()
-        rec = landscape.Recorder(tmp_path, "w", model, data=data, steps_per_epoch=1, writer=writer)
     monkeypatch.undo()
     rec.save(1)
     rec.close()
     Store(tmp_path).open_run("w").close()  # the lock is free when close returns
-    assert [i.step for i in Store(tmp_path).run("w").checkpoints()] == [0, 1]
     with pytest.raises(UsageError, match="the recorder of run 'w' is closed"):
         rec.save(2)
-    with landscape.Recorder(tmp_path, "w", model, data=data, steps_per_epoch=1, writer=writer) as rec:
+    with landscape.Recorder(tmp_path, "w", model, data=data, steps_per_epoch=1, writer="inline") as rec:
         assert rec.last_step == 1
     with pytest.raises(ZeroDivisionError):  # an error before the first checkpoint frees the name
-        with landscape.Recorder(tmp_path, "fresh", model, data=data, steps_per_epoch=1, writer=writer):
+        with landscape.Recorder(tmp_path, "fresh", model, data=data, steps_per_epoch=1, writer="inline"):
             raise ZeroDivisionError
     assert not (tmp_path / "fresh").exists()
-
-
-UNCLOSED = """
-import sys, torch, landscape
-from landscape.data import load_dataset
-from landscape.models import build_model
-data = load_dataset("digits", subset=100)
-model = build_model("lenet", input_shape=data.input_shape, num_classes=data.num_classes)
-rec = landscape.Recorder(sys.argv[1], "u", model, data=data, steps_per_epoch=1, writer="thread")
-for step in range(3):
-    with torch.no_grad():
-        model[0].bias.fill_(step)
-    rec.save(step)
-"""
-
-
-def test_a_thread_recorder_never_closed_writes_its_checkpoints_at_exit_in_order(tmp_path):
-    subprocess.run([sys.executable, "-c", UNCLOSED, str(tmp_path)], check=True, capture_output=True,
-                   env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
-    store = Store(tmp_path)
-    assert [i.step for i in store.run("u").checkpoints()] == [0, 1, 2]
-    for step in range(3):  # each with the weights it was saved with
-        assert bool((store.load(f"u@step={step}").state_dict["0.bias"] == step).all())
-    store.open_run("u").close()
 
 
 def test_import_landscape_loads_neither_torch_nor_opacus():
@@ -653,13 +659,11 @@ def test_a_dp_run_recorded_from_a_dp_parent_composes_its_epsilon(tmp_path):
     ancestors = [PrivacyEvent(base["noise_multiplier"], base["sample_rate"], 4)]
     data, model, gsm, opt, loader, engine = _opacus_loop(sigma=1.1)
     privacy = OpacusPrivacy(engine, opt, loader, delta=1e-5)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", AccountantWarning)  # the parent's accountant too: nothing to say
-        with landscape.Recorder(tmp_path, "dp-child", gsm, data=data, optimizer=opt, privacy=privacy,
-                                parent="dp-base@last", steps_per_epoch=len(loader)) as rec:
-            rec.save()
-            _opacus_steps(gsm, opt, loader, 5)
-            rec.save()
+    with landscape.Recorder(tmp_path, "dp-child", gsm, data=data, optimizer=opt, privacy=privacy,
+                            parent="dp-base@last", steps_per_epoch=len(loader)) as rec:
+        rec.save()
+        _opacus_steps(gsm, opt, loader, 5)
+        rec.save()
     q = 1 / len(loader)
     init, last = store.load("dp-child@init"), store.load("dp-child@last")
     assert init.epsilon == pytest.approx(composed_epsilon(ancestors), rel=1e-6) and init.epsilon > 0
@@ -678,15 +682,6 @@ def test_a_dp_run_recorded_from_a_dp_parent_composes_its_epsilon(tmp_path):
             rec.save(0, epsilon=1.0)
         rec.save(0)
     assert store.load("sgd-child@init").epsilon is None
-    # another accountant than the parent's: one warning line, as train --from gives, and the parent's epsilon kept
-    data, model, gsm, opt, loader, engine = _opacus_loop(accountant="prv", sigma=1.1)
-    with pytest.warns(AccountantWarning, match="^run 'prv-child' accounts every step, its parent's too, with prv; "
-                                               "its parent dp-base@last reported epsilon"):
-        with landscape.Recorder(tmp_path, "prv-child", gsm, data=data, privacy=OpacusPrivacy(engine, opt, loader),
-                                parent="dp-base@last", steps_per_epoch=len(loader)) as rec:
-            rec.save()
-    parent_epsilon = store.run("prv-child").manifest["privacy"]["parent_epsilon"]
-    assert parent_epsilon["accountant"] == "rdp" and parent_epsilon["epsilon"] == store.load("dp-base@last").epsilon
 
 
 def test_recorder_refuses_a_bad_parent_in_one_line(tmp_path):
@@ -734,13 +729,9 @@ def test_examples_record_runs_that_the_analyses_read(tmp_path, capsys):
     from cli.main import main
 
     _example(tmp_path, "train_plain.py", "--epochs", "2")
-    _example(tmp_path, "train_plain.py", "--epochs", "2", "--run", "plain-thread", "--writer", "thread")
     _example(tmp_path, "train_opacus.py", "--epochs", "2")
     store = Store(tmp_path / "ck")
     plain, dp = store.run("plain"), store.run("opacus")
-    for info in plain.checkpoints():  # the same loop written in a thread: the same checkpoints
-        a, b = store.load(f"plain@step={info.step}"), store.load(f"plain-thread@step={info.step}")
-        assert all(torch.equal(a.state_dict[k], b.state_dict[k]) for k in a.state_dict)
     assert [i.step for i in plain.checkpoints()][0] == 0 and len(plain.checkpoints()) == 3
     assert dp.manifest["privacy"]["accounted"] is True and store.load("opacus@last").epsilon > 0
     assert plain.manifest["model_spec"]["name"] == dp.manifest["model_spec"]["name"]

@@ -1,275 +1,365 @@
-"""A Recorder never writes a run that no analysis can read: the model it is given must have the tensors of the model
-its spec builds (what every analysis rebuilds), through any wrapper that only prefixes the names; anything else
-is refused when it opens, in one line, with nothing written. `landscape import` looks through the same wrappers.
+"""landscape.Recorder never writes a run that analyses cannot read: the model it is given is checked against the
+model its landscape_spec builds (names, shapes, kinds of dtype), through every wrapper a training loop puts around
+it (torch.compile, DataParallel, DistributedDataParallel, Opacus' GradSampleModule, nested in any order); a model
+changed after its factory built it is refused in one line, with nothing written. `landscape import` looks through
+the same wrappers' key prefixes and refuses the same changes.
 
-The reference for "can be read" is the analyses themselves (interpolate, hessian, calibration, ntk through
-`landscape.api`) and the store's own strict load into the model the spec builds (`Checkpoint.build_model`)."""
+The reference is a plain model built from the spec: the recorded weights must load into it and give the same
+losses as the trained, wrapped model.
+"""
 
 from __future__ import annotations
 
-import random
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import run_cli
 from torch import nn
 
 import landscape
 from landscape import api
 from landscape.data import load_dataset
-from landscape.errors import UsageError
-from landscape.models import build_model
+from landscape.errors import IncompatibleError, UsageError
+from landscape.models import build_model, model_from_spec
+from landscape.params import plain_names
 from landscape.plugins import trusting
-from landscape.recorder import unwrap
 from landscape.store import Store
 
 pytestmark = pytest.mark.filterwarnings("ignore:Secure RNG turned off", "ignore:Full backward hook is firing",
-                                        "ignore:Using a non-full backward hook")
+                                        "ignore:Using a non-full backward hook", "ignore:Optimal order")
+opacus = pytest.importorskip("opacus")
 
-FACTORIES = '''
+NET = '''
 from torch import nn
 
 
-def make(input_shape, num_classes, width=4):
+def make(input_shape, num_classes, fix=False):
     c, h, w = input_shape
-    return nn.Sequential(nn.Conv2d(c, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(), nn.Flatten(),
-                         nn.Linear(width * h * w, num_classes))
-
-
-def fixed(input_shape, num_classes, width=4):
-    from opacus.validators import ModuleValidator
-
-    return ModuleValidator.fix(make(input_shape, num_classes, width))
+    net = nn.Sequential(nn.Conv2d(c, 4, 3, padding=1), nn.BatchNorm2d(4), nn.Tanh(), nn.Flatten(),
+                        nn.Linear(4 * h * w, num_classes))
+    if fix:  # what Opacus' tutorials do to a model, done inside the factory: analyses rebuild the fixed model
+        from opacus.validators import ModuleValidator
+        net = ModuleValidator.fix(net)
+    return net
 '''
 
 
 @pytest.fixture
-def code(tmp_path):
-    """A model file with a BatchNorm CNN (``make``) and the same CNN as Opacus' ModuleValidator fixes it
-    (``fixed``): the references that name them."""
-    path = tmp_path / "bn_cnn.py"
-    path.write_text(FACTORIES)
-    return f"{path}:make", f"{path}:fixed"
+def net(tmp_path):
+    path = tmp_path / "net.py"
+    path.write_text(NET)
+    return f"{path}:make"
 
 
-@pytest.fixture(scope="module")
-def data():
+def _data():
     return load_dataset("digits", subset=100)
 
 
-def _build(name, data):
-    return build_model(name, input_shape=data.input_shape, num_classes=data.num_classes)
+def _lenet(data, seed=0):
+    torch.manual_seed(seed)
+    return build_model("lenet", input_shape=data.input_shape, num_classes=data.num_classes)
 
 
-def _eager(model):
-    """torch.compile's wrapper (OptimizedModule) without compiling: the eager backend runs the same module."""
-    return torch.compile(model, backend="eager")
+def _train(model, data, steps, lr=0.05):
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for i in range(steps):
+        idx = torch.arange(i * 20, i * 20 + 20) % len(data.y_train)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(data.x_train[idx]), data.y_train[idx]).backward()
+        opt.step()
 
 
-def _grad_sample(model):
+def _same_weights(ckpt, model, code=()):
+    """The checkpoint holds ``model``'s weights under the plain model's names, loadable into a plain model."""
+    with trusting(code):
+        reference = model_from_spec(ckpt.model_spec)
+    reference.load_state_dict(ckpt.state_dict, strict=True)
+    for key, value in reference.state_dict().items():
+        assert torch.equal(value, _named(model, key)), key
+    assert set(ckpt.state_dict) == set(reference.state_dict())
+
+
+def _named(model, key):
+    """Tensor ``key`` (a plain name) of a possibly wrapped model."""
+    own = {plain: own for own, plain in plain_names(model).items()}
+    return model.state_dict()[own[key]]
+
+
+# ------------------------------------------------------------------------------------------ wrappers
+
+
+@pytest.mark.parametrize("wrap", ["compile", "compile-eager-trained", "compiled-submodule", "dataparallel",
+                                  "gsm-of-compiled", "compiled-gsm-of-dataparallel"])
+def test_wrappers_are_looked_through_in_any_order(tmp_path, wrap):
+    """The run holds the plain model's names and the trained weights; restore and parent= load through them."""
     from opacus import GradSampleModule
 
-    return GradSampleModule(model)
-
-
-WRAPPERS = {
-    "compiled": _eager,
-    "GradSampleModule(compiled)": lambda m: _grad_sample(_eager(m)),
-    "compiled(GradSampleModule)": lambda m: _eager(_grad_sample(m)),
-    "DataParallel": nn.DataParallel,
-    "DataParallel(GradSampleModule(compiled))": lambda m: nn.DataParallel(_grad_sample(_eager(m))),
-}
-
-
-@pytest.mark.parametrize("wrap", WRAPPERS, ids=list(WRAPPERS))
-def test_every_wrapper_is_looked_through_and_the_run_loads_into_the_model_its_spec_builds(tmp_path, data, wrap):
-    model = _build("lenet", data)
-    wrapped = WRAPPERS[wrap](model)
-    assert any(k.startswith(("_orig_mod.", "_module.", "module.")) for k in wrapped.state_dict())
-    assert unwrap(wrapped) is model
-    with landscape.Recorder(tmp_path, "w", wrapped, data=data, steps_per_epoch=1) as rec:
+    data = _data()
+    model = _lenet(data)
+    wrapped = {
+        "compile": lambda: torch.compile(model),  # the default backend: compiled at the first call, never made here
+        "compile-eager-trained": lambda: torch.compile(model, backend="eager"),
+        "compiled-submodule": lambda: (model.__setitem__(0, torch.compile(model[0], backend="eager")), model)[1],
+        "dataparallel": lambda: nn.DataParallel(model),  # on the CPU it calls the module
+        "gsm-of-compiled": lambda: GradSampleModule(torch.compile(model, backend="eager")),
+        "compiled-gsm-of-dataparallel": lambda: torch.compile(GradSampleModule(nn.DataParallel(model)),
+                                                              backend="eager"),
+    }[wrap]()
+    if wrap != "compile":
+        _train(wrapped, data, 2)
+    opt = torch.optim.SGD(wrapped.parameters(), lr=0.05, momentum=0.9)
+    with landscape.Recorder(tmp_path, "w", wrapped, data=data, optimizer=opt, steps_per_epoch=1) as rec:
         rec.save(0)
-    ckpt = Store(tmp_path).load("w@init")
-    assert list(ckpt.state_dict) == list(model.state_dict())
-    rebuilt = ckpt.build_model()  # what every analysis does: strict load into the model the spec builds
-    for key, value in model.state_dict().items():
-        assert torch.equal(rebuilt.state_dict()[key], value), key
+        if wrap != "compile":
+            _train(wrapped, data, 1)
+        rec.save(1)
+    ckpt = Store(tmp_path).load("w@last")
+    _same_weights(ckpt, wrapped)
+    saved = {k: v.clone() for k, v in wrapped.state_dict().items()}
+    with torch.no_grad():
+        for p in wrapped.parameters():
+            p.zero_()
+    with landscape.Recorder(tmp_path, "w", wrapped, data=data, optimizer=opt, steps_per_epoch=1) as rec:
+        assert rec.restore() == 1  # loaded back through the wrappers
+    assert all(torch.equal(v, saved[k]) for k, v in wrapped.state_dict().items())
+    with landscape.Recorder(tmp_path, "child", wrapped, data=data, parent="w@last", steps_per_epoch=1) as rec:
+        rec.save(0)
+    assert all(torch.equal(v, ckpt.state_dict[k]) for k, v in Store(tmp_path).load("child@init").state_dict.items())
 
 
-def test_distributed_data_parallel_is_looked_through(tmp_path, data):
+def test_distributed_data_parallel_is_looked_through(tmp_path):
+    """DDP (one gloo process on this machine), compiled around it as torch's DDP tutorials do."""
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    data = _data()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:
-        model = _build("lenet", data)
-        with landscape.Recorder(tmp_path, "ddp", nn.parallel.DistributedDataParallel(model), data=data) as rec:
-            rec.save(0, epoch=0)
+        ddp = torch.compile(nn.parallel.DistributedDataParallel(_lenet(data)), backend="eager")
+        _train(ddp, data, 2)
+        with landscape.Recorder(tmp_path, "ddp", ddp, data=data, steps_per_epoch=1) as rec:
+            rec.save(2)
     finally:
         dist.destroy_process_group()
-    assert list(Store(tmp_path).load("ddp@init").state_dict) == list(model.state_dict())
+    _same_weights(Store(tmp_path).load("ddp@last"), ddp)
 
 
-def test_a_model_changed_after_build_model_is_refused_at_open_saying_what_differs(tmp_path, data, code):
-    """ModuleValidator.fix in the loop (BatchNorm -> GroupNorm), a replaced head, a swapped layer: one line naming
-    the first tensor that differs and how to fix it; nothing written. The same fix inside the factory is accepted,
-    and its run loads into the model its spec builds."""
-    from opacus.validators import ModuleValidator
-
-    make, fixed = code
-    how = ("analyses rebuild the model from its spec: make the change inside the factory (e.g. apply Opacus' "
-           "ModuleValidator.fix there), or build the model with build_model from a factory that returns the "
-           "changed model")
-    head = _build("lenet", data)
-    head[-1] = nn.Linear(84, 5)
-    swapped = _build(make, data)
-    swapped[0] = nn.Conv2d(1, 6, 3, padding=1)
-    cases = {
-        "fixed in the loop": (_eager(ModuleValidator.fix(_build(make, data))),
-                              f"the model is not the one its spec ('{make}') builds: tensor '1.running_mean' of the "
-                              "model its spec builds is missing from yours"),
-        "replaced head": (head, "the model is not the one its spec ('lenet') builds: tensor '11.weight' has shape "
-                                "(5, 84) in your model but (10, 84) in the model its spec builds"),
-        "swapped layer": (swapped, "tensor '0.weight' has shape (6, 1, 3, 3) in your model but (4, 1, 3, 3)"),
-    }
-    for name, (model, message) in cases.items():
-        with pytest.raises(UsageError) as refused:
-            landscape.Recorder(tmp_path, "r", model, data=data, steps_per_epoch=1)
-        text = str(refused.value)
-        assert message in text and text.endswith(how) and "\n" not in text, name
-    assert not (tmp_path / "r").exists()
-
-    model = _build(fixed, data)
-    with landscape.Recorder(tmp_path, "r", _eager(ModuleValidator.fix(model)), data=data, steps_per_epoch=1) as rec:
-        rec.save(0)
-    with trusting([fixed]):
-        rebuilt = Store(tmp_path).load("r@init").build_model()
-    assert any(isinstance(m, nn.GroupNorm) for m in rebuilt.modules())
-
-
-def test_an_unknown_wrapper_and_a_model_changed_while_recording_are_refused(tmp_path, data):
+def test_a_wrapper_the_recorder_does_not_know_is_named_in_one_line(tmp_path):
     class Wrapper(nn.Module):
         def __init__(self, inner):
             super().__init__()
-            self.net = inner
+            self.inner = inner
 
-    model = _build("lenet", data)
-    with pytest.raises(UsageError, match=r"^the model is a Wrapper around the model build_model made \(at 'net'\), a "
-                                         r"wrapper the Recorder does not know: .* pass the inner model \(model.net\)$"):
-        landscape.Recorder(tmp_path, "u", Wrapper(model), data=data)
-    with landscape.Recorder(tmp_path, "u", model, data=data, steps_per_epoch=1) as rec:
-        rec.save(0)
-        model[-1] = nn.Linear(84, 3)
-        with pytest.raises(UsageError, match="^the model has changed since the Recorder opened: tensor '11.weight' "
-                                             r"has shape \(3, 84\)"):
-            rec.save(1)
-    assert [i.step for i in Store(tmp_path).run("u").checkpoints()] == [0]
-
-
-def test_opening_a_recorder_leaves_the_random_number_generators_as_they_were(tmp_path, data):
-    """The model the spec builds (to compare with) draws no number the training loop would have drawn."""
-    model = _build("lenet", data)
-    draws = []
-    for record in (False, True):
-        torch.manual_seed(3)
-        random.seed(3)
-        np.random.seed(3)  # noqa: NPY002 (a user's loop seeds the global generators)
-        if record:
-            landscape.Recorder(tmp_path, "g", model, data=data).close()
-        draws.append((torch.rand(3).tolist(), random.random(), np.random.rand()))  # noqa: NPY002
-    assert draws[0] == draws[1]
+    data = _data()
+    model = _lenet(data)
+    with pytest.raises(UsageError, match=r"^the model is a Wrapper holding the landscape model at 'inner' \(its state "
+                                         r"dict names start 'inner.'\), a wrapper the Recorder does not look through"):
+        landscape.Recorder(tmp_path, "x", Wrapper(model), data=data)
+    disguised = Wrapper(model)
+    disguised.landscape_spec = model.landscape_spec  # the spec copied onto the wrapper: its names still tell
+    with pytest.raises(UsageError, match="^the model's state dict names start 'inner.': a Wrapper around the model, "
+                                         "a wrapper the Recorder does not look through"):
+        landscape.Recorder(tmp_path, "x", disguised, data=data)
+    assert not (tmp_path / "x").exists()
 
 
-def test_import_looks_through_the_same_wrappers_and_refuses_another_structure(tmp_path, data, code, capsys):
-    """landscape import: a compiled model's state dict (``_orig_mod.`` names, under DataParallel's ``module.``) is imported
-    under the model's names; weights of the fixed model named with the BatchNorm factory: one line, exit 1."""
+# ------------------------------------------------------------------------------------------ changed models
+
+
+def test_a_model_changed_after_its_factory_is_refused_at_open_and_nothing_is_written(tmp_path, net):
+    """ModuleValidator.fix outside the factory, a replaced head, a swapped layer, a converted dtype kind: one line
+    naming the first difference and the fix; no run directory. The factory that applies the fix is accepted."""
     from opacus.validators import ModuleValidator
 
-    from cli.main import main
+    data = _data()
+    built = build_model(net, input_shape=data.input_shape, num_classes=data.num_classes)
+    head = build_model(net, input_shape=data.input_shape, num_classes=data.num_classes)
+    head[4] = nn.Linear(4 * 64, 3)
+    swapped = build_model(net, input_shape=data.input_shape, num_classes=data.num_classes)
+    swapped[0] = nn.Conv2d(1, 8, 3, padding=1)
+    integer = build_model(net, input_shape=data.input_shape, num_classes=data.num_classes)
+    integer[1].running_mean = integer[1].running_mean.long()
+    cases = [
+        (ModuleValidator.fix(built), "tensor '1.running_mean' is missing .the spec's model has it."),
+        (torch.compile(ModuleValidator.fix(built), backend="eager"), "tensor '1.running_mean' is missing .*"),
+        (head, r"tensor '4.weight' is \(3, 256\) here, \(10, 256\) in the spec's model"),
+        (swapped, r"tensor '0.weight' is \(8, 1, 3, 3\) here, \(4, 1, 3, 3\) in the spec's model"),
+        (integer, r"tensor '1.running_mean' is int64 \(integer\) here, float32 \(floating point\) in the spec's model"),
+    ]
+    for model, what in cases:
+        with pytest.raises(IncompatibleError, match=f"^the model is not the one its landscape_spec builds: {what}; ") as e:
+            landscape.Recorder(tmp_path, "x", model, data=data)
+        assert "\n" not in str(e.value) and "ModuleValidator.fix there" in str(e.value)
+        assert "a factory that returns the changed model" in str(e.value)
+    assert not (tmp_path / "x").exists()
+    fixed = build_model(net, input_shape=data.input_shape, num_classes=data.num_classes, fix=True)
+    with landscape.Recorder(tmp_path, "x", ModuleValidator.fix(fixed), data=data) as rec:  # fix: a no-op now
+        rec.save(0, epoch=0)
+    assert "1.running_mean" not in Store(tmp_path).load("x@init").state_dict
 
-    make, _ = code
-    model = _build(make, data)
-    torch.save(nn.DataParallel(_eager(model)).state_dict(), tmp_path / "compiled.pt")
-    torch.save(ModuleValidator.fix(model).state_dict(), tmp_path / "fixed.pt")
-    root = str(tmp_path / "store")
-    for file, run, exit_code in (("compiled.pt", "c", 0), ("fixed.pt", "f", 1)):
-        with pytest.raises(SystemExit) as done:
-            main(["--root", root, "import", str(tmp_path / file), "--model", make, "--data", "digits",
-                  "--run", run])
-        assert done.value.code == exit_code
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "Traceback" not in err
-    assert f"fixed.pt: missing tensor '1.running_mean' that model '{make}' expects" in err
-    assert Store(root).run_names() == ["c"]
-    with trusting([make]):
-        rebuilt = Store(root).load("c@init").build_model()
-    assert all(torch.equal(rebuilt.state_dict()[k], v) for k, v in model.state_dict().items())
 
-
-def test_a_run_whose_code_now_builds_another_structure_is_refused_in_one_line(tmp_path, data, code, capsys):
-    from cli.main import main
-
-    make, _ = code
-    with landscape.Recorder(tmp_path / "store", "r", _build(make, data), data=data, steps_per_epoch=1) as rec:
+def test_a_model_changed_between_saves_is_refused_at_that_save(tmp_path):
+    data = _data()
+    model = _lenet(data)
+    with landscape.Recorder(tmp_path, "r", model, data=data, steps_per_epoch=1, writer="thread") as rec:
         rec.save(0)
-    file = Path(make.rpartition(":")[0])
-    file.write_text(file.read_text().replace("nn.Conv2d(c, width, 3, padding=1)", "nn.Conv2d(c, width, 5, padding=2)"))
-    for accept, needle in (([], "changed since it was recorded"),
-                           (["--accept-changed-code"], "tensor '0.weight' has shape (4, 1, 3, 3) but model")):
-        with pytest.raises(SystemExit) as done:
-            main(["--root", str(tmp_path / "store"), "--code", make, *accept, "calibration", "r@init", "--no-figure",
-                  "-o", str(tmp_path / "c.h5")])
-        err = capsys.readouterr().err
-        assert done.value.code == 1 and err.startswith("error: ") and needle in err and err.count("\n") == 1
-    assert not (tmp_path / "c.h5").exists()
+        model[-1] = nn.Linear(84, 4)  # a new head, mid-training
+        with pytest.raises(IncompatibleError, match=r"^step 1: the model is not the one its landscape_spec builds: "
+                                                    r"tensor '11.weight' is \(4, 84\) here"):
+            rec.save(1)
+    assert [i.step for i in Store(tmp_path).run("r").checkpoints()] == [0]
 
 
-def test_a_compiled_opacus_fixed_loop_recorded_from_a_worker_thread_is_read_by_every_analysis(tmp_path, data, code):
-    """The researcher's loop: the model compiled, fixed by Opacus' ModuleValidator, wrapped in GradSampleModule by
-    make_private, DP-SGD steps recorded from a worker thread (inline and by the writer thread). Fixed in the loop
-    it is refused at open; fixed in its factory the run is read by interpolate, hessian, calibration and ntk."""
+def test_a_factory_that_reads_tensor_values_is_checked_too(tmp_path):
+    """The spec's model is built on the meta device unless its factory reads values (here a width from a tensor):
+    then on the CPU, as analyses build it, and the check is the same."""
+    path = tmp_path / "valued.py"
+    path.write_text("import torch\nfrom torch import nn\n\n\ndef make(input_shape, num_classes):\n"
+                    "    width = int(torch.tensor([3, 4]).sum().item())\n"
+                    "    return nn.Sequential(nn.Flatten(), nn.Linear(64, width), nn.Linear(width, num_classes))\n")
+    data = _data()
+    model = build_model(f"{path}:make", input_shape=data.input_shape, num_classes=data.num_classes)
+    with landscape.Recorder(tmp_path, "v", model, data=data) as rec:
+        rec.save(0, epoch=0)
+    model[2] = nn.Linear(7, 5)
+    with pytest.raises(IncompatibleError, match=r"tensor '2.weight' is \(5, 7\) here, \(10, 7\) in the spec's model"):
+        landscape.Recorder(tmp_path, "w", model, data=data)
+
+
+def test_opening_a_recorder_leaves_torch_random_state_alone(tmp_path):
+    """Building the spec's model to compare with draws its initial weights: under a forked generator."""
+    data = _data()
+    model = _lenet(data)
+    before = torch.get_rng_state()
+    with landscape.Recorder(tmp_path, "r", model, data=data):
+        pass
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+# ------------------------------------------------------------------------------------------ import and analyses
+
+
+def test_import_looks_through_the_same_wrappers_and_refuses_a_changed_model(tmp_path, capsys, net):
+    from opacus import GradSampleModule
+    from opacus.validators import ModuleValidator
+
+    data = _data()
+    fixed = build_model(net, input_shape=data.input_shape, num_classes=data.num_classes, fix=True)
+    torch.save(GradSampleModule(torch.compile(fixed, backend="eager")).state_dict(), "gsm.pt")
+    code, _, err = run_cli("--root", tmp_path / "ck", "import", "gsm.pt", "--model", net, "--model-kwargs",
+                           '{"fix": true}', "--data", "digits", "--run", "imported", capsys=capsys)
+    assert code == 0, err
+    for key, value in Store(tmp_path / "ck").load("imported@init").state_dict.items():
+        assert torch.equal(value, fixed.state_dict()[key]), key
+    model = build_model(net, input_shape=data.input_shape, num_classes=data.num_classes)
+    torch.save(ModuleValidator.fix(model).state_dict(), "fixed.pt")
+    code, _, err = run_cli("--root", tmp_path / "ck", "import", "fixed.pt", "--model", net, "--data", "digits",
+                           "--run", "fixed", capsys=capsys)
+    assert code == 1 and err.count("\n") == 1 and "missing tensor '1.running_mean'" in err
+    assert not (tmp_path / "ck" / "fixed").exists()
+
+
+def test_a_run_whose_code_now_builds_another_structure_is_one_line_at_analysis(tmp_path, capsys, net):
+    """The factory's file changed after recording (a wider layer), used anyway: each analysis refuses in one line."""
+    data = _data()
+    model = build_model(net, input_shape=data.input_shape, num_classes=data.num_classes)
+    with landscape.Recorder(tmp_path / "ck", "r", model, data=data, steps_per_epoch=1) as rec:
+        rec.save(0)
+        rec.save(1)
+    path = Path(net.rsplit(":", 1)[0])
+    path.write_text(NET.replace("nn.Conv2d(c, 4, 3", "nn.Conv2d(c, 5, 3"))
+    for command in (["calibration", "r@last"], ["interpolate", "r@init", "r@last"]):
+        code, _, err = run_cli("--root", tmp_path / "ck", "--code", net, *command, "--no-figure", "-o", "x.h5",
+                               capsys=capsys)
+        assert code == 1 and err.count("\n") == 1 and "--accept-changed-code" in err
+        code, _, err = run_cli("--root", tmp_path / "ck", "--code", net, "--accept-changed-code", *command,
+                               "--no-figure", "-o", "x.h5", capsys=capsys)
+        assert code == 1 and err.count("\n") == 1 and "tensor '0.weight' has shape" in err, err
+        assert not Path("x.h5").exists()
+
+
+# ------------------------------------------------------------------------------------------ the researcher's loop
+
+
+def _researcher_loop(root, net, data, *, fix_in_factory: bool):
+    """Compile, fix with Opacus' ModuleValidator, make private (GradSampleModule), record from a worker thread
+    (the recorder opened there, the thread gone when the analyses run). Returns the error the thread raised."""
     from opacus import PrivacyEngine
     from opacus.validators import ModuleValidator
 
     from landscape.integrations.opacus import OpacusPrivacy
 
-    make, fixed = code
-    failures: list[BaseException] = []
+    outcome = {}
 
-    def loop(factory, run, writer):
-        torch.manual_seed(0)
-        model = _eager(ModuleValidator.fix(_build(factory, data)))
-        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data.x_train, data.y_train),
-                                             batch_size=25)
-        engine = PrivacyEngine(accountant="rdp")
-        gsm, opt, loader = engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                                               data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0)
+    def work():
         try:
-            with landscape.Recorder(tmp_path, run, gsm, data=data, optimizer=opt, writer=writer,
-                                    privacy=OpacusPrivacy(engine, opt, loader), steps_per_epoch=len(loader)) as rec:
+            torch.manual_seed(0)
+            model = build_model(net, input_shape=data.input_shape, num_classes=data.num_classes, fix=fix_in_factory)
+            model = ModuleValidator.fix(torch.compile(model, backend="eager"))
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data.x_train, data.y_train),
+                                                 batch_size=25)
+            engine = PrivacyEngine(accountant="rdp")
+            model, optimizer, loader = engine.make_private(module=model, optimizer=optimizer, data_loader=loader,
+                                                           noise_multiplier=1.0, max_grad_norm=1.0)
+            privacy = OpacusPrivacy(engine, optimizer, loader)
+            with landscape.Recorder(root, "dp", model, data=data, optimizer=optimizer, privacy=privacy,
+                                    steps_per_epoch=len(loader), config={"optimizer": "dpsgd"},
+                                    writer="thread") as rec:
                 rec.save()
                 for x, y in loader:
-                    opt.zero_grad()
-                    nn.functional.cross_entropy(gsm(x), y).backward()
-                    opt.step()
+                    optimizer.zero_grad()
+                    nn.functional.cross_entropy(model(x), y).backward()
+                    optimizer.step()
+                    if privacy.steps() == 3:
+                        break
                 rec.save()
-        except BaseException as exc:  # noqa: BLE001 (raised in the test's thread below)
-            failures.append(exc)
+            outcome["model"] = model
+        except Exception as exc:  # noqa: BLE001 (handed to the test)
+            outcome["error"] = exc
 
-    for factory, run, writer in ((make, "in-loop", "inline"), (fixed, "dp", "inline"), (fixed, "dp-thread", "thread")):
-        worker = threading.Thread(target=loop, args=(factory, run, writer))
-        worker.start()
-        worker.join()
-    refused, *others = failures
-    assert others == [] and isinstance(refused, UsageError) and "'1.running_mean'" in str(refused)
-    assert not (tmp_path / "in-loop").exists()
-    store = Store(tmp_path)
-    for run in ("dp", "dp-thread"):
-        assert store.load(f"{run}@last").step == len(data.y_train) // 25 and store.load(f"{run}@last").epsilon > 0
-    options = dict(root=tmp_path, figure=False, code=[fixed])
-    api.interpolate("dp@init", "dp-thread@last", points=3, output=tmp_path / "i.h5", **options)
-    api.hessian(["dp@last"], top_k=1, subset=32, lanczos_steps=5, output=tmp_path / "h.h5", **options)
-    api.calibration("dp-thread@last", bins=5, output=tmp_path / "c.h5", **options)
-    api.ntk("dp@last", subset=8, output=tmp_path / "n.h5", **options)
-    assert all((tmp_path / f"{name}.h5").is_file() for name in "ihcn")
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    return outcome
+
+
+def test_a_compiled_fixed_private_loop_recorded_from_a_thread_is_refused_at_open_or_read_by_every_analysis(
+        tmp_path, net):
+    data = _data()
+    naive = _researcher_loop(tmp_path / "naive", net, data, fix_in_factory=False)
+    assert isinstance(naive.get("error"), IncompatibleError), naive
+    assert "tensor '1.running_mean' is missing" in str(naive["error"]) and "ModuleValidator.fix there" in str(
+        naive["error"])
+    assert not (tmp_path / "naive" / "dp").exists()
+
+    root = tmp_path / "fixed"
+    done = _researcher_loop(root, net, data, fix_in_factory=True)
+    assert "error" not in done, done.get("error")
+    store = Store(root)
+    assert [i.step for i in store.run("dp").checkpoints()] == [0, 3]
+    last = store.load("dp@last")
+    assert last.epsilon > 0 and store.run("dp").manifest["privacy"]["steps"] == 3
+    _same_weights(last, done["model"], [net])
+    common = dict(root=root, code=[net], figure=False)
+    interp = api.interpolate("dp@init", "dp@last", points=3, output=tmp_path / "i.h5", **common)
+    hessian = api.hessian(["dp@last"], top_k=1, subset=32, lanczos_steps=8, device="cpu", output=tmp_path / "h.h5",
+                          **common)
+    calibration = api.calibration("dp@last", bins=5, output=tmp_path / "c.h5", **common)
+    ntk = api.ntk("dp@last", subset=8, output=tmp_path / "n.h5", **common)
+    # the reference: the plain model the spec builds, with the recorded weights, in plain PyTorch
+    with trusting([net]):
+        plain = model_from_spec(last.model_spec)
+    plain.load_state_dict(last.state_dict)
+    plain.eval()
+    with torch.no_grad():
+        logits = plain(data.x_train)
+        loss = nn.functional.cross_entropy(logits, data.y_train).item()
+    assert interp.alpha[-1] == 1.0 and interp.loss["train"][-1] == pytest.approx(loss, rel=1e-5)
+    with torch.no_grad():
+        test_acc = (plain(data.x_test).argmax(1) == data.y_test).float().mean().item()
+    assert calibration.rows[0].split == "test" and calibration.rows[0].accuracy == pytest.approx(test_acc, abs=1e-9)
+    assert hessian.eigenvalues.shape == (1, 1) and np.isfinite(hessian.eigenvalues).all()
+    assert ntk.K.shape == (8, 8) and np.allclose(ntk.K, ntk.K.T, atol=1e-5)

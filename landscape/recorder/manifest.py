@@ -1,4 +1,4 @@
-"""A recorded run's manifest fields, and opening a run again to continue it (what else may not be written to)."""
+"""A recorded run's manifest fields, and creating or continuing the run (``open_run``)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch import nn
+
 from landscape.errors import UsageError
 from landscape.jsonable import to_jsonable
+from landscape.params import unwrap
 from landscape.store import MANIFEST, Checkpoint, Run, Store
 from landscape.train.accounting import PrivacyHistory
 
@@ -24,13 +28,14 @@ RECORDER_FORMAT = "landscape-recorder/1"
 def open_run(store: Store, name: str, fields: dict[str, Any], lineage: dict[str, Any] | None,
              privacy: dict[str, Any], extra: dict[str, Any]) -> tuple[Run, bool]:
     """Create run ``name``, or open it (taking its lock) when it exists and this recorder would have created it.
-    Returns the run and whether it was created. ``privacy`` is the run's privacy record at step 0."""
+    Returns the run and whether it was created. ``privacy`` is the run's privacy record at step 0 (its fields but
+    ``steps`` are fixed)."""
     if not (store.root / name / MANIFEST).is_file():
         return store.create_run(name, lineage=lineage, extra=extra, **fields), True
     run = store.open_run(name)
     try:
         check_same(run, fields, lineage, privacy)
-        if privacy.get("accounted"):  # killed between a checkpoint and its manifest update
+        if privacy.get("accounted"):  # a recorder killed between a checkpoint and its manifest update
             infos = run.checkpoints()
             last = infos[-1].step if infos else 0
             if run.manifest["privacy"].get("steps") != last:
@@ -39,18 +44,6 @@ def open_run(store: Store, name: str, fields: dict[str, Any], lineage: dict[str,
         run.close()
         raise
     return run, False
-
-
-def close_run(run: Run, discard: bool) -> None:
-    """Release the run's lock; with ``discard`` remove the run first if it holds no checkpoint (freeing the name
-    of a run an error ended before its first checkpoint)."""
-    try:
-        if discard:
-            with contextlib.suppress(Exception):
-                if not run.checkpoints():
-                    shutil.rmtree(run.path, ignore_errors=True)
-    finally:
-        run.close()
 
 
 def check_same(run: Run, fields: dict[str, Any], lineage: dict[str, Any] | None, privacy: dict[str, Any]) -> None:
@@ -79,8 +72,20 @@ def check_same(run: Run, fields: dict[str, Any], lineage: dict[str, Any] | None,
                          f"{short(fixed)}); record into a new run name")
 
 
+def close_run(run: Run, discard: bool) -> None:
+    """Release the run's lock; with ``discard`` (a run this recorder created, left by an error before its first
+    checkpoint) remove the run if it holds no checkpoint, freeing the name."""
+    try:
+        if discard:
+            with contextlib.suppress(Exception):
+                if not run.checkpoints():
+                    shutil.rmtree(run.path, ignore_errors=True)
+    finally:
+        run.close()
+
+
 def parent_of(store: Store, parent: Any, model_spec: dict[str, Any]
-              ) -> tuple[Checkpoint | None, dict[str, Any] | None, PrivacyHistory]:
+            ) -> tuple[Checkpoint | None, dict[str, Any] | None, PrivacyHistory]:
     """The parent checkpoint of ``parent=``, the run's lineage and the parent's privacy history."""
     from landscape.train.pruning import MASK_ARRAY, inherited_privacy, lineage_of
 
@@ -97,10 +102,24 @@ def parent_of(store: Store, parent: Any, model_spec: dict[str, Any]
             MASK_ARRAY in store.run(ckpt.run).array_names():
         raise UsageError(f"parent {ref} is a pruned run: a recorder cannot keep its pruned weights at zero in your "
                          "loop; train the child with landscape train --from")
-    history = inherited_privacy(store, ckpt)
-    if history.parent_epsilon is not None:
-        history.parent_epsilon["ref"] = ref  # as the user named it, as train --from records it
-    return ckpt, lineage_of(ckpt, ref), history
+    return ckpt, lineage_of(ckpt, ref), inherited_privacy(store, ckpt)
+
+
+def model_spec(model: nn.Module) -> dict[str, Any]:
+    """The ``landscape_spec`` of the model inside ``model``'s wrappers (``landscape.params.unwrap``)."""
+    inner = unwrap(model)
+    spec = getattr(inner, "landscape_spec", None)
+    if not isinstance(spec, Mapping) or "name" not in spec:
+        held = next((name for name, module in inner.named_modules()
+                     if name and isinstance(getattr(module, "landscape_spec", None), Mapping)), None)
+        if held is not None:
+            raise UsageError(
+                f"the model is a {type(inner).__name__} holding the landscape model at '{held}' (its state dict names "
+                f"start '{held}.'), a wrapper the Recorder does not look through (it looks through torch.compile, "
+                "DataParallel, DistributedDataParallel and Opacus' GradSampleModule); give it the model inside")
+        raise UsageError(f"the model ({type(inner).__name__}) has no landscape_spec: build it with "
+                         "landscape.models.build_model(...) so that analyses can rebuild it")
+    return jsonable(spec, "the model spec")
 
 
 def data_spec(data: Any) -> dict[str, Any]:
@@ -128,8 +147,6 @@ def short(value: Any) -> str:
 
 def recorder_record() -> dict[str, Any]:
     """How the run was recorded: the script (``__main__``) and its sha256, torch and python versions."""
-    import torch
-
     record: dict[str, Any] = {"format": RECORDER_FORMAT, "torch": torch.__version__,
                               "python": platform.python_version()}
     script = getattr(sys.modules.get("__main__"), "__file__", None)

@@ -81,7 +81,6 @@ from landscape.store.codec import (
 )
 from landscape.store.core import DamagedRunWarning, Run, Store, _available, _check_array_name, _now
 from landscape.store.foreign import (
-    PREFIXES,
     WRAPPER_KEYS,
     _all_tensors,
     _looks_like_torch_file,
@@ -116,7 +115,7 @@ from landscape.store.manifest import (
 
 __all__ = [
     "ARRAYS", "CHECKPOINT_FORMAT", "Checkpoint", "CheckpointInfo", "DamagedRunWarning", "EXTRA_GROUP", "LOCK",
-    "MANIFEST", "MANIFEST_FORMAT", "MAX_JSON_DEPTH", "PREFIXES", "Run", "RunBusyError", "STATE_GROUP", "Store",
+    "MANIFEST", "MANIFEST_FORMAT", "MAX_JSON_DEPTH", "Run", "RunBusyError", "STATE_GROUP", "Store",
     "TensorData", "WRAPPER_KEYS", "check_finite", "check_manifest", "check_regular_file", "check_run_name",
     "check_state_dict", "import_checkpoint", "load_checkpoint", "load_verified",
 ]
