@@ -64,7 +64,7 @@ def job(tmp_path: Path, name: str, *flags: str, **env: str) -> tuple[str, bool, 
                           text=True, timeout=600, env={**clean, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
                                                        "MKL_NUM_THREADS": "1", **env})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    digest, manifest, result = proc.stdout.split()
+    digest, manifest, result = proc.stdout.splitlines()[-1].split()
     return digest, manifest == "True", result == "True"
 
 
@@ -118,6 +118,7 @@ def test_portable_mode_computes_on_this_machines_cpus_only(monkeypatch, capsys):
 
     with pytest.raises(runtime.UsageError, match="computes in this machine's processes only"):
         connect_client("tcp://127.0.0.1:1")
+    monkeypatch.setattr(runtime, "use_portable", lambda: None)  # as if this process had been started portable
     code, _, err = run_cli("--portable", "--threads", "2", "store", "ls", capsys=capsys)
     assert code == 2 and "--portable runs one thread (--threads 2 given)" in err
 
