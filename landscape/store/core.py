@@ -24,7 +24,7 @@ from landscape.atomic import atomic_write_hdf5, stale_temp_files
 from landscape.errors import CheckpointError, UsageError, WriteError, one_line
 from landscape.jsonable import to_jsonable
 from landscape.refs import Ref, parse_selector
-from landscape.runtime import code_version, environment
+from landscape.runtime import code_version, environment, portable_mode
 from landscape.store._locks import LOCK, _FileLock, _lock, _release_holds, _unlock
 from landscape.store.checkpoint import (
     Checkpoint,
@@ -119,6 +119,7 @@ class Store:
             "created": _now(),
             "code_version": code_version(),
             "environment": environment(),  # python, torch, torchvision, opacus, ... versions
+            "portable": portable_mode(),  # made with every float kernel pinned (bit-identical on any x86-64)
             "config": dict(config),
             "seeds": dict(seeds),
             "lineage": dict(lineage) if lineage is not None else None,

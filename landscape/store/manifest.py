@@ -22,8 +22,8 @@ MANIFEST_FORMAT = "landscape-run/1"
 CHECKPOINT_FORMAT = "landscape-checkpoint/1"
 _CHECKPOINT_FILE = re.compile(r"step-(\d+)\.h5")
 _MANIFEST_KEYS = frozenset(
-    {"format", "name", "created", "code_version", "environment", "config", "seeds", "lineage", "model_spec",
-     "data_spec", "checkpoints"}
+    {"format", "name", "created", "code_version", "environment", "portable", "config", "seeds", "lineage",
+     "model_spec", "data_spec", "checkpoints"}
 )
 
 
