@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     for command in times[False][0]:
         normal = [t[command] for t in times[False]]
         portable = [t[command] for t in times[True]]
-        ratio = [p / n for p, n in zip(portable, normal)]
+        ratio = [p / n for p, n in zip(portable, normal, strict=True)]
         print(f"  {command:12s} normal {statistics.median(normal):7.2f} s   portable {statistics.median(portable):7.2f} s"
               f"   ratio {statistics.median(ratio):5.2f} ({min(ratio):.2f}-{max(ratio):.2f})", flush=True)
     return 0 if len(hashes[True]) == 1 else 1
