@@ -14,9 +14,10 @@ import json
 import pytest
 
 from landscape.analyze import registry
-from landscape.analyze.registry import Analysis, option, parallel
+from landscape.analyze.registry import Analysis, parallel
 from landscape.api.execution import ExecutionOptions
 from landscape.errors import UsageError
+from landscape.options import option
 
 # The analyses that had a ``workers`` config field before, and those whose runner options had it.
 HAD_FIELD = ("directions", "surface", "hessian", "symmetry", "clipping", "norms")

@@ -16,22 +16,19 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from landscape.analyze.hessian import (
-    HessianConfig,
-    HessianResult,
-    _coefficients,
-    _draw,
-    _norms,
-    hessian_row,
-    hutchinson_trace,
-    lanczos,
-    spectral_density,
-    subset,
-    top_eigenvalues,
-)
+from landscape.analyze.hessian import HessianConfig, HessianResult, hessian_row, subset
 from landscape.curvature import HessianOperator
 from landscape.errors import ModelError, UsageError
 from landscape.models import build_model
+from landscape.spectral import (
+    _coefficients,
+    _draw,
+    _norms,
+    hutchinson_trace,
+    lanczos,
+    spectral_density,
+    top_eigenvalues,
+)
 
 N = 48
 

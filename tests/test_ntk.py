@@ -13,20 +13,12 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from landscape.analyze.ntk import (
-    NTKConfig,
-    NTKResult,
-    NTKTable,
-    NTKTableConfig,
-    clip_kernel,
-    compute_ntk,
-    kernel_properties,
-    layer_kernels,
-    ntk_table,
-)
+from landscape.analyze.ntk import NTKConfig, NTKResult, compute_ntk
+from landscape.analyze.ntk_kernels import clip_kernel, kernel_properties, layer_kernels
+from landscape.analyze.ntk_table import NTKTable, NTKTableConfig, ntk_table
+from landscape.clip import clip_factors
 from landscape.errors import NonFiniteError, UsageError
 from landscape.models import build_model
-from landscape.train.privatize import clip_factors
 
 # ------------------------------------------------------------------------------ Bu et al. App. A fixtures
 
@@ -355,7 +347,7 @@ def test_flat_clipping_of_a_layer_subset_uses_the_whole_gradient_norm(cnn, cnn_k
     np.testing.assert_allclose(subset.sample_sq_norms, np.diag(cnn_kernels.K), rtol=1e-5)
     assert (subset.layer_sq_norms.sum(0) < 0.999 * subset.sample_sq_norms).any()  # the subset alone is smaller
     C = 0.5 * float(np.median(np.sqrt(np.diag(cnn_kernels.K))))
-    from landscape.analyze.ntk import clip_layer_kernels
+    from landscape.analyze.ntk_kernels import clip_layer_kernels
 
     flat = clip_layer_kernels(subset, style="flat", max_grad_norm=C, clip_fn="abadi")
     c = clip_factors(torch.as_tensor(np.sqrt(np.diag(cnn_kernels.K))), C, "abadi").numpy()

@@ -437,7 +437,7 @@ def test_clipping_on_a_user_model_equals_the_naive_loop(clip_style):
 
 
 def test_norms_symmetry_and_ntk_on_a_user_model_equal_the_naive_loop():
-    from landscape.analyze import norms, ntk, symmetry
+    from landscape.analyze import norms, ntk, ntk_kernels, symmetry
     from landscape.data import subset_indices
 
     model = transformer(seed=2)
@@ -460,7 +460,7 @@ def test_norms_symmetry_and_ntk_on_a_user_model_equal_the_naive_loop():
     assert np.allclose(srow.stats.plane, want.stats.plane, rtol=1e-9, atol=1e-12)
     assert np.allclose(srow.stats.skew, want.stats.skew, rtol=1e-8, atol=1e-10)
 
-    lk = ntk.layer_kernels(model, x, y)
+    lk = ntk_kernels.layer_kernels(model, x, y)
     for i, k in enumerate(lk.layer_names):
         gk = ref[k].reshape(12, -1)
         assert np.allclose(lk.K_layers[i], (gk @ gk.T).numpy(), rtol=1e-9, atol=1e-12), k

@@ -93,11 +93,10 @@ def test_labels_of_runs_and_files():
     assert slug("b@last,c@last") == "b_last_c_last"
 
 
-def test_the_registry_and_store_names_are_the_same_objects():
-    from landscape.analyze import registry
+def test_the_store_names_runs_by_the_one_rule():
     from landscape.store import check_run_name as store_check
 
-    assert registry.slug is slug and store_check is check_run_name
+    assert store_check is check_run_name
 
 
 @given(st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.,+=-]{0,30}", fullmatch=True).filter(lambda s: not s.endswith(".h5")),

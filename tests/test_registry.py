@@ -25,6 +25,7 @@ from landscape.analyze import registry
 from landscape.analyze.interpolate import InterpolateConfig, InterpolationResult
 from landscape.data import load_dataset
 from landscape.models import build_model
+from landscape.options import cli_fields
 from landscape.results import read_dataclass, read_result, stored, write_dataclass
 from landscape.store import Store
 
@@ -42,13 +43,13 @@ def test_every_config_field_has_its_option_and_every_option_its_field(name):
     runner = {"data_from", "workers", "scheduler", "data_root", "no_figure", "output", "overwrite", "as_json"}
     old = {p.name.removeprefix("_old_") for p in cmd.params if getattr(p, "hidden", False)}  # renamed fields' old flags
     assert old == {o for f in dataclasses.fields(spec.config) for o in f.metadata.get("renamed_from", ())}
-    fields = {f.name for f in registry.cli_fields(spec.config)}
-    fields |= {f.name for f in registry.cli_fields(spec.run_options)} if spec.run_options else set()
+    fields = {f.name for f in cli_fields(spec.config)}
+    fields |= {f.name for f in cli_fields(spec.run_options)} if spec.run_options else set()
     assert fields - options == set()
     assert options - fields <= runner
     hidden = {f.name for f in dataclasses.fields(spec.config)} - fields
     assert not hidden & options  # api-only fields stay off the command line
-    for f in registry.cli_fields(spec.config):  # every option has help text and its default
+    for f in cli_fields(spec.config):  # every option has help text and its default
         opt = next(p for p in cmd.params if p.name == f.name)
         assert f.metadata["help"] and opt.help == f.metadata["help"]
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()

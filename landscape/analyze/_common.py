@@ -6,10 +6,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from landscape.analyze.registry import option
 from landscape.errors import UsageError
 from landscape.evaluate import DEFAULT_BATCH_SIZE
-from landscape.options import Options
+from landscape.options import Options, option
 
 METHODS = ("auto", "loop", "plain", "vmap")  # landscape.evaluate methods
 

@@ -41,10 +41,11 @@ import numpy as np
 import torch
 
 from landscape.analyze._common import EvaluationOptions, check_positive_int, split_subset
-from landscape.analyze.registry import Analysis, option
+from landscape.analyze.registry import Analysis
 from landscape.bounds import BINS_MAX
 from landscape.errors import UsageError
 from landscape.evaluate import Metric, evaluate
+from landscape.options import option
 from landscape.params import ParamSpace
 from landscape.refs import Ref
 from landscape.results import StoredResult, stored

@@ -28,12 +28,12 @@ from torch import nn
 
 from landscape import metrics as user_metrics
 from landscape.analyze._common import EvaluationOptions
-from landscape.analyze.registry import Analysis, option
+from landscape.analyze.registry import Analysis
 from landscape.bounds import DIRECTIONS_MAX, POINTS_MAX
 from landscape.directions import BIASBN, NORMALIZATIONS, max_abs_cosine, random_directions
 from landscape.errors import NonFiniteError, UsageError
 from landscape.evaluate import Affine, Segment, evaluate
-from landscape.options import Options, build
+from landscape.options import Options, build, option
 from landscape.params import ParamSpace
 from landscape.results import StoredResult, stored
 

@@ -38,34 +38,20 @@ import torch
 from torch import Tensor, nn
 
 from landscape.analyze._common import device_option
-from landscape.analyze.registry import Analysis, option
+from landscape.analyze.registry import Analysis
 from landscape.bounds import LANCZOS_STEPS_MAX
 from landscape.curvature import HessianOperator
 from landscape.data import take_subset
 from landscape.errors import UsageError
 from landscape.evaluate.allocator import tuned_allocator
-from landscape.options import Options
+from landscape.options import Options, option
 from landscape.results import InputRef, StoredResult, stored
 from landscape.runtime import resolve_device
-from landscape.spectral import (  # noqa: F401 (re-exported: the estimators lived here)
-    BLOCK,
-    COLUMNS,
-    DOT_COLUMNS,
-    GRID,
-    Lanczos,
+from landscape.spectral import (
     SpectralDensity,
     TopEigen,
     TraceEstimate,
-    _coefficients,
-    _dots,
-    _draw,
-    _norms,
-    _orthogonalise_,
-    _tridiagonal_eigh,
-    broadened_density,
-    density_grid,
     hutchinson_trace,
-    lanczos,
     spectral_density,
     top_eigenvalues,
 )

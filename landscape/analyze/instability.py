@@ -20,8 +20,8 @@ from pathlib import Path
 
 from landscape.analyze.interpolate import InterpolateConfig
 from landscape.analyze.interpolate import compute_pair as interpolate_pair
-from landscape.analyze.registry import Analysis, option
-from landscape.options import Options
+from landscape.analyze.registry import Analysis
+from landscape.options import Options, option
 from landscape.results import StoredResult, stored, table_columns, write_csv
 
 KIND = "instability"

@@ -23,11 +23,11 @@ from torch import nn
 
 from landscape import metrics as user_metrics
 from landscape.analyze._common import EvaluationOptions, split_subset
-from landscape.analyze.registry import Analysis, option
+from landscape.analyze.registry import Analysis
 from landscape.bounds import POINTS_MAX
 from landscape.errors import UsageError
 from landscape.evaluate import EvalResult, Segment, evaluate
-from landscape.options import build
+from landscape.options import build, option
 from landscape.params import ParamSpace, check_compatible
 from landscape.results import StoredResult, stored
 
@@ -281,7 +281,8 @@ def compute_pair(a, b, config: InterpolateConfig) -> InterpolationResult:
     model = a.model()
     result = interpolate(model, a.state, b.state, splits, config=config)
     if config.align:  # the same path after permuting B's units to match A's (weight matching, seed 0)
-        from landscape.analyze.align import align_states, verified_spec
+        from landscape.analyze.align import align_states
+        from landscape.analyze.permutations import verified_spec
 
         spec = verified_spec(model, splits["test"][0][:16] if "test" in splits else None)
         after = interpolate(model, a.state, align_states(model, a.state, b.state, spec=spec).state, splits,

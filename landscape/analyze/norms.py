@@ -20,11 +20,11 @@ import torch
 from torch import nn
 
 from landscape.analyze._common import device_option
-from landscape.analyze.registry import Analysis, option
+from landscape.analyze.registry import Analysis
 from landscape.bounds import BINS_MAX
 from landscape.data import take_subset
 from landscape.errors import UsageError
-from landscape.options import Options
+from landscape.options import Options, option
 from landscape.results import StoredResult, stored
 from landscape.runtime import resolve_device
 

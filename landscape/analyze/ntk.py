@@ -32,40 +32,20 @@ import numpy as np
 import torch
 from torch import nn
 
-from landscape.analyze.ntk_kernels import (  # noqa: F401 (re-exported: both analyses lived in this module)
-    CLIP_FNS,
+from landscape.analyze.ntk_kernels import (
     CLIPS,
-    EIG_RTOL,
     GRAM_PRECISION,
-    KIND_HELP,
-    PRECISION_HELP,
-    PRECISIONS,
-    STRATEGIES,
-    SYM_RTOL,
-    ClippedKernel,
     KernelOptions,
     KernelProperties,
-    LayerKernels,
-    clip_kernel,
     clip_layer_kernels,
-    examples,
     kernel_properties,
     layer_kernels,
     model_and_examples,
     yes_no,
 )
-from landscape.analyze.ntk_table import (  # noqa: F401 (re-exported)
-    TABLE_COLUMNS,
-    TABLE_SPEC,
-    NTKTable,
-    NTKTableConfig,
-    NTKTableRow,
-    ntk_table,
-    table_point,
-    table_rows,
-)
-from landscape.analyze.registry import Analysis, option
+from landscape.analyze.registry import Analysis
 from landscape.clip import layer_threshold
+from landscape.options import option
 from landscape.results import StoredResult, stored
 
 

@@ -15,12 +15,11 @@ import torch
 from torch import nn
 
 from landscape.analyze._common import device_option
-from landscape.analyze.registry import option
 from landscape.clip import CLIP_STYLES, clip_factors, layer_threshold
 from landscape.curvature import eval_mode
 from landscape.errors import NonFiniteError, UsageError
 from landscape.gram import KINDS, gram_blocks, layer_names, parse_memory
-from landscape.options import Options
+from landscape.options import Options, option
 from landscape.runtime import resolve_device
 
 CLIPS = ("none", "flat", "layerwise")

@@ -23,8 +23,9 @@ from landscape.analyze.ntk_kernels import (
     model_and_examples,
     yes_no,
 )
-from landscape.analyze.registry import Analysis, option
+from landscape.analyze.registry import Analysis
 from landscape.clip import CLIP_STYLES
+from landscape.options import option
 from landscape.results import StoredResult, stored, write_csv
 
 

@@ -19,8 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from landscape.options import build, cli_fields, flag_of, flags_of, option  # noqa: F401 (re-exported)
-from landscape.refs import slug  # noqa: F401 (importable from here as before: the one slug is landscape.refs')
+from landscape.options import build, cli_fields, flag_of
 
 #: What the references of an analysis are and how ``compute`` is called (see :class:`Analysis`).
 INPUTS = ("checkpoint", "pair", "pairs", "target", "targets")

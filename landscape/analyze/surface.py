@@ -38,12 +38,12 @@ from torch import nn
 
 from landscape import metrics as user_metrics
 from landscape.analyze.directions import RandomDirectionOptions, nonzero_random_directions
-from landscape.analyze.registry import Analysis, option
+from landscape.analyze.registry import Analysis
 from landscape.bounds import GRID_CELLS_MAX
 from landscape.directions import NORMALIZATIONS, trajectory_pca
 from landscape.errors import UsageError
 from landscape.evaluate import Affine, evaluate
-from landscape.options import Options
+from landscape.options import Options, option
 from landscape.params import ParamSpace
 from landscape.results import StoredResult, stored, to_jsonable
 

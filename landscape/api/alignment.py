@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from landscape.analyze.align import align_states, apply_permutation, verified_spec
+from landscape.analyze.align import align_states
+from landscape.analyze.permutations import apply_permutation, verified_spec
 from landscape.api._common import check_pair, checkpoint_dataset
 from landscape.api.jobkind import JobKind, files_under, run_option
 from landscape.errors import UsageError

@@ -122,7 +122,7 @@ def import_checkpoint(
     from landscape.api.accounting import import_privacy
     from landscape.data import load_dataset
     from landscape.models import build_model
-    from landscape.store import Store, _looks_like_torch_file, check_regular_file
+    from landscape.store import Store, check_regular_file, looks_like_torch_file
     from landscape.store import import_checkpoint as store_import
     from landscape.train.accounting import ancestry_note
 
@@ -130,7 +130,7 @@ def import_checkpoint(
     source = Path(file)
     check_regular_file(source)
     target = source.resolve()  # a link is judged by what it points to, before the data set is loaded
-    if source.suffix.lower() in (".pt", ".pth") and target.is_file() and not _looks_like_torch_file(target):
+    if source.suffix.lower() in (".pt", ".pth") and target.is_file() and not looks_like_torch_file(target):
         link = f" (a link to {target})" if source.is_symlink() else ""
         raise CheckpointError(f"cannot read {file}{link} as a PyTorch file: not a torch.save() file (neither a zip "
                               "archive nor a binary pickle); is it the right file?")

@@ -20,9 +20,9 @@ from landscape.api.jobkind import JobKind, files_under, run_option, validated
 from landscape.data import load_dataset
 from landscape.errors import CheckpointError, UsageError
 from landscape.store import Run, Store
+from landscape.train.accounting import steps_per_epoch
 from landscape.train.config import PhasesConfig, TrainConfig, config_hash
 from landscape.train.loop import DEFAULT_DATA, DEFAULT_MODEL, calibrate_noise, resolved, train
-from landscape.train.sampling import steps_per_epoch
 
 __all__ = ["PHASES_JOB", "TRAIN_JOB", "PhasesConfig", "RunSummary", "TrainConfig", "phases", "resume", "summarize",
            "train"]

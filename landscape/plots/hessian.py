@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from landscape.analyze.hessian import broadened_density, density_grid
 from landscape.plots.style import method_color, save_figure, styled, subplots
 from landscape.refs import Ref
+from landscape.spectral import broadened_density, density_grid
 
 MAX_DENSITIES = 6
 STYLES = ("o-", "s--", "^-.", "d:")

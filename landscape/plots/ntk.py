@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from landscape.analyze.ntk import NTKResult, NTKTable
+from landscape.analyze.ntk import NTKResult
+from landscape.analyze.ntk_table import NTKTable
 from landscape.plots.style import PALETTE, save_figure, styled, subplots
 
 STYLE_COLORS = {"none": "#000000", "flat": PALETTE[0], "layerwise": PALETTE[1]}

@@ -13,8 +13,6 @@ from typing import Any
 from landscape.atomic import atomic_write
 from landscape.errors import CheckpointError, UsageError
 from landscape.jsonable import to_jsonable
-from landscape.refs import _RUN_NAME, check_run_name  # noqa: F401 (run names are landscape.refs'; re-exported)
-from landscape.refs import is_run_name as _is_run_name  # noqa: F401
 
 MANIFEST = "manifest.json"
 ARRAYS = "arrays.h5"

@@ -47,7 +47,7 @@ from landscape.refs import Ref
 from landscape.runtime import resolve_device, seed_everything
 from landscape.store import MANIFEST, Checkpoint, Run, Store, check_state_dict
 from landscape.train import accounting
-from landscape.train.accounting import AccountantWarning, PrivacyEvent, PrivacyHistory
+from landscape.train.accounting import AccountantWarning, PrivacyEvent, PrivacyHistory, steps_per_epoch
 from landscape.train.callbacks import (
     METRICS_ARRAY,
     Accounting,
@@ -64,7 +64,7 @@ from landscape.train.callbacks import (
 from landscape.train.config import TrainConfig, checkpoint_steps, config_hash
 from landscape.train.privatize import PrivacyConfig, Privatizer
 from landscape.train.pruning import inherited_privacy, lineage_of
-from landscape.train.sampling import Sampler, make_sampler, steps_per_epoch
+from landscape.train.sampling import Sampler, make_sampler
 from landscape.train.sparsify import SparsifySchedule
 
 MASK_ARRAY = "mask"
