@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-import warnings
 from typing import Any
 
 import click
@@ -40,7 +39,7 @@ from cli.options import (
 )
 from landscape.analyze.registry import Analysis, get, parallel
 from landscape.bounds import is_seed
-from landscape.options import cli_fields, flag_of, flags_of, hints, old_flags, split_optional
+from landscape.options import cli_fields, flags_of, hints, split_optional
 
 ARGUMENTS = {"checkpoint": [("ref", 1)], "pair": [("ref_a", 1), ("ref_b", 1)], "pairs": [("runs", -1)], "target": [("target", 1)],
              "targets": [("targets", -1)]}
@@ -120,45 +119,9 @@ def field_option(f: dataclasses.Field, hint: Any):
     return click.option(*flags_of(f), f.name, help=help or None, **kwargs)
 
 
-def old_options(f: dataclasses.Field, hint: Any) -> list:
-    """Hidden click options for a renamed field's old flags (``--batch-size`` of ``chunk``): accepted for one
-    release, with a deprecation line (:func:`deprecated_values`)."""
-    out = []
-    for old, flag in old_flags(f):
-        kwargs = param_type(f, hint)
-        if not kwargs.get("is_flag"):
-            kwargs["default"] = None
-        out.append(click.option(flag, f"{OLD}{old}", hidden=True, **kwargs))
-    return out
-
-
-OLD = "_old_"  # the keyword prefix of a renamed field's hidden old option
-
-
-def deprecated_values(cls: type | None, kwargs: dict[str, Any], ctx: click.Context) -> dict[str, Any]:
-    """Pop the old flags' values out of ``kwargs``: field name -> value for those given (each with one
-    deprecation line); giving both the old and the new flag is a usage error."""
-    from landscape.errors import UsageError
-    from landscape.options import deprecated
-
-    out: dict[str, Any] = {}
-    for f in cli_fields(cls) if cls is not None else ():
-        for old, flag in old_flags(f):
-            value = kwargs.pop(f"{OLD}{old}", None)
-            if value is None or value == ():
-                continue
-            if ctx.get_parameter_source(f.name) == click.core.ParameterSource.COMMANDLINE:
-                raise UsageError(f"{flag} and {flag_of(f)} are the same option ({flag} is its old name); give "
-                                 f"{flag_of(f)} only")
-            deprecated(flag if flag.startswith("--") else f"{ctx.info_name} {flag}", flag_of(f))  # align -o
-            out[f.name] = value
-    return out
-
-
 def field_options(cls: type, f: dataclasses.Field) -> list:
-    """The click option of field ``f`` of dataclass ``cls`` and the hidden ones of its old flags."""
-    hint = hints(cls)[f.name]
-    return [field_option(f, hint), *old_options(f, hint)]
+    """The click option of field ``f`` of dataclass ``cls``."""
+    return [field_option(f, hints(cls)[f.name])]
 
 
 def config_options(cls: type | None) -> list:
@@ -189,12 +152,8 @@ def command(name: str) -> click.Command:
         if spec.inputs in ("pairs", "targets"):
             refs = list(refs[0])
         as_json = kwargs.pop("as_json")
-        with warnings.catch_warnings():  # an old flag's deprecation line, shown as every warning is
-            warnings.showwarning = lambda message, *args, **kw: click.echo(f"warning: {message}", err=True)
-            warnings.simplefilter("always")
-            old = {**deprecated_values(spec.config, kwargs, ctx), **deprecated_values(spec.run_options, kwargs, ctx)}
-        values = {k: old.get(k, kwargs.pop(k)) for k in config_names}
-        run_values = {k: old.get(k, kwargs.pop(k)) for k in run_names}
+        values = {k: kwargs.pop(k) for k in config_names}
+        run_values = {k: kwargs.pop(k) for k in run_names}
         figure = not kwargs.pop("no_figure")
         if kwargs.get("scheduler") is not None:
             from landscape.api.execution import check_parallelism

@@ -35,14 +35,9 @@ class Coerced(click.ParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         flag = param.opts[0] if param is not None and param.opts else "value"
         try:
-            with warnings.catch_warnings(record=True) as caught:  # an old choice's deprecation line
-                warnings.simplefilter("always")
-                value = coerce(value, self.annotation, self.meta, flag=flag, name=self.field_name)
+            return coerce(value, self.annotation, self.meta, flag=flag, name=self.field_name)
         except OptionError as exc:
             self.fail(exc.reason, param, ctx)
-        for warning in caught:
-            click.echo(f"warning: {warning.message}", err=True)
-        return value
 
 
 class SubsetType(Coerced):

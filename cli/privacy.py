@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from cli.common import echo_json, json_option
-from cli.options import Count, FiniteFloat, run_api
+from cli.options import Count, FiniteFloat
 
 
 @click.command()
@@ -40,9 +40,8 @@ from cli.options import Count, FiniteFloat, run_api
     help="rdp: exact sampled-Gaussian RDP at Opacus' orders (equals Opacus); pld: dp_accounting's privacy "
     "loss distributions (tighter). As `landscape train --accountant`.",
 )
-@click.option("--method", "old_method", type=click.Choice(["rdp", "pld"]), default=None, hidden=True)
 @json_option
-def privacy(as_json: bool, old_method: str | None, **query: Any) -> None:
+def privacy(as_json: bool, **query: Any) -> None:
     """Epsilon for --noise-multiplier, or sigma for --target-epsilon, over Poisson-subsampled Gaussian steps.
 
     Example: landscape privacy --noise-multiplier 1.1 --batch-size 256 --dataset-size 60000 --epochs 60
@@ -50,11 +49,6 @@ def privacy(as_json: bool, old_method: str | None, **query: Any) -> None:
     from landscape.api.accounting import PrivacyQuery
     from landscape.api.accounting import privacy as answer
 
-    if old_method is not None:  # the old name of --accountant, for one release
-        from landscape.options import deprecated
-
-        run_api(lambda: deprecated("--method", "--accountant"))
-        query["accountant"] = old_method
     result = answer(PrivacyQuery(**query))
     if as_json:
         echo_json(result.to_dict())

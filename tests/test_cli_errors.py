@@ -70,7 +70,6 @@ USAGE = [
     ("train", "--subset", "nan"),
     ("train", "--subset", "0"),
     ("train", "--chunk", "0"),
-    ("train", "--microbatch", "0"),
     ("phases", "--k", "1", "--epochs", "2", "--noise-multiplier", "1", "--dp-lr", "nan"),
     ("phases", "--k", "1", "--epochs", "2", "--noise-multiplier", "1", "--dp-momentum", "-1"),
     ("interpolate", "a", "b", "--points", "1"),

@@ -18,7 +18,6 @@ from torch import nn
 from landscape.errors import ModelError, UsageError
 from landscape.gram import gram_blocks
 from landscape.models import build_model
-from landscape.options import OptionDeprecationWarning
 from landscape.persample import BatchNormHandler, PerSampleEngine, flatten_grads, handler_for
 
 
@@ -219,19 +218,12 @@ def test_dp_training_with_batchnorm_is_still_refused():
 # ---------------------------------------------------------------------------------------------- chunk
 
 
-def test_chunk_and_its_old_name_microbatch():
+def test_chunk_bounds_memory_never_the_gradients():
     model = small_bn()
     x, y = data((2, 6, 6), 5, 3)
     new = PerSampleEngine(model, chunk=2)
-    with pytest.warns(OptionDeprecationWarning, match=r"microbatch=.*use chunk=") as record:
-        old = PerSampleEngine(model, microbatch=2)
-    assert len(record) == 1 and "\n" not in str(record[0].message)
-    assert record[0].filename == __file__  # the line points at the caller
-    assert new.chunk == old.chunk == 2
-    assert maxdiff(new.grads(x, y), old.grads(x, y)) == 0
+    assert new.chunk == 2
     assert maxdiff(new.grads(x, y), PerSampleEngine(model).grads(x, y)) < 1e-14
-    with pytest.raises(UsageError, match="chunk= only"):
-        PerSampleEngine(model, chunk=2, microbatch=2)
     with pytest.raises(UsageError, match="chunk must be a positive integer"):
         PerSampleEngine(model, chunk=0)
 

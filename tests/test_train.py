@@ -333,7 +333,7 @@ def test_cli_options_mirror_train_config():
     from cli.kinds import command as generated
 
     command = generated("train")
-    params = {p.name for p in command.params if not p.hidden} - {"as_json"}  # hidden: an old name (--microbatch)
+    params = {p.name for p in command.params} - {"as_json"}
     assert params == {f.name for f in dataclasses.fields(TrainConfig)}
 
 

@@ -29,7 +29,7 @@ class EvaluationOptions(Options):
                                         "fraction; default: all).", kind="subset")
     subset_seed: int = option(0, "Seed of the subset.")
     chunk: int = option(DEFAULT_BATCH_SIZE, "Examples per forward pass (memory bound; results do not depend on it "
-                        "beyond rounding).", min=1, renamed_from=("batch_size",))
+                        "beyond rounding).", min=1)
     device: str = device_option()
     method: str = option("auto", "Evaluation engine (landscape.evaluate).", choices=METHODS)
 

@@ -62,7 +62,7 @@ class CalibrationConfig(EvaluationOptions):
                        "diagram and the histograms; also the number of equal-mass bins of the adaptive ECE.", min=1,
                        max=BINS_MAX)
     split: tuple[str, ...] = option(("test",), "Data split(s) to evaluate: train, test or train,test.",
-                                    choices=SPLITS, metavar="train,test", renamed_from=("splits",))
+                                    choices=SPLITS, metavar="train,test")
 
 
 # ----------------------------------------------------------------------------------------- binning

@@ -70,7 +70,7 @@ class DirectionsConfig(RandomDirectionOptions):
     """
 
     directions: int = option(100, "Number of random directions (held in memory together, for their cosines).",
-                             min=1, max=DIRECTIONS_MAX, renamed_from=("n",))
+                             min=1, max=DIRECTIONS_MAX)
     points: int = option(30, "Points per profile: t = linspace(0, 1, points) of the distance.", min=2,
                          max=POINTS_MAX)
     distance: float | str = option("auto", "How far to go: a number, or auto = ||B - A|| (needs --toward).",

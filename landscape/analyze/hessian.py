@@ -69,7 +69,7 @@ class HessianConfig(Options):
     trace: bool = option(False, "Also estimate the trace (Hutchinson, Rademacher probes, with its standard error).")
     density: bool = option(False, "Also estimate the spectral density (stochastic Lanczos quadrature).")
     subset: int = option(1000, "Examples in the fixed seeded stratified subset the loss is taken over (the same at "
-                         "every checkpoint).", min=1, renamed_from=("n",))
+                         "every checkpoint).", min=1)
     seed: int = option(0, "Seed of the subset, the Lanczos start vector and the probes.")
     split: str = option("train", "Which split the subset comes from.", choices=SPLITS)
     probes: int = option(100, "Rademacher probes of the trace estimate.", min=1)
@@ -81,10 +81,9 @@ class HessianConfig(Options):
                         min=0, min_open=True, max=1)
     sigma: float = option(0.01, "Gaussian width of the density, as a fraction of the spectral range.",
                           min=0, min_open=True)
-    precision: str = option("float32", "Precision of the Hessian-vector products.", choices=tuple(PRECISIONS),
-                            value_aliases={"single": "float32", "double": "float64"})
+    precision: str = option("float32", "Precision of the Hessian-vector products.", choices=tuple(PRECISIONS))
     chunk: int = option(250, "Examples per chunk of each product (memory bound; results do not depend on it).",
-                        min=1, renamed_from=("batch_size",))
+                        min=1)
     device: str = device_option()
 
     def validate(self) -> None:

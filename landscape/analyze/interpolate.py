@@ -45,7 +45,7 @@ class InterpolateConfig(EvaluationOptions):
     points: int = option(30, "Number of alphas in linspace(0, 1, points), both endpoints included.", min=2,
                          max=POINTS_MAX)
     split: tuple[str, ...] = option(SPLITS, "Data split(s) to evaluate: train, test or train,test.", choices=SPLITS,
-                                    metavar="train,test", renamed_from=("splits",))
+                                    metavar="train,test")
     bn_recalibrate: bool = option(False, "Recompute BatchNorm statistics at every point from the training data.")
     metrics: tuple[str, ...] | None = option(None, user_metrics.METRIC_HELP + " ece: expected calibration error, "
                                              "15 equal-width bins as landscape calibration.", flag=("--metric", "--metrics"),

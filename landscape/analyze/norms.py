@@ -38,7 +38,7 @@ class NormsConfig(Options):
     bins: int = option(100, "Bins of the parameter-value histograms (shared by all targets).", min=1,
                        max=BINS_MAX)
     subset: int = option(256, "Examples whose per-sample gradient norms are taken at every checkpoint (a seeded "
-                         "stratified subset of the split; 0: none).", min=0, renamed_from=("grad_samples",))
+                         "stratified subset of the split; 0: none).", min=0)
     grad_epochs: tuple[float, ...] | None = option(None, "Epochs whose gradient-norm histograms are drawn (default: "
                                                    "first after init, and last).", min=0)
     seed: int = option(0, "Seed of the example draw.")

@@ -195,9 +195,8 @@ def clip_kernel(
 class KernelOptions(Options):
     """Which kernel of which examples, and how it is computed (the base of NTKConfig and NTKTableConfig)."""
 
-    subset: int = option(128, "Number of examples (seeded stratified subset of the checkpoint's data).", min=1,
-                         renamed_from=("n",))
-    kernel: str = option("loss-grad", KIND_HELP, choices=KINDS, renamed_from=("kind",))  # `kind:` is a batch job's kind
+    subset: int = option(128, "Number of examples (seeded stratified subset of the checkpoint's data).", min=1)
+    kernel: str = option("loss-grad", KIND_HELP, choices=KINDS)  # `kind:` is a batch job's kind
     clip_fn: str = option("abadi", "Clipping function (Bu et al. Sec. 2.2).", choices=CLIP_FNS)
     layers: tuple[str, ...] | None = option(None, "Glob patterns of parameter names to include (default: all "
                                             "trainable).")
@@ -206,8 +205,7 @@ class KernelOptions(Options):
     max_memory: str | int | None = option("4GB", "Memory budget of the Gram computation (e.g. 4GB, 512MiB).",
                                           kind="text")
     strategy: str = option("auto", "How per-layer Gram blocks are computed.", choices=STRATEGIES)
-    precision: str = option("auto", PRECISION_HELP, choices=PRECISIONS,
-                            value_aliases={"double": "float64", "single": "float32"})
+    precision: str = option("auto", PRECISION_HELP, choices=PRECISIONS)
     device: str = device_option()
 
     def validate(self) -> None:

@@ -160,7 +160,7 @@ def check_bounds(config: Any) -> None:
 
 def config_with(cls: type, config: Any, options: Mapping[str, Any]) -> Any:
     """``config`` (or a new ``cls``) with keyword ``options`` replacing fields (:func:`landscape.options.build`:
-    coerced and validated once; unknown options are one UsageError; old names work with a deprecation line)."""
+    coerced and validated once; unknown options are one UsageError)."""
     return build(cls, options, base=config)
 
 

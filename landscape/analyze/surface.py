@@ -75,7 +75,7 @@ class SurfaceConfig(RandomDirectionOptions):
     range: str = option("auto", "auto, LO:HI (both axes) or XLO:XHI,YLO:YHI; auto = -1:1 for random, else around "
                         "the points.")
     split: tuple[str, ...] = option(SPLITS, "Data split(s) to evaluate: train, test or train,test.", choices=SPLITS,
-                                    metavar="train,test", renamed_from=("splits",))
+                                    metavar="train,test")
     normalize: str = option("filter", "Direction normalisation of the random plane (Li et al. 2018): none, filter "
                             "or layer.", choices=NORMALIZATIONS)
     rows_per_call: int | None = option(None, "Grid rows per evaluation call and file write (default: about 64 "

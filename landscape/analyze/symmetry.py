@@ -49,7 +49,7 @@ class SymmetryConfig(Options):
                               flag=("--projections", "-P"), min=0)
     seed: int = option(0, "Seed of the projection matrix, the example draw and the permutations.")
     subset: int = option(500, "Examples (a seeded draw of the split, the same at every checkpoint) whose deviations "
-                         "are taken.", min=3, renamed_from=("batch_size",))
+                         "are taken.", min=3)
     permutations: int = option(999, "Sign-flip permutations for the p-value.", min=1)
     split: str = option("train", "Which split the per-sample gradients come from.", choices=("train", "test"))
     chunk: int = option(250, "Examples per engine pass (memory bound; results do not depend on it).", min=1)

@@ -36,8 +36,7 @@ class PrivacyQuery(Options):
     epochs: int | None = None
     delta: float = 1e-5
     accountant: str = option("rdp", "rdp: exact sampled-Gaussian RDP at Opacus' orders (equals Opacus); pld: "
-                             "dp_accounting's privacy loss distributions (tighter).", choices=("rdp", "pld"),
-                             renamed_from=("method",))
+                             "dp_accounting's privacy loss distributions (tighter).", choices=("rdp", "pld"))
 
     def schedule(self) -> tuple[float, int]:
         """``(q, steps)``; a usage error when the options conflict or are missing."""

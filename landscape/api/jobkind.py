@@ -71,20 +71,11 @@ class JobKind:
         return [(cls, f) for cls, left_out in self.fields or ((self.config, ()),)
                 for f in dataclasses.fields(cls) if f.name not in left_out]
 
-    def renames(self) -> dict[str, str]:
-        """Old option name -> current one, for the renamed fields of the kind's dataclasses (the old names are
-        accepted for one release with a deprecation line)."""
-        from landscape.options import renames
-
-        return {old: new for cls in dict.fromkeys(cls for cls, _ in self.option_fields())
-                for old, new in renames(cls).items()}
-
     def option_types(self) -> dict[str, str]:
-        """Option name -> its type annotation (a string, as the dataclass declares it); old names too."""
+        """Option name -> its type annotation (a string, as the dataclass declares it)."""
         if self.options is not None:
             return self.options()
-        types_ = {f.name: str(f.type) for _, f in self.option_fields() if f.name not in self.skip}
-        return types_ | {old: types_[new] for old, new in self.renames().items() if new in types_}
+        return {f.name: str(f.type) for _, f in self.option_fields() if f.name not in self.skip}
 
     def execute(self, config: Any, *, root: Path, progress: bool = False,
                 report: Callable[[str], None] | None = None) -> Any:
@@ -105,12 +96,8 @@ class JobKind:
 
 
 def fields_of(cls: type, skip: Iterable[str] = ()) -> dict[str, str]:
-    """Field name -> annotation string of dataclass ``cls`` (without ``skip``; renamed fields' old names too)."""
-    from landscape.options import renames
-
-    skip = set(skip)
-    out = {f.name: str(f.type) for f in dataclasses.fields(cls) if f.name not in skip}
-    return out | {old: out[new] for old, new in renames(cls).items() if new in out}  # old names, for one release
+    """Field name -> annotation string of dataclass ``cls`` (without ``skip``)."""
+    return {f.name: str(f.type) for f in dataclasses.fields(cls) if f.name not in set(skip)}
 
 
 def validated(config: Any) -> Any:

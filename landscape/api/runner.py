@@ -382,7 +382,7 @@ def _runner_names(spec: Analysis) -> list[str]:
 def api_signature(spec: Analysis) -> inspect.Signature:
     """The real signature of the api function of ``spec``: the references (positional), ``config`` (positional or
     keyword), then every config field, run option and runner option as a keyword-only parameter with its type
-    and default (old option names are accepted too, with a deprecation line, but not shown)."""
+    and default."""
     from landscape.options import hints
 
     P = inspect.Parameter
@@ -440,19 +440,13 @@ def api_function(name: str) -> Callable:
     output=None, ...)``) and a docstring listing every option (:func:`api_doc`), so ``help()`` and IDEs show them.
 
     Only the keywords a call gives replace fields of ``config``; their values go through the one coercion of
-    :mod:`landscape.options` (``split="train,test"`` and ``split=("train", "test")`` are the same); old option
-    names still work with a deprecation line. Returns the result (``.path``, ``.figures``).
+    :mod:`landscape.options` (``split="train,test"`` and ``split=("train", "test")`` are the same). Returns the result (``.path``, ``.figures``).
     """
-    from landscape.options import renamed
-
     spec = get(name)
     signature = api_signature(spec)
     ref_names = [n for n, _, _ in _REFS[spec.inputs]]
 
     def function(*args: Any, **kwargs: Any) -> Any:
-        for cls in (spec.config, spec.run_options):
-            if cls is not None:
-                kwargs = renamed(cls, kwargs)
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError as exc:

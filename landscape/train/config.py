@@ -19,7 +19,7 @@ from typing import Any
 
 from landscape.clip import CLIP_FUNCTIONS, CLIP_STYLES
 from landscape.errors import UsageError
-from landscape.options import SOURCE_HELP, Renaming, check_kwargs, coerce_field, option, renamed
+from landscape.options import SOURCE_HELP, check_kwargs, coerce_field, option
 from landscape.runtime import DATA_ENV
 from landscape.train.accounting import METHODS as ACCOUNTANTS
 
@@ -36,7 +36,7 @@ class SamplingWarning(UserWarning):
 
 
 @dataclass
-class TrainConfig(metaclass=Renaming):
+class TrainConfig:
     """Every option of one training run (``landscape train``).
 
     ``model`` and ``data`` default to lenet and digits from scratch; a child run (``from_ref``) keeps its
@@ -81,7 +81,7 @@ class TrainConfig(metaclass=Renaming):
                              min=0, max=1, max_open=True)
     smooth: float = option(0.0, "Laplacian smoothing sigma_LS (DP-LSSGD).", min=0)
     chunk: int | None = option(None, "Per-sample gradients computed in chunks of this many samples (bounds "
-                                     "memory; never changes results).", min=1, renamed_from=("microbatch",))
+                                     "memory; never changes results).", min=1)
     optimizer: str = option("sgd", "sgd, dpsgd (clip + noise), clip-only, noise-only.", choices=OPTIMIZERS)
     run: str | None = option(None, "Run name (default: a generated unique id).")
     from_ref: str | None = option(None, "Start from a checkpoint (RUN[@init|@last|@step=N|@epoch=E] or PATH.h5): a "
@@ -151,10 +151,9 @@ class TrainConfig(metaclass=Renaming):
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        """Rebuild from a manifest's ``config`` (unknown keys are ignored; missing ones take defaults; an option's
-        old name, such as ``microbatch`` for ``chunk``, reads as its current one, silently)."""
+        """Rebuild from a manifest's ``config`` (unknown keys are ignored; missing ones take defaults)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in renamed(cls, d, warn=False).items() if k in names})
+        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 def config_hash(config: TrainConfig | dict[str, Any]) -> str:
