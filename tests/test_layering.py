@@ -31,13 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Lowest first. A module may import its own layer and those below, never one above.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundations", ("landscape", "landscape.errors", "landscape.runtime", "landscape.atomic", "landscape.bounds",
-                     "landscape.options",
-                     "landscape.plugins", "landscape.verdict", "landscape.refs")),
+                     "landscape.options", "landscape.plugins", "landscape.verdict", "landscape.refs",
+                     "landscape.privacy")),
     ("data and models", ("landscape.data", "landscape.models", "landscape.params", "landscape.directions")),
-    # the privacy accountant is pure numbers (RDP of the subsampled Gaussian); the store records its events
     ("numerics", ("landscape.persample", "landscape.gram", "landscape.curvature", "landscape.spectral",
-                  "landscape.evaluate",
-                  "landscape.pooling", "landscape.clip", "landscape.train.accounting")),
+                  "landscape.evaluate", "landscape.pooling", "landscape.clip")),
     ("store and results", ("landscape.store", "landscape.results", "landscape.gram_hdf5")),
     ("training", ("landscape.train", "landscape.recorder", "landscape.integrations")),
     # user metrics: references -> evaluator Metrics for the analyses (built-in ``ece`` is the calibration analysis')
@@ -255,7 +253,7 @@ def test_the_checker_sees_function_level_imports_and_strings_and_cycles():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
     assert layer_of("landscape.store") < layer_of("landscape.train.loop") < layer_of("landscape.api.runner")
-    assert layer_of("landscape.train.accounting") < layer_of("landscape.store")
+    assert layer_of("landscape.privacy") < layer_of("landscape.store") < layer_of("landscape.train.accounting")
     with pytest.raises(LookupError, match="in no layer"):
         layer_of("somewhere.else")
 

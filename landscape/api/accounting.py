@@ -20,12 +20,13 @@ from typing import Any
 
 from landscape.errors import CheckpointError, UsageError
 from landscape.options import Options, option
+from landscape.privacy import ACCOUNTANTS, DeclaredPrivacy, PrivacyEvent, PrivacyHistory, ancestry_note
 from landscape.train import accounting
 
 
 @dataclass(frozen=True)
 class PrivacyQuery(Options):
-    """Options of ``landscape privacy`` (mirrored one-to-one by the CLI); ``accountant`` was ``method``."""
+    """Options of ``landscape privacy`` (mirrored one-to-one by the CLI)."""
 
     noise_multiplier: float | None = None
     target_epsilon: float | None = None
@@ -36,7 +37,7 @@ class PrivacyQuery(Options):
     epochs: int | None = None
     delta: float = 1e-5
     accountant: str = option("rdp", "rdp: exact sampled-Gaussian RDP at Opacus' orders (equals Opacus); pld: "
-                             "dp_accounting's privacy loss distributions (tighter).", choices=("rdp", "pld"))
+                             "dp_accounting's privacy loss distributions (tighter).", choices=ACCOUNTANTS)
 
     def schedule(self) -> tuple[float, int]:
         """``(q, steps)``; a usage error when the options conflict or are missing."""
@@ -108,7 +109,7 @@ def import_privacy(
     """``(manifest["privacy"], epsilon at the checkpoint)`` of imported weights: what the user declares.
 
     Nothing declared: the history is unknown (``unknown_ancestors``; runs trained from the weights report
-    :data:`~landscape.train.accounting.UNKNOWN_ANCESTRY`). ``epsilon`` with ``delta``: an (epsilon, delta)
+    :data:`~landscape.privacy.UNKNOWN_ANCESTRY`). ``epsilon`` with ``delta``: an (epsilon, delta)
     guarantee, added to descendants' epsilons by basic composition. ``noise_multiplier``, ``sample_rate`` and
     ``steps`` (the accountant's record of the DP-SGD that made them, e.g. Opacus' ``accountant.history``): an
     ancestor event, composed exactly like a landscape parent run's steps; its epsilon is reported at ``delta``
@@ -120,8 +121,8 @@ def import_privacy(
     if epsilon is not None or (delta is not None and all(v is None for v in mechanism)):
         if epsilon is None or delta is None:
             raise UsageError("--epsilon and --delta declare one guarantee: give both")
-        declared = accounting.DeclaredPrivacy(epsilon, delta)
-        history = accounting.PrivacyHistory(declared=[declared])
+        declared = DeclaredPrivacy(epsilon, delta)
+        history = PrivacyHistory(declared=[declared])
         return {"accounted": False, "delta": float(delta), **history.manifest_fields(0.0)}, float(epsilon)
     if any(v is not None for v in mechanism):
         if any(v is None for v in mechanism):
@@ -129,15 +130,15 @@ def import_privacy(
                              "give all three")
         delta = 1e-5 if delta is None else delta
         eps = accounting.epsilon(noise_multiplier, sample_rate, steps, delta)  # checks them
-        event = accounting.PrivacyEvent(float(noise_multiplier), float(sample_rate), int(steps))
-        history = accounting.PrivacyHistory(events=[event])
+        event = PrivacyEvent(float(noise_multiplier), float(sample_rate), int(steps))
+        history = PrivacyHistory(events=[event])
         return {"accounted": False, "delta": float(delta), **history.manifest_fields()}, eps
-    return {"accounted": False, **accounting.PrivacyHistory(unknown=True).manifest_fields()}, None
+    return {"accounted": False, **PrivacyHistory(unknown=True).manifest_fields()}, None
 
 
 def provenance_attrs(inputs: Sequence[Any]) -> dict[str, str]:
     """``{"privacy_note": ...}`` for a result whose input checkpoints (``InputRef``s) belong to runs whose
-    ancestry qualifies their epsilon (:func:`landscape.train.accounting.ancestry_note`): each note with the runs
+    ancestry qualifies their epsilon (:func:`landscape.privacy.ancestry_note`): each note with the runs
     it concerns (``run a, b: note; run c: note``); else ``{}``."""
     from landscape.store import MANIFEST, Store
 
@@ -149,7 +150,7 @@ def provenance_attrs(inputs: Sequence[Any]) -> dict[str, str]:
             manifest = Store(run_dir.parent).run(run_dir.name).manifest
         except (CheckpointError, UsageError, OSError):
             continue
-        note = accounting.ancestry_note(manifest)
+        note = ancestry_note(manifest)
         if note is not None:
             notes.setdefault(note, []).append(run_dir.name)
     if not notes:

@@ -31,8 +31,8 @@ from landscape.api.jobkind import JobKind, files_under, run_option
 from landscape.api.runner import attach
 from landscape.errors import UsageError
 from landscape.options import option
+from landscape.privacy import PrivacyEvent
 from landscape.store import Checkpoint, Run, Store
-from landscape.train.accounting import PrivacyEvent
 from landscape.train.pruning import MASK_ARRAY, inherited_privacy, prune_into_run
 
 REWINDS = ("init", "none")

@@ -60,8 +60,8 @@ def checkpoint(ref: str, root: str | os.PathLike = "checkpoints") -> dict[str, A
     ``parameters`` is the number of elements over all tensors of the state dict; ``privacy_note`` is the caveat
     of a checkpoint whose run has ancestors of unknown privacy (else None).
     """
+    from landscape.privacy import ancestry_note
     from landscape.store import MANIFEST, Store
-    from landscape.train.accounting import ancestry_note
 
     st = Store(root)
     ckpt = st.load(ref, tensors=False)  # numpy arrays: no torch import to read shapes
@@ -122,9 +122,9 @@ def import_checkpoint(
     from landscape.api.accounting import import_privacy
     from landscape.data import load_dataset
     from landscape.models import build_model
+    from landscape.privacy import ancestry_note
     from landscape.store import Store, check_regular_file, looks_like_torch_file
     from landscape.store import import_checkpoint as store_import
-    from landscape.train.accounting import ancestry_note
 
     check_kwargs(data_kwargs, model_kwargs)
     source = Path(file)
@@ -237,7 +237,7 @@ IMPORT_JOB = JobKind(
 
 
 def _run_summary(run: Any) -> dict[str, Any]:
-    from landscape.train.accounting import ancestry_note
+    from landscape.privacy import ancestry_note
 
     infos = run.checkpoints()
     last = infos[-1] if infos else None

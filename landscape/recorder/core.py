@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from landscape.errors import CheckpointError, NonFiniteError, UsageError
+from landscape.privacy import PrivacyEvent
 from landscape.recorder.manifest import (
     RECORDER_FORMAT,
     data_spec,
@@ -29,7 +30,6 @@ from landscape.recorder.manifest import (
 )
 from landscape.recorder.writer import InlineWriter, Writer
 from landscape.store import Checkpoint, Run, Store, check_run_name
-from landscape.train.accounting import PrivacyEvent
 
 __all__ = ["OPTIMIZER_ATTR", "OPTIMIZER_EXTRA", "PRIVACY_ATTR", "RECORDER_FORMAT", "PrivacySource", "Recorder", "unwrap"]
 

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from landscape.errors import UsageError
 from landscape.jsonable import to_jsonable
+from landscape.privacy import PrivacyHistory
 from landscape.store import MANIFEST, Checkpoint, Run, Store
-from landscape.train.accounting import PrivacyHistory
 
 if TYPE_CHECKING:
     from torch import nn

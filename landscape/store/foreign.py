@@ -48,12 +48,12 @@ def import_checkpoint(
     Keys and shapes are checked against the model ``model_spec`` builds (strict).
 
     ``privacy`` is the run's ``manifest["privacy"]``: what is known of the weights' privacy history
-    (:class:`landscape.train.accounting.PrivacyHistory`); by default nothing (``unknown_ancestors``), so every
+    (:class:`landscape.privacy.PrivacyHistory`); by default nothing (``unknown_ancestors``), so every
     run trained from them says that its epsilon covers only the steps landscape saw. ``epsilon`` is the
     declared epsilon recorded at the checkpoint.
     """
     from landscape.models import model_from_spec
-    from landscape.train.accounting import PrivacyHistory
+    from landscape.privacy import PrivacyHistory
 
     file = Path(file)
     check_run_name(run)

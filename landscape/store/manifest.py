@@ -112,7 +112,7 @@ def check_manifest(manifest: Any, path: str | os.PathLike) -> dict[str, Any]:
     the trainer adds are checked when present: ``schedule`` (``steps_per_epoch``, ``total_steps``,
     ``checkpoint_steps``) and ``privacy`` (numbers, ``ancestor_events`` of ``{noise_multiplier, sample_rate,
     steps}``, the flags ``accounted``, ``non_private_ancestors`` and ``unknown_ancestors``, ``declared_ancestors``
-    of ``{epsilon, delta}``; :class:`landscape.train.accounting.PrivacyHistory`). Any violation is a one-line CheckpointError naming the file and the field.
+    of ``{epsilon, delta}``; :class:`landscape.privacy.PrivacyHistory`). Any violation is a one-line CheckpointError naming the file and the field.
     """
     def bad(field: str, what: str, value: Any = None, show: bool = True) -> CheckpointError:
         got = f", got {_short(value)}" if show else ""

@@ -20,8 +20,8 @@ from typing import Any
 from landscape.clip import CLIP_FUNCTIONS, CLIP_STYLES
 from landscape.errors import UsageError
 from landscape.options import SOURCE_HELP, check_kwargs, coerce_field, option
+from landscape.privacy import ACCOUNTANTS
 from landscape.runtime import DATA_ENV
-from landscape.train.accounting import METHODS as ACCOUNTANTS
 
 OPTIMIZERS = ("sgd", "dpsgd", "clip-only", "noise-only")
 DP_OPTIMIZERS = ("dpsgd", "clip-only", "noise-only")

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from landscape.errors import CheckpointError, IncompatibleError, UsageError
-from landscape.train.accounting import PrivacyEvent, PrivacyHistory
+from landscape.privacy import PrivacyEvent, PrivacyHistory
 
 if TYPE_CHECKING:
     from landscape.store import Checkpoint, Run, Store
@@ -209,7 +209,7 @@ def lineage_of(checkpoint: Checkpoint, ref: str) -> dict[str, Any]:
 
 
 def inherited_privacy(store: Store, checkpoint: Checkpoint) -> PrivacyHistory:
-    """The privacy history of the weights at ``checkpoint`` (:class:`~landscape.train.accounting.PrivacyHistory`).
+    """The privacy history of the weights at ``checkpoint`` (:class:`~landscape.privacy.PrivacyHistory`).
 
     ``events``: its run's recorded ancestor events (``manifest["privacy"]["ancestor_events"]``) followed by the
     run's own steps up to the checkpoint when the run was accounted (DP-SGD with a noise multiplier).
