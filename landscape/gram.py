@@ -39,7 +39,7 @@ blocks of sample pairs are computed from re-captured chunks; per-layer work is s
 
 Precision: blocks are returned in ``dtype`` (float64). ``precision="auto"`` sums bias / norm gradients over
 positions in float64 and forms the Gram products of small tensors (<= ``SMALL_PARAM`` elements) in float64,
-large contractions in the model's dtype; ``"double"`` does every contraction in float64; ``"single"``
+large contractions in the model's dtype; ``"float64"`` does every contraction in float64; ``"float32"``
 everything in the model's dtype. The accuracy of a float32 model is limited by its float32 backward pass
 itself (measured on resnet18/GroupNorm: total K to ~2e-5, single GroupNorm-bias blocks to ~3e-3 relative);
 run the model in float64 (``model.double()``, ``--precision float64`` in the CLI) when per-layer blocks of
@@ -76,7 +76,7 @@ from landscape.persample import (
 
 KINDS = ("loss-grad", "output", "output-trace")
 STRATEGIES = ("auto", "hooks", "materialize", "ghost", "functorch")
-PRECISIONS = ("auto", "double", "single")
+PRECISIONS = ("auto", "float64", "float32")
 DEFAULT_MAX_MEMORY = 4 * 1024**3
 # parameter tensors with at most this many elements get float64 contractions under precision="auto"
 SMALL_PARAM = 16384
@@ -260,16 +260,16 @@ class _Engine:
     @property
     def contract_dtype(self) -> torch.dtype:
         """dtype of per-sample gradient / ghost contractions of weight layers."""
-        return torch.float64 if self.precision == "double" else self.model_dtype
+        return torch.float64 if self.precision == "float64" else self.model_dtype
 
     @property
     def reduce_dtype(self) -> torch.dtype:
         """dtype in which bias / norm per-sample gradients are summed over positions."""
-        return self.model_dtype if self.precision == "single" else torch.float64
+        return self.model_dtype if self.precision == "float32" else torch.float64
 
     def cdtype(self, name: str) -> torch.dtype:
         """dtype of the Gram products G_r G_r^T of parameter ``name``."""
-        if self.precision == "double" or (self.precision == "auto" and self.params[name].numel() <= SMALL_PARAM):
+        if self.precision == "float64" or (self.precision == "auto" and self.params[name].numel() <= SMALL_PARAM):
             return torch.float64 if self.dtype == torch.float64 else self.dtype
         return self.model_dtype
 

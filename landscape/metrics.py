@@ -33,6 +33,7 @@ import numpy as np
 
 from landscape import plugins
 from landscape.errors import LandscapeError, UsageError, one_line
+from landscape.hashing import sha256_file
 
 #: Built-in metric names -> (module, class, default keyword arguments); our own code, imported directly.
 BUILTIN: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -228,7 +229,7 @@ def describe_object(metric: Any) -> dict[str, Any]:
     except TypeError:
         path = None
     return {"ref": str(MetricObject(metric)), "kind": "object", "class": f"{kind.__module__}:{kind.__qualname__}",
-            "file": path, "sha256": plugins.sha256_file(path) if path else None}
+            "file": path, "sha256": sha256_file(path) if path else None}
 
 
 class _Guarded:

@@ -15,7 +15,8 @@ from landscape.store import Store
 from landscape.train import accounting
 from landscape.train.accounting import steps_per_epoch
 from landscape.train.config import SamplingWarning, TrainConfig, checkpoint_steps, config_hash, parse_every
-from landscape.train.loop import MASK_ARRAY, composed_epsilon, train
+from landscape.train.loop import composed_epsilon, train
+from landscape.train.pruning import MASK_ARRAY
 from landscape.train.sampling import PoissonSampler, ShuffleSampler
 
 # a small, fast setting: 200 digits, 4 steps per epoch

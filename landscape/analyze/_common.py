@@ -7,10 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from landscape.errors import UsageError
-from landscape.evaluate import DEFAULT_BATCH_SIZE
+from landscape.evaluate import DEFAULT_BATCH_SIZE, METHODS
 from landscape.options import Options, option
-
-METHODS = ("auto", "loop", "plain", "vmap")  # landscape.evaluate methods
 
 
 def device_option() -> Any:

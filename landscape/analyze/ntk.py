@@ -34,7 +34,6 @@ from torch import nn
 
 from landscape.analyze.ntk_kernels import (
     CLIPS,
-    GRAM_PRECISION,
     KernelOptions,
     KernelProperties,
     clip_layer_kernels,
@@ -130,7 +129,7 @@ def compute_ntk(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: NTKC
                 indices: np.ndarray | None = None) -> NTKResult:
     """The (clipped) NTK of ``model`` on examples ``x, y`` as ``config`` asks (pure: no store I/O)."""
     lk = layer_kernels(model, x, y, kind=config.kernel, layers=config.layers, strategy=config.strategy,
-                       max_memory=config.max_memory, precision=GRAM_PRECISION[config.precision])
+                       max_memory=config.max_memory, precision=config.precision)
     K = lk.K
     L, n = lk.layer_sq_norms.shape
     layer_max = None

@@ -15,19 +15,14 @@ import torch
 from torch import nn
 
 from landscape.analyze._common import device_option
-from landscape.clip import CLIP_STYLES, clip_factors, layer_threshold
+from landscape.clip import CLIP_FUNCTIONS, CLIP_STYLES, clip_factors, layer_threshold
 from landscape.curvature import eval_mode
 from landscape.errors import NonFiniteError, UsageError
-from landscape.gram import KINDS, gram_blocks, layer_names, parse_memory
+from landscape.gram import KINDS, PRECISIONS, STRATEGIES, gram_blocks, layer_names, parse_memory
 from landscape.options import Options, option
 from landscape.runtime import resolve_device
 
 CLIPS = ("none", "flat", "layerwise")
-CLIP_FNS = ("abadi", "automatic", "normalize", "global")
-STRATEGIES = ("auto", "hooks", "materialize", "ghost", "functorch")
-PRECISIONS = ("auto", "float64", "float32")
-#: the config's precision names (those of ``hessian --precision``) -> landscape.gram's
-GRAM_PRECISION = {"auto": "auto", "float64": "double", "float32": "single"}
 KIND_HELP = ("loss-grad: <grad l_i, grad l_j>; output: d f/d w (d f/d w)^T (nM x nM); output-trace: its trace "
              "over logits (n x n).")
 PRECISION_HELP = ("auto: float64 for small tensors, the model's dtype for big contractions; float64: the model and "
@@ -197,7 +192,7 @@ class KernelOptions(Options):
 
     subset: int = option(128, "Number of examples (seeded stratified subset of the checkpoint's data).", min=1)
     kernel: str = option("loss-grad", KIND_HELP, choices=KINDS)  # `kind:` is a batch job's kind
-    clip_fn: str = option("abadi", "Clipping function (Bu et al. Sec. 2.2).", choices=CLIP_FNS)
+    clip_fn: str = option("abadi", "Clipping function (Bu et al. Sec. 2.2).", choices=tuple(CLIP_FUNCTIONS))
     layers: tuple[str, ...] | None = option(None, "Glob patterns of parameter names to include (default: all "
                                             "trainable).")
     seed: int = option(0, "Seed of the example subset.")

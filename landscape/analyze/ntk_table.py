@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from landscape.analyze.ntk_kernels import (
-    GRAM_PRECISION,
     KernelOptions,
     LayerKernels,
     clip_layer_kernels,
@@ -111,7 +110,7 @@ def ntk_table(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: NTKTab
               epoch: float = float("nan")) -> NTKTable:
     """Bu et al. Table 1 measured on one model: one Gram computation, every clipping norm and style."""
     lk = layer_kernels(model, x, y, kind=config.kernel, layers=config.layers, strategy=config.strategy,
-                       max_memory=config.max_memory, precision=GRAM_PRECISION[config.precision])
+                       max_memory=config.max_memory, precision=config.precision)
     return NTKTable(config=config, rows=table_rows(lk, config, step=step, epoch=epoch))
 
 
@@ -119,7 +118,7 @@ def table_point(point, config: NTKTableConfig) -> list[NTKTableRow]:
     """One checkpoint's rows of the measured Table 1: one Gram computation for every clipping norm and style."""
     model, x, y, _ = model_and_examples(point, config)
     lk = layer_kernels(model, x, y, kind=config.kernel, layers=config.layers, strategy=config.strategy,
-                       max_memory=config.max_memory, precision=GRAM_PRECISION[config.precision])
+                       max_memory=config.max_memory, precision=config.precision)
     return table_rows(lk, config, step=point.step, epoch=float(point.epoch))
 
 

@@ -167,6 +167,6 @@ def _probe_inputs(b: Checkpoint) -> torch.Tensor:
 def _masks(store: Store, b: Checkpoint):
     if b.run is None:
         return None
-    from landscape.api.pruning import load_masks
+    from landscape.train.pruning import load_masks
 
     return load_masks(store.run(b.run))

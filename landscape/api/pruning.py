@@ -24,16 +24,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
 from landscape.api.jobkind import JobKind, files_under, run_option
 from landscape.api.runner import attach
 from landscape.errors import UsageError
 from landscape.options import option
 from landscape.privacy import PrivacyEvent
 from landscape.store import Checkpoint, Run, Store
-from landscape.train.pruning import MASK_ARRAY, inherited_privacy, prune_into_run
+from landscape.train.pruning import inherited_privacy, prune_into_run
 
 REWINDS = ("init", "none")
 SCOPES = ("layer", "global")
@@ -115,11 +112,6 @@ def _default_init_ref(source: Checkpoint, ref: str) -> str:
     return f"{source.run}@init"
 
 
-def load_masks(run: Run) -> dict[str, torch.Tensor] | None:
-    """The keep-masks stored with a run (array ``mask``), as bool tensors; None when it has none."""
-    if MASK_ARRAY not in run.array_names():
-        return None
-    return {k: torch.as_tensor(np.asarray(v)).to(torch.bool) for k, v in run.load_array(MASK_ARRAY).items()}
 
 def _prune_rows(result: PruneResult) -> list[dict[str, Any]]:
     """One row per pruned tensor, then the total."""

@@ -64,11 +64,10 @@ from landscape.train.callbacks import (
 )
 from landscape.train.config import TrainConfig, checkpoint_steps, config_hash
 from landscape.train.privatize import PrivacyConfig, Privatizer
-from landscape.train.pruning import inherited_privacy, lineage_of
+from landscape.train.pruning import MASK_ARRAY, inherited_privacy, lineage_of, load_masks
 from landscape.train.sampling import Sampler, make_sampler
 from landscape.train.sparsify import SparsifySchedule
 
-MASK_ARRAY = "mask"
 DEFAULT_MODEL = "lenet"
 DEFAULT_DATA = "digits"
 
@@ -357,9 +356,7 @@ def _continue(
     check_state_dict(model, ckpt.state_dict, source=str(last.path))
     model.load_state_dict(ckpt.state_dict, strict=True)
     model.to(device)
-    masks = None
-    if MASK_ARRAY in run.array_names():
-        masks = {k: torch.as_tensor(np.asarray(v)) for k, v in run.load_array(MASK_ARRAY).items()}
+    masks = load_masks(run)
     privacy = manifest["privacy"]
     history = PrivacyHistory.from_manifest(privacy)
     if "noise_multiplier" not in privacy:
@@ -438,10 +435,7 @@ def _parent_masks(store: Store, parent: Checkpoint) -> dict[str, torch.Tensor] |
         run = store.run(parent.run)
     except CheckpointError:
         return None
-    if MASK_ARRAY not in run.array_names():
-        return None
-    saved = run.load_array(MASK_ARRAY)
-    return {k: torch.as_tensor(np.asarray(v)) for k, v in saved.items()}
+    return load_masks(run)
 
 
 def _noise_multiplier(config: TrainConfig, q: float, total: int, history: PrivacyHistory) -> float:

@@ -46,6 +46,13 @@ SCOPES = ("layer", "global")
 MASK_ARRAY = "mask"  # name of the run array holding a run's keep-masks {parameter name: bool array}
 
 
+def load_masks(run: Run) -> dict[str, torch.Tensor] | None:
+    """The keep-masks stored with a run (array ``mask``), as bool tensors; None when it has none."""
+    if MASK_ARRAY not in run.array_names():
+        return None
+    return {k: torch.as_tensor(v).to(torch.bool) for k, v in run.load_array(MASK_ARRAY).items()}
+
+
 def _state(obj: nn.Module | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     if isinstance(obj, nn.Module):
         return {n: p.detach() for n, p in obj.named_parameters()}
