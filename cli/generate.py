@@ -37,12 +37,9 @@ from cli.options import (
     scheduler_help,
     scheduler_option,
 )
-from landscape.analyze.registry import Analysis, get, parallel
+from landscape.analyze.registry import Analysis, get
 from landscape.bounds import is_seed
 from landscape.options import cli_fields, flags_of, hints, split_optional
-
-ARGUMENTS = {"checkpoint": [("ref", 1)], "pair": [("ref_a", 1), ("ref_b", 1)], "pairs": [("runs", -1)], "target": [("target", 1)],
-             "targets": [("targets", -1)]}
 
 
 def param_type(f: dataclasses.Field, hint: Any) -> dict[str, Any]:
@@ -131,13 +128,15 @@ def config_options(cls: type | None) -> list:
 def command(name: str) -> click.Command:
     """The click command of analysis ``name``."""
     spec = get(name)
+    arguments = spec.mode.arguments
+    variadic = spec.mode.most != len(arguments)
     config_names = [f.name for f in cli_fields(spec.config)]
     run_names = [f.name for f in cli_fields(spec.run_options)] if spec.run_options else []
     runner = []
-    if spec.inputs in ("pair", "pairs"):
+    if spec.mode.paired:
         runner.append(click.option("--data-from", type=click.Choice(["a", "b"]), default="a", show_default=True,
                                    help="When A and B were trained on different data: evaluate on A's or B's."))
-    if parallel(spec):
+    if spec.has_workers:
         runner.append(click.option("--workers", type=Count(min=1), default=1, show_default=True,
                                    help="Parallel worker processes (spawned, one torch thread each)."))
         runner.append(scheduler_option("Run the parallel parts on this Dask scheduler (workers need the same store "
@@ -148,8 +147,8 @@ def command(name: str) -> click.Command:
         ctx = click.get_current_context()
         if kwargs.get("scheduler") is None:
             kwargs.pop("scheduler", None)
-        refs = [kwargs.pop(arg) for arg, _ in ARGUMENTS[spec.inputs]]
-        if spec.inputs in ("pairs", "targets"):
+        refs = [kwargs.pop(arg) for arg, _ in arguments]
+        if variadic:
             refs = list(refs[0])
         as_json = kwargs.pop("as_json")
         values = {k: kwargs.pop(k) for k in config_names}
@@ -170,8 +169,8 @@ def command(name: str) -> click.Command:
         report(spec, run_api(call), as_json)
 
     f = add_options(config_options(spec.config) + config_options(spec.run_options) + runner, callback)
-    for arg, nargs in reversed(ARGUMENTS[spec.inputs]):
-        f = click.argument(arg, nargs=nargs)(f)
+    for arg, _ in reversed(arguments):
+        f = click.argument(arg, nargs=-1 if variadic else 1)(f)
     return click.command(name, help=spec.doc)(f)
 
 

@@ -351,6 +351,14 @@ def coerce_field(cls: type, f: dataclasses.Field, value: Any) -> Any:
     return coerce(value, hints(cls).get(f.name, f.type), f.metadata, flag=flag_of(f), name=f.name)
 
 
+def check_fields(config: Any) -> None:
+    """Every option field of ``config`` a value its declaration accepts: for dataclasses that are not
+    :class:`Options` (those are checked when made)."""
+    for f in dataclasses.fields(config):
+        if "help" in f.metadata or "cli" in f.metadata:
+            coerce_field(type(config), f, getattr(config, f.name))
+
+
 # ------------------------------------------------------------------------------------------ configs
 
 

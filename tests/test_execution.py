@@ -14,7 +14,7 @@ import json
 import pytest
 
 from landscape.analyze import registry
-from landscape.analyze.registry import Analysis, parallel
+from landscape.analyze.registry import Analysis
 from landscape.api.execution import ExecutionOptions
 from landscape.errors import UsageError
 from landscape.options import option
@@ -42,14 +42,14 @@ def test_workers_and_scheduler_are_where_they_were(name):
     spec = registry.get(name)
     params = inspect.signature(api_function(name)).parameters
     flags = {o for p in command(name).params for o in p.opts}
-    if parallel(spec):
+    if spec.has_workers:
         assert params["workers"].default == 1 and params["scheduler"].default is None
         assert params["workers"].kind is inspect.Parameter.KEYWORD_ONLY
         assert {"--workers", "--scheduler"} <= flags
     else:
         assert "workers" not in params and "--workers" not in flags
     if name in HAD_FIELD:
-        assert parallel(spec)
+        assert spec.has_workers
 
 
 def test_execution_options_check_their_values():

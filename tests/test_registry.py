@@ -59,7 +59,7 @@ def test_every_config_field_has_its_option_and_every_option_its_field(name):
 def test_spec_names_and_inputs_are_consistent():
     for name in registry.names():
         spec = registry.get(name)
-        assert spec.name == name and spec.inputs in registry.INPUTS and spec.doc
+        assert spec.name == name and spec.inputs in registry.INPUT_MODES and spec.doc
         hints = typing.get_type_hints(spec.config)
         assert all(f.name in hints for f in dataclasses.fields(spec.config))
     with pytest.raises(KeyError, match="no analysis named"):

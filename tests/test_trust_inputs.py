@@ -76,10 +76,10 @@ def test_a_negative_seed_is_one_usage_line_everywhere(tmp_path, capsys, path, co
 
 def test_the_seed_rule_holds_in_the_api_and_batch_configs():
     from landscape.analyze.interpolate import InterpolateConfig
-    from landscape.analyze.registry import config_with
+    from landscape.options import build
 
     with pytest.raises(UsageError, match=r"--subset-seed must be an integer seed in \[0, 2\*\*63 - 1\]"):
-        config_with(InterpolateConfig, None, {"subset_seed": -1})
+        build(InterpolateConfig, {"subset_seed": -1})
     with pytest.raises(UsageError, match="--seed must be an integer seed"):
         TrainConfig(seed=-1).validate()
     with pytest.raises(UsageError, match="--data-seed"):

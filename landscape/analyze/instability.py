@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from landscape.analyze.interpolate import InterpolateConfig
+from landscape.analyze.interpolate import InterpolateConfig, InterpolationResult
 from landscape.analyze.interpolate import compute_pair as interpolate_pair
 from landscape.analyze.registry import Analysis
 from landscape.options import Options, option
@@ -214,7 +214,7 @@ def _printed(table: InstabilityTable) -> list[dict]:
 
 SPEC = Analysis(
     name="instability", config=InterpolateConfig, compute=compute_pair, result=InstabilityTable,
-    inputs="pairs", collect=collect, run_options=InstabilityOptions,
+    inputs="pairs", collect=collect, run_options=InstabilityOptions, detail=InterpolationResult,
     figure="landscape.plots.interpolate:instability_figure", rows=_printed,
     details=lambda t: {"csv": str(t.csv_path), "rows": t.records()}, output="instability", csv=True,
     doc="""Instability of many pairs of final checkpoints: one table (CSV + HDF5) and the plot against k.

@@ -10,7 +10,7 @@ command line and ``landscape.api`` look a kind up there instead of branching on 
   ``config``'s (``phases``: the training options, then its own), each with the fields it leaves out, in the
   order the command lists them; ``skip`` are fields that are options of the command only (train's ``resume``);
 - **build**: options -> the validated configuration (what runs; default ``config(**options)``, its numbers within
-  the fields' declared ranges (:func:`landscape.analyze.registry.check_bounds`) and its ``validate()``);
+  the fields' declared ranges (:func:`landscape.options.check_fields`) and its ``validate()``);
 - **run**: ``run(config, *, root, out)`` through ``landscape.api`` (``root`` the store, ``out`` a directory for
   the files the job writes outside the store, or None for the kind's default) -> the kind's result object;
 - **command**: what the command runs, when it is not ``run``: ``command(config, *, root, progress, report)``
@@ -88,10 +88,10 @@ class JobKind:
         """The validated configuration for ``options`` (a UsageError, ValueError or TypeError names what is wrong)."""
         if self.build is not None:
             return self.build(dict(options))
-        from landscape.analyze.registry import check_bounds
+        from landscape.options import check_fields
 
         config = self.config(**options)
-        check_bounds(config)
+        check_fields(config)
         return validated(config)
 
 
