@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,11 +44,6 @@ def echo_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = N
     click.echo("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
     for row in cells:
         click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
-
-
-def progress_enabled() -> bool:
-    """Progress bars go to stderr and only when it is a terminal."""
-    return sys.stderr.isatty()
 
 
 def os_error_line(exc: OSError) -> tuple[str, int]:

@@ -20,6 +20,7 @@ import click
 
 from landscape.bounds import COUNT_MAX, SCHEDULER_TIMEOUT_S, SEED_MAX
 from landscape.options import OptionError, coerce
+from landscape.progress import echo
 
 
 class Coerced(click.ParamType):
@@ -223,5 +224,5 @@ def run_api(fn: Callable[[], Any]) -> Any:
     """Call the library with each warning shown as one ``warning: ...`` line on stderr (no source lines)."""
     with warnings.catch_warnings():
         warnings.simplefilter("always")
-        warnings.showwarning = lambda message, *args, **kw: click.echo(f"warning: {message}", err=True)
+        warnings.showwarning = lambda message, *args, **kw: echo(f"warning: {message}")  # above any progress bar
         return fn()

@@ -3,16 +3,16 @@
 This is the one place landscape imports code that is not its own. Models, data sets and metrics from user
 code all come through it, so the rules are stated once:
 
-- **Only named code runs.** :func:`load` imports what its caller passes, and callers pass only what the user
+- **Only named code runs.** ``load`` imports what its caller passes, and callers pass only what the user
   named (a command-line option, an API argument) or an installed entry point. Nothing read from a store, a
-  manifest or a result file is ever handed to :func:`load` by itself.
-- **Provenance.** :func:`describe` says what a reference points at, with the sha256 of the source file and of
+  manifest or a result file is ever handed to ``load`` by itself.
+- **Provenance.** ``describe`` says what a reference points at, with the sha256 of the source file and of
   the user's local modules it imported (``modules``: a sibling ``helpers.py`` the file imports, found as the
   modules first imported while it ran whose files live under its folder or the working directory, outside
   site-packages, the standard library and landscape itself), so a stored spec can tell later whether the code
-  changed; :func:`check_unchanged` compares every one of them (a changed helper is changed code).
+  changed; ``check_unchanged`` compares every one of them (a changed helper is changed code).
 - **One-line errors.** A malformed reference, a module that cannot be imported, a missing or non-callable
-  attribute raise :class:`PluginError` (a usage error, exit 2) naming the cause.
+  attribute raise ``PluginError`` (a usage error, exit 2) naming the cause.
 
 A file reference is loaded as a module named ``landscape_user_<stem>_<sha8>`` (so two files with the same name
 do not collide and a changed file is a new module), with the file's folder on ``sys.path`` while it executes,
@@ -152,9 +152,9 @@ def _module_of(ref: CodeRef):
             spec.loader.exec_module(module)
         except BaseException as exc:
             sys.modules.pop(name, None)
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            if isinstance(exc, KeyboardInterrupt):
                 raise
-            raise PluginError(f"{ref.text!r}: running {path.name} failed: {one_line(exc)}") from None
+            raise _import_failed(ref, path.name, exc) from None
         finally:
             try:
                 sys.path.remove(folder)
@@ -167,12 +167,25 @@ def _module_of(ref: CodeRef):
         module = importlib.import_module(ref.target)
     except ModuleNotFoundError as exc:
         raise PluginError(f"{ref.text!r}: module {exc.name or ref.target!r} is not importable") from None
-    except Exception as exc:
-        raise PluginError(f"{ref.text!r}: importing {ref.target} failed: {one_line(exc)}") from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        raise _import_failed(ref, ref.target, exc) from None
     origin = getattr(module, "__file__", None)
     if ref.target not in _LOCAL and origin:
         _LOCAL[ref.target] = _local_files(Path(origin).resolve(), _imported(module, before))
     return module
+
+
+def _import_failed(ref: CodeRef, what: str, exc: BaseException) -> PluginError:
+    """The one line for user code that failed while imported: an exception, or ``sys.exit()`` / another
+    BaseException, which would otherwise end the command (with ``sys.exit(0)``: as a success that wrote nothing)."""
+    if isinstance(exc, SystemExit):
+        return PluginError(f"{ref.text!r}: {what} called sys.exit({exc.code!r}) while being imported; a model or "
+                           f"data file defines its factory and returns (put script code under `if __name__ == "
+                           f"'__main__':`)")
+    verb = "running" if ref.kind == "file" else "importing"
+    return PluginError(f"{ref.text!r}: {verb} {what} failed: {one_line(exc)}")
 
 
 def _module_hashes(main: str | None, files: Any) -> dict[str, str | None]:
@@ -229,7 +242,7 @@ def describe(text: str | CodeRef) -> dict[str, Any]:
 
 
 def check_unchanged(stored: dict[str, Any], current: dict[str, Any]) -> str | None:
-    """``None`` when ``current`` (from :func:`describe`) has the stored source hash and every local module the
+    """``None`` when ``current`` (from ``describe``) has the stored source hash and every local module the
     stored code imported (``modules``) still has its recorded hash (looked up beside ``current``'s file, without
     importing anything), else a one-line reason naming the file that changed."""
     name = stored.get("ref") or current.get("ref")
@@ -252,7 +265,7 @@ def entry_points(group: str) -> dict[str, importlib.metadata.EntryPoint]:
 
 def load_entry_point(group: str, name: str) -> tuple[Any, dict[str, Any]]:
     """The object an installed entry point names and its provenance ``{"entry_point", "group", "value",
-    "package", "version"}``; :class:`PluginError` when no installed package provides ``name`` in ``group``."""
+    "package", "version"}``; ``PluginError`` when no installed package provides ``name`` in ``group``."""
     found = entry_points(group)
     if name not in found:
         raise PluginError(f"no installed package provides {name!r} in {group}")
@@ -263,7 +276,9 @@ def load_entry_point(group: str, name: str) -> tuple[Any, dict[str, Any]]:
             "version": dist.version if dist is not None else None}
     try:
         return ep.load(), info
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # sys.exit() at import too: never the command's own exit
         raise PluginError(f"entry point {name!r} ({ep.value}) of {group} failed to load: {one_line(exc)}") from None
 
 
@@ -330,8 +345,8 @@ def _with(state: TrustState, refs: Any, accept_changed: bool) -> TrustState:
 
 @contextlib.contextmanager
 def trusting(refs: Any = (), *, accept_changed: bool = False):
-    """Inside the block, stored specs naming ``refs`` may be rebuilt (see :func:`trust`); a
-    :class:`TrustState` (from a parent process) is installed as it is."""
+    """Inside the block, stored specs naming ``refs`` may be rebuilt (see ``trust``); a
+    ``TrustState`` (from a parent process) is installed as it is."""
     if isinstance(refs, TrustState):
         token = _TRUST.set(_with(_NOTHING_TRUSTED, refs.refs, refs.accept_changed))
     else:
@@ -352,8 +367,8 @@ def canonical(text: str | CodeRef) -> str:
 
 
 def named_code(stored: dict[str, Any], what: str) -> CodeRef:
-    """The reference the user named for the code a stored spec records (``stored`` from :func:`describe`), or
-    :class:`PluginError` saying which ``--code`` to pass. Nothing is imported to decide: a named file of the same
+    """The reference the user named for the code a stored spec records (``stored`` from ``describe``), or
+    ``PluginError`` saying which ``--code`` to pass. Nothing is imported to decide: a named file of the same
     name at another path counts when its bytes have the recorded sha256 (the code moved with the store), or,
     when changed code is accepted, when it is the only such file named."""
     if not isinstance(stored, dict) or stored.get("kind") not in ("file", "module") or not stored.get("attr"):
@@ -377,7 +392,7 @@ def named_code(stored: dict[str, Any], what: str) -> CodeRef:
 
 
 def checked_code(stored: dict[str, Any], what: str) -> tuple[CodeRef, dict[str, Any]]:
-    """:func:`named_code` and its current :func:`describe`, refusing (:class:`CodeChangedError`) when the source
+    """``named_code`` and its current ``describe``, refusing (``CodeChangedError``) when the source
     hash changed since ``stored`` was recorded, unless the user accepted changed code; an accepted change is
     recorded in the returned description as ``accepted_change_from`` (the recorded sha256)."""
     ref = named_code(stored, what)

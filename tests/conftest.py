@@ -36,6 +36,14 @@ def _work_in_tmp_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
+@pytest.fixture(autouse=True)
+def _no_progress_lines(monkeypatch):
+    """Tests compare a command's stderr line by line; its progress lines (2 s after work begins, then every 10 s)
+    would come and go with the machine's load. Here the first comes after hours; tests/test_progress.py sets the
+    interval it tests (subprocesses inherit this one)."""
+    monkeypatch.setenv("LANDSCAPE_PROGRESS_INTERVAL", "86400")
+
+
 @pytest.fixture(scope="session")
 def figures_test_made(tmp_path_factory):
     """Every registered figure recipe at ``--scale test`` through the CLI, once per session: ``(out, root)``.

@@ -100,7 +100,7 @@ def test_import_and_missing_ref_via_subprocess(tmp_path, digits_mlp):
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
-def test_store_ls_table_and_json(populated, capsys):
+def test_store_ls_table_and_json(populated, capsys, tmp_path):
     root = str(populated.root)
     code, out, err = run_cli("--root", root, "store", "ls", capsys=capsys)
     assert code == 0, err
@@ -117,7 +117,9 @@ def test_store_ls_table_and_json(populated, capsys):
     sgd = listing["runs"][1]
     assert sgd["steps"] == [0, 40] and sgd["epsilon"] == 1.5 and sgd["final_metrics"]["test_acc"] == 0.85
 
-    code, out, _ = run_cli("--root", str(populated.root / "empty"), "store", "ls", capsys=capsys)
+    code, out, err = run_cli("--root", str(populated.root / "empty"), "store", "ls", capsys=capsys)
+    assert code == 1 and out == "" and err.startswith("error: no store at")  # as every command on a missing root
+    code, out, _ = run_cli("--root", str(tmp_path), "store", "ls", capsys=capsys)  # an empty store is no error
     assert code == 0 and out.startswith("no runs in")
 
 

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from landscape import metrics as user_metrics
+from landscape import progress
 from landscape.analyze._common import EvaluationOptions
 from landscape.analyze.registry import Analysis
 from landscape.bounds import DIRECTIONS_MAX, POINTS_MAX
@@ -337,10 +338,12 @@ def random_profiles(
     else:
         outs = iter(chunk_runner(chunks, distance, steps))
     losses, accs, extras = [], [], []
-    for loss, acc, extra, _ in outs:
-        losses.append(loss)
-        accs.append(acc)
-        extras.append(extra)
+    with progress.task("directions", total=config.directions, unit="directions") as task:
+        for chunk, (loss, acc, extra, _) in zip(chunks, outs, strict=True):  # a chunk's profiles, in order
+            losses.append(loss)
+            accs.append(acc)
+            extras.append(extra)
+            task.update(len(chunk))
     n = config.directions
 
     def profiles(base: float, chunks: list[np.ndarray]) -> np.ndarray:  # t = 0, then the chunks' steps

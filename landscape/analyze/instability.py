@@ -50,6 +50,7 @@ class PairInstability:
                                                          default_factory=dict)
     result: str = ""  # the pair's interpolation result file
     epsilon_spent: float = math.nan  # the larger epsilon the two checkpoints spent (NaN when neither is DP)
+    reused: bool = False  # read back from its current file in the pair directory, not computed again
 
     def flat(self, splits: Sequence[str]) -> dict[str, object]:
         return {k: v[0] for k, v in table_columns([self], PairInstability, splits).items()}
@@ -182,6 +183,7 @@ def compute_pair(a, b, config, labels: Mapping, result=None) -> tuple[PairInstab
     """One row: A and B interpolated (:func:`landscape.analyze.interpolate.compute_pair`, or ``result``, the
     pair's interpolation read back from its current file) with the pair's labels from the manifests; epsilon
     falls back to the larger of the checkpoints' own for a DP pair."""
+    reused = result is not None
     result = interpolate_pair(a, b, config) if result is None else result
     eps = labels["epsilon"]
     known = [e for e in (a.checkpoint.epsilon, b.checkpoint.epsilon) if e is not None]
@@ -194,7 +196,7 @@ def compute_pair(a, b, config, labels: Mapping, result=None) -> tuple[PairInstab
         instability_loss=dict(result.instability_loss), chord_barrier_loss=dict(result.chord_barrier_loss),
         instability_error=dict(result.instability_error), epsilon_spent=spent,
         instability_loss_aligned=dict(result.instability_loss_aligned),
-        instability_error_aligned=dict(result.instability_error_aligned),
+        instability_error_aligned=dict(result.instability_error_aligned), reused=reused,
     )
     return row, result
 
@@ -209,13 +211,30 @@ def _printed(table: InstabilityTable) -> list[dict]:
     columns = ["pair", "k", "phase2", "epsilon", "epsilon_spent"] + [
         c for s in table.splits for c in (f"chord_barrier_{s}_loss", *(f"instability_{s}_{m}{a}"
                                                                          for m in ("loss", "error") for a in aligned))]
-    return [{c: r[c] for c in columns} for r in table.records()]
+    return [{c: None if c in _LABELS and _absent(r[c]) else r[c] for c in columns} for r in table.records()]
+
+
+def _notes(table: InstabilityTable) -> list[str]:
+    """Which pairs were read back from their files instead of computed again, and from where."""
+    reused = [r for r in table.rows if r.reused]
+    if not reused:
+        return []
+    where = ", ".join(sorted({str(Path(r.result).parent) for r in reused}))
+    return [f"reused {len(reused)} of {len(table.rows)} pairs from {where} (their checkpoints, options, data and "
+            f"code version match; remove a file there, or give another --pair-dir, to compute it again)"]
+
+
+_LABELS = ("k", "epsilon", "epsilon_spent")  # NaN there means "not applicable" (no phases, an SGD pair): "-"
+
+
+def _absent(value: object) -> bool:
+    return isinstance(value, float) and math.isnan(value)
 
 
 SPEC = Analysis(
     name="instability", config=InterpolateConfig, compute=compute_pair, result=InstabilityTable,
     inputs="pairs", collect=collect, run_options=InstabilityOptions, detail=InterpolationResult,
-    figure="landscape.plots.interpolate:instability_figure", rows=_printed,
+    figure="landscape.plots.interpolate:instability_figure", rows=_printed, notes=_notes,
     details=lambda t: {"csv": str(t.csv_path), "rows": t.records()}, output="instability", csv=True,
     doc="""Instability of many pairs of final checkpoints: one table (CSV + HDF5) and the plot against k.
 

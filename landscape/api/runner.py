@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from landscape import progress
 from landscape.analyze.registry import Analysis, get
 from landscape.api._common import default_output
 from landscape.api.accounting import provenance_attrs
@@ -104,13 +105,16 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
                 result, inputs, attrs = hook(spec, "execute")(resolver, parsed[0], config, run_opts, execution, out)
             else:
                 point = resolver.point(parsed[0], masks=True, purpose=spec.purpose)
-                result = spec.compute(point, config)
+                with progress.task(spec.name, total=1, unit="checkpoints") as task:
+                    result = spec.compute(point, config)
+                    task.update(1)
                 inputs = [point.input_ref()]
     elif spec.inputs == "pair":
         ref_a, ref_b = refs
         a, b, choice = resolver.pair(*parsed, data_from=data_from)
-        with recording_subsets() as draws:
+        with recording_subsets() as draws, progress.task(spec.name, total=1, unit="pairs") as task:
             result = spec.compute(a, b, config)
+            task.update(1)
         inputs = [a.input_ref(), b.input_ref()]
         attrs = choice.attrs()
         title = f"A = {ref_a}   B = {ref_b}"
@@ -121,7 +125,8 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
         (ref,) = parsed
         targets, extra = hook(spec, "expand")(resolver, ref, config) if "expand" in spec.hooks \
             else (resolver.expand(ref), [])
-        rows = _recorded(_map(_point_job, [(spec.name, resolver, t, config) for t in targets], workers), draws)
+        rows = _recorded(_map(_point_job, [(spec.name, resolver, t, config) for t in targets], workers,
+                              what=spec.name, unit="checkpoints"), draws)
         result = spec.collect(rows, config, run_opts)
         inputs = extra + _inputs(targets)
     else:  # targets
@@ -130,11 +135,11 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
         with ProcessPool(min(workers, len(flat))) as pool:
             shared = None
             if spec.prepare is not None:
-                values = _recorded(_map(_prepare_job, [(spec.name, resolver, t, config) for t in flat], pool=pool),
-                                   draws)
+                values = _recorded(_map(_prepare_job, [(spec.name, resolver, t, config) for t in flat], pool=pool,
+                                        what=f"{spec.name} (first pass)", unit="checkpoints"), draws)
                 shared = spec.share(values, config)
             rows = iter(_recorded(_map(_point_job, [(spec.name, resolver, t, config, shared) for t in flat],
-                                       pool=pool), draws))
+                                       pool=pool, what=spec.name, unit="checkpoints"), draws))
         result = spec.collect([[next(rows) for _ in g] for g in groups], config, run_opts, refs, shared)
         inputs = _inputs(flat)
         title = ""
@@ -229,11 +234,14 @@ def hook(spec: Analysis, kind: str) -> Callable:
 # -------------------------------------------------------------------------------- jobs (in workers)
 
 
-def _map(fn: Callable, jobs: list[tuple], workers: int = 1, *, pool: ProcessPool | None = None) -> list:
+def _map(fn: Callable, jobs: list[tuple], workers: int = 1, *, pool: ProcessPool | None = None, what: str,
+         unit: str) -> list:
     """``map_jobs`` (or ``pool.map``) whose jobs return ``(value, warnings)``: warnings raised in workers are
-    re-raised here, so the CLI shows them as one ``warning:`` line each whichever process they came from."""
+    re-raised here, so the CLI shows them as one ``warning:`` line each whichever process they came from. The
+    progress display counts the jobs done (``what``, ``unit``)."""
     out = []
-    for value, messages in (pool.map(fn, jobs) if pool is not None else map_jobs(fn, jobs, workers)):
+    shown = {"what": what, "unit": unit}
+    for value, messages in (pool.map(fn, jobs, **shown) if pool is not None else map_jobs(fn, jobs, workers, **shown)):
         for category, message in messages:
             warnings.warn(message, category, stacklevel=3)
         out.append(value)
@@ -330,7 +338,7 @@ def _pairs(spec: Analysis, resolver: Resolver, patterns: list[str], config: Any,
     pair_dir = Path(pair_dir) if pair_dir else out.with_name(out.stem + "-pairs")
     tasks = [(spec.name, resolver, a, b, labels, config, data_from, str(pair_dir / f"{slug(a)}--{slug(b)}.h5"))
              for a, b, labels in jobs]
-    outcomes = _map(_pair_job, tasks, workers)
+    outcomes = _map(_pair_job, tasks, workers, what=spec.name, unit="pairs")
     inputs = list({ref.sha256 + ref.path: ref for _, refs, _ in outcomes for ref in refs}.values())
     draws = [d for _, _, drawn in outcomes for d in drawn]
     return spec.collect([row for row, _, _ in outcomes], config, run_opts), inputs, draws

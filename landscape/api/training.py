@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from landscape import plugins
+from landscape import progress as display
 from landscape.api.jobkind import JobKind, files_under, run_option, validated
 from landscape.data import load_dataset
 from landscape.errors import CheckpointError, UsageError
@@ -131,6 +132,7 @@ def _phases(config: PhasesConfig, *, root: str | Path, progress: bool | None,
     total = len(config.phase1) * (1 + len(config.phase2) * config.copies)
 
     def finished(run: Run, what: str) -> None:
+        task.update(1)
         summaries.append(summarize(run))
         if report is not None:
             s = summaries[-1]
@@ -138,6 +140,14 @@ def _phases(config: PhasesConfig, *, root: str | Path, progress: bool | None,
             acc = f", test acc {s.test_acc:.4f}" if s.test_acc is not None else ""
             report(f"phases: [{len(summaries)}/{total}] {what} {s.run} finished (epoch {s.epoch}{acc}{eps})")
 
+    with display.enabled(progress), display.task(f"phases {group}", total=total, unit="runs") as task:
+        _train_phases(config, store, group, sigma, label, progress, finished)
+    return summaries
+
+
+def _train_phases(config: PhasesConfig, store: Store, group: str, sigma: float | None, label: dict[str, Any],
+                  progress: bool | None, finished: Callable[[Run, str], None]) -> None:
+    base = config.base
     for p1 in config.phase1:
         name1 = f"{group}-{p1}"
         cfg1 = config.phase_config(p1, epochs=config.k, seed=base.seed, noise_multiplier=sigma, run=name1)
@@ -151,7 +161,6 @@ def _phases(config: PhasesConfig, *, root: str | Path, progress: bool | None,
                 )
                 run2 = ensure(store, cfg2, {**label, "phase1": p1, "phase2": p2, "copy": i}, progress)
                 finished(run2, f"phase 2 ({p1}->{p2}, copy {i})")
-    return summaries
 
 
 def _phases_hash(config: PhasesConfig) -> str:
@@ -198,7 +207,7 @@ def _train_job(config: TrainConfig, *, root: Path, out: Path | None = None) -> R
         # the same job: continue it, whatever the kill left (recorded checkpoints, a complete file the manifest
         # does not list yet, or none: the resume path adopts the file or starts over from step 0)
         config = TrainConfig(resume=config.run, data_root=config.data_root, device=config.device)
-    return train(config, root=root, progress=False)
+    return train(config, root=root)
 
 
 def _train_outcome(run: Run, root: Path, out: Path | None) -> tuple[dict[str, Any], list[Path]]:
@@ -217,7 +226,14 @@ def _train_given(given: dict[str, str]) -> None:
         raise UsageError(f"--resume RUN continues with the run's stored options; drop {', '.join(others)}")
 
 
-def _train_command(config: TrainConfig, *, root: Path, progress: bool, report: Callable[[str], None] | None) -> Run:
+def _train_command(config: TrainConfig, *, root: Path, progress: bool | None,
+                   report: Callable[[str], None] | None) -> Run:
+    """``train``; ``--resume`` of a run that is already complete says so (its table follows, nothing is trained)."""
+    if config.resume is not None and report is not None and config.resume in Store(root).run_names():
+        run = Store(root).run(config.resume)
+        total, last = run.manifest.get("schedule", {}).get("total_steps"), run.checkpoints()
+        if total is not None and last and last[-1].step >= int(total):
+            report(f"run '{run.name}' is already complete (step {last[-1].step} of {total}): nothing to train")
     return train(config, root=root, progress=progress)
 
 
@@ -244,10 +260,12 @@ def _phases_build(options: dict[str, Any]) -> PhasesConfig:
     return validated(PhasesConfig(base=TrainConfig(**options), **own))
 
 
-def _phases_command(config: PhasesConfig, *, root: Path, progress: bool,
+def _phases_command(config: PhasesConfig, *, root: Path, progress: bool | None,
                     report: Callable[[str], None] | None) -> list[RunSummary]:
-    """Without progress bars (output piped), one line per finished run on stderr."""
-    return phases(config, root=root, progress=progress, report=None if progress else report)
+    """One line per finished run on the progress display (:func:`landscape.progress.note`)."""
+    from landscape.progress import note
+
+    return phases(config, root=root, progress=progress, report=note)
 
 
 def _phases_produces(options: dict[str, Any]) -> list[str]:
@@ -274,7 +292,7 @@ def _phases_outcome(summaries: list[RunSummary], root: Path, out: Path | None) -
 
 
 PHASES_JOB = JobKind(
-    name="phases", config=PhasesConfig, run=lambda config, *, root, out=None: phases(config, root=root, progress=False),
+    name="phases", config=PhasesConfig, run=lambda config, *, root, out=None: phases(config, root=root),
     fields=((TrainConfig, ("optimizer", "run", "from_ref", "resume")), (PhasesConfig, ("base",))),
     required=("group",), build=_phases_build, produces=_phases_produces, outcome=_phases_outcome, api=phases,
     command=_phases_command, rows=lambda summaries: [_columns(s, _PHASES_COLUMNS) for s in summaries],

@@ -112,8 +112,7 @@ def _phases(ctx, momentum: float, lr: float, copies: int) -> str:
 
     g, name = ctx.settings["grid"], _group(ctx, momentum, lr)
     phases(PhasesConfig(base=base_config(ctx, lr, momentum), k=g["k"], copies=copies, phase1=OPTIMIZERS,
-                        phase2=OPTIMIZERS, dp_lr=lr, dp_momentum=momentum, group=name), root=ctx.root,
-           progress=False)
+                        phase2=OPTIMIZERS, dp_lr=lr, dp_momentum=momentum, group=name), root=ctx.root)
     return name
 
 

@@ -187,7 +187,7 @@ class Context:
         from landscape.store import Store
 
         config = dataclasses.replace(config, run=self.run_name(what), data_root=self.data_root)
-        run = ensure(Store(self.root), config, progress=False)
+        run = ensure(Store(self.root), config)
         if gated and run.name not in self.trained:
             self.trained.append(run.name)
         return run

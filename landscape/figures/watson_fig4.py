@@ -46,7 +46,7 @@ def make(ctx):
     base = TrainConfig(model=s["model"], data=s["data"], subset=s["subset"], epochs=s["epochs"], lr=s["lr"],
                        batch_size=s["batch_size"], seed=s["seed"], checkpoint_every="none", data_root=ctx.data_root)
     phases(PhasesConfig(base=base, k=s["k"], copies=2, phase1=("sgd",), phase2=("sgd",), group=group),
-           root=ctx.root, progress=False)
+           root=ctx.root)
     a, b = f"{group}-sgd-sgd-0@last", f"{group}-sgd-sgd-1@last"
     numbers, parts = {}, []
     fig, axes = style.subplots(1, len(NORMALIZATIONS), figsize=(8, 3.2), sharey=True, layout="constrained")

@@ -120,7 +120,7 @@ def make(ctx):
 
     def score(candidate: tuple[float, float], unit: tuple[str, int]) -> list[float]:  # one arm at one k (train data)
         arm, k = unit
-        phases(phases_config(ctx, arm, k, *candidate), root=ctx.root, progress=False)
+        phases(phases_config(ctx, arm, k, *candidate), root=ctx.root)
         return [worst_recent(store.run(name), "train_acc", grid.WINDOW) for name in copies(ctx, arm, k, *candidate)]
 
     momenta, lrs = [float(v) for v in s["phase2_momenta"]], [float(v) for v in s["phase2_lrs"]]

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from landscape.store.core import Store
 
 WRAPPER_KEYS = ("state_dict", "model_state_dict", "module_state_dict", "model")  # module_: Opacus save_checkpoint
-PREFIXES = ("_module.", "module.")  # Opacus GradSampleModule, then DataParallel/DDP
 
 
 def import_checkpoint(
@@ -44,7 +43,8 @@ def import_checkpoint(
     ``.pt``/``.pth`` files are read with ``torch.load(weights_only=True)`` only: a file that would need
     arbitrary code to unpickle is refused with UnsafeFileError and nothing in it runs. ``.safetensors``
     files are read with safetensors. A dict wrapping the weights under ``state_dict``/``model_state_dict``/
-    ``model`` is unwrapped; Opacus' ``_module.`` (and DataParallel's ``module.``) key prefix is stripped.
+    ``model`` is unwrapped; the key prefixes of wrappers (``torch.compile``'s ``_orig_mod.``, Opacus' ``_module.``,
+    DataParallel's ``module.``, :data:`landscape.params.WRAPPERS`) are stripped.
     Keys and shapes are checked against the model ``model_spec`` builds (strict).
 
     ``privacy`` is the run's ``manifest["privacy"]``: what is known of the weights' privacy history
@@ -181,8 +181,10 @@ def _all_tensors(d: Mapping) -> bool:
 
 
 def _strip_prefixes(state_dict: dict[str, torch.Tensor], wanted: set[str]) -> dict[str, torch.Tensor]:
+    from landscape.params import WRAPPER_PREFIXES
+
     while set(state_dict) != wanted:
-        for prefix in PREFIXES:
+        for prefix in WRAPPER_PREFIXES:
             if all(k.startswith(prefix) for k in state_dict):
                 state_dict = {k[len(prefix):]: v for k, v in state_dict.items()}
                 break

@@ -108,7 +108,7 @@ class TrainConfig:
         return self.optimizer == "dpsgd"
 
     def validate(self) -> TrainConfig:
-        """Check option combinations; raise :class:`UsageError` (exit 2) with a one-line message."""
+        """Check option combinations; raise ``UsageError`` (exit 2) with a one-line message."""
         for f in dataclasses.fields(self):  # each option by its declaration, as the command line checks it (type,
             # bounds, finiteness, choices, seeds, device), and held as the command line holds it ("10" becomes 10)
             setattr(self, f.name, coerce_field(TrainConfig, f, getattr(self, f.name)))
