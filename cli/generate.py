@@ -53,7 +53,7 @@ def param_type(f: dataclasses.Field, hint: Any) -> dict[str, Any]:
     members, _ = split_optional(hint)
     base = members[0] if len(members) == 1 else None
     if kind == "subset":
-        return {"type": SubsetType()}
+        return {"type": SubsetType(meta)}
     if kind == "device":
         return {"type": DeviceType()}
     if kind in ("model", "data"):  # a registry name, an entry point or code (the registry is read when checked)

@@ -19,7 +19,7 @@ from typing import Any
 import click
 
 from landscape.bounds import COUNT_MAX, SCHEDULER_TIMEOUT_S, SEED_MAX
-from landscape.options import OptionError, coerce
+from landscape.options import SOURCE_HELP, OptionError, coerce
 from landscape.progress import echo
 
 
@@ -48,7 +48,10 @@ class SubsetType(Coerced):
     name = "N|FRACTION"
     # the declared range of its values, as click's number ranges state theirs: counts >= 1 or fractions in (0, 1]
     min, max, min_open, max_open = 0, COUNT_MAX, True, False
-    annotation, meta = int | float | None, {"kind": "subset"}
+    annotation = int | float | None
+
+    def __init__(self, meta: dict[str, Any] | None = None):
+        self.meta = {**(meta or {}), "kind": "subset"}
 
 
 def _bounds(min: float | None, max: float | None, min_open: bool, max_open: bool) -> dict[str, Any]:
@@ -216,7 +219,7 @@ def add_options(options: list[Callable], func: Callable | None = None) -> Callab
 
 
 data_root_option = click.option("--data-root", type=click.Path(file_okay=False), default=None,
-                                help="Where torchvision data sets live (default $LANDSCAPE_DATA).")
+                                help=SOURCE_HELP["data_root"])
 no_figure_option = click.option("--no-figure", is_flag=True, help="Write the result file only.")
 
 

@@ -42,12 +42,20 @@ SOURCE_HELP = {
             "a .npz/.h5 tensor file, or module:factory / file.py:factory.",
     "data_kwargs": 'Data set options as a JSON object, e.g. \'{"ds": 10, "dn": 90}\'.',
     "subset": "Train on a stratified subset: a count or a fraction of the train split.",
-    "data_root": "Directory holding torchvision data sets (mnist, cifar10, ...).",
+    "data_root": "Where torchvision data sets live (default $LANDSCAPE_DATA).",
     "download": "Download a torchvision data set into --data-root if absent.",
     "model": "Model: a name, or module:factory / file.py:factory (called with input_shape, num_classes and "
              "--model-kwargs).",
     "model_kwargs": 'Model options as a JSON object, e.g. \'{"norm": "batch"}\'.',
 }
+# the help of the options that mean the same in every command (one vocabulary: tests/test_vocabulary.py)
+SUBSET_HELP = "Examples used: a count, or a fraction of the split (a seeded stratified draw)."
+SUBSET_SEED_HELP = "Seed of the examples' draw (--subset)."
+CHUNK_HELP = "Examples per pass: bounds memory; results do not depend on it beyond float rounding."
+DEVICE_HELP = "auto (CUDA when available, else CPU), cpu, cuda or cuda:N."
+CLIP_STYLE_HELP = "flat: one norm per sample; layerwise: one per layer (parameter tensor)."
+CLIP_FN_HELP = "Clipping function (Bu et al. Sec. 2.2): abadi min(1, C/|g|), automatic, normalize or global."
+
 # keys of --data-kwargs / --model-kwargs that are options of their own, or come from the data set
 DATA_RESERVED = ("name", "subset", "data_root", "download")
 MODEL_RESERVED = ("input_shape", "num_classes")
@@ -248,10 +256,16 @@ def coerce(value: Any, annotation: Any, meta: Mapping[str, Any] | None = None, *
     meta = meta or {}
     kind = meta.get("kind")
     if kind == "subset":
+        least = meta.get("min")
+        if least == 0 and not isinstance(value, bool) and str(value).strip() == "0":
+            return 0  # none at all, where the option allows it (norms)
         try:
-            return subset_value(value, flag)
+            number = subset_value(value, flag)
         except UsageError as exc:
             raise OptionError(flag, str(exc).removeprefix(f"{flag}: ")) from None
+        if isinstance(number, int) and least is not None and number < least:
+            raise OptionError(flag, f"a count must be >= {least}, got {number}")
+        return number
     members, optional = split_optional(_resolve(annotation))
     if kind == "json":
         return _json_object(value, optional, flag)

@@ -286,7 +286,7 @@ def test_agrees_with_pyhessian_eigenvalues_and_trace(case):
 def test_hessian_row_uses_the_seeded_subset_and_leaves_the_model_alone(case):
     model, x, y, h = case
     before = {k: p.detach().clone() for k, p in model.named_parameters()}
-    cfg = config(top_k=1, subset=20, seed=3, trace=True, probes=4, density=True, lanczos_steps=20)  # converged
+    cfg = config(top_k=1, subset=20, subset_seed=3, seed=3, trace=True, probes=4, density=True, lanczos_steps=20)
     row = hessian_row(model, x, y, cfg, ref="r@step=5", step=5, epoch=1.5, run="r", optimizer="sgd")
     xs, ys = subset(x, y, 20, 3)
     exact = np.linalg.eigvalsh(exact_hessian(model, xs, ys))[::-1]

@@ -464,7 +464,7 @@ def test_norms_symmetry_and_ntk_on_a_user_model_equal_the_naive_loop():
     for i, k in enumerate(lk.layer_names):
         gk = ref[k].reshape(12, -1)
         assert np.allclose(lk.K_layers[i], (gk @ gk.T).numpy(), rtol=1e-9, atol=1e-12), k
-    result = ntk.compute_point(point, ntk.NTKConfig(subset=12, clip="flat", max_grad_norm=1.0))
+    result = ntk.compute_point(point, ntk.NTKConfig(subset=12, clip_style="flat", max_grad_norm=1.0))
     Gs = G[torch.as_tensor(result.indices)]
     assert np.allclose(result.K, (Gs @ Gs.T).numpy(), rtol=1e-9, atol=1e-12)
     c = np.minimum(1.0, 1.0 / Gs.norm(dim=1).numpy())

@@ -499,7 +499,7 @@ def test_clipping_and_norms_files_read_as_frames(mixed_store, tmp_path):
 def test_ntk_file_has_labelled_sample_dims(mixed_store, tmp_path):
     from landscape.api import ntk
 
-    r = ntk("a", root=mixed_store.root, subset=12, clip="layerwise", output=tmp_path / "k.h5", figure=False)
+    r = ntk("a", root=mixed_store.root, subset=12, clip_style="layerwise", output=tmp_path / "k.h5", figure=False)
     with read_result(r.path).to_xarray() as ds:
         assert ds["K"].dims == ("sample", "sample_j") and ds["K_layers"].dims[0] == "layer"
         np.testing.assert_array_equal(ds["K"].values, r.K)

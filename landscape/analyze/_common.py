@@ -8,14 +8,13 @@ from typing import Any
 
 from landscape.errors import UsageError
 from landscape.evaluate import DEFAULT_BATCH_SIZE, METHODS
-from landscape.options import Options, option
+from landscape.options import CHUNK_HELP, DEVICE_HELP, SUBSET_HELP, SUBSET_SEED_HELP, Options, option
 
 
 def device_option() -> Any:
     """The ``--device`` option every analysis that computes on a device shares (default ``auto``; the runner
     records the device actually used as the result file's ``device`` attr)."""
-    return option("auto", "auto (CUDA when available, else CPU), cpu, cuda or cuda:N; the device used is "
-                  "recorded in the result's attrs.", kind="device")
+    return option("auto", DEVICE_HELP + " The device used is recorded in the result's attrs.", kind="device")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,11 +22,9 @@ class EvaluationOptions(Options):
     """How checkpoints are evaluated (the base of the interpolate, directions, surface and calibration configs): a
     seeded stratified subset of each split, examples per forward pass, device and engine (:mod:`landscape.evaluate`)."""
 
-    subset: int | float | None = option(None, "Evaluate on a seeded stratified subset of each split (count or "
-                                        "fraction; default: all).", kind="subset")
-    subset_seed: int = option(0, "Seed of the subset.")
-    chunk: int = option(DEFAULT_BATCH_SIZE, "Examples per forward pass (memory bound; results do not depend on it "
-                        "beyond rounding).", min=1)
+    subset: int | float | None = option(None, SUBSET_HELP + " Default: all, of each split.", kind="subset")
+    subset_seed: int = option(0, SUBSET_SEED_HELP)
+    chunk: int = option(DEFAULT_BATCH_SIZE, CHUNK_HELP, min=1)
     device: str = device_option()
     method: str = option("auto", "Evaluation engine (landscape.evaluate).", choices=METHODS)
 

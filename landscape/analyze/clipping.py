@@ -49,7 +49,7 @@ from landscape.analyze._common import device_option
 from landscape.analyze.registry import Analysis
 from landscape.clip import CLIP_STYLES, clip_factors, layer_threshold
 from landscape.errors import UsageError
-from landscape.options import Options, option
+from landscape.options import CHUNK_HELP, CLIP_STYLE_HELP, Options, option
 from landscape.results import StoredResult, stored
 from landscape.runtime import resolve_device
 
@@ -62,18 +62,18 @@ BOUND_RTOL = 1e-9
 class ClippingConfig(Options):
     """Options of ``landscape clipping`` (and ``landscape.api.clipping``)."""
 
-    max_grad_norm: float = option(1.0, "Clipping norm C.", flag=("--max-grad-norm", "-C"), min=0, min_open=True)
+    max_grad_norm: float = option(1.0, "Clipping norm C.", min=0, min_open=True)
     batch_size: int = option(256, "Batch size B: examples per batch (R depends on it, as on the batch size of a "
                              "DP-SGD step).", min=1)
     batches: int = option(1, "Number K of disjoint batches (R is reported per batch and over all K x B examples).",
                           min=1)
-    clip_style: str = option("flat", "flat: one norm per sample; layerwise: one per layer.", choices=CLIP_STYLES)
+    clip_style: str = option("flat", CLIP_STYLE_HELP, choices=CLIP_STYLES)
     seed: int = option(0, "Seed of the batch draw.")
     prune_levels: tuple[float, ...] | None = option(
         None, "Fractions of weights removed, e.g. 0,0.3,0.5,0.7,0.9: prune, rewind, retrain, measure R "
         "(Watson Fig. 11).", min=0, max=1, max_open=True)
     split: str = option("train", "Which split the per-sample gradients come from.", choices=("train", "test"))
-    chunk: int = option(250, "Examples per engine pass (memory bound; results do not depend on it).", min=1)
+    chunk: int = option(250, CHUNK_HELP, min=1)
     device: str = device_option()
 
 

@@ -52,7 +52,7 @@ class RandomDirectionOptions(EvaluationOptions):
     biasbn: str = option("zero", "1-D tensors (biases, norm layers) under filter/layer normalisation: zero (Li et "
                          "al.), copy theta, or random rescaled.", choices=BIASBN)
     seed: int = option(0, "Seed of the random directions.")
-    metrics: tuple[str, ...] | None = option(None, user_metrics.METRIC_HELP, flag=("--metric", "--metrics"),
+    metrics: tuple[str, ...] | None = option(None, user_metrics.METRIC_HELP, flag="--metric",
                                              metavar="REF", kind="metrics")
 
     def validate(self) -> None:

@@ -44,7 +44,7 @@ from landscape.curvature import HessianOperator
 from landscape.data import take_subset
 from landscape.errors import UsageError
 from landscape.evaluate.allocator import tuned_allocator
-from landscape.options import Options, option
+from landscape.options import CHUNK_HELP, SUBSET_HELP, SUBSET_SEED_HELP, Options, option
 from landscape.results import InputRef, StoredResult, stored
 from landscape.runtime import resolve_device
 from landscape.spectral import (
@@ -68,9 +68,10 @@ class HessianConfig(Options):
     top_k: int = option(5, "Largest Hessian eigenvalues to compute (Lanczos); 0 for none.", min=0)
     trace: bool = option(False, "Also estimate the trace (Hutchinson, Rademacher probes, with its standard error).")
     density: bool = option(False, "Also estimate the spectral density (stochastic Lanczos quadrature).")
-    subset: int = option(1000, "Examples in the fixed seeded stratified subset the loss is taken over (the same at "
-                         "every checkpoint).", min=1)
-    seed: int = option(0, "Seed of the subset, the Lanczos start vector and the probes.")
+    subset: int | float = option(1000, SUBSET_HELP + " The loss is taken over them, at every checkpoint.",
+                                 kind="subset")
+    subset_seed: int = option(0, SUBSET_SEED_HELP)
+    seed: int = option(0, "Seed of the Lanczos start vector and the probes.")
     split: str = option("train", "Which split the subset comes from.", choices=SPLITS)
     probes: int = option(100, "Rademacher probes of the trace estimate.", min=1)
     density_probes: int = option(1, "Lanczos runs averaged in the density (Ghorbani et al.: one suffices for "
@@ -82,8 +83,7 @@ class HessianConfig(Options):
     sigma: float = option(0.01, "Gaussian width of the density, as a fraction of the spectral range.",
                           min=0, min_open=True)
     precision: str = option("float32", "Precision of the Hessian-vector products.", choices=tuple(PRECISIONS))
-    chunk: int = option(250, "Examples per chunk of each product (memory bound; results do not depend on it).",
-                        min=1)
+    chunk: int = option(250, CHUNK_HELP, min=1)
     device: str = device_option()
 
     def validate(self) -> None:
@@ -182,10 +182,10 @@ class HessianResult(StoredResult):
         return out
 
 
-def subset(x: Tensor, y: Tensor, n: int, seed: int, split: str = "") -> tuple[Tensor, Tensor]:
-    """The fixed subset of ``min(n, len(y))`` examples every measurement of a run uses: the one sampler's
-    (:func:`landscape.data.sample_subset`: seeded, stratified by class)."""
-    return take_subset(x, y, min(int(n), len(y)), seed, split=split)
+def subset(x: Tensor, y: Tensor, n: int | float, seed: int, split: str = "") -> tuple[Tensor, Tensor]:
+    """The fixed subset every measurement of a run uses (a count, at most the split's size, or a fraction): the
+    one sampler's (:func:`landscape.data.sample_subset`: seeded, stratified by class)."""
+    return take_subset(x, y, min(n, len(y)), seed, split=split)
 
 
 @tuned_allocator()  # one block for the operator and every estimator: the products' temporaries are reused
@@ -206,7 +206,7 @@ def hessian_row(
     subset of ``x, y``. Pure: the model is not modified."""
     config.validate()
     start = time.perf_counter()
-    xs, ys = subset(x, y, config.subset, config.seed, config.split)
+    xs, ys = subset(x, y, config.subset, config.subset_seed, config.split)
     op = HessianOperator(model, xs, ys, masks=masks, dtype=PRECISIONS[config.precision],
                          device=resolve_device(config.device), batch_size=config.chunk)
     if config.top_k > op.dim:

@@ -173,7 +173,7 @@ class InstabilityOptions(Options):
     """How ``instability`` pairs runs (an api keyword and a command-line option, not an analyzer option)."""
 
     pairs: str = option("siblings", "siblings (runs trained from one parent checkpoint with the same optimizer: "
-                        "phases, train --from, a Recorder's parent=), all, or explicit A:B[,C:D...].")
+                        "`landscape phases`, `landscape train --from`, a Recorder's parent=), all, or explicit A:B[,C:D...].")
     pair_dir: str | None = option(None, "Directory of the per-pair interpolation files (default: OUTPUT-pairs/ "
                                   "beside the table). A pair's file there is reused, not recomputed, when its "
                                   "checkpoints' sha256, the options, the data and the code version all match.")

@@ -51,7 +51,7 @@ class InterpolateConfig(EvaluationOptions):
                                     metavar="train,test")
     bn_recalibrate: bool = option(False, "Recompute BatchNorm statistics at every point from the training data.")
     metrics: tuple[str, ...] | None = option(None, user_metrics.METRIC_HELP + " ece: expected calibration error, "
-                                             "15 equal-width bins as landscape calibration.", flag=("--metric", "--metrics"),
+                                             "15 equal-width bins as landscape calibration.", flag="--metric",
                                              metavar="REF", kind="metrics")
     align: bool = option(False, "Also permute B's hidden units to match A (Git Re-Basin weight matching, "
                          "landscape.analyze.align) and report the instability after alignment beside it.")

@@ -24,7 +24,7 @@ from landscape.analyze.registry import Analysis
 from landscape.bounds import BINS_MAX
 from landscape.data import take_subset
 from landscape.errors import UsageError
-from landscape.options import Options, option
+from landscape.options import CHUNK_HELP, SUBSET_HELP, SUBSET_SEED_HELP, Options, option
 from landscape.results import StoredResult, stored
 from landscape.runtime import resolve_device
 
@@ -37,13 +37,13 @@ class NormsConfig(Options):
 
     bins: int = option(100, "Bins of the parameter-value histograms (shared by all targets).", min=1,
                        max=BINS_MAX)
-    subset: int = option(256, "Examples whose per-sample gradient norms are taken at every checkpoint (a seeded "
-                         "stratified subset of the split; 0: none).", min=0)
+    subset: int | float = option(256, SUBSET_HELP + " Their per-sample gradient norms are taken at every "
+                                 "checkpoint; 0: none.", kind="subset", min=0)
     grad_epochs: tuple[float, ...] | None = option(None, "Epochs whose gradient-norm histograms are drawn (default: "
                                                    "first after init, and last).", min=0)
-    seed: int = option(0, "Seed of the example draw.")
+    subset_seed: int = option(0, SUBSET_SEED_HELP)
     split: str = option("train", "Which split the per-sample gradients come from.", choices=("train", "test"))
-    chunk: int = option(250, "Examples per engine pass (memory bound; results do not depend on it).", min=1)
+    chunk: int = option(250, CHUNK_HELP, min=1)
     device: str = device_option()
 
 
@@ -214,7 +214,7 @@ def checkpoint_norms(
     hist = value_histogram(parameter_vector(state, names), edges)
     grad_norms = np.zeros(0)
     if config.subset > 0 and x is not None:
-        xs, ys = take_subset(x, y, min(config.subset, len(y)), config.seed, split=config.split)
+        xs, ys = take_subset(x, y, min(config.subset, len(y)), config.subset_seed, split=config.split)
         grad_norms = per_sample_grad_norms(model, xs, ys, chunk=config.chunk, engine=engine)
     return CheckpointNorms(ref=ref, step=int(step), epoch=float(epoch), params=params, histogram=hist,
                            grad_norms=grad_norms)

@@ -53,8 +53,8 @@ from landscape.results import StoredResult, stored
 class NTKConfig(KernelOptions):
     """Options of ``landscape ntk`` (stored as the result's params)."""
 
-    clip: str = option("none", "Kernel: K (none), K C (flat), sum_r K_r C_r (layerwise).", choices=CLIPS)
-    max_grad_norm: float = option(1.0, "Clipping norm C.", flag=("--max-grad-norm", "-C"), min=0, min_open=True)
+    clip_style: str = option("none", "Kernel: K (none), K C (flat), sum_r K_r C_r (layerwise).", choices=CLIPS)
+    max_grad_norm: float = option(1.0, "Clipping norm C.", min=0, min_open=True)
     layer_max_norms: float | None = option(None, "Layerwise per-layer norm C_r (default C / sqrt(#layers), as in "
                                            "training).", flag="--layer-max-norm", min=0, min_open=True)
 
@@ -91,7 +91,7 @@ class NTKResult(StoredResult):
 
     def summary(self) -> dict:
         """What the CLI prints: the clipped kernel's properties and the unclipped kernel's."""
-        out = {"kind": self.config.kernel, "clip": self.config.clip, "n": int(len(self.labels)),
+        out = {"kind": self.config.kernel, "clip_style": self.config.clip_style, "n": int(len(self.labels)),
                "fraction_clipped": self.fraction_clipped}
         out.update(self.properties.scalars())
         out.update({f"K_{k}": v for k, v in self.K_properties.scalars().items()})
@@ -133,13 +133,13 @@ def compute_ntk(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: NTKC
     K = lk.K
     L, n = lk.layer_sq_norms.shape
     layer_max = None
-    if config.clip == "none":
+    if config.clip_style == "none":
         A, C, frac, frac_layers = K, np.ones(n), 0.0, 0.0
     else:
-        ck = clip_layer_kernels(lk, style=config.clip, max_grad_norm=config.max_grad_norm, clip_fn=config.clip_fn,
+        ck = clip_layer_kernels(lk, style=config.clip_style, max_grad_norm=config.max_grad_norm, clip_fn=config.clip_fn,
                                 layer_max_norms=config.layer_max_norms)
         A, C, frac, frac_layers = ck.A, ck.C, ck.fraction_clipped, ck.fraction_layers_clipped
-        if config.clip == "layerwise":
+        if config.clip_style == "layerwise":
             layer_max = (config.layer_max_norms if config.layer_max_norms is not None
                          else layer_threshold(config.max_grad_norm, lk.n_model_layers))
     return NTKResult(
@@ -160,8 +160,8 @@ def compute_point(point, config: NTKConfig) -> NTKResult:
 
 def _ntk_rows(r: NTKResult) -> list[dict]:
     rows = []
-    for label, p, frac in (("K", r.K_properties, 0.0), (f"A ({r.config.clip})", r.properties, r.fraction_clipped)):
-        if label == "K" or r.config.clip != "none":
+    for label, p, frac in (("K", r.K_properties, 0.0), (f"A ({r.config.clip_style})", r.properties, r.fraction_clipped)):
+        if label == "K" or r.config.clip_style != "none":
             rows.append({"kernel": label, "size": p.n, "clipped": frac, "symmetric": yes_no(p.symmetric),
                          "asymmetry": p.asymmetry, "pos_quad": yes_no(p.positive_quadratic),
                          "min_sym_eig": p.min_sym_eig, "pos_eig": yes_no(p.positive_eigenvalues),

@@ -19,7 +19,7 @@ from landscape.clip import CLIP_FUNCTIONS, CLIP_STYLES, clip_factors, layer_thre
 from landscape.curvature import eval_mode
 from landscape.errors import NonFiniteError, UsageError
 from landscape.gram import KINDS, PRECISIONS, STRATEGIES, gram_blocks, layer_names, parse_memory
-from landscape.options import Options, option
+from landscape.options import CLIP_FN_HELP, SUBSET_HELP, SUBSET_SEED_HELP, Options, option
 from landscape.runtime import resolve_device
 
 CLIPS = ("none", "flat", "layerwise")
@@ -190,12 +190,12 @@ def clip_kernel(
 class KernelOptions(Options):
     """Which kernel of which examples, and how it is computed (the base of NTKConfig and NTKTableConfig)."""
 
-    subset: int = option(128, "Number of examples (seeded stratified subset of the checkpoint's data).", min=1)
+    subset: int | float = option(128, SUBSET_HELP, kind="subset")
     kernel: str = option("loss-grad", KIND_HELP, choices=KINDS)  # `kind:` is a batch job's kind
-    clip_fn: str = option("abadi", "Clipping function (Bu et al. Sec. 2.2).", choices=tuple(CLIP_FUNCTIONS))
+    clip_fn: str = option("abadi", CLIP_FN_HELP, choices=tuple(CLIP_FUNCTIONS))
     layers: tuple[str, ...] | None = option(None, "Glob patterns of parameter names to include (default: all "
                                             "trainable).")
-    seed: int = option(0, "Seed of the example subset.")
+    subset_seed: int = option(0, SUBSET_SEED_HELP)
     split: str = option("train", "Data split.", choices=("train", "test"))
     max_memory: str | int | None = option("4GB", "Memory budget of the Gram computation (e.g. 4GB, 512MiB).",
                                           kind="text")
@@ -286,13 +286,13 @@ def clip_layer_kernels(lk: LayerKernels, *, style: str, max_grad_norm: float, cl
 # ----------------------------------------------------------------------------------- examples, rows
 
 
-def examples(point, n: int, seed: int, split: str) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+def examples(point, n: int | float, seed: int, split: str) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
     """The ``n`` examples of a resolved checkpoint's data split the one sampler draws
     (:func:`landscape.data.sample_subset`: seeded, stratified): x, y, indices."""
     from landscape.data import sample_subset
 
     x, y = point.data.split(split)
-    if n > len(y):
+    if isinstance(n, int) and n > len(y):
         raise UsageError(f"--subset {n} is more than the {len(y)} {split} examples of data set "
                          f"'{point.checkpoint.data_spec.get('name')}'")
     idx = sample_subset(y, n, seed, split=split)
@@ -305,7 +305,7 @@ def model_and_examples(point, config):
     model = point.model().eval().to(device)  # eval: dropout off, BatchNorm on its running statistics
     if config.precision == "float64":
         model = model.double()
-    x, y, idx = examples(point, config.subset, config.seed, config.split)
+    x, y, idx = examples(point, config.subset, config.subset_seed, config.split)
     dtype = next(model.parameters()).dtype
     x = x.to(device, dtype) if x.is_floating_point() else x.to(device)  # token ids stay integers
     return model, x, y.to(device), idx

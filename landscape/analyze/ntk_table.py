@@ -32,10 +32,9 @@ from landscape.results import StoredResult, stored, write_csv
 class NTKTableConfig(KernelOptions):
     """Options of ``landscape ntk-table`` (stored as the result's params)."""
 
-    max_grad_norms: tuple[float, ...] = option((0.01, 0.1, 1.0, 10.0, 100.0), "Clipping norms C.",
-                                               flag=("--max-grad-norm", "-C"), min=0, min_open=True)
-    clip_styles: tuple[str, ...] = option(CLIP_STYLES, "Clipping styles: flat, layerwise.", flag="--clip-style",
-                                          choices=CLIP_STYLES)
+    max_grad_norms: tuple[float, ...] = option((0.01, 0.1, 1.0, 10.0, 100.0), "Clipping norms C.", min=0,
+                                               min_open=True)
+    clip_styles: tuple[str, ...] = option(CLIP_STYLES, "Clipping styles: flat, layerwise.", choices=CLIP_STYLES)
 
 
 # ---------------------------------------------------------------------------------- Bu Table 1 measured

@@ -443,9 +443,14 @@ class SurfaceOptions(Options):
     """How ``surface`` runs and draws (api keywords and command-line options, not analyzer options)."""
 
     three_d: bool = option(False, "Also draw a 3-D surface view.", flag="--3d")
-    resume: bool = option(True, "Resume the output file when it holds a partial surface with the same options "
-                          "(--no-resume: start afresh).", flag="--resume/--no-resume")
+    restart: bool = option(False, "Start afresh when the output file holds a partial surface with the same options "
+                           "(default: resume it).")
     on_rows: Callable | None = option(None, cli=False)  # on_rows(result, rows) after each block written
+
+    @property
+    def resume(self) -> bool:
+        """Whether a partial output file with the same options is resumed."""
+        return not self.restart
 
 
 def _notes(result: SurfaceResult) -> list[str]:

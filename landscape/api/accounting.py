@@ -21,21 +21,23 @@ from typing import Any
 from landscape.errors import CheckpointError, UsageError
 from landscape.options import Options, option
 from landscape.privacy import ACCOUNTANTS, DeclaredPrivacy, PrivacyEvent, PrivacyHistory, ancestry_note
-from landscape.train import accounting
 
 
 @dataclass(frozen=True)
 class PrivacyQuery(Options):
-    """Options of ``landscape privacy`` (mirrored one-to-one by the CLI)."""
+    """Options of ``landscape privacy``."""
 
-    noise_multiplier: float | None = None
-    target_epsilon: float | None = None
-    sample_rate: float | None = None
-    batch_size: int | None = None
-    dataset_size: int | None = None
-    steps: int | None = None
-    epochs: int | None = None
-    delta: float = 1e-5
+    noise_multiplier: float | None = option(None, "Noise multiplier sigma; prints epsilon.", min=0)
+    target_epsilon: float | None = option(None, "Target epsilon; prints the sigma that reaches it.", min=0,
+                                          min_open=True)
+    sample_rate: float | None = option(None, "Poisson sample rate q (or --batch-size and --dataset-size).", min=0,
+                                       max=1, min_open=True)
+    batch_size: int | None = option(None, "Expected batch size B (q = B / N).", min=1)
+    dataset_size: int | None = option(None, "Training set size N.", min=1)
+    steps: int | None = option(None, "Number of steps T (or --epochs).", min=0)
+    epochs: int | None = option(None, "Whole epochs; T = epochs * ceil(N/B), as `landscape train` runs them "
+                                "(ceil(1/q) per epoch with --sample-rate).", min=0)
+    delta: float = option(1e-5, "The delta of (epsilon, delta).", min=0, max=1, min_open=True, max_open=True)
     accountant: str = option("rdp", "rdp: exact sampled-Gaussian RDP at Opacus' orders (equals Opacus); pld: "
                              "dp_accounting's privacy loss distributions (tighter).", choices=ACCOUNTANTS)
 
@@ -58,6 +60,8 @@ class PrivacyQuery(Options):
             q = float(self.sample_rate)
         if (self.steps is None) == (self.epochs is None):
             raise UsageError("give exactly one of --steps and --epochs")
+        from landscape.train import accounting
+
         if self.steps is not None:
             steps = int(self.steps)
         elif self.sample_rate is None:
@@ -85,6 +89,8 @@ class PrivacyAnswer:
 
 def privacy(query: PrivacyQuery) -> PrivacyAnswer:
     """Epsilon of the schedule (``noise_multiplier`` given) or the calibrated sigma (``target_epsilon``)."""
+    from landscape.train import accounting
+
     q, steps = query.schedule()
     if query.target_epsilon is not None:
         sigma = accounting.noise_for_epsilon(query.target_epsilon, q, steps, query.delta, query.accountant)
@@ -128,6 +134,8 @@ def import_privacy(
         if any(v is None for v in mechanism):
             raise UsageError("--noise-multiplier, --sample-rate and --steps declare the weights' DP-SGD together: "
                              "give all three")
+        from landscape.train import accounting
+
         delta = 1e-5 if delta is None else delta
         eps = accounting.epsilon(noise_multiplier, sample_rate, steps, delta)  # checks them
         event = PrivacyEvent(float(noise_multiplier), float(sample_rate), int(steps))

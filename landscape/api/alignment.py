@@ -43,7 +43,7 @@ class AlignConfig:
 
     ref_a: str
     ref_b: str
-    run: str | None = option(None, "Name of the new run (default: generated).", metavar="RUN")
+    run: str | None = option(None, "Name of the new run (default: generated).")
     seed: int = option(0, "Seed of the order in which weight matching visits the permutations.")
     max_iter: int = option(100, "At most this many passes over all permutations.", min=1)
 

@@ -155,7 +155,7 @@ def _pool(workers: int, payload: _Payload) -> ProcessPool:
 def run_surface(resolver: Resolver, ref_a: str, config: SurfaceConfig, options, execution: ExecutionOptions,
                 out: Path) -> tuple[SurfaceResult, list[InputRef], dict]:
     """The surface around A on ``config.plane``, written to ``out`` after every block of rows (resumed from a
-    partial file with the same options, inputs and plane unless ``options.resume`` is false)."""
+    partial file with the same options, inputs and plane unless ``options.restart``)."""
     point_a = resolver.point(ref_a, data=False)
     a = point_a.checkpoint
     model = a.build_model()
@@ -225,10 +225,10 @@ def _resume(out: Path, config: SurfaceConfig, inputs: list[InputRef], plane: Pla
             and prev.plane_sha256 == plane.fingerprint())
     if not same:
         raise UsageError(f"{out} holds a different surface (other options, checkpoints or plane); "
-                         "remove it, pass --no-resume, or choose another -o")
+                         "remove it, pass --restart, or choose another -o")
     if not user_metrics.same_code(prev.metric_sources):  # its cells would mix two versions of a metric
         raise UsageError(f"{out} was computed with other metric code (a source file changed, or a Python object); "
-                         "remove it, pass --no-resume, or choose another -o")
+                         "remove it, pass --restart, or choose another -o")
     return prev
 
 

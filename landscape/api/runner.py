@@ -91,7 +91,7 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
         raise UsageError(f"{spec.name} takes {wanted} reference(s), got {len(refs)}")
     out = Path(output) if output is not None else default_output(_stem(spec, refs, config, run_opts, data_from))
     if overwrite and getattr(run_opts, "resume", False):  # replace: computed again, not resumed
-        run_opts = dataclasses.replace(run_opts, resume=False)
+        run_opts = dataclasses.replace(run_opts, restart=True)
     if output is None and not (getattr(run_opts, "resume", False) and is_result_file(out)):
         check_default_output(out, overwrite=overwrite)  # a resumable partial file is the hook's to check
     check_output_path(out)  # fail before computing: never replace a checkpoint, a user's CSV, figure or pair file

@@ -52,7 +52,7 @@ def plot_sharpness(result, stem, title: str = "") -> list[Path]:
     for ax in ax_of.values():
         ax.set_xlabel("epoch")
         ax.legend()
-    fig.suptitle(title or f"sharpness on {result.config.subset} {result.config.split} examples (seed {result.config.seed})")
+    fig.suptitle(title or f"sharpness on {result.config.subset} {result.config.split} examples (seed {result.config.subset_seed})")
     fig.tight_layout()
     return save_figure(fig, stem)
 
