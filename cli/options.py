@@ -91,10 +91,6 @@ class SourceName(click.ParamType):
         self.registry, self.group, self.data = registry, group, data
         self.name = "NAME|module:factory|file.py:factory" + ("|FILE.npz|FILE.h5" if data else "")
 
-    def get_metavar(self, *args: Any, **kwargs: Any) -> str:  # the registry's names in --help, read when shown
-        extra = "|imagefolder|FILE.npz|FILE.h5" if self.data else ""
-        return f"[{'|'.join(self.known())}{extra}|module:factory|file.py:factory]"
-
     def known(self) -> tuple[str, ...]:
         import importlib
 

@@ -62,6 +62,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from landscape.errors import ModelError, UsageError
+from landscape.options import GRAM_STRATEGIES, KERNELS, PRECISIONS
 from landscape.persample import (
     Capture,
     Handler,
@@ -74,17 +75,14 @@ from landscape.persample import (
     refuse_batchnorm,
 )
 
-KINDS = ("loss-grad", "output", "output-trace")
-STRATEGIES = ("auto", "hooks", "materialize", "ghost", "functorch")
-PRECISIONS = ("auto", "float64", "float32")
 DEFAULT_MAX_MEMORY = 4 * 1024**3
 # parameter tensors with at most this many elements get float64 contractions under precision="auto"
 SMALL_PARAM = 16384
 
 __all__ = [
     "DEFAULT_MAX_MEMORY",
-    "KINDS",
-    "STRATEGIES",
+    "KERNELS",
+    "GRAM_STRATEGIES",
     "gram_blocks",
     "gram_tiles",
     "layer_names",
@@ -181,10 +179,10 @@ def gram_blocks(
 
 def _checked_engine(model, x, y, kind, strategy, dtype, max_memory, layers, precision) -> _Engine:
     """The engine for these options, after the checks every entry point shares (one-line UsageErrors)."""
-    if kind not in KINDS:
-        raise UsageError(f"unknown kernel kind '{kind}' (choose from {', '.join(KINDS)})")
-    if strategy not in STRATEGIES:
-        raise UsageError(f"unknown strategy '{strategy}' (choose from {', '.join(STRATEGIES)})")
+    if kind not in KERNELS:
+        raise UsageError(f"unknown kernel kind '{kind}' (choose from {', '.join(KERNELS)})")
+    if strategy not in GRAM_STRATEGIES:
+        raise UsageError(f"unknown strategy '{strategy}' (choose from {', '.join(GRAM_STRATEGIES)})")
     if precision not in PRECISIONS:
         raise UsageError(f"unknown precision '{precision}' (choose from {', '.join(PRECISIONS)})")
     refuse_batchnorm(model, as_eval=True)  # the blocks are computed in eval mode

@@ -38,16 +38,26 @@ KINDS = ("subset", "device", "text", "metrics", "model", "data", "json", "direct
 # the help of the model and data-set options (field name -> help), the same in every command that builds a model
 # for a data set (train, phases, import)
 SOURCE_HELP = {
-    "data": "Data set: a name, a torchvision set by name (svhn, kmnist, ...) or imagefolder (both with --data-root), "
+    "data": "Data set: a built-in name (docs/data-models.md), a torchvision set by name (svhn, kmnist, ...) or imagefolder (both with --data-root), "
             "a .npz/.h5 tensor file, or module:factory / file.py:factory.",
     "data_kwargs": 'Data set options as a JSON object, e.g. \'{"ds": 10, "dn": 90}\'.',
     "subset": "Train on a stratified subset: a count or a fraction of the train split.",
     "data_root": "Where torchvision data sets live (default $LANDSCAPE_DATA).",
     "download": "Download a torchvision data set into --data-root if absent.",
-    "model": "Model: a name, or module:factory / file.py:factory (called with input_shape, num_classes and "
+    "model": "Model: a built-in name (docs/data-models.md), or module:factory / file.py:factory (called with input_shape, num_classes and "
              "--model-kwargs).",
     "model_kwargs": 'Model options as a JSON object, e.g. \'{"norm": "batch"}\'.',
 }
+# the values of options that a lower layer checks (the numerics) and the configs offer
+SPLITS = ("train", "test")
+EVAL_METHODS = ("auto", "loop", "plain", "vmap")  # landscape.evaluate's engines
+EVAL_CHUNK = 1000  # examples per forward pass of landscape.evaluate
+KERNELS = ("loss-grad", "output", "output-trace")  # landscape.gram's kernels
+GRAM_STRATEGIES = ("auto", "hooks", "materialize", "ghost", "functorch")
+PRECISIONS = ("auto", "float64", "float32")  # of products: landscape.gram's; the Hessian's without auto
+NORMALIZATIONS = ("none", "filter", "layer")  # of random directions (landscape.directions)
+BIASBN = ("zero", "copy", "random")  # 1-D tensors of normalised random directions
+
 # the help of the options that mean the same in every command (one vocabulary: tests/test_vocabulary.py)
 SUBSET_HELP = "Examples used: a count, or a fraction of the split (a seeded stratified draw)."
 SUBSET_SEED_HELP = "Seed of the examples' draw (--subset)."

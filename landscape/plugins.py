@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import importlib
-import importlib.metadata
 import importlib.util
 import inspect
 import os
@@ -260,6 +259,8 @@ def check_unchanged(stored: dict[str, Any], current: dict[str, Any]) -> str | No
 
 def entry_points(group: str) -> dict[str, importlib.metadata.EntryPoint]:
     """The installed entry points of ``group`` (e.g. ``landscape.models``), by name."""
+    import importlib.metadata  # 40 ms: not for a command's --help
+
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=group)}
 
 

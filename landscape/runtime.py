@@ -17,8 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from landscape import __version__
 from landscape.errors import UsageError
 
@@ -132,6 +130,7 @@ def math_attention() -> Iterator[None]:
 
 def seed_everything(seed: int) -> torch.Generator:
     """Seed python, numpy and torch; return a CPU generator seeded with ``seed`` for explicit use."""
+    import numpy as np
     import torch
 
     random.seed(seed)

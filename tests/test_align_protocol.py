@@ -18,7 +18,6 @@ from conftest import run_cli
 from torch import nn
 
 from landscape.analyze.align import align_states, similarity
-from landscape.analyze.interpolate import InterpolateConfig
 from landscape.analyze.interpolate import interpolate as interpolate_states
 from landscape.analyze.permutations import (
     PermutationSpec,
@@ -30,6 +29,7 @@ from landscape.analyze.permutations import (
     random_permutation,
     register_spec,
 )
+from landscape.analyze.specs import InterpolateConfig
 from landscape.data import load_dataset
 from landscape.errors import ModelError
 from landscape.store import Store

@@ -12,7 +12,6 @@ from torchmetrics.classification import MulticlassCalibrationError
 
 from landscape.analyze.calibration import (
     ECE,
-    CalibrationConfig,
     ExampleStats,
     bin_index,
     calibration_from_stats,
@@ -20,6 +19,7 @@ from landscape.analyze.calibration import (
     calibration_row,
     example_stats,
 )
+from landscape.analyze.specs import CalibrationConfig
 from landscape.errors import UsageError
 from landscape.evaluate import Segment, evaluate
 from landscape.models import build_model

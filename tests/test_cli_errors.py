@@ -274,7 +274,7 @@ def test_a_bad_output_is_one_message_from_the_command_line_and_the_api(root, fil
 
 
 def _api_interpolate(root, output):
-    from landscape.analyze.interpolate import InterpolateConfig
+    from landscape.analyze.specs import InterpolateConfig
     from landscape.api import interpolate
 
     return interpolate("a", "b", root=root, config=InterpolateConfig(points=2), output=output, figure=False)

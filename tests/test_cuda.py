@@ -16,11 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from landscape.analyze.directions import DirectionsConfig
-from landscape.analyze.hessian import HessianConfig
-from landscape.analyze.interpolate import InterpolateConfig
 from landscape.analyze.interpolate import interpolate as interpolate_states
-from landscape.analyze.surface import SurfaceConfig
+from landscape.analyze.specs import DirectionsConfig, HessianConfig, InterpolateConfig, SurfaceConfig
 from landscape.api import interpolate as api_interpolate
 from landscape.data import load_dataset
 from landscape.errors import UsageError

@@ -85,7 +85,7 @@ def test_a_spec_takes_only_the_hooks_of_its_inputs():
 
 
 def test_hooks_are_attached_by_the_api():
-    """directions / surface / clipping name no api code; the api attaches their hooks under their names."""
+    """directions / surface / clipping name no api code; the api names their hooks."""
     from landscape.api import loss_surfaces, pruning
     from landscape.api.runner import hook
 

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from landscape.analyze.hessian import HessianConfig, HessianResult, hessian_row, subset
+from landscape.analyze.hessian import HessianResult, hessian_row, subset
+from landscape.analyze.specs import HessianConfig
 from landscape.curvature import HessianOperator
 from landscape.errors import ModelError, UsageError
 from landscape.models import build_model

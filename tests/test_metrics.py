@@ -317,7 +317,7 @@ def test_bad_metrics_are_one_line_and_write_nothing(setup, tmp_path, capsys, met
 
 def test_python_objects_stay_in_this_process(setup):
     _, path, _ = setup
-    from landscape.analyze.directions import DirectionsConfig
+    from landscape.analyze.specs import DirectionsConfig
     from landscape.api import directions
     from landscape.plugins import load as load_code
 

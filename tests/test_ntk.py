@@ -13,9 +13,10 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from landscape.analyze.ntk import NTKConfig, NTKResult, compute_ntk
+from landscape.analyze.ntk import NTKResult, compute_ntk
 from landscape.analyze.ntk_kernels import clip_kernel, kernel_properties, layer_kernels
-from landscape.analyze.ntk_table import NTKTable, NTKTableConfig, ntk_table
+from landscape.analyze.ntk_table import NTKTable, ntk_table
+from landscape.analyze.specs import NTKConfig, NTKTableConfig
 from landscape.clip import clip_factors
 from landscape.errors import NonFiniteError, UsageError
 from landscape.models import build_model

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from cli.generate import command
 from landscape.analyze import registry
-from landscape.analyze.interpolate import InterpolateConfig
+from landscape.analyze.specs import InterpolateConfig
 from landscape.errors import UsageError
 from landscape.options import (
     OptionError,

@@ -112,8 +112,7 @@ def test_names_from_files_pairs_data_from_and_long_options(root, tmp_path):
 
 
 def test_output_stem_and_changed_options_by_themselves():
-    from landscape.analyze.hessian import HessianConfig
-    from landscape.analyze.surface import SurfaceConfig
+    from landscape.analyze.specs import HessianConfig, SurfaceConfig
 
     assert changed_options(HessianConfig()) == {}
     assert changed_options(HessianConfig(top_k=3, chunk=7, device="cpu", precision="float64")) == {

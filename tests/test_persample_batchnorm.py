@@ -295,7 +295,7 @@ def test_clipping_and_symmetry_put_a_batchnorm_model_in_eval_mode_and_equal_the_
     import math
     import types
 
-    from landscape.analyze import clipping, symmetry
+    from landscape.analyze import clipping, specs, symmetry
     from landscape.train.privatize import LoopEngine
 
     x, y = data((2, 6, 6), 12, 3, seed=4)
@@ -306,13 +306,13 @@ def test_clipping_and_symmetry_put_a_batchnorm_model_in_eval_mode_and_equal_the_
     )
     reference = small_bn()
     c = float(flatten_grads(naive_grads(reference, x, y)).norm(dim=1).quantile(0.5))
-    cfg = clipping.ClippingConfig(max_grad_norm=c, batch_size=6, batches=2, chunk=5)
+    cfg = specs.ClippingConfig(max_grad_norm=c, batch_size=6, batches=2, chunk=5)
     row, _, _ = clipping.compute_point(point, cfg)
     want, _, _ = clipping.clipping_row(reference, x, y, cfg, engine=LoopEngine(reference))
     assert 0 < row.total.fraction_clipped < 1
     for field in ("R", "projection", "bound", "fraction_clipped", "cos_clipped_mean", "mean_grad_norm"):
         assert math.isclose(getattr(row.total, field), getattr(want.total, field), rel_tol=1e-9, abs_tol=1e-12)
-    scfg = symmetry.SymmetryConfig(projections=3, subset=10, permutations=19, chunk=4)
+    scfg = specs.SymmetryConfig(projections=3, subset=10, permutations=19, chunk=4)
     srow, _ = symmetry.compute_point(point, scfg)
     swant = symmetry.symmetry_row(reference, x, y, scfg, engine=LoopEngine(reference))
     assert np.allclose(srow.stats.plane, swant.stats.plane, rtol=1e-9, atol=1e-12)

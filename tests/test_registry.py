@@ -22,7 +22,8 @@ from click.testing import CliRunner
 
 from cli.generate import command
 from landscape.analyze import registry
-from landscape.analyze.interpolate import InterpolateConfig, InterpolationResult
+from landscape.analyze.interpolate import InterpolationResult
+from landscape.analyze.specs import InterpolateConfig
 from landscape.data import load_dataset
 from landscape.models import build_model
 from landscape.options import cli_fields

@@ -79,7 +79,7 @@ def test_a_negative_seed_is_one_usage_line_everywhere(tmp_path, capsys, path, co
 
 
 def test_the_seed_rule_holds_in_the_api_and_batch_configs():
-    from landscape.analyze.interpolate import InterpolateConfig
+    from landscape.analyze.specs import InterpolateConfig
     from landscape.options import build
 
     with pytest.raises(UsageError, match=r"--subset-seed must be an integer seed in \[0, 2\*\*63 - 1\]"):
@@ -123,7 +123,7 @@ def test_huge_surface_grid_and_api_counts_are_refused(root, capsys):
 
     with pytest.raises(UsageError, match=f"--bins must be <= {BINS_MAX}"):
         calibration("a", root=str(root), bins=10**9)
-    from landscape.analyze.hessian import HessianConfig
+    from landscape.analyze.specs import HessianConfig
     from landscape.api import hessian
 
     for refuse in (lambda: hessian("a@last", root=str(root), lanczos_steps=10**9),

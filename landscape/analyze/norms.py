@@ -19,32 +19,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from landscape.analyze._common import device_option
-from landscape.analyze.registry import Analysis
-from landscape.bounds import BINS_MAX
+from landscape.analyze.specs import NormsConfig
 from landscape.data import take_subset
 from landscape.errors import UsageError
-from landscape.options import CHUNK_HELP, SUBSET_HELP, SUBSET_SEED_HELP, Options, option
 from landscape.results import StoredResult, stored
 from landscape.runtime import resolve_device
 
 KIND = "norms"
-
-
-@dataclass(frozen=True)
-class NormsConfig(Options):
-    """Options of ``landscape norms`` (and ``landscape.api.norms``)."""
-
-    bins: int = option(100, "Bins of the parameter-value histograms (shared by all targets).", min=1,
-                       max=BINS_MAX)
-    subset: int | float = option(256, SUBSET_HELP + " Their per-sample gradient norms are taken at every "
-                                 "checkpoint; 0: none.", kind="subset", min=0)
-    grad_epochs: tuple[float, ...] | None = option(None, "Epochs whose gradient-norm histograms are drawn (default: "
-                                                   "first after init, and last).", min=0)
-    subset_seed: int = option(0, SUBSET_SEED_HELP)
-    split: str = option("train", "Which split the per-sample gradients come from.", choices=("train", "test"))
-    chunk: int = option(250, CHUNK_HELP, min=1)
-    device: str = device_option()
 
 
 # ------------------------------------------------------------------------------------------ pure parts
@@ -273,12 +254,3 @@ def collect(groups, config: NormsConfig, _options, labels, edges: np.ndarray) ->
     runs = [RunNorms(label=str(label), optimizer=group[0][1], layer_names=group[0][2], rows=[r for r, _, _ in group])
             for label, group in zip(labels, groups, strict=True)]
     return NormsResult(config=config, edges=edges, runs=runs)
-
-
-SPEC = Analysis(
-    name="norms", config=NormsConfig, compute=compute_point, prepare=value_range, share=shared_edges,
-    collect=collect, result=NormsResult, inputs="targets", figure="landscape.plots.norms:plot_norms",
-    rows=NormsResult.ratio_rows, output="norms", purpose="draw per-sample gradients", needs=("init", "manifest"),
-    doc="""Parameter and gradient norms (Watson Figs. 16-17) of runs or checkpoints TARGETS..., the first the
-    baseline of the distance ratios.""",
-)

@@ -33,8 +33,6 @@ import torch
 from torch import nn
 
 from landscape.analyze.ntk_kernels import (
-    CLIPS,
-    KernelOptions,
     KernelProperties,
     clip_layer_kernels,
     kernel_properties,
@@ -42,23 +40,12 @@ from landscape.analyze.ntk_kernels import (
     model_and_examples,
     yes_no,
 )
-from landscape.analyze.registry import Analysis
+from landscape.analyze.specs import NTKConfig
 from landscape.clip import layer_threshold
-from landscape.options import option
 from landscape.results import StoredResult, stored
 
 
 # ------------------------------------------------------------------------------------------- config
-@dataclass(frozen=True)
-class NTKConfig(KernelOptions):
-    """Options of ``landscape ntk`` (stored as the result's params)."""
-
-    clip_style: str = option("none", "Kernel: K (none), K C (flat), sum_r K_r C_r (layerwise).", choices=CLIPS)
-    max_grad_norm: float = option(1.0, "Clipping norm C.", min=0, min_open=True)
-    layer_max_norms: float | None = option(None, "Layerwise per-layer norm C_r (default C / sqrt(#layers), as in "
-                                           "training).", flag="--layer-max-norm", min=0, min_open=True)
-
-
 # ------------------------------------------------------------------------------------------- results
 @dataclass
 class NTKResult(StoredResult):
@@ -167,13 +154,3 @@ def _ntk_rows(r: NTKResult) -> list[dict]:
                          "min_sym_eig": p.min_sym_eig, "pos_eig": yes_no(p.positive_eigenvalues),
                          "min_re_eig": p.min_real_eig, "max_|im|": p.max_abs_imag_eig, "norm": p.norm})
     return rows
-
-
-SPEC = Analysis(
-    name="ntk", config=NTKConfig, compute=compute_point, result=NTKResult, inputs="checkpoint",
-    figure="landscape.plots.ntk:ntk_figure", rows=_ntk_rows, details=NTKResult.summary, output="ntk",
-    purpose="compute the NTK",
-    doc="""Empirical NTK at checkpoint REF, with or without clipping: symmetry, positivity, spectra.
-
-    REF is PATH.h5 or RUN@init|@last|@step=N|@epoch=E.""",
-)

@@ -14,12 +14,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from landscape.analyze._common import device_option
-from landscape.clip import CLIP_FUNCTIONS, CLIP_STYLES, clip_factors, layer_threshold
+from landscape.clip import CLIP_STYLES, clip_factors, layer_threshold
 from landscape.curvature import eval_mode
 from landscape.errors import NonFiniteError, UsageError
-from landscape.gram import KINDS, PRECISIONS, STRATEGIES, gram_blocks, layer_names, parse_memory
-from landscape.options import CLIP_FN_HELP, SUBSET_HELP, SUBSET_SEED_HELP, Options, option
+from landscape.gram import gram_blocks, layer_names
 from landscape.runtime import resolve_device
 
 CLIPS = ("none", "flat", "layerwise")
@@ -186,27 +184,6 @@ def clip_kernel(
 
 
 # ------------------------------------------------------------------------------------- kernel options
-@dataclass(frozen=True)
-class KernelOptions(Options):
-    """Which kernel of which examples, and how it is computed (the base of NTKConfig and NTKTableConfig)."""
-
-    subset: int | float = option(128, SUBSET_HELP, kind="subset")
-    kernel: str = option("loss-grad", KIND_HELP, choices=KINDS)  # `kind:` is a batch job's kind
-    clip_fn: str = option("abadi", CLIP_FN_HELP, choices=tuple(CLIP_FUNCTIONS))
-    layers: tuple[str, ...] | None = option(None, "Glob patterns of parameter names to include (default: all "
-                                            "trainable).")
-    subset_seed: int = option(0, SUBSET_SEED_HELP)
-    split: str = option("train", "Data split.", choices=("train", "test"))
-    max_memory: str | int | None = option("4GB", "Memory budget of the Gram computation (e.g. 4GB, 512MiB).",
-                                          kind="text")
-    strategy: str = option("auto", "How per-layer Gram blocks are computed.", choices=STRATEGIES)
-    precision: str = option("auto", PRECISION_HELP, choices=PRECISIONS)
-    device: str = device_option()
-
-    def validate(self) -> None:
-        parse_memory(self.max_memory)
-
-
 # ------------------------------------------------------------------------------------------ kernels
 @dataclass
 class LayerKernels:

@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from landscape.analyze.ntk_kernels import (
-    KernelOptions,
     LayerKernels,
     clip_layer_kernels,
     kernel_properties,
@@ -22,20 +21,8 @@ from landscape.analyze.ntk_kernels import (
     model_and_examples,
     yes_no,
 )
-from landscape.analyze.registry import Analysis
-from landscape.clip import CLIP_STYLES
-from landscape.options import option
+from landscape.analyze.specs import NTKTableConfig
 from landscape.results import StoredResult, stored, write_csv
-
-
-@dataclass(frozen=True)
-class NTKTableConfig(KernelOptions):
-    """Options of ``landscape ntk-table`` (stored as the result's params)."""
-
-    max_grad_norms: tuple[float, ...] = option((0.01, 0.1, 1.0, 10.0, 100.0), "Clipping norms C.", min=0,
-                                               min_open=True)
-    clip_styles: tuple[str, ...] = option(CLIP_STYLES, "Clipping styles: flat, layerwise.", choices=CLIP_STYLES)
-
 
 # ---------------------------------------------------------------------------------- Bu Table 1 measured
 TABLE_COLUMNS = (
@@ -129,15 +116,10 @@ def _table_rows(t: NTKTable) -> list[dict]:
             for r in t.rows]
 
 
-TABLE_SPEC = Analysis(
-    name="ntk-table", config=NTKTableConfig, compute=table_point, result=NTKTable, inputs="target",
-    collect=lambda rows, config, _: NTKTable(config=config, rows=[r for rs in rows for r in rs]),
-    figure="landscape.plots.ntk:ntk_table_figure", rows=_table_rows, output="ntk-table", csv=True,
-    purpose="compute the NTK",
-    details=lambda t: {"csv": str(t.csv_path), "rows": [vars(r) for r in t.rows]},
-    doc="""Bu et al. Table 1 measured at TARGET: for each clipping norm and style, is the kernel symmetric,
-    positive in quadratic form, positive in eigenvalues (with the numbers behind each answer).
 
-    TARGET is a checkpoint (PATH.h5, RUN@last, ...) or a run name, meaning every checkpoint of the run.
-    Writes HDF5 + CSV + figure.""",
-)
+def collect_table(rows: list, config: NTKTableConfig, _) -> NTKTable:
+    return NTKTable(config=config, rows=[r for rs in rows for r in rs])
+
+
+def _table_details(t: NTKTable) -> dict:
+    return {"csv": str(t.csv_path), "rows": [vars(r) for r in t.rows]}

@@ -52,7 +52,7 @@ CODE = ("compute", "collect", "prepare", "share", "result", "detail", "figure", 
 def load(where: str) -> Any:
     """The object a ``"module:attribute"`` string names."""
     module, attr = where.split(":")
-    return getattr(importlib.import_module(module), attr)
+    return functools.reduce(getattr, attr.split("."), importlib.import_module(module))
 
 
 @dataclass(frozen=True)

@@ -29,32 +29,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from landscape.analyze._common import device_option
-from landscape.analyze.registry import Analysis
+from landscape.analyze.specs import SymmetryConfig
 from landscape.data import sample_subset
 from landscape.errors import UsageError
-from landscape.options import CHUNK_HELP, SUBSET_HELP, SUBSET_SEED_HELP, Options, option
 from landscape.results import StoredResult, stored
 from landscape.runtime import resolve_device
 
 KIND = "symmetry"
 PLANE = 2  # rows 0 and 1 of the projection matrix span the 2-D picture
-
-
-@dataclass(frozen=True)
-class SymmetryConfig(Options):
-    """Options of ``landscape symmetry`` (and ``landscape.api.symmetry``)."""
-
-    projections: int = option(16, "Random 1-D directions for the skewness (besides the 2-D plane).", min=0)
-    seed: int = option(0, "Seed of the projection matrix and the permutations.")
-    subset: int | float = option(500, SUBSET_HELP + " Their deviations are taken, the same at every checkpoint.",
-                                 kind="subset", min=3)
-    subset_seed: int = option(0, SUBSET_SEED_HELP)
-    permutations: int = option(999, "Sign-flip permutations for the p-value.", min=1)
-    split: str = option("train", "Which split the per-sample gradients come from.", choices=("train", "test"))
-    chunk: int = option(250, CHUNK_HELP, min=1)
-    directions_per_pass: int = option(4, cli=False, min=1)
-    device: str = device_option()
 
 
 # ------------------------------------------------------------------------------------ random directions
@@ -320,11 +302,3 @@ def collect(outs, config: SymmetryConfig, _options=None) -> SymmetryResult:
     return SymmetryResult(config=config, rows=[r for r, _ in outs], fingerprint=matrix_fingerprint(config.seed, shapes,
                                                                                                  PLANE),
                           num_params=sum(math.prod(s) for s in shapes))
-
-
-SPEC = Analysis(
-    name="symmetry", config=SymmetryConfig, compute=compute_point, collect=collect, result=SymmetryResult,
-    inputs="target", figure="landscape.plots.symmetry:plot_symmetry", rows=SymmetryResult.summary_rows,
-    output="symmetry", purpose="draw per-sample gradients",
-    doc="""Symmetry of the gradient deviations g_i - g_bar (Zhu & Blaschko App. F) at TARGET (checkpoint or run).""",
-)

@@ -44,6 +44,9 @@ def _no_numbers(result: Any, root: Path, out: Path | None) -> tuple[dict[str, An
     return {}, []
 
 
+_CODE = ("run", "build", "produces", "outcome", "options", "rows", "notes", "details", "api", "command", "given")
+
+
 @dataclass(frozen=True)
 class JobKind:
     """One kind of job (see the module docstring for what each field means)."""
@@ -66,6 +69,14 @@ class JobKind:
     api: Callable[..., Any] | None = None
     command: Callable[..., Any] | None = None
     given: Callable[[dict[str, str]], None] | None = None
+
+    def __getattribute__(self, name: str) -> Any:  # code may be named "module:attribute" (imported on first use)
+        value = object.__getattribute__(self, name)
+        if isinstance(value, str) and name in _CODE:
+            from landscape.analyze.registry import load
+
+            return load(value)
+        return value
 
     def option_fields(self) -> list[tuple[type, dataclasses.Field]]:
         """``(dataclass, field)`` of every option of the kind (command-only ones too), in the command's order."""

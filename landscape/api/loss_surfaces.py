@@ -25,16 +25,10 @@ import torch
 from landscape import metrics as user_metrics
 from landscape.analyze import directions as directions_analysis
 from landscape.analyze import surface as surface_analysis
-from landscape.analyze.directions import (
-    DirectionsConfig,
-    DirectionsResult,
-    direction_chunk,
-    random_profiles,
-    scaled_directions,
-)
+from landscape.analyze.directions import DirectionsResult, direction_chunk, random_profiles, scaled_directions
+from landscape.analyze.specs import DirectionsConfig, SurfaceConfig
 from landscape.analyze.surface import (
     Plane,
-    SurfaceConfig,
     SurfaceResult,
     checkpoint_plane,
     compute_surface,
@@ -45,7 +39,6 @@ from landscape.analyze.surface import (
 from landscape.api._common import checkpoint_dataset
 from landscape.api.execution import ExecutionOptions, ProcessPool, worker_state
 from landscape.api.resolve import Point, Resolver, Target, compare_others
-from landscape.api.runner import attach
 from landscape.errors import CheckpointError, UsageError
 from landscape.params import ParamSpace
 from landscape.refs import Ref
@@ -118,7 +111,7 @@ def _init_worker(payload: _Payload) -> dict[str, Any]:
     data = {s: _split_data(payload.data_spec, s, cfg.subset, cfg.subset_seed, payload.data_root, payload.download)
             for s in splits}
     analysis = surface_analysis if isinstance(cfg, SurfaceConfig) else directions_analysis
-    metrics = user_metrics.load(cfg.metrics, reserved=analysis.RESERVED, analysis=analysis.SPEC.name,
+    metrics = user_metrics.load(cfg.metrics, reserved=analysis.RESERVED, analysis=analysis.KIND,
                                 sources=payload.metric_sources)  # the references, loaded in this process
     return dict(model=model, space=space, theta=space.flatten(payload.state_dict), data=data, config=cfg,
                 plane=payload.plane, metrics=metrics)
@@ -262,5 +255,3 @@ def _split_data(data_spec: dict, split: str, subset, subset_seed: int, data_root
     return take_subset(*data.split(split), subset, subset_seed, split=split)
 
 
-attach("directions", "execute", run_directions)
-attach("surface", "execute", run_surface)

@@ -8,15 +8,13 @@ result HDF5 (and CSV), draws the figure, and returns the result with ``.path`` a
 :func:`api_function` makes the public function of an analysis from its spec. ``workers`` and ``scheduler`` are
 :class:`~landscape.api.execution.ExecutionOptions`, never config fields (nor stored in a result's ``params``).
 
-The store-side hooks an analysis' spec asks for (``Analysis.hooks``: ``execute``, ``expand``) are attached here
-by :func:`attach`, from the api modules that implement them (:data:`HOOK_MODULES`): a spec in
-``landscape/analyze`` never names code in ``landscape/api``.
+The store-side hooks an analysis' spec asks for (``Analysis.hooks``: ``execute``, ``expand``) are named here
+(:data:`HOOKS`): a spec in ``landscape/analyze`` never names code in ``landscape/api``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 import json
 import os
@@ -26,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from landscape import progress
-from landscape.analyze.registry import Analysis, get
+from landscape.analyze.registry import Analysis, get, load
 from landscape.api._common import default_output
 from landscape.api.accounting import provenance_attrs
 from landscape.api.execution import ExecutionOptions, ProcessPool, map_jobs, using_scheduler
@@ -205,30 +203,20 @@ def _inputs(targets: Sequence[Target]) -> list[InputRef]:
 
 # ------------------------------------------------------------------------------------------ api hooks
 
-#: The api modules that attach analyses' store-side hooks (imported when a spec asks for one).
-HOOK_MODULES = ("landscape.api.loss_surfaces", "landscape.api.pruning")
-_HOOKS: dict[tuple[str, str], Callable] = {}
-
-
-def attach(name: str, kind: str, function: Callable) -> None:
-    """Attach the ``kind`` hook (``"execute"`` or ``"expand"``, see :class:`~landscape.analyze.registry.Analysis`)
-    of analysis ``name``: called at import by the module in :data:`HOOK_MODULES` that implements it."""
-    if kind not in ("execute", "expand"):
-        raise ValueError(f"unknown hook kind {kind!r} (execute or expand)")
-    _HOOKS[(name, kind)] = function
+#: The store-side hooks of the analyses (``Analysis.hooks``): (analysis, hook) -> the api function that does it.
+HOOKS = {
+    ("directions", "execute"): "landscape.api.loss_surfaces:run_directions",
+    ("surface", "execute"): "landscape.api.loss_surfaces:run_surface",
+    ("clipping", "expand"): "landscape.api.pruning:expand_prune_levels",
+}
 
 
 def hook(spec: Analysis, kind: str) -> Callable:
-    """The ``kind`` hook attached for ``spec`` (its modules imported first); a spec that asks for a hook nobody
-    attached is a programming error, raised as such."""
-    if (spec.name, kind) not in _HOOKS:
-        for module in HOOK_MODULES:
-            importlib.import_module(module)
-    try:
-        return _HOOKS[(spec.name, kind)]
-    except KeyError:
-        raise LookupError(f"analysis {spec.name!r} asks for an api {kind!r} hook, but none of {HOOK_MODULES} "
-                          f"attached one (landscape.api.runner.attach)") from None
+    """The ``kind`` hook of ``spec``; a spec asking for one that :data:`HOOKS` lacks is a programming error."""
+    if (spec.name, kind) not in HOOKS:
+        raise LookupError(f"analysis {spec.name!r} asks for an api {kind!r} hook, but landscape.api.runner.HOOKS "
+                          "names none")
+    return load(HOOKS[(spec.name, kind)])
 
 
 # -------------------------------------------------------------------------------- jobs (in workers)

@@ -15,14 +15,15 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from landscape.api.jobkind import JobKind, files_under, run_option
 from landscape.errors import CheckpointError, one_line
 from landscape.options import SOURCE_HELP, check_kwargs, option
 from landscape.runtime import DATA_ENV
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["runs", "checkpoint", "show", "import_checkpoint"]
 
@@ -88,6 +89,8 @@ def show(path: str | os.PathLike) -> dict[str, Any]:
     ``arrays`` maps each array to its shape and dtype, ``stats`` to its nan-ignoring min and max (None when
     empty, not numeric or all-NaN), ``values`` holds the arrays of at most ``SMALL_ARRAY`` elements.
     """
+    import numpy as np
+
     from landscape.results import read_result
 
     res = read_result(path)
@@ -261,6 +264,8 @@ def _run_summary(run: Any) -> dict[str, Any]:
 
 
 def _stat(a: np.ndarray, fn: Any) -> float | None:
+    import numpy as np
+
     if a.size == 0 or not np.issubdtype(a.dtype, np.number) or np.all(np.isnan(a.astype(float))):
         return None
     return float(fn(a.astype(float)))

@@ -61,13 +61,13 @@ is (the reference the others are tested against).
 """
 
 from landscape.evaluate.allocator import tuned_allocator
-from landscape.evaluate.core import DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_BUDGET, METHODS, EvalResult, evaluate
+from landscape.evaluate.core import DEFAULT_MEMORY_BUDGET, EvalResult, evaluate
 from landscape.evaluate.metric import MeanMetric, Metric
 from landscape.evaluate.points import Affine, Segment
 from landscape.evaluate.runner import CACHE_BUDGET, MIN_CHUNK, recalibrate_batchnorm
 
 __all__ = [
-    "Affine", "CACHE_BUDGET", "DEFAULT_BATCH_SIZE", "DEFAULT_MEMORY_BUDGET", "EvalResult", "METHODS",
+    "Affine", "CACHE_BUDGET", "DEFAULT_MEMORY_BUDGET", "EvalResult",
     "MIN_CHUNK", "MeanMetric", "Metric", "Segment", "evaluate", "recalibrate_batchnorm",
     "tuned_allocator",
 ]

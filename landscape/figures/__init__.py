@@ -7,9 +7,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from landscape.figures import registry
-from landscape.figures.recipe import Made, Recipe, make
+if TYPE_CHECKING:
+    from landscape.figures.recipe import Made
 
 
 def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out", root: str | Path = "checkpoints",
@@ -29,6 +30,7 @@ def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out",
 
     from landscape.api.execution import check_parallelism, cluster_size, using_scheduler
     from landscape.errors import LandscapeError, RecipeError
+    from landscape.figures import registry
     from landscape.figures.gallery import write_gallery
     from landscape.runtime import using_device
 
@@ -62,6 +64,7 @@ def _make_all(recipes, made: list, failed: list, report=None, **options) -> None
 
     from landscape import progress
     from landscape.errors import LandscapeError, UsageError
+    from landscape.figures.recipe import make
 
     with progress.task("figures", total=len(recipes), unit="recipes") as task:
         for i, r in enumerate(recipes, 1):
@@ -83,4 +86,4 @@ def _make_all(recipes, made: list, failed: list, report=None, **options) -> None
                 report(f"figures: [{i}/{len(recipes)}] {r.name} {what} ({time.perf_counter() - start:.1f} s)")
 
 
-__all__ = ["Made", "Recipe", "figures", "make", "registry"]
+__all__ = ["figures"]

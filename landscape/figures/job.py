@@ -20,7 +20,7 @@ from landscape.api.jobkind import JobKind, files_under
 from landscape.bounds import scheduler_note
 from landscape.errors import RecipeError, UsageError
 from landscape.figures import figures
-from landscape.figures.recipe import SCALES
+from landscape.figures.registry import SCALES
 from landscape.options import DEVICE_HELP, SOURCE_HELP, option
 
 _COMMAND_ONLY = ("names", "listing", "out", "workers", "scheduler")
