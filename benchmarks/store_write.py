@@ -6,12 +6,17 @@ a crash: :mod:`landscape.atomic`).
 fsyncs), run interleaved in one process (one torch thread), the file written:
 
 - ``guarded (store)``: as the store writes it, through :func:`landscape.atomic.atomic_write_hdf5` (h5py's
-  ``fileobj`` driver over the temporary file; a refused write is kept from HDF5).
+  ``fileobj`` driver over the temporary file; a refused write is kept from HDF5; the sha256 read back while the
+  file is fsynced).
 - ``h5py file``: h5py writing the temporary file itself (its default ``sec2`` driver): how the store wrote
   before, which crashes the process when a write fails (HDF5 cannot close the file; h5py then segfaults).
 - ``in memory``: the whole file built in memory (HDF5's ``core`` driver, no backing store), its image then
   written with :func:`landscape.atomic.atomic_write`: the other way to keep a failed write from HDF5.
 - ``torch.save + fsync``: the reference of a durable plain save (file and directory fsynced), not a store write.
+- ``sha256 (file)`` and ``sha256 (memory)``: the part of a save that hashes the checkpoint (its sha256 goes into
+  the manifest), read back from the page cache as the store does, and of the same bytes already in memory: what
+  a hash computed while writing could at best cost (HDF5 does not write a file in order, so a running hash of
+  its writes is not the file's).
 
 Printed: median milliseconds per save, ms per MiB, and the per-round ratios of each to ``h5py file`` (median and
 min-max). The machine is usually shared: quote ratios, and run this on an idle machine for numbers.
@@ -22,6 +27,7 @@ min-max). The machine is usually shared: quote ratios, and run this on an idle m
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import os
 import shutil
@@ -32,12 +38,13 @@ from pathlib import Path
 
 from _common import interleaved, one_thread, ratios
 
-import landscape.store.codec as codec
+import landscape.store.core as core
 from landscape import atomic
+from landscape.hashing import sha256_file
 from landscape.store import Store
 
 
-def plain_h5py(path, fill, **options):
+def plain_h5py(path, fill, hasher=None, **options):
     """The store's write before: h5py writes the temporary file itself."""
     import h5py
 
@@ -45,13 +52,13 @@ def plain_h5py(path, fill, **options):
         with h5py.File(tmp, "w", **options) as f:
             fill(f, lambda: None)
 
-    return atomic.atomic_write(path, write)
+    return atomic.atomic_write(path, write, hasher=hasher)
 
 
 _names = itertools.count()
 
 
-def in_memory(path, fill, **options):
+def in_memory(path, fill, hasher=None, **options):
     """The file built in memory (HDF5's core driver), its image written atomically."""
     import h5py
 
@@ -67,7 +74,7 @@ def in_memory(path, fill, **options):
         with open(tmp, "wb") as out:
             out.write(image)
 
-    return atomic.atomic_write(path, write)
+    return atomic.atomic_write(path, write, hasher=hasher)
 
 
 WRITERS = {"guarded (store)": atomic.atomic_write_hdf5, "h5py file": plain_h5py, "in memory": in_memory}
@@ -97,7 +104,7 @@ def measure(label: str, state: dict, root: Path, repeats: int) -> None:
 
     def save(name: str):
         def call() -> None:
-            codec.atomic_write_hdf5 = WRITERS[name]
+            core.atomic_write_hdf5 = WRITERS[name]
             runs[name].save_checkpoint(state, step=next(steps), epoch=0.0)
         return call
 
@@ -110,15 +117,22 @@ def measure(label: str, state: dict, root: Path, repeats: int) -> None:
         atomic.fsync_dir(path.parent)
 
     def tidy(name: str) -> None:  # each method meets an equally empty directory
-        for path in [*here.glob("*/step-*.h5"), *here.glob("torch-*.pt")]:
+        for path in [*here.glob("r*/step-*.h5"), *here.glob("torch-*.pt")]:
             path.unlink()
+
+    kept = store.create_run("hashed", config={}, seeds={}, model_spec={}, data_spec={})
+    hashed = kept.save_checkpoint(state, step=0, epoch=0.0)
+    image = hashed.read_bytes()
+    kept.close()
 
     repeats = repeats if mib < 1 else max(5, repeats // 3)
     try:
-        times = interleaved({**{name: save(name) for name in WRITERS}, "torch.save + fsync": torch_save},
+        times = interleaved({**{name: save(name) for name in WRITERS}, "torch.save + fsync": torch_save,
+                             "sha256 (file)": lambda: sha256_file(hashed),
+                             "sha256 (memory)": lambda: hashlib.sha256(image).hexdigest()},
                             repeats=repeats, after=tidy)
     finally:
-        codec.atomic_write_hdf5 = atomic.atomic_write_hdf5
+        core.atomic_write_hdf5 = atomic.atomic_write_hdf5
         for run in runs.values():
             run.close()
     print(f"\n{label} ({mib:.1f} MiB), {repeats} rounds")

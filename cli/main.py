@@ -103,16 +103,23 @@ class LazyGroup(click.Group):
 )
 @click.option("--accept-changed-code", is_flag=True,
               help="Rebuild with --code whose source changed since it was recorded (the result records it).")
+@click.option("--portable", is_flag=True, envvar="LANDSCAPE_PORTABLE",
+              help="Bit-identical results on every x86-64 CPU: kernels any CPU runs alike, one thread, CPU only; "
+                   "slower (env LANDSCAPE_PORTABLE=1; see docs/reproducibility.md).")
 @click.option("--quiet", "-q", is_flag=True,
               help="No progress on stderr (else: bars on a terminal; piped or redirected, one line every "
                    f"{INTERVAL:g} s with what, how far and the ETA; env {INTERVAL_ENV} sets the seconds).")
 @click.pass_context
 def cli(ctx: click.Context, root: str, threads: int | None, code: tuple[str, ...], accept_changed_code: bool,
-        quiet: bool) -> None:
+        portable: bool, quiet: bool) -> None:
     """See why DP-SGD ends up worse than SGD: train, store and measure loss-landscape geometry."""
     from landscape import progress
-    from landscape.runtime import set_threads
+    from landscape.runtime import set_threads, use_portable
 
+    if portable:  # already in effect: main() (--portable) or `import landscape` ($LANDSCAPE_PORTABLE) chose it
+        if threads not in (None, 1):
+            raise click.UsageError(f"--portable runs one thread (--threads {threads} given)")
+        use_portable()
     set_threads(threads)
     if not quiet:  # for this command only: main() runs each command in a context of its own
         progress.enable()
@@ -145,6 +152,10 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     state: dict = {}  # the global options' values and the command's name, as the group's callback saw them
     try:
+        if "--portable" in argv:  # before click loads the command's module, which may load torch or numpy
+            from landscape.runtime import use_portable
+
+            use_portable()
         # in a copy of the context: what the command trusts (--code) and its progress display end with it, also
         # when called in-process
         contextvars.copy_context().run(cli.main, args=argv, prog_name="landscape", standalone_mode=False, obj=state)

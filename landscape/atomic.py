@@ -27,14 +27,14 @@ import errno
 import os
 import re
 import secrets
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from landscape.errors import WriteError
 
-__all__ = ["WRITE_ERRNOS", "atomic_write", "atomic_write_hdf5", "commit", "fsync_dir", "is_temp_name",
-           "stale_temp_files", "temp_beside"]
+__all__ = ["WRITE_ERRNOS", "atomic_write", "atomic_write_hdf5", "fsync_dir", "is_temp_name", "stale_temp_files"]
 
 #: The errors of a write the system refused for want of room or of a working device (a :class:`WriteError`).
 WRITE_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG, errno.EIO})
@@ -43,61 +43,47 @@ _TEMP_NAME = re.compile(r"\.(?P<final>.+)\.[A-Za-z0-9_]+\.tmp")
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)  # a new file only (not inherited)
 
 
-def temp_beside(path: str | os.PathLike) -> Path:
-    """A new, empty temporary file for the final name ``path`` (hidden, same directory: the rename cannot cross
-    file systems), with ordinary permissions (0666 & ~umask, applied by ``open`` itself).
+def atomic_write(path: str | os.PathLike, write_fn: Callable[[Path], object], *, hasher: Any = None) -> Path:
+    """Create or replace ``path`` atomically: ``write_fn(tmp)`` writes the whole content to a new, empty
+    temporary file ``tmp`` beside ``path`` (hidden; in the same directory, so that the rename cannot cross file
+    systems; permissions 0666 & ~umask), which is then fsynced and renamed over ``path``, and the rename made
+    durable (module docstring). On any exception (also KeyboardInterrupt) the temporary file is removed and
+    ``path`` is untouched; a refused write (:data:`WRITE_ERRNOS`) is a :class:`WriteError` naming ``path``.
+    Returns ``path``.
 
-    OSError from creating it is the caller's to report."""
-    path = Path(path)
-    while True:
-        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-        try:
-            os.close(os.open(tmp, _CREATE, 0o666))
-        except FileExistsError:
-            continue
-        return tmp
-
-
-def commit(tmp: str | os.PathLike, path: str | os.PathLike) -> Path:
-    """Make the complete temporary file ``tmp`` durable and rename it over ``path``, then make the rename
-    durable (module docstring); ``tmp`` is removed if that fails. Returns ``path``."""
-    path = Path(path)
-    try:
-        _fsync(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-    return path
-
-
-def atomic_write(path: str | os.PathLike, write_fn: Callable[[Path], object]) -> Path:
-    """Create or replace ``path`` atomically: ``write_fn(tmp)`` writes the whole content to the temporary
-    file ``tmp`` (:func:`temp_beside`), which is then fsynced and renamed over ``path`` (:func:`commit`). On any
-    exception (also KeyboardInterrupt) the temporary file is removed and ``path`` is untouched; a refused
-    write (:data:`WRITE_ERRNOS`) is a :class:`WriteError` naming ``path``. Returns ``path``.
+    ``hasher`` (a :mod:`hashlib` object) is updated with the complete file's bytes, read back from the page cache
+    in a thread while the file is fsynced (a writer that may seek, as HDF5 does, cannot be hashed as it writes).
 
     The parent directory must exist; other OSErrors from creating the temporary file are the caller's to report.
     """
+    path = Path(path)
     with _refused(path):
-        tmp = temp_beside(path)
+        while True:
+            tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+            try:
+                os.close(os.open(tmp, _CREATE, 0o666))
+                break
+            except FileExistsError:
+                continue
         try:
             write_fn(tmp)
+            _fsync(tmp, hasher)
+            os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        return commit(tmp, path)
+        fsync_dir(path.parent)
+        return path
 
 
-def atomic_write_hdf5(path: str | os.PathLike, fill: Callable[[Any, Callable[[], None]], object],
-                      **options: Any) -> Path:
+def atomic_write_hdf5(path: str | os.PathLike, fill: Callable[[Any, Callable[[], None]], object], *,
+                      hasher: Any = None, **options: Any) -> Path:
     """Create or replace the HDF5 file ``path`` atomically (:func:`atomic_write`): ``fill(f, check)`` writes
     into the new ``h5py.File`` ``f`` (``options``: h5py's, e.g. ``track_order=True``), which goes to the
     temporary file as HDF5 writes it (a file larger than memory streams). A write the system refuses is kept
     from HDF5 (module docstring); ``check()`` raises it, for a writer that streams to call between its pieces
     (a full disk then stops it at once); else it is raised when ``fill`` returns, as a :class:`WriteError`
-    naming ``path``, the temporary file removed. Returns ``path``."""
+    naming ``path``, the temporary file removed. ``hasher``: as for :func:`atomic_write`. Returns ``path``."""
     import h5py
 
     def write(tmp: Path) -> None:
@@ -110,7 +96,7 @@ def atomic_write_hdf5(path: str | os.PathLike, fill: Callable[[Any, Callable[[],
             os.close(fd)
         sink.check()
 
-    return atomic_write(path, write)
+    return atomic_write(path, write, hasher=hasher)
 
 
 class _Sink:
@@ -227,12 +213,30 @@ def stale_temp_files(directory: str | os.PathLike, finals: Callable[[str], bool]
     return sorted(out)
 
 
-def _fsync(path: str | os.PathLike) -> None:
+def _fsync(path: str | os.PathLike, hasher: Any = None) -> None:
+    """fsync ``path``; meanwhile (both wait outside the GIL) a thread feeds its bytes to ``hasher``, if given."""
+    failed: list[BaseException] = []
+
+    def feed() -> None:
+        try:
+            with open(path, "rb") as f:
+                while block := f.read(1 << 20):
+                    hasher.update(block)
+        except BaseException as exc:
+            failed.append(exc)
+
+    reader = threading.Thread(target=feed, name="landscape-hash") if hasher is not None else None
+    if reader is not None:
+        reader.start()
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+        if reader is not None:
+            reader.join()
+    if failed:
+        raise failed[0]
 
 
 def fsync_dir(path: str | os.PathLike) -> None:

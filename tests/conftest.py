@@ -6,7 +6,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-import torch  # noqa: E402
+import landscape  # noqa: E402,F401,I001 -- first: with $LANDSCAPE_PORTABLE=1 it pins torch's kernels
+import torch  # noqa: E402,I001
 
 torch.set_num_threads(1)
 

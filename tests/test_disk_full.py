@@ -10,6 +10,7 @@ mounted for the test (ENOSPC; skipped where mounting is not permitted).
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import pickle
 import resource
@@ -27,7 +28,7 @@ from conftest import run_cli
 from landscape.atomic import atomic_write, atomic_write_hdf5
 from landscape.errors import LandscapeError, WriteError
 from landscape.store import MANIFEST, Store, load_checkpoint
-from landscape.store.codec import _set_attr, _write_nested, _write_state_dict
+from landscape.store.codec import _write_nested, _write_state_dict
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -72,7 +73,7 @@ def _snapshot(root: Path) -> dict[str, bytes]:
 
 def _checkpoint_like(f: h5py.File, check) -> None:
     for i in range(4):
-        _set_attr(f, f"attr{i}", "x" * 40)
+        f.attrs[f"attr{i}"] = "x" * 40
     _write_state_dict(f.create_group("state_dict", track_order=True),
                       {"w": torch.arange(3000.0).reshape(60, 50), "b": torch.ones(7, dtype=torch.bfloat16)})
     _write_nested(f.create_group("extra", track_order=True),
@@ -195,6 +196,55 @@ def test_write_error_is_an_oserror_and_a_failure_and_crosses_processes():
     assert type(again) is WriteError and str(again) == str(err) and again.errno == errno.EFBIG
     assert str(err) == ("cannot write out/x.h5: File too large (over a file size limit: the file system's, or the "
                         "shell's ulimit -f); nothing was written; run kept")
+
+
+# -- the sha256 of a write: the final file's bytes, though HDF5 does not write them in order ----------------------
+
+@pytest.mark.parametrize("kind", sorted(FILLS))
+def test_the_hash_of_a_write_is_the_hash_of_the_file_it_leaves(tmp_path, monkeypatch, kind):
+    offsets = []
+    real = os.pwrite
+
+    def recording(fd, data, offset):
+        offsets.append((offset, len(memoryview(data).cast("B"))))
+        return real(fd, data, offset)
+
+    target = tmp_path / "file.h5"
+    target.write_bytes(b"an older file")  # replaced: the hash is the new file's
+    monkeypatch.setattr(os, "pwrite", recording)
+    hasher = hashlib.sha256()
+    atomic_write_hdf5(target, FILLS[kind], hasher=hasher)
+    monkeypatch.undo()
+    assert hasher.hexdigest() == hashlib.sha256(target.read_bytes()).hexdigest()
+    ends = np.maximum.accumulate([o + n for o, n in offsets])
+    assert any(o < end for (o, _), end in zip(offsets[1:], ends[:-1], strict=True)), "written in order"
+
+
+def test_the_hash_of_a_text_write_and_of_checkpoints_of_every_layout(tmp_path):
+    hasher = hashlib.sha256()
+    atomic_write(tmp_path / "a.json", lambda tmp: tmp.write_text("x" * 3_000_000), hasher=hasher)
+    assert hasher.hexdigest() == hashlib.sha256(b"x" * 3_000_000).hexdigest()
+    run = _run(tmp_path)
+    layouts = [{"w": torch.zeros(3)},
+               {"big": torch.randn(700, 1000), "b": torch.ones(7, dtype=torch.bfloat16)},  # 2.7 MB: several reads
+               {"conv.weight": torch.randn(4, 3, 3, 3), "n": torch.tensor(3)}]
+    extras = [None, {"rng": {"state": np.arange(2000)}, "names": np.array([b"a", b"b"])}, {"opt/0/m": torch.ones(5)}]
+    for step, (state, extra) in enumerate(zip(layouts, extras, strict=True)):
+        path = run.save_checkpoint(state, step=step, epoch=0.0, extra=extra)
+        listed = next(e for e in run.manifest["checkpoints"] if e["step"] == step)
+        assert listed["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_failed_hash_leaves_the_file_as_it_was(tmp_path):
+    class Broken:
+        def update(self, block):
+            raise ValueError("broken hasher")
+
+    target = tmp_path / "file.h5"
+    target.write_bytes(b"old")
+    with pytest.raises(ValueError, match="broken hasher"):
+        atomic_write_hdf5(target, _result_like, hasher=Broken())
+    assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["file.h5"]
 
 
 # -- the store: a refused save keeps the run, and a continued run adopts what was written -------------------------

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import h5py
@@ -31,7 +32,7 @@ from landscape.models import build_model
 from landscape.privacy import PrivacyEvent
 from landscape.results import read_result
 from landscape.store import Store
-from landscape.train.accounting import composed_epsilon
+from landscape.train.accounting import AccountantWarning, composed_epsilon
 from landscape.train.pruning import inherited_privacy
 
 # Opacus' own notices (secure RNG off; its hooks on inputs without grad): not ours to report
@@ -660,11 +661,13 @@ def test_a_dp_run_recorded_from_a_dp_parent_composes_its_epsilon(tmp_path):
     ancestors = [PrivacyEvent(base["noise_multiplier"], base["sample_rate"], 4)]
     data, model, gsm, opt, loader, engine = _opacus_loop(sigma=1.1)
     privacy = OpacusPrivacy(engine, opt, loader, delta=1e-5)
-    with landscape.Recorder(tmp_path, "dp-child", gsm, data=data, optimizer=opt, privacy=privacy,
-                            parent="dp-base@last", steps_per_epoch=len(loader)) as rec:
-        rec.save()
-        _opacus_steps(gsm, opt, loader, 5)
-        rec.save()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AccountantWarning)  # the parent's accountant: nothing to say
+        with landscape.Recorder(tmp_path, "dp-child", gsm, data=data, optimizer=opt, privacy=privacy,
+                                parent="dp-base@last", steps_per_epoch=len(loader)) as rec:
+            rec.save()
+            _opacus_steps(gsm, opt, loader, 5)
+            rec.save()
     q = 1 / len(loader)
     init, last = store.load("dp-child@init"), store.load("dp-child@last")
     assert init.epsilon == pytest.approx(composed_epsilon(ancestors), rel=1e-6) and init.epsilon > 0
@@ -683,6 +686,16 @@ def test_a_dp_run_recorded_from_a_dp_parent_composes_its_epsilon(tmp_path):
             rec.save(0, epsilon=1.0)
         rec.save(0)
     assert store.load("sgd-child@init").epsilon is None
+    # another accountant than the parent's: the warning line train --from gives, and the parent's epsilon kept
+    data, model, gsm, opt, loader, engine = _opacus_loop(accountant="prv", sigma=1.1)
+    with pytest.warns(AccountantWarning, match="^run 'prv-child' accounts every step, its parent's too, with prv; "
+                                               "its parent dp-base@last reported epsilon"):
+        with landscape.Recorder(tmp_path, "prv-child", gsm, data=data, privacy=OpacusPrivacy(engine, opt, loader),
+                                parent="dp-base@last", steps_per_epoch=len(loader)) as rec:
+            rec.save()
+    parent_epsilon = store.run("prv-child").manifest["privacy"]["parent_epsilon"]
+    assert parent_epsilon["ref"] == "dp-base@last" and parent_epsilon["accountant"] == "rdp"
+    assert parent_epsilon["epsilon"] == store.load("dp-base@last").epsilon
 
 
 def test_recorder_refuses_a_bad_parent_in_one_line(tmp_path):
@@ -730,9 +743,13 @@ def test_examples_record_runs_that_the_analyses_read(tmp_path, capsys):
     from cli.main import main
 
     _example(tmp_path, "train_plain.py", "--epochs", "2")
+    _example(tmp_path, "train_plain.py", "--epochs", "2", "--run", "plain-thread", "--writer", "thread")
     _example(tmp_path, "train_opacus.py", "--epochs", "2")
     store = Store(tmp_path / "ck")
     plain, dp = store.run("plain"), store.run("opacus")
+    for info in plain.checkpoints():  # the same loop saved by the thread: the same weights at every checkpoint
+        a, b = store.load(f"plain@step={info.step}"), store.load(f"plain-thread@step={info.step}")
+        assert all(torch.equal(a.state_dict[k], b.state_dict[k]) for k in a.state_dict)
     assert [i.step for i in plain.checkpoints()][0] == 0 and len(plain.checkpoints()) == 3
     assert dp.manifest["privacy"]["accounted"] is True and store.load("opacus@last").epsilon > 0
     assert plain.manifest["model_spec"]["name"] == dp.manifest["model_spec"]["name"]

@@ -102,6 +102,7 @@ import os, sys, torch, landscape
 from landscape.data import load_dataset
 from landscape.models import build_model
 from landscape.errors import UsageError
+from landscape.store import RunBusyError
 root = sys.argv[1]
 data = load_dataset("digits", subset=100)
 model = build_model("lenet", input_shape=data.input_shape, num_classes=data.num_classes)
@@ -116,6 +117,10 @@ if pid == 0:  # the child: the parent's recorder is not its own; a recorder of i
         rec.save(1)
     except UsageError as exc:
         print("child:", exc, flush=True)
+    try:  # nor is the parent's run: its lock is the parent's
+        landscape.Recorder(root, "parent", model, data=data, steps_per_epoch=1)
+    except RunBusyError as exc:
+        print("child:", str(exc).replace(str(os.getppid()), "PARENT"), flush=True)
     with landscape.Recorder(root, "child", model, data=data, steps_per_epoch=1, writer="thread") as mine:
         for step in range(3):
             mark(step); mine.save(step)
@@ -137,7 +142,9 @@ def test_a_forked_child_records_its_own_run_and_leaves_its_parents_alone(tmp_pat
     assert "Traceback" not in done.stderr and "error" not in done.stderr
     lines = done.stdout.splitlines()
     assert lines == [f"child: the recorder of run 'parent' belongs to process {_parent_pid(lines)}, of which this "
-                     "one is a fork: save from the process that opened it", "parent: done"]
+                     "one is a fork: save from the process that opened it",
+                     "child: run 'parent' is being written by another process (pid PARENT); one writer per run: wait "
+                     "for it to end", "parent: done"]
     _check(tmp_path, "parent", [0, 1])
     _check(tmp_path, "child", [0, 1, 2])
 

@@ -311,7 +311,7 @@ def test_the_loser_of_two_writers_creating_one_run_hears_that_another_process_wr
         assert str(err.value) == (f"run 'r' is being written by another process (pid {holder.pid}); one writer per "
                                   "run: wait for it to end")
         code, _, text = run_cli("--root", root, "train", "--run", "r", "--epochs", "1", "--subset", "50",
-                                capsys=capsys)
+                                "--batch-size", "25", capsys=capsys)
         assert code == 1 and one_error_line(text) == f"error: {err.value}"
         assert sorted(p.name for p in (root / "r").iterdir()) == before  # nothing written, nothing swept
     finally:
@@ -330,8 +330,9 @@ def test_lock_is_reentrant_within_a_process_and_released_by_close(tmp_path):
     with store.open_run("r") as a, store.open_run("r") as b:  # one process, one lock
         a.save_checkpoint({"w": torch.ones(2, 3)}, step=9, epoch=1.8)
         b.update_manifest(note="b")  # b re-reads the manifest under the lock: a's checkpoint survives
+        a.save_checkpoint({"w": torch.ones(2, 3)}, step=10, epoch=2.0)  # and a sees b's note
     manifest = store.run("r").manifest
-    assert manifest["note"] == "b" and [c["step"] for c in manifest["checkpoints"]] == [0, 5, 9]
+    assert manifest["note"] == "b" and [c["step"] for c in manifest["checkpoints"]] == [0, 5, 9, 10]
     assert (run.path / ".lock").is_file()
 
 

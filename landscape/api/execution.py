@@ -26,7 +26,7 @@ import torch
 
 from landscape import progress, runtime
 from landscape.errors import LandscapeError, UsageError, one_line
-from landscape.runtime import die_with_parent
+from landscape.runtime import die_with_parent, local_only
 
 # ------------------------------------------------------------------------------------------ pools
 
@@ -158,6 +158,7 @@ def _connect(scheduler: Any):
     from distributed import Client
 
     if isinstance(scheduler, Client):
+        local_only("a Dask client")
         return scheduler, False
     return connect_client(scheduler_address(scheduler), set_as_default=False), True
 
@@ -172,6 +173,7 @@ def connect_client(address: str, **kwargs: Any):
 
     from landscape import bounds
 
+    local_only(f"the Dask scheduler at {address}")
     start = time.monotonic()
     probe_scheduler(address)
     left = max(1.0, bounds.SCHEDULER_TIMEOUT_S - (time.monotonic() - start))

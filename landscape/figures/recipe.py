@@ -35,7 +35,7 @@ from landscape.atomic import atomic_write_hdf5
 from landscape.errors import DataError, UsageError
 from landscape.figures.registry import SCALES
 from landscape.refs import Ref
-from landscape.runtime import code_version
+from landscape.runtime import code_version, portable_mode
 from landscape.verdict import Verdict, inconclusive
 
 SYNTHETIC = ("digits", "gaussian-signal")  # bundled or generated: paper scale needs no files
@@ -373,7 +373,7 @@ def make(recipe: Recipe, *, scale: str = "cpu", out: str | Path = "figures-out",
                        gate_runs=json.dumps([g.run for g in checked]),
                        gate_parts=json.dumps(ctx.part_runs), needs=json.dumps(recipe.needs),
                        verdict=json.dumps(verdict.to_dict()), figures=json.dumps([str(p) for p in figures]),
-                       seconds=seconds, landscape_version=code_version(),
+                       seconds=seconds, landscape_version=code_version(), portable=portable_mode(),
                        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
 
     atomic_write_hdf5(path, fill)

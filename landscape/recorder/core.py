@@ -7,6 +7,7 @@ import math
 import os
 import sys
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,6 +33,7 @@ from landscape.recorder.manifest import (
     recorder_record,
 )
 from landscape.store import Checkpoint, Run, RunBusyError, Store, check_run_name
+from landscape.train.accounting import AccountantWarning
 
 __all__ = ["OPTIMIZER_ATTR", "OPTIMIZER_EXTRA", "PRIVACY_ATTR", "RECORDER_FORMAT", "PrivacySource", "Recorder"]
 
@@ -42,6 +44,16 @@ WRITERS = ("inline", "thread")
 # The runs open Recorders of this process write: the store's lock is per process, so it would let a second one in.
 _OPEN: set[str] = set()
 _OPEN_LOCK = threading.Lock()
+
+
+def _forget_open_runs() -> None:
+    """A forked child holds none of its parent's runs (the store forgets their locks there too)."""
+    global _OPEN_LOCK
+    _OPEN.clear()
+    _OPEN_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_open_runs)
 # Held by every checkpoint write. A fork waits for it: a child that inherited an HDF5 file half written by another
 # thread would write its stale copy into that file when it exits.
 _WRITING = threading.Lock()
@@ -113,6 +125,10 @@ class Recorder:
         self._state(None)  # the structure check, before anything is written
         self._store, self._name = Store(root), run
         parent_ckpt, lineage, self.history = parent_of(self._store, parent, fields["model_spec"])
+        if privacy is not None:  # an accountant other than the one the parent's epsilon came from: say so
+            note = self.history.accountant_note(run, str(privacy.record().get("accountant")))
+            if note is not None:
+                warnings.warn(note, AccountantWarning, stacklevel=2)
         privacy_record = self._privacy_record(0)
         extra = {"device": _device(model), "privacy": privacy_record, "recorder": recorder_record()}
         self._writer = _Writer(self._store, run, writer == "thread",

@@ -102,7 +102,10 @@ def parent_of(store: Store, parent: Any, model_spec: dict[str, Any]
             MASK_ARRAY in store.run(ckpt.run).array_names():
         raise UsageError(f"parent {ref} is a pruned run: a recorder cannot keep its pruned weights at zero in your "
                          "loop; train the child with landscape train --from")
-    return ckpt, lineage_of(ckpt, ref), inherited_privacy(store, ckpt)
+    history = inherited_privacy(store, ckpt)
+    if history.parent_epsilon is not None:
+        history.parent_epsilon["ref"] = ref  # as the user named it, as train --from records it
+    return ckpt, lineage_of(ckpt, ref), history
 
 
 def model_spec(model: nn.Module) -> dict[str, Any]:

@@ -20,9 +20,10 @@ from landscape.errors import ResultError, WriteError
 from landscape.hashing import InputRef
 from landscape.jsonable import is_tensor, to_jsonable
 from landscape.results.paths import check_output_path
-from landscape.runtime import code_version, environment
+from landscape.runtime import code_version, environment, portable_mode
 
-_RESERVED = ("kind", "created", "landscape_version", "torch_version", "environment", "inputs", "params")
+_RESERVED = ("kind", "created", "landscape_version", "torch_version", "environment", "portable", "inputs",
+             "params")
 
 
 @dataclass
@@ -138,6 +139,7 @@ def write_result(
         f.attrs["landscape_version"] = code_version()
         f.attrs["torch_version"] = _torch_version()
         f.attrs["environment"] = json.dumps(environment(), sort_keys=True)  # torchvision, opacus, ... too
+        f.attrs["portable"] = portable_mode()  # computed with every float kernel pinned (any x86-64 alike)
         f.attrs["inputs"] = json.dumps([dataclasses.asdict(i) for i in inputs])
         f.attrs["params"] = json.dumps(to_jsonable(params if params is not None else {}))
         for key, value in (attrs or {}).items():

@@ -41,7 +41,7 @@ from landscape.store.checkpoint import (
     load_checkpoint,
     load_verified,
 )
-from landscape.store.codec import EXTRA_GROUP, STATE_GROUP, TensorData
+from landscape.store.codec import EXTRA_GROUP, STATE_GROUP
 from landscape.store.core import DamagedRunWarning, Run, Store
 from landscape.store.foreign import (
     WRAPPER_KEYS,
@@ -62,6 +62,6 @@ from landscape.store.manifest import (
 __all__ = [
     "ARRAYS", "CHECKPOINT_FORMAT", "Checkpoint", "CheckpointInfo", "DamagedRunWarning", "EXTRA_GROUP", "LOCK",
     "MANIFEST", "MANIFEST_FORMAT", "MAX_JSON_DEPTH", "Run", "RunBusyError", "STATE_GROUP", "Store",
-    "TensorData", "WRAPPER_KEYS", "check_finite", "check_manifest", "check_regular_file", "check_run_name",
+    "WRAPPER_KEYS", "check_finite", "check_manifest", "check_regular_file", "check_run_name",
     "check_state_dict", "import_checkpoint", "load_checkpoint", "load_verified", "looks_like_torch_file",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import fnmatch
+import hashlib
 import json
 import os
 import secrets
@@ -19,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 import h5py
 import numpy as np
 
-from landscape.atomic import stale_temp_files, temp_beside
+from landscape.atomic import atomic_write_hdf5, stale_temp_files
 from landscape.errors import CheckpointError, UsageError, WriteError, one_line
 from landscape.jsonable import to_jsonable
 from landscape.refs import Ref, check_run_name, is_run_name, parse_selector
-from landscape.runtime import code_version, environment
+from landscape.runtime import code_version, environment, portable_mode
 from landscape.store._locks import LOCK, _FileLock, _lock, _release_holds, _unlock
 from landscape.store.checkpoint import (
     Checkpoint,
@@ -35,20 +36,13 @@ from landscape.store.checkpoint import (
 from landscape.store.codec import (
     EXTRA_GROUP,
     STATE_GROUP,
-    Plan,
-    PreparedFile,
     _decode_metrics,
-    _end_group,
     _float_or_none,
     _open_h5,
     _plain,
-    _prepare_h5,
     _read_array,
     _read_flat,
-    _set_attr,
-    _subgroup,
     _write_array,
-    _write_h5_atomic,
     _write_nested,
     _write_state_dict,
 )
@@ -59,7 +53,6 @@ from landscape.store.manifest import (
     CHECKPOINT_FORMAT,
     MANIFEST,
     MANIFEST_FORMAT,
-    PREPARED,
     _read_manifest,
     _write_json_atomic,
     check_depth,
@@ -124,6 +117,7 @@ class Store:
             "created": _now(),
             "code_version": code_version(),
             "environment": environment(),  # python, torch, torchvision, opacus, ... versions
+            "portable": portable_mode(),  # made with every float kernel pinned (bit-identical on any x86-64)
             "config": dict(config),
             "seeds": dict(seeds),
             "lineage": dict(lineage) if lineage is not None else None,
@@ -270,16 +264,6 @@ class DamagedRunWarning(UserWarning):
     """A run was skipped because its manifest is damaged or lists a missing checkpoint."""
 
 
-def _checkpoint_body(f: h5py.File | None, state_dict: Mapping[str, Any], extra: Mapping[str, Any] | None,
-                     plan: Plan | None) -> None:
-    """A checkpoint file's groups and datasets (its attrs are written apart): the weights, then the extra arrays."""
-    _write_state_dict(_subgroup(f, STATE_GROUP, plan), state_dict, plan)
-    _end_group(plan)
-    if extra:
-        _write_nested(_subgroup(f, EXTRA_GROUP, plan), extra, escape=False, plan=plan)
-        _end_group(plan)
-
-
 class Run:
     """One run directory: read it freely; every write holds the run's lock (module docstring)."""
 
@@ -289,7 +273,6 @@ class Run:
         self.manifest = manifest
         self._hold: list[Any] = [None, 0]  # [the process-wide lock entry, how many holds this object has]
         self._finalizer: weakref.finalize | None = None
-        self._current: tuple[_FileLock, int] | None = None  # (lock, its write count) when the manifest was current
 
     def __repr__(self) -> str:
         return f"Run({self.name!r}, checkpoints={len(self.manifest.get('checkpoints', []))})"
@@ -327,28 +310,21 @@ class Run:
 
     @contextlib.contextmanager
     def _writing(self):
-        """Hold the lock for one write, with the manifest as it is on disk: re-read under the lock (another writer
-        may have been first), unless this object made the last write through this very lock. The lock entry of a
-        process lives exactly as long as the process holds the run's ``flock`` (no other process can write
-        meanwhile), and every write through it, by any Run object of this process, counts on it: a save does not
-        re-parse and re-check the whole trajectory. A write that fails leaves the in-memory manifest unknown."""
+        """Hold the lock for one write, with the manifest as it is on disk: read again under the lock (another
+        writer, or another Run object of this process, may have written since)."""
         self._acquire()
-        lock, done = self._hold[0], False
         try:
-            if self._current != (lock, lock.writes) and (self.path / MANIFEST).exists():
+            if (self.path / MANIFEST).exists():
                 self.manifest = _read_manifest(self.path / MANIFEST)
             self.manifest.setdefault("checkpoints", [])
             yield
-            done = True
         finally:
-            lock.writes += 1
-            self._current = (lock, lock.writes) if done else None
             self._release()
 
     def sweep_temporary_files(self) -> list[Path]:
         """Remove the temporary files of writes killed mid-way (under the lock no write of ours is live)."""
         with self._writing():
-            stale = stale_temp_files(self.path, lambda final: final in (MANIFEST, ARRAYS, PREPARED)
+            stale = stale_temp_files(self.path, lambda final: final in (MANIFEST, ARRAYS)
                                      or _CHECKPOINT_FILE.fullmatch(final) is not None)
             for path in stale:
                 path.unlink(missing_ok=True)
@@ -394,15 +370,12 @@ class Run:
         metrics: Mapping[str, Any] | None = None,
         extra: Mapping[str, Any] | None = None,
         attrs: Mapping[str, Any] | None = None,
-        prepared: PreparedFile | None = None,
     ) -> Path:
         """Write ``step-NNNNNN.h5`` atomically, then record it in the manifest (also atomically).
 
         ``extra`` holds arrays to keep beside the weights (RNG states, optimizer buffers, sampler
         position); names may nest with ``/`` or as nested mappings. ``attrs`` are further JSON-able
-        metadata, returned as :attr:`Checkpoint.attrs`. Saving a step that exists replaces it. ``prepared``: a
-        file from :meth:`prepare_checkpoint`, used when this checkpoint has its layout (else removed); either
-        way it is consumed.
+        metadata, returned as :attr:`Checkpoint.attrs`. Saving a step that exists replaces it.
         """
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise UsageError(f"checkpoint step must be a non-negative integer, got {step!r}")
@@ -429,48 +402,30 @@ class Run:
         if epsilon is not None:
             meta["epsilon"] = epsilon
 
-        def body(f: h5py.File | None, plan: Plan | None = None) -> None:
-            _checkpoint_body(f, state_dict, extra, plan)
+        def write(f: h5py.File, check: Any) -> None:
+            f.attrs.update(meta)
+            _write_state_dict(f.create_group(STATE_GROUP, track_order=True), state_dict)
+            if extra:
+                _write_nested(f.create_group(EXTRA_GROUP, track_order=True), extra, escape=False)
 
-        def write(f: h5py.File) -> None:
-            for key, value in meta.items():
-                _set_attr(f, key, value)
-            body(f)
-
-        try:
-            with self._writing():
-                kept = _kept(self.name, self.manifest["checkpoints"])
-                try:
-                    sha = prepared.commit(final, meta, body) if prepared is not None else None
-                    if sha is None:  # none prepared, or for another layout (then removed)
-                        sha = _write_h5_atomic(final, write)
-                except WriteError as exc:
-                    raise exc.noted(f"; {kept}") from None
-                entry = {"step": step, "epoch": epoch, "epsilon": epsilon, "metrics": metrics, "file": final.name,
-                         "sha256": sha}
-                entries = [e for e in self.manifest["checkpoints"] if int(e["step"]) != step]
-                self.manifest["checkpoints"] = sorted([*entries, entry], key=lambda e: int(e["step"]))
-                try:
-                    _write_json_atomic(self.path / MANIFEST, self.manifest)
-                except WriteError as exc:
-                    raise exc.noted(f"; {kept}; {final.name} is complete but not listed: continuing the run "
-                                    "adopts it") from None
-        finally:
-            if prepared is not None:
-                prepared.discard()  # consumed either way (a no-op once committed)
+        with self._writing():
+            kept = _kept(self.name, self.manifest["checkpoints"])
+            hasher = hashlib.sha256()
+            try:
+                atomic_write_hdf5(final, write, hasher=hasher, track_order=True)
+            except WriteError as exc:
+                raise exc.noted(f"; {kept}") from None
+            sha = hasher.hexdigest()
+            entry = {"step": step, "epoch": epoch, "epsilon": epsilon, "metrics": metrics, "file": final.name,
+                     "sha256": sha}
+            entries = [e for e in self.manifest["checkpoints"] if int(e["step"]) != step]
+            self.manifest["checkpoints"] = sorted([*entries, entry], key=lambda e: int(e["step"]))
+            try:
+                _write_json_atomic(self.path / MANIFEST, self.manifest)
+            except WriteError as exc:
+                raise exc.noted(f"; {kept}; {final.name} is complete but not listed: continuing the run "
+                                "adopts it") from None
         return final
-
-    def prepare_checkpoint(self, state_dict: Mapping[str, Any],
-                           extra: Mapping[str, Any] | None = None) -> PreparedFile | None:
-        """Make the next checkpoint's file ahead of its data, for a writer with time to spare before it (the
-        recorder's writer process, between two checkpoints): the groups and datasets that ``state_dict`` and
-        ``extra`` (example values: their names, nesting, dtypes and shapes count, not their numbers) would be
-        written as, in a temporary file of this run held open. :meth:`save_checkpoint` given it then writes only
-        the data and attrs. None when the arrays cannot be written that way (not numeric). The caller holds
-        this run for writing and discards what it does not use (:meth:`PreparedFile.discard`; a killed writer's
-        file is removed with the other temporary files when the run is next opened for writing)."""
-        return _prepare_h5(temp_beside(self.path / PREPARED),
-                           lambda f, plan: _checkpoint_body(f, state_dict, extra, plan))
 
     def checkpoints(self) -> list[CheckpointInfo]:
         """Checkpoints sorted by step: the manifest's, plus complete files a killed writer left unrecorded
@@ -552,7 +507,7 @@ class Run:
         _check_array_name(name)
         target = self.path / ARRAYS
 
-        def write(f: h5py.File) -> None:
+        def write(f: h5py.File, check: Any) -> None:
             if target.is_file():
                 with _open_h5(target) as old:
                     for key in old:
@@ -564,7 +519,7 @@ class Run:
                 _write_array(f, name, array)
 
         with self._writing():
-            _write_h5_atomic(target, write)
+            atomic_write_hdf5(target, write, track_order=True)
 
     def load_array(self, name: str) -> np.ndarray | dict[str, np.ndarray]:
         """An array saved with :meth:`save_array` (a dict of arrays when a mapping was saved)."""

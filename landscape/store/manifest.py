@@ -16,13 +16,12 @@ from landscape.jsonable import to_jsonable
 
 MANIFEST = "manifest.json"
 ARRAYS = "arrays.h5"
-PREPARED = "next-checkpoint.h5"  # the final name of a prepared checkpoint's temporary file (Run.prepare_checkpoint)
 MANIFEST_FORMAT = "landscape-run/1"
 CHECKPOINT_FORMAT = "landscape-checkpoint/1"
 _CHECKPOINT_FILE = re.compile(r"step-(\d+)\.h5")
 _MANIFEST_KEYS = frozenset(
-    {"format", "name", "created", "code_version", "environment", "config", "seeds", "lineage", "model_spec",
-     "data_spec", "checkpoints"}
+    {"format", "name", "created", "code_version", "environment", "portable", "config", "seeds", "lineage",
+     "model_spec", "data_spec", "checkpoints"}
 )
 
 
