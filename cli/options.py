@@ -52,6 +52,8 @@ class SubsetType(Coerced):
 
     def __init__(self, meta: dict[str, Any] | None = None):
         self.meta = {**(meta or {}), "kind": "subset"}
+        if self.meta.get("min") is not None:  # counts from this one (0: none, norms)
+            self.min, self.min_open = self.meta["min"], False
 
 
 def _bounds(min: float | None, max: float | None, min_open: bool, max_open: bool) -> dict[str, Any]:

@@ -64,7 +64,7 @@ def test_every_command_has_the_same_seed_rule():
     found = {(" ".join(path), p.opts[0]) for path, _, p in SEED_OPTIONS}
     # the commands that used to accept -1 and those that printed a traceback for it
     assert {("train", "--seed"), ("phases", "--data-seed"), ("interpolate", "--subset-seed"), ("symmetry", "--seed"),
-            ("ntk", "--seed"), ("ntk-table", "--seed"), ("directions", "--subset-seed"),
+            ("ntk", "--subset-seed"), ("ntk-table", "--subset-seed"), ("directions", "--subset-seed"),
             ("surface", "--subset-seed"), ("instability", "--subset-seed"), ("align", "--seed")} <= found
     for _, _, p in SEED_OPTIONS:
         assert (p.type.min, p.type.max) == (0, SEED_MAX), p.opts

@@ -23,7 +23,7 @@ def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out",
     gallery is written, and then ``RecipeError`` names every failure (one line; its
     ``made`` holds the recipes that finished). ``scheduler`` (a Dask address or client) runs the recipes'
     analyses' parallel parts on that cluster (see ``landscape.api.execution.using_scheduler``). ``device``: what
-    the recipes' ``auto`` device means (:func:`landscape.runtime.using_device`). ``report``
+    the recipes' ``auto`` device means (``landscape.runtime.using_device``). ``report``
     receives one line per finished (or failed) recipe, as it finishes (the command prints them on stderr).
     """
     import contextlib
