@@ -284,7 +284,7 @@ def test_norms_analysis_of_a_batchnorm_model_equals_the_naive_loop(bn_store, tmp
     res = norms(["bn"], root=bn_store, output=tmp_path / "n.h5", figure=False, subset=6, bins=10)
     row = res.runs[0].rows[0]
     spec = Store(bn_store).load("bn@last").data_spec
-    xs, ys = take_subset(*dataset_from_spec(spec).split("train"), 6, res.config.seed, split="train")
+    xs, ys = take_subset(*dataset_from_spec(spec).split("train"), 6, res.config.subset_seed, split="train")
     ref = _reference(bn_store, x=xs, y=ys).norm(dim=1).numpy()
     np.testing.assert_allclose(row.grad_norms, ref, rtol=1e-4)  # the analysis runs the float32 model
 

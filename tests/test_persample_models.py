@@ -449,7 +449,7 @@ def test_norms_symmetry_and_ntk_on_a_user_model_equal_the_naive_loop():
     cfg = specs.NormsConfig(subset=12, chunk=5)
     edges = norms.shared_edges([norms.value_range(point, cfg)], cfg)
     row, _, names = norms.compute_point(point, cfg, edges)
-    idx = subset_indices(y, 12, cfg.seed)  # the examples the one sampler draws (here: all 12)
+    idx = subset_indices(y, 12, cfg.subset_seed)  # the examples the one sampler draws (here: all 12)
     assert names == list(ref)
     assert np.allclose(row.grad_norms, G[idx].norm(dim=1).numpy(), rtol=1e-10)
 
