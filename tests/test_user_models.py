@@ -238,9 +238,8 @@ def test_workers_receive_the_trusted_code(cnn_store, capsys):
 
 
 def test_dask_tasks_run_under_the_parents_trust():
-    from landscape.api import execution
-
     from landscape import runtime
+    from landscape.api import execution
 
     seen = execution._dask_task(None, None, ((ref("tiny_cnn"),), True, "cpu"),
                                 lambda: (plugins.trust_state(), runtime.default_device()))
