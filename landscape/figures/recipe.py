@@ -33,11 +33,11 @@ import numpy as np
 
 from landscape.atomic import atomic_write_hdf5
 from landscape.errors import DataError, UsageError
+from landscape.figures.registry import SCALES
 from landscape.refs import Ref
 from landscape.runtime import code_version, portable_mode
 from landscape.verdict import Verdict, inconclusive
 
-SCALES = ("test", "cpu", "paper")
 SYNTHETIC = ("digits", "gaussian-signal")  # bundled or generated: paper scale needs no files
 
 

@@ -67,7 +67,7 @@ def make(ctx):
         a = ctx.train(f"sgd-lr{lr:g}-{seed}", dataclasses.replace(sgd, lr=lr, seed=seed)).name
         b = ctx.train(f"dp-lr{lr:g}-{seed}", dataclasses.replace(dp, lr=lr, seed=seed)).name
         used += [a, b]
-        results.append(norms([a, b], root=ctx.root, bins=s["bins"], subset=s["grad_samples"], seed=seed,
+        results.append(norms([a, b], root=ctx.root, bins=s["bins"], subset=s["grad_samples"], subset_seed=seed,
                              workers=ctx.workers, output=ctx.stem(f"norms-{seed}").with_suffix(".h5"),
                              data_root=ctx.data_root, figure=False))
     dist = {m: [r.runs[i].rows[-1].params.dist_origin for r in results] for i, m in enumerate(("sgd", "dp"))}
