@@ -63,7 +63,7 @@ class InstabilityTable(StoredResult):
     rows: list[PairInstability] = stored("table", order="splits", count="pairs")
     splits: tuple[str, ...] = stored("attr", default=())
     params: dict = field(default_factory=dict)
-    csv_path: Path | None = None
+    csv_path: Path | None = stored("skip", default=None)  # the companion CSV, not in the file
 
     def records(self) -> list[dict[str, object]]:
         return [r.flat(self.splits) for r in self.rows]

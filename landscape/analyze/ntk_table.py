@@ -78,7 +78,7 @@ class NTKTable(StoredResult):
 
     config: NTKTableConfig
     rows: list[NTKTableRow] = stored("table", count="n_rows")
-    csv_path: Path | None = None
+    csv_path: Path | None = stored("skip", default=None)  # the companion CSV, not in the file
 
     def column(self, name: str) -> np.ndarray:
         values = [getattr(r, name) for r in self.rows]

@@ -5,6 +5,7 @@ and their CSV."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -21,8 +22,8 @@ from landscape.results.core import Result, atomic_write, read_result, write_resu
 #
 # A result dataclass says where each field lives in the file with ``stored(...)`` metadata; one writer and
 # one reader serve every result class, so no attribute is spelled twice. Fields named ``config`` (the
-# params), ``inputs``, ``path`` and ``figures`` are handled by name; a field without metadata is an attr
-# when its annotation is a plain scalar and is not stored otherwise.
+# params), ``inputs``, ``path`` and ``figures`` are handled by name; a field without metadata is stored by
+# its annotation (see _where), and a class with a field of another type is refused when it is defined.
 _BY_NAME = ("config", "params", "inputs", "path", "figures")
 
 
@@ -51,26 +52,49 @@ def stored(where: str, default: Any = dataclasses.MISSING, *, name: str | None =
     return field(default=default, metadata={"h5": meta}, repr=repr, compare=compare)
 
 
+@functools.cache
 def _layout(cls: type) -> list[tuple[dataclasses.Field, dict, Any]]:
-    import types
     import typing
 
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
-        meta = f.metadata.get("h5")
-        if meta is None:
-            if f.name in _BY_NAME:
-                continue
-            hint = hints[f.name]
-            if isinstance(hint, types.UnionType):  # X | None
-                hint = next((a for a in typing.get_args(hint) if a is not type(None)), None)
-            scalar = hint in (int, float, str, bool)
-            where = "attr" if scalar else "array" if hint is np.ndarray else "skip"
-            meta = {"where": where, "name": None, "dims": None, "order": None, "count": None, "keys": None}
-        if meta["where"] != "skip":
+        meta = _where(cls, f.name, hints[f.name], f.metadata.get("h5"))
+        if meta is not None and meta["where"] != "skip":
             out.append((f, meta, hints[f.name]))
     return out
+
+
+def _where(cls: type, name: str, hint: Any, meta: dict | None) -> dict | None:
+    """Where field ``name`` of ``cls`` lives: its ``stored(...)`` metadata, else by its annotation (a scalar, or
+    one that may be None, is an attr; an ``np.ndarray`` or a numeric vector ``list[float]`` / ``tuple[int, ...]``
+    an array, in a table a 2-D column); None for the fields handled by name. Another type is refused, and so is
+    a table, nested or group field whose dataclass has such a field."""
+    if meta is None:
+        if name in _BY_NAME:
+            return None
+        plain = _plain_class(hint)
+        where = ("attr" if plain in (int, float, str, bool) else
+                 "array" if plain is np.ndarray or _vector(plain) else None)
+        if where is None:
+            raise TypeError(f"{cls.__qualname__} field {name!r}: type {hint} cannot be stored; "
+                            "use np.ndarray or stored(...)")
+        return {"where": where, "name": None, "dims": None, "order": None, "count": None, "keys": None}
+    inner = (_row_class(hint) if meta["where"] == "table" else
+             _list_of(hint) or _plain_class(hint) if meta["where"] in ("nested", "group") else None)
+    if dataclasses.is_dataclass(inner):
+        _layout(inner)
+    return meta
+
+
+def _vector(hint: Any) -> type | None:
+    """``list`` or ``tuple`` for an annotation ``list[float]`` / ``tuple[int, ...]`` (numbers), else None."""
+    import typing
+
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (list, tuple) and args and args[0] in (int, float) and args[1:] in ((), (Ellipsis,)):
+        return origin
+    return None
 
 
 def _key_names(template: str, keys: Sequence[str]) -> list[str]:
@@ -154,7 +178,8 @@ def _list_of(hint: Any) -> type | None:
     return None
 
 
-def _plain_class(hint: Any) -> type:
+def _plain_class(hint: Any) -> Any:
+    """``X`` for ``X | None`` (the first of several), else the annotation itself."""
     import types
 
     if isinstance(hint, types.UnionType):
@@ -173,8 +198,8 @@ def _column_array(values: list) -> np.ndarray:
     if all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
            for v in values):
         return np.array(values, dtype=np.float64)
-    if all(isinstance(v, np.ndarray) for v in values):
-        return np.stack(values)
+    if all(isinstance(v, (np.ndarray, list, tuple)) for v in values):  # a vector (or array) per row
+        return np.stack([np.asarray(v) for v in values])
     return np.array([("" if v is None else str(v)).encode() for v in values], dtype=object).astype("S")
 
 
@@ -207,7 +232,7 @@ def write_dataclass(obj: Any, path: str | os.PathLike, kind: str, *, inputs: Seq
         for col, values in table_columns(rows, row_cls, keys).items():
             for part, column in _real_parts(col, _column_array(values)).items():
                 arrays[part] = column
-                if column.ndim == 1:
+                if column.ndim <= 2:  # a vector column is one frame column per component
                     table.append(part)
         for i, row in enumerate(rows):
             for g, gmeta, ghint in _layout(row_cls):
@@ -261,6 +286,18 @@ class StoredResult:
     inputs: list[InputRef] = field(default_factory=list)
     path: Path | None = None
     figures: list[Path] = field(default_factory=list)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Refuse, when the class is defined, a field the codec could not store (see :func:`_where`)."""
+        import typing
+
+        super().__init_subclass__(**kwargs)
+        hints = typing.get_type_hints(cls)
+        for name in cls.__dict__.get("__annotations__", {}):
+            if typing.get_origin(hints[name]) is not ClassVar and hints[name] is not ClassVar:
+                default = cls.__dict__.get(name)
+                meta = default.metadata.get("h5") if isinstance(default, dataclasses.Field) else None
+                _where(cls, name, hints[name], meta)
 
     def derived(self) -> tuple[dict[str, Any], dict[str, Any], dict[str, tuple]]:
         """``(arrays, attrs, dims)`` written beside the fields (summary statistics...); none by default."""
@@ -318,6 +355,8 @@ def _decode_value(value: Any, hint: Any) -> Any:
         return Path(value)
     if typing.get_origin(hint) is tuple and isinstance(value, str):
         return tuple(_split_order(value))
+    if _vector(hint) and isinstance(value, np.ndarray):
+        return _vector(hint)(value.tolist())
     if typing.get_origin(hint) is list and isinstance(value, np.ndarray) and value.dtype.kind == "S":
         return [v.decode() for v in value]
     if typing.get_origin(hint) in (dict, list) and isinstance(value, str):  # stored as one JSON attr
@@ -383,7 +422,7 @@ def _field_values(cls: type, r: Result, prefix: str = "") -> dict[str, Any]:
             values[f.name] = source[f"{name}_real"] + 1j * source[f"{name}_imag"]
         elif name in source:
             value = source[name]
-            if meta["where"] == "attr" or (isinstance(value, np.ndarray) and value.dtype.kind == "S"):
+            if meta["where"] == "attr" or (isinstance(value, np.ndarray) and value.dtype.kind == "S") or _vector(_plain_class(hint)):
                 value = _decode_value(value, hint)
             values[f.name] = value
     return values

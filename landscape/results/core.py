@@ -42,7 +42,7 @@ class Result:
         by :func:`write_dataclass`: instability pairs, per-checkpoint rows, an interpolation path...); for a
         gridded result without one (a surface) the long form of its highest-dimensional labelled arrays (one
         row per grid cell: x, y, train_loss, ...); else every 1-D dataset of the most common length. Byte
-        strings become str."""
+        strings become str; a vector column ``v`` (rows x k) becomes ``v[0]`` ... ``v[k-1]``."""
         import pandas as pd
 
         if "table" not in self.attrs and any(a.ndim >= 2 for a in self.arrays.values()):
@@ -58,9 +58,12 @@ class Result:
         columns = {}
         for name in names:
             values = self.arrays[name]
-            if values.dtype.kind in "SO":
+            if values.dtype.kind in "SO" and values.ndim == 1:
                 values = np.array([v.decode() if isinstance(v, bytes) else str(v) for v in values], dtype=object)
-            columns[name] = values
+            if values.ndim == 2:  # a vector column: one column per component
+                columns.update({f"{name}[{i}]": values[:, i] for i in range(values.shape[1])})
+            else:
+                columns[name] = values
         return pd.DataFrame(columns)
 
     def to_xarray(self):
