@@ -11,7 +11,6 @@ product is one second-order backward: PyHessian's approach, Yao et al. 2020, fas
 for; with pruning ``masks`` the operator is ``P H P``. A layer without a second derivative in torch is named in
 one :class:`ModelError` line (:func:`second_derivative_culprit`).
 """
-"""
 
 from __future__ import annotations
 

@@ -17,7 +17,6 @@ Blocks are returned in ``dtype``; ``precision="auto"`` forms small tensors' prod
 the model's dtype (a float32 model's own backward limits accuracy: run it in float64 for exact tiny blocks).
 The model runs in eval mode; a BatchNorm without running statistics is refused.
 """
-"""
 
 from __future__ import annotations
 

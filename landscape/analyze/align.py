@@ -12,7 +12,6 @@ line (:class:`~landscape.errors.ModelError`). Built in: ``mlp``, ``two-layer-lin
 Permutations are index tensors: the permuted state takes unit ``i`` from B's unit ``perm[i]``. Pure: state
 dicts in, state dicts out. The protocol and built-in structures: docs/alignment.md.
 """
-"""
 
 from __future__ import annotations
 

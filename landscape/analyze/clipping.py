@@ -12,7 +12,6 @@ exactly without the ``n x d`` gradient matrix. "Layer" means one parameter tenso
 the theorem applies per layer; under flat clipping no layer is clipped on its own, so the per-layer fraction
 clipped and bound are NaN and the per-layer assumption flags False ("not evaluated").
 """
-"""
 
 from __future__ import annotations
 

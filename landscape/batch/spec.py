@@ -22,7 +22,6 @@ job reads exists or is produced by the spec, no reference is a path, every writt
 results directory or the store root, and the size limits ``MAX_JOBS``, ``MAX_DEPTH`` and ``MAX_NODES`` hold.
 The user's guide: docs/batch.md.
 """
-"""
 
 from __future__ import annotations
 

@@ -10,7 +10,6 @@ and the accuracy per point, plus any :class:`Metric` values computed in the same
 evaluates several points per forward over stacked parameters; ``method="plain"`` runs the model as is and is
 the reference the others are tested against. What each speed-up does and costs: docs/interpolation.md.
 """
-"""
 
 from landscape.evaluate.allocator import tuned_allocator
 from landscape.evaluate.core import DEFAULT_MEMORY_BUDGET, EvalResult, evaluate

@@ -12,7 +12,6 @@ parameters, random modules, a failed self-check). Projections ``<g_i, v>`` are f
 BatchNorm that mixes the samples of a batch (training mode, no running statistics) is refused.
 The routes and their handlers in detail: docs/persample.md.
 """
-"""
 
 from landscape.persample.capture import Capture, place_batch, probe_calls
 from landscape.persample.engine import (

@@ -12,7 +12,6 @@ per-layer ``sigma C_r`` would be another mechanism). Masks multiply every per-sa
 and the noise too, so masked coordinates get exactly zero (Zhu Thm. 3.1); Laplacian smoothing (DP-LSSGD) acts
 on the noisy gradient and the mask is applied again. :class:`LoopEngine` is the slow per-example reference.
 """
-"""
 
 from __future__ import annotations
 
