@@ -104,16 +104,11 @@ def train(
 ) -> Run:
     """Train one run into the store at ``root`` and return it (see the module docstring).
 
-    ``config.resume`` continues that run from its last checkpoint instead (its stored config is used;
-    the other fields of ``config`` are ignored). ``callbacks`` are appended to the standard ones (metrics,
-    accounting, evaluation, resume state, checkpointing, progress). ``phases`` is stored as
-    ``manifest["phases"]`` (``landscape phases``). ``progress``: True shows the steps on stderr (a bar on a
-    terminal, else a line every ~10 s), False never, None as the caller's ``landscape.progress`` says (off
-    unless turned on: ``with landscape.progress.enabled(): ...``; the command line turns it on).
-
-    A ``model`` or ``data`` that is a code reference (``file.py:factory``) is named by the user here, so it may
-    also rebuild this run's checkpoints while training (a child run's parent); resuming a run whose model or
-    data came from code needs that code named again (``landscape --code REF``, ``landscape.plugins.trusting``).
+    ``config.resume`` continues that run from its last checkpoint (its stored config is used). ``callbacks`` are
+    appended to the standard ones. ``phases`` is stored as ``manifest["phases"]``. ``progress``: True shows the
+    steps on stderr, False never, None follows :mod:`landscape.progress`. A ``model`` or ``data`` given as a code
+    reference is named by the user here, so it may rebuild this run's checkpoints; resuming such a run needs the
+    code named again (``landscape --code REF``, ``landscape.plugins.trusting``).
     """
     config.validate()
     with plugins.trusting(plugins.code_refs(config.model, config.data)):

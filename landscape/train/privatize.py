@@ -198,16 +198,11 @@ class LoopEngine:
 class Privatizer:
     """Computes one (privatised) gradient step and writes it to ``p.grad`` of the model's parameters.
 
-    ``expected_batch_size`` is ``B`` in ``(clipped sum + noise) / B`` (``q N`` for Poisson sampling, the
-    batch size for shuffling). ``generator`` draws the noise (a CUDA generator for CUDA parameters, else the
-    noise is drawn on the generator's device and moved). Parameters with ``requires_grad=False`` are left
-    alone.
-
-    From its first step until it is garbage collected (or ``release_memory()``), glibc keeps freed large blocks
-    in the process (``tuned_allocator``): a step's activations, kept output gradients, per-sample gradients and
-    noise then reuse the memory of the step before, also across what runs between two steps (the optimiser's
-    step, ``zero_grad``), where glibc's own thresholds would hand the whole step's memory back to the OS and
-    every step would page it in afresh.
+    ``expected_batch_size`` is ``B`` in ``(clipped sum + noise) / B`` (``q N`` for Poisson sampling, the batch size
+    for shuffling). ``generator`` draws the noise (on its own device, then moved). Parameters with
+    ``requires_grad=False`` are left alone. From its first step until collected (or ``release_memory()``) it holds
+    :func:`~landscape.evaluate.allocator.tuned_allocator`, so each step reuses the previous step's memory instead of
+    page-faulting it in afresh.
     """
 
     def __init__(
