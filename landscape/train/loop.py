@@ -106,7 +106,7 @@ def train(
 
     ``config.resume`` continues that run from its last checkpoint (its stored config is used). ``callbacks`` are
     appended to the standard ones. ``phases`` is stored as ``manifest["phases"]``. ``progress``: True shows the
-    steps on stderr, False never, None follows :mod:`landscape.progress`. A ``model`` or ``data`` given as a code
+    steps on stderr, False never, None follows ``landscape.progress``. A ``model`` or ``data`` given as a code
     reference is named by the user here, so it may rebuild this run's checkpoints; resuming such a run needs the
     code named again (``landscape --code REF``, ``landscape.plugins.trusting``).
     """
