@@ -506,12 +506,12 @@ def model_from_spec(spec: dict) -> nn.Module:
 
 def check_forward(model: nn.Module, x: torch.Tensor, num_classes: int, *, what: str | None = None) -> None:
     """One forward of ``model`` on the examples ``x`` (two are enough), where a model first meets its data (training,
-    import): a failure is one :class:`ModelError` line naming the layer it happened in (module path and type), the
+    import). A failure is one :class:`ModelError` line naming the layer it happened in (module path and type), the
     shapes that layer was given and the error, instead of a traceback from deep inside the training loop; so are
-    logits of the wrong shape (``num_classes`` outputs per example), outputs that are not a tensor of floats and
-    The forward runs in eval mode without gradients, inside a
-    fork of the random generators, and the mode is restored: it changes no weights, statistics or random
-    stream. ``what`` names the model in the message (default: its spec's name)."""
+    outputs that are not a tensor and logits that are not floats of shape ``(N, num_classes)``. The forward runs in
+    eval mode without gradients, inside a fork of the random generators, and the mode is restored: it changes no
+    weights, statistics or random stream. ``what`` names the model in the message (default: its spec's name).
+    """
     what = what or _model_name(model)
     names = {m: n or "(the model)" for n, m in model.named_modules()}
     entered: list[tuple[nn.Module, str]] = []  # modules whose forward is running, outermost first
