@@ -1,9 +1,10 @@
 """The click command of a job kind (:mod:`landscape.kinds`) that is no analysis, generated from its spec.
 
-One argument per field in the spec's ``arguments``, one option per other field with :func:`option` metadata
-(:func:`cli.generate.field_option`), then ``--json``. The command checks what was given (``given``), builds the
-configuration, runs it (``command``, else ``run``) and prints the spec's ``rows`` and ``notes`` (``--json``:
-``details(result)``, else the rows). An error carrying a ``partial`` result prints that result's notes first.
+One argument per field in the spec's ``arguments``, one option per other field with
+:func:`landscape.options.option` metadata (:func:`cli.generate.field_option`), then ``--json``. The command checks
+what was given (``given``), builds the configuration, runs it (``command``, else ``run``) and prints the spec's
+``rows`` and ``notes`` (``--json``: ``details(result)``, else the rows). An error carrying a ``partial`` result
+prints that result's notes first.
 """
 
 from __future__ import annotations

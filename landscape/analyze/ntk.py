@@ -2,10 +2,9 @@
 
 Bu et al. (Secs. 3-4): the loss is driven by the NTK H = sum_r H_r for SGD (eq. 3.1), by H C under flat
 clipping (eq. 4.3) and by sum_r H_r C_r under layerwise clipping (eq. 4.4), C = diag of the per-sample
-clipping factors; small clipping norms break symmetry and positivity (Thms. 1.1, 1.2). Here:
-:func:`kernel_properties` (symmetry and the two positivity notions of Def. 4.2), :func:`clip_kernel` (the
-clipped kernel from per-layer blocks) and :func:`compute_ntk` -> :class:`NTKResult`; Bu Table 1 is
-:mod:`landscape.analyze.ntk_table`, the shared machinery :mod:`landscape.analyze.ntk_kernels`.
+clipping factors; small clipping norms break symmetry and positivity (Thms. 1.1, 1.2). Here
+:func:`compute_ntk` -> :class:`NTKResult`; Bu Table 1 is :mod:`landscape.analyze.ntk_table`; the kernel
+properties (Def. 4.2) and the clipped kernel are :mod:`landscape.analyze.ntk_kernels`.
 
 Kernel kinds are :mod:`landscape.gram`'s. The clipping factors always come from the loss-gradient norms, which
 for output kinds are recovered exactly from the output blocks:

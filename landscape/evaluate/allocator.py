@@ -19,11 +19,11 @@ _allocator_depth = 0
 def tuned_allocator() -> Iterator[None]:
     """Within the block, glibc keeps freed large blocks in the process so repeated activations do not page-fault.
 
-    :func:`evaluate` enters it; nested blocks tune once and the outermost restores. ``LANDSCAPE_MALLOC_TUNE=0`` (or
-    no glibc) makes it a no-op. glibc cannot report these settings, and any ``mallopt`` of them ends its dynamic
-    mmap threshold, so on exit the thresholds are set to what that dynamic threshold converges to (mmap 32 MiB,
-    trim 64 MiB; or ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_``): restoring the 128 KiB start values
-    would page-fault every block over 128 KiB afresh.
+    :func:`landscape.evaluate.evaluate` enters it; nested blocks tune once and the outermost restores.
+    ``LANDSCAPE_MALLOC_TUNE=0`` (or no glibc) makes it a no-op. glibc cannot report these settings, and any
+    ``mallopt`` of them ends its dynamic mmap threshold, so on exit the thresholds are set to what that dynamic
+    threshold converges to (mmap 32 MiB, trim 64 MiB; or ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_``):
+    restoring the 128 KiB start values would page-fault every block over 128 KiB afresh.
     """
     global _allocator_depth
     libc = _libc() if os.environ.get("LANDSCAPE_MALLOC_TUNE", "1") != "0" else None
