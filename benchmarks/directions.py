@@ -1,6 +1,6 @@
 """Points per second of `landscape directions` / `landscape surface` against loss-landscapes' random_line / random_plane.
 
-Issue 5's benchmark. Same model (lenet, seeded) and data (``--case digits``: the digits train split, 1348
+Same model (lenet, seeded) and data (``--case digits``: the digits train split, 1348
 examples of 1x8x8; ``--case mnist-shape``: 1000 synthetic 1x28x28 images; one batch for loss-landscapes'
 ``Loss`` metric), one thread, all four methods interleaved in one process; medians and
 ratios are printed. loss-landscapes is run under ``torch.no_grad()`` (its metric otherwise builds an

@@ -1,6 +1,6 @@
 """Median time of one DP-SGD step: ours (flat and layerwise) vs Opacus' PrivacyEngine vs plain SGD.
 
-Issue 3's benchmark. For ``opacus-cnn`` (batch 256, 1x28x28) and ``resnet18`` GroupNorm (batch 64,
+For ``opacus-cnn`` (batch 256, 1x28x28) and ``resnet18`` GroupNorm (batch 64,
 3x32x32), one thread, all methods interleaved in one process; printed as ratios to plain SGD. Opacus is
 timed in each of its grad_sample modes ("hooks", "ew" expanded weights, "ghost" clipping) and its fastest
 is the reference (for resnet18 Opacus gets torchvision's BasicBlock with an out-of-place residual add,

@@ -1,4 +1,4 @@
-"""A user-code copy of a built-in model runs as fast as the built-in (issue 21: ratio <= 1.05).
+"""A user-code copy of a built-in model runs as fast as the built-in (goal: ratio <= 1.05).
 
 LeNet-5 on random 1x28x28 inputs, four ways with the same weights: the built-in ``lenet``, the same layers from
 a user file (``benchmarks/user_lenet.py:sequential``, built through ``--model file.py:factory``'s path), a

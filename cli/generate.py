@@ -1,11 +1,9 @@
 """The click command of every registered analysis, generated from its spec (:mod:`landscape.analyze.registry`).
 
-Arguments come from the spec's ``inputs`` (``REF_A REF_B``, ``TARGET``, ``TARGETS...``, ``RUNS...``); one
-option per CLI field of the config dataclass and of the spec's ``run_options`` (help, choices, flag name and
-metavar from the field metadata, the type from the annotation, the default from the field); then the
-runner's options (``--data-from`` for pairs, ``--workers``, ``--data-root``, ``--no-figure``, ``-o``,
-``--overwrite``, ``--json``). The command calls :func:`landscape.api.runner.run`, prints the spec's rows as a
-table (its notes after it) and where the files went; ``--json`` prints the same as JSON.
+Arguments come from the spec's ``inputs``; one option per CLI field of the config and of ``run_options`` (from
+the field metadata, annotation and default), then the runner's options (``--data-from`` for pairs,
+``--workers``, ``--data-root``, ``--no-figure``, ``-o``, ``--overwrite``, ``--json``). The command calls
+:func:`landscape.api.runner.run` and prints the spec's rows, notes and where the files went (or JSON).
 """
 
 from __future__ import annotations

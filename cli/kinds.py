@@ -1,14 +1,10 @@
 """The click command of a job kind (:mod:`landscape.kinds`) that is no analysis, generated from its spec.
 
-One argument per field the spec names in ``arguments`` (typed by its :func:`option` metadata; a tuple field takes
-any number), one option per other field of the kind's dataclasses (``JobKind.option_fields``) with :func:`option`
-metadata (help, flag, choices, bounds, type, environment variable as for an analysis' options:
-:func:`cli.generate.field_option`), then ``--json``. The command
-checks which options were given (the spec's ``given``), builds the kind's configuration, runs it (the spec's
-``command``, else ``run``, on the store of the global ``--root``; progress on stderr unless ``landscape --quiet``,
-report lines on stderr), prints the spec's ``rows`` as a table and its ``notes`` after it; ``--json`` prints
-``details(result)`` (else the rows) as JSON. An error that carries a ``partial`` result (what finished before it)
-has that result's notes printed before its line.
+One argument per field in the spec's ``arguments``, one option per other field with
+:func:`landscape.options.option` metadata (:func:`cli.generate.field_option`), then ``--json``. The command checks
+what was given (``given``), builds the configuration, runs it (``command``, else ``run``) and prints the spec's
+``rows`` and ``notes`` (``--json``: ``details(result)``, else the rows). An error carrying a ``partial`` result
+prints that result's notes first.
 """
 
 from __future__ import annotations

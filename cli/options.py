@@ -1,13 +1,9 @@
 """The click parameter types and the shared options of the commands.
 
-``--model`` / ``--data`` are :class:`SourceName` (registry names, entry points, code references); unknown names are
-click usage errors (exit 2), bad options inside ``--model-kwargs`` / ``--data-kwargs`` the library's DataError /
-ModelError (exit 1). The options of a config field are made by :func:`cli.generate.field_option` from its
-:func:`landscape.options.option` metadata.
-
-The parameter types (:class:`Count`, :class:`Seed`, :class:`FiniteFloat`, :class:`CommaList`, :class:`SubsetType`,
-:class:`DeviceType`, :class:`FieldType`) convert through :func:`landscape.options.coerce`, the one coercion the
-api and batch specs use too, so a value means the same and a bad one reads the same wherever it is given.
+``--model`` / ``--data`` are :class:`SourceName` (unknown names are usage errors, exit 2). The parameter types
+(:class:`Count`, :class:`Seed`, :class:`FiniteFloat`, :class:`CommaList`, :class:`SubsetType`,
+:class:`DeviceType`, :class:`FieldType`) convert through :func:`landscape.options.coerce`, the coercion the api
+and batch specs use too, so a value means the same and a bad one reads the same wherever it is given.
 """
 
 from __future__ import annotations

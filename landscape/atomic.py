@@ -1,23 +1,12 @@
 """Atomic file writes shared by the checkpoint store and result files (no torch; h5py only when writing HDF5).
 
-:func:`atomic_write` writes through a hidden temporary file beside the target (``.<name>.<random>.tmp``),
-fsyncs it, renames it over the target and fsyncs the directory: a process killed at any moment leaves
-either the old file or the complete new one under the final name, never a half-written file. A killed
-writer may leave its temporary file behind; :func:`stale_temp_files` finds those (the store sweeps them
-when a run is reopened for writing under its lock).
-
-Why every write fsyncs its directory, even when two files of one directory are renamed in a row (a checkpoint,
-then the run manifest that lists it): POSIX orders neither renames nor their durability until the directory is
-fsynced, so with one directory fsync after both renames a power cut could keep the manifest's rename and lose
-the checkpoint's, leaving a manifest that lists a missing file (which the store reports as a damaged run, never
-as "not written"). The fsync of the first rename is what makes "listed in the manifest" imply "on disk"; it
-is also the cheapest of the four (the file's own fsync has just committed the file system's journal).
-
-A write the system refuses (disk full, a file size limit, an I/O error: :data:`WRITE_ERRNOS`) is a
-:class:`landscape.errors.WriteError` naming the final path, raised after the temporary file is removed: the
-final path is as it was. HDF5 files are written by :func:`atomic_write_hdf5`, through a file object that
-keeps a refused write from HDF5 (HDF5 cannot close a file after a write failed, and h5py then crashes the
-process with SIGSEGV): the error is raised once HDF5 has closed the file, which is then removed.
+:func:`atomic_write` writes a hidden temporary file beside the target, fsyncs it, renames it over the target
+and fsyncs the directory, so a killed process leaves the old file or the complete new one, never half of one
+(:func:`stale_temp_files` finds leftover temporaries). Every write fsyncs its directory, even for two renames in
+a row, because POSIX orders renames only through that fsync: a manifest must never survive a power cut that
+lost the checkpoint it lists. A refused write (:data:`WRITE_ERRNOS`) is a :class:`landscape.errors.WriteError`
+with the final path as it was; :func:`atomic_write_hdf5` keeps such a write from HDF5, which otherwise crashes
+the process when it closes the file.
 """
 
 from __future__ import annotations

@@ -1,22 +1,15 @@
 """The stated limits of the numbers a user gives, in one place (command line, Python api and batch specs alike).
 
-* **Seeds** are integers in ``[0, SEED_MAX]`` (``2**63 - 1``) for every command and option (``--seed``,
-  ``--data-seed``, ``--subset-seed``): ``numpy.random.SeedSequence`` and ``default_rng`` refuse negative seeds
-  and torch takes at most 64 bits, so a negative seed is refused in one line everywhere rather than accepted
-  by some commands and a traceback in others.
-* **Counts** (epochs, batch sizes, examples, probes, ...) are at most ``COUNT_MAX`` (``2**31 - 1``).
-* **Resolutions** whose size is allocated up front are bounded tighter: ``POINTS_MAX`` points of a path or
-  profile (``--points``), ``BINS_MAX`` histogram / calibration bins (``--bins``), ``GRID_CELLS_MAX`` cells of a
-  surface grid (``--grid``), ``DIRECTIONS_MAX`` random directions (``directions --directions``), ``LANCZOS_STEPS_MAX``
-  Lanczos steps (``hessian --lanczos-steps``: every step keeps a parameter-sized vector, and the full
-  reorthogonalisation costs steps^2 x parameters).
-* **Classes**: a data set has at most ``CLASSES_MAX`` classes (labels ``0 .. CLASSES_MAX - 1``): a stray label of
-  10^9 is refused before a model's output layer is allocated for it.
-* **Waiting**: a command given ``--scheduler`` waits ``SCHEDULER_TIMEOUT_S`` seconds for the Dask scheduler.
-* **Subsets** are a count (an integer ``1 .. COUNT_MAX``) or a fraction (a float in ``(0, 1]``): ``300`` is 300
-  examples and ``0.3`` is 30 %, on the command line and in a batch spec (:func:`subset_value`).
+* **Seeds** are integers in ``[0, SEED_MAX]`` (numpy refuses negative seeds and torch takes 64 bits, so a
+  negative seed is one line everywhere).
+* **Counts** are at most ``COUNT_MAX``; sizes allocated up front are bounded tighter (``POINTS_MAX``,
+  ``BINS_MAX``, ``GRID_CELLS_MAX``, ``DIRECTIONS_MAX``, ``LANCZOS_STEPS_MAX``: each Lanczos step keeps a
+  parameter-sized vector), and ``CLASSES_MAX`` keeps a stray label from sizing an output layer.
+* **Waiting**: ``--scheduler`` waits ``SCHEDULER_TIMEOUT_S`` seconds for the Dask scheduler.
+* **Subsets** are a count (an integer ``1 .. COUNT_MAX``) or a fraction (a float in ``(0, 1]``):
+  :func:`subset_value`.
 
-This module imports nothing heavy (the command line reads it before torch is loaded).
+Imports nothing heavy: the command line reads it before torch is loaded.
 """
 
 from __future__ import annotations

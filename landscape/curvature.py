@@ -1,43 +1,15 @@
 """Hessian-vector products of the mean training loss: the one curvature primitive the analyzers build on.
 
-The loss is ``L(theta) = (1/n) sum_i l(f(x_i; theta), y_i)`` with ``l`` the cross-entropy, over a fixed batch
-``x, y`` (split into chunks of ``batch_size`` examples whose contributions ``(1/n) sum_{i in chunk} l_i`` add
-up to ``L`` exactly, so ``H v = sum_c H_c v``). Parameters and vectors are dicts ``{name: tensor}`` in
-``model.named_parameters()`` order (trainable parameters only); nothing is flattened except where a caller
-asks for the flat view (:meth:`HessianOperator.matvec`, for Krylov methods that keep a basis as one matrix).
+``L(theta) = (1/n) sum_i cross_entropy(f(x_i; theta), y_i)`` over a fixed batch, split into chunks whose
+contributions add up to ``L`` exactly (``H v = sum_c H_c v``). Vectors are dicts ``{name: tensor}`` over the
+trainable parameters; :meth:`HessianOperator.matvec` is the flat view for Krylov methods.
 
-Two exact routes per chunk, both ``torch.func`` on ``functional_call`` (the model is never modified):
-
-``retained``
-    ``torch.func.vjp(grad(L_c), theta)`` once per chunk: the forward and first backward are done once and
-    their graph kept, so every product is one second-order backward pass, ``H_c v = vjp_fn(v)`` (``H`` is
-    symmetric, so the vector-Jacobian product of the gradient is the Hessian-vector product). This is what
-    PyHessian does for a single batch (Yao et al. 2020), and the fastest on CPU when many products are taken
-    at one point (Lanczos, Hutchinson).
-``forward-over-reverse``
-    ``torch.func.jvp(grad(L_c), (theta,), (v,))`` (Pearlmutter 1994; the torch.func recipe): nothing is kept
-    between products, so memory is one chunk's forward and backward. Used for the chunks beyond the memory
-    budget ``retain_bytes``.
-
-A chunk is retained while the estimated size of all retained graphs stays within ``retain_bytes``: the
-estimate is :data:`GRAPH_FACTOR` times the bytes of every leaf module's outputs on one example (measured
-with a dry forward), times the chunk size (measured: LeNet 4.5x, ResNet-18 2.7x).
-
-Several vectors at once (:meth:`HessianOperator.hvp_batch`) go through ``vmap`` (which shares the primal
-computation of the forward-over-reverse route and batches the convolutions of the retained one) or a loop,
-whichever the first batch measured faster.
-
-Models are evaluated in eval mode (BatchNorm uses its running statistics, so the loss is a sum over examples;
-dropout is off); GroupNorm and LayerNorm act per example and need nothing. Computation runs in the dtype
-asked for (float64 casts parameters, floating buffers and inputs). With pruning ``masks`` the operator is
-the Hessian restricted to the unpruned coordinates, ``P H P`` with ``P = diag(mask)``: vectors are masked
-before and after each product.
-
-A layer without a second derivative in torch (``nn.Hardsigmoid``: ``aten::hardsigmoid_backward`` has no
-derivative and no forward-mode rule) makes the first product fail inside autograd. The operator then finds the
-layer (:func:`second_derivative_culprit`: every module's double derivative is taken alone on the input it saw
-in a one-example forward, leaves first, one module per distinct layer) and raises one :class:`ModelError` line
-naming it, its type and what to do.
+Two exact ``torch.func`` routes per chunk: ``retained`` (``vjp(grad(L_c))`` once, its graph kept, so each
+product is one second-order backward: PyHessian's approach, Yao et al. 2020, fastest for many products) and
+``forward-over-reverse`` (``jvp(grad(L_c))``, Pearlmutter 1994, keeps nothing: the chunks beyond the
+``retain_bytes`` budget, estimated with :data:`GRAPH_FACTOR`). The model runs in eval mode, in the dtype asked
+for; with pruning ``masks`` the operator is ``P H P``. A layer without a second derivative in torch is named in
+one :class:`ModelError` line (:func:`second_derivative_culprit`).
 """
 
 from __future__ import annotations

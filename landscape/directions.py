@@ -1,24 +1,13 @@
 """Directions in parameter space: seeded Gaussian directions, filter/layer normalisation, cosines, trajectory PCA.
 
-* :func:`random_direction` / :func:`random_directions`: Gaussian directions over a :class:`ParamSpace`.
-  Direction ``i`` of seed ``s`` comes from its own generator seeded by ``(s, i)``, so it is the same
-  whichever other directions are drawn, in whatever order or process (workers draw their own).
-* :func:`normalize_direction`: Li et al. 2018 (Sec. 4, "filter normalization"; their
-  ``net_plotter.normalize_directions_for_weights``): for every tensor with more than one dimension, each
-  filter (slice along dim 0: an output channel of a convolution, a row of a linear layer) of the direction
-  is rescaled to the norm of the matching filter of theta (``"filter"``), or the whole tensor to theta's
-  tensor norm (``"layer"``). Tensors with <= 1 dimension (biases, norm-layer weights and biases) are
-  zeroed by default (Li et al.'s ``ignore='biasbn'``), set to theta's values (``"copy"``, Li et al.
-  without ``ignore``), or kept random and rescaled to theta's tensor norm (``"random"``).
-  Unlike Li et al. no ``1e-10`` is added to the denominator: a filter has exactly theta's filter norm
-  (a zero direction filter stays zero).
-* :func:`pairwise_cosines` / :func:`max_abs_cosine`: from the Gram matrix of the directions, accumulated
-  in float64 over column blocks (never an n x n loop of dot products). Watson et al. Sec. 4.1.2 report
-  0.0012 for 100 directions on ResNet-18.
-* :func:`trajectory_pca`: Li et al. Sec. 7: the top principal components of ``[theta_i - theta_origin]``
-  (centred as in their sklearn ``PCA``), their explained-variance ratios, and the checkpoints projected on
-  them (``<theta_i - theta_origin, component>``, their ``project_trajectory``). Computed from the T x T
-  Gram matrix, so memory stays at the trajectory itself.
+* :func:`random_directions`: direction ``i`` of seed ``s`` has its own generator seeded by ``(s, i)``, so it is
+  the same whichever other directions are drawn, in whatever order or process.
+* :func:`normalize_direction`: Li et al. 2018 Sec. 4 "filter normalization" (``"filter"``; ``"layer"`` per
+  tensor); 1-D tensors are zeroed by default (their ``ignore='biasbn'``), copied from theta or rescaled. No
+  ``1e-10`` in the denominator: a filter has exactly theta's filter norm.
+* :func:`pairwise_cosines` / :func:`max_abs_cosine`: from the directions' Gram matrix in float64 (Watson et al.
+  Sec. 4.1.2 report 0.0012 for 100 directions on ResNet-18).
+* :func:`trajectory_pca`: Li et al. Sec. 7, from the T x T Gram matrix of the centred trajectory.
 """
 
 from __future__ import annotations

@@ -1,52 +1,21 @@
 """Per-layer Gram blocks of per-sample gradients: the empirical NTK, layer by layer.
 
-``gram_blocks(model, x, y)`` returns, for every trainable parameter tensor r (its ``named_parameters``
-name: a "layer" in the sense of layerwise clipping),
+``gram_blocks(model, x, y)`` returns, for every trainable parameter tensor r (its ``named_parameters`` name),
 
-- ``kind="loss-grad"``: K_r[i, j] = <grad_r l_i, grad_r l_j>, n x n, with l_i = cross_entropy(f(x_i), y_i).
-  sum_r K_r = K = G G^T, the Gram matrix of the per-sample gradients (Bu et al. 2023, eq. 3.1 with the
-  loss folded in; H_r of eq. 4.4).
-- ``kind="output"``: the output NTK block J_r J_r^T of shape (n M) x (n M) for M logits, rows and
-  columns ordered sample-major (row ``i * M + m`` is d f_m(x_i) / d w_r).
-- ``kind="output-trace"``: its trace over logits, n x n: sum_m <d f_m(x_i)/d w_r, d f_m(x_j)/d w_r>.
+- ``kind="loss-grad"``: K_r[i, j] = <grad_r l_i, grad_r l_j>, n x n, with l_i = cross_entropy(f(x_i), y_i);
+  sum_r K_r = G G^T (Bu et al. 2023, eq. 3.1 with the loss folded in; H_r of eq. 4.4).
+- ``kind="output"``: the output NTK block J_r J_r^T, (n M) x (n M) for M logits, sample-major
+  (row ``i * M + m`` is d f_m(x_i) / d w_r).
+- ``kind="output-trace"``: its trace over logits, n x n.
 
-Strategies (all exact). Per-sample work goes through :mod:`landscape.persample`: its ``Capture`` (inputs
-in the forward, output gradients by hooks in an activation-only backward), its per-module handlers
-(``nn.Linear``, ``nn.Conv1d``/``nn.Conv2d`` with any stride, padding, dilation and groups, ``nn.GroupNorm``,
-``nn.LayerNorm``, ``nn.Embedding``; a module may be called several times) and its ``torch.func`` route.
-What is Gram-specific lives here: one backward per logit for the output kinds, the per-layer choice below,
-the cross-sample ghost formula, blocks between sample chunks and the memory bound.
-
-- ``"hooks"`` (what ``"auto"`` uses): one batched forward and one backward per logit pass, keeping each
-  layer's inputs A_i (unfolded for convolutions: G groups x p features x T positions) and output gradients
-  B_i (G x d x T). Per weight layer it either materialises per-sample gradients B_i A_i^T (the handler's,
-  e.g. one grouped weight-gradient kernel for convolutions with many positions) and takes G G^T
-  (cost ~ n T p d + n^2 p d) or uses the "ghost" cross-sample formula
-  K_r[i, j] = sum_{g,t,s} (A_i^T A_j)_{g,ts} (B_i^T B_j)_{g,ts}  (cost ~ n^2 T^2 (p + d)),
-  whichever needs fewer flops for its (T, p, d). Biases, normalisation affine parameters and embeddings
-  get materialised per-sample gradients. Parameters no handler covers (a bare ``nn.Parameter``, a module
-  type without handler, a parameter tied between modules) are handled by ``torch.func``
-  (``vmap(grad)`` / ``vmap(jacrev)``) restricted to them.
-- ``"materialize"`` / ``"ghost"``: the hook route with that choice forced for every weight layer that
-  allows it (the ghost formula needs a module called once).
-- ``"functorch"``: ``vmap(grad)`` (``vmap(jacrev)`` for output kinds) per-sample gradients for every
-  parameter, then G G^T per layer: the reference route.
-
-Memory is bounded by ``max_memory`` (bytes or "4GB", default 4 GiB): when the whole batch fits, each
-layer's block is computed inside the backward pass as soon as its output gradients have arrived and its
-factors are dropped (so they never all coexist); when it does not fit, samples are processed in chunks and
-blocks of sample pairs are computed from re-captured chunks; per-layer work is split into sub-blocks.
-
-Precision: blocks are returned in ``dtype`` (float64). ``precision="auto"`` sums bias / norm gradients over
-positions in float64 and forms the Gram products of small tensors (<= ``SMALL_PARAM`` elements) in float64,
-large contractions in the model's dtype; ``"float64"`` does every contraction in float64; ``"float32"``
-everything in the model's dtype. The accuracy of a float32 model is limited by its float32 backward pass
-itself (measured on resnet18/GroupNorm: total K to ~2e-5, single GroupNorm-bias blocks to ~3e-3 relative);
-run the model in float64 (``model.double()``, ``--precision float64`` in the CLI) when per-layer blocks of
-tiny tensors must be exact.
-The model runs in eval mode, so BatchNorm uses its running statistics and acts on each sample alone (its
-handler in :mod:`landscape.persample.norm_layers`); a BatchNorm without running statistics
-(``track_running_stats=False``) normalises by the batch even there: such models are refused.
+Per-sample work goes through :mod:`landscape.persample`. Strategies (all exact): ``"hooks"`` (``"auto"``)
+chooses per weight layer between materialised per-sample gradients (cost ~ n T p d + n^2 p d) and the ghost
+cross-sample formula K_r[i, j] = sum_{g,t,s} (A_i^T A_j)_{g,ts} (B_i^T B_j)_{g,ts} (cost ~ n^2 T^2 (p + d)),
+whichever needs fewer flops; ``"materialize"`` / ``"ghost"`` force one; ``"functorch"`` is the reference.
+Memory is bounded by ``max_memory`` (blocks formed inside the backward, or between sample chunks).
+Blocks are returned in ``dtype``; ``precision="auto"`` forms small tensors' products in float64, large ones in
+the model's dtype (a float32 model's own backward limits accuracy: run it in float64 for exact tiny blocks).
+The model runs in eval mode; a BatchNorm without running statistics is refused.
 """
 
 from __future__ import annotations

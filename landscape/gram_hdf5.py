@@ -1,25 +1,18 @@
 """Gram / NTK blocks out of core: :func:`landscape.gram.gram_tiles` streamed into an HDF5 file.
 
-An n x n kernel per parameter tensor takes ``8 n^2`` bytes in float64 (134 MB at n = 4,096, and LeNet has ten
-parameter tensors); :func:`landscape.gram.gram_blocks` holds every layer's block at once. Here each tile of a
-pair of sample chunks is written as soon as it is formed (and its transpose at the mirrored position), so the
-memory in use is two chunks' factors and one tile, whatever n is. The numbers are ``gram_blocks``' (the same
-block code, tested tile against block).
+``gram_blocks`` holds every layer's n x n block at once (``8 n^2`` bytes each in float64); here each tile of a
+pair of sample chunks is written as soon as it is formed, so memory stays at two chunks' factors and one tile.
+The numbers are ``gram_blocks``' (same code, tested tile against block).
 
-File layout (``h5py`` or ``xarray`` read it; nothing here needs landscape to be read back)::
+File layout (plain ``h5py`` reads it)::
 
     /blocks/<parameter name>   (rows, rows) float64   K_r, one dataset per trainable parameter tensor
-    /K                         (rows, rows) float64   sum_r K_r: the full Gram matrix / empirical NTK (optional)
+    /K                         (rows, rows) float64   sum_r K_r (optional)
     attrs: kind, n, rows, layers (JSON list, named_parameters order), chunk, created, landscape_version,
            torch_version
 
-Written atomically and streamed (:func:`landscape.atomic.atomic_write_hdf5`): an interrupted computation leaves
-no partial file, and a full disk stops it at the tile that did not fit, with a one-line
-:class:`landscape.errors.WriteError` (the temporary file removed).
-
-:class:`KernelFileOperator` reads a kernel of such a file back as a :class:`landscape.spectral.LinearOperator`,
-row block by row block, so Lanczos, Hutchinson and SLQ (:mod:`landscape.spectral`) run on kernels that do not
-fit in memory.
+Written atomically (:func:`landscape.atomic.atomic_write_hdf5`). :class:`KernelFileOperator` reads a kernel back
+as a :class:`landscape.spectral.LinearOperator`, block by block, for kernels that do not fit in memory.
 """
 
 from __future__ import annotations

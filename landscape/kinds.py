@@ -1,10 +1,8 @@
 """The job-kind registry: one line per kind; the command line, ``landscape.api`` and batch specs read it.
 
-Every registered analysis (``landscape/analyze/__init__.py``) is a kind too, its :class:`~landscape.api.jobkind.JobKind`
-made here from its :class:`~landscape.analyze.registry.Analysis` spec (options: ``refs``, the config and run
-options, ``figure``/``data_root``/``download``, ``data_from`` for pairs; run by :func:`landscape.api.runner.run`
-with one worker: in a batch the jobs are the parallelism). The other kinds are the lines below; a new kind is
-its module (config dataclass, run function, ``JOB = JobKind(...)``) plus one :func:`register` line here
+Every registered analysis is a kind too (its :class:`~landscape.api.jobkind.JobKind` made here from its
+:class:`~landscape.analyze.registry.Analysis`, run with one worker: in a batch the jobs are the parallelism).
+A new kind is its module (config, run function, ``JOB = JobKind(...)``) plus one :func:`register` line here
 (docs/ARCHITECTURE.md, "How to add a job kind"). Nothing is imported until a kind is asked for.
 """
 

@@ -1,22 +1,13 @@
 """Per-point metrics named by the user, for the analyses that evaluate along paths and planes.
 
 ``interpolate``, ``instability``, ``directions`` and ``surface`` take ``metrics``: built-in names (``ece``),
-code references and, in Python, metric objects (:class:`landscape.evaluate.Metric`, the protocol). A reference
-is ``package.module:Name`` or ``path/to/file.py:Name``, optionally followed by a JSON object of keyword
-arguments (``'metrics.py:TopK{"k": 5}'``); ``Name`` is a metric class or factory (called with the keyword
-arguments) or a metric object. This module
-
-- turns them into metric objects, importing user code only through :func:`landscape.plugins.load` (and
-  only code the user named; a result file's recorded references are never loaded by themselves);
-- checks their column names (identifiers, unique, not one of the analysis' built-in columns);
-- guards their calls: an exception inside a metric is one :class:`MetricError` line naming the metric;
-- checks their values (:func:`point_values`): one finite number per point wherever the loss is finite;
-- describes their source for provenance (:func:`landscape.plugins.describe`: file and sha256); worker
-  processes load the references again and refuse, in one line, code that changed in between.
-
-Worker processes (``--workers N``, Dask) receive the reference strings, never pickled objects: a metric
-object passed in Python appears in the config as a :class:`MetricObject` (a string, its label) that refuses
-to be pickled, so it works in this process and is refused in one line where it would have to travel.
+references ``package.module:Name`` or ``path/to/file.py:Name`` with optional JSON keyword arguments
+(``'metrics.py:TopK{"k": 5}'``), and in Python :class:`landscape.evaluate.Metric` objects. This module turns
+them into metric objects (user code only through :func:`landscape.plugins.load`, and only code the user
+named), checks their column names and values (:func:`point_values`), turns an exception inside a metric into
+one :class:`MetricError` line, and records their source for provenance. Workers receive the reference strings
+and refuse code that changed; a metric object from Python (:class:`MetricObject`) refuses to be pickled, so it
+is refused in one line where it would have to travel.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """Models by name, rebuilt from a spec ``{"name": ..., "kwargs": {...}}``.
 
-``build_model("lenet", input_shape=(1, 8, 8), num_classes=10)`` returns a module whose attribute
-``landscape_spec`` is the full spec: every keyword argument with its default filled in, plus
-``input_shape`` and ``num_classes``, all JSON-serialisable, so ``model_from_spec(model.landscape_spec)``
-rebuilds the same architecture. Every model maps a batch ``(N, *input_shape)`` to logits ``(N, num_classes)``.
-
-One registry, three kinds of entries (:func:`model_source`): the built-ins of :data:`MODELS`, factories an
-installed package registers under the entry-point group ``landscape.models``, and code the user names,
-``package.module:factory`` or ``path/to/file.py:factory`` (imported through :mod:`landscape.plugins`). The
-spec of a model from code records the reference and its source file's sha256 (``"code"``), that of an entry
-point the package and version (``"entry_point"``); rebuilding one from a stored spec runs its code only when
-the user named that code again (:func:`model_from_spec`).
-
-Building a model draws its initial weights from torch's global generator and never seeds it: the caller
-seeds (``landscape.runtime.seed_everything`` or ``torch.manual_seed``) before building.
-
-Adding a built-in model is one builder function ``f(input_shape, num_classes, *, option=default, ...)`` plus
-one line in ``MODELS``; the spec's kwargs are read off the builder's signature.
+``build_model("lenet", input_shape=(1, 8, 8), num_classes=10)`` returns a module whose ``landscape_spec`` is
+the full JSON-serialisable spec (every keyword with its default, ``input_shape``, ``num_classes``), so
+``model_from_spec(model.landscape_spec)`` rebuilds the same architecture; every model maps ``(N, *input_shape)``
+to logits ``(N, num_classes)``. Sources (:func:`model_source`): the built-ins of :data:`MODELS`, entry points
+of the group ``landscape.models`` and user code (``module:factory`` / ``file.py:factory``, recorded with its
+sha256 and rerun only when the user names it again). Building draws the initial weights from torch's global
+generator without seeding it: the caller seeds. A built-in is one builder plus one line in ``MODELS``.
 """
 
 from __future__ import annotations
@@ -516,12 +506,12 @@ def model_from_spec(spec: dict) -> nn.Module:
 
 def check_forward(model: nn.Module, x: torch.Tensor, num_classes: int, *, what: str | None = None) -> None:
     """One forward of ``model`` on the examples ``x`` (two are enough), where a model first meets its data (training,
-    import): a failure is one :class:`ModelError` line naming the layer it happened in (module path and type), the
+    import). A failure is one :class:`ModelError` line naming the layer it happened in (module path and type), the
     shapes that layer was given and the error, instead of a traceback from deep inside the training loop; so are
-    logits of the wrong shape (``num_classes`` outputs per example), outputs that are not a tensor of floats and
-    The forward runs in eval mode without gradients, inside a
-    fork of the random generators, and the mode is restored: it changes no weights, statistics or random
-    stream. ``what`` names the model in the message (default: its spec's name)."""
+    outputs that are not a tensor and logits that are not floats of shape ``(N, num_classes)``. The forward runs in
+    eval mode without gradients, inside a fork of the random generators, and the mode is restored: it changes no
+    weights, statistics or random stream. ``what`` names the model in the message (default: its spec's name).
+    """
     what = what or _model_name(model)
     names = {m: n or "(the model)" for n, m in model.named_modules()}
     entered: list[tuple[nn.Module, str]] = []  # modules whose forward is running, outermost first

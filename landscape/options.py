@@ -1,19 +1,11 @@
 """Options: one declaration and one coercion for the command line, the Python api and batch specs.
 
-An option is a dataclass field declared with :func:`option` (default, help, flag, choices, bounds, kind; its type
-is the field's annotation). :func:`coerce` turns a value into what the field holds, whatever it came as: a
-command-line string (``"0.1,0.5"``), a YAML value (``[0.1, 0.5]``) or a Python value (``(0.1, 0.5)``); a value it
-cannot take is one :class:`OptionError` line naming the option's flag (``--points must be >= 2, got 1``).
-
-A config class derives from :class:`Options` and is a frozen dataclass: at construction every field is coerced
-and then ``validate()`` (checks that span fields) runs, once. :func:`build` makes a config from keyword options
-(the api function's keywords, a batch job's options, the command line's values), naming unknown ones in one
-line; :func:`from_params` rebuilds one from a result file's stored ``params``.
-
-The vocabulary (one name per meaning) is the table in docs/ARCHITECTURE.md; a renamed option is announced in
-CHANGELOG.md, not kept under its old name.
-
-This module imports nothing heavy (the command line reads it before torch is loaded).
+An option is a dataclass field declared with :func:`option` (its type is the annotation). :func:`coerce` turns a
+command-line string, a YAML value or a Python value into what the field holds, or raises one
+:class:`OptionError` line. A config class derives from :class:`Options` (a frozen dataclass: fields coerced,
+then ``validate()``, at construction); :func:`build` makes one from keyword options, :func:`from_params` from a
+result file's stored ``params``. The vocabulary is the table in docs/ARCHITECTURE.md. Imports nothing heavy:
+the command line reads it before torch is loaded.
 """
 
 from __future__ import annotations

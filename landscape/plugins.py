@@ -1,22 +1,17 @@
 """Code the user names: ``package.module:attr``, ``path/to/file.py:attr``, or an installed entry point.
 
-This is the one place landscape imports code that is not its own. Models, data sets and metrics from user
-code all come through it, so the rules are stated once:
+The one place landscape imports code that is not its own (models, data sets, metrics), so the rules are
+stated once:
 
-- **Only named code runs.** ``load`` imports what its caller passes, and callers pass only what the user
-  named (a command-line option, an API argument) or an installed entry point. Nothing read from a store, a
-  manifest or a result file is ever handed to ``load`` by itself.
-- **Provenance.** ``describe`` says what a reference points at, with the sha256 of the source file and of
-  the user's local modules it imported (``modules``: a sibling ``helpers.py`` the file imports, found as the
-  modules first imported while it ran whose files live under its folder or the working directory, outside
-  site-packages, the standard library and landscape itself), so a stored spec can tell later whether the code
-  changed; ``check_unchanged`` compares every one of them (a changed helper is changed code).
-- **One-line errors.** A malformed reference, a module that cannot be imported, a missing or non-callable
-  attribute raise ``PluginError`` (a usage error, exit 2) naming the cause.
+- **Only named code runs.** ``load`` imports only what the user named (an option, an API argument) or an
+  installed entry point; nothing read from a store, manifest or result file is handed to it by itself.
+- **Provenance.** ``describe`` records the sha256 of the source file and of the user's local modules it
+  imported (``modules``), so ``check_unchanged`` can tell later whether the code changed.
+- **One-line errors.** A malformed reference, an import failure, a missing or non-callable attribute raise
+  ``PluginError`` (a usage error, exit 2) naming the cause.
 
-A file reference is loaded as a module named ``landscape_user_<stem>_<sha8>`` (so two files with the same name
-do not collide and a changed file is a new module), with the file's folder on ``sys.path`` while it executes,
-as ``python file.py`` would have it, so it can import its siblings.
+A file is loaded as module ``landscape_user_<stem>_<sha8>`` (same-named files do not collide; a changed file is
+a new module) with its folder on ``sys.path`` while it runs, so it can import its siblings.
 """
 
 from __future__ import annotations

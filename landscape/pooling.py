@@ -1,25 +1,11 @@
 """Max pooling for training and per-sample gradients on CPU: PyTorch's own kernels, the faster of its layouts.
 
-PyTorch's CPU ``max_pool2d`` has a slower kernel for contiguous (NCHW) inputs than for channels-last ones on the
-same values (timings per machine: docs/benchmarks.md). :func:`fast_max_pool2d` runs the forward through the
-channels-last kernel (which also gives the argmax indices) and the backward through PyTorch's own
-``max_pool2d_with_indices_backward`` with those indices, so outputs and gradients are PyTorch's, bit for bit:
-both kernels pick the first maximum of a window in row-major order (the last NaN when there are NaNs) and the
-backward adds overlapping windows' gradients in the same order (tested against ``F.max_pool2d``, ties and NaNs
-included).
-
-:func:`exact_fast_pooling` swaps it in for a model's plain ``MaxPool2d`` modules for the duration of a block
-(the per-sample engine's forward/backward and the plain gradient of SGD training use it); the model is as it
-was afterwards. Only CPU tensors take this route; elsewhere (CUDA) it is ``F.max_pool2d``.
-
-A model written in the functional style calls ``F.max_pool2d`` (or ``torch.max_pool2d``) inside its
-``forward``, where no module can be swapped. :func:`routed_pool_calls` is a ``TorchFunctionMode`` that hands
-every such call with a plain pool (no padding, dilation, ceil mode or returned indices; see
-:func:`simple_pool_call`) to a replacement for the duration of a block. :func:`fast_functional_pooling` routes
-them to :func:`fast_max_pool2d` (same values and gradients); :func:`exact_fast_pooling` enters it for models
-with code of their own, so the per-sample engine and SGD training route a functional ``forward``'s pooling too.
-The many-point evaluator routes them to its strided-slice maximum (``landscape.evaluate``). Tensors inside
-``torch.func`` transforms keep ``F.max_pool2d``.
+PyTorch's CPU ``max_pool2d`` is slower on contiguous (NCHW) inputs than on channels-last ones.
+:func:`fast_max_pool2d` runs the forward through the channels-last kernel and the backward through
+``max_pool2d_with_indices_backward`` with its indices, so values and gradients are PyTorch's bit for bit (ties
+and NaNs included). :func:`exact_fast_pooling` swaps it in for a model's ``MaxPool2d`` modules during a block,
+and routes a functional ``forward``'s ``F.max_pool2d`` calls too (:func:`routed_pool_calls`, a
+``TorchFunctionMode``). CPU only; tensors inside ``torch.func`` transforms keep ``F.max_pool2d``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """What is known of the privacy of the steps weights were trained with: DP-SGD events, a run's ancestors.
 
-Weights a run starts from carry the history of the data they were trained on: DP steps landscape accounted (``ancestor_events``, composed exactly with the run's own steps), steps
-without a guarantee (``non_private_ancestors``: no finite epsilon covers the pipeline), an (epsilon, delta) the
-user declared for weights landscape did not train (``declared_ancestors``, e.g. ``landscape import --epsilon E
---delta D``: added by basic composition, Dwork & Roth 2014 Thm. 3.16, so the run's epsilon holds at delta plus
-the declared deltas) or nothing known at all (``unknown_ancestors``: imported weights with no declaration; the
-run's epsilon then covers only the steps landscape saw, :data:`UNKNOWN_ANCESTRY`).
-
-Accountants of a lineage. A child run (``train --from``) continues with its parent's accountant when it is one
-landscape computes (:func:`continuing_accountant`: ``rdp`` or ``pld``), so its first checkpoint reports the parent's
-epsilon. Opacus' ``prv`` and ``gdp`` accountants (a run recorded from an Opacus loop) are not: the child then
-accounts every step, the parent's too, with ``pld`` (the closest: both PRV and PLD compute the privacy loss
-distribution numerically; they differ by ~1% from their discretisations), and its manifest keeps the epsilon the
-parent reported and its accountant (``privacy["parent_epsilon"]``, :class:`PrivacyHistory`), so each number
-says which accountant it comes from.
-
-The numbers (epsilon of a history) are :mod:`landscape.train.accounting`'s; the store records these types.
+A run's starting weights carry their history: DP steps landscape accounted (``ancestor_events``, composed
+exactly with the run's own), steps without a guarantee (``non_private_ancestors``), an (epsilon, delta) the user
+declared for imported weights (``declared_ancestors``, added by basic composition, Dwork & Roth 2014
+Thm. 3.16) or nothing known (``unknown_ancestors``, :data:`UNKNOWN_ANCESTRY`). A child run continues with its
+parent's accountant when landscape computes it (:func:`continuing_accountant`: ``rdp`` or ``pld``); after
+Opacus' ``prv`` or ``gdp`` it accounts every step with ``pld`` and keeps the parent's reported epsilon beside
+it. The numbers are :mod:`landscape.train.accounting`'s; the store records these types.
 """
 
 from __future__ import annotations

@@ -11,26 +11,9 @@ off); Python code turns it on for a block::
 
 ``enabled(interval=2.0, stream=f, bar=False)`` chooses the line interval, the stream and the form;
 ``INTERVAL_ENV`` (``LANDSCAPE_PROGRESS_INTERVAL``, seconds) sets the interval where it is not given.
-
-The library marks its long loops with ``task`` and a finished step with ``note``::
-
-    with progress.task("surface", total=len(rows), unit="rows") as task:
-        for block in blocks:
-            ...
-            task.update(len(block))
-
-Tasks nest (a figure recipe's runs, a run's steps; a surface's rows, each call's evaluation): on a terminal one
-bar per level, elsewhere one line naming every level (the first a fifth of the interval after the work began,
-then one every interval)::
-
-    surface 51x51: 20/51 rows (39%, ETA 1m 02s) > evaluate 102 points x 1348 examples: 150/204 forward passes ...
-
-The line comes from a watcher thread, so it comes on time even while one step (a long matrix product) holds the
-loop.
-
-Nothing global: the state is a context variable, so a new thread or a spawned worker process starts silent
-(pools report their jobs in the parent as each completes) and turning progress on in one block changes nothing
-outside it.
+The library marks its long loops with ``task`` (tasks nest: one bar per level, or one line naming every level)
+and a finished step with ``note``. A watcher thread writes the lines, so they come on time while one long step
+holds the loop. The state is a context variable: a new thread or worker process starts silent.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Checkpoint references: the one parser of ``PATH.h5`` and ``RUN[@init|@last|@step=N|@epoch=E]``.
 
-A :class:`Ref` is parsed once (:meth:`Ref.parse`, a one-line :class:`~landscape.errors.UsageError` on bad input)
-where a reference enters (the api runner, the store, the resolver); everything after that reads its fields. A
-file is a path ending in ``.h5`` (or any text with a ``/``, which must then end in ``.h5``); anything else is a
-run name and an optional selector: ``@init`` (the smallest step), ``@last``, ``@step=N`` or ``@epoch=E``. A bare
-run name (no selector) means ``@last`` when one checkpoint is wanted and every checkpoint of the run where an
-analysis measures along a run. ``str(ref)`` gives the reference back (``Ref.parse(str(ref)) == ref``).
-
-Run names are single safe path components (:func:`check_run_name`); the store's directory names follow the
-same rule. Torch-free and store-free: the analyses' output names (:attr:`Ref.slug`, :attr:`Ref.label`) and
-tables (:attr:`Ref.name`) read references without opening anything.
+A :class:`Ref` is parsed once where a reference enters (:meth:`Ref.parse`, a one-line
+:class:`~landscape.errors.UsageError` on bad input); everything after reads its fields. A path ends in ``.h5``
+(text with a ``/`` must); anything else is a run name with an optional selector (``@init`` the smallest step,
+``@last``, ``@step=N``, ``@epoch=E``). A bare run name means ``@last`` where one checkpoint is wanted and every
+checkpoint where an analysis measures along a run. ``Ref.parse(str(ref)) == ref``. Run names are single safe
+path components (:func:`check_run_name`). Torch-free and store-free.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
-"""Spectral estimators of a symmetric linear operator from its matrix-vector products alone: the top eigenvalues
-(Lanczos with full reorthogonalisation), the trace (Hutchinson) and the spectral density (stochastic Lanczos
-quadrature). See :mod:`landscape.analyze.hessian` for the methods and their references.
+"""Spectral estimators of a symmetric linear operator from its products alone: top eigenvalues (Lanczos with full
+reorthogonalisation), trace (Hutchinson) and spectral density (stochastic Lanczos quadrature); methods and
+references in :mod:`landscape.analyze.hessian`.
 
-The estimators take any :class:`LinearOperator`: ``dim`` (the dimension of the space it acts on), ``dtype``
-and ``device`` (of its products), and ``matvec(v, out=None)`` mapping flat ``(d,)`` or ``(B, d)`` vectors to
-their products (written into ``out`` when given). The Hessian (:class:`landscape.curvature.HessianOperator`) is
-one; :class:`MatrixOperator` makes one of an explicit symmetric matrix, e.g. a Gram / NTK kernel
-(:func:`landscape.gram.gram_blocks`). An operator may also restrict itself to a subspace of coordinates, as
-the Hessian with pruning masks does: ``numel`` is then the length of its vectors and ``mask_vector()`` the
-0/1 flat mask of the ``dim`` free coordinates, where random probes and start vectors are drawn.
-
-The estimators run with glibc keeping freed large blocks (:func:`landscape.evaluate.allocator.tuned_allocator`,
-set back on return): a product of a large model frees parameter-sized temporaries that glibc would otherwise
-hand back to the OS and page-fault in again for the next product.
+A :class:`LinearOperator` has ``dim``, ``dtype``, ``device`` and ``matvec(v, out=None)`` over flat ``(d,)`` or
+``(B, d)`` vectors; the Hessian (:class:`landscape.curvature.HessianOperator`) is one, :class:`MatrixOperator`
+wraps an explicit matrix (a Gram / NTK kernel). An operator on a subspace (the Hessian with pruning masks) has
+``numel`` (its vectors' length) and ``mask_vector()`` (the ``dim`` free coordinates, where probes are drawn).
+The estimators run under :func:`landscape.evaluate.allocator.tuned_allocator`.
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ def test_noise_for_epsilon_with_history_composes_and_refuses_a_spent_budget():
         noise_for_epsilon(0.5, q, 100, 1e-5, history=history)
 
 
-# ----------------------------------------------------------------- exact RDP (issue 14 item 2)
+# ----------------------------------------------------------------- exact RDP
 
 # (sigma, q, steps): the first two have a fractional optimal order, where dp_accounting's RDP is an upper
 # bound (11.8456 instead of 11.8171 for the first); the others cover tiny q, large sigma, q > 1/2.

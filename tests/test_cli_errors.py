@@ -47,7 +47,7 @@ def assert_one_error(code: int, err: str, expected_code: int, *fragments: str) -
     assert "Traceback" not in err, err
     assert code == expected_code, err
     lines = [ln for ln in err.strip().splitlines() if not ln.startswith("warning:")]
-    assert len(lines) == 1 and lines[0].startswith("error: "), err  # usage errors too (issue 14 item 16)
+    assert len(lines) == 1 and lines[0].startswith("error: "), err  # usage errors too
     line = lines[0]
     for fragment in fragments:
         assert fragment in line, line
@@ -310,7 +310,7 @@ def test_clipping_on_a_diverged_run_warns(root, tmp_path, capsys):
     assert any(line.startswith("warning:") and "non-finite gradients" in line for line in err.splitlines()), err
 
 
-# ------------------------------------------------------------------ issue 14 items 15, 17, 18 (ntk)
+# ------------------------------------------------------------------ output guard, ntk inputs
 
 
 def test_output_guard_checks_every_file_a_command_writes(root, tmp_path, capsys):

@@ -375,7 +375,7 @@ def test_cli_bad_input_is_one_line(trained_store, tmp_path, monkeypatch, capsys,
 
 @pytest.mark.parametrize("style", ["flat", "layerwise"])
 def test_per_layer_counts_and_flags_only_where_layers_are_clipped(small_model, style, monkeypatch, tmp_path):
-    """Issue 14 item 5: under flat clipping no layer is clipped on its own, so no per-layer fraction clipped
+    """Under flat clipping no layer is clipped on its own, so no per-layer fraction clipped
     (NaN) and no per-layer assumption (False = not evaluated); per-layer R stays. Under layerwise clipping both
     equal the naive per-sample counts against C_l."""
     model, x, y = small_model

@@ -174,7 +174,7 @@ def test_an_analysis_by_default_runs_on_cuda_and_says_so(store, tmp_path, exact_
 
 
 # ----------------------------------------------------- per-sample and kernel analyses: the --device option
-# (issue 24 item 5) ntk, ntk-table, clipping, symmetry and norms take --device like the other analyses: "auto"
+# ntk, ntk-table, clipping, symmetry and norms take --device like the other analyses: "auto"
 # and "cpu" give the same numbers on a CPU machine, CUDA agrees with the CPU, the file records the device used.
 DEVICE_ANALYSES = {
     "ntk": (["a@last"], dict(subset=24, clip_style="flat", max_grad_norm=0.5, precision="float64")),

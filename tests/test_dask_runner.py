@@ -1,4 +1,4 @@
-"""One executor for every analysis' parallel parts (issue 13 item 3): ``--workers N`` (local spawned processes) and
+"""One executor for every analysis' parallel parts: ``--workers N`` (local spawned processes) and
 ``--scheduler ADDRESS`` (a Dask cluster) run the same jobs and give identical arrays; the two are exclusive; an
 unreachable scheduler is one line. The cluster is a LocalCluster on 127.0.0.1 that the test starts and stops."""
 
@@ -106,7 +106,7 @@ def test_scheduler_and_workers_are_exclusive_and_a_dead_scheduler_is_one_line(st
 
     for args, code, text in (
         (["--workers", "2", "--scheduler", "tcp://127.0.0.1:1"], 2, "not both"),
-        # unreachable: a failure (exit 1), after a line saying how long it waits (issue 23 item 5)
+        # unreachable: a failure (exit 1), after a line saying how long it waits
         (["--scheduler", "tcp://127.0.0.1:1"], 1, "cannot reach the Dask scheduler at tcp://127.0.0.1:1 within 1 s"),
     ):
         with pytest.raises(SystemExit) as exc:

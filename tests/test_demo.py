@@ -86,8 +86,8 @@ TIMING = re.compile(r"(^|/)(seconds|throughput|.*_seconds|time.*)$")
 
 def test_demo_is_bit_reproducible_and_the_cli_prints_its_verdicts(tmp_path):
     """Two runs of a small demo on one thread -- the API in this process (after whatever ran before it), the CLI
-    with --json in a fresh process with another hash seed -- give identical arrays and checkpoints (issue 14
-    item 9: no unseeded global RNG, no set/dict-order dependence); the CLI's JSON carries the verdicts, which
+    with --json in a fresh process with another hash seed -- give identical arrays and checkpoints (no
+    unseeded global RNG, no set/dict-order dependence); the CLI's JSON carries the verdicts, which
     are also written to results/verdicts.json."""
     config = DemoConfig(epochs=2, ks=(1,), copies=2, directions=3, points=3)
     first = demo(tmp_path / "a", config=config, progress=False)
@@ -113,7 +113,7 @@ def test_demo_is_bit_reproducible_and_the_cli_prints_its_verdicts(tmp_path):
 
 
 def test_the_digits_split_numbers_are_the_codes_everywhere():
-    """data.py's docstring and the docs state the split the code makes (issue 14 item 7)."""
+    """data.py's docstring and the docs state the split the code makes."""
     from landscape.data import digits
 
     arrays = digits(seed=0)

@@ -1,5 +1,5 @@
-"""The many-point evaluator on models written in the functional style (issue 21: a user copy of a built-in runs
-as fast as the built-in, with the same numbers).
+"""The many-point evaluator on models written in the functional style (a user copy of a built-in runs as
+fast as the built-in, with the same numbers).
 
 A hand-written ``nn.Module`` that calls ``F.max_pool2d`` / ``F.relu`` / ``x.flatten(1)`` in its ``forward`` is
 traced into a graph of modules (method ``...+graph``) and then evaluated exactly like the built-in ``lenet``:

@@ -1,4 +1,4 @@
-"""Paper-figure recipes (issue 12): ``--scale test`` end to end, the list, rerun skipping, paper-scale refusal.
+"""Paper-figure recipes: ``--scale test`` end to end, the list, rerun skipping, paper-scale refusal.
 
 The watson-fig5 instabilities are checked against an independent naive loop: the two sibling checkpoints'
 state dicts blended by hand at 5 alphas, the test loss evaluated with ``torch.nn.functional.cross_entropy``,

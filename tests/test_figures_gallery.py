@@ -1,4 +1,4 @@
-"""The figures gallery (issue 12 item 4) and `figures all` robustness: README table and sections from the
+"""The figures gallery and `figures all` robustness: README table and sections from the
 summaries, hand-written text outside the markers kept, a failing recipe not stopping the others, settings changes
 and --rerun remaking, and a SIGKILLed `figures` run resuming with finished recipes skipped (files untouched)."""
 
@@ -84,7 +84,7 @@ def test_a_failing_recipe_does_not_stop_the_others(toys, tmp_path, capsys):
     toys["toy-a"] = _recipe("toy-a", _make_broken)
     out = tmp_path / "gal"
     code, text, err = run(capsys, "--root", str(tmp_path / "st"), "figures", "all", "--scale", "test", "--out", str(out))
-    lines = err.splitlines()  # a progress line per recipe (issue 23 item 10), then the one error line
+    lines = err.splitlines()  # a progress line per recipe, then the one error line
     assert code == 1 and len(lines) == 3 and lines[-1].startswith("error: 1 of 2 recipes failed: toy-a: ")
     assert lines[0].startswith("figures: [1/2] toy-a failed") and lines[1].startswith("figures: [2/2] toy-b made")
     assert "RuntimeError: toy recipe exploded" in lines[-1]

@@ -1,4 +1,4 @@
-"""The paper-figure recipes' numbers against independent references (issues 12 and 25).
+"""The paper-figure recipes' numbers against independent references.
 
 Every recipe runs once at ``--scale test`` per session (``figures_test_made`` in conftest.py); here each recipe's
 stored numbers are recomputed another way: accuracies and losses by a plain forward pass over the stored
@@ -562,7 +562,7 @@ def test_wang_lssgd_accuracies_and_smoothing_recorded(made):
     assert not math.isnan(numbers["test_acc"].mean())
 
 
-# ------------------------------------------------------------------------------ gates and figures (issue 25)
+# ------------------------------------------------------------------------------ gates and figures
 
 
 @pytest.mark.parametrize("name", registry.names())

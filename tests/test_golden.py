@@ -1,4 +1,4 @@
-"""Golden-array regression test (issue 10): today's analyses on fixed seeds give exactly the saved arrays.
+"""Golden-array regression test: today's analyses on fixed seeds give exactly the saved arrays.
 
 ``tests/golden/make_golden.py`` trains a tiny Phase 1 / Phase 2 family on digits and runs every analysis
 through ``landscape.api``; ``tests/golden/golden.npz`` holds what the code gave when it was written. This
@@ -40,7 +40,7 @@ _SPEC.loader.exec_module(golden)
 with np.load(golden.GOLDEN) as _z:
     SAVED: dict[str, np.ndarray] = {k: _z[k] for k in _z.files}
 
-# The analyses issue 10 names, plus instability and ntk-table: each must be covered by the saved file.
+# The analyses a refactor must keep identical, plus instability and ntk-table: each must be covered by the saved file.
 REQUIRED = ("interpolate", "instability", "directions", "surface", "clipping", "symmetry", "norms", "ntk",
             "ntk_table")
 

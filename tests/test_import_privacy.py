@@ -1,4 +1,4 @@
-"""Issue 23 item 1: imported weights keep their privacy history (unknown unless declared) through descendants.
+"""Imported weights keep their privacy history (unknown unless declared) through descendants.
 
 A DP run trained `--from` an imported checkpoint of unknown history says so in its manifest, `store ls`,
 `store show`, `show` and every analysis' result; a declared (epsilon, delta) is added by basic composition,

@@ -221,7 +221,7 @@ def test_prune_with_mask_from_subset_run_and_init_of_target(capsys, tmp_path):
 
 
 def test_privacy_prediction_equals_what_training_records(capsys, tmp_path):
-    """One step rule (issue 14 item 3): `privacy --epochs` predicts the epsilon a trained run records, and its
+    """One step rule: `privacy --epochs` predicts the epsilon a trained run records, and its
     sigma for a target is the sigma training uses. N = 130, B = 32: ceil(N/B) = 5 steps per epoch, not
     int(3 * 130 / 32) = 12 over three epochs."""
     from landscape.data import load_dataset

@@ -164,7 +164,7 @@ def test_training_from_pruned_run_keeps_zeros(tmp_path):
         assert bool((final[n][m] != 0).all())
 
 
-# ------------------------------------------ one pruning/lineage/privacy function for both paths (issue 14 item 1)
+# ------------------------------------------ one pruning/lineage/privacy function for both paths
 
 TINY = dict(model="two-layer-linear", model_kwargs={"hidden": 8}, data="gaussian-signal",
             data_kwargs={"ds": 5, "dn": 45, "n": 130, "n_test": 20}, lr=0.1, momentum=0.0, batch_size=32,

@@ -121,7 +121,7 @@ def test_resume_of_a_finished_run_changes_nothing(tmp_path):
 
 
 # ------------------------------------------------------------------------------- kills at the worst moments
-# (issue 14 items 10-12) Each child is forked from the test process (torch already imported, so no start-up
+# Each child is forked from the test process (torch already imported, so no start-up
 # cost), stalls at a chosen point inside the store, and is SIGKILLed there; every child is reaped.
 
 TINY = dict(model="mlp", model_kwargs={"widths": [16]}, data="digits", subset=120, batch_size=40, epochs=2,

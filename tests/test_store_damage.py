@@ -1,4 +1,4 @@
-"""Store robustness (issue 14, items 12, 14, 18): damaged manifests, missing files, the one-writer lock, bad refs."""
+"""Store robustness: damaged manifests, missing files, the one-writer lock, bad refs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 23 items 2-4: a batch spec cannot escape its directories, blow up or hang, and what it names is checked
+"""A batch spec cannot escape its directories, blow up or hang, and what it names is checked
 before anything runs.
 
 * every path a spec writes resolves (``..`` and symbolic links followed) inside the results directory or the

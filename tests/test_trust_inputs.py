@@ -1,4 +1,4 @@
-"""Issue 23 items 5-8: bad input that used to hang, print a traceback or pass silently is one line now.
+"""Bad input that used to hang, print a traceback or pass silently is one line now.
 
 Seeds follow one rule everywhere (integers in [0, 2**63 - 1]), counts whose size is allocated up front have
 stated maxima, derived file names are checked before anything is written, non-finite results fail, a

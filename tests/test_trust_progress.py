@@ -1,4 +1,4 @@
-"""Issue 23 item 10: long work is visible when its output is piped or redirected (no terminal, so no bars):
+"""Long work is visible when its output is piped or redirected (no terminal, so no bars):
 ``figures`` prints a line per finished recipe, ``batch`` a line per finished job and ``phases`` a line per
 finished run, all on stderr, as each finishes."""
 

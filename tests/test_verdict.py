@@ -223,7 +223,7 @@ def test_verdict_dict_is_json_and_round_trips():
         Verdict("c", "s", "t", {}, held="yes")
 
 
-# ------------------------------------------------------------------ minimum effect and power (issue 25 leftovers)
+# ------------------------------------------------------------------ minimum effect and power
 
 
 def test_min_effect_shifts_the_test_and_is_stored():

@@ -1,48 +1,17 @@
 """Permutation alignment of two networks by weight matching (Ainsworth, Hayase & Srinivasa 2023, "Git Re-Basin").
 
-Hidden units can be permuted without changing the function a network computes: permute the output units of
-a layer and, the same way, the input units of every layer that reads them. Two independently trained
-networks may sit in different "basins" only because their units are in different orders, so a barrier on
-the straight path between them (Watson et al. Def. 2.3) may be an artefact of that symmetry. Weight
-matching (Git Re-Basin Sec. 3.2, Alg. 1) looks for the permutation ``pi`` of B's units that maximises
-``sum_l <W_l^A, P_l W_l^B P_{l-1}^T>_F``; it is solved one permutation ``P_l`` at a time (the others held
-fixed) as a linear assignment problem over the sum, over every tensor that ``P_l`` touches, of the unit
-similarities ``W^A (W^B)^T`` (units along that tensor's permuted axis, everything else flattened), iterated
-over the permutations in random order until a full pass changes none.
+Permuting hidden units keeps a network's function, so a barrier between two networks (Watson et al. Def. 2.3)
+may be an artefact of unit order. Weight matching (Git Re-Basin Sec. 3.2, Alg. 1) finds the permutation of
+B's units maximising ``sum_l <W_l^A, P_l W_l^B P_{l-1}^T>_F``, one ``P_l`` at a time as a linear assignment,
+until a full pass changes none.
 
-**The permutation-structure protocol.** A :class:`PermutationSpec` says which tensor axes each permutation moves.
-:func:`permutation_spec` finds a model's spec, in this order:
-
-1. the model's own ``permutation_spec()`` method (any ``nn.Module``, e.g. one from user code): it returns a
-   :class:`PermutationSpec` (build it with :class:`SpecBuilder`, or :func:`chain_spec` for a feed-forward
-   stack) or a plain mapping ``{permutation name: [(state-dict key, axis), (key, axis, inner), ...]}`` whose unit
-   counts are read from the tensors;
-2. a builder registered with :func:`register_spec` for the model's ``landscape_spec`` name or for its class
-   (``builder(model, name) -> PermutationSpec``);
-3. otherwise alignment refuses in one line (a :class:`~landscape.errors.ModelError` naming the model).
-
-A spec is checked against the state dict (every key present, every axis of the right size);
-:func:`check_function_kept` checks on inputs that a random permutation leaves the logits unchanged (the api runs
-it for a spec that is not built in). The built-in architectures are registered examples:
-
-- ``mlp``, ``two-layer-linear``: one permutation per hidden layer (rows of its weight and bias, columns of
-  the next weight). Element-wise activations commute with permutations.
-- ``lenet``, ``opacus-cnn``: one per conv layer's output channels (also the next conv's input channels;
-  max-pooling acts per channel) and per hidden fully connected layer. The first Linear after ``Flatten``
-  reads ``C x H x W`` features channel-major, so channel ``c`` moves its block of ``H*W`` columns.
-- ``resnet18``: the residual stream of each stage shares one permutation (the stem conv and norm, every
-  block's second conv and norm, the downsample conv and norm that opens the stage, the next blocks' first
-  convs, and ``fc``'s columns after the last stage), and every block has one for its inner channels.
-  BatchNorm's running mean and variance move with their channels (they do not vote in the matching).
-  GroupNorm normalises over contiguous groups of channels, so a permutation keeps the function only if it
-  maps whole groups onto whole groups; the assignment is then solved exactly under that constraint (best
-  within-group assignment for every pair of groups, then an assignment of groups). Layers alignment does
-  not know (depthwise convs, other block types, a norm whose groups disagree with another on the same
-  permutation) are refused with a one-line :class:`~landscape.errors.ModelError`.
-
-Permutations are index tensors ``perm`` with the convention of the reference implementation: the permuted
-state takes unit ``i`` from B's unit ``perm[i]`` (``index_select(axis, perm)``). Pure: state dicts in, state
-dicts out; it never opens the store.
+A :class:`PermutationSpec` says which tensor axes each permutation moves; :func:`permutation_spec` takes the
+model's own ``permutation_spec()``, else a builder registered with
+:func:`~landscape.analyze.permutations.register_spec`, else refuses in one line
+(:class:`~landscape.errors.ModelError`). Built in: ``mlp``, ``two-layer-linear``, ``lenet``, ``opacus-cnn`` and
+``resnet18`` (GroupNorm groups move whole, solved exactly under that constraint). Permutations are index
+tensors: the permuted state takes unit ``i`` from B's unit ``perm[i]``. Pure: state dicts in, state dicts out.
+The protocol and built-in structures: docs/alignment.md.
 """
 
 from __future__ import annotations

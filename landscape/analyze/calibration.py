@@ -1,32 +1,14 @@
 """Calibration of a classifier's confidence (Bu et al. 2023 Sec. 5, Figs. 2, 5-7, 11-12, Table 2).
 
 DP-SGD with a small clipping norm is over-confident; with a large one it is calibrated like SGD. Per checkpoint
-and data split this module reports, from the softmax probabilities ``pi_i`` (computed in float64):
+and split, from float64 softmax probabilities ``pi_i``: accuracy, NLL, the multi-class Brier score (Brier 1950),
+ECE and MCE over ``M`` equal-width right-closed confidence bins (Guo et al. 2017 Eqs. 3 and 5; MCE over
+non-empty bins), the adaptive equal-mass ECE (Nixon et al. 2019, split as ``numpy.array_split``), and the
+reliability-diagram and histogram arrays (Bu Figs. 2, 5, 7, 9, 11). ``torchmetrics``' binning differs only
+within float32 rounding of a bin edge (the tests check agreement away from the edges).
 
-* accuracy ``mean 1{argmax pi_i = y_i}`` and the negative log-likelihood ``NLL = mean -log pi_i[y_i]``;
-* the multi-class Brier score (Brier 1950) ``mean sum_k (pi_i[k] - 1{k = y_i})^2`` (range [0, 2]);
-* ECE and MCE with ``M`` equal-width confidence bins, as Guo et al. 2017 (Sec. 2, Eqs. 3 and 5):
-  the confidence is ``P_i = max_k pi_i[k]`` (the probability of the predicted class), sample ``i`` falls in
-  bin ``B_m`` when ``P_i`` lies in ``I_m = ((m-1)/M, m/M]`` (``m = 1..M``; right-closed, so ``P_i = 1`` is in
-  the last bin), and with ``acc(B_m)``/``conf(B_m)`` the bin's accuracy and mean confidence::
-
-      ECE = sum_m |B_m| / n * |acc(B_m) - conf(B_m)|        MCE = max over NON-EMPTY m of |acc(B_m) - conf(B_m)|
-
-* the adaptive (equal-mass) ECE (Nixon et al. 2019; "AdaECE" of Mukhoti et al. 2020): the same sum over
-  ``M`` bins holding equal numbers of samples (confidences sorted, stable for ties, and cut into contiguous
-  groups whose sizes differ by at most one, larger groups first as ``numpy.array_split``);
-* per-bin counts, mean confidence and accuracy (the reliability diagram, Bu Figs. 5, 7, 9), the confidence
-  histogram (the bin counts; Bu Fig. 2, Guo Fig. 1) and the histogram of the probability given to the true
-  class ``pi_i[y_i]`` on the same ``M`` equal-width bins of [0, 1] (first bin closed, ``[0, 1/M]``; Bu Fig. 11).
-
-``torchmetrics``' ``MulticlassCalibrationError`` bins ``[k/M, (k+1)/M)`` with float32 confidences and puts a
-confidence of exactly 1.0 into an extra bin; the two agree (to float32 rounding) whenever no confidence lies
-within float32 rounding of a bin edge or of 1 (the tests check that precondition and the agreement).
-
-:class:`ECE` is the same equal-width ECE/MCE as a metric of the evaluator's hook
-(``landscape.evaluate.evaluate(..., metrics=[ECE(15)])``): per point it accumulates the per-bin count,
-confidence sum and correct count on the device, so calibration along an interpolation path costs no second
-pass. Pure: models and tensors in, dataclasses out; the store is never opened here.
+:class:`ECE` is the same ECE/MCE as an evaluator metric, so calibration along a path costs no second pass.
+Pure: models and tensors in, dataclasses out.
 """
 
 from __future__ import annotations

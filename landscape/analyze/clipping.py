@@ -1,36 +1,16 @@
 """How much clipping bends the gradient: the ratio R and the bound of Watson et al. (2023) Thm. 3.2.
 
-For per-sample gradients ``g_i`` with mean ``g_bar`` (Watson et al. Def. 3.1)
+``R = Tr(Cov(G)) / ||g_bar||^2`` (Def. 3.1); the clipped mean ``c = (1/n) sum g_i min(1, C/||g_i||)``
+(eqs. (2)-(3)); Thm. 3.2 states ``c . g_bar/||g_bar|| >= C (1 - R/2)`` if every ``||g_i|| >= C``. Results
+report whether that assumption held and whether the bound held. The theorem is false as stated:
+``g = (10, -1)`` in one dimension with ``C = 1`` meets the assumptions, yet ``c = 0 < 1 - 121/162`` (the
+appendix's ``f >= 3`` fails: ``f = 2.494``); it holds when all per-sample norms are equal
+(tests/test_clipping.py; docs/geometry.md).
 
-    R = Tr(Cov(G)) / ||g_bar||^2 = (1/n) sum ||g_i - g_bar||^2 / ||g_bar||^2
-      = ((1/n) sum ||g_i||^2 - ||g_bar||^2) / ||g_bar||^2,
-
-the clipped mean is ``c = (1/n) sum g_i min(1, C/||g_i||)`` (eqs. (2)-(3)), and Thm. 3.2 states that
-``c . g_bar/||g_bar|| >= C (1 - R/2)`` provided ``g_bar != 0``, every ``g_i != 0`` and every
-``||g_i|| >= C`` (the assumption that turns eq. (3) into eq. (4)). Results report whether that assumption
-held and whether the bound held, so cases outside the theorem are flagged, not hidden.
-
-The theorem is false as stated, so ``bound_held`` can be False even when ``assumption_held`` is True:
-``g = (10, -1)`` in one dimension with ``C = 1`` meets every assumption, yet ``c = 0`` while
-``C (1 - R/2) = 1 - 121/162 > 0`` (in the appendix proof the claim ``f >= 3`` fails: ``f = 2.494`` there).
-Counterexamples exist with every ``g_i`` positively aligned with ``g_bar`` too (tests/test_clipping.py).
-It does hold when all per-sample norms are equal (then it reads ``(q - 1)^2 (q + 1/2) >= 0`` with
-``q = ||g_bar|| / ||g_i||``). In practice ``R`` is often far above 2 and the bound is then vacuous (negative).
-
-Everything is computed from additive sufficient statistics (:class:`ClipMoments`: ``n``, ``sum ||g_i||^2``,
-``sum g_i``, ``sum c_i g_i`` per layer), which the per-sample engine delivers without ever holding the
-``n x d`` gradient matrix: norms come from the ghost-norm route, the two sums from weighted backward
-passes. Sums over chunks and over the ``K`` batches are exact, so a batch of 1,000 on resnet18 is
-processed in chunks with the same result.
-
-"Layer" means one parameter tensor. With ``clip_style="layerwise"`` layer ``l`` is clipped to ``C_l``
-(default ``C / sqrt(L)``, as the training code does) and the theorem applies per layer; the flat bound is
-then ``sum_l (||g_bar_l|| / ||g_bar||) C_l (1 - R_l/2)``, which follows from the per-layer bounds.
-With ``clip_style="flat"`` no layer is clipped on its own (each sample's whole gradient is scaled by
-``min(1, C/||g_i||)``), so per layer we report only what is defined: ``R_l``, the projection and cosine of
-the layer's share of ``c`` and ``||g_bar_l||``. The per-layer fraction clipped is NaN and the per-layer
-assumption flags are False ("not evaluated"), like the per-layer bound (NaN): a count of ``||g_il|| > C``
-would describe a clipping that never happened.
+Everything comes from additive sufficient statistics (:class:`ClipMoments`), so chunks and batches add
+exactly without the ``n x d`` gradient matrix. "Layer" means one parameter tensor. Under layerwise clipping
+the theorem applies per layer; under flat clipping no layer is clipped on its own, so the per-layer fraction
+clipped and bound are NaN and the per-layer assumption flags False ("not evaluated").
 """
 
 from __future__ import annotations

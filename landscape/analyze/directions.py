@@ -1,18 +1,11 @@
 """Loss profiles along random directions, against the path toward a second solution (Watson et al. Fig. 4).
 
-Watson et al. Sec. 4.1.2: from a basin floor theta_A the loss stays flat toward a Phase-2 sibling theta_B
-but rises fast along random directions, so the basin floor is low-dimensional and DP noise (a random
-vector) throws the iterate up the walls. For ``n`` seeded Gaussian directions ``d_i`` (optionally filter-
-or layer-normalised as Li et al. 2018, :mod:`landscape.directions`) this evaluates::
-
-    L(theta_A + t * D * d_i / ||d_i||),   t = linspace(0, 1, points)
-
-and, with a target, the straight path ``theta_A + t * D * (theta_B - theta_A) / ||theta_B - theta_A||``
-(with ``distance="auto"``, ``D = ||theta_B - theta_A||`` and the path ends exactly at theta_B).
-The rise of a profile is ``L(D) - L(0)``. All points of a chunk of directions go through ONE
-:func:`landscape.evaluate.evaluate` call (the shared-first-layer path over structured points); ``t = 0``
-is theta_A for every direction and is evaluated once. Only parameters move; buffers (BatchNorm
-statistics) stay theta_A's. Pure: a model, flat vectors and tensors in, a :class:`DirectionsResult` out.
+Watson et al. Sec. 4.1.2: from a basin floor the loss stays flat toward a Phase-2 sibling but rises fast along
+random directions, so DP noise (a random vector) throws the iterate up the walls. For ``n`` seeded Gaussian
+directions ``d_i`` (optionally normalised as Li et al. 2018) this evaluates
+``L(theta_A + t * D * d_i / ||d_i||)``, ``t = linspace(0, 1, points)``, and, with a target, the straight path
+toward theta_B (``distance="auto"``: ``D = ||theta_B - theta_A||``, ending exactly at theta_B). The rise of a
+profile is ``L(D) - L(0)``. Only parameters move; buffers stay theta_A's.
 """
 
 from __future__ import annotations

@@ -1,29 +1,11 @@
 """Hessian sharpness: top eigenvalues, trace and spectral density of the training loss (PyHessian, Yao et al. 2020).
 
-Everything is measured on one fixed seeded stratified subset of ``n`` examples of a split (the analyses' one
-sampler, :func:`landscape.data.sample_subset`), with the Hessian-vector
-products of :class:`landscape.curvature.HessianOperator` (eval mode, float64 on request, pruning masks kept)
-and the estimators of :mod:`landscape.spectral`, which take any symmetric linear operator:
-
-top-k eigenvalues
-    Lanczos with full reorthogonalisation (Golub & Van Loan 2013, Alg. 10.1.1 with complete
-    reorthogonalisation; Lanczos 1950) from a seeded Gaussian start, stopped when the residual estimates
-    ``|beta_m s_{m,i}|`` of the k largest Ritz pairs fall below ``tol * max |theta|``; the reported
-    residuals are the true ``||H u_i - theta_i u_i||`` of the returned Ritz vectors (k more products).
-    "Top" means algebraically largest. A single Krylov sequence finds one copy of a repeated eigenvalue; an
-    exhausted Krylov space (tiny models) restarts from a fresh vector orthogonal to the basis.
-trace
-    Hutchinson (1990): ``tr H = E[z^T H z]`` for Rademacher ``z``; ``probes`` samples, their mean and its
-    standard error ``s / sqrt(probes)``.
-spectral density
-    Stochastic Lanczos quadrature (Ghorbani, Krishnan & Xiao 2019, Sec. 3, eq. (5)-(7); Lin, Saad & Yang
-    2016): per normalised Rademacher start ``q``, ``m`` Lanczos steps give nodes ``theta_j`` (eigenvalues of
-    the tridiagonal ``T``) and weights ``tau_j = S_{1j}^2``, a Gauss quadrature with
-    ``sum_j tau_j theta_j^p = q^T H^p q`` for ``p < 2m``; the density is the weighted sum of Gaussians of
-    width ``sigma`` at the nodes, averaged over starts, on a grid (it integrates to 1).
-
-With masks the operator is ``P H P`` on the unpruned coordinates and the probes live there too (the trace is
-that of the unpruned block).
+Measured on one seeded stratified subset of a split (:func:`landscape.data.sample_subset`) with
+:class:`landscape.curvature.HessianOperator` and the estimators of :mod:`landscape.spectral`: top-k eigenvalues
+by Lanczos with full reorthogonalisation (Golub & Van Loan 2013, Alg. 10.1.1), reporting the true residuals
+``||H u_i - theta_i u_i||``; the trace by Hutchinson (1990), mean and standard error over Rademacher probes; the
+spectral density by stochastic Lanczos quadrature (Ghorbani, Krishnan & Xiao 2019, Sec. 3, eqs. (5)-(7)).
+With masks the operator and the probes live on the unpruned coordinates (``P H P``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """A table of linear interpolation instabilities over many checkpoint pairs (Watson et al. Fig. 5).
 
-One :class:`PairInstability` row per pair: which runs, the Phase-1 length ``k``, the Phase-1 and Phase-2
-optimizers, epsilon (the phases' target and the epsilon the checkpoints actually spent), and per split for the
-loss Watson et al. Def. 2.3 (sup over the path minus the endpoints' mean) beside the barrier above the chord
-(sup over the path of the loss minus the straight line between the end losses, Entezari et al. 2022). Def. 2.3
-is never below half the gap between the end losses, so a pair whose ends differ has a large "instability"
-without any bump between them; the chord barrier is 0 on such a path and measures the bump alone. Pure: rows in, CSV /
-HDF5 out; pairing runs from manifests is :func:`sibling_pairs` / :func:`all_pairs` on plain manifest data.
+One :class:`PairInstability` row per pair: runs, Phase-1 length ``k``, both phases' optimizers, epsilon (target
+and spent), and per split Watson et al. Def. 2.3 beside the barrier above the chord (Entezari et al. 2022).
+Def. 2.3 is never below half the end-loss gap, so a pair whose ends differ looks unstable without any bump;
+the chord barrier measures the bump alone. Pure: rows in, CSV / HDF5 out; pairing is :func:`sibling_pairs` /
+:func:`all_pairs` on plain manifest data.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """Linear-mode interpolation between two parameter vectors and its instability.
 
-Loss and accuracy along ``(1 - alpha) theta_A + alpha theta_B`` for ``alpha = linspace(0, 1, points)``
-(both endpoints included; Frankle et al. 2020 and Watson et al. use 30 points), per data split, and the
-linear interpolation instability of Watson et al. Def. 2.3::
-
-    instability = sup_alpha E_alpha(theta_A, theta_B) - mean(E(theta_A), E(theta_B))
-
-for the loss and for the error ``1 - accuracy`` (Frankle et al.'s error barrier), beside the two measures of
-a bump between the ends that Def. 2.3 mixes with the gap between them: the barrier above the chord
-``sup_alpha E_alpha - ((1 - alpha) E_A + alpha E_B)`` (Entezari et al. 2022; what the verdicts judge) and the
-rise above both ends ``sup_alpha E_alpha - max(E_A, E_B)``. A path with a non-finite loss has instability
-``inf`` and the reason is kept. Pure: a model, two state dicts and
-tensors in, an :class:`InterpolationResult` out; it never opens the store and never changes the model.
+Loss and accuracy along ``(1 - alpha) theta_A + alpha theta_B``, ``alpha = linspace(0, 1, points)`` (Frankle
+et al. 2020 and Watson et al. use 30 points), per split, and Watson et al. Def. 2.3's instability
+``sup_alpha E_alpha - mean(E(theta_A), E(theta_B))`` for the loss and the error, beside what Def. 2.3 mixes with
+the end-loss gap: the barrier above the chord ``sup_alpha E_alpha - ((1 - alpha) E_A + alpha E_B)`` (Entezari
+et al. 2022; what the verdicts judge) and the rise above both ends. A non-finite loss gives instability ``inf``
+with its reason. Pure: never opens the store, never changes the model.
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
 """The empirical NTK under per-sample clipping: kernels, their symmetry and positivity (Bu et al. 2023).
 
-Bu et al. (Secs. 3-4) show that the loss is driven by the NTK H = sum_r H_r for SGD (eq. 3.1), by H C with
-flat clipping (eq. 4.3) and by sum_r H_r C_r with layerwise clipping (eq. 4.4), C = diag of the per-sample
-clipping factors. Small clipping norms break symmetry and positivity in quadratic form (Thm. 1.1), and
-layerwise clipping can break positivity in eigenvalues (Thm. 1.2); with no sample clipped the kernel is H
-again (Thm. 2). This module measures that on a model:
+Bu et al. (Secs. 3-4): the loss is driven by the NTK H = sum_r H_r for SGD (eq. 3.1), by H C under flat
+clipping (eq. 4.3) and by sum_r H_r C_r under layerwise clipping (eq. 4.4), C = diag of the per-sample
+clipping factors; small clipping norms break symmetry and positivity (Thms. 1.1, 1.2). Here
+:func:`compute_ntk` -> :class:`NTKResult`; Bu Table 1 is :mod:`landscape.analyze.ntk_table`; the kernel
+properties (Def. 4.2) and the clipped kernel are :mod:`landscape.analyze.ntk_kernels`.
 
-- :func:`kernel_properties` -- symmetry and the two positivity notions of Def. 4.2 for any square matrix;
-- :func:`clip_kernel` -- A = K C (flat) or A = sum_r K_r C_r (layerwise) from per-layer blocks, with C from
-  the gradient norms sqrt(K_r[i, i]) and :func:`landscape.clip.clip_factors`;
-- :func:`compute_ntk` -> :class:`NTKResult` (here) and :func:`~landscape.analyze.ntk_table.ntk_table` ->
-  :class:`~landscape.analyze.ntk_table.NTKTable` (Bu Table 1 measured, :mod:`landscape.analyze.ntk_table`).
-
-The kernel machinery both analyses share is :mod:`landscape.analyze.ntk_kernels`; its names and the table's are
-importable from here too.
-
-Kernel kinds (see :mod:`landscape.gram`): ``loss-grad`` is the Gram matrix of per-sample loss gradients,
-K = G G^T (H sandwiched between the loss derivatives); ``output`` is Bu's H itself for M logits,
-(n M) x (n M), where every logit row of sample i is scaled by the same C_i; ``output-trace`` is its trace
-over logits (n x n). The clipping factors always come from the loss-gradient norms ||g_i|| (and
-||g_{i,r}|| per layer), which for output kinds are recovered exactly from the output blocks:
+Kernel kinds are :mod:`landscape.gram`'s. The clipping factors always come from the loss-gradient norms, which
+for output kinds are recovered exactly from the output blocks:
 ||g_{i,r}||^2 = v_i^T H_r[i, i] v_i with v_i = softmax(f(x_i)) - e_{y_i}.
 """
 

@@ -1,8 +1,8 @@
 """The kernels both NTK analyses measure (``ntk`` and ``ntk-table``, Bu et al. 2023): the properties of a kernel
 (symmetry, the two positivity notions of Def. 4.2), the clipped kernel A = K C (flat) or sum_r K_r C_r (layerwise),
 the per-layer kernels of a model on examples (:mod:`landscape.gram`), the options both analyses share
-(:class:`KernelOptions`) and the examples they draw from a checkpoint (:func:`examples`). The analyses are
-:mod:`landscape.analyze.ntk` and :mod:`landscape.analyze.ntk_table`, which re-export these names.
+(:class:`~landscape.analyze.specs.KernelOptions`) and the examples they draw from a checkpoint (:func:`examples`).
+The analyses are :mod:`landscape.analyze.ntk` and :mod:`landscape.analyze.ntk_table`, which import them from here.
 """
 
 from __future__ import annotations

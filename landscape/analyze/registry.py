@@ -60,27 +60,18 @@ class Analysis:
     """One analysis: everything the runner and the CLI need.
 
     ``inputs`` is one of :data:`INPUT_MODES` and says what ``compute`` receives
-    (``landscape.api.resolve.Point`` objects: reference, run, step, epoch, checkpoint, data set, masks):
+    (``landscape.api.resolve.Point`` objects): ``"checkpoint"`` ``compute(point, config) -> result``; ``"pair"``
+    ``compute(a, b, config) -> result``; ``"pairs"`` ``compute(a, b, config, labels[, result=detail]) -> (row,
+    detail)`` per pair, then ``collect(rows, config, run_options)``; ``"target"`` ``compute(point, config) -> row``
+    per checkpoint, then ``collect``; ``"targets"`` optionally ``prepare`` / ``share`` first, then ``compute(point,
+    config, shared)`` and ``collect(groups, config, run_options, refs, shared)`` (docs/ARCHITECTURE.md).
 
-    - ``"checkpoint"``: one reference; ``compute(point, config) -> result``.
-    - ``"pair"``: two references A B; ``compute(a, b, config) -> result``.
-    - ``"pairs"``: run globs paired by ``--pairs``; ``compute(a, b, config, labels[, result=detail]) -> (row,
-      detail)`` per pair (in worker processes; ``detail`` is a ``detail`` result, written per pair and read back
-      when current), then ``collect(rows, config, run_options) -> result``.
-    - ``"target"``: one reference; a bare run name means every checkpoint of the run (or the api's ``expand``
-      hook decides); ``compute(point, config) -> row`` per checkpoint, then ``collect(rows, config, run_options)``.
-    - ``"targets"``: several references, each expanded as for ``"target"``; optionally ``prepare(point, config)
-      -> value`` per checkpoint and ``share(values, config) -> shared`` first, then ``compute(point, config,
-      shared) -> row`` per checkpoint and ``collect(groups of rows, config, run_options, refs, shared)``.
-
-    ``hooks``: the store-side steps the analysis needs from :mod:`landscape.api`, attached there under its name
-    (``"execute"``: resolve and compute itself; ``"expand"``: its own targets; docs/ARCHITECTURE.md, "Layers").
-    ``parallel``: parallel parts its inputs alone do not show. ``stem(refs, config, run_options)`` names the
-    default output when the references do not. ``needs``: ``"init"`` / ``"manifest"`` in each Point.
-    ``run_options``: a dataclass of options that change how it runs, not what it computes. ``figure(result, path,
-    title[, run_options]) -> [paths]``, ``rows(result) -> [dict]`` (the printed table), ``details(result) -> dict``
-    (more ``--json``), ``notes(result) -> [str]`` (lines after the table). ``output``: the default file stem;
-    ``csv``: the table as CSV too. Code fields (:data:`CODE`) may be ``"module:attribute"`` strings.
+    ``hooks``: store-side steps attached in :mod:`landscape.api` (``"execute"``, ``"expand"``). ``parallel``:
+    parallel parts the inputs do not show. ``stem``: the default output name when the references do not give one.
+    ``needs``: ``"init"`` / ``"manifest"`` in each Point. ``run_options``: how it runs, not what it computes.
+    ``figure``, ``rows``, ``details``, ``notes``: its figure, table, ``--json`` extras and lines after the table.
+    ``output``: the default file stem; ``csv``: the table as CSV too. Code fields (:data:`CODE`) may be
+    ``"module:attribute"`` strings.
     """
 
     name: str

@@ -1,26 +1,15 @@
 """2-D loss surfaces on a plane through theta_A (Li et al. 2018), resumable row by row.
 
-The plane is ``theta_A + x * dx + y * dy`` with
+The plane is ``theta_A + x * dx + y * dy`` with ``random`` (filter-normalised random directions 0 and 1 of
+``seed``, Li et al. Sec. 4; coordinates in their units), ``B,C`` (Garipov et al. 2018's plane through three
+checkpoints; Euclidean coordinates, A = (0, 0), B = (||B - A||, 0)) or ``pca:RUN`` (the top-2 principal
+components of RUN's trajectory, Li et al. Sec. 7; the checkpoints are projected on the plane).
 
-* ``random``: ``dx``, ``dy`` = random directions 0 and 1 of ``seed``, filter-normalised (Li et al. Sec. 4;
-  :mod:`landscape.directions`; the same directions ``landscape directions`` draws first). Coordinates are in
-  units of the normalised directions (each filter of ``dx`` has its theta filter's norm).
-* ``B,C`` (three checkpoints): ``dx = (B - A) / ||B - A||``, ``dy`` = the part of ``C - A`` orthogonal to
-  ``dx``, normalised (Garipov et al. 2018's plane). Coordinates are Euclidean distances in parameter space:
-  A = (0, 0), B = (||B - A||, 0), C = (<C - A, dx>, <C - A, dy>).
-* ``pca:RUN``: the top-2 principal components of RUN's checkpoints around theta_A (Li et al. Sec. 7,
-  :func:`landscape.directions.trajectory_pca`); unit vectors, so coordinates are parameter distances; the
-  checkpoints are projected on the plane and the explained-variance ratios label the axes.
-
-Arrays follow Li et al.'s surface files (``xcoordinates``, ``ycoordinates``, ``train_loss``, ``train_acc``,
-``test_loss``, ``test_acc``) but in the orientation their names say: ``train_loss[i, j]`` is the value at
-``(xcoordinates[i], ycoordinates[j])``, shape ``(len(x), len(y))``; a grid *row* is one ``i`` (all y). NaN
-means "not computed yet". A cell is done when its accuracy is not NaN (a loss may legitimately be NaN where the
-network diverges), so scheduling is a pure function of the NaN cells (:func:`pending_rows`): an interrupted
-surface continues from its file and workers can take rows in any order. Pending rows are evaluated in
-blocks (one :func:`landscape.evaluate.evaluate` call per split and block, written together); every point is
-evaluated on its own, so the values do not depend on the blocks and a restarted run gives the same arrays
-as an uninterrupted one. Only parameters move; buffers stay theta_A's.
+Arrays are Li et al.'s surface files, but ``train_loss[i, j]`` is the value at ``(xcoordinates[i],
+ycoordinates[j])``. A cell is done when its accuracy is not NaN (a loss may be NaN where the network diverges),
+so scheduling is a pure function of the file (:func:`pending_rows`): an interrupted surface continues, workers
+take rows in any order, and every point is evaluated on its own, so a restarted run gives the same arrays.
+Only parameters move; buffers stay theta_A's.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """Is the gradient-deviation distribution symmetric? (Zhu & Blaschko 2023 App. F, Chen, Wu & Hong 2020)
 
-The deviations ``xi_i = g_i - g_bar`` of per-sample gradients from their mean are projected with a seeded
-Gaussian random matrix: two rows give the 2-D picture of Zhu & Blaschko Figs. 6-9, ``P`` more rows give
-1-D projections along which the skewness is measured. The projections ``<g_i, v_j>`` come from the
-per-sample engine (forward-mode directional derivatives; no gradient matrix is held), and since
-``<g_bar, v> = (1/n) sum_i <g_i, v>`` the deviations are the column-centred projections.
-
-The matrix depends only on the seed and the model's parameter shapes, so every checkpoint of a run is
-projected with the same matrix (:func:`direction` regenerates row ``j`` on its own; :func:`matrix_fingerprint`
-identifies it). Symmetry is measured by
-
-- the energy distance between ``{xi_i}`` and ``{-xi_i}`` in the projected plane (Szekely & Rizzo), as the
-  scale-free energy coefficient ``H = 1 - mean|x_i - x_j| / mean|x_i + x_j|`` (``i != j``; 0 for a symmetric
-  distribution, up to 1), with a sign-flip permutation p-value: under symmetry each ``xi_i`` is as likely as
-  ``-xi_i``, so flipping random signs gives the null distribution;
-- the sample skewness ``mean(z^3) / mean(z^2)^1.5`` of the centred projections ``z`` along each 1-D
-  direction (``mean_abs_skew``, ``max_abs_skew``).
+The deviations ``xi_i = g_i - g_bar`` are projected with a seeded Gaussian matrix (projections ``<g_i, v_j>``
+by forward-mode derivatives, centred by column): two rows give the 2-D picture of Zhu & Blaschko Figs. 6-9,
+more rows 1-D projections. The matrix depends only on the seed and the parameter shapes, so every checkpoint
+of a run uses the same one (:func:`matrix_fingerprint`). Measured: the energy coefficient
+``H = 1 - mean|x_i - x_j| / mean|x_i + x_j|`` (Szekely & Rizzo; 0 when symmetric) with a sign-flip
+permutation p-value, and the sample skewness ``mean(z^3) / mean(z^2)^1.5`` along each 1-D direction.
 """
 
 from __future__ import annotations

@@ -2,12 +2,8 @@
 privacy record of imported weights (:func:`import_privacy`) and the caveat results carry about their inputs'
 ancestry (:func:`provenance_attrs`).
 
-The schedule is ``steps`` Poisson-subsampled Gaussian steps with sample rate ``q``. ``q`` is given directly
-or as ``batch_size / dataset_size``; ``steps`` directly or as whole epochs, counted as ``landscape train``
-runs them (:func:`landscape.train.accounting.schedule_steps`): ``epochs * ceil(dataset_size / batch_size)``
-(``epochs * ceil(1 / q)`` when only ``q`` is known, the same rule with N/B = 1/q).
-Accounting is :mod:`landscape.train.accounting` (``rdp``: exact sampled-Gaussian RDP at Opacus' orders, or
-``pld`` from dp_accounting).
+``q`` is given or ``batch_size / dataset_size``; ``steps`` given or whole epochs counted as ``landscape train``
+runs them (:func:`landscape.train.accounting.schedule_steps`). Accounting is :mod:`landscape.train.accounting`.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """``landscape align A B``: B permuted to match A (Git Re-Basin weight matching) as a new run with lineage.
 
-The new run's step-0 checkpoint holds B's weights with its hidden units reordered by
-:func:`landscape.analyze.align.weight_matching` against A; it computes the same function as B (same
-metrics, which are copied). The permutations are stored as the run array ``permutation`` (name -> index
-array; unit ``i`` is B's unit ``perm[i]``), a pruning mask of B's run moves with the weights (run array
-``mask``), and the manifest records:
-
-- ``lineage``: B as the parent (run, step, epoch, ref, sha256) and ``aligned_to``: A (ref, run, step, sha256);
-- ``config``: the command, both references, ``seed`` and ``max_iter``;
-- ``privacy``: the DP history of B *and* of A. The weights are B's, but which permutation was applied is a
-  function of A's weights, so releasing the aligned run releases information about both; composing both
-  histories (shared ancestors counted twice) is a valid, possibly loose, upper bound. Non-private steps in
-  either make ``non_private_ancestors`` true.
-
-``landscape train --from RUN@init`` continues from the aligned weights with that history.
+The new run's step 0 holds B's weights with its hidden units reordered by
+:func:`landscape.analyze.align.weight_matching` against A (the same function as B); the permutations are the
+run array ``permutation``, B's pruning mask moves with the weights, the lineage names B as parent and A as
+``aligned_to``. ``privacy`` composes the DP histories of B *and* A: the permutation is a function of A's
+weights, so the aligned run releases information about both (a valid, possibly loose, bound).
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """The main job end to end on the embedded ``digits`` data (what ``make demo`` runs).
 
-1. ``phases``: Phase 1 with SGD, then Phase-2 SGD and DP-SGD siblings (Watson et al. Sec. 4.1.1);
-2. ``tour``: every sibling pair's interpolation, its barrier above the chord and its instability (Fig. 5), Phase 1 -> Phase 2 (Fig. 8) and
-   SGD vs DP (Figs. 6, 7), with figures;
-3. random directions from a Phase-2 SGD solution with the path toward its sibling drawn over them (Fig. 4);
-4. the verdicts of the claims it shows (:func:`verdicts`), judged from the numbers it measured, written to
-   ``results/verdicts.json``.
-
-Everything is written under one output directory; the function returns what a person needs to read.
+``phases`` (Phase-1 SGD, then Phase-2 SGD and DP-SGD siblings; Watson et al. Sec. 4.1.1), the tour of
+interpolations (Figs. 5, 6, 7, 8), random directions with the path toward a sibling (Fig. 4), and the verdicts
+of the claims it shows (:func:`verdicts`), written to ``results/verdicts.json``. Everything goes under one
+output directory.
 """
 
 from __future__ import annotations

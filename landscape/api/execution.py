@@ -1,11 +1,8 @@
 """How an analysis runs, apart from what it computes: the worker pool and the Dask scheduler.
 
-:class:`ExecutionOptions` (``workers``, ``scheduler``) is what ``--workers N`` / ``--scheduler ADDRESS`` and the api
-keyword arguments ``workers=`` / ``scheduler=`` become: options that never change a result, so they are not part
-of any analysis' config (nor of a result's ``params``). :class:`ProcessPool` is the one executor: in-process,
-spawned processes with one torch thread each that die with their parent, or Dask tasks when a scheduler is in
-use (:func:`using_scheduler`, worker state scattered once). The figures runner and the batch runner use these
-public names; the analyses' specs never see them.
+:class:`ExecutionOptions` (``workers``, ``scheduler``) never changes a result, so it is part of no config nor
+of a result's ``params``. :class:`ProcessPool` is the one executor: in-process, spawned processes with one torch
+thread each that die with their parent, or Dask tasks (:func:`using_scheduler`).
 """
 
 from __future__ import annotations

@@ -1,30 +1,10 @@
 """The job-kind spec: what one kind of job (train, phases, prune, align, import, figures, each analysis) is.
 
-One :class:`JobKind` per kind, one line per kind in the registry :mod:`landscape.kinds`. The batch runner, the
-command line and ``landscape.api`` look a kind up there instead of branching on its name:
-
-- **options**: the option fields of ``config`` (a dataclass; :meth:`JobKind.option_types` maps each option to its
-  annotation, which batch specs check values against), ``arguments`` the ones given positionally (command-line
-  arguments, leading api arguments) and ``required`` the ones a batch job must give (its runs are then known
-  before anything runs); ``fields`` names the dataclasses whose fields are the options when they are more than
-  ``config``'s (``phases``: the training options, then its own), each with the fields it leaves out, in the
-  order the command lists them; ``skip`` are fields that are options of the command only (train's ``resume``);
-- **build**: options -> the validated configuration (what runs; default ``config(**options)``, its numbers within
-  the fields' declared ranges (:func:`landscape.options.check_fields`) and its ``validate()``);
-- **run**: ``run(config, *, root, out)`` through ``landscape.api`` (``root`` the store, ``out`` a directory for
-  the files the job writes outside the store, or None for the kind's default) -> the kind's result object;
-- **command**: what the command runs, when it is not ``run``: ``command(config, *, root, progress, report)``
-  (``progress``: True / False turns the progress display on / off, None follows :mod:`landscape.progress`;
-  ``report``: prints one line on stderr); ``given``
-  checks which options the command line gave (``given(names -> flags)``: train's ``--resume`` takes no others);
-- **produces**: options -> the store runs the job writes (a batch links a job that reads one of them after it);
-- **outcome**: ``outcome(result, root, out)`` -> (numbers, files): what a batch records of a finished job;
-- **rows** / **notes** / **details**: how a command prints what it ran (a table, lines after it, ``--json``).
-
-``api`` is the public function ``landscape.api.<name>`` when the kind has a hand-written one (``train(config,
-root=...)``); without it, the api function is generated from the spec. The command is always generated
-(:mod:`cli.kinds`). Kinds live in the modules that implement them (the api, the figures) and are found through
-the registry :mod:`landscape.kinds`.
+One :class:`JobKind` per kind, one line per kind in the registry :mod:`landscape.kinds`; the batch runner, the
+command line and ``landscape.api`` look a kind up there instead of branching on its name. Its fields (options,
+``build``, ``run``, ``command``, ``produces``, ``outcome``, ``rows`` / ``notes`` / ``details``, ``api``) are
+described on :class:`JobKind`. The command is always generated (:mod:`cli.kinds`); the api
+function too unless the kind has a hand-written one.
 """
 
 from __future__ import annotations
@@ -49,7 +29,17 @@ _CODE = ("run", "build", "produces", "outcome", "options", "rows", "notes", "det
 
 @dataclass(frozen=True)
 class JobKind:
-    """One kind of job (see the module docstring for what each field means)."""
+    """One kind of job.
+
+    ``config``: the configuration dataclass, whose fields are the options (``fields``: the dataclasses and left-out
+    fields when they are more than ``config``'s; ``skip``: options of the command only); ``arguments``: the options
+    given positionally; ``required``: those a batch job must give. ``build``: options -> validated configuration
+    (default ``config(**options)`` checked by :func:`landscape.options.check_fields` and ``validate()``).
+    ``run(config, *, root, out)`` -> the kind's result; ``command(config, *, root, progress, report)`` and
+    ``given`` when the command runs something else. ``produces``: options -> the store runs written. ``outcome
+    (result, root, out)`` -> (numbers, files) a batch records. ``rows`` / ``notes`` / ``details``: what the
+    command prints. ``api``: the hand-written ``landscape.api`` function, if any.
+    """
 
     name: str
     config: type

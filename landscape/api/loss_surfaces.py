@@ -1,15 +1,10 @@
 """How ``directions`` and ``surface`` run (their ``execute`` hooks; Watson et al. Fig. 4; Li et al. 2018).
 
-``landscape.api.directions(A, toward=B)`` and ``landscape.api.surface(A, plane=...)`` are made by
-:mod:`landscape.api.runner`; it calls :func:`run_directions` / :func:`run_surface` here (attached below with
-:func:`landscape.api.runner.attach`), which resolve the extra checkpoints (B, the plane's B and C or a run's
-trajectory) and evaluate, then writes and draws.
-
-``run_surface`` builds the plane (random, ``B,C`` or ``pca:RUN``), writes the result file at once
-(all NaN) and again, atomically, after every completed grid row; if the file already exists with the same
-options, inputs and plane, only its missing rows are computed (resume). ``execution.workers > 1`` spreads direction
-chunks / grid rows over spawned processes with one torch thread each; the arrays are the same. (Spawned
-workers re-import the calling script: call these from under ``if __name__ == "__main__":``.)
+:func:`run_directions` / :func:`run_surface` resolve the extra checkpoints (B, the plane's B and C, or a run's
+trajectory) and evaluate; the runner writes and draws. ``run_surface`` writes its file at once (all NaN) and
+again after every completed grid row, and computes only the missing rows of a file with the same options,
+inputs and plane (resume). ``workers > 1`` spreads chunks / rows over spawned processes with the same arrays
+(which re-import the calling script: call these under ``if __name__ == "__main__":``).
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """``landscape prune``: magnitude-prune a checkpoint into a new run (Watson et al. Sec. 4 "Pruning").
 
-The new run's step-0 checkpoint holds the pruned weights: with ``rewind="init"`` every tensor takes its
-value from the initial weights (the source run's ``@init`` checkpoint unless ``init`` names another
-reference) and pruned coordinates are exactly 0; with ``rewind="none"`` the source weights are kept and only
-the pruned coordinates are zeroed. The keep-masks are stored as the run array ``mask`` (a mapping
-``parameter name -> bool array``, True = keep), which ``landscape train --from RUN@init`` picks up and
-enforces (masked gradients, noise and momentum). Lineage points at the source checkpoint. The new run's
-data spec is that of the initial weights' run (so ``--init TARGET@init`` with a mask from a run on a 5%
-subset, Watson Fig. 13, gives a run that trains on the target's data by default), else the source's.
-
-Privacy: the mask depends on the source weights, hence on the data they were trained on. The new run's
-``manifest["privacy"]`` carries the DP history of the source (and of the initial weights when they come from
-another run: ``ancestor_events``) and whether any of those steps were non-private (``non_private_ancestors``),
-so the accounting of runs trained from it stays honest. This is the same function
-(:func:`landscape.train.pruning.prune_into_run`) that ``clipping --prune-levels`` uses. Pruning with a mask
-from a run on public data (another data set) costs nothing; the manifest cannot know that, so it records
-what the source run did.
+The new run's step 0 holds the pruned weights, rewound to the initial weights (``rewind="init"``; ``init``
+names another reference) or kept (``rewind="none"``); its keep-masks are the run array ``mask``, which
+``landscape train --from RUN@init`` enforces. Its data spec is the initial weights' run's (Watson Fig. 13's
+transfer), else the source's. The mask depends on the source weights, so the new run's ``manifest["privacy"]``
+carries their DP history (:func:`landscape.train.pruning.prune_into_run`, shared with
+``clipping --prune-levels``); a mask from public data would cost nothing, but the manifest cannot know that.
 """
 
 from __future__ import annotations

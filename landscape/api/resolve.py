@@ -1,13 +1,10 @@
 """References -> store -> checkpoints: the one place that opens the store for an analysis.
 
-A reference is a :class:`landscape.refs.Ref` (or its text, ``PATH.h5`` or ``RUN[@init|@last|@step=N|@epoch=E]``,
-parsed by :meth:`Ref.parse`); for ``target``/``targets`` analyses a bare run name means every checkpoint of the run
-(:meth:`Resolver.expand`). :meth:`Resolver.point` is the one load-and-verify step: it loads one checkpoint (its
-sha256 checked against the run's manifest), checks it against another point when given one (same tensors, same
-model) and makes the :class:`Point` (checkpoint, data set, the run's pruning mask) which is all an analyzer's
-``compute`` sees. :meth:`Resolver.pair` uses it for A and B and compares their data specs: when they differ it
-warns in one line and evaluates on A's data, or on B's with ``data_from="b"`` (both specs are recorded in the
-result by the runner).
+References are :class:`landscape.refs.Ref` (or their text); for ``target``/``targets`` analyses a bare run name
+means every checkpoint of the run (:meth:`Resolver.expand`). :meth:`Resolver.point` is the one load-and-verify
+step (sha256 against the manifest, same tensors as another point when given one) and makes the :class:`Point`
+an analyzer's ``compute`` sees. :meth:`Resolver.pair` warns in one line when A's and B's data specs differ and
+evaluates on A's data, or on B's with ``data_from="b"``.
 """
 
 from __future__ import annotations

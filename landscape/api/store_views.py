@@ -1,11 +1,8 @@
 """Looking into the store and bringing checkpoints in: ``runs``, ``checkpoint``, ``show``, ``import_checkpoint``.
 
-The CLI commands ``store ls``, ``store show``, ``show`` and ``import`` are thin layers over these functions
-(parse, call, print). ``runs``, ``checkpoint`` and ``show`` read numpy arrays and HDF5
-attributes only, so they import no torch (``tests/test_cli_lazy_torch.py``); ``import_checkpoint`` builds the
-model and so needs it. The summaries are plain JSON-ready dicts: ``landscape store ls --json`` prints exactly
-``runs(root)``, ``landscape store show --json`` prints ``checkpoint(ref, root)``. ``IMPORT_JOB`` is the job kind
-``import`` (:mod:`landscape.kinds`: a batch job that imports a file as a run other jobs read).
+The commands ``store ls``, ``store show``, ``show`` and ``import`` are thin layers over these functions; their
+``--json`` prints exactly what these return (plain dicts). ``runs``, ``checkpoint`` and ``show`` import no torch
+(``tests/test_cli_lazy_torch.py``). ``IMPORT_JOB`` is the job kind ``import``.
 """
 
 from __future__ import annotations

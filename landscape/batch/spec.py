@@ -3,45 +3,24 @@
 Schema (every key is checked; an unknown one is an error naming its line)::
 
     root: checkpoints            # store root (default: the command's --root); workers must see the same path
-    results: results/fig5        # where analysis results, job records and the summary go (default results/<spec>)
+    results: results/fig5        # where results, job records and the summary go (default results/<spec>)
     defaults:                    # options merged into every job of a kind (a job's own options win)
       train: {data: digits, subset: 0.1, epochs: 2}
-      instability: {figure: false}
     jobs:
       NAME:                      # a job key: letters, digits, - _ .
-        kind: phases             # any job kind of landscape.kinds: train, phases, prune, align, figures, import,
-                                 # or a registered analysis (interpolate, ...)
-        grid:                    # optional: one job per combination of values (a cartesian product)
-          epsilon: [1, 5, 50]
-          seed: [0, 1, 2]
+        kind: phases             # any job kind of landscape.kinds
+        grid: {epsilon: [1, 5, 50], seed: [0, 1, 2]}   # optional: one job per combination
         name: "p-eps{epsilon}-s{seed}"   # optional: the expanded job names (default NAME-epsilon1-seed0)
-        after: [other-job]       # optional: explicit dependencies (job keys or expanded names)
+        after: [other-job]       # optional: dependencies the references cannot show
         group: "fig5-eps{epsilon}-s{seed}"   # every other key is an option of the kind
-        target_epsilon: "{epsilon}"          # a value that is exactly "{var}" keeps the grid value's type
+        target_epsilon: "{epsilon}"          # exactly "{var}" keeps the grid value's type
 
-Options are what the kind's spec says (:meth:`landscape.api.jobkind.JobKind.option_types`: the fields of its
-configuration, ``TrainConfig``; ``PhasesConfig`` plus the training options of its base; ``PruneConfig``, ...; an
-analysis' config dataclass and run options, plus ``refs`` (its references: ``[A, B]`` for a pair, ``[RUN]`` for
-a target, run globs for instability), ``figure``, ``data_root``, ``download``, ``data_from``); the kind's own
-check (its ``build``) runs on every expanded job. ``kebab-case`` names are accepted as well as ``snake_case``. A
-grid variable named like an option of the job also sets that option (unless the job sets it itself).
-
-Dependencies: a job that reads a run another job produces (the kind's ``produces``: the ``run`` of ``train``,
-``prune``, ``align`` and ``import``; ``phases``' ``GROUP-P1`` and ``GROUP-P1-P2-I`` runs) waits for it: any
-option value that names such a run, as ``RUN``, ``RUN@selector``, inside ``A:B`` / ``B,C`` / ``pca:RUN`` lists,
-or through a glob (``G-*``), makes the edge. ``after:`` adds edges the references cannot show. The options a
-kind ``required`` (``train``'s ``run``, ``phases``' ``group``, ...) must be given, so that the graph is known
-before anything runs.
-
-The module's seams: :mod:`.loading` (YAML with lines and size limits), :mod:`.checks` (option types, paths,
-references, unique names), :mod:`.graph` (jobs, edges, order, hashes, views); here the expansion of jobs.
-
-Safety, checked before anything runs: every run a job reads is in the store or written by a job of the spec,
-and no reference is a path; every path a job writes (``pair_dir``; ``data_root`` with ``download: true``)
-resolves, symbolic links followed, inside the results directory or the store root; ``subset`` is a count or a
-fraction by the command line's rule (:func:`landscape.bounds.subset_value`); grids are counted before they are
-built (``MAX_JOBS``), and the text must be UTF-8, nest at most ``MAX_DEPTH`` levels and expand (YAML aliases
-and merge keys included) to at most ``MAX_NODES`` values.
+Options are the kind's (:meth:`landscape.api.jobkind.JobKind.option_types`), ``snake_case`` or ``kebab-case``;
+a grid variable named like an option also sets it. A job that names a run another job ``produces`` (directly,
+with a selector, in a list or through a glob) waits for it. Safety, checked before anything runs: every run a
+job reads exists or is produced by the spec, no reference is a path, every written path resolves inside the
+results directory or the store root, and the size limits ``MAX_JOBS``, ``MAX_DEPTH`` and ``MAX_NODES`` hold.
+The user's guide: docs/batch.md.
 """
 
 from __future__ import annotations

@@ -1,33 +1,12 @@
 """Data sets by name, returned as tensors with a train and a test split.
 
-Every data set is deterministic given its seed and its options; ``Dataset.spec`` records both, so
-``dataset_from_spec(spec)`` rebuilds the same tensors bit for bit (files on disk permitting). Images are
-``N x C x H x W`` float32, vectors ``N x D`` float32, labels int64 class indices (user data with integer
-inputs, e.g. token ids, keeps them as int64).
-
-Registered names (``DATASETS``):
-
-- ``gaussian-signal``: the signal/noise data of Watson et al. Sec. 3.2, eqs. (6)-(9).
-- ``digits``: scikit-learn's bundled 8x8 digits (no download), with a fixed stratified train/test split.
-- ``mnist``, ``fashion-mnist``, ``cifar10``, ``cifar100``: torchvision's files from ``data_root``
-  (else ``$LANDSCAPE_DATA``); fetched only when ``download=True``.
-
-Beyond the registry, :func:`load_dataset` takes (one resolution for all, see :func:`_other_source`):
-
-- a tensor file ``path.npz`` / ``path.h5`` with ``x_train, y_train, x_test, y_test``;
-- ``imagefolder``: torchvision ``ImageFolder`` trees ``DATA_ROOT/train`` and ``DATA_ROOT/test``;
-- any torchvision classification set by its lower-case class name (``svhn``, ``kmnist``, ``stl10``, ...)
-  from ``data_root`` (never downloaded unless ``download=True``);
-- an installed entry point of the group ``landscape.datasets``, or code the user names,
-  ``module:factory`` / ``file.py:factory`` (:func:`user_arrays`).
-
-Their specs record where the data came from: ``"source": {"path", "sha256"[, "files"]}`` (a directory's sha256
-is that of the manifest of its files' hashes), ``"entry_point"`` (package, version) or ``"code"`` (reference and
-source sha256); rebuilding checks them, and runs code only when the user named it again.
-
-``subset`` (an int count or a float fraction) draws a seeded, stratified sample of the *train* split; the
-test split is never subsampled. Adding a built-in data set is one builder function plus one line in
-``DATASETS``.
+Every data set is deterministic given its seed and options; ``Dataset.spec`` records both, so
+``dataset_from_spec(spec)`` rebuilds the same tensors (and checks recorded file and code hashes, running user
+code only when the user named it again). Images are ``N x C x H x W`` float32, vectors ``N x D`` float32,
+labels int64. Registered names are in ``DATASETS`` (adding one is a builder and a line there);
+:func:`load_dataset` also takes tensor files, ``imagefolder``, torchvision sets by name, entry points of the
+group ``landscape.datasets`` and user code (:func:`user_arrays`). ``subset`` (a count or a fraction) draws a
+seeded, stratified sample of the train split only. The catalogue: docs/data-models.md.
 """
 
 from landscape.data.arrays import (

@@ -97,10 +97,8 @@ def _standardize(x_train: torch.Tensor, x_test: torch.Tensor, mean, std) -> tupl
 def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     """``load_digits()``'s ``images`` (1797 x 8 x 8) and ``target``, read from the file scikit-learn ships.
 
-    ``sklearn.datasets`` takes ~0.8 s to import (every process that loads digits paid it: each CLI command,
-    batch worker and test process); the data is one small gzipped CSV inside the installed package, which
-    ``load_digits`` itself reads with ``np.loadtxt``. When the file is not where scikit-learn keeps it, this
-    falls back to ``load_digits`` (``tests/test_data.py`` checks both give the same arrays).
+    Importing ``sklearn.datasets`` costs ~0.8 s per process; the data is one small gzipped CSV inside the package.
+    Falls back to ``load_digits`` when the file is not there (``tests/test_data.py`` checks both agree).
     """
     import gzip
     import importlib.util

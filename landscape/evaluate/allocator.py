@@ -19,21 +19,11 @@ _allocator_depth = 0
 def tuned_allocator() -> Iterator[None]:
     """Within the block, glibc keeps freed large blocks in the process so repeated activations do not page-fault.
 
-    With glibc's default every large activation is mmap'ed and munmap'ed per call, so every page faults again
-    (timings: docs/benchmarks.md). :func:`evaluate` enters it for
-    the duration of its call; nested blocks (a benchmark or an analysis wrapping many calls) tune once, and
-    the outermost block restores on exit. ``LANDSCAPE_MALLOC_TUNE=0`` (or a platform without glibc) makes it
-    a no-op.
-
-    Restoring is approximate, because glibc cannot report these settings (``mallopt(3)`` has no getter) and
-    any ``mallopt`` of them switches off its *dynamic* mmap threshold for good. On exit the thresholds are set
-    to the state that dynamic threshold converges to in a process that frees large tensors (``mallopt(3)``:
-    mmap threshold ``DEFAULT_MMAP_THRESHOLD_MAX`` = 32 MiB on 64-bit, trim threshold twice that), or to the
-    values given in ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_``. So after the call blocks of 32 MiB
-    or more are mmapped again and at most 64 MiB of free heap top is kept, instead of everything below 1 GiB
-    being kept for the rest of the process (what a process-wide, never-restored setting did). Restoring
-    glibc's 128 KiB start values instead would be worse than never having tuned: with the dynamic threshold
-    off, every block over 128 KiB would be mmapped and page-faulted afresh.
+    :func:`landscape.evaluate.evaluate` enters it; nested blocks tune once and the outermost restores.
+    ``LANDSCAPE_MALLOC_TUNE=0`` (or no glibc) makes it a no-op. glibc cannot report these settings, and any
+    ``mallopt`` of them ends its dynamic mmap threshold, so on exit the thresholds are set to what that dynamic
+    threshold converges to (mmap 32 MiB, trim 64 MiB; or ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_``):
+    restoring the 128 KiB start values would page-fault every block over 128 KiB afresh.
     """
     global _allocator_depth
     libc = _libc() if os.environ.get("LANDSCAPE_MALLOC_TUNE", "1") != "0" else None

@@ -15,31 +15,22 @@ from landscape.errors import UsageError
 class Metric:
     """The evaluator's metric protocol: a per-point statistic accumulated from the evaluator's own forward passes.
 
-    loss-landscapes' composable metrics (``Metric.__call__(model)``) evaluate a whole model per call; here a
-    metric is streamed instead, so that any number of metrics share one forward pass per (batch, point). Any
-    object with these members is a metric (subclassing is optional):
+    Metrics are streamed (unlike loss-landscapes' whole-model metrics), so any number of them share one forward
+    pass per (batch, point). Any object with these members is a metric (subclassing is optional):
 
-    * **Name(s).** ``name`` (str) identifies the metric: its key in ``EvalResult.metrics`` and, in the
-      analyses, its column (``train_<name>`` along an interpolation, ``direction_<name>``, a surface's
-      ``test_<name>`` grid). A metric reporting several numbers per point lists them in ``names`` (a tuple of
-      column names) and its ``finish`` returns a mapping with exactly those keys. Column names are identifiers
-      (``[A-Za-z][A-Za-z0-9_]*``); an analysis refuses one that clashes with its built-in columns (``loss``,
-      ``acc``, ...).
-    * **Accumulation.** ``start(points, device)`` returns a fresh state for ``points`` parameter points: device
-      tensors with one slot per point holding sufficient statistics (sums and counts, not per-example values).
-    * **Per batch.** ``update(state, point, logits, y)`` adds one batch at one point in place: ``point`` is the
-      0-based index of the point, ``logits`` the model's ``(n, classes)`` output in its dtype on the evaluation
-      device (under ``torch.inference_mode``; never modify it), ``y`` the ``(n,)`` int64 targets. Every example
-      is seen exactly once per point, in data order, but the batch boundaries depend on ``batch_size`` and on the
-      evaluator's cache-sized chunks, and the points of one batch are visited before the next batch (batch-outer
-      order): a metric must be a function of the examples, not of the batches. Stay on the device (no
-      ``.item()`` or other host synchronisation inside ``update``).
-    * **Value.** ``finish(state)`` runs once, after the last batch, and returns the value per point: a ``(P,)``
-      tensor or array of floats (or, with ``names``, a mapping ``column -> (P,)``). The analyses check it (one
-      finite number per point wherever the loss is finite) and store it beside the loss.
+    * ``name`` (str): its key in ``EvalResult.metrics`` and its column in the analyses (``train_<name>``,
+      ``direction_<name>``, ...); a metric with several numbers lists its columns in ``names`` and ``finish``
+      returns a mapping with exactly those keys. Names are identifiers and must not clash with built-in columns.
+    * ``start(points, device)`` returns a fresh state: device tensors of sufficient statistics, one slot per point.
+    * ``update(state, point, logits, y)`` adds one batch at one point in place (``logits`` ``(n, classes)`` under
+      ``torch.inference_mode``, never modified; ``y`` ``(n,)`` int64). Every example is seen once per point, but
+      batch boundaries and order are not part of the contract, so a metric must depend on the examples only; no
+      host synchronisation (``.item()``) here.
+    * ``finish(state)`` returns the ``(P,)`` values (or, with ``names``, a mapping ``column -> (P,)``); the analyses
+      check one finite number per point wherever the loss is finite.
 
-    A metric object holds only its options, never state, so one object can be passed to many calls (and
-    its class can be named on the command line: ``--metric file.py:Class``; see ``landscape.metrics``).
+    A metric object holds only its options, never state, so one object serves many calls (and its class can be
+    named on the command line: ``--metric file.py:Class``; see ``landscape.metrics``).
     """
 
     name: str = "metric"

@@ -43,17 +43,11 @@ _FLATTEN_FUNCTIONS = (torch.flatten,)
 def _modules_graph(model: nn.Module, probe: torch.Tensor) -> torch.fx.GraphModule | None:
     """The model as a graph of modules, for the module rewrites, when its ``forward`` is written with functions.
 
-    A hand-written ``forward`` calls ``F.max_pool2d``, ``F.relu``, ``x.flatten(1)``; the rewrites of
-    :func:`_rewrite_modules` and the first-layer fold need modules and their order. ``torch.fx`` traces the
-    forward into a graph (the model's own submodules and parameter names), then each plain max-pool call
-    becomes an ``nn.MaxPool2d`` node, each ReLU call an ``nn.ReLU`` and each flatten an ``nn.Flatten`` (the
-    layers of the built-in models, so the evaluation runs the same operations in the same chunks), a pool module
-    called at several places becomes one copy per call (each can be folded), ``F.conv2d(x, self.conv.weight,
-    self.conv.bias, ...)`` with the layer's own options (and ``F.linear`` likewise) becomes the layer's call (so
-    it can be the shared first layer or a dense convolution), and a ReLU whose only user is a
-    plain pool is swapped behind it (both monotone: identical values). None, and the model runs as it is, when
-    it has no plain max pool, the forward cannot be traced (data-dependent control flow, ...), the graph lacks
-    a tensor of the model, or its output on ``probe`` is not bit-identical to the model's.
+    ``torch.fx`` traces the forward; plain max-pool, ReLU and flatten calls become the modules the built-ins use
+    (a pool called at several places one copy per call), ``F.conv2d`` / ``F.linear`` with a layer's own weights and
+    options that layer's call, and a ReLU feeding only a plain pool is swapped behind it (both monotone). None, and
+    the model runs as it is, when it has no plain max pool, cannot be traced, the graph lacks a tensor of the
+    model, or its output on ``probe`` is not bit-identical to the model's.
     """
     if type(model) is nn.Sequential:
         return None  # the Sequential rewrites see its order already

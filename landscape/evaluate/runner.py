@@ -138,11 +138,8 @@ class _Runner:
     def chunk(self, batch_size: int) -> int:
         """Examples per forward: ``batch_size``, or fewer when one forward's activations would pass ``CACHE_BUDGET``.
 
-        The loop methods revisit each batch's activations (and the shared first layer's outputs) at every point;
-        kept near the cache, the many small element-wise passes (mixing, pooling, ReLU) run faster. Measured for
-        a 30-point LeNet interpolation on 2,000 28 x 28 inputs (41 kB of activations per example): 0.90 s with
-        batches of 1,000, 0.78 s with 400 (the chunk this gives); ResNet-18 (7.4 MB per example, so ``MIN_CHUNK``)
-        took the same time with 25 to 200 examples per forward. Chunks only change the order of the float sums.
+        The loop methods revisit each batch's activations at every point, so many small element-wise passes run
+        faster near the cache (measurements: docs/interpolation.md). Chunks only change the order of the float sums.
         """
         per_example = self._activation_bytes(1)
         if per_example <= 0:

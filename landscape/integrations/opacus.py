@@ -9,16 +9,10 @@
         ...  # Opacus' loop
         rec.save(epoch=epoch + 1)                   # step = the accountant's noisy steps, epsilon = its epsilon
 
-The run's ``manifest["privacy"]`` holds what ``landscape train`` records for its DP runs: ``noise_multiplier``
-and ``max_grad_norm`` (the ``DPOptimizer``'s), ``sample_rate`` (the accountant's, which is the ``DPDataLoader``'s
-Poisson rate, or ``1 / len(loader)`` as ``make_private`` sets it), ``steps``, ``delta``, ``accountant`` (the
-accountant's mechanism: ``rdp``, ``prv`` or ``gdp``), ``accounted: true``, ``sampling`` (``poisson`` for a
-``DPDataLoader``). Each checkpoint's epsilon is ``engine.accountant.get_epsilon(delta)`` after its steps, and
-its ``privacy_state`` attr the accountant's history, which ``Recorder.restore`` puts back. The model's
-``GradSampleModule`` wrapper (state dict keys ``_module.``) is looked through by the recorder.
-
-Nothing here imports Opacus: the engine, optimizer and loader are read through their attributes, so ``import
-landscape`` never loads it.
+The run's ``manifest["privacy"]`` holds what ``landscape train`` records for its DP runs, read from the
+optimizer, loader and accountant; each checkpoint's epsilon is ``engine.accountant.get_epsilon(delta)`` and its
+``privacy_state`` the accountant's history (``Recorder.restore`` puts it back). Nothing here imports Opacus:
+objects are read through their attributes, so ``import landscape`` never loads it.
 """
 
 from __future__ import annotations

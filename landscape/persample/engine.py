@@ -92,14 +92,11 @@ def _kept_memory(method):
 class PerSampleEngine:
     """Per-sample gradients of ``l_i = cross_entropy(model(x_i), y_i)`` w.r.t. the trainable parameters.
 
-    ``chunk`` bounds how many samples go through one pass (memory; never the results). ``strategy`` is ``"auto"`` (the
-    registered handlers by hooks and, when some trainable parameter has none, the other modules by ``torch.func``
-    in the same pass: ``self.strategy == "mixed"``; the whole model by ``torch.func`` when that is cheaper or
-    the first call's self-check fails), ``"hooks"`` (registered handlers only, else an error) or
-    ``"functorch"`` (the whole model). The model is never modified (no ``.grad``, no mode change).
-    BatchNorm is exact in eval mode (running statistics); one in training mode, or without running statistics,
-    mixes the samples and is refused when the engine is built and on every call (a model switched to training
-    mode mid-way included; :mod:`landscape.persample.norm_layers`).
+    ``chunk`` bounds how many samples go through one pass (memory; never the results). ``strategy``: ``"auto"``
+    (registered handlers by hooks plus ``torch.func`` for the other modules in the same pass, ``self.strategy ==
+    "mixed"``; the whole model by ``torch.func`` when cheaper or when the first call's self-check fails),
+    ``"hooks"`` (handlers only, else an error) or ``"functorch"``. The model is never modified. BatchNorm that mixes
+    the samples is refused (:mod:`landscape.persample.norm_layers`).
     """
 
     def __init__(

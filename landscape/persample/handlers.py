@@ -45,21 +45,16 @@ class HooksFailed(Exception):
 class Handler:
     """Per-sample gradient algebra for one module type (the base of every handler; see ``register_handler``).
 
-    A handler is built per module instance with ``pnames``, which maps the names of the module's own
-    parameters it computes (``roles``, e.g. 'weight'/'bias') to their full ``named_parameters`` names.
-    The engine keeps, for every call of the module in one batched forward, its first positional input and
-    the gradient of the summed loss with respect to its output (the batch on dim 0 of both), and hands the
-    list of these ``(input, output gradient)`` pairs to ``unit(calls)``, which packs them in a dict (default:
-    ``{"calls": calls}``). A subclass implements ``per_sample_grads(u) -> {role: (n, *param.shape)}``; it may
-    also override ``sq_norms`` / ``weighted`` (norms and weighted sums without materialising, e.g. ghost
-    norms), ``ghost_factors`` / ``grad_factor`` (Gram blocks of ``landscape.gram``).
+    Built per module instance with ``pnames`` (the module's own parameter roles, e.g. 'weight'/'bias', -> their
+    ``named_parameters`` names). The engine hands ``unit(calls)`` the ``(input, output gradient)`` pair of every
+    call of the module in one batched forward (batch on dim 0). A subclass implements
+    ``per_sample_grads(u) -> {role: (n, *param.shape)}`` and may override ``sq_norms`` / ``weighted`` (without
+    materialising, e.g. ghost norms) and ``ghost_factors`` / ``grad_factor`` (Gram blocks).
 
-    ``roles`` (class attribute) names the module's own parameters the handler can compute (None: all of
-    them); a module with another trainable parameter of its own goes to the ``torch.func`` route instead.
-    ``accepts(module)`` may refuse a configuration (e.g. a sparse Embedding). ``reduce_dtype`` (None: the
-    gradients' own) is the dtype in which bias and normalisation gradients are summed over positions.
-    Materialised per-sample gradients are cached in the unit (key ``"g"``), so a norm computation followed by
-    a weighted sum materialises at most once."""
+    ``roles``: the parameters the handler computes (None: all; a module with another trainable parameter goes to
+    the ``torch.func`` route). ``accepts(module)`` may refuse a configuration. ``reduce_dtype``: the dtype of sums
+    over positions (None: the gradients'). Materialised gradients are cached in the unit (key ``"g"``).
+    """
 
     roles: tuple[str, ...] | None = ("weight", "bias")
 

@@ -1,21 +1,11 @@
 """BatchNorm in the per-sample engine: exact in eval mode, refused where it mixes the samples of a batch.
 
-In training mode ``nn.BatchNorm{1,2,3}d`` normalises every sample by the mean and variance of the whole batch,
-so sample i's loss depends on every other sample and "the gradient of l_i" has no per-sample meaning (DP-SGD's
-sensitivity argument fails). In eval mode, with running statistics, it is a fixed per-channel affine map,
-
-    y = gamma * xhat + beta,    xhat = (x - running_mean) / sqrt(running_var + eps),
-
-which acts on each sample alone, so its per-sample gradients are those of any per-channel affine layer
-(Ioffe & Szegedy 2015, Alg. 1, inference form):
-
-    g_i(gamma)_c = sum_t B_{i,c,t} xhat_{i,c,t},    g_i(beta)_c = sum_t B_{i,c,t}
-
-over the positions t of channel c, with B the gradient of the summed loss with respect to the layer's output.
-``BatchNormHandler`` computes them from the input and output gradient the engine keeps (registered through
-``register_handler`` like every built-in). A BatchNorm without running statistics (``track_running_stats=False``)
-uses the batch's statistics even in eval mode: refused as well. The check is made when an engine is built and
-again on every call, so a model switched to training mode mid-way is refused, not silently mixed.
+In training mode BatchNorm normalises by batch statistics, so "the gradient of l_i" has no per-sample meaning
+(DP-SGD's sensitivity argument fails). In eval mode it is the per-channel affine map
+``y = gamma * xhat + beta``, ``xhat = (x - running_mean) / sqrt(running_var + eps)`` (Ioffe & Szegedy 2015,
+Alg. 1), with per-sample gradients ``g_i(gamma)_c = sum_t B_{i,c,t} xhat_{i,c,t}`` and
+``g_i(beta)_c = sum_t B_{i,c,t}`` (``BatchNormHandler``). Training mode and ``track_running_stats=False`` are
+refused when an engine is built and on every call.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
-"""Figures of ``landscape calibration`` (Bu et al. 2023 Sec. 5; Guo et al. 2017 Fig. 1).
-
-* :func:`plot_reliability`: reliability diagrams side by side, one panel per checkpoint (Bu Figs. 5, 7, 9):
-  per confidence bin the accuracy (bars) and the gap to the bin's mean confidence (hatched), the diagonal of
-  perfect calibration, ECE and MCE in the corner;
-* :func:`plot_confidence_histograms`: the share of examples per confidence bin, with the accuracy and the
-  mean confidence marked (Bu Fig. 2, Guo Fig. 1 top row);
-* :func:`plot_true_class_probability`: the distribution of the probability given to the true class, one
-  line per checkpoint (Bu Fig. 11);
-* :func:`plot_calibration_curves`: accuracy, NLL, Brier, ECE, MCE and adaptive ECE against epoch, one line
-  per run (Bu Fig. 6).
-
-:func:`figure` writes all that apply for a :class:`~landscape.analyze.calibration.CalibrationResult`.
-The panel functions take ``(label, SplitCalibration)`` pairs. Pure: results in, figures out (saved with
-:func:`landscape.plots.style.save_figure`).
+"""Figures of ``landscape calibration`` (Bu et al. 2023 Sec. 5; Guo et al. 2017 Fig. 1): reliability diagrams
+(Bu Figs. 5, 7, 9), confidence histograms (Bu Fig. 2, Guo Fig. 1), the true-class probability (Bu Fig. 11)
+and the metrics against epoch (Bu Fig. 6). :func:`figure` writes all that apply for a
+:class:`~landscape.analyze.calibration.CalibrationResult`. Pure: results in, figures out.
 """
 
 from __future__ import annotations

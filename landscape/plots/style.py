@@ -1,16 +1,12 @@
 """Shared publication style for every landscape figure.
 
-:data:`STYLE` holds the rcParams (readable fonts, no top/right spines, a colour-blind-safe palette); plot
-functions decorated with :func:`styled` draw under them in a ``matplotlib.rc_context``, on figures made by
-:func:`subplots` / :func:`new_figure` (``matplotlib.figure.Figure`` objects, not pyplot), so importing or
-calling the plots changes no global state: no backend is selected, no rcParams are left changed, no figure
-is registered with pyplot. ``save_figure(fig, stem)`` writes ``stem.png`` (200 dpi) and ``stem.pdf``.
-SGD and DP-SGD always get the same colours (:data:`SGD_COLOR`, :data:`DP_COLOR`, :func:`method_color`)
-and line styles / markers (:func:`method_style`, :func:`method_marker`), so figures read together and in
-greyscale; several series of one kind (one per epsilon, one per setting) get :func:`series_styles` (colour, line
-style and marker all differ). The paper-figure recipes use matplotlib's constrained layout (titles, labels and a suptitle
-never overprint each other) and :func:`panel_labels` marks multi-panel figures (a), (b), ... Files are written by matplotlib's Agg/PDF canvases
-whatever the session's interactive backend is.
+:data:`STYLE` holds the rcParams (readable fonts, no top/right spines, a colour-blind-safe palette); functions
+decorated with :func:`styled` draw under them in a ``matplotlib.rc_context`` on ``Figure`` objects from
+:func:`subplots` / :func:`new_figure` (not pyplot), so plotting changes no global state.
+``save_figure(fig, stem)`` writes ``stem.png`` (200 dpi) and ``stem.pdf``. SGD and DP-SGD always get the same
+colours, line styles and markers (:func:`method_color`, :func:`method_style`, :func:`method_marker`), so
+figures read together and in greyscale; :func:`series_styles` styles several series of one kind, and
+:func:`panel_labels` marks panels (a), (b), ...
 """
 
 from __future__ import annotations

@@ -7,29 +7,11 @@ Layout::
     <root>/<run>/step-000120.h5      one file per checkpoint (group ``state_dict``, group ``extra``, attrs)
     <root>/<run>/arrays.h5           run-level arrays (pruning masks, per-step metric tables, ...)
 
-Every file is written to a hidden temporary file in the same directory and renamed over its final name
-(:func:`landscape.atomic.atomic_write`), so a process killed mid-write never leaves a half-written
-checkpoint or manifest under a final name; nothing lists or loads the stale ``.*.tmp`` files it may leave,
-and :meth:`Store.open_run` sweeps them. Run directories are created with an atomic ``mkdir``, so several
-processes may write *different* runs into one root at once.
-
-One writer per run. Every write (creating a run, a checkpoint, a run array, a manifest field) holds an
-exclusive ``fcntl.flock`` on ``<run>/.lock``; a second process that tries to write the same run gets
-:class:`RunBusyError` (one line, exit 1) instead of interleaving its files with the first one's. The run
-returned by :meth:`Store.create_run` or :meth:`Store.open_run` keeps the lock until :meth:`Run.close` (or
-the end of a ``with`` block, or of the process), so a training run excludes other writers from its first
-file to its last. The lock is per process and reentrant: threads of one process are not told apart.
-
-Manifests are checked against one schema (:func:`check_manifest`) whenever they are read: a damaged one
-is a one-line :class:`~landscape.errors.CheckpointError` naming the file and the field at fault.
-
-torch is imported only where tensors are made (inside functions; annotations under ``TYPE_CHECKING``): listing
-runs and reading manifests (``landscape store ls``) need none.
-
-A checkpoint reference (:class:`landscape.refs.Ref`) is ``PATH.h5`` (a file; relative paths are tried against
-the working directory, then the store root) or ``RUN[@SELECTOR]`` with ``@init`` (smallest step), ``@last``
-(the default), ``@step=N`` or ``@epoch=E``; :meth:`Store.load` checks a run's checkpoint against the sha256 its
-manifest recorded (:func:`load_verified`).
+Every file is written atomically (:func:`landscape.atomic.atomic_write`); every write holds the run's
+``flock`` (a second writer gets :class:`RunBusyError`), kept by an open :class:`Run` until :meth:`Run.close`.
+Manifests are checked against one schema (:func:`check_manifest`) whenever read, and checkpoints against their
+recorded sha256 (:func:`load_verified`). Listing runs and reading manifests import no torch.
+The layout, locking and references in detail: docs/store.md.
 """
 
 from landscape.refs import check_run_name

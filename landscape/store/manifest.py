@@ -100,18 +100,13 @@ _NON_FINITE = ("nan", "inf", "-inf", "Infinity", "-Infinity", "NaN", "none", "No
 def check_manifest(manifest: Any, path: str | os.PathLike) -> dict[str, Any]:
     """Check a run manifest (as parsed from JSON) against the store's one schema; return it.
 
-    The store's fields: ``config``, ``seeds``, ``model_spec``, ``data_spec`` objects (seeds integers),
-    ``lineage`` an object or null, ``checkpoints`` a list of ``{step, epoch, epsilon, metrics, file, sha256}``
-    with ``step`` a non-negative integer (each once), ``epoch`` a number, ``file`` exactly ``step-NNNNNN.h5``
-    of that step (so no entry can point outside its run directory), ``sha256`` 64 hex digits (the store hashes
-    every checkpoint it lists; an unhashed entry could not be verified), ``metrics`` an object of numbers (or
-    strings, booleans, null); no field nests deeper than :data:`MAX_JSON_DEPTH`. ``format``, ``config``, ``seeds``,
-    ``model_spec``, ``data_spec`` and ``checkpoints`` must be present: an empty or hand-made manifest (``{}``)
-    is damage, never a run whose files nothing vouches for. Fields
-    the trainer adds are checked when present: ``schedule`` (``steps_per_epoch``, ``total_steps``,
-    ``checkpoint_steps``) and ``privacy`` (numbers, ``ancestor_events`` of ``{noise_multiplier, sample_rate,
-    steps}``, the flags ``accounted``, ``non_private_ancestors`` and ``unknown_ancestors``, ``declared_ancestors``
-    of ``{epsilon, delta}``; :class:`landscape.privacy.PrivacyHistory`). Any violation is a one-line CheckpointError naming the file and the field.
+    Required: ``format``, ``config``, ``seeds`` (integers), ``model_spec``, ``data_spec`` and ``checkpoints`` (an
+    empty or hand-made manifest is damage, never a run nothing vouches for); ``lineage`` an object or null. Each
+    checkpoint is ``{step, epoch, epsilon, metrics, file, sha256}``: ``step`` a unique non-negative integer,
+    ``file`` exactly ``step-NNNNNN.h5`` of that step (no entry points outside its run), ``sha256`` 64 hex digits
+    (every listed checkpoint can be verified). The trainer's ``schedule`` and ``privacy``
+    (:class:`landscape.privacy.PrivacyHistory`) are checked when present; nothing nests deeper than
+    :data:`MAX_JSON_DEPTH`. A violation is one CheckpointError line naming the file and the field.
     """
     def bad(field: str, what: str, value: Any = None, show: bool = True) -> CheckpointError:
         got = f", got {_short(value)}" if show else ""

@@ -1,30 +1,14 @@
 """Privacy accounting for Poisson-subsampled Gaussian steps: exact RDP of our own, PLD from ``dp_accounting``.
 
-Every DP-SGD step is the sampled Gaussian mechanism (SGM): Poisson sampling with rate ``q``, then Gaussian
-noise of standard deviation ``sigma`` (add/remove-one neighbouring). ``T`` steps compose. Methods:
+Each DP-SGD step is the sampled Gaussian mechanism (rate ``q``, noise ``sigma``, add/remove-one); ``T`` steps
+compose. ``rdp`` (default): RDP at Opacus' orders, exact at integer orders and by the signed two-sided series
+of Mironov, Talwar & Zhang (2019) Sec. 3.3 at fractional ones, converted by Balle et al. (2020) Thm. 21 as
+Opacus does (equal to ~1e-9 relative). ``dp_accounting``'s RDP is not used: it drops the series' signs (an
+upper bound). ``pld``: ``dp_accounting``'s privacy loss distributions, tighter and slower. There is no PRV
+accountant (``method="prv"`` is a usage error saying so).
 
-- ``rdp`` (default): Renyi DP of the SGM computed here (:func:`sgm_rdp`) at Opacus' orders
-  ``[1 + x/10 for x in 1..99] + [12..63]``, exactly at integer orders and by the convergent two-sided series
-  of Mironov, Talwar & Zhang (2019), "Renyi Differential Privacy of the Sampled Gaussian Mechanism",
-  Sec. 3.3, at fractional orders, with every term's sign kept. RDP vectors of steps and of differently
-  parameterised runs add (composition); ``(eps, delta)`` is the minimum over the orders of the conversion of
-  Balle et al. (2020), Thm. 21 (= Canonne et al. 2020, Prop. 12), the one Opacus' ``RDPAccountant`` uses.
-  Our epsilons equal Opacus' to ~1e-9 relative (tests/test_accounting.py checks 1e-6 over a grid including
-  fractional optimal orders; the residual is the truncation of Opacus' series, ours is truncated by a
-  relative Leibniz bound, see :func:`_log_a_fractional`).
-  ``dp_accounting``'s RDP accountant is *not* used: at fractional orders it adds the series' terms without
-  their signs, an upper bound (e.g. 11.8456 instead of 11.8171 at sigma 0.6, q 0.02, 500 steps).
-- ``pld``: privacy loss distributions (``dp_accounting.pld.PLDAccountant``, discretisation 1e-4), tighter
-  (e.g. 2.38 instead of 2.60 for the reference schedule below) and slower (~0.5 s for 14k steps).
-
-``dp_accounting`` has no PRV accountant (that lives in Opacus / Microsoft's prv_accountant); we offer
-``rdp`` and ``pld`` only and ``method="prv"`` is a usage error saying so.
-
-What is known of the steps before a run's own is :class:`landscape.privacy.PrivacyHistory`.
-
-Steps: ``landscape train`` runs ``epochs * ceil(N / B)`` steps (:func:`schedule_steps`); ``landscape privacy
---epochs`` counts the same way. Reference: sigma = 1.1, q = 256/60000, 14062 steps, delta = 1e-5 -> epsilon
-2.59656 (rdp).
+``landscape train`` runs ``epochs * ceil(N / B)`` steps (:func:`schedule_steps`). Reference: sigma = 1.1,
+q = 256/60000, 14062 steps, delta = 1e-5 -> epsilon 2.59656 (rdp).
 """
 
 from __future__ import annotations

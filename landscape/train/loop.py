@@ -1,26 +1,16 @@
 """The training loop: SGD and the DP-SGD family, checkpoints, child runs (``--from``) and resume.
 
-One step samples a batch (Poisson or shuffled, :mod:`landscape.train.sampling`), asks the
-:class:`~landscape.train.privatize.Privatizer` for the gradient (plain, clipped, noisy, masked, smoothed),
-applies ``torch.optim.SGD`` with momentum and re-applies pruning masks to the weights and momentum buffers.
-Checkpointing, metrics, accounting, evaluation and progress are callbacks (:mod:`landscape.train.callbacks`).
+One step samples a batch (:mod:`landscape.train.sampling`), asks the
+:class:`~landscape.train.privatize.Privatizer` for the gradient, applies ``torch.optim.SGD`` with momentum and
+re-applies pruning masks to weights and momentum. Checkpoints, metrics, accounting, evaluation and progress
+are callbacks (:mod:`landscape.train.callbacks`).
 
-Seeds. ``seed`` seeds python, numpy and torch (so the same seed gives the same initial weights) and, through
-``numpy.random.SeedSequence(seed)``, three independent streams: the sampler's generator, the noise generator
-and the sparsification masks. Runs that differ only in ``seed`` therefore differ in initialisation (from
-scratch), data order and noise; child runs (``--from``) start from the parent's weights, so their seed
-changes only data order and noise (Watson et al. Sec. 4.1.1's Phase-2 copies).
-
-Privacy accounting. ``dpsgd`` runs record epsilon for the Poisson-subsampled Gaussian mechanism with sample
-rate q = B/N and the run's noise multiplier (exact RDP or PLD, ``--accountant rdp|pld``). A child run
-composes its own steps with its ancestors' DP steps up to the branch point (the epsilon of the whole
-pipeline on the same data set); non-private ancestor steps (SGD, clip-only, noise-only) contribute nothing
-and are flagged in ``manifest["privacy"]["non_private_ancestors"]``, because then no finite guarantee covers
-the full pipeline. Imported weights bring what was declared for them (``import --epsilon --delta``: added to
-the epsilon, which then holds at ``privacy["total_delta"]``) or an unknown history
-(``privacy["unknown_ancestors"]``: the epsilon covers only the steps landscape saw); see
-:class:`landscape.privacy.PrivacyHistory`. ``--target-epsilon`` calibrates sigma so that the
-recorded (composed) epsilon after this run's planned steps equals the target.
+``seed`` seeds python, numpy and torch (the initial weights) and three independent streams (sampler, noise,
+sparsification masks); a child run starts from its parent's weights, so its seed changes only data order and
+noise (Watson et al. Sec. 4.1.1's Phase-2 copies). DP runs record the epsilon of the whole pipeline: their
+own steps composed with their ancestors' (:class:`landscape.privacy.PrivacyHistory`; non-private or unknown
+ancestors are flagged in ``manifest["privacy"]``). ``--target-epsilon`` calibrates sigma so the composed
+epsilon after the planned steps equals the target.
 """
 
 from __future__ import annotations
@@ -114,16 +104,11 @@ def train(
 ) -> Run:
     """Train one run into the store at ``root`` and return it (see the module docstring).
 
-    ``config.resume`` continues that run from its last checkpoint instead (its stored config is used;
-    the other fields of ``config`` are ignored). ``callbacks`` are appended to the standard ones (metrics,
-    accounting, evaluation, resume state, checkpointing, progress). ``phases`` is stored as
-    ``manifest["phases"]`` (``landscape phases``). ``progress``: True shows the steps on stderr (a bar on a
-    terminal, else a line every ~10 s), False never, None as the caller's ``landscape.progress`` says (off
-    unless turned on: ``with landscape.progress.enabled(): ...``; the command line turns it on).
-
-    A ``model`` or ``data`` that is a code reference (``file.py:factory``) is named by the user here, so it may
-    also rebuild this run's checkpoints while training (a child run's parent); resuming a run whose model or
-    data came from code needs that code named again (``landscape --code REF``, ``landscape.plugins.trusting``).
+    ``config.resume`` continues that run from its last checkpoint (its stored config is used). ``callbacks`` are
+    appended to the standard ones. ``phases`` is stored as ``manifest["phases"]``. ``progress``: True shows the
+    steps on stderr, False never, None follows ``landscape.progress``. A ``model`` or ``data`` given as a code
+    reference is named by the user here, so it may rebuild this run's checkpoints; resuming such a run needs the
+    code named again (``landscape --code REF``, ``landscape.plugins.trusting``).
     """
     config.validate()
     with plugins.trusting(plugins.code_refs(config.model, config.data)):

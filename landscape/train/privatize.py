@@ -1,37 +1,16 @@
 """One privatised gradient step: per-sample clipping, Gaussian noise, masks and smoothing.
 
-The optimiser families:
+- ``sgd``: ``(1/n) sum_i g_i`` over the examples actually in the batch.
+- ``dpsgd`` (Abadi et al. 2016; Bu et al. 2023 eq. 2.2): ``(sum_i c_i g_i + N(0, sigma^2 C^2 I)) / B`` with
+  ``B`` the EXPECTED batch size (a data-dependent denominator would leak the batch size; Opacus does the same).
+- ``clip-only``: no noise (Zhu & Blaschko Alg. 3; Watson et al. Fig. 10 "Clipped-SGD").
+- ``noise-only``: the same noise, no clipping (Watson Fig. 10 "Noisy-SGD", Zhu Alg. 2; not private).
 
-- ``sgd``: the plain mini-batch gradient, ``(1/n) sum_i g_i`` over the ``n`` examples actually in the batch.
-- ``dpsgd`` (Abadi et al. 2016; Bu et al. 2023 eq. 2.2): ``(sum_i c_i g_i + N(0, sigma^2 C^2 I)) / B``, where
-  ``c_i`` is the clipping factor and ``B`` the EXPECTED batch size (``q N`` under Poisson sampling, as
-  Opacus does: the denominator must not depend on the data, or it leaks the batch size).
-- ``clip-only``: ``dpsgd`` with no noise (Zhu & Blaschko Alg. 3; Watson et al. Fig. 10 "Clipped-SGD").
-- ``noise-only``: ``(sum_i g_i + N(0, sigma^2 C^2 I)) / B``, no clipping (Watson Fig. 10 "Noisy-SGD",
-  Zhu Alg. 2). Watson uses "noise scale sigma" with ``C = 1``; Zhu Alg. 2 adds ``N(0, sigma^2 I)`` to the sum
-  (no ``C``). We use the SAME noise as ``dpsgd`` (std ``sigma * C`` on the sum), which is both of theirs with
-  ``--max-grad-norm 1``. Without clipping the sensitivity is unbounded, so this is not private.
-
-Clipping functions (:mod:`landscape.clip`; Bu et al. Sec. 2.2, scaled so that every clipped gradient has norm <= C):
-``abadi`` ``min(1, C/||g||)``, ``automatic`` ``C/(||g|| + 0.01)``, ``normalize`` ``C/||g||``,
-``global`` ``1{||g|| <= C}`` (Bu App. D). Clipping styles: ``flat`` clips the whole per-sample gradient to
-``C``; ``layerwise`` clips each layer (= one parameter tensor) ``r`` to its own ``C_r`` (Bu Sec. 4.2), by
-default ``C_r = C / sqrt(#layers)`` so that ``sqrt(sum_r C_r^2) = C``.
-
-Layerwise noise: the clipped per-sample gradient has total norm ``<= sqrt(sum_r C_r^2)``, so we add
-``N(0, sigma^2 sum_r C_r^2)`` to every coordinate, i.e. std ``sigma * C`` with the default ``C_r``. This is
-what Opacus' per-layer clipping does (its optimizer uses ``max_grad_norm = sqrt(sum C_r^2)``) and what the
-accountant assumes for noise multiplier ``sigma``. (Bu eq. 4.4 writes per-layer noise ``sigma C_r``; that is a
-Gaussian mechanism with effective multiplier ``sigma / sqrt(#layers)`` and would need a different account.)
-
-Masks (1 = keep; pruning masks fixed, sparsification masks per epoch, combined by product) multiply every
-per-sample gradient BEFORE the norms are taken and multiply the noise, so masked coordinates get exactly
-zero gradient and no noise ("the noise dimension drops"; Zhu Thm. 3.1). Laplacian smoothing (``smooth > 0``,
-DP-LSSGD) is applied to the final noisy gradient and the mask applied again afterwards, so masked
-coordinates stay exactly zero.
-
-The per-sample work goes through :class:`landscape.persample.PerSampleEngine`; :class:`LoopEngine` here is a
-slow, obviously-correct per-example loop with the same interface, used as the reference in tests.
+Clipping functions and styles come from :mod:`landscape.clip`. Under ``layerwise`` clipping the noise stays
+``sigma * sqrt(sum_r C_r^2)`` per coordinate, as in Opacus and as the accountant assumes (Bu eq. 4.4's
+per-layer ``sigma C_r`` would be another mechanism). Masks multiply every per-sample gradient before the norms
+and the noise too, so masked coordinates get exactly zero (Zhu Thm. 3.1); Laplacian smoothing (DP-LSSGD) acts
+on the noisy gradient and the mask is applied again. :class:`LoopEngine` is the slow per-example reference.
 """
 
 from __future__ import annotations
@@ -219,16 +198,11 @@ class LoopEngine:
 class Privatizer:
     """Computes one (privatised) gradient step and writes it to ``p.grad`` of the model's parameters.
 
-    ``expected_batch_size`` is ``B`` in ``(clipped sum + noise) / B`` (``q N`` for Poisson sampling, the
-    batch size for shuffling). ``generator`` draws the noise (a CUDA generator for CUDA parameters, else the
-    noise is drawn on the generator's device and moved). Parameters with ``requires_grad=False`` are left
-    alone.
-
-    From its first step until it is garbage collected (or ``release_memory()``), glibc keeps freed large blocks
-    in the process (``tuned_allocator``): a step's activations, kept output gradients, per-sample gradients and
-    noise then reuse the memory of the step before, also across what runs between two steps (the optimiser's
-    step, ``zero_grad``), where glibc's own thresholds would hand the whole step's memory back to the OS and
-    every step would page it in afresh.
+    ``expected_batch_size`` is ``B`` in ``(clipped sum + noise) / B`` (``q N`` for Poisson sampling, the batch size
+    for shuffling). ``generator`` draws the noise (on its own device, then moved). Parameters with
+    ``requires_grad=False`` are left alone. From its first step until collected (or ``release_memory()``) it holds
+    :func:`~landscape.evaluate.allocator.tuned_allocator`, so each step reuses the previous step's memory instead of
+    page-faulting it in afresh.
     """
 
     def __init__(

@@ -1,29 +1,14 @@
 """Magnitude pruning masks, applying masks, and rewinding survivors to their initial values.
 
-Watson et al. Sec. 4 "Pruning": a network is trained (possibly on another data set or a 5% subset, their
-Fig. 13), then "for pruning level p, the smallest (1 - p) proportion of weights by magnitude were pruned in
-each layer. The remaining weights were reset to their initialization values." Their text is ambiguous about
-whether ``p`` is kept or removed (their figures call 0.7 "pruning proportion" and it is their best level).
-Our option is always the fraction REMOVED: ``remove = Q`` zeroes ``round(Q * n)`` weights of each layer
-(``scope="layer"``) or of all included weights together (``scope="global"``). Their wording maps to
-``remove = 1 - p``; if their ``p`` is the "pruning proportion" of their figures, ``remove = p``.
+Watson et al. Sec. 4 "Pruning" prunes the smallest weights per layer and resets the rest to their
+initialisation; their text is ambiguous about whether ``p`` is kept or removed, so our option is always the
+fraction REMOVED (``round(Q * n)`` weights per layer, or over all included weights with ``scope="global"``).
+By default only weights of at least 2 dimensions are pruned; ties break by flat position, so masks are
+reproducible. Masks are ``dict[name, bool Tensor]`` (True = keep).
 
-What is pruned: by default the weights of Linear/Conv layers, i.e. parameters whose name ends in ``weight``
-and that have at least 2 dimensions. Biases and normalisation parameters (1-D) are never pruned unless
-``include`` names them. Ties in magnitude are broken deterministically by flat position (the earlier
-coordinate is removed first), so masks are reproducible.
-
-Masks are ``dict[name, bool Tensor]`` (True = keep) over parameter names; tensors a mask dict does not name
-are not masked. A mask computed on one run applies to any model with the same tensor names and shapes.
-
-Pruned runs, lineage and privacy (one way for ``landscape prune`` and ``clipping --prune-levels``):
-:func:`prune_into_run` writes the pruned (and optionally rewound) weights as step 0 of a new run, the masks as
-its run array ``mask``, lineage pointing at the source checkpoint, and ``manifest["privacy"]`` carrying the
-DP history of every checkpoint its weights depend on (:func:`inherited_privacy`): the mask is a function of
-the source weights, hence of the data they were trained on, so a run trained from the pruned one must
-compose those steps into its epsilon (``landscape train`` reads them through the same function).
-:func:`landscape.api.pruning.pruned_retrain` is Watson et al. Fig. 11's prune -> rewind -> retrain built on it
-(it trains, so it lives above the training loop, which imports this module).
+:func:`prune_into_run` writes a pruned run (step 0, masks, lineage) whose ``manifest["privacy"]`` carries the
+DP history of the source weights (:func:`inherited_privacy`): the mask is a function of them, so a run trained
+from it must compose those steps into its epsilon.
 """
 
 from __future__ import annotations

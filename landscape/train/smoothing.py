@@ -1,16 +1,10 @@
 """Laplacian smoothing of a (noisy) gradient: DP-LSSGD (Wang et al. 2019; Wang's slides, "DP-SGD with
 Laplacian Smoothing").
 
-The update uses ``A_s^{-1} g`` with ``A_s = I - s L``, where ``L`` is the periodic 1-D discrete Laplacian on
-the flattened parameter tensor (``-2`` on the diagonal, ``1`` on the two off-diagonals, wrapping around).
-``A_s`` is circulant with first column ``c = [1 + 2s, -s, 0, ..., 0, -s]``, so it is diagonalised by the
-DFT: its eigenvalues are ``fft(c)_k = 1 + 2s - s (w^k + w^-k) = 1 + 2s - 2s cos(2 pi k / d)`` with
-``w = exp(-2 pi i / d)``, i.e. ``1 - s * lambda_k(L)`` with ``lambda_k(L) = 2 cos(2 pi k / d) - 2 <= 0``.
-Hence ``A_s^{-1} g = ifft(fft(g) / (1 + 2s - 2s cos(2 pi k / d)))``, all eigenvalues in ``[1, 1 + 4s]``
-(condition number ``1 + 4s``). For ``d = 2`` both neighbours are the same coordinate and the formula gives
-the matrix ``[[1 + 2s, -2s], [-2s, 1 + 2s]]``; for ``d = 1`` it is the identity.
-
-Smoothing is post-processing of the privatised gradient, so it costs no privacy.
+The update uses ``A_s^{-1} g`` with ``A_s = I - s L``, ``L`` the periodic 1-D discrete Laplacian on the
+flattened parameter tensor. ``A_s`` is circulant, so ``A_s^{-1} g = ifft(fft(g) / (1 + 2s - 2s cos(2 pi k / d)))``,
+eigenvalues in ``[1, 1 + 4s]`` (``d = 2`` gives ``[[1 + 2s, -2s], [-2s, 1 + 2s]]``, ``d = 1`` the identity).
+Smoothing post-processes the privatised gradient, so it costs no privacy.
 """
 
 from __future__ import annotations

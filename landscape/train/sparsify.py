@@ -1,15 +1,9 @@
 """Random sparsification with gradual cooling (Zhu & Blaschko 2023, Alg. 1).
 
-At epoch ``e`` (0-based) of ``E`` the sparsification rate is ``r(e) = R* e / (E - 1)`` (linear "gradual
-cooling" from 0 to ``R*``; with ``E = 1`` the single epoch uses ``R*``, the rate the user asked for). A fresh
-random mask ``m in {0, 1}^d`` with exactly ``round((1 - r(e)) d)`` ones is drawn per epoch, over the WHOLE
-flattened model as in the paper (``||m||_1 = d (1 - r)``, not per layer), and the same mask is used for
-every step of that epoch. The mask multiplies every per-sample gradient before clipping and the noise
-(Zhu Thm. 3.1: the mechanism on the kept coordinates is the same Gaussian mechanism, so privacy is
-unchanged).
-
-The mask of epoch ``e`` depends only on the schedule's seed and ``e`` (not on how many masks were drawn
-before), so a resumed run draws the same masks.
+At epoch ``e`` (0-based) of ``E`` the rate is ``r(e) = R* e / (E - 1)`` (``R*`` when ``E = 1``). A fresh mask
+with exactly ``round((1 - r(e)) d)`` ones over the whole flattened model (as in the paper, not per layer) serves
+every step of the epoch; it multiplies the per-sample gradients before clipping and the noise, so privacy is
+unchanged (Zhu Thm. 3.1). The mask depends only on the seed and ``e``, so a resumed run draws the same masks.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Golden arrays: every analysis of today's code on fixed seeds, saved so a refactor can be checked against them.
 
-Issue 10 reshapes the api / CLI / result code and requires that interpolate, instability, directions,
-surface, clipping, symmetry, norms, ntk and ntk-table give identical arrays before and after. This script
+A refactor of the api / CLI / result code must leave the arrays of interpolate, instability, directions,
+surface, clipping, symmetry, norms, ntk and ntk-table identical. This script
 
 1. trains a tiny deterministic Phase 1 / Phase 2 family (``landscape.api.phases``: a small LeNet on 300
    digits, one SGD Phase-1 epoch, then SGD and DP-SGD siblings, two copies each, two epochs) into a
