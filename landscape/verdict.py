@@ -509,34 +509,41 @@ def similar(claim: str, source: str, a: Sequence[float], b: Sequence[float], *, 
 
 
 def below(claim: str, source: str, values: Sequence[float], bound: float, *, name: str = "value",
-          unit: str = "seeds", note: str = "", alpha: float = ALPHA) -> Verdict:
+          unit: str = "seeds", note: str = "", alpha: float = ALPHA,
+          pairs: Sequence[tuple[int, int]] | None = None) -> Verdict:
     """Claim that a quantity is below an effect-size ``bound`` (an "approximately" claim: approximately symmetric =
     an asymmetry below a stated size, not exactly none): the one-sample one-sided t-test of ``mean < bound``.
 
     Held if ``p(mean < bound) < alpha`` (the upper (1 - alpha) confidence bound of the mean is below ``bound``),
     did not hold if ``p(mean > bound) < alpha``, else (or with fewer than 2 {unit}) inconclusive; with no spread the
-    sign test over the {unit} decides (a mean exactly at the bound is not below it).
+    sign test over the {unit} decides (a mean exactly at the bound is not below it). ``pairs``: the values are
+    measured on every pair of some independent units (as in :func:`greater`): the standard error is
+    :func:`pair_jackknife`'s, with ``units - 1`` degrees of freedom.
     """
-    return _bound(claim, source, values, bound, below=True, name=name, unit=unit, note=note, alpha=alpha)
+    return _bound(claim, source, values, bound, below=True, name=name, unit=unit, note=note, alpha=alpha,
+                  pairs=pairs)
 
 
 def above(claim: str, source: str, values: Sequence[float], bound: float, *, name: str = "value",
-          unit: str = "seeds", note: str = "", alpha: float = ALPHA) -> Verdict:
+          unit: str = "seeds", note: str = "", alpha: float = ALPHA,
+          pairs: Sequence[tuple[int, int]] | None = None) -> Verdict:
     """Claim that a quantity exceeds an effect-size ``bound``: the one-sample one-sided t-test of ``mean > bound``
-    (held / did not hold / inconclusive as :func:`below`, mirrored)."""
-    return _bound(claim, source, values, bound, below=False, name=name, unit=unit, note=note, alpha=alpha)
+    (held / did not hold / inconclusive as :func:`below`, mirrored; ``pairs`` as there)."""
+    return _bound(claim, source, values, bound, below=False, name=name, unit=unit, note=note, alpha=alpha,
+                  pairs=pairs)
 
 
-def _bound(claim, source, values, bound, *, below: bool, name, unit, note, alpha) -> Verdict:
+def _bound(claim, source, values, bound, *, below: bool, name, unit, note, alpha, pairs=None) -> Verdict:
     v = _clean(values)
-    m = float(v.mean()) if v.size else math.nan
-    se, df = (spread(v) / math.sqrt(v.size), float(v.size - 1)) if v.size >= 2 else (math.nan, math.nan)
-    t, p_gt, p_lt = _t_sides(m - bound, se, df, v.size)
+    m, var, df, units = _side(v, pairs)
+    se = math.sqrt(var) if not math.isnan(var) else math.nan
+    t, p_gt, p_lt = _t_sides(m - bound, se, df, units)
     p_claim, p_other = (p_lt, p_gt) if below else (p_gt, p_lt)
     lo, hi = _interval(m, se, df, alpha)
-    numbers = {f"mean {name}": m, f"sd {name}": spread(v), f"n {unit}": int(v.size), "bound": float(bound),
-               "below": bool(below), "ci low": lo, "ci high": hi, "t": t, "p": p_claim, "p against": p_other, "alpha": alpha,
-               **_no_spread(se, v.size, alpha)}
+    numbers = {f"mean {name}": m, f"sd {name}": spread(v), f"n {unit}": int(v.size),
+               **({"units": units} if pairs is not None else {}), "bound": float(bound), "below": bool(below),
+               "ci low": lo, "ci high": hi, "t": t, "p": p_claim, "p against": p_other, "alpha": alpha,
+               **_no_spread(se, units, alpha)}
     way, other = ("<", ">") if below else (">", "<")
     test = (f"effect-size bound: one-sample one-sided t-test over {unit}; held if p(mean {name} {way} {bound:g}) < "
             f"{alpha:g}, did not hold if p(mean {name} {other} {bound:g}) < {alpha:g}, else (or with fewer than 2 "
@@ -638,7 +645,8 @@ def all_of(claim: str, source: str, parts: Sequence[Verdict], *, note: str = "")
     held = False if failed else (True if judged and held_n == len(judged) else None)
     numbers = {"held": held_n, "did not hold": failed, "inconclusive": len(judged) - held_n - failed}
     test = ("held if every part held at alpha (intersection-union: no correction needed), did not hold if some part "
-            f"did not hold after {HOLM}'s step-down correction over the {tested} parts' p-values against the claim "
+            f"did not hold after {HOLM}'s step-down correction over the {tested} "
+            f"{'part' if tested == 1 else 'parts'}' p-values against the claim "
             "(parts without a p-value unadjusted), else inconclusive")
     return Verdict(claim, source, test, numbers, held, note, tuple(judged))
 
