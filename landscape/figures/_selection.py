@@ -281,3 +281,15 @@ def sentence(entries: list[dict], sel: Selection | None = None) -> str:
     text += ("; the verdict depends on the setting." if len(statuses) > 1 else
              "; the verdict is the same at every setting evaluated.")
     return text
+
+
+def per_arm(ctx, candidates: Sequence, configs: dict, *, label: Callable[[Any], str] = lambda lr: f"lr {lr:g}",
+            name: Callable[[Any], str] = lambda lr: f"lr{lr:g}") -> Selection:
+    """:func:`select` for recipes whose arms are single runs: ``configs[arm](candidate)`` is the arm's
+    :class:`~landscape.api.TrainConfig` at a candidate; its selection run is ``sel-ARM-NAME`` (one selection seed)."""
+
+    def train(candidate, arm):
+        config = for_selection(configs[arm](candidate))
+        yield [ctx.train(f"sel-{arm}-{name(candidate)}", config, gated=False)]
+
+    return select(ctx, candidates, list(configs), train, label=label)
