@@ -81,7 +81,10 @@ def sensitivity_figure(d, short) -> list:
     parts = [p for p in entries[0]["verdict"].parts] or [entries[0]["verdict"]]
     ncols = min(3, len(parts))
     nrows = math.ceil(len(parts) / ncols)
-    fig, axes = style.subplots(nrows, ncols, figsize=(3.9 * ncols, 0.55 * len(entries) * nrows + 1.6 * nrows + 0.6),
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = style.subplots(nrows, ncols, figsize=(max(7.0, 3.9 * ncols),
+                                                      0.55 * len(entries) * nrows + 1.6 * nrows + 0.6),
                                layout="constrained", squeeze=False)
     rows = np.arange(len(entries))[::-1]
     for j, ax in enumerate(axes.ravel()):
@@ -103,6 +106,7 @@ def sensitivity_figure(d, short) -> list:
         ax.set_yticks(rows, [short(e) for e in entries], fontsize=7)
         ax.set_ylim(-0.7, len(entries) - 0.3)
         ax.set_xlabel(what or "effect", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=4))
         ax.set_title(textwrap.fill(f"({j + 1}) {parts[j].claim}", 44), fontsize=7)
     handles = [Line2D([], [], marker=m, fillstyle=f, color=style.PALETTE[0], ls="none", label=s)
                for s, (m, f) in STATUS_MARKER.items()]

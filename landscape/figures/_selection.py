@@ -293,3 +293,9 @@ def per_arm(ctx, candidates: Sequence, configs: dict, *, label: Callable[[Any], 
         yield [ctx.train(f"sel-{arm}-{name(candidate)}", config, gated=False)]
 
     return select(ctx, candidates, list(configs), train, label=label)
+
+
+def restrict(sel: Selection, arms: Sequence[str]) -> Selection:
+    """The same selection runs judged over some of the arms only (e.g. the two norms a claim compares)."""
+    runs = {k: v for k, v in sel.runs.items() if k[1] in arms}
+    return _decide(Selection(sel.candidates, list(arms), sel.label, runs, 0, [], {}))

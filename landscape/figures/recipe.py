@@ -189,6 +189,12 @@ class Drawing:
     def stem(self, what: str) -> Path:
         return self.out / f"{self.name}-{what}-{self.scale}"
 
+    def store_run(self, name: str):
+        """The store's run ``name``."""
+        from landscape.store import Store
+
+        return Store(self.root).run(name)
+
 
 @dataclasses.dataclass
 class Context:
@@ -253,6 +259,12 @@ class Context:
 
     def stem(self, what: str) -> Path:
         return self.out / f"{self.name}-{what}-{self.scale}"
+
+    def store_run(self, name: str):
+        """The store's run ``name``."""
+        from landscape.store import Store
+
+        return Store(self.root).run(name)
 
     def run_name(self, what: str) -> str:
         """The store name of this recipe's run ``what`` at this scale (``NAME-SCALE-what``)."""
@@ -497,5 +509,8 @@ def scope_text(recipe: Recipe, scale: str, facts) -> str:
     p = recipe.paper_scale
     facts = "; ".join(facts)
     what = recipe.scaled_down if scale == "cpu" else "a plumbing check on tiny runs (near-chance models)"
+    if recipe.kind == "check":
+        return (f"at {scale} scale: {what}" + (f"; {facts}" if facts else "")
+                + "; an implementation / numerical check, not a reproduced empirical claim")
     return (f"at {scale} scale: {what}" + (f"; {facts}" if facts else "")
             + f"; not a test of the paper's regime ({p.model} on {p.data})")
