@@ -80,7 +80,7 @@ def draw(d):
     ax = axes[1]  # what was judged: per seed the gain of S over S = 0
     for j, S in enumerate(smooth[1:], start=1):
         gain = acc[:, j] - acc[:, 0]
-        for i, e in enumerate(eps):
+        for i in range(len(eps)):
             ax.plot(np.full(gain.shape[1], i) + (j - 1.5) * 0.3 + np.linspace(-0.08, 0.08, gain.shape[1]), gain[i],
                     ls="none", marker=looks[j]["marker"], color=looks[j]["color"],
                     label=f"S = {S:g}, one seed" if i == 0 else None)
