@@ -594,7 +594,7 @@ def most_above(claim: str, source: str, values: Sequence[float], bound: float, *
     n, k = int(v.size), int(np.sum(v > bound))
     p_more = float(stats.binom.sf(k - 1, n, 0.5)) if n else math.nan
     p_less = float(stats.binom.cdf(k, n, 0.5)) if n else math.nan
-    numbers = {f"{unit} above {bound:g}": k, f"n {unit}": n, f"median {name}": float(np.median(v)) if n else math.nan,
+    numbers = {f"{unit} above {bound:.3g}": k, f"n {unit}": n, f"median {name}": float(np.median(v)) if n else math.nan,
                "bound": float(bound), "p": p_more, "p against": p_less, "alpha": alpha}
     test = (f"exact one-sided binomial test over {unit}: held if the share of {name} above {bound:g} exceeds one half "
             f"with p < {alpha:g}, did not hold if it falls short of one half with p < {alpha:g}, else inconclusive")
@@ -644,10 +644,10 @@ def all_of(claim: str, source: str, parts: Sequence[Verdict], *, note: str = "")
     failed = sum(p.held is False for p in judged)
     held = False if failed else (True if judged and held_n == len(judged) else None)
     numbers = {"held": held_n, "did not hold": failed, "inconclusive": len(judged) - held_n - failed}
+    adjusted_by = (f"after {HOLM}'s step-down correction over the {tested} parts' p-values against the claim (parts "
+                   "without a p-value unadjusted)" if tested >= 2 else "(no two parts with a p-value: nothing to adjust)")
     test = ("held if every part held at alpha (intersection-union: no correction needed), did not hold if some part "
-            f"did not hold after {HOLM}'s step-down correction over the {tested} "
-            f"{'part' if tested == 1 else 'parts'}' p-values against the claim "
-            "(parts without a p-value unadjusted), else inconclusive")
+            f"did not hold {adjusted_by}, else inconclusive")
     return Verdict(claim, source, test, numbers, held, note, tuple(judged))
 
 
