@@ -112,7 +112,7 @@ class Bu:
         for c in (self.small, self.large):
             lr[c] = self.lr(c, setting[arm(c)])
             runs[c] = [ctx.train(f"C{c:g}-lr{lr[c]:g}-{seed}", dataclasses.replace(dp_config(ctx, c), lr=lr[c],
-                                                                                   seed=seed))
+                                                                                   seed=seed), group=group(ctx))
                        for seed in range(s["seeds"])]
         res, rows = calibrate(ctx, runs, tag="-".join(f"{lr[c]:g}" for c in (self.small, self.large)))
         return Measured(res, rows, self.small, self.large, premise(res, rows, self.small, self.large, source), lr,
@@ -147,7 +147,13 @@ def sgd_runs(ctx) -> list:
     """Non-DP SGD, one run per seed, a checkpoint every 1/8 epoch (the candidates of the matched reference)."""
     s = ctx.settings["runs"]
     sgd = dataclasses.replace(base_config(ctx), lr=s["sgd_lr"], momentum=0.9, checkpoint_every=SGD_CHECKPOINTS)
-    return [ctx.train(f"sgd-ck8-{seed}", dataclasses.replace(sgd, seed=seed)) for seed in range(s["seeds"])]
+    return [ctx.train(f"sgd-ck8-{seed}", dataclasses.replace(sgd, seed=seed), group=group(ctx))
+            for seed in range(s["seeds"])]
+
+
+def group(ctx) -> str:
+    """The shared name prefix of the runs (both Bu recipes read the same runs)."""
+    return f"bu-calibration-{ctx.scale}"
 
 
 def measured(ctx) -> Bu:
@@ -159,7 +165,7 @@ def measured(ctx) -> Bu:
     factors = [float(f) for f in s["lr_factors"]]
     full = _selection.per_arm(ctx, factors, {arm(c): (lambda f, c=c: dataclasses.replace(
         dp_config(ctx, c), lr=f * s["base_lr"] / c, seed=0)) for c in norms}, label=lambda f: f"lr factor {f:g}",
-        name=lambda f: f"f{f:g}")
+        name=lambda f: f"f{f:g}", group=group(ctx))
     small = norms[0]
     best = {c: max(full.arm_score(i, arm(c)) for i in range(len(factors))) for c in norms}
     large = next((c for c in reversed(norms[1:]) if abs(best[c] - best[small]) <= MARGIN), norms[-1])
@@ -198,7 +204,7 @@ class Matched:
                 "sgd_matched/dp_accuracy": self.dp_accuracy, "sgd_matched/ece": self.ece,
                 "sgd_matched/train_accuracy": self.train_accuracy,
                 "sgd_matched/dp_train_accuracy": self.dp_train_accuracy, "sgd_matched/tolerance": MATCH_TOLERANCE,
-                "sgd_matched/bin_accuracy": self.bin_accuracy}
+                "reliability/sgd_matched": self.bin_accuracy}
 
     def text(self) -> str:
         pairs = ", ".join(f"seed {i}: epoch {e:.3g}, test accuracy {a:.3f} vs {d:.3f}"

@@ -19,7 +19,8 @@ by one rule stated once:
 
 With ``cut=True`` (:func:`select`) an arm stops training at a candidate after its first non-viable group of runs: a
 non-viable (candidate, arm) cannot be part of a viable candidate, nor that arm's own best, so the choice, the
-viable set and the own bests are those of training everything.
+viable set and the own bests are those of training everything (when some candidate is viable; with none, the
+highest lowest score is taken over what was trained).
 
 **Sensitivity** (:func:`judge_with_sensitivity`): the recipe's verdict is computed at the chosen setting (the
 verdict), at every other viable candidate, and with each arm at its own best setting, each on evaluation runs
@@ -284,13 +285,14 @@ def sentence(entries: list[dict], sel: Selection | None = None) -> str:
 
 
 def per_arm(ctx, candidates: Sequence, configs: dict, *, label: Callable[[Any], str] = lambda lr: f"lr {lr:g}",
-            name: Callable[[Any], str] = lambda lr: f"lr{lr:g}") -> Selection:
+            name: Callable[[Any], str] = lambda lr: f"lr{lr:g}", group: str | None = None) -> Selection:
     """:func:`select` for recipes whose arms are single runs: ``configs[arm](candidate)`` is the arm's
-    :class:`~landscape.api.TrainConfig` at a candidate; its selection run is ``sel-ARM-NAME`` (one selection seed)."""
+    :class:`~landscape.api.TrainConfig` at a candidate; its selection run is ``sel-ARM-NAME`` (one selection seed;
+    ``group``: named in that shared group, see :meth:`~landscape.figures.recipe.Context.train`)."""
 
     def train(candidate, arm):
         config = for_selection(configs[arm](candidate))
-        yield [ctx.train(f"sel-{arm}-{name(candidate)}", config, gated=False)]
+        yield [ctx.train(f"sel-{arm}-{name(candidate)}", config, gated=False, group=group)]
 
     return select(ctx, candidates, list(configs), train, label=label)
 

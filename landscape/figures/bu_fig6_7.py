@@ -72,7 +72,7 @@ def make(ctx):
         for key, runs_key in (("sgd", "sgd"), ("small", small), ("large", large)):
             for name in ("accuracy", "nll", "ece"):
                 numbers[f"{key}/{name}"] = metric(runs_key, name)
-            numbers[f"{key}/bin_accuracy"] = res.bin_accuracy[rows[runs_key][0]]
+            numbers[f"reliability/{key}"] = res.bin_accuracy[rows[runs_key][0]]  # NaN: an empty bin
         return numbers, verdict
 
     return judge_with_sensitivity(ctx, bu_sel.sel, evaluate)
@@ -100,9 +100,9 @@ def draw(d):
         ax.set_xticks(range(len(groups)), [g[1] for g in groups], fontsize=7)
         ax.set(ylabel=f"test {name}", title=f"test {name}" + (" (judged)" if name != "accuracy" else " (premise)"))
         ax.legend(fontsize=7)
-    panels = [("sgd/bin_accuracy", "sgd", "non-DP final, seed 0"),
-              ("large/bin_accuracy", "dpsgd", f"C = {large:g}, seed 0"),
-              ("small/bin_accuracy", "dpsgd", f"C = {small:g}, seed 0")]
+    panels = [("reliability/sgd", "sgd", "non-DP final, seed 0"),
+              ("reliability/large", "dpsgd", f"C = {large:g}, seed 0"),
+              ("reliability/small", "dpsgd", f"C = {small:g}, seed 0")]
     for ax, (key, method, title) in zip(axes[3:], panels, strict=True):
         bins = np.asarray(n[key], dtype=float)
         edges = np.linspace(0, 1, len(bins) + 1)

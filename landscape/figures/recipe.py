@@ -270,15 +270,17 @@ class Context:
         """The store name of this recipe's run ``what`` at this scale (``NAME-SCALE-what``)."""
         return f"{self.name}-{self.scale}-{what}"
 
-    def train(self, what: str, config, *, gated: bool = True):
+    def train(self, what: str, config, *, gated: bool = True, group: str | None = None):
         """Train ``config`` as run :meth:`run_name` (``what``), or reuse it when it exists with the same
         configuration (resumed when unfinished): reruns of an interrupted recipe continue here. ``gated=False``
         for a run that only selects hyper-parameters (it is no end model a part rests on); runs trained while a
-        sensitivity setting is evaluated (:attr:`role`) count only for the parts judged from them."""
+        sensitivity setting is evaluated (:attr:`role`) count only for the parts judged from them. ``group``: name the
+        run ``GROUP-what`` instead, shared by the recipes that use the same runs."""
         from landscape.api.training import ensure
         from landscape.store import Store
 
-        config = dataclasses.replace(config, run=self.run_name(what), data_root=self.data_root)
+        name = f"{group}-{what}" if group else self.run_name(what)
+        config = dataclasses.replace(config, run=name, data_root=self.data_root)
         run = ensure(Store(self.root), config, progress=False)
         if gated and not self.role and run.name not in self.trained:
             self.trained.append(run.name)
@@ -500,7 +502,9 @@ def make(recipe: Recipe, *, scale: str = "cpu", out: str | Path = "figures-out",
     return Made(recipe.name, scale, verdict, path, [Path(p) for p in figures])
 
 
-UNJUDGED = ("gate/", "selection/", "sensitivity/", "verdict/")  # summary numbers whose NaN entries mean "not trained / judged"
+# summary numbers whose NaN entries are by design: judged already (the gate), a setting not trained, an inconclusive
+# status code, an empty reliability bin
+UNJUDGED = ("gate/", "selection/", "sensitivity/", "verdict/", "reliability/")
 
 
 def scope_text(recipe: Recipe, scale: str, facts) -> str:
