@@ -179,8 +179,8 @@ def test_a_run_failing_its_gate_makes_its_parts_inconclusive_invalid_regime(tmp_
     recipe = dataclasses.replace(_recipe("toy-gate", _make_gated), gates={"test": Gate(min_acc=0.999)})
     made = make(recipe, scale="test", out=tmp_path / "out", root=tmp_path / "store")
     assert made.verdict.held is None and all(p.held is None for p in made.verdict.parts)
-    assert made.verdict.parts[0].note.startswith(INVALID) and "toy-gate-test-a: final test accuracy" in \
-        made.verdict.parts[0].note and "< floor 0.999" in made.verdict.parts[0].note
+    assert made.verdict.parts[0].note.startswith(INVALID) and "toy-gate-test-a: " in made.verdict.parts[0].note \
+        and "final test accuracy" in made.verdict.parts[0].note and "< floor 0.999" in made.verdict.parts[0].note
     assert "toy-gate-test-b" in made.verdict.parts[1].note
     numbers, _, _ = read_summary(made.path)
     with h5py.File(made.path, "r") as f:
@@ -190,7 +190,7 @@ def test_a_run_failing_its_gate_makes_its_parts_inconclusive_invalid_regime(tmp_
     assert numbers["gate/passed"].tolist() == [0.0, 0.0] and np.all(numbers["gate/final_acc"] < 0.999)
     row, section = gallery._section("toy-gate", recipe, tmp_path / "out", "test")  # the gallery says why
     assert "| *inconclusive* (2 parts: invalid regime) |" in row and "toy-gate" in section
-    ok = dataclasses.replace(recipe, gates={"test": Gate(min_acc=0.0, max_drop=1.0)})
+    ok = dataclasses.replace(recipe, gates={"test": Gate(min_acc=0.0, max_drop=1.0, chance_loss=False)})
     again = make(ok, scale="test", out=tmp_path / "out2", root=tmp_path / "store")  # runs reused
     assert again.verdict.held is True and INVALID not in again.verdict.note
     assert read_summary(again.path)[0]["gate/passed"].tolist() == [1.0, 1.0]

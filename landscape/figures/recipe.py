@@ -113,7 +113,7 @@ class Gate:
         if not all(math.isfinite(v) for v in losses):
             reasons.append(f"non-finite final loss (train {losses[0]:.3g}, {what} {losses[1]:.3g})")
         elif self.chance_loss and classes and classes > 1 and losses[1] > math.log(classes):
-            reasons.append(f"final {what} loss {losses[1]:.3g} > ln {classes} = {math.log(classes):.3g} (worse than "
+            reasons.append(f"final {what} loss {losses[1]:.4g} > ln {classes} = {math.log(classes):.4g} (worse than "
                            "the uniform prediction)")
         if not last >= self.min_acc:
             reasons.append(f"final {what} accuracy {last:.3g} < floor {self.min_acc:g}")
