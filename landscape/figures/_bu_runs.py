@@ -118,6 +118,20 @@ class Bu:
         return Measured(res, rows, self.small, self.large, premise(res, rows, self.small, self.large, source), lr,
                         runs)
 
+    def verdict(self, claim: str, source: str, parts: list, m: Measured):
+        """The recipe's verdict at one setting: :func:`~landscape.verdict.all_of` of ``parts``, inconclusive when the
+        premise is not shown; at the chosen setting the scope's facts are recorded."""
+        from landscape.figures.recipe import eps_text
+        from landscape.verdict import all_of
+
+        verdict = judged(all_of(claim, source, parts, note=self.note()), m.premise)
+        if not self.ctx.role:
+            s = self.ctx.settings["runs"]
+            self.ctx.scope(f"sigma {s['sigma']:g}, lr {m.lr[self.small]:g} at C = {self.small:g} and "
+                           f"{m.lr[self.large]:g} at C = {self.large:g} (Bu's rule: 0.15 / C), batch {s['batch_size']}, "
+                           f"{s['epochs']} epochs", eps_text(m.runs[self.small] + m.runs[self.large]))
+        return verdict
+
     def numbers(self) -> dict:
         """The choice of the compared C: every C's best validation score (over f) on the selection runs."""
         best = [max(self.full.arm_score(i, arm(c)) for i in range(len(self.full.candidates))) for c in self.norms]

@@ -20,8 +20,8 @@ import numpy as np
 from landscape.figures import _bu_runs as bu
 from landscape.figures import _draw
 from landscape.figures._selection import judge_with_sensitivity
-from landscape.figures.recipe import PaperScale, Recipe, eps_text
-from landscape.verdict import all_of, paired_greater
+from landscape.figures.recipe import PaperScale, Recipe
+from landscape.verdict import paired_greater
 
 SOURCE = "Bu et al. 2023, Fig. 11, Appendix"
 SCALES = bu.SCALES
@@ -44,14 +44,10 @@ def make(ctx):
                  ctx.judged(paired_greater(f"C = {small:g} is more concentrated at probability > 14/15 than "
                                            f"C = {large:g}", SOURCE, high[small], high[large],
                                            names=(f"C={small:g}", f"C={large:g}")), compared)]
-        verdict = all_of("small-C clipping is over-confident: more true classes near 0 and more mass near 1 than "
-                         "large C", SOURCE, parts, note=bu_sel.note())
-        verdict = bu.judged(verdict, m.premise)
+        verdict = bu_sel.verdict("small-C clipping is over-confident: more true classes near 0 and more mass near 1 "
+                                 "than large C", SOURCE, parts, m)
         if ctx.role:
             return {}, verdict
-        s = ctx.settings["runs"]
-        ctx.scope(f"sigma {s['sigma']:g}, lr {m.lr[small]:g} at C = {small:g} and {m.lr[large]:g} at C = {large:g}, "
-                  f"{s['epochs']} epochs", eps_text(compared))
         numbers = dict(bu_sel.numbers())
         for key, k in (("sgd", "sgd"), ("small", small), ("large", large)):
             numbers.update({f"{key}/true_class_histogram": hist[k], f"{key}/fraction_near_0": low[k],

@@ -27,8 +27,8 @@ import numpy as np
 from landscape.figures import _bu_runs as bu
 from landscape.figures import _draw
 from landscape.figures._selection import judge_with_sensitivity
-from landscape.figures.recipe import PaperScale, Recipe, eps_text
-from landscape.verdict import all_of, greater, inconclusive, paired_greater
+from landscape.figures.recipe import PaperScale, Recipe
+from landscape.verdict import greater, inconclusive, paired_greater
 
 SOURCE = "Bu et al. 2023, Figs. 6-7, Sec. 5.2"
 SCALES = bu.SCALES
@@ -59,15 +59,10 @@ def make(ctx):
         if not matched.matched:
             parts[2] = inconclusive(parts[2], f"no accuracy-matched SGD reference (some seed's reference is more than "
                                               f"{bu.MATCH_TOLERANCE:g} in test accuracy away)")
-        verdict = all_of("a large clipping norm mitigates DP-SGD's mis-calibration (lower ECE and NLL than a small "
-                         "one)", SOURCE, parts, note=bu_sel.note())
-        verdict = bu.judged(verdict, m.premise)
+        verdict = bu_sel.verdict("a large clipping norm mitigates DP-SGD's mis-calibration (lower ECE and NLL than "
+                                 "a small one)", SOURCE, parts, m)
         if ctx.role:
             return {}, verdict
-        s = ctx.settings["runs"]
-        ctx.scope(f"sigma {s['sigma']:g}, lr {m.lr[small]:g} at C = {small:g} and {m.lr[large]:g} at C = {large:g} "
-                  f"(Bu's rule: 0.15 / C), batch {s['batch_size']}, {s['epochs']} epochs",
-                  eps_text(m.runs[small] + m.runs[large]))
         numbers = {**bu_sel.numbers(), **matched.numbers(), "premise/difference": m.premise.numbers["difference"]}
         for key, runs_key in (("sgd", "sgd"), ("small", small), ("large", large)):
             for name in ("accuracy", "nll", "ece"):
