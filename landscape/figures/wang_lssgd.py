@@ -23,7 +23,7 @@ import dataclasses
 import numpy as np
 
 from landscape.figures import _draw
-from landscape.figures.recipe import PaperScale, Recipe, final
+from landscape.figures.recipe import PaperScale, Recipe, eps_text, final
 from landscape.verdict import all_of, paired_greater
 
 SOURCE = "Wang et al. 2019 (DP-LSSGD), Wang slides Sec. III"
@@ -45,16 +45,18 @@ def make(ctx):
     base = TrainConfig(model=s["model"], model_kwargs=dict(s["model_kwargs"]), data=s["data"], subset=s["subset"],
                        epochs=s["epochs"], lr=s["lr"], momentum=0.0, weight_decay=s["weight_decay"],
                        batch_size=s["batch_size"], optimizer="dpsgd", max_grad_norm=1.0, checkpoint_every="1e")
-    acc = {(e, S): [final(ctx.train(f"e{e:g}-S{S:g}-{seed}", dataclasses.replace(
-        base, target_epsilon=e, smooth=S, seed=seed)), "test_acc") for seed in range(s["seeds"])]
-        for e in s["epsilons"] for S in s["smooth"]}
+    runs = {(e, S): [ctx.train(f"e{e:g}-S{S:g}-{seed}", dataclasses.replace(base, target_epsilon=e, smooth=S,
+                                                                             seed=seed)) for seed in range(s["seeds"])]
+            for e in s["epsilons"] for S in s["smooth"]}
+    acc = {key: [final(r, "test_acc") for r in rs] for key, rs in runs.items()}
     parts = [ctx.judged(paired_greater(f"at epsilon {e:g}, smoothing S = {S:g} beats DP-SGD", SOURCE, acc[(e, S)],
                                        acc[(e, 0.0)], names=(f"S={S:g}", "S=0"), unit="seeds", min_effect=MIN_EFFECT),
                         [ctx.run_name(f"e{e:g}-S{v:g}-{seed}") for v in (0.0, S) for seed in range(s["seeds"])])
              for e in s["epsilons"] for S in s["smooth"] if S > 0]
     verdict = all_of("Laplacian smoothing raises DP-SGD's accuracy at equal epsilon, for every epsilon", SOURCE, parts)
     ctx.scope(f"epsilon {', '.join(f'{e:g}' for e in s['epsilons'])} (the slides: 0.1-0.25, outside this range), "
-              f"lr {s['lr']:g} constant (the slides: 1/t), batch {s['batch_size']}, {s['epochs']} epochs")
+              f"lr {s['lr']:g} constant (the slides: 1/t), batch {s['batch_size']}, {s['epochs']} epochs",
+              eps_text([r for rs in runs.values() for r in rs]))
     numbers = {"epsilon": list(s["epsilons"]), "smooth": list(s["smooth"]),
                "test_acc": [[acc[(e, S)] for S in s["smooth"]] for e in s["epsilons"]], "min_effect": MIN_EFFECT}
     return numbers, verdict
