@@ -1,56 +1,31 @@
-"""What recording costs a plain training loop that saves a checkpoint per epoch (issue 21's goal: <= 5%).
+"""What recording costs a training loop, against a durable ``torch.save`` (goal: <= 2% on a 1 s epoch).
 
-LeNet on digits (1348 examples, batch 64: 22 steps, ~30-70 ms an epoch here), SGD with momentum, 10 epochs, one
-checkpoint per epoch (and one at step 0). Methods, run interleaved in one process (one torch thread), each loop
-timed whole: opening its store run or directory, the epochs, the last write. Between two loops, untimed, the last
-one's directory is removed and its writer process (if any) has exited (:func:`_settle`): otherwise each method was
-timed beside its predecessor's leftovers, and the rotating order gives every method the same predecessor in
-almost every round (the same writer measured 5% slower after one method than after another). Methods:
+Two parts, each timed interleaved in one process with one torch thread:
 
-- ``torch.save per epoch`` (the baseline the goal names): ``torch.save(model and optimizer state_dict)``. It is
-  not durable: the file may still be in the page cache when the loop ends (a power cut loses it), and a process
-  killed mid-save leaves a torn file under the final name.
-- ``torch.save + fsync``: the same made durable (fsync of the file and of its directory), for reference: what
-  durability alone costs any writer on this disk.
-- ``Recorder``: :class:`landscape.Recorder` as it comes (``writer="auto"``; a store run: HDF5, sha256, manifest,
-  run lock, atomic renames, 4 fsyncs per checkpoint): the goal figure. One torch thread on a machine of two or
-  more cores leaves a core free, so it chooses its writer process.
-- ``Recorder, writer='process'`` and ``Recorder, writer='inline'``: each writer forced, each with its own figure
-  (what the default did not choose is not hidden): the writer process (a fresh interpreter started with
-  ``posix_spawn``, importing the store but not torch) writing while training goes on, and the training process
-  writing each checkpoint before ``save`` returns.
-- ``Recorder, writer='process', background=False``: each ``save`` waits until its checkpoint is durable.
-- ``store writes in a thread``: the same store calls in a thread of the training process, for comparison
-  (what a writer thread costs a CPU-bound loop through the GIL).
+- **Per-save cost by size**: one checkpoint of LeNet's weights plus a float32 array padding it to each size,
+  written by a durable ``torch.save`` (the file and its directory fsynced: what any writer that survives a power cut
+  pays) and by :class:`landscape.Recorder` (a store checkpoint: HDF5, sha256, manifest, atomic renames, fsyncs),
+  inline (``save`` returns once it is durable) and with ``writer="thread"`` (what ``save`` keeps the caller: the
+  copy to CPU memory; and the time until the thread has made it durable). Printed per size, then fitted as
+  ``fixed ms + ms per MiB`` (least squares over the sizes).
+- **The goal's loop**: ResNet-18 (the project's own, GroupNorm, CIFAR stem: ~43 MiB of weights) on synthetic
+  3x32x32 data, SGD, epochs of ``--steps`` steps of batch ``--batch-size`` (>= 1 s each on one core), a checkpoint
+  of the weights per epoch and one at step 0. Methods: no checkpoint; ``torch.save``; durable ``torch.save``; the
+  Recorder inline; the Recorder with its thread. The figures: each Recorder loop's time x the durable
+  ``torch.save`` loop's (goal <= 1.02), medians of per-round ratios; the ratios to the loop without checkpoints
+  are printed beside them.
 
-Printed: median seconds and ratios; per writer, its fixed costs (opening the run: starting the writer process,
-or the run created inline; close: the checkpoints in flight made durable) and the median time a ``save`` call
-keeps the training thread (torch.save's too); the CPU time of the training process (all its threads; a writer
-process not counted); the figures, medians of per-round ratios with their spread; then, as further figures that
-are not the goal's loop, torch.save against each Recorder over ``--long-epochs`` epochs. ``--sizes`` instead
-measures an inline save and the writer process' fixed costs by checkpoint size (:func:`_sizes`).
+``--lenet`` adds the earlier loop (LeNet on digits, epochs of ~24 ms, a checkpoint each): reported, not judged.
+``--quick`` runs everything at toy size once (what the tests run; not a measurement).
 
-Where the time goes (docs/own-code.md has the numbers, benchmarks/results/ the records). Inline, every
-checkpoint costs the training loop its whole write (HDF5, sha256, manifest, four fsyncs; growing with the
-checkpoint's size). The writer process takes the write off the training process: what is left there is
-starting it (one ``posix_spawn``, independent of the training process' size), a copy of each checkpoint into
-an in-memory file per save, and close waiting for the last checkpoint to be durable (its data, attrs, fsyncs
-and renames: the writer made its file ahead from the last checkpoint's layout while training ran). The writer's own start
-(a Python interpreter importing numpy and h5py) runs on the free core while the first epochs train; the
-checkpoints saved meanwhile wait in flight (up to ``landscape.recorder.writer.MAX_IN_FLIGHT``). An earlier
-writer process was a fork of the training process: the fork copied the page tables of a process with torch
-loaded (the same for any model) and the training process then took copy-on-write faults while the writer
-lived, a fixed cost of a few per cent of this loop. On a machine without a free core the writer's start and
-writes compete with the loop (run with ``--threads`` = the cores to see ``auto`` choose inline).
-
-    OMP_NUM_THREADS=1 python benchmarks/recorder.py [--epochs 10] [--repeats 7] [--batch-size 64] [--long-epochs 50]
-    OMP_NUM_THREADS=1 python benchmarks/recorder.py --sizes
-    python benchmarks/recorder.py --threads 2 --long-epochs 0    # on 2 cores: none free, auto writes inline
+    OMP_NUM_THREADS=1 python benchmarks/recorder.py [--repeats 5] [--epochs 4] [--steps 2] [--batch-size 16]
+    python benchmarks/run_all.py recorder -- --lenet      # the record, on an idle machine
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shutil
 import statistics
@@ -59,284 +34,197 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
 from _common import interleaved, machine_load, medians, one_thread, print_table, ratios, record  # noqa: E402
 
-PARTS: dict[str, list[float]] = {}  # seconds of the recorder's fixed costs and of its save calls, per method
-CHOSEN: dict[str, str] = {}  # the writer each recorder method ran with
+GOAL = 1.02  # the Recorder's loop, time x the same loop saving with a durable torch.save
+COUNTER = itertools.count()  # unique names under the scratch directory
+SYNTHETIC = {"name": "synthetic", "input_shape": [3, 32, 32], "note": "benchmark data, not analysable"}
 
 
-class _ThreadWriter:
-    """A writer thread, for comparison: the same store calls from a thread of the training process (weights and
-    optimizer state copied to CPU, at most one checkpoint in flight)."""
+def durable_save(obj, path: Path) -> None:
+    """``torch.save``, then fsync of the file and of its directory (its name)."""
+    import torch
 
-    def __init__(self, root: Path, model, opt, data, spe: int) -> None:
-        from landscape.store import Store
-
-        self.model, self.opt, self.spe = model, opt, spe
-        self.run = Store(root).create_run("bench", config={"optimizer": "sgd", "lr": 0.05}, seeds={},
-                                          model_spec=dict(model.landscape_spec), data_spec=dict(data.spec))
-        self.thread = None
-
-    def save(self, step, metrics) -> None:
-        import threading
-
-        import torch
-
-        self.close(release=False)
-        state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
-        extra = {"optimizer": {f"{i}/{k}": v.detach().to("cpu", copy=True)
-                               for i, entry in self.opt.state_dict()["state"].items() for k, v in entry.items()
-                               if torch.is_tensor(v)}}
-        numbers = {k: float(v) for k, v in metrics.items()}
-        self.thread = threading.Thread(target=self.run.save_checkpoint, args=(state,), daemon=True,
-                                       kwargs=dict(step=step, epoch=step / self.spe, metrics=numbers, extra=extra))
-        self.thread.start()
-
-    def close(self, release: bool = True) -> None:
-        if self.thread is not None:
-            self.thread.join()
-            self.thread = None
-        if release:
-            self.run.close()
+    torch.save(obj, path)
+    for target in (path, path.parent):
+        fd = os.open(target, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
-def _loop(data, epochs: int, batch_size: int, root: Path, how: str):
+# ------------------------------------------------------------------------------------------ per-save cost
+
+
+def per_save(sizes: list[float], repeats: int, scratch: Path) -> None:
+    import torch
+
+    from landscape.data import load_dataset
+    from landscape.models import build_model
+
+    data = load_dataset("digits", subset=100)
+    model = build_model("lenet", input_shape=data.input_shape, num_classes=data.num_classes)
+    weights = sum(v.numel() * v.element_size() for v in model.state_dict().values()) / 2**20
+    rows = []
+    for size in sizes:
+        pad = {"pad": torch.zeros(max(0, int((size - weights) * 2**18)))}
+        rows.append((weights + pad["pad"].numel() / 2**18, _one_size(model, data, pad, repeats, scratch)))
+    names = ["torch.save + fsync", "Recorder inline: save", "Recorder thread: save", "Recorder thread: durable"]
+    print(f"\nper-save cost, median ms of {repeats} (LeNet's weights padded to each size); load {machine_load()}")
+    print(f"  {'MiB':>7}  " + "  ".join(f"{n:>24}" for n in names) + "  inline x torch.save")
+    for mib, med in rows:
+        print(f"  {mib:7.2f}  " + "  ".join(f"{med[n]:24.2f}" for n in names)
+              + f"  {med['Recorder inline: save'] / med['torch.save + fsync']:8.2f}")
+    mibs = np.array([mib for mib, _ in rows])
+    for name in names:
+        per_mib, fixed = np.polyfit(mibs, [med[name] for _, med in rows], 1) if len(rows) > 1 else (np.nan, np.nan)
+        print(f"  {name}: {fixed:.2f} ms + {per_mib:.2f} ms/MiB")
+        if name == "Recorder thread: durable":
+            continue  # not the caller's time
+        record(f"per-save cost, {name}: ms per MiB (fit over {len(rows)} sizes)", float(per_mib), unit=" ms/MiB",
+               better="lower")
+        record(f"per-save cost, {name}: fixed ms (fit over {len(rows)} sizes)", float(fixed), unit=" ms",
+               better="lower")
+
+
+def _one_size(model, data, pad: dict, repeats: int, scratch: Path) -> dict[str, float]:
+    """Median ms of each way of saving LeNet's weights with ``pad``, interleaved (the warm-up call dropped)."""
+    import landscape
+
+    ms: dict[str, list[float]] = {}
+
+    def torch_save():
+        path = scratch / f"t-{next(COUNTER)}.pt"
+        t = time.perf_counter()
+        durable_save({"model": model.state_dict(), **pad}, path)
+        ms.setdefault("torch.save + fsync", []).append(1e3 * (time.perf_counter() - t))
+
+    def recorder(writer):
+        def go():
+            with landscape.Recorder(scratch, f"r-{next(COUNTER)}", model, data=data, writer=writer) as rec:
+                rec.save(0, epoch=0, extra=pad)  # the run's first file (h5py's first of the run) not counted
+                rec.flush()
+                t = time.perf_counter()
+                rec.save(1, epoch=1, extra=pad)
+                called = time.perf_counter()
+                rec.flush()
+                done = time.perf_counter()
+            ms.setdefault(f"Recorder {writer}: save", []).append(1e3 * (called - t))
+            if writer == "thread":
+                ms.setdefault("Recorder thread: durable", []).append(1e3 * (done - t))
+        return go
+
+    interleaved({"torch": torch_save, "inline": recorder("inline"), "thread": recorder("thread")},
+                repeats=repeats, warmup=1, after=lambda _: _empty(scratch))
+    return {k: statistics.median(v[1:]) for k, v in ms.items()}
+
+
+# ------------------------------------------------------------------------------------------ training loops
+
+
+def loop(how: str, root: Path, *, model_name: str, epochs: int, steps: int, batch_size: int, shape, classes: int,
+         data=None) -> None:
+    """``epochs`` epochs of ``steps`` SGD steps, a checkpoint of the weights at step 0 and after each epoch."""
     import torch
 
     import landscape
     from landscape.models import build_model
 
     torch.manual_seed(0)
-    model = build_model("lenet", input_shape=data.input_shape, num_classes=data.num_classes)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    x_train, y_train = data.x_train, data.y_train
-    n = len(y_train)
-    spe = -(-n // batch_size)
-    t0 = time.perf_counter()
-    if how.startswith("torch.save"):
+    model = build_model(model_name, input_shape=shape, num_classes=classes)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    if data is None:
+        x, y = torch.randn(steps * batch_size, *shape), torch.randint(0, classes, (steps * batch_size,))
+    else:
+        x, y = data.x_train[: steps * batch_size], data.y_train[: steps * batch_size]
+    rec = None
+    if how.startswith("Recorder"):
+        rec = landscape.Recorder(root, "bench", model, data=SYNTHETIC if data is None else data,
+                                 writer="thread" if "thread" in how else "inline")
+        save = lambda step: rec.save(step, epoch=step / steps)  # noqa: E731
+    else:
         root.mkdir()
 
-        def write(step, metrics):
-            path = root / f"step-{step}.pt"
-            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, **metrics}, path)
-            if how == "torch.save+fsync":  # what durability costs any writer: the file, then its directory entry
-                for target in (path, root):
-                    fd = os.open(target, os.O_RDONLY)
-                    os.fsync(fd)
-                    os.close(fd)
-        close = None
-    elif how == "thread":
-        rec = _ThreadWriter(root, model, opt, data, spe)
-        write, close = rec.save, rec.close
-    else:  # "recorder:<writer>" or "sync" (the writer process, each save waited for)
-        rec = landscape.Recorder(root, "bench", model, data=data, optimizer=opt, steps_per_epoch=spe,
-                                 config={"optimizer": "sgd", "lr": 0.05}, background=how != "sync",
-                                 writer=how.partition(":")[2] or "process")
-        CHOSEN[how] = rec.writer
-
-        def write(step, metrics):
-            rec.save(step, metrics=metrics)
-        close = rec.close
-    PARTS.setdefault(f"{how} open", []).append(time.perf_counter() - t0)
-
-    def save(step, metrics):
-        t = time.perf_counter()
-        write(step, metrics)
-        PARTS.setdefault(f"{how} save", []).append(time.perf_counter() - t)
-
-    save(0, {})
-    step = 0
+        def save(step):
+            if how == "torch.save":
+                torch.save(model.state_dict(), root / f"step-{step}.pt")
+            elif how == "torch.save + fsync":
+                durable_save(model.state_dict(), root / f"step-{step}.pt")
+    save(0)
     for epoch in range(epochs):
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(epoch))
-        total = torch.zeros(())
-        for i in range(spe):
-            idx = order[i * batch_size:(i + 1) * batch_size]
+        for i in range(steps):
             opt.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(x_train[idx]), y_train[idx])
-            loss.backward()
+            batch = slice(i * batch_size, (i + 1) * batch_size)
+            torch.nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
             opt.step()
-            total += loss.detach() * len(idx)
-            step += 1
-        save(step, {"train_loss": total / n})
-    if close is not None:
-        t = time.perf_counter()
-        close()
-        PARTS.setdefault(f"{how} close", []).append(time.perf_counter() - t)
+        save((epoch + 1) * steps)
+    if rec is not None:
+        rec.close()  # the last checkpoint durable: part of the loop's time
 
 
-def main() -> None:
+METHODS = ["no checkpoint", "torch.save", "torch.save + fsync", "Recorder inline", "Recorder thread"]
+
+
+def loops(label: str, repeats: int, scratch: Path, goal: float | None, **kw) -> None:
+    times = interleaved({m: lambda m=m: loop(m, scratch / f"l-{next(COUNTER)}", **kw) for m in METHODS},
+                        repeats=repeats, warmup=1, after=lambda _: _empty(scratch))
+    med = medians(times)
+    epoch = med["no checkpoint"] / kw["epochs"]
+    print_table(f"{label}: {kw['epochs']} epochs of {kw['steps']} steps (batch {kw['batch_size']}), a checkpoint per "
+                f"epoch; an epoch ~{epoch:.2f} s; load {machine_load()}", med, baseline="torch.save + fsync")
+    for m in ("Recorder inline", "Recorder thread"):
+        plain = statistics.median(ratios(times, m, "no checkpoint"))
+        print(f"  {m}: x the loop without checkpoints {plain:.3f}")
+        record(f"{label}, {m}: loop + a checkpoint per epoch, time x the loop saving with a durable torch.save",
+               samples=ratios(times, m, "torch.save + fsync"), goal=goal, better="lower",
+               note=f"epoch ~{epoch:.2f} s")
+
+
+def _empty(scratch: Path) -> None:
+    """Between two timed calls, untimed: what the last one wrote is removed."""
+    for path in scratch.iterdir():
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--epochs", type=int, default=10)
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--long-epochs", type=int, default=50,
-                    help="also time torch.save vs each Recorder over this many epochs (0: not)")
-    ap.add_argument("--sizes", action="store_true",
-                    help="only measure, by checkpoint size, an inline save and the writer process' fixed costs")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads of the training loop (as many as the machine has cores: no core is free "
-                         "for a writer process, and writer='auto' writes inline)")
-    args = ap.parse_args()
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=2, help="ResNet-18 steps per epoch")
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--sizes", type=float, nargs="+", default=[0.1, 4, 16, 45, 100], help="MiB per checkpoint")
+    ap.add_argument("--lenet", action="store_true", help="also the LeNet loop of ~24 ms epochs (reported, not judged)")
+    ap.add_argument("--quick", action="store_true", help="toy sizes, one round: checks the code runs, measures nothing")
+    args = ap.parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)
     one_thread()
-    import torch
-
-    torch.set_num_threads(args.threads)
     from landscape.data import load_dataset
 
-    data = load_dataset("digits")
-    if args.sizes:
-        return _sizes(data, args.repeats)
     scratch = Path(tempfile.mkdtemp(prefix="landscape-bench-recorder-"))
-    counter = iter(range(10**6))
-
-    cpu: dict[str, list[float]] = {}
-
-    def method(how):
-        def go():
-            root = scratch / f"store-{next(counter)}"
-            t = time.process_time()
-            _loop(data, args.epochs, args.batch_size, root, how)
-            cpu.setdefault(how, []).append(time.process_time() - t)  # this process' CPU (all its threads)
-        return go
-
-    names = {"torch.save per epoch": "torch.save", "torch.save + fsync": "torch.save+fsync",
-             "Recorder": "recorder:auto", "Recorder, writer='process'": "recorder:process",
-             "Recorder, writer='inline'": "recorder:inline", "Recorder, writer='process', background=False": "sync",
-             "store writes in a thread": "thread"}
     try:
-        times = interleaved({k: method(v) for k, v in names.items()}, repeats=args.repeats, warmup=1,
-                            after=lambda _: _settle(scratch))
+        if args.quick:
+            per_save([0.1, 1.0], 1, scratch)
+            digits = load_dataset("digits", subset=100)
+            loops("quick check, LeNet (not a measurement)", 1, scratch, None, model_name="lenet", epochs=2, steps=1,
+                  batch_size=16, shape=digits.input_shape, classes=digits.num_classes, data=digits)
+            return 0
+        per_save(args.sizes, args.repeats, scratch)
+        loops("ResNet-18 (43 MiB of weights)", args.repeats, scratch, GOAL, model_name="resnet18", epochs=args.epochs,
+              steps=args.steps, batch_size=args.batch_size, shape=(3, 32, 32), classes=10)
+        if args.lenet:
+            digits = load_dataset("digits")
+            loops("LeNet on digits (epochs of tens of ms; not judged)", max(args.repeats, 7), scratch, None,
+                  model_name="lenet", epochs=10, steps=-(-len(digits.y_train) // 64), batch_size=64,
+                  shape=digits.input_shape, classes=digits.num_classes, data=digits)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    med = medians(times)
-    base = "torch.save per epoch"
-    print_table(f"LeNet on digits ({len(data.y_train)} examples), {args.epochs} epochs, batch {args.batch_size}, a "
-                f"checkpoint per epoch, {args.threads} torch thread(s); load {machine_load()} (a shared machine: read the per-round spread)", med,
-                baseline=base)
-    ms = {k: 1e3 * statistics.median(v) for k, v in PARTS.items()}
-    print(f"  an epoch takes ~{1e3 * med[base] / (args.epochs + 1):.0f} ms; Recorder() chose writer="
-          f"'{CHOSEN['recorder:auto']}'. Median ms: torch.save call {ms['torch.save save']:.2f}")
-    for mode in ("process", "inline"):
-        how = f"recorder:{mode}"
-        print(f"  writer='{mode}': opening the run {ms[how + ' open']:.1f}, a save call {ms[how + ' save']:.2f}, "
-              f"close {ms[how + ' close']:.1f}")
-    cpu = {k: v[1:] for k, v in cpu.items()}  # the warm-up round is not timed
-    base_cpu = statistics.median(cpu["torch.save"])
-    print("  CPU time of the training process (all its threads; a writer process not counted), x torch.save: "
-          + ", ".join(f"{k} {statistics.median(cpu[v]) / base_cpu:.3f}" for k, v in names.items()))
-    tag = "" if args.threads == 1 else f" ({args.threads} torch threads)"
-    record(f"Recorder{tag}: CPU time of the training process x the loop saving with torch.save",
-           samples=[a / b for a, b in zip(cpu["recorder:auto"], cpu["torch.save"], strict=True)],
-           better="lower")
-    record(f"Recorder{tag}: loop + a checkpoint per epoch, time x the loop saving with torch.save",
-           samples=ratios(times, "Recorder", base), goal=1.05 if not tag else None, better="lower",
-           note=f"the default, writer='auto', chose '{CHOSEN['recorder:auto']}'")
-    for mode in ("process", "inline"):
-        record(f"Recorder, writer='{mode}'{tag} (forced; not the goal's default): loop + a checkpoint per epoch, time x "
-               "the loop saving with torch.save", samples=ratios(times, f"Recorder, writer='{mode}'", base),
-               better="lower")
-    if args.long_epochs:
-        _longer(data, args, scratch, tag)
-
-
-def _children() -> list[str]:
-    """The process ids of this process' children (Linux ``/proc/PID/task/TID/children``; empty elsewhere)."""
-    found: list[str] = []
-    tasks = Path(f"/proc/{os.getpid()}/task")
-    for task in tasks.iterdir() if tasks.is_dir() else ():
-        try:
-            found += (task / "children").read_text().split()
-        except OSError:
-            pass
-    return found
-
-
-def _settle(scratch: Path, timeout: float = 10.0) -> None:
-    """Between two timed loops, untimed: remove what the last one wrote and wait until the writer process it
-    stopped has exited (close returns once the run is durable and its lock released; the writer's interpreter then
-    exits on its own), so that the next loop is not timed beside it."""
-    for path in scratch.iterdir():
-        shutil.rmtree(path, ignore_errors=True)
-    deadline = time.monotonic() + timeout
-    while _children() and time.monotonic() < deadline:
-        time.sleep(0.001)
-
-
-def _longer(data, args, scratch: Path, tag: str) -> None:
-    """The same loop over ``--long-epochs`` epochs, torch.save against each Recorder: the writer process' fixed
-    costs (its start, the last checkpoint made durable at close) spread over a longer run, the inline writer's
-    per-checkpoint cost not; not the goal figure."""
-    counter = iter(range(10**6))
-
-    def method(how):
-        def go():
-            _loop(data, args.long_epochs, args.batch_size, scratch / f"long-{next(counter)}", how)
-        return go
-
-    names = {"torch.save per epoch": "torch.save", "Recorder": "recorder:auto",
-             "Recorder, writer='process'": "recorder:process", "Recorder, writer='inline'": "recorder:inline"}
-    scratch.mkdir(exist_ok=True)
-    try:
-        times = interleaved({k: method(v) for k, v in names.items()}, repeats=args.repeats, warmup=1,
-                            after=lambda _: _settle(scratch))
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    print_table(f"the same, {args.long_epochs} epochs; load {machine_load()}", medians(times),
-                baseline="torch.save per epoch")
-    for name in names:
-        if name.startswith("Recorder"):
-            what = "fixed costs spread over a longer loop; not the goal's loop" if name == "Recorder" else "forced"
-            record(f"{name}, {args.long_epochs} epochs{tag} ({what}): time x the loop saving with torch.save",
-                   samples=ratios(times, name, "torch.save per epoch"), better="lower")
-
-
-def _sizes(data, repeats: int) -> None:
-    """Per checkpoint size (LeNet's weights, 0.08 MiB, plus a float32 extra array), median ms of: one inline save
-    (the training thread writes the checkpoint: HDF5, sha256, manifest, fsyncs) and the writer process' fixed
-    costs (starting it when the recorder opens, close waiting for the checkpoints in flight: here the writer's
-    own start too, as the saves follow one another at once), of which inline pays only the run's creation: the
-    per-checkpoint cost inline against the fixed cost of the writer process that ``writer="auto"`` weighs
-    (module docstring of :mod:`landscape.recorder`)."""
-    import torch
-
-    import landscape
-    from landscape.models import build_model
-
-    model = build_model("lenet", input_shape=data.input_shape, num_classes=data.num_classes)
-    scratch = Path(tempfile.mkdtemp(prefix="landscape-bench-recorder-"))
-    rows = []
-    try:
-        for mb in (0, 1, 2, 4, 8, 16, 64):
-            extra = {"pad": torch.zeros(mb * 2**18)}
-            ms: dict[str, list[float]] = {}
-            for r in range(repeats):
-                for mode in ("inline", "process"):
-                    t = time.perf_counter()
-                    rec = landscape.Recorder(scratch, f"{mode}-{mb}-{r}", model, data=data, writer=mode)
-                    ms.setdefault(f"{mode} open", []).append(time.perf_counter() - t)
-                    for step in range(4):
-                        t = time.perf_counter()
-                        rec.save(step, epoch=step, extra=extra)
-                        if step:  # the first inline save also pays h5py's first file of the run
-                            ms.setdefault(f"{mode} save", []).append(time.perf_counter() - t)
-                    t = time.perf_counter()
-                    rec.close()
-                    ms.setdefault(f"{mode} close", []).append(time.perf_counter() - t)
-                    shutil.rmtree(scratch / f"{mode}-{mb}-{r}")
-            med = {k: 1e3 * statistics.median(v) for k, v in ms.items()}
-            rows.append(((sum(t.nbytes for t in model.state_dict().values()) + extra['pad'].nbytes) / 2**20,
-                         med))
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    print(f"checkpoint size: median ms of an inline save, the writer process' open (its start) and close (the "
-          f"checkpoints in flight made durable), the inline open (the run created); load {machine_load()}")
-    for size, med in rows:
-        print(f"  {size:7.2f} MiB: inline save {med['inline save']:7.2f}, process: open {med['process open']:6.2f} "
-              f"(its start), close {med['process close']:6.2f}; inline open {med['inline open']:6.2f}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
-import sys
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,6 +46,16 @@ def echo_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = N
         click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
 
-def progress_enabled() -> bool:
-    """Progress bars go to stderr and only when it is a terminal."""
-    return sys.stderr.isatty()
+def os_error_line(exc: OSError) -> tuple[str, int]:
+    """The one line (without ``error:``) and exit code of an OSError no command turned into a landscape error:
+    a path past the system's limits is a usage error (2); anything else the system refused (a full disk, a
+    file size limit, a failing device, a permission) names the file and the system's words, a failure (1)."""
+    name = os.fsdecode(exc.filename) if exc.filename is not None else ""
+    shown = name if len(name) <= 120 else f"{name[:60]}...{name[-40:]}"
+    if exc.errno == errno.ENAMETOOLONG:
+        return (f"{shown}: file name too long ({len(os.fsencode(name))} bytes; the system allows 255 a name and "
+                f"4096 a path)", 2)
+    words = exc.strerror or " ".join(str(exc).split()) or type(exc).__name__
+    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        words = f"disk full ({words})"
+    return (f"{shown}: {words}" if shown else words), 1

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from cli.common import echo_json, echo_table, json_option, progress_enabled
+from cli.common import echo_json, echo_table, json_option
 from cli.options import Count, FiniteFloat, run_api
 from landscape.bounds import DIRECTIONS_MAX, POINTS_MAX
 
@@ -44,8 +44,7 @@ def demo(ctx: click.Context, out_dir: str, epochs: int, ks: str, copies: int, ta
     config = DemoConfig(epochs=epochs, ks=k_values, copies=copies, target_epsilon=target_epsilon,
                         directions=n_directions, points=points)
     start = time.perf_counter()
-    result = run_api(lambda: run_demo(out_dir, root=root if explicit_root else None, config=config,
-                                      progress=progress_enabled()))
+    result = run_api(lambda: run_demo(out_dir, root=root if explicit_root else None, config=config))
     seconds = time.perf_counter() - start
     if as_json:
         echo_json({"runs": [dataclasses.asdict(r) for r in result.runs], "instability": result.instability_rows,

@@ -4,8 +4,8 @@ Arguments come from the spec's ``inputs`` (``REF_A REF_B``, ``TARGET``, ``TARGET
 option per CLI field of the config dataclass and of the spec's ``run_options`` (help, choices, flag name and
 metavar from the field metadata, the type from the annotation, the default from the field); then the
 runner's options (``--data-from`` for pairs, ``--workers``, ``--data-root``, ``--no-figure``, ``-o``,
-``--json``). The command calls :func:`landscape.api.runner.run`, prints the spec's rows as a table (its
-notes after it) and where the files went; ``--json`` prints the same as JSON.
+``--overwrite``, ``--json``). The command calls :func:`landscape.api.runner.run`, prints the spec's rows as a
+table (its notes after it) and where the files went; ``--json`` prints the same as JSON.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from cli.options import (
     no_figure_option,
     note_scheduler,
     output_option,
+    overwrite_option,
     run_api,
     scheduler_help,
     scheduler_option,
@@ -178,7 +179,7 @@ def command(name: str) -> click.Command:
                                    help="Parallel worker processes (spawned, one torch thread each)."))
         runner.append(scheduler_option("Run the parallel parts on this Dask scheduler (workers need the same store "
                                        "path) instead of --workers local processes."))
-    runner += [data_root_option, no_figure_option, output_option, json_option]
+    runner += [data_root_option, no_figure_option, output_option, overwrite_option, json_option]
 
     def callback(**kwargs: Any) -> None:
         ctx = click.get_current_context()

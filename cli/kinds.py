@@ -5,8 +5,8 @@ any number), one option per other field of the kind's dataclasses (``JobKind.opt
 metadata (help, flag, choices, bounds, type, environment variable as for an analysis' options:
 :func:`cli.generate.field_option`; old flags hidden, with their deprecation line), then ``--json``. The command
 checks which options were given (the spec's ``given``), builds the kind's configuration, runs it (the spec's
-``command``, else ``run``, on the store of the global ``--root``; progress bars when stderr is a terminal, report
-lines on stderr), prints the spec's ``rows`` as a table and its ``notes`` after it; ``--json`` prints
+``command``, else ``run``, on the store of the global ``--root``; progress on stderr unless ``landscape --quiet``,
+report lines on stderr), prints the spec's ``rows`` as a table and its ``notes`` after it; ``--json`` prints
 ``details(result)`` (else the rows) as JSON. An error that carries a ``partial`` result (what finished before it)
 has that result's notes printed before its line.
 """
@@ -19,11 +19,12 @@ from typing import Any
 
 import click
 
-from cli.common import echo_json, echo_table, json_option, progress_enabled, root_of
+from cli.common import echo_json, echo_table, json_option, root_of
 from cli.generate import deprecated_values, field_options, param_type
 from cli.options import add_options, run_api
 from landscape.errors import LandscapeError
 from landscape.options import hints, split_optional
+from landscape.progress import echo
 
 
 def command(name: str) -> click.Command:
@@ -48,8 +49,8 @@ def command(name: str) -> click.Command:
             kwargs.update(run_api(lambda cls=cls: deprecated_values(cls, kwargs, ctx)))
         config = run_api(lambda: spec.configure(kwargs))
         try:
-            result = run_api(lambda: spec.execute(config, root=Path(root_of(ctx)), progress=progress_enabled(),
-                                                  report=lambda line: click.echo(line, err=True)))
+            result = run_api(lambda: spec.execute(config, root=Path(root_of(ctx)),  # progress: landscape --quiet's
+                                                  report=echo))
         except LandscapeError as exc:  # what finished before the error (figures: the recipes made), then the error
             if getattr(exc, "partial", None) is not None:
                 _echo_notes(spec, exc.partial)

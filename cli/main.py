@@ -11,12 +11,14 @@ from __future__ import annotations
 import contextvars
 import importlib
 import os
+import shlex
 import sys
 
 import click
 
 from landscape import __version__
 from landscape.bounds import COUNT_MAX
+from landscape.progress import INTERVAL, INTERVAL_ENV
 
 # command name -> ("module:attribute" of a click command or group, one-line help shown by --help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -62,6 +64,12 @@ class LazyGroup(click.Group):
 
         return command(name)
 
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.exceptions.NoSuchCommand as exc:  # click suggests close names (difflib) from the possibilities
+            raise click.exceptions.NoSuchCommand(exc.command_name, possibilities=self.list_commands(ctx), ctx=ctx) from None
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # List commands from the registries' help strings so `--help` imports no command or analyzer module.
         with formatter.section("Commands"):
@@ -95,28 +103,64 @@ class LazyGroup(click.Group):
 )
 @click.option("--accept-changed-code", is_flag=True,
               help="Rebuild with --code whose source changed since it was recorded (the result records it).")
+@click.option("--portable", is_flag=True, envvar="LANDSCAPE_PORTABLE",
+              help="Bit-identical results on every x86-64 CPU: kernels any CPU runs alike, one thread, CPU only; "
+                   "slower (env LANDSCAPE_PORTABLE=1; see docs/reproducibility.md).")
+@click.option("--quiet", "-q", is_flag=True,
+              help="No progress on stderr (else: bars on a terminal; piped or redirected, one line every "
+                   f"{INTERVAL:g} s with what, how far and the ETA; env {INTERVAL_ENV} sets the seconds).")
 @click.pass_context
-def cli(ctx: click.Context, root: str, threads: int | None, code: tuple[str, ...], accept_changed_code: bool) -> None:
+def cli(ctx: click.Context, root: str, threads: int | None, code: tuple[str, ...], accept_changed_code: bool,
+        portable: bool, quiet: bool) -> None:
     """See why DP-SGD ends up worse than SGD: train, store and measure loss-landscape geometry."""
-    from landscape.runtime import set_threads
+    from landscape import progress
+    from landscape.runtime import set_threads, use_portable
 
+    if portable:  # already in effect: main() (--portable) or `import landscape` ($LANDSCAPE_PORTABLE) chose it
+        if threads not in (None, 1):
+            raise click.UsageError(f"--portable runs one thread (--threads {threads} given)")
+        use_portable()
     set_threads(threads)
+    if not quiet:  # for this command only: main() runs each command in a context of its own
+        progress.enable()
+    ctx.ensure_object(dict).update(root=root, command=ctx.invoked_subcommand)
     if code or accept_changed_code:
         from landscape import plugins
 
         plugins.trust(code, accept_changed=accept_changed_code)
-    ctx.obj = {"root": root}
+
+
+#: Commands that continue where an interrupted run of theirs stopped when given again as they were (finished
+#: runs, recipes, jobs, pairs and surface rows are kept and reused).
+RESUMED_BY_RERUN = ("batch", "demo", "figures", "instability", "phases", "surface")
+
+
+def interrupted(argv: list[str], command: str | None, exc: BaseException | None) -> str:
+    """The line for Ctrl-C: ``interrupted``, and the exact command that continues the work where there is one: the
+    same command again for :data:`RESUMED_BY_RERUN`, else what the interrupted code attached as a note (a training
+    run's ``train --resume``)."""
+    if command in RESUMED_BY_RERUN and "--no-resume" not in argv:
+        return f"interrupted; continue where it stopped with the same command: {shlex.join(['landscape', *argv])}"
+    notes = [n for n in getattr(exc, "__notes__", ()) if n.startswith("continue it with: ")]
+    return f"interrupted; {notes[-1]}" if notes else "interrupted"
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; turn LandscapeError into one line on stderr with its exit code."""
     from landscape.errors import LandscapeError
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    state: dict = {}  # the global options' values and the command's name, as the group's callback saw them
     try:
-        # in a copy of the context: what the command trusts (--code) ends with it, also when called in-process
-        contextvars.copy_context().run(cli.main, args=argv, prog_name="landscape", standalone_mode=False)
-    except click.exceptions.Abort:  # click's form of Ctrl-C
-        click.echo("interrupted", err=True)
+        if "--portable" in argv:  # before click loads the command's module, which may load torch or numpy
+            from landscape.runtime import use_portable
+
+            use_portable()
+        # in a copy of the context: what the command trusts (--code) and its progress display end with it, also
+        # when called in-process
+        contextvars.copy_context().run(cli.main, args=argv, prog_name="landscape", standalone_mode=False, obj=state)
+    except click.exceptions.Abort as exc:  # click's form of Ctrl-C
+        click.echo(interrupted(argv, state.get("command"), exc.__cause__), err=True)
         sys.exit(130)
     except click.exceptions.NoArgsIsHelpError as exc:  # `landscape`, `landscape store`: asking for the help
         click.echo(exc.ctx.get_help() if exc.ctx is not None else exc.format_message())
@@ -132,23 +176,18 @@ def main(argv: list[str] | None = None) -> None:
     except LandscapeError as exc:
         click.echo(f"error: {' '.join(str(exc).splitlines())}", err=True)  # one line even if a message has two
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
+    except KeyboardInterrupt as exc:
+        click.echo(interrupted(argv, state.get("command"), exc), err=True)
         sys.exit(130)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
-    except OSError as exc:
-        import errno
+    except OSError as exc:  # one line naming the file (cli.common.os_error_line), never a traceback
+        from cli.common import os_error_line
 
-        if exc.errno != errno.ENAMETOOLONG:
-            raise
-        # a path the user gave past the system's limits (255 bytes a name, 4096 a path): a usage error
-        name = str(exc.filename or "")
-        shown = name if len(name) <= 120 else f"{name[:60]}...{name[-40:]}"
-        click.echo(f"error: {shown}: file name too long ({len(os.fsencode(name))} bytes; the system allows 255 a "
-                   f"name and 4096 a path)", err=True)
-        sys.exit(2)
+        line, code = os_error_line(exc)
+        click.echo(f"error: {line}", err=True)
+        sys.exit(code)
     sys.exit(0)
 
 

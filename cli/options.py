@@ -20,6 +20,7 @@ import click
 
 from landscape.bounds import COUNT_MAX, SCHEDULER_TIMEOUT_S, SEED_MAX
 from landscape.options import OptionError, coerce
+from landscape.progress import echo
 
 
 class Coerced(click.ParamType):
@@ -205,6 +206,8 @@ def note_scheduler(scheduler: str | None) -> None:
 # the command line and the api alike)
 output_option = click.option("-o", "--output", type=click.Path(), metavar="FILE", default=None,
                              help="Result HDF5 file to write.")
+overwrite_option = click.option("--overwrite", is_flag=True,
+                                help="Replace a result already under the default output name (refused without it).")
 
 
 def add_options(options: list[Callable], func: Callable | None = None) -> Callable:
@@ -226,5 +229,5 @@ def run_api(fn: Callable[[], Any]) -> Any:
     """Call the library with each warning shown as one ``warning: ...`` line on stderr (no source lines)."""
     with warnings.catch_warnings():
         warnings.simplefilter("always")
-        warnings.showwarning = lambda message, *args, **kw: click.echo(f"warning: {message}", err=True)
+        warnings.showwarning = lambda message, *args, **kw: echo(f"warning: {message}")  # above any progress bar
         return fn()

@@ -32,8 +32,13 @@ def ls(ctx: click.Context, root: str | None, as_json: bool) -> None:
     with --json) and the others are listed.
     """
     from landscape.api.store_views import runs
+    from landscape.errors import CheckpointError
 
-    listing = runs(root or root_of(ctx))
+    root = root or root_of(ctx)
+    if not Path(root).is_dir():  # as every command that reads a store: one line, exit 1
+        what = "not a directory" if Path(root).exists() else "no such directory"
+        raise CheckpointError(f"no store at {root} ({what}); give its directory with --root or LANDSCAPE_ROOT")
+    listing = runs(root)
     for entry in listing["damaged"]:
         click.echo(f"warning: skipping a damaged run: {entry['error']}", err=True)
     summaries, damaged = listing["runs"], listing["damaged"]
@@ -41,8 +46,7 @@ def ls(ctx: click.Context, root: str | None, as_json: bool) -> None:
         echo_json(listing)
         return
     if not summaries:
-        click.echo(f"no {'readable ' if damaged else ''}runs in {listing['root']}"
-                   + ("" if Path(listing["root"]).is_dir() else " (no such directory)"))
+        click.echo(f"no {'readable ' if damaged else ''}runs in {listing['root']}")
         return
     metric_names = _metric_columns(s["final_metrics"] for s in summaries)
     rows = []

@@ -1,6 +1,6 @@
 """A plain PyTorch training loop recorded into the landscape store, one checkpoint per epoch.
 
-    python examples/train_plain.py --root checkpoints --epochs 5
+    python examples/train_plain.py --root checkpoints --epochs 5 [--writer thread]
     landscape --root checkpoints --code examples/my_model.py:small_cnn interpolate plain@init plain@last
     landscape --root checkpoints --code examples/my_model.py:small_cnn hessian plain
 
@@ -32,6 +32,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--writer", choices=["inline", "thread"], default="inline",
+                        help="write each checkpoint before save returns, or in a background thread")
     args = parser.parse_args()
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -44,7 +46,7 @@ def main() -> None:
 
     steps_per_epoch = -(-len(train) // args.batch_size)
     with landscape.Recorder(args.root, args.run, model, data=data, config=config, optimizer=optimizer,
-                            steps_per_epoch=steps_per_epoch, seed=args.seed) as rec:
+                            steps_per_epoch=steps_per_epoch, seed=args.seed, writer=args.writer) as rec:
         step = rec.restore()  # the last checkpoint of a killed run, or None
         if step is None:
             step = 0

@@ -1,4 +1,4 @@
-"""Atomic file writes shared by the checkpoint store and result files (no torch, no h5py).
+"""Atomic file writes shared by the checkpoint store and result files (no torch; h5py only when writing HDF5).
 
 :func:`atomic_write` writes through a hidden temporary file beside the target (``.<name>.<random>.tmp``),
 fsyncs it, renames it over the target and fsyncs the directory: a process killed at any moment leaves
@@ -12,65 +12,185 @@ fsynced, so with one directory fsync after both renames a power cut could keep t
 the checkpoint's, leaving a manifest that lists a missing file (which the store reports as a damaged run, never
 as "not written"). The fsync of the first rename is what makes "listed in the manifest" imply "on disk"; it
 is also the cheapest of the four (the file's own fsync has just committed the file system's journal).
+
+A write the system refuses (disk full, a file size limit, an I/O error: :data:`WRITE_ERRNOS`) is a
+:class:`landscape.errors.WriteError` naming the final path, raised after the temporary file is removed: the
+final path is as it was. HDF5 files are written by :func:`atomic_write_hdf5`, through a file object that
+keeps a refused write from HDF5 (HDF5 cannot close a file after a write failed, and h5py then crashes the
+process with SIGSEGV): the error is raised once HDF5 has closed the file, which is then removed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
 import secrets
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-__all__ = ["atomic_write", "commit", "fsync_dir", "is_temp_name", "stale_temp_files", "temp_beside"]
+from landscape.errors import WriteError
+
+__all__ = ["WRITE_ERRNOS", "atomic_write", "atomic_write_hdf5", "fsync_dir", "is_temp_name", "stale_temp_files"]
+
+#: The errors of a write the system refused for want of room or of a working device (a :class:`WriteError`).
+WRITE_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG, errno.EIO})
 
 _TEMP_NAME = re.compile(r"\.(?P<final>.+)\.[A-Za-z0-9_]+\.tmp")
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)  # a new file only (not inherited)
 
 
-def temp_beside(path: str | os.PathLike) -> Path:
-    """A new, empty temporary file for the final name ``path`` (hidden, same directory: the rename cannot cross
-    file systems), with ordinary permissions (0666 & ~umask, applied by ``open`` itself).
+def atomic_write(path: str | os.PathLike, write_fn: Callable[[Path], object], *, hasher: Any = None) -> Path:
+    """Create or replace ``path`` atomically: ``write_fn(tmp)`` writes the whole content to a new, empty
+    temporary file ``tmp`` beside ``path`` (hidden; in the same directory, so that the rename cannot cross file
+    systems; permissions 0666 & ~umask), which is then fsynced and renamed over ``path``, and the rename made
+    durable (module docstring). On any exception (also KeyboardInterrupt) the temporary file is removed and
+    ``path`` is untouched; a refused write (:data:`WRITE_ERRNOS`) is a :class:`WriteError` naming ``path``.
+    Returns ``path``.
 
-    OSError from creating it is the caller's to report."""
-    path = Path(path)
-    while True:
-        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-        try:
-            os.close(os.open(tmp, _CREATE, 0o666))
-        except FileExistsError:
-            continue
-        return tmp
+    ``hasher`` (a :mod:`hashlib` object) is updated with the complete file's bytes, read back from the page cache
+    in a thread while the file is fsynced (a writer that may seek, as HDF5 does, cannot be hashed as it writes).
 
-
-def commit(tmp: str | os.PathLike, path: str | os.PathLike) -> Path:
-    """Make the complete temporary file ``tmp`` durable and rename it over ``path``, then make the rename
-    durable (module docstring); ``tmp`` is removed if that fails. Returns ``path``."""
-    path = Path(path)
-    try:
-        _fsync(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-    return path
-
-
-def atomic_write(path: str | os.PathLike, write_fn: Callable[[Path], object]) -> Path:
-    """Create or replace ``path`` atomically: ``write_fn(tmp)`` writes the whole content to the temporary
-    file ``tmp`` (:func:`temp_beside`), which is then fsynced and renamed over ``path`` (:func:`commit`). On any
-    exception (also KeyboardInterrupt) the temporary file is removed and ``path`` is untouched. Returns ``path``.
-
-    The parent directory must exist; OSError from creating the temporary file is the caller's to report.
+    The parent directory must exist; other OSErrors from creating the temporary file are the caller's to report.
     """
-    tmp = temp_beside(path)
+    path = Path(path)
+    with _refused(path):
+        while True:
+            tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+            try:
+                os.close(os.open(tmp, _CREATE, 0o666))
+                break
+            except FileExistsError:
+                continue
+        try:
+            write_fn(tmp)
+            _fsync(tmp, hasher)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        fsync_dir(path.parent)
+        return path
+
+
+def atomic_write_hdf5(path: str | os.PathLike, fill: Callable[[Any, Callable[[], None]], object], *,
+                      hasher: Any = None, **options: Any) -> Path:
+    """Create or replace the HDF5 file ``path`` atomically (:func:`atomic_write`): ``fill(f, check)`` writes
+    into the new ``h5py.File`` ``f`` (``options``: h5py's, e.g. ``track_order=True``), which goes to the
+    temporary file as HDF5 writes it (a file larger than memory streams). A write the system refuses is kept
+    from HDF5 (module docstring); ``check()`` raises it, for a writer that streams to call between its pieces
+    (a full disk then stops it at once); else it is raised when ``fill`` returns, as a :class:`WriteError`
+    naming ``path``, the temporary file removed. ``hasher``: as for :func:`atomic_write`. Returns ``path``."""
+    import h5py
+
+    def write(tmp: Path) -> None:
+        fd = os.open(tmp, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        sink = _Sink(fd)
+        try:
+            with h5py.File(sink, "w", **options) as f:
+                fill(f, sink.check)
+        finally:
+            os.close(fd)
+        sink.check()
+
+    return atomic_write(path, write, hasher=hasher)
+
+
+class _Sink:
+    """The file object h5py's ``fileobj`` driver writes an HDF5 file through (:func:`atomic_write_hdf5`): the
+    open temporary file until the system refuses a write. HDF5 is never told: an error raised in this driver's
+    callbacks can surface inside h5py's object deallocation, where it is lost and the process may crash. The
+    error is kept (:meth:`check` raises it) and every later write goes to memory (:attr:`held`, read back from
+    there), so HDF5 sees a consistent file to the end and closes it; the file is then dropped. The memory held
+    is at most what is left to write: a streaming writer calls ``check`` between pieces."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.pos, self.end = fd, 0, 0
+        self.error: OSError | None = None
+        self.held: list[tuple[int, bytes]] = []  # (offset, bytes) written after the error, in order
+
+    def check(self) -> None:
+        """Raise the refused write's error, if there was one."""
+        if self.error is not None:
+            raise self.error
+
+    def seek(self, pos: int, whence: int = os.SEEK_SET) -> int:
+        self.pos = pos if whence == os.SEEK_SET else (self.pos if whence == os.SEEK_CUR else self.end) + pos
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        size, at = len(view), self.pos
+        if self.error is None:
+            try:
+                while view:
+                    done = os.pwrite(self.fd, view, at)
+                    if done == 0:  # no progress and no error: the device takes no more
+                        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                    view, at = view[done:], at + done
+            except OSError as exc:
+                self.error = exc
+        if view:
+            self.held.append((at, bytes(view)))
+        self._advance(self.pos + size)
+        return size
+
+    def _advance(self, pos: int) -> None:
+        self.pos, self.end = pos, max(self.end, pos)
+
+    def read(self, size: int = -1) -> bytes:
+        size = max(0, self.end - self.pos) if size is None or size < 0 else size
+        data = bytearray(size)
+        self._fill(data)
+        return bytes(data)
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        self._fill(view)
+        return len(view)
+
+    def _fill(self, view: Any) -> None:
+        """``len(view)`` bytes from the current position (zeros past the end, as HDF5's own drivers read)."""
+        at, size = self.pos, len(view)
+        got = os.preadv(self.fd, [view], at) if size else 0
+        view[got:size] = bytes(size - got)
+        for offset, data in self.held:  # later writes win
+            lo, hi = max(at, offset), min(at + size, offset + len(data))
+            if lo < hi:
+                view[lo - at:hi - at] = data[lo - offset:hi - offset]
+        self.pos += size
+
+    def truncate(self, size: int | None = None) -> int:
+        size = self.pos if size is None else size
+        if self.error is None:
+            try:
+                os.ftruncate(self.fd, size)
+            except OSError as exc:
+                self.error = exc
+        self.held = [(o, d[:size - o]) for o, d in self.held if o < size]
+        self.end = size
+        return size
+
+    def flush(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _refused(path: str | os.PathLike):
+    """Turn a refused write (:data:`WRITE_ERRNOS`) into a :class:`WriteError` naming ``path``."""
     try:
-        write_fn(tmp)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+        yield
+    except OSError as exc:
+        if exc.errno in WRITE_ERRNOS and not isinstance(exc, WriteError):
+            kept = "the file is unchanged" if os.path.lexists(path) else "nothing was written"
+            raise WriteError(path, exc.errno, exc.strerror, f"; {kept}") from None
         raise
-    return commit(tmp, path)
 
 
 def is_temp_name(name: str, final: str | None = None) -> bool:
@@ -93,12 +213,30 @@ def stale_temp_files(directory: str | os.PathLike, finals: Callable[[str], bool]
     return sorted(out)
 
 
-def _fsync(path: str | os.PathLike) -> None:
+def _fsync(path: str | os.PathLike, hasher: Any = None) -> None:
+    """fsync ``path``; meanwhile (both wait outside the GIL) a thread feeds its bytes to ``hasher``, if given."""
+    failed: list[BaseException] = []
+
+    def feed() -> None:
+        try:
+            with open(path, "rb") as f:
+                while block := f.read(1 << 20):
+                    hasher.update(block)
+        except BaseException as exc:
+            failed.append(exc)
+
+    reader = threading.Thread(target=feed, name="landscape-hash") if hasher is not None else None
+    if reader is not None:
+        reader.start()
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+        if reader is not None:
+            reader.join()
+    if failed:
+        raise failed[0]
 
 
 def fsync_dir(path: str | os.PathLike) -> None:

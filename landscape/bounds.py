@@ -10,6 +10,8 @@
   surface grid (``--grid``), ``DIRECTIONS_MAX`` random directions (``directions --directions``), ``LANCZOS_STEPS_MAX``
   Lanczos steps (``hessian --lanczos-steps``: every step keeps a parameter-sized vector, and the full
   reorthogonalisation costs steps^2 x parameters).
+* **Classes**: a data set has at most ``CLASSES_MAX`` classes (labels ``0 .. CLASSES_MAX - 1``): a stray label of
+  10^9 is refused before a model's output layer is allocated for it.
 * **Waiting**: a command given ``--scheduler`` waits ``SCHEDULER_TIMEOUT_S`` seconds for the Dask scheduler.
 * **Subsets** are a count (an integer ``1 .. COUNT_MAX``) or a fraction (a float in ``(0, 1]``): ``300`` is 300
   examples and ``0.3`` is 30 %, on the command line and in a batch spec (:func:`subset_value`).
@@ -31,6 +33,7 @@ BINS_MAX = 10_000
 GRID_CELLS_MAX = 1_000_000
 DIRECTIONS_MAX = 10_000  # random directions of ``directions --directions``: all are held in memory at once
 LANCZOS_STEPS_MAX = 10_000  # ``hessian --lanczos-steps``: a (steps, parameters) basis is held at once
+CLASSES_MAX = 100_000  # classes of a data set (ImageNet-21k has 21,841): the output layer is allocated up front
 SCHEDULER_TIMEOUT_S = 10  # how long a command waits for the Dask scheduler it names (``--scheduler``)
 
 

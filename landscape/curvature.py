@@ -32,11 +32,18 @@ dropout is off); GroupNorm and LayerNorm act per example and need nothing. Compu
 asked for (float64 casts parameters, floating buffers and inputs). With pruning ``masks`` the operator is
 the Hessian restricted to the unpruned coordinates, ``P H P`` with ``P = diag(mask)``: vectors are masked
 before and after each product.
+
+A layer without a second derivative in torch (``nn.Hardsigmoid``: ``aten::hardsigmoid_backward`` has no
+derivative and no forward-mode rule) makes the first product fail inside autograd. The operator then finds the
+layer (:func:`second_derivative_culprit`: every module's double derivative is taken alone on the input it saw
+in a one-example forward, leaves first, one module per distinct layer) and raises one :class:`ModelError` line
+naming it, its type and what to do.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Iterator
 
@@ -44,6 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, jvp, vjp, vmap
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from landscape.errors import ModelError, UsageError
 from landscape.runtime import math_attention
@@ -53,6 +61,19 @@ GRAPH_FACTOR = 5.0
 RETAIN_BYTES = 2 * 2**30
 
 Vector = dict[str, Tensor]
+
+# What torch says when an operation has no second derivative: no derivative of its backward (reverse over
+# reverse), no forward-mode rule of its backward (forward over reverse), a custom Function marked
+# ``@once_differentiable`` or without ``jvp``. (Under ``torch.func`` a ``@once_differentiable`` backward is
+# differentiated as if constant, without an error: torch's behaviour, which no error can reveal.)
+_NO_SECOND = re.compile(
+    r"derivative for (?P<op>\S+) is not implemented"
+    r"|forward AD with (?P<fop>\S+) that does not support"
+    r"|(?P<once>differentiate twice)"
+    r"|(?P<jvp>implement the jvp function for custom autograd.Function)"
+)
+# Smooth stand-ins of torch's layers without a second derivative (the advice of the error line).
+_SMOOTH = {"Hardsigmoid": "a smooth gate such as nn.Sigmoid"}
 
 
 @contextlib.contextmanager
@@ -79,6 +100,129 @@ def _check_model(model: nn.Module, names: list[str], params: dict[str, Tensor]) 
                 f"{name or 'root'} is BatchNorm without running statistics, so even in eval mode it mixes the "
                 "examples of a batch and the loss is not a sum over examples; use GroupNorm or track_running_stats"
             )
+
+
+def _no_second(exc: BaseException) -> str | None:
+    """The operation named by torch's error when ``exc`` says a second derivative is missing, else None."""
+    if not isinstance(exc, (RuntimeError, NotImplementedError)):
+        return None
+    m = _NO_SECOND.search(str(exc))
+    if m is None:
+        return None
+    if m.group("once"):
+        return "a custom autograd.Function marked @once_differentiable"
+    if m.group("jvp"):
+        return "a custom autograd.Function without a jvp, which forward-over-reverse products need"
+    return m.group("op") or m.group("fop")
+
+
+def _module_inputs(model: nn.Module, tensors: dict[str, Tensor], x1: Tensor) -> dict[str, tuple]:
+    """``{module name: (args, kwargs)}`` each module was first called with in a forward of ``x1``."""
+    seen: dict[str, tuple] = {}
+    hooks = []
+    for name, m in model.named_modules():
+        def keep(_m, args, kwargs, name=name):
+            seen.setdefault(name, (args, kwargs))
+
+        hooks.append(m.register_forward_pre_hook(keep, with_kwargs=True))
+    try:
+        with torch.no_grad(), eval_mode(model), math_attention():
+            functional_call(model, tensors, (x1,))
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
+def _twice_differentiable(module: nn.Module, tensors: dict[str, Tensor], args: tuple, kwargs: dict,
+                          route: str) -> str | None:
+    """None when ``module`` alone has a second derivative at ``args`` (through ``route``: ``retained`` =
+    reverse over reverse, ``forward-over-reverse``), else the operation torch names. The scalar is a random
+    projection of the outputs, differentiated in the floating inputs and the trainable parameters."""
+    leaves, spec = tree_flatten((args, kwargs))
+    slots = [i for i, t in enumerate(leaves) if isinstance(t, Tensor) and t.is_floating_point()]
+    params = {k: t for k, t in tensors.items() if t.requires_grad}
+    constants = {k: t.detach() for k, t in tensors.items() if not t.requires_grad}
+    primals = ({k: t.detach() for k, t in params.items()}, [leaves[i].detach() for i in slots])
+    if not primals[0] and not primals[1]:
+        return None
+    gen = torch.Generator().manual_seed(0)
+
+    def noise(t: Tensor) -> Tensor:
+        return torch.randn(t.shape, generator=gen).to(t)
+
+    def projection(p: Vector, inputs: list[Tensor]) -> Tensor:
+        filled = list(leaves)
+        for i, t in zip(slots, inputs, strict=True):
+            filled[i] = t.clone()  # a layer that works in place must not write into the primal
+        a, kw = tree_unflatten(filled, spec)
+        outs = [o for o in tree_flatten(functional_call(module, {**p, **constants}, a, kw))[0]
+                if isinstance(o, Tensor) and o.is_floating_point()]
+        total = x0.new_zeros(())
+        for o in outs:
+            total = total + (o * noise(o)).sum()
+        return total
+
+    x0 = next(iter([*primals[0].values(), *primals[1]]))
+    g = grad(projection, argnums=(0, 1))
+    try:
+        with math_attention():
+            if route == "retained":
+                vjp(g, *primals)[1](tree_map(noise, primals))
+            else:
+                jvp(g, primals, tree_map(noise, primals))
+    except (RuntimeError, NotImplementedError) as exc:
+        return _no_second(exc)
+    return None
+
+
+def second_derivative_culprit(model: nn.Module, tensors: dict[str, Tensor], x1: Tensor,
+                              route: str) -> tuple[str, nn.Module, str, int] | None:
+    """The first layer of ``model`` whose own second derivative fails on the input it sees in a forward of
+    ``x1`` (``tensors``: every parameter and buffer by name, trainable ones with ``requires_grad``), as
+    ``(module name, module, operation, how many modules of its type the model has)``; None when every module
+    alone has one. Leaves are tried first, in forward order, one per distinct layer (type and settings);
+    then the other modules from the innermost out, so a module whose own ``forward`` code holds the operation
+    is found after its children pass."""
+    inputs = _module_inputs(model, {k: t.detach() for k, t in tensors.items()}, x1)
+    modules = [(name, m) for name, m in model.named_modules() if name in inputs]
+    leaves = [(name, m) for name, m in modules if next(m.children(), None) is None]
+    others = [(name, m) for name, m in reversed(modules) if next(m.children(), None) is not None]
+    tried: set[tuple] = set()
+    for name, m in leaves + others:
+        key = (type(m), m.extra_repr()) if next(m.children(), None) is None else (name,)
+        if key in tried:
+            continue
+        tried.add(key)
+        prefix = f"{name}." if name else ""
+        own = {k[len(prefix):]: t for k, t in tensors.items() if k.startswith(prefix)}
+        args, kwargs = inputs[name]
+        op = _twice_differentiable(m, own, args, kwargs, route)
+        if op is not None:
+            alike = sum(type(o) is type(m) for _, o in modules)
+            return name, m, op, alike
+    return None
+
+
+def no_second_derivative_error(model: nn.Module, tensors: dict[str, Tensor], x1: Tensor, route: str,
+                               exc: BaseException) -> ModelError:
+    """The one-line error for a Hessian-vector product that failed in ``exc`` for want of a second
+    derivative: the layer (module path and type) when one is found, else the operation torch named."""
+    op = _no_second(exc)
+    found = second_derivative_culprit(model, tensors, x1, route)
+    if found is None:
+        return ModelError(
+            f"the model uses an operation without a second derivative in torch ({op}), so its Hessian-vector "
+            "products cannot be taken; replace it by a smooth equivalent in the model's code")
+    name, module, op, alike = found
+    kind = type(module).__name__
+    where = f"layer {name} ({kind}" if name else f"the model's own forward ({kind}"
+    more = f"; {alike - 1} more {kind} layer{'s' if alike > 2 else ''} in the model" if alike > 1 else ""
+    advice = _SMOOTH.get(kind, "a smooth equivalent")
+    return ModelError(
+        f"{where}{more}) has no second derivative in torch ({op}), so the Hessian-vector products cannot be "
+        f"taken: replace it by {advice} in the model factory (and retrain, or import the weights into a run of "
+        "the new model), or freeze (requires_grad=False) every parameter before the last such layer")
 
 
 class HessianOperator:
@@ -148,7 +292,8 @@ class HessianOperator:
                 if cost > budget:
                     break
                 budget -= cost
-                self._retained[c] = vjp(grad(self._chunk_loss(c)), self.params)[1]
+                with self._second_derivative("retained"):
+                    self._retained[c] = vjp(grad(self._chunk_loss(c)), self.params)[1]
 
     # ------------------------------------------------------------------------------------------ set-up
 
@@ -205,17 +350,33 @@ class HessianOperator:
             return v
         return {k: t * self.masks[k] if k in self.masks else t for k, t in v.items()}
 
+    @contextlib.contextmanager
+    def _second_derivative(self, route: str) -> Iterator[None]:
+        """Turns torch's error for a layer without a second derivative into one line naming the layer."""
+        try:
+            yield
+        except (RuntimeError, NotImplementedError) as exc:
+            if _no_second(exc) is None:
+                raise
+            tensors = {**{k: t.requires_grad_() for k, t in self.params.items()}, **self.constants}
+            try:
+                error = no_second_derivative_error(self.model, tensors, self.chunks[0][0][:1], route, exc)
+            finally:
+                for t in self.params.values():
+                    t.requires_grad_(False)
+            raise error from None
+
     def _chunk_product(self, c: int, v: Vector, batched: bool) -> Vector:
         fn = self._retained[c]
         if fn is not None:
-            with torch.no_grad():  # no graph of the product itself (vjp_fn would build one)
+            with torch.no_grad(), self._second_derivative("retained"):  # no graph of the product itself
                 return (vmap(fn) if batched else fn)(v)[0]
         g = grad(self._chunk_loss(c))
 
         def forward_over_reverse(t: Vector) -> Vector:
             return jvp(g, (self.params,), (t,))[1]
 
-        with eval_mode(self.model):
+        with eval_mode(self.model), self._second_derivative("forward-over-reverse"):
             return (vmap(forward_over_reverse) if batched else forward_over_reverse)(v)
 
     def _product(self, v: Vector, batched: bool) -> Vector:

@@ -7,6 +7,9 @@ wrong and what to do. The CLI prints that line to stderr and exits with ``exit_c
 
 from __future__ import annotations
 
+import errno as _errno
+import os
+
 
 def one_line(exc: BaseException) -> str:
     """``error: ...`` material for any exception: a LandscapeError's message, else ``Type: message``; first line
@@ -63,6 +66,38 @@ class OutputPathError(ResultError, UsageError):
     file, has a name too long for the file system): a usage error (exit 2), and a :class:`ResultError`."""
 
     exit_code = 2
+
+
+class WriteError(LandscapeError, OSError):
+    """The system refused a file's bytes: the disk is full (ENOSPC, EDQUOT), the file would pass a size limit
+    (EFBIG: the file system's, or ``ulimit -f``), or the device failed (EIO). An :class:`OSError` with the
+    system's ``errno`` and ``filename`` (the file meant), and a failure (exit 1) whose one line names the file.
+    Raised by :mod:`landscape.atomic` after its temporary file is removed (the file is as it was before the
+    write: ``note`` says so); a writer adds what it knows (:meth:`noted`: a run's last checkpoint)."""
+
+    def __init__(self, path: str | os.PathLike, errno: int | None, strerror: str | None, note: str = ""):
+        OSError.__init__(self, errno, strerror, os.fspath(path))
+        self.note = note
+
+    @property
+    def reason(self) -> str:
+        """``disk full (<the system's words>)`` for ENOSPC / EDQUOT, else the system's words."""
+        words = self.strerror or _errno.errorcode.get(self.errno or 0, "write failed")
+        if self.errno in (_errno.ENOSPC, getattr(_errno, "EDQUOT", _errno.ENOSPC)):
+            return f"disk full ({words})"
+        if self.errno == _errno.EFBIG:
+            return f"{words} (over a file size limit: the file system's, or the shell's ulimit -f)"
+        return words
+
+    def __str__(self) -> str:
+        return f"cannot write {self.filename}: {self.reason}{self.note}"
+
+    def __reduce__(self):  # OSError pickles its args; a worker's error crosses processes whole
+        return type(self), (self.filename, self.errno, self.strerror, self.note)
+
+    def noted(self, note: str) -> WriteError:
+        """The same error with ``note`` (``"; ..."``) after the message."""
+        return WriteError(self.filename, self.errno, self.strerror, self.note + note)
 
 
 class PrivacyError(LandscapeError):

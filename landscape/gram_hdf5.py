@@ -13,7 +13,9 @@ File layout (``h5py`` or ``xarray`` read it; nothing here needs landscape to be 
     attrs: kind, n, rows, layers (JSON list, named_parameters order), chunk, created, landscape_version,
            torch_version
 
-Written atomically (:func:`landscape.atomic.atomic_write`): an interrupted computation leaves no partial file.
+Written atomically and streamed (:func:`landscape.atomic.atomic_write_hdf5`): an interrupted computation leaves
+no partial file, and a full disk stops it at the tile that did not fit, with a one-line
+:class:`landscape.errors.WriteError` (the temporary file removed).
 
 :class:`KernelFileOperator` reads a kernel of such a file back as a :class:`landscape.spectral.LinearOperator`,
 row block by row block, so Lanczos, Hutchinson and SLQ (:mod:`landscape.spectral`) run on kernels that do not
@@ -30,7 +32,7 @@ import h5py
 import torch
 from torch import nn
 
-from landscape.atomic import atomic_write
+from landscape.atomic import atomic_write_hdf5
 from landscape.errors import ResultError, UsageError
 from landscape.gram import gram_tiles
 from landscape.results import check_output_path
@@ -68,32 +70,32 @@ def gram_blocks_to_hdf5(
     tiles = gram_tiles(model, x, y, kind=kind, chunk=chunk, **options)
     side = max(1, min(rows_total, 256))
 
-    def write(tmp: Path) -> None:
-        with h5py.File(tmp, "w") as f:
-            group = f.create_group("blocks")
-            K = f.create_dataset("K", (rows_total, rows_total), dtype="f8", chunks=(side, side)) if total else None
-            where, acc, order = None, None, []
-            for rows, cols, name, tile in tiles:
-                if name not in group:
-                    order.append(name)
-                    group.create_dataset(name, (rows_total, rows_total), dtype="f8", chunks=(side, side))
-                array = tile.to(torch.float64).numpy()
-                _put(group[name], rows, cols, array)
-                if K is not None:
-                    if (rows, cols) != where:
-                        if where is not None:
-                            _put(K, *where, acc)
-                        where, acc = (rows, cols), array.copy()
-                    else:
-                        acc += array
-            if K is not None and where is not None:
-                _put(K, *where, acc)
-            f.attrs.update({"kind": kind, "n": n, "rows": rows_total, "layers": json.dumps(order),
-                            "chunk": int(chunk), "landscape_version": code_version(),
-                            "torch_version": str(torch.__version__),
-                            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")})
+    def fill(f: h5py.File, check) -> None:
+        group = f.create_group("blocks")
+        K = f.create_dataset("K", (rows_total, rows_total), dtype="f8", chunks=(side, side)) if total else None
+        where, acc, order = None, None, []
+        for rows, cols, name, tile in tiles:
+            if name not in group:
+                order.append(name)
+                group.create_dataset(name, (rows_total, rows_total), dtype="f8", chunks=(side, side))
+            array = tile.to(torch.float64).numpy()
+            _put(group[name], rows, cols, array)
+            check()  # a refused write stops the computation at this tile
+            if K is not None:
+                if (rows, cols) != where:
+                    if where is not None:
+                        _put(K, *where, acc)
+                    where, acc = (rows, cols), array.copy()
+                else:
+                    acc += array
+        if K is not None and where is not None:
+            _put(K, *where, acc)
+        f.attrs.update({"kind": kind, "n": n, "rows": rows_total, "layers": json.dumps(order),
+                        "chunk": int(chunk), "landscape_version": code_version(),
+                        "torch_version": str(torch.__version__),
+                        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")})
 
-    return atomic_write(path, write)
+    return atomic_write_hdf5(path, fill)
 
 
 def _put(dataset: h5py.Dataset, rows: slice, cols: slice, array) -> None:

@@ -461,6 +461,8 @@ def build_model(
         model = source.factory(**shape_args, **options)
     except ModelError:
         raise
+    except SystemExit as exc:  # never the command's own exit (sys.exit(0) would be a success that wrote nothing)
+        raise ModelError(f"model {name!r}: the factory called sys.exit({exc.code!r}); it must return a model") from None
     except Exception as exc:
         if source.kind == "builtin" and not isinstance(exc, (TypeError, ValueError)):
             raise
@@ -468,8 +470,22 @@ def build_model(
                          f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}") from None
     if not isinstance(model, nn.Module):
         raise ModelError(f"model {name!r}: the factory returned a {type(model).__name__}, not a torch.nn.Module")
+    _check_initialised(model, name)
     model.landscape_spec = {"name": name, "kwargs": full, **source.provenance}
     return model
+
+
+def _check_initialised(model: nn.Module, name: str) -> None:
+    """A ``Lazy`` module (``nn.LazyLinear``, ...) learns its sizes at its first forward, but a stored model is
+    rebuilt from its factory and loaded: its sizes must be known when the factory returns (one line naming it)."""
+    for path, module in model.named_modules():
+        own = [n for n, t in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+               if isinstance(t, nn.parameter.UninitializedTensorMixin)]
+        if own:
+            raise ModelError(f"model {name!r}: layer '{path or '(the model)'}' ({type(module).__name__}) has "
+                             f"uninitialised {', '.join(own)}; a stored model is rebuilt from its factory, so give "
+                             f"the layer its sizes (e.g. nn.Linear(in_features, out)) or run the model once on a "
+                             f"dummy batch before the factory returns it")
 
 
 def _positive_ints(values: Any, name: str) -> list[int]:
@@ -493,6 +509,100 @@ def model_from_spec(spec: dict) -> nn.Module:
     if not isinstance(spec, dict):
         raise ModelError(f"a model spec is a dict with 'name' and 'kwargs', got {spec!r}")
     return build_model(spec)
+
+
+# ------------------------------------------------------------------------------------- the check forward
+
+
+def check_forward(model: nn.Module, x: torch.Tensor, num_classes: int, *, what: str | None = None) -> None:
+    """One forward of ``model`` on the examples ``x`` (two are enough), where a model first meets its data (training,
+    import): a failure is one :class:`ModelError` line naming the layer it happened in (module path and type), the
+    shapes that layer was given and the error, instead of a traceback from deep inside the training loop; so are
+    logits of the wrong shape (``num_classes`` outputs per example), outputs that are not a tensor of floats and
+    The forward runs in eval mode without gradients, inside a
+    fork of the random generators, and the mode is restored: it changes no weights, statistics or random
+    stream. ``what`` names the model in the message (default: its spec's name)."""
+    what = what or _model_name(model)
+    names = {m: n or "(the model)" for n, m in model.named_modules()}
+    entered: list[tuple[nn.Module, str]] = []  # modules whose forward is running, outermost first
+    last: list[tuple[nn.Module, Any]] = []  # the module that returned most recently, and its output
+
+    def pre(module: nn.Module, args: tuple) -> None:
+        entered.append((module, _shapes(args)))
+
+    def post(module: nn.Module, args: tuple, output: Any) -> None:
+        if entered and entered[-1][0] is module:
+            entered.pop()
+        if module is not model:
+            last[:] = [(module, output)]
+
+    handles = [h for m in model.modules() for h in (m.register_forward_pre_hook(pre), m.register_forward_hook(post))]
+    training = model.training
+    device = next((t.device for t in [*model.parameters(), *model.buffers()]), x.device)
+    devices = [device] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            model.eval()
+            try:
+                out = model(x.to(device))
+            except Exception as exc:  # noqa: BLE001  (a user's forward raises anything)
+                from landscape.errors import one_line
+
+                raise ModelError(f"model {what} fails on a batch of shape {list(x.shape)} ({_dtype(x)}) "
+                                 f"{_where(model, entered, last, names)}: {one_line(exc)}") from None
+    finally:
+        model.train(training)
+        for h in handles:
+            h.remove()
+    if not isinstance(out, torch.Tensor):
+        raise ModelError(f"model {what} returns a {type(out).__name__}, not a tensor of logits (N, {num_classes}); "
+                         f"return the logits alone")
+    expected = [len(x), int(num_classes)]
+    if list(out.shape) != expected or not out.is_floating_point():
+        maker = last[0][0] if last and isinstance(last[0][1], torch.Tensor) and last[0][1].shape == out.shape else None
+        layer = f" (its last layer '{names[maker]}': {_describe(maker)})" if maker is not None else ""
+        raise ModelError(f"model {what} returns {_dtype(out)} logits of shape {list(out.shape)}{layer} for a batch of "
+                         f"{list(x.shape)}; the data set has {num_classes} classes, so it must return floats of shape "
+                         f"{expected}: build the last layer with the factory's num_classes argument")
+
+
+def _model_name(model: nn.Module) -> str:
+    spec = getattr(model, "landscape_spec", None)
+    return repr(spec["name"]) if isinstance(spec, dict) and "name" in spec else type(model).__name__
+
+
+def _shapes(value: Any) -> str:
+    """The shapes of the tensors in a module's arguments: ``[2, 64]``, ``[2, 3], [2, 3]``; ``-`` for none."""
+    if isinstance(value, torch.Tensor):
+        return str(list(value.shape))
+    if isinstance(value, (tuple, list)):
+        parts = [_shapes(v) for v in value]
+        return ", ".join(p for p in parts if p != "-") or "-"
+    return "-"
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _describe(module: nn.Module) -> str:
+    """``Linear(in_features=100, out_features=8, bias=True)``: the module's type and its own settings."""
+    extra = module.extra_repr()
+    return f"{type(module).__name__}({extra})" if extra and "\n" not in extra and len(extra) < 120 \
+        else type(module).__name__
+
+
+def _where(model: nn.Module, entered: list[tuple[nn.Module, str]], last: list, names: dict) -> str:
+    """Where a forward failed: the innermost module still running (its path, type and input shapes), and when
+    that is the model itself, the layer that returned last."""
+    if entered and entered[-1][0] is not model:
+        module, shapes = entered[-1]
+        return f"in layer '{names[module]}' ({_describe(module)}) given input {shapes}"
+    if last:
+        module, output = last[0]
+        return (f"in its own forward code, after layer '{names[module]}' ({_describe(module)}) returned "
+                f"{_shapes(output)}")
+    return "in its own forward code, before any layer"
 
 
 # ------------------------------------------------------------------------------------------ batch norm

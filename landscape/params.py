@@ -1,4 +1,5 @@
-"""Parameters as flat vectors and back; interpolation, distance and compatibility of two models.
+"""Parameters as flat vectors and back; interpolation, distance and compatibility of two models; a model's
+state dict seen through the wrappers training puts around it (``plain_names``).
 
 A :class:`ParamSpace` fixes which named tensors of a model make up a "point" in parameter space, in which
 order, with which shapes and dtypes, and whether each is a parameter (``named_parameters``) or a buffer
@@ -321,6 +322,47 @@ def dtype_kind(dtype: torch.dtype) -> str:
     if dtype.is_complex:
         return "complex"
     return "floating point" if dtype.is_floating_point else "integer"
+
+
+# The wrappers a training loop puts around a model, by class (and the top package that defines it): the attribute
+# that holds the wrapped module, which their state dicts put before each name (``_orig_mod.0.weight``).
+WRAPPERS = {("torch", "OptimizedModule"): "_orig_mod",  # torch.compile
+            ("torch", "DataParallel"): "module", ("torch", "DistributedDataParallel"): "module",
+            ("opacus", "AbstractGradSampleModule"): "_module",  # every GradSampleModule mode
+            ("opacus", "DifferentiallyPrivateDistributedDataParallel"): "module"}
+WRAPPER_PREFIXES = tuple(f"{attr}." for attr in dict.fromkeys(WRAPPERS.values()))  # of a state dict saved wrapped
+
+
+def wrapped(module: nn.Module) -> str | None:
+    """The attribute of ``module`` that holds the module it wraps (:data:`WRAPPERS`), or None: not a wrapper."""
+    for cls in type(module).__mro__:
+        attr = WRAPPERS.get((cls.__module__.partition(".")[0], cls.__name__))
+        if attr is not None and isinstance(module._modules.get(attr), nn.Module):
+            return attr
+    return None
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside the wrappers around ``model`` (nested in any order)."""
+    while (attr := wrapped(model)) is not None:
+        model = model._modules[attr]
+    return model
+
+
+def plain_names(model: nn.Module) -> dict[str, str]:
+    """``{name in model.state_dict(): the name without wrappers}``: wrappers at any depth (a compiled submodule
+    too) are looked through, so the names are those of the same model built without them."""
+    skip = {f"{name}.{attr}" if name else attr for name, module in model.named_modules(remove_duplicate=False)
+            if (attr := wrapped(module)) is not None}
+    names = {}
+    for key in model.state_dict(keep_vars=True):
+        parts, path = [], ""
+        for part in key.split("."):
+            path = f"{path}.{part}" if path else part
+            if path not in skip:
+                parts.append(part)
+        names[key] = ".".join(parts)
+    return names
 
 
 def _specs_of(x) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:

@@ -3,13 +3,16 @@
 This is the one place landscape imports code that is not its own. Models, data sets and metrics from user
 code all come through it, so the rules are stated once:
 
-- **Only named code runs.** :func:`load` imports what its caller passes, and callers pass only what the user
+- **Only named code runs.** ``load`` imports what its caller passes, and callers pass only what the user
   named (a command-line option, an API argument) or an installed entry point. Nothing read from a store, a
-  manifest or a result file is ever handed to :func:`load` by itself.
-- **Provenance.** :func:`describe` says what a reference points at, with the sha256 of the source file, so a
-  stored spec can tell later whether the code changed; :func:`check_unchanged` compares.
+  manifest or a result file is ever handed to ``load`` by itself.
+- **Provenance.** ``describe`` says what a reference points at, with the sha256 of the source file and of
+  the user's local modules it imported (``modules``: a sibling ``helpers.py`` the file imports, found as the
+  modules first imported while it ran whose files live under its folder or the working directory, outside
+  site-packages, the standard library and landscape itself), so a stored spec can tell later whether the code
+  changed; ``check_unchanged`` compares every one of them (a changed helper is changed code).
 - **One-line errors.** A malformed reference, a module that cannot be imported, a missing or non-callable
-  attribute raise :class:`PluginError` (a usage error, exit 2) naming the cause.
+  attribute raise ``PluginError`` (a usage error, exit 2) naming the cause.
 
 A file reference is loaded as a module named ``landscape_user_<stem>_<sha8>`` (so two files with the same name
 do not collide and a changed file is a new module), with the file's folder on ``sys.path`` while it executes,
@@ -24,8 +27,10 @@ import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
+import inspect
 import os
 import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +99,46 @@ def sha256_file(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
+# The local modules each user module imported when it was first loaded in this process: {target: (files)}.
+_LOCAL: dict[str, tuple[str, ...]] = {}
+
+
+def _not_user_code() -> tuple[Path, ...]:
+    """Folders whose modules are never a user's local code: the standard library, site-packages, the
+    interpreter's prefixes and landscape's own package."""
+    paths = {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    paths |= {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(__file__).resolve().parent)}
+    return tuple(Path(p).resolve() for p in paths if p)
+
+
+def _local_files(main: Path, modules: list[Any]) -> tuple[str, ...]:
+    """The source files of ``modules`` that are the user's local code beside ``main`` (under its folder or the
+    working directory; not ``main`` itself, nor anything under :func:`_not_user_code` or a site-packages)."""
+    roots = (main.parent, Path.cwd().resolve())
+    excluded = _not_user_code()
+    found = []
+    for module in modules:
+        origin = getattr(module, "__file__", None)
+        if not origin or not str(origin).endswith(".py"):
+            continue
+        path = Path(origin).resolve()
+        if path == main or not path.is_file() or "site-packages" in path.parts or "dist-packages" in path.parts:
+            continue
+        if any(path.is_relative_to(x) for x in excluded) or not any(path.is_relative_to(r) for r in roots):
+            continue
+        found.append(str(path))
+    return tuple(sorted(set(found)))
+
+
+def _imported(module: Any, before: set[str]) -> list[Any]:
+    """The modules first imported while ``module`` ran (not in ``before``), and those its namespace names (a
+    helper an earlier user module imported first)."""
+    new = [m for name, m in list(sys.modules.items()) if name not in before and m is not module]
+    named = [v if inspect.ismodule(v) else sys.modules.get(getattr(v, "__module__", "") or "")
+             for v in vars(module).values() if inspect.ismodule(v) or hasattr(v, "__module__")]
+    return [m for m in [*new, *named] if m is not None and m is not module]
+
+
 def _module_of(ref: CodeRef):
     if ref.kind == "file":
         path = Path(ref.target)
@@ -108,27 +153,59 @@ def _module_of(ref: CodeRef):
             raise PluginError(f"{ref.text!r}: {path} cannot be loaded as Python code")
         module = importlib.util.module_from_spec(spec)
         folder = str(path.parent)
+        before = set(sys.modules)
         sys.path.insert(0, folder)
         sys.modules[name] = module
         try:
             spec.loader.exec_module(module)
         except BaseException as exc:
             sys.modules.pop(name, None)
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            if isinstance(exc, KeyboardInterrupt):
                 raise
-            raise PluginError(f"{ref.text!r}: running {path.name} failed: {one_line(exc)}") from None
+            raise _import_failed(ref, path.name, exc) from None
         finally:
             try:
                 sys.path.remove(folder)
             except ValueError:
                 pass
+        _LOCAL[ref.target] = _local_files(path.resolve(), _imported(module, before))
         return module
+    before = set(sys.modules)
     try:
-        return importlib.import_module(ref.target)
+        module = importlib.import_module(ref.target)
     except ModuleNotFoundError as exc:
         raise PluginError(f"{ref.text!r}: module {exc.name or ref.target!r} is not importable") from None
-    except Exception as exc:
-        raise PluginError(f"{ref.text!r}: importing {ref.target} failed: {one_line(exc)}") from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        raise _import_failed(ref, ref.target, exc) from None
+    origin = getattr(module, "__file__", None)
+    if ref.target not in _LOCAL and origin:
+        _LOCAL[ref.target] = _local_files(Path(origin).resolve(), _imported(module, before))
+    return module
+
+
+def _import_failed(ref: CodeRef, what: str, exc: BaseException) -> PluginError:
+    """The one line for user code that failed while imported: an exception, or ``sys.exit()`` / another
+    BaseException, which would otherwise end the command (with ``sys.exit(0)``: as a success that wrote nothing)."""
+    if isinstance(exc, SystemExit):
+        return PluginError(f"{ref.text!r}: {what} called sys.exit({exc.code!r}) while being imported; a model or "
+                           f"data file defines its factory and returns (put script code under `if __name__ == "
+                           f"'__main__':`)")
+    verb = "running" if ref.kind == "file" else "importing"
+    return PluginError(f"{ref.text!r}: {verb} {what} failed: {one_line(exc)}")
+
+
+def _module_hashes(main: str | None, files: Any) -> dict[str, str | None]:
+    """``{file: sha256}`` of local modules, keyed by the path relative to ``main``'s folder where they live under
+    it (so code moved with its helpers is the same code), else absolute; a missing file hashes to None."""
+    folder = Path(main).resolve().parent if main else None
+    out: dict[str, str | None] = {}
+    for f in files:
+        path = Path(f) if folder is None else folder / f
+        key = str(path.relative_to(folder)) if folder is not None and path.is_relative_to(folder) else str(path)
+        out[key] = sha256_file(path) if path.is_file() else None
+    return out
 
 
 def load(text: str | CodeRef, *, callable_: bool = True) -> Any:
@@ -160,21 +237,33 @@ def describe(text: str | CodeRef) -> dict[str, Any]:
     if ref.kind == "file":
         if not Path(ref.target).is_file():
             raise PluginError(f"{ref.text!r}: no such file {ref.target}")
-        return {"ref": ref.text, "kind": "file", "file": ref.target, "attr": ref.attr,
-                "sha256": sha256_file(ref.target)}
-    module = _module_of(ref)
-    origin = getattr(module, "__file__", None)
-    return {"ref": ref.text, "kind": "module", "module": ref.target, "attr": ref.attr,
-            "file": origin, "sha256": sha256_file(origin) if origin and Path(origin).is_file() else None}
+        out = {"ref": ref.text, "kind": "file", "file": ref.target, "attr": ref.attr,
+               "sha256": sha256_file(ref.target)}
+    else:
+        module = _module_of(ref)
+        origin = getattr(module, "__file__", None)
+        out = {"ref": ref.text, "kind": "module", "module": ref.target, "attr": ref.attr,
+               "file": origin, "sha256": sha256_file(origin) if origin and Path(origin).is_file() else None}
+    if _LOCAL.get(ref.target):  # imported in this process: the local modules it brought
+        out["modules"] = _module_hashes(out.get("file"), _LOCAL[ref.target])
+    return out
 
 
 def check_unchanged(stored: dict[str, Any], current: dict[str, Any]) -> str | None:
-    """``None`` when ``current`` (from :func:`describe`) has the stored source hash, else a one-line reason."""
-    if stored.get("sha256") == current.get("sha256"):
-        return None
-    where = current.get("file") or current.get("module") or current.get("ref")
-    return (f"the code of {stored.get('ref') or current.get('ref')!r} changed since it was recorded "
-            f"({where}: sha256 {str(stored.get('sha256'))[:12]} then, {str(current.get('sha256'))[:12]} now)")
+    """``None`` when ``current`` (from ``describe``) has the stored source hash and every local module the
+    stored code imported (``modules``) still has its recorded hash (looked up beside ``current``'s file, without
+    importing anything), else a one-line reason naming the file that changed."""
+    name = stored.get("ref") or current.get("ref")
+    if stored.get("sha256") != current.get("sha256"):
+        where = current.get("file") or current.get("module") or current.get("ref")
+        return (f"the code of {name!r} changed since it was recorded "
+                f"({where}: sha256 {str(stored.get('sha256'))[:12]} then, {str(current.get('sha256'))[:12]} now)")
+    now = _module_hashes(current.get("file"), list(stored.get("modules") or {}))
+    for key, then in (stored.get("modules") or {}).items():
+        if now.get(key) != then:
+            return (f"the code of {name!r} changed since it was recorded (its local module {key}: sha256 "
+                    f"{str(then)[:12]} then, {'missing' if now.get(key) is None else now[key][:12]} now)")
+    return None
 
 
 def entry_points(group: str) -> dict[str, importlib.metadata.EntryPoint]:
@@ -184,7 +273,7 @@ def entry_points(group: str) -> dict[str, importlib.metadata.EntryPoint]:
 
 def load_entry_point(group: str, name: str) -> tuple[Any, dict[str, Any]]:
     """The object an installed entry point names and its provenance ``{"entry_point", "group", "value",
-    "package", "version"}``; :class:`PluginError` when no installed package provides ``name`` in ``group``."""
+    "package", "version"}``; ``PluginError`` when no installed package provides ``name`` in ``group``."""
     found = entry_points(group)
     if name not in found:
         raise PluginError(f"no installed package provides {name!r} in {group}")
@@ -195,7 +284,9 @@ def load_entry_point(group: str, name: str) -> tuple[Any, dict[str, Any]]:
             "version": dist.version if dist is not None else None}
     try:
         return ep.load(), info
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # sys.exit() at import too: never the command's own exit
         raise PluginError(f"entry point {name!r} ({ep.value}) of {group} failed to load: {one_line(exc)}") from None
 
 
@@ -262,8 +353,8 @@ def _with(state: TrustState, refs: Any, accept_changed: bool) -> TrustState:
 
 @contextlib.contextmanager
 def trusting(refs: Any = (), *, accept_changed: bool = False):
-    """Inside the block, stored specs naming ``refs`` may be rebuilt (see :func:`trust`); a
-    :class:`TrustState` (from a parent process) is installed as it is."""
+    """Inside the block, stored specs naming ``refs`` may be rebuilt (see ``trust``); a
+    ``TrustState`` (from a parent process) is installed as it is."""
     if isinstance(refs, TrustState):
         token = _TRUST.set(_with(_NOTHING_TRUSTED, refs.refs, refs.accept_changed))
     else:
@@ -284,8 +375,8 @@ def canonical(text: str | CodeRef) -> str:
 
 
 def named_code(stored: dict[str, Any], what: str) -> CodeRef:
-    """The reference the user named for the code a stored spec records (``stored`` from :func:`describe`), or
-    :class:`PluginError` saying which ``--code`` to pass. Nothing is imported to decide: a named file of the same
+    """The reference the user named for the code a stored spec records (``stored`` from ``describe``), or
+    ``PluginError`` saying which ``--code`` to pass. Nothing is imported to decide: a named file of the same
     name at another path counts when its bytes have the recorded sha256 (the code moved with the store), or,
     when changed code is accepted, when it is the only such file named."""
     if not isinstance(stored, dict) or stored.get("kind") not in ("file", "module") or not stored.get("attr"):
@@ -309,11 +400,13 @@ def named_code(stored: dict[str, Any], what: str) -> CodeRef:
 
 
 def checked_code(stored: dict[str, Any], what: str) -> tuple[CodeRef, dict[str, Any]]:
-    """:func:`named_code` and its current :func:`describe`, refusing (:class:`CodeChangedError`) when the source
+    """``named_code`` and its current ``describe``, refusing (``CodeChangedError``) when the source
     hash changed since ``stored`` was recorded, unless the user accepted changed code; an accepted change is
     recorded in the returned description as ``accepted_change_from`` (the recorded sha256)."""
     ref = named_code(stored, what)
     current = describe(ref)
+    if "modules" not in current and stored.get("modules"):  # not imported yet: the recorded helpers, hashed now
+        current = {**current, "modules": _module_hashes(current.get("file"), list(stored["modules"]))}
     reason = check_unchanged(stored, current)
     if reason is not None:
         if not _TRUST.get().accept_changed:

@@ -1,4 +1,5 @@
-"""Process-wide runtime settings: threads, device, seeds, and the code version recorded in every file."""
+"""Process-wide runtime settings: threads, device, seeds, portable mode, and the code version recorded in every
+file."""
 
 from __future__ import annotations
 
@@ -15,8 +16,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from landscape import __version__
 from landscape.errors import UsageError
@@ -69,11 +68,15 @@ def check_device_name(name: str) -> str:
 
 
 def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
-    """``auto`` -> cuda when present, else cpu; an explicit ``cuda`` without a GPU is a usage error."""
+    """``auto`` -> cuda when present, else cpu (always cpu in portable mode); an explicit ``cuda`` without a GPU,
+    or in portable mode, is a usage error."""
     import torch
 
     if device is None or str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device("cuda" if torch.cuda.is_available() and not _PORTABLE else "cpu")
+    if _PORTABLE and str(device).startswith("cuda"):
+        raise UsageError(f"--device {device}: portable mode computes on the CPU (GPUs round as their model does); "
+                         "use --device cpu or leave portable mode")
     try:
         dev = torch.device(device)
     except RuntimeError:
@@ -102,14 +105,139 @@ def math_attention() -> Iterator[None]:
         torch.backends.mha.set_fastpath_enabled(fastpath)
 
 
+# ------------------------------------------------------------------------------------------ portable mode
+
+PORTABLE_ENV = "LANDSCAPE_PORTABLE"
+
+#: What portable mode sets in the environment before torch and numpy load (their libraries read it once, when
+#: they start): the code paths that every x86-64 CPU runs alike, instead of the fastest for this one.
+PORTABLE_SETTINGS = {
+    "ATEN_CPU_CAPABILITY": "default",  # torch's own kernels as compiled for any x86-64, not their AVX2 / AVX-512 ones
+    "MKL_CBWR": "COMPATIBLE",  # MKL (torch's matrix products): its reproducible code path for any x86-64 CPU
+    "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",  # one thread: one order of every reduction
+    "OPENBLAS_NUM_THREADS": "1",
+    "OPENBLAS_CORETYPE": "Prescott",  # numpy's / scipy's OpenBLAS: kernels for any x86-64, not this CPU's
+    # numpy's loops for its baseline, not the AVX2 / AVX-512 ones (exp, log, tanh, sin... differ in the last bit);
+    # the names of numpy >= 2.4 and of earlier versions (numpy ignores names it does not know)
+    "NPY_DISABLE_CPU_FEATURES": "X86_V3 X86_V4 AVX512_ICL AVX512_SPR AVX512F AVX512CD AVX512_KNL AVX512_KNM "
+                                "AVX512_SKX AVX512_CLX AVX512_CNL AVX2 FMA3 F16C AVX",
+}
+
+_PORTABLE = False  # use_portable() succeeded in this process
+
+
+def portable_requested() -> bool:
+    """Whether ``$LANDSCAPE_PORTABLE`` asks for portable mode (``1``, ``true``, ``yes``, ``on``)."""
+    return os.environ.get(PORTABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def use_portable() -> None:
+    """Portable mode: every float kernel pinned to a code path that any x86-64 CPU runs alike, so the same seed gives
+    bit-identical runs and results on every machine (at a cost in speed: docs/reproducibility.md).
+
+    Before torch and numpy are loaded it sets :data:`PORTABLE_SETTINGS` in the environment (for this process and
+    the processes it starts), imports torch and switches off what the environment cannot (oneDNN and NNPACK, whose
+    convolutions are chosen by the CPU and its cache sizes; one torch thread; deterministic algorithms). Once
+    torch is loaded its kernels are chosen: then it only checks, and a process started without the settings is a
+    UsageError that says how to start it. ``$LANDSCAPE_PORTABLE=1`` calls it when ``landscape`` is imported and
+    ``landscape --portable`` before the command."""
+    global _PORTABLE
+    for key, value in PORTABLE_SETTINGS.items():  # read by a library when it loads: only before it is
+        if ("numpy" if key.startswith(("NPY_", "OPENBLAS_")) else "torch") not in sys.modules:
+            os.environ[key] = value
+    os.environ[PORTABLE_ENV] = "1"  # the processes this one starts (workers) are portable too
+    import torch
+
+    problems = [p for p in _portable_problems(torch) if not p.startswith("torch uses")]
+    if problems:
+        more = f" and {len(problems) - 3} more" if len(problems) > 3 else ""
+        raise UsageError(f"portable mode must be chosen before torch and numpy are loaded, and this process loaded "
+                         f"them without it ({', '.join(problems[:3])}{more}): start the process with "
+                         f"{PORTABLE_ENV}=1, or call landscape.runtime.use_portable() before importing torch")
+    torch.backends.mkldnn.enabled = False
+    torch.backends.nnpack.set_flags(False)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    _PORTABLE = True
+
+
+def _portable_problems(torch) -> list[str]:  # noqa: ANN001 -- the torch module
+    """What in this process is not as portable mode pins it (empty: portable)."""
+    problems = []
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability != "DEFAULT":
+        problems.append(f"torch runs its {capability} kernels")
+    problems += [f"${k} is not {v}" for k, v in PORTABLE_SETTINGS.items()
+                 if k not in ("NPY_DISABLE_CPU_FEATURES", "ATEN_CPU_CAPABILITY") and os.environ.get(k) != v]
+    umath = sys.modules.get("numpy._core._multiarray_umath") or sys.modules.get("numpy.core._multiarray_umath")
+    if umath is not None:  # numpy is loaded: the loops it dispatches to
+        on = [f for f in umath.__cpu_dispatch__ if umath.__cpu_features__.get(f)]
+        if on:
+            problems.append(f"numpy runs its {'/'.join(on)} loops")
+    if torch.backends.mkldnn.enabled:
+        problems.append("torch uses oneDNN")
+    if torch._C._get_nnpack_enabled():
+        problems.append("torch uses NNPACK")
+    if torch.get_num_threads() != 1:
+        problems.append(f"torch uses {torch.get_num_threads()} threads")
+    if not torch.are_deterministic_algorithms_enabled():
+        problems.append("torch uses nondeterministic algorithms")
+    return problems
+
+
+def local_only(what: str) -> None:
+    """A UsageError in portable mode: ``what`` (a Dask cluster) computes in processes this one does not start, whose
+    kernels it cannot pin."""
+    if portable_mode():
+        raise UsageError(f"{what}: portable mode computes in this machine's processes only (--workers N), not on "
+                         "a cluster whose workers choose their own kernels")
+
+
+def portable_mode() -> bool:
+    """Whether this process computes in portable mode now (:func:`use_portable` succeeded and nothing it pinned was
+    changed since): what every run and result records."""
+    torch = sys.modules.get("torch")
+    return _PORTABLE and (torch is None or not _portable_problems(torch))
+
+
 def seed_everything(seed: int) -> torch.Generator:
     """Seed python, numpy and torch; return a CPU generator seeded with ``seed`` for explicit use."""
+    import numpy as np
     import torch
 
     random.seed(seed)
     np.random.seed(seed % 2**32)  # noqa: NPY002 - seeds legacy global-state users too
     torch.manual_seed(seed)
     return torch.Generator().manual_seed(seed)
+
+
+#: The packages whose versions every run and result records (when installed; read from their metadata, so
+#: none is imported for it: Opacus, a test reference, stays unloaded).
+ENVIRONMENT_PACKAGES = ("torch", "torchvision", "opacus", "numpy", "dp-accounting")
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> dict[str, str]:
+    """``{"python": ..., "torch": ..., "torchvision": ..., "opacus": ..., ...}``: the versions a run or result is
+    made with, each package only when installed (:data:`ENVIRONMENT_PACKAGES`), read without importing anything,
+    so every process says the same: the ``__version__`` its ``version.py`` states (torch's and torchvision's
+    carry the build, ``2.5.1+cu124``), else the installed metadata's."""
+    import platform
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for name in ENVIRONMENT_PACKAGES:
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        version = dist.version
+        with contextlib.suppress(OSError, TypeError):
+            text = Path(str(dist.locate_file(f"{name.replace('-', '_')}/version.py"))).read_text()
+            found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+            version = found.group(1) if found else version
+        out[name] = str(version)
+    return out
 
 
 @functools.lru_cache(maxsize=1)

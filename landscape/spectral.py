@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from landscape import progress
 from landscape.errors import UsageError
 from landscape.evaluate.allocator import tuned_allocator
 
@@ -233,6 +234,16 @@ def lanczos(
 # ----------------------------------------------------------------------------------------- estimators
 
 
+def _counted(matvec: Callable[[Tensor, Tensor], Tensor], task: progress.Task) -> Callable[[Tensor, Tensor], Tensor]:
+    """``matvec`` that advances ``task`` by one per product."""
+    def counted(v: Tensor, out: Tensor) -> Tensor:
+        result = matvec(v, out)
+        task.update(1)
+        return result
+
+    return counted
+
+
 def _draw(op: LinearOperator, k: int, generator: torch.Generator, kind: str, dtype: torch.dtype,
           out: Tensor | None = None) -> Tensor:
     """``k`` random flat vectors in the operator's free subspace (the unpruned coordinates of a masked
@@ -282,25 +293,28 @@ def top_eigenvalues(op: LinearOperator, k: int, *, steps: int = 80, tol: float =
     # costs page faults on its first write, more than the arithmetic on it, for large models)
     basis = torch.empty(steps + 1, 1, int(getattr(op, "numel", op.dim)), dtype=dtype, device=op.device)
     start = _draw(op, 1, gen, "gaussian", dtype, out=basis[0])
-    run = lanczos(op.matvec, start, steps, draw=lambda n: _draw(op, n, gen, "gaussian", dtype), stop=converged,
-                  basis=basis)
-    theta, s = run.ritz()
-    theta, s = theta[::-1][:k].copy(), s[:, ::-1][:, :k]
-    coefficients = torch.as_tensor(s.T.copy(), dtype=dtype, device=op.device)
-    rows = run.basis[:, 0]
-    if k == 1:  # u = sum_i s_i q_i formed over q_0's row, H u into the Lanczos residual's: memory already touched
-        ritz = rows[:1].mul_(coefficients[0, 0])
-        ritz[0].addmv_(rows[1:].t(), coefficients[0, 1:])
-        products = run.residual
-    else:
-        ritz = torch.empty(min(k, BLOCK), rows.shape[1], dtype=dtype, device=op.device)
-        products = torch.empty_like(ritz)
-    residuals = []
-    for i in range(0, k, BLOCK):
-        u = ritz if k == 1 else torch.mm(coefficients[i:i + BLOCK], rows, out=ritz[: min(BLOCK, k - i)])
-        hu = op.matvec(u, out=products[: len(u)])
-        th = torch.as_tensor(theta[i:i + BLOCK], dtype=dtype, device=op.device)[:, None]
-        residuals.append(_norms(hu.sub_(u.mul_(th))).cpu().numpy())  # H u - theta u, in place
+    # at most ``steps`` Lanczos products (fewer when it converges), then one per block of residuals
+    with progress.task(f"top-{k} eigenvalues (Lanczos)", total=steps + -(-k // BLOCK), unit="products") as task:
+        run = lanczos(_counted(op.matvec, task), start, steps, draw=lambda n: _draw(op, n, gen, "gaussian", dtype),
+                      stop=converged, basis=basis)
+        theta, s = run.ritz()
+        theta, s = theta[::-1][:k].copy(), s[:, ::-1][:, :k]
+        coefficients = torch.as_tensor(s.T.copy(), dtype=dtype, device=op.device)
+        rows = run.basis[:, 0]
+        if k == 1:  # u = sum_i s_i q_i formed over q_0's row, H u into the Lanczos residual's: memory already touched
+            ritz = rows[:1].mul_(coefficients[0, 0])
+            ritz[0].addmv_(rows[1:].t(), coefficients[0, 1:])
+            products = run.residual
+        else:
+            ritz = torch.empty(min(k, BLOCK), rows.shape[1], dtype=dtype, device=op.device)
+            products = torch.empty_like(ritz)
+        residuals = []
+        for i in range(0, k, BLOCK):
+            u = ritz if k == 1 else torch.mm(coefficients[i:i + BLOCK], rows, out=ritz[: min(BLOCK, k - i)])
+            hu = op.matvec(u, out=products[: len(u)])
+            th = torch.as_tensor(theta[i:i + BLOCK], dtype=dtype, device=op.device)[:, None]
+            residuals.append(_norms(hu.sub_(u.mul_(th))).cpu().numpy())  # H u - theta u, in place
+            task.update(1)
     return TopEigen(eigenvalues=theta, residuals=np.concatenate(residuals), steps=run.steps)
 
 
@@ -324,9 +338,11 @@ def hutchinson_trace(op: LinearOperator, probes: int, *, seed: int = 0) -> Trace
     """Hutchinson's trace estimate with ``probes`` Rademacher vectors, ``BLOCK`` per vectorised product."""
     gen = torch.Generator().manual_seed(int(seed))
     out = []
-    for i in range(0, probes, BLOCK):
-        z = _draw(op, min(BLOCK, probes - i), gen, "rademacher", op.dtype)
-        out.append(_dots(z.double(), op.matvec(z).double()).cpu().numpy())
+    with progress.task("trace (Hutchinson)", total=probes, unit="probes") as task:
+        for i in range(0, probes, BLOCK):
+            z = _draw(op, min(BLOCK, probes - i), gen, "rademacher", op.dtype)
+            out.append(_dots(z.double(), op.matvec(z).double()).cpu().numpy())
+            task.update(len(z))
     return TraceEstimate(samples=np.concatenate(out))
 
 
@@ -364,14 +380,18 @@ def spectral_density(op: LinearOperator, runs: int, steps: int, *, sigma: float 
     """Stochastic Lanczos quadrature with ``runs`` normalised Rademacher starts of ``steps`` steps each."""
     gen = torch.Generator().manual_seed(int(seed))
     nodes, weights = [], []
-    for i in range(0, runs, BLOCK):
-        start = _draw(op, min(BLOCK, runs - i), gen, "rademacher", op.dtype)
-        run = lanczos(op.matvec, start, min(steps, op.dim),
-                      draw=lambda n: _draw(op, n, gen, "gaussian", op.dtype))
-        for b in range(start.shape[0]):
-            theta, s = run.ritz(b)
-            nodes.append(theta)
-            weights.append(s[0] ** 2)
+    steps = min(steps, op.dim)
+    # one unit: one Lanczos step of a block of up to BLOCK runs (one product of as many vectors)
+    with progress.task(f"spectral density (SLQ, {runs} runs)", total=-(-runs // BLOCK) * steps,
+                       unit="steps") as task:
+        for i in range(0, runs, BLOCK):
+            start = _draw(op, min(BLOCK, runs - i), gen, "rademacher", op.dtype)
+            run = lanczos(_counted(op.matvec, task), start, steps,
+                          draw=lambda n: _draw(op, n, gen, "gaussian", op.dtype))
+            for b in range(start.shape[0]):
+                theta, s = run.ritz(b)
+                nodes.append(theta)
+                weights.append(s[0] ** 2)
     nodes_a, weights_a = np.stack(nodes), np.stack(weights)
     grid, width = density_grid(nodes_a, sigma)
     return SpectralDensity(nodes=nodes_a, weights=weights_a, grid=grid,

@@ -6,7 +6,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-import torch  # noqa: E402
+import landscape  # noqa: E402,F401,I001 -- first: with $LANDSCAPE_PORTABLE=1 it pins torch's kernels
+import torch  # noqa: E402,I001
 
 torch.set_num_threads(1)
 
@@ -34,6 +35,14 @@ def run_cli(*args, capsys) -> tuple[int, str, str]:
 def _work_in_tmp_path(tmp_path, monkeypatch):
     """Run every test in its own directory, so default outputs (results/, checkpoints/) never land in the repo."""
     monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def _no_progress_lines(monkeypatch):
+    """Tests compare a command's stderr line by line; its progress lines (2 s after work begins, then every 10 s)
+    would come and go with the machine's load. Here the first comes after hours; tests/test_progress.py sets the
+    interval it tests (subprocesses inherit this one)."""
+    monkeypatch.setenv("LANDSCAPE_PROGRESS_INTERVAL", "86400")
 
 
 @pytest.fixture(scope="session")

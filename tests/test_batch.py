@@ -258,9 +258,9 @@ def test_local_cluster_gives_the_same_results(reference, tmp_path):
     _assert_same(reference[1], _snapshot(tmp_path))
 
 
-def _start(args: list[str], cwd: Path, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(args, cwd=cwd, env=_env(), stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+def _start(args: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen(args, cwd=cwd, env={**_env(), **(env or {})}, stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -286,12 +286,46 @@ def _wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+# A dask worker preload: after a worker writes run r-s0's first checkpoint it says so (``waiting-<pid>``) and waits
+# until the test writes ``go``, so the test kills it while the job runs, however busy the machine is.
+GATE = """\
+import os, time
+from pathlib import Path
+
+from landscape.store.core import Run
+
+gate = Path(os.environ["LANDSCAPE_TEST_GATE"])
+
+
+def gated(save):
+    def save_and_wait(self, state_dict, *, step, **kwargs):
+        out = save(self, state_dict, step=step, **kwargs)
+        if self.name == "r-s0" and step == 0:
+            (gate / f"waiting-{os.getpid()}").touch()
+            while not (gate / "go").exists():
+                time.sleep(0.05)
+        return out
+
+    save_and_wait.gated = True
+    return save_and_wait
+
+
+if not getattr(Run.save_checkpoint, "gated", False):  # dask may run a preload twice
+    Run.save_checkpoint = gated(Run.save_checkpoint)
+"""
+
+
 def test_dask_scheduler_and_workers_killed_worker_retried(reference, tmp_path):
-    """``dask scheduler`` + two ``dask worker`` on 127.0.0.1; one worker is SIGKILLed while it runs a training
-    job: Dask reruns that job on the other worker (the run resumes) and every result equals the reference."""
+    """``dask scheduler`` + two ``dask worker`` on 127.0.0.1; the worker running training job base-seed0 is
+    SIGKILLed while that job waits (after its first checkpoint) on a file the test writes only after the kill:
+    Dask reruns the job on the other worker (the run resumes) and every result equals the reference."""
     from distributed import Client
 
     _write(tmp_path, SPEC)
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    (tmp_path / "gate.py").write_text(GATE)
+    env = {"LANDSCAPE_TEST_GATE": str(gate)}
     dask = [PY, "-m", "distributed.cli.dask_scheduler"]
     sched_file = tmp_path / "scheduler.json"
     procs = [_start([*dask, "--host", "127.0.0.1", "--port", "0", "--no-dashboard", "--scheduler-file",
@@ -302,29 +336,26 @@ def test_dask_scheduler_and_workers_killed_worker_retried(reference, tmp_path):
         for i in range(2):
             procs.append(_start([PY, "-m", "distributed.cli.dask_worker", "--scheduler-file", str(sched_file),
                                  "--nthreads", "1", "--nworkers", "1", "--no-nanny", "--host", "127.0.0.1",
-                                 "--no-dashboard", "--name", f"w{i}"], tmp_path, tmp_path / f"worker{i}.log"))
+                                 "--no-dashboard", "--name", f"w{i}", "--preload", str(tmp_path / "gate.py")],
+                                tmp_path, tmp_path / f"worker{i}.log", env))
         client = Client(scheduler_file=str(sched_file), timeout="30s")
         address = client.scheduler.address
         assert address.startswith("tcp://127.0.0.1:")
         client.wait_for_workers(2, timeout=60)
-        pids = client.run(os.getpid)
+        workers = {pid: worker for worker, pid in client.run(os.getpid).items()}
         batch = subprocess.Popen([PY, "-m", "cli.main", "batch", "spec.yaml", "--scheduler", address], cwd=tmp_path,
                                  env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-        def training_worker():
-            for worker, keys in client.processing().items():
-                if any(str(k).startswith("batch-base-seed0-") for k in keys) and \
-                        (tmp_path / "checkpoints/r-s0/manifest.json").exists():
-                    return worker
-            return None
-
-        victim = _wait_for(training_worker, 90, "a worker running base-seed0")
-        os.kill(pids[victim], signal.SIGKILL)
-        out, err = batch.communicate(timeout=150)
+        waiting = _wait_for(lambda: list(gate.glob("waiting-*")), 300, "a worker running base-seed0")
+        assert len(waiting) == 1 and (tmp_path / "checkpoints/r-s0/manifest.json").exists()
+        pid = int(waiting[0].name.removeprefix("waiting-"))
+        victim = workers[pid]
+        os.kill(pid, signal.SIGKILL)
+        (gate / "go").touch()  # the job is running on no worker now: its rerun may go on
+        out, err = batch.communicate(timeout=300)
         proc = subprocess.CompletedProcess(batch.args, batch.returncode, out, err)
         _check_report(proc, tmp_path)
         assert len(client.scheduler_info()["workers"]) == 1  # the killed worker is gone; the other did the rest
-        # the output says so (issue 23 item 5): the lost worker and the job Dask ran again
+        # the output says so: the lost worker and the job Dask ran again
         lost = [line for line in err.splitlines() if line.startswith(f"lost worker {victim}")]
         assert len(lost) == 1 and "base-seed0" in lost[0], err
         assert f"1 worker(s) lost mid-batch ({victim}); job(s) rerun on other workers: " in out, out

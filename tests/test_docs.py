@@ -14,9 +14,20 @@ comments on the lines just before a block (invisible on the site), say how:
 - ``<!-- run: record NAME -->``: what the block prints (its commands' output, a Python block's stdout) is the
   generated file ``docs/generated/NAME``, which the page shows (``--8<-- "docs/generated/NAME"``). Here the
   block runs at test scale and must print the committed file's lines with only the numbers changed (at the
-  page's own size, with no ``sub`` applied and no snippet made at test scale, the numbers too, within the
-  block's ``tol``). ``python tests/test_docs.py --record [PAGE...]`` (``make docs-numbers``) runs the pages
-  at their own size, every ``scale`` and ``sub`` ignored, and rewrites the files.
+  page's own size, with no ``sub`` applied and no snippet made at test scale, the numbers too: see below).
+  ``python tests/test_docs.py --record [PAGE...]`` (``make docs-numbers``) runs the pages at their own size,
+  every ``scale`` and ``sub`` ignored, under several float-kernel settings (``KERNELS``: the code paths other
+  x86-64 CPUs take), and rewrites the files: a number that differs between the settings is written as the range
+  of its values, ``0.0863–0.1176``, a word as its alternatives, ``False/True``.
+- ``<!-- run: spread NAME -->``: as ``record``, and the numbers are measured at other seeds too: every
+  ``landscape train`` / ``phases`` command of the page without ``--seed`` runs with ``--seed`` 1 and 2 as well
+  (``SPREAD_SEEDS``), so the ranges are over seeds and kernel settings. On a ``console`` block (the numbers a
+  training prints) NAME holds its commands and the lines the page shows, with the measured numbers; the
+  printed lines and the page's own must both be within them.
+
+At the page's own size a number is checked against the generated file's: a range ``lo–hi`` widened by its
+width on each side (another machine is one more draw, and a few draws seldom reach the extremes), a single
+number within the block's ``tol``.
 
 Prose numbers: ``<!-- numbers: NAME... -->`` on the line above a paragraph says where its numbers come from:
 a generated file (``docs/generated/NAME``; a path with a ``/`` is relative to the repository, e.g. a
@@ -171,34 +182,41 @@ def same_line(expected: str, actual: str, tol: float) -> bool:
     return True
 
 
-def check_output(expected: list[str], actual: str, tol: float, where: str) -> None:
+def check_output(expected: list[str], actual: str, tol: float, where: str) -> list[str]:
+    """The expected lines in the printed output, in order (``...`` skips lines); the printed lines they matched."""
     lines = [line for line in actual.splitlines() if line.strip()]
-    pos = 0
+    pos, matched = 0, []
     for want in expected:
         if want.strip() == "...":
             continue
         while pos < len(lines) and not same_line(want.strip(), lines[pos].strip(), tol):
             pos += 1
         assert pos < len(lines), f"{where}: printed line not found (tolerance {tol}):\n  {want}\nin:\n{actual}"
+        matched.append(lines[pos])
         pos += 1
+    return matched
 
 
-def run_page(name: str, scratch: Path, record: bool = False) -> int:
+def run_page(name: str, scratch: Path, record: bool = False, seed: int | None = None,
+             out: Path = GENERATED) -> int:
     """Run every block of a page; the number of blocks run. An included snippet (``--8<-- "docs/_snippets/X.md"``:
     the runs a page reads, shown on the page) runs once per session; its directory is copied into the page's.
-    ``record``: at the page's own size, writing every ``record`` block's output to ``docs/generated/``; the
-    page stops after its last ``record`` block."""
+    ``record``: at the page's own size, writing every ``record`` and ``spread`` block's output to ``out``; the
+    page stops after its last such block. ``seed``: every ``landscape train`` / ``phases`` command that names no
+    ``--seed`` gets this one (and only ``spread`` blocks are recorded, the page stopping after its last)."""
     for link in ("examples", "benchmarks"):
         (scratch / link).symlink_to(REPO / link)
     text = (DOCS / name).read_text()
     if record:  # nothing after the last recorded block
         lines = text.splitlines(keepends=True)
-        last = max(i for i, line in enumerate(lines) if line.startswith("<!-- run: record "))
+        kinds = ("<!-- run: spread ",) if seed is not None else ("<!-- run: record ", "<!-- run: spread ")
+        last = max(i for i, line in enumerate(lines) if line.startswith(kinds))
         opening = next(i for i in range(last + 1, len(lines)) if lines[i].lstrip().startswith("```"))
         fence = lines[opening].strip().rstrip("abcdefghijklmnopqrstuvwxyz")
         closing = next(i for i in range(opening + 1, len(lines)) if lines[i].strip() == fence)
         text = "".join(lines[:closing + 1])
-    state = {"scale": {}, "namespace": {"__name__": "__docs__"}, "record": record, "reduced": False}
+    state = {"scale": {}, "namespace": {"__name__": "__docs__"}, "record": record, "reduced": False, "seed": seed,
+             "out": out}
     ran, pos = 0, 0
     for m in SNIPPET.finditer(text):
         ran += run_text(text[pos:m.start()], name, scratch, state)
@@ -209,7 +227,7 @@ def run_page(name: str, scratch: Path, record: bool = False) -> int:
                 (done / link).symlink_to(REPO / link)
             cwd = os.getcwd()
             os.chdir(done)
-            setup = {"scale": {}, "namespace": {}, "record": record, "reduced": False}
+            setup = {"scale": {}, "namespace": {}, "record": record, "reduced": False, "seed": seed, "out": out}
             try:
                 run_text((REPO / snippet).read_text(), snippet, done, setup)
             finally:
@@ -224,10 +242,11 @@ def run_page(name: str, scratch: Path, record: bool = False) -> int:
 
 
 def run_text(text: str, name: str, scratch: Path, state: dict) -> int:
-    scale, namespace, record = state["scale"], state["namespace"], state.get("record", False)
+    scale, namespace, record, seed = state["scale"], state["namespace"], state.get("record", False), state.get("seed")
     ran = 0
     for lang, code, markers, line in blocks(text):
         where, tol, skip, target, own_size = f"docs/{name}:{line}", 0.0, None, None, not scale and not state["reduced"]
+        over_seeds = False  # a spread block: measured at other seeds too
         for marker in markers:
             verb, *args = shlex.split(marker)
             if verb == "skip":
@@ -246,14 +265,14 @@ def run_text(text: str, name: str, scratch: Path, state: dict) -> int:
                     state["reduced"] |= name.startswith("docs/_snippets/")  # what a snippet makes, every page reads
             elif verb == "tol":
                 tol = float(args[0])
-            elif verb == "record":
-                assert len(args) == 1 and re.fullmatch(r"[\w.-]+", args[0]), f"{where}: record NAME"
-                target = GENERATED / args[0]
+            elif verb in ("record", "spread"):
+                assert len(args) == 1 and re.fullmatch(r"[\w.-]+", args[0]), f"{where}: {verb} NAME"
+                target, over_seeds = GENERATED / args[0], verb == "spread"
             else:
                 raise AssertionError(f"{where}: unknown marker {marker!r}")
         if skip or lang not in SHELL | {"python"}:
             continue
-        assert target is None or lang in ("bash", "sh", "python"), f"{where}: record a bash or python block"
+        assert target is None or over_seeds or lang != "console", f"{where}: a console block's numbers: spread NAME"
         ran += 1
         printed = []
         if lang == "python" and re.match(r"# ([\w.-]+\.py)\n", code):  # a file the next commands name
@@ -268,40 +287,87 @@ def run_text(text: str, name: str, scratch: Path, state: dict) -> int:
                 sys.path.remove(str(scratch))
             printed.append(out.getvalue())
         elif lang == "console":
+            shown, transcript = [], []  # a spread block: the page's lines and the printed ones, each command's
             for cmd, expected in console(code):
                 ((env, argv),) = commands(cmd)
-                rc, out = run_command(env, argv, {} if record else scale)
+                rc, out = run_command(env, seeded(argv, seed), {} if record else scale)
                 fails = bool(expected) and expected[0].startswith("error:")
                 assert (rc != 0) == fails, f"{where}: `{cmd}` exited {rc}:\n{out}"
-                check_output(expected, out, tol, f"{where}: `{cmd}`")
+                if target is None:
+                    check_output(expected, out, tol, f"{where}: `{cmd}`")
+                    continue
+                expected = [want for want in expected if want.strip() != "..."]
+                matched = check_output(expected, out, float("inf"), f"{where}: `{cmd}`")  # the lines, any number
+                shown += [f"$ {cmd}", *expected]
+                transcript += [f"$ {cmd}", *(respell(got, ["*" if w == "*" else g for w, g in zip(want.split(), got.split(),
+                                                                                                strict=True)])
+                                             for want, got in zip(expected, matched, strict=True))]
+            printed.append("\n".join(transcript) + "\n")
+            if target and not record:  # what the page shows is within the measured spread, too
+                check_recorded(target, "\n".join(shown), tol, f"{where} (the page)")
         else:
             for env, argv in commands(code):
-                rc, out = run_command(env, argv, {} if record else scale)
+                rc, out = run_command(env, seeded(argv, seed), {} if record else scale)
                 assert rc == 0, f"{where}: `{shlex.join(argv)}` exited {rc}:\n{out[-3000:]}"
                 printed.append(out)
         if target and record:
-            target.write_text("".join(printed))
-            print(f"wrote {target.relative_to(REPO)}", file=sys.__stderr__)
+            if seed is None or over_seeds:  # a run at another seed records only the spread blocks
+                (state["out"] / target.name).write_text("".join(printed))
         elif target:
             check_recorded(target, "".join(printed), tol if own_size else None, where)
     return ran
 
 
+def seeded(argv: list[str], seed: int | None) -> list[str]:
+    """A ``landscape train`` or ``phases`` command that names no ``--seed`` with ``--seed seed`` added (a spread's
+    other seeds, ``make docs-numbers``); every other command as it is."""
+    if seed is None or argv[:1] != ["landscape"] or not {"train", "phases"} & set(argv[1:4]):
+        return argv
+    return argv if {"--seed", "--resume"} & set(argv) else [*argv, "--seed", str(seed)]
+
+
 def check_recorded(path: Path, actual: str, tol: float | None, where: str) -> None:
-    """The output of a ``record`` block against its committed file: the same lines, word for word, except the
-    numbers (``tol`` None: at test scale, any number; else within ``tol``, relative)."""
+    """The output of a ``record`` (or ``spread``) block against its committed file: the same lines, word for word,
+    except the numbers (``tol`` None: at test scale, any number; else as :func:`within`). A word the file gives as
+    alternatives (``True/False``: it differed between kernel settings) may be either."""
     assert path.exists(), f"{where}: {path.relative_to(REPO)} is missing: make docs-numbers"
     want = [line.split() for line in path.read_text().splitlines() if line.strip()]
     got = [line.split() for line in actual.splitlines() if line.strip()]
     assert len(want) == len(got), f"{where}: {len(got)} lines printed, {path.name} has {len(want)}:\n{actual}"
     for w, g in zip(want, got, strict=True):
-        same = len(w) == len(g) and all(
-            a == b or (numeric(a) and numeric(b) and (tol is None or same_line(a, b, tol))) for a, b in zip(w, g, strict=False))
+        same = len(w) == len(g) and all(within(a, b, tol) for a, b in zip(w, g, strict=True))
         assert same, f"{where}: printed\n  {' '.join(g)}\nwhere {path.name} has\n  {' '.join(w)}"
 
 
+_VALUE = r"(-?\d+(?:\.\d+)?(?:e[-+]?\d+)?%?)"
+WORD_NUMBER = re.compile(rf"([(]?){_VALUE}([),;:]*)")  # a number as a word of a line: (1.71), 97.3%
+SPREAD = re.compile(rf"([(]?){_VALUE}–{_VALUE}([),;:]*)")  # a range of numbers, as make docs-numbers writes it
+
+
+def within(want: str, got: str, tol: float | None) -> bool:
+    """A printed word against a generated file's: the same word (one of its ``a/b`` alternatives), or a number
+    (``tol`` None: any) within ``tol`` (relative) of the file's number, or within the file's range ``lo–hi``
+    (measured over kernel settings and seeds) widened by its own width on each side: another machine is one
+    more draw, and a few draws seldom reach the extremes."""
+    if want == got or (not numeric(want) and not SPREAD.fullmatch(want) and got in want.split("/")):
+        return True
+    spread = SPREAD.fullmatch(want)
+    if not numeric(got) or not (spread or numeric(want)):
+        return False
+    if tol is None:
+        return True
+    lo, hi = (value(spread[2]), value(spread[3])) if spread else (value(want), value(want))
+    x, width = value(got), max(hi - lo, tol * max(abs(lo), abs(hi)))
+    return lo - width <= x <= hi + width
+
+
+def value(token: str) -> float:
+    return float(token.strip("(),;:%"))
+
+
 def numeric(token: str) -> bool:
-    return bool(NUMBER.fullmatch(token)) or token.strip("(),;%").lower() in ("nan", "inf", "-inf")
+    return bool(NUMBER.fullmatch(token) or WORD_NUMBER.fullmatch(token)) or token.strip("(),;:%").lower() in (
+        "nan", "inf", "-inf")
 
 
 @pytest.mark.parametrize("name", PAGES)
@@ -415,7 +481,7 @@ def summary_text(path: Path, group: str) -> str:
 def check_quoted_numbers(name: str, text: str) -> None:
     """Every number of a ``numbers`` paragraph is one its sources print, at the quoted precision (or a hundredfold:
     a percentage), or a whole number among the page's own command options; a recorded file is shown on its page."""
-    for record in re.findall(r"<!-- run: record (\S+) -->", text):
+    for record in re.findall(r"<!-- run: (?:record|spread) (\S+) -->", text):
         assert f'--8<-- "docs/generated/{record}"' in text, f"docs/{name}: record {record} is not shown on the page"
     parameters = {abs(float(x)) for _, code, _, _ in blocks(text) for x in FIGURE.findall(code)}
     for sources, paragraph, line in numbers_paragraphs(text):
@@ -457,6 +523,34 @@ def test_a_drifted_number_or_line_is_caught():
         check_recorded(path, committed + "one more line\n", None, "here")
 
 
+def test_a_spread_is_merged_and_a_number_outside_it_is_caught(tmp_path):
+    """make docs-numbers' merge: numbers that differ between settings become their range (as printed, the table's
+    columns padded again), words their alternatives; a line that exists under one setting only is an error. The
+    check: a number within the range widened by its width passes, one beyond fails; a single number within tol."""
+    native = "run  test_acc  test_loss  held\nsgd  0.98      0.1009     True\n\nratio (1.71), 97.3% done\n"
+    other = "run  test_acc  test_loss  held\nsgd  0.9733    0.0863     False\n\nratio (2.05), 97.3% done\n"
+    merged = merge_outputs({"native": native, "aten-default": other, "again": native}, "x.txt")
+    assert merged == ("run  test_acc     test_loss      held\nsgd  0.9733–0.98  0.0863–0.1009  False/True\n\n"
+                      "ratio (1.71–2.05), 97.3% done\n")
+    with pytest.raises(AssertionError, match="other lines than under native"):
+        merge_outputs({"native": native, "other": native + "one more line\n"}, "x.txt")
+    path = tmp_path / "x.txt"
+    path.write_text(merged)
+    for printed in (native, other, native.replace("0.1009", "0.1155").replace("0.98 ", "0.9666 "),
+                    native.replace("(1.71)", "(1.38)")):
+        check_recorded(path, printed, 0.01, "here")
+    for drifted in (native.replace("0.1009", "0.1156"), native.replace("True", "Maybe"),
+                    native.replace("97.3%", "98.3%"), native.replace("(1.71)", "(1.36)")):
+        with pytest.raises(AssertionError, match="where x.txt has"):
+            check_recorded(path, drifted, 0.01, "here")
+    check_recorded(path, native.replace("0.1009", "7"), None, "here")  # test scale: any number
+    assert within("97.3%", "98.2%", 0.01) and not within("97.3%", "98.3%", 0.01)
+    assert seeded(["landscape", "--root", "r", "train", "--run", "a"], 2) == ["landscape", "--root", "r", "train", "--run",
+                                                                             "a", "--seed", "2"]
+    assert seeded(["landscape", "train", "--seed", "3"], 2) == ["landscape", "train", "--seed", "3"]
+    assert seeded(["landscape", "hessian", "sgd"], 2) == seeded(["landscape", "hessian", "sgd"], None)
+
+
 def test_a_drifted_gallery_summary_or_record_number_is_caught():
     """figures.md's verdict table is checked against the gallery, its lr-grid sentence against one group of a
     recipe's HDF5 summary (full precision, the quoted rounding), batch.md's speed-up against a benchmark record:
@@ -480,24 +574,153 @@ def test_every_generated_file_is_shown_and_made_by_a_page():
     texts = "\n".join((DOCS / name).read_text() for name in [*PAGES, *(f"_snippets/{p.name}" for p in (DOCS / "_snippets").glob("*.md"))])
     for path in GENERATED.iterdir():
         assert f'--8<-- "docs/generated/{path.name}"' in texts, f"{path.name} is shown by no page"
-        assert path.name == "demo-output.txt" or f"<!-- run: record {path.name} -->" in texts, f"{path.name}: no page records it"
+        assert path.name == "demo-output.txt" or re.search(rf"<!-- run: (record|spread) {re.escape(path.name)} -->", texts), (
+            f"{path.name}: no page records it")
 
 
-def record_pages(names: list[str]) -> None:
-    """Rerun the pages that record generated files, at their own size (``make docs-numbers``)."""
+# ------------------------------------------------------------------------------------------------ make docs-numbers
+
+#: The float kernels ``make docs-numbers`` runs every recorded page under, each in its own process: x86-64 CPUs
+#: differ in which of these code paths torch takes (vector width, FMA, oneDNN's and MKL's CPU-specific code), and
+#: training turns the last bit into percent-level differences. Each setting differs from the default on any
+#: AVX2 or AVX-512 machine; on an AVX-512 machine the AVX2 paths are added (:func:`kernel_settings`).
+KERNELS = {
+    "native": {},                                       # what this CPU picks
+    "aten-default": {"ATEN_CPU_CAPABILITY": "default"},  # ATen's kernels without AVX2 / AVX-512
+    "onednn-sse41": {"ONEDNN_MAX_CPU_ISA": "SSE41"},     # oneDNN's (convolutions) SSE4.1 code
+    "mkl-compatible": {"MKL_CBWR": "COMPATIBLE"},       # MKL's (matrix products) SSE2 code path
+}
+#: A ``spread`` block is also measured with every training command of its page at these seeds (None: as written).
+SPREAD_SEEDS = (None, 1, 2)
+
+
+def kernel_settings() -> dict[str, dict[str, str]]:
+    import torch
+
+    settings = dict(KERNELS)
+    if torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+        settings["avx2"] = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    return settings
+
+
+def record_pages(names: list[str], jobs: int | None = None) -> None:
+    """``make docs-numbers``: run the pages that record generated files at their own size, under every kernel
+    setting (:data:`KERNELS`; the pages with a ``spread`` block also at :data:`SPREAD_SEEDS`), ``jobs`` processes
+    at a time (default: one per core), and write each file merged over them (:func:`merge_outputs`)."""
+    marked = re.compile(r"^<!-- run: (record|spread) ", re.M)
+    names = names or [p for p in PAGES if marked.search((DOCS / p).read_text())]
+    spread_pages = [p for p in names if re.search(r"^<!-- run: spread ", (DOCS / p).read_text(), re.M)]
+    work = Path(tempfile.mkdtemp(prefix="docs-numbers-"))
+    runs = [(kernel, env, seed, names if seed is None else spread_pages)
+            for seed in SPREAD_SEEDS for kernel, env in kernel_settings().items() if seed is None or spread_pages]
+    start, waiting, running = time.perf_counter(), list(runs), []
+    jobs = jobs or os.cpu_count() or 1
+    print(f"make docs-numbers: {len(runs)} page runs ({len(KERNELS)} kernel settings, seeds {SPREAD_SEEDS} for "
+          f"{', '.join(spread_pages) or 'no page'}), {jobs} at a time, in {work}", file=sys.stderr)
+    failed = []
+    while waiting or running:
+        while waiting and len(running) < jobs:
+            kernel, env, seed, pages = waiting.pop(0)
+            out = work / f"{kernel}-seed{seed}"
+            out.mkdir()
+            log = (work / f"{kernel}-seed{seed}.log").open("w")
+            proc = subprocess.Popen([sys.executable, __file__, "--variant", str(out), str(seed), *pages], stdout=log,
+                                    stderr=subprocess.STDOUT, env={**os.environ, **env, "OMP_NUM_THREADS": "1",
+                                                                   "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+            running.append((proc, out, log, time.perf_counter()))
+        time.sleep(1)
+        for job in [job for job in running if job[0].poll() is not None]:
+            proc, out, log, began = job
+            running.remove(job)
+            log.close()
+            print(f"  {out.name}: {'done' if proc.returncode == 0 else 'FAILED'} in {time.perf_counter() - began:.0f} s",
+                  file=sys.stderr)
+            if proc.returncode:
+                failed.append(f"{out.name}: {Path(log.name).read_text()[-3000:]}")
+    if failed:
+        sys.exit("make docs-numbers: a page run failed, nothing written\n" + "\n".join(failed))
+    outputs: dict[str, dict[str, str]] = {}
+    for kernel, _, seed, _ in runs:
+        for path in sorted((work / f"{kernel}-seed{seed}").iterdir()):
+            outputs.setdefault(path.name, {})[f"{kernel}, seed {seed}"] = path.read_text()
+    for name, texts in outputs.items():
+        (GENERATED / name).write_text(merge_outputs(texts, name))
+        spread = "the same under every setting" if len(set(texts.values())) == 1 else "ranges over " + ", ".join(texts)
+        print(f"wrote docs/generated/{name} ({spread})", file=sys.stderr)
+    print(f"make docs-numbers: {time.perf_counter() - start:.0f} s", file=sys.stderr)
+
+
+def record_variant(out: Path, seed: int | None, names: list[str]) -> None:
+    """One page run of :func:`record_pages`, in this process's kernel setting: the pages' files into ``out``."""
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ.pop("LANDSCAPE_ROOT", None)
-    names = names or [p for p in PAGES if re.search(r"^<!-- run: record ", (DOCS / p).read_text(), re.M)]
     for name in names:
         scratch = Path(tempfile.mkdtemp(prefix=f"docs-record-{Path(name).stem}-"))
         os.chdir(scratch)
         start = time.perf_counter()
-        run_page(name, scratch, record=True)
+        run_page(name, scratch, record=True, seed=seed, out=out)
         print(f"docs/{name}: {time.perf_counter() - start:.0f} s in {scratch}", file=sys.stderr)
 
 
+def merge_outputs(texts: dict[str, str], name: str) -> str:
+    """One generated file from a block's outputs under several settings (the first one's layout): the same lines,
+    word for word; a number that differs becomes the range of its values as printed (``0.0863–0.1176``, widths of
+    columns adjusted), a word that differs its alternatives (``False/True``)."""
+    (first, base), *others = texts.items()
+    base_lines = base.splitlines()
+    split = {label: [line.split() for line in text.splitlines()] for label, text in texts.items()}
+    for label, lines in split.items():
+        shapes = [len(line) for line in lines] == [len(line.split()) for line in base_lines]
+        assert shapes, f"{name}: the output under {label} has other lines than under {first}: the page prints " \
+                       f"something that depends on the machine beyond its numbers"
+    merged = []
+    for i, line in enumerate(base_lines):
+        words = []
+        for column in zip(*(lines[i] for lines in split.values()), strict=True):
+            if len(set(column)) == 1:
+                words.append(column[0])
+            elif all(WORD_NUMBER.fullmatch(w) for w in column) and len({WORD_NUMBER.fullmatch(w).expand(r"\1\3")
+                                                                         for w in column}) == 1:
+                lo, hi = (WORD_NUMBER.fullmatch(min(column, key=value)), WORD_NUMBER.fullmatch(max(column, key=value)))
+                words.append(f"{lo[1]}{lo[2]}–{hi[2]}{lo[3]}")
+            else:
+                words.append("/".join(sorted(set(column))))
+        merged.append(respell(line, words))
+    return "\n".join(realign(base_lines, merged)) + ("\n" if base.endswith("\n") else "")
+
+
+def respell(line: str, words: list[str]) -> str:
+    """``line`` with its words replaced by ``words``, in order, the spaces between them kept."""
+    spans = list(re.finditer(r"\S+", line))
+    assert len(spans) == len(words)
+    return "".join(line[(spans[j - 1].end() if j else 0):span.start()] + words[j] for j, span in enumerate(spans)) + (
+        line[spans[-1].end():] if spans else line)
+
+
+def realign(base: list[str], merged: list[str]) -> list[str]:
+    """Columns of a table (consecutive lines of as many words, aligned in ``base``) padded again to their widest
+    word in ``merged``, two spaces apart."""
+    out, i = list(merged), 0
+    while i < len(base):
+        words = len(base[i].split())
+        j = i
+        while j < len(base) and words >= 3 and len(base[j].split()) == words:
+            j += 1
+        starts = {tuple(m.start() for m in re.finditer(r"\S+", base[k])) for k in range(i, j)}
+        if j - i >= 2 and len(starts) == 1:
+            rows = [out[k].split() for k in range(i, j)]
+            widths = [max(len(row[c]) for row in rows) for c in range(words)]
+            out[i:j] = ["  ".join(w.ljust(widths[c]) for c, w in enumerate(row)).rstrip() for row in rows]
+        i = max(j, i + 1)
+    return out
+
+
 if __name__ == "__main__":  # python tests/test_docs.py --record [PAGE.md ...]
-    if sys.argv[1:2] != ["--record"]:
-        sys.exit("usage: python tests/test_docs.py --record [PAGE.md ...]  (rewrites docs/generated/)")
     sys.path.insert(0, str(REPO))
-    record_pages(sys.argv[2:])
+    if sys.argv[1:2] == ["--variant"]:  # one page run of --record (its own process: a kernel setting is per process)
+        record_variant(Path(sys.argv[2]), None if sys.argv[3] == "None" else int(sys.argv[3]), sys.argv[4:])
+    elif sys.argv[1:2] == ["--record"]:
+        record_pages(sys.argv[2:], jobs=int(os.environ.get("DOCS_JOBS", "0")) or None)
+    else:
+        sys.exit("usage: python tests/test_docs.py --record [PAGE.md ...]  (rewrites docs/generated/; DOCS_JOBS=N: "
+                 "N page runs at a time, default one per core)")

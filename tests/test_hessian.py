@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -323,6 +325,108 @@ def test_bad_input_is_one_clear_error(case):
     nostats = nn.Sequential(nn.Linear(5, 4), nn.BatchNorm1d(4, track_running_stats=False), nn.Linear(4, 3))
     with pytest.raises(ModelError, match="without running statistics"):
         HessianOperator(nostats, x.float(), y)
+
+
+class _Gated(nn.Module):
+    """A block whose gate is a submodule (as torchvision's SqueezeExcitation holds its Hardsigmoid)."""
+
+    def __init__(self, gate: nn.Module):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.gate = gate
+
+    def forward(self, x):
+        return x * self.gate(self.fc(x))
+
+
+class _FunctionalGate(nn.Module):
+    """The same gate called as a function in the module's own forward: no submodule to name."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.head = nn.Linear(5, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.head(F.hardsigmoid(self.fc(x)))
+
+
+def gated(gate: nn.Module) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(5, 6), nn.Tanh(), _Gated(gate), nn.Linear(6, 3)).double()
+
+
+@pytest.mark.parametrize("retain", [True, False])  # reverse over reverse, forward over reverse
+def test_a_layer_without_a_second_derivative_is_named_in_one_line(retain):
+    x, y = data(12)
+    for model, where in [(gated(nn.Hardsigmoid()), r"^layer 2\.gate \(Hardsigmoid\)"),
+                         (_FunctionalGate().double(), r"^the model's own forward \(_FunctionalGate\)")]:
+        op = HessianOperator(model, x, y, dtype=torch.float64, retain_bytes=2**30 if retain else 0)
+        v = torch.randn(2, op.numel, dtype=torch.float64)
+        for vectors in (v[0], v):  # one vector, a batch (vmap or loop)
+            with pytest.raises(ModelError, match=where) as err:
+                op.matvec(vectors)
+            line = str(err.value)
+            assert "\n" not in line and "has no second derivative in torch (aten::hardsigmoid_backward)" in line
+            assert "replace it" in line
+        assert all(not p.requires_grad for p in op.params.values())  # the search leaves the operator as it was
+    many = nn.Sequential(gated(nn.Hardsigmoid()), nn.Tanh(), nn.Linear(3, 6), _Gated(nn.Hardsigmoid()),
+                         nn.Linear(6, 3)).double()
+    with pytest.raises(ModelError, match=r"^layer 0\.2\.gate \(Hardsigmoid; 1 more Hardsigmoid layer in the model\)"):
+        hessian_row(many, x, y, config(top_k=1, subset=12))
+
+
+def test_hardswish_has_one_and_freezing_before_a_hardsigmoid_measures_the_layers_after_it():
+    """Hardswish's backward is differentiable in torch: its products are the exact Hessian's. The way out the
+    Hardsigmoid error names (freeze every parameter before it) gives the exact Hessian of the layers after it."""
+    x, y = data(20)
+    model = gated(nn.Hardswish())
+    h = exact_hessian(model, x, y)
+    op = HessianOperator(model, x, y, dtype=torch.float64)
+    v = torch.randn(2, op.numel, dtype=torch.float64)
+    np.testing.assert_allclose(op.matvec(v).numpy(), v.numpy() @ h, rtol=0, atol=1e-12)
+
+    frozen = gated(nn.Hardsigmoid())
+    for p in [*frozen[0].parameters(), *frozen[2].fc.parameters()]:
+        p.requires_grad_(False)
+    head = dict(frozen[3].named_parameters())
+    features = frozen[:3](x).detach()
+
+    def loss(theta):
+        w, b = theta[:18].view(3, 6), theta[18:]
+        return F.cross_entropy(F.linear(features, w, b), y)
+
+    exact = torch.autograd.functional.hessian(loss, torch.cat([head["weight"].reshape(-1), head["bias"]]))
+    op = HessianOperator(frozen, x, y, dtype=torch.float64)
+    assert op.names == ["3.weight", "3.bias"]
+    np.testing.assert_allclose(op.matvec(v[:, :21]).numpy(), v[:, :21].numpy() @ exact.numpy(), rtol=0, atol=1e-12)
+
+
+def test_mobilenet_v3_hessian_names_its_hardsigmoid_from_the_command_and_python(tmp_path, capsys):
+    """torchvision's MobileNetV3-Small (weights=None) gates its squeeze-excitation blocks with nn.Hardsigmoid."""
+    from conftest import run_cli
+
+    from landscape import plugins
+    from landscape.api import hessian
+    from landscape.data import load_dataset
+    from landscape.store import Store
+
+    user = Path(__file__).with_name("user_models.py").resolve()
+    code = [f"{user}:mobilenet", f"{user}:images"]
+    with plugins.trusting(code):
+        data = load_dataset(code[1])
+        model = build_model(code[0], input_shape=data.input_shape, num_classes=data.num_classes)
+    run = Store(tmp_path / "ck").create_run("m", config={}, seeds={}, model_spec=model.landscape_spec,
+                                            data_spec=data.spec)
+    run.save_checkpoint(model.state_dict(), step=0, epoch=0.0)
+    expected = r"^layer features\.1\.block\.1\.scale_activation \(Hardsigmoid; 8 more Hardsigmoid layers"
+    with pytest.raises(ModelError, match=expected):
+        hessian("m@last", root=tmp_path / "ck", code=code, top_k=1, subset=4, lanczos_steps=2, figure=False)
+    status, _, err = run_cli("--root", tmp_path / "ck", "--code", code[0], "--code", code[1], "hessian", "m@last",
+                             "--top-k", "1", "--subset", "4", "--lanczos-steps", "2", "--trace", "--probes", "2",
+                             "--no-figure", capsys=capsys)
+    lines = err.strip().splitlines()
+    assert status == 1 and len(lines) == 1 and re.match("error: " + expected[1:], lines[0]), err
+    assert "aten::hardsigmoid_backward" in lines[0] and not (tmp_path / "results").exists()
 
 
 def test_figures_show_every_run(case, tmp_path):

@@ -100,6 +100,52 @@ def test_convex_model_has_no_barrier_above_the_chord():
         assert r.instability_loss[s] == pytest.approx(abs(r.loss[s][0] - r.loss[s][-1]) / 2, abs=1e-6)
 
 
+def test_barriers_of_a_fixed_curve_by_hand(tmp_path):
+    """The table and the figure of ``interpolate`` give the barrier above the chord and the rise above both ends
+    beside Def. 2.3, each as computed by hand on a fixed curve; the figure draws the chord."""
+    from matplotlib.lines import Line2D
+
+    from landscape.analyze.interpolate import chord_barrier, rise_above_ends
+    from landscape.plots.interpolate import plot_interpolation
+
+    alpha = np.linspace(0, 1, 5)  # 0, .25, .5, .75, 1
+    bump = np.array([1.0, 2.0, 1.5, 3.0, 0.5])
+    # chord (1 - a) 1 + a 0.5 = 1, .875, .75, .625, .5; above it: 0, 1.125, .75, 2.375, 0
+    assert chord_barrier(bump, alpha) == pytest.approx(2.375)
+    assert rise_above_ends(bump) == pytest.approx(3.0 - 1.0)
+    assert instability(bump).value == pytest.approx(3.0 - 0.75)
+    falling = np.array([3.0, 2.0, 1.0])  # on its chord: no barrier, no rise, but Def. 2.3 = half the end gap
+    assert chord_barrier(falling, np.linspace(0, 1, 3)) == 0 and rise_above_ends(falling) == 0
+    assert instability(falling).value == 1.0
+    assert rise_above_ends([1.0, math.nan, 0.0]) == math.inf
+
+    r = InterpolationResult(alpha=alpha, loss={"test": bump}, acc={"test": np.full(5, 0.5)},
+                            instability_loss={"test": 2.25}, instability_error={"test": 0.0},
+                            chord_barrier_loss={"test": 2.375}, rise_loss={"test": 2.0})
+    row = r.summary()[0]
+    assert list(row)[:8] == ["split", "loss_A", "loss_B", "max_loss", "chord_barrier_loss", "rise_loss",
+                             "instability_loss", "instability_error"]
+    assert (row["chord_barrier_loss"], row["rise_loss"], row["instability_loss"]) == (2.375, 2.0, 2.25)
+    r.to_hdf5(tmp_path / "r.h5")
+    back = InterpolationResult.from_hdf5(tmp_path / "r.h5")
+    assert back.rise_loss == {"test": 2.0} and back.summary()[0] == row
+    old = dataclasses.replace(r, chord_barrier_loss={}, rise_loss={})  # a file written before they were stored
+    assert old.summary()[0]["chord_barrier_loss"] == pytest.approx(2.375) and old.summary()[0]["rise_loss"] == 2.0
+
+    fig = plot_interpolation(r)
+    ax = fig.axes[0]
+    chords = [line for line in ax.get_lines() if line.get_label() == "test chord"]
+    assert len(chords) == 1 and list(chords[0].get_xydata().ravel()) == [0.0, 1.0, 1.0, 0.5]
+    bar = ax.collections[0].get_segments()[0]  # the barrier: at alpha .75, from the chord (.625) up to 3
+    assert np.allclose(bar, [[0.75, 0.625], [0.75, 3.0]])
+    text = " ".join(t.get_text() for t in fig.texts)
+    assert "test: barrier above the chord 2.38, rise above both ends 2, Def. 2.3 instability 2.25" in text
+    assert all(isinstance(h, Line2D) for h in ax.get_legend().legend_handles)
+    from conftest import text_problems
+
+    assert text_problems(fig) == []
+
+
 def test_sign_flipped_tanh_unit_has_the_closed_form_barrier():
     # f(x) = v tanh(w x): its twin (-w, -v) is the same function; the midpoint of the path is the zero net
     net = nn.Sequential(nn.Linear(1, 1, bias=False), nn.Tanh(), nn.Linear(1, 2, bias=False)).double()
@@ -237,6 +283,8 @@ def test_cli_interpolate_prints_table_and_json(store, tmp_path):
                                       "--subset", "100", "-o", str(out), "--no-figure"])
     assert res.exit_code == 0, res.output
     assert "instability_loss" in res.output and "test" in res.output and f"wrote {out}" in res.output
+    head = res.output.splitlines()[0].split()
+    assert head.index("chord_barrier_loss") < head.index("rise_loss") < head.index("instability_loss")
     res = CliRunner().invoke(_cli(), ["--root", str(store.root), "interpolate", "a", "b", "--points", "5",
                                       "--split", "test", "--subset", "100", "-o", str(out), "--json"])
     payload = json.loads(res.output)
@@ -354,6 +402,11 @@ def test_instability_reuses_current_pair_files_and_recomputes_stale_ones(phases_
     assert [r.instability_loss for r in again.rows] == [r.instability_loss for r in first.rows]
     assert [(r.pair, r.phase2, r.k) for r in again.rows] == [(r.pair, r.phase2, r.k) for r in first.rows]
     assert {f: f.stat().st_mtime_ns for f in files} == stamps  # not rewritten
+    # the table says which pairs were read back, and the command says so after it
+    assert [r.reused for r in first.rows] == [False, False] and [r.reused for r in again.rows] == [True, True]
+    assert [r.reused for r in inst.InstabilityTable.from_hdf5(tmp_path / "two.h5").rows] == [True, True]
+    assert inst.SPEC.notes(first) == []
+    assert inst.SPEC.notes(again)[0].startswith(f"reused 2 of 2 pairs from {pairs} (their checkpoints, options")
 
     other = api_instability(["G-*"], root=phases_store.root, config=dataclasses.replace(cfg, points=5),
                             output=tmp_path / "three.h5", figure=False, pair_dir=str(pairs))
@@ -385,3 +438,12 @@ def test_instability_pair_dir_from_the_cli(phases_store, tmp_path):
     assert len(list(pairs.glob("*.h5"))) == 2
     rows = json.loads(res.output)["rows"]
     assert all(Path(r["result"]).parent == pairs for r in rows)
+    res = CliRunner().invoke(_cli(), ["--root", str(phases_store.root), "instability", "G-*", "--points", "3",
+                                      "--subset", "40", "--split", "test", "--pair-dir", str(pairs), "-o",
+                                      str(tmp_path / "t2.h5"), "--no-figure"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert f"reused 2 of 2 pairs from {pairs} " in res.output
+    head, sgd = lines[0].split(), next(line.split() for line in lines if "G-sgd-sgd-0" in line)
+    assert sgd[head.index("epsilon")] == "-" and sgd[head.index("epsilon_spent")] == "-"  # not applicable
+    assert "nan" not in res.output

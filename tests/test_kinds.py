@@ -145,12 +145,12 @@ jobs:
 """)
     spec = load_spec(spec_file)
     assert spec.job("between").deps == ("scaled",) and spec.job("scaled").produces == ("s-batch",)
-    report = run_batch(spec, bar=False)
+    report = run_batch(spec)
     assert [o["status"] for o in report.outcomes] == ["done", "done"], report.outcomes
     assert report.outcomes[0]["numbers"] == {"factor": 2.0}
     for key, value in _weights(store, "s-batch@init").items():
         torch.testing.assert_close(value, 2 * source[key], rtol=0, atol=0)
-    assert run_batch(load_spec(spec_file), bar=False).counts["cached"] == 2  # idempotent: nothing rewritten
+    assert run_batch(load_spec(spec_file)).counts["cached"] == 2  # idempotent: nothing rewritten
 
 
 def test_batch_kinds_are_checked_by_their_spec(toy, store, tmp_path):
@@ -191,12 +191,12 @@ jobs:
 """)
     spec = load_spec(spec_file)
     assert spec.job("norm").deps == ("bring",)
-    report = run_batch(spec, bar=False)
+    report = run_batch(spec)
     assert [o["status"] for o in report.outcomes] == ["done", "done"], report.outcomes
     for key, value in _weights(store, "imported@init").items():
         torch.testing.assert_close(value, weights[key], rtol=0, atol=0)
     (tmp_path / "results" / ".batch" / "bring.json").unlink()  # killed after the import, before its record
-    again = run_batch(load_spec(spec_file), bar=False)
+    again = run_batch(load_spec(spec_file))
     assert [o["status"] for o in again.outcomes] == ["done", "cached"], again.outcomes
 
 

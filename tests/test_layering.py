@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundations", ("landscape", "landscape.errors", "landscape.runtime", "landscape.atomic", "landscape.bounds",
                      "landscape.options",
-                     "landscape.plugins", "landscape.verdict", "landscape.refs")),
+                     "landscape.plugins", "landscape.verdict", "landscape.refs", "landscape.progress")),
     ("data and models", ("landscape.data", "landscape.models", "landscape.params", "landscape.directions")),
     # the privacy accountant is pure numbers (RDP of the subsampled Gaussian); the store records its events
     ("numerics", ("landscape.persample", "landscape.gram", "landscape.curvature", "landscape.spectral",

@@ -39,7 +39,7 @@ def test_every_config_field_has_its_option_and_every_option_its_field(name):
     spec = registry.get(name)
     cmd = command(name)
     options = {p.name for p in cmd.params if isinstance(p, __import__("click").Option) and not p.hidden}
-    runner = {"data_from", "workers", "scheduler", "data_root", "no_figure", "output", "as_json"}
+    runner = {"data_from", "workers", "scheduler", "data_root", "no_figure", "output", "overwrite", "as_json"}
     old = {p.name.removeprefix("_old_") for p in cmd.params if getattr(p, "hidden", False)}  # renamed fields' old flags
     assert old == {o for f in dataclasses.fields(spec.config) for o in f.metadata.get("renamed_from", ())}
     fields = {f.name for f in registry.cli_fields(spec.config)}

@@ -130,7 +130,7 @@ TINY = dict(model="mlp", model_kwargs={"widths": [16]}, data="digits", subset=12
 
 def _stall_then_train(mode: str, flag: str, target, kwargs: dict) -> None:
     """Child: patch the store so it stalls at ``mode``, writes FLAG, and waits to be killed; then train."""
-    import landscape.store.core as store_module  # where Run looks _write_h5_atomic up
+    import landscape.store.core as store_module  # where Run looks atomic_write_hdf5 up
 
     def stall() -> None:
         Path(flag).write_text("stalled")
@@ -142,15 +142,15 @@ def _stall_then_train(mode: str, flag: str, target, kwargs: dict) -> None:
 
         store_module.Run.save_checkpoint = save_checkpoint
     elif mode == "after-rename-of-step-4":  # step-000004.h5 is in place, the manifest does not list it yet
-        original = store_module._write_h5_atomic
+        original = store_module.atomic_write_hdf5
 
-        def write_h5(final, write):
-            sha = original(final, write)
+        def write_h5(final, fill, **options):
+            original(final, fill, **options)
             if final.name == "step-000004.h5":
                 stall()
-            return sha
+            return final
 
-        store_module._write_h5_atomic = write_h5
+        store_module.atomic_write_hdf5 = write_h5
     target(**kwargs)
 
 

@@ -90,6 +90,10 @@ def test_state_dict_round_trip_is_bit_exact_for_many_dtypes(tmp_path):
         assert isinstance(got, torch.Tensor), key
         assert got.dtype == tensor.dtype and got.shape == tensor.shape, key
         assert bits(got) == bits(tensor), key
+    with h5py.File(path, "r") as f:  # the layout: tensors tagged with their dtype, bfloat16 as its int16 bits
+        assert isinstance(f.attrs["format"], str) and f.attrs["step"].dtype == np.int64
+        assert f["state_dict/bf16"].dtype == np.int16 and f["state_dict/bf16"].attrs["torch_dtype"] == "bfloat16"
+        assert f["state_dict/mask"].attrs["torch_dtype"] == "bool"
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -19,6 +19,37 @@ from landscape.store import Store
 REPO = Path(__file__).resolve().parent.parent
 
 
+def test_import_of_a_pipe_a_device_or_a_dangling_link_says_what_it_is(tmp_path, capsys):
+    """Not 'file not found' for a file that is there; nothing is opened (a named pipe would wait for a writer)."""
+    os.mkfifo(tmp_path / "pipe.pt")
+    (tmp_path / "dangling.pt").symlink_to(tmp_path / "gone.pt")
+    root = tmp_path / "root"
+    for file, what in ((tmp_path / "pipe.pt", "is a named pipe (FIFO), not a regular file"),
+                       (Path("/dev/null"), "is a character device, not a regular file"),
+                       (tmp_path / "dangling.pt", "file not found")):
+        code, _, err = run_cli("--root", root, "import", file, "--model", "mlp", "--data", "digits", "--run", "x",
+                               capsys=capsys)
+        assert code == 1 and err.startswith(f"error: {file}" if "regular" in what else "error: file not found")
+        assert what in err and err.count("\n") == 1
+    assert "(a link to a missing file)" in err
+    assert not root.exists()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_import_refuses_weights_that_are_not_finite_naming_the_first_tensor(tmp_path, digits_mlp, capsys, bad):
+    """All-NaN (or partly infinite) weights are a diverged or damaged model no analysis can use: refused in one
+    line, exit 1, no run made (the Recorder refuses such weights too)."""
+    _, model = digits_mlp
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["3.weight"][3, 1:4] = bad
+    torch.save(state, tmp_path / "diverged.pt")
+    code, _, err = run_cli("--root", tmp_path / "root", "import", tmp_path / "diverged.pt", "--model", "mlp",
+                           "--model-kwargs", '{"widths": [8]}', "--data", "digits", "--run", "d", capsys=capsys)
+    assert code == 1 and err == (f"error: {tmp_path / 'diverged.pt'}: tensor '3.weight' has 3 of 80 values NaN or "
+                                 "infinite (a diverged or damaged model); nothing imported\n")
+    assert Store(tmp_path / "root").run_names() == []
+
+
 def start_subprocess(*args: str) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
@@ -69,7 +100,7 @@ def test_import_and_missing_ref_via_subprocess(tmp_path, digits_mlp):
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
-def test_store_ls_table_and_json(populated, capsys):
+def test_store_ls_table_and_json(populated, capsys, tmp_path):
     root = str(populated.root)
     code, out, err = run_cli("--root", root, "store", "ls", capsys=capsys)
     assert code == 0, err
@@ -86,7 +117,9 @@ def test_store_ls_table_and_json(populated, capsys):
     sgd = listing["runs"][1]
     assert sgd["steps"] == [0, 40] and sgd["epsilon"] == 1.5 and sgd["final_metrics"]["test_acc"] == 0.85
 
-    code, out, _ = run_cli("--root", str(populated.root / "empty"), "store", "ls", capsys=capsys)
+    code, out, err = run_cli("--root", str(populated.root / "empty"), "store", "ls", capsys=capsys)
+    assert code == 1 and out == "" and err.startswith("error: no store at")  # as every command on a missing root
+    code, out, _ = run_cli("--root", str(tmp_path), "store", "ls", capsys=capsys)  # an empty store is no error
     assert code == 0 and out.startswith("no runs in")
 
 

@@ -18,7 +18,7 @@ from conftest import run_cli
 from landscape.atomic import atomic_write, stale_temp_files
 from landscape.errors import CheckpointError, IncompatibleError, UsageError
 from landscape.models import build_model
-from landscape.store import Store, check_manifest, import_checkpoint
+from landscape.store import MAX_JSON_DEPTH, Store, check_manifest, import_checkpoint
 from landscape.train.config import parse_every
 
 DATA_SPEC = {"name": "digits", "seed": 0, "subset": None, "options": {}}
@@ -128,6 +128,71 @@ def test_invalid_json_in_one_manifest_hides_no_other_run(tmp_path, capsys):
     assert [r.name for r in runs] == ["a", "c"] and len(caught) == 1
 
 
+def _deep(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+NESTED = {
+    "nested 100000 deep": lambda m: '{"format": "landscape-run/1", "config": ' + _deep(100_000) + "}",
+    "objects 5000 deep": lambda m: '{"config": ' + '{"a": ' * 5000 + "1" + "}" * 5000 + "}",
+    "config 65 deep": lambda m: json.dumps({**m, "config": json.loads(_deep(64))}),  # the manifest is level 1
+    "truncated": lambda m: json.dumps(m)[:40],
+    "created a number": lambda m: json.dumps({**m, "created": 5}),
+    "model name a list": lambda m: json.dumps({**m, "model_spec": {"name": ["mlp"]}}),
+    "config a list": lambda m: json.dumps({**m, "config": [1]}),
+    "a metric a list": lambda m: json.dumps({**m, "checkpoints": [{**m["checkpoints"][0], "metrics": {"a": [[]]}}]}),
+    "not UTF-8": lambda m: "\udcff",
+}
+
+
+@pytest.mark.parametrize("damage", sorted(NESTED))
+def test_a_manifest_too_deep_truncated_or_of_wrong_types_is_reported_for_its_run_alone(tmp_path, capsys, damage):
+    """Deep JSON is refused before it is parsed (it raised RecursionError, and `store ls` listed nothing)."""
+    store = Store(tmp_path)
+    for name in ("a", "b", "c"):
+        make_run(store, name)
+    path = tmp_path / "b" / "manifest.json"
+    text = NESTED[damage](json.loads(path.read_text()))
+    path.write_bytes(text.encode(errors="surrogateescape"))
+    code, out, err = run_cli("--root", tmp_path, "store", "ls", capsys=capsys)
+    assert code == 0 and [line.split()[0] for line in out.strip().splitlines()[1:]] == ["a", "c"]
+    assert len(err.strip().splitlines()) == 1 and "run 'b': " in err and str(path) in err, err
+    from landscape.api import runs
+
+    listing = runs(tmp_path)
+    assert [r["name"] for r in listing["runs"]] == ["a", "c"] and [d["name"] for d in listing["damaged"]] == ["b"]
+    with pytest.raises(CheckpointError) as exc:
+        store.run("b")
+    assert "\n" not in str(exc.value) and len(str(exc.value)) < 300
+    if "deep" in damage:
+        assert f"nests deeper than {MAX_JSON_DEPTH} levels" in str(exc.value)
+    code, _, err = run_cli("--root", tmp_path, "store", "show", "b", capsys=capsys)
+    assert code == 1 and one_error_line(err)
+
+
+def test_a_metric_that_is_not_a_number_is_refused_before_anything_is_written(tmp_path):
+    run = make_run(Store(tmp_path), "r")
+    before = (run.path / "manifest.json").read_bytes()
+    with Store(tmp_path).open_run("r") as again:
+        with pytest.raises(UsageError, match="metric 'curve' must be a number, got list"):
+            again.save_checkpoint({"w": torch.zeros(2, 3)}, step=9, epoch=1.0, metrics={"curve": [0.5, 0.4]})
+    assert (run.path / "manifest.json").read_bytes() == before and not (run.path / "step-000009.h5").exists()
+
+
+def test_a_run_whose_fields_nest_too_deep_is_refused_before_anything_is_written(tmp_path):
+    def nest(levels: int) -> dict:  # ``levels`` objects one inside the other
+        return {} if levels == 1 else {"a": nest(levels - 1)}
+
+    deepest = MAX_JSON_DEPTH - 1  # a field is level 2 of its manifest
+    with pytest.raises(UsageError, match=f"manifest field 'config' nests deeper than {MAX_JSON_DEPTH} levels"):
+        Store(tmp_path).create_run("deep", config=nest(deepest + 1), seeds={}, model_spec={}, data_spec={})
+    assert not (tmp_path / "deep").exists()
+    with Store(tmp_path).create_run("ok", config=nest(deepest), seeds={}, model_spec={}, data_spec={}) as run:
+        with pytest.raises(UsageError, match="manifest field 'notes' nests deeper"):
+            run.update_manifest(notes=[nest(deepest)])
+    assert Store(tmp_path).run("ok").manifest["config"] == nest(deepest)  # the deepest a manifest may be
+
+
 def test_instability_over_a_glob_skips_a_damaged_run(tmp_path, capsys):
     """`instability '*'` computes the pairs of the readable runs and says which run it skipped."""
     store = Store(tmp_path)
@@ -214,14 +279,60 @@ def test_a_second_writer_is_refused_while_a_process_holds_the_run(tmp_path, caps
     assert [i.step for i in store.run("r").checkpoints()] == [0, 5, 7]
 
 
+def _hold_new_run(root: str, name: str, flag: str, manifest: bool) -> None:
+    """A creator mid-way: the run directory made and locked, its manifest written (or not yet)."""
+    store = Store(root)
+    if manifest:
+        run = store.create_run(name, config={}, seeds={}, model_spec=MODEL_SPEC, data_spec=DATA_SPEC)  # noqa: F841
+    else:
+        from landscape.store import _lock
+
+        (Path(root) / name).mkdir(parents=True)
+        lock = _lock(Path(root) / name, name)  # noqa: F841
+    Path(flag).write_text(str(os.getpid()))
+    time.sleep(120)
+
+
+@pytest.mark.parametrize("manifest", [False, True], ids=["before its manifest", "after its manifest"])
+def test_the_loser_of_two_writers_creating_one_run_hears_that_another_process_writes_it(tmp_path, capsys, manifest):
+    """Not 'continue it: train --resume' (which the winner is doing): the run is being written, by that pid."""
+    root, flag = tmp_path / "root", tmp_path / "flag"
+    holder = multiprocessing.get_context("fork").Process(target=_hold_new_run, args=(str(root), "r", str(flag),
+                                                                                      manifest), daemon=True)
+    holder.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not flag.exists():
+            assert holder.is_alive() and time.monotonic() < deadline, "the creator did not start"
+            time.sleep(0.01)
+        before = sorted(p.name for p in (root / "r").iterdir())
+        with pytest.raises(CheckpointError) as err:
+            make_run(Store(root), "r")
+        assert str(err.value) == (f"run 'r' is being written by another process (pid {holder.pid}); one writer per "
+                                  "run: wait for it to end")
+        code, _, text = run_cli("--root", root, "train", "--run", "r", "--epochs", "1", "--subset", "50",
+                                "--batch-size", "25", capsys=capsys)
+        assert code == 1 and one_error_line(text) == f"error: {err.value}"
+        assert sorted(p.name for p in (root / "r").iterdir()) == before  # nothing written, nothing swept
+    finally:
+        holder.kill()
+        holder.join(timeout=30)
+    if manifest:  # once its writer is gone, a run is a run: continue it, or choose another name
+        with pytest.raises(CheckpointError, match="run 'r' already exists .* continue it: train --resume r"):
+            make_run(Store(root), "r")
+    else:  # a creator killed before its manifest: the name is free again
+        make_run(Store(root), "r")
+
+
 def test_lock_is_reentrant_within_a_process_and_released_by_close(tmp_path):
     store = Store(tmp_path)
     run = make_run(store, "r")
     with store.open_run("r") as a, store.open_run("r") as b:  # one process, one lock
         a.save_checkpoint({"w": torch.ones(2, 3)}, step=9, epoch=1.8)
         b.update_manifest(note="b")  # b re-reads the manifest under the lock: a's checkpoint survives
+        a.save_checkpoint({"w": torch.ones(2, 3)}, step=10, epoch=2.0)  # and a sees b's note
     manifest = store.run("r").manifest
-    assert manifest["note"] == "b" and [c["step"] for c in manifest["checkpoints"]] == [0, 5, 9]
+    assert manifest["note"] == "b" and [c["step"] for c in manifest["checkpoints"]] == [0, 5, 9, 10]
     assert (run.path / ".lock").is_file()
 
 

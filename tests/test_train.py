@@ -341,11 +341,17 @@ def test_unknown_run_to_resume_is_a_checkpoint_error(tmp_path):
         train(TrainConfig(resume="missing"), root=tmp_path)
 
 
-def test_progress_bar_on_stderr_shows_epoch_loss_and_epsilon(tmp_path, capsys):
-    train(TrainConfig(**SMALL, epochs=1, optimizer="dpsgd", noise_multiplier=1.0, run="bar"), root=tmp_path,
-          progress=True)
+def test_progress_bar_on_stderr_shows_epoch_loss_and_epsilon(tmp_path, capsys, monkeypatch):
+    from landscape import progress
+
+    monkeypatch.setattr(progress, "BAR_DELAY", 0)
+    with progress.enabled(bar=True):  # a bar, as on a terminal
+        train(TrainConfig(**SMALL, epochs=1, optimizer="dpsgd", noise_multiplier=1.0, run="bar"), root=tmp_path)
     out = capsys.readouterr()
     assert out.out == ""
-    assert "bar" in out.err and "epoch=" in out.err and "loss=" in out.err and "eps=" in out.err
-    train(TrainConfig(**SMALL, epochs=1, run="quiet"), root=tmp_path)  # stderr is no terminal here
+    assert "train bar" in out.err and "epoch 1.00" in out.err and "loss " in out.err and "eps " in out.err
+    monkeypatch.setenv(progress.INTERVAL_ENV, "0.001")
+    train(TrainConfig(**SMALL, epochs=1, run="lines"), root=tmp_path, progress=True)  # stderr is no terminal here
+    assert "train lines: " in capsys.readouterr().err  # lines instead of a bar
+    train(TrainConfig(**SMALL, epochs=1, run="quiet"), root=tmp_path)  # off unless turned on
     assert capsys.readouterr().err == ""

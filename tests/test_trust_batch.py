@@ -11,6 +11,7 @@ before anything runs.
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -230,3 +231,26 @@ def test_a_spec_has_the_command_lines_limits(tmp_path, capsys, job, needle):
     write(tmp_path, f"jobs:\n{TRAIN}  j: {job}\n")
     code, _, err = batch(capsys, tmp_path, "spec.yaml", "--dry-run")
     one_line(code, err, "spec.yaml:3", needle)
+
+
+# --------------------------------------------------------------------------- run names (round four)
+
+
+@pytest.mark.parametrize("job, run", [
+    ("{kind: train, run: ../x}", "../x"),
+    ("{kind: prune, run: ../p, ref: r0, remove: 0.5}", "../p"),
+    ("{kind: align, run: ../al, ref_a: r0, ref_b: r0}", "../al"),
+    ("{kind: import, run: /tmp/imp, file: w.pt, model: mlp, data: digits}", "/tmp/imp"),
+    ("{kind: train, run: 'r-{s}', grid: {s: [1, ../y]}}", "r-../y"),
+])
+def test_a_run_name_that_escapes_is_refused_with_the_spec(tmp_path, capsys, monkeypatch, job, run):
+    """Every kind's written runs follow the store's run-name rule at spec load (exit 2, before anything runs);
+    train, align and prune used to be refused only when their job ran (exit 1)."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, f"jobs:\n{TRAIN}  j: {job}\n")
+    for args in (("--dry-run",), ()):
+        code, _, err = batch(capsys, tmp_path, "spec.yaml", *args)
+        one_line(code, err, "spec.yaml:3: jobs.j", f"it would write the run {run!r}", "bad run name")
+    assert not (tmp_path / "checkpoints").exists() and tree(tmp_path) == ["spec.yaml"]
+    with pytest.raises(SpecError, match=re.escape(f"it would write the run {run!r}")):
+        load_spec(tmp_path / "spec.yaml")

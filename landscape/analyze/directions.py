@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from landscape import metrics as user_metrics
+from landscape import progress
 from landscape.analyze._common import EvaluationOptions
 from landscape.analyze.registry import Analysis, option
 from landscape.bounds import DIRECTIONS_MAX, POINTS_MAX
@@ -35,7 +36,6 @@ from landscape.errors import NonFiniteError, UsageError
 from landscape.evaluate import Affine, Segment, evaluate
 from landscape.options import Options, build
 from landscape.params import ParamSpace
-from landscape.refs import slug
 from landscape.results import StoredResult, stored
 
 KIND = "directions"
@@ -338,10 +338,12 @@ def random_profiles(
     else:
         outs = iter(chunk_runner(chunks, distance, steps))
     losses, accs, extras = [], [], []
-    for loss, acc, extra, _ in outs:
-        losses.append(loss)
-        accs.append(acc)
-        extras.append(extra)
+    with progress.task("directions", total=config.directions, unit="directions") as task:
+        for chunk, (loss, acc, extra, _) in zip(chunks, outs, strict=True):  # a chunk's profiles, in order
+            losses.append(loss)
+            accs.append(acc)
+            extras.append(extra)
+            task.update(len(chunk))
     n = config.directions
 
     def profiles(base: float, chunks: list[np.ndarray]) -> np.ndarray:  # t = 0, then the chunks' steps
@@ -405,7 +407,6 @@ def _notes(result: DirectionsResult) -> list[str]:
 SPEC = Analysis(
     name="directions", config=DirectionsConfig, compute=random_profiles, result=DirectionsResult,
     inputs="checkpoint", run_options=DirectionsOptions, hooks=("execute",), parallel=True,
-    stem=lambda refs, config, opts: f"directions-{slug(refs[0])}" + (f"-to-{slug(opts.toward)}" if opts.toward else ""),
     figure="landscape.plots.directions:directions_figure", rows=_rows, notes=_notes,
     details=lambda r: {**r.summary(), "seconds": r.seconds, "points_per_second": r.throughput}, output="directions",
     doc="""Loss along N random directions from A against the path toward B (Watson et al. Fig. 4).

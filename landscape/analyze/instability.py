@@ -50,6 +50,7 @@ class PairInstability:
                                                          default_factory=dict)
     result: str = ""  # the pair's interpolation result file
     epsilon_spent: float = math.nan  # the larger epsilon the two checkpoints spent (NaN when neither is DP)
+    reused: bool = False  # read back from its current file in the pair directory, not computed again
 
     def flat(self, splits: Sequence[str]) -> dict[str, object]:
         return {k: v[0] for k, v in table_columns([self], PairInstability, splits).items()}
@@ -87,25 +88,49 @@ class RunInfo:
     name: str
     phases: Mapping | None
     lineage: Mapping | None
+    config: Mapping | None = None
+    privacy: Mapping | None = None
+
+
+def continued_with(run: RunInfo) -> str | None:
+    """How a child run went on from its parent: the Phase-2 optimizer of ``landscape phases``, else the
+    optimizer its config records (``train --from``; a recorded run whose config names one), else ``"dpsgd"``
+    for a recorded run whose privacy is accounted (Opacus), else None."""
+    ph, config, privacy = run.phases or {}, run.config or {}, run.privacy or {}
+    if ph.get("phase2") is not None:
+        return str(ph["phase2"])
+    if isinstance(config.get("optimizer"), str):
+        return config["optimizer"]
+    return "dpsgd" if privacy.get("accounted") else None
 
 
 def sibling_key(run: RunInfo) -> tuple | None:
-    """Siblings share the phases group, the parent (run, step) and the Phase-2 optimizer; None if not a Phase-2 run."""
-    ph, lin = run.phases or {}, run.lineage or {}
-    if not ph or ph.get("phase2") is None or not lin.get("parent_run"):
+    """Siblings are runs trained from the same parent checkpoint (its sha256, else its run and step) that went
+    on the same way (:func:`continued_with`), whatever wrote them: ``landscape phases`` (Phase-2 copies),
+    ``train --from``, a :class:`landscape.Recorder` with ``parent=``. Copies that were not trained from their
+    parent (a pruned run's step 0, an aligned run) and runs without a parent are no one's siblings: None."""
+    lin, config = run.lineage or {}, run.config or {}
+    if not lin.get("parent_run") and not lin.get("parent_sha256"):
         return None
-    return (ph.get("group"), lin.get("parent_run"), lin.get("parent_step"), ph.get("phase1"), ph.get("phase2"))
+    if lin.get("aligned_to") or config.get("command") in ("prune", "align"):
+        return None
+    parent = lin.get("parent_sha256") or (lin.get("parent_run"), lin.get("parent_step"))
+    return (str(parent), continued_with(run))
 
 
 def sibling_pairs(runs: Sequence[RunInfo]) -> list[tuple[RunInfo, RunInfo]]:
-    """Every pair of Phase-2 copies made from the same Phase-1 checkpoint with the same Phase-2 optimizer."""
+    """Every pair of runs trained from the same parent checkpoint the same way (:func:`sibling_key`)."""
     groups: dict[tuple, list[RunInfo]] = {}
     for run in runs:
         key = sibling_key(run)
         if key is not None:
             groups.setdefault(key, []).append(run)
+    def order(key: tuple) -> tuple[str, ...]:  # by parent run, step and how they went on: phases' group order
+        lin = groups[key][0].lineage or {}
+        return str(lin.get("parent_run")), str(lin.get("parent_step")), str(key[1]), key[0]
+
     out = []
-    for key in sorted(groups, key=lambda k: tuple(str(v) for v in k)):
+    for key in sorted(groups, key=order):
         members = sorted(groups[key], key=lambda r: (_copy_of(r), r.name))
         out += list(itertools.combinations(members, 2))
     return out
@@ -147,8 +172,8 @@ def _copy_of(run: RunInfo) -> int:
 class InstabilityOptions(Options):
     """How ``instability`` pairs runs (an api keyword and a command-line option, not an analyzer option)."""
 
-    pairs: str = option("siblings", "siblings (Phase-2 copies of one Phase-1 checkpoint), all, or explicit "
-                        "A:B[,C:D...].")
+    pairs: str = option("siblings", "siblings (runs trained from one parent checkpoint with the same optimizer: "
+                        "phases, train --from, a Recorder's parent=), all, or explicit A:B[,C:D...].")
     pair_dir: str | None = option(None, "Directory of the per-pair interpolation files (default: OUTPUT-pairs/ "
                                   "beside the table). A pair's file there is reused, not recomputed, when its "
                                   "checkpoints' sha256, the options, the data and the code version all match.")
@@ -158,6 +183,7 @@ def compute_pair(a, b, config, labels: Mapping, result=None) -> tuple[PairInstab
     """One row: A and B interpolated (:func:`landscape.analyze.interpolate.compute_pair`, or ``result``, the
     pair's interpolation read back from its current file) with the pair's labels from the manifests; epsilon
     falls back to the larger of the checkpoints' own for a DP pair."""
+    reused = result is not None
     result = interpolate_pair(a, b, config) if result is None else result
     eps = labels["epsilon"]
     known = [e for e in (a.checkpoint.epsilon, b.checkpoint.epsilon) if e is not None]
@@ -170,7 +196,7 @@ def compute_pair(a, b, config, labels: Mapping, result=None) -> tuple[PairInstab
         instability_loss=dict(result.instability_loss), chord_barrier_loss=dict(result.chord_barrier_loss),
         instability_error=dict(result.instability_error), epsilon_spent=spent,
         instability_loss_aligned=dict(result.instability_loss_aligned),
-        instability_error_aligned=dict(result.instability_error_aligned),
+        instability_error_aligned=dict(result.instability_error_aligned), reused=reused,
     )
     return row, result
 
@@ -185,13 +211,30 @@ def _printed(table: InstabilityTable) -> list[dict]:
     columns = ["pair", "k", "phase2", "epsilon", "epsilon_spent"] + [
         c for s in table.splits for c in (f"chord_barrier_{s}_loss", *(f"instability_{s}_{m}{a}"
                                                                          for m in ("loss", "error") for a in aligned))]
-    return [{c: r[c] for c in columns} for r in table.records()]
+    return [{c: None if c in _LABELS and _absent(r[c]) else r[c] for c in columns} for r in table.records()]
+
+
+def _notes(table: InstabilityTable) -> list[str]:
+    """Which pairs were read back from their files instead of computed again, and from where."""
+    reused = [r for r in table.rows if r.reused]
+    if not reused:
+        return []
+    where = ", ".join(sorted({str(Path(r.result).parent) for r in reused}))
+    return [f"reused {len(reused)} of {len(table.rows)} pairs from {where} (their checkpoints, options, data and "
+            f"code version match; remove a file there, or give another --pair-dir, to compute it again)"]
+
+
+_LABELS = ("k", "epsilon", "epsilon_spent")  # NaN there means "not applicable" (no phases, an SGD pair): "-"
+
+
+def _absent(value: object) -> bool:
+    return isinstance(value, float) and math.isnan(value)
 
 
 SPEC = Analysis(
     name="instability", config=InterpolateConfig, compute=compute_pair, result=InstabilityTable,
     inputs="pairs", collect=collect, run_options=InstabilityOptions,
-    figure="landscape.plots.interpolate:instability_figure", rows=_printed,
+    figure="landscape.plots.interpolate:instability_figure", rows=_printed, notes=_notes,
     details=lambda t: {"csv": str(t.csv_path), "rows": t.records()}, output="instability", csv=True,
     doc="""Instability of many pairs of final checkpoints: one table (CSV + HDF5) and the plot against k.
 

@@ -6,8 +6,11 @@ linear interpolation instability of Watson et al. Def. 2.3::
 
     instability = sup_alpha E_alpha(theta_A, theta_B) - mean(E(theta_A), E(theta_B))
 
-for the loss and for the error ``1 - accuracy`` (Frankle et al.'s error barrier). A path with a
-non-finite loss has instability ``inf`` and the reason is kept. Pure: a model, two state dicts and
+for the loss and for the error ``1 - accuracy`` (Frankle et al.'s error barrier), beside the two measures of
+a bump between the ends that Def. 2.3 mixes with the gap between them: the barrier above the chord
+``sup_alpha E_alpha - ((1 - alpha) E_A + alpha E_B)`` (Entezari et al. 2022; what the verdicts judge) and the
+rise above both ends ``sup_alpha E_alpha - max(E_A, E_B)``. A path with a non-finite loss has instability
+``inf`` and the reason is kept. Pure: a model, two state dicts and
 tensors in, an :class:`InterpolationResult` out; it never opens the store and never changes the model.
 """
 
@@ -94,9 +97,20 @@ def chord_barrier(values: Sequence[float] | np.ndarray, alphas: Sequence[float] 
     return float(np.max(v - ((1.0 - a) * v[0] + a * v[-1])))
 
 
+def rise_above_ends(values: Sequence[float] | np.ndarray) -> float:
+    """``sup_alpha E_alpha - max(E_A, E_B)``: how far the path rises above both of its ends (0 when it never does,
+    e.g. on a monotone path). Never above :func:`chord_barrier`, which measures from the lower chord; ``inf``
+    when any value is non-finite."""
+    v = np.asarray(values, dtype=np.float64)
+    if not np.all(np.isfinite(v)):
+        return math.inf
+    return float(v.max() - max(v[0], v[-1]))
+
+
 @dataclass
 class InterpolationResult(StoredResult):
-    """Loss/accuracy per split along the path, and the instabilities (Watson et al. Def. 2.3)."""
+    """Loss/accuracy per split along the path, the barriers above the chord and above both ends, and the
+    instabilities (Watson et al. Def. 2.3)."""
 
     KIND = KIND
     CONFIG = InterpolateConfig
@@ -109,6 +123,8 @@ class InterpolationResult(StoredResult):
     # sup_a E_a - ((1-a) E_A + a E_B)
     chord_barrier_loss: dict[str, float] = stored("attr", name="chord_barrier_{}_loss", order="splits",
                                                   default_factory=dict)
+    # sup_a E_a - max(E_A, E_B)
+    rise_loss: dict[str, float] = stored("attr", name="rise_{}_loss", order="splits", default_factory=dict)
     reasons: dict[str, str] = stored("attr", name="reason_{}", default_factory=dict)  # "<split>_loss" -> why inf
     examples: dict[str, int] = stored("attr", name="examples_{}", order="splits", default_factory=dict)
     # --metric: column -> split -> values along alpha, datasets <split>_<column> (written by derived(), read back
@@ -125,6 +141,8 @@ class InterpolationResult(StoredResult):
                                                         default_factory=dict)
     instability_error_aligned: dict[str, float] = stored("attr", name="instability_{}_error_aligned",
                                                          order="splits", default_factory=dict)
+    chord_barrier_loss_aligned: dict[str, float] = stored("attr", name="chord_barrier_{}_loss_aligned",
+                                                          order="splits", default_factory=dict)
     point_metrics_aligned: dict[str, dict[str, np.ndarray]] = stored("skip", default_factory=dict)
     distance_aligned: float = math.nan  # ||pi(theta_B) - theta_A||_2
     seconds: float = math.nan
@@ -163,19 +181,25 @@ class InterpolationResult(StoredResult):
         return result
 
     def summary(self) -> list[dict]:
-        """One row per split: losses at the ends, the maximum, and both instabilities."""
+        """One row per split: losses at the ends, the maximum, the barrier above the chord and the rise above both
+        ends (:func:`chord_barrier`, :func:`rise_above_ends`) beside both Def. 2.3 instabilities (read from the
+        curve for a file written before they were stored)."""
         return [
             {
                 "split": s,
                 "loss_A": float(self.loss[s][0]),
                 "loss_B": float(self.loss[s][-1]),
                 "max_loss": float(np.max(self.loss[s])),
+                "chord_barrier_loss": self.chord_barrier_loss.get(s, chord_barrier(self.loss[s], self.alpha)),
+                "rise_loss": self.rise_loss.get(s, rise_above_ends(self.loss[s])),
                 "instability_loss": self.instability_loss[s],
                 "instability_error": self.instability_error[s],
                 **{key: value for col, by_split in self.point_metrics.items() if s in by_split
                    for key, value in ((f"{col}_A", float(by_split[s][0])), (f"{col}_B", float(by_split[s][-1])),
                                       (f"max_{col}", float(np.max(by_split[s]))))},
-                **({"instability_loss_aligned": self.instability_loss_aligned[s],
+                **({"chord_barrier_loss_aligned": self.chord_barrier_loss_aligned.get(
+                        s, chord_barrier(self.loss_aligned[s], self.alpha)),
+                    "instability_loss_aligned": self.instability_loss_aligned[s],
                     "instability_error_aligned": self.instability_error_aligned[s]} if self.loss_aligned else {}),
             }
             for s in self.splits
@@ -259,6 +283,7 @@ def interpolate(
             ie = instability(1.0 - acc[s], result.alpha, what=f"{s} error")
         result.instability_loss[s], result.instability_error[s] = il.value, ie.value
         result.chord_barrier_loss[s] = chord_barrier(loss[s], result.alpha)
+        result.rise_loss[s] = rise_above_ends(loss[s])
     return result
 
 
@@ -289,6 +314,7 @@ def compute_pair(a, b, config: InterpolateConfig) -> InterpolationResult:
         result.loss_aligned, result.acc_aligned = after.loss, after.acc
         result.instability_loss_aligned = after.instability_loss
         result.instability_error_aligned = after.instability_error
+        result.chord_barrier_loss_aligned = after.chord_barrier_loss
         result.distance_aligned = after.distance
         result.point_metrics_aligned = after.point_metrics
         result.reasons.update({f"{key}_aligned": reason for key, reason in after.reasons.items()})
@@ -304,7 +330,8 @@ SPEC = Analysis(
     figure="landscape.plots.interpolate:interpolation_figure", rows=InterpolationResult.summary, notes=_notes,
     details=lambda r: {"reasons": r.reasons, "seconds": r.seconds, "throughput": r.throughput},
     output="interpolate",
-    doc="""Loss and accuracy on (1-alpha) A + alpha B, and the instability (Watson et al. Def. 2.3).
+    doc="""Loss and accuracy on (1-alpha) A + alpha B: the barrier above the chord, the rise above both ends and
+    the instability (Watson et al. Def. 2.3).
 
     A and B are checkpoint references: PATH.h5 or RUN[@init|@last|@step=N|@epoch=E]. When A and B were
     trained on different data, every point is evaluated on A's (--data-from b: B's), with a warning.""",

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from landscape import metrics as user_metrics
+from landscape import progress
 from landscape.analyze.directions import RandomDirectionOptions, nonzero_random_directions
 from landscape.analyze.registry import Analysis, option
 from landscape.bounds import GRID_CELLS_MAX
@@ -45,7 +46,6 @@ from landscape.errors import UsageError
 from landscape.evaluate import Affine, evaluate
 from landscape.options import Options
 from landscape.params import ParamSpace
-from landscape.refs import slug
 from landscape.results import StoredResult, stored, to_jsonable
 
 KIND = "surface"
@@ -418,16 +418,19 @@ def compute_surface(
                 yield rows, values, seconds, method
 
     start, before = time.perf_counter(), result.seconds
-    for rows, values, _, method in row_runner(blocks):
-        for s, (loss, acc, extra) in values.items():
-            result.values[f"{s}_loss"][rows] = loss
-            result.values[f"{s}_acc"][rows] = acc
-            for col, v in extra.items():
-                result.point_metrics[col][s][rows] = v
-        result.method = method
-        result.seconds = before + time.perf_counter() - start
-        if on_rows is not None:
-            on_rows(result, list(rows))
+    nx, ny = len(result.xcoordinates), len(result.ycoordinates)
+    with progress.task(f"surface {nx}x{ny}", total=nx, unit="rows", done=nx - sum(map(len, blocks))) as task:
+        for rows, values, _, method in row_runner(blocks):
+            for s, (loss, acc, extra) in values.items():
+                result.values[f"{s}_loss"][rows] = loss
+                result.values[f"{s}_acc"][rows] = acc
+                for col, v in extra.items():
+                    result.point_metrics[col][s][rows] = v
+            result.method = method
+            result.seconds = before + time.perf_counter() - start
+            if on_rows is not None:
+                on_rows(result, list(rows))
+            task.update(len(rows))
     result.seconds = before + time.perf_counter() - start
     return result
 
@@ -453,7 +456,6 @@ def _notes(result: SurfaceResult) -> list[str]:
 SPEC = Analysis(
     name="surface", config=SurfaceConfig, compute=compute_surface, result=SurfaceResult, inputs="checkpoint",
     run_options=SurfaceOptions, hooks=("execute",), parallel=True,
-    stem=lambda refs, config, options: f"surface-{slug(refs[0])}-{slug(config.plane)}",
     figure="landscape.plots.surface:surface_figure",
     rows=lambda r: [{k: v for k, v in r.summary().items() if k != "explained_variance"}], notes=_notes,
     details=SurfaceResult.summary, output="surface",

@@ -1,11 +1,11 @@
 """The Python face of landscape: checkpoint references in, result files and figures out.
 
-Every job kind of the registry :mod:`landscape.kinds` is a function here: each registered analysis, made from
-its spec by :func:`landscape.api.runner.api_function` (``interpolate``, ``instability``, ...: references, then the
+Every job kind of the registry ``landscape.kinds`` is a function here: each registered analysis, made from
+its spec by ``landscape.api.runner.api_function`` (``interpolate``, ``instability``, ...: references, then the
 config, then keyword options; the result comes back with ``.path`` and ``.figures``), and the other kinds'
 functions (``train``, ``phases``, ``prune``, ``align``, ``import_checkpoint``, ``figures``; a kind without a
-hand-written one gets one generated from its spec, :func:`landscape.kinds.api_function`). :mod:`.resolve` turns
-references into checkpoints, :mod:`.runner` runs an analysis; the other modules hold the hand-written
+hand-written one gets one generated from its spec, ``landscape.kinds.api_function``). ``resolve`` turns
+references into checkpoints, ``runner`` runs an analysis; the other modules hold the hand-written
 families (``training``, ``pruning``, ``accounting``, ...). Everything is loaded on first use, so
 ``from landscape.api import interpolate`` imports only what interpolation needs. Modules are named for their
 subject so that no module name shadows a function name: ``landscape.api.interpolate`` is always the function.

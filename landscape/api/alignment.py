@@ -78,7 +78,7 @@ def align(ref_a: str, ref_b: str, *, run: str | None = None, root: str | Path = 
 
     ``run`` names the new run (default: generated). IncompatibleError when A and B differ in tensors or
     model options, ModelError for architectures or layers alignment cannot permute and for non-finite weights.
-    Any model whose permutation structure is described (:mod:`landscape.analyze.align`: a ``permutation_spec()``
+    Any model whose permutation structure is described (``landscape.analyze.align``: a ``permutation_spec()``
     method or a registered builder) can be aligned; a spec that is not built in is first checked to keep the
     model's outputs under a random permutation.
     """

@@ -65,11 +65,18 @@ class DemoResult:
 
 def demo(out_dir: str | Path = "demo-out", *, root: str | Path | None = None, config: DemoConfig | None = None,
          progress: bool | None = None) -> DemoResult:
-    """Train the Phase-1/Phase-2 runs on digits and measure their geometry; see the module docstring."""
-    from landscape.api import InterpolateConfig, PhasesConfig, TrainConfig, directions, phases, tour
+    """Train the Phase-1/Phase-2 runs on digits and measure their geometry; see the module docstring.
+    ``progress``: True / False turns the progress display on / off (stderr), None follows ``landscape.progress``."""
+    from landscape import progress as display
 
     config = config or DemoConfig()
-    out_dir = Path(out_dir)
+    with display.enabled(progress), display.task("demo", total=len(config.ks) + 2, unit="steps") as task:
+        return _demo(Path(out_dir), root, config, task)
+
+
+def _demo(out_dir: Path, root: str | Path | None, config: DemoConfig, task) -> DemoResult:
+    from landscape.api import InterpolateConfig, PhasesConfig, TrainConfig, directions, phases, tour
+
     root = Path(root) if root is not None else out_dir / "checkpoints"
     results = out_dir / "results"
     base = TrainConfig(model="lenet", data="digits", epochs=config.epochs, lr=config.lr,
@@ -77,10 +84,15 @@ def demo(out_dir: str | Path = "demo-out", *, root: str | Path | None = None, co
                        target_epsilon=config.target_epsilon)
     runs: list[RunSummary] = []
     for k in config.ks:
+        task.describe_as(f"phases k={k}")
         runs += phases(PhasesConfig(base=base, k=k, copies=config.copies, phase1=("sgd",),
                                     phase2=("sgd", "dpsgd"), dp_lr=config.dp_lr, dp_momentum=config.dp_momentum,
-                                    group=f"demo-k{k}"), root=root, progress=progress)
+                                    group=f"demo-k{k}"), root=root)
+        task.update(1)
+    task.describe_as("interpolations")
     made = tour("demo-k*", root=root, out_dir=results, config=InterpolateConfig(points=config.points))
+    task.update(1)
+    task.describe_as("random directions")
     k = max(config.ks)
     profile = directions(f"demo-k{k}-sgd-sgd-0@last", toward=f"demo-k{k}-sgd-sgd-1@last", root=root,
                          output=results / "directions-sgd-sibling.h5", directions=config.directions,
@@ -90,6 +102,7 @@ def demo(out_dir: str | Path = "demo-out", *, root: str | Path | None = None, co
               "instability": r.instability_loss[split]} for r in made.table.rows]
     comparison = (f"Not lr-matched: SGD siblings at lr {base.lr:g} / momentum {base.momentum:g}, DP-SGD siblings at "
                   f"lr {config.dp_lr:g} / momentum {config.dp_momentum:g} (the gallery's watson-fig5 matches them).")
+    task.update(1)
     found = verdicts(pairs, profile.toward_loss, profile.direction_loss, split=split,
                      profile_split=profile.config.split, comparison=comparison)
     verdict_path = results / "verdicts.json"

@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import socket
+import struct
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -22,8 +24,9 @@ from typing import Any
 
 import torch
 
-from landscape.errors import LandscapeError, UsageError
-from landscape.runtime import die_with_parent
+from landscape import progress
+from landscape.errors import LandscapeError, UsageError, one_line
+from landscape.runtime import die_with_parent, local_only
 
 # ------------------------------------------------------------------------------------------ pools
 
@@ -153,22 +156,136 @@ def _connect(scheduler: Any):
     from distributed import Client
 
     if isinstance(scheduler, Client):
+        local_only("a Dask client")
         return scheduler, False
     return connect_client(scheduler_address(scheduler), set_as_default=False), True
 
 
 def connect_client(address: str, **kwargs: Any):
-    """A ``distributed.Client`` of the scheduler at (a checked) ``address``, waiting up to
-    :data:`SCHEDULER_TIMEOUT_S`; an unreachable scheduler is one LandscapeError line (exit 1)."""
+    """A ``distributed.Client`` of the scheduler at (a checked) ``address``. The whole handshake (the connection,
+    Dask's greeting both ways and the scheduler's answer to ``identity``) must finish within
+    :data:`landscape.bounds.SCHEDULER_TIMEOUT_S` (:func:`probe_scheduler`), so a service that is not a Dask
+    scheduler (an HTTP server, the dashboard's port, a worker, a port that accepts and never answers) is one
+    LandscapeError line (exit 1) instead of a wait without end or a traceback."""
     from distributed import Client
 
     from landscape import bounds
 
+    local_only(f"the Dask scheduler at {address}")
+    start = time.monotonic()
+    probe_scheduler(address)
+    left = max(1.0, bounds.SCHEDULER_TIMEOUT_S - (time.monotonic() - start))
     try:
-        return Client(address, timeout=bounds.SCHEDULER_TIMEOUT_S, **kwargs)
+        return Client(address, timeout=left, **kwargs)
     except (OSError, TimeoutError) as exc:
         raise LandscapeError(f"cannot reach the Dask scheduler at {address} within {bounds.SCHEDULER_TIMEOUT_S} s: "
-                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+                             f"{_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+_NOT_DASK = ("is not a Dask scheduler: its reply is not Dask's protocol (an HTTP server or the dashboard? a scheduler "
+             "listens on port 8786 unless told otherwise; `dask scheduler` prints its address)")
+
+
+def probe_scheduler(address: str, timeout: float | None = None) -> dict[str, Any]:
+    """Speak to the Dask scheduler at ``address`` as a client does (connect, exchange Dask's handshake, ask its
+    ``identity``) with one deadline over all of it (``timeout``, default
+    :data:`landscape.bounds.SCHEDULER_TIMEOUT_S`), and return the scheduler's identity. Anything else is one
+    line: nothing listening ("cannot reach"), no answer in time ("did not answer within N s"), a reply that is not
+    Dask's ("is not a Dask scheduler"), a Dask worker or nanny ("is a Dask worker, not the scheduler"), ``tls://``
+    without Dask's TLS settings (a UsageError). Runs in its own thread and event loop, so it also works where an
+    event loop is already running (Jupyter); the thread is a daemon, given up at the deadline."""
+    import asyncio
+    import threading
+
+    from landscape import bounds
+
+    limit = float(bounds.SCHEDULER_TIMEOUT_S if timeout is None else timeout)
+    args = _connection_args(address)
+    outcome: dict[str, Any] = {}
+
+    async def identity() -> dict[str, Any]:
+        from distributed.comm import connect
+
+        comm = await connect(address, timeout=limit, **args)
+        try:
+            await comm.write({"op": "identity", "reply": True})
+            return await comm.read()
+        finally:
+            comm.abort()
+
+    def talk() -> None:
+        try:
+            # connect() gives up on a closed port at ``limit`` by itself ("cannot reach"); the half second more
+            # lets that message win over "did not answer"
+            outcome["identity"] = asyncio.run(asyncio.wait_for(identity(), limit + 0.5))
+        except BaseException as exc:  # noqa: BLE001  (reported in the calling thread)
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=talk, name="landscape-scheduler-probe", daemon=True)
+    thread.start()
+    thread.join(limit + 1.5)  # the loop's own deadline, and a second for it to unwind
+    error = outcome.get("error")
+    if thread.is_alive() or isinstance(error, (asyncio.TimeoutError, TimeoutError)):
+        raise LandscapeError(f"{address} did not answer within {limit:g} s as a Dask scheduler would (it accepts "
+                             f"connections but sends nothing back): is it a Dask scheduler?")
+    if error is not None:
+        text = _first_line(error)
+        closed = _closed(error)
+        if isinstance(error, OSError) and not closed:
+            # connect() tried until the deadline: nothing listens, or the port takes connections and drops them
+            closed = _accepts(address)
+            if not closed:
+                raise LandscapeError(f"cannot reach the Dask scheduler at {address} within {limit:g} s: {text}")
+        if closed:
+            raise LandscapeError(f"{address} closed the connection during Dask's handshake: it is not a Dask "
+                                 f"scheduler, or one that refuses this client")
+        if isinstance(error, (MemoryError, ValueError, EOFError, LookupError, TypeError, struct.error)):
+            raise LandscapeError(f"{address} {_NOT_DASK}")  # garbage read as Dask's frames (an HTTP reply)
+        raise LandscapeError(f"cannot talk to the Dask scheduler at {address}: {one_line(error)}")
+    reply = outcome.get("identity")
+    kind = reply.get("type") if isinstance(reply, dict) else None
+    if kind == "Scheduler":
+        return reply
+    if isinstance(kind, str) and kind in ("Worker", "Nanny"):
+        raise LandscapeError(f"{address} is a Dask {kind.lower()}, not the scheduler: give the scheduler's address "
+                             f"(the one its workers were started with: `dask worker ADDRESS`)")
+    raise LandscapeError(f"{address} {_NOT_DASK}")
+
+
+def _closed(exc: BaseException) -> bool:
+    from distributed.comm.core import CommClosedError
+
+    return isinstance(exc, (CommClosedError, ConnectionResetError, BrokenPipeError))
+
+
+def _accepts(address: str) -> bool:
+    """Whether a plain TCP connection to ``address``'s host and port is accepted within a second (asked only after
+    Dask's connect failed: a service that takes connections and drops them is not "unreachable")."""
+    from distributed.comm import parse_address, parse_host_port
+
+    try:
+        host, port = parse_host_port(parse_address(address)[1])
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def _connection_args(address: str) -> dict[str, Any]:
+    """The client's connection arguments from Dask's configuration (``distributed.comm.tls.*``), as
+    ``distributed.Client`` takes them; ``tls://`` without a TLS context is one UsageError line."""
+    from distributed.security import Security
+
+    args = Security().get_connection_args("client")
+    if address.lower().startswith("tls://") and args.get("ssl_context") is None:
+        raise UsageError(f"--scheduler {address}: tls:// needs Dask's TLS settings (the configuration's "
+                         f"distributed.comm.tls.ca-file, .client.cert and .client.key; see Dask's docs on TLS), "
+                         f"or give tcp://")
+    return args
 
 
 _DASK_STATES: dict[str, dict[str, Any]] = {}
@@ -266,11 +383,21 @@ class ProcessPool:
 
         return as_completed(futures)
 
-    def map(self, fn: Callable, jobs: Sequence[tuple]) -> list:
-        if not self.distributed and self.in_process and (self.workers <= 1 or len(jobs) <= 1):
-            return [fn(*job) for job in jobs]
-        futures = [self.submit(fn, *job) for job in jobs]
-        return [f.result() for f in futures]
+    def map(self, fn: Callable, jobs: Sequence[tuple], *, what: str | None = None, unit: str = "jobs") -> list:
+        """``[fn(*job) for job in jobs]``, in order. ``what`` names the jobs for the progress display
+        (:mod:`landscape.progress`): jobs done of the total, counted here as each completes (workers print nothing)."""
+        with progress.task(what, total=len(jobs), unit=unit) if what is not None else progress.SILENT as task:
+            if not self.distributed and self.in_process and (self.workers <= 1 or len(jobs) <= 1):
+                out = []
+                for job in jobs:
+                    out.append(fn(*job))
+                    task.update(1)
+                return out
+            futures = [self.submit(fn, *job) for job in jobs]
+            for done in self.as_completed(futures):
+                done.result()  # a failed job raises as soon as it is known
+                task.update(1)
+            return [f.result() for f in futures]
 
     def shutdown(self, cancel: bool = False) -> None:
         """Stop the local processes (``cancel``: drop jobs not started) or close the Dask client this pool opened."""
@@ -282,10 +409,11 @@ class ProcessPool:
         self._client = None
 
 
-def map_jobs(fn: Callable, jobs: Sequence[tuple], workers: int) -> list:
-    """``[fn(*job) for job in jobs]``, in ``min(workers, len(jobs))`` spawned processes when that is > 1."""
+def map_jobs(fn: Callable, jobs: Sequence[tuple], workers: int, *, what: str | None = None, unit: str = "jobs") -> list:
+    """``[fn(*job) for job in jobs]``, in ``min(workers, len(jobs))`` spawned processes when that is > 1 (``what``,
+    ``unit``: the progress display's, as :meth:`ProcessPool.map`)."""
     with ProcessPool(min(workers, len(jobs))) as pool:
-        return pool.map(fn, jobs)
+        return pool.map(fn, jobs, what=what, unit=unit)
 
 
 # ------------------------------------------------------------------------------------ execution options

@@ -14,7 +14,8 @@ command line and ``landscape.api`` look a kind up there instead of branching on 
 - **run**: ``run(config, *, root, out)`` through ``landscape.api`` (``root`` the store, ``out`` a directory for
   the files the job writes outside the store, or None for the kind's default) -> the kind's result object;
 - **command**: what the command runs, when it is not ``run``: ``command(config, *, root, progress, report)``
-  (``progress``: draw progress bars, stderr is a terminal; ``report``: prints one line on stderr); ``given``
+  (``progress``: True / False turns the progress display on / off, None follows :mod:`landscape.progress`;
+  ``report``: prints one line on stderr); ``given``
   checks which options the command line gave (``given(names -> flags)``: train's ``--resume`` takes no others);
 - **produces**: options -> the store runs the job writes (a batch links a job that reads one of them after it);
 - **outcome**: ``outcome(result, root, out)`` -> (numbers, files): what a batch records of a finished job;
@@ -86,9 +87,9 @@ class JobKind:
         types_ = {f.name: str(f.type) for _, f in self.option_fields() if f.name not in self.skip}
         return types_ | {old: types_[new] for old, new in self.renames().items() if new in types_}
 
-    def execute(self, config: Any, *, root: Path, progress: bool = False,
+    def execute(self, config: Any, *, root: Path, progress: bool | None = None,
                 report: Callable[[str], None] | None = None) -> Any:
-        """What the command runs: ``command`` (with progress bars and report lines), else ``run``."""
+        """What the command runs: ``command`` (with its progress and report lines), else ``run``."""
         if self.command is not None:
             return self.command(config, root=root, progress=progress, report=report)
         return self.run(config, root=root, out=None)

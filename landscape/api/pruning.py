@@ -74,7 +74,7 @@ class PruneResult:
 
 
 def prune(config: PruneConfig, *, root: str | Path) -> PruneResult:
-    """Prune ``config.ref`` and write the new run into the store at ``root`` (:func:`prune_into_run`)."""
+    """Prune ``config.ref`` and write the new run into the store at ``root`` (``prune_into_run``)."""
     config.validate()
     store = Store(root)
     source = store.load(config.ref)
@@ -203,7 +203,7 @@ def pruned_retrain(store: Store, trained: Checkpoint, init: Checkpoint, level: f
         **stored, "run": retrain_name, "from_ref": f"{tag}@init", "resume": None, "model": None,
         "model_kwargs": {}, "data": None, "data_kwargs": {},
     })
-    return train(retrain, root=store.root, progress=False)
+    return train(retrain, root=store.root)
 
 
 def expand_prune_levels(resolver, ref: str, config) -> tuple[list, list]:

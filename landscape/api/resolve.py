@@ -196,12 +196,12 @@ class Resolver:
         ref = Ref.parse(ref)
         if ref.run is None or ref.run not in self.store.run_names():
             return RunInfo(str(ref), None, None)
-        run = self.store.run(ref.run)
-        return RunInfo(run.name, run.manifest.get("phases"), run.manifest.get("lineage"))
+        return _run_info(self.store.run(ref.run))
 
     def pair_jobs(self, patterns: Sequence[str], pairs: str) -> list[tuple[str, str, dict]]:
         """``(ref_a, ref_b, labels)`` per pair: explicit ``A:B[,C:D...]``, or the final checkpoints of the runs
-        matching ``patterns`` paired as ``siblings`` (Phase-2 copies of one Phase-1 checkpoint) or ``all``."""
+        matching ``patterns`` paired as ``siblings`` (runs trained from one parent checkpoint the same way,
+        :func:`landscape.analyze.instability.sibling_key`) or ``all``."""
         from landscape.analyze.instability import RunInfo, all_pairs, pair_labels, sibling_pairs
 
         if ":" in pairs:
@@ -224,15 +224,23 @@ class Resolver:
             if not matched:
                 raise UsageError(f"no runs match {pattern!r} in {store.root}")
             for run in matched:
-                runs[run.name] = RunInfo(run.name, run.manifest.get("phases"), run.manifest.get("lineage"))
+                runs[run.name] = _run_info(run)
         chosen = sibling_pairs(list(runs.values())) if pairs == "siblings" else all_pairs(list(runs.values()))
         if not chosen:
             raise UsageError(
                 f"no {'sibling ' if pairs == 'siblings' else ''}pairs among {len(runs)} matched run(s)"
-                + (" (siblings are Phase-2 copies from `landscape phases` with the same parent; try --pairs all)"
-                   if pairs == "siblings" else "")
+                + (" (siblings are runs trained from one parent checkpoint the same way: `landscape phases`, "
+                   "`train --from`, a Recorder's parent=; try --pairs all)" if pairs == "siblings" else "")
             )
         return [(str(Ref(run=x.name, at="last")), str(Ref(run=y.name, at="last")), pair_labels(x, y)) for x, y in chosen]
+
+
+def _run_info(run):
+    """A run's manifest fields that pairing reads (:class:`landscape.analyze.instability.RunInfo`)."""
+    from landscape.analyze.instability import RunInfo
+
+    m = run.manifest
+    return RunInfo(run.name, m.get("phases"), m.get("lineage"), m.get("config"), m.get("privacy"))
 
 
 def compare_data(a: Checkpoint, b: Checkpoint, data_from: str = "a", *, what: str = "A and B") -> DataChoice:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from landscape import progress
 from landscape.analyze.registry import Analysis, config_with, get, parallel
 from landscape.api._common import default_output
 from landscape.api.accounting import provenance_attrs
@@ -33,30 +34,34 @@ from landscape.api.resolve import Resolver, Target
 from landscape.data import recording_subsets
 from landscape.errors import UsageError
 from landscape.refs import Ref, slug
-from landscape.results import InputRef, check_companions, check_output_path
+from landscape.results import InputRef, check_companions, check_output_path, is_result_file
+from landscape.results.paths import changed_options, check_default_output, output_stem
 from landscape.runtime import resolve_device
 
 
 def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", config: Any = None,
         output: str | Path | None = None, figure: bool = True, data_root: str | None = None, download: bool = False,
         data_from: str = "a", workers: int | None = None, scheduler: Any = None, code: Sequence[str] = (),
-        accept_changed_code: bool = False, **options: Any) -> Any:
+        accept_changed_code: bool = False, overwrite: bool = False, **options: Any) -> Any:
     """Run analysis ``name`` on references ``refs`` (see :class:`~landscape.analyze.registry.Analysis` for what
     they are per ``inputs``). ``options`` are config fields or the spec's run options. ``scheduler`` (a Dask
     scheduler address or ``distributed.Client``) runs the parallel parts on that cluster instead of ``workers``
     local processes; the results are the same. ``code`` names the model / data code (``module:factory``,
     ``file.py:factory``) the checkpoints were built with, which may then run to rebuild them
     (:func:`landscape.plugins.trusting`; ``accept_changed_code`` accepts a source whose sha256 changed);
-    the result records both as the attr ``code``."""
+    the result records both as the attr ``code``. Without ``output`` the result goes to ``results/`` under a
+    name made of the analysis, every reference and the options that change it (:func:`_stem`), and a result
+    already there is refused in one line unless ``overwrite``; an ``output`` given is the file to write."""
     from landscape import plugins
 
     with plugins.trusting(code, accept_changed=accept_changed_code):
         return _run_trusted(name, refs, root=root, config=config, output=output, figure=figure, data_root=data_root,
-                            download=download, data_from=data_from, workers=workers, scheduler=scheduler, **options)
+                            download=download, data_from=data_from, workers=workers, scheduler=scheduler,
+                            overwrite=overwrite, **options)
 
 
 def _run_trusted(name: str, refs: Sequence[str], *, root, config, output, figure: bool, data_root, download: bool,
-                 data_from: str, workers: int | None, scheduler: Any, **options: Any) -> Any:
+                 data_from: str, workers: int | None, scheduler: Any, overwrite: bool = False, **options: Any) -> Any:
     spec = get(name)
     run_fields = {f.name for f in dataclasses.fields(spec.run_options)} if spec.run_options else set()
     run_opts = spec.run_options(**{k: options.pop(k) for k in list(options) if k in run_fields}) \
@@ -68,11 +73,13 @@ def _run_trusted(name: str, refs: Sequence[str], *, root, config, output, figure
 
         check_workers(getattr(config, "metrics", None) or (), execution.workers)
     with using_scheduler(execution.scheduler):
-        return _run(spec, refs, root, config, run_opts, output, figure, data_root, download, data_from, execution)
+        return _run(spec, refs, root, config, run_opts, output, figure, data_root, download, data_from, execution,
+                    overwrite)
 
 
 def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, output, figure: bool,
-         data_root: str | None, download: bool, data_from: str, execution: ExecutionOptions) -> Any:
+         data_root: str | None, download: bool, data_from: str, execution: ExecutionOptions,
+         overwrite: bool = False) -> Any:
     workers = execution.workers
     resolver = Resolver(root, data_root=data_root, download=download)
     # parsed once here (a bad reference is a one-line UsageError before anything runs); run globs are not references
@@ -80,7 +87,11 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
     refs = [str(r) for r in parsed]
     if spec.inputs == "targets" and not refs:
         raise UsageError(f"{spec.name} needs at least one run or checkpoint")
-    out = Path(output) if output is not None else default_output(_stem(spec, refs, config, run_opts))
+    out = Path(output) if output is not None else default_output(_stem(spec, refs, config, run_opts, data_from))
+    if overwrite and getattr(run_opts, "resume", False):  # replace: computed again, not resumed
+        run_opts = dataclasses.replace(run_opts, resume=False)
+    if output is None and not (getattr(run_opts, "resume", False) and is_result_file(out)):
+        check_default_output(out, overwrite=overwrite)  # a resumable partial file is the hook's to check
     check_output_path(out)  # fail before computing: never replace a checkpoint, a user's CSV, figure or pair file
     check_companions(out, csv=spec.csv, figures=figure and spec.figure is not None, pairs=spec.inputs == "pairs")
     attrs: dict[str, Any] = {}
@@ -92,13 +103,16 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
                 result, inputs, attrs = hook(spec, "execute")(resolver, parsed[0], config, run_opts, execution, out)
             else:
                 point = resolver.point(parsed[0], masks=True, purpose=spec.purpose)
-                result = spec.compute(point, config)
+                with progress.task(spec.name, total=1, unit="checkpoints") as task:
+                    result = spec.compute(point, config)
+                    task.update(1)
                 inputs = [point.input_ref()]
     elif spec.inputs == "pair":
         ref_a, ref_b = refs
         a, b, choice = resolver.pair(*parsed, data_from=data_from)
-        with recording_subsets() as draws:
+        with recording_subsets() as draws, progress.task(spec.name, total=1, unit="pairs") as task:
             result = spec.compute(a, b, config)
+            task.update(1)
         inputs = [a.input_ref(), b.input_ref()]
         attrs = choice.attrs()
         title = f"A = {ref_a}   B = {ref_b}"
@@ -109,7 +123,8 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
         (ref,) = parsed
         targets, extra = hook(spec, "expand")(resolver, ref, config) if "expand" in spec.hooks \
             else (resolver.expand(ref), [])
-        rows = _recorded(_map(_point_job, [(spec.name, resolver, t, config) for t in targets], workers), draws)
+        rows = _recorded(_map(_point_job, [(spec.name, resolver, t, config) for t in targets], workers,
+                              what=spec.name, unit="checkpoints"), draws)
         result = spec.collect(rows, config, run_opts)
         inputs = extra + _inputs(targets)
     else:  # targets
@@ -118,11 +133,11 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
         with ProcessPool(min(workers, len(flat))) as pool:
             shared = None
             if spec.prepare is not None:
-                values = _recorded(_map(_prepare_job, [(spec.name, resolver, t, config) for t in flat], pool=pool),
-                                   draws)
+                values = _recorded(_map(_prepare_job, [(spec.name, resolver, t, config) for t in flat], pool=pool,
+                                        what=f"{spec.name} (first pass)", unit="checkpoints"), draws)
                 shared = spec.share(values, config)
             rows = iter(_recorded(_map(_point_job, [(spec.name, resolver, t, config, shared) for t in flat],
-                                       pool=pool), draws))
+                                       pool=pool, what=spec.name, unit="checkpoints"), draws))
         result = spec.collect([[next(rows) for _ in g] for g in groups], config, run_opts, refs, shared)
         inputs = _inputs(flat)
         title = ""
@@ -164,16 +179,22 @@ def _recorded(outcomes: list[tuple[Any, list[dict]]], draws: list[dict]) -> list
     return [value for value, _ in outcomes]
 
 
-def _stem(spec: Analysis, refs: list[str], config: Any, run_opts: Any) -> str:
-    """The default output name: the spec's ``stem``, else ``<output>-<A>--<B>`` for a pair, ``<output>`` for
-    pairs of runs, ``<output>-<run of the first reference>`` otherwise."""
+def _stem(spec: Analysis, refs: list[str], config: Any, run_opts: Any, data_from: str = "a") -> str:
+    """The default output name: the spec's ``stem``, else ``<output>-<A>--<B>...`` with every reference (run
+    globs for pairs of runs), then the options that change the result (:func:`landscape.results.paths.output_stem`:
+    written out when short, else a hash)."""
     if spec.stem is not None:
-        return spec.stem(refs, config, run_opts)
-    if spec.inputs == "pair":
-        return f"{spec.output}-{Ref.parse(refs[0]).slug}--{Ref.parse(refs[1]).slug}"
-    if spec.inputs == "pairs":
-        return spec.output
-    return f"{spec.output}-{Ref.parse(refs[0]).label}"
+        base = spec.stem(refs, config, run_opts)
+    else:
+        parts = [slug(r) if spec.inputs == "pairs" else _name_part(Ref.parse(r)) for r in refs]
+        base = "-".join([spec.output, *(["--".join(parts)] if parts else [])])
+    extra = {"data_from": data_from} if data_from != "a" else {}
+    return output_stem(base, changed_options(config, run_opts, extra=extra))
+
+
+def _name_part(ref: Ref) -> str:
+    """A reference in a default name: the run with its selector (``sgd_last``), a file by its path (``dir_a``)."""
+    return slug(ref.label) if ref.file is not None else ref.slug
 
 
 def _inputs(targets: Sequence[Target]) -> list[InputRef]:
@@ -219,11 +240,14 @@ def _callable(where: str | Callable) -> Callable:
 # -------------------------------------------------------------------------------- jobs (in workers)
 
 
-def _map(fn: Callable, jobs: list[tuple], workers: int = 1, *, pool: ProcessPool | None = None) -> list:
+def _map(fn: Callable, jobs: list[tuple], workers: int = 1, *, pool: ProcessPool | None = None, what: str,
+         unit: str) -> list:
     """``map_jobs`` (or ``pool.map``) whose jobs return ``(value, warnings)``: warnings raised in workers are
-    re-raised here, so the CLI shows them as one ``warning:`` line each whichever process they came from."""
+    re-raised here, so the CLI shows them as one ``warning:`` line each whichever process they came from. The
+    progress display counts the jobs done (``what``, ``unit``)."""
     out = []
-    for value, messages in (pool.map(fn, jobs) if pool is not None else map_jobs(fn, jobs, workers)):
+    shown = {"what": what, "unit": unit}
+    for value, messages in (pool.map(fn, jobs, **shown) if pool is not None else map_jobs(fn, jobs, workers, **shown)):
         for category, message in messages:
             warnings.warn(message, category, stacklevel=3)
         out.append(value)
@@ -320,7 +344,7 @@ def _pairs(spec: Analysis, resolver: Resolver, patterns: list[str], config: Any,
     pair_dir = Path(run_opts.pair_dir) if run_opts.pair_dir else out.with_name(out.stem + "-pairs")
     tasks = [(spec.name, resolver, a, b, labels, config, data_from, str(pair_dir / f"{slug(a)}--{slug(b)}.h5"))
              for a, b, labels in jobs]
-    outcomes = _map(_pair_job, tasks, workers)
+    outcomes = _map(_pair_job, tasks, workers, what=spec.name, unit="pairs")
     inputs = list({ref.sha256 + ref.path: ref for _, refs, _ in outcomes for ref in refs}.values())
     draws = [d for _, _, drawn in outcomes for d in drawn]
     return spec.collect([row for row, _, _ in outcomes], config, run_opts), inputs, draws
@@ -332,7 +356,8 @@ def _pairs(spec: Analysis, resolver: Resolver, patterns: list[str], config: Any,
 #: The keyword-only runner options of every api function: name -> (annotation, default, help).
 RUNNER_OPTIONS: dict[str, tuple[Any, Any, str]] = {
     "root": (str | Path, "checkpoints", "Checkpoint store root."),
-    "output": (str | Path | None, None, "Result HDF5 file to write (default results/<name>-<A>.h5)."),
+    "output": (str | Path | None, None, "Result HDF5 file to write (default results/<name>-<A>[--<B>...][-<options>]"
+                                        ".h5, never replacing a result there unless overwrite)."),
     "figure": (bool, True, "Draw the figure(s) beside the result file."),
     "data_root": (str | None, None, "Where torchvision data sets live (default $LANDSCAPE_DATA)."),
     "download": (bool, False, "Download a torchvision data set into data_root if absent."),
@@ -343,6 +368,7 @@ RUNNER_OPTIONS: dict[str, tuple[Any, Any, str]] = {
     "code": (Sequence[str], (), "Model / data code (module:factory, file.py:factory) the checkpoints were built "
                                 "with, trusted to rebuild them."),
     "accept_changed_code": (bool, False, "Accept code whose source sha256 changed since it was recorded."),
+    "overwrite": (bool, False, "Replace a result already under the default output name (without it: refused)."),
 }
 _REFS = {"checkpoint": (("ref", str | Path, "A checkpoint reference: RUN@selector or a checkpoint file."),),
          "pair": (("ref_a", str | Path, "Checkpoint A (RUN@selector or a file)."),
@@ -358,7 +384,7 @@ def _runner_names(spec: Analysis) -> list[str]:
         names.append("data_from")
     if parallel(spec):
         names += ["workers", "scheduler"]
-    return names + ["code", "accept_changed_code"]
+    return names + ["code", "accept_changed_code", "overwrite"]
 
 
 def api_signature(spec: Analysis) -> inspect.Signature:

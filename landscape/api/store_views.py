@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from landscape.api.jobkind import JobKind, files_under, run_option
-from landscape.errors import CheckpointError
+from landscape.errors import CheckpointError, one_line
 from landscape.options import SOURCE_HELP, check_kwargs, option
 from landscape.runtime import DATA_ENV
 
@@ -43,8 +43,14 @@ def runs(root: str | os.PathLike = "checkpoints", pattern: str = "*") -> dict[st
 
     st = Store(root)
     found, damaged = st.scan(pattern)
-    return {"root": str(st.root), "runs": [_run_summary(run) for run in found],
-            "damaged": [{"name": name, "error": message} for name, message in damaged.items()]}
+    summaries = []
+    for run in found:
+        try:
+            summaries.append(_run_summary(run))
+        except Exception as exc:  # a field the store's schema does not check: this run's damage alone
+            damaged[run.name] = f"run '{run.name}': cannot be summarised: {one_line(exc)}"
+    return {"root": str(st.root), "runs": summaries,
+            "damaged": [{"name": name, "error": damaged[name]} for name in sorted(damaged)]}
 
 
 def checkpoint(ref: str, root: str | os.PathLike = "checkpoints") -> dict[str, Any]:
@@ -103,25 +109,26 @@ def import_checkpoint(
     """Import a foreign checkpoint (.pt/.pth state dict or .safetensors) as the step-0 checkpoint of a new run.
 
     The model is built for the data set (``model``, ``model_kwargs``; input shape and classes from ``data``;
-    either may be a code reference ``module:factory`` / ``file.py:factory``, see :func:`landscape.models.build_model`)
+    either may be a code reference ``module:factory`` / ``file.py:factory``, see ``landscape.models.build_model``)
     and the file's keys and shapes must match it; .pt files are read with ``torch.load(weights_only=True)``
     (``landscape.store.import_checkpoint``). Returns ``{"run", "ref", "path", "sha256", "tensors", "epsilon",
     "privacy_note"}``.
 
     The weights' privacy history is unknown unless declared: ``epsilon`` with ``delta``, or the DP-SGD that
     made them (``noise_multiplier``, ``sample_rate``, ``steps``); see
-    :func:`landscape.api.accounting.import_privacy`.
+    ``landscape.api.accounting.import_privacy``.
     """
     from landscape import plugins
     from landscape.api.accounting import import_privacy
     from landscape.data import load_dataset
-    from landscape.models import build_model
-    from landscape.store import Store, _looks_like_torch_file
+    from landscape.models import build_model, check_forward
+    from landscape.store import Store, _looks_like_torch_file, check_regular_file
     from landscape.store import import_checkpoint as store_import
     from landscape.train.accounting import ancestry_note
 
     check_kwargs(data_kwargs, model_kwargs)
     source = Path(file)
+    check_regular_file(source)
     target = source.resolve()  # a link is judged by what it points to, before the data set is loaded
     if source.suffix.lower() in (".pt", ".pth") and target.is_file() and not _looks_like_torch_file(target):
         link = f" (a link to {target})" if source.is_symlink() else ""
@@ -130,8 +137,10 @@ def import_checkpoint(
     privacy, declared_epsilon = import_privacy(epsilon, delta, noise_multiplier, sample_rate, steps)
     dataset = load_dataset(name=data, subset=subset, data_root=data_root, download=download,
                            **(data_kwargs or {}))
-    spec = build_model(model, input_shape=dataset.input_shape, num_classes=dataset.num_classes,
-                       **(model_kwargs or {})).landscape_spec
+    built = build_model(model, input_shape=dataset.input_shape, num_classes=dataset.num_classes,
+                        **(model_kwargs or {}))
+    check_forward(built, dataset.x_train[:2], dataset.num_classes)  # the model must take this data
+    spec = built.landscape_spec
     st = Store(root)
     with plugins.trusting([r for r in (model, data) if plugins.is_code_ref(r)]):  # named here: may be rebuilt
         path = store_import(st, file, model_spec=spec, data_spec=dataset.spec, run=run, privacy=privacy,
@@ -220,8 +229,9 @@ IMPORT_JOB = JobKind(
     notes=_import_notes, details=lambda made: made.done,
     doc="""Import a foreign checkpoint FILE (.pt/.pth state dict, or .safetensors) as a new run.
 
-    .pt files are read with torch.load(weights_only=True): a file that would run code is refused. Opacus'
-    `_module.` key prefix is stripped; keys and shapes must match the model built for the data set.
+    .pt files are read with torch.load(weights_only=True): a file that would run code is refused. The key
+    prefixes of wrappers (torch.compile's `_orig_mod.`, Opacus' `_module.`, DataParallel's `module.`) are
+    stripped; keys and shapes must match the model built for the data set.
     The weights' privacy history is unknown unless declared (--epsilon with --delta, or --noise-multiplier,
     --sample-rate and --steps): runs trained from them then say that their epsilon covers only the steps
     landscape saw.

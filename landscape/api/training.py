@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from landscape import plugins
+from landscape import progress as display
 from landscape.api.jobkind import JobKind, files_under, run_option, validated
 from landscape.data import load_dataset
 from landscape.errors import CheckpointError, UsageError
 from landscape.store import Run, Store
 from landscape.train.config import PhasesConfig, TrainConfig, config_hash
-from landscape.train.loop import DEFAULT_DATA, DEFAULT_MODEL, calibrate_noise, train
+from landscape.train.loop import DEFAULT_DATA, DEFAULT_MODEL, calibrate_noise, resolved, train
 from landscape.train.sampling import steps_per_epoch
 
 __all__ = ["PHASES_JOB", "TRAIN_JOB", "PhasesConfig", "RunSummary", "TrainConfig", "phases", "resume", "summarize",
@@ -47,6 +48,8 @@ class RunSummary:
     phase2: str | None = None
     copy: int | None = None
     seconds: float | None = None
+    accountant: str | None = None  # the accountant the epsilon comes from
+    parent_epsilon: dict[str, Any] | None = None  # what the parent reported, and by which accountant
 
 
 def summarize(run: Run) -> RunSummary:
@@ -56,6 +59,7 @@ def summarize(run: Run) -> RunSummary:
     metrics = last.metrics if last is not None else {}
     lineage = run.manifest.get("lineage") or {}
     phases_ = run.manifest.get("phases") or {}
+    privacy = run.manifest.get("privacy") or {}
     parent = f"{lineage['parent_run']}@step={lineage['parent_step']}" if lineage.get("parent_run") else None
     return RunSummary(
         run=run.name,
@@ -73,6 +77,8 @@ def summarize(run: Run) -> RunSummary:
         phase2=phases_.get("phase2"),
         copy=phases_.get("copy"),
         seconds=metrics.get("wall_seconds"),
+        accountant=privacy.get("accountant") if last is not None and last.epsilon is not None else None,
+        parent_epsilon=privacy.get("parent_epsilon"),
     )
 
 
@@ -106,7 +112,8 @@ def phases(config: PhasesConfig, *, root: str | Path, progress: bool | None = No
 def _phases(config: PhasesConfig, *, root: str | Path, progress: bool | None,
             report: Callable[[str], None] | None) -> list[RunSummary]:
     config = dataclasses.replace(config, base=dataclasses.replace(
-        config.base, model=config.base.model or DEFAULT_MODEL, data=config.base.data or DEFAULT_DATA))
+        config.base, model=config.base.model or DEFAULT_MODEL, data=config.base.data or DEFAULT_DATA,
+        accountant=config.base.accountant or "rdp"))
     base = config.base
     store = Store(root)
     group = config.group or f"phases-{_phases_hash(config)}"
@@ -125,6 +132,7 @@ def _phases(config: PhasesConfig, *, root: str | Path, progress: bool | None,
     total = len(config.phase1) * (1 + len(config.phase2) * config.copies)
 
     def finished(run: Run, what: str) -> None:
+        task.update(1)
         summaries.append(summarize(run))
         if report is not None:
             s = summaries[-1]
@@ -132,6 +140,14 @@ def _phases(config: PhasesConfig, *, root: str | Path, progress: bool | None,
             acc = f", test acc {s.test_acc:.4f}" if s.test_acc is not None else ""
             report(f"phases: [{len(summaries)}/{total}] {what} {s.run} finished (epoch {s.epoch}{acc}{eps})")
 
+    with display.enabled(progress), display.task(f"phases {group}", total=total, unit="runs") as task:
+        _train_phases(config, store, group, sigma, label, progress, finished)
+    return summaries
+
+
+def _train_phases(config: PhasesConfig, store: Store, group: str, sigma: float | None, label: dict[str, Any],
+                  progress: bool | None, finished: Callable[[Run, str], None]) -> None:
+    base = config.base
     for p1 in config.phase1:
         name1 = f"{group}-{p1}"
         cfg1 = config.phase_config(p1, epochs=config.k, seed=base.seed, noise_multiplier=sigma, run=name1)
@@ -145,7 +161,6 @@ def _phases(config: PhasesConfig, *, root: str | Path, progress: bool | None,
                 )
                 run2 = ensure(store, cfg2, {**label, "phase1": p1, "phase2": p2, "copy": i}, progress)
                 finished(run2, f"phase 2 ({p1}->{p2}, copy {i})")
-    return summaries
 
 
 def _phases_hash(config: PhasesConfig) -> str:
@@ -167,7 +182,7 @@ def ensure(store: Store, config: TrainConfig, phases_label: dict[str, Any] | Non
     resume it; a finished one is returned as it is); a run of that name with another configuration is refused."""
     if config.run in store.run_names():
         run = store.run(config.run)
-        if run.manifest.get("config_hash") != config_hash(config):
+        if run.manifest.get("config_hash") != config_hash(resolved(store, config)):
             raise CheckpointError(
                 f"run '{config.run}' already exists with a different configuration; choose another --group"
             )
@@ -187,14 +202,12 @@ def _train_job(config: TrainConfig, *, root: Path, out: Path | None = None) -> R
     store = Store(root)
     if config.run in store.run_names():
         existing = store.run(config.run).manifest
-        full = config if config.from_ref is not None else dataclasses.replace(
-            config, model=config.model or DEFAULT_MODEL, data=config.data or DEFAULT_DATA)
-        if existing.get("config_hash") != config_hash(full):
+        if existing.get("config_hash") != config_hash(resolved(store, config)):
             raise CheckpointError(f"run '{config.run}' already exists with a different configuration")
         # the same job: continue it, whatever the kill left (recorded checkpoints, a complete file the manifest
         # does not list yet, or none: the resume path adopts the file or starts over from step 0)
         config = TrainConfig(resume=config.run, data_root=config.data_root, device=config.device)
-    return train(config, root=root, progress=False)
+    return train(config, root=root)
 
 
 def _train_outcome(run: Run, root: Path, out: Path | None) -> tuple[dict[str, Any], list[Path]]:
@@ -213,7 +226,14 @@ def _train_given(given: dict[str, str]) -> None:
         raise UsageError(f"--resume RUN continues with the run's stored options; drop {', '.join(others)}")
 
 
-def _train_command(config: TrainConfig, *, root: Path, progress: bool, report: Callable[[str], None] | None) -> Run:
+def _train_command(config: TrainConfig, *, root: Path, progress: bool | None,
+                   report: Callable[[str], None] | None) -> Run:
+    """``train``; ``--resume`` of a run that is already complete says so (its table follows, nothing is trained)."""
+    if config.resume is not None and report is not None and config.resume in Store(root).run_names():
+        run = Store(root).run(config.resume)
+        total, last = run.manifest.get("schedule", {}).get("total_steps"), run.checkpoints()
+        if total is not None and last and last[-1].step >= int(total):
+            report(f"run '{run.name}' is already complete (step {last[-1].step} of {total}): nothing to train")
     return train(config, root=root, progress=progress)
 
 
@@ -240,10 +260,12 @@ def _phases_build(options: dict[str, Any]) -> PhasesConfig:
     return validated(PhasesConfig(base=TrainConfig(**options), **own))
 
 
-def _phases_command(config: PhasesConfig, *, root: Path, progress: bool,
+def _phases_command(config: PhasesConfig, *, root: Path, progress: bool | None,
                     report: Callable[[str], None] | None) -> list[RunSummary]:
-    """Without progress bars (output piped), one line per finished run on stderr."""
-    return phases(config, root=root, progress=progress, report=None if progress else report)
+    """One line per finished run on the progress display (:func:`landscape.progress.note`)."""
+    from landscape.progress import note
+
+    return phases(config, root=root, progress=progress, report=note)
 
 
 def _phases_produces(options: dict[str, Any]) -> list[str]:
@@ -270,7 +292,7 @@ def _phases_outcome(summaries: list[RunSummary], root: Path, out: Path | None) -
 
 
 PHASES_JOB = JobKind(
-    name="phases", config=PhasesConfig, run=lambda config, *, root, out=None: phases(config, root=root, progress=False),
+    name="phases", config=PhasesConfig, run=lambda config, *, root, out=None: phases(config, root=root),
     fields=((TrainConfig, ("optimizer", "run", "from_ref", "resume")), (PhasesConfig, ("base",))),
     required=("group",), build=_phases_build, produces=_phases_produces, outcome=_phases_outcome, api=phases,
     command=_phases_command, rows=lambda summaries: [_columns(s, _PHASES_COLUMNS) for s in summaries],

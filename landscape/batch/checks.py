@@ -82,6 +82,21 @@ def _check_options(kind, info, opts, raw_options, grid, env, where, body, key, l
     return out
 
 
+def _check_run_names(produces: tuple[str, ...], raw_options, grid, env, where, key, label, at) -> tuple[str, ...]:
+    """The runs a job writes (its kind's ``produces``: train's, phases', prune's, align's, import's), each a run
+    name of the store's one rule (:func:`landscape.refs.check_run_name`): ``run: ../x`` is refused with the
+    spec, not when the job runs."""
+    from landscape.refs import check_run_name
+
+    for run in produces:
+        try:
+            check_run_name(run)
+        except UsageError as exc:
+            blame = _blame("'run' 'group'", raw_options, grid, env, where, key)  # the option naming the run
+            raise SpecError(f"{blame or at}: {label}: it would write the run {run!r}; {exc}") from None
+    return produces
+
+
 def _is_analysis(kind: str) -> bool:
     from landscape import kinds
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 import csv
 import logging
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from landscape import plugins
+from landscape import progress as display
 from landscape.batch.jobs import run_job
 from landscape.batch.spec import BatchSpec, Job
 from landscape.errors import UsageError
@@ -76,18 +76,28 @@ def spec_code(spec: BatchSpec) -> list[str]:
 
 
 def run_batch(spec: BatchSpec, *, workers: int = 1, scheduler: str | None = None, threads: int | None = None,
-              stream: TextIO | None = None, bar: bool | None = None) -> BatchReport:
+              progress: bool | None = None) -> BatchReport:
     """Run every job of ``spec``; ``workers`` local processes (1: this process) or ``scheduler``'s workers.
 
-    Progress goes to ``stream`` (stderr): a bar on a terminal, else one line per finished job. Writes the
+    Progress (:mod:`landscape.progress`; ``progress`` True / False turns it on / off, None follows the caller's):
+    one line per finished job on stderr, and the jobs done of the total (a bar on a terminal). Writes the
     summary (``summary.csv``, ``summary.h5``) and the file index (``index.csv``) under ``spec.results``.
     """
-    stream = stream if stream is not None else sys.stderr
-    bar = stream.isatty() if bar is None else bar
-    progress = Progress(spec, stream, bar)
+    with display.enabled(progress), JobProgress(spec) as shown:
+        return _run_batch(spec, workers, scheduler, threads, shown)
+
+
+def _run_batch(spec: BatchSpec, workers: int, scheduler: str | None, threads: int | None,
+               progress: JobProgress) -> BatchReport:
     start = time.perf_counter()
-    spec.results.mkdir(parents=True, exist_ok=True)
-    spec.root.mkdir(parents=True, exist_ok=True)
+    client = _client(scheduler, progress) if scheduler is not None else None  # before anything is made
+    try:
+        spec.results.mkdir(parents=True, exist_ok=True)
+        spec.root.mkdir(parents=True, exist_ok=True)
+    except BaseException:
+        if client is not None:
+            client.close()
+        raise
     lost: list[str] = []
     retried: list[str] = []
     with plugins.trusting(spec_code(spec)):
@@ -95,9 +105,8 @@ def run_batch(spec: BatchSpec, *, workers: int = 1, scheduler: str | None = None
             outcomes = _in_process(spec, threads, progress)
             dashboard = None
         else:
-            outcomes, dashboard = _on_dask(spec, workers, scheduler, threads if threads else 1, progress, lost,
+            outcomes, dashboard = _on_dask(spec, workers, client, threads if threads else 1, progress, lost,
                                            retried)
-    progress.close()
     report = BatchReport(outcomes=outcomes, seconds=time.perf_counter() - start, dashboard=dashboard,
                          lost_workers=lost, retried=retried)
     report.counts = {s: sum(o["status"] == s for o in outcomes) for s in STATUSES}
@@ -105,7 +114,7 @@ def run_batch(spec: BatchSpec, *, workers: int = 1, scheduler: str | None = None
     return report
 
 
-def _in_process(spec: BatchSpec, threads: int | None, progress: Progress) -> list[dict[str, Any]]:
+def _in_process(spec: BatchSpec, threads: int | None, progress: JobProgress) -> list[dict[str, Any]]:
     done: dict[str, dict[str, Any]] = {}
     for job in spec.jobs:
         progress.start(job.id)
@@ -114,14 +123,29 @@ def _in_process(spec: BatchSpec, threads: int | None, progress: Progress) -> lis
     return [done[j.id] for j in spec.jobs]
 
 
-def _on_dask(spec: BatchSpec, workers: int, scheduler: str | None, threads: int, progress: Progress,
+def _client(scheduler: str, progress: JobProgress) -> Any:
+    """A client of the Dask scheduler at ``scheduler``, after a line saying how long it waits; the whole handshake
+    has that deadline, so a service that is not a scheduler is one line, never a wait without end."""
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        raise UsageError("--workers > 1 and --scheduler need Dask: pip install 'landscape[dist]'") from None
+    from landscape.api.execution import connect_client, scheduler_address
+    from landscape.bounds import scheduler_note
+
+    progress.note(scheduler_note(scheduler))
+    return connect_client(scheduler_address(scheduler))
+
+
+def _on_dask(spec: BatchSpec, workers: int, client: Any, threads: int, progress: JobProgress,
              lost: list[str], retried: list[str]) -> tuple[list[dict[str, Any]], str | None]:
+    """The jobs on ``client``'s cluster, or (None) on a local cluster of ``workers`` processes made here."""
     try:
         from distributed import Client, LocalCluster
     except ImportError:
         raise UsageError("--workers > 1 and --scheduler need Dask: pip install 'landscape[dist]'") from None
     cluster = None
-    if scheduler is None:
+    if client is None:
         dashboard = "127.0.0.1:0" if _has_bokeh() else None
         import dask
 
@@ -132,13 +156,6 @@ def _on_dask(spec: BatchSpec, workers: int, scheduler: str | None, threads: int,
                                    dashboard_address=dashboard, silence_logs=logging.CRITICAL,
                                    worker_dashboard_address=None, preload=["landscape.batch.parent_watch"])
         client = Client(cluster)
-    else:
-        from landscape import bounds
-        from landscape.api.execution import connect_client, scheduler_address
-
-        progress.note(f"dask: connecting to the scheduler at {scheduler} (waiting up to "
-                      f"{bounds.SCHEDULER_TIMEOUT_S} s)")
-        client = connect_client(scheduler_address(scheduler))
     try:
         link = client.dashboard_link if (cluster is None or _has_bokeh()) else None
         progress.note(f"dask: {len(client.scheduler_info(n_workers=-1)['workers'])} worker(s) at "
@@ -193,7 +210,7 @@ class WorkerWatch:
     """Which Dask workers left mid-batch and which jobs were running on them (Dask runs those again on another
     worker): each loss is one progress line, and the batch's report lists them."""
 
-    def __init__(self, client: Any, ids: dict[str, str], progress: Progress):
+    def __init__(self, client: Any, ids: dict[str, str], progress: JobProgress):
         self.client, self.ids, self.progress = client, ids, progress
         self.known = set(client.scheduler_info(n_workers=-1)["workers"])
         self.on: dict[str, list[str]] = {}
@@ -224,26 +241,31 @@ def _has_bokeh() -> bool:
 # ------------------------------------------------------------------------------------------ progress
 
 
-class Progress:
-    """done / running / failed / skipped counts: a redrawn bar on a terminal, else one line per job."""
+class JobProgress:
+    """A batch's jobs on the progress display (:mod:`landscape.progress`): one line per finished job (status, id,
+    seconds, error) and the jobs done of the total with the done / cached / running / failed / skipped counts."""
 
-    def __init__(self, spec: BatchSpec, stream: TextIO, bar: bool, width: int = 30):
-        self.total = len(spec.jobs)
-        self.stream, self.bar, self.width = stream, bar, width
+    def __init__(self, spec: BatchSpec):
         self.counts = dict.fromkeys(STATUSES, 0)
         self.active: list[str] = []
+        self.task = display.task("batch", total=len(spec.jobs), unit="jobs")
+        self._describe()
+
+    def __enter__(self) -> JobProgress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.task.close()
 
     def note(self, text: str) -> None:
-        self._clear()
-        print(text, file=self.stream, flush=True)
-        self._draw()
+        display.note(text)
 
     def start(self, job_id: str) -> None:
         self.running([job_id])
 
     def running(self, ids: list[str]) -> None:
         self.active = list(ids)
-        self._draw()
+        self._describe()
 
     def finish(self, outcome: dict[str, Any]) -> None:
         self.counts[outcome["status"]] += 1
@@ -251,31 +273,15 @@ class Progress:
         line = f"{outcome['status']:7s} {outcome['id']} ({outcome['seconds']:.1f} s)"
         if outcome.get("error"):
             line += f": {outcome['error']}"
-        self._clear()
-        if not self.bar or outcome["status"] in ("failed", "skipped"):
-            print(line, file=self.stream, flush=True)
-        self._draw()
+        display.note(line)
+        self.task.update(1)
+        self._describe()
 
-    def _text(self) -> str:
-        finished = sum(self.counts.values())
-        filled = int(self.width * finished / max(self.total, 1))
+    def _describe(self) -> None:
         c = self.counts
-        return (f"[{'#' * filled}{'.' * (self.width - filled)}] {finished}/{self.total}  done {c['done']}"
-                f" cached {c['cached']}  running {len(self.active)}  failed {c['failed']}  skipped {c['skipped']}")
-
-    def _clear(self) -> None:
-        if self.bar:
-            self.stream.write("\r\033[K")
-
-    def _draw(self) -> None:
-        if self.bar:
-            self.stream.write("\r" + self._text())
-            self.stream.flush()
-
-    def close(self) -> None:
-        if self.bar:
-            self.stream.write("\r\033[K" + self._text() + "\n")
-            self.stream.flush()
+        running = f" ({', '.join(self.active[:3])}{', ...' if len(self.active) > 3 else ''})" if self.active else ""
+        self.task.describe_as(f"done {c['done']}, cached {c['cached']}, running {len(self.active)}{running}, "
+                              f"failed {c['failed']}, skipped {c['skipped']}")
 
 
 # ------------------------------------------------------------------------------------------- summary

@@ -59,6 +59,7 @@ from landscape.batch.checks import (
     _check_options,
     _check_paths,
     _check_references,
+    _check_run_names,
     _check_unique,
 )
 from landscape.batch.graph import BatchSpec, Job, _hash_jobs, _link, _topological, describe, to_dot
@@ -239,8 +240,9 @@ def _expand(key: str, body: Any, parent: Any, defaults: Any, known_kinds: list[s
         label = f"jobs.{key}" + (f" ({', '.join(f'{v}={env[v]}' for v in variables)})" if variables else "")
         opts = _check_options(kind, info, opts, raw_options, grid, env, where, body, key, label, at)
         after = [_fill(a, env, f"{where(body, 'after')}: jobs.{key}.after") for a in after_raw]
+        produces = _check_run_names(tuple(info.produces(opts)), raw_options, grid, env, where, key, label, at)
         job = Job(id=job_id, key=key, kind=kind, line=int(parent.lines.get(key, body.line)), options=opts, variables=env,
-                  produces=tuple(info.produces(opts)))
+                  produces=produces)
         jobs.append(job)
         afters[job_id] = (after, where(body, "after"))
     return jobs, afters

@@ -78,11 +78,11 @@ from landscape.data.sources import (
     _channel_standardize,
     _check_json,
     _describe_item,
+    _file_options,
     _folder_options,
     _jsonable,
     _kind_of,
     _materialise,
-    _no_options,
     _other_source,
     _pil_tensor,
     _stack_images,
@@ -110,7 +110,7 @@ __all__ = [
 __all__ += [
     "_Arrays", "_CALL_ARGS", "_TORCHVISION", "_TorchvisionInfo", "_assemble", "_builder",
     "_channel_standardize", "_check_json", "_describe_item", "_folder_options", "_images_tensor",
-    "_integer", "_jsonable", "_kind_of", "_materialise", "_no_options", "_other_source", "_pil_tensor",
+    "_integer", "_jsonable", "_kind_of", "_materialise", "_file_options", "_other_source", "_pil_tensor",
     "_real", "_resolve_size", "_stack_images", "_standardize", "_stratified_counts", "_subset_value",
     "_tensor_file", "_torchvision_builder", "_torchvision_split", "_torchvision_tensors", "_user_tensors",
 ]

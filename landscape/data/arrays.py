@@ -46,13 +46,16 @@ class Dataset:
 
 @dataclass
 class _Arrays:
-    """What a builder returns: both splits and the class count."""
+    """What a builder returns: both splits and the class count; ``inputs`` names a conversion of the stored inputs
+    the data spec records (``"uint8/255"``: image bytes became float32 in [0, 1]), so a rebuild by another version
+    that would convert differently is refused instead of giving other tensors."""
 
     x_train: torch.Tensor
     y_train: torch.Tensor
     x_test: torch.Tensor
     y_test: torch.Tensor
     num_classes: int
+    inputs: str | None = None
 
 
 def _stratified_counts(class_sizes: np.ndarray, size: int) -> np.ndarray:

@@ -79,6 +79,8 @@ def _assemble(name: str, arrays: _Arrays, seed: int, subset, options: dict, prov
         keep = subset_indices(y_train, subset, seed)
         x_train, y_train = x_train[keep], y_train[keep]
     spec = {"name": name, "seed": seed, "subset": subset, "options": _jsonable(options), **provenance}
+    if arrays.inputs is not None:
+        spec["inputs"] = arrays.inputs
     return Dataset(name, x_train.contiguous(), y_train.contiguous(), arrays.x_test.contiguous(),
                    arrays.y_test.contiguous(), arrays.num_classes, spec)
 
@@ -104,4 +106,8 @@ def dataset_from_spec(spec: dict, *, data_root: str | os.PathLike | None = None,
     if subset is not None:
         subset = _subset_value(subset)
     name, arrays, filled, provenance = _other_source(name, int(seed), data_root, download, options, stored=spec)
+    if spec.get("inputs") != arrays.inputs:
+        raise DataError(f"data set {name}: its spec records the inputs converted as {spec.get('inputs') or 'stored'}, "
+                        f"but this version reads them as {arrays.inputs or 'stored'}: the tensors would differ; use "
+                        f"the landscape version that trained it")
     return _assemble(name, arrays, int(seed), subset, filled, provenance)

@@ -4,6 +4,7 @@ and user code (:func:`user_arrays`), each with the provenance its spec records."
 from __future__ import annotations
 
 import inspect
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -34,12 +35,13 @@ def _other_source(name: Any, seed: int, data_root, download: bool, options: dict
     if kind == "file":
         recorded = (stored or {}).get("source") or {}
         path = _tensor_file(name, recorded, data_root)
-        _no_options(name, options)
+        filled = _file_options(name, options)
         digest = plugins.sha256_file(path)
         if recorded and recorded.get("sha256") != digest:
             raise DataError(f"data file {path} changed since it was recorded (sha256 {str(recorded.get('sha256'))[:12]} "
                             f"then, {digest[:12]} now); restore it or train again")
-        return str(path), tensor_file_arrays(path), {}, {"source": {"path": str(path), "sha256": digest}}
+        return (str(path), tensor_file_arrays(path, **filled), filled,
+                {"source": {"path": str(path), "sha256": digest}})
     if kind == IMAGEFOLDER:
         recorded = (stored or {}).get("source") or {}
         root = data_root_of(data_root) or (Path(recorded["path"]) if recorded.get("path") else None)
@@ -72,10 +74,11 @@ def _other_source(name: Any, seed: int, data_root, download: bool, options: dict
     # code
     if stored is not None:
         ref, current = plugins.checked_code(stored["code"], "the stored data set")
+        factory = plugins.load(ref)
     else:
         ref = plugins.parse(name)
-        current = plugins.describe(ref)
-    factory = plugins.load(ref)
+        factory = plugins.load(ref)
+        current = plugins.describe(ref)  # after the import: with the local modules it brought
     canonical = plugins.canonical(ref)
     return canonical, user_arrays(factory, canonical, seed, data_root, options), options, {"code": current}
 
@@ -110,9 +113,13 @@ def _kind_of(name: str, stored: dict | None) -> str:
                     "file.py:factory")
 
 
-def _no_options(name: str, options: dict) -> None:
-    if options:
-        raise DataError(f"data set {name!r} takes no options, got {', '.join(map(repr, sorted(options)))}")
+def _file_options(name: str, options: dict) -> dict[str, Any]:
+    """A tensor file's one option, ``num_classes`` (the class count when labels leave classes without examples
+    on purpose); recorded only when given."""
+    unknown = sorted(set(options) - {"num_classes"})
+    if unknown:
+        raise DataError(f"tensor file {name} has no option {', '.join(map(repr, unknown))}; its option: num_classes")
+    return dict(options)
 
 
 def _folder_options(options: dict, extra: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -146,18 +153,18 @@ def _tensor_file(name: str, recorded: dict, data_root) -> Path:
                                                         f"{path.name} finds a moved copy)" if recorded else ""))
 
 
-def tensor_file_arrays(path: str | os.PathLike) -> _Arrays:
+def tensor_file_arrays(path: str | os.PathLike, *, num_classes: Any = None) -> _Arrays:
     """The four arrays ``x_train, y_train, x_test, y_test`` of an ``.npz`` or HDF5 file (:func:`_user_tensors`
-    says how they become tensors). A missing key, mismatched lengths or non-integer labels: DataError."""
+    says how they become tensors). What the file's headers claim (shapes, dtypes) is checked before anything is
+    read: against the bytes an ``.npz`` member holds, and against the memory available. A file that is not an
+    ``.npz`` (empty, not a zip), a missing key, an impossible header, mismatched lengths, non-integer labels:
+    DataError."""
     path = Path(path)
     arrays: dict[str, np.ndarray] = {}
     try:
         if path.suffix.lower() == ".npz":
+            _check_sizes(path, _npz_headers(path))
             with np.load(path, allow_pickle=False) as f:
-                missing = [k for k in TENSOR_KEYS if k not in f.files]
-                if missing:
-                    raise DataError(f"{path} has no {', '.join(missing)} (it needs {', '.join(TENSOR_KEYS)}; "
-                                    f"found {', '.join(f.files) or 'nothing'})")
                 arrays = {k: f[k] for k in TENSOR_KEYS}
         else:
             import h5py
@@ -167,17 +174,107 @@ def tensor_file_arrays(path: str | os.PathLike) -> _Arrays:
                 if missing:
                     raise DataError(f"{path} has no {', '.join(missing)} (it needs {', '.join(TENSOR_KEYS)}; "
                                     f"found {', '.join(f) or 'nothing'})")
+                if not all(isinstance(f[k], h5py.Dataset) for k in TENSOR_KEYS):
+                    raise DataError(f"{path}: {', '.join(TENSOR_KEYS)} must be HDF5 datasets (arrays), not groups")
+                _check_sizes(path, {k: (tuple(f[k].shape), f[k].dtype) for k in TENSOR_KEYS})
                 arrays = {k: np.asarray(f[k]) for k in TENSOR_KEYS}
     except DataError:
         raise
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError, KeyError) as exc:
         raise DataError(f"cannot read tensor file {path}: {str(exc).splitlines()[0] if str(exc) else exc}") from None
-    return _user_tensors(arrays, str(path))
+    return _user_tensors(arrays, str(path), num_classes)
+
+
+def _npz_headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Each array's ``(shape, dtype)`` read from its ``.npy`` header inside the zip (``numpy.lib.format``), nothing
+    loaded; a shape claiming more bytes than the member holds is refused here."""
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        what = "an empty file" if path.stat().st_size == 0 else "not a zip archive"
+        raise DataError(f"{path} is not an .npz file ({what}): numpy.savez or savez_compressed writes one, with "
+                        f"the arrays {', '.join(TENSOR_KEYS)}")
+    headers = {}
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+            missing = [k for k in TENSOR_KEYS if f"{k}.npy" not in names]
+            if missing:
+                found = ", ".join(n.removesuffix(".npy") for n in names) or "nothing"
+                raise DataError(f"{path} has no {', '.join(missing)} (it needs {', '.join(TENSOR_KEYS)}; found {found})")
+            for key in TENSOR_KEYS:
+                info = z.getinfo(f"{key}.npy")
+                with z.open(info) as f:
+                    version = np.lib.format.read_magic(f)
+                    read = {(1, 0): np.lib.format.read_array_header_1_0,
+                            (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+                    if read is None:
+                        raise DataError(f"{path}: {key} is a .npy of format version {version[0]}.{version[1]} "
+                                        f"(structured data); save plain arrays of numbers")
+                    shape, _, dtype = read(f)
+                    held = info.file_size - f.tell()
+                if dtype.hasobject:
+                    raise DataError(f"{path}: {key} holds Python objects; save an array of numbers")
+                claimed = math.prod(shape) * dtype.itemsize
+                if claimed > held:
+                    raise DataError(f"{path}: the header of {key} claims shape {list(shape)} of {dtype} "
+                                    f"({_bytes(claimed)}) but the file holds {_bytes(held)} of it: a damaged or "
+                                    f"truncated file; write it again with numpy.savez")
+                headers[key] = (tuple(shape), dtype)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError) as exc:
+        raise DataError(f"cannot read tensor file {path}: {str(exc).splitlines()[0] if str(exc) else exc}") from None
+    return headers
+
+
+def _check_sizes(path: Path, headers: dict[str, tuple[tuple[int, ...], Any]]) -> None:
+    """Refuse, before anything is read, arrays that are not numbers or that need more memory than is available
+    (the stored arrays plus their float32 / int64 tensors)."""
+    need = 0
+    for key, (shape, dtype) in headers.items():
+        dtype = np.dtype(dtype)
+        if dtype.kind not in "biuf":
+            raise DataError(f"{path}: {key} holds {dtype} values; it must be an array of numbers")
+        count = math.prod(shape)
+        as_int64 = key.startswith("y") or (dtype.kind in "biu" and dtype != np.uint8)  # labels, token ids
+        need += count * (dtype.itemsize + (8 if as_int64 else 4))
+    available = _memory_available()
+    if available is not None and need > available:
+        shapes = ", ".join(f"{k} {list(s)} {np.dtype(d)}" for k, (s, d) in headers.items())
+        raise DataError(f"{path}: loading it needs about {_bytes(need)} of memory ({shapes}) but {_bytes(available)} "
+                        f"are available")
+
+
+def _memory_available() -> int | None:
+    """Bytes of memory available now (``MemAvailable`` of ``/proc/meminfo``, else the physical memory); None
+    when the system does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} bytes"
 
 
 def _user_tensors(arrays: dict[str, Any], what: str, num_classes: Any = None) -> _Arrays:
-    """Both splits as tensors: floating inputs become float32, integer inputs int64 (token ids for an embedding
-    layer), labels int64 class indices ``0..C-1`` with ``C`` = ``num_classes`` or the largest label + 1."""
+    """Both splits as tensors: ``uint8`` inputs are image bytes and become float32 in [0, 1] (``x / 255``, recorded
+    as the spec's ``inputs``), other floating inputs float32, other integer inputs int64 (token ids for an
+    embedding layer); labels int64 class indices ``0..C-1`` with ``C`` = ``num_classes`` or the largest label + 1.
+
+    Refused in one line naming ``what``: NaN or infinite inputs, negative labels, more than
+    :data:`landscape.bounds.CLASSES_MAX` classes, and (without ``num_classes``) labels that leave a class below
+    the largest without any example (a stray label 255 among 0..9 would make a 256-class model)."""
     out = {}
     for key in TENSOR_KEYS:
         value = arrays[key]
@@ -186,6 +283,7 @@ def _user_tensors(arrays: dict[str, Any], what: str, num_classes: Any = None) ->
         except (TypeError, ValueError, RuntimeError):
             raise DataError(f"{what}: {key} is a {type(value).__name__}, not an array of numbers") from None
         out[key] = tensor.detach().cpu()
+    images = out["x_train"].dtype == torch.uint8 and out["x_test"].dtype == torch.uint8
     for split in ("train", "test"):
         x, y = out[f"x_{split}"], out[f"y_{split}"]
         if y.dim() != 1:
@@ -200,22 +298,66 @@ def _user_tensors(arrays: dict[str, Any], what: str, num_classes: Any = None) ->
             raise DataError(f"{what}: y_{split} must hold integer class labels, got {y.dtype}")
         if x.is_complex() or x.dtype == torch.bool:
             raise DataError(f"{what}: x_{split} must hold real numbers, got {x.dtype}")
-        out[f"x_{split}"] = x.to(torch.float32) if x.is_floating_point() else x.to(torch.int64)
-        out[f"y_{split}"] = y.to(torch.int64)
+        if images:
+            x = x.to(torch.float32).div_(255.0)
+        elif x.is_floating_point():
+            x = x.to(torch.float32)
+            _check_finite(x, f"x_{split}", what)
+        else:
+            x = x.to(torch.int64)
+        out[f"x_{split}"], out[f"y_{split}"] = x, y.to(torch.int64)
     if out["x_train"].shape[1:] != out["x_test"].shape[1:]:
         raise DataError(f"{what}: train examples have shape {list(out['x_train'].shape[1:])} but test examples "
                         f"{list(out['x_test'].shape[1:])}")
     if out["x_train"].dtype != out["x_test"].dtype:
-        raise DataError(f"{what}: x_train is {out['x_train'].dtype} but x_test is {out['x_test'].dtype}")
-    labels = torch.cat([out["y_train"], out["y_test"]])
-    if int(labels.min()) < 0:
-        raise DataError(f"{what}: labels must be class indices >= 0, got {int(labels.min())}")
-    top = int(labels.max()) + 1
-    if num_classes is None:
-        num_classes = top
-    elif isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < top:
-        raise DataError(f"{what}: num_classes must be an integer >= {top} (the largest label + 1), got {num_classes!r}")
-    return _Arrays(out["x_train"], out["y_train"], out["x_test"], out["y_test"], int(num_classes))
+        raise DataError(f"{what}: x_train is {arrays['x_train'].dtype} but x_test is {arrays['x_test'].dtype}; "
+                        f"store both splits with one dtype")
+    classes = _class_count(torch.cat([out["y_train"], out["y_test"]]), what, num_classes)
+    return _Arrays(out["x_train"], out["y_train"], out["x_test"], out["y_test"], classes,
+                   inputs="uint8/255" if images else None)
+
+
+def _check_finite(x: torch.Tensor, key: str, what: str) -> None:
+    """NaN or infinite inputs: one line naming the split, how many and the first example (before any training
+    could blame its learning rate)."""
+    bad = ~torch.isfinite(x.reshape(len(x), -1)).all(dim=1)
+    if bool(bad.any()):
+        rows = torch.nonzero(bad).reshape(-1)
+        values = int((~torch.isfinite(x[rows])).sum())
+        raise DataError(f"{what}: {key} holds {values} NaN or infinite value(s) in {len(rows)} example(s) (the first "
+                        f"is example {int(rows[0])}); replace them (numpy.nan_to_num) or drop those examples")
+
+
+def _class_count(labels: torch.Tensor, what: str, num_classes: Any) -> int:
+    """The class count: ``num_classes`` when given (at least the largest label + 1), else the largest label + 1,
+    every class below it holding an example; bounded by :data:`landscape.bounds.CLASSES_MAX` before anything is
+    allocated for it."""
+    from landscape.bounds import CLASSES_MAX
+
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0:
+        raise DataError(f"{what}: labels must be class indices >= 0, got {low}")
+    top = high + 1
+    if num_classes is not None:
+        if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)) or num_classes < top:
+            raise DataError(f"{what}: num_classes must be an integer >= {top} (the largest label + 1), "
+                            f"got {num_classes!r}")
+        if num_classes > CLASSES_MAX:
+            raise DataError(f"{what}: num_classes {num_classes} is more than {CLASSES_MAX:,} classes")
+        return int(num_classes)
+    if top > CLASSES_MAX:
+        raise DataError(f"{what}: the largest label is {high:,}, more than {CLASSES_MAX:,} classes: a stray label? "
+                        f"labels are class indices 0..C-1")
+    present = torch.unique(labels)
+    if len(present) < top:
+        absent = sorted(set(range(top)) - set(present.tolist()))
+        shown = ", ".join(map(str, absent[:5])) + (", ..." if len(absent) > 5 else "")
+        hint = "1-based labels? subtract 1" if absent == [0] else "a stray label?"
+        raise DataError(f"{what}: the labels leave {len(absent)} of {top} classes without any example ({shown}; "
+                        f"largest label {high}): {hint} Relabel them to 0..C-1, or, if classes are empty on purpose, state "
+                        f"the class count (a tensor file's --data-kwargs '{{\"num_classes\": {top}}}', a factory's "
+                        f"num_classes)")
+    return top
 
 
 def user_arrays(factory: Callable[..., Any], name: str, seed: int, data_root, options: dict) -> _Arrays:
@@ -241,6 +383,9 @@ def user_arrays(factory: Callable[..., Any], name: str, seed: int, data_root, op
         returned = factory(**call)
     except DataError:
         raise
+    except SystemExit as exc:  # never the command's own exit (sys.exit(0) would be a success that wrote nothing)
+        raise DataError(f"data set {name!r}: the factory called sys.exit({exc.code!r}); it must return the data") \
+            from None
     except Exception as exc:
         raise DataError(f"data set {name!r}: the factory failed: {type(exc).__name__}: "
                         f"{(str(exc).splitlines() or [''])[0]}") from None
@@ -322,6 +467,33 @@ def directory_digest(root: str | os.PathLike) -> dict[str, Any]:
     return {"path": str(root.resolve()), "sha256": hashlib.sha256(lines.encode()).hexdigest(), "files": len(files)}
 
 
+def _read_image(read: Callable[[], Any], what: str) -> Any:
+    """``read()`` (PIL opening and decoding an image file), where a file that is not an image, a truncated or
+    corrupt one, or one with more pixels than PIL's decompression-bomb limit is one DataError line naming ``what``
+    (the file) instead of PIL's traceback."""
+    import warnings
+
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            return read()
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise DataError(f"image {what} has more pixels than PIL's limit of {Image.MAX_IMAGE_PIXELS:,} (a "
+                        f"decompression bomb?): shrink it or remove it") from None
+    except Exception as exc:  # noqa: BLE001  (a decoder meeting a damaged file raises anything)
+        from landscape.errors import one_line
+
+        if isinstance(what, Path) and what.is_file() and what.stat().st_size == 0:
+            reason = "an empty file"
+        elif isinstance(exc, Image.UnidentifiedImageError):
+            reason = "not an image PIL can read, or a damaged one"
+        else:
+            reason = one_line(exc)
+        raise DataError(f"cannot read image {what}: {reason}; replace or remove it") from None
+
+
 def _pil_tensor(image, size) -> torch.Tensor:
     from torchvision.transforms.functional import pil_to_tensor, resize
 
@@ -363,8 +535,8 @@ def imagefolder_arrays(root: str | os.PathLike, *, size=None, standardize: bool 
     train, test = splits
     if train.classes != test.classes:
         raise DataError(f"imagefolder {root}: train/ has classes {train.classes[:5]} but test/ has {test.classes[:5]}")
-    x = [_stack_images([_pil_tensor(tree.loader(p), size) for p, _ in tree.samples], f"imagefolder {root}")
-         for tree in splits]
+    x = [_stack_images([_pil_tensor(_read_image(lambda t=tree, p=p: t.loader(p), Path(p)), size)
+                        for p, _ in tree.samples], f"imagefolder {root}") for tree in splits]
     y = [torch.tensor(tree.targets, dtype=torch.int64) for tree in splits]
     if standardize:
         x = list(_channel_standardize(*x))
@@ -437,7 +609,7 @@ def _torchvision_tensors(ds, name: str, size) -> tuple[torch.Tensor, torch.Tenso
                 torch.as_tensor(np.asarray(targets), dtype=torch.int64)
     images, labels = [], []
     for i in range(len(ds)):
-        image, label = ds[i]
+        image, label = _read_image(lambda i=i: ds[i], f"{i} of {name}")
         images.append(_pil_tensor(image, size))
         labels.append(int(label))
     return _stack_images(images, name), torch.tensor(labels, dtype=torch.int64)

@@ -15,6 +15,7 @@ import torch
 import torch.fx
 from torch import nn
 
+from landscape import progress
 from landscape.errors import UsageError
 from landscape.evaluate.allocator import tuned_allocator
 from landscape.evaluate.metric import Metric, _check_metrics
@@ -110,19 +111,24 @@ def evaluate(
         if runner.routes_pools:
             stack.enter_context(routed_pool_calls(_slice_pool_call))
         hooks = [(m, m.start(len(pts), dev)) for m in metrics]
+
+        def task(step: int) -> progress.Task:  # one unit: one point's forward pass over one chunk of examples
+            return stack.enter_context(progress.task(f"evaluate {len(pts)} points x {x.shape[0]} examples",
+                                                     len(pts) * math.ceil(x.shape[0] / step), unit="forward passes"))
+
         if method == "vmap":
-            loss, correct = runner.run_vmap(pts, x, y, batch_size, memory_budget, hooks)
+            loss, correct = runner.run_vmap(pts, x, y, batch_size, memory_budget, hooks, task(batch_size))
             used = "vmap"
         elif bn_batches is not None:
             used = "loop+bn" + ("+dense-conv" if fast and runner.densify() else "")
             step = runner.chunk(batch_size) if fast else batch_size
-            loss, correct = runner.run_points_outer(pts, x, y, step, bn_batches, hooks)
+            loss, correct = runner.run_points_outer(pts, x, y, step, bn_batches, hooks, task(step))
         else:
             shared = fast and isinstance(pts, (Segment, Affine)) and runner.enable_first_layer()
             used = ("loop+first-layer" if shared else ("loop" if fast else "plain")) + (
                 "+dense-conv" if fast and runner.densify() else "")  # after the first layer is chosen
             step = runner.chunk(batch_size) if fast else batch_size
-            loss, correct = runner.run_batches_outer(pts, x, y, step, shared, hooks)
+            loss, correct = runner.run_batches_outer(pts, x, y, step, shared, hooks, task(step))
         values = {m.name: m.finish(state) for m, state in hooks}
         used += runner.normalized
     seconds = time.perf_counter() - start

@@ -39,7 +39,7 @@ class Metric:
       finite number per point wherever the loss is finite) and store it beside the loss.
 
     A metric object holds only its options, never state, so one object can be passed to many calls (and
-    its class can be named on the command line: ``--metric file.py:Class``; see :mod:`landscape.metrics`).
+    its class can be named on the command line: ``--metric file.py:Class``; see ``landscape.metrics``).
     """
 
     name: str = "metric"

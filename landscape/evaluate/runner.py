@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
+from landscape import progress
 from landscape.errors import UsageError
 from landscape.evaluate.metric import Metric
 from landscape.evaluate.rewrites import (
@@ -307,7 +308,7 @@ class _Runner:
             self.fold.forward = _slice_max_pool(self.fold)
 
     # evaluation orders -------------------------------------------------------------------------------
-    def run_batches_outer(self, pts, x, y, batch_size, shared: bool, hooks=()):
+    def run_batches_outer(self, pts, x, y, batch_size, shared: bool, hooks=(), task=progress.SILENT):
         n_points = len(pts)
         loss = torch.zeros(n_points, dtype=torch.float64, device=self.device)
         correct = torch.zeros(n_points, dtype=torch.float64, device=self.device)
@@ -322,11 +323,12 @@ class _Runner:
                     self._stub(self._mixed(pts, zs, i))
                 logits = self.model(xb)
                 _accumulate(logits, yb, loss, correct, i, hooks)
+                task.update(1)
             if shared:
                 self._unstub()
         return loss.cpu(), correct.cpu()
 
-    def run_points_outer(self, pts, x, y, batch_size, bn_batches, hooks=()):
+    def run_points_outer(self, pts, x, y, batch_size, bn_batches, hooks=(), task=progress.SILENT):
         n_points = len(pts)
         loss = torch.zeros(n_points, dtype=torch.float64, device=self.device)
         correct = torch.zeros(n_points, dtype=torch.float64, device=self.device)
@@ -338,9 +340,10 @@ class _Runner:
             recalibrate_batchnorm(self.model, bn_prepared)
             for xb, yb in batches:
                 _accumulate(self.model(xb), yb, loss, correct, i, hooks)
+                task.update(1)
         return loss.cpu(), correct.cpu()
 
-    def run_vmap(self, pts, x, y, batch_size, memory_budget: int, hooks=()):
+    def run_vmap(self, pts, x, y, batch_size, memory_budget: int, hooks=(), task=progress.SILENT):
         n_points = len(pts)
         loss = torch.zeros(n_points, dtype=torch.float64, device=self.device)
         correct = torch.zeros(n_points, dtype=torch.float64, device=self.device)
@@ -360,6 +363,7 @@ class _Runner:
                 logits = batched(self.space.unflatten_batch(stacked), xb)  # (c, n, classes)
                 for j, i in enumerate(idx):
                     _accumulate(logits[j], yb, loss, correct, i, hooks)
+                task.update(len(idx))
         return loss.cpu(), correct.cpu()
 
     def _activation_bytes(self, n: int) -> int:

@@ -15,13 +15,13 @@ from landscape.figures.recipe import Made, Recipe, make
 def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out", root: str | Path = "checkpoints",
             workers: int = 1, data_root: str | None = None, rerun: bool = False, scheduler=None,
             report=None) -> list[Made]:
-    """Run the named recipes (or ``"all"``) and update ``out/README.md`` (:mod:`landscape.figures.gallery`).
+    """Run the named recipes (or ``"all"``) and update ``out/README.md`` (``landscape.figures.gallery``).
 
     Finished recipes (same settings) are skipped unless ``rerun`` (which still reuses their trained runs: only the
     analyses, figure and summary are made again). A recipe that fails does not stop the others: the rest run, the
-    gallery is written, and then :class:`~landscape.errors.RecipeError` names every failure (one line; its
+    gallery is written, and then ``RecipeError`` names every failure (one line; its
     ``made`` holds the recipes that finished). ``scheduler`` (a Dask address or client) runs the recipes'
-    analyses' parallel parts on that cluster (see :func:`landscape.api.execution.using_scheduler`). ``report``
+    analyses' parallel parts on that cluster (see ``landscape.api.execution.using_scheduler``). ``report``
     receives one line per finished (or failed) recipe, as it finishes (the command prints them on stderr).
     """
     import contextlib
@@ -58,23 +58,27 @@ def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out",
 def _make_all(recipes, made: list, failed: list, report=None, **options) -> None:
     import time
 
+    from landscape import progress
     from landscape.errors import LandscapeError, UsageError
 
-    for i, r in enumerate(recipes, 1):
-        start = time.perf_counter()
-        try:
-            made.append(make(r, **options))
-        except UsageError:
-            raise
-        except LandscapeError as exc:
-            failed.append((f"{r.name}: {exc}", exc))
-        except Exception as exc:  # a bug in one recipe must not cost the others an hour of work
-            failed.append((f"{r.name}: {type(exc).__name__}: {exc}", exc))
-        failure = failed[-1][0].split(": ", 1)[1] if failed and failed[-1][0].startswith(f"{r.name}: ") else None
-        if report is not None and (failure is None or len(recipes) > 1):  # one recipe: its error line says it
-            what = (f"failed: {failure.splitlines()[0]}" if failure is not None else
-                    "skipped (finished)" if made[-1].skipped else f"made: {made[-1].verdict.status}")
-            report(f"figures: [{i}/{len(recipes)}] {r.name} {what} ({time.perf_counter() - start:.1f} s)")
+    with progress.task("figures", total=len(recipes), unit="recipes") as task:
+        for i, r in enumerate(recipes, 1):
+            task.describe_as(f"making {r.name}")
+            start = time.perf_counter()
+            try:
+                made.append(make(r, **options))
+            except UsageError:
+                raise
+            except LandscapeError as exc:
+                failed.append((f"{r.name}: {exc}", exc))
+            except Exception as exc:  # a bug in one recipe must not cost the others an hour of work
+                failed.append((f"{r.name}: {type(exc).__name__}: {exc}", exc))
+            task.update(1)
+            failure = failed[-1][0].split(": ", 1)[1] if failed and failed[-1][0].startswith(f"{r.name}: ") else None
+            if report is not None and (failure is None or len(recipes) > 1):  # one recipe: its error line says it
+                what = (f"failed: {failure.splitlines()[0]}" if failure is not None else
+                        "skipped (finished)" if made[-1].skipped else f"made: {made[-1].verdict.status}")
+                report(f"figures: [{i}/{len(recipes)}] {r.name} {what} ({time.perf_counter() - start:.1f} s)")
 
 
 __all__ = ["Made", "Recipe", "figures", "make", "registry"]

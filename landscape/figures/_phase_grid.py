@@ -118,8 +118,7 @@ def _phases(ctx, momentum: float, lr: float, selection: bool = False) -> str:
 
     g, name = ctx.settings["grid"], _group(ctx, momentum, lr, selection)
     phases(PhasesConfig(base=base_config(ctx, lr, momentum, selection), k=g["k"], copies=g["copies"],
-                        phase1=OPTIMIZERS, phase2=OPTIMIZERS, dp_lr=lr, dp_momentum=momentum, group=name),
-           root=ctx.root, progress=False)
+                        phase1=OPTIMIZERS, phase2=OPTIMIZERS, dp_lr=lr, dp_momentum=momentum, group=name), root=ctx.root)
     return name
 
 

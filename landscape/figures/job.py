@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from landscape import progress as display
 from landscape.api.jobkind import JobKind, files_under
 from landscape.bounds import scheduler_note
 from landscape.errors import RecipeError, UsageError
@@ -69,7 +70,7 @@ def _run(job: FigureJob, *, root: Path, out: Path | None = None) -> Any:
                 data_root=job.data_root, rerun=job.rerun)
 
 
-def _command(job: FigureJob, *, root: Path, progress: bool, report: Callable[[str], None] | None) -> Figures:
+def _command(job: FigureJob, *, root: Path, progress: bool | None, report: Callable[[str], None] | None) -> Figures:
     """``--list``, or the named recipes (``all``: every one); the recipes that finished before a failure are
     the error's ``partial`` result (the command prints them before the error line)."""
     from landscape.figures import registry
@@ -83,7 +84,7 @@ def _command(job: FigureJob, *, root: Path, progress: bool, report: Callable[[st
         report(scheduler_note(job.scheduler))
     try:
         made = figures(list(job.names), scale=job.scale, out=job.out, root=root, workers=job.workers,
-                       data_root=job.data_root, rerun=job.rerun, scheduler=job.scheduler, report=report)
+                       data_root=job.data_root, rerun=job.rerun, scheduler=job.scheduler, report=display.note)
     except RecipeError as exc:
         exc.partial = Figures(made=exc.made)
         raise

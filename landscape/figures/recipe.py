@@ -45,10 +45,10 @@ from pathlib import Path
 
 import numpy as np
 
-from landscape.atomic import atomic_write
+from landscape.atomic import atomic_write_hdf5
 from landscape.errors import DataError, UsageError
 from landscape.refs import Ref
-from landscape.runtime import code_version
+from landscape.runtime import code_version, portable_mode
 from landscape.verdict import Verdict, inconclusive
 
 SCALES = ("test", "cpu", "paper")
@@ -281,7 +281,7 @@ class Context:
 
         name = f"{group}-{what}" if group else self.run_name(what)
         config = dataclasses.replace(config, run=name, data_root=self.data_root)
-        run = ensure(Store(self.root), config, progress=False)
+        run = ensure(Store(self.root), config)
         if gated and not self.role and run.name not in self.trained:
             self.trained.append(run.name)
         return run
@@ -483,22 +483,21 @@ def make(recipe: Recipe, *, scale: str = "cpu", out: str | Path = "figures-out",
     figures = recipe.draw(Drawing(recipe.name, scale, settings, numbers, verdict, ctx.out, ctx.sensitivity))
     seconds = time.perf_counter() - start
 
-    def write(tmp: Path) -> None:
-        with h5py.File(tmp, "w") as f:
-            g = f.create_group("numbers")
-            for k, v in numbers.items():
-                g.create_dataset(k, data=v)
-            f.attrs.update(kind="figure-recipe", recipe=recipe.name, paper=recipe.paper, figure=recipe.figure,
-                           claim=recipe.claim, scale=scale, settings=_settings_json(settings),
-                           gate=_gate_json(gate), format=SUMMARY_FORMAT, recipe_kind=recipe.kind,
-                           gate_runs=json.dumps([g.run for g in checked]),
-                           gate_parts=json.dumps(ctx.part_runs), needs=json.dumps(recipe.needs),
-                           verdict=json.dumps(verdict.to_dict()), sensitivity=json.dumps(sensitivity),
-                           figures=json.dumps([str(p) for p in figures]),
-                           seconds=seconds, landscape_version=code_version(),
-                           created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    def fill(f: h5py.File, check) -> None:
+        g = f.create_group("numbers")
+        for k, v in numbers.items():
+            g.create_dataset(k, data=v)
+        f.attrs.update(kind="figure-recipe", recipe=recipe.name, paper=recipe.paper, figure=recipe.figure,
+                       claim=recipe.claim, scale=scale, settings=_settings_json(settings),
+                       gate=_gate_json(gate), format=SUMMARY_FORMAT, recipe_kind=recipe.kind,
+                       gate_runs=json.dumps([g.run for g in checked]),
+                       gate_parts=json.dumps(ctx.part_runs), needs=json.dumps(recipe.needs),
+                       verdict=json.dumps(verdict.to_dict()), sensitivity=json.dumps(sensitivity),
+                       figures=json.dumps([str(p) for p in figures]),
+                       seconds=seconds, landscape_version=code_version(), portable=portable_mode(),
+                       created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
 
-    atomic_write(path, write)
+    atomic_write_hdf5(path, fill)
     return Made(recipe.name, scale, verdict, path, [Path(p) for p in figures])
 
 

@@ -63,7 +63,7 @@ def make(ctx):
     base = TrainConfig(model=s["model"], data=s["data"], subset=s["subset"], epochs=s["epochs"], lr=s["lr"],
                        batch_size=s["batch_size"], seed=s["seed"], checkpoint_every="1e", data_root=ctx.data_root)
     phases(PhasesConfig(base=base, k=s["k"], copies=2, phase1=("sgd",), phase2=("sgd",), group=group),
-           root=ctx.root, progress=False)
+           root=ctx.root)
     a, b = f"{group}-sgd-sgd-0@last", f"{group}-sgd-sgd-1@last"
     scale = grid.min_height()
     numbers, parts = {"scale": scale}, []

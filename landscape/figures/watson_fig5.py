@@ -148,7 +148,7 @@ class Sweep:
         from landscape.api import phases
         from landscape.store import Store
 
-        phases(self.config(arm, k, *candidate, selection), root=self.ctx.root, progress=False)
+        phases(self.config(arm, k, *candidate, selection), root=self.ctx.root)
         store = Store(self.ctx.root)
         return [store.run(n) for n in self.copies(arm, k, *candidate, selection)]
 

@@ -1,4 +1,4 @@
-"""What an Opacus ``PrivacyEngine`` knows, for :class:`landscape.Recorder` (``privacy=``).
+"""What an Opacus ``PrivacyEngine`` knows, for ``landscape.Recorder`` (``privacy=``).
 
 ::
 
@@ -14,7 +14,7 @@ and ``max_grad_norm`` (the ``DPOptimizer``'s), ``sample_rate`` (the accountant's
 Poisson rate, or ``1 / len(loader)`` as ``make_private`` sets it), ``steps``, ``delta``, ``accountant`` (the
 accountant's mechanism: ``rdp``, ``prv`` or ``gdp``), ``accounted: true``, ``sampling`` (``poisson`` for a
 ``DPDataLoader``). Each checkpoint's epsilon is ``engine.accountant.get_epsilon(delta)`` after its steps, and
-its ``privacy_state`` attr the accountant's history, which :meth:`Recorder.restore` puts back. The model's
+its ``privacy_state`` attr the accountant's history, which ``Recorder.restore`` puts back. The model's
 ``GradSampleModule`` wrapper (state dict keys ``_module.``) is looked through by the recorder.
 
 Nothing here imports Opacus: the engine, optimizer and loader are read through their attributes, so ``import
@@ -32,7 +32,7 @@ from landscape.errors import UsageError
 
 
 class OpacusPrivacy:
-    """The privacy source (:class:`landscape.recorder.PrivacySource`) of an Opacus training loop.
+    """The privacy source (``landscape.recorder.PrivacySource``) of an Opacus training loop.
 
     ``engine``: the ``PrivacyEngine`` (its ``accountant`` counts steps and gives epsilon); ``optimizer``: the
     ``DPOptimizer`` ``make_private`` returned (noise multiplier, clipping norm); ``data_loader``: the loader it
@@ -89,7 +89,7 @@ class OpacusPrivacy:
     def epsilon(self, ancestors: Sequence[Any] = ()) -> float:
         """``accountant.get_epsilon(delta)`` (0 before the first step, where Opacus' PRV accountant fails).
 
-        ``ancestors``: DP steps before this run's (:class:`landscape.train.accounting.PrivacyEvent`, a run recorded
+        ``ancestors``: DP steps before this run's (``landscape.train.accounting.PrivacyEvent``, a run recorded
         from a parent checkpoint), composed by a copy of the same accountant with their entries put first in its
         history (the engine's own accountant is left as it is)."""
         accountant = self.accountant

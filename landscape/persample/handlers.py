@@ -127,7 +127,7 @@ _HANDLERS: dict[type, type[Handler]] = {}
 
 
 def register_handler(*module_types: type, replace: bool = False) -> Callable[[type[Handler]], type[Handler]]:
-    """Class decorator registering a :class:`Handler` for modules of exactly these types (not subclasses,
+    """Class decorator registering a ``Handler`` for modules of exactly these types (not subclasses,
     whose ``forward`` may do something else: register them too if they compute the same function).
 
     ``@register_handler(MyLayer) class MyLayerHandler(Handler): ...``. Registering a type that already has

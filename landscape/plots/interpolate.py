@@ -27,20 +27,37 @@ from landscape.plots.style import (
 @styled
 def plot_interpolation(result, *, labels: tuple[str, str] = ("A", "B"), title: str | None = None):
     """Loss and accuracy against alpha, one line per split (``alpha=0`` is A, 1 is B), then one panel per
-    metric column (``--metric``; dotted: after ``--align``)."""
+    metric column (``--metric``; dotted: after ``--align``). The loss panel draws each split's chord (the straight
+    line between its end losses, dotted) and, where the path rises above it, the barrier above the chord as a bar
+    at its alpha; under the panels, per split: that barrier, the rise above both ends and Def. 2.3 instability."""
+    from landscape.analyze.interpolate import chord_barrier, rise_above_ends
+
     columns = list(getattr(result, "point_metrics", {}))
     panels = 2 + len(columns)
     ncols = min(panels, 3)
     nrows = -(-panels // ncols)
-    fig, axes = subplots(nrows, ncols, figsize=(4.0 * ncols, 3.2 * nrows), squeeze=False)
+    footer = 0.22 * len(result.splits) + 0.1  # inches under the panels for the barriers' lines
+    height = 3.2 * nrows + footer
+    fig, axes = subplots(nrows, ncols, figsize=(4.0 * ncols, height), squeeze=False)
     flat = list(axes.ravel())
     ax_loss, ax_acc = flat[0], flat[1]
+    lines = []
     for split in result.splits:
         color = SPLIT_COLORS.get(split)
         style = SPLIT_STYLES.get(split, "-")
-        inst = result.instability_loss[split]
-        ax_loss.plot(result.alpha, result.loss[split], style, color=color, marker="o", markersize=2.5,
-                     label=f"{split} (instability {_fmt(inst)})")
+        loss, alpha = np.asarray(result.loss[split], dtype=float), np.asarray(result.alpha, dtype=float)
+        barrier = result.chord_barrier_loss.get(split, chord_barrier(loss, alpha))
+        rise = getattr(result, "rise_loss", {}).get(split, rise_above_ends(loss))
+        lines.append(f"{split}: barrier above the chord {_fmt(barrier)}, rise above both ends {_fmt(rise)}, "
+                     f"Def. 2.3 instability {_fmt(result.instability_loss[split])}")
+        ax_loss.plot(result.alpha, loss, style, color=color, marker="o", markersize=2.5, label=split)
+        if np.all(np.isfinite(loss)):
+            chord = (1 - alpha) * loss[0] + alpha * loss[-1]
+            ax_loss.plot([alpha[0], alpha[-1]], [loss[0], loss[-1]], ":", color=color, linewidth=1.0,
+                         label=f"{split} chord")
+            if barrier > 0:  # the barrier: from the chord up to the path, where it is highest above the chord
+                i = int(np.argmax(loss - chord))
+                ax_loss.vlines(alpha[i], chord[i], loss[i], color=color, linewidth=2.5, alpha=0.5)
         ax_acc.plot(result.alpha, result.acc[split], style, color=color, marker="o", markersize=2.5,
                     label=f"{split} (error barrier {_fmt(result.instability_error[split])})")
         if split in getattr(result, "loss_aligned", {}):  # --align: A -> B permuted to match A, dotted
@@ -66,7 +83,8 @@ def plot_interpolation(result, *, labels: tuple[str, str] = ("A", "B"), title: s
         ax.set_visible(False)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
+    fig.text(0.5, 0.04 / height, "\n".join(lines), ha="center", va="bottom", fontsize=8)
+    fig.tight_layout(rect=(0, footer / height, 1, 1))
     return fig
 
 

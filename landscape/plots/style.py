@@ -25,6 +25,8 @@ import matplotlib
 from cycler import cycler
 from matplotlib.figure import Figure
 
+from landscape.atomic import atomic_write
+
 # Okabe & Ito (2008) colour-blind-safe palette.
 PALETTE: tuple[str, ...] = (
     "#0072B2",  # blue
@@ -151,7 +153,8 @@ def subplots(*args, figsize=None, layout=None, **kwargs):
 
 
 def save_figure(fig, stem: str | os.PathLike) -> list[Path]:
-    """Write ``stem.png`` (200 dpi) and ``stem.pdf``, return both paths.
+    """Write ``stem.png`` (200 dpi) and ``stem.pdf``, each atomically (:func:`landscape.atomic.atomic_write`: a
+    full disk is one :class:`landscape.errors.WriteError` line, no partial image), return both paths.
 
     ``stem`` may carry a suffix (``out/interp.h5`` -> ``out/interp.png``, ``out/interp.pdf``).
     """
@@ -163,6 +166,6 @@ def save_figure(fig, stem: str | os.PathLike) -> list[Path]:
     with matplotlib.rc_context(STYLE):
         for ext in ("png", "pdf"):
             path = stem.with_name(f"{stem.name}.{ext}")
-            fig.savefig(path, dpi=DPI)
+            atomic_write(path, lambda tmp, ext=ext: fig.savefig(tmp, dpi=DPI, format=ext))
             paths.append(path)
     return paths

@@ -1,6 +1,7 @@
 """The shared HDF5 result schema: one self-describing file per analysis.
 
-Every result file carries root attrs ``kind``, ``created``, ``landscape_version``, ``torch_version``,
+Every result file carries root attrs ``kind``, ``created``, ``landscape_version``, ``torch_version``, ``environment``,
+``portable`` (made in portable mode, `landscape.runtime.use_portable`),
 ``inputs`` (JSON list of ``{"ref", "path", "sha256"}``) and ``params`` (JSON of the analysis options),
 plus analysis-specific scalar attrs; datasets are named for what they hold (``alpha``, ``train_loss``).
 Array keys may contain ``/`` to form groups. Files are written to a temporary name and renamed, so a

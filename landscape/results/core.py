@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import json
@@ -14,13 +15,15 @@ from typing import Any
 import h5py
 import numpy as np
 
-from landscape.errors import ResultError
+from landscape import atomic
+from landscape.errors import ResultError, WriteError
 from landscape.hashing import InputRef
 from landscape.jsonable import is_tensor, to_jsonable
 from landscape.results.paths import check_output_path
-from landscape.runtime import code_version
+from landscape.runtime import code_version, environment, portable_mode
 
-_RESERVED = ("kind", "created", "landscape_version", "torch_version", "inputs", "params")
+_RESERVED = ("kind", "created", "landscape_version", "torch_version", "environment", "portable", "inputs",
+             "params")
 
 
 @dataclass
@@ -87,14 +90,21 @@ def _attr_value(value: Any) -> Any:
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], Any]) -> Path:
     """:func:`landscape.atomic.atomic_write` (temporary file, fsync, rename, fsync of the directory: a killed
-    process leaves the old file or the new one) for result files: the directory is created, and a file system
-    error is one :class:`ResultError` line."""
-    from landscape import atomic
-
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    process leaves the old file or the new one) for result files: the directory is created, a refused write is
+    a :class:`landscape.errors.WriteError` (disk full: the file as it was) and another file system error one
+    :class:`ResultError` line."""
+    with _writing(path):
         return atomic.atomic_write(path, write)
+
+
+@contextlib.contextmanager
+def _writing(path: str | os.PathLike):
+    """The directory of ``path`` created, and an OSError but a refused write one :class:`ResultError` line."""
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        yield
+    except WriteError:
+        raise
     except OSError as exc:
         raise ResultError(f"cannot write {path}: {exc.strerror or exc}") from None
 
@@ -123,23 +133,25 @@ def write_result(
         raise ValueError(f"attrs {sorted(clash)} are reserved by the result schema")
     check_output_path(path)
 
-    def write(tmp: Path) -> None:
-        with h5py.File(tmp, "w") as f:
-            f.attrs["kind"] = kind
-            f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-            f.attrs["landscape_version"] = code_version()
-            f.attrs["torch_version"] = _torch_version()
-            f.attrs["inputs"] = json.dumps([dataclasses.asdict(i) for i in inputs])
-            f.attrs["params"] = json.dumps(to_jsonable(params if params is not None else {}))
-            for key, value in (attrs or {}).items():
-                f.attrs[key] = _attr_value(value)
-            for key, value in arrays.items():
-                if is_tensor(value):
-                    value = value.detach().cpu().numpy()
-                f.create_dataset(key, data=np.asarray(value))
-            _attach_scales(f, dims or {})
+    def fill(f: h5py.File, check: Callable[[], None]) -> None:
+        f.attrs["kind"] = kind
+        f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        f.attrs["landscape_version"] = code_version()
+        f.attrs["torch_version"] = _torch_version()
+        f.attrs["environment"] = json.dumps(environment(), sort_keys=True)  # torchvision, opacus, ... too
+        f.attrs["portable"] = portable_mode()  # computed with every float kernel pinned (any x86-64 alike)
+        f.attrs["inputs"] = json.dumps([dataclasses.asdict(i) for i in inputs])
+        f.attrs["params"] = json.dumps(to_jsonable(params if params is not None else {}))
+        for key, value in (attrs or {}).items():
+            f.attrs[key] = _attr_value(value)
+        for key, value in arrays.items():
+            if is_tensor(value):
+                value = value.detach().cpu().numpy()
+            f.create_dataset(key, data=np.asarray(value))
+        _attach_scales(f, dims or {})
 
-    return atomic_write(path, write)
+    with _writing(path):
+        return atomic.atomic_write_hdf5(path, fill)
 
 
 def _attach_scales(f: h5py.File, dims: Mapping[str, Sequence[str]]) -> None:

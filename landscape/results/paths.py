@@ -1,15 +1,97 @@
-"""Output paths of results: the length limits checked before any work (:func:`check_output_path`) and the
+"""Output paths of results: the default names built from every reference and every option that changes the
+numbers (:func:`output_stem`, :func:`changed_options`), the refusal to replace a result under a default name
+(:func:`check_default_output`), the length limits checked before any work (:func:`check_output_path`) and the
 companion files beside a result (CSV, figures; :func:`companions`, :func:`check_companions`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import glob
+import hashlib
+import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import h5py
 
 from landscape.errors import OutputPathError
+from landscape.jsonable import to_jsonable
+from landscape.refs import slug
+
+#: Options that never change a result's numbers (beyond rounding): memory bounds, evaluation engines, the
+#: device, what is drawn and where partial files go. They are left out of default output names.
+NOT_IN_NAME = frozenset({"chunk", "device", "method", "max_memory", "strategy", "rows_per_call",
+                         "directions_per_pass", "three_d", "on_rows", "resume", "pair_dir"})
+#: The longest options part of a default name written out (``-top_k=3-trace``); a longer one is a hash.
+OPTIONS_IN_NAME = 40
+
+
+def changed_options(*options: Any, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The fields of the option dataclasses ``options`` (configs, run options; None skipped) whose values differ
+    from their class's defaults, in field order, without :data:`NOT_IN_NAME`; then ``extra`` (runner options
+    that change the numbers, given only when not at their defaults)."""
+    out: dict[str, Any] = {}
+    for obj in options:
+        if obj is None:
+            continue
+        try:
+            default = type(obj)()
+        except (TypeError, ValueError):  # a class with required fields: compare with the declared defaults
+            default = None
+        for f in dataclasses.fields(obj):
+            if f.name in NOT_IN_NAME:
+                continue
+            if default is not None:
+                base = getattr(default, f.name)
+            elif f.default is not dataclasses.MISSING:
+                base = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                base = f.default_factory()
+            else:
+                base = dataclasses.MISSING
+            value = getattr(obj, f.name)
+            if base is dataclasses.MISSING or to_jsonable(value) != to_jsonable(base):
+                out[f.name] = value
+    out.update(extra or {})
+    return out
+
+
+def _shown_value(name: str, value: Any) -> str:
+    if value is True:
+        return name
+    if value is False:
+        return f"no_{name}"
+    if isinstance(value, float):
+        return f"{name}={value:g}"
+    if isinstance(value, (tuple, list)):
+        return f"{name}={','.join(_shown_value('', v).lstrip('=') for v in value)}"
+    return f"{name}={'none' if value is None else value}"
+
+
+def output_stem(base: str, changed: Mapping[str, Any]) -> str:
+    """A default output name: ``base`` (the analysis and every reference) and the options that changed, written
+    out (``hessian-sgd_last-top_k=3-trace``) while that part stays within :data:`OPTIONS_IN_NAME` characters,
+    else as the first 8 hex digits of their JSON's sha256 (``hessian-sgd_last-0f3a91c2``). Deterministic: the
+    same references and options give the same name; other options another."""
+    if not changed:
+        return base
+    shown = "-".join(slug(_shown_value(k, v)) for k, v in changed.items())
+    if len(shown) > OPTIONS_IN_NAME:
+        blob = json.dumps(to_jsonable(dict(changed)), sort_keys=True, default=str)
+        shown = hashlib.sha256(blob.encode()).hexdigest()[:8]
+    return f"{base}-{shown}"
+
+
+def check_default_output(path: str | os.PathLike, *, overwrite: bool = False) -> None:
+    """Refuse, in one line, to replace a result under a default name (made of the same analysis, references and
+    options: the same result, or one differing only in options that do not change it) unless ``overwrite``."""
+    path = Path(path)
+    if path.is_file() and is_result_file(path) and not overwrite:  # anything else: check_output_path's refusal
+        raise OutputPathError(f"refusing to replace {_shown(path)}: a result of the same analysis, references and "
+                              "options is there already (landscape show reads it); pass -o FILE to write another "
+                              "file, or --overwrite (overwrite=True) to compute it again and replace it")
 
 
 def is_result_file(path: str | os.PathLike) -> bool:

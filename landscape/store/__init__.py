@@ -61,7 +61,6 @@ from landscape.store.codec import (
     _VIEW_NAMES,
     EXTRA_GROUP,
     STATE_GROUP,
-    TensorData,
     _decode_metrics,
     _escape,
     _float_or_none,
@@ -75,19 +74,19 @@ from landscape.store.codec import (
     _unescape,
     _view_dtypes,
     _write_array,
-    _write_h5_atomic,
     _write_nested,
     _write_state_dict,
 )
 from landscape.store.core import DamagedRunWarning, Run, Store, _available, _check_array_name, _now
 from landscape.store.foreign import (
-    PREFIXES,
     WRAPPER_KEYS,
     _all_tensors,
     _looks_like_torch_file,
     _read_foreign,
     _strip_prefixes,
     _unwrap_state_dict,
+    check_finite,
+    check_regular_file,
     import_checkpoint,
 )
 from landscape.store.manifest import (
@@ -100,6 +99,7 @@ from landscape.store.manifest import (
     CHECKPOINT_FORMAT,
     MANIFEST,
     MANIFEST_FORMAT,
+    MAX_JSON_DEPTH,
     _is_int,
     _is_number,
     _is_run_name,
@@ -112,10 +112,10 @@ from landscape.store.manifest import (
 )
 
 __all__ = [
-    "ARRAYS", "CHECKPOINT_FORMAT", "Checkpoint", "CheckpointInfo", "DamagedRunWarning", "EXTRA_GROUP",
-    "LOCK", "MANIFEST", "MANIFEST_FORMAT", "PREFIXES", "Run", "RunBusyError", "STATE_GROUP", "Store",
-    "TensorData", "WRAPPER_KEYS", "check_manifest", "check_run_name", "check_state_dict", "import_checkpoint",
-    "load_checkpoint", "load_verified",
+    "ARRAYS", "CHECKPOINT_FORMAT", "Checkpoint", "CheckpointInfo", "DamagedRunWarning", "EXTRA_GROUP", "LOCK",
+    "MANIFEST", "MANIFEST_FORMAT", "MAX_JSON_DEPTH", "Run", "RunBusyError", "STATE_GROUP", "Store",
+    "WRAPPER_KEYS", "check_finite", "check_manifest", "check_regular_file", "check_run_name",
+    "check_state_dict", "import_checkpoint", "load_checkpoint", "load_verified",
 ]
 # importable as before the split; not part of the API
 __all__ += [
@@ -125,6 +125,6 @@ __all__ += [
     "_is_number", "_is_run_name", "_json_attr", "_lock", "_looks_like_torch_file", "_now", "_one_line",
     "_open_h5", "_plain", "_read_array", "_read_flat", "_read_foreign", "_read_manifest",
     "_read_state_dict", "_release_holds", "_short", "_str_attr", "_strip_prefixes", "_unescape",
-    "_unlock", "_unwrap_state_dict", "_view_dtypes", "_write_array", "_write_h5_atomic",
+    "_unlock", "_unwrap_state_dict", "_view_dtypes", "_write_array",
     "_write_json_atomic", "_write_nested", "_write_state_dict",
 ]

@@ -29,7 +29,6 @@ class _FileLock:
     fd: int
     inode: int
     holds: int = 1
-    writes: int = 0  # writes made under it by the Run objects of this process (Run._writing)
 
 
 _LOCKS: dict[str, _FileLock] = {}  # realpath of the lock file -> the lock this process holds on it

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import fnmatch
+import hashlib
 import json
 import os
 import secrets
@@ -19,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 import h5py
 import numpy as np
 
-from landscape.atomic import stale_temp_files, temp_beside
-from landscape.errors import CheckpointError, UsageError
+from landscape.atomic import atomic_write_hdf5, stale_temp_files
+from landscape.errors import CheckpointError, UsageError, WriteError, one_line
 from landscape.jsonable import to_jsonable
 from landscape.refs import Ref, parse_selector
-from landscape.runtime import code_version
+from landscape.runtime import code_version, environment, portable_mode
 from landscape.store._locks import LOCK, _FileLock, _lock, _release_holds, _unlock
 from landscape.store.checkpoint import (
     Checkpoint,
@@ -35,20 +36,13 @@ from landscape.store.checkpoint import (
 from landscape.store.codec import (
     EXTRA_GROUP,
     STATE_GROUP,
-    Plan,
-    PreparedFile,
     _decode_metrics,
-    _end_group,
     _float_or_none,
     _open_h5,
     _plain,
-    _prepare_h5,
     _read_array,
     _read_flat,
-    _set_attr,
-    _subgroup,
     _write_array,
-    _write_h5_atomic,
     _write_nested,
     _write_state_dict,
 )
@@ -59,10 +53,10 @@ from landscape.store.manifest import (
     CHECKPOINT_FORMAT,
     MANIFEST,
     MANIFEST_FORMAT,
-    PREPARED,
     _is_run_name,
     _read_manifest,
     _write_json_atomic,
+    check_depth,
     check_manifest,
     check_run_name,
 )
@@ -99,6 +93,8 @@ class Store:
         clash = set(extra or {}) & _MANIFEST_KEYS
         if clash:
             raise UsageError(f"manifest fields {sorted(clash)} are set by the store, not through extra=")
+        check_depth({"config": config, "seeds": seeds, "lineage": lineage, "model_spec": model_spec,
+                     "data_spec": data_spec, **dict(extra or {})})
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -112,12 +108,7 @@ class Store:
             try:
                 path.mkdir()
             except FileExistsError:
-                lock = self._reclaim(path)
-                if lock is None:
-                    raise CheckpointError(
-                        f"run '{name}' already exists in {self.root}; choose another --run name "
-                        f"(or continue it: train --resume {name})"
-                    ) from None
+                lock = self._reclaim(path, name)
             except OSError as exc:
                 raise CheckpointError(f"cannot create run directory {path}: {exc.strerror or exc}") from None
         run = Run(path, {})
@@ -127,6 +118,8 @@ class Store:
             "name": path.name,
             "created": _now(),
             "code_version": code_version(),
+            "environment": environment(),  # python, torch, torchvision, opacus, ... versions
+            "portable": portable_mode(),  # made with every float kernel pinned (bit-identical on any x86-64)
             "config": dict(config),
             "seeds": dict(seeds),
             "lineage": dict(lineage) if lineage is not None else None,
@@ -145,19 +138,19 @@ class Store:
             raise
         return run
 
-    def _reclaim(self, path: Path) -> _FileLock | None:
-        """The lock of a run directory whose creator was killed before writing its manifest (nothing but
-        temporary files in it, which are removed), or None when ``path`` is a run or someone else's."""
-        if not path.is_dir() or (path / MANIFEST).exists():
-            return None
-        try:
-            lock = _lock(path, path.name)
-        except CheckpointError:
-            return None  # its creator is alive and about to write the manifest
+    def _reclaim(self, path: Path, name: str) -> _FileLock:
+        """The lock of the run directory ``path`` that exists already, when its creator was killed before
+        writing its manifest (nothing but temporary files in it, which are removed). A directory another process
+        holds is :class:`RunBusyError` (with its pid: the loser of two writers racing to create one run hears
+        that), a run or anything else there a CheckpointError."""
+        if not path.is_dir():
+            raise CheckpointError(f"cannot create run '{name}': {path} exists and is not a directory")
+        lock = _lock(path, name)  # RunBusyError while its creator (or any writer) is alive
         left = [p for p in path.iterdir() if p.name != LOCK]
         if (path / MANIFEST).exists() or any(p.is_dir() or not p.name.endswith(".tmp") for p in left):
             _unlock(lock)
-            return None
+            raise CheckpointError(f"run '{name}' already exists in {self.root}; choose another --run name "
+                                  f"(or continue it: train --resume {name})")
         for p in left:
             p.unlink(missing_ok=True)
         return lock
@@ -214,8 +207,9 @@ class Store:
     def scan(self, pattern: str = "*") -> tuple[list[Run], dict[str, str]]:
         """Runs whose name matches a shell glob, and the damaged ones apart: ``(runs, {name: one-line error})``.
 
-        A run is damaged when its manifest is not valid (:func:`check_manifest`) or a checkpoint it lists
-        is missing; one damaged run never hides the others.
+        A run is damaged when its manifest is not valid (:func:`check_manifest`; nested deeper than
+        ``MAX_JSON_DEPTH``) or a checkpoint it lists is missing; one damaged run never hides the others, whatever
+        reading it raised.
         """
         runs: list[Run] = []
         broken: dict[str, str] = {}
@@ -226,7 +220,10 @@ class Store:
                 run = self.run(name)
                 run.checkpoints()
             except CheckpointError as exc:
-                broken[name] = str(exc)
+                broken[name] = str(exc) if str(exc).startswith(f"run '{name}'") else f"run '{name}': {exc}"
+                continue
+            except Exception as exc:  # what the schema let through: still this run's damage alone
+                broken[name] = f"run '{name}': cannot be read: {one_line(exc)}"
                 continue
             runs.append(run)
         return runs, broken
@@ -269,16 +266,6 @@ class DamagedRunWarning(UserWarning):
     """A run was skipped because its manifest is damaged or lists a missing checkpoint."""
 
 
-def _checkpoint_body(f: h5py.File | None, state_dict: Mapping[str, Any], extra: Mapping[str, Any] | None,
-                     plan: Plan | None) -> None:
-    """A checkpoint file's groups and datasets (its attrs are written apart): the weights, then the extra arrays."""
-    _write_state_dict(_subgroup(f, STATE_GROUP, plan), state_dict, plan)
-    _end_group(plan)
-    if extra:
-        _write_nested(_subgroup(f, EXTRA_GROUP, plan), extra, escape=False, plan=plan)
-        _end_group(plan)
-
-
 class Run:
     """One run directory: read it freely; every write holds the run's lock (module docstring)."""
 
@@ -288,7 +275,6 @@ class Run:
         self.manifest = manifest
         self._hold: list[Any] = [None, 0]  # [the process-wide lock entry, how many holds this object has]
         self._finalizer: weakref.finalize | None = None
-        self._current: tuple[_FileLock, int] | None = None  # (lock, its write count) when the manifest was current
 
     def __repr__(self) -> str:
         return f"Run({self.name!r}, checkpoints={len(self.manifest.get('checkpoints', []))})"
@@ -326,28 +312,21 @@ class Run:
 
     @contextlib.contextmanager
     def _writing(self):
-        """Hold the lock for one write, with the manifest as it is on disk: re-read under the lock (another writer
-        may have been first), unless this object made the last write through this very lock. The lock entry of a
-        process lives exactly as long as the process holds the run's ``flock`` (no other process can write
-        meanwhile), and every write through it, by any Run object of this process, counts on it: a save does not
-        re-parse and re-check the whole trajectory. A write that fails leaves the in-memory manifest unknown."""
+        """Hold the lock for one write, with the manifest as it is on disk: read again under the lock (another
+        writer, or another Run object of this process, may have written since)."""
         self._acquire()
-        lock, done = self._hold[0], False
         try:
-            if self._current != (lock, lock.writes) and (self.path / MANIFEST).exists():
+            if (self.path / MANIFEST).exists():
                 self.manifest = _read_manifest(self.path / MANIFEST)
             self.manifest.setdefault("checkpoints", [])
             yield
-            done = True
         finally:
-            lock.writes += 1
-            self._current = (lock, lock.writes) if done else None
             self._release()
 
     def sweep_temporary_files(self) -> list[Path]:
         """Remove the temporary files of writes killed mid-way (under the lock no write of ours is live)."""
         with self._writing():
-            stale = stale_temp_files(self.path, lambda final: final in (MANIFEST, ARRAYS, PREPARED)
+            stale = stale_temp_files(self.path, lambda final: final in (MANIFEST, ARRAYS)
                                      or _CHECKPOINT_FILE.fullmatch(final) is not None)
             for path in stale:
                 path.unlink(missing_ok=True)
@@ -393,15 +372,12 @@ class Run:
         metrics: Mapping[str, Any] | None = None,
         extra: Mapping[str, Any] | None = None,
         attrs: Mapping[str, Any] | None = None,
-        prepared: PreparedFile | None = None,
     ) -> Path:
         """Write ``step-NNNNNN.h5`` atomically, then record it in the manifest (also atomically).
 
         ``extra`` holds arrays to keep beside the weights (RNG states, optimizer buffers, sampler
         position); names may nest with ``/`` or as nested mappings. ``attrs`` are further JSON-able
-        metadata, returned as :attr:`Checkpoint.attrs`. Saving a step that exists replaces it. ``prepared``: a
-        file from :meth:`prepare_checkpoint`, used when this checkpoint has its layout (else removed); either
-        way it is consumed.
+        metadata, returned as :attr:`Checkpoint.attrs`. Saving a step that exists replaces it.
         """
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise UsageError(f"checkpoint step must be a non-negative integer, got {step!r}")
@@ -409,6 +385,9 @@ class Run:
         epoch = float(epoch)
         epsilon = None if epsilon is None else float(epsilon)
         metrics = {str(k): _plain(v) for k, v in (metrics or {}).items()}
+        for key, value in metrics.items():
+            if isinstance(value, (Mapping, list, tuple)):
+                raise UsageError(f"metric '{key}' must be a number, got {type(value).__name__}")
         final = self.path / f"step-{step:06d}.h5"
         meta = {
             "format": CHECKPOINT_FORMAT,
@@ -425,40 +404,30 @@ class Run:
         if epsilon is not None:
             meta["epsilon"] = epsilon
 
-        def body(f: h5py.File | None, plan: Plan | None = None) -> None:
-            _checkpoint_body(f, state_dict, extra, plan)
+        def write(f: h5py.File, check: Any) -> None:
+            f.attrs.update(meta)
+            _write_state_dict(f.create_group(STATE_GROUP, track_order=True), state_dict)
+            if extra:
+                _write_nested(f.create_group(EXTRA_GROUP, track_order=True), extra, escape=False)
 
-        def write(f: h5py.File) -> None:
-            for key, value in meta.items():
-                _set_attr(f, key, value)
-            body(f)
-
-        try:
-            with self._writing():
-                sha = prepared.commit(final, meta, body) if prepared is not None else None
-                if sha is None:  # none prepared, or for another layout (then removed)
-                    sha = _write_h5_atomic(final, write)
-                entry = {"step": step, "epoch": epoch, "epsilon": epsilon, "metrics": metrics, "file": final.name,
-                         "sha256": sha}
-                entries = [e for e in self.manifest["checkpoints"] if int(e["step"]) != step]
-                self.manifest["checkpoints"] = sorted([*entries, entry], key=lambda e: int(e["step"]))
+        with self._writing():
+            kept = _kept(self.name, self.manifest["checkpoints"])
+            hasher = hashlib.sha256()
+            try:
+                atomic_write_hdf5(final, write, hasher=hasher, track_order=True)
+            except WriteError as exc:
+                raise exc.noted(f"; {kept}") from None
+            sha = hasher.hexdigest()
+            entry = {"step": step, "epoch": epoch, "epsilon": epsilon, "metrics": metrics, "file": final.name,
+                     "sha256": sha}
+            entries = [e for e in self.manifest["checkpoints"] if int(e["step"]) != step]
+            self.manifest["checkpoints"] = sorted([*entries, entry], key=lambda e: int(e["step"]))
+            try:
                 _write_json_atomic(self.path / MANIFEST, self.manifest)
-        finally:
-            if prepared is not None:
-                prepared.discard()  # consumed either way (a no-op once committed)
+            except WriteError as exc:
+                raise exc.noted(f"; {kept}; {final.name} is complete but not listed: continuing the run "
+                                "adopts it") from None
         return final
-
-    def prepare_checkpoint(self, state_dict: Mapping[str, Any],
-                           extra: Mapping[str, Any] | None = None) -> PreparedFile | None:
-        """Make the next checkpoint's file ahead of its data, for a writer with time to spare before it (the
-        recorder's writer process, between two checkpoints): the groups and datasets that ``state_dict`` and
-        ``extra`` (example values: their names, nesting, dtypes and shapes count, not their numbers) would be
-        written as, in a temporary file of this run held open. :meth:`save_checkpoint` given it then writes only
-        the data and attrs. None when the arrays cannot be written that way (not numeric). The caller holds
-        this run for writing and discards what it does not use (:meth:`PreparedFile.discard`; a killed writer's
-        file is removed with the other temporary files when the run is next opened for writing)."""
-        return _prepare_h5(temp_beside(self.path / PREPARED),
-                           lambda f, plan: _checkpoint_body(f, state_dict, extra, plan))
 
     def checkpoints(self) -> list[CheckpointInfo]:
         """Checkpoints sorted by step: the manifest's, plus complete files a killed writer left unrecorded
@@ -524,6 +493,7 @@ class Run:
         clash = set(fields) & _MANIFEST_KEYS
         if clash:
             raise UsageError(f"manifest fields {sorted(clash)} are set by the store")
+        check_depth(fields)
         with self._writing():
             self.manifest.update(fields)
             check_manifest(to_jsonable(self.manifest), self.path / MANIFEST)
@@ -539,7 +509,7 @@ class Run:
         _check_array_name(name)
         target = self.path / ARRAYS
 
-        def write(f: h5py.File) -> None:
+        def write(f: h5py.File, check: Any) -> None:
             if target.is_file():
                 with _open_h5(target) as old:
                     for key in old:
@@ -551,7 +521,7 @@ class Run:
                 _write_array(f, name, array)
 
         with self._writing():
-            _write_h5_atomic(target, write)
+            atomic_write_hdf5(target, write, track_order=True)
 
     def load_array(self, name: str) -> np.ndarray | dict[str, np.ndarray]:
         """An array saved with :meth:`save_array` (a dict of arrays when a mapping was saved)."""
@@ -572,6 +542,15 @@ class Run:
             return []
         with _open_h5(target) as f:
             return list(f.keys())
+
+
+def _kept(name: str, entries: list[dict[str, Any]]) -> str:
+    """What a run keeps when a save fails: its listed checkpoints (a continued run starts from the last)."""
+    if not entries:
+        return f"run '{name}' has no checkpoint yet"
+    last = max(int(e["step"]) for e in entries)
+    return (f"run '{name}' keeps its {len(entries)} checkpoint{'s' if len(entries) > 1 else ''} (the last at step "
+            f"{last}), where continuing it starts")
 
 
 def _check_array_name(name: str) -> None:

@@ -7,13 +7,14 @@ import os
 import pickle
 import re
 import shutil
+import stat
 import struct
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from landscape.errors import CheckpointError, UnsafeFileError, UsageError
+from landscape.errors import CheckpointError, NonFiniteError, UnsafeFileError, UsageError
 from landscape.hashing import sha256_file
 from landscape.store.checkpoint import check_state_dict
 from landscape.store.manifest import _one_line, check_run_name
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
     from landscape.store.core import Store
 
 WRAPPER_KEYS = ("state_dict", "model_state_dict", "module_state_dict", "model")  # module_: Opacus save_checkpoint
-PREFIXES = ("_module.", "module.")  # Opacus GradSampleModule, then DataParallel/DDP
 
 
 def import_checkpoint(
@@ -42,7 +42,8 @@ def import_checkpoint(
     ``.pt``/``.pth`` files are read with ``torch.load(weights_only=True)`` only: a file that would need
     arbitrary code to unpickle is refused with UnsafeFileError and nothing in it runs. ``.safetensors``
     files are read with safetensors. A dict wrapping the weights under ``state_dict``/``model_state_dict``/
-    ``model`` is unwrapped; Opacus' ``_module.`` (and DataParallel's ``module.``) key prefix is stripped.
+    ``model`` is unwrapped; the key prefixes of wrappers (``torch.compile``'s ``_orig_mod.``, Opacus' ``_module.``,
+    DataParallel's ``module.``, :data:`landscape.params.WRAPPERS`) are stripped.
     Keys and shapes are checked against the model ``model_spec`` builds (strict).
 
     ``privacy`` is the run's ``manifest["privacy"]``: what is known of the weights' privacy history
@@ -55,12 +56,12 @@ def import_checkpoint(
 
     file = Path(file)
     check_run_name(run)
-    if not file.is_file():
-        raise CheckpointError(f"file not found: {file}")
+    check_regular_file(file)
     raw = _read_foreign(file)
     model = model_from_spec(dict(model_spec))
     state_dict = _strip_prefixes(_unwrap_state_dict(raw, file), set(model.state_dict()))
     check_state_dict(model, state_dict, source=str(file))
+    check_finite(state_dict, source=str(file))
     state_dict = {key: state_dict[key] for key in model.state_dict()}  # the model's order (safetensors sorts keys)
     full_spec = dict(getattr(model, "landscape_spec", None) or model_spec)
     sha = sha256_file(file)
@@ -82,6 +83,38 @@ def import_checkpoint(
         except BaseException:
             shutil.rmtree(new.path, ignore_errors=True)
             raise
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def check_regular_file(file: Path) -> None:
+    """A one-line CheckpointError unless ``file`` is a regular file (a link: what it points to), judged without
+    opening it (opening a named pipe waits for a writer). Another OSError (a name too long, a permission) is
+    raised as it is."""
+    try:
+        mode = os.stat(file).st_mode
+    except FileNotFoundError:
+        link = " (a link to a missing file)" if os.path.islink(file) else ""
+        raise CheckpointError(f"file not found: {file}{link}") from None
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+        raise CheckpointError(f"{file} is {kind}, not a regular file: import reads a .pt, .pth or .safetensors file")
+
+
+def check_finite(state_dict: Mapping[str, torch.Tensor], *, source: str) -> None:
+    """A one-line NonFiniteError naming the first floating-point tensor with a NaN or an infinity: no analysis
+    can use such weights (a diverged or damaged model), so none is imported."""
+    import torch
+
+    for key, value in state_dict.items():
+        if (value.is_floating_point() or value.is_complex()) and value.numel():
+            bad = int((~torch.isfinite(value)).sum())
+            if bad:
+                raise NonFiniteError(
+                    f"{source}: tensor '{key}' has {bad} of {value.numel()} values NaN or infinite (a diverged or "
+                    "damaged model); nothing imported")
 
 
 def _read_foreign(file: Path) -> Any:
@@ -147,8 +180,10 @@ def _all_tensors(d: Mapping) -> bool:
 
 
 def _strip_prefixes(state_dict: dict[str, torch.Tensor], wanted: set[str]) -> dict[str, torch.Tensor]:
+    from landscape.params import WRAPPER_PREFIXES
+
     while set(state_dict) != wanted:
-        for prefix in PREFIXES:
+        for prefix in WRAPPER_PREFIXES:
             if all(k.startswith(prefix) for k in state_dict):
                 state_dict = {k[len(prefix):]: v for k, v in state_dict.items()}
                 break

@@ -11,20 +11,19 @@ from pathlib import Path
 from typing import Any
 
 from landscape.atomic import atomic_write
-from landscape.errors import CheckpointError
+from landscape.errors import CheckpointError, UsageError
 from landscape.jsonable import to_jsonable
 from landscape.refs import _RUN_NAME, check_run_name  # noqa: F401 (run names are landscape.refs'; re-exported)
 from landscape.refs import is_run_name as _is_run_name  # noqa: F401
 
 MANIFEST = "manifest.json"
 ARRAYS = "arrays.h5"
-PREPARED = "next-checkpoint.h5"  # the final name of a prepared checkpoint's temporary file (Run.prepare_checkpoint)
 MANIFEST_FORMAT = "landscape-run/1"
 CHECKPOINT_FORMAT = "landscape-checkpoint/1"
 _CHECKPOINT_FILE = re.compile(r"step-(\d+)\.h5")
 _MANIFEST_KEYS = frozenset(
-    {"format", "name", "created", "code_version", "config", "seeds", "lineage", "model_spec", "data_spec",
-     "checkpoints"}
+    {"format", "name", "created", "code_version", "environment", "portable", "config", "seeds", "lineage",
+     "model_spec", "data_spec", "checkpoints"}
 )
 
 
@@ -56,9 +55,39 @@ def _one_line_json(value: Any) -> str:
         return json.dumps(to_jsonable(value), allow_nan=False)
 
 
+#: The deepest nesting of arrays and objects a manifest may have (the store's own fields nest 4 deep; a user's
+#: config or data options a few more). Deeper JSON is damage: every walk over the parsed value (checking it,
+#: writing it again) recurses once per level. JSON nested past Python's recursion limit is refused by the parser.
+MAX_JSON_DEPTH = 64
+
+
+def _deeper_field(fields: dict[str, Any]) -> str | None:
+    """The first of ``fields`` (the fields of a manifest, each at level 2) whose value nests deeper than
+    :data:`MAX_JSON_DEPTH`, or None; walked without recursion (a cycle is too deep too)."""
+    for key, value in fields.items():
+        todo = [(value, 2)]
+        while todo:
+            obj, depth = todo.pop()
+            if isinstance(obj, (dict, list, tuple)):
+                if depth > MAX_JSON_DEPTH:
+                    return key
+                todo.extend((v, depth + 1) for v in (obj.values() if isinstance(obj, dict) else obj))
+    return None
+
+
+def check_depth(fields: dict[str, Any]) -> None:
+    """A one-line UsageError naming the first manifest field nested deeper than :data:`MAX_JSON_DEPTH`, so that
+    no manifest is written that cannot be read back."""
+    key = _deeper_field(fields)
+    if key is not None:
+        raise UsageError(f"manifest field '{key}' nests deeper than {MAX_JSON_DEPTH} levels")
+
+
 def _read_manifest(path: Path) -> dict[str, Any]:
     try:
         manifest = json.loads(path.read_text())
+    except RecursionError:
+        raise CheckpointError(f"cannot read run manifest {path}: it nests deeper than {MAX_JSON_DEPTH} levels") from None
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"cannot read run manifest {path}: {_one_line(exc)}") from None
     manifest = check_manifest(manifest, path)
@@ -77,7 +106,8 @@ def check_manifest(manifest: Any, path: str | os.PathLike) -> dict[str, Any]:
     ``lineage`` an object or null, ``checkpoints`` a list of ``{step, epoch, epsilon, metrics, file, sha256}``
     with ``step`` a non-negative integer (each once), ``epoch`` a number, ``file`` exactly ``step-NNNNNN.h5``
     of that step (so no entry can point outside its run directory), ``sha256`` 64 hex digits (the store hashes
-    every checkpoint it lists; an unhashed entry could not be verified). ``format``, ``config``, ``seeds``,
+    every checkpoint it lists; an unhashed entry could not be verified), ``metrics`` an object of numbers (or
+    strings, booleans, null); no field nests deeper than :data:`MAX_JSON_DEPTH`. ``format``, ``config``, ``seeds``,
     ``model_spec``, ``data_spec`` and ``checkpoints`` must be present: an empty or hand-made manifest (``{}``)
     is damage, never a run whose files nothing vouches for. Fields
     the trainer adds are checked when present: ``schedule`` (``steps_per_epoch``, ``total_steps``,
@@ -94,13 +124,20 @@ def check_manifest(manifest: Any, path: str | os.PathLike) -> dict[str, Any]:
     for key in ("format", "config", "seeds", "model_spec", "data_spec", "checkpoints"):
         if key not in manifest:
             raise bad(key, "is missing (the store writes it with every run)", show=False)
+    deep = _deeper_field({k: v for k, v in manifest.items() if k != "checkpoints"})
+    if deep is not None:
+        raise bad(deep, f"nests deeper than {MAX_JSON_DEPTH} levels", show=False)
     if manifest["format"] != MANIFEST_FORMAT:
         raise bad("format", f"must be {MANIFEST_FORMAT!r}", manifest["format"])
-    if "name" in manifest and not isinstance(manifest["name"], str):
-        raise bad("name", "must be a string", manifest["name"])
+    for key in ("name", "created", "code_version"):
+        if key in manifest and not isinstance(manifest[key], str):
+            raise bad(key, "must be a string", manifest[key])
     for key in ("config", "seeds", "model_spec", "data_spec"):
         if key in manifest and not isinstance(manifest[key], dict):
             raise bad(key, "must be an object", manifest[key])
+    for key in ("model_spec", "data_spec"):
+        if "name" in manifest[key] and not isinstance(manifest[key]["name"], str):
+            raise bad(f"{key}.name", "must be a string", manifest[key]["name"])
     for key, value in (manifest.get("seeds") or {}).items():
         if not _is_int(value):
             raise bad(f"seeds.{key}", "must be an integer", value)
@@ -130,8 +167,9 @@ def check_manifest(manifest: Any, path: str | os.PathLike) -> dict[str, Any]:
         eps = e.get("epsilon")
         if eps is not None and not _is_number(eps) and eps not in _NON_FINITE:
             raise bad(f"{where}.epsilon", "must be a number or null", eps)
-        if not isinstance(e.get("metrics", {}), dict):
-            raise bad(f"{where}.metrics", "must be an object", e["metrics"])
+        metrics = e.get("metrics", {})
+        if not isinstance(metrics, dict) or any(isinstance(v, (dict, list)) for v in metrics.values()):
+            raise bad(f"{where}.metrics", "must be an object of numbers", metrics)
         if "sha256" not in e:
             raise bad(f"{where}.sha256", "is missing (an unhashed checkpoint cannot be verified)", show=False)
         sha = e["sha256"]

@@ -28,6 +28,14 @@ user declared for weights landscape did not train (``declared_ancestors``, e.g. 
 the declared deltas) or nothing known at all (``unknown_ancestors``: imported weights with no declaration; the
 run's epsilon then covers only the steps landscape saw, :data:`UNKNOWN_ANCESTRY`).
 
+Accountants of a lineage. A child run (``train --from``) continues with its parent's accountant when it is one
+computed here (:func:`continuing_accountant`: ``rdp`` or ``pld``), so its first checkpoint reports the parent's
+epsilon. Opacus' ``prv`` and ``gdp`` accountants (a run recorded from an Opacus loop) are not: the child then
+accounts every step, the parent's too, with ``pld`` (the closest: both PRV and PLD compute the privacy loss
+distribution numerically; they differ by ~1% from their discretisations), and its manifest keeps the epsilon the
+parent reported and its accountant (``privacy["parent_epsilon"]``, :class:`PrivacyHistory`), so each number
+says which accountant it comes from.
+
 Steps: ``landscape train`` runs ``epochs * ceil(N / B)`` steps (:func:`schedule_steps`); ``landscape privacy
 --epochs`` counts the same way. Reference: sigma = 1.1, q = 256/60000, 14062 steps, delta = 1e-5 -> epsilon
 2.59656 (rdp).
@@ -79,6 +87,10 @@ class PrivacyEvent:
     steps: int
 
 
+class AccountantWarning(UserWarning):
+    """A child run's epsilon is by another accountant than the one its parent's epsilon came from."""
+
+
 UNKNOWN_ANCESTRY = "epsilon covers only the steps landscape saw; ancestors' privacy unknown"
 
 
@@ -113,6 +125,8 @@ class PrivacyHistory:
     non_private: bool = False
     unknown: bool = False
     declared: list[DeclaredPrivacy] = field(default_factory=list)
+    # what the parent checkpoint itself reported: {ref, epsilon, delta, accountant[, source]} (None: nothing)
+    parent_epsilon: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, history: PrivacyHistory | Sequence[PrivacyEvent]) -> PrivacyHistory:
@@ -126,10 +140,11 @@ class PrivacyHistory:
         return cls(events=[PrivacyEvent(**e) for e in privacy.get("ancestor_events", [])],
                    non_private=bool(privacy.get("non_private_ancestors")),
                    unknown=bool(privacy.get("unknown_ancestors")),
-                   declared=[DeclaredPrivacy(**d) for d in privacy.get("declared_ancestors", [])])
+                   declared=[DeclaredPrivacy(**d) for d in privacy.get("declared_ancestors", [])],
+                   parent_epsilon=dict(privacy["parent_epsilon"]) if privacy.get("parent_epsilon") else None)
 
     def __add__(self, other: PrivacyHistory) -> PrivacyHistory:
-        """Both histories (weights that depend on two checkpoints)."""
+        """Both histories (weights that depend on two checkpoints; no single parent's epsilon)."""
         return PrivacyHistory([*self.events, *other.events], self.non_private or other.non_private,
                               self.unknown or other.unknown, [*self.declared, *other.declared])
 
@@ -146,7 +161,23 @@ class PrivacyHistory:
             out["declared_ancestors"] = [asdict(d) for d in self.declared]
             if delta is not None:
                 out["total_delta"] = self.total_delta(delta)
+        if self.parent_epsilon:
+            out["parent_epsilon"] = dict(self.parent_epsilon)
         return out
+
+    def accountant_note(self, run: str, accountant: str) -> str | None:
+        """One line when a child's epsilon (by ``accountant``) is not by the accountant its parent's was: both
+        numbers are recorded, and this says so (never a silent jump); None when they agree or nothing was
+        reported."""
+        parent = self.parent_epsilon or {}
+        if not parent or parent.get("accountant") == accountant:
+            return None
+        by = str(parent.get("accountant"))
+        why = ("which landscape cannot compute" if by not in METHODS else "another accountant than this run's")
+        source = f" ({parent['source']})" if parent.get("source") else ""
+        return (f"run '{run}' accounts every step, its parent's too, with {accountant}; its parent "
+                f"{parent.get('ref')} reported epsilon {float(parent.get('epsilon', math.nan)):.4g} by "
+                f"{by}{source}, {why}: both are recorded (manifest privacy.accountant, privacy.parent_epsilon)")
 
     @property
     def declared_epsilon(self) -> float:
@@ -165,6 +196,14 @@ class PrivacyHistory:
     def note(self) -> str | None:
         """The one-line caveat every report of such a run's epsilon carries, or None."""
         return UNKNOWN_ANCESTRY if self.unknown else None
+
+
+def continuing_accountant(parent: str | None) -> str:
+    """The accountant a child run continues with by default: its parent's when it is one of :data:`METHODS`,
+    ``pld`` for another numerical accountant (Opacus' ``prv``, ``gdp``), ``rdp`` for a parent without one."""
+    if parent is None:
+        return "rdp"
+    return parent if parent in METHODS else "pld"
 
 
 def ancestry_note(manifest: Mapping[str, Any] | None) -> str | None:

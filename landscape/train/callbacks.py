@@ -14,8 +14,8 @@ Per-step values stay in preallocated tensors; nothing calls ``.item()`` per batc
 
 from __future__ import annotations
 
+import math
 import random
-import sys
 import time
 import warnings
 from collections.abc import Sequence
@@ -302,32 +302,42 @@ class Checkpointer(Callback):
 
 
 class Progress(Callback):
-    """A tqdm bar on stderr (only when stderr is a terminal) showing epoch, loss and epsilon."""
+    """The run's steps done of its total (:mod:`landscape.progress`: a bar on a terminal, else a line every ~10 s),
+    with the epoch, the loss and epsilon; shown when progress is on, drawn again with the final values at the end."""
 
-    def __init__(self, enabled: bool | None = None, every: int = 10):
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+    def __init__(self, every: int = 10):
         self.every = every
-        self.bar = None
+        self.task = None
+        self.loss: float | None = None
+        self.epsilon: float | None = None
 
     def on_start(self, state: TrainState) -> None:
-        if not self.enabled:
-            return
-        from tqdm import tqdm
+        from landscape import progress
 
-        self.bar = tqdm(total=state.total_steps, initial=state.step, desc=state.run.name, file=sys.stderr,
-                        unit="step", leave=True)
+        self.task = progress.task(f"train {state.run.name}", total=state.total_steps, unit="steps", done=state.step,
+                                  leave=True)
+        self._describe(state)
 
     def on_step(self, state: TrainState, stats: Any) -> None:
-        if self.bar is None:
+        if self.task is None:
             return
-        self.bar.update(1)
-        if state.step % self.every == 0 or state.step == state.total_steps:
-            post = {"epoch": f"{state.step / state.steps_per_epoch:.2f}", "loss": f"{float(stats.loss):.4f}"}
-            if state.epsilon is not None:
-                post["eps"] = f"{float(state.epsilon):.3g}"
-            self.bar.set_postfix(post, refresh=False)
+        if state.step % self.every == 0 or state.step == state.total_steps:  # the loss read costs a device sync
+            self.loss = float(stats.loss)
+        self._describe(state)
+        self.task.update(1)
+
+    def _describe(self, state: TrainState) -> None:
+        if state.epsilon is not None and math.isfinite(float(state.epsilon)):  # PLD: only at epochs/checkpoints
+            self.epsilon = float(state.epsilon)
+        info = f"epoch {state.step / state.steps_per_epoch:.2f}"
+        if self.loss is not None:
+            info += f", loss {self.loss:.4f}"
+        if self.epsilon is not None:
+            info += f", eps {self.epsilon:.3g}"
+        self.task.describe_as(info)
 
     def on_end(self, state: TrainState) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
+        if self.task is not None:
+            self._describe(state)  # the final epoch and epsilon, not those of the last 10-step mark
+            self.task.close()
+            self.task = None

@@ -69,7 +69,10 @@ class TrainConfig(metaclass=Renaming):
     target_epsilon: float | None = option(None, "Find sigma so that epsilon after training equals this (instead of "
                                                 "--noise-multiplier).", min=0, min_open=True)
     delta: float = option(1e-5, min=0, max=1, min_open=True, max_open=True)
-    accountant: str = option("rdp", choices=ACCOUNTANTS)
+    accountant: str | None = option(None, "Privacy accountant. Default: rdp; a child run (--from) continues with "
+                                          "its parent's (pld for a parent accounted by Opacus' prv or gdp, which "
+                                          "landscape cannot compute; both epsilons are then recorded).",
+                                    choices=ACCOUNTANTS)
     clip_style: str = option("flat", choices=CLIP_STYLES)
     clip_fn: str = option("abadi", choices=tuple(CLIP_FUNCTIONS))
     sampling: str | None = option(None, "Default: poisson for DP optimizers (what the accountant assumes), shuffle "
@@ -105,7 +108,7 @@ class TrainConfig(metaclass=Renaming):
         return self.optimizer == "dpsgd"
 
     def validate(self) -> TrainConfig:
-        """Check option combinations; raise :class:`UsageError` (exit 2) with a one-line message."""
+        """Check option combinations; raise ``UsageError`` (exit 2) with a one-line message."""
         for f in dataclasses.fields(self):  # each option by its declaration, as the command line checks it (type,
             # bounds, finiteness, choices, seeds, device), and held as the command line holds it ("10" becomes 10)
             setattr(self, f.name, coerce_field(TrainConfig, f, getattr(self, f.name)))
@@ -162,6 +165,7 @@ def config_hash(config: TrainConfig | dict[str, Any]) -> str:
         f.name: getattr(cfg, f.name)
         for f in dataclasses.fields(TrainConfig)
         if f.name not in _NOT_HASHED and getattr(cfg, f.name) != getattr(default, f.name)
+        and not (f.name == "accountant" and cfg.accountant == "rdp")  # the default a run resolves to: old hashes
     }
     blob = json.dumps(diff, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import json
 import shutil
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,11 +42,12 @@ from torch import nn
 from landscape import plugins
 from landscape.data import Dataset, dataset_from_spec, load_dataset
 from landscape.errors import CheckpointError, IncompatibleError, LandscapeError, ModelError, UsageError
-from landscape.models import build_model, has_batchnorm, model_from_spec
+from landscape.models import MODELS, build_model, check_forward, has_batchnorm, model_from_spec, model_options
+from landscape.refs import Ref
 from landscape.runtime import resolve_device, seed_everything
 from landscape.store import MANIFEST, Checkpoint, Run, Store, check_state_dict
 from landscape.train import accounting
-from landscape.train.accounting import PrivacyEvent, PrivacyHistory
+from landscape.train.accounting import AccountantWarning, PrivacyEvent, PrivacyHistory
 from landscape.train.callbacks import (
     METRICS_ARRAY,
     Accounting,
@@ -59,7 +61,7 @@ from landscape.train.callbacks import (
     WallClock,
     restore_resume_state,
 )
-from landscape.train.config import TrainConfig, checkpoint_steps, config_hash
+from landscape.train.config import SamplingWarning, TrainConfig, checkpoint_steps, config_hash
 from landscape.train.privatize import PrivacyConfig, Privatizer
 from landscape.train.pruning import inherited_privacy, lineage_of
 from landscape.train.sampling import Sampler, make_sampler, steps_per_epoch
@@ -115,11 +117,13 @@ def train(
     ``config.resume`` continues that run from its last checkpoint instead (its stored config is used;
     the other fields of ``config`` are ignored). ``callbacks`` are appended to the standard ones (metrics,
     accounting, evaluation, resume state, checkpointing, progress). ``phases`` is stored as
-    ``manifest["phases"]`` (``landscape phases``).
+    ``manifest["phases"]`` (``landscape phases``). ``progress``: True shows the steps on stderr (a bar on a
+    terminal, else a line every ~10 s), False never, None as the caller's ``landscape.progress`` says (off
+    unless turned on: ``with landscape.progress.enabled(): ...``; the command line turns it on).
 
     A ``model`` or ``data`` that is a code reference (``file.py:factory``) is named by the user here, so it may
     also rebuild this run's checkpoints while training (a child run's parent); resuming a run whose model or
-    data came from code needs that code named again (``landscape --code REF``, :func:`landscape.plugins.trusting`).
+    data came from code needs that code named again (``landscape --code REF``, ``landscape.plugins.trusting``).
     """
     config.validate()
     with plugins.trusting(plugins.code_refs(config.model, config.data)):
@@ -144,7 +148,7 @@ def _interrupted_before_first_checkpoint(store: Store, config: TrainConfig) -> b
     with contextlib.suppress(CheckpointError):
         run = store.run(config.run)
         return (not run.checkpoints() and "schedule" in run.manifest
-                and run.manifest.get("config_hash") == config_hash(_with_defaults(config)))
+                and run.manifest.get("config_hash") == config_hash(resolved(store, config)))
     return False
 
 
@@ -155,6 +159,21 @@ def _with_defaults(config: TrainConfig) -> TrainConfig:
     return dataclasses.replace(config, model=config.model or DEFAULT_MODEL, data=config.data or DEFAULT_DATA)
 
 
+def resolved(store: Store, config: TrainConfig) -> TrainConfig:
+    """``config`` as a run records it: :func:`_with_defaults`, and the accountant resolved (a child run's
+    default is its parent's, :func:`landscape.train.accounting.continuing_accountant`)."""
+    config = _with_defaults(config)
+    if config.accountant is not None:
+        return config
+    parent = None
+    if config.from_ref is not None:
+        with contextlib.suppress(CheckpointError, UsageError):
+            name = Ref.parse(config.from_ref).run
+            privacy = (store.run(name).manifest.get("privacy") or {}) if name else {}
+            parent = privacy.get("accountant") if privacy.get("accounted") else None
+    return dataclasses.replace(config, accountant=accounting.continuing_accountant(parent))
+
+
 def _start(
     store: Store, config: TrainConfig, *, callbacks: Sequence[Callback], progress: bool | None,
     phases: dict[str, Any] | None, existing: Run | None = None,
@@ -163,7 +182,7 @@ def _start(
     killed before the first one), train that run from step 0 instead, after checking that its recorded
     manifest is exactly what this configuration gives (so the numbers are those of an uninterrupted run)."""
     config.warn_sampling()
-    config = _with_defaults(config)
+    config = resolved(store, config)
     device = resolve_device(config.device)
     parent: Checkpoint | None = None
     if config.from_ref is not None:
@@ -182,11 +201,21 @@ def _start(
         lineage = lineage_of(parent, config.from_ref)
         masks = _parent_masks(store, parent)
         history = inherited_privacy(store, parent)
+        if history.parent_epsilon is not None:
+            history.parent_epsilon["ref"] = config.from_ref
+        note = history.accountant_note(config.run or "(new)", config.accountant) if config.accounted else None
+        if note is not None:
+            warnings.warn(note, AccountantWarning, stacklevel=3)
     _check_dp_model(config, model)
     model.to(device)
+    check_forward(model, data.x_train[:2], data.num_classes)  # a failing forward is one line naming its layer
 
     n = len(data.y_train)
     spe = steps_per_epoch(n, config.batch_size)
+    if config.batch_size > n:
+        warnings.warn(f"--batch-size {config.batch_size} exceeds the {n} training examples: each step uses all of "
+                      f"them (sample rate 1), {spe} step{'s' if spe != 1 else ''} per epoch; give a batch size "
+                      f"below {n} for minibatch {'DP-' if config.is_dp else ''}SGD", SamplingWarning, stacklevel=2)
     total = accounting.schedule_steps(config.epochs, n, config.batch_size)
     q = min(1.0, config.batch_size / n)
     sigma = _noise_multiplier(config, q, total, history)
@@ -400,11 +429,20 @@ def _model_from_parent(config: TrainConfig, parent: Checkpoint, data: Dataset) -
 
 
 def _check_dp_model(config: TrainConfig, model: nn.Module) -> None:
-    if config.is_dp and has_batchnorm(model):
-        raise ModelError(
-            f"--optimizer {config.optimizer} needs per-sample gradients, which BatchNorm mixes across the batch; "
-            "use GroupNorm instead (e.g. --model-kwargs '{\"norm\": \"group\"}')"
-        )
+    """DP-SGD refuses BatchNorm in one line that says how to replace it: a built-in model's ``norm`` option, or the
+    user's factory (which landscape cannot change)."""
+    if not (config.is_dp and has_batchnorm(model)):
+        return
+    name = (getattr(model, "landscape_spec", None) or {}).get("name")
+    why = f"--optimizer {config.optimizer} needs per-sample gradients, which BatchNorm mixes across the batch"
+    if name in MODELS and "norm" in model_options(name):
+        group = "--model-kwargs '{\"norm\": \"group\"}'"
+        fix = (f"use GroupNorm: train with {group}" if config.from_ref is None else
+               f"a child run keeps its parent's model: train the parent ({config.from_ref}) with {group}")
+    else:
+        fix = (f"replace BatchNorm in the model's factory ({plugins.short_name(name)}): e.g. GroupNorm layers, or "
+               "return opacus.validators.ModuleValidator.fix(model), which swaps them for GroupNorm")
+    raise ModelError(f"{why}; {fix}")
 
 
 def _parent_masks(store: Store, parent: Checkpoint) -> dict[str, torch.Tensor] | None:
@@ -538,7 +576,31 @@ def _build_state(
 
 
 def _run(state: TrainState, extra: Sequence[Callback], progress: bool | None) -> None:
-    state.callbacks = [*state.callbacks, *extra, Progress(progress)]
+    """The steps; ``progress`` True / False turns the progress display on / off for this run, None follows the
+    caller's (:mod:`landscape.progress`). Ctrl-C leaves a note on the interrupt naming the command that continues
+    the run (once it has a checkpoint)."""
+    from landscape import progress as display
+
+    try:
+        with display.enabled(progress):
+            _steps(state, [*state.callbacks, *extra, Progress()])
+    except KeyboardInterrupt as exc:
+        with contextlib.suppress(Exception):
+            if state.run.checkpoints():
+                exc.add_note(f"continue it with: {resume_command(state.run, state.config)}")
+        raise
+
+
+def resume_command(run: Run, config: TrainConfig) -> str:
+    """The command that continues ``run``: ``landscape --root ROOT [--code REF ...] train --resume NAME``."""
+    import shlex
+
+    code = [a for ref in plugins.code_refs(config.model, config.data) for a in ("--code", ref)]
+    return shlex.join(["landscape", "--root", str(run.path.parent), *code, "train", "--resume", run.name])
+
+
+def _steps(state: TrainState, callbacks: list[Callback]) -> None:
+    state.callbacks = callbacks
     model, x_train, y_train = state.model, state.data.x_train, state.data.y_train
     model.train()
     for cb in state.callbacks:

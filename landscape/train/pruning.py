@@ -213,7 +213,8 @@ def inherited_privacy(store: Store, checkpoint: Checkpoint) -> PrivacyHistory:
 
     ``events``: its run's recorded ancestor events (``manifest["privacy"]["ancestor_events"]``) followed by the
     run's own steps up to the checkpoint when the run was accounted (DP-SGD with a noise multiplier).
-    ``non_private``: some earlier step carried no privacy guarantee (SGD, clip-only, noise-only ancestors or
+    ``parent_epsilon``: the epsilon the checkpoint itself reports and the accountant it came from (an accounted
+    run's checkpoint). ``non_private``: some earlier step carried no privacy guarantee (SGD, clip-only, noise-only ancestors or
     trained weights of a run that records no privacy), so no finite epsilon covers the pipeline. ``unknown``
     and ``declared``: imported weights (``landscape import``) and their descendants; an import without a
     declaration, or one made before imports recorded privacy (lineage ``imported_from``), is unknown. This is
@@ -229,12 +230,19 @@ def inherited_privacy(store: Store, checkpoint: Checkpoint) -> PrivacyHistory:
         imported = bool(((manifest or {}).get("lineage") or {}).get("imported_from"))
         return PrivacyHistory(non_private=checkpoint.step > 0 and not imported, unknown=imported)
     history = PrivacyHistory.from_manifest(privacy)
+    history.parent_epsilon = None
     if checkpoint.step > 0:
         if privacy.get("accounted"):
             history.events.append(PrivacyEvent(float(privacy["noise_multiplier"]), float(privacy["sample_rate"]),
                                                int(checkpoint.step)))
         else:
             history.non_private = True
+    if privacy.get("accounted") and checkpoint.epsilon is not None:
+        history.parent_epsilon = {
+            "ref": f"{checkpoint.run}@step={checkpoint.step}", "epsilon": float(checkpoint.epsilon),
+            "delta": float(privacy.get("total_delta", privacy.get("delta", math.nan))),
+            "accountant": str(privacy.get("accountant")),
+            **({"source": str(privacy["source"])} if privacy.get("source") else {})}
     return history
 
 
