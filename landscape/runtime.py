@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from landscape import __version__
 from landscape.errors import UsageError
 
 if TYPE_CHECKING:
@@ -142,6 +141,7 @@ def use_portable() -> None:
     UsageError that says how to start it. ``$LANDSCAPE_PORTABLE=1`` calls it when ``landscape`` is imported and
     ``landscape --portable`` before the command."""
     global _PORTABLE
+    before = {key: os.environ.get(key) for key in (*PORTABLE_SETTINGS, PORTABLE_ENV)}
     for key, value in PORTABLE_SETTINGS.items():  # read by a library when it loads: only before it is
         if ("numpy" if key.startswith(("NPY_", "OPENBLAS_")) else "torch") not in sys.modules:
             os.environ[key] = value
@@ -149,7 +149,12 @@ def use_portable() -> None:
     import torch
 
     problems = [p for p in _portable_problems(torch) if not p.startswith("torch uses")]
-    if problems:
+    if problems:  # refused: the environment is left as it was (a later command of this process is not portable)
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         more = f" and {len(problems) - 3} more" if len(problems) > 3 else ""
         raise UsageError(f"portable mode must be chosen before torch and numpy are loaded, and this process loaded "
                          f"them without it ({', '.join(problems[:3])}{more}): start the process with "
@@ -198,6 +203,12 @@ def portable_mode() -> bool:
     changed since): what every run and result records."""
     torch = sys.modules.get("torch")
     return _PORTABLE and (torch is None or not _portable_problems(torch))
+
+
+def _version() -> str:
+    """``landscape.__version__``: the package is loaded whenever this module is (its parent), so it is read from
+    there rather than imported (``landscape`` imports this module when it starts in portable mode)."""
+    return sys.modules["landscape"].__version__
 
 
 def seed_everything(seed: int) -> torch.Generator:
@@ -254,8 +265,8 @@ def code_version() -> str:
             capture_output=True, text=True, timeout=5, check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return __version__
-    return f"{__version__}+g{commit}{'.dirty' if dirty else ''}"
+        return _version()
+    return f"{_version()}+g{commit}{'.dirty' if dirty else ''}"
 
 
 def die_with_parent(parent: int | None = None, interval: float = 0.5) -> None:

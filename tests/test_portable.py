@@ -29,10 +29,7 @@ PORTABLE_SUITE = runtime.portable_mode()  # the whole suite runs in portable mod
 # Train LeNet on a fifth of digits for an epoch, interpolate between init and the end, print a hash of both.
 JOB = """
 import hashlib, sys
-import numpy as np
-from cli.main import main
-from landscape.results import read_result
-from landscape.store import Store
+from cli.main import main  # loads neither torch nor numpy: --portable pins their kernels first
 try:
     main(sys.argv[1:] + ["-q", "--root", "ck", "train", "--model", "lenet", "--data", "digits", "--subset", "0.2",
                          "--epochs", "1", "--batch-size", "16", "--run", "r"])
@@ -42,6 +39,9 @@ try:
     main(sys.argv[1:] + ["-q", "--root", "ck", "interpolate", "r@init", "r@last", "--points", "3", "--no-figure", "-o", "i.h5"])
 except SystemExit as exit_:
     assert exit_.code == 0
+import numpy as np
+from landscape.results import read_result
+from landscape.store import Store
 weights = Store("ck").load("r@last").state_dict
 result = read_result("i.h5")
 digest = hashlib.sha256()
@@ -98,6 +98,7 @@ def test_use_portable_pins_the_kernels_before_torch_loads(tmp_path):
 
 @pytest.mark.skipif(PORTABLE_SUITE, reason="this process was started in portable mode")
 def test_portable_mode_once_torch_is_loaded_is_refused_with_how_to_start_it(capsys):
+    environment = dict(os.environ)
     with pytest.raises(runtime.UsageError, match="must be chosen before torch and numpy are loaded"):
         runtime.use_portable()
     assert not runtime.portable_mode() and torch.backends.mkldnn.enabled
@@ -106,6 +107,9 @@ def test_portable_mode_once_torch_is_loaded_is_refused_with_how_to_start_it(caps
     assert code == 2 and out == "" and err.count("\n") == 1
     assert err.startswith("error: portable mode must be chosen before torch and numpy are loaded") and \
         "start the process with LANDSCAPE_PORTABLE=1" in err and "torch runs its" in err
+    assert dict(os.environ) == environment  # refused, it leaves nothing behind: the next command is a normal one
+    assert run_cli("privacy", "--noise-multiplier", "1", "--sample-rate", "0.01", "--steps", "10",
+                   capsys=capsys)[0] == 0
 
 
 def test_portable_mode_computes_on_this_machines_cpus_only(monkeypatch, capsys):
