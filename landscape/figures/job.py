@@ -23,7 +23,7 @@ from landscape.figures import figures
 from landscape.figures.recipe import SCALES
 from landscape.options import option
 
-_COMMAND_ONLY = ("names", "listing", "out", "workers", "scheduler")
+_COMMAND_ONLY = ("names", "listing", "out", "workers", "scheduler", "compare")
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,9 @@ class FigureJob:
     rerun: bool = option(False, "Make finished recipes again (their trained runs are still reused).")
     scheduler: str | None = option(None, "Run the analyses' parallel parts on this Dask scheduler instead of "
                                          "--workers.", kind="scheduler")
+    compare: str | None = option(None, "Compare each recipe's verdict with its summary in this folder (e.g. the "
+                                       "gallery made on another machine or kernels): per part both outcomes and "
+                                       "p-values, and which moved.", kind="directory")
     recipe: str | None = option(None, "The recipe of a batch job.", cli=False)
 
     def validate(self) -> FigureJob:
@@ -84,7 +87,8 @@ def _command(job: FigureJob, *, root: Path, progress: bool | None, report: Calla
         report(scheduler_note(job.scheduler))
     try:
         made = figures(list(job.names), scale=job.scale, out=job.out, root=root, workers=job.workers,
-                       data_root=job.data_root, rerun=job.rerun, scheduler=job.scheduler, report=display.note)
+                       data_root=job.data_root, rerun=job.rerun, scheduler=job.scheduler, report=display.note,
+                       compare=job.compare)
     except RecipeError as exc:
         exc.partial = Figures(made=exc.made)
         raise
@@ -97,13 +101,16 @@ def _notes(done: Figures) -> list[str]:
     for m in done.made:
         lines.append(f"{m.name} [{m.scale}] {'skipped (finished)' if m.skipped else 'made'}: {m.path}")
         lines.append(f"  {dataclasses.replace(m.verdict, note='').line()}")
+    for m in done.made:
+        lines += m.comparison.lines() if m.comparison is not None else []
     return lines + ([f"gallery: {done.gallery}"] if done.gallery is not None else [])
 
 
 def _details(done: Figures) -> dict[str, Any]:
     """``--json``: the recipe list, or each recipe made (or skipped) with its verdict, and the gallery page."""
     made = [{"name": m.name, "scale": m.scale, "skipped": m.skipped, "path": str(m.path), "held": m.verdict.held,
-             "verdict": dataclasses.replace(m.verdict, note="").line()} for m in done.made]
+             "verdict": dataclasses.replace(m.verdict, note="").line(),
+             **({"comparison": m.comparison.to_dict()} if m.comparison is not None else {})} for m in done.made]
     return {"recipes": made, "gallery": None if done.gallery is None else str(done.gallery), "listing": done.listing}
 
 

@@ -42,14 +42,18 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from landscape.atomic import atomic_write_hdf5
 from landscape.errors import DataError, UsageError
 from landscape.refs import Ref
-from landscape.runtime import code_version, portable_mode
+from landscape.runtime import code_version, kernels, portable_mode
 from landscape.verdict import Verdict, inconclusive
+
+if TYPE_CHECKING:
+    from landscape.figures.compare import Comparison
 
 SCALES = ("test", "cpu", "paper")
 SYNTHETIC = ("digits", "gaussian-signal")  # bundled or generated: paper scale needs no files
@@ -326,6 +330,7 @@ class Made:
     path: Path
     figures: list[Path]
     skipped: bool = False
+    comparison: Comparison | None = None  # figures(compare=...): this summary against the reference's
 
 
 def gate_numbers(checked: list[GateResult]) -> dict[str, np.ndarray]:
@@ -494,7 +499,7 @@ def make(recipe: Recipe, *, scale: str = "cpu", out: str | Path = "figures-out",
                        gate_parts=json.dumps(ctx.part_runs), needs=json.dumps(recipe.needs),
                        verdict=json.dumps(verdict.to_dict()), sensitivity=json.dumps(sensitivity),
                        figures=json.dumps([str(p) for p in figures]),
-                       seconds=seconds, landscape_version=code_version(), portable=portable_mode(),
+                       seconds=seconds, landscape_version=code_version(), portable=portable_mode(), kernels=kernels(),
                        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
 
     atomic_write_hdf5(path, fill)
