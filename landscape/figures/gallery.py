@@ -175,8 +175,8 @@ def write_gallery(out: str | Path, scale: str = "cpu") -> Path:
         after = rest.split(END, 1)[1].lstrip("\n")
         new = before + text + ("\n" + after if after else "")
     else:
-        intro = (f"# Paper figures at `--scale {scale}`\n\nRegenerate with `make figures` (= `landscape figures all "
-                 f"--scale {scale} --out {out}/`); finished recipes with unchanged settings are skipped.\n\n")
+        intro = (f"# Paper figures at `--scale {scale}`\n\nRegenerate with `landscape --portable figures all "
+                 f"--scale {scale} --out {out}/` (the same bits on any x86-64 CPU); finished recipes with unchanged settings are skipped.\n\n")
         new = (old + "\n" if old else intro) + text
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda tmp: tmp.write_text(new))
