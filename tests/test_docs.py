@@ -140,7 +140,7 @@ def run_landscape(argv: list[str]) -> tuple[int, str]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         try:
-            main(["--threads", "1", *argv])
+            main(["--threads", "1", "--quiet", *argv])  # progress lines depend on the machine's speed: pages omit them
             code = 0
         except SystemExit as exit_:
             code = exit_.code if isinstance(exit_.code, int) else 1
