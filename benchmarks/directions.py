@@ -55,7 +55,8 @@ def main() -> None:
     from loss_landscapes.metrics import Loss
 
     from landscape.analyze.directions import random_profiles
-    from landscape.analyze.surface import SurfaceConfig, compute_surface, random_plane
+    from landscape.analyze.specs import SurfaceConfig
+    from landscape.analyze.surface import compute_surface, random_plane
     from landscape.models import build_model
     from landscape.params import ParamSpace
 

@@ -86,8 +86,8 @@ def eigen_methods(model, x, y, out: dict, faults: dict):
     from pyhessian import hessian
     from pyhessian.utils import hessian_vector_product
 
-    from landscape.analyze.hessian import top_eigenvalues
     from landscape.curvature import HessianOperator
+    from landscape.spectral import top_eigenvalues
 
     def counting(name, fn):
         def run():
@@ -140,8 +140,8 @@ def main() -> None:
         sys.exit(1)
     import torch
 
-    from landscape.analyze.hessian import top_eigenvalues
     from landscape.curvature import HessianOperator
+    from landscape.spectral import top_eigenvalues
 
     for name in args.models.split(","):
         model, x, y = case(name)

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from landscape.results import to_jsonable
+from landscape.jsonable import to_jsonable
 
 
 def root_of(ctx: click.Context) -> str:

@@ -8,8 +8,9 @@ import time
 import click
 
 from cli.common import echo_json, echo_table, json_option
-from cli.options import Count, FiniteFloat, run_api
+from cli.options import Count, DeviceType, FiniteFloat, run_api
 from landscape.bounds import DIRECTIONS_MAX, POINTS_MAX
+from landscape.options import DEVICE_HELP
 
 
 @click.command()
@@ -23,10 +24,11 @@ from landscape.bounds import DIRECTIONS_MAX, POINTS_MAX
 @click.option("--directions", "n_directions", type=Count(min=1, max=DIRECTIONS_MAX), default=50, show_default=True)
 @click.option("--points", type=Count(min=2, max=POINTS_MAX), default=30, show_default=True,
               help="Points per interpolation path and per direction profile.")
+@click.option("--device", type=DeviceType(), default="auto", show_default=True, help=DEVICE_HELP)
 @json_option
 @click.pass_context
 def demo(ctx: click.Context, out_dir: str, epochs: int, ks: str, copies: int, target_epsilon: float,
-         n_directions: int, points: int, as_json: bool) -> None:
+         n_directions: int, points: int, device: str, as_json: bool) -> None:
     """Phase-1 SGD, Phase-2 SGD and DP-SGD siblings on digits; their interpolations, instabilities,
     random-direction profiles and figures (Watson et al. Figs. 4-8 at CPU scale)."""
     from landscape.api.demo_job import DemoConfig
@@ -42,7 +44,7 @@ def demo(ctx: click.Context, out_dir: str, epochs: int, ks: str, copies: int, ta
     root = ctx.find_root().params.get("root")
     explicit_root = ctx.find_root().get_parameter_source("root").name != "DEFAULT"
     config = DemoConfig(epochs=epochs, ks=k_values, copies=copies, target_epsilon=target_epsilon,
-                        directions=n_directions, points=points)
+                        directions=n_directions, points=points, device=device)
     start = time.perf_counter()
     result = run_api(lambda: run_demo(out_dir, root=root if explicit_root else None, config=config))
     seconds = time.perf_counter() - start

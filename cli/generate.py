@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-import warnings
 from typing import Any
 
 import click
@@ -38,12 +37,9 @@ from cli.options import (
     scheduler_help,
     scheduler_option,
 )
-from landscape.analyze.registry import Analysis, get, parallel
+from landscape.analyze.registry import Analysis, get
 from landscape.bounds import is_seed
-from landscape.options import cli_fields, flag_of, flags_of, hints, old_flags, split_optional
-
-ARGUMENTS = {"checkpoint": [("ref", 1)], "pair": [("ref_a", 1), ("ref_b", 1)], "pairs": [("runs", -1)], "target": [("target", 1)],
-             "targets": [("targets", -1)]}
+from landscape.options import cli_fields, flags_of, hints, split_optional
 
 
 def param_type(f: dataclasses.Field, hint: Any) -> dict[str, Any]:
@@ -57,7 +53,7 @@ def param_type(f: dataclasses.Field, hint: Any) -> dict[str, Any]:
     members, _ = split_optional(hint)
     base = members[0] if len(members) == 1 else None
     if kind == "subset":
-        return {"type": SubsetType()}
+        return {"type": SubsetType(meta)}
     if kind == "device":
         return {"type": DeviceType()}
     if kind in ("model", "data"):  # a registry name, an entry point or code (the registry is read when checked)
@@ -120,45 +116,9 @@ def field_option(f: dataclasses.Field, hint: Any):
     return click.option(*flags_of(f), f.name, help=help or None, **kwargs)
 
 
-def old_options(f: dataclasses.Field, hint: Any) -> list:
-    """Hidden click options for a renamed field's old flags (``--batch-size`` of ``chunk``): accepted for one
-    release, with a deprecation line (:func:`deprecated_values`)."""
-    out = []
-    for old, flag in old_flags(f):
-        kwargs = param_type(f, hint)
-        if not kwargs.get("is_flag"):
-            kwargs["default"] = None
-        out.append(click.option(flag, f"{OLD}{old}", hidden=True, **kwargs))
-    return out
-
-
-OLD = "_old_"  # the keyword prefix of a renamed field's hidden old option
-
-
-def deprecated_values(cls: type | None, kwargs: dict[str, Any], ctx: click.Context) -> dict[str, Any]:
-    """Pop the old flags' values out of ``kwargs``: field name -> value for those given (each with one
-    deprecation line); giving both the old and the new flag is a usage error."""
-    from landscape.errors import UsageError
-    from landscape.options import deprecated
-
-    out: dict[str, Any] = {}
-    for f in cli_fields(cls) if cls is not None else ():
-        for old, flag in old_flags(f):
-            value = kwargs.pop(f"{OLD}{old}", None)
-            if value is None or value == ():
-                continue
-            if ctx.get_parameter_source(f.name) == click.core.ParameterSource.COMMANDLINE:
-                raise UsageError(f"{flag} and {flag_of(f)} are the same option ({flag} is its old name); give "
-                                 f"{flag_of(f)} only")
-            deprecated(flag if flag.startswith("--") else f"{ctx.info_name} {flag}", flag_of(f))  # align -o
-            out[f.name] = value
-    return out
-
-
 def field_options(cls: type, f: dataclasses.Field) -> list:
-    """The click option of field ``f`` of dataclass ``cls`` and the hidden ones of its old flags."""
-    hint = hints(cls)[f.name]
-    return [field_option(f, hint), *old_options(f, hint)]
+    """The click option of field ``f`` of dataclass ``cls``."""
+    return [field_option(f, hints(cls)[f.name])]
 
 
 def config_options(cls: type | None) -> list:
@@ -168,13 +128,15 @@ def config_options(cls: type | None) -> list:
 def command(name: str) -> click.Command:
     """The click command of analysis ``name``."""
     spec = get(name)
+    arguments = spec.mode.arguments
+    variadic = spec.mode.most != len(arguments)
     config_names = [f.name for f in cli_fields(spec.config)]
     run_names = [f.name for f in cli_fields(spec.run_options)] if spec.run_options else []
     runner = []
-    if spec.inputs in ("pair", "pairs"):
+    if spec.mode.paired:
         runner.append(click.option("--data-from", type=click.Choice(["a", "b"]), default="a", show_default=True,
                                    help="When A and B were trained on different data: evaluate on A's or B's."))
-    if parallel(spec):
+    if spec.has_workers:
         runner.append(click.option("--workers", type=Count(min=1), default=1, show_default=True,
                                    help="Parallel worker processes (spawned, one torch thread each)."))
         runner.append(scheduler_option("Run the parallel parts on this Dask scheduler (workers need the same store "
@@ -185,16 +147,12 @@ def command(name: str) -> click.Command:
         ctx = click.get_current_context()
         if kwargs.get("scheduler") is None:
             kwargs.pop("scheduler", None)
-        refs = [kwargs.pop(arg) for arg, _ in ARGUMENTS[spec.inputs]]
-        if spec.inputs in ("pairs", "targets"):
+        refs = [kwargs.pop(arg) for arg, _ in arguments]
+        if variadic:
             refs = list(refs[0])
         as_json = kwargs.pop("as_json")
-        with warnings.catch_warnings():  # an old flag's deprecation line, shown as every warning is
-            warnings.showwarning = lambda message, *args, **kw: click.echo(f"warning: {message}", err=True)
-            warnings.simplefilter("always")
-            old = {**deprecated_values(spec.config, kwargs, ctx), **deprecated_values(spec.run_options, kwargs, ctx)}
-        values = {k: old.get(k, kwargs.pop(k)) for k in config_names}
-        run_values = {k: old.get(k, kwargs.pop(k)) for k in run_names}
+        values = {k: kwargs.pop(k) for k in config_names}
+        run_values = {k: kwargs.pop(k) for k in run_names}
         figure = not kwargs.pop("no_figure")
         if kwargs.get("scheduler") is not None:
             from landscape.api.execution import check_parallelism
@@ -211,8 +169,8 @@ def command(name: str) -> click.Command:
         report(spec, run_api(call), as_json)
 
     f = add_options(config_options(spec.config) + config_options(spec.run_options) + runner, callback)
-    for arg, nargs in reversed(ARGUMENTS[spec.inputs]):
-        f = click.argument(arg, nargs=nargs)(f)
+    for arg, _ in reversed(arguments):
+        f = click.argument(arg, nargs=-1 if variadic else 1)(f)
     return click.command(name, help=spec.doc)(f)
 
 

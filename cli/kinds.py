@@ -3,7 +3,7 @@
 One argument per field the spec names in ``arguments`` (typed by its :func:`option` metadata; a tuple field takes
 any number), one option per other field of the kind's dataclasses (``JobKind.option_fields``) with :func:`option`
 metadata (help, flag, choices, bounds, type, environment variable as for an analysis' options:
-:func:`cli.generate.field_option`; old flags hidden, with their deprecation line), then ``--json``. The command
+:func:`cli.generate.field_option`), then ``--json``. The command
 checks which options were given (the spec's ``given``), builds the kind's configuration, runs it (the spec's
 ``command``, else ``run``, on the store of the global ``--root``; progress on stderr unless ``landscape --quiet``,
 report lines on stderr), prints the spec's ``rows`` as a table and its ``notes`` after it; ``--json`` prints
@@ -20,7 +20,7 @@ from typing import Any
 import click
 
 from cli.common import echo_json, echo_table, json_option, root_of
-from cli.generate import deprecated_values, field_options, param_type
+from cli.generate import field_options, param_type
 from cli.options import add_options, run_api
 from landscape.errors import LandscapeError
 from landscape.options import hints, split_optional
@@ -33,7 +33,6 @@ def command(name: str) -> click.Command:
 
     spec = kinds.get(name)
     fields = [(cls, f) for cls, f in spec.option_fields() if f.metadata.get("cli", False)]
-    classes = list(dict.fromkeys(cls for cls, _ in fields))
 
     def callback(**kwargs: Any) -> None:
         ctx = click.get_current_context()
@@ -45,8 +44,6 @@ def command(name: str) -> click.Command:
             source = click.core.ParameterSource.COMMANDLINE
             run_api(lambda: spec.given({p.name: p.opts[0] for p in ctx.command.params
                                         if p.name != "as_json" and ctx.get_parameter_source(p.name) == source}))
-        for cls in classes:  # a renamed option's old flag
-            kwargs.update(run_api(lambda cls=cls: deprecated_values(cls, kwargs, ctx)))
         config = run_api(lambda: spec.configure(kwargs))
         try:
             result = run_api(lambda: spec.execute(config, root=Path(root_of(ctx)),  # progress: landscape --quiet's

@@ -139,7 +139,7 @@ def interrupted(argv: list[str], command: str | None, exc: BaseException | None)
     """The line for Ctrl-C: ``interrupted``, and the exact command that continues the work where there is one: the
     same command again for :data:`RESUMED_BY_RERUN`, else what the interrupted code attached as a note (a training
     run's ``train --resume``)."""
-    if command in RESUMED_BY_RERUN and "--no-resume" not in argv:
+    if command in RESUMED_BY_RERUN and "--restart" not in argv:
         return f"interrupted; continue where it stopped with the same command: {shlex.join(['landscape', *argv])}"
     notes = [n for n in getattr(exc, "__notes__", ()) if n.startswith("continue it with: ")]
     return f"interrupted; {notes[-1]}" if notes else "interrupted"

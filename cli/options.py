@@ -19,7 +19,7 @@ from typing import Any
 import click
 
 from landscape.bounds import COUNT_MAX, SCHEDULER_TIMEOUT_S, SEED_MAX
-from landscape.options import OptionError, coerce
+from landscape.options import SOURCE_HELP, OptionError, coerce
 from landscape.progress import echo
 
 
@@ -36,14 +36,9 @@ class Coerced(click.ParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         flag = param.opts[0] if param is not None and param.opts else "value"
         try:
-            with warnings.catch_warnings(record=True) as caught:  # an old choice's deprecation line
-                warnings.simplefilter("always")
-                value = coerce(value, self.annotation, self.meta, flag=flag, name=self.field_name)
+            return coerce(value, self.annotation, self.meta, flag=flag, name=self.field_name)
         except OptionError as exc:
             self.fail(exc.reason, param, ctx)
-        for warning in caught:
-            click.echo(f"warning: {warning.message}", err=True)
-        return value
 
 
 class SubsetType(Coerced):
@@ -53,7 +48,12 @@ class SubsetType(Coerced):
     name = "N|FRACTION"
     # the declared range of its values, as click's number ranges state theirs: counts >= 1 or fractions in (0, 1]
     min, max, min_open, max_open = 0, COUNT_MAX, True, False
-    annotation, meta = int | float | None, {"kind": "subset"}
+    annotation = int | float | None
+
+    def __init__(self, meta: dict[str, Any] | None = None):
+        self.meta = {**(meta or {}), "kind": "subset"}
+        if self.meta.get("min") is not None:  # counts from this one (0: none, norms)
+            self.min, self.min_open = self.meta["min"], False
 
 
 def _bounds(min: float | None, max: float | None, min_open: bool, max_open: bool) -> dict[str, Any]:
@@ -92,10 +92,6 @@ class SourceName(click.ParamType):
     def __init__(self, registry: str, group: str, data: bool = False):
         self.registry, self.group, self.data = registry, group, data
         self.name = "NAME|module:factory|file.py:factory" + ("|FILE.npz|FILE.h5" if data else "")
-
-    def get_metavar(self, *args: Any, **kwargs: Any) -> str:  # the registry's names in --help, read when shown
-        extra = "|imagefolder|FILE.npz|FILE.h5" if self.data else ""
-        return f"[{'|'.join(self.known())}{extra}|module:factory|file.py:factory]"
 
     def known(self) -> tuple[str, ...]:
         import importlib
@@ -221,7 +217,7 @@ def add_options(options: list[Callable], func: Callable | None = None) -> Callab
 
 
 data_root_option = click.option("--data-root", type=click.Path(file_okay=False), default=None,
-                                help="Where torchvision data sets live (default $LANDSCAPE_DATA).")
+                                help=SOURCE_HELP["data_root"])
 no_figure_option = click.option("--no-figure", is_flag=True, help="Write the result file only.")
 
 

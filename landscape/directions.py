@@ -31,10 +31,9 @@ import numpy as np
 import torch
 
 from landscape.errors import NonFiniteError, UsageError
+from landscape.options import BIASBN, NORMALIZATIONS
 from landscape.params import ParamSpace
 
-NORMALIZATIONS = ("none", "filter", "layer")
-BIASBN = ("zero", "copy", "random")
 _BLOCK = 1 << 20  # columns per float64 block in Gram computations
 
 

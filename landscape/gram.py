@@ -39,7 +39,7 @@ blocks of sample pairs are computed from re-captured chunks; per-layer work is s
 
 Precision: blocks are returned in ``dtype`` (float64). ``precision="auto"`` sums bias / norm gradients over
 positions in float64 and forms the Gram products of small tensors (<= ``SMALL_PARAM`` elements) in float64,
-large contractions in the model's dtype; ``"double"`` does every contraction in float64; ``"single"``
+large contractions in the model's dtype; ``"float64"`` does every contraction in float64; ``"float32"``
 everything in the model's dtype. The accuracy of a float32 model is limited by its float32 backward pass
 itself (measured on resnet18/GroupNorm: total K to ~2e-5, single GroupNorm-bias blocks to ~3e-3 relative);
 run the model in float64 (``model.double()``, ``--precision float64`` in the CLI) when per-layer blocks of
@@ -62,6 +62,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from landscape.errors import ModelError, UsageError
+from landscape.options import GRAM_STRATEGIES, KERNELS, PRECISIONS
 from landscape.persample import (
     Capture,
     Handler,
@@ -74,17 +75,14 @@ from landscape.persample import (
     refuse_batchnorm,
 )
 
-KINDS = ("loss-grad", "output", "output-trace")
-STRATEGIES = ("auto", "hooks", "materialize", "ghost", "functorch")
-PRECISIONS = ("auto", "double", "single")
 DEFAULT_MAX_MEMORY = 4 * 1024**3
 # parameter tensors with at most this many elements get float64 contractions under precision="auto"
 SMALL_PARAM = 16384
 
 __all__ = [
     "DEFAULT_MAX_MEMORY",
-    "KINDS",
-    "STRATEGIES",
+    "KERNELS",
+    "GRAM_STRATEGIES",
     "gram_blocks",
     "gram_tiles",
     "layer_names",
@@ -181,10 +179,10 @@ def gram_blocks(
 
 def _checked_engine(model, x, y, kind, strategy, dtype, max_memory, layers, precision) -> _Engine:
     """The engine for these options, after the checks every entry point shares (one-line UsageErrors)."""
-    if kind not in KINDS:
-        raise UsageError(f"unknown kernel kind '{kind}' (choose from {', '.join(KINDS)})")
-    if strategy not in STRATEGIES:
-        raise UsageError(f"unknown strategy '{strategy}' (choose from {', '.join(STRATEGIES)})")
+    if kind not in KERNELS:
+        raise UsageError(f"unknown kernel kind '{kind}' (choose from {', '.join(KERNELS)})")
+    if strategy not in GRAM_STRATEGIES:
+        raise UsageError(f"unknown strategy '{strategy}' (choose from {', '.join(GRAM_STRATEGIES)})")
     if precision not in PRECISIONS:
         raise UsageError(f"unknown precision '{precision}' (choose from {', '.join(PRECISIONS)})")
     refuse_batchnorm(model, as_eval=True)  # the blocks are computed in eval mode
@@ -260,16 +258,16 @@ class _Engine:
     @property
     def contract_dtype(self) -> torch.dtype:
         """dtype of per-sample gradient / ghost contractions of weight layers."""
-        return torch.float64 if self.precision == "double" else self.model_dtype
+        return torch.float64 if self.precision == "float64" else self.model_dtype
 
     @property
     def reduce_dtype(self) -> torch.dtype:
         """dtype in which bias / norm per-sample gradients are summed over positions."""
-        return self.model_dtype if self.precision == "single" else torch.float64
+        return self.model_dtype if self.precision == "float32" else torch.float64
 
     def cdtype(self, name: str) -> torch.dtype:
         """dtype of the Gram products G_r G_r^T of parameter ``name``."""
-        if self.precision == "double" or (self.precision == "auto" and self.params[name].numel() <= SMALL_PARAM):
+        if self.precision == "float64" or (self.precision == "auto" and self.params[name].numel() <= SMALL_PARAM):
             return torch.float64 if self.dtype == torch.float64 else self.dtype
         return self.model_dtype
 

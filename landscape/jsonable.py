@@ -1,5 +1,5 @@
 """Plain JSON values from numpy/torch scalars, arrays, paths and dataclasses (:func:`to_jsonable`), and
-:func:`is_tensor` without importing torch. Below the store (manifests) and the results (attrs)."""
+:func:`is_tensor` without importing torch (or numpy). Below the store (manifests) and the results (attrs)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ import os
 import sys
 from collections.abc import Mapping
 from typing import Any
-
-import numpy as np
 
 
 def is_tensor(value: Any) -> bool:
@@ -30,9 +28,10 @@ def to_jsonable(value: Any) -> Any:
         return [to_jsonable(v) for v in value]
     if is_tensor(value):
         return to_jsonable(value.detach().cpu().numpy())
-    if isinstance(value, np.ndarray):
+    np = sys.modules.get("numpy")  # an array exists only once numpy is imported: the command line may not need it
+    if np is not None and isinstance(value, np.ndarray):
         return to_jsonable(value.tolist())
-    if isinstance(value, np.generic):
+    if np is not None and isinstance(value, np.generic):
         return to_jsonable(value.item())
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)

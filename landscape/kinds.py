@@ -144,8 +144,8 @@ def _signature(spec: JobKind) -> tuple[inspect.Signature, str]:
 
 # ------------------------------------------------------------------------------ analyses as job kinds
 
-# runner.run keyword arguments every analysis takes (besides its config fields and run options)
-RUNNER_OPTIONS = {"figure": "bool", "data_root": "str | None", "download": "bool"}
+# the runner's keyword arguments a batch job of an analysis may give (besides its config fields and run options)
+BATCH_RUNNER_OPTIONS = ("figure", "data_root", "download")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,36 +158,35 @@ class AnalysisJob:
 
 def _analysis_kind(name: str) -> JobKind:
     from landscape.analyze.registry import get as analysis
+    from landscape.api.runner import RUNNER_OPTIONS
 
     spec = analysis(name)
+    runner = (*BATCH_RUNNER_OPTIONS, *(("data_from",) if spec.mode.paired else ()))
 
-    def option_types() -> dict[str, str]:
-        options = {"refs": "str | list[str]", **RUNNER_OPTIONS, **fields_of(spec.config)}
-        if spec.inputs in ("pair", "pairs"):
-            options["data_from"] = "str"
+    def option_types() -> dict[str, Any]:
+        options = {"refs": "str | list[str]", **{k: RUNNER_OPTIONS[k][0] for k in runner}, **fields_of(spec.config)}
         if spec.run_options is not None:
             options.update(fields_of(spec.run_options))
         return options
 
     def build(options: dict[str, Any]) -> AnalysisJob:
-        from landscape.analyze.registry import config_with
         from landscape.errors import UsageError
+        from landscape.options import build
 
         options = dict(options)
         refs = options.pop("refs", [])
         refs = [refs] if isinstance(refs, str) else list(refs)
-        count = {"checkpoint": 1, "pair": 2, "target": 1}.get(spec.inputs)
-        if count is not None and len(refs) != count:
-            raise UsageError(f"'refs': {name} takes {count} reference(s), got {len(refs)}")
-        if spec.inputs == "targets" and not refs:
-            raise UsageError(f"'refs': {name} needs at least one reference")
+        least, most = spec.mode.least, spec.mode.most
+        if len(refs) < least or (most is not None and len(refs) > most):
+            wanted = f"{least}" if most == least else f"at least {least}"
+            raise UsageError(f"'refs': {name} takes {wanted} reference(s), got {len(refs)}")
         rest = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
-        config_options = {k: v for k, v in rest.items() if k not in (*RUNNER_OPTIONS, "data_from")}
+        config_options = {k: v for k, v in rest.items() if k not in runner}
         run_fields = {f.name for f in dataclasses.fields(spec.run_options)} if spec.run_options else set()
         run_opts = {k: config_options.pop(k) for k in list(config_options) if k in run_fields}
         if spec.run_options is not None:
             spec.run_options(**run_opts)
-        config_with(spec.config, None, config_options)
+        build(spec.config, config_options)
         return AnalysisJob(tuple(refs), rest)
 
     def run(job: AnalysisJob, *, root: Path, out: Path | None) -> Any:
@@ -195,8 +194,9 @@ def _analysis_kind(name: str) -> JobKind:
 
         options = dict(job.options)
         out = Path(out) if out is not None else Path("results")
-        if options.get("pair_dir"):  # instability's shared per-pair files: relative to the results directory
-            options["pair_dir"] = str(out.parent / options["pair_dir"])
+        detail_dir = spec.mode.detail_dir
+        if detail_dir and options.get(detail_dir):  # per-pair files shared by jobs: relative to the results directory
+            options[detail_dir] = str(out.parent / options[detail_dir])
         return run_analysis(name, list(job.refs), root=root, output=out / f"{name}.h5", workers=1, **options)
 
     def outcome(result: Any, root: Path, out: Path | None) -> tuple[dict[str, Any], list[Path]]:
@@ -208,8 +208,8 @@ def _analysis_kind(name: str) -> JobKind:
         numbers = {k: v.item() if hasattr(v, "item") else v for k, v in attrs.items() if _is_number(v)}
         return numbers, files_under(out if out is not None else path.parent)
 
-    return JobKind(name=name, config=spec.config, run=run, doc=spec.doc, required=() if spec.inputs == "pairs"
-                   else ("refs",), build=build, outcome=outcome, options=option_types, rows=spec.rows,
+    return JobKind(name=name, config=spec.config, run=run, doc=spec.doc, required=("refs",) if spec.mode.least
+                   else (), build=build, outcome=outcome, options=option_types, rows=spec.rows,
                    notes=spec.notes, details=spec.details,
                    fields=tuple((cls, ()) for cls in (spec.config, spec.run_options) if cls is not None))
 

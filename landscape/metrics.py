@@ -27,12 +27,14 @@ import json
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from landscape import plugins
 from landscape.errors import LandscapeError, UsageError, one_line
+from landscape.hashing import sha256_file
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: Built-in metric names -> (module, class, default keyword arguments); our own code, imported directly.
 BUILTIN: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -228,7 +230,7 @@ def describe_object(metric: Any) -> dict[str, Any]:
     except TypeError:
         path = None
     return {"ref": str(MetricObject(metric)), "kind": "object", "class": f"{kind.__module__}:{kind.__qualname__}",
-            "file": path, "sha256": plugins.sha256_file(path) if path else None}
+            "file": path, "sha256": sha256_file(path) if path else None}
 
 
 class _Guarded:
@@ -262,6 +264,8 @@ class _Guarded:
 def point_values(bound: Sequence[Bound], finished: Mapping[str, Any], loss: Any) -> dict[str, np.ndarray]:
     """Column -> float64 ``(P,)`` from the metrics' ``finish`` values (``EvalResult.metrics``), checked: one
     number per point, finite wherever ``loss`` (``(P,)``) is finite (a diverged point may give NaN)."""
+    import numpy as np
+
     loss = np.asarray(loss.cpu().numpy() if hasattr(loss, "cpu") else loss, dtype=np.float64).reshape(-1)
     points = loss.size
     out: dict[str, np.ndarray] = {}
@@ -281,6 +285,8 @@ def point_values(bound: Sequence[Bound], finished: Mapping[str, Any], loss: Any)
 
 
 def _numbers(label: str, col: str, value: Any, points: int, loss: np.ndarray) -> np.ndarray:
+    import numpy as np
+
     if hasattr(value, "detach"):
         value = value.detach().cpu().numpy()
     try:

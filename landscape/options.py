@@ -10,10 +10,8 @@ and then ``validate()`` (checks that span fields) runs, once. :func:`build` make
 (the api function's keywords, a batch job's options, the command line's values), naming unknown ones in one
 line; :func:`from_params` rebuilds one from a result file's stored ``params``.
 
-Renamed options keep working for one release: ``option(..., renamed_from=("batch_size",))`` accepts the old
-keyword (api, batch spec) and flag (``--batch-size``) with one :class:`OptionDeprecationWarning` line, and a
-result file that stored the old name reads back; ``value_aliases={"double": "float64"}`` does the same for
-renamed choices. The vocabulary (one name per meaning) is the table in docs/ARCHITECTURE.md.
+The vocabulary (one name per meaning) is the table in docs/ARCHITECTURE.md; a renamed option is announced in
+CHANGELOG.md, not kept under its old name.
 
 This module imports nothing heavy (the command line reads it before torch is loaded).
 """
@@ -26,7 +24,6 @@ import functools
 import math
 import types
 import typing
-import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -41,16 +38,34 @@ KINDS = ("subset", "device", "text", "metrics", "model", "data", "json", "direct
 # the help of the model and data-set options (field name -> help), the same in every command that builds a model
 # for a data set (train, phases, import)
 SOURCE_HELP = {
-    "data": "Data set: a name, a torchvision set by name (svhn, kmnist, ...) or imagefolder (both with --data-root), "
+    "data": "Data set: a built-in name (docs/data-models.md), a torchvision set by name (svhn, kmnist, ...) or imagefolder (both with --data-root), "
             "a .npz/.h5 tensor file, or module:factory / file.py:factory.",
     "data_kwargs": 'Data set options as a JSON object, e.g. \'{"ds": 10, "dn": 90}\'.',
     "subset": "Train on a stratified subset: a count or a fraction of the train split.",
-    "data_root": "Directory holding torchvision data sets (mnist, cifar10, ...).",
+    "data_root": "Where torchvision data sets live (default $LANDSCAPE_DATA).",
     "download": "Download a torchvision data set into --data-root if absent.",
-    "model": "Model: a name, or module:factory / file.py:factory (called with input_shape, num_classes and "
+    "model": "Model: a built-in name (docs/data-models.md), or module:factory / file.py:factory (called with input_shape, num_classes and "
              "--model-kwargs).",
     "model_kwargs": 'Model options as a JSON object, e.g. \'{"norm": "batch"}\'.',
 }
+# the values of options that a lower layer checks (the numerics) and the configs offer
+SPLITS = ("train", "test")
+EVAL_METHODS = ("auto", "loop", "plain", "vmap")  # landscape.evaluate's engines
+EVAL_CHUNK = 1000  # examples per forward pass of landscape.evaluate
+KERNELS = ("loss-grad", "output", "output-trace")  # landscape.gram's kernels
+GRAM_STRATEGIES = ("auto", "hooks", "materialize", "ghost", "functorch")
+PRECISIONS = ("auto", "float64", "float32")  # of products: landscape.gram's; the Hessian's without auto
+NORMALIZATIONS = ("none", "filter", "layer")  # of random directions (landscape.directions)
+BIASBN = ("zero", "copy", "random")  # 1-D tensors of normalised random directions
+
+# the help of the options that mean the same in every command (one vocabulary: tests/test_vocabulary.py)
+SUBSET_HELP = "Examples used: a count, or a fraction of the split (a seeded stratified draw)."
+SUBSET_SEED_HELP = "Seed of the examples' draw (--subset)."
+CHUNK_HELP = "Examples per pass: bounds memory; results do not depend on it beyond float rounding."
+DEVICE_HELP = "auto (CUDA when available, else CPU), cpu, cuda or cuda:N."
+CLIP_STYLE_HELP = "flat: one norm per sample; layerwise: one per layer (parameter tensor)."
+CLIP_FN_HELP = "Clipping function (Bu et al. Sec. 2.2): abadi min(1, C/|g|), automatic, normalize or global."
+
 # keys of --data-kwargs / --model-kwargs that are options of their own, or come from the data set
 DATA_RESERVED = ("name", "subset", "data_root", "download")
 MODEL_RESERVED = ("input_shape", "num_classes")
@@ -75,16 +90,11 @@ class OptionError(UsageError):
         self.flag, self.reason = flag, reason
 
 
-class OptionDeprecationWarning(FutureWarning):
-    """A renamed option or value used by its old name (shown by default; accepted for one more release)."""
-
-
 def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | tuple[str, ...] | None = None,
            choices: tuple | None = None, metavar: str | None = None, min: float | None = None,
            max: float | None = None, min_open: bool = False, max_open: bool = False, kind: str | None = None,
            cli: bool = True, show_default: Any = True, default_factory: Callable | None = None,
-           renamed_from: tuple[str, ...] = (), value_aliases: Mapping[str, str] | None = None,
-           old_flags: tuple[str, ...] = (), envvar: str | None = None, required: bool = False) -> Any:
+           envvar: str | None = None, required: bool = False) -> Any:
     """A config dataclass field with its option in the field's metadata.
 
     The type comes from the annotation: ``int``/``float`` (finite; ``min``/``max`` bounds, ``min_open`` /
@@ -96,18 +106,14 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | tu
     REF``), ``"model"`` / ``"data"`` (a model or data set name, or code: ``module:factory``), ``"json"`` (a JSON
     object: a mapping, or its text on the command line), ``"directory"`` / ``"file"`` (a path), ``"scheduler"`` (a
     Dask scheduler address, checked where it is used). ``flag`` overrides ``--field-name`` (a tuple adds aliases such as ``("--max-grad-norm", "-C")``);
-    ``cli=False`` keeps a field off the command line (api only). ``renamed_from``: the field's old names,
-    still accepted with a deprecation line; ``value_aliases``: old choice -> new choice, likewise; ``old_flags``:
-    earlier command-line flags that were no option name (align's ``-o``), likewise on the command line only.
-    ``envvar``: the environment variable the command line reads when the flag is not given; ``required``: the
+    ``cli=False`` keeps a field off the command line (api only). ``envvar``: the environment variable the command line reads when the flag is not given; ``required``: the
     command line requires the flag although the field has a default for the api and batch specs (``phases --k``).
     """
     if kind is not None and kind not in KINDS:
         raise ValueError(f"option kind must be one of {KINDS}, got {kind!r}")
     meta = {"help": help, "flag": flag, "choices": choices, "metavar": metavar, "min": min, "max": max,
             "min_open": min_open, "max_open": max_open, "kind": kind, "cli": cli, "show_default": show_default,
-            "renamed_from": tuple(renamed_from), "value_aliases": dict(value_aliases or {}),
-            "old_flags": tuple(old_flags), "envvar": envvar, "required": required}
+            "envvar": envvar, "required": required}
     if default_factory is not None:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -136,47 +142,10 @@ def flag_of(f: dataclasses.Field) -> str:
     return flags_of(f)[0].split("/")[0]
 
 
-def old_flags(f: dataclasses.Field) -> tuple[tuple[str, str], ...]:
-    """``(name, flag)`` of each deprecated flag of a field: ``("batch_size", "--batch-size")`` for
-    ``renamed_from=("batch_size",)``, ``("o", "-o")`` for ``old_flags=("-o",)``."""
-    renamed = tuple((old, "--" + old.replace("_", "-")) for old in f.metadata.get("renamed_from", ()))
-    return renamed + tuple((flag.lstrip("-").replace("-", "_"), flag) for flag in f.metadata.get("old_flags", ()))
-
-
 @functools.cache
 def hints(cls: type) -> dict[str, Any]:
     """The resolved annotations of dataclass ``cls`` (they are strings under ``from __future__ import annotations``)."""
     return typing.get_type_hints(cls)
-
-
-@functools.cache
-def renames(cls: type) -> dict[str, str]:
-    """Old field name -> new field name for every renamed field of ``cls``."""
-    return {old: f.name for f in dataclasses.fields(cls) for old in f.metadata.get("renamed_from", ())}
-
-
-def deprecated(old: str, new: str, *, stacklevel: int = 3) -> None:
-    """The one deprecation line: ``old`` still works for this release; ``new`` is its name now."""
-    warnings.warn(f"{old} is deprecated and will be removed in the next release; use {new}",
-                  OptionDeprecationWarning, stacklevel=stacklevel)
-
-
-def renamed(cls: type, options: Mapping[str, Any], *, warn: bool = True) -> dict[str, Any]:
-    """``options`` with old names replaced by the fields' current ones (one deprecation line each when
-    ``warn``); an option given under both names is a UsageError."""
-    table = renames(cls)
-    out: dict[str, Any] = {}
-    for key, value in options.items():
-        new = table.get(key)
-        if new is None:
-            out[key] = value
-            continue
-        if new in options:
-            raise UsageError(f"{key!r} and {new!r} are the same option ({key} is its old name); give {new!r} only")
-        if warn:
-            deprecated(f"option {key!r}", f"{new!r}", stacklevel=4)
-        out[new] = value
-    return out
 
 
 # ------------------------------------------------------------------------------------------ coercion
@@ -253,10 +222,6 @@ def _choice(value: Any, meta: Mapping[str, Any], flag: str) -> str:
     if not isinstance(value, str):
         raise OptionError(flag, f"must be a string, got {value!r}")
     text = value.strip()
-    aliases = meta.get("value_aliases") or {}
-    if text in aliases:
-        deprecated(f"{flag} {text}", f"{flag} {aliases[text]}", stacklevel=6)
-        text = aliases[text]
     choices = meta.get("choices")
     if choices and text not in choices:
         raise OptionError(flag, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
@@ -301,10 +266,16 @@ def coerce(value: Any, annotation: Any, meta: Mapping[str, Any] | None = None, *
     meta = meta or {}
     kind = meta.get("kind")
     if kind == "subset":
+        least = meta.get("min")
+        if least == 0 and not isinstance(value, bool) and str(value).strip() == "0":
+            return 0  # none at all, where the option allows it (norms)
         try:
-            return subset_value(value, flag)
+            number = subset_value(value, flag)
         except UsageError as exc:
             raise OptionError(flag, str(exc).removeprefix(f"{flag}: ")) from None
+        if isinstance(number, int) and least is not None and number < least:
+            raise OptionError(flag, f"a count must be >= {least}, got {number}")
+        return number
     members, optional = split_optional(_resolve(annotation))
     if kind == "json":
         return _json_object(value, optional, flag)
@@ -366,7 +337,7 @@ def coerce(value: Any, annotation: Any, meta: Mapping[str, Any] | None = None, *
         _bounds(number, meta, flag, False)
         return number
     if hint is str:
-        if meta.get("choices") or meta.get("value_aliases"):
+        if meta.get("choices"):
             return _choice(value, meta, flag)
         if isinstance(value, Path):
             return str(value)
@@ -404,21 +375,20 @@ def coerce_field(cls: type, f: dataclasses.Field, value: Any) -> Any:
     return coerce(value, hints(cls).get(f.name, f.type), f.metadata, flag=flag_of(f), name=f.name)
 
 
+def check_fields(config: Any) -> None:
+    """Every option field of ``config`` a value its declaration accepts: for dataclasses that are not
+    :class:`Options` (those are checked when made)."""
+    for f in dataclasses.fields(config):
+        if "help" in f.metadata or "cli" in f.metadata:
+            coerce_field(type(config), f, getattr(config, f.name))
+
+
 # ------------------------------------------------------------------------------------------ configs
 
 
-class Renaming(type):
-    """Options classes (and any dataclass declared with ``metaclass=Renaming``, such as the training config)
-    take their fields' old names as keywords too (with a deprecation line)."""
-
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        return super().__call__(*args, **renamed(cls, kwargs)) if renames(cls) else super().__call__(*args, **kwargs)
-
-
-class Options(metaclass=Renaming):
+class Options:
     """Base of the option dataclasses (declare them ``@dataclass(frozen=True)``): every field is coerced
-    (:func:`coerce_field`) and then :meth:`validate` runs, once, when the object is made; a field's old name
-    (``renamed_from``) is accepted as a keyword with a deprecation line."""
+    (:func:`coerce_field`) and then :meth:`validate` runs, once, when the object is made."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -435,10 +405,9 @@ class Options(metaclass=Renaming):
 
 
 def build(cls: type, options: Mapping[str, Any] | None = None, *, base: Any = None) -> Any:
-    """A ``cls`` from keyword ``options`` (old names accepted with a deprecation line), replacing the fields of
-    ``base`` when given; unknown options are one UsageError naming the known ones. ``base`` itself comes back
+    """A ``cls`` from keyword ``options``, replacing the fields of ``base`` when given; unknown options are one UsageError naming the known ones. ``base`` itself comes back
     when there is nothing to replace (it was validated when it was made)."""
-    options = renamed(cls, dict(options or {}))
+    options = dict(options or {})
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(options) - known)
     if unknown:
@@ -456,13 +425,9 @@ def build(cls: type, options: Mapping[str, Any] | None = None, *, base: Any = No
 
 
 def from_params(cls: type, params: Mapping[str, Any]) -> Any:
-    """A ``cls`` rebuilt from a result file's stored ``params``: old option names read as the current ones
-    (silently: the file is not the user's call), keys the class no longer has dropped."""
-    values = renamed(cls, params, warn=False)
+    """A ``cls`` rebuilt from a result file's stored ``params`` (keys the class does not have are dropped)."""
     known = {f.name for f in dataclasses.fields(cls)}
-    with warnings.catch_warnings():  # old choice names (value_aliases) too
-        warnings.simplefilter("ignore", OptionDeprecationWarning)
-        return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in values.items() if k in known})
+    return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in params.items() if k in known})
 
 
 def describe(cls: type) -> list[tuple[str, str, str, str]]:

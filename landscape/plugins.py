@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import hashlib
 import importlib
-import importlib.metadata
 import importlib.util
 import inspect
 import os
@@ -36,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from landscape.errors import LandscapeError, UsageError, one_line
+from landscape.hashing import sha256_file
 
 ENTRY_POINT_GROUPS = ("landscape.models", "landscape.datasets", "landscape.metrics")
 
@@ -89,14 +88,6 @@ def parse(text: str) -> CodeRef:
     if not all(part.isidentifier() for part in head.split(".")):
         raise PluginError(f"{text!r}: {head!r} is neither a module name nor a .py file")
     return CodeRef(text.strip(), "module", head, attr)
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # The local modules each user module imported when it was first loaded in this process: {target: (files)}.
@@ -268,6 +259,8 @@ def check_unchanged(stored: dict[str, Any], current: dict[str, Any]) -> str | No
 
 def entry_points(group: str) -> dict[str, importlib.metadata.EntryPoint]:
     """The installed entry points of ``group`` (e.g. ``landscape.models``), by name."""
+    import importlib.metadata  # 40 ms: not for a command's --help
+
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=group)}
 
 

@@ -4,6 +4,7 @@ file."""
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import os
 import random
@@ -66,12 +67,38 @@ def check_device_name(name: str) -> str:
     return str(name)
 
 
+_DEVICE: contextvars.ContextVar[str] = contextvars.ContextVar("landscape_device", default="auto")
+
+
+@contextlib.contextmanager
+def using_device(name: str) -> Iterator[None]:
+    """``auto`` means ``name`` inside the block (``figures --device``, ``demo --device``: every run and analysis
+    they start; the api's worker processes are told)."""
+    token = _DEVICE.set(check_device_name(name))
+    try:
+        yield
+    finally:
+        _DEVICE.reset(token)
+
+
+def set_default_device(name: str) -> None:
+    """What ``auto`` means in this context from now on (a worker process takes its parent's)."""
+    _DEVICE.set(check_device_name(name))
+
+
+def default_device() -> str:
+    """What ``auto`` means here: :func:`using_device`'s name, else ``auto`` (CUDA when present, else CPU)."""
+    return _DEVICE.get()
+
+
 def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
-    """``auto`` -> cuda when present, else cpu (always cpu in portable mode); an explicit ``cuda`` without a GPU,
-    or in portable mode, is a usage error."""
+    """``auto`` -> :func:`default_device`, which is cuda when present, else cpu (always cpu in portable mode); an
+    explicit ``cuda`` without a GPU, or in portable mode, is a usage error."""
     import torch
 
     if device is None or str(device) == "auto":
+        device = _DEVICE.get()
+    if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() and not _PORTABLE else "cpu")
     if _PORTABLE and str(device).startswith("cuda"):
         raise UsageError(f"--device {device}: portable mode computes on the CPU (GPUs round as their model does); "

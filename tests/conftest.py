@@ -45,6 +45,17 @@ def _no_progress_lines(monkeypatch):
     monkeypatch.setenv("LANDSCAPE_PROGRESS_INTERVAL", "86400")
 
 
+@pytest.fixture(autouse=True)
+def _progress_ends_with_the_test():
+    """A command run by ``main`` turns progress on in a context of its own; a test that invokes the click group
+    directly (``CliRunner().invoke(cli, ...)``) turns it on in the test's: it must not outlive that test."""
+    from landscape import progress
+
+    token = progress._DISPLAY.set(None)
+    yield
+    progress._DISPLAY.reset(token)
+
+
 @pytest.fixture(scope="session")
 def figures_test_made(tmp_path_factory):
     """Every registered figure recipe at ``--scale test`` through the CLI, once per session: ``(out, root)``.

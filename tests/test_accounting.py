@@ -72,7 +72,8 @@ def test_accountant_accumulates():
 
 
 def test_composition_of_equal_events_equals_one_longer_run():
-    from landscape.train.accounting import PrivacyEvent, composed_epsilon, epsilon
+    from landscape.privacy import PrivacyEvent
+    from landscape.train.accounting import composed_epsilon, epsilon
 
     q = 256 / 60000
     split = [PrivacyEvent(1.1, q, 4000), PrivacyEvent(1.1, q, 6000)]
@@ -84,7 +85,8 @@ def test_composition_of_equal_events_equals_one_longer_run():
 
 
 def test_noise_for_epsilon_with_history_composes_and_refuses_a_spent_budget():
-    from landscape.train.accounting import PrivacyEvent, composed_epsilon, noise_for_epsilon
+    from landscape.privacy import PrivacyEvent
+    from landscape.train.accounting import composed_epsilon, noise_for_epsilon
 
     q = 64 / 1347
     history = [PrivacyEvent(1.0, q, 50)]
@@ -180,7 +182,8 @@ def test_sampled_gaussian_rdp_special_cases():
 def test_heterogeneous_composition_equals_opacus_history():
     """Child runs: the RDP of differently parameterised events adds, as in Opacus' RDPAccountant history."""
     accountants = pytest.importorskip("opacus.accountants")
-    from landscape.train.accounting import PrivacyEvent, composed_epsilon
+    from landscape.privacy import PrivacyEvent
+    from landscape.train.accounting import composed_epsilon
 
     events = [PrivacyEvent(0.6, 0.02, 300), PrivacyEvent(1.0, 0.2, 40), PrivacyEvent(1.3, 64 / 1348, 66)]
     acc = accountants.RDPAccountant()

@@ -19,18 +19,10 @@ import torch.nn.functional as F
 from conftest import run_cli
 from torch import nn
 
-from landscape.analyze.align import (
-    align_states,
-    apply_permutation,
-    assign,
-    invert,
-    permutation_spec,
-    random_permutation,
-    similarity,
-    weight_matching,
-)
-from landscape.analyze.interpolate import InterpolateConfig
+from landscape.analyze.align import align_states, assign, similarity, weight_matching
 from landscape.analyze.interpolate import interpolate as interpolate_states
+from landscape.analyze.permutations import apply_permutation, invert, permutation_spec, random_permutation
+from landscape.analyze.specs import InterpolateConfig
 from landscape.data import load_dataset
 from landscape.errors import ModelError, UsageError
 from landscape.models import build_model

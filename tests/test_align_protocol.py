@@ -17,20 +17,19 @@ import torch.nn.functional as F
 from conftest import run_cli
 from torch import nn
 
-from landscape.analyze.align import (
+from landscape.analyze.align import align_states, similarity
+from landscape.analyze.interpolate import interpolate as interpolate_states
+from landscape.analyze.permutations import (
     PermutationSpec,
     SpecBuilder,
-    align_states,
     apply_permutation,
     check_function_kept,
     invert,
     permutation_spec,
     random_permutation,
     register_spec,
-    similarity,
 )
-from landscape.analyze.interpolate import InterpolateConfig
-from landscape.analyze.interpolate import interpolate as interpolate_states
+from landscape.analyze.specs import InterpolateConfig
 from landscape.data import load_dataset
 from landscape.errors import ModelError
 from landscape.store import Store
@@ -148,7 +147,7 @@ def test_registered_builder_and_refusals(digits):
     with pytest.raises(ModelError, match="^align needs the permutation structure of model 'Unknown': give it a "
                                          "permutation_spec"):
         permutation_spec(Unknown())
-    from landscape.analyze import align as align_module
+    from landscape.analyze import permutations as align_module
 
     try:
         register_spec(Unknown, lambda model, name: {"hidden": [("a.weight", 0), ("a.bias", 0), ("b.weight", 1)]})

@@ -12,7 +12,6 @@ from torchmetrics.classification import MulticlassCalibrationError
 
 from landscape.analyze.calibration import (
     ECE,
-    CalibrationConfig,
     ExampleStats,
     bin_index,
     calibration_from_stats,
@@ -20,6 +19,7 @@ from landscape.analyze.calibration import (
     calibration_row,
     example_stats,
 )
+from landscape.analyze.specs import CalibrationConfig
 from landscape.errors import UsageError
 from landscape.evaluate import Segment, evaluate
 from landscape.models import build_model
@@ -381,7 +381,7 @@ def test_interpolate_metrics_ece_records_the_calibration_along_the_path(trained_
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exc:
         cli_main.main(["--root", str(store_root), "interpolate", "mlp@last", "mlp@last", "--points", "3",
-                       "--split", "test", "--metrics", "ece", "--no-figure", "-o", "same.h5"])
+                       "--split", "test", "--metric", "ece", "--no-figure", "-o", "same.h5"])
     assert exc.value.code == 0 and "max_ece" in capsys.readouterr().out
     same = InterpolationResult.from_hdf5(tmp_path / "same.h5")
     assert same.ece["test"].tolist() == [pytest.approx(end, abs=1e-12)] * 3

@@ -70,7 +70,6 @@ USAGE = [
     ("train", "--subset", "nan"),
     ("train", "--subset", "0"),
     ("train", "--chunk", "0"),
-    ("train", "--microbatch", "0"),
     ("phases", "--k", "1", "--epochs", "2", "--noise-multiplier", "1", "--dp-lr", "nan"),
     ("phases", "--k", "1", "--epochs", "2", "--noise-multiplier", "1", "--dp-momentum", "-1"),
     ("interpolate", "a", "b", "--points", "1"),
@@ -82,10 +81,10 @@ USAGE = [
     ("directions", "a", "--directions", "0"),
     ("surface", "a", "--grid", "3x0"),
     ("surface", "a", "--range", "nan:1"),
-    ("clipping", "a", "-C", "nan"),
+    ("clipping", "a", "--max-grad-norm", "nan"),
     ("clipping", "a", "--prune-levels", "nan"),
     ("norms", "a", "--grad-epochs", "inf"),
-    ("ntk-table", "a", "--max-grad-norm", "nan"),
+    ("ntk-table", "a", "--max-grad-norms", "nan"),
     ("prune", "a", "--remove", "nan"),
     ("privacy", "--noise-multiplier", "nan", "--sample-rate", "0.01", "--steps", "10"),
     ("privacy", "--noise-multiplier", "1", "--target-epsilon", "1", "--sample-rate", "0.01", "--steps", "10"),
@@ -275,7 +274,7 @@ def test_a_bad_output_is_one_message_from_the_command_line_and_the_api(root, fil
 
 
 def _api_interpolate(root, output):
-    from landscape.analyze.interpolate import InterpolateConfig
+    from landscape.analyze.specs import InterpolateConfig
     from landscape.api import interpolate
 
     return interpolate("a", "b", root=root, config=InterpolateConfig(points=2), output=output, figure=False)

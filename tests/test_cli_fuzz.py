@@ -51,13 +51,14 @@ def legal(text: str, kind: click.ParamType, lo, hi, lo_open, hi_open) -> bool:
     """Whether option type ``kind`` accepts ``text``: an integer for integer types (counts, seeds; a subset count),
     a finite number within float32 for the others, inside the declared range."""
     integer = isinstance(kind, click.types.IntParamType) or (
-        isinstance(kind, CommaList) and isinstance(kind.item, click.types.IntParamType))
+        isinstance(kind, CommaList) and isinstance(kind.item, click.types.IntParamType)) or (
+        isinstance(kind, SubsetType) and text.lstrip("-").isdigit())
     try:
         value = int(text) if integer else float(text)
     except ValueError:
         return False
     if isinstance(kind, SubsetType) and isinstance(value, float):
-        return value == value and 0 < value <= 1 and not text.lstrip("-").isdigit()
+        return value == value and 0 < value <= 1
     if not math.isfinite(value) or abs(value) > FLOAT32_MAX:
         return False
     if lo is not None and (value < lo or (lo_open and value == lo)):

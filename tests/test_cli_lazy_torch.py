@@ -1,4 +1,5 @@
-"""Commands that need no tensors do not import torch (issue 14 item 8: ~3 s of every call otherwise).
+"""Commands that need no tensors, and every command's ``--help``, do not import torch (~2 s of CPU each
+otherwise).
 
 Each command runs in a fresh interpreter (the test process has torch loaded already) and reports whether
 ``torch`` ended up in ``sys.modules``; the store and the result file they read are real ones.
@@ -63,9 +64,39 @@ def test_command_imports_no_torch(store, args):
     assert result == {"code": 0, "torch": False}
 
 
-def test_the_probe_sees_torch_when_a_command_needs_it(store):
-    # the same probe on an analysis (its module builds models): torch is there (the probe can fail)
-    result = probe("--root", str(store / "ck"), "interpolate", "--help")
+HELPS = """
+import json, sys
+import click
+from cli.main import cli
+ctx = click.Context(cli)
+def walk(cmd, path):
+    if isinstance(cmd, click.Group):
+        for name in cmd.list_commands(ctx):
+            walk(cmd.get_command(ctx, name), path + [name])
+    else:
+        cmd.get_help(click.Context(cmd, info_name=" ".join(path)))
+        seen.append(" ".join(path))
+seen = []
+walk(cli, [])
+print(json.dumps({"commands": seen, "loaded": [m for m in ("torch", "numpy", "h5py") if m in sys.modules]}))
+"""
+
+
+def test_every_commands_help_imports_no_torch():
+    """Every command's help built in one fresh interpreter: no torch, numpy or h5py (a --help answers at once;
+    the specs name their code as strings, imported when it runs)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LANDSCAPE_THREADS",)}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", HELPS], capture_output=True, text=True, env=env, timeout=120, cwd=REPO)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"train", "interpolate", "ntk-table", "figures", "store ls", "privacy"} <= set(result["commands"])
+    assert result["loaded"] == []
+
+
+def test_the_probe_sees_torch_when_a_command_needs_it(store, tmp_path):
+    # the same probe on an analysis that runs: torch is there (the probe can fail)
+    result = probe("--root", str(store / "ck"), "interpolate", "a@init", "a@last", "--points", "2", "--no-figure",
+                   "-o", str(tmp_path / "i.h5"))
     assert result == {"code": 0, "torch": True}
 
 

@@ -84,7 +84,7 @@ def test_interrupted_lines():
     assert interrupted(["hessian", "r"], "hessian", KeyboardInterrupt()) == "interrupted"  # nothing kept to resume
     surface = ["surface", "r@last", "--grid", "51x51"]
     assert interrupted(surface, "surface", note).endswith(": landscape surface r@last --grid 51x51")  # rows kept
-    assert interrupted([*surface, "--no-resume"], "surface", None) == "interrupted"
+    assert interrupted([*surface, "--restart"], "surface", None) == "interrupted"
 
 
 def test_resuming_a_finished_run_says_so(tmp_path, capsys):

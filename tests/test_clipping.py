@@ -343,13 +343,13 @@ def test_cli_over_a_run_gives_one_row_per_checkpoint(trained_store, tmp_path, mo
     import json
 
     out = tmp_path / "run.h5"
-    code, stdout, _ = _cli(monkeypatch, capsys, trained_store, "clipping", "gs", "-C", "0.1", "--batch-size", "50",
+    code, stdout, _ = _cli(monkeypatch, capsys, trained_store, "clipping", "gs", "--max-grad-norm", "0.1", "--batch-size", "50",
                            "--batches", "2", "--workers", "2", "-o", str(out), "--json", "--no-figure")
     assert code == 0
     rows = json.loads(stdout)["rows"]
     assert [r["epoch"] for r in rows] == [0.0, 2.0, 4.0]
     single = ClippingResult.from_hdf5(out)
-    code, _, _ = _cli(monkeypatch, capsys, trained_store, "clipping", "gs@epoch=2", "-C", "0.1", "--batch-size",
+    code, _, _ = _cli(monkeypatch, capsys, trained_store, "clipping", "gs@epoch=2", "--max-grad-norm", "0.1", "--batch-size",
                       "50", "--batches", "2", "-o", str(tmp_path / "one.h5"), "--no-figure")
     assert code == 0
     one = ClippingResult.from_hdf5(tmp_path / "one.h5")
@@ -361,7 +361,7 @@ def test_cli_over_a_run_gives_one_row_per_checkpoint(trained_store, tmp_path, mo
     [
         (["clipping", "nope", "-o", "x.h5"], 1, "no run 'nope'"),
         (["clipping", "gs", "--prune-levels", "a,b"], 2, "comma-separated"),
-        (["clipping", "gs", "-C", "-1"], 2, "--max-grad-norm"),
+        (["clipping", "gs", "--max-grad-norm", "-1"], 2, "--max-grad-norm"),
         (["clipping", "gs", "--batch-size", "5000"], 2, "lower --batch-size"),
     ],
 )

@@ -16,11 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from landscape.analyze.directions import DirectionsConfig
-from landscape.analyze.hessian import HessianConfig
-from landscape.analyze.interpolate import InterpolateConfig
 from landscape.analyze.interpolate import interpolate as interpolate_states
-from landscape.analyze.surface import SurfaceConfig
+from landscape.analyze.specs import DirectionsConfig, HessianConfig, InterpolateConfig, SurfaceConfig
 from landscape.api import interpolate as api_interpolate
 from landscape.data import load_dataset
 from landscape.errors import UsageError
@@ -180,7 +177,7 @@ def test_an_analysis_by_default_runs_on_cuda_and_says_so(store, tmp_path, exact_
 # (issue 24 item 5) ntk, ntk-table, clipping, symmetry and norms take --device like the other analyses: "auto"
 # and "cpu" give the same numbers on a CPU machine, CUDA agrees with the CPU, the file records the device used.
 DEVICE_ANALYSES = {
-    "ntk": (["a@last"], dict(subset=24, clip="flat", max_grad_norm=0.5, precision="float64")),
+    "ntk": (["a@last"], dict(subset=24, clip_style="flat", max_grad_norm=0.5, precision="float64")),
     "ntk-table": (["a"], dict(subset=24, max_grad_norms=(0.1, 10.0), precision="float64")),
     "clipping": (["a"], dict(batch_size=40, batches=2, chunk=16, max_grad_norm=0.5)),
     "symmetry": (["a"], dict(subset=40, projections=3, permutations=20, chunk=16)),

@@ -14,7 +14,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from landscape.data import (
-    DATA_ENV,
     DATASETS,
     Dataset,
     dataset_from_spec,
@@ -24,6 +23,7 @@ from landscape.data import (
     subset_indices,
 )
 from landscape.errors import DataError
+from landscape.runtime import DATA_ENV
 
 SMALL_SIGNAL = {"ds": 4, "dn": 6, "n": 200, "n_test": 100}
 

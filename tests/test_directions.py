@@ -15,12 +15,8 @@ import torch
 from conftest import run_cli
 from torch import nn
 
-from landscape.analyze.directions import (
-    DirectionsConfig,
-    DirectionsResult,
-    random_profiles,
-    scaled_directions,
-)
+from landscape.analyze.directions import DirectionsResult, random_profiles, scaled_directions
+from landscape.analyze.specs import DirectionsConfig
 from landscape.directions import (
     max_abs_cosine,
     normalize_direction,

@@ -242,7 +242,7 @@ def _allocator_checks() -> None:
     """The body of the allocator test; runs in a fresh interpreter (see below)."""
     import os
 
-    from landscape.evaluate import _libc
+    from landscape.evaluate.allocator import _libc
 
     libc = _libc()
     size = 48 << 20
@@ -267,7 +267,7 @@ def test_allocator_is_tuned_only_during_the_call():
     import subprocess
     import sys
 
-    from landscape.evaluate import _libc
+    from landscape.evaluate.allocator import _libc
 
     libc = _libc()
     if libc is None or not hasattr(libc, "mallinfo2"):
@@ -310,7 +310,7 @@ def test_channels_last_opt_in_gives_the_contiguous_numbers():
 )
 def test_dense_convolution_is_the_convolution(cin, size, cout, kernel, stride, padding, dilation, bias):
     """The matrix form gives F.conv2d's values (float64, to rounding) and follows a change of the weights."""
-    from landscape.evaluate import _DenseConv
+    from landscape.evaluate.rewrites import _DenseConv
 
     torch.manual_seed(5)
     conv = nn.Conv2d(cin, cout, kernel, stride, padding, dilation, bias=bias).double()
@@ -329,7 +329,7 @@ def test_dense_convolution_is_the_convolution(cin, size, cout, kernel, stride, p
 
 
 def test_dense_convolution_is_chosen_only_where_it_is_no_more_work():
-    from landscape.evaluate import _DenseConv
+    from landscape.evaluate.rewrites import _DenseConv
 
     assert _DenseConv.worthwhile(nn.Conv2d(6, 16, 5, padding=2), (6, 4, 4))  # 16 <= 25 input positions
     assert _DenseConv.worthwhile(nn.Conv2d(6, 16, 5, padding=2), (6, 5, 5))
@@ -374,7 +374,7 @@ def test_lenet_on_digits_sized_inputs_matches_the_reference(method):
     [(2, None, (8, 8)), (2, 1, (7, 9)), (3, 2, (9, 8)), ((2, 3), (2, 1), (6, 7)), (3, 3, (10, 11))],
 )
 def test_slice_max_pool_is_bit_identical_to_max_pool2d(kernel, stride, size):
-    from landscape.evaluate import _slice_max_pool
+    from landscape.evaluate.rewrites import _slice_max_pool
 
     torch.manual_seed(7)
     pool = nn.MaxPool2d(kernel, stride)
@@ -418,7 +418,7 @@ def test_batches_run_in_cache_sized_chunks(lenet_pair, monkeypatch):
 @pytest.mark.parametrize("pool_kernel", [2, (2, 1), 3])
 def test_dense_convolution_folds_a_following_max_pool(pool_kernel):
     """Columns reordered by window offset: the pool becomes a maximum over column blocks, the same values."""
-    from landscape.evaluate import _DenseConv
+    from landscape.evaluate.rewrites import _DenseConv
 
     torch.manual_seed(8)
     conv = nn.Conv2d(6, 16, 5, padding=2).double()

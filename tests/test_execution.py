@@ -14,9 +14,10 @@ import json
 import pytest
 
 from landscape.analyze import registry
-from landscape.analyze.registry import Analysis, option, parallel
+from landscape.analyze.registry import Analysis
 from landscape.api.execution import ExecutionOptions
 from landscape.errors import UsageError
+from landscape.options import option
 
 # The analyses that had a ``workers`` config field before, and those whose runner options had it.
 HAD_FIELD = ("directions", "surface", "hessian", "symmetry", "clipping", "norms")
@@ -41,14 +42,14 @@ def test_workers_and_scheduler_are_where_they_were(name):
     spec = registry.get(name)
     params = inspect.signature(api_function(name)).parameters
     flags = {o for p in command(name).params for o in p.opts}
-    if parallel(spec):
+    if spec.has_workers:
         assert params["workers"].default == 1 and params["scheduler"].default is None
         assert params["workers"].kind is inspect.Parameter.KEYWORD_ONLY
         assert {"--workers", "--scheduler"} <= flags
     else:
         assert "workers" not in params and "--workers" not in flags
     if name in HAD_FIELD:
-        assert parallel(spec)
+        assert spec.has_workers
 
 
 def test_execution_options_check_their_values():
@@ -84,7 +85,7 @@ def test_a_spec_takes_only_the_hooks_of_its_inputs():
 
 
 def test_hooks_are_attached_by_the_api():
-    """directions / surface / clipping name no api code; the api attaches their hooks under their names."""
+    """directions / surface / clipping name no api code; the api names their hooks."""
     from landscape.api import loss_surfaces, pruning
     from landscape.api.runner import hook
 

@@ -355,7 +355,8 @@ def test_thm33_population_flow_against_the_closed_form_minimum(made):
 
 
 def test_bu_table1_guarantee_flags_follow_the_numbers(made):
-    from landscape.analyze.ntk import EIG_RTOL, SYM_RTOL, NTKTable
+    from landscape.analyze.ntk_kernels import EIG_RTOL, SYM_RTOL
+    from landscape.analyze.ntk_table import NTKTable
 
     out, _ = made
     _, verdict, _ = summary(made, "bu-table1")

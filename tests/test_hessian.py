@@ -16,22 +16,20 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from landscape.analyze.hessian import (
-    HessianConfig,
-    HessianResult,
-    _coefficients,
-    _draw,
-    _norms,
-    hessian_row,
-    hutchinson_trace,
-    lanczos,
-    spectral_density,
-    subset,
-    top_eigenvalues,
-)
+from landscape.analyze.hessian import HessianResult, hessian_row, subset
+from landscape.analyze.specs import HessianConfig
 from landscape.curvature import HessianOperator
 from landscape.errors import ModelError, UsageError
 from landscape.models import build_model
+from landscape.spectral import (
+    _coefficients,
+    _draw,
+    _norms,
+    hutchinson_trace,
+    lanczos,
+    spectral_density,
+    top_eigenvalues,
+)
 
 N = 48
 
@@ -289,7 +287,7 @@ def test_agrees_with_pyhessian_eigenvalues_and_trace(case):
 def test_hessian_row_uses_the_seeded_subset_and_leaves_the_model_alone(case):
     model, x, y, h = case
     before = {k: p.detach().clone() for k, p in model.named_parameters()}
-    cfg = config(top_k=1, subset=20, seed=3, trace=True, probes=4, density=True, lanczos_steps=20)  # converged
+    cfg = config(top_k=1, subset=20, subset_seed=3, seed=3, trace=True, probes=4, density=True, lanczos_steps=20)
     row = hessian_row(model, x, y, cfg, ref="r@step=5", step=5, epoch=1.5, run="r", optimizer="sgd")
     xs, ys = subset(x, y, 20, 3)
     exact = np.linalg.eigvalsh(exact_hessian(model, xs, ys))[::-1]

@@ -17,9 +17,10 @@ from landscape import api
 from landscape.data import load_dataset
 from landscape.errors import CheckpointError, UsageError
 from landscape.models import build_model
+from landscape.privacy import UNKNOWN_ANCESTRY, PrivacyEvent
 from landscape.results import read_result
 from landscape.store import MANIFEST, Store
-from landscape.train.accounting import UNKNOWN_ANCESTRY, PrivacyEvent, composed_epsilon, epsilon
+from landscape.train.accounting import composed_epsilon, epsilon
 from landscape.train.pruning import inherited_privacy
 
 # Opacus' own notices (secure RNG off; its hooks on inputs without grad): not ours to report

@@ -15,8 +15,9 @@ from click.testing import CliRunner
 from torch import nn
 
 from landscape.analyze.instability import InstabilityTable
-from landscape.analyze.interpolate import InterpolateConfig, InterpolationResult, instability
+from landscape.analyze.interpolate import InterpolationResult, instability
 from landscape.analyze.interpolate import interpolate as interpolate_states
+from landscape.analyze.specs import InterpolateConfig
 from landscape.api import instability as api_instability
 from landscape.api import interpolate as api_interpolate
 from landscape.data import load_dataset, subset_indices
@@ -405,8 +406,8 @@ def test_instability_reuses_current_pair_files_and_recomputes_stale_ones(phases_
     # the table says which pairs were read back, and the command says so after it
     assert [r.reused for r in first.rows] == [False, False] and [r.reused for r in again.rows] == [True, True]
     assert [r.reused for r in inst.InstabilityTable.from_hdf5(tmp_path / "two.h5").rows] == [True, True]
-    assert inst.SPEC.notes(first) == []
-    assert inst.SPEC.notes(again)[0].startswith(f"reused 2 of 2 pairs from {pairs} (their checkpoints, options")
+    assert inst._notes(first) == []
+    assert inst._notes(again)[0].startswith(f"reused 2 of 2 pairs from {pairs} (their checkpoints, options")
 
     other = api_instability(["G-*"], root=phases_store.root, config=dataclasses.replace(cfg, points=5),
                             output=tmp_path / "three.h5", figure=False, pair_dir=str(pairs))

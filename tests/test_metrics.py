@@ -280,7 +280,7 @@ def test_cli_metric_options_show_and_figure(setup, tmp_path, capsys):
     root, path, _ = setup
     out = tmp_path / "c.h5"
     code, text, err = run_cli("--root", root / "ck", "interpolate", "r@init", "r@last", "--points", "3",
-                               "--metric", f"{path}:Brier", "--metric", f'{path}:TopK{{"k": 2}}', "--metrics", "ece",
+                               "--metric", f"{path}:Brier", "--metric", f'{path}:TopK{{"k": 2}}', "--metric", "ece",
                                "-o", out, capsys=capsys)
     assert code == 0, err
     header = text.splitlines()[0]
@@ -317,7 +317,7 @@ def test_bad_metrics_are_one_line_and_write_nothing(setup, tmp_path, capsys, met
 
 def test_python_objects_stay_in_this_process(setup):
     _, path, _ = setup
-    from landscape.analyze.directions import DirectionsConfig
+    from landscape.analyze.specs import DirectionsConfig
     from landscape.api import directions
     from landscape.plugins import load as load_code
 

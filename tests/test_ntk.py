@@ -13,20 +13,13 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from landscape.analyze.ntk import (
-    NTKConfig,
-    NTKResult,
-    NTKTable,
-    NTKTableConfig,
-    clip_kernel,
-    compute_ntk,
-    kernel_properties,
-    layer_kernels,
-    ntk_table,
-)
+from landscape.analyze.ntk import NTKResult, compute_ntk
+from landscape.analyze.ntk_kernels import clip_kernel, kernel_properties, layer_kernels
+from landscape.analyze.ntk_table import NTKTable, ntk_table
+from landscape.analyze.specs import NTKConfig, NTKTableConfig
+from landscape.clip import clip_factors
 from landscape.errors import NonFiniteError, UsageError
 from landscape.models import build_model
-from landscape.train.privatize import clip_factors
 
 # ------------------------------------------------------------------------------ Bu et al. App. A fixtures
 
@@ -232,7 +225,7 @@ def test_huge_clipping_norm_gives_k(cnn, cnn_kernels):
     """Thm. 2: nothing clipped -> both kernels are K."""
     model, x, y = cnn
     for style in ("flat", "layerwise"):
-        r = compute_ntk(model, x, y, NTKConfig(subset=12, clip=style, max_grad_norm=1e6))
+        r = compute_ntk(model, x, y, NTKConfig(subset=12, clip_style=style, max_grad_norm=1e6))
         assert r.fraction_clipped == 0.0
         np.testing.assert_array_equal(r.A, r.K)
         np.testing.assert_allclose(r.K, cnn_kernels.K, rtol=1e-12)
@@ -253,7 +246,7 @@ def test_output_kind_norms_from_output_blocks(cnn, cnn_kernels):
 
 def test_result_and_table_files_round_trip(cnn, tmp_path):
     model, x, y = cnn
-    r = compute_ntk(model, x, y, NTKConfig(subset=12, clip="layerwise", max_grad_norm=0.1, layers=("0.*", "3.*")))
+    r = compute_ntk(model, x, y, NTKConfig(subset=12, clip_style="layerwise", max_grad_norm=0.1, layers=("0.*", "3.*")))
     assert r.layer_names == ["0.weight", "0.bias", "3.weight", "3.bias"]
     path = r.to_hdf5(tmp_path / "ntk.h5")
     back = NTKResult.from_hdf5(path)
@@ -308,8 +301,8 @@ def test_cli_ntk_and_table(store_root, tmp_path):
 
     runner = CliRunner()
     out = tmp_path / "k.h5"
-    res = runner.invoke(cli, ["--root", str(store_root), "ntk", "cnn@last", "--subset", "20", "--clip", "flat",
-                              "-C", "0.01", "-o", str(out)])
+    res = runner.invoke(cli, ["--root", str(store_root), "ntk", "cnn@last", "--subset", "20", "--clip-style", "flat",
+                              "--max-grad-norm", "0.01", "-o", str(out)])
     assert res.exit_code == 0, res.output
     assert "A (flat)" in res.output and out.exists() and out.with_suffix(".png").exists()
     r = NTKResult.from_hdf5(out)
@@ -317,8 +310,8 @@ def test_cli_ntk_and_table(store_root, tmp_path):
     assert len(set(r.labels.tolist())) == 10  # stratified subset of digits
 
     tab = tmp_path / "tab.h5"
-    res = runner.invoke(cli, ["--root", str(store_root), "ntk-table", "cnn", "--subset", "12", "-C", "0.01,1e6",
-                              "--clip-style", "flat,layerwise", "-o", str(tab), "--json"])
+    res = runner.invoke(cli, ["--root", str(store_root), "ntk-table", "cnn", "--subset", "12", "--max-grad-norms",
+                              "0.01,1e6", "--clip-styles", "flat,layerwise", "-o", str(tab), "--json"])
     assert '"rows"' in res.output
     assert res.exit_code == 0, res.output
     table = NTKTable.from_hdf5(tab)
@@ -330,7 +323,7 @@ def test_api_ntk_output_trace(store_root, tmp_path):
     from landscape.api import ntk
 
     out = ntk("cnn@init", root=store_root, output=tmp_path / "t.h5", figure=False, subset=10, kernel="output-trace",
-              clip="layerwise", max_grad_norm=0.05)
+              clip_style="layerwise", max_grad_norm=0.05)
     assert out.K.shape == (10, 10) and out.figures == [] and out.path == tmp_path / "t.h5"
     assert out.K_properties.symmetric
 
@@ -355,7 +348,7 @@ def test_flat_clipping_of_a_layer_subset_uses_the_whole_gradient_norm(cnn, cnn_k
     np.testing.assert_allclose(subset.sample_sq_norms, np.diag(cnn_kernels.K), rtol=1e-5)
     assert (subset.layer_sq_norms.sum(0) < 0.999 * subset.sample_sq_norms).any()  # the subset alone is smaller
     C = 0.5 * float(np.median(np.sqrt(np.diag(cnn_kernels.K))))
-    from landscape.analyze.ntk import clip_layer_kernels
+    from landscape.analyze.ntk_kernels import clip_layer_kernels
 
     flat = clip_layer_kernels(subset, style="flat", max_grad_norm=C, clip_fn="abadi")
     c = clip_factors(torch.as_tensor(np.sqrt(np.diag(cnn_kernels.K))), C, "abadi").numpy()

@@ -112,13 +112,12 @@ def test_names_from_files_pairs_data_from_and_long_options(root, tmp_path):
 
 
 def test_output_stem_and_changed_options_by_themselves():
-    from landscape.analyze.hessian import HessianConfig
-    from landscape.analyze.surface import SurfaceConfig
+    from landscape.analyze.specs import HessianConfig, SurfaceConfig
 
     assert changed_options(HessianConfig()) == {}
     assert changed_options(HessianConfig(top_k=3, chunk=7, device="cpu", precision="float64")) == {
         "top_k": 3, "precision": "float64"}  # memory and device options left out
-    assert {"chunk", "device", "rows_per_call", "resume", "pair_dir"} <= NOT_IN_NAME
+    assert {"chunk", "device", "rows_per_call", "restart", "pair_dir"} <= NOT_IN_NAME
     assert output_stem("x", {}) == "x"
     assert output_stem("x", {"trace": True, "normalize": False, "tol": 1e-05}) == "x-trace-no_normalize-tol=1e-05"
     assert output_stem("x", {"split": ("train", "test"), "plane": "B@last,C"}) == "x-split=train_test-plane=B_last_C"
@@ -146,7 +145,7 @@ def test_an_interrupted_default_named_surface_resumes_and_overwrite_computes_it_
     assert resumed.path == path
     np.testing.assert_array_equal(resumed.values["test_loss"], whole.values["test_loss"])
     with pytest.raises(OutputPathError, match="refusing to replace"):  # starting afresh would replace it
-        surface("A@last", resume=False, **kw)
+        surface("A@last", restart=True, **kw)
     rows = []
     again = surface("A@last", overwrite=True, on_rows=lambda r, done: rows.extend(done), **kw)  # computed again
     assert sorted(rows) == [0, 1, 2] and again.path == path

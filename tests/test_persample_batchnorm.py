@@ -18,7 +18,6 @@ from torch import nn
 from landscape.errors import ModelError, UsageError
 from landscape.gram import gram_blocks
 from landscape.models import build_model
-from landscape.options import OptionDeprecationWarning
 from landscape.persample import BatchNormHandler, PerSampleEngine, flatten_grads, handler_for
 
 
@@ -219,19 +218,12 @@ def test_dp_training_with_batchnorm_is_still_refused():
 # ---------------------------------------------------------------------------------------------- chunk
 
 
-def test_chunk_and_its_old_name_microbatch():
+def test_chunk_bounds_memory_never_the_gradients():
     model = small_bn()
     x, y = data((2, 6, 6), 5, 3)
     new = PerSampleEngine(model, chunk=2)
-    with pytest.warns(OptionDeprecationWarning, match=r"microbatch=.*use chunk=") as record:
-        old = PerSampleEngine(model, microbatch=2)
-    assert len(record) == 1 and "\n" not in str(record[0].message)
-    assert record[0].filename == __file__  # the line points at the caller
-    assert new.chunk == old.chunk == 2
-    assert maxdiff(new.grads(x, y), old.grads(x, y)) == 0
+    assert new.chunk == 2
     assert maxdiff(new.grads(x, y), PerSampleEngine(model).grads(x, y)) < 1e-14
-    with pytest.raises(UsageError, match="chunk= only"):
-        PerSampleEngine(model, chunk=2, microbatch=2)
     with pytest.raises(UsageError, match="chunk must be a positive integer"):
         PerSampleEngine(model, chunk=0)
 
@@ -292,7 +284,7 @@ def test_norms_analysis_of_a_batchnorm_model_equals_the_naive_loop(bn_store, tmp
     res = norms(["bn"], root=bn_store, output=tmp_path / "n.h5", figure=False, subset=6, bins=10)
     row = res.runs[0].rows[0]
     spec = Store(bn_store).load("bn@last").data_spec
-    xs, ys = take_subset(*dataset_from_spec(spec).split("train"), 6, res.config.seed, split="train")
+    xs, ys = take_subset(*dataset_from_spec(spec).split("train"), 6, res.config.subset_seed, split="train")
     ref = _reference(bn_store, x=xs, y=ys).norm(dim=1).numpy()
     np.testing.assert_allclose(row.grad_norms, ref, rtol=1e-4)  # the analysis runs the float32 model
 
@@ -303,7 +295,7 @@ def test_clipping_and_symmetry_put_a_batchnorm_model_in_eval_mode_and_equal_the_
     import math
     import types
 
-    from landscape.analyze import clipping, symmetry
+    from landscape.analyze import clipping, specs, symmetry
     from landscape.train.privatize import LoopEngine
 
     x, y = data((2, 6, 6), 12, 3, seed=4)
@@ -314,13 +306,13 @@ def test_clipping_and_symmetry_put_a_batchnorm_model_in_eval_mode_and_equal_the_
     )
     reference = small_bn()
     c = float(flatten_grads(naive_grads(reference, x, y)).norm(dim=1).quantile(0.5))
-    cfg = clipping.ClippingConfig(max_grad_norm=c, batch_size=6, batches=2, chunk=5)
+    cfg = specs.ClippingConfig(max_grad_norm=c, batch_size=6, batches=2, chunk=5)
     row, _, _ = clipping.compute_point(point, cfg)
     want, _, _ = clipping.clipping_row(reference, x, y, cfg, engine=LoopEngine(reference))
     assert 0 < row.total.fraction_clipped < 1
     for field in ("R", "projection", "bound", "fraction_clipped", "cos_clipped_mean", "mean_grad_norm"):
         assert math.isclose(getattr(row.total, field), getattr(want.total, field), rel_tol=1e-9, abs_tol=1e-12)
-    scfg = symmetry.SymmetryConfig(projections=3, subset=10, permutations=19, chunk=4)
+    scfg = specs.SymmetryConfig(projections=3, subset=10, permutations=19, chunk=4)
     srow, _ = symmetry.compute_point(point, scfg)
     swant = symmetry.symmetry_row(reference, x, y, scfg, engine=LoopEngine(reference))
     assert np.allclose(srow.stats.plane, swant.stats.plane, rtol=1e-9, atol=1e-12)

@@ -420,12 +420,12 @@ def _point(model, x, y):
 
 @pytest.mark.parametrize("clip_style", ["flat", "layerwise"])
 def test_clipping_on_a_user_model_equals_the_naive_loop(clip_style):
-    from landscape.analyze import clipping
+    from landscape.analyze import clipping, specs
 
     model = transformer(seed=2)
     x, y = tokens(12, seed=6)
     c = float(flatten_grads(naive_grads(model, x, y)).norm(dim=1).quantile(0.5))  # half clipped, no ties
-    cfg = clipping.ClippingConfig(max_grad_norm=c, batch_size=6, batches=2, clip_style=clip_style, chunk=5)
+    cfg = specs.ClippingConfig(max_grad_norm=c, batch_size=6, batches=2, clip_style=clip_style, chunk=5)
     row, names, num_params = clipping.compute_point(_point(model, x, y), cfg)
     ref, _, _ = clipping.clipping_row(model, x, y, cfg, engine=LoopEngine(model))
     assert names == [k for k, _ in model.named_parameters()]
@@ -437,7 +437,7 @@ def test_clipping_on_a_user_model_equals_the_naive_loop(clip_style):
 
 
 def test_norms_symmetry_and_ntk_on_a_user_model_equal_the_naive_loop():
-    from landscape.analyze import norms, ntk, symmetry
+    from landscape.analyze import norms, ntk, ntk_kernels, specs, symmetry
     from landscape.data import subset_indices
 
     model = transformer(seed=2)
@@ -446,25 +446,25 @@ def test_norms_symmetry_and_ntk_on_a_user_model_equal_the_naive_loop():
     G = flatten_grads(ref)
     point = _point(model, x, y)
 
-    cfg = norms.NormsConfig(subset=12, chunk=5)
+    cfg = specs.NormsConfig(subset=12, chunk=5)
     edges = norms.shared_edges([norms.value_range(point, cfg)], cfg)
     row, _, names = norms.compute_point(point, cfg, edges)
-    idx = subset_indices(y, 12, cfg.seed)  # the examples the one sampler draws (here: all 12)
+    idx = subset_indices(y, 12, cfg.subset_seed)  # the examples the one sampler draws (here: all 12)
     assert names == list(ref)
     assert np.allclose(row.grad_norms, G[idx].norm(dim=1).numpy(), rtol=1e-10)
 
-    scfg = symmetry.SymmetryConfig(projections=3, subset=10, permutations=19, chunk=4)
+    scfg = specs.SymmetryConfig(projections=3, subset=10, permutations=19, chunk=4)
     srow, shapes = symmetry.compute_point(point, scfg)
     want = symmetry.symmetry_row(model, x, y, scfg, engine=LoopEngine(model))
     assert shapes == [tuple(p.shape) for p in model.parameters()]
     assert np.allclose(srow.stats.plane, want.stats.plane, rtol=1e-9, atol=1e-12)
     assert np.allclose(srow.stats.skew, want.stats.skew, rtol=1e-8, atol=1e-10)
 
-    lk = ntk.layer_kernels(model, x, y)
+    lk = ntk_kernels.layer_kernels(model, x, y)
     for i, k in enumerate(lk.layer_names):
         gk = ref[k].reshape(12, -1)
         assert np.allclose(lk.K_layers[i], (gk @ gk.T).numpy(), rtol=1e-9, atol=1e-12), k
-    result = ntk.compute_point(point, ntk.NTKConfig(subset=12, clip="flat", max_grad_norm=1.0))
+    result = ntk.compute_point(point, specs.NTKConfig(subset=12, clip_style="flat", max_grad_norm=1.0))
     Gs = G[torch.as_tensor(result.indices)]
     assert np.allclose(result.K, (Gs @ Gs.T).numpy(), rtol=1e-9, atol=1e-12)
     c = np.minimum(1.0, 1.0 / Gs.norm(dim=1).numpy())

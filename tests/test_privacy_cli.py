@@ -118,8 +118,8 @@ def make_source_run(root, name="src", subset=None):
 
 
 def test_prune_cli_creates_rewound_run_with_mask(capsys, tmp_path):
-    from landscape.api.pruning import load_masks
     from landscape.store import Store
+    from landscape.train.pruning import load_masks
 
     init, trained = make_source_run(tmp_path)
     code, out, err = run(capsys, "--root", str(tmp_path), "prune", "src", "--remove", "0.7", "--run", "p70")

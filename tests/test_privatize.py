@@ -10,14 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from landscape.clip import CLIP_FUNCTIONS, clip_factors
 from landscape.errors import IncompatibleError, UsageError
-from landscape.train.privatize import (
-    CLIP_FUNCTIONS,
-    LoopEngine,
-    PrivacyConfig,
-    Privatizer,
-    clip_factors,
-)
+from landscape.train.privatize import LoopEngine, PrivacyConfig, Privatizer
 from landscape.train.smoothing import laplacian_smooth
 from landscape.train.sparsify import SparsifySchedule
 

@@ -121,9 +121,10 @@ def test_pruned_weights_stay_zero_through_dp_sgd_with_momentum():
 
 def test_training_from_pruned_run_keeps_zeros(tmp_path):
     """Through the real loop: prune -> `train --from RUN@init` with DP-SGD, momentum, sparsification, smoothing."""
-    from landscape.api.pruning import PruneConfig, load_masks, prune
+    from landscape.api.pruning import PruneConfig, prune
     from landscape.api.training import TrainConfig, train
     from landscape.store import Store
+    from landscape.train.pruning import load_masks
 
     model = lenet()
     store = Store(tmp_path)

@@ -29,9 +29,10 @@ from landscape import api
 from landscape.data import load_dataset
 from landscape.errors import NonFiniteError, UsageError
 from landscape.models import build_model
+from landscape.privacy import PrivacyEvent
 from landscape.results import read_result
 from landscape.store import Store
-from landscape.train.accounting import AccountantWarning, PrivacyEvent, composed_epsilon
+from landscape.train.accounting import AccountantWarning, composed_epsilon
 from landscape.train.pruning import inherited_privacy
 
 # Opacus' own notices (secure RNG off; its hooks on inputs without grad): not ours to report

@@ -93,11 +93,10 @@ def test_labels_of_runs_and_files():
     assert slug("b@last,c@last") == "b_last_c_last"
 
 
-def test_the_registry_and_store_names_are_the_same_objects():
-    from landscape.analyze import registry
+def test_the_store_names_runs_by_the_one_rule():
     from landscape.store import check_run_name as store_check
 
-    assert registry.slug is slug and store_check is check_run_name
+    assert store_check is check_run_name
 
 
 @given(st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.,+=-]{0,30}", fullmatch=True).filter(lambda s: not s.endswith(".h5")),
@@ -246,9 +245,9 @@ def test_every_subsetting_analysis_records_its_subset(tmp_path):
                         figure=False, output=tmp_path / "i.h5")
     assert subsets(r.path) == [{"count": 30, "indices_sha256": want, "of": 120, "seed": 2, "size": 30,
                                 "split": "train"}]
-    n = api.ntk("a@last", root=root, subset=30, seed=2, figure=False, output=tmp_path / "n.h5")
+    n = api.ntk("a@last", root=root, subset=30, subset_seed=2, figure=False, output=tmp_path / "n.h5")
     assert subsets(n.path)[0]["indices_sha256"] == want and n.indices.tolist() == subset_indices(y, 30, 2).tolist()
-    h = api.hessian(["a"], root=root, subset=30, seed=2, top_k=1, lanczos_steps=5, figure=False, output=tmp_path / "h.h5",
+    h = api.hessian(["a"], root=root, subset=30, subset_seed=2, top_k=1, lanczos_steps=5, figure=False, output=tmp_path / "h.h5",
                     workers=1)
     assert [d["indices_sha256"] for d in subsets(h.path)] == [want]  # one draw, shared by the run's checkpoints
     full = api.interpolate("a@last", "b@last", root=root, points=2, figure=False, output=tmp_path / "full.h5")

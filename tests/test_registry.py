@@ -22,9 +22,11 @@ from click.testing import CliRunner
 
 from cli.generate import command
 from landscape.analyze import registry
-from landscape.analyze.interpolate import InterpolateConfig, InterpolationResult
+from landscape.analyze.interpolate import InterpolationResult
+from landscape.analyze.specs import InterpolateConfig
 from landscape.data import load_dataset
 from landscape.models import build_model
+from landscape.options import cli_fields
 from landscape.results import read_dataclass, read_result, stored, write_dataclass
 from landscape.store import Store
 
@@ -40,15 +42,14 @@ def test_every_config_field_has_its_option_and_every_option_its_field(name):
     cmd = command(name)
     options = {p.name for p in cmd.params if isinstance(p, __import__("click").Option) and not p.hidden}
     runner = {"data_from", "workers", "scheduler", "data_root", "no_figure", "output", "overwrite", "as_json"}
-    old = {p.name.removeprefix("_old_") for p in cmd.params if getattr(p, "hidden", False)}  # renamed fields' old flags
-    assert old == {o for f in dataclasses.fields(spec.config) for o in f.metadata.get("renamed_from", ())}
-    fields = {f.name for f in registry.cli_fields(spec.config)}
-    fields |= {f.name for f in registry.cli_fields(spec.run_options)} if spec.run_options else set()
+    assert not any(getattr(p, "hidden", False) for p in cmd.params)
+    fields = {f.name for f in cli_fields(spec.config)}
+    fields |= {f.name for f in cli_fields(spec.run_options)} if spec.run_options else set()
     assert fields - options == set()
     assert options - fields <= runner
     hidden = {f.name for f in dataclasses.fields(spec.config)} - fields
     assert not hidden & options  # api-only fields stay off the command line
-    for f in registry.cli_fields(spec.config):  # every option has help text and its default
+    for f in cli_fields(spec.config):  # every option has help text and its default
         opt = next(p for p in cmd.params if p.name == f.name)
         assert f.metadata["help"] and opt.help == f.metadata["help"]
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
@@ -59,7 +60,7 @@ def test_every_config_field_has_its_option_and_every_option_its_field(name):
 def test_spec_names_and_inputs_are_consistent():
     for name in registry.names():
         spec = registry.get(name)
-        assert spec.name == name and spec.inputs in registry.INPUTS and spec.doc
+        assert spec.name == name and spec.inputs in registry.INPUT_MODES and spec.doc
         hints = typing.get_type_hints(spec.config)
         assert all(f.name in hints for f in dataclasses.fields(spec.config))
     with pytest.raises(KeyError, match="no analysis named"):
@@ -499,7 +500,7 @@ def test_clipping_and_norms_files_read_as_frames(mixed_store, tmp_path):
 def test_ntk_file_has_labelled_sample_dims(mixed_store, tmp_path):
     from landscape.api import ntk
 
-    r = ntk("a", root=mixed_store.root, subset=12, clip="layerwise", output=tmp_path / "k.h5", figure=False)
+    r = ntk("a", root=mixed_store.root, subset=12, clip_style="layerwise", output=tmp_path / "k.h5", figure=False)
     with read_result(r.path).to_xarray() as ds:
         assert ds["K"].dims == ("sample", "sample_j") and ds["K_layers"].dims[0] == "layer"
         np.testing.assert_array_equal(ds["K"].values, r.K)

@@ -285,7 +285,7 @@ def _hold_new_run(root: str, name: str, flag: str, manifest: bool) -> None:
     if manifest:
         run = store.create_run(name, config={}, seeds={}, model_spec=MODEL_SPEC, data_spec=DATA_SPEC)  # noqa: F841
     else:
-        from landscape.store import _lock
+        from landscape.store._locks import _lock
 
         (Path(root) / name).mkdir(parents=True)
         lock = _lock(Path(root) / name, name)  # noqa: F841

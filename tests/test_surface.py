@@ -10,8 +10,8 @@ import torch
 from test_directions import quadratic_problem  # noqa: I001
 
 from cli import main as cli_main
+from landscape.analyze.specs import SurfaceConfig
 from landscape.analyze.surface import (
-    SurfaceConfig,
     SurfaceResult,
     checkpoint_plane,
     compute_surface,

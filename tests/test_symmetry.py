@@ -96,7 +96,7 @@ def test_analyzer_projections_equal_brute_force():
     model = build_model("mlp", input_shape=(5,), num_classes=3, widths=[4]).double()
     x = torch.randn(30, 5, dtype=torch.float64)
     y = torch.randint(0, 3, (30,))
-    res = gradient_symmetry(model, x, y, projections=3, seed=4, batch_size=30, permutations=50, chunk=7)
+    res = gradient_symmetry(model, x, y, projections=3, seed=4, subset=30, permutations=50, chunk=7)
     idx = subset_indices(y, 30, 4)  # the one sampler's examples (here all 30)
     ref = _brute_projections(model, x[idx], y[idx], 4, 5)
     np.testing.assert_allclose(res.rows[0].stats.plane, ref[:, :2], rtol=1e-6, atol=1e-6)
@@ -127,7 +127,7 @@ def test_same_matrix_for_every_checkpoint_of_a_run(run_store, tmp_path):
     from landscape.store import Store
 
     out = tmp_path / "sym.h5"
-    res = symmetry("r", root=run_store, projections=2, seed=9, subset=40, permutations=50, output=out)
+    res = symmetry("r", root=run_store, projections=2, seed=9, subset=40, subset_seed=9, permutations=50, output=out)
     assert [r.epoch for r in res.rows] == [0.0, 1.0, 2.0]
     back = SymmetryResult.from_hdf5(out)
     store = Store(run_store)

@@ -13,9 +13,11 @@ from conftest import run_cli
 from landscape.errors import CheckpointError, ModelError, UsageError
 from landscape.store import Store
 from landscape.train import accounting
+from landscape.train.accounting import steps_per_epoch
 from landscape.train.config import SamplingWarning, TrainConfig, checkpoint_steps, config_hash, parse_every
-from landscape.train.loop import MASK_ARRAY, composed_epsilon, train
-from landscape.train.sampling import PoissonSampler, ShuffleSampler, steps_per_epoch
+from landscape.train.loop import composed_epsilon, train
+from landscape.train.pruning import MASK_ARRAY
+from landscape.train.sampling import PoissonSampler, ShuffleSampler
 
 # a small, fast setting: 200 digits, 4 steps per epoch
 SMALL = dict(model="lenet", data="digits", subset=200, batch_size=50, lr=0.05, checkpoint_every="1e")
@@ -332,7 +334,7 @@ def test_cli_options_mirror_train_config():
     from cli.kinds import command as generated
 
     command = generated("train")
-    params = {p.name for p in command.params if not p.hidden} - {"as_json"}  # hidden: an old name (--microbatch)
+    params = {p.name for p in command.params} - {"as_json"}
     assert params == {f.name for f in dataclasses.fields(TrainConfig)}
 
 

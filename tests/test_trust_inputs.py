@@ -64,7 +64,7 @@ def test_every_command_has_the_same_seed_rule():
     found = {(" ".join(path), p.opts[0]) for path, _, p in SEED_OPTIONS}
     # the commands that used to accept -1 and those that printed a traceback for it
     assert {("train", "--seed"), ("phases", "--data-seed"), ("interpolate", "--subset-seed"), ("symmetry", "--seed"),
-            ("ntk", "--seed"), ("ntk-table", "--seed"), ("directions", "--subset-seed"),
+            ("ntk", "--subset-seed"), ("ntk-table", "--subset-seed"), ("directions", "--subset-seed"),
             ("surface", "--subset-seed"), ("instability", "--subset-seed"), ("align", "--seed")} <= found
     for _, _, p in SEED_OPTIONS:
         assert (p.type.min, p.type.max) == (0, SEED_MAX), p.opts
@@ -79,11 +79,11 @@ def test_a_negative_seed_is_one_usage_line_everywhere(tmp_path, capsys, path, co
 
 
 def test_the_seed_rule_holds_in_the_api_and_batch_configs():
-    from landscape.analyze.interpolate import InterpolateConfig
-    from landscape.analyze.registry import config_with
+    from landscape.analyze.specs import InterpolateConfig
+    from landscape.options import build
 
     with pytest.raises(UsageError, match=r"--subset-seed must be an integer seed in \[0, 2\*\*63 - 1\]"):
-        config_with(InterpolateConfig, None, {"subset_seed": -1})
+        build(InterpolateConfig, {"subset_seed": -1})
     with pytest.raises(UsageError, match="--seed must be an integer seed"):
         TrainConfig(seed=-1).validate()
     with pytest.raises(UsageError, match="--data-seed"):
@@ -123,7 +123,7 @@ def test_huge_surface_grid_and_api_counts_are_refused(root, capsys):
 
     with pytest.raises(UsageError, match=f"--bins must be <= {BINS_MAX}"):
         calibration("a", root=str(root), bins=10**9)
-    from landscape.analyze.hessian import HessianConfig
+    from landscape.analyze.specs import HessianConfig
     from landscape.api import hessian
 
     for refuse in (lambda: hessian("a@last", root=str(root), lanczos_steps=10**9),

@@ -238,11 +238,13 @@ def test_workers_receive_the_trusted_code(cnn_store, capsys):
 
 
 def test_dask_tasks_run_under_the_parents_trust():
+    from landscape import runtime
     from landscape.api import execution
 
-    seen = execution._dask_task(None, None, ((ref("tiny_cnn"),), True), plugins.trust_state)
-    assert seen.refs == (ref("tiny_cnn"),) and seen.accept_changed
-    assert plugins.trust_state().refs == ()
+    seen = execution._dask_task(None, None, ((ref("tiny_cnn"),), True, "cpu"),
+                                lambda: (plugins.trust_state(), runtime.default_device()))
+    assert seen[0].refs == (ref("tiny_cnn"),) and seen[0].accept_changed and seen[1] == "cpu"
+    assert plugins.trust_state().refs == () and runtime.default_device() == "auto"
 
 
 def test_changed_code_is_refused_unless_accepted(cnn_store, tmp_path, capsys):
@@ -488,7 +490,7 @@ def test_transformer_symmetry(transformer_store):
     from landscape.persample import PerSampleEngine
 
     root = transformer_store
-    res = symmetry("a", root=root, figure=False, code=CODE_T, subset=16, projections=3, seed=5,
+    res = symmetry("a", root=root, figure=False, code=CODE_T, subset=16, projections=3, seed=5, subset_seed=5,
                    permutations=20)
     assert len(res.rows) == 2
     ckpt, model = _transformer(root)

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from landscape.analyze.registry import Analysis, option
-from landscape.options import Options
+from landscape.analyze.registry import Analysis
+from landscape.options import Options, option
 from landscape.results import StoredResult, stored
 
 KIND = "toy-norm"

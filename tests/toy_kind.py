@@ -4,8 +4,8 @@ a checkpoint's weights times a factor, written as a new run whose parent is the 
 from dataclasses import dataclass
 from pathlib import Path
 
-from landscape.analyze.registry import option
 from landscape.api.jobkind import JobKind, files_under, run_option
+from landscape.options import option
 from landscape.store import Store
 
 

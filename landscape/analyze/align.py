@@ -56,34 +56,14 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import nn
 
-# The permutation-structure protocol lives in landscape.analyze.permutations; every name stays importable here.
-from landscape.analyze.permutations import (  # noqa: F401
-    _PASS_THROUGH,
-    BUILT_IN,
-    SPECS,
-    Axis,
-    Permutation,
+from landscape.analyze.permutations import (
     PermutationSpec,
-    SpecBuilder,
-    SpecFunction,
-    _as_spec,
     _check_spec_fits,
-    _model_name,
     _permuted,
-    _resnet_spec,
-    _take,
     _units,
     apply_permutation,
-    builder_of,
-    chain_spec,
-    check_function_kept,
-    check_permutations,
     identity,
-    invert,
     permutation_spec,
-    random_permutation,
-    register_spec,
-    verified_spec,
 )
 from landscape.errors import ModelError, UsageError
 

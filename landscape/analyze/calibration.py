@@ -40,9 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from landscape.analyze._common import EvaluationOptions, check_positive_int, split_subset
-from landscape.analyze.registry import Analysis, option
-from landscape.bounds import BINS_MAX
+from landscape.analyze.interpolate import split_subset
+from landscape.analyze.specs import CalibrationConfig
 from landscape.errors import UsageError
 from landscape.evaluate import Metric, evaluate
 from landscape.params import ParamSpace
@@ -51,17 +50,6 @@ from landscape.results import StoredResult, stored
 
 KIND = "calibration"
 SPLITS = ("train", "test")
-
-
-@dataclass(frozen=True)
-class CalibrationConfig(EvaluationOptions):
-    """Options of ``landscape calibration`` (stored as the result's ``params``)."""
-
-    bins: int = option(15, "Number of equal-width confidence bins ((m-1)/M, m/M] for ECE, MCE, the reliability "
-                       "diagram and the histograms; also the number of equal-mass bins of the adaptive ECE.", min=1,
-                       max=BINS_MAX)
-    split: tuple[str, ...] = option(("test",), "Data split(s) to evaluate: train, test or train,test.",
-                                    choices=SPLITS, metavar="train,test", renamed_from=("splits",))
 
 
 # ----------------------------------------------------------------------------------------- binning
@@ -94,6 +82,11 @@ def _binned_errors(count: torch.Tensor, conf_sum: torch.Tensor, correct_sum: tor
     per_bin = torch.where(count > 0, gap / count.clamp_min(1), torch.zeros_like(gap))
     mce = torch.where(n > 0, per_bin.amax(-1), torch.full_like(n, math.nan))
     return ece, mce
+
+
+def _check_bins(bins: Any) -> None:
+    if int(bins) != bins or bins < 1:
+        raise UsageError(f"--bins must be a positive integer, got {bins}")
 
 
 @dataclass
@@ -194,7 +187,7 @@ def calibration_from_stats(stats: ExampleStats, bins: int) -> SplitCalibration:
 
 def calibration_metrics(logits: torch.Tensor, y: torch.Tensor, bins: int = 15) -> SplitCalibration:
     """Accuracy, NLL, Brier, ECE, MCE, adaptive ECE and the histograms of ``(n, K)`` logits against ``y``."""
-    check_positive_int("--bins", bins)
+    _check_bins(bins)
     return calibration_from_stats(example_stats(logits, y), int(bins))
 
 
@@ -208,7 +201,7 @@ class ECE(Metric):
     """
 
     def __init__(self, bins: int = 15, name: str = "ece"):
-        check_positive_int("--bins", bins)
+        _check_bins(bins)
         self.bins, self.name = int(bins), name
 
     def __repr__(self) -> str:
@@ -384,16 +377,3 @@ def collect_groups(groups, config: CalibrationConfig, run_options: Any = None, r
 def _rows(result: CalibrationResult) -> list[dict[str, Any]]:
     keep = ("ref", "split", "epoch", "accuracy", "nll", "brier", "ece", "mce", "adaptive_ece")
     return [{k: row[k] for k in keep} for row in result.table()]
-
-
-SPEC = Analysis(
-    name="calibration", config=CalibrationConfig, compute=compute_point, collect=collect_groups,
-    result=CalibrationResult, inputs="targets", figure="landscape.plots.calibration:figure", rows=_rows,
-    output="calibration",
-    doc="""Calibration of checkpoints or whole runs TARGETS... (Bu et al. 2023 Sec. 5; Guo et al. 2017).
-
-    Accuracy, NLL, Brier score, ECE and MCE over equal-width confidence bins ((m-1)/M, m/M], confidence = max
-    softmax probability, MCE over non-empty bins), adaptive (equal-mass) ECE; reliability diagrams, confidence
-    and true-class probability histograms. A bare run name means every checkpoint of the run (metrics against
-    epoch).""",
-)

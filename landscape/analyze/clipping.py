@@ -45,36 +45,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from landscape.analyze._common import device_option
-from landscape.analyze.registry import Analysis, option
-from landscape.clip import CLIP_STYLES, clip_factors, layer_threshold
+from landscape.analyze.specs import ClippingConfig
+from landscape.clip import clip_factors, layer_threshold
 from landscape.errors import UsageError
-from landscape.options import Options
 from landscape.results import StoredResult, stored
 from landscape.runtime import resolve_device
 
 KIND = "clipping"
 # The bound is checked with this relative slack for floating-point rounding (equality holds when all g_i agree).
 BOUND_RTOL = 1e-9
-
-
-@dataclass(frozen=True)
-class ClippingConfig(Options):
-    """Options of ``landscape clipping`` (and ``landscape.api.clipping``)."""
-
-    max_grad_norm: float = option(1.0, "Clipping norm C.", flag=("--max-grad-norm", "-C"), min=0, min_open=True)
-    batch_size: int = option(256, "Batch size B: examples per batch (R depends on it, as on the batch size of a "
-                             "DP-SGD step).", min=1)
-    batches: int = option(1, "Number K of disjoint batches (R is reported per batch and over all K x B examples).",
-                          min=1)
-    clip_style: str = option("flat", "flat: one norm per sample; layerwise: one per layer.", choices=CLIP_STYLES)
-    seed: int = option(0, "Seed of the batch draw.")
-    prune_levels: tuple[float, ...] | None = option(
-        None, "Fractions of weights removed, e.g. 0,0.3,0.5,0.7,0.9: prune, rewind, retrain, measure R "
-        "(Watson Fig. 11).", min=0, max=1, max_open=True)
-    split: str = option("train", "Which split the per-sample gradients come from.", choices=("train", "test"))
-    chunk: int = option(250, "Examples per engine pass (memory bound; results do not depend on it).", min=1)
-    device: str = device_option()
 
 
 # ------------------------------------------------------------------------------------------ pure math
@@ -504,14 +483,3 @@ def _printed(result: ClippingResult) -> list[dict]:
         "ref", "epoch", "R", "R_batch_mean", "projection", "bound", "assumption_held", "bound_held",
         "fraction_clipped", "cos_clipped_mean"]
     return [{c: row.get(c) for c in columns} for row in result.summary_rows()]
-
-
-SPEC = Analysis(
-    name="clipping", config=ClippingConfig, compute=compute_point, collect=collect, hooks=("expand",),
-    result=ClippingResult, inputs="target", figure="landscape.plots.clipping:plot_clipping", rows=_printed,
-    output="clipping", purpose="draw per-sample gradients",
-    doc="""Clipping ratio R and the Thm. 3.2 bound (Watson et al. Sec. 3.1) at TARGET.
-
-    TARGET is a checkpoint (PATH.h5, RUN@last, RUN@epoch=E, ...) or a run name, meaning every checkpoint of
-    the run (one row per checkpoint).""",
-)

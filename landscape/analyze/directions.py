@@ -28,13 +28,11 @@ from torch import nn
 
 from landscape import metrics as user_metrics
 from landscape import progress
-from landscape.analyze._common import EvaluationOptions
-from landscape.analyze.registry import Analysis, option
-from landscape.bounds import DIRECTIONS_MAX, POINTS_MAX
-from landscape.directions import BIASBN, NORMALIZATIONS, max_abs_cosine, random_directions
+from landscape.analyze.specs import DirectionsConfig
+from landscape.directions import max_abs_cosine, random_directions
 from landscape.errors import NonFiniteError, UsageError
 from landscape.evaluate import Affine, Segment, evaluate
-from landscape.options import Options, build
+from landscape.options import build
 from landscape.params import ParamSpace
 from landscape.results import StoredResult, stored
 
@@ -42,65 +40,6 @@ KIND = "directions"
 SPLITS = ("train", "test")
 GENERATOR_BUDGET = 1 << 29  # bytes of cached first-layer outputs per evaluate call (chooses the chunk size)
 RESERVED = ("loss", "acc", "distance", "distances", "rise")  # direction_<column>, toward_<column> are taken
-
-
-@dataclass(frozen=True)
-class RandomDirectionOptions(EvaluationOptions):
-    """How random directions are drawn (the base of the directions and surface configs) and the user metrics
-    recorded at every point (:mod:`landscape.metrics`; references travel to the workers)."""
-
-    biasbn: str = option("zero", "1-D tensors (biases, norm layers) under filter/layer normalisation: zero (Li et "
-                         "al.), copy theta, or random rescaled.", choices=BIASBN)
-    seed: int = option(0, "Seed of the random directions.")
-    metrics: tuple[str, ...] | None = option(None, user_metrics.METRIC_HELP, flag=("--metric", "--metrics"),
-                                             metavar="REF", kind="metrics")
-
-    def validate(self) -> None:
-        """Normalise ``metrics`` (:func:`landscape.metrics.normalize`); the runner refuses objects with workers."""
-        self._set("metrics", user_metrics.normalize(self.metrics))
-
-
-@dataclass(frozen=True)
-class DirectionsConfig(RandomDirectionOptions):
-    """Options of ``landscape directions`` (stored as the result's ``params``).
-
-    ``distance`` is a positive number or ``"auto"`` (= ``||theta_B - theta_A||``, needs a target).
-    ``normalize``: ``none`` (isotropic Gaussian: Watson et al.'s "random vector in the ambient space"),
-    ``filter`` or ``layer`` (Li et al. 2018); ``biasbn``: 1-D tensors ``zero`` (Li et al.'s default),
-    ``copy`` or ``random`` (only with filter/layer normalisation).
-    """
-
-    directions: int = option(100, "Number of random directions (held in memory together, for their cosines).",
-                             min=1, max=DIRECTIONS_MAX, renamed_from=("n",))
-    points: int = option(30, "Points per profile: t = linspace(0, 1, points) of the distance.", min=2,
-                         max=POINTS_MAX)
-    distance: float | str = option("auto", "How far to go: a number, or auto = ||B - A|| (needs --toward).",
-                                   kind="text")
-    split: str = option("train", "Data split to evaluate.", choices=SPLITS)
-    normalize: str = option("none", "Direction normalisation (Li et al. 2018): none (isotropic, as Watson et al.), "
-                            "filter or layer.", choices=NORMALIZATIONS)
-
-    def validate(self) -> None:
-        super().validate()
-        self._set("distance", parse_distance(self.distance))
-
-
-def parse_distance(value: float | str) -> float | str:
-    """``"auto"`` or a positive finite number (a string from the command line is parsed)."""
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text == "auto":
-            return "auto"
-        try:
-            value = float(text)
-        except ValueError:
-            raise UsageError(f"--distance must be a positive number or 'auto', got {value!r}") from None
-    value = float(value)
-    if not math.isfinite(value) or value <= 0:
-        raise UsageError(f"--distance must be a positive number or 'auto', got {value}")
-    if value > float(np.finfo(np.float32).max):
-        raise UsageError(f"--distance {value:g} is too large: the models run in float32 (at most 3.4e38)")
-    return value
 
 
 # ----------------------------------------------------------------------------------------- points
@@ -369,13 +308,6 @@ def random_profiles(
 # ------------------------------------------------------------------------------------------- the spec
 
 
-@dataclass(frozen=True)
-class DirectionsOptions(Options):
-    """The target of ``directions`` (an api keyword and a command-line option)."""
-
-    toward: str | None = option(None, "Checkpoint B: also evaluate the straight path from A toward B.")
-
-
 def _rows(result: DirectionsResult) -> list[dict]:
     s = result.summary()
     rows = [{"": "random", "n": s["n"], "mean": s["rise_mean"], "median": s["rise_median"], "min": s["rise_min"],
@@ -404,12 +336,6 @@ def _notes(result: DirectionsResult) -> list[str]:
     return lines
 
 
-SPEC = Analysis(
-    name="directions", config=DirectionsConfig, compute=random_profiles, result=DirectionsResult,
-    inputs="checkpoint", run_options=DirectionsOptions, hooks=("execute",), parallel=True,
-    figure="landscape.plots.directions:directions_figure", rows=_rows, notes=_notes,
-    details=lambda r: {**r.summary(), "seconds": r.seconds, "points_per_second": r.throughput}, output="directions",
-    doc="""Loss along N random directions from A against the path toward B (Watson et al. Fig. 4).
 
-    A and B are checkpoint references: PATH.h5 or RUN[@init|@last|@step=N|@epoch=E].""",
-)
+def _details(r: DirectionsResult) -> dict:
+    return {**r.summary(), "seconds": r.seconds, "points_per_second": r.throughput}

@@ -37,35 +37,18 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from landscape.analyze._common import device_option
-from landscape.analyze.registry import Analysis, option
-from landscape.bounds import LANCZOS_STEPS_MAX
+from landscape.analyze.specs import HessianConfig
 from landscape.curvature import HessianOperator
 from landscape.data import take_subset
 from landscape.errors import UsageError
 from landscape.evaluate.allocator import tuned_allocator
-from landscape.options import Options
 from landscape.results import InputRef, StoredResult, stored
 from landscape.runtime import resolve_device
-from landscape.spectral import (  # noqa: F401 (re-exported: the estimators lived here)
-    BLOCK,
-    COLUMNS,
-    DOT_COLUMNS,
-    GRID,
-    Lanczos,
+from landscape.spectral import (
     SpectralDensity,
     TopEigen,
     TraceEstimate,
-    _coefficients,
-    _dots,
-    _draw,
-    _norms,
-    _orthogonalise_,
-    _tridiagonal_eigh,
-    broadened_density,
-    density_grid,
     hutchinson_trace,
-    lanczos,
     spectral_density,
     top_eigenvalues,
 )
@@ -73,39 +56,6 @@ from landscape.spectral import (  # noqa: F401 (re-exported: the estimators live
 KIND = "hessian"
 PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
 SPLITS = ("train", "test")
-
-
-@dataclass(frozen=True)
-class HessianConfig(Options):
-    """Options of ``landscape hessian`` (and ``landscape.api.hessian``)."""
-
-    top_k: int = option(5, "Largest Hessian eigenvalues to compute (Lanczos); 0 for none.", min=0)
-    trace: bool = option(False, "Also estimate the trace (Hutchinson, Rademacher probes, with its standard error).")
-    density: bool = option(False, "Also estimate the spectral density (stochastic Lanczos quadrature).")
-    subset: int = option(1000, "Examples in the fixed seeded stratified subset the loss is taken over (the same at "
-                         "every checkpoint).", min=1, renamed_from=("n",))
-    seed: int = option(0, "Seed of the subset, the Lanczos start vector and the probes.")
-    split: str = option("train", "Which split the subset comes from.", choices=SPLITS)
-    probes: int = option(100, "Rademacher probes of the trace estimate.", min=1)
-    density_probes: int = option(1, "Lanczos runs averaged in the density (Ghorbani et al.: one suffices for "
-                                    "large models).", min=1)
-    lanczos_steps: int = option(80, "Lanczos steps: the cap for the eigenvalues, the number for the density "
-                                    "(memory: steps x parameters).", min=1, max=LANCZOS_STEPS_MAX)
-    tol: float = option(1e-4, "Relative residual ||Hu - theta u|| / |theta_1| at which the eigenvalues stop.",
-                        min=0, min_open=True, max=1)
-    sigma: float = option(0.01, "Gaussian width of the density, as a fraction of the spectral range.",
-                          min=0, min_open=True)
-    precision: str = option("float32", "Precision of the Hessian-vector products.", choices=tuple(PRECISIONS),
-                            value_aliases={"single": "float32", "double": "float64"})
-    chunk: int = option(250, "Examples per chunk of each product (memory bound; results do not depend on it).",
-                        min=1, renamed_from=("batch_size",))
-    device: str = device_option()
-
-    def validate(self) -> None:
-        if self.top_k == 0 and not self.trace and not self.density:
-            raise UsageError("nothing to compute: --top-k 0 without --trace or --density")
-        if self.top_k > self.lanczos_steps:
-            raise UsageError(f"--lanczos-steps ({self.lanczos_steps}) must be at least --top-k ({self.top_k})")
 
 
 # --------------------------------------------------------------------------------------------- rows
@@ -197,10 +147,10 @@ class HessianResult(StoredResult):
         return out
 
 
-def subset(x: Tensor, y: Tensor, n: int, seed: int, split: str = "") -> tuple[Tensor, Tensor]:
-    """The fixed subset of ``min(n, len(y))`` examples every measurement of a run uses: the one sampler's
-    (:func:`landscape.data.sample_subset`: seeded, stratified by class)."""
-    return take_subset(x, y, min(int(n), len(y)), seed, split=split)
+def subset(x: Tensor, y: Tensor, n: int | float, seed: int, split: str = "") -> tuple[Tensor, Tensor]:
+    """The fixed subset every measurement of a run uses (a count, at most the split's size, or a fraction): the
+    one sampler's (:func:`landscape.data.sample_subset`: seeded, stratified by class)."""
+    return take_subset(x, y, min(n, len(y)), seed, split=split)
 
 
 @tuned_allocator()  # one block for the operator and every estimator: the products' temporaries are reused
@@ -221,7 +171,7 @@ def hessian_row(
     subset of ``x, y``. Pure: the model is not modified."""
     config.validate()
     start = time.perf_counter()
-    xs, ys = subset(x, y, config.subset, config.seed, config.split)
+    xs, ys = subset(x, y, config.subset, config.subset_seed, config.split)
     op = HessianOperator(model, xs, ys, masks=masks, dtype=PRECISIONS[config.precision],
                          device=resolve_device(config.device), batch_size=config.chunk)
     if config.top_k > op.dim:
@@ -260,14 +210,3 @@ def compute_point(point, config: HessianConfig, _shared=None) -> HessianRow:
 
 def collect(groups, config: HessianConfig, _options=None, _refs=None, _shared=None) -> HessianResult:
     return HessianResult.from_rows([row for group in groups for row in group], config)
-
-
-SPEC = Analysis(
-    name="hessian", config=HessianConfig, compute=compute_point, collect=collect, result=HessianResult,
-    inputs="targets", figure="landscape.plots.hessian:plot_hessian", rows=HessianResult.table_rows,
-    output="hessian", purpose="take Hessian-vector products", needs=("manifest",),
-    doc="""Hessian sharpness (PyHessian, Yao et al. 2020) of runs or checkpoints TARGETS...: top-k eigenvalues
-    (Lanczos, with residuals), --trace (Hutchinson, with its standard error), --density (stochastic Lanczos
-    quadrature, Ghorbani et al. 2019), on a fixed seeded subset of --subset examples. A run means every checkpoint
-    (sharpness against epoch, all runs on one figure).""",
-)

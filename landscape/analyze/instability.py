@@ -18,10 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from landscape.analyze.interpolate import InterpolateConfig
 from landscape.analyze.interpolate import compute_pair as interpolate_pair
-from landscape.analyze.registry import Analysis, option
-from landscape.options import Options
+from landscape.analyze.specs import InstabilityOptions
 from landscape.results import StoredResult, stored, table_columns, write_csv
 
 KIND = "instability"
@@ -168,17 +166,6 @@ def _copy_of(run: RunInfo) -> int:
 # ------------------------------------------------------------------------------------------- the spec
 
 
-@dataclass(frozen=True)
-class InstabilityOptions(Options):
-    """How ``instability`` pairs runs (an api keyword and a command-line option, not an analyzer option)."""
-
-    pairs: str = option("siblings", "siblings (runs trained from one parent checkpoint with the same optimizer: "
-                        "phases, train --from, a Recorder's parent=), all, or explicit A:B[,C:D...].")
-    pair_dir: str | None = option(None, "Directory of the per-pair interpolation files (default: OUTPUT-pairs/ "
-                                  "beside the table). A pair's file there is reused, not recomputed, when its "
-                                  "checkpoints' sha256, the options, the data and the code version all match.")
-
-
 def compute_pair(a, b, config, labels: Mapping, result=None) -> tuple[PairInstability, object]:
     """One row: A and B interpolated (:func:`landscape.analyze.interpolate.compute_pair`, or ``result``, the
     pair's interpolation read back from its current file) with the pair's labels from the manifests; epsilon
@@ -231,13 +218,6 @@ def _absent(value: object) -> bool:
     return isinstance(value, float) and math.isnan(value)
 
 
-SPEC = Analysis(
-    name="instability", config=InterpolateConfig, compute=compute_pair, result=InstabilityTable,
-    inputs="pairs", collect=collect, run_options=InstabilityOptions,
-    figure="landscape.plots.interpolate:instability_figure", rows=_printed, notes=_notes,
-    details=lambda t: {"csv": str(t.csv_path), "rows": t.records()}, output="instability", csv=True,
-    doc="""Instability of many pairs of final checkpoints: one table (CSV + HDF5) and the plot against k.
 
-    RUNS are run names or globs (e.g. 'phases-*'); with --pairs A:B they may be omitted. Each pair's
-    interpolation is written under <output stem>-pairs/.""",
-)
+def _details(t: InstabilityTable) -> dict:
+    return {"csv": str(t.csv_path), "rows": t.records()}

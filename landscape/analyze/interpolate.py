@@ -19,15 +19,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from landscape import metrics as user_metrics
-from landscape.analyze._common import EvaluationOptions, split_subset
-from landscape.analyze.registry import Analysis, option
-from landscape.bounds import POINTS_MAX
+from landscape.analyze.specs import InterpolateConfig
 from landscape.errors import UsageError
 from landscape.evaluate import EvalResult, Segment, evaluate
 from landscape.options import build
@@ -41,23 +40,14 @@ SPLITS = ("train", "test")
 RESERVED = ("loss", "acc", "error", "alpha")
 
 
-@dataclass(frozen=True)
-class InterpolateConfig(EvaluationOptions):
-    """Options of ``landscape interpolate`` / ``instability`` (stored as the result's ``params``)."""
+def split_subset(splits: Mapping[str, Any], name: str, subset: int | float | None, seed: int):
+    """``(x, y)`` of split ``name``, or the examples of it the one sampler draws (``subset`` a count or a fraction:
+    :func:`landscape.data.sample_subset`); a split the data does not have is a UsageError naming the ones it has."""
+    if name not in splits:
+        raise UsageError(f"split {name!r} is not in the data (have {', '.join(splits)})")
+    from landscape.data import take_subset
 
-    points: int = option(30, "Number of alphas in linspace(0, 1, points), both endpoints included.", min=2,
-                         max=POINTS_MAX)
-    split: tuple[str, ...] = option(SPLITS, "Data split(s) to evaluate: train, test or train,test.", choices=SPLITS,
-                                    metavar="train,test", renamed_from=("splits",))
-    bn_recalibrate: bool = option(False, "Recompute BatchNorm statistics at every point from the training data.")
-    metrics: tuple[str, ...] | None = option(None, user_metrics.METRIC_HELP + " ece: expected calibration error, "
-                                             "15 equal-width bins as landscape calibration.", flag=("--metric", "--metrics"),
-                                             metavar="REF", kind="metrics")
-    align: bool = option(False, "Also permute B's hidden units to match A (Git Re-Basin weight matching, "
-                         "landscape.analyze.align) and report the instability after alignment beside it.")
-
-    def validate(self) -> None:
-        self._set("metrics", user_metrics.normalize(self.metrics))
+    return take_subset(*splits[name], subset, seed, split=name)
 
 
 @dataclass
@@ -306,7 +296,8 @@ def compute_pair(a, b, config: InterpolateConfig) -> InterpolationResult:
     model = a.model()
     result = interpolate(model, a.state, b.state, splits, config=config)
     if config.align:  # the same path after permuting B's units to match A's (weight matching, seed 0)
-        from landscape.analyze.align import align_states, verified_spec
+        from landscape.analyze.align import align_states
+        from landscape.analyze.permutations import verified_spec
 
         spec = verified_spec(model, splits["test"][0][:16] if "test" in splits else None)
         after = interpolate(model, a.state, align_states(model, a.state, b.state, spec=spec).state, splits,
@@ -325,14 +316,6 @@ def _notes(result: InterpolationResult) -> list[str]:
     return [f"{key}: instability inf ({reason})" for key, reason in result.reasons.items()]
 
 
-SPEC = Analysis(
-    name="interpolate", config=InterpolateConfig, compute=compute_pair, result=InterpolationResult, inputs="pair",
-    figure="landscape.plots.interpolate:interpolation_figure", rows=InterpolationResult.summary, notes=_notes,
-    details=lambda r: {"reasons": r.reasons, "seconds": r.seconds, "throughput": r.throughput},
-    output="interpolate",
-    doc="""Loss and accuracy on (1-alpha) A + alpha B: the barrier above the chord, the rise above both ends and
-    the instability (Watson et al. Def. 2.3).
 
-    A and B are checkpoint references: PATH.h5 or RUN[@init|@last|@step=N|@epoch=E]. When A and B were
-    trained on different data, every point is evaluated on A's (--data-from b: B's), with a warning.""",
-)
+def _details(r: InterpolationResult) -> dict:
+    return {"reasons": r.reasons, "seconds": r.seconds, "throughput": r.throughput}

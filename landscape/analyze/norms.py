@@ -19,32 +19,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from landscape.analyze._common import device_option
-from landscape.analyze.registry import Analysis, option
-from landscape.bounds import BINS_MAX
+from landscape.analyze.specs import NormsConfig
 from landscape.data import take_subset
 from landscape.errors import UsageError
-from landscape.options import Options
 from landscape.results import StoredResult, stored
 from landscape.runtime import resolve_device
 
 KIND = "norms"
-
-
-@dataclass(frozen=True)
-class NormsConfig(Options):
-    """Options of ``landscape norms`` (and ``landscape.api.norms``)."""
-
-    bins: int = option(100, "Bins of the parameter-value histograms (shared by all targets).", min=1,
-                       max=BINS_MAX)
-    subset: int = option(256, "Examples whose per-sample gradient norms are taken at every checkpoint (a seeded "
-                         "stratified subset of the split; 0: none).", min=0, renamed_from=("grad_samples",))
-    grad_epochs: tuple[float, ...] | None = option(None, "Epochs whose gradient-norm histograms are drawn (default: "
-                                                   "first after init, and last).", min=0)
-    seed: int = option(0, "Seed of the example draw.")
-    split: str = option("train", "Which split the per-sample gradients come from.", choices=("train", "test"))
-    chunk: int = option(250, "Examples per engine pass (memory bound; results do not depend on it).", min=1)
-    device: str = device_option()
 
 
 # ------------------------------------------------------------------------------------------ pure parts
@@ -214,7 +195,7 @@ def checkpoint_norms(
     hist = value_histogram(parameter_vector(state, names), edges)
     grad_norms = np.zeros(0)
     if config.subset > 0 and x is not None:
-        xs, ys = take_subset(x, y, min(config.subset, len(y)), config.seed, split=config.split)
+        xs, ys = take_subset(x, y, min(config.subset, len(y)), config.subset_seed, split=config.split)
         grad_norms = per_sample_grad_norms(model, xs, ys, chunk=config.chunk, engine=engine)
     return CheckpointNorms(ref=ref, step=int(step), epoch=float(epoch), params=params, histogram=hist,
                            grad_norms=grad_norms)
@@ -273,12 +254,3 @@ def collect(groups, config: NormsConfig, _options, labels, edges: np.ndarray) ->
     runs = [RunNorms(label=str(label), optimizer=group[0][1], layer_names=group[0][2], rows=[r for r, _, _ in group])
             for label, group in zip(labels, groups, strict=True)]
     return NormsResult(config=config, edges=edges, runs=runs)
-
-
-SPEC = Analysis(
-    name="norms", config=NormsConfig, compute=compute_point, prepare=value_range, share=shared_edges,
-    collect=collect, result=NormsResult, inputs="targets", figure="landscape.plots.norms:plot_norms",
-    rows=NormsResult.ratio_rows, output="norms", purpose="draw per-sample gradients", needs=("init", "manifest"),
-    doc="""Parameter and gradient norms (Watson Figs. 16-17) of runs or checkpoints TARGETS..., the first the
-    baseline of the distance ratios.""",
-)

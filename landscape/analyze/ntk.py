@@ -32,54 +32,20 @@ import numpy as np
 import torch
 from torch import nn
 
-from landscape.analyze.ntk_kernels import (  # noqa: F401 (re-exported: both analyses lived in this module)
-    CLIP_FNS,
-    CLIPS,
-    EIG_RTOL,
-    GRAM_PRECISION,
-    KIND_HELP,
-    PRECISION_HELP,
-    PRECISIONS,
-    STRATEGIES,
-    SYM_RTOL,
-    ClippedKernel,
-    KernelOptions,
+from landscape.analyze.ntk_kernels import (
     KernelProperties,
-    LayerKernels,
-    clip_kernel,
     clip_layer_kernels,
-    examples,
     kernel_properties,
     layer_kernels,
     model_and_examples,
     yes_no,
 )
-from landscape.analyze.ntk_table import (  # noqa: F401 (re-exported)
-    TABLE_COLUMNS,
-    TABLE_SPEC,
-    NTKTable,
-    NTKTableConfig,
-    NTKTableRow,
-    ntk_table,
-    table_point,
-    table_rows,
-)
-from landscape.analyze.registry import Analysis, option
+from landscape.analyze.specs import NTKConfig
 from landscape.clip import layer_threshold
 from landscape.results import StoredResult, stored
 
 
 # ------------------------------------------------------------------------------------------- config
-@dataclass(frozen=True)
-class NTKConfig(KernelOptions):
-    """Options of ``landscape ntk`` (stored as the result's params)."""
-
-    clip: str = option("none", "Kernel: K (none), K C (flat), sum_r K_r C_r (layerwise).", choices=CLIPS)
-    max_grad_norm: float = option(1.0, "Clipping norm C.", flag=("--max-grad-norm", "-C"), min=0, min_open=True)
-    layer_max_norms: float | None = option(None, "Layerwise per-layer norm C_r (default C / sqrt(#layers), as in "
-                                           "training).", flag="--layer-max-norm", min=0, min_open=True)
-
-
 # ------------------------------------------------------------------------------------------- results
 @dataclass
 class NTKResult(StoredResult):
@@ -112,7 +78,7 @@ class NTKResult(StoredResult):
 
     def summary(self) -> dict:
         """What the CLI prints: the clipped kernel's properties and the unclipped kernel's."""
-        out = {"kind": self.config.kernel, "clip": self.config.clip, "n": int(len(self.labels)),
+        out = {"kind": self.config.kernel, "clip_style": self.config.clip_style, "n": int(len(self.labels)),
                "fraction_clipped": self.fraction_clipped}
         out.update(self.properties.scalars())
         out.update({f"K_{k}": v for k, v in self.K_properties.scalars().items()})
@@ -150,17 +116,17 @@ def compute_ntk(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: NTKC
                 indices: np.ndarray | None = None) -> NTKResult:
     """The (clipped) NTK of ``model`` on examples ``x, y`` as ``config`` asks (pure: no store I/O)."""
     lk = layer_kernels(model, x, y, kind=config.kernel, layers=config.layers, strategy=config.strategy,
-                       max_memory=config.max_memory, precision=GRAM_PRECISION[config.precision])
+                       max_memory=config.max_memory, precision=config.precision)
     K = lk.K
     L, n = lk.layer_sq_norms.shape
     layer_max = None
-    if config.clip == "none":
+    if config.clip_style == "none":
         A, C, frac, frac_layers = K, np.ones(n), 0.0, 0.0
     else:
-        ck = clip_layer_kernels(lk, style=config.clip, max_grad_norm=config.max_grad_norm, clip_fn=config.clip_fn,
+        ck = clip_layer_kernels(lk, style=config.clip_style, max_grad_norm=config.max_grad_norm, clip_fn=config.clip_fn,
                                 layer_max_norms=config.layer_max_norms)
         A, C, frac, frac_layers = ck.A, ck.C, ck.fraction_clipped, ck.fraction_layers_clipped
-        if config.clip == "layerwise":
+        if config.clip_style == "layerwise":
             layer_max = (config.layer_max_norms if config.layer_max_norms is not None
                          else layer_threshold(config.max_grad_norm, lk.n_model_layers))
     return NTKResult(
@@ -181,20 +147,10 @@ def compute_point(point, config: NTKConfig) -> NTKResult:
 
 def _ntk_rows(r: NTKResult) -> list[dict]:
     rows = []
-    for label, p, frac in (("K", r.K_properties, 0.0), (f"A ({r.config.clip})", r.properties, r.fraction_clipped)):
-        if label == "K" or r.config.clip != "none":
+    for label, p, frac in (("K", r.K_properties, 0.0), (f"A ({r.config.clip_style})", r.properties, r.fraction_clipped)):
+        if label == "K" or r.config.clip_style != "none":
             rows.append({"kernel": label, "size": p.n, "clipped": frac, "symmetric": yes_no(p.symmetric),
                          "asymmetry": p.asymmetry, "pos_quad": yes_no(p.positive_quadratic),
                          "min_sym_eig": p.min_sym_eig, "pos_eig": yes_no(p.positive_eigenvalues),
                          "min_re_eig": p.min_real_eig, "max_|im|": p.max_abs_imag_eig, "norm": p.norm})
     return rows
-
-
-SPEC = Analysis(
-    name="ntk", config=NTKConfig, compute=compute_point, result=NTKResult, inputs="checkpoint",
-    figure="landscape.plots.ntk:ntk_figure", rows=_ntk_rows, details=NTKResult.summary, output="ntk",
-    purpose="compute the NTK",
-    doc="""Empirical NTK at checkpoint REF, with or without clipping: symmetry, positivity, spectra.
-
-    REF is PATH.h5 or RUN@init|@last|@step=N|@epoch=E.""",
-)

@@ -14,21 +14,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from landscape.analyze._common import device_option
-from landscape.analyze.registry import option
 from landscape.clip import CLIP_STYLES, clip_factors, layer_threshold
 from landscape.curvature import eval_mode
 from landscape.errors import NonFiniteError, UsageError
-from landscape.gram import KINDS, gram_blocks, layer_names, parse_memory
-from landscape.options import Options
+from landscape.gram import gram_blocks, layer_names
 from landscape.runtime import resolve_device
 
 CLIPS = ("none", "flat", "layerwise")
-CLIP_FNS = ("abadi", "automatic", "normalize", "global")
-STRATEGIES = ("auto", "hooks", "materialize", "ghost", "functorch")
-PRECISIONS = ("auto", "float64", "float32")
-#: the config's precision names (those of ``hessian --precision``) -> landscape.gram's
-GRAM_PRECISION = {"auto": "auto", "float64": "double", "float32": "single"}
 KIND_HELP = ("loss-grad: <grad l_i, grad l_j>; output: d f/d w (d f/d w)^T (nM x nM); output-trace: its trace "
              "over logits (n x n).")
 PRECISION_HELP = ("auto: float64 for small tensors, the model's dtype for big contractions; float64: the model and "
@@ -192,29 +184,6 @@ def clip_kernel(
 
 
 # ------------------------------------------------------------------------------------- kernel options
-@dataclass(frozen=True)
-class KernelOptions(Options):
-    """Which kernel of which examples, and how it is computed (the base of NTKConfig and NTKTableConfig)."""
-
-    subset: int = option(128, "Number of examples (seeded stratified subset of the checkpoint's data).", min=1,
-                         renamed_from=("n",))
-    kernel: str = option("loss-grad", KIND_HELP, choices=KINDS, renamed_from=("kind",))  # `kind:` is a batch job's kind
-    clip_fn: str = option("abadi", "Clipping function (Bu et al. Sec. 2.2).", choices=CLIP_FNS)
-    layers: tuple[str, ...] | None = option(None, "Glob patterns of parameter names to include (default: all "
-                                            "trainable).")
-    seed: int = option(0, "Seed of the example subset.")
-    split: str = option("train", "Data split.", choices=("train", "test"))
-    max_memory: str | int | None = option("4GB", "Memory budget of the Gram computation (e.g. 4GB, 512MiB).",
-                                          kind="text")
-    strategy: str = option("auto", "How per-layer Gram blocks are computed.", choices=STRATEGIES)
-    precision: str = option("auto", PRECISION_HELP, choices=PRECISIONS,
-                            value_aliases={"double": "float64", "single": "float32"})
-    device: str = device_option()
-
-    def validate(self) -> None:
-        parse_memory(self.max_memory)
-
-
 # ------------------------------------------------------------------------------------------ kernels
 @dataclass
 class LayerKernels:
@@ -294,13 +263,13 @@ def clip_layer_kernels(lk: LayerKernels, *, style: str, max_grad_norm: float, cl
 # ----------------------------------------------------------------------------------- examples, rows
 
 
-def examples(point, n: int, seed: int, split: str) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+def examples(point, n: int | float, seed: int, split: str) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
     """The ``n`` examples of a resolved checkpoint's data split the one sampler draws
     (:func:`landscape.data.sample_subset`: seeded, stratified): x, y, indices."""
     from landscape.data import sample_subset
 
     x, y = point.data.split(split)
-    if n > len(y):
+    if isinstance(n, int) and n > len(y):
         raise UsageError(f"--subset {n} is more than the {len(y)} {split} examples of data set "
                          f"'{point.checkpoint.data_spec.get('name')}'")
     idx = sample_subset(y, n, seed, split=split)
@@ -313,7 +282,7 @@ def model_and_examples(point, config):
     model = point.model().eval().to(device)  # eval: dropout off, BatchNorm on its running statistics
     if config.precision == "float64":
         model = model.double()
-    x, y, idx = examples(point, config.subset, config.seed, config.split)
+    x, y, idx = examples(point, config.subset, config.subset_seed, config.split)
     dtype = next(model.parameters()).dtype
     x = x.to(device, dtype) if x.is_floating_point() else x.to(device)  # token ids stay integers
     return model, x, y.to(device), idx

@@ -14,8 +14,6 @@ import torch
 from torch import nn
 
 from landscape.analyze.ntk_kernels import (
-    GRAM_PRECISION,
-    KernelOptions,
     LayerKernels,
     clip_layer_kernels,
     kernel_properties,
@@ -23,20 +21,8 @@ from landscape.analyze.ntk_kernels import (
     model_and_examples,
     yes_no,
 )
-from landscape.analyze.registry import Analysis, option
-from landscape.clip import CLIP_STYLES
+from landscape.analyze.specs import NTKTableConfig
 from landscape.results import StoredResult, stored, write_csv
-
-
-@dataclass(frozen=True)
-class NTKTableConfig(KernelOptions):
-    """Options of ``landscape ntk-table`` (stored as the result's params)."""
-
-    max_grad_norms: tuple[float, ...] = option((0.01, 0.1, 1.0, 10.0, 100.0), "Clipping norms C.",
-                                               flag=("--max-grad-norm", "-C"), min=0, min_open=True)
-    clip_styles: tuple[str, ...] = option(CLIP_STYLES, "Clipping styles: flat, layerwise.", flag="--clip-style",
-                                          choices=CLIP_STYLES)
-
 
 # ---------------------------------------------------------------------------------- Bu Table 1 measured
 TABLE_COLUMNS = (
@@ -110,7 +96,7 @@ def ntk_table(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: NTKTab
               epoch: float = float("nan")) -> NTKTable:
     """Bu et al. Table 1 measured on one model: one Gram computation, every clipping norm and style."""
     lk = layer_kernels(model, x, y, kind=config.kernel, layers=config.layers, strategy=config.strategy,
-                       max_memory=config.max_memory, precision=GRAM_PRECISION[config.precision])
+                       max_memory=config.max_memory, precision=config.precision)
     return NTKTable(config=config, rows=table_rows(lk, config, step=step, epoch=epoch))
 
 
@@ -118,7 +104,7 @@ def table_point(point, config: NTKTableConfig) -> list[NTKTableRow]:
     """One checkpoint's rows of the measured Table 1: one Gram computation for every clipping norm and style."""
     model, x, y, _ = model_and_examples(point, config)
     lk = layer_kernels(model, x, y, kind=config.kernel, layers=config.layers, strategy=config.strategy,
-                       max_memory=config.max_memory, precision=GRAM_PRECISION[config.precision])
+                       max_memory=config.max_memory, precision=config.precision)
     return table_rows(lk, config, step=point.step, epoch=float(point.epoch))
 
 
@@ -130,15 +116,10 @@ def _table_rows(t: NTKTable) -> list[dict]:
             for r in t.rows]
 
 
-TABLE_SPEC = Analysis(
-    name="ntk-table", config=NTKTableConfig, compute=table_point, result=NTKTable, inputs="target",
-    collect=lambda rows, config, _: NTKTable(config=config, rows=[r for rs in rows for r in rs]),
-    figure="landscape.plots.ntk:ntk_table_figure", rows=_table_rows, output="ntk-table", csv=True,
-    purpose="compute the NTK",
-    details=lambda t: {"csv": str(t.csv_path), "rows": [vars(r) for r in t.rows]},
-    doc="""Bu et al. Table 1 measured at TARGET: for each clipping norm and style, is the kernel symmetric,
-    positive in quadratic form, positive in eigenvalues (with the numbers behind each answer).
 
-    TARGET is a checkpoint (PATH.h5, RUN@last, ...) or a run name, meaning every checkpoint of the run.
-    Writes HDF5 + CSV + figure.""",
-)
+def collect_table(rows: list, config: NTKTableConfig, _) -> NTKTable:
+    return NTKTable(config=config, rows=[r for rs in rows for r in rs])
+
+
+def _table_details(t: NTKTable) -> dict:
+    return {"csv": str(t.csv_path), "rows": [vars(r) for r in t.rows]}

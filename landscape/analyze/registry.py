@@ -1,109 +1,140 @@
-"""The analysis registry: one :class:`Analysis` spec per analysis, looked up by command name.
-
-Each ``landscape/analyze/<module>.py`` defines ``SPEC = Analysis(...)`` (or several, e.g. ``NTK_SPEC``) and
-``landscape/analyze/__init__.py`` names it in one line (``name -> "module:ATTRIBUTE"`` plus the one-line
-summary shown by ``landscape --help``), so listing the analyses imports neither torch nor the analyzers.
-The api runner (:mod:`landscape.api.runner`) and the CLI generator (:mod:`cli.generate`) read everything
-else from the spec: the config dataclass (whose fields carry their command-line options in
-``field(metadata=...)``, see :func:`option`), the pure ``compute``, the result class, its figure and the rows
-the command prints. See ``docs/ARCHITECTURE.md`` ("How to add an analysis").
-
-This module imports nothing heavy (no torch): ``landscape --help`` goes through it.
-"""
+"""The analysis registry: one :class:`Analysis` spec per analysis, looked up by command name, and the table of
+input modes (what an analysis' references are). Imports nothing heavy: ``landscape --help`` goes through it."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from landscape.options import build, cli_fields, flag_of, flags_of, option  # noqa: F401 (re-exported)
-from landscape.refs import slug  # noqa: F401 (importable from here as before: the one slug is landscape.refs')
 
-#: What the references of an analysis are and how ``compute`` is called (see :class:`Analysis`).
-INPUTS = ("checkpoint", "pair", "pairs", "target", "targets")
+@dataclass(frozen=True)
+class InputMode:
+    """What an analysis' references are. ``arguments``: ``(name, help)`` of its positional parameters (the
+    command's arguments, the api function's leading parameters); it takes ``least`` to ``most`` references (None:
+    any number, one variadic argument). ``paired``: A and B compared (``--data-from``); ``parallel``: several
+    checkpoints or pairs (a worker pool: ``--workers``, ``--scheduler``); ``globs``: run names or globs paired by
+    the resolver, not references; ``hooks``: the api hooks a spec of this mode may ask for; ``detail_dir``: the
+    run option naming the directory of the per-pair result files (relative to a batch job's results directory)."""
+
+    arguments: tuple[tuple[str, str], ...]
+    least: int
+    most: int | None
+    paired: bool = False
+    parallel: bool = False
+    globs: bool = False
+    hooks: tuple[str, ...] = ()
+    detail_dir: str | None = None
+
+
+#: The input modes (see :class:`Analysis` for how ``compute`` is called in each).
+INPUT_MODES: dict[str, InputMode] = {
+    "checkpoint": InputMode((("ref", "A checkpoint reference: RUN@selector or a checkpoint file."),), 1, 1,
+                            hooks=("execute",)),
+    "pair": InputMode((("ref_a", "Checkpoint A (RUN@selector or a file)."),
+                       ("ref_b", "Checkpoint B (RUN@selector or a file).")), 2, 2, paired=True),
+    "pairs": InputMode((("runs", "Run names or globs whose checkpoints are paired."),), 0, None, paired=True,
+                       parallel=True, globs=True, detail_dir="pair_dir"),
+    "target": InputMode((("target", "A checkpoint, or a run name: every checkpoint of the run."),), 1, 1,
+                        parallel=True, hooks=("expand",)),
+    "targets": InputMode((("targets", "Runs or checkpoints to compare."),), 1, None, parallel=True),
+}
+
+#: The fields of :class:`Analysis` that hold code, which a spec may name as ``"module:attribute"`` (imported on
+#: first use, so that declaring an analysis, listing it and its ``--help`` import no torch).
+CODE = ("compute", "collect", "prepare", "share", "result", "detail", "figure", "rows", "notes", "details", "stem")
+
+
+@functools.cache
+def load(where: str) -> Any:
+    """The object a ``"module:attribute"`` string names."""
+    module, attr = where.split(":")
+    return functools.reduce(getattr, attr.split("."), importlib.import_module(module))
 
 
 @dataclass(frozen=True)
 class Analysis:
     """One analysis: everything the runner and the CLI need.
 
-    ``inputs`` says what the command's references are and what ``compute`` receives
+    ``inputs`` is one of :data:`INPUT_MODES` and says what ``compute`` receives
     (``landscape.api.resolve.Point`` objects: reference, run, step, epoch, checkpoint, data set, masks):
 
     - ``"checkpoint"``: one reference; ``compute(point, config) -> result``.
     - ``"pair"``: two references A B; ``compute(a, b, config) -> result``.
-    - ``"pairs"``: run globs paired by ``--pairs`` (siblings, all, A:B,...); ``compute(a, b, config, labels)
-      -> row`` per pair (in worker processes), then ``collect(rows, config, run_options) -> result``.
+    - ``"pairs"``: run globs paired by ``--pairs``; ``compute(a, b, config, labels[, result=detail]) -> (row,
+      detail)`` per pair (in worker processes; ``detail`` is a ``detail`` result, written per pair and read back
+      when current), then ``collect(rows, config, run_options) -> result``.
     - ``"target"``: one reference; a bare run name means every checkpoint of the run (or the api's ``expand``
-      hook decides, see ``hooks``); ``compute(point, config) -> row`` per checkpoint (in worker processes), then
-      ``collect(rows, config, run_options) -> result``.
-    - ``"targets"``: several references compared (e.g. norms), each expanded as for ``"target"``; optionally
-      ``prepare(point, config) -> value`` per checkpoint and ``share(values, config) -> shared`` first (e.g.
-      histogram edges common to all), then ``compute(point, config, shared) -> row`` per checkpoint and
-      ``collect(groups of rows, config, run_options, refs, shared) -> result``.
+      hook decides); ``compute(point, config) -> row`` per checkpoint, then ``collect(rows, config, run_options)``.
+    - ``"targets"``: several references, each expanded as for ``"target"``; optionally ``prepare(point, config)
+      -> value`` per checkpoint and ``share(values, config) -> shared`` first, then ``compute(point, config,
+      shared) -> row`` per checkpoint and ``collect(groups of rows, config, run_options, refs, shared)``.
 
-    ``hooks`` names the store-side steps the analysis needs from :mod:`landscape.api`, which attaches them under
-    the analysis' name (:func:`landscape.api.runner.attach`; a spec never names code above its own layer):
-    ``"execute"`` (``execute(resolver, ref, config, run_options, execution, path) -> (result, inputs, attrs)``
-    replaces resolve + compute for a ``"checkpoint"`` analysis that needs more than one Point: directions toward
-    B, a surface's plane through other checkpoints or a run's trajectory, resumable partial writes to ``path``,
-    its own worker payload), ``"expand"`` (``expand(resolver, ref, config) -> (targets, extra inputs)`` for a
-    ``"target"`` analysis: clipping's ``--prune-levels`` retrains pruned copies). ``parallel``: the analysis
-    has parallel parts although its inputs alone do not say so (an ``execute`` hook with a worker pool); then
-    the runner's ``workers`` / ``scheduler`` (:class:`landscape.api.execution.ExecutionOptions`, never part of
-    the config) apply. ``stem(refs, config, run_options) -> str`` names the default output when the references
-    alone do not (``landscape.refs.slug`` makes a reference a file-name part; the references arrive as text, the
-    hooks' ``ref`` as a parsed :class:`landscape.refs.Ref`).
-
-    ``needs`` asks the resolver for more in each Point: ``"init"`` (the run's initial weights),
-    ``"manifest"`` (the run's manifest).
-
-    ``run_options``: an optional second dataclass of options that change how the analysis is run but are not
-    the analyzer's config (``--pairs``, ``--toward``, ``--no-resume``); its fields carry CLI metadata too and are
-    keyword arguments of the api function. ``figure(result, path, title) -> [paths]`` (or ``"module:function"``,
-    imported only when drawing) draws the figures beside result file ``path``;
-    ``rows(result) -> [dict]`` is what the command prints (and ``--json`` gives as ``rows``); ``details(result)
-    -> dict`` adds fields to ``--json`` and ``notes(result) -> [str]`` lines after the table. ``output`` is the
-    default file stem (``results/<output>-<A>.h5``). ``csv``: also write the table as CSV beside the HDF5.
+    ``hooks``: the store-side steps the analysis needs from :mod:`landscape.api`, attached there under its name
+    (``"execute"``: resolve and compute itself; ``"expand"``: its own targets; docs/ARCHITECTURE.md, "Layers").
+    ``parallel``: parallel parts its inputs alone do not show. ``stem(refs, config, run_options)`` names the
+    default output when the references do not. ``needs``: ``"init"`` / ``"manifest"`` in each Point.
+    ``run_options``: a dataclass of options that change how it runs, not what it computes. ``figure(result, path,
+    title[, run_options]) -> [paths]``, ``rows(result) -> [dict]`` (the printed table), ``details(result) -> dict``
+    (more ``--json``), ``notes(result) -> [str]`` (lines after the table). ``output``: the default file stem;
+    ``csv``: the table as CSV too. Code fields (:data:`CODE`) may be ``"module:attribute"`` strings.
     """
 
     name: str
     config: type
-    compute: Callable
-    result: type
+    compute: Callable | str
+    result: type | str
     inputs: str
     figure: Callable | str | None = None
-    rows: Callable | None = None
-    collect: Callable | None = None
+    rows: Callable | str | None = None
+    collect: Callable | str | None = None
     run_options: type | None = None
-    prepare: Callable | None = None
-    share: Callable | None = None
+    prepare: Callable | str | None = None
+    share: Callable | str | None = None
+    detail: type | str | None = None
     needs: tuple[str, ...] = ()
     hooks: tuple[str, ...] = ()
     parallel: bool = False
-    stem: Callable | None = None
-    details: Callable | None = None
-    notes: Callable | None = None
+    stem: Callable | str | None = None
+    details: Callable | str | None = None
+    notes: Callable | str | None = None
     output: str = ""
     csv: bool = False
     doc: str = ""  # the command's --help text (first line + details)
     purpose: str = "evaluate it"  # "<checkpoint> records no data set; cannot <purpose>"
 
+    def __getattribute__(self, name: str) -> Any:
+        value = object.__getattribute__(self, name)
+        if isinstance(value, str) and name in CODE:
+            return load(value)
+        return value
+
     def __post_init__(self) -> None:
-        if self.inputs not in INPUTS:
-            raise ValueError(f"Analysis {self.name!r}: inputs must be one of {INPUTS}, got {self.inputs!r}")
-        if self.inputs in ("pairs", "target", "targets") and self.collect is None:
+        if self.inputs not in INPUT_MODES:
+            raise ValueError(f"Analysis {self.name!r}: inputs must be one of {tuple(INPUT_MODES)}, got {self.inputs!r}")
+        if self.mode.parallel and object.__getattribute__(self, "collect") is None:
             raise ValueError(f"Analysis {self.name!r}: inputs {self.inputs!r} needs collect(rows, config, ...)")
+        if self.inputs == "pairs" and object.__getattribute__(self, "detail") is None:
+            raise ValueError(f"Analysis {self.name!r}: inputs 'pairs' needs detail, the per-pair result class")
         execution = {"workers", "scheduler"} & {f.name for f in dataclasses.fields(self.config)}
         if execution:
             raise ValueError(f"Analysis {self.name!r}: {', '.join(sorted(execution))} is an execution option of the "
                              "runner (landscape.api.execution.ExecutionOptions), not a config field")
-        allowed = {"checkpoint": ("execute",), "target": ("expand",)}.get(self.inputs, ())
-        if any(h not in allowed for h in self.hooks):
-            raise ValueError(f"Analysis {self.name!r}: inputs {self.inputs!r} takes hooks {allowed}, got {self.hooks}")
+        if any(h not in self.mode.hooks for h in self.hooks):
+            raise ValueError(f"Analysis {self.name!r}: inputs {self.inputs!r} takes hooks {self.mode.hooks}, "
+                             f"got {self.hooks}")
+
+    @property
+    def mode(self) -> InputMode:
+        return INPUT_MODES[self.inputs]
+
+    @property
+    def has_workers(self) -> bool:
+        """Whether the analysis has parallel parts, hence the runner's ``--workers`` and ``--scheduler``."""
+        return self.mode.parallel or self.parallel
 
 
 # name -> ("module:ATTRIBUTE", summary); filled by landscape/analyze/__init__.py
@@ -111,7 +142,7 @@ _LINES: dict[str, tuple[str, str]] = {}
 
 
 def register(name: str, where: str, summary: str) -> None:
-    """Name an analysis: ``where`` is ``"landscape.analyze.<module>:SPEC"``, imported on first :func:`get`."""
+    """Name an analysis: ``where`` is ``"module:ATTRIBUTE"`` of its spec, imported on first :func:`get`."""
     if name in _LINES and _LINES[name][0] != where:
         raise ValueError(f"analysis {name!r} is registered twice ({_LINES[name][0]} and {where})")
     _LINES[name] = (where, summary)
@@ -131,41 +162,7 @@ def get(name: str) -> Analysis:
     """The spec of analysis ``name`` (its module is imported now)."""
     if name not in _LINES:
         raise KeyError(f"no analysis named {name!r}; known: {', '.join(names())}")
-    module, attr = _LINES[name][0].split(":")
-    spec = getattr(importlib.import_module(module), attr)
+    spec = load(_LINES[name][0])
     if spec.name != name:
         raise ValueError(f"{_LINES[name][0]} is the spec of {spec.name!r}, registered as {name!r}")
     return spec
-
-
-# ------------------------------------------------------------------------------------ config fields
-# Options are declared and coerced by landscape.options (one coercion for the command line, the api and batch
-# specs); the names below are re-exported so an analysis module imports Analysis and option from one place.
-
-
-def flags(cls: type | None) -> Mapping[str, str]:
-    """Field name -> command-line flag for every CLI field of ``cls``."""
-    return {} if cls is None else {f.name: flag_of(f) for f in cli_fields(cls)}
-
-
-def check_bounds(config: Any) -> None:
-    """Every option field of ``config`` a value its declaration accepts (:func:`landscape.options.coerce_field`:
-    the declared range, finite numbers, the seed rule, counts at most ``COUNT_MAX``): for dataclasses that are not
-    :class:`landscape.options.Options` (those are checked when made). A violation is one UsageError naming the flag."""
-    from landscape.options import coerce_field
-
-    for f in dataclasses.fields(config):
-        if "help" in f.metadata or "cli" in f.metadata:
-            coerce_field(type(config), f, getattr(config, f.name))
-
-
-def config_with(cls: type, config: Any, options: Mapping[str, Any]) -> Any:
-    """``config`` (or a new ``cls``) with keyword ``options`` replacing fields (:func:`landscape.options.build`:
-    coerced and validated once; unknown options are one UsageError; old names work with a deprecation line)."""
-    return build(cls, options, base=config)
-
-
-def parallel(spec: Analysis) -> bool:
-    """Whether the analysis has parallel parts, hence the runner's ``--workers`` and ``--scheduler`` (a Dask
-    cluster): inputs with several checkpoints or pairs, or a spec that says so (``parallel=True``)."""
-    return spec.inputs not in ("checkpoint", "pair") or spec.parallel

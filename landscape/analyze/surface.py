@@ -38,15 +38,13 @@ from torch import nn
 
 from landscape import metrics as user_metrics
 from landscape import progress
-from landscape.analyze.directions import RandomDirectionOptions, nonzero_random_directions
-from landscape.analyze.registry import Analysis, option
-from landscape.bounds import GRID_CELLS_MAX
-from landscape.directions import NORMALIZATIONS, trajectory_pca
+from landscape.analyze.directions import nonzero_random_directions
+from landscape.analyze.specs import SurfaceConfig
+from landscape.directions import trajectory_pca
 from landscape.errors import UsageError
 from landscape.evaluate import Affine, evaluate
-from landscape.options import Options
 from landscape.params import ParamSpace
-from landscape.results import StoredResult, stored, to_jsonable
+from landscape.results import StoredResult, stored
 
 KIND = "surface"
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -58,105 +56,6 @@ POINTS_PER_CALL = 64  # auto rows_per_call: enough rows that one evaluate call a
 
 _GRID = re.compile(r"^\s*(\d+)\s*(?:[xX]\s*(\d+))?\s*$")
 _RANGE = re.compile(r"^\s*([-+0-9.eE]+)\s*:\s*([-+0-9.eE]+)\s*$")
-
-
-@dataclass(frozen=True)
-class SurfaceConfig(RandomDirectionOptions):
-    """Options of ``landscape surface`` (stored as the result's ``params``).
-
-    ``plane``: ``random``, ``B,C`` (two more checkpoint references) or ``pca:RUN``; ``grid``: ``NXxNY`` (or
-    ``N`` for a square grid); ``range``: ``auto``, ``LO:HI`` (both axes) or ``XLO:XHI,YLO:YHI``; ``auto`` is
-    -1:1 for a random plane and a box around the marked checkpoints (or trajectory) otherwise.
-    ``normalize``/``biasbn`` apply to the random plane (see :mod:`landscape.directions`).
-    """
-
-    plane: str = option("random", "random (two filter-normalised directions), B,C (plane through A, B, C) or "
-                        "pca:RUN.")
-    grid: str = option("25x25", "Grid points NXxNY (or N).")
-    range: str = option("auto", "auto, LO:HI (both axes) or XLO:XHI,YLO:YHI; auto = -1:1 for random, else around "
-                        "the points.")
-    split: tuple[str, ...] = option(SPLITS, "Data split(s) to evaluate: train, test or train,test.", choices=SPLITS,
-                                    metavar="train,test", renamed_from=("splits",))
-    normalize: str = option("filter", "Direction normalisation of the random plane (Li et al. 2018): none, filter "
-                            "or layer.", choices=NORMALIZATIONS)
-    rows_per_call: int | None = option(None, "Grid rows per evaluation call and file write (default: about 64 "
-                                       "points per call).", min=1)
-
-    def validate(self) -> None:
-        super().validate()
-        self._set("plane", self.plane.strip())
-        self.plane_kind  # noqa: B018 (validates)
-        self.shape  # noqa: B018
-        self.ranges  # noqa: B018
-
-    @property
-    def plane_kind(self) -> str:
-        """``random`` | ``checkpoints`` | ``pca``."""
-        if self.plane == "random":
-            return "random"
-        if self.plane.startswith("pca:"):
-            if not self.plane[4:].strip():
-                raise UsageError("--plane pca:RUN needs a run name after 'pca:'")
-            return "pca"
-        parts = [p.strip() for p in self.plane.split(",")]
-        if len(parts) == 2 and all(parts):
-            return "checkpoints"
-        raise UsageError(f"--plane takes random, B,C (two checkpoint references) or pca:RUN; got {self.plane!r}")
-
-    @property
-    def plane_refs(self) -> list[str]:
-        """The checkpoint references (B, C) or the run (pca) the plane names."""
-        kind = self.plane_kind
-        if kind == "checkpoints":
-            return [p.strip() for p in self.plane.split(",")]
-        if kind == "pca":
-            return [self.plane[4:].strip()]
-        return []
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """``(nx, ny)`` from ``grid``."""
-        m = _GRID.match(str(self.grid))
-        if not m:
-            raise UsageError(f"--grid takes NXxNY (e.g. 25x25) or N; got {self.grid!r}")
-        nx = int(m.group(1))
-        ny = int(m.group(2)) if m.group(2) else nx
-        if nx < 2 or ny < 2:
-            raise UsageError(f"--grid needs at least 2 points per axis; got {self.grid!r}")
-        if nx * ny > GRID_CELLS_MAX:
-            raise UsageError(f"--grid {self.grid}: at most {GRID_CELLS_MAX} cells (e.g. 1000x1000), got {nx * ny}")
-        return nx, ny
-
-    @property
-    def ranges(self) -> tuple[tuple[float, float], tuple[float, float]] | None:
-        """``((xlo, xhi), (ylo, yhi))`` from ``range``; None for ``auto``."""
-        text = str(self.range).strip()
-        if text == "auto":
-            return None
-        parts = text.split(",")
-        if len(parts) not in (1, 2):
-            raise UsageError(f"--range takes auto, LO:HI or XLO:XHI,YLO:YHI; got {self.range!r}")
-        out = []
-        for part in parts:
-            m = _RANGE.match(part)
-            try:
-                lo, hi = (float(m.group(1)), float(m.group(2))) if m else (math.nan, math.nan)
-            except ValueError:
-                lo, hi = math.nan, math.nan
-            if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-                raise UsageError(f"--range takes auto, LO:HI or XLO:XHI,YLO:YHI with LO < HI; got {self.range!r}")
-            if max(abs(lo), abs(hi)) > _FLOAT32_MAX:  # the plane is walked in float32 weights
-                raise UsageError(f"--range {self.range!r}: coordinates must lie within +-{_FLOAT32_MAX:.4g} "
-                                 "(float32)")
-            out.append((lo, hi))
-        return (out[0], out[-1])
-
-    def analysis_params(self) -> dict:
-        """The options that determine the arrays (all but ``rows_per_call``): must match to resume. (``workers`` is
-        no config field; a partial file from before still has it in its params, which reading back drops.)"""
-        p = to_jsonable(self)
-        p.pop("rows_per_call", None)
-        return p
 
 
 # ------------------------------------------------------------------------------------------- planes
@@ -438,28 +337,11 @@ def compute_surface(
 # ------------------------------------------------------------------------------------------- the spec
 
 
-@dataclass(frozen=True)
-class SurfaceOptions(Options):
-    """How ``surface`` runs and draws (api keywords and command-line options, not analyzer options)."""
-
-    three_d: bool = option(False, "Also draw a 3-D surface view.", flag="--3d")
-    resume: bool = option(True, "Resume the output file when it holds a partial surface with the same options "
-                          "(--no-resume: start afresh).", flag="--resume/--no-resume")
-    on_rows: Callable | None = option(None, cli=False)  # on_rows(result, rows) after each block written
-
-
 def _notes(result: SurfaceResult) -> list[str]:
     ev = result.explained_variance
     return [] if ev is None else [f"explained variance: PC1 {100 * ev[0]:.1f}%, PC2 {100 * ev[1]:.1f}%"]
 
 
-SPEC = Analysis(
-    name="surface", config=SurfaceConfig, compute=compute_surface, result=SurfaceResult, inputs="checkpoint",
-    run_options=SurfaceOptions, hooks=("execute",), parallel=True,
-    figure="landscape.plots.surface:surface_figure",
-    rows=lambda r: [{k: v for k, v in r.summary().items() if k != "explained_variance"}], notes=_notes,
-    details=SurfaceResult.summary, output="surface",
-    doc="""2-D loss and accuracy surface around A (Li et al. 2018); resumes an interrupted output file.
 
-    Arrays are stored [x, y]: train_loss[i, j] is at (xcoordinates[i], ycoordinates[j]); NaN = not computed.""",
-)
+def _rows(r: SurfaceResult) -> list[dict]:
+    return [{k: v for k, v in r.summary().items() if k != "explained_variance"}]

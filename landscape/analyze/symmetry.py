@@ -29,32 +29,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from landscape.analyze._common import device_option
-from landscape.analyze.registry import Analysis, option
+from landscape.analyze.specs import SymmetryConfig
 from landscape.data import sample_subset
 from landscape.errors import UsageError
-from landscape.options import Options
 from landscape.results import StoredResult, stored
 from landscape.runtime import resolve_device
 
 KIND = "symmetry"
 PLANE = 2  # rows 0 and 1 of the projection matrix span the 2-D picture
-
-
-@dataclass(frozen=True)
-class SymmetryConfig(Options):
-    """Options of ``landscape symmetry`` (and ``landscape.api.symmetry``)."""
-
-    projections: int = option(16, "Random 1-D directions for the skewness (besides the 2-D plane).",
-                              flag=("--projections", "-P"), min=0)
-    seed: int = option(0, "Seed of the projection matrix, the example draw and the permutations.")
-    subset: int = option(500, "Examples (a seeded draw of the split, the same at every checkpoint) whose deviations "
-                         "are taken.", min=3, renamed_from=("batch_size",))
-    permutations: int = option(999, "Sign-flip permutations for the p-value.", min=1)
-    split: str = option("train", "Which split the per-sample gradients come from.", choices=("train", "test"))
-    chunk: int = option(250, "Examples per engine pass (memory bound; results do not depend on it).", min=1)
-    directions_per_pass: int = option(4, cli=False, min=1)
-    device: str = device_option()
 
 
 # ------------------------------------------------------------------------------------ random directions
@@ -233,12 +215,15 @@ def parameter_shapes(model: nn.Module) -> list[tuple[int, ...]]:
     return [tuple(p.shape) for p in model.parameters() if p.requires_grad]
 
 
-def sample_indices(y: torch.Tensor, batch_size: int, seed: int, split: str = "") -> torch.Tensor:
-    """The examples whose deviations are drawn: the same ``batch_size`` examples for every checkpoint, drawn by
-    the one sampler (:func:`landscape.data.sample_subset`: seeded, stratified by class)."""
-    if batch_size > len(y):
-        raise UsageError(f"--subset {batch_size} exceeds the {len(y)} examples of the split")
-    return sample_subset(y, batch_size, seed, split=split)
+def sample_indices(y: torch.Tensor, subset: int | float, seed: int, split: str = "") -> torch.Tensor:
+    """The examples whose deviations are drawn: the same ones for every checkpoint, drawn by the one sampler
+    (:func:`landscape.data.sample_subset`: seeded, stratified by class); at least 3."""
+    if isinstance(subset, int) and subset > len(y):
+        raise UsageError(f"--subset {subset} exceeds the {len(y)} examples of the split")
+    idx = sample_subset(y, subset, seed, split=split)
+    if len(idx) < 3:
+        raise UsageError(f"--subset {subset} draws {len(idx)} of the {len(y)} examples of the split; at least 3")
+    return idx
 
 
 def projected_gradients(
@@ -275,7 +260,7 @@ def symmetry_row(
         from landscape.persample import PerSampleEngine
 
         engine = PerSampleEngine(model)
-    idx = sample_indices(y, config.subset, config.seed, config.split)
+    idx = sample_indices(y, config.subset, config.subset_seed, config.split)
     projected = projected_gradients(
         engine, model, x[idx], y[idx], rows=PLANE + config.projections, seed=config.seed, chunk=config.chunk,
         directions_per_pass=config.directions_per_pass, masks=masks,
@@ -286,12 +271,13 @@ def symmetry_row(
 
 def gradient_symmetry(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, projections: int = 16, seed: int = 0,
-    batch_size: int = 500, permutations: int = 999, chunk: int = 250, engine=None, ref: str = "",
+    subset: int | float = 500, permutations: int = 999, chunk: int = 250, engine=None, ref: str = "",
     step: int = 0, epoch: float = math.nan,
 ) -> SymmetryResult:
-    """Zhu & Blaschko App. F at one parameter point: projected deviations + symmetry statistics."""
-    config = SymmetryConfig(projections=projections, seed=seed, subset=batch_size, permutations=permutations,
-                            chunk=chunk)
+    """Zhu & Blaschko App. F at one parameter point: projected deviations + symmetry statistics (the examples
+    are drawn with ``seed`` too)."""
+    config = SymmetryConfig(projections=projections, seed=seed, subset=subset, subset_seed=seed,
+                            permutations=permutations, chunk=chunk)
     row = symmetry_row(model, x, y, config, engine=engine, ref=ref, step=step, epoch=epoch)
     shapes = parameter_shapes(model)
     return SymmetryResult(config=config, rows=[row], fingerprint=matrix_fingerprint(seed, shapes, PLANE),
@@ -316,11 +302,3 @@ def collect(outs, config: SymmetryConfig, _options=None) -> SymmetryResult:
     return SymmetryResult(config=config, rows=[r for r, _ in outs], fingerprint=matrix_fingerprint(config.seed, shapes,
                                                                                                  PLANE),
                           num_params=sum(math.prod(s) for s in shapes))
-
-
-SPEC = Analysis(
-    name="symmetry", config=SymmetryConfig, compute=compute_point, collect=collect, result=SymmetryResult,
-    inputs="target", figure="landscape.plots.symmetry:plot_symmetry", rows=SymmetryResult.summary_rows,
-    output="symmetry", purpose="draw per-sample gradients",
-    doc="""Symmetry of the gradient deviations g_i - g_bar (Zhu & Blaschko App. F) at TARGET (checkpoint or run).""",
-)

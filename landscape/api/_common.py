@@ -2,7 +2,7 @@
 
 Private to :mod:`landscape.api` (``resolve``, ``runner``, ``loss_surfaces``, ``alignment`` import from here). The
 worker pool and the Dask scheduler are the public :mod:`landscape.api.execution`; merging keyword options into
-a config is the public :func:`landscape.analyze.registry.config_with`.
+a config is :func:`landscape.options.build`.
 """
 
 from __future__ import annotations

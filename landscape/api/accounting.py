@@ -20,24 +20,26 @@ from typing import Any
 
 from landscape.errors import CheckpointError, UsageError
 from landscape.options import Options, option
-from landscape.train import accounting
+from landscape.privacy import ACCOUNTANTS, DeclaredPrivacy, PrivacyEvent, PrivacyHistory, ancestry_note
 
 
 @dataclass(frozen=True)
 class PrivacyQuery(Options):
-    """Options of ``landscape privacy`` (mirrored one-to-one by the CLI); ``accountant`` was ``method``."""
+    """Options of ``landscape privacy``."""
 
-    noise_multiplier: float | None = None
-    target_epsilon: float | None = None
-    sample_rate: float | None = None
-    batch_size: int | None = None
-    dataset_size: int | None = None
-    steps: int | None = None
-    epochs: int | None = None
-    delta: float = 1e-5
+    noise_multiplier: float | None = option(None, "Noise multiplier sigma; prints epsilon.", min=0)
+    target_epsilon: float | None = option(None, "Target epsilon; prints the sigma that reaches it.", min=0,
+                                          min_open=True)
+    sample_rate: float | None = option(None, "Poisson sample rate q (or --batch-size and --dataset-size).", min=0,
+                                       max=1, min_open=True)
+    batch_size: int | None = option(None, "Expected batch size B (q = B / N).", min=1)
+    dataset_size: int | None = option(None, "Training set size N.", min=1)
+    steps: int | None = option(None, "Number of steps T (or --epochs).", min=0)
+    epochs: int | None = option(None, "Whole epochs; T = epochs * ceil(N/B), as `landscape train` runs them "
+                                "(ceil(1/q) per epoch with --sample-rate).", min=0)
+    delta: float = option(1e-5, "The delta of (epsilon, delta).", min=0, max=1, min_open=True, max_open=True)
     accountant: str = option("rdp", "rdp: exact sampled-Gaussian RDP at Opacus' orders (equals Opacus); pld: "
-                             "dp_accounting's privacy loss distributions (tighter).", choices=("rdp", "pld"),
-                             renamed_from=("method",))
+                             "dp_accounting's privacy loss distributions (tighter).", choices=ACCOUNTANTS)
 
     def schedule(self) -> tuple[float, int]:
         """``(q, steps)``; a usage error when the options conflict or are missing."""
@@ -58,6 +60,8 @@ class PrivacyQuery(Options):
             q = float(self.sample_rate)
         if (self.steps is None) == (self.epochs is None):
             raise UsageError("give exactly one of --steps and --epochs")
+        from landscape.train import accounting
+
         if self.steps is not None:
             steps = int(self.steps)
         elif self.sample_rate is None:
@@ -85,6 +89,8 @@ class PrivacyAnswer:
 
 def privacy(query: PrivacyQuery) -> PrivacyAnswer:
     """Epsilon of the schedule (``noise_multiplier`` given) or the calibrated sigma (``target_epsilon``)."""
+    from landscape.train import accounting
+
     q, steps = query.schedule()
     if query.target_epsilon is not None:
         sigma = accounting.noise_for_epsilon(query.target_epsilon, q, steps, query.delta, query.accountant)
@@ -109,7 +115,7 @@ def import_privacy(
     """``(manifest["privacy"], epsilon at the checkpoint)`` of imported weights: what the user declares.
 
     Nothing declared: the history is unknown (``unknown_ancestors``; runs trained from the weights report
-    :data:`~landscape.train.accounting.UNKNOWN_ANCESTRY`). ``epsilon`` with ``delta``: an (epsilon, delta)
+    :data:`~landscape.privacy.UNKNOWN_ANCESTRY`). ``epsilon`` with ``delta``: an (epsilon, delta)
     guarantee, added to descendants' epsilons by basic composition. ``noise_multiplier``, ``sample_rate`` and
     ``steps`` (the accountant's record of the DP-SGD that made them, e.g. Opacus' ``accountant.history``): an
     ancestor event, composed exactly like a landscape parent run's steps; its epsilon is reported at ``delta``
@@ -121,24 +127,26 @@ def import_privacy(
     if epsilon is not None or (delta is not None and all(v is None for v in mechanism)):
         if epsilon is None or delta is None:
             raise UsageError("--epsilon and --delta declare one guarantee: give both")
-        declared = accounting.DeclaredPrivacy(epsilon, delta)
-        history = accounting.PrivacyHistory(declared=[declared])
+        declared = DeclaredPrivacy(epsilon, delta)
+        history = PrivacyHistory(declared=[declared])
         return {"accounted": False, "delta": float(delta), **history.manifest_fields(0.0)}, float(epsilon)
     if any(v is not None for v in mechanism):
         if any(v is None for v in mechanism):
             raise UsageError("--noise-multiplier, --sample-rate and --steps declare the weights' DP-SGD together: "
                              "give all three")
+        from landscape.train import accounting
+
         delta = 1e-5 if delta is None else delta
         eps = accounting.epsilon(noise_multiplier, sample_rate, steps, delta)  # checks them
-        event = accounting.PrivacyEvent(float(noise_multiplier), float(sample_rate), int(steps))
-        history = accounting.PrivacyHistory(events=[event])
+        event = PrivacyEvent(float(noise_multiplier), float(sample_rate), int(steps))
+        history = PrivacyHistory(events=[event])
         return {"accounted": False, "delta": float(delta), **history.manifest_fields()}, eps
-    return {"accounted": False, **accounting.PrivacyHistory(unknown=True).manifest_fields()}, None
+    return {"accounted": False, **PrivacyHistory(unknown=True).manifest_fields()}, None
 
 
 def provenance_attrs(inputs: Sequence[Any]) -> dict[str, str]:
     """``{"privacy_note": ...}`` for a result whose input checkpoints (``InputRef``s) belong to runs whose
-    ancestry qualifies their epsilon (:func:`landscape.train.accounting.ancestry_note`): each note with the runs
+    ancestry qualifies their epsilon (:func:`landscape.privacy.ancestry_note`): each note with the runs
     it concerns (``run a, b: note; run c: note``); else ``{}``."""
     from landscape.store import MANIFEST, Store
 
@@ -150,7 +158,7 @@ def provenance_attrs(inputs: Sequence[Any]) -> dict[str, str]:
             manifest = Store(run_dir.parent).run(run_dir.name).manifest
         except (CheckpointError, UsageError, OSError):
             continue
-        note = accounting.ancestry_note(manifest)
+        note = ancestry_note(manifest)
         if note is not None:
             notes.setdefault(note, []).append(run_dir.name)
     if not notes:

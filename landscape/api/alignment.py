@@ -21,17 +21,16 @@ from __future__ import annotations
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from landscape.analyze.align import align_states, apply_permutation, verified_spec
-from landscape.api._common import check_pair, checkpoint_dataset
 from landscape.api.jobkind import JobKind, files_under, run_option
 from landscape.errors import UsageError
 from landscape.options import option
-from landscape.store import Checkpoint, Store
-from landscape.train.pruning import MASK_ARRAY, inherited_privacy, lineage_of
+
+if TYPE_CHECKING:
+    import torch
+
+    from landscape.store import Checkpoint, Store
 
 PERMUTATION_ARRAY = "permutation"
 
@@ -42,7 +41,7 @@ class AlignConfig:
 
     ref_a: str
     ref_b: str
-    run: str | None = option(None, "Name of the new run (default: generated).", metavar="RUN", old_flags=("-o",))
+    run: str | None = option(None, "Name of the new run (default: generated).")
     seed: int = option(0, "Seed of the order in which weight matching visits the permutations.")
     max_iter: int = option(100, "At most this many passes over all permutations.", min=1)
 
@@ -82,6 +81,12 @@ def align(ref_a: str, ref_b: str, *, run: str | None = None, root: str | Path = 
     method or a registered builder) can be aligned; a spec that is not built in is first checked to keep the
     model's outputs under a random permutation.
     """
+    from landscape.analyze.align import align_states
+    from landscape.analyze.permutations import apply_permutation, verified_spec
+    from landscape.api._common import check_pair
+    from landscape.store import Store
+    from landscape.train.pruning import MASK_ARRAY, lineage_of
+
     config = AlignConfig(ref_a, ref_b, run, seed, max_iter)
     config.validate()
     store = Store(root)
@@ -125,6 +130,8 @@ def _align_notes(result: AlignResult) -> list[str]:
 
 
 def _align_outcome(result: AlignResult, root: Path, out: Path | None) -> tuple[dict[str, Any], list[Path]]:
+    from landscape.store import Store
+
     numbers = {"distance_before": result.distance_before, "distance_after": result.distance_after,
                "iterations": result.iterations, "converged": int(result.converged)}
     return numbers, files_under(Store(root).run(result.run).path)
@@ -144,6 +151,8 @@ JOB = JobKind(
 def _privacy_of_both(store: Store, b: Checkpoint, a: Checkpoint) -> dict[str, Any]:
     """B's DP history, then A's (:func:`landscape.train.pruning.inherited_privacy`); for two checkpoints of one
     run, the later one's history, which contains the earlier's."""
+    from landscape.train.pruning import inherited_privacy
+
     if a.run is not None and a.run == b.run:
         history = inherited_privacy(store, a if a.step > b.step else b)
         counts = {"B" if b.step >= a.step else "A": len(history.events)}
@@ -156,6 +165,10 @@ def _privacy_of_both(store: Store, b: Checkpoint, a: Checkpoint) -> dict[str, An
 def _probe_inputs(b: Checkpoint) -> torch.Tensor:
     """16 inputs to check a permutation spec on: Gaussian ones of the model's input shape when its spec records
     it, else the first test examples of B's data set."""
+    import torch
+
+    from landscape.api._common import checkpoint_dataset
+
     shape = (b.model_spec.get("kwargs") or {}).get("input_shape") if isinstance(b.model_spec, dict) else None
     if shape:
         return torch.randn((16, *shape), generator=torch.Generator().manual_seed(0))
@@ -166,6 +179,6 @@ def _probe_inputs(b: Checkpoint) -> torch.Tensor:
 def _masks(store: Store, b: Checkpoint):
     if b.run is None:
         return None
-    from landscape.api.pruning import load_masks
+    from landscape.train.pruning import load_masks
 
     return load_masks(store.run(b.run))

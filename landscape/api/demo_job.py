@@ -52,6 +52,7 @@ class DemoConfig:
     points: int = 30
     directions: int = 50
     normalize: str = "filter"
+    device: str = "auto"  # what ``auto`` means for every run and analysis (landscape.runtime.using_device)
 
 
 @dataclasses.dataclass
@@ -68,9 +69,11 @@ def demo(out_dir: str | Path = "demo-out", *, root: str | Path | None = None, co
     """Train the Phase-1/Phase-2 runs on digits and measure their geometry; see the module docstring.
     ``progress``: True / False turns the progress display on / off (stderr), None follows ``landscape.progress``."""
     from landscape import progress as display
+    from landscape.runtime import using_device
 
     config = config or DemoConfig()
-    with display.enabled(progress), display.task("demo", total=len(config.ks) + 2, unit="steps") as task:
+    with display.enabled(progress), display.task("demo", total=len(config.ks) + 2, unit="steps") as task, \
+            using_device(config.device):
         return _demo(Path(out_dir), root, config, task)
 
 

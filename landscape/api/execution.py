@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from landscape import progress
+from landscape import progress, runtime
 from landscape.errors import LandscapeError, UsageError, one_line
 from landscape.runtime import die_with_parent, local_only
 
@@ -58,8 +58,9 @@ def _start_worker(parent: int, initializer: Callable | None, initargs: tuple, tr
 
     die_with_parent(parent)
     one_thread()
-    refs, accept_changed = trusted or ((), False)
+    refs, accept_changed, device = trusted or ((), False, "auto")
     plugins.trust(refs, accept_changed=accept_changed)
+    runtime.set_default_device(device)  # a fresh process: what ``auto`` means in the parent
     if initializer is not None:
         set_worker_state(initializer(*initargs))
 
@@ -76,11 +77,12 @@ def spawn_pool(workers: int, initializer: Callable | None = None, initargs: tupl
 
 def _trusted() -> tuple:
     """The user code trusted in this process (:func:`landscape.plugins.trust_state`) as plain strings and a flag,
-    for a worker: a worker rebuilds code-named models and data only when its parent may."""
+    for a worker: a worker rebuilds code-named models and data only when its parent may; and what ``auto`` means
+    (:func:`landscape.runtime.default_device`)."""
     from landscape import plugins
 
     state = plugins.trust_state()
-    return (tuple(state.refs), state.accept_changed)
+    return (tuple(state.refs), state.accept_changed, runtime.default_device())
 
 
 
@@ -298,8 +300,8 @@ def _dask_task(key: str | None, init: tuple | None, trusted: tuple, fn: Callable
     from landscape import plugins
 
     one_thread()
-    refs, accept_changed = trusted
-    with plugins.trusting(plugins.TrustState(tuple(refs), bool(accept_changed))):
+    refs, accept_changed, device = trusted
+    with plugins.trusting(plugins.TrustState(tuple(refs), bool(accept_changed))), runtime.using_device(device):
         if key is not None:
             if key not in _DASK_STATES:
                 initializer, initargs = init

@@ -11,7 +11,8 @@ import math
 from pathlib import Path
 
 from landscape.analyze.instability import InstabilityTable
-from landscape.analyze.interpolate import InterpolateConfig, InterpolationResult
+from landscape.analyze.interpolate import InterpolationResult
+from landscape.analyze.specs import InterpolateConfig
 from landscape.store import Store
 
 __all__ = ["InterpolateConfig", "InterpolationResult", "InstabilityTable", "Tour", "tour"]

@@ -10,7 +10,7 @@ command line and ``landscape.api`` look a kind up there instead of branching on 
   ``config``'s (``phases``: the training options, then its own), each with the fields it leaves out, in the
   order the command lists them; ``skip`` are fields that are options of the command only (train's ``resume``);
 - **build**: options -> the validated configuration (what runs; default ``config(**options)``, its numbers within
-  the fields' declared ranges (:func:`landscape.analyze.registry.check_bounds`) and its ``validate()``);
+  the fields' declared ranges (:func:`landscape.options.check_fields`) and its ``validate()``);
 - **run**: ``run(config, *, root, out)`` through ``landscape.api`` (``root`` the store, ``out`` a directory for
   the files the job writes outside the store, or None for the kind's default) -> the kind's result object;
 - **command**: what the command runs, when it is not ``run``: ``command(config, *, root, progress, report)``
@@ -44,6 +44,9 @@ def _no_numbers(result: Any, root: Path, out: Path | None) -> tuple[dict[str, An
     return {}, []
 
 
+_CODE = ("run", "build", "produces", "outcome", "options", "rows", "notes", "details", "api", "command", "given")
+
+
 @dataclass(frozen=True)
 class JobKind:
     """One kind of job (see the module docstring for what each field means)."""
@@ -67,25 +70,24 @@ class JobKind:
     command: Callable[..., Any] | None = None
     given: Callable[[dict[str, str]], None] | None = None
 
+    def __getattribute__(self, name: str) -> Any:  # code may be named "module:attribute" (imported on first use)
+        value = object.__getattribute__(self, name)
+        if isinstance(value, str) and name in _CODE:
+            from landscape.analyze.registry import load
+
+            return load(value)
+        return value
+
     def option_fields(self) -> list[tuple[type, dataclasses.Field]]:
         """``(dataclass, field)`` of every option of the kind (command-only ones too), in the command's order."""
         return [(cls, f) for cls, left_out in self.fields or ((self.config, ()),)
                 for f in dataclasses.fields(cls) if f.name not in left_out]
 
-    def renames(self) -> dict[str, str]:
-        """Old option name -> current one, for the renamed fields of the kind's dataclasses (the old names are
-        accepted for one release with a deprecation line)."""
-        from landscape.options import renames
-
-        return {old: new for cls in dict.fromkeys(cls for cls, _ in self.option_fields())
-                for old, new in renames(cls).items()}
-
     def option_types(self) -> dict[str, str]:
-        """Option name -> its type annotation (a string, as the dataclass declares it); old names too."""
+        """Option name -> its type annotation (a string, as the dataclass declares it)."""
         if self.options is not None:
             return self.options()
-        types_ = {f.name: str(f.type) for _, f in self.option_fields() if f.name not in self.skip}
-        return types_ | {old: types_[new] for old, new in self.renames().items() if new in types_}
+        return {f.name: str(f.type) for _, f in self.option_fields() if f.name not in self.skip}
 
     def execute(self, config: Any, *, root: Path, progress: bool | None = None,
                 report: Callable[[str], None] | None = None) -> Any:
@@ -98,20 +100,16 @@ class JobKind:
         """The validated configuration for ``options`` (a UsageError, ValueError or TypeError names what is wrong)."""
         if self.build is not None:
             return self.build(dict(options))
-        from landscape.analyze.registry import check_bounds
+        from landscape.options import check_fields
 
         config = self.config(**options)
-        check_bounds(config)
+        check_fields(config)
         return validated(config)
 
 
 def fields_of(cls: type, skip: Iterable[str] = ()) -> dict[str, str]:
-    """Field name -> annotation string of dataclass ``cls`` (without ``skip``; renamed fields' old names too)."""
-    from landscape.options import renames
-
-    skip = set(skip)
-    out = {f.name: str(f.type) for f in dataclasses.fields(cls) if f.name not in skip}
-    return out | {old: out[new] for old, new in renames(cls).items() if new in out}  # old names, for one release
+    """Field name -> annotation string of dataclass ``cls`` (without ``skip``)."""
+    return {f.name: str(f.type) for f in dataclasses.fields(cls) if f.name not in set(skip)}
 
 
 def validated(config: Any) -> Any:

@@ -25,16 +25,10 @@ import torch
 from landscape import metrics as user_metrics
 from landscape.analyze import directions as directions_analysis
 from landscape.analyze import surface as surface_analysis
-from landscape.analyze.directions import (
-    DirectionsConfig,
-    DirectionsResult,
-    direction_chunk,
-    random_profiles,
-    scaled_directions,
-)
+from landscape.analyze.directions import DirectionsResult, direction_chunk, random_profiles, scaled_directions
+from landscape.analyze.specs import DirectionsConfig, SurfaceConfig
 from landscape.analyze.surface import (
     Plane,
-    SurfaceConfig,
     SurfaceResult,
     checkpoint_plane,
     compute_surface,
@@ -45,7 +39,6 @@ from landscape.analyze.surface import (
 from landscape.api._common import checkpoint_dataset
 from landscape.api.execution import ExecutionOptions, ProcessPool, worker_state
 from landscape.api.resolve import Point, Resolver, Target, compare_others
-from landscape.api.runner import attach
 from landscape.errors import CheckpointError, UsageError
 from landscape.params import ParamSpace
 from landscape.refs import Ref
@@ -118,7 +111,7 @@ def _init_worker(payload: _Payload) -> dict[str, Any]:
     data = {s: _split_data(payload.data_spec, s, cfg.subset, cfg.subset_seed, payload.data_root, payload.download)
             for s in splits}
     analysis = surface_analysis if isinstance(cfg, SurfaceConfig) else directions_analysis
-    metrics = user_metrics.load(cfg.metrics, reserved=analysis.RESERVED, analysis=analysis.SPEC.name,
+    metrics = user_metrics.load(cfg.metrics, reserved=analysis.RESERVED, analysis=analysis.KIND,
                                 sources=payload.metric_sources)  # the references, loaded in this process
     return dict(model=model, space=space, theta=space.flatten(payload.state_dict), data=data, config=cfg,
                 plane=payload.plane, metrics=metrics)
@@ -155,7 +148,7 @@ def _pool(workers: int, payload: _Payload) -> ProcessPool:
 def run_surface(resolver: Resolver, ref_a: str, config: SurfaceConfig, options, execution: ExecutionOptions,
                 out: Path) -> tuple[SurfaceResult, list[InputRef], dict]:
     """The surface around A on ``config.plane``, written to ``out`` after every block of rows (resumed from a
-    partial file with the same options, inputs and plane unless ``options.resume`` is false)."""
+    partial file with the same options, inputs and plane unless ``options.restart``)."""
     point_a = resolver.point(ref_a, data=False)
     a = point_a.checkpoint
     model = a.build_model()
@@ -225,10 +218,10 @@ def _resume(out: Path, config: SurfaceConfig, inputs: list[InputRef], plane: Pla
             and prev.plane_sha256 == plane.fingerprint())
     if not same:
         raise UsageError(f"{out} holds a different surface (other options, checkpoints or plane); "
-                         "remove it, pass --no-resume, or choose another -o")
+                         "remove it, pass --restart, or choose another -o")
     if not user_metrics.same_code(prev.metric_sources):  # its cells would mix two versions of a metric
         raise UsageError(f"{out} was computed with other metric code (a source file changed, or a Python object); "
-                         "remove it, pass --no-resume, or choose another -o")
+                         "remove it, pass --restart, or choose another -o")
     return prev
 
 
@@ -262,5 +255,3 @@ def _split_data(data_spec: dict, split: str, subset, subset_seed: int, data_root
     return take_subset(*data.split(split), subset, subset_seed, split=split)
 
 
-attach("directions", "execute", run_directions)
-attach("surface", "execute", run_surface)

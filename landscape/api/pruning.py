@@ -22,18 +22,15 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING, Any
 
 from landscape.api.jobkind import JobKind, files_under, run_option
-from landscape.api.runner import attach
 from landscape.errors import UsageError
 from landscape.options import option
-from landscape.store import Checkpoint, Run, Store
-from landscape.train.accounting import PrivacyEvent
-from landscape.train.pruning import MASK_ARRAY, inherited_privacy, prune_into_run
+from landscape.privacy import PrivacyEvent
+
+if TYPE_CHECKING:
+    from landscape.store import Checkpoint, Run, Store
 
 REWINDS = ("init", "none")
 SCOPES = ("layer", "global")
@@ -75,6 +72,9 @@ class PruneResult:
 
 def prune(config: PruneConfig, *, root: str | Path) -> PruneResult:
     """Prune ``config.ref`` and write the new run into the store at ``root`` (``prune_into_run``)."""
+    from landscape.store import Store
+    from landscape.train.pruning import prune_into_run
+
     config.validate()
     store = Store(root)
     source = store.load(config.ref)
@@ -115,11 +115,6 @@ def _default_init_ref(source: Checkpoint, ref: str) -> str:
     return f"{source.run}@init"
 
 
-def load_masks(run: Run) -> dict[str, torch.Tensor] | None:
-    """The keep-masks stored with a run (array ``mask``), as bool tensors; None when it has none."""
-    if MASK_ARRAY not in run.array_names():
-        return None
-    return {k: torch.as_tensor(np.asarray(v)).to(torch.bool) for k, v in run.load_array(MASK_ARRAY).items()}
 
 def _prune_rows(result: PruneResult) -> list[dict[str, Any]]:
     """One row per pruned tensor, then the total."""
@@ -137,6 +132,8 @@ def _prune_notes(result: PruneResult) -> list[str]:
 
 
 def _prune_outcome(result: PruneResult, root: Path, out: Path | None) -> tuple[dict[str, Any], list[Path]]:
+    from landscape.store import Store
+
     return {"kept_fraction": result.kept_fraction}, files_under(Store(root).run(result.run).path)
 
 
@@ -166,6 +163,7 @@ def pruned_retrain(store: Store, trained: Checkpoint, init: Checkpoint, level: f
     """
     from landscape.train.config import TrainConfig
     from landscape.train.loop import train
+    from landscape.train.pruning import inherited_privacy, prune_into_run
 
     tag = f"{trained.run}-prune{int(round(level * 1000)):03d}"
     retrain_name = f"{tag}-retrain"
@@ -230,4 +228,3 @@ def expand_prune_levels(resolver, ref: str, config) -> tuple[list, list]:
     return targets, [trained.input_ref(), init.input_ref()]
 
 
-attach("clipping", "expand", expand_prune_levels)

@@ -19,15 +19,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from landscape.api._common import check_pair, checkpoint_dataset
 from landscape.errors import CheckpointError, UsageError
 from landscape.refs import Ref
 from landscape.store import Checkpoint, CheckpointInfo, Store, load_verified
-
-MASK_ARRAY = "mask"  # the run array holding a pruning mask (landscape.train.pruning.MASK_ARRAY)
 
 
 @dataclass(frozen=True)
@@ -184,10 +181,10 @@ class Resolver:
 
     def masks(self, run: str | None) -> dict[str, torch.Tensor] | None:
         """The pruning mask stored with ``run`` (run array ``mask``), or None."""
+        from landscape.train.pruning import load_masks
+
         r = self._run(run)
-        if r is None or MASK_ARRAY not in r.array_names():
-            return None
-        return {k: torch.as_tensor(np.asarray(v)) for k, v in r.load_array(MASK_ARRAY).items()}
+        return None if r is None else load_masks(r)
 
     def run_info(self, ref: str | Ref):
         """What pairing needs from the manifest of the run a reference names (a file outside a run: none)."""

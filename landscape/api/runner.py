@@ -8,15 +8,13 @@ result HDF5 (and CSV), draws the figure, and returns the result with ``.path`` a
 :func:`api_function` makes the public function of an analysis from its spec. ``workers`` and ``scheduler`` are
 :class:`~landscape.api.execution.ExecutionOptions`, never config fields (nor stored in a result's ``params``).
 
-The store-side hooks an analysis' spec asks for (``Analysis.hooks``: ``execute``, ``expand``) are attached here
-by :func:`attach`, from the api modules that implement them (:data:`HOOK_MODULES`): a spec in
-``landscape/analyze`` never names code in ``landscape/api``.
+The store-side hooks an analysis' spec asks for (``Analysis.hooks``: ``execute``, ``expand``) are named here
+(:data:`HOOKS`): a spec in ``landscape/analyze`` never names code in ``landscape/api``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 import json
 import os
@@ -26,13 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from landscape import progress
-from landscape.analyze.registry import Analysis, config_with, get, parallel
+from landscape.analyze.registry import Analysis, get, load
 from landscape.api._common import default_output
 from landscape.api.accounting import provenance_attrs
 from landscape.api.execution import ExecutionOptions, ProcessPool, map_jobs, using_scheduler
 from landscape.api.resolve import Resolver, Target
 from landscape.data import recording_subsets
 from landscape.errors import UsageError
+from landscape.options import build
 from landscape.refs import Ref, slug
 from landscape.results import InputRef, check_companions, check_output_path, is_result_file
 from landscape.results.paths import changed_options, check_default_output, output_stem
@@ -66,8 +65,8 @@ def _run_trusted(name: str, refs: Sequence[str], *, root, config, output, figure
     run_fields = {f.name for f in dataclasses.fields(spec.run_options)} if spec.run_options else set()
     run_opts = spec.run_options(**{k: options.pop(k) for k in list(options) if k in run_fields}) \
         if spec.run_options else None
-    config = config_with(spec.config, config, options)
-    execution = ExecutionOptions(1 if workers is None else workers, scheduler).on_cluster(parallel(spec))
+    config = build(spec.config, options, base=config)
+    execution = ExecutionOptions(1 if workers is None else workers, scheduler).on_cluster(spec.has_workers)
     if execution.workers > 1:  # metric objects cannot travel to workers: say so before a refused pickle hangs a pool
         from landscape.metrics import check_workers
 
@@ -83,17 +82,18 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
     workers = execution.workers
     resolver = Resolver(root, data_root=data_root, download=download)
     # parsed once here (a bad reference is a one-line UsageError before anything runs); run globs are not references
-    parsed = [str(r) for r in refs] if spec.inputs == "pairs" else [Ref.parse(r) for r in refs]
+    parsed = [str(r) for r in refs] if spec.mode.globs else [Ref.parse(r) for r in refs]
     refs = [str(r) for r in parsed]
-    if spec.inputs == "targets" and not refs:
-        raise UsageError(f"{spec.name} needs at least one run or checkpoint")
+    if len(refs) < spec.mode.least or (spec.mode.most is not None and len(refs) > spec.mode.most):
+        wanted = f"{spec.mode.least}" if spec.mode.most == spec.mode.least else f"at least {spec.mode.least}"
+        raise UsageError(f"{spec.name} takes {wanted} reference(s), got {len(refs)}")
     out = Path(output) if output is not None else default_output(_stem(spec, refs, config, run_opts, data_from))
     if overwrite and getattr(run_opts, "resume", False):  # replace: computed again, not resumed
-        run_opts = dataclasses.replace(run_opts, resume=False)
+        run_opts = dataclasses.replace(run_opts, restart=True)
     if output is None and not (getattr(run_opts, "resume", False) and is_result_file(out)):
         check_default_output(out, overwrite=overwrite)  # a resumable partial file is the hook's to check
     check_output_path(out)  # fail before computing: never replace a checkpoint, a user's CSV, figure or pair file
-    check_companions(out, csv=spec.csv, figures=figure and spec.figure is not None, pairs=spec.inputs == "pairs")
+    check_companions(out, csv=spec.csv, figures=figure and spec.figure is not None, pairs=spec.detail is not None)
     attrs: dict[str, Any] = {}
     title = refs[0] if refs else ""
     draws: list[dict] = []  # the example subsets drawn (landscape.data.sample_subset), here and in the workers
@@ -148,7 +148,7 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
     if spec.csv:
         result.to_csv(out.with_suffix(".csv"))
     if figure and spec.figure is not None:
-        draw = _callable(spec.figure)
+        draw = spec.figure
         result.figures = draw(result, out, title, run_opts) if spec.run_options else draw(result, out, title)
     return result
 
@@ -186,7 +186,7 @@ def _stem(spec: Analysis, refs: list[str], config: Any, run_opts: Any, data_from
     if spec.stem is not None:
         base = spec.stem(refs, config, run_opts)
     else:
-        parts = [slug(r) if spec.inputs == "pairs" else _name_part(Ref.parse(r)) for r in refs]
+        parts = [slug(r) if spec.mode.globs else _name_part(Ref.parse(r)) for r in refs]
         base = "-".join([spec.output, *(["--".join(parts)] if parts else [])])
     extra = {"data_from": data_from} if data_from != "a" else {}
     return output_stem(base, changed_options(config, run_opts, extra=extra))
@@ -203,38 +203,20 @@ def _inputs(targets: Sequence[Target]) -> list[InputRef]:
 
 # ------------------------------------------------------------------------------------------ api hooks
 
-#: The api modules that attach analyses' store-side hooks (imported when a spec asks for one).
-HOOK_MODULES = ("landscape.api.loss_surfaces", "landscape.api.pruning")
-_HOOKS: dict[tuple[str, str], Callable] = {}
-
-
-def attach(name: str, kind: str, function: Callable) -> None:
-    """Attach the ``kind`` hook (``"execute"`` or ``"expand"``, see :class:`~landscape.analyze.registry.Analysis`)
-    of analysis ``name``: called at import by the module in :data:`HOOK_MODULES` that implements it."""
-    if kind not in ("execute", "expand"):
-        raise ValueError(f"unknown hook kind {kind!r} (execute or expand)")
-    _HOOKS[(name, kind)] = function
+#: The store-side hooks of the analyses (``Analysis.hooks``): (analysis, hook) -> the api function that does it.
+HOOKS = {
+    ("directions", "execute"): "landscape.api.loss_surfaces:run_directions",
+    ("surface", "execute"): "landscape.api.loss_surfaces:run_surface",
+    ("clipping", "expand"): "landscape.api.pruning:expand_prune_levels",
+}
 
 
 def hook(spec: Analysis, kind: str) -> Callable:
-    """The ``kind`` hook attached for ``spec`` (its modules imported first); a spec that asks for a hook nobody
-    attached is a programming error, raised as such."""
-    if (spec.name, kind) not in _HOOKS:
-        for module in HOOK_MODULES:
-            importlib.import_module(module)
-    try:
-        return _HOOKS[(spec.name, kind)]
-    except KeyError:
-        raise LookupError(f"analysis {spec.name!r} asks for an api {kind!r} hook, but none of {HOOK_MODULES} "
-                          f"attached one (landscape.api.runner.attach)") from None
-
-
-def _callable(where: str | Callable) -> Callable:
-    """A spec's ``figure`` given as ``"module:function"`` (so matplotlib is imported only when drawing)."""
-    if callable(where):
-        return where
-    module, attr = where.split(":")
-    return getattr(importlib.import_module(module), attr)
+    """The ``kind`` hook of ``spec``; a spec asking for one that :data:`HOOKS` lacks is a programming error."""
+    if (spec.name, kind) not in HOOKS:
+        raise LookupError(f"analysis {spec.name!r} asks for an api {kind!r} hook, but landscape.api.runner.HOOKS "
+                          "names none")
+    return load(HOOKS[(spec.name, kind)])
 
 
 # -------------------------------------------------------------------------------- jobs (in workers)
@@ -296,7 +278,7 @@ def _pair_job(name: str, resolver: Resolver, ref_a: str, ref_b: str, labels: dic
         spec = get(name)
         a, b, choice = resolver.pair(ref_a, ref_b, data_from=data_from)
         refs = [a.input_ref(), b.input_ref()]
-        kept, draws = _current_pair_file(out, refs, config, choice.attrs())
+        kept, draws = _current_pair_file(spec.detail, out, refs, config, choice.attrs())
         if kept is not None:
             row, _ = spec.compute(a, b, config, labels, result=kept)
         else:
@@ -309,13 +291,12 @@ def _pair_job(name: str, resolver: Resolver, ref_a: str, ref_b: str, labels: dic
     return _caught(job)
 
 
-def _current_pair_file(out: str, refs: list[InputRef], config: Any, data_attrs: dict[str, Any]
+def _current_pair_file(detail: type, out: str, refs: list[InputRef], config: Any, data_attrs: dict[str, Any]
                        ) -> tuple[Any, list[dict]]:
-    """The pair's interpolation read back from ``out``, with the example subsets it recorded, when it was made from
+    """The pair's ``detail`` result read back from ``out``, with the example subsets it recorded, when it was made from
     the same checkpoint files (sha256), options, data and code version (user metrics: their source files' sha256);
     else ``(None, [])``: the pair is recomputed and the file replaced (the writer refuses to replace a file that is
     not a landscape result)."""
-    from landscape.analyze.interpolate import InterpolationResult
     from landscape.results import read_result
     from landscape.runtime import code_version
 
@@ -327,13 +308,13 @@ def _current_pair_file(out: str, refs: list[InputRef], config: Any, data_attrs: 
                 or head.attrs.get("landscape_version") != code_version()
                 or any(head.attrs.get(k) != v for k, v in data_attrs.items())):
             return None, []
-        kept = InterpolationResult.from_hdf5(out)
+        kept = detail.from_hdf5(out)
         draws = json.loads(head.attrs.get("subsets") or "[]")
     except Exception:  # unreadable: recomputed (and never overwritten unless it is a landscape result)
         return None, []
     from landscape.metrics import same_code
 
-    if kept.config == config and same_code(kept.metric_sources):  # user metrics' code too
+    if kept.config == config and same_code(getattr(kept, "metric_sources", [])):  # user metrics' code too
         return kept, draws
     return None, []
 
@@ -341,7 +322,8 @@ def _current_pair_file(out: str, refs: list[InputRef], config: Any, data_attrs: 
 def _pairs(spec: Analysis, resolver: Resolver, patterns: list[str], config: Any, run_opts: Any, data_from: str,
            workers: int, out: Path) -> tuple[Any, list[InputRef], list[dict]]:
     jobs = resolver.pair_jobs(patterns, run_opts.pairs)
-    pair_dir = Path(run_opts.pair_dir) if run_opts.pair_dir else out.with_name(out.stem + "-pairs")
+    pair_dir = getattr(run_opts, spec.mode.detail_dir)
+    pair_dir = Path(pair_dir) if pair_dir else out.with_name(out.stem + "-pairs")
     tasks = [(spec.name, resolver, a, b, labels, config, data_from, str(pair_dir / f"{slug(a)}--{slug(b)}.h5"))
              for a, b, labels in jobs]
     outcomes = _map(_pair_job, tasks, workers, what=spec.name, unit="pairs")
@@ -370,19 +352,19 @@ RUNNER_OPTIONS: dict[str, tuple[Any, Any, str]] = {
     "accept_changed_code": (bool, False, "Accept code whose source sha256 changed since it was recorded."),
     "overwrite": (bool, False, "Replace a result already under the default output name (without it: refused)."),
 }
-_REFS = {"checkpoint": (("ref", str | Path, "A checkpoint reference: RUN@selector or a checkpoint file."),),
-         "pair": (("ref_a", str | Path, "Checkpoint A (RUN@selector or a file)."),
-                  ("ref_b", str | Path, "Checkpoint B (RUN@selector or a file).")),
-         "pairs": (("run_patterns", Sequence[str], "Run names or globs whose checkpoints are paired."),),
-         "target": (("target", str | Path, "A checkpoint, or a run name: every checkpoint of the run."),),
-         "targets": (("targets", Sequence[str], "Runs or checkpoints to compare."),)}
+
+
+def _references(spec: Analysis) -> list[tuple[str, Any, str]]:
+    """``(name, annotation, help)`` of the api function's leading parameters: the input mode's arguments."""
+    many = spec.mode.most != 1 and len(spec.mode.arguments) == 1
+    return [(name, Sequence[str] if many else str | Path, text) for name, text in spec.mode.arguments]
 
 
 def _runner_names(spec: Analysis) -> list[str]:
     names = ["root", "output", "figure", "data_root", "download"]
-    if spec.inputs in ("pair", "pairs"):
+    if spec.mode.paired:
         names.append("data_from")
-    if parallel(spec):
+    if spec.has_workers:
         names += ["workers", "scheduler"]
     return names + ["code", "accept_changed_code", "overwrite"]
 
@@ -390,12 +372,12 @@ def _runner_names(spec: Analysis) -> list[str]:
 def api_signature(spec: Analysis) -> inspect.Signature:
     """The real signature of the api function of ``spec``: the references (positional), ``config`` (positional or
     keyword), then every config field, run option and runner option as a keyword-only parameter with its type
-    and default (old option names are accepted too, with a deprecation line, but not shown)."""
+    and default."""
     from landscape.options import hints
 
     P = inspect.Parameter
-    params = [P(n, P.POSITIONAL_OR_KEYWORD, annotation=t, default=() if n == "run_patterns" else P.empty)
-              for n, t, _ in _REFS[spec.inputs]]
+    params = [P(n, P.POSITIONAL_OR_KEYWORD, annotation=t, default=() if spec.mode.least == 0 else P.empty)
+              for n, t, _ in _references(spec)]
     params.append(P("config", P.POSITIONAL_OR_KEYWORD, default=None, annotation=spec.config | None))
     for cls in (spec.config, spec.run_options):
         if cls is None:
@@ -429,7 +411,7 @@ def api_doc(spec: Analysis) -> str:
     lines = [inspect.cleandoc(spec.doc or spec.compute.__doc__ or spec.name), "",
              f"Keyword options replace the fields of ``config`` (default ``{spec.config.__name__}()``); a value may "
              "be given as on the command line (``split=\"train,test\"``) or as a Python value.", "", "Args:"]
-    for name, annotation, text in _REFS[spec.inputs]:
+    for name, annotation, text in _references(spec):
         lines += arg(name, type_name(annotation), text)
     lines += arg("config", f"{spec.config.__name__} | None", "All options at once (keywords replace its fields).")
     for cls in (spec.config, spec.run_options):
@@ -448,19 +430,13 @@ def api_function(name: str) -> Callable:
     output=None, ...)``) and a docstring listing every option (:func:`api_doc`), so ``help()`` and IDEs show them.
 
     Only the keywords a call gives replace fields of ``config``; their values go through the one coercion of
-    :mod:`landscape.options` (``split="train,test"`` and ``split=("train", "test")`` are the same); old option
-    names still work with a deprecation line. Returns the result (``.path``, ``.figures``).
+    :mod:`landscape.options` (``split="train,test"`` and ``split=("train", "test")`` are the same). Returns the result (``.path``, ``.figures``).
     """
-    from landscape.options import renamed
-
     spec = get(name)
     signature = api_signature(spec)
-    ref_names = [n for n, _, _ in _REFS[spec.inputs]]
+    ref_names = [n for n, _, _ in _references(spec)]
 
     def function(*args: Any, **kwargs: Any) -> Any:
-        for cls in (spec.config, spec.run_options):
-            if cls is not None:
-                kwargs = renamed(cls, kwargs)
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError as exc:

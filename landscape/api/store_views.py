@@ -15,14 +15,15 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from landscape.api.jobkind import JobKind, files_under, run_option
 from landscape.errors import CheckpointError, one_line
 from landscape.options import SOURCE_HELP, check_kwargs, option
 from landscape.runtime import DATA_ENV
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["runs", "checkpoint", "show", "import_checkpoint"]
 
@@ -60,8 +61,8 @@ def checkpoint(ref: str, root: str | os.PathLike = "checkpoints") -> dict[str, A
     ``parameters`` is the number of elements over all tensors of the state dict; ``privacy_note`` is the caveat
     of a checkpoint whose run has ancestors of unknown privacy (else None).
     """
+    from landscape.privacy import ancestry_note
     from landscape.store import MANIFEST, Store
-    from landscape.train.accounting import ancestry_note
 
     st = Store(root)
     ckpt = st.load(ref, tensors=False)  # numpy arrays: no torch import to read shapes
@@ -88,6 +89,8 @@ def show(path: str | os.PathLike) -> dict[str, Any]:
     ``arrays`` maps each array to its shape and dtype, ``stats`` to its nan-ignoring min and max (None when
     empty, not numeric or all-NaN), ``values`` holds the arrays of at most ``SMALL_ARRAY`` elements.
     """
+    import numpy as np
+
     from landscape.results import read_result
 
     res = read_result(path)
@@ -122,15 +125,15 @@ def import_checkpoint(
     from landscape.api.accounting import import_privacy
     from landscape.data import load_dataset
     from landscape.models import build_model, check_forward
-    from landscape.store import Store, _looks_like_torch_file, check_regular_file
+    from landscape.privacy import ancestry_note
+    from landscape.store import Store, check_regular_file, looks_like_torch_file
     from landscape.store import import_checkpoint as store_import
-    from landscape.train.accounting import ancestry_note
 
     check_kwargs(data_kwargs, model_kwargs)
     source = Path(file)
     check_regular_file(source)
     target = source.resolve()  # a link is judged by what it points to, before the data set is loaded
-    if source.suffix.lower() in (".pt", ".pth") and target.is_file() and not _looks_like_torch_file(target):
+    if source.suffix.lower() in (".pt", ".pth") and target.is_file() and not looks_like_torch_file(target):
         link = f" (a link to {target})" if source.is_symlink() else ""
         raise CheckpointError(f"cannot read {file}{link} as a PyTorch file: not a torch.save() file (neither a zip "
                               "archive nor a binary pickle); is it the right file?")
@@ -240,7 +243,7 @@ IMPORT_JOB = JobKind(
 
 
 def _run_summary(run: Any) -> dict[str, Any]:
-    from landscape.train.accounting import ancestry_note
+    from landscape.privacy import ancestry_note
 
     infos = run.checkpoints()
     last = infos[-1] if infos else None
@@ -261,6 +264,8 @@ def _run_summary(run: Any) -> dict[str, Any]:
 
 
 def _stat(a: np.ndarray, fn: Any) -> float | None:
+    import numpy as np
+
     if a.size == 0 or not np.issubdtype(a.dtype, np.number) or np.all(np.isnan(a.astype(float))):
         return None
     return float(fn(a.astype(float)))

@@ -13,17 +13,16 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from landscape import plugins
 from landscape import progress as display
 from landscape.api.jobkind import JobKind, files_under, run_option, validated
-from landscape.data import load_dataset
 from landscape.errors import CheckpointError, UsageError
-from landscape.store import Run, Store
 from landscape.train.config import PhasesConfig, TrainConfig, config_hash
-from landscape.train.loop import DEFAULT_DATA, DEFAULT_MODEL, calibrate_noise, resolved, train
-from landscape.train.sampling import steps_per_epoch
+
+if TYPE_CHECKING:
+    from landscape.store import Run, Store
 
 __all__ = ["PHASES_JOB", "TRAIN_JOB", "PhasesConfig", "RunSummary", "TrainConfig", "phases", "resume", "summarize",
            "train"]
@@ -50,6 +49,13 @@ class RunSummary:
     seconds: float | None = None
     accountant: str | None = None  # the accountant the epsilon comes from
     parent_epsilon: dict[str, Any] | None = None  # what the parent reported, and by which accountant
+
+
+def train(config: TrainConfig, *, root: str | Path, **options: Any) -> Run:
+    """Train one run into the store at ``root`` (:func:`landscape.train.loop.train`, imported when it runs)."""
+    from landscape.train.loop import train as train_loop
+
+    return train_loop(config, root=root, **options)
 
 
 def summarize(run: Run) -> RunSummary:
@@ -111,6 +117,11 @@ def phases(config: PhasesConfig, *, root: str | Path, progress: bool | None = No
 
 def _phases(config: PhasesConfig, *, root: str | Path, progress: bool | None,
             report: Callable[[str], None] | None) -> list[RunSummary]:
+    from landscape.data import load_dataset
+    from landscape.store import Store
+    from landscape.train.accounting import steps_per_epoch
+    from landscape.train.loop import DEFAULT_DATA, DEFAULT_MODEL, calibrate_noise
+
     config = dataclasses.replace(config, base=dataclasses.replace(
         config.base, model=config.base.model or DEFAULT_MODEL, data=config.base.data or DEFAULT_DATA,
         accountant=config.base.accountant or "rdp"))
@@ -180,6 +191,8 @@ def ensure(store: Store, config: TrainConfig, phases_label: dict[str, Any] | Non
            progress: bool | None = None) -> Run:
     """Train ``config`` (named: ``config.run``) unless a run of that name with the same config hash exists (then
     resume it; a finished one is returned as it is); a run of that name with another configuration is refused."""
+    from landscape.train.loop import resolved
+
     if config.run in store.run_names():
         run = store.run(config.run)
         if run.manifest.get("config_hash") != config_hash(resolved(store, config)):
@@ -199,6 +212,9 @@ def _train_job(config: TrainConfig, *, root: Path, out: Path | None = None) -> R
     """A train job: the same job again after a kill resumes its run (a finished one returns at once), also when
     the kill came between a checkpoint file and the manifest entry listing it; a run of that name with a
     different configuration is an error."""
+    from landscape.store import Store
+    from landscape.train.loop import resolved
+
     store = Store(root)
     if config.run in store.run_names():
         existing = store.run(config.run).manifest
@@ -229,6 +245,8 @@ def _train_given(given: dict[str, str]) -> None:
 def _train_command(config: TrainConfig, *, root: Path, progress: bool | None,
                    report: Callable[[str], None] | None) -> Run:
     """``train``; ``--resume`` of a run that is already complete says so (its table follows, nothing is trained)."""
+    from landscape.store import Store
+
     if config.resume is not None and report is not None and config.resume in Store(root).run_names():
         run = Store(root).run(config.resume)
         total, last = run.manifest.get("schedule", {}).get("total_steps"), run.checkpoints()
@@ -239,7 +257,7 @@ def _train_command(config: TrainConfig, *, root: Path, progress: bool | None,
 
 TRAIN_JOB = JobKind(
     name="train", config=TrainConfig, run=_train_job, skip=("resume",), required=("run",), produces=run_option,
-    outcome=_train_outcome, api=train, command=_train_command, given=_train_given,
+    outcome=_train_outcome, api="landscape.train.loop:train", command=_train_command, given=_train_given,
     rows=lambda run: [_columns(summarize(run), _COLUMNS)], notes=lambda run: [f"run written to {run.path}"],
     details=lambda run: dataclasses.asdict(summarize(run)),
     doc="Train a model (SGD or the DP-SGD family) into the checkpoint store.",
@@ -280,6 +298,8 @@ def _phases_produces(options: dict[str, Any]) -> list[str]:
 
 
 def _phases_outcome(summaries: list[RunSummary], root: Path, out: Path | None) -> tuple[dict[str, Any], list[Path]]:
+    from landscape.store import Store
+
     store = Store(root)
     files: list[Path] = []
     for s in summaries:

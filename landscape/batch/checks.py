@@ -29,45 +29,20 @@ def _check_type(value: Any, annotation: Any, opt: str) -> Any:
     return coerce(value, annotation, flag="--" + opt.replace("_", "-"), name=opt)
 
 
-_WARNED: set[tuple[int, str]] = set()  # (job mapping, spec place) whose deprecated option name was reported
-
-
-def _renames(kind: str) -> dict[str, str]:
-    """Old option name -> current one for the kind's renamed options (its config; an analysis' run options and
-    the training options of ``phases`` too)."""
-    from landscape import kinds
-
-    return kinds.get(kind).renames()
-
-
 def _check_options(kind, info, opts, raw_options, grid, env, where, body, key, label, at) -> dict[str, Any]:
-    """Old option names renamed (one deprecation line per place in the spec), values coerced by their
-    annotations, required options present, then the kind's configuration built and validated once."""
-    import warnings
-
-    from landscape.options import OptionDeprecationWarning
+    """Values coerced by their annotations, required options present, then the kind's configuration built and
+    validated once."""
 
     def place(opt: str) -> str:
         return raw_options[opt][1] if opt in raw_options else f"{where(grid, opt)}: jobs.{key}.grid.{opt}"
 
-    table = _renames(kind)
     out = {}
     for opt, value in opts.items():
-        new = table.get(opt)
-        if new is not None:
-            if new in opts:
-                raise SpecError(f"{place(opt)}: {label}: '{opt}' and '{new}' are the same option ('{opt}' is its "
-                                f"old name); give '{new}' only")
-            if (id(body), place(opt)) not in _WARNED:  # once per place of this spec, not per grid point
-                _WARNED.add((id(body), place(opt)))
-                warnings.warn(f"{place(opt)}: option '{opt}' is deprecated and will be removed in the next release; "
-                              f"use '{new}'", OptionDeprecationWarning, stacklevel=2)
-        name = new or opt
         try:
             if opt == "subset" and not _is_analysis(kind):  # a count or a fraction (300 is 300 examples)
-                out[name] = subset_value(value, "'subset'")
+                out[opt] = subset_value(value, "'subset'")
                 continue
-            out[name] = _check_type(value, info.options[opt], name)
+            out[opt] = _check_type(value, info.options[opt], opt)
         except UsageError as exc:
             raise SpecError(f"{place(opt)}: {label}: {exc}") from None
     for req in info.required:

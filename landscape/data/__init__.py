@@ -30,16 +30,8 @@ test split is never subsampled. Adding a built-in data set is one builder functi
 ``DATASETS``.
 """
 
-# The package is split by concern (arrays: Dataset and the train subset; builtin: the registered data sets;
-# sources: files, folders, torchvision, entry points and code; core: loading by name and from a spec). Every
-# name the single module landscape/data.py had stays importable from landscape.data.
-
 from landscape.data.arrays import (
     Dataset,
-    _Arrays,
-    _resolve_size,
-    _stratified_counts,
-    _subset_value,
     indices_sha256,
     recording_subsets,
     sample_subset,
@@ -47,48 +39,19 @@ from landscape.data.arrays import (
     take_subset,
 )
 from landscape.data.builtin import (
-    _TORCHVISION,
     DATASETS,
-    _images_tensor,
-    _integer,
-    _real,
-    _standardize,
-    _torchvision_builder,
-    _torchvision_split,
-    _TorchvisionInfo,
     data_root_of,
     digits,
     digits_arrays,
     gaussian_signal,
     gaussian_signal_key,
 )
-from landscape.data.core import (
-    _CALL_ARGS,
-    _assemble,
-    _builder,
-    dataset_from_spec,
-    dataset_options,
-    load_dataset,
-)
+from landscape.data.core import dataset_from_spec, dataset_options, load_dataset
 from landscape.data.sources import (
     ENTRY_POINT_GROUP,
     IMAGEFOLDER,
     TENSOR_KEYS,
     TENSOR_SUFFIXES,
-    _channel_standardize,
-    _check_json,
-    _describe_item,
-    _file_options,
-    _folder_options,
-    _jsonable,
-    _kind_of,
-    _materialise,
-    _other_source,
-    _pil_tensor,
-    _stack_images,
-    _tensor_file,
-    _torchvision_tensors,
-    _user_tensors,
     directory_digest,
     imagefolder_arrays,
     tensor_file_arrays,
@@ -96,21 +59,11 @@ from landscape.data.sources import (
     torchvision_class,
     user_arrays,
 )
-from landscape.runtime import DATA_ENV  # the single module imported it; importers read it here
 
 __all__ = [
-    "DATA_ENV",
     "DATASETS", "Dataset", "ENTRY_POINT_GROUP", "IMAGEFOLDER", "TENSOR_KEYS", "TENSOR_SUFFIXES",
     "data_root_of", "dataset_from_spec", "dataset_options", "digits", "digits_arrays", "directory_digest",
     "gaussian_signal", "gaussian_signal_key", "imagefolder_arrays", "indices_sha256", "load_dataset",
     "recording_subsets", "sample_subset", "subset_indices", "take_subset",
     "tensor_file_arrays", "torchvision_arrays", "torchvision_class", "user_arrays",
-]
-# importable as before the split; not part of the API
-__all__ += [
-    "_Arrays", "_CALL_ARGS", "_TORCHVISION", "_TorchvisionInfo", "_assemble", "_builder",
-    "_channel_standardize", "_check_json", "_describe_item", "_folder_options", "_images_tensor",
-    "_integer", "_jsonable", "_kind_of", "_materialise", "_file_options", "_other_source", "_pil_tensor",
-    "_real", "_resolve_size", "_stack_images", "_standardize", "_stratified_counts", "_subset_value",
-    "_tensor_file", "_torchvision_builder", "_torchvision_split", "_torchvision_tensors", "_user_tensors",
 ]

@@ -16,6 +16,7 @@ import torch
 from landscape.data.arrays import _Arrays
 from landscape.data.builtin import DATASETS, _images_tensor, _standardize, data_root_of
 from landscape.errors import DataError
+from landscape.hashing import sha256_file
 from landscape.runtime import DATA_ENV
 
 ENTRY_POINT_GROUP = "landscape.datasets"
@@ -36,7 +37,7 @@ def _other_source(name: Any, seed: int, data_root, download: bool, options: dict
         recorded = (stored or {}).get("source") or {}
         path = _tensor_file(name, recorded, data_root)
         filled = _file_options(name, options)
-        digest = plugins.sha256_file(path)
+        digest = sha256_file(path)
         if recorded and recorded.get("sha256") != digest:
             raise DataError(f"data file {path} changed since it was recorded (sha256 {str(recorded.get('sha256'))[:12]} "
                             f"then, {digest[:12]} now); restore it or train again")
@@ -455,7 +456,6 @@ def _describe_item(item: Any) -> str:
 def directory_digest(root: str | os.PathLike) -> dict[str, Any]:
     """``{"path", "sha256", "files"}``: the sha256 of the manifest of every file below ``root`` (one line
     ``relative/path<TAB>sha256`` per file, sorted), so any added, removed, renamed or changed file shows."""
-    from landscape.plugins import sha256_file
 
     root = Path(root).expanduser()
     if not root.is_dir():

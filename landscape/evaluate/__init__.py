@@ -60,70 +60,14 @@ stacked parameters (chunk size from a memory budget); on CPU it is slower for co
 is (the reference the others are tested against).
 """
 
-# The package is split by concern (core: evaluate and EvalResult; points: Segment, Affine; metric: the Metric
-# protocol; runner: the loops over batches and points; rewrites: exact module rewrites and fx tracing;
-# allocator: glibc tuning). Every name the single module ``landscape/evaluate.py`` had stays importable from
-# ``landscape.evaluate``, private helpers included (except the counter ``allocator._allocator_depth``, which a copy
-# here would freeze at 0). Patch module constants (MIN_CHUNK, CACHE_BUDGET) in the submodule that reads them.
-
-from landscape.evaluate.allocator import (
-    _LIBC,
-    _M_MMAP_THRESHOLD,
-    _M_TRIM_THRESHOLD,
-    _RESTORED_MMAP_THRESHOLD,
-    _allocator_lock,
-    _env_threshold,
-    _libc,
-    tuned_allocator,
-)
-from landscape.evaluate.core import DEFAULT_BATCH_SIZE, DEFAULT_MEMORY_BUDGET, METHODS, EvalResult, evaluate
-from landscape.evaluate.metric import MeanMetric, Metric, _check_metrics
-from landscape.evaluate.points import Affine, Segment, _combine, _Listed
-from landscape.evaluate.rewrites import (
-    _FLATTEN_FUNCTIONS,
-    _LAYER_CALLS,
-    _RELU_FUNCTIONS,
-    _conv_output_size,
-    _conv_signature,
-    _DenseConv,
-    _flatten_dims,
-    _graph_successors,
-    _identity,
-    _is_flatten_call,
-    _is_relu_call,
-    _layer_call_owner,
-    _linear_signature,
-    _modules_graph,
-    _padding,
-    _pool_module,
-    _rewrite_modules,
-    _slice_max,
-    _slice_max_pool,
-    _slice_pool_call,
-)
-from landscape.evaluate.runner import (
-    _AFFINE_FIRST,
-    CACHE_BUDGET,
-    MIN_CHUNK,
-    _accumulate,
-    _bn_batches,
-    _Runner,
-    _Stop,
-    recalibrate_batchnorm,
-)
+from landscape.evaluate.allocator import tuned_allocator
+from landscape.evaluate.core import DEFAULT_MEMORY_BUDGET, EvalResult, evaluate
+from landscape.evaluate.metric import MeanMetric, Metric
+from landscape.evaluate.points import Affine, Segment
+from landscape.evaluate.runner import CACHE_BUDGET, MIN_CHUNK, recalibrate_batchnorm
 
 __all__ = [
-    "Affine", "CACHE_BUDGET", "DEFAULT_BATCH_SIZE", "DEFAULT_MEMORY_BUDGET", "EvalResult", "METHODS",
+    "Affine", "CACHE_BUDGET", "DEFAULT_MEMORY_BUDGET", "EvalResult",
     "MIN_CHUNK", "MeanMetric", "Metric", "Segment", "evaluate", "recalibrate_batchnorm",
     "tuned_allocator",
-]
-# importable as before the split; not part of the API
-__all__ += [
-    "_AFFINE_FIRST", "_DenseConv", "_FLATTEN_FUNCTIONS", "_LAYER_CALLS", "_LIBC", "_Listed",
-    "_M_MMAP_THRESHOLD", "_M_TRIM_THRESHOLD", "_RELU_FUNCTIONS", "_RESTORED_MMAP_THRESHOLD", "_Runner",
-    "_Stop", "_accumulate", "_allocator_lock", "_bn_batches", "_check_metrics",
-    "_combine", "_conv_output_size", "_conv_signature", "_env_threshold", "_flatten_dims",
-    "_graph_successors", "_identity", "_is_flatten_call", "_is_relu_call", "_layer_call_owner", "_libc",
-    "_linear_signature", "_modules_graph", "_padding", "_pool_module", "_rewrite_modules", "_slice_max",
-    "_slice_max_pool", "_slice_pool_call",
 ]

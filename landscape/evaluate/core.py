@@ -22,11 +22,10 @@ from landscape.evaluate.metric import Metric, _check_metrics
 from landscape.evaluate.points import Affine, Segment, _Listed
 from landscape.evaluate.rewrites import _slice_pool_call
 from landscape.evaluate.runner import _bn_batches, _Runner
+from landscape.options import EVAL_CHUNK, EVAL_METHODS
 from landscape.params import ParamSpace
 from landscape.pooling import routed_pool_calls
 
-METHODS = ("auto", "loop", "plain", "vmap")
-DEFAULT_BATCH_SIZE = 1000
 DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes of activations / cached first-layer outputs
 
 
@@ -84,8 +83,8 @@ def evaluate(
     logits of every batch at every point in the same forward passes; their values are in ``result.metrics``.
     """
     metrics = _check_metrics(metrics)
-    if method not in METHODS:
-        raise UsageError(f"unknown evaluation method {method!r}; choose from {', '.join(METHODS)}")
+    if method not in EVAL_METHODS:
+        raise UsageError(f"unknown evaluation method {method!r}; choose from {', '.join(EVAL_METHODS)}")
     if x.shape[0] != y.shape[0]:
         raise UsageError(f"x has {x.shape[0]} examples but y has {y.shape[0]}")
     if x.shape[0] == 0:
@@ -94,7 +93,7 @@ def evaluate(
     space = space or ParamSpace.from_model(model)
     if len(pts) and pts.dim != space.dim:
         raise UsageError(f"points have {pts.dim} entries but the parameter space has {space.dim}")
-    batch_size = int(batch_size or DEFAULT_BATCH_SIZE)
+    batch_size = int(batch_size or EVAL_CHUNK)
     if batch_size < 1:
         raise UsageError(f"batch size must be >= 1, got {batch_size}")
     from landscape.runtime import resolve_device

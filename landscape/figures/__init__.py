@@ -8,21 +8,23 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from landscape.figures import registry
-from landscape.figures.recipe import Made, Recipe, make
+if TYPE_CHECKING:
+    from landscape.figures.recipe import Made
 
 
 def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out", root: str | Path = "checkpoints",
             workers: int = 1, data_root: str | None = None, rerun: bool = False, scheduler=None,
-            report=None, compare: str | Path | None = None) -> list[Made]:
+            report=None, compare: str | Path | None = None, device: str = "auto") -> list[Made]:
     """Run the named recipes (or ``"all"``) and update ``out/README.md`` (``landscape.figures.gallery``).
 
     Finished recipes (same settings) are skipped unless ``rerun`` (which still reuses their trained runs: only the
     analyses, figure and summary are made again). A recipe that fails does not stop the others: the rest run, the
     gallery is written, and then ``RecipeError`` names every failure (one line; its
     ``made`` holds the recipes that finished). ``scheduler`` (a Dask address or client) runs the recipes'
-    analyses' parallel parts on that cluster (see ``landscape.api.execution.using_scheduler``). ``report``
+    analyses' parallel parts on that cluster (see ``landscape.api.execution.using_scheduler``). ``device``: what
+    the recipes' ``auto`` device means (``landscape.runtime.using_device``). ``report``
     receives one line per finished (or failed) recipe, as it finishes (the command prints them on stderr).
     ``compare`` (a folder holding the same recipes' summaries, e.g. the gallery made on another machine or under
     other float kernels) puts on each ``Made`` its :class:`~landscape.figures.compare.Comparison` with
@@ -32,7 +34,9 @@ def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out",
 
     from landscape.api.execution import check_parallelism, cluster_size, using_scheduler
     from landscape.errors import LandscapeError, RecipeError
+    from landscape.figures import registry
     from landscape.figures.gallery import write_gallery
+    from landscape.runtime import using_device
 
     if isinstance(names, str):
         names = [names]
@@ -48,7 +52,7 @@ def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out",
     if scheduler is not None:
         cluster_size(scheduler)  # an unreachable scheduler is one line before anything runs
     made, failed = [], []
-    with using_scheduler(scheduler) if scheduler is not None else contextlib.nullcontext():
+    with using_scheduler(scheduler) if scheduler is not None else contextlib.nullcontext(), using_device(device):
         _make_all(recipes, made, failed, report, scale=scale, out=out, root=root, workers=workers,
                   data_root=data_root, rerun=rerun)
     write_gallery(out, scale)
@@ -85,6 +89,7 @@ def _make_all(recipes, made: list, failed: list, report=None, **options) -> None
 
     from landscape import progress
     from landscape.errors import LandscapeError, UsageError
+    from landscape.figures.recipe import make
 
     with progress.task("figures", total=len(recipes), unit="recipes") as task:
         for i, r in enumerate(recipes, 1):
@@ -106,4 +111,4 @@ def _make_all(recipes, made: list, failed: list, report=None, **options) -> None
                 report(f"figures: [{i}/{len(recipes)}] {r.name} {what} ({time.perf_counter() - start:.1f} s)")
 
 
-__all__ = ["Made", "Recipe", "figures", "make", "registry"]
+__all__ = ["figures"]

@@ -20,8 +20,8 @@ from landscape.api.jobkind import JobKind, files_under
 from landscape.bounds import scheduler_note
 from landscape.errors import RecipeError, UsageError
 from landscape.figures import figures
-from landscape.figures.recipe import SCALES
-from landscape.options import option
+from landscape.figures.registry import SCALES
+from landscape.options import DEVICE_HELP, SOURCE_HELP, option
 
 _COMMAND_ONLY = ("names", "listing", "out", "workers", "scheduler", "compare")
 
@@ -37,7 +37,8 @@ class FigureJob:
     out: str = option("figures-out", "Output folder (one subfolder per recipe: figure PNG + PDF, HDF5 summary).",
                       kind="directory")
     workers: int = option(1, "Worker processes.", min=1)
-    data_root: str | None = option(None, "Folder of the paper's data sets (else $LANDSCAPE_DATA).")
+    data_root: str | None = option(None, SOURCE_HELP["data_root"], kind="directory")
+    device: str = option("auto", DEVICE_HELP, kind="device")
     rerun: bool = option(False, "Make finished recipes again (their trained runs are still reused).")
     scheduler: str | None = option(None, "Run the analyses' parallel parts on this Dask scheduler instead of "
                                          "--workers.", kind="scheduler")
@@ -68,9 +69,11 @@ class Figures:
 def _run(job: FigureJob, *, root: Path, out: Path | None = None) -> Any:
     from landscape.figures import registry
     from landscape.figures.recipe import make
+    from landscape.runtime import using_device
 
-    return make(registry.get(job.recipe), scale=job.scale, out=out if out is not None else "figures-out", root=root,
-                data_root=job.data_root, rerun=job.rerun)
+    with using_device(job.device):
+        return make(registry.get(job.recipe), scale=job.scale, out=out if out is not None else "figures-out",
+                    root=root, data_root=job.data_root, rerun=job.rerun)
 
 
 def _command(job: FigureJob, *, root: Path, progress: bool | None, report: Callable[[str], None] | None) -> Figures:
@@ -88,7 +91,7 @@ def _command(job: FigureJob, *, root: Path, progress: bool | None, report: Calla
     try:
         made = figures(list(job.names), scale=job.scale, out=job.out, root=root, workers=job.workers,
                        data_root=job.data_root, rerun=job.rerun, scheduler=job.scheduler, report=display.note,
-                       compare=job.compare)
+                       compare=job.compare, device=job.device)
     except RecipeError as exc:
         exc.partial = Figures(made=exc.made)
         raise

@@ -48,6 +48,7 @@ import numpy as np
 
 from landscape.atomic import atomic_write_hdf5
 from landscape.errors import DataError, UsageError
+from landscape.figures.registry import SCALES
 from landscape.refs import Ref
 from landscape.runtime import code_version, kernels, portable_mode
 from landscape.verdict import Verdict, inconclusive
@@ -55,7 +56,6 @@ from landscape.verdict import Verdict, inconclusive
 if TYPE_CHECKING:
     from landscape.figures.compare import Comparison
 
-SCALES = ("test", "cpu", "paper")
 SYNTHETIC = ("digits", "gaussian-signal")  # bundled or generated: paper scale needs no files
 
 

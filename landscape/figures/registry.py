@@ -6,6 +6,8 @@ import importlib
 
 from landscape.errors import UsageError
 
+SCALES = ("test", "cpu", "paper")  # seconds, minutes on a laptop, the paper's data set and model
+
 RECIPES: dict[str, str] = {  # paper order
     "watson-fig2": "landscape.figures.watson_fig2",
     "watson-fig3": "landscape.figures.watson_fig3",

@@ -73,7 +73,7 @@ def make(ctx):
                      for m, c in configs.items()]
             used += names
             tag = f"{lr['sgd']:g}-{lr['dp']:g}".replace(".", "_")
-            results.append(norms(names, root=ctx.root, bins=s["bins"], subset=s["grad_samples"], seed=seed,
+            results.append(norms(names, root=ctx.root, bins=s["bins"], subset=s["grad_samples"], subset_seed=seed,
                                  workers=ctx.workers, output=ctx.stem(f"norms-lr{tag}-{seed}").with_suffix(".h5"),
                                  data_root=ctx.data_root, figure=False))
         dist = {m: [r.runs[i].rows[-1].params.dist_origin for r in results] for i, m in enumerate(configs)}

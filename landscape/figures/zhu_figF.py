@@ -94,7 +94,8 @@ def make(ctx):
             cfg = dataclasses.replace(base, seed=seed, sparsify=s["sparsify"] if m == "dpsgd-rs" else 0.0)
             run = ctx.train(f"{m}-{seed}", cfg)
             res = symmetry(run.name, root=ctx.root, projections=s["projections"], permutations=s["permutations"],
-                           subset=s["examples"], seed=seed, workers=ctx.workers, data_root=ctx.data_root,
+                           subset=s["examples"], subset_seed=seed, seed=seed, workers=ctx.workers,
+                           data_root=ctx.data_root,
                            output=ctx.stem(f"symmetry-{m}-{seed}").with_suffix(".h5"), figure=False)
             epochs = np.array([r.epoch for r in res.rows])
             H[m].append([r.stats.energy_coefficient for r in res.rows])

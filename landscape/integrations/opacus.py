@@ -89,7 +89,7 @@ class OpacusPrivacy:
     def epsilon(self, ancestors: Sequence[Any] = ()) -> float:
         """``accountant.get_epsilon(delta)`` (0 before the first step, where Opacus' PRV accountant fails).
 
-        ``ancestors``: DP steps before this run's (``landscape.train.accounting.PrivacyEvent``, a run recorded
+        ``ancestors``: DP steps before this run's (``landscape.privacy.PrivacyEvent``, a run recorded
         from a parent checkpoint), composed by a copy of the same accountant with their entries put first in its
         history (the engine's own accountant is left as it is)."""
         accountant = self.accountant

@@ -15,7 +15,6 @@ from torch.func import functional_call, jvp
 
 from landscape.errors import ModelError, UsageError
 from landscape.evaluate.allocator import tuned_allocator
-from landscape.options import deprecated
 from landscape.persample.capture import Capture, place_batch, probe_calls
 from landscape.persample.functional import FunctionalHandler, functorch_grads
 from landscape.persample.handlers import HooksFailed, _sq, plan_handlers
@@ -93,8 +92,7 @@ def _kept_memory(method):
 class PerSampleEngine:
     """Per-sample gradients of ``l_i = cross_entropy(model(x_i), y_i)`` w.r.t. the trainable parameters.
 
-    ``chunk`` bounds how many samples go through one pass (memory; never the results; ``microbatch``, its old
-    name, is accepted for this release with a deprecation line). ``strategy`` is ``"auto"`` (the
+    ``chunk`` bounds how many samples go through one pass (memory; never the results). ``strategy`` is ``"auto"`` (the
     registered handlers by hooks and, when some trainable parameter has none, the other modules by ``torch.func``
     in the same pass: ``self.strategy == "mixed"``; the whole model by ``torch.func`` when that is cheaper or
     the first call's self-check fails), ``"hooks"`` (registered handlers only, else an error) or
@@ -111,7 +109,6 @@ class PerSampleEngine:
         loss: str = "cross_entropy",
         chunk: int | None = None,
         strategy: str = "auto",
-        microbatch: int | None = None,
     ):
         if loss not in LOSSES:
             raise UsageError(f"unknown per-sample loss {loss!r}; choose one of {', '.join(LOSSES)}")
@@ -119,11 +116,6 @@ class PerSampleEngine:
             raise UsageError(
                 f"unknown per-sample strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}"
             )
-        if microbatch is not None:
-            if chunk is not None:
-                raise UsageError("PerSampleEngine: give chunk= only (microbatch= is its old name)")
-            deprecated("PerSampleEngine(microbatch=)", "chunk=")
-            chunk = microbatch
         if chunk is not None and int(chunk) < 1:
             raise UsageError(f"chunk must be a positive integer, got {chunk}")
         self._batchnorms = batchnorm_layers(model)

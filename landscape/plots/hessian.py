@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from landscape.analyze.hessian import broadened_density, density_grid
 from landscape.plots.style import method_color, save_figure, styled, subplots
 from landscape.refs import Ref
+from landscape.spectral import broadened_density, density_grid
 
 MAX_DENSITIES = 6
 STYLES = ("o-", "s--", "^-.", "d:")
@@ -52,7 +52,7 @@ def plot_sharpness(result, stem, title: str = "") -> list[Path]:
     for ax in ax_of.values():
         ax.set_xlabel("epoch")
         ax.legend()
-    fig.suptitle(title or f"sharpness on {result.config.subset} {result.config.split} examples (seed {result.config.seed})")
+    fig.suptitle(title or f"sharpness on {result.config.subset} {result.config.split} examples (seed {result.config.subset_seed})")
     fig.tight_layout()
     return save_figure(fig, stem)
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from landscape.analyze.ntk import NTKResult, NTKTable
+from landscape.analyze.ntk import NTKResult
+from landscape.analyze.ntk_table import NTKTable
 from landscape.plots.style import PALETTE, save_figure, styled, subplots
 
 STYLE_COLORS = {"none": "#000000", "flat": PALETTE[0], "layerwise": PALETTE[1]}
@@ -40,8 +41,8 @@ def plot_ntk(result: NTKResult, stem: str | os.PathLike) -> list[Path]:
     kp, p = result.K_properties, result.properties
     idx = np.arange(1, len(kp.sym_eigvals) + 1)
     ax.plot(idx, np.sort(kp.sym_eigvals)[::-1], color=STYLE_COLORS["none"], label="eig K")
-    if result.config.clip != "none":
-        color = STYLE_COLORS[result.config.clip]
+    if result.config.clip_style != "none":
+        color = STYLE_COLORS[result.config.clip_style]
         ax.plot(idx, np.sort(p.eigvals.real)[::-1], color=color, label="Re eig A")
         ax.plot(idx, np.sort(p.sym_eigvals)[::-1], color=color, ls="--", label="eig (A+A^T)/2")
         imag = np.abs(p.eigvals.imag)
@@ -52,7 +53,7 @@ def plot_ntk(result: NTKResult, stem: str | os.PathLike) -> list[Path]:
     ax.set_yscale("symlog", linthresh=max(linthresh, 1e-12 * max(kp.norm, p.norm, 1e-300)))
     ax.set_xlabel("index (sorted)")
     ax.set_ylabel("eigenvalue")
-    ax.set_title(f"spectra ({result.config.kernel}, clip {result.config.clip})")
+    ax.set_title(f"spectra ({result.config.kernel}, clip {result.config.clip_style})")
     ax.legend()
     _heatmap(axes[1], result.K, "K", diverging=True)
     _heatmap(axes[2], result.A - result.A.T, f"A - A^T (asymmetry {p.asymmetry:.2g})", diverging=True)

@@ -21,6 +21,7 @@ from torch import nn
 from landscape import plugins
 from landscape.errors import IncompatibleError, NonFiniteError, UsageError
 from landscape.params import dtype_kind, first_mismatch, plain_names, unwrap
+from landscape.privacy import PrivacyEvent
 from landscape.recorder.manifest import (
     RECORDER_FORMAT,
     close_run,
@@ -32,7 +33,7 @@ from landscape.recorder.manifest import (
     recorder_record,
 )
 from landscape.store import Checkpoint, Run, RunBusyError, Store, check_run_name
-from landscape.train.accounting import AccountantWarning, PrivacyEvent
+from landscape.train.accounting import AccountantWarning
 
 __all__ = ["OPTIMIZER_ATTR", "OPTIMIZER_EXTRA", "PRIVACY_ATTR", "RECORDER_FORMAT", "PrivacySource", "Recorder"]
 

@@ -19,8 +19,8 @@ from torch import nn
 from landscape.errors import UsageError
 from landscape.jsonable import to_jsonable
 from landscape.params import unwrap
+from landscape.privacy import PrivacyHistory
 from landscape.store import MANIFEST, Checkpoint, Run, Store
-from landscape.train.accounting import PrivacyHistory
 
 RECORDER_FORMAT = "landscape-recorder/1"
 

@@ -23,7 +23,7 @@ from landscape.refs import slug
 #: Options that never change a result's numbers (beyond rounding): memory bounds, evaluation engines, the
 #: device, what is drawn and where partial files go. They are left out of default output names.
 NOT_IN_NAME = frozenset({"chunk", "device", "method", "max_memory", "strategy", "rows_per_call",
-                         "directions_per_pass", "three_d", "on_rows", "resume", "pair_dir"})
+                         "directions_per_pass", "three_d", "on_rows", "restart", "pair_dir"})
 #: The longest options part of a default name written out (``-top_k=3-trace``); a longer one is a hash.
 OPTIONS_IN_NAME = 40
 

@@ -32,99 +32,36 @@ the working directory, then the store root) or ``RUN[@SELECTOR]`` with ``@init``
 manifest recorded (:func:`load_verified`).
 """
 
-# The package is split by concern (core: Store and Run; checkpoint: one checkpoint file; manifest: layout and
-# schema; codec: HDF5 arrays; foreign: import of foreign weights; _locks: one writer per run). Every name the
-# single module ``landscape/store.py`` had stays importable from ``landscape.store``, private helpers included
-# (other modules import some of them).
-
-from landscape.store._locks import (
-    _LOCKS,
-    _UMASK,
-    LOCK,
-    RunBusyError,
-    _FileLock,
-    _forget_locks_in_child,
-    _lock,
-    _release_holds,
-    _unlock,
-)
+from landscape.refs import check_run_name
+from landscape.store._locks import LOCK, RunBusyError
 from landscape.store.checkpoint import (
     Checkpoint,
     CheckpointInfo,
-    _dtype_kind,
-    _info_from_file,
     check_state_dict,
     load_checkpoint,
     load_verified,
 )
-from landscape.store.codec import (
-    _VIEW_NAMES,
-    EXTRA_GROUP,
-    STATE_GROUP,
-    _decode_metrics,
-    _escape,
-    _float_or_none,
-    _json_attr,
-    _open_h5,
-    _plain,
-    _read_array,
-    _read_flat,
-    _read_state_dict,
-    _str_attr,
-    _unescape,
-    _view_dtypes,
-    _write_array,
-    _write_nested,
-    _write_state_dict,
-)
-from landscape.store.core import DamagedRunWarning, Run, Store, _available, _check_array_name, _now
+from landscape.store.codec import EXTRA_GROUP, STATE_GROUP
+from landscape.store.core import DamagedRunWarning, Run, Store
 from landscape.store.foreign import (
     WRAPPER_KEYS,
-    _all_tensors,
-    _looks_like_torch_file,
-    _read_foreign,
-    _strip_prefixes,
-    _unwrap_state_dict,
     check_finite,
     check_regular_file,
     import_checkpoint,
+    looks_like_torch_file,
 )
 from landscape.store.manifest import (
-    _CHECKPOINT_FILE,
-    _MANIFEST_KEYS,
-    _NON_FINITE,
-    _RUN_NAME,
-    _SHA256,
     ARRAYS,
     CHECKPOINT_FORMAT,
     MANIFEST,
     MANIFEST_FORMAT,
     MAX_JSON_DEPTH,
-    _is_int,
-    _is_number,
-    _is_run_name,
-    _one_line,
-    _read_manifest,
-    _short,
-    _write_json_atomic,
     check_manifest,
-    check_run_name,
 )
 
 __all__ = [
     "ARRAYS", "CHECKPOINT_FORMAT", "Checkpoint", "CheckpointInfo", "DamagedRunWarning", "EXTRA_GROUP", "LOCK",
     "MANIFEST", "MANIFEST_FORMAT", "MAX_JSON_DEPTH", "Run", "RunBusyError", "STATE_GROUP", "Store",
     "WRAPPER_KEYS", "check_finite", "check_manifest", "check_regular_file", "check_run_name",
-    "check_state_dict", "import_checkpoint", "load_checkpoint", "load_verified",
-]
-# importable as before the split; not part of the API
-__all__ += [
-    "_CHECKPOINT_FILE", "_FileLock", "_LOCKS", "_MANIFEST_KEYS", "_NON_FINITE", "_RUN_NAME", "_SHA256",
-    "_UMASK", "_VIEW_NAMES", "_all_tensors", "_available", "_check_array_name", "_decode_metrics",
-    "_dtype_kind", "_escape", "_float_or_none", "_forget_locks_in_child", "_info_from_file", "_is_int",
-    "_is_number", "_is_run_name", "_json_attr", "_lock", "_looks_like_torch_file", "_now", "_one_line",
-    "_open_h5", "_plain", "_read_array", "_read_flat", "_read_foreign", "_read_manifest",
-    "_read_state_dict", "_release_holds", "_short", "_str_attr", "_strip_prefixes", "_unescape",
-    "_unlock", "_unwrap_state_dict", "_view_dtypes", "_write_array",
-    "_write_json_atomic", "_write_nested", "_write_state_dict",
+    "check_state_dict", "import_checkpoint", "load_checkpoint", "load_verified", "looks_like_torch_file",
 ]

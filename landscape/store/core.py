@@ -23,7 +23,7 @@ import numpy as np
 from landscape.atomic import atomic_write_hdf5, stale_temp_files
 from landscape.errors import CheckpointError, UsageError, WriteError, one_line
 from landscape.jsonable import to_jsonable
-from landscape.refs import Ref, parse_selector
+from landscape.refs import Ref, check_run_name, is_run_name, parse_selector
 from landscape.runtime import code_version, environment, portable_mode
 from landscape.store._locks import LOCK, _FileLock, _lock, _release_holds, _unlock
 from landscape.store.checkpoint import (
@@ -53,12 +53,10 @@ from landscape.store.manifest import (
     CHECKPOINT_FORMAT,
     MANIFEST,
     MANIFEST_FORMAT,
-    _is_run_name,
     _read_manifest,
     _write_json_atomic,
     check_depth,
     check_manifest,
-    check_run_name,
 )
 
 if TYPE_CHECKING:
@@ -201,7 +199,7 @@ class Store:
             return []
         return sorted(
             p.name for p in self.root.iterdir()
-            if _is_run_name(p.name) and (p / MANIFEST).is_file()
+            if is_run_name(p.name) and (p / MANIFEST).is_file()
         )
 
     def scan(self, pattern: str = "*") -> tuple[list[Run], dict[str, str]]:

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from landscape.errors import CheckpointError, NonFiniteError, UnsafeFileError, UsageError
 from landscape.hashing import sha256_file
+from landscape.refs import check_run_name
 from landscape.store.checkpoint import check_state_dict
-from landscape.store.manifest import _one_line, check_run_name
+from landscape.store.manifest import _one_line
 
 if TYPE_CHECKING:
     import torch
@@ -47,12 +48,12 @@ def import_checkpoint(
     Keys and shapes are checked against the model ``model_spec`` builds (strict).
 
     ``privacy`` is the run's ``manifest["privacy"]``: what is known of the weights' privacy history
-    (:class:`landscape.train.accounting.PrivacyHistory`); by default nothing (``unknown_ancestors``), so every
+    (:class:`landscape.privacy.PrivacyHistory`); by default nothing (``unknown_ancestors``), so every
     run trained from them says that its epsilon covers only the steps landscape saw. ``epsilon`` is the
     declared epsilon recorded at the checkpoint.
     """
     from landscape.models import model_from_spec
-    from landscape.train.accounting import PrivacyHistory
+    from landscape.privacy import PrivacyHistory
 
     file = Path(file)
     check_run_name(run)
@@ -127,7 +128,7 @@ def _read_foreign(file: Path) -> Any:
                 warnings.simplefilter("ignore")
                 return torch.load(file, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as exc:
-            if not _looks_like_torch_file(file):
+            if not looks_like_torch_file(file):
                 raise CheckpointError(
                     f"cannot read {file} as a PyTorch file: not a torch.save() file (neither a zip archive nor a "
                     "binary pickle); is it the right file?"
@@ -151,7 +152,7 @@ def _read_foreign(file: Path) -> Any:
     raise UsageError(f"cannot import {file}: expected a .pt, .pth or .safetensors file")
 
 
-def _looks_like_torch_file(file: Path) -> bool:
+def looks_like_torch_file(file: Path) -> bool:
     """torch.save writes a zip archive (``PK``) or, in the legacy format, a binary pickle (PROTO ``0x80``)."""
     with open(file, "rb") as f:
         head = f.read(2)

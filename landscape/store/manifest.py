@@ -13,8 +13,6 @@ from typing import Any
 from landscape.atomic import atomic_write
 from landscape.errors import CheckpointError, UsageError
 from landscape.jsonable import to_jsonable
-from landscape.refs import _RUN_NAME, check_run_name  # noqa: F401 (run names are landscape.refs'; re-exported)
-from landscape.refs import is_run_name as _is_run_name  # noqa: F401
 
 MANIFEST = "manifest.json"
 ARRAYS = "arrays.h5"
@@ -113,7 +111,7 @@ def check_manifest(manifest: Any, path: str | os.PathLike) -> dict[str, Any]:
     the trainer adds are checked when present: ``schedule`` (``steps_per_epoch``, ``total_steps``,
     ``checkpoint_steps``) and ``privacy`` (numbers, ``ancestor_events`` of ``{noise_multiplier, sample_rate,
     steps}``, the flags ``accounted``, ``non_private_ancestors`` and ``unknown_ancestors``, ``declared_ancestors``
-    of ``{epsilon, delta}``; :class:`landscape.train.accounting.PrivacyHistory`). Any violation is a one-line CheckpointError naming the file and the field.
+    of ``{epsilon, delta}``; :class:`landscape.privacy.PrivacyHistory`). Any violation is a one-line CheckpointError naming the file and the field.
     """
     def bad(field: str, what: str, value: Any = None, show: bool = True) -> CheckpointError:
         got = f", got {_short(value)}" if show else ""

@@ -20,21 +20,7 @@ noise of standard deviation ``sigma`` (add/remove-one neighbouring). ``T`` steps
 ``dp_accounting`` has no PRV accountant (that lives in Opacus / Microsoft's prv_accountant); we offer
 ``rdp`` and ``pld`` only and ``method="prv"`` is a usage error saying so.
 
-Ancestors (:class:`PrivacyHistory`). Weights a run starts from carry the history of the data they were trained
-on: DP steps landscape accounted (``ancestor_events``, composed exactly with the run's own steps), steps
-without a guarantee (``non_private_ancestors``: no finite epsilon covers the pipeline), an (epsilon, delta) the
-user declared for weights landscape did not train (``declared_ancestors``, e.g. ``landscape import --epsilon E
---delta D``: added by basic composition, Dwork & Roth 2014 Thm. 3.16, so the run's epsilon holds at delta plus
-the declared deltas) or nothing known at all (``unknown_ancestors``: imported weights with no declaration; the
-run's epsilon then covers only the steps landscape saw, :data:`UNKNOWN_ANCESTRY`).
-
-Accountants of a lineage. A child run (``train --from``) continues with its parent's accountant when it is one
-computed here (:func:`continuing_accountant`: ``rdp`` or ``pld``), so its first checkpoint reports the parent's
-epsilon. Opacus' ``prv`` and ``gdp`` accountants (a run recorded from an Opacus loop) are not: the child then
-accounts every step, the parent's too, with ``pld`` (the closest: both PRV and PLD compute the privacy loss
-distribution numerically; they differ by ~1% from their discretisations), and its manifest keeps the epsilon the
-parent reported and its accountant (``privacy["parent_epsilon"]``, :class:`PrivacyHistory`), so each number
-says which accountant it comes from.
+What is known of the steps before a run's own is :class:`landscape.privacy.PrivacyHistory`.
 
 Steps: ``landscape train`` runs ``epochs * ceil(N / B)`` steps (:func:`schedule_steps`); ``landscape privacy
 --epochs`` counts the same way. Reference: sigma = 1.1, q = 256/60000, 14062 steps, delta = 1e-5 -> epsilon
@@ -47,15 +33,13 @@ import contextlib
 import functools
 import logging
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
 from landscape.errors import PrivacyError, UsageError
+from landscape.privacy import ACCOUNTANTS, PrivacyEvent, PrivacyHistory
 
-METHODS = ("rdp", "pld")
 # Opacus' default RDP orders (opacus.accountants.RDPAccountant.DEFAULT_ALPHAS)
 RDP_ORDERS: tuple[float, ...] = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
 PLD_DISCRETIZATION = 1e-4
@@ -78,154 +62,22 @@ def schedule_steps(epochs: int, dataset_size: int, batch_size: int) -> int:
     return int(epochs) * steps_per_epoch(int(dataset_size), int(batch_size))
 
 
-@dataclass
-class PrivacyEvent:
-    """``steps`` steps of the Poisson-subsampled Gaussian mechanism (noise multiplier, sample rate)."""
-
-    noise_multiplier: float
-    sample_rate: float
-    steps: int
-
-
 class AccountantWarning(UserWarning):
     """A child run's epsilon is by another accountant than the one its parent's epsilon came from."""
 
 
-UNKNOWN_ANCESTRY = "epsilon covers only the steps landscape saw; ancestors' privacy unknown"
-
-
-@dataclass
-class DeclaredPrivacy:
-    """An (epsilon, delta) guarantee declared for weights landscape did not train (``import --epsilon --delta``)."""
-
-    epsilon: float
-    delta: float
-
-    def __post_init__(self) -> None:
-        check_declared(self.epsilon, self.delta)
-
-
-def check_declared(epsilon: Any, delta: Any) -> None:
-    """One-line UsageError unless ``epsilon`` is a finite number >= 0 and ``delta`` a number in [0, 1)."""
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not (0 <= epsilon < math.inf):
-        raise UsageError(f"declared epsilon must be a finite number >= 0, got {epsilon}")
-    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not (0 <= delta < 1):
-        raise UsageError(f"declared delta must be a number in [0, 1), got {delta}")
-
-
-@dataclass
-class PrivacyHistory:
-    """What is known about the privacy of the steps before a run's own (module docstring, "Ancestors").
-
-    ``events``: accounted DP steps (composed exactly); ``non_private``: some step had no guarantee;
-    ``unknown``: some ancestor's history is unknown; ``declared``: guarantees declared by the user.
-    """
-
-    events: list[PrivacyEvent] = field(default_factory=list)
-    non_private: bool = False
-    unknown: bool = False
-    declared: list[DeclaredPrivacy] = field(default_factory=list)
-    # what the parent checkpoint itself reported: {ref, epsilon, delta, accountant[, source]} (None: nothing)
-    parent_epsilon: dict[str, Any] | None = None
-
-    @classmethod
-    def of(cls, history: PrivacyHistory | Sequence[PrivacyEvent]) -> PrivacyHistory:
-        """A history as is, or a plain list of ancestor events as one."""
-        return history if isinstance(history, PrivacyHistory) else cls(events=list(history))
-
-    @classmethod
-    def from_manifest(cls, privacy: Mapping[str, Any] | None) -> PrivacyHistory:
-        """The ancestors recorded in a run's ``manifest["privacy"]`` (absent fields: nothing of that kind)."""
-        privacy = privacy or {}
-        return cls(events=[PrivacyEvent(**e) for e in privacy.get("ancestor_events", [])],
-                   non_private=bool(privacy.get("non_private_ancestors")),
-                   unknown=bool(privacy.get("unknown_ancestors")),
-                   declared=[DeclaredPrivacy(**d) for d in privacy.get("declared_ancestors", [])],
-                   parent_epsilon=dict(privacy["parent_epsilon"]) if privacy.get("parent_epsilon") else None)
-
-    def __add__(self, other: PrivacyHistory) -> PrivacyHistory:
-        """Both histories (weights that depend on two checkpoints; no single parent's epsilon)."""
-        return PrivacyHistory([*self.events, *other.events], self.non_private or other.non_private,
-                              self.unknown or other.unknown, [*self.declared, *other.declared])
-
-    def manifest_fields(self, delta: float | None = None) -> dict[str, Any]:
-        """The ``manifest["privacy"]`` fields of this history. The fields of the unknown and declared kinds are
-        written only when there is something to say, so the manifests of every other run stay as they were;
-        with declarations and the run's ``delta``, ``total_delta`` is the delta its epsilon holds at."""
-        out: dict[str, Any] = {"ancestor_events": [asdict(e) for e in self.events],
-                               "non_private_ancestors": self.non_private}
-        if self.unknown:
-            out["unknown_ancestors"] = True
-            out["note"] = UNKNOWN_ANCESTRY
-        if self.declared:
-            out["declared_ancestors"] = [asdict(d) for d in self.declared]
-            if delta is not None:
-                out["total_delta"] = self.total_delta(delta)
-        if self.parent_epsilon:
-            out["parent_epsilon"] = dict(self.parent_epsilon)
-        return out
-
-    def accountant_note(self, run: str, accountant: str) -> str | None:
-        """One line when a child's epsilon (by ``accountant``) is not by the accountant its parent's was: both
-        numbers are recorded, and this says so (never a silent jump); None when they agree or nothing was
-        reported."""
-        parent = self.parent_epsilon or {}
-        if not parent or parent.get("accountant") == accountant:
-            return None
-        by = str(parent.get("accountant"))
-        why = ("which landscape cannot compute" if by not in METHODS else "another accountant than this run's")
-        source = f" ({parent['source']})" if parent.get("source") else ""
-        return (f"run '{run}' accounts every step, its parent's too, with {accountant}; its parent "
-                f"{parent.get('ref')} reported epsilon {float(parent.get('epsilon', math.nan)):.4g} by "
-                f"{by}{source}, {why}: both are recorded (manifest privacy.accountant, privacy.parent_epsilon)")
-
-    @property
-    def declared_epsilon(self) -> float:
-        return float(sum(d.epsilon for d in self.declared))
-
-    def total_delta(self, delta: float) -> float:
-        """The delta a run's epsilon holds at: its own plus the declared ones (basic composition)."""
-        return float(delta + sum(d.delta for d in self.declared))
-
-    def epsilon(self, own: PrivacyEvent | None, delta: float = 1e-5, method: str = "rdp") -> float:
-        """Epsilon of the ancestors' accounted steps composed with ``own`` (exactly, by the accountant), plus
-        the declared epsilons; it holds at :meth:`total_delta`. Unknown ancestors are not in it (:meth:`note`)."""
-        events = [*self.events, *([own] if own is not None else [])]
-        return composed_epsilon(events, delta, method) + self.declared_epsilon
-
-    def note(self) -> str | None:
-        """The one-line caveat every report of such a run's epsilon carries, or None."""
-        return UNKNOWN_ANCESTRY if self.unknown else None
-
-
-def continuing_accountant(parent: str | None) -> str:
-    """The accountant a child run continues with by default: its parent's when it is one of :data:`METHODS`,
-    ``pld`` for another numerical accountant (Opacus' ``prv``, ``gdp``), ``rdp`` for a parent without one."""
-    if parent is None:
-        return "rdp"
-    return parent if parent in METHODS else "pld"
-
-
-def ancestry_note(manifest: Mapping[str, Any] | None) -> str | None:
-    """What every report of a run's epsilon must add about its ancestors, or None: :data:`UNKNOWN_ANCESTRY`
-    for unknown ancestors (or an import made before imports recorded privacy: no privacy record, lineage
-    ``imported_from``); for declared ones, that the epsilon includes them and the delta it holds at."""
-    manifest = manifest or {}
-    privacy = manifest.get("privacy")
-    if not privacy:
-        imported = isinstance(manifest.get("lineage"), Mapping) and manifest["lineage"].get("imported_from")
-        return UNKNOWN_ANCESTRY if imported else None
-    history = PrivacyHistory.from_manifest(privacy)
-    if history.unknown or not history.declared:
-        return history.note()
-    delta = privacy.get("total_delta", history.total_delta(0.0))
-    return f"epsilon includes the declared epsilon of imported ancestors and holds at delta {delta:.3g}"
+def history_epsilon(history: PrivacyHistory, own: PrivacyEvent | None, delta: float = 1e-5,
+                    method: str = "rdp") -> float:
+    """Epsilon of the ancestors' accounted steps composed with ``own`` (exactly, by the accountant), plus the
+    declared epsilons; it holds at :meth:`PrivacyHistory.total_delta`. Unknown ancestors are not in it."""
+    events = [*history.events, *([own] if own is not None else [])]
+    return composed_epsilon(events, delta, method) + history.declared_epsilon
 
 
 def _check_method(method: str) -> str:
     if method == "prv":
         raise UsageError("the PRV accountant is not in dp_accounting; use --method rdp or --method pld")
-    if method not in METHODS:
+    if method not in ACCOUNTANTS:
         raise UsageError(f"unknown accounting method {method!r}; choose rdp or pld")
     return method
 
@@ -471,7 +323,7 @@ def noise_for_epsilon(
     Bisection on the accountant like Opacus' ``get_noise_multiplier``: double an upper bracket until its
     epsilon is below the target, then bisect until ``target * (1 - rtol) <= epsilon <= target``. With a
     ``history`` (earlier DP steps, e.g. a DP parent run, or a :class:`PrivacyHistory` with declared
-    guarantees) the epsilon is that of the composition (:meth:`PrivacyHistory.epsilon`).
+    guarantees) the epsilon is that of the composition (:func:`history_epsilon`).
     """
     _check_method(method)
     _check(None, sample_rate, steps, delta)
@@ -482,13 +334,13 @@ def noise_for_epsilon(
     history = PrivacyHistory.of(history)
     history = PrivacyHistory([e for e in history.events if e.steps > 0], declared=history.declared)
     if history.events or history.declared:
-        spent = history.epsilon(None, delta, method)
+        spent = history_epsilon(history, None, delta, method)
         if spent >= target_epsilon:
             raise PrivacyError(f"the parent run already spent epsilon {spent:.3g} >= --target-epsilon "
                                f"{target_epsilon:g}; raise the target or give --noise-multiplier")
 
     def eps(s: float) -> float:
-        return history.epsilon(PrivacyEvent(s, sample_rate, steps), delta, method)
+        return history_epsilon(history, PrivacyEvent(s, sample_rate, steps), delta, method)
 
     hi = 1.0
     while eps(hi) > target_epsilon:

@@ -19,9 +19,18 @@ from typing import Any
 
 from landscape.clip import CLIP_FUNCTIONS, CLIP_STYLES
 from landscape.errors import UsageError
-from landscape.options import SOURCE_HELP, Renaming, check_kwargs, coerce_field, option, renamed
+from landscape.options import (
+    CHUNK_HELP,
+    CLIP_FN_HELP,
+    CLIP_STYLE_HELP,
+    DEVICE_HELP,
+    SOURCE_HELP,
+    check_kwargs,
+    coerce_field,
+    option,
+)
+from landscape.privacy import ACCOUNTANTS
 from landscape.runtime import DATA_ENV
-from landscape.train.accounting import METHODS as ACCOUNTANTS
 
 OPTIMIZERS = ("sgd", "dpsgd", "clip-only", "noise-only")
 DP_OPTIMIZERS = ("dpsgd", "clip-only", "noise-only")
@@ -36,7 +45,7 @@ class SamplingWarning(UserWarning):
 
 
 @dataclass
-class TrainConfig(metaclass=Renaming):
+class TrainConfig:
     """Every option of one training run (``landscape train``).
 
     ``model`` and ``data`` default to lenet and digits from scratch; a child run (``from_ref``) keeps its
@@ -46,13 +55,13 @@ class TrainConfig(metaclass=Renaming):
     steps), ``"Ee"`` (every E epochs, E may be fractional) or ``"none"``; init and final are always kept.
     """
 
-    data: str | None = option(None, SOURCE_HELP["data"] + " Default: digits, or the parent's with --from.",
+    data: str | None = option(None, SOURCE_HELP["data"] + " Default: digits (a child run: its parent's).",
                               kind="data")
     data_kwargs: dict[str, Any] = option(help=SOURCE_HELP["data_kwargs"], kind="json", default_factory=dict)
     subset: float | None = option(None, SOURCE_HELP["subset"], kind="subset")
     data_root: str | None = option(None, SOURCE_HELP["data_root"], kind="directory", envvar=DATA_ENV)
     download: bool = option(False, SOURCE_HELP["download"])
-    model: str | None = option(None, SOURCE_HELP["model"] + " Default: lenet, or the parent's with --from.",
+    model: str | None = option(None, SOURCE_HELP["model"] + " Default: lenet (a child run: its parent's).",
                                kind="model")
     model_kwargs: dict[str, Any] = option(help=SOURCE_HELP["model_kwargs"], kind="json", default_factory=dict)
     data_seed: int = option(0, "Seed of the data set (subset draw, synthetic data).")
@@ -62,26 +71,25 @@ class TrainConfig(metaclass=Renaming):
     weight_decay: float = option(0.0, min=0)
     batch_size: int = option(64, "Batch size B (the expected batch size q*N under Poisson sampling).", min=1)
     seed: int = option(0, "Seeds initialisation, data order and noise.")
-    device: str = option("auto", "auto, cpu, cuda or cuda:N.", kind="device")
+    device: str = option("auto", DEVICE_HELP, kind="device")
     checkpoint_every: str = option("1e", "Ns (steps), Ee (epochs) or none; init and final are always kept.")
     max_grad_norm: float = option(1.0, "Clipping norm C.", min=0, min_open=True)
     noise_multiplier: float | None = option(None, "Noise multiplier sigma.", min=0)
     target_epsilon: float | None = option(None, "Find sigma so that epsilon after training equals this (instead of "
                                                 "--noise-multiplier).", min=0, min_open=True)
     delta: float = option(1e-5, min=0, max=1, min_open=True, max_open=True)
-    accountant: str | None = option(None, "Privacy accountant. Default: rdp; a child run (--from) continues with "
-                                          "its parent's (pld for a parent accounted by Opacus' prv or gdp, which "
+    accountant: str | None = option(None, "Privacy accountant. Default: rdp; a child run continues with its "
+                                          "parent's (pld for a parent accounted by Opacus' prv or gdp, which "
                                           "landscape cannot compute; both epsilons are then recorded).",
                                     choices=ACCOUNTANTS)
-    clip_style: str = option("flat", choices=CLIP_STYLES)
-    clip_fn: str = option("abadi", choices=tuple(CLIP_FUNCTIONS))
+    clip_style: str = option("flat", CLIP_STYLE_HELP, choices=CLIP_STYLES)
+    clip_fn: str = option("abadi", CLIP_FN_HELP, choices=tuple(CLIP_FUNCTIONS))
     sampling: str | None = option(None, "Default: poisson for DP optimizers (what the accountant assumes), shuffle "
                                         "for sgd.", choices=SAMPLINGS)
     sparsify: float = option(0.0, "Random sparsification rate R* with gradual cooling (Zhu & Blaschko Alg. 1).",
                              min=0, max=1, max_open=True)
     smooth: float = option(0.0, "Laplacian smoothing sigma_LS (DP-LSSGD).", min=0)
-    chunk: int | None = option(None, "Per-sample gradients computed in chunks of this many samples (bounds "
-                                     "memory; never changes results).", min=1, renamed_from=("microbatch",))
+    chunk: int | None = option(None, CHUNK_HELP, min=1)
     optimizer: str = option("sgd", "sgd, dpsgd (clip + noise), clip-only, noise-only.", choices=OPTIMIZERS)
     run: str | None = option(None, "Run name (default: a generated unique id).")
     from_ref: str | None = option(None, "Start from a checkpoint (RUN[@init|@last|@step=N|@epoch=E] or PATH.h5): a "
@@ -151,10 +159,9 @@ class TrainConfig(metaclass=Renaming):
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        """Rebuild from a manifest's ``config`` (unknown keys are ignored; missing ones take defaults; an option's
-        old name, such as ``microbatch`` for ``chunk``, reads as its current one, silently)."""
+        """Rebuild from a manifest's ``config`` (unknown keys are ignored; missing ones take defaults)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in renamed(cls, d, warn=False).items() if k in names})
+        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 def config_hash(config: TrainConfig | dict[str, Any]) -> str:

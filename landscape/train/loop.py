@@ -19,7 +19,7 @@ and are flagged in ``manifest["privacy"]["non_private_ancestors"]``, because the
 the full pipeline. Imported weights bring what was declared for them (``import --epsilon --delta``: added to
 the epsilon, which then holds at ``privacy["total_delta"]``) or an unknown history
 (``privacy["unknown_ancestors"]``: the epsilon covers only the steps landscape saw); see
-:class:`landscape.train.accounting.PrivacyHistory`. ``--target-epsilon`` calibrates sigma so that the
+:class:`landscape.privacy.PrivacyHistory`. ``--target-epsilon`` calibrates sigma so that the
 recorded (composed) epsilon after this run's planned steps equals the target.
 """
 
@@ -43,11 +43,12 @@ from landscape import plugins
 from landscape.data import Dataset, dataset_from_spec, load_dataset
 from landscape.errors import CheckpointError, IncompatibleError, LandscapeError, ModelError, UsageError
 from landscape.models import MODELS, build_model, check_forward, has_batchnorm, model_from_spec, model_options
+from landscape.privacy import PrivacyEvent, PrivacyHistory, continuing_accountant
 from landscape.refs import Ref
 from landscape.runtime import resolve_device, seed_everything
 from landscape.store import MANIFEST, Checkpoint, Run, Store, check_state_dict
 from landscape.train import accounting
-from landscape.train.accounting import AccountantWarning, PrivacyEvent, PrivacyHistory
+from landscape.train.accounting import AccountantWarning, steps_per_epoch
 from landscape.train.callbacks import (
     METRICS_ARRAY,
     Accounting,
@@ -63,11 +64,10 @@ from landscape.train.callbacks import (
 )
 from landscape.train.config import SamplingWarning, TrainConfig, checkpoint_steps, config_hash
 from landscape.train.privatize import PrivacyConfig, Privatizer
-from landscape.train.pruning import inherited_privacy, lineage_of
-from landscape.train.sampling import Sampler, make_sampler, steps_per_epoch
+from landscape.train.pruning import MASK_ARRAY, inherited_privacy, lineage_of, load_masks
+from landscape.train.sampling import Sampler, make_sampler
 from landscape.train.sparsify import SparsifySchedule
 
-MASK_ARRAY = "mask"
 DEFAULT_MODEL = "lenet"
 DEFAULT_DATA = "digits"
 
@@ -161,7 +161,7 @@ def _with_defaults(config: TrainConfig) -> TrainConfig:
 
 def resolved(store: Store, config: TrainConfig) -> TrainConfig:
     """``config`` as a run records it: :func:`_with_defaults`, and the accountant resolved (a child run's
-    default is its parent's, :func:`landscape.train.accounting.continuing_accountant`)."""
+    default is its parent's, :func:`landscape.privacy.continuing_accountant`)."""
     config = _with_defaults(config)
     if config.accountant is not None:
         return config
@@ -171,7 +171,7 @@ def resolved(store: Store, config: TrainConfig) -> TrainConfig:
             name = Ref.parse(config.from_ref).run
             privacy = (store.run(name).manifest.get("privacy") or {}) if name else {}
             parent = privacy.get("accountant") if privacy.get("accounted") else None
-    return dataclasses.replace(config, accountant=accounting.continuing_accountant(parent))
+    return dataclasses.replace(config, accountant=continuing_accountant(parent))
 
 
 def _start(
@@ -363,9 +363,7 @@ def _continue(
     check_state_dict(model, ckpt.state_dict, source=str(last.path))
     model.load_state_dict(ckpt.state_dict, strict=True)
     model.to(device)
-    masks = None
-    if MASK_ARRAY in run.array_names():
-        masks = {k: torch.as_tensor(np.asarray(v)) for k, v in run.load_array(MASK_ARRAY).items()}
+    masks = load_masks(run)
     privacy = manifest["privacy"]
     history = PrivacyHistory.from_manifest(privacy)
     if "noise_multiplier" not in privacy:
@@ -453,10 +451,7 @@ def _parent_masks(store: Store, parent: Checkpoint) -> dict[str, torch.Tensor] |
         run = store.run(parent.run)
     except CheckpointError:
         return None
-    if MASK_ARRAY not in run.array_names():
-        return None
-    saved = run.load_array(MASK_ARRAY)
-    return {k: torch.as_tensor(np.asarray(v)) for k, v in saved.items()}
+    return load_masks(run)
 
 
 def _noise_multiplier(config: TrainConfig, q: float, total: int, history: PrivacyHistory) -> float:
@@ -475,9 +470,9 @@ def composed_epsilon(
     delta: float, method: str = "rdp",
 ) -> float:
     """Epsilon of the ancestors' DP steps (and declared guarantees) composed with ``steps`` more of this run
-    (:meth:`.accounting.PrivacyHistory.epsilon`)."""
+    (:func:`landscape.train.accounting.history_epsilon`)."""
     own = PrivacyEvent(noise_multiplier, sample_rate, steps)
-    return PrivacyHistory.of(history).epsilon(own, delta, method)
+    return accounting.history_epsilon(PrivacyHistory.of(history), own, delta, method)
 
 
 def calibrate_noise(

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from landscape.clip import CLIP_FUNCTIONS, CLIP_STYLES, clip_factors, layer_threshold  # noqa: F401 (re-exported)
+from landscape.clip import CLIP_FUNCTIONS, CLIP_STYLES, layer_threshold
 from landscape.errors import IncompatibleError, UsageError
 from landscape.evaluate.allocator import tuned_allocator
 from landscape.pooling import exact_fast_pooling

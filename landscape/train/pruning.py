@@ -37,13 +37,20 @@ import torch
 from torch import nn
 
 from landscape.errors import CheckpointError, IncompatibleError, UsageError
-from landscape.train.accounting import PrivacyEvent, PrivacyHistory
+from landscape.privacy import PrivacyEvent, PrivacyHistory
 
 if TYPE_CHECKING:
     from landscape.store import Checkpoint, Run, Store
 
 SCOPES = ("layer", "global")
 MASK_ARRAY = "mask"  # name of the run array holding a run's keep-masks {parameter name: bool array}
+
+
+def load_masks(run: Run) -> dict[str, torch.Tensor] | None:
+    """The keep-masks stored with a run (array ``mask``), as bool tensors; None when it has none."""
+    if MASK_ARRAY not in run.array_names():
+        return None
+    return {k: torch.as_tensor(v).to(torch.bool) for k, v in run.load_array(MASK_ARRAY).items()}
 
 
 def _state(obj: nn.Module | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -209,7 +216,7 @@ def lineage_of(checkpoint: Checkpoint, ref: str) -> dict[str, Any]:
 
 
 def inherited_privacy(store: Store, checkpoint: Checkpoint) -> PrivacyHistory:
-    """The privacy history of the weights at ``checkpoint`` (:class:`~landscape.train.accounting.PrivacyHistory`).
+    """The privacy history of the weights at ``checkpoint`` (:class:`~landscape.privacy.PrivacyHistory`).
 
     ``events``: its run's recorded ancestor events (``manifest["privacy"]["ancestor_events"]``) followed by the
     run's own steps up to the checkpoint when the run was accounted (DP-SGD with a noise multiplier).

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 # the one epoch rule lives with the accountant (torch-free, so `landscape privacy` does not load torch)
-from landscape.train.accounting import steps_per_epoch  # noqa: F401 (re-exported)
+from landscape.train.accounting import steps_per_epoch
 
 
 class Sampler:

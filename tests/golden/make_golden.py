@@ -116,9 +116,9 @@ def run_analyses(root: Path, out: Path) -> dict[str, Path]:
     api.norms([f"{GROUP}-sgd-sgd-0", f"{GROUP}-sgd-dpsgd-0"], bins=10, subset=32, output=path("norms"),
               **common)
     api.ntk(DP_A, subset=16, output=path("ntk"), **common)
-    api.ntk(SGD_A, subset=12, clip="layerwise", max_grad_norm=0.1, precision="float64", output=path("ntk_layerwise"),
+    api.ntk(SGD_A, subset=12, clip_style="layerwise", max_grad_norm=0.1, precision="float64", output=path("ntk_layerwise"),
             **common)
-    api.ntk(f"{GROUP}-sgd@init", subset=3, kernel="output", clip="flat", max_grad_norm=0.5, output=path("ntk_output"),
+    api.ntk(f"{GROUP}-sgd@init", subset=3, kernel="output", clip_style="flat", max_grad_norm=0.5, output=path("ntk_output"),
             **common)
     api.ntk_table(f"{GROUP}-sgd", subset=10, max_grad_norms=(0.1, 1.0), output=path("ntk_table"), **common)
     return files
