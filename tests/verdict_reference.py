@@ -273,12 +273,13 @@ INVALID = "inconclusive (invalid regime)"
 
 def recompute(path) -> tuple[bool, str]:
     """Recompute a summary's verdict from its numbers: ``(agrees, message)``; a part the validity gate made
-    inconclusive (its note says so) is inconclusive whatever the rule gives."""
+    inconclusive (its note says so) is inconclusive whatever the rule gives, and its p-value against the claim still
+    counts in the Holm family (the parts' p-values, as the rule states)."""
     name = Path(path).name.rsplit("-", 1)[0]
     numbers, verdict = read(path)
     parts = RECIPES[name](numbers)
     invalid = [p.get("note", "").startswith(INVALID) for p in verdict.get("parts", [])]
-    parts = [(None, math.nan) if bad else part for part, bad in zip(parts, invalid, strict=True)]
+    parts = [(None, part[1]) if bad else part for part, bad in zip(parts, invalid, strict=True)]
     combined, statuses = all_of(parts)
     stored = [p["held"] for p in verdict["parts"]]
     if verdict.get("note", "").startswith(INVALID):
