@@ -121,7 +121,7 @@ class Sweep:
     def sigma(self, eps: float, k: int, selection: bool = False) -> float:
         """The noise multiplier whose DP Phase 2 (``epochs - k`` epochs, no DP Phase 1) spends ``eps``."""
         from landscape.data import load_dataset
-        from landscape.train.accounting import continuing_accountant
+        from landscape.privacy import continuing_accountant
         from landscape.train.loop import calibrate_noise
         from landscape.train.sampling import steps_per_epoch
 
