@@ -45,9 +45,10 @@ docs-demo: install
 docs-numbers: install-dev docs-demo
 	$(PY) tests/test_docs.py --record
 
-# The paper-figure gallery (figures/README.md); finished recipes with unchanged settings are skipped. Not in `test`.
+# The paper-figure gallery (figures/README.md), in portable mode (bit for bit the same on any x86-64 CPU); finished
+# recipes with unchanged settings are skipped (from an empty store: --root a new folder). Not in `test`.
 figures: install
-	$(VENV)/bin/landscape --threads 1 figures all --scale cpu --out figures/
+	$(VENV)/bin/landscape --portable figures all --scale cpu --out figures/
 
 bench: install-dev
 	$(PY) benchmarks/run_all.py

@@ -232,6 +232,18 @@ def portable_mode() -> bool:
     return _PORTABLE and (torch is None or not _portable_problems(torch))
 
 
+def kernels() -> str:
+    """The float kernels this process computes with, in words (what a summary records beside ``portable``, so two
+    summaries of one recipe say which kernels each came from): torch's CPU capability, oneDNN (off, or the highest
+    ISA ``$ONEDNN_MAX_CPU_ISA`` allows), MKL's code path (``$MKL_CBWR``) and torch's threads."""
+    import torch
+
+    onednn = (f"up to {os.environ.get('ONEDNN_MAX_CPU_ISA') or os.environ.get('DNNL_MAX_CPU_ISA') or 'the CPU ISA'}"
+              if torch.backends.mkldnn.enabled else "off")
+    return (f"torch {torch.backends.cpu.get_cpu_capability()}, oneDNN {onednn}, "
+            f"MKL {os.environ.get('MKL_CBWR') or 'auto'}, {torch.get_num_threads()} thread(s)")
+
+
 def _version() -> str:
     """``landscape.__version__``: the package is loaded whenever this module is (its parent), so it is read from
     there rather than imported (``landscape`` imports this module when it starts in portable mode)."""

@@ -3,39 +3,61 @@
 A :class:`Verdict` is what the demo (and the figure recipes) print instead of asserting a claim: ``held`` is
 computed from ``numbers`` by a stated rule, never written by hand, and is three-valued -- ``True`` (held),
 ``False`` (did not hold) or ``None`` (inconclusive: the difference is within the spread, or the spread could
-not be measured). The helpers below are the common rules; each one states itself in words in ``test``.
+not be measured). The helpers below are the common rules; each one states itself in words in ``test``. A verdict
+may carry its ``scope`` (what it is a test of: "at cpu scale: LeNet on digits, ...; not a test of the paper's
+regime"), which :meth:`Verdict.line` prints with it.
 
 Every statistical rule here is stated once, at one level :data:`ALPHA` (0.05), and reports in the verdict's
 ``numbers`` the effect it judged, its interval, the sample sizes, the test and alpha, so a reader (or a script
 reading a summary's HDF5) can recompute the verdict:
 
 - :func:`greater`: Welch's one-sided t-test of ``A > B`` (unequal variances), with the (1 - 2 alpha) Welch interval
-  of ``mean(A) - mean(B)`` and a percentile bootstrap interval beside it (:func:`bootstrap_ci`);
+  of ``mean(A) - mean(B)`` and a percentile bootstrap interval beside it (:func:`bootstrap_ci`). A group of values
+  measured on *pairs* of independent units (every pair of ``n`` copies: sibling barriers) is not ``n(n-1)/2``
+  independent values: given ``pairs_a`` / ``pairs_b`` its standard error is the leave-one-unit-out jackknife
+  over the units (:func:`pair_jackknife`, a U-statistic's variance) with ``n - 1`` degrees of freedom;
 - :func:`paired_greater`: the one-sided paired t-test (``a[i]`` and ``b[i]`` share a seed);
 - :func:`paired_ratio`: a ratio claim ("1.7x") against a stated minimum ratio, the paired test on log values;
 - :func:`similar`: two one-sided tests (TOST, Schuirmann 1987) against a stated equivalence margin: held when the
   (1 - 2 alpha) interval of the difference lies inside ``[-margin, margin]``;
-- :func:`below`: an effect-size bound for "approximately" claims (one-sample one-sided t-test of mean < bound);
+- :func:`below` / :func:`above`: an effect-size bound ("approximately" claims; "flat" against a stated scale);
 - :func:`ordered`: a monotone trend, Spearman's rank correlation of the values with their key, one-sided;
-- :func:`far_below`: a value against a sample's quantile (e.g. one path against 100 random directions).
+- :func:`far_below`: a value against a sample's quantile (e.g. one path against 100 random directions);
+- :func:`most_above`: the share of a sample above a bound exceeds one half (an exact binomial test).
 
 Practical significance: :func:`greater` and :func:`paired_greater` take a stated minimum effect ``min_effect``
 (the smallest difference the paper's claim means, e.g. one accuracy point): the test is then of
 ``A - B > min_effect`` (held only when the difference exceeds the minimum significantly; did not hold when it is
-significantly below it), and ``min effect`` is stored with the numbers. Both also report the ``power`` of their test
-at the observed effect (:func:`power`): the chance that a rerun with the same n and spread rejects in the observed
-direction. A part with power below :data:`POWER` is *underpowered* (the gallery marks it, and a recipe may state
-the n it needs).
+significantly below it), and ``min effect`` is stored with the numbers.
 
-Each is three-valued: held when the test rejects "no effect" in the claimed direction at ``alpha``, did not hold
-when it rejects in the other direction, or when both sides are identical constants (the claimed effect is
-exactly absent), or, for :func:`similar`, when the interval lies wholly outside the margin; inconclusive otherwise -- including a group with fewer than two values, where no spread is measurable.
-:func:`inconclusive` marks a verdict (and its parts) as resting on an invalid regime (a failed validity gate).
+Power is stated as the *minimum detectable effect* (:func:`mde`): the smallest true difference (beyond the minimum
+effect) the test would detect with probability :data:`POWER` (0.8) at the measured spread and n -- a property of the
+design, not of the observed p-value (observed power is a function of p and says nothing more). A part that did not
+hold or is inconclusive is reported as an equivalence statement: "no difference beyond X", X the one-sided
+(1 - alpha) upper confidence bound of the difference in the claimed direction (:func:`bound_text`).
+
+Each rule is three-valued: held when the test rejects "no effect" in the claimed direction at ``alpha``, did not hold
+when it rejects in the other direction, or, for :func:`similar`, when the interval lies wholly outside the margin;
+inconclusive otherwise -- including a group with fewer than two values, where no spread is measurable. Every rule
+stores ``p`` (the claim's one-sided p-value) and ``p against`` (the p-value of the opposite side, the one that
+decides "did not hold"). With no spread at all (every value of each side identical, e.g. chord barriers of exactly
+0 on every path) the t statistic is undefined and the rule falls back to the sign test over the ``n`` independent
+units: ``p = 0.5^n`` in the observed direction, so 0 = 0 on three units is inconclusive (p 0.125), not a certain
+"did not hold"; ``share bound`` reports the 95 % upper bound on the share of units that could show the claimed
+effect (``1 - alpha^(1/n)``, exact binomial).
+
+Multiplicity (:func:`all_of`): a claim made of k parts holds only when *every* part holds at ``alpha`` -- an
+intersection-union test, which needs no correction -- and does not hold when some part does not hold after Holm's
+step-down correction of the k parts' ``p against`` (:func:`holm`), so one part of eight rejecting at 0.04 alone is
+no longer a refutation. Deterministic parts (closed-form checks, quantile rules) carry no p-value and are not
+adjusted. :func:`inconclusive` marks a verdict (and its parts) as resting on an invalid regime (a failed validity
+gate).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,7 +73,8 @@ class Verdict:
 
     ``source`` names where the claim is made (paper and figure/section); ``test`` is the rule applied, in
     words; ``numbers`` the measured values the rule was applied to (floats, ints or lists of them); ``parts``
-    the verdicts a combined claim (:func:`all_of`) was judged from.
+    the verdicts a combined claim (:func:`all_of`) was judged from; ``scope`` what the verdict is a test of
+    (the regime it was measured in), printed with it.
     """
 
     claim: str
@@ -61,6 +84,7 @@ class Verdict:
     held: bool | None = None
     note: str = ""
     parts: tuple[Verdict, ...] = ()
+    scope: str = ""
 
     def __post_init__(self) -> None:
         if self.held not in STATUS:
@@ -76,22 +100,24 @@ class Verdict:
         return ", ".join(f"{k} {_fmt(v)}" for k, v in self.numbers.items())
 
     def line(self) -> str:
-        """One printable sentence: status, claim, source, the numbers and the rule."""
-        text = f"[{self.status}] {self.claim} ({self.source}): {self.numbers_text()}. Rule: {self.test}."
+        """One printable sentence: status, claim, source, scope, the numbers and the rule."""
+        scope = f" [{self.scope}]" if self.scope else ""
+        text = f"[{self.status}] {self.claim} ({self.source}){scope}: {self.numbers_text()}. Rule: {self.test}."
         return f"{text} {self.note}" if self.note else text
 
     def to_dict(self) -> dict:
         """JSON- and HDF5-attribute-friendly: plain floats/ints/lists, NaN as None, ``status`` beside ``held``."""
         return {"claim": self.claim, "source": self.source, "test": self.test,
                 "numbers": {k: _plain(v) for k, v in self.numbers.items()}, "held": self.held,
-                "status": self.status, "note": self.note, **({"parts": [p.to_dict() for p in self.parts]}
-                                                             if self.parts else {})}
+                "status": self.status, "note": self.note, **({"scope": self.scope} if self.scope else {}),
+                **({"parts": [p.to_dict() for p in self.parts]} if self.parts else {})}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Verdict:
         numbers = {k: (math.nan if v is None else v) for k, v in dict(d.get("numbers") or {}).items()}
         return cls(claim=d["claim"], source=d["source"], test=d["test"], numbers=numbers, held=d.get("held"),
-                   note=d.get("note", ""), parts=tuple(cls.from_dict(p) for p in d.get("parts") or ()))
+                   note=d.get("note", ""), parts=tuple(cls.from_dict(p) for p in d.get("parts") or ()),
+                   scope=d.get("scope", ""))
 
 
 def _plain(v):
@@ -122,7 +148,7 @@ def spread(values: Sequence[float]) -> float:
 ALPHA = 0.05  # every rule's level; intervals are (1 - 2 ALPHA) two-sided = the one-sided tests at ALPHA
 BOOTSTRAP = 2000  # resamples of :func:`bootstrap_ci`
 INVALID = "inconclusive (invalid regime)"
-POWER = 0.8  # below this power at the observed effect a verdict is marked underpowered
+POWER = 0.8  # the power at which :func:`mde` states the minimum detectable effect
 
 
 def _clean(values: Sequence[float]) -> np.ndarray:
@@ -140,20 +166,31 @@ def _three_way(p_greater: float, p_less: float, alpha: float) -> bool | None:
     return None
 
 
-def _t_sides(diff: float, se: float, df: float) -> tuple[float, float, float]:
+def sign_p(n: int) -> float:
+    """The one-sided sign-test p-value of ``n`` independent units that all fall on one side: ``0.5^n``."""
+    return 0.5 ** int(n) if n >= 1 else math.nan
+
+
+def share_bound(n: int, alpha: float = ALPHA) -> float:
+    """The exact one-sided (1 - alpha) upper bound on a share when 0 of ``n`` units show it: ``1 - alpha^(1/n)``."""
+    return 1.0 - alpha ** (1.0 / n) if n >= 1 else math.nan
+
+
+def _t_sides(diff: float, se: float, df: float, n: int = 0) -> tuple[float, float, float]:
     """``(t, p(effect > 0), p(effect < 0))`` of a t statistic ``diff / se`` with ``df`` degrees of freedom.
 
-    A zero standard error (every value of each group identical) gives p = 0 on the side of a non-zero difference;
-    with a zero difference too the effect is exactly 0, which refutes a claimed positive effect: ``(nan, 1, 0)``,
-    so a claim "A > B" on e.g. three chord barriers of exactly 0 a side did not hold (no bump at all)."""
+    A zero standard error (every value of each group identical) leaves t undefined: the sign test over the ``n``
+    independent units decides instead, ``p = 0.5^n`` on the observed side (a difference of exactly 0 counts against
+    a claimed positive effect: every unit shows none of it) and 1 on the other."""
     from scipy import stats
 
     if math.isnan(diff) or math.isnan(se) or math.isnan(df):
         return math.nan, math.nan, math.nan
     if se == 0.0:
-        if diff == 0.0:
-            return math.nan, 1.0, 0.0
-        return math.copysign(math.inf, diff), float(diff <= 0), float(diff >= 0)
+        p = sign_p(n)
+        if diff > 0:
+            return math.inf, p, 1.0
+        return (math.nan if diff == 0 else -math.inf), 1.0, p
     t = diff / se
     return t, float(stats.t.sf(t, df)), float(stats.t.cdf(t, df))
 
@@ -167,32 +204,77 @@ def _interval(diff: float, se: float, df: float, alpha: float) -> tuple[float, f
     return diff - q * se, diff + q * se
 
 
-def power(effect: float, se: float, df: float, alpha: float = ALPHA) -> float:
-    """Power of a one-sided t-test at ``alpha`` when the true difference (beyond any minimum effect) is ``effect``,
-    with standard error ``se`` and ``df`` degrees of freedom: ``P(T > t_{1-alpha, df})`` for ``T`` noncentral t with
-    noncentrality ``|effect| / se`` (the rejection in the effect's own direction). 1 when ``se`` is 0 and the effect
-    is not; NaN when it cannot be computed (NaN inputs, or no effect and no spread)."""
-    from scipy import stats
+def mde(se: float, df: float, alpha: float = ALPHA, power: float = POWER) -> float:
+    """The minimum detectable effect of a one-sided t-test at ``alpha``: the true difference ``delta`` (beyond any
+    minimum effect) at which the test rejects with probability ``power``, i.e. ``P(T > t_{1-alpha, df}) = power``
+    for ``T`` noncentral t with ``df`` degrees of freedom and noncentrality ``delta / se``. 0 when ``se`` is 0; NaN
+    when it cannot be computed."""
+    from scipy import optimize, stats
 
-    if math.isnan(effect) or math.isnan(se) or math.isnan(df):
+    if math.isnan(se) or math.isnan(df) or df <= 0:
         return math.nan
     if se == 0.0:
-        return math.nan if effect == 0.0 else 1.0
-    return float(stats.nct.sf(stats.t.ppf(1.0 - alpha, df), df, abs(effect) / se))
+        return 0.0
+    crit = float(stats.t.ppf(1.0 - alpha, df))
+
+    def gap(nc: float) -> float:
+        return float(stats.nct.sf(crit, df, nc)) - power
+
+    hi = crit + float(stats.norm.ppf(power)) + 1.0
+    while gap(hi) < 0:
+        hi *= 2.0
+    return float(optimize.brentq(gap, 0.0, hi, xtol=1e-12)) * se
+
+
+def holm(p_values: Sequence[float], alpha: float = ALPHA) -> list[float]:
+    """Holm's step-down adjusted p-values (Holm 1979): sort ascending, ``p_(i) * (k - i + 1)`` for the i-th smallest
+    of ``k``, made non-decreasing and capped at 1; a hypothesis is rejected at ``alpha`` when its adjusted p-value
+    is below ``alpha`` (which controls the family-wise error at ``alpha``). NaN p-values stay NaN and do not count
+    in ``k``."""
+    p = [float(x) for x in p_values]
+    finite = sorted((v, i) for i, v in enumerate(p) if not math.isnan(v))
+    k = len(finite)
+    out = [math.nan] * len(p)
+    running = 0.0
+    for rank, (v, i) in enumerate(finite):
+        running = max(running, min(1.0, v * (k - rank)))
+        out[i] = running
+    return out
 
 
 def underpowered(verdict: Verdict, needs: int | None = None) -> str:
-    """Why a verdict (one part) is underpowered, or ``""``: its stored ``power`` below :data:`POWER`, or its
-    smallest sample size (``n ...`` numbers) below ``needs`` (the n a recipe states it needs)."""
-    why = []
-    p = verdict.numbers.get("power")
-    if isinstance(p, (int, float)) and not math.isnan(float(p)) and float(p) < POWER:
-        why.append(f"power {float(p):.2f} < {POWER:g}")
+    """Why a verdict (one part) rests on too few units, or ``""``: its smallest sample size (``n ...`` numbers)
+    below ``needs`` (the n a recipe states it needs)."""
     ns = [int(v) for k, v in verdict.numbers.items() if k.startswith("n ") and isinstance(v, (int, float))
           and not math.isnan(float(v))]
     if needs and ns and min(ns) < needs:
-        why.append(f"n {min(ns)} < the {needs} it needs")
-    return "; ".join(why)
+        return f"n {min(ns)} < the {needs} it needs"
+    return ""
+
+
+def bound_text(verdict: Verdict) -> str:
+    """An equivalence statement for a part that did not hold or is inconclusive, from its numbers: "no difference
+    beyond X (95% upper bound)", X the one-sided (1 - alpha) upper confidence bound of the difference in the claimed
+    direction (beyond the minimum effect where one is stated), and the minimum detectable effect beside it; ``""``
+    for a part without an interval or one that held."""
+    n = verdict.numbers
+    if verdict.held is True or "ci high" not in n or math.isnan(float(n["ci high"])):
+        return ""
+    conf = 1.0 - float(n.get("alpha", ALPHA))
+    if "below" in n:  # a one-sample bound
+        text = (f"mean at least {float(n['ci low']):.3g} ({conf:.0%} lower bound)" if n["below"] else
+                f"mean at most {float(n['ci high']):.3g} ({conf:.0%} upper bound)")
+    elif "margin" in n:  # equivalence: the interval itself
+        text = f"difference between {float(n['ci low']):.3g} and {float(n['ci high']):.3g} ({1 - 2 * (1 - conf):.0%} interval)"
+    elif "ratio ci high" in n:
+        text = f"ratio no more than {float(n['ratio ci high']):.3g} ({conf:.0%} upper bound)"
+    else:
+        text = f"no difference beyond {float(n['ci high']):.3g} ({conf:.0%} upper bound)"
+    if "mde" in n and not math.isnan(float(n["mde"])):
+        text += f"; detectable at {POWER:.0%} power: {float(n['mde']):.3g}"
+    if "share bound" in n:
+        text += f"; no spread: at most {float(n['share bound']):.0%} of units could show the effect (exact bound)"
+    return text
 
 
 def welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
@@ -201,10 +283,40 @@ def welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
     if a.size < 2 or b.size < 2:
         diff = float(a.mean() - b.mean()) if a.size and b.size else math.nan
         return diff, math.nan, math.nan
-    va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+    return _welch_from(float(a.mean() - b.mean()), a.var(ddof=1) / a.size, a.size - 1, b.var(ddof=1) / b.size,
+                       b.size - 1, a.size + b.size - 2)
+
+
+def _welch_from(diff: float, va: float, dfa: float, vb: float, dfb: float, df0: float) -> tuple[float, float, float]:
+    """Welch-Satterthwaite from each side's squared standard error and degrees of freedom."""
     se = math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va ** 2 / (a.size - 1) + vb ** 2 / (b.size - 1)) if se > 0 else float(a.size + b.size - 2)
-    return float(a.mean() - b.mean()), se, float(df)
+    if se == 0:
+        return diff, 0.0, float(df0)
+    den = (va ** 2 / dfa if va else 0.0) + (vb ** 2 / dfb if vb else 0.0)
+    return diff, se, float((va + vb) ** 2 / den)
+
+
+def pair_jackknife(values: Sequence[float], pairs: Sequence[tuple[int, int]]) -> tuple[float, float, int]:
+    """``(mean, standard error, units)`` of values measured on pairs of independent units, where ``pairs[p]`` names
+    the two units of ``values[p]`` and the pairs are every pair of the units exactly once (a U-statistic of degree 2:
+    siblings' barriers, each copy in ``n - 1`` of the ``n(n-1)/2`` pairs). The standard error is the
+    leave-one-unit-out jackknife (Arvesen 1969): ``sqrt((n - 1) / n * sum_i (m_(-i) - m_(.))^2)``, ``m_(-i)`` the mean
+    over the pairs without unit ``i``; it accounts for the pairs sharing units (treating the pairs as independent
+    would count each unit's noise ``n - 1`` times). Degrees of freedom: ``n - 1``. With ``n`` < 3 units no pair is
+    left out of one: NaN standard error."""
+    v = _clean(values)
+    pairs = [tuple(sorted((int(i), int(j)))) for i, j in pairs]
+    if len(pairs) != v.size:
+        raise ValueError(f"{v.size} values but {len(pairs)} pairs")
+    units = sorted({u for p in pairs for u in p})
+    if any(i == j for i, j in pairs) or sorted(pairs) != list(itertools.combinations(units, 2)):
+        raise ValueError("pair_jackknife needs every pair of the units exactly once")
+    n = len(units)
+    if n < 3:
+        return (float(v.mean()) if v.size else math.nan), math.nan, n
+    left = np.array([v[[k for k, p in enumerate(pairs) if u not in p]].mean() for u in units])
+    var = (n - 1) / n * float(np.sum((left - left.mean()) ** 2))
+    return float(v.mean()), math.sqrt(var), n
 
 
 def bootstrap_ci(a: Sequence[float], b: Sequence[float] | None = None, *, paired: bool = False,
@@ -230,33 +342,68 @@ def bootstrap_ci(a: Sequence[float], b: Sequence[float] | None = None, *, paired
     return float(lo), float(hi)
 
 
+def _side(values: np.ndarray, pairs) -> tuple[float, float, float, int]:
+    """``(mean, squared standard error, df, independent units)`` of one group: plain, or a pair U-statistic."""
+    if pairs is None:
+        if values.size < 2:
+            return (float(values.mean()) if values.size else math.nan), math.nan, math.nan, int(values.size)
+        return float(values.mean()), float(values.var(ddof=1) / values.size), float(values.size - 1), int(values.size)
+    m, se, n = pair_jackknife(values, pairs)
+    return m, se ** 2, float(n - 1), n
+
+
 def greater(claim: str, source: str, a: Sequence[float], b: Sequence[float], *, names: tuple[str, str] = ("A", "B"),
-            unit: str = "pairs", note: str = "", alpha: float = ALPHA, min_effect: float = 0.0) -> Verdict:
+            unit: str = "pairs", note: str = "", alpha: float = ALPHA, min_effect: float = 0.0,
+            pairs_a: Sequence[tuple[int, int]] | None = None,
+            pairs_b: Sequence[tuple[int, int]] | None = None) -> Verdict:
     """Claim ``A > B`` (independent groups), by at least ``min_effect``: Welch's one-sided t-test at ``alpha``.
 
     Held if ``p(A - B > min_effect) < alpha``, did not hold if ``p(A - B < min_effect) < alpha``, else (or with fewer
-    than 2 {unit} a side) inconclusive. ``numbers``: the means, sds and n, the difference, its Welch and bootstrap
-    intervals, t, df, the one-sided p, alpha, the minimum effect (when stated) and the :func:`power` at the observed
-    effect.
+    than 2 {unit} a side) inconclusive. ``pairs_a`` / ``pairs_b``: the group's values are measured on every pair of
+    some independent units (``pairs_a[i]`` = the two units of ``a[i]``): that side's standard error is
+    :func:`pair_jackknife` over the units, its degrees of freedom ``units - 1``, and no bootstrap interval is
+    reported. ``numbers``: the means, sds and n (and the units), the difference, its Welch and bootstrap intervals,
+    t, df, the one-sided p and ``p against``, alpha, the minimum effect (when stated) and the :func:`mde`.
     """
     a, b = _clean(a), _clean(b)
     na, nb = names
-    diff, se, df = welch(a, b)
-    t, p_gt, p_lt = _t_sides(diff - min_effect, se, df)
+    ma, va, dfa, ua = _side(a, pairs_a)
+    mb, vb, dfb, ub = _side(b, pairs_b)
+    diff = ma - mb if a.size and b.size else math.nan
+    if math.isnan(va) or math.isnan(vb) or math.isnan(diff):
+        se, df = math.nan, math.nan
+    else:
+        _, se, df = _welch_from(diff, va, dfa, vb, dfb, dfa + dfb)
+    t, p_gt, p_lt = _t_sides(diff - min_effect, se, df, min(ua, ub))
     lo, hi = _interval(diff, se, df, alpha)
-    blo, bhi = bootstrap_ci(a, b, alpha=alpha)
-    numbers = {f"mean {na}": float(a.mean()) if a.size else math.nan, f"sd {na}": spread(a), f"n {na}": int(a.size),
-               f"mean {nb}": float(b.mean()) if b.size else math.nan, f"sd {nb}": spread(b), f"n {nb}": int(b.size),
-               "difference": diff, "ci low": lo, "ci high": hi, "bootstrap ci low": blo, "bootstrap ci high": bhi,
-               "t": t, "df": df, "p": p_gt, "alpha": alpha, **_minimum(min_effect),
-               "power": power(diff - min_effect, se, df, alpha)}
+    blo, bhi = (bootstrap_ci(a, b, alpha=alpha) if pairs_a is None and pairs_b is None else (math.nan, math.nan))
+    units = {**({f"units {na}": ua} if pairs_a is not None else {}), **({f"units {nb}": ub} if pairs_b is not None
+                                                                         else {})}
+    numbers = {f"mean {na}": ma, f"sd {na}": spread(a), f"n {na}": int(a.size), f"mean {nb}": mb, f"sd {nb}": spread(b),
+               f"n {nb}": int(b.size), **units, "difference": diff, "ci low": lo, "ci high": hi,
+               "bootstrap ci low": blo, "bootstrap ci high": bhi, "t": t, "df": df, "p": p_gt, "p against": p_lt,
+               "alpha": alpha, **_minimum(min_effect), "mde": _mde_total(se, df, alpha, min_effect),
+               **_no_spread(se, min(ua, ub), alpha)}
     gt, lt = (f"{na} > {nb}", f"{na} < {nb}") if not min_effect else (
         f"{na} - {nb} > {min_effect:g}", f"{na} - {nb} < {min_effect:g}")
+    shared = (f"; {'/'.join(n for n, p in ((na, pairs_a), (nb, pairs_b)) if p is not None)} measured on pairs of "
+              "independent units: standard error by the leave-one-unit-out jackknife, df = units - 1"
+              if units else "")
     test = (f"Welch one-sided t-test over {unit}: held if p({gt}) < {alpha:g}, did not hold if "
-            f"p({lt}) < {alpha:g} or both sides are the same constant, else inconclusive (also with fewer "
-            f"than 2 {unit} a side); "
+            f"p({lt}) < {alpha:g}, else inconclusive (also with fewer than 2 {unit} a side; with no spread at all, "
+            f"the sign test over the units, p = 0.5^n){shared}; "
             f"interval = {1 - 2 * alpha:.0%} Welch interval of mean({na}) - mean({nb})")
     return Verdict(claim, source, test, numbers, _three_way(p_gt, p_lt, alpha), note)
+
+
+def _mde_total(se: float, df: float, alpha: float, min_effect: float) -> float:
+    """The smallest true difference the test detects at :data:`POWER`: the minimum effect plus :func:`mde`."""
+    return float(min_effect) + mde(se, df, alpha)
+
+
+def _no_spread(se: float, n: int, alpha: float) -> dict:
+    """``{"share bound": ...}`` when the sign test replaced the t-test (no spread at all)."""
+    return {"share bound": share_bound(n, alpha)} if se == 0.0 and n >= 1 else {}
 
 
 def paired_greater(claim: str, source: str, a: Sequence[float], b: Sequence[float], *,
@@ -264,7 +411,7 @@ def paired_greater(claim: str, source: str, a: Sequence[float], b: Sequence[floa
                    alpha: float = ALPHA, min_effect: float = 0.0) -> Verdict:
     """Claim ``A > B`` by at least ``min_effect`` for paired measurements (``a[i]`` and ``b[i]`` share a seed: the
     same initialisation or data order): the one-sided paired t-test of ``mean(a - b) > min_effect`` at ``alpha``
-    (held / did not hold / inconclusive, the numbers and the power as in :func:`greater`)."""
+    (held / did not hold / inconclusive, the numbers and the :func:`mde` as in :func:`greater`)."""
     a, b = _clean(a), _clean(b)
     if a.shape != b.shape:
         raise ValueError(f"paired values need equal lengths, got {a.size} and {b.size}")
@@ -272,7 +419,7 @@ def paired_greater(claim: str, source: str, a: Sequence[float], b: Sequence[floa
     m = float(d.mean()) if d.size else math.nan
     sd = spread(d)
     se, df = (sd / math.sqrt(d.size), float(d.size - 1)) if d.size >= 2 else (math.nan, math.nan)
-    t, p_gt, p_lt = _t_sides(m - min_effect, se, df)
+    t, p_gt, p_lt = _t_sides(m - min_effect, se, df, d.size)
     lo, hi = _interval(m, se, df, alpha)
     blo, bhi = bootstrap_ci(a, b, paired=True, alpha=alpha)
     na, nb = names
@@ -280,11 +427,11 @@ def paired_greater(claim: str, source: str, a: Sequence[float], b: Sequence[floa
                f"mean {nb}": float(b.mean()) if b.size else math.nan,
                f"mean({na} - {nb})": m, f"sd({na} - {nb})": sd, f"n {unit}": int(d.size), "ci low": lo,
                "ci high": hi, "bootstrap ci low": blo, "bootstrap ci high": bhi, "t": t, "df": df, "p": p_gt,
-               "alpha": alpha, **_minimum(min_effect), "power": power(m - min_effect, se, df, alpha)}
+               "p against": p_lt, "alpha": alpha, **_minimum(min_effect), "mde": _mde_total(se, df, alpha, min_effect),
+               **_no_spread(se, d.size, alpha)}
     test = (f"paired one-sided t-test over {unit}: held if p(mean({na} - {nb}) > {min_effect:g}) < {alpha:g}, did not "
-            f"hold if p(< {min_effect:g}) < {alpha:g} or every difference is {min_effect:g}, else (or with fewer than 2 "
-            f"{unit}) inconclusive; "
-            f"interval = {1 - 2 * alpha:.0%} "
+            f"hold if p(< {min_effect:g}) < {alpha:g}, else (or with fewer than 2 {unit}) inconclusive; with no spread "
+            f"(every difference equal) the sign test over the {unit}, p = 0.5^n; interval = {1 - 2 * alpha:.0%} "
             "t interval of the mean difference")
     return Verdict(claim, source, test, numbers, _three_way(p_gt, p_lt, alpha), note)
 
@@ -328,7 +475,8 @@ def similar(claim: str, source: str, a: Sequence[float], b: Sequence[float], *, 
     Held if the (1 - 2 alpha) t interval of ``mean(A) - mean(B)`` (Welch, or paired) lies inside
     ``[-tolerance, tolerance]`` (both one-sided tests reject a difference beyond the margin), did not hold if it
     lies wholly outside (the difference exceeds the margin, significantly), else (or with fewer than 2 {unit} a
-    side) inconclusive.
+    side) inconclusive. ``p`` is the larger of the two TOST p-values, ``p against`` the smaller p-value of a
+    difference beyond the margin on either side; with no spread the sign test over the units decides.
     """
     a, b = _clean(a), _clean(b)
     if paired:
@@ -337,21 +485,23 @@ def similar(claim: str, source: str, a: Sequence[float], b: Sequence[float], *, 
         d = a - b
         diff = float(d.mean()) if d.size else math.nan
         se, df = (spread(d) / math.sqrt(d.size), float(d.size - 1)) if d.size >= 2 else (math.nan, math.nan)
+        n = int(d.size)
     else:
         diff, se, df = welch(a, b)
+        n = int(min(a.size, b.size))
     lo, hi = _interval(diff, se, df, alpha)
-    if math.isnan(lo) or math.isnan(hi):
-        held = None
-    elif -tolerance <= lo and hi <= tolerance:
-        held = True
-    elif lo > tolerance or hi < -tolerance:
-        held = False
-    else:
-        held = None
+    _, _, p_inside_hi = _t_sides(diff - tolerance, se, df, n)   # p(diff < +margin)
+    _, p_inside_lo, _ = _t_sides(diff + tolerance, se, df, n)   # p(diff > -margin)
+    _, p_beyond_hi, _ = _t_sides(diff - tolerance, se, df, n)   # p(diff > +margin)
+    _, _, p_beyond_lo = _t_sides(diff + tolerance, se, df, n)   # p(diff < -margin)
+    p_same = max(p_inside_hi, p_inside_lo)
+    p_against = min(p_beyond_hi, p_beyond_lo)
+    held = _three_way(p_same, p_against, alpha)
     na, nb = names
     numbers = {f"mean {na}": float(a.mean()) if a.size else math.nan, f"sd {na}": spread(a), f"n {na}": int(a.size),
                f"mean {nb}": float(b.mean()) if b.size else math.nan, f"sd {nb}": spread(b), f"n {nb}": int(b.size),
-               "difference": diff, "ci low": lo, "ci high": hi, "margin": float(tolerance), "alpha": alpha}
+               "difference": diff, "ci low": lo, "ci high": hi, "margin": float(tolerance), "p": p_same,
+               "p against": p_against, "alpha": alpha, **_no_spread(se, n, alpha)}
     test = (f"equivalence (TOST) over {unit}{', paired' if paired else ''}: held if the {1 - 2 * alpha:.0%} t "
             f"interval of mean({na}) - mean({nb}) lies inside +-{tolerance:g}, did not hold if it lies wholly "
             f"outside, else (or with fewer than 2 {unit} a side) inconclusive")
@@ -359,26 +509,46 @@ def similar(claim: str, source: str, a: Sequence[float], b: Sequence[float], *, 
 
 
 def below(claim: str, source: str, values: Sequence[float], bound: float, *, name: str = "value",
-          unit: str = "seeds", note: str = "", alpha: float = ALPHA) -> Verdict:
+          unit: str = "seeds", note: str = "", alpha: float = ALPHA,
+          pairs: Sequence[tuple[int, int]] | None = None) -> Verdict:
     """Claim that a quantity is below an effect-size ``bound`` (an "approximately" claim: approximately symmetric =
     an asymmetry below a stated size, not exactly none): the one-sample one-sided t-test of ``mean < bound``.
 
     Held if ``p(mean < bound) < alpha`` (the upper (1 - alpha) confidence bound of the mean is below ``bound``),
-    did not hold if ``p(mean > bound) < alpha``, else (or with fewer than 2 {unit}) inconclusive.
+    did not hold if ``p(mean > bound) < alpha``, else (or with fewer than 2 {unit}) inconclusive; with no spread the
+    sign test over the {unit} decides (a mean exactly at the bound is not below it). ``pairs``: the values are
+    measured on every pair of some independent units (as in :func:`greater`): the standard error is
+    :func:`pair_jackknife`'s, with ``units - 1`` degrees of freedom.
     """
+    return _bound(claim, source, values, bound, below=True, name=name, unit=unit, note=note, alpha=alpha,
+                  pairs=pairs)
+
+
+def above(claim: str, source: str, values: Sequence[float], bound: float, *, name: str = "value",
+          unit: str = "seeds", note: str = "", alpha: float = ALPHA,
+          pairs: Sequence[tuple[int, int]] | None = None) -> Verdict:
+    """Claim that a quantity exceeds an effect-size ``bound``: the one-sample one-sided t-test of ``mean > bound``
+    (held / did not hold / inconclusive as :func:`below`, mirrored; ``pairs`` as there)."""
+    return _bound(claim, source, values, bound, below=False, name=name, unit=unit, note=note, alpha=alpha,
+                  pairs=pairs)
+
+
+def _bound(claim, source, values, bound, *, below: bool, name, unit, note, alpha, pairs=None) -> Verdict:
     v = _clean(values)
-    m = float(v.mean()) if v.size else math.nan
-    se, df = (spread(v) / math.sqrt(v.size), float(v.size - 1)) if v.size >= 2 else (math.nan, math.nan)
-    t, p_gt, p_lt = _t_sides(m - bound, se, df)  # p_lt: mean < bound
-    if se == 0.0 and m == bound:  # exactly at the bound: not below it
-        p_gt, p_lt = 0.0, 1.0
+    m, var, df, units = _side(v, pairs)
+    se = math.sqrt(var) if not math.isnan(var) else math.nan
+    t, p_gt, p_lt = _t_sides(m - bound, se, df, units)
+    p_claim, p_other = (p_lt, p_gt) if below else (p_gt, p_lt)
     lo, hi = _interval(m, se, df, alpha)
-    numbers = {f"mean {name}": m, f"sd {name}": spread(v), f"n {unit}": int(v.size), "bound": float(bound),
-               "ci low": lo, "ci high": hi, "t": t, "p": p_lt, "alpha": alpha}
-    test = (f"effect-size bound: one-sample one-sided t-test over {unit}; held if p(mean {name} < {bound:g}) < "
-            f"{alpha:g}, did not hold if p(mean {name} > {bound:g}) < {alpha:g}, else (or with fewer than 2 {unit}) "
-            "inconclusive")
-    return Verdict(claim, source, test, numbers, _three_way(p_lt, p_gt, alpha), note)
+    numbers = {f"mean {name}": m, f"sd {name}": spread(v), f"n {unit}": int(v.size),
+               **({"units": units} if pairs is not None else {}), "bound": float(bound), "below": bool(below),
+               "ci low": lo, "ci high": hi, "t": t, "p": p_claim, "p against": p_other, "alpha": alpha,
+               **_no_spread(se, units, alpha)}
+    way, other = ("<", ">") if below else (">", "<")
+    test = (f"effect-size bound: one-sample one-sided t-test over {unit}; held if p(mean {name} {way} {bound:g}) < "
+            f"{alpha:g}, did not hold if p(mean {name} {other} {bound:g}) < {alpha:g}, else (or with fewer than 2 "
+            f"{unit}) inconclusive")
+    return Verdict(claim, source, test, numbers, _three_way(p_claim, p_other, alpha), note)
 
 
 def ordered(claim: str, source: str, groups: Mapping[float, Sequence[float]], *, decreasing: bool = True,
@@ -404,11 +574,31 @@ def ordered(claim: str, source: str, groups: Mapping[float, Sequence[float]], *,
         p_down = float(stats.spearmanr(xs, ys, alternative="less").pvalue)
     p_claim, p_other = (p_down, p_up) if decreasing else (p_up, p_down)
     numbers = {key: [_plain(k) for k in keys], "mean": means, "sd": sds, "n": [len(groups[k]) for k in keys],
-               "spearman rho": rho, "p": p_claim, "alpha": alpha}
+               "spearman rho": rho, "p": p_claim, "p against": p_other, "alpha": alpha}
     way = "falls" if decreasing else "rises"
     test = (f"monotone trend: Spearman rank correlation of the values ({unit}) with {key}, one-sided; held if it "
             f"{way} with p < {alpha:g}, did not hold if the opposite trend has p < {alpha:g}, else inconclusive")
     return Verdict(claim, source, test, numbers, _three_way(p_claim, p_other, alpha), note)
+
+
+def most_above(claim: str, source: str, values: Sequence[float], bound: float, *, name: str = "value",
+               unit: str = "directions", note: str = "", alpha: float = ALPHA) -> Verdict:
+    """Claim that most of a sample exceeds ``bound`` (e.g. the loss along most random directions rises by more than a
+    stated scale): the exact one-sided binomial test of the share above ``bound`` against one half. Held if
+    ``P(X >= k | n, 1/2) < alpha`` for ``k`` of ``n`` above, did not hold if ``P(X <= k | n, 1/2) < alpha``, else
+    inconclusive."""
+    from scipy import stats
+
+    v = _clean(values)
+    v = v[np.isfinite(v)]
+    n, k = int(v.size), int(np.sum(v > bound))
+    p_more = float(stats.binom.sf(k - 1, n, 0.5)) if n else math.nan
+    p_less = float(stats.binom.cdf(k, n, 0.5)) if n else math.nan
+    numbers = {f"{unit} above {bound:.3g}": k, f"n {unit}": n, f"median {name}": float(np.median(v)) if n else math.nan,
+               "bound": float(bound), "p": p_more, "p against": p_less, "alpha": alpha}
+    test = (f"exact one-sided binomial test over {unit}: held if the share of {name} above {bound:g} exceeds one half "
+            f"with p < {alpha:g}, did not hold if it falls short of one half with p < {alpha:g}, else inconclusive")
+    return Verdict(claim, source, test, numbers, _three_way(p_more, p_less, alpha), note)
 
 
 def inconclusive(verdict: Verdict, reason: str) -> Verdict:
@@ -421,15 +611,44 @@ def inconclusive(verdict: Verdict, reason: str) -> Verdict:
     return dataclasses.replace(verdict, held=None, note=note, numbers=numbers, parts=parts)
 
 
+HOLM = "Holm"
+
+
 def all_of(claim: str, source: str, parts: Sequence[Verdict], *, note: str = "") -> Verdict:
-    """Claim that holds for every part: held if every part held, did not hold if any part did not, else
-    inconclusive."""
-    held_n = sum(p.held is True for p in parts)
-    failed = sum(p.held is False for p in parts)
-    held = False if failed else (True if parts and held_n == len(parts) else None)
-    numbers = {"held": held_n, "did not hold": failed, "inconclusive": len(parts) - held_n - failed}
-    return Verdict(claim, source, "held if every part held, did not hold if any part did not, else inconclusive",
-                   numbers, held, note, tuple(parts))
+    """Claim that holds for every part, with multiplicity control on the side that refutes it.
+
+    Held if every part held at ``alpha`` (an intersection-union test: every part must reject on its own, so no
+    correction is needed). Did not hold if some part did not hold *after Holm's step-down correction* (:func:`holm`)
+    of the ``p against`` of the k parts that have one: a part that did not hold at ``alpha`` alone but not after
+    the correction becomes inconclusive, its note says so and ``p against (Holm)`` is added to its numbers. Parts
+    without a p-value (deterministic checks, quantile rules) keep their status. Else inconclusive."""
+    parts = list(parts)
+    p_against = [float(p.numbers.get("p against", math.nan)) if isinstance(p.numbers.get("p against"), (int, float))
+                 else math.nan for p in parts]
+    adjusted = holm(p_against)
+    tested = sum(not math.isnan(p) for p in p_against)
+    judged = []
+    for part, raw, adj in zip(parts, p_against, adjusted, strict=True):
+        if math.isnan(raw) or tested < 2:
+            judged.append(part)
+            continue
+        numbers = {**part.numbers, "p against (Holm)": adj}
+        if part.held is False and not adj < ALPHA:
+            judged.append(dataclasses.replace(
+                part, held=None, numbers=numbers,
+                note=(f"did not hold at alpha {ALPHA:g} alone (p against {raw:.3g}), not after Holm's correction over "
+                      f"{tested} parts (adjusted {adj:.3g})." + (f" {part.note}" if part.note else ""))))
+        else:
+            judged.append(dataclasses.replace(part, numbers=numbers))
+    held_n = sum(p.held is True for p in judged)
+    failed = sum(p.held is False for p in judged)
+    held = False if failed else (True if judged and held_n == len(judged) else None)
+    numbers = {"held": held_n, "did not hold": failed, "inconclusive": len(judged) - held_n - failed}
+    adjusted_by = (f"after {HOLM}'s step-down correction over the {tested} parts' p-values against the claim (parts "
+                   "without a p-value unadjusted)" if tested >= 2 else "(no two parts with a p-value: nothing to adjust)")
+    test = ("held if every part held at alpha (intersection-union: no correction needed), did not hold if some part "
+            f"did not hold {adjusted_by}, else inconclusive")
+    return Verdict(claim, source, test, numbers, held, note, tuple(judged))
 
 
 def far_below(claim: str, source: str, value: float, sample: Sequence[float], *, quantile: float = 0.1,
@@ -456,5 +675,3 @@ def far_below(claim: str, source: str, value: float, sample: Sequence[float], *,
     test = (f"held if {nv} < the {quantile:g} quantile of {ns}, did not hold if {nv} >= their median, "
             "else inconclusive")
     return Verdict(claim, source, test, numbers, held, note)
-
-

@@ -552,17 +552,17 @@ def test_a_spread_is_merged_and_a_number_outside_it_is_caught(tmp_path):
 
 
 def test_a_drifted_gallery_summary_or_record_number_is_caught():
-    """figures.md's verdict table is checked against the gallery, its lr-grid sentence against one group of a
+    """figures.md's verdict table is checked against the gallery, its selection numbers against one group of a
     recipe's HDF5 summary (full precision, the quoted rounding), batch.md's speed-up against a benchmark record:
     a number moved past its last digit is caught."""
     text = (DOCS / "figures.md").read_text()
-    for quoted, drifted, source in [("+14.8 points (p = 0.00852", "+44.8 points (p = 0.00852", "figures/README.md"),
-                                    ("SGD 78.6 / 97.3", "SGD 78.6 / 97.7", "watson-fig16-17-cpu.h5:numbers/lr_grid")]:
+    for quoted, drifted, source in [("+15.0 points (p = 0.00739", "+85.0 points (p = 0.00739", "figures/README.md"),
+                                    ("SGD 57.4 / 90.7", "SGD 57.4 / 96.7", "watson-fig16-17-cpu.h5:numbers/selection")]:
         assert quoted in text
         with pytest.raises(AssertionError, match=f"is not a number of .*{re.escape(source)}"):
             check_quoted_numbers("figures.md", text.replace(quoted, drifted))
     with pytest.raises(AssertionError, match="has no group 'numbers/nothing'"):
-        check_quoted_numbers("figures.md", text.replace(":numbers/lr_grid ", ":numbers/nothing ", 1))
+        check_quoted_numbers("figures.md", text.replace(":numbers/selection ", ":numbers/nothing ", 1))
     batch = (DOCS / "batch.md").read_text()  # a benchmark record; a ratio written 1.53x is a number too
     assert "**1.53x** faster" in batch
     with pytest.raises(AssertionError, match="1.62 is not a number of benchmarks/results/"):

@@ -23,6 +23,7 @@ from landscape.verdict import (
     INVALID,
     Verdict,
     all_of,
+    below,
     bootstrap_ci,
     far_below,
     greater,
@@ -83,10 +84,15 @@ def test_greater_worked_cases():
     assert greater("c", "s", sgd, dp).held is False
     one = greater("c", "s", [1.9], [0.01])  # one value a side: no spread, inconclusive however large the gap
     assert one.held is None and math.isnan(one.numbers["sd A"]) and "fewer than 2" in one.test
-    assert greater("c", "s", [1.0, 1.0], [0.0, 0.0]).held is True  # no spread at all: a sure difference
-    assert greater("c", "s", [1.0, 1.0], [1.0, 1.0]).held is False  # exactly no difference: the claim fails
-    assert greater("c", "s", [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]).held is False  # e.g. no barrier on any path
-    assert paired_greater("c", "s", [1.0, 2.0], [1.0, 2.0]).held is False
+    # no spread at all: the t statistic is undefined and the sign test over the units decides (p = 0.5^n)
+    assert greater("c", "s", [1.0, 1.0], [0.0, 0.0]).held is None  # p 0.25: two units cannot make it sure
+    assert greater("c", "s", [1.0] * 5, [0.0] * 5).held is True  # p 1/32
+    zero = greater("c", "s", [0.0, 0.0, 0.0], [0.0, 0.0, 0.0])  # e.g. no barrier on any of 3 paths: not certain
+    assert zero.held is None and zero.numbers["p against"] == 0.125
+    assert zero.numbers["share bound"] == pytest.approx(1 - 0.05 ** (1 / 3))  # up to 63% could have a barrier
+    assert greater("c", "s", [0.0] * 5, [0.0] * 5).held is False  # 0 of 5: p 1/32
+    assert paired_greater("c", "s", [1.0, 2.0], [1.0, 2.0]).held is None
+    assert paired_greater("c", "s", [1.0] * 6, [1.0] * 6).held is False
     # the old "gap > summed sd" rule held here (gap 1.0 > 0.9); Welch at n = 2 (df ~ 1) does not
     assert greater("c", "s", [1.0, 1.6364], [0.0, 0.3818]).held is None
 
@@ -106,10 +112,10 @@ def test_paired_greater_is_the_paired_t_test(pairs):
 
 
 def test_paired_greater_worked_cases():
-    a, b = [1.1, 2.1, 3.1], [1.0, 2.0, 3.0]  # a steady gap hidden by a per-seed offset
+    a, b = [1.1, 2.12, 3.09], [1.0, 2.0, 3.0]  # a steady gap hidden by a per-seed offset
     assert greater("c", "s", a, b).held is None
     v = paired_greater("c", "s", a, b, names=("A", "B"))
-    assert v.held is True and v.numbers["mean(A - B)"] == pytest.approx(0.1) and v.numbers["n seeds"] == 3
+    assert v.held is True and v.numbers["mean(A - B)"] == pytest.approx(0.07 + 0.1 / 3) and v.numbers["n seeds"] == 3
     assert paired_greater("c", "s", b, a).held is False
     # mean/sd = 1.013 held under the old "mean > sd" rule (t = 1.75, p = 0.11): not at alpha 0.05
     assert paired_greater("c", "s", [1.0 + x for x in (0.1, 0.9, 1.02)], [1.0, 1.0, 1.0]).held is None
@@ -137,9 +143,10 @@ def test_similar_is_two_one_sided_tests(paired):
             beyond_lo = stats.ttest_ind(a + margin, b, equal_var=False, alternative="less").pvalue
         expected = True if max(lower, upper) < ALPHA else (False if min(beyond_hi, beyond_lo) < ALPHA else None)
         assert v.held is expected
-    v = similar("c", "s", [0.95, 0.95], [0.93, 0.93], tolerance=0.01, names=("noise", "SGD"))
+    v = similar("c", "s", [0.95, 0.952, 0.948], [0.93, 0.929, 0.931], tolerance=0.01, names=("noise", "SGD"))
     assert v.held is False and v.numbers["margin"] == 0.01 and "0.01" in v.test
-    assert similar("c", "s", [0.95, 0.95], [0.93, 0.93], tolerance=0.025).held is True
+    assert similar("c", "s", [0.95, 0.95], [0.93, 0.93], tolerance=0.025).held is None  # no spread, 2 units: p 0.25
+    assert similar("c", "s", [0.95] * 5, [0.93] * 5, tolerance=0.025).held is True  # sign test over 5: p 1/32
     assert similar("c", "s", [0.95], [0.93, 0.94], tolerance=1.0).held is None
 
 
@@ -229,10 +236,12 @@ def test_verdict_dict_is_json_and_round_trips():
 def test_min_effect_shifts_the_test_and_is_stored():
     from landscape.verdict import greater, paired_greater
 
-    a, b = [0.80, 0.81, 0.82], [0.795, 0.805, 0.815]  # +0.5 points on every seed: significant, not practical
-    assert paired_greater("c", "s", a, b).held is True
+    a, b = [0.80, 0.81, 0.82, 0.83, 0.84], [0.795, 0.805, 0.815, 0.825, 0.835]  # +0.5 points on every seed
+    assert paired_greater("c", "s", a, b).held is True  # no spread: the sign test over 5 seeds, p 1/32
     v = paired_greater("c", "s", a, b, min_effect=0.01)
-    assert v.held is False and v.numbers["min effect"] == 0.01  # every difference is exactly below the minimum
+    # significant, not practical: every difference is 0.005 below the minimum
+    assert v.held is False and v.numbers["min effect"] == 0.01 and v.numbers["p against"] == 0.5 ** 5
+    assert paired_greater("c", "s", a[:3], b[:3], min_effect=0.01).held is None  # 3 seeds: p 0.125
     w = paired_greater("c", "s", [0.9, 0.93, 0.95], [0.8, 0.81, 0.84], min_effect=0.01)
     d = np.array([0.1, 0.12, 0.11])
     t = (d.mean() - 0.01) / (d.std(ddof=1) / math.sqrt(3))
@@ -243,25 +252,125 @@ def test_min_effect_shifts_the_test_and_is_stored():
     assert "min effect" not in greater("c", "s", [1.0, 1.1], [0.0, 0.1]).numbers  # unstated: nothing added
 
 
-def test_power_matches_a_monte_carlo_of_the_paired_test():
-    from landscape.verdict import power
+def test_mde_is_the_effect_scipy_noncentral_t_detects_with_80_percent_power():
+    """The minimum detectable effect against scipy's noncentral t power computation, the large-df normal closed
+    form (z_{1-alpha} + z_{0.8}) se, and a Monte Carlo of the paired test."""
+    from landscape.verdict import POWER, mde
 
+    for se, df in ((0.01, 2.0), (0.3, 4.0), (1.7, 9.0), (0.05, 13.2)):
+        d = mde(se, df)
+        crit = stats.t.ppf(1 - ALPHA, df)
+        assert stats.nct.sf(crit, df, d / se) == pytest.approx(POWER, abs=1e-9)
+    assert mde(1.0, 1e6) == pytest.approx(stats.norm.ppf(1 - ALPHA) + stats.norm.ppf(POWER), rel=1e-4)
     rng = np.random.default_rng(0)
-    n, effect, sd = 4, 0.5, 0.6
-    crit = special.stdtrit(n - 1, 0.95)
-    x = rng.normal(effect, sd, size=(40000, n))
-    rate = np.mean(x.mean(axis=1) / (x.std(axis=1, ddof=1) / math.sqrt(n)) > crit)
-    assert power(effect, sd / math.sqrt(n), n - 1) == pytest.approx(rate, abs=0.01)
-    assert power(1.0, 0.0, 2) == 1.0 and math.isnan(power(0.0, 0.0, 2)) and math.isnan(power(math.nan, 1.0, 2))
+    n, sd = 5, 0.6
+    delta = mde(sd / math.sqrt(n), n - 1)
+    x = rng.normal(delta, sd, size=(40000, n))
+    rate = np.mean(x.mean(axis=1) / (x.std(axis=1, ddof=1) / math.sqrt(n)) > special.stdtrit(n - 1, 1 - ALPHA))
+    assert rate == pytest.approx(POWER, abs=0.01)
+    assert mde(0.0, 3) == 0.0 and math.isnan(mde(math.nan, 3)) and math.isnan(mde(1.0, math.nan))
+    v = paired_greater("c", "s", [0.5, 0.9, 0.6, 0.7], [0.5, 0.5, 0.5, 0.5], min_effect=0.1)
+    d = np.array([0.0, 0.4, 0.1, 0.2])
+    assert v.numbers["mde"] == pytest.approx(0.1 + mde(d.std(ddof=1) / 2, 3), rel=1e-12)  # beyond the minimum
+    assert "power" not in v.numbers  # observed power (a function of p) is no longer reported
 
 
-def test_underpowered_reads_power_and_the_stated_need():
-    from landscape.verdict import paired_greater, underpowered
+def test_underpowered_reads_the_stated_need_and_bound_text_states_the_equivalence():
+    from landscape.verdict import bound_text, underpowered
 
-    weak = paired_greater("c", "s", [0.5, 0.9, 0.6], [0.5, 0.5, 0.5])
-    assert weak.numbers["power"] < 0.8 and "power" in underpowered(weak)
     strong = paired_greater("c", "s", [1.0, 1.01, 1.02], [0.0, 0.0, 0.0])
     assert underpowered(strong) == "" and underpowered(strong, needs=5) == "n 3 < the 5 it needs"
+    assert bound_text(strong) == ""  # held: no equivalence statement
+    null = paired_greater("c", "s", [1.0, 1.0002, 0.9999, 1.0001], [1.0, 1.0, 1.0, 1.0])
+    assert null.held is None
+    text = bound_text(null)
+    assert text.startswith(f"no difference beyond {null.numbers['ci high']:.3g} (95% upper bound)")
+    assert f"{null.numbers['mde']:.3g}" in text
+    flat = below("c", "s", [0.3, 0.31, 0.29], 0.1)
+    assert flat.held is False and bound_text(flat).startswith(f"mean at least {flat.numbers['ci low']:.3g}")
+
+
+def test_holm_against_a_hand_computed_example():
+    """Holm (1979) step-down: p sorted 0.01, 0.02, 0.03, 0.04 of k = 4 -> 0.04, 0.06, 0.06, 0.06 (running maximum
+    of 4*0.01, 3*0.02, 2*0.03, 1*0.04); NaN entries are not hypotheses."""
+    from landscape.verdict import holm
+
+    assert holm([0.03, 0.01, 0.04, 0.02]) == pytest.approx([0.06, 0.04, 0.06, 0.06])
+    assert holm([0.013, 0.2, 0.5, 0.6, 0.7, 0.9]) == pytest.approx([0.078, 1.0, 1.0, 1.0, 1.0, 1.0])
+    out = holm([0.001, math.nan, 0.5])
+    assert out[0] == pytest.approx(0.002) and math.isnan(out[1]) and out[2] == 0.5
+    rng = np.random.default_rng(1)
+    for _ in range(200):  # the family-wise rule by brute force: reject H_(i) iff every p_(j), j <= i, < alpha/(k-j+1)
+        p = list(rng.uniform(0, 0.1, rng.integers(1, 7)))
+        order = sorted(range(len(p)), key=p.__getitem__)
+        reject, ok = set(), True
+        for j, i in enumerate(order):
+            ok = ok and p[i] < ALPHA / (len(p) - j)
+            if ok:
+                reject.add(i)
+        assert {i for i, a in enumerate(holm(p)) if a < ALPHA} == reject
+
+
+def test_all_of_applies_holm_on_the_did_not_hold_side_only():
+    def part(held, p_against):
+        return Verdict("p", "s", "t", {"p against": p_against}, held)
+
+    # one part of six refutes at 0.013 alone; Holm's bound is 0.05/6: inconclusive, not "did not hold"
+    v = all_of("c", "s", [part(False, 0.013)] + [part(None, 0.5)] * 5)
+    assert v.held is None and v.parts[0].held is None and "Holm" in v.parts[0].note
+    assert v.parts[0].numbers["p against (Holm)"] == pytest.approx(0.078)
+    assert all_of("c", "s", [part(False, 0.001)] + [part(None, 0.5)] * 5).held is False  # 0.006 < 0.05
+    # held needs no correction: every part held at alpha on its own (intersection-union)
+    assert all_of("c", "s", [part(True, 0.97), part(True, 0.96)]).held is True
+    # parts without a p-value (deterministic rules) keep their status
+    assert all_of("c", "s", [Verdict("d", "s", "t", {}, False), part(None, 0.5)]).held is False
+    assert "intersection-union" in v.test and "Holm" in v.test
+
+
+def test_pair_jackknife_against_a_naive_loop_and_the_additive_closed_form():
+    """Pairs that share units: for additive pair values v_ij = a_i + a_j the mean is 2 mean(a) and its variance
+    4 var(a) / n exactly, which the leave-one-unit-out jackknife reproduces; for any values it equals a naive
+    recomputation (a loop dropping each unit's pairs)."""
+    import itertools
+
+    from landscape.verdict import pair_jackknife
+
+    rng = np.random.default_rng(2)
+    for n in (3, 4, 5, 7):
+        pairs = list(itertools.combinations(range(n), 2))
+        a = rng.normal(size=n)
+        m, se, units = pair_jackknife([a[i] + a[j] for i, j in pairs], pairs)
+        assert units == n and m == pytest.approx(2 * a.mean())
+        assert se == pytest.approx(math.sqrt(4 * a.var(ddof=1) / n), rel=1e-10)
+        v = rng.normal(size=len(pairs))
+        left = [np.mean([v[p] for p, (i, j) in enumerate(pairs) if u not in (i, j)]) for u in range(n)]
+        naive = math.sqrt((n - 1) / n * sum((x - np.mean(left)) ** 2 for x in left))
+        assert pair_jackknife(v, pairs)[1] == pytest.approx(naive, rel=1e-12)
+    with pytest.raises(ValueError, match="every pair"):
+        pair_jackknife([1.0, 2.0], [(0, 1), (1, 2)])
+    # Welch with one side on pairs: that side's se is the jackknife, its df units - 1
+    pairs = list(itertools.combinations(range(5), 2))
+    sib = list(rng.normal(0.0, 0.1, len(pairs)))
+    dp = [0.5, 0.6, 0.4, 0.55, 0.45]
+    g = greater("c", "s", dp, sib, pairs_b=pairs)
+    _, se_b, _ = pair_jackknife(sib, pairs)
+    va = np.var(dp, ddof=1) / 5
+    se = math.sqrt(va + se_b ** 2)
+    df = (va + se_b ** 2) ** 2 / (va ** 2 / 4 + se_b ** 4 / 4)
+    assert g.numbers["t"] == pytest.approx((np.mean(dp) - np.mean(sib)) / se) and g.numbers["df"] == pytest.approx(df)
+    assert g.numbers["units B"] == 5 and math.isnan(g.numbers["bootstrap ci low"])
+
+
+def test_most_above_is_the_exact_binomial_test_and_above_mirrors_below():
+    from landscape.verdict import above, most_above
+
+    v = most_above("c", "s", [0.3] * 9 + [0.0], 0.1)
+    assert v.numbers["p"] == pytest.approx(11 / 2 ** 10)
+    assert v.held is True and most_above("c", "s", [0.0] * 10, 0.1).held is False
+    assert most_above("c", "s", [0.3] * 6 + [0.0] * 4, 0.1).held is None
+    up = above("c", "s", [0.3, 0.31, 0.29], 0.1)
+    down = below("c", "s", [0.3, 0.31, 0.29], 0.1)
+    assert up.held is True and down.held is False and up.numbers["p"] == down.numbers["p against"]
 
 
 @settings(max_examples=30, deadline=None)

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
 
 def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out", root: str | Path = "checkpoints",
             workers: int = 1, data_root: str | None = None, rerun: bool = False, scheduler=None,
-            report=None, device: str = "auto") -> list[Made]:
+            report=None, compare: str | Path | None = None, device: str = "auto") -> list[Made]:
     """Run the named recipes (or ``"all"``) and update ``out/README.md`` (``landscape.figures.gallery``).
 
     Finished recipes (same settings) are skipped unless ``rerun`` (which still reuses their trained runs: only the
@@ -25,6 +26,9 @@ def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out",
     analyses' parallel parts on that cluster (see ``landscape.api.execution.using_scheduler``). ``device``: what
     the recipes' ``auto`` device means (``landscape.runtime.using_device``). ``report``
     receives one line per finished (or failed) recipe, as it finishes (the command prints them on stderr).
+    ``compare`` (a folder holding the same recipes' summaries, e.g. the gallery made on another machine or under
+    other float kernels) puts on each ``Made`` its :class:`~landscape.figures.compare.Comparison` with
+    ``compare/NAME/NAME-SCALE.h5`` (which verdict parts moved); a missing one is a UsageError before anything runs.
     """
     import contextlib
 
@@ -39,6 +43,7 @@ def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out",
     names = registry.names() if list(names) == ["all"] else list(names)
     recipes = [registry.get(n) for n in names]  # unknown names fail before anything runs
     check_parallelism(workers, scheduler)
+    references = _references(compare, names, scale)
     if scale == "paper":  # a refused paper-scale run writes nothing, not even the gallery page
         from landscape.figures.recipe import check_paper
 
@@ -51,12 +56,32 @@ def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out",
         _make_all(recipes, made, failed, report, scale=scale, out=out, root=root, workers=workers,
                   data_root=data_root, rerun=rerun)
     write_gallery(out, scale)
+    if references:
+        from landscape.figures.compare import compare as compare_summaries
+
+        made[:] = [dataclasses.replace(m, comparison=compare_summaries(references[m.name], m.path)) for m in made]
     if len(recipes) == 1 and failed and isinstance(failed[0][1], LandscapeError):
         raise failed[0][1]  # one recipe asked for: its own error line
     if failed:
         raise RecipeError(f"{len(failed)} of {len(recipes)} recipes failed: " + "; ".join(m for m, _ in failed),
                           made=made)
     return made
+
+
+def _references(compare: str | Path | None, names: list[str], scale: str) -> dict[str, Path]:
+    """``{name: the reference summary}`` under ``compare`` (empty without it); a missing one is a UsageError."""
+    from landscape.errors import UsageError
+    from landscape.figures.recipe import summary_path
+
+    if compare is None:
+        return {}
+    paths = {n: summary_path(Path(compare), n, scale) for n in names}
+    missing = [str(p) for p in paths.values() if not p.is_file()]
+    if missing:
+        raise UsageError(f"compare: no summary to compare with at {missing[0]}"
+                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+                         + f": make the recipes at --scale {scale} into {compare} first")
+    return paths
 
 
 def _make_all(recipes, made: list, failed: list, report=None, **options) -> None:

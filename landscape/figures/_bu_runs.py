@@ -5,25 +5,28 @@ rule: the noise step lr * sigma * C stays fixed while C grows), and non-DP SGD, 
 runs share their initialisation). ``bu-fig6-7`` and ``bu-fig11`` read the same runs (names
 ``bu-calibration-SCALE-...``); their settings include :data:`RUNS`.
 
-Claim-blind learning rate per C: Bu's rule lr = 0.15 / C starves a large C on this small problem (C = 100 at lr
-0.0015 ended at 38.5% test accuracy against 86% at C = 1). Each C therefore takes the factor ``f`` of
-``lr = f * base_lr / C`` from the grid ``lr_factors`` whose seed-0 run reaches the highest final *train* accuracy
-(ties: the smaller lr); every seed then uses it. The grid, the scores and the choices go into both summaries.
+Learning rate per C: Bu's rule lr = 0.15 / C starves a large C on this small problem (C = 100 at lr 0.0015 ended
+at 38.5% test accuracy against 86% at C = 1), so the rule is scaled: ``lr = f * base_lr / C``, one factor ``f``
+from ``lr_factors`` (f = 1 is Bu's rule). The factor is chosen by :mod:`landscape.figures._selection`: selection runs
+of every C at every f on other seeds (seeds from 1000, 80 % of the training split), scored on the held-out 20 %.
 
-Bu et al. compare the clipping norms "at similar accuracy"; :func:`premise` checks that before either recipe's
-verdict counts (TOST on the paired test accuracies of two C, margin :data:`MARGIN`). The large C compared with
-the smallest is the largest C of the grid for which the premise is shown (:func:`measured`; chosen from test
-accuracies alone, before any calibration number is computed); when no C is, the largest C is compared and the
-verdict is inconclusive (invalid regime), whatever the calibration numbers say. Only the runs compared (and
-non-DP SGD) are end models under the validity gate.
+Bu et al. compare the clipping norms "at similar accuracy". The large C compared with the smallest is chosen on the
+validation split too, before any evaluation run exists: the largest C whose best validation score (over f) is within
+:data:`MARGIN` of the smallest C's (else the largest C; an earlier version chose it from the evaluation runs' *test*
+accuracies). Then the two compared norms are the selection's arms: one matched factor f for both (the viable f with
+the better worse arm), and the verdict is also computed at every other viable f and with each C at its own best f
+(the per-C choice of an earlier version). :func:`premise` checks the similar accuracy on the evaluation runs
+(TOST on the paired test accuracies, margin :data:`MARGIN`): a validity check, not a selection; when it is not shown
+the verdict at that setting is inconclusive (invalid regime). Only the compared runs (and non-DP SGD) are end models
+under the validity gate.
 
 Non-DP SGD (lr ``sgd_lr``, momentum 0.9) ends far more accurate than any DP run, so "C = 1 is worse calibrated
 than non-DP SGD" compares at *matched accuracy* (:func:`sgd_matched`): the SGD runs keep a checkpoint every
-1/8 epoch (on the steep early part of SGD's accuracy curve one epoch gains ~10 points, too coarse for the
-tolerance), and per seed the reference is the SGD checkpoint whose test accuracy is closest to the smallest C's final
-test accuracy of the same seed (ties: the earlier checkpoint), chosen from test accuracies alone. When some
-seed's closest checkpoint is more than :data:`MATCH_TOLERANCE` away, there is no accuracy-matched reference and
-that part is inconclusive (invalid regime). The chosen epochs and both accuracies go into bu-fig6-7's summary.
+1/8 epoch, and per seed the reference is the SGD checkpoint whose *train* accuracy is closest to the small C model's
+train accuracy of the same seed (ties: the earlier checkpoint) -- matched on the training split, never on the test
+examples the ECE is then measured on (an earlier version matched test accuracies). When some seed's reference is
+more than :data:`MATCH_TOLERANCE` away in test accuracy there is no accuracy-matched reference and that part is
+inconclusive (invalid regime). The chosen epochs and both accuracies go into bu-fig6-7's summary.
 """
 
 from __future__ import annotations
@@ -68,88 +71,131 @@ def judged(verdict, premise_verdict):
                                  f"{premise_verdict.numbers_text()})")
 
 
+def arm(c: float) -> str:
+    return f"C{c:g}"
+
+
 @dataclasses.dataclass
 class Measured:
-    """The calibrated runs: ``res``/``rows`` (see :func:`calibrate`), ``norms`` (smallest first), the two C
-    compared (``small``, ``large``), the premise verdict between them, and the claim-blind lr choice per C."""
+    """The evaluation runs at one setting: ``res``/``rows`` (see :func:`calibrate`; keys ``"sgd"``, small, large),
+    the two C compared, the premise verdict between them, the lr per C and the runs."""
 
     res: object
     rows: dict
-    norms: list
     small: float
     large: float
     premise: object
-    lr: dict        # C -> chosen lr
-    grid: dict      # C -> seed-0 final train accuracy per factor of lr_factors
+    lr: dict        # C -> lr
     runs: dict      # "sgd" / C -> the runs, one per seed
 
+
+@dataclasses.dataclass
+class Bu:
+    """The selection (over the factor f, for the two compared norms) and the evaluation at a setting."""
+
+    ctx: object
+    sel: object
+    norms: list
+    small: float
+    large: float
+    full: object    # the selection over every C (which chose the compared large C)
+
+    def lr(self, c: float, i: int) -> float:
+        s = self.ctx.settings["runs"]
+        return float(self.sel.candidates[i]) * s["base_lr"] / c
+
+    def at(self, setting: dict, source: str) -> Measured:
+        """Train (or reuse) the evaluation runs at ``setting`` (``{arm(C): factor index}``) and calibrate them."""
+        ctx, s = self.ctx, self.ctx.settings["runs"]
+        runs = {"sgd": sgd_runs(ctx)}
+        lr = {}
+        for c in (self.small, self.large):
+            lr[c] = self.lr(c, setting[arm(c)])
+            runs[c] = [ctx.train(f"C{c:g}-lr{lr[c]:g}-{seed}", dataclasses.replace(dp_config(ctx, c), lr=lr[c],
+                                                                                   seed=seed), group=group(ctx))
+                       for seed in range(s["seeds"])]
+        res, rows = calibrate(ctx, runs, tag="-".join(f"{lr[c]:g}" for c in (self.small, self.large)))
+        return Measured(res, rows, self.small, self.large, premise(res, rows, self.small, self.large, source), lr,
+                        runs)
+
+    def verdict(self, claim: str, source: str, parts: list, m: Measured):
+        """The recipe's verdict at one setting: :func:`~landscape.verdict.all_of` of ``parts``, inconclusive when the
+        premise is not shown; at the chosen setting the scope's facts are recorded."""
+        from landscape.figures.recipe import eps_text
+        from landscape.verdict import all_of
+
+        verdict = judged(all_of(claim, source, parts, note=self.note()), m.premise)
+        if not self.ctx.role:
+            s = self.ctx.settings["runs"]
+            self.ctx.scope(f"sigma {s['sigma']:g}, lr {m.lr[self.small]:g} at C = {self.small:g} and "
+                           f"{m.lr[self.large]:g} at C = {self.large:g} (Bu's rule: 0.15 / C), batch {s['batch_size']}, "
+                           f"{s['epochs']} epochs", eps_text(m.runs[self.small] + m.runs[self.large]))
+        return verdict
+
     def numbers(self) -> dict:
-        """What a summary stores about the choices: the lr grid and its scores, the chosen lr, the compared C."""
-        s = {f"lr_grid/C{c:g}/train_acc": self.grid[c] for c in self.norms}
-        return {**s, **{f"lr_chosen/C{c:g}": self.lr[c] for c in self.norms}, "compared_C": [self.small, self.large]}
+        """The choice of the compared C: every C's best validation score (over f) on the selection runs."""
+        best = [max(self.full.arm_score(i, arm(c)) for i in range(len(self.full.candidates))) for c in self.norms]
+        return {"max_grad_norm": self.norms, "compared_C": [self.small, self.large],
+                "selection/best_validation_acc_per_C": best}
 
     def note(self) -> str:
-        lrs = ", ".join(f"C {c:g}: lr {self.lr[c]:g}" for c in self.norms)
-        return (f"Compared C = {self.small:g} with C = {self.large:g} (the largest C at similar accuracy). "
-                f"Claim-blind lr per C ({lrs}).")
+        return (f"Compared C = {self.small:g} with C = {self.large:g}: the largest C whose best validation accuracy "
+                f"(selection runs) is within {MARGIN:g} of C = {self.small:g}'s.")
 
 
-def measured(ctx, source: str) -> Measured:
-    """Train (or reuse) the runs, calibrate them and choose the C to compare (see the module docstring)."""
-    runs, lr, grid = train_runs(ctx)
-    res, rows = calibrate(ctx, runs)
-    norms = list(ctx.settings["runs"]["norms"])
-    small = norms[0]
-    large, shown = norms[-1], None
-    for c in reversed(norms[1:]):
-        p = premise(res, rows, small, c, source)
-        if shown is None and c == norms[-1]:
-            shown = p
-        if p.held is True:
-            large, shown = c, p
-            break
-    ctx.uses(run for key in ("sgd", small, large) for run in runs[key])
-    return Measured(res, rows, norms, small, large, shown, lr, grid, runs)
-
-
-def train_runs(ctx) -> tuple[dict, dict, dict]:
-    """``({"sgd": [run per seed], C: [run per seed] ...}, {C: chosen lr}, {C: seed-0 train accuracy per lr
-    factor})`` (trained once, reused after)."""
+def base_config(ctx):
     from landscape.api import TrainConfig
-    from landscape.api.training import ensure
-    from landscape.figures.recipe import best, final
-    from landscape.store import Store
 
     s = ctx.settings["runs"]
-    store = Store(ctx.root)
-    base = TrainConfig(model=s["model"], data=s["data"], subset=s["subset"], epochs=s["epochs"],
-                       batch_size=s["batch_size"], checkpoint_every="none", data_root=ctx.data_root)
-    prefix = f"bu-calibration-{ctx.scale}"
-    sgd = dataclasses.replace(base, lr=s["sgd_lr"], checkpoint_every=SGD_CHECKPOINTS)
-    out: dict = {"sgd": [ensure(store, dataclasses.replace(sgd, seed=seed, run=f"{prefix}-sgd-ck8-{seed}"))
-                         for seed in range(s["seeds"])]}
-    lrs, grid = {}, {}
-    for c in s["norms"]:
-        dp = dataclasses.replace(base, optimizer="dpsgd", noise_multiplier=s["sigma"], max_grad_norm=c, momentum=0.0)
-
-        def run(lr, seed, c=c, dp=dp):
-            return ensure(store, dataclasses.replace(dp, lr=lr, seed=seed, run=f"{prefix}-C{c:g}-lr{lr:g}-{seed}"))
-
-        candidates = [f * s["base_lr"] / c for f in s["lr_factors"]]
-        grid[c] = [final(run(lr, 0), "train_acc") for lr in candidates]
-        lrs[c] = best(candidates, grid[c])
-        out[c] = [run(lrs[c], seed) for seed in range(s["seeds"])]
-    return out, lrs, grid
+    return TrainConfig(model=s["model"], data=s["data"], subset=s["subset"], epochs=s["epochs"],
+                       batch_size=s["batch_size"], checkpoint_every="1e", data_root=ctx.data_root)
 
 
-def calibrate(ctx, runs: dict, bins: int = 15):
+def dp_config(ctx, c: float):
+    s = ctx.settings["runs"]
+    return dataclasses.replace(base_config(ctx), optimizer="dpsgd", noise_multiplier=s["sigma"], max_grad_norm=c,
+                               momentum=0.0)
+
+
+def sgd_runs(ctx) -> list:
+    """Non-DP SGD, one run per seed, a checkpoint every 1/8 epoch (the candidates of the matched reference)."""
+    s = ctx.settings["runs"]
+    sgd = dataclasses.replace(base_config(ctx), lr=s["sgd_lr"], momentum=0.9, checkpoint_every=SGD_CHECKPOINTS)
+    return [ctx.train(f"sgd-ck8-{seed}", dataclasses.replace(sgd, seed=seed), group=group(ctx))
+            for seed in range(s["seeds"])]
+
+
+def group(ctx) -> str:
+    """The shared name prefix of the runs (both Bu recipes read the same runs)."""
+    return f"bu-calibration-{ctx.scale}"
+
+
+def measured(ctx) -> Bu:
+    """Select the factor f and the compared C on the validation split (module docstring)."""
+    from landscape.figures import _selection
+
+    s = ctx.settings["runs"]
+    norms = sorted(map(float, s["norms"]))
+    factors = [float(f) for f in s["lr_factors"]]
+    full = _selection.per_arm(ctx, factors, {arm(c): (lambda f, c=c: dataclasses.replace(
+        dp_config(ctx, c), lr=f * s["base_lr"] / c, seed=0)) for c in norms}, label=lambda f: f"lr factor {f:g}",
+        name=lambda f: f"f{f:g}", group=group(ctx))
+    small = norms[0]
+    best = {c: max(full.arm_score(i, arm(c)) for i in range(len(factors))) for c in norms}
+    large = next((c for c in reversed(norms[1:]) if abs(best[c] - best[small]) <= MARGIN), norms[-1])
+    sel = _selection.restrict(full, [arm(small), arm(large)])
+    return Bu(ctx, sel, norms, small, large, full)
+
+
+def calibrate(ctx, runs: dict, bins: int = 15, tag: str = ""):
     """One calibration result (test split) over every run's last checkpoint; returns ``(result, rows)`` with
     ``rows[key][seed]`` the index of that run's row in ``result.rows``."""
     from landscape.api import calibration
 
     refs = [f"{run.name}@last" for group in runs.values() for run in group]
-    res = calibration(refs, root=ctx.root, bins=bins, split=("test",), workers=ctx.workers,
-                      output=ctx.stem("calibration").with_suffix(".h5"), data_root=ctx.data_root, figure=False)
+    res = calibration(refs, root=ctx.root, bins=bins, split=("test",), workers=ctx.workers, figure=False,
+                      output=ctx.stem(f"calibration-{tag}".replace(".", "_")).with_suffix(".h5"),
+                      data_root=ctx.data_root)
     where = {r.run: i for i, r in enumerate(res.rows)}
     return res, {key: [where[run.name] for run in group] for key, group in runs.items()}
 
@@ -164,34 +210,41 @@ class Matched:
     ece: list          # its ECE (test split)
     matched: bool      # every seed's |accuracy - dp_accuracy| <= MATCH_TOLERANCE
     bin_accuracy: list  # its reliability bins (accuracy per confidence bin, NaN where empty)
+    train_accuracy: list  # its train accuracy (what was matched)
+    dp_train_accuracy: list
 
     def numbers(self) -> dict:
         return {"sgd_matched/epoch": self.epoch, "sgd_matched/accuracy": self.accuracy,
                 "sgd_matched/dp_accuracy": self.dp_accuracy, "sgd_matched/ece": self.ece,
-                "sgd_matched/tolerance": MATCH_TOLERANCE}
+                "sgd_matched/train_accuracy": self.train_accuracy,
+                "sgd_matched/dp_train_accuracy": self.dp_train_accuracy, "sgd_matched/tolerance": MATCH_TOLERANCE,
+                "reliability/sgd_matched": self.bin_accuracy}
 
     def text(self) -> str:
-        pairs = ", ".join(f"seed {i}: epoch {e:.3g}, accuracy {a:.3f} vs {d:.3f}"
+        pairs = ", ".join(f"seed {i}: epoch {e:.3g}, test accuracy {a:.3f} vs {d:.3f}"
                           for i, (e, a, d) in enumerate(zip(self.epoch, self.accuracy, self.dp_accuracy, strict=True)))
-        return f"SGD reference at matched accuracy: per seed the SGD checkpoint closest in test accuracy ({pairs})"
+        return ("SGD reference at matched accuracy: per seed the SGD checkpoint closest in train accuracy to the DP "
+                f"model's ({pairs})")
 
 
 def sgd_matched(ctx, m: Measured, key: float) -> Matched:
-    """Per seed, the SGD checkpoint whose test accuracy is closest to C = ``key``'s final test accuracy of the same
-    seed (ties: the earlier checkpoint), with its ECE. Every checkpoint of the SGD runs is calibrated (the
-    recipe's file ``sgd-checkpoints``)."""
+    """Per seed, the SGD checkpoint whose *train* accuracy (its manifest's, the full training split) is closest to
+    C = ``key``'s final train accuracy of the same seed (ties: the earlier checkpoint), with its test-split ECE."""
     from landscape.api import calibration
 
-    refs = [f"{run.name}@step={info.step}" for run in m.runs["sgd"] for info in run.checkpoints()]
-    res = calibration(refs, root=ctx.root, bins=15, split=("test",), workers=ctx.workers,
-                      output=ctx.stem("sgd-checkpoints").with_suffix(".h5"), data_root=ctx.data_root, figure=False)
-    epoch, acc, dp, ece, bins = [], [], [], [], []
-    for run, i in zip(m.runs["sgd"], m.rows[key], strict=True):
-        target = float(m.res.rows[i].accuracy)
-        rows = [j for j, r in enumerate(res.rows) if r.run == run.name]
-        j = min(rows, key=lambda j: (abs(float(res.rows[j].accuracy) - target), res.rows[j].step))  # ties: earlier
-        r = res.rows[j]
-        epoch.append(float(r.epoch)), acc.append(float(r.accuracy)), dp.append(target), ece.append(float(r.ece))
-        bins.append(res.bin_accuracy[j])
-    ok = all(abs(a - d) <= MATCH_TOLERANCE for a, d in zip(acc, dp, strict=True))
-    return Matched(epoch, acc, dp, ece, ok, bins)
+    chosen, train, dp_train, dp_test = [], [], [], []
+    for run, dp in zip(m.runs["sgd"], m.runs[key], strict=True):
+        target = float(dp.checkpoints()[-1].metrics["train_acc"])
+        infos = run.checkpoints()
+        info = min(infos, key=lambda i: (abs(float(i.metrics["train_acc"]) - target), i.step))
+        chosen.append(f"{run.name}@step={info.step}")
+        train.append(float(info.metrics["train_acc"]))
+        dp_train.append(target)
+        dp_test.append(float(dp.checkpoints()[-1].metrics["test_acc"]))
+    res = calibration(chosen, root=ctx.root, bins=15, split=("test",), workers=ctx.workers, figure=False,
+                      output=ctx.stem(f"sgd-matched-{'-'.join(f'{v:g}' for v in m.lr.values())}".replace(".", "_"))
+                      .with_suffix(".h5"), data_root=ctx.data_root)
+    acc = [float(r.accuracy) for r in res.rows]
+    ok = all(abs(a - d) <= MATCH_TOLERANCE for a, d in zip(acc, dp_test, strict=True))
+    return Matched([float(r.epoch) for r in res.rows], acc, dp_test, [float(r.ece) for r in res.rows], ok,
+                   [list(res.bin_accuracy[i]) for i in range(len(res.rows))], train, dp_train)

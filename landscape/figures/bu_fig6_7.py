@@ -8,11 +8,14 @@ mis-calibration". Measured with ``landscape calibration`` (test split, 15 equal-
 lower ECE and a lower NLL than the smallest C (:func:`landscape.verdict.paired_greater`, paired by seed: a
 seed's runs share their initialisation), and the smallest C is worse calibrated than non-DP SGD at matched
 accuracy (:func:`landscape.verdict.greater`): per seed against the SGD checkpoint whose test accuracy is closest
-to the smallest C's (``_bu_runs.sgd_matched``; inconclusive when some seed has none within 2 points, as final SGD
-is far more accurate than any DP run). The SGD panels and ``sgd/*`` numbers show the final SGD models;
-``sgd_matched/*`` holds the chosen epochs, both accuracies and the matched ECE.
+to the smallest C's in *train* accuracy (``_bu_runs.sgd_matched``; inconclusive when some seed's reference is more
+than 2 test-accuracy points away, as final SGD is far more accurate than any DP run). The SGD panels and ``sgd/*``
+numbers show the final SGD models; ``sgd_matched/*`` holds the chosen epochs, both accuracies and the matched ECE.
+:func:`landscape.verdict.all_of` combines the parts with Holm on the refuting side; the lr factor and the compared C
+are selected on a validation split, and the verdict is also computed at every other viable factor and with each C at
+its own best factor (``_bu_runs``).
 
-Scaled down: LeNet on ``digits``, batch 32, 20 epochs, C in {1, 10, 100}, lr per C claim-blind (``_bu_runs``),
+Scaled down: LeNet on ``digits``, batch 32, 20 epochs, C in {1, 10, 100}, lr = f 0.15 / C (``_bu_runs``),
 5 seeds (as the paper averages 5 runs; the recipe states it needs 5) (the paper: the 4-layer CNN on MNIST,
 batch 256, C from 0.1 to 200; Fig. 7 compares C = 200 with C = 1).
 """
@@ -22,70 +25,93 @@ from __future__ import annotations
 import numpy as np
 
 from landscape.figures import _bu_runs as bu
+from landscape.figures import _draw
+from landscape.figures._selection import judge_with_sensitivity
 from landscape.figures.recipe import PaperScale, Recipe
-from landscape.verdict import all_of, greater, inconclusive, paired_greater
+from landscape.verdict import greater, inconclusive, paired_greater
 
 SOURCE = "Bu et al. 2023, Figs. 6-7, Sec. 5.2"
 SCALES = bu.SCALES
 
 
 def make(ctx):
+    bu_sel = bu.measured(ctx)
+    small, large = bu_sel.small, bu_sel.large
+
+    def evaluate(setting):
+        m = bu_sel.at(setting, SOURCE)
+        matched = bu.sgd_matched(ctx, m, small)
+        res, rows = m.res, m.rows
+
+        def metric(key, name):
+            return [float(getattr(res.rows[i], name)) for i in rows[key]]
+
+        compared = m.runs[small] + m.runs[large]
+        parts = [ctx.judged(paired_greater(f"C = {large:g} is better calibrated (lower ECE) than C = {small:g}", SOURCE,
+                                           metric(small, "ece"), metric(large, "ece"),
+                                           names=(f"ECE C={small:g}", f"ECE C={large:g}")), compared),
+                 ctx.judged(paired_greater(f"C = {large:g} has the lower test NLL", SOURCE, metric(small, "nll"),
+                                           metric(large, "nll"), names=(f"NLL C={small:g}", f"NLL C={large:g}")),
+                            compared),
+                 ctx.judged(greater(f"C = {small:g} is worse calibrated than non-DP SGD at matched accuracy", SOURCE,
+                                    metric(small, "ece"), matched.ece, names=(f"ECE C={small:g}", "ECE SGD matched"),
+                                    unit="seeds", note=matched.text() + "."), m.runs[small] + m.runs["sgd"])]
+        if not matched.matched:
+            parts[2] = inconclusive(parts[2], f"no accuracy-matched SGD reference (some seed's reference is more than "
+                                              f"{bu.MATCH_TOLERANCE:g} in test accuracy away)")
+        verdict = bu_sel.verdict("a large clipping norm mitigates DP-SGD's mis-calibration (lower ECE and NLL than "
+                                 "a small one)", SOURCE, parts, m)
+        if ctx.role:
+            return {}, verdict
+        numbers = {**bu_sel.numbers(), **matched.numbers(), "premise/difference": m.premise.numbers["difference"]}
+        for key, runs_key in (("sgd", "sgd"), ("small", small), ("large", large)):
+            for name in ("accuracy", "nll", "ece"):
+                numbers[f"{key}/{name}"] = metric(runs_key, name)
+            numbers[f"reliability/{key}"] = res.bin_accuracy[rows[runs_key][0]]  # NaN: an empty bin
+        return numbers, verdict
+
+    return judge_with_sensitivity(ctx, bu_sel.sel, evaluate)
+
+
+def draw(d):
     from landscape.plots import style
 
-    m = bu.measured(ctx, SOURCE)
-    res, rows, norms, small, large = m.res, m.rows, m.norms, m.small, m.large
-    matched = bu.sgd_matched(ctx, m, small)
-
-    def metric(key, name):
-        return [float(getattr(res.rows[i], name)) for i in rows[key]]
-
-    parts = [paired_greater(f"C = {large:g} is better calibrated (lower ECE) than C = {small:g}", SOURCE,
-                            metric(small, "ece"), metric(large, "ece"), names=(f"ECE C={small:g}", f"ECE C={large:g}")),
-             paired_greater(f"C = {large:g} has the lower test NLL", SOURCE, metric(small, "nll"), metric(large, "nll"),
-                            names=(f"NLL C={small:g}", f"NLL C={large:g}")),
-             greater(f"C = {small:g} is worse calibrated than non-DP SGD at matched accuracy", SOURCE,
-                     metric(small, "ece"), matched.ece, names=(f"ECE C={small:g}", "ECE SGD matched"), unit="seeds",
-                     note=matched.text() + ".")]
-    if not matched.matched:
-        parts[2] = inconclusive(parts[2], f"no accuracy-matched SGD reference (some seed's closest SGD checkpoint is "
-                                          f"more than {bu.MATCH_TOLERANCE:g} in test accuracy away)")
-    verdict = all_of("a large clipping norm mitigates DP-SGD's mis-calibration (lower ECE and NLL than a small one)",
-                     SOURCE, parts, note=m.note() + " " + " | ".join(p.line() for p in parts))
-    verdict = bu.judged(verdict, m.premise)
-    keys = ["sgd", *norms]
-    numbers = {"max_grad_norm": norms, **m.numbers(), **matched.numbers()}
-    for name in ("accuracy", "nll", "ece"):
-        numbers.update({f"{'sgd' if k == 'sgd' else f'C{k:g}'}/{name}": metric(k, name) for k in keys})
-    # the reliability bins (NaN in empty bins) stay in the calibration files beside the summary; the last panel is
-    # seed 0's accuracy-matched SGD checkpoint
-    fig, grid = style.subplots(2, 3, figsize=(11, 6.4), layout="constrained")
+    n = d.numbers
+    small, large = (float(v) for v in n["compared_C"])
+    groups = (("small", f"DP\nC = {small:g}", "dpsgd"), ("large", f"DP\nC = {large:g}", "dpsgd"),
+              ("sgd_matched", "SGD\nmatched", "sgd"), ("sgd", "SGD\nfinal", "sgd"))
+    fig, grid = style.subplots(2, 3, figsize=(11, 6.6), layout="constrained")
     axes = [*grid[0], *grid[1]]
-    for ax, name in zip(axes[:2], ("nll", "accuracy"), strict=True):
-        vals = np.array([metric(c, name) for c in norms])
-        ax.errorbar(norms, vals.mean(axis=1), yerr=vals.std(axis=1, ddof=1) if vals.shape[1] > 1 else None,
-                    marker="o", capsize=3, color=style.method_color("dpsgd"), label="DP-SGD")
-        ax.axhline(np.mean(metric("sgd", name)), color=style.method_color("sgd"), ls="--", label="non-DP SGD")
-        ax.set(xscale="log", xlabel="clipping norm C (lr per C, claim-blind)", ylabel=f"test {name}")
-    axes[0].legend(fontsize=7)
-    eces = np.array([metric(c, "ece") for c in norms])
-    twin = axes[1].twinx()
-    twin.plot(norms, eces.mean(axis=1), color="0.3", marker="s", ls=":", label="ECE")
-    twin.axhline(np.mean(matched.ece), color=style.method_color("sgd"), ls=":", lw=0.8,
-                 label="ECE of SGD at C = 1's accuracy")
-    twin.legend(fontsize=7, loc="center right")
-    panels = [(res.bin_accuracy[rows[k][0]], "sgd" if k == "sgd" else "dpsgd",
-               f"{title}: ECE {res.rows[rows[k][0]].ece:.3f} (seed 0)")
-              for k, title in (("sgd", "non-DP"), (large, f"C = {large:g}"), (small, f"C = {small:g}"))]
-    panels.append((matched.bin_accuracy[0], "sgd", f"non-DP, epoch {matched.epoch[0]:.3g}: ECE {matched.ece[0]:.3f}"))
-    for ax, (bins, method, title) in zip(axes[2:], panels, strict=True):
+    for ax, name in zip(axes[:3], ("ece", "nll", "accuracy"), strict=True):  # what was judged, per seed
+        for j, (key, _, method) in enumerate(groups):
+            k = f"{key}/{name}"
+            if k not in n:
+                continue
+            v = np.atleast_1d(n[k])
+            ax.plot(np.full(v.size, j) + np.linspace(-0.15, 0.15, v.size), v, ls="none",
+                    marker="o" if key != "large" else "s", color=style.method_color(method),
+                    fillstyle="none" if key.startswith("sgd") else "full", label="one seed" if j == 0 else None)
+            ax.plot([j - 0.25, j + 0.25], [v.mean()] * 2, color="k", lw=1.4, label="mean" if j == 0 else None)
+        ax.set_xticks(range(len(groups)), [g[1] for g in groups], fontsize=7)
+        ax.set(ylabel=f"test {name}", title=f"test {name}" + (" (judged)" if name != "accuracy" else " (premise)"))
+        ax.legend(fontsize=7)
+    panels = [("reliability/sgd", "sgd", "non-DP final, seed 0"),
+              ("reliability/large", "dpsgd", f"C = {large:g}, seed 0"),
+              ("reliability/small", "dpsgd", f"C = {small:g}, seed 0")]
+    for ax, (key, method, title) in zip(axes[3:], panels, strict=True):
+        bins = np.asarray(n[key], dtype=float)
         edges = np.linspace(0, 1, len(bins) + 1)
-        ax.bar(edges[:-1], np.nan_to_num(bins), width=np.diff(edges), align="edge",
-               color=style.method_color(method), alpha=0.7, edgecolor="white")
-        ax.plot([0, 1], [0, 1], color="0.4", ls="--", lw=0.8)
-        ax.set(xlabel="confidence", ylabel="accuracy", title=title)
-    fig.suptitle(f"Figs. 6-7 ({ctx.scale}): {verdict.status}")
+        shown = np.isfinite(bins)
+        ax.bar(edges[:-1][shown], bins[shown], width=np.diff(edges)[shown], align="edge",
+               color=style.method_color(method), alpha=0.7, edgecolor="white",
+               label="accuracy per bin")
+        ax.plot([0, 1], [0, 1], color="0.4", ls="--", lw=0.8, label="perfect calibration")
+        ax.set(xlabel="confidence", ylabel="accuracy", title=title, xlim=(0, 1), ylim=(0, 1))
+        ax.legend(fontsize=7, loc="upper left", title="empty bins not drawn" if not shown.all() else None,
+                  title_fontsize=6)
+    fig.suptitle(f"Figs. 6-7 ({d.scale}): {d.verdict.status}")
     style.panel_labels(axes)
-    return numbers, verdict, style.save_figure(fig, ctx.stem("figure"))
+    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d, _draw.short_label)
 
 
 RECIPE = Recipe(
@@ -93,11 +119,13 @@ RECIPE = Recipe(
     figure="Figs. 6-7",
     claim="a large clipping norm (lr 0.15 / C) gives lower NLL and ECE than a small one; small C is mis-calibrated",
     scaled_down="LeNet on digits, batch 32, 20 epochs, sigma 1.1, C in {1, 10, 100} with lr = f 0.15 / C, f from "
-                "{1, 3, 10} per C (claim-blind), 5 seeds; the largest C at similar accuracy is compared with C = 1; "
-                "non-DP SGD at matched accuracy (its checkpoint, every 1/8 epoch, closest in test accuracy to C = 1, per seed)",
+                "{1, 3, 10} selected on a validation split, 5 seeds; the largest C at similar validation accuracy is "
+                "compared with C = 1; non-DP SGD at matched accuracy (its checkpoint, every 1/8 epoch, closest in train "
+                "accuracy to C = 1, per seed)",
     scales=SCALES,
     paper_scale=PaperScale(data="mnist", model="opacus-cnn (4-layer CNN)", epochs=30,
                            hyper="batch 256, sigma 1.1, lr 0.15 / C, C from 0.1 to 200, 5 runs", gpu_hours=3.0),
     make=make,
+    draw=draw,
     needs=5,  # Bu et al. average 5 runs
 )

@@ -1,10 +1,12 @@
 """The gallery page: ``OUT/README.md`` with every recipe's figure, claim and computed verdict at one scale.
 
 :func:`write_gallery` reads the summaries ``OUT/NAME/NAME-SCALE.h5`` of the registered recipes (a recipe not
-made yet is listed as such) and writes, between the markers :data:`BEGIN` and :data:`END`, a verdict table and
-one section per recipe (figure, claim, what was scaled down, the verdict with its numbers and rule, wall time and
-code version of the run, how to run it at paper scale). Text outside the markers is kept, so a hand-written
-discussion of what the numbers say survives regeneration. The output depends only on the summaries.
+made yet is listed as such) and writes, between the markers :data:`BEGIN` and :data:`END`, a verdict table (claims
+and checks counted apart) and one section per recipe: the figure that shows what was judged, the claim, the verdict
+with its scope, how it was combined (the multiplicity rule), each part's numbers with an equivalence statement and
+its minimum detectable effect where it did not hold, the sensitivity of the verdict to the selected setting (and its
+figure), what was scaled down, wall time and code version of the run, and how to run it at paper scale. Text outside
+the markers is kept, so a hand-written discussion survives regeneration. The output depends only on the summaries.
 """
 
 from __future__ import annotations
@@ -14,26 +16,32 @@ from pathlib import Path
 
 from landscape.atomic import atomic_write
 from landscape.figures import registry
-from landscape.figures.recipe import paper_line, read_summary, summary_attrs, summary_path
-from landscape.verdict import INVALID, POWER, underpowered
+from landscape.figures.recipe import paper_line, read_sensitivity, read_summary, summary_attrs, summary_path
+from landscape.verdict import ALPHA, INVALID, POWER, bound_text, underpowered
 
 BEGIN = "<!-- gallery:begin (written by `landscape figures`; edit outside the markers) -->"
 END = "<!-- gallery:end -->"
 STATUS = {"held": "held", "did not hold": "**did not hold**", "inconclusive": "*inconclusive*"}
+MULTIPLICITY = (f"Combined claims: held only when every part holds at alpha {ALPHA:g} (an intersection-union test: "
+                "no correction needed); did not hold only when a part does so after Holm's step-down correction over "
+                "the parts' p-values against the claim (deterministic parts unadjusted); else inconclusive.")
 
 
 def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _part_line(p, needs: int | None = None) -> str:
+    """One part: status, claim, the equivalence statement where it did not hold, too few units, the numbers."""
+    short = underpowered(p, needs)
+    bound = bound_text(p)
+    extra = "; ".join(x for x in (bound, short) if x)
+    holm = " (Holm)" if "p against (Holm)" in p.numbers else ""
+    return f"{p.status}{holm}: {p.claim}" + (f" -- *{extra}*" if extra else "") + f" ({p.numbers_text()})"
+
+
 def _parts(verdict, needs: int | None = None) -> list[str]:
-    """The parts of a combined verdict (:func:`landscape.verdict.all_of`), each as ``status: claim (numbers)``,
-    marked *underpowered* (:func:`landscape.verdict.underpowered`) where so."""
-    out = []
-    for p in verdict.parts:
-        weak = underpowered(p, needs)
-        out.append(f"{p.status}{f' (*underpowered*: {weak})' if weak else ''}: {p.claim} ({p.numbers_text()})")
-    return out
+    return [_part_line(p, needs) for p in verdict.parts]
 
 
 def _needs(path: Path) -> int | None:
@@ -44,30 +52,51 @@ def _needs(path: Path) -> int | None:
     return json.loads(raw) if raw is not None else None
 
 
+def _sensitivity(path: Path) -> str:
+    """The sensitivity as a list: each setting evaluated and the verdict there (with its parts' statuses)."""
+    entries = read_sensitivity(path)
+    if not entries:
+        return ""
+    lines = []
+    for e in entries:
+        v = e["verdict"]
+        parts = ", ".join(p.status for p in v.parts)
+        lines.append(f"- {e['role']} ({e['label']}): **{v.status}**" + (f" (parts: {parts})" if parts else ""))
+    return "\n".join(lines) + "\n"
+
+
 def _section(name: str, recipe, out: Path, scale: str) -> tuple[str, str]:
     """``(table row, section)`` of one recipe."""
     path = summary_path(out, name, scale)
     title = f"{recipe.paper.split(' (')[0]}, {recipe.figure}"
     paper = f"`landscape figures {name} --scale paper --data-root DIR`: {paper_line(recipe)}."
+    kind = "check" if recipe.kind == "check" else "claim"
     if not path.is_file():
-        row = f"| [`{name}`](#{name}) | {_cell(title)} | {_cell(recipe.claim)} | not made | |"
+        row = f"| [`{name}`](#{name}) | {_cell(title)} | {kind} | {_cell(recipe.claim)} | not made | |"
         return row, f"### {name}\n\n{title}. Not made at `--scale {scale}` yet.\n\n**Paper scale.** {paper}\n"
     _, verdict, figures = read_summary(path)
     attrs = summary_attrs(path)
-    png = [f for f in figures if f.suffix == ".png"]
-    image = f"![{name}]({name}/{png[0].name})\n\n" if png and (out / name / png[0].name).is_file() else ""
+    png = [f for f in figures if f.suffix == ".png" and (out / name / f.name).is_file()]
+    main = [f for f in png if "-figure-" in f.name]
+    side = [f for f in png if f not in main]
+    image = "".join(f"![{name}]({name}/{f.name})\n\n" for f in main)
     needs = _needs(path)
     parts = _parts(verdict, needs)
     judged = "<br>".join(parts) if parts else f"{verdict.numbers_text()}. Rule: {verdict.test}"
     status = STATUS[verdict.status]
-    weak = sum(bool(underpowered(p, needs)) for p in (verdict.parts or (verdict,)))
+    short = sum(bool(underpowered(p, needs)) for p in (verdict.parts or (verdict,)))
     if verdict.note.startswith(INVALID):
         status = f"*{INVALID}*"
     elif any(p.note.startswith(INVALID) for p in verdict.parts):
         status += f" ({sum(p.note.startswith(INVALID) for p in verdict.parts)} parts: invalid regime)"
-    if weak:
-        status += f" ({weak} {'part' if weak == 1 else 'parts'} underpowered)"
-    row = f"| [`{name}`](#{name}) | {_cell(title)} | {_cell(recipe.claim)} | {status} | {_cell(judged)} |"
+    if short:
+        status += f" ({short} {'part' if short == 1 else 'parts'} with fewer seeds than needed)"
+    sensitivity = _sensitivity(path)
+    if sensitivity:
+        chosen = read_sensitivity(path)
+        viable = [e for e in chosen if e["role"] in ("chosen", "viable")]
+        status += f"; held at {sum(e['verdict'].held is True for e in viable)} of {len(viable)} viable settings"
+    row = f"| [`{name}`](#{name}) | {_cell(title)} | {kind} | {_cell(recipe.claim)} | {status} | {_cell(judged)} |"
     made = []
     if "seconds" in attrs:
         made.append(f"{float(attrs['seconds']):.0f} s")
@@ -75,10 +104,19 @@ def _section(name: str, recipe, out: Path, scale: str) -> tuple[str, str]:
         made.append(f"landscape {attrs['landscape_version']}")
     if "created" in attrs:
         made.append(str(attrs["created"]))
-    body = (f"### {name}\n\n{title}: {recipe.claim}.\n\n{image}"
-            f"**Verdict: {verdict.status}.** {verdict.line()}\n\n"
-            f"**Scaled down.** {recipe.scaled_down}. Settings: `{json.dumps(attrs['settings'], sort_keys=True)}`.\n\n"
-            + (f"**Needs** {needs} seeds per tested part (the recipe's statement; fewer are marked underpowered).\n\n"
+    part_lines = "".join(f"{i}. {line}\n" for i, line in enumerate(parts, 1))
+    body = (f"### {name}\n\n{title} ({kind}): {recipe.claim}.\n\n{image}"
+            f"**Verdict: {verdict.status}.** {verdict.claim}.\n\n"
+            + (f"**Scope.** {verdict.scope}.\n\n" if verdict.scope else "")
+            + (f"**Parts** ({MULTIPLICITY})\n\n{part_lines}\n" if parts else
+               f"**Rule.** {verdict.test}. Numbers: {verdict.numbers_text()}.\n\n")
+            + (f"**Sensitivity to the selected setting** (the verdict at the chosen setting, every other viable "
+               f"candidate and each arm's own best; selection on a validation split with seeds disjoint from the "
+               f"evaluation seeds):\n\n{sensitivity}\n"
+               + "".join(f"![{name} sensitivity]({name}/{f.name})\n\n" for f in side) if sensitivity else "")
+            + (f"**Notes.** {verdict.note}\n\n" if verdict.note else "")
+            + f"**Scaled down.** {recipe.scaled_down}. Settings: `{json.dumps(attrs['settings'], sort_keys=True)}`.\n\n"
+            + (f"**Needs** {needs} seeds per tested part (the recipe's statement; fewer are marked).\n\n"
                if needs else "")
             + (f"**Last made** in {', '.join(made)} (runs already in the store are reused, so a remake times "
                "the analyses only).\n\n" if made else "")
@@ -95,14 +133,34 @@ def gallery_text(out: str | Path, scale: str = "cpu") -> str:
         rows.append(row)
         sections.append(section)
     made = sum("not made" not in r for r in rows)
+    counts = {}
+    for name in registry.names():
+        path = summary_path(out, name, scale)
+        if path.is_file():
+            kind = registry.get(name).kind
+            status = read_summary(path)[1].status
+            counts.setdefault(kind, {}).setdefault(status, 0)
+            counts[kind][status] += 1
+
+    def tally(kind: str) -> str:
+        c = counts.get(kind, {})
+        return ", ".join(f"{c.get(s, 0)} {s}" for s in ("held", "did not hold", "inconclusive"))
+
     head = (f"## Verdicts at `--scale {scale}` ({made} of {len(rows)} recipes made)\n\n"
+            f"**Reproduced claims: {tally('claim')}. Implementation / numerical checks (not claims): "
+            f"{tally('check')}.**\n\n"
             "Each verdict is computed by the recipe from its own numbers (`landscape.verdict`, every test at alpha "
-            "0.05): held, did not hold, or inconclusive (the test does not reject either way, the spread could not "
-            "be measured, or -- *inconclusive (invalid regime)* -- a model it rests on failed the recipe's "
-            f"validity gate). A part is marked *underpowered* when its test's power at the observed effect is below "
-            f"{POWER:g} (a rerun with the same n would often not reject) or it has fewer seeds than the recipe says it "
-            "needs; where a recipe states a minimum effect (`min effect`), the test is of a difference beyond it.\n\n"
-            "| Recipe | Paper, figure | Claim | Verdict | Numbers and rule |\n|---|---|---|---|---|\n")
+            f"{ALPHA:g}): held, did not hold, or inconclusive (the test does not reject either way, the spread could "
+            "not be measured, or -- *inconclusive (invalid regime)* -- a model it rests on failed the recipe's "
+            f"validity gate). {MULTIPLICITY} A part that did not hold or is inconclusive is stated as an equivalence "
+            f"(\"no difference beyond X\", the one-sided {1 - ALPHA:.0%} bound) with the smallest effect its test "
+            f"detects with {POWER:.0%} power; with no spread at all the sign test over the independent units decides "
+            "and the share of units that could show the effect is bounded. Values measured on pairs that share runs "
+            "(sibling barriers) are analysed at the level of the independent runs (leave-one-unit-out jackknife). "
+            "Every verdict below paper scale states its scope: it is not a test of the paper's regime. Recipes that "
+            "select a setting do so on a validation split with seeds disjoint from the evaluation seeds, and report "
+            "the verdict at every viable setting.\n\n"
+            "| Recipe | Paper, figure | Kind | Claim | Verdict | Numbers and rule |\n|---|---|---|---|---|---|\n")
     return "\n".join([BEGIN, head + "\n".join(rows) + "\n", *sections, END]) + "\n"
 
 
@@ -117,8 +175,8 @@ def write_gallery(out: str | Path, scale: str = "cpu") -> Path:
         after = rest.split(END, 1)[1].lstrip("\n")
         new = before + text + ("\n" + after if after else "")
     else:
-        intro = (f"# Paper figures at `--scale {scale}`\n\nRegenerate with `make figures` (= `landscape figures all "
-                 f"--scale {scale} --out {out}/`); finished recipes with unchanged settings are skipped.\n\n")
+        intro = (f"# Paper figures at `--scale {scale}`\n\nRegenerate with `landscape --portable figures all "
+                 f"--scale {scale} --out {out}/` (the same bits on any x86-64 CPU); finished recipes with unchanged settings are skipped.\n\n")
         new = (old + "\n" if old else intro) + text
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda tmp: tmp.write_text(new))

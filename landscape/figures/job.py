@@ -23,7 +23,7 @@ from landscape.figures import figures
 from landscape.figures.registry import SCALES
 from landscape.options import DEVICE_HELP, SOURCE_HELP, option
 
-_COMMAND_ONLY = ("names", "listing", "out", "workers", "scheduler")
+_COMMAND_ONLY = ("names", "listing", "out", "workers", "scheduler", "compare")
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,9 @@ class FigureJob:
     rerun: bool = option(False, "Make finished recipes again (their trained runs are still reused).")
     scheduler: str | None = option(None, "Run the analyses' parallel parts on this Dask scheduler instead of "
                                          "--workers.", kind="scheduler")
+    compare: str | None = option(None, "Compare each recipe's verdict with its summary in this folder (e.g. the "
+                                       "gallery made on another machine or kernels): per part both outcomes and "
+                                       "p-values, and which moved.", kind="directory")
     recipe: str | None = option(None, "The recipe of a batch job.", cli=False)
 
     def validate(self) -> FigureJob:
@@ -88,7 +91,7 @@ def _command(job: FigureJob, *, root: Path, progress: bool | None, report: Calla
     try:
         made = figures(list(job.names), scale=job.scale, out=job.out, root=root, workers=job.workers,
                        data_root=job.data_root, rerun=job.rerun, scheduler=job.scheduler, report=display.note,
-                       device=job.device)
+                       compare=job.compare, device=job.device)
     except RecipeError as exc:
         exc.partial = Figures(made=exc.made)
         raise
@@ -101,13 +104,16 @@ def _notes(done: Figures) -> list[str]:
     for m in done.made:
         lines.append(f"{m.name} [{m.scale}] {'skipped (finished)' if m.skipped else 'made'}: {m.path}")
         lines.append(f"  {dataclasses.replace(m.verdict, note='').line()}")
+    for m in done.made:
+        lines += m.comparison.lines() if m.comparison is not None else []
     return lines + ([f"gallery: {done.gallery}"] if done.gallery is not None else [])
 
 
 def _details(done: Figures) -> dict[str, Any]:
     """``--json``: the recipe list, or each recipe made (or skipped) with its verdict, and the gallery page."""
     made = [{"name": m.name, "scale": m.scale, "skipped": m.skipped, "path": str(m.path), "held": m.verdict.held,
-             "verdict": dataclasses.replace(m.verdict, note="").line()} for m in done.made]
+             "verdict": dataclasses.replace(m.verdict, note="").line(),
+             **({"comparison": m.comparison.to_dict()} if m.comparison is not None else {})} for m in done.made]
     return {"recipes": made, "gallery": None if done.gallery is None else str(done.gallery), "listing": done.listing}
 
 

@@ -9,8 +9,22 @@ one HDF5 summary ``<out>/<name>/<name>-<scale>.h5`` (the numbers as datasets, th
 settings as attributes, atomically); a summary whose stored settings equal the current ones means the recipe
 is finished and is skipped on rerun.
 
+Figures are drawn from the summary alone: ``make`` returns ``(numbers, verdict)`` and the runner calls the recipe's
+``draw`` with the numbers as the summary stores them (:class:`Drawing`), so every PNG of the gallery can be drawn
+again from the committed HDF5 (and is, by the test suite, for its text layout). Analyses a recipe calls write no
+figures of their own.
+
+Scope: every verdict below paper scale carries what it is a test of (:attr:`Verdict.scope`): the scale, the model
+and data, the facts a recipe adds (:meth:`Context.scope`: epsilon actually spent, the chosen lr, ...) and "not a test
+of the paper's regime" with the paper's model and data. A recipe whose verdict checks an implementation or a
+closed form rather than reproducing an empirical claim says so (``kind="check"``); the gallery counts checks apart
+from claims. A recipe that selects hyper-parameters stores the sensitivity of its verdict to that choice
+(:mod:`landscape.figures._selection`; attribute ``sensitivity``).
+
 Validity gates: each recipe states, before it runs, what a usable model is (:class:`Gate`: finite
-final losses, final test accuracy at or above a floor, no collapse over the last checkpoints). Every end model
+final losses, a final test loss no worse than predicting uniformly (ln C for C classes), final test accuracy at or
+above a floor, no collapse over the last checkpoints -- which needs a checkpoint at each of the last epochs: a run
+without them fails the gate rather than passing a rule that could not look). Every end model
 the recipe judges is checked: a part judged from a model that fails (:meth:`Context.judged`) becomes
 "inconclusive (invalid regime)" with the reason, and a failing run trained through :meth:`Context.train` that
 no part claimed makes the whole verdict inconclusive. The gate's rule, every checked run and its numbers go
@@ -28,6 +42,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -35,8 +50,11 @@ from landscape.atomic import atomic_write_hdf5
 from landscape.errors import DataError, UsageError
 from landscape.figures.registry import SCALES
 from landscape.refs import Ref
-from landscape.runtime import code_version, portable_mode
+from landscape.runtime import code_version, kernels, portable_mode
 from landscape.verdict import Verdict, inconclusive
+
+if TYPE_CHECKING:
+    from landscape.figures.compare import Comparison
 
 SYNTHETIC = ("digits", "gaussian-signal")  # bundled or generated: paper scale needs no files
 
@@ -66,40 +84,76 @@ class GateResult:
 
 @dataclasses.dataclass(frozen=True)
 class Gate:
-    """What a usable model is, stated before a recipe runs: its last checkpoint has a finite train and test loss
-    and a test accuracy of at least ``min_acc``, and it has not collapsed -- its final test accuracy is no more
-    than ``max_drop`` below the best of its last ``window`` checkpoints (the final one included)."""
+    """What a usable model is, stated before a recipe runs: its last checkpoint has a finite train and test loss,
+    a test loss of at most ln C (``chance_loss``: no worse than the uniform prediction over its C classes) and a
+    test accuracy of at least ``min_acc``, and it has not collapsed -- its final test accuracy is no more than
+    ``max_drop`` below the best of its last ``window`` checkpoints (the final one included). The collapse rule
+    (``max_drop`` < 1) needs those checkpoints one epoch apart (``checkpoint_every="1e"``); a run without them fails
+    with that reason."""
 
     min_acc: float
     max_drop: float = 0.1
     window: int = 3
+    chance_loss: bool = True
 
     def text(self) -> str:
-        return (f"usable model: finite final train and test loss, final test accuracy >= {self.min_acc:g}, and no "
-                f"more than {self.max_drop:g} below the best of its last {self.window} checkpoints")
+        parts = ["finite final train and test loss"]
+        if self.chance_loss:
+            parts.append("final test loss <= ln C (the uniform prediction's)")
+        parts.append(f"final test accuracy >= {self.min_acc:g}")
+        if self.max_drop < 1:
+            parts.append(f"no more than {self.max_drop:g} below the best of its last {self.window} per-epoch "
+                         "checkpoints")
+        return "usable model: " + ", ".join(parts)
 
-    def check(self, run) -> GateResult:
-        _, acc = checkpoint_curve(run, "test_acc")
-        losses = [final(run, m) for m in ("train_loss", "test_loss")]
+    def judge(self, acc: np.ndarray, epochs: np.ndarray, losses: tuple[float, float], classes: int | None,
+              what: str = "test") -> list[str]:
+        """The reasons a model with per-checkpoint accuracy ``acc`` at ``epochs`` and final ``(train, held-out)``
+        losses fails this gate (``[]``: it passes); ``what`` names the held-out split in the reasons."""
         last = float(acc[-1]) if acc.size else math.nan
         recent = acc[-self.window:]
         best = float(np.nanmax(recent)) if np.any(np.isfinite(recent)) else math.nan
-        loss = losses[1]
         reasons = []
         if not all(math.isfinite(v) for v in losses):
-            reasons.append(f"non-finite final loss (train {losses[0]:.3g}, test {losses[1]:.3g})")
+            reasons.append(f"non-finite final loss (train {losses[0]:.3g}, {what} {losses[1]:.3g})")
+        elif self.chance_loss and classes and classes > 1 and losses[1] > math.log(classes):
+            reasons.append(f"final {what} loss {losses[1]:.4g} > ln {classes} = {math.log(classes):.4g} (worse than "
+                           "the uniform prediction)")
         if not last >= self.min_acc:
-            reasons.append(f"final test accuracy {last:.3g} < floor {self.min_acc:g}")
-        if math.isfinite(best) and last < best - self.max_drop:
-            reasons.append(f"collapsed: final test accuracy {last:.3g} vs {best:.3g} within the last "
-                           f"{self.window} checkpoints")
-        return GateResult(run.name, last, best, loss, not reasons, "; ".join(reasons))
+            reasons.append(f"final {what} accuracy {last:.3g} < floor {self.min_acc:g}")
+        if self.max_drop < 1:
+            tail = epochs[-self.window:]
+            needed = min(self.window, int(math.floor(float(epochs[-1]) + 1e-9)) + 1) if epochs.size else self.window
+            if tail.size < needed or np.any(np.diff(tail) > 1.0 + 1e-9):
+                reasons.append(f"collapse rule not checkable: checkpoints at epochs {[round(float(e), 3) for e in tail]}"
+                               f" (it needs one per epoch over the last {self.window})")
+            elif math.isfinite(best) and last < best - self.max_drop:
+                reasons.append(f"collapsed: final {what} accuracy {last:.3g} vs {best:.3g} within the last "
+                               f"{self.window} checkpoints")
+        return reasons
+
+    def check(self, run) -> GateResult:
+        epochs, acc = checkpoint_curve(run, "test_acc")
+        losses = (final(run, "train_loss"), final(run, "test_loss"))
+        reasons = self.judge(acc, epochs, losses, classes_of(run))
+        last = float(acc[-1]) if acc.size else math.nan
+        recent = acc[-self.window:]
+        best = float(np.nanmax(recent)) if np.any(np.isfinite(recent)) else math.nan
+        return GateResult(run.name, last, best, losses[1], not reasons, "; ".join(reasons))
+
+
+def classes_of(run) -> int | None:
+    """The number of classes of a run's model (its ``model_spec``), or None when it does not say."""
+    kwargs = (run.manifest.get("model_spec") or {}).get("kwargs") or {}
+    c = kwargs.get("num_classes")
+    return int(c) if isinstance(c, int) else None
 
 
 # Digits (10 classes, chance 0.1): a LeNet that learned anything clears 0.5 at cpu scale within a few epochs
 # (SGD reaches ~0.97). The test scale (2 epochs on 200 examples) checks the plumbing: its models sit near chance,
 # so its gate asks for finite losses only.
-DEFAULT_GATES = {"test": Gate(min_acc=0.0, max_drop=1.0), "cpu": Gate(min_acc=0.5), "paper": Gate(min_acc=0.5)}
+DEFAULT_GATES = {"test": Gate(min_acc=0.0, max_drop=1.0, chance_loss=False), "cpu": Gate(min_acc=0.5),
+                 "paper": Gate(min_acc=0.5)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,10 +168,36 @@ class Recipe:
     scales: Mapping[str, Mapping]           # "test" / "cpu" / "paper" -> settings passed to ``make``
     paper_scale: PaperScale
     make: Callable                            # make(ctx) -> (numbers: dict[str, array-like], Verdict)
+    draw: Callable                            # draw(Drawing) -> [figure files]: from the summary's numbers alone
     gates: Mapping[str, Gate] = dataclasses.field(default_factory=lambda: dict(DEFAULT_GATES))  # per scale
     # "needs n seeds": the n (seeds or pairs a side) each tested part needs, stated by the recipe (None: no stated
-    # need); a part with fewer, or with power below landscape.verdict.POWER, is marked underpowered in the gallery
+    # need); a part with fewer is marked in the gallery
     needs: int | None = None
+    kind: str = "claim"                       # "claim": a paper's empirical claim; "check": an implementation /
+                                              # closed-form check, counted apart in the gallery
+
+
+@dataclasses.dataclass
+class Drawing:
+    """What a recipe's ``draw`` gets: the summary's numbers (float arrays, keys as stored), its verdict, the scale's
+    settings, the scale, and where figures go (:meth:`stem`)."""
+
+    name: str
+    scale: str
+    settings: dict
+    numbers: dict
+    verdict: Verdict
+    out: Path
+    sensitivity: list = dataclasses.field(default_factory=list)
+
+    def stem(self, what: str) -> Path:
+        return self.out / f"{self.name}-{what}-{self.scale}"
+
+    def store_run(self, name: str):
+        """The store's run ``name``."""
+        from landscape.store import Store
+
+        return Store(self.root).run(name)
 
 
 @dataclasses.dataclass
@@ -134,6 +214,15 @@ class Context:
     trained: list = dataclasses.field(default_factory=list)     # run names trained through train()
     claimed: set = dataclasses.field(default_factory=set)       # run names some part was judged from
     part_runs: dict = dataclasses.field(default_factory=dict)   # a judged part's claim -> its run names
+    facts: list = dataclasses.field(default_factory=list)       # the scope's facts (eps spent, lr, ...)
+    sensitivity: list = dataclasses.field(default_factory=list)  # the verdict at other settings (_selection)
+    role: str = ""  # "" for the judged setting; a sensitivity setting's label while it is evaluated
+
+    def scope(self, *facts: str) -> None:
+        """Add facts to the verdict's scope ("eps spent 0.93-0.99", "lr 0.01 (chosen)"), once each."""
+        for f in facts:
+            if f and f not in self.facts:
+                self.facts.append(f)
 
     def gate(self, runs) -> list[GateResult]:
         """Check ``runs`` (names or Run objects) against this scale's gate, once each; returns their results."""
@@ -166,7 +255,7 @@ class Context:
         names = [Ref.parse(r).name if isinstance(r, str) else r.name for r in runs]
         results = self.gate(list(dict.fromkeys(names)))
         self.claimed.update(g.run for g in results)
-        self.part_runs[part.claim] = [g.run for g in results]
+        self.part_runs[f"{self.role}: {part.claim}" if self.role else part.claim] = [g.run for g in results]
         bad = [g for g in results if not g.passed]
         if not bad:
             return part
@@ -175,20 +264,29 @@ class Context:
     def stem(self, what: str) -> Path:
         return self.out / f"{self.name}-{what}-{self.scale}"
 
+    def store_run(self, name: str):
+        """The store's run ``name``."""
+        from landscape.store import Store
+
+        return Store(self.root).run(name)
+
     def run_name(self, what: str) -> str:
         """The store name of this recipe's run ``what`` at this scale (``NAME-SCALE-what``)."""
         return f"{self.name}-{self.scale}-{what}"
 
-    def train(self, what: str, config, *, gated: bool = True):
+    def train(self, what: str, config, *, gated: bool = True, group: str | None = None):
         """Train ``config`` as run :meth:`run_name` (``what``), or reuse it when it exists with the same
         configuration (resumed when unfinished): reruns of an interrupted recipe continue here. ``gated=False``
-        for a run that only selects hyper-parameters (it is no end model a part rests on)."""
+        for a run that only selects hyper-parameters (it is no end model a part rests on); runs trained while a
+        sensitivity setting is evaluated (:attr:`role`) count only for the parts judged from them. ``group``: name the
+        run ``GROUP-what`` instead, shared by the recipes that use the same runs."""
         from landscape.api.training import ensure
         from landscape.store import Store
 
-        config = dataclasses.replace(config, run=self.run_name(what), data_root=self.data_root)
+        name = f"{group}-{what}" if group else self.run_name(what)
+        config = dataclasses.replace(config, run=name, data_root=self.data_root)
         run = ensure(Store(self.root), config)
-        if gated and run.name not in self.trained:
+        if gated and not self.role and run.name not in self.trained:
             self.trained.append(run.name)
         return run
 
@@ -206,27 +304,22 @@ def final(run, metric: str) -> float:
     return float(checkpoint_curve(run, metric)[1][-1])
 
 
-def lr_scores(ctx, what: str, config, lrs, metric: str = "train_acc", window: int = 1) -> list[float]:
-    """Claim-blind hyper-parameter search, step 1: train ``config`` (its seed) at each learning rate of ``lrs`` as run
-    ``what-lrLR-SEED`` (not gated: selection runs are no end models) and return each run's score: its final
-    ``metric``, or with ``window`` > 1 the worst ``metric`` over its last ``window`` checkpoints (a score that sees
-    an oscillating run, as the validity gate's collapse rule does). The run at the chosen lr is the same run the
-    recipe then uses for that seed (same name and configuration)."""
-    return [worst_recent(ctx.train(f"{what}-lr{lr:g}-{config.seed}", dataclasses.replace(config, lr=lr),
-                                   gated=False), metric, window) for lr in lrs]
+def eps_spent(runs) -> list[float]:
+    """The privacy budget each run actually spent (its last checkpoint's epsilon; NaN for a non-private run)."""
+    out = []
+    for r in runs:
+        e = r.checkpoints()[-1].epsilon
+        out.append(float(e) if e is not None else math.nan)
+    return out
 
 
-def worst_recent(run, metric: str = "train_acc", window: int = 1) -> float:
-    """A selection run's score: the worst ``metric`` over its last ``window`` checkpoints (1: the final value)."""
-    return float(np.min(checkpoint_curve(run, metric)[1][-window:]))
-
-
-def best(values, scores):
-    """Step 2: the value with the highest score (NaN scores lose; ties: the first, i.e. the smaller lr); a float, or
-    the candidate itself when the candidates are tuples (e.g. ``(momentum, lr)``)."""
-    a = np.nan_to_num(np.asarray(scores, dtype=float), nan=-np.inf)
-    value = list(values)[int(np.argmax(a))]
-    return value if isinstance(value, tuple) else float(value)
+def eps_text(runs) -> str:
+    """``"eps spent 0.93"`` or ``"eps spent 0.70-0.93"`` over private runs (``""`` when none is private)."""
+    e = [v for v in eps_spent(runs) if math.isfinite(v)]
+    if not e:
+        return ""
+    lo, hi = min(e), max(e)
+    return f"eps spent {lo:.3g}" if f"{lo:.3g}" == f"{hi:.3g}" else f"eps spent {lo:.3g}-{hi:.3g}"
 
 
 @dataclasses.dataclass
@@ -237,6 +330,7 @@ class Made:
     path: Path
     figures: list[Path]
     skipped: bool = False
+    comparison: Comparison | None = None  # figures(compare=...): this summary against the reference's
 
 
 def gate_numbers(checked: list[GateResult]) -> dict[str, np.ndarray]:
@@ -256,13 +350,17 @@ def _settings_json(settings: Mapping) -> str:
     return json.dumps(dict(settings), sort_keys=True, default=str)
 
 
+SUMMARY_FORMAT = 2  # the summary layout (2: figures drawn from the summary, scope, sensitivity, recipe kind)
+
+
 def summary_attrs(path: Path) -> dict:
-    """The summary's provenance: ``settings`` (dict), ``seconds``, ``landscape_version``, ``created`` (absent in
-    summaries written before they were recorded)."""
+    """The summary's provenance: ``settings`` (dict), ``seconds``, ``landscape_version``, ``created``, ``format``
+    (absent in summaries written before they were recorded)."""
     import h5py
 
     with h5py.File(path, "r") as f:
-        out = {k: f.attrs[k] for k in ("seconds", "landscape_version", "created") if k in f.attrs}
+        out = {k: f.attrs[k] for k in ("seconds", "landscape_version", "created", "format", "recipe_kind")
+               if k in f.attrs}
         out["settings"] = json.loads(f.attrs["settings"])
     return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in out.items()}
 
@@ -280,6 +378,29 @@ def read_summary(path: Path) -> tuple[dict, Verdict, list[Path]]:
     return numbers, verdict, figures
 
 
+def read_sensitivity(path: Path) -> list[dict]:
+    """The summary's sensitivity entries (``[]`` when the recipe selects nothing): each ``{"role", "setting",
+    "label", "verdict": Verdict}`` (:mod:`landscape.figures._selection`)."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        raw = json.loads(f.attrs["sensitivity"]) if "sensitivity" in f.attrs else []
+    return [{**e, "verdict": Verdict.from_dict(e["verdict"])} for e in raw]
+
+
+def drawing(path: Path, out: Path | None = None) -> Drawing:
+    """A summary as its recipe's ``draw`` gets it (figures going to ``out``, default: beside the summary)."""
+    import h5py
+
+    path = Path(path)
+    numbers, verdict, _ = read_summary(path)
+    with h5py.File(path, "r") as f:
+        name, scale = str(f.attrs["recipe"]), str(f.attrs["scale"])
+        settings = json.loads(f.attrs["settings"])
+    return Drawing(name, scale, settings, numbers, verdict, Path(out) if out is not None else path.parent,
+                   read_sensitivity(path))
+
+
 def _gate_json(gate: Gate | None) -> str:
     return json.dumps(dataclasses.asdict(gate) if gate else None)
 
@@ -292,7 +413,7 @@ def _finished(path: Path, settings: Mapping, gate: Gate | None) -> bool:
     try:
         with h5py.File(path, "r") as f:
             return (f.attrs.get("settings") == _settings_json(settings) and f.attrs.get("gate") == _gate_json(gate)
-                    and "verdict" in f.attrs)
+                    and "verdict" in f.attrs and int(f.attrs.get("format", 0)) == SUMMARY_FORMAT)
     except OSError:
         return False
 
@@ -349,32 +470,55 @@ def make(recipe: Recipe, *, scale: str = "cpu", out: str | Path = "figures-out",
                   out / recipe.name, workers, data_root, gate_rule=gate)
     ctx.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    numbers, verdict, figures = recipe.make(ctx)
-    seconds = time.perf_counter() - start
+    numbers, verdict = recipe.make(ctx)
     unclaimed = [g for g in ctx.gate(ctx.trained) if not g.passed and g.run not in ctx.claimed]
     if unclaimed:
         verdict = inconclusive(verdict, "; ".join(f"{g.run}: {g.reason}" for g in unclaimed))
     checked = list(ctx.gates.values())
     numbers = {**numbers, **gate_numbers(checked)}
+    numbers = {k: np.asarray(v, dtype=float) for k, v in numbers.items()}  # as the summary stores them
     for k, v in numbers.items():
-        if k.startswith("gate/"):  # a diverged model's loss: the gate has judged it already
+        if k.startswith(UNJUDGED):  # judged already (the gate), or NaN by design (a setting not trained)
             continue
-        a = np.asarray(v, dtype=float)
-        if not np.all(np.isfinite(a)):
+        if not np.all(np.isfinite(v)):
             verdict = dataclasses.replace(verdict, held=None, note=(verdict.note + f" {k} has non-finite values.").strip())
+    if scale != "paper":
+        verdict = dataclasses.replace(verdict, scope=scope_text(recipe, scale, ctx.facts))
+    sensitivity = [{**e, "verdict": e["verdict"].to_dict()} for e in ctx.sensitivity]
+    figures = recipe.draw(Drawing(recipe.name, scale, settings, numbers, verdict, ctx.out, ctx.sensitivity))
+    seconds = time.perf_counter() - start
 
     def fill(f: h5py.File, check) -> None:
         g = f.create_group("numbers")
         for k, v in numbers.items():
-            g.create_dataset(k, data=np.asarray(v, dtype=float))
+            g.create_dataset(k, data=v)
         f.attrs.update(kind="figure-recipe", recipe=recipe.name, paper=recipe.paper, figure=recipe.figure,
                        claim=recipe.claim, scale=scale, settings=_settings_json(settings),
-                       gate=_gate_json(gate),
+                       gate=_gate_json(gate), format=SUMMARY_FORMAT, recipe_kind=recipe.kind,
                        gate_runs=json.dumps([g.run for g in checked]),
                        gate_parts=json.dumps(ctx.part_runs), needs=json.dumps(recipe.needs),
-                       verdict=json.dumps(verdict.to_dict()), figures=json.dumps([str(p) for p in figures]),
-                       seconds=seconds, landscape_version=code_version(), portable=portable_mode(),
+                       verdict=json.dumps(verdict.to_dict()), sensitivity=json.dumps(sensitivity),
+                       figures=json.dumps([str(p) for p in figures]),
+                       seconds=seconds, landscape_version=code_version(), portable=portable_mode(), kernels=kernels(),
                        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
 
     atomic_write_hdf5(path, fill)
     return Made(recipe.name, scale, verdict, path, [Path(p) for p in figures])
+
+
+# summary numbers whose NaN entries are by design: judged already (the gate), a setting not trained, an inconclusive
+# status code, an empty reliability bin
+UNJUDGED = ("gate/", "selection/", "sensitivity/", "verdict/", "reliability/")
+
+
+def scope_text(recipe: Recipe, scale: str, facts) -> str:
+    """What a verdict below paper scale is a test of: the scale, what was scaled down, the recipe's facts, and that
+    it is not a test of the paper's regime."""
+    p = recipe.paper_scale
+    facts = "; ".join(facts)
+    what = recipe.scaled_down if scale == "cpu" else "a plumbing check on tiny runs (near-chance models)"
+    if recipe.kind == "check":
+        return (f"at {scale} scale: {what}" + (f"; {facts}" if facts else "")
+                + "; an implementation / numerical check, not a reproduced empirical claim")
+    return (f"at {scale} scale: {what}" + (f"; {facts}" if facts else "")
+            + f"; not a test of the paper's regime ({p.model} on {p.data})")

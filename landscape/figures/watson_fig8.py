@@ -2,19 +2,22 @@
 
 Claim: "SGD Phase 1 followed by also SGD Phase 2 is the only setting where the model clearly stays on the same
 optimization basin"; DP-SGD in Phase 2 "does not stay in the same basin as in Phase 1 ... and always ends at a
-different basin". Measured: the test-loss barrier above the chord between the Phase-1 endpoint and each Phase-2
-copy's endpoint, for the four optimiser pairs, with Def. 2.3 instability stored beside it (after an SGD Phase 1
-the DP-SGD end is worse, so Def. 2.3 is large on a path without any bump; the chord barrier is not). Verdict:
-for each of SGD->DP, DP->SGD and DP->DP, its barrier exceeds the SGD->SGD barrier
-(:func:`landscape.verdict.greater`, Welch at alpha 0.05, over the copies); held if all three hold
-(:func:`landscape.verdict.all_of`). A part whose Phase-2 end models fail the validity gate is inconclusive.
+different basin". Measured: the test loss on the straight path between the Phase-1 endpoint and each Phase-2
+copy's endpoint, for the four optimiser pairs, and the path's height above both ends
+(:func:`landscape.figures._phase_grid.height`). Leaving a basin means a barrier: the path must rise above both of
+its ends. An earlier version judged the barrier above the chord, which a path that descends monotonically from a
+near-chance Phase-1 model has too (it measures the path's concavity): every DP-Phase-1 path descended, and those
+parts "held". Verdict: for each of SGD->DP, DP->SGD and DP->DP, its height exceeds the SGD->SGD height by more than
+the minimum height (2 % of ln C; :func:`landscape.verdict.greater`, Welch over the Phase-2 copies, the independent
+units); :func:`landscape.verdict.all_of` with Holm on the refuting side.
 
-Fair comparison: both phases of every pair run at one matched learning rate, batch size and momentum (the
-grid's, :mod:`landscape.figures._phase_grid`: chosen claim-blind from the paper's lr sweep x momentum {0, 0.9}
-by the grid's worst run on train accuracy (over every arm and Phase-2 copy; no arm compared with another); stored as
-``lr_grid/*``, ``lr_chosen``, ``momentum_chosen``), so a
-DP-SGD Phase 2 does not leave the Phase-1 basin merely by taking larger steps. An earlier version gave DP-SGD
-lr 0.5 without momentum against SGD's lr 0.03 with momentum 0.9.
+Validity: both ends of every judged path are models under the validity gate -- the Phase-2 copies and the Phase-1
+model itself (accuracy floor, loss <= ln C, no collapse over its per-epoch checkpoints): a basin claim about a
+near-chance Phase-1 model says nothing about basins, so such a part is inconclusive (invalid regime).
+
+Fair comparison: both phases of every pair run at one matched learning rate, batch size and momentum, selected on a
+validation split (:mod:`landscape.figures._phase_grid`); the verdict is also computed at every other viable
+candidate and with each arm at its own best setting.
 
 Scaled down: the grid of ``watson-fig2`` (LeNet on digits, 10 epochs, k = 4, 5 copies, epsilon 7; the paper:
 Resnet18 on CIFAR10 with k = 10); 20 points on the path.
@@ -26,64 +29,110 @@ import itertools
 
 import numpy as np
 
+from landscape.figures import _draw
 from landscape.figures import _phase_grid as grid
+from landscape.figures._selection import judge_with_sensitivity
 from landscape.figures.recipe import PaperScale, Recipe
 from landscape.verdict import all_of, greater
 
 SOURCE = "Watson et al. 2023, Fig. 8, Sec. 4.1.3"
 SCALES = grid.scales(paper={"k": 10})
 LABEL = {"sgd": "SGD", "dpsgd": "DP"}
+COMBOS = list(itertools.product(grid.OPTIMIZERS, grid.OPTIMIZERS))
+
+
+def evaluate(ctx, sel, setting: dict) -> tuple[dict, object]:
+    from landscape.api import InterpolateConfig, instability
+
+    copies = ctx.settings["grid"]["copies"]
+    grids = {c: grid.grid_at(ctx, grid.arm(setting, sel, *c)) for c in COMBOS}
+    pairs = {c: [f"{grids[c]['group']}-{c[0]}:{grids[c]['group']}-{c[0]}-{c[1]}-{i}" for i in range(copies)]
+             for c in COMBOS}
+    table = instability(pairs=",".join(p for c in COMBOS for p in pairs[c]), root=ctx.root, workers=ctx.workers,
+                        config=InterpolateConfig(points=ctx.settings["points"], split=("test",)), figure=False,
+                        output=ctx.stem(f"instability-{_tag(sel, setting)}").with_suffix(".h5"),
+                        data_root=ctx.data_root)
+    b = {c: grid.barriers_and_paths(table, pairs[c]) for c in COMBOS}
+    floor = grid.min_height()
+    parts = [ctx.judged(greater(f"{LABEL[p1]}->{LABEL[p2]} leaves the Phase-1 basin: its path rises above both ends "
+                                "more than SGD->SGD's", SOURCE, b[(p1, p2)]["height"], b[("sgd", "sgd")]["height"],
+                                names=(f"{LABEL[p1]}->{LABEL[p2]}", "SGD->SGD"), unit="Phase-2 copies",
+                                min_effect=floor,
+                                note=f"chord barrier beside it: {np.mean(b[(p1, p2)]['chord']):.3g} vs "
+                                     f"{np.mean(b[('sgd', 'sgd')]['chord']):.3g}."),
+                        grid.ends(pairs[(p1, p2)] + pairs[("sgd", "sgd")]))
+             for p1, p2 in COMBOS if (p1, p2) != ("sgd", "sgd")]
+    verdict = all_of("only SGD -> SGD stays in the Phase-1 basin (every other pair's path rises above both ends more)",
+                     SOURCE, parts, note=grid.BARRIER)
+    if ctx.role:
+        return {}, verdict
+    grid.scope_facts(ctx, grids[("sgd", "sgd")])
+    numbers = {"alpha": np.linspace(0, 1, ctx.settings["points"]), "min_height": floor}
+    for (p1, p2), v in b.items():
+        numbers.update({f"{p1}-{p2}/height": v["height"], f"{p1}-{p2}/chord": v["chord"],
+                        f"{p1}-{p2}/instability": v["def23"], f"{p1}-{p2}/path": v["paths"]})
+    return numbers, verdict
+
+
+def _tag(sel, setting: dict) -> str:
+    """A file tag for a setting: the candidate indices of the arms."""
+    return "c" + "".join(str(setting[a]) for a in grid.ARMS)
 
 
 def make(ctx):
-    from landscape.api import InterpolateConfig, instability
+    sel = grid.selection(ctx)
+    return judge_with_sensitivity(ctx, sel, lambda setting: evaluate(ctx, sel, setting))
+
+
+def draw(d):
     from landscape.plots import style
 
-    runs = grid.train_grid(ctx)
-    g, copies = runs["group"], ctx.settings["grid"]["copies"]
-    combos = list(itertools.product(grid.OPTIMIZERS, grid.OPTIMIZERS))
-    pairs = [f"{g}-{p1}:{g}-{p1}-{p2}-{i}" for p1, p2 in combos for i in range(copies)]
-    table = instability(pairs=",".join(pairs), root=ctx.root, workers=ctx.workers,
-                        config=InterpolateConfig(points=ctx.settings["points"], split=("test",)),
-                        output=ctx.stem("instability").with_suffix(".h5"), data_root=ctx.data_root)
-    values, def23, paths = grid.barriers_and_paths(table, pairs)
-    barrier = {c: values[j * copies:(j + 1) * copies] for j, c in enumerate(combos)}
-    numbers = {f"{p1}-{p2}/barrier": barrier[(p1, p2)] for p1, p2 in combos}
-    numbers.update({f"{p1}-{p2}/instability": def23[j * copies:(j + 1) * copies] for j, (p1, p2) in enumerate(combos)})
-    children = {c: [f"{g}-{c[0]}-{c[1]}-{i}" for i in range(copies)] for c in combos}
-    numbers.update({f"{p1}-{p2}/path": paths[j * copies:(j + 1) * copies] for j, (p1, p2) in enumerate(combos)})
-    numbers.update(alpha=np.linspace(0, 1, ctx.settings["points"]), **grid.lr_numbers(runs))
-    parts = [ctx.judged(greater(f"{LABEL[p1]}->{LABEL[p2]} leaves the Phase-1 basin more than SGD->SGD", SOURCE,
-                                barrier[(p1, p2)], barrier[("sgd", "sgd")],
-                                names=(f"{LABEL[p1]}->{LABEL[p2]}", "SGD->SGD"), unit="Phase-2 copies",
-                                note=f"Def. 2.3 beside it: {np.mean(numbers[f'{p1}-{p2}/instability']):.3g} vs "
-                                     f"{np.mean(numbers['sgd-sgd/instability']):.3g}."),
-                         children[(p1, p2)] + children[("sgd", "sgd")])
-             for p1, p2 in combos if (p1, p2) != ("sgd", "sgd")]
-    verdict = all_of("only SGD -> SGD stays in the Phase-1 basin (every other pair has a higher barrier)", SOURCE,
-                     parts, note=" ".join([grid.BARRIER, grid.lr_note(runs), *(p.line() for p in parts)]))
-    fig, axes = style.subplots(2, 2, figsize=(7.5, 5.6), sharey=True, sharex=True, layout="constrained")
-    for ax, (j, (p1, p2)) in zip(axes.ravel(), enumerate(combos), strict=True):
-        for path in paths[j * copies:(j + 1) * copies]:
-            ax.plot(numbers["alpha"], path, color=style.method_color(p2), ls=style.method_style(p2), lw=1.2)
-        ax.set_title(f"P1 {LABEL[p1]}, P2 {LABEL[p2]}: barrier {np.mean(barrier[(p1, p2)]):.2g}")
-    for ax in axes[1]:
-        ax.set_xlabel("alpha (0: Phase 1, 1: Phase 2)")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("test loss")
-    style.panel_labels(axes)
-    fig.suptitle(f"Fig. 8 ({ctx.scale}): {verdict.status}")
-    return numbers, verdict, style.save_figure(fig, ctx.stem("figure"))
+    n = d.numbers
+    fig, axes = style.subplots(2, 3, figsize=(11.0, 6.0), layout="constrained",
+                               gridspec_kw={"width_ratios": [1, 1, 1.1]})
+    path_axes = [axes[0, 0], axes[0, 1], axes[1, 0], axes[1, 1]]
+    top = max(float(np.max(n[f"{a}-{b}/path"])) for a, b in COMBOS)
+    low = min(float(np.min(n[f"{a}-{b}/path"])) for a, b in COMBOS)
+    for ax, (p1, p2) in zip(path_axes, COMBOS, strict=True):
+        for i, path in enumerate(np.atleast_2d(n[f"{p1}-{p2}/path"])):
+            ax.plot(n["alpha"], path, color=style.method_color(p2), ls=style.method_style(p2), lw=1.1,
+                    label="one Phase-2 copy each" if i == 0 else None)
+        ax.set_ylim(low - 0.05 * (top - low), top + 0.05 * (top - low))
+        ax.set_title(f"P1 {LABEL[p1]}, P2 {LABEL[p2]}: mean height {np.mean(n[f'{p1}-{p2}/height']):.2g}")
+        ax.set(xlabel="alpha (0: Phase 1, 1: Phase 2)", ylabel="test loss")
+    path_axes[0].legend(fontsize=7)
+    ax = axes[0, 2]  # what was judged: heights above both ends
+    for j, (p1, p2) in enumerate(COMBOS):
+        v = np.atleast_1d(n[f"{p1}-{p2}/height"])
+        ax.plot(np.full(v.size, j) + np.linspace(-0.15, 0.15, v.size), v, ls="none", marker=style.method_marker(p2),
+                color=style.method_color(p2), label="one copy" if j == 0 else None)
+    ax.axhline(float(n["min_height"]), color="tab:red", ls="--", lw=0.8, label="minimum height")
+    ax.set_xticks(range(4), [f"{LABEL[a]}->{LABEL[b]}" for a, b in COMBOS], fontsize=7)
+    ax.set(ylabel="height above both ends", title="judged: barrier height")
+    ax.legend(fontsize=7)
+    ax = axes[1, 2]  # beside it: the chord barrier (concavity), not judged
+    for j, (p1, p2) in enumerate(COMBOS):
+        v = np.atleast_1d(n[f"{p1}-{p2}/chord"])
+        ax.plot(np.full(v.size, j) + np.linspace(-0.15, 0.15, v.size), v, ls="none", marker=style.method_marker(p2),
+                color=style.method_color(p2), fillstyle="none")
+    ax.set_xticks(range(4), [f"{LABEL[a]}->{LABEL[b]}" for a, b in COMBOS], fontsize=7)
+    ax.set(ylabel="barrier above the chord", title="beside it, not judged: chord barrier")
+    fig.suptitle(f"Fig. 8 ({d.scale}): {d.verdict.status}")
+    style.panel_labels([*path_axes, axes[0, 2], axes[1, 2]])
+    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d, _draw.short_label)
 
 
 RECIPE = Recipe(
     name="watson-fig8", paper="Watson et al. 2023 (clipping, pruning and loss landscapes)", figure="Fig. 8",
-    claim="only SGD Phase 1 -> SGD Phase 2 stays in the Phase-1 basin; DP-SGD in either phase leaves it",
+    claim="only SGD Phase 1 -> SGD Phase 2 stays in the Phase-1 basin; DP-SGD in either phase leaves it (its path "
+          "rises above both ends)",
     scaled_down="the watson-fig2 grid (LeNet on digits, 10 epochs, k = 4, 5 copies, epsilon 7, one matched lr, "
-                "batch and momentum for SGD and DP-SGD), 20 path points; judged on the barrier above the chord",
+                "batch and momentum for SGD and DP-SGD), 20 path points; barrier = height above both ends, minimum "
+                "2% of ln C; Phase-1 models gated",
     scales=SCALES,
     paper_scale=PaperScale(data="cifar10", model="resnet18 (GroupNorm)", epochs=30,
                            hyper="k = 10, sigma 0.55, C = 1; one lr for both from the paper's sweep, batch 128, "
                                  "no momentum", gpu_hours=60.0),
     make=make,
+    draw=draw,
 )

@@ -14,6 +14,11 @@ steps 0..5 the batch's mean loss and the norm of its true (unclipped) mean gradi
 every variant ends above SGD's loss and DP-SGD above clip-only's and noise-only's; from the trained model,
 every variant ends with a larger gradient norm than SGD.
 
+The eight parts are combined by :func:`landscape.verdict.all_of`: held only if every part holds at alpha
+(intersection-union), did not hold only if a part does so after Holm's correction over the eight. A part that is
+inconclusive is reported as an equivalence statement ("no difference beyond X") with its minimum detectable effect:
+noise-only's effect on the loss from init is tiny, and the bound says how tiny.
+
 Scaled down: LeNet on ``digits`` (the paper: CIFAR10), trained start 10 epochs of SGD, 10 batches of 128, 5 noise
 draws (the paper-scale counts; digits has 1,348 training examples, room for 10 disjoint batches).
 """
@@ -24,6 +29,7 @@ import copy
 
 import numpy as np
 
+from landscape.figures import _draw
 from landscape.figures.recipe import PaperScale, Recipe
 from landscape.verdict import all_of, paired_greater
 
@@ -80,11 +86,10 @@ def make(ctx):
 
     from landscape.api import TrainConfig
     from landscape.api.resolve import Resolver
-    from landscape.plots import style
 
     s = ctx.settings
     run = ctx.train("sgd", TrainConfig(model=s["model"], data=s["data"], subset=s["subset"], epochs=s["train_epochs"],
-                                       lr=s["train_lr"], batch_size=s["train_batch"], seed=0, checkpoint_every="none"))
+                                       lr=s["train_lr"], batch_size=s["train_batch"], seed=0, checkpoint_every="1e"))
     resolver = Resolver(ctx.root)
     numbers, curves = {}, {}
     for start in ("init", "trained"):
@@ -117,24 +122,43 @@ def make(ctx):
                              end("trained", m, "grad"), end("trained", "sgd", "grad"), names=(m, "SGD"),
                              unit="batches") for m in METHODS[1:]]
     verdict = all_of("from init SGD ends lowest and DP-SGD highest; from a trained model every variant's gradient "
-                     "norm exceeds SGD's", SOURCE, parts, note=" | ".join(p.line() for p in parts))
-    fig, axes = style.subplots(2, 2, figsize=(8.5, 6.0), layout="constrained")
-    colors = {"sgd": style.method_color("sgd"), "clip-only": "0.35", "noise-only": "tab:green",
-              "dpsgd": style.method_color("dpsgd")}
-    steps = np.arange(s["steps"] + 1)
+                     "norm exceeds SGD's", SOURCE, parts)
+    ctx.scope(f"lr {s['lr']:g}, C {s['C']:g}, noise scale {s['sigma']:g}, batch {s['batch']}, {s['steps']} steps; "
+              f"trained start: SGD {s['train_epochs']} epochs")
+    numbers["steps"] = s["steps"]
+    return numbers, verdict
+
+
+COLORS = {"sgd": "#0072B2", "clip-only": "#009E73", "noise-only": "#CC79A7", "dpsgd": "#D55E00"}
+
+
+def draw(d):
+    from landscape.plots import style
+
+    n = d.numbers
+    steps = np.arange(int(n["steps"]) + 1)
+    fig, axes = style.subplots(2, 2, figsize=(9.5, 6.6), layout="constrained")
     for row, start in enumerate(("init", "trained")):
-        for col, what in enumerate(("loss", "gradient norm")):
+        for col, (what, key) in enumerate((("loss", "loss"), ("gradient norm", "grad_norm"))):
             ax = axes[row, col]
-            for m in METHODS:
-                c = curves[(start, m)][:, col]
-                ax.plot(steps, c.mean(axis=0), marker="o", color=colors[m], label=m)
-            ax.axhline(curves[(start, "sgd")][:, col, 0].mean(), color="tab:red", ls="--", lw=0.8)
-            ax.set(xlabel="step on the fixed batch", ylabel=f"train {what}",
+            sgd = np.atleast_2d(n[f"{start}/sgd/{key}"]).mean(axis=0)
+            means = [np.atleast_2d(n[f"{start}/{m}/{key}"]).mean(axis=0) for m in METHODS]
+            span = float(np.ptp(np.concatenate(means))) or 1.0
+            for i, m in enumerate(METHODS):
+                c = np.atleast_2d(n[f"{start}/{m}/{key}"])
+                mean, sd = c.mean(axis=0), c.std(axis=0, ddof=1) if c.shape[0] > 1 else np.zeros(c.shape[1])
+                same = m != "sgd" and float(np.max(np.abs(mean - sgd))) < 0.01 * span
+                x = _draw.dodge(steps, i, len(METHODS), width=0.3)
+                ax.errorbar(x, mean, yerr=sd, marker=style.MARKERS[i], ls=style.LINESTYLES[i], color=COLORS[m],
+                            capsize=2, ms=4, label=m + (" (= SGD within 1% of the panel's range)" if same else ""))
+            ax.axhline(sgd[0], color="0.3", ls=":", lw=0.8, label="step 0 (all methods)")
+            ax.set(xlabel="step on the fixed batch (series offset sideways)", ylabel=f"train {what}",
                    title=f"from {'initialisation' if start == 'init' else 'trained model'}")
-    axes[0, 0].legend(fontsize=7)
-    fig.suptitle(f"Fig. 9 ({ctx.scale}): {verdict.status}")
+    axes[0, 0].legend(fontsize=7, title="mean, bars: sd over batches", title_fontsize=7)
+    axes[1, 1].legend(fontsize=7, title="mean, bars: sd over batches", title_fontsize=7)
+    fig.suptitle(f"Fig. 9 ({d.scale}): {d.verdict.status}")
     style.panel_labels(axes)
-    return numbers, verdict, style.save_figure(fig, ctx.stem("figure"))
+    return style.save_figure(fig, d.stem("figure"))
 
 
 RECIPE = Recipe(
@@ -146,4 +170,5 @@ RECIPE = Recipe(
     paper_scale=PaperScale(data="cifar10", model="resnet18 (GroupNorm)", epochs=10,
                            hyper="lr 0.1, C = 1, noise scale 0.4, batch 128, 5 steps", gpu_hours=1.0),
     make=make,
+    draw=draw,
 )

@@ -29,14 +29,14 @@ Every test is at alpha 0.05; a scale without a cell at ``gain_at`` or ``maintain
 judged from the RS and plain runs of its own cells: one of them failing the validity gate makes only the parts that
 use it inconclusive; a failing run no part uses (r* other than 0 and ``r_test``, the lr grid) makes every part so.
 
-Matched, claim-blind learning rate: per (sigma, C) one lr for every r* -- the RS and plain runs compared share it,
-so the gain is not a gain from tuning each variant separately. Over the grid ``lrs`` it is the lr whose seed-0
-runs at r* = 0 and r* = ``r_test`` reach the highest *lower* of their two final train accuracies (ties: the smaller
-lr), chosen before any gain is computed; every seed and every r* of the cell then uses it. The grid, both
-variants' scores and the choice per cell are stored in the summary (``lr_grid/train_acc``, ``lr_chosen``). With
-one fixed lr 1.0 the plain DP-SGD runs at sigma 2 ended at 36-50% test accuracy, below the validity gate's floor.
+One learning rate for every cell and every r* (matched: the gain is not a gain from tuning a variant, and the
+trend across cells is not a trend of step sizes), selected on a validation split by
+:mod:`landscape.figures._selection` with the plain and RS (r* = ``r_test``) runs of every cell as the arms; the
+verdict is also computed at every other viable lr and with each (cell, r*) at its own best lr (the sensitivity). An
+earlier version took one lr per (sigma, C) by the seed-0 runs' own train accuracy; before that one lr per
+(sigma, C, r*); with one fixed lr 1.0 the plain DP-SGD runs at sigma 2 ended below the validity gate's floor.
 
-Scaled down: LeNet on ``digits``, batch 64, one lr per (sigma, C) from {0.3, 1}, 10 epochs, (sigma, C) in {(1, 0.25),
+Scaled down: LeNet on ``digits``, batch 64, one lr from {0.3, 1}, 10 epochs, (sigma, C) in {(1, 0.25),
 (1, 1), (2, 1)}, r* in {0, 0.5, 0.8}, 5 seeds (the paper: DP-CNN on CIFAR10, batch 1000, 100 epochs, sigma in
 {1, 2, 4} x C in {1/4, 1/2, 1}).
 """
@@ -48,7 +48,9 @@ import math
 
 import numpy as np
 
-from landscape.figures.recipe import PaperScale, Recipe, best, final, lr_scores
+from landscape.figures import _draw
+from landscape.figures._selection import judge_with_sensitivity, per_arm
+from landscape.figures.recipe import PaperScale, Recipe, final
 from landscape.verdict import all_of, ordered, paired_greater, similar
 
 SOURCE = "Zhu & Blaschko 2023, Fig. 2, Sec. 6.1"
@@ -72,61 +74,89 @@ def _at(cells, sigma_c: float) -> list[tuple[float, float]]:
 
 def make(ctx):
     from landscape.api import TrainConfig
-    from landscape.plots import style
 
     s = ctx.settings
     base = TrainConfig(model=s["model"], data=s["data"], subset=s["subset"], epochs=s["epochs"], lr=s["lrs"][0],
-                       momentum=0.0, batch_size=s["batch_size"], optimizer="dpsgd", checkpoint_every="none")
+                       momentum=0.0, batch_size=s["batch_size"], optimizer="dpsgd", checkpoint_every="1e")
     rt = s["r_test"]
-    acc, runs, grid, chosen = {}, {}, {}, {}
-    for sigma, c in s["cells"]:
-        config = {r: dataclasses.replace(base, noise_multiplier=sigma, max_grad_norm=c, sparsify=r, seed=0)
-                  for r in s["rates"]}
-        for r in (0.0, rt):  # the two variants compared score the lrs; the lower of the two decides
-            grid[(sigma, c, r)] = lr_scores(ctx, f"s{sigma:g}-C{c:g}-r{r:g}", config[r], s["lrs"])
-        lr = chosen[(sigma, c)] = best(s["lrs"], np.minimum(grid[(sigma, c, 0.0)], grid[(sigma, c, rt)]))
-        for r in s["rates"]:
-            runs[(sigma, c, r)] = [ctx.train(f"s{sigma:g}-C{c:g}-r{r:g}-lr{lr:g}-{seed}", dataclasses.replace(
-                config[r], lr=lr, seed=seed)) for seed in range(s["seeds"])]
-            acc[(sigma, c, r)] = [final(run, "train_acc") for run in runs[(sigma, c, r)]]
-    gains = {sigma * c: list(np.asarray(acc[(sigma, c, rt)]) - np.asarray(acc[(sigma, c, 0.0)]))
-             for sigma, c in s["cells"]}
+    config = {(sigma, c, r): dataclasses.replace(base, noise_multiplier=sigma, max_grad_norm=c, sparsify=r, seed=0)
+              for sigma, c in s["cells"] for r in s["rates"]}
+    arms = {f"s{sigma:g}-C{c:g}-r{r:g}": (sigma, c, r) for sigma, c in s["cells"] for r in (0.0, rt)}
+    sel = per_arm(ctx, [float(v) for v in s["lrs"]],
+                  {a: (lambda lr, key=key: dataclasses.replace(config[key], lr=lr)) for a, key in arms.items()})
 
-    def compared(cells):  # the end models a part is judged from: RS and plain runs of its cells
-        return [run for sigma, c in cells for r in (0.0, rt) for run in runs[(sigma, c, r)]]
+    def evaluate(setting):
+        def lr_of(sigma, c, r):
+            key = f"s{sigma:g}-C{c:g}-r{r:g}"
+            return sel.value(setting[key] if key in setting else setting[f"s{sigma:g}-C{c:g}-r{rt:g}"])
 
-    names = (f"RS r*={rt:g}", "plain")
-    parts = [ctx.judged(ordered(f"the gain of RS (r* = {rt:g}) over plain DP-SGD rises with sigma C", SOURCE, gains,
-                                decreasing=False, key="sigma C", unit="seeds"), compared(s["cells"]))]
-    parts += [ctx.judged(paired_greater(
-        f"at sigma^2 C^2 = {s['gain_at'] ** 2:g} (sigma {sigma:g}, C {c:g}) RS (r* = {rt:g}) improves DP-SGD's train "
-        f"accuracy by more than {MIN_GAIN:g}", SOURCE, acc[(sigma, c, rt)], acc[(sigma, c, 0.0)], names=names,
-        unit="seeds", min_effect=MIN_GAIN), compared([(sigma, c)])) for sigma, c in _at(s["cells"], s["gain_at"])]
-    parts += [ctx.judged(similar(
-        f"at sigma^2 C^2 = {s['maintained_at'] ** 2:g} (sigma {sigma:g}, C {c:g}) the train accuracy is maintained "
-        f"under RS (r* = {rt:g})", SOURCE, acc[(sigma, c, rt)], acc[(sigma, c, 0.0)], tolerance=MARGIN, names=names,
-        unit="seeds", paired=True), compared([(sigma, c)])) for sigma, c in _at(s["cells"], s["maintained_at"])]
-    verdict = all_of(RECIPE.claim, SOURCE, parts,
-                     note="one matched lr per (sigma, C) for every r*, claim-blind (best lower seed-0 train accuracy "
-                          f"of r* = 0 and r* = {rt:g}): " + ", ".join(
-                              f"({a:g}, {b:g}): {lr:g}" for (a, b), lr in chosen.items()) + ".")
-    numbers = {"sigma": [a for a, _ in s["cells"]], "C": [b for _, b in s["cells"]], "rates": list(s["rates"]),
-               "r_test": rt, "train_acc": [[acc[(a, b, r)] for r in s["rates"]] for a, b in s["cells"]],
-               "gain": [gains[a * b] for a, b in s["cells"]], "gain_at": s["gain_at"], "min_gain": MIN_GAIN,
-               "maintained_at": s["maintained_at"], "margin": MARGIN, "lr_grid/lr": list(s["lrs"]),
-               "lr_grid/rates": [0.0, rt], "lr_grid/train_acc": [[grid[(a, b, r)] for r in (0.0, rt)] for a, b in s["cells"]],
-               "lr_chosen": [chosen[(a, b)] for a, b in s["cells"]]}
-    fig, axes = style.subplots(1, len(s["cells"]), figsize=(3.4 * len(s["cells"]), 3.0), sharey=True, layout="constrained")
-    for ax, (sigma, c) in zip(axes, s["cells"], strict=True):
-        a = np.asarray([acc[(sigma, c, r)] for r in s["rates"]])
-        ax.errorbar(s["rates"], a.mean(axis=1), yerr=a.std(axis=1, ddof=1) if a.shape[1] > 1 else None, marker="o",
-                    capsize=3, color=style.method_color("dpsgd"))
-        ax.axhline(a[0].mean(), color="tab:red", ls="--", lw=0.8)
-        ax.set(xlabel="final sparsification rate r*", title=f"sigma {sigma:g}, C {c:g}, lr {chosen[(sigma, c)]:g}")
-    axes[0].set_ylabel("final train accuracy")
-    fig.suptitle(f"Zhu & Blaschko Fig. 2 ({ctx.scale}): {verdict.status}")
+        acc, runs = {}, {}
+        for sigma, c in s["cells"]:
+            for r in s["rates"]:
+                lr = lr_of(sigma, c, r)
+                runs[(sigma, c, r)] = [ctx.train(f"s{sigma:g}-C{c:g}-r{r:g}-lr{lr:g}-{seed}", dataclasses.replace(
+                    config[(sigma, c, r)], lr=lr, seed=seed)) for seed in range(s["seeds"])]
+                acc[(sigma, c, r)] = [final(run, "train_acc") for run in runs[(sigma, c, r)]]
+        gains = {sigma * c: list(np.asarray(acc[(sigma, c, rt)]) - np.asarray(acc[(sigma, c, 0.0)]))
+                 for sigma, c in s["cells"]}
+
+        def compared(cells):  # the end models a part is judged from: RS and plain runs of its cells
+            return [run for sigma, c in cells for r in (0.0, rt) for run in runs[(sigma, c, r)]]
+
+        names = (f"RS r*={rt:g}", "plain")
+        parts = [ctx.judged(ordered(f"the gain of RS (r* = {rt:g}) over plain DP-SGD rises with sigma C", SOURCE,
+                                    gains, decreasing=False, key="sigma C", unit="seeds"), compared(s["cells"]))]
+        parts += [ctx.judged(paired_greater(
+            f"at sigma^2 C^2 = {s['gain_at'] ** 2:g} (sigma {sigma:g}, C {c:g}) RS (r* = {rt:g}) improves DP-SGD's "
+            f"train accuracy by more than {MIN_GAIN:g}", SOURCE, acc[(sigma, c, rt)], acc[(sigma, c, 0.0)],
+            names=names, unit="seeds", min_effect=MIN_GAIN), compared([(sigma, c)]))
+            for sigma, c in _at(s["cells"], s["gain_at"])]
+        parts += [ctx.judged(similar(
+            f"at sigma^2 C^2 = {s['maintained_at'] ** 2:g} (sigma {sigma:g}, C {c:g}) the train accuracy is "
+            f"maintained under RS (r* = {rt:g})", SOURCE, acc[(sigma, c, rt)], acc[(sigma, c, 0.0)],
+            tolerance=MARGIN, names=names, unit="seeds", paired=True), compared([(sigma, c)]))
+            for sigma, c in _at(s["cells"], s["maintained_at"])]
+        verdict = all_of(RECIPE.claim, SOURCE, parts)
+        if ctx.role:
+            return {}, verdict
+        ctx.scope(f"one lr {lr_of(*s['cells'][0], 0.0):g} for every cell and r*, batch {s['batch_size']}, "
+                  f"{s['epochs']} epochs (the paper: 100 epochs, batch 1000)")
+        numbers = {"sigma": [a for a, _ in s["cells"]], "C": [b for _, b in s["cells"]], "rates": list(s["rates"]),
+                   "r_test": rt, "train_acc": [[acc[(a, b, r)] for r in s["rates"]] for a, b in s["cells"]],
+                   "gain": [gains[a * b] for a, b in s["cells"]], "gain_at": s["gain_at"], "min_gain": MIN_GAIN,
+                   "maintained_at": s["maintained_at"], "margin": MARGIN}
+        return numbers, verdict
+
+    return judge_with_sensitivity(ctx, sel, evaluate)
+
+
+def draw(d):
+    from landscape.plots import style
+
+    n = d.numbers
+    sigmas, cs, rates = np.atleast_1d(n["sigma"]), np.atleast_1d(n["C"]), np.asarray(n["rates"])
+    acc = np.asarray(n["train_acc"]).reshape(len(sigmas), len(rates), -1)
+    fig, axes = style.subplots(1, len(sigmas) + 1, figsize=(3.4 * (len(sigmas) + 1), 3.4), layout="constrained")
+    for ax, sigma, c, a in zip(axes, sigmas, cs, acc, strict=False):
+        ax.errorbar(rates, a.mean(axis=1), yerr=a.std(axis=1, ddof=1) if a.shape[1] > 1 else None, marker="o",
+                    capsize=3, color=style.method_color("dpsgd"), label="mean, bars: sd over seeds")
+        ax.axhline(a[0].mean(), color="tab:red", ls="--", lw=0.8, label="plain DP-SGD (r* = 0) mean")
+        ax.set(xlabel="final sparsification rate r*", ylabel="final train accuracy", title=f"sigma {sigma:g}, C {c:g}")
+    axes[0].legend(fontsize=7)
+    ax = axes[-1]  # what was judged: per seed the gain of r_test over r* = 0, against sigma C
+    gain = np.asarray(n["gain"]).reshape(len(sigmas), -1)
+    sc = sigmas * cs
+    for j, g in enumerate(gain):
+        ax.plot(np.full(g.size, j) + np.linspace(-0.15, 0.15, g.size), g, ls="none", marker="o",
+                color=style.method_color("dpsgd"), label="one seed" if j == 0 else None)
+    ax.axhline(float(n["min_gain"]), color="tab:red", ls="--", lw=0.8, label="minimum gain (1 point)")
+    ax.axhspan(-float(n["margin"]), float(n["margin"]), color="0.5", alpha=0.15, lw=0, label="'maintained' margin")
+    ax.set_xticks(range(len(sc)), [f"sigma C {v:g}" for v in sc], fontsize=8)
+    ax.set(ylabel=f"gain of r* = {float(n['r_test']):g} over r* = 0", title="judged: RS gain")
+    ax.legend(fontsize=7)
+    fig.suptitle(f"Zhu & Blaschko Fig. 2 ({d.scale}): {d.verdict.status}")
     style.panel_labels(axes)
-    return numbers, verdict, style.save_figure(fig, ctx.stem("figure"))
+    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d, _draw.short_label)
 
 
 RECIPE = Recipe(
@@ -134,11 +164,13 @@ RECIPE = Recipe(
     claim="the trade-off favors random sparsification as sigma^2 C^2 increases: its train-accuracy gain over plain "
           "DP-SGD rises with sigma C, it improves the accuracy at sigma^2 C^2 = 4, and at sigma^2 C^2 = 1 the "
           "performance is maintained",
-    scaled_down="LeNet on digits, 10 epochs, one matched lr per (sigma, C) claim-blind from {0.3, 1}, (sigma, C) in "
+    scaled_down="LeNet on digits, 10 epochs, one lr for every cell selected on a validation split from {0.3, 1}, "
+                "(sigma, C) in "
                 "{(1, 1/4), (1, 1), (2, 1)}, r* in {0, 0.5, 0.8}, 5 seeds",
     scales=SCALES,
     paper_scale=PaperScale(data="cifar10", model="opacus-cnn (DP-CNN)", epochs=100,
                            hyper="batch 1000, sigma in {1, 2, 4} x C in {1/4, 1/2, 1}, r* up to 0.9, 5 seeds",
                            gpu_hours=40.0),
     make=make,
+    draw=draw,
 )
