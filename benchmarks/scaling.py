@@ -198,7 +198,7 @@ def bench_surface(size: dict, repeats: int, tmp: Path) -> dict:
             out = tmp / f"surface-{g}-{w}-{r}.h5"
             t0 = time.perf_counter()
             surface("a", root=tmp / "store", grid=f"{g}x{g}", split=("test",), workers=w, output=out, figure=False,
-                    resume=False, device="cpu")
+                    restart=True, device="cpu")
             rows.append({"grid": g, "points": g * g, "workers": w, "seconds": time.perf_counter() - t0, "round": r})
             out.unlink()
             print(f"  [{r + 1}/{repeats}] surface {g}x{g} workers={w}: {rows[-1]['seconds']:.2f} s", flush=True)

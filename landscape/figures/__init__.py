@@ -27,7 +27,7 @@ def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out",
     the recipes' ``auto`` device means (``landscape.runtime.using_device``). ``report``
     receives one line per finished (or failed) recipe, as it finishes (the command prints them on stderr).
     ``compare`` (a folder holding the same recipes' summaries, e.g. the gallery made on another machine or under
-    other float kernels) puts on each ``Made`` its :class:`~landscape.figures.compare.Comparison` with
+    other float kernels) puts on each ``Made`` its ``Comparison`` (``landscape.figures.compare``) with
     ``compare/NAME/NAME-SCALE.h5`` (which verdict parts moved); a missing one is a UsageError before anything runs.
     """
     import contextlib
