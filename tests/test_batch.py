@@ -332,16 +332,16 @@ def test_dask_scheduler_and_workers_killed_worker_retried(reference, tmp_path):
                      str(sched_file)], tmp_path, tmp_path / "scheduler.log")]
     client = batch = None
     try:
-        _wait_for(sched_file.exists, 60, "the scheduler file")
+        _wait_for(sched_file.exists, 300, "the scheduler file")
         for i in range(2):
             procs.append(_start([PY, "-m", "distributed.cli.dask_worker", "--scheduler-file", str(sched_file),
                                  "--nthreads", "1", "--nworkers", "1", "--no-nanny", "--host", "127.0.0.1",
                                  "--no-dashboard", "--name", f"w{i}", "--preload", str(tmp_path / "gate.py")],
                                 tmp_path, tmp_path / f"worker{i}.log", env))
-        client = Client(scheduler_file=str(sched_file), timeout="30s")
+        client = Client(scheduler_file=str(sched_file), timeout="120s")
         address = client.scheduler.address
         assert address.startswith("tcp://127.0.0.1:")
-        client.wait_for_workers(2, timeout=60)
+        client.wait_for_workers(2, timeout=300)
         workers = {pid: worker for worker, pid in client.run(os.getpid).items()}
         batch = subprocess.Popen([PY, "-m", "cli.main", "batch", "spec.yaml", "--scheduler", address], cwd=tmp_path,
                                  env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
