@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from landscape.errors import LandscapeError, render
 from landscape.jsonable import to_jsonable
 
 
@@ -59,3 +60,31 @@ def os_error_line(exc: OSError) -> tuple[str, int]:
     if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
         words = f"disk full ({words})"
     return (f"{shown}: {words}" if shown else words), 1
+
+
+def command_flags(*commands: click.Command | None) -> dict[str, str]:
+    """Parameter name -> how the command line spells it (``from_ref`` -> ``--from``, an argument ``ref_a`` ->
+    ``REF_A``), over ``commands`` and the subcommands of groups among them (the first spelling wins)."""
+    out: dict[str, str] = {}
+    for command in commands:
+        if command is None:
+            continue
+        for p in command.params:
+            if isinstance(p, click.Option) and p.name:
+                out.setdefault(p.name, next((o for o in p.opts if o.startswith("--")), p.opts[0]))
+            elif p.name:
+                out.setdefault(p.name, p.human_readable_name)
+        if isinstance(command, click.Group):
+            for name in command.commands:
+                for k, v in command_flags(command.commands[name]).items():
+                    out.setdefault(k, v)
+    return out
+
+
+def error_line(exc: LandscapeError, *commands: click.Command | None) -> str:
+    """The one line (without ``error:``) of a :class:`~landscape.errors.LandscapeError` on the command line: each
+    parameter its message names (:func:`landscape.errors.param`) as the flag of ``commands`` that sets it (else
+    ``--name-with-dashes``), where Python shows the parameter's own name."""
+    flags = command_flags(*commands)
+    line = render(exc.message, lambda name: flags.get(name) or "--" + name.replace("_", "-"))
+    return " ".join(line.splitlines())

@@ -173,8 +173,11 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as exc:
         click.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
         sys.exit(exc.exit_code)
-    except LandscapeError as exc:
-        click.echo(f"error: {' '.join(str(exc).splitlines())}", err=True)  # one line even if a message has two
+    except LandscapeError as exc:  # one line even if a message has two; parameters named by their flags
+        from cli.common import error_line
+
+        command = cli.get_command(click.Context(cli), state["command"]) if state.get("command") else None
+        click.echo(f"error: {error_line(exc, command, cli)}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt as exc:
         click.echo(interrupted(argv, state.get("command"), exc), err=True)

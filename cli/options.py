@@ -15,7 +15,8 @@ from typing import Any
 import click
 
 from landscape.bounds import COUNT_MAX, SCHEDULER_TIMEOUT_S, SEED_MAX
-from landscape.options import SOURCE_HELP, OptionError, coerce
+from landscape.errors import OptionError
+from landscape.options import SOURCE_HELP, coerce
 from landscape.progress import echo
 
 
@@ -30,9 +31,9 @@ class Coerced(click.ParamType):
     field_name: str = ""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        flag = param.opts[0] if param is not None and param.opts else "value"
+        name = self.field_name or (param.name if param is not None and param.name else "value")
         try:
-            return coerce(value, self.annotation, self.meta, flag=flag, name=self.field_name)
+            return coerce(value, self.annotation, self.meta, name=name)
         except OptionError as exc:
             self.fail(exc.reason, param, ctx)
 
@@ -167,12 +168,11 @@ class SchedulerAddress(click.ParamType):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         from landscape.api.execution import scheduler_address
-        from landscape.errors import UsageError
 
         try:
             return scheduler_address(str(value))
-        except UsageError as exc:
-            self.fail(str(exc).removeprefix(f"--scheduler {str(value)!r}: "), param, ctx)
+        except OptionError as exc:
+            self.fail(exc.reason, param, ctx)
 
 
 def scheduler_help(help: str) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from landscape.errors import UsageError
+from landscape.errors import OptionError
 
 SEED_MAX = 2**63 - 1
 COUNT_MAX = 2**31 - 1
@@ -36,31 +36,17 @@ def is_seed(name: str) -> bool:
     return name == "seed" or name.endswith("_seed")
 
 
-def check_seed(flag: str, value: Any) -> int:
-    """``value`` as a seed (an integer in ``[0, SEED_MAX]``), else a one-line UsageError naming ``flag``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            number = math.nan
-        if not (math.isfinite(number) and number == int(number)):
-            raise UsageError(f"{flag} must be an integer seed in [0, 2**63 - 1], got {value!r}")
-        value = int(number)
-    if not 0 <= value <= SEED_MAX:
-        raise UsageError(f"{flag} must be an integer seed in [0, 2**63 - 1] (seeds are never negative), got {value}")
-    return value
-
-
-def subset_value(value: Any, flag: str = "--subset") -> int | float | None:
+def subset_value(value: Any, name: str = "subset") -> int | float | None:
     """A subset as a count (an integer ``>= 1``) or a fraction (a float in ``(0, 1]``); None stays None.
 
     Integers, integer-valued strings (``"300"``) are counts; floats and other numeric strings (``"0.3"``) are
-    fractions. One rule for the command line (``cli.options.SubsetType``) and batch specs.
+    fractions. One rule for the command line (``cli.options.SubsetType``), the api and batch specs; the error
+    names parameter ``name`` (:func:`landscape.errors.param`).
     """
     if value is None:
         return None
     if isinstance(value, bool):
-        raise UsageError(f"{flag}: give a count or a fraction, got {value!r}")
+        raise OptionError(name, f"must be a count or a fraction, got {value!r}")
     if isinstance(value, (int, float)):
         number = value
     else:
@@ -71,13 +57,13 @@ def subset_value(value: Any, flag: str = "--subset") -> int | float | None:
             try:
                 number = float(text)
             except ValueError:
-                raise UsageError(f"{flag}: {value!r} is neither a count nor a fraction") from None
+                raise OptionError(name, f"must be a count or a fraction, got {value!r}") from None
     if isinstance(number, int):
         if not 1 <= number <= COUNT_MAX:
-            raise UsageError(f"{flag}: a count must be in [1, {COUNT_MAX}], got {number}")
+            raise OptionError(name, f"must be a count in [1, {COUNT_MAX}], got {number}")
         return number
     if not (math.isfinite(number) and 0.0 < number <= 1.0):
-        raise UsageError(f"{flag}: a fraction must be in (0, 1], got {number} (a count is an integer)")
+        raise OptionError(name, f"must be a fraction in (0, 1], got {number} (a count is an integer)")
     return float(number)
 
 

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, jvp, vjp, vmap
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from landscape.errors import ModelError, UsageError
+from landscape.errors import ModelError, OptionError, UsageError
 from landscape.runtime import math_attention
 
 # Retained graph size / leaf-module output bytes (measured on LeNet and ResNet-18/GroupNorm: 4.5 and 2.7).
@@ -230,7 +230,7 @@ class HessianOperator:
         self.dtype = dtype or first.dtype
         self.device = torch.device(device) if device is not None else first.device
         if batch_size is not None and batch_size < 1:
-            raise UsageError(f"--batch-size must be a positive integer, got {batch_size}")
+            raise OptionError("batch_size", f"must be a positive integer, got {batch_size}")
         self.model = model
         # a copy: the operator stays the Hessian at these weights even if the caller then changes the model
         self.params = {k: named[k].detach().to(self.device, self.dtype, copy=True) for k in self.names}

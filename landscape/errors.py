@@ -2,13 +2,52 @@
 
 Library code raises subclasses of :class:`LandscapeError` with a one-line message that says what went
 wrong and what to do. The CLI prints that line to stderr and exits with ``exit_code`` (1 for failures,
-2 for usage errors); it never shows a traceback for these.
+2 for usage errors); it never shows a traceback for these. A message names a parameter with :func:`param`, so
+that it reads as the caller wrote it: the Python name from Python (and batch specs), the flag on the command line.
 """
 
 from __future__ import annotations
 
 import errno as _errno
 import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+_UNSET: Any = object()
+# a parameter in a message: NUL name [SOH python-text SOH command-line-text] NUL (see param)
+_PARAM = re.compile("\x00([A-Za-z_][A-Za-z0-9_]*)(?:\x01([^\x00\x01]*)\x01([^\x00\x01]*))?\x00")
+
+
+def _plain(text: str) -> str:
+    return text.replace("\x00", "").replace("\x01", "")
+
+
+def param(name: str, value: Any = _UNSET) -> str:
+    """Parameter ``name`` (a config field or an api function's argument) inside an error message, with its
+    ``value`` when given: ``points`` / ``optimizer='sgd'`` as str() shows it (Python), ``--points`` /
+    ``--optimizer sgd`` as the command line shows it (:func:`render` with its flags)."""
+    if value is _UNSET:
+        return f"\x00{name}\x00"
+    shown = ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
+    return f"\x00{name}\x01{_plain(repr(value))}\x01{_plain(shown)}\x00"
+
+
+def params_in(message: str) -> tuple[str, ...]:
+    """The names of the parameters a message written with :func:`param` mentions, in order."""
+    return tuple(m.group(1) for m in _PARAM.finditer(message))
+
+
+def render(message: str, flag: Callable[[str], str] | None = None) -> str:
+    """A message written with :func:`param` as Python shows it (``flag`` None: ``name``, ``name=value``) or as the
+    command line does (``flag(name)`` the parameter's flag: ``--flag``, ``--flag value``)."""
+    def one(m: re.Match) -> str:
+        name, python, shown = m.groups()
+        if flag is None:
+            return name if python is None else f"{name}={python}"
+        return flag(name) if shown is None else f"{flag(name)} {shown}"
+
+    return _PARAM.sub(one, message)
 
 
 def one_line(exc: BaseException) -> str:
@@ -21,15 +60,37 @@ def one_line(exc: BaseException) -> str:
 
 
 class LandscapeError(Exception):
-    """Base class of every error landscape raises on purpose."""
+    """Base class of every error landscape raises on purpose. Its message may name parameters with
+    :func:`param`: str() shows their Python names, :attr:`message` keeps them for the command line's
+    :func:`render`."""
 
     exit_code = 1
+
+    @property
+    def message(self) -> str:
+        """The message as written, parameters kept (:func:`render` shows it)."""
+        return Exception.__str__(self)
+
+    def __str__(self) -> str:
+        return render(self.message)
 
 
 class UsageError(LandscapeError):
     """Options or arguments that cannot work together (CLI exit code 2)."""
 
     exit_code = 2
+
+
+class OptionError(UsageError):
+    """A value an option cannot take: ``<name> <reason>`` (exit 2), the parameter shown as the caller names it
+    (:func:`param`); ``name`` and ``reason`` apart for click, which names the option itself."""
+
+    def __init__(self, name: str, reason: str):
+        super().__init__(f"{param(name)} {reason}")
+        self.name, self.reason = name, reason
+
+    def __reduce__(self):
+        return type(self), (self.name, self.reason)
 
 
 class DataError(LandscapeError):
@@ -89,8 +150,12 @@ class WriteError(LandscapeError, OSError):
             return f"{words} (over a file size limit: the file system's, or the shell's ulimit -f)"
         return words
 
-    def __str__(self) -> str:
+    @property
+    def message(self) -> str:
         return f"cannot write {self.filename}: {self.reason}{self.note}"
+
+    def __str__(self) -> str:
+        return self.message
 
     def __reduce__(self):  # OSError pickles its args; a worker's error crosses processes whole
         return type(self), (self.filename, self.errno, self.strerror, self.note)

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from landscape.errors import ModelError, UsageError
+from landscape.errors import ModelError, OptionError, UsageError
 from landscape.options import GRAM_STRATEGIES, KERNELS, PRECISIONS
 from landscape.persample import (
     Capture,
@@ -94,7 +94,7 @@ def layer_names(model: nn.Module, layers: Sequence[str] | None = None) -> list[s
         return names
     chosen = [n for n in names if any(fnmatch.fnmatchcase(n, pat) for pat in layers)]
     if not chosen:
-        raise UsageError(f"--layers {','.join(layers)} matches no trainable parameter; names look like {names[:3]}")
+        raise OptionError("layers", f"{','.join(layers)} matches no trainable parameter; names look like {names[:3]}")
     return chosen
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from landscape.bounds import COUNT_MAX, SEED_MAX, is_seed, subset_value
-from landscape.errors import UsageError
+from landscape.errors import OptionError, UsageError, param
 
 FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max: models and evaluations run in float32
 KINDS = ("subset", "device", "text", "metrics", "model", "data", "json", "directory", "file", "scheduler")
@@ -65,21 +65,14 @@ MODEL_RESERVED = ("input_shape", "num_classes")
 
 def check_kwargs(data_kwargs: Mapping[str, Any] | None, model_kwargs: Mapping[str, Any] | None) -> None:
     """Refuse keys of ``--data-kwargs`` that are options of their own and keys of ``--model-kwargs`` that come from
-    the data set (one UsageError line naming the flag)."""
+    the data set (one UsageError line naming the parameter)."""
     clash = [k for k in DATA_RESERVED if k in (data_kwargs or {})]
     if clash:
-        raise OptionError("--data-kwargs", f"{', '.join(clash)} cannot go in the JSON; use the matching option")
+        raise OptionError("data_kwargs", f"cannot hold {', '.join(clash)}: give the matching option "
+                                         f"({', '.join(map(param, clash))}) instead")
     clash = [k for k in MODEL_RESERVED if k in (model_kwargs or {})]
     if clash:
-        raise OptionError("--model-kwargs", f"{', '.join(clash)} come from the data set and cannot be given")
-
-
-class OptionError(UsageError):
-    """A value an option cannot take: ``<flag> <reason>`` (exit 2); ``flag`` and ``reason`` apart for click."""
-
-    def __init__(self, flag: str, reason: str):
-        super().__init__(f"{flag} {reason}")
-        self.flag, self.reason = flag, reason
+        raise OptionError("model_kwargs", f"cannot hold {', '.join(clash)}: they come from the data set")
 
 
 def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | tuple[str, ...] | None = None,
@@ -90,7 +83,8 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | tu
     """A config dataclass field with its option in the field's metadata.
 
     The type comes from the annotation: ``int``/``float`` (finite; ``min``/``max`` bounds, ``min_open`` /
-    ``max_open`` exclusive; ints are at most ``COUNT_MAX`` and seeds follow :func:`landscape.bounds.check_seed`),
+    ``max_open`` exclusive; ints are at most ``COUNT_MAX``; a field named ``seed`` or ``*_seed`` is a seed in
+    ``[0, landscape.bounds.SEED_MAX]``),
     ``bool`` (a flag), ``str`` (free, or one of ``choices``), ``tuple[str, ...]``/``tuple[float, ...]`` (a
     comma list; ``choices`` limit the items, which may not repeat; ``X | None`` allows None). ``kind`` names a
     special type instead: ``"device"`` (auto, cpu, cuda, cuda:N), ``"subset"`` (``int | float | None``: a count
@@ -167,9 +161,9 @@ def _resolve(annotation: Any) -> Any:
         return Any
 
 
-def _number(value: Any, integer: bool, flag: str) -> int | float:
+def _number(value: Any, integer: bool, name: str) -> int | float:
     if isinstance(value, bool):
-        raise OptionError(flag, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
+        raise OptionError(name, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
     number: Any = value
     if isinstance(value, str):
         text = value.strip()
@@ -179,81 +173,81 @@ def _number(value: Any, integer: bool, flag: str) -> int | float:
             try:
                 number = float(text)
             except ValueError:
-                raise OptionError(flag, f"must be {'an integer' if integer else 'a number'}, got {value!r}") from None
+                raise OptionError(name, f"must be {'an integer' if integer else 'a number'}, got {value!r}") from None
     elif not isinstance(value, (int, float)):
         try:
             number = value.item() if hasattr(value, "item") else value  # numpy scalars
         except (TypeError, ValueError):
             pass
         if isinstance(number, bool) or not isinstance(number, (int, float)):
-            raise OptionError(flag, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
+            raise OptionError(name, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
     if isinstance(number, float) and not math.isfinite(number):
-        raise OptionError(flag, f"must be a finite number, got {value!r}")
+        raise OptionError(name, f"must be a finite number, got {value!r}")
     if integer:
         if isinstance(number, float):
             if number != int(number):
-                raise OptionError(flag, f"must be an integer, got {value!r}")
+                raise OptionError(name, f"must be an integer, got {value!r}")
             number = int(number)
         return number
     if abs(number) > FLOAT32_MAX:
-        raise OptionError(flag, f"{value!r} is too large (float32 holds magnitudes up to {FLOAT32_MAX:.4g})")
+        raise OptionError(name, f"{value!r} is too large (float32 holds magnitudes up to {FLOAT32_MAX:.4g})")
     return float(number)
 
 
-def _bounds(number: int | float, meta: Mapping[str, Any], flag: str, integer: bool) -> None:
+def _bounds(number: int | float, meta: Mapping[str, Any], name: str, integer: bool) -> None:
     lo, hi = meta.get("min"), meta.get("max")
     if hi is None and integer and meta.get("kind") is None:
         hi = COUNT_MAX
     if lo is not None and (number < lo or (meta.get("min_open") and number == lo)):
-        raise OptionError(flag, f"must be {'>' if meta.get('min_open') else '>='} {lo}, got {number}")
+        raise OptionError(name, f"must be {'>' if meta.get('min_open') else '>='} {lo}, got {number}")
     if hi is not None and (number > hi or (meta.get("max_open") and number == hi)):
-        raise OptionError(flag, f"must be {'<' if meta.get('max_open') else '<='} {hi}, got {number}")
+        raise OptionError(name, f"must be {'<' if meta.get('max_open') else '<='} {hi}, got {number}")
 
 
-def _choice(value: Any, meta: Mapping[str, Any], flag: str) -> str:
+def _choice(value: Any, meta: Mapping[str, Any], name: str) -> str:
     if not isinstance(value, str):
-        raise OptionError(flag, f"must be a string, got {value!r}")
+        raise OptionError(name, f"must be a string, got {value!r}")
     text = value.strip()
     choices = meta.get("choices")
     if choices and text not in choices:
-        raise OptionError(flag, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
+        raise OptionError(name, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
     return text
 
 
-def _items(value: Any, item: Any, meta: Mapping[str, Any], flag: str) -> tuple:
+def _items(value: Any, item: Any, meta: Mapping[str, Any], name: str) -> tuple:
     if isinstance(value, str):
         raw = [v.strip() for v in value.split(",") if v.strip()]
     elif isinstance(value, (list, tuple)):
         raw = list(value)
     else:
-        raise OptionError(flag, f"must be a comma list or a list, got {value!r}")
+        raise OptionError(name, f"must be a comma list or a list, got {value!r}")
     if not raw:
-        raise OptionError(flag, "needs at least one value")
+        raise OptionError(name, "needs at least one value")
     if item is float or item is int:
         out = []
         for v in raw:
             try:
-                number = _number(v, item is int, flag)
+                number = _number(v, item is int, name)
             except OptionError:
                 kind = "integers" if item is int else "finite numbers"
-                raise OptionError(flag, f"must be a comma-separated list of {kind}, got {value!r}") from None
-            _bounds(number, meta, flag, item is int)
+                raise OptionError(name, f"must be a comma-separated list of {kind}, got {value!r}") from None
+            _bounds(number, meta, name, item is int)
             out.append(number)
         return tuple(out)
-    items = tuple(_choice(v, meta, flag) for v in raw)
+    items = tuple(_choice(v, meta, name) for v in raw)
     if meta.get("choices") and len(set(items)) != len(items):
         repeated = next(v for v in items if items.count(v) > 1)
-        raise OptionError(flag, f"repeats {repeated!r} in {','.join(items)}")
+        raise OptionError(name, f"repeats {repeated!r} in {','.join(items)}")
     return items
 
 
-def coerce(value: Any, annotation: Any, meta: Mapping[str, Any] | None = None, *, flag: str = "value",
-           name: str = "") -> Any:
+def coerce(value: Any, annotation: Any, meta: Mapping[str, Any] | None = None, *, name: str = "value") -> Any:
     """``value`` (a command-line string, a YAML value or a Python value) as an option annotated ``annotation``
-    with :func:`option` metadata ``meta`` holds it; an :class:`OptionError` naming ``flag`` otherwise.
+    with :func:`option` metadata ``meta`` holds it; an :class:`OptionError` naming parameter ``name`` otherwise (the
+    field name: seeds are known by it).
 
     Annotations may be strings (``"tuple[str, ...] | None"``); what is not an option type (``dict``, ``Any``, a
-    callable) passes through unchanged. ``name`` is the field name (seeds are known by it).
+    callable) passes through unchanged.
     """
     meta = meta or {}
     kind = meta.get("kind")
@@ -261,27 +255,24 @@ def coerce(value: Any, annotation: Any, meta: Mapping[str, Any] | None = None, *
         least = meta.get("min")
         if least == 0 and not isinstance(value, bool) and str(value).strip() == "0":
             return 0  # none at all, where the option allows it (norms)
-        try:
-            number = subset_value(value, flag)
-        except UsageError as exc:
-            raise OptionError(flag, str(exc).removeprefix(f"{flag}: ")) from None
+        number = subset_value(value, name)
         if isinstance(number, int) and least is not None and number < least:
-            raise OptionError(flag, f"a count must be >= {least}, got {number}")
+            raise OptionError(name, f"a count must be >= {least}, got {number}")
         return number
     members, optional = split_optional(_resolve(annotation))
     if kind == "json":
-        return _json_object(value, optional, flag)
+        return _json_object(value, optional, name)
     if value is None:
         if optional or kind in ("metrics",) or not members or members == (Any,):
             return None
-        raise OptionError(flag, "needs a value, got None")
+        raise OptionError(name, "needs a value, got None")
     if kind == "device":
         from landscape.runtime import check_device_name
 
         try:
             return check_device_name(str(value).strip().lower())
         except UsageError:
-            raise OptionError(flag, f"{value!r}: use auto, cpu, cuda or cuda:N") from None
+            raise OptionError(name, f"{value!r}: use auto, cpu, cuda or cuda:N") from None
     if kind == "metrics":
         if isinstance(value, list):
             return tuple(value)
@@ -298,10 +289,10 @@ def coerce(value: Any, annotation: Any, meta: Mapping[str, Any] | None = None, *
             return value
         for member in members:
             try:
-                return coerce(value, member, meta, flag=flag, name=name)
+                return coerce(value, member, meta, name=name)
             except OptionError:
                 continue
-        raise OptionError(flag, f"must be {' or '.join(getattr(m, '__name__', str(m)) for m in members)}, "
+        raise OptionError(name, f"must be {' or '.join(getattr(m, '__name__', str(m)) for m in members)}, "
                                 f"got {value!r}")
     hint = members[0]
     origin = typing.get_origin(hint)
@@ -310,43 +301,43 @@ def coerce(value: Any, annotation: Any, meta: Mapping[str, Any] | None = None, *
             return value
         if isinstance(value, str) and value.strip().lower() in ("true", "false", "yes", "no", "1", "0"):
             return value.strip().lower() in ("true", "yes", "1")
-        raise OptionError(flag, f"must be true or false, got {value!r}")
+        raise OptionError(name, f"must be true or false, got {value!r}")
     if hint is int:
-        if is_seed(name or flag):  # the one seed rule of landscape.bounds
+        if is_seed(name):  # the one seed rule of landscape.bounds
             try:
-                number = _number(value, True, flag)
+                number = _number(value, True, name)
             except OptionError:
-                raise OptionError(flag, f"must be an integer seed in [0, 2**63 - 1], got {value!r}") from None
+                raise OptionError(name, f"must be an integer seed in [0, 2**63 - 1], got {value!r}") from None
             if not 0 <= number <= SEED_MAX:
-                raise OptionError(flag, "must be an integer seed in [0, 2**63 - 1] (seeds are never negative), "
+                raise OptionError(name, "must be an integer seed in [0, 2**63 - 1] (seeds are never negative), "
                                         f"got {number}")
             return number
-        number = _number(value, True, flag)
-        _bounds(number, meta, flag, True)
+        number = _number(value, True, name)
+        _bounds(number, meta, name, True)
         return number
     if hint is float:
-        number = _number(value, False, flag)
-        _bounds(number, meta, flag, False)
+        number = _number(value, False, name)
+        _bounds(number, meta, name, False)
         return number
     if hint is str:
         if meta.get("choices"):
-            return _choice(value, meta, flag)
+            return _choice(value, meta, name)
         if isinstance(value, Path):
             return str(value)
         if not isinstance(value, str):
-            raise OptionError(flag, f"must be a string, got {value!r}")
+            raise OptionError(name, f"must be a string, got {value!r}")
         return value
     if origin is tuple:
         args = typing.get_args(hint)
-        return _items(value, args[0] if args else str, meta, flag)
+        return _items(value, args[0] if args else str, meta, name)
     if origin is list and isinstance(value, (list, tuple)):
         return list(value)
     if (hint is dict or origin is dict) and not isinstance(value, Mapping):
-        raise OptionError(flag, f"must be a mapping, got {value!r}")
+        raise OptionError(name, f"must be a mapping, got {value!r}")
     return value
 
 
-def _json_object(value: Any, optional: bool, flag: str) -> dict[str, Any] | None:
+def _json_object(value: Any, optional: bool, name: str) -> dict[str, Any] | None:
     """A ``"json"`` option: a mapping as a dict, its JSON text parsed (empty text: no options)."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None if optional and value is None else {}
@@ -356,15 +347,15 @@ def _json_object(value: Any, optional: bool, flag: str) -> dict[str, Any] | None
         try:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
-            raise OptionError(flag, f"not valid JSON: {exc.msg}") from None
+            raise OptionError(name, f"not valid JSON: {exc.msg}") from None
     if not isinstance(value, Mapping):
-        raise OptionError(flag, "must be a JSON object")
+        raise OptionError(name, "must be a JSON object")
     return dict(value)
 
 
 def coerce_field(cls: type, f: dataclasses.Field, value: Any) -> Any:
     """``value`` as field ``f`` of dataclass ``cls`` holds it (:func:`coerce` with its annotation and metadata)."""
-    return coerce(value, hints(cls).get(f.name, f.type), f.metadata, flag=flag_of(f), name=f.name)
+    return coerce(value, hints(cls).get(f.name, f.type), f.metadata, name=f.name)
 
 
 def check_fields(config: Any) -> None:

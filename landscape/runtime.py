@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from landscape.errors import UsageError
+from landscape.errors import OptionError, UsageError, param
 
 if TYPE_CHECKING:
     import torch
@@ -45,7 +45,7 @@ def set_threads(threads: int | None = None) -> int | None:
         except ValueError:
             raise UsageError(f"${THREADS_ENV} must be a positive integer, got {env!r}") from None
     if threads < 1:
-        raise UsageError(f"--threads must be >= 1, got {threads}")
+        raise OptionError("threads", f"must be >= 1, got {threads}")
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(threads)
@@ -63,7 +63,7 @@ def check_device_name(name: str) -> str:
     Whether a GPU is present is checked later, by :func:`resolve_device`, when the device is used.
     """
     if not _DEVICE_NAME.match(str(name)):
-        raise UsageError(f"--device {name!r}: use auto, cpu, cuda or cuda:N")
+        raise OptionError("device", f"must be auto, cpu, cuda or cuda:N, got {name!r}")
     return str(name)
 
 
@@ -101,14 +101,14 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() and not _PORTABLE else "cpu")
     if _PORTABLE and str(device).startswith("cuda"):
-        raise UsageError(f"--device {device}: portable mode computes on the CPU (GPUs round as their model does); "
-                         "use --device cpu or leave portable mode")
+        raise UsageError(f"{param('device', str(device))}: portable mode computes on the CPU (GPUs round as their "
+                         f"model does); use {param('device', 'cpu')} or leave portable mode")
     try:
         dev = torch.device(device)
     except RuntimeError:
-        raise UsageError(f"unknown device {device!r}; use auto, cpu, cuda or cuda:N") from None
+        raise OptionError("device", f"must be auto, cpu, cuda or cuda:N, got {device!r}") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda was asked for but no CUDA device is available; use --device cpu")
+        raise UsageError(f"{param('device', 'cuda')} was asked for but no CUDA device is available; use {param('device', 'cpu')}")
     return dev
 
 
@@ -221,7 +221,7 @@ def local_only(what: str) -> None:
     """A UsageError in portable mode: ``what`` (a Dask cluster) computes in processes this one does not start, whose
     kernels it cannot pin."""
     if portable_mode():
-        raise UsageError(f"{what}: portable mode computes in this machine's processes only (--workers N), not on "
+        raise UsageError(f"{what}: portable mode computes in this machine's processes only ({param('workers')}), not on "
                          "a cluster whose workers choose their own kernels")
 
 

@@ -34,7 +34,7 @@ from landscape.analyze.permutations import (
     identity,
     permutation_spec,
 )
-from landscape.errors import ModelError, UsageError
+from landscape.errors import ModelError, OptionError
 
 
 class Permutations(dict):
@@ -91,7 +91,7 @@ def weight_matching(spec: PermutationSpec, state_a: Mapping[str, torch.Tensor], 
     ``max_iter`` passes. Similarities are accumulated in float64. Only parameters vote (not running stats).
     """
     if int(max_iter) != max_iter or max_iter < 1:
-        raise UsageError(f"--max-iter must be a positive integer, got {max_iter}")
+        raise OptionError("max_iter", f"must be a positive integer, got {max_iter}")
     _check_states(spec, state_a, state_b)
     a = {k: v.detach().to(torch.float64) for k, v in state_a.items() if k in spec.by_key}
     b = {k: v.detach().to(torch.float64) for k, v in state_b.items() if k in spec.by_key}

@@ -24,7 +24,7 @@ import torch
 
 from landscape.analyze.interpolate import split_subset
 from landscape.analyze.specs import CalibrationConfig
-from landscape.errors import UsageError
+from landscape.errors import OptionError, UsageError
 from landscape.evaluate import Metric, evaluate
 from landscape.params import ParamSpace
 from landscape.refs import Ref
@@ -68,7 +68,7 @@ def _binned_errors(count: torch.Tensor, conf_sum: torch.Tensor, correct_sum: tor
 
 def _check_bins(bins: Any) -> None:
     if int(bins) != bins or bins < 1:
-        raise UsageError(f"--bins must be a positive integer, got {bins}")
+        raise OptionError("bins", f"must be a positive integer, got {bins}")
 
 
 @dataclass

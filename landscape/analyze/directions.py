@@ -23,7 +23,7 @@ from landscape import metrics as user_metrics
 from landscape import progress
 from landscape.analyze.specs import DirectionsConfig
 from landscape.directions import max_abs_cosine, random_directions
-from landscape.errors import NonFiniteError, UsageError
+from landscape.errors import NonFiniteError, UsageError, param
 from landscape.evaluate import Affine, Segment, evaluate
 from landscape.options import build
 from landscape.params import ParamSpace
@@ -62,7 +62,7 @@ def nonzero_random_directions(theta: torch.Tensor, space: ParamSpace, indices: S
     dirs = random_directions(theta, space, indices, seed=seed, normalize=normalize, biasbn=biasbn)
     norms = torch.linalg.vector_norm(dirs.double(), dim=1)
     if bool((norms == 0).any()):
-        raise UsageError("a random direction is zero (every tensor was zeroed by --biasbn zero); use --biasbn random")
+        raise UsageError(f"a random direction is zero (every tensor was zeroed by {param('biasbn', 'zero')}); use {param('biasbn', 'random')}")
     return dirs, norms
 
 
@@ -220,9 +220,9 @@ def random_profiles(
         toward_distance = float(torch.linalg.vector_norm((toward - theta).double()))
     if config.distance == "auto":
         if toward is None:
-            raise UsageError("--distance auto needs --toward B (or give a number)")
+            raise UsageError(f"{param('distance', 'auto')} needs {param('toward')} (or give a number)")
         if toward_distance == 0:
-            raise UsageError("--distance auto: A and B are the same point (distance 0); give a number")
+            raise UsageError(f"{param('distance', 'auto')}: A and B are the same point (distance 0); give a number")
         distance = toward_distance
     else:
         distance = float(config.distance)
@@ -244,7 +244,7 @@ def random_profiles(
         elif toward_distance > 0:
             end = (theta.double() + (toward - theta).double() * (distance / toward_distance)).to(theta.dtype)
         else:
-            raise UsageError("--toward B is the same point as A; there is no direction toward it")
+            raise UsageError(f"{param('toward')} is the same point as A; there is no direction toward it")
         rt = evaluate(model, x, y, Segment(theta, end, t), **common)
         toward_loss, toward_acc = rt.loss.numpy(), rt.acc.numpy()
         toward_metrics = user_metrics.point_values(bound, rt.metrics, rt.loss)

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from landscape.analyze.specs import HessianConfig
 from landscape.curvature import HessianOperator
 from landscape.data import take_subset
-from landscape.errors import UsageError
+from landscape.errors import UsageError, param
 from landscape.evaluate.allocator import tuned_allocator
 from landscape.results import InputRef, StoredResult, stored
 from landscape.runtime import resolve_device
@@ -157,7 +157,7 @@ def hessian_row(
     op = HessianOperator(model, xs, ys, masks=masks, dtype=PRECISIONS[config.precision],
                          device=resolve_device(config.device), batch_size=config.chunk)
     if config.top_k > op.dim:
-        raise UsageError(f"--top-k {config.top_k} exceeds the model's {op.dim} free parameters")
+        raise UsageError(f"{param('top_k', config.top_k)} exceeds the model's {op.dim} free parameters")
     empty = np.zeros(0)
     eig = TopEigen(empty, empty, 0)
     if config.top_k:

@@ -21,7 +21,7 @@ from torch import nn
 
 from landscape.analyze.specs import NormsConfig
 from landscape.data import take_subset
-from landscape.errors import UsageError
+from landscape.errors import OptionError, UsageError
 from landscape.results import StoredResult, stored
 from landscape.runtime import resolve_device
 
@@ -217,7 +217,7 @@ def shared_edges(values, config: NormsConfig) -> np.ndarray:
     epochs = sorted({v[2] for v in values})
     missing = [e for e in config.grad_epochs or () if not any(math.isclose(e, have, abs_tol=1e-6) for have in epochs)]
     if missing:
-        raise UsageError(f"--grad-epochs {', '.join(f'{e:g}' for e in missing)}: no such checkpoint epoch "
+        raise OptionError("grad_epochs", f"{', '.join(f'{e:g}' for e in missing)}: no such checkpoint epoch "
                          f"(available: {', '.join(f'{e:g}' for e in epochs)})")
     return histogram_edges(min(v[0] for v in values), max(v[1] for v in values), config.bins)
 

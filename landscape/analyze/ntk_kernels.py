@@ -16,7 +16,7 @@ from torch import nn
 
 from landscape.clip import CLIP_STYLES, clip_factors, layer_threshold
 from landscape.curvature import eval_mode
-from landscape.errors import NonFiniteError, UsageError
+from landscape.errors import NonFiniteError, UsageError, param
 from landscape.gram import gram_blocks, layer_names
 from landscape.runtime import resolve_device
 
@@ -270,7 +270,7 @@ def examples(point, n: int | float, seed: int, split: str) -> tuple[torch.Tensor
 
     x, y = point.data.split(split)
     if isinstance(n, int) and n > len(y):
-        raise UsageError(f"--subset {n} is more than the {len(y)} {split} examples of data set "
+        raise UsageError(f"{param('subset', n)} is more than the {len(y)} {split} examples of data set "
                          f"'{point.checkpoint.data_spec.get('name')}'")
     idx = sample_subset(y, n, seed, split=split)
     return x[idx], y[idx], idx.numpy()

@@ -14,7 +14,7 @@ from landscape import metrics as user_metrics
 from landscape.analyze.registry import Analysis
 from landscape.bounds import BINS_MAX, DIRECTIONS_MAX, GRID_CELLS_MAX, LANCZOS_STEPS_MAX, POINTS_MAX
 from landscape.clip import CLIP_FUNCTIONS, CLIP_STYLES
-from landscape.errors import UsageError
+from landscape.errors import OptionError, UsageError, param
 from landscape.options import (
     BIASBN,
     CHUNK_HELP,
@@ -202,12 +202,12 @@ def parse_distance(value: float | str) -> float | str:
         try:
             value = float(text)
         except ValueError:
-            raise UsageError(f"--distance must be a positive number or 'auto', got {value!r}") from None
+            raise OptionError("distance", f"must be a positive number or 'auto', got {value!r}") from None
     value = float(value)
     if not math.isfinite(value) or value <= 0:
-        raise UsageError(f"--distance must be a positive number or 'auto', got {value}")
+        raise OptionError("distance", f"must be a positive number or 'auto', got {value}")
     if value > FLOAT32_MAX:
-        raise UsageError(f"--distance {value:g} is too large: the models run in float32 (at most 3.4e38)")
+        raise OptionError("distance", f"{value:g} is too large: the models run in float32 (at most 3.4e38)")
     return value
 
 
@@ -254,12 +254,12 @@ class SurfaceConfig(RandomDirectionOptions):
             return "random"
         if self.plane.startswith("pca:"):
             if not self.plane[4:].strip():
-                raise UsageError("--plane pca:RUN needs a run name after 'pca:'")
+                raise OptionError("plane", "pca:RUN needs a run name after 'pca:'")
             return "pca"
         parts = [p.strip() for p in self.plane.split(",")]
         if len(parts) == 2 and all(parts):
             return "checkpoints"
-        raise UsageError(f"--plane takes random, B,C (two checkpoint references) or pca:RUN; got {self.plane!r}")
+        raise OptionError("plane", f"takes random, B,C (two checkpoint references) or pca:RUN; got {self.plane!r}")
 
     @property
     def plane_refs(self) -> list[str]:
@@ -276,13 +276,13 @@ class SurfaceConfig(RandomDirectionOptions):
         """``(nx, ny)`` from ``grid``."""
         m = _GRID.match(str(self.grid))
         if not m:
-            raise UsageError(f"--grid takes NXxNY (e.g. 25x25) or N; got {self.grid!r}")
+            raise OptionError("grid", f"takes NXxNY (e.g. 25x25) or N; got {self.grid!r}")
         nx = int(m.group(1))
         ny = int(m.group(2)) if m.group(2) else nx
         if nx < 2 or ny < 2:
-            raise UsageError(f"--grid needs at least 2 points per axis; got {self.grid!r}")
+            raise OptionError("grid", f"needs at least 2 points per axis; got {self.grid!r}")
         if nx * ny > GRID_CELLS_MAX:
-            raise UsageError(f"--grid {self.grid}: at most {GRID_CELLS_MAX} cells (e.g. 1000x1000), got {nx * ny}")
+            raise OptionError("grid", f"{self.grid}: at most {GRID_CELLS_MAX} cells (e.g. 1000x1000), got {nx * ny}")
         return nx, ny
 
     @property
@@ -293,7 +293,7 @@ class SurfaceConfig(RandomDirectionOptions):
             return None
         parts = text.split(",")
         if len(parts) not in (1, 2):
-            raise UsageError(f"--range takes auto, LO:HI or XLO:XHI,YLO:YHI; got {self.range!r}")
+            raise OptionError("range", f"takes auto, LO:HI or XLO:XHI,YLO:YHI; got {self.range!r}")
         out = []
         for part in parts:
             m = _RANGE.match(part)
@@ -302,10 +302,10 @@ class SurfaceConfig(RandomDirectionOptions):
             except ValueError:
                 lo, hi = math.nan, math.nan
             if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-                raise UsageError(f"--range takes auto, LO:HI or XLO:XHI,YLO:YHI with LO < HI; got {self.range!r}")
+                raise OptionError("range", f"takes auto, LO:HI or XLO:XHI,YLO:YHI with LO < HI; got {self.range!r}")
             if max(abs(lo), abs(hi)) > FLOAT32_MAX:  # the plane is walked in float32 weights
-                raise UsageError(f"--range {self.range!r}: coordinates must lie within +-{FLOAT32_MAX:.4g} "
-                                 "(float32)")
+                raise OptionError("range", f"{self.range!r}: coordinates must lie within +-{FLOAT32_MAX:.4g} "
+                                           "(float32)")
             out.append((lo, hi))
         return (out[0], out[-1])
 
@@ -361,9 +361,9 @@ class HessianConfig(Options):
 
     def validate(self) -> None:
         if self.top_k == 0 and not self.trace and not self.density:
-            raise UsageError("nothing to compute: --top-k 0 without --trace or --density")
+            raise UsageError(f"nothing to compute: {param('top_k', 0)} without {param('trace')} or {param('density')}")
         if self.top_k > self.lanczos_steps:
-            raise UsageError(f"--lanczos-steps ({self.lanczos_steps}) must be at least --top-k ({self.top_k})")
+            raise UsageError(f"{param('lanczos_steps')} ({self.lanczos_steps}) must be at least {param('top_k')} ({self.top_k})")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from torch import nn
 
 from landscape.analyze.specs import SymmetryConfig
 from landscape.data import sample_subset
-from landscape.errors import UsageError
+from landscape.errors import UsageError, param
 from landscape.results import StoredResult, stored
 from landscape.runtime import resolve_device
 
@@ -209,10 +209,10 @@ def sample_indices(y: torch.Tensor, subset: int | float, seed: int, split: str =
     """The examples whose deviations are drawn: the same ones for every checkpoint, drawn by the one sampler
     (:func:`landscape.data.sample_subset`: seeded, stratified by class); at least 3."""
     if isinstance(subset, int) and subset > len(y):
-        raise UsageError(f"--subset {subset} exceeds the {len(y)} examples of the split")
+        raise UsageError(f"{param('subset', subset)} exceeds the {len(y)} examples of the split")
     idx = sample_subset(y, subset, seed, split=split)
     if len(idx) < 3:
-        raise UsageError(f"--subset {subset} draws {len(idx)} of the {len(y)} examples of the split; at least 3")
+        raise UsageError(f"{param('subset', subset)} draws {len(idx)} of the {len(y)} examples of the split; at least 3")
     return idx
 
 

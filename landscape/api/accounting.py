@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from landscape.errors import CheckpointError, UsageError
+from landscape.errors import CheckpointError, UsageError, param
 from landscape.options import Options, option
 from landscape.privacy import ACCOUNTANTS, DeclaredPrivacy, PrivacyEvent, PrivacyHistory, ancestry_note
 
@@ -40,22 +40,22 @@ class PrivacyQuery(Options):
     def schedule(self) -> tuple[float, int]:
         """``(q, steps)``; a usage error when the options conflict or are missing."""
         if (self.noise_multiplier is None) == (self.target_epsilon is None):
-            raise UsageError("give exactly one of --noise-multiplier and --target-epsilon")
+            raise UsageError(f"give exactly one of {param('noise_multiplier')} and {param('target_epsilon')}")
         pair = (self.batch_size, self.dataset_size)
         if self.sample_rate is not None and any(v is not None for v in pair):
-            raise UsageError("give either --sample-rate or --batch-size with --dataset-size, not both")
+            raise UsageError(f"give either {param('sample_rate')} or {param('batch_size')} with {param('dataset_size')}, not both")
         if self.sample_rate is None:
             if any(v is None for v in pair):
-                raise UsageError("give --sample-rate, or both --batch-size and --dataset-size")
+                raise UsageError(f"give {param('sample_rate')}, or both {param('batch_size')} and {param('dataset_size')}")
             if self.batch_size < 1 or self.dataset_size < 1 or self.batch_size > self.dataset_size:
                 raise UsageError(
-                    f"need 1 <= --batch-size <= --dataset-size, got {self.batch_size} and {self.dataset_size}"
+                    f"need 1 <= {param('batch_size')} <= {param('dataset_size')}, got {self.batch_size} and {self.dataset_size}"
                 )
             q = self.batch_size / self.dataset_size
         else:
             q = float(self.sample_rate)
         if (self.steps is None) == (self.epochs is None):
-            raise UsageError("give exactly one of --steps and --epochs")
+            raise UsageError(f"give exactly one of {param('steps')} and {param('epochs')}")
         from landscape.train import accounting
 
         if self.steps is not None:
@@ -119,16 +119,16 @@ def import_privacy(
     """
     mechanism = (noise_multiplier, sample_rate, steps)
     if epsilon is not None and any(v is not None for v in mechanism):
-        raise UsageError("declare either --epsilon/--delta or --noise-multiplier/--sample-rate/--steps, not both")
+        raise UsageError(f"declare either {param('epsilon')} and {param('delta')} or {param('noise_multiplier')}, {param('sample_rate')} and {param('steps')}, not both")
     if epsilon is not None or (delta is not None and all(v is None for v in mechanism)):
         if epsilon is None or delta is None:
-            raise UsageError("--epsilon and --delta declare one guarantee: give both")
+            raise UsageError(f"{param('epsilon')} and {param('delta')} declare one guarantee: give both")
         declared = DeclaredPrivacy(epsilon, delta)
         history = PrivacyHistory(declared=[declared])
         return {"accounted": False, "delta": float(delta), **history.manifest_fields(0.0)}, float(epsilon)
     if any(v is not None for v in mechanism):
         if any(v is None for v in mechanism):
-            raise UsageError("--noise-multiplier, --sample-rate and --steps declare the weights' DP-SGD together: "
+            raise UsageError(f"{param('noise_multiplier')}, {param('sample_rate')} and {param('steps')} declare the weights' DP-SGD together: "
                              "give all three")
         from landscape.train import accounting
 

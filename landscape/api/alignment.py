@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from landscape.api.jobkind import JobKind, files_under, run_option
-from landscape.errors import UsageError
+from landscape.errors import OptionError
 from landscape.options import option
 
 if TYPE_CHECKING:
@@ -37,13 +37,13 @@ class AlignConfig:
     max_iter: int = option(100, "At most this many passes over all permutations.", min=1)
 
     def validate(self) -> None:
-        for flag, value in (("--seed", self.seed), ("--max-iter", self.max_iter)):
+        for name, value in (("seed", self.seed), ("max_iter", self.max_iter)):
             if isinstance(value, bool) or int(value) != value:
-                raise UsageError(f"{flag} must be an integer, got {value!r}")
+                raise OptionError(name, f"must be an integer, got {value!r}")
         if self.seed < 0:
-            raise UsageError(f"--seed must be >= 0, got {self.seed}")
+            raise OptionError("seed", f"must be >= 0, got {self.seed}")
         if self.max_iter < 1:
-            raise UsageError(f"--max-iter must be >= 1, got {self.max_iter}")
+            raise OptionError("max_iter", f"must be >= 1, got {self.max_iter}")
 
 
 @dataclass

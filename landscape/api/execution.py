@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from landscape import progress, runtime
-from landscape.errors import LandscapeError, UsageError, one_line
+from landscape.errors import LandscapeError, OptionError, UsageError, one_line, param
 from landscape.runtime import die_with_parent, local_only
 
 # ------------------------------------------------------------------------------------------ pools
@@ -98,21 +98,21 @@ def scheduler_address(address: Any) -> Any:
     hint = "give tcp://HOST:PORT (e.g. tcp://127.0.0.1:8786, tcp://[::1]:8786)"
     scheme = next((s for s in _SCHEMES if text.lower().startswith(s)), None)
     if scheme is None:
-        raise UsageError(f"--scheduler {address!r}: not a Dask scheduler address; {hint}")
+        raise OptionError("scheduler", f"{address!r} is not a Dask scheduler address; {hint}")
     rest = text[len(scheme):]
     if rest.startswith("["):
         host, sep, port = rest[1:].partition("]")
         if not sep or not host or not port.startswith(":"):
-            raise UsageError(f"--scheduler {address!r}: an IPv6 host needs [HOST]:PORT; {hint}")
+            raise OptionError("scheduler", f"{address!r}: an IPv6 host needs [HOST]:PORT; {hint}")
         port = port[1:]
     else:
         host, sep, port = rest.rpartition(":")
         if not sep:
             host, port = rest, ""
     if not host or any(c in host for c in "/ @?#[]") or (":" in host):
-        raise UsageError(f"--scheduler {address!r}: bad host {host!r}; {hint}")
+        raise OptionError("scheduler", f"{address!r}: bad host {host!r}; {hint}")
     if not (port.isdigit() and 0 < int(port) < 65536):
-        raise UsageError(f"--scheduler {address!r}: the port must be a number in 1..65535, got {port!r}; {hint}")
+        raise OptionError("scheduler", f"{address!r}: the port must be a number in 1..65535, got {port!r}; {hint}")
     return text
 
 
@@ -130,7 +130,7 @@ def using_scheduler(scheduler: Any):
 def check_parallelism(workers: int, scheduler: Any) -> None:
     """``--workers N`` (local processes) and ``--scheduler`` (a Dask cluster) exclude each other."""
     if scheduler is not None and workers > 1:
-        raise UsageError("give --workers N (local processes) or --scheduler ADDRESS (a Dask cluster), not both")
+        raise UsageError(f"give {param('workers')} (local processes) or {param('scheduler')} (a Dask cluster), not both")
 
 
 def current_scheduler() -> Any:
@@ -281,7 +281,7 @@ def _connection_args(address: str) -> dict[str, Any]:
 
     args = Security().get_connection_args("client")
     if address.lower().startswith("tls://") and args.get("ssl_context") is None:
-        raise UsageError(f"--scheduler {address}: tls:// needs Dask's TLS settings (the configuration's "
+        raise UsageError(f"{param('scheduler', address)}: tls:// needs Dask's TLS settings (the configuration's "
                          f"distributed.comm.tls.ca-file, .client.cert and .client.key; see Dask's docs on TLS), "
                          f"or give tcp://")
     return args
@@ -433,7 +433,7 @@ class ExecutionOptions:
 
         w = self.workers
         if isinstance(w, bool) or not isinstance(w, (int, float)) or int(w) != w or not 1 <= w <= COUNT_MAX:
-            raise UsageError(f"--workers must be an integer >= 1, got {w}")
+            raise OptionError("workers", f"must be an integer >= 1, got {w}")
         object.__setattr__(self, "workers", int(w))
         check_parallelism(self.workers, self.scheduler)
 

@@ -34,7 +34,7 @@ from landscape.analyze.surface import (
 from landscape.api._common import checkpoint_dataset
 from landscape.api.execution import ExecutionOptions, ProcessPool, worker_state
 from landscape.api.resolve import Point, Resolver, Target, compare_others
-from landscape.errors import CheckpointError, UsageError
+from landscape.errors import CheckpointError, UsageError, param
 from landscape.params import ParamSpace
 from landscape.refs import Ref
 from landscape.results import InputRef
@@ -51,7 +51,7 @@ def run_directions(resolver: Resolver, ref_a: str, config: DirectionsConfig, opt
     with ``execution.workers > 1``); the runner writes and draws."""
     toward = options.toward
     if config.distance == "auto" and toward is None:
-        raise UsageError("--distance auto needs --toward B (or give a number)")
+        raise UsageError(f"{param('distance', 'auto')} needs {param('toward')} (or give a number)")
     point_a = resolver.point(ref_a, data=False)
     a = point_a.checkpoint
     b = _checked(resolver, toward, point_a) if toward is not None else None

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from landscape.api.jobkind import JobKind, files_under, run_option
-from landscape.errors import UsageError
+from landscape.errors import OptionError, UsageError, param
 from landscape.options import option
 from landscape.privacy import PrivacyEvent
 
@@ -42,9 +42,9 @@ class PruneConfig:
 
     def validate(self) -> None:
         if self.rewind not in REWINDS:
-            raise UsageError(f"unknown --rewind {self.rewind!r}; choose init or none")
+            raise OptionError("rewind", f"must be init or none, got {self.rewind!r}")
         if self.rewind == "none" and self.init is not None:
-            raise UsageError("--init only makes sense with --rewind init")
+            raise UsageError(f"{param('init')} only makes sense with {param('rewind', 'init')}")
 
 
 @dataclass
@@ -206,7 +206,7 @@ def expand_prune_levels(resolver, ref: str, config) -> tuple[list, list]:
     store = resolver.store
     trained = store.load(ref)
     if trained.run is None:
-        raise UsageError(f"--prune-levels needs a checkpoint of a run (to rewind to its @init), got {ref}")
+        raise UsageError(f"{param('prune_levels')} needs a checkpoint of a run (to rewind to its @init), got {ref}")
     if not store.run(trained.run).manifest.get("config"):
         raise UsageError(f"run '{trained.run}' records no training configuration to retrain the pruned models with")
     init = store.load(f"{trained.run}@init")

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from landscape.api._common import check_pair, checkpoint_dataset
-from landscape.errors import CheckpointError, UsageError
+from landscape.errors import CheckpointError, OptionError, UsageError
 from landscape.refs import Ref
 from landscape.store import Checkpoint, CheckpointInfo, Store, load_verified
 
@@ -168,7 +168,7 @@ class Resolver:
     def pair(self, ref_a: str | Ref, ref_b: str | Ref, *, data_from: str = "a") -> tuple[Point, Point, DataChoice]:
         """A and B checked compatible (same tensors, same model), both with the data set ``data_from`` picks."""
         if data_from not in ("a", "b"):
-            raise UsageError(f"--data-from must be a or b, got {data_from!r}")
+            raise OptionError("data_from", f"must be a or b, got {data_from!r}")
         a = self.point(ref_a, data=False)
         b = self.point(ref_b, like=a, data=False)
         choice = compare_data(a.checkpoint, b.checkpoint, data_from)
@@ -203,12 +203,12 @@ class Resolver:
             for item in pairs.split(","):
                 ref_a, sep, ref_b = item.strip().partition(":")
                 if not sep or not ref_a or not ref_b:
-                    raise UsageError(f"--pairs takes siblings, all, or A:B[,C:D...]; got {item!r}")
+                    raise OptionError("pairs", f"takes siblings, all, or A:B[,C:D...]; got {item!r}")
                 a, b = Ref.parse(ref_a), Ref.parse(ref_b)  # a bad reference fails here, before any worker starts
                 jobs.append((str(a), str(b), pair_labels(self.run_info(a), self.run_info(b))))
             return jobs
         if pairs not in ("siblings", "all"):
-            raise UsageError(f"--pairs takes siblings, all, or A:B[,C:D...]; got {pairs!r}")
+            raise OptionError("pairs", f"takes siblings, all, or A:B[,C:D...]; got {pairs!r}")
         if not patterns:
             raise UsageError("give at least one run name or glob (e.g. 'phases-*')")
         store = self.store

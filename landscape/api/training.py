@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from landscape import plugins
 from landscape import progress as display
 from landscape.api.jobkind import JobKind, files_under, run_option, validated
-from landscape.errors import CheckpointError, UsageError
+from landscape.errors import CheckpointError, UsageError, param
 from landscape.train.config import PhasesConfig, TrainConfig, config_hash
 
 if TYPE_CHECKING:
@@ -236,10 +236,10 @@ _PHASES_COLUMNS = ("run", "phase1", "phase2", "copy", "parent", "epoch", "epsilo
 
 
 def _train_given(given: dict[str, str]) -> None:
-    """``--resume RUN`` continues with the run's stored options: no other option but ``--data-root``."""
-    others = [flag for name, flag in given.items() if name not in ("resume", "data_root")]
+    """``resume`` continues with the run's stored options: no other option but ``data_root``."""
+    others = [param(name) for name in given if name not in ("resume", "data_root")]
     if "resume" in given and others:
-        raise UsageError(f"--resume RUN continues with the run's stored options; drop {', '.join(others)}")
+        raise UsageError(f"{param('resume')} continues with the run's stored options; drop {', '.join(others)}")
 
 
 def _train_command(config: TrainConfig, *, root: Path, progress: bool | None,

@@ -22,7 +22,7 @@ from landscape import plugins
 from landscape import progress as display
 from landscape.batch.jobs import run_job
 from landscape.batch.spec import BatchSpec, Job
-from landscape.errors import UsageError
+from landscape.errors import UsageError, param
 
 STATUSES = ("done", "cached", "failed", "skipped")
 
@@ -129,7 +129,7 @@ def _client(scheduler: str, progress: JobProgress) -> Any:
     try:
         import distributed  # noqa: F401
     except ImportError:
-        raise UsageError("--workers > 1 and --scheduler need Dask: pip install 'landscape[dist]'") from None
+        raise UsageError(f"{param('workers')} > 1 and {param('scheduler')} need Dask: pip install 'landscape[dist]'") from None
     from landscape.api.execution import connect_client, scheduler_address
     from landscape.bounds import scheduler_note
 
@@ -143,7 +143,7 @@ def _on_dask(spec: BatchSpec, workers: int, client: Any, threads: int, progress:
     try:
         from distributed import Client, LocalCluster
     except ImportError:
-        raise UsageError("--workers > 1 and --scheduler need Dask: pip install 'landscape[dist]'") from None
+        raise UsageError(f"{param('workers')} > 1 and {param('scheduler')} need Dask: pip install 'landscape[dist]'") from None
     cluster = None
     if client is None:
         dashboard = "127.0.0.1:0" if _has_bokeh() else None

@@ -60,7 +60,7 @@ def history_epsilon(history: PrivacyHistory, own: PrivacyEvent | None, delta: fl
 
 def _check_method(method: str) -> str:
     if method == "prv":
-        raise UsageError("the PRV accountant is not in dp_accounting; use --method rdp or --method pld")
+        raise UsageError("the PRV accountant is not in dp_accounting; use rdp or pld")
     if method not in ACCOUNTANTS:
         raise UsageError(f"unknown accounting method {method!r}; choose rdp or pld")
     return method

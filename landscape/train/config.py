@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from landscape.clip import CLIP_FUNCTIONS, CLIP_STYLES
-from landscape.errors import UsageError
+from landscape.errors import OptionError, UsageError, param
 from landscape.options import (
     CHUNK_HELP,
     CLIP_FN_HELP,
@@ -121,25 +121,26 @@ class TrainConfig:
             # bounds, finiteness, choices, seeds, device), and held as the command line holds it ("10" becomes 10)
             setattr(self, f.name, coerce_field(TrainConfig, f, getattr(self, f.name)))
         if self.noise_multiplier is not None and self.target_epsilon is not None:
-            raise UsageError("give --noise-multiplier or --target-epsilon, not both")
+            raise UsageError(f"give {param('noise_multiplier')} or {param('target_epsilon')}, not both")
         if not self.is_dp:
             dp_only = {
-                "--noise-multiplier": self.noise_multiplier is not None,
-                "--target-epsilon": self.target_epsilon is not None,
-                "--sparsify": self.sparsify > 0,
-                "--smooth": self.smooth > 0,
+                "noise_multiplier": self.noise_multiplier is not None,
+                "target_epsilon": self.target_epsilon is not None,
+                "sparsify": self.sparsify > 0,
+                "smooth": self.smooth > 0,
             }
-            given = [k for k, v in dp_only.items() if v]
+            given = [param(k) for k, v in dp_only.items() if v]
             if given:
-                raise UsageError(f"{', '.join(given)} need a DP optimizer (--optimizer dpsgd, clip-only or noise-only)")
+                raise UsageError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} a DP {param('optimizer')} "
+                                 "(dpsgd, clip-only or noise-only)")
         if self.optimizer in ("dpsgd", "noise-only") and self.noise_multiplier is None and self.target_epsilon is None:
-            raise UsageError(f"--optimizer {self.optimizer} needs --noise-multiplier SIGMA or --target-epsilon EPS")
+            raise UsageError(f"{param('optimizer', self.optimizer)} needs {param('noise_multiplier')} or {param('target_epsilon')}")
         if self.optimizer == "clip-only" and (self.noise_multiplier or self.target_epsilon is not None):
-            raise UsageError("--optimizer clip-only adds no noise; drop --noise-multiplier/--target-epsilon")
+            raise UsageError(f"{param('optimizer', 'clip-only')} adds no noise; drop {param('noise_multiplier')} and {param('target_epsilon')}")
         if self.optimizer == "noise-only" and self.target_epsilon is not None:
-            raise UsageError("--optimizer noise-only has no privacy guarantee to calibrate; use --noise-multiplier")
+            raise UsageError(f"{param('optimizer', 'noise-only')} has no privacy guarantee to calibrate; use {param('noise_multiplier')}")
         if self.from_ref is not None and self.resume is not None:
-            raise UsageError("give --from REF or --resume RUN, not both")
+            raise UsageError(f"give {param('from_ref')} or {param('resume')}, not both")
         parse_every(self.checkpoint_every)
         check_kwargs(self.data_kwargs, self.model_kwargs)
         return self
@@ -188,13 +189,13 @@ def parse_every(spec: str | None) -> tuple[str, float] | None:
         return None
     m = _EVERY.match(str(spec))
     if not m:
-        raise UsageError(f"--checkpoint-every {spec!r}: use N followed by s (steps) or e (epochs), e.g. 50s or 1e")
+        raise OptionError("checkpoint_every", f"{spec!r}: use N followed by s (steps) or e (epochs), e.g. 50s or 1e")
     value, unit = float(m.group(1)), m.group(2).lower()
     if value <= 0:
-        raise UsageError(f"--checkpoint-every {spec!r}: the interval must be positive; use 'none' for init and "
-                         "final checkpoints only")
+        raise OptionError("checkpoint_every", f"{spec!r}: the interval must be positive; use 'none' for init and "
+                                              "final checkpoints only")
     if unit == "s" and value != int(value):
-        raise UsageError(f"--checkpoint-every {spec!r}: a step count must be a whole number")
+        raise OptionError("checkpoint_every", f"{spec!r}: a step count must be a whole number")
     return ("steps", value) if unit == "s" else ("epochs", value)
 
 
@@ -253,16 +254,16 @@ class PhasesConfig:
             if f.name in ("copies", "dp_lr", "dp_momentum", "phase2_sgd_lr", "phase2_sgd_momentum"):
                 coerce_field(PhasesConfig, f, getattr(self, f.name))
         if not 1 <= self.k < self.base.epochs:
-            raise UsageError(f"--k must be between 1 and --epochs - 1 = {self.base.epochs - 1}, got {self.k}")
-        for name, families in (("--phase1", self.phase1), ("--phase2", self.phase2)):
+            raise UsageError(f"{param('k')} must be between 1 and {param('epochs')} - 1 = {self.base.epochs - 1}, got {self.k}")
+        for name, families in (("phase1", self.phase1), ("phase2", self.phase2)):
             bad = [f for f in families if f not in PHASE_FAMILIES]
             if bad or not families:
-                raise UsageError(f"{name} takes a comma-separated list of sgd, dpsgd; got {','.join(families) or 'nothing'}")
+                raise OptionError(name, f"takes a comma-separated list of sgd, dpsgd; got {','.join(families) or 'nothing'}")
         if self.base.from_ref is not None or self.base.resume is not None:
-            raise UsageError("landscape phases starts from scratch; --from/--resume do not apply")
+            raise UsageError(f"phases start from scratch; {param('from_ref')} and {param('resume')} do not apply")
         if "dpsgd" in (*self.phase1, *self.phase2):
             if self.base.noise_multiplier is None and self.base.target_epsilon is None:
-                raise UsageError("a dpsgd phase needs --noise-multiplier SIGMA or --target-epsilon EPS")
+                raise UsageError(f"a dpsgd phase needs {param('noise_multiplier')} or {param('target_epsilon')}")
         for phase, families in ((1, self.phase1), (2, self.phase2)):
             for family in families:
                 self.phase_config(family, epochs=self.base.epochs, seed=self.base.seed, phase=phase).validate()
@@ -274,9 +275,9 @@ class PhasesConfig:
                     check_run_name(name)
                 except UsageError:
                     shown = name if len(name) <= 60 else f"{name[:30]}...{name[-20:]}"
-                    raise UsageError(f"--group makes the run name {shown!r} ({len(name)} characters), which is not "
-                                     "a valid run name: 1-200 letters, digits or _ . , + = -, not starting with "
-                                     "'.' or '-'; choose a shorter or plainer --group") from None
+                    raise UsageError(f"{param('group')} makes the run name {shown!r} ({len(name)} characters), which is "
+                                     "not a valid run name: 1-200 letters, digits or _ . , + = -, not starting "
+                                     f"with '.' or '-'; choose a shorter or plainer {param('group')}") from None
         return self
 
     def run_names(self, group: str) -> list[str]:

@@ -31,7 +31,7 @@ from torch import nn
 
 from landscape import plugins
 from landscape.data import Dataset, dataset_from_spec, load_dataset
-from landscape.errors import CheckpointError, IncompatibleError, LandscapeError, ModelError, UsageError
+from landscape.errors import CheckpointError, IncompatibleError, LandscapeError, ModelError, UsageError, param
 from landscape.models import MODELS, build_model, check_forward, has_batchnorm, model_from_spec, model_options
 from landscape.privacy import PrivacyEvent, PrivacyHistory, continuing_accountant
 from landscape.refs import Ref
@@ -382,9 +382,9 @@ def _load_data(config: TrainConfig, parent: Checkpoint | None) -> Dataset:
     root, download = config.data_root, config.download
     if config.data is None:
         if config.subset is not None or config.data_kwargs:
-            raise UsageError("--subset/--data-kwargs need --data (a child run otherwise reuses its parent's data set)")
+            raise UsageError(f"{param('subset')} and {param('data_kwargs')} need {param('data')} (a child run otherwise reuses its parent's data set)")
         if parent is None or not parent.data_spec:
-            raise UsageError(f"{config.from_ref} records no data set; give --data")
+            raise UsageError(f"{config.from_ref} records no data set; give {param('data')}")
         return dataset_from_spec(parent.data_spec, data_root=root, download=download)
     return load_dataset(config.data, seed=config.data_seed, subset=config.subset, data_root=root,
                         download=download, **config.data_kwargs)
@@ -395,11 +395,11 @@ def _model_from_parent(config: TrainConfig, parent: Checkpoint, data: Dataset) -
     named = plugins.canonical(config.model) if plugins.is_code_ref(config.model) else config.model
     if config.model is not None and named != spec.get("name"):
         raise UsageError(
-            f"--model {config.model} differs from the model of {config.from_ref} ({spec.get('name')}); "
-            "a child run keeps its parent's model: drop --model"
+            f"{param('model', config.model)} differs from the model of {config.from_ref} ({spec.get('name')}); "
+            f"a child run keeps its parent's model: drop {param('model')}"
         )
     if config.model_kwargs:
-        raise UsageError("--model-kwargs cannot change the model of a child run (--from); drop it")
+        raise UsageError(f"{param('model_kwargs')} cannot change the model of a child run ({param('from_ref')}); drop it")
     model = parent.build_model()
     kwargs = spec.get("kwargs", {})
     shape, classes = kwargs.get("input_shape"), kwargs.get("num_classes")

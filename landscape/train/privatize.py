@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from landscape.clip import CLIP_FUNCTIONS, CLIP_STYLES, layer_threshold
-from landscape.errors import IncompatibleError, UsageError
+from landscape.errors import IncompatibleError, OptionError, UsageError
 from landscape.evaluate.allocator import tuned_allocator
 from landscape.pooling import exact_fast_pooling
 from landscape.train.smoothing import laplacian_smooth
@@ -49,21 +49,21 @@ class PrivacyConfig:
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
-            raise UsageError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+            raise OptionError("optimizer", f"must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.clip_style not in CLIP_STYLES:
-            raise UsageError(f"unknown --clip-style {self.clip_style!r}; choose flat or layerwise")
+            raise OptionError("clip_style", f"must be flat or layerwise, got {self.clip_style!r}")
         if self.clip_fn not in CLIP_FUNCTIONS:
-            raise UsageError(f"unknown --clip-fn {self.clip_fn!r}; choose one of {', '.join(CLIP_FUNCTIONS)}")
+            raise OptionError("clip_fn", f"must be one of {', '.join(CLIP_FUNCTIONS)}, got {self.clip_fn!r}")
         if not (self.max_grad_norm > 0 and math.isfinite(self.max_grad_norm)):
-            raise UsageError(f"--max-grad-norm must be a positive number, got {self.max_grad_norm}")
+            raise OptionError("max_grad_norm", f"must be a positive number, got {self.max_grad_norm}")
         if not (self.noise_multiplier >= 0 and math.isfinite(self.noise_multiplier)):
-            raise UsageError(f"--noise-multiplier must be a number >= 0, got {self.noise_multiplier}")
+            raise OptionError("noise_multiplier", f"must be a number >= 0, got {self.noise_multiplier}")
         if not (self.smooth >= 0 and math.isfinite(self.smooth)):
-            raise UsageError(f"--smooth must be a number >= 0, got {self.smooth}")
+            raise OptionError("smooth", f"must be a number >= 0, got {self.smooth}")
         if self.layer_max_norms is not None:
             bad = {k: v for k, v in self.layer_max_norms.items() if not (v > 0 and math.isfinite(v))}
             if bad:
-                raise UsageError(f"layer clipping norms must be positive, got {bad}")
+                raise OptionError("layer_max_norms", f"must be positive, got {bad}")
 
     @property
     def clips(self) -> bool:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from landscape.errors import CheckpointError, IncompatibleError, UsageError
+from landscape.errors import CheckpointError, IncompatibleError, OptionError, UsageError
 from landscape.privacy import PrivacyEvent, PrivacyHistory
 
 if TYPE_CHECKING:
@@ -67,9 +67,9 @@ def magnitude_masks(
     names, or a predicate ``(name, tensor) -> bool``; default :func:`default_include`.
     """
     if not (0.0 <= remove <= 1.0) or not math.isfinite(remove):
-        raise UsageError(f"--remove must be a fraction in [0, 1], got {remove}")
+        raise OptionError("remove", f"must be a fraction in [0, 1], got {remove}")
     if scope not in SCOPES:
-        raise UsageError(f"unknown --scope {scope!r}; choose layer or global")
+        raise OptionError("scope", f"must be layer or global, got {scope!r}")
     state = _state(weights)
     if include is None:
         names = [n for n, t in state.items() if default_include(n, t)]

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from landscape.errors import UsageError
+from landscape.errors import OptionError
 
 
 def laplacian_eigenvalues(d: int, sigma: float, *, dtype=torch.float64, device=None) -> torch.Tensor:
@@ -25,7 +25,7 @@ def laplacian_eigenvalues(d: int, sigma: float, *, dtype=torch.float64, device=N
 def laplacian_smooth(g: torch.Tensor, sigma: float) -> torch.Tensor:
     """``A_sigma^{-1} g`` for one tensor, flattened (a new tensor of ``g``'s shape and dtype)."""
     if sigma < 0 or not math.isfinite(sigma):
-        raise UsageError(f"--smooth must be a finite number >= 0, got {sigma}")
+        raise OptionError("smooth", f"must be a finite number >= 0, got {sigma}")
     if sigma == 0 or g.numel() <= 1:
         return g.clone()
     flat = g.reshape(-1)

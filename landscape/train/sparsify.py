@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from landscape.errors import UsageError
+from landscape.errors import OptionError, UsageError
 
 
 class SparsifySchedule:
@@ -24,7 +24,7 @@ class SparsifySchedule:
 
     def __init__(self, rate: float, epochs: int, generator: torch.Generator | int = 0):
         if not (0.0 <= rate < 1.0) or not math.isfinite(rate):
-            raise UsageError(f"--sparsify must be in [0, 1), got {rate}")
+            raise OptionError("sparsify", f"must be in [0, 1), got {rate}")
         if epochs < 1:
             raise UsageError(f"sparsification needs epochs >= 1, got {epochs}")
         self.rate = float(rate)
