@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from landscape.errors import LandscapeError, render
+from landscape.errors import LandscapeError, LandscapeWarning, render
 from landscape.jsonable import to_jsonable
 
 
@@ -81,10 +81,19 @@ def command_flags(*commands: click.Command | None) -> dict[str, str]:
     return out
 
 
-def error_line(exc: LandscapeError, *commands: click.Command | None) -> str:
+def error_line(exc: LandscapeError | LandscapeWarning, *commands: click.Command | None) -> str:
     """The one line (without ``error:``) of a :class:`~landscape.errors.LandscapeError` on the command line: each
     parameter its message names (:func:`landscape.errors.param`) as the flag of ``commands`` that sets it (else
     ``--name-with-dashes``), where Python shows the parameter's own name."""
     flags = command_flags(*commands)
     line = render(exc.message, lambda name: flags.get(name) or "--" + name.replace("_", "-"))
     return " ".join(line.splitlines())
+
+
+def warning_line(message: Warning | str) -> str:
+    """A warning as the running command shows it: a :class:`~landscape.errors.LandscapeWarning`'s parameters as
+    its flags (:func:`error_line`), any other warning as it is."""
+    if not isinstance(message, LandscapeWarning):
+        return str(message)
+    ctx = click.get_current_context(silent=True)
+    return error_line(message, *([ctx.command, ctx.find_root().command] if ctx is not None else []))

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from cli.common import warning_line
 from landscape.bounds import COUNT_MAX, SCHEDULER_TIMEOUT_S, SEED_MAX
 from landscape.errors import OptionError
 from landscape.options import SOURCE_HELP, coerce
@@ -218,8 +219,9 @@ no_figure_option = click.option("--no-figure", is_flag=True, help="Write the res
 
 
 def run_api(fn: Callable[[], Any]) -> Any:
-    """Call the library with each warning shown as one ``warning: ...`` line on stderr (no source lines)."""
+    """Call the library with each warning shown as one ``warning: ...`` line on stderr (no source lines), the
+    parameters it names as the command's flags."""
     with warnings.catch_warnings():
         warnings.simplefilter("always")
-        warnings.showwarning = lambda message, *args, **kw: echo(f"warning: {message}")  # above any progress bar
+        warnings.showwarning = lambda message, *args, **kw: echo(f"warning: {warning_line(message)}")  # above any progress bar
         return fn()

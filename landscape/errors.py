@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno as _errno
 import os
 import re
+import shlex
 from collections.abc import Callable
 from typing import Any
 
@@ -26,10 +27,14 @@ def _plain(text: str) -> str:
 def param(name: str, value: Any = _UNSET) -> str:
     """Parameter ``name`` (a config field or an api function's argument) inside an error message, with its
     ``value`` when given: ``points`` / ``optimizer='sgd'`` as str() shows it (Python), ``--points`` /
-    ``--optimizer sgd`` as the command line shows it (:func:`render` with its flags)."""
+    ``--optimizer sgd`` as the command line shows it (:func:`render` with its flags; ``True`` is a flag given
+    alone: ``--download``)."""
     if value is _UNSET:
         return f"\x00{name}\x00"
-    shown = ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
+    if value is True:  # a flag: given on the command line, it is the value
+        shown = ""
+    else:
+        shown = shlex.quote(",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value))
     return f"\x00{name}\x01{_plain(repr(value))}\x01{_plain(shown)}\x00"
 
 
@@ -45,7 +50,7 @@ def render(message: str, flag: Callable[[str], str] | None = None) -> str:
         name, python, shown = m.groups()
         if flag is None:
             return name if python is None else f"{name}={python}"
-        return flag(name) if shown is None else f"{flag(name)} {shown}"
+        return flag(name) if not shown else f"{flag(name)} {shown}"
 
     return _PARAM.sub(one, message)
 
@@ -57,6 +62,19 @@ def one_line(exc: BaseException) -> str:
     if isinstance(exc, LandscapeError):
         return text or type(exc).__name__
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class LandscapeWarning(UserWarning):
+    """A warning whose message may name parameters (:func:`param`): str() shows their Python names; the command
+    line shows its flags."""
+
+    @property
+    def message(self) -> str:
+        """The message as written, parameters kept (:func:`render` shows it)."""
+        return Warning.__str__(self)
+
+    def __str__(self) -> str:
+        return render(self.message)
 
 
 class LandscapeError(Exception):

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from landscape import plugins
-from landscape.errors import ModelError
+from landscape.errors import ModelError, param
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "relu": nn.ReLU,
@@ -346,7 +346,7 @@ def _stored_source(spec: dict) -> ModelSource:
             if not plugins.trust_state().accept_changed:
                 raise plugins.CodeChangedError(
                     f"{what}: entry point from {recorded.get('package')} {then} when recorded, {info.get('package')} "
-                    f"{now} now; pass --accept-changed-code (Python: accept_changed_code=True) to use it")
+                    f"{now} now; pass {param('accept_changed_code', True)} to use it")
             info = {**info, "accepted_change_from": then}
         return ModelSource(name, factory, "entry_point", {"entry_point": info})
     if name in MODELS:

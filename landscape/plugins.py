@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from landscape.errors import LandscapeError, UsageError, one_line
+from landscape.errors import LandscapeError, UsageError, one_line, param
 from landscape.hashing import sha256_file
 
 ENTRY_POINT_GROUPS = ("landscape.models", "landscape.datasets", "landscape.metrics")
@@ -384,7 +384,7 @@ def named_code(stored: dict[str, Any], what: str) -> CodeRef:
         if state.accept_changed and len(same_name) == 1:  # moved and changed: the user accepts changed code
             return same_name[0]
     raise PluginError(f"{what} is built by code {wanted!r}, which landscape runs only when you name it: pass "
-                      f"landscape --code {wanted} ... (Python: code=[{wanted!r}])")
+                      f"{param('code', [wanted])}")
 
 
 def checked_code(stored: dict[str, Any], what: str) -> tuple[CodeRef, dict[str, Any]]:
@@ -398,8 +398,8 @@ def checked_code(stored: dict[str, Any], what: str) -> tuple[CodeRef, dict[str, 
     reason = check_unchanged(stored, current)
     if reason is not None:
         if not _TRUST.get().accept_changed:
-            raise CodeChangedError(f"{what}: {reason}; pass --accept-changed-code (Python: accept_changed_code="
-                                   "True) to use it as it is now")
+            raise CodeChangedError(f"{what}: {reason}; pass {param('accept_changed_code', True)} to use it as it "
+                                   "is now")
         current = {**current, "accepted_change_from": stored.get("sha256")}
     return ref, current
 

@@ -27,7 +27,7 @@ from torch import nn
 
 from landscape.analyze.specs import ClippingConfig
 from landscape.clip import clip_factors, layer_threshold
-from landscape.errors import UsageError
+from landscape.errors import UsageError, param
 from landscape.results import StoredResult, stored
 from landscape.runtime import resolve_device
 
@@ -318,7 +318,7 @@ def batch_indices(num_examples: int, batch_size: int, batches: int, seed: int) -
     if batch_size * batches > num_examples:
         raise UsageError(
             f"{batches} batches of {batch_size} need {batch_size * batches} examples but the split has "
-            f"{num_examples}; lower --batch-size or --batches"
+            f"{num_examples}; lower {param('batch_size')} or {param('batches')}"
         )
     perm = torch.randperm(num_examples, generator=torch.Generator().manual_seed(int(seed)))
     return [perm[k * batch_size:(k + 1) * batch_size] for k in range(batches)]

@@ -288,7 +288,7 @@ def random_profiles(
     if not np.isfinite(direction_loss[:, 1:]).any():
         raise NonFiniteError(f"every loss along the {n} direction(s) at distance {distance:g} is non-finite (NaN or "
                              f"inf): the distance overflows float32 weights or the checkpoint diverged; give a "
-                             f"smaller --distance")
+                             f"smaller {param('distance')}")
     return DirectionsResult(
         t=t.numpy(), distance=distance, direction_loss=direction_loss, direction_acc=direction_acc,
         max_abs_cos=cos, toward_loss=toward_loss, toward_acc=toward_acc, toward_distance=toward_distance,

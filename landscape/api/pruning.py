@@ -100,7 +100,8 @@ def prune(config: PruneConfig, *, root: str | Path) -> PruneResult:
 def _default_init_ref(source: Checkpoint, ref: str) -> str:
     if source.run is None:
         raise UsageError(
-            f"{ref} is a checkpoint file outside a run, so it has no @init; pass --init REF or use --rewind none"
+            f"{ref} is a checkpoint file outside a run, so it has no @init; pass {param('init')} or use "
+            f"{param('rewind', 'none')}"
         )
     return f"{source.run}@init"
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from landscape.api._common import check_pair, checkpoint_dataset
-from landscape.errors import CheckpointError, OptionError, UsageError
+from landscape.errors import CheckpointError, LandscapeWarning, OptionError, UsageError, param
 from landscape.refs import Ref
 from landscape.store import Checkpoint, CheckpointInfo, Store, load_verified
 
@@ -250,7 +250,7 @@ def compare_data(a: Checkpoint, b: Checkpoint, data_from: str = "a", *, what: st
                          for k in keys)
         used, other = ("A", "b") if data_from == "a" else ("B", "a")
         warnings.warn(f"{what} ({a.ref}, {b.ref}) were trained on different data ({diff}); evaluating on {used}'s "
-                      f"(--data-from {other} for the other)", UserWarning, stacklevel=3)
+                      f"({param('data_from', other)} for the other)", LandscapeWarning, stacklevel=3)
     return DataChoice(data_from=data_from, spec_a=spec_a, spec_b=spec_b)
 
 

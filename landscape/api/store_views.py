@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from landscape.api.jobkind import JobKind, files_under, run_option
-from landscape.errors import CheckpointError, one_line
+from landscape.errors import CheckpointError, one_line, param
 from landscape.options import SOURCE_HELP, check_kwargs, option
 from landscape.runtime import DATA_ENV
 
@@ -196,7 +196,7 @@ def _import_notes(made: Imported) -> list[str]:
     if done["epsilon"] is not None:
         lines.append(f"privacy: declared epsilon {done['epsilon']:.4g}")
     elif done["privacy_note"]:
-        lines.append(f"privacy: {done['privacy_note']} (declare it with --epsilon/--delta)")
+        lines.append(f"privacy: {done['privacy_note']} (declare it with {param('epsilon')} and {param('delta')})")
     return lines
 
 

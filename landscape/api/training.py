@@ -197,7 +197,7 @@ def ensure(store: Store, config: TrainConfig, phases_label: dict[str, Any] | Non
         run = store.run(config.run)
         if run.manifest.get("config_hash") != config_hash(resolved(store, config)):
             raise CheckpointError(
-                f"run '{config.run}' already exists with a different configuration; choose another --group"
+                f"run '{config.run}' already exists with a different configuration; choose another {param('group')}"
             )
         return train(TrainConfig(resume=config.run, data_root=config.data_root), root=store.root, progress=progress)
     return train(config, root=store.root, progress=progress, phases=phases_label)

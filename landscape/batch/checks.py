@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from landscape.batch.loading import SpecError
 from landscape.bounds import subset_value
-from landscape.errors import UsageError
+from landscape.errors import LandscapeError, UsageError, params_in
 
 if TYPE_CHECKING:
     from landscape.batch.graph import BatchSpec, Job
@@ -40,7 +40,7 @@ def _check_options(kind, info, opts, raw_options, grid, env, where, body, key, l
     for opt, value in opts.items():
         try:
             if opt == "subset" and not _is_analysis(kind):  # a count or a fraction (300 is 300 examples)
-                out[opt] = subset_value(value, "'subset'")
+                out[opt] = subset_value(value, opt)
                 continue
             out[opt] = _check_type(value, info.options[opt], opt)
         except UsageError as exc:
@@ -51,7 +51,7 @@ def _check_options(kind, info, opts, raw_options, grid, env, where, body, key, l
     try:
         info.build(out)
     except (UsageError, ValueError, TypeError) as exc:
-        blame = _blame(str(exc), raw_options, grid, env, where, key)
+        blame = _blame(exc, raw_options, grid, env, where, key)
         raise SpecError(f"{blame or at}: {label}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") \
             from None
     return out
@@ -78,10 +78,11 @@ def _is_analysis(kind: str) -> bool:
     return kinds.is_analysis(kind)
 
 
-def _blame(message: str, raw_options, grid, env, where, key) -> str | None:
-    """The spec line of the option (or grid variable) an error message names, if any."""
-    names = {m.replace("-", "_") for m in re.findall(r"--([a-z0-9-]+)", message)}
-    names |= {m for m in re.findall(r"'([a-z_]+)'", message)}
+def _blame(exc: Exception | str, raw_options, grid, env, where, key) -> str | None:
+    """The spec line of the option (or grid variable) an error names (:func:`landscape.errors.params_in`, or
+    quoted), if any."""
+    names = set(params_in(exc.message)) if isinstance(exc, LandscapeError) else set()
+    names |= {m for m in re.findall(r"'([a-z_]+)'", str(exc))}
     for name in names:
         if name in raw_options:
             at, value = raw_options[name][1], raw_options[name][0]

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from landscape.data.arrays import Dataset, _Arrays, subset_indices
-from landscape.errors import DataError
+from landscape.errors import DataError, param
 from landscape.runtime import DATA_ENV
 
 
@@ -174,7 +174,8 @@ def _torchvision_split(name: str, root: Path, train: bool, download: bool):
         if download:
             raise DataError(f"could not download {name} into {root}: {exc}") from None
         raise DataError(
-            f"{name} files not found under {root}; pass --data-root DIR holding them, or add --download to fetch them"
+            f"{name} files not found under {root}; pass {param('data_root')} holding them, or add "
+            f"{param('download', True)} to fetch them"
         ) from None
     except OSError as exc:
         raise DataError(f"could not read or download {name} under {root}: {exc}") from None
@@ -194,7 +195,8 @@ def _torchvision_builder(name: str) -> Callable[..., _Arrays]:
         root = data_root_of(data_root)
         if root is None:
             raise DataError(
-                f"{name} is read from disk: pass --data-root DIR (or set ${DATA_ENV}), and --download to fetch it"
+                f"{name} is read from disk: pass {param('data_root')} (or set ${DATA_ENV}), and "
+                f"{param('download', True)} to fetch it"
             )
         train = _torchvision_split(name, root, True, download)
         test = _torchvision_split(name, root, False, download)

@@ -4,6 +4,7 @@ and user code (:func:`user_arrays`), each with the provenance its spec records."
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import os
 from collections.abc import Callable
@@ -15,7 +16,7 @@ import torch
 
 from landscape.data.arrays import _Arrays
 from landscape.data.builtin import DATASETS, _images_tensor, _standardize, data_root_of
-from landscape.errors import DataError
+from landscape.errors import DataError, param
 from landscape.hashing import sha256_file
 from landscape.runtime import DATA_ENV
 
@@ -47,7 +48,7 @@ def _other_source(name: Any, seed: int, data_root, download: bool, options: dict
         recorded = (stored or {}).get("source") or {}
         root = data_root_of(data_root) or (Path(recorded["path"]) if recorded.get("path") else None)
         if root is None:
-            raise DataError("imagefolder reads --data-root DIR holding train/ and test/ ImageFolder trees")
+            raise DataError(f"imagefolder reads {param('data_root')}: a directory holding train/ and test/ ImageFolder trees")
         filled = _folder_options(options)
         source = directory_digest(root)
         if recorded and recorded.get("sha256") != source["sha256"]:
@@ -69,7 +70,7 @@ def _other_source(name: Any, seed: int, data_root, download: bool, options: dict
             if not plugins.trust_state().accept_changed:
                 raise plugins.CodeChangedError(
                     f"data set {name!r}: entry point from {recorded.get('package')} {recorded.get('version')} when "
-                    f"recorded, {info.get('package')} {info.get('version')} now; pass --accept-changed-code to use it")
+                    f"recorded, {info.get('package')} {info.get('version')} now; pass {param('accept_changed_code', True)} to use it")
             info = {**info, "accepted_change_from": recorded.get("version")}
         return name, user_arrays(factory, name, seed, data_root, options), options, {"entry_point": info}
     # code
@@ -150,7 +151,7 @@ def _tensor_file(name: str, recorded: dict, data_root) -> Path:
     root = data_root_of(data_root)
     if recorded and root is not None and (root / path.name).is_file():
         return (root / path.name).resolve()  # a moved copy (its sha256 is checked like the original's)
-    raise DataError(f"tensor file {path} not found" + (" (recorded in the checkpoint; --data-root DIR holding "
+    raise DataError(f"tensor file {path} not found" + (f" (recorded in the checkpoint; {param('data_root')} holding "
                                                         f"{path.name} finds a moved copy)" if recorded else ""))
 
 
@@ -356,7 +357,7 @@ def _class_count(labels: torch.Tensor, what: str, num_classes: Any) -> int:
         hint = "1-based labels? subtract 1" if absent == [0] else "a stray label?"
         raise DataError(f"{what}: the labels leave {len(absent)} of {top} classes without any example ({shown}; "
                         f"largest label {high}): {hint} Relabel them to 0..C-1, or, if classes are empty on purpose, state "
-                        f"the class count (a tensor file's --data-kwargs '{{\"num_classes\": {top}}}', a factory's "
+                        f"the class count (a tensor file's {param('data_kwargs', json.dumps({'num_classes': top}))}, a factory's "
                         f"num_classes)")
     return top
 
@@ -565,7 +566,8 @@ def torchvision_arrays(name: str, data_root, download: bool, *, size=None, stand
     cls = torchvision_class(name)
     root = data_root_of(data_root)
     if root is None:
-        raise DataError(f"{name} is read from disk: pass --data-root DIR (or set ${DATA_ENV}), and --download to fetch it")
+        raise DataError(f"{name} is read from disk: pass {param('data_root')} (or set ${DATA_ENV}), and "
+                        f"{param('download', True)} to fetch it")
     params = inspect.signature(cls.__init__).parameters
     if "train" in params:
         arguments = [{"train": True}, {"train": False}]
@@ -580,8 +582,8 @@ def torchvision_arrays(name: str, data_root, download: bool, *, size=None, stand
         except (RuntimeError, FileNotFoundError) as exc:
             if download:
                 raise DataError(f"could not download {name} into {root}: {str(exc).splitlines()[0]}") from None
-            raise DataError(f"{name} files not found under {root}; pass --data-root DIR holding them, or add "
-                            "--download to fetch them") from None
+            raise DataError(f"{name} files not found under {root}; pass {param('data_root')} holding them, or add "
+                            f"{param('download', True)} to fetch them") from None
         except (OSError, TypeError, ValueError) as exc:
             raise DataError(f"could not read {name} under {root}: {str(exc).splitlines()[0]}") from None
     xs, ys = zip(*(_torchvision_tensors(ds, name, size) for ds in made), strict=True)

@@ -70,7 +70,7 @@ def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out",
 
 def _references(compare: str | Path | None, names: list[str], scale: str) -> dict[str, Path]:
     """``{name: the reference summary}`` under ``compare`` (empty without it); a missing one is a UsageError."""
-    from landscape.errors import UsageError
+    from landscape.errors import UsageError, param
     from landscape.figures.recipe import summary_path
 
     if compare is None:
@@ -80,7 +80,7 @@ def _references(compare: str | Path | None, names: list[str], scale: str) -> dic
     if missing:
         raise UsageError(f"compare: no summary to compare with at {missing[0]}"
                          + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
-                         + f": make the recipes at --scale {scale} into {compare} first")
+                         + f": make the recipes at {param('scale', scale)} into {compare} first")
     return paths
 
 

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from landscape.atomic import atomic_write_hdf5
-from landscape.errors import DataError, UsageError
+from landscape.errors import DataError, UsageError, param
 from landscape.figures.registry import SCALES
 from landscape.refs import Ref
 from landscape.runtime import code_version, kernels, portable_mode
@@ -446,7 +446,7 @@ def check_paper(recipe: Recipe, data_root: str | None) -> None:
     root = data_root_of(data_root)
     names = {p.data, p.data.replace("cifar", "cifar-"), p.data.replace("-", "")}
     if root is None or not any(any(root.glob(f"*{n}*")) for n in names):
-        raise DataError(f"{recipe.name} --scale paper needs the {p.data} files under --data-root or "
+        raise DataError(f"{recipe.name} {param('scale', 'paper')} needs the {p.data} files under {param('data_root')} or "
                         f"$LANDSCAPE_DATA (none found); paper scale: {paper_line(recipe)}")
 
 

@@ -21,7 +21,7 @@ import h5py
 import numpy as np
 
 from landscape.atomic import atomic_write_hdf5, stale_temp_files
-from landscape.errors import CheckpointError, UsageError, WriteError, one_line
+from landscape.errors import CheckpointError, UsageError, WriteError, one_line, param
 from landscape.jsonable import to_jsonable
 from landscape.refs import Ref, check_run_name, is_run_name, parse_selector
 from landscape.runtime import code_version, environment, portable_mode
@@ -147,8 +147,8 @@ class Store:
         left = [p for p in path.iterdir() if p.name != LOCK]
         if (path / MANIFEST).exists() or any(p.is_dir() or not p.name.endswith(".tmp") for p in left):
             _unlock(lock)
-            raise CheckpointError(f"run '{name}' already exists in {self.root}; choose another --run name "
-                                  f"(or continue it: train --resume {name})")
+            raise CheckpointError(f"run '{name}' already exists in {self.root}; choose another {param('run')} "
+                                  f"(or continue it: {param('resume', name)})")
         for p in left:
             p.unlink(missing_ok=True)
         return lock

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from landscape.errors import PrivacyError, UsageError
+from landscape.errors import PrivacyError, UsageError, param
 from landscape.privacy import ACCOUNTANTS, PrivacyEvent, PrivacyHistory
 
 # Opacus' default RDP orders (opacus.accountants.RDPAccountant.DEFAULT_ALPHAS)
@@ -320,8 +320,9 @@ def noise_for_epsilon(
     if history.events or history.declared:
         spent = history_epsilon(history, None, delta, method)
         if spent >= target_epsilon:
-            raise PrivacyError(f"the parent run already spent epsilon {spent:.3g} >= --target-epsilon "
-                               f"{target_epsilon:g}; raise the target or give --noise-multiplier")
+            raise PrivacyError(f"the parent run already spent epsilon {spent:.3g} >= "
+                               f"{param('target_epsilon', format(target_epsilon, 'g'))}; raise the target or give "
+                               f"{param('noise_multiplier')}")
 
     def eps(s: float) -> float:
         return history_epsilon(history, PrivacyEvent(s, sample_rate, steps), delta, method)

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from landscape.errors import LandscapeWarning, param
+
 if TYPE_CHECKING:
     from landscape.train.loop import TrainState
 
@@ -104,7 +106,7 @@ class StepMetrics(Callback):
         state.run.save_array(METRICS_ARRAY, {k: v.numpy() for k, v in self.table.items()})
 
 
-class NonFiniteLossWarning(UserWarning):
+class NonFiniteLossWarning(LandscapeWarning):
     """Training diverged: a step's loss was NaN or infinite (the weights after it are usually not finite)."""
 
 
@@ -136,7 +138,7 @@ class NonFinite(Callback):
         state.run.update_manifest(non_finite={"step": step, "epoch": epoch, "loss": str(loss)})
         warnings.warn(
             f"run '{state.run.name}': the training loss became {loss} at step {step} "
-            f"(epoch {epoch:.3g}) and the weights after it are not usable; try a smaller --lr "
+            f"(epoch {epoch:.3g}) and the weights after it are not usable; try a smaller {param('lr')} "
             f"(was {state.config.lr:g})",
             NonFiniteLossWarning,
             stacklevel=2,

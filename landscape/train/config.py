@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from landscape.clip import CLIP_FUNCTIONS, CLIP_STYLES
-from landscape.errors import OptionError, UsageError, param
+from landscape.errors import LandscapeWarning, OptionError, UsageError, param
 from landscape.options import (
     CHUNK_HELP,
     CLIP_FN_HELP,
@@ -40,7 +40,7 @@ SAMPLINGS = ("poisson", "shuffle")
 _NOT_HASHED = ("run", "resume", "device", "chunk", "data_root", "download")
 
 
-class SamplingWarning(UserWarning):
+class SamplingWarning(LandscapeWarning):
     """Shuffled batches with a DP optimizer: the accountant's epsilon assumes Poisson sampling."""
 
 

@@ -198,7 +198,7 @@ def _start(
     n = len(data.y_train)
     spe = steps_per_epoch(n, config.batch_size)
     if config.batch_size > n:
-        warnings.warn(f"--batch-size {config.batch_size} exceeds the {n} training examples: each step uses all of "
+        warnings.warn(f"{param('batch_size', config.batch_size)} exceeds the {n} training examples: each step uses all of "
                       f"them (sample rate 1), {spe} step{'s' if spe != 1 else ''} per epoch; give a batch size "
                       f"below {n} for minibatch {'DP-' if config.is_dp else ''}SGD", SamplingWarning, stacklevel=2)
     total = accounting.schedule_steps(config.epochs, n, config.batch_size)
@@ -417,9 +417,9 @@ def _check_dp_model(config: TrainConfig, model: nn.Module) -> None:
     if not (config.is_dp and has_batchnorm(model)):
         return
     name = (getattr(model, "landscape_spec", None) or {}).get("name")
-    why = f"--optimizer {config.optimizer} needs per-sample gradients, which BatchNorm mixes across the batch"
+    why = f"{param('optimizer', config.optimizer)} needs per-sample gradients, which BatchNorm mixes across the batch"
     if name in MODELS and "norm" in model_options(name):
-        group = "--model-kwargs '{\"norm\": \"group\"}'"
+        group = param("model_kwargs", '{"norm": "group"}')
         fix = (f"use GroupNorm: train with {group}" if config.from_ref is None else
                f"a child run keeps its parent's model: train the parent ({config.from_ref}) with {group}")
     else:
