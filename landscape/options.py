@@ -272,7 +272,7 @@ def coerce(value: Any, annotation: Any, meta: Mapping[str, Any] | None = None, *
         try:
             return check_device_name(str(value).strip().lower())
         except UsageError:
-            raise OptionError(name, f"{value!r}: use auto, cpu, cuda or cuda:N") from None
+            raise OptionError(name, f"must be auto, cpu, cuda or cuda:N, got {value!r}") from None
     if kind == "metrics":
         if isinstance(value, list):
             return tuple(value)

@@ -100,7 +100,7 @@ def test_dp_on_batchnorm_says_how_to_replace_it(tmp_path):
     from landscape.api import TrainConfig, train
 
     common = dict(data="digits", subset=100, batch_size=16, optimizer="dpsgd", noise_multiplier=1.0, epochs=1)
-    with pytest.raises(ModelError, match=r"use GroupNorm: train with --model-kwargs '\{\"norm\": \"group\"\}'$"):
+    with pytest.raises(ModelError, match=r"use GroupNorm: train with model_kwargs='\{\"norm\": \"group\"\}'$"):
         train(TrainConfig(model="resnet18", model_kwargs={"norm": "batch"}, **common), root=tmp_path)
     (tmp_path / "bn.py").write_text(
         "from torch import nn\n\n"

@@ -219,7 +219,7 @@ def test_per_sample_and_kernel_analyses_take_the_device_option():
     for name in DEVICE_ANALYSES:
         config = registry.get(name).config()
         assert config.device == "auto", name
-        with pytest.raises(UsageError, match="--device 'gpu'"):
+        with pytest.raises(UsageError, match="^device must be auto, cpu, cuda or cuda:N, got 'gpu'"):
             bad = dataclasses.replace(config, device="gpu")  # the ntk configs check in __post_init__
             bad.validate()
 

@@ -100,7 +100,7 @@ def test_quadratic_fixed_distance_and_normalisations():
         random_profiles(model, w_a, x, y, directions=2, points=3, distance=1.0, normalize="filter")
     kept = random_profiles(model, w_a, x, y, directions=2, points=3, distance=1.0, normalize="filter", biasbn="random")
     assert np.all(np.isfinite(kept.direction_loss))
-    with pytest.raises(UsageError, match="--toward"):
+    with pytest.raises(UsageError, match="needs toward"):
         random_profiles(model, w_a, x, y, directions=2, points=3)
 
 

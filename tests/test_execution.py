@@ -56,7 +56,7 @@ def test_execution_options_check_their_values():
     assert ExecutionOptions() == ExecutionOptions(1, None)
     assert ExecutionOptions(2.0).workers == 2 and isinstance(ExecutionOptions(2.0).workers, int)
     for bad in (0, -1, 1.5, True, "2"):
-        with pytest.raises(UsageError, match="--workers must be an integer >= 1"):
+        with pytest.raises(UsageError, match="^workers must be an integer >= 1"):
             ExecutionOptions(bad)
     with pytest.raises(UsageError, match="not both"):
         ExecutionOptions(2, "tcp://127.0.0.1:1")

@@ -162,7 +162,7 @@ def test_batch_kinds_are_checked_by_their_spec(toy, store, tmp_path):
         load_spec(spec_file)
     spec_file.write_text(f"root: {store.root}\njobs:\n  s:\n    kind: toy-scale\n    ref: a@last\n    run: x\n"
                          f"    factor: -1\n")
-    with pytest.raises(SpecError, match=r"bad.yaml:7: .*--factor must be > 0"):
+    with pytest.raises(SpecError, match=r"bad.yaml:7: .*: factor must be > 0"):
         load_spec(spec_file)
 
 

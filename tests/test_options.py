@@ -13,9 +13,8 @@ from click.testing import CliRunner
 from cli.generate import command
 from landscape.analyze import registry
 from landscape.analyze.specs import InterpolateConfig
-from landscape.errors import UsageError
+from landscape.errors import OptionError, UsageError
 from landscape.options import (
-    OptionError,
     Options,
     build,
     coerce,
@@ -35,43 +34,43 @@ from landscape.options import (
     ("tuple[str, ...] | None", "a.*", ["a.*"], ("a.*",), ("a.*",)),
 ])
 def test_the_three_sources_coerce_to_the_same_value(annotation, cli, yaml_value, python, expected):
-    values = [coerce(v, annotation, flag="--x") for v in (cli, yaml_value, python)]
+    values = [coerce(v, annotation, name="x") for v in (cli, yaml_value, python)]
     assert values == [expected] * 3
     assert all(type(v) is type(expected) for v in values)
     assert all(type(a) is type(b) for v in values if isinstance(v, tuple) for a, b in zip(v, expected, strict=True))
 
 
 @pytest.mark.parametrize("value, annotation, meta, fragment", [
-    ("x", int, {}, "--x must be an integer, got 'x'"),
-    (2.5, int, {}, "--x must be an integer, got 2.5"),
-    (True, int, {}, "--x must be an integer"),
-    (1, int, {"min": 2}, "--x must be >= 2, got 1"),
-    (0.0, float, {"min": 0, "min_open": True}, "--x must be > 0, got 0.0"),
-    ("nan", float, {}, "--x must be a finite number"),
+    ("x", int, {}, "x must be an integer, got 'x'"),
+    (2.5, int, {}, "x must be an integer, got 2.5"),
+    (True, int, {}, "x must be an integer"),
+    (1, int, {"min": 2}, "x must be >= 2, got 1"),
+    (0.0, float, {"min": 0, "min_open": True}, "x must be > 0, got 0.0"),
+    ("nan", float, {}, "x must be a finite number"),
     (1e39, float, {}, "too large"),
-    ("val", tuple[str, ...], {"choices": ("train", "test")}, "--x must be one of train, test, got 'val'"),
-    ("train,train", tuple[str, ...], {"choices": ("train", "test")}, "--x repeats 'train'"),
-    ("", tuple[str, ...], {}, "--x needs at least one value"),
+    ("val", tuple[str, ...], {"choices": ("train", "test")}, "x must be one of train, test, got 'val'"),
+    ("train,train", tuple[str, ...], {"choices": ("train", "test")}, "x repeats 'train'"),
+    ("", tuple[str, ...], {}, "x needs at least one value"),
     (-1, int, {}, None),  # counts: only the declared range
-    (2**31, int, {}, "--x must be <= 2147483647"),
-    ("gpu", str, {"kind": "device"}, "use auto, cpu, cuda or cuda:N"),
-    (0, None, {"kind": "subset"}, "a count must be in [1, 2147483647], got 0"),
+    (2**31, int, {}, "x must be <= 2147483647"),
+    ("gpu", str, {"kind": "device"}, "x must be auto, cpu, cuda or cuda:N"),
+    (0, None, {"kind": "subset"}, "x must be a count in [1, 2147483647], got 0"),
 ])
-def test_a_refused_value_is_one_line_naming_the_flag(value, annotation, meta, fragment):
+def test_a_refused_value_is_one_line_naming_the_parameter(value, annotation, meta, fragment):
     if fragment is None:
-        assert coerce(value, annotation, meta, flag="--x") == value
+        assert coerce(value, annotation, meta, name="x") == value
         return
     with pytest.raises(OptionError) as info:
-        coerce(value, annotation, meta, flag="--x")
+        coerce(value, annotation, meta, name="x")
     assert fragment in str(info.value) and "\n" not in str(info.value)
-    assert str(info.value) == f"{info.value.flag} {info.value.reason}"
+    assert str(info.value) == f"{info.value.name} {info.value.reason}"
 
 
 def test_seeds_follow_one_rule_by_their_name():
-    assert coerce("7", int, flag="--seed", name="seed") == 7
+    assert coerce("7", int, name="seed") == 7
     for bad in (-1, 2**63, "x", 1.5):
-        with pytest.raises(OptionError, match=r"--subset-seed must be an integer seed in \[0, 2\*\*63 - 1\]"):
-            coerce(bad, int, flag="--subset-seed", name="subset_seed")
+        with pytest.raises(OptionError, match=r"^subset_seed must be an integer seed in \[0, 2\*\*63 - 1\]"):
+            coerce(bad, int, name="subset_seed")
 
 
 def test_configs_are_frozen_coerced_and_validated_once(monkeypatch):

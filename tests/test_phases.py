@@ -94,9 +94,9 @@ def test_phases_restricted_combinations_and_target_epsilon(tmp_path):
 
 
 def test_phases_validation():
-    with pytest.raises(UsageError, match="--k"):
+    with pytest.raises(UsageError, match="^k must be between 1 and epochs - 1"):
         PhasesConfig(base=TrainConfig(**BASE), k=3).validate()
-    with pytest.raises(UsageError, match="--phase1"):
+    with pytest.raises(UsageError, match="^phase1 takes"):
         PhasesConfig(base=TrainConfig(**BASE), k=1, phase1=("adam",)).validate()
     with pytest.raises(UsageError, match="noise"):
         PhasesConfig(base=TrainConfig(**{**BASE, "noise_multiplier": None}), k=1).validate()
@@ -155,11 +155,11 @@ def test_phase2_sgd_options_unset_keep_every_run_and_group_hash():
 
 
 def test_phase2_sgd_options_are_validated_in_one_line():
-    for kwargs, match in (({"phase2_sgd_lr": 0.0}, "--phase2-sgd-lr must be > 0"),
-                          ({"phase2_sgd_lr": float("nan")}, "--phase2-sgd-lr must be a finite"),
-                          ({"phase2_sgd_momentum": 1.0}, "--phase2-sgd-momentum must be < 1, got 1.0"),
-                          ({"dp_momentum": -0.5}, "--dp-momentum must be >= 0, got -0.5"),
-                          ({"dp_lr": float("inf")}, "--dp-lr must be a finite")):
+    for kwargs, match in (({"phase2_sgd_lr": 0.0}, "^phase2_sgd_lr must be > 0"),
+                          ({"phase2_sgd_lr": float("nan")}, "^phase2_sgd_lr must be a finite"),
+                          ({"phase2_sgd_momentum": 1.0}, "^phase2_sgd_momentum must be < 1, got 1.0"),
+                          ({"dp_momentum": -0.5}, "^dp_momentum must be >= 0, got -0.5"),
+                          ({"dp_lr": float("inf")}, "^dp_lr must be a finite")):
         with pytest.raises(UsageError, match=match):
             PhasesConfig(base=TrainConfig(**BASE), k=1, **kwargs).validate()
 

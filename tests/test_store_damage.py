@@ -318,7 +318,7 @@ def test_the_loser_of_two_writers_creating_one_run_hears_that_another_process_wr
         holder.kill()
         holder.join(timeout=30)
     if manifest:  # once its writer is gone, a run is a run: continue it, or choose another name
-        with pytest.raises(CheckpointError, match="run 'r' already exists .* continue it: train --resume r"):
+        with pytest.raises(CheckpointError, match="run 'r' already exists .* continue it: resume='r'"):
             make_run(Store(root), "r")
     else:  # a creator killed before its manifest: the name is free again
         make_run(Store(root), "r")

@@ -67,7 +67,7 @@ def test_plane_through_three_checkpoints():
 
 @pytest.mark.parametrize("grid", ["25by25", "1x5", "x", "0"])
 def test_bad_grid(grid):
-    with pytest.raises(UsageError, match="--grid"):
+    with pytest.raises(UsageError, match="^grid "):
         SurfaceConfig(grid=grid)
 
 
@@ -77,7 +77,7 @@ def test_config_parsing():
     assert c.plane_kind == "pca" and c.plane_refs == ["run-1"]
     assert SurfaceConfig(plane="a@last, b.h5").plane_refs == ["a@last", "b.h5"]
     for bad in ("1:1", "a:b", "0:1,2:1,3:4"):
-        with pytest.raises(UsageError, match="--range"):
+        with pytest.raises(UsageError, match="^range "):
             SurfaceConfig(range=bad)
 
 

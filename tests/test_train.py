@@ -187,7 +187,7 @@ def test_config_validation():
         assert str(info.value).startswith(message), (options, str(info.value))
     config = TrainConfig(epochs="3", lr="0.1", device=" CPU ").validate()  # held as the command line holds them
     assert (config.epochs, config.lr, config.device) == (3, 0.1, "cpu")
-    with pytest.raises(UsageError, match="needs --noise-multiplier"):
+    with pytest.raises(UsageError, match="needs noise_multiplier or target_epsilon"):
         TrainConfig(optimizer="dpsgd").validate()
     with pytest.raises(UsageError, match="need a DP optimizer"):
         TrainConfig(noise_multiplier=1.0).validate()

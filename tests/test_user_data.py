@@ -167,7 +167,7 @@ def test_a_torchvision_set_by_name_from_data_root(tmp_path):
 
 
 def test_a_torchvision_set_without_files_is_one_line(tmp_path, capsys):
-    with pytest.raises(DataError, match="svhn files not found under .*--download"):
+    with pytest.raises(DataError, match="svhn files not found under .*download=True"):
         load_dataset("svhn", data_root=tmp_path)
     code, _, err = run_cli("--root", tmp_path / "ck", "train", "--data", "svhn", "--data-root", tmp_path,
                            capsys=capsys)
@@ -189,7 +189,7 @@ def test_data_factories_return_tensors_or_datasets():
     splits = load_dataset(f"{USER}:dataset_splits")
     expected = plugins.load(f"{USER}:images")(0, n=20, n_test=10, side=8)
     assert torch.equal(splits.x_train, expected["x_train"]) and torch.equal(splits.y_test, expected["y_test"])
-    with pytest.raises(plugins.PluginError, match="landscape --code"):
+    with pytest.raises(plugins.PluginError, match="pass code="):
         dataset_from_spec(splits.spec)
     with plugins.trusting([f"{USER}:dataset_splits"]):
         assert torch.equal(dataset_from_spec(splits.spec).x_test, splits.x_test)

@@ -75,7 +75,7 @@ def test_builtins_entry_points_and_code_are_one_registry():
 
 def test_a_stored_spec_rebuilds_only_code_named_in_this_context():
     spec = build_model(ref("tiny_cnn"), input_shape=(1, 8, 8), num_classes=10).landscape_spec
-    with pytest.raises(plugins.PluginError, match=r"landscape --code .*user_models.py:tiny_cnn"):
+    with pytest.raises(plugins.PluginError, match=r"pass code=\['.*user_models.py:tiny_cnn'\]"):
         model_from_spec(spec)
     with plugins.trusting([ref("tiny_mlp")]), pytest.raises(plugins.PluginError):  # other code: still refused
         model_from_spec(spec)

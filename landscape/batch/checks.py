@@ -26,7 +26,7 @@ def _check_type(value: Any, annotation: Any, opt: str) -> Any:
     (:func:`landscape.options.coerce`: ``[0.1, 0.5]`` or ``"0.1,0.5"`` for a tuple, ``"3"`` for an int, ...)."""
     from landscape.options import coerce
 
-    return coerce(value, annotation, flag="--" + opt.replace("_", "-"), name=opt)
+    return coerce(value, annotation, name=opt)
 
 
 def _check_options(kind, info, opts, raw_options, grid, env, where, body, key, label, at) -> dict[str, Any]:
