@@ -337,7 +337,10 @@ def test_cli_errors_are_one_line(store_root, tmp_path):
 
     res = CliRunner().invoke(cli, ["--root", str(store_root), "ntk", "cnn@last", "--subset", "100000",
                                    "-o", str(tmp_path / "x.h5")])
-    assert isinstance(res.exception, UsageError) and "--subset 100000" in str(res.exception)
+    assert isinstance(res.exception, UsageError) and "subset=100000 is more than" in str(res.exception)
+    from cli.common import error_line  # main() prints it with the command's flags
+
+    assert "--subset 100000 is more than" in error_line(res.exception, cli.get_command(None, "ntk"))
 
 
 def test_flat_clipping_of_a_layer_subset_uses_the_whole_gradient_norm(cnn, cnn_kernels):

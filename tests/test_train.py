@@ -173,15 +173,15 @@ def test_config_hash_counts_only_non_default_fields():
 def test_config_validation():
     with pytest.raises(UsageError, match="not both"):
         TrainConfig(optimizer="dpsgd", noise_multiplier=1.0, target_epsilon=3.0).validate()
-    # each option by its declaration, with the command line's messages (one rule: landscape.options.coerce)
-    for options, message in [({"optimizer": "adam"}, "--optimizer must be one of sgd, dpsgd, clip-only, noise-only, "
+    # each option by its declaration, named as Python names it (one rule: landscape.options.coerce)
+    for options, message in [({"optimizer": "adam"}, "optimizer must be one of sgd, dpsgd, clip-only, noise-only, "
                                                      "got 'adam'"),
-                             ({"momentum": 1.0}, "--momentum must be < 1, got 1.0"),
-                             ({"lr": float("nan")}, "--lr must be a finite number"),
-                             ({"delta": 1.0}, "--delta must be < 1, got 1.0"),
-                             ({"seed": -1}, "--seed must be an integer seed in [0, 2**63 - 1]"),
-                             ({"device": "tpu"}, "--device 'tpu': use auto, cpu, cuda or cuda:N"),
-                             ({"epochs": 0}, "--epochs must be >= 1, got 0")]:
+                             ({"momentum": 1.0}, "momentum must be < 1, got 1.0"),
+                             ({"lr": float("nan")}, "lr must be a finite number"),
+                             ({"delta": 1.0}, "delta must be < 1, got 1.0"),
+                             ({"seed": -1}, "seed must be an integer seed in [0, 2**63 - 1]"),
+                             ({"device": "tpu"}, "device must be auto, cpu, cuda or cuda:N, got 'tpu'"),
+                             ({"epochs": 0}, "epochs must be >= 1, got 0")]:
         with pytest.raises(UsageError) as info:
             TrainConfig(**options).validate()
         assert str(info.value).startswith(message), (options, str(info.value))

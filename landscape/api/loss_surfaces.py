@@ -213,10 +213,10 @@ def _resume(out: Path, config: SurfaceConfig, inputs: list[InputRef], plane: Pla
             and prev.plane_sha256 == plane.fingerprint())
     if not same:
         raise UsageError(f"{out} holds a different surface (other options, checkpoints or plane); "
-                         "remove it, pass --restart, or choose another -o")
+                         f"remove it, pass {param('restart', True)}, or choose another {param('output')}")
     if not user_metrics.same_code(prev.metric_sources):  # its cells would mix two versions of a metric
         raise UsageError(f"{out} was computed with other metric code (a source file changed, or a Python object); "
-                         "remove it, pass --restart, or choose another -o")
+                         f"remove it, pass {param('restart', True)}, or choose another {param('output')}")
     return prev
 
 

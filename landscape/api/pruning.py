@@ -183,7 +183,7 @@ def pruned_retrain(store: Store, trained: Checkpoint, init: Checkpoint, level: f
         infos = done.checkpoints()
         if infos and infos[-1].step >= total:
             return done
-        raise UsageError(f"run '{retrain_name}' exists but is unfinished; resume it (train --resume) or remove it")
+        raise UsageError(f"run '{retrain_name}' exists but is unfinished; resume it (`landscape train --resume`) or remove it")
     stored = dict(source.manifest["config"])
     if stored.get("target_epsilon") is not None:
         stored.update(target_epsilon=None,

@@ -224,7 +224,7 @@ class Resolver:
             raise UsageError(
                 f"no {'sibling ' if pairs == 'siblings' else ''}pairs among {len(runs)} matched run(s)"
                 + (" (siblings are runs trained from one parent checkpoint the same way: `landscape phases`, "
-                   "`train --from`, a Recorder's parent=; try --pairs all)" if pairs == "siblings" else "")
+                   f"`train --from`, a Recorder's parent=; try {param('pairs', 'all')})" if pairs == "siblings" else "")
             )
         return [(str(Ref(run=x.name, at="last")), str(Ref(run=y.name, at="last")), pair_labels(x, y)) for x, y in chosen]
 

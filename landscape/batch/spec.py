@@ -188,7 +188,7 @@ def _expand(key: str, body: Any, parent: Any, defaults: Any, known_kinds: list[s
     for opt, (_value, oat) in raw_options.items():
         if opt == "workers" and opt not in info.options:
             raise SpecError(f"{oat}: option 'workers' does not apply in a batch: jobs run in parallel on the batch's "
-                            f"workers (landscape batch --workers N), each analysis in one process")
+                            f"workers (`landscape batch --workers N`), each analysis in one process")
         if opt not in info.options:
             raise SpecError(f"{oat}: unknown option '{opt}' for job kind '{kind}'; known: "
                             f"{', '.join(sorted(info.options))}")

@@ -507,7 +507,7 @@ def _stack_images(images: list[torch.Tensor], what: str) -> torch.Tensor:
     shapes = {tuple(i.shape) for i in images}
     if len(shapes) > 1:
         raise DataError(f"{what}: images have different sizes ({', '.join(map(str, sorted(shapes)[:3]))}...); "
-                        "give the option size, e.g. --data-kwargs '{\"size\": 32}'")
+                        f"give the option size, e.g. {param('data_kwargs', json.dumps({'size': 32}))}")
     return torch.stack(images).to(torch.float32).div_(255.0)
 
 

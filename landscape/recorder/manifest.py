@@ -101,7 +101,7 @@ def parent_of(store: Store, parent: Any, model_spec: dict[str, Any]
     if ckpt.run is not None and (store.root / ckpt.run / MANIFEST).is_file() and \
             MASK_ARRAY in store.run(ckpt.run).array_names():
         raise UsageError(f"parent {ref} is a pruned run: a recorder cannot keep its pruned weights at zero in your "
-                         "loop; train the child with landscape train --from")
+                         "loop; train the child with `landscape train --from`")
     history = inherited_privacy(store, ckpt)
     if history.parent_epsilon is not None:
         history.parent_epsilon["ref"] = ref  # as the user named it, as train --from records it

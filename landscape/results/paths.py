@@ -16,7 +16,7 @@ from typing import Any
 
 import h5py
 
-from landscape.errors import OutputPathError
+from landscape.errors import OutputPathError, param
 from landscape.jsonable import to_jsonable
 from landscape.refs import slug
 
@@ -90,8 +90,8 @@ def check_default_output(path: str | os.PathLike, *, overwrite: bool = False) ->
     path = Path(path)
     if path.is_file() and is_result_file(path) and not overwrite:  # anything else: check_output_path's refusal
         raise OutputPathError(f"refusing to replace {_shown(path)}: a result of the same analysis, references and "
-                              "options is there already (landscape show reads it); pass -o FILE to write another "
-                              "file, or --overwrite (overwrite=True) to compute it again and replace it")
+                              f"options is there already (landscape show reads it); pass {param('output')} to write "
+                              f"another file, or {param('overwrite', True)} to compute it again and replace it")
 
 
 def is_result_file(path: str | os.PathLike) -> bool:

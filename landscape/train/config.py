@@ -149,7 +149,7 @@ class TrainConfig:
         """Warn when shuffled batches are combined with an accounted DP optimizer."""
         if self.accounted and self.sampling_method == "shuffle":
             warnings.warn(
-                "--sampling shuffle with DP: the reported epsilon assumes Poisson subsampling "
+                f"{param('sampling', 'shuffle')} with DP: the reported epsilon assumes Poisson subsampling "
                 "(sample rate B/N) and is not a guarantee for shuffled batches",
                 SamplingWarning,
                 stacklevel=2,
