@@ -85,15 +85,20 @@ def error_line(exc: LandscapeError | LandscapeWarning, *commands: click.Command 
     """The one line (without ``error:``) of a :class:`~landscape.errors.LandscapeError` on the command line: each
     parameter its message names (:func:`landscape.errors.param`) as the flag of ``commands`` that sets it (else
     ``--name-with-dashes``), where Python shows the parameter's own name."""
-    flags = command_flags(*commands)
-    line = render(exc.message, lambda name: flags.get(name) or "--" + name.replace("_", "-"))
-    return " ".join(line.splitlines())
+    return " ".join(_with_flags(exc.message, command_flags(*commands)).splitlines())
+
+
+def _with_flags(message: str, flags: dict[str, str]) -> str:
+    return render(message, lambda name: flags.get(name) or "--" + name.replace("_", "-"))
+
+
+def in_command(message: str) -> str:
+    """A message written with :func:`landscape.errors.param` as the running command shows it (its flags)."""
+    ctx = click.get_current_context(silent=True)
+    return _with_flags(message, command_flags(*([ctx.command, ctx.find_root().command] if ctx is not None else [])))
 
 
 def warning_line(message: Warning | str) -> str:
     """A warning as the running command shows it: a :class:`~landscape.errors.LandscapeWarning`'s parameters as
-    its flags (:func:`error_line`), any other warning as it is."""
-    if not isinstance(message, LandscapeWarning):
-        return str(message)
-    ctx = click.get_current_context(silent=True)
-    return error_line(message, *([ctx.command, ctx.find_root().command] if ctx is not None else []))
+    its flags, any other warning as it is."""
+    return in_command(message.message) if isinstance(message, LandscapeWarning) else str(message)

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from cli.common import warning_line
+from cli.common import in_command, warning_line
 from landscape.bounds import COUNT_MAX, SCHEDULER_TIMEOUT_S, SEED_MAX
 from landscape.errors import OptionError
 from landscape.options import SOURCE_HELP, coerce
@@ -36,7 +36,7 @@ class Coerced(click.ParamType):
         try:
             return coerce(value, self.annotation, self.meta, name=name)
         except OptionError as exc:
-            self.fail(exc.reason, param, ctx)
+            self.fail(in_command(exc.reason), param, ctx)
 
 
 class SubsetType(Coerced):
@@ -173,7 +173,7 @@ class SchedulerAddress(click.ParamType):
         try:
             return scheduler_address(str(value))
         except OptionError as exc:
-            self.fail(exc.reason, param, ctx)
+            self.fail(in_command(exc.reason), param, ctx)
 
 
 def scheduler_help(help: str) -> str:
