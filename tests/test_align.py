@@ -232,7 +232,7 @@ def test_refusals_are_one_line_model_errors(digits):
     b["7.bias"][3] = float("nan")
     with pytest.raises(ModelError, match="B has 1 non-finite value"):
         weight_matching(permutation_spec(lenet), a, b)
-    with pytest.raises(UsageError, match="max-iter"):
+    with pytest.raises(UsageError, match="^max_iter must be a positive integer"):
         weight_matching(permutation_spec(lenet), a, a, max_iter=0)
 
 

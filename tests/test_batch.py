@@ -188,10 +188,10 @@ BAD_SPECS = {
     "cycle via after": ("jobs:\n  a: {kind: train, run: x, after: [b]}\n  b: {kind: train, run: y, after: [a]}\n",
                         2, "cyclic dependency"),
     "bad grid value (type)": ("jobs:\n  a:\n    kind: train\n    run: 'x{epochs}'\n    grid:\n      epochs: [1, two]\n",
-                              6, "jobs.a.grid.epochs: jobs.a (epochs=two): --epochs must be an integer, got 'two'"),
+                              6, "jobs.a.grid.epochs: jobs.a (epochs=two): epochs must be an integer, got 'two'"),
     "bad grid value (range)": ("jobs:\n  a:\n    kind: train\n    run: 'x{e}'\n    optimizer: dpsgd\n"
                                "    target_epsilon: '{e}'\n    grid:\n      e: [1, -5]\n", 8,
-                               "--target-epsilon must be > 0, got -5"),
+                               "target_epsilon must be > 0, got -5"),
     "empty grid": ("jobs:\n  a:\n    kind: train\n    run: x\n    grid:\n      seed: []\n", 6, "non-empty list"),
     "duplicate run": ("jobs:\n  a:\n    kind: train\n    run: same\n    grid: {seed: [0, 1]}\n", 2,
                       "duplicate run name 'same' after expansion"),

@@ -215,7 +215,7 @@ def test_cli_model_options_parse_into_build_model_arguments(tmp_path, capsys):
         assert runner.invoke(command, bad).exit_code == 2, bad
     code, _, err = run_cli("--root", tmp_path, "import", tmp_path / "w.pt", "--model", "mlp", "--data", "digits",
                            "--run", "x", "--model-kwargs", '{"num_classes": 3}', capsys=capsys)
-    assert code == 2 and "num_classes come from the data set" in err
+    assert code == 2 and "--model-kwargs cannot hold num_classes: they come from the data set" in err
 
     optional = click.command()(add_options(options(TrainConfig), record))
     assert runner.invoke(optional, []).exit_code == 0 and seen["args"] == (None, {})

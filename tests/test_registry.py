@@ -272,7 +272,7 @@ def test_pair_on_different_data_warns_records_both_specs_and_data_from_b(mixed_s
 
     cfg = InterpolateConfig(points=2, split=("train",))
     with pytest.warns(UserWarning, match=r"trained on different data \(seed: 0 vs 1\); evaluating on A's "
-                                         r"\(--data-from b for the other\)"):
+                                         r"\(data_from='b' for the other\)"):
         on_a = interpolate("a", "b", cfg, root=mixed_store.root, output=tmp_path / "a.h5", figure=False)
     with pytest.warns(UserWarning, match="evaluating on B's"):
         on_b = interpolate("a", "b", cfg, root=mixed_store.root, data_from="b", output=tmp_path / "b.h5",

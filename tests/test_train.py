@@ -189,7 +189,7 @@ def test_config_validation():
     assert (config.epochs, config.lr, config.device) == (3, 0.1, "cpu")
     with pytest.raises(UsageError, match="needs noise_multiplier or target_epsilon"):
         TrainConfig(optimizer="dpsgd").validate()
-    with pytest.raises(UsageError, match="need a DP optimizer"):
+    with pytest.raises(UsageError, match="needs a DP optimizer"):
         TrainConfig(noise_multiplier=1.0).validate()
     with pytest.warns(SamplingWarning, match="Poisson"):
         TrainConfig(optimizer="dpsgd", noise_multiplier=1.0, sampling="shuffle").warn_sampling()

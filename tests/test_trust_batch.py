@@ -171,7 +171,7 @@ def test_subset_is_a_count_or_a_fraction_as_on_the_command_line(tmp_path, capsys
     for value in ("0", "-3", "1.5", "abc"):
         write(tmp_path, f"jobs:\n  t: {{kind: train, run: r, subset: {value}}}\n")
         code, _, err = batch(capsys, tmp_path, "spec.yaml", "--dry-run")
-        one_line(code, err, "spec.yaml:2", "'subset'")
+        one_line(code, err, "spec.yaml:2", "jobs.t: subset must be")
 
 
 def test_a_spec_subset_count_trains_on_that_many_examples(tmp_path, capsys, monkeypatch):
@@ -222,10 +222,10 @@ def test_references_to_runs_the_spec_writes_or_the_store_holds_are_fine(tmp_path
 
 
 @pytest.mark.parametrize("job, needle", [
-    ("{kind: calibration, refs: [r0], bins: 1000000000}", "--bins must be <= 10000"),
-    ("{kind: interpolate, refs: [r0, r0], points: 1000000000}", "--points must be <= 10000"),
-    ("{kind: interpolate, refs: [r0, r0], subset_seed: -1}", "--subset-seed must be an integer seed"),
-    ("{kind: train, run: c, seed: -1}", "--seed must be an integer seed"),
+    ("{kind: calibration, refs: [r0], bins: 1000000000}", "jobs.j: bins must be <= 10000"),
+    ("{kind: interpolate, refs: [r0, r0], points: 1000000000}", "jobs.j: points must be <= 10000"),
+    ("{kind: interpolate, refs: [r0, r0], subset_seed: -1}", "jobs.j: subset_seed must be an integer seed"),
+    ("{kind: train, run: c, seed: -1}", "jobs.j: seed must be an integer seed"),
 ])
 def test_a_spec_has_the_command_lines_limits(tmp_path, capsys, job, needle):
     write(tmp_path, f"jobs:\n{TRAIN}  j: {job}\n")

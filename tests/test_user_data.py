@@ -216,7 +216,7 @@ def test_train_and_analyse_on_data_from_code(tmp_path, capsys):
     api_train(TrainConfig(model="mlp", model_kwargs={"widths": [8]}, data=code, data_kwargs={"side": 4, "n": 24},
                           epochs=1, batch_size=8, run="a", checkpoint_every="none"), root=root)
     status, _, err = run_cli("--root", root, "calibration", "a@last", "--no-figure", capsys=capsys)
-    assert status == 2 and f"landscape --code {code}" in one_error(err)
+    assert status == 2 and f"pass --code {code}" in one_error(err)
     status, _, err = run_cli("--root", root, "--code", code, "calibration", "a@last", "--no-figure", capsys=capsys)
     assert status == 0, err
 

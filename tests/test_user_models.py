@@ -88,7 +88,7 @@ def test_a_moved_file_with_the_same_bytes_is_the_same_code(tmp_path):
     spec = build_model(ref("tiny_cnn"), input_shape=(1, 8, 8), num_classes=10).landscape_spec
     moved = tmp_path / "elsewhere.py"
     shutil.copy(USER, moved)
-    with pytest.raises(plugins.PluginError, match="--code"):  # another name is not taken for the same code
+    with pytest.raises(plugins.PluginError, match="pass code="):  # another name is not taken for the same code
         with plugins.trusting([ref("tiny_cnn", moved)]):
             model_from_spec(spec)
     moved = tmp_path / "copy" / USER.name
@@ -98,7 +98,7 @@ def test_a_moved_file_with_the_same_bytes_is_the_same_code(tmp_path):
         rebuilt = model_from_spec(spec)
     assert rebuilt.landscape_spec["code"]["file"] == str(moved.resolve())
     moved.write_text(moved.read_text() + "\n# changed\n")
-    with plugins.trusting([ref("tiny_cnn", moved)]), pytest.raises(plugins.PluginError, match="--code"):
+    with plugins.trusting([ref("tiny_cnn", moved)]), pytest.raises(plugins.PluginError, match="pass code="):
         model_from_spec(spec)
     with plugins.trusting([ref("tiny_cnn", moved)], accept_changed=True):  # moved and changed, accepted
         assert model_from_spec(spec).landscape_spec["code"]["accepted_change_from"] == sha256_file(USER)
@@ -151,16 +151,16 @@ def test_a_store_that_names_code_runs_nothing(tmp_path, capsys):
         line = one_error(err)
         assert code in (1, 2), (command, err)
         if "bare" not in command[1]:
-            assert "landscape --code" in line and ("os:system" in line or str(evil) in line), line
+            assert "pass --code" in line and ("os:system" in line or str(evil) in line), line
         else:
             assert "unknown model 'os:system'" in line
-    with pytest.raises(plugins.PluginError, match="--code"):
+    with pytest.raises(plugins.PluginError, match="pass code="):
         interpolate("file@init", "file@last", root=root, figure=False)
     other = tmp_path / "other.py"  # another file with the same function name is not the recorded code
     other.write_text("def make(**kw):\n    raise SystemExit('must not run')\n")
     code, _, err = run_cli("--root", root, "--code", f"{other}:make", "calibration", "file@last", "--no-figure",
                            capsys=capsys)
-    assert code == 2 and "landscape --code" in one_error(err)
+    assert code == 2 and "pass --code" in one_error(err)
     assert not marker.exists() and not (root / "SYSTEM_RAN").exists()
     assert not Path("results").exists()  # nothing was written
 
@@ -213,7 +213,7 @@ def cnn_store(tmp_path_factory):
 def test_user_cnn_interpolation_equals_a_blended_state_dict_loop(cnn_store, capsys):
     root, user = cnn_store
     code, _, err = run_cli("--root", root, "interpolate", "a", "b", "--points", 5, "--no-figure", capsys=capsys)
-    assert code == 2 and f"landscape --code {user}:tiny_cnn" in one_error(err)
+    assert code == 2 and f"pass --code {user}:tiny_cnn" in one_error(err)
     code, _, err = run_cli("--root", root, "--code", ref("tiny_cnn", user), "interpolate", "a", "b", "--points", 5,
                            "--no-figure", "-o", "r.h5", capsys=capsys)
     assert code == 0, err
@@ -474,7 +474,7 @@ def test_a_child_run_of_a_user_model_needs_its_code_named(cnn_store, tmp_path, c
     shutil.copytree(root, child)
     args = ("train", "--from", "a@last", "--epochs", 1, "--batch-size", 40, "--checkpoint-every", "none")
     code, _, err = run_cli("--root", child, *args, "--run", "c1", capsys=capsys)
-    assert code == 2 and "landscape --code" in one_error(err) and not (child / "c1").exists()
+    assert code == 2 and "pass --code" in one_error(err) and not (child / "c1").exists()
     code, _, err = run_cli("--root", child, *args, "--model", ref("tiny_cnn", user), "--run", "c2", capsys=capsys)
     assert code == 0, err
     code, _, err = run_cli("--root", child, "--code", ref("tiny_cnn", user), *args, "--run", "c3", capsys=capsys)
@@ -568,6 +568,6 @@ def test_a_batch_spec_trusts_the_code_its_own_jobs_name(tmp_path, capsys):
         only.write_text("root: st\nresults: res2\njobs:\n  i:\n    kind: interpolate\n    refs: [ua, ub]\n"
                         "    points: 3\n")
         code, _, err = run_cli("batch", "only.yaml", capsys=capsys)
-        assert code == 1 and "--code" in err and "spec_model.py:make" in err, err
+        assert code == 1 and "code=" in err and "spec_model.py:make" in err, err  # a job's error: the Python name
     finally:
         os.chdir(old)
