@@ -63,6 +63,12 @@ def parse_selector(selector: str) -> tuple[str, int | float | None]:
     raise UsageError(f"bad selector '@{selector}': expected @init, @last, @step=N or @epoch=E")
 
 
+def run_part(text: str) -> str:
+    """``text`` without its selector, unchecked: ``G-*@last`` -> ``G-*`` (a batch scans option values for the runs
+    and globs they mention)."""
+    return text.partition("@")[0]
+
+
 def slug(text: str) -> str:
     """Text as a file-name part: ``dir/a.h5`` -> ``a``; characters other than letters, digits and ``_ . = -``
     become ``_`` (``run@step=3`` -> ``run_step=3``)."""

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from landscape.batch.loading import SpecError
 from landscape.bounds import subset_value
 from landscape.errors import UsageError
+from landscape.refs import check_run_name, run_part
 
 if TYPE_CHECKING:
     from landscape.batch.graph import BatchSpec, Job
@@ -61,8 +62,6 @@ def _check_run_names(produces: tuple[str, ...], raw_options, grid, env, where, k
     """The runs a job writes (its kind's ``produces``: train's, phases', prune's, align's, import's), each a run
     name of the store's one rule (:func:`landscape.refs.check_run_name`): ``run: ../x`` is refused with the
     spec, not when the job runs."""
-    from landscape.refs import check_run_name
-
     for run in produces:
         try:
             check_run_name(run)
@@ -130,10 +129,10 @@ def _reference_tokens(opt: str, value: Any) -> list[str]:
     """The run names (or globs) a reference option names; keywords (``random``, ``pca``, ``siblings``, ``all``)
     are not runs."""
     keywords = _REF_KEYWORDS.get(opt, ())
-    return [t for t in _references(value) if t not in keywords]
+    return [t for t in run_tokens(value) if t not in keywords]
 
 
-def _check_references(spec: BatchSpec) -> None:
+def _checkrun_tokens(spec: BatchSpec) -> None:
     """Every run a job reads exists in the store or is written by a job of the spec (which then runs first), and
     no reference is a path (``../x.h5``, ``/abs/step-000000.h5``): checked before anything runs."""
     from landscape.store import Store
@@ -181,15 +180,15 @@ def _check_unique(jobs: list[Job], path: Path) -> None:
 _SPLIT = re.compile(r"[,:\s]+")
 
 
-def _references(value: Any) -> Iterable[str]:
-    """Every run name a value could name: strings split at , : and blanks, selectors (@...) dropped."""
+def run_tokens(value: Any) -> Iterable[str]:
+    """Every run name (or glob) a value could name: strings split at , : and blanks, selectors dropped."""
     if isinstance(value, str):
         for token in _SPLIT.split(value):
             if token:
-                yield token.split("@", 1)[0]
+                yield run_part(token)
     elif isinstance(value, (list, tuple)):
         for v in value:
-            yield from _references(v)
+            yield from run_tokens(v)
     elif isinstance(value, dict):
         for v in value.values():
-            yield from _references(v)
+            yield from run_tokens(v)
