@@ -132,7 +132,7 @@ def _reference_tokens(opt: str, value: Any) -> list[str]:
     return [t for t in run_tokens(value) if t not in keywords]
 
 
-def _checkrun_tokens(spec: BatchSpec) -> None:
+def _check_references(spec: BatchSpec) -> None:
     """Every run a job reads exists in the store or is written by a job of the spec (which then runs first), and
     no reference is a path (``../x.h5``, ``/abs/step-000000.h5``): checked before anything runs."""
     from landscape.store import Store
