@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from landscape import kinds
 from landscape.batch.loading import SpecError
 from landscape.bounds import subset_value
 from landscape.errors import UsageError
@@ -30,7 +31,7 @@ def _check_type(value: Any, annotation: Any, opt: str) -> Any:
     return coerce(value, annotation, flag="--" + opt.replace("_", "-"), name=opt)
 
 
-def _check_options(kind, info, opts, raw_options, grid, env, where, body, key, label, at) -> dict[str, Any]:
+def _check_options(kind, info, types, opts, raw_options, grid, env, where, body, key, label, at) -> dict[str, Any]:
     """Values coerced by their annotations, required options present, then the kind's configuration built and
     validated once."""
 
@@ -40,17 +41,17 @@ def _check_options(kind, info, opts, raw_options, grid, env, where, body, key, l
     out = {}
     for opt, value in opts.items():
         try:
-            if opt == "subset" and not _is_analysis(kind):  # a count or a fraction (300 is 300 examples)
+            if opt == "subset" and not kinds.is_analysis(kind):  # a count or a fraction (300 is 300 examples)
                 out[opt] = subset_value(value, "'subset'")
                 continue
-            out[opt] = _check_type(value, info.options[opt], opt)
+            out[opt] = _check_type(value, types[opt], opt)
         except UsageError as exc:
             raise SpecError(f"{place(opt)}: {label}: {exc}") from None
     for req in info.required:
         if out.get(req) in (None, "", [], ()):
             raise SpecError(f"{at}: {label}: job kind '{kind}' needs option '{req}' in a batch")
     try:
-        info.build(out)
+        info.configure(out)
     except (UsageError, ValueError, TypeError) as exc:
         blame = _blame(str(exc), raw_options, grid, env, where, key)
         raise SpecError(f"{blame or at}: {label}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") \
@@ -69,12 +70,6 @@ def _check_run_names(produces: tuple[str, ...], raw_options, grid, env, where, k
             blame = _blame("'run' 'group'", raw_options, grid, env, where, key)  # the option naming the run
             raise SpecError(f"{blame or at}: {label}: it would write the run {run!r}; {exc}") from None
     return produces
-
-
-def _is_analysis(kind: str) -> bool:
-    from landscape import kinds
-
-    return kinds.is_analysis(kind)
 
 
 def _blame(message: str, raw_options, grid, env, where, key) -> str | None:
