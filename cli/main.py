@@ -78,29 +78,13 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="landscape")
-@click.option(
-    "--root",
-    type=click.Path(file_okay=False),
-    envvar="LANDSCAPE_ROOT",
-    default="checkpoints",
-    show_default=True,
-    help="Checkpoint store root (env LANDSCAPE_ROOT).",
-)
-@click.option(
-    "--threads",
-    type=click.IntRange(min=1, max=COUNT_MAX),
-    envvar="LANDSCAPE_THREADS",
-    default=None,
-    help="torch intra-op threads (env LANDSCAPE_THREADS; default: torch's).",
-)
-@click.option(
-    "--code",
-    "code",
-    multiple=True,
-    metavar="REF",
-    help="Model / data code (module:factory or file.py:factory) that stored checkpoints name and may run to "
-         "rebuild them; repeatable. Nothing else a store names is ever imported.",
-)
+@click.option("--root", type=click.Path(file_okay=False), envvar="LANDSCAPE_ROOT", default="checkpoints",
+              show_default=True, help="Checkpoint store root (env LANDSCAPE_ROOT).")
+@click.option("--threads", type=click.IntRange(min=1, max=COUNT_MAX), envvar="LANDSCAPE_THREADS", default=None,
+              help="torch intra-op threads (env LANDSCAPE_THREADS; default: torch's).")
+@click.option("--code", "code", multiple=True, metavar="REF",
+              help="Model / data code (module:factory or file.py:factory) that stored checkpoints name and may run "
+                   "to rebuild them; repeatable. Nothing else a store names is ever imported.")
 @click.option("--accept-changed-code", is_flag=True,
               help="Rebuild with --code whose source changed since it was recorded (the result records it).")
 @click.option("--portable", is_flag=True, envvar="LANDSCAPE_PORTABLE",

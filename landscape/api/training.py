@@ -188,18 +188,17 @@ def _phases_hash(config: PhasesConfig) -> str:
 
 
 def ensure(store: Store, config: TrainConfig, phases_label: dict[str, Any] | None = None,
-           progress: bool | None = None) -> Run:
-    """Train ``config`` (named: ``config.run``) unless a run of that name with the same config hash exists (then
-    resume it; a finished one is returned as it is); a run of that name with another configuration is refused."""
+           progress: bool | None = None, *, hint: str = "; choose another --group") -> Run:
+    """Train ``config`` (named: ``config.run``) unless a run of that name with the same config hash exists: then
+    resume it, whatever a kill left (recorded checkpoints, a complete file the manifest does not list yet, or none);
+    a finished one returns at once. A run of that name with another configuration is refused (``hint`` added)."""
     from landscape.train.loop import resolved
 
     if config.run in store.run_names():
-        run = store.run(config.run)
-        if run.manifest.get("config_hash") != config_hash(resolved(store, config)):
-            raise CheckpointError(
-                f"run '{config.run}' already exists with a different configuration; choose another --group"
-            )
-        return train(TrainConfig(resume=config.run, data_root=config.data_root), root=store.root, progress=progress)
+        if store.run(config.run).manifest.get("config_hash") != config_hash(resolved(store, config)):
+            raise CheckpointError(f"run '{config.run}' already exists with a different configuration{hint}")
+        config = TrainConfig(resume=config.run, data_root=config.data_root, device=config.device)
+        return train(config, root=store.root, progress=progress)
     return train(config, root=store.root, progress=progress, phases=phases_label)
 
 
@@ -209,21 +208,10 @@ _NUMBERS = ("step", "epoch", "epsilon", "train_loss", "train_acc", "test_loss", 
 
 
 def _train_job(config: TrainConfig, *, root: Path, out: Path | None = None) -> Run:
-    """A train job: the same job again after a kill resumes its run (a finished one returns at once), also when
-    the kill came between a checkpoint file and the manifest entry listing it; a run of that name with a
-    different configuration is an error."""
+    """A train job: the same job again after a kill resumes its run (:func:`ensure`)."""
     from landscape.store import Store
-    from landscape.train.loop import resolved
 
-    store = Store(root)
-    if config.run in store.run_names():
-        existing = store.run(config.run).manifest
-        if existing.get("config_hash") != config_hash(resolved(store, config)):
-            raise CheckpointError(f"run '{config.run}' already exists with a different configuration")
-        # the same job: continue it, whatever the kill left (recorded checkpoints, a complete file the manifest
-        # does not list yet, or none: the resume path adopts the file or starts over from step 0)
-        config = TrainConfig(resume=config.run, data_root=config.data_root, device=config.device)
-    return train(config, root=root)
+    return ensure(Store(root), config, hint="")
 
 
 def _train_outcome(run: Run, root: Path, out: Path | None) -> tuple[dict[str, Any], list[Path]]:

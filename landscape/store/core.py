@@ -279,10 +279,6 @@ class Run:
 
     # -- the write lock -----------------------------------------------------------------------------
 
-    @property
-    def _holds(self) -> int:
-        return self._hold[1]
-
     def _acquire(self, lock: _FileLock | None = None) -> None:
         """Take one hold of the run's lock (``lock``: one already taken for this run)."""
         lock = lock if lock is not None else _lock(self.path, self.name)
