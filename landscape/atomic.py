@@ -23,7 +23,7 @@ from typing import Any
 
 from landscape.errors import WriteError
 
-__all__ = ["WRITE_ERRNOS", "atomic_write", "atomic_write_hdf5", "fsync_dir", "is_temp_name", "stale_temp_files"]
+__all__ = ["WRITE_ERRNOS", "atomic_write", "atomic_write_hdf5", "fsync_dir", "stale_temp_files"]
 
 #: The errors of a write the system refused for want of room or of a working device (a :class:`WriteError`).
 WRITE_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG, errno.EIO})
@@ -127,11 +127,9 @@ class _Sink:
                 self.error = exc
         if view:
             self.held.append((at, bytes(view)))
-        self._advance(self.pos + size)
+        self.pos = self.pos + size
+        self.end = max(self.end, self.pos)
         return size
-
-    def _advance(self, pos: int) -> None:
-        self.pos, self.end = pos, max(self.end, pos)
 
     def read(self, size: int = -1) -> bytes:
         size = max(0, self.end - self.pos) if size is None or size < 0 else size
@@ -180,12 +178,6 @@ def _refused(path: str | os.PathLike):
             kept = "the file is unchanged" if os.path.lexists(path) else "nothing was written"
             raise WriteError(path, exc.errno, exc.strerror, f"; {kept}") from None
         raise
-
-
-def is_temp_name(name: str, final: str | None = None) -> bool:
-    """Whether ``name`` is a temporary file of :func:`atomic_write` (for the final name ``final``, if given)."""
-    m = _TEMP_NAME.fullmatch(name)
-    return m is not None and (final is None or m.group("final") == final)
 
 
 def stale_temp_files(directory: str | os.PathLike, finals: Callable[[str], bool] = lambda _: True) -> list[Path]:
