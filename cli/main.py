@@ -1,9 +1,6 @@
-"""Entry point of the ``landscape`` command.
-
-Commands live one group per module under ``cli/`` and are loaded lazily (so ``landscape --help`` does not
-import torch-heavy analyzers it does not need). Every job kind of the registry :mod:`landscape.kinds` is a
-command generated from its spec: an analysis' by :mod:`cli.generate`, every other kind's by :mod:`cli.kinds`. A
-command that is no job kind is one module plus one line in ``COMMANDS``. Every :class:`~landscape.errors.LandscapeError` becomes one line on stderr and its exit code.
+"""Entry point of the ``landscape`` command: every job kind of :mod:`landscape.kinds` is a command generated from
+its spec, the others are ``COMMANDS``; all load lazily, so ``--help`` imports no torch. Every
+:class:`~landscape.errors.LandscapeError` becomes one line on stderr and its exit code.
 """
 
 from __future__ import annotations

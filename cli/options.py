@@ -1,9 +1,6 @@
-"""The click parameter types and the shared options of the commands.
-
-``--model`` / ``--data`` are :class:`SourceName` (unknown names are usage errors, exit 2). The parameter types
-(:class:`Count`, :class:`Seed`, :class:`FiniteFloat`, :class:`CommaList`, :class:`SubsetType`,
-:class:`DeviceType`, :class:`FieldType`) convert through :func:`landscape.options.coerce`, the coercion the api
-and batch specs use too, so a value means the same and a bad one reads the same wherever it is given.
+"""The click parameter types and the shared options of the commands. The types convert through
+:func:`landscape.options.coerce`, the one coercion of the api and batch specs too, so a value means the same and a
+bad one reads the same wherever it is given.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Atomic file writes shared by the checkpoint store and result files (no torch; h5py only when writing HDF5).
 
-:func:`atomic_write` writes a hidden temporary file beside the target, fsyncs it, renames it over the target
-and fsyncs the directory, so a killed process leaves the old file or the complete new one, never half of one
-(:func:`stale_temp_files` finds leftover temporaries). Every write fsyncs its directory, even for two renames in
-a row, because POSIX orders renames only through that fsync: a manifest must never survive a power cut that
-lost the checkpoint it lists. A refused write (:data:`WRITE_ERRNOS`) is a :class:`landscape.errors.WriteError`
-with the final path as it was; :func:`atomic_write_hdf5` keeps such a write from HDF5, which otherwise crashes
-the process when it closes the file.
+A temporary file beside the target is fsynced, renamed over it and the directory fsynced, so a killed process
+leaves the old file or the complete new one. Every write fsyncs its directory, even for two renames in a row:
+POSIX orders renames only through that fsync, and a manifest must never survive a power cut that lost the
+checkpoint it lists. :func:`atomic_write_hdf5` keeps a refused write from HDF5, which otherwise crashes the
+process when it closes the file.
 """
 
 from __future__ import annotations

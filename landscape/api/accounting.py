@@ -1,9 +1,6 @@
-"""``landscape privacy``: epsilon for a noise multiplier, or the noise multiplier for a target epsilon; the
+"""``landscape privacy`` (epsilon for a noise multiplier, or the noise multiplier for a target epsilon), the
 privacy record of imported weights (:func:`import_privacy`) and the caveat results carry about their inputs'
-ancestry (:func:`provenance_attrs`).
-
-``q`` is given or ``batch_size / dataset_size``; ``steps`` given or whole epochs counted as ``landscape train``
-runs them (:func:`landscape.train.accounting.schedule_steps`). Accounting is :mod:`landscape.train.accounting`.
+ancestry (:func:`provenance_attrs`). Accounting itself is :mod:`landscape.train.accounting`.
 """
 
 from __future__ import annotations

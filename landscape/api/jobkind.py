@@ -1,10 +1,6 @@
-"""The job-kind spec: what one kind of job (train, phases, prune, align, import, figures, each analysis) is.
-
-One :class:`JobKind` per kind, one line per kind in the registry :mod:`landscape.kinds`; the batch runner, the
-command line and ``landscape.api`` look a kind up there instead of branching on its name. Its fields (options,
-``build``, ``run``, ``command``, ``produces``, ``outcome``, ``rows`` / ``notes`` / ``details``, ``api``) are
-described on :class:`JobKind`. The command is always generated (:mod:`cli.kinds`); the api
-function too unless the kind has a hand-written one.
+"""The job-kind spec: what one kind of job (train, phases, prune, align, import, figures, each analysis) is;
+one line per kind in :mod:`landscape.kinds`, which the batch runner, the command line and ``landscape.api`` read
+instead of branching on a kind's name.
 """
 
 from __future__ import annotations

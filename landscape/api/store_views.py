@@ -1,8 +1,6 @@
-"""Looking into the store and bringing checkpoints in: ``runs``, ``checkpoint``, ``show``, ``import_checkpoint``.
-
-The commands ``store ls``, ``store show``, ``show`` and ``import`` are thin layers over these functions; their
-``--json`` prints exactly what these return (plain dicts). ``runs``, ``checkpoint`` and ``show`` import no torch
-(``tests/test_cli_lazy_torch.py``). ``IMPORT_JOB`` is the job kind ``import``.
+"""Looking into the store and bringing checkpoints in: ``runs``, ``checkpoint``, ``show``, ``import_checkpoint``
+(plain dicts: what ``store ls``, ``store show``, ``show`` and ``import`` print, ``--json`` exactly). ``runs``,
+``checkpoint`` and ``show`` import no torch.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Run a validated batch: in this process, on a local Dask cluster, or on an existing Dask scheduler.
 
-Every job becomes one call of :func:`landscape.batch.jobs.run_job`; in Dask each is a future whose arguments
-are the futures of the jobs it waits for, so the scheduler starts a job once its inputs are written and
-runs independent jobs side by side (one job per worker thread; workers have one thread each). A worker
-that dies mid-job makes Dask run that job again on another worker (``distributed.scheduler.allowed-failures``
-times). Workers read and write the store root and the results directory by the absolute paths the client
-resolved: on a cluster of several machines these must be on a shared filesystem (NFS, Lustre, ...).
+In Dask each job is a future whose arguments are the futures of the jobs it waits for, so the scheduler starts it
+once its inputs are written; a job on a worker that dies runs again elsewhere. Workers use the absolute paths the
+client resolved: on several machines, a shared filesystem.
 """
 
 from __future__ import annotations
