@@ -6,7 +6,7 @@ instead of branching on a kind's name.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,9 +93,9 @@ class JobKind:
         return validated(config)
 
 
-def fields_of(cls: type, skip: Iterable[str] = ()) -> dict[str, str]:
-    """Field name -> annotation string of dataclass ``cls`` (without ``skip``)."""
-    return {f.name: str(f.type) for f in dataclasses.fields(cls) if f.name not in set(skip)}
+def fields_of(cls: type) -> dict[str, str]:
+    """Field name -> annotation string of dataclass ``cls``."""
+    return {f.name: str(f.type) for f in dataclasses.fields(cls)}
 
 
 def validated(config: Any) -> Any:

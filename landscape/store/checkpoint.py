@@ -125,18 +125,12 @@ def load_verified(path: str | os.PathLike, *, ref: str | None = None, sha256: st
     return ckpt
 
 
-def _dtype_kind(dtype: torch.dtype) -> str:
-    from landscape.params import dtype_kind
-
-    return dtype_kind(dtype)
-
-
 def check_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], *, source: str) -> None:
     """Raise IncompatibleError naming the first key that is missing, unexpected, of the wrong shape or of the
     wrong kind of dtype (integer weights for a floating-point tensor would be cast without a word by
     ``load_state_dict``; precision within a kind, e.g. float64 into float32, is converted on load): the one
     check of :func:`landscape.params.first_mismatch`, phrased for a file loaded into a model."""
-    from landscape.params import first_mismatch
+    from landscape.params import dtype_kind, first_mismatch
 
     expected = model.state_dict()
     m = first_mismatch(expected, state_dict, dtypes=True)
@@ -153,7 +147,7 @@ def check_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], *
         raise IncompatibleError(f"{source}: unexpected tensor '{m.name}' that {what} does not have")
     if m.kind == "shape":
         raise IncompatibleError(f"{source}: tensor '{m.name}' has shape {m.b} but {what} expects {m.a}")
-    have, want = _dtype_kind(m.b), _dtype_kind(m.a)
+    have, want = dtype_kind(m.b), dtype_kind(m.a)
     raise IncompatibleError(
         f"{source}: tensor '{m.name}' is {str(m.b).removeprefix('torch.')} ({have}) but "
         f"{what} expects {str(m.a).removeprefix('torch.')} ({want}); convert the weights first"

@@ -40,17 +40,10 @@ def import_checkpoint(
 ) -> Path:
     """Import a foreign state dict as step 0 of a new run; return the checkpoint path.
 
-    ``.pt``/``.pth`` files are read with ``torch.load(weights_only=True)`` only: a file that would need
-    arbitrary code to unpickle is refused with UnsafeFileError and nothing in it runs. ``.safetensors``
-    files are read with safetensors. A dict wrapping the weights under ``state_dict``/``model_state_dict``/
-    ``model`` is unwrapped; the key prefixes of wrappers (``torch.compile``'s ``_orig_mod.``, Opacus' ``_module.``,
-    DataParallel's ``module.``, :data:`landscape.params.WRAPPERS`) are stripped.
-    Keys and shapes are checked against the model ``model_spec`` builds (strict).
-
-    ``privacy`` is the run's ``manifest["privacy"]``: what is known of the weights' privacy history
-    (:class:`landscape.privacy.PrivacyHistory`); by default nothing (``unknown_ancestors``), so every
-    run trained from them says that its epsilon covers only the steps landscape saw. ``epsilon`` is the
-    declared epsilon recorded at the checkpoint.
+    ``.pt``/``.pth`` files are read with ``torch.load(weights_only=True)`` only (a file that would run code is an
+    UnsafeFileError), ``.safetensors`` with safetensors; wrapping dicts (:data:`WRAPPER_KEYS`) and wrappers' key
+    prefixes are undone and the keys and shapes checked against the model ``model_spec`` builds. ``privacy`` is
+    the run's ``manifest["privacy"]`` (default: unknown ancestors); ``epsilon`` the declared one.
     """
     from landscape.models import model_from_spec
     from landscape.privacy import PrivacyHistory
