@@ -26,12 +26,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "batch": ("cli.batch:batch", "Run a YAML sweep of train/phases/prune/analysis jobs, in-process or on Dask."),
 }
 
-def _help(name: str) -> str:
-    from landscape import kinds
-
-    return COMMANDS[name][1] if name in COMMANDS else kinds.summary(name)
-
-
 def _load(where: str) -> click.Command:
     module, attr = where.split(":")
     return getattr(importlib.import_module(module), attr)
@@ -69,8 +63,11 @@ class LazyGroup(click.Group):
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # List commands from the registries' help strings so `--help` imports no command or analyzer module.
+        from landscape import kinds
+
         with formatter.section("Commands"):
-            formatter.write_dl([(name, _help(name)) for name in self.list_commands(ctx)])
+            formatter.write_dl([(name, COMMANDS[name][1] if name in COMMANDS else kinds.summary(name))
+                                for name in self.list_commands(ctx)])
 
 
 @click.group(cls=LazyGroup, no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})

@@ -87,6 +87,11 @@ def run_batch(spec: BatchSpec, *, workers: int = 1, scheduler: str | None = None
 def _run_batch(spec: BatchSpec, workers: int, scheduler: str | None, threads: int | None,
                progress: JobProgress) -> BatchReport:
     start = time.perf_counter()
+    if scheduler is not None or workers > 1:
+        try:
+            import distributed  # noqa: F401
+        except ImportError:
+            raise UsageError("--workers > 1 and --scheduler need Dask: pip install 'landscape[dist]'") from None
     client = _client(scheduler, progress) if scheduler is not None else None  # before anything is made
     try:
         spec.results.mkdir(parents=True, exist_ok=True)
@@ -123,10 +128,6 @@ def _in_process(spec: BatchSpec, threads: int | None, progress: JobProgress) -> 
 def _client(scheduler: str, progress: JobProgress) -> Any:
     """A client of the Dask scheduler at ``scheduler``, after a line saying how long it waits; the whole handshake
     has that deadline, so a service that is not a scheduler is one line, never a wait without end."""
-    try:
-        import distributed  # noqa: F401
-    except ImportError:
-        raise UsageError("--workers > 1 and --scheduler need Dask: pip install 'landscape[dist]'") from None
     from landscape.api.execution import connect_client, scheduler_address
     from landscape.bounds import scheduler_note
 
@@ -137,10 +138,8 @@ def _client(scheduler: str, progress: JobProgress) -> Any:
 def _on_dask(spec: BatchSpec, workers: int, client: Any, threads: int, progress: JobProgress,
              lost: list[str], retried: list[str]) -> tuple[list[dict[str, Any]], str | None]:
     """The jobs on ``client``'s cluster, or (None) on a local cluster of ``workers`` processes made here."""
-    try:
-        from distributed import Client, LocalCluster
-    except ImportError:
-        raise UsageError("--workers > 1 and --scheduler need Dask: pip install 'landscape[dist]'") from None
+    from distributed import Client, LocalCluster
+
     cluster = None
     if client is None:
         dashboard = "127.0.0.1:0" if _has_bokeh() else None
