@@ -90,15 +90,8 @@ def privacy(query: PrivacyQuery) -> PrivacyAnswer:
     else:
         sigma = float(query.noise_multiplier)
     eps = accounting.epsilon(sigma, q, steps, query.delta, query.accountant)
-    return PrivacyAnswer(
-        noise_multiplier=sigma,
-        epsilon=eps,
-        delta=query.delta,
-        sample_rate=q,
-        steps=steps,
-        method=query.accountant,
-        target_epsilon=query.target_epsilon,
-    )
+    return PrivacyAnswer(noise_multiplier=sigma, epsilon=eps, delta=query.delta, sample_rate=q, steps=steps,
+                         method=query.accountant, target_epsilon=query.target_epsilon)
 
 
 def import_privacy(

@@ -74,27 +74,11 @@ def prune(config: PruneConfig, *, root: str | Path) -> PruneResult:
         init = store.load(init_ref)
     run, masks = prune_into_run(store, source, config.remove, source_ref=config.ref, scope=config.scope,
                                 init=init, init_ref=init_ref, run=config.run)
-    layers = []
-    for n, m in masks.items():
-        kept = int(m.sum())
-        layers.append(
-            {
-                "name": n,
-                "shape": list(m.shape),
-                "numel": m.numel(),
-                "kept": kept,
-                "kept_fraction": kept / max(m.numel(), 1),
-            }
-        )
+    layers = [{"name": n, "shape": list(m.shape), "numel": m.numel(), "kept": int(m.sum()),
+               "kept_fraction": int(m.sum()) / max(m.numel(), 1)} for n, m in masks.items()]
     total = sum(row["numel"] for row in layers)
-    return PruneResult(
-        run=run.name,
-        checkpoint=run.checkpoints()[0].path,
-        source=config.ref,
-        init=init_ref,
-        layers=layers,
-        kept_fraction=sum(row["kept"] for row in layers) / max(total, 1),
-    )
+    return PruneResult(run=run.name, checkpoint=run.checkpoints()[0].path, source=config.ref, init=init_ref,
+                       layers=layers, kept_fraction=sum(row["kept"] for row in layers) / max(total, 1))
 
 
 def _default_init_ref(source: Checkpoint, ref: str) -> str:

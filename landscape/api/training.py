@@ -68,23 +68,13 @@ def summarize(run: Run) -> RunSummary:
     privacy = run.manifest.get("privacy") or {}
     parent = f"{lineage['parent_run']}@step={lineage['parent_step']}" if lineage.get("parent_run") else None
     return RunSummary(
-        run=run.name,
-        path=run.path,
-        step=last.step if last else 0,
-        epoch=last.epoch if last else 0.0,
-        epsilon=last.epsilon if last else None,
-        train_loss=metrics.get("train_loss"),
-        train_acc=metrics.get("train_acc"),
-        test_loss=metrics.get("test_loss"),
-        test_acc=metrics.get("test_acc"),
-        optimizer=(run.manifest.get("config") or {}).get("optimizer"),
-        parent=parent,
-        phase1=phases_.get("phase1"),
-        phase2=phases_.get("phase2"),
-        copy=phases_.get("copy"),
-        seconds=metrics.get("wall_seconds"),
+        run=run.name, path=run.path, step=last.step if last else 0, epoch=last.epoch if last else 0.0,
+        epsilon=last.epsilon if last else None, train_loss=metrics.get("train_loss"),
+        train_acc=metrics.get("train_acc"), test_loss=metrics.get("test_loss"), test_acc=metrics.get("test_acc"),
+        optimizer=(run.manifest.get("config") or {}).get("optimizer"), parent=parent,
+        phase1=phases_.get("phase1"), phase2=phases_.get("phase2"), copy=phases_.get("copy"),
+        seconds=metrics.get("wall_seconds"), parent_epsilon=privacy.get("parent_epsilon"),
         accountant=privacy.get("accountant") if last is not None and last.epsilon is not None else None,
-        parent_epsilon=privacy.get("parent_epsilon"),
     )
 
 

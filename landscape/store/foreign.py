@@ -60,16 +60,11 @@ def import_checkpoint(
     full_spec = dict(getattr(model, "landscape_spec", None) or model_spec)
     sha = sha256_file(file)
     fmt = "safetensors" if file.suffix == ".safetensors" else "torch"
-    new = store.create_run(
-        run,
-        config={"imported_from": str(file.resolve()), "format": fmt},
-        seeds={},
-        lineage={"imported_from": str(file.resolve()), "sha256": sha},
-        model_spec=full_spec,
-        data_spec=dict(data_spec),
-        extra={"privacy": dict(privacy) if privacy is not None
-               else {"accounted": False, **PrivacyHistory(unknown=True).manifest_fields()}},
-    )
+    privacy = dict(privacy) if privacy is not None else {"accounted": False,
+                                                         **PrivacyHistory(unknown=True).manifest_fields()}
+    new = store.create_run(run, config={"imported_from": str(file.resolve()), "format": fmt}, seeds={},
+                           lineage={"imported_from": str(file.resolve()), "sha256": sha}, model_spec=full_spec,
+                           data_spec=dict(data_spec), extra={"privacy": privacy})
     with new:
         try:
             return new.save_checkpoint(state_dict, step=0, epoch=0.0, epsilon=epsilon,
