@@ -4,8 +4,8 @@ with the same numbers as ``gram_blocks``.
 
 Layout (plain ``h5py`` reads it): ``/blocks/<parameter name>`` (rows x rows float64, one per trainable tensor),
 ``/K`` (their sum, optional), attrs ``kind``, ``n``, ``rows``, ``layers`` (JSON, ``named_parameters`` order),
-``chunk``, ``created``, ``landscape_version``, ``torch_version``. :class:`KernelFileOperator` reads a kernel back block by block as a
-:class:`landscape.spectral.LinearOperator`.
+``chunk``, ``created``, ``landscape_version``, ``torch_version``. :class:`KernelFileOperator` reads a kernel
+back block by block as a :class:`landscape.spectral.LinearOperator`.
 """
 
 from __future__ import annotations
