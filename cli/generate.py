@@ -1,5 +1,6 @@
-"""The click command of every registered analysis, generated from its spec (:mod:`landscape.analyze.registry`):
-arguments from its input mode, one option per CLI field of the config and run options, then the runner's options.
+"""The click command of every registered analysis, generated from its spec
+(:mod:`landscape.analyze.registry`): arguments from its input mode, one option per CLI field of the config and
+run options, then the runner's options.
 """
 
 from __future__ import annotations

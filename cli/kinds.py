@@ -1,5 +1,6 @@
 """The click command of a job kind (:mod:`landscape.kinds`) that is no analysis, generated from its spec: one
-argument per field in ``arguments``, one option per other field with ``option()`` metadata, then ``--json``."""
+argument per field in ``arguments``, one option per other field with ``option()`` metadata, then ``--json``.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Entry point of the ``landscape`` command: every job kind of :mod:`landscape.kinds` is a command generated from
-its spec, the others are ``COMMANDS``; all load lazily, so ``--help`` imports no torch. Every
+"""Entry point of the ``landscape`` command: every job kind of :mod:`landscape.kinds` is a command generated
+from its spec, the others are ``COMMANDS``; all load lazily, so ``--help`` imports no torch. Every
 :class:`~landscape.errors.LandscapeError` becomes one line on stderr and its exit code.
 """
 
@@ -74,11 +74,11 @@ class LazyGroup(click.Group):
 @click.version_option(__version__, prog_name="landscape")
 @click.option("--root", type=click.Path(file_okay=False), envvar="LANDSCAPE_ROOT", default="checkpoints",
               show_default=True, help="Checkpoint store root (env LANDSCAPE_ROOT).")
-@click.option("--threads", type=click.IntRange(min=1, max=COUNT_MAX), envvar="LANDSCAPE_THREADS", default=None,
-              help="torch intra-op threads (env LANDSCAPE_THREADS; default: torch's).")
+@click.option("--threads", type=click.IntRange(min=1, max=COUNT_MAX), envvar="LANDSCAPE_THREADS",
+              default=None, help="torch intra-op threads (env LANDSCAPE_THREADS; default: torch's).")
 @click.option("--code", "code", multiple=True, metavar="REF",
-              help="Model / data code (module:factory or file.py:factory) that stored checkpoints name and may run "
-                   "to rebuild them; repeatable. Nothing else a store names is ever imported.")
+              help="Model / data code (module:factory or file.py:factory) that stored checkpoints name and "
+                   "may run to rebuild them; repeatable. Nothing else a store names is ever imported.")
 @click.option("--accept-changed-code", is_flag=True,
               help="Rebuild with --code whose source changed since it was recorded (the result records it).")
 @click.option("--portable", is_flag=True, envvar="LANDSCAPE_PORTABLE",

@@ -1,6 +1,6 @@
 """The click parameter types and the shared options of the commands. The types convert through
-:func:`landscape.options.coerce`, the one coercion of the api and batch specs too, so a value means the same and a
-bad one reads the same wherever it is given.
+:func:`landscape.options.coerce`, the one coercion of the api and batch specs too, so a value means the same
+and a bad one reads the same wherever it is given.
 """
 
 from __future__ import annotations

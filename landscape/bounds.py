@@ -1,7 +1,8 @@
-"""The stated limits of the numbers a user gives, in one place (command line, Python api and batch specs alike):
-seeds in ``[0, SEED_MAX]`` (numpy refuses negative seeds, torch takes 64 bits), counts up to ``COUNT_MAX`` and
-tighter for sizes allocated up front, subsets as a count or a fraction (:func:`subset_value`), the scheduler
-wait. Imports nothing heavy: the command line reads it before torch is loaded.
+"""The stated limits of the numbers a user gives, in one place (command line, Python api and batch specs
+alike): seeds in ``[0, SEED_MAX]`` (numpy refuses negative seeds, torch takes 64 bits), counts up to
+``COUNT_MAX`` and tighter for sizes allocated up front, subsets as a count or a fraction
+(:func:`subset_value`), the scheduler wait. Imports nothing heavy: the command line reads it before torch is
+loaded.
 """
 
 from __future__ import annotations

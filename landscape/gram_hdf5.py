@@ -1,11 +1,11 @@
-"""Gram / NTK blocks out of core: :func:`landscape.gram.gram_tiles` streamed into an HDF5 file, each tile written
-as soon as it is formed (memory: two chunks' factors and one tile, where ``gram_blocks`` holds every n x n block),
-with the same numbers as ``gram_blocks``.
+"""Gram / NTK blocks out of core: :func:`landscape.gram.gram_tiles` streamed into an HDF5 file, each tile
+written as soon as it is formed (memory: two chunks' factors and one tile, where ``gram_blocks`` holds every n
+x n block), with the same numbers as ``gram_blocks``.
 
-Layout (plain ``h5py`` reads it): ``/blocks/<parameter name>`` (rows x rows float64, one per trainable tensor),
-``/K`` (their sum, optional), attrs ``kind``, ``n``, ``rows``, ``layers`` (JSON, ``named_parameters`` order),
-``chunk``, ``created``, ``landscape_version``, ``torch_version``. :class:`KernelFileOperator` reads a kernel
-back block by block as a :class:`landscape.spectral.LinearOperator`.
+Layout (plain ``h5py`` reads it): ``/blocks/<parameter name>`` (rows x rows float64, one per trainable
+tensor), ``/K`` (their sum, optional), attrs ``kind``, ``n``, ``rows``, ``layers`` (JSON, ``named_parameters``
+order), ``chunk``, ``created``, ``landscape_version``, ``torch_version``. :class:`KernelFileOperator` reads a
+kernel back block by block as a :class:`landscape.spectral.LinearOperator`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Progress of long work on stderr (never stdout, which carries the results): a bar on a terminal (tqdm), elsewhere
-one plain line every ~10 s (what, how far, ETA).
+"""Progress of long work on stderr (never stdout, which carries the results): a bar on a terminal (tqdm),
+elsewhere one plain line every ~10 s (what, how far, ETA).
 
 Silent unless turned on: the ``landscape`` command turns it on per command (``--quiet`` leaves it off), Python
 code with ``with progress.enabled(): ...`` (docs/commands.md). The library marks long loops with ``task``

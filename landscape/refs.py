@@ -58,8 +58,8 @@ def parse_selector(selector: str) -> tuple[str, int | float | None]:
 
 
 def run_part(text: str) -> str:
-    """``text`` without its selector, unchecked: ``G-*@last`` -> ``G-*`` (a batch scans option values for the runs
-    and globs they mention)."""
+    """``text`` without its selector, unchecked: ``G-*@last`` -> ``G-*`` (a batch scans option values for the
+    runs and globs they mention)."""
     return text.partition("@")[0]
 
 

@@ -28,9 +28,10 @@ DATA_ENV = "LANDSCAPE_DATA"  # where torchvision data sets live (landscape.data)
 
 
 def set_threads(threads: int | None = None) -> int | None:
-    """Set torch's intra-op thread count from ``threads``, else ``$LANDSCAPE_THREADS``, else leave torch's default
-    (and return None). torch is not imported for this: before it loads, ``$OMP_NUM_THREADS`` is set, which torch
-    reads for its default (at most the number of cores, where ``torch.set_num_threads`` would oversubscribe)."""
+    """Set torch's intra-op thread count from ``threads``, else ``$LANDSCAPE_THREADS``, else leave torch's
+    default (and return None). torch is not imported for this: before it loads, ``$OMP_NUM_THREADS`` is set,
+    which torch reads for its default (at most the number of cores, where ``torch.set_num_threads`` would
+    oversubscribe)."""
     if threads is None:
         env = os.environ.get(THREADS_ENV)
         if env is None:
@@ -153,10 +154,11 @@ def portable_requested() -> bool:
 
 
 def use_portable() -> None:
-    """Portable mode: every float kernel pinned to a code path that any x86-64 CPU runs alike, so the same seed gives
-    bit-identical runs and results on every machine (docs/reproducibility.md). It sets :data:`PORTABLE_SETTINGS`
-    for the libraries not loaded yet and switches off what the environment cannot (oneDNN, NNPACK); a process
-    whose torch or numpy loaded without the settings is a UsageError that says how to start it."""
+    """Portable mode: every float kernel pinned to a code path that any x86-64 CPU runs alike, so the same
+    seed gives bit-identical runs and results on every machine (docs/reproducibility.md). It sets
+    :data:`PORTABLE_SETTINGS` for the libraries not loaded yet and switches off what the environment cannot
+    (oneDNN, NNPACK); a process whose torch or numpy loaded without the settings is a UsageError that says how
+    to start it."""
     global _PORTABLE
     before = {key: os.environ.get(key) for key in (*PORTABLE_SETTINGS, PORTABLE_ENV)}
     for key, value in PORTABLE_SETTINGS.items():  # read by a library when it loads: only before it is

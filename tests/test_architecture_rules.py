@@ -6,9 +6,10 @@
 - **Nothing branches on a kind's name.** Code reads what a kind does from its spec (``landscape.kinds``, the
   analysis registry), never compares a kind's or command's name with a literal name: no ``==`` / ``!=`` /
   ``in`` / ``not in`` / ``match`` of an expression naming a kind (``name``, ``kind``, ``command``,
-  ``spec.name``, ``config.get("command")``, ...) against string literals that are all kind or command names (one,
-  a tuple/list/set of them, or a module constant made of them; a dict is a table, such as ``COMMANDS``). :data:`KIND_NAME_EXCEPTIONS` lists the places
-  ARCHITECTURE.md names as the exceptions, and nothing else.
+  ``spec.name``, ``config.get("command")``, ...) against string literals that are all kind or command names
+  (one, a tuple/list/set of them, or a module constant made of them; a dict is a table, such as
+  ``COMMANDS``). :data:`KIND_NAME_EXCEPTIONS` lists the places ARCHITECTURE.md names as the exceptions, and
+  nothing else.
 
 Each checker is also run on a planted violation, so a checker that finds nothing cannot pass unnoticed.
 """
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The one module that may split text on ``@`` (the reference parser).
 REFERENCE_PARSER = "landscape/refs.py"
 
-#: (file, function) -> why it may compare a kind's name with literal names (the same list as ARCHITECTURE.md's).
+#: (file, function) -> why it may compare a kind's name with literal names (ARCHITECTURE.md's list).
 KIND_NAME_EXCEPTIONS = {
     ("cli/main.py", "interrupted"): "RESUMED_BY_RERUN: the commands a rerun continues, for the Ctrl-C line",
     ("landscape/analyze/instability.py", "sibling_key"):
@@ -77,8 +78,8 @@ def at_splits(source: str) -> list[int]:
 
 
 def _literals(node: ast.AST, constants: dict[str, set[str]]) -> set[str] | None:
-    """The strings a literal side of a comparison holds (a string, a tuple/list/set of them, a module constant of
-    those); None when the side is not such a literal. A dict is a table (a registry), not a branch."""
+    """The strings a literal side of a comparison holds (a string, a tuple/list/set of them, a module constant
+    of those); None when the side is not such a literal. A dict is a table (a registry), not a branch."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return {node.value}
     if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and node.elts and all(
@@ -107,8 +108,9 @@ def _names_a_kind(node: ast.AST) -> bool:
 
 
 def kind_branches(source: str, names: set[str]) -> list[tuple[int, str]]:
-    """``(line, function)`` of every comparison in ``source`` of a kind-like expression with literal kind names
-    (``match`` cases included). A module's ``__getattr__`` / ``__dir__`` compare attribute names, not kinds."""
+    """``(line, function)`` of every comparison in ``source`` of a kind-like expression with literal kind
+    names (``match`` cases included). A module's ``__getattr__`` / ``__dir__`` compare attribute names, not
+    kinds."""
     tree = ast.parse(source)
     constants: dict[str, set[str]] = {}
     for stmt in tree.body:
@@ -140,7 +142,7 @@ def kind_branches(source: str, names: set[str]) -> list[tuple[int, str]]:
 def test_nothing_but_the_reference_parser_splits_on_at():
     offenders = [f"{path}:{line}" for path, text in _sources().items() if path != REFERENCE_PARSER
                  for line in at_splits(text)]
-    assert offenders == [], f"split on '@' outside {REFERENCE_PARSER} (parse with landscape.refs): {offenders}"
+    assert offenders == [], f"split on '@' outside {REFERENCE_PARSER} (use landscape.refs): {offenders}"
     assert at_splits(_sources()[REFERENCE_PARSER]), "the reference parser itself is found"
 
 
@@ -155,8 +157,8 @@ def test_nothing_branches_on_a_kind_name():
 
 
 @pytest.mark.parametrize("planted", [
-    "a, b = ref.split('@')", "a = ref.rsplit('@', 1)[0]", "a, _, b = ref.partition('@')", "ref.rpartition('@')",
-    "import re\nparts = re.split('@', ref)",
+    "a, b = ref.split('@')", "a = ref.rsplit('@', 1)[0]", "a, _, b = ref.partition('@')",
+    "ref.rpartition('@')", "import re\nparts = re.split('@', ref)",
 ])
 def test_the_at_checker_finds_a_planted_split(planted):
     assert at_splits(planted) != []

@@ -175,9 +175,9 @@ _NOT_DASK = ("is not a Dask scheduler: its reply is not Dask's protocol (an HTTP
 
 def probe_scheduler(address: str, timeout: float | None = None) -> dict[str, Any]:
     """The identity of the Dask scheduler at ``address``, asked as a client does (connect, handshake,
-    ``identity``) under one deadline (``timeout``, default :data:`landscape.bounds.SCHEDULER_TIMEOUT_S`); anything
-    else is one line saying what answered. Its own thread and event loop, so it works under a running loop
-    (Jupyter)."""
+    ``identity``) under one deadline (``timeout``, default :data:`landscape.bounds.SCHEDULER_TIMEOUT_S`);
+    anything else is one line saying what answered. Its own thread and event loop, so it works under a running
+    loop (Jupyter)."""
     import asyncio
     import threading
 
@@ -306,8 +306,8 @@ class ProcessPool:
     """The api's one executor: ``submit(fn, *args)`` / ``map(fn, jobs)`` -> ``[fn(*job) ...]`` in order.
 
     In-process for one worker (unless an ``initializer`` needs its own process), else ``workers`` spawned
-    processes created on first use; with a Dask ``scheduler`` (given, or :func:`using_scheduler`'s) Dask tasks,
-    the ``initializer``'s arguments scattered once. The results are the same either way.
+    processes created on first use; with a Dask ``scheduler`` (given, or :func:`using_scheduler`'s) Dask
+    tasks, the ``initializer``'s arguments scattered once. The results are the same either way.
     """
 
     def __init__(self, workers: int = 1, *, initializer: Callable | None = None, initargs: tuple = (),
@@ -413,8 +413,8 @@ class ExecutionOptions:
         check_parallelism(self.workers, self.scheduler)
 
     def on_cluster(self, parallel: bool) -> ExecutionOptions:
-        """The options the work runs with: the scheduler given, else :func:`using_scheduler`'s; on a cluster, an
-        analysis with parallel parts cuts its work into as many parts as the cluster has workers."""
+        """The options the work runs with: the scheduler given, else :func:`using_scheduler`'s; on a cluster,
+        an analysis with parallel parts cuts its work into as many parts as the cluster has workers."""
         scheduler = self.scheduler if self.scheduler is not None else _SCHEDULER.get()
         if scheduler is None:
             return self

@@ -1,6 +1,6 @@
 """The job-kind spec: what one kind of job (train, phases, prune, align, import, figures, each analysis) is;
-one line per kind in :mod:`landscape.kinds`, which the batch runner, the command line and ``landscape.api`` read
-instead of branching on a kind's name.
+one line per kind in :mod:`landscape.kinds`, which the batch runner, the command line and ``landscape.api``
+read instead of branching on a kind's name.
 """
 
 from __future__ import annotations

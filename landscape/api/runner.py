@@ -50,8 +50,9 @@ def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", con
         run_opts = spec.run_options(**{k: options.pop(k) for k in list(options) if k in run_fields}) \
             if spec.run_options else None
         config = build(spec.config, options, base=config)
-        execution = ExecutionOptions(1 if workers is None else workers, scheduler).on_cluster(spec.has_workers)
-        if execution.workers > 1:  # metric objects cannot travel to workers: say so before a pickle hangs a pool
+        execution = ExecutionOptions(1 if workers is None else workers, scheduler)
+        execution = execution.on_cluster(spec.has_workers)
+        if execution.workers > 1:  # metric objects cannot travel to workers: say so before a pickle hangs
             from landscape.metrics import check_workers
 
             check_workers(getattr(config, "metrics", None) or (), execution.workers)

@@ -1,6 +1,6 @@
-"""Looking into the store and bringing checkpoints in: ``runs``, ``checkpoint``, ``show``, ``import_checkpoint``
-(plain dicts: what ``store ls``, ``store show``, ``show`` and ``import`` print, ``--json`` exactly). ``runs``,
-``checkpoint`` and ``show`` import no torch.
+"""Looking into the store and bringing checkpoints in: ``runs``, ``checkpoint``, ``show``,
+``import_checkpoint`` (plain dicts: what ``store ls``, ``store show``, ``show`` and ``import`` print,
+``--json`` exactly). ``runs``, ``checkpoint`` and ``show`` import no torch.
 """
 
 from __future__ import annotations

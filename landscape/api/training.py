@@ -70,7 +70,8 @@ def summarize(run: Run) -> RunSummary:
     return RunSummary(
         run=run.name, path=run.path, step=last.step if last else 0, epoch=last.epoch if last else 0.0,
         epsilon=last.epsilon if last else None, train_loss=metrics.get("train_loss"),
-        train_acc=metrics.get("train_acc"), test_loss=metrics.get("test_loss"), test_acc=metrics.get("test_acc"),
+        train_acc=metrics.get("train_acc"), test_loss=metrics.get("test_loss"),
+        test_acc=metrics.get("test_acc"),
         optimizer=(run.manifest.get("config") or {}).get("optimizer"), parent=parent,
         phase1=phases_.get("phase1"), phase2=phases_.get("phase2"), copy=phases_.get("copy"),
         seconds=metrics.get("wall_seconds"), parent_epsilon=privacy.get("parent_epsilon"),
@@ -179,9 +180,10 @@ def _phases_hash(config: PhasesConfig) -> str:
 
 def ensure(store: Store, config: TrainConfig, phases_label: dict[str, Any] | None = None,
            progress: bool | None = None, *, hint: str = "; choose another --group") -> Run:
-    """Train ``config`` (named: ``config.run``) unless a run of that name with the same config hash exists: then
-    resume it, whatever a kill left (recorded checkpoints, a complete file the manifest does not list yet, or none);
-    a finished one returns at once. A run of that name with another configuration is refused (``hint`` added)."""
+    """Train ``config`` (named: ``config.run``) unless a run of that name with the same config hash exists:
+    then resume it, whatever a kill left (recorded checkpoints, a complete file the manifest does not list
+    yet, or none); a finished one returns at once. A run of that name with another configuration is refused
+    (``hint`` added)."""
     from landscape.train.loop import resolved
 
     if config.run in store.run_names():

@@ -1,7 +1,7 @@
 """Batch runs: sweeps of training and analysis jobs from a YAML spec, in-process or on Dask (docs/batch.md).
 
-``spec`` reads and validates a spec into an expanded job graph (nothing runs); ``runner`` runs it and writes the
-summary; ``jobs`` runs one job on a worker (a job whose outputs exist with the same configuration hash is
+``spec`` reads and validates a spec into an expanded job graph (nothing runs); ``runner`` runs it and writes
+the summary; ``jobs`` runs one job on a worker (a job whose outputs exist with the same configuration hash is
 skipped).
 """
 

@@ -31,7 +31,8 @@ def _check_type(value: Any, annotation: Any, opt: str) -> Any:
     return coerce(value, annotation, flag="--" + opt.replace("_", "-"), name=opt)
 
 
-def _check_options(kind, info, types, opts, raw_options, grid, env, where, body, key, label, at) -> dict[str, Any]:
+def _check_options(kind, info, types, opts, raw_options, grid, env, where, body, key, label,
+                   at) -> dict[str, Any]:
     """Values coerced by their annotations, required options present, then the kind's configuration built and
     validated once."""
 

@@ -1,7 +1,7 @@
 """A Dask worker preload for ``landscape batch --workers N``: the worker exits when the batch process dies.
 
-Distributed's own guard (a pipe only the parent should hold) can fail with forked workers, which may inherit each
-other's write end and outlive a SIGKILLed batch; this polls the parent's process id instead.
+Distributed's own guard (a pipe only the parent should hold) can fail with forked workers, which may inherit
+each other's write end and outlive a SIGKILLed batch; this polls the parent's process id instead.
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
 """Run a validated batch: in this process, on a local Dask cluster, or on an existing Dask scheduler.
 
-In Dask each job is a future whose arguments are the futures of the jobs it waits for, so the scheduler starts it
-once its inputs are written; a job on a worker that dies runs again elsewhere. Workers use the absolute paths the
-client resolved: on several machines, a shared filesystem.
+In Dask each job is a future whose arguments are the futures of the jobs it waits for, so the scheduler starts
+it once its inputs are written; a job on a worker that dies runs again elsewhere. Workers use the absolute
+paths the client resolved: on several machines, a shared filesystem.
 """
 
 from __future__ import annotations
 
 import csv
+import importlib.util
 import logging
 import math
 import time
@@ -87,11 +88,8 @@ def run_batch(spec: BatchSpec, *, workers: int = 1, scheduler: str | None = None
 def _run_batch(spec: BatchSpec, workers: int, scheduler: str | None, threads: int | None,
                progress: JobProgress) -> BatchReport:
     start = time.perf_counter()
-    if scheduler is not None or workers > 1:
-        try:
-            import distributed  # noqa: F401
-        except ImportError:
-            raise UsageError("--workers > 1 and --scheduler need Dask: pip install 'landscape[dist]'") from None
+    if (scheduler is not None or workers > 1) and importlib.util.find_spec("distributed") is None:
+        raise UsageError("--workers > 1 and --scheduler need Dask: pip install 'landscape[dist]'") from None
     client = _client(scheduler, progress) if scheduler is not None else None  # before anything is made
     try:
         spec.results.mkdir(parents=True, exist_ok=True)
@@ -229,8 +227,6 @@ class WorkerWatch:
 
 
 def _has_bokeh() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("bokeh") is not None
 
 

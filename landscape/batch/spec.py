@@ -1,6 +1,6 @@
 """Batch specs: YAML in, a validated and expanded job graph out (nothing runs here). Every key is checked; the
-schema, templates, grids and the safety checks (runs read exist, no paths as references, writes stay inside the
-results directory and the store root, size limits) are in docs/batch.md.
+schema, templates, grids and the safety checks (runs read exist, no paths as references, writes stay inside
+the results directory and the store root, size limits) are in docs/batch.md.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from landscape.batch.checks import (
 from landscape.batch.graph import BatchSpec, Job, _hash_jobs, _link, _topological, describe, to_dot
 from landscape.batch.loading import MAX_DEPTH, MAX_NODES, TOP_KEYS, SpecError, _Map, load_yaml
 
-__all__ = ["MAX_DEPTH", "MAX_JOBS", "MAX_NODES", "BatchSpec", "Job", "SpecError", "describe", "load_spec", "load_yaml", "to_dot"]
+__all__ = ["MAX_DEPTH", "MAX_JOBS", "MAX_NODES", "BatchSpec", "Job", "SpecError", "describe", "load_spec",
+           "load_yaml", "to_dot"]
 
 JOB_KEYS = ("kind", "grid", "name", "after")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=-]*$")

@@ -86,8 +86,9 @@ def _attr_value(value: Any) -> Any:
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], Any]) -> Path:
-    """:func:`landscape.atomic.atomic_write` for result files: the directory is created, and a file system error
-    other than a refused write (:class:`~landscape.errors.WriteError`) is one :class:`ResultError` line."""
+    """:func:`landscape.atomic.atomic_write` for result files: the directory is created, and a file system
+    error other than a refused write (:class:`~landscape.errors.WriteError`) is one :class:`ResultError` line.
+    """
     with _writing(path):
         return atomic.atomic_write(path, write)
 

@@ -91,8 +91,9 @@ def load_checkpoint(path: str | os.PathLike, *, ref: str | None = None, tensors:
             extra = _read_flat(f[EXTRA_GROUP], escaped=False) if EXTRA_GROUP in f else {}
             ckpt = Checkpoint(
                 path=path, ref=ref if ref is not None else str(path), state_dict=state_dict,
-                step=int(a.get("step", 0)), epoch=float(a.get("epoch", 0.0)), epsilon=_float_or_none(a.get("epsilon")),
-                metrics=_decode_metrics(_json_attr(a, "metrics")), model_spec=_json_attr(a, "model_spec"),
+                step=int(a.get("step", 0)), epoch=float(a.get("epoch", 0.0)),
+                epsilon=_float_or_none(a.get("epsilon")), metrics=_decode_metrics(_json_attr(a, "metrics")),
+                model_spec=_json_attr(a, "model_spec"),
                 data_spec=_json_attr(a, "data_spec"), run=_str_attr(a, "run"), extra=extra, sha256="",
                 attrs=_json_attr(a, "attrs"), code_version=_str_attr(a, "code_version"),
             )

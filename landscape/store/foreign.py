@@ -40,10 +40,11 @@ def import_checkpoint(
 ) -> Path:
     """Import a foreign state dict as step 0 of a new run; return the checkpoint path.
 
-    ``.pt``/``.pth`` files are read with ``torch.load(weights_only=True)`` only (a file that would run code is an
-    UnsafeFileError), ``.safetensors`` with safetensors; wrapping dicts (:data:`WRAPPER_KEYS`) and wrappers' key
-    prefixes are undone and the keys and shapes checked against the model ``model_spec`` builds. ``privacy`` is
-    the run's ``manifest["privacy"]`` (default: unknown ancestors); ``epsilon`` the declared one.
+    ``.pt``/``.pth`` files are read with ``torch.load(weights_only=True)`` only (a file that would run code is
+    an UnsafeFileError), ``.safetensors`` with safetensors; wrapping dicts (:data:`WRAPPER_KEYS`) and
+    wrappers' key prefixes are undone and the keys and shapes checked against the model ``model_spec`` builds.
+    ``privacy`` is the run's ``manifest["privacy"]`` (default: unknown ancestors); ``epsilon`` the declared
+    one.
     """
     from landscape.models import model_from_spec
     from landscape.privacy import PrivacyHistory
@@ -62,13 +63,14 @@ def import_checkpoint(
     fmt = "safetensors" if file.suffix == ".safetensors" else "torch"
     privacy = dict(privacy) if privacy is not None else {"accounted": False,
                                                          **PrivacyHistory(unknown=True).manifest_fields()}
-    new = store.create_run(run, config={"imported_from": str(file.resolve()), "format": fmt}, seeds={},
-                           lineage={"imported_from": str(file.resolve()), "sha256": sha}, model_spec=full_spec,
+    origin = str(file.resolve())
+    new = store.create_run(run, config={"imported_from": origin, "format": fmt}, seeds={},
+                           lineage={"imported_from": origin, "sha256": sha}, model_spec=full_spec,
                            data_spec=dict(data_spec), extra={"privacy": privacy})
     with new:
         try:
             return new.save_checkpoint(state_dict, step=0, epoch=0.0, epsilon=epsilon,
-                                       attrs={"imported_from": str(file.resolve())})
+                                       attrs={"imported_from": origin})
         except BaseException:
             shutil.rmtree(new.path, ignore_errors=True)
             raise

@@ -98,10 +98,10 @@ _NON_FINITE = ("nan", "inf", "-inf", "Infinity", "-Infinity", "NaN", "none", "No
 
 
 def check_manifest(manifest: Any, path: str | os.PathLike) -> dict[str, Any]:
-    """Check a run manifest (as parsed from JSON) against the store's one schema; return it. A manifest without
-    its required fields is damage, never a run nothing vouches for; a checkpoint entry's ``file`` is exactly its
-    step's (no entry points outside its run) and has a sha256. A violation is one CheckpointError line naming
-    the file and the field."""
+    """Check a run manifest (as parsed from JSON) against the store's one schema; return it. A manifest
+    without its required fields is damage, never a run nothing vouches for; a checkpoint entry's ``file`` is
+    exactly its step's (no entry points outside its run) and has a sha256. A violation is one CheckpointError
+    line naming the file and the field."""
     def bad(field: str, what: str, value: Any = None, show: bool = True) -> CheckpointError:
         got = f", got {_short(value)}" if show else ""
         return CheckpointError(f"damaged run manifest {path}: field '{field}' {what}{got}")
