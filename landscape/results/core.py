@@ -105,16 +105,9 @@ def _writing(path: str | os.PathLike):
         raise ResultError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def write_result(
-    path: str | os.PathLike,
-    kind: str,
-    *,
-    arrays: Mapping[str, Any],
-    attrs: Mapping[str, Any] | None = None,
-    params: Mapping[str, Any] | Any | None = None,
-    inputs: Sequence[InputRef] = (),
-    dims: Mapping[str, Sequence[str]] | None = None,
-) -> Path:
+def write_result(path: str | os.PathLike, kind: str, *, arrays: Mapping[str, Any],
+                 attrs: Mapping[str, Any] | None = None, params: Mapping[str, Any] | Any | None = None,
+                 inputs: Sequence[InputRef] = (), dims: Mapping[str, Sequence[str]] | None = None) -> Path:
     """Write a result file atomically and return its path.
 
     ``arrays`` values may be numpy arrays, tensors or lists; ``attrs`` hold scalars (others are stored

@@ -71,17 +71,9 @@ class Store:
     def __repr__(self) -> str:
         return f"Store({str(self.root)!r})"
 
-    def create_run(
-        self,
-        name: str | None,
-        *,
-        config: Mapping[str, Any],
-        seeds: Mapping[str, Any],
-        lineage: Mapping[str, Any] | None = None,
-        model_spec: Mapping[str, Any],
-        data_spec: Mapping[str, Any],
-        extra: Mapping[str, Any] | None = None,
-    ) -> Run:
+    def create_run(self, name: str | None, *, config: Mapping[str, Any], seeds: Mapping[str, Any],
+                   lineage: Mapping[str, Any] | None = None, model_spec: Mapping[str, Any],
+                   data_spec: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> Run:
         """Create a new run directory with its manifest; ``name=None`` generates a unique name.
 
         ``extra`` adds further top-level manifest fields (e.g. ``phases``). An existing run name is an
@@ -356,17 +348,10 @@ class Run:
 
     # -- checkpoints --------------------------------------------------------------------------------
 
-    def save_checkpoint(
-        self,
-        state_dict: Mapping[str, torch.Tensor],
-        *,
-        step: int,
-        epoch: float,
-        epsilon: float | None = None,
-        metrics: Mapping[str, Any] | None = None,
-        extra: Mapping[str, Any] | None = None,
-        attrs: Mapping[str, Any] | None = None,
-    ) -> Path:
+    def save_checkpoint(self, state_dict: Mapping[str, torch.Tensor], *, step: int, epoch: float,
+                        epsilon: float | None = None, metrics: Mapping[str, Any] | None = None,
+                        extra: Mapping[str, Any] | None = None,
+                        attrs: Mapping[str, Any] | None = None) -> Path:
         """Write ``step-NNNNNN.h5`` atomically, then record it in the manifest (also atomically).
 
         ``extra`` holds arrays to keep beside the weights (RNG states, optimizer buffers, sampler

@@ -28,16 +28,9 @@ if TYPE_CHECKING:
 WRAPPER_KEYS = ("state_dict", "model_state_dict", "module_state_dict", "model")  # module_: Opacus save_checkpoint
 
 
-def import_checkpoint(
-    store: Store,
-    file: str | os.PathLike,
-    *,
-    model_spec: Mapping[str, Any],
-    data_spec: Mapping[str, Any],
-    run: str,
-    privacy: Mapping[str, Any] | None = None,
-    epsilon: float | None = None,
-) -> Path:
+def import_checkpoint(store: Store, file: str | os.PathLike, *, model_spec: Mapping[str, Any],
+                      data_spec: Mapping[str, Any], run: str, privacy: Mapping[str, Any] | None = None,
+                      epsilon: float | None = None) -> Path:
     """Import a foreign state dict as step 0 of a new run; return the checkpoint path.
 
     ``.pt``/``.pth`` files are read with ``torch.load(weights_only=True)`` only (a file that would run code is
