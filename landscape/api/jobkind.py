@@ -110,6 +110,13 @@ def run_option(options: dict[str, Any]) -> list[str]:
     return [options["run"]] if options.get("run") else []
 
 
+def run_files(root: Path, *runs: str) -> list[Path]:
+    """The files of the store runs ``runs`` at ``root``: what a job that wrote them made."""
+    from landscape.store import Store
+
+    return [f for run in runs for f in files_under(Store(root).run(run).path)]
+
+
 def files_under(directory: Path) -> list[Path]:
     """The files a job wrote under ``directory`` (hidden ones aside: locks, partial writes)."""
     return [p for p in Path(directory).rglob("*") if p.is_file() and not p.name.startswith(".")]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from landscape import plugins
 from landscape import progress as display
-from landscape.api.jobkind import JobKind, files_under, run_option, validated
+from landscape.api.jobkind import JobKind, files_under, run_files, run_option, validated
 from landscape.errors import CheckpointError, UsageError
 from landscape.train.config import PhasesConfig, TrainConfig, config_hash
 
@@ -278,17 +278,11 @@ def _phases_produces(options: dict[str, Any]) -> list[str]:
 
 
 def _phases_outcome(summaries: list[RunSummary], root: Path, out: Path | None) -> tuple[dict[str, Any], list[Path]]:
-    from landscape.store import Store
-
-    store = Store(root)
-    files: list[Path] = []
-    for s in summaries:
-        files.extend(files_under(store.run(s.run).path))
     accs = [s.test_acc for s in summaries if s.test_acc is not None]
     eps = [s.epsilon for s in summaries if s.epsilon is not None and math.isfinite(s.epsilon)]
     numbers = {"runs": len(summaries), "test_acc_min": min(accs) if accs else None,
                "test_acc_max": max(accs) if accs else None, "epsilon": max(eps) if eps else None}
-    return numbers, files
+    return numbers, run_files(root, *(s.run for s in summaries))
 
 
 PHASES_JOB = JobKind(
