@@ -248,12 +248,9 @@ def _columns(summary: RunSummary, columns: Sequence[str]) -> dict[str, Any]:
     return {c: getattr(summary, c) for c in columns}
 
 
-def _phase_fields() -> set[str]:
-    return {f.name for f in dataclasses.fields(PhasesConfig)} - {"base"}
-
-
 def _phases_build(options: dict[str, Any]) -> PhasesConfig:
-    own = {k: options.pop(k) for k in list(options) if k in _phase_fields()}
+    own_fields = {f.name for f in dataclasses.fields(PhasesConfig)} - {"base"}
+    own = {k: options.pop(k) for k in list(options) if k in own_fields}
     own = {k: tuple(v) if isinstance(v, list) else v for k, v in own.items()}
     return validated(PhasesConfig(base=TrainConfig(**options), **own))
 

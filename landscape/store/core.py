@@ -189,10 +189,7 @@ class Store:
         """Names of the complete runs (directories with a manifest), sorted."""
         if not self.root.is_dir():
             return []
-        return sorted(
-            p.name for p in self.root.iterdir()
-            if is_run_name(p.name) and (p / MANIFEST).is_file()
-        )
+        return sorted(p.name for p in self.root.iterdir() if is_run_name(p.name) and (p / MANIFEST).is_file())
 
     def scan(self, pattern: str = "*") -> tuple[list[Run], dict[str, str]]:
         """Runs whose name matches a shell glob, and the damaged ones apart: ``(runs, {name: one-line error})``.
