@@ -59,7 +59,7 @@ def test_every_target_names_the_output_and_a_second_run_is_refused(root, capsys)
     # the same command again: one line naming the file and the two ways out, nothing written
     code, _, err = run_cli("--root", root, "calibration", "A@last", "B@last", "--no-figure", capsys=capsys)
     assert code == 2 and err.count("\n") == 1
-    assert err.startswith(f"error: refusing to replace {first}:") and "-o FILE" in err and "--overwrite" in err
+    assert err.startswith(f"error: refusing to replace {first}:") and "pass --output to write another file" in err and "--overwrite" in err
     assert (created(first), first.stat().st_mtime_ns) == before
     with pytest.raises(OutputPathError, match="refusing to replace results/calibration-A_last--B_last.h5"):
         calibration(["A@last", "B@last"], root=root, **NO_FIG)
