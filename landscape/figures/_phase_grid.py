@@ -19,15 +19,7 @@ Phase-1 -> Phase-2 combinations are the arms. The evaluation grid (seed 0, the f
 at the chosen candidate -- and at every other viable candidate and at each arm's own best, for the recipes'
 sensitivity reports. The selection never reads a test example, never compares arms and reads no verdict input.
 
-What was tried before, in order (each change made because end models failed the validity gate, never for a
-verdict): SGD at lr 0.03 with momentum 0.9 against DP-SGD at lr 0.5 without momentum (unmatched); a matched lr at
-momentum 0 by the lower final train accuracy of a plain SGD and a plain DP-SGD run (chose lr 0.1, where plain SGD
-on digits oscillates and 2 of 20 Phase-2 runs collapsed); the same with momentum 0.9 and a 3-epoch window (lr 0.05 /
-momentum 0.9: every DP -> SGD run diverged, which no from-scratch run can show); the grid's worst arm with one
-Phase-2 copy (lr 0.1 / momentum 0 again, collapsing copies); the grid's worst run over every copy, on the *same*
-runs that were then judged and on train accuracy -- claim-blind, but not claim-neutral (it chose lr 0.01 / momentum
-0.9 as the only viable candidate, on the evaluation seeds themselves). This version selects on separate seeds and
-a validation split, and reports the verdict at every viable candidate. The paper itself tuned each optimiser
+What was tried before: docs/figures.md, "What was tried, recipe by recipe". The paper itself tuned each optimiser
 separately (SGD lr 0.1 / batch 128, DP-SGD lr 0.5 / batch 1024, Sec. 4.1 "Training"); at paper scale the grid
 keeps the paper's model, data, epochs, k, sigma 0.55, C = 1 and momentum 0, and matches the lr (from the paper's
 sweep) and the batch (the paper's SGD batch of 128).

@@ -15,9 +15,8 @@ side's standard error is the leave-one-copy-out jackknife with ``copies - 1`` de
 decides (3 copies: p 0.125, inconclusive -- not a certain "did not hold").
 
 Privacy: epsilon is the budget each DP Phase 2 actually spends. Phase 1 is SGD (non-private), so the DP Phase 2 of
-``epochs - k`` epochs gets its own noise multiplier, calibrated per k by the accountant to the labelled epsilon (an
-earlier version calibrated sigma for all ``epochs`` and spent 0.93 / 0.86 / 0.70 of "epsilon 1" at k = 1 / 2 / 4,
-confounding epsilon with k exactly where the paper's exception lives). The spent budgets are stored
+``epochs - k`` epochs gets its own noise multiplier, calibrated per k by the accountant to the labelled epsilon
+(else epsilon is confounded with k exactly where the paper's exception lives). The spent budgets are stored
 (``eps_spent``) and stated in the scope.
 
 Runs. Phase 1 is SGD (lr ``lr``, momentum 0.9) for k epochs, common to both families. From it, Phase 2 trains the
@@ -34,12 +33,7 @@ the exception is a trend in epsilon, which a step size changing with it would co
 at every other viable candidate and with each arm at its own best setting (``sensitivity``). ``watson-fig6-7``
 reads these runs for its Fig. 6 parts.
 
-What was tried before, in order (each change made because end models failed the validity gate): one fixed DP lr
-0.5; a DP lr per epsilon against SGD siblings at lr 0.03 / momentum 0.9 (unmatched); each epsilon's SGD siblings at
-that DP lr without momentum (plain SGD failed the gate in 8 of 27 runs); the worst-run rule over momentum 0 only
-(every k = 1 end model failed the gate); the worst-run rule on train accuracy of the evaluation runs themselves,
-over momentum 0 and 0.9 (its "did not hold" at momentum 0 had been seen when 0.9 was added). This version selects on
-separate seeds and a validation split and judges heights above both ends.
+What was tried before: docs/figures.md, "What was tried, recipe by recipe".
 
 Scaled down: LeNet on ``digits`` (8x8) instead of Resnet18 on CIFAR10; 8 epochs; k in epochs of the short run;
 3 copies (3 sibling pairs) per point.
