@@ -20,9 +20,6 @@ import numpy as np
 SELECTION_SEED = 1000  # selection runs' seeds start here; evaluation runs use 0, 1, ... (disjoint)
 HOLDOUT = 0.2  # the share of the training split held out of every selection run: the validation split
 WINDOW = 3  # a selection run's score: its worst validation accuracy over the last WINDOW checkpoints
-RULE = (f"selection runs (seeds from {SELECTION_SEED}, disjoint from the evaluation seeds) trained on "
-        f"{1 - HOLDOUT:.0%} of the training split and scored on the held-out {HOLDOUT:.0%} (never the test examples "
-        f"judged): the viable candidate with the best worst-of-the-last-{WINDOW} validation accuracy over every arm")
 
 
 def selection_subset(subset: int | float | None) -> int | float:

@@ -168,12 +168,6 @@ class Drawing:
     def stem(self, what: str) -> Path:
         return self.out / f"{self.name}-{what}-{self.scale}"
 
-    def store_run(self, name: str):
-        """The store's run ``name``."""
-        from landscape.store import Store
-
-        return Store(self.root).run(name)
-
 
 @dataclasses.dataclass
 class Context:
