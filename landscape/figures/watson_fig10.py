@@ -14,8 +14,6 @@ TOST). The minimum effect of "clipping significantly impacts training performanc
 (``tolerance``): a gap the third part would call "the same final test accuracy" cannot count as a significant
 impact; the paper's own clip-only gap is far larger. A run that fails the validity gate (e.g. noise-only collapsing
 to chance) makes its parts inconclusive (invalid regime).
-
-Scaled down: LeNet on ``digits`` for 10 epochs, 3 seeds (the paper: Resnet18 on CIFAR10).
 """
 
 from __future__ import annotations

@@ -12,8 +12,6 @@ is below R without pruning, and the cosine is above the unpruned cosine (:func:`
 the paired one-sided t-test at alpha 0.05: a seed's runs share their initialisation, data order and noise draws).
 Parts that do not hold are reported with their bounds ("no R reduction beyond X") and minimum detectable
 effects.
-
-Scaled down: d_s 10, d_n 90, n 1,000, 5 epochs, 5 seeds (the paper does not state its sizes).
 """
 
 from __future__ import annotations

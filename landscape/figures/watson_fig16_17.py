@@ -25,9 +25,6 @@ verdict is also computed at every other
 viable lr and with each optimiser at its own best lr (where the distance ratio is no longer at a matched step size:
 the sensitivity says what the match does). Both models of every seed must pass the validity gate (a DP model that
 diverged would "end further from the origin" for the wrong reason).
-
-Scaled down: LeNet on ``digits`` for 10 epochs, batch 64, momentum 0.9, lr from {0.01, 0.03, 0.1}, 5 seeds,
-256 examples for the gradient norms (the paper: Resnet18 on CIFAR10, 30 epochs, batches of 128).
 """
 
 from __future__ import annotations

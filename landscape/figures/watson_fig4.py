@@ -16,9 +16,6 @@ test over the 100 directions); (3) per normalisation, the comparison the paper d
 toward the sibling is below the 0.1 quantile of the random directions' (:func:`landscape.verdict.far_below`).
 Verdict: :func:`landscape.verdict.all_of` (Holm on the refuting side); a sibling that fails the validity gate makes
 its parts inconclusive.
-
-Scaled down: LeNet on ``digits`` instead of Resnet18/LeNet on CIFAR10; 8 epochs, k = 5 (the paper's k); the
-training split.
 """
 
 from __future__ import annotations

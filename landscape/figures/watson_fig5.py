@@ -34,9 +34,6 @@ at every other viable candidate and with each arm at its own best setting (``sen
 reads these runs for its Fig. 6 parts.
 
 What was tried before: docs/figures.md, "What was tried, recipe by recipe".
-
-Scaled down: LeNet on ``digits`` (8x8) instead of Resnet18 on CIFAR10; 8 epochs; k in epochs of the short run;
-3 copies (3 sibling pairs) per point.
 """
 
 from __future__ import annotations

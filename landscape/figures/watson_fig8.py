@@ -17,9 +17,6 @@ near-chance Phase-1 model says nothing about basins, so such a part is inconclus
 Fair comparison: both phases of every pair run at one matched learning rate, batch size and momentum, selected on a
 validation split (:mod:`landscape.figures._phase_grid`); the verdict is also computed at every other viable
 candidate and with each arm at its own best setting.
-
-Scaled down: the grid of ``watson-fig2`` (LeNet on digits, 10 epochs, k = 4, 5 copies, epsilon 7; the paper:
-Resnet18 on CIFAR10 with k = 10); 20 points on the path.
 """
 
 from __future__ import annotations

@@ -34,10 +34,6 @@ trend across cells is not a trend of step sizes), selected on a validation split
 :mod:`landscape.figures._selection` with the plain and RS (r* = ``r_test``) runs of every cell as the arms; the
 verdict is also computed at every other viable lr and with each (cell, r*) at its own best lr (the
 sensitivity).
-
-Scaled down: LeNet on ``digits``, batch 64, one lr from {0.3, 1}, 10 epochs, (sigma, C) in {(1, 0.25),
-(1, 1), (2, 1)}, r* in {0, 0.5, 0.8}, 5 seeds (the paper: DP-CNN on CIFAR10, batch 1000, 100 epochs, sigma in
-{1, 2, 4} x C in {1/4, 1/2, 1}).
 """
 
 from __future__ import annotations

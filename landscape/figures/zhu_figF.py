@@ -14,9 +14,6 @@ the same number of examples, of a 2-D sample whose coordinates are skew-normal w
 limit of "approximately symmetric" (|skewness| < 0.5; Bulmer 1979) -- by a seeded Monte Carlo (a fixed bound of
 0.1 would pass a lognormal of skewness 6, H = 0.08). The sign-flip test of exact symmetry (rejected even at
 initialisation) is reported beside the verdict.
-
-Scaled down: LeNet on ``digits``, DP-SGD sigma 1, C 1, lr 1.0, batch 64, 10 epochs, RS final rate 0.5, 256
-examples and 16 random directions per checkpoint, 5 seeds (the paper: DP-CNN on CIFAR10, 80 epochs).
 """
 
 from __future__ import annotations
