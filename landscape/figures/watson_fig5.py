@@ -26,11 +26,9 @@ matched Phase-2 lr and momentum (``phase2_sgd_*`` / ``dp_*``). The SGD groups' P
 Phase-1 model (bit-identical on CPU). Every epoch is checkpointed.
 
 Selection (:mod:`landscape.figures._selection`): over ``phase2_momenta`` x ``phase2_lrs`` (the paper's lr sweep,
-Appendix Sec. 8; momentum 0 as the paper's DP-SGD, 0.9 as the phase grid), with the SGD arm and each epsilon's DP
-arm as the arms: selection runs (seeds from 1000, 80 % of the training split) scored on the held-out 20 %, an arm
-cut at a candidate after its first non-viable k (smallest k first). ONE pair for every epsilon, not one per epsilon:
-the exception is a trend in epsilon, which a step size changing with it would confound. The verdict is also computed
-at every other viable candidate and with each arm at its own best setting (``sensitivity``). ``watson-fig6-7``
+Appendix Sec. 8; momentum 0 as the paper's DP-SGD, 0.9 as the phase grid), the SGD arm and each epsilon's DP arm
+as the arms, an arm cut at a candidate after its first non-viable k (smallest k first). ONE pair for every
+epsilon: the exception is a trend in epsilon, which a step size changing with it would confound. ``watson-fig6-7``
 reads these runs for its Fig. 6 parts.
 
 What was tried before: docs/figures.md, "What was tried, recipe by recipe".
