@@ -23,7 +23,6 @@ from landscape.errors import IncompatibleError, NonFiniteError, UsageError
 from landscape.params import dtype_kind, first_mismatch, plain_names, unwrap
 from landscape.privacy import PrivacyEvent
 from landscape.recorder.manifest import (
-    RECORDER_FORMAT,
     close_run,
     data_spec,
     jsonable,
@@ -34,8 +33,6 @@ from landscape.recorder.manifest import (
 )
 from landscape.store import Checkpoint, Run, RunBusyError, Store, check_run_name
 from landscape.train.accounting import AccountantWarning
-
-__all__ = ["OPTIMIZER_ATTR", "OPTIMIZER_EXTRA", "PRIVACY_ATTR", "RECORDER_FORMAT", "PrivacySource", "Recorder"]
 
 OPTIMIZER_EXTRA = "optimizer"  # checkpoint extra group of the optimizer's tensors
 OPTIMIZER_ATTR = "optimizer"  # checkpoint attr: its param groups and non-tensor state (JSON)
