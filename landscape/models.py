@@ -1,12 +1,7 @@
-"""Models by name, rebuilt from a spec ``{"name": ..., "kwargs": {...}}``.
-
-``build_model("lenet", input_shape=(1, 8, 8), num_classes=10)`` returns a module whose ``landscape_spec`` is
-the full JSON-serialisable spec (every keyword with its default, ``input_shape``, ``num_classes``), so
-``model_from_spec(model.landscape_spec)`` rebuilds the same architecture; every model maps ``(N, *input_shape)``
-to logits ``(N, num_classes)``. Sources (:func:`model_source`): the built-ins of :data:`MODELS`, entry points
-of the group ``landscape.models`` and user code (``module:factory`` / ``file.py:factory``, recorded with its
-sha256 and rerun only when the user names it again). Building draws the initial weights from torch's global
-generator without seeding it: the caller seeds. A built-in is one builder plus one line in ``MODELS``.
+"""Models by name, rebuilt from a spec ``{"name": ..., "kwargs": {...}}`` (:func:`build_model`,
+:func:`model_from_spec`): the built-ins of :data:`MODELS` (a builder and a line there), entry points of the group
+``landscape.models`` and user code. Building draws the initial weights from torch's global generator: the caller
+seeds.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Privacy accounting for Poisson-subsampled Gaussian steps: exact RDP of our own, PLD from ``dp_accounting``.
 
-Each DP-SGD step is the sampled Gaussian mechanism (rate ``q``, noise ``sigma``, add/remove-one); ``T`` steps
-compose. ``rdp`` (default): RDP at Opacus' orders, exact at integer orders and by the signed two-sided series
-of Mironov, Talwar & Zhang (2019) Sec. 3.3 at fractional ones, converted by Balle et al. (2020) Thm. 21 as
-Opacus does (equal to ~1e-9 relative). ``dp_accounting``'s RDP is not used: it drops the series' signs (an
-upper bound). ``pld``: ``dp_accounting``'s privacy loss distributions, tighter and slower. There is no PRV
-accountant (``method="prv"`` is a usage error saying so).
-
-``landscape train`` runs ``epochs * ceil(N / B)`` steps (:func:`schedule_steps`). Reference: sigma = 1.1,
-q = 256/60000, 14062 steps, delta = 1e-5 -> epsilon 2.59656 (rdp).
+``rdp`` (default) is exact at Opacus' orders (the signed series of Mironov, Talwar & Zhang 2019 at fractional
+ones; ``dp_accounting``'s RDP drops the signs, an upper bound) with Balle et al. (2020) Thm. 21's conversion, as
+Opacus. ``pld`` is tighter and slower. Reference: sigma = 1.1, q = 256/60000, 14062 steps, delta = 1e-5 ->
+epsilon 2.59656 (rdp).
 """
 
 from __future__ import annotations

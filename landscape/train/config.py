@@ -1,9 +1,6 @@
-"""Training options: one dataclass holds every option of ``landscape train`` (open_lth's hparams style).
-
-The click commands ``train`` and ``phases`` are generated from the fields' :func:`~landscape.options.option`
-metadata (:mod:`cli.kinds`), the run manifest stores it as ``config``,
-and :func:`config_hash` identifies a run by its non-default fields only, so adding an option with a default
-never changes old hashes (open_lth ``foundations/desc.py``).
+"""Training options: one dataclass holds every option of ``landscape train`` (its click command is generated from
+the fields' metadata); :func:`config_hash` hashes only non-default fields, so a new option with a default never
+changes old hashes.
 """
 
 from __future__ import annotations

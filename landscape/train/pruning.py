@@ -1,14 +1,10 @@
-"""Magnitude pruning masks, applying masks, and rewinding survivors to their initial values.
+"""Magnitude pruning masks, applying masks, and rewinding survivors to their initial values (Watson et al.
+Sec. 4 "Pruning").
 
-Watson et al. Sec. 4 "Pruning" prunes the smallest weights per layer and resets the rest to their
-initialisation; their text is ambiguous about whether ``p`` is kept or removed, so our option is always the
-fraction REMOVED (``round(Q * n)`` weights per layer, or over all included weights with ``scope="global"``).
-By default only weights of at least 2 dimensions are pruned; ties break by flat position, so masks are
-reproducible. Masks are ``dict[name, bool Tensor]`` (True = keep).
-
-:func:`prune_into_run` writes a pruned run (step 0, masks, lineage) whose ``manifest["privacy"]`` carries the
-DP history of the source weights (:func:`inherited_privacy`): the mask is a function of them, so a run trained
-from it must compose those steps into its epsilon.
+The option is always the fraction REMOVED (``round(Q * n)`` weights per layer, or over all included weights with
+``scope="global"``); by default only weights of at least 2 dimensions; ties break by flat position. Masks are
+``dict[name, bool Tensor]`` (True = keep). A pruned run inherits the DP history of the weights its mask came
+from (:func:`inherited_privacy`).
 """
 
 from __future__ import annotations
