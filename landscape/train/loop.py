@@ -46,7 +46,14 @@ from landscape.train.callbacks import (
 )
 from landscape.train.config import SamplingWarning, TrainConfig, checkpoint_steps, config_hash
 from landscape.train.privatize import PrivacyConfig, Privatizer
-from landscape.train.pruning import MASK_ARRAY, inherited_privacy, lineage_of, load_masks
+from landscape.train.pruning import (
+    MASK_ARRAY,
+    inherited_privacy,
+    lineage_of,
+    load_masks,
+    mask_optimizer_state_,
+    mask_params_,
+)
 from landscape.train.sampling import Sampler, make_sampler
 from landscape.train.sparsify import SparsifySchedule
 
@@ -581,16 +588,8 @@ def _combine_masks(state: TrainState, sparse: dict[str, torch.Tensor]) -> dict[s
     return out
 
 
-@torch.no_grad()
 def _reapply_masks(state: TrainState) -> None:
     """Pruned weights and their momentum stay exactly zero (Watson Sec. 4 "Pruning")."""
-    if state.masks is None:
-        return
-    params = dict(state.model.named_parameters())
-    for name, m in state.masks.items():
-        p = params[name]
-        p.mul_(m)
-        buf = state.optimizer.state.get(p, {}).get("momentum_buffer")
-        if buf is not None:
-            buf.mul_(m)
-
+    if state.masks is not None:
+        mask_params_(state.model, state.masks)
+        mask_optimizer_state_(state.optimizer, state.model, state.masks)

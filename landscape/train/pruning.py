@@ -158,16 +158,6 @@ def mask_params_(model: nn.Module, masks: Mapping[str, torch.Tensor]) -> None:
 
 
 @torch.no_grad()
-def mask_gradients_(model: nn.Module, masks: Mapping[str, torch.Tensor]) -> None:
-    """Zero the masked coordinates of every ``p.grad`` in place (parameters without grad are skipped)."""
-    params = dict(model.named_parameters())
-    check_masks(masks, params)
-    for n, m in masks.items():
-        if params[n].grad is not None:
-            params[n].grad.mul_(torch.as_tensor(m).to(params[n].grad))
-
-
-@torch.no_grad()
 def mask_optimizer_state_(
     optimizer: torch.optim.Optimizer, model: nn.Module, masks: Mapping[str, torch.Tensor]
 ) -> None:
