@@ -345,10 +345,6 @@ class PerSampleEngine:
             self.strategy = "functorch"
         self._verified = True
 
-    # ---------------------------------------------------------------- functorch route
-    def _func_grads(self, x: Tensor, y: Tensor) -> tuple[dict[str, Tensor], Tensor, Tensor]:
-        return functorch_grads(self.model, self.names, x, y)
-
     # ---------------------------------------------------------------- public API
     @_kept_memory
     def norms(self, x: Tensor, y: Tensor, *, masks: Masks = None) -> PerSampleNorms:
@@ -364,7 +360,7 @@ class PerSampleEngine:
                 units, losses, logits = self._capture(xc, yc)
                 sq = self._hooks_sq_norms(units, m, xc.shape[0])
             else:
-                g, losses, logits = self._func_grads(xc, yc)
+                g, losses, logits = functorch_grads(self.model, self.names, xc, yc)
                 sq = {k: _sq(g[k], m.get(k)) for k in self.names}
             parts.append(self._norms_from_sq(sq, losses, logits))
         return parts[0] if len(parts) == 1 else PerSampleNorms.cat(parts)
@@ -383,7 +379,7 @@ class PerSampleEngine:
                 units, _, _ = self._capture(xc, yc)
                 g = self._hooks_per_sample(units, xc.shape[0])
             else:
-                g, _, _ = self._func_grads(xc, yc)
+                g, _, _ = functorch_grads(self.model, self.names, xc, yc)
             parts.append({k: (g[k] * m[k] if k in m else g[k]).detach().contiguous() for k in self.names})
         if len(parts) == 1:
             return parts[0]
@@ -423,7 +419,7 @@ class PerSampleEngine:
                 if gk is not None:
                     acc[k].add_(gk)
         else:
-            g, _, _ = self._func_grads(x, y)
+            g, _, _ = functorch_grads(self.model, self.names, x, y)
             for k in self.names:
                 acc[k].add_(torch.einsum("n,n...->...", w[k], g[k]))
 
@@ -458,7 +454,7 @@ class PerSampleEngine:
                 factors = factor_fn(norms)
                 self._hooks_weighted(units, self._layer_weights(factors, nc), acc)
             else:
-                g, losses, logits = self._func_grads(xc, yc)
+                g, losses, logits = functorch_grads(self.model, self.names, xc, yc)
                 g = {k: g[k] * m[k] if k in m else g[k] for k in self.names}
                 sq = {k: _sq(g[k], None) for k in self.names}
                 norms = self._norms_from_sq(sq, losses, logits)

@@ -230,10 +230,6 @@ def _rdp_epsilon_of(events: Sequence[PrivacyEvent], delta: float) -> float:
     return rdp_to_epsilon(RDP_ORDERS, rdp, delta)[0]
 
 
-def _rdp_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:
-    return _rdp_epsilon_of([PrivacyEvent(noise_multiplier, sample_rate, steps)], delta)
-
-
 @functools.lru_cache(maxsize=256)
 def _pld_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:
     from dp_accounting.pld import PLDAccountant
@@ -255,7 +251,7 @@ def epsilon(
         return math.inf
     with _quiet_absl():
         if method == "rdp":
-            return _rdp_epsilon(float(noise_multiplier), float(sample_rate), int(steps), float(delta))
+            return _rdp_epsilon_of([PrivacyEvent(float(noise_multiplier), float(sample_rate), int(steps))], float(delta))
         return _pld_epsilon(float(noise_multiplier), float(sample_rate), int(steps), float(delta))
 
 
