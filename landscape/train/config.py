@@ -144,12 +144,8 @@ class TrainConfig:
     def warn_sampling(self) -> None:
         """Warn when shuffled batches are combined with an accounted DP optimizer."""
         if self.accounted and self.sampling_method == "shuffle":
-            warnings.warn(
-                "--sampling shuffle with DP: the reported epsilon assumes Poisson subsampling "
-                "(sample rate B/N) and is not a guarantee for shuffled batches",
-                SamplingWarning,
-                stacklevel=2,
-            )
+            warnings.warn("--sampling shuffle with DP: the reported epsilon assumes Poisson subsampling (sample rate "
+                          "B/N) and is not a guarantee for shuffled batches", SamplingWarning, stacklevel=2)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -293,17 +289,8 @@ class PhasesConfig:
         elif phase == 2:
             lr = self.phase2_sgd_lr if self.phase2_sgd_lr is not None else lr
             momentum = self.phase2_sgd_momentum if self.phase2_sgd_momentum is not None else momentum
-        fields = {
-            **self.base.to_dict(),
-            "optimizer": family,
-            "epochs": epochs,
-            "seed": seed,
-            "run": run,
-            "from_ref": from_ref,
-            "resume": None,
-            "lr": lr,
-            "momentum": momentum,
-        }
+        fields = {**self.base.to_dict(), "optimizer": family, "epochs": epochs, "seed": seed, "run": run,
+                  "from_ref": from_ref, "resume": None, "lr": lr, "momentum": momentum}
         if from_ref is not None:
             fields.update(model=None, model_kwargs={}, data=None, data_kwargs={}, subset=None)
         if not dp:
