@@ -57,14 +57,8 @@ def _flat_features(features: nn.Module, shape: Sequence[int], model: str) -> int
 # ------------------------------------------------------------------------------------------------ lenet
 
 
-def lenet(
-    input_shape: Sequence[int],
-    num_classes: int,
-    *,
-    channels: Sequence[int] = (6, 16),
-    hidden: Sequence[int] = (120, 84),
-    activation: str = "relu",
-) -> nn.Module:
+def lenet(input_shape: Sequence[int], num_classes: int, *, channels: Sequence[int] = (6, 16),
+          hidden: Sequence[int] = (120, 84), activation: str = "relu") -> nn.Module:
     """LeNet-5 (LeCun et al. 1998), the small CNN of Watson et al. (~60k parameters on MNIST / CIFAR-10).
 
     conv5x5(C -> 6) - act - maxpool2 - conv5x5(6 -> 16) - act - maxpool2 - fc 120 - act - fc 84 - act - fc.
@@ -144,14 +138,8 @@ def _group_norm(channels: int, groups: int) -> nn.GroupNorm:
     return nn.GroupNorm(g, channels)
 
 
-def resnet18(
-    input_shape: Sequence[int],
-    num_classes: int,
-    *,
-    norm: str = "group",
-    groups: int = 32,
-    stem: str = "auto",
-) -> nn.Module:
+def resnet18(input_shape: Sequence[int], num_classes: int, *, norm: str = "group", groups: int = 32,
+             stem: str = "auto") -> nn.Module:
     """torchvision's ResNet-18 (He et al. 2016) with ``num_classes`` outputs, as in Watson et al. Sec. 4.
 
     ``norm="group"`` (default, needed for DP-SGD) uses GroupNorm with ``min(groups, C)`` groups where
@@ -198,14 +186,8 @@ def _resolve_stem(stem: str, shape: Sequence[int]) -> str:
 # -------------------------------------------------------------------------------------------------- mlp
 
 
-def mlp(
-    input_shape: Sequence[int],
-    num_classes: int,
-    *,
-    widths: Sequence[int] = (256, 256),
-    activation: str = "relu",
-    bias: bool = True,
-) -> nn.Module:
+def mlp(input_shape: Sequence[int], num_classes: int, *, widths: Sequence[int] = (256, 256),
+        activation: str = "relu", bias: bool = True) -> nn.Module:
     """Fully connected network on the flattened input: ``widths`` hidden layers, each followed by ``activation``."""
     return nn.Sequential(nn.Flatten(), *_mlp_head(math.prod(input_shape), widths, num_classes, activation, bias))
 
@@ -246,13 +228,8 @@ def balanced_weights(w2: torch.Tensor, in_features: int) -> tuple[torch.Tensor, 
     return w1, u @ torch.diag(s) @ vh
 
 
-def two_layer_linear(
-    input_shape: Sequence[int],
-    num_classes: int,
-    *,
-    hidden: int = 32,
-    balanced_init: bool = False,
-) -> nn.Module:
+def two_layer_linear(input_shape: Sequence[int], num_classes: int, *, hidden: int = 32,
+                     balanced_init: bool = False) -> nn.Module:
     """Watson et al.'s two-layer linear network ``f(x) = W2 W1 x`` (eq. (10)), no biases, on the flattened input.
 
     W1 is ``hidden x d``, W2 is ``num_classes x hidden`` (``num_classes=1`` gives the paper's scalar output

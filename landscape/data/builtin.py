@@ -18,18 +18,8 @@ from landscape.errors import DataError
 from landscape.runtime import DATA_ENV
 
 
-def gaussian_signal(
-    *,
-    seed: int,
-    ds: int = 10,
-    dn: int = 90,
-    n: int = 1000,
-    n_test: int = 1000,
-    noise: float = 1.0,
-    signal: float = 2.0,
-    key: str = "ones",
-    **_: Any,
-) -> _Arrays:
+def gaussian_signal(*, seed: int, ds: int = 10, dn: int = 90, n: int = 1000, n_test: int = 1000,
+                    noise: float = 1.0, signal: float = 2.0, key: str = "ones", **_: Any) -> _Arrays:
     """Watson et al. Sec. 3.2, eqs. (6)-(9): ``x = (x_s, x_n)``, ``x_s ~ N(y v, s^2 I_ds)``, ``x_n ~ N(0, s^2 I_dn)``.
 
     ``y`` is uniform on {-1, +1} and becomes class 0 (y = -1) or 1 (y = +1); ``s`` is ``noise``. The key

@@ -99,14 +99,8 @@ class PerSampleEngine:
     the samples is refused (:mod:`landscape.persample.norm_layers`).
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        *,
-        loss: str = "cross_entropy",
-        chunk: int | None = None,
-        strategy: str = "auto",
-    ):
+    def __init__(self, model: nn.Module, *, loss: str = "cross_entropy", chunk: int | None = None,
+                 strategy: str = "auto"):
         if loss not in LOSSES:
             raise UsageError(f"unknown per-sample loss {loss!r}; choose one of {', '.join(LOSSES)}")
         if strategy not in STRATEGIES:
@@ -424,14 +418,8 @@ class PerSampleEngine:
                 acc[k].add_(torch.einsum("n,n...->...", w[k], g[k]))
 
     @_kept_memory
-    def clipped_sum(
-        self,
-        x: Tensor,
-        y: Tensor,
-        factor_fn: Callable[[PerSampleNorms], Weights],
-        *,
-        masks: Masks = None,
-    ) -> tuple[dict[str, Tensor], PerSampleNorms]:
+    def clipped_sum(self, x: Tensor, y: Tensor, factor_fn: Callable[[PerSampleNorms], Weights], *,
+                    masks: Masks = None) -> tuple[dict[str, Tensor], PerSampleNorms]:
         """Norms, then ``sum_i c_i g_i`` with ``c = factor_fn(norms)`` ((n,) or ``{name: (n,)}``), masked.
 
         Hooks route: one forward and one activation backward; the sum re-uses the kept activations and

@@ -283,16 +283,9 @@ def composed_epsilon(events: Sequence[PrivacyEvent], delta: float = 1e-5, method
         return float(acc.get_epsilon(delta))
 
 
-def noise_for_epsilon(
-    target_epsilon: float,
-    sample_rate: float,
-    steps: int,
-    delta: float = 1e-5,
-    method: str = "rdp",
-    *,
-    history: PrivacyHistory | Sequence[PrivacyEvent] = (),
-    rtol: float = 0.005,
-) -> float:
+def noise_for_epsilon(target_epsilon: float, sample_rate: float, steps: int, delta: float = 1e-5,
+                      method: str = "rdp", *, history: PrivacyHistory | Sequence[PrivacyEvent] = (),
+                      rtol: float = 0.005) -> float:
     """Smallest-found noise multiplier whose epsilon is ``<= target_epsilon`` and within ``rtol`` of it.
 
     Bisection on the accountant like Opacus' ``get_noise_multiplier``: double an upper bracket until its

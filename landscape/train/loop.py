@@ -93,14 +93,8 @@ class TrainState:
 # ------------------------------------------------------------------------------------------- entry point
 
 
-def train(
-    config: TrainConfig,
-    *,
-    root: str | Path,
-    callbacks: Sequence[Callback] = (),
-    progress: bool | None = None,
-    phases: dict[str, Any] | None = None,
-) -> Run:
+def train(config: TrainConfig, *, root: str | Path, callbacks: Sequence[Callback] = (),
+          progress: bool | None = None, phases: dict[str, Any] | None = None) -> Run:
     """Train one run into the store at ``root`` and return it (see the module docstring).
 
     ``config.resume`` continues that run from its last checkpoint (its stored config is used). ``callbacks`` are

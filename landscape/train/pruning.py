@@ -50,12 +50,9 @@ def _removal_order(magnitudes: torch.Tensor) -> torch.Tensor:
     return torch.sort(magnitudes, stable=True).indices
 
 
-def magnitude_masks(
-    weights: nn.Module | Mapping[str, torch.Tensor],
-    remove: float,
-    scope: str = "layer",
-    include: Iterable[str] | Callable[[str, torch.Tensor], bool] | None = None,
-) -> dict[str, torch.Tensor]:
+def magnitude_masks(weights: nn.Module | Mapping[str, torch.Tensor], remove: float, scope: str = "layer",
+                    include: Iterable[str] | Callable[[str, torch.Tensor], bool] | None = None
+                    ) -> dict[str, torch.Tensor]:
     """Bool keep-masks removing EXACTLY ``round(remove * n)`` smallest-magnitude weights.
 
     ``weights``: a model (its parameters) or a state dict. ``scope="layer"``: per tensor, ``n`` its size;
@@ -125,11 +122,8 @@ def apply_masks(
     }
 
 
-def rewind(
-    state: Mapping[str, torch.Tensor],
-    init_state: Mapping[str, torch.Tensor],
-    masks: Mapping[str, torch.Tensor],
-) -> dict[str, torch.Tensor]:
+def rewind(state: Mapping[str, torch.Tensor], init_state: Mapping[str, torch.Tensor],
+           masks: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Lottery-ticket rewind: every tensor takes its value from ``init_state``, masked coordinates exactly 0.
 
     ``state`` (the trained weights the masks came from) only fixes which tensors must exist: both state
@@ -238,17 +232,9 @@ def _pruned_privacy(store: Store, source: Checkpoint, init: Checkpoint | None) -
     return {"accounted": False, **history.manifest_fields()}
 
 
-def prune_into_run(
-    store: Store,
-    source: Checkpoint,
-    remove: float,
-    *,
-    source_ref: str,
-    scope: str = "layer",
-    init: Checkpoint | None = None,
-    init_ref: str | None = None,
-    run: str | None = None,
-) -> tuple[Run, dict[str, torch.Tensor]]:
+def prune_into_run(store: Store, source: Checkpoint, remove: float, *, source_ref: str, scope: str = "layer",
+                   init: Checkpoint | None = None, init_ref: str | None = None, run: str | None = None
+                   ) -> tuple[Run, dict[str, torch.Tensor]]:
     """Magnitude-prune ``source`` (:func:`magnitude_masks`) into a new run; returns it and the keep-masks.
 
     Step 0 of the new run holds the survivors rewound to ``init`` (:func:`rewind`, Watson et al. Sec. 4 /
