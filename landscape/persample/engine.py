@@ -44,12 +44,9 @@ class PerSampleNorms:
     @staticmethod
     def cat(parts: list[PerSampleNorms]) -> PerSampleNorms:
         """Concatenate the norms of consecutive chunks of one batch."""
-        return PerSampleNorms(
-            flat=torch.cat([p.flat for p in parts]),
-            layers={k: torch.cat([p.layers[k] for p in parts]) for k in parts[0].layers},
-            loss=torch.cat([p.loss for p in parts]),
-            logits=torch.cat([p.logits for p in parts]),
-        )
+        return PerSampleNorms(flat=torch.cat([p.flat for p in parts]),
+                              layers={k: torch.cat([p.layers[k] for p in parts]) for k in parts[0].layers},
+                              loss=torch.cat([p.loss for p in parts]), logits=torch.cat([p.logits for p in parts]))
 
 
 def flatten_grads(grads: dict[str, Tensor], names: list[str] | None = None) -> Tensor:
@@ -178,10 +175,7 @@ class PerSampleEngine:
             missing = [k for k in self.names if k not in weights]
             if missing:
                 raise UsageError(f"per-layer weights lack parameter {missing[0]!r}")
-            out = {
-                k: torch.as_tensor(weights[k], device=ref.device).to(ref.dtype).reshape(-1)
-                for k in self.names
-            }
+            out = {k: torch.as_tensor(weights[k], device=ref.device).to(ref.dtype).reshape(-1) for k in self.names}
         else:
             w = torch.as_tensor(weights, device=ref.device).to(ref.dtype).reshape(-1)
             out = dict.fromkeys(self.names, w)
@@ -193,26 +187,18 @@ class PerSampleEngine:
     def _empty_norms(self, n: int = 0) -> PerSampleNorms:
         ref = self._ref
         z = torch.zeros(n, dtype=torch.float64, device=ref.device)
-        return PerSampleNorms(
-            flat=z,
-            layers={k: z.clone() for k in self.names},
-            loss=torch.zeros(0, dtype=ref.dtype, device=ref.device),
-            logits=torch.zeros(0, 0, dtype=ref.dtype, device=ref.device),
-        )
+        return PerSampleNorms(flat=z, layers={k: z.clone() for k in self.names},
+                              loss=torch.zeros(0, dtype=ref.dtype, device=ref.device),
+                              logits=torch.zeros(0, 0, dtype=ref.dtype, device=ref.device))
 
     def _zeros(self) -> dict[str, Tensor]:
-        return {
-            k: torch.zeros_like(p, memory_format=torch.contiguous_format).detach()
-            for k, p in self.params.items()
-        }
+        return {k: torch.zeros_like(p, memory_format=torch.contiguous_format).detach() for k, p in self.params.items()}
 
     @staticmethod
     def _norms_from_sq(sq: dict[str, Tensor], losses: Tensor, logits: Tensor) -> PerSampleNorms:
         sq64 = {k: v.double().clamp_min(0) for k, v in sq.items()}
         flat = torch.stack(list(sq64.values())).sum(0).sqrt()
-        return PerSampleNorms(
-            flat=flat, layers={k: v.sqrt() for k, v in sq64.items()}, loss=losses, logits=logits
-        )
+        return PerSampleNorms(flat=flat, layers={k: v.sqrt() for k, v in sq64.items()}, loss=losses, logits=logits)
 
     # ---------------------------------------------------------------- hooks route
     def _capture(self, x: Tensor, y: Tensor):
@@ -308,22 +294,16 @@ class PerSampleEngine:
             with torch.random.fork_rng(devices=devices):
                 units, _, _ = self._capture(x, y)
                 acc = self._zeros()
-                self._hooks_weighted(
-                    units,
-                    dict.fromkeys(self.names, torch.ones(x.shape[0], dtype=self._ref.dtype, device=x.device)),
-                    acc,
-                )
+                ones = torch.ones(x.shape[0], dtype=self._ref.dtype, device=x.device)
+                self._hooks_weighted(units, dict.fromkeys(self.names, ones), acc)
             with torch.random.fork_rng(devices=devices), torch.enable_grad():
                 total = F.cross_entropy(self.model(x), y, reduction="sum")
                 ref = torch.autograd.grad(total, list(self.params.values()), allow_unused=True)
             ok, quiet = True, False
             for (k, a), r in zip(acc.items(), ref, strict=True):
                 r = torch.zeros_like(a) if r is None else r
-                tol = (
-                    1e-4 * float(r.abs().max()) + 1e-6
-                    if r.dtype != torch.float64
-                    else 1e-9 * float(r.abs().max()) + 1e-12
-                )
+                scale = float(r.abs().max())
+                tol = 1e-9 * scale + 1e-12 if r.dtype == torch.float64 else 1e-4 * scale + 1e-6
                 if float((a - r).abs().max()) > tol * 10:
                     ok, why = False, f"parameter {k!r} is used outside its module's forward"
                     break
@@ -406,9 +386,7 @@ class PerSampleEngine:
         elif shared:
             with torch.enable_grad():
                 losses = F.cross_entropy(self.model(x), y, reduction="none")
-                g = torch.autograd.grad(
-                    (losses * w[self.names[0]]).sum(), list(self.params.values()), allow_unused=True
-                )
+                g = torch.autograd.grad((losses * w[self.names[0]]).sum(), list(self.params.values()), allow_unused=True)
             for k, gk in zip(self.names, g, strict=True):
                 if gk is not None:
                     acc[k].add_(gk)
