@@ -261,10 +261,6 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
 
 ENTRY_POINT_GROUP = "landscape.models"
 
-_RESOLVERS: dict[str, Callable[[dict], dict]] = {
-    "resnet18": lambda kw: {**kw, "stem": _resolve_stem(kw["stem"], kw["input_shape"])},
-}
-
 
 @dataclass(frozen=True)
 class ModelSource:
@@ -415,7 +411,8 @@ def build_model(
         raise ModelError("input_shape must not be empty")
     (num_classes,) = _positive_ints([num_classes], "num_classes")
     full = {"input_shape": shape, "num_classes": num_classes, **defaults, **_json_form(kwargs)}
-    full = _RESOLVERS.get(name, lambda kw: kw)(full) if source.kind == "builtin" else full
+    if source.kind == "builtin" and name == "resnet18":  # "auto" resolved in the stored spec
+        full["stem"] = _resolve_stem(full["stem"], shape)
     options = {k: v for k, v in full.items() if k not in _SHAPE_ARGS}
     shape_args = {k: v for k, v in (("input_shape", tuple(shape)), ("num_classes", num_classes))
                   if k in params or open_kwargs}
