@@ -29,7 +29,7 @@ demo: install
 	$(VENV)/bin/landscape --threads 1 --root demo-out/checkpoints demo --out demo-out
 
 test: install-dev
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --maxprocesses 8
 
 # The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or docstring reference fails.
 docs: install-dev

@@ -1,9 +1,6 @@
-"""The click command of every registered analysis, generated from its spec (:mod:`landscape.analyze.registry`).
-
-Arguments come from the spec's ``inputs``; one option per CLI field of the config and of ``run_options`` (from
-the field metadata, annotation and default), then the runner's options (``--data-from`` for pairs,
-``--workers``, ``--data-root``, ``--no-figure``, ``-o``, ``--overwrite``, ``--json``). The command calls
-:func:`landscape.api.runner.run` and prints the spec's rows, notes and where the files went (or JSON).
+"""The click command of every registered analysis, generated from its spec
+(:mod:`landscape.analyze.registry`): arguments from its input mode, one option per CLI field of the config and
+run options, then the runner's options.
 """
 
 from __future__ import annotations
@@ -84,22 +81,15 @@ def param_type(f: dataclasses.Field, hint: Any) -> dict[str, Any]:
     raise TypeError(f"no command-line type for field {f.name!r} annotated {hint}")
 
 
-def _default(f: dataclasses.Field) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return None
-
-
 def field_option(f: dataclasses.Field, hint: Any):
     """The click option of one config field."""
     meta = f.metadata
     kwargs = param_type(f, hint)
-    default = _default(f)
+    missing = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    default = None if missing else f.default if f.default is not dataclasses.MISSING else f.default_factory()
     if isinstance(default, tuple):
         default = ",".join(str(v) for v in default) if default else None
-    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING or meta.get("required"):
+    if missing or meta.get("required"):
         kwargs["required"] = True  # a field without a default is required everywhere (``prune --remove``)
     elif not kwargs.get("is_flag"):
         kwargs["default"] = default
@@ -114,13 +104,8 @@ def field_option(f: dataclasses.Field, hint: Any):
     return click.option(*flags_of(f), f.name, help=help or None, **kwargs)
 
 
-def field_options(cls: type, f: dataclasses.Field) -> list:
-    """The click option of field ``f`` of dataclass ``cls``."""
-    return [field_option(f, hints(cls)[f.name])]
-
-
 def config_options(cls: type | None) -> list:
-    return [] if cls is None else [option for f in cli_fields(cls) for option in field_options(cls, f)]
+    return [] if cls is None else [field_option(f, hints(cls)[f.name]) for f in cli_fields(cls)]
 
 
 def command(name: str) -> click.Command:

@@ -1,10 +1,5 @@
-"""The click command of a job kind (:mod:`landscape.kinds`) that is no analysis, generated from its spec.
-
-One argument per field in the spec's ``arguments``, one option per other field with
-:func:`landscape.options.option` metadata (:func:`cli.generate.field_option`), then ``--json``. The command checks
-what was given (``given``), builds the configuration, runs it (``command``, else ``run``) and prints the spec's
-``rows`` and ``notes`` (``--json``: ``details(result)``, else the rows). An error carrying a ``partial`` result
-prints that result's notes first.
+"""The click command of a job kind (:mod:`landscape.kinds`) that is no analysis, generated from its spec: one
+argument per field in ``arguments``, one option per other field with ``option()`` metadata, then ``--json``.
 """
 
 from __future__ import annotations
@@ -16,7 +11,7 @@ from typing import Any
 import click
 
 from cli.common import echo_json, echo_table, json_option, root_of
-from cli.generate import field_options, param_type
+from cli.generate import field_option, param_type
 from cli.options import add_options, run_api
 from landscape.errors import LandscapeError
 from landscape.options import hints, split_optional
@@ -56,7 +51,7 @@ def command(name: str) -> click.Command:
             echo_table(rows)
         _echo_notes(spec, result)
 
-    options = [option for cls, f in fields if f.name not in spec.arguments for option in field_options(cls, f)]
+    options = [field_option(f, hints(cls)[f.name]) for cls, f in fields if f.name not in spec.arguments]
     f = add_options(options + [json_option], callback)
     by_name = {f.name: (cls, f) for cls, f in spec.option_fields()}
     for arg in reversed(spec.arguments):

@@ -1,9 +1,6 @@
-"""Entry point of the ``landscape`` command.
-
-Commands live one group per module under ``cli/`` and are loaded lazily (so ``landscape --help`` does not
-import torch-heavy analyzers it does not need). Every job kind of the registry :mod:`landscape.kinds` is a
-command generated from its spec: an analysis' by :mod:`cli.generate`, every other kind's by :mod:`cli.kinds`. A
-command that is no job kind is one module plus one line in ``COMMANDS``. Every :class:`~landscape.errors.LandscapeError` becomes one line on stderr and its exit code.
+"""Entry point of the ``landscape`` command: every job kind of :mod:`landscape.kinds` is a command generated
+from its spec, the others are ``COMMANDS``; all load lazily, so ``--help`` imports no torch. Every
+:class:`~landscape.errors.LandscapeError` becomes one line on stderr and its exit code.
 """
 
 from __future__ import annotations
@@ -28,12 +25,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "privacy": ("cli.privacy:privacy", "Epsilon of a DP-SGD schedule, or the noise multiplier for a target epsilon."),
     "batch": ("cli.batch:batch", "Run a YAML sweep of train/phases/prune/analysis jobs, in-process or on Dask."),
 }
-
-def _help(name: str) -> str:
-    from landscape import kinds
-
-    return COMMANDS[name][1] if name in COMMANDS else kinds.summary(name)
-
 
 def _load(where: str) -> click.Command:
     module, attr = where.split(":")
@@ -72,35 +63,22 @@ class LazyGroup(click.Group):
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # List commands from the registries' help strings so `--help` imports no command or analyzer module.
+        from landscape import kinds
+
         with formatter.section("Commands"):
-            formatter.write_dl([(name, _help(name)) for name in self.list_commands(ctx)])
+            formatter.write_dl([(name, COMMANDS[name][1] if name in COMMANDS else kinds.summary(name))
+                                for name in self.list_commands(ctx)])
 
 
 @click.group(cls=LazyGroup, no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="landscape")
-@click.option(
-    "--root",
-    type=click.Path(file_okay=False),
-    envvar="LANDSCAPE_ROOT",
-    default="checkpoints",
-    show_default=True,
-    help="Checkpoint store root (env LANDSCAPE_ROOT).",
-)
-@click.option(
-    "--threads",
-    type=click.IntRange(min=1, max=COUNT_MAX),
-    envvar="LANDSCAPE_THREADS",
-    default=None,
-    help="torch intra-op threads (env LANDSCAPE_THREADS; default: torch's).",
-)
-@click.option(
-    "--code",
-    "code",
-    multiple=True,
-    metavar="REF",
-    help="Model / data code (module:factory or file.py:factory) that stored checkpoints name and may run to "
-         "rebuild them; repeatable. Nothing else a store names is ever imported.",
-)
+@click.option("--root", type=click.Path(file_okay=False), envvar="LANDSCAPE_ROOT", default="checkpoints",
+              show_default=True, help="Checkpoint store root (env LANDSCAPE_ROOT).")
+@click.option("--threads", type=click.IntRange(min=1, max=COUNT_MAX), envvar="LANDSCAPE_THREADS",
+              default=None, help="torch intra-op threads (env LANDSCAPE_THREADS; default: torch's).")
+@click.option("--code", "code", multiple=True, metavar="REF",
+              help="Model / data code (module:factory or file.py:factory) that stored checkpoints name and "
+                   "may run to rebuild them; repeatable. Nothing else a store names is ever imported.")
 @click.option("--accept-changed-code", is_flag=True,
               help="Rebuild with --code whose source changed since it was recorded (the result records it).")
 @click.option("--portable", is_flag=True, envvar="LANDSCAPE_PORTABLE",

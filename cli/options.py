@@ -1,9 +1,6 @@
-"""The click parameter types and the shared options of the commands.
-
-``--model`` / ``--data`` are :class:`SourceName` (unknown names are usage errors, exit 2). The parameter types
-(:class:`Count`, :class:`Seed`, :class:`FiniteFloat`, :class:`CommaList`, :class:`SubsetType`,
-:class:`DeviceType`, :class:`FieldType`) convert through :func:`landscape.options.coerce`, the coercion the api
-and batch specs use too, so a value means the same and a bad one reads the same wherever it is given.
+"""The click parameter types and the shared options of the commands. The types convert through
+:func:`landscape.options.coerce`, the one coercion of the api and batch specs too, so a value means the same
+and a bad one reads the same wherever it is given.
 """
 
 from __future__ import annotations
@@ -52,20 +49,22 @@ class SubsetType(Coerced):
             self.min, self.min_open = self.meta["min"], False
 
 
-def _bounds(min: float | None, max: float | None, min_open: bool, max_open: bool) -> dict[str, Any]:
-    return {"min": min, "max": max, "min_open": min_open, "max_open": max_open}
+class _Ranged(Coerced):
+    """A click number range whose bounds are also the coercion's."""
+
+    def __init__(self, min: float | None = None, max: float | None = None, min_open: bool = False,
+                 max_open: bool = False, **kw: Any):
+        super().__init__(min=min, max=max, min_open=min_open, max_open=max_open, **kw)
+        self.meta = {"min": min, "max": max, "min_open": min_open, "max_open": max_open}
 
 
-class Count(Coerced, click.IntRange):
+class Count(_Ranged, click.IntRange):
     """An integer count: ``click.IntRange`` whose maximum defaults to :data:`landscape.bounds.COUNT_MAX`."""
 
     annotation = int
 
-    def __init__(self, min: int | None = None, max: int | None = COUNT_MAX, min_open: bool = False,
-                 max_open: bool = False, **kw: Any):
-        max = COUNT_MAX if max is None else max
-        super().__init__(min=min, max=max, min_open=min_open, max_open=max_open, **kw)
-        self.meta = _bounds(min, max, min_open, max_open)
+    def __init__(self, min: int | None = None, max: int | None = COUNT_MAX, **kw: Any):
+        super().__init__(min=min, max=COUNT_MAX if max is None else max, **kw)
 
 
 class Seed(Coerced, click.IntRange):
@@ -128,16 +127,11 @@ class DeviceType(Coerced):
     meta = {"kind": "device"}
 
 
-class FiniteFloat(Coerced, click.FloatRange):
+class FiniteFloat(_Ranged, click.FloatRange):
     """``click.FloatRange`` that also refuses NaN, infinities and magnitudes float32 cannot hold (a NaN passes
     every range comparison; ``1e39`` becomes ``inf`` in a float32 model)."""
 
     annotation = float
-
-    def __init__(self, min: float | None = None, max: float | None = None, min_open: bool = False,
-                 max_open: bool = False, **kw: Any):
-        super().__init__(min=min, max=max, min_open=min_open, max_open=max_open, **kw)
-        self.meta = _bounds(min, max, min_open, max_open)
 
 
 class CommaList(Coerced):

@@ -1,12 +1,10 @@
 """Atomic file writes shared by the checkpoint store and result files (no torch; h5py only when writing HDF5).
 
-:func:`atomic_write` writes a hidden temporary file beside the target, fsyncs it, renames it over the target
-and fsyncs the directory, so a killed process leaves the old file or the complete new one, never half of one
-(:func:`stale_temp_files` finds leftover temporaries). Every write fsyncs its directory, even for two renames in
-a row, because POSIX orders renames only through that fsync: a manifest must never survive a power cut that
-lost the checkpoint it lists. A refused write (:data:`WRITE_ERRNOS`) is a :class:`landscape.errors.WriteError`
-with the final path as it was; :func:`atomic_write_hdf5` keeps such a write from HDF5, which otherwise crashes
-the process when it closes the file.
+A temporary file beside the target is fsynced, renamed over it and the directory fsynced, so a killed process
+leaves the old file or the complete new one. Every write fsyncs its directory, even for two renames in a row:
+POSIX orders renames only through that fsync, and a manifest must never survive a power cut that lost the
+checkpoint it lists. :func:`atomic_write_hdf5` keeps a refused write from HDF5, which otherwise crashes the
+process when it closes the file.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from typing import Any
 
 from landscape.errors import WriteError
 
-__all__ = ["WRITE_ERRNOS", "atomic_write", "atomic_write_hdf5", "fsync_dir", "is_temp_name", "stale_temp_files"]
+__all__ = ["WRITE_ERRNOS", "atomic_write", "atomic_write_hdf5", "fsync_dir", "stale_temp_files"]
 
 #: The errors of a write the system refused for want of room or of a working device (a :class:`WriteError`).
 WRITE_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG, errno.EIO})
@@ -127,11 +125,9 @@ class _Sink:
                 self.error = exc
         if view:
             self.held.append((at, bytes(view)))
-        self._advance(self.pos + size)
+        self.pos = self.pos + size
+        self.end = max(self.end, self.pos)
         return size
-
-    def _advance(self, pos: int) -> None:
-        self.pos, self.end = pos, max(self.end, pos)
 
     def read(self, size: int = -1) -> bytes:
         size = max(0, self.end - self.pos) if size is None or size < 0 else size
@@ -180,12 +176,6 @@ def _refused(path: str | os.PathLike):
             kept = "the file is unchanged" if os.path.lexists(path) else "nothing was written"
             raise WriteError(path, exc.errno, exc.strerror, f"; {kept}") from None
         raise
-
-
-def is_temp_name(name: str, final: str | None = None) -> bool:
-    """Whether ``name`` is a temporary file of :func:`atomic_write` (for the final name ``final``, if given)."""
-    m = _TEMP_NAME.fullmatch(name)
-    return m is not None and (final is None or m.group("final") == final)
 
 
 def stale_temp_files(directory: str | os.PathLike, finals: Callable[[str], bool] = lambda _: True) -> list[Path]:

@@ -1,15 +1,8 @@
-"""The stated limits of the numbers a user gives, in one place (command line, Python api and batch specs alike).
-
-* **Seeds** are integers in ``[0, SEED_MAX]`` (numpy refuses negative seeds and torch takes 64 bits, so a
-  negative seed is one line everywhere).
-* **Counts** are at most ``COUNT_MAX``; sizes allocated up front are bounded tighter (``POINTS_MAX``,
-  ``BINS_MAX``, ``GRID_CELLS_MAX``, ``DIRECTIONS_MAX``, ``LANCZOS_STEPS_MAX``: each Lanczos step keeps a
-  parameter-sized vector), and ``CLASSES_MAX`` keeps a stray label from sizing an output layer.
-* **Waiting**: ``--scheduler`` waits ``SCHEDULER_TIMEOUT_S`` seconds for the Dask scheduler.
-* **Subsets** are a count (an integer ``1 .. COUNT_MAX``) or a fraction (a float in ``(0, 1]``):
-  :func:`subset_value`.
-
-Imports nothing heavy: the command line reads it before torch is loaded.
+"""The stated limits of the numbers a user gives, in one place (command line, Python api and batch specs
+alike): seeds in ``[0, SEED_MAX]`` (numpy refuses negative seeds, torch takes 64 bits), counts up to
+``COUNT_MAX`` and tighter for sizes allocated up front, subsets as a count or a fraction
+(:func:`subset_value`), the scheduler wait. Imports nothing heavy: the command line reads it before torch is
+loaded.
 """
 
 from __future__ import annotations

@@ -38,14 +38,8 @@ def random_direction(space: ParamSpace, seed: int, index: int, *, dtype: torch.d
     return torch.randn(space.dim, generator=g, dtype=dtype)
 
 
-def normalize_direction(
-    direction: torch.Tensor,
-    theta: torch.Tensor,
-    space: ParamSpace,
-    *,
-    normalize: str = "filter",
-    biasbn: str = "zero",
-) -> torch.Tensor:
+def normalize_direction(direction: torch.Tensor, theta: torch.Tensor, space: ParamSpace, *,
+                        normalize: str = "filter", biasbn: str = "zero") -> torch.Tensor:
     """Li et al. 2018 filter (or layer) normalisation of a flat direction against theta; a new tensor.
 
     ``normalize="none"`` returns the direction unchanged (a copy). Scales are computed in float64.
@@ -75,15 +69,8 @@ def normalize_direction(
     return out
 
 
-def random_directions(
-    theta: torch.Tensor,
-    space: ParamSpace,
-    indices: Sequence[int] | int,
-    *,
-    seed: int = 0,
-    normalize: str = "filter",
-    biasbn: str = "zero",
-) -> torch.Tensor:
+def random_directions(theta: torch.Tensor, space: ParamSpace, indices: Sequence[int] | int, *, seed: int = 0,
+                      normalize: str = "filter", biasbn: str = "zero") -> torch.Tensor:
     """Rows: normalised directions ``indices`` (or ``range(indices)``) of ``seed``, in theta's dtype; (k, d)."""
     check_options(normalize, biasbn)
     idx = range(indices) if isinstance(indices, int) else list(indices)

@@ -1,18 +1,11 @@
-"""Gram / NTK blocks out of core: :func:`landscape.gram.gram_tiles` streamed into an HDF5 file.
+"""Gram / NTK blocks out of core: :func:`landscape.gram.gram_tiles` streamed into an HDF5 file, each tile
+written as soon as it is formed (memory: two chunks' factors and one tile, where ``gram_blocks`` holds every n
+x n block), with the same numbers as ``gram_blocks``.
 
-``gram_blocks`` holds every layer's n x n block at once (``8 n^2`` bytes each in float64); here each tile of a
-pair of sample chunks is written as soon as it is formed, so memory stays at two chunks' factors and one tile.
-The numbers are ``gram_blocks``' (same code, tested tile against block).
-
-File layout (plain ``h5py`` reads it)::
-
-    /blocks/<parameter name>   (rows, rows) float64   K_r, one dataset per trainable parameter tensor
-    /K                         (rows, rows) float64   sum_r K_r (optional)
-    attrs: kind, n, rows, layers (JSON list, named_parameters order), chunk, created, landscape_version,
-           torch_version
-
-Written atomically (:func:`landscape.atomic.atomic_write_hdf5`). :class:`KernelFileOperator` reads a kernel back
-as a :class:`landscape.spectral.LinearOperator`, block by block, for kernels that do not fit in memory.
+Layout (plain ``h5py`` reads it): ``/blocks/<parameter name>`` (rows x rows float64, one per trainable
+tensor), ``/K`` (their sum, optional), attrs ``kind``, ``n``, ``rows``, ``layers`` (JSON, ``named_parameters``
+order), ``chunk``, ``created``, ``landscape_version``, ``torch_version``. :class:`KernelFileOperator` reads a
+kernel back block by block as a :class:`landscape.spectral.LinearOperator`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The job-kind registry: one line per kind; the command line, ``landscape.api`` and batch specs read it.
-
-Every registered analysis is a kind too (its :class:`~landscape.api.jobkind.JobKind` made here from its
-:class:`~landscape.analyze.registry.Analysis`, run with one worker: in a batch the jobs are the parallelism).
-A new kind is its module (config, run function, ``JOB = JobKind(...)``) plus one :func:`register` line here
-(docs/ARCHITECTURE.md, "How to add a job kind"). Nothing is imported until a kind is asked for.
+"""The job-kind registry: one :func:`register` line per kind (docs/ARCHITECTURE.md, "How to add a job kind");
+every registered analysis is a kind too, run with one worker (in a batch the jobs are the parallelism).
+Nothing is imported until a kind is asked for.
 """
 
 from __future__ import annotations

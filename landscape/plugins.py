@@ -31,8 +31,6 @@ from typing import Any
 from landscape.errors import LandscapeError, UsageError, one_line
 from landscape.hashing import sha256_file
 
-ENTRY_POINT_GROUPS = ("landscape.models", "landscape.datasets", "landscape.metrics")
-
 
 class PluginError(UsageError):
     """A code reference cannot be parsed, imported or resolved to the named object."""

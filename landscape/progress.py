@@ -1,19 +1,11 @@
-"""Progress of long work on stderr: a bar on a terminal (tqdm), elsewhere one plain line every ~10 s (what, how
-far, ETA). Never on stdout, which carries the results.
+"""Progress of long work on stderr (never stdout, which carries the results): a bar on a terminal (tqdm),
+elsewhere one plain line every ~10 s (what, how far, ETA).
 
-Silent unless turned on. The ``landscape`` command turns it on for each command (``landscape --quiet`` leaves it
-off); Python code turns it on for a block::
-
-    from landscape import api, progress
-
-    with progress.enabled():                 # a bar on a terminal, else a line every 10 s, on stderr
-        api.surface("run@last", grid="51x51")
-
-``enabled(interval=2.0, stream=f, bar=False)`` chooses the line interval, the stream and the form;
-``INTERVAL_ENV`` (``LANDSCAPE_PROGRESS_INTERVAL``, seconds) sets the interval where it is not given.
-The library marks its long loops with ``task`` (tasks nest: one bar per level, or one line naming every level)
-and a finished step with ``note``. A watcher thread writes the lines, so they come on time while one long step
-holds the loop. The state is a context variable: a new thread or worker process starts silent.
+Silent unless turned on: the ``landscape`` command turns it on per command (``--quiet`` leaves it off), Python
+code with ``with progress.enabled(): ...`` (docs/commands.md). The library marks long loops with ``task``
+(nested: one bar per level, or one line naming every level) and finished steps with ``note``. A watcher thread
+writes the lines, so they come on time while one long step holds the loop. The state is a context variable: a
+new thread or worker process starts silent.
 """
 
 from __future__ import annotations

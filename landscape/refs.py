@@ -1,11 +1,5 @@
-"""Checkpoint references: the one parser of ``PATH.h5`` and ``RUN[@init|@last|@step=N|@epoch=E]``.
-
-A :class:`Ref` is parsed once where a reference enters (:meth:`Ref.parse`, a one-line
-:class:`~landscape.errors.UsageError` on bad input); everything after reads its fields. A path ends in ``.h5``
-(text with a ``/`` must); anything else is a run name with an optional selector (``@init`` the smallest step,
-``@last``, ``@step=N``, ``@epoch=E``). A bare run name means ``@last`` where one checkpoint is wanted and every
-checkpoint where an analysis measures along a run. ``Ref.parse(str(ref)) == ref``. Run names are single safe
-path components (:func:`check_run_name`). Torch-free and store-free.
+"""Checkpoint references: the one parser of ``PATH.h5`` and ``RUN[@init|@last|@step=N|@epoch=E]``
+(docs/ARCHITECTURE.md, "References"), and run names, single safe path components. Torch-free and store-free.
 """
 
 from __future__ import annotations
@@ -61,6 +55,12 @@ def parse_selector(selector: str) -> tuple[str, int | float | None]:
             raise UsageError(f"bad selector '@{selector}': the epoch must be a finite number")
         return "epoch", epoch
     raise UsageError(f"bad selector '@{selector}': expected @init, @last, @step=N or @epoch=E")
+
+
+def run_part(text: str) -> str:
+    """``text`` without its selector, unchecked: ``G-*@last`` -> ``G-*`` (a batch scans option values for the
+    runs and globs they mention)."""
+    return text.partition("@")[0]
 
 
 def slug(text: str) -> str:

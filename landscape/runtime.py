@@ -28,14 +28,10 @@ DATA_ENV = "LANDSCAPE_DATA"  # where torchvision data sets live (landscape.data)
 
 
 def set_threads(threads: int | None = None) -> int | None:
-    """Set torch's intra-op thread count from ``threads``, else ``$LANDSCAPE_THREADS``, else leave torch's default
-    (and return None).
-
-    On small machines one thread is often faster than several (docs/benchmarks.md); tests, CI and
-    benchmarks run with one. torch is not imported for this (``store ls``, ``show``, ``privacy`` need none): if
-    it is not loaded yet, ``$OMP_NUM_THREADS`` is set, which torch reads for its default when it loads (at most
-    the number of cores, where ``torch.set_num_threads`` would oversubscribe).
-    """
+    """Set torch's intra-op thread count from ``threads``, else ``$LANDSCAPE_THREADS``, else leave torch's
+    default (and return None). torch is not imported for this: before it loads, ``$OMP_NUM_THREADS`` is set,
+    which torch reads for its default (at most the number of cores, where ``torch.set_num_threads`` would
+    oversubscribe)."""
     if threads is None:
         env = os.environ.get(THREADS_ENV)
         if env is None:
@@ -158,15 +154,11 @@ def portable_requested() -> bool:
 
 
 def use_portable() -> None:
-    """Portable mode: every float kernel pinned to a code path that any x86-64 CPU runs alike, so the same seed gives
-    bit-identical runs and results on every machine (at a cost in speed: docs/reproducibility.md).
-
-    Before torch and numpy are loaded it sets :data:`PORTABLE_SETTINGS` in the environment (for this process and
-    the processes it starts), imports torch and switches off what the environment cannot (oneDNN and NNPACK, whose
-    convolutions are chosen by the CPU and its cache sizes; one torch thread; deterministic algorithms). Once
-    torch is loaded its kernels are chosen: then it only checks, and a process started without the settings is a
-    UsageError that says how to start it. ``$LANDSCAPE_PORTABLE=1`` calls it when ``landscape`` is imported and
-    ``landscape --portable`` before the command."""
+    """Portable mode: every float kernel pinned to a code path that any x86-64 CPU runs alike, so the same
+    seed gives bit-identical runs and results on every machine (docs/reproducibility.md). It sets
+    :data:`PORTABLE_SETTINGS` for the libraries not loaded yet and switches off what the environment cannot
+    (oneDNN, NNPACK); a process whose torch or numpy loaded without the settings is a UsageError that says how
+    to start it."""
     global _PORTABLE
     before = {key: os.environ.get(key) for key in (*PORTABLE_SETTINGS, PORTABLE_ENV)}
     for key, value in PORTABLE_SETTINGS.items():  # read by a library when it loads: only before it is

@@ -130,3 +130,27 @@ def text_problems(fig) -> list[str]:
         if w > 1 and h > 1:  # more than a pixel each way
             problems.append(f"{t1.get_text()!r} overlaps {t2.get_text()!r}")
     return problems
+
+
+# ------------------------------------------------------------------------------ parallel runs (pytest-xdist)
+
+#: test files that share an expensive session fixture: one worker runs them, so the fixture is made once
+_SAME_WORKER = {"tests/test_figures_recipes.py": "tests/test_figures.py"}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``make test`` runs the suite on every core (``-n auto``, one thread each). Work goes out a file at a time, so a
+    module's fixtures are made once; the docs pages' examples (tens of seconds each) go out one by one, so no
+    worker is left with all of them; files go in collection order (the slow ones are not held back to the end)."""
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            if "::test_every_example_of_the_page_runs[" in nodeid:
+                return nodeid
+            return _SAME_WORKER.get(file, file)
+
+    config.option.loadscopereorder = False
+    return Scheduling(config, log)

@@ -1,8 +1,5 @@
-"""What the api modules share: data rebuilt from a checkpoint, pair checks, output names.
-
-Private to :mod:`landscape.api` (``resolve``, ``runner``, ``loss_surfaces``, ``alignment`` import from here). The
-worker pool and the Dask scheduler are the public :mod:`landscape.api.execution`; merging keyword options into
-a config is :func:`landscape.options.build`.
+"""What the api modules share: data rebuilt from a checkpoint, pair checks, output names (private to
+:mod:`landscape.api`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""``landscape privacy``: epsilon for a noise multiplier, or the noise multiplier for a target epsilon; the
+"""``landscape privacy`` (epsilon for a noise multiplier, or the noise multiplier for a target epsilon), the
 privacy record of imported weights (:func:`import_privacy`) and the caveat results carry about their inputs'
-ancestry (:func:`provenance_attrs`).
-
-``q`` is given or ``batch_size / dataset_size``; ``steps`` given or whole epochs counted as ``landscape train``
-runs them (:func:`landscape.train.accounting.schedule_steps`). Accounting is :mod:`landscape.train.accounting`.
+ancestry (:func:`provenance_attrs`). Accounting itself is :mod:`landscape.train.accounting`.
 """
 
 from __future__ import annotations
@@ -93,15 +90,8 @@ def privacy(query: PrivacyQuery) -> PrivacyAnswer:
     else:
         sigma = float(query.noise_multiplier)
     eps = accounting.epsilon(sigma, q, steps, query.delta, query.accountant)
-    return PrivacyAnswer(
-        noise_multiplier=sigma,
-        epsilon=eps,
-        delta=query.delta,
-        sample_rate=q,
-        steps=steps,
-        method=query.accountant,
-        target_epsilon=query.target_epsilon,
-    )
+    return PrivacyAnswer(noise_multiplier=sigma, epsilon=eps, delta=query.delta, sample_rate=q, steps=steps,
+                         method=query.accountant, target_epsilon=query.target_epsilon)
 
 
 def import_privacy(

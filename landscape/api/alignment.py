@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from landscape.api.jobkind import JobKind, files_under, run_option
+from landscape.api.jobkind import JobKind, run_files, run_option
 from landscape.errors import UsageError
 from landscape.options import option
 
@@ -121,11 +121,9 @@ def _align_notes(result: AlignResult) -> list[str]:
 
 
 def _align_outcome(result: AlignResult, root: Path, out: Path | None) -> tuple[dict[str, Any], list[Path]]:
-    from landscape.store import Store
-
     numbers = {"distance_before": result.distance_before, "distance_after": result.distance_after,
                "iterations": result.iterations, "converged": int(result.converged)}
-    return numbers, files_under(Store(root).run(result.run).path)
+    return numbers, run_files(root, result.run)
 
 
 JOB = JobKind(

@@ -1,9 +1,5 @@
-"""How an analysis runs, apart from what it computes: the worker pool and the Dask scheduler.
-
-:class:`ExecutionOptions` (``workers``, ``scheduler``) never changes a result, so it is part of no config nor
-of a result's ``params``. :class:`ProcessPool` is the one executor: in-process, spawned processes with one torch
-thread each that die with their parent, or Dask tasks (:func:`using_scheduler`).
-"""
+"""How an analysis runs, apart from what it computes: :class:`ExecutionOptions` and the one executor
+:class:`ProcessPool` (in-process, spawned processes that die with their parent, or Dask tasks)."""
 
 from __future__ import annotations
 
@@ -65,17 +61,14 @@ def _start_worker(parent: int, initializer: Callable | None, initargs: tuple, tr
 def spawn_pool(workers: int, initializer: Callable | None = None, initargs: tuple = (),
                trusted: tuple | None = None) -> ProcessPoolExecutor:
     """``workers`` spawned processes with one torch thread each, then ``initializer(*initargs)`` in each (its
-    dict becomes :func:`worker_state`); they exit when this process dies (:func:`die_with_parent`). The one
-    worker-pool mechanism of the api."""
+    dict becomes :func:`worker_state`); they exit when this process dies (:func:`die_with_parent`)."""
     return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_start_worker,
                                initargs=(os.getpid(), initializer, initargs,
                                          _trusted() if trusted is None else trusted))
 
 
 def _trusted() -> tuple:
-    """The user code trusted in this process (:func:`landscape.plugins.trust_state`) as plain strings and a flag,
-    for a worker: a worker rebuilds code-named models and data only when its parent may; and what ``auto`` means
-    (:func:`landscape.runtime.default_device`)."""
+    """What a worker takes from its parent, as plain data: the trusted user code and what ``auto`` means."""
     from landscape import plugins
 
     state = plugins.trust_state()
@@ -89,9 +82,8 @@ _SCHEMES = ("tcp://", "tls://")
 
 
 def scheduler_address(address: Any) -> Any:
-    """``address`` checked as a Dask scheduler address ``tcp://HOST:PORT`` (or ``tls://``; IPv6 hosts in brackets,
-    ``tcp://[::1]:8786``), before anything connects: a malformed one is one UsageError line (exit 2). A
-    ``distributed.Client`` passes unchanged; an unreachable scheduler is found later, when connecting (exit 1)."""
+    """``address`` checked as ``tcp://HOST:PORT`` (or ``tls://``; IPv6 hosts in brackets) before anything
+    connects; a ``distributed.Client`` passes unchanged."""
     if address is None or not isinstance(address, str):
         return address
     text = address.strip()
@@ -133,11 +125,6 @@ def check_parallelism(workers: int, scheduler: Any) -> None:
         raise UsageError("give --workers N (local processes) or --scheduler ADDRESS (a Dask cluster), not both")
 
 
-def current_scheduler() -> Any:
-    """The Dask scheduler set by :func:`using_scheduler` (None: local processes)."""
-    return _SCHEDULER.get()
-
-
 def cluster_size(scheduler: Any) -> int:
     """How many workers the Dask cluster at ``scheduler`` (address or client) has: the number of parallel parts an
     analysis cuts its work into there, as ``--workers`` does locally. One line when it cannot be reached."""
@@ -161,11 +148,8 @@ def _connect(scheduler: Any):
 
 
 def connect_client(address: str, **kwargs: Any):
-    """A ``distributed.Client`` of the scheduler at (a checked) ``address``. The whole handshake (the connection,
-    Dask's greeting both ways and the scheduler's answer to ``identity``) must finish within
-    :data:`landscape.bounds.SCHEDULER_TIMEOUT_S` (:func:`probe_scheduler`), so a service that is not a Dask
-    scheduler (an HTTP server, the dashboard's port, a worker, a port that accepts and never answers) is one
-    LandscapeError line (exit 1) instead of a wait without end or a traceback."""
+    """A ``distributed.Client`` of the scheduler at (a checked) ``address``, after :func:`probe_scheduler`: a
+    service that is not a Dask scheduler is one LandscapeError line (exit 1), never a wait without end."""
     from distributed import Client
 
     from landscape import bounds
@@ -190,13 +174,10 @@ _NOT_DASK = ("is not a Dask scheduler: its reply is not Dask's protocol (an HTTP
 
 
 def probe_scheduler(address: str, timeout: float | None = None) -> dict[str, Any]:
-    """Speak to the Dask scheduler at ``address`` as a client does (connect, exchange Dask's handshake, ask its
-    ``identity``) with one deadline over all of it (``timeout``, default
-    :data:`landscape.bounds.SCHEDULER_TIMEOUT_S`), and return the scheduler's identity. Anything else is one
-    line: nothing listening ("cannot reach"), no answer in time ("did not answer within N s"), a reply that is not
-    Dask's ("is not a Dask scheduler"), a Dask worker or nanny ("is a Dask worker, not the scheduler"), ``tls://``
-    without Dask's TLS settings (a UsageError). Runs in its own thread and event loop, so it also works where an
-    event loop is already running (Jupyter); the thread is a daemon, given up at the deadline."""
+    """The identity of the Dask scheduler at ``address``, asked as a client does (connect, handshake,
+    ``identity``) under one deadline (``timeout``, default :data:`landscape.bounds.SCHEDULER_TIMEOUT_S`);
+    anything else is one line saying what answered. Its own thread and event loop, so it works under a running
+    loop (Jupyter)."""
     import asyncio
     import threading
 
@@ -291,9 +272,8 @@ _DASK_STATES: dict[str, dict[str, Any]] = {}
 
 
 def _dask_task(key: str | None, init: tuple | None, trusted: tuple, fn: Callable, *args: Any) -> Any:
-    """A job on a Dask worker: one torch thread, the user code the parent trusts (plain strings, see
-    :func:`_trusted`), the pool's worker state built once per worker process (kept for the pool's ``key``; our
-    workers run one thread each), then ``fn(*args)``."""
+    """A job on a Dask worker: one torch thread, the parent's trusted code and device, the pool's worker state
+    built once per worker process (kept for the pool's ``key``), then ``fn(*args)``."""
     from landscape import plugins
 
     one_thread()
@@ -325,12 +305,9 @@ def _dask_as_completed(futures: Sequence[Any]):
 class ProcessPool:
     """The api's one executor: ``submit(fn, *args)`` / ``map(fn, jobs)`` -> ``[fn(*job) ...]`` in order.
 
-    Without a scheduler: in-process for one worker (unless an ``initializer`` needs its own process), else
-    ``workers`` spawned processes (one torch thread each, dying with their parent), created on first use and shared
-    by every call inside the block. With a Dask ``scheduler`` (given, or set by :func:`using_scheduler`): the jobs
-    are Dask tasks on that cluster (``workers`` is then the cluster's business); the ``initializer``'s arguments are
-    scattered to the workers once and its state built once per worker process. The results are the same either
-    way (tested: identical arrays).
+    In-process for one worker (unless an ``initializer`` needs its own process), else ``workers`` spawned
+    processes created on first use; with a Dask ``scheduler`` (given, or :func:`using_scheduler`'s) Dask
+    tasks, the ``initializer``'s arguments scattered once. The results are the same either way.
     """
 
     def __init__(self, workers: int = 1, *, initializer: Callable | None = None, initargs: tuple = (),
@@ -421,9 +398,7 @@ def map_jobs(fn: Callable, jobs: Sequence[tuple], workers: int, *, what: str | N
 @dataclass(frozen=True)
 class ExecutionOptions:
     """How an analysis runs, not what it computes: ``workers`` local processes or a Dask ``scheduler`` (address or
-    ``distributed.Client``). The command line's ``--workers`` / ``--scheduler`` and the api's ``workers=`` /
-    ``scheduler=`` become one of these; results are the same whatever they are, so they are never part of an
-    analysis' config nor stored in a result's ``params``. Bad values are one UsageError line."""
+    ``distributed.Client``); never part of a config nor of a result's ``params``."""
 
     workers: int = 1
     scheduler: Any = None
@@ -438,10 +413,9 @@ class ExecutionOptions:
         check_parallelism(self.workers, self.scheduler)
 
     def on_cluster(self, parallel: bool) -> ExecutionOptions:
-        """The options the work runs with: the scheduler given, else the one :func:`using_scheduler` set (``figures
-        --scheduler``); on a cluster, an analysis with parallel parts cuts its work into as many parts as the
-        cluster has workers (``workers`` then counts them; the jobs still go to the cluster)."""
-        scheduler = self.scheduler if self.scheduler is not None else current_scheduler()
+        """The options the work runs with: the scheduler given, else :func:`using_scheduler`'s; on a cluster,
+        an analysis with parallel parts cuts its work into as many parts as the cluster has workers."""
+        scheduler = self.scheduler if self.scheduler is not None else _SCHEDULER.get()
         if scheduler is None:
             return self
         out = ExecutionOptions(1, scheduler)

@@ -32,18 +32,18 @@ class Tour:
         """One row per interpolated pair (siblings first): the test-split chord barrier beside the instabilities;
         a DP pair is labelled with the epsilon its checkpoints spent (not the phases' target)."""
         split = "test" if "test" in self.table.splits else self.table.splits[0]
-        rows = [{"pair": r.pair, "kind": f"siblings {r.phase2}" + (f" eps={r.epsilon_spent:.3g}"
-                                                                     if not math.isnan(r.epsilon_spent) else ""),
-                 f"chord_barrier_{split}_loss": r.chord_barrier_loss.get(split, math.nan),
-                 f"instability_{split}_loss": r.instability_loss[split],
-                 f"instability_{split}_error": r.instability_error[split]} for r in self.table.rows]
-        for what, res in self.interpolations:
-            a, b = (i.ref for i in res.inputs)
-            rows.append({"pair": f"{a}:{b}", "kind": what,
-                         f"chord_barrier_{split}_loss": res.chord_barrier_loss.get(split, math.nan),
-                         f"instability_{split}_loss": res.instability_loss[split],
-                         f"instability_{split}_error": res.instability_error[split]})
-        return rows
+
+        def row(pair: str, kind: str, r) -> dict:
+            return {"pair": pair, "kind": kind,
+                    f"chord_barrier_{split}_loss": r.chord_barrier_loss.get(split, math.nan),
+                    f"instability_{split}_loss": r.instability_loss[split],
+                    f"instability_{split}_error": r.instability_error[split]}
+
+        rows = [row(r.pair, f"siblings {r.phase2}" + (f" eps={r.epsilon_spent:.3g}"
+                                                        if not math.isnan(r.epsilon_spent) else ""), r)
+                for r in self.table.rows]
+        pairs = [(":".join(i.ref for i in res.inputs), what, res) for what, res in self.interpolations]
+        return rows + [row(*pair) for pair in pairs]
 
     def files(self) -> list[Path]:
         out = [self.table.path, self.table.csv_path, *self.table.figures]
@@ -52,15 +52,8 @@ class Tour:
         return [p for p in out if p is not None]
 
 
-def tour(
-    pattern: str,
-    *,
-    root: str | Path = "checkpoints",
-    out_dir: str | Path = "results",
-    config: InterpolateConfig | None = None,
-    workers: int = 1,
-    data_root: str | None = None,
-) -> Tour:
+def tour(pattern: str, *, root: str | Path = "checkpoints", out_dir: str | Path = "results",
+         config: InterpolateConfig | None = None, workers: int = 1, data_root: str | None = None) -> Tour:
     """Everything interpolation offers for runs made by ``landscape phases`` (the demo calls this).
 
     1. every sibling pair's instability (Watson et al. Fig. 5) -> ``out_dir/instability.{h5,csv,png,pdf}``;

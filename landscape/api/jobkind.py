@@ -1,16 +1,12 @@
-"""The job-kind spec: what one kind of job (train, phases, prune, align, import, figures, each analysis) is.
-
-One :class:`JobKind` per kind, one line per kind in the registry :mod:`landscape.kinds`; the batch runner, the
-command line and ``landscape.api`` look a kind up there instead of branching on its name. Its fields (options,
-``build``, ``run``, ``command``, ``produces``, ``outcome``, ``rows`` / ``notes`` / ``details``, ``api``) are
-described on :class:`JobKind`. The command is always generated (:mod:`cli.kinds`); the api
-function too unless the kind has a hand-written one.
+"""The job-kind spec: what one kind of job (train, phases, prune, align, import, figures, each analysis) is;
+one line per kind in :mod:`landscape.kinds`, which the batch runner, the command line and ``landscape.api``
+read instead of branching on a kind's name.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,9 +93,9 @@ class JobKind:
         return validated(config)
 
 
-def fields_of(cls: type, skip: Iterable[str] = ()) -> dict[str, str]:
-    """Field name -> annotation string of dataclass ``cls`` (without ``skip``)."""
-    return {f.name: str(f.type) for f in dataclasses.fields(cls) if f.name not in set(skip)}
+def fields_of(cls: type) -> dict[str, str]:
+    """Field name -> annotation string of dataclass ``cls``."""
+    return {f.name: str(f.type) for f in dataclasses.fields(cls)}
 
 
 def validated(config: Any) -> Any:
@@ -112,6 +108,13 @@ def validated(config: Any) -> Any:
 def run_option(options: dict[str, Any]) -> list[str]:
     """``produces`` of a kind that writes the one run its ``run`` option names."""
     return [options["run"]] if options.get("run") else []
+
+
+def run_files(root: Path, *runs: str) -> list[Path]:
+    """The files of the store runs ``runs`` at ``root``: what a job that wrote them made."""
+    from landscape.store import Store
+
+    return [f for run in runs for f in files_under(Store(root).run(run).path)]
 
 
 def files_under(directory: Path) -> list[Path]:

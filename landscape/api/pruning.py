@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from landscape.api.jobkind import JobKind, files_under, run_option
+from landscape.api.jobkind import JobKind, run_files, run_option
 from landscape.errors import UsageError
 from landscape.options import option
 from landscape.privacy import PrivacyEvent
@@ -74,27 +74,11 @@ def prune(config: PruneConfig, *, root: str | Path) -> PruneResult:
         init = store.load(init_ref)
     run, masks = prune_into_run(store, source, config.remove, source_ref=config.ref, scope=config.scope,
                                 init=init, init_ref=init_ref, run=config.run)
-    layers = []
-    for n, m in masks.items():
-        kept = int(m.sum())
-        layers.append(
-            {
-                "name": n,
-                "shape": list(m.shape),
-                "numel": m.numel(),
-                "kept": kept,
-                "kept_fraction": kept / max(m.numel(), 1),
-            }
-        )
+    layers = [{"name": n, "shape": list(m.shape), "numel": m.numel(), "kept": int(m.sum()),
+               "kept_fraction": int(m.sum()) / max(m.numel(), 1)} for n, m in masks.items()]
     total = sum(row["numel"] for row in layers)
-    return PruneResult(
-        run=run.name,
-        checkpoint=run.checkpoints()[0].path,
-        source=config.ref,
-        init=init_ref,
-        layers=layers,
-        kept_fraction=sum(row["kept"] for row in layers) / max(total, 1),
-    )
+    return PruneResult(run=run.name, checkpoint=run.checkpoints()[0].path, source=config.ref, init=init_ref,
+                       layers=layers, kept_fraction=sum(row["kept"] for row in layers) / max(total, 1))
 
 
 def _default_init_ref(source: Checkpoint, ref: str) -> str:
@@ -121,15 +105,10 @@ def _prune_notes(result: PruneResult) -> list[str]:
             f"checkpoint: {result.checkpoint}"]
 
 
-def _prune_outcome(result: PruneResult, root: Path, out: Path | None) -> tuple[dict[str, Any], list[Path]]:
-    from landscape.store import Store
-
-    return {"kept_fraction": result.kept_fraction}, files_under(Store(root).run(result.run).path)
-
-
 JOB = JobKind(
     name="prune", config=PruneConfig, run=lambda config, *, root, out=None: prune(config, root=root),
-    arguments=("ref",), required=("ref", "remove", "run"), produces=run_option, outcome=_prune_outcome, api=prune,
+    arguments=("ref",), required=("ref", "remove", "run"), produces=run_option, api=prune,
+    outcome=lambda result, root, out: ({"kept_fraction": result.kept_fraction}, run_files(root, result.run)),
     rows=_prune_rows, notes=_prune_notes, details=PruneResult.to_dict,
     doc="Prune the Linear/Conv weights of checkpoint REF by magnitude; store the mask with a new run.\n\n"
         "Train from it with `landscape train --from RUN@init ...`: pruned weights stay exactly 0 (masked gradients, "

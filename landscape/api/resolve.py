@@ -1,10 +1,5 @@
-"""References -> store -> checkpoints: the one place that opens the store for an analysis.
-
-References are :class:`landscape.refs.Ref` (or their text); for ``target``/``targets`` analyses a bare run name
-means every checkpoint of the run (:meth:`Resolver.expand`). :meth:`Resolver.point` is the one load-and-verify
-step (sha256 against the manifest, same tensors as another point when given one) and makes the :class:`Point`
-an analyzer's ``compute`` sees. :meth:`Resolver.pair` warns in one line when A's and B's data specs differ and
-evaluates on A's data, or on B's with ``data_from="b"``.
+"""References -> store -> checkpoints: the one place that opens the store for an analysis, and
+:meth:`Resolver.point`, the one load-and-verify step (docs/ARCHITECTURE.md, "References, Points and subsets").
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
-"""Resolve -> compute -> write -> figure for every registered analysis (:mod:`landscape.analyze.registry`).
-
-:func:`run` is the one skeleton behind ``landscape.api.interpolate``, ``instability``, ... and the generated
-commands: it builds the config (keyword options replace fields), resolves the references
-(:class:`landscape.api.resolve.Resolver`), calls the spec's pure ``compute`` (per checkpoint or per pair in
-spawned worker processes when ``workers > 1``; see :class:`landscape.api.execution.ProcessPool`), writes the
-result HDF5 (and CSV), draws the figure, and returns the result with ``.path`` and ``.figures`` set.
-:func:`api_function` makes the public function of an analysis from its spec. ``workers`` and ``scheduler`` are
-:class:`~landscape.api.execution.ExecutionOptions`, never config fields (nor stored in a result's ``params``).
-
-The store-side hooks an analysis' spec asks for (``Analysis.hooks``: ``execute``, ``expand``) are named here
-(:data:`HOOKS`): a spec in ``landscape/analyze`` never names code in ``landscape/api``.
+"""Resolve -> compute -> write -> figure for every registered analysis: :func:`run`, the one skeleton behind
+the api functions (:func:`api_function`) and the generated commands (docs/ARCHITECTURE.md, "Flows"). The
+store-side hooks a spec asks for are named here (:data:`HOOKS`): a spec never names code in ``landscape/api``.
 """
 
 from __future__ import annotations
@@ -54,26 +45,20 @@ def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", con
     from landscape import plugins
 
     with plugins.trusting(code, accept_changed=accept_changed_code):
-        return _run_trusted(name, refs, root=root, config=config, output=output, figure=figure, data_root=data_root,
-                            download=download, data_from=data_from, workers=workers, scheduler=scheduler,
-                            overwrite=overwrite, **options)
+        spec = get(name)
+        run_fields = {f.name for f in dataclasses.fields(spec.run_options)} if spec.run_options else set()
+        run_opts = spec.run_options(**{k: options.pop(k) for k in list(options) if k in run_fields}) \
+            if spec.run_options else None
+        config = build(spec.config, options, base=config)
+        execution = ExecutionOptions(1 if workers is None else workers, scheduler)
+        execution = execution.on_cluster(spec.has_workers)
+        if execution.workers > 1:  # metric objects cannot travel to workers: say so before a pickle hangs
+            from landscape.metrics import check_workers
 
-
-def _run_trusted(name: str, refs: Sequence[str], *, root, config, output, figure: bool, data_root, download: bool,
-                 data_from: str, workers: int | None, scheduler: Any, overwrite: bool = False, **options: Any) -> Any:
-    spec = get(name)
-    run_fields = {f.name for f in dataclasses.fields(spec.run_options)} if spec.run_options else set()
-    run_opts = spec.run_options(**{k: options.pop(k) for k in list(options) if k in run_fields}) \
-        if spec.run_options else None
-    config = build(spec.config, options, base=config)
-    execution = ExecutionOptions(1 if workers is None else workers, scheduler).on_cluster(spec.has_workers)
-    if execution.workers > 1:  # metric objects cannot travel to workers: say so before a refused pickle hangs a pool
-        from landscape.metrics import check_workers
-
-        check_workers(getattr(config, "metrics", None) or (), execution.workers)
-    with using_scheduler(execution.scheduler):
-        return _run(spec, refs, root, config, run_opts, output, figure, data_root, download, data_from, execution,
-                    overwrite)
+            check_workers(getattr(config, "metrics", None) or (), execution.workers)
+        with using_scheduler(execution.scheduler):
+            return _run(spec, refs, root, config, run_opts, output, figure, data_root, download, data_from,
+                        execution, overwrite)
 
 
 def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, output, figure: bool,

@@ -1,8 +1,6 @@
-"""Looking into the store and bringing checkpoints in: ``runs``, ``checkpoint``, ``show``, ``import_checkpoint``.
-
-The commands ``store ls``, ``store show``, ``show`` and ``import`` are thin layers over these functions; their
-``--json`` prints exactly what these return (plain dicts). ``runs``, ``checkpoint`` and ``show`` import no torch
-(``tests/test_cli_lazy_torch.py``). ``IMPORT_JOB`` is the job kind ``import``.
+"""Looking into the store and bringing checkpoints in: ``runs``, ``checkpoint``, ``show``,
+``import_checkpoint`` (plain dicts: what ``store ls``, ``store show``, ``show`` and ``import`` print,
+``--json`` exactly). ``runs``, ``checkpoint`` and ``show`` import no torch.
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from landscape.api.jobkind import JobKind, files_under, run_option
+from landscape.api.jobkind import JobKind, run_files, run_option
 from landscape.errors import CheckpointError, one_line
 from landscape.options import SOURCE_HELP, check_kwargs, option
 from landscape.runtime import DATA_ENV
@@ -217,10 +215,8 @@ def _import_job(config: ImportConfig, *, root: Path, out: Path | None = None) ->
 
 
 def _import_outcome(done: dict[str, Any], root: Path, out: Path | None) -> tuple[dict[str, Any], list[Path]]:
-    from landscape.store import Store
-
     numbers = {k: done[k] for k in ("tensors", "epsilon") if isinstance(done.get(k), (int, float))}
-    return numbers, files_under(Store(root).run(done["run"]).path)
+    return numbers, run_files(root, done["run"])
 
 
 IMPORT_JOB = JobKind(

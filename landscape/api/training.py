@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from landscape import plugins
 from landscape import progress as display
-from landscape.api.jobkind import JobKind, files_under, run_option, validated
+from landscape.api.jobkind import JobKind, files_under, run_files, run_option, validated
 from landscape.errors import CheckpointError, UsageError
 from landscape.train.config import PhasesConfig, TrainConfig, config_hash
 
@@ -68,23 +68,14 @@ def summarize(run: Run) -> RunSummary:
     privacy = run.manifest.get("privacy") or {}
     parent = f"{lineage['parent_run']}@step={lineage['parent_step']}" if lineage.get("parent_run") else None
     return RunSummary(
-        run=run.name,
-        path=run.path,
-        step=last.step if last else 0,
-        epoch=last.epoch if last else 0.0,
-        epsilon=last.epsilon if last else None,
-        train_loss=metrics.get("train_loss"),
-        train_acc=metrics.get("train_acc"),
-        test_loss=metrics.get("test_loss"),
+        run=run.name, path=run.path, step=last.step if last else 0, epoch=last.epoch if last else 0.0,
+        epsilon=last.epsilon if last else None, train_loss=metrics.get("train_loss"),
+        train_acc=metrics.get("train_acc"), test_loss=metrics.get("test_loss"),
         test_acc=metrics.get("test_acc"),
-        optimizer=(run.manifest.get("config") or {}).get("optimizer"),
-        parent=parent,
-        phase1=phases_.get("phase1"),
-        phase2=phases_.get("phase2"),
-        copy=phases_.get("copy"),
-        seconds=metrics.get("wall_seconds"),
+        optimizer=(run.manifest.get("config") or {}).get("optimizer"), parent=parent,
+        phase1=phases_.get("phase1"), phase2=phases_.get("phase2"), copy=phases_.get("copy"),
+        seconds=metrics.get("wall_seconds"), parent_epsilon=privacy.get("parent_epsilon"),
         accountant=privacy.get("accountant") if last is not None and last.epsilon is not None else None,
-        parent_epsilon=privacy.get("parent_epsilon"),
     )
 
 
@@ -188,18 +179,18 @@ def _phases_hash(config: PhasesConfig) -> str:
 
 
 def ensure(store: Store, config: TrainConfig, phases_label: dict[str, Any] | None = None,
-           progress: bool | None = None) -> Run:
-    """Train ``config`` (named: ``config.run``) unless a run of that name with the same config hash exists (then
-    resume it; a finished one is returned as it is); a run of that name with another configuration is refused."""
+           progress: bool | None = None, *, hint: str = "; choose another --group") -> Run:
+    """Train ``config`` (named: ``config.run``) unless a run of that name with the same config hash exists:
+    then resume it, whatever a kill left (recorded checkpoints, a complete file the manifest does not list
+    yet, or none); a finished one returns at once. A run of that name with another configuration is refused
+    (``hint`` added)."""
     from landscape.train.loop import resolved
 
     if config.run in store.run_names():
-        run = store.run(config.run)
-        if run.manifest.get("config_hash") != config_hash(resolved(store, config)):
-            raise CheckpointError(
-                f"run '{config.run}' already exists with a different configuration; choose another --group"
-            )
-        return train(TrainConfig(resume=config.run, data_root=config.data_root), root=store.root, progress=progress)
+        if store.run(config.run).manifest.get("config_hash") != config_hash(resolved(store, config)):
+            raise CheckpointError(f"run '{config.run}' already exists with a different configuration{hint}")
+        config = TrainConfig(resume=config.run, data_root=config.data_root, device=config.device)
+        return train(config, root=store.root, progress=progress)
     return train(config, root=store.root, progress=progress, phases=phases_label)
 
 
@@ -209,21 +200,10 @@ _NUMBERS = ("step", "epoch", "epsilon", "train_loss", "train_acc", "test_loss", 
 
 
 def _train_job(config: TrainConfig, *, root: Path, out: Path | None = None) -> Run:
-    """A train job: the same job again after a kill resumes its run (a finished one returns at once), also when
-    the kill came between a checkpoint file and the manifest entry listing it; a run of that name with a
-    different configuration is an error."""
+    """A train job: the same job again after a kill resumes its run (:func:`ensure`)."""
     from landscape.store import Store
-    from landscape.train.loop import resolved
 
-    store = Store(root)
-    if config.run in store.run_names():
-        existing = store.run(config.run).manifest
-        if existing.get("config_hash") != config_hash(resolved(store, config)):
-            raise CheckpointError(f"run '{config.run}' already exists with a different configuration")
-        # the same job: continue it, whatever the kill left (recorded checkpoints, a complete file the manifest
-        # does not list yet, or none: the resume path adopts the file or starts over from step 0)
-        config = TrainConfig(resume=config.run, data_root=config.data_root, device=config.device)
-    return train(config, root=root)
+    return ensure(Store(root), config, hint="")
 
 
 def _train_outcome(run: Run, root: Path, out: Path | None) -> tuple[dict[str, Any], list[Path]]:
@@ -268,12 +248,9 @@ def _columns(summary: RunSummary, columns: Sequence[str]) -> dict[str, Any]:
     return {c: getattr(summary, c) for c in columns}
 
 
-def _phase_fields() -> set[str]:
-    return {f.name for f in dataclasses.fields(PhasesConfig)} - {"base"}
-
-
 def _phases_build(options: dict[str, Any]) -> PhasesConfig:
-    own = {k: options.pop(k) for k in list(options) if k in _phase_fields()}
+    own_fields = {f.name for f in dataclasses.fields(PhasesConfig)} - {"base"}
+    own = {k: options.pop(k) for k in list(options) if k in own_fields}
     own = {k: tuple(v) if isinstance(v, list) else v for k, v in own.items()}
     return validated(PhasesConfig(base=TrainConfig(**options), **own))
 
@@ -298,17 +275,11 @@ def _phases_produces(options: dict[str, Any]) -> list[str]:
 
 
 def _phases_outcome(summaries: list[RunSummary], root: Path, out: Path | None) -> tuple[dict[str, Any], list[Path]]:
-    from landscape.store import Store
-
-    store = Store(root)
-    files: list[Path] = []
-    for s in summaries:
-        files.extend(files_under(store.run(s.run).path))
     accs = [s.test_acc for s in summaries if s.test_acc is not None]
     eps = [s.epsilon for s in summaries if s.epsilon is not None and math.isfinite(s.epsilon)]
     numbers = {"runs": len(summaries), "test_acc_min": min(accs) if accs else None,
                "test_acc_max": max(accs) if accs else None, "epsilon": max(eps) if eps else None}
-    return numbers, files
+    return numbers, run_files(root, *(s.run for s in summaries))
 
 
 PHASES_JOB = JobKind(

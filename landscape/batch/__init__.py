@@ -1,12 +1,8 @@
-"""Batch runs: sweeps of training and analysis jobs from a YAML spec, in-process or on Dask.
+"""Batch runs: sweeps of training and analysis jobs from a YAML spec, in-process or on Dask (docs/batch.md).
 
-``landscape.batch.spec`` reads and validates a spec into an expanded job graph (nothing runs);
-``landscape.batch.runner`` runs it (this process, a ``distributed.LocalCluster`` or an existing scheduler) and
-writes the summary; ``landscape.batch.jobs`` is what runs one job on a worker (idempotent: a job whose
-outputs exist with the same configuration hash is skipped). See docs/batch.md.
-
->>> from landscape.batch import load_spec, run_batch
->>> report = run_batch(load_spec("examples/watson-fig5.yaml"), workers=2)
+``spec`` reads and validates a spec into an expanded job graph (nothing runs); ``runner`` runs it and writes
+the summary; ``jobs`` runs one job on a worker (a job whose outputs exist with the same configuration hash is
+skipped).
 """
 
 from landscape.batch.runner import BatchReport, run_batch

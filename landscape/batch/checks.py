@@ -9,9 +9,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from landscape import kinds
 from landscape.batch.loading import SpecError
 from landscape.bounds import subset_value
 from landscape.errors import UsageError
+from landscape.refs import check_run_name, run_part
 
 if TYPE_CHECKING:
     from landscape.batch.graph import BatchSpec, Job
@@ -29,7 +31,8 @@ def _check_type(value: Any, annotation: Any, opt: str) -> Any:
     return coerce(value, annotation, flag="--" + opt.replace("_", "-"), name=opt)
 
 
-def _check_options(kind, info, opts, raw_options, grid, env, where, body, key, label, at) -> dict[str, Any]:
+def _check_options(kind, info, types, opts, raw_options, grid, env, where, body, key, label,
+                   at) -> dict[str, Any]:
     """Values coerced by their annotations, required options present, then the kind's configuration built and
     validated once."""
 
@@ -39,17 +42,17 @@ def _check_options(kind, info, opts, raw_options, grid, env, where, body, key, l
     out = {}
     for opt, value in opts.items():
         try:
-            if opt == "subset" and not _is_analysis(kind):  # a count or a fraction (300 is 300 examples)
+            if opt == "subset" and not kinds.is_analysis(kind):  # a count or a fraction (300 is 300 examples)
                 out[opt] = subset_value(value, "'subset'")
                 continue
-            out[opt] = _check_type(value, info.options[opt], opt)
+            out[opt] = _check_type(value, types[opt], opt)
         except UsageError as exc:
             raise SpecError(f"{place(opt)}: {label}: {exc}") from None
     for req in info.required:
         if out.get(req) in (None, "", [], ()):
             raise SpecError(f"{at}: {label}: job kind '{kind}' needs option '{req}' in a batch")
     try:
-        info.build(out)
+        info.configure(out)
     except (UsageError, ValueError, TypeError) as exc:
         blame = _blame(str(exc), raw_options, grid, env, where, key)
         raise SpecError(f"{blame or at}: {label}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") \
@@ -61,8 +64,6 @@ def _check_run_names(produces: tuple[str, ...], raw_options, grid, env, where, k
     """The runs a job writes (its kind's ``produces``: train's, phases', prune's, align's, import's), each a run
     name of the store's one rule (:func:`landscape.refs.check_run_name`): ``run: ../x`` is refused with the
     spec, not when the job runs."""
-    from landscape.refs import check_run_name
-
     for run in produces:
         try:
             check_run_name(run)
@@ -70,12 +71,6 @@ def _check_run_names(produces: tuple[str, ...], raw_options, grid, env, where, k
             blame = _blame("'run' 'group'", raw_options, grid, env, where, key)  # the option naming the run
             raise SpecError(f"{blame or at}: {label}: it would write the run {run!r}; {exc}") from None
     return produces
-
-
-def _is_analysis(kind: str) -> bool:
-    from landscape import kinds
-
-    return kinds.is_analysis(kind)
 
 
 def _blame(message: str, raw_options, grid, env, where, key) -> str | None:
@@ -130,7 +125,7 @@ def _reference_tokens(opt: str, value: Any) -> list[str]:
     """The run names (or globs) a reference option names; keywords (``random``, ``pca``, ``siblings``, ``all``)
     are not runs."""
     keywords = _REF_KEYWORDS.get(opt, ())
-    return [t for t in _references(value) if t not in keywords]
+    return [t for t in run_tokens(value) if t not in keywords]
 
 
 def _check_references(spec: BatchSpec) -> None:
@@ -181,15 +176,15 @@ def _check_unique(jobs: list[Job], path: Path) -> None:
 _SPLIT = re.compile(r"[,:\s]+")
 
 
-def _references(value: Any) -> Iterable[str]:
-    """Every run name a value could name: strings split at , : and blanks, selectors (@...) dropped."""
+def run_tokens(value: Any) -> Iterable[str]:
+    """Every run name (or glob) a value could name: strings split at , : and blanks, selectors dropped."""
     if isinstance(value, str):
         for token in _SPLIT.split(value):
             if token:
-                yield token.split("@", 1)[0]
+                yield run_part(token)
     elif isinstance(value, (list, tuple)):
         for v in value:
-            yield from _references(v)
+            yield from run_tokens(v)
     elif isinstance(value, dict):
         for v in value.values():
-            yield from _references(v)
+            yield from run_tokens(v)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from landscape.batch.checks import _references
+from landscape.batch.checks import run_tokens
 from landscape.batch.loading import SpecError
 
 
@@ -59,7 +59,7 @@ def _link(jobs: list[Job], afters: dict[str, tuple[list[str], str]], path: Path)
     for job in jobs:
         deps: list[str] = []
         reads = {k: v for k, v in job.options.items() if k not in ("run", "group")}
-        for token in _references(list(reads.values())):
+        for token in run_tokens(list(reads.values())):
             if token in producers:
                 deps.append(producers[token])
             elif any(c in token for c in "*?["):

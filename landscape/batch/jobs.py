@@ -20,11 +20,6 @@ from landscape.errors import one_line
 RECORDS = ".batch"
 
 
-def job_dir(results: str | Path, job_id: str) -> Path:
-    """Where an analysis job writes its result (and figures, CSV, per-pair files)."""
-    return Path(results) / job_id
-
-
 def record_path(results: str | Path, job_id: str) -> Path:
     return Path(results) / RECORDS / f"{job_id}.json"
 
@@ -117,11 +112,11 @@ def _describe_files(files: list[Path]) -> list[dict[str, Any]]:
 
 def _execute(payload: dict[str, Any]) -> tuple[dict[str, Any], list[Path]]:
     """The job's kind (:mod:`landscape.kinds`) builds its configuration from the options, runs it and says what
-    it made; analyses and figures write under the job's directory."""
+    it made; analyses and figures write under the job's directory ``<results>/<job>``."""
     from landscape import kinds
 
     spec = kinds.get(payload["kind"])
-    out = job_dir(payload["results"], payload["id"])
+    out = Path(payload["results"]) / payload["id"]
     root = Path(payload["root"])
     result = spec.run(spec.configure(dict(payload["options"])), root=root, out=out)
     return spec.outcome(result, root, out)

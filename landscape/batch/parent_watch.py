@@ -1,8 +1,7 @@
 """A Dask worker preload for ``landscape batch --workers N``: the worker exits when the batch process dies.
 
 Distributed's own guard (a pipe only the parent should hold) can fail with forked workers, which may inherit
-each other's write end and outlive a SIGKILLed batch (seen in 2 of 29 tries). This preload polls the parent
-process id instead and exits the worker at once when the batch process is gone.
+each other's write end and outlive a SIGKILLed batch; this polls the parent's process id instead.
 """
 
 from __future__ import annotations

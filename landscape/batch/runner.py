@@ -1,16 +1,14 @@
 """Run a validated batch: in this process, on a local Dask cluster, or on an existing Dask scheduler.
 
-Every job becomes one call of :func:`landscape.batch.jobs.run_job`; in Dask each is a future whose arguments
-are the futures of the jobs it waits for, so the scheduler starts a job once its inputs are written and
-runs independent jobs side by side (one job per worker thread; workers have one thread each). A worker
-that dies mid-job makes Dask run that job again on another worker (``distributed.scheduler.allowed-failures``
-times). Workers read and write the store root and the results directory by the absolute paths the client
-resolved: on a cluster of several machines these must be on a shared filesystem (NFS, Lustre, ...).
+In Dask each job is a future whose arguments are the futures of the jobs it waits for, so the scheduler starts
+it once its inputs are written; a job on a worker that dies runs again elsewhere. Workers use the absolute
+paths the client resolved: on several machines, a shared filesystem.
 """
 
 from __future__ import annotations
 
 import csv
+import importlib.util
 import logging
 import math
 import time
@@ -90,6 +88,8 @@ def run_batch(spec: BatchSpec, *, workers: int = 1, scheduler: str | None = None
 def _run_batch(spec: BatchSpec, workers: int, scheduler: str | None, threads: int | None,
                progress: JobProgress) -> BatchReport:
     start = time.perf_counter()
+    if (scheduler is not None or workers > 1) and importlib.util.find_spec("distributed") is None:
+        raise UsageError("--workers > 1 and --scheduler need Dask: pip install 'landscape[dist]'") from None
     client = _client(scheduler, progress) if scheduler is not None else None  # before anything is made
     try:
         spec.results.mkdir(parents=True, exist_ok=True)
@@ -126,10 +126,6 @@ def _in_process(spec: BatchSpec, threads: int | None, progress: JobProgress) -> 
 def _client(scheduler: str, progress: JobProgress) -> Any:
     """A client of the Dask scheduler at ``scheduler``, after a line saying how long it waits; the whole handshake
     has that deadline, so a service that is not a scheduler is one line, never a wait without end."""
-    try:
-        import distributed  # noqa: F401
-    except ImportError:
-        raise UsageError("--workers > 1 and --scheduler need Dask: pip install 'landscape[dist]'") from None
     from landscape.api.execution import connect_client, scheduler_address
     from landscape.bounds import scheduler_note
 
@@ -140,10 +136,8 @@ def _client(scheduler: str, progress: JobProgress) -> Any:
 def _on_dask(spec: BatchSpec, workers: int, client: Any, threads: int, progress: JobProgress,
              lost: list[str], retried: list[str]) -> tuple[list[dict[str, Any]], str | None]:
     """The jobs on ``client``'s cluster, or (None) on a local cluster of ``workers`` processes made here."""
-    try:
-        from distributed import Client, LocalCluster
-    except ImportError:
-        raise UsageError("--workers > 1 and --scheduler need Dask: pip install 'landscape[dist]'") from None
+    from distributed import Client, LocalCluster
+
     cluster = None
     if client is None:
         dashboard = "127.0.0.1:0" if _has_bokeh() else None
@@ -233,8 +227,6 @@ class WorkerWatch:
 
 
 def _has_bokeh() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("bokeh") is not None
 
 

@@ -1,26 +1,6 @@
-"""Batch specs: YAML in, a validated and expanded job graph out (nothing runs here).
-
-Schema (every key is checked; an unknown one is an error naming its line)::
-
-    root: checkpoints            # store root (default: the command's --root); workers must see the same path
-    results: results/fig5        # where results, job records and the summary go (default results/<spec>)
-    defaults:                    # options merged into every job of a kind (a job's own options win)
-      train: {data: digits, subset: 0.1, epochs: 2}
-    jobs:
-      NAME:                      # a job key: letters, digits, - _ .
-        kind: phases             # any job kind of landscape.kinds
-        grid: {epsilon: [1, 5, 50], seed: [0, 1, 2]}   # optional: one job per combination
-        name: "p-eps{epsilon}-s{seed}"   # optional: the expanded job names (default NAME-epsilon1-seed0)
-        after: [other-job]       # optional: dependencies the references cannot show
-        group: "fig5-eps{epsilon}-s{seed}"   # every other key is an option of the kind
-        target_epsilon: "{epsilon}"          # exactly "{var}" keeps the grid value's type
-
-Options are the kind's (:meth:`landscape.api.jobkind.JobKind.option_types`), ``snake_case`` or ``kebab-case``;
-a grid variable named like an option also sets it. A job that names a run another job ``produces`` (directly,
-with a selector, in a list or through a glob) waits for it. Safety, checked before anything runs: every run a
-job reads exists or is produced by the spec, no reference is a path, every written path resolves inside the
-results directory or the store root, and the size limits ``MAX_JOBS``, ``MAX_DEPTH`` and ``MAX_NODES`` hold.
-The user's guide: docs/batch.md.
+"""Batch specs: YAML in, a validated and expanded job graph out (nothing runs here). Every key is checked; the
+schema, templates, grids and the safety checks (runs read exist, no paths as references, writes stay inside
+the results directory and the store root, size limits) are in docs/batch.md.
 """
 
 from __future__ import annotations
@@ -29,11 +9,10 @@ import itertools
 import math
 import re
 import string
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from landscape import kinds
 from landscape.batch.checks import (
     _check_options,
     _check_paths,
@@ -44,43 +23,13 @@ from landscape.batch.checks import (
 from landscape.batch.graph import BatchSpec, Job, _hash_jobs, _link, _topological, describe, to_dot
 from landscape.batch.loading import MAX_DEPTH, MAX_NODES, TOP_KEYS, SpecError, _Map, load_yaml
 
-__all__ = ["MAX_DEPTH", "MAX_JOBS", "MAX_NODES", "BatchSpec", "Job", "SpecError", "describe", "kind_info", "kinds",
-           "load_spec", "load_yaml", "to_dot"]
+__all__ = ["MAX_DEPTH", "MAX_JOBS", "MAX_NODES", "BatchSpec", "Job", "SpecError", "describe", "load_spec",
+           "load_yaml", "to_dot"]
 
 JOB_KEYS = ("kind", "grid", "name", "after")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=-]*$")
 MAX_JOBS = 10_000  # jobs after grid expansion, counted before any is built
 MAX_JOB_NAME = 200  # characters of an expanded job name (a directory and RESULTS/.batch/NAME.json)
-
-
-# ------------------------------------------------------------------------------------------- kinds
-
-
-@dataclass(frozen=True)
-class KindInfo:
-    """What a job kind accepts: option name -> type annotation (a string, as the dataclasses declare it), the
-    options a batch job must give, and the kind's check (options -> its validated configuration)."""
-
-    name: str
-    options: dict[str, str]
-    required: tuple[str, ...]
-    build: Callable[[dict[str, Any]], Any]
-    produces: Callable[[dict[str, Any]], list[str]]
-
-
-def kinds() -> list[str]:
-    """Every job kind (:mod:`landscape.kinds`): train, phases, prune, align, figures, import, the analyses."""
-    from landscape import kinds as registry
-
-    return registry.names()
-
-
-def kind_info(kind: str) -> KindInfo:
-    """The options of ``kind`` (a KeyError for an unknown kind)."""
-    from landscape import kinds as registry
-
-    spec = registry.get(kind)
-    return KindInfo(kind, spec.option_types(), spec.required, spec.configure, spec.produces)
 
 
 def load_spec(path: str | Path, *, root: str | Path | None = None) -> BatchSpec:
@@ -100,7 +49,7 @@ def load_spec(path: str | Path, *, root: str | Path | None = None) -> BatchSpec:
     for key, value in (("root", spec_root), ("results", results)):
         if not isinstance(value, (str, Path)) or not str(value):
             raise SpecError(f"{where(data, key)}: '{key}' must be a path, got {value!r}")
-    known_kinds = kinds()
+    known_kinds = kinds.names()
     defaults = data.get("defaults") or _Map()
     if not isinstance(defaults, dict):
         raise SpecError(f"{where(data, 'defaults')}: 'defaults' maps job kinds to options")
@@ -154,7 +103,8 @@ def _expand(key: str, body: Any, parent: Any, defaults: Any, known_kinds: list[s
     if kind not in known_kinds:
         raise SpecError(f"{where(body, 'kind')}: jobs.{key}.kind: unknown job kind {kind!r}; "
                         f"known: {', '.join(known_kinds)}")
-    info = kind_info(kind)
+    info = kinds.get(kind)
+    options = info.option_types()
     grid = body.get("grid") or {}
     if not isinstance(grid, dict):
         raise SpecError(f"{where(body, 'grid')}: jobs.{key}.grid must map variables to lists of values")
@@ -186,12 +136,12 @@ def _expand(key: str, body: Any, parent: Any, defaults: Any, known_kinds: list[s
             continue
         raw_options[_norm(opt_key)] = (value, f"{where(body, opt_key)}: jobs.{key}.{opt_key}")
     for opt, (_value, oat) in raw_options.items():
-        if opt == "workers" and opt not in info.options:
+        if opt == "workers" and opt not in options:
             raise SpecError(f"{oat}: option 'workers' does not apply in a batch: jobs run in parallel on the batch's "
                             f"workers (landscape batch --workers N), each analysis in one process")
-        if opt not in info.options:
+        if opt not in options:
             raise SpecError(f"{oat}: unknown option '{opt}' for job kind '{kind}'; known: "
-                            f"{', '.join(sorted(info.options))}")
+                            f"{', '.join(sorted(options))}")
     after_raw = body.get("after") or []
     if isinstance(after_raw, str):
         after_raw = [after_raw]
@@ -205,7 +155,7 @@ def _expand(key: str, body: Any, parent: Any, defaults: Any, known_kinds: list[s
         for opt, (value, oat) in raw_options.items():
             opts[opt] = _fill(value, env, oat)
         for var, value in env.items():
-            if _norm(var) in info.options and _norm(var) not in raw_options:
+            if _norm(var) in options and _norm(var) not in raw_options:
                 opts[_norm(var)] = value
         if name_template is not None:
             job_id = _fill(name_template, env, f"{where(body, 'name')}: jobs.{key}.name")
@@ -217,7 +167,7 @@ def _expand(key: str, body: Any, parent: Any, defaults: Any, known_kinds: list[s
             raise SpecError(f"{at}: job '{key}' expands to a job name of {len(job_id)} characters ({job_id[:40]}...); "
                             f"at most {MAX_JOB_NAME}")
         label = f"jobs.{key}" + (f" ({', '.join(f'{v}={env[v]}' for v in variables)})" if variables else "")
-        opts = _check_options(kind, info, opts, raw_options, grid, env, where, body, key, label, at)
+        opts = _check_options(kind, info, options, opts, raw_options, grid, env, where, body, key, label, at)
         after = [_fill(a, env, f"{where(body, 'after')}: jobs.{key}.after") for a in after_raw]
         produces = _check_run_names(tuple(info.produces(opts)), raw_options, grid, env, where, key, label, at)
         job = Job(id=job_id, key=key, kind=kind, line=int(parent.lines.get(key, body.line)), options=opts, variables=env,

@@ -1,10 +1,4 @@
-"""The shared HDF5 result schema: one self-describing file per analysis.
-
-Root attrs ``kind``, ``created``, ``landscape_version``, ``torch_version``, ``environment``, ``portable``,
-``inputs`` (JSON list of ``{"ref", "path", "sha256"}``) and ``params`` (JSON of the options), plus the
-analysis' scalar attrs; datasets named for what they hold (``alpha``, ``train_loss``; ``/`` forms groups).
-Written atomically.
-"""
+"""The shared HDF5 result schema: one self-describing file per analysis (docs/ARCHITECTURE.md, "Results")."""
 
 from landscape.hashing import InputRef, sha256_file
 from landscape.jsonable import is_tensor, to_jsonable

@@ -97,10 +97,6 @@ def _vector(hint: Any) -> type | None:
     return None
 
 
-def _key_names(template: str, keys: Sequence[str]) -> list[str]:
-    return [template.format(k) for k in keys]
-
-
 def _flatten(obj: Any, layout, out_arrays: dict, out_attrs: dict, dims: dict, orders: dict, prefix: str = "") -> None:
     for f, meta, _ in layout:
         value = getattr(obj, f.name)

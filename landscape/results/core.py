@@ -73,12 +73,6 @@ class Result:
         return xr.open_dataset(self.path, engine="h5netcdf")
 
 
-def _torch_version() -> str:
-    import torch
-
-    return str(torch.__version__)
-
-
 def _attr_value(value: Any) -> Any:
     if value is None:
         return "none"
@@ -92,10 +86,9 @@ def _attr_value(value: Any) -> Any:
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], Any]) -> Path:
-    """:func:`landscape.atomic.atomic_write` (temporary file, fsync, rename, fsync of the directory: a killed
-    process leaves the old file or the new one) for result files: the directory is created, a refused write is
-    a :class:`landscape.errors.WriteError` (disk full: the file as it was) and another file system error one
-    :class:`ResultError` line."""
+    """:func:`landscape.atomic.atomic_write` for result files: the directory is created, and a file system
+    error other than a refused write (:class:`~landscape.errors.WriteError`) is one :class:`ResultError` line.
+    """
     with _writing(path):
         return atomic.atomic_write(path, write)
 
@@ -112,16 +105,9 @@ def _writing(path: str | os.PathLike):
         raise ResultError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def write_result(
-    path: str | os.PathLike,
-    kind: str,
-    *,
-    arrays: Mapping[str, Any],
-    attrs: Mapping[str, Any] | None = None,
-    params: Mapping[str, Any] | Any | None = None,
-    inputs: Sequence[InputRef] = (),
-    dims: Mapping[str, Sequence[str]] | None = None,
-) -> Path:
+def write_result(path: str | os.PathLike, kind: str, *, arrays: Mapping[str, Any],
+                 attrs: Mapping[str, Any] | None = None, params: Mapping[str, Any] | Any | None = None,
+                 inputs: Sequence[InputRef] = (), dims: Mapping[str, Sequence[str]] | None = None) -> Path:
     """Write a result file atomically and return its path.
 
     ``arrays`` values may be numpy arrays, tensors or lists; ``attrs`` hold scalars (others are stored
@@ -137,10 +123,12 @@ def write_result(
     check_output_path(path)
 
     def fill(f: h5py.File, check: Callable[[], None]) -> None:
+        import torch
+
         f.attrs["kind"] = kind
         f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         f.attrs["landscape_version"] = code_version()
-        f.attrs["torch_version"] = _torch_version()
+        f.attrs["torch_version"] = str(torch.__version__)
         f.attrs["environment"] = json.dumps(environment(), sort_keys=True)  # torchvision, opacus, ... too
         f.attrs["portable"] = portable_mode()  # computed with every float kernel pinned (any x86-64 alike)
         f.attrs["inputs"] = json.dumps([dataclasses.asdict(i) for i in inputs])

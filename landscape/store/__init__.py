@@ -1,17 +1,6 @@
-"""Checkpoint store: run directories of HDF5 checkpoints, references to them, and safe import.
-
-Layout::
-
-    <root>/<run>/manifest.json       config, seeds, lineage, code_version, model_spec, data_spec, created,
-                                     checkpoints: [{step, epoch, epsilon, metrics, file, sha256}, ...]
-    <root>/<run>/step-000120.h5      one file per checkpoint (group ``state_dict``, group ``extra``, attrs)
-    <root>/<run>/arrays.h5           run-level arrays (pruning masks, per-step metric tables, ...)
-
-Every file is written atomically (:func:`landscape.atomic.atomic_write`); every write holds the run's
-``flock`` (a second writer gets :class:`RunBusyError`), kept by an open :class:`Run` until :meth:`Run.close`.
-Manifests are checked against one schema (:func:`check_manifest`) whenever read, and checkpoints against their
-recorded sha256 (:func:`load_verified`). Listing runs and reading manifests import no torch.
-The layout, locking and references in detail: docs/store.md.
+"""Checkpoint store: run directories of HDF5 checkpoints and a manifest each, written atomically under the
+run's lock, checked against one schema when read and against their sha256 when loaded. Layout, locking and
+references: docs/store.md.
 """
 
 from landscape.refs import check_run_name

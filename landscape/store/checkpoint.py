@@ -90,20 +90,12 @@ def load_checkpoint(path: str | os.PathLike, *, ref: str | None = None, tensors:
             state_dict = _read_state_dict(f[STATE_GROUP], as_torch=tensors)
             extra = _read_flat(f[EXTRA_GROUP], escaped=False) if EXTRA_GROUP in f else {}
             ckpt = Checkpoint(
-                path=path,
-                ref=ref if ref is not None else str(path),
-                state_dict=state_dict,
-                step=int(a.get("step", 0)),
-                epoch=float(a.get("epoch", 0.0)),
-                epsilon=_float_or_none(a.get("epsilon")),
-                metrics=_decode_metrics(_json_attr(a, "metrics")),
+                path=path, ref=ref if ref is not None else str(path), state_dict=state_dict,
+                step=int(a.get("step", 0)), epoch=float(a.get("epoch", 0.0)),
+                epsilon=_float_or_none(a.get("epsilon")), metrics=_decode_metrics(_json_attr(a, "metrics")),
                 model_spec=_json_attr(a, "model_spec"),
-                data_spec=_json_attr(a, "data_spec"),
-                run=_str_attr(a, "run"),
-                extra=extra,
-                sha256="",
-                attrs=_json_attr(a, "attrs"),
-                code_version=_str_attr(a, "code_version"),
+                data_spec=_json_attr(a, "data_spec"), run=_str_attr(a, "run"), extra=extra, sha256="",
+                attrs=_json_attr(a, "attrs"), code_version=_str_attr(a, "code_version"),
             )
     except CheckpointError:
         raise
@@ -125,18 +117,12 @@ def load_verified(path: str | os.PathLike, *, ref: str | None = None, sha256: st
     return ckpt
 
 
-def _dtype_kind(dtype: torch.dtype) -> str:
-    from landscape.params import dtype_kind
-
-    return dtype_kind(dtype)
-
-
 def check_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], *, source: str) -> None:
     """Raise IncompatibleError naming the first key that is missing, unexpected, of the wrong shape or of the
     wrong kind of dtype (integer weights for a floating-point tensor would be cast without a word by
     ``load_state_dict``; precision within a kind, e.g. float64 into float32, is converted on load): the one
     check of :func:`landscape.params.first_mismatch`, phrased for a file loaded into a model."""
-    from landscape.params import first_mismatch
+    from landscape.params import dtype_kind, first_mismatch
 
     expected = model.state_dict()
     m = first_mismatch(expected, state_dict, dtypes=True)
@@ -153,7 +139,7 @@ def check_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor], *
         raise IncompatibleError(f"{source}: unexpected tensor '{m.name}' that {what} does not have")
     if m.kind == "shape":
         raise IncompatibleError(f"{source}: tensor '{m.name}' has shape {m.b} but {what} expects {m.a}")
-    have, want = _dtype_kind(m.b), _dtype_kind(m.a)
+    have, want = dtype_kind(m.b), dtype_kind(m.a)
     raise IncompatibleError(
         f"{source}: tensor '{m.name}' is {str(m.b).removeprefix('torch.')} ({have}) but "
         f"{what} expects {str(m.a).removeprefix('torch.')} ({want}); convert the weights first"

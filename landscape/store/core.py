@@ -71,17 +71,9 @@ class Store:
     def __repr__(self) -> str:
         return f"Store({str(self.root)!r})"
 
-    def create_run(
-        self,
-        name: str | None,
-        *,
-        config: Mapping[str, Any],
-        seeds: Mapping[str, Any],
-        lineage: Mapping[str, Any] | None = None,
-        model_spec: Mapping[str, Any],
-        data_spec: Mapping[str, Any],
-        extra: Mapping[str, Any] | None = None,
-    ) -> Run:
+    def create_run(self, name: str | None, *, config: Mapping[str, Any], seeds: Mapping[str, Any],
+                   lineage: Mapping[str, Any] | None = None, model_spec: Mapping[str, Any],
+                   data_spec: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> Run:
         """Create a new run directory with its manifest; ``name=None`` generates a unique name.
 
         ``extra`` adds further top-level manifest fields (e.g. ``phases``). An existing run name is an
@@ -197,10 +189,7 @@ class Store:
         """Names of the complete runs (directories with a manifest), sorted."""
         if not self.root.is_dir():
             return []
-        return sorted(
-            p.name for p in self.root.iterdir()
-            if is_run_name(p.name) and (p / MANIFEST).is_file()
-        )
+        return sorted(p.name for p in self.root.iterdir() if is_run_name(p.name) and (p / MANIFEST).is_file())
 
     def scan(self, pattern: str = "*") -> tuple[list[Run], dict[str, str]]:
         """Runs whose name matches a shell glob, and the damaged ones apart: ``(runs, {name: one-line error})``.
@@ -279,10 +268,6 @@ class Run:
 
     # -- the write lock -----------------------------------------------------------------------------
 
-    @property
-    def _holds(self) -> int:
-        return self._hold[1]
-
     def _acquire(self, lock: _FileLock | None = None) -> None:
         """Take one hold of the run's lock (``lock``: one already taken for this run)."""
         lock = lock if lock is not None else _lock(self.path, self.name)
@@ -360,17 +345,10 @@ class Run:
 
     # -- checkpoints --------------------------------------------------------------------------------
 
-    def save_checkpoint(
-        self,
-        state_dict: Mapping[str, torch.Tensor],
-        *,
-        step: int,
-        epoch: float,
-        epsilon: float | None = None,
-        metrics: Mapping[str, Any] | None = None,
-        extra: Mapping[str, Any] | None = None,
-        attrs: Mapping[str, Any] | None = None,
-    ) -> Path:
+    def save_checkpoint(self, state_dict: Mapping[str, torch.Tensor], *, step: int, epoch: float,
+                        epsilon: float | None = None, metrics: Mapping[str, Any] | None = None,
+                        extra: Mapping[str, Any] | None = None,
+                        attrs: Mapping[str, Any] | None = None) -> Path:
         """Write ``step-NNNNNN.h5`` atomically, then record it in the manifest (also atomically).
 
         ``extra`` holds arrays to keep beside the weights (RNG states, optimizer buffers, sampler

@@ -28,29 +28,16 @@ if TYPE_CHECKING:
 WRAPPER_KEYS = ("state_dict", "model_state_dict", "module_state_dict", "model")  # module_: Opacus save_checkpoint
 
 
-def import_checkpoint(
-    store: Store,
-    file: str | os.PathLike,
-    *,
-    model_spec: Mapping[str, Any],
-    data_spec: Mapping[str, Any],
-    run: str,
-    privacy: Mapping[str, Any] | None = None,
-    epsilon: float | None = None,
-) -> Path:
+def import_checkpoint(store: Store, file: str | os.PathLike, *, model_spec: Mapping[str, Any],
+                      data_spec: Mapping[str, Any], run: str, privacy: Mapping[str, Any] | None = None,
+                      epsilon: float | None = None) -> Path:
     """Import a foreign state dict as step 0 of a new run; return the checkpoint path.
 
-    ``.pt``/``.pth`` files are read with ``torch.load(weights_only=True)`` only: a file that would need
-    arbitrary code to unpickle is refused with UnsafeFileError and nothing in it runs. ``.safetensors``
-    files are read with safetensors. A dict wrapping the weights under ``state_dict``/``model_state_dict``/
-    ``model`` is unwrapped; the key prefixes of wrappers (``torch.compile``'s ``_orig_mod.``, Opacus' ``_module.``,
-    DataParallel's ``module.``, :data:`landscape.params.WRAPPERS`) are stripped.
-    Keys and shapes are checked against the model ``model_spec`` builds (strict).
-
-    ``privacy`` is the run's ``manifest["privacy"]``: what is known of the weights' privacy history
-    (:class:`landscape.privacy.PrivacyHistory`); by default nothing (``unknown_ancestors``), so every
-    run trained from them says that its epsilon covers only the steps landscape saw. ``epsilon`` is the
-    declared epsilon recorded at the checkpoint.
+    ``.pt``/``.pth`` files are read with ``torch.load(weights_only=True)`` only (a file that would run code is
+    an UnsafeFileError), ``.safetensors`` with safetensors; wrapping dicts (:data:`WRAPPER_KEYS`) and
+    wrappers' key prefixes are undone and the keys and shapes checked against the model ``model_spec`` builds.
+    ``privacy`` is the run's ``manifest["privacy"]`` (default: unknown ancestors); ``epsilon`` the declared
+    one.
     """
     from landscape.models import model_from_spec
     from landscape.privacy import PrivacyHistory
@@ -67,20 +54,16 @@ def import_checkpoint(
     full_spec = dict(getattr(model, "landscape_spec", None) or model_spec)
     sha = sha256_file(file)
     fmt = "safetensors" if file.suffix == ".safetensors" else "torch"
-    new = store.create_run(
-        run,
-        config={"imported_from": str(file.resolve()), "format": fmt},
-        seeds={},
-        lineage={"imported_from": str(file.resolve()), "sha256": sha},
-        model_spec=full_spec,
-        data_spec=dict(data_spec),
-        extra={"privacy": dict(privacy) if privacy is not None
-               else {"accounted": False, **PrivacyHistory(unknown=True).manifest_fields()}},
-    )
+    privacy = dict(privacy) if privacy is not None else {"accounted": False,
+                                                         **PrivacyHistory(unknown=True).manifest_fields()}
+    origin = str(file.resolve())
+    new = store.create_run(run, config={"imported_from": origin, "format": fmt}, seeds={},
+                           lineage={"imported_from": origin, "sha256": sha}, model_spec=full_spec,
+                           data_spec=dict(data_spec), extra={"privacy": privacy})
     with new:
         try:
             return new.save_checkpoint(state_dict, step=0, epoch=0.0, epsilon=epsilon,
-                                       attrs={"imported_from": str(file.resolve())})
+                                       attrs={"imported_from": origin})
         except BaseException:
             shutil.rmtree(new.path, ignore_errors=True)
             raise

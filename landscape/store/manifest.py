@@ -98,16 +98,10 @@ _NON_FINITE = ("nan", "inf", "-inf", "Infinity", "-Infinity", "NaN", "none", "No
 
 
 def check_manifest(manifest: Any, path: str | os.PathLike) -> dict[str, Any]:
-    """Check a run manifest (as parsed from JSON) against the store's one schema; return it.
-
-    Required: ``format``, ``config``, ``seeds`` (integers), ``model_spec``, ``data_spec`` and ``checkpoints`` (an
-    empty or hand-made manifest is damage, never a run nothing vouches for); ``lineage`` an object or null. Each
-    checkpoint is ``{step, epoch, epsilon, metrics, file, sha256}``: ``step`` a unique non-negative integer,
-    ``file`` exactly ``step-NNNNNN.h5`` of that step (no entry points outside its run), ``sha256`` 64 hex digits
-    (every listed checkpoint can be verified). The trainer's ``schedule`` and ``privacy``
-    (:class:`landscape.privacy.PrivacyHistory`) are checked when present; nothing nests deeper than
-    :data:`MAX_JSON_DEPTH`. A violation is one CheckpointError line naming the file and the field.
-    """
+    """Check a run manifest (as parsed from JSON) against the store's one schema; return it. A manifest
+    without its required fields is damage, never a run nothing vouches for; a checkpoint entry's ``file`` is
+    exactly its step's (no entry points outside its run) and has a sha256. A violation is one CheckpointError
+    line naming the file and the field."""
     def bad(field: str, what: str, value: Any = None, show: bool = True) -> CheckpointError:
         got = f", got {_short(value)}" if show else ""
         return CheckpointError(f"damaged run manifest {path}: field '{field}' {what}{got}")
