@@ -111,14 +111,14 @@ class Sweep:
         """The noise multiplier whose DP Phase 2 (``epochs - k`` epochs, no DP Phase 1) spends ``eps``."""
         from landscape.data import load_dataset
         from landscape.privacy import continuing_accountant
-        from landscape.train.loop import calibrate_noise
+        from landscape.train.accounting import noise_for_epsilon
         from landscape.train.sampling import steps_per_epoch
 
         b = self.base(selection)
         n = len(load_dataset(b.data, seed=b.data_seed, subset=b.subset, data_root=b.data_root).y_train)
         steps = (b.epochs - k) * steps_per_epoch(n, b.batch_size)
         accountant = b.accountant or continuing_accountant(None)  # the DP child of an SGD Phase 1: no private parent
-        return float(calibrate_noise(eps, min(1.0, b.batch_size / n), steps, b.delta, accountant))
+        return float(noise_for_epsilon(eps, min(1.0, b.batch_size / n), steps, b.delta, accountant))
 
     def config(self, arm: str, k: int, momentum: float, lr: float, selection: bool = False):
         """The :class:`~landscape.api.PhasesConfig` of one arm: Phase-1 SGD at the ``lr`` setting (momentum 0.9),
