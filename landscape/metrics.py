@@ -1,13 +1,7 @@
-"""Per-point metrics named by the user, for the analyses that evaluate along paths and planes.
-
-``interpolate``, ``instability``, ``directions`` and ``surface`` take ``metrics``: built-in names (``ece``),
-references ``package.module:Name`` or ``path/to/file.py:Name`` with optional JSON keyword arguments
-(``'metrics.py:TopK{"k": 5}'``), and in Python :class:`landscape.evaluate.Metric` objects. This module turns
-them into metric objects (user code only through :func:`landscape.plugins.load`, and only code the user
-named), checks their column names and values (:func:`point_values`), turns an exception inside a metric into
-one :class:`MetricError` line, and records their source for provenance. Workers receive the reference strings
-and refuse code that changed; a metric object from Python (:class:`MetricObject`) refuses to be pickled, so it
-is refused in one line where it would have to travel.
+"""Per-point metrics named by the user (built-in names, ``module:Name`` / ``file.py:Name`` references with JSON
+keyword arguments, or :class:`landscape.evaluate.Metric` objects), for the analyses that evaluate along paths and
+planes: loading, column and value checks, guarded calls and provenance (docs/ARCHITECTURE.md, "The metric
+protocol").
 """
 
 from __future__ import annotations
@@ -230,26 +224,20 @@ class _Guarded:
     def __init__(self, metric: Any, label: str):
         self.inner, self.label, self.name = metric, label, metric.name
 
-    def _failed(self, step: str, exc: Exception) -> MetricError:
-        return MetricError(f"metric {self.label} failed in {step}: {one_line(exc)}")
+    def _call(self, step: str, *args: Any) -> Any:
+        try:
+            return getattr(self.inner, step)(*args)
+        except Exception as exc:
+            raise MetricError(f"metric {self.label} failed in {step}: {one_line(exc)}") from None
 
     def start(self, points, device):
-        try:
-            return self.inner.start(points, device)
-        except Exception as exc:
-            raise self._failed("start", exc) from None
+        return self._call("start", points, device)
 
     def update(self, state, point, logits, y) -> None:
-        try:
-            self.inner.update(state, point, logits, y)
-        except Exception as exc:
-            raise self._failed("update", exc) from None
+        self._call("update", state, point, logits, y)
 
     def finish(self, state):
-        try:
-            return self.inner.finish(state)
-        except Exception as exc:
-            raise self._failed("finish", exc) from None
+        return self._call("finish", state)
 
 
 def point_values(bound: Sequence[Bound], finished: Mapping[str, Any], loss: Any) -> dict[str, np.ndarray]:

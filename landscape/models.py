@@ -1,12 +1,7 @@
-"""Models by name, rebuilt from a spec ``{"name": ..., "kwargs": {...}}``.
-
-``build_model("lenet", input_shape=(1, 8, 8), num_classes=10)`` returns a module whose ``landscape_spec`` is
-the full JSON-serialisable spec (every keyword with its default, ``input_shape``, ``num_classes``), so
-``model_from_spec(model.landscape_spec)`` rebuilds the same architecture; every model maps ``(N, *input_shape)``
-to logits ``(N, num_classes)``. Sources (:func:`model_source`): the built-ins of :data:`MODELS`, entry points
-of the group ``landscape.models`` and user code (``module:factory`` / ``file.py:factory``, recorded with its
-sha256 and rerun only when the user names it again). Building draws the initial weights from torch's global
-generator without seeding it: the caller seeds. A built-in is one builder plus one line in ``MODELS``.
+"""Models by name, rebuilt from a spec ``{"name": ..., "kwargs": {...}}`` (:func:`build_model`,
+:func:`model_from_spec`): the built-ins of :data:`MODELS` (a builder and a line there), entry points of the group
+``landscape.models`` and user code. Building draws the initial weights from torch's global generator: the caller
+seeds.
 """
 
 from __future__ import annotations
@@ -62,14 +57,8 @@ def _flat_features(features: nn.Module, shape: Sequence[int], model: str) -> int
 # ------------------------------------------------------------------------------------------------ lenet
 
 
-def lenet(
-    input_shape: Sequence[int],
-    num_classes: int,
-    *,
-    channels: Sequence[int] = (6, 16),
-    hidden: Sequence[int] = (120, 84),
-    activation: str = "relu",
-) -> nn.Module:
+def lenet(input_shape: Sequence[int], num_classes: int, *, channels: Sequence[int] = (6, 16),
+          hidden: Sequence[int] = (120, 84), activation: str = "relu") -> nn.Module:
     """LeNet-5 (LeCun et al. 1998), the small CNN of Watson et al. (~60k parameters on MNIST / CIFAR-10).
 
     conv5x5(C -> 6) - act - maxpool2 - conv5x5(6 -> 16) - act - maxpool2 - fc 120 - act - fc 84 - act - fc.
@@ -149,14 +138,8 @@ def _group_norm(channels: int, groups: int) -> nn.GroupNorm:
     return nn.GroupNorm(g, channels)
 
 
-def resnet18(
-    input_shape: Sequence[int],
-    num_classes: int,
-    *,
-    norm: str = "group",
-    groups: int = 32,
-    stem: str = "auto",
-) -> nn.Module:
+def resnet18(input_shape: Sequence[int], num_classes: int, *, norm: str = "group", groups: int = 32,
+             stem: str = "auto") -> nn.Module:
     """torchvision's ResNet-18 (He et al. 2016) with ``num_classes`` outputs, as in Watson et al. Sec. 4.
 
     ``norm="group"`` (default, needed for DP-SGD) uses GroupNorm with ``min(groups, C)`` groups where
@@ -203,14 +186,8 @@ def _resolve_stem(stem: str, shape: Sequence[int]) -> str:
 # -------------------------------------------------------------------------------------------------- mlp
 
 
-def mlp(
-    input_shape: Sequence[int],
-    num_classes: int,
-    *,
-    widths: Sequence[int] = (256, 256),
-    activation: str = "relu",
-    bias: bool = True,
-) -> nn.Module:
+def mlp(input_shape: Sequence[int], num_classes: int, *, widths: Sequence[int] = (256, 256),
+        activation: str = "relu", bias: bool = True) -> nn.Module:
     """Fully connected network on the flattened input: ``widths`` hidden layers, each followed by ``activation``."""
     return nn.Sequential(nn.Flatten(), *_mlp_head(math.prod(input_shape), widths, num_classes, activation, bias))
 
@@ -251,13 +228,8 @@ def balanced_weights(w2: torch.Tensor, in_features: int) -> tuple[torch.Tensor, 
     return w1, u @ torch.diag(s) @ vh
 
 
-def two_layer_linear(
-    input_shape: Sequence[int],
-    num_classes: int,
-    *,
-    hidden: int = 32,
-    balanced_init: bool = False,
-) -> nn.Module:
+def two_layer_linear(input_shape: Sequence[int], num_classes: int, *, hidden: int = 32,
+                     balanced_init: bool = False) -> nn.Module:
     """Watson et al.'s two-layer linear network ``f(x) = W2 W1 x`` (eq. (10)), no biases, on the flattened input.
 
     W1 is ``hidden x d``, W2 is ``num_classes x hidden`` (``num_classes=1`` gives the paper's scalar output
@@ -288,10 +260,6 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
 }
 
 ENTRY_POINT_GROUP = "landscape.models"
-
-_RESOLVERS: dict[str, Callable[[dict], dict]] = {
-    "resnet18": lambda kw: {**kw, "stem": _resolve_stem(kw["stem"], kw["input_shape"])},
-}
 
 
 @dataclass(frozen=True)
@@ -443,7 +411,8 @@ def build_model(
         raise ModelError("input_shape must not be empty")
     (num_classes,) = _positive_ints([num_classes], "num_classes")
     full = {"input_shape": shape, "num_classes": num_classes, **defaults, **_json_form(kwargs)}
-    full = _RESOLVERS.get(name, lambda kw: kw)(full) if source.kind == "builtin" else full
+    if source.kind == "builtin" and name == "resnet18":  # "auto" resolved in the stored spec
+        full["stem"] = _resolve_stem(full["stem"], shape)
     options = {k: v for k, v in full.items() if k not in _SHAPE_ARGS}
     shape_args = {k: v for k, v in (("input_shape", tuple(shape)), ("num_classes", num_classes))
                   if k in params or open_kwargs}

@@ -1,12 +1,6 @@
-"""Parameters as flat vectors and back; interpolation, distance and compatibility of two models; a model's
-state dict seen through the wrappers training puts around it (``plain_names``).
-
-A :class:`ParamSpace` fixes which named tensors of a model make up a "point" in parameter space, in which
-order, with which shapes and dtypes, and whether each is a parameter (``named_parameters``) or a buffer
-(BatchNorm running statistics). ``flatten`` / ``unflatten`` convert between a state dict (or a model) and
-one flat vector in that order; ``ParamSpace.assign_`` writes a flat vector into a model in place.
-
-Random directions and filter normalisation live in :mod:`landscape.directions`.
+"""Parameters as flat vectors and back (:class:`ParamSpace`: which named tensors, in which order, make a point);
+interpolation, distance and compatibility of two models; a state dict seen through training's wrappers
+(:func:`plain_names`).
 """
 
 from __future__ import annotations

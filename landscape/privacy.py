@@ -1,12 +1,9 @@
 """What is known of the privacy of the steps weights were trained with: DP-SGD events, a run's ancestors.
 
-A run's starting weights carry their history: DP steps landscape accounted (``ancestor_events``, composed
-exactly with the run's own), steps without a guarantee (``non_private_ancestors``), an (epsilon, delta) the user
-declared for imported weights (``declared_ancestors``, added by basic composition, Dwork & Roth 2014
-Thm. 3.16) or nothing known (``unknown_ancestors``, :data:`UNKNOWN_ANCESTRY`). A child run continues with its
-parent's accountant when landscape computes it (:func:`continuing_accountant`: ``rdp`` or ``pld``); after
-Opacus' ``prv`` or ``gdp`` it accounts every step with ``pld`` and keeps the parent's reported epsilon beside
-it. The numbers are :mod:`landscape.train.accounting`'s; the store records these types.
+A run's starting weights carry their history (:class:`PrivacyHistory`): accounted DP steps (composed exactly
+with the run's own), steps without a guarantee, guarantees the user declared for imported weights (added by basic
+composition, Dwork & Roth 2014 Thm. 3.16) or nothing known. The numbers are :mod:`landscape.train.accounting`'s;
+the accountant a child continues with: docs/privacy.md.
 """
 
 from __future__ import annotations

@@ -1,57 +1,12 @@
 """Verdicts: a paper's claim, the rule it was judged by, the measured numbers and whether it held.
 
-A :class:`Verdict` is what the demo (and the figure recipes) print instead of asserting a claim: ``held`` is
-computed from ``numbers`` by a stated rule, never written by hand, and is three-valued -- ``True`` (held),
-``False`` (did not hold) or ``None`` (inconclusive: the difference is within the spread, or the spread could
-not be measured). The helpers below are the common rules; each one states itself in words in ``test``. A verdict
-may carry its ``scope`` (what it is a test of: "at cpu scale: LeNet on digits, ...; not a test of the paper's
-regime"), which :meth:`Verdict.line` prints with it.
-
-Every statistical rule here is stated once, at one level :data:`ALPHA` (0.05), and reports in the verdict's
-``numbers`` the effect it judged, its interval, the sample sizes, the test and alpha, so a reader (or a script
-reading a summary's HDF5) can recompute the verdict:
-
-- :func:`greater`: Welch's one-sided t-test of ``A > B`` (unequal variances), with the (1 - 2 alpha) Welch interval
-  of ``mean(A) - mean(B)`` and a percentile bootstrap interval beside it (:func:`bootstrap_ci`). A group of values
-  measured on *pairs* of independent units (every pair of ``n`` copies: sibling barriers) is not ``n(n-1)/2``
-  independent values: given ``pairs_a`` / ``pairs_b`` its standard error is the leave-one-unit-out jackknife
-  over the units (:func:`pair_jackknife`, a U-statistic's variance) with ``n - 1`` degrees of freedom;
-- :func:`paired_greater`: the one-sided paired t-test (``a[i]`` and ``b[i]`` share a seed);
-- :func:`paired_ratio`: a ratio claim ("1.7x") against a stated minimum ratio, the paired test on log values;
-- :func:`similar`: two one-sided tests (TOST, Schuirmann 1987) against a stated equivalence margin: held when the
-  (1 - 2 alpha) interval of the difference lies inside ``[-margin, margin]``;
-- :func:`below` / :func:`above`: an effect-size bound ("approximately" claims; "flat" against a stated scale);
-- :func:`ordered`: a monotone trend, Spearman's rank correlation of the values with their key, one-sided;
-- :func:`far_below`: a value against a sample's quantile (e.g. one path against 100 random directions);
-- :func:`most_above`: the share of a sample above a bound exceeds one half (an exact binomial test).
-
-Practical significance: :func:`greater` and :func:`paired_greater` take a stated minimum effect ``min_effect``
-(the smallest difference the paper's claim means, e.g. one accuracy point): the test is then of
-``A - B > min_effect`` (held only when the difference exceeds the minimum significantly; did not hold when it is
-significantly below it), and ``min effect`` is stored with the numbers.
-
-Power is stated as the *minimum detectable effect* (:func:`mde`): the smallest true difference (beyond the minimum
-effect) the test would detect with probability :data:`POWER` (0.8) at the measured spread and n -- a property of the
-design, not of the observed p-value (observed power is a function of p and says nothing more). A part that did not
-hold or is inconclusive is reported as an equivalence statement: "no difference beyond X", X the one-sided
-(1 - alpha) upper confidence bound of the difference in the claimed direction (:func:`bound_text`).
-
-Each rule is three-valued: held when the test rejects "no effect" in the claimed direction at ``alpha``, did not hold
-when it rejects in the other direction, or, for :func:`similar`, when the interval lies wholly outside the margin;
-inconclusive otherwise -- including a group with fewer than two values, where no spread is measurable. Every rule
-stores ``p`` (the claim's one-sided p-value) and ``p against`` (the p-value of the opposite side, the one that
-decides "did not hold"). With no spread at all (every value of each side identical, e.g. chord barriers of exactly
-0 on every path) the t statistic is undefined and the rule falls back to the sign test over the ``n`` independent
-units: ``p = 0.5^n`` in the observed direction, so 0 = 0 on three units is inconclusive (p 0.125), not a certain
-"did not hold"; ``share bound`` reports the 95 % upper bound on the share of units that could show the claimed
-effect (``1 - alpha^(1/n)``, exact binomial).
-
-Multiplicity (:func:`all_of`): a claim made of k parts holds only when *every* part holds at ``alpha`` -- an
-intersection-union test, which needs no correction -- and does not hold when some part does not hold after Holm's
-step-down correction of the k parts' ``p against`` (:func:`holm`), so one part of eight rejecting at 0.04 alone is
-no longer a refutation. Deterministic parts (closed-form checks, quantile rules) carry no p-value and are not
-adjusted. :func:`inconclusive` marks a verdict (and its parts) as resting on an invalid regime (a failed validity
-gate).
+A :class:`Verdict`'s ``held`` is computed from ``numbers`` by a stated rule, never written by hand, and is
+three-valued: ``True`` (held), ``False`` (did not hold) or ``None`` (inconclusive). Every rule here tests at one
+level :data:`ALPHA` and stores the effect, its interval, the sample sizes, the test, ``p`` and ``p against`` with
+the numbers, so a reader can recompute the verdict; with no spread at all the sign test over the independent units
+decides. :func:`all_of` combines parts (intersection-union; Holm over ``p against`` for "did not hold"). The rules,
+power (:func:`mde`), replication units (:func:`pair_jackknife`) and multiplicity are described in docs/figures.md,
+"How verdicts are decided".
 """
 
 from __future__ import annotations

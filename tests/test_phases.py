@@ -13,7 +13,7 @@ from landscape.errors import UsageError
 from landscape.store import Store
 from landscape.train import accounting
 from landscape.train.config import PhasesConfig, TrainConfig
-from landscape.train.loop import PrivacyEvent, composed_epsilon
+from landscape.train.loop import PrivacyEvent
 
 BASE = dict(model="lenet", data="digits", subset=200, batch_size=50, epochs=3, lr=0.05,
             max_grad_norm=1.0, noise_multiplier=1.0, checkpoint_every="1e", seed=7)
@@ -61,7 +61,7 @@ def test_phases_builds_four_combinations_from_one_init(tmp_path):
     assert by_name["g-sgd-dpsgd-0"].epsilon == pytest.approx(accounting.epsilon(1.0, q, 2 * spe, 1e-5), rel=1e-12)
     assert by_name["g-dpsgd"].epsilon == pytest.approx(accounting.epsilon(1.0, q, spe, 1e-5), rel=1e-12)
     assert by_name["g-dpsgd-dpsgd-0"].epsilon == pytest.approx(
-        composed_epsilon([PrivacyEvent(1.0, q, spe)], 1.0, q, 2 * spe, 1e-5), rel=1e-9)
+        accounting.composed_epsilon([PrivacyEvent(1.0, q, spe), PrivacyEvent(1.0, q, 2 * spe)], 1e-5), rel=1e-9)
     # the same sigma and q for all 3 epochs: the composition equals 3 epochs of one run (RDP is additive)
     assert by_name["g-dpsgd-dpsgd-0"].epsilon == pytest.approx(accounting.epsilon(1.0, q, 3 * spe, 1e-5), rel=1e-9)
     assert by_name["g-sgd-sgd-0"].epsilon is None

@@ -12,7 +12,6 @@ from landscape.train.pruning import (
     apply_masks,
     kept_fractions,
     magnitude_masks,
-    mask_gradients_,
     mask_optimizer_state_,
     mask_params_,
     rewind,
@@ -109,7 +108,6 @@ def test_pruned_weights_stay_zero_through_dp_sgd_with_momentum():
         y = torch.randint(0, 10, (8,), generator=g)
         opt.zero_grad()
         priv.compute_gradients(x, y, masks=masks)
-        mask_gradients_(model, masks)  # a no-op here (already masked), as the loop would call it anyway
         opt.step()
         mask_optimizer_state_(opt, model, masks)
     params = dict(model.named_parameters())

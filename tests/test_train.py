@@ -15,7 +15,7 @@ from landscape.store import Store
 from landscape.train import accounting
 from landscape.train.accounting import steps_per_epoch
 from landscape.train.config import SamplingWarning, TrainConfig, checkpoint_steps, config_hash, parse_every
-from landscape.train.loop import composed_epsilon, train
+from landscape.train.loop import train
 from landscape.train.pruning import MASK_ARRAY
 from landscape.train.sampling import PoissonSampler, ShuffleSampler
 
@@ -249,7 +249,7 @@ def test_child_run_from_checkpoint_records_lineage(tmp_path):
     # the DP parent's 4 steps are composed into the child's epsilon
     q = child.manifest["privacy"]["sample_rate"]
     assert child.checkpoints()[-1].epsilon == pytest.approx(
-        composed_epsilon([accounting_event(1.0, q, 4)], 1.0, q, 4, 1e-5), rel=1e-9)
+        accounting.composed_epsilon([accounting_event(1.0, q, 4), accounting_event(1.0, q, 4)], 1e-5), rel=1e-9)
     assert child.checkpoints()[-1].epsilon > accounting.epsilon(1.0, q, 4, 1e-5)
     assert child.checkpoints()[0].epsilon == pytest.approx(accounting.epsilon(1.0, q, 4, 1e-5), rel=1e-6)
 

@@ -5,13 +5,9 @@ may be an artefact of unit order. Weight matching (Git Re-Basin Sec. 3.2, Alg. 1
 B's units maximising ``sum_l <W_l^A, P_l W_l^B P_{l-1}^T>_F``, one ``P_l`` at a time as a linear assignment,
 until a full pass changes none.
 
-A :class:`PermutationSpec` says which tensor axes each permutation moves; :func:`permutation_spec` takes the
-model's own ``permutation_spec()``, else a builder registered with
-:func:`~landscape.analyze.permutations.register_spec`, else refuses in one line
-(:class:`~landscape.errors.ModelError`). Built in: ``mlp``, ``two-layer-linear``, ``lenet``, ``opacus-cnn`` and
-``resnet18`` (GroupNorm groups move whole, solved exactly under that constraint). Permutations are index
-tensors: the permuted state takes unit ``i`` from B's unit ``perm[i]``. Pure: state dicts in, state dicts out.
-The protocol and built-in structures: docs/alignment.md.
+A :class:`PermutationSpec` (the model's ``permutation_spec()`` or a registered builder) says which tensor axes each
+permutation moves; the permuted state takes unit ``i`` from B's unit ``perm[i]``. Pure: state dicts in, state dicts
+out. The protocol and built-in structures: docs/alignment.md.
 """
 
 from __future__ import annotations

@@ -507,7 +507,7 @@ NORMS = Analysis(
 )
 NTK = Analysis(
     name="ntk", config=NTKConfig, compute="landscape.analyze.ntk:compute_point",
-    result="landscape.analyze.ntk:NTKResult", inputs="checkpoint", figure="landscape.plots.ntk:ntk_figure",
+    result="landscape.analyze.ntk:NTKResult", inputs="checkpoint", figure="landscape.plots.ntk:plot_ntk",
     rows="landscape.analyze.ntk:_ntk_rows", details="landscape.analyze.ntk:NTKResult.summary", output="ntk",
     purpose="compute the NTK",
     doc="""Empirical NTK at checkpoint REF, with or without clipping: symmetry, positivity, spectra.
@@ -517,7 +517,7 @@ NTK = Analysis(
 NTK_TABLE = Analysis(
     name="ntk-table", config=NTKTableConfig, compute="landscape.analyze.ntk_table:table_point",
     result="landscape.analyze.ntk_table:NTKTable", inputs="target",
-    collect="landscape.analyze.ntk_table:collect_table", figure="landscape.plots.ntk:ntk_table_figure",
+    collect="landscape.analyze.ntk_table:collect_table", figure="landscape.plots.ntk:plot_ntk_table",
     rows="landscape.analyze.ntk_table:_table_rows", details="landscape.analyze.ntk_table:_table_details",
     output="ntk-table", csv=True, purpose="compute the NTK",
     doc="""Bu et al. Table 1 measured at TARGET: for each clipping norm and style, is the kernel symmetric,

@@ -36,7 +36,6 @@ from landscape.params import ParamSpace
 from landscape.results import StoredResult, stored
 
 KIND = "surface"
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
 SPLITS = ("train", "test")
 METRICS = ("loss", "acc")
 RESERVED = METRICS  # a metric column is stored as <split>_<column>, beside <split>_loss and <split>_acc

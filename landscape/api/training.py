@@ -110,8 +110,8 @@ def _phases(config: PhasesConfig, *, root: str | Path, progress: bool | None,
             report: Callable[[str], None] | None) -> list[RunSummary]:
     from landscape.data import load_dataset
     from landscape.store import Store
-    from landscape.train.accounting import steps_per_epoch
-    from landscape.train.loop import DEFAULT_DATA, DEFAULT_MODEL, calibrate_noise
+    from landscape.train.accounting import noise_for_epsilon, steps_per_epoch
+    from landscape.train.loop import DEFAULT_DATA, DEFAULT_MODEL
 
     config = dataclasses.replace(config, base=dataclasses.replace(
         config.base, model=config.base.model or DEFAULT_MODEL, data=config.base.data or DEFAULT_DATA,
@@ -127,7 +127,7 @@ def _phases(config: PhasesConfig, *, root: str | Path, progress: bool | None,
         n = len(data.y_train)
         q = min(1.0, base.batch_size / n)
         total = base.epochs * steps_per_epoch(n, base.batch_size)
-        sigma = calibrate_noise(base.target_epsilon, q, total, base.delta, base.accountant)
+        sigma = noise_for_epsilon(base.target_epsilon, q, total, base.delta, base.accountant)
     label = {"group": group, "k": config.k, "epsilon_target": base.target_epsilon if uses_dp else None,
              "noise_multiplier": sigma if uses_dp else None}
     summaries: list[RunSummary] = []

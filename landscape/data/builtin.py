@@ -18,18 +18,8 @@ from landscape.errors import DataError, param
 from landscape.runtime import DATA_ENV
 
 
-def gaussian_signal(
-    *,
-    seed: int,
-    ds: int = 10,
-    dn: int = 90,
-    n: int = 1000,
-    n_test: int = 1000,
-    noise: float = 1.0,
-    signal: float = 2.0,
-    key: str = "ones",
-    **_: Any,
-) -> _Arrays:
+def gaussian_signal(*, seed: int, ds: int = 10, dn: int = 90, n: int = 1000, n_test: int = 1000,
+                    noise: float = 1.0, signal: float = 2.0, key: str = "ones", **_: Any) -> _Arrays:
     """Watson et al. Sec. 3.2, eqs. (6)-(9): ``x = (x_s, x_n)``, ``x_s ~ N(y v, s^2 I_ds)``, ``x_n ~ N(0, s^2 I_dn)``.
 
     ``y`` is uniform on {-1, +1} and becomes class 0 (y = -1) or 1 (y = +1); ``s`` is ``noise``. The key
@@ -40,13 +30,9 @@ def gaussian_signal(
     ds, dn, n, n_test = (_integer(v, k, low) for v, k, low in ((ds, "ds", 1), (dn, "dn", 0), (n, "n", 1),
                                                               (n_test, "n_test", 1)))
     noise, signal = _real(noise, "noise"), _real(signal, "signal")
-    if key == "ones":
-        v = np.full(ds, signal / math.sqrt(ds))
-    elif key == "random":
-        direction = np.random.default_rng([seed, 2]).standard_normal(ds)
-        v = signal * direction / np.linalg.norm(direction)
-    else:
+    if key not in ("ones", "random"):
         raise DataError(f"gaussian-signal option key must be 'ones' or 'random', got {key!r}")
+    v = _key_vector(key, ds, signal, seed)
 
     def draw(count: int, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
         rng = np.random.default_rng([seed, stream])
@@ -78,13 +64,14 @@ def gaussian_signal_key(spec_or_dataset: dict | Dataset) -> torch.Tensor:
     """The key vector ``v`` (length ``ds``) of a gaussian-signal data set, from its spec."""
     spec = spec_or_dataset.spec if isinstance(spec_or_dataset, Dataset) else spec_or_dataset
     opts = spec["options"]
-    ds, signal = opts["ds"], opts["signal"]
-    if opts["key"] == "ones":
-        v = np.full(ds, signal / math.sqrt(ds))
-    else:
-        direction = np.random.default_rng([spec["seed"], 2]).standard_normal(ds)
-        v = signal * direction / np.linalg.norm(direction)
-    return torch.from_numpy(v)
+    return torch.from_numpy(_key_vector(opts["key"], opts["ds"], opts["signal"], spec["seed"]))
+
+
+def _key_vector(key: str, ds: int, signal: float, seed: int) -> np.ndarray:
+    if key == "ones":
+        return np.full(ds, signal / math.sqrt(ds))
+    direction = np.random.default_rng([seed, 2]).standard_normal(ds)
+    return signal * direction / np.linalg.norm(direction)
 
 
 def _standardize(x_train: torch.Tensor, x_test: torch.Tensor, mean, std) -> tuple[torch.Tensor, torch.Tensor]:

@@ -34,8 +34,8 @@ def _other_source(name: Any, seed: int, data_root, download: bool, options: dict
     if not isinstance(name, str):
         raise DataError(f"a data set name is a string, got {name!r}")
     kind = _kind_of(name, stored)
+    recorded = (stored or {}).get("source") or {}
     if kind == "file":
-        recorded = (stored or {}).get("source") or {}
         path = _tensor_file(name, recorded, data_root)
         filled = _file_options(name, options)
         digest = sha256_file(path)
@@ -45,7 +45,6 @@ def _other_source(name: Any, seed: int, data_root, download: bool, options: dict
         return (str(path), tensor_file_arrays(path, **filled), filled,
                 {"source": {"path": str(path), "sha256": digest}})
     if kind == IMAGEFOLDER:
-        recorded = (stored or {}).get("source") or {}
         root = data_root_of(data_root) or (Path(recorded["path"]) if recorded.get("path") else None)
         if root is None:
             raise DataError(f"imagefolder reads {param('data_root')}: a directory holding train/ and test/ ImageFolder trees")
@@ -58,7 +57,6 @@ def _other_source(name: Any, seed: int, data_root, download: bool, options: dict
     if kind == "torchvision":
         filled = _folder_options(options, extra=("kwargs",))
         arrays, source = torchvision_arrays(name, data_root, download, **filled)
-        recorded = (stored or {}).get("source") or {}
         if recorded.get("sha256") and recorded.get("sha256") != source.get("sha256"):
             raise DataError(f"the {name} files under {source.get('path')} differ from those recorded (sha256); "
                             "restore them or train again")
@@ -88,28 +86,20 @@ def _other_source(name: Any, seed: int, data_root, download: bool, options: dict
 def _kind_of(name: str, stored: dict | None) -> str:
     from landscape import plugins
 
-    if stored is not None:
-        if "code" in stored:
-            return "code"
-        if "entry_point" in stored:
-            return "entry_point"
-        if name == IMAGEFOLDER:
-            return IMAGEFOLDER
-        if name.lower().endswith(TENSOR_SUFFIXES):
-            return "file"
-        if torchvision_class(name) is not None:
-            return "torchvision"
-        raise DataError(f"data spec {name!r} records a source landscape does not know")
+    if stored is not None and ("code" in stored or "entry_point" in stored):
+        return "code" if "code" in stored else "entry_point"  # a stored spec names its kind by its provenance
     if name == IMAGEFOLDER:
         return IMAGEFOLDER
     if name.lower().endswith(TENSOR_SUFFIXES):
         return "file"
-    if name in plugins.entry_points(ENTRY_POINT_GROUP):
+    if stored is None and name in plugins.entry_points(ENTRY_POINT_GROUP):
         return "entry_point"
-    if plugins.is_code_ref(name):
+    if stored is None and plugins.is_code_ref(name):
         return "code"
     if torchvision_class(name) is not None:
         return "torchvision"
+    if stored is not None:
+        raise DataError(f"data spec {name!r} records a source landscape does not know")
     raise DataError(f"unknown data set {name!r}; known: {', '.join(DATASETS)}, imagefolder, a torchvision "
                     "classification set by name (svhn, kmnist, ...), a .npz/.h5 tensor file, or module:factory / "
                     "file.py:factory")

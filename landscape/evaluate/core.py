@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.fx
 from torch import nn
 
 from landscape import progress

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.fx
 
 from landscape.errors import UsageError
 
@@ -69,10 +68,11 @@ class MeanMetric(Metric):
 
 
 def _check_metrics(metrics: Sequence[Metric] | None) -> list[Metric]:
+    from landscape.metrics import is_metric
+
     metrics = list(metrics or ())
     for m in metrics:
-        if not all(callable(getattr(m, k, None)) for k in ("start", "update", "finish")) or not isinstance(
-                getattr(m, "name", None), str):
+        if not is_metric(m):
             raise UsageError(f"{m!r} is not an evaluation metric (needs a name and start/update/finish)")
     names = [m.name for m in metrics]
     repeated = sorted({n for n in names if names.count(n) > 1})

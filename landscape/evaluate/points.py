@@ -8,7 +8,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.fx
 
 from landscape.errors import UsageError
 from landscape.params import lerp_tensor

@@ -18,13 +18,8 @@ from landscape.pooling import simple_pool_call
 
 
 def _rewrite_modules(model: nn.Module) -> None:
-    """Exact, faster equivalents inside the private copy (never the caller's model).
-
-    * ``MaxPool2d`` without padding/dilation/ceil mode becomes a maximum over strided slices (bit-identical;
-      PyTorch's CPU kernel also computes the argmax indices it then throws away).
-    * In a ``Sequential``, ``ReLU`` directly followed by such a pool is swapped to pool-then-ReLU: both are
-      monotone so ``relu(max(v)) == max(relu(v))`` exactly, and the ReLU then touches a quarter of the values.
-    """
+    """Exact, faster equivalents inside the private copy: plain max pools as strided-slice maxima, and in a
+``Sequential`` a ReLU followed by such a pool swapped behind it (both monotone; docs/ARCHITECTURE.md)."""
     for module in model.modules():
         if type(module) is nn.MaxPool2d and _simple_pool(module):
             module.forward = _slice_max_pool(module)
@@ -41,14 +36,8 @@ _FLATTEN_FUNCTIONS = (torch.flatten,)
 
 
 def _modules_graph(model: nn.Module, probe: torch.Tensor) -> torch.fx.GraphModule | None:
-    """The model as a graph of modules, for the module rewrites, when its ``forward`` is written with functions.
-
-    ``torch.fx`` traces the forward; plain max-pool, ReLU and flatten calls become the modules the built-ins use
-    (a pool called at several places one copy per call), ``F.conv2d`` / ``F.linear`` with a layer's own weights and
-    options that layer's call, and a ReLU feeding only a plain pool is swapped behind it (both monotone). None, and
-    the model runs as it is, when it has no plain max pool, cannot be traced, the graph lacks a tensor of the
-    model, or its output on ``probe`` is not bit-identical to the model's.
-    """
+    """The model as a graph of modules (``torch.fx``), for the module rewrites, when its ``forward`` calls plain
+functions; None (the model runs as it is) unless the graph's output on ``probe`` is bit-identical to the model's."""
     if type(model) is nn.Sequential:
         return None  # the Sequential rewrites see its order already
     try:
@@ -232,17 +221,9 @@ def _graph_successors(gm: torch.fx.GraphModule) -> dict[nn.Module, nn.Module]:
 
 
 class _DenseConv:
-    """A ``Conv2d``'s forward on small inputs as one matrix product: ``x.flatten(1) @ M + b``.
-
-    On an input of ``C x H x W`` a convolution is a linear map of the ``C*H*W`` input values; its matrix ``M``
-    holds each output's weights at the input positions they touch (zeros elsewhere, padding dropped). That is
-    no more multiply-adds than the convolution when ``H * W <= kh * kw`` (LeNet's second convolution on 8 x 8
-    digits sees 6 x 4 x 4 inputs with 5 x 5 kernels: 96 x 256 against 16 x 150 x 16 per example) and runs as
-    one matrix multiplication (timings against PyTorch's CPU convolution: docs/benchmarks.md). ``M`` is gathered from
-    the weights (an index built once) at the first call after :meth:`changed` (the runner calls it whenever it
-    writes a point's parameters), so once per evaluated point. Same values as the convolution up to float
-    rounding (the sums run in another order); inputs of another shape take the ordinary convolution.
-    """
+    """A ``Conv2d``'s forward on small inputs as one matrix product ``x.flatten(1) @ M + b``, ``M`` gathered from the
+weights once per evaluated point (after :meth:`changed`); inputs of another shape take the ordinary convolution
+(docs/ARCHITECTURE.md)."""
 
     MAX_ENTRIES = 1 << 22  # M at most 16 MiB in float32
 

@@ -9,7 +9,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
-import torch.fx
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap

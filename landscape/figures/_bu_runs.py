@@ -12,10 +12,9 @@ of every C at every f on other seeds (seeds from 1000, 80 % of the training spli
 
 Bu et al. compare the clipping norms "at similar accuracy". The large C compared with the smallest is chosen on the
 validation split too, before any evaluation run exists: the largest C whose best validation score (over f) is within
-:data:`MARGIN` of the smallest C's (else the largest C; an earlier version chose it from the evaluation runs' *test*
-accuracies). Then the two compared norms are the selection's arms: one matched factor f for both (the viable f with
-the better worse arm), and the verdict is also computed at every other viable f and with each C at its own best f
-(the per-C choice of an earlier version). :func:`premise` checks the similar accuracy on the evaluation runs
+:data:`MARGIN` of the smallest C's (else the largest C). Then the two compared norms are the selection's arms: one
+matched factor f for both (the viable f with the better worse arm), and the verdict is also computed at every other
+viable f and with each C at its own best f. :func:`premise` checks the similar accuracy on the evaluation runs
 (TOST on the paired test accuracies, margin :data:`MARGIN`): a validity check, not a selection; when it is not shown
 the verdict at that setting is inconclusive (invalid regime). Only the compared runs (and non-DP SGD) are end models
 under the validity gate.
@@ -24,7 +23,7 @@ Non-DP SGD (lr ``sgd_lr``, momentum 0.9) ends far more accurate than any DP run,
 than non-DP SGD" compares at *matched accuracy* (:func:`sgd_matched`): the SGD runs keep a checkpoint every
 1/8 epoch, and per seed the reference is the SGD checkpoint whose *train* accuracy is closest to the small C model's
 train accuracy of the same seed (ties: the earlier checkpoint) -- matched on the training split, never on the test
-examples the ECE is then measured on (an earlier version matched test accuracies). When some seed's reference is
+examples the ECE is then measured on. When some seed's reference is
 more than :data:`MATCH_TOLERANCE` away in test accuracy there is no accuracy-matched reference and that part is
 inconclusive (invalid regime). The chosen epochs and both accuracies go into bu-fig6-7's summary.
 """

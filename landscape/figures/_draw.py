@@ -26,12 +26,6 @@ def dodge(x, i: int, n: int, width: float = 0.12, log: bool = False) -> np.ndarr
                                                          else 1.0)
 
 
-def coincide(a, b, tol: float = 1e-12) -> bool:
-    """Whether two series are the same to ``tol`` (so one would hide the other)."""
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    return a.shape == b.shape and bool(np.all(np.abs(a - b) <= tol * (1 + np.abs(b))))
-
-
 def positive(values) -> tuple[np.ndarray, np.ndarray]:
     """``(values with non-positive entries as NaN, mask of those entries)`` for a log axis: a clamp is never drawn as
     data."""

@@ -7,36 +7,19 @@ same runs (group ``watson-phase-grid-SCALE-mM-lrLR``, named by the matched momen
 trains them and the others reuse them; their settings include :data:`GRID` so a change of the grid changes all
 their summaries. At cpu scale the grid has 5 Phase-2 copies (the paper averages 3-5 runs).
 
-Fair comparison: matched learning rate, batch size and momentum. SGD and DP-SGD use ONE learning rate, ONE
-momentum and the same batch size in both phases, so a difference between the optimisers is not a difference of
-step size. The pair (momentum, lr) is chosen by the selection rule of :mod:`landscape.figures._selection` over
-``momenta`` x ``lrs`` (the lrs of the paper's own sweep, Appendix Sec. 8: {0.01, 0.05, 0.1, 0.5, 1.0}; momentum 0 as
-in the paper's "without momentum", and 0.9 at the scaled-down scales): every candidate's whole grid is trained as
-*selection runs* (group ``...-sel-mM-lrLR``: seeds from 1000, 80 % of the training split), every Phase-2 run is
-scored on the held-out 20 % (its worst validation accuracy over the last 3 epochs, viable when the validity gate's
-rule passes there), and the viable candidate whose lowest arm score is highest is chosen; the four
-Phase-1 -> Phase-2 combinations are the arms. The evaluation grid (seed 0, the full training split) is then trained
-at the chosen candidate -- and at every other viable candidate and at each arm's own best, for the recipes'
-sensitivity reports. The selection never reads a test example, never compares arms and reads no verdict input.
+Fair comparison: SGD and DP-SGD use ONE learning rate, ONE momentum and the same batch size in both phases, so a
+difference between the optimisers is not a difference of step size. The pair (momentum, lr) is chosen by
+:mod:`landscape.figures._selection` over ``momenta`` x ``lrs`` (the paper's own lr sweep, Appendix Sec. 8;
+momentum 0 as the paper, 0.9 at the scaled-down scales), the four Phase-1 -> Phase-2 combinations as the arms
+(selection groups ``...-sel-mM-lrLR``). The evaluation grid (seed 0, the full training split) is trained at the
+chosen candidate, at every other viable one and at each arm's own best, for the sensitivity reports. The paper
+itself tuned each optimiser separately (SGD lr 0.1 / batch 128, DP-SGD lr 0.5 / batch 1024, Sec. 4.1
+"Training"); at paper scale the grid keeps the paper's model, data, epochs, k, sigma 0.55, C = 1 and momentum 0,
+and matches the lr (from the paper's sweep) and the batch (the paper's SGD batch of 128). What was tried before:
+docs/figures.md, "What was tried, recipe by recipe".
 
-What was tried before, in order (each change made because end models failed the validity gate, never for a
-verdict): SGD at lr 0.03 with momentum 0.9 against DP-SGD at lr 0.5 without momentum (unmatched); a matched lr at
-momentum 0 by the lower final train accuracy of a plain SGD and a plain DP-SGD run (chose lr 0.1, where plain SGD
-on digits oscillates and 2 of 20 Phase-2 runs collapsed); the same with momentum 0.9 and a 3-epoch window (lr 0.05 /
-momentum 0.9: every DP -> SGD run diverged, which no from-scratch run can show); the grid's worst arm with one
-Phase-2 copy (lr 0.1 / momentum 0 again, collapsing copies); the grid's worst run over every copy, on the *same*
-runs that were then judged and on train accuracy -- claim-blind, but not claim-neutral (it chose lr 0.01 / momentum
-0.9 as the only viable candidate, on the evaluation seeds themselves). This version selects on separate seeds and
-a validation split, and reports the verdict at every viable candidate. The paper itself tuned each optimiser
-separately (SGD lr 0.1 / batch 128, DP-SGD lr 0.5 / batch 1024, Sec. 4.1 "Training"); at paper scale the grid
-keeps the paper's model, data, epochs, k, sigma 0.55, C = 1 and momentum 0, and matches the lr (from the paper's
-sweep) and the batch (the paper's SGD batch of 128).
-
-Barriers (:func:`barriers_and_paths`): a basin claim is judged on the path's *height above both ends*,
-``max_a L(a) - max(L(0), L(1))``, against a stated minimum height :func:`min_height` (2 % of ln C, the loss of the
-uniform prediction: the loss analogue of Frankle et al. 2020's 2 % error threshold for "stable"). The barrier above
-the chord (which a path that descends monotonically but bends has too: it measures concavity) and Def. 2.3
-instability are stored beside it.
+Basin claims are judged on the path's height above both ends (:func:`height`) against :func:`min_height`; the
+chord barrier and Def. 2.3 instability are stored beside it (docs/figures.md, "Barriers, gates, claims").
 """
 
 from __future__ import annotations

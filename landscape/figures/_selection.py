@@ -1,33 +1,11 @@
 """Claim-neutral hyper-parameter selection, and the sensitivity of a verdict to that choice.
 
-A recipe that picks a setting (a learning rate, a (momentum, lr) pair, ...) for the runs it judges picks it here,
-by one rule stated once:
-
-- **Selection runs, not evaluation runs.** Every candidate is trained as *selection runs*: the recipe's
-  configuration with seeds ``SELECTION_SEED + i`` (the evaluation runs use seeds ``0 ... n - 1``: disjoint), on
-  ``1 - HOLDOUT`` = 80 % of the training split (a stratified draw with the data seed), every epoch checkpointed.
-- **Scored on a validation split.** The held-out 20 % of the training split (:func:`validation`): never a test
-  example a verdict is judged on. A run's score is its worst validation accuracy over its last :data:`WINDOW`
-  checkpoints, and it is *viable* when the recipe's validity gate passes on that validation curve (accuracy floor,
-  loss <= ln C, no collapse; :meth:`landscape.figures.recipe.Gate.judge`).
-- **Maximin over arms.** A candidate is viable when every selection run of every arm (the methods the claim
-  compares) is; the chosen candidate is the viable one whose lowest arm score is highest (ties: the first in the
-  recipe's order). Arms are never compared with each other and the selection reads no verdict input; maximising
-  the worst arm works against a large gap between arms, not for it. With no viable candidate the highest lowest
-  score is chosen and said (the evaluation runs will then likely fail the gate: an invalid regime). Each arm's
-  *own best* is the candidate where that arm alone scores highest (among those where it is viable).
-
-With ``cut=True`` (:func:`select`) an arm stops training at a candidate after its first non-viable group of runs: a
-non-viable (candidate, arm) cannot be part of a viable candidate, nor that arm's own best, so the choice, the
-viable set and the own bests are those of training everything (when some candidate is viable; with none, the
-highest lowest score is taken over what was trained).
-
-**Sensitivity** (:func:`judge_with_sensitivity`): the recipe's verdict is computed at the chosen setting (the
-verdict), at every other viable candidate, and with each arm at its own best setting, each on evaluation runs
-(the evaluation seeds, the full training split) under the validity gate. The summary stores every one of them
-(attribute ``sensitivity``, numbers ``sensitivity/*``) and the verdict's note summarises them: "held at the chosen
-setting (lr 0.01); held at 2 of 3 viable settings; with each arm at its own best: did not hold -- the verdict
-depends on the setting".
+A recipe that picks a setting for the runs it judges picks it here, by one rule: every candidate trained as
+selection runs (seeds from :data:`SELECTION_SEED`, ``1 - HOLDOUT`` of the training split), scored on the held-out
+split (:func:`validation`; worst accuracy over the last :data:`WINDOW` checkpoints, viable when the recipe's gate
+passes there), the viable candidate with the highest lowest arm score chosen; arms are never compared with each
+other. :func:`judge_with_sensitivity` computes the verdict again at every other viable candidate and with each arm
+at its own best. The rule, and why, is in docs/figures.md, "Selection a referee accepts".
 """
 
 from __future__ import annotations
@@ -42,9 +20,6 @@ import numpy as np
 SELECTION_SEED = 1000  # selection runs' seeds start here; evaluation runs use 0, 1, ... (disjoint)
 HOLDOUT = 0.2  # the share of the training split held out of every selection run: the validation split
 WINDOW = 3  # a selection run's score: its worst validation accuracy over the last WINDOW checkpoints
-RULE = (f"selection runs (seeds from {SELECTION_SEED}, disjoint from the evaluation seeds) trained on "
-        f"{1 - HOLDOUT:.0%} of the training split and scored on the held-out {HOLDOUT:.0%} (never the test examples "
-        f"judged): the viable candidate with the best worst-of-the-last-{WINDOW} validation accuracy over every arm")
 
 
 def selection_subset(subset: int | float | None) -> int | float:

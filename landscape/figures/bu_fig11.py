@@ -9,8 +9,6 @@ as Bu et al. average 5 runs).
 Verdict (:func:`landscape.verdict.all_of` of :func:`landscape.verdict.paired_greater`, paired by seed): the
 fraction of test examples whose true class gets probability <= 1/15 is larger at the smallest C than at the
 largest, and so is the fraction with probability > 14/15 (concentration at 1).
-
-Scaled down: LeNet on ``digits`` (the paper: a Vision Transformer on CIFAR10).
 """
 
 from __future__ import annotations

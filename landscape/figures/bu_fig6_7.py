@@ -14,10 +14,6 @@ numbers show the final SGD models; ``sgd_matched/*`` holds the chosen epochs, bo
 :func:`landscape.verdict.all_of` combines the parts with Holm on the refuting side; the lr factor and the compared C
 are selected on a validation split, and the verdict is also computed at every other viable factor and with each C at
 its own best factor (``_bu_runs``).
-
-Scaled down: LeNet on ``digits``, batch 32, 20 epochs, C in {1, 10, 100}, lr = f 0.15 / C (``_bu_runs``),
-5 seeds (as the paper averages 5 runs; the recipe states it needs 5) (the paper: the 4-layer CNN on MNIST,
-batch 256, C from 0.1 to 200; Fig. 7 compares C = 200 with C = 1).
 """
 
 from __future__ import annotations

@@ -13,9 +13,6 @@ kernels obey them. Verdict (:func:`landscape.verdict.all_of` over the guarantees
 unclipped kernel (no clipping, or fraction clipped 0) is symmetric, positive in quadratic form and in
 eigenvalues; every flat-clipped kernel is positive in eigenvalues. The "not guaranteed" cells are reported as
 observations beside the verdict (a counterexample seen, or none at these checkpoints: not a contradiction).
-
-Scaled down: LeNet on ``digits``, SGD 6 epochs, 64 examples, checkpoints every 2 epochs (the paper states the table
-as theory and illustrates it on CIFAR10 / MNIST).
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Two summaries of one recipe side by side: which verdict parts move between machines or float kernels.
 
-Training is chaotic: another CPU's kernels (vector width, FMA, oneDNN blockings) turn rounding into percent-level
-differences, and a part decided near alpha can flip. :func:`compare` reads two summaries of the same recipe and
-scale (the reference, e.g. the committed gallery, and one made under other kernels or on another machine) and
-reports, per verdict part (matched by its claim), both outcomes, both claim-side p-values and both p-values
-against the claim (Holm-adjusted where the part has one), and whether the part *moved* (its outcome differs); beside
-them the whole verdict, the chosen setting of a recipe that selects one, how many stored arrays differ at all
-(none: bit-identical), the kernels each summary records and any setting that differs. A part that moves between
-kernel settings is machine-sensitive: its outcome is a property of the machine as much as of the claim.
-
-``landscape figures NAMES --out B --compare A`` makes (or, when finished, reuses) the recipes into ``B`` and compares
-each with ``A/NAME/NAME-SCALE.h5``; ``landscape.api.figures(..., compare=A)`` does the same and puts each
-:class:`Comparison` on its ``Made``.
+Training is chaotic: another CPU's float kernels can flip a part decided near alpha. :func:`compare` reads two
+summaries of one recipe and scale and reports, per verdict part (matched by its claim), both outcomes and
+p-values and whether the part *moved*; beside them the chosen setting, how many stored arrays differ and the
+kernels each summary records. Used by ``landscape figures --compare``; docs/figures.md, "Verdicts on another
+machine".
 """
 
 from __future__ import annotations

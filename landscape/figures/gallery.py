@@ -1,12 +1,9 @@
 """The gallery page: ``OUT/README.md`` with every recipe's figure, claim and computed verdict at one scale.
 
-:func:`write_gallery` reads the summaries ``OUT/NAME/NAME-SCALE.h5`` of the registered recipes (a recipe not
-made yet is listed as such) and writes, between the markers :data:`BEGIN` and :data:`END`, a verdict table (claims
-and checks counted apart) and one section per recipe: the figure that shows what was judged, the claim, the verdict
-with its scope, how it was combined (the multiplicity rule), each part's numbers with an equivalence statement and
-its minimum detectable effect where it did not hold, the sensitivity of the verdict to the selected setting (and its
-figure), what was scaled down, wall time and code version of the run, and how to run it at paper scale. Text outside
-the markers is kept, so a hand-written discussion survives regeneration. The output depends only on the summaries.
+:func:`write_gallery` reads the summaries ``OUT/NAME/NAME-SCALE.h5`` of the registered recipes and writes, between
+the markers :data:`BEGIN` and :data:`END`, a verdict table and one section per recipe (figure, claim, verdict and
+scope, each part's numbers, sensitivity, what was scaled down, provenance, the paper-scale line). Text outside the
+markers is kept, so a hand-written discussion survives regeneration. The output depends only on the summaries.
 """
 
 from __future__ import annotations

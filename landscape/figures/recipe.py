@@ -1,36 +1,11 @@
 """The :class:`Recipe` spec of a paper figure and the runner that makes it (train -> analyse -> plot).
 
-A recipe is one module in this package with a ``RECIPE`` (see :mod:`landscape.figures.registry`). The runner
-(:func:`make`) gives it a :class:`Context` (store root, output folder, scale settings, workers); the recipe
-trains through ``landscape.api`` (``phases``/``train`` reuse a run that exists with the same configuration
-hash and refuse one that differs, so an interrupted recipe continues), analyses, draws its figure with
-:func:`landscape.plots.style.save_figure` (PNG + PDF) and returns ``(numbers, verdict)``. The runner writes
-one HDF5 summary ``<out>/<name>/<name>-<scale>.h5`` (the numbers as datasets, the verdict JSON and the scale
-settings as attributes, atomically); a summary whose stored settings equal the current ones means the recipe
-is finished and is skipped on rerun.
-
-Figures are drawn from the summary alone: ``make`` returns ``(numbers, verdict)`` and the runner calls the recipe's
-``draw`` with the numbers as the summary stores them (:class:`Drawing`), so every PNG of the gallery can be drawn
-again from the committed HDF5 (and is, by the test suite, for its text layout). Analyses a recipe calls write no
-figures of their own.
-
-Scope: every verdict below paper scale carries what it is a test of (:attr:`Verdict.scope`): the scale, the model
-and data, the facts a recipe adds (:meth:`Context.scope`: epsilon actually spent, the chosen lr, ...) and "not a test
-of the paper's regime" with the paper's model and data. A recipe whose verdict checks an implementation or a
-closed form rather than reproducing an empirical claim says so (``kind="check"``); the gallery counts checks apart
-from claims. A recipe that selects hyper-parameters stores the sensitivity of its verdict to that choice
-(:mod:`landscape.figures._selection`; attribute ``sensitivity``).
-
-Validity gates: each recipe states, before it runs, what a usable model is (:class:`Gate`: finite
-final losses, a final test loss no worse than predicting uniformly (ln C for C classes), final test accuracy at or
-above a floor, no collapse over the last checkpoints -- which needs a checkpoint at each of the last epochs: a run
-without them fails the gate rather than passing a rule that could not look). Every end model
-the recipe judges is checked: a part judged from a model that fails (:meth:`Context.judged`) becomes
-"inconclusive (invalid regime)" with the reason, and a failing run trained through :meth:`Context.train` that
-no part claimed makes the whole verdict inconclusive. The gate's rule, every checked run and its numbers go
-into the summary (``gate/*`` datasets; ``gate``, ``gate_runs`` and ``gate_parts`` -- each judged part's claim
-and its runs -- attributes), so the downgrade can be
-recomputed from the HDF5 alone.
+The runner (:func:`make`) gives a recipe a :class:`Context`; the recipe trains through ``landscape.api`` (an
+interrupted recipe continues), analyses and returns ``(numbers, verdict)``; the runner writes the HDF5 summary
+``<out>/<name>/<name>-<scale>.h5`` (a summary with the current settings means finished) and draws the figures from
+the summary alone (:class:`Drawing`). Every verdict below paper scale carries its scope, and every end model it
+judges passes the recipe's validity :class:`Gate` or makes its part "inconclusive (invalid regime)". How to write
+one: docs/ARCHITECTURE.md, "How to add a figure recipe"; gates and scope: docs/figures.md.
 """
 
 from __future__ import annotations
@@ -192,12 +167,6 @@ class Drawing:
 
     def stem(self, what: str) -> Path:
         return self.out / f"{self.name}-{what}-{self.scale}"
-
-    def store_run(self, name: str):
-        """The store's run ``name``."""
-        from landscape.store import Store
-
-        return Store(self.root).run(name)
 
 
 @dataclasses.dataclass

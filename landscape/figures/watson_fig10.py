@@ -7,17 +7,13 @@ noise-only (sigma 2.4: Gaussian noise of std sigma*C on the summed gradient, no 
 no noise), all with the same learning rate ("for a given learning rate"), batch size, momentum and epochs, over
 ``seeds`` seeds. The one lr is chosen from ``lrs`` by :mod:`landscape.figures._selection` (selection runs on other
 seeds, scored on a validation split: the viable lr with the best worst method), and the verdict is also computed at
-every other viable lr and with each method at its own best lr. An earlier version fixed lr 0.03, where noise-only
-collapsed (an invalid regime), then chose the lr on seed 0's own train accuracy. Verdict
-(:func:`landscape.verdict.all_of`, Holm on the refuting side): clip-only ends below SGD and below noise-only by more
-than the minimum effect (:func:`landscape.verdict.greater`, Welch at alpha 0.05, of ``A - B > tolerance``), and
+every other viable lr and with each method at its own best lr. Verdict (:func:`landscape.verdict.all_of`, Holm on
+the refuting side): clip-only ends below SGD and below noise-only by more than the minimum effect (:func:`landscape.verdict.greater`, Welch at alpha 0.05, of ``A - B > tolerance``), and
 noise-only ends at SGD's accuracy within an equivalence margin of one accuracy point (:func:`landscape.verdict.similar`,
 TOST). The minimum effect of "clipping significantly impacts training performance" is that same point
 (``tolerance``): a gap the third part would call "the same final test accuracy" cannot count as a significant
 impact; the paper's own clip-only gap is far larger. A run that fails the validity gate (e.g. noise-only collapsing
 to chance) makes its parts inconclusive (invalid regime).
-
-Scaled down: LeNet on ``digits`` for 10 epochs, 3 seeds (the paper: Resnet18 on CIFAR10).
 """
 
 from __future__ import annotations

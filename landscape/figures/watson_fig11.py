@@ -10,10 +10,8 @@ clipped mean gradient and the true mean gradient (Thm. 3.2 bounds it through R),
 Verdict (:func:`landscape.verdict.all_of`, Holm over the parts on the refuting side): at every pruning level > 0, R
 is below R without pruning, and the cosine is above the unpruned cosine (:func:`landscape.verdict.paired_greater`,
 the paired one-sided t-test at alpha 0.05: a seed's runs share their initialisation, data order and noise draws).
-An earlier version judged R alone. Parts that do not hold are reported with their bounds ("no R reduction beyond
-X") and minimum detectable effects.
-
-Scaled down: d_s 10, d_n 90, n 1,000, 5 epochs, 5 seeds (the paper does not state its sizes).
+Parts that do not hold are reported with their bounds ("no R reduction beyond X") and minimum detectable
+effects.
 """
 
 from __future__ import annotations

@@ -20,9 +20,7 @@ claim).
 Selection: DP-SGD's lr is chosen from ``dp_lrs`` by :mod:`landscape.figures._selection` before any run is compared:
 selection runs of each arm (unpruned, full-data mask, subset mask) on other seeds, scored on a validation split;
 the viable lr with the best worst arm; all three arms and every seed then use that lr (matched), and the verdict is
-also computed at every other viable lr and with each arm at its own best lr. With the fixed lr 1.0 of an earlier
-version every DP model ended at 22-38% test accuracy, below the validity gate's floor (invalid regime); a later
-version chose the lr on the unpruned seed-0 run's own train accuracy.
+also computed at every other viable lr and with each arm at its own best lr.
 
 Scaled down: LeNet on ``digits`` (the paper: Resnet18 on CIFAR10), SGD 10 epochs for the masks (the subset mask
 from a 20% subset: 5% of digits, 67 examples, trains no usable mask source -- 33% test accuracy), DP-SGD 10

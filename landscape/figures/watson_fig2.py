@@ -8,8 +8,7 @@ test accuracy over the Phase-2 copies: after an SGD Phase 1 and after a DP Phase
 Phase 2 (:func:`landscape.verdict.greater`, Welch over copies); and per copy (the independent unit: each copy's
 four runs share its data order and noise seed) the accuracy gap between the two Phase-2 choices (same Phase 1)
 exceeds the gap between the two Phase-1 choices (same Phase 2) -- the paper's "larger impact"
-(:func:`landscape.verdict.paired_greater` over copies; an earlier version put 10 gaps of each kind, built from the
-same 5 copies, into a Welch test as if independent).
+(:func:`landscape.verdict.paired_greater` over copies).
 
 Minimum effect :data:`MIN_EFFECT` = 1 accuracy point for every part (the test is of ``A - B > 0.01``): the paper
 calls the Phase-2 SGD runs' accuracies "similar" and the DP-SGD ones "higher loss", and this project calls

@@ -13,13 +13,9 @@ the path toward the sibling stays within that scale (its range, max - min over t
 threshold rule); (2) per normalisation, rises: the loss at the sibling's distance along a random direction exceeds
 the start's by more than the scale for most directions (:func:`landscape.verdict.most_above`, an exact binomial
 test over the 100 directions); (3) per normalisation, the comparison the paper draws: the mean rise along the path
-toward the sibling is below the 0.1 quantile of the random directions' (:func:`landscape.verdict.far_below`). An
-earlier version judged (3) alone: an ordering, which holds however small both rises are. Verdict:
-:func:`landscape.verdict.all_of` (Holm on the refuting side); a sibling that fails the validity gate makes its parts
-inconclusive.
-
-Scaled down: LeNet on ``digits`` instead of Resnet18/LeNet on CIFAR10; 8 epochs, k = 5 (the paper's k); the
-training split.
+toward the sibling is below the 0.1 quantile of the random directions' (:func:`landscape.verdict.far_below`).
+Verdict: :func:`landscape.verdict.all_of` (Holm on the refuting side); a sibling that fails the validity gate makes
+its parts inconclusive.
 """
 
 from __future__ import annotations

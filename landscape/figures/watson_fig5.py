@@ -15,9 +15,8 @@ side's standard error is the leave-one-copy-out jackknife with ``copies - 1`` de
 decides (3 copies: p 0.125, inconclusive -- not a certain "did not hold").
 
 Privacy: epsilon is the budget each DP Phase 2 actually spends. Phase 1 is SGD (non-private), so the DP Phase 2 of
-``epochs - k`` epochs gets its own noise multiplier, calibrated per k by the accountant to the labelled epsilon (an
-earlier version calibrated sigma for all ``epochs`` and spent 0.93 / 0.86 / 0.70 of "epsilon 1" at k = 1 / 2 / 4,
-confounding epsilon with k exactly where the paper's exception lives). The spent budgets are stored
+``epochs - k`` epochs gets its own noise multiplier, calibrated per k by the accountant to the labelled epsilon
+(else epsilon is confounded with k exactly where the paper's exception lives). The spent budgets are stored
 (``eps_spent``) and stated in the scope.
 
 Runs. Phase 1 is SGD (lr ``lr``, momentum 0.9) for k epochs, common to both families. From it, Phase 2 trains the
@@ -27,22 +26,12 @@ matched Phase-2 lr and momentum (``phase2_sgd_*`` / ``dp_*``). The SGD groups' P
 Phase-1 model (bit-identical on CPU). Every epoch is checkpointed.
 
 Selection (:mod:`landscape.figures._selection`): over ``phase2_momenta`` x ``phase2_lrs`` (the paper's lr sweep,
-Appendix Sec. 8; momentum 0 as the paper's DP-SGD, 0.9 as the phase grid), with the SGD arm and each epsilon's DP
-arm as the arms: selection runs (seeds from 1000, 80 % of the training split) scored on the held-out 20 %, an arm
-cut at a candidate after its first non-viable k (smallest k first). ONE pair for every epsilon, not one per epsilon:
-the exception is a trend in epsilon, which a step size changing with it would confound. The verdict is also computed
-at every other viable candidate and with each arm at its own best setting (``sensitivity``). ``watson-fig6-7``
+Appendix Sec. 8; momentum 0 as the paper's DP-SGD, 0.9 as the phase grid), the SGD arm and each epsilon's DP arm
+as the arms, an arm cut at a candidate after its first non-viable k (smallest k first). ONE pair for every
+epsilon: the exception is a trend in epsilon, which a step size changing with it would confound. ``watson-fig6-7``
 reads these runs for its Fig. 6 parts.
 
-What was tried before, in order (each change made because end models failed the validity gate): one fixed DP lr
-0.5; a DP lr per epsilon against SGD siblings at lr 0.03 / momentum 0.9 (unmatched); each epsilon's SGD siblings at
-that DP lr without momentum (plain SGD failed the gate in 8 of 27 runs); the worst-run rule over momentum 0 only
-(every k = 1 end model failed the gate); the worst-run rule on train accuracy of the evaluation runs themselves,
-over momentum 0 and 0.9 (its "did not hold" at momentum 0 had been seen when 0.9 was added). This version selects on
-separate seeds and a validation split and judges heights above both ends.
-
-Scaled down: LeNet on ``digits`` (8x8) instead of Resnet18 on CIFAR10; 8 epochs; k in epochs of the short run;
-3 copies (3 sibling pairs) per point.
+What was tried before: docs/figures.md, "What was tried, recipe by recipe".
 """
 
 from __future__ import annotations
@@ -122,14 +111,14 @@ class Sweep:
         """The noise multiplier whose DP Phase 2 (``epochs - k`` epochs, no DP Phase 1) spends ``eps``."""
         from landscape.data import load_dataset
         from landscape.privacy import continuing_accountant
-        from landscape.train.loop import calibrate_noise
+        from landscape.train.accounting import noise_for_epsilon
         from landscape.train.sampling import steps_per_epoch
 
         b = self.base(selection)
         n = len(load_dataset(b.data, seed=b.data_seed, subset=b.subset, data_root=b.data_root).y_train)
         steps = (b.epochs - k) * steps_per_epoch(n, b.batch_size)
         accountant = b.accountant or continuing_accountant(None)  # the DP child of an SGD Phase 1: no private parent
-        return float(calibrate_noise(eps, min(1.0, b.batch_size / n), steps, b.delta, accountant))
+        return float(noise_for_epsilon(eps, min(1.0, b.batch_size / n), steps, b.delta, accountant))
 
     def config(self, arm: str, k: int, momentum: float, lr: float, selection: bool = False):
         """The :class:`~landscape.api.PhasesConfig` of one arm: Phase-1 SGD at the ``lr`` setting (momentum 0.9),

@@ -25,10 +25,6 @@ split (:mod:`landscape.figures._selection`) over the candidates both run sets sh
 grid's four Phase-1 -> Phase-2 arms, Fig. 5's SGD arm and DP arm per epsilon) in the maximin; the verdict is also
 computed at every other viable candidate and with each arm at its own best (Fig. 7's pairs need one Phase-1 model:
 there both Phase-2 sides take the DP -> DP arm's own best; Fig. 5's Phase 1 is the same at every candidate).
-
-Scaled down: the grid of ``watson-fig2`` (LeNet on digits, 10 epochs, k = 4, 5 copies, epsilon 7) and the sweep of
-``watson-fig5`` (8 epochs, k in {1, 2, 4}, epsilon in {1, 4, 8}, 3 copies); the paper: Resnet18 on CIFAR10, k = 20
-or epsilon 5, 20 Phase-2 epochs; 20 points on the path instead of 30.
 """
 
 from __future__ import annotations

@@ -5,11 +5,10 @@ optimization basin"; DP-SGD in Phase 2 "does not stay in the same basin as in Ph
 different basin". Measured: the test loss on the straight path between the Phase-1 endpoint and each Phase-2
 copy's endpoint, for the four optimiser pairs, and the path's height above both ends
 (:func:`landscape.figures._phase_grid.height`). Leaving a basin means a barrier: the path must rise above both of
-its ends. An earlier version judged the barrier above the chord, which a path that descends monotonically from a
-near-chance Phase-1 model has too (it measures the path's concavity): every DP-Phase-1 path descended, and those
-parts "held". Verdict: for each of SGD->DP, DP->SGD and DP->DP, its height exceeds the SGD->SGD height by more than
-the minimum height (2 % of ln C; :func:`landscape.verdict.greater`, Welch over the Phase-2 copies, the independent
-units); :func:`landscape.verdict.all_of` with Holm on the refuting side.
+its ends (the barrier above the chord measures the path's concavity). Verdict: for each of SGD->DP, DP->SGD and
+DP->DP, its height exceeds the SGD->SGD height by more than the minimum height (2 % of ln C;
+:func:`landscape.verdict.greater`, Welch over the Phase-2 copies, the independent units);
+:func:`landscape.verdict.all_of` with Holm on the refuting side.
 
 Validity: both ends of every judged path are models under the validity gate -- the Phase-2 copies and the Phase-1
 model itself (accuracy floor, loss <= ln C, no collapse over its per-epoch checkpoints): a basin claim about a
@@ -18,9 +17,6 @@ near-chance Phase-1 model says nothing about basins, so such a part is inconclus
 Fair comparison: both phases of every pair run at one matched learning rate, batch size and momentum, selected on a
 validation split (:mod:`landscape.figures._phase_grid`); the verdict is also computed at every other viable
 candidate and with each arm at its own best setting.
-
-Scaled down: the grid of ``watson-fig2`` (LeNet on digits, 10 epochs, k = 4, 5 copies, epsilon 7; the paper:
-Resnet18 on CIFAR10 with k = 10); 20 points on the path.
 """
 
 from __future__ import annotations

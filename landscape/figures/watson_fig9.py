@@ -14,10 +14,8 @@ steps 0..5 the batch's mean loss and the norm of its true (unclipped) mean gradi
 every variant ends above SGD's loss and DP-SGD above clip-only's and noise-only's; from the trained model,
 every variant ends with a larger gradient norm than SGD.
 
-The eight parts are combined by :func:`landscape.verdict.all_of`: held only if every part holds at alpha
-(intersection-union), did not hold only if a part does so after Holm's correction over the eight. A part that is
-inconclusive is reported as an equivalence statement ("no difference beyond X") with its minimum detectable effect:
-noise-only's effect on the loss from init is tiny, and the bound says how tiny.
+An inconclusive part is reported as an equivalence statement with its minimum detectable effect: noise-only's
+effect on the loss from init is tiny, and the bound says how tiny.
 
 Scaled down: LeNet on ``digits`` (the paper: CIFAR10), trained start 10 epochs of SGD, 10 batches of 128, 5 noise
 draws (the paper-scale counts; digits has 1,348 training examples, room for 10 disjoint batches).

@@ -15,9 +15,6 @@ Verdict (:func:`landscape.verdict.all_of` of two threshold rules, stated in the 
 ``||W_n(T)|| / ||W_n(0)|| < 1e-3`` with the loss within 1e-9 of ``L*`` (did not hold if converged with a larger
 ratio; inconclusive if not converged); on the sample, ``||W_n(T)||`` within 1% of the finite-sample prediction
 ``||w_LS,n|| / sqrt(||w_LS||)`` (not 0: a sample correlates noise inputs with labels).
-
-Scaled down: nothing to scale (the theorem has no experiment); ``cpu`` uses d_s = 10, d_n = 90, hidden 32,
-n = 1,000; ``paper`` d_n = 990, n = 10,000 (seconds on a CPU too).
 """
 
 from __future__ import annotations

@@ -32,13 +32,8 @@ use it inconclusive; a failing run no part uses (r* other than 0 and ``r_test``,
 One learning rate for every cell and every r* (matched: the gain is not a gain from tuning a variant, and the
 trend across cells is not a trend of step sizes), selected on a validation split by
 :mod:`landscape.figures._selection` with the plain and RS (r* = ``r_test``) runs of every cell as the arms; the
-verdict is also computed at every other viable lr and with each (cell, r*) at its own best lr (the sensitivity). An
-earlier version took one lr per (sigma, C) by the seed-0 runs' own train accuracy; before that one lr per
-(sigma, C, r*); with one fixed lr 1.0 the plain DP-SGD runs at sigma 2 ended below the validity gate's floor.
-
-Scaled down: LeNet on ``digits``, batch 64, one lr from {0.3, 1}, 10 epochs, (sigma, C) in {(1, 0.25),
-(1, 1), (2, 1)}, r* in {0, 0.5, 0.8}, 5 seeds (the paper: DP-CNN on CIFAR10, batch 1000, 100 epochs, sigma in
-{1, 2, 4} x C in {1/4, 1/2, 1}).
+verdict is also computed at every other viable lr and with each (cell, r*) at its own best lr (the
+sensitivity).
 """
 
 from __future__ import annotations

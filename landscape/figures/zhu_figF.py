@@ -11,13 +11,9 @@ H over the checkpoints, held if its mean is below the bound at alpha 0.05.
 
 The bound is calibrated, not picked (:func:`calibrated_bound`): the expected largest H over as many checkpoints, at
 the same number of examples, of a 2-D sample whose coordinates are skew-normal with skewness 0.5 -- the conventional
-limit of "approximately symmetric" (|skewness| < 0.5; Bulmer 1979) -- by a seeded Monte Carlo. An earlier fixed bound
-of 0.1 was uncalibrated: a lognormal with skewness 6 scores H = 0.08 and would have passed as "approximately
-symmetric". An earlier rule still, "the sign-flip test rejects exact symmetry no more often than chance", tested
-exact symmetry (rejected even at initialisation); its rejection count is reported beside the verdict.
-
-Scaled down: LeNet on ``digits``, DP-SGD sigma 1, C 1, lr 1.0, batch 64, 10 epochs, RS final rate 0.5, 256
-examples and 16 random directions per checkpoint, 5 seeds (the paper: DP-CNN on CIFAR10, 80 epochs).
+limit of "approximately symmetric" (|skewness| < 0.5; Bulmer 1979) -- by a seeded Monte Carlo (a fixed bound of
+0.1 would pass a lognormal of skewness 6, H = 0.08). The sign-flip test of exact symmetry (rejected even at
+initialisation) is reported beside the verdict.
 """
 
 from __future__ import annotations

@@ -212,8 +212,3 @@ class Capture:
     def release(self, h: Handler) -> None:
         """Drop what was kept for ``h``'s module."""
         self.inputs[h], self.shapes[h], self.grads[h] = [], [], []
-
-    def nbytes(self) -> int:
-        """Bytes of the kept inputs and output gradients."""
-        ts = [a for v in self.inputs.values() for a in v] + [g for v in self.grads.values() for gs in v for g in gs]
-        return sum(t.numel() * t.element_size() for t in ts)

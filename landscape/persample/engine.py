@@ -44,12 +44,9 @@ class PerSampleNorms:
     @staticmethod
     def cat(parts: list[PerSampleNorms]) -> PerSampleNorms:
         """Concatenate the norms of consecutive chunks of one batch."""
-        return PerSampleNorms(
-            flat=torch.cat([p.flat for p in parts]),
-            layers={k: torch.cat([p.layers[k] for p in parts]) for k in parts[0].layers},
-            loss=torch.cat([p.loss for p in parts]),
-            logits=torch.cat([p.logits for p in parts]),
-        )
+        return PerSampleNorms(flat=torch.cat([p.flat for p in parts]),
+                              layers={k: torch.cat([p.layers[k] for p in parts]) for k in parts[0].layers},
+                              loss=torch.cat([p.loss for p in parts]), logits=torch.cat([p.logits for p in parts]))
 
 
 def flatten_grads(grads: dict[str, Tensor], names: list[str] | None = None) -> Tensor:
@@ -99,14 +96,8 @@ class PerSampleEngine:
     the samples is refused (:mod:`landscape.persample.norm_layers`).
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        *,
-        loss: str = "cross_entropy",
-        chunk: int | None = None,
-        strategy: str = "auto",
-    ):
+    def __init__(self, model: nn.Module, *, loss: str = "cross_entropy", chunk: int | None = None,
+                 strategy: str = "auto"):
         if loss not in LOSSES:
             raise UsageError(f"unknown per-sample loss {loss!r}; choose one of {', '.join(LOSSES)}")
         if strategy not in STRATEGIES:
@@ -184,10 +175,7 @@ class PerSampleEngine:
             missing = [k for k in self.names if k not in weights]
             if missing:
                 raise UsageError(f"per-layer weights lack parameter {missing[0]!r}")
-            out = {
-                k: torch.as_tensor(weights[k], device=ref.device).to(ref.dtype).reshape(-1)
-                for k in self.names
-            }
+            out = {k: torch.as_tensor(weights[k], device=ref.device).to(ref.dtype).reshape(-1) for k in self.names}
         else:
             w = torch.as_tensor(weights, device=ref.device).to(ref.dtype).reshape(-1)
             out = dict.fromkeys(self.names, w)
@@ -199,26 +187,18 @@ class PerSampleEngine:
     def _empty_norms(self, n: int = 0) -> PerSampleNorms:
         ref = self._ref
         z = torch.zeros(n, dtype=torch.float64, device=ref.device)
-        return PerSampleNorms(
-            flat=z,
-            layers={k: z.clone() for k in self.names},
-            loss=torch.zeros(0, dtype=ref.dtype, device=ref.device),
-            logits=torch.zeros(0, 0, dtype=ref.dtype, device=ref.device),
-        )
+        return PerSampleNorms(flat=z, layers={k: z.clone() for k in self.names},
+                              loss=torch.zeros(0, dtype=ref.dtype, device=ref.device),
+                              logits=torch.zeros(0, 0, dtype=ref.dtype, device=ref.device))
 
     def _zeros(self) -> dict[str, Tensor]:
-        return {
-            k: torch.zeros_like(p, memory_format=torch.contiguous_format).detach()
-            for k, p in self.params.items()
-        }
+        return {k: torch.zeros_like(p, memory_format=torch.contiguous_format).detach() for k, p in self.params.items()}
 
     @staticmethod
     def _norms_from_sq(sq: dict[str, Tensor], losses: Tensor, logits: Tensor) -> PerSampleNorms:
         sq64 = {k: v.double().clamp_min(0) for k, v in sq.items()}
         flat = torch.stack(list(sq64.values())).sum(0).sqrt()
-        return PerSampleNorms(
-            flat=flat, layers={k: v.sqrt() for k, v in sq64.items()}, loss=losses, logits=logits
-        )
+        return PerSampleNorms(flat=flat, layers={k: v.sqrt() for k, v in sq64.items()}, loss=losses, logits=logits)
 
     # ---------------------------------------------------------------- hooks route
     def _capture(self, x: Tensor, y: Tensor):
@@ -314,22 +294,16 @@ class PerSampleEngine:
             with torch.random.fork_rng(devices=devices):
                 units, _, _ = self._capture(x, y)
                 acc = self._zeros()
-                self._hooks_weighted(
-                    units,
-                    dict.fromkeys(self.names, torch.ones(x.shape[0], dtype=self._ref.dtype, device=x.device)),
-                    acc,
-                )
+                ones = torch.ones(x.shape[0], dtype=self._ref.dtype, device=x.device)
+                self._hooks_weighted(units, dict.fromkeys(self.names, ones), acc)
             with torch.random.fork_rng(devices=devices), torch.enable_grad():
                 total = F.cross_entropy(self.model(x), y, reduction="sum")
                 ref = torch.autograd.grad(total, list(self.params.values()), allow_unused=True)
             ok, quiet = True, False
             for (k, a), r in zip(acc.items(), ref, strict=True):
                 r = torch.zeros_like(a) if r is None else r
-                tol = (
-                    1e-4 * float(r.abs().max()) + 1e-6
-                    if r.dtype != torch.float64
-                    else 1e-9 * float(r.abs().max()) + 1e-12
-                )
+                scale = float(r.abs().max())
+                tol = 1e-9 * scale + 1e-12 if r.dtype == torch.float64 else 1e-4 * scale + 1e-6
                 if float((a - r).abs().max()) > tol * 10:
                     ok, why = False, f"parameter {k!r} is used outside its module's forward"
                     break
@@ -344,10 +318,6 @@ class PerSampleEngine:
                 warnings.warn(f"per-sample gradients: {why}; using torch.func on the whole model", stacklevel=3)
             self.strategy = "functorch"
         self._verified = True
-
-    # ---------------------------------------------------------------- functorch route
-    def _func_grads(self, x: Tensor, y: Tensor) -> tuple[dict[str, Tensor], Tensor, Tensor]:
-        return functorch_grads(self.model, self.names, x, y)
 
     # ---------------------------------------------------------------- public API
     @_kept_memory
@@ -364,7 +334,7 @@ class PerSampleEngine:
                 units, losses, logits = self._capture(xc, yc)
                 sq = self._hooks_sq_norms(units, m, xc.shape[0])
             else:
-                g, losses, logits = self._func_grads(xc, yc)
+                g, losses, logits = functorch_grads(self.model, self.names, xc, yc)
                 sq = {k: _sq(g[k], m.get(k)) for k in self.names}
             parts.append(self._norms_from_sq(sq, losses, logits))
         return parts[0] if len(parts) == 1 else PerSampleNorms.cat(parts)
@@ -383,7 +353,7 @@ class PerSampleEngine:
                 units, _, _ = self._capture(xc, yc)
                 g = self._hooks_per_sample(units, xc.shape[0])
             else:
-                g, _, _ = self._func_grads(xc, yc)
+                g, _, _ = functorch_grads(self.model, self.names, xc, yc)
             parts.append({k: (g[k] * m[k] if k in m else g[k]).detach().contiguous() for k in self.names})
         if len(parts) == 1:
             return parts[0]
@@ -416,26 +386,18 @@ class PerSampleEngine:
         elif shared:
             with torch.enable_grad():
                 losses = F.cross_entropy(self.model(x), y, reduction="none")
-                g = torch.autograd.grad(
-                    (losses * w[self.names[0]]).sum(), list(self.params.values()), allow_unused=True
-                )
+                g = torch.autograd.grad((losses * w[self.names[0]]).sum(), list(self.params.values()), allow_unused=True)
             for k, gk in zip(self.names, g, strict=True):
                 if gk is not None:
                     acc[k].add_(gk)
         else:
-            g, _, _ = self._func_grads(x, y)
+            g, _, _ = functorch_grads(self.model, self.names, x, y)
             for k in self.names:
                 acc[k].add_(torch.einsum("n,n...->...", w[k], g[k]))
 
     @_kept_memory
-    def clipped_sum(
-        self,
-        x: Tensor,
-        y: Tensor,
-        factor_fn: Callable[[PerSampleNorms], Weights],
-        *,
-        masks: Masks = None,
-    ) -> tuple[dict[str, Tensor], PerSampleNorms]:
+    def clipped_sum(self, x: Tensor, y: Tensor, factor_fn: Callable[[PerSampleNorms], Weights], *,
+                    masks: Masks = None) -> tuple[dict[str, Tensor], PerSampleNorms]:
         """Norms, then ``sum_i c_i g_i`` with ``c = factor_fn(norms)`` ((n,) or ``{name: (n,)}``), masked.
 
         Hooks route: one forward and one activation backward; the sum re-uses the kept activations and
@@ -458,7 +420,7 @@ class PerSampleEngine:
                 factors = factor_fn(norms)
                 self._hooks_weighted(units, self._layer_weights(factors, nc), acc)
             else:
-                g, losses, logits = self._func_grads(xc, yc)
+                g, losses, logits = functorch_grads(self.model, self.names, xc, yc)
                 g = {k: g[k] * m[k] if k in m else g[k] for k in self.names}
                 sq = {k: _sq(g[k], None) for k in self.names}
                 norms = self._norms_from_sq(sq, losses, logits)

@@ -1,11 +1,6 @@
-"""BatchNorm in the per-sample engine: exact in eval mode, refused where it mixes the samples of a batch.
-
-In training mode BatchNorm normalises by batch statistics, so "the gradient of l_i" has no per-sample meaning
-(DP-SGD's sensitivity argument fails). In eval mode it is the per-channel affine map
-``y = gamma * xhat + beta``, ``xhat = (x - running_mean) / sqrt(running_var + eps)`` (Ioffe & Szegedy 2015,
-Alg. 1), with per-sample gradients ``g_i(gamma)_c = sum_t B_{i,c,t} xhat_{i,c,t}`` and
-``g_i(beta)_c = sum_t B_{i,c,t}`` (``BatchNormHandler``). Training mode and ``track_running_stats=False`` are
-refused when an engine is built and on every call.
+"""BatchNorm in the per-sample engine: exact in eval mode (a per-channel affine map, ``BatchNormHandler``),
+refused in training mode or without running statistics, where it mixes the samples of a batch and "the gradient
+of l_i" has no meaning.
 """
 
 from __future__ import annotations

@@ -34,8 +34,9 @@ def _heatmap(ax, M: np.ndarray, title: str, *, diverging: bool) -> None:
 
 
 @styled
-def plot_ntk(result: NTKResult, stem: str | os.PathLike) -> list[Path]:
-    """Spectra and heatmaps of one NTK result, written as ``stem.png`` and ``stem.pdf``."""
+def plot_ntk(result: NTKResult, stem: str | os.PathLike, title: str = "") -> list[Path]:
+    """Spectra and heatmaps of one NTK result, written as ``stem.png`` and ``stem.pdf`` (the panels carry their own
+    titles; ``title`` is the runner's and unused)."""
     fig, axes = subplots(1, 3, figsize=(14.0, 3.8))
     ax = axes[0]
     kp, p = result.K_properties, result.properties
@@ -62,8 +63,9 @@ def plot_ntk(result: NTKResult, stem: str | os.PathLike) -> list[Path]:
 
 
 @styled
-def plot_ntk_table(table: NTKTable, stem: str | os.PathLike) -> list[Path]:
-    """The numbers behind Table 1: against the clipping norm (one step) or against epoch (several)."""
+def plot_ntk_table(table: NTKTable, stem: str | os.PathLike, title: str = "") -> list[Path]:
+    """The numbers behind Table 1: against the clipping norm (one step) or against epoch (several); ``title`` as
+    :func:`plot_ntk`."""
     steps = sorted({r.step for r in table.rows})
     along_run = len(steps) > 1
     panels = [("asymmetry", "asymmetry ||A-A^T||/||A||"), ("min_sym_eig", "min eig (A+A^T)/2 / ||A||"),
@@ -100,13 +102,3 @@ def _value(row, col: str) -> float:
     if col in ("min_sym_eig", "min_real_eig", "max_abs_imag_eig"):
         return v / row.norm if row.norm > 0 else 0.0
     return v
-
-
-def ntk_figure(result: NTKResult, stem, title: str = "") -> list[Path]:
-    """The ``ntk`` figure files (PNG + PDF at ``stem``)."""
-    return plot_ntk(result, stem)
-
-
-def ntk_table_figure(table: NTKTable, stem, title: str = "") -> list[Path]:
-    """The ``ntk-table`` figure files (PNG + PDF at ``stem``)."""
-    return plot_ntk_table(table, stem)

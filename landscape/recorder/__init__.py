@@ -7,18 +7,10 @@
             ...                                   # the user's own loop, on any device
             rec.save(step, epoch=epoch + 1, metrics={"train_loss": loss})
 
-A recorded run is a store run like those ``landscape train`` writes, with the model and data specs analyses
-rebuild from; the model is checked against its spec at open and at every save, so a run no analysis could read
-is never written.
+A recorded run is a store run like those ``landscape train`` writes; the model is checked against its spec at
+open and at every save, so a run no analysis could read is never written.
 """
 
-from landscape.recorder.core import (
-    OPTIMIZER_ATTR,
-    OPTIMIZER_EXTRA,
-    PRIVACY_ATTR,
-    RECORDER_FORMAT,
-    PrivacySource,
-    Recorder,
-)
+from landscape.recorder.core import PrivacySource, Recorder
 
-__all__ = ["OPTIMIZER_ATTR", "OPTIMIZER_EXTRA", "PRIVACY_ATTR", "RECORDER_FORMAT", "PrivacySource", "Recorder"]
+__all__ = ["PrivacySource", "Recorder"]

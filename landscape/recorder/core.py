@@ -23,7 +23,6 @@ from landscape.errors import IncompatibleError, NonFiniteError, UsageError
 from landscape.params import dtype_kind, first_mismatch, plain_names, unwrap
 from landscape.privacy import PrivacyEvent
 from landscape.recorder.manifest import (
-    RECORDER_FORMAT,
     close_run,
     data_spec,
     jsonable,
@@ -34,8 +33,6 @@ from landscape.recorder.manifest import (
 )
 from landscape.store import Checkpoint, Run, RunBusyError, Store, check_run_name
 from landscape.train.accounting import AccountantWarning
-
-__all__ = ["OPTIMIZER_ATTR", "OPTIMIZER_EXTRA", "PRIVACY_ATTR", "RECORDER_FORMAT", "PrivacySource", "Recorder"]
 
 OPTIMIZER_EXTRA = "optimizer"  # checkpoint extra group of the optimizer's tensors
 OPTIMIZER_ATTR = "optimizer"  # checkpoint attr: its param groups and non-tensor state (JSON)
@@ -130,7 +127,8 @@ class Recorder:
             if note is not None:
                 warnings.warn(note, AccountantWarning, stacklevel=2)
         privacy_record = self._privacy_record(0)
-        extra = {"device": _device(model), "privacy": privacy_record, "recorder": recorder_record()}
+        device = next((str(t.device) for t in (*model.parameters(), *model.buffers())), "cpu")  # as train records it
+        extra = {"device": device, "privacy": privacy_record, "recorder": recorder_record()}
         self._writer = _Writer(self._store, run, writer == "thread",
                                functools.partial(open_run, self._store, run, fields, lineage, privacy_record, extra))
         self._finalizer = weakref.finalize(self, self._writer.close)
@@ -477,13 +475,6 @@ def _norms_finite(tensors: list[torch.Tensor]) -> bool:
         return all(bool(torch.stack(norms).isfinite().all()) for norms in by_device.values())
     except RuntimeError:  # a tensor _foreach_norm does not take: the exact check decides
         return False
-
-
-def _device(model: nn.Module) -> str:
-    """Where the model trains (``manifest["device"]``, as ``landscape train`` records it)."""
-    for tensor in (*model.parameters(), *model.buffers()):
-        return str(tensor.device)
-    return "cpu"
 
 
 def _is_whole(value: Any) -> bool:

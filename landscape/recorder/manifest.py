@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import platform
@@ -17,6 +16,7 @@ import torch
 from torch import nn
 
 from landscape.errors import UsageError
+from landscape.hashing import sha256_file
 from landscape.jsonable import to_jsonable
 from landscape.params import unwrap
 from landscape.privacy import PrivacyHistory
@@ -155,5 +155,5 @@ def recorder_record() -> dict[str, Any]:
     script = getattr(sys.modules.get("__main__"), "__file__", None)
     if script and Path(script).is_file():
         record["script"] = str(Path(script).resolve())
-        record["script_sha256"] = hashlib.sha256(Path(script).read_bytes()).hexdigest()
+        record["script_sha256"] = sha256_file(script)
     return record

@@ -1,14 +1,9 @@
 """Privacy accounting for Poisson-subsampled Gaussian steps: exact RDP of our own, PLD from ``dp_accounting``.
 
-Each DP-SGD step is the sampled Gaussian mechanism (rate ``q``, noise ``sigma``, add/remove-one); ``T`` steps
-compose. ``rdp`` (default): RDP at Opacus' orders, exact at integer orders and by the signed two-sided series
-of Mironov, Talwar & Zhang (2019) Sec. 3.3 at fractional ones, converted by Balle et al. (2020) Thm. 21 as
-Opacus does (equal to ~1e-9 relative). ``dp_accounting``'s RDP is not used: it drops the series' signs (an
-upper bound). ``pld``: ``dp_accounting``'s privacy loss distributions, tighter and slower. There is no PRV
-accountant (``method="prv"`` is a usage error saying so).
-
-``landscape train`` runs ``epochs * ceil(N / B)`` steps (:func:`schedule_steps`). Reference: sigma = 1.1,
-q = 256/60000, 14062 steps, delta = 1e-5 -> epsilon 2.59656 (rdp).
+``rdp`` (default) is exact at Opacus' orders (the signed series of Mironov, Talwar & Zhang 2019 at fractional
+ones; ``dp_accounting``'s RDP drops the signs, an upper bound) with Balle et al. (2020) Thm. 21's conversion, as
+Opacus. ``pld`` is tighter and slower. Reference: sigma = 1.1, q = 256/60000, 14062 steps, delta = 1e-5 ->
+epsilon 2.59656 (rdp).
 """
 
 from __future__ import annotations
@@ -104,13 +99,8 @@ _FIRST_CHUNK, _MAX_CHUNK, _MAX_TERMS = 256, 1 << 16, 1 << 24
 
 
 def _log_a_integer(q: float, sigma: float, alpha: int) -> float:
-    """``log A_alpha`` at an integer order: the finite binomial sum (Mironov et al. 2019, Sec. 3.3)
-
-    ``A_alpha = sum_{k=0}^{alpha} C(alpha, k) (1-q)^(alpha-k) q^k exp((k^2 - k) / (2 sigma^2))``.
-    Since the same sum without the exponential is 1, ``A_alpha - 1`` is the sum over ``k >= 2`` with
-    ``expm1`` in place of ``exp``: all terms positive, summed in log space, and ``log A = log1p(A - 1)``
-    keeps full relative precision even when the RDP is ~1e-12 (large sigma, tiny q).
-    """
+    """``log A_alpha`` at an integer order: the finite binomial sum (Mironov et al. 2019, Sec. 3.3), its ``k >= 2``
+terms with ``expm1`` summed in log space, so ``log A = log1p(A - 1)`` keeps full precision when the RDP is tiny."""
     from scipy import special
 
     if alpha < 2:
@@ -125,26 +115,9 @@ def _log_a_integer(q: float, sigma: float, alpha: int) -> float:
 
 
 def _log_a_fractional(q: float, sigma: float, alpha: float) -> float:
-    """``log A_alpha`` at a fractional order (Mironov et al. 2019, Sec. 3.3), with the terms' signs kept.
-
-    ``A_alpha = E_{z ~ N(0, s^2)} [(mu(z)/mu_0(z))^alpha]`` with ``mu = (1-q) mu_0 + q mu_1``, ``mu_t =
-    N(t, s^2)``. Split the integral at ``z0 = s^2 log(1/q - 1) + 1/2``, where ``(1-q) mu_0 = q mu_1``, and expand
-    ``mu^alpha`` by the generalized binomial series in the ratio that is < 1 on each side:
-
-    - ``z <= z0``: ``sum_k C(alpha,k) (1-q)^(alpha-k) q^k exp((k^2-k)/(2 s^2)) Phi((z0 - k)/s)``,
-    - ``z >= z0``: ``sum_k C(alpha,k) q^(alpha-k) (1-q)^k exp((j^2-j)/(2 s^2)) Phi((j - z0)/s)``, ``j = alpha - k``,
-
-    since ``mu_0^(1-t) mu_1^t = exp((t^2-t)/(2 s^2)) N(t, s^2)`` for real ``t``. ``C(alpha, k)`` changes sign
-    at every ``k > alpha``, so both series alternate there; when the Gaussian factor is tiny the exponent and
-    ``log Phi`` nearly cancel, so past the split we use ``Phi(-x) = erfcx(x/sqrt 2) exp(-x^2/2) / 2``, which
-    turns the term into ``C(alpha,k) (1-q)^alpha exp(-z0^2/(2 s^2)) erfcx(.)/2`` exactly. Apart from
-    ``|C(alpha, k)|`` (decreasing for ``k > (alpha - 1)/2``) each term is non-increasing in ``k`` (its log has
-    derivative ``<= 0`` by the Mills-ratio inequality ``phi(x)/Phi(x) >= -x``), so past ``k = alpha`` the
-    series alternates with decreasing terms, which shrink only polynomially (~ k^-(alpha+2)) once the Gaussian
-    factors level off. We sum chunks of terms until, past ``k = alpha``, the last term is below ``SERIES_RTOL``
-    times the partial sum: the remainder of such a series is smaller than its first omitted term (Leibniz),
-    so the relative truncation error of ``A_alpha`` is below ``SERIES_RTOL``.
-    """
+    """``log A_alpha`` at a fractional order (Mironov et al. 2019, Sec. 3.3), with the terms' signs kept: the two
+generalized binomial series split at ``z0``, summed in chunks until the last term past ``k = alpha`` is below
+``SERIES_RTOL`` times the sum (docs/privacy.md, "How the RDP is computed", says why that bounds the error)."""
     from scipy import special
 
     s2 = sigma * sigma
@@ -235,10 +208,6 @@ def _rdp_epsilon_of(events: Sequence[PrivacyEvent], delta: float) -> float:
     return rdp_to_epsilon(RDP_ORDERS, rdp, delta)[0]
 
 
-def _rdp_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:
-    return _rdp_epsilon_of([PrivacyEvent(noise_multiplier, sample_rate, steps)], delta)
-
-
 @functools.lru_cache(maxsize=256)
 def _pld_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:
     from dp_accounting.pld import PLDAccountant
@@ -260,7 +229,7 @@ def epsilon(
         return math.inf
     with _quiet_absl():
         if method == "rdp":
-            return _rdp_epsilon(float(noise_multiplier), float(sample_rate), int(steps), float(delta))
+            return _rdp_epsilon_of([PrivacyEvent(float(noise_multiplier), float(sample_rate), int(steps))], float(delta))
         return _pld_epsilon(float(noise_multiplier), float(sample_rate), int(steps), float(delta))
 
 
@@ -292,16 +261,9 @@ def composed_epsilon(events: Sequence[PrivacyEvent], delta: float = 1e-5, method
         return float(acc.get_epsilon(delta))
 
 
-def noise_for_epsilon(
-    target_epsilon: float,
-    sample_rate: float,
-    steps: int,
-    delta: float = 1e-5,
-    method: str = "rdp",
-    *,
-    history: PrivacyHistory | Sequence[PrivacyEvent] = (),
-    rtol: float = 0.005,
-) -> float:
+def noise_for_epsilon(target_epsilon: float, sample_rate: float, steps: int, delta: float = 1e-5,
+                      method: str = "rdp", *, history: PrivacyHistory | Sequence[PrivacyEvent] = (),
+                      rtol: float = 0.005) -> float:
     """Smallest-found noise multiplier whose epsilon is ``<= target_epsilon`` and within ``rtol`` of it.
 
     Bisection on the accountant like Opacus' ``get_noise_multiplier``: double an upper bracket until its

@@ -31,16 +31,8 @@ if TYPE_CHECKING:
     from landscape.train.loop import TrainState
 
 # Columns of the per-step metrics table (run array "metrics"); NaN = not measured for this optimizer.
-STEP_METRICS = (
-    "loss",
-    "accuracy",
-    "batch_size",
-    "mean_grad_norm",
-    "max_grad_norm",
-    "fraction_clipped",
-    "noise_norm",
-    "epsilon",
-)
+STEP_METRICS = ("loss", "accuracy", "batch_size", "mean_grad_norm", "max_grad_norm", "fraction_clipped", "noise_norm",
+                "epsilon")
 METRICS_ARRAY = "metrics"
 
 
@@ -136,13 +128,9 @@ class NonFinite(Callback):
         self.reported = True
         loss = float(losses[step - 1])
         state.run.update_manifest(non_finite={"step": step, "epoch": epoch, "loss": str(loss)})
-        warnings.warn(
-            f"run '{state.run.name}': the training loss became {loss} at step {step} "
-            f"(epoch {epoch:.3g}) and the weights after it are not usable; try a smaller {param('lr')} "
-            f"(was {state.config.lr:g})",
-            NonFiniteLossWarning,
-            stacklevel=2,
-        )
+        warnings.warn(f"run '{state.run.name}': the training loss became {loss} at step {step} (epoch {epoch:.3g}) "
+                      f"and the weights after it are not usable; try a smaller {param('lr')} (was {state.config.lr:g})",
+                      NonFiniteLossWarning, stacklevel=2)
 
 
 class Accounting(Callback):
@@ -156,11 +144,6 @@ class Accounting(Callback):
     def __init__(self, curve: torch.Tensor | None):
         self.curve = curve
 
-    def epsilon_at(self, step: int) -> float | None:
-        if self.curve is None:
-            return None
-        return float(self.curve[step])
-
     def on_step(self, state: TrainState, stats: Any) -> None:
         if self.curve is not None:
             state.metrics.table["epsilon"][state.step - 1] = self.curve[state.step]
@@ -171,7 +154,7 @@ class Accounting(Callback):
             state.epsilon = self.curve[state.step]
 
     def on_checkpoint(self, state: TrainState, record: CheckpointRecord) -> None:
-        record.epsilon = self.epsilon_at(state.step)
+        record.epsilon = None if self.curve is None else float(self.curve[state.step])
 
 
 class Evaluation(Callback):
@@ -266,7 +249,6 @@ class WallClock(Callback):
 
     def on_checkpoint(self, state: TrainState, record: CheckpointRecord) -> None:
         record.metrics["wall_seconds"] = time.perf_counter() - self.start
-
 
 
 class Checkpointer(Callback):

@@ -1,9 +1,6 @@
-"""Training options: one dataclass holds every option of ``landscape train`` (open_lth's hparams style).
-
-The click commands ``train`` and ``phases`` are generated from the fields' :func:`~landscape.options.option`
-metadata (:mod:`cli.kinds`), the run manifest stores it as ``config``,
-and :func:`config_hash` identifies a run by its non-default fields only, so adding an option with a default
-never changes old hashes (open_lth ``foundations/desc.py``).
+"""Training options: one dataclass holds every option of ``landscape train`` (its click command is generated from
+the fields' metadata); :func:`config_hash` hashes only non-default fields, so a new option with a default never
+changes old hashes.
 """
 
 from __future__ import annotations
@@ -148,12 +145,8 @@ class TrainConfig:
     def warn_sampling(self) -> None:
         """Warn when shuffled batches are combined with an accounted DP optimizer."""
         if self.accounted and self.sampling_method == "shuffle":
-            warnings.warn(
-                f"{param('sampling', 'shuffle')} with DP: the reported epsilon assumes Poisson subsampling "
-                "(sample rate B/N) and is not a guarantee for shuffled batches",
-                SamplingWarning,
-                stacklevel=2,
-            )
+            warnings.warn(f"{param('sampling', 'shuffle')} with DP: the reported epsilon assumes Poisson subsampling (sample rate "
+                          "B/N) and is not a guarantee for shuffled batches", SamplingWarning, stacklevel=2)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -297,17 +290,8 @@ class PhasesConfig:
         elif phase == 2:
             lr = self.phase2_sgd_lr if self.phase2_sgd_lr is not None else lr
             momentum = self.phase2_sgd_momentum if self.phase2_sgd_momentum is not None else momentum
-        fields = {
-            **self.base.to_dict(),
-            "optimizer": family,
-            "epochs": epochs,
-            "seed": seed,
-            "run": run,
-            "from_ref": from_ref,
-            "resume": None,
-            "lr": lr,
-            "momentum": momentum,
-        }
+        fields = {**self.base.to_dict(), "optimizer": family, "epochs": epochs, "seed": seed, "run": run,
+                  "from_ref": from_ref, "resume": None, "lr": lr, "momentum": momentum}
         if from_ref is not None:
             fields.update(model=None, model_kwargs={}, data=None, data_kwargs={}, subset=None)
         if not dp:

@@ -1,16 +1,8 @@
 """The training loop: SGD and the DP-SGD family, checkpoints, child runs (``--from``) and resume.
 
-One step samples a batch (:mod:`landscape.train.sampling`), asks the
-:class:`~landscape.train.privatize.Privatizer` for the gradient, applies ``torch.optim.SGD`` with momentum and
-re-applies pruning masks to weights and momentum. Checkpoints, metrics, accounting, evaluation and progress
-are callbacks (:mod:`landscape.train.callbacks`).
-
-``seed`` seeds python, numpy and torch (the initial weights) and three independent streams (sampler, noise,
-sparsification masks); a child run starts from its parent's weights, so its seed changes only data order and
-noise (Watson et al. Sec. 4.1.1's Phase-2 copies). DP runs record the epsilon of the whole pipeline: their
-own steps composed with their ancestors' (:class:`landscape.privacy.PrivacyHistory`; non-private or unknown
-ancestors are flagged in ``manifest["privacy"]``). ``--target-epsilon`` calibrates sigma so the composed
-epsilon after the planned steps equals the target.
+A step samples a batch, asks the :class:`~landscape.train.privatize.Privatizer` for the gradient, applies
+``torch.optim.SGD`` and re-applies pruning masks; everything else is a callback (:mod:`.callbacks`). A child run
+starts from its parent's weights and composes its epsilon with its ancestors' (docs/training.md).
 """
 
 from __future__ import annotations
@@ -54,7 +46,14 @@ from landscape.train.callbacks import (
 )
 from landscape.train.config import SamplingWarning, TrainConfig, checkpoint_steps, config_hash
 from landscape.train.privatize import PrivacyConfig, Privatizer
-from landscape.train.pruning import MASK_ARRAY, inherited_privacy, lineage_of, load_masks
+from landscape.train.pruning import (
+    MASK_ARRAY,
+    inherited_privacy,
+    lineage_of,
+    load_masks,
+    mask_optimizer_state_,
+    mask_params_,
+)
 from landscape.train.sampling import Sampler, make_sampler
 from landscape.train.sparsify import SparsifySchedule
 
@@ -94,14 +93,8 @@ class TrainState:
 # ------------------------------------------------------------------------------------------- entry point
 
 
-def train(
-    config: TrainConfig,
-    *,
-    root: str | Path,
-    callbacks: Sequence[Callback] = (),
-    progress: bool | None = None,
-    phases: dict[str, Any] | None = None,
-) -> Run:
+def train(config: TrainConfig, *, root: str | Path, callbacks: Sequence[Callback] = (),
+          progress: bool | None = None, phases: dict[str, Any] | None = None) -> Run:
     """Train one run into the store at ``root`` and return it (see the module docstring).
 
     ``config.resume`` continues that run from its last checkpoint (its stored config is used). ``callbacks`` are
@@ -444,33 +437,12 @@ def _noise_multiplier(config: TrainConfig, q: float, total: int, history: Privac
         return 0.0
     if config.noise_multiplier is not None:
         return float(config.noise_multiplier)
-    return calibrate_noise(config.target_epsilon, q, total, config.delta, config.accountant, history)
-
-
-# ------------------------------------------------------------------------------------------- lineage privacy
-
-
-def composed_epsilon(
-    history: PrivacyHistory | Sequence[PrivacyEvent], noise_multiplier: float, sample_rate: float, steps: int,
-    delta: float, method: str = "rdp",
-) -> float:
-    """Epsilon of the ancestors' DP steps (and declared guarantees) composed with ``steps`` more of this run
-    (:func:`landscape.train.accounting.history_epsilon`)."""
-    own = PrivacyEvent(noise_multiplier, sample_rate, steps)
-    return accounting.history_epsilon(PrivacyHistory.of(history), own, delta, method)
-
-
-def calibrate_noise(
-    target_epsilon: float, sample_rate: float, steps: int, delta: float, method: str,
-    history: PrivacyHistory | Sequence[PrivacyEvent] = (),
-) -> float:
-    """Noise multiplier whose epsilon (composed with ``history``) after ``steps`` is <= target and within 0.5%."""
-    return accounting.noise_for_epsilon(target_epsilon, sample_rate, steps, delta, method, history=history)
+    return accounting.noise_for_epsilon(config.target_epsilon, q, total, config.delta, config.accountant,
+                                        history=history)
 
 
 def epsilon_curve(
-    config: TrainConfig, sigma: float, q: float, total: int, history: PrivacyHistory | Sequence[PrivacyEvent],
-    exact_steps: Sequence[int] = (),
+    config: TrainConfig, sigma: float, q: float, total: int, history: PrivacyHistory, exact_steps: Sequence[int] = (),
 ) -> torch.Tensor | None:
     """Epsilon after t = 0..total steps of this run (composed with DP ancestor steps); None if not accounted.
 
@@ -486,28 +458,9 @@ def epsilon_curve(
         spe = max(1, total // max(1, config.epochs))
         steps = sorted({0, total, *exact_steps, *range(0, total + 1, spe)})
     for t in steps:
-        curve[t] = composed_epsilon(history, sigma, q, t, config.delta, config.accountant)
+        own = PrivacyEvent(sigma, q, t)
+        curve[t] = accounting.history_epsilon(history, own, config.delta, config.accountant)
     return curve
-
-
-def _privacy_config(config: TrainConfig, sigma: float) -> PrivacyConfig:
-    return PrivacyConfig(
-        optimizer=config.optimizer,
-        max_grad_norm=config.max_grad_norm,
-        noise_multiplier=sigma,
-        clip_style=config.clip_style,
-        clip_fn=config.clip_fn,
-        smooth=config.smooth,
-        track_norms=config.is_dp,
-    )
-
-
-def _engine(config: TrainConfig, model: nn.Module):
-    if not config.is_dp:
-        return None
-    from landscape.persample import PerSampleEngine
-
-    return PerSampleEngine(model, chunk=config.chunk)
 
 
 def _build_state(
@@ -521,8 +474,16 @@ def _build_state(
                            torch.Generator().manual_seed(int(seeds["sampling"])))
     noise_gen = torch.Generator(device=device).manual_seed(int(seeds["noise"]))
     # the expected batch is q N = min(B, N) (q is capped at 1), not B, when the batch size exceeds the data
-    privatizer = Privatizer(model, _privacy_config(config, sigma), expected_batch_size=float(min(config.batch_size, n)),
-                            generator=noise_gen, engine=_engine(config, model))
+    privacy = PrivacyConfig(optimizer=config.optimizer, max_grad_norm=config.max_grad_norm, noise_multiplier=sigma,
+                            clip_style=config.clip_style, clip_fn=config.clip_fn, smooth=config.smooth,
+                            track_norms=config.is_dp)
+    engine = None
+    if config.is_dp:
+        from landscape.persample import PerSampleEngine
+
+        engine = PerSampleEngine(model, chunk=config.chunk)
+    privatizer = Privatizer(model, privacy, expected_batch_size=float(min(config.batch_size, n)),
+                            generator=noise_gen, engine=engine)
     optimizer = torch.optim.SGD(
         [p for p in model.parameters() if p.requires_grad],
         lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay,
@@ -621,16 +582,8 @@ def _combine_masks(state: TrainState, sparse: dict[str, torch.Tensor]) -> dict[s
     return out
 
 
-@torch.no_grad()
 def _reapply_masks(state: TrainState) -> None:
     """Pruned weights and their momentum stay exactly zero (Watson Sec. 4 "Pruning")."""
-    if state.masks is None:
-        return
-    params = dict(state.model.named_parameters())
-    for name, m in state.masks.items():
-        p = params[name]
-        p.mul_(m)
-        buf = state.optimizer.state.get(p, {}).get("momentum_buffer")
-        if buf is not None:
-            buf.mul_(m)
-
+    if state.masks is not None:
+        mask_params_(state.model, state.masks)
+        mask_optimizer_state_(state.optimizer, state.model, state.masks)

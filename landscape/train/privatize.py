@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -73,9 +73,6 @@ class PrivacyConfig:
     def adds_noise(self) -> bool:
         return self.optimizer in ("dpsgd", "noise-only") and self.noise_multiplier > 0
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass
 class StepStats:
@@ -99,31 +96,8 @@ class StepStats:
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, float]:
-        out = {
-            k: float(getattr(self, k))
-            for k in (
-                "loss",
-                "accuracy",
-                "mean_grad_norm",
-                "max_grad_norm",
-                "fraction_clipped",
-                "noise_norm",
-                "update_norm",
-            )
-        }
-        out["batch_size"] = float(self.batch_size)
-        out.update({k: float(v) for k, v in self.extra.items()})
-        return out
-
-
-@dataclass
-class _Norms:
-    """Same fields as ``landscape.persample.PerSampleNorms``."""
-
-    flat: torch.Tensor
-    layers: dict[str, torch.Tensor]
-    loss: torch.Tensor
-    logits: torch.Tensor
+        out = {f.name: float(getattr(self, f.name)) for f in fields(self) if f.name != "extra"}
+        return out | {k: float(v) for k, v in self.extra.items()}
 
 
 def _total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -164,14 +138,16 @@ class LoopEngine:
     def grads(self, x, y, *, masks=None) -> dict[str, torch.Tensor]:
         return self._per_sample(x, y, masks)[0]
 
-    def norms(self, x, y, *, masks=None) -> _Norms:
+    def norms(self, x, y, *, masks=None):
         return self._norms(*self._per_sample(x, y, masks))
 
     @staticmethod
-    def _norms(grads, losses, logits) -> _Norms:
+    def _norms(grads, losses, logits):
+        from landscape.persample import PerSampleNorms
+
         layers = {n: g.flatten(1).to(torch.float64).norm(dim=1) for n, g in grads.items()}
         flat = torch.stack(list(layers.values())).pow(2).sum(0).sqrt()
-        return _Norms(flat=flat, layers=layers, loss=losses, logits=logits)
+        return PerSampleNorms(flat=flat, layers=layers, loss=losses, logits=logits)
 
     def mean_grad(self, x, y, *, masks=None) -> dict[str, torch.Tensor]:
         return {n: g.mean(0) for n, g in self.grads(x, y, masks=masks).items()}
@@ -205,15 +181,8 @@ class Privatizer:
     page-faulting it in afresh.
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        config: PrivacyConfig,
-        *,
-        expected_batch_size: float,
-        generator: torch.Generator,
-        engine: Any | None = None,
-    ):
+    def __init__(self, model: nn.Module, config: PrivacyConfig, *, expected_batch_size: float,
+                 generator: torch.Generator, engine: Any | None = None):
         if not (expected_batch_size > 0):
             raise UsageError(f"expected batch size must be > 0, got {expected_batch_size}")
         self.model = model
@@ -301,9 +270,7 @@ class Privatizer:
         return z.to(p.device).mul_(self.noise_std)
 
     @staticmethod
-    def _mask_(
-        names: list[str], tensors: list[torch.Tensor], masks_t: dict[str, torch.Tensor] | None
-    ) -> None:
+    def _mask_(names: list[str], tensors: list[torch.Tensor], masks_t: dict[str, torch.Tensor] | None) -> None:
         if masks_t is None:
             return
         for name, t in zip(names, tensors, strict=True):
@@ -366,16 +333,8 @@ class Privatizer:
             self._mask_(names, grads, masks_t)
         for (_, p), g in zip(self.named, grads, strict=True):
             p.grad = g
-        return StepStats(
-            loss=loss,
-            accuracy=acc,
-            mean_grad_norm=mean_norm,
-            max_grad_norm=max_norm,
-            fraction_clipped=frac,
-            noise_norm=noise_norm,
-            update_norm=_total_norm(grads),
-            batch_size=n,
-        )
+        return StepStats(loss=loss, accuracy=acc, mean_grad_norm=mean_norm, max_grad_norm=max_norm,
+                         fraction_clipped=frac, noise_norm=noise_norm, update_norm=_total_norm(grads), batch_size=n)
 
     def _plain_sum(self, x, y, masks_t):
         """Sum of per-example gradients by one ordinary backward (no per-sample norms)."""

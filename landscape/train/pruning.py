@@ -1,14 +1,10 @@
-"""Magnitude pruning masks, applying masks, and rewinding survivors to their initial values.
+"""Magnitude pruning masks, applying masks, and rewinding survivors to their initial values (Watson et al.
+Sec. 4 "Pruning").
 
-Watson et al. Sec. 4 "Pruning" prunes the smallest weights per layer and resets the rest to their
-initialisation; their text is ambiguous about whether ``p`` is kept or removed, so our option is always the
-fraction REMOVED (``round(Q * n)`` weights per layer, or over all included weights with ``scope="global"``).
-By default only weights of at least 2 dimensions are pruned; ties break by flat position, so masks are
-reproducible. Masks are ``dict[name, bool Tensor]`` (True = keep).
-
-:func:`prune_into_run` writes a pruned run (step 0, masks, lineage) whose ``manifest["privacy"]`` carries the
-DP history of the source weights (:func:`inherited_privacy`): the mask is a function of them, so a run trained
-from it must compose those steps into its epsilon.
+The option is always the fraction REMOVED (``round(Q * n)`` weights per layer, or over all included weights with
+``scope="global"``); by default only weights of at least 2 dimensions; ties break by flat position. Masks are
+``dict[name, bool Tensor]`` (True = keep). A pruned run inherits the DP history of the weights its mask came
+from (:func:`inherited_privacy`).
 """
 
 from __future__ import annotations
@@ -54,12 +50,9 @@ def _removal_order(magnitudes: torch.Tensor) -> torch.Tensor:
     return torch.sort(magnitudes, stable=True).indices
 
 
-def magnitude_masks(
-    weights: nn.Module | Mapping[str, torch.Tensor],
-    remove: float,
-    scope: str = "layer",
-    include: Iterable[str] | Callable[[str, torch.Tensor], bool] | None = None,
-) -> dict[str, torch.Tensor]:
+def magnitude_masks(weights: nn.Module | Mapping[str, torch.Tensor], remove: float, scope: str = "layer",
+                    include: Iterable[str] | Callable[[str, torch.Tensor], bool] | None = None
+                    ) -> dict[str, torch.Tensor]:
     """Bool keep-masks removing EXACTLY ``round(remove * n)`` smallest-magnitude weights.
 
     ``weights``: a model (its parameters) or a state dict. ``scope="layer"``: per tensor, ``n`` its size;
@@ -129,11 +122,8 @@ def apply_masks(
     }
 
 
-def rewind(
-    state: Mapping[str, torch.Tensor],
-    init_state: Mapping[str, torch.Tensor],
-    masks: Mapping[str, torch.Tensor],
-) -> dict[str, torch.Tensor]:
+def rewind(state: Mapping[str, torch.Tensor], init_state: Mapping[str, torch.Tensor],
+           masks: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Lottery-ticket rewind: every tensor takes its value from ``init_state``, masked coordinates exactly 0.
 
     ``state`` (the trained weights the masks came from) only fixes which tensors must exist: both state
@@ -159,16 +149,6 @@ def mask_params_(model: nn.Module, masks: Mapping[str, torch.Tensor]) -> None:
     check_masks(masks, params)
     for n, m in masks.items():
         params[n].mul_(torch.as_tensor(m).to(params[n]))
-
-
-@torch.no_grad()
-def mask_gradients_(model: nn.Module, masks: Mapping[str, torch.Tensor]) -> None:
-    """Zero the masked coordinates of every ``p.grad`` in place (parameters without grad are skipped)."""
-    params = dict(model.named_parameters())
-    check_masks(masks, params)
-    for n, m in masks.items():
-        if params[n].grad is not None:
-            params[n].grad.mul_(torch.as_tensor(m).to(params[n].grad))
 
 
 @torch.no_grad()
@@ -252,17 +232,9 @@ def _pruned_privacy(store: Store, source: Checkpoint, init: Checkpoint | None) -
     return {"accounted": False, **history.manifest_fields()}
 
 
-def prune_into_run(
-    store: Store,
-    source: Checkpoint,
-    remove: float,
-    *,
-    source_ref: str,
-    scope: str = "layer",
-    init: Checkpoint | None = None,
-    init_ref: str | None = None,
-    run: str | None = None,
-) -> tuple[Run, dict[str, torch.Tensor]]:
+def prune_into_run(store: Store, source: Checkpoint, remove: float, *, source_ref: str, scope: str = "layer",
+                   init: Checkpoint | None = None, init_ref: str | None = None, run: str | None = None
+                   ) -> tuple[Run, dict[str, torch.Tensor]]:
     """Magnitude-prune ``source`` (:func:`magnitude_masks`) into a new run; returns it and the keep-masks.
 
     Step 0 of the new run holds the survivors rewound to ``init`` (:func:`rewind`, Watson et al. Sec. 4 /

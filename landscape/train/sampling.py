@@ -1,11 +1,6 @@
-"""Which training examples each step sees: Poisson subsampling (DP) or shuffled batches (SGD).
-
-Both samplers draw from an explicit :class:`torch.Generator` and expose their complete state as arrays, so
-a checkpoint taken mid-epoch resumes the exact same sequence of batches.
-
-Poisson subsampling (Abadi et al. 2016, Sec. 3.1; what the RDP/PLD accountants assume): at every step each
-of the N examples is included independently with probability q = B/N, so batch sizes vary and may be 0.
-An epoch is ceil(N/B) steps, the same number of steps as a pass of shuffled batches of size B.
+"""Which training examples each step sees: Poisson subsampling (DP: each example independently with probability
+q = B/N, what the accountants assume) or shuffled batches (SGD). Both draw from an explicit generator and expose
+their state, so a checkpoint taken mid-epoch resumes the same batches. An epoch is ceil(N/B) steps either way.
 """
 
 from __future__ import annotations

@@ -16,20 +16,15 @@ import torch
 from landscape.errors import OptionError
 
 
-def laplacian_eigenvalues(d: int, sigma: float, *, dtype=torch.float64, device=None) -> torch.Tensor:
-    """Eigenvalues ``1 + 2 sigma - 2 sigma cos(2 pi k / d)`` of ``A_sigma`` for ``k = 0 .. d//2`` (rfft order)."""
-    k = torch.arange(d // 2 + 1, dtype=dtype, device=device)
-    return 1.0 + 2.0 * sigma - 2.0 * sigma * torch.cos(2.0 * math.pi * k / d)
-
-
 def laplacian_smooth(g: torch.Tensor, sigma: float) -> torch.Tensor:
     """``A_sigma^{-1} g`` for one tensor, flattened (a new tensor of ``g``'s shape and dtype)."""
     if sigma < 0 or not math.isfinite(sigma):
         raise OptionError("smooth", f"must be a finite number >= 0, got {sigma}")
     if sigma == 0 or g.numel() <= 1:
         return g.clone()
-    flat = g.reshape(-1)
-    work = flat.to(torch.float64) if flat.dtype != torch.float64 else flat
-    eig = laplacian_eigenvalues(flat.numel(), sigma, dtype=work.dtype, device=work.device)
-    out = torch.fft.irfft(torch.fft.rfft(work) / eig, n=flat.numel())
+    flat = g.reshape(-1).to(torch.float64)
+    d = flat.numel()
+    k = torch.arange(d // 2 + 1, dtype=torch.float64, device=flat.device)
+    eig = 1.0 + 2.0 * sigma - 2.0 * sigma * torch.cos(2.0 * math.pi * k / d)  # of A_sigma, in rfft order
+    out = torch.fft.irfft(torch.fft.rfft(flat) / eig, n=d)
     return out.to(g.dtype).reshape(g.shape)
