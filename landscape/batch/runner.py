@@ -217,13 +217,33 @@ class WorkerWatch:
             processing = self.client.processing()
         except Exception:  # the scheduler is busy or closing: look again at the next poll
             return
-        for gone in sorted(self.known - workers):
+        gone_now = sorted(self.known - workers)
+        # the jobs Dask runs again are those its scheduler counts as running on a worker that died ("suspicious"):
+        # exact, where the last poll's view of who runs what misses a job that started since
+        rerun = self._rerun() if gone_now else None
+        for gone in gone_now:
             jobs = self.on.get(gone, [])
+            if rerun is not None:
+                jobs = [j for j in jobs if j in rerun]
+                if gone == gone_now[-1]:  # not known to be on another lost worker: it was on this one
+                    placed = {j for w in gone_now for j in self.on.get(w, [])}
+                    jobs += [j for j in rerun if j not in placed and j not in self.retried and j not in jobs]
             self.lost.append(gone)
             self.retried.extend(j for j in jobs if j not in self.retried)
             self.progress.note(f"lost worker {gone}; job(s) rerun on other workers: {', '.join(jobs) or 'none'}")
         self.known = workers
         self.on = {w: [self.ids[k] for k in keys if k in self.ids] for w, keys in processing.items()}
+
+    def _rerun(self) -> list[str] | None:
+        """The jobs whose task ran on a worker that died (None: the scheduler did not answer)."""
+        def suspicious(dask_scheduler):
+            return [key for key, ts in dask_scheduler.tasks.items() if ts.suspicious]
+
+        try:
+            keys = self.client.run_on_scheduler(suspicious)
+        except Exception:
+            return None
+        return [self.ids[k] for k in keys if k in self.ids]
 
 
 def _has_bokeh() -> bool:

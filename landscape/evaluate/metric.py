@@ -68,11 +68,10 @@ class MeanMetric(Metric):
 
 
 def _check_metrics(metrics: Sequence[Metric] | None) -> list[Metric]:
-    from landscape.metrics import is_metric
-
     metrics = list(metrics or ())
-    for m in metrics:
-        if not is_metric(m):
+    for m in metrics:  # the protocol as landscape.metrics.is_metric reads it (the analyses' layer: not imported here)
+        if not all(callable(getattr(m, k, None)) for k in ("start", "update", "finish")) or not isinstance(
+                getattr(m, "name", None), str):
             raise UsageError(f"{m!r} is not an evaluation metric (needs a name and start/update/finish)")
     names = [m.name for m in metrics]
     repeated = sorted({n for n in names if names.count(n) > 1})
