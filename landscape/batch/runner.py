@@ -210,6 +210,7 @@ class WorkerWatch:
         self.on: dict[str, list[str]] = {}
         self.lost: list[str] = []
         self.retried: list[str] = []
+        self.deaths: dict[str, int] = {}  # job -> how many workers died under it (the scheduler's count)
 
     def poll(self) -> None:
         try:
@@ -218,16 +219,16 @@ class WorkerWatch:
         except Exception:  # the scheduler is busy or closing: look again at the next poll
             return
         gone_now = sorted(self.known - workers)
-        # the jobs Dask runs again are those its scheduler counts as running on a worker that died ("suspicious"):
-        # exact, where the last poll's view of who runs what misses a job that started since
+        # the jobs Dask runs again are those whose count of deaths under them ("suspicious") went up: exact, where
+        # the last poll's view of who runs what misses a job that started since (it only says which worker)
         rerun = self._rerun() if gone_now else None
         for gone in gone_now:
             jobs = self.on.get(gone, [])
             if rerun is not None:
                 jobs = [j for j in jobs if j in rerun]
-                if gone == gone_now[-1]:  # not known to be on another lost worker: it was on this one
+                if gone == gone_now[-1]:  # the rest were on no other lost worker: on this one
                     placed = {j for w in gone_now for j in self.on.get(w, [])}
-                    jobs += [j for j in rerun if j not in placed and j not in self.retried and j not in jobs]
+                    jobs += [j for j in rerun if j not in placed]
             self.lost.append(gone)
             self.retried.extend(j for j in jobs if j not in self.retried)
             self.progress.note(f"lost worker {gone}; job(s) rerun on other workers: {', '.join(jobs) or 'none'}")
@@ -235,15 +236,18 @@ class WorkerWatch:
         self.on = {w: [self.ids[k] for k in keys if k in self.ids] for w, keys in processing.items()}
 
     def _rerun(self) -> list[str] | None:
-        """The jobs whose task ran on a worker that died (None: the scheduler did not answer)."""
+        """The jobs that a worker's death sent to run again since the last call (None: the scheduler did not
+        answer)."""
         def suspicious(dask_scheduler):
-            return [key for key, ts in dask_scheduler.tasks.items() if ts.suspicious]
+            return {key: ts.suspicious for key, ts in dask_scheduler.tasks.items() if ts.suspicious}
 
         try:
-            keys = self.client.run_on_scheduler(suspicious)
+            counts = {self.ids[k]: n for k, n in self.client.run_on_scheduler(suspicious).items() if k in self.ids}
         except Exception:
             return None
-        return [self.ids[k] for k in keys if k in self.ids]
+        rerun = [job for job, n in counts.items() if n > self.deaths.get(job, 0)]
+        self.deaths.update(counts)
+        return rerun
 
 
 def _has_bokeh() -> bool:
