@@ -269,8 +269,8 @@ RECIPE = Recipe(
     name=NAME, paper="Watson et al. 2023 (clipping, pruning and loss landscapes)", figure="Fig. 5",
     claim="two runs of DP-SGD almost never end in the same linear basin (a higher barrier than SGD siblings), except "
           "perhaps for high values of both k and epsilon",
-    scaled_down="LeNet on digits, 8 epochs, k in {1,2,4}, epsilon in {1,8}, 3 copies (3 sibling pairs) per point, DP Phase 2's sigma "
-                "calibrated per k to the labelled epsilon; SGD and DP-SGD siblings' Phase 2 at one matched lr and "
+    scaled_down="LeNet on digits, 8 epochs, k in {1,2,4}, epsilon in {1,8}, 3 copies (3 sibling pairs) per point, "
+                "DP Phase 2's sigma calibrated per k to the labelled epsilon; SGD and DP-SGD siblings' Phase 2 at one matched lr and "
                 "momentum selected on a validation split; barrier = height above both ends, minimum 2% of ln C",
     scales=SCALES,
     paper_scale=PaperScale(data="cifar10", model="resnet18 (GroupNorm)", epochs=20,
