@@ -570,7 +570,7 @@ def test_shipped_fig5_spec_is_the_recipes_cpu_scale():
     spec = load_spec(path)
     phases = [j for j in spec.jobs if j.kind == "phases"]
     tables = [j for j in spec.jobs if j.kind == "instability"]
-    assert len(spec.jobs) == 25 and len(phases) == 12 and len(tables) == 13
+    assert len(spec.jobs) == 19 and len(phases) == 9 and len(tables) == 10
     with h5py.File(Path(__file__).resolve().parents[1] / "figures" / "watson-fig5" / "watson-fig5-cpu.h5") as f:
         if "numbers/selection/chosen" not in f:
             pytest.skip("the committed watson-fig5 summary predates the selection rule: regenerate the gallery")
