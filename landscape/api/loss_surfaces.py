@@ -1,11 +1,6 @@
-"""How ``directions`` and ``surface`` run (their ``execute`` hooks; Watson et al. Fig. 4; Li et al. 2018).
-
-:func:`run_directions` / :func:`run_surface` resolve the extra checkpoints (B, the plane's B and C, or a run's
-trajectory) and evaluate; the runner writes and draws. ``run_surface`` writes its file at once (all NaN) and
-again after every completed grid row, and computes only the missing rows of a file with the same options,
-inputs and plane (resume). ``workers > 1`` spreads chunks / rows over spawned processes with the same arrays
-(which re-import the calling script: call these under ``if __name__ == "__main__":``).
-"""
+"""How ``directions`` and ``surface`` run (their ``execute`` hooks): the extra checkpoints resolved, the work
+spread over worker processes (each rebuilds the model and data once), the surface written after every block
+of rows and resumed."""
 
 from __future__ import annotations
 
@@ -40,15 +35,12 @@ from landscape.refs import Ref
 from landscape.results import InputRef
 from landscape.store import Checkpoint
 
-__all__ = ["DirectionsConfig", "DirectionsResult", "SurfaceConfig", "SurfaceResult", "run_directions", "run_surface"]
-
 # ------------------------------------------------------------------------------------------ directions
 
 
 def run_directions(resolver: Resolver, ref_a: str, config: DirectionsConfig, options, execution: ExecutionOptions,
                    out: Path) -> tuple[DirectionsResult, list[InputRef], dict]:
-    """Resolve A (and ``options.toward``), evaluate :func:`random_profiles` (direction chunks in worker processes
-    with ``execution.workers > 1``); the runner writes and draws."""
+    """Resolve A (and ``options.toward``) and evaluate :func:`random_profiles`; the runner writes and draws."""
     toward = options.toward
     if config.distance == "auto" and toward is None:
         raise UsageError(f"{param('distance', 'auto')} needs {param('toward')} (or give a number)")
@@ -73,8 +65,7 @@ def run_directions(resolver: Resolver, ref_a: str, config: DirectionsConfig, opt
 
 
 def _checked(resolver: Resolver, ref, a: Point) -> Checkpoint:
-    """B, C or a trajectory checkpoint, loaded and verified and checked against A (the same tensors and model;
-    the message names it by its reference)."""
+    """B, C or a trajectory checkpoint, loaded, verified and checked against A."""
     return resolver.point(ref, like=a, label=str(ref.ref if isinstance(ref, Target) else Ref.parse(ref)),
                           data=False).checkpoint
 
@@ -132,8 +123,8 @@ def _run_direction_chunks(chunks: list[list[int]], distance: float, steps: torch
 
 
 def _pool(workers: int, payload: _Payload) -> ProcessPool:
-    """Worker processes (spawned, one torch thread each, or a Dask cluster's under ``--scheduler``), every one
-    initialised once with ``payload``."""
+    """Worker processes (or Dask workers), each initialised once with ``payload``."""
+
     return ProcessPool(workers, initializer=_init_worker, initargs=(payload,))
 
 
