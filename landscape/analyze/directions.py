@@ -329,6 +329,5 @@ def _notes(result: DirectionsResult) -> list[str]:
     return lines
 
 
-
 def _details(r: DirectionsResult) -> dict:
     return {**r.summary(), "seconds": r.seconds, "points_per_second": r.throughput}

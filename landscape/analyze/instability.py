@@ -160,7 +160,6 @@ def _copy_of(run: RunInfo) -> int:
     return int(c) if isinstance(c, (int, float)) else 0
 
 
-
 # ------------------------------------------------------------------------------------------- the spec
 
 
@@ -214,7 +213,6 @@ _LABELS = ("k", "epsilon", "epsilon_spent")  # NaN there means "not applicable" 
 
 def _absent(value: object) -> bool:
     return isinstance(value, float) and math.isnan(value)
-
 
 
 def _details(t: InstabilityTable) -> dict:

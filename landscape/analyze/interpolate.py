@@ -310,6 +310,5 @@ def _notes(result: InterpolationResult) -> list[str]:
     return [f"{key}: instability inf ({reason})" for key, reason in result.reasons.items()]
 
 
-
 def _details(r: InterpolationResult) -> dict:
     return {"reasons": r.reasons, "seconds": r.seconds, "throughput": r.throughput}

@@ -290,5 +290,3 @@ def model_and_examples(point, config):
 
 def yes_no(flag: bool) -> str:
     return "yes" if flag else "NO"
-
-

@@ -116,7 +116,6 @@ def _table_rows(t: NTKTable) -> list[dict]:
             for r in t.rows]
 
 
-
 def collect_table(rows: list, config: NTKTableConfig, _) -> NTKTable:
     return NTKTable(config=config, rows=[r for rs in rows for r in rs])
 

@@ -330,6 +330,5 @@ def _notes(result: SurfaceResult) -> list[str]:
     return [] if ev is None else [f"explained variance: PC1 {100 * ev[0]:.1f}%, PC2 {100 * ev[1]:.1f}%"]
 
 
-
 def _rows(r: SurfaceResult) -> list[dict]:
     return [{k: v for k, v in r.summary().items() if k != "explained_variance"}]

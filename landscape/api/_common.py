@@ -59,4 +59,3 @@ def default_output(name: str) -> Path:
 
         name = f"{name[:150]}-{hashlib.sha256(name.encode()).hexdigest()[:16]}"
     return Path("results") / f"{name}.h5"
-

@@ -126,7 +126,6 @@ def import_privacy(
 def provenance_attrs(inputs: Sequence[Any]) -> dict[str, str]:
     """``{"privacy_note": "run a, b: note; ..."}`` for a result whose input checkpoints belong to runs whose
     ancestry qualifies their epsilon; else ``{}``."""
-
     from landscape.store import MANIFEST, Store
 
     notes: dict[str, list[str]] = {}

@@ -135,7 +135,6 @@ def _privacy_of_both(store: Store, b: Checkpoint, a: Checkpoint) -> dict[str, An
 
 def _probe_inputs(b: Checkpoint) -> torch.Tensor:
     """16 inputs to check a permutation spec on: Gaussian ones of the recorded input shape, else B's test data."""
-
     import torch
 
     from landscape.api._common import checkpoint_dataset

@@ -117,7 +117,6 @@ def verdicts(pairs: Sequence[Mapping], toward_loss: Sequence[float], random_loss
     less toward the sibling than along random directions. ``pairs`` holds per sibling pair ``k``, ``phase2``,
     ``chord_barrier`` and ``instability``. Judged on the chord barrier: Def. 2.3 is never below half the end
     losses' gap, so it would also "hold" when one sibling is merely worse."""
-
     by: dict[tuple[str, float], list[float]] = {}
     def23: dict[tuple[str, float], list[float]] = {}
     for p in pairs:

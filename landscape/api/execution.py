@@ -394,7 +394,6 @@ class ExecutionOptions:
     def on_cluster(self, parallel: bool) -> ExecutionOptions:
         """The options the work runs with: on a cluster, an analysis with parallel parts cuts its work into as
         many parts as the cluster has workers."""
-
         scheduler = self.scheduler if self.scheduler is not None else _SCHEDULER.get()
         if scheduler is None:
             return self

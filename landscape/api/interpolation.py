@@ -35,7 +35,6 @@ class Tour:
                 for r in self.table.rows]
         return rows + [row(":".join(i.ref for i in res.inputs), what, res) for what, res in self.interpolations]
 
-
     def files(self) -> list[Path]:
         out = [self.table.path, self.table.csv_path, *self.table.figures]
         for _, res in self.interpolations:

@@ -31,7 +31,6 @@ class JobKind:
     produces: Callable[[dict[str, Any]], list[str]] = lambda options: []
     outcome: Callable[[Any, Path, Path | None], tuple[dict[str, Any], list[Path]]] = \
         lambda result, root, out: ({}, [])
-
     options: Callable[[], dict[str, str]] | None = None  # option -> annotation, when not the config's fields
     rows: Callable[[Any], list[dict[str, Any]]] | None = None
     notes: Callable[[Any], list[str]] | None = None
@@ -87,7 +86,6 @@ def validated(config: Any) -> Any:
     if hasattr(config, "validate"):
         config.validate()
     return config
-
 
 
 def run_option(options: dict[str, Any]) -> list[str]:

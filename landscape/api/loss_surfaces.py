@@ -124,7 +124,6 @@ def _run_direction_chunks(chunks: list[list[int]], distance: float, steps: torch
 
 def _pool(workers: int, payload: _Payload) -> ProcessPool:
     """Worker processes (or Dask workers), each initialised once with ``payload``."""
-
     return ProcessPool(workers, initializer=_init_worker, initargs=(payload,))
 
 
@@ -239,5 +238,3 @@ def _split_data(data_spec: dict, split: str, subset, subset_seed: int, data_root
 
     data = checkpoint_dataset(data_spec, data_root, download)
     return take_subset(*data.split(split), subset, subset_seed, split=split)
-
-

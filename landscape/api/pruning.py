@@ -163,7 +163,6 @@ def pruned_retrain(store: Store, trained: Checkpoint, init: Checkpoint, level: f
 def expand_prune_levels(resolver, ref: str, config) -> tuple[list, list]:
     """The ``expand`` hook of ``clipping``: the checkpoints ``ref`` names, or with ``config.prune_levels`` the
     last checkpoint of each level's retrained run (:func:`pruned_retrain`), tagged with the level."""
-
     if not config.prune_levels:
         return resolver.expand(ref), []
     from landscape.api.resolve import Target
@@ -181,5 +180,3 @@ def expand_prune_levels(resolver, ref: str, config) -> tuple[list, list]:
         last = done.checkpoints()[-1]
         targets.append(Target.of(done.name, last, tag=(("prune_level", level),)))  # its sha256 checked on load
     return targets, [trained.input_ref(), init.input_ref()]
-
-

@@ -236,7 +236,6 @@ def compare_data(a: Checkpoint, b: Checkpoint, data_from: str = "a", *, what: st
 def compare_others(a: Checkpoint, others: Sequence[Checkpoint], *, what: str) -> dict[str, Any]:
     """Checkpoints that only place a direction or a plane, everything evaluated on A's data: warn in one line
     when any was trained on other data than A; the result attrs record A's spec and each differing one."""
-
     spec_a = a.data_spec or {}
     differing = {o.ref: o.data_spec or {} for o in others if (o.data_spec or {}) != spec_a}
     if differing:

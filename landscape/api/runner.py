@@ -116,7 +116,6 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
                 shared = spec.share(values, config)
             jobs = [("compute", spec.name, resolver, t, config, shared) for t in flat]
             rows = iter(_recorded(_map(_point_job, jobs, pool=pool, what=spec.name, unit="checkpoints"), draws))
-
         result = spec.collect([[next(rows) for _ in g] for g in groups], config, run_opts, refs, shared)
         inputs = _inputs(flat)
         title = ""
@@ -387,7 +386,6 @@ def api_doc(spec: Analysis) -> str:
 def api_function(name: str) -> Callable:
     """The public ``landscape.api`` function of analysis ``name``, with a real signature and docstring; only the
     keywords a call gives replace fields of ``config`` (coerced as on the command line)."""
-
     spec = get(name)
     signature = api_signature(spec)
     ref_names = [n for n, _, _ in _references(spec)]

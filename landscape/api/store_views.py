@@ -187,7 +187,6 @@ def _import_notes(made: Imported) -> list[str]:
 
 def _import_job(config: ImportConfig, *, root: Path, out: Path | None = None) -> dict[str, Any]:
     """An import job: a run of that name whose step 0 has the file's weights is the job done before."""
-
     from landscape.hashing import sha256_file
     from landscape.store import Store
 

@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from landscape.store import Run, Store
 
 
-
 @dataclass
 class RunSummary:
     """One run as the CLI prints it: where it is, how far it got and how good its last checkpoint is."""
@@ -145,7 +144,6 @@ def _phases(config: PhasesConfig, *, root: str | Path, progress: bool | None,
     return summaries
 
 
-
 def _phases_hash(config: PhasesConfig) -> str:
     import hashlib
     import json
@@ -163,7 +161,6 @@ def ensure(store: Store, config: TrainConfig, phases_label: dict[str, Any] | Non
            progress: bool | None = None, *, hint: str = f"; choose another {param('group')}") -> Run:
     """Train ``config`` unless a run of that name with the same config hash exists, which is resumed (a finished
     one returns at once); a run of that name with another configuration is refused (``hint`` added)."""
-
     from landscape.train.loop import resolved
 
     if config.run in store.run_names():

@@ -402,7 +402,6 @@ def _field_values(cls: type, r: Result, prefix: str = "") -> dict[str, Any]:
     return values
 
 
-
 def _table_length(arrays: Mapping[str, np.ndarray], row_cls: type) -> int:
     for f, meta, hint in _layout(row_cls):
         name = meta["name"] or f.name

@@ -107,7 +107,6 @@ def write_result(path: str | os.PathLike, kind: str, *, arrays: Mapping[str, Any
     """Write a result file atomically and return its path: ``attrs`` hold scalars (others as JSON), ``params``
     the configuration (as JSON); ``dims`` (array name -> dimension names) attaches dimension scales, so netCDF
     readers see labelled dimensions (a dimension named like an array is that array)."""
-
     path = Path(path)
     clash = set(attrs or {}) & set(_RESERVED)
     if clash:

@@ -165,7 +165,6 @@ def companions(path: str | os.PathLike, *, csv: bool = True, figures: bool = Tru
 def check_companions(path: str | os.PathLike, *, csv: bool = True, figures: bool = True,
                      pairs: bool = True) -> None:
     """Refuse to write result ``path`` when a file it would write beside it (:func:`companions`) is not ours."""
-
     path = Path(path)
     mine = is_result_file(path)
     pair_dir = path.parent / f"{path.with_suffix('').name}-pairs"
