@@ -1,16 +1,9 @@
-"""How much clipping bends the gradient: the ratio R and the bound of Watson et al. (2023) Thm. 3.2.
+"""How much clipping bends the gradient: the ratio R (Watson et al. 2023 Def. 3.1) and whether the assumption
+and the bound of Thm. 3.2 held (the theorem is false as stated: docs/geometry.md).
 
-``R = Tr(Cov(G)) / ||g_bar||^2`` (Def. 3.1); the clipped mean ``c = (1/n) sum g_i min(1, C/||g_i||)``
-(eqs. (2)-(3)); Thm. 3.2 states ``c . g_bar/||g_bar|| >= C (1 - R/2)`` if every ``||g_i|| >= C``. Results
-report whether that assumption held and whether the bound held. The theorem is false as stated:
-``g = (10, -1)`` in one dimension with ``C = 1`` meets the assumptions, yet ``c = 0 < 1 - 121/162`` (the
-appendix's ``f >= 3`` fails: ``f = 2.494``); it holds when all per-sample norms are equal
-(tests/test_clipping.py; docs/geometry.md).
-
-Everything comes from additive sufficient statistics (:class:`ClipMoments`), so chunks and batches add
-exactly without the ``n x d`` gradient matrix. "Layer" means one parameter tensor. Under layerwise clipping
-the theorem applies per layer; under flat clipping no layer is clipped on its own, so the per-layer fraction
-clipped and bound are NaN and the per-layer assumption flags False ("not evaluated").
+Everything comes from additive sufficient statistics (:class:`ClipMoments`), so chunks and batches add exactly
+without the ``n x d`` gradient matrix. Under flat clipping no layer is clipped on its own: the per-layer
+fraction clipped and bound are NaN and the per-layer assumption flags False ("not evaluated").
 """
 
 from __future__ import annotations
@@ -34,14 +27,6 @@ from landscape.runtime import resolve_device
 KIND = "clipping"
 # The bound is checked with this relative slack for floating-point rounding (equality holds when all g_i agree).
 BOUND_RTOL = 1e-9
-
-
-# ------------------------------------------------------------------------------------------ pure math
-
-
-def theorem_bound(max_grad_norm: float, ratio: float) -> float:
-    """The lower bound ``C (1 - R/2)`` of Watson et al. Thm. 3.2 on ``c . g_bar / ||g_bar||``."""
-    return max_grad_norm * (1.0 - ratio / 2.0)
 
 
 @dataclass
@@ -77,9 +62,6 @@ class ClipStats:
         "R", "projection", "bound", "assumption_held", "bound_held", "fraction_clipped", "cos_clipped_mean",
         "mean_grad_norm", "clipped_mean_norm", "mean_sample_norm", "min_sample_norm",
     )
-    LAYER_FIELDS = (
-        "R", "projection", "bound", "assumption_held", "fraction_clipped", "cos_clipped_mean", "mean_grad_norm",
-    )
 
 
 def _ratio(mean_sq_norm: float, mean_grad_sq: float) -> float:
@@ -106,11 +88,8 @@ def _projection_and_cos(c: np.ndarray, g: np.ndarray) -> tuple[float, float]:
 def clipping_quantities(
     norms: np.ndarray, mean_grad: np.ndarray, clipped_mean: np.ndarray, max_grad_norm: float
 ) -> ClipStats:
-    """R, projection, bound and flags (flat clipping) from per-sample norms, ``g_bar`` and ``c`` only.
-
-    This is the route the analyzer takes (it never sees the gradients themselves): ``R`` by the
-    second form of Watson eq. (1), the projection ``c . g_bar/||g_bar||``, the bound ``C (1 - R/2)``.
-    """
+    """R, projection, bound and flags (flat clipping) from per-sample norms, ``g_bar`` and ``c`` only, as the
+    analyzer computes them (it never sees the gradients themselves)."""
     norms = np.asarray(norms, dtype=np.float64)
     return _flat_stats(
         n=norms.size,
@@ -128,7 +107,7 @@ def _flat_stats(*, n, mean_sq_norm, mean_sample_norm, min_sample_norm, n_clipped
     g_sq = float(g @ g)
     ratio = _ratio(mean_sq_norm, g_sq)
     proj, cos = _projection_and_cos(c, g)
-    bound = theorem_bound(max_grad_norm, ratio)
+    bound = max_grad_norm * (1.0 - ratio / 2.0)  # Thm. 3.2: c . g_bar / ||g_bar|| >= C (1 - R/2)
     return ClipStats(
         n=n, R=ratio, projection=proj, bound=bound,
         assumption_held=bool(g_sq > 0 and min_sample_norm >= max_grad_norm),
@@ -141,15 +120,10 @@ def _flat_stats(*, n, mean_sq_norm, mean_sample_norm, min_sample_norm, n_clipped
 
 @dataclass
 class ClipMoments:
-    """Additive sufficient statistics of per-sample gradients over any set of samples (chunks add up exactly).
-
-    Per layer ``l`` (arrays of length L, vectors float64): ``sq_sum[l] = sum_i ||g_il||^2``,
-    ``grad_sum[l] = sum_i g_il``, ``clipped_sum[l] = sum_i w_il g_il`` with the clipping factors ``w``,
-    ``norm_sum[l] = sum_i ||g_il||``, ``min_norm[l]``, ``n_clipped[l]`` (``||g_il|| > C_l``; reported for
-    layerwise clipping only); flat: ``flat_norm_sum``,
-    ``flat_min_norm``, ``flat_n_clipped`` (for layerwise clipping: clipped (sample, layer) pairs / L, so
-    the reported fraction is that of pairs, as in training's ``StepStats.fraction_clipped``).
-    """
+    """Additive sufficient statistics of per-sample gradients over any set of samples (chunks add up exactly):
+    per layer the sums of ``||g_i||^2``, ``g_i``, the clipped ``w_i g_i`` and ``||g_i||``, the least norm and
+    the count clipped; the same over whole gradients (for layerwise clipping the clipped (sample, layer) pairs
+    / L, as training's ``StepStats.fraction_clipped``)."""
 
     n: int
     sq_sum: np.ndarray
@@ -249,17 +223,6 @@ class ClipMoments:
         return stats
 
 
-def layer_max_norms_for(max_grad_norm: float, num_layers: int, clip_style: str) -> np.ndarray:
-    """Per-layer thresholds: ``C / sqrt(L)`` for layerwise clipping (training's default); for flat clipping ``C``,
-    a placeholder no per-layer result uses (only whole gradients are clipped)."""
-    if clip_style == "layerwise":
-        return np.full(num_layers, layer_threshold(max_grad_norm, num_layers))
-    return np.full(num_layers, max_grad_norm)
-
-
-# ----------------------------------------------------------------------------------------- the analyzer
-
-
 @dataclass
 class CheckpointClipping:
     """One row of a clipping result: the aggregate over all ``K x B`` samples and each batch on its own."""
@@ -324,10 +287,6 @@ def batch_indices(num_examples: int, batch_size: int, batches: int, seed: int) -
     return [perm[k * batch_size:(k + 1) * batch_size] for k in range(batches)]
 
 
-def _trainable_names(model: nn.Module) -> list[str]:
-    return [n for n, p in model.named_parameters() if p.requires_grad]
-
-
 def _as_numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().to(torch.float64).cpu().numpy().ravel()
 
@@ -381,17 +340,12 @@ def clipping_geometry(
     epoch: float = math.nan,
     prune_level: float = math.nan,
 ) -> ClippingResult:
-    """Watson et al. Sec. 3.1 at one parameter point: R, c, the Thm. 3.2 bound, per batch and over all batches.
-
-    ``batches`` disjoint batches of ``batch_size`` examples are drawn from ``(x, y)`` with ``seed``; each is
-    processed in chunks of ``chunk`` examples. ``masks`` (1 = keep) restrict the gradients to unpruned
-    weights, as during training of a pruned model. The model is not modified.
-    """
+    """Watson et al. Sec. 3.1 at one parameter point: R, c, the Thm. 3.2 bound, per batch of ``batch_size``
+    (drawn with ``seed``) and over all batches; ``masks`` (1 = keep) restrict the gradients to unpruned weights."""
     config = ClippingConfig(
         max_grad_norm=max_grad_norm, batch_size=batch_size, batches=batches, clip_style=clip_style,
         seed=seed, chunk=chunk,
     )
-    config.validate()
     row, names, num_params = clipping_row(
         model, x, y, config, masks=masks, engine=engine, ref=ref, step=step, epoch=epoch, prune_level=prune_level
     )
@@ -416,9 +370,10 @@ def clipping_row(
         from landscape.persample import PerSampleEngine
 
         engine = PerSampleEngine(model)
-    names = _trainable_names(model)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
     num_params = sum(p.numel() for n, p in model.named_parameters() if p.requires_grad)
-    thresholds = layer_max_norms_for(config.max_grad_norm, len(names), config.clip_style)
+    c = config.max_grad_norm  # per layer: C / sqrt(L) under layerwise clipping; flat: a placeholder no result uses
+    thresholds = np.full(len(names), layer_threshold(c, len(names)) if config.clip_style == "layerwise" else c)
     kwargs = dict(max_grad_norm=config.max_grad_norm, layer_max_norms=thresholds, clip_style=config.clip_style)
     per_batch: list[ClipMoments] = []
     for idx in batch_indices(len(y), config.batch_size, config.batches, config.seed):
@@ -442,7 +397,7 @@ def clipping_row(
 
 
 def compute_point(point, config: ClippingConfig):
-    """:func:`clipping_row` at one resolved checkpoint (its run's pruning mask applied to the gradients)."""
+    """:func:`clipping_row` at one resolved checkpoint (its run's pruning mask applied)."""
     x, y = point.split(config.split)  # the engine moves each chunk (and the masks) to the model's device
     model = point.model().eval().to(resolve_device(config.device))  # eval: dropout off at the point
     return clipping_row(model, x, y, config, masks=point.masks, ref=point.ref, step=point.step,
