@@ -1,12 +1,6 @@
-"""Loss profiles along random directions, against the path toward a second solution (Watson et al. Fig. 4).
-
-Watson et al. Sec. 4.1.2: from a basin floor the loss stays flat toward a Phase-2 sibling but rises fast along
-random directions, so DP noise (a random vector) throws the iterate up the walls. For ``n`` seeded Gaussian
-directions ``d_i`` (optionally normalised as Li et al. 2018) this evaluates
-``L(theta_A + t * D * d_i / ||d_i||)``, ``t = linspace(0, 1, points)``, and, with a target, the straight path
-toward theta_B (``distance="auto"``: ``D = ||theta_B - theta_A||``, ending exactly at theta_B). The rise of a
-profile is ``L(D) - L(0)``. Only parameters move; buffers stay theta_A's.
-"""
+"""Loss profiles ``L(theta_A + t * D * d_i / ||d_i||)`` along seeded random directions, against the straight
+path toward a second solution (Watson et al. Sec. 4.1.2, Fig. 4: from a basin floor the loss stays flat toward
+a sibling but rises fast along random directions). Only parameters move; buffers stay theta_A's."""
 
 from __future__ import annotations
 
@@ -39,8 +33,7 @@ RESERVED = ("loss", "acc", "distance", "distances", "rise")  # direction_<column
 
 
 def rays(origin: torch.Tensor, directions: torch.Tensor, steps: torch.Tensor) -> Affine:
-    """Points ``origin + s * directions[j]`` for every direction j (outer) and step s (inner): one non-zero
-    coordinate per point, so each costs the evaluator one vector add (:class:`~landscape.evaluate.Affine`)."""
+    """Points ``origin + s * directions[j]`` for every direction j (outer) and step s (inner)."""
     k, p = directions.shape[0], steps.numel()
     coords = torch.zeros(k * p, k, dtype=torch.float64)
     for j in range(k):
@@ -70,8 +63,8 @@ def direction_chunk(model: nn.Module, space: ParamSpace, theta: torch.Tensor, di
                     steps: torch.Tensor, x: torch.Tensor, y: torch.Tensor, config: DirectionsConfig,
                     metrics: Sequence[user_metrics.Bound] = ()
                     ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], float]:
-    """Loss, accuracy and each metric column (k, len(steps)) at ``theta + s * dirs[j]`` in one evaluate call
-    (the metrics in the same forward passes); and its seconds."""
+    """Loss, accuracy and each metric column (k, len(steps)) at ``theta + s * dirs[j]`` in one evaluate call,
+    and its seconds."""
     r = evaluate(model, x, y, rays(theta, dirs, steps), space=space, batch_size=config.chunk,
                  device=config.device, method=config.method, metrics=[b.metric for b in metrics])
     k = dirs.shape[0]
@@ -200,15 +193,10 @@ def random_profiles(
     metrics: Sequence[user_metrics.Bound] | None = None,
     **overrides,
 ) -> DirectionsResult:
-    """Watson et al. Fig. 4 for one model: profiles along ``config.directions`` random directions (and toward ``toward``).
-
-    ``theta``/``toward`` are flat vectors over ``space`` (default: the model's parameters); ``(x, y)`` the
-    data already chosen (split, subset). ``chunk_runner(chunks, distance, steps)`` may evaluate the chunks
-    of direction indices elsewhere (the API's worker processes); each yields ``(loss, acc, metric values,
-    seconds)`` in order, cut so that each of its ``workers`` gets at least two chunks. ``config.metrics`` (:mod:`landscape.metrics`) are recorded at every point in the same
-    forward passes (``point_metrics``, ``toward_metrics``; ``metrics``: already loaded by
-    :func:`landscape.metrics.load`). Keyword ``overrides`` replace config fields.
-    """
+    """Watson et al. Fig. 4 for one model: profiles along ``config.directions`` random directions (and toward
+    ``toward``), ``theta``/``toward`` flat vectors over ``space``. ``chunk_runner(chunks, distance, steps)`` may
+    evaluate the chunks of direction indices elsewhere, yielding ``(loss, acc, metric values, seconds)`` in
+    order. Keyword ``overrides`` replace config fields."""
     config = build(DirectionsConfig, overrides, base=config)
     space = space or ParamSpace.from_model(model)
     theta = theta.detach()

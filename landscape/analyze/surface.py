@@ -1,22 +1,11 @@
-"""2-D loss surfaces on a plane through theta_A (Li et al. 2018), resumable row by row.
-
-The plane is ``theta_A + x * dx + y * dy`` with ``random`` (filter-normalised random directions 0 and 1 of
-``seed``, Li et al. Sec. 4; coordinates in their units), ``B,C`` (Garipov et al. 2018's plane through three
-checkpoints; Euclidean coordinates, A = (0, 0), B = (||B - A||, 0)) or ``pca:RUN`` (the top-2 principal
-components of RUN's trajectory, Li et al. Sec. 7; the checkpoints are projected on the plane).
-
-Arrays are Li et al.'s surface files, but ``train_loss[i, j]`` is the value at ``(xcoordinates[i],
-ycoordinates[j])``. A cell is done when its accuracy is not NaN (a loss may be NaN where the network diverges),
-so scheduling is a pure function of the file (:func:`pending_rows`): an interrupted surface continues, workers
-take rows in any order, and every point is evaluated on its own, so a restarted run gives the same arrays.
-Only parameters move; buffers stay theta_A's.
-"""
+"""2-D loss surfaces on a plane ``theta_A + x * dx + y * dy`` (Li et al. 2018: random or PCA of a trajectory;
+Garipov et al. 2018: through three checkpoints), resumable row by row: a cell is done when its accuracy is not
+NaN, so scheduling is a pure function of the file and every point is evaluated on its own."""
 
 from __future__ import annotations
 
 import hashlib
 import math
-import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,9 +30,6 @@ METRICS = ("loss", "acc")
 RESERVED = METRICS  # a metric column is stored as <split>_<column>, beside <split>_loss and <split>_acc
 AUTO_MARGIN = 0.25  # auto ranges extend the span of the marked points by this fraction on each side
 POINTS_PER_CALL = 64  # auto rows_per_call: enough rows that one evaluate call amortises its fixed cost
-
-_GRID = re.compile(r"^\s*(\d+)\s*(?:[xX]\s*(\d+))?\s*$")
-_RANGE = re.compile(r"^\s*([-+0-9.eE]+)\s*:\s*([-+0-9.eE]+)\s*$")
 
 
 # ------------------------------------------------------------------------------------------- planes
@@ -128,11 +114,8 @@ def pca_plane(origin: torch.Tensor, trajectory: torch.Tensor, *, steps: Sequence
 
 @dataclass
 class SurfaceResult(StoredResult):
-    """Loss/accuracy on a ``len(x) x len(y)`` grid (NaN = not computed), the plane's metadata.
-
-    Stored with labelled dimensions: ``values[i, j]`` at ``(x[i], y[j])``; ``x``/``y`` repeat ``x/ycoordinates``
-    as netCDF coordinates; the PCA plane's ``explained_variance`` (pc) and ``trajectory`` (step x pc).
-    """
+    """Loss/accuracy on a ``len(x) x len(y)`` grid (NaN = not computed; ``values[i, j]`` at ``(x[i], y[j])``)
+    and the plane's metadata."""
 
     KIND = KIND
     CONFIG = SurfaceConfig
@@ -160,8 +143,7 @@ class SurfaceResult(StoredResult):
 
     @classmethod
     def empty(cls, plane: Plane, config: SurfaceConfig, columns: Sequence[str] = ()) -> SurfaceResult:
-        """An all-NaN grid for ``plane`` (ranges from the config or the plane's auto ranges) and for each metric
-        column."""
+        """An all-NaN grid for ``plane`` and each metric column."""
         (x0, x1), (y0, y1) = config.ranges or plane.auto_ranges()
         nx, ny = config.shape
         values = {f"{s}_{m}": np.full((nx, ny), np.nan) for s in config.split for m in METRICS}
@@ -191,14 +173,13 @@ class SurfaceResult(StoredResult):
         done = self.done
         out = {"grid": f"{len(self.xcoordinates)}x{len(self.ycoordinates)}", "cells_done": int(done.sum()),
                "cells": int(done.size), "plane": self.plane_kind, "seconds": self.seconds}
+        def span(v: np.ndarray) -> tuple[float, float]:
+            return (float(np.nanmin(v)), float(np.nanmax(v))) if np.isfinite(v).any() else (math.nan, math.nan)
+
         for s in self.splits:
-            loss = self.values[f"{s}_loss"]
-            out[f"{s}_loss_min"] = float(np.nanmin(loss)) if np.isfinite(loss).any() else math.nan
-            out[f"{s}_loss_max"] = float(np.nanmax(loss)) if np.isfinite(loss).any() else math.nan
+            out[f"{s}_loss_min"], out[f"{s}_loss_max"] = span(self.values[f"{s}_loss"])
             for col, by_split in self.point_metrics.items():
-                v = by_split[s]
-                out[f"{s}_{col}_min"] = float(np.nanmin(v)) if np.isfinite(v).any() else math.nan
-                out[f"{s}_{col}_max"] = float(np.nanmax(v)) if np.isfinite(v).any() else math.nan
+                out[f"{s}_{col}_min"], out[f"{s}_{col}_max"] = span(by_split[s])
         if self.explained_variance is not None:
             out["explained_variance"] = [float(v) for v in self.explained_variance]
         return out
@@ -231,11 +212,8 @@ def pending_rows(result: SurfaceResult) -> list[int]:
 
 
 def row_blocks(rows: Sequence[int], ny: int, config: SurfaceConfig, workers: int = 1) -> list[list[int]]:
-    """Pending rows grouped into evaluate calls (written to the file together), in order.
-
-    ``config.rows_per_call`` rows per call, or by default enough for :data:`POINTS_PER_CALL` points while
-    every one of ``workers`` still gets a block. Values do not depend on the grouping (each point is evaluated alone).
-    """
+    """Pending rows grouped into evaluate calls (written to the file together): ``config.rows_per_call``, or
+    enough for :data:`POINTS_PER_CALL` points while every one of ``workers`` still gets a block."""
     size = config.rows_per_call or max(1, min(math.ceil(POINTS_PER_CALL / ny), math.ceil(len(rows) / workers)))
     return [list(rows[i : i + size]) for i in range(0, len(rows), size)]
 
@@ -281,13 +259,9 @@ def compute_surface(
     workers: int = 1,
     metrics: Sequence[user_metrics.Bound] | None = None,
 ) -> SurfaceResult:
-    """Fill every pending row of ``partial`` (or of a fresh grid) and return the result.
-
-    ``data`` maps split -> ``(x, y)`` (already subset); ``on_rows(result, rows)`` runs after each block of
-    rows is filled (the API writes the file there). ``row_runner(blocks)`` may compute the blocks elsewhere
-    (worker processes) and yield ``(rows, values, seconds, method)`` in any order. ``config.metrics`` are
-    recorded at every cell (``metrics``: already loaded, :func:`landscape.metrics.load`).
-    """
+    """Fill every pending row of ``partial`` (or of a fresh grid) and return the result; ``on_rows(result,
+    rows)`` runs after each block of rows (the API writes the file there), ``row_runner(blocks)`` may compute
+    the blocks elsewhere and yield ``(rows, values, seconds, method)`` in any order."""
     config = config or SurfaceConfig()
     space = space or ParamSpace.from_model(model)
     if metrics is None:
