@@ -223,6 +223,13 @@ class ClipMoments:
         return stats
 
 
+def layer_max_norms_for(max_grad_norm: float, num_layers: int, clip_style: str) -> np.ndarray:
+    """Per-layer thresholds: ``C / sqrt(L)`` for layerwise clipping (training's default); for flat clipping ``C``,
+    a placeholder no per-layer result uses."""
+    c = layer_threshold(max_grad_norm, num_layers) if clip_style == "layerwise" else max_grad_norm
+    return np.full(num_layers, c)
+
+
 @dataclass
 class CheckpointClipping:
     """One row of a clipping result: the aggregate over all ``K x B`` samples and each batch on its own."""
@@ -372,8 +379,7 @@ def clipping_row(
         engine = PerSampleEngine(model)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     num_params = sum(p.numel() for n, p in model.named_parameters() if p.requires_grad)
-    c = config.max_grad_norm  # per layer: C / sqrt(L) under layerwise clipping; flat: a placeholder no result uses
-    thresholds = np.full(len(names), layer_threshold(c, len(names)) if config.clip_style == "layerwise" else c)
+    thresholds = layer_max_norms_for(config.max_grad_norm, len(names), config.clip_style)
     kwargs = dict(max_grad_norm=config.max_grad_norm, layer_max_norms=thresholds, clip_style=config.clip_style)
     per_batch: list[ClipMoments] = []
     for idx in batch_indices(len(y), config.batch_size, config.batches, config.seed):
