@@ -437,3 +437,8 @@ def random_permutation(spec: PermutationSpec, seed: int) -> dict[str, torch.Tens
         within = torch.stack([torch.randperm(s, generator=g) for _ in range(p.groups)])
         out[p.name] = (blocks[:, None] * s + within).reshape(-1)
     return out
+
+
+def invert(perms: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse permutations: ``apply(invert(P), apply(P, s)) == s``."""
+    return {k: torch.argsort(torch.as_tensor(v)) for k, v in perms.items()}
