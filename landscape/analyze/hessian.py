@@ -1,19 +1,12 @@
-"""Hessian sharpness: top eigenvalues, trace and spectral density of the training loss (PyHessian, Yao et al. 2020).
-
-Measured on one seeded stratified subset of a split (:func:`landscape.data.sample_subset`) with
-:class:`landscape.curvature.HessianOperator` and the estimators of :mod:`landscape.spectral`: top-k eigenvalues
-by Lanczos with full reorthogonalisation (Golub & Van Loan 2013, Alg. 10.1.1), reporting the true residuals
-``||H u_i - theta_i u_i||``; the trace by Hutchinson (1990), mean and standard error over Rademacher probes; the
-spectral density by stochastic Lanczos quadrature (Ghorbani, Krishnan & Xiao 2019, Sec. 3, eqs. (5)-(7)).
-With masks the operator and the probes live on the unpruned coordinates (``P H P``).
-"""
+"""Hessian sharpness (PyHessian, Yao et al. 2020) on one seeded subset: top eigenvalues by Lanczos with their
+residuals (Golub & Van Loan 2013, Alg. 10.1.1), the trace (Hutchinson 1990) and the spectral density by
+stochastic Lanczos quadrature (Ghorbani et al. 2019); with masks on the unpruned coordinates (``P H P``)."""
 
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -24,7 +17,7 @@ from landscape.curvature import HessianOperator
 from landscape.data import take_subset
 from landscape.errors import UsageError, param
 from landscape.evaluate.allocator import tuned_allocator
-from landscape.results import InputRef, StoredResult, stored
+from landscape.results import StoredResult, stored
 from landscape.runtime import resolve_device
 from landscape.spectral import (
     SpectralDensity,
@@ -38,9 +31,6 @@ from landscape.spectral import (
 KIND = "hessian"
 PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
 SPLITS = ("train", "test")
-
-
-# --------------------------------------------------------------------------------------------- rows
 
 
 def _empty(*shape: int):
@@ -75,8 +65,7 @@ class HessianRow:
 
 
 def _stack(arrays: list[np.ndarray]) -> np.ndarray:
-    """Arrays of one rank stacked on a new first axis, NaN-padded to a common shape (ragged when checkpoints
-    have different parameter counts)."""
+    """Arrays of one rank stacked on a new first axis, NaN-padded to a common shape."""
     shape = tuple(max(a.shape[d] for a in arrays) for d in range(arrays[0].ndim)) if arrays else ()
     out = np.full((len(arrays), *shape), np.nan)
     for i, a in enumerate(arrays):
@@ -104,9 +93,6 @@ class HessianResult(StoredResult):
     density_grid: np.ndarray = stored("array", dims=("checkpoint", "grid"), default_factory=lambda: np.zeros((0, 0)))
     density: np.ndarray = stored("array", dims=("checkpoint", "grid"), default_factory=lambda: np.zeros((0, 0)))
     config: HessianConfig = field(default_factory=HessianConfig)
-    inputs: list[InputRef] = field(default_factory=list)
-    path: Path | None = None
-    figures: list[Path] = field(default_factory=list)
 
     @classmethod
     def from_rows(cls, rows: list[HessianRow], config: HessianConfig) -> HessianResult:
@@ -130,8 +116,7 @@ class HessianResult(StoredResult):
 
 
 def subset(x: Tensor, y: Tensor, n: int | float, seed: int, split: str = "") -> tuple[Tensor, Tensor]:
-    """The fixed subset every measurement of a run uses (a count, at most the split's size, or a fraction): the
-    one sampler's (:func:`landscape.data.sample_subset`: seeded, stratified by class)."""
+    """The fixed subset every measurement of a run uses (a count, at most the split's size, or a fraction)."""
     return take_subset(x, y, min(n, len(y)), seed, split=split)
 
 

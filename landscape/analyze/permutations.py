@@ -1,7 +1,5 @@
-"""Permutations of hidden units: the permutation-structure protocol (:class:`PermutationSpec`, :class:`SpecBuilder`,
-:func:`chain_spec`, the registry :func:`register_spec`, :func:`permutation_spec`), checks that a spec keeps
-the function, and applying permutations to state dicts. See :mod:`landscape.analyze.align` for the protocol and
-weight matching."""
+"""Permutations of hidden units: the permutation-structure protocol (which tensor axes each permutation moves),
+checks that a spec keeps the function, and applying permutations to state dicts."""
 
 from __future__ import annotations
 
@@ -17,12 +15,8 @@ from landscape.errors import IncompatibleError, ModelError, UsageError
 
 @dataclass(frozen=True)
 class Axis:
-    """One tensor axis a permutation moves.
-
-    ``inner``: consecutive positions per unit along the axis (a Linear after ``Flatten`` reads ``C*H*W``
-    features, ``H*W`` per channel). ``match``: whether the tensor votes in weight matching (BatchNorm
-    running statistics move with their channels but are not weights).
-    """
+    """One tensor axis a permutation moves: ``inner`` consecutive positions per unit (``H*W`` per channel after
+    ``Flatten``); ``match``: whether it votes in weight matching (running statistics move but do not vote)."""
 
     key: str
     axis: int
@@ -74,13 +68,8 @@ class PermutationSpec:
 
 
 class SpecBuilder:
-    """Collects axes per permutation while a spec builder walks a model; checks norm groups agree.
-
-    ``p = b.new(name, units)`` opens a permutation; ``b.weight_out(p, "fc1", module)`` moves a Linear/Conv's
-    output units (weight rows and bias), ``b.add(p, "fc2.weight", 1)`` any tensor axis (``inner``: consecutive
-    positions per unit, e.g. ``H*W`` columns per channel after ``Flatten``), ``b.norm(p, "bn1", module)`` a
-    BatchNorm/GroupNorm on those units; ``b.spec()`` returns the :class:`PermutationSpec`.
-    """
+    """Collects axes per permutation while a spec builder walks a model (``new``, then ``weight_out``, ``add``,
+    ``norm`` per tensor; ``spec()`` at the end); checks norm groups agree."""
 
     def __init__(self, model_name: str):
         self.model_name = model_name
@@ -265,12 +254,8 @@ def builder_of(model: nn.Module) -> tuple[SpecFunction | None, str]:
 
 
 def permutation_spec(model: nn.Module | Mapping) -> PermutationSpec:
-    """The permutation spec of a model (a module, or a :mod:`landscape.models` ``landscape_spec``), by the protocol
-    of the module docstring: its ``permutation_spec()`` method, a registered builder, or a one-line ModelError.
-
-    ModelError (one line) also for a spec that does not fit the model's tensors or a layer whose units cannot be
-    permuted.
-    """
+    """The permutation spec of a model (or of a ``landscape_spec``): its ``permutation_spec()`` method, a
+    registered builder, or a one-line ModelError (also for a spec that does not fit the model's tensors)."""
     if isinstance(model, Mapping):
         from landscape.models import model_from_spec
 
@@ -323,8 +308,7 @@ def _as_spec(value: Any, model: nn.Module, name: str) -> PermutationSpec:
 
 
 def verified_spec(model: nn.Module, x: torch.Tensor | None) -> PermutationSpec:
-    """:func:`permutation_spec`, and for a spec that is not built in (a method, a registered builder) the check
-    that it keeps the function on inputs ``x`` (:func:`check_function_kept`)."""
+    """:func:`permutation_spec`, and for a spec that is not built in the check that it keeps the function on ``x``."""
     spec = permutation_spec(model)
     if builder_of(model)[1] != "built-in" and x is not None:
         check_function_kept(model, spec, x)
@@ -408,11 +392,8 @@ def check_permutations(spec: PermutationSpec, perms: Mapping[str, torch.Tensor])
 
 def apply_permutation(spec: PermutationSpec, perms: Mapping[str, torch.Tensor],
                       state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A new state dict with every permuted axis reordered (unit ``i`` takes the old unit ``perm[i]``).
-
-    Tensors no permutation touches are copied; a partial state dict (e.g. pruning masks) is fine. The model
-    computes the same function before and after (up to floating-point summation order).
-    """
+    """A new state dict with every permuted axis reordered (unit ``i`` takes the old unit ``perm[i]``); a partial
+    state dict (pruning masks) is fine."""
     perms = check_permutations(spec, perms)
     out = {}
     for key, t in state.items():
