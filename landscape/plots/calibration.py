@@ -1,8 +1,5 @@
-"""Figures of ``landscape calibration`` (Bu et al. 2023 Sec. 5; Guo et al. 2017 Fig. 1): reliability diagrams
-(Bu Figs. 5, 7, 9), confidence histograms (Bu Fig. 2, Guo Fig. 1), the true-class probability (Bu Fig. 11)
-and the metrics against epoch (Bu Fig. 6). :func:`figure` writes all that apply for a
-:class:`~landscape.analyze.calibration.CalibrationResult`. Pure: results in, figures out.
-"""
+"""Figures of ``landscape calibration``: reliability diagrams (Bu et al. 2023 Figs. 5, 7, 9), confidence
+histograms (Bu Fig. 2, Guo et al. 2017 Fig. 1), the true-class probability (Bu Fig. 11), metrics against epoch."""
 
 from __future__ import annotations
 
@@ -60,8 +57,7 @@ def plot_reliability(entries: Sequence[tuple], *, split: str = "test", title: st
 
 @styled
 def plot_confidence_histograms(entries: Sequence[tuple], *, split: str = "test", title: str | None = None):
-    """Share of examples per confidence bin, one panel per ``(label, SplitCalibration)``; accuracy and mean
-    confidence marked."""
+    """Share of examples per confidence bin, one panel per ``(label, SplitCalibration)``."""
     fig, axes = _panels(len(entries), height=2.8)
     for ax, (name, c) in zip(axes, entries, strict=True):
         share = c.bin_count / max(c.examples, 1)
@@ -83,8 +79,7 @@ def plot_confidence_histograms(entries: Sequence[tuple], *, split: str = "test",
 
 @styled
 def plot_true_class_probability(entries: Sequence[tuple], *, split: str = "test", title: str | None = None):
-    """Distribution of ``pi_i[y_i]`` (the probability of the true class), one step line per
-    ``(label, SplitCalibration)``."""
+    """Distribution of ``pi_i[y_i]`` (the probability of the true class), one line per entry."""
     fig, ax = subplots(figsize=(5.0, 3.4))
     for i, (name, c) in enumerate(entries):
         share = c.true_class_count / max(c.examples, 1)
@@ -101,8 +96,7 @@ def plot_true_class_probability(entries: Sequence[tuple], *, split: str = "test"
 
 @styled
 def plot_calibration_curves(records: Sequence, *, split: str = "test", title: str | None = None):
-    """Accuracy, NLL, Brier, ECE, MCE and adaptive ECE against epoch on ``split``; one line per run
-    (``records``: CalibrationRecord rows)."""
+    """Accuracy, NLL, Brier, ECE, MCE and adaptive ECE of ``records`` against epoch; one line per run."""
     runs: dict[str, list] = {}
     for row in records:
         if row.split == split:
@@ -125,10 +119,8 @@ def plot_calibration_curves(records: Sequence, *, split: str = "test", title: st
 
 
 def panel_rows(records: Sequence, split: str) -> list[int]:
-    """Indices of the rows drawn side by side on ``split``: every checkpoint when there are at most
-    ``MAX_PANELS`` and no run gives more than one; for one run, up to ``RUN_PANELS`` checkpoints evenly spread
-    from the first after initialisation to the last; for several runs, the last checkpoint of each (at most
-    ``MAX_PANELS``)."""
+    """Indices of the rows drawn side by side on ``split``: each run's one checkpoint, up to ``RUN_PANELS`` of
+    one run's spread from the first after initialisation to the last, or the last of each of several runs."""
     runs: dict[str, list[int]] = {}
     for i, row in enumerate(records):
         if row.split == split:

@@ -1,9 +1,5 @@
-"""Figure of random-direction profiles against the path toward a second solution (Watson et al. Fig. 4).
-
-The band is the range (min-max, and the 10-90 % quantiles) of the loss along the random directions at
-each distance, with their median; the path toward B is drawn over it. A log loss axis is used when the
-random profiles rise by more than a factor 50 (as they do on a basin floor), so the flat path stays visible.
-"""
+"""Figure of random-direction profiles against the path toward a second solution (Watson et al. Fig. 4); a log
+loss axis when the random profiles rise by more than a factor 50, so the flat path stays visible."""
 
 from __future__ import annotations
 

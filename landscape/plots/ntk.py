@@ -1,10 +1,5 @@
-"""Figures of the empirical NTK under clipping: spectra, kernel heatmaps, the measured Table 1.
-
-``plot_ntk`` draws, for one :class:`~landscape.analyze.ntk.NTKResult`, the spectra (eigenvalues of the
-symmetric part of K and of A, and the real parts of eig(A), all sorted; |imag| where non-zero) and
-heatmaps of K and of A - A^T (Bu et al. Thm. 1: clipping breaks symmetry). ``plot_ntk_table`` draws the
-numbers behind Table 1 against the clipping norm (one checkpoint) or against epoch (a run).
-"""
+"""Figures of the empirical NTK under clipping: spectra, heatmaps of K and of A - A^T (Bu et al. Thm. 1:
+clipping breaks symmetry), and the numbers behind the measured Table 1."""
 
 from __future__ import annotations
 
