@@ -163,9 +163,6 @@ def hessian_row(
     )
 
 
-# ------------------------------------------------------------------------------------------- the spec
-
-
 def compute_point(point, config: HessianConfig, _shared=None) -> HessianRow:
     """:func:`hessian_row` at one resolved checkpoint (the run's pruning mask kept, its optimiser named)."""
     x, y = point.split(config.split)

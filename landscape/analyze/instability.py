@@ -68,9 +68,6 @@ class InstabilityTable(StoredResult):
         return self.csv_path
 
 
-# --------------------------------------------------------------------------------------------- pairing
-
-
 @dataclass(frozen=True)
 class RunInfo:
     """What pairing needs from a run manifest."""
@@ -150,9 +147,6 @@ def pair_labels(a: RunInfo, b: RunInfo) -> dict[str, object]:
 def _copy_of(run: RunInfo) -> int:
     c = (run.phases or {}).get("copy")
     return int(c) if isinstance(c, (int, float)) else 0
-
-
-# ------------------------------------------------------------------------------------------- the spec
 
 
 def compute_pair(a, b, config, labels: Mapping, result=None) -> tuple[PairInstability, object]:

@@ -255,9 +255,6 @@ def _flat(theta, space: ParamSpace, model: nn.Module, label: str) -> torch.Tenso
     return space.flatten(theta)
 
 
-# ------------------------------------------------------------------------------------------- the spec
-
-
 def compute_pair(a, b, config: InterpolateConfig) -> InterpolationResult:
     """:func:`interpolate` between resolved checkpoints A and B on the data set the resolver chose for the pair."""
     splits = {s: a.data.split(s) for s in SPLITS}

@@ -91,9 +91,6 @@ def per_sample_grad_norms(
     return np.concatenate(out) if out else np.zeros(0)
 
 
-# --------------------------------------------------------------------------------------------- results
-
-
 @dataclass
 class CheckpointNorms:
     """One checkpoint's row of a run's table (``runs/<i>/...`` in the file)."""
@@ -192,9 +189,6 @@ def checkpoint_norms(
         grad_norms = per_sample_grad_norms(model, xs, ys, chunk=config.chunk, engine=engine, masks=masks)
     return CheckpointNorms(ref=ref, step=int(step), epoch=float(epoch), params=params, histogram=hist,
                            grad_norms=grad_norms)
-
-
-# ------------------------------------------------------------------------------------------- the spec
 
 
 def value_range(point, config: NormsConfig) -> tuple[float, float, float]:

@@ -26,9 +26,6 @@ KIND = "symmetry"
 PLANE = 2  # rows 0 and 1 of the projection matrix span the 2-D picture
 
 
-# ------------------------------------------------------------------------------------ random directions
-
-
 def _direction_seed(seed: int, shapes: Sequence[tuple[int, ...]], index: int) -> int:
     key = f"{int(seed)}|{[tuple(s) for s in shapes]}|{int(index)}".encode()
     return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & (2**63 - 1)
@@ -55,9 +52,6 @@ def matrix_fingerprint(seed: int, shapes: Sequence[tuple[int, ...]], rows: int) 
         for t in direction(seed, shapes, j):
             h.update(t.contiguous().numpy().tobytes())
     return h.hexdigest()
-
-
-# ----------------------------------------------------------------------------------------- statistics
 
 
 @dataclass
@@ -152,9 +146,6 @@ def symmetry_stats(projected: np.ndarray, *, permutations: int = 999, seed: int 
         max_abs_skew=float(abs_skew.max()) if skew.size else math.nan,
         skew=skew, plane=plane,
     )
-
-
-# ----------------------------------------------------------------------------------------- the analyzer
 
 
 @dataclass
@@ -254,9 +245,6 @@ def gradient_symmetry(
     shapes = parameter_shapes(model)
     return SymmetryResult(config=config, rows=[row], fingerprint=matrix_fingerprint(seed, shapes, PLANE),
                           num_params=sum(math.prod(s) for s in shapes))
-
-
-# ------------------------------------------------------------------------------------------- the spec
 
 
 def compute_point(point, config: SymmetryConfig):

@@ -10,8 +10,6 @@ from landscape.errors import CheckpointError, IncompatibleError
 from landscape.params import check_compatible
 from landscape.store import Checkpoint
 
-# ------------------------------------------------------------------------------------------- data
-
 
 def checkpoint_dataset(data_spec: dict, data_root: str | None = None, download: bool = False, *,
                        purpose: str = "evaluate it", source: str = "the checkpoint"):
@@ -26,9 +24,6 @@ def _dataset(spec_json: str, data_root: str | None, download: bool):
     from landscape.data import dataset_from_spec
 
     return dataset_from_spec(json.loads(spec_json), data_root=data_root, download=download)
-
-
-# ----------------------------------------------------------------------------------- checkpoints
 
 
 def check_pair(a: Checkpoint, b: Checkpoint, *, b_label: str | None = None) -> None:
@@ -46,9 +41,6 @@ def check_pair(a: Checkpoint, b: Checkpoint, *, b_label: str | None = None) -> N
                 f"incompatible models: option '{key}' is {json.dumps(ka.get(key))} in A but "
                 f"{json.dumps(kb.get(key))} in {short_b}"
             )
-
-
-# ---------------------------------------------------------------------------------------- outputs
 
 
 def default_output(name: str) -> Path:

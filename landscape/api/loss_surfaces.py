@@ -35,8 +35,6 @@ from landscape.refs import Ref
 from landscape.results import InputRef
 from landscape.store import Checkpoint
 
-# ------------------------------------------------------------------------------------------ directions
-
 
 def run_directions(resolver: Resolver, ref_a: str, config: DirectionsConfig, options, execution: ExecutionOptions,
                    out: Path) -> tuple[DirectionsResult, list[InputRef], dict]:
@@ -123,9 +121,6 @@ def _run_direction_chunks(chunks: list[list[int]], distance: float, steps: torch
 def _pool(workers: int, payload: _Payload) -> ProcessPool:
     """Worker processes (or Dask workers), each initialised once with ``payload``."""
     return ProcessPool(workers, initializer=_init_worker, initargs=(payload,))
-
-
-# --------------------------------------------------------------------------------------------- surface
 
 
 def run_surface(resolver: Resolver, ref_a: str, config: SurfaceConfig, options, execution: ExecutionOptions,
@@ -225,9 +220,6 @@ def _run_rows(blocks: list[list[int]], *, payload: _Payload, xs, ys) -> Iterator
             yield f.result()
     finally:  # rows already written stay; blocks not started are dropped (a rerun resumes them)
         pool.shutdown(cancel=True)
-
-
-# ----------------------------------------------------------------------------------------------- data
 
 
 def _split_data(data_spec: dict, split: str, subset, subset_seed: int, data_root: str | None, download: bool

@@ -110,9 +110,6 @@ JOB = JobKind(
 )
 
 
-# ------------------------------------------------------------------------ clipping --prune-levels (Watson Fig. 11)
-
-
 def pruned_retrain(store: Store, trained: Checkpoint, init: Checkpoint, level: float) -> Run:
     """Watson et al. Fig. 11: prune ``level`` of each layer at ``trained``, rewind to ``init`` (run
     ``<run>-prune<level*1000>``), retrain with the run's configuration (``...-retrain``; a ``--target-epsilon``

@@ -171,8 +171,6 @@ def ensure(store: Store, config: TrainConfig, phases_label: dict[str, Any] | Non
     return train(config, root=store.root, progress=progress, phases=phases_label)
 
 
-# ------------------------------------------------------------------------------------ job kinds
-
 _NUMBERS = ("step", "epoch", "epsilon", "train_loss", "train_acc", "test_loss", "test_acc")
 
 
