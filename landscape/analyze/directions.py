@@ -290,21 +290,18 @@ def random_profiles(
 
 
 def _rows(result: DirectionsResult) -> list[dict]:
-    s = result.summary()
-    rows = [{"": "random", "n": s["n"], "mean": s["rise_mean"], "median": s["rise_median"], "min": s["rise_min"],
-             "max": s["rise_max"]}]
-    if result.toward_loss is not None:
-        t = s["toward_rise"]
-        rows.append({"": "toward B", "n": 1, "mean": t, "median": t, "min": t, "max": t})
-    for col, values in result.point_metrics.items():  # each metric's rise, as the loss's
+    """The rise of the loss, then of each metric, along the random directions and toward B."""
+    stats = ("mean", "median", "min", "max")
+    rows = []
+    for col, values, toward in [("", result.direction_loss, result.toward_loss),
+                                *((f": {c}", v, result.toward_metrics.get(c)) for c, v in result.point_metrics.items())]:
         rise = values[:, -1] - values[:, 0]
         finite = rise[np.isfinite(rise)]
-        stats = [float(f(finite)) if finite.size else math.nan for f in (np.mean, np.median, np.min, np.max)]
-        rows.append({"": f"random: {col}", "n": int(rise.size), **dict(zip(("mean", "median", "min", "max"), stats,
-                                                                          strict=True))})
-        if col in result.toward_metrics:
-            t = float(result.toward_metrics[col][-1] - result.toward_metrics[col][0])
-            rows.append({"": f"toward B: {col}", "n": 1, "mean": t, "median": t, "min": t, "max": t})
+        rows.append({"": f"random{col}", "n": int(rise.size),
+                     **{k: float(f(finite)) if finite.size else math.nan
+                        for k, f in zip(stats, (np.mean, np.median, np.min, np.max), strict=True)}})
+        if toward is not None:
+            rows.append({"": f"toward B{col}", "n": 1, **dict.fromkeys(stats, float(toward[-1] - toward[0]))})
     return rows
 
 

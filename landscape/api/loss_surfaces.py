@@ -5,8 +5,7 @@ of rows and resumed."""
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +52,8 @@ def run_directions(resolver: Resolver, ref_a: str, config: DirectionsConfig, opt
     if execution.workers > 1:
         payload = _Payload(a.model_spec, a.state_dict, a.data_spec, resolver.data_root, resolver.download, config,
                            metric_sources=user_metrics.sources(metrics), workers=execution.workers)
-        runner = functools.partial(_run_direction_chunks, payload=payload)
+        def runner(chunks: list[list[int]], distance: float, steps: torch.Tensor) -> Iterator:
+            return _in_workers(payload, _direction_job, [(c, distance, steps) for c in chunks], ordered=True)
     result = random_profiles(model, theta, x, y, config=config, toward=None if b is None else space.flatten(b.state_dict),
                              space=space, chunk_runner=runner, workers=execution.workers, metrics=metrics)
     attrs = compare_others(a, [b] if b is not None else [], what="B")
@@ -107,20 +107,19 @@ def _direction_job(indices: list[int], distance: float, steps: torch.Tensor):
     return direction_chunk(w["model"], w["space"], w["theta"], dirs, steps, x, y, cfg, w["metrics"])
 
 
-def _run_direction_chunks(chunks: list[list[int]], distance: float, steps: torch.Tensor, *, payload: _Payload
-                          ) -> Iterator:
-    pool = _pool(min(payload.workers, len(chunks)), payload)
+def _in_workers(payload: _Payload, job: Callable, jobs: list[tuple], *, ordered: bool) -> Iterator:
+    """``job(*args)`` for each of ``jobs`` in worker processes (or Dask workers) initialised once with ``payload``:
+    the results in order, or as they finish. On an error or interrupt the jobs not started are dropped (rows
+    already written stay; a rerun resumes them)."""
+    if not jobs:
+        return
+    pool = ProcessPool(min(payload.workers, len(jobs)), initializer=_init_worker, initargs=(payload,))
     try:
-        futures = [pool.submit(_direction_job, c, distance, steps) for c in chunks]
-        for f in futures:
+        futures = [pool.submit(job, *args) for args in jobs]
+        for f in futures if ordered else pool.as_completed(futures):
             yield f.result()
-    finally:  # on an error or interrupt, drop the chunks not started instead of waiting for them
+    finally:
         pool.shutdown(cancel=True)
-
-
-def _pool(workers: int, payload: _Payload) -> ProcessPool:
-    """Worker processes (or Dask workers), each initialised once with ``payload``."""
-    return ProcessPool(workers, initializer=_init_worker, initargs=(payload,))
 
 
 def run_surface(resolver: Resolver, ref_a: str, config: SurfaceConfig, options, execution: ExecutionOptions,
@@ -153,7 +152,10 @@ def run_surface(resolver: Resolver, ref_a: str, config: SurfaceConfig, options, 
     if execution.workers > 1:
         payload = _Payload(a.model_spec, a.state_dict, a.data_spec, resolver.data_root, resolver.download, config,
                            plane, metric_sources=user_metrics.sources(metrics), workers=execution.workers)
-        runner = functools.partial(_run_rows, payload=payload, xs=partial.xcoordinates, ys=partial.ycoordinates)
+        xs, ys = partial.xcoordinates, partial.ycoordinates
+
+        def runner(blocks: list[list[int]]) -> Iterator:
+            return _in_workers(payload, _rows_job, [(rows, xs[rows], ys) for rows in blocks], ordered=False)
     result = compute_surface(model, plane, data, config=config, partial=partial, space=space, on_rows=written,
                              row_runner=runner, workers=execution.workers, metrics=metrics)
     return result, inputs, attrs
@@ -208,18 +210,6 @@ def _rows_job(rows: list[int], x_values, ys):
     values, seconds, method = surface_rows(w["model"], w["space"], w["plane"], x_values, ys, w["data"], w["config"],
                                            w["metrics"])
     return rows, values, seconds, method
-
-
-def _run_rows(blocks: list[list[int]], *, payload: _Payload, xs, ys) -> Iterator:
-    if not blocks:
-        return
-    pool = _pool(min(payload.workers, len(blocks)), payload)
-    try:
-        futures = [pool.submit(_rows_job, rows, xs[rows], ys) for rows in blocks]
-        for f in pool.as_completed(futures):
-            yield f.result()
-    finally:  # rows already written stay; blocks not started are dropped (a rerun resumes them)
-        pool.shutdown(cancel=True)
 
 
 def _split_data(data_spec: dict, split: str, subset, subset_seed: int, data_root: str | None, download: bool
