@@ -173,6 +173,7 @@ class SurfaceResult(StoredResult):
         done = self.done
         out = {"grid": f"{len(self.xcoordinates)}x{len(self.ycoordinates)}", "cells_done": int(done.sum()),
                "cells": int(done.size), "plane": self.plane_kind, "seconds": self.seconds}
+
         def span(v: np.ndarray) -> tuple[float, float]:
             return (float(np.nanmin(v)), float(np.nanmax(v))) if np.isfinite(v).any() else (math.nan, math.nan)
 
