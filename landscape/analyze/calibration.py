@@ -290,16 +290,9 @@ def collect(rows: list[CalibrationRow], config: CalibrationConfig) -> Calibratio
                              true_class_count=stack("true_class_count", np.int64), config=config)
 
 
-def calibration_row(
-    model: torch.nn.Module,
-    data: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
-    config: CalibrationConfig | None = None,
-    *,
-    ref: str = "",
-    step: int = 0,
-    epoch: float = math.nan,
-    run: str = "",
-) -> CalibrationRow:
+def calibration_row(model: torch.nn.Module, data: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+                    config: CalibrationConfig | None = None, *, ref: str = "", step: int = 0,
+                    epoch: float = math.nan, run: str = "") -> CalibrationRow:
     """Calibration of ``model`` (eval mode, its own BatchNorm statistics) on each configured split of ``data``."""
     config = config or CalibrationConfig()
     space = ParamSpace.from_model(model)

@@ -151,16 +151,9 @@ class ClipMoments:
         )
 
     @classmethod
-    def from_parts(
-        cls,
-        layer_norms: Sequence[np.ndarray],
-        grad_sum: Sequence[np.ndarray],
-        clipped_sum: Sequence[np.ndarray],
-        *,
-        max_grad_norm: float,
-        layer_max_norms: np.ndarray,
-        clip_style: str,
-    ) -> ClipMoments:
+    def from_parts(cls, layer_norms: Sequence[np.ndarray], grad_sum: Sequence[np.ndarray],
+                   clipped_sum: Sequence[np.ndarray], *, max_grad_norm: float, layer_max_norms: np.ndarray,
+                   clip_style: str) -> ClipMoments:
         """Moments of one chunk from its per-layer per-sample norms (L arrays of shape (n,)) and the two sums."""
         per_layer = np.stack([np.asarray(v, dtype=np.float64) for v in layer_norms])  # (L, n)
         flat = np.sqrt((per_layer**2).sum(0))
@@ -298,17 +291,9 @@ def _as_numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().to(torch.float64).cpu().numpy().ravel()
 
 
-def chunk_moments(
-    engine,
-    names: list[str],
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    max_grad_norm: float,
-    layer_max_norms: np.ndarray,
-    clip_style: str,
-    masks: dict[str, torch.Tensor] | None = None,
-) -> ClipMoments:
+def chunk_moments(engine, names: list[str], x: torch.Tensor, y: torch.Tensor, *, max_grad_norm: float,
+                  layer_max_norms: np.ndarray, clip_style: str, masks: dict[str, torch.Tensor] | None = None
+                 ) -> ClipMoments:
     """Moments of one chunk through the engine: norms + clipped sum (ghost norms, one weighted contraction),
     then ``sum_i g_i`` (one plain backward). No per-sample gradient is materialised."""
     thresholds = {n: float(c) for n, c in zip(names, layer_max_norms, strict=True)}
@@ -329,24 +314,11 @@ def chunk_moments(
     )
 
 
-def clipping_geometry(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    max_grad_norm: float,
-    batch_size: int,
-    batches: int = 1,
-    clip_style: str = "flat",
-    seed: int = 0,
-    chunk: int = 250,
-    masks: dict[str, torch.Tensor] | None = None,
-    engine=None,
-    ref: str = "",
-    step: int = 0,
-    epoch: float = math.nan,
-    prune_level: float = math.nan,
-) -> ClippingResult:
+def clipping_geometry(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, max_grad_norm: float,
+                      batch_size: int, batches: int = 1, clip_style: str = "flat", seed: int = 0,
+                      chunk: int = 250, masks: dict[str, torch.Tensor] | None = None, engine=None,
+                      ref: str = "", step: int = 0, epoch: float = math.nan, prune_level: float = math.nan
+                     ) -> ClippingResult:
     """Watson et al. Sec. 3.1 at one parameter point: R, c, the Thm. 3.2 bound, per batch of ``batch_size``
     (drawn with ``seed``) and over all batches; ``masks`` (1 = keep) restrict the gradients to unpruned weights."""
     config = ClippingConfig(
@@ -359,19 +331,9 @@ def clipping_geometry(
     return ClippingResult(config=config, layer_names=names, rows=[row], num_params=num_params)
 
 
-def clipping_row(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    config: ClippingConfig,
-    *,
-    masks=None,
-    engine=None,
-    ref: str = "",
-    step: int = 0,
-    epoch: float = math.nan,
-    prune_level: float = math.nan,
-) -> tuple[CheckpointClipping, list[str], int]:
+def clipping_row(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: ClippingConfig, *, masks=None,
+                 engine=None, ref: str = "", step: int = 0, epoch: float = math.nan,
+                 prune_level: float = math.nan) -> tuple[CheckpointClipping, list[str], int]:
     """One result row (see :func:`clipping_geometry`), with the layer names and the parameter count."""
     if engine is None:
         from landscape.persample import PerSampleEngine

@@ -179,20 +179,11 @@ ChunkRunner = Callable[[list[list[int]], float, torch.Tensor],
                        Iterable[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], float]]]
 
 
-def random_profiles(
-    model: nn.Module,
-    theta: torch.Tensor,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    config: DirectionsConfig | None = None,
-    toward: torch.Tensor | None = None,
-    space: ParamSpace | None = None,
-    chunk_runner: ChunkRunner | None = None,
-    workers: int = 1,
-    metrics: Sequence[user_metrics.Bound] | None = None,
-    **overrides,
-) -> DirectionsResult:
+def random_profiles(model: nn.Module, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, *,
+                    config: DirectionsConfig | None = None, toward: torch.Tensor | None = None,
+                    space: ParamSpace | None = None, chunk_runner: ChunkRunner | None = None,
+                    workers: int = 1, metrics: Sequence[user_metrics.Bound] | None = None, **overrides
+                   ) -> DirectionsResult:
     """Watson et al. Fig. 4 for one model: profiles along ``config.directions`` random directions (and toward
     ``toward``), ``theta``/``toward`` flat vectors over ``space``. ``chunk_runner(chunks, distance, steps)`` may
     evaluate the chunks of direction indices elsewhere, yielding ``(loss, acc, metric values, seconds)`` in

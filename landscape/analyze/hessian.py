@@ -121,19 +121,9 @@ def subset(x: Tensor, y: Tensor, n: int | float, seed: int, split: str = "") -> 
 
 
 @tuned_allocator()  # one block for the operator and every estimator: the products' temporaries are reused
-def hessian_row(
-    model: nn.Module,
-    x: Tensor,
-    y: Tensor,
-    config: HessianConfig,
-    *,
-    ref: str = "",
-    step: int = 0,
-    epoch: float = math.nan,
-    run: str = "",
-    optimizer: str = "",
-    masks: dict[str, Tensor] | None = None,
-) -> HessianRow:
+def hessian_row(model: nn.Module, x: Tensor, y: Tensor, config: HessianConfig, *, ref: str = "",
+                step: int = 0, epoch: float = math.nan, run: str = "", optimizer: str = "",
+                masks: dict[str, Tensor] | None = None) -> HessianRow:
     """Top eigenvalues (and trace, density as configured) of the loss Hessian of ``model`` on the seeded
     subset of ``x, y``. Pure: the model is not modified."""
     start = time.perf_counter()

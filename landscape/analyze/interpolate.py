@@ -179,17 +179,11 @@ def interpolation_space(model: nn.Module) -> ParamSpace:
     return ParamSpace.from_model(model, buffers=True)
 
 
-def interpolate(
-    model: nn.Module,
-    theta_a: Mapping[str, torch.Tensor] | torch.Tensor,
-    theta_b: Mapping[str, torch.Tensor] | torch.Tensor,
-    data: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
-    *,
-    config: InterpolateConfig | None = None,
-    bn_inputs: torch.Tensor | None = None,
-    space: ParamSpace | None = None,
-    **overrides,
-) -> InterpolationResult:
+def interpolate(model: nn.Module, theta_a: Mapping[str, torch.Tensor] | torch.Tensor,
+                theta_b: Mapping[str, torch.Tensor] | torch.Tensor,
+                data: Mapping[str, tuple[torch.Tensor, torch.Tensor]], *,
+                config: InterpolateConfig | None = None, bn_inputs: torch.Tensor | None = None,
+                space: ParamSpace | None = None, **overrides) -> InterpolationResult:
     """Loss and accuracy along ``lerp(theta_a, theta_b, alpha)`` on each split of ``data`` (``"train"`` /
     ``"test"`` -> ``(x, y)``), and the instabilities; ``theta_a``/``theta_b`` are state dicts (or flat vectors
     over ``space``). ``bn_inputs``: BatchNorm recalibration's inputs (default: the training subset). Keyword

@@ -163,20 +163,10 @@ class NormsResult(StoredResult):
         return arrays, attrs, {}
 
 
-def checkpoint_norms(
-    model: nn.Module,
-    x: torch.Tensor | None,
-    y: torch.Tensor | None,
-    config: NormsConfig,
-    edges: np.ndarray,
-    *,
-    init: Mapping[str, torch.Tensor] | None = None,
-    engine=None,
-    ref: str = "",
-    step: int = 0,
-    epoch: float = math.nan,
-    masks: dict[str, torch.Tensor] | None = None,
-) -> CheckpointNorms:
+def checkpoint_norms(model: nn.Module, x: torch.Tensor | None, y: torch.Tensor | None, config: NormsConfig,
+                     edges: np.ndarray, *, init: Mapping[str, torch.Tensor] | None = None, engine=None,
+                     ref: str = "", step: int = 0, epoch: float = math.nan,
+                     masks: dict[str, torch.Tensor] | None = None) -> CheckpointNorms:
     """Norm statistics of one parameter point (``x, y`` may be None when ``config.subset == 0``; ``masks``: the
     pruning mask applied to the gradients)."""
     names = trainable_names(model)

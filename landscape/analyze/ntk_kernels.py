@@ -112,17 +112,10 @@ class ClippedKernel:
     fraction_layers_clipped: float
 
 
-def clip_kernel(
-    K_layers: np.ndarray | torch.Tensor,
-    layer_sq_norms: np.ndarray | torch.Tensor,
-    *,
-    style: str,
-    max_grad_norm: float,
-    clip_fn: str = "abadi",
-    layer_max_norms: float | Sequence[float] | None = None,
-    logits_per_sample: int = 1,
-    sample_sq_norms: np.ndarray | torch.Tensor | None = None,
-) -> ClippedKernel:
+def clip_kernel(K_layers: np.ndarray | torch.Tensor, layer_sq_norms: np.ndarray | torch.Tensor, *, style: str,
+                max_grad_norm: float, clip_fn: str = "abadi",
+                layer_max_norms: float | Sequence[float] | None = None, logits_per_sample: int = 1,
+                sample_sq_norms: np.ndarray | torch.Tensor | None = None) -> ClippedKernel:
     """The clipped NTK from per-layer blocks ``K_layers`` (L, R, R), R = n * ``logits_per_sample``, and the
     squared per-layer loss-gradient norms (L, n) (Bu et al. eqs. 4.3, 4.4). ``sample_sq_norms``: the whole
     model's ||g_i||^2 when ``K_layers`` holds only some layers (flat clipping clips the full gradient)."""

@@ -247,19 +247,12 @@ def surface_rows(model: nn.Module, space: ParamSpace, plane: Plane, x_values: Se
     return out, seconds, method
 
 
-def compute_surface(
-    model: nn.Module,
-    plane: Plane,
-    data: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
-    *,
-    config: SurfaceConfig | None = None,
-    partial: SurfaceResult | None = None,
-    space: ParamSpace | None = None,
-    on_rows: Callable[[SurfaceResult, list[int]], None] | None = None,
-    row_runner: RowRunner | None = None,
-    workers: int = 1,
-    metrics: Sequence[user_metrics.Bound] | None = None,
-) -> SurfaceResult:
+def compute_surface(model: nn.Module, plane: Plane, data: Mapping[str, tuple[torch.Tensor, torch.Tensor]], *,
+                    config: SurfaceConfig | None = None, partial: SurfaceResult | None = None,
+                    space: ParamSpace | None = None,
+                    on_rows: Callable[[SurfaceResult, list[int]], None] | None = None,
+                    row_runner: RowRunner | None = None, workers: int = 1,
+                    metrics: Sequence[user_metrics.Bound] | None = None) -> SurfaceResult:
     """Fill every pending row of ``partial`` (or of a fresh grid) and return the result; ``on_rows(result,
     rows)`` runs after each block of rows (the API writes the file there), ``row_runner(blocks)`` may compute
     the blocks elsewhere and yield ``(rows, values, seconds, method)`` in any order."""
