@@ -1,5 +1,6 @@
-"""Pure analyzers (model + parameters + data in, result dataclass out) and their registry: one line per analysis
-(its command, where its spec lives, its summary), imported only when used, so listing commands imports no torch."""
+"""Pure analyzers (model + parameters + data in, result dataclass out) and their registry: one line per
+analysis (its command, where its spec lives, its summary), imported only when used, so listing commands
+imports no torch."""
 
 from landscape.analyze.registry import register
 

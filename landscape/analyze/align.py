@@ -1,6 +1,7 @@
-"""Permutation alignment of two networks by weight matching (Ainsworth, Hayase & Srinivasa 2023, "Git Re-Basin"):
-permuting hidden units keeps a network's function, so a barrier between two networks may be an artefact of unit
-order. Pure: state dicts in, state dicts out; the permutation-structure protocol is docs/alignment.md.
+"""Permutation alignment of two networks by weight matching (Ainsworth, Hayase & Srinivasa 2023, "Git
+Re-Basin"): permuting hidden units keeps a network's function, so a barrier between two networks may be an
+artefact of unit order. Pure: state dicts in, state dicts out; the permutation-structure protocol is
+docs/alignment.md.
 """
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ class Alignment:
 
 def align_states(model: nn.Module, state_a: Mapping[str, torch.Tensor], state_b: Mapping[str, torch.Tensor], *,
                  seed: int = 0, max_iter: int = 100, spec: PermutationSpec | None = None) -> Alignment:
-    """B permuted to match A by weight matching, for ``model``'s architecture (``spec``: its permutation spec)."""
+    """B permuted to match A by weight matching, for ``model``'s architecture (``spec``: its permutation
+    spec)."""
     spec = spec if spec is not None else permutation_spec(model)
     perms = weight_matching(spec, state_a, state_b, seed=seed, max_iter=max_iter)
     state = apply_permutation(spec, perms, state_b)

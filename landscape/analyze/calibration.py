@@ -34,8 +34,8 @@ def bin_edges(bins: int, device: torch.device | str = "cpu") -> torch.Tensor:
 
 
 def bin_index(values: torch.Tensor, bins: int) -> torch.Tensor:
-    """Bin ``m - 1`` of each value in [0, 1] for the right-closed bins ``((m-1)/M, m/M]`` (0 goes to the first;
-    Guo et al. 2017's convention: a value equal to an edge joins the bin below it)."""
+    """Bin ``m - 1`` of each value in [0, 1] for the right-closed bins ``((m-1)/M, m/M]`` (0 goes to the
+    first; Guo et al. 2017's convention: a value equal to an edge joins the bin below it)."""
     interior = bin_edges(bins, values.device)[1:-1]
     return torch.bucketize(values.to(torch.float64), interior, right=False)
 
@@ -243,8 +243,8 @@ class CalibrationRecord:
 
 @dataclass
 class CalibrationResult(StoredResult):
-    """``landscape calibration``: one table row per (checkpoint, split) and the reliability bins and histograms
-    as ``(row, bin)`` arrays."""
+    """``landscape calibration``: one table row per (checkpoint, split) and the reliability bins and
+    histograms as ``(row, bin)`` arrays."""
 
     KIND = KIND
     CONFIG = CalibrationConfig
@@ -272,7 +272,8 @@ class CalibrationResult(StoredResult):
 
 
 def collect(rows: list[CalibrationRow], config: CalibrationConfig) -> CalibrationResult:
-    """The result of several checkpoints: rows in the given order, each checkpoint's splits in config order."""
+    """The result of several checkpoints: rows in the given order, each checkpoint's splits in config
+    order."""
     records, parts = [], []
     for row in rows:
         for split, c in row.splits.items():
@@ -293,7 +294,8 @@ def collect(rows: list[CalibrationRow], config: CalibrationConfig) -> Calibratio
 def calibration_row(model: torch.nn.Module, data: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
                     config: CalibrationConfig | None = None, *, ref: str = "", step: int = 0,
                     epoch: float = math.nan, run: str = "") -> CalibrationRow:
-    """Calibration of ``model`` (eval mode, its own BatchNorm statistics) on each configured split of ``data``."""
+    """Calibration of ``model`` (eval mode, its own BatchNorm statistics) on each configured split of
+    ``data``."""
     config = config or CalibrationConfig()
     space = ParamSpace.from_model(model)
     point = space.flatten(model).unsqueeze(0)

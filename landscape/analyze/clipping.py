@@ -85,9 +85,8 @@ def _projection_and_cos(c: np.ndarray, g: np.ndarray) -> tuple[float, float]:
     return proj, (proj / c_norm if c_norm > 0 else math.nan)
 
 
-def clipping_quantities(
-    norms: np.ndarray, mean_grad: np.ndarray, clipped_mean: np.ndarray, max_grad_norm: float
-) -> ClipStats:
+def clipping_quantities(norms: np.ndarray, mean_grad: np.ndarray, clipped_mean: np.ndarray,
+                        max_grad_norm: float) -> ClipStats:
     """R, projection, bound and flags (flat clipping) from per-sample norms, ``g_bar`` and ``c`` only, as the
     analyzer computes them (it never sees the gradients themselves)."""
     norms = np.asarray(norms, dtype=np.float64)
@@ -154,7 +153,8 @@ class ClipMoments:
     def from_parts(cls, layer_norms: Sequence[np.ndarray], grad_sum: Sequence[np.ndarray],
                    clipped_sum: Sequence[np.ndarray], *, max_grad_norm: float, layer_max_norms: np.ndarray,
                    clip_style: str) -> ClipMoments:
-        """Moments of one chunk from its per-layer per-sample norms (L arrays of shape (n,)) and the two sums."""
+        """Moments of one chunk from its per-layer per-sample norms (L arrays of shape (n,)) and the two
+        sums."""
         per_layer = np.stack([np.asarray(v, dtype=np.float64) for v in layer_norms])  # (L, n)
         flat = np.sqrt((per_layer**2).sum(0))
         layer_clipped = per_layer > layer_max_norms[:, None]
@@ -217,8 +217,8 @@ class ClipMoments:
 
 
 def layer_max_norms_for(max_grad_norm: float, num_layers: int, clip_style: str) -> np.ndarray:
-    """Per-layer thresholds: ``C / sqrt(L)`` for layerwise clipping (training's default); for flat clipping ``C``,
-    a placeholder no per-layer result uses."""
+    """Per-layer thresholds: ``C / sqrt(L)`` for layerwise clipping (training's default); for flat clipping
+    ``C``, a placeholder no per-layer result uses."""
     c = layer_threshold(max_grad_norm, num_layers) if clip_style == "layerwise" else max_grad_norm
     return np.full(num_layers, c)
 
@@ -267,7 +267,8 @@ class ClippingResult(StoredResult):
         return out
 
     def derived(self):
-        """The last checkpoint's statistics, the sample count and whether the assumption and bound held at all."""
+        """The last checkpoint's statistics, the sample count and whether the assumption and bound held at
+        all."""
         last = self.rows[-1].total
         attrs = {name: getattr(last, name) for name in ClipStats.SCALARS}
         attrs.update(samples=last.n, all_assumption_held=bool(all(r.total.assumption_held for r in self.rows)),
@@ -320,7 +321,8 @@ def clipping_geometry(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, max
                       ref: str = "", step: int = 0, epoch: float = math.nan, prune_level: float = math.nan
                      ) -> ClippingResult:
     """Watson et al. Sec. 3.1 at one parameter point: R, c, the Thm. 3.2 bound, per batch of ``batch_size``
-    (drawn with ``seed``) and over all batches; ``masks`` (1 = keep) restrict the gradients to unpruned weights."""
+    (drawn with ``seed``) and over all batches; ``masks`` (1 = keep) restrict the gradients to unpruned
+    weights."""
     config = ClippingConfig(
         max_grad_norm=max_grad_norm, batch_size=batch_size, batches=batches, clip_style=clip_style,
         seed=seed, chunk=chunk,

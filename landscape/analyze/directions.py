@@ -43,7 +43,8 @@ def rays(origin: torch.Tensor, directions: torch.Tensor, steps: torch.Tensor) ->
 
 def scaled_directions(theta: torch.Tensor, space: ParamSpace, indices: Sequence[int], config: DirectionsConfig,
                       distance: float) -> torch.Tensor:
-    """Directions ``indices`` of ``config.seed``, normalised per config, then rescaled to length ``distance``."""
+    """Directions ``indices`` of ``config.seed``, normalised per config, then rescaled to length
+    ``distance``."""
     dirs, norms = nonzero_random_directions(theta, space, indices, seed=config.seed, normalize=config.normalize,
                                             biasbn=config.biasbn)
     return (dirs.double() * (distance / norms).unsqueeze(1)).to(theta.dtype)
@@ -73,7 +74,8 @@ def direction_chunk(model: nn.Module, space: ParamSpace, theta: torch.Tensor, di
 
 
 def chunk_size(model: nn.Module, x: torch.Tensor, batch_size: int, budget: int = GENERATOR_BUDGET) -> int:
-    """How many directions one evaluate call may hold: the cached first-layer outputs stay within ``budget``."""
+    """How many directions one evaluate call may hold: the cached first-layer outputs stay within
+    ``budget``."""
     numel = _first_output_numel(model, x[:1])
     per_direction = max(1, numel * min(batch_size, x.shape[0]) * 4)
     return max(1, budget // per_direction - 1)
@@ -185,9 +187,9 @@ def random_profiles(model: nn.Module, theta: torch.Tensor, x: torch.Tensor, y: t
                     workers: int = 1, metrics: Sequence[user_metrics.Bound] | None = None, **overrides
                    ) -> DirectionsResult:
     """Watson et al. Fig. 4 for one model: profiles along ``config.directions`` random directions (and toward
-    ``toward``), ``theta``/``toward`` flat vectors over ``space``. ``chunk_runner(chunks, distance, steps)`` may
-    evaluate the chunks of direction indices elsewhere, yielding ``(loss, acc, metric values, seconds)`` in
-    order. Keyword ``overrides`` replace config fields."""
+    ``toward``), ``theta``/``toward`` flat vectors over ``space``. ``chunk_runner(chunks, distance, steps)``
+    may evaluate the chunks of direction indices elsewhere, yielding ``(loss, acc, metric values, seconds)``
+    in order. Keyword ``overrides`` replace config fields."""
     config = build(DirectionsConfig, overrides, base=config)
     space = space or ParamSpace.from_model(model)
     theta = theta.detach()
@@ -284,8 +286,8 @@ def _rows(result: DirectionsResult) -> list[dict]:
     """The rise of the loss, then of each metric, along the random directions and toward B."""
     stats = ("mean", "median", "min", "max")
     rows = []
-    for col, values, toward in [("", result.direction_loss, result.toward_loss),
-                                *((f": {c}", v, result.toward_metrics.get(c)) for c, v in result.point_metrics.items())]:
+    metrics = [(f": {c}", v, result.toward_metrics.get(c)) for c, v in result.point_metrics.items()]
+    for col, values, toward in [("", result.direction_loss, result.toward_loss), *metrics]:
         rise = values[:, -1] - values[:, 0]
         finite = rise[np.isfinite(rise)]
         rows.append({"": f"random{col}", "n": int(rise.size),

@@ -91,9 +91,9 @@ def continued_with(run: RunInfo) -> str | None:
 
 
 def sibling_key(run: RunInfo) -> tuple | None:
-    """Siblings are runs trained from the same parent checkpoint that went on the same way, whatever wrote them
-    (``phases``, ``train --from``, a Recorder with ``parent=``); copies not trained from their parent (pruned,
-    aligned) and runs without a parent are no one's siblings: None."""
+    """Siblings are runs trained from the same parent checkpoint that went on the same way, whatever wrote
+    them (``phases``, ``train --from``, a Recorder with ``parent=``); copies not trained from their parent
+    (pruned, aligned) and runs without a parent are no one's siblings: None."""
     lin, config = run.lineage or {}, run.config or {}
     if not lin.get("parent_run") and not lin.get("parent_sha256"):
         return None
@@ -180,9 +180,9 @@ def _printed(table: InstabilityTable) -> list[dict]:
     columns = ["pair", "k", "phase2", "epsilon", "epsilon_spent"] + [
         c for s in table.splits for c in (f"chord_barrier_{s}_loss", *(f"instability_{s}_{m}{a}"
                                                                          for m in ("loss", "error") for a in aligned))]
-    absent = ("k", "epsilon", "epsilon_spent")  # NaN there means "not applicable" (no phases, an SGD pair): "-"
-    return [{c: None if c in absent and isinstance(r[c], float) and math.isnan(r[c]) else r[c] for c in columns}
-            for r in table.records()]
+    labels = ("k", "epsilon", "epsilon_spent")  # NaN there: "not applicable" (no phases, an SGD pair), shown "-"
+    return [{c: None if c in labels and isinstance(r[c], float) and math.isnan(r[c]) else r[c]
+             for c in columns} for r in table.records()]
 
 
 def _notes(table: InstabilityTable) -> list[str]:

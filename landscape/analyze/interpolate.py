@@ -39,7 +39,8 @@ def split_subset(splits: Mapping[str, Any], name: str, subset: int | float | Non
 
 @dataclass
 class Instability:
-    """Watson et al. Def. 2.3 for one curve: ``sup - mean(endpoints)``; ``inf`` with a reason if non-finite."""
+    """Watson et al. Def. 2.3 for one curve: ``sup - mean(endpoints)``; ``inf`` with a reason if
+    non-finite."""
 
     value: float
     reason: str | None = None
@@ -47,7 +48,8 @@ class Instability:
 
 def instability(values: Sequence[float] | np.ndarray, alphas: Sequence[float] | np.ndarray | None = None,
                 *, what: str = "loss") -> Instability:
-    """``max(values) - (values[0] + values[-1]) / 2``; ``inf`` for any non-finite value, the first named in ``reason``."""
+    """``max(values) - (values[0] + values[-1]) / 2``; ``inf`` for any non-finite value, the first named in
+    ``reason``."""
     v = np.asarray(values, dtype=np.float64)
     if v.size < 2:
         raise ValueError("instability needs both endpoints")
@@ -59,8 +61,9 @@ def instability(values: Sequence[float] | np.ndarray, alphas: Sequence[float] | 
 
 
 def chord_barrier(values: Sequence[float] | np.ndarray, alphas: Sequence[float] | np.ndarray) -> float:
-    """``sup_alpha E_alpha - ((1 - alpha) E_A + alpha E_B)``: the height above the chord (Entezari et al. 2022),
-    0 on a convex loss where Def. 2.3 gives ``|E_A - E_B| / 2``; ``inf`` when any value is non-finite."""
+    """``sup_alpha E_alpha - ((1 - alpha) E_A + alpha E_B)``: the height above the chord (Entezari et al.
+    2022), 0 on a convex loss where Def. 2.3 gives ``|E_A - E_B| / 2``; ``inf`` when any value is
+    non-finite."""
     v, a = np.asarray(values, dtype=np.float64), np.asarray(alphas, dtype=np.float64)
     if not np.all(np.isfinite(v)):
         return math.inf
@@ -175,7 +178,8 @@ class InterpolationResult(StoredResult):
 
 
 def interpolation_space(model: nn.Module) -> ParamSpace:
-    """What is interpolated: every parameter and floating-point buffer (integer ones are unused in eval mode)."""
+    """What is interpolated: every parameter and floating-point buffer (integer ones are unused in eval
+    mode)."""
     return ParamSpace.from_model(model, buffers=True)
 
 
@@ -250,7 +254,8 @@ def _flat(theta, space: ParamSpace, model: nn.Module, label: str) -> torch.Tenso
 
 
 def compute_pair(a, b, config: InterpolateConfig) -> InterpolationResult:
-    """:func:`interpolate` between resolved checkpoints A and B on the data set the resolver chose for the pair."""
+    """:func:`interpolate` between resolved checkpoints A and B on the data set the resolver chose for the
+    pair."""
     splits = {s: a.data.split(s) for s in SPLITS}
     model = a.model()
     result = interpolate(model, a.state, b.state, splits, config=config)

@@ -40,9 +40,8 @@ class ParameterNorms:
     num_params: int
 
 
-def parameter_norms(
-    state: Mapping[str, torch.Tensor], names: Sequence[str], init: Mapping[str, torch.Tensor] | None = None
-) -> ParameterNorms:
+def parameter_norms(state: Mapping[str, torch.Tensor], names: Sequence[str],
+                    init: Mapping[str, torch.Tensor] | None = None) -> ParameterNorms:
     """||theta||, ||theta - theta_0|| and the per-layer versions (float64)."""
     layer = np.array([float(torch.linalg.norm(state[n].detach().to(torch.float64))) for n in names])
     if init is not None:
@@ -77,10 +76,8 @@ def value_histogram(values: torch.Tensor | np.ndarray, edges: np.ndarray) -> np.
     return counts.astype(np.int64)
 
 
-def per_sample_grad_norms(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, chunk: int = 250, engine=None,
-    masks: dict[str, torch.Tensor] | None = None,
-) -> np.ndarray:
+def per_sample_grad_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, chunk: int = 250,
+                          engine=None, masks: dict[str, torch.Tensor] | None = None) -> np.ndarray:
     """``||g_i||`` for every example (float64), from the engine's norm route, in chunks."""
     if engine is None:
         from landscape.persample import PerSampleEngine
@@ -150,8 +147,8 @@ class NormsResult(StoredResult):
         return out
 
     def derived(self) -> tuple[dict, dict, dict]:
-        """Per run its mean gradient norm per checkpoint; the final distances and their ratios to the first run
-        (the frame's columns beside the labels); the first run's final numbers as attrs."""
+        """Per run its mean gradient norm per checkpoint; the final distances and their ratios to the first
+        run (the frame's columns beside the labels); the first run's final numbers as attrs."""
         table = self.ratio_rows()
         arrays = {f"runs/{i}/mean_grad_norm": run.column("mean_grad_norm") for i, run in enumerate(self.runs)}
         arrays["dist_origin"] = np.array([t["dist_origin"] for t in table])
@@ -167,8 +164,8 @@ def checkpoint_norms(model: nn.Module, x: torch.Tensor | None, y: torch.Tensor |
                      edges: np.ndarray, *, init: Mapping[str, torch.Tensor] | None = None, engine=None,
                      ref: str = "", step: int = 0, epoch: float = math.nan,
                      masks: dict[str, torch.Tensor] | None = None) -> CheckpointNorms:
-    """Norm statistics of one parameter point (``x, y`` may be None when ``config.subset == 0``; ``masks``: the
-    pruning mask applied to the gradients)."""
+    """Norm statistics of one parameter point (``x, y`` may be None when ``config.subset == 0``; ``masks``:
+    the pruning mask applied to the gradients)."""
     names = trainable_names(model)
     state = {n: p.detach().cpu() for n, p in model.named_parameters()}  # parameter statistics on the CPU
     params = parameter_norms(state, names, init)
@@ -190,7 +187,8 @@ def value_range(point, config: NormsConfig) -> tuple[float, float, float]:
 
 
 def shared_edges(values, config: NormsConfig) -> np.ndarray:
-    """Histogram edges common to every checkpoint; checks that each ``grad_epochs`` entry is a checkpoint epoch."""
+    """Histogram edges common to every checkpoint; checks that each ``grad_epochs`` entry is a checkpoint
+    epoch."""
     epochs = sorted({v[2] for v in values})
     missing = [e for e in config.grad_epochs or () if not any(math.isclose(e, have, abs_tol=1e-6) for have in epochs)]
     if missing:
@@ -200,8 +198,8 @@ def shared_edges(values, config: NormsConfig) -> np.ndarray:
 
 
 def compute_point(point, config: NormsConfig, edges: np.ndarray):
-    """:func:`checkpoint_norms` at one resolved checkpoint (distances from its run's @init; gradients masked by
-    its run's pruning mask), with the run's optimizer label and layer names."""
+    """:func:`checkpoint_norms` at one resolved checkpoint (distances from its run's @init; gradients masked
+    by its run's pruning mask), with the run's optimizer label and layer names."""
     model = point.model().eval().to(resolve_device(config.device))  # eval: dropout off at the point
     x = y = None
     if config.subset > 0:

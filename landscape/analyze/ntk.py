@@ -1,5 +1,6 @@
 """The empirical NTK under per-sample clipping (Bu et al. 2023 Secs. 3-4): H for SGD, H C under flat clipping,
-sum_r H_r C_r under layerwise clipping, and their symmetry and positivity, which small clipping norms break."""
+sum_r H_r C_r under layerwise clipping, and their symmetry and positivity, which small clipping norms
+break."""
 
 from __future__ import annotations
 
@@ -56,8 +57,8 @@ class NTKResult(StoredResult):
         return out
 
     def derived(self) -> tuple[dict, dict, dict]:
-        """``K_eigvals`` (the earlier name of ``K_sym_eigvals``), the frame's columns (one row per example) and
-        the labelled dimensions of the arrays whose shapes fit them."""
+        """``K_eigvals`` (the earlier name of ``K_sym_eigvals``), the frame's columns (one row per example)
+        and the labelled dimensions of the arrays whose shapes fit them."""
         arrays = {"K_eigvals": self.K_properties.sym_eigvals}
         n, m = len(self.labels), self.K.shape[0]
         k = ("sample", "sample_j") if m == n else ("entry", "entry_j")

@@ -102,8 +102,8 @@ def kernel_properties(A: np.ndarray | torch.Tensor, *, sym_rtol: float = SYM_RTO
 
 @dataclass
 class ClippedKernel:
-    """A = K C or sum_r K_r C_r, the factors C ((n,) flat, (L, n) layerwise) and the fraction of samples with a
-    clipped layer (``fraction_layers_clipped``: of (sample, layer) pairs)."""
+    """A = K C or sum_r K_r C_r, the factors C ((n,) flat, (L, n) layerwise) and the fraction of samples with
+    a clipped layer (``fraction_layers_clipped``: of (sample, layer) pairs)."""
 
     style: str
     A: np.ndarray
@@ -203,7 +203,8 @@ def layer_kernels(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, kind: s
 
 def _full_sq_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, sq: torch.Tensor, names: Sequence[str],
                    all_names: Sequence[str]) -> np.ndarray:
-    """||g_i||^2 of the whole model (flat clipping clips the full gradient, whichever layers the kernel shows)."""
+    """||g_i||^2 of the whole model (flat clipping clips the full gradient, whichever layers the kernel
+    shows)."""
     if list(names) == list(all_names):
         return sq.sum(0).numpy()
     from landscape.persample import PerSampleEngine
@@ -235,7 +236,8 @@ def examples(point, n: int | float, seed: int, split: str) -> tuple[torch.Tensor
 
 
 def model_and_examples(point, config):
-    """The checkpoint's model and the seeded examples on ``config.device`` (in float64 for ``precision="float64"``)."""
+    """The checkpoint's model and the seeded examples on ``config.device`` (in float64 for
+    ``precision="float64"``)."""
     device = resolve_device(config.device)
     model = point.model().eval().to(device)  # eval: dropout off, BatchNorm on its running statistics
     if config.precision == "float64":

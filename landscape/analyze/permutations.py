@@ -1,5 +1,5 @@
-"""Permutations of hidden units: the permutation-structure protocol (which tensor axes each permutation moves),
-checks that a spec keeps the function, and applying permutations to state dicts."""
+"""Permutations of hidden units: the permutation-structure protocol (which tensor axes each permutation
+moves), checks that a spec keeps the function, and applying permutations to state dicts."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from landscape.errors import IncompatibleError, ModelError, UsageError
 
 @dataclass(frozen=True)
 class Axis:
-    """One tensor axis a permutation moves: ``inner`` consecutive positions per unit (``H*W`` per channel after
-    ``Flatten``); ``match``: whether it votes in weight matching (running statistics move but do not vote)."""
+    """One tensor axis a permutation moves: ``inner`` consecutive positions per unit (``H*W`` per channel
+    after ``Flatten``); ``match``: whether it votes in weight matching (running statistics move but do not
+    vote)."""
 
     key: str
     axis: int
@@ -26,8 +27,8 @@ class Axis:
 
 @dataclass(frozen=True)
 class Permutation:
-    """A group of axes permuted together; ``groups`` contiguous blocks of ``size // groups`` units must map onto
-    whole blocks (GroupNorm's groups; 1 = any permutation)."""
+    """A group of axes permuted together; ``groups`` contiguous blocks of ``size // groups`` units must map
+    onto whole blocks (GroupNorm's groups; 1 = any permutation)."""
 
     name: str
     size: int
@@ -68,8 +69,8 @@ class PermutationSpec:
 
 
 class SpecBuilder:
-    """Collects axes per permutation while a spec builder walks a model (``new``, then ``weight_out``, ``add``,
-    ``norm`` per tensor; ``spec()`` at the end); checks norm groups agree."""
+    """Collects axes per permutation while a spec builder walks a model (``new``, then ``weight_out``,
+    ``add``, ``norm`` per tensor; ``spec()`` at the end); checks norm groups agree."""
 
     def __init__(self, model_name: str):
         self.model_name = model_name
@@ -129,9 +130,9 @@ _PASS_THROUGH = (nn.ReLU, nn.Tanh, nn.GELU, nn.Sigmoid, nn.ELU, nn.Softplus, nn.
 
 
 def chain_spec(model: nn.Module, name: str | None = None) -> PermutationSpec:
-    """Feed-forward models whose children run in registration order (mlp, lenet, opacus-cnn, two-layer-linear; any
-    such stack of Linear/Conv2d layers, norms, ``Flatten`` and element-wise activations): one permutation per
-    hidden layer's units, named after the layer."""
+    """Feed-forward models whose children run in registration order (mlp, lenet, opacus-cnn, two-layer-linear;
+    any such stack of Linear/Conv2d layers, norms, ``Flatten`` and element-wise activations): one permutation
+    per hidden layer's units, named after the layer."""
     name = name or type(model).__name__
     b = SpecBuilder(name)
     children = list(model.named_children())
@@ -170,7 +171,8 @@ def chain_spec(model: nn.Module, name: str | None = None) -> PermutationSpec:
 
 
 def _resnet_spec(model: nn.Module, name: str) -> PermutationSpec:
-    """torchvision ResNet of BasicBlocks: one permutation per stage's residual stream, one per block inside."""
+    """torchvision ResNet of BasicBlocks: one permutation per stage's residual stream, one per block
+    inside."""
     from torchvision.models.resnet import BasicBlock
 
     b = SpecBuilder(name)
@@ -238,8 +240,8 @@ def _model_name(model: nn.Module) -> str:
 
 
 def builder_of(model: nn.Module) -> tuple[SpecFunction | None, str]:
-    """How :func:`permutation_spec` gets the model's spec: ``(builder, "method" | "registered" | "built-in")``,
-    or ``(None, "")`` when nothing describes the model."""
+    """How :func:`permutation_spec` gets the model's spec: ``(builder, "method" | "registered" |
+    "built-in")``, or ``(None, "")`` when nothing describes the model."""
     own = getattr(model, "permutation_spec", None)
     if callable(own):
         return (lambda m, name: own()), "method"
@@ -279,7 +281,8 @@ def permutation_spec(model: nn.Module | Mapping) -> PermutationSpec:
 
 
 def _as_spec(value: Any, model: nn.Module, name: str) -> PermutationSpec:
-    """A PermutationSpec as is; ``{perm: [(key, axis[, inner]) | Axis, ...]}`` with unit counts from the tensors."""
+    """A PermutationSpec as is; ``{perm: [(key, axis[, inner]) | Axis, ...]}`` with unit counts from the
+    tensors."""
     if isinstance(value, PermutationSpec):
         return value
     if not isinstance(value, Mapping) or not value:
@@ -308,7 +311,8 @@ def _as_spec(value: Any, model: nn.Module, name: str) -> PermutationSpec:
 
 
 def verified_spec(model: nn.Module, x: torch.Tensor | None) -> PermutationSpec:
-    """:func:`permutation_spec`, and for a spec that is not built in the check that it keeps the function on ``x``."""
+    """:func:`permutation_spec`, and for a spec that is not built in the check that it keeps the function on
+    ``x``."""
     spec = permutation_spec(model)
     if builder_of(model)[1] != "built-in" and x is not None:
         check_function_kept(model, spec, x)
@@ -317,8 +321,9 @@ def verified_spec(model: nn.Module, x: torch.Tensor | None) -> PermutationSpec:
 
 def check_function_kept(model: nn.Module, spec: PermutationSpec, x: torch.Tensor, *, seed: int = 0,
                         rtol: float = 1e-4, atol: float = 1e-5) -> None:
-    """ModelError unless a random permutation of ``spec`` leaves the model's outputs on ``x`` unchanged (a spec
-    that misses a tensor or moves a wrong axis changes the function; alignment would then be meaningless)."""
+    """ModelError unless a random permutation of ``spec`` leaves the model's outputs on ``x`` unchanged (a
+    spec that misses a tensor or moves a wrong axis changes the function; alignment would then be
+    meaningless)."""
     import copy
 
     state = model.state_dict()
@@ -370,7 +375,8 @@ def _units(t: torch.Tensor, ax: Axis, n: int) -> torch.Tensor:
 
 
 def check_permutations(spec: PermutationSpec, perms: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The permutations as int64 tensors; UsageError unless each is a permutation that keeps whole norm groups."""
+    """The permutations as int64 tensors; UsageError unless each is a permutation that keeps whole norm
+    groups."""
     out = {}
     for p in spec.perms:
         if p.name not in perms:
@@ -392,8 +398,8 @@ def check_permutations(spec: PermutationSpec, perms: Mapping[str, torch.Tensor])
 
 def apply_permutation(spec: PermutationSpec, perms: Mapping[str, torch.Tensor],
                       state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A new state dict with every permuted axis reordered (unit ``i`` takes the old unit ``perm[i]``); a partial
-    state dict (pruning masks) is fine."""
+    """A new state dict with every permuted axis reordered (unit ``i`` takes the old unit ``perm[i]``); a
+    partial state dict (pruning masks) is fine."""
     perms = check_permutations(spec, perms)
     out = {}
     for key, t in state.items():

@@ -174,8 +174,9 @@ class SurfaceResult(StoredResult):
         out = {"grid": f"{len(self.xcoordinates)}x{len(self.ycoordinates)}", "cells_done": int(done.sum()),
                "cells": int(done.size), "plane": self.plane_kind, "seconds": self.seconds}
 
-        def span(v: np.ndarray) -> tuple[float, float]:
-            return (float(np.nanmin(v)), float(np.nanmax(v))) if np.isfinite(v).any() else (math.nan, math.nan)
+        def span(v: np.ndarray) -> tuple[float, float]:  # NaN when nothing is finite
+            finite = np.isfinite(v).any()
+            return (float(np.nanmin(v)), float(np.nanmax(v))) if finite else (math.nan, math.nan)
 
         for s in self.splits:
             out[f"{s}_loss_min"], out[f"{s}_loss_max"] = span(self.values[f"{s}_loss"])
@@ -227,8 +228,8 @@ RowRunner = Callable[[list[list[int]]], Iterable[tuple[list[int], RowValues, flo
 def surface_rows(model: nn.Module, space: ParamSpace, plane: Plane, x_values: Sequence[float], ycoords: np.ndarray,
                  data: Mapping[str, tuple[torch.Tensor, torch.Tensor]], config: SurfaceConfig,
                  metrics: Sequence[user_metrics.Bound] = ()) -> tuple[RowValues, float, str]:
-    """Loss, accuracy and the metrics at ``(x, y)`` for the given x values and every y, per split: one evaluate
-    call per split (the metrics in the same forward passes)."""
+    """Loss, accuracy and the metrics at ``(x, y)`` for the given x values and every y, per split: one
+    evaluate call per split (the metrics in the same forward passes)."""
     xs = torch.as_tensor(np.asarray(x_values, dtype=np.float64))
     ys = torch.as_tensor(np.asarray(ycoords, dtype=np.float64))
     coords = torch.stack([xs.repeat_interleave(len(ys)), ys.repeat(len(xs))], dim=1)

@@ -46,7 +46,8 @@ def direction(seed: int, shapes: Sequence[tuple[int, ...]], index: int) -> list[
 
 
 def matrix_fingerprint(seed: int, shapes: Sequence[tuple[int, ...]], rows: int) -> str:
-    """sha256 of the first ``rows`` rows of the projection matrix (float32 bytes): equal matrices, equal prints."""
+    """sha256 of the first ``rows`` rows of the projection matrix (float32 bytes): equal matrices, equal
+    prints."""
     h = hashlib.sha256()
     for j in range(rows):
         for t in direction(seed, shapes, j):
@@ -194,10 +195,9 @@ def sample_indices(y: torch.Tensor, subset: int | float, seed: int, split: str =
     return idx
 
 
-def projected_gradients(
-    engine, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, rows: int, seed: int, chunk: int,
-    directions_per_pass: int, masks: dict[str, torch.Tensor] | None = None,
-) -> np.ndarray:
+def projected_gradients(engine, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, rows: int, seed: int,
+                        chunk: int, directions_per_pass: int, masks: dict[str, torch.Tensor] | None = None
+                       ) -> np.ndarray:
     """``<g_i, v_j>`` for the first ``rows`` rows of the seeded matrix, ``(n, rows)`` float64; the directions
     are made a few at a time (never the whole matrix), ``masks`` applied to them (``<mask * g_i, v_j>``)."""
     shapes = parameter_shapes(model)
@@ -215,10 +215,9 @@ def projected_gradients(
     return out
 
 
-def symmetry_row(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: SymmetryConfig, *, engine=None,
-    masks: dict[str, torch.Tensor] | None = None, ref: str = "", step: int = 0, epoch: float = math.nan,
-) -> CheckpointSymmetry:
+def symmetry_row(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: SymmetryConfig, *, engine=None,
+                 masks: dict[str, torch.Tensor] | None = None, ref: str = "", step: int = 0,
+                 epoch: float = math.nan) -> CheckpointSymmetry:
     """Symmetry statistics at one parameter point (see the module docstring)."""
     if engine is None:
         from landscape.persample import PerSampleEngine
@@ -233,11 +232,9 @@ def symmetry_row(
     return CheckpointSymmetry(ref=ref, step=int(step), epoch=float(epoch), stats=stats)
 
 
-def gradient_symmetry(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, projections: int = 16, seed: int = 0,
-    subset: int | float = 500, permutations: int = 999, chunk: int = 250, engine=None, ref: str = "",
-    step: int = 0, epoch: float = math.nan,
-) -> SymmetryResult:
+def gradient_symmetry(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, projections: int = 16,
+                      seed: int = 0, subset: int | float = 500, permutations: int = 999, chunk: int = 250,
+                      engine=None, ref: str = "", step: int = 0, epoch: float = math.nan) -> SymmetryResult:
     """Zhu & Blaschko App. F at one parameter point (the examples are drawn with ``seed`` too)."""
     config = SymmetryConfig(projections=projections, seed=seed, subset=subset, subset_seed=seed,
                             permutations=permutations, chunk=chunk)

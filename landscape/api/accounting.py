@@ -92,14 +92,13 @@ def privacy(query: PrivacyQuery) -> PrivacyAnswer:
                          method=query.accountant, target_epsilon=query.target_epsilon)
 
 
-def import_privacy(
-    epsilon: float | None = None, delta: float | None = None, noise_multiplier: float | None = None,
-    sample_rate: float | None = None, steps: int | None = None,
-) -> tuple[dict[str, Any], float | None]:
-    """``(manifest["privacy"], epsilon at the checkpoint)`` of imported weights: unknown when nothing is declared;
-    ``epsilon`` with ``delta`` a guarantee added to descendants' by basic composition; ``noise_multiplier``,
-    ``sample_rate`` and ``steps`` an ancestor event composed exactly (its epsilon reported at ``delta``, default
-    1e-5)."""
+def import_privacy(epsilon: float | None = None, delta: float | None = None,
+                   noise_multiplier: float | None = None, sample_rate: float | None = None,
+                   steps: int | None = None) -> tuple[dict[str, Any], float | None]:
+    """``(manifest["privacy"], epsilon at the checkpoint)`` of imported weights: unknown when nothing is
+    declared; ``epsilon`` with ``delta`` a guarantee added to descendants' by basic composition;
+    ``noise_multiplier``, ``sample_rate`` and ``steps`` an ancestor event composed exactly (its epsilon
+    reported at ``delta``, default 1e-5)."""
     mechanism = (noise_multiplier, sample_rate, steps)
     if epsilon is not None and any(v is not None for v in mechanism):
         raise UsageError(f"declare either {param('epsilon')} and {param('delta')} or {param('noise_multiplier')}, {param('sample_rate')} and {param('steps')}, not both")

@@ -23,7 +23,8 @@ PERMUTATION_ARRAY = "permutation"
 
 @dataclass
 class AlignConfig:
-    """Options of ``landscape align`` (its command and batch kind are generated from these fields: :data:`JOB`)."""
+    """Options of ``landscape align`` (its command and batch kind are generated from these fields:
+    :data:`JOB`)."""
 
     ref_a: str
     ref_b: str
@@ -121,7 +122,8 @@ JOB = JobKind(
 
 
 def _privacy_of_both(store: Store, b: Checkpoint, a: Checkpoint) -> dict[str, Any]:
-    """B's DP history, then A's; for two checkpoints of one run, the later one's, which contains the earlier's."""
+    """B's DP history, then A's; for two checkpoints of one run, the later one's, which contains the
+    earlier's."""
     from landscape.train.pruning import inherited_privacy
 
     if a.run is not None and a.run == b.run:
@@ -134,7 +136,8 @@ def _privacy_of_both(store: Store, b: Checkpoint, a: Checkpoint) -> dict[str, An
 
 
 def _probe_inputs(b: Checkpoint) -> torch.Tensor:
-    """16 inputs to check a permutation spec on: Gaussian ones of the recorded input shape, else B's test data."""
+    """16 inputs to check a permutation spec on: Gaussian ones of the recorded input shape, else B's test
+    data."""
     import torch
 
     from landscape.api._common import checkpoint_dataset

@@ -54,7 +54,8 @@ class DemoResult:
 def demo(out_dir: str | Path = "demo-out", *, root: str | Path | None = None, config: DemoConfig | None = None,
          progress: bool | None = None) -> DemoResult:
     """Train Phase-1/Phase-2 runs on digits (Watson et al. Sec. 4.1.1), interpolate them (Figs. 5-8), compare
-    the path toward a sibling with random directions (Fig. 4) and judge the claims (``results/verdicts.json``)."""
+    the path toward a sibling with random directions (Fig. 4) and judge the claims
+    (``results/verdicts.json``)."""
     from landscape import progress as display
     from landscape.runtime import using_device
 
@@ -113,10 +114,10 @@ def path_rise(losses: Sequence[float] | np.ndarray) -> np.ndarray:
 def verdicts(pairs: Sequence[Mapping], toward_loss: Sequence[float], random_loss: Sequence[Sequence[float]], *,
              split: str = "test", profile_split: str = "train", comparison: str = "") -> list[Verdict]:
     """The verdicts of the claims the demo shows, from its numbers: Fig. 5, DP-SGD siblings are separated by a
-    higher barrier than SGD siblings (per k and at every k) and it falls as k grows; Fig. 4, the loss rises far
-    less toward the sibling than along random directions. ``pairs`` holds per sibling pair ``k``, ``phase2``,
-    ``chord_barrier`` and ``instability``. Judged on the chord barrier: Def. 2.3 is never below half the end
-    losses' gap, so it would also "hold" when one sibling is merely worse."""
+    higher barrier than SGD siblings (per k and at every k) and it falls as k grows; Fig. 4, the loss rises
+    far less toward the sibling than along random directions. ``pairs`` holds per sibling pair ``k``,
+    ``phase2``, ``chord_barrier`` and ``instability``. Judged on the chord barrier: Def. 2.3 is never below
+    half the end losses' gap, so it would also "hold" when one sibling is merely worse."""
     by: dict[tuple[str, float], list[float]] = {}
     def23: dict[tuple[str, float], list[float]] = {}
     for p in pairs:

@@ -106,8 +106,8 @@ def scheduler_address(address: Any) -> Any:
 
 @contextlib.contextmanager
 def using_scheduler(scheduler: Any):
-    """Inside the block every :class:`ProcessPool` runs its jobs on the Dask cluster ``scheduler`` (an address or
-    a ``distributed.Client``); ``None`` changes nothing."""
+    """Inside the block every :class:`ProcessPool` runs its jobs on the Dask cluster ``scheduler`` (an address
+    or a ``distributed.Client``); ``None`` changes nothing."""
     token = _SCHEDULER.set(scheduler_address(scheduler))
     try:
         yield
@@ -132,7 +132,8 @@ def cluster_size(scheduler: Any) -> int:
 
 
 def _connect(scheduler: Any):
-    """``(client, opened_here)``; never made the default client: a library must not change a user's Dask session."""
+    """``(client, opened_here)``; never made the default client: a library must not change a user's Dask
+    session."""
     from distributed import Client
 
     if isinstance(scheduler, Client):
@@ -142,8 +143,8 @@ def _connect(scheduler: Any):
 
 
 def connect_client(address: str, **kwargs: Any):
-    """A ``distributed.Client`` of the scheduler at ``address``, after :func:`probe_scheduler` (a service that is
-    not a Dask scheduler is one line, never a wait without end)."""
+    """A ``distributed.Client`` of the scheduler at ``address``, after :func:`probe_scheduler` (a service that
+    is not a Dask scheduler is one line, never a wait without end)."""
     from distributed import Client
 
     from landscape import bounds
@@ -169,7 +170,8 @@ _NOT_DASK = ("is not a Dask scheduler: its reply is not Dask's protocol (an HTTP
 
 def probe_scheduler(address: str, timeout: float | None = None) -> dict[str, Any]:
     """The identity of the Dask scheduler at ``address``, asked as a client does under one deadline; anything
-    else is one line saying what answered. Its own thread and event loop: it works under a running one (Jupyter)."""
+    else is one line saying what answered. Its own thread and event loop: it works under a running one
+    (Jupyter)."""
     import asyncio
     import threading
 
@@ -235,7 +237,8 @@ def _closed(exc: BaseException) -> bool:
 
 
 def _accepts(address: str) -> bool:
-    """Whether a plain TCP connection to ``address`` is accepted within a second (after Dask's connect failed)."""
+    """Whether a plain TCP connection to ``address`` is accepted within a second (after Dask's connect
+    failed)."""
     from distributed.comm import parse_address, parse_host_port
 
     try:
@@ -247,7 +250,8 @@ def _accepts(address: str) -> bool:
 
 
 def _connection_args(address: str) -> dict[str, Any]:
-    """The client's connection arguments from Dask's configuration; ``tls://`` without TLS settings is refused."""
+    """The client's connection arguments from Dask's configuration; ``tls://`` without TLS settings is
+    refused."""
     from distributed.security import Security
 
     args = Security().get_connection_args("client")
@@ -279,8 +283,8 @@ def _dask_task(key: str | None, init: tuple | None, trusted: tuple, fn: Callable
 
 
 def _dask_as_completed(futures: Sequence[Any]):
-    """Dask futures as they finish. Polled: ``distributed.as_completed`` and ``wait`` look for a default client,
-    and ours never is one (a library must not change a user's Dask session)."""
+    """Dask futures as they finish. Polled: ``distributed.as_completed`` and ``wait`` look for a default
+    client, and ours never is one (a library must not change a user's Dask session)."""
     pending = list(futures)
     while pending:
         done = [f for f in pending if f.done()]
@@ -293,8 +297,9 @@ def _dask_as_completed(futures: Sequence[Any]):
 
 
 class ProcessPool:
-    """The api's one executor: in-process for one worker (unless an ``initializer`` needs its own process), else
-    ``workers`` spawned processes, or Dask tasks under a ``scheduler``; the results are the same either way."""
+    """The api's one executor: in-process for one worker (unless an ``initializer`` needs its own process),
+    else ``workers`` spawned processes, or Dask tasks under a ``scheduler``; the results are the same either
+    way."""
 
     def __init__(self, workers: int = 1, *, initializer: Callable | None = None, initargs: tuple = (),
                  scheduler: Any = None):
@@ -357,7 +362,8 @@ class ProcessPool:
             return [f.result() for f in futures]
 
     def shutdown(self, cancel: bool = False) -> None:
-        """Stop the local processes (``cancel``: drop jobs not started) or close the Dask client this pool opened."""
+        """Stop the local processes (``cancel``: drop jobs not started) or close the Dask client this pool
+        opened."""
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=cancel)
             self._pool = None

@@ -1,4 +1,5 @@
-"""The interpolation tour the demo runs (Watson et al. Figs. 5-8): sibling instabilities, then single pairs."""
+"""The interpolation tour the demo runs (Watson et al. Figs. 5-8): sibling instabilities, then single
+pairs."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ class Tour:
     interpolations: list[tuple[str, InterpolationResult]]  # (what, result)
 
     def rows(self) -> list[dict]:
-        """One row per interpolated pair (siblings first): the test-split chord barrier beside the instabilities;
-        a DP pair is labelled with the epsilon its checkpoints spent (not the phases' target)."""
+        """One row per interpolated pair (siblings first): the test-split chord barrier beside the
+        instabilities; a DP pair is labelled with the epsilon its checkpoints spent (not the phases'
+        target)."""
         split = "test" if "test" in self.table.splits else self.table.splits[0]
 
         def row(pair: str, kind: str, r) -> dict:
@@ -33,7 +35,8 @@ class Tour:
         rows = [row(r.pair, f"siblings {r.phase2}" + (f" eps={r.epsilon_spent:.3g}"
                                                         if not math.isnan(r.epsilon_spent) else ""), r)
                 for r in self.table.rows]
-        return rows + [row(":".join(i.ref for i in res.inputs), what, res) for what, res in self.interpolations]
+        return rows + [row(":".join(i.ref for i in res.inputs), what, res)
+                       for what, res in self.interpolations]
 
     def files(self) -> list[Path]:
         out = [self.table.path, self.table.csv_path, *self.table.figures]

@@ -14,10 +14,10 @@ _CODE = ("run", "build", "produces", "outcome", "options", "rows", "notes", "det
 
 @dataclass(frozen=True)
 class JobKind:
-    """One kind of job: its options (the fields of ``config``, or of ``fields``), how it runs (``run(config, *,
-    root, out)``; ``command`` when the command runs something else), the store runs it writes (``produces``), what
-    a batch records (``outcome`` -> numbers, files) and what the command prints (``rows``, ``notes``,
-    ``details``). Code fields may be ``"module:attribute"`` strings."""
+    """One kind of job: its options (the fields of ``config``, or of ``fields``), how it runs (``run(config,
+    *, root, out)``; ``command`` when the command runs something else), the store runs it writes
+    (``produces``), what a batch records (``outcome`` -> numbers, files) and what the command prints
+    (``rows``, ``notes``, ``details``). Code fields may be ``"module:attribute"`` strings."""
 
     name: str
     config: type
@@ -27,7 +27,7 @@ class JobKind:
     required: tuple[str, ...] = ()  # the options a batch job must give
     skip: tuple[str, ...] = ()  # config fields that are options of the command only (train's ``resume``)
     fields: tuple[tuple[type, tuple[str, ...]], ...] = ()  # (dataclass, fields left out); default: config's
-    build: Callable[[dict[str, Any]], Any] | None = None  # options -> config (default: checked config(**options))
+    build: Callable[[dict[str, Any]], Any] | None = None  # options -> config (default: config(**options))
     produces: Callable[[dict[str, Any]], list[str]] = lambda options: []
     outcome: Callable[[Any, Path, Path | None], tuple[dict[str, Any], list[Path]]] = \
         lambda result, root, out: ({}, [])
@@ -48,7 +48,8 @@ class JobKind:
         return value
 
     def option_fields(self) -> list[tuple[type, dataclasses.Field]]:
-        """``(dataclass, field)`` of every option of the kind (command-only ones too), in the command's order."""
+        """``(dataclass, field)`` of every option of the kind (command-only ones too), in the command's
+        order."""
         return [(cls, f) for cls, left_out in self.fields or ((self.config, ()),)
                 for f in dataclasses.fields(cls) if f.name not in left_out]
 
@@ -66,7 +67,8 @@ class JobKind:
         return self.run(config, root=root, out=None)
 
     def configure(self, options: dict[str, Any]) -> Any:
-        """The validated configuration for ``options`` (a UsageError, ValueError or TypeError names what is wrong)."""
+        """The validated configuration for ``options`` (a UsageError, ValueError or TypeError names what is
+        wrong)."""
         if self.build is not None:
             return self.build(dict(options))
         from landscape.options import check_fields

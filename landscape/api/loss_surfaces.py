@@ -37,7 +37,8 @@ from landscape.store import Checkpoint
 
 def run_directions(resolver: Resolver, ref_a: str, config: DirectionsConfig, options, execution: ExecutionOptions,
                    out: Path) -> tuple[DirectionsResult, list[InputRef], dict]:
-    """Resolve A (and ``options.toward``) and evaluate :func:`random_profiles`; the runner writes and draws."""
+    """Resolve A (and ``options.toward``) and evaluate :func:`random_profiles`; the runner writes and
+    draws."""
     toward = options.toward
     point_a = resolver.point(ref_a, data=False)
     a = point_a.checkpoint
@@ -108,9 +109,9 @@ def _direction_job(indices: list[int], distance: float, steps: torch.Tensor):
 
 
 def _in_workers(payload: _Payload, job: Callable, jobs: list[tuple], *, ordered: bool) -> Iterator:
-    """``job(*args)`` for each of ``jobs`` in worker processes (or Dask workers) initialised once with ``payload``:
-    the results in order, or as they finish. On an error or interrupt the jobs not started are dropped (rows
-    already written stay; a rerun resumes them)."""
+    """``job(*args)`` for each of ``jobs`` in worker processes (or Dask workers) initialised once with
+    ``payload``: the results in order, or as they finish. On an error or interrupt the jobs not started are
+    dropped (rows already written stay; a rerun resumes them)."""
     if not jobs:
         return
     pool = ProcessPool(min(payload.workers, len(jobs)), initializer=_init_worker, initargs=(payload,))

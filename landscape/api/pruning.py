@@ -22,7 +22,8 @@ SCOPES = ("layer", "global")
 
 @dataclass
 class PruneConfig:
-    """Options of ``landscape prune`` (its command and batch kind are generated from these fields: :data:`JOB`)."""
+    """Options of ``landscape prune`` (its command and batch kind are generated from these fields:
+    :data:`JOB`)."""
 
     ref: str
     remove: float = option(help="Fraction of weights REMOVED (smallest magnitude). Watson et al.'s 'pruning level "
@@ -112,8 +113,9 @@ JOB = JobKind(
 
 def pruned_retrain(store: Store, trained: Checkpoint, init: Checkpoint, level: float) -> Run:
     """Watson et al. Fig. 11: prune ``level`` of each layer at ``trained``, rewind to ``init`` (run
-    ``<run>-prune<level*1000>``), retrain with the run's configuration (``...-retrain``; a ``--target-epsilon``
-    run with the noise multiplier it used). Runs made before from the same checkpoint and history are reused."""
+    ``<run>-prune<level*1000>``), retrain with the run's configuration (``...-retrain``; a
+    ``--target-epsilon`` run with the noise multiplier it used). Runs made before from the same checkpoint and
+    history are reused."""
     from landscape.train.config import TrainConfig
     from landscape.train.loop import train
     from landscape.train.pruning import inherited_privacy, prune_into_run

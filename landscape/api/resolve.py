@@ -21,8 +21,8 @@ from landscape.store import Checkpoint, CheckpointInfo, Store, load_verified
 
 @dataclass(frozen=True)
 class Target:
-    """One checkpoint to analyse, not yet loaded: its reference, file, run (if any), step, epoch and the sha256
-    its run's manifest recorded (checked when it is loaded)."""
+    """One checkpoint to analyse, not yet loaded: its reference, file, run (if any), step, epoch and the
+    sha256 its run's manifest recorded (checked when it is loaded)."""
 
     ref: str
     path: str
@@ -40,8 +40,8 @@ class Target:
 
 @dataclass
 class Point:
-    """A resolved checkpoint, as an analyzer's ``compute`` receives it: ``data`` is the data set to evaluate on
-    (the checkpoint's own, or the one chosen for a pair), ``masks`` the run's pruning mask or None."""
+    """A resolved checkpoint, as an analyzer's ``compute`` receives it: ``data`` is the data set to evaluate
+    on (the checkpoint's own, or the one chosen for a pair), ``masks`` the run's pruning mask or None."""
 
     ref: str
     run: str | None
@@ -117,9 +117,10 @@ class Resolver:
     def point(self, target: Target | str | Ref, *, like: Point | None = None, label: str | None = None,
               data: bool = True, masks: bool = False, purpose: str = "evaluate it",
               needs: tuple[str, ...] = ()) -> Point:
-        """The one load-and-verify step: one checkpoint (a :class:`Target` or a reference) with its sha256 checked
-        against its run's manifest, and against ``like`` when given (the same tensors and model; ``label`` names
-        it in the message). ``data``, ``masks`` and ``needs`` (``"init"``, ``"manifest"``) say what to add."""
+        """The one load-and-verify step: one checkpoint (a :class:`Target` or a reference) with its sha256
+        checked against its run's manifest, and against ``like`` when given (the same tensors and model;
+        ``label`` names it in the message). ``data``, ``masks`` and ``needs`` (``"init"``, ``"manifest"``) say
+        what to add."""
         if isinstance(target, Target):
             ckpt = load_verified(target.path, ref=target.ref, sha256=target.sha256)
         else:
@@ -150,7 +151,8 @@ class Resolver:
             return None
 
     def pair(self, ref_a: str | Ref, ref_b: str | Ref, *, data_from: str = "a") -> tuple[Point, Point, DataChoice]:
-        """A and B checked compatible (same tensors, same model), both with the data set ``data_from`` picks."""
+        """A and B checked compatible (same tensors, same model), both with the data set ``data_from``
+        picks."""
         if data_from not in ("a", "b"):
             raise OptionError("data_from", f"must be a or b, got {data_from!r}")
         a = self.point(ref_a, data=False)
@@ -177,8 +179,8 @@ class Resolver:
         return _run_info(self.store.run(ref.run))
 
     def pair_jobs(self, patterns: Sequence[str], pairs: str) -> list[tuple[str, str, dict]]:
-        """``(ref_a, ref_b, labels)`` per pair: explicit ``A:B[,C:D...]``, or the final checkpoints of the runs
-        matching ``patterns`` paired as ``siblings`` or ``all``."""
+        """``(ref_a, ref_b, labels)`` per pair: explicit ``A:B[,C:D...]``, or the final checkpoints of the
+        runs matching ``patterns`` paired as ``siblings`` or ``all``."""
         from landscape.analyze.instability import RunInfo, all_pairs, pair_labels, sibling_pairs
 
         if ":" in pairs:

@@ -101,8 +101,8 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
         (ref,) = parsed
         targets, extra = hook(spec, "expand")(resolver, ref, config) if "expand" in spec.hooks \
             else (resolver.expand(ref), [])
-        rows = _recorded(_map(_point_job, [("compute", spec.name, resolver, t, config) for t in targets], workers,
-                              what=spec.name, unit="checkpoints"), draws)
+        jobs = [("compute", spec.name, resolver, t, config) for t in targets]
+        rows = _recorded(_map(_point_job, jobs, workers, what=spec.name, unit="checkpoints"), draws)
         result = spec.collect(rows, config, run_opts)
         inputs = extra + _inputs(targets)
     else:  # targets
@@ -111,11 +111,13 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
         with ProcessPool(min(workers, len(flat))) as pool:
             shared = None
             if spec.prepare is not None:
-                values = _recorded(_map(_point_job, [("prepare", spec.name, resolver, t, config) for t in flat],
-                                        pool=pool, what=f"{spec.name} (first pass)", unit="checkpoints"), draws)
-                shared = spec.share(values, config)
+                jobs = [("prepare", spec.name, resolver, t, config) for t in flat]
+                first = f"{spec.name} (first pass)"
+                values = _map(_point_job, jobs, pool=pool, what=first, unit="checkpoints")
+                shared = spec.share(_recorded(values, draws), config)
             jobs = [("compute", spec.name, resolver, t, config, shared) for t in flat]
-            rows = iter(_recorded(_map(_point_job, jobs, pool=pool, what=spec.name, unit="checkpoints"), draws))
+            outcomes = _map(_point_job, jobs, pool=pool, what=spec.name, unit="checkpoints")
+            rows = iter(_recorded(outcomes, draws))
         result = spec.collect([[next(rows) for _ in g] for g in groups], config, run_opts, refs, shared)
         inputs = _inputs(flat)
         title = ""
@@ -156,7 +158,8 @@ def _recorded(outcomes: list[tuple[Any, list[dict]]], draws: list[dict]) -> list
 
 
 def _stem(spec: Analysis, refs: list[str], config: Any, run_opts: Any, data_from: str = "a") -> str:
-    """The default output name: ``<output>-<A>--<B>...`` (or the spec's ``stem``), then the changed options."""
+    """The default output name: ``<output>-<A>--<B>...`` (or the spec's ``stem``), then the changed
+    options."""
     if spec.stem is not None:
         base = spec.stem(refs, config, run_opts)
     else:
@@ -167,7 +170,8 @@ def _stem(spec: Analysis, refs: list[str], config: Any, run_opts: Any, data_from
 
 
 def _name_part(ref: Ref) -> str:
-    """A reference in a default name: the run with its selector (``sgd_last``), a file by its path (``dir_a``)."""
+    """A reference in a default name: the run with its selector (``sgd_last``), a file by its path
+    (``dir_a``)."""
     return slug(ref.label) if ref.file is not None else ref.slug
 
 
@@ -186,7 +190,8 @@ HOOKS = {
 
 
 def hook(spec: Analysis, kind: str) -> Callable:
-    """The ``kind`` hook of ``spec``; a spec asking for one that :data:`HOOKS` lacks is a programming error."""
+    """The ``kind`` hook of ``spec``; a spec asking for one that :data:`HOOKS` lacks is a programming
+    error."""
     if (spec.name, kind) not in HOOKS:
         raise LookupError(f"analysis {spec.name!r} asks for an api {kind!r} hook, but landscape.api.runner.HOOKS "
                           "names none")
@@ -257,8 +262,9 @@ def _pair_job(name: str, resolver: Resolver, ref_a: str, ref_b: str, labels: dic
 
 def _current_pair_file(detail: type, out: str, refs: list[InputRef], config: Any, data_attrs: dict[str, Any]
                        ) -> tuple[Any, list[dict]]:
-    """The pair's ``detail`` result read back from ``out``, with the subsets it recorded, when it was made from the
-    same checkpoint files, options, data and code version (user metrics' too); else ``(None, [])``."""
+    """The pair's ``detail`` result read back from ``out``, with the subsets it recorded, when it was made
+    from the same checkpoint files, options, data and code version (user metrics' too); else ``(None,
+    [])``."""
     from landscape.results import read_result
     from landscape.runtime import code_version
 
@@ -359,7 +365,8 @@ def _field_default(f: dataclasses.Field) -> Any:
 
 
 def api_doc(spec: Analysis) -> str:
-    """The api function's docstring (Google style, as the docs site reads it): every parameter and the return."""
+    """The api function's docstring (Google style, as the docs site reads it): every parameter and the
+    return."""
     import textwrap
 
     from landscape.options import describe, type_name
@@ -384,8 +391,8 @@ def api_doc(spec: Analysis) -> str:
 
 
 def api_function(name: str) -> Callable:
-    """The public ``landscape.api`` function of analysis ``name``, with a real signature and docstring; only the
-    keywords a call gives replace fields of ``config`` (coerced as on the command line)."""
+    """The public ``landscape.api`` function of analysis ``name``, with a real signature and docstring; only
+    the keywords a call gives replace fields of ``config`` (coerced as on the command line)."""
     spec = get(name)
     signature = api_signature(spec)
     ref_names = [n for n, _, _ in _references(spec)]

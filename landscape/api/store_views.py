@@ -1,5 +1,5 @@
-"""Looking into the store and bringing checkpoints in: plain dicts, what ``store ls``, ``store show``, ``show``
-and ``import`` print with ``--json``. ``runs``, ``checkpoint`` and ``show`` import no torch."""
+"""Looking into the store and bringing checkpoints in: plain dicts, what ``store ls``, ``store show``,
+``show`` and ``import`` print with ``--json``. ``runs``, ``checkpoint`` and ``show`` import no torch."""
 
 from __future__ import annotations
 
@@ -89,18 +89,18 @@ def show(path: str | os.PathLike) -> dict[str, Any]:
     }
 
 
-def import_checkpoint(
-    file: str | os.PathLike, *, run: str, model: str, data: str, model_kwargs: dict[str, Any] | None = None,
-    data_kwargs: dict[str, Any] | None = None, subset: int | float | None = None, data_root: str | None = None,
-    download: bool = False, root: str | os.PathLike = "checkpoints", epsilon: float | None = None,
-    delta: float | None = None, noise_multiplier: float | None = None, sample_rate: float | None = None,
-    steps: int | None = None,
-) -> dict[str, Any]:
-    """Import a foreign checkpoint (.pt/.pth state dict or .safetensors) as the step-0 checkpoint of a new run.
+def import_checkpoint(file: str | os.PathLike, *, run: str, model: str, data: str,
+                      model_kwargs: dict[str, Any] | None = None, data_kwargs: dict[str, Any] | None = None,
+                      subset: int | float | None = None, data_root: str | None = None, download: bool = False,
+                      root: str | os.PathLike = "checkpoints", epsilon: float | None = None,
+                      delta: float | None = None, noise_multiplier: float | None = None,
+                      sample_rate: float | None = None, steps: int | None = None) -> dict[str, Any]:
+    """Import a foreign checkpoint (.pt/.pth state dict or .safetensors) as the step-0 checkpoint of a new
+    run.
 
-    The model is built for the data set (either may be a code reference ``module:factory``) and the file's keys
-    and shapes must match it; .pt files are read with ``torch.load(weights_only=True)``. The weights' privacy
-    history is unknown unless declared: ``epsilon`` with ``delta``, or the DP-SGD that made them
+    The model is built for the data set (either may be a code reference ``module:factory``) and the file's
+    keys and shapes must match it; .pt files are read with ``torch.load(weights_only=True)``. The weights'
+    privacy history is unknown unless declared: ``epsilon`` with ``delta``, or the DP-SGD that made them
     (``noise_multiplier``, ``sample_rate``, ``steps``). Returns the new run's summary.
     """
     from landscape import plugins
@@ -138,7 +138,8 @@ def import_checkpoint(
 
 @dataclass(frozen=True, kw_only=True)
 class ImportConfig:
-    """The options of :func:`import_checkpoint` (the job kind ``import``: its command is generated from them)."""
+    """The options of :func:`import_checkpoint` (the job kind ``import``: its command is generated from
+    them)."""
 
     file: str = option(help="The .pt/.pth state dict or .safetensors file.", kind="file")
     model: str = option(help=SOURCE_HELP["model"], kind="model")

@@ -1,4 +1,5 @@
-"""Python face of training: ``train`` (also ``--from`` and ``--resume``) and ``phases``, and their job kinds."""
+"""Python face of training: ``train`` (also ``--from`` and ``--resume``) and ``phases``, and their job
+kinds."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ class RunSummary:
 
 
 def train(config: TrainConfig, *, root: str | Path, **options: Any) -> Run:
-    """Train one run into the store at ``root`` (:func:`landscape.train.loop.train`, imported when it runs)."""
+    """Train one run into the store at ``root`` (:func:`landscape.train.loop.train`, imported when it
+    runs)."""
     from landscape.train.loop import train as train_loop
 
     return train_loop(config, root=root, **options)
@@ -159,8 +161,9 @@ def _phases_hash(config: PhasesConfig) -> str:
 
 def ensure(store: Store, config: TrainConfig, phases_label: dict[str, Any] | None = None,
            progress: bool | None = None, *, hint: str = f"; choose another {param('group')}") -> Run:
-    """Train ``config`` unless a run of that name with the same config hash exists, which is resumed (a finished
-    one returns at once); a run of that name with another configuration is refused (``hint`` added)."""
+    """Train ``config`` unless a run of that name with the same config hash exists, which is resumed (a
+    finished one returns at once); a run of that name with another configuration is refused (``hint``
+    added)."""
     from landscape.train.loop import resolved
 
     if config.run in store.run_names():
@@ -199,7 +202,8 @@ def _train_given(given: dict[str, str]) -> None:
 
 def _train_command(config: TrainConfig, *, root: Path, progress: bool | None,
                    report: Callable[[str], None] | None) -> Run:
-    """``train``; ``--resume`` of a run that is already complete says so (its table follows, nothing is trained)."""
+    """``train``; ``--resume`` of a run that is already complete says so (its table follows, nothing is
+    trained)."""
     from landscape.store import Store
 
     if config.resume is not None and report is not None and config.resume in Store(root).run_names():

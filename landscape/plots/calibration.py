@@ -1,5 +1,6 @@
 """Figures of ``landscape calibration``: reliability diagrams (Bu et al. 2023 Figs. 5, 7, 9), confidence
-histograms (Bu Fig. 2, Guo et al. 2017 Fig. 1), the true-class probability (Bu Fig. 11), metrics against epoch."""
+histograms (Bu Fig. 2, Guo et al. 2017 Fig. 1), the true-class probability (Bu Fig. 11), metrics against
+epoch."""
 
 from __future__ import annotations
 

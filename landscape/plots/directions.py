@@ -10,8 +10,8 @@ from landscape.plots.style import PALETTE, SGD_COLOR, styled, subplots
 
 @styled
 def plot_directions(result, *, title: str | None = None):
-    """A :class:`~landscape.analyze.directions.DirectionsResult` as a figure (returned, not saved): the loss, then
-    one panel per metric column (``--metric``) drawn the same way."""
+    """A :class:`~landscape.analyze.directions.DirectionsResult` as a figure (returned, not saved): the loss,
+    then one panel per metric column (``--metric``) drawn the same way."""
     columns = list(getattr(result, "point_metrics", {}))
     fig, axes = subplots(1, 1 + len(columns), figsize=(5.4 + 4.2 * len(columns), 3.6), squeeze=False)
     dist = np.asarray(result.t) * result.distance
@@ -59,7 +59,8 @@ def _profiles(ax, dist: np.ndarray, profiles, toward, *, log_ok: bool) -> None:
 
 
 def directions_figure(result, path, title: str = "", options=None) -> list:
-    """The ``directions`` figure files beside result file ``path`` (title: A, and B with ``options.toward``)."""
+    """The ``directions`` figure files beside result file ``path`` (title: A, and B with
+    ``options.toward``)."""
     from landscape.plots.style import save_figure
 
     toward = getattr(options, "toward", None)

@@ -23,8 +23,9 @@ from landscape.plots.style import (
 
 @styled
 def plot_interpolation(result, *, labels: tuple[str, str] = ("A", "B"), title: str | None = None):
-    """Loss and accuracy against alpha per split, then one panel per metric column (dotted: after ``--align``);
-    the loss panel draws each split's chord and the barrier above it, the numbers under the panels."""
+    """Loss and accuracy against alpha per split, then one panel per metric column (dotted: after
+    ``--align``); the loss panel draws each split's chord and the barrier above it, the numbers under the
+    panels."""
     from landscape.analyze.interpolate import chord_barrier, rise_above_ends
 
     columns = list(getattr(result, "point_metrics", {}))
@@ -85,9 +86,9 @@ def plot_interpolation(result, *, labels: tuple[str, str] = ("A", "B"), title: s
 
 @styled
 def plot_instability(rows: Sequence[dict], *, splits: Sequence[str], title: str | None = None):
-    """Instability against k: SGD pairs in one colour, DP-SGD pairs one shade per epsilon (Watson Fig. 5). Rows:
-    the loss barrier above the chord (what a basin claim is judged on), Def. 2.3 loss instability, the error
-    barrier; pairs with the same (optimizer, epsilon, k) averaged, their spread as error bars."""
+    """Instability against k: SGD pairs in one colour, DP-SGD pairs one shade per epsilon (Watson Fig. 5).
+    Rows: the loss barrier above the chord (what a basin claim is judged on), Def. 2.3 loss instability, the
+    error barrier; pairs with the same (optimizer, epsilon, k) averaged, their spread as error bars."""
     chord = any(f"chord_barrier_{s}_loss" in r for r in rows for s in splits)
     metrics = ((("chord", "loss barrier above chord"),) if chord else ()) + (
         ("loss", "Def. 2.3 loss instability"), ("error", "error barrier"))
@@ -136,5 +137,6 @@ def interpolation_figure(result, stem, title: str = "") -> list:
 
 
 def instability_figure(table, stem, title: str = "", options=None) -> list:
-    """The ``instability`` figure files (PNG + PDF at ``stem``): :func:`plot_instability` of the table's rows."""
+    """The ``instability`` figure files (PNG + PDF at ``stem``): :func:`plot_instability` of the table's
+    rows."""
     return save_figure(plot_instability(table.records(), splits=table.splits, title=title or None), stem)

@@ -30,8 +30,8 @@ def _heatmap(ax, M: np.ndarray, title: str, *, diverging: bool) -> None:
 
 @styled
 def plot_ntk(result: NTKResult, stem: str | os.PathLike, title: str = "") -> list[Path]:
-    """Spectra and heatmaps of one NTK result, written as ``stem.png`` and ``stem.pdf`` (the panels carry their own
-    titles; ``title`` is the runner's and unused)."""
+    """Spectra and heatmaps of one NTK result, written as ``stem.png`` and ``stem.pdf`` (the panels carry
+    their own titles; ``title`` is the runner's and unused)."""
     fig, axes = subplots(1, 3, figsize=(14.0, 3.8))
     ax = axes[0]
     kp, p = result.K_properties, result.properties
@@ -59,8 +59,8 @@ def plot_ntk(result: NTKResult, stem: str | os.PathLike, title: str = "") -> lis
 
 @styled
 def plot_ntk_table(table: NTKTable, stem: str | os.PathLike, title: str = "") -> list[Path]:
-    """The numbers behind Table 1: against the clipping norm (one step) or against epoch (several); ``title`` as
-    :func:`plot_ntk`."""
+    """The numbers behind Table 1: against the clipping norm (one step) or against epoch (several); ``title``
+    as :func:`plot_ntk`."""
     steps = sorted({r.step for r in table.rows})
     along_run = len(steps) > 1
     panels = [("asymmetry", "asymmetry ||A-A^T||/||A||"), ("min_sym_eig", "min eig (A+A^T)/2 / ||A||"),

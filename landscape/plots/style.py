@@ -1,6 +1,6 @@
-"""Shared publication style for every landscape figure: plot functions draw under :data:`STYLE` (:func:`styled`)
-on ``Figure`` objects pyplot does not know, so plotting changes no global state; SGD and DP-SGD always get the
-same colours, line styles and markers, so figures read together and in greyscale."""
+"""Shared publication style for every landscape figure: plot functions draw under :data:`STYLE`
+(:func:`styled`) on ``Figure`` objects pyplot does not know, so plotting changes no global state; SGD and
+DP-SGD always get the same colours, line styles and markers, so figures read together and in greyscale."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ DP_COLOR = PALETTE[1]
 SPLIT_COLORS: dict[str, str] = {"train": PALETTE[0], "test": PALETTE[1]}
 SPLIT_STYLES: dict[str, str] = {"train": "-", "test": "--"}
 
-_METHOD_COLORS = {"sgd": SGD_COLOR, "dpsgd": DP_COLOR, "dp-sgd": DP_COLOR, "dp": DP_COLOR, "clip-only": PALETTE[2],
-                  "noise-only": PALETTE[3]}
+_METHOD_COLORS = {"sgd": SGD_COLOR, "dpsgd": DP_COLOR, "dp-sgd": DP_COLOR, "dp": DP_COLOR,
+                  "clip-only": PALETTE[2], "noise-only": PALETTE[3]}
 _METHOD_STYLES = {"sgd": "-", "dpsgd": "--", "dp-sgd": "--", "dp": "--", "clip-only": "-.", "noise-only": ":"}
 _METHOD_MARKERS = {"sgd": "o", "dpsgd": "s", "dp-sgd": "s", "dp": "s", "clip-only": "^", "noise-only": "v"}
 LINESTYLES: tuple = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 1)), (0, (8, 2)), (0, (3, 1, 3, 3)))
@@ -57,14 +57,15 @@ def method_marker(optimizer: str) -> str:
 
 
 def series_styles(n: int) -> list[dict]:
-    """``n`` plot keyword sets (``color``, ``ls``, ``marker``) that differ in all three, so series stay apart in
-    greyscale and for colour-blind readers (Okabe-Ito colours; cycles after 8)."""
+    """``n`` plot keyword sets (``color``, ``ls``, ``marker``) that differ in all three, so series stay apart
+    in greyscale and for colour-blind readers (Okabe-Ito colours; cycles after 8)."""
     return [{"color": PALETTE[i % len(PALETTE)], "ls": LINESTYLES[i % len(LINESTYLES)],
              "marker": MARKERS[i % len(MARKERS)]} for i in range(n)]
 
 
 def panel_labels(axes) -> None:
-    """Bold (a), (b), ... in front of each panel's title (one title line, so label and title cannot overlap)."""
+    """Bold (a), (b), ... in front of each panel's title (one title line, so label and title cannot
+    overlap)."""
     import numpy as np
 
     for label, ax in zip("abcdefghijklmnopqrstuvwxyz", np.ravel(axes), strict=False):
@@ -108,7 +109,8 @@ STYLE: dict[str, Any] = {
 
 
 def styled(fn: Callable) -> Callable:
-    """Run a plot function under :data:`STYLE` (a ``matplotlib.rc_context``: the caller's rcParams are restored)."""
+    """Run a plot function under :data:`STYLE` (a ``matplotlib.rc_context``: the caller's rcParams are
+    restored)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         with matplotlib.rc_context(STYLE):
@@ -123,7 +125,8 @@ def new_figure(**kwargs) -> Figure:
 
 
 def subplots(*args, figsize=None, layout=None, **kwargs):
-    """``(fig, axes)`` like ``plt.subplots`` on a :func:`new_figure` (the recipes pass ``layout="constrained"``)."""
+    """``(fig, axes)`` like ``plt.subplots`` on a :func:`new_figure` (the recipes pass
+    ``layout="constrained"``)."""
     fig = new_figure(figsize=figsize, layout=layout)
     return fig, fig.subplots(*args, **kwargs)
 

@@ -46,7 +46,8 @@ def _overlay(ax, result) -> None:
 
 @styled
 def contour_figure(result, *, filled: bool, title: str | None = None):
-    """One panel per split of the loss, and below it one row per metric column: contour lines or filled ones."""
+    """One panel per split of the loss, and below it one row per metric column: contour lines or filled
+    ones."""
     from matplotlib.colors import LogNorm
 
     splits = result.splits

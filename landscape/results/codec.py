@@ -31,7 +31,8 @@ def stored(where: str, default: Any = dataclasses.MISSING, *, name: str | None =
 
     ``name`` (default: the field name) with ``{}`` makes the field a dict whose keys fill the braces
     (``"{}_loss"`` -> ``train_loss``, ...; ``order``: the attr keeping their order; ``keys``: a regular
-    expression they match). ``dims``: an array's dimension names; ``count``: the attr holding a table's length.
+    expression they match). ``dims``: an array's dimension names; ``count``: the attr holding a table's
+    length.
     """
     meta = {"where": where, "name": name, "dims": tuple(dims) if dims else None, "order": order, "count": count,
             "keys": keys}
@@ -54,9 +55,10 @@ def _layout(cls: type) -> list[tuple[dataclasses.Field, dict, Any]]:
 
 
 def _where(cls: type, name: str, hint: Any, meta: dict | None) -> dict | None:
-    """Where field ``name`` of ``cls`` lives: its ``stored(...)`` metadata, else by its annotation (a scalar is
-    an attr, an ``np.ndarray`` or ``list[float]`` an array); None for the fields handled by name (``config``,
-    ``inputs``...). Another type is refused, in the class or in its row and nested dataclasses."""
+    """Where field ``name`` of ``cls`` lives: its ``stored(...)`` metadata, else by its annotation (a scalar
+    is an attr, an ``np.ndarray`` or ``list[float]`` an array); None for the fields handled by name
+    (``config``, ``inputs``...). Another type is refused, in the class or in its row and nested
+    dataclasses."""
     if meta is None:
         if name in _BY_NAME:
             return None
@@ -124,7 +126,8 @@ def _real_parts(name: str, value: Any) -> dict[str, Any]:
 
 
 def table_columns(rows: Sequence[Any], row_cls: type, keys: Sequence[str] = ()) -> dict[str, list]:
-    """Rows of a table (row dataclasses) as named columns; dict fields expand over ``keys`` (default: their own)."""
+    """Rows of a table (row dataclasses) as named columns; dict fields expand over ``keys`` (default: their
+    own)."""
     columns: dict[str, list] = {}
     layout = _layout(row_cls)
     for f, meta, hint in layout:
@@ -239,7 +242,8 @@ def write_dataclass(obj: Any, path: str | os.PathLike, kind: str, *, inputs: Seq
 
 
 def _group_arrays(value: Any, name: str, hint: Any, keys: Sequence[str]) -> dict[str, Any]:
-    """One row's ``"group"`` field: a sub-table's columns prefixed ``name``, names as bytes, or one dataset."""
+    """One row's ``"group"`` field: a sub-table's columns prefixed ``name``, names as bytes, or one
+    dataset."""
     inner = _list_of(hint)
     if inner is not None:
         return {part: column for col, v in table_columns(value, inner, keys).items()
@@ -251,8 +255,8 @@ def _group_arrays(value: Any, name: str, hint: Any, keys: Sequence[str]) -> dict
 
 @dataclass(kw_only=True)
 class StoredResult:
-    """Base of a result dataclass stored by the codec: ``to_hdf5`` / ``from_hdf5`` from its ``KIND`` (the file's
-    kind) and ``CONFIG`` (the class of its ``config`` field), and the fields every result has."""
+    """Base of a result dataclass stored by the codec: ``to_hdf5`` / ``from_hdf5`` from its ``KIND`` (the
+    file's kind) and ``CONFIG`` (the class of its ``config`` field), and the fields every result has."""
 
     KIND = ""
     CONFIG: ClassVar[Any] = None

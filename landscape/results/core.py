@@ -39,8 +39,8 @@ class Result:
 
     def to_frame(self):
         """The result's table as a pandas DataFrame: the datasets the file's ``table`` attr names; for a grid
-        (a surface) one row per cell (x, y, train_loss, ...); else every 1-D dataset of the most common length.
-        A vector column ``v`` (rows x k) becomes ``v[0]`` ... ``v[k-1]``."""
+        (a surface) one row per cell (x, y, train_loss, ...); else every 1-D dataset of the most common
+        length. A vector column ``v`` (rows x k) becomes ``v[0]`` ... ``v[k-1]``."""
         import pandas as pd
 
         if "table" not in self.attrs and any(a.ndim >= 2 for a in self.arrays.values()):

@@ -27,8 +27,8 @@ OPTIONS_IN_NAME = 40
 
 
 def changed_options(*options: Any, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The fields of the option dataclasses ``options`` (None skipped) that differ from their defaults, without
-    :data:`NOT_IN_NAME`; then ``extra``."""
+    """The fields of the option dataclasses ``options`` (None skipped) that differ from their defaults,
+    without :data:`NOT_IN_NAME`; then ``extra``."""
     out: dict[str, Any] = {}
     for obj in options:
         if obj is None:
@@ -164,7 +164,8 @@ def companions(path: str | os.PathLike, *, csv: bool = True, figures: bool = Tru
 
 def check_companions(path: str | os.PathLike, *, csv: bool = True, figures: bool = True,
                      pairs: bool = True) -> None:
-    """Refuse to write result ``path`` when a file it would write beside it (:func:`companions`) is not ours."""
+    """Refuse to write result ``path`` when a file it would write beside it (:func:`companions`) is not
+    ours."""
     path = Path(path)
     mine = is_result_file(path)
     pair_dir = path.parent / f"{path.with_suffix('').name}-pairs"
