@@ -180,7 +180,7 @@ def _printed(table: InstabilityTable) -> list[dict]:
     columns = ["pair", "k", "phase2", "epsilon", "epsilon_spent"] + [
         c for s in table.splits for c in (f"chord_barrier_{s}_loss", *(f"instability_{s}_{m}{a}"
                                                                          for m in ("loss", "error") for a in aligned))]
-    labels = ("k", "epsilon", "epsilon_spent")  # NaN there: "not applicable" (no phases, an SGD pair), shown "-"
+    labels = ("k", "epsilon", "epsilon_spent")  # NaN there: not applicable (no phases, an SGD pair), shown "-"
     return [{c: None if c in labels and isinstance(r[c], float) and math.isnan(r[c]) else r[c]
              for c in columns} for r in table.records()]
 
