@@ -60,14 +60,14 @@ def align(ref_a: str, ref_b: str, *, run: str | None = None, root: str | Path = 
     from landscape.analyze.permutations import apply_permutation, verified_spec
     from landscape.api._common import check_pair
     from landscape.store import Store
-    from landscape.train.pruning import MASK_ARRAY, lineage_of
+    from landscape.train.pruning import MASK_ARRAY, lineage_of, load_masks
 
     config = AlignConfig(ref_a, ref_b, run, seed, max_iter)
     check_fields(config)
     store = Store(root)
     a, b = store.load(ref_a), store.load(ref_b)
     check_pair(a, b)
-    masks = _masks(store, b)
+    masks = load_masks(store.run(b.run)) if b.run is not None else None
     model = b.build_model()
     spec = verified_spec(model, _probe_inputs(b))
     alignment = align_states(model, a.state_dict, b.state_dict, seed=seed, max_iter=max_iter, spec=spec)
@@ -147,11 +147,3 @@ def _probe_inputs(b: Checkpoint) -> torch.Tensor:
         return torch.randn((16, *shape), generator=torch.Generator().manual_seed(0))
     data = checkpoint_dataset(b.data_spec, purpose="check its permutation spec", source=b.ref)
     return data.split("test")[0][:16]
-
-
-def _masks(store: Store, b: Checkpoint):
-    if b.run is None:
-        return None
-    from landscape.train.pruning import load_masks
-
-    return load_masks(store.run(b.run))

@@ -65,7 +65,10 @@ def prune(config: PruneConfig, *, root: str | Path) -> PruneResult:
     source = store.load(config.ref)
     init = init_ref = None
     if config.rewind == "init":
-        init_ref = config.init or _default_init_ref(source, config.ref)
+        if config.init is None and source.run is None:
+            raise UsageError(f"{config.ref} is a checkpoint file outside a run, so it has no @init; pass "
+                             f"{param('init')} or use {param('rewind', 'none')}")
+        init_ref = config.init or f"{source.run}@init"
         init = store.load(init_ref)
     run, masks = prune_into_run(store, source, config.remove, source_ref=config.ref, scope=config.scope,
                                 init=init, init_ref=init_ref, run=config.run)
@@ -74,15 +77,6 @@ def prune(config: PruneConfig, *, root: str | Path) -> PruneResult:
     total = sum(row["numel"] for row in layers)
     return PruneResult(run=run.name, checkpoint=run.checkpoints()[0].path, source=config.ref, init=init_ref,
                        layers=layers, kept_fraction=sum(row["kept"] for row in layers) / max(total, 1))
-
-
-def _default_init_ref(source: Checkpoint, ref: str) -> str:
-    if source.run is None:
-        raise UsageError(
-            f"{ref} is a checkpoint file outside a run, so it has no @init; pass {param('init')} or use "
-            f"{param('rewind', 'none')}"
-        )
-    return f"{source.run}@init"
 
 
 def _prune_rows(result: PruneResult) -> list[dict[str, Any]]:
