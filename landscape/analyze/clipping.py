@@ -29,6 +29,11 @@ KIND = "clipping"
 BOUND_RTOL = 1e-9
 
 
+def _per_layer(name: str, dtype: type = float):
+    """A per-layer array field of :class:`ClipStats`, stored as the dataset ``layer/<name>``."""
+    return stored("array", name=f"layer/{name}", default_factory=lambda: np.zeros(0, dtype))
+
+
 @dataclass
 class ClipStats:
     """Watson Sec. 3.1 quantities of one set of per-sample gradients (flat, plus one entry per layer)."""
@@ -45,18 +50,13 @@ class ClipStats:
     clipped_mean_norm: float  # ||c||
     mean_sample_norm: float  # (1/n) sum ||g_i||
     min_sample_norm: float
-    # per layer (stored as datasets "layer/<name>")
-    layer_R: np.ndarray = stored("array", name="layer/R", default_factory=lambda: np.zeros(0))
-    layer_projection: np.ndarray = stored("array", name="layer/projection", default_factory=lambda: np.zeros(0))
-    layer_bound: np.ndarray = stored("array", name="layer/bound", default_factory=lambda: np.zeros(0))
-    layer_assumption_held: np.ndarray = stored("array", name="layer/assumption_held",
-                                               default_factory=lambda: np.zeros(0, bool))
-    layer_fraction_clipped: np.ndarray = stored("array", name="layer/fraction_clipped",
-                                                default_factory=lambda: np.zeros(0))
-    layer_cos_clipped_mean: np.ndarray = stored("array", name="layer/cos_clipped_mean",
-                                                default_factory=lambda: np.zeros(0))
-    layer_mean_grad_norm: np.ndarray = stored("array", name="layer/mean_grad_norm",
-                                              default_factory=lambda: np.zeros(0))
+    layer_R: np.ndarray = _per_layer("R")
+    layer_projection: np.ndarray = _per_layer("projection")
+    layer_bound: np.ndarray = _per_layer("bound")
+    layer_assumption_held: np.ndarray = _per_layer("assumption_held", bool)
+    layer_fraction_clipped: np.ndarray = _per_layer("fraction_clipped")
+    layer_cos_clipped_mean: np.ndarray = _per_layer("cos_clipped_mean")
+    layer_mean_grad_norm: np.ndarray = _per_layer("mean_grad_norm")
 
     SCALARS = (
         "R", "projection", "bound", "assumption_held", "bound_held", "fraction_clipped", "cos_clipped_mean",

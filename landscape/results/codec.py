@@ -294,12 +294,10 @@ class StoredResult:
 
 
 def _row_class(hint: Any) -> type:
-    import typing
-
-    args = typing.get_args(hint)
-    if not args or not dataclasses.is_dataclass(args[0]):
+    row = _list_of(hint)
+    if row is None:
         raise TypeError(f"a table field must be annotated list[RowDataclass], got {hint}")
-    return args[0]
+    return row
 
 
 def _split_order(value: Any) -> list[str]:
