@@ -25,9 +25,6 @@ KIND = "calibration"
 SPLITS = ("train", "test")
 
 
-# ----------------------------------------------------------------------------------------- binning
-
-
 def bin_edges(bins: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """The ``bins + 1`` equal-width edges ``m / M`` of [0, 1] (float64)."""
     return torch.linspace(0.0, 1.0, int(bins) + 1, dtype=torch.float64, device=device)
@@ -80,9 +77,6 @@ def example_stats(logits: torch.Tensor, y: torch.Tensor) -> ExampleStats:
     brier = (p * p).sum(1) - 2.0 * p_true + 1.0  # sum_k p_k^2 - 2 p_y + 1 = sum_k (p_k - 1{k=y})^2
     return ExampleStats(confidence=conf, correct=(pred == yy.squeeze(1)).to(torch.float64), p_true=p_true,
                         nll=-logp.gather(1, yy).squeeze(1), brier=brier)
-
-
-# ------------------------------------------------------------------------------------------ metrics
 
 
 @dataclass
@@ -205,9 +199,6 @@ class _Examples(Metric):
                 for parts in state]
 
 
-# --------------------------------------------------------------------------------------- per checkpoint
-
-
 @dataclass
 class CalibrationRow:
     """One checkpoint: its reference, run, position and each split."""
@@ -306,9 +297,6 @@ def calibration_row(model: torch.nn.Module, data: Mapping[str, tuple[torch.Tenso
                      method=config.method, metrics=[_Examples()])
         out[s] = calibration_from_stats(r.metrics["examples"][0], config.bins)
     return CalibrationRow(ref=ref, step=int(step), epoch=float(epoch), splits=out, run=run)
-
-
-# ------------------------------------------------------------------------------------------- the spec
 
 
 def compute_point(point, config: CalibrationConfig, shared: Any = None) -> CalibrationRow:

@@ -363,9 +363,6 @@ def clipping_row(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: Cli
     return row, names, num_params
 
 
-# ------------------------------------------------------------------------------------------- the spec
-
-
 def compute_point(point, config: ClippingConfig):
     """:func:`clipping_row` at one resolved checkpoint (its run's pruning mask applied)."""
     x, y = point.split(config.split)  # the engine moves each chunk (and the masks) to the model's device

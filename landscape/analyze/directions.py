@@ -29,9 +29,6 @@ GENERATOR_BUDGET = 1 << 29  # bytes of cached first-layer outputs per evaluate c
 RESERVED = ("loss", "acc", "distance", "distances", "rise")  # direction_<column>, toward_<column> are taken
 
 
-# ----------------------------------------------------------------------------------------- points
-
-
 def rays(origin: torch.Tensor, directions: torch.Tensor, steps: torch.Tensor) -> Affine:
     """Points ``origin + s * directions[j]`` for every direction j (outer) and step s (inner)."""
     k, p = directions.shape[0], steps.numel()
@@ -93,9 +90,6 @@ def _first_output_numel(model: nn.Module, x1: torch.Tensor) -> int:
         for h in hooks:
             h.remove()
     return sizes[0] if sizes else 1
-
-
-# ----------------------------------------------------------------------------------------- result
 
 
 @dataclass
@@ -174,8 +168,6 @@ class DirectionsResult(StoredResult):
                 result.toward_metrics[col] = arrays[f"toward_{col}"]
         return result
 
-
-# --------------------------------------------------------------------------------------- analyzer
 
 ChunkRunner = Callable[[list[list[int]], float, torch.Tensor],
                        Iterable[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], float]]]
@@ -277,9 +269,6 @@ def random_profiles(model: nn.Module, theta: torch.Tensor, x: torch.Tensor, y: t
         examples=int(x.shape[0]), seconds=seconds, throughput=total_points / seconds if seconds > 0 else math.inf,
         method=method, config=config,
     )
-
-
-# ------------------------------------------------------------------------------------------- the spec
 
 
 def _rows(result: DirectionsResult) -> list[dict]:

@@ -32,9 +32,6 @@ AUTO_MARGIN = 0.25  # auto ranges extend the span of the marked points by this f
 POINTS_PER_CALL = 64  # auto rows_per_call: enough rows that one evaluate call amortises its fixed cost
 
 
-# ------------------------------------------------------------------------------------------- planes
-
-
 @dataclass
 class Plane:
     """``origin + x * dx + y * dy``; what to draw on it (markers, trajectory) and how to label the axes."""
@@ -107,9 +104,6 @@ def pca_plane(origin: torch.Tensor, trajectory: torch.Tensor, *, steps: Sequence
                  explained_variance=ev, trajectory=pca.coords,
                  trajectory_steps=None if steps is None else np.asarray(steps, dtype=np.int64),
                  markers={label: (0.0, 0.0)})
-
-
-# ------------------------------------------------------------------------------------------- result
 
 
 @dataclass
@@ -205,9 +199,6 @@ class SurfaceResult(StoredResult):
         return result
 
 
-# ----------------------------------------------------------------------------------------- analyzer
-
-
 def pending_rows(result: SurfaceResult) -> list[int]:
     """Rows (x indices) with a cell not yet computed, in order: the whole schedule."""
     return [int(i) for i in np.flatnonzero(~result.done.all(axis=1))]
@@ -289,9 +280,6 @@ def compute_surface(model: nn.Module, plane: Plane, data: Mapping[str, tuple[tor
             task.update(len(rows))
     result.seconds = before + time.perf_counter() - start
     return result
-
-
-# ------------------------------------------------------------------------------------------- the spec
 
 
 def _notes(result: SurfaceResult) -> list[str]:
