@@ -40,6 +40,8 @@ def run_directions(resolver: Resolver, ref_a: str, config: DirectionsConfig, opt
     """Resolve A (and ``options.toward``) and evaluate :func:`random_profiles`; the runner writes and
     draws."""
     toward = options.toward
+    if config.distance == "auto" and toward is None:  # before anything is loaded
+        raise UsageError(f"{param('distance', 'auto')} needs {param('toward')} (or give a number)")
     point_a = resolver.point(ref_a, data=False)
     a = point_a.checkpoint
     b = _checked(resolver, toward, point_a) if toward is not None else None
