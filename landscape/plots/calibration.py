@@ -86,8 +86,7 @@ def plot_true_class_probability(entries: Sequence[tuple], *, split: str = "test"
         share = c.true_class_count / max(c.examples, 1)
         ax.stairs(share, c.edges, color=PALETTE[i % len(PALETTE)], linewidth=1.6, label=name)
     ax.set_xlim(0, 1)
-    ax.set_xlabel("probability given to the true class")
-    ax.set_ylabel(f"share of {split} examples")
+    ax.set(xlabel="probability given to the true class", ylabel=f"share of {split} examples")
     ax.legend(loc="upper center")
     if title:
         ax.set_title(title)
@@ -110,8 +109,7 @@ def plot_calibration_curves(records: Sequence, *, split: str = "test", title: st
             ax.plot(epochs, [getattr(r, key) for r in members], "o-", ms=3,
                     color=PALETTE[i % len(PALETTE)], label=run)
     for ax, (_, label) in zip(axes.flat, CURVES, strict=True):
-        ax.set_xlabel("epoch")
-        ax.set_ylabel(f"{label} ({split})")
+        ax.set(xlabel="epoch", ylabel=f"{label} ({split})")
     axes[0, 0].legend(loc="best")
     if title:
         fig.suptitle(title)

@@ -57,8 +57,7 @@ def _against(result, x, xlabel: str, stem, *, title: str) -> list[Path]:
         if (col["bound"] < low - 0.05 * c).any():
             ax.text(0.02, 0.02, f"bound below the axis where off-scale (min {np.nanmin(col['bound']):.3g})",
                     transform=ax.transAxes, fontsize=7, color=PALETTE[1])
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("projection of clipped mean")
+    ax.set(xlabel=xlabel, ylabel="projection of clipped mean")
     ax.legend()
     ax = axes[2]
     ax.plot(x, col["fraction_clipped"], "o-", color=PALETTE[2], label="fraction clipped")

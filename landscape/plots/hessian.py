@@ -78,8 +78,7 @@ def plot_density(result, stem, title: str = "") -> list[Path]:
     for (label, _, color), density in zip(picked, curves, strict=True):
         ax.semilogy(grid, np.maximum(density, top * 1e-12), color=color, label=label)
     ax.set_ylim(top * 1e-7, top * 3)
-    ax.set_xlabel("eigenvalue")
-    ax.set_ylabel(f"density (SLQ, Gaussian width {sigma:.3g})")
+    ax.set(xlabel="eigenvalue", ylabel=f"density (SLQ, Gaussian width {sigma:.3g})")
     ax.set_title(title or "Hessian spectral density")
     ax.legend()
     fig.tight_layout()

@@ -69,8 +69,7 @@ def plot_interpolation(result, *, labels: tuple[str, str] = ("A", "B"), title: s
                 ax.plot(result.alpha, result.point_metrics_aligned[col][split], ":", color=color,
                         label=f"{split} aligned")
     for ax, ylabel in zip(flat, ["loss (cross-entropy)", "accuracy", *columns], strict=False):
-        ax.set_xlabel(r"$\alpha$  ($(1-\alpha)\,\theta_A + \alpha\,\theta_B$)")
-        ax.set_ylabel(ylabel)
+        ax.set(xlabel=r"$\alpha$  ($(1-\alpha)\,\theta_A + \alpha\,\theta_B$)", ylabel=ylabel)
         ax.set_xlim(0, 1)
         ax.set_xticks([0, 0.25, 0.5, 0.75, 1])
         ax.set_xticklabels([labels[0], "0.25", "0.5", "0.75", labels[1]])

@@ -22,8 +22,7 @@ def _heatmap(ax, M: np.ndarray, title: str, *, diverging: bool) -> None:
     else:
         im = ax.imshow(M, cmap="viridis", interpolation="nearest")
     ax.set_title(title)
-    ax.set_xlabel("j")
-    ax.set_ylabel("i")
+    ax.set(xlabel="j", ylabel="i")
     ax.grid(False)
     ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
 
@@ -47,8 +46,7 @@ def plot_ntk(result: NTKResult, stem: str | os.PathLike, title: str = "") -> lis
     positive = kp.sym_eigvals[kp.sym_eigvals > 1e-12 * max(kp.norm, 1e-300)]
     linthresh = 0.1 * positive.min() if positive.size else 1e-12
     ax.set_yscale("symlog", linthresh=max(linthresh, 1e-12 * max(kp.norm, p.norm, 1e-300)))
-    ax.set_xlabel("index (sorted)")
-    ax.set_ylabel("eigenvalue")
+    ax.set(xlabel="index (sorted)", ylabel="eigenvalue")
     ax.set_title(f"spectra ({result.config.kernel}, clip {result.config.clip_style})")
     ax.legend()
     _heatmap(axes[1], result.K, "K", diverging=True)

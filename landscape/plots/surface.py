@@ -69,8 +69,7 @@ def contour_figure(result, *, filled: bool, title: str | None = None):
                 cs = ax.contour(xg, yg, zm, levels=levels, cmap="viridis", norm=norm, linewidths=0.9)
                 ax.clabel(cs, cs.levels[::4], inline=True, fontsize=6, fmt="%.3g")
             _overlay(ax, result)
-            ax.set_xlabel(result.xlabel)
-            ax.set_ylabel(result.ylabel)
+            ax.set(xlabel=result.xlabel, ylabel=result.ylabel)
             ax.set_title(f"{split} {what}" + (f"\n{title}" if title else ""))
             ax.grid(False)
     return fig

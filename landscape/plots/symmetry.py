@@ -68,8 +68,7 @@ def plot_statistics(result, stem) -> list[Path]:
     fig, axes = subplots(1, 2, figsize=(9, 3.2))
     ax = axes[0]
     ax.plot(epochs, h, "o-", color=PALETTE[0], label="energy coefficient H(xi, -xi)")
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("H (0 = symmetric)")
+    ax.set(xlabel="epoch", ylabel="H (0 = symmetric)")
     ax_p = ax.twinx()
     ax_p.plot(epochs, p, "s--", color=PALETTE[1], ms=3, label="permutation p-value")
     ax_p.set_ylim(0, 1.05)
@@ -84,8 +83,7 @@ def plot_statistics(result, stem) -> list[Path]:
         n = result.rows[0].stats.plane.shape[0]
         ax.axhline(math.sqrt(6 / n), color="#888888", ls=":", lw=0.8, label="sd under symmetry ~ sqrt(6/n)")
         ax.legend()
-    ax.set_xlabel("epoch")
-    ax.set_ylabel(f"skewness along {result.config.projections} random directions")
+    ax.set(xlabel="epoch", ylabel=f"skewness along {result.config.projections} random directions")
     fig.tight_layout()
     return save_figure(fig, stem)
 
