@@ -61,8 +61,7 @@ def direction_chunk(model: nn.Module, space: ParamSpace, theta: torch.Tensor, di
                     steps: torch.Tensor, x: torch.Tensor, y: torch.Tensor, config: DirectionsConfig,
                     metrics: Sequence[user_metrics.Bound] = ()
                     ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], float]:
-    """Loss, accuracy and each metric column (k, len(steps)) at ``theta + s * dirs[j]`` in one evaluate call,
-    and its seconds."""
+    """Loss, accuracy and metric columns (k, len(steps)) at ``theta + s * dirs[j]``, and the seconds."""
     r = evaluate(model, x, y, rays(theta, dirs, steps), space=space, batch_size=config.chunk,
                  device=config.device, method=config.method, metrics=[b.metric for b in metrics])
     k = dirs.shape[0]

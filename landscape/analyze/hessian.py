@@ -39,8 +39,7 @@ def _empty(*shape: int):
 
 @dataclass
 class HessianRow:
-    """The Hessian measurements of one checkpoint (NaN / empty where not asked for). The scalars are the
-    result's table; the arrays are stacked over checkpoints into the result's arrays."""
+    """The Hessian measurements of one checkpoint (NaN / empty where not asked for)."""
 
     ref: str
     run: str
@@ -75,8 +74,7 @@ def _stack(arrays: list[np.ndarray]) -> np.ndarray:
 
 @dataclass
 class HessianResult(StoredResult):
-    """``landscape hessian``: one table row per checkpoint, in the order given, and the per-checkpoint arrays
-    stacked over checkpoints (``eigenvalues[c, i]`` is lambda_{i+1} of checkpoint ``c``)."""
+    """``landscape hessian``: a table row per checkpoint, the per-checkpoint arrays stacked over them."""
 
     KIND = KIND
     CONFIG = HessianConfig
@@ -125,8 +123,7 @@ def subset(x: Tensor, y: Tensor, n: int | float, seed: int, split: str = "") -> 
 def hessian_row(model: nn.Module, x: Tensor, y: Tensor, config: HessianConfig, *, ref: str = "",
                 step: int = 0, epoch: float = math.nan, run: str = "", optimizer: str = "",
                 masks: dict[str, Tensor] | None = None) -> HessianRow:
-    """Top eigenvalues (and trace, density as configured) of the loss Hessian of ``model`` on the seeded
-    subset of ``x, y``. Pure: the model is not modified."""
+    """Top eigenvalues (trace, density as configured) of the loss Hessian on the seeded subset."""
     start = time.perf_counter()
     xs, ys = subset(x, y, config.subset, config.subset_seed, config.split)
     op = HessianOperator(model, xs, ys, masks=masks, dtype=PRECISIONS[config.precision],

@@ -71,8 +71,7 @@ def chord_barrier(values: Sequence[float] | np.ndarray, alphas: Sequence[float] 
 
 
 def rise_above_ends(values: Sequence[float] | np.ndarray) -> float:
-    """``sup_alpha E_alpha - max(E_A, E_B)``: how far the path rises above both of its ends (never above the
-    chord barrier); ``inf`` when any value is non-finite."""
+    """``sup_alpha E_alpha - max(E_A, E_B)``: the rise above both ends; ``inf`` for any non-finite value."""
     v = np.asarray(values, dtype=np.float64)
     if not np.all(np.isfinite(v)):
         return math.inf
@@ -81,8 +80,7 @@ def rise_above_ends(values: Sequence[float] | np.ndarray) -> float:
 
 @dataclass
 class InterpolationResult(StoredResult):
-    """Loss/accuracy per split along the path, the barriers above the chord and above both ends, and the
-    instabilities (Watson et al. Def. 2.3)."""
+    """Loss/accuracy per split along the path, the barriers and the instabilities (Watson Def. 2.3)."""
 
     KIND = KIND
     CONFIG = InterpolateConfig
@@ -153,8 +151,7 @@ class InterpolationResult(StoredResult):
         return result
 
     def summary(self) -> list[dict]:
-        """One row per split: losses at the ends, the maximum, the chord barrier and the rise beside both
-        Def. 2.3 instabilities."""
+        """One row per split: the end losses, the maximum, the barriers and the instabilities."""
         return [
             {
                 "split": s,

@@ -147,8 +147,7 @@ class NormsResult(StoredResult):
         return out
 
     def derived(self) -> tuple[dict, dict, dict]:
-        """Per run its mean gradient norm per checkpoint; the final distances and their ratios to the first
-        run (the frame's columns beside the labels); the first run's final numbers as attrs."""
+        """Per run the mean gradient norms; the final distances and ratios (the frame's columns) and attrs."""
         table = self.ratio_rows()
         arrays = {f"runs/{i}/mean_grad_norm": run.column("mean_grad_norm") for i, run in enumerate(self.runs)}
         arrays["dist_origin"] = np.array([t["dist_origin"] for t in table])
@@ -198,8 +197,7 @@ def shared_edges(values, config: NormsConfig) -> np.ndarray:
 
 
 def compute_point(point, config: NormsConfig, edges: np.ndarray):
-    """:func:`checkpoint_norms` at one resolved checkpoint (distances from its run's @init; gradients masked
-    by its run's pruning mask), with the run's optimizer label and layer names."""
+    """:func:`checkpoint_norms` at one resolved checkpoint, with its optimizer label and layer names."""
     model = point.model().eval().to(resolve_device(config.device))  # eval: dropout off at the point
     x = y = None
     if config.subset > 0:

@@ -108,8 +108,7 @@ def pca_plane(origin: torch.Tensor, trajectory: torch.Tensor, *, steps: Sequence
 
 @dataclass
 class SurfaceResult(StoredResult):
-    """Loss/accuracy on a ``len(x) x len(y)`` grid (NaN = not computed; ``values[i, j]`` at ``(x[i], y[j])``)
-    and the plane's metadata."""
+    """Loss/accuracy on a grid (NaN = not computed; ``values[i, j]`` at ``(x[i], y[j])``), and the plane."""
 
     KIND = KIND
     CONFIG = SurfaceConfig

@@ -44,8 +44,7 @@ def check_pair(a: Checkpoint, b: Checkpoint, *, b_label: str | None = None) -> N
 
 
 def default_output(name: str) -> Path:
-    """``results/<name>.h5`` (relative to the working directory); a name too long for a file (long run names)
-    keeps its first 150 characters and gets a hash of the whole, so it stays unique."""
+    """``results/<name>.h5``; a name too long for a file keeps 150 characters and a hash of the whole."""
     if len(name) > 200:
         import hashlib
 

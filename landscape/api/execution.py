@@ -57,8 +57,7 @@ def _start_worker(parent: int, initializer: Callable | None, initargs: tuple, tr
 
 def spawn_pool(workers: int, initializer: Callable | None = None, initargs: tuple = (),
                trusted: tuple | None = None) -> ProcessPoolExecutor:
-    """``workers`` spawned processes with one torch thread each that exit when this process dies, then
-    ``initializer(*initargs)`` in each (its dict becomes :func:`worker_state`)."""
+    """``workers`` spawned processes that die with this one, each running ``initializer(*initargs)``."""
     return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_start_worker,
                                initargs=(os.getpid(), initializer, initargs,
                                          _trusted() if trusted is None else trusted))
@@ -106,8 +105,7 @@ def scheduler_address(address: Any) -> Any:
 
 @contextlib.contextmanager
 def using_scheduler(scheduler: Any):
-    """Inside the block every :class:`ProcessPool` runs its jobs on the Dask cluster ``scheduler`` (an address
-    or a ``distributed.Client``); ``None`` changes nothing."""
+    """Inside the block every :class:`ProcessPool` runs its jobs on the Dask cluster ``scheduler``."""
     token = _SCHEDULER.set(scheduler_address(scheduler))
     try:
         yield
@@ -143,8 +141,7 @@ def _connect(scheduler: Any):
 
 
 def connect_client(address: str, **kwargs: Any):
-    """A ``distributed.Client`` of the scheduler at ``address``, after :func:`probe_scheduler` (a service that
-    is not a Dask scheduler is one line, never a wait without end)."""
+    """A ``distributed.Client`` of the scheduler at ``address``, after :func:`probe_scheduler`."""
     from distributed import Client
 
     from landscape import bounds
@@ -266,8 +263,7 @@ _DASK_STATES: dict[str, dict[str, Any]] = {}
 
 
 def _dask_task(key: str | None, init: tuple | None, trusted: tuple, fn: Callable, *args: Any) -> Any:
-    """A job on a Dask worker: the parent's trusted code and device, the pool's worker state (built once per
-    process and pool ``key``), then ``fn(*args)``."""
+    """A job on a Dask worker, with the parent's trusted code and device and the pool's worker state."""
     from landscape import plugins
 
     one_thread()
@@ -398,8 +394,7 @@ class ExecutionOptions:
         check_parallelism(self.workers, self.scheduler)
 
     def on_cluster(self, parallel: bool) -> ExecutionOptions:
-        """The options the work runs with: on a cluster, an analysis with parallel parts cuts its work into as
-        many parts as the cluster has workers."""
+        """The options the work runs with: on a cluster, as many parts as the cluster has workers."""
         scheduler = self.scheduler if self.scheduler is not None else _SCHEDULER.get()
         if scheduler is None:
             return self

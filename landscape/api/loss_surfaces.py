@@ -127,8 +127,7 @@ def _in_workers(payload: _Payload, job: Callable, jobs: list[tuple], *, ordered:
 
 def run_surface(resolver: Resolver, ref_a: str, config: SurfaceConfig, options, execution: ExecutionOptions,
                 out: Path) -> tuple[SurfaceResult, list[InputRef], dict]:
-    """The surface around A on ``config.plane``, written to ``out`` after every block of rows (resumed from a
-    partial file with the same options, inputs and plane unless ``options.restart``)."""
+    """The surface around A, written to ``out`` after every block of rows, resumed unless ``restart``."""
     point_a = resolver.point(ref_a, data=False)
     a = point_a.checkpoint
     model = a.build_model()

@@ -21,8 +21,7 @@ from landscape.store import Checkpoint, CheckpointInfo, Store, load_verified
 
 @dataclass(frozen=True)
 class Target:
-    """One checkpoint to analyse, not yet loaded: its reference, file, run (if any), step, epoch and the
-    sha256 its run's manifest recorded (checked when it is loaded)."""
+    """One checkpoint to analyse, not yet loaded (its sha256 is checked when it is)."""
 
     ref: str
     path: str

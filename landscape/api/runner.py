@@ -203,8 +203,7 @@ def hook(spec: Analysis, kind: str) -> Callable:
 
 def _map(fn: Callable, jobs: list[tuple], workers: int = 1, *, pool: ProcessPool | None = None, what: str,
          unit: str) -> list:
-    """``map_jobs`` (or ``pool.map``) of jobs returning ``(value, warnings)``: the workers' warnings re-raised
-    here, so the CLI shows them whichever process they came from."""
+    """``map_jobs`` (or ``pool.map``) of jobs returning ``(value, warnings)``: the warnings re-raised here."""
     out = []
     shown = {"what": what, "unit": unit}
     for value, messages in (pool.map(fn, jobs, **shown) if pool is not None else map_jobs(fn, jobs, workers, **shown)):
@@ -218,8 +217,7 @@ _LIBRARY_NOISE = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
 
 
 def _caught(fn: Callable, *args) -> tuple[Any, list]:
-    """``fn(*args)`` and the warnings it raised, but not the deprecation notices other libraries raise about
-    themselves (recording with "always" would show them on every run)."""
+    """``fn(*args)`` and the warnings it raised, but not other libraries' notices about themselves."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         value = fn(*args)
@@ -229,8 +227,7 @@ def _caught(fn: Callable, *args) -> tuple[Any, list]:
 
 
 def _point_job(step: str, name: str, resolver: Resolver, target: Target, config: Any, *shared: Any):
-    """``spec.compute`` (or ``spec.prepare``) at one checkpoint, with the example subsets it drew (recorded in
-    this worker, written by the parent)."""
+    """``spec.compute`` (or ``spec.prepare``) at one checkpoint, with the example subsets it drew."""
     def job():
         spec = get(name)
         with recording_subsets() as draws:

@@ -12,8 +12,7 @@ from landscape.plots.style import PALETTE, save_figure, styled, subplots
 
 @styled
 def plot_clipping(result, stem, title: str = "") -> list[Path]:
-    """One figure: against pruning level (Watson Fig. 11) when the rows are pruning levels, against epoch for
-    several checkpoints, and per layer for a single checkpoint."""
+    """One figure: against pruning level (Watson Fig. 11), against epoch, or per layer."""
     levels = np.array([r.prune_level for r in result.rows])
     if not np.isnan(levels).all():
         return _against(result, levels, "fraction of weights pruned", stem, title="R vs pruning (Watson Fig. 11)")

@@ -10,8 +10,7 @@ from landscape.plots.style import PALETTE, SGD_COLOR, styled, subplots
 
 @styled
 def plot_directions(result, *, title: str | None = None):
-    """A :class:`~landscape.analyze.directions.DirectionsResult` as a figure (returned, not saved): the loss,
-    then one panel per metric column (``--metric``) drawn the same way."""
+    """A :class:`~landscape.analyze.directions.DirectionsResult` as a figure (returned, not saved)."""
     columns = list(getattr(result, "point_metrics", {}))
     fig, axes = subplots(1, 1 + len(columns), figsize=(5.4 + 4.2 * len(columns), 3.6), squeeze=False)
     dist = np.asarray(result.t) * result.distance

@@ -23,8 +23,7 @@ def _colors(result) -> list[str]:
 
 
 def _grad_rows(run, epochs: list[float] | None) -> list:
-    """Checkpoints whose gradient-norm histograms are drawn: the asked-for epochs, else the first after
-    initialisation and the last."""
+    """Checkpoints whose gradient-norm histograms are drawn: the asked-for epochs, else the first and last."""
     rows = [r for r in run.rows if r.grad_norms.size]
     if not rows:
         return []

@@ -57,8 +57,7 @@ def plot_ntk(result: NTKResult, stem: str | os.PathLike, title: str = "") -> lis
 
 @styled
 def plot_ntk_table(table: NTKTable, stem: str | os.PathLike, title: str = "") -> list[Path]:
-    """The numbers behind Table 1: against the clipping norm (one step) or against epoch (several); ``title``
-    as :func:`plot_ntk`."""
+    """The numbers behind Table 1 against the clipping norm (one step) or against epoch (several)."""
     steps = sorted({r.step for r in table.rows})
     along_run = len(steps) > 1
     panels = [("asymmetry", "asymmetry ||A-A^T||/||A||"), ("min_sym_eig", "min eig (A+A^T)/2 / ||A||"),

@@ -57,8 +57,7 @@ def method_marker(optimizer: str) -> str:
 
 
 def series_styles(n: int) -> list[dict]:
-    """``n`` plot keyword sets (``color``, ``ls``, ``marker``) that differ in all three, so series stay apart
-    in greyscale and for colour-blind readers (Okabe-Ito colours; cycles after 8)."""
+    """``n`` plot keyword sets (``color``, ``ls``, ``marker``) that differ in all three (greyscale-safe)."""
     return [{"color": PALETTE[i % len(PALETTE)], "ls": LINESTYLES[i % len(LINESTYLES)],
              "marker": MARKERS[i % len(MARKERS)]} for i in range(n)]
 
@@ -132,8 +131,7 @@ def subplots(*args, figsize=None, layout=None, **kwargs):
 
 
 def save_figure(fig, stem: str | os.PathLike) -> list[Path]:
-    """Write ``stem.png`` (200 dpi) and ``stem.pdf`` (``stem`` may carry a suffix: ``out/interp.h5`` ->
-    ``out/interp.png``), each atomically, and return both paths."""
+    """Write ``stem.png`` (200 dpi) and ``stem.pdf`` atomically (``stem`` may carry a suffix); both paths."""
     stem = Path(stem)
     if stem.suffix.lower() in (".png", ".pdf", ".h5", ".hdf5", ".csv"):
         stem = stem.with_suffix("")

@@ -118,8 +118,7 @@ def _flatten(obj: Any, layout, out_arrays: dict, out_attrs: dict, dims: dict, or
 
 
 def _real_parts(name: str, value: Any) -> dict[str, Any]:
-    """``{name: value}``, or for a complex array ``{name_real: ..., name_imag: ...}`` (HDF5 has no portable
-    complex type)."""
+    """``{name: value}``, or ``{name_real: ..., name_imag: ...}`` for a complex array."""
     if isinstance(value, np.ndarray) and np.iscomplexobj(value):
         return {f"{name}_real": value.real, f"{name}_imag": value.imag}
     return {name: value}
@@ -255,8 +254,7 @@ def _group_arrays(value: Any, name: str, hint: Any, keys: Sequence[str]) -> dict
 
 @dataclass(kw_only=True)
 class StoredResult:
-    """Base of a result dataclass stored by the codec: ``to_hdf5`` / ``from_hdf5`` from its ``KIND`` (the
-    file's kind) and ``CONFIG`` (the class of its ``config`` field), and the fields every result has."""
+    """Base of a result dataclass: ``to_hdf5`` / ``from_hdf5`` by its ``KIND`` and ``CONFIG``."""
 
     KIND = ""
     CONFIG: ClassVar[Any] = None
@@ -359,8 +357,7 @@ def _dict_field(source: Mapping[str, Any], template: str, order: Sequence[str], 
 
 
 def read_dataclass(cls: type, path: str | os.PathLike, kind: str, *, config: type | None = None) -> Any:
-    """The result dataclass ``cls`` from a file written by :func:`write_dataclass` (``kind`` must match);
-    ``config`` is the class of its ``config`` field, rebuilt from the stored params."""
+    """The result dataclass ``cls`` from a ``kind`` file written by :func:`write_dataclass`."""
     r = read_result(path, kind)
     values = _field_values(cls, r)
     names = {f.name for f in dataclasses.fields(cls)}

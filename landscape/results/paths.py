@@ -68,8 +68,7 @@ def _shown_value(name: str, value: Any) -> str:
 
 
 def output_stem(base: str, changed: Mapping[str, Any]) -> str:
-    """``base`` and the changed options, written out (``hessian-sgd_last-top_k=3-trace``) within
-    :data:`OPTIONS_IN_NAME` characters, else hashed (``hessian-sgd_last-0f3a91c2``)."""
+    """``base`` and the changed options, written out (``-top_k=3-trace``) when short, else hashed."""
     if not changed:
         return base
     shown = "-".join(slug(_shown_value(k, v)) for k, v in changed.items())
@@ -110,8 +109,7 @@ DERIVED_BYTES = 40  # what a result's companions add to its stem: "-train-reliab
 
 
 def check_output_path(path: str | os.PathLike) -> None:
-    """Refuse an output path that would replace anything but a result file (a mistyped ``-o`` must never
-    destroy a checkpoint), lies below a file or is too long."""
+    """Refuse an output path that would replace anything but a result, lies below a file or is too long."""
     path = Path(path)
     too_long = [part for part in path.parts if len(os.fsencode(part)) > NAME_MAX]
     if too_long:
