@@ -103,16 +103,12 @@ class SpecBuilder:
                                                       f"{seen[0]} of '{seen[1]}' on the same channels, so no channel "
                                                       "permutation keeps both"))
             self.groups[perm] = (module.num_groups, prefix)
-            if module.affine:
-                self.add(perm, f"{prefix}.weight", 0)
-                self.add(perm, f"{prefix}.bias", 0)
-            return
-        if not isinstance(module, nn.modules.batchnorm._BatchNorm):
+        elif not isinstance(module, nn.modules.batchnorm._BatchNorm):
             raise ModelError(self._refuse(prefix, f"{type(module).__name__} is not a norm alignment knows"))
         if module.affine:
             self.add(perm, f"{prefix}.weight", 0)
             self.add(perm, f"{prefix}.bias", 0)
-        if module.track_running_stats:
+        if getattr(module, "track_running_stats", False):  # BatchNorm's; GroupNorm keeps no statistics
             self.add(perm, f"{prefix}.running_mean", 0, match=False)
             self.add(perm, f"{prefix}.running_var", 0, match=False)
 

@@ -234,9 +234,7 @@ def write_dataclass(obj: Any, path: str | os.PathLike, kind: str, *, inputs: Seq
     if table and "table" not in out_attrs:  # derived() may name the frame's columns itself
         out_attrs["table"] = json.dumps(table)
     out_attrs.update(attrs or {})
-    params = getattr(obj, "config", None)
-    if params is None:
-        params = getattr(obj, "params", None)
+    params = getattr(obj, "config", None) or getattr(obj, "params", None)
     return write_result(path, kind, arrays=arrays, attrs=out_attrs, params=params, inputs=inputs, dims=dims)
 
 
