@@ -315,16 +315,8 @@ def _decode_value(value: Any, hint: Any) -> Any:
         hint = args[0] if len(args) == 1 else None
     if optional and not isinstance(value, np.ndarray) and (value is None or value in ("", "none")):
         return None
-    if hint is float:
-        return float(value)
-    if hint is int:
-        return int(value)
-    if hint is bool:
-        return bool(value)
-    if hint is str:
-        return str(value)
-    if hint is Path:
-        return Path(value)
+    if hint in (float, int, bool, str, Path):
+        return hint(value)
     if typing.get_origin(hint) is tuple and isinstance(value, str):
         return tuple(_split_order(value))
     if _vector(hint) and isinstance(value, np.ndarray):
