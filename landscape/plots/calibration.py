@@ -41,8 +41,7 @@ def plot_reliability(entries: Sequence[tuple], *, split: str = "test", title: st
         ax.text(0.04, 0.96, f"ECE {100 * c.ece:.2f}%\nMCE {100 * c.mce:.2f}%\nacc {100 * c.accuracy:.1f}%",
                 transform=ax.transAxes, va="top", ha="left", fontsize=8,
                 bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "0.8"})
-        ax.set_xlim(0, 1)
-        ax.set_ylim(0, 1)
+        ax.set(xlim=(0, 1), ylim=(0, 1))
         ax.set_aspect("equal")
         ax.grid(False)
         ax.set_title(name)

@@ -41,8 +41,7 @@ def plot_deviations(result, stem) -> list[Path]:
                    norm=LogNorm())
         ax2.set_title(f"|skew| mean {row.stats.mean_abs_skew:.2f}", fontsize=8)
         for a in (ax, ax2):
-            a.set_xlim(-lim, lim)
-            a.set_ylim(-lim, lim)
+            a.set(xlim=(-lim, lim), ylim=(-lim, lim))
             a.set_aspect("equal")
             a.axhline(0, color="#999999", lw=0.5)
             a.axvline(0, color="#999999", lw=0.5)
