@@ -250,21 +250,6 @@ class ClippingResult(StoredResult):
     def column(self, name: str) -> np.ndarray:
         return np.array([getattr(r.total, name) for r in self.rows], dtype=float)
 
-    def summary_rows(self) -> list[dict]:
-        """What the CLI prints: one dict per checkpoint."""
-        out = []
-        for r in self.rows:
-            row = {"ref": r.ref, "epoch": r.epoch}
-            if not math.isnan(r.prune_level):
-                row = {"prune_level": r.prune_level, **row}
-            t = r.total
-            row.update(
-                R=t.R, projection=t.projection, bound=t.bound, assumption_held=t.assumption_held,
-                bound_held=t.bound_held, fraction_clipped=t.fraction_clipped, cos_clipped_mean=t.cos_clipped_mean,
-                R_batch_mean=float(np.mean([b.R for b in r.batches])),
-            )
-            out.append(row)
-        return out
 
     def derived(self):
         """The last checkpoint's statistics, the sample count and whether the assumption and bound held at
@@ -381,7 +366,12 @@ def collect(outs, config: ClippingConfig, _options=None) -> ClippingResult:
 
 
 def _printed(result: ClippingResult) -> list[dict]:
-    columns = (["prune_level"] if result.config.prune_levels else []) + [
-        "ref", "epoch", "R", "R_batch_mean", "projection", "bound", "assumption_held", "bound_held",
-        "fraction_clipped", "cos_clipped_mean"]
-    return [{c: row.get(c) for c in columns} for row in result.summary_rows()]
+    """What the CLI prints: one row per checkpoint (or pruning level)."""
+    shown = ("projection", "bound", "assumption_held", "bound_held", "fraction_clipped", "cos_clipped_mean")
+    rows = []
+    for r in result.rows:
+        level = {"prune_level": r.prune_level} if result.config.prune_levels else {}
+        rows.append({**level, "ref": r.ref, "epoch": r.epoch, "R": r.total.R,
+                     "R_batch_mean": float(np.mean([b.R for b in r.batches])),
+                     **{k: getattr(r.total, k) for k in shown}})
+    return rows
