@@ -35,14 +35,9 @@ def direction(seed: int, shapes: Sequence[tuple[int, ...]], index: int) -> list[
     """Row ``index`` of the projection matrix as one float32 tensor per parameter (entries i.i.d. N(0, 1)),
     a function of ``seed``, the parameter shapes and ``index`` only."""
     gen = torch.Generator().manual_seed(_direction_seed(seed, shapes, index))
-    total = sum(math.prod(s) for s in shapes)
-    flat = torch.randn(total, generator=gen, dtype=torch.float32)
-    out, start = [], 0
-    for s in shapes:
-        size = math.prod(s)
-        out.append(flat[start:start + size].view(s))
-        start += size
-    return out
+    sizes = [math.prod(s) for s in shapes]
+    flat = torch.randn(sum(sizes), generator=gen, dtype=torch.float32)
+    return [part.view(s) for part, s in zip(flat.split(sizes), shapes, strict=True)]
 
 
 def matrix_fingerprint(seed: int, shapes: Sequence[tuple[int, ...]], rows: int) -> str:
