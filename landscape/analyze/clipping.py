@@ -8,8 +8,10 @@ fraction clipped and bound are NaN and the per-layer assumption flags False ("no
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import operator
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -330,17 +332,13 @@ def clipping_row(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: Cli
     num_params = sum(p.numel() for n, p in model.named_parameters() if p.requires_grad)
     thresholds = layer_max_norms_for(config.max_grad_norm, len(names), config.clip_style)
     kwargs = dict(max_grad_norm=config.max_grad_norm, layer_max_norms=thresholds, clip_style=config.clip_style)
-    per_batch: list[ClipMoments] = []
-    for idx in batch_indices(len(y), config.batch_size, config.batches, config.seed):
-        moments = None
-        for start in range(0, len(idx), config.chunk):
-            part = idx[start:start + config.chunk]
-            m = chunk_moments(engine, names, x[part], y[part], masks=masks, **kwargs)
-            moments = m if moments is None else moments + m
-        per_batch.append(moments)
-    total = per_batch[0]
-    for m in per_batch[1:]:
-        total = total + m
+
+    def moments(idx: torch.Tensor) -> ClipMoments:  # one batch, summed chunk by chunk
+        return functools.reduce(operator.add, (chunk_moments(engine, names, x[p], y[p], masks=masks, **kwargs)
+                                               for p in idx.split(config.chunk)))
+
+    per_batch = [moments(idx) for idx in batch_indices(len(y), config.batch_size, config.batches, config.seed)]
+    total = functools.reduce(operator.add, per_batch)
     row = CheckpointClipping(
         ref=ref, step=int(step), epoch=float(epoch), prune_level=float(prune_level),
         total=total.stats(**kwargs), batches=[m.stats(**kwargs) for m in per_batch],
