@@ -70,25 +70,19 @@ def direction_chunk(model: nn.Module, space: ParamSpace, theta: torch.Tensor, di
 
 
 def chunk_size(model: nn.Module, x: torch.Tensor, batch_size: int, budget: int = GENERATOR_BUDGET) -> int:
-    """How many directions one evaluate call may hold: the cached first-layer outputs stay within
-    ``budget``."""
-    numel = _first_output_numel(model, x[:1])
-    per_direction = max(1, numel * min(batch_size, x.shape[0]) * 4)
-    return max(1, budget // per_direction - 1)
-
-
-def _first_output_numel(model: nn.Module, x1: torch.Tensor) -> int:
-    sizes: list[int] = []
+    """How many directions one evaluate call may hold: the cached first-layer outputs within ``budget``."""
+    sizes: list[int] = []  # the output size of each layer with parameters, on one example
     owners = [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
     hooks = [m.register_forward_hook(lambda mod, a, out: sizes.append(out.numel()) if isinstance(out, torch.Tensor)
                                      else None) for m in owners]
     try:
         with torch.inference_mode():
-            model(x1)
+            model(x[:1])
     finally:
         for h in hooks:
             h.remove()
-    return sizes[0] if sizes else 1
+    per_direction = max(1, (sizes[0] if sizes else 1) * min(batch_size, x.shape[0]) * 4)
+    return max(1, budget // per_direction - 1)
 
 
 @dataclass
