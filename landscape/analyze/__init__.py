@@ -1,9 +1,6 @@
-"""Pure analyzers (model + parameters + data in, result dataclass out) and their registry.
-
-Each line below names one analysis: its command name, where its :class:`~landscape.analyze.registry.Analysis`
-spec lives, and the one-line summary ``landscape --help`` shows. Nothing is imported until the analysis is
-used (``registry.get(name)``), so listing commands imports no torch. See docs/ARCHITECTURE.md.
-"""
+"""Pure analyzers (model + parameters + data in, result dataclass out) and their registry: one line per
+analysis (its command, where its spec lives, its summary), imported only when used, so listing commands
+imports no torch."""
 
 from landscape.analyze.registry import register
 

@@ -1,13 +1,7 @@
-"""Permutation alignment of two networks by weight matching (Ainsworth, Hayase & Srinivasa 2023, "Git Re-Basin").
-
-Permuting hidden units keeps a network's function, so a barrier between two networks (Watson et al. Def. 2.3)
-may be an artefact of unit order. Weight matching (Git Re-Basin Sec. 3.2, Alg. 1) finds the permutation of
-B's units maximising ``sum_l <W_l^A, P_l W_l^B P_{l-1}^T>_F``, one ``P_l`` at a time as a linear assignment,
-until a full pass changes none.
-
-A :class:`PermutationSpec` (the model's ``permutation_spec()`` or a registered builder) says which tensor axes each
-permutation moves; the permuted state takes unit ``i`` from B's unit ``perm[i]``. Pure: state dicts in, state dicts
-out. The protocol and built-in structures: docs/alignment.md.
+"""Permutation alignment of two networks by weight matching (Ainsworth, Hayase & Srinivasa 2023, "Git
+Re-Basin"): permuting hidden units keeps a network's function, so a barrier between two networks may be an
+artefact of unit order. Pure: state dicts in, state dicts out; the permutation-structure protocol is
+docs/alignment.md.
 """
 
 from __future__ import annotations
@@ -55,11 +49,8 @@ def _check_states(spec: PermutationSpec, state_a: Mapping[str, torch.Tensor],
 
 
 def assign(similarity: np.ndarray, groups: int = 1) -> np.ndarray:
-    """``perm`` maximising ``sum_i S[i, perm[i]]``, mapping whole contiguous groups onto whole groups.
-
-    With ``groups > 1`` the optimum under that constraint is exact: for every pair of groups the best
-    within-group assignment (a small linear assignment), then the best assignment of groups on those values.
-    """
+    """``perm`` maximising ``sum_i S[i, perm[i]]``, mapping whole contiguous groups onto whole groups (exact:
+    the best assignment within every pair of groups, then of groups on those values)."""
     s = np.asarray(similarity, dtype=np.float64)
     n = s.shape[0]
     size = n // groups
@@ -79,13 +70,9 @@ def assign(similarity: np.ndarray, groups: int = 1) -> np.ndarray:
 
 def weight_matching(spec: PermutationSpec, state_a: Mapping[str, torch.Tensor], state_b: Mapping[str, torch.Tensor],
                     seed: int = 0, max_iter: int = 100) -> Permutations:
-    """Permutations of B's units that make B's weights most similar to A's (Git Re-Basin Alg. 1).
-
-    Start from the identity; in each pass visit the permutations in a seeded random order and replace ``P_l``
-    by the linear assignment maximising ``sum_{(W, axis) in P_l} <W^A, W^B permuted by the others>`` when
-    that strictly improves the objective; stop after a pass that changes nothing (``converged``) or after
-    ``max_iter`` passes. Similarities are accumulated in float64. Only parameters vote (not running stats).
-    """
+    """Permutations of B's units that make B's weights most similar to A's (Git Re-Basin Alg. 1): each pass
+    visits the permutations in a seeded order and takes the linear assignment that strictly improves the
+    objective, until a pass changes nothing (``converged``) or ``max_iter`` passes."""
     if int(max_iter) != max_iter or max_iter < 1:
         raise OptionError("max_iter", f"must be a positive integer, got {max_iter}")
     _check_states(spec, state_a, state_b)
@@ -145,8 +132,8 @@ class Alignment:
 
 def align_states(model: nn.Module, state_a: Mapping[str, torch.Tensor], state_b: Mapping[str, torch.Tensor], *,
                  seed: int = 0, max_iter: int = 100, spec: PermutationSpec | None = None) -> Alignment:
-    """B permuted to match A by weight matching, for ``model``'s architecture (see :func:`weight_matching`;
-    ``spec`` defaults to :func:`permutation_spec` of the model)."""
+    """B permuted to match A by weight matching, for ``model``'s architecture (``spec``: its permutation
+    spec)."""
     spec = spec if spec is not None else permutation_spec(model)
     perms = weight_matching(spec, state_a, state_b, seed=seed, max_iter=max_iter)
     state = apply_permutation(spec, perms, state_b)

@@ -1,22 +1,13 @@
-"""Calibration of a classifier's confidence (Bu et al. 2023 Sec. 5, Figs. 2, 5-7, 11-12, Table 2).
-
-DP-SGD with a small clipping norm is over-confident; with a large one it is calibrated like SGD. Per checkpoint
-and split, from float64 softmax probabilities ``pi_i``: accuracy, NLL, the multi-class Brier score (Brier 1950),
-ECE and MCE over ``M`` equal-width right-closed confidence bins (Guo et al. 2017 Eqs. 3 and 5; MCE over
-non-empty bins), the adaptive equal-mass ECE (Nixon et al. 2019, split as ``numpy.array_split``), and the
-reliability-diagram and histogram arrays (Bu Figs. 2, 5, 7, 9, 11). ``torchmetrics``' binning differs only
-within float32 rounding of a bin edge (the tests check agreement away from the edges).
-
-:class:`ECE` is the same ECE/MCE as an evaluator metric, so calibration along a path costs no second pass.
-Pure: models and tensors in, dataclasses out.
-"""
+"""Calibration of a classifier's confidence (Bu et al. 2023 Sec. 5): from float64 softmax probabilities,
+accuracy, NLL, the Brier score, ECE and MCE over equal-width right-closed bins (Guo et al. 2017), the adaptive
+equal-mass ECE (Nixon et al. 2019) and the reliability-diagram and histogram arrays. :class:`ECE` is the same
+ECE as an evaluator metric, so calibration along a path costs no second pass."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,30 +25,21 @@ KIND = "calibration"
 SPLITS = ("train", "test")
 
 
-# ----------------------------------------------------------------------------------------- binning
-
-
 def bin_edges(bins: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """The ``bins + 1`` equal-width edges ``m / M`` of [0, 1] (float64)."""
     return torch.linspace(0.0, 1.0, int(bins) + 1, dtype=torch.float64, device=device)
 
 
 def bin_index(values: torch.Tensor, bins: int) -> torch.Tensor:
-    """Bin ``m - 1`` of each value in [0, 1] for the right-closed bins ``((m-1)/M, m/M]`` (0 goes to the first).
-
-    Guo et al. 2017's convention: ``torch.bucketize(v, interior_edges, right=False)`` counts the interior
-    edges strictly below ``v``, so a value equal to an edge joins the bin below it.
-    """
+    """Bin ``m - 1`` of each value in [0, 1] for the right-closed bins ``((m-1)/M, m/M]`` (0 goes to the
+    first; Guo et al. 2017's convention: a value equal to an edge joins the bin below it)."""
     interior = bin_edges(bins, values.device)[1:-1]
     return torch.bucketize(values.to(torch.float64), interior, right=False)
 
 
 def _binned_errors(count: torch.Tensor, conf_sum: torch.Tensor, correct_sum: torch.Tensor):
-    """ECE (Guo Eq. 3) and MCE over non-empty bins (Guo Eq. 5) from per-bin sums; the last dim is the bins.
-
-    ``|acc(B_m) - conf(B_m)| |B_m| / n = |correct_sum - conf_sum| / n``, so ECE needs no division per bin.
-    Returns NaN for an empty set (no examples).
-    """
+    """ECE (Guo Eq. 3: ``sum |correct_sum - conf_sum| / n``) and MCE over non-empty bins (Guo Eq. 5) from
+    per-bin sums; the last dim is the bins."""
     n = count.sum(-1)
     gap = (correct_sum - conf_sum).abs()
     ece = gap.sum(-1) / n
@@ -95,9 +77,6 @@ def example_stats(logits: torch.Tensor, y: torch.Tensor) -> ExampleStats:
     brier = (p * p).sum(1) - 2.0 * p_true + 1.0  # sum_k p_k^2 - 2 p_y + 1 = sum_k (p_k - 1{k=y})^2
     return ExampleStats(confidence=conf, correct=(pred == yy.squeeze(1)).to(torch.float64), p_true=p_true,
                         nll=-logp.gather(1, yy).squeeze(1), brier=brier)
-
-
-# ------------------------------------------------------------------------------------------ metrics
 
 
 @dataclass
@@ -174,13 +153,8 @@ def calibration_metrics(logits: torch.Tensor, y: torch.Tensor, bins: int = 15) -
 
 
 class ECE(Metric):
-    """Equal-width ECE (Guo et al. 2017 Eq. 3) at every point, as a metric of the evaluator's hook.
-
-    State: per point and bin the count, the confidence sum and the correct count (float64, ``(P, M, 3)``),
-    added with one ``index_add_`` per batch on the device. ``finish`` gives the ECE per point (numpy ``(P,)``);
-    :meth:`errors` gives ECE and MCE from a state. The same numbers as :func:`calibration_metrics` on each
-    point's logits (the bins and sums are the same; only the summation order differs).
-    """
+    """Equal-width ECE (Guo et al. 2017 Eq. 3) at every point, as a metric of the evaluator's hook: per point
+    and bin the count, confidence sum and correct count, added with one ``index_add_`` per batch."""
 
     def __init__(self, bins: int = 15, name: str = "ece"):
         _check_bins(bins)
@@ -225,12 +199,9 @@ class _Examples(Metric):
                 for parts in state]
 
 
-# --------------------------------------------------------------------------------------- per checkpoint
-
-
 @dataclass
 class CalibrationRow:
-    """One checkpoint (what :func:`calibration_row` computes): its reference, run, position and each split."""
+    """One checkpoint: its reference, run, position and each split."""
 
     ref: str
     step: int
@@ -263,8 +234,8 @@ class CalibrationRecord:
 
 @dataclass
 class CalibrationResult(StoredResult):
-    """``landscape calibration``: one table row per (checkpoint, split) and, aligned with the rows, the
-    reliability bins and histograms as ``(row, bin)`` arrays. A whole run gives its metrics against epoch."""
+    """``landscape calibration``: one table row per (checkpoint, split) and the reliability bins and
+    histograms as ``(row, bin)`` arrays."""
 
     KIND = KIND
     CONFIG = CalibrationConfig
@@ -276,9 +247,6 @@ class CalibrationResult(StoredResult):
     true_class_count: np.ndarray = stored("array", dims=("row", "bin"),
                                           default_factory=lambda: np.zeros((0, 0), np.int64))
     config: CalibrationConfig = field(default_factory=CalibrationConfig)
-    inputs: list = field(default_factory=list)
-    path: Path | None = None
-    figures: list[Path] = field(default_factory=list)
 
     def calibration(self, i: int) -> SplitCalibration:
         """Row ``i`` as a :class:`SplitCalibration` (scalars and bins)."""
@@ -295,7 +263,8 @@ class CalibrationResult(StoredResult):
 
 
 def collect(rows: list[CalibrationRow], config: CalibrationConfig) -> CalibrationResult:
-    """The result of several checkpoints: rows in the given order, each checkpoint's splits in config order."""
+    """The result of several checkpoints: rows in the given order, each checkpoint's splits in config
+    order."""
     records, parts = [], []
     for row in rows:
         for split, c in row.splits.items():
@@ -313,21 +282,11 @@ def collect(rows: list[CalibrationRow], config: CalibrationConfig) -> Calibratio
                              true_class_count=stack("true_class_count", np.int64), config=config)
 
 
-def calibration_row(
-    model: torch.nn.Module,
-    data: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
-    config: CalibrationConfig | None = None,
-    *,
-    ref: str = "",
-    step: int = 0,
-    epoch: float = math.nan,
-    run: str = "",
-) -> CalibrationRow:
-    """Calibration of ``model`` (as it is: eval mode, its own BatchNorm statistics) on each configured split.
-
-    ``data`` maps ``"train"``/``"test"`` to ``(x, y)``; ``config.subset`` draws a seeded stratified subset.
-    The logits come from :func:`landscape.evaluate.evaluate` through its metric hook (one forward pass).
-    """
+def calibration_row(model: torch.nn.Module, data: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+                    config: CalibrationConfig | None = None, *, ref: str = "", step: int = 0,
+                    epoch: float = math.nan, run: str = "") -> CalibrationRow:
+    """Calibration of ``model`` (eval mode, its own BatchNorm statistics) on each configured split of
+    ``data``."""
     config = config or CalibrationConfig()
     space = ParamSpace.from_model(model)
     point = space.flatten(model).unsqueeze(0)
@@ -340,11 +299,8 @@ def calibration_row(
     return CalibrationRow(ref=ref, step=int(step), epoch=float(epoch), splits=out, run=run)
 
 
-# ------------------------------------------------------------------------------------------- the spec
-
-
 def compute_point(point, config: CalibrationConfig, shared: Any = None) -> CalibrationRow:
-    """:func:`calibration_row` at one resolved checkpoint (``landscape.api.resolve.Point``) on its own data."""
+    """:func:`calibration_row` at one resolved checkpoint on its own data."""
     data = {s: point.split(s) for s in config.split}
     return calibration_row(point.model(), data, config, ref=point.ref, step=point.step, epoch=point.epoch,
                            run=point.run or "")

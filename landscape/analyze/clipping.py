@@ -1,22 +1,17 @@
-"""How much clipping bends the gradient: the ratio R and the bound of Watson et al. (2023) Thm. 3.2.
+"""How much clipping bends the gradient: the ratio R (Watson et al. 2023 Def. 3.1) and whether the assumption
+and the bound of Thm. 3.2 held (the theorem is false as stated: docs/geometry.md).
 
-``R = Tr(Cov(G)) / ||g_bar||^2`` (Def. 3.1); the clipped mean ``c = (1/n) sum g_i min(1, C/||g_i||)``
-(eqs. (2)-(3)); Thm. 3.2 states ``c . g_bar/||g_bar|| >= C (1 - R/2)`` if every ``||g_i|| >= C``. Results
-report whether that assumption held and whether the bound held. The theorem is false as stated:
-``g = (10, -1)`` in one dimension with ``C = 1`` meets the assumptions, yet ``c = 0 < 1 - 121/162`` (the
-appendix's ``f >= 3`` fails: ``f = 2.494``); it holds when all per-sample norms are equal
-(tests/test_clipping.py; docs/geometry.md).
-
-Everything comes from additive sufficient statistics (:class:`ClipMoments`), so chunks and batches add
-exactly without the ``n x d`` gradient matrix. "Layer" means one parameter tensor. Under layerwise clipping
-the theorem applies per layer; under flat clipping no layer is clipped on its own, so the per-layer fraction
-clipped and bound are NaN and the per-layer assumption flags False ("not evaluated").
+Everything comes from additive sufficient statistics (:class:`ClipMoments`), so chunks and batches add exactly
+without the ``n x d`` gradient matrix. Under flat clipping no layer is clipped on its own: the per-layer
+fraction clipped and bound are NaN and the per-layer assumption flags False ("not evaluated").
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import operator
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,12 +31,9 @@ KIND = "clipping"
 BOUND_RTOL = 1e-9
 
 
-# ------------------------------------------------------------------------------------------ pure math
-
-
-def theorem_bound(max_grad_norm: float, ratio: float) -> float:
-    """The lower bound ``C (1 - R/2)`` of Watson et al. Thm. 3.2 on ``c . g_bar / ||g_bar||``."""
-    return max_grad_norm * (1.0 - ratio / 2.0)
+def _per_layer(name: str, dtype: type = float):
+    """A per-layer array field of :class:`ClipStats`, stored as the dataset ``layer/<name>``."""
+    return stored("array", name=f"layer/{name}", default_factory=lambda: np.zeros(0, dtype))
 
 
 @dataclass
@@ -60,25 +52,17 @@ class ClipStats:
     clipped_mean_norm: float  # ||c||
     mean_sample_norm: float  # (1/n) sum ||g_i||
     min_sample_norm: float
-    # per layer (stored as datasets "layer/<name>")
-    layer_R: np.ndarray = stored("array", name="layer/R", default_factory=lambda: np.zeros(0))
-    layer_projection: np.ndarray = stored("array", name="layer/projection", default_factory=lambda: np.zeros(0))
-    layer_bound: np.ndarray = stored("array", name="layer/bound", default_factory=lambda: np.zeros(0))
-    layer_assumption_held: np.ndarray = stored("array", name="layer/assumption_held",
-                                               default_factory=lambda: np.zeros(0, bool))
-    layer_fraction_clipped: np.ndarray = stored("array", name="layer/fraction_clipped",
-                                                default_factory=lambda: np.zeros(0))
-    layer_cos_clipped_mean: np.ndarray = stored("array", name="layer/cos_clipped_mean",
-                                                default_factory=lambda: np.zeros(0))
-    layer_mean_grad_norm: np.ndarray = stored("array", name="layer/mean_grad_norm",
-                                              default_factory=lambda: np.zeros(0))
+    layer_R: np.ndarray = _per_layer("R")
+    layer_projection: np.ndarray = _per_layer("projection")
+    layer_bound: np.ndarray = _per_layer("bound")
+    layer_assumption_held: np.ndarray = _per_layer("assumption_held", bool)
+    layer_fraction_clipped: np.ndarray = _per_layer("fraction_clipped")
+    layer_cos_clipped_mean: np.ndarray = _per_layer("cos_clipped_mean")
+    layer_mean_grad_norm: np.ndarray = _per_layer("mean_grad_norm")
 
     SCALARS = (
         "R", "projection", "bound", "assumption_held", "bound_held", "fraction_clipped", "cos_clipped_mean",
         "mean_grad_norm", "clipped_mean_norm", "mean_sample_norm", "min_sample_norm",
-    )
-    LAYER_FIELDS = (
-        "R", "projection", "bound", "assumption_held", "fraction_clipped", "cos_clipped_mean", "mean_grad_norm",
     )
 
 
@@ -103,14 +87,10 @@ def _projection_and_cos(c: np.ndarray, g: np.ndarray) -> tuple[float, float]:
     return proj, (proj / c_norm if c_norm > 0 else math.nan)
 
 
-def clipping_quantities(
-    norms: np.ndarray, mean_grad: np.ndarray, clipped_mean: np.ndarray, max_grad_norm: float
-) -> ClipStats:
-    """R, projection, bound and flags (flat clipping) from per-sample norms, ``g_bar`` and ``c`` only.
-
-    This is the route the analyzer takes (it never sees the gradients themselves): ``R`` by the
-    second form of Watson eq. (1), the projection ``c . g_bar/||g_bar||``, the bound ``C (1 - R/2)``.
-    """
+def clipping_quantities(norms: np.ndarray, mean_grad: np.ndarray, clipped_mean: np.ndarray,
+                        max_grad_norm: float) -> ClipStats:
+    """R, projection, bound and flags (flat clipping) from per-sample norms, ``g_bar`` and ``c`` only, as the
+    analyzer computes them (it never sees the gradients themselves)."""
     norms = np.asarray(norms, dtype=np.float64)
     return _flat_stats(
         n=norms.size,
@@ -128,7 +108,7 @@ def _flat_stats(*, n, mean_sq_norm, mean_sample_norm, min_sample_norm, n_clipped
     g_sq = float(g @ g)
     ratio = _ratio(mean_sq_norm, g_sq)
     proj, cos = _projection_and_cos(c, g)
-    bound = theorem_bound(max_grad_norm, ratio)
+    bound = max_grad_norm * (1.0 - ratio / 2.0)  # Thm. 3.2: c . g_bar / ||g_bar|| >= C (1 - R/2)
     return ClipStats(
         n=n, R=ratio, projection=proj, bound=bound,
         assumption_held=bool(g_sq > 0 and min_sample_norm >= max_grad_norm),
@@ -141,15 +121,10 @@ def _flat_stats(*, n, mean_sq_norm, mean_sample_norm, min_sample_norm, n_clipped
 
 @dataclass
 class ClipMoments:
-    """Additive sufficient statistics of per-sample gradients over any set of samples (chunks add up exactly).
-
-    Per layer ``l`` (arrays of length L, vectors float64): ``sq_sum[l] = sum_i ||g_il||^2``,
-    ``grad_sum[l] = sum_i g_il``, ``clipped_sum[l] = sum_i w_il g_il`` with the clipping factors ``w``,
-    ``norm_sum[l] = sum_i ||g_il||``, ``min_norm[l]``, ``n_clipped[l]`` (``||g_il|| > C_l``; reported for
-    layerwise clipping only); flat: ``flat_norm_sum``,
-    ``flat_min_norm``, ``flat_n_clipped`` (for layerwise clipping: clipped (sample, layer) pairs / L, so
-    the reported fraction is that of pairs, as in training's ``StepStats.fraction_clipped``).
-    """
+    """Additive sufficient statistics of per-sample gradients over any set of samples (chunks add up exactly):
+    per layer the sums of ``||g_i||^2``, ``g_i``, the clipped ``w_i g_i`` and ``||g_i||``, the least norm and
+    the count clipped; the same over whole gradients (for layerwise clipping the clipped (sample, layer) pairs
+    / L, as training's ``StepStats.fraction_clipped``)."""
 
     n: int
     sq_sum: np.ndarray
@@ -177,17 +152,11 @@ class ClipMoments:
         )
 
     @classmethod
-    def from_parts(
-        cls,
-        layer_norms: Sequence[np.ndarray],
-        grad_sum: Sequence[np.ndarray],
-        clipped_sum: Sequence[np.ndarray],
-        *,
-        max_grad_norm: float,
-        layer_max_norms: np.ndarray,
-        clip_style: str,
-    ) -> ClipMoments:
-        """Moments of one chunk from its per-layer per-sample norms (L arrays of shape (n,)) and the two sums."""
+    def from_parts(cls, layer_norms: Sequence[np.ndarray], grad_sum: Sequence[np.ndarray],
+                   clipped_sum: Sequence[np.ndarray], *, max_grad_norm: float, layer_max_norms: np.ndarray,
+                   clip_style: str) -> ClipMoments:
+        """Moments of one chunk from its per-layer per-sample norms (L arrays of shape (n,)) and the two
+        sums."""
         per_layer = np.stack([np.asarray(v, dtype=np.float64) for v in layer_norms])  # (L, n)
         flat = np.sqrt((per_layer**2).sum(0))
         layer_clipped = per_layer > layer_max_norms[:, None]
@@ -250,14 +219,10 @@ class ClipMoments:
 
 
 def layer_max_norms_for(max_grad_norm: float, num_layers: int, clip_style: str) -> np.ndarray:
-    """Per-layer thresholds: ``C / sqrt(L)`` for layerwise clipping (training's default); for flat clipping ``C``,
-    a placeholder no per-layer result uses (only whole gradients are clipped)."""
-    if clip_style == "layerwise":
-        return np.full(num_layers, layer_threshold(max_grad_norm, num_layers))
-    return np.full(num_layers, max_grad_norm)
-
-
-# ----------------------------------------------------------------------------------------- the analyzer
+    """Per-layer thresholds: ``C / sqrt(L)`` for layerwise clipping (training's default); for flat clipping
+    ``C``, a placeholder no per-layer result uses."""
+    c = layer_threshold(max_grad_norm, num_layers) if clip_style == "layerwise" else max_grad_norm
+    return np.full(num_layers, c)
 
 
 @dataclass
@@ -287,24 +252,10 @@ class ClippingResult(StoredResult):
     def column(self, name: str) -> np.ndarray:
         return np.array([getattr(r.total, name) for r in self.rows], dtype=float)
 
-    def summary_rows(self) -> list[dict]:
-        """What the CLI prints: one dict per checkpoint."""
-        out = []
-        for r in self.rows:
-            row = {"ref": r.ref, "epoch": r.epoch}
-            if not math.isnan(r.prune_level):
-                row = {"prune_level": r.prune_level, **row}
-            t = r.total
-            row.update(
-                R=t.R, projection=t.projection, bound=t.bound, assumption_held=t.assumption_held,
-                bound_held=t.bound_held, fraction_clipped=t.fraction_clipped, cos_clipped_mean=t.cos_clipped_mean,
-                R_batch_mean=float(np.mean([b.R for b in r.batches])),
-            )
-            out.append(row)
-        return out
 
     def derived(self):
-        """The last checkpoint's statistics, the sample count and whether the assumption and bound held at all."""
+        """The last checkpoint's statistics, the sample count and whether the assumption and bound held at
+        all."""
         last = self.rows[-1].total
         attrs = {name: getattr(last, name) for name in ClipStats.SCALARS}
         attrs.update(samples=last.n, all_assumption_held=bool(all(r.total.assumption_held for r in self.rows)),
@@ -324,25 +275,13 @@ def batch_indices(num_examples: int, batch_size: int, batches: int, seed: int) -
     return [perm[k * batch_size:(k + 1) * batch_size] for k in range(batches)]
 
 
-def _trainable_names(model: nn.Module) -> list[str]:
-    return [n for n, p in model.named_parameters() if p.requires_grad]
-
-
 def _as_numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().to(torch.float64).cpu().numpy().ravel()
 
 
-def chunk_moments(
-    engine,
-    names: list[str],
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    max_grad_norm: float,
-    layer_max_norms: np.ndarray,
-    clip_style: str,
-    masks: dict[str, torch.Tensor] | None = None,
-) -> ClipMoments:
+def chunk_moments(engine, names: list[str], x: torch.Tensor, y: torch.Tensor, *, max_grad_norm: float,
+                  layer_max_norms: np.ndarray, clip_style: str, masks: dict[str, torch.Tensor] | None = None
+                 ) -> ClipMoments:
     """Moments of one chunk through the engine: norms + clipped sum (ghost norms, one weighted contraction),
     then ``sum_i g_i`` (one plain backward). No per-sample gradient is materialised."""
     thresholds = {n: float(c) for n, c in zip(names, layer_max_norms, strict=True)}
@@ -363,74 +302,43 @@ def chunk_moments(
     )
 
 
-def clipping_geometry(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    max_grad_norm: float,
-    batch_size: int,
-    batches: int = 1,
-    clip_style: str = "flat",
-    seed: int = 0,
-    chunk: int = 250,
-    masks: dict[str, torch.Tensor] | None = None,
-    engine=None,
-    ref: str = "",
-    step: int = 0,
-    epoch: float = math.nan,
-    prune_level: float = math.nan,
-) -> ClippingResult:
-    """Watson et al. Sec. 3.1 at one parameter point: R, c, the Thm. 3.2 bound, per batch and over all batches.
-
-    ``batches`` disjoint batches of ``batch_size`` examples are drawn from ``(x, y)`` with ``seed``; each is
-    processed in chunks of ``chunk`` examples. ``masks`` (1 = keep) restrict the gradients to unpruned
-    weights, as during training of a pruned model. The model is not modified.
-    """
+def clipping_geometry(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, max_grad_norm: float,
+                      batch_size: int, batches: int = 1, clip_style: str = "flat", seed: int = 0,
+                      chunk: int = 250, masks: dict[str, torch.Tensor] | None = None, engine=None,
+                      ref: str = "", step: int = 0, epoch: float = math.nan, prune_level: float = math.nan
+                     ) -> ClippingResult:
+    """Watson et al. Sec. 3.1 at one parameter point: R, c, the Thm. 3.2 bound, per batch of ``batch_size``
+    (drawn with ``seed``) and over all batches; ``masks`` (1 = keep) restrict the gradients to unpruned
+    weights."""
     config = ClippingConfig(
         max_grad_norm=max_grad_norm, batch_size=batch_size, batches=batches, clip_style=clip_style,
         seed=seed, chunk=chunk,
     )
-    config.validate()
     row, names, num_params = clipping_row(
         model, x, y, config, masks=masks, engine=engine, ref=ref, step=step, epoch=epoch, prune_level=prune_level
     )
     return ClippingResult(config=config, layer_names=names, rows=[row], num_params=num_params)
 
 
-def clipping_row(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    config: ClippingConfig,
-    *,
-    masks=None,
-    engine=None,
-    ref: str = "",
-    step: int = 0,
-    epoch: float = math.nan,
-    prune_level: float = math.nan,
-) -> tuple[CheckpointClipping, list[str], int]:
+def clipping_row(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: ClippingConfig, *, masks=None,
+                 engine=None, ref: str = "", step: int = 0, epoch: float = math.nan,
+                 prune_level: float = math.nan) -> tuple[CheckpointClipping, list[str], int]:
     """One result row (see :func:`clipping_geometry`), with the layer names and the parameter count."""
     if engine is None:
         from landscape.persample import PerSampleEngine
 
         engine = PerSampleEngine(model)
-    names = _trainable_names(model)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
     num_params = sum(p.numel() for n, p in model.named_parameters() if p.requires_grad)
     thresholds = layer_max_norms_for(config.max_grad_norm, len(names), config.clip_style)
     kwargs = dict(max_grad_norm=config.max_grad_norm, layer_max_norms=thresholds, clip_style=config.clip_style)
-    per_batch: list[ClipMoments] = []
-    for idx in batch_indices(len(y), config.batch_size, config.batches, config.seed):
-        moments = None
-        for start in range(0, len(idx), config.chunk):
-            part = idx[start:start + config.chunk]
-            m = chunk_moments(engine, names, x[part], y[part], masks=masks, **kwargs)
-            moments = m if moments is None else moments + m
-        per_batch.append(moments)
-    total = per_batch[0]
-    for m in per_batch[1:]:
-        total = total + m
+
+    def moments(idx: torch.Tensor) -> ClipMoments:  # one batch, summed chunk by chunk
+        return functools.reduce(operator.add, (chunk_moments(engine, names, x[p], y[p], masks=masks, **kwargs)
+                                               for p in idx.split(config.chunk)))
+
+    per_batch = [moments(idx) for idx in batch_indices(len(y), config.batch_size, config.batches, config.seed)]
+    total = functools.reduce(operator.add, per_batch)
     row = CheckpointClipping(
         ref=ref, step=int(step), epoch=float(epoch), prune_level=float(prune_level),
         total=total.stats(**kwargs), batches=[m.stats(**kwargs) for m in per_batch],
@@ -438,11 +346,8 @@ def clipping_row(
     return row, names, num_params
 
 
-# ------------------------------------------------------------------------------------------- the spec
-
-
 def compute_point(point, config: ClippingConfig):
-    """:func:`clipping_row` at one resolved checkpoint (its run's pruning mask applied to the gradients)."""
+    """:func:`clipping_row` at one resolved checkpoint (its run's pruning mask applied)."""
     x, y = point.split(config.split)  # the engine moves each chunk (and the masks) to the model's device
     model = point.model().eval().to(resolve_device(config.device))  # eval: dropout off at the point
     return clipping_row(model, x, y, config, masks=point.masks, ref=point.ref, step=point.step,
@@ -459,7 +364,12 @@ def collect(outs, config: ClippingConfig, _options=None) -> ClippingResult:
 
 
 def _printed(result: ClippingResult) -> list[dict]:
-    columns = (["prune_level"] if result.config.prune_levels else []) + [
-        "ref", "epoch", "R", "R_batch_mean", "projection", "bound", "assumption_held", "bound_held",
-        "fraction_clipped", "cos_clipped_mean"]
-    return [{c: row.get(c) for c in columns} for row in result.summary_rows()]
+    """What the CLI prints: one row per checkpoint (or pruning level)."""
+    shown = ("projection", "bound", "assumption_held", "bound_held", "fraction_clipped", "cos_clipped_mean")
+    rows = []
+    for r in result.rows:
+        level = {"prune_level": r.prune_level} if result.config.prune_levels else {}
+        rows.append({**level, "ref": r.ref, "epoch": r.epoch, "R": r.total.R,
+                     "R_batch_mean": float(np.mean([b.R for b in r.batches])),
+                     **{k: getattr(r.total, k) for k in shown}})
+    return rows

@@ -1,12 +1,6 @@
-"""Loss profiles along random directions, against the path toward a second solution (Watson et al. Fig. 4).
-
-Watson et al. Sec. 4.1.2: from a basin floor the loss stays flat toward a Phase-2 sibling but rises fast along
-random directions, so DP noise (a random vector) throws the iterate up the walls. For ``n`` seeded Gaussian
-directions ``d_i`` (optionally normalised as Li et al. 2018) this evaluates
-``L(theta_A + t * D * d_i / ||d_i||)``, ``t = linspace(0, 1, points)``, and, with a target, the straight path
-toward theta_B (``distance="auto"``: ``D = ||theta_B - theta_A||``, ending exactly at theta_B). The rise of a
-profile is ``L(D) - L(0)``. Only parameters move; buffers stay theta_A's.
-"""
+"""Loss profiles ``L(theta_A + t * D * d_i / ||d_i||)`` along seeded random directions, against the straight
+path toward a second solution (Watson et al. Sec. 4.1.2, Fig. 4: from a basin floor the loss stays flat toward
+a sibling but rises fast along random directions). Only parameters move; buffers stay theta_A's."""
 
 from __future__ import annotations
 
@@ -35,12 +29,8 @@ GENERATOR_BUDGET = 1 << 29  # bytes of cached first-layer outputs per evaluate c
 RESERVED = ("loss", "acc", "distance", "distances", "rise")  # direction_<column>, toward_<column> are taken
 
 
-# ----------------------------------------------------------------------------------------- points
-
-
 def rays(origin: torch.Tensor, directions: torch.Tensor, steps: torch.Tensor) -> Affine:
-    """Points ``origin + s * directions[j]`` for every direction j (outer) and step s (inner): one non-zero
-    coordinate per point, so each costs the evaluator one vector add (:class:`~landscape.evaluate.Affine`)."""
+    """Points ``origin + s * directions[j]`` for every direction j (outer) and step s (inner)."""
     k, p = directions.shape[0], steps.numel()
     coords = torch.zeros(k * p, k, dtype=torch.float64)
     for j in range(k):
@@ -50,7 +40,8 @@ def rays(origin: torch.Tensor, directions: torch.Tensor, steps: torch.Tensor) ->
 
 def scaled_directions(theta: torch.Tensor, space: ParamSpace, indices: Sequence[int], config: DirectionsConfig,
                       distance: float) -> torch.Tensor:
-    """Directions ``indices`` of ``config.seed``, normalised per config, then rescaled to length ``distance``."""
+    """Directions ``indices`` of ``config.seed``, normalised per config, then rescaled to length
+    ``distance``."""
     dirs, norms = nonzero_random_directions(theta, space, indices, seed=config.seed, normalize=config.normalize,
                                             biasbn=config.biasbn)
     return (dirs.double() * (distance / norms).unsqueeze(1)).to(theta.dtype)
@@ -70,8 +61,7 @@ def direction_chunk(model: nn.Module, space: ParamSpace, theta: torch.Tensor, di
                     steps: torch.Tensor, x: torch.Tensor, y: torch.Tensor, config: DirectionsConfig,
                     metrics: Sequence[user_metrics.Bound] = ()
                     ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], float]:
-    """Loss, accuracy and each metric column (k, len(steps)) at ``theta + s * dirs[j]`` in one evaluate call
-    (the metrics in the same forward passes); and its seconds."""
+    """Loss, accuracy and metric columns (k, len(steps)) at ``theta + s * dirs[j]``, and the seconds."""
     r = evaluate(model, x, y, rays(theta, dirs, steps), space=space, batch_size=config.chunk,
                  device=config.device, method=config.method, metrics=[b.metric for b in metrics])
     k = dirs.shape[0]
@@ -80,27 +70,19 @@ def direction_chunk(model: nn.Module, space: ParamSpace, theta: torch.Tensor, di
 
 
 def chunk_size(model: nn.Module, x: torch.Tensor, batch_size: int, budget: int = GENERATOR_BUDGET) -> int:
-    """How many directions one evaluate call may hold: the cached first-layer outputs stay within ``budget``."""
-    numel = _first_output_numel(model, x[:1])
-    per_direction = max(1, numel * min(batch_size, x.shape[0]) * 4)
-    return max(1, budget // per_direction - 1)
-
-
-def _first_output_numel(model: nn.Module, x1: torch.Tensor) -> int:
-    sizes: list[int] = []
+    """How many directions one evaluate call may hold: the cached first-layer outputs within ``budget``."""
+    sizes: list[int] = []  # the output size of each layer with parameters, on one example
     owners = [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
     hooks = [m.register_forward_hook(lambda mod, a, out: sizes.append(out.numel()) if isinstance(out, torch.Tensor)
                                      else None) for m in owners]
     try:
         with torch.inference_mode():
-            model(x1)
+            model(x[:1])
     finally:
         for h in hooks:
             h.remove()
-    return sizes[0] if sizes else 1
-
-
-# ----------------------------------------------------------------------------------------- result
+    per_direction = max(1, (sizes[0] if sizes else 1) * min(batch_size, x.shape[0]) * 4)
+    return max(1, budget // per_direction - 1)
 
 
 @dataclass
@@ -180,35 +162,19 @@ class DirectionsResult(StoredResult):
         return result
 
 
-# --------------------------------------------------------------------------------------- analyzer
-
 ChunkRunner = Callable[[list[list[int]], float, torch.Tensor],
                        Iterable[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], float]]]
 
 
-def random_profiles(
-    model: nn.Module,
-    theta: torch.Tensor,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    config: DirectionsConfig | None = None,
-    toward: torch.Tensor | None = None,
-    space: ParamSpace | None = None,
-    chunk_runner: ChunkRunner | None = None,
-    workers: int = 1,
-    metrics: Sequence[user_metrics.Bound] | None = None,
-    **overrides,
-) -> DirectionsResult:
-    """Watson et al. Fig. 4 for one model: profiles along ``config.directions`` random directions (and toward ``toward``).
-
-    ``theta``/``toward`` are flat vectors over ``space`` (default: the model's parameters); ``(x, y)`` the
-    data already chosen (split, subset). ``chunk_runner(chunks, distance, steps)`` may evaluate the chunks
-    of direction indices elsewhere (the API's worker processes); each yields ``(loss, acc, metric values,
-    seconds)`` in order, cut so that each of its ``workers`` gets at least two chunks. ``config.metrics`` (:mod:`landscape.metrics`) are recorded at every point in the same
-    forward passes (``point_metrics``, ``toward_metrics``; ``metrics``: already loaded by
-    :func:`landscape.metrics.load`). Keyword ``overrides`` replace config fields.
-    """
+def random_profiles(model: nn.Module, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, *,
+                    config: DirectionsConfig | None = None, toward: torch.Tensor | None = None,
+                    space: ParamSpace | None = None, chunk_runner: ChunkRunner | None = None,
+                    workers: int = 1, metrics: Sequence[user_metrics.Bound] | None = None, **overrides
+                   ) -> DirectionsResult:
+    """Watson et al. Fig. 4 for one model: profiles along ``config.directions`` random directions (and toward
+    ``toward``), ``theta``/``toward`` flat vectors over ``space``. ``chunk_runner(chunks, distance, steps)``
+    may evaluate the chunks of direction indices elsewhere, yielding ``(loss, acc, metric values, seconds)``
+    in order. Keyword ``overrides`` replace config fields."""
     config = build(DirectionsConfig, overrides, base=config)
     space = space or ParamSpace.from_model(model)
     theta = theta.detach()
@@ -298,25 +264,19 @@ def random_profiles(
     )
 
 
-# ------------------------------------------------------------------------------------------- the spec
-
-
 def _rows(result: DirectionsResult) -> list[dict]:
-    s = result.summary()
-    rows = [{"": "random", "n": s["n"], "mean": s["rise_mean"], "median": s["rise_median"], "min": s["rise_min"],
-             "max": s["rise_max"]}]
-    if result.toward_loss is not None:
-        t = s["toward_rise"]
-        rows.append({"": "toward B", "n": 1, "mean": t, "median": t, "min": t, "max": t})
-    for col, values in result.point_metrics.items():  # each metric's rise, as the loss's
+    """The rise of the loss, then of each metric, along the random directions and toward B."""
+    stats = ("mean", "median", "min", "max")
+    rows = []
+    metrics = [(f": {c}", v, result.toward_metrics.get(c)) for c, v in result.point_metrics.items()]
+    for col, values, toward in [("", result.direction_loss, result.toward_loss), *metrics]:
         rise = values[:, -1] - values[:, 0]
         finite = rise[np.isfinite(rise)]
-        stats = [float(f(finite)) if finite.size else math.nan for f in (np.mean, np.median, np.min, np.max)]
-        rows.append({"": f"random: {col}", "n": int(rise.size), **dict(zip(("mean", "median", "min", "max"), stats,
-                                                                          strict=True))})
-        if col in result.toward_metrics:
-            t = float(result.toward_metrics[col][-1] - result.toward_metrics[col][0])
-            rows.append({"": f"toward B: {col}", "n": 1, "mean": t, "median": t, "min": t, "max": t})
+        rows.append({"": f"random{col}", "n": int(rise.size),
+                     **{k: float(f(finite)) if finite.size else math.nan
+                        for k, f in zip(stats, (np.mean, np.median, np.min, np.max), strict=True)}})
+        if toward is not None:
+            rows.append({"": f"toward B{col}", "n": 1, **dict.fromkeys(stats, float(toward[-1] - toward[0]))})
     return rows
 
 
@@ -327,7 +287,6 @@ def _notes(result: DirectionsResult) -> list[str]:
     if result.toward_loss is not None:
         lines.append(f"{100 * s['fraction_above_toward']:.0f}% of random directions rise more than toward B")
     return lines
-
 
 
 def _details(r: DirectionsResult) -> dict:

@@ -1,19 +1,12 @@
-"""Hessian sharpness: top eigenvalues, trace and spectral density of the training loss (PyHessian, Yao et al. 2020).
-
-Measured on one seeded stratified subset of a split (:func:`landscape.data.sample_subset`) with
-:class:`landscape.curvature.HessianOperator` and the estimators of :mod:`landscape.spectral`: top-k eigenvalues
-by Lanczos with full reorthogonalisation (Golub & Van Loan 2013, Alg. 10.1.1), reporting the true residuals
-``||H u_i - theta_i u_i||``; the trace by Hutchinson (1990), mean and standard error over Rademacher probes; the
-spectral density by stochastic Lanczos quadrature (Ghorbani, Krishnan & Xiao 2019, Sec. 3, eqs. (5)-(7)).
-With masks the operator and the probes live on the unpruned coordinates (``P H P``).
-"""
+"""Hessian sharpness (PyHessian, Yao et al. 2020) on one seeded subset: top eigenvalues by Lanczos with their
+residuals (Golub & Van Loan 2013, Alg. 10.1.1), the trace (Hutchinson 1990) and the spectral density by
+stochastic Lanczos quadrature (Ghorbani et al. 2019); with masks on the unpruned coordinates (``P H P``)."""
 
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -24,7 +17,7 @@ from landscape.curvature import HessianOperator
 from landscape.data import take_subset
 from landscape.errors import UsageError, param
 from landscape.evaluate.allocator import tuned_allocator
-from landscape.results import InputRef, StoredResult, stored
+from landscape.results import StoredResult, stored
 from landscape.runtime import resolve_device
 from landscape.spectral import (
     SpectralDensity,
@@ -40,17 +33,13 @@ PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
 SPLITS = ("train", "test")
 
 
-# --------------------------------------------------------------------------------------------- rows
-
-
 def _empty(*shape: int):
     return stored("skip", default_factory=lambda: np.zeros(shape))
 
 
 @dataclass
 class HessianRow:
-    """The Hessian measurements of one checkpoint (NaN / empty where not asked for). The scalars are the
-    result's table; the arrays are stacked over checkpoints into the result's arrays."""
+    """The Hessian measurements of one checkpoint (NaN / empty where not asked for)."""
 
     ref: str
     run: str
@@ -75,8 +64,7 @@ class HessianRow:
 
 
 def _stack(arrays: list[np.ndarray]) -> np.ndarray:
-    """Arrays of one rank stacked on a new first axis, NaN-padded to a common shape (ragged when checkpoints
-    have different parameter counts)."""
+    """Arrays of one rank stacked on a new first axis, NaN-padded to a common shape."""
     shape = tuple(max(a.shape[d] for a in arrays) for d in range(arrays[0].ndim)) if arrays else ()
     out = np.full((len(arrays), *shape), np.nan)
     for i, a in enumerate(arrays):
@@ -86,8 +74,7 @@ def _stack(arrays: list[np.ndarray]) -> np.ndarray:
 
 @dataclass
 class HessianResult(StoredResult):
-    """``landscape hessian``: one table row per checkpoint, in the order given, and the per-checkpoint arrays
-    stacked over checkpoints (``eigenvalues[c, i]`` is lambda_{i+1} of checkpoint ``c``)."""
+    """``landscape hessian``: a table row per checkpoint, the per-checkpoint arrays stacked over them."""
 
     KIND = KIND
     CONFIG = HessianConfig
@@ -104,9 +91,6 @@ class HessianResult(StoredResult):
     density_grid: np.ndarray = stored("array", dims=("checkpoint", "grid"), default_factory=lambda: np.zeros((0, 0)))
     density: np.ndarray = stored("array", dims=("checkpoint", "grid"), default_factory=lambda: np.zeros((0, 0)))
     config: HessianConfig = field(default_factory=HessianConfig)
-    inputs: list[InputRef] = field(default_factory=list)
-    path: Path | None = None
-    figures: list[Path] = field(default_factory=list)
 
     @classmethod
     def from_rows(cls, rows: list[HessianRow], config: HessianConfig) -> HessianResult:
@@ -116,7 +100,8 @@ class HessianResult(StoredResult):
         return cls(rows=list(rows), config=config, **arrays)
 
     def table_rows(self) -> list[dict]:
-        """One dict per checkpoint: ref, optimizer, epoch, loss, lambda_1..k, trace +- se, residual of lambda_1."""
+        """One dict per checkpoint: ref, optimizer, epoch, loss, lambda_1..k, trace +- se, residual of
+        lambda_1."""
         out = []
         for c, r in enumerate(self.rows):
             row = {"ref": r.ref, "optimizer": r.optimizer, "epoch": r.epoch, "loss": r.loss}
@@ -130,28 +115,15 @@ class HessianResult(StoredResult):
 
 
 def subset(x: Tensor, y: Tensor, n: int | float, seed: int, split: str = "") -> tuple[Tensor, Tensor]:
-    """The fixed subset every measurement of a run uses (a count, at most the split's size, or a fraction): the
-    one sampler's (:func:`landscape.data.sample_subset`: seeded, stratified by class)."""
+    """The fixed subset every measurement of a run uses (a count, at most the split's size, or a fraction)."""
     return take_subset(x, y, min(n, len(y)), seed, split=split)
 
 
 @tuned_allocator()  # one block for the operator and every estimator: the products' temporaries are reused
-def hessian_row(
-    model: nn.Module,
-    x: Tensor,
-    y: Tensor,
-    config: HessianConfig,
-    *,
-    ref: str = "",
-    step: int = 0,
-    epoch: float = math.nan,
-    run: str = "",
-    optimizer: str = "",
-    masks: dict[str, Tensor] | None = None,
-) -> HessianRow:
-    """Top eigenvalues (and trace, density as configured) of the loss Hessian of ``model`` on the seeded
-    subset of ``x, y``. Pure: the model is not modified."""
-    config.validate()
+def hessian_row(model: nn.Module, x: Tensor, y: Tensor, config: HessianConfig, *, ref: str = "",
+                step: int = 0, epoch: float = math.nan, run: str = "", optimizer: str = "",
+                masks: dict[str, Tensor] | None = None) -> HessianRow:
+    """Top eigenvalues (trace, density as configured) of the loss Hessian on the seeded subset."""
     start = time.perf_counter()
     xs, ys = subset(x, y, config.subset, config.subset_seed, config.split)
     op = HessianOperator(model, xs, ys, masks=masks, dtype=PRECISIONS[config.precision],
@@ -177,9 +149,6 @@ def hessian_row(
         eigenvalues=eig.eigenvalues, residuals=eig.residuals, trace_samples=tr.samples,
         density_nodes=dens.nodes, density_weights=dens.weights, density_grid=dens.grid, density=dens.density,
     )
-
-
-# ------------------------------------------------------------------------------------------- the spec
 
 
 def compute_point(point, config: HessianConfig, _shared=None) -> HessianRow:

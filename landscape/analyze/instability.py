@@ -1,11 +1,5 @@
-"""A table of linear interpolation instabilities over many checkpoint pairs (Watson et al. Fig. 5).
-
-One :class:`PairInstability` row per pair: runs, Phase-1 length ``k``, both phases' optimizers, epsilon (target
-and spent), and per split Watson et al. Def. 2.3 beside the barrier above the chord (Entezari et al. 2022).
-Def. 2.3 is never below half the end-loss gap, so a pair whose ends differ looks unstable without any bump;
-the chord barrier measures the bump alone. Pure: rows in, CSV / HDF5 out; pairing is :func:`sibling_pairs` /
-:func:`all_pairs` on plain manifest data.
-"""
+"""A table of linear interpolation instabilities over many checkpoint pairs (Watson et al. Fig. 5), and how
+runs are paired (siblings: trained from one parent checkpoint the same way)."""
 
 from __future__ import annotations
 
@@ -74,9 +68,6 @@ class InstabilityTable(StoredResult):
         return self.csv_path
 
 
-# --------------------------------------------------------------------------------------------- pairing
-
-
 @dataclass(frozen=True)
 class RunInfo:
     """What pairing needs from a run manifest."""
@@ -89,9 +80,8 @@ class RunInfo:
 
 
 def continued_with(run: RunInfo) -> str | None:
-    """How a child run went on from its parent: the Phase-2 optimizer of ``landscape phases``, else the
-    optimizer its config records (``train --from``; a recorded run whose config names one), else ``"dpsgd"``
-    for a recorded run whose privacy is accounted (Opacus), else None."""
+    """How a child run went on from its parent: the Phase-2 optimizer, else its config's optimizer, else
+    ``"dpsgd"`` for a recorded run whose privacy is accounted (Opacus), else None."""
     ph, config, privacy = run.phases or {}, run.config or {}, run.privacy or {}
     if ph.get("phase2") is not None:
         return str(ph["phase2"])
@@ -101,10 +91,9 @@ def continued_with(run: RunInfo) -> str | None:
 
 
 def sibling_key(run: RunInfo) -> tuple | None:
-    """Siblings are runs trained from the same parent checkpoint (its sha256, else its run and step) that went
-    on the same way (:func:`continued_with`), whatever wrote them: ``landscape phases`` (Phase-2 copies),
-    ``train --from``, a :class:`landscape.Recorder` with ``parent=``. Copies that were not trained from their
-    parent (a pruned run's step 0, an aligned run) and runs without a parent are no one's siblings: None."""
+    """Siblings are runs trained from the same parent checkpoint that went on the same way, whatever wrote
+    them (``phases``, ``train --from``, a Recorder with ``parent=``); copies not trained from their parent
+    (pruned, aligned) and runs without a parent are no one's siblings: None."""
     lin, config = run.lineage or {}, run.config or {}
     if not lin.get("parent_run") and not lin.get("parent_sha256"):
         return None
@@ -160,14 +149,9 @@ def _copy_of(run: RunInfo) -> int:
     return int(c) if isinstance(c, (int, float)) else 0
 
 
-
-# ------------------------------------------------------------------------------------------- the spec
-
-
 def compute_pair(a, b, config, labels: Mapping, result=None) -> tuple[PairInstability, object]:
-    """One row: A and B interpolated (:func:`landscape.analyze.interpolate.compute_pair`, or ``result``, the
-    pair's interpolation read back from its current file) with the pair's labels from the manifests; epsilon
-    falls back to the larger of the checkpoints' own for a DP pair."""
+    """One row: A and B interpolated (or ``result``, read back from the pair's file) with the pair's labels;
+    epsilon falls back to the larger of the checkpoints' own for a DP pair."""
     reused = result is not None
     result = interpolate_pair(a, b, config) if result is None else result
     eps = labels["epsilon"]
@@ -196,25 +180,18 @@ def _printed(table: InstabilityTable) -> list[dict]:
     columns = ["pair", "k", "phase2", "epsilon", "epsilon_spent"] + [
         c for s in table.splits for c in (f"chord_barrier_{s}_loss", *(f"instability_{s}_{m}{a}"
                                                                          for m in ("loss", "error") for a in aligned))]
-    return [{c: None if c in _LABELS and _absent(r[c]) else r[c] for c in columns} for r in table.records()]
+    labels = ("k", "epsilon", "epsilon_spent")  # NaN there: not applicable (no phases, an SGD pair), shown "-"
+    return [{c: None if c in labels and isinstance(r[c], float) and math.isnan(r[c]) else r[c]
+             for c in columns} for r in table.records()]
 
 
 def _notes(table: InstabilityTable) -> list[str]:
-    """Which pairs were read back from their files instead of computed again, and from where."""
     reused = [r for r in table.rows if r.reused]
     if not reused:
         return []
     where = ", ".join(sorted({str(Path(r.result).parent) for r in reused}))
     return [f"reused {len(reused)} of {len(table.rows)} pairs from {where} (their checkpoints, options, data and "
             f"code version match; remove a file there, or give another --pair-dir, to compute it again)"]
-
-
-_LABELS = ("k", "epsilon", "epsilon_spent")  # NaN there means "not applicable" (no phases, an SGD pair): "-"
-
-
-def _absent(value: object) -> bool:
-    return isinstance(value, float) and math.isnan(value)
-
 
 
 def _details(t: InstabilityTable) -> dict:

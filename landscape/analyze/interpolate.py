@@ -1,12 +1,6 @@
-"""Linear-mode interpolation between two parameter vectors and its instability.
-
-Loss and accuracy along ``(1 - alpha) theta_A + alpha theta_B``, ``alpha = linspace(0, 1, points)`` (Frankle
-et al. 2020 and Watson et al. use 30 points), per split, and Watson et al. Def. 2.3's instability
-``sup_alpha E_alpha - mean(E(theta_A), E(theta_B))`` for the loss and the error, beside what Def. 2.3 mixes with
-the end-loss gap: the barrier above the chord ``sup_alpha E_alpha - ((1 - alpha) E_A + alpha E_B)`` (Entezari
-et al. 2022; what the verdicts judge) and the rise above both ends. A non-finite loss gives instability ``inf``
-with its reason. Pure: never opens the store, never changes the model.
-"""
+"""Linear-mode interpolation between two parameter vectors: loss and accuracy along ``(1 - alpha) theta_A +
+alpha theta_B`` per split, Watson et al. Def. 2.3's instability and, beside it, the barrier above the chord
+(Entezari et al. 2022: what the verdicts judge, free of the end-loss gap). Pure: never opens the store."""
 
 from __future__ import annotations
 
@@ -35,8 +29,7 @@ RESERVED = ("loss", "acc", "error", "alpha")
 
 
 def split_subset(splits: Mapping[str, Any], name: str, subset: int | float | None, seed: int):
-    """``(x, y)`` of split ``name``, or the examples of it the one sampler draws (``subset`` a count or a fraction:
-    :func:`landscape.data.sample_subset`); a split the data does not have is a UsageError naming the ones it has."""
+    """``(x, y)`` of split ``name``, or the ``subset`` of it the one sampler draws."""
     if name not in splits:
         raise UsageError(f"split {name!r} is not in the data (have {', '.join(splits)})")
     from landscape.data import take_subset
@@ -46,7 +39,8 @@ def split_subset(splits: Mapping[str, Any], name: str, subset: int | float | Non
 
 @dataclass
 class Instability:
-    """Watson et al. Def. 2.3 for one curve: ``sup - mean(endpoints)``; ``inf`` with a reason if non-finite."""
+    """Watson et al. Def. 2.3 for one curve: ``sup - mean(endpoints)``; ``inf`` with a reason if
+    non-finite."""
 
     value: float
     reason: str | None = None
@@ -54,10 +48,8 @@ class Instability:
 
 def instability(values: Sequence[float] | np.ndarray, alphas: Sequence[float] | np.ndarray | None = None,
                 *, what: str = "loss") -> Instability:
-    """``max(values) - (values[0] + values[-1]) / 2`` over a path whose first and last points are the ends.
-
-    Any non-finite value makes the instability ``inf``, with the first offending alpha in ``reason``.
-    """
+    """``max(values) - (values[0] + values[-1]) / 2``; ``inf`` for any non-finite value, the first named in
+    ``reason``."""
     v = np.asarray(values, dtype=np.float64)
     if v.size < 2:
         raise ValueError("instability needs both endpoints")
@@ -69,12 +61,9 @@ def instability(values: Sequence[float] | np.ndarray, alphas: Sequence[float] | 
 
 
 def chord_barrier(values: Sequence[float] | np.ndarray, alphas: Sequence[float] | np.ndarray) -> float:
-    """``sup_alpha E_alpha - ((1 - alpha) E_A + alpha E_B)``: the height above the chord (Entezari et al. 2022).
-
-    Watson et al.'s instability includes the endpoints in the sup, so it is never negative and equals
-    ``|E_A - E_B| / 2`` on a convex loss; the chord barrier is exactly 0 there (``<= 0`` up to rounding) and
-    isolates a bump between the ends. ``inf`` when any value is non-finite.
-    """
+    """``sup_alpha E_alpha - ((1 - alpha) E_A + alpha E_B)``: the height above the chord (Entezari et al.
+    2022), 0 on a convex loss where Def. 2.3 gives ``|E_A - E_B| / 2``; ``inf`` when any value is
+    non-finite."""
     v, a = np.asarray(values, dtype=np.float64), np.asarray(alphas, dtype=np.float64)
     if not np.all(np.isfinite(v)):
         return math.inf
@@ -82,9 +71,7 @@ def chord_barrier(values: Sequence[float] | np.ndarray, alphas: Sequence[float] 
 
 
 def rise_above_ends(values: Sequence[float] | np.ndarray) -> float:
-    """``sup_alpha E_alpha - max(E_A, E_B)``: how far the path rises above both of its ends (0 when it never does,
-    e.g. on a monotone path). Never above :func:`chord_barrier`, which measures from the lower chord; ``inf``
-    when any value is non-finite."""
+    """``sup_alpha E_alpha - max(E_A, E_B)``: the rise above both ends; ``inf`` for any non-finite value."""
     v = np.asarray(values, dtype=np.float64)
     if not np.all(np.isfinite(v)):
         return math.inf
@@ -93,8 +80,7 @@ def rise_above_ends(values: Sequence[float] | np.ndarray) -> float:
 
 @dataclass
 class InterpolationResult(StoredResult):
-    """Loss/accuracy per split along the path, the barriers above the chord and above both ends, and the
-    instabilities (Watson et al. Def. 2.3)."""
+    """Loss/accuracy per split along the path, the barriers and the instabilities (Watson Def. 2.3)."""
 
     KIND = KIND
     CONFIG = InterpolateConfig
@@ -165,9 +151,7 @@ class InterpolationResult(StoredResult):
         return result
 
     def summary(self) -> list[dict]:
-        """One row per split: losses at the ends, the maximum, the barrier above the chord and the rise above both
-        ends (:func:`chord_barrier`, :func:`rise_above_ends`) beside both Def. 2.3 instabilities (read from the
-        curve for a file written before they were stored)."""
+        """One row per split: the end losses, the maximum, the barriers and the instabilities."""
         return [
             {
                 "split": s,
@@ -191,34 +175,20 @@ class InterpolationResult(StoredResult):
 
 
 def interpolation_space(model: nn.Module) -> ParamSpace:
-    """What is interpolated: every parameter and every floating-point buffer (BatchNorm running statistics).
-
-    Integer buffers (``num_batches_tracked``) are not interpolated; in eval mode they are unused.
-    """
+    """What is interpolated: every parameter and floating-point buffer (integer ones are unused in eval
+    mode)."""
     return ParamSpace.from_model(model, buffers=True)
 
 
-def interpolate(
-    model: nn.Module,
-    theta_a: Mapping[str, torch.Tensor] | torch.Tensor,
-    theta_b: Mapping[str, torch.Tensor] | torch.Tensor,
-    data: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
-    *,
-    config: InterpolateConfig | None = None,
-    bn_inputs: torch.Tensor | None = None,
-    space: ParamSpace | None = None,
-    **overrides,
-) -> InterpolationResult:
-    """Loss and accuracy along ``lerp(theta_a, theta_b, alpha)`` on each split, and the instabilities.
-
-    ``theta_a``/``theta_b`` are state dicts of ``model``'s architecture (or flat vectors over ``space``);
-    ``data`` maps ``"train"``/``"test"`` to ``(x, y)``; the config's ``split`` picks which are evaluated
-    and ``subset`` draws a seeded stratified subset of each. With ``bn_recalibrate`` the BatchNorm
-    statistics are recomputed at every point from ``bn_inputs`` (default: the training inputs, same subset).
-    ``config.metrics`` (references, built-in names or metric objects: :mod:`landscape.metrics`) are computed in
-    the same forward passes and returned in ``point_metrics[column][split]``. Keyword ``overrides`` replace config
-    fields (``interpolate(m, a, b, data, points=10)``).
-    """
+def interpolate(model: nn.Module, theta_a: Mapping[str, torch.Tensor] | torch.Tensor,
+                theta_b: Mapping[str, torch.Tensor] | torch.Tensor,
+                data: Mapping[str, tuple[torch.Tensor, torch.Tensor]], *,
+                config: InterpolateConfig | None = None, bn_inputs: torch.Tensor | None = None,
+                space: ParamSpace | None = None, **overrides) -> InterpolationResult:
+    """Loss and accuracy along ``lerp(theta_a, theta_b, alpha)`` on each split of ``data`` (``"train"`` /
+    ``"test"`` -> ``(x, y)``), and the instabilities; ``theta_a``/``theta_b`` are state dicts (or flat vectors
+    over ``space``). ``bn_inputs``: BatchNorm recalibration's inputs (default: the training subset). Keyword
+    ``overrides`` replace config fields."""
     config = build(InterpolateConfig, overrides, base=config)
     space = space or interpolation_space(model)
     a, b = _flat(theta_a, space, model, "A"), _flat(theta_b, space, model, "B")
@@ -280,12 +250,9 @@ def _flat(theta, space: ParamSpace, model: nn.Module, label: str) -> torch.Tenso
     return space.flatten(theta)
 
 
-# ------------------------------------------------------------------------------------------- the spec
-
-
 def compute_pair(a, b, config: InterpolateConfig) -> InterpolationResult:
-    """:func:`interpolate` between resolved checkpoints A and B (``landscape.api.resolve.Point``) on the data
-    set the resolver chose for the pair (A's unless ``--data-from b``), every split of it."""
+    """:func:`interpolate` between resolved checkpoints A and B on the data set the resolver chose for the
+    pair."""
     splits = {s: a.data.split(s) for s in SPLITS}
     model = a.model()
     result = interpolate(model, a.state, b.state, splits, config=config)
@@ -308,7 +275,6 @@ def compute_pair(a, b, config: InterpolateConfig) -> InterpolationResult:
 
 def _notes(result: InterpolationResult) -> list[str]:
     return [f"{key}: instability inf ({reason})" for key, reason in result.reasons.items()]
-
 
 
 def _details(r: InterpolationResult) -> dict:

@@ -1,12 +1,6 @@
-"""Parameter and gradient norm statistics along training (Watson et al. 2023 App. Figs. 16-17).
-
-Per checkpoint: the L2 distance of the trainable parameters from the origin and from the run's
-initialisation, the norm of every parameter tensor ("layer"), a histogram of all parameter values on shared
-bin edges (Fig. 17; outermost bins also count values beyond the edges, so the counts always sum to the
-parameter count), and per-sample gradient norms ``||g_i||`` on a fixed seeded sample of the data (Fig. 16:
-their mean along training, their histograms at chosen epochs). Several runs are compared by their final
-distance from the origin relative to the first run (the paper: DP-SGD 1.7x SGD, pruned DP-SGD 1.2x).
-"""
+"""Parameter and gradient norm statistics along training (Watson et al. 2023 App. Figs. 16-17): per checkpoint
+the distances of the parameters from the origin and from the initialisation, a histogram of their values on
+edges shared by every checkpoint, and per-sample gradient norms; runs compared by their final distances."""
 
 from __future__ import annotations
 
@@ -28,9 +22,6 @@ from landscape.runtime import resolve_device
 KIND = "norms"
 
 
-# ------------------------------------------------------------------------------------------ pure parts
-
-
 def trainable_names(model: nn.Module) -> list[str]:
     return [n for n, p in model.named_parameters() if p.requires_grad]
 
@@ -49,9 +40,8 @@ class ParameterNorms:
     num_params: int
 
 
-def parameter_norms(
-    state: Mapping[str, torch.Tensor], names: Sequence[str], init: Mapping[str, torch.Tensor] | None = None
-) -> ParameterNorms:
+def parameter_norms(state: Mapping[str, torch.Tensor], names: Sequence[str],
+                    init: Mapping[str, torch.Tensor] | None = None) -> ParameterNorms:
     """||theta||, ||theta - theta_0|| and the per-layer versions (float64)."""
     layer = np.array([float(torch.linalg.norm(state[n].detach().to(torch.float64))) for n in names])
     if init is not None:
@@ -86,10 +76,8 @@ def value_histogram(values: torch.Tensor | np.ndarray, edges: np.ndarray) -> np.
     return counts.astype(np.int64)
 
 
-def per_sample_grad_norms(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, chunk: int = 250, engine=None,
-    masks: dict[str, torch.Tensor] | None = None,
-) -> np.ndarray:
+def per_sample_grad_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, chunk: int = 250,
+                          engine=None, masks: dict[str, torch.Tensor] | None = None) -> np.ndarray:
     """``||g_i||`` for every example (float64), from the engine's norm route, in chunks."""
     if engine is None:
         from landscape.persample import PerSampleEngine
@@ -98,9 +86,6 @@ def per_sample_grad_norms(
     out = [engine.norms(x[s:s + chunk], y[s:s + chunk], masks=masks).flat.detach().cpu().numpy()
            for s in range(0, len(y), chunk)]
     return np.concatenate(out) if out else np.zeros(0)
-
-
-# --------------------------------------------------------------------------------------------- results
 
 
 @dataclass
@@ -162,8 +147,7 @@ class NormsResult(StoredResult):
         return out
 
     def derived(self) -> tuple[dict, dict, dict]:
-        """Per run its mean gradient norm per checkpoint; the final distances and their ratios to the first run
-        (the frame's columns beside the labels); the first run's final numbers as attrs."""
+        """Per run the mean gradient norms; the final distances and ratios (the frame's columns) and attrs."""
         table = self.ratio_rows()
         arrays = {f"runs/{i}/mean_grad_norm": run.column("mean_grad_norm") for i, run in enumerate(self.runs)}
         arrays["dist_origin"] = np.array([t["dist_origin"] for t in table])
@@ -175,20 +159,12 @@ class NormsResult(StoredResult):
         return arrays, attrs, {}
 
 
-def checkpoint_norms(
-    model: nn.Module,
-    x: torch.Tensor | None,
-    y: torch.Tensor | None,
-    config: NormsConfig,
-    edges: np.ndarray,
-    *,
-    init: Mapping[str, torch.Tensor] | None = None,
-    engine=None,
-    ref: str = "",
-    step: int = 0,
-    epoch: float = math.nan,
-) -> CheckpointNorms:
-    """Norm statistics of one parameter point (``x, y`` may be None when ``config.subset == 0``)."""
+def checkpoint_norms(model: nn.Module, x: torch.Tensor | None, y: torch.Tensor | None, config: NormsConfig,
+                     edges: np.ndarray, *, init: Mapping[str, torch.Tensor] | None = None, engine=None,
+                     ref: str = "", step: int = 0, epoch: float = math.nan,
+                     masks: dict[str, torch.Tensor] | None = None) -> CheckpointNorms:
+    """Norm statistics of one parameter point (``x, y`` may be None when ``config.subset == 0``; ``masks``:
+    the pruning mask applied to the gradients)."""
     names = trainable_names(model)
     state = {n: p.detach().cpu() for n, p in model.named_parameters()}  # parameter statistics on the CPU
     params = parameter_norms(state, names, init)
@@ -196,12 +172,9 @@ def checkpoint_norms(
     grad_norms = np.zeros(0)
     if config.subset > 0 and x is not None:
         xs, ys = take_subset(x, y, min(config.subset, len(y)), config.subset_seed, split=config.split)
-        grad_norms = per_sample_grad_norms(model, xs, ys, chunk=config.chunk, engine=engine)
+        grad_norms = per_sample_grad_norms(model, xs, ys, chunk=config.chunk, engine=engine, masks=masks)
     return CheckpointNorms(ref=ref, step=int(step), epoch=float(epoch), params=params, histogram=hist,
                            grad_norms=grad_norms)
-
-
-# ------------------------------------------------------------------------------------------- the spec
 
 
 def value_range(point, config: NormsConfig) -> tuple[float, float, float]:
@@ -213,7 +186,8 @@ def value_range(point, config: NormsConfig) -> tuple[float, float, float]:
 
 
 def shared_edges(values, config: NormsConfig) -> np.ndarray:
-    """Histogram edges common to every checkpoint; checks that each ``grad_epochs`` entry is a checkpoint epoch."""
+    """Histogram edges common to every checkpoint; checks that each ``grad_epochs`` entry is a checkpoint
+    epoch."""
     epochs = sorted({v[2] for v in values})
     missing = [e for e in config.grad_epochs or () if not any(math.isclose(e, have, abs_tol=1e-6) for have in epochs)]
     if missing:
@@ -222,28 +196,14 @@ def shared_edges(values, config: NormsConfig) -> np.ndarray:
     return histogram_edges(min(v[0] for v in values), max(v[1] for v in values), config.bins)
 
 
-class _MaskedNorms:
-    """An engine whose ``norms`` apply a run's pruning mask."""
-
-    def __init__(self, engine, masks):
-        self.engine, self.masks = engine, masks
-
-    def norms(self, x, y, *, masks=None):
-        return self.engine.norms(x, y, masks=self.masks)
-
-
 def compute_point(point, config: NormsConfig, edges: np.ndarray):
-    """:func:`checkpoint_norms` at one resolved checkpoint (distances from its run's @init; gradients masked by
-    its run's pruning mask), with the run's optimizer label and layer names."""
-    from landscape.persample import PerSampleEngine
-
+    """:func:`checkpoint_norms` at one resolved checkpoint, with its optimizer label and layer names."""
     model = point.model().eval().to(resolve_device(config.device))  # eval: dropout off at the point
     x = y = None
     if config.subset > 0:
         x, y = point.split(config.split)  # the engine moves each chunk (and the masks) to the model's device
-    engine = _MaskedNorms(PerSampleEngine(model), point.masks) if point.masks is not None else None
-    row = checkpoint_norms(model, x, y, config, edges, init=point.init, engine=engine, ref=point.ref,
-                           step=point.step, epoch=point.epoch)
+    row = checkpoint_norms(model, x, y, config, edges, init=point.init, ref=point.ref, step=point.step,
+                           epoch=point.epoch, masks=point.masks)
     optimizer = str(((point.manifest or {}).get("config") or {}).get("optimizer") or "")
     if point.masks is not None:
         optimizer = f"{optimizer} (pruned)" if optimizer else "pruned"

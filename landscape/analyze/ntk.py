@@ -1,15 +1,6 @@
-"""The empirical NTK under per-sample clipping: kernels, their symmetry and positivity (Bu et al. 2023).
-
-Bu et al. (Secs. 3-4): the loss is driven by the NTK H = sum_r H_r for SGD (eq. 3.1), by H C under flat
-clipping (eq. 4.3) and by sum_r H_r C_r under layerwise clipping (eq. 4.4), C = diag of the per-sample
-clipping factors; small clipping norms break symmetry and positivity (Thms. 1.1, 1.2). Here
-:func:`compute_ntk` -> :class:`NTKResult`; Bu Table 1 is :mod:`landscape.analyze.ntk_table`; the kernel
-properties (Def. 4.2) and the clipped kernel are :mod:`landscape.analyze.ntk_kernels`.
-
-Kernel kinds are :mod:`landscape.gram`'s. The clipping factors always come from the loss-gradient norms, which
-for output kinds are recovered exactly from the output blocks:
-||g_{i,r}||^2 = v_i^T H_r[i, i] v_i with v_i = softmax(f(x_i)) - e_{y_i}.
-"""
+"""The empirical NTK under per-sample clipping (Bu et al. 2023 Secs. 3-4): H for SGD, H C under flat clipping,
+sum_r H_r C_r under layerwise clipping, and their symmetry and positivity, which small clipping norms
+break."""
 
 from __future__ import annotations
 
@@ -33,17 +24,10 @@ from landscape.clip import layer_threshold
 from landscape.results import StoredResult, stored
 
 
-# ------------------------------------------------------------------------------------------- config
-# ------------------------------------------------------------------------------------------- results
 @dataclass
 class NTKResult(StoredResult):
-    """One checkpoint's (clipped) NTK: kernels, clipping factors, spectra and properties.
-
-    In the file the clipped kernel's properties are root attrs (``symmetric``, ``min_sym_eig``...) with its
-    spectra ``eigvals_real``/``eigvals_imag``/``sym_eigvals``; the unclipped kernel's carry the prefix ``K_``
-    (``K_symmetric``..., ``K_eigvals_real``/``_imag``, ``K_sym_eigvals``). ``K_eigvals`` repeats ``K_sym_eigvals``
-    under the name earlier files used.
-    """
+    """One checkpoint's (clipped) NTK: kernels, clipping factors, spectra and properties (the unclipped
+    kernel's prefixed ``K_`` in the file)."""
 
     KIND = "ntk"
     CONFIG = NTKConfig
@@ -73,10 +57,8 @@ class NTKResult(StoredResult):
         return out
 
     def derived(self) -> tuple[dict, dict, dict]:
-        """``K_eigvals`` (the earlier name of ``K_sym_eigvals``), the frame's columns (one row per example) and
-        the labelled dimensions: sample (the n examples), layer, the kernel's rows/columns (sample x sample_j, or
-        entry x entry_j for the nM x nM output kernel), eig for the spectra; an array whose shape does not fit
-        is left unlabelled."""
+        """``K_eigvals`` (the earlier name of ``K_sym_eigvals``), the frame's columns (one row per example)
+        and the labelled dimensions of the arrays whose shapes fit them."""
         arrays = {"K_eigvals": self.K_properties.sym_eigvals}
         n, m = len(self.labels), self.K.shape[0]
         k = ("sample", "sample_j") if m == n else ("entry", "entry_j")

@@ -1,9 +1,6 @@
-"""The kernels both NTK analyses measure (``ntk`` and ``ntk-table``, Bu et al. 2023): the properties of a kernel
-(symmetry, the two positivity notions of Def. 4.2), the clipped kernel A = K C (flat) or sum_r K_r C_r (layerwise),
-the per-layer kernels of a model on examples (:mod:`landscape.gram`), the options both analyses share
-(:class:`~landscape.analyze.specs.KernelOptions`) and the examples they draw from a checkpoint (:func:`examples`).
-The analyses are :mod:`landscape.analyze.ntk` and :mod:`landscape.analyze.ntk_table`, which import them from here.
-"""
+"""What both NTK analyses (``ntk``, ``ntk-table``; Bu et al. 2023) measure: a kernel's symmetry and positivity
+(Def. 4.2), the clipped kernel A = K C (flat) or sum_r K_r C_r (layerwise), the per-layer kernels of a model
+and the examples drawn from a checkpoint."""
 
 from __future__ import annotations
 
@@ -20,28 +17,18 @@ from landscape.errors import NonFiniteError, UsageError, param
 from landscape.gram import gram_blocks, layer_names
 from landscape.runtime import resolve_device
 
-CLIPS = ("none", "flat", "layerwise")
-KIND_HELP = ("loss-grad: <grad l_i, grad l_j>; output: d f/d w (d f/d w)^T (nM x nM); output-trace: its trace "
-             "over logits (n x n).")
-PRECISION_HELP = ("auto: float64 for small tensors, the model's dtype for big contractions; float64: the model and "
-                  "every contraction in float64; float32: every contraction in the model's dtype.")
 #: an eigenvalue counts as >= 0 if it is >= -EIG_RTOL * ||A||_F, as real if |imag| <= EIG_RTOL * ||A||_F
 EIG_RTOL = 1e-6
 #: a matrix counts as symmetric if ||A - A^T||_F / ||A||_F <= SYM_RTOL
 SYM_RTOL = 1e-6
 
 
-# ------------------------------------------------------------------------------------ kernel properties
 @dataclass(frozen=True)
 class KernelProperties:
-    """Symmetry and positivity of a square matrix A (Bu et al. Def. 4.2), with the numbers behind them.
-
-    Tolerances are relative to ``norm`` = ||A||_F: ``symmetric`` iff ``asymmetry`` <= ``sym_rtol``;
-    an eigenvalue is "non-negative" iff it is >= -``eig_rtol`` * norm and "real" iff its |imaginary part|
-    is <= ``eig_rtol`` * norm. ``positive_quadratic`` (x^T A x >= 0 for all x) iff the smallest eigenvalue
-    of (A + A^T)/2 is non-negative; ``positive_eigenvalues`` iff every eigenvalue of A is real and
-    non-negative. The zero matrix is symmetric and positive in both senses (asymmetry 0).
-    """
+    """Symmetry and positivity of a square matrix A (Bu et al. Def. 4.2), with the numbers behind them:
+    ``positive_quadratic`` (x^T A x >= 0) iff the smallest eigenvalue of (A + A^T)/2 is non-negative,
+    ``positive_eigenvalues`` iff every eigenvalue of A is real and non-negative, both up to the tolerances
+    relative to ``norm`` = ||A||_F."""
 
     n: int
     norm: float
@@ -113,16 +100,10 @@ def kernel_properties(A: np.ndarray | torch.Tensor, *, sym_rtol: float = SYM_RTO
     )
 
 
-# ------------------------------------------------------------------------------------------- clipping
 @dataclass
 class ClippedKernel:
-    """A = K C or sum_r K_r C_r, the factors C ((n,) flat, (L, n) layerwise) and the fraction clipped.
-
-    A sample (or a sample's layer) counts as clipped when its gradient norm exceeds the threshold.
-    For layerwise clipping ``fraction_clipped`` counts samples with at least one clipped layer and
-    ``fraction_layers_clipped`` the (sample, layer) pairs. The factors are :func:`landscape.clip.clip_factors`
-    (training's own) and the default per-layer threshold :func:`landscape.clip.layer_threshold`.
-    """
+    """A = K C or sum_r K_r C_r, the factors C ((n,) flat, (L, n) layerwise) and the fraction of samples with
+    a clipped layer (``fraction_layers_clipped``: of (sample, layer) pairs)."""
 
     style: str
     A: np.ndarray
@@ -131,31 +112,15 @@ class ClippedKernel:
     fraction_layers_clipped: float
 
 
-def clip_kernel(
-    K_layers: np.ndarray | torch.Tensor,
-    layer_sq_norms: np.ndarray | torch.Tensor,
-    *,
-    style: str,
-    max_grad_norm: float,
-    clip_fn: str = "abadi",
-    layer_max_norms: float | Sequence[float] | None = None,
-    logits_per_sample: int = 1,
-    sample_sq_norms: np.ndarray | torch.Tensor | None = None,
-) -> ClippedKernel:
-    """The clipped NTK from per-layer blocks (Bu et al. eqs. 4.3, 4.4).
-
-    ``K_layers`` is (L, R, R) with R = n * ``logits_per_sample`` (sample-major), ``layer_sq_norms`` (L, n)
-    the squared per-layer loss-gradient norms ||g_{i,r}||^2 (for loss-grad kernels: the diagonals of K_r).
-    Flat: C_i from ||g_i|| = sqrt(sum_r ||g_{i,r}||^2), A = (sum_r K_r) C. Layerwise: C_{i,r} from ||g_{i,r}||
-    with per-layer thresholds ``layer_max_norms`` (default C/sqrt(L)), A = sum_r K_r C_r. The factor of
-    sample i scales every column (i, m). ``sample_sq_norms`` (n,) gives the whole model's ||g_i||^2 for flat
-    clipping when ``K_layers`` holds only some of the model's layers (flat clipping in training uses the
-    norm of the full gradient); by default it is the sum over the given layers.
-    """
-    K_layers = torch.as_tensor(np.asarray(K_layers) if not isinstance(K_layers, torch.Tensor) else K_layers,
-                               dtype=torch.float64)
-    sq = torch.as_tensor(np.asarray(layer_sq_norms) if not isinstance(layer_sq_norms, torch.Tensor)
-                         else layer_sq_norms, dtype=torch.float64).clamp_min(0)
+def clip_kernel(K_layers: np.ndarray | torch.Tensor, layer_sq_norms: np.ndarray | torch.Tensor, *, style: str,
+                max_grad_norm: float, clip_fn: str = "abadi",
+                layer_max_norms: float | Sequence[float] | None = None, logits_per_sample: int = 1,
+                sample_sq_norms: np.ndarray | torch.Tensor | None = None) -> ClippedKernel:
+    """The clipped NTK from per-layer blocks ``K_layers`` (L, R, R), R = n * ``logits_per_sample``, and the
+    squared per-layer loss-gradient norms (L, n) (Bu et al. eqs. 4.3, 4.4). ``sample_sq_norms``: the whole
+    model's ||g_i||^2 when ``K_layers`` holds only some layers (flat clipping clips the full gradient)."""
+    K_layers = torch.as_tensor(K_layers, dtype=torch.float64)
+    sq = torch.as_tensor(layer_sq_norms, dtype=torch.float64).clamp_min(0)
     L = K_layers.shape[0]
     M = logits_per_sample
     if style == "flat":
@@ -183,8 +148,6 @@ def clip_kernel(
     raise UsageError(f"unknown clip style '{style}' (choose from {', '.join(CLIP_STYLES)})")
 
 
-# ------------------------------------------------------------------------------------- kernel options
-# ------------------------------------------------------------------------------------------ kernels
 @dataclass
 class LayerKernels:
     """Per-layer blocks of one kind, plus the squared per-layer loss-gradient norms behind the clipping."""
@@ -240,8 +203,8 @@ def layer_kernels(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, kind: s
 
 def _full_sq_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, sq: torch.Tensor, names: Sequence[str],
                    all_names: Sequence[str]) -> np.ndarray:
-    """||g_i||^2 of the whole model: the sum of the per-layer values when every layer is there, else from the
-    per-sample engine (flat clipping clips the full gradient, whichever layers the kernel shows)."""
+    """||g_i||^2 of the whole model (flat clipping clips the full gradient, whichever layers the kernel
+    shows)."""
     if list(names) == list(all_names):
         return sq.sum(0).numpy()
     from landscape.persample import PerSampleEngine
@@ -260,12 +223,8 @@ def clip_layer_kernels(lk: LayerKernels, *, style: str, max_grad_norm: float, cl
                        clip_fn=clip_fn, layer_max_norms=layer_max_norms, logits_per_sample=lk.logits_per_sample)
 
 
-# ----------------------------------------------------------------------------------- examples, rows
-
-
 def examples(point, n: int | float, seed: int, split: str) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-    """The ``n`` examples of a resolved checkpoint's data split the one sampler draws
-    (:func:`landscape.data.sample_subset`: seeded, stratified): x, y, indices."""
+    """The ``n`` examples of a resolved checkpoint's data split the one sampler draws: x, y, indices."""
     from landscape.data import sample_subset
 
     x, y = point.data.split(split)
@@ -277,7 +236,8 @@ def examples(point, n: int | float, seed: int, split: str) -> tuple[torch.Tensor
 
 
 def model_and_examples(point, config):
-    """The checkpoint's model and the seeded examples on ``config.device`` (in float64 for ``precision="float64"``)."""
+    """The checkpoint's model and the seeded examples on ``config.device`` (in float64 for
+    ``precision="float64"``)."""
     device = resolve_device(config.device)
     model = point.model().eval().to(device)  # eval: dropout off, BatchNorm on its running statistics
     if config.precision == "float64":
@@ -290,5 +250,3 @@ def model_and_examples(point, config):
 
 def yes_no(flag: bool) -> str:
     return "yes" if flag else "NO"
-
-

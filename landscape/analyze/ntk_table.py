@@ -1,12 +1,10 @@
-"""Bu et al. (2023) Table 1 measured (``landscape ntk-table``): at a checkpoint or along a run, for every clipping
-norm and style, is the clipped NTK symmetric, positive in quadratic form, positive in eigenvalues, with the
-numbers behind each answer. One Gram computation per checkpoint serves every norm and style; the kernels and
-their properties are :mod:`landscape.analyze.ntk_kernels`'.
-"""
+"""Bu et al. (2023) Table 1 measured (``landscape ntk-table``): for every clipping norm and style, is the
+clipped NTK symmetric and positive, with the numbers behind each answer (one Gram computation per
+checkpoint)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +12,6 @@ import torch
 from torch import nn
 
 from landscape.analyze.ntk_kernels import (
-    LayerKernels,
     clip_layer_kernels,
     kernel_properties,
     layer_kernels,
@@ -23,13 +20,6 @@ from landscape.analyze.ntk_kernels import (
 )
 from landscape.analyze.specs import NTKTableConfig
 from landscape.results import StoredResult, stored, write_csv
-
-# ---------------------------------------------------------------------------------- Bu Table 1 measured
-TABLE_COLUMNS = (
-    "step", "epoch", "max_grad_norm", "style", "fraction_clipped", "symmetric", "asymmetry",
-    "positive_quadratic", "min_sym_eig", "n_negative_sym_eigs", "positive_eigenvalues", "min_real_eig",
-    "max_abs_imag_eig", "n_negative_real_eigs", "norm",
-)
 
 
 @dataclass
@@ -53,20 +43,7 @@ class NTKTableRow:
     norm: float
 
 
-def table_rows(lk: LayerKernels, config: NTKTableConfig, *, step: int = 0, epoch: float = float("nan")) -> list[NTKTableRow]:
-    """Rows of the measured Table 1 for one checkpoint: no clipping, then every (norm, style)."""
-
-    def row(norm: float, style: str, A: np.ndarray, frac: float) -> NTKTableRow:
-        p = kernel_properties(A)
-        return NTKTableRow(step=step, epoch=epoch, max_grad_norm=norm, style=style, fraction_clipped=frac,
-                           **{k: getattr(p, k) for k in TABLE_COLUMNS[5:]})
-
-    rows = [row(float("nan"), "none", lk.K, 0.0)]
-    for c in config.max_grad_norms:
-        for style in config.clip_styles:
-            ck = clip_layer_kernels(lk, style=style, max_grad_norm=c, clip_fn=config.clip_fn)
-            rows.append(row(c, style, ck.A, ck.fraction_clipped))
-    return rows
+TABLE_COLUMNS = tuple(f.name for f in fields(NTKTableRow))
 
 
 @dataclass
@@ -80,12 +57,6 @@ class NTKTable(StoredResult):
     rows: list[NTKTableRow] = stored("table", count="n_rows")
     csv_path: Path | None = stored("skip", default=None)  # the companion CSV, not in the file
 
-    def column(self, name: str) -> np.ndarray:
-        values = [getattr(r, name) for r in self.rows]
-        if name == "style":
-            return np.array(values, dtype="S")
-        return np.asarray(values)
-
     def to_csv(self, path: str | Path) -> Path:
         records = [{c: getattr(r, c) for c in TABLE_COLUMNS} for r in self.rows]
         self.csv_path = write_csv(path, records, TABLE_COLUMNS, nan="nan")
@@ -94,18 +65,28 @@ class NTKTable(StoredResult):
 
 def ntk_table(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: NTKTableConfig, *, step: int = 0,
               epoch: float = float("nan")) -> NTKTable:
-    """Bu et al. Table 1 measured on one model: one Gram computation, every clipping norm and style."""
+    """Bu et al. Table 1 measured on one model: one Gram computation, then no clipping and every (norm,
+    style)."""
     lk = layer_kernels(model, x, y, kind=config.kernel, layers=config.layers, strategy=config.strategy,
                        max_memory=config.max_memory, precision=config.precision)
-    return NTKTable(config=config, rows=table_rows(lk, config, step=step, epoch=epoch))
+
+    def row(norm: float, style: str, A: np.ndarray, frac: float) -> NTKTableRow:
+        p = kernel_properties(A)
+        return NTKTableRow(step=step, epoch=epoch, max_grad_norm=norm, style=style, fraction_clipped=frac,
+                           **{k: getattr(p, k) for k in TABLE_COLUMNS[5:]})
+
+    rows = [row(float("nan"), "none", lk.K, 0.0)]
+    for c in config.max_grad_norms:
+        for style in config.clip_styles:
+            ck = clip_layer_kernels(lk, style=style, max_grad_norm=c, clip_fn=config.clip_fn)
+            rows.append(row(c, style, ck.A, ck.fraction_clipped))
+    return NTKTable(config=config, rows=rows)
 
 
 def table_point(point, config: NTKTableConfig) -> list[NTKTableRow]:
-    """One checkpoint's rows of the measured Table 1: one Gram computation for every clipping norm and style."""
+    """One checkpoint's rows of the measured Table 1."""
     model, x, y, _ = model_and_examples(point, config)
-    lk = layer_kernels(model, x, y, kind=config.kernel, layers=config.layers, strategy=config.strategy,
-                       max_memory=config.max_memory, precision=config.precision)
-    return table_rows(lk, config, step=point.step, epoch=float(point.epoch))
+    return ntk_table(model, x, y, config, step=point.step, epoch=float(point.epoch)).rows
 
 
 def _table_rows(t: NTKTable) -> list[dict]:
@@ -114,7 +95,6 @@ def _table_rows(t: NTKTable) -> list[dict]:
              "pos_quad": yes_no(r.positive_quadratic), "min_sym_eig": r.min_sym_eig,
              "pos_eig": yes_no(r.positive_eigenvalues), "min_re_eig": r.min_real_eig, "max_|im|": r.max_abs_imag_eig}
             for r in t.rows]
-
 
 
 def collect_table(rows: list, config: NTKTableConfig, _) -> NTKTable:

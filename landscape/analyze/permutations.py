@@ -1,7 +1,5 @@
-"""Permutations of hidden units: the permutation-structure protocol (:class:`PermutationSpec`, :class:`SpecBuilder`,
-:func:`chain_spec`, the registry :func:`register_spec`, :func:`permutation_spec`), checks that a spec keeps
-the function, and applying permutations to state dicts. See :mod:`landscape.analyze.align` for the protocol and
-weight matching."""
+"""Permutations of hidden units: the permutation-structure protocol (which tensor axes each permutation
+moves), checks that a spec keeps the function, and applying permutations to state dicts."""
 
 from __future__ import annotations
 
@@ -17,12 +15,9 @@ from landscape.errors import IncompatibleError, ModelError, UsageError
 
 @dataclass(frozen=True)
 class Axis:
-    """One tensor axis a permutation moves.
-
-    ``inner``: consecutive positions per unit along the axis (a Linear after ``Flatten`` reads ``C*H*W``
-    features, ``H*W`` per channel). ``match``: whether the tensor votes in weight matching (BatchNorm
-    running statistics move with their channels but are not weights).
-    """
+    """One tensor axis a permutation moves: ``inner`` consecutive positions per unit (``H*W`` per channel
+    after ``Flatten``); ``match``: whether it votes in weight matching (running statistics move but do not
+    vote)."""
 
     key: str
     axis: int
@@ -32,8 +27,8 @@ class Axis:
 
 @dataclass(frozen=True)
 class Permutation:
-    """A group of axes permuted together; ``groups`` contiguous blocks of ``size // groups`` units must map onto
-    whole blocks (GroupNorm's groups; 1 = any permutation)."""
+    """A group of axes permuted together; ``groups`` contiguous blocks of ``size // groups`` units must map
+    onto whole blocks (GroupNorm's groups; 1 = any permutation)."""
 
     name: str
     size: int
@@ -74,13 +69,8 @@ class PermutationSpec:
 
 
 class SpecBuilder:
-    """Collects axes per permutation while a spec builder walks a model; checks norm groups agree.
-
-    ``p = b.new(name, units)`` opens a permutation; ``b.weight_out(p, "fc1", module)`` moves a Linear/Conv's
-    output units (weight rows and bias), ``b.add(p, "fc2.weight", 1)`` any tensor axis (``inner``: consecutive
-    positions per unit, e.g. ``H*W`` columns per channel after ``Flatten``), ``b.norm(p, "bn1", module)`` a
-    BatchNorm/GroupNorm on those units; ``b.spec()`` returns the :class:`PermutationSpec`.
-    """
+    """Collects axes per permutation while a spec builder walks a model (``new``, then ``weight_out``,
+    ``add``, ``norm`` per tensor; ``spec()`` at the end); checks norm groups agree."""
 
     def __init__(self, model_name: str):
         self.model_name = model_name
@@ -113,16 +103,12 @@ class SpecBuilder:
                                                       f"{seen[0]} of '{seen[1]}' on the same channels, so no channel "
                                                       "permutation keeps both"))
             self.groups[perm] = (module.num_groups, prefix)
-            if module.affine:
-                self.add(perm, f"{prefix}.weight", 0)
-                self.add(perm, f"{prefix}.bias", 0)
-            return
-        if not isinstance(module, nn.modules.batchnorm._BatchNorm):
+        elif not isinstance(module, nn.modules.batchnorm._BatchNorm):
             raise ModelError(self._refuse(prefix, f"{type(module).__name__} is not a norm alignment knows"))
         if module.affine:
             self.add(perm, f"{prefix}.weight", 0)
             self.add(perm, f"{prefix}.bias", 0)
-        if module.track_running_stats:
+        if getattr(module, "track_running_stats", False):  # BatchNorm's; GroupNorm keeps no statistics
             self.add(perm, f"{prefix}.running_mean", 0, match=False)
             self.add(perm, f"{prefix}.running_var", 0, match=False)
 
@@ -140,9 +126,9 @@ _PASS_THROUGH = (nn.ReLU, nn.Tanh, nn.GELU, nn.Sigmoid, nn.ELU, nn.Softplus, nn.
 
 
 def chain_spec(model: nn.Module, name: str | None = None) -> PermutationSpec:
-    """Feed-forward models whose children run in registration order (mlp, lenet, opacus-cnn, two-layer-linear; any
-    such stack of Linear/Conv2d layers, norms, ``Flatten`` and element-wise activations): one permutation per
-    hidden layer's units, named after the layer."""
+    """Feed-forward models whose children run in registration order (mlp, lenet, opacus-cnn, two-layer-linear;
+    any such stack of Linear/Conv2d layers, norms, ``Flatten`` and element-wise activations): one permutation
+    per hidden layer's units, named after the layer."""
     name = name or type(model).__name__
     b = SpecBuilder(name)
     children = list(model.named_children())
@@ -181,7 +167,8 @@ def chain_spec(model: nn.Module, name: str | None = None) -> PermutationSpec:
 
 
 def _resnet_spec(model: nn.Module, name: str) -> PermutationSpec:
-    """torchvision ResNet of BasicBlocks: one permutation per stage's residual stream, one per block inside."""
+    """torchvision ResNet of BasicBlocks: one permutation per stage's residual stream, one per block
+    inside."""
     from torchvision.models.resnet import BasicBlock
 
     b = SpecBuilder(name)
@@ -249,8 +236,8 @@ def _model_name(model: nn.Module) -> str:
 
 
 def builder_of(model: nn.Module) -> tuple[SpecFunction | None, str]:
-    """How :func:`permutation_spec` gets the model's spec: ``(builder, "method" | "registered" | "built-in")``,
-    or ``(None, "")`` when nothing describes the model."""
+    """How :func:`permutation_spec` gets the model's spec: ``(builder, "method" | "registered" |
+    "built-in")``, or ``(None, "")`` when nothing describes the model."""
     own = getattr(model, "permutation_spec", None)
     if callable(own):
         return (lambda m, name: own()), "method"
@@ -265,12 +252,8 @@ def builder_of(model: nn.Module) -> tuple[SpecFunction | None, str]:
 
 
 def permutation_spec(model: nn.Module | Mapping) -> PermutationSpec:
-    """The permutation spec of a model (a module, or a :mod:`landscape.models` ``landscape_spec``), by the protocol
-    of the module docstring: its ``permutation_spec()`` method, a registered builder, or a one-line ModelError.
-
-    ModelError (one line) also for a spec that does not fit the model's tensors or a layer whose units cannot be
-    permuted.
-    """
+    """The permutation spec of a model (or of a ``landscape_spec``): its ``permutation_spec()`` method, a
+    registered builder, or a one-line ModelError (also for a spec that does not fit the model's tensors)."""
     if isinstance(model, Mapping):
         from landscape.models import model_from_spec
 
@@ -294,7 +277,8 @@ def permutation_spec(model: nn.Module | Mapping) -> PermutationSpec:
 
 
 def _as_spec(value: Any, model: nn.Module, name: str) -> PermutationSpec:
-    """A PermutationSpec as is; ``{perm: [(key, axis[, inner]) | Axis, ...]}`` with unit counts from the tensors."""
+    """A PermutationSpec as is; ``{perm: [(key, axis[, inner]) | Axis, ...]}`` with unit counts from the
+    tensors."""
     if isinstance(value, PermutationSpec):
         return value
     if not isinstance(value, Mapping) or not value:
@@ -323,8 +307,8 @@ def _as_spec(value: Any, model: nn.Module, name: str) -> PermutationSpec:
 
 
 def verified_spec(model: nn.Module, x: torch.Tensor | None) -> PermutationSpec:
-    """:func:`permutation_spec`, and for a spec that is not built in (a method, a registered builder) the check
-    that it keeps the function on inputs ``x`` (:func:`check_function_kept`)."""
+    """:func:`permutation_spec`, and for a spec that is not built in the check that it keeps the function on
+    ``x``."""
     spec = permutation_spec(model)
     if builder_of(model)[1] != "built-in" and x is not None:
         check_function_kept(model, spec, x)
@@ -333,8 +317,9 @@ def verified_spec(model: nn.Module, x: torch.Tensor | None) -> PermutationSpec:
 
 def check_function_kept(model: nn.Module, spec: PermutationSpec, x: torch.Tensor, *, seed: int = 0,
                         rtol: float = 1e-4, atol: float = 1e-5) -> None:
-    """ModelError unless a random permutation of ``spec`` leaves the model's outputs on ``x`` unchanged (a spec
-    that misses a tensor or moves a wrong axis changes the function; alignment would then be meaningless)."""
+    """ModelError unless a random permutation of ``spec`` leaves the model's outputs on ``x`` unchanged (a
+    spec that misses a tensor or moves a wrong axis changes the function; alignment would then be
+    meaningless)."""
     import copy
 
     state = model.state_dict()
@@ -386,7 +371,8 @@ def _units(t: torch.Tensor, ax: Axis, n: int) -> torch.Tensor:
 
 
 def check_permutations(spec: PermutationSpec, perms: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The permutations as int64 tensors; UsageError unless each is a permutation that keeps whole norm groups."""
+    """The permutations as int64 tensors; UsageError unless each is a permutation that keeps whole norm
+    groups."""
     out = {}
     for p in spec.perms:
         if p.name not in perms:
@@ -408,11 +394,8 @@ def check_permutations(spec: PermutationSpec, perms: Mapping[str, torch.Tensor])
 
 def apply_permutation(spec: PermutationSpec, perms: Mapping[str, torch.Tensor],
                       state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A new state dict with every permuted axis reordered (unit ``i`` takes the old unit ``perm[i]``).
-
-    Tensors no permutation touches are copied; a partial state dict (e.g. pruning masks) is fine. The model
-    computes the same function before and after (up to floating-point summation order).
-    """
+    """A new state dict with every permuted axis reordered (unit ``i`` takes the old unit ``perm[i]``); a
+    partial state dict (pruning masks) is fine."""
     perms = check_permutations(spec, perms)
     out = {}
     for key, t in state.items():

@@ -1,5 +1,6 @@
 """The analysis registry: one :class:`Analysis` spec per analysis, looked up by command name, and the table of
-input modes (what an analysis' references are). Imports nothing heavy: ``landscape --help`` goes through it."""
+input modes (what an analysis' references are). Imports nothing heavy: ``landscape --help`` goes through
+it."""
 
 from __future__ import annotations
 
@@ -13,12 +14,10 @@ from typing import Any
 
 @dataclass(frozen=True)
 class InputMode:
-    """What an analysis' references are. ``arguments``: ``(name, help)`` of its positional parameters (the
-    command's arguments, the api function's leading parameters); it takes ``least`` to ``most`` references (None:
-    any number, one variadic argument). ``paired``: A and B compared (``--data-from``); ``parallel``: several
-    checkpoints or pairs (a worker pool: ``--workers``, ``--scheduler``); ``globs``: run names or globs paired by
-    the resolver, not references; ``hooks``: the api hooks a spec of this mode may ask for; ``detail_dir``: the
-    run option naming the directory of the per-pair result files (relative to a batch job's results directory)."""
+    """What an analysis' references are: ``(name, help)`` of its positional ``arguments``, ``least`` to
+    ``most`` of them (None: any number); ``paired``: A and B compared; ``parallel``: a worker pool; ``globs``:
+    run names or globs, not references; ``detail_dir``: the run option naming the directory of per-pair result
+    files."""
 
     arguments: tuple[tuple[str, str], ...]
     least: int
@@ -57,21 +56,11 @@ def load(where: str) -> Any:
 
 @dataclass(frozen=True)
 class Analysis:
-    """One analysis: everything the runner and the CLI need.
-
-    ``inputs`` is one of :data:`INPUT_MODES` and says what ``compute`` receives
-    (``landscape.api.resolve.Point`` objects): ``"checkpoint"`` ``compute(point, config) -> result``; ``"pair"``
-    ``compute(a, b, config) -> result``; ``"pairs"`` ``compute(a, b, config, labels[, result=detail]) -> (row,
-    detail)`` per pair, then ``collect(rows, config, run_options)``; ``"target"`` ``compute(point, config) -> row``
-    per checkpoint, then ``collect``; ``"targets"`` optionally ``prepare`` / ``share`` first, then ``compute(point,
-    config, shared)`` and ``collect(groups, config, run_options, refs, shared)`` (docs/ARCHITECTURE.md).
-
-    ``hooks``: store-side steps attached in :mod:`landscape.api` (``"execute"``, ``"expand"``). ``parallel``:
-    parallel parts the inputs do not show. ``stem``: the default output name when the references do not give one.
-    ``needs``: ``"init"`` / ``"manifest"`` in each Point. ``run_options``: how it runs, not what it computes.
-    ``figure``, ``rows``, ``details``, ``notes``: its figure, table, ``--json`` extras and lines after the table.
-    ``output``: the default file stem; ``csv``: the table as CSV too. Code fields (:data:`CODE`) may be
-    ``"module:attribute"`` strings.
+    """One analysis: everything the runner and the CLI need. ``inputs`` (one of :data:`INPUT_MODES`) says how
+    ``compute`` (and ``collect``, ``prepare``, ``share``) are called: docs/ARCHITECTURE.md, "Flows".
+    ``hooks``: store-side steps attached in :mod:`landscape.api`; ``needs``: ``"init"`` / ``"manifest"`` in
+    each Point; ``run_options``: how it runs, not what it computes; ``figure``, ``rows``, ``details``,
+    ``notes``: what it draws and prints. Code fields (:data:`CODE`) may be ``"module:attribute"`` strings.
     """
 
     name: str
@@ -88,12 +77,12 @@ class Analysis:
     detail: type | str | None = None
     needs: tuple[str, ...] = ()
     hooks: tuple[str, ...] = ()
-    parallel: bool = False
-    stem: Callable | str | None = None
+    parallel: bool = False  # parallel parts the inputs do not show
+    stem: Callable | str | None = None  # the default output name when the references do not give one
     details: Callable | str | None = None
     notes: Callable | str | None = None
-    output: str = ""
-    csv: bool = False
+    output: str = ""  # the default file stem
+    csv: bool = False  # the table as CSV too
     doc: str = ""  # the command's --help text (first line + details)
     purpose: str = "evaluate it"  # "<checkpoint> records no data set; cannot <purpose>"
 

@@ -1,6 +1,5 @@
-"""Every built-in analysis declared: its options (the config dataclasses, coerced and validated when made) and
-its :class:`~landscape.analyze.registry.Analysis` spec, whose code is named by ``"module:attribute"`` and imported
-when the analysis runs. Nothing here imports torch or numpy: listing the analyses and their ``--help`` need none."""
+"""Every built-in analysis declared: its options and its :class:`~landscape.analyze.registry.Analysis` spec,
+whose code is imported when it runs (``--help`` imports no torch)."""
 
 from __future__ import annotations
 
@@ -44,19 +43,15 @@ _GRID = re.compile(r"^\s*(\d+)\s*(?:[xX]\s*(\d+))?\s*$")
 _RANGE = re.compile(r"^\s*([-+0-9.eE]+)\s*:\s*([-+0-9.eE]+)\s*$")
 
 
-# ------------------------------------------------------------------------------------------- shared bases
-
-
 def device_option() -> Any:
-    """The ``--device`` option every analysis that computes on a device shares (default ``auto``; the runner
-    records the device actually used as the result file's ``device`` attr)."""
+    """The ``--device`` option every analysis that computes on a device shares."""
     return option("auto", DEVICE_HELP + " The device used is recorded in the result's attrs.", kind="device")
 
 
 @dataclass(frozen=True)
 class EvaluationOptions(Options):
-    """How checkpoints are evaluated (the base of the interpolate, directions, surface and calibration configs): a
-    seeded stratified subset of each split, examples per forward pass, device and engine (:mod:`landscape.evaluate`)."""
+    """How checkpoints are evaluated (the base of the interpolate, directions, surface and calibration
+    configs)."""
 
     subset: int | float | None = option(None, SUBSET_HELP + " Default: all, of each split.", kind="subset")
     subset_seed: int = option(0, SUBSET_SEED_HELP)
@@ -67,8 +62,7 @@ class EvaluationOptions(Options):
 
 @dataclass(frozen=True)
 class RandomDirectionOptions(EvaluationOptions):
-    """How random directions are drawn (the base of the directions and surface configs) and the user metrics
-    recorded at every point (:mod:`landscape.metrics`; references travel to the workers)."""
+    """How random directions are drawn and the user metrics recorded at every point (directions, surface)."""
 
     biasbn: str = option("zero", "1-D tensors (biases, norm layers) under filter/layer normalisation: zero (Li et "
                          "al.), copy theta, or random rescaled.", choices=BIASBN)
@@ -77,7 +71,6 @@ class RandomDirectionOptions(EvaluationOptions):
                                              metavar="REF", kind="metrics")
 
     def validate(self) -> None:
-        """Normalise ``metrics`` (:func:`landscape.metrics.normalize`); the runner refuses objects with workers."""
         self._set("metrics", user_metrics.normalize(self.metrics))
 
 
@@ -102,9 +95,6 @@ class KernelOptions(Options):
         from landscape.gram import parse_memory
 
         parse_memory(self.max_memory)
-
-
-# ------------------------------------------------------------------------------------------- the analyses
 
 
 @dataclass(frozen=True)
@@ -170,13 +160,7 @@ class ClippingConfig(Options):
 
 @dataclass(frozen=True)
 class DirectionsConfig(RandomDirectionOptions):
-    """Options of ``landscape directions`` (stored as the result's ``params``).
-
-    ``distance`` is a positive number or ``"auto"`` (= ``||theta_B - theta_A||``, needs a target).
-    ``normalize``: ``none`` (isotropic Gaussian: Watson et al.'s "random vector in the ambient space"),
-    ``filter`` or ``layer`` (Li et al. 2018); ``biasbn``: 1-D tensors ``zero`` (Li et al.'s default),
-    ``copy`` or ``random`` (only with filter/layer normalisation).
-    """
+    """Options of ``landscape directions`` (stored as the result's ``params``)."""
 
     directions: int = option(100, "Number of random directions (held in memory together, for their cosines).",
                              min=1, max=DIRECTIONS_MAX)
@@ -220,13 +204,7 @@ class DirectionsOptions(Options):
 
 @dataclass(frozen=True)
 class SurfaceConfig(RandomDirectionOptions):
-    """Options of ``landscape surface`` (stored as the result's ``params``).
-
-    ``plane``: ``random``, ``B,C`` (two more checkpoint references) or ``pca:RUN``; ``grid``: ``NXxNY`` (or
-    ``N`` for a square grid); ``range``: ``auto``, ``LO:HI`` (both axes) or ``XLO:XHI,YLO:YHI``; ``auto`` is
-    -1:1 for a random plane and a box around the marked checkpoints (or trajectory) otherwise.
-    ``normalize``/``biasbn`` apply to the random plane (see :mod:`landscape.directions`).
-    """
+    """Options of ``landscape surface`` (stored as the result's ``params``)."""
 
     plane: str = option("random", "random (two filter-normalised directions), B,C (plane through A, B, C) or "
                         "pca:RUN.")
@@ -310,8 +288,7 @@ class SurfaceConfig(RandomDirectionOptions):
         return (out[0], out[-1])
 
     def analysis_params(self) -> dict:
-        """The options that determine the arrays (all but ``rows_per_call``): must match to resume. (``workers`` is
-        no config field; a partial file from before still has it in its params, which reading back drops.)"""
+        """The options that determine the arrays (all but ``rows_per_call``): must match to resume."""
         from landscape.jsonable import to_jsonable
 
         p = to_jsonable(self)
@@ -416,8 +393,6 @@ class SymmetryConfig(Options):
     directions_per_pass: int = option(4, cli=False, min=1)
     device: str = device_option()
 
-
-# ------------------------------------------------------------------------------------------- the specs
 
 INTERPOLATE = Analysis(
     name="interpolate", config=InterpolateConfig, compute="landscape.analyze.interpolate:compute_pair",

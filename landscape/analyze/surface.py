@@ -1,22 +1,11 @@
-"""2-D loss surfaces on a plane through theta_A (Li et al. 2018), resumable row by row.
-
-The plane is ``theta_A + x * dx + y * dy`` with ``random`` (filter-normalised random directions 0 and 1 of
-``seed``, Li et al. Sec. 4; coordinates in their units), ``B,C`` (Garipov et al. 2018's plane through three
-checkpoints; Euclidean coordinates, A = (0, 0), B = (||B - A||, 0)) or ``pca:RUN`` (the top-2 principal
-components of RUN's trajectory, Li et al. Sec. 7; the checkpoints are projected on the plane).
-
-Arrays are Li et al.'s surface files, but ``train_loss[i, j]`` is the value at ``(xcoordinates[i],
-ycoordinates[j])``. A cell is done when its accuracy is not NaN (a loss may be NaN where the network diverges),
-so scheduling is a pure function of the file (:func:`pending_rows`): an interrupted surface continues, workers
-take rows in any order, and every point is evaluated on its own, so a restarted run gives the same arrays.
-Only parameters move; buffers stay theta_A's.
-"""
+"""2-D loss surfaces on a plane ``theta_A + x * dx + y * dy`` (Li et al. 2018: random or PCA of a trajectory;
+Garipov et al. 2018: through three checkpoints), resumable row by row: a cell is done when its accuracy is not
+NaN, so scheduling is a pure function of the file and every point is evaluated on its own."""
 
 from __future__ import annotations
 
 import hashlib
 import math
-import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,12 +30,6 @@ METRICS = ("loss", "acc")
 RESERVED = METRICS  # a metric column is stored as <split>_<column>, beside <split>_loss and <split>_acc
 AUTO_MARGIN = 0.25  # auto ranges extend the span of the marked points by this fraction on each side
 POINTS_PER_CALL = 64  # auto rows_per_call: enough rows that one evaluate call amortises its fixed cost
-
-_GRID = re.compile(r"^\s*(\d+)\s*(?:[xX]\s*(\d+))?\s*$")
-_RANGE = re.compile(r"^\s*([-+0-9.eE]+)\s*:\s*([-+0-9.eE]+)\s*$")
-
-
-# ------------------------------------------------------------------------------------------- planes
 
 
 @dataclass
@@ -123,16 +106,9 @@ def pca_plane(origin: torch.Tensor, trajectory: torch.Tensor, *, steps: Sequence
                  markers={label: (0.0, 0.0)})
 
 
-# ------------------------------------------------------------------------------------------- result
-
-
 @dataclass
 class SurfaceResult(StoredResult):
-    """Loss/accuracy on a ``len(x) x len(y)`` grid (NaN = not computed), the plane's metadata.
-
-    Stored with labelled dimensions: ``values[i, j]`` at ``(x[i], y[j])``; ``x``/``y`` repeat ``x/ycoordinates``
-    as netCDF coordinates; the PCA plane's ``explained_variance`` (pc) and ``trajectory`` (step x pc).
-    """
+    """Loss/accuracy on a grid (NaN = not computed; ``values[i, j]`` at ``(x[i], y[j])``), and the plane."""
 
     KIND = KIND
     CONFIG = SurfaceConfig
@@ -160,8 +136,7 @@ class SurfaceResult(StoredResult):
 
     @classmethod
     def empty(cls, plane: Plane, config: SurfaceConfig, columns: Sequence[str] = ()) -> SurfaceResult:
-        """An all-NaN grid for ``plane`` (ranges from the config or the plane's auto ranges) and for each metric
-        column."""
+        """An all-NaN grid for ``plane`` and each metric column."""
         (x0, x1), (y0, y1) = config.ranges or plane.auto_ranges()
         nx, ny = config.shape
         values = {f"{s}_{m}": np.full((nx, ny), np.nan) for s in config.split for m in METRICS}
@@ -191,14 +166,15 @@ class SurfaceResult(StoredResult):
         done = self.done
         out = {"grid": f"{len(self.xcoordinates)}x{len(self.ycoordinates)}", "cells_done": int(done.sum()),
                "cells": int(done.size), "plane": self.plane_kind, "seconds": self.seconds}
+
+        def span(v: np.ndarray) -> tuple[float, float]:  # NaN when nothing is finite
+            finite = np.isfinite(v).any()
+            return (float(np.nanmin(v)), float(np.nanmax(v))) if finite else (math.nan, math.nan)
+
         for s in self.splits:
-            loss = self.values[f"{s}_loss"]
-            out[f"{s}_loss_min"] = float(np.nanmin(loss)) if np.isfinite(loss).any() else math.nan
-            out[f"{s}_loss_max"] = float(np.nanmax(loss)) if np.isfinite(loss).any() else math.nan
+            out[f"{s}_loss_min"], out[f"{s}_loss_max"] = span(self.values[f"{s}_loss"])
             for col, by_split in self.point_metrics.items():
-                v = by_split[s]
-                out[f"{s}_{col}_min"] = float(np.nanmin(v)) if np.isfinite(v).any() else math.nan
-                out[f"{s}_{col}_max"] = float(np.nanmax(v)) if np.isfinite(v).any() else math.nan
+                out[f"{s}_{col}_min"], out[f"{s}_{col}_max"] = span(by_split[s])
         if self.explained_variance is not None:
             out["explained_variance"] = [float(v) for v in self.explained_variance]
         return out
@@ -222,20 +198,14 @@ class SurfaceResult(StoredResult):
         return result
 
 
-# ----------------------------------------------------------------------------------------- analyzer
-
-
 def pending_rows(result: SurfaceResult) -> list[int]:
     """Rows (x indices) with a cell not yet computed, in order: the whole schedule."""
     return [int(i) for i in np.flatnonzero(~result.done.all(axis=1))]
 
 
 def row_blocks(rows: Sequence[int], ny: int, config: SurfaceConfig, workers: int = 1) -> list[list[int]]:
-    """Pending rows grouped into evaluate calls (written to the file together), in order.
-
-    ``config.rows_per_call`` rows per call, or by default enough for :data:`POINTS_PER_CALL` points while
-    every one of ``workers`` still gets a block. Values do not depend on the grouping (each point is evaluated alone).
-    """
+    """Pending rows grouped into evaluate calls (written to the file together): ``config.rows_per_call``, or
+    enough for :data:`POINTS_PER_CALL` points while every one of ``workers`` still gets a block."""
     size = config.rows_per_call or max(1, min(math.ceil(POINTS_PER_CALL / ny), math.ceil(len(rows) / workers)))
     return [list(rows[i : i + size]) for i in range(0, len(rows), size)]
 
@@ -248,8 +218,8 @@ RowRunner = Callable[[list[list[int]]], Iterable[tuple[list[int], RowValues, flo
 def surface_rows(model: nn.Module, space: ParamSpace, plane: Plane, x_values: Sequence[float], ycoords: np.ndarray,
                  data: Mapping[str, tuple[torch.Tensor, torch.Tensor]], config: SurfaceConfig,
                  metrics: Sequence[user_metrics.Bound] = ()) -> tuple[RowValues, float, str]:
-    """Loss, accuracy and the metrics at ``(x, y)`` for the given x values and every y, per split: one evaluate
-    call per split (the metrics in the same forward passes)."""
+    """Loss, accuracy and the metrics at ``(x, y)`` for the given x values and every y, per split: one
+    evaluate call per split (the metrics in the same forward passes)."""
     xs = torch.as_tensor(np.asarray(x_values, dtype=np.float64))
     ys = torch.as_tensor(np.asarray(ycoords, dtype=np.float64))
     coords = torch.stack([xs.repeat_interleave(len(ys)), ys.repeat(len(xs))], dim=1)
@@ -268,26 +238,15 @@ def surface_rows(model: nn.Module, space: ParamSpace, plane: Plane, x_values: Se
     return out, seconds, method
 
 
-def compute_surface(
-    model: nn.Module,
-    plane: Plane,
-    data: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
-    *,
-    config: SurfaceConfig | None = None,
-    partial: SurfaceResult | None = None,
-    space: ParamSpace | None = None,
-    on_rows: Callable[[SurfaceResult, list[int]], None] | None = None,
-    row_runner: RowRunner | None = None,
-    workers: int = 1,
-    metrics: Sequence[user_metrics.Bound] | None = None,
-) -> SurfaceResult:
-    """Fill every pending row of ``partial`` (or of a fresh grid) and return the result.
-
-    ``data`` maps split -> ``(x, y)`` (already subset); ``on_rows(result, rows)`` runs after each block of
-    rows is filled (the API writes the file there). ``row_runner(blocks)`` may compute the blocks elsewhere
-    (worker processes) and yield ``(rows, values, seconds, method)`` in any order. ``config.metrics`` are
-    recorded at every cell (``metrics``: already loaded, :func:`landscape.metrics.load`).
-    """
+def compute_surface(model: nn.Module, plane: Plane, data: Mapping[str, tuple[torch.Tensor, torch.Tensor]], *,
+                    config: SurfaceConfig | None = None, partial: SurfaceResult | None = None,
+                    space: ParamSpace | None = None,
+                    on_rows: Callable[[SurfaceResult, list[int]], None] | None = None,
+                    row_runner: RowRunner | None = None, workers: int = 1,
+                    metrics: Sequence[user_metrics.Bound] | None = None) -> SurfaceResult:
+    """Fill every pending row of ``partial`` (or of a fresh grid) and return the result; ``on_rows(result,
+    rows)`` runs after each block of rows (the API writes the file there), ``row_runner(blocks)`` may compute
+    the blocks elsewhere and yield ``(rows, values, seconds, method)`` in any order."""
     config = config or SurfaceConfig()
     space = space or ParamSpace.from_model(model)
     if metrics is None:
@@ -322,13 +281,9 @@ def compute_surface(
     return result
 
 
-# ------------------------------------------------------------------------------------------- the spec
-
-
 def _notes(result: SurfaceResult) -> list[str]:
     ev = result.explained_variance
     return [] if ev is None else [f"explained variance: PC1 {100 * ev[0]:.1f}%, PC2 {100 * ev[1]:.1f}%"]
-
 
 
 def _rows(r: SurfaceResult) -> list[dict]:

@@ -1,11 +1,8 @@
 """Is the gradient-deviation distribution symmetric? (Zhu & Blaschko 2023 App. F, Chen, Wu & Hong 2020)
 
-The deviations ``xi_i = g_i - g_bar`` are projected with a seeded Gaussian matrix (projections ``<g_i, v_j>``
-by forward-mode derivatives, centred by column): two rows give the 2-D picture of Zhu & Blaschko Figs. 6-9,
-more rows 1-D projections. The matrix depends only on the seed and the parameter shapes, so every checkpoint
-of a run uses the same one (:func:`matrix_fingerprint`). Measured: the energy coefficient
-``H = 1 - mean|x_i - x_j| / mean|x_i + x_j|`` (Szekely & Rizzo; 0 when symmetric) with a sign-flip
-permutation p-value, and the sample skewness ``mean(z^3) / mean(z^2)^1.5`` along each 1-D direction.
+The deviations ``g_i - g_bar`` projected with a seeded Gaussian matrix (the same for every checkpoint of a
+run): two rows give the 2-D picture, more rows 1-D projections. Measured: the energy coefficient (Szekely &
+Rizzo; 0 when symmetric) with a sign-flip permutation p-value, and the skewness along each 1-D direction.
 """
 
 from __future__ import annotations
@@ -29,40 +26,28 @@ KIND = "symmetry"
 PLANE = 2  # rows 0 and 1 of the projection matrix span the 2-D picture
 
 
-# ------------------------------------------------------------------------------------ random directions
-
-
 def _direction_seed(seed: int, shapes: Sequence[tuple[int, ...]], index: int) -> int:
     key = f"{int(seed)}|{[tuple(s) for s in shapes]}|{int(index)}".encode()
     return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & (2**63 - 1)
 
 
 def direction(seed: int, shapes: Sequence[tuple[int, ...]], index: int) -> list[torch.Tensor]:
-    """Row ``index`` of the projection matrix as one float32 tensor per parameter (entries i.i.d. N(0, 1)).
-
-    Depends only on ``seed``, the parameter shapes (hence the parameter count) and ``index``.
-    """
+    """Row ``index`` of the projection matrix as one float32 tensor per parameter (entries i.i.d. N(0, 1)),
+    a function of ``seed``, the parameter shapes and ``index`` only."""
     gen = torch.Generator().manual_seed(_direction_seed(seed, shapes, index))
-    total = sum(math.prod(s) for s in shapes)
-    flat = torch.randn(total, generator=gen, dtype=torch.float32)
-    out, start = [], 0
-    for s in shapes:
-        size = math.prod(s)
-        out.append(flat[start:start + size].view(s))
-        start += size
-    return out
+    sizes = [math.prod(s) for s in shapes]
+    flat = torch.randn(sum(sizes), generator=gen, dtype=torch.float32)
+    return [part.view(s) for part, s in zip(flat.split(sizes), shapes, strict=True)]
 
 
 def matrix_fingerprint(seed: int, shapes: Sequence[tuple[int, ...]], rows: int) -> str:
-    """sha256 of the first ``rows`` rows of the projection matrix (float32 bytes): equal matrices, equal prints."""
+    """sha256 of the first ``rows`` rows of the projection matrix (float32 bytes): equal matrices, equal
+    prints."""
     h = hashlib.sha256()
     for j in range(rows):
         for t in direction(seed, shapes, j):
             h.update(t.contiguous().numpy().tobytes())
     return h.hexdigest()
-
-
-# ----------------------------------------------------------------------------------------- statistics
 
 
 @dataclass
@@ -77,14 +62,9 @@ def energy_symmetry_test(points: np.ndarray, *, permutations: int = 999, seed: i
                          about: str = "mean") -> EnergyTest:
     """Energy-distance test of ``{x_i}`` against ``{-x_i}`` with a sign-flip permutation p-value.
 
-    ``about="mean"`` (the gradient-deviation case, xi_i = g_i - g_bar): symmetry about the sample mean. The
-    points are centred, and since the centre is estimated, the null distribution is that of the *re-centred*
-    sign-flipped sample: for signs ``s`` the statistic is computed on ``z = s x - mean(s x)``. (Flipping a
-    centred sample without re-centring almost never rejects: ~0% false rejections at the 5% level on Gaussian
-    data, and little power at small n.) ``about="origin"``: symmetry about 0, no centring, plain sign flips
-    (exact). With ``A_ij = |z_i - z_j|`` and
-    ``B_ij = |z_i + z_j|`` (diagonal dropped), the energy distance is ``(2 / (n(n-1))) sum_ij (B_ij - A_ij)``;
-    ``A`` of a flip is ``|x_i - x_j|`` or ``|x_i + x_j|`` by whether the signs agree, ``B`` is recomputed.
+    ``about="mean"``: symmetry about the sample mean. Since the centre is estimated, the null distribution is
+    that of the *re-centred* sign-flipped sample ``z = s x - mean(s x)`` (flipping a centred sample without
+    re-centring almost never rejects). ``about="origin"``: symmetry about 0, plain sign flips (exact).
     """
     x = np.asarray(points, dtype=np.float64)
     if x.ndim == 1:
@@ -148,10 +128,8 @@ class SymmetryStats:
 
 
 def symmetry_stats(projected: np.ndarray, *, permutations: int = 999, seed: int = 0) -> SymmetryStats:
-    """Statistics of projected per-sample gradients ``(n, 2 + P)``: columns 0-1 the plane, the rest 1-D directions.
-
-    The columns are centred first (subtracting ``<g_bar, v_j>``), so the input may be raw ``<g_i, v_j>``.
-    """
+    """Statistics of projected per-sample gradients ``(n, 2 + P)`` (raw ``<g_i, v_j>``: centred here): columns
+    0-1 the plane, the rest 1-D directions."""
     p = np.asarray(projected, dtype=np.float64)
     xi = p - p.mean(0)
     plane = xi[:, :PLANE]
@@ -164,9 +142,6 @@ def symmetry_stats(projected: np.ndarray, *, permutations: int = 999, seed: int 
         max_abs_skew=float(abs_skew.max()) if skew.size else math.nan,
         skew=skew, plane=plane,
     )
-
-
-# ----------------------------------------------------------------------------------------- the analyzer
 
 
 @dataclass
@@ -206,8 +181,7 @@ def parameter_shapes(model: nn.Module) -> list[tuple[int, ...]]:
 
 
 def sample_indices(y: torch.Tensor, subset: int | float, seed: int, split: str = "") -> torch.Tensor:
-    """The examples whose deviations are drawn: the same ones for every checkpoint, drawn by the one sampler
-    (:func:`landscape.data.sample_subset`: seeded, stratified by class); at least 3."""
+    """The examples whose deviations are drawn (the same for every checkpoint; at least 3)."""
     if isinstance(subset, int) and subset > len(y):
         raise UsageError(f"{param('subset', subset)} exceeds the {len(y)} examples of the split")
     idx = sample_subset(y, subset, seed, split=split)
@@ -216,16 +190,11 @@ def sample_indices(y: torch.Tensor, subset: int | float, seed: int, split: str =
     return idx
 
 
-def projected_gradients(
-    engine, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, rows: int, seed: int, chunk: int,
-    directions_per_pass: int, masks: dict[str, torch.Tensor] | None = None,
-) -> np.ndarray:
-    """``<g_i, v_j>`` for the first ``rows`` rows of the seeded matrix, ``(n, rows)`` float64, via the engine.
-
-    Directions are generated a few at a time (``directions_per_pass``) so resnet18-sized matrices are never
-    held whole; examples go through in chunks of ``chunk``. ``masks`` (1 = keep) are applied to the
-    directions, which gives ``<mask * g_i, v_j>``: the deviations of a pruned model's effective gradients.
-    """
+def projected_gradients(engine, model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, rows: int, seed: int,
+                        chunk: int, directions_per_pass: int, masks: dict[str, torch.Tensor] | None = None
+                       ) -> np.ndarray:
+    """``<g_i, v_j>`` for the first ``rows`` rows of the seeded matrix, ``(n, rows)`` float64; the directions
+    are made a few at a time (never the whole matrix), ``masks`` applied to them (``<mask * g_i, v_j>``)."""
     shapes = parameter_shapes(model)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     out = np.empty((len(y), rows), dtype=np.float64)
@@ -241,10 +210,9 @@ def projected_gradients(
     return out
 
 
-def symmetry_row(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: SymmetryConfig, *, engine=None,
-    masks: dict[str, torch.Tensor] | None = None, ref: str = "", step: int = 0, epoch: float = math.nan,
-) -> CheckpointSymmetry:
+def symmetry_row(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: SymmetryConfig, *, engine=None,
+                 masks: dict[str, torch.Tensor] | None = None, ref: str = "", step: int = 0,
+                 epoch: float = math.nan) -> CheckpointSymmetry:
     """Symmetry statistics at one parameter point (see the module docstring)."""
     if engine is None:
         from landscape.persample import PerSampleEngine
@@ -259,13 +227,10 @@ def symmetry_row(
     return CheckpointSymmetry(ref=ref, step=int(step), epoch=float(epoch), stats=stats)
 
 
-def gradient_symmetry(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, projections: int = 16, seed: int = 0,
-    subset: int | float = 500, permutations: int = 999, chunk: int = 250, engine=None, ref: str = "",
-    step: int = 0, epoch: float = math.nan,
-) -> SymmetryResult:
-    """Zhu & Blaschko App. F at one parameter point: projected deviations + symmetry statistics (the examples
-    are drawn with ``seed`` too)."""
+def gradient_symmetry(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, projections: int = 16,
+                      seed: int = 0, subset: int | float = 500, permutations: int = 999, chunk: int = 250,
+                      engine=None, ref: str = "", step: int = 0, epoch: float = math.nan) -> SymmetryResult:
+    """Zhu & Blaschko App. F at one parameter point (the examples are drawn with ``seed`` too)."""
     config = SymmetryConfig(projections=projections, seed=seed, subset=subset, subset_seed=seed,
                             permutations=permutations, chunk=chunk)
     row = symmetry_row(model, x, y, config, engine=engine, ref=ref, step=step, epoch=epoch)
@@ -274,11 +239,8 @@ def gradient_symmetry(
                           num_params=sum(math.prod(s) for s in shapes))
 
 
-# ------------------------------------------------------------------------------------------- the spec
-
-
 def compute_point(point, config: SymmetryConfig):
-    """:func:`symmetry_row` at one resolved checkpoint, and its parameter shapes (one projection for all)."""
+    """:func:`symmetry_row` at one resolved checkpoint, and its parameter shapes."""
     model = point.model().eval().to(resolve_device(config.device))  # eval: dropout off at the point
     x, y = point.split(config.split)  # the engine moves each chunk to the model's device
     row = symmetry_row(model, x, y, config, masks=point.masks, ref=point.ref, step=point.step, epoch=point.epoch)

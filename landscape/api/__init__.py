@@ -1,11 +1,7 @@
 """The Python face of landscape: checkpoint references in, result files and figures out.
 
-Every job kind of ``landscape.kinds`` is a function here: each analysis, made from its spec
-(``interpolate``, ``instability``, ...: references, then the config, then keyword options; the result has
-``.path`` and ``.figures``), and the other kinds' functions (``train``, ``phases``, ``prune``, ``align``,
-``import_checkpoint``, ``figures``). Everything loads on first use, so ``from landscape.api import interpolate``
-imports only what interpolation needs. Modules are named for their subject, so no module shadows a function:
-``landscape.api.interpolate`` is always the function.
+Every job kind of ``landscape.kinds`` is a function here, with the command's name and options; an analysis
+returns its result, with ``.path`` and ``.figures``. Names load on first use.
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
-"""What the api modules share: data rebuilt from a checkpoint, pair checks, output names (private to
-:mod:`landscape.api`).
-"""
+"""What the api modules share: data rebuilt from a checkpoint, pair checks, output names."""
 
 from __future__ import annotations
 
@@ -12,18 +10,10 @@ from landscape.errors import CheckpointError, IncompatibleError
 from landscape.params import check_compatible
 from landscape.store import Checkpoint
 
-RESULTS_DIR = Path("results")
-
-
-# ------------------------------------------------------------------------------------------- data
-
 
 def checkpoint_dataset(data_spec: dict, data_root: str | None = None, download: bool = False, *,
                        purpose: str = "evaluate it", source: str = "the checkpoint"):
-    """The data set a checkpoint's ``data_spec`` describes (the last few are cached per process).
-
-    An empty spec is a CheckpointError "<source> records no data set ...; cannot <purpose>".
-    """
+    """The data set a checkpoint's ``data_spec`` describes (the last few cached per process)."""
     if not data_spec:
         raise CheckpointError(f"{source} records no data set (data_spec is empty); cannot {purpose}")
     return _dataset(json.dumps(data_spec, sort_keys=True), data_root, download)
@@ -36,14 +26,8 @@ def _dataset(spec_json: str, data_root: str | None, download: bool):
     return dataset_from_spec(json.loads(spec_json), data_root=data_root, download=download)
 
 
-# ----------------------------------------------------------------------------------- checkpoints
-
-
 def check_pair(a: Checkpoint, b: Checkpoint, *, b_label: str | None = None) -> None:
-    """Raise IncompatibleError naming the first differing tensor, else the first differing model option.
-
-    ``b_label`` names B in the messages (default ``B (<ref>)``); A is always ``A (<ref>)`` for tensors.
-    """
+    """IncompatibleError naming the first differing tensor, else model option (``b_label``: B's name)."""
     name_b = b_label if b_label is not None else f"B ({b.ref})"
     short_b = b_label if b_label is not None else "B"
     check_compatible(a.state_dict, b.state_dict, names=(f"A ({a.ref})", name_b))
@@ -59,14 +43,10 @@ def check_pair(a: Checkpoint, b: Checkpoint, *, b_label: str | None = None) -> N
             )
 
 
-# ---------------------------------------------------------------------------------------- outputs
-
-
 def default_output(name: str) -> Path:
-    """``results/<name>.h5`` (relative to the working directory); a name too long for a file (long run names)
-    keeps its first 150 characters and gets a hash of the whole, so it stays unique."""
+    """``results/<name>.h5``; a name too long for a file keeps 150 characters and a hash of the whole."""
     if len(name) > 200:
         import hashlib
 
         name = f"{name[:150]}-{hashlib.sha256(name.encode()).hexdigest()[:16]}"
-    return RESULTS_DIR / f"{name}.h5"
+    return Path("results") / f"{name}.h5"

@@ -1,7 +1,5 @@
-"""``landscape privacy`` (epsilon for a noise multiplier, or the noise multiplier for a target epsilon), the
-privacy record of imported weights (:func:`import_privacy`) and the caveat results carry about their inputs'
-ancestry (:func:`provenance_attrs`). Accounting itself is :mod:`landscape.train.accounting`.
-"""
+"""``landscape privacy``, the privacy record of imported weights and the caveat results carry about their
+inputs' ancestry. Accounting itself is :mod:`landscape.train.accounting`."""
 
 from __future__ import annotations
 
@@ -94,19 +92,13 @@ def privacy(query: PrivacyQuery) -> PrivacyAnswer:
                          method=query.accountant, target_epsilon=query.target_epsilon)
 
 
-def import_privacy(
-    epsilon: float | None = None, delta: float | None = None, noise_multiplier: float | None = None,
-    sample_rate: float | None = None, steps: int | None = None,
-) -> tuple[dict[str, Any], float | None]:
-    """``(manifest["privacy"], epsilon at the checkpoint)`` of imported weights: what the user declares.
-
-    Nothing declared: the history is unknown (``unknown_ancestors``; runs trained from the weights report
-    :data:`~landscape.privacy.UNKNOWN_ANCESTRY`). ``epsilon`` with ``delta``: an (epsilon, delta)
-    guarantee, added to descendants' epsilons by basic composition. ``noise_multiplier``, ``sample_rate`` and
-    ``steps`` (the accountant's record of the DP-SGD that made them, e.g. Opacus' ``accountant.history``): an
-    ancestor event, composed exactly like a landscape parent run's steps; its epsilon is reported at ``delta``
-    (default 1e-5).
-    """
+def import_privacy(epsilon: float | None = None, delta: float | None = None,
+                   noise_multiplier: float | None = None, sample_rate: float | None = None,
+                   steps: int | None = None) -> tuple[dict[str, Any], float | None]:
+    """``(manifest["privacy"], epsilon at the checkpoint)`` of imported weights: unknown when nothing is
+    declared; ``epsilon`` with ``delta`` a guarantee added to descendants' by basic composition;
+    ``noise_multiplier``, ``sample_rate`` and ``steps`` an ancestor event composed exactly (its epsilon
+    reported at ``delta``, default 1e-5)."""
     mechanism = (noise_multiplier, sample_rate, steps)
     if epsilon is not None and any(v is not None for v in mechanism):
         raise UsageError(f"declare either {param('epsilon')} and {param('delta')} or {param('noise_multiplier')}, {param('sample_rate')} and {param('steps')}, not both")
@@ -131,9 +123,8 @@ def import_privacy(
 
 
 def provenance_attrs(inputs: Sequence[Any]) -> dict[str, str]:
-    """``{"privacy_note": ...}`` for a result whose input checkpoints (``InputRef``s) belong to runs whose
-    ancestry qualifies their epsilon (:func:`landscape.privacy.ancestry_note`): each note with the runs
-    it concerns (``run a, b: note; run c: note``); else ``{}``."""
+    """``{"privacy_note": "run a, b: note; ..."}`` for a result whose input checkpoints belong to runs whose
+    ancestry qualifies their epsilon; else ``{}``."""
     from landscape.store import MANIFEST, Store
 
     notes: dict[str, list[str]] = {}

@@ -1,10 +1,6 @@
 """``landscape align A B``: B permuted to match A (Git Re-Basin weight matching) as a new run with lineage.
 
-The new run's step 0 holds B's weights with its hidden units reordered by
-:func:`landscape.analyze.align.weight_matching` against A (the same function as B); the permutations are the
-run array ``permutation``, B's pruning mask moves with the weights, the lineage names B as parent and A as
-``aligned_to``. ``privacy`` composes the DP histories of B *and* A: the permutation is a function of A's
-weights, so the aligned run releases information about both (a valid, possibly loose, bound).
+Its ``privacy`` composes the DP histories of B *and* A: the permutation is a function of A's weights.
 """
 
 from __future__ import annotations
@@ -15,8 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from landscape.api.jobkind import JobKind, run_files, run_option
-from landscape.errors import OptionError
-from landscape.options import option
+from landscape.options import check_fields, option
 
 if TYPE_CHECKING:
     import torch
@@ -28,22 +23,14 @@ PERMUTATION_ARRAY = "permutation"
 
 @dataclass
 class AlignConfig:
-    """Options of ``landscape align`` (its command and batch kind are generated from these fields: :data:`JOB`)."""
+    """Options of ``landscape align`` (its command and batch kind are generated from these fields:
+    :data:`JOB`)."""
 
     ref_a: str
     ref_b: str
     run: str | None = option(None, "Name of the new run (default: generated).")
     seed: int = option(0, "Seed of the order in which weight matching visits the permutations.")
     max_iter: int = option(100, "At most this many passes over all permutations.", min=1)
-
-    def validate(self) -> None:
-        for name, value in (("seed", self.seed), ("max_iter", self.max_iter)):
-            if isinstance(value, bool) or int(value) != value:
-                raise OptionError(name, f"must be an integer, got {value!r}")
-        if self.seed < 0:
-            raise OptionError("seed", f"must be >= 0, got {self.seed}")
-        if self.max_iter < 1:
-            raise OptionError("max_iter", f"must be >= 1, got {self.max_iter}")
 
 
 @dataclass
@@ -66,24 +53,21 @@ def align(ref_a: str, ref_b: str, *, run: str | None = None, root: str | Path = 
           max_iter: int = 100) -> AlignResult:
     """Permute B's hidden units to match A (weight matching) and write the result as a new run at ``root``.
 
-    ``run`` names the new run (default: generated). IncompatibleError when A and B differ in tensors or
-    model options, ModelError for architectures or layers alignment cannot permute and for non-finite weights.
-    Any model whose permutation structure is described (``landscape.analyze.align``: a ``permutation_spec()``
-    method or a registered builder) can be aligned; a spec that is not built in is first checked to keep the
-    model's outputs under a random permutation.
+    The new run's step 0 computes the same function as B. Any model whose permutation structure is described
+    (a ``permutation_spec()`` method or a registered builder: ``landscape.analyze.align``) can be aligned.
     """
     from landscape.analyze.align import align_states
     from landscape.analyze.permutations import apply_permutation, verified_spec
     from landscape.api._common import check_pair
     from landscape.store import Store
-    from landscape.train.pruning import MASK_ARRAY, lineage_of
+    from landscape.train.pruning import MASK_ARRAY, lineage_of, load_masks
 
     config = AlignConfig(ref_a, ref_b, run, seed, max_iter)
-    config.validate()
+    check_fields(config)
     store = Store(root)
     a, b = store.load(ref_a), store.load(ref_b)
     check_pair(a, b)
-    masks = _masks(store, b)
+    masks = load_masks(store.run(b.run)) if b.run is not None else None
     model = b.build_model()
     spec = verified_spec(model, _probe_inputs(b))
     alignment = align_states(model, a.state_dict, b.state_dict, seed=seed, max_iter=max_iter, spec=spec)
@@ -138,8 +122,8 @@ JOB = JobKind(
 
 
 def _privacy_of_both(store: Store, b: Checkpoint, a: Checkpoint) -> dict[str, Any]:
-    """B's DP history, then A's (:func:`landscape.train.pruning.inherited_privacy`); for two checkpoints of one
-    run, the later one's history, which contains the earlier's."""
+    """B's DP history, then A's; for two checkpoints of one run, the later one's, which contains the
+    earlier's."""
     from landscape.train.pruning import inherited_privacy
 
     if a.run is not None and a.run == b.run:
@@ -152,8 +136,8 @@ def _privacy_of_both(store: Store, b: Checkpoint, a: Checkpoint) -> dict[str, An
 
 
 def _probe_inputs(b: Checkpoint) -> torch.Tensor:
-    """16 inputs to check a permutation spec on: Gaussian ones of the model's input shape when its spec records
-    it, else the first test examples of B's data set."""
+    """16 inputs to check a permutation spec on: Gaussian ones of the recorded input shape, else B's test
+    data."""
     import torch
 
     from landscape.api._common import checkpoint_dataset
@@ -163,11 +147,3 @@ def _probe_inputs(b: Checkpoint) -> torch.Tensor:
         return torch.randn((16, *shape), generator=torch.Generator().manual_seed(0))
     data = checkpoint_dataset(b.data_spec, purpose="check its permutation spec", source=b.ref)
     return data.split("test")[0][:16]
-
-
-def _masks(store: Store, b: Checkpoint):
-    if b.run is None:
-        return None
-    from landscape.train.pruning import load_masks
-
-    return load_masks(store.run(b.run))

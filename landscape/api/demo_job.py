@@ -1,10 +1,5 @@
-"""The main job end to end on the embedded ``digits`` data (what ``make demo`` runs).
-
-``phases`` (Phase-1 SGD, then Phase-2 SGD and DP-SGD siblings; Watson et al. Sec. 4.1.1), the tour of
-interpolations (Figs. 5, 6, 7, 8), random directions with the path toward a sibling (Fig. 4), and the verdicts
-of the claims it shows (:func:`verdicts`), written to ``results/verdicts.json``. Everything goes under one
-output directory.
-"""
+"""The main job end to end on the embedded ``digits`` data (what ``make demo`` runs): phases, the tour of
+interpolations, random directions toward a sibling, and the verdicts of the claims it shows."""
 
 from __future__ import annotations
 
@@ -28,12 +23,8 @@ WATSON = "Watson et al."
 
 @dataclasses.dataclass
 class DemoConfig:
-    """Sizes of the demo (small enough for one CPU thread).
-
-    Three copies give three sibling pairs per k and optimizer, so the Fig. 5 verdicts can measure a spread
-    (with two there is one pair and they are inconclusive); a third copy is one more Phase-2 run per k and
-    optimizer.
-    """
+    """Sizes of the demo (small enough for one CPU thread; three copies give the Fig. 5 verdicts three sibling
+    pairs per k and optimizer, hence a spread)."""
 
     epochs: int = 8
     ks: tuple[int, ...] = (1, 2, 4)
@@ -62,8 +53,9 @@ class DemoResult:
 
 def demo(out_dir: str | Path = "demo-out", *, root: str | Path | None = None, config: DemoConfig | None = None,
          progress: bool | None = None) -> DemoResult:
-    """Train the Phase-1/Phase-2 runs on digits and measure their geometry; see the module docstring.
-    ``progress``: True / False turns the progress display on / off (stderr), None follows ``landscape.progress``."""
+    """Train Phase-1/Phase-2 runs on digits (Watson et al. Sec. 4.1.1), interpolate them (Figs. 5-8), compare
+    the path toward a sibling with random directions (Fig. 4) and judge the claims
+    (``results/verdicts.json``)."""
     from landscape import progress as display
     from landscape.runtime import using_device
 
@@ -113,31 +105,19 @@ def _demo(out_dir: Path, root: str | Path | None, config: DemoConfig, task) -> D
 
 
 def path_rise(losses: Sequence[float] | np.ndarray) -> np.ndarray:
-    """The mean rise of the loss along a path above its start, ``mean_{t > 0} L(t) - L(0)`` (per row of a 2-D
-    array): Watson et al. Fig. 4 compares the loss *along* the path toward the sibling with the loss along random
-    directions of the same length, so every point of the path counts, not the far end's loss alone."""
+    """The mean rise of the loss along a path above its start, ``mean_{t > 0} L(t) - L(0)`` (per row): Watson
+    et al. Fig. 4 compares the loss *along* the paths, so every point counts, not the far end alone."""
     a = np.atleast_2d(np.asarray(losses, dtype=float))
     return a[:, 1:].mean(axis=1) - a[:, 0]
 
 
 def verdicts(pairs: Sequence[Mapping], toward_loss: Sequence[float], random_loss: Sequence[Sequence[float]], *,
              split: str = "test", profile_split: str = "train", comparison: str = "") -> list[Verdict]:
-    """The verdicts of the claims the demo shows, computed from its numbers (rules: :mod:`landscape.verdict`).
-    ``comparison`` (how the SGD and DP-SGD siblings' hyper-parameters compare) is added to every Fig. 5 note.
-
-    ``pairs``: one mapping per sibling pair with ``k`` (Phase-1 epochs), ``phase2`` (``"sgd"``/``"dpsgd"``),
-    ``chord_barrier`` (the ``split`` loss barrier above the chord) and ``instability`` (Watson et al. Def. 2.3,
-    reported beside it). ``toward_loss``: the loss along the straight path from the solution to its sibling;
-    ``random_loss``: the loss along each random direction at the same distances (Watson et al. Fig. 4).
-
-    1. Fig. 5, per k: DP-SGD siblings are separated by a higher barrier than SGD siblings
-       (:func:`~landscape.verdict.greater`, Welch over sibling pairs), and over all k
-       (:func:`~landscape.verdict.all_of`). Judged on the chord barrier: Def. 2.3 is never below half the gap
-       of the two end losses, so it would also "hold" when one sibling is merely worse than the other;
-    2. Fig. 5: the DP-SGD siblings' barrier falls as k grows (:func:`~landscape.verdict.ordered`);
-    3. Fig. 4: the loss rises far less along the path toward the sibling than along random directions of the
-       same length (:func:`path_rise`, :func:`~landscape.verdict.far_below`).
-    """
+    """The verdicts of the claims the demo shows, from its numbers: Fig. 5, DP-SGD siblings are separated by a
+    higher barrier than SGD siblings (per k and at every k) and it falls as k grows; Fig. 4, the loss rises
+    far less toward the sibling than along random directions. ``pairs`` holds per sibling pair ``k``,
+    ``phase2``, ``chord_barrier`` and ``instability``. Judged on the chord barrier: Def. 2.3 is never below
+    half the end losses' gap, so it would also "hold" when one sibling is merely worse."""
     by: dict[tuple[str, float], list[float]] = {}
     def23: dict[tuple[str, float], list[float]] = {}
     for p in pairs:

@@ -21,8 +21,6 @@ from landscape import progress, runtime
 from landscape.errors import LandscapeError, OptionError, UsageError, one_line, param
 from landscape.runtime import die_with_parent, local_only
 
-# ------------------------------------------------------------------------------------------ pools
-
 
 def one_thread() -> None:
     """One torch/OpenMP/MKL thread in this (worker) process."""
@@ -35,13 +33,12 @@ _STATE: dict[str, Any] = {}
 
 
 def worker_state() -> dict[str, Any]:
-    """What this worker's initializer built (``spawn_pool(..., initializer)`` returns a dict): the model, data...
-    a job needs in every call, built once per process instead of being sent with every job."""
+    """What this worker's pool initializer built once per process (the model, data... every job needs)."""
     return _STATE
 
 
 def set_worker_state(state: dict[str, Any] | None) -> None:
-    """Replace :func:`worker_state` (the pool does it in each worker; a test may do it in-process)."""
+    """Replace :func:`worker_state`."""
     _STATE.clear()
     _STATE.update(state or {})
 
@@ -60,8 +57,7 @@ def _start_worker(parent: int, initializer: Callable | None, initargs: tuple, tr
 
 def spawn_pool(workers: int, initializer: Callable | None = None, initargs: tuple = (),
                trusted: tuple | None = None) -> ProcessPoolExecutor:
-    """``workers`` spawned processes with one torch thread each, then ``initializer(*initargs)`` in each (its
-    dict becomes :func:`worker_state`); they exit when this process dies (:func:`die_with_parent`)."""
+    """``workers`` spawned processes that die with this one, each running ``initializer(*initargs)``."""
     return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_start_worker,
                                initargs=(os.getpid(), initializer, initargs,
                                          _trusted() if trusted is None else trusted))
@@ -73,7 +69,6 @@ def _trusted() -> tuple:
 
     state = plugins.trust_state()
     return (tuple(state.refs), state.accept_changed, runtime.default_device())
-
 
 
 _SCHEDULER: contextvars.ContextVar = contextvars.ContextVar("landscape_scheduler", default=None)
@@ -110,8 +105,7 @@ def scheduler_address(address: Any) -> Any:
 
 @contextlib.contextmanager
 def using_scheduler(scheduler: Any):
-    """Inside the block every :class:`ProcessPool` runs its jobs on the Dask cluster ``scheduler`` (an address such as
-    ``tcp://127.0.0.1:8786`` or a ``distributed.Client``) instead of local processes; ``None`` changes nothing."""
+    """Inside the block every :class:`ProcessPool` runs its jobs on the Dask cluster ``scheduler``."""
     token = _SCHEDULER.set(scheduler_address(scheduler))
     try:
         yield
@@ -126,8 +120,7 @@ def check_parallelism(workers: int, scheduler: Any) -> None:
 
 
 def cluster_size(scheduler: Any) -> int:
-    """How many workers the Dask cluster at ``scheduler`` (address or client) has: the number of parallel parts an
-    analysis cuts its work into there, as ``--workers`` does locally. One line when it cannot be reached."""
+    """How many workers the Dask cluster at ``scheduler`` (address or client) has."""
     client, own = _connect(scheduler)
     try:
         return max(1, len(client.scheduler_info()["workers"]))
@@ -137,8 +130,8 @@ def cluster_size(scheduler: Any) -> int:
 
 
 def _connect(scheduler: Any):
-    """``(client, opened_here)`` for a scheduler address or an existing ``distributed.Client`` (never made the
-    default client: a library must not change a user's Dask session)."""
+    """``(client, opened_here)``; never made the default client: a library must not change a user's Dask
+    session."""
     from distributed import Client
 
     if isinstance(scheduler, Client):
@@ -148,8 +141,7 @@ def _connect(scheduler: Any):
 
 
 def connect_client(address: str, **kwargs: Any):
-    """A ``distributed.Client`` of the scheduler at (a checked) ``address``, after :func:`probe_scheduler`: a
-    service that is not a Dask scheduler is one LandscapeError line (exit 1), never a wait without end."""
+    """A ``distributed.Client`` of the scheduler at ``address``, after :func:`probe_scheduler`."""
     from distributed import Client
 
     from landscape import bounds
@@ -174,10 +166,9 @@ _NOT_DASK = ("is not a Dask scheduler: its reply is not Dask's protocol (an HTTP
 
 
 def probe_scheduler(address: str, timeout: float | None = None) -> dict[str, Any]:
-    """The identity of the Dask scheduler at ``address``, asked as a client does (connect, handshake,
-    ``identity``) under one deadline (``timeout``, default :data:`landscape.bounds.SCHEDULER_TIMEOUT_S`);
-    anything else is one line saying what answered. Its own thread and event loop, so it works under a running
-    loop (Jupyter)."""
+    """The identity of the Dask scheduler at ``address``, asked as a client does under one deadline; anything
+    else is one line saying what answered. Its own thread and event loop: it works under a running one
+    (Jupyter)."""
     import asyncio
     import threading
 
@@ -243,8 +234,8 @@ def _closed(exc: BaseException) -> bool:
 
 
 def _accepts(address: str) -> bool:
-    """Whether a plain TCP connection to ``address``'s host and port is accepted within a second (asked only after
-    Dask's connect failed: a service that takes connections and drops them is not "unreachable")."""
+    """Whether a plain TCP connection to ``address`` is accepted within a second (after Dask's connect
+    failed)."""
     from distributed.comm import parse_address, parse_host_port
 
     try:
@@ -256,8 +247,8 @@ def _accepts(address: str) -> bool:
 
 
 def _connection_args(address: str) -> dict[str, Any]:
-    """The client's connection arguments from Dask's configuration (``distributed.comm.tls.*``), as
-    ``distributed.Client`` takes them; ``tls://`` without a TLS context is one UsageError line."""
+    """The client's connection arguments from Dask's configuration; ``tls://`` without TLS settings is
+    refused."""
     from distributed.security import Security
 
     args = Security().get_connection_args("client")
@@ -272,8 +263,7 @@ _DASK_STATES: dict[str, dict[str, Any]] = {}
 
 
 def _dask_task(key: str | None, init: tuple | None, trusted: tuple, fn: Callable, *args: Any) -> Any:
-    """A job on a Dask worker: one torch thread, the parent's trusted code and device, the pool's worker state
-    built once per worker process (kept for the pool's ``key``), then ``fn(*args)``."""
+    """A job on a Dask worker, with the parent's trusted code and device and the pool's worker state."""
     from landscape import plugins
 
     one_thread()
@@ -289,8 +279,8 @@ def _dask_task(key: str | None, init: tuple | None, trusted: tuple, fn: Callable
 
 
 def _dask_as_completed(futures: Sequence[Any]):
-    """Dask futures as they finish. Polled: ``distributed.as_completed`` and ``wait`` look for a default client,
-    and ours never is one (a library must not change a user's Dask session)."""
+    """Dask futures as they finish. Polled: ``distributed.as_completed`` and ``wait`` look for a default
+    client, and ours never is one (a library must not change a user's Dask session)."""
     pending = list(futures)
     while pending:
         done = [f for f in pending if f.done()]
@@ -303,12 +293,9 @@ def _dask_as_completed(futures: Sequence[Any]):
 
 
 class ProcessPool:
-    """The api's one executor: ``submit(fn, *args)`` / ``map(fn, jobs)`` -> ``[fn(*job) ...]`` in order.
-
-    In-process for one worker (unless an ``initializer`` needs its own process), else ``workers`` spawned
-    processes created on first use; with a Dask ``scheduler`` (given, or :func:`using_scheduler`'s) Dask
-    tasks, the ``initializer``'s arguments scattered once. The results are the same either way.
-    """
+    """The api's one executor: in-process for one worker (unless an ``initializer`` needs its own process),
+    else ``workers`` spawned processes, or Dask tasks under a ``scheduler``; the results are the same either
+    way."""
 
     def __init__(self, workers: int = 1, *, initializer: Callable | None = None, initargs: tuple = (),
                  scheduler: Any = None):
@@ -329,10 +316,6 @@ class ProcessPool:
     def __exit__(self, *exc) -> None:
         self.shutdown(cancel=exc[0] is not None)
 
-    @property
-    def distributed(self) -> bool:
-        return self.scheduler is not None
-
     def _dask(self):
         if self._client is None:
             self._client, self._own_client = _connect(self.scheduler)
@@ -344,8 +327,8 @@ class ProcessPool:
         return self._client
 
     def submit(self, fn: Callable, *args: Any):
-        """A future of ``fn(*args)`` (``.result()``), run as :meth:`map` would."""
-        if self.distributed:
+        """A future of ``fn(*args)``, in a worker process or Dask task."""
+        if self.scheduler is not None:
             return self._dask().submit(_dask_task, self._key, self._init, self._trusted, fn, *args, pure=False)
         if self._pool is None:
             self._pool = spawn_pool(max(self.workers, 1), self.initializer, self.initargs, self._trusted)
@@ -353,17 +336,16 @@ class ProcessPool:
 
     def as_completed(self, futures: Sequence[Any]):
         """The futures as they finish."""
-        if self.distributed:
+        if self.scheduler is not None:
             return _dask_as_completed(futures)
         from concurrent.futures import as_completed
 
         return as_completed(futures)
 
     def map(self, fn: Callable, jobs: Sequence[tuple], *, what: str | None = None, unit: str = "jobs") -> list:
-        """``[fn(*job) for job in jobs]``, in order. ``what`` names the jobs for the progress display
-        (:mod:`landscape.progress`): jobs done of the total, counted here as each completes (workers print nothing)."""
+        """``[fn(*job) for job in jobs]``, in order; ``what`` names the jobs on the progress display."""
         with progress.task(what, total=len(jobs), unit=unit) if what is not None else progress.SILENT as task:
-            if not self.distributed and self.in_process and (self.workers <= 1 or len(jobs) <= 1):
+            if self.scheduler is None and self.in_process and (self.workers <= 1 or len(jobs) <= 1):
                 out = []
                 for job in jobs:
                     out.append(fn(*job))
@@ -376,7 +358,8 @@ class ProcessPool:
             return [f.result() for f in futures]
 
     def shutdown(self, cancel: bool = False) -> None:
-        """Stop the local processes (``cancel``: drop jobs not started) or close the Dask client this pool opened."""
+        """Stop the local processes (``cancel``: drop jobs not started) or close the Dask client this pool
+        opened."""
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=cancel)
             self._pool = None
@@ -386,8 +369,7 @@ class ProcessPool:
 
 
 def map_jobs(fn: Callable, jobs: Sequence[tuple], workers: int, *, what: str | None = None, unit: str = "jobs") -> list:
-    """``[fn(*job) for job in jobs]``, in ``min(workers, len(jobs))`` spawned processes when that is > 1 (``what``,
-    ``unit``: the progress display's, as :meth:`ProcessPool.map`)."""
+    """``[fn(*job) for job in jobs]``, in ``min(workers, len(jobs))`` spawned processes when that is > 1."""
     with ProcessPool(min(workers, len(jobs))) as pool:
         return pool.map(fn, jobs, what=what, unit=unit)
 
@@ -397,8 +379,7 @@ def map_jobs(fn: Callable, jobs: Sequence[tuple], workers: int, *, what: str | N
 
 @dataclass(frozen=True)
 class ExecutionOptions:
-    """How an analysis runs, not what it computes: ``workers`` local processes or a Dask ``scheduler`` (address or
-    ``distributed.Client``); never part of a config nor of a result's ``params``."""
+    """How an analysis runs, not what it computes: ``workers`` local processes or a Dask ``scheduler``."""
 
     workers: int = 1
     scheduler: Any = None
@@ -413,8 +394,7 @@ class ExecutionOptions:
         check_parallelism(self.workers, self.scheduler)
 
     def on_cluster(self, parallel: bool) -> ExecutionOptions:
-        """The options the work runs with: the scheduler given, else :func:`using_scheduler`'s; on a cluster,
-        an analysis with parallel parts cuts its work into as many parts as the cluster has workers."""
+        """The options the work runs with: on a cluster, as many parts as the cluster has workers."""
         scheduler = self.scheduler if self.scheduler is not None else _SCHEDULER.get()
         if scheduler is None:
             return self

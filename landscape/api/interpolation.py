@@ -1,8 +1,5 @@
-"""The interpolation tour the demo runs (Watson et al. Figs. 5-8): sibling instabilities, then single pairs.
-
-``landscape.api.interpolate`` and ``landscape.api.instability`` are the registered analyses
-(``landscape.analyze.interpolate`` / ``instability``); this module adds :func:`tour` on top of them.
-"""
+"""The interpolation tour the demo runs (Watson et al. Figs. 5-8): sibling instabilities, then single
+pairs."""
 
 from __future__ import annotations
 
@@ -15,11 +12,6 @@ from landscape.analyze.interpolate import InterpolationResult
 from landscape.analyze.specs import InterpolateConfig
 from landscape.store import Store
 
-__all__ = ["InterpolateConfig", "InterpolationResult", "InstabilityTable", "Tour", "tour"]
-
-
-# ------------------------------------------------------------------------------------------------- demo
-
 
 @dataclasses.dataclass
 class Tour:
@@ -29,8 +21,9 @@ class Tour:
     interpolations: list[tuple[str, InterpolationResult]]  # (what, result)
 
     def rows(self) -> list[dict]:
-        """One row per interpolated pair (siblings first): the test-split chord barrier beside the instabilities;
-        a DP pair is labelled with the epsilon its checkpoints spent (not the phases' target)."""
+        """One row per interpolated pair (siblings first): the test-split chord barrier beside the
+        instabilities; a DP pair is labelled with the epsilon its checkpoints spent (not the phases'
+        target)."""
         split = "test" if "test" in self.table.splits else self.table.splits[0]
 
         def row(pair: str, kind: str, r) -> dict:
@@ -42,8 +35,8 @@ class Tour:
         rows = [row(r.pair, f"siblings {r.phase2}" + (f" eps={r.epsilon_spent:.3g}"
                                                         if not math.isnan(r.epsilon_spent) else ""), r)
                 for r in self.table.rows]
-        pairs = [(":".join(i.ref for i in res.inputs), what, res) for what, res in self.interpolations]
-        return rows + [row(*pair) for pair in pairs]
+        return rows + [row(":".join(i.ref for i in res.inputs), what, res)
+                       for what, res in self.interpolations]
 
     def files(self) -> list[Path]:
         out = [self.table.path, self.table.csv_path, *self.table.figures]

@@ -1,7 +1,5 @@
-"""The job-kind spec: what one kind of job (train, phases, prune, align, import, figures, each analysis) is;
-one line per kind in :mod:`landscape.kinds`, which the batch runner, the command line and ``landscape.api``
-read instead of branching on a kind's name.
-"""
+"""The job-kind spec: what one kind of job is (train, prune, figures, each analysis...), as the batch runner,
+the command line and ``landscape.api`` read it from :mod:`landscape.kinds`."""
 
 from __future__ import annotations
 
@@ -11,50 +9,35 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
-def _no_runs(options: dict[str, Any]) -> list[str]:
-    return []
-
-
-def _no_numbers(result: Any, root: Path, out: Path | None) -> tuple[dict[str, Any], list[Path]]:
-    return {}, []
-
-
 _CODE = ("run", "build", "produces", "outcome", "options", "rows", "notes", "details", "api", "command", "given")
 
 
 @dataclass(frozen=True)
 class JobKind:
-    """One kind of job.
-
-    ``config``: the configuration dataclass, whose fields are the options (``fields``: the dataclasses and left-out
-    fields when they are more than ``config``'s; ``skip``: options of the command only); ``arguments``: the options
-    given positionally; ``required``: those a batch job must give. ``build``: options -> validated configuration
-    (default ``config(**options)`` checked by :func:`landscape.options.check_fields` and ``validate()``).
-    ``run(config, *, root, out)`` -> the kind's result; ``command(config, *, root, progress, report)`` and
-    ``given`` when the command runs something else. ``produces``: options -> the store runs written. ``outcome
-    (result, root, out)`` -> (numbers, files) a batch records. ``rows`` / ``notes`` / ``details``: what the
-    command prints. ``api``: the hand-written ``landscape.api`` function, if any.
-    """
+    """One kind of job: its options (the fields of ``config``, or of ``fields``), how it runs (``run(config,
+    *, root, out)``; ``command`` when the command runs something else), the store runs it writes
+    (``produces``), what a batch records (``outcome`` -> numbers, files) and what the command prints
+    (``rows``, ``notes``, ``details``). Code fields may be ``"module:attribute"`` strings."""
 
     name: str
     config: type
     run: Callable[..., Any]
     doc: str = ""
-    arguments: tuple[str, ...] = ()
-    required: tuple[str, ...] = ()
+    arguments: tuple[str, ...] = ()  # the options given positionally
+    required: tuple[str, ...] = ()  # the options a batch job must give
     skip: tuple[str, ...] = ()  # config fields that are options of the command only (train's ``resume``)
     fields: tuple[tuple[type, tuple[str, ...]], ...] = ()  # (dataclass, fields left out); default: config's
-    build: Callable[[dict[str, Any]], Any] | None = None
-    produces: Callable[[dict[str, Any]], list[str]] = _no_runs
-    outcome: Callable[[Any, Path, Path | None], tuple[dict[str, Any], list[Path]]] = _no_numbers
+    build: Callable[[dict[str, Any]], Any] | None = None  # options -> config (default: config(**options))
+    produces: Callable[[dict[str, Any]], list[str]] = lambda options: []
+    outcome: Callable[[Any, Path, Path | None], tuple[dict[str, Any], list[Path]]] = \
+        lambda result, root, out: ({}, [])
     options: Callable[[], dict[str, str]] | None = None  # option -> annotation, when not the config's fields
     rows: Callable[[Any], list[dict[str, Any]]] | None = None
     notes: Callable[[Any], list[str]] | None = None
     details: Callable[[Any], dict[str, Any]] | None = None
-    api: Callable[..., Any] | None = None
+    api: Callable[..., Any] | None = None  # the hand-written landscape.api function, if any
     command: Callable[..., Any] | None = None
-    given: Callable[[dict[str, str]], None] | None = None
+    given: Callable[[dict[str, str]], None] | None = None  # checks which options the command line gave
 
     def __getattribute__(self, name: str) -> Any:  # code may be named "module:attribute" (imported on first use)
         value = object.__getattribute__(self, name)
@@ -65,7 +48,8 @@ class JobKind:
         return value
 
     def option_fields(self) -> list[tuple[type, dataclasses.Field]]:
-        """``(dataclass, field)`` of every option of the kind (command-only ones too), in the command's order."""
+        """``(dataclass, field)`` of every option of the kind (command-only ones too), in the command's
+        order."""
         return [(cls, f) for cls, left_out in self.fields or ((self.config, ()),)
                 for f in dataclasses.fields(cls) if f.name not in left_out]
 
@@ -77,13 +61,14 @@ class JobKind:
 
     def execute(self, config: Any, *, root: Path, progress: bool | None = None,
                 report: Callable[[str], None] | None = None) -> Any:
-        """What the command runs: ``command`` (with its progress and report lines), else ``run``."""
+        """What the command runs."""
         if self.command is not None:
             return self.command(config, root=root, progress=progress, report=report)
         return self.run(config, root=root, out=None)
 
     def configure(self, options: dict[str, Any]) -> Any:
-        """The validated configuration for ``options`` (a UsageError, ValueError or TypeError names what is wrong)."""
+        """The validated configuration for ``options`` (a UsageError, ValueError or TypeError names what is
+        wrong)."""
         if self.build is not None:
             return self.build(dict(options))
         from landscape.options import check_fields
@@ -99,10 +84,10 @@ def fields_of(cls: type) -> dict[str, str]:
 
 
 def validated(config: Any) -> Any:
-    """``config`` after its ``validate()`` (when it has one; a ``validate`` returning nothing keeps ``config``)."""
-    check = getattr(config, "validate", None)
-    checked = check() if check is not None else None
-    return checked if isinstance(checked, type(config)) else config
+    """``config`` after its ``validate()``, when it has one."""
+    if hasattr(config, "validate"):
+        config.validate()
+    return config
 
 
 def run_option(options: dict[str, Any]) -> list[str]:

@@ -1,17 +1,11 @@
-"""How ``directions`` and ``surface`` run (their ``execute`` hooks; Watson et al. Fig. 4; Li et al. 2018).
-
-:func:`run_directions` / :func:`run_surface` resolve the extra checkpoints (B, the plane's B and C, or a run's
-trajectory) and evaluate; the runner writes and draws. ``run_surface`` writes its file at once (all NaN) and
-again after every completed grid row, and computes only the missing rows of a file with the same options,
-inputs and plane (resume). ``workers > 1`` spreads chunks / rows over spawned processes with the same arrays
-(which re-import the calling script: call these under ``if __name__ == "__main__":``).
-"""
+"""How ``directions`` and ``surface`` run (their ``execute`` hooks): the extra checkpoints resolved, the work
+spread over worker processes (each rebuilds the model and data once), the surface written after every block
+of rows and resumed."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,17 +34,13 @@ from landscape.refs import Ref
 from landscape.results import InputRef
 from landscape.store import Checkpoint
 
-__all__ = ["DirectionsConfig", "DirectionsResult", "SurfaceConfig", "SurfaceResult", "run_directions", "run_surface"]
-
-# ------------------------------------------------------------------------------------------ directions
-
 
 def run_directions(resolver: Resolver, ref_a: str, config: DirectionsConfig, options, execution: ExecutionOptions,
                    out: Path) -> tuple[DirectionsResult, list[InputRef], dict]:
-    """Resolve A (and ``options.toward``), evaluate :func:`random_profiles` (direction chunks in worker processes
-    with ``execution.workers > 1``); the runner writes and draws."""
+    """Resolve A (and ``options.toward``) and evaluate :func:`random_profiles`; the runner writes and
+    draws."""
     toward = options.toward
-    if config.distance == "auto" and toward is None:
+    if config.distance == "auto" and toward is None:  # before anything is loaded
         raise UsageError(f"{param('distance', 'auto')} needs {param('toward')} (or give a number)")
     point_a = resolver.point(ref_a, data=False)
     a = point_a.checkpoint
@@ -65,7 +55,8 @@ def run_directions(resolver: Resolver, ref_a: str, config: DirectionsConfig, opt
     if execution.workers > 1:
         payload = _Payload(a.model_spec, a.state_dict, a.data_spec, resolver.data_root, resolver.download, config,
                            metric_sources=user_metrics.sources(metrics), workers=execution.workers)
-        runner = functools.partial(_run_direction_chunks, payload=payload)
+        def runner(chunks: list[list[int]], distance: float, steps: torch.Tensor) -> Iterator:
+            return _in_workers(payload, _direction_job, [(c, distance, steps) for c in chunks], ordered=True)
     result = random_profiles(model, theta, x, y, config=config, toward=None if b is None else space.flatten(b.state_dict),
                              space=space, chunk_runner=runner, workers=execution.workers, metrics=metrics)
     attrs = compare_others(a, [b] if b is not None else [], what="B")
@@ -73,8 +64,7 @@ def run_directions(resolver: Resolver, ref_a: str, config: DirectionsConfig, opt
 
 
 def _checked(resolver: Resolver, ref, a: Point) -> Checkpoint:
-    """B, C or a trajectory checkpoint, loaded and verified and checked against A (the same tensors and model;
-    the message names it by its reference)."""
+    """B, C or a trajectory checkpoint, loaded, verified and checked against A."""
     return resolver.point(ref, like=a, label=str(ref.ref if isinstance(ref, Target) else Ref.parse(ref)),
                           data=False).checkpoint
 
@@ -120,30 +110,24 @@ def _direction_job(indices: list[int], distance: float, steps: torch.Tensor):
     return direction_chunk(w["model"], w["space"], w["theta"], dirs, steps, x, y, cfg, w["metrics"])
 
 
-def _run_direction_chunks(chunks: list[list[int]], distance: float, steps: torch.Tensor, *, payload: _Payload
-                          ) -> Iterator:
-    pool = _pool(min(payload.workers, len(chunks)), payload)
+def _in_workers(payload: _Payload, job: Callable, jobs: list[tuple], *, ordered: bool) -> Iterator:
+    """``job(*args)`` for each of ``jobs`` in worker processes (or Dask workers) initialised once with
+    ``payload``: the results in order, or as they finish. On an error or interrupt the jobs not started are
+    dropped (rows already written stay; a rerun resumes them)."""
+    if not jobs:
+        return
+    pool = ProcessPool(min(payload.workers, len(jobs)), initializer=_init_worker, initargs=(payload,))
     try:
-        futures = [pool.submit(_direction_job, c, distance, steps) for c in chunks]
-        for f in futures:
+        futures = [pool.submit(job, *args) for args in jobs]
+        for f in futures if ordered else pool.as_completed(futures):
             yield f.result()
-    finally:  # on an error or interrupt, drop the chunks not started instead of waiting for them
+    finally:
         pool.shutdown(cancel=True)
-
-
-def _pool(workers: int, payload: _Payload) -> ProcessPool:
-    """Worker processes (spawned, one torch thread each, or a Dask cluster's under ``--scheduler``), every one
-    initialised once with ``payload``."""
-    return ProcessPool(workers, initializer=_init_worker, initargs=(payload,))
-
-
-# --------------------------------------------------------------------------------------------- surface
 
 
 def run_surface(resolver: Resolver, ref_a: str, config: SurfaceConfig, options, execution: ExecutionOptions,
                 out: Path) -> tuple[SurfaceResult, list[InputRef], dict]:
-    """The surface around A on ``config.plane``, written to ``out`` after every block of rows (resumed from a
-    partial file with the same options, inputs and plane unless ``options.restart``)."""
+    """The surface around A, written to ``out`` after every block of rows, resumed unless ``restart``."""
     point_a = resolver.point(ref_a, data=False)
     a = point_a.checkpoint
     model = a.build_model()
@@ -170,7 +154,10 @@ def run_surface(resolver: Resolver, ref_a: str, config: SurfaceConfig, options, 
     if execution.workers > 1:
         payload = _Payload(a.model_spec, a.state_dict, a.data_spec, resolver.data_root, resolver.download, config,
                            plane, metric_sources=user_metrics.sources(metrics), workers=execution.workers)
-        runner = functools.partial(_run_rows, payload=payload, xs=partial.xcoordinates, ys=partial.ycoordinates)
+        xs, ys = partial.xcoordinates, partial.ycoordinates
+
+        def runner(blocks: list[list[int]]) -> Iterator:
+            return _in_workers(payload, _rows_job, [(rows, xs[rows], ys) for rows in blocks], ordered=False)
     result = compute_surface(model, plane, data, config=config, partial=partial, space=space, on_rows=written,
                              row_runner=runner, workers=execution.workers, metrics=metrics)
     return result, inputs, attrs
@@ -227,26 +214,9 @@ def _rows_job(rows: list[int], x_values, ys):
     return rows, values, seconds, method
 
 
-def _run_rows(blocks: list[list[int]], *, payload: _Payload, xs, ys) -> Iterator:
-    if not blocks:
-        return
-    pool = _pool(min(payload.workers, len(blocks)), payload)
-    try:
-        futures = [pool.submit(_rows_job, rows, xs[rows], ys) for rows in blocks]
-        for f in pool.as_completed(futures):
-            yield f.result()
-    finally:  # rows already written stay; blocks not started are dropped (a rerun resumes them)
-        pool.shutdown(cancel=True)
-
-
-# ----------------------------------------------------------------------------------------------- data
-
-
 def _split_data(data_spec: dict, split: str, subset, subset_seed: int, data_root: str | None, download: bool
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     from landscape.data import take_subset
 
     data = checkpoint_dataset(data_spec, data_root, download)
     return take_subset(*data.split(split), subset, subset_seed, split=split)
-
-

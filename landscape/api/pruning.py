@@ -1,12 +1,6 @@
-"""``landscape prune``: magnitude-prune a checkpoint into a new run (Watson et al. Sec. 4 "Pruning").
-
-The new run's step 0 holds the pruned weights, rewound to the initial weights (``rewind="init"``; ``init``
-names another reference) or kept (``rewind="none"``); its keep-masks are the run array ``mask``, which
-``landscape train --from RUN@init`` enforces. Its data spec is the initial weights' run's (Watson Fig. 13's
-transfer), else the source's. The mask depends on the source weights, so the new run's ``manifest["privacy"]``
-carries their DP history (:func:`landscape.train.pruning.prune_into_run`, shared with
-``clipping --prune-levels``); a mask from public data would cost nothing, but the manifest cannot know that.
-"""
+"""``landscape prune`` (Watson et al. Sec. 4 "Pruning") and ``clipping --prune-levels`` (Watson Fig. 11):
+magnitude-pruned checkpoints as new runs whose privacy carries the source's DP history (the mask depends on
+the source weights)."""
 
 from __future__ import annotations
 
@@ -15,8 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from landscape.api.jobkind import JobKind, run_files, run_option
-from landscape.errors import OptionError, UsageError, param
-from landscape.options import option
+from landscape.errors import UsageError, param
+from landscape.options import check_fields, option
 from landscape.privacy import PrivacyEvent
 
 if TYPE_CHECKING:
@@ -28,7 +22,8 @@ SCOPES = ("layer", "global")
 
 @dataclass
 class PruneConfig:
-    """Options of ``landscape prune`` (its command and batch kind are generated from these fields: :data:`JOB`)."""
+    """Options of ``landscape prune`` (its command and batch kind are generated from these fields:
+    :data:`JOB`)."""
 
     ref: str
     remove: float = option(help="Fraction of weights REMOVED (smallest magnitude). Watson et al.'s 'pruning level "
@@ -41,8 +36,6 @@ class PruneConfig:
     run: str | None = option(None, "Name of the new run (default: generated).")
 
     def validate(self) -> None:
-        if self.rewind not in REWINDS:
-            raise OptionError("rewind", f"must be init or none, got {self.rewind!r}")
         if self.rewind == "none" and self.init is not None:
             raise UsageError(f"{param('init')} only makes sense with {param('rewind', 'init')}")
 
@@ -61,16 +54,21 @@ class PruneResult:
 
 
 def prune(config: PruneConfig, *, root: str | Path) -> PruneResult:
-    """Prune ``config.ref`` and write the new run into the store at ``root`` (``prune_into_run``)."""
+    """Prune ``config.ref`` and write the new run into the store at ``root``: its step 0 holds the pruned
+    weights, rewound to ``init`` (default: the source run's @init) or not, its mask the run array ``mask``."""
     from landscape.store import Store
     from landscape.train.pruning import prune_into_run
 
+    check_fields(config)
     config.validate()
     store = Store(root)
     source = store.load(config.ref)
     init = init_ref = None
     if config.rewind == "init":
-        init_ref = config.init or _default_init_ref(source, config.ref)
+        if config.init is None and source.run is None:
+            raise UsageError(f"{config.ref} is a checkpoint file outside a run, so it has no @init; pass "
+                             f"{param('init')} or use {param('rewind', 'none')}")
+        init_ref = config.init or f"{source.run}@init"
         init = store.load(init_ref)
     run, masks = prune_into_run(store, source, config.remove, source_ref=config.ref, scope=config.scope,
                                 init=init, init_ref=init_ref, run=config.run)
@@ -79,16 +77,6 @@ def prune(config: PruneConfig, *, root: str | Path) -> PruneResult:
     total = sum(row["numel"] for row in layers)
     return PruneResult(run=run.name, checkpoint=run.checkpoints()[0].path, source=config.ref, init=init_ref,
                        layers=layers, kept_fraction=sum(row["kept"] for row in layers) / max(total, 1))
-
-
-def _default_init_ref(source: Checkpoint, ref: str) -> str:
-    if source.run is None:
-        raise UsageError(
-            f"{ref} is a checkpoint file outside a run, so it has no @init; pass {param('init')} or use "
-            f"{param('rewind', 'none')}"
-        )
-    return f"{source.run}@init"
-
 
 
 def _prune_rows(result: PruneResult) -> list[dict[str, Any]]:
@@ -117,20 +105,11 @@ JOB = JobKind(
 )
 
 
-# ------------------------------------------------------------------------ clipping --prune-levels (Watson Fig. 11)
-
-
 def pruned_retrain(store: Store, trained: Checkpoint, init: Checkpoint, level: float) -> Run:
-    """Watson et al. Fig. 11: prune -> rewind -> retrain, with the training configuration of ``trained``'s run.
-
-    :func:`~landscape.train.pruning.prune_into_run` removes a fraction ``level`` of each layer's Linear/Conv weights by magnitude at
-    ``trained`` and rewinds the survivors to ``init``: run ``<run>-prune<level*1000>``; ``landscape train
-    --from <that>@init`` then retrains it (masks kept): run ``<run>-prune<level*1000>-retrain``, whose epsilon
-    composes the DP steps of ``trained`` (which chose the mask) with its own. A source trained with
-    ``--target-epsilon`` is retrained with the noise multiplier it used (a target for the composed epsilon could
-    already be spent). Existing runs made from the same checkpoint with the same history are reused, so a
-    repeated command does not train again; anything else is a usage error naming the run to remove.
-    """
+    """Watson et al. Fig. 11: prune ``level`` of each layer at ``trained``, rewind to ``init`` (run
+    ``<run>-prune<level*1000>``), retrain with the run's configuration (``...-retrain``; a
+    ``--target-epsilon`` run with the noise multiplier it used). Runs made before from the same checkpoint and
+    history are reused."""
     from landscape.train.config import TrainConfig
     from landscape.train.loop import train
     from landscape.train.pruning import inherited_privacy, prune_into_run
@@ -175,10 +154,8 @@ def pruned_retrain(store: Store, trained: Checkpoint, init: Checkpoint, level: f
 
 
 def expand_prune_levels(resolver, ref: str, config) -> tuple[list, list]:
-    """The ``expand`` hook of ``clipping`` (attached in :mod:`landscape.api.runner`): the checkpoints to measure,
-    ``ref`` (a bare run name: every checkpoint), or with ``config.prune_levels`` the final checkpoint of the run
-    retrained at each level (Watson Fig. 11: prune by magnitude per layer at ``ref``, rewind the survivors to
-    the run's @init, retrain with the run's configuration; :func:`pruned_retrain`), tagged with the level."""
+    """The ``expand`` hook of ``clipping``: the checkpoints ``ref`` names, or with ``config.prune_levels`` the
+    last checkpoint of each level's retrained run (:func:`pruned_retrain`), tagged with the level."""
     if not config.prune_levels:
         return resolver.expand(ref), []
     from landscape.api.resolve import Target
@@ -196,5 +173,3 @@ def expand_prune_levels(resolver, ref: str, config) -> tuple[list, list]:
         last = done.checkpoints()[-1]
         targets.append(Target.of(done.name, last, tag=(("prune_level", level),)))  # its sha256 checked on load
     return targets, [trained.input_ref(), init.input_ref()]
-
-

@@ -21,8 +21,7 @@ from landscape.store import Checkpoint, CheckpointInfo, Store, load_verified
 
 @dataclass(frozen=True)
 class Target:
-    """One checkpoint to analyse, not yet loaded: its reference, file, run (if any), step, epoch and the sha256
-    its run's manifest recorded (checked when it is loaded)."""
+    """One checkpoint to analyse, not yet loaded (its sha256 is checked when it is)."""
 
     ref: str
     path: str
@@ -40,11 +39,8 @@ class Target:
 
 @dataclass
 class Point:
-    """A resolved checkpoint, as an analyzer's ``compute`` receives it.
-
-    ``data`` is the data set to evaluate on (the checkpoint's own, or the one chosen for a pair), ``masks``
-    the run's pruning mask (parameter name -> 0/1 tensor) or None.
-    """
+    """A resolved checkpoint, as an analyzer's ``compute`` receives it: ``data`` is the data set to evaluate
+    on (the checkpoint's own, or the one chosen for a pair), ``masks`` the run's pruning mask or None."""
 
     ref: str
     run: str | None
@@ -66,8 +62,7 @@ class Point:
         return self.checkpoint.build_model()
 
     def split(self, name: str, subset: int | float | None = None, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(x, y)`` of split ``name`` of ``data``; with ``subset`` (a count or a fraction) the examples the one
-        sampler draws (:func:`landscape.data.sample_subset`: seeded, stratified, recorded in the result)."""
+        """``(x, y)`` of split ``name`` of ``data``, or the ``subset`` of it the one sampler draws."""
         from landscape.data import take_subset
 
         return take_subset(*self.data.split(name), subset, seed, split=name)
@@ -102,11 +97,6 @@ class Resolver:
     def store(self) -> Store:
         return Store(self.root)
 
-    def load(self, ref: str | Ref) -> Checkpoint:
-        """The checkpoint ``ref`` names, its sha256 checked against its run's manifest (no data, no checks
-        against another checkpoint: :meth:`point` is the step an analysis uses)."""
-        return self.store.load(ref)
-
     def expand(self, target: str | Ref) -> list[Target]:
         """A bare run name -> every checkpoint of the run; anything else -> the one checkpoint it names."""
         ref = Ref.parse(target)
@@ -126,15 +116,14 @@ class Resolver:
     def point(self, target: Target | str | Ref, *, like: Point | None = None, label: str | None = None,
               data: bool = True, masks: bool = False, purpose: str = "evaluate it",
               needs: tuple[str, ...] = ()) -> Point:
-        """The one load-and-verify step: one checkpoint (a :class:`Target` from :meth:`expand`, or a reference)
-        loaded with its sha256 checked against its run's manifest, checked against ``like`` when given (the same
-        tensors and model: IncompatibleError naming the first difference; ``label`` names this checkpoint in the
-        message, default ``B (<ref>)``), as a :class:`Point`. ``data`` adds its data set, ``masks`` its run's
-        pruning mask; ``needs`` may add ``"init"`` (the run's @init weights) and ``"manifest"``."""
+        """The one load-and-verify step: one checkpoint (a :class:`Target` or a reference) with its sha256
+        checked against its run's manifest, and against ``like`` when given (the same tensors and model;
+        ``label`` names it in the message). ``data``, ``masks`` and ``needs`` (``"init"``, ``"manifest"``) say
+        what to add."""
         if isinstance(target, Target):
             ckpt = load_verified(target.path, ref=target.ref, sha256=target.sha256)
         else:
-            ckpt = self.load(target)
+            ckpt = self.store.load(target)
             target = Target(ckpt.ref, str(ckpt.path), ckpt.run, ckpt.step, ckpt.epoch, sha256=ckpt.sha256)
         if like is not None:
             check_pair(like.checkpoint, ckpt, b_label=label)
@@ -161,7 +150,8 @@ class Resolver:
             return None
 
     def pair(self, ref_a: str | Ref, ref_b: str | Ref, *, data_from: str = "a") -> tuple[Point, Point, DataChoice]:
-        """A and B checked compatible (same tensors, same model), both with the data set ``data_from`` picks."""
+        """A and B checked compatible (same tensors, same model), both with the data set ``data_from``
+        picks."""
         if data_from not in ("a", "b"):
             raise OptionError("data_from", f"must be a or b, got {data_from!r}")
         a = self.point(ref_a, data=False)
@@ -188,9 +178,8 @@ class Resolver:
         return _run_info(self.store.run(ref.run))
 
     def pair_jobs(self, patterns: Sequence[str], pairs: str) -> list[tuple[str, str, dict]]:
-        """``(ref_a, ref_b, labels)`` per pair: explicit ``A:B[,C:D...]``, or the final checkpoints of the runs
-        matching ``patterns`` paired as ``siblings`` (runs trained from one parent checkpoint the same way,
-        :func:`landscape.analyze.instability.sibling_key`) or ``all``."""
+        """``(ref_a, ref_b, labels)`` per pair: explicit ``A:B[,C:D...]``, or the final checkpoints of the
+        runs matching ``patterns`` paired as ``siblings`` or ``all``."""
         from landscape.analyze.instability import RunInfo, all_pairs, pair_labels, sibling_pairs
 
         if ":" in pairs:
@@ -233,11 +222,7 @@ def _run_info(run):
 
 
 def compare_data(a: Checkpoint, b: Checkpoint, data_from: str = "a", *, what: str = "A and B") -> DataChoice:
-    """Compare the data specs of A and B; when they differ, warn in one line which one is used.
-
-    Interpolating between checkpoints trained on different data evaluates every point on one data set; the
-    warning says which and how to choose the other.
-    """
+    """Compare the data specs of A and B; when they differ, warn in one line which one is used."""
     spec_a, spec_b = a.data_spec or {}, b.data_spec or {}
     if spec_a != spec_b:
         keys = sorted(k for k in set(spec_a) | set(spec_b) if spec_a.get(k) != spec_b.get(k))
@@ -250,9 +235,8 @@ def compare_data(a: Checkpoint, b: Checkpoint, data_from: str = "a", *, what: st
 
 
 def compare_others(a: Checkpoint, others: Sequence[Checkpoint], *, what: str) -> dict[str, Any]:
-    """Checkpoints that only place a direction or a plane (directions toward B, a surface through B and C or a
-    run's trajectory) while everything is evaluated on A's data: warn in one line when any was trained on
-    other data than A, and return the result attrs recording A's spec and each differing one."""
+    """Checkpoints that only place a direction or a plane, everything evaluated on A's data: warn in one line
+    when any was trained on other data than A; the result attrs record A's spec and each differing one."""
     spec_a = a.data_spec or {}
     differing = {o.ref: o.data_spec or {} for o in others if (o.data_spec or {}) != spec_a}
     if differing:

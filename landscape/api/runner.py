@@ -33,15 +33,8 @@ def run(name: str, refs: Sequence[str], *, root: str | Path = "checkpoints", con
         output: str | Path | None = None, figure: bool = True, data_root: str | None = None, download: bool = False,
         data_from: str = "a", workers: int | None = None, scheduler: Any = None, code: Sequence[str] = (),
         accept_changed_code: bool = False, overwrite: bool = False, **options: Any) -> Any:
-    """Run analysis ``name`` on references ``refs`` (see :class:`~landscape.analyze.registry.Analysis` for what
-    they are per ``inputs``). ``options`` are config fields or the spec's run options. ``scheduler`` (a Dask
-    scheduler address or ``distributed.Client``) runs the parallel parts on that cluster instead of ``workers``
-    local processes; the results are the same. ``code`` names the model / data code (``module:factory``,
-    ``file.py:factory``) the checkpoints were built with, which may then run to rebuild them
-    (:func:`landscape.plugins.trusting`; ``accept_changed_code`` accepts a source whose sha256 changed);
-    the result records both as the attr ``code``. Without ``output`` the result goes to ``results/`` under a
-    name made of the analysis, every reference and the options that change it (:func:`_stem`), and a result
-    already there is refused in one line unless ``overwrite``; an ``output`` given is the file to write."""
+    """Run analysis ``name`` on references ``refs``; ``options`` are config fields or the spec's run options
+    (:data:`RUNNER_OPTIONS` says what the others mean). Returns the result, written and drawn."""
     from landscape import plugins
 
     with plugins.trusting(code, accept_changed=accept_changed_code):
@@ -108,8 +101,8 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
         (ref,) = parsed
         targets, extra = hook(spec, "expand")(resolver, ref, config) if "expand" in spec.hooks \
             else (resolver.expand(ref), [])
-        rows = _recorded(_map(_point_job, [(spec.name, resolver, t, config) for t in targets], workers,
-                              what=spec.name, unit="checkpoints"), draws)
+        jobs = [("compute", spec.name, resolver, t, config) for t in targets]
+        rows = _recorded(_map(_point_job, jobs, workers, what=spec.name, unit="checkpoints"), draws)
         result = spec.collect(rows, config, run_opts)
         inputs = extra + _inputs(targets)
     else:  # targets
@@ -118,11 +111,13 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
         with ProcessPool(min(workers, len(flat))) as pool:
             shared = None
             if spec.prepare is not None:
-                values = _recorded(_map(_prepare_job, [(spec.name, resolver, t, config) for t in flat], pool=pool,
-                                        what=f"{spec.name} (first pass)", unit="checkpoints"), draws)
-                shared = spec.share(values, config)
-            rows = iter(_recorded(_map(_point_job, [(spec.name, resolver, t, config, shared) for t in flat],
-                                       pool=pool, what=spec.name, unit="checkpoints"), draws))
+                jobs = [("prepare", spec.name, resolver, t, config) for t in flat]
+                first = f"{spec.name} (first pass)"
+                values = _map(_point_job, jobs, pool=pool, what=first, unit="checkpoints")
+                shared = spec.share(_recorded(values, draws), config)
+            jobs = [("compute", spec.name, resolver, t, config, shared) for t in flat]
+            outcomes = _map(_point_job, jobs, pool=pool, what=spec.name, unit="checkpoints")
+            rows = iter(_recorded(outcomes, draws))
         result = spec.collect([[next(rows) for _ in g] for g in groups], config, run_opts, refs, shared)
         inputs = _inputs(flat)
         title = ""
@@ -139,8 +134,7 @@ def _run(spec: Analysis, refs: Sequence[str], root, config: Any, run_opts: Any, 
 
 
 def _code_attrs() -> dict[str, Any]:
-    """The attr ``code``: the user code trusted for this result (each reference's current source sha256) and
-    whether changed code was accepted; none when no code was named."""
+    """The attr ``code``: the user code trusted for this result and whether changed code was accepted."""
     from landscape import plugins
 
     state = plugins.trust_state()
@@ -151,8 +145,7 @@ def _code_attrs() -> dict[str, Any]:
 
 
 def subsets_attr(draws: Sequence[dict]) -> dict[str, str]:
-    """The result attr ``subsets``: the distinct example subsets an analysis drew (split, size asked, seed, count,
-    of, indices_sha256; :func:`landscape.data.sample_subset`) as JSON; none when it drew none."""
+    """The result attr ``subsets``: the distinct example subsets an analysis drew, as JSON."""
     unique = [dict(t) for t in dict.fromkeys(tuple(sorted(d.items())) for d in draws)]
     return {"subsets": json.dumps(unique, sort_keys=True)} if unique else {}
 
@@ -165,9 +158,8 @@ def _recorded(outcomes: list[tuple[Any, list[dict]]], draws: list[dict]) -> list
 
 
 def _stem(spec: Analysis, refs: list[str], config: Any, run_opts: Any, data_from: str = "a") -> str:
-    """The default output name: the spec's ``stem``, else ``<output>-<A>--<B>...`` with every reference (run
-    globs for pairs of runs), then the options that change the result (:func:`landscape.results.paths.output_stem`:
-    written out when short, else a hash)."""
+    """The default output name: ``<output>-<A>--<B>...`` (or the spec's ``stem``), then the changed
+    options."""
     if spec.stem is not None:
         base = spec.stem(refs, config, run_opts)
     else:
@@ -178,7 +170,8 @@ def _stem(spec: Analysis, refs: list[str], config: Any, run_opts: Any, data_from
 
 
 def _name_part(ref: Ref) -> str:
-    """A reference in a default name: the run with its selector (``sgd_last``), a file by its path (``dir_a``)."""
+    """A reference in a default name: the run with its selector (``sgd_last``), a file by its path
+    (``dir_a``)."""
     return slug(ref.label) if ref.file is not None else ref.slug
 
 
@@ -197,7 +190,8 @@ HOOKS = {
 
 
 def hook(spec: Analysis, kind: str) -> Callable:
-    """The ``kind`` hook of ``spec``; a spec asking for one that :data:`HOOKS` lacks is a programming error."""
+    """The ``kind`` hook of ``spec``; a spec asking for one that :data:`HOOKS` lacks is a programming
+    error."""
     if (spec.name, kind) not in HOOKS:
         raise LookupError(f"analysis {spec.name!r} asks for an api {kind!r} hook, but landscape.api.runner.HOOKS "
                           "names none")
@@ -209,9 +203,7 @@ def hook(spec: Analysis, kind: str) -> Callable:
 
 def _map(fn: Callable, jobs: list[tuple], workers: int = 1, *, pool: ProcessPool | None = None, what: str,
          unit: str) -> list:
-    """``map_jobs`` (or ``pool.map``) whose jobs return ``(value, warnings)``: warnings raised in workers are
-    re-raised here, so the CLI shows them as one ``warning:`` line each whichever process they came from. The
-    progress display counts the jobs done (``what``, ``unit``)."""
+    """``map_jobs`` (or ``pool.map``) of jobs returning ``(value, warnings)``: the warnings re-raised here."""
     out = []
     shown = {"what": what, "unit": unit}
     for value, messages in (pool.map(fn, jobs, **shown) if pool is not None else map_jobs(fn, jobs, workers, **shown)):
@@ -225,9 +217,7 @@ _LIBRARY_NOISE = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
 
 
 def _caught(fn: Callable, *args) -> tuple[Any, list]:
-    """``fn(*args)`` and the warnings it raised, to re-raise in the parent: every warning of ours, but not the
-    deprecation notices other libraries raise about themselves (e.g. torch's own use of ``torch.jit.script``),
-    which recording with "always" would otherwise surface on every run."""
+    """``fn(*args)`` and the warnings it raised, but not other libraries' notices about themselves."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         value = fn(*args)
@@ -236,25 +226,16 @@ def _caught(fn: Callable, *args) -> tuple[Any, list]:
     return value, [(w.category, str(w.message)) for w in ours]
 
 
-def _point(spec: Analysis, resolver: Resolver, target: Target):
-    return resolver.point(target, masks=True, purpose=spec.purpose, needs=spec.needs)
+def _point_job(step: str, name: str, resolver: Resolver, target: Target, config: Any, *shared: Any):
+    """``spec.compute`` (or ``spec.prepare``) at one checkpoint, with the example subsets it drew."""
+    def job():
+        spec = get(name)
+        with recording_subsets() as draws:
+            point = resolver.point(target, masks=True, purpose=spec.purpose, needs=spec.needs)
+            value = getattr(spec, step)(point, config, *shared)
+        return value, draws
 
-
-def _drawing(fn: Callable, *args) -> tuple[Any, list[dict]]:
-    """``fn(*args)`` and the example subsets it drew (recorded in this worker, written by the parent)."""
-    with recording_subsets() as draws:
-        value = fn(*args)
-    return value, draws
-
-
-def _point_job(name: str, resolver: Resolver, target: Target, config: Any, *shared: Any):
-    spec = get(name)
-    return _caught(lambda: _drawing(lambda: spec.compute(_point(spec, resolver, target), config, *shared)))
-
-
-def _prepare_job(name: str, resolver: Resolver, target: Target, config: Any):
-    spec = get(name)
-    return _caught(lambda: _drawing(lambda: spec.prepare(_point(spec, resolver, target), config)))
+    return _caught(job)
 
 
 def _pair_job(name: str, resolver: Resolver, ref_a: str, ref_b: str, labels: dict, config: Any, data_from: str,
@@ -278,10 +259,9 @@ def _pair_job(name: str, resolver: Resolver, ref_a: str, ref_b: str, labels: dic
 
 def _current_pair_file(detail: type, out: str, refs: list[InputRef], config: Any, data_attrs: dict[str, Any]
                        ) -> tuple[Any, list[dict]]:
-    """The pair's ``detail`` result read back from ``out``, with the example subsets it recorded, when it was made from
-    the same checkpoint files (sha256), options, data and code version (user metrics: their source files' sha256);
-    else ``(None, [])``: the pair is recomputed and the file replaced (the writer refuses to replace a file that is
-    not a landscape result)."""
+    """The pair's ``detail`` result read back from ``out``, with the subsets it recorded, when it was made
+    from the same checkpoint files, options, data and code version (user metrics' too); else ``(None,
+    [])``."""
     from landscape.results import read_result
     from landscape.runtime import code_version
 
@@ -355,9 +335,7 @@ def _runner_names(spec: Analysis) -> list[str]:
 
 
 def api_signature(spec: Analysis) -> inspect.Signature:
-    """The real signature of the api function of ``spec``: the references (positional), ``config`` (positional or
-    keyword), then every config field, run option and runner option as a keyword-only parameter with its type
-    and default."""
+    """The api function's signature: the references, ``config``, then every option as a typed keyword."""
     from landscape.options import hints
 
     P = inspect.Parameter
@@ -384,8 +362,8 @@ def _field_default(f: dataclasses.Field) -> Any:
 
 
 def api_doc(spec: Analysis) -> str:
-    """The api function's docstring (Google style, as the docs site reads it): the spec's doc, then every
-    parameter with its type, help text and default, and what it returns."""
+    """The api function's docstring (Google style, as the docs site reads it): every parameter and the
+    return."""
     import textwrap
 
     from landscape.options import describe, type_name
@@ -410,13 +388,8 @@ def api_doc(spec: Analysis) -> str:
 
 
 def api_function(name: str) -> Callable:
-    """The public ``landscape.api`` function of analysis ``name``, with a real signature (:func:`api_signature`:
-    ``interpolate(ref_a, ref_b, config=None, *, points=30, split=('train', 'test'), ..., root='checkpoints',
-    output=None, ...)``) and a docstring listing every option (:func:`api_doc`), so ``help()`` and IDEs show them.
-
-    Only the keywords a call gives replace fields of ``config``; their values go through the one coercion of
-    :mod:`landscape.options` (``split="train,test"`` and ``split=("train", "test")`` are the same). Returns the result (``.path``, ``.figures``).
-    """
+    """The public ``landscape.api`` function of analysis ``name``, with a real signature and docstring; only
+    the keywords a call gives replace fields of ``config`` (coerced as on the command line)."""
     spec = get(name)
     signature = api_signature(spec)
     ref_names = [n for n, _, _ in _references(spec)]

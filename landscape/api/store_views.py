@@ -1,7 +1,5 @@
-"""Looking into the store and bringing checkpoints in: ``runs``, ``checkpoint``, ``show``,
-``import_checkpoint`` (plain dicts: what ``store ls``, ``store show``, ``show`` and ``import`` print,
-``--json`` exactly). ``runs``, ``checkpoint`` and ``show`` import no torch.
-"""
+"""Looking into the store and bringing checkpoints in: plain dicts, what ``store ls``, ``store show``,
+``show`` and ``import`` print with ``--json``. ``runs``, ``checkpoint`` and ``show`` import no torch."""
 
 from __future__ import annotations
 
@@ -20,7 +18,6 @@ from landscape.runtime import DATA_ENV
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["runs", "checkpoint", "show", "import_checkpoint"]
 
 # the largest array (number of elements) whose values ``show`` returns in "values"
 SMALL_ARRAY = 64
@@ -29,11 +26,9 @@ SMALL_ARRAY = 64
 def runs(root: str | os.PathLike = "checkpoints", pattern: str = "*") -> dict[str, Any]:
     """The runs of the store at ``root`` (names matching ``pattern``) and the damaged ones.
 
-    Returns ``{"root", "runs", "damaged"}``: one summary per readable run (name, path, created, model, data,
-    lineage, steps of its checkpoints, last epoch, last epsilon, ``privacy_note`` (None, or the caveat of a run
-    whose ancestors' privacy is unknown), last metrics), and ``[{"name", "error"}]`` for
-    each run whose manifest is unreadable or whose checkpoint file is missing (``Store.scan``). Temporary files
-    of interrupted writes are never listed.
+    Returns ``{"root", "runs", "damaged"}``: one summary per readable run (model, data, lineage, steps, last
+    epoch, epsilon, ``privacy_note`` and metrics), and ``{"name", "error"}`` per run whose manifest is
+    unreadable or whose checkpoint file is missing.
     """
     from landscape.store import Store
 
@@ -53,8 +48,6 @@ def checkpoint(ref: str, root: str | os.PathLike = "checkpoints") -> dict[str, A
     """What one checkpoint holds, without its values: specs, metrics, tensor names/shapes/dtypes, sha256.
 
     ``ref`` is ``PATH.h5`` or ``RUN[@init|@last|@step=N|@epoch=E]`` (``RUN`` alone means ``@last``).
-    ``parameters`` is the number of elements over all tensors of the state dict; ``privacy_note`` is the caveat
-    of a checkpoint whose run has ancestors of unknown privacy (else None).
     """
     from landscape.privacy import ancestry_note
     from landscape.store import MANIFEST, Store
@@ -81,8 +74,7 @@ def checkpoint(ref: str, root: str | os.PathLike = "checkpoints") -> dict[str, A
 def show(path: str | os.PathLike) -> dict[str, Any]:
     """The summary of one result file: kind, inputs (with sha256), options, scalar attrs, arrays.
 
-    ``arrays`` maps each array to its shape and dtype, ``stats`` to its nan-ignoring min and max (None when
-    empty, not numeric or all-NaN), ``values`` holds the arrays of at most ``SMALL_ARRAY`` elements.
+    ``stats`` holds each array's nan-ignoring min and max, ``values`` the arrays of at most 64 elements.
     """
     import numpy as np
 
@@ -97,24 +89,19 @@ def show(path: str | os.PathLike) -> dict[str, Any]:
     }
 
 
-def import_checkpoint(
-    file: str | os.PathLike, *, run: str, model: str, data: str, model_kwargs: dict[str, Any] | None = None,
-    data_kwargs: dict[str, Any] | None = None, subset: int | float | None = None, data_root: str | None = None,
-    download: bool = False, root: str | os.PathLike = "checkpoints", epsilon: float | None = None,
-    delta: float | None = None, noise_multiplier: float | None = None, sample_rate: float | None = None,
-    steps: int | None = None,
-) -> dict[str, Any]:
-    """Import a foreign checkpoint (.pt/.pth state dict or .safetensors) as the step-0 checkpoint of a new run.
+def import_checkpoint(file: str | os.PathLike, *, run: str, model: str, data: str,
+                      model_kwargs: dict[str, Any] | None = None, data_kwargs: dict[str, Any] | None = None,
+                      subset: int | float | None = None, data_root: str | None = None, download: bool = False,
+                      root: str | os.PathLike = "checkpoints", epsilon: float | None = None,
+                      delta: float | None = None, noise_multiplier: float | None = None,
+                      sample_rate: float | None = None, steps: int | None = None) -> dict[str, Any]:
+    """Import a foreign checkpoint (.pt/.pth state dict or .safetensors) as the step-0 checkpoint of a new
+    run.
 
-    The model is built for the data set (``model``, ``model_kwargs``; input shape and classes from ``data``;
-    either may be a code reference ``module:factory`` / ``file.py:factory``, see ``landscape.models.build_model``)
-    and the file's keys and shapes must match it; .pt files are read with ``torch.load(weights_only=True)``
-    (``landscape.store.import_checkpoint``). Returns ``{"run", "ref", "path", "sha256", "tensors", "epsilon",
-    "privacy_note"}``.
-
-    The weights' privacy history is unknown unless declared: ``epsilon`` with ``delta``, or the DP-SGD that
-    made them (``noise_multiplier``, ``sample_rate``, ``steps``); see
-    ``landscape.api.accounting.import_privacy``.
+    The model is built for the data set (either may be a code reference ``module:factory``) and the file's
+    keys and shapes must match it; .pt files are read with ``torch.load(weights_only=True)``. The weights'
+    privacy history is unknown unless declared: ``epsilon`` with ``delta``, or the DP-SGD that made them
+    (``noise_multiplier``, ``sample_rate``, ``steps``). Returns the new run's summary.
     """
     from landscape import plugins
     from landscape.api.accounting import import_privacy
@@ -151,7 +138,8 @@ def import_checkpoint(
 
 @dataclass(frozen=True, kw_only=True)
 class ImportConfig:
-    """The options of :func:`import_checkpoint` (the job kind ``import``: its command is generated from them)."""
+    """The options of :func:`import_checkpoint` (the job kind ``import``: its command is generated from
+    them)."""
 
     file: str = option(help="The .pt/.pth state dict or .safetensors file.", kind="file")
     model: str = option(help=SOURCE_HELP["model"], kind="model")
@@ -199,8 +187,7 @@ def _import_notes(made: Imported) -> list[str]:
 
 
 def _import_job(config: ImportConfig, *, root: Path, out: Path | None = None) -> dict[str, Any]:
-    """An import job: a run of that name whose step 0 has the file's weights is the job done before (a kill
-    after the import); any other run of that name is refused by the store."""
+    """An import job: a run of that name whose step 0 has the file's weights is the job done before."""
     from landscape.hashing import sha256_file
     from landscape.store import Store
 

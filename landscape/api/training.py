@@ -1,10 +1,5 @@
-"""Python face of training: ``train`` (also ``--from`` and ``--resume``) and ``phases``, and their job kinds
-(``TRAIN_JOB``, ``PHASES_JOB``: :mod:`landscape.kinds`). ``train`` is the training loop's entry point itself
-(:func:`landscape.train.loop.train`).
-
->>> from landscape.api.training import TrainConfig, train
->>> run = train(TrainConfig(model="lenet", data="digits", epochs=3), root="checkpoints")
-"""
+"""Python face of training: ``train`` (also ``--from`` and ``--resume``) and ``phases``, and their job
+kinds."""
 
 from __future__ import annotations
 
@@ -23,9 +18,6 @@ from landscape.train.config import PhasesConfig, TrainConfig, config_hash
 
 if TYPE_CHECKING:
     from landscape.store import Run, Store
-
-__all__ = ["PHASES_JOB", "TRAIN_JOB", "PhasesConfig", "RunSummary", "TrainConfig", "phases", "resume", "summarize",
-           "train"]
 
 
 @dataclass
@@ -52,7 +44,8 @@ class RunSummary:
 
 
 def train(config: TrainConfig, *, root: str | Path, **options: Any) -> Run:
-    """Train one run into the store at ``root`` (:func:`landscape.train.loop.train`, imported when it runs)."""
+    """Train one run into the store at ``root`` (:func:`landscape.train.loop.train`, imported when it
+    runs)."""
     from landscape.train.loop import train as train_loop
 
     return train_loop(config, root=root, **options)
@@ -80,9 +73,8 @@ def summarize(run: Run) -> RunSummary:
 
 
 def resume(run: str, *, root: str | Path, data_root: str | None = None, progress: bool | None = None) -> Run:
-    """Continue a killed run from its last checkpoint, or from step 0 when it was killed before writing one
-    (bit-identical to an uninterrupted run on CPU with fixed seeds). Another process writing the run is a
-    RunBusyError (one writer per run)."""
+    """Continue a killed run from its last checkpoint (bit-identical to an uninterrupted run on CPU with fixed
+    seeds); another process writing the run is a RunBusyError."""
     return train(TrainConfig(resume=run, data_root=data_root), root=root, progress=progress)
 
 
@@ -90,16 +82,11 @@ def phases(config: PhasesConfig, *, root: str | Path, progress: bool | None = No
            report: Callable[[str], None] | None = None) -> list[RunSummary]:
     """Phase 1 / Phase 2 branches (Watson et al. 2023, Sec. 4.1.1); returns one summary per run.
 
-    Every Phase-1 family trains ``k`` epochs from the same initialisation (same seed); from each one's
-    last checkpoint every Phase-2 family trains ``epochs - k`` epochs in ``copies`` copies (seed
-    ``seed + 1 + i``). DP phases share ONE noise multiplier: ``--noise-multiplier`` or, for
-    ``--target-epsilon``, the sigma whose epsilon after ``epochs`` DP epochs equals the target, so the
-    DP->DP runs end at the target and SGD->DP runs (only ``epochs - k`` DP epochs) below it. Each Phase-2
-    run's recorded epsilon composes its own steps with its Phase-1 parent's when that parent was DP.
-
-    Runs that already exist with the same configuration are reused (resumed when incomplete), so an
-    interrupted ``phases`` command can simply be run again. ``report`` receives one line per finished run
-    (the command prints them on stderr when it has no progress bars: output piped or redirected).
+    Every Phase-1 family trains ``k`` epochs from one initialisation; from each one's last checkpoint every
+    Phase-2 family trains ``epochs - k`` epochs in ``copies`` copies (seed ``seed + 1 + i``). DP phases share
+    one noise multiplier (for ``target_epsilon``: the one reached after ``epochs`` DP epochs). Existing runs
+    with the same configuration are reused (resumed when incomplete); ``report`` receives one line per
+    finished run.
     """
     config.validate()
     with plugins.trusting(plugins.code_refs(config.base.model, config.base.data)):  # Phase 2 rebuilds Phase 1's
@@ -143,26 +130,20 @@ def _phases(config: PhasesConfig, *, root: str | Path, progress: bool | None,
             report(f"phases: [{len(summaries)}/{total}] {what} {s.run} finished (epoch {s.epoch}{acc}{eps})")
 
     with display.enabled(progress), display.task(f"phases {group}", total=total, unit="runs") as task:
-        _train_phases(config, store, group, sigma, label, progress, finished)
+        for p1 in config.phase1:
+            name1 = f"{group}-{p1}"
+            cfg1 = config.phase_config(p1, epochs=config.k, seed=base.seed, noise_multiplier=sigma, run=name1)
+            finished(ensure(store, cfg1, {**label, "phase1": p1, "phase2": None, "copy": None}, progress),
+                     f"phase 1 ({p1})")
+            for p2 in config.phase2:
+                for i in range(config.copies):
+                    cfg2 = config.phase_config(
+                        p2, epochs=base.epochs - config.k, seed=base.seed + 1 + i, noise_multiplier=sigma,
+                        from_ref=f"{name1}@last", run=f"{group}-{p1}-{p2}-{i}", phase=2,
+                    )
+                    finished(ensure(store, cfg2, {**label, "phase1": p1, "phase2": p2, "copy": i}, progress),
+                             f"phase 2 ({p1}->{p2}, copy {i})")
     return summaries
-
-
-def _train_phases(config: PhasesConfig, store: Store, group: str, sigma: float | None, label: dict[str, Any],
-                  progress: bool | None, finished: Callable[[Run, str], None]) -> None:
-    base = config.base
-    for p1 in config.phase1:
-        name1 = f"{group}-{p1}"
-        cfg1 = config.phase_config(p1, epochs=config.k, seed=base.seed, noise_multiplier=sigma, run=name1)
-        run1 = ensure(store, cfg1, {**label, "phase1": p1, "phase2": None, "copy": None}, progress)
-        finished(run1, f"phase 1 ({p1})")
-        for p2 in config.phase2:
-            for i in range(config.copies):
-                cfg2 = config.phase_config(
-                    p2, epochs=base.epochs - config.k, seed=base.seed + 1 + i, noise_multiplier=sigma,
-                    from_ref=f"{name1}@last", run=f"{group}-{p1}-{p2}-{i}", phase=2,
-                )
-                run2 = ensure(store, cfg2, {**label, "phase1": p1, "phase2": p2, "copy": i}, progress)
-                finished(run2, f"phase 2 ({p1}->{p2}, copy {i})")
 
 
 def _phases_hash(config: PhasesConfig) -> str:
@@ -180,10 +161,9 @@ def _phases_hash(config: PhasesConfig) -> str:
 
 def ensure(store: Store, config: TrainConfig, phases_label: dict[str, Any] | None = None,
            progress: bool | None = None, *, hint: str = f"; choose another {param('group')}") -> Run:
-    """Train ``config`` (named: ``config.run``) unless a run of that name with the same config hash exists:
-    then resume it, whatever a kill left (recorded checkpoints, a complete file the manifest does not list
-    yet, or none); a finished one returns at once. A run of that name with another configuration is refused
-    (``hint`` added)."""
+    """Train ``config`` unless a run of that name with the same config hash exists, which is resumed (a
+    finished one returns at once); a run of that name with another configuration is refused (``hint``
+    added)."""
     from landscape.train.loop import resolved
 
     if config.run in store.run_names():
@@ -193,8 +173,6 @@ def ensure(store: Store, config: TrainConfig, phases_label: dict[str, Any] | Non
         return train(config, root=store.root, progress=progress)
     return train(config, root=store.root, progress=progress, phases=phases_label)
 
-
-# ------------------------------------------------------------------------------------ job kinds
 
 _NUMBERS = ("step", "epoch", "epsilon", "train_loss", "train_acc", "test_loss", "test_acc")
 
@@ -224,7 +202,8 @@ def _train_given(given: dict[str, str]) -> None:
 
 def _train_command(config: TrainConfig, *, root: Path, progress: bool | None,
                    report: Callable[[str], None] | None) -> Run:
-    """``train``; ``--resume`` of a run that is already complete says so (its table follows, nothing is trained)."""
+    """``train``; ``--resume`` of a run that is already complete says so (its table follows, nothing is
+    trained)."""
     from landscape.store import Store
 
     if config.resume is not None and report is not None and config.resume in Store(root).run_names():

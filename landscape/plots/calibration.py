@@ -1,8 +1,6 @@
-"""Figures of ``landscape calibration`` (Bu et al. 2023 Sec. 5; Guo et al. 2017 Fig. 1): reliability diagrams
-(Bu Figs. 5, 7, 9), confidence histograms (Bu Fig. 2, Guo Fig. 1), the true-class probability (Bu Fig. 11)
-and the metrics against epoch (Bu Fig. 6). :func:`figure` writes all that apply for a
-:class:`~landscape.analyze.calibration.CalibrationResult`. Pure: results in, figures out.
-"""
+"""Figures of ``landscape calibration``: reliability diagrams (Bu et al. 2023 Figs. 5, 7, 9), confidence
+histograms (Bu Fig. 2, Guo et al. 2017 Fig. 1), the true-class probability (Bu Fig. 11), metrics against
+epoch."""
 
 from __future__ import annotations
 
@@ -43,8 +41,7 @@ def plot_reliability(entries: Sequence[tuple], *, split: str = "test", title: st
         ax.text(0.04, 0.96, f"ECE {100 * c.ece:.2f}%\nMCE {100 * c.mce:.2f}%\nacc {100 * c.accuracy:.1f}%",
                 transform=ax.transAxes, va="top", ha="left", fontsize=8,
                 bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "0.8"})
-        ax.set_xlim(0, 1)
-        ax.set_ylim(0, 1)
+        ax.set(xlim=(0, 1), ylim=(0, 1))
         ax.set_aspect("equal")
         ax.grid(False)
         ax.set_title(name)
@@ -60,8 +57,7 @@ def plot_reliability(entries: Sequence[tuple], *, split: str = "test", title: st
 
 @styled
 def plot_confidence_histograms(entries: Sequence[tuple], *, split: str = "test", title: str | None = None):
-    """Share of examples per confidence bin, one panel per ``(label, SplitCalibration)``; accuracy and mean
-    confidence marked."""
+    """Share of examples per confidence bin, one panel per ``(label, SplitCalibration)``."""
     fig, axes = _panels(len(entries), height=2.8)
     for ax, (name, c) in zip(axes, entries, strict=True):
         share = c.bin_count / max(c.examples, 1)
@@ -83,15 +79,13 @@ def plot_confidence_histograms(entries: Sequence[tuple], *, split: str = "test",
 
 @styled
 def plot_true_class_probability(entries: Sequence[tuple], *, split: str = "test", title: str | None = None):
-    """Distribution of ``pi_i[y_i]`` (the probability of the true class), one step line per
-    ``(label, SplitCalibration)``."""
+    """Distribution of ``pi_i[y_i]`` (the probability of the true class), one line per entry."""
     fig, ax = subplots(figsize=(5.0, 3.4))
     for i, (name, c) in enumerate(entries):
         share = c.true_class_count / max(c.examples, 1)
         ax.stairs(share, c.edges, color=PALETTE[i % len(PALETTE)], linewidth=1.6, label=name)
     ax.set_xlim(0, 1)
-    ax.set_xlabel("probability given to the true class")
-    ax.set_ylabel(f"share of {split} examples")
+    ax.set(xlabel="probability given to the true class", ylabel=f"share of {split} examples")
     ax.legend(loc="upper center")
     if title:
         ax.set_title(title)
@@ -101,8 +95,7 @@ def plot_true_class_probability(entries: Sequence[tuple], *, split: str = "test"
 
 @styled
 def plot_calibration_curves(records: Sequence, *, split: str = "test", title: str | None = None):
-    """Accuracy, NLL, Brier, ECE, MCE and adaptive ECE against epoch on ``split``; one line per run
-    (``records``: CalibrationRecord rows)."""
+    """Accuracy, NLL, Brier, ECE, MCE and adaptive ECE of ``records`` against epoch; one line per run."""
     runs: dict[str, list] = {}
     for row in records:
         if row.split == split:
@@ -115,8 +108,7 @@ def plot_calibration_curves(records: Sequence, *, split: str = "test", title: st
             ax.plot(epochs, [getattr(r, key) for r in members], "o-", ms=3,
                     color=PALETTE[i % len(PALETTE)], label=run)
     for ax, (_, label) in zip(axes.flat, CURVES, strict=True):
-        ax.set_xlabel("epoch")
-        ax.set_ylabel(f"{label} ({split})")
+        ax.set(xlabel="epoch", ylabel=f"{label} ({split})")
     axes[0, 0].legend(loc="best")
     if title:
         fig.suptitle(title)
@@ -125,10 +117,8 @@ def plot_calibration_curves(records: Sequence, *, split: str = "test", title: st
 
 
 def panel_rows(records: Sequence, split: str) -> list[int]:
-    """Indices of the rows drawn side by side on ``split``: every checkpoint when there are at most
-    ``MAX_PANELS`` and no run gives more than one; for one run, up to ``RUN_PANELS`` checkpoints evenly spread
-    from the first after initialisation to the last; for several runs, the last checkpoint of each (at most
-    ``MAX_PANELS``)."""
+    """Indices of the rows drawn side by side on ``split``: each run's one checkpoint, up to ``RUN_PANELS`` of
+    one run's spread from the first after initialisation to the last, or the last of each of several runs."""
     runs: dict[str, list[int]] = {}
     for i, row in enumerate(records):
         if row.split == split:

@@ -12,8 +12,7 @@ from landscape.plots.style import PALETTE, save_figure, styled, subplots
 
 @styled
 def plot_clipping(result, stem, title: str = "") -> list[Path]:
-    """One figure: against pruning level (Watson Fig. 11) when the rows are pruning levels, against epoch for
-    several checkpoints, and per layer for a single checkpoint."""
+    """One figure: against pruning level (Watson Fig. 11), against epoch, or per layer."""
     levels = np.array([r.prune_level for r in result.rows])
     if not np.isnan(levels).all():
         return _against(result, levels, "fraction of weights pruned", stem, title="R vs pruning (Watson Fig. 11)")
@@ -57,8 +56,7 @@ def _against(result, x, xlabel: str, stem, *, title: str) -> list[Path]:
         if (col["bound"] < low - 0.05 * c).any():
             ax.text(0.02, 0.02, f"bound below the axis where off-scale (min {np.nanmin(col['bound']):.3g})",
                     transform=ax.transAxes, fontsize=7, color=PALETTE[1])
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("projection of clipped mean")
+    ax.set(xlabel=xlabel, ylabel="projection of clipped mean")
     ax.legend()
     ax = axes[2]
     ax.plot(x, col["fraction_clipped"], "o-", color=PALETTE[2], label="fraction clipped")

@@ -1,9 +1,5 @@
-"""Figure of random-direction profiles against the path toward a second solution (Watson et al. Fig. 4).
-
-The band is the range (min-max, and the 10-90 % quantiles) of the loss along the random directions at
-each distance, with their median; the path toward B is drawn over it. A log loss axis is used when the
-random profiles rise by more than a factor 50 (as they do on a basin floor), so the flat path stays visible.
-"""
+"""Figure of random-direction profiles against the path toward a second solution (Watson et al. Fig. 4); a log
+loss axis when the random profiles rise by more than a factor 50, so the flat path stays visible."""
 
 from __future__ import annotations
 
@@ -14,8 +10,7 @@ from landscape.plots.style import PALETTE, SGD_COLOR, styled, subplots
 
 @styled
 def plot_directions(result, *, title: str | None = None):
-    """A :class:`~landscape.analyze.directions.DirectionsResult` as a figure (returned, not saved): the loss, then
-    one panel per metric column (``--metric``) drawn the same way."""
+    """A :class:`~landscape.analyze.directions.DirectionsResult` as a figure (returned, not saved)."""
     columns = list(getattr(result, "point_metrics", {}))
     fig, axes = subplots(1, 1 + len(columns), figsize=(5.4 + 4.2 * len(columns), 3.6), squeeze=False)
     dist = np.asarray(result.t) * result.distance
@@ -63,7 +58,8 @@ def _profiles(ax, dist: np.ndarray, profiles, toward, *, log_ok: bool) -> None:
 
 
 def directions_figure(result, path, title: str = "", options=None) -> list:
-    """The ``directions`` figure files beside result file ``path`` (title: A, and B with ``options.toward``)."""
+    """The ``directions`` figure files beside result file ``path`` (title: A, and B with
+    ``options.toward``)."""
     from landscape.plots.style import save_figure
 
     toward = getattr(options, "toward", None)

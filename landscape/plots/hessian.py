@@ -30,8 +30,7 @@ def _label(result, name: str, idx: list[int]) -> str:
 
 @styled
 def plot_sharpness(result, stem, title: str = "") -> list[Path]:
-    """Top eigenvalue (left, when computed) and the trace with +-2 standard errors (right, when estimated)
-    against epoch, one line per run."""
+    """Top eigenvalue and trace (+-2 standard errors) against epoch, one line per run."""
     panels = [p for p, on in (("eig", result.config.top_k > 0), ("trace", result.config.trace)) if on]
     fig, axes = subplots(1, len(panels), figsize=(4.8 * len(panels), 3.4), squeeze=False)
     ax_of = dict(zip(panels, axes[0], strict=True))
@@ -59,8 +58,7 @@ def plot_sharpness(result, stem, title: str = "") -> list[Path]:
 
 @styled
 def plot_density(result, stem, title: str = "") -> list[Path]:
-    """Spectral densities (log scale) of each run's last checkpoint, or of up to :data:`MAX_DENSITIES`
-    checkpoints along the run when there is one."""
+    """Spectral densities of each run's last checkpoint, or along the run when there is one."""
     groups = runs(result)
     if len(groups) == 1:
         idx = next(iter(groups.values()))
@@ -78,8 +76,7 @@ def plot_density(result, stem, title: str = "") -> list[Path]:
     for (label, _, color), density in zip(picked, curves, strict=True):
         ax.semilogy(grid, np.maximum(density, top * 1e-12), color=color, label=label)
     ax.set_ylim(top * 1e-7, top * 3)
-    ax.set_xlabel("eigenvalue")
-    ax.set_ylabel(f"density (SLQ, Gaussian width {sigma:.3g})")
+    ax.set(xlabel="eigenvalue", ylabel=f"density (SLQ, Gaussian width {sigma:.3g})")
     ax.set_title(title or "Hessian spectral density")
     ax.legend()
     fig.tight_layout()

@@ -1,8 +1,5 @@
 """Figures for linear interpolation: the loss/accuracy profile (Watson et al. Figs. 3, 6-8) and the
-instability against the Phase-1 length k for SGD and DP-SGD at each epsilon (Watson et al. Fig. 5).
-
-Pure: result objects in, matplotlib figures out (saved with :func:`landscape.plots.style.save_figure`).
-"""
+instability against the Phase-1 length k for SGD and DP-SGD at each epsilon (Watson et al. Fig. 5)."""
 
 from __future__ import annotations
 
@@ -26,10 +23,9 @@ from landscape.plots.style import (
 
 @styled
 def plot_interpolation(result, *, labels: tuple[str, str] = ("A", "B"), title: str | None = None):
-    """Loss and accuracy against alpha, one line per split (``alpha=0`` is A, 1 is B), then one panel per
-    metric column (``--metric``; dotted: after ``--align``). The loss panel draws each split's chord (the straight
-    line between its end losses, dotted) and, where the path rises above it, the barrier above the chord as a bar
-    at its alpha; under the panels, per split: that barrier, the rise above both ends and Def. 2.3 instability."""
+    """Loss and accuracy against alpha per split, then one panel per metric column (dotted: after
+    ``--align``); the loss panel draws each split's chord and the barrier above it, the numbers under the
+    panels."""
     from landscape.analyze.interpolate import chord_barrier, rise_above_ends
 
     columns = list(getattr(result, "point_metrics", {}))
@@ -73,8 +69,7 @@ def plot_interpolation(result, *, labels: tuple[str, str] = ("A", "B"), title: s
                 ax.plot(result.alpha, result.point_metrics_aligned[col][split], ":", color=color,
                         label=f"{split} aligned")
     for ax, ylabel in zip(flat, ["loss (cross-entropy)", "accuracy", *columns], strict=False):
-        ax.set_xlabel(r"$\alpha$  ($(1-\alpha)\,\theta_A + \alpha\,\theta_B$)")
-        ax.set_ylabel(ylabel)
+        ax.set(xlabel=r"$\alpha$  ($(1-\alpha)\,\theta_A + \alpha\,\theta_B$)", ylabel=ylabel)
         ax.set_xlim(0, 1)
         ax.set_xticks([0, 0.25, 0.5, 0.75, 1])
         ax.set_xticklabels([labels[0], "0.25", "0.5", "0.75", labels[1]])
@@ -91,14 +86,8 @@ def plot_interpolation(result, *, labels: tuple[str, str] = ("A", "B"), title: s
 @styled
 def plot_instability(rows: Sequence[dict], *, splits: Sequence[str], title: str | None = None):
     """Instability against k: SGD pairs in one colour, DP-SGD pairs one shade per epsilon (Watson Fig. 5).
-
-    ``rows`` carry ``k``, ``phase2`` (optimizer), ``epsilon``, ``chord_barrier_<split>_loss`` and
-    ``instability_<split>_loss``/``_error``. Top row: the loss barrier above the chord between the end losses (what
-    a basin claim is judged on); middle: Def. 2.3 loss instability beside it (never below half the end-loss gap,
-    so one worse end model alone raises it); bottom: the error barrier. Rows without chord barriers (tables
-    written before they were stored) omit the top row. Pairs with the same (optimizer, epsilon, k) are averaged;
-    the spread is shown as error bars.
-    """
+    Rows: the loss barrier above the chord (what a basin claim is judged on), Def. 2.3 loss instability, the
+    error barrier; pairs with the same (optimizer, epsilon, k) averaged, their spread as error bars."""
     chord = any(f"chord_barrier_{s}_loss" in r for r in rows for s in splits)
     metrics = ((("chord", "loss barrier above chord"),) if chord else ()) + (
         ("loss", "Def. 2.3 loss instability"), ("error", "error barrier"))
@@ -147,5 +136,6 @@ def interpolation_figure(result, stem, title: str = "") -> list:
 
 
 def instability_figure(table, stem, title: str = "", options=None) -> list:
-    """The ``instability`` figure files (PNG + PDF at ``stem``): :func:`plot_instability` of the table's rows."""
+    """The ``instability`` figure files (PNG + PDF at ``stem``): :func:`plot_instability` of the table's
+    rows."""
     return save_figure(plot_instability(table.records(), splits=table.splits, title=title or None), stem)

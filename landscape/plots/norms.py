@@ -23,8 +23,7 @@ def _colors(result) -> list[str]:
 
 
 def _grad_rows(run, epochs: list[float] | None) -> list:
-    """Checkpoints whose gradient-norm histograms are drawn: the asked-for epochs, else the first after
-    initialisation and the last."""
+    """Checkpoints whose gradient-norm histograms are drawn: the asked-for epochs, else the first and last."""
     rows = [r for r in run.rows if r.grad_norms.size]
     if not rows:
         return []
@@ -51,13 +50,10 @@ def plot_norms(result, path, title: str = "") -> list[Path]:
         axes[1].plot(epochs, run.column("dist_origin"), "o-", color=color, ms=3, label=label)
         axes[2].plot(epochs, run.column("dist_init"), "o-", color=color, ms=3, label=label)
     axes[0].set_yscale("log")
-    axes[0].set_xlabel("parameter value")
-    axes[0].set_ylabel("count (final checkpoint)")
+    axes[0].set(xlabel="parameter value", ylabel="count (final checkpoint)")
     axes[0].legend()
-    axes[1].set_xlabel("epoch")
-    axes[1].set_ylabel("||theta|| (distance from origin)")
-    axes[2].set_xlabel("epoch")
-    axes[2].set_ylabel("||theta - theta_0|| (from init)")
+    axes[1].set(xlabel="epoch", ylabel="||theta|| (distance from origin)")
+    axes[2].set(xlabel="epoch", ylabel="||theta - theta_0|| (from init)")
     axes[1].legend()
     fig.tight_layout()
     files = save_figure(fig, stem.with_name(f"{stem.name}-params"))
@@ -73,11 +69,9 @@ def plot_norms(result, path, title: str = "") -> list[Path]:
         for k, row in enumerate(_grad_rows(run, result.config.grad_epochs)):
             axes[1].hist(np.clip(row.grad_norms, 0, bins[-1]), bins=bins, histtype="step", color=color,
                          ls=styles[k % len(styles)], label=f"{run.label}, epoch {row.epoch:g}")
-    axes[0].set_xlabel("epoch")
-    axes[0].set_ylabel("mean per-sample ||g_i||")
+    axes[0].set(xlabel="epoch", ylabel="mean per-sample ||g_i||")
     axes[0].legend()
-    axes[1].set_xlabel("per-sample gradient norm")
-    axes[1].set_ylabel("count")
+    axes[1].set(xlabel="per-sample gradient norm", ylabel="count")
     axes[1].legend()
     fig.tight_layout()
     return files + save_figure(fig, stem.with_name(f"{stem.name}-grads"))

@@ -1,10 +1,5 @@
-"""Figures of the empirical NTK under clipping: spectra, kernel heatmaps, the measured Table 1.
-
-``plot_ntk`` draws, for one :class:`~landscape.analyze.ntk.NTKResult`, the spectra (eigenvalues of the
-symmetric part of K and of A, and the real parts of eig(A), all sorted; |imag| where non-zero) and
-heatmaps of K and of A - A^T (Bu et al. Thm. 1: clipping breaks symmetry). ``plot_ntk_table`` draws the
-numbers behind Table 1 against the clipping norm (one checkpoint) or against epoch (a run).
-"""
+"""Figures of the empirical NTK under clipping: spectra, heatmaps of K and of A - A^T (Bu et al. Thm. 1:
+clipping breaks symmetry), and the numbers behind the measured Table 1."""
 
 from __future__ import annotations
 
@@ -27,16 +22,15 @@ def _heatmap(ax, M: np.ndarray, title: str, *, diverging: bool) -> None:
     else:
         im = ax.imshow(M, cmap="viridis", interpolation="nearest")
     ax.set_title(title)
-    ax.set_xlabel("j")
-    ax.set_ylabel("i")
+    ax.set(xlabel="j", ylabel="i")
     ax.grid(False)
     ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
 
 
 @styled
 def plot_ntk(result: NTKResult, stem: str | os.PathLike, title: str = "") -> list[Path]:
-    """Spectra and heatmaps of one NTK result, written as ``stem.png`` and ``stem.pdf`` (the panels carry their own
-    titles; ``title`` is the runner's and unused)."""
+    """Spectra and heatmaps of one NTK result, written as ``stem.png`` and ``stem.pdf`` (the panels carry
+    their own titles; ``title`` is the runner's and unused)."""
     fig, axes = subplots(1, 3, figsize=(14.0, 3.8))
     ax = axes[0]
     kp, p = result.K_properties, result.properties
@@ -52,8 +46,7 @@ def plot_ntk(result: NTKResult, stem: str | os.PathLike, title: str = "") -> lis
     positive = kp.sym_eigvals[kp.sym_eigvals > 1e-12 * max(kp.norm, 1e-300)]
     linthresh = 0.1 * positive.min() if positive.size else 1e-12
     ax.set_yscale("symlog", linthresh=max(linthresh, 1e-12 * max(kp.norm, p.norm, 1e-300)))
-    ax.set_xlabel("index (sorted)")
-    ax.set_ylabel("eigenvalue")
+    ax.set(xlabel="index (sorted)", ylabel="eigenvalue")
     ax.set_title(f"spectra ({result.config.kernel}, clip {result.config.clip_style})")
     ax.legend()
     _heatmap(axes[1], result.K, "K", diverging=True)
@@ -64,8 +57,7 @@ def plot_ntk(result: NTKResult, stem: str | os.PathLike, title: str = "") -> lis
 
 @styled
 def plot_ntk_table(table: NTKTable, stem: str | os.PathLike, title: str = "") -> list[Path]:
-    """The numbers behind Table 1: against the clipping norm (one step) or against epoch (several); ``title`` as
-    :func:`plot_ntk`."""
+    """The numbers behind Table 1 against the clipping norm (one step) or against epoch (several)."""
     steps = sorted({r.step for r in table.rows})
     along_run = len(steps) > 1
     panels = [("asymmetry", "asymmetry ||A-A^T||/||A||"), ("min_sym_eig", "min eig (A+A^T)/2 / ||A||"),

@@ -1,13 +1,6 @@
-"""Shared publication style for every landscape figure.
-
-:data:`STYLE` holds the rcParams (readable fonts, no top/right spines, a colour-blind-safe palette); functions
-decorated with :func:`styled` draw under them in a ``matplotlib.rc_context`` on ``Figure`` objects from
-:func:`subplots` / :func:`new_figure` (not pyplot), so plotting changes no global state.
-``save_figure(fig, stem)`` writes ``stem.png`` (200 dpi) and ``stem.pdf``. SGD and DP-SGD always get the same
-colours, line styles and markers (:func:`method_color`, :func:`method_style`, :func:`method_marker`), so
-figures read together and in greyscale; :func:`series_styles` styles several series of one kind, and
-:func:`panel_labels` marks panels (a), (b), ...
-"""
+"""Shared publication style for every landscape figure: plot functions draw under :data:`STYLE`
+(:func:`styled`) on ``Figure`` objects pyplot does not know, so plotting changes no global state; SGD and
+DP-SGD always get the same colours, line styles and markers, so figures read together and in greyscale."""
 
 from __future__ import annotations
 
@@ -36,20 +29,11 @@ PALETTE: tuple[str, ...] = (
 )
 SGD_COLOR = PALETTE[0]
 DP_COLOR = PALETTE[1]
-CLIP_ONLY_COLOR = PALETTE[2]
-NOISE_ONLY_COLOR = PALETTE[3]
 SPLIT_COLORS: dict[str, str] = {"train": PALETTE[0], "test": PALETTE[1]}
 SPLIT_STYLES: dict[str, str] = {"train": "-", "test": "--"}
 
-_METHOD_COLORS = {
-    "sgd": SGD_COLOR,
-    "dpsgd": DP_COLOR,
-    "dp-sgd": DP_COLOR,
-    "dp": DP_COLOR,
-    "clip-only": CLIP_ONLY_COLOR,
-    "noise-only": NOISE_ONLY_COLOR,
-}
-
+_METHOD_COLORS = {"sgd": SGD_COLOR, "dpsgd": DP_COLOR, "dp-sgd": DP_COLOR, "dp": DP_COLOR,
+                  "clip-only": PALETTE[2], "noise-only": PALETTE[3]}
 _METHOD_STYLES = {"sgd": "-", "dpsgd": "--", "dp-sgd": "--", "dp": "--", "clip-only": "-.", "noise-only": ":"}
 _METHOD_MARKERS = {"sgd": "o", "dpsgd": "s", "dp-sgd": "s", "dp": "s", "clip-only": "^", "noise-only": "v"}
 LINESTYLES: tuple = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 1)), (0, (8, 2)), (0, (3, 1, 3, 3)))
@@ -73,14 +57,14 @@ def method_marker(optimizer: str) -> str:
 
 
 def series_styles(n: int) -> list[dict]:
-    """``n`` plot keyword sets (``color``, ``ls``, ``marker``) that differ in all three, so series stay apart in
-    greyscale and for colour-blind readers (Okabe-Ito colours; cycles after 8)."""
+    """``n`` plot keyword sets (``color``, ``ls``, ``marker``) that differ in all three (greyscale-safe)."""
     return [{"color": PALETTE[i % len(PALETTE)], "ls": LINESTYLES[i % len(LINESTYLES)],
              "marker": MARKERS[i % len(MARKERS)]} for i in range(n)]
 
 
 def panel_labels(axes) -> None:
-    """Bold (a), (b), ... in front of each panel's title (one title line, so label and title cannot overlap)."""
+    """Bold (a), (b), ... in front of each panel's title (one title line, so label and title cannot
+    overlap)."""
     import numpy as np
 
     for label, ax in zip("abcdefghijklmnopqrstuvwxyz", np.ravel(axes), strict=False):
@@ -92,14 +76,10 @@ def dp_shades(n: int) -> list[str]:
     """``n`` distinguishable shades of the DP colour family (e.g. one per epsilon), light to dark."""
     from matplotlib.colors import to_rgb
 
-    base = to_rgb(DP_COLOR)
     if n <= 1:  # none (a table of SGD pairs only) or one
         return [DP_COLOR] * n
-    out = []
-    for i in range(n):
-        t = 0.35 + 0.65 * i / (n - 1)  # mix with white: light (small eps) -> full colour (large eps)
-        out.append(tuple(1 - t * (1 - c) for c in base))
-    return out
+    # mixed with white: light (small eps) -> full colour (large eps)
+    return [tuple(1 - (0.35 + 0.65 * i / (n - 1)) * (1 - c) for c in to_rgb(DP_COLOR)) for i in range(n)]
 
 
 STYLE: dict[str, Any] = {
@@ -128,7 +108,8 @@ STYLE: dict[str, Any] = {
 
 
 def styled(fn: Callable) -> Callable:
-    """Run a plot function under :data:`STYLE` (a ``matplotlib.rc_context``: the caller's rcParams are restored)."""
+    """Run a plot function under :data:`STYLE` (a ``matplotlib.rc_context``: the caller's rcParams are
+    restored)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         with matplotlib.rc_context(STYLE):
@@ -143,17 +124,14 @@ def new_figure(**kwargs) -> Figure:
 
 
 def subplots(*args, figsize=None, layout=None, **kwargs):
-    """``(fig, axes)`` like ``plt.subplots`` on a :func:`new_figure` (the recipes pass ``layout="constrained"``)."""
+    """``(fig, axes)`` like ``plt.subplots`` on a :func:`new_figure` (the recipes pass
+    ``layout="constrained"``)."""
     fig = new_figure(figsize=figsize, layout=layout)
     return fig, fig.subplots(*args, **kwargs)
 
 
 def save_figure(fig, stem: str | os.PathLike) -> list[Path]:
-    """Write ``stem.png`` (200 dpi) and ``stem.pdf``, each atomically (:func:`landscape.atomic.atomic_write`: a
-    full disk is one :class:`landscape.errors.WriteError` line, no partial image), return both paths.
-
-    ``stem`` may carry a suffix (``out/interp.h5`` -> ``out/interp.png``, ``out/interp.pdf``).
-    """
+    """Write ``stem.png`` (200 dpi) and ``stem.pdf`` atomically (``stem`` may carry a suffix); both paths."""
     stem = Path(stem)
     if stem.suffix.lower() in (".png", ".pdf", ".h5", ".hdf5", ".csv"):
         stem = stem.with_suffix("")

@@ -1,11 +1,5 @@
 """Figures of a 2-D loss surface (Li et al. 2018): contour lines, filled contours and an optional 3-D view.
-
-Arrays are stored ``[x, y]`` (see :mod:`landscape.analyze.surface`); matplotlib wants ``[y, x]``, so they
-are transposed here and only here. Cells not computed (NaN) are left blank. Levels are log-spaced when
-the loss spans more than an order of magnitude. For a PCA plane the projected trajectory is drawn as
-a path (its start marked) and the axes carry the explained-variance ratios; for a plane through
-checkpoints the three points are marked.
-"""
+Arrays are stored ``[x, y]``; matplotlib wants ``[y, x]``, so they are transposed here and only here."""
 
 from __future__ import annotations
 
@@ -52,8 +46,8 @@ def _overlay(ax, result) -> None:
 
 @styled
 def contour_figure(result, *, filled: bool, title: str | None = None):
-    """One panel per split of the loss, and below it one row per metric column (``--metric``): contour lines
-    (``filled=False``) or filled contours with a colour bar."""
+    """One panel per split of the loss, and below it one row per metric column: contour lines or filled
+    ones."""
     from matplotlib.colors import LogNorm
 
     splits = result.splits
@@ -75,8 +69,7 @@ def contour_figure(result, *, filled: bool, title: str | None = None):
                 cs = ax.contour(xg, yg, zm, levels=levels, cmap="viridis", norm=norm, linewidths=0.9)
                 ax.clabel(cs, cs.levels[::4], inline=True, fontsize=6, fmt="%.3g")
             _overlay(ax, result)
-            ax.set_xlabel(result.xlabel)
-            ax.set_ylabel(result.ylabel)
+            ax.set(xlabel=result.xlabel, ylabel=result.ylabel)
             ax.set_title(f"{split} {what}" + (f"\n{title}" if title else ""))
             ax.grid(False)
     return fig

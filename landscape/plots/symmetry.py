@@ -41,8 +41,7 @@ def plot_deviations(result, stem) -> list[Path]:
                    norm=LogNorm())
         ax2.set_title(f"|skew| mean {row.stats.mean_abs_skew:.2f}", fontsize=8)
         for a in (ax, ax2):
-            a.set_xlim(-lim, lim)
-            a.set_ylim(-lim, lim)
+            a.set(xlim=(-lim, lim), ylim=(-lim, lim))
             a.set_aspect("equal")
             a.axhline(0, color="#999999", lw=0.5)
             a.axvline(0, color="#999999", lw=0.5)
@@ -68,8 +67,7 @@ def plot_statistics(result, stem) -> list[Path]:
     fig, axes = subplots(1, 2, figsize=(9, 3.2))
     ax = axes[0]
     ax.plot(epochs, h, "o-", color=PALETTE[0], label="energy coefficient H(xi, -xi)")
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("H (0 = symmetric)")
+    ax.set(xlabel="epoch", ylabel="H (0 = symmetric)")
     ax_p = ax.twinx()
     ax_p.plot(epochs, p, "s--", color=PALETTE[1], ms=3, label="permutation p-value")
     ax_p.set_ylim(0, 1.05)
@@ -84,8 +82,7 @@ def plot_statistics(result, stem) -> list[Path]:
         n = result.rows[0].stats.plane.shape[0]
         ax.axhline(math.sqrt(6 / n), color="#888888", ls=":", lw=0.8, label="sd under symmetry ~ sqrt(6/n)")
         ax.legend()
-    ax.set_xlabel("epoch")
-    ax.set_ylabel(f"skewness along {result.config.projections} random directions")
+    ax.set(xlabel="epoch", ylabel=f"skewness along {result.config.projections} random directions")
     fig.tight_layout()
     return save_figure(fig, stem)
 

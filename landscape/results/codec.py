@@ -1,6 +1,5 @@
-"""The dataclass codec of result files: field metadata (:func:`stored`), :func:`write_dataclass` /
-:func:`read_dataclass`, :class:`StoredResult` (the base of every analysis result), tables of row dataclasses
-and their CSV."""
+"""The dataclass codec of result files: a result dataclass says where each field lives (:func:`stored`, else
+its annotation), and one writer and one reader serve every result class, so no attribute is spelled twice."""
 
 from __future__ import annotations
 
@@ -19,11 +18,6 @@ import numpy as np
 from landscape.hashing import InputRef
 from landscape.results.core import Result, atomic_write, read_result, write_result
 
-#
-# A result dataclass says where each field lives in the file with ``stored(...)`` metadata; one writer and
-# one reader serve every result class, so no attribute is spelled twice. Fields named ``config`` (the
-# params), ``inputs``, ``path`` and ``figures`` are handled by name; a field without metadata is stored by
-# its annotation (see _where), and a class with a field of another type is refused when it is defined.
 _BY_NAME = ("config", "params", "inputs", "path", "figures")
 
 
@@ -31,19 +25,14 @@ def stored(where: str, default: Any = dataclasses.MISSING, *, name: str | None =
            dims: Sequence[str] | None = None, order: str | None = None, count: str | None = None,
            keys: str | None = None, default_factory: Callable | None = None, repr: bool = True,
            compare: bool = True) -> Any:
-    """A result dataclass field stored as ``where``: ``"array"`` (a dataset), ``"attr"`` (a root attr),
-    ``"table"`` (a list of row dataclasses, one dataset per column: bools, int64, float64, text or stacked
-    arrays), ``"nested"`` (a dataclass whose own fields are stored with ``name`` as a prefix: in a row, more
-    columns; at the top, more attrs and datasets), ``"group"`` (in a row: stored per row under ``name`` with
-    ``{}`` the row index, e.g. ``"runs/{}/"``; a list of row dataclasses there is a sub-table) or ``"skip"``.
-    A complex array is stored as ``NAME_real`` and ``NAME_imag``.
+    """A result dataclass field stored as ``where``: ``"array"``, ``"attr"``, ``"table"`` (a list of row
+    dataclasses, one dataset per column), ``"nested"`` (a dataclass whose fields are stored with ``name`` as a
+    prefix), ``"group"`` (in a row: stored per row under ``name``, ``{}`` the row index) or ``"skip"``.
 
-    ``name``: the dataset/attr name (default: the field name); with a ``{}`` in it the field is a dict whose
-    keys fill the braces (``"{}_loss"`` -> ``train_loss``, ``test_loss``). ``order``: the attr that keeps the
-    dict's key order (``"splits"`` -> ``splits = "train,test"``). ``dims``: dimension names of an array (see
-    :func:`write_result`). ``count``: for a table, the attr holding its number of rows. ``keys``: a regular
-    expression the dict keys match (for a bare ``"{}"`` name, so reading picks only those datasets). A dict or
-    list without ``{}`` in its name is one JSON attr.
+    ``name`` (default: the field name) with ``{}`` makes the field a dict whose keys fill the braces
+    (``"{}_loss"`` -> ``train_loss``, ...; ``order``: the attr keeping their order; ``keys``: a regular
+    expression they match). ``dims``: an array's dimension names; ``count``: the attr holding a table's
+    length.
     """
     meta = {"where": where, "name": name, "dims": tuple(dims) if dims else None, "order": order, "count": count,
             "keys": keys}
@@ -66,10 +55,10 @@ def _layout(cls: type) -> list[tuple[dataclasses.Field, dict, Any]]:
 
 
 def _where(cls: type, name: str, hint: Any, meta: dict | None) -> dict | None:
-    """Where field ``name`` of ``cls`` lives: its ``stored(...)`` metadata, else by its annotation (a scalar, or
-    one that may be None, is an attr; an ``np.ndarray`` or a numeric vector ``list[float]`` / ``tuple[int, ...]``
-    an array, in a table a 2-D column); None for the fields handled by name. Another type is refused, and so is
-    a table, nested or group field whose dataclass has such a field."""
+    """Where field ``name`` of ``cls`` lives: its ``stored(...)`` metadata, else by its annotation (a scalar
+    is an attr, an ``np.ndarray`` or ``list[float]`` an array); None for the fields handled by name
+    (``config``, ``inputs``...). Another type is refused, in the class or in its row and nested
+    dataclasses."""
     if meta is None:
         if name in _BY_NAME:
             return None
@@ -129,16 +118,15 @@ def _flatten(obj: Any, layout, out_arrays: dict, out_attrs: dict, dims: dict, or
 
 
 def _real_parts(name: str, value: Any) -> dict[str, Any]:
-    """``{name: value}``, or for a complex array ``{name_real: ..., name_imag: ...}`` (HDF5 has no portable
-    complex type; netCDF readers see two real arrays)."""
+    """``{name: value}``, or ``{name_real: ..., name_imag: ...}`` for a complex array."""
     if isinstance(value, np.ndarray) and np.iscomplexobj(value):
         return {f"{name}_real": value.real, f"{name}_imag": value.imag}
     return {name: value}
 
 
 def table_columns(rows: Sequence[Any], row_cls: type, keys: Sequence[str] = ()) -> dict[str, list]:
-    """Rows of a table (row dataclasses) as named columns, in field order; dict fields expand over ``keys``
-    (the dict's own keys when none are given); a ``stored("nested")`` dataclass field adds its own columns."""
+    """Rows of a table (row dataclasses) as named columns; dict fields expand over ``keys`` (default: their
+    own)."""
     columns: dict[str, list] = {}
     layout = _layout(row_cls)
     for f, meta, hint in layout:
@@ -201,12 +189,8 @@ def _column_array(values: list) -> np.ndarray:
 
 def write_dataclass(obj: Any, path: str | os.PathLike, kind: str, *, inputs: Sequence[InputRef] = (),
                     attrs: Mapping[str, Any] | None = None) -> Path:
-    """Write result dataclass ``obj`` as a ``kind`` result file (see :func:`stored`); ``attrs`` add root attrs.
-
-    A ``"table"`` field becomes one dataset per column (text as bytes, numbers as float64) and the file's
-    ``table`` attr lists them, which is what ``read_result(path).to_frame()`` shows; without a table, the
-    arrays sharing the first array's dimensions form the frame (an interpolation path: alpha, losses...).
-    """
+    """Write result dataclass ``obj`` as a ``kind`` result file; the ``table`` attr names the columns
+    ``to_frame()`` shows (a table's, else the arrays sharing the most common dimension)."""
     layout = _layout(type(obj))
     arrays: dict[str, Any] = {}
     out_attrs: dict[str, Any] = {}
@@ -250,15 +234,13 @@ def write_dataclass(obj: Any, path: str | os.PathLike, kind: str, *, inputs: Seq
     if table and "table" not in out_attrs:  # derived() may name the frame's columns itself
         out_attrs["table"] = json.dumps(table)
     out_attrs.update(attrs or {})
-    params = getattr(obj, "config", None)
-    if params is None:
-        params = getattr(obj, "params", None)
+    params = getattr(obj, "config", None) or getattr(obj, "params", None)
     return write_result(path, kind, arrays=arrays, attrs=out_attrs, params=params, inputs=inputs, dims=dims)
 
 
 def _group_arrays(value: Any, name: str, hint: Any, keys: Sequence[str]) -> dict[str, Any]:
-    """One row's ``"group"`` field: a list of row dataclasses as sub-table columns prefixed ``name``; names
-    (a list of str) as one bytes dataset ``name``; anything else as one dataset."""
+    """One row's ``"group"`` field: a sub-table's columns prefixed ``name``, names as bytes, or one
+    dataset."""
     inner = _list_of(hint)
     if inner is not None:
         return {part: column for col, v in table_columns(value, inner, keys).items()
@@ -270,11 +252,7 @@ def _group_arrays(value: Any, name: str, hint: Any, keys: Sequence[str]) -> dict
 
 @dataclass(kw_only=True)
 class StoredResult:
-    """Base of a result dataclass stored by the codec: ``to_hdf5`` / ``from_hdf5`` from its ``KIND`` (the file's
-    kind) and ``CONFIG`` (the class of its ``config`` field, rebuilt from the stored params), and the fields every
-    result has (keyword-only, so they follow the subclass' own): its ``inputs``, the file it was written to and
-    its figure files. ``derived()`` may add arrays and attrs computed from the fields (written, not read back).
-    """
+    """Base of a result dataclass: ``to_hdf5`` / ``from_hdf5`` by its ``KIND`` and ``CONFIG``."""
 
     KIND = ""
     CONFIG: ClassVar[Any] = None
@@ -312,12 +290,10 @@ class StoredResult:
 
 
 def _row_class(hint: Any) -> type:
-    import typing
-
-    args = typing.get_args(hint)
-    if not args or not dataclasses.is_dataclass(args[0]):
+    row = _list_of(hint)
+    if row is None:
         raise TypeError(f"a table field must be annotated list[RowDataclass], got {hint}")
-    return args[0]
+    return row
 
 
 def _split_order(value: Any) -> list[str]:
@@ -339,16 +315,8 @@ def _decode_value(value: Any, hint: Any) -> Any:
         hint = args[0] if len(args) == 1 else None
     if optional and not isinstance(value, np.ndarray) and (value is None or value in ("", "none")):
         return None
-    if hint is float:
-        return float(value)
-    if hint is int:
-        return int(value)
-    if hint is bool:
-        return bool(value)
-    if hint is str:
-        return str(value)
-    if hint is Path:
-        return Path(value)
+    if hint in (float, int, bool, str, Path):
+        return hint(value)
     if typing.get_origin(hint) is tuple and isinstance(value, str):
         return tuple(_split_order(value))
     if _vector(hint) and isinstance(value, np.ndarray):
@@ -379,9 +347,7 @@ def _dict_field(source: Mapping[str, Any], template: str, order: Sequence[str], 
 
 
 def read_dataclass(cls: type, path: str | os.PathLike, kind: str, *, config: type | None = None) -> Any:
-    """The result dataclass ``cls`` from a file written by :func:`write_dataclass` (``kind`` must match);
-    ``config`` is the class of its ``config`` field (rebuilt from the stored params by
-    :func:`landscape.options.from_params`: renamed options read by their old names, unknown keys dropped)."""
+    """The result dataclass ``cls`` from a ``kind`` file written by :func:`write_dataclass`."""
     r = read_result(path, kind)
     values = _field_values(cls, r)
     names = {f.name for f in dataclasses.fields(cls)}
@@ -405,7 +371,8 @@ def _field_values(cls: type, r: Result, prefix: str = "") -> dict[str, Any]:
         name = prefix + (meta["name"] or f.name)
         order = _split_order(r.attrs.get(meta["order"])) if meta["order"] else []
         if meta["where"] == "table":
-            values[f.name] = _read_table(r, _row_class(hint), order)
+            row_cls = _row_class(hint)
+            values[f.name] = _rows_from(r.arrays, row_cls, _table_length(r.arrays, row_cls), order)
             continue
         if meta["where"] == "nested":
             inner = _plain_class(hint)
@@ -422,10 +389,6 @@ def _field_values(cls: type, r: Result, prefix: str = "") -> dict[str, Any]:
                 value = _decode_value(value, hint)
             values[f.name] = value
     return values
-
-
-def _read_table(r: Result, row_cls: type, order: Sequence[str]) -> list:
-    return _rows_from(r.arrays, row_cls, _table_length(r.arrays, row_cls), order)
 
 
 def _table_length(arrays: Mapping[str, np.ndarray], row_cls: type) -> int:

@@ -1,4 +1,4 @@
-"""The HDF5 result file: :func:`write_result` (root attrs, inputs with their hashes, params, arrays with their dimension scales), :func:`read_result` and :class:`Result` (with ``to_frame()`` / ``to_xarray()``)."""
+"""The HDF5 result file: :func:`write_result`, :func:`read_result` and :class:`Result`."""
 
 from __future__ import annotations
 
@@ -38,11 +38,9 @@ class Result:
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
     def to_frame(self):
-        """The result's table as a pandas DataFrame: the datasets named by the file's ``table`` attr (written
-        by :func:`write_dataclass`: instability pairs, per-checkpoint rows, an interpolation path...); for a
-        gridded result without one (a surface) the long form of its highest-dimensional labelled arrays (one
-        row per grid cell: x, y, train_loss, ...); else every 1-D dataset of the most common length. Byte
-        strings become str; a vector column ``v`` (rows x k) becomes ``v[0]`` ... ``v[k-1]``."""
+        """The result's table as a pandas DataFrame: the datasets the file's ``table`` attr names; for a grid
+        (a surface) one row per cell (x, y, train_loss, ...); else every 1-D dataset of the most common
+        length. A vector column ``v`` (rows x k) becomes ``v[0]`` ... ``v[k-1]``."""
         import pandas as pd
 
         if "table" not in self.attrs and any(a.ndim >= 2 for a in self.arrays.values()):
@@ -86,9 +84,7 @@ def _attr_value(value: Any) -> Any:
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], Any]) -> Path:
-    """:func:`landscape.atomic.atomic_write` for result files: the directory is created, and a file system
-    error other than a refused write (:class:`~landscape.errors.WriteError`) is one :class:`ResultError` line.
-    """
+    """:func:`landscape.atomic.atomic_write` for result files (see :func:`_writing`)."""
     with _writing(path):
         return atomic.atomic_write(path, write)
 
@@ -108,14 +104,9 @@ def _writing(path: str | os.PathLike):
 def write_result(path: str | os.PathLike, kind: str, *, arrays: Mapping[str, Any],
                  attrs: Mapping[str, Any] | None = None, params: Mapping[str, Any] | Any | None = None,
                  inputs: Sequence[InputRef] = (), dims: Mapping[str, Sequence[str]] | None = None) -> Path:
-    """Write a result file atomically and return its path.
-
-    ``arrays`` values may be numpy arrays, tensors or lists; ``attrs`` hold scalars (others are stored
-    as JSON strings); ``params`` is the analysis configuration (a dataclass or mapping), stored as JSON.
-    ``dims`` (array name -> dimension names) attaches HDF5 dimension scales, so netCDF readers
-    (``xarray.open_dataset(path, engine="h5netcdf")``) see labelled dimensions: a dimension named like an
-    array is that array (a coordinate); any other gets an index array of its own name.
-    """
+    """Write a result file atomically and return its path: ``attrs`` hold scalars (others as JSON), ``params``
+    the configuration (as JSON); ``dims`` (array name -> dimension names) attaches dimension scales, so netCDF
+    readers see labelled dimensions (a dimension named like an array is that array)."""
     path = Path(path)
     clash = set(attrs or {}) & set(_RESERVED)
     if clash:

@@ -1,7 +1,5 @@
-"""Output paths of results: the default names built from every reference and every option that changes the
-numbers (:func:`output_stem`, :func:`changed_options`), the refusal to replace a result under a default name
-(:func:`check_default_output`), the length limits checked before any work (:func:`check_output_path`) and the
-companion files beside a result (CSV, figures; :func:`companions`, :func:`check_companions`)."""
+"""Output paths of results: default names, and the checks before any work that a result never replaces
+another one by accident, nor anything that is not a result, nor passes the file system's limits."""
 
 from __future__ import annotations
 
@@ -29,9 +27,8 @@ OPTIONS_IN_NAME = 40
 
 
 def changed_options(*options: Any, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The fields of the option dataclasses ``options`` (configs, run options; None skipped) whose values differ
-    from their class's defaults, in field order, without :data:`NOT_IN_NAME`; then ``extra`` (runner options
-    that change the numbers, given only when not at their defaults)."""
+    """The fields of the option dataclasses ``options`` (None skipped) that differ from their defaults,
+    without :data:`NOT_IN_NAME`; then ``extra``."""
     out: dict[str, Any] = {}
     for obj in options:
         if obj is None:
@@ -71,10 +68,7 @@ def _shown_value(name: str, value: Any) -> str:
 
 
 def output_stem(base: str, changed: Mapping[str, Any]) -> str:
-    """A default output name: ``base`` (the analysis and every reference) and the options that changed, written
-    out (``hessian-sgd_last-top_k=3-trace``) while that part stays within :data:`OPTIONS_IN_NAME` characters,
-    else as the first 8 hex digits of their JSON's sha256 (``hessian-sgd_last-0f3a91c2``). Deterministic: the
-    same references and options give the same name; other options another."""
+    """``base`` and the changed options, written out (``-top_k=3-trace``) when short, else hashed."""
     if not changed:
         return base
     shown = "-".join(slug(_shown_value(k, v)) for k, v in changed.items())
@@ -85,8 +79,8 @@ def output_stem(base: str, changed: Mapping[str, Any]) -> str:
 
 
 def check_default_output(path: str | os.PathLike, *, overwrite: bool = False) -> None:
-    """Refuse, in one line, to replace a result under a default name (made of the same analysis, references and
-    options: the same result, or one differing only in options that do not change it) unless ``overwrite``."""
+    """Refuse to replace a result under a default name (the same analysis, references and options) unless
+    ``overwrite``."""
     path = Path(path)
     if path.is_file() and is_result_file(path) and not overwrite:  # anything else: check_output_path's refusal
         raise OutputPathError(f"refusing to replace {_shown(path)}: a result of the same analysis, references and "
@@ -115,10 +109,7 @@ DERIVED_BYTES = 40  # what a result's companions add to its stem: "-train-reliab
 
 
 def check_output_path(path: str | os.PathLike) -> None:
-    """Refuse an output path that would replace anything but a result file, or that lies below a file.
-
-    Results are often written next to checkpoints; a mistyped ``-o`` must never destroy a checkpoint.
-    """
+    """Refuse an output path that would replace anything but a result, lies below a file or is too long."""
     path = Path(path)
     too_long = [part for part in path.parts if len(os.fsencode(part)) > NAME_MAX]
     if too_long:
@@ -150,9 +141,8 @@ FIGURE_SUFFIXES = (".png", ".pdf")  # what landscape.plots.style.save_figure wri
 
 def companions(path: str | os.PathLike, *, csv: bool = True, figures: bool = True,
                pairs: bool = True) -> list[Path]:
-    """The existing files a command writing result ``X.h5`` may replace beside it: ``X.csv``; the figures
-    ``X.png``/``X.pdf`` and ``X-<part>.png``/``.pdf`` for a one-word part (surface contours, norms panels); the
-    per-pair results ``X-pairs/*.h5`` of an instability table."""
+    """The existing files a command writing result ``X.h5`` may replace beside it: ``X.csv``, the figures
+    ``X.png`` and ``X-<part>.png`` (and ``.pdf``), the per-pair results ``X-pairs/*.h5``."""
     path = Path(path)
     stem, parent = path.with_suffix("").name, path.parent
     found: list[Path] = []
@@ -172,9 +162,8 @@ def companions(path: str | os.PathLike, *, csv: bool = True, figures: bool = Tru
 
 def check_companions(path: str | os.PathLike, *, csv: bool = True, figures: bool = True,
                      pairs: bool = True) -> None:
-    """Refuse to write result ``path`` when a file it would write beside it (:func:`companions`) is not ours:
-    a CSV or figure while ``path`` itself is not an existing result file, or anything in the pair directory
-    that is not a result file (a directory entry, a user's file). Checked before computing."""
+    """Refuse to write result ``path`` when a file it would write beside it (:func:`companions`) is not
+    ours."""
     path = Path(path)
     mine = is_result_file(path)
     pair_dir = path.parent / f"{path.with_suffix('').name}-pairs"
