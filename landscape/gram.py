@@ -1,21 +1,8 @@
-"""Per-layer Gram blocks of per-sample gradients: the empirical NTK, layer by layer.
-
-``gram_blocks(model, x, y)`` returns, for every trainable parameter tensor r (its ``named_parameters`` name),
-
-- ``kind="loss-grad"``: K_r[i, j] = <grad_r l_i, grad_r l_j>, n x n, with l_i = cross_entropy(f(x_i), y_i);
-  sum_r K_r = G G^T (Bu et al. 2023, eq. 3.1 with the loss folded in; H_r of eq. 4.4).
-- ``kind="output"``: the output NTK block J_r J_r^T, (n M) x (n M) for M logits, sample-major
-  (row ``i * M + m`` is d f_m(x_i) / d w_r).
-- ``kind="output-trace"``: its trace over logits, n x n.
-
-Per-sample work goes through :mod:`landscape.persample`. Strategies (all exact): ``"hooks"`` (``"auto"``)
-chooses per weight layer between materialised per-sample gradients (cost ~ n T p d + n^2 p d) and the ghost
-cross-sample formula K_r[i, j] = sum_{g,t,s} (A_i^T A_j)_{g,ts} (B_i^T B_j)_{g,ts} (cost ~ n^2 T^2 (p + d)),
-whichever needs fewer flops; ``"materialize"`` / ``"ghost"`` force one; ``"functorch"`` is the reference.
-Memory is bounded by ``max_memory`` (blocks formed inside the backward, or between sample chunks).
-Blocks are returned in ``dtype``; ``precision="auto"`` forms small tensors' products in float64, large ones in
-the model's dtype (a float32 model's own backward limits accuracy: run it in float64 for exact tiny blocks).
-The model runs in eval mode; a BatchNorm without running statistics is refused.
+"""Per-layer Gram blocks of per-sample gradients, the empirical NTK layer by layer (docs/ntk.md): ``loss-grad``
+K_r = G_r G_r^T (Bu et al. 2023 eq. 4.4), ``output`` J_r J_r^T (sample-major rows ``i * M + m``), ``output-trace``
+its trace over logits. ``strategy="auto"`` gives each weight layer materialised per-sample gradients or the
+ghost cross-sample formula, whichever costs fewer flops (``materialize`` / ``ghost`` force one, ``functorch`` is
+the reference); ``precision="auto"`` forms small tensors' products in float64; memory stays under ``max_memory``.
 """
 
 from __future__ import annotations
@@ -121,11 +108,10 @@ def gram_blocks(
     layers: Sequence[str] | None = None,
     precision: str = "auto",
 ) -> dict[str, torch.Tensor]:
-    """Per-layer Gram blocks of per-sample gradients (see the module docstring); ordered like ``named_parameters``.
+    """Per-layer Gram blocks ``{parameter name: block}`` in ``named_parameters`` order (the module docstring).
 
-    ``y`` (class indices) is needed for ``kind="loss-grad"``. ``layers`` are glob patterns over parameter
-    names (default: all trainable). The model is put in eval mode for the computation and restored;
-    its parameters and their ``.grad`` are not touched.
+    ``y`` is needed for ``kind="loss-grad"``; ``layers`` are glob patterns over parameter names. The model runs
+    in eval mode (restored after); its parameters and ``.grad`` are not touched.
     """
     engine = _checked_engine(model, x, y, kind, strategy, dtype, max_memory, layers, precision)
     names, n = engine.names, engine.n
@@ -177,13 +163,9 @@ def gram_tiles(
     layers: Sequence[str] | None = None,
     precision: str = "auto",
 ) -> Iterator[tuple[slice, slice, str, torch.Tensor]]:
-    """The Gram blocks of :func:`gram_blocks` tile by tile, for kernels too large to hold: yields ``(rows,
-    cols, name, tile)`` with ``K_name[rows, cols] = tile`` for every pair of sample chunks (at most ``chunk``
-    samples each, fewer when the memory budget asks) with ``rows.start <= cols.start``; the tile at
-    ``[cols, rows]`` is ``tile.T`` and diagonal tiles are symmetric. Rows are samples (``loss-grad``,
-    ``output-trace``) or sample-major (sample, logit) pairs (``output``). Same numbers as ``gram_blocks``
-    (the same block code); only ``chunk`` samples' factors (two chunks' for off-diagonal tiles) and one tile
-    are held at a time. The model is in eval mode while the generator runs."""
+    """The blocks of :func:`gram_blocks` tile by tile, for kernels too large to hold: ``(rows, cols, name, tile)``
+    with ``K_name[rows, cols] = tile`` for each pair of sample chunks (at most ``chunk`` samples) with
+    ``rows.start <= cols.start`` (the mirror tile is ``tile.T``). Same numbers as ``gram_blocks``."""
     if int(chunk) != chunk or chunk < 1:
         raise UsageError(f"chunk must be a positive integer, got {chunk}")
     engine = _checked_engine(model, x, y, kind, strategy, dtype, max_memory, layers, precision)
@@ -204,9 +186,8 @@ def gram_tiles(
 
 
 class _Engine:
-    """Gram blocks from the per-sample engine's capture and handlers: what is Gram-specific lives here (the
-    per-logit passes, the chunk pairs and sub-blocks of the memory bound, the per-layer ghost/materialise
-    choice, the cross-sample ghost formula and the dtypes of the products)."""
+    """The Gram-specific part over the per-sample engine: per-logit passes, chunk pairs under the memory bound,
+    the per-layer ghost/materialise choice and the dtypes of the products."""
 
     def __init__(self, model, x, y, kind, names, strategy, dtype, budget, precision):
         self.model, self.x, self.y, self.kind, self.names = model, x, y, kind, names
@@ -225,13 +206,11 @@ class _Engine:
 
     # -- dtype of a parameter's contractions
     @property
-    def contract_dtype(self) -> torch.dtype:
-        """dtype of per-sample gradient / ghost contractions of weight layers."""
+    def contract_dtype(self) -> torch.dtype:  # of weight layers' per-sample / ghost contractions
         return torch.float64 if self.precision == "float64" else self.model_dtype
 
     @property
-    def reduce_dtype(self) -> torch.dtype:
-        """dtype in which bias / norm per-sample gradients are summed over positions."""
+    def reduce_dtype(self) -> torch.dtype:  # bias / norm per-sample gradients are summed over positions in it
         return self.model_dtype if self.precision == "float32" else torch.float64
 
     def cdtype(self, name: str) -> torch.dtype:
@@ -266,8 +245,7 @@ class _Engine:
         return self.chunk
 
     def tiles(self):
-        """``(rows of chunk a, rows of chunk b, name, block)`` for every pair of sample chunks a <= b and every
-        parameter, one block at a time (on the CPU, in ``dtype``); the block of b with a is its transpose."""
+        """``(rows of chunk a, rows of chunk b, name, block)`` for chunk pairs a <= b, one block at a time."""
         c = self.chunk
         starts = list(range(0, self.n, c))
         for ai, a0 in enumerate(starts):
@@ -283,8 +261,7 @@ class _Engine:
                 del cap_b
 
     def _bytes(self, probe: _Chunk) -> int:
-        """Bytes one sample keeps: the inputs and output gradients of weight layers, the per-sample gradients
-        of the other parameters (bias, normalisation, torch.func) in the dtype they are summed in."""
+        """Bytes one sample keeps: weight layers' inputs and output gradients, the other parameters' gradients."""
         item = torch.finfo(self.reduce_dtype).bits // 8
         total = sum(g.numel() * g.element_size() for g in probe.func.values())
         for h in self.handlers:
@@ -301,11 +278,9 @@ class _Engine:
 
     # -- capture one chunk of samples
     def capture(self, idx: slice, eager: bool = False) -> _Chunk:
-        """Forward + backward pass(es) on samples ``idx`` (one per logit for output kinds); ``eager``: the
-        blocks of this chunk with itself are formed inside the backward pass as soon as a layer's output
-        gradients are all in, and its factors dropped (so they never all coexist). When the hooks cannot
-        capture the model (a handled module that does not keep the batch apart, say), the first capture under
-        ``strategy="auto"`` says so and hands every parameter to ``torch.func``."""
+        """Forward + backward pass(es) on samples ``idx`` (one per logit for output kinds); ``eager`` forms the
+        chunk's blocks with itself inside the backward and drops the factors. Where the hooks cannot capture the
+        model, the first capture under ``strategy="auto"`` warns and hands every parameter to ``torch.func``."""
         try:
             return self._capture(idx, eager)
         except HooksFailed as e:
@@ -404,13 +379,9 @@ class _Engine:
         return [[(cast(a[idx]), cast(b[idx])) for a, b in chunk.cap.calls(h, chunk.n, p)] for p in range(passes)]
 
     def _rows(self, h: Handler, role: str, chunk: _Chunk, idx: slice, dt: torch.dtype) -> torch.Tensor:
-        """Per-sample (per-logit, sample-major) gradient rows ``(c * Mb, numel)`` of one parameter.
-
-        Weight layers: B_im A_i^T contracted over positions from the handler's ghost factors (A once per
-        sample, whatever the number of logits; the contraction order of the Gram blocks before the engines
-        were shared, so blocks stay bit-identical), except convolutions with many output positions, whose
-        handler forms them with one grouped weight-gradient kernel (no unfolded input). Other parameters, and
-        modules called several times: the handler's per-sample gradients (inputs repeated once per logit)."""
+        """Per-sample (per-logit, sample-major) gradient rows ``(c * Mb, numel)`` of one parameter: weight layers
+        from the ghost factors (convolutions with many positions: the handler's grouped kernel), the others
+        from the handler's per-sample gradients."""
         if role == "weight" and h in self.dims:
             G, D, P, T = self.dims[h]
             if not (isinstance(h.module, nn.modules.conv._ConvNd) and T >= handlers.GROUPED_MIN_POSITIONS):
