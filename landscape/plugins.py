@@ -1,7 +1,7 @@
 """Code the user names (``package.module:attr``, ``path/to/file.py:attr``, an installed entry point): the one
 place landscape imports code that is not its own. Only named code runs (nothing read from a store is handed to
 ``load`` by itself); ``describe`` records the sha256 of the source and of the local modules it imported, so a
-later change is seen; failures are one :class:`PluginError` line (docs/own-code.md).
+later change is seen; failures are one ``PluginError`` line (docs/own-code.md).
 """
 
 from __future__ import annotations
@@ -305,7 +305,7 @@ def _with(state: TrustState, refs: Any, accept_changed: bool) -> TrustState:
 
 @contextlib.contextmanager
 def trusting(refs: Any = (), *, accept_changed: bool = False):
-    """:func:`trust` for the block; a ``TrustState`` (from a parent process) is installed as it is."""
+    """``trust`` for the block; a ``TrustState`` (from a parent process) is installed as it is."""
     if isinstance(refs, TrustState):
         token = _TRUST.set(_with(_NOTHING_TRUSTED, refs.refs, refs.accept_changed))
     else:
