@@ -1,8 +1,5 @@
-"""The stated limits of the numbers a user gives, in one place (command line, Python api and batch specs
-alike): seeds in ``[0, SEED_MAX]`` (numpy refuses negative seeds, torch takes 64 bits), counts up to
-``COUNT_MAX`` and tighter for sizes allocated up front, subsets as a count or a fraction
-(:func:`subset_value`), the scheduler wait. Imports nothing heavy: the command line reads it before torch is
-loaded.
+"""The stated limits of the numbers a user gives, in one place for the command line, the api and batch specs
+(seeds in ``[0, SEED_MAX]``: numpy refuses negative seeds, torch takes 64 bits). Imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -30,12 +27,8 @@ def is_seed(name: str) -> bool:
 
 
 def subset_value(value: Any, name: str = "subset") -> int | float | None:
-    """A subset as a count (an integer ``>= 1``) or a fraction (a float in ``(0, 1]``); None stays None.
-
-    Integers, integer-valued strings (``"300"``) are counts; floats and other numeric strings (``"0.3"``) are
-    fractions. One rule for the command line (``cli.options.SubsetType``), the api and batch specs; the error
-    names parameter ``name`` (:func:`landscape.errors.param`).
-    """
+    """A subset as a count (an integer ``>= 1``, ``"300"``) or a fraction (a float in ``(0, 1]``, ``"0.3"``);
+    None stays None. The one rule of every command, the api and batch specs."""
     if value is None:
         return None
     if isinstance(value, bool):

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from landscape import plugins
-from landscape.errors import ModelError, param
+from landscape.errors import ModelError
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "relu": nn.ReLU,
@@ -271,15 +271,7 @@ def _stored_source(spec: dict) -> ModelSource:
         ref, current = plugins.checked_code(spec["code"], what)
         return ModelSource(plugins.canonical(ref), plugins.load(ref), "code", {"code": current})
     if "entry_point" in spec:
-        recorded = spec["entry_point"] or {}
-        factory, info = plugins.load_entry_point(ENTRY_POINT_GROUP, name)
-        then, now = recorded.get("version"), info.get("version")
-        if (recorded.get("package"), then) != (info.get("package"), now):
-            if not plugins.trust_state().accept_changed:
-                raise plugins.CodeChangedError(
-                    f"{what}: entry point from {recorded.get('package')} {then} when recorded, {info.get('package')} "
-                    f"{now} now; pass {param('accept_changed_code', True)} to use it")
-            info = {**info, "accepted_change_from": then}
+        factory, info = plugins.checked_entry_point(ENTRY_POINT_GROUP, name, spec["entry_point"], what)
         return ModelSource(name, factory, "entry_point", {"entry_point": info})
     if name in MODELS:
         return ModelSource(name, MODELS[name], "builtin", {})

@@ -110,13 +110,6 @@ class ParamSpace:
     def __repr__(self) -> str:
         return f"ParamSpace({len(self.entries)} tensors, dim={self.dim})"
 
-    def slice(self, name: str) -> slice:
-        """Where tensor ``name`` sits in the flat vector."""
-        for i, e in enumerate(self.entries):
-            if e.name == name:
-                return slice(self.offsets[i] - e.numel, self.offsets[i])
-        raise KeyError(name)
-
     # conversion -----------------------------------------------------------------------------------------
     def flatten(self, state: StateLike, *, dtype: torch.dtype | None = None) -> torch.Tensor:
         """One flat vector (on the tensors' device) from a model or a state dict holding every entry."""

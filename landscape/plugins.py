@@ -252,6 +252,20 @@ def load_entry_point(group: str, name: str) -> tuple[Any, dict[str, Any]]:
         raise PluginError(f"entry point {name!r} ({ep.value}) of {group} failed to load: {one_line(exc)}") from None
 
 
+def checked_entry_point(group: str, name: str, recorded: dict[str, Any] | None, what: str) -> tuple[Any, dict]:
+    """``load_entry_point`` for a stored spec: another package or version than ``recorded`` is a
+    ``CodeChangedError`` unless changed code is accepted (then recorded as ``accepted_change_from``)."""
+    factory, info = load_entry_point(group, name)
+    then, now = (recorded or {}).get("version"), info.get("version")
+    if recorded and (recorded.get("package"), then) != (info.get("package"), now):
+        if not _TRUST.get().accept_changed:
+            raise CodeChangedError(f"{what}: entry point from {recorded.get('package')} {then} when recorded, "
+                                   f"{info.get('package')} {now} now; pass {param('accept_changed_code', True)} "
+                                   "to use it")
+        info = {**info, "accepted_change_from": then}
+    return factory, info
+
+
 def _identifier(stem: str) -> str:
     out = "".join(c if c.isalnum() or c == "_" else "_" for c in stem)
     return out if out and not out[0].isdigit() else f"m_{out}"
