@@ -17,8 +17,6 @@ from typing import Any
 
 from landscape.errors import WriteError
 
-__all__ = ["WRITE_ERRNOS", "atomic_write", "atomic_write_hdf5", "fsync_dir", "stale_temp_files"]
-
 #: The errors of a write the system refused for want of room or of a working device (a :class:`WriteError`).
 WRITE_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG, errno.EIO})
 

@@ -55,6 +55,3 @@ def clip_factors(norms: torch.Tensor, max_norm: float | torch.Tensor, fn: str = 
 def layer_threshold(max_grad_norm: float, n_layers: int) -> float:
     """The default per-layer threshold of layerwise clipping: the squares sum to ``C^2``."""
     return max_grad_norm / math.sqrt(n_layers)
-
-
-__all__ = ["CLIP_FUNCTIONS", "CLIP_STYLES", "clip_factors", "layer_threshold"]

@@ -35,18 +35,6 @@ DEFAULT_MAX_MEMORY = 4 * 1024**3
 # parameter tensors with at most this many elements get float64 contractions under precision="auto"
 SMALL_PARAM = 16384
 
-__all__ = [
-    "DEFAULT_MAX_MEMORY",
-    "KERNELS",
-    "GRAM_STRATEGIES",
-    "gram_blocks",
-    "gram_tiles",
-    "layer_names",
-    "parse_memory",
-    "ghost_cost",
-    "materialize_cost",
-]
-
 
 def parse_memory(value: str | int | float | None) -> int | None:
     """``"4GB"``, ``"512MiB"``, ``"1e9"``, ``1_000_000`` -> bytes; None/"none" -> None."""

@@ -20,8 +20,6 @@ from landscape.runtime import code_version
 
 DEFAULT_CHUNK = 512  # samples per chunk: a 512 x 512 float64 tile is 2 MB
 
-__all__ = ["DEFAULT_CHUNK", "KernelFileOperator", "gram_blocks_to_hdf5"]
-
 
 def gram_blocks_to_hdf5(
     model: nn.Module,

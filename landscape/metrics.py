@@ -321,8 +321,3 @@ def check_workers(items: Sequence[str], workers: int) -> None:
     if objects and workers > 1:
         raise UsageError(f"metric {objects[0]} is a Python object and cannot be sent to {workers} worker processes; "
                          "name its class as a reference (module:Class or file.py:Class) or use one worker")
-
-
-__all__ = ["BUILTIN", "Bound", "MetricError", "MetricObject", "columns_of", "describe_object", "is_metric", "load",
-           "normalize", "parse", "point_values", "sources", "check_workers", "columns_attr", "same_code",
-           "stored_columns"]
