@@ -26,10 +26,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "batch": ("cli.batch:batch", "Run a YAML sweep of train/phases/prune/analysis jobs, in-process or on Dask."),
 }
 
-def _load(where: str) -> click.Command:
-    module, attr = where.split(":")
-    return getattr(importlib.import_module(module), attr)
-
 
 class LazyGroup(click.Group):
     """The commands of ``COMMANDS`` plus one per job kind (:mod:`landscape.kinds`), generated from its spec, each
@@ -42,7 +38,8 @@ class LazyGroup(click.Group):
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name in COMMANDS:
-            return _load(COMMANDS[name][0])
+            module, attr = COMMANDS[name][0].split(":")
+            return getattr(importlib.import_module(module), attr)
         from landscape import kinds
 
         if name not in kinds.names():

@@ -26,6 +26,14 @@ def is_seed(name: str) -> bool:
     return name == "seed" or name.endswith("_seed")
 
 
+def int_or_float(text: str) -> int | float:
+    """``"300"`` as an int, ``"0.3"`` or ``"1e3"`` as a float; ValueError for anything else."""
+    try:
+        return int(text.strip())
+    except ValueError:
+        return float(text.strip())
+
+
 def subset_value(value: Any, name: str = "subset") -> int | float | None:
     """A subset as a count (an integer ``>= 1``, ``"300"``) or a fraction (a float in ``(0, 1]``, ``"0.3"``);
     None stays None. The one rule of every command, the api and batch specs."""
@@ -33,17 +41,10 @@ def subset_value(value: Any, name: str = "subset") -> int | float | None:
         return None
     if isinstance(value, bool):
         raise OptionError(name, f"must be a count or a fraction, got {value!r}")
-    if isinstance(value, (int, float)):
-        number = value
-    else:
-        text = str(value).strip()
-        try:
-            number = int(text)
-        except ValueError:
-            try:
-                number = float(text)
-            except ValueError:
-                raise OptionError(name, f"must be a count or a fraction, got {value!r}") from None
+    try:
+        number = value if isinstance(value, (int, float)) else int_or_float(str(value))
+    except ValueError:
+        raise OptionError(name, f"must be a count or a fraction, got {value!r}") from None
     if isinstance(number, int):
         if not 1 <= number <= COUNT_MAX:
             raise OptionError(name, f"must be a count in [1, {COUNT_MAX}], got {number}")

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from landscape.bounds import COUNT_MAX, SEED_MAX, is_seed, subset_value
+from landscape.bounds import COUNT_MAX, SEED_MAX, int_or_float, is_seed, subset_value
 from landscape.errors import OptionError, UsageError, param
 
 FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max: models and evaluations run in float32
@@ -149,14 +149,10 @@ def _number(value: Any, integer: bool, name: str) -> int | float:
         raise OptionError(name, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
     number: Any = value
     if isinstance(value, str):
-        text = value.strip()
         try:
-            number = int(text) if integer else float(text)
+            number = int_or_float(value)
         except ValueError:
-            try:
-                number = float(text)
-            except ValueError:
-                raise OptionError(name, f"must be {'an integer' if integer else 'a number'}, got {value!r}") from None
+            raise OptionError(name, f"must be {'an integer' if integer else 'a number'}, got {value!r}") from None
     elif not isinstance(value, (int, float)):
         try:
             number = value.item() if hasattr(value, "item") else value  # numpy scalars
