@@ -35,15 +35,11 @@ class DeclaredPrivacy:
     delta: float
 
     def __post_init__(self) -> None:
-        check_declared(self.epsilon, self.delta)
-
-
-def check_declared(epsilon: Any, delta: Any) -> None:
-    """One-line UsageError unless ``epsilon`` is a finite number >= 0 and ``delta`` a number in [0, 1)."""
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not (0 <= epsilon < math.inf):
-        raise UsageError(f"declared epsilon must be a finite number >= 0, got {epsilon}")
-    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not (0 <= delta < 1):
-        raise UsageError(f"declared delta must be a number in [0, 1), got {delta}")
+        epsilon, delta = self.epsilon, self.delta
+        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not (0 <= epsilon < math.inf):
+            raise UsageError(f"declared epsilon must be a finite number >= 0, got {epsilon}")
+        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not (0 <= delta < 1):
+            raise UsageError(f"declared delta must be a number in [0, 1), got {delta}")
 
 
 @dataclass
@@ -112,10 +108,6 @@ class PrivacyHistory:
         """The delta a run's epsilon holds at: its own plus the declared ones (basic composition)."""
         return float(delta + sum(d.delta for d in self.declared))
 
-    def note(self) -> str | None:
-        """The one-line caveat every report of such a run's epsilon carries, or None."""
-        return UNKNOWN_ANCESTRY if self.unknown else None
-
 
 def continuing_accountant(parent: str | None) -> str:
     """The accountant a child run continues with: its parent's if ours, ``pld`` for another, ``rdp`` for none."""
@@ -133,6 +125,6 @@ def ancestry_note(manifest: Mapping[str, Any] | None) -> str | None:
         return UNKNOWN_ANCESTRY if imported else None
     history = PrivacyHistory.from_manifest(privacy)
     if history.unknown or not history.declared:
-        return history.note()
+        return UNKNOWN_ANCESTRY if history.unknown else None
     delta = privacy.get("total_delta", history.total_delta(0.0))
     return f"epsilon includes the declared epsilon of imported ancestors and holds at delta {delta:.3g}"
