@@ -285,11 +285,8 @@ def model_options(name: str) -> dict[str, Any]:
 
 
 def _options_of(source: ModelSource) -> dict[str, Any]:
-    params = _parameters(source)
-    if source.kind == "builtin":
-        return {p.name: _json_form(p.default) for p in params.values() if p.kind is p.KEYWORD_ONLY}
     out = {}
-    for p in params.values():
+    for p in _parameters(source).values():
         if p.name in _SHAPE_ARGS or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL, p.POSITIONAL_ONLY) \
                 or p.default is p.empty:
             continue
@@ -342,13 +339,11 @@ def build_model(
     defaults = _options_of(source)
     params = _parameters(source)
     open_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    input_shape = input_shape if input_shape is not None else kwargs.pop("input_shape", None)
-    num_classes = num_classes if num_classes is not None else kwargs.pop("num_classes", None)
-    kwargs.pop("input_shape", None)
-    kwargs.pop("num_classes", None)
-    accepted = set(defaults) if source.kind == "builtin" else (
-        {n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)} - set(_SHAPE_ARGS))
-    unknown = [] if open_kwargs and source.kind != "builtin" else sorted(set(kwargs) - accepted)
+    spec_shape, spec_classes = kwargs.pop("input_shape", None), kwargs.pop("num_classes", None)
+    input_shape = spec_shape if input_shape is None else input_shape
+    num_classes = spec_classes if num_classes is None else num_classes
+    accepted = {n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)} - set(_SHAPE_ARGS)
+    unknown = [] if open_kwargs else sorted(set(kwargs) - accepted)
     if unknown:
         raise ModelError(
             f"model {name!r} has no option {', '.join(map(repr, unknown))}; its options: "
