@@ -102,21 +102,14 @@ def gram_blocks(
     in eval mode (restored after); its parameters and ``.grad`` are not touched.
     """
     engine = _checked_engine(model, x, y, kind, strategy, dtype, max_memory, layers, precision)
-    names, n = engine.names, engine.n
-    was_training = model.training
-    model.eval()
-    try:
-        blocks = engine.run()
-    finally:
-        model.train(was_training)
-    if kind == "output-trace":
-        M = engine.M
-        blocks = {k: v.reshape(n, M, n, M).diagonal(dim1=1, dim2=3).sum(-1) for k, v in blocks.items()}
-    # each block is G G^T, symmetric by definition: keep the symmetric part (removes rounding asymmetry)
-    out = {}
-    for k in names:  # pop as we go: never two copies of every block
-        b = blocks.pop(k)
-        out[k] = (b + b.T) / 2
+    out: dict[str, torch.Tensor] = {}
+    for rows, cols, name, tile in _tiles(engine, model, kind, None):
+        if name not in out:
+            side = engine.n * (engine.M if kind == "output" else 1)
+            out[name] = torch.zeros(side, side, dtype=dtype)
+        out[name][rows, cols] = tile
+        if rows != cols:
+            out[name][cols, rows] = tile.T
     return out
 
 
@@ -157,10 +150,16 @@ def gram_tiles(
     if int(chunk) != chunk or chunk < 1:
         raise UsageError(f"chunk must be a positive integer, got {chunk}")
     engine = _checked_engine(model, x, y, kind, strategy, dtype, max_memory, layers, precision)
+    yield from _tiles(engine, model, kind, int(chunk))
+
+
+def _tiles(engine: _Engine, model: nn.Module, kind: str, chunk: int | None):
+    """The engine's tiles in eval mode, traced over logits for ``output-trace``; diagonal tiles made symmetric (each
+    block is G G^T: its symmetric part drops the rounding's asymmetry)."""
     was_training = model.training
     model.eval()
     try:
-        engine.plan(int(chunk))
+        engine.plan(chunk)
         M = engine.M
         for ra, rb, name, tile in engine.tiles():
             if kind == "output-trace":
@@ -206,16 +205,6 @@ class _Engine:
         if self.precision == "float64" or (self.precision == "auto" and self.params[name].numel() <= SMALL_PARAM):
             return torch.float64 if self.dtype == torch.float64 else self.dtype
         return self.model_dtype
-
-    def run(self) -> dict[str, torch.Tensor]:
-        self.plan()
-        rows = self.n * self.Mb
-        out = {k: torch.zeros(rows, rows, dtype=self.dtype) for k in self.names}
-        for ra, rb, name, block in self.tiles():
-            out[name][ra, rb] = block
-            if ra != rb:
-                out[name][rb, ra] = block.T
-        return out
 
     def plan(self, chunk: int | None = None) -> int:
         """Probe one sample (logits, per-layer ghost/materialise choice) and fix the chunk size: one chunk if
