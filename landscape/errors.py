@@ -57,30 +57,27 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-class LandscapeWarning(UserWarning):
-    """A warning whose message may name parameters (:func:`param`)."""
+class _Rendered:
+    """A message that may name parameters (:func:`param`): str() shows their Python names, :attr:`message` keeps
+    them for the command line's :func:`render`."""
 
     @property
     def message(self) -> str:
-        """The message as written, parameters kept (:func:`render` shows it)."""
-        return Warning.__str__(self)
+        """The message as written, parameters kept."""
+        return BaseException.__str__(self)
 
     def __str__(self) -> str:
         return render(self.message)
 
 
-class LandscapeError(Exception):
-    """Base class of every error landscape raises on purpose; :attr:`message` keeps its :func:`param` names."""
+class LandscapeWarning(_Rendered, UserWarning):
+    """A warning whose message may name parameters."""
+
+
+class LandscapeError(_Rendered, Exception):
+    """Base class of every error landscape raises on purpose."""
 
     exit_code = 1
-
-    @property
-    def message(self) -> str:
-        """The message as written, parameters kept (:func:`render` shows it)."""
-        return Exception.__str__(self)
-
-    def __str__(self) -> str:
-        return render(self.message)
 
 
 class UsageError(LandscapeError):
