@@ -93,7 +93,7 @@ def field_option(f: dataclasses.Field, hint: Any):
         kwargs["required"] = True  # a field without a default is required everywhere (``prune --remove``)
     elif not kwargs.get("is_flag"):
         kwargs["default"] = default
-        kwargs["show_default"] = meta.get("show_default", True) if default not in (None, {}) else False
+        kwargs["show_default"] = default not in (None, {})
     if meta.get("envvar"):
         kwargs.update(envvar=meta["envvar"], show_envvar=True)
     if meta.get("metavar"):

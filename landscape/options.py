@@ -72,8 +72,8 @@ def check_kwargs(data_kwargs: Mapping[str, Any] | None, model_kwargs: Mapping[st
 def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | tuple[str, ...] | None = None,
            choices: tuple | None = None, metavar: str | None = None, min: float | None = None,
            max: float | None = None, min_open: bool = False, max_open: bool = False, kind: str | None = None,
-           cli: bool = True, show_default: Any = True, default_factory: Callable | None = None,
-           envvar: str | None = None, required: bool = False) -> Any:
+           cli: bool = True, default_factory: Callable | None = None, envvar: str | None = None,
+           required: bool = False) -> Any:
     """A config dataclass field with its option in the field's metadata.
 
     The annotation gives the type: ``int``/``float`` (finite, within ``min``/``max``, exclusive with
@@ -85,8 +85,7 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | tu
     if kind is not None and kind not in KINDS:
         raise ValueError(f"option kind must be one of {KINDS}, got {kind!r}")
     meta = {"help": help, "flag": flag, "choices": choices, "metavar": metavar, "min": min, "max": max,
-            "min_open": min_open, "max_open": max_open, "kind": kind, "cli": cli, "show_default": show_default,
-            "envvar": envvar, "required": required}
+            "min_open": min_open, "max_open": max_open, "kind": kind, "cli": cli, "envvar": envvar, "required": required}
     if default_factory is not None:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
