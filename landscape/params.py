@@ -61,21 +61,9 @@ class ParamSpace:
         return cls(entries)
 
     @classmethod
-    def from_state_dict(
-        cls, state: Mapping[str, torch.Tensor], *, parameters: Sequence[str] | None = None, buffers: bool = True
-    ) -> ParamSpace:
-        """Floating-point entries of a state dict in its order; ``parameters`` names the parameters (default:
-        all), ``buffers=False`` leaves the others out."""
-        param_set = set(parameters) if parameters is not None else None
-        entries = []
-        for name, t in state.items():
-            if not t.is_floating_point():
-                continue
-            kind = PARAMETER if param_set is None or name in param_set else BUFFER
-            if kind == BUFFER and not buffers:
-                continue
-            entries.append(TensorSpec(name, tuple(t.shape), t.dtype, kind))
-        return cls(entries)
+    def from_state_dict(cls, state: Mapping[str, torch.Tensor]) -> ParamSpace:
+        """The floating-point entries of a state dict, in its order."""
+        return cls([TensorSpec(n, tuple(t.shape), t.dtype, PARAMETER) for n, t in state.items() if t.is_floating_point()])
 
     # views ----------------------------------------------------------------------------------------------
     @property
@@ -126,27 +114,18 @@ class ParamSpace:
             return torch.zeros(0, dtype=dtype)
         return torch.cat([tensors[e.name].detach().reshape(-1).to(dtype) for e in self.entries])
 
-    def unflatten(self, vector: torch.Tensor, *, cast: bool = True) -> dict[str, torch.Tensor]:
+    def unflatten(self, vector: torch.Tensor) -> dict[str, torch.Tensor]:
         """Name -> tensor (views of ``vector`` when no dtype cast is needed)."""
         self._check_dim(vector)
-        out = {}
-        start = 0
-        for e, stop in zip(self.entries, self.offsets, strict=True):
-            t = vector[start:stop].view(e.shape)
-            out[e.name] = t.to(e.dtype) if cast else t
-            start = stop
-        return out
+        return {e.name: vector[stop - e.numel:stop].view(e.shape).to(e.dtype)
+                for e, stop in zip(self.entries, self.offsets, strict=True)}
 
     def unflatten_batch(self, vectors: torch.Tensor) -> dict[str, torch.Tensor]:
         """(P, d) -> name -> (P, *shape) views, dtype of ``vectors`` kept (for stacked ``functional_call``)."""
         if vectors.dim() != 2 or vectors.shape[1] != self.dim:
             raise IncompatibleError(f"points have shape {_fmt(tuple(vectors.shape))}, expected (P, {self.dim})")
-        out = {}
-        start = 0
-        for e, stop in zip(self.entries, self.offsets, strict=True):
-            out[e.name] = vectors[:, start:stop].view(vectors.shape[0], *e.shape)
-            start = stop
-        return out
+        return {e.name: vectors[:, stop - e.numel:stop].view(vectors.shape[0], *e.shape)
+                for e, stop in zip(self.entries, self.offsets, strict=True)}
 
     def tensors_of(self, model: nn.Module) -> list[torch.Tensor]:
         """The model's own tensors for every entry, in order (parameters and buffers, not copies)."""
