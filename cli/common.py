@@ -34,12 +34,12 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def echo_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> None:
-    """Print rows as an aligned plain-text table (to stdout)."""
+def echo_table(rows: Sequence[dict[str, Any]]) -> None:
+    """Print rows as an aligned plain-text table (to stdout), the first row's keys as columns."""
     if not rows:
         click.echo("(nothing)")
         return
-    columns = list(columns or rows[0].keys())
+    columns = list(rows[0])
     cells = [[format_value(r.get(c)) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     click.echo("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())

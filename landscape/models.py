@@ -413,11 +413,12 @@ def model_from_spec(spec: dict) -> nn.Module:
 # ------------------------------------------------------------------------------------- the check forward
 
 
-def check_forward(model: nn.Module, x: torch.Tensor, num_classes: int, *, what: str | None = None) -> None:
+def check_forward(model: nn.Module, x: torch.Tensor, num_classes: int) -> None:
     """One forward of ``model`` on a few examples ``x`` where a model first meets its data: a failure, or logits
     that are not floats of shape ``(N, num_classes)``, is one :class:`ModelError` line naming the layer, instead of
     a traceback from deep in training. Changes no weights, statistics, mode or random stream."""
-    what = what or _model_name(model)
+    spec = getattr(model, "landscape_spec", None)
+    what = repr(spec["name"]) if isinstance(spec, dict) and "name" in spec else type(model).__name__
     names = {m: n or "(the model)" for n, m in model.named_modules()}
     entered: list[tuple[nn.Module, str]] = []  # modules whose forward is running, outermost first
     last: list[tuple[nn.Module, Any]] = []  # the module that returned most recently, and its output
@@ -459,11 +460,6 @@ def check_forward(model: nn.Module, x: torch.Tensor, num_classes: int, *, what: 
         raise ModelError(f"model {what} returns {_dtype(out)} logits of shape {list(out.shape)}{layer} for a batch of "
                          f"{list(x.shape)}; the data set has {num_classes} classes, so it must return floats of shape "
                          f"{expected}: build the last layer with the factory's num_classes argument")
-
-
-def _model_name(model: nn.Module) -> str:
-    spec = getattr(model, "landscape_spec", None)
-    return repr(spec["name"]) if isinstance(spec, dict) and "name" in spec else type(model).__name__
 
 
 def _shapes(value: Any) -> str:
