@@ -203,10 +203,10 @@ class _Engine:
     def cdtype(self, name: str) -> torch.dtype:
         """dtype of the Gram products G_r G_r^T of parameter ``name``."""
         if self.precision == "float64" or (self.precision == "auto" and self.params[name].numel() <= SMALL_PARAM):
-            return torch.float64 if self.dtype == torch.float64 else self.dtype
+            return self.dtype
         return self.model_dtype
 
-    def plan(self, chunk: int | None = None) -> int:
+    def plan(self, chunk: int | None) -> None:
         """Probe one sample (logits, per-layer ghost/materialise choice) and fix the chunk size: one chunk if
         the whole batch fits the budget, else pairs of chunks must fit together; ``chunk`` caps it."""
         probe = self.capture(slice(0, 1))
@@ -219,7 +219,6 @@ class _Engine:
         c = self.n if self.n * per_sample <= share else max(1, int(share / (2 * per_sample)))
         self.chunk = min(c, chunk) if chunk else c
         self.workspace = max(int(0.3 * self.budget), 1 << 20)
-        return self.chunk
 
     def tiles(self):
         """``(rows of chunk a, rows of chunk b, name, block)`` for chunk pairs a <= b, one block at a time."""

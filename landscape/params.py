@@ -99,7 +99,7 @@ class ParamSpace:
         return f"ParamSpace({len(self.entries)} tensors, dim={self.dim})"
 
     # conversion -----------------------------------------------------------------------------------------
-    def flatten(self, state: StateLike, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+    def flatten(self, state: StateLike) -> torch.Tensor:
         """One flat vector (on the tensors' device) from a model or a state dict holding every entry."""
         tensors = _tensors_of(state)
         missing = [e.name for e in self.entries if e.name not in tensors]
@@ -109,10 +109,9 @@ class ParamSpace:
             got = tuple(tensors[e.name].shape)
             if got != e.shape:
                 raise IncompatibleError(f"tensor '{e.name}' has shape {_fmt(got)}, expected {_fmt(e.shape)}")
-        dtype = dtype or self.dtype
         if not self.entries:
-            return torch.zeros(0, dtype=dtype)
-        return torch.cat([tensors[e.name].detach().reshape(-1).to(dtype) for e in self.entries])
+            return torch.zeros(0, dtype=self.dtype)
+        return torch.cat([tensors[e.name].detach().reshape(-1).to(self.dtype) for e in self.entries])
 
     def unflatten(self, vector: torch.Tensor) -> dict[str, torch.Tensor]:
         """Name -> tensor (views of ``vector`` when no dtype cast is needed)."""
