@@ -73,16 +73,6 @@ def layer_names(model: nn.Module, layers: Sequence[str] | None = None) -> list[s
     return chosen
 
 
-def materialize_cost(rows: int, n: int, T: int, p: int, d: int) -> float:
-    """Multiply-adds of per-sample gradients B_i^T A_i for ``rows`` (sample, logit) pairs, then G G^T."""
-    return rows * T * p * d + rows * rows * p * d
-
-
-def ghost_cost(rows: int, n: int, T: int, p: int, d: int) -> float:
-    """Multiply-adds of the ghost formula: (A A^T) over sample pairs, (B B^T) over row pairs, product."""
-    return n * n * T * T * p + rows * rows * T * T * (d + 1)
-
-
 # ------------------------------------------------------------------------------------------ main entry
 def gram_blocks(
     model: nn.Module,
@@ -187,7 +177,7 @@ class _Engine:
             self.handlers, self.rest = plan_handlers(model, names, self.reduce_dtype)
         self.roles = {full: (h, role) for h in self.handlers for role, full in h.pnames.items()}
         self.hooks_checked = False
-        self.n = x.shape[0]
+        self.n, self.M = x.shape[0], 0
         self.modes: dict[str, str] = {}  # weight name -> "ghost" | "materialize" (ghost-capable layers only)
         self.dims: dict[Handler, tuple[int, int, int, int]] = {}  # ghost-capable handler -> (G, D, P, T)
 
@@ -272,7 +262,7 @@ class _Engine:
         if self.handlers:
             if not self.hooks_checked:  # where each module sees the batch (attention blocks without batch_first)
                 place_batch(self.handlers, probe_calls(self.model, x))
-            passes = 1 if self.kind == "loss-grad" else self._n_logits()
+            passes = 1 if self.kind == "loss-grad" else self.M or 1  # M: unknown (0) while probing
             on_complete = (lambda h: self._eager(chunk, h)) if eager else None
             chunk.cap = Capture(self.handlers, passes=passes, on_complete=on_complete)
             with chunk.cap, torch.enable_grad():
@@ -322,12 +312,11 @@ class _Engine:
             if self.strategy in ("materialize", "ghost"):
                 self.modes[name] = self.strategy
             else:
-                mat = G * materialize_cost(rows, self.n, T, D, P)
-                gho = G * ghost_cost(rows, self.n, T, D, P)
+                # multiply-adds: per-sample gradients B_i^T A_i, then G G^T; the ghost formula's (A A^T) over
+                # sample pairs and (B B^T) over (sample, logit) rows
+                mat = G * (rows * T * D * P + rows * rows * D * P)
+                gho = G * (self.n * self.n * T * T * D + rows * rows * T * T * (P + 1))
                 self.modes[name] = "ghost" if gho < mat else "materialize"
-
-    def _n_logits(self) -> int:
-        return getattr(self, "M", 0) or 1
 
     # -- one block between two chunks for one parameter
     def cross(self, name: str, a: _Chunk, b: _Chunk) -> torch.Tensor:
