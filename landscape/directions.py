@@ -158,7 +158,10 @@ def trajectory_pca(points: torch.Tensor, origin: torch.Tensor, *, n_components: 
             comps[j] -= (comps[j] @ comps[i]) * comps[i]
         comps[j] /= comps[j].norm()
     comps = _orthonormal_fill(comps, k)
-    coords = _project(diffs, comps)
+    coords = torch.zeros(t, n_components, dtype=torch.float64)
+    for start in range(0, diffs.shape[1], _BLOCK):
+        coords += diffs[:, start : start + _BLOCK].double() @ comps[:, start : start + _BLOCK].T
+    coords = coords.numpy()
     for j in range(n_components):
         first = coords[0, j]
         if first > 0 or (first == 0 and comps[j][comps[j].abs().argmax()] < 0):
@@ -186,10 +189,3 @@ def _orthonormal_fill(comps: torch.Tensor, k: int) -> torch.Tensor:
                 break
         comps[j] = v / v.norm()
     return comps
-
-
-def _project(diffs: torch.Tensor, comps: torch.Tensor) -> np.ndarray:
-    out = torch.zeros(diffs.shape[0], comps.shape[0], dtype=torch.float64)
-    for start in range(0, diffs.shape[1], _BLOCK):
-        out += diffs[:, start : start + _BLOCK].double() @ comps[:, start : start + _BLOCK].T
-    return out.numpy()

@@ -115,7 +115,8 @@ def _module_of(ref: CodeRef):
         if not path.is_file():
             raise PluginError(f"{ref.text!r}: no such file {path}")
         digest = sha256_file(path)
-        name = f"landscape_user_{_identifier(path.stem)}_{digest[:8]}"
+        stem = "".join(c if c.isalnum() or c == "_" else "_" for c in path.stem)
+        name = f"landscape_user_{stem}_{digest[:8]}"  # a valid module name: the prefix starts it
         if name in sys.modules:
             return sys.modules[name]
         spec = importlib.util.spec_from_file_location(name, path)
@@ -264,11 +265,6 @@ def checked_entry_point(group: str, name: str, recorded: dict[str, Any] | None, 
                                    "to use it")
         info = {**info, "accepted_change_from": then}
     return factory, info
-
-
-def _identifier(stem: str) -> str:
-    out = "".join(c if c.isalnum() or c == "_" else "_" for c in stem)
-    return out if out and not out[0].isdigit() else f"m_{out}"
 
 
 # ------------------------------------------------------------------------------------------- trusted code
