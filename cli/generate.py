@@ -25,7 +25,6 @@ from cli.options import (
     add_options,
     data_root_option,
     no_figure_option,
-    note_scheduler,
     output_option,
     overwrite_option,
     run_api,
@@ -33,7 +32,7 @@ from cli.options import (
     scheduler_option,
 )
 from landscape.analyze.registry import Analysis, get
-from landscape.bounds import is_seed
+from landscape.bounds import is_seed, scheduler_note
 from landscape.options import cli_fields, flags_of, hints, split_optional
 
 
@@ -141,7 +140,7 @@ def command(name: str) -> click.Command:
             from landscape.api.execution import check_parallelism
 
             check_parallelism(kwargs.get("workers", 1), kwargs["scheduler"])
-            note_scheduler(kwargs["scheduler"])
+            click.echo(scheduler_note(kwargs["scheduler"]), err=True)
 
         def call():
             from landscape.api.runner import run

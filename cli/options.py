@@ -170,14 +170,6 @@ def scheduler_option(help: str) -> Callable:
     return click.option("--scheduler", type=SchedulerAddress(), default=None, help=scheduler_help(help))
 
 
-def note_scheduler(scheduler: str | None) -> None:
-    """Say on stderr which scheduler the command waits for, and how long."""
-    if scheduler is not None:
-        from landscape.bounds import scheduler_note
-
-        click.echo(scheduler_note(scheduler), err=True)
-
-
 # the path is checked once, by the runner (landscape.results.check_output_path), for the command line and the api
 output_option = click.option("-o", "--output", type=click.Path(), metavar="FILE", default=None,
                              help="Result HDF5 file to write.")
