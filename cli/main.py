@@ -96,8 +96,8 @@ def cli(ctx: click.Context, root: str, threads: int | None, code: tuple[str, ...
             raise click.UsageError(f"--portable runs one thread (--threads {threads} given)")
         use_portable()
     set_threads(threads)
-    if not quiet:  # for this command only: main() runs each command in a context of its own
-        progress.enable()
+    if not quiet:  # for this command only
+        ctx.with_resource(progress.enabled())
     ctx.ensure_object(dict).update(root=root, command=ctx.invoked_subcommand)
     if code or accept_changed_code:
         from landscape import plugins

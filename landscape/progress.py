@@ -133,11 +133,6 @@ def enabled(on: bool | None = True, *, stream: TextIO | None = None, bar: bool |
         _DISPLAY.reset(token)
 
 
-def enable(*, stream: TextIO | None = None, bar: bool | None = None, interval: float | None = None) -> None:
-    """Turn progress on until the current context ends: the command line's switch (Python uses ``enabled``)."""
-    _DISPLAY.set(_Display(stream, bar, interval))
-
-
 def active() -> bool:
     """Whether progress is on here."""
     return _DISPLAY.get() is not None
