@@ -301,12 +301,10 @@ def _checked(refs: Any) -> tuple[str, ...]:
     return tuple(canonical(ref) for ref in ([refs] if isinstance(refs, (str, CodeRef)) else refs))
 
 
-def trust(refs: Any = (), *, accept_changed: bool = False) -> TrustState:
+def trust(refs: Any = (), *, accept_changed: bool = False) -> None:
     """Let stored specs run ``refs`` for the rest of this context (``accept_changed``: also when their source
-    changed since recorded); returns the previous state."""
-    before = _TRUST.get()
-    _TRUST.set(_with(before, refs, accept_changed))
-    return before
+    changed since recorded)."""
+    _TRUST.set(_with(_TRUST.get(), refs, accept_changed))
 
 
 def _with(state: TrustState, refs: Any, accept_changed: bool) -> TrustState:
