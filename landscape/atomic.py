@@ -198,7 +198,5 @@ def _fsync(path: str | os.PathLike, hasher: Any = None) -> None:
 
 def fsync_dir(path: str | os.PathLike) -> None:
     """Make a rename in ``path`` durable; file systems that cannot fsync a directory are skipped."""
-    try:
+    with contextlib.suppress(OSError):
         _fsync(path)
-    except OSError:
-        pass

@@ -6,6 +6,7 @@ command line reads it before torch is loaded.
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import dataclasses
 import functools
 import math
@@ -153,10 +154,8 @@ def _number(value: Any, integer: bool, name: str) -> int | float:
         except ValueError:
             raise OptionError(name, f"must be {'an integer' if integer else 'a number'}, got {value!r}") from None
     elif not isinstance(value, (int, float)):
-        try:
+        with contextlib.suppress(TypeError, ValueError):
             number = value.item() if hasattr(value, "item") else value  # numpy scalars
-        except (TypeError, ValueError):
-            pass
         if isinstance(number, bool) or not isinstance(number, (int, float)):
             raise OptionError(name, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
     if isinstance(number, float) and not math.isfinite(number):

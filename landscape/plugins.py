@@ -135,10 +135,8 @@ def _module_of(ref: CodeRef):
                 raise
             raise _import_failed(ref, path.name, exc) from None
         finally:
-            try:
+            with contextlib.suppress(ValueError):
                 sys.path.remove(folder)
-            except ValueError:
-                pass
         _LOCAL[ref.target] = _local_files(path.resolve(), _imported(module, before))
         return module
     before = set(sys.modules)

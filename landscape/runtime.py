@@ -289,12 +289,10 @@ def die_with_parent(parent: int | None = None, interval: float = 0.5) -> None:
     a thread that watches for re-parenting): a worker blocked on a pipe to a dead parent would live on."""
     parent = os.getppid() if parent is None else parent
     if sys.platform.startswith("linux"):
-        try:
+        with contextlib.suppress(OSError, AttributeError):
             import ctypes
 
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
     if os.getppid() != parent:  # the parent died before the signal was armed
         os._exit(1)
 
