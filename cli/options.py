@@ -17,8 +17,8 @@ from landscape.progress import echo
 
 
 class Coerced(click.ParamType):
-    """A click type converting by :func:`landscape.options.coerce` with ``annotation`` and ``meta``; mixed into
-    click's own types so that ``--help`` shows ranges and choices as click does."""
+    """A click type converting by :func:`landscape.options.coerce` with ``annotation`` and ``meta``; mixed
+    into click's own types so that ``--help`` shows ranges and choices as click does."""
 
     annotation: Any = str
     meta: dict[str, Any] = {}
@@ -77,7 +77,7 @@ class Seed(Coerced, click.IntRange):
 class SourceName(click.ParamType):
     """``--model`` / ``--data``: a name of the registry dict ``registry`` (``"landscape.models:MODELS"``), an
     entry point of ``group`` or a code reference (not imported here); for data also tensor files, imagefolder
-    and torchvision sets. The registry is read when a value is checked: defining the option imports no torch."""
+    and torchvision sets. The registry is read when a value is checked: the option imports no torch."""
 
     def __init__(self, registry: str, group: str, data: bool = False):
         self.registry, self.group, self.data = registry, group, data
@@ -129,7 +129,8 @@ class FiniteFloat(_Ranged, click.FloatRange):
 
 
 class CommaList(Coerced):
-    """Comma-separated strings (``conv1.*,fc.weight``, one of ``choices`` each) or, ``number=True``, finite floats."""
+    """Comma-separated strings (``conv1.*,fc.weight``, one of ``choices`` each) or, ``number=True``, finite
+    floats."""
 
     def __init__(self, number: bool = False, choices: tuple[str, ...] | None = None, **bounds: Any):
         self.annotation = tuple[float, ...] if number else tuple[str, ...]
@@ -170,7 +171,7 @@ def scheduler_option(help: str) -> Callable:
     return click.option("--scheduler", type=SchedulerAddress(), default=None, help=scheduler_help(help))
 
 
-# the path is checked once, by the runner (landscape.results.check_output_path), for the command line and the api
+# the path is checked once, by the runner (landscape.results.check_output_path), from the command line too
 output_option = click.option("-o", "--output", type=click.Path(), metavar="FILE", default=None,
                              help="Result HDF5 file to write.")
 overwrite_option = click.option("--overwrite", is_flag=True,

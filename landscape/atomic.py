@@ -1,6 +1,6 @@
-"""Atomic file writes of the store and the results: a temporary file beside the target is fsynced, renamed over
-it and the directory fsynced (every time: POSIX orders renames only through that fsync), so a killed process
-leaves the old file or the complete new one.
+"""Atomic file writes of the store and the results: a temporary file beside the target is fsynced, renamed
+over it and the directory fsynced (every time: POSIX orders renames only through that fsync), so a killed
+process leaves the old file or the complete new one.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)  # 
 
 
 def atomic_write(path: str | os.PathLike, write_fn: Callable[[Path], object], *, hasher: Any = None) -> Path:
-    """Create or replace ``path`` atomically: ``write_fn(tmp)`` writes the whole content to a new temporary file
-    beside it. On any exception ``path`` is untouched; a refused write (:data:`WRITE_ERRNOS`) is a
-    :class:`WriteError` naming ``path``. ``hasher`` (:mod:`hashlib`) gets the file's bytes, read back in a thread
-    while it is fsynced (a writer that seeks, as HDF5 does, cannot be hashed as it writes).
+    """Create or replace ``path`` atomically: ``write_fn(tmp)`` writes the whole content to a new temporary
+    file beside it. On any exception ``path`` is untouched; a refused write (:data:`WRITE_ERRNOS`) is a
+    :class:`WriteError` naming ``path``. ``hasher`` (:mod:`hashlib`) gets the file's bytes, read back in a
+    thread while it is fsynced (a writer that seeks, as HDF5 does, cannot be hashed as it writes).
     """
     path = Path(path)
     with _refused(path):
@@ -52,8 +52,8 @@ def atomic_write(path: str | os.PathLike, write_fn: Callable[[Path], object], *,
 
 def atomic_write_hdf5(path: str | os.PathLike, fill: Callable[[Any, Callable[[], None]], object], *,
                       hasher: Any = None, **options: Any) -> Path:
-    """:func:`atomic_write` of an HDF5 file: ``fill(f, check)`` writes into the new ``h5py.File`` ``f``. A write
-    the system refuses is kept from HDF5 (which would crash the process closing the file) and raised by
+    """:func:`atomic_write` of an HDF5 file: ``fill(f, check)`` writes into the new ``h5py.File`` ``f``. A
+    write the system refuses is kept from HDF5 (which would crash the process closing the file) and raised by
     ``check()`` (a streaming writer calls it between pieces), else when ``fill`` returns."""
     import h5py
 
@@ -72,8 +72,8 @@ def atomic_write_hdf5(path: str | os.PathLike, fill: Callable[[Any, Callable[[],
 
 class _Sink:
     """The file object h5py's ``fileobj`` driver writes through: the temporary file until the system refuses a
-    write. HDF5 is never told (an error in the driver's callbacks can crash the process): the error is kept and
-    later writes go to memory (:attr:`held`), so HDF5 sees a consistent file to the end."""
+    write. HDF5 is never told (an error in the driver's callbacks can crash the process): the error is kept
+    and later writes go to memory (:attr:`held`), so HDF5 sees a consistent file to the end."""
 
     def __init__(self, fd: int) -> None:
         self.fd, self.pos, self.end = fd, 0, 0
@@ -160,8 +160,8 @@ def _refused(path: str | os.PathLike):
 
 
 def stale_temp_files(directory: str | os.PathLike, finals: Callable[[str], bool] = lambda _: True) -> list[Path]:
-    """Temporary files of :func:`atomic_write` in ``directory`` whose final name satisfies ``finals``; only where
-    no writer can be active (a live writer's temporary file looks like a stale one)."""
+    """Temporary files of :func:`atomic_write` in ``directory`` whose final name satisfies ``finals``; only
+    where no writer can be active (a live writer's temporary file looks like a stale one)."""
     out = []
     for entry in Path(directory).iterdir():
         m = _TEMP_NAME.fullmatch(entry.name)

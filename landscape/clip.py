@@ -1,6 +1,6 @@
 """Per-sample clipping factors (Bu et al. 2023 Sec. 2.2 / App. D), the one definition training, the clipping
-analysis and the clipped NTK use: a clipped gradient has norm ``<= C``. ``layerwise`` clipping gives each parameter
-tensor ``C / sqrt(#layers)``. Imports no torch (the command line reads :data:`CLIP_STYLES`).
+analysis and the clipped NTK use: a clipped gradient has norm ``<= C``. ``layerwise`` clipping gives each
+parameter tensor ``C / sqrt(#layers)``. Imports no torch (the command line reads :data:`CLIP_STYLES`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""Hessian-vector products of the mean cross-entropy over a fixed batch, the one curvature primitive the analyzers
-build on. Per chunk of the batch, two exact ``torch.func`` routes: ``retained`` (``vjp(grad(L_c))`` kept, one
-second-order backward per product, as PyHessian) within the ``retain_bytes`` budget, else ``forward-over-reverse``
-(``jvp(grad(L_c))``, Pearlmutter 1994, keeps nothing). A layer without a second derivative is named in one line.
+"""Hessian-vector products of the mean cross-entropy over a fixed batch, the one curvature primitive the
+analyzers build on. Per chunk of the batch, two exact ``torch.func`` routes: ``retained`` (``vjp(grad(L_c))``
+kept, one second-order backward per product, as PyHessian) within the ``retain_bytes`` budget, else
+``forward-over-reverse`` (``jvp(grad(L_c))``, Pearlmutter 1994, keeps nothing). A layer without a second
+derivative is named in one line.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ RETAIN_BYTES = 2 * 2**30
 
 Vector = dict[str, Tensor]
 
-# What torch says when an operation has no second derivative (reverse over reverse, forward over reverse, a custom
-# Function that is ``@once_differentiable`` or without ``jvp``).
+# What torch says when an operation has no second derivative (reverse over reverse, forward over reverse,
+# a custom Function that is ``@once_differentiable`` or without ``jvp``).
 _NO_SECOND = re.compile(
     r"derivative for (?P<op>\S+) is not implemented"
     r"|forward AD with (?P<fop>\S+) that does not support"
@@ -98,8 +99,9 @@ def _module_inputs(model: nn.Module, tensors: dict[str, Tensor], x1: Tensor) -> 
 
 def _twice_differentiable(module: nn.Module, tensors: dict[str, Tensor], args: tuple, kwargs: dict,
                           route: str) -> str | None:
-    """None when ``module`` alone has a second derivative at ``args`` through ``route``, else the operation torch
-    names (a random projection of the outputs, differentiated in the floating inputs and trainable parameters)."""
+    """None when ``module`` alone has a second derivative at ``args`` through ``route``, else the operation
+    torch names (a random projection of the outputs, differentiated in the floating inputs and trainable
+    parameters)."""
     leaves, spec = tree_flatten((args, kwargs))
     slots = [i for i, t in enumerate(leaves) if isinstance(t, Tensor) and t.is_floating_point()]
     params = {k: t for k, t in tensors.items() if t.requires_grad}
@@ -183,9 +185,10 @@ def no_second_derivative_error(model: nn.Module, tensors: dict[str, Tensor], x1:
 
 
 class HessianOperator:
-    """``v -> H v`` for the Hessian of the mean cross-entropy of ``model`` on ``x, y`` at its current weights, in
-    eval mode: a :class:`landscape.spectral.LinearOperator`. ``masks`` ``{name: 0/1}`` make it ``P H P``;
-    ``batch_size`` bounds the examples per chunk, ``retain_bytes`` the kept graphs; ``products`` counts products.
+    """``v -> H v`` for the Hessian of the mean cross-entropy of ``model`` on ``x, y`` at its current weights,
+    in eval mode: a :class:`landscape.spectral.LinearOperator`. ``masks`` ``{name: 0/1}`` make it ``P H P``;
+    ``batch_size`` bounds the examples per chunk, ``retain_bytes`` the kept graphs; ``products`` counts
+    products.
     """
 
     def __init__(
@@ -347,8 +350,8 @@ class HessianOperator:
         return self._product(v, batched=False)
 
     def hvp_batch(self, v: Vector) -> Vector:
-        """``H v_b`` for a batch ``{name: (B, *shape)}``. ``vmap`` is faster for some models, slower for others,
-        so the first batch is timed half each way and the faster route serves the rest."""
+        """``H v_b`` for a batch ``{name: (B, *shape)}``. ``vmap`` is faster for some models, slower for
+        others, so the first batch is timed half each way and the faster route serves the rest."""
         b = int(v[self.names[0]].shape[0])
         self.products += b
         if self.vectorised is None and b >= 2:

@@ -1,6 +1,6 @@
-"""Directions in parameter space: seeded Gaussian directions (direction ``i`` of seed ``s`` has its own generator,
-so it is the same in whatever order or process it is drawn), Li et al. 2018's filter normalisation, cosines and
-trajectory PCA (Li et al. Sec. 7), Gram matrices accumulated in float64.
+"""Directions in parameter space: seeded Gaussian directions (direction ``i`` of seed ``s`` has its own
+generator, so it is the same in whatever order or process it is drawn), Li et al. 2018's filter normalisation,
+cosines and trajectory PCA (Li et al. Sec. 7), Gram matrices accumulated in float64.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ def random_direction(space: ParamSpace, seed: int, index: int, *, dtype: torch.d
 
 def normalize_direction(direction: torch.Tensor, theta: torch.Tensor, space: ParamSpace, *,
                         normalize: str = "filter", biasbn: str = "zero") -> torch.Tensor:
-    """Li et al. 2018 filter (or layer) normalisation of a flat direction against theta, a new tensor; 1-D tensors
-    are zeroed, copied from theta or rescaled (``biasbn``). Scales in float64, without an epsilon."""
+    """Li et al. 2018 filter (or layer) normalisation of a flat direction against theta, a new tensor; 1-D
+    tensors are zeroed, copied from theta or rescaled (``biasbn``). Scales in float64, without an epsilon."""
     check_options(normalize, biasbn)
     out = direction.clone()
     if normalize == "none":
@@ -119,7 +119,8 @@ def max_abs_cosine(directions: torch.Tensor) -> float:
 @dataclass
 class TrajectoryPCA:
     """Li et al. Sec. 7: orthonormal principal ``components`` (k, d) of a trajectory around ``origin``, their
-    ``explained_variance_ratio`` and the checkpoints' ``coords`` (T, k); signs put the first checkpoint at <= 0."""
+    ``explained_variance_ratio`` and the checkpoints' ``coords`` (T, k); signs put the first checkpoint at <=
+    0."""
 
     components: torch.Tensor
     explained_variance_ratio: np.ndarray

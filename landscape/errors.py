@@ -1,6 +1,6 @@
-"""Errors a user can act on: one line that says what went wrong and what to do, which the command line prints with
-``exit_code`` (1 failure, 2 usage). A message names a parameter with :func:`param`, so that it reads as the
-caller wrote it: the Python name from Python, the flag on the command line.
+"""Errors a user can act on: one line that says what went wrong and what to do, which the command line prints
+with ``exit_code`` (1 failure, 2 usage). A message names a parameter with :func:`param`, so that it reads as
+the caller wrote it: the Python name from Python, the flag on the command line.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def params_in(message: str) -> tuple[str, ...]:
 
 
 def render(message: str, flag: Callable[[str], str] | None = None) -> str:
-    """A message written with :func:`param` as Python shows it (``flag`` None) or with ``flag(name)`` the flags."""
+    """A message written with :func:`param` as Python shows it (``flag`` None) or with ``flag(name)`` the
+    flags."""
     def one(m: re.Match) -> str:
         name, python, shown = m.groups()
         if flag is None:
@@ -58,8 +59,8 @@ def one_line(exc: BaseException) -> str:
 
 
 class _Rendered:
-    """A message that may name parameters (:func:`param`): str() shows their Python names, :attr:`message` keeps
-    them for the command line's :func:`render`."""
+    """A message that may name parameters (:func:`param`): str() shows their Python names, :attr:`message`
+    keeps them for the command line's :func:`render`."""
 
     @property
     def message(self) -> str:
@@ -87,7 +88,8 @@ class UsageError(LandscapeError):
 
 
 class OptionError(UsageError):
-    """A value an option cannot take: ``<name> <reason>``, kept apart for click, which names the option itself."""
+    """A value an option cannot take: ``<name> <reason>``, kept apart for click, which names the option
+    itself."""
 
     def __init__(self, name: str, reason: str):
         super().__init__(f"{param(name)} {reason}")

@@ -1,8 +1,9 @@
-"""Per-layer Gram blocks of per-sample gradients, the empirical NTK layer by layer (docs/ntk.md): ``loss-grad``
-K_r = G_r G_r^T (Bu et al. 2023 eq. 4.4), ``output`` J_r J_r^T (sample-major rows ``i * M + m``), ``output-trace``
-its trace over logits. ``strategy="auto"`` gives each weight layer materialised per-sample gradients or the
-ghost cross-sample formula, whichever costs fewer flops (``materialize`` / ``ghost`` force one, ``functorch`` is
-the reference); ``precision="auto"`` forms small tensors' products in float64; memory stays under ``max_memory``.
+"""Per-layer Gram blocks of per-sample gradients, the empirical NTK layer by layer (docs/ntk.md):
+``loss-grad`` K_r = G_r G_r^T (Bu et al. 2023 eq. 4.4), ``output`` J_r J_r^T (rows ``i * M + m``),
+``output-trace`` its trace over logits. ``strategy="auto"`` gives each weight layer materialised per-sample
+gradients or the ghost cross-sample formula, whichever costs fewer flops (``materialize`` / ``ghost`` force
+one, ``functorch`` is the reference); ``precision="auto"`` forms small tensors' products in float64; memory
+stays under ``max_memory``.
 """
 
 from __future__ import annotations
@@ -88,8 +89,8 @@ def gram_blocks(
 ) -> dict[str, torch.Tensor]:
     """Per-layer Gram blocks ``{parameter name: block}`` in ``named_parameters`` order (the module docstring).
 
-    ``y`` is needed for ``kind="loss-grad"``; ``layers`` are glob patterns over parameter names. The model runs
-    in eval mode (restored after); its parameters and ``.grad`` are not touched.
+    ``y`` is needed for ``kind="loss-grad"``; ``layers`` are glob patterns over parameter names. The model
+    runs in eval mode (restored after); its parameters and ``.grad`` are not touched.
     """
     engine = _checked_engine(model, x, y, kind, strategy, dtype, max_memory, layers, precision)
     out: dict[str, torch.Tensor] = {}
@@ -134,8 +135,8 @@ def gram_tiles(
     layers: Sequence[str] | None = None,
     precision: str = "auto",
 ) -> Iterator[tuple[slice, slice, str, torch.Tensor]]:
-    """The blocks of :func:`gram_blocks` tile by tile, for kernels too large to hold: ``(rows, cols, name, tile)``
-    with ``K_name[rows, cols] = tile`` for each pair of sample chunks (at most ``chunk`` samples) with
+    """The blocks of :func:`gram_blocks` tile by tile, for kernels too large to hold: ``(rows, cols, name,
+    tile)`` with ``K_name[rows, cols] = tile`` for each pair of sample chunks (at most ``chunk`` samples) with
     ``rows.start <= cols.start`` (the mirror tile is ``tile.T``). Same numbers as ``gram_blocks``."""
     if int(chunk) != chunk or chunk < 1:
         raise UsageError(f"chunk must be a positive integer, got {chunk}")
@@ -144,8 +145,8 @@ def gram_tiles(
 
 
 def _tiles(engine: _Engine, model: nn.Module, kind: str, chunk: int | None):
-    """The engine's tiles in eval mode, traced over logits for ``output-trace``; diagonal tiles made symmetric (each
-    block is G G^T: its symmetric part drops the rounding's asymmetry)."""
+    """The engine's tiles in eval mode, traced over logits for ``output-trace``; diagonal tiles made symmetric
+    (each block is G G^T: its symmetric part drops the rounding's asymmetry)."""
     was_training = model.training
     model.eval()
     try:
@@ -163,8 +164,8 @@ def _tiles(engine: _Engine, model: nn.Module, kind: str, chunk: int | None):
 
 
 class _Engine:
-    """The Gram-specific part over the per-sample engine: per-logit passes, chunk pairs under the memory bound,
-    the per-layer ghost/materialise choice and the dtypes of the products."""
+    """The Gram-specific part over the per-sample engine: per-logit passes, chunk pairs under the memory
+    bound, the per-layer ghost/materialise choice and the dtypes of the products."""
 
     def __init__(self, model, x, y, kind, names, strategy, dtype, budget, precision):
         self.model, self.x, self.y, self.kind, self.names = model, x, y, kind, names
@@ -227,7 +228,8 @@ class _Engine:
                 del cap_b
 
     def _bytes(self, probe: _Chunk) -> int:
-        """Bytes one sample keeps: weight layers' inputs and output gradients, the other parameters' gradients."""
+        """Bytes one sample keeps: weight layers' inputs and output gradients, the other parameters'
+        gradients."""
         item = torch.finfo(self.reduce_dtype).bits // 8
         total = sum(g.numel() * g.element_size() for g in probe.func.values())
         for h in self.handlers:
@@ -244,9 +246,10 @@ class _Engine:
 
     # -- capture one chunk of samples
     def capture(self, idx: slice, eager: bool = False) -> _Chunk:
-        """Forward + backward pass(es) on samples ``idx`` (one per logit for output kinds); ``eager`` forms the
-        chunk's blocks with itself inside the backward and drops the factors. Where the hooks cannot capture the
-        model, the first capture under ``strategy="auto"`` warns and hands every parameter to ``torch.func``."""
+        """Forward + backward pass(es) on samples ``idx`` (one per logit for output kinds); ``eager`` forms
+        the chunk's blocks with itself inside the backward and drops the factors. Where the hooks cannot
+        capture the model, the first capture under ``strategy="auto"`` warns and hands every parameter to
+        ``torch.func``."""
         try:
             return self._capture(idx, eager)
         except HooksFailed as e:
@@ -344,9 +347,9 @@ class _Engine:
         return [[(cast(a[idx]), cast(b[idx])) for a, b in chunk.cap.calls(h, chunk.n, p)] for p in range(passes)]
 
     def _rows(self, h: Handler, role: str, chunk: _Chunk, idx: slice, dt: torch.dtype) -> torch.Tensor:
-        """Per-sample (per-logit, sample-major) gradient rows ``(c * Mb, numel)`` of one parameter: weight layers
-        from the ghost factors (convolutions with many positions: the handler's grouped kernel), the others
-        from the handler's per-sample gradients."""
+        """Per-sample (per-logit, sample-major) gradient rows ``(c * Mb, numel)`` of one parameter: weight
+        layers from the ghost factors (convolutions with many positions: the handler's grouped kernel), the
+        others from the handler's per-sample gradients."""
         if role == "weight" and h in self.dims:
             G, D, P, T = self.dims[h]
             if not (isinstance(h.module, nn.modules.conv._ConvNd) and T >= handlers.GROUPED_MIN_POSITIONS):

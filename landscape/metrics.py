@@ -1,5 +1,6 @@
 """Per-point metrics named by the user (built-in names, ``module:Name{JSON}`` references, or
-:class:`landscape.evaluate.Metric` objects): loading, checks, guarded calls and provenance (docs/ARCHITECTURE.md).
+:class:`landscape.evaluate.Metric` objects): loading, checks, guarded calls and provenance
+(docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations
@@ -280,7 +281,7 @@ def _numbers(label: str, col: str, value: Any, points: int, loss: np.ndarray) ->
 
 
 def same_code(recorded: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether metrics recorded with a result would run the same code now (objects cannot be checked: never)."""
+    """Whether metrics recorded with a result would run the same code now (never for objects)."""
     for source in recorded:
         if source.get("kind") == "object":
             return False

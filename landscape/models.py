@@ -1,5 +1,6 @@
-"""Models by name (:data:`MODELS`, entry points of ``landscape.models``, user code), rebuilt from a stored spec
-``{"name", "kwargs"}``. Building draws the initial weights from torch's global generator: the caller seeds."""
+"""Models by name (:data:`MODELS`, entry points of ``landscape.models``, user code), rebuilt from a stored
+spec ``{"name", "kwargs"}``. Building draws the initial weights from torch's global generator: the caller
+seeds."""
 
 from __future__ import annotations
 
@@ -56,9 +57,9 @@ def _flat_features(features: nn.Module, shape: Sequence[int], model: str) -> int
 
 def lenet(input_shape: Sequence[int], num_classes: int, *, channels: Sequence[int] = (6, 16),
           hidden: Sequence[int] = (120, 84), activation: str = "relu") -> nn.Module:
-    """LeNet-5 (LeCun et al. 1998), the small CNN of Watson et al. Convolutions pad by 2 where the input is too
-    small for LeNet's 32x32 geometry (MNIST's 28x28, 8x8 digits); the first fully connected layer takes whatever
-    the features flatten to."""
+    """LeNet-5 (LeCun et al. 1998), the small CNN of Watson et al. Convolutions pad by 2 where the input is
+    too small for LeNet's 32x32 geometry (MNIST's 28x28, 8x8 digits); the first fully connected layer takes
+    whatever the features flatten to."""
     c, h, w = _image_shape(input_shape, "lenet")
     c1, c2 = _pair(channels, "channels")
     pad1 = 2 if min(h, w) < 32 else 0
@@ -128,8 +129,9 @@ def _group_norm(channels: int, groups: int) -> nn.GroupNorm:
 def resnet18(input_shape: Sequence[int], num_classes: int, *, norm: str = "group", groups: int = 32,
              stem: str = "auto") -> nn.Module:
     """torchvision's ResNet-18 as in Watson et al. Sec. 4. ``norm="group"`` (needed for DP-SGD) puts GroupNorm
-    where torchvision has BatchNorm, as Opacus' converter does; ``stem="cifar"`` is a 3x3/1 conv without maxpool
-    (``"auto"``: cifar up to 64x64 inputs). ReLUs are not in-place, so per-sample hooks see every activation."""
+    where torchvision has BatchNorm, as Opacus' converter does; ``stem="cifar"`` is a 3x3/1 conv without
+    maxpool (``"auto"``: cifar up to 64x64 inputs). ReLUs are not in-place, so per-sample hooks see every
+    activation."""
     from torchvision.models import resnet18 as tv_resnet18
 
     c, h, w = _image_shape(input_shape, "resnet18")
@@ -190,8 +192,8 @@ class TwoLayerLinear(nn.Module):
 
 
 def balanced_weights(w2: torch.Tensor, in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A pair ``(W1, W2)`` with ``W2^T W2 = W1 W1^T`` (Watson Thm. 3.3): with ``W2 = U S V^T``, ``W1 = V S Q^T``
-    for a random orthonormal ``Q``; ``W2`` is re-assembled from the same float64 factors so both share rounding."""
+    """A pair ``(W1, W2)`` with ``W2^T W2 = W1 W1^T`` (Watson Thm. 3.3): ``W1 = V S Q^T`` for ``W2 = U S V^T``
+    and a random orthonormal ``Q``; ``W2`` is rebuilt from the same float64 factors: both share rounding."""
     k, m = w2.shape
     r = min(k, m)
     if r > in_features:
@@ -206,8 +208,8 @@ def balanced_weights(w2: torch.Tensor, in_features: int) -> tuple[torch.Tensor, 
 
 def two_layer_linear(input_shape: Sequence[int], num_classes: int, *, hidden: int = 32,
                      balanced_init: bool = False) -> nn.Module:
-    """Watson et al.'s two-layer linear network (eq. (10)); ``balanced_init`` sets W1 by :func:`balanced_weights`
-    (Thm. 3.3's assumption)."""
+    """Watson et al.'s two-layer linear network (eq. (10)); ``balanced_init`` sets W1 by
+    :func:`balanced_weights` (Thm. 3.3's assumption)."""
     if int(hidden) != hidden or hidden < 1:
         raise ModelError(f"two-layer-linear option hidden must be a positive integer, got {hidden!r}")
     d = math.prod(input_shape)
@@ -263,8 +265,8 @@ def model_source(name: str) -> ModelSource:
 
 
 def _stored_source(spec: dict) -> ModelSource:
-    """The factory a *stored* spec names: code only when the user named it again, an entry point at its recorded
-    version unless changed code is accepted; nothing is imported for an unknown name."""
+    """The factory a *stored* spec names: code only when the user named it again, an entry point at its
+    recorded version unless changed code is accepted; nothing is imported for an unknown name."""
     name = spec["name"]
     what = "the stored model"
     if "code" in spec:
@@ -324,9 +326,9 @@ def build_model(
     """Build a model by name (a built-in, an installed entry point, or ``module:factory`` /
     ``file.py:factory``, which naming here lets run) or from a spec dict.
 
-    Every factory is called as ``factory(input_shape=..., num_classes=..., **kwargs)`` (the shape arguments only
-    when its signature takes them) and must return an ``nn.Module``. The model gets ``landscape_spec`` with
-    every option filled in. Anything that cannot be built is a :class:`ModelError`.
+    Every factory is called as ``factory(input_shape=..., num_classes=..., **kwargs)`` (the shape arguments
+    only when its signature takes them) and must return an ``nn.Module``. The model gets ``landscape_spec``
+    with every option filled in. Anything that cannot be built is a :class:`ModelError`.
     """
     if isinstance(name_or_spec, dict):
         if "name" not in name_or_spec:
@@ -342,7 +344,8 @@ def build_model(
     spec_shape, spec_classes = kwargs.pop("input_shape", None), kwargs.pop("num_classes", None)
     input_shape = spec_shape if input_shape is None else input_shape
     num_classes = spec_classes if num_classes is None else num_classes
-    accepted = {n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)} - set(_SHAPE_ARGS)
+    keywords = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    accepted = {n for n, p in params.items() if p.kind in keywords} - set(_SHAPE_ARGS)
     unknown = [] if open_kwargs else sorted(set(kwargs) - accepted)
     if unknown:
         raise ModelError(
@@ -380,7 +383,7 @@ def build_model(
 
 
 def _check_initialised(model: nn.Module, name: str) -> None:
-    """Refuse ``Lazy`` layers still without sizes: a stored model is rebuilt from its factory and then loaded."""
+    """Refuse ``Lazy`` layers without sizes: a stored model is rebuilt from its factory, then loaded."""
     for path, module in model.named_modules():
         own = [n for n, t in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
                if isinstance(t, nn.parameter.UninitializedTensorMixin)]
@@ -404,7 +407,8 @@ def _positive_ints(values: Any, name: str) -> list[int]:
 
 def model_from_spec(spec: dict) -> nn.Module:
     """Rebuild a model (fresh weights) from its ``landscape_spec``. Code a spec names runs only when the user
-    named it in this context (``--code``, ``code=[...]``, :func:`landscape.plugins.trusting`) and is unchanged."""
+    named it in this context (``--code``, ``code=[...]``, :func:`landscape.plugins.trusting`) and is
+    unchanged."""
     if not isinstance(spec, dict):
         raise ModelError(f"a model spec is a dict with 'name' and 'kwargs', got {spec!r}")
     return build_model(spec)
@@ -414,9 +418,10 @@ def model_from_spec(spec: dict) -> nn.Module:
 
 
 def check_forward(model: nn.Module, x: torch.Tensor, num_classes: int) -> None:
-    """One forward of ``model`` on a few examples ``x`` where a model first meets its data: a failure, or logits
-    that are not floats of shape ``(N, num_classes)``, is one :class:`ModelError` line naming the layer, instead of
-    a traceback from deep in training. Changes no weights, statistics, mode or random stream."""
+    """One forward of ``model`` on a few examples ``x`` where a model first meets its data: a failure, or
+    logits that are not floats of shape ``(N, num_classes)``, is one :class:`ModelError` line naming the
+    layer, instead of a traceback from deep in training. Changes no weights, statistics, mode or random
+    stream."""
     spec = getattr(model, "landscape_spec", None)
     what = repr(spec["name"]) if isinstance(spec, dict) and "name" in spec else type(model).__name__
     names = {m: n or "(the model)" for n, m in model.named_modules()}

@@ -1,6 +1,6 @@
-"""Options: one declaration (:func:`option`, the type is the annotation) and one coercion (:func:`coerce`) for the
-command line, the Python api and batch specs; configs derive from :class:`Options`. Imports nothing heavy: the
-command line reads it before torch is loaded.
+"""Options: one declaration (:func:`option`, the type is the annotation) and one coercion (:func:`coerce`) for
+the command line, the Python api and batch specs; configs derive from :class:`Options`. Imports nothing heavy:
+the command line reads it before torch is loaded.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max: models an
 KINDS = ("subset", "device", "text", "metrics", "model", "data", "json", "directory", "file", "scheduler")
 
 
-# the help of the model and data-set options, the same in every command that builds a model (train, phases, import)
+# the help of the model and data-set options, the same in every command that builds a model
 SOURCE_HELP = {
     "data": "Data set: a built-in name (docs/data-models.md), a torchvision set by name (svhn, kmnist, ...) or imagefolder (both with --data-root), "
             "a .npz/.h5 tensor file, or module:factory / file.py:factory.",
@@ -80,13 +80,14 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | tu
     The annotation gives the type: ``int``/``float`` (finite, within ``min``/``max``, exclusive with
     ``min_open``/``max_open``; a field ``seed`` or ``*_seed`` is a seed), ``bool`` (a flag), ``str`` (one of
     ``choices`` when given), ``tuple[str | float, ...]`` (a comma list). ``kind`` names a special type instead
-    (:data:`KINDS`). ``flag`` overrides ``--field-name`` (a tuple adds aliases); ``cli=False`` keeps the field off
-    the command line; ``required`` requires the flag although the api has a default (``phases --k``).
+    (:data:`KINDS`). ``flag`` overrides ``--field-name`` (a tuple adds aliases); ``cli=False`` keeps the field
+    off the command line; ``required`` requires the flag although the api has a default (``phases --k``).
     """
     if kind is not None and kind not in KINDS:
         raise ValueError(f"option kind must be one of {KINDS}, got {kind!r}")
     meta = {"help": help, "flag": flag, "choices": choices, "metavar": metavar, "min": min, "max": max,
-            "min_open": min_open, "max_open": max_open, "kind": kind, "cli": cli, "envvar": envvar, "required": required}
+            "min_open": min_open, "max_open": max_open, "kind": kind, "cli": cli, "envvar": envvar,
+            "required": required}
     if default_factory is not None:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -115,7 +116,7 @@ def flag_of(f: dataclasses.Field) -> str:
 
 @functools.cache
 def hints(cls: type) -> dict[str, Any]:
-    """The resolved annotations of dataclass ``cls`` (strings under ``from __future__ import annotations``)."""
+    """The resolved annotations of dataclass ``cls`` (strings under ``from __future__ import``)."""
     return typing.get_type_hints(cls)
 
 
@@ -131,7 +132,7 @@ def split_optional(hint: Any) -> tuple[tuple[Any, ...], bool]:
 
 
 def _resolve(annotation: Any) -> Any:
-    """An annotation given as a string (our own kind tables', never user input) as a type; ``Any`` if unknown."""
+    """A string annotation (our own kind tables', never user input) as a type; ``Any`` if unknown."""
     if not isinstance(annotation, str):
         return annotation
     names = {"Any": Any, "Optional": typing.Optional, "Path": Path, "Callable": Callable,
@@ -145,19 +146,20 @@ def _resolve(annotation: Any) -> Any:
 
 
 def _number(value: Any, integer: bool, name: str) -> int | float:
+    wanted = "an integer" if integer else "a number"
     if isinstance(value, bool):
-        raise OptionError(name, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
+        raise OptionError(name, f"must be {wanted}, got {value!r}")
     number: Any = value
     if isinstance(value, str):
         try:
             number = int_or_float(value)
         except ValueError:
-            raise OptionError(name, f"must be {'an integer' if integer else 'a number'}, got {value!r}") from None
+            raise OptionError(name, f"must be {wanted}, got {value!r}") from None
     elif not isinstance(value, (int, float)):
         with contextlib.suppress(TypeError, ValueError):
             number = value.item() if hasattr(value, "item") else value  # numpy scalars
         if isinstance(number, bool) or not isinstance(number, (int, float)):
-            raise OptionError(name, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
+            raise OptionError(name, f"must be {wanted}, got {value!r}")
     if isinstance(number, float) and not math.isfinite(number):
         raise OptionError(name, f"must be a finite number, got {value!r}")
     if integer:
@@ -220,8 +222,8 @@ def _items(value: Any, item: Any, meta: Mapping[str, Any], name: str) -> tuple:
 
 def coerce(value: Any, annotation: Any, meta: Mapping[str, Any] | None = None, *, name: str = "value") -> Any:
     """``value`` (a command-line string, a YAML value or a Python value) as an option annotated ``annotation``
-    with :func:`option` metadata ``meta`` holds it, else an :class:`OptionError` naming parameter ``name``. What
-    is not an option type (``dict``, ``Any``) passes through unchanged."""
+    with :func:`option` metadata ``meta`` holds it, else an :class:`OptionError` naming parameter ``name``.
+    What is not an option type (``dict``, ``Any``) passes through unchanged."""
     meta = meta or {}
     kind = meta.get("kind")
     if kind == "subset":
@@ -342,7 +344,7 @@ def check_fields(config: Any) -> None:
 
 
 class Options:
-    """Base of the frozen option dataclasses: every field is coerced, then :meth:`validate` runs, when made."""
+    """Base of the frozen option dataclasses: fields coerced, then :meth:`validate`, when made."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -358,8 +360,8 @@ class Options:
 
 
 def build(cls: type, options: Mapping[str, Any] | None = None, *, base: Any = None) -> Any:
-    """A ``cls`` from keyword ``options``, replacing the fields of ``base`` when given; unknown options are one
-    UsageError naming the known ones."""
+    """A ``cls`` from keyword ``options``, replacing the fields of ``base`` when given; unknown options are
+    one UsageError naming the known ones."""
     options = dict(options or {})
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(options) - known)

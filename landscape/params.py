@@ -63,7 +63,8 @@ class ParamSpace:
     @classmethod
     def from_state_dict(cls, state: Mapping[str, torch.Tensor]) -> ParamSpace:
         """The floating-point entries of a state dict, in its order."""
-        return cls([TensorSpec(n, tuple(t.shape), t.dtype, PARAMETER) for n, t in state.items() if t.is_floating_point()])
+        return cls([TensorSpec(n, tuple(t.shape), t.dtype, PARAMETER)
+                    for n, t in state.items() if t.is_floating_point()])
 
     # views ----------------------------------------------------------------------------------------------
     @property
@@ -177,8 +178,8 @@ def unflatten(vector: torch.Tensor, space: ParamSpace) -> dict[str, torch.Tensor
 
 
 def lerp_tensor(a: torch.Tensor, b: torch.Tensor, alpha: float) -> torch.Tensor:
-    """:func:`torch.lerp`, but exactly ``a`` at ``alpha=0`` and ``b`` at ``alpha=1``: ``a + alpha (b - a)`` is NaN
-    at 0 when ``b`` holds NaN/inf (a diverged checkpoint), and a path's ends must be the checkpoints."""
+    """:func:`torch.lerp`, but exactly ``a`` at ``alpha=0`` and ``b`` at ``alpha=1``: ``a + alpha (b - a)`` is
+    NaN at 0 when ``b`` holds NaN/inf (a diverged checkpoint), and a path's ends must be the checkpoints."""
     if alpha == 0:
         return a.clone()
     if alpha == 1:
@@ -187,8 +188,8 @@ def lerp_tensor(a: torch.Tensor, b: torch.Tensor, alpha: float) -> torch.Tensor:
 
 
 def lerp(a, b, alpha: float):
-    """``(1 - alpha) a + alpha b`` for flat tensors or compatible state dicts (Watson et al. Sec. 2.2), exact at
-    both ends; a state dict's non-floating entries come from ``a``."""
+    """``(1 - alpha) a + alpha b`` for flat tensors or compatible state dicts (Watson et al. Sec. 2.2), exact
+    at both ends; a state dict's non-floating entries come from ``a``."""
     alpha = float(alpha)
     if isinstance(a, Mapping):
         check_compatible(a, b)
@@ -221,7 +222,7 @@ class Mismatch:
 
 def first_mismatch(a, b, *, dtypes: bool = False) -> Mismatch | None:
     """The one compatibility check of two models, state dicts, parameter spaces or mappings name -> shape: the
-    first tensor in one only, of another shape or (``dtypes``) kind of dtype, in ``a``'s order; None if none."""
+    first tensor in one only, of another shape or (``dtypes``) kind of dtype, in ``a``'s order, or None."""
     ta, tb = _specs_of(a), _specs_of(b)
     for name, (shape, dtype) in ta.items():
         if name not in tb:
@@ -238,7 +239,8 @@ def first_mismatch(a, b, *, dtypes: bool = False) -> Mismatch | None:
 
 
 def check_compatible(a, b, *, names: tuple[str, str] = ("A", "B")) -> None:
-    """Raise :class:`IncompatibleError` naming the first tensor where ``a`` and ``b`` differ (:func:`first_mismatch`)."""
+    """Raise :class:`IncompatibleError` naming the first tensor where ``a`` and ``b`` differ
+    (:func:`first_mismatch`)."""
     m = first_mismatch(a, b)
     if m is None:
         return

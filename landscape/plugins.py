@@ -83,7 +83,8 @@ def _not_user_code() -> tuple[Path, ...]:
 
 
 def _local_files(main: Path, modules: list[Any]) -> tuple[str, ...]:
-    """The source files of ``modules`` that are the user's local code beside ``main`` or in the working directory."""
+    """The source files of ``modules`` that are the user's local code beside ``main`` or in the working
+    directory."""
     roots = (main.parent, Path.cwd().resolve())
     excluded = _not_user_code()
     found = []
@@ -155,7 +156,8 @@ def _module_of(ref: CodeRef):
 
 
 def _import_failed(ref: CodeRef, what: str, exc: BaseException) -> PluginError:
-    """The one line for user code that failed while imported, ``sys.exit()`` too (never the command's own exit)."""
+    """The one line for user code that failed while imported, ``sys.exit()`` too (never the command's own
+    exit)."""
     if isinstance(exc, SystemExit):
         return PluginError(f"{ref.text!r}: {what} called sys.exit({exc.code!r}) while being imported; a model or "
                            f"data file defines its factory and returns (put script code under `if __name__ == "
@@ -165,8 +167,8 @@ def _import_failed(ref: CodeRef, what: str, exc: BaseException) -> PluginError:
 
 
 def _module_hashes(main: str | None, files: Any) -> dict[str, str | None]:
-    """``{file: sha256 or None}`` of local modules, keyed relative to ``main``'s folder where they are under it (so
-    code moved with its helpers is the same code)."""
+    """``{file: sha256 or None}`` of local modules, keyed relative to ``main``'s folder where they are under
+    it (so code moved with its helpers is the same code)."""
     folder = Path(main).resolve().parent if main else None
     out: dict[str, str | None] = {}
     for f in files:
@@ -251,16 +253,16 @@ def load_entry_point(group: str, name: str) -> tuple[Any, dict[str, Any]]:
         raise PluginError(f"entry point {name!r} ({ep.value}) of {group} failed to load: {one_line(exc)}") from None
 
 
-def checked_entry_point(group: str, name: str, recorded: dict[str, Any] | None, what: str) -> tuple[Any, dict]:
+def checked_entry_point(group: str, name: str, recorded: dict | None, what: str) -> tuple[Any, dict]:
     """``load_entry_point`` for a stored spec: another package or version than ``recorded`` is a
     ``CodeChangedError`` unless changed code is accepted (then recorded as ``accepted_change_from``)."""
     factory, info = load_entry_point(group, name)
     then, now = (recorded or {}).get("version"), info.get("version")
     if recorded and (recorded.get("package"), then) != (info.get("package"), now):
         if not _TRUST.get().accept_changed:
-            raise CodeChangedError(f"{what}: entry point from {recorded.get('package')} {then} when recorded, "
-                                   f"{info.get('package')} {now} now; pass {param('accept_changed_code', True)} "
-                                   "to use it")
+            raise CodeChangedError(
+                f"{what}: entry point from {recorded.get('package')} {then} when recorded, "
+                f"{info.get('package')} {now} now; pass {param('accept_changed_code', True)} to use it")
         info = {**info, "accepted_change_from": then}
     return factory, info
 
@@ -268,7 +270,7 @@ def checked_entry_point(group: str, name: str, recorded: dict[str, Any] | None, 
 # ------------------------------------------------------------------------------------------- trusted code
 #
 # Rebuilding a stored spec that names code runs it, so only when the user names the same code again in this
-# context (``--code``, ``--model REF``, ``code=[...]``, :func:`trusting`); workers receive the refs as strings.
+# context (``--code``, ``--model REF``, ``code=[...]``, :func:`trusting`); workers get the refs as strings.
 
 
 @dataclass(frozen=True)

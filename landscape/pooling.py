@@ -1,5 +1,6 @@
 """Max pooling on CPU through PyTorch's own channels-last kernel, faster than its NCHW one, with values and
-gradients bit for bit PyTorch's; :func:`exact_fast_pooling` swaps it in for a model's modules and functional calls.
+gradients bit for bit PyTorch's; :func:`exact_fast_pooling` swaps it in for a model's modules and functional
+calls.
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ def fast_max_pool2d(x: torch.Tensor, kernel_size, stride=None) -> torch.Tensor:
 
 @contextlib.contextmanager
 def exact_fast_pooling(model: nn.Module) -> Iterator[None]:
-    """Within the block, the model's plain ``MaxPool2d`` modules run :func:`fast_max_pool2d`, and so do functional
-    calls when the model has code of its own (``torch.nn`` layers alone do without the mode's overhead)."""
+    """Within the block, the model's plain ``MaxPool2d`` modules run :func:`fast_max_pool2d`, and so do
+    functional calls when the model has code of its own (``torch.nn`` layers alone do without the mode's
+    overhead)."""
     swapped = []
     for m in model.modules():
         if type(m) is nn.MaxPool2d and simple_pool(m) and "forward" not in m.__dict__:
@@ -86,8 +88,8 @@ def _pool_signature(input, kernel_size, stride=None, padding=0, dilation=1, ceil
 
 
 def simple_pool_call(func, args: tuple, kwargs: dict | None = None):
-    """``(x, kernel, stride)`` when ``func(*args, **kwargs)`` is a plain max pool (as :func:`simple_pool`), else
-    None."""
+    """``(x, kernel, stride)`` when ``func(*args, **kwargs)`` is a plain max pool (as :func:`simple_pool`),
+    else None."""
     if not any(func is f for f in _POOL_FUNCTIONS):
         return None
     try:

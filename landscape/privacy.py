@@ -1,6 +1,6 @@
-"""What is known of the privacy of the steps a run's starting weights were trained with (:class:`PrivacyHistory`):
-accounted DP steps, steps without a guarantee, guarantees declared for imported weights (basic composition), or
-nothing known (docs/privacy.md).
+"""What is known of the privacy of the steps a run's starting weights were trained with
+(:class:`PrivacyHistory`): accounted DP steps, steps without a guarantee, guarantees declared for imported
+weights (basic composition), or nothing known (docs/privacy.md).
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ class DeclaredPrivacy:
 
     def __post_init__(self) -> None:
         epsilon, delta = self.epsilon, self.delta
-        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not (0 <= epsilon < math.inf):
+        numbers = [isinstance(v, (int, float)) and not isinstance(v, bool) for v in (epsilon, delta)]
+        if not (numbers[0] and 0 <= epsilon < math.inf):
             raise UsageError(f"declared epsilon must be a finite number >= 0, got {epsilon}")
-        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not (0 <= delta < 1):
+        if not (numbers[1] and 0 <= delta < 1):
             raise UsageError(f"declared delta must be a number in [0, 1), got {delta}")
 
 
@@ -74,7 +75,8 @@ class PrivacyHistory:
                               self.unknown or other.unknown, [*self.declared, *other.declared])
 
     def manifest_fields(self, delta: float | None = None) -> dict[str, Any]:
-        """The ``manifest["privacy"]`` fields of this history (unknown and declared ones only when there are any)."""
+        """The ``manifest["privacy"]`` fields of this history (unknown and declared ones only when there are
+        any)."""
         out: dict[str, Any] = {"ancestor_events": [asdict(e) for e in self.events],
                                "non_private_ancestors": self.non_private}
         if self.unknown:
@@ -110,7 +112,7 @@ class PrivacyHistory:
 
 
 def continuing_accountant(parent: str | None) -> str:
-    """The accountant a child run continues with: its parent's if ours, ``pld`` for another, ``rdp`` for none."""
+    """The accountant a child run continues with: its parent's if ours, else ``pld``; ``rdp`` for none."""
     if parent is None:
         return "rdp"
     return parent if parent in ACCOUNTANTS else "pld"

@@ -1,6 +1,7 @@
-"""Progress of long work on stderr: a bar on a terminal (tqdm), elsewhere one plain line every ~10 s (what, how
-far, ETA), written by a watcher thread so it comes on time. Silent unless turned on (the command line does, Python
-with ``with progress.enabled(): ...``); the state is a context variable, so a new thread or worker starts silent.
+"""Progress of long work on stderr: a bar on a terminal (tqdm), elsewhere one plain line every ~10 s (what,
+how far, ETA), written by a watcher thread so it comes on time. Silent unless turned on (the command line
+does, Python with ``with progress.enabled(): ...``); the state is a context variable, so a new thread or
+worker starts silent.
 """
 
 from __future__ import annotations
@@ -120,8 +121,9 @@ def enabled(on: bool | None = True, *, stream: TextIO | None = None, bar: bool |
             interval: float | None = None) -> Iterator[None]:
     """Progress on (``on=True``) or off (``on=False``) inside the block; ``on=None`` changes nothing.
 
-    ``stream``: default ``sys.stderr``; ``bar``: tqdm bars (default: on a terminal) or plain lines; ``interval``:
-    seconds between plain lines. Inside a block that has it on, the outer display is kept unless one is given.
+    ``stream``: default ``sys.stderr``; ``bar``: tqdm bars (default: on a terminal) or plain lines;
+    ``interval``: seconds between plain lines. Inside a block that has it on, the outer display is kept unless
+    one is given.
     """
     if on is None or (on and _DISPLAY.get() is not None and stream is None and bar is None and interval is None):
         yield
@@ -161,8 +163,8 @@ def echo(text: str) -> None:
 
 
 def task(what: str, total: float | None = None, *, unit: str = "", done: float = 0, leave: bool = False) -> Task:
-    """A unit of long work (``update(n)`` as it advances, a ``with`` block or ``close()``): ``total`` counts its
-    ``unit`` (None: unknown), ``done`` is where it starts; ``leave`` keeps its bar. Nearly free when off."""
+    """A unit of long work (``update(n)`` as it advances, a ``with`` block or ``close()``): ``total`` counts
+    its ``unit`` (None: unknown), ``done`` is where it starts; ``leave`` keeps its bar. Free when off."""
     display = _DISPLAY.get()
     if display is None:
         return SILENT

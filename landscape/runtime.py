@@ -28,8 +28,8 @@ DATA_ENV = "LANDSCAPE_DATA"  # where torchvision data sets live (landscape.data)
 
 
 def set_threads(threads: int | None = None) -> int | None:
-    """Set torch's intra-op threads from ``threads``, else ``$LANDSCAPE_THREADS`` (None: torch's default). Before
-    torch loads, ``$OMP_NUM_THREADS`` is set instead: torch is not imported for it."""
+    """Set torch's intra-op threads from ``threads``, else ``$LANDSCAPE_THREADS`` (None: torch's default).
+    Before torch loads, ``$OMP_NUM_THREADS`` is set instead: torch is not imported for it."""
     if threads is None:
         env = os.environ.get(THREADS_ENV)
         if env is None:
@@ -201,14 +201,16 @@ def _portable_problems(torch) -> list[str]:  # noqa: ANN001 -- the torch module
 
 
 def local_only(what: str) -> None:
-    """A UsageError in portable mode: ``what`` (a Dask cluster) computes in processes whose kernels it cannot pin."""
+    """A UsageError in portable mode: ``what`` (a Dask cluster) computes in processes whose kernels it cannot
+    pin."""
     if portable_mode():
         raise UsageError(f"{what}: portable mode computes in this machine's processes only ({param('workers')}), not on "
                          "a cluster whose workers choose their own kernels")
 
 
 def portable_mode() -> bool:
-    """Whether this process computes in portable mode now (nothing pinned was changed since): what results record."""
+    """Whether this process computes in portable mode now (nothing pinned was changed since): what results
+    record."""
     torch = sys.modules.get("torch")
     return _PORTABLE and (torch is None or not _portable_problems(torch))
 
@@ -224,7 +226,7 @@ def kernels() -> str:
 
 
 def _version() -> str:
-    """``landscape.__version__``, read from the loaded package (which imports this module in portable mode)."""
+    """``landscape.__version__``, read from the loaded package (it imports this module in portable mode)."""
     return sys.modules["landscape"].__version__
 
 
@@ -246,8 +248,8 @@ ENVIRONMENT_PACKAGES = ("torch", "torchvision", "opacus", "numpy", "dp-accountin
 
 @functools.lru_cache(maxsize=1)
 def environment() -> dict[str, str]:
-    """The versions of python and the installed :data:`ENVIRONMENT_PACKAGES` a run or result is made with, read
-    without importing anything (``version.py``'s, which carries torch's build, else the metadata's)."""
+    """The versions of python and the installed :data:`ENVIRONMENT_PACKAGES` a run or result is made with,
+    read without importing anything (``version.py``'s, which carries torch's build, else the metadata's)."""
     import platform
     from importlib import metadata
 
@@ -285,8 +287,8 @@ def code_version() -> str:
 
 
 def die_with_parent(parent: int | None = None, interval: float = 0.5) -> None:
-    """Make this (worker) process exit when its parent dies, even by SIGKILL (``PR_SET_PDEATHSIG`` on Linux, and
-    a thread that watches for re-parenting): a worker blocked on a pipe to a dead parent would live on."""
+    """Make this (worker) process exit when its parent dies, even by SIGKILL (``PR_SET_PDEATHSIG`` on Linux,
+    and a thread that watches for re-parenting): a worker blocked on a pipe to a dead parent would live on."""
     parent = os.getppid() if parent is None else parent
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):

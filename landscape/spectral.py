@@ -1,7 +1,7 @@
-"""Spectral estimators of a symmetric :class:`LinearOperator` from its products alone: top eigenvalues (Lanczos
-with full reorthogonalisation), trace (Hutchinson), spectral density (stochastic Lanczos quadrature); docs/hessian.md.
-An operator on a subspace (the Hessian with pruning masks) also has ``numel`` (its vectors' length) and
-``mask_vector()`` (where probes are drawn).
+"""Spectral estimators of a symmetric :class:`LinearOperator` from its products alone: top eigenvalues
+(Lanczos with full reorthogonalisation), trace (Hutchinson), spectral density (stochastic Lanczos quadrature);
+docs/hessian.md. An operator on a subspace (the Hessian with pruning masks) also has ``numel`` (its vectors'
+length) and ``mask_vector()`` (where probes are drawn).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ class LinearOperator(Protocol):
 
 class MatrixOperator:
     """An explicit symmetric matrix (a Gram or NTK kernel) as a :class:`LinearOperator`; a matrix that is not
-    square, finite and symmetric to ``1e-8`` of its largest entry is a UsageError. ``products`` counts products."""
+    square, finite and symmetric to ``1e-8`` of its largest entry is a UsageError. ``products`` counts
+    products."""
 
     def __init__(self, matrix: Tensor | np.ndarray, *, dtype: torch.dtype | None = None,
                  device: str | torch.device | None = None) -> None:
@@ -108,8 +109,8 @@ def _norms(w: Tensor) -> Tensor:
 
 
 def _dots(w: Tensor, q: Tensor) -> Tensor:
-    """Row-wise inner products of two (B, d) matrices in float64, without a (B, d) temporary: float32 block sums
-    added in float64 (one float32 reduction over ResNet-18's 11 M parameters was off by 1e-3 and moved
+    """Row-wise inner products of two (B, d) matrices in float64, without a (B, d) temporary: float32 block
+    sums added in float64 (one float32 reduction over ResNet-18's 11 M parameters was off by 1e-3 and moved
     lambda_1 by 6e-4; a float64 cast copies every entry)."""
     if w.dtype == torch.float64:
         return torch.bmm(w[:, None, :], q[:, :, None]).view(-1)
@@ -125,8 +126,8 @@ def _dots(w: Tensor, q: Tensor) -> Tensor:
 
 
 def _coefficients(rows: Tensor, w: Tensor) -> Tensor:
-    """``rows @ w`` for rows (j, d) and w (d,), float32 column blocks added in float64 (one float32 product over
-    millions of parameters loses orthogonality), in ``w``'s dtype."""
+    """``rows @ w`` for rows (j, d) and w (d,), float32 column blocks added in float64 (one float32 product
+    over millions of parameters loses orthogonality), in ``w``'s dtype."""
     if rows.dtype == torch.float64 or w.shape[0] <= COLUMNS:
         return rows @ w
     c = torch.zeros(rows.shape[0], dtype=torch.float64, device=w.device)
@@ -154,7 +155,8 @@ def lanczos(
     stop: Callable[[np.ndarray, np.ndarray, float], bool] | None = None,
     basis: Tensor | None = None,
 ) -> Lanczos:
-    """Lanczos with full reorthogonalisation for ``B`` start vectors ``start`` (B, d) at once, at most ``steps``.
+    """Lanczos with full reorthogonalisation for ``B`` start vectors ``start`` (B, d) at once, at most
+    ``steps``.
 
     ``matvec(v, out)`` writes the rows' products into ``out``; ``draw(k)`` gives fresh vectors for runs whose
     Krylov space is exhausted; ``stop(alpha, beta, last_beta)`` (run 0) ends early. Each product is written
@@ -220,8 +222,8 @@ def _counted(matvec: Callable[[Tensor, Tensor], Tensor], task: progress.Task) ->
 
 def _draw(op: LinearOperator, k: int, generator: torch.Generator, kind: str, dtype: torch.dtype,
           out: Tensor | None = None) -> Tensor:
-    """``k`` ``"gaussian"`` or ``"rademacher"`` vectors in the operator's free subspace (into ``out`` when given),
-    drawn from the CPU ``generator`` so that they do not depend on the device."""
+    """``k`` ``"gaussian"`` or ``"rademacher"`` vectors in the operator's free subspace (into ``out`` when
+    given), drawn from the CPU ``generator`` so that they do not depend on the device."""
     shape = (k, int(getattr(op, "numel", op.dim)))
     cpu = out is not None and out.device.type == "cpu"
     v = out if cpu else torch.empty(shape, dtype=dtype)
