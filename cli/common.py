@@ -49,8 +49,7 @@ def echo_table(rows: Sequence[dict[str, Any]]) -> None:
 
 def os_error_line(exc: OSError) -> tuple[str, int]:
     """The one line (without ``error:``) and exit code of an OSError no command turned into a landscape error:
-    a name too long is a usage error (2), anything else a failure (1) naming the file and the system's
-    words."""
+    a name too long is a usage error (2), anything else a failure (1) naming the file and its words."""
     name = os.fsdecode(exc.filename) if exc.filename is not None else ""
     shown = name if len(name) <= 120 else f"{name[:60]}...{name[-40:]}"
     if exc.errno == errno.ENAMETOOLONG:
@@ -81,8 +80,7 @@ def command_flags(*commands: click.Command | None) -> dict[str, str]:
 
 
 def error_line(exc: LandscapeError | LandscapeWarning, *commands: click.Command | None) -> str:
-    """The one line (without ``error:``) of a LandscapeError, each parameter it names as the flag of
-    ``commands``."""
+    """The one line (without ``error:``) of a LandscapeError, each parameter named as ``commands``' flag."""
     return " ".join(_with_flags(exc.message, command_flags(*commands)).splitlines())
 
 

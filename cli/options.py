@@ -129,8 +129,7 @@ class FiniteFloat(_Ranged, click.FloatRange):
 
 
 class CommaList(Coerced):
-    """Comma-separated strings (``conv1.*,fc.weight``, one of ``choices`` each) or, ``number=True``, finite
-    floats."""
+    """Comma-separated strings (``conv1.*,fc.weight``; each one of ``choices``) or finite floats."""
 
     def __init__(self, number: bool = False, choices: tuple[str, ...] | None = None, **bounds: Any):
         self.annotation = tuple[float, ...] if number else tuple[str, ...]

@@ -1,8 +1,7 @@
-"""Hessian-vector products of the mean cross-entropy over a fixed batch, the one curvature primitive the
-analyzers build on. Per chunk of the batch, two exact ``torch.func`` routes: ``retained`` (``vjp(grad(L_c))``
-kept, one second-order backward per product, as PyHessian) within the ``retain_bytes`` budget, else
-``forward-over-reverse`` (``jvp(grad(L_c))``, Pearlmutter 1994, keeps nothing). A layer without a second
-derivative is named in one line.
+"""Hessian-vector products of the mean cross-entropy over a fixed batch, the curvature primitive of the
+analyzers. Per chunk, two exact ``torch.func`` routes: ``retained`` (``vjp(grad(L_c))`` kept, one second-order
+backward per product, as PyHessian) within ``retain_bytes``, else ``forward-over-reverse``
+(``jvp(grad(L_c))``, Pearlmutter 1994, keeps nothing). A layer with no second derivative is named in a line.
 """
 
 from __future__ import annotations
@@ -100,8 +99,7 @@ def _module_inputs(model: nn.Module, tensors: dict[str, Tensor], x1: Tensor) -> 
 def _twice_differentiable(module: nn.Module, tensors: dict[str, Tensor], args: tuple, kwargs: dict,
                           route: str) -> str | None:
     """None when ``module`` alone has a second derivative at ``args`` through ``route``, else the operation
-    torch names (a random projection of the outputs, differentiated in the floating inputs and trainable
-    parameters)."""
+    torch names (a random projection of the outputs, differentiated in the inputs and parameters)."""
     leaves, spec = tree_flatten((args, kwargs))
     slots = [i for i, t in enumerate(leaves) if isinstance(t, Tensor) and t.is_floating_point()]
     params = {k: t for k, t in tensors.items() if t.requires_grad}
@@ -187,8 +185,7 @@ def no_second_derivative_error(model: nn.Module, tensors: dict[str, Tensor], x1:
 class HessianOperator:
     """``v -> H v`` for the Hessian of the mean cross-entropy of ``model`` on ``x, y`` at its current weights,
     in eval mode: a :class:`landscape.spectral.LinearOperator`. ``masks`` ``{name: 0/1}`` make it ``P H P``;
-    ``batch_size`` bounds the examples per chunk, ``retain_bytes`` the kept graphs; ``products`` counts
-    products.
+    ``batch_size`` bounds the examples per chunk, ``retain_bytes`` the kept graphs; ``products`` counts.
     """
 
     def __init__(

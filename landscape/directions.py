@@ -119,8 +119,7 @@ def max_abs_cosine(directions: torch.Tensor) -> float:
 @dataclass
 class TrajectoryPCA:
     """Li et al. Sec. 7: orthonormal principal ``components`` (k, d) of a trajectory around ``origin``, their
-    ``explained_variance_ratio`` and the checkpoints' ``coords`` (T, k); signs put the first checkpoint at <=
-    0."""
+    ``explained_variance_ratio`` and the checkpoints' ``coords`` (T, k); the first checkpoint's are <= 0."""
 
     components: torch.Tensor
     explained_variance_ratio: np.ndarray

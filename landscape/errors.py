@@ -39,8 +39,7 @@ def params_in(message: str) -> tuple[str, ...]:
 
 
 def render(message: str, flag: Callable[[str], str] | None = None) -> str:
-    """A message written with :func:`param` as Python shows it (``flag`` None) or with ``flag(name)`` the
-    flags."""
+    """A message written with :func:`param` as Python shows it, or with the flags ``flag(name)`` gives."""
     def one(m: re.Match) -> str:
         name, python, shown = m.groups()
         if flag is None:
@@ -88,8 +87,7 @@ class UsageError(LandscapeError):
 
 
 class OptionError(UsageError):
-    """A value an option cannot take: ``<name> <reason>``, kept apart for click, which names the option
-    itself."""
+    """A value an option cannot take: ``<name> <reason>``, apart for click, which names the option itself."""
 
     def __init__(self, name: str, reason: str):
         super().__init__(f"{param(name)} {reason}")

@@ -228,8 +228,7 @@ class _Engine:
                 del cap_b
 
     def _bytes(self, probe: _Chunk) -> int:
-        """Bytes one sample keeps: weight layers' inputs and output gradients, the other parameters'
-        gradients."""
+        """Bytes one sample keeps: weight layers' inputs and output gradients, the others' gradients."""
         item = torch.finfo(self.reduce_dtype).bits // 8
         total = sum(g.numel() * g.element_size() for g in probe.func.values())
         for h in self.handlers:
@@ -247,9 +246,8 @@ class _Engine:
     # -- capture one chunk of samples
     def capture(self, idx: slice, eager: bool = False) -> _Chunk:
         """Forward + backward pass(es) on samples ``idx`` (one per logit for output kinds); ``eager`` forms
-        the chunk's blocks with itself inside the backward and drops the factors. Where the hooks cannot
-        capture the model, the first capture under ``strategy="auto"`` warns and hands every parameter to
-        ``torch.func``."""
+        the chunk's own blocks inside the backward, dropping the factors. Where the hooks cannot capture the
+        model, the first capture under ``strategy="auto"`` warns and leaves every parameter to torch.func."""
         try:
             return self._capture(idx, eager)
         except HooksFailed as e:

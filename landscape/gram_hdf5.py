@@ -1,6 +1,5 @@
 """Gram / NTK blocks out of core: :func:`landscape.gram.gram_tiles` streamed into an HDF5 file
-(``/blocks/<parameter name>``, their sum ``/K``, attrs), read back block by block by
-:class:`KernelFileOperator`.
+(``/blocks/<parameter name>``, their sum ``/K``), read back block by block by :class:`KernelFileOperator`.
 """
 
 from __future__ import annotations

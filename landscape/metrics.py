@@ -1,6 +1,5 @@
 """Per-point metrics named by the user (built-in names, ``module:Name{JSON}`` references, or
-:class:`landscape.evaluate.Metric` objects): loading, checks, guarded calls and provenance
-(docs/ARCHITECTURE.md).
+:class:`landscape.evaluate.Metric` objects): loading, checks, guarded calls, provenance (ARCHITECTURE.md).
 """
 
 from __future__ import annotations

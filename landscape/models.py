@@ -1,6 +1,5 @@
-"""Models by name (:data:`MODELS`, entry points of ``landscape.models``, user code), rebuilt from a stored
-spec ``{"name", "kwargs"}``. Building draws the initial weights from torch's global generator: the caller
-seeds."""
+"""Models by name (:data:`MODELS`, entry points of ``landscape.models``, user code), rebuilt from a spec
+``{"name", "kwargs"}``. Building draws the initial weights from torch's global generator: the caller seeds."""
 
 from __future__ import annotations
 
@@ -129,9 +128,8 @@ def _group_norm(channels: int, groups: int) -> nn.GroupNorm:
 def resnet18(input_shape: Sequence[int], num_classes: int, *, norm: str = "group", groups: int = 32,
              stem: str = "auto") -> nn.Module:
     """torchvision's ResNet-18 as in Watson et al. Sec. 4. ``norm="group"`` (needed for DP-SGD) puts GroupNorm
-    where torchvision has BatchNorm, as Opacus' converter does; ``stem="cifar"`` is a 3x3/1 conv without
-    maxpool (``"auto"``: cifar up to 64x64 inputs). ReLUs are not in-place, so per-sample hooks see every
-    activation."""
+    where torchvision has BatchNorm, as Opacus does; ``stem="cifar"`` is a 3x3/1 conv without maxpool
+    (``"auto"``: cifar up to 64x64 inputs). ReLUs are not in-place: per-sample hooks see every activation."""
     from torchvision.models import resnet18 as tv_resnet18
 
     c, h, w = _image_shape(input_shape, "resnet18")
@@ -407,8 +405,7 @@ def _positive_ints(values: Any, name: str) -> list[int]:
 
 def model_from_spec(spec: dict) -> nn.Module:
     """Rebuild a model (fresh weights) from its ``landscape_spec``. Code a spec names runs only when the user
-    named it in this context (``--code``, ``code=[...]``, :func:`landscape.plugins.trusting`) and is
-    unchanged."""
+    named it in this context (``--code``, ``code=[...]``, ``plugins.trusting``) and is unchanged."""
     if not isinstance(spec, dict):
         raise ModelError(f"a model spec is a dict with 'name' and 'kwargs', got {spec!r}")
     return build_model(spec)
@@ -420,8 +417,7 @@ def model_from_spec(spec: dict) -> nn.Module:
 def check_forward(model: nn.Module, x: torch.Tensor, num_classes: int) -> None:
     """One forward of ``model`` on a few examples ``x`` where a model first meets its data: a failure, or
     logits that are not floats of shape ``(N, num_classes)``, is one :class:`ModelError` line naming the
-    layer, instead of a traceback from deep in training. Changes no weights, statistics, mode or random
-    stream."""
+    layer, not a traceback from deep in training. Changes no weights, statistics, mode or random stream."""
     spec = getattr(model, "landscape_spec", None)
     what = repr(spec["name"]) if isinstance(spec, dict) and "name" in spec else type(model).__name__
     names = {m: n or "(the model)" for n, m in model.named_modules()}

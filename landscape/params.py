@@ -239,8 +239,7 @@ def first_mismatch(a, b, *, dtypes: bool = False) -> Mismatch | None:
 
 
 def check_compatible(a, b, *, names: tuple[str, str] = ("A", "B")) -> None:
-    """Raise :class:`IncompatibleError` naming the first tensor where ``a`` and ``b`` differ
-    (:func:`first_mismatch`)."""
+    """Raise :class:`IncompatibleError` naming the first tensor where ``a`` and ``b`` differ."""
     m = first_mismatch(a, b)
     if m is None:
         return

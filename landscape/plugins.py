@@ -83,8 +83,7 @@ def _not_user_code() -> tuple[Path, ...]:
 
 
 def _local_files(main: Path, modules: list[Any]) -> tuple[str, ...]:
-    """The source files of ``modules`` that are the user's local code beside ``main`` or in the working
-    directory."""
+    """The source files of ``modules`` that are user code beside ``main`` or in the working directory."""
     roots = (main.parent, Path.cwd().resolve())
     excluded = _not_user_code()
     found = []
@@ -156,8 +155,7 @@ def _module_of(ref: CodeRef):
 
 
 def _import_failed(ref: CodeRef, what: str, exc: BaseException) -> PluginError:
-    """The one line for user code that failed while imported, ``sys.exit()`` too (never the command's own
-    exit)."""
+    """The one line for user code that failed while imported, ``sys.exit()`` too (not the command's exit)."""
     if isinstance(exc, SystemExit):
         return PluginError(f"{ref.text!r}: {what} called sys.exit({exc.code!r}) while being imported; a model or "
                            f"data file defines its factory and returns (put script code under `if __name__ == "

@@ -1,6 +1,5 @@
 """Max pooling on CPU through PyTorch's own channels-last kernel, faster than its NCHW one, with values and
-gradients bit for bit PyTorch's; :func:`exact_fast_pooling` swaps it in for a model's modules and functional
-calls.
+gradients bit for bit PyTorch's; :func:`exact_fast_pooling` swaps it in for a model's modules and calls.
 """
 
 from __future__ import annotations
@@ -53,8 +52,7 @@ def fast_max_pool2d(x: torch.Tensor, kernel_size, stride=None) -> torch.Tensor:
 @contextlib.contextmanager
 def exact_fast_pooling(model: nn.Module) -> Iterator[None]:
     """Within the block, the model's plain ``MaxPool2d`` modules run :func:`fast_max_pool2d`, and so do
-    functional calls when the model has code of its own (``torch.nn`` layers alone do without the mode's
-    overhead)."""
+    functional calls when the model has code of its own (not for ``torch.nn`` layers alone)."""
     swapped = []
     for m in model.modules():
         if type(m) is nn.MaxPool2d and simple_pool(m) and "forward" not in m.__dict__:

@@ -75,8 +75,7 @@ class PrivacyHistory:
                               self.unknown or other.unknown, [*self.declared, *other.declared])
 
     def manifest_fields(self, delta: float | None = None) -> dict[str, Any]:
-        """The ``manifest["privacy"]`` fields of this history (unknown and declared ones only when there are
-        any)."""
+        """The ``manifest["privacy"]`` fields of this history (unknown and declared ones only if any)."""
         out: dict[str, Any] = {"ancestor_events": [asdict(e) for e in self.events],
                                "non_private_ancestors": self.non_private}
         if self.unknown:

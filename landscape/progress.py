@@ -1,7 +1,6 @@
-"""Progress of long work on stderr: a bar on a terminal (tqdm), elsewhere one plain line every ~10 s (what,
-how far, ETA), written by a watcher thread so it comes on time. Silent unless turned on (the command line
-does, Python with ``with progress.enabled(): ...``); the state is a context variable, so a new thread or
-worker starts silent.
+"""Progress of long work on stderr: a bar on a terminal (tqdm), elsewhere one line every ~10 s (what, how
+far, ETA) from a watcher thread, so it comes on time. Off unless turned on (the command line does; Python:
+``with progress.enabled(): ...``); a context variable holds it, so a new thread or worker starts silent.
 """
 
 from __future__ import annotations
@@ -122,8 +121,7 @@ def enabled(on: bool | None = True, *, stream: TextIO | None = None, bar: bool |
     """Progress on (``on=True``) or off (``on=False``) inside the block; ``on=None`` changes nothing.
 
     ``stream``: default ``sys.stderr``; ``bar``: tqdm bars (default: on a terminal) or plain lines;
-    ``interval``: seconds between plain lines. Inside a block that has it on, the outer display is kept unless
-    one is given.
+    ``interval``: seconds between lines. In a block with it on, the outer display stays unless one is given.
     """
     if on is None or (on and _DISPLAY.get() is not None and stream is None and bar is None and interval is None):
         yield

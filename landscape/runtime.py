@@ -201,16 +201,14 @@ def _portable_problems(torch) -> list[str]:  # noqa: ANN001 -- the torch module
 
 
 def local_only(what: str) -> None:
-    """A UsageError in portable mode: ``what`` (a Dask cluster) computes in processes whose kernels it cannot
-    pin."""
+    """A UsageError in portable mode: ``what`` (a Dask cluster) computes where no kernels are pinned."""
     if portable_mode():
         raise UsageError(f"{what}: portable mode computes in this machine's processes only ({param('workers')}), not on "
                          "a cluster whose workers choose their own kernels")
 
 
 def portable_mode() -> bool:
-    """Whether this process computes in portable mode now (nothing pinned was changed since): what results
-    record."""
+    """Whether this process is in portable mode now (nothing pinned changed since); results record it."""
     torch = sys.modules.get("torch")
     return _PORTABLE and (torch is None or not _portable_problems(torch))
 

@@ -41,8 +41,7 @@ class LinearOperator(Protocol):
 
 class MatrixOperator:
     """An explicit symmetric matrix (a Gram or NTK kernel) as a :class:`LinearOperator`; a matrix that is not
-    square, finite and symmetric to ``1e-8`` of its largest entry is a UsageError. ``products`` counts
-    products."""
+    square, finite and symmetric to ``1e-8`` of its largest entry is a UsageError; ``products`` counts."""
 
     def __init__(self, matrix: Tensor | np.ndarray, *, dtype: torch.dtype | None = None,
                  device: str | torch.device | None = None) -> None:
@@ -155,8 +154,7 @@ def lanczos(
     stop: Callable[[np.ndarray, np.ndarray, float], bool] | None = None,
     basis: Tensor | None = None,
 ) -> Lanczos:
-    """Lanczos with full reorthogonalisation for ``B`` start vectors ``start`` (B, d) at once, at most
-    ``steps``.
+    """Lanczos with full reorthogonalisation, at most ``steps``, for the ``B`` start vectors (B, d) at once.
 
     ``matvec(v, out)`` writes the rows' products into ``out``; ``draw(k)`` gives fresh vectors for runs whose
     Krylov space is exhausted; ``stop(alpha, beta, last_beta)`` (run 0) ends early. Each product is written
