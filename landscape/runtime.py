@@ -228,15 +228,14 @@ def _version() -> str:
     return sys.modules["landscape"].__version__
 
 
-def seed_everything(seed: int) -> torch.Generator:
-    """Seed python, numpy and torch; return a CPU generator seeded with ``seed`` for explicit use."""
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch."""
     import numpy as np
     import torch
 
     random.seed(seed)
     np.random.seed(seed % 2**32)  # noqa: NPY002 - seeds legacy global-state users too
     torch.manual_seed(seed)
-    return torch.Generator().manual_seed(seed)
 
 
 #: The packages whose versions every run and result records (when installed; read from their metadata, so
