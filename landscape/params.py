@@ -143,12 +143,6 @@ class ParamSpace:
         with torch.no_grad():
             torch._foreach_copy_(targets, sources)
 
-    def check_compatible(self, other: ParamSpace, names: tuple[str, str] = ("A", "B")) -> None:
-        """Raise :class:`IncompatibleError` naming the first tensor that differs between two spaces."""
-        check_compatible(
-            {e.name: e.shape for e in self.entries}, {e.name: e.shape for e in other.entries}, names=names
-        )
-
     def _check_dim(self, vector: torch.Tensor) -> None:
         if vector.dim() != 1 or vector.numel() != self.dim:
             raise IncompatibleError(
@@ -221,8 +215,8 @@ class Mismatch:
 
 
 def first_mismatch(a, b, *, dtypes: bool = False) -> Mismatch | None:
-    """The one compatibility check of two models, state dicts, parameter spaces or mappings name -> shape: the
-    first tensor in one only, of another shape or (``dtypes``) kind of dtype, in ``a``'s order, or None."""
+    """The one compatibility check of two models, state dicts or mappings name -> shape: the first tensor in
+    one only, of another shape or (``dtypes``) kind of dtype, in ``a``'s order, or None."""
     ta, tb = _specs_of(a), _specs_of(b)
     for name, (shape, dtype) in ta.items():
         if name not in tb:
@@ -302,9 +296,7 @@ def plain_names(model: nn.Module) -> dict[str, str]:
 
 
 def _specs_of(x) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
-    """name -> (shape, dtype or None) of a parameter space, model, state dict or mapping name -> shape."""
-    if isinstance(x, ParamSpace):
-        return {e.name: (tuple(e.shape), e.dtype) for e in x.entries}
+    """name -> (shape, dtype or None) of a model, state dict or mapping name -> shape."""
     if isinstance(x, nn.Module):
         x = x.state_dict()
     out = {}
