@@ -36,10 +36,9 @@ class DeclaredPrivacy:
 
     def __post_init__(self) -> None:
         epsilon, delta = self.epsilon, self.delta
-        numbers = [isinstance(v, (int, float)) and not isinstance(v, bool) for v in (epsilon, delta)]
-        if not (numbers[0] and 0 <= epsilon < math.inf):
+        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0 <= epsilon < math.inf:
             raise UsageError(f"declared epsilon must be a finite number >= 0, got {epsilon}")
-        if not (numbers[1] and 0 <= delta < 1):
+        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 <= delta < 1:
             raise UsageError(f"declared delta must be a number in [0, 1), got {delta}")
 
 
