@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from landscape.curvature import eval_mode
 from landscape.errors import ModelError, OptionError, UsageError
 from landscape.options import GRAM_STRATEGIES, KERNELS, PRECISIONS
 from landscape.persample import (
@@ -147,9 +148,7 @@ def gram_tiles(
 def _tiles(engine: _Engine, model: nn.Module, kind: str, chunk: int | None):
     """The engine's tiles in eval mode, traced over logits for ``output-trace``; diagonal tiles made symmetric
     (each block is G G^T: its symmetric part drops the rounding's asymmetry)."""
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         engine.plan(chunk)
         M = engine.M
         for ra, rb, name, tile in engine.tiles():
@@ -159,8 +158,6 @@ def _tiles(engine: _Engine, model: nn.Module, kind: str, chunk: int | None):
             if ra == rb:
                 tile = (tile + tile.T) / 2
             yield ra, rb, name, tile
-    finally:
-        model.train(was_training)
 
 
 class _Engine:
