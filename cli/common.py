@@ -34,12 +34,12 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def echo_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> None:
-    """Print rows as an aligned plain-text table (to stdout)."""
+def echo_table(rows: Sequence[dict[str, Any]]) -> None:
+    """Print rows as an aligned plain-text table (to stdout), the first row's keys as columns."""
     if not rows:
         click.echo("(nothing)")
         return
-    columns = list(columns or rows[0].keys())
+    columns = list(rows[0])
     cells = [[format_value(r.get(c)) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     click.echo("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
@@ -49,8 +49,7 @@ def echo_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = N
 
 def os_error_line(exc: OSError) -> tuple[str, int]:
     """The one line (without ``error:``) and exit code of an OSError no command turned into a landscape error:
-    a path past the system's limits is a usage error (2); anything else the system refused (a full disk, a
-    file size limit, a failing device, a permission) names the file and the system's words, a failure (1)."""
+    a name too long is a usage error (2), anything else a failure (1) naming the file and its words."""
     name = os.fsdecode(exc.filename) if exc.filename is not None else ""
     shown = name if len(name) <= 120 else f"{name[:60]}...{name[-40:]}"
     if exc.errno == errno.ENAMETOOLONG:
@@ -63,8 +62,7 @@ def os_error_line(exc: OSError) -> tuple[str, int]:
 
 
 def command_flags(*commands: click.Command | None) -> dict[str, str]:
-    """Parameter name -> how the command line spells it (``from_ref`` -> ``--from``, an argument ``ref_a`` ->
-    ``REF_A``), over ``commands`` and the subcommands of groups among them (the first spelling wins)."""
+    """Parameter name -> how ``commands`` (and their subcommands) spell it (``from_ref`` -> ``--from``)."""
     out: dict[str, str] = {}
     for command in commands:
         if command is None:
@@ -82,9 +80,7 @@ def command_flags(*commands: click.Command | None) -> dict[str, str]:
 
 
 def error_line(exc: LandscapeError | LandscapeWarning, *commands: click.Command | None) -> str:
-    """The one line (without ``error:``) of a :class:`~landscape.errors.LandscapeError` on the command line: each
-    parameter its message names (:func:`landscape.errors.param`) as the flag of ``commands`` that sets it (else
-    ``--name-with-dashes``), where Python shows the parameter's own name."""
+    """The one line (without ``error:``) of a LandscapeError, each parameter named as ``commands``' flag."""
     return " ".join(_with_flags(exc.message, command_flags(*commands)).splitlines())
 
 
@@ -99,6 +95,5 @@ def in_command(message: str) -> str:
 
 
 def warning_line(message: Warning | str) -> str:
-    """A warning as the running command shows it: a :class:`~landscape.errors.LandscapeWarning`'s parameters as
-    its flags, any other warning as it is."""
+    """A warning as the running command shows it (a LandscapeWarning's parameters as its flags)."""
     return in_command(message.message) if isinstance(message, LandscapeWarning) else str(message)

@@ -25,7 +25,6 @@ from cli.options import (
     add_options,
     data_root_option,
     no_figure_option,
-    note_scheduler,
     output_option,
     overwrite_option,
     run_api,
@@ -33,7 +32,7 @@ from cli.options import (
     scheduler_option,
 )
 from landscape.analyze.registry import Analysis, get
-from landscape.bounds import is_seed
+from landscape.bounds import is_seed, scheduler_note
 from landscape.options import cli_fields, flags_of, hints, split_optional
 
 
@@ -93,7 +92,7 @@ def field_option(f: dataclasses.Field, hint: Any):
         kwargs["required"] = True  # a field without a default is required everywhere (``prune --remove``)
     elif not kwargs.get("is_flag"):
         kwargs["default"] = default
-        kwargs["show_default"] = meta.get("show_default", True) if default not in (None, {}) else False
+        kwargs["show_default"] = default not in (None, {})
     if meta.get("envvar"):
         kwargs.update(envvar=meta["envvar"], show_envvar=True)
     if meta.get("metavar"):
@@ -141,7 +140,7 @@ def command(name: str) -> click.Command:
             from landscape.api.execution import check_parallelism
 
             check_parallelism(kwargs.get("workers", 1), kwargs["scheduler"])
-            note_scheduler(kwargs["scheduler"])
+            click.echo(scheduler_note(kwargs["scheduler"]), err=True)
 
         def call():
             from landscape.api.runner import run

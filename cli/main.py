@@ -26,10 +26,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "batch": ("cli.batch:batch", "Run a YAML sweep of train/phases/prune/analysis jobs, in-process or on Dask."),
 }
 
-def _load(where: str) -> click.Command:
-    module, attr = where.split(":")
-    return getattr(importlib.import_module(module), attr)
-
 
 class LazyGroup(click.Group):
     """The commands of ``COMMANDS`` plus one per job kind (:mod:`landscape.kinds`), generated from its spec, each
@@ -42,7 +38,8 @@ class LazyGroup(click.Group):
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name in COMMANDS:
-            return _load(COMMANDS[name][0])
+            module, attr = COMMANDS[name][0].split(":")
+            return getattr(importlib.import_module(module), attr)
         from landscape import kinds
 
         if name not in kinds.names():
@@ -99,8 +96,8 @@ def cli(ctx: click.Context, root: str, threads: int | None, code: tuple[str, ...
             raise click.UsageError(f"--portable runs one thread (--threads {threads} given)")
         use_portable()
     set_threads(threads)
-    if not quiet:  # for this command only: main() runs each command in a context of its own
-        progress.enable()
+    if not quiet:  # for this command only
+        ctx.with_resource(progress.enabled())
     ctx.ensure_object(dict).update(root=root, command=ctx.invoked_subcommand)
     if code or accept_changed_code:
         from landscape import plugins

@@ -1,7 +1,5 @@
-"""The click parameter types and the shared options of the commands. The types convert through
-:func:`landscape.options.coerce`, the one coercion of the api and batch specs too, so a value means the same
-and a bad one reads the same wherever it is given.
-"""
+"""The click parameter types and shared options of the commands; the types convert through
+:func:`landscape.options.coerce`, the one coercion of the api and batch specs too."""
 
 from __future__ import annotations
 
@@ -19,10 +17,8 @@ from landscape.progress import echo
 
 
 class Coerced(click.ParamType):
-    """A click type whose conversion is :func:`landscape.options.coerce` (the one coercion of the command line,
-    the api and batch specs): ``annotation`` and :func:`~landscape.options.option` metadata ``meta``; a value it
-    refuses is click's one usage line naming the option. Mixed into click's own types below so that ``--help``
-    shows ranges and choices as click does."""
+    """A click type converting by :func:`landscape.options.coerce` with ``annotation`` and ``meta``; mixed
+    into click's own types so that ``--help`` shows ranges and choices as click does."""
 
     annotation: Any = str
     meta: dict[str, Any] = {}
@@ -37,8 +33,7 @@ class Coerced(click.ParamType):
 
 
 class SubsetType(Coerced):
-    """``--subset``: an integer count (``500``) or a fraction in (0, 1] (``0.05``); the rule is
-    :func:`landscape.bounds.subset_value` (batch specs use it too)."""
+    """``--subset``: an integer count (``500``) or a fraction in (0, 1] (``0.05``)."""
 
     name = "N|FRACTION"
     # the declared range of its values, as click's number ranges state theirs: counts >= 1 or fractions in (0, 1]
@@ -81,10 +76,8 @@ class Seed(Coerced, click.IntRange):
 
 class SourceName(click.ParamType):
     """``--model`` / ``--data``: a name of the registry dict ``registry`` (``"landscape.models:MODELS"``), an
-    installed entry point of ``group``, or a code reference ``module:factory`` / ``file.py:factory``; for data
-    also a ``.npz``/``.h5`` tensor file, ``imagefolder`` and torchvision classification sets by name. The
-    registry is read when a value is checked, so defining the option imports no torch (``store ls`` needs none);
-    code is not imported here (the library does it, once, when it builds)."""
+    entry point of ``group`` or a code reference (not imported here); for data also tensor files, imagefolder
+    and torchvision sets. The registry is read when a value is checked: the option imports no torch."""
 
     def __init__(self, registry: str, group: str, data: bool = False):
         self.registry, self.group, self.data = registry, group, data
@@ -130,15 +123,13 @@ class DeviceType(Coerced):
 
 
 class FiniteFloat(_Ranged, click.FloatRange):
-    """``click.FloatRange`` that also refuses NaN, infinities and magnitudes float32 cannot hold (a NaN passes
-    every range comparison; ``1e39`` becomes ``inf`` in a float32 model)."""
+    """``click.FloatRange`` that also refuses NaN, infinities and magnitudes float32 cannot hold."""
 
     annotation = float
 
 
 class CommaList(Coerced):
-    """Comma-separated strings (``conv1.*,fc.weight``) or, with ``number=True``, finite floats, each in the range
-    given by ``min``/``max``/``min_open``/``max_open``; with ``choices``, each item one of them, none repeated."""
+    """Comma-separated strings (``conv1.*,fc.weight``; each one of ``choices``) or finite floats."""
 
     def __init__(self, number: bool = False, choices: tuple[str, ...] | None = None, **bounds: Any):
         self.annotation = tuple[float, ...] if number else tuple[str, ...]
@@ -148,16 +139,14 @@ class CommaList(Coerced):
 
 
 class FieldType(Coerced):
-    """The click type of a config field that is not a number (strings, choices, kinds): its annotation and
-    metadata, converted by the one coercion."""
+    """The click type of a config field that is not a number (strings, choices, kinds)."""
 
     def __init__(self, annotation: Any, meta: dict[str, Any], field_name: str, name: str = "TEXT"):
         self.annotation, self.meta, self.field_name, self.name = annotation, dict(meta), field_name, name
 
 
 class SchedulerAddress(click.ParamType):
-    """``--scheduler``: a Dask scheduler address ``tcp://HOST:PORT``, checked before anything runs
-    (:func:`landscape.api.execution.scheduler_address`); the command then waits up to ten seconds for it."""
+    """``--scheduler``: a Dask scheduler address ``tcp://HOST:PORT``, checked before anything runs."""
 
     name = "tcp://HOST:PORT"
 
@@ -181,16 +170,7 @@ def scheduler_option(help: str) -> Callable:
     return click.option("--scheduler", type=SchedulerAddress(), default=None, help=scheduler_help(help))
 
 
-def note_scheduler(scheduler: str | None) -> None:
-    """Say on stderr which scheduler the command waits for, and how long."""
-    if scheduler is not None:
-        from landscape.bounds import scheduler_note
-
-        click.echo(scheduler_note(scheduler), err=True)
-
-
-# the path is checked once, by the runner before it computes (landscape.results.check_output_path: one message from
-# the command line and the api alike)
+# the path is checked once, by the runner (landscape.results.check_output_path), from the command line too
 output_option = click.option("-o", "--output", type=click.Path(), metavar="FILE", default=None,
                              help="Result HDF5 file to write.")
 overwrite_option = click.option("--overwrite", is_flag=True,
@@ -213,8 +193,7 @@ no_figure_option = click.option("--no-figure", is_flag=True, help="Write the res
 
 
 def run_api(fn: Callable[[], Any]) -> Any:
-    """Call the library with each warning shown as one ``warning: ...`` line on stderr (no source lines), the
-    parameters it names as the command's flags."""
+    """Call the library with each warning shown as one ``warning: ...`` line on stderr, naming the flags."""
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = lambda message, *args, **kw: echo(f"warning: {warning_line(message)}")  # above any progress bar

@@ -1,10 +1,6 @@
-"""Atomic file writes shared by the checkpoint store and result files (no torch; h5py only when writing HDF5).
-
-A temporary file beside the target is fsynced, renamed over it and the directory fsynced, so a killed process
-leaves the old file or the complete new one. Every write fsyncs its directory, even for two renames in a row:
-POSIX orders renames only through that fsync, and a manifest must never survive a power cut that lost the
-checkpoint it lists. :func:`atomic_write_hdf5` keeps a refused write from HDF5, which otherwise crashes the
-process when it closes the file.
+"""Atomic file writes of the store and the results: a temporary file beside the target is fsynced, renamed
+over it and the directory fsynced (every time: POSIX orders renames only through that fsync), so a killed
+process leaves the old file or the complete new one.
 """
 
 from __future__ import annotations
@@ -21,8 +17,6 @@ from typing import Any
 
 from landscape.errors import WriteError
 
-__all__ = ["WRITE_ERRNOS", "atomic_write", "atomic_write_hdf5", "fsync_dir", "stale_temp_files"]
-
 #: The errors of a write the system refused for want of room or of a working device (a :class:`WriteError`).
 WRITE_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EFBIG, errno.EIO})
 
@@ -31,17 +25,10 @@ _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)  # 
 
 
 def atomic_write(path: str | os.PathLike, write_fn: Callable[[Path], object], *, hasher: Any = None) -> Path:
-    """Create or replace ``path`` atomically: ``write_fn(tmp)`` writes the whole content to a new, empty
-    temporary file ``tmp`` beside ``path`` (hidden; in the same directory, so that the rename cannot cross file
-    systems; permissions 0666 & ~umask), which is then fsynced and renamed over ``path``, and the rename made
-    durable (module docstring). On any exception (also KeyboardInterrupt) the temporary file is removed and
-    ``path`` is untouched; a refused write (:data:`WRITE_ERRNOS`) is a :class:`WriteError` naming ``path``.
-    Returns ``path``.
-
-    ``hasher`` (a :mod:`hashlib` object) is updated with the complete file's bytes, read back from the page cache
-    in a thread while the file is fsynced (a writer that may seek, as HDF5 does, cannot be hashed as it writes).
-
-    The parent directory must exist; other OSErrors from creating the temporary file are the caller's to report.
+    """Create or replace ``path`` atomically: ``write_fn(tmp)`` writes the whole content to a new temporary
+    file beside it. On any exception ``path`` is untouched; a refused write (:data:`WRITE_ERRNOS`) is a
+    :class:`WriteError` naming ``path``. ``hasher`` (:mod:`hashlib`) gets the file's bytes, read back in a
+    thread while it is fsynced (a writer that seeks, as HDF5 does, cannot be hashed as it writes).
     """
     path = Path(path)
     with _refused(path):
@@ -65,12 +52,9 @@ def atomic_write(path: str | os.PathLike, write_fn: Callable[[Path], object], *,
 
 def atomic_write_hdf5(path: str | os.PathLike, fill: Callable[[Any, Callable[[], None]], object], *,
                       hasher: Any = None, **options: Any) -> Path:
-    """Create or replace the HDF5 file ``path`` atomically (:func:`atomic_write`): ``fill(f, check)`` writes
-    into the new ``h5py.File`` ``f`` (``options``: h5py's, e.g. ``track_order=True``), which goes to the
-    temporary file as HDF5 writes it (a file larger than memory streams). A write the system refuses is kept
-    from HDF5 (module docstring); ``check()`` raises it, for a writer that streams to call between its pieces
-    (a full disk then stops it at once); else it is raised when ``fill`` returns, as a :class:`WriteError`
-    naming ``path``, the temporary file removed. ``hasher``: as for :func:`atomic_write`. Returns ``path``."""
+    """:func:`atomic_write` of an HDF5 file: ``fill(f, check)`` writes into the new ``h5py.File`` ``f``. A
+    write the system refuses is kept from HDF5 (which would crash the process closing the file) and raised by
+    ``check()`` (a streaming writer calls it between pieces), else when ``fill`` returns."""
     import h5py
 
     def write(tmp: Path) -> None:
@@ -87,12 +71,9 @@ def atomic_write_hdf5(path: str | os.PathLike, fill: Callable[[Any, Callable[[],
 
 
 class _Sink:
-    """The file object h5py's ``fileobj`` driver writes an HDF5 file through (:func:`atomic_write_hdf5`): the
-    open temporary file until the system refuses a write. HDF5 is never told: an error raised in this driver's
-    callbacks can surface inside h5py's object deallocation, where it is lost and the process may crash. The
-    error is kept (:meth:`check` raises it) and every later write goes to memory (:attr:`held`, read back from
-    there), so HDF5 sees a consistent file to the end and closes it; the file is then dropped. The memory held
-    is at most what is left to write: a streaming writer calls ``check`` between pieces."""
+    """The file object h5py's ``fileobj`` driver writes through: the temporary file until the system refuses a
+    write. HDF5 is never told (an error in the driver's callbacks can crash the process): the error is kept
+    and later writes go to memory (:attr:`held`), so HDF5 sees a consistent file to the end."""
 
     def __init__(self, fd: int) -> None:
         self.fd, self.pos, self.end = fd, 0, 0
@@ -179,11 +160,8 @@ def _refused(path: str | os.PathLike):
 
 
 def stale_temp_files(directory: str | os.PathLike, finals: Callable[[str], bool] = lambda _: True) -> list[Path]:
-    """Temporary files of :func:`atomic_write` in ``directory`` whose final name satisfies ``finals``.
-
-    Only call this where no writer can be active (e.g. under the store's run lock): a live writer's
-    temporary file looks exactly like a stale one.
-    """
+    """Temporary files of :func:`atomic_write` in ``directory`` whose final name satisfies ``finals``; only
+    where no writer can be active (a live writer's temporary file looks like a stale one)."""
     out = []
     for entry in Path(directory).iterdir():
         m = _TEMP_NAME.fullmatch(entry.name)
@@ -220,7 +198,5 @@ def _fsync(path: str | os.PathLike, hasher: Any = None) -> None:
 
 def fsync_dir(path: str | os.PathLike) -> None:
     """Make a rename in ``path`` durable; file systems that cannot fsync a directory are skipped."""
-    try:
+    with contextlib.suppress(OSError):
         _fsync(path)
-    except OSError:
-        pass

@@ -1,8 +1,5 @@
-"""The stated limits of the numbers a user gives, in one place (command line, Python api and batch specs
-alike): seeds in ``[0, SEED_MAX]`` (numpy refuses negative seeds, torch takes 64 bits), counts up to
-``COUNT_MAX`` and tighter for sizes allocated up front, subsets as a count or a fraction
-(:func:`subset_value`), the scheduler wait. Imports nothing heavy: the command line reads it before torch is
-loaded.
+"""The stated limits of the numbers a user gives, in one place for the command line, the api and batch specs
+(seeds in ``[0, SEED_MAX]``: numpy refuses negative seeds, torch takes 64 bits). Imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -29,28 +26,25 @@ def is_seed(name: str) -> bool:
     return name == "seed" or name.endswith("_seed")
 
 
-def subset_value(value: Any, name: str = "subset") -> int | float | None:
-    """A subset as a count (an integer ``>= 1``) or a fraction (a float in ``(0, 1]``); None stays None.
+def int_or_float(text: str) -> int | float:
+    """``"300"`` as an int, ``"0.3"`` or ``"1e3"`` as a float; ValueError for anything else."""
+    try:
+        return int(text.strip())
+    except ValueError:
+        return float(text.strip())
 
-    Integers, integer-valued strings (``"300"``) are counts; floats and other numeric strings (``"0.3"``) are
-    fractions. One rule for the command line (``cli.options.SubsetType``), the api and batch specs; the error
-    names parameter ``name`` (:func:`landscape.errors.param`).
-    """
+
+def subset_value(value: Any, name: str = "subset") -> int | float | None:
+    """A subset as a count (an integer ``>= 1``, ``"300"``) or a fraction (a float in ``(0, 1]``, ``"0.3"``);
+    None stays None. The one rule of every command, the api and batch specs."""
     if value is None:
         return None
     if isinstance(value, bool):
         raise OptionError(name, f"must be a count or a fraction, got {value!r}")
-    if isinstance(value, (int, float)):
-        number = value
-    else:
-        text = str(value).strip()
-        try:
-            number = int(text)
-        except ValueError:
-            try:
-                number = float(text)
-            except ValueError:
-                raise OptionError(name, f"must be a count or a fraction, got {value!r}") from None
+    try:
+        number = value if isinstance(value, (int, float)) else int_or_float(str(value))
+    except ValueError:
+        raise OptionError(name, f"must be a count or a fraction, got {value!r}") from None
     if isinstance(number, int):
         if not 1 <= number <= COUNT_MAX:
             raise OptionError(name, f"must be a count in [1, {COUNT_MAX}], got {number}")

@@ -1,15 +1,7 @@
-"""Hessian-vector products of the mean training loss: the one curvature primitive the analyzers build on.
-
-``L(theta) = (1/n) sum_i cross_entropy(f(x_i; theta), y_i)`` over a fixed batch, split into chunks whose
-contributions add up to ``L`` exactly (``H v = sum_c H_c v``). Vectors are dicts ``{name: tensor}`` over the
-trainable parameters; :meth:`HessianOperator.matvec` is the flat view for Krylov methods.
-
-Two exact ``torch.func`` routes per chunk: ``retained`` (``vjp(grad(L_c))`` once, its graph kept, so each
-product is one second-order backward: PyHessian's approach, Yao et al. 2020, fastest for many products) and
-``forward-over-reverse`` (``jvp(grad(L_c))``, Pearlmutter 1994, keeps nothing: the chunks beyond the
-``retain_bytes`` budget, estimated with :data:`GRAPH_FACTOR`). The model runs in eval mode, in the dtype asked
-for; with pruning ``masks`` the operator is ``P H P``. A layer without a second derivative in torch is named in
-one :class:`ModelError` line (:func:`second_derivative_culprit`).
+"""Hessian-vector products of the mean cross-entropy over a fixed batch, the curvature primitive of the
+analyzers. Per chunk, two exact ``torch.func`` routes: ``retained`` (``vjp(grad(L_c))`` kept, one second-order
+backward per product, as PyHessian) within ``retain_bytes``, else ``forward-over-reverse``
+(``jvp(grad(L_c))``, Pearlmutter 1994, keeps nothing). A layer with no second derivative is named in a line.
 """
 
 from __future__ import annotations
@@ -34,10 +26,8 @@ RETAIN_BYTES = 2 * 2**30
 
 Vector = dict[str, Tensor]
 
-# What torch says when an operation has no second derivative: no derivative of its backward (reverse over
-# reverse), no forward-mode rule of its backward (forward over reverse), a custom Function marked
-# ``@once_differentiable`` or without ``jvp``. (Under ``torch.func`` a ``@once_differentiable`` backward is
-# differentiated as if constant, without an error: torch's behaviour, which no error can reveal.)
+# What torch says when an operation has no second derivative (reverse over reverse, forward over reverse,
+# a custom Function that is ``@once_differentiable`` or without ``jvp``).
 _NO_SECOND = re.compile(
     r"derivative for (?P<op>\S+) is not implemented"
     r"|forward AD with (?P<fop>\S+) that does not support"
@@ -108,9 +98,8 @@ def _module_inputs(model: nn.Module, tensors: dict[str, Tensor], x1: Tensor) -> 
 
 def _twice_differentiable(module: nn.Module, tensors: dict[str, Tensor], args: tuple, kwargs: dict,
                           route: str) -> str | None:
-    """None when ``module`` alone has a second derivative at ``args`` (through ``route``: ``retained`` =
-    reverse over reverse, ``forward-over-reverse``), else the operation torch names. The scalar is a random
-    projection of the outputs, differentiated in the floating inputs and the trainable parameters."""
+    """None when ``module`` alone has a second derivative at ``args`` through ``route``, else the operation
+    torch names (a random projection of the outputs, differentiated in the inputs and parameters)."""
     leaves, spec = tree_flatten((args, kwargs))
     slots = [i for i, t in enumerate(leaves) if isinstance(t, Tensor) and t.is_floating_point()]
     params = {k: t for k, t in tensors.items() if t.requires_grad}
@@ -150,12 +139,9 @@ def _twice_differentiable(module: nn.Module, tensors: dict[str, Tensor], args: t
 
 def second_derivative_culprit(model: nn.Module, tensors: dict[str, Tensor], x1: Tensor,
                               route: str) -> tuple[str, nn.Module, str, int] | None:
-    """The first layer of ``model`` whose own second derivative fails on the input it sees in a forward of
-    ``x1`` (``tensors``: every parameter and buffer by name, trainable ones with ``requires_grad``), as
-    ``(module name, module, operation, how many modules of its type the model has)``; None when every module
-    alone has one. Leaves are tried first, in forward order, one per distinct layer (type and settings);
-    then the other modules from the innermost out, so a module whose own ``forward`` code holds the operation
-    is found after its children pass."""
+    """The first layer whose own second derivative fails on what it sees in a forward of ``x1``, as ``(name,
+    module, operation, modules of its type)``, or None. Leaves first (one per distinct layer), then the others
+    innermost out, so a module whose own ``forward`` holds the operation is found after its children pass."""
     inputs = _module_inputs(model, {k: t.detach() for k, t in tensors.items()}, x1)
     modules = [(name, m) for name, m in model.named_modules() if name in inputs]
     leaves = [(name, m) for name, m in modules if next(m.children(), None) is None]
@@ -178,8 +164,7 @@ def second_derivative_culprit(model: nn.Module, tensors: dict[str, Tensor], x1: 
 
 def no_second_derivative_error(model: nn.Module, tensors: dict[str, Tensor], x1: Tensor, route: str,
                                exc: BaseException) -> ModelError:
-    """The one-line error for a Hessian-vector product that failed in ``exc`` for want of a second
-    derivative: the layer (module path and type) when one is found, else the operation torch named."""
+    """The one-line error for a product that failed for want of a second derivative, naming the layer."""
     op = _no_second(exc)
     found = second_derivative_culprit(model, tensors, x1, route)
     if found is None:
@@ -198,15 +183,9 @@ def no_second_derivative_error(model: nn.Module, tensors: dict[str, Tensor], x1:
 
 
 class HessianOperator:
-    """``v -> H v`` for the Hessian of the mean cross-entropy of ``model`` on ``x, y`` at its current weights.
-
-    ``dtype`` (default: the parameters' dtype) is the computation's precision; ``device`` (default: the
-    parameters' device) where it runs; ``masks`` ``{name: 0/1 tensor}`` restricts it to unpruned coordinates;
-    ``batch_size`` bounds the examples per chunk (default: all in one); ``retain_bytes`` bounds the memory of
-    kept graphs (0 keeps none). ``products`` counts the Hessian-vector products taken (a batch of ``B``
-    vectors counts ``B``). A :class:`landscape.spectral.LinearOperator` (``dim``, ``dtype``, ``device``,
-    ``matvec``; ``numel`` and ``mask_vector`` restrict probes to the unpruned coordinates), so the spectral
-    estimators run on it.
+    """``v -> H v`` for the Hessian of the mean cross-entropy of ``model`` on ``x, y`` at its current weights,
+    in eval mode: a :class:`landscape.spectral.LinearOperator`. ``masks`` ``{name: 0/1}`` make it ``P H P``;
+    ``batch_size`` bounds the examples per chunk, ``retain_bytes`` the kept graphs; ``products`` counts.
     """
 
     def __init__(
@@ -368,10 +347,8 @@ class HessianOperator:
         return self._product(v, batched=False)
 
     def hvp_batch(self, v: Vector) -> Vector:
-        """``H v_b`` for a batch of vectors ``{name: (B, *shape)}``: one vectorised pass (``vmap``) or a loop.
-
-        ``vmap`` is faster for some models and slower for others (docs/benchmarks.md), so the first batch of two
-        or more vectors is timed half each way and the faster route (``vectorised``) serves the rest."""
+        """``H v_b`` for a batch ``{name: (B, *shape)}``. ``vmap`` is faster for some models, slower for
+        others, so the first batch is timed half each way and the faster route serves the rest."""
         b = int(v[self.names[0]].shape[0])
         self.products += b
         if self.vectorised is None and b >= 2:
@@ -404,11 +381,8 @@ class HessianOperator:
         return torch.cat([v[k].reshape(*v[k].shape[:lead], -1) for k in self.names], dim=-1)
 
     def matvec(self, flat: Tensor, out: Tensor | None = None) -> Tensor:
-        """``H v`` on flat vectors: ``(d,) -> (d,)`` or, for a batch, ``(B, d) -> (B, d)``, in ``flat``'s dtype.
-
-        ``out`` (``flat``'s shape) receives the product and is returned: an iteration can reuse one buffer,
-        already touched, instead of a fresh vector per product (11 M entries for ResNet-18, page-faulted in
-        on first touch)."""
+        """``H v`` on flat ``(d,)`` or ``(B, d)`` vectors, in ``flat``'s dtype; into ``out`` when given (an
+        iteration reuses one buffer instead of page-faulting a fresh one per product)."""
         if flat.dim() == 2 and flat.shape[0] == 1:  # one vector: no vmap
             if out is None:
                 return self.matvec(flat[0])[None]

@@ -1,13 +1,6 @@
-"""Directions in parameter space: seeded Gaussian directions, filter/layer normalisation, cosines, trajectory PCA.
-
-* :func:`random_directions`: direction ``i`` of seed ``s`` has its own generator seeded by ``(s, i)``, so it is
-  the same whichever other directions are drawn, in whatever order or process.
-* :func:`normalize_direction`: Li et al. 2018 Sec. 4 "filter normalization" (``"filter"``; ``"layer"`` per
-  tensor); 1-D tensors are zeroed by default (their ``ignore='biasbn'``), copied from theta or rescaled. No
-  ``1e-10`` in the denominator: a filter has exactly theta's filter norm.
-* :func:`pairwise_cosines` / :func:`max_abs_cosine`: from the directions' Gram matrix in float64 (Watson et al.
-  Sec. 4.1.2 report 0.0012 for 100 directions on ResNet-18).
-* :func:`trajectory_pca`: Li et al. Sec. 7, from the T x T Gram matrix of the centred trajectory.
+"""Directions in parameter space: seeded Gaussian directions (direction ``i`` of seed ``s`` has its own
+generator, so it is the same in whatever order or process it is drawn), Li et al. 2018's filter normalisation,
+cosines and trajectory PCA (Li et al. Sec. 7), Gram matrices accumulated in float64.
 """
 
 from __future__ import annotations
@@ -40,10 +33,8 @@ def random_direction(space: ParamSpace, seed: int, index: int, *, dtype: torch.d
 
 def normalize_direction(direction: torch.Tensor, theta: torch.Tensor, space: ParamSpace, *,
                         normalize: str = "filter", biasbn: str = "zero") -> torch.Tensor:
-    """Li et al. 2018 filter (or layer) normalisation of a flat direction against theta; a new tensor.
-
-    ``normalize="none"`` returns the direction unchanged (a copy). Scales are computed in float64.
-    """
+    """Li et al. 2018 filter (or layer) normalisation of a flat direction against theta, a new tensor; 1-D
+    tensors are zeroed, copied from theta or rescaled (``biasbn``). Scales in float64, without an epsilon."""
     check_options(normalize, biasbn)
     out = direction.clone()
     if normalize == "none":
@@ -127,12 +118,8 @@ def max_abs_cosine(directions: torch.Tensor) -> float:
 
 @dataclass
 class TrajectoryPCA:
-    """Li et al. Sec. 7: principal directions of a trajectory around ``origin``.
-
-    ``components`` (k, d) are orthonormal; ``explained_variance_ratio`` (k,) as sklearn's ``PCA``;
-    ``coords`` (T, k) are ``<theta_i - origin, component_j>``. Signs are fixed so that the first
-    checkpoint has a coordinate <= 0 on every axis (the path runs toward +x, +y).
-    """
+    """Li et al. Sec. 7: orthonormal principal ``components`` (k, d) of a trajectory around ``origin``, their
+    ``explained_variance_ratio`` and the checkpoints' ``coords`` (T, k); the first checkpoint's are <= 0."""
 
     components: torch.Tensor
     explained_variance_ratio: np.ndarray
@@ -171,7 +158,10 @@ def trajectory_pca(points: torch.Tensor, origin: torch.Tensor, *, n_components: 
             comps[j] -= (comps[j] @ comps[i]) * comps[i]
         comps[j] /= comps[j].norm()
     comps = _orthonormal_fill(comps, k)
-    coords = _project(diffs, comps)
+    coords = torch.zeros(t, n_components, dtype=torch.float64)
+    for start in range(0, diffs.shape[1], _BLOCK):
+        coords += diffs[:, start : start + _BLOCK].double() @ comps[:, start : start + _BLOCK].T
+    coords = coords.numpy()
     for j in range(n_components):
         first = coords[0, j]
         if first > 0 or (first == 0 and comps[j][comps[j].abs().argmax()] < 0):
@@ -199,10 +189,3 @@ def _orthonormal_fill(comps: torch.Tensor, k: int) -> torch.Tensor:
                 break
         comps[j] = v / v.norm()
     return comps
-
-
-def _project(diffs: torch.Tensor, comps: torch.Tensor) -> np.ndarray:
-    out = torch.zeros(diffs.shape[0], comps.shape[0], dtype=torch.float64)
-    for start in range(0, diffs.shape[1], _BLOCK):
-        out += diffs[:, start : start + _BLOCK].double() @ comps[:, start : start + _BLOCK].T
-    return out.numpy()

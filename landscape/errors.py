@@ -1,9 +1,6 @@
-"""Errors a user can act on.
-
-Library code raises subclasses of :class:`LandscapeError` with a one-line message that says what went
-wrong and what to do. The CLI prints that line to stderr and exits with ``exit_code`` (1 for failures,
-2 for usage errors); it never shows a traceback for these. A message names a parameter with :func:`param`, so
-that it reads as the caller wrote it: the Python name from Python (and batch specs), the flag on the command line.
+"""Errors a user can act on: one line that says what went wrong and what to do, which the command line prints
+with ``exit_code`` (1 failure, 2 usage). A message names a parameter with :func:`param`, so that it reads as
+the caller wrote it: the Python name from Python, the flag on the command line.
 """
 
 from __future__ import annotations
@@ -25,10 +22,8 @@ def _plain(text: str) -> str:
 
 
 def param(name: str, value: Any = _UNSET) -> str:
-    """Parameter ``name`` (a config field or an api function's argument) inside an error message, with its
-    ``value`` when given: ``points`` / ``optimizer='sgd'`` as str() shows it (Python), ``--points`` /
-    ``--optimizer sgd`` as the command line shows it (:func:`render` with its flags; ``True`` is a flag given
-    alone: ``--download``)."""
+    """Parameter ``name`` inside an error message, with its ``value`` when given: ``optimizer='sgd'`` from
+    Python, ``--optimizer sgd`` on the command line (``True``: the flag alone)."""
     if value is _UNSET:
         return f"\x00{name}\x00"
     if value is True:  # a flag: given on the command line, it is the value
@@ -44,8 +39,7 @@ def params_in(message: str) -> tuple[str, ...]:
 
 
 def render(message: str, flag: Callable[[str], str] | None = None) -> str:
-    """A message written with :func:`param` as Python shows it (``flag`` None: ``name``, ``name=value``) or as the
-    command line does (``flag(name)`` the parameter's flag: ``--flag``, ``--flag value``)."""
+    """A message written with :func:`param` as Python shows it, or with the flags ``flag(name)`` gives."""
     def one(m: re.Match) -> str:
         name, python, shown = m.groups()
         if flag is None:
@@ -56,41 +50,34 @@ def render(message: str, flag: Callable[[str], str] | None = None) -> str:
 
 
 def one_line(exc: BaseException) -> str:
-    """``error: ...`` material for any exception: a LandscapeError's message, else ``Type: message``; first line
-    only (a user's code or a job may raise anything)."""
+    """The first line of any exception: a LandscapeError's message, else ``Type: message``."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     if isinstance(exc, LandscapeError):
         return text or type(exc).__name__
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-class LandscapeWarning(UserWarning):
-    """A warning whose message may name parameters (:func:`param`): str() shows their Python names; the command
-    line shows its flags."""
+class _Rendered:
+    """A message that may name parameters (:func:`param`): str() shows their Python names, :attr:`message`
+    keeps them for the command line's :func:`render`."""
 
     @property
     def message(self) -> str:
-        """The message as written, parameters kept (:func:`render` shows it)."""
-        return Warning.__str__(self)
+        """The message as written, parameters kept."""
+        return BaseException.__str__(self)
 
     def __str__(self) -> str:
         return render(self.message)
 
 
-class LandscapeError(Exception):
-    """Base class of every error landscape raises on purpose. Its message may name parameters with
-    :func:`param`: str() shows their Python names, :attr:`message` keeps them for the command line's
-    :func:`render`."""
+class LandscapeWarning(_Rendered, UserWarning):
+    """A warning whose message may name parameters."""
+
+
+class LandscapeError(_Rendered, Exception):
+    """Base class of every error landscape raises on purpose."""
 
     exit_code = 1
-
-    @property
-    def message(self) -> str:
-        """The message as written, parameters kept (:func:`render` shows it)."""
-        return Exception.__str__(self)
-
-    def __str__(self) -> str:
-        return render(self.message)
 
 
 class UsageError(LandscapeError):
@@ -100,8 +87,7 @@ class UsageError(LandscapeError):
 
 
 class OptionError(UsageError):
-    """A value an option cannot take: ``<name> <reason>`` (exit 2), the parameter shown as the caller names it
-    (:func:`param`); ``name`` and ``reason`` apart for click, which names the option itself."""
+    """A value an option cannot take: ``<name> <reason>``, apart for click, which names the option itself."""
 
     def __init__(self, name: str, reason: str):
         super().__init__(f"{param(name)} {reason}")
@@ -136,23 +122,18 @@ class ResultError(LandscapeError):
 
 
 class NonFiniteError(LandscapeError):
-    """A computation met NaN or infinite numbers it cannot go on with (e.g. the weights of a diverged run): a
-    failure of the input, not a usage error."""
+    """A computation met NaN or infinite numbers it cannot go on with (the weights of a diverged run)."""
 
 
 class OutputPathError(ResultError, UsageError):
-    """An output path the command must not write (it would replace a checkpoint or a user's file, lies below a
-    file, has a name too long for the file system): a usage error (exit 2), and a :class:`ResultError`."""
+    """An output path the command must not write (a checkpoint, a user's file, a name too long): exit 2."""
 
     exit_code = 2
 
 
 class WriteError(LandscapeError, OSError):
-    """The system refused a file's bytes: the disk is full (ENOSPC, EDQUOT), the file would pass a size limit
-    (EFBIG: the file system's, or ``ulimit -f``), or the device failed (EIO). An :class:`OSError` with the
-    system's ``errno`` and ``filename`` (the file meant), and a failure (exit 1) whose one line names the file.
-    Raised by :mod:`landscape.atomic` after its temporary file is removed (the file is as it was before the
-    write: ``note`` says so); a writer adds what it knows (:meth:`noted`: a run's last checkpoint)."""
+    """The system refused a file's bytes (disk full, a size limit, a failing device): an :class:`OSError` with
+    ``errno`` and ``filename``, whose one line names the file; ``note`` says what was kept (:meth:`noted`)."""
 
     def __init__(self, path: str | os.PathLike, errno: int | None, strerror: str | None, note: str = ""):
         OSError.__init__(self, errno, strerror, os.fspath(path))

@@ -1,21 +1,9 @@
-"""Per-layer Gram blocks of per-sample gradients: the empirical NTK, layer by layer.
-
-``gram_blocks(model, x, y)`` returns, for every trainable parameter tensor r (its ``named_parameters`` name),
-
-- ``kind="loss-grad"``: K_r[i, j] = <grad_r l_i, grad_r l_j>, n x n, with l_i = cross_entropy(f(x_i), y_i);
-  sum_r K_r = G G^T (Bu et al. 2023, eq. 3.1 with the loss folded in; H_r of eq. 4.4).
-- ``kind="output"``: the output NTK block J_r J_r^T, (n M) x (n M) for M logits, sample-major
-  (row ``i * M + m`` is d f_m(x_i) / d w_r).
-- ``kind="output-trace"``: its trace over logits, n x n.
-
-Per-sample work goes through :mod:`landscape.persample`. Strategies (all exact): ``"hooks"`` (``"auto"``)
-chooses per weight layer between materialised per-sample gradients (cost ~ n T p d + n^2 p d) and the ghost
-cross-sample formula K_r[i, j] = sum_{g,t,s} (A_i^T A_j)_{g,ts} (B_i^T B_j)_{g,ts} (cost ~ n^2 T^2 (p + d)),
-whichever needs fewer flops; ``"materialize"`` / ``"ghost"`` force one; ``"functorch"`` is the reference.
-Memory is bounded by ``max_memory`` (blocks formed inside the backward, or between sample chunks).
-Blocks are returned in ``dtype``; ``precision="auto"`` forms small tensors' products in float64, large ones in
-the model's dtype (a float32 model's own backward limits accuracy: run it in float64 for exact tiny blocks).
-The model runs in eval mode; a BatchNorm without running statistics is refused.
+"""Per-layer Gram blocks of per-sample gradients, the empirical NTK layer by layer (docs/ntk.md):
+``loss-grad`` K_r = G_r G_r^T (Bu et al. 2023 eq. 4.4), ``output`` J_r J_r^T (rows ``i * M + m``),
+``output-trace`` its trace over logits. ``strategy="auto"`` gives each weight layer materialised per-sample
+gradients or the ghost cross-sample formula, whichever costs fewer flops (``materialize`` / ``ghost`` force
+one, ``functorch`` is the reference); ``precision="auto"`` forms small tensors' products in float64; memory
+stays under ``max_memory``.
 """
 
 from __future__ import annotations
@@ -30,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from landscape.curvature import eval_mode
 from landscape.errors import ModelError, OptionError, UsageError
 from landscape.options import GRAM_STRATEGIES, KERNELS, PRECISIONS
 from landscape.persample import (
@@ -47,18 +36,6 @@ from landscape.persample import (
 DEFAULT_MAX_MEMORY = 4 * 1024**3
 # parameter tensors with at most this many elements get float64 contractions under precision="auto"
 SMALL_PARAM = 16384
-
-__all__ = [
-    "DEFAULT_MAX_MEMORY",
-    "KERNELS",
-    "GRAM_STRATEGIES",
-    "gram_blocks",
-    "gram_tiles",
-    "layer_names",
-    "parse_memory",
-    "ghost_cost",
-    "materialize_cost",
-]
 
 
 def parse_memory(value: str | int | float | None) -> int | None:
@@ -98,16 +75,6 @@ def layer_names(model: nn.Module, layers: Sequence[str] | None = None) -> list[s
     return chosen
 
 
-def materialize_cost(rows: int, n: int, T: int, p: int, d: int) -> float:
-    """Multiply-adds of per-sample gradients B_i^T A_i for ``rows`` (sample, logit) pairs, then G G^T."""
-    return rows * T * p * d + rows * rows * p * d
-
-
-def ghost_cost(rows: int, n: int, T: int, p: int, d: int) -> float:
-    """Multiply-adds of the ghost formula: (A A^T) over sample pairs, (B B^T) over row pairs, product."""
-    return n * n * T * T * p + rows * rows * T * T * (d + 1)
-
-
 # ------------------------------------------------------------------------------------------ main entry
 def gram_blocks(
     model: nn.Module,
@@ -121,28 +88,20 @@ def gram_blocks(
     layers: Sequence[str] | None = None,
     precision: str = "auto",
 ) -> dict[str, torch.Tensor]:
-    """Per-layer Gram blocks of per-sample gradients (see the module docstring); ordered like ``named_parameters``.
+    """Per-layer Gram blocks ``{parameter name: block}`` in ``named_parameters`` order (the module docstring).
 
-    ``y`` (class indices) is needed for ``kind="loss-grad"``. ``layers`` are glob patterns over parameter
-    names (default: all trainable). The model is put in eval mode for the computation and restored;
-    its parameters and their ``.grad`` are not touched.
+    ``y`` is needed for ``kind="loss-grad"``; ``layers`` are glob patterns over parameter names. The model
+    runs in eval mode (restored after); its parameters and ``.grad`` are not touched.
     """
     engine = _checked_engine(model, x, y, kind, strategy, dtype, max_memory, layers, precision)
-    names, n = engine.names, engine.n
-    was_training = model.training
-    model.eval()
-    try:
-        blocks = engine.run()
-    finally:
-        model.train(was_training)
-    if kind == "output-trace":
-        M = engine.M
-        blocks = {k: v.reshape(n, M, n, M).diagonal(dim1=1, dim2=3).sum(-1) for k, v in blocks.items()}
-    # each block is G G^T, symmetric by definition: keep the symmetric part (removes rounding asymmetry)
-    out = {}
-    for k in names:  # pop as we go: never two copies of every block
-        b = blocks.pop(k)
-        out[k] = (b + b.T) / 2
+    out: dict[str, torch.Tensor] = {}
+    for rows, cols, name, tile in _tiles(engine, model, kind, None):
+        if name not in out:
+            side = engine.n * (engine.M if kind == "output" else 1)
+            out[name] = torch.zeros(side, side, dtype=dtype)
+        out[name][rows, cols] = tile
+        if rows != cols:
+            out[name][cols, rows] = tile.T
     return out
 
 
@@ -177,20 +136,20 @@ def gram_tiles(
     layers: Sequence[str] | None = None,
     precision: str = "auto",
 ) -> Iterator[tuple[slice, slice, str, torch.Tensor]]:
-    """The Gram blocks of :func:`gram_blocks` tile by tile, for kernels too large to hold: yields ``(rows,
-    cols, name, tile)`` with ``K_name[rows, cols] = tile`` for every pair of sample chunks (at most ``chunk``
-    samples each, fewer when the memory budget asks) with ``rows.start <= cols.start``; the tile at
-    ``[cols, rows]`` is ``tile.T`` and diagonal tiles are symmetric. Rows are samples (``loss-grad``,
-    ``output-trace``) or sample-major (sample, logit) pairs (``output``). Same numbers as ``gram_blocks``
-    (the same block code); only ``chunk`` samples' factors (two chunks' for off-diagonal tiles) and one tile
-    are held at a time. The model is in eval mode while the generator runs."""
+    """The blocks of :func:`gram_blocks` tile by tile, for kernels too large to hold: ``(rows, cols, name,
+    tile)`` with ``K_name[rows, cols] = tile`` for each pair of sample chunks (at most ``chunk`` samples) with
+    ``rows.start <= cols.start`` (the mirror tile is ``tile.T``). Same numbers as ``gram_blocks``."""
     if int(chunk) != chunk or chunk < 1:
         raise UsageError(f"chunk must be a positive integer, got {chunk}")
     engine = _checked_engine(model, x, y, kind, strategy, dtype, max_memory, layers, precision)
-    was_training = model.training
-    model.eval()
-    try:
-        engine.plan(int(chunk))
+    yield from _tiles(engine, model, kind, int(chunk))
+
+
+def _tiles(engine: _Engine, model: nn.Module, kind: str, chunk: int | None):
+    """The engine's tiles in eval mode, traced over logits for ``output-trace``; diagonal tiles made symmetric
+    (each block is G G^T: its symmetric part drops the rounding's asymmetry)."""
+    with eval_mode(model):
+        engine.plan(chunk)
         M = engine.M
         for ra, rb, name, tile in engine.tiles():
             if kind == "output-trace":
@@ -199,14 +158,11 @@ def gram_tiles(
             if ra == rb:
                 tile = (tile + tile.T) / 2
             yield ra, rb, name, tile
-    finally:
-        model.train(was_training)
 
 
 class _Engine:
-    """Gram blocks from the per-sample engine's capture and handlers: what is Gram-specific lives here (the
-    per-logit passes, the chunk pairs and sub-blocks of the memory bound, the per-layer ghost/materialise
-    choice, the cross-sample ghost formula and the dtypes of the products)."""
+    """The Gram-specific part over the per-sample engine: per-logit passes, chunk pairs under the memory
+    bound, the per-layer ghost/materialise choice and the dtypes of the products."""
 
     def __init__(self, model, x, y, kind, names, strategy, dtype, budget, precision):
         self.model, self.x, self.y, self.kind, self.names = model, x, y, kind, names
@@ -219,38 +175,26 @@ class _Engine:
             self.handlers, self.rest = plan_handlers(model, names, self.reduce_dtype)
         self.roles = {full: (h, role) for h in self.handlers for role, full in h.pnames.items()}
         self.hooks_checked = False
-        self.n = x.shape[0]
+        self.n, self.M = x.shape[0], 0
         self.modes: dict[str, str] = {}  # weight name -> "ghost" | "materialize" (ghost-capable layers only)
         self.dims: dict[Handler, tuple[int, int, int, int]] = {}  # ghost-capable handler -> (G, D, P, T)
 
     # -- dtype of a parameter's contractions
     @property
-    def contract_dtype(self) -> torch.dtype:
-        """dtype of per-sample gradient / ghost contractions of weight layers."""
+    def contract_dtype(self) -> torch.dtype:  # of weight layers' per-sample / ghost contractions
         return torch.float64 if self.precision == "float64" else self.model_dtype
 
     @property
-    def reduce_dtype(self) -> torch.dtype:
-        """dtype in which bias / norm per-sample gradients are summed over positions."""
+    def reduce_dtype(self) -> torch.dtype:  # bias / norm per-sample gradients are summed over positions in it
         return self.model_dtype if self.precision == "float32" else torch.float64
 
     def cdtype(self, name: str) -> torch.dtype:
         """dtype of the Gram products G_r G_r^T of parameter ``name``."""
         if self.precision == "float64" or (self.precision == "auto" and self.params[name].numel() <= SMALL_PARAM):
-            return torch.float64 if self.dtype == torch.float64 else self.dtype
+            return self.dtype
         return self.model_dtype
 
-    def run(self) -> dict[str, torch.Tensor]:
-        self.plan()
-        rows = self.n * self.Mb
-        out = {k: torch.zeros(rows, rows, dtype=self.dtype) for k in self.names}
-        for ra, rb, name, block in self.tiles():
-            out[name][ra, rb] = block
-            if ra != rb:
-                out[name][rb, ra] = block.T
-        return out
-
-    def plan(self, chunk: int | None = None) -> int:
+    def plan(self, chunk: int | None) -> None:
         """Probe one sample (logits, per-layer ghost/materialise choice) and fix the chunk size: one chunk if
         the whole batch fits the budget, else pairs of chunks must fit together; ``chunk`` caps it."""
         probe = self.capture(slice(0, 1))
@@ -263,11 +207,9 @@ class _Engine:
         c = self.n if self.n * per_sample <= share else max(1, int(share / (2 * per_sample)))
         self.chunk = min(c, chunk) if chunk else c
         self.workspace = max(int(0.3 * self.budget), 1 << 20)
-        return self.chunk
 
     def tiles(self):
-        """``(rows of chunk a, rows of chunk b, name, block)`` for every pair of sample chunks a <= b and every
-        parameter, one block at a time (on the CPU, in ``dtype``); the block of b with a is its transpose."""
+        """``(rows of chunk a, rows of chunk b, name, block)`` for chunk pairs a <= b, one block at a time."""
         c = self.chunk
         starts = list(range(0, self.n, c))
         for ai, a0 in enumerate(starts):
@@ -283,8 +225,7 @@ class _Engine:
                 del cap_b
 
     def _bytes(self, probe: _Chunk) -> int:
-        """Bytes one sample keeps: the inputs and output gradients of weight layers, the per-sample gradients
-        of the other parameters (bias, normalisation, torch.func) in the dtype they are summed in."""
+        """Bytes one sample keeps: weight layers' inputs and output gradients, the others' gradients."""
         item = torch.finfo(self.reduce_dtype).bits // 8
         total = sum(g.numel() * g.element_size() for g in probe.func.values())
         for h in self.handlers:
@@ -301,11 +242,9 @@ class _Engine:
 
     # -- capture one chunk of samples
     def capture(self, idx: slice, eager: bool = False) -> _Chunk:
-        """Forward + backward pass(es) on samples ``idx`` (one per logit for output kinds); ``eager``: the
-        blocks of this chunk with itself are formed inside the backward pass as soon as a layer's output
-        gradients are all in, and its factors dropped (so they never all coexist). When the hooks cannot
-        capture the model (a handled module that does not keep the batch apart, say), the first capture under
-        ``strategy="auto"`` says so and hands every parameter to ``torch.func``."""
+        """Forward + backward pass(es) on samples ``idx`` (one per logit for output kinds); ``eager`` forms
+        the chunk's own blocks inside the backward, dropping the factors. Where the hooks cannot capture the
+        model, the first capture under ``strategy="auto"`` warns and leaves every parameter to torch.func."""
         try:
             return self._capture(idx, eager)
         except HooksFailed as e:
@@ -321,7 +260,7 @@ class _Engine:
         if self.handlers:
             if not self.hooks_checked:  # where each module sees the batch (attention blocks without batch_first)
                 place_batch(self.handlers, probe_calls(self.model, x))
-            passes = 1 if self.kind == "loss-grad" else self._n_logits()
+            passes = 1 if self.kind == "loss-grad" else self.M or 1  # M: unknown (0) while probing
             on_complete = (lambda h: self._eager(chunk, h)) if eager else None
             chunk.cap = Capture(self.handlers, passes=passes, on_complete=on_complete)
             with chunk.cap, torch.enable_grad():
@@ -371,12 +310,11 @@ class _Engine:
             if self.strategy in ("materialize", "ghost"):
                 self.modes[name] = self.strategy
             else:
-                mat = G * materialize_cost(rows, self.n, T, D, P)
-                gho = G * ghost_cost(rows, self.n, T, D, P)
+                # multiply-adds: per-sample gradients B_i^T A_i, then G G^T; the ghost formula's (A A^T) over
+                # sample pairs and (B B^T) over (sample, logit) rows
+                mat = G * (rows * T * D * P + rows * rows * D * P)
+                gho = G * (self.n * self.n * T * T * D + rows * rows * T * T * (P + 1))
                 self.modes[name] = "ghost" if gho < mat else "materialize"
-
-    def _n_logits(self) -> int:
-        return getattr(self, "M", 0) or 1
 
     # -- one block between two chunks for one parameter
     def cross(self, name: str, a: _Chunk, b: _Chunk) -> torch.Tensor:
@@ -404,13 +342,9 @@ class _Engine:
         return [[(cast(a[idx]), cast(b[idx])) for a, b in chunk.cap.calls(h, chunk.n, p)] for p in range(passes)]
 
     def _rows(self, h: Handler, role: str, chunk: _Chunk, idx: slice, dt: torch.dtype) -> torch.Tensor:
-        """Per-sample (per-logit, sample-major) gradient rows ``(c * Mb, numel)`` of one parameter.
-
-        Weight layers: B_im A_i^T contracted over positions from the handler's ghost factors (A once per
-        sample, whatever the number of logits; the contraction order of the Gram blocks before the engines
-        were shared, so blocks stay bit-identical), except convolutions with many output positions, whose
-        handler forms them with one grouped weight-gradient kernel (no unfolded input). Other parameters, and
-        modules called several times: the handler's per-sample gradients (inputs repeated once per logit)."""
+        """Per-sample (per-logit, sample-major) gradient rows ``(c * Mb, numel)`` of one parameter: weight
+        layers from the ghost factors (convolutions with many positions: the handler's grouped kernel), the
+        others from the handler's per-sample gradients."""
         if role == "weight" and h in self.dims:
             G, D, P, T = self.dims[h]
             if not (isinstance(h.module, nn.modules.conv._ConvNd) and T >= handlers.GROUPED_MIN_POSITIONS):

@@ -1,11 +1,5 @@
-"""Gram / NTK blocks out of core: :func:`landscape.gram.gram_tiles` streamed into an HDF5 file, each tile
-written as soon as it is formed (memory: two chunks' factors and one tile, where ``gram_blocks`` holds every n
-x n block), with the same numbers as ``gram_blocks``.
-
-Layout (plain ``h5py`` reads it): ``/blocks/<parameter name>`` (rows x rows float64, one per trainable
-tensor), ``/K`` (their sum, optional), attrs ``kind``, ``n``, ``rows``, ``layers`` (JSON, ``named_parameters``
-order), ``chunk``, ``created``, ``landscape_version``, ``torch_version``. :class:`KernelFileOperator` reads a
-kernel back block by block as a :class:`landscape.spectral.LinearOperator`.
+"""Gram / NTK blocks out of core: :func:`landscape.gram.gram_tiles` streamed into an HDF5 file
+(``/blocks/<parameter name>``, their sum ``/K``), read back block by block by :class:`KernelFileOperator`.
 """
 
 from __future__ import annotations
@@ -26,8 +20,6 @@ from landscape.runtime import code_version
 
 DEFAULT_CHUNK = 512  # samples per chunk: a 512 x 512 float64 tile is 2 MB
 
-__all__ = ["DEFAULT_CHUNK", "KernelFileOperator", "gram_blocks_to_hdf5"]
-
 
 def gram_blocks_to_hdf5(
     model: nn.Module,
@@ -40,9 +32,8 @@ def gram_blocks_to_hdf5(
     total: bool = True,
     **options,
 ) -> Path:
-    """Write the per-layer Gram blocks of ``model`` on ``x`` (and ``y`` for ``kind="loss-grad"``) to ``path``,
-    tile by tile (``chunk`` samples per chunk); ``total`` also writes their sum ``K``. ``options`` are
-    :func:`landscape.gram.gram_tiles`' (strategy, dtype, max_memory, layers, precision). Returns ``path``."""
+    """Write the per-layer Gram blocks of ``model`` on ``x`` to ``path`` tile by tile (``options``:
+    :func:`landscape.gram.gram_tiles`'); ``total`` also writes their sum ``K``."""
     path = Path(path)
     if path.suffix.lower() not in (".h5", ".hdf5"):
         raise UsageError(f"{path}: the Gram file must end in .h5 or .hdf5")
@@ -92,14 +83,8 @@ def _put(dataset: h5py.Dataset, rows: slice, cols: slice, array) -> None:
 
 
 class KernelFileOperator:
-    """A kernel written by :func:`gram_blocks_to_hdf5` as a linear operator, read ``rows`` rows at a time.
-
-    ``name`` is ``"K"`` (the sum over layers; the default) or a parameter name (its block ``/blocks/<name>``).
-    Each product streams the kernel once: memory is ``rows`` x side float64 plus the vectors, whatever the side.
-    The file's kernels are symmetric by construction (every tile is written with its mirror). ``dtype`` is the
-    precision of the products (float64 by default); ``products`` counts them (a batch of ``B`` counts ``B``).
-    Use it as a context manager, or :meth:`close` it, to release the file.
-    """
+    """A kernel written by :func:`gram_blocks_to_hdf5` (``"K"`` or a parameter's block) as a linear operator,
+    streamed ``rows`` rows at a time per product; a context manager (or :meth:`close`) releases the file."""
 
     def __init__(self, path: str | Path, name: str = "K", *, rows: int = DEFAULT_CHUNK,
                  dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu") -> None:

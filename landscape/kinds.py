@@ -177,10 +177,9 @@ def _analysis_kind(name: str) -> JobKind:
             raise UsageError(f"'refs': {name} takes {wanted} reference(s), got {len(refs)}")
         rest = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
         config_options = {k: v for k, v in rest.items() if k not in runner}
-        run_fields = {f.name for f in dataclasses.fields(spec.run_options)} if spec.run_options else set()
-        run_opts = {k: config_options.pop(k) for k in list(config_options) if k in run_fields}
         if spec.run_options is not None:
-            spec.run_options(**run_opts)
+            run_fields = {f.name for f in dataclasses.fields(spec.run_options)}
+            spec.run_options(**{k: config_options.pop(k) for k in list(config_options) if k in run_fields})
         build(spec.config, config_options)
         return AnalysisJob(tuple(refs), rest)
 

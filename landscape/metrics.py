@@ -1,7 +1,5 @@
-"""Per-point metrics named by the user (built-in names, ``module:Name`` / ``file.py:Name`` references with JSON
-keyword arguments, or :class:`landscape.evaluate.Metric` objects), for the analyses that evaluate along paths and
-planes: loading, column and value checks, guarded calls and provenance (docs/ARCHITECTURE.md, "The metric
-protocol").
+"""Per-point metrics named by the user (built-in names, ``module:Name{JSON}`` references, or
+:class:`landscape.evaluate.Metric` objects): loading, checks, guarded calls, provenance (ARCHITECTURE.md).
 """
 
 from __future__ import annotations
@@ -52,9 +50,8 @@ def columns_of(metric: Any) -> tuple[str, ...]:
 
 
 class MetricObject(str):
-    """A metric object given in Python, as it stands in a config: a string (its label, which is what the
-    result's params record) carrying the object in ``.metric``. It cannot be pickled: worker processes get
-    references, so an object is refused in one line where it would have to travel."""
+    """A metric object given in Python as it stands in a config: its label (what results record) carrying the
+    object in ``.metric``; refused in one line where it would have to travel to a worker."""
 
     metric: Any
 
@@ -99,9 +96,8 @@ def parse(text: str) -> tuple[str, dict[str, Any]]:
 
 
 def normalize(items: Any) -> tuple[str, ...]:
-    """A config's ``metrics``: strings checked for form (nothing is imported), objects wrapped in
-    :class:`MetricObject`; ``None`` -> ``()``; one string or object -> a tuple of one. UsageError for
-    anything else and for repeats."""
+    """A config's ``metrics`` as a tuple: strings checked for form (nothing is imported), objects wrapped in
+    :class:`MetricObject`; UsageError for anything else and for repeats."""
     if items is None:
         return ()
     if isinstance(items, str) or is_metric(items):
@@ -138,9 +134,8 @@ class Bound:
 
 def load(items: Sequence[str], *, reserved: Collection[str] = (), analysis: str = "this analysis",
          sources: Sequence[Mapping[str, Any]] | None = None) -> list[Bound]:
-    """The metric objects of a config's ``metrics`` (see :func:`normalize`), guarded, with their columns and
-    sources. ``reserved``: the analysis' built-in column names (a metric column may not take one, nor end in
-    ``_aligned``). ``sources``: what the parent process described; a worker refuses code that changed since."""
+    """The guarded metric objects of a config's ``metrics`` with their columns and sources. ``reserved``: the
+    analysis' own column names; ``sources``: the parent's, so that a worker refuses code changed since."""
     bound: list[Bound] = []
     for i, item in enumerate(normalize(items)):
         metric, source = _build(item)
@@ -241,8 +236,8 @@ class _Guarded:
 
 
 def point_values(bound: Sequence[Bound], finished: Mapping[str, Any], loss: Any) -> dict[str, np.ndarray]:
-    """Column -> float64 ``(P,)`` from the metrics' ``finish`` values (``EvalResult.metrics``), checked: one
-    number per point, finite wherever ``loss`` (``(P,)``) is finite (a diverged point may give NaN)."""
+    """Column -> float64 ``(P,)`` from the metrics' ``finish`` values, checked: one number per point, finite
+    wherever ``loss`` is."""
     import numpy as np
 
     loss = np.asarray(loss.cpu().numpy() if hasattr(loss, "cpu") else loss, dtype=np.float64).reshape(-1)
@@ -285,9 +280,7 @@ def _numbers(label: str, col: str, value: Any, points: int, loss: np.ndarray) ->
 
 
 def same_code(recorded: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether metrics recorded with a result (its ``metric_sources``) would run the same code now: every
-    referenced source file has the recorded sha256 (call only for references the user names again: describing a
-    module imports it); a Python object's cannot be checked, so never."""
+    """Whether metrics recorded with a result would run the same code now (never for objects)."""
     for source in recorded:
         if source.get("kind") == "object":
             return False
@@ -328,8 +321,3 @@ def check_workers(items: Sequence[str], workers: int) -> None:
     if objects and workers > 1:
         raise UsageError(f"metric {objects[0]} is a Python object and cannot be sent to {workers} worker processes; "
                          "name its class as a reference (module:Class or file.py:Class) or use one worker")
-
-
-__all__ = ["BUILTIN", "Bound", "MetricError", "MetricObject", "columns_of", "describe_object", "is_metric", "load",
-           "normalize", "parse", "point_values", "sources", "check_workers", "columns_attr", "same_code",
-           "stored_columns"]

@@ -1,8 +1,5 @@
-"""Models by name, rebuilt from a spec ``{"name": ..., "kwargs": {...}}`` (:func:`build_model`,
-:func:`model_from_spec`): the built-ins of :data:`MODELS` (a builder and a line there), entry points of the group
-``landscape.models`` and user code. Building draws the initial weights from torch's global generator: the caller
-seeds.
-"""
+"""Models by name (:data:`MODELS`, entry points of ``landscape.models``, user code), rebuilt from a spec
+``{"name", "kwargs"}``. Building draws the initial weights from torch's global generator: the caller seeds."""
 
 from __future__ import annotations
 
@@ -18,7 +15,7 @@ import torch
 from torch import nn
 
 from landscape import plugins
-from landscape.errors import ModelError, param
+from landscape.errors import ModelError
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "relu": nn.ReLU,
@@ -59,14 +56,9 @@ def _flat_features(features: nn.Module, shape: Sequence[int], model: str) -> int
 
 def lenet(input_shape: Sequence[int], num_classes: int, *, channels: Sequence[int] = (6, 16),
           hidden: Sequence[int] = (120, 84), activation: str = "relu") -> nn.Module:
-    """LeNet-5 (LeCun et al. 1998), the small CNN of Watson et al. (~60k parameters on MNIST / CIFAR-10).
-
-    conv5x5(C -> 6) - act - maxpool2 - conv5x5(6 -> 16) - act - maxpool2 - fc 120 - act - fc 84 - act - fc.
-    It adapts to the input: conv1 pads by 2 when the input is smaller than 32x32 (so MNIST's 28x28 sees
-    LeNet's 32x32 geometry), conv2 pads by 2 when its input is smaller than 10x10 (so 8x8 digits work),
-    and the first fully connected layer takes whatever the features flatten to (400 on 28x28 and 32x32,
-    64 on 8x8).
-    """
+    """LeNet-5 (LeCun et al. 1998), the small CNN of Watson et al. Convolutions pad by 2 where the input is
+    too small for LeNet's 32x32 geometry (MNIST's 28x28, 8x8 digits); the first fully connected layer takes
+    whatever the features flatten to."""
     c, h, w = _image_shape(input_shape, "lenet")
     c1, c2 = _pair(channels, "channels")
     pad1 = 2 if min(h, w) < 32 else 0
@@ -103,14 +95,9 @@ def _mlp_head(in_features: int, widths: Sequence[int], num_classes: int, activat
 
 
 def opacus_cnn(input_shape: Sequence[int], num_classes: int, *, activation: str = "relu") -> nn.Module:
-    """The MNIST CNN of TensorFlow Privacy / Opacus (Bu et al. App. C.1, ``SampleConvNet``; ~26k parameters).
-
-    conv8x8/2 (C -> 16, pad 3) - act - maxpool(2, stride 1) - conv4x4/2 (16 -> 32) - act - maxpool(2, 1)
-    - fc 32 - act - fc. The paper's listing uses ReLU (``activation="tanh"`` gives the tempered-sigmoid
-    variant). On 28x28 the features flatten to 32*4*4 = 512 as in the paper; other sizes adapt the first
-    fully connected layer, and inputs too small for conv2 (e.g. 8x8 digits) give conv2 the smallest padding
-    that keeps a 2x2 map for the last pooling.
-    """
+    """The MNIST CNN of TensorFlow Privacy / Opacus (Bu et al. App. C.1, ``SampleConvNet``). Other input sizes
+    adapt the first fully connected layer; inputs too small for conv2 (8x8 digits) get the least padding that
+    keeps a 2x2 map for the last pooling."""
     c, h, w = _image_shape(input_shape, "opacus-cnn")
     side = (min(h, w) + 6 - 8) // 2 + 1 - 1  # after conv1 and the first pool
     if side < 1:
@@ -140,15 +127,9 @@ def _group_norm(channels: int, groups: int) -> nn.GroupNorm:
 
 def resnet18(input_shape: Sequence[int], num_classes: int, *, norm: str = "group", groups: int = 32,
              stem: str = "auto") -> nn.Module:
-    """torchvision's ResNet-18 (He et al. 2016) with ``num_classes`` outputs, as in Watson et al. Sec. 4.
-
-    ``norm="group"`` (default, needed for DP-SGD) uses GroupNorm with ``min(groups, C)`` groups where
-    torchvision has BatchNorm, as Opacus' converter does; ``norm="batch"`` keeps BatchNorm. ``stem="cifar"``
-    replaces the ImageNet stem (7x7/2 conv + maxpool) by a 3x3/1 conv without maxpool, the usual choice for
-    32x32 and smaller inputs; ``stem="imagenet"`` keeps it; ``"auto"`` picks cifar for inputs up to 64x64
-    and is resolved in the stored spec. The first conv takes the input's channel count. ReLUs are not
-    in-place, so per-sample gradient hooks can see every activation.
-    """
+    """torchvision's ResNet-18 as in Watson et al. Sec. 4. ``norm="group"`` (needed for DP-SGD) puts GroupNorm
+    where torchvision has BatchNorm, as Opacus does; ``stem="cifar"`` is a 3x3/1 conv without maxpool
+    (``"auto"``: cifar up to 64x64 inputs). ReLUs are not in-place: per-sample hooks see every activation."""
     from torchvision.models import resnet18 as tv_resnet18
 
     c, h, w = _image_shape(input_shape, "resnet18")
@@ -209,13 +190,8 @@ class TwoLayerLinear(nn.Module):
 
 
 def balanced_weights(w2: torch.Tensor, in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A pair ``(W1, W2)`` with ``W2^T W2 = W1 W1^T`` exactly, built from a given ``W2`` (Watson Thm. 3.3).
-
-    With the thin SVD ``W2 = U S V^T`` (r = min(k, m) singular values) set ``W1 = V S Q^T``, where ``Q`` is a
-    random ``d x r`` matrix with orthonormal columns. Then ``W1 W1^T = V S Q^T Q S V^T = V S^2 V^T =
-    W2^T W2``. ``W2`` is returned re-assembled from the same factors so both sides share rounding; the
-    computation is in float64. Needs ``r <= d``.
-    """
+    """A pair ``(W1, W2)`` with ``W2^T W2 = W1 W1^T`` (Watson Thm. 3.3): ``W1 = V S Q^T`` for ``W2 = U S V^T``
+    and a random orthonormal ``Q``; ``W2`` is rebuilt from the same float64 factors: both share rounding."""
     k, m = w2.shape
     r = min(k, m)
     if r > in_features:
@@ -230,13 +206,8 @@ def balanced_weights(w2: torch.Tensor, in_features: int) -> tuple[torch.Tensor, 
 
 def two_layer_linear(input_shape: Sequence[int], num_classes: int, *, hidden: int = 32,
                      balanced_init: bool = False) -> nn.Module:
-    """Watson et al.'s two-layer linear network ``f(x) = W2 W1 x`` (eq. (10)), no biases, on the flattened input.
-
-    W1 is ``hidden x d``, W2 is ``num_classes x hidden`` (``num_classes=1`` gives the paper's scalar output
-    for the squared loss). Default init is torch's ``nn.Linear`` init. ``balanced_init=True`` draws W2 with
-    that init and sets W1 by :func:`balanced_weights`, so ``W2^T W2 = W1 W1^T`` (Thm. 3.3's assumption,
-    Arora et al. 2018) up to float32 rounding.
-    """
+    """Watson et al.'s two-layer linear network (eq. (10)); ``balanced_init`` sets W1 by
+    :func:`balanced_weights` (Thm. 3.3's assumption)."""
     if int(hidden) != hidden or hidden < 1:
         raise ModelError(f"two-layer-linear option hidden must be a positive integer, got {hidden!r}")
     d = math.prod(input_shape)
@@ -264,13 +235,8 @@ ENTRY_POINT_GROUP = "landscape.models"
 
 @dataclass(frozen=True)
 class ModelSource:
-    """Where a model name leads: a factory and what a spec records about it.
-
-    ``kind`` is ``"builtin"`` (a line of :data:`MODELS`), ``"entry_point"`` (an installed package's
-    ``landscape.models`` entry) or ``"code"`` (``module:factory`` / ``file.py:factory`` the user named);
-    ``provenance`` is ``{}``, ``{"entry_point": {group, value, package, version}}`` or ``{"code": {ref, kind,
-    file | module, attr, sha256}}`` (:mod:`landscape.plugins`).
-    """
+    """Where a model name leads: a factory, its ``kind`` (``builtin``, ``entry_point``, ``code``) and the
+    provenance a spec records (``{}``, ``{"entry_point": ...}`` or ``{"code": ...}``)."""
 
     name: str
     factory: Callable[..., Any]
@@ -279,8 +245,7 @@ class ModelSource:
 
 
 def model_source(name: str) -> ModelSource:
-    """The factory a name the user gave stands for: a built-in, then an installed entry point, then a code
-    reference (which this imports: call it only with a name the user named). Unknown names: ModelError."""
+    """The factory a name the user gave stands for (a code reference is imported: user-named names only)."""
     if not isinstance(name, str):
         raise ModelError(f"a model name is a string, got {name!r}")
     if name in MODELS:
@@ -298,24 +263,15 @@ def model_source(name: str) -> ModelSource:
 
 
 def _stored_source(spec: dict) -> ModelSource:
-    """The factory a *stored* spec names. Code runs only when the user named it in this context
-    (:func:`landscape.plugins.checked_code`); an entry point must still be installed, at the recorded version
-    unless changed code is accepted; a name that is neither built in nor installed is refused without importing."""
+    """The factory a *stored* spec names: code only when the user named it again, an entry point at its
+    recorded version unless changed code is accepted; nothing is imported for an unknown name."""
     name = spec["name"]
     what = "the stored model"
     if "code" in spec:
         ref, current = plugins.checked_code(spec["code"], what)
         return ModelSource(plugins.canonical(ref), plugins.load(ref), "code", {"code": current})
     if "entry_point" in spec:
-        recorded = spec["entry_point"] or {}
-        factory, info = plugins.load_entry_point(ENTRY_POINT_GROUP, name)
-        then, now = recorded.get("version"), info.get("version")
-        if (recorded.get("package"), then) != (info.get("package"), now):
-            if not plugins.trust_state().accept_changed:
-                raise plugins.CodeChangedError(
-                    f"{what}: entry point from {recorded.get('package')} {then} when recorded, {info.get('package')} "
-                    f"{now} now; pass {param('accept_changed_code', True)} to use it")
-            info = {**info, "accepted_change_from": then}
+        factory, info = plugins.checked_entry_point(ENTRY_POINT_GROUP, name, spec["entry_point"], what)
         return ModelSource(name, factory, "entry_point", {"entry_point": info})
     if name in MODELS:
         return ModelSource(name, MODELS[name], "builtin", {})
@@ -324,17 +280,13 @@ def _stored_source(spec: dict) -> ModelSource:
 
 
 def model_options(name: str) -> dict[str, Any]:
-    """The keyword options model ``name`` accepts, with their defaults (JSON form); for a user factory, its
-    parameters other than ``input_shape`` and ``num_classes`` that have JSON defaults."""
+    """The keyword options model ``name`` accepts, with their JSON defaults."""
     return _options_of(model_source(name))
 
 
 def _options_of(source: ModelSource) -> dict[str, Any]:
-    params = _parameters(source)
-    if source.kind == "builtin":
-        return {p.name: _json_form(p.default) for p in params.values() if p.kind is p.KEYWORD_ONLY}
     out = {}
-    for p in params.values():
+    for p in _parameters(source).values():
         if p.name in _SHAPE_ARGS or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL, p.POSITIONAL_ONLY) \
                 or p.default is p.empty:
             continue
@@ -369,17 +321,12 @@ def build_model(
     num_classes: int | None = None,
     **kwargs: Any,
 ) -> nn.Module:
-    """Build a model by name (or from a spec dict) for inputs of ``input_shape`` and ``num_classes`` logits.
+    """Build a model by name (a built-in, an installed entry point, or ``module:factory`` /
+    ``file.py:factory``, which naming here lets run) or from a spec dict.
 
-    A name is a built-in (:data:`MODELS`), an installed ``landscape.models`` entry point, or a code reference
-    ``package.module:factory`` / ``path/to/file.py:factory`` (naming it here is what lets it run). Every
-    factory is called the same way, ``factory(input_shape=..., num_classes=..., **kwargs)``, where
-    ``input_shape`` and ``num_classes`` are passed only when its signature names them (or takes ``**kwargs``),
-    and must return an ``nn.Module``. A spec's kwargs may carry ``input_shape`` and ``num_classes``; explicit
-    arguments override them. A spec dict that names code is rebuilt only when that code is trusted in this
-    context (:func:`model_from_spec`). The returned model has ``landscape_spec = {"name", "kwargs"[, "code" |
-    "entry_point"]}`` with every option filled in. Unknown names, unknown options, a factory that fails or
-    returns something else than a module, and shapes a model cannot take raise :class:`ModelError`.
+    Every factory is called as ``factory(input_shape=..., num_classes=..., **kwargs)`` (the shape arguments
+    only when its signature takes them) and must return an ``nn.Module``. The model gets ``landscape_spec``
+    with every option filled in. Anything that cannot be built is a :class:`ModelError`.
     """
     if isinstance(name_or_spec, dict):
         if "name" not in name_or_spec:
@@ -392,13 +339,12 @@ def build_model(
     defaults = _options_of(source)
     params = _parameters(source)
     open_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    input_shape = input_shape if input_shape is not None else kwargs.pop("input_shape", None)
-    num_classes = num_classes if num_classes is not None else kwargs.pop("num_classes", None)
-    kwargs.pop("input_shape", None)
-    kwargs.pop("num_classes", None)
-    accepted = set(defaults) if source.kind == "builtin" else (
-        {n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)} - set(_SHAPE_ARGS))
-    unknown = [] if open_kwargs and source.kind != "builtin" else sorted(set(kwargs) - accepted)
+    spec_shape, spec_classes = kwargs.pop("input_shape", None), kwargs.pop("num_classes", None)
+    input_shape = spec_shape if input_shape is None else input_shape
+    num_classes = spec_classes if num_classes is None else num_classes
+    keywords = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    accepted = {n for n, p in params.items() if p.kind in keywords} - set(_SHAPE_ARGS)
+    unknown = [] if open_kwargs else sorted(set(kwargs) - accepted)
     if unknown:
         raise ModelError(
             f"model {name!r} has no option {', '.join(map(repr, unknown))}; its options: "
@@ -435,8 +381,7 @@ def build_model(
 
 
 def _check_initialised(model: nn.Module, name: str) -> None:
-    """A ``Lazy`` module (``nn.LazyLinear``, ...) learns its sizes at its first forward, but a stored model is
-    rebuilt from its factory and loaded: its sizes must be known when the factory returns (one line naming it)."""
+    """Refuse ``Lazy`` layers without sizes: a stored model is rebuilt from its factory, then loaded."""
     for path, module in model.named_modules():
         own = [n for n, t in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
                if isinstance(t, nn.parameter.UninitializedTensorMixin)]
@@ -459,12 +404,8 @@ def _positive_ints(values: Any, name: str) -> list[int]:
 
 
 def model_from_spec(spec: dict) -> nn.Module:
-    """Rebuild a model from its ``landscape_spec`` (same architecture; weights are freshly initialised).
-
-    A spec that names code (``"code"``) is rebuilt only when the user named that code in this context
-    (``landscape --code REF``, ``code=[REF]`` in the api, :func:`landscape.plugins.trusting`); its source must
-    have the recorded sha256 unless changed code is accepted. Reading a spec never imports anything by itself.
-    """
+    """Rebuild a model (fresh weights) from its ``landscape_spec``. Code a spec names runs only when the user
+    named it in this context (``--code``, ``code=[...]``, ``plugins.trusting``) and is unchanged."""
     if not isinstance(spec, dict):
         raise ModelError(f"a model spec is a dict with 'name' and 'kwargs', got {spec!r}")
     return build_model(spec)
@@ -473,15 +414,12 @@ def model_from_spec(spec: dict) -> nn.Module:
 # ------------------------------------------------------------------------------------- the check forward
 
 
-def check_forward(model: nn.Module, x: torch.Tensor, num_classes: int, *, what: str | None = None) -> None:
-    """One forward of ``model`` on the examples ``x`` (two are enough), where a model first meets its data (training,
-    import). A failure is one :class:`ModelError` line naming the layer it happened in (module path and type), the
-    shapes that layer was given and the error, instead of a traceback from deep inside the training loop; so are
-    outputs that are not a tensor and logits that are not floats of shape ``(N, num_classes)``. The forward runs in
-    eval mode without gradients, inside a fork of the random generators, and the mode is restored: it changes no
-    weights, statistics or random stream. ``what`` names the model in the message (default: its spec's name).
-    """
-    what = what or _model_name(model)
+def check_forward(model: nn.Module, x: torch.Tensor, num_classes: int) -> None:
+    """One forward of ``model`` on a few examples ``x`` where a model first meets its data: a failure, or
+    logits that are not floats of shape ``(N, num_classes)``, is one :class:`ModelError` line naming the
+    layer, not a traceback from deep in training. Changes no weights, statistics, mode or random stream."""
+    spec = getattr(model, "landscape_spec", None)
+    what = repr(spec["name"]) if isinstance(spec, dict) and "name" in spec else type(model).__name__
     names = {m: n or "(the model)" for n, m in model.named_modules()}
     entered: list[tuple[nn.Module, str]] = []  # modules whose forward is running, outermost first
     last: list[tuple[nn.Module, Any]] = []  # the module that returned most recently, and its output
@@ -523,11 +461,6 @@ def check_forward(model: nn.Module, x: torch.Tensor, num_classes: int, *, what: 
         raise ModelError(f"model {what} returns {_dtype(out)} logits of shape {list(out.shape)}{layer} for a batch of "
                          f"{list(x.shape)}; the data set has {num_classes} classes, so it must return floats of shape "
                          f"{expected}: build the last layer with the factory's num_classes argument")
-
-
-def _model_name(model: nn.Module) -> str:
-    spec = getattr(model, "landscape_spec", None)
-    return repr(spec["name"]) if isinstance(spec, dict) and "name" in spec else type(model).__name__
 
 
 def _shapes(value: Any) -> str:
@@ -573,12 +506,8 @@ def has_batchnorm(model: nn.Module) -> bool:
 
 
 def convert_batchnorm_to_groupnorm(model: nn.Module, num_groups: int = 32) -> nn.Module:
-    """A copy of ``model`` with every BatchNorm replaced by GroupNorm (``min(num_groups, C)`` groups, reduced to
-    divide C), as Opacus' ``ModuleValidator.fix`` does for DP training; the input model is left unchanged.
-
-    Affine BatchNorm scale and shift are copied into the GroupNorm's. A ``resnet18`` spec is updated to
-    ``norm="group", groups=num_groups``, which rebuilds the converted architecture.
-    """
+    """A copy of ``model`` with every BatchNorm replaced by GroupNorm (affine parameters copied), as Opacus'
+    ``ModuleValidator.fix`` does; a ``resnet18`` spec is updated to rebuild the converted architecture."""
     converted = copy.deepcopy(model)
 
     def replace(module: nn.Module) -> None:

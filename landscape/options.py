@@ -1,16 +1,12 @@
-"""Options: one declaration and one coercion for the command line, the Python api and batch specs.
-
-An option is a dataclass field declared with :func:`option` (its type is the annotation). :func:`coerce` turns a
-command-line string, a YAML value or a Python value into what the field holds, or raises one
-:class:`OptionError` line. A config class derives from :class:`Options` (a frozen dataclass: fields coerced,
-then ``validate()``, at construction); :func:`build` makes one from keyword options, :func:`from_params` from a
-result file's stored ``params``. The vocabulary is the table in docs/ARCHITECTURE.md. Imports nothing heavy:
+"""Options: one declaration (:func:`option`, the type is the annotation) and one coercion (:func:`coerce`) for
+the command line, the Python api and batch specs; configs derive from :class:`Options`. Imports nothing heavy:
 the command line reads it before torch is loaded.
 """
 
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import dataclasses
 import functools
 import math
@@ -20,15 +16,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from landscape.bounds import COUNT_MAX, SEED_MAX, is_seed, subset_value
+from landscape.bounds import COUNT_MAX, SEED_MAX, int_or_float, is_seed, subset_value
 from landscape.errors import OptionError, UsageError, param
 
 FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max: models and evaluations run in float32
 KINDS = ("subset", "device", "text", "metrics", "model", "data", "json", "directory", "file", "scheduler")
 
 
-# the help of the model and data-set options (field name -> help), the same in every command that builds a model
-# for a data set (train, phases, import)
+# the help of the model and data-set options, the same in every command that builds a model
 SOURCE_HELP = {
     "data": "Data set: a built-in name (docs/data-models.md), a torchvision set by name (svhn, kmnist, ...) or imagefolder (both with --data-root), "
             "a .npz/.h5 tensor file, or module:factory / file.py:factory.",
@@ -78,28 +73,21 @@ def check_kwargs(data_kwargs: Mapping[str, Any] | None, model_kwargs: Mapping[st
 def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | tuple[str, ...] | None = None,
            choices: tuple | None = None, metavar: str | None = None, min: float | None = None,
            max: float | None = None, min_open: bool = False, max_open: bool = False, kind: str | None = None,
-           cli: bool = True, show_default: Any = True, default_factory: Callable | None = None,
-           envvar: str | None = None, required: bool = False) -> Any:
+           cli: bool = True, default_factory: Callable | None = None, envvar: str | None = None,
+           required: bool = False) -> Any:
     """A config dataclass field with its option in the field's metadata.
 
-    The type comes from the annotation: ``int``/``float`` (finite; ``min``/``max`` bounds, ``min_open`` /
-    ``max_open`` exclusive; ints are at most ``COUNT_MAX``; a field named ``seed`` or ``*_seed`` is a seed in
-    ``[0, landscape.bounds.SEED_MAX]``),
-    ``bool`` (a flag), ``str`` (free, or one of ``choices``), ``tuple[str, ...]``/``tuple[float, ...]`` (a
-    comma list; ``choices`` limit the items, which may not repeat; ``X | None`` allows None). ``kind`` names a
-    special type instead: ``"device"`` (auto, cpu, cuda, cuda:N), ``"subset"`` (``int | float | None``: a count
-    or a fraction), ``"text"`` (a string the config parses itself), ``"metrics"`` (a repeatable ``--metric
-    REF``), ``"model"`` / ``"data"`` (a model or data set name, or code: ``module:factory``), ``"json"`` (a JSON
-    object: a mapping, or its text on the command line), ``"directory"`` / ``"file"`` (a path), ``"scheduler"`` (a
-    Dask scheduler address, checked where it is used). ``flag`` overrides ``--field-name`` (a tuple adds aliases such as ``("--max-grad-norm", "-C")``);
-    ``cli=False`` keeps a field off the command line (api only). ``envvar``: the environment variable the command line reads when the flag is not given; ``required``: the
-    command line requires the flag although the field has a default for the api and batch specs (``phases --k``).
+    The annotation gives the type: ``int``/``float`` (finite, within ``min``/``max``, exclusive with
+    ``min_open``/``max_open``; a field ``seed`` or ``*_seed`` is a seed), ``bool`` (a flag), ``str`` (one of
+    ``choices`` when given), ``tuple[str | float, ...]`` (a comma list). ``kind`` names a special type instead
+    (:data:`KINDS`). ``flag`` overrides ``--field-name`` (a tuple adds aliases); ``cli=False`` keeps the field
+    off the command line; ``required`` requires the flag although the api has a default (``phases --k``).
     """
     if kind is not None and kind not in KINDS:
         raise ValueError(f"option kind must be one of {KINDS}, got {kind!r}")
     meta = {"help": help, "flag": flag, "choices": choices, "metavar": metavar, "min": min, "max": max,
-            "min_open": min_open, "max_open": max_open, "kind": kind, "cli": cli, "show_default": show_default,
-            "envvar": envvar, "required": required}
+            "min_open": min_open, "max_open": max_open, "kind": kind, "cli": cli, "envvar": envvar,
+            "required": required}
     if default_factory is not None:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -109,16 +97,14 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | tu
 
 
 def cli_fields(cls: type) -> list[dataclasses.Field]:
-    """The fields of ``cls`` that are command-line options: its own first, then inherited ones (the shared
-    evaluation options come after an analysis' own)."""
+    """The fields of ``cls`` that are command-line options: its own first, then inherited ones."""
     own = set(cls.__dict__.get("__annotations__", {}))
     fields = [f for f in dataclasses.fields(cls) if f.metadata.get("cli", False)]
     return [f for f in fields if f.name in own] + [f for f in fields if f.name not in own]
 
 
 def flags_of(f: dataclasses.Field) -> tuple[str, ...]:
-    """``("--points",)`` for field ``points``, ``("--bn-recalibrate",)`` for ``bn_recalibrate``, or the metadata's
-    flag(s) (``("--max-grad-norm", "-C")``)."""
+    """``("--bn-recalibrate",)`` for field ``bn_recalibrate``, or the metadata's flag(s)."""
     flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
     return (flag,) if isinstance(flag, str) else tuple(flag)
 
@@ -130,7 +116,7 @@ def flag_of(f: dataclasses.Field) -> str:
 
 @functools.cache
 def hints(cls: type) -> dict[str, Any]:
-    """The resolved annotations of dataclass ``cls`` (they are strings under ``from __future__ import annotations``)."""
+    """The resolved annotations of dataclass ``cls`` (strings under ``from __future__ import``)."""
     return typing.get_type_hints(cls)
 
 
@@ -146,9 +132,7 @@ def split_optional(hint: Any) -> tuple[tuple[Any, ...], bool]:
 
 
 def _resolve(annotation: Any) -> Any:
-    """An annotation given as a string (a batch spec's kind table: the text of our own dataclasses' annotations,
-    never user input) as a type; ``Any`` when it names something this module does not know (such values pass
-    through unchanged)."""
+    """A string annotation (our own kind tables', never user input) as a type; ``Any`` if unknown."""
     if not isinstance(annotation, str):
         return annotation
     names = {"Any": Any, "Optional": typing.Optional, "Path": Path, "Callable": Callable,
@@ -162,25 +146,20 @@ def _resolve(annotation: Any) -> Any:
 
 
 def _number(value: Any, integer: bool, name: str) -> int | float:
+    wanted = "an integer" if integer else "a number"
     if isinstance(value, bool):
-        raise OptionError(name, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
+        raise OptionError(name, f"must be {wanted}, got {value!r}")
     number: Any = value
     if isinstance(value, str):
-        text = value.strip()
         try:
-            number = int(text) if integer else float(text)
+            number = int_or_float(value)
         except ValueError:
-            try:
-                number = float(text)
-            except ValueError:
-                raise OptionError(name, f"must be {'an integer' if integer else 'a number'}, got {value!r}") from None
+            raise OptionError(name, f"must be {wanted}, got {value!r}") from None
     elif not isinstance(value, (int, float)):
-        try:
+        with contextlib.suppress(TypeError, ValueError):
             number = value.item() if hasattr(value, "item") else value  # numpy scalars
-        except (TypeError, ValueError):
-            pass
         if isinstance(number, bool) or not isinstance(number, (int, float)):
-            raise OptionError(name, f"must be {'an integer' if integer else 'a number'}, got {value!r}")
+            raise OptionError(name, f"must be {wanted}, got {value!r}")
     if isinstance(number, float) and not math.isfinite(number):
         raise OptionError(name, f"must be a finite number, got {value!r}")
     if integer:
@@ -243,12 +222,8 @@ def _items(value: Any, item: Any, meta: Mapping[str, Any], name: str) -> tuple:
 
 def coerce(value: Any, annotation: Any, meta: Mapping[str, Any] | None = None, *, name: str = "value") -> Any:
     """``value`` (a command-line string, a YAML value or a Python value) as an option annotated ``annotation``
-    with :func:`option` metadata ``meta`` holds it; an :class:`OptionError` naming parameter ``name`` otherwise (the
-    field name: seeds are known by it).
-
-    Annotations may be strings (``"tuple[str, ...] | None"``); what is not an option type (``dict``, ``Any``, a
-    callable) passes through unchanged.
-    """
+    with :func:`option` metadata ``meta`` holds it, else an :class:`OptionError` naming parameter ``name``.
+    What is not an option type (``dict``, ``Any``) passes through unchanged."""
     meta = meta or {}
     kind = meta.get("kind")
     if kind == "subset":
@@ -354,13 +329,12 @@ def _json_object(value: Any, optional: bool, name: str) -> dict[str, Any] | None
 
 
 def coerce_field(cls: type, f: dataclasses.Field, value: Any) -> Any:
-    """``value`` as field ``f`` of dataclass ``cls`` holds it (:func:`coerce` with its annotation and metadata)."""
+    """``value`` as field ``f`` of dataclass ``cls`` holds it."""
     return coerce(value, hints(cls).get(f.name, f.type), f.metadata, name=f.name)
 
 
 def check_fields(config: Any) -> None:
-    """Every option field of ``config`` a value its declaration accepts: for dataclasses that are not
-    :class:`Options` (those are checked when made)."""
+    """Check every option field of a dataclass that is not :class:`Options` (those are checked when made)."""
     for f in dataclasses.fields(config):
         if "help" in f.metadata or "cli" in f.metadata:
             coerce_field(type(config), f, getattr(config, f.name))
@@ -370,8 +344,7 @@ def check_fields(config: Any) -> None:
 
 
 class Options:
-    """Base of the option dataclasses (declare them ``@dataclass(frozen=True)``): every field is coerced
-    (:func:`coerce_field`) and then :meth:`validate` runs, once, when the object is made."""
+    """Base of the frozen option dataclasses: fields coerced, then :meth:`validate`, when made."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -379,8 +352,7 @@ class Options:
         self.validate()
 
     def validate(self) -> None:
-        """Checks that span fields (raise :class:`~landscape.errors.UsageError`, one line); normalise with
-        :meth:`_set`. Single fields are checked by their declaration."""
+        """Checks that span fields (one UsageError line); normalise with :meth:`_set`."""
 
     def _set(self, name: str, value: Any) -> None:
         """Set a field of the frozen object while it is being validated."""
@@ -388,8 +360,8 @@ class Options:
 
 
 def build(cls: type, options: Mapping[str, Any] | None = None, *, base: Any = None) -> Any:
-    """A ``cls`` from keyword ``options``, replacing the fields of ``base`` when given; unknown options are one UsageError naming the known ones. ``base`` itself comes back
-    when there is nothing to replace (it was validated when it was made)."""
+    """A ``cls`` from keyword ``options``, replacing the fields of ``base`` when given; unknown options are
+    one UsageError naming the known ones."""
     options = dict(options or {})
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(options) - known)
@@ -408,13 +380,13 @@ def build(cls: type, options: Mapping[str, Any] | None = None, *, base: Any = No
 
 
 def from_params(cls: type, params: Mapping[str, Any]) -> Any:
-    """A ``cls`` rebuilt from a result file's stored ``params`` (keys the class does not have are dropped)."""
+    """A ``cls`` rebuilt from a result file's stored ``params`` (unknown keys dropped)."""
     known = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in params.items() if k in known})
 
 
 def describe(cls: type) -> list[tuple[str, str, str, str]]:
-    """``(name, type, default, help)`` of every field of ``cls`` that is an option (for generated docstrings)."""
+    """``(name, type, default, help)`` of every option field of ``cls`` (for generated docstrings)."""
     out = []
     for f in dataclasses.fields(cls):
         if "help" not in f.metadata and "cli" not in f.metadata:

@@ -5,6 +5,8 @@ interpolation, distance and compatibility of two models; a state dict seen throu
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,18 +37,14 @@ class TensorSpec:
 
 
 class ParamSpace:
-    """Names, shapes, dtypes and kinds of the tensors that form a flat parameter vector, in order.
-
-    Build it with :meth:`from_model` (parameters in ``named_parameters`` order; floating-point buffers
-    appended when ``buffers=True``) or :meth:`from_state_dict`.
-    """
+    """Names, shapes, dtypes and kinds of the tensors that form a flat parameter vector, in order."""
 
     def __init__(self, entries: Sequence[TensorSpec]):
         self.entries: tuple[TensorSpec, ...] = tuple(entries)
         names = [e.name for e in self.entries]
         if len(set(names)) != len(names):
             raise ValueError("duplicate tensor names in a ParamSpace")
-        self.offsets: tuple[int, ...] = tuple(_cumsum([e.numel for e in self.entries]))
+        self.offsets: tuple[int, ...] = tuple(itertools.accumulate(e.numel for e in self.entries))
         self.dim: int = self.offsets[-1] if self.entries else 0
 
     # construction -------------------------------------------------------------------------------------
@@ -63,24 +61,10 @@ class ParamSpace:
         return cls(entries)
 
     @classmethod
-    def from_state_dict(
-        cls, state: Mapping[str, torch.Tensor], *, parameters: Sequence[str] | None = None, buffers: bool = True
-    ) -> ParamSpace:
-        """Floating-point entries of a state dict in its order.
-
-        ``parameters`` names the entries that are parameters (the rest are buffers); without it every
-        floating entry counts as a parameter. ``buffers=False`` leaves the buffers out.
-        """
-        param_set = set(parameters) if parameters is not None else None
-        entries = []
-        for name, t in state.items():
-            if not t.is_floating_point():
-                continue
-            kind = PARAMETER if param_set is None or name in param_set else BUFFER
-            if kind == BUFFER and not buffers:
-                continue
-            entries.append(TensorSpec(name, tuple(t.shape), t.dtype, kind))
-        return cls(entries)
+    def from_state_dict(cls, state: Mapping[str, torch.Tensor]) -> ParamSpace:
+        """The floating-point entries of a state dict, in its order."""
+        return cls([TensorSpec(n, tuple(t.shape), t.dtype, PARAMETER)
+                    for n, t in state.items() if t.is_floating_point()])
 
     # views ----------------------------------------------------------------------------------------------
     @property
@@ -94,10 +78,8 @@ class ParamSpace:
     @property
     def dtype(self) -> torch.dtype:
         """dtype of the flat vector: the promotion of all entry dtypes (float32 if empty)."""
-        dtype = torch.float32 if not self.entries else self.entries[0].dtype
-        for e in self.entries[1:]:
-            dtype = torch.promote_types(dtype, e.dtype)
-        return dtype
+        dtypes = [e.dtype for e in self.entries]
+        return functools.reduce(torch.promote_types, dtypes) if dtypes else torch.float32
 
     def parameter_names(self) -> list[str]:
         return [e.name for e in self.entries if e.kind == PARAMETER]
@@ -117,15 +99,8 @@ class ParamSpace:
     def __repr__(self) -> str:
         return f"ParamSpace({len(self.entries)} tensors, dim={self.dim})"
 
-    def slice(self, name: str) -> slice:
-        """Where tensor ``name`` sits in the flat vector."""
-        for i, e in enumerate(self.entries):
-            if e.name == name:
-                return slice(self.offsets[i] - e.numel, self.offsets[i])
-        raise KeyError(name)
-
     # conversion -----------------------------------------------------------------------------------------
-    def flatten(self, state: StateLike, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+    def flatten(self, state: StateLike) -> torch.Tensor:
         """One flat vector (on the tensors' device) from a model or a state dict holding every entry."""
         tensors = _tensors_of(state)
         missing = [e.name for e in self.entries if e.name not in tensors]
@@ -135,37 +110,26 @@ class ParamSpace:
             got = tuple(tensors[e.name].shape)
             if got != e.shape:
                 raise IncompatibleError(f"tensor '{e.name}' has shape {_fmt(got)}, expected {_fmt(e.shape)}")
-        dtype = dtype or self.dtype
         if not self.entries:
-            return torch.zeros(0, dtype=dtype)
-        return torch.cat([tensors[e.name].detach().reshape(-1).to(dtype) for e in self.entries])
+            return torch.zeros(0, dtype=self.dtype)
+        return torch.cat([tensors[e.name].detach().reshape(-1).to(self.dtype) for e in self.entries])
 
-    def unflatten(self, vector: torch.Tensor, *, cast: bool = True) -> dict[str, torch.Tensor]:
+    def unflatten(self, vector: torch.Tensor) -> dict[str, torch.Tensor]:
         """Name -> tensor (views of ``vector`` when no dtype cast is needed)."""
         self._check_dim(vector)
-        out = {}
-        start = 0
-        for e, stop in zip(self.entries, self.offsets, strict=True):
-            t = vector[start:stop].view(e.shape)
-            out[e.name] = t.to(e.dtype) if cast else t
-            start = stop
-        return out
+        return {e.name: vector[stop - e.numel:stop].view(e.shape).to(e.dtype)
+                for e, stop in zip(self.entries, self.offsets, strict=True)}
 
     def unflatten_batch(self, vectors: torch.Tensor) -> dict[str, torch.Tensor]:
         """(P, d) -> name -> (P, *shape) views, dtype of ``vectors`` kept (for stacked ``functional_call``)."""
         if vectors.dim() != 2 or vectors.shape[1] != self.dim:
             raise IncompatibleError(f"points have shape {_fmt(tuple(vectors.shape))}, expected (P, {self.dim})")
-        out = {}
-        start = 0
-        for e, stop in zip(self.entries, self.offsets, strict=True):
-            out[e.name] = vectors[:, start:stop].view(vectors.shape[0], *e.shape)
-            start = stop
-        return out
+        return {e.name: vectors[:, stop - e.numel:stop].view(vectors.shape[0], *e.shape)
+                for e, stop in zip(self.entries, self.offsets, strict=True)}
 
     def tensors_of(self, model: nn.Module) -> list[torch.Tensor]:
         """The model's own tensors for every entry, in order (parameters and buffers, not copies)."""
-        named = dict(model.named_parameters())
-        named.update(dict(model.named_buffers()))
+        named = _tensors_of(model)
         missing = [e.name for e in self.entries if e.name not in named]
         if missing:
             raise IncompatibleError(f"tensor '{missing[0]}' of the parameter space is not in the model")
@@ -179,12 +143,6 @@ class ParamSpace:
         with torch.no_grad():
             torch._foreach_copy_(targets, sources)
 
-    def check_compatible(self, other: ParamSpace, names: tuple[str, str] = ("A", "B")) -> None:
-        """Raise :class:`IncompatibleError` naming the first tensor that differs between two spaces."""
-        check_compatible(
-            {e.name: e.shape for e in self.entries}, {e.name: e.shape for e in other.entries}, names=names
-        )
-
     def _check_dim(self, vector: torch.Tensor) -> None:
         if vector.dim() != 1 or vector.numel() != self.dim:
             raise IncompatibleError(
@@ -193,11 +151,8 @@ class ParamSpace:
 
 
 def flatten(state: StateLike | Sequence[torch.Tensor], space: ParamSpace | None = None) -> torch.Tensor:
-    """Flat vector of a model's parameters, a state dict's floating entries, or a list of tensors.
-
-    With ``space`` the entries and order are the space's; without, a model contributes its parameters
-    (``named_parameters`` order) and a state dict every floating-point entry in its order.
-    """
+    """Flat vector of a model's parameters, a state dict's floating entries (or ``space``'s), or a list of
+    tensors."""
     if space is not None:
         return space.flatten(state)
     if isinstance(state, nn.Module):
@@ -207,9 +162,7 @@ def flatten(state: StateLike | Sequence[torch.Tensor], space: ParamSpace | None 
     tensors = list(state)
     if not tensors:
         return torch.zeros(0)
-    dtype = tensors[0].dtype
-    for t in tensors[1:]:
-        dtype = torch.promote_types(dtype, t.dtype)
+    dtype = functools.reduce(torch.promote_types, [t.dtype for t in tensors])
     return torch.cat([t.detach().reshape(-1).to(dtype) for t in tensors])
 
 
@@ -219,11 +172,8 @@ def unflatten(vector: torch.Tensor, space: ParamSpace) -> dict[str, torch.Tensor
 
 
 def lerp_tensor(a: torch.Tensor, b: torch.Tensor, alpha: float) -> torch.Tensor:
-    """:func:`torch.lerp` that returns ``a`` itself at ``alpha=0`` and ``b`` at ``alpha=1``.
-
-    ``torch.lerp`` computes ``a + alpha (b - a)`` for small alpha, which is NaN at ``alpha=0`` when ``b``
-    holds NaN/inf (a diverged checkpoint); the ends of a path must be the checkpoints exactly.
-    """
+    """:func:`torch.lerp`, but exactly ``a`` at ``alpha=0`` and ``b`` at ``alpha=1``: ``a + alpha (b - a)`` is
+    NaN at 0 when ``b`` holds NaN/inf (a diverged checkpoint), and a path's ends must be the checkpoints."""
     if alpha == 0:
         return a.clone()
     if alpha == 1:
@@ -232,12 +182,8 @@ def lerp_tensor(a: torch.Tensor, b: torch.Tensor, alpha: float) -> torch.Tensor:
 
 
 def lerp(a, b, alpha: float):
-    """``(1 - alpha) a + alpha b`` for flat tensors or state dicts (Watson et al. Sec. 2.2).
-
-    Exact at both ends (:func:`lerp_tensor`): ``alpha=0`` gives ``a`` and ``alpha=1`` gives ``b`` bit for
-    bit, even when the other end is non-finite. For state dicts, non-floating entries (e.g. BatchNorm's
-    ``num_batches_tracked``) are taken from ``a``; both dicts must be compatible.
-    """
+    """``(1 - alpha) a + alpha b`` for flat tensors or compatible state dicts (Watson et al. Sec. 2.2), exact
+    at both ends; a state dict's non-floating entries come from ``a``."""
     alpha = float(alpha)
     if isinstance(a, Mapping):
         check_compatible(a, b)
@@ -246,10 +192,7 @@ def lerp(a, b, alpha: float):
 
 
 def distance(a, b) -> float:
-    """Euclidean distance ``||a - b||_2`` between two flat vectors or two compatible state dicts.
-
-    For state dicts only floating-point entries count. Accumulated in float64.
-    """
+    """``||a - b||_2`` of two flat vectors or compatible state dicts (floating entries), in float64."""
     if isinstance(a, Mapping):
         check_compatible(a, b)
         total = 0.0
@@ -262,9 +205,8 @@ def distance(a, b) -> float:
 
 @dataclass(frozen=True)
 class Mismatch:
-    """The first difference between two sets of named tensors: ``kind`` is ``"only_a"`` / ``"only_b"`` (a tensor
-    in one of them only), ``"shape"`` or ``"dtype"`` (a different kind of dtype, :func:`dtype_kind`); ``a`` and
-    ``b`` are the two shapes or dtypes (None where a tensor is missing)."""
+    """The first difference of two sets of named tensors: ``kind`` ``only_a``, ``only_b``, ``shape`` or
+    ``dtype`` (:func:`dtype_kind`); ``a`` and ``b`` the two shapes or dtypes."""
 
     kind: str
     name: str
@@ -273,9 +215,8 @@ class Mismatch:
 
 
 def first_mismatch(a, b, *, dtypes: bool = False) -> Mismatch | None:
-    """The one compatibility check of two models, state dicts, parameter spaces or mappings name -> shape: the
-    FIRST tensor present in only one of them, of a different shape or (``dtypes``) of a different kind of dtype,
-    walking ``a``'s order, then ``b``'s extras; None when they match."""
+    """The one compatibility check of two models, state dicts or mappings name -> shape: the first tensor in
+    one only, of another shape or (``dtypes``) kind of dtype, in ``a``'s order, or None."""
     ta, tb = _specs_of(a), _specs_of(b)
     for name, (shape, dtype) in ta.items():
         if name not in tb:
@@ -292,11 +233,7 @@ def first_mismatch(a, b, *, dtypes: bool = False) -> Mismatch | None:
 
 
 def check_compatible(a, b, *, names: tuple[str, str] = ("A", "B")) -> None:
-    """Raise :class:`IncompatibleError` naming the FIRST tensor where two state dicts differ (:func:`first_mismatch`).
-
-    ``a`` and ``b`` are models, state dicts, or mappings name -> shape. Differences are a tensor
-    present in only one of them, or a different shape; the check walks ``a``'s order, then ``b``'s extras.
-    """
+    """Raise :class:`IncompatibleError` naming the first tensor where ``a`` and ``b`` differ."""
     m = first_mismatch(a, b)
     if m is None:
         return
@@ -344,8 +281,7 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def plain_names(model: nn.Module) -> dict[str, str]:
-    """``{name in model.state_dict(): the name without wrappers}``: wrappers at any depth (a compiled submodule
-    too) are looked through, so the names are those of the same model built without them."""
+    """``{name in model.state_dict(): the name without wrappers}``, wrappers at any depth looked through."""
     skip = {f"{name}.{attr}" if name else attr for name, module in model.named_modules(remove_duplicate=False)
             if (attr := wrapped(module)) is not None}
     names = {}
@@ -360,9 +296,7 @@ def plain_names(model: nn.Module) -> dict[str, str]:
 
 
 def _specs_of(x) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
-    """name -> (shape, dtype or None) of a parameter space, model, state dict or mapping name -> shape."""
-    if isinstance(x, ParamSpace):
-        return {e.name: (tuple(e.shape), e.dtype) for e in x.entries}
+    """name -> (shape, dtype or None) of a model, state dict or mapping name -> shape."""
     if isinstance(x, nn.Module):
         x = x.state_dict()
     out = {}
@@ -380,14 +314,6 @@ def _tensors_of(state: StateLike) -> dict[str, torch.Tensor]:
         named.update(dict(state.named_buffers()))
         return named
     return dict(state)
-
-
-def _cumsum(values: Sequence[int]) -> list[int]:
-    out, total = [], 0
-    for v in values:
-        total += v
-        out.append(total)
-    return out
 
 
 def _fmt(shape: Sequence[int]) -> str:

@@ -1,17 +1,7 @@
-"""Code the user names: ``package.module:attr``, ``path/to/file.py:attr``, or an installed entry point.
-
-The one place landscape imports code that is not its own (models, data sets, metrics), so the rules are
-stated once:
-
-- **Only named code runs.** ``load`` imports only what the user named (an option, an API argument) or an
-  installed entry point; nothing read from a store, manifest or result file is handed to it by itself.
-- **Provenance.** ``describe`` records the sha256 of the source file and of the user's local modules it
-  imported (``modules``), so ``check_unchanged`` can tell later whether the code changed.
-- **One-line errors.** A malformed reference, an import failure, a missing or non-callable attribute raise
-  ``PluginError`` (a usage error, exit 2) naming the cause.
-
-A file is loaded as module ``landscape_user_<stem>_<sha8>`` (same-named files do not collide; a changed file is
-a new module) with its folder on ``sys.path`` while it runs, so it can import its siblings.
+"""Code the user names (``package.module:attr``, ``path/to/file.py:attr``, an installed entry point): the one
+place landscape imports code that is not its own. Only named code runs (nothing read from a store is handed to
+``load`` by itself); ``describe`` records the sha256 of the source and of the local modules it imported, so a
+later change is seen; failures are one ``PluginError`` line (docs/own-code.md).
 """
 
 from __future__ import annotations
@@ -47,8 +37,7 @@ class CodeRef:
 
 
 def is_code_ref(text: Any) -> bool:
-    """Whether ``text`` has the form of a code reference (``x:y`` with a module path or a ``.py`` file before the
-    colon); built-in names such as ``lenet`` or ``digits`` are not."""
+    """Whether ``text`` has the form ``x:y`` of a code reference (built-in names such as ``lenet`` do not)."""
     if not isinstance(text, str) or ":" not in text:
         return False
     head, _, attr = text.rpartition(":")
@@ -56,8 +45,7 @@ def is_code_ref(text: Any) -> bool:
 
 
 def short_name(text: Any) -> Any:
-    """A code reference to a file shortened for tables (``/abs/dir/file.py:make`` -> ``file.py:make``); module
-    references, built-in names and anything else unchanged. Stored specs keep the full reference."""
+    """A code reference to a file shortened for tables (``/abs/dir/file.py:make`` -> ``file.py:make``)."""
     if not is_code_ref(text):
         return text
     head, _, attr = text.rpartition(":")
@@ -88,16 +76,14 @@ _LOCAL: dict[str, tuple[str, ...]] = {}
 
 
 def _not_user_code() -> tuple[Path, ...]:
-    """Folders whose modules are never a user's local code: the standard library, site-packages, the
-    interpreter's prefixes and landscape's own package."""
+    """Folders whose modules are never a user's local code (the interpreter's, site-packages, landscape's)."""
     paths = {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     paths |= {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(__file__).resolve().parent)}
     return tuple(Path(p).resolve() for p in paths if p)
 
 
 def _local_files(main: Path, modules: list[Any]) -> tuple[str, ...]:
-    """The source files of ``modules`` that are the user's local code beside ``main`` (under its folder or the
-    working directory; not ``main`` itself, nor anything under :func:`_not_user_code` or a site-packages)."""
+    """The source files of ``modules`` that are user code beside ``main`` or in the working directory."""
     roots = (main.parent, Path.cwd().resolve())
     excluded = _not_user_code()
     found = []
@@ -129,7 +115,8 @@ def _module_of(ref: CodeRef):
         if not path.is_file():
             raise PluginError(f"{ref.text!r}: no such file {path}")
         digest = sha256_file(path)
-        name = f"landscape_user_{_identifier(path.stem)}_{digest[:8]}"
+        stem = "".join(c if c.isalnum() or c == "_" else "_" for c in path.stem)
+        name = f"landscape_user_{stem}_{digest[:8]}"  # a valid module name: the prefix starts it
         if name in sys.modules:
             return sys.modules[name]
         spec = importlib.util.spec_from_file_location(name, path)
@@ -148,10 +135,8 @@ def _module_of(ref: CodeRef):
                 raise
             raise _import_failed(ref, path.name, exc) from None
         finally:
-            try:
+            with contextlib.suppress(ValueError):
                 sys.path.remove(folder)
-            except ValueError:
-                pass
         _LOCAL[ref.target] = _local_files(path.resolve(), _imported(module, before))
         return module
     before = set(sys.modules)
@@ -170,8 +155,7 @@ def _module_of(ref: CodeRef):
 
 
 def _import_failed(ref: CodeRef, what: str, exc: BaseException) -> PluginError:
-    """The one line for user code that failed while imported: an exception, or ``sys.exit()`` / another
-    BaseException, which would otherwise end the command (with ``sys.exit(0)``: as a success that wrote nothing)."""
+    """The one line for user code that failed while imported, ``sys.exit()`` too (not the command's exit)."""
     if isinstance(exc, SystemExit):
         return PluginError(f"{ref.text!r}: {what} called sys.exit({exc.code!r}) while being imported; a model or "
                            f"data file defines its factory and returns (put script code under `if __name__ == "
@@ -181,8 +165,8 @@ def _import_failed(ref: CodeRef, what: str, exc: BaseException) -> PluginError:
 
 
 def _module_hashes(main: str | None, files: Any) -> dict[str, str | None]:
-    """``{file: sha256}`` of local modules, keyed by the path relative to ``main``'s folder where they live under
-    it (so code moved with its helpers is the same code), else absolute; a missing file hashes to None."""
+    """``{file: sha256 or None}`` of local modules, keyed relative to ``main``'s folder where they are under
+    it (so code moved with its helpers is the same code)."""
     folder = Path(main).resolve().parent if main else None
     out: dict[str, str | None] = {}
     for f in files:
@@ -193,11 +177,7 @@ def _module_hashes(main: str | None, files: Any) -> dict[str, str | None]:
 
 
 def load(text: str | CodeRef, *, callable_: bool = True) -> Any:
-    """Import the referenced module (or execute the file) and return the named object.
-
-    Call only with a reference the user named (see the module docstring). ``callable_`` (default) requires
-    the object to be callable (a factory or a class).
-    """
+    """The named object of a reference the user named (its module imported, or its file executed)."""
     ref = text if isinstance(text, CodeRef) else parse(text)
     obj: Any = _module_of(ref)
     for part in ref.attr.split("."):
@@ -212,11 +192,8 @@ def load(text: str | CodeRef, *, callable_: bool = True) -> Any:
 
 
 def describe(text: str | CodeRef) -> dict[str, Any]:
-    """What a reference points at, for a stored spec: ``{"ref", "kind", "file" | "module", "attr", "sha256"}``.
-
-    ``sha256`` is the source file's (for a module, the file its import resolves to; that resolution imports the
-    module's parent packages, so call this only for code the user named). Paths are absolute.
-    """
+    """What a reference points at, for a stored spec: ``{"ref", "kind", "file" | "module", "attr", "sha256"}``
+    (a module is imported to find its file: user-named code only)."""
     ref = text if isinstance(text, CodeRef) else parse(text)
     if ref.kind == "file":
         if not Path(ref.target).is_file():
@@ -234,9 +211,8 @@ def describe(text: str | CodeRef) -> dict[str, Any]:
 
 
 def check_unchanged(stored: dict[str, Any], current: dict[str, Any]) -> str | None:
-    """``None`` when ``current`` (from ``describe``) has the stored source hash and every local module the
-    stored code imported (``modules``) still has its recorded hash (looked up beside ``current``'s file, without
-    importing anything), else a one-line reason naming the file that changed."""
+    """None when the source and every local module ``stored`` records still have their hashes (nothing is
+    imported), else a one-line reason naming the file that changed."""
     name = stored.get("ref") or current.get("ref")
     if stored.get("sha256") != current.get("sha256"):
         where = current.get("file") or current.get("module") or current.get("ref")
@@ -258,8 +234,7 @@ def entry_points(group: str) -> dict[str, importlib.metadata.EntryPoint]:
 
 
 def load_entry_point(group: str, name: str) -> tuple[Any, dict[str, Any]]:
-    """The object an installed entry point names and its provenance ``{"entry_point", "group", "value",
-    "package", "version"}``; ``PluginError`` when no installed package provides ``name`` in ``group``."""
+    """The object an installed entry point names, and its provenance (package and version)."""
     found = entry_points(group)
     if name not in found:
         raise PluginError(f"no installed package provides {name!r} in {group}")
@@ -276,18 +251,24 @@ def load_entry_point(group: str, name: str) -> tuple[Any, dict[str, Any]]:
         raise PluginError(f"entry point {name!r} ({ep.value}) of {group} failed to load: {one_line(exc)}") from None
 
 
-def _identifier(stem: str) -> str:
-    out = "".join(c if c.isalnum() or c == "_" else "_" for c in stem)
-    return out if out and not out[0].isdigit() else f"m_{out}"
+def checked_entry_point(group: str, name: str, recorded: dict | None, what: str) -> tuple[Any, dict]:
+    """``load_entry_point`` for a stored spec: another package or version than ``recorded`` is a
+    ``CodeChangedError`` unless changed code is accepted (then recorded as ``accepted_change_from``)."""
+    factory, info = load_entry_point(group, name)
+    then, now = (recorded or {}).get("version"), info.get("version")
+    if recorded and (recorded.get("package"), then) != (info.get("package"), now):
+        if not _TRUST.get().accept_changed:
+            raise CodeChangedError(
+                f"{what}: entry point from {recorded.get('package')} {then} when recorded, "
+                f"{info.get('package')} {now} now; pass {param('accept_changed_code', True)} to use it")
+        info = {**info, "accepted_change_from": then}
+    return factory, info
 
 
 # ------------------------------------------------------------------------------------------- trusted code
 #
-# A stored model or data spec may name code (``{"code": describe(...)}``). Rebuilding it runs that code, so it
-# happens only when the user names the same code again in this process: on the command line (``landscape --code
-# REF ...``, or ``--model REF`` / ``--data REF`` of the command that builds it) or in the API (``code=[...]``,
-# :func:`trusting`). The set is a context variable; worker processes receive it as plain strings
-# (:func:`trust_state` / :func:`trusting`), never as pickled objects.
+# Rebuilding a stored spec that names code runs it, so only when the user names the same code again in this
+# context (``--code``, ``--model REF``, ``code=[...]``, :func:`trusting`); workers get the refs as strings.
 
 
 @dataclass(frozen=True)
@@ -315,22 +296,13 @@ def trust_state() -> TrustState:
 def _checked(refs: Any) -> tuple[str, ...]:
     if refs is None:
         return ()
-    if isinstance(refs, (str, CodeRef)):
-        refs = [refs]
-    out = []
-    for ref in refs:
-        parsed = ref if isinstance(ref, CodeRef) else parse(ref)
-        out.append(_canonical(parsed))
-    return tuple(out)
+    return tuple(canonical(ref) for ref in ([refs] if isinstance(refs, (str, CodeRef)) else refs))
 
 
-def trust(refs: Any = (), *, accept_changed: bool = False) -> TrustState:
-    """Add ``refs`` (a reference or several) to the code that stored specs may run, for the rest of this context
-    (the command line does this once per command); returns the previous state. ``accept_changed`` lets a
-    spec whose recorded source hash differs be rebuilt with the code as it is now (recorded in results)."""
-    before = _TRUST.get()
-    _TRUST.set(_with(before, refs, accept_changed))
-    return before
+def trust(refs: Any = (), *, accept_changed: bool = False) -> None:
+    """Let stored specs run ``refs`` for the rest of this context (``accept_changed``: also when their source
+    changed since recorded)."""
+    _TRUST.set(_with(_TRUST.get(), refs, accept_changed))
 
 
 def _with(state: TrustState, refs: Any, accept_changed: bool) -> TrustState:
@@ -339,8 +311,7 @@ def _with(state: TrustState, refs: Any, accept_changed: bool) -> TrustState:
 
 @contextlib.contextmanager
 def trusting(refs: Any = (), *, accept_changed: bool = False):
-    """Inside the block, stored specs naming ``refs`` may be rebuilt (see ``trust``); a
-    ``TrustState`` (from a parent process) is installed as it is."""
+    """``trust`` for the block; a ``TrustState`` (from a parent process) is installed as it is."""
     if isinstance(refs, TrustState):
         token = _TRUST.set(_with(_NOTHING_TRUSTED, refs.refs, refs.accept_changed))
     else:
@@ -351,20 +322,16 @@ def trusting(refs: Any = (), *, accept_changed: bool = False):
         _TRUST.reset(token)
 
 
-def _canonical(ref: CodeRef) -> str:
+def canonical(text: str | CodeRef) -> str:
+    """``/absolute/file.py:attr`` or ``package.module:attr``: the form specs record and ``--code`` matches."""
+    ref = text if isinstance(text, CodeRef) else parse(text)
     return f"{ref.target}:{ref.attr}"
 
 
-def canonical(text: str | CodeRef) -> str:
-    """``/absolute/file.py:attr`` or ``package.module:attr``: the form specs record and ``--code`` matches."""
-    return _canonical(text if isinstance(text, CodeRef) else parse(text))
-
-
 def named_code(stored: dict[str, Any], what: str) -> CodeRef:
-    """The reference the user named for the code a stored spec records (``stored`` from ``describe``), or
-    ``PluginError`` saying which ``--code`` to pass. Nothing is imported to decide: a named file of the same
-    name at another path counts when its bytes have the recorded sha256 (the code moved with the store), or,
-    when changed code is accepted, when it is the only such file named."""
+    """The reference the user named for the code ``stored`` records, else a ``PluginError`` saying which
+    ``--code`` to pass. A named file of the same name elsewhere counts when it has the recorded sha256 (moved
+    with the store) or, changed code accepted, when it is the only one. Nothing is imported to decide."""
     if not isinstance(stored, dict) or stored.get("kind") not in ("file", "module") or not stored.get("attr"):
         raise PluginError(f"{what} records malformed code provenance {stored!r}")
     target = stored.get("file") if stored["kind"] == "file" else stored.get("module")
@@ -386,9 +353,8 @@ def named_code(stored: dict[str, Any], what: str) -> CodeRef:
 
 
 def checked_code(stored: dict[str, Any], what: str) -> tuple[CodeRef, dict[str, Any]]:
-    """``named_code`` and its current ``describe``, refusing (``CodeChangedError``) when the source
-    hash changed since ``stored`` was recorded, unless the user accepted changed code; an accepted change is
-    recorded in the returned description as ``accepted_change_from`` (the recorded sha256)."""
+    """``named_code`` and its current ``describe``; changed source is a ``CodeChangedError`` unless accepted
+    (then recorded as ``accepted_change_from``)."""
     ref = named_code(stored, what)
     current = describe(ref)
     if "modules" not in current and stored.get("modules"):  # not imported yet: the recorded helpers, hashed now

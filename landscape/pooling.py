@@ -1,11 +1,5 @@
-"""Max pooling for training and per-sample gradients on CPU: PyTorch's own kernels, the faster of its layouts.
-
-PyTorch's CPU ``max_pool2d`` is slower on contiguous (NCHW) inputs than on channels-last ones.
-:func:`fast_max_pool2d` runs the forward through the channels-last kernel and the backward through
-``max_pool2d_with_indices_backward`` with its indices, so values and gradients are PyTorch's bit for bit (ties
-and NaNs included). :func:`exact_fast_pooling` swaps it in for a model's ``MaxPool2d`` modules during a block,
-and routes a functional ``forward``'s ``F.max_pool2d`` calls too (:func:`routed_pool_calls`, a
-``TorchFunctionMode``). CPU only; tensors inside ``torch.func`` transforms keep ``F.max_pool2d``.
+"""Max pooling on CPU through PyTorch's own channels-last kernel, faster than its NCHW one, with values and
+gradients bit for bit PyTorch's; :func:`exact_fast_pooling` swaps it in for a model's modules and calls.
 """
 
 from __future__ import annotations
@@ -57,12 +51,8 @@ def fast_max_pool2d(x: torch.Tensor, kernel_size, stride=None) -> torch.Tensor:
 
 @contextlib.contextmanager
 def exact_fast_pooling(model: nn.Module) -> Iterator[None]:
-    """Within the block, the model's plain ``MaxPool2d`` modules run :func:`fast_max_pool2d`; restored on exit.
-
-    When the model has modules of classes defined outside ``torch.nn`` (a user's or torchvision's ``forward``,
-    which may call ``F.max_pool2d`` itself), the block also runs under :func:`fast_functional_pooling`; a model
-    made of ``torch.nn`` layers only (the built-in Sequentials) does without the mode's per-call overhead.
-    """
+    """Within the block, the model's plain ``MaxPool2d`` modules run :func:`fast_max_pool2d`, and so do
+    functional calls when the model has code of its own (not for ``torch.nn`` layers alone)."""
     swapped = []
     for m in model.modules():
         if type(m) is nn.MaxPool2d and simple_pool(m) and "forward" not in m.__dict__:
@@ -96,11 +86,8 @@ def _pool_signature(input, kernel_size, stride=None, padding=0, dilation=1, ceil
 
 
 def simple_pool_call(func, args: tuple, kwargs: dict | None = None):
-    """``(x, kernel, stride)`` when ``func(*args, **kwargs)`` is a plain ``F.max_pool2d`` / ``torch.max_pool2d``.
-
-    Plain: a tensor input of 3 or 4 dimensions and no padding, dilation, ceil mode or returned indices (the
-    pools :func:`simple_pool` accepts as modules); otherwise None (the call is left as it is).
-    """
+    """``(x, kernel, stride)`` when ``func(*args, **kwargs)`` is a plain max pool (as :func:`simple_pool`),
+    else None."""
     if not any(func is f for f in _POOL_FUNCTIONS):
         return None
     try:
@@ -134,11 +121,8 @@ class _RoutedPooling(TorchFunctionMode):
 
 @contextlib.contextmanager
 def routed_pool_calls(route) -> Iterator[None]:
-    """Within the block, each plain ``F.max_pool2d`` / ``torch.max_pool2d`` call is ``route(x, kernel, stride)``.
-
-    ``route`` must return the same values (and, where gradients are taken, the same gradients); calls that
-    are not plain (:func:`simple_pool_call`) and tensors inside ``torch.func`` transforms keep PyTorch's.
-    """
+    """Within the block, each plain max pool call (outside ``torch.func`` transforms) is ``route(x, kernel,
+    stride)``, which must give the same values and gradients."""
     with _RoutedPooling(route):
         yield
 

@@ -1,9 +1,6 @@
-"""What is known of the privacy of the steps weights were trained with: DP-SGD events, a run's ancestors.
-
-A run's starting weights carry their history (:class:`PrivacyHistory`): accounted DP steps (composed exactly
-with the run's own), steps without a guarantee, guarantees the user declared for imported weights (added by basic
-composition, Dwork & Roth 2014 Thm. 3.16) or nothing known. The numbers are :mod:`landscape.train.accounting`'s;
-the accountant a child continues with: docs/privacy.md.
+"""What is known of the privacy of the steps a run's starting weights were trained with
+(:class:`PrivacyHistory`): accounted DP steps, steps without a guarantee, guarantees declared for imported
+weights (basic composition), or nothing known (docs/privacy.md).
 """
 
 from __future__ import annotations
@@ -38,24 +35,16 @@ class DeclaredPrivacy:
     delta: float
 
     def __post_init__(self) -> None:
-        check_declared(self.epsilon, self.delta)
-
-
-def check_declared(epsilon: Any, delta: Any) -> None:
-    """One-line UsageError unless ``epsilon`` is a finite number >= 0 and ``delta`` a number in [0, 1)."""
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not (0 <= epsilon < math.inf):
-        raise UsageError(f"declared epsilon must be a finite number >= 0, got {epsilon}")
-    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not (0 <= delta < 1):
-        raise UsageError(f"declared delta must be a number in [0, 1), got {delta}")
+        epsilon, delta = self.epsilon, self.delta
+        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0 <= epsilon < math.inf:
+            raise UsageError(f"declared epsilon must be a finite number >= 0, got {epsilon}")
+        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 <= delta < 1:
+            raise UsageError(f"declared delta must be a number in [0, 1), got {delta}")
 
 
 @dataclass
 class PrivacyHistory:
-    """What is known about the privacy of the steps before a run's own (the module docstring).
-
-    ``events``: accounted DP steps (composed exactly); ``non_private``: some step had no guarantee;
-    ``unknown``: some ancestor's history is unknown; ``declared``: guarantees declared by the user.
-    """
+    """What is known about the privacy of the steps before a run's own (the module docstring)."""
 
     events: list[PrivacyEvent] = field(default_factory=list)
     non_private: bool = False
@@ -85,9 +74,7 @@ class PrivacyHistory:
                               self.unknown or other.unknown, [*self.declared, *other.declared])
 
     def manifest_fields(self, delta: float | None = None) -> dict[str, Any]:
-        """The ``manifest["privacy"]`` fields of this history. The fields of the unknown and declared kinds are
-        written only when there is something to say, so the manifests of every other run stay as they were;
-        with declarations and the run's ``delta``, ``total_delta`` is the delta its epsilon holds at."""
+        """The ``manifest["privacy"]`` fields of this history (unknown and declared ones only if any)."""
         out: dict[str, Any] = {"ancestor_events": [asdict(e) for e in self.events],
                                "non_private_ancestors": self.non_private}
         if self.unknown:
@@ -102,9 +89,7 @@ class PrivacyHistory:
         return out
 
     def accountant_note(self, run: str, accountant: str) -> str | None:
-        """One line when a child's epsilon (by ``accountant``) is not by the accountant its parent's was: both
-        numbers are recorded, and this says so (never a silent jump); None when they agree or nothing was
-        reported."""
+        """One line when a child's epsilon is not by the accountant its parent's was (never a silent jump)."""
         parent = self.parent_epsilon or {}
         if not parent or parent.get("accountant") == accountant:
             return None
@@ -123,23 +108,16 @@ class PrivacyHistory:
         """The delta a run's epsilon holds at: its own plus the declared ones (basic composition)."""
         return float(delta + sum(d.delta for d in self.declared))
 
-    def note(self) -> str | None:
-        """The one-line caveat every report of such a run's epsilon carries, or None."""
-        return UNKNOWN_ANCESTRY if self.unknown else None
-
 
 def continuing_accountant(parent: str | None) -> str:
-    """The accountant a child run continues with by default: its parent's when it is one of :data:`ACCOUNTANTS`,
-    ``pld`` for another numerical accountant (Opacus' ``prv``, ``gdp``), ``rdp`` for a parent without one."""
+    """The accountant a child run continues with: its parent's if ours, else ``pld``; ``rdp`` for none."""
     if parent is None:
         return "rdp"
     return parent if parent in ACCOUNTANTS else "pld"
 
 
 def ancestry_note(manifest: Mapping[str, Any] | None) -> str | None:
-    """What every report of a run's epsilon must add about its ancestors, or None: :data:`UNKNOWN_ANCESTRY`
-    for unknown ancestors (or an import made before imports recorded privacy: no privacy record, lineage
-    ``imported_from``); for declared ones, that the epsilon includes them and the delta it holds at."""
+    """What every report of a run's epsilon must add about its ancestors (unknown or declared), or None."""
     manifest = manifest or {}
     privacy = manifest.get("privacy")
     if not privacy:
@@ -147,6 +125,6 @@ def ancestry_note(manifest: Mapping[str, Any] | None) -> str | None:
         return UNKNOWN_ANCESTRY if imported else None
     history = PrivacyHistory.from_manifest(privacy)
     if history.unknown or not history.declared:
-        return history.note()
+        return UNKNOWN_ANCESTRY if history.unknown else None
     delta = privacy.get("total_delta", history.total_delta(0.0))
     return f"epsilon includes the declared epsilon of imported ancestors and holds at delta {delta:.3g}"

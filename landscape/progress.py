@@ -1,11 +1,6 @@
-"""Progress of long work on stderr (never stdout, which carries the results): a bar on a terminal (tqdm),
-elsewhere one plain line every ~10 s (what, how far, ETA).
-
-Silent unless turned on: the ``landscape`` command turns it on per command (``--quiet`` leaves it off), Python
-code with ``with progress.enabled(): ...`` (docs/commands.md). The library marks long loops with ``task``
-(nested: one bar per level, or one line naming every level) and finished steps with ``note``. A watcher thread
-writes the lines, so they come on time while one long step holds the loop. The state is a context variable: a
-new thread or worker process starts silent.
+"""Progress of long work on stderr: a bar on a terminal (tqdm), elsewhere one line every ~10 s (what, how
+far, ETA) from a watcher thread, so it comes on time. Off unless turned on (the command line does; Python:
+``with progress.enabled(): ...``); a context variable holds it, so a new thread or worker starts silent.
 """
 
 from __future__ import annotations
@@ -57,8 +52,7 @@ class _Display:
         return " > ".join(t.describe() for t in list(self.tasks))
 
     def tick(self) -> None:
-        """The plain line, when ``interval`` has passed since the last one (the first: a fifth of it after the first
-        task opened, so a piped command says early what it does)."""
+        """The plain line, when ``interval`` has passed since the last one (the first comes sooner)."""
         with self.lock:
             now = time.monotonic()
             due = self.began + FIRST_LINE * self.interval if self.last is None else self.last + self.interval
@@ -126,10 +120,8 @@ def enabled(on: bool | None = True, *, stream: TextIO | None = None, bar: bool |
             interval: float | None = None) -> Iterator[None]:
     """Progress on (``on=True``) or off (``on=False``) inside the block; ``on=None`` changes nothing.
 
-    ``stream``: where it goes (default ``sys.stderr``); ``bar``: tqdm bars (default: when the stream is a
-    terminal) or plain lines; ``interval``: seconds between plain lines (default ``INTERVAL_ENV``, else
-    ``INTERVAL``). Turning it on inside a block that has it on keeps the outer display (its tasks nest)
-    unless a stream, form or interval is given.
+    ``stream``: default ``sys.stderr``; ``bar``: tqdm bars (default: on a terminal) or plain lines;
+    ``interval``: seconds between lines. In a block with it on, the outer display stays unless one is given.
     """
     if on is None or (on and _DISPLAY.get() is not None and stream is None and bar is None and interval is None):
         yield
@@ -139,12 +131,6 @@ def enabled(on: bool | None = True, *, stream: TextIO | None = None, bar: bool |
         yield
     finally:
         _DISPLAY.reset(token)
-
-
-def enable(*, stream: TextIO | None = None, bar: bool | None = None, interval: float | None = None) -> None:
-    """Turn progress on in the current context until it ends: the command line's switch (each command runs in a
-    context of its own). Python code uses ``enabled``, which ends with its block."""
-    _DISPLAY.set(_Display(stream, bar, interval))
 
 
 def active() -> bool:
@@ -166,8 +152,7 @@ def note(text: str) -> None:
 
 
 def echo(text: str) -> None:
-    """One line on stderr whether progress is on or not (a warning, a note the user must see), written above the
-    bars when they are drawn, so none is torn."""
+    """One line on stderr whether progress is on or not, written above the bars, so none is torn."""
     display = _DISPLAY.get()
     if display is not None:
         display.write(text)
@@ -176,12 +161,8 @@ def echo(text: str) -> None:
 
 
 def task(what: str, total: float | None = None, *, unit: str = "", done: float = 0, leave: bool = False) -> Task:
-    """A unit of long work: ``update(n)`` as it advances, ``close()`` (or a ``with`` block) when it ends.
-
-    ``what`` names it (``"surface"``, ``"train r1"``), ``total`` counts its ``unit`` (None: unknown), ``done`` is
-    where it starts (a resumed run). ``leave``: keep its bar on the terminal when it ends. Silent (and nearly free)
-    when progress is off.
-    """
+    """A unit of long work (``update(n)`` as it advances, a ``with`` block or ``close()``): ``total`` counts
+    its ``unit`` (None: unknown), ``done`` is where it starts; ``leave`` keeps its bar. Free when off."""
     display = _DISPLAY.get()
     if display is None:
         return SILENT
@@ -241,8 +222,7 @@ class Task:
             self.bar.set_postfix_str(info, refresh=False)  # drawn at the bar's next refresh (and when it closes)
 
     def eta(self) -> float:
-        """Seconds left at the rate so far, less the time spent on the unit under way (NaN before the first unit
-        or without a total)."""
+        """Seconds left at the rate so far, less the time spent on the unit under way (NaN if unknown)."""
         gained = self.done - self.start
         if self.total is None or gained <= 0:
             return math.nan

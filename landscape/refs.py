@@ -121,10 +121,6 @@ class Ref:
         return cls(run=run, at="step", value=int(step))
 
     @property
-    def is_file(self) -> bool:
-        return self.file is not None
-
-    @property
     def bare(self) -> bool:
         """A run name without a selector (a whole run where an analysis measures along runs, else ``@last``)."""
         return self.run is not None and self.at is None

@@ -28,10 +28,8 @@ DATA_ENV = "LANDSCAPE_DATA"  # where torchvision data sets live (landscape.data)
 
 
 def set_threads(threads: int | None = None) -> int | None:
-    """Set torch's intra-op thread count from ``threads``, else ``$LANDSCAPE_THREADS``, else leave torch's
-    default (and return None). torch is not imported for this: before it loads, ``$OMP_NUM_THREADS`` is set,
-    which torch reads for its default (at most the number of cores, where ``torch.set_num_threads`` would
-    oversubscribe)."""
+    """Set torch's intra-op threads from ``threads``, else ``$LANDSCAPE_THREADS`` (None: torch's default).
+    Before torch loads, ``$OMP_NUM_THREADS`` is set instead: torch is not imported for it."""
     if threads is None:
         env = os.environ.get(THREADS_ENV)
         if env is None:
@@ -54,10 +52,8 @@ _DEVICE_NAME = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
 def check_device_name(name: str) -> str:
-    """The one rule for a ``--device`` value: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (UsageError otherwise).
-
-    Whether a GPU is present is checked later, by :func:`resolve_device`, when the device is used.
-    """
+    """The one rule for a ``--device`` value: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (a GPU is checked for
+    when the device is used, :func:`resolve_device`)."""
     if not _DEVICE_NAME.match(str(name)):
         raise OptionError("device", f"must be auto, cpu, cuda or cuda:N, got {name!r}")
     return str(name)
@@ -68,8 +64,7 @@ _DEVICE: contextvars.ContextVar[str] = contextvars.ContextVar("landscape_device"
 
 @contextlib.contextmanager
 def using_device(name: str) -> Iterator[None]:
-    """``auto`` means ``name`` inside the block (``figures --device``, ``demo --device``: every run and analysis
-    they start; the api's worker processes are told)."""
+    """``auto`` means ``name`` inside the block (``figures --device``, ``demo --device``)."""
     token = _DEVICE.set(check_device_name(name))
     try:
         yield
@@ -88,8 +83,8 @@ def default_device() -> str:
 
 
 def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
-    """``auto`` -> :func:`default_device`, which is cuda when present, else cpu (always cpu in portable mode); an
-    explicit ``cuda`` without a GPU, or in portable mode, is a usage error."""
+    """``auto`` -> :func:`default_device`, cuda when present, else cpu (always cpu in portable mode); ``cuda``
+    without a GPU, or in portable mode, is a usage error."""
     import torch
 
     if device is None or str(device) == "auto":
@@ -110,11 +105,9 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
 
 @contextlib.contextmanager
 def math_attention() -> Iterator[None]:
-    """Attention by its math form inside the block: the same function as PyTorch's fused kernels (the
-    inference fast path of ``nn.TransformerEncoderLayer``/``nn.MultiheadAttention``, the fused CPU
-    scaled-dot-product kernels), but with every derivative: the fused ones have no forward-mode rule, no second
-    derivative and no vmap batching rule. Every ``torch.func`` transform of a model that may hold attention
-    runs in it. The fast-path switch is process-wide; it is restored on exit."""
+    """Attention by its math form inside the block: the same function as PyTorch's fused kernels, with every
+    derivative (the fused ones have no forward-mode rule, second derivative or vmap rule); for every
+    ``torch.func`` transform of a model. The process-wide fast-path switch is restored on exit."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -154,11 +147,9 @@ def portable_requested() -> bool:
 
 
 def use_portable() -> None:
-    """Portable mode: every float kernel pinned to a code path that any x86-64 CPU runs alike, so the same
-    seed gives bit-identical runs and results on every machine (docs/reproducibility.md). It sets
-    :data:`PORTABLE_SETTINGS` for the libraries not loaded yet and switches off what the environment cannot
-    (oneDNN, NNPACK); a process whose torch or numpy loaded without the settings is a UsageError that says how
-    to start it."""
+    """Portable mode: every float kernel pinned to a code path any x86-64 CPU runs alike, so a seed gives
+    bit-identical results on every machine (docs/reproducibility.md). A process whose torch or numpy loaded
+    without :data:`PORTABLE_SETTINGS` is a UsageError that says how to start it."""
     global _PORTABLE
     before = {key: os.environ.get(key) for key in (*PORTABLE_SETTINGS, PORTABLE_ENV)}
     for key, value in PORTABLE_SETTINGS.items():  # read by a library when it loads: only before it is
@@ -210,24 +201,20 @@ def _portable_problems(torch) -> list[str]:  # noqa: ANN001 -- the torch module
 
 
 def local_only(what: str) -> None:
-    """A UsageError in portable mode: ``what`` (a Dask cluster) computes in processes this one does not start, whose
-    kernels it cannot pin."""
+    """A UsageError in portable mode: ``what`` (a Dask cluster) computes where no kernels are pinned."""
     if portable_mode():
         raise UsageError(f"{what}: portable mode computes in this machine's processes only ({param('workers')}), not on "
                          "a cluster whose workers choose their own kernels")
 
 
 def portable_mode() -> bool:
-    """Whether this process computes in portable mode now (:func:`use_portable` succeeded and nothing it pinned was
-    changed since): what every run and result records."""
+    """Whether this process is in portable mode now (nothing pinned changed since); results record it."""
     torch = sys.modules.get("torch")
     return _PORTABLE and (torch is None or not _portable_problems(torch))
 
 
 def kernels() -> str:
-    """The float kernels this process computes with, in words (what a summary records beside ``portable``, so two
-    summaries of one recipe say which kernels each came from): torch's CPU capability, oneDNN (off, or the highest
-    ISA ``$ONEDNN_MAX_CPU_ISA`` allows), MKL's code path (``$MKL_CBWR``) and torch's threads."""
+    """The float kernels this process computes with, in words (a summary records it beside ``portable``)."""
     import torch
 
     onednn = (f"up to {os.environ.get('ONEDNN_MAX_CPU_ISA') or os.environ.get('DNNL_MAX_CPU_ISA') or 'the CPU ISA'}"
@@ -237,20 +224,18 @@ def kernels() -> str:
 
 
 def _version() -> str:
-    """``landscape.__version__``: the package is loaded whenever this module is (its parent), so it is read from
-    there rather than imported (``landscape`` imports this module when it starts in portable mode)."""
+    """``landscape.__version__``, read from the loaded package (it imports this module in portable mode)."""
     return sys.modules["landscape"].__version__
 
 
-def seed_everything(seed: int) -> torch.Generator:
-    """Seed python, numpy and torch; return a CPU generator seeded with ``seed`` for explicit use."""
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch."""
     import numpy as np
     import torch
 
     random.seed(seed)
     np.random.seed(seed % 2**32)  # noqa: NPY002 - seeds legacy global-state users too
     torch.manual_seed(seed)
-    return torch.Generator().manual_seed(seed)
 
 
 #: The packages whose versions every run and result records (when installed; read from their metadata, so
@@ -260,10 +245,8 @@ ENVIRONMENT_PACKAGES = ("torch", "torchvision", "opacus", "numpy", "dp-accountin
 
 @functools.lru_cache(maxsize=1)
 def environment() -> dict[str, str]:
-    """``{"python": ..., "torch": ..., "torchvision": ..., "opacus": ..., ...}``: the versions a run or result is
-    made with, each package only when installed (:data:`ENVIRONMENT_PACKAGES`), read without importing anything,
-    so every process says the same: the ``__version__`` its ``version.py`` states (torch's and torchvision's
-    carry the build, ``2.5.1+cu124``), else the installed metadata's."""
+    """The versions of python and the installed :data:`ENVIRONMENT_PACKAGES` a run or result is made with,
+    read without importing anything (``version.py``'s, which carries torch's build, else the metadata's)."""
     import platform
     from importlib import metadata
 
@@ -301,20 +284,14 @@ def code_version() -> str:
 
 
 def die_with_parent(parent: int | None = None, interval: float = 0.5) -> None:
-    """Make this (worker) process exit when its parent dies, even by SIGKILL.
-
-    On Linux the kernel sends SIGKILL at the parent's death (``prctl(PR_SET_PDEATHSIG)``); everywhere a daemon
-    thread also checks every ``interval`` seconds whether the process has been re-parented. A worker blocked
-    on a pipe to a dead parent would otherwise live on (and keep multiprocessing's resource tracker alive).
-    """
+    """Make this (worker) process exit when its parent dies, even by SIGKILL (``PR_SET_PDEATHSIG`` on Linux,
+    and a thread that watches for re-parenting): a worker blocked on a pipe to a dead parent would live on."""
     parent = os.getppid() if parent is None else parent
     if sys.platform.startswith("linux"):
-        try:
+        with contextlib.suppress(OSError, AttributeError):
             import ctypes
 
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
     if os.getppid() != parent:  # the parent died before the signal was armed
         os._exit(1)
 

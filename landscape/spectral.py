@@ -1,12 +1,7 @@
-"""Spectral estimators of a symmetric linear operator from its products alone: top eigenvalues (Lanczos with full
-reorthogonalisation), trace (Hutchinson) and spectral density (stochastic Lanczos quadrature); methods and
-references in :mod:`landscape.analyze.hessian`.
-
-A :class:`LinearOperator` has ``dim``, ``dtype``, ``device`` and ``matvec(v, out=None)`` over flat ``(d,)`` or
-``(B, d)`` vectors; the Hessian (:class:`landscape.curvature.HessianOperator`) is one, :class:`MatrixOperator`
-wraps an explicit matrix (a Gram / NTK kernel). An operator on a subspace (the Hessian with pruning masks) has
-``numel`` (its vectors' length) and ``mask_vector()`` (the ``dim`` free coordinates, where probes are drawn).
-The estimators run under :func:`landscape.evaluate.allocator.tuned_allocator`.
+"""Spectral estimators of a symmetric :class:`LinearOperator` from its products alone: top eigenvalues
+(Lanczos with full reorthogonalisation), trace (Hutchinson), spectral density (stochastic Lanczos quadrature);
+docs/hessian.md. An operator on a subspace (the Hessian with pruning masks) also has ``numel`` (its vectors'
+length) and ``mask_vector()`` (where probes are drawn).
 """
 
 from __future__ import annotations
@@ -45,13 +40,8 @@ class LinearOperator(Protocol):
 
 
 class MatrixOperator:
-    """An explicit symmetric matrix as a :class:`LinearOperator`: a Gram or NTK kernel, a dense Hessian.
-
-    ``dtype`` (default: the matrix's floating dtype, float64 for integer matrices) is the precision of the
-    products; ``device`` (default: the matrix's) where they run. A matrix that is not square, not finite or
-    not symmetric (to ``1e-8`` of its largest entry: rounding of a Gram product is far below) is a one-line
-    :class:`~landscape.errors.UsageError`. ``products`` counts the products taken (a batch of ``B`` counts ``B``).
-    """
+    """An explicit symmetric matrix (a Gram or NTK kernel) as a :class:`LinearOperator`; a matrix that is not
+    square, finite and symmetric to ``1e-8`` of its largest entry is a UsageError; ``products`` counts."""
 
     def __init__(self, matrix: Tensor | np.ndarray, *, dtype: torch.dtype | None = None,
                  device: str | torch.device | None = None) -> None:
@@ -96,8 +86,7 @@ class Lanczos:
     alpha: np.ndarray  # (B, m) float64
     beta: np.ndarray  # (B, m - 1) float64; 0 where a run restarted
     basis: Tensor  # (m, B, d)
-    last_beta: np.ndarray  # (B,) norm of the residual after step m
-    residual: Tensor  # (B, d) the residual after step m, last_beta times the next basis vector
+    residual: Tensor  # (B, d) the residual after step m
 
     @property
     def steps(self) -> int:
@@ -119,13 +108,9 @@ def _norms(w: Tensor) -> Tensor:
 
 
 def _dots(w: Tensor, q: Tensor) -> Tensor:
-    """Row-wise inner products of two (B, d) matrices in float64, without a (B, d) temporary.
-
-    float32 rows: products summed in float32 over column blocks of :data:`DOT_COLUMNS`, the block sums added
-    in float64. A single float32 reduction over ResNet-18's 11 M parameters was off by 1e-3 (``vector_norm``;
-    it un-normalised the Lanczos basis and moved lambda_1 by 6e-4), and casting every element to float64
-    (``sum(..., dtype=float64)``) makes a float64 copy of every entry; the blocks need none, relative error
-    6e-10 on 2^23 positive terms."""
+    """Row-wise inner products of two (B, d) matrices in float64, without a (B, d) temporary: float32 block
+    sums added in float64 (one float32 reduction over ResNet-18's 11 M parameters was off by 1e-3 and moved
+    lambda_1 by 6e-4; a float64 cast copies every entry)."""
     if w.dtype == torch.float64:
         return torch.bmm(w[:, None, :], q[:, :, None]).view(-1)
     batch, d = w.shape
@@ -140,9 +125,8 @@ def _dots(w: Tensor, q: Tensor) -> Tensor:
 
 
 def _coefficients(rows: Tensor, w: Tensor) -> Tensor:
-    """``rows @ w`` for rows (j, d) and w (d,): in column blocks of :data:`COLUMNS` whose float32 products
-    are added in float64 (one float32 product over millions of parameters loses orthogonality: 2e-3 on
-    ResNet-18, which moved lambda_1 by 6e-4). Returns the coefficients in ``w``'s dtype."""
+    """``rows @ w`` for rows (j, d) and w (d,), float32 column blocks added in float64 (one float32 product
+    over millions of parameters loses orthogonality), in ``w``'s dtype."""
     if rows.dtype == torch.float64 or w.shape[0] <= COLUMNS:
         return rows @ w
     c = torch.zeros(rows.shape[0], dtype=torch.float64, device=w.device)
@@ -170,15 +154,12 @@ def lanczos(
     stop: Callable[[np.ndarray, np.ndarray, float], bool] | None = None,
     basis: Tensor | None = None,
 ) -> Lanczos:
-    """Lanczos with full reorthogonalisation for ``B`` start vectors ``start`` (B, d) at once.
+    """Lanczos with full reorthogonalisation, at most ``steps``, for the ``B`` start vectors (B, d) at once.
 
-    At most ``steps`` steps (callers cap them at the dimension of the space ``draw`` samples from).
-    ``matvec(v, out)`` writes the products of the rows of ``v`` (B, d) into ``out`` (B, d); ``draw(k)`` gives
-    ``k`` fresh random vectors (k, d) for runs whose Krylov space is exhausted (``beta`` below
-    ``100 eps ||T||``); ``stop(alpha, beta, last_beta)`` (one run only) ends the iteration early. Each product is written into the next row of the basis and normalised
-    there, in place: no parameter-sized temporary (a fresh one costs page faults on its first write, more than
-    the arithmetic on it, for large models). ``basis`` is memory for the basis, ``(steps + 1, B, d)`` (row
-    ``steps``: the last residual; allocated when None); ``start`` may be its row 0, normalised in place.
+    ``matvec(v, out)`` writes the rows' products into ``out``; ``draw(k)`` gives fresh vectors for runs whose
+    Krylov space is exhausted; ``stop(alpha, beta, last_beta)`` (run 0) ends early. Each product is written
+    and normalised in the next row of ``basis`` (``(steps + 1, B, d)``): no parameter-sized temporary, whose
+    page faults cost more than the arithmetic on large models.
     """
     batch, d = start.shape
     steps = int(min(steps, d))
@@ -221,8 +202,7 @@ def lanczos(
         if restarts.size:  # the restarted rows' norms changed; the others' are the beta just computed
             b = _norms(w)
         w.div_(b[:, None].to(w.dtype))
-    return Lanczos(alpha=alpha[:, :m], beta=beta[:, : m - 1], basis=basis[:m], last_beta=beta[:, m - 1],
-                   residual=basis[m])
+    return Lanczos(alpha=alpha[:, :m], beta=beta[:, : m - 1], basis=basis[:m], residual=basis[m])
 
 
 # ----------------------------------------------------------------------------------------- estimators
@@ -240,10 +220,8 @@ def _counted(matvec: Callable[[Tensor, Tensor], Tensor], task: progress.Task) ->
 
 def _draw(op: LinearOperator, k: int, generator: torch.Generator, kind: str, dtype: torch.dtype,
           out: Tensor | None = None) -> Tensor:
-    """``k`` random flat vectors in the operator's free subspace (the unpruned coordinates of a masked
-    Hessian; everything otherwise): ``"gaussian"`` or ``"rademacher"`` (+-1); written into ``out`` (``(k, d)``
-    in ``dtype`` on the operator's device) when given. The draws come from the CPU ``generator`` whatever the
-    device, so they do not depend on it."""
+    """``k`` ``"gaussian"`` or ``"rademacher"`` vectors in the operator's free subspace (into ``out`` when
+    given), drawn from the CPU ``generator`` so that they do not depend on the device."""
     shape = (k, int(getattr(op, "numel", op.dim)))
     cpu = out is not None and out.device.type == "cpu"
     v = out if cpu else torch.empty(shape, dtype=dtype)

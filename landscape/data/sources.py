@@ -62,14 +62,8 @@ def _other_source(name: Any, seed: int, data_root, download: bool, options: dict
                             "restore them or train again")
         return name, arrays, filled, {"source": source}
     if kind == "entry_point":
-        factory, info = plugins.load_entry_point(ENTRY_POINT_GROUP, name)
         recorded = (stored or {}).get("entry_point")
-        if recorded and (recorded.get("package"), recorded.get("version")) != (info.get("package"), info.get("version")):
-            if not plugins.trust_state().accept_changed:
-                raise plugins.CodeChangedError(
-                    f"data set {name!r}: entry point from {recorded.get('package')} {recorded.get('version')} when "
-                    f"recorded, {info.get('package')} {info.get('version')} now; pass {param('accept_changed_code', True)} to use it")
-            info = {**info, "accepted_change_from": recorded.get("version")}
+        factory, info = plugins.checked_entry_point(ENTRY_POINT_GROUP, name, recorded, f"data set {name!r}")
         return name, user_arrays(factory, name, seed, data_root, options), options, {"entry_point": info}
     # code
     if stored is not None:
