@@ -19,9 +19,8 @@ from landscape.clip import CLIP_FUNCTIONS, CLIP_STYLES, layer_threshold
 from landscape.errors import IncompatibleError, OptionError, UsageError
 from landscape.evaluate.allocator import tuned_allocator
 from landscape.pooling import exact_fast_pooling
+from landscape.train.config import OPTIMIZERS
 from landscape.train.smoothing import laplacian_smooth
-
-OPTIMIZERS = ("sgd", "dpsgd", "clip-only", "noise-only")
 
 
 @dataclass
