@@ -23,7 +23,6 @@ from landscape.pooling import exact_fast_pooling
 from landscape.runtime import math_attention
 
 STRATEGIES = ("auto", "hooks", "functorch")
-LOSSES = ("cross_entropy",)
 
 Masks = dict[str, Tensor] | None
 Weights = Tensor | dict[str, Tensor]
@@ -69,9 +68,8 @@ def _shared_parameters(model: nn.Module) -> list[str]:
 
 
 def _kept_memory(method):
-    """Run an engine method inside ``tuned_allocator``: its activations, output gradients, patches and per-sample
-    gradients are large blocks allocated afresh on every batch, which glibc would otherwise hand back to the OS
-    and page-fault in again (on CPU, a large share of a DP step's per-sample work)."""
+    """Run an engine method inside ``tuned_allocator``: its large per-batch blocks are otherwise handed back to the
+    OS and page-faulted in again on every batch."""
 
     @functools.wraps(method)
     def wrapper(*args, **kwargs):
@@ -79,11 +77,6 @@ def _kept_memory(method):
             return method(*args, **kwargs)
 
     return wrapper
-
-
-# --------------------------------------------------------------------------------------------------------
-# The engine
-# --------------------------------------------------------------------------------------------------------
 
 
 class PerSampleEngine:
@@ -96,20 +89,14 @@ class PerSampleEngine:
     the samples is refused (:mod:`landscape.persample.norm_layers`).
     """
 
-    def __init__(self, model: nn.Module, *, loss: str = "cross_entropy", chunk: int | None = None,
-                 strategy: str = "auto"):
-        if loss not in LOSSES:
-            raise UsageError(f"unknown per-sample loss {loss!r}; choose one of {', '.join(LOSSES)}")
+    def __init__(self, model: nn.Module, *, chunk: int | None = None, strategy: str = "auto"):
         if strategy not in STRATEGIES:
-            raise UsageError(
-                f"unknown per-sample strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}"
-            )
+            raise UsageError(f"unknown per-sample strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
         if chunk is not None and int(chunk) < 1:
             raise UsageError(f"chunk must be a positive integer, got {chunk}")
         self._batchnorms = batchnorm_layers(model)
         check_batchnorm(self._batchnorms)
         self.model = model
-        self.loss = loss
         self.chunk = None if chunk is None else int(chunk)
         self.params: dict[str, nn.Parameter] = {k: p for k, p in model.named_parameters() if p.requires_grad}
         if not self.params:
@@ -493,13 +480,11 @@ class PerSampleEngine:
                 raise UsageError(
                     f"directions must be (k, {d}) for this model's trainable parameters, got {tuple(v.shape)}"
                 )
+            sizes = [p.numel() for p in self.params.values()]
             out = []
             for row in v:
-                parts, s = {}, 0
-                for name, p in self.params.items():
-                    parts[name] = row[s : s + p.numel()].reshape(p.shape)
-                    s += p.numel()
-                out.append(parts)
+                parts = zip(self.params.items(), row.split(sizes), strict=True)
+                out.append({name: part.reshape(p.shape) for (name, p), part in parts})
             return out
         out = []
         for dv in directions:

@@ -1,11 +1,6 @@
-"""The per-sample gradient handlers: the protocol, its open registry and the built-in layers.
-
-A handler turns the (input, output-gradient) pairs that one batched forward/backward kept for one module into
-per-sample gradients, squared norms and weighted sums (the engine) or per-sample rows and ghost factors (the
-Gram blocks of :mod:`landscape.gram`). ``register_handler`` is the registry (in the spirit of Opacus'
-``register_grad_sampler``); the built-ins (Linear, Conv1d/2d, GroupNorm, LayerNorm, Embedding) are
-registered through it. Modules without a handler go to :mod:`landscape.persample.functional`.
-"""
+"""Per-sample gradient handlers: the protocol, its open registry (``register_handler``, as Opacus'
+``register_grad_sampler``) and the built-in layers. Modules without a handler go to
+:mod:`landscape.persample.functional`."""
 
 from __future__ import annotations
 
