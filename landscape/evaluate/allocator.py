@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import threading
 from collections.abc import Iterator
@@ -54,16 +55,12 @@ def _env_threshold(name: str, default: int) -> int:
     return value if 0 <= value < (1 << 31) else default
 
 
-_LIBC: list = []
-
-
+@functools.cache
 def _libc():
-    """glibc through ctypes (cached), or None where there is no glibc ``mallopt`` (macOS, Windows, musl)."""
-    if not _LIBC:
-        try:
-            libc = ctypes.CDLL("libc.so.6")
-            libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-        except (OSError, AttributeError):
-            libc = None
-        _LIBC.append(libc)
-    return _LIBC[0]
+    """glibc through ctypes, or None where there is no glibc ``mallopt`` (macOS, Windows, musl)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    return libc
