@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from landscape.data.arrays import Dataset, _Arrays, subset_indices
-from landscape.errors import DataError, param
+from landscape.errors import DataError
 from landscape.runtime import DATA_ENV
 
 
@@ -150,24 +150,6 @@ def data_root_of(data_root: str | os.PathLike | None) -> Path | None:
     return Path(env) if env else None
 
 
-def _torchvision_split(name: str, root: Path, train: bool, download: bool):
-    import torchvision.datasets
-
-    info = _TORCHVISION[name]
-    cls = getattr(torchvision.datasets, info.cls)
-    try:
-        return cls(root=str(root), train=train, download=download)
-    except RuntimeError as exc:
-        if download:
-            raise DataError(f"could not download {name} into {root}: {exc}") from None
-        raise DataError(
-            f"{name} files not found under {root}; pass {param('data_root')} holding them, or add "
-            f"{param('download', True)} to fetch them"
-        ) from None
-    except OSError as exc:
-        raise DataError(f"could not read or download {name} under {root}: {exc}") from None
-
-
 def _images_tensor(data) -> torch.Tensor:
     """torchvision's raw ``data`` (uint8, N x H x W or N x H x W x C) -> float32 N x C x H x W in [0, 1]."""
     x = torch.as_tensor(np.asarray(data))
@@ -179,14 +161,12 @@ def _torchvision_builder(name: str) -> Callable[..., _Arrays]:
     info = _TORCHVISION[name]
 
     def build(*, seed: int, data_root=None, download: bool = False, standardize: bool = True, **_: Any) -> _Arrays:
-        root = data_root_of(data_root)
-        if root is None:
-            raise DataError(
-                f"{name} is read from disk: pass {param('data_root')} (or set ${DATA_ENV}), and "
-                f"{param('download', True)} to fetch it"
-            )
-        train = _torchvision_split(name, root, True, download)
-        test = _torchvision_split(name, root, False, download)
+        import torchvision.datasets
+
+        from landscape.data.sources import torchvision_splits
+
+        cls = getattr(torchvision.datasets, info.cls)
+        train, test = torchvision_splits(name, cls, data_root_of(data_root), download)
         x_train, x_test = _images_tensor(train.data), _images_tensor(test.data)
         if standardize:
             x_train, x_test = _standardize(x_train, x_test, info.mean, info.std)

@@ -45,13 +45,10 @@ def load_dataset(
 ) -> Dataset:
     """Build the data set ``name`` with ``options``; ``subset`` samples the train split (stratified, by ``seed``).
 
-    ``name`` is a built-in (:data:`DATASETS`), a tensor file (``.npz`` / ``.h5`` with ``x_train, y_train,
-    x_test, y_test``), ``"imagefolder"`` (``data_root`` holds ``train/`` and ``test/`` ImageFolder trees), a
-    torchvision classification set by its lower-case class name (``svhn``, ``kmnist``, ...; read from
-    ``data_root``), an installed ``landscape.datasets`` entry point, or a code reference ``module:factory`` /
-    ``file.py:factory`` (naming it here is what lets it run; see :func:`user_arrays` for what a factory may
-    return). Unknown names and options raise :class:`DataError`; so do image sets whose files are not under
-    ``data_root`` (else ``$LANDSCAPE_DATA``) unless ``download`` is set.
+    ``name`` is a built-in (:data:`DATASETS`), a ``.npz`` / ``.h5`` tensor file, ``"imagefolder"``, a torchvision
+    classification set by its lower-case class name, a ``landscape.datasets`` entry point, or a code reference
+    ``module:factory`` / ``file.py:factory`` (naming it here is what lets it run); the catalogue is
+    docs/data-models.md. Image sets are read from ``data_root`` (else ``$LANDSCAPE_DATA``) unless ``download``.
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise DataError(f"data seed must be an integer, got {seed!r}")

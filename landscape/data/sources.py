@@ -353,14 +353,9 @@ def _class_count(labels: torch.Tensor, what: str, num_classes: Any) -> int:
 
 
 def user_arrays(factory: Callable[..., Any], name: str, seed: int, data_root, options: dict) -> _Arrays:
-    """Call a data factory and take what it returns.
-
-    The factory is called as ``factory(**options)`` plus ``seed=`` and ``data_root=`` when its signature names
-    them (or takes ``**kwargs``). It returns the tensors (a tuple ``(x_train, y_train, x_test, y_test)`` or a
-    dict with those keys and optionally ``num_classes``; numpy arrays are fine), or the two splits as
-    ``torch.utils.data.Dataset``s (a tuple ``(train, test)`` or a dict ``{"train", "test"[, "num_classes"]}``)
-    whose items are ``(input tensor, integer label)``; those are read into tensors once.
-    """
+    """Call a data factory as ``factory(**options)``, plus ``seed=`` and ``data_root=`` when its signature takes
+    them, and take what it returns: the four tensors (a tuple, or a dict with those keys and optionally
+    ``num_classes``) or the two splits as torch Datasets of ``(input, integer label)`` (docs/own-code.md)."""
     _check_json(options, name)
     try:
         params = inspect.signature(factory).parameters
@@ -403,8 +398,6 @@ def user_arrays(factory: Callable[..., Any], name: str, seed: int, data_root, op
 
 
 def _check_json(options: dict, name: str) -> None:
-    import json
-
     try:
         json.dumps(options)
     except (TypeError, ValueError):
@@ -447,7 +440,6 @@ def _describe_item(item: Any) -> str:
 def directory_digest(root: str | os.PathLike) -> dict[str, Any]:
     """``{"path", "sha256", "files"}``: the sha256 of the manifest of every file below ``root`` (one line
     ``relative/path<TAB>sha256`` per file, sorted), so any added, removed, renamed or changed file shows."""
-
     root = Path(root).expanduser()
     if not root.is_dir():
         raise DataError(f"data directory {root} not found")
@@ -555,6 +547,22 @@ def torchvision_arrays(name: str, data_root, download: bool, *, size=None, stand
     source ``{"path", "sha256", "files", "class"}`` (the digest of the set's own folder)."""
     cls = torchvision_class(name)
     root = data_root_of(data_root)
+    made = torchvision_splits(name, cls, root, download, kwargs)
+    xs, ys = zip(*(_torchvision_tensors(ds, name, size) for ds in made), strict=True)
+    x_train, x_test = xs
+    if standardize:
+        x_train, x_test = _channel_standardize(x_train, x_test)
+    classes = getattr(made[0], "classes", None)
+    num_classes = len(classes) if classes else int(max(int(ys[0].max()), int(ys[1].max())) + 1)
+    own = next((Path(p) for p in (getattr(made[0], "raw_folder", None), getattr(made[0], "_base_folder", None))
+                if p and Path(p).is_dir()), None)
+    source = {**directory_digest(own), "class": cls.__name__} if own is not None else \
+        {"path": str(Path(root).resolve()), "sha256": None, "class": cls.__name__}
+    return _Arrays(x_train, ys[0], x_test, ys[1], num_classes), source
+
+
+def torchvision_splits(name: str, cls: type, root: Path | None, download: bool, kwargs: dict | None = None) -> list:
+    """The train and test data sets of torchvision's ``cls`` under ``root``; what is missing is one DataError."""
     if root is None:
         raise DataError(f"{name} is read from disk: pass {param('data_root')} (or set ${DATA_ENV}), and "
                         f"{param('download', True)} to fetch it")
@@ -576,17 +584,7 @@ def torchvision_arrays(name: str, data_root, download: bool, *, size=None, stand
                             f"{param('download', True)} to fetch them") from None
         except (OSError, TypeError, ValueError) as exc:
             raise DataError(f"could not read {name} under {root}: {str(exc).splitlines()[0]}") from None
-    xs, ys = zip(*(_torchvision_tensors(ds, name, size) for ds in made), strict=True)
-    x_train, x_test = xs
-    if standardize:
-        x_train, x_test = _channel_standardize(x_train, x_test)
-    classes = getattr(made[0], "classes", None)
-    num_classes = len(classes) if classes else int(max(int(ys[0].max()), int(ys[1].max())) + 1)
-    own = next((Path(p) for p in (getattr(made[0], "raw_folder", None), getattr(made[0], "_base_folder", None))
-                if p and Path(p).is_dir()), None)
-    source = {**directory_digest(own), "class": cls.__name__} if own is not None else \
-        {"path": str(Path(root).resolve()), "sha256": None, "class": cls.__name__}
-    return _Arrays(x_train, ys[0], x_test, ys[1], num_classes), source
+    return made
 
 
 def _torchvision_tensors(ds, name: str, size) -> tuple[torch.Tensor, torch.Tensor]:
