@@ -78,24 +78,18 @@ class PrivacySource(Protocol):
 
 
 class Recorder:
-    """Writes the checkpoints of a training loop landscape does not run into run ``run`` of the store at ``root``.
+    """Writes the checkpoints of a training loop landscape does not run into run ``run`` of the store at ``root``;
+    use it as a context manager (or call ``close``): it holds the run's write lock while open.
 
-    ``model``: the module being trained, on any device, built by ``landscape.models.build_model`` (its
-    ``landscape_spec`` is what analyses rebuild it from) and possibly wrapped (``torch.compile``,
-    ``DataParallel``, ``DistributedDataParallel``, Opacus' ``GradSampleModule``, nested in any order: looked
-    through). Its tensors must be those of the model its spec builds (names, shapes, kinds of dtype), checked
-    here and at every save: a model changed after its factory built it is refused. ``data``: the
-    ``landscape.data.Dataset`` it is trained on (or its spec). ``config``: the run's hyper-parameters
-    (JSON-able; ``optimizer`` labels the run in tables). ``optimizer``: saved with each checkpoint, put back by
-    ``restore``. ``privacy``: a ``PrivacySource`` (DP-SGD: checkpoints record its epsilon and step
-    count). ``parent``: a store checkpoint the run starts from, as ``landscape train --from`` (same model spec;
-    a new run gets its weights, its lineage and its privacy history). ``steps_per_epoch``: each checkpoint's
-    epoch when ``save`` is not told it. ``seed``: recorded in ``manifest["seeds"]``. ``writer``:
-    ``"inline"`` (each ``save`` writes its checkpoint, durably, before it returns) or ``"thread"`` (``save``
-    copies the checkpoint to CPU memory and one background thread writes it; a failed write is raised by the next
-    ``save``, ``flush`` or ``close``).
-
-    Use it as a context manager (or call ``close``): it holds the run's write lock while it is open.
+    ``model``: built by ``landscape.models.build_model``, on any device, possibly wrapped (``torch.compile``,
+    ``DataParallel``, ``DistributedDataParallel``, Opacus' ``GradSampleModule``: looked through); its tensors must
+    stay those of the model its spec builds, checked here and at every save. ``data``: the ``Dataset`` (or its
+    spec). ``config``: JSON-able hyper-parameters. ``optimizer``: saved with each checkpoint, put back by
+    ``restore``. ``privacy``: a ``PrivacySource`` (checkpoints record its epsilon and step count). ``parent``: a
+    checkpoint the run starts from, as ``landscape train --from``. ``steps_per_epoch``: each checkpoint's epoch
+    when ``save`` is not told it. ``seed``: recorded in ``manifest["seeds"]``. ``writer``: ``"inline"`` (``save``
+    writes durably before it returns) or ``"thread"`` (one background thread writes; a failed write is raised by
+    the next ``save``, ``flush`` or ``close``).
     """
 
     def __init__(
