@@ -118,7 +118,6 @@ class PerSampleEngine:
         self._verified = self.strategy == "functorch"
         self._forward_ad = True  # projections by jvp; False once a module turned out to lack forward AD
 
-    # ---------------------------------------------------------------- helpers
     @property
     def _ref(self) -> Tensor:
         return next(iter(self.params.values()))
@@ -187,7 +186,6 @@ class PerSampleEngine:
         flat = torch.stack(list(sq64.values())).sum(0).sqrt()
         return PerSampleNorms(flat=flat, layers={k: v.sqrt() for k, v in sq64.items()}, loss=losses, logits=logits)
 
-    # ---------------------------------------------------------------- hooks route
     def _capture(self, x: Tensor, y: Tensor):
         """One forward + activation-gradient backward; returns ({handler: unit}, losses, logits). After the
         first call's check, a batch the chosen route cannot take (a module called another number of times,
@@ -306,7 +304,6 @@ class PerSampleEngine:
             self.strategy = "functorch"
         self._verified = True
 
-    # ---------------------------------------------------------------- public API
     @_kept_memory
     def norms(self, x: Tensor, y: Tensor, *, masks: Masks = None) -> PerSampleNorms:
         """Per-sample gradient norms, flat and per layer (float64), with per-sample losses and logits."""

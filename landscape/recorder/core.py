@@ -135,8 +135,6 @@ class Recorder:
                 self._writer.close(discard_if_empty=True)
                 raise
 
-    # -- the run ------------------------------------------------------------------------------------
-
     @property
     def run(self) -> Run:
         """The run as it is on disk now (for reading; the recorder holds its write lock)."""
@@ -184,8 +182,6 @@ class Recorder:
         finally:
             self._finalizer.detach()
             self._writer.close(discard_if_empty=kind is not None)  # failed before its first checkpoint: free the name
-
-    # -- saving -------------------------------------------------------------------------------------
 
     def save(
         self, step: int | None = None, *, epoch: float | None = None, epsilon: float | None = None,
@@ -289,8 +285,6 @@ class Recorder:
             raise UsageError(f"epsilon must be a number >= 0, got {epsilon}")
         return epsilon
 
-    # -- continuing ---------------------------------------------------------------------------------
-
     def restore(self) -> int | None:
         """Put the last checkpoint back: the weights into the model, the optimizer's state, the privacy
         accountant's state. Returns its step (the loop continues after it), or None when there is none."""
@@ -392,9 +386,6 @@ def _write(run: Run, *, state: dict[str, torch.Tensor], privacy: dict[str, Any] 
         run.save_checkpoint(state, **checkpoint)
         if privacy is not None:
             run.update_manifest(privacy=privacy)
-
-
-# ------------------------------------------------------------------------------------------- helpers
 
 
 def _reference(spec: dict[str, Any]) -> dict[str, torch.Tensor]:

@@ -53,9 +53,6 @@ class Callback:
         pass
 
 
-# ------------------------------------------------------------------------------------------- metrics
-
-
 class StepMetrics(Callback):
     """The per-step table (:data:`STEP_METRICS`), saved as run array ``metrics`` at every checkpoint, before the
     checkpoint file, so a resumed run finds every row it needs."""
@@ -162,9 +159,6 @@ class Evaluation(Callback):
             record.metrics[f"{split}_acc"] = float(result.acc[0])
 
 
-# ------------------------------------------------------------------------------------------- resume state
-
-
 class ResumeState(Callback):
     """Everything a bit-identical resume needs (RNGs, sampler, noise generator, momentum, position), saved in
     each checkpoint's ``extra`` group."""
@@ -212,9 +206,6 @@ def restore_resume_state(state: TrainState, extra: dict[str, np.ndarray]) -> Non
             state.optimizer.state[p]["momentum_buffer"] = torch.as_tensor(np.asarray(value)).to(p.device, p.dtype).clone()
 
 
-# ------------------------------------------------------------------------------------------- checkpointing
-
-
 class WallClock(Callback):
     """Training wall time so far (seconds, across resumes) as checkpoint metric ``wall_seconds``."""
 
@@ -254,9 +245,6 @@ class Checkpointer(Callback):
             extra=record.extra,
             attrs=record.attrs,
         )
-
-
-# ------------------------------------------------------------------------------------------- progress
 
 
 class Progress(Callback):

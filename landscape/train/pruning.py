@@ -144,9 +144,6 @@ def mask_optimizer_state_(
                 value.mul_(torch.as_tensor(masks[name]).to(value))
 
 
-# ------------------------------------------------------------------------------ lineage and privacy
-
-
 def lineage_of(checkpoint: Checkpoint, ref: str) -> dict[str, Any]:
     """The ``manifest["lineage"]`` of a run whose step 0 derives from ``checkpoint`` (named ``ref``)."""
     return {
