@@ -26,10 +26,8 @@ _MANIFEST_KEYS = frozenset(
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:
-    """``obj`` as JSON, atomically: indented, except that a run manifest's ``checkpoints`` are one line each.
-
-    A trajectory's manifest is rewritten at every checkpoint; the one-line entries go through json's C encoder
-    (an indented dump is pure Python), so a save costs microseconds per listed checkpoint, not tens of them."""
+    """``obj`` as JSON, atomically: indented, except that a run manifest's ``checkpoints`` are one line each (json's
+    C encoder: a manifest rewritten at every checkpoint costs microseconds per entry, not tens of them)."""
     entries = obj.get("checkpoints") if isinstance(obj, dict) else None
     if not isinstance(entries, list) or not entries:
         text = json.dumps(to_jsonable(obj), indent=2, allow_nan=False) + "\n"
