@@ -80,14 +80,10 @@ def _kept_memory(method):
 
 
 class PerSampleEngine:
-    """Per-sample gradients of ``l_i = cross_entropy(model(x_i), y_i)`` w.r.t. the trainable parameters.
-
-    ``chunk`` bounds how many samples go through one pass (memory; never the results). ``strategy``: ``"auto"``
-    (registered handlers by hooks plus ``torch.func`` for the other modules in the same pass, ``self.strategy ==
-    "mixed"``; the whole model by ``torch.func`` when cheaper or when the first call's self-check fails),
-    ``"hooks"`` (handlers only, else an error) or ``"functorch"``. The model is never modified. BatchNorm that mixes
-    the samples is refused (:mod:`landscape.persample.norm_layers`).
-    """
+    """Per-sample gradients of ``l_i = cross_entropy(model(x_i), y_i)`` w.r.t. the trainable parameters; the model
+    is never modified. ``chunk`` bounds the samples of one pass (memory only). ``strategy``: ``"auto"`` (handlers
+    by hooks, ``torch.func`` for the other modules, or for the whole model when cheaper or when the first call's
+    self-check fails), ``"hooks"`` (handlers only) or ``"functorch"`` (docs/persample.md)."""
 
     def __init__(self, model: nn.Module, *, chunk: int | None = None, strategy: str = "auto"):
         if strategy not in STRATEGIES:

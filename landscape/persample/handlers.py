@@ -190,16 +190,8 @@ def _wsum(w: Tensor, g: Tensor) -> Tensor:
 
 
 class _WeightBiasHandler(Handler):
-    """A module whose unit holds the per-sample bias gradients (``"gb"``); subclasses do the weight's."""
-
-    def _weight_per_sample(self, u: dict) -> Tensor:
-        raise NotImplementedError
-
-    def _weight_sq(self, u: dict, mask: Tensor | None) -> Tensor:
-        raise NotImplementedError
-
-    def _weight_weighted(self, u: dict, w: Tensor) -> Tensor:
-        raise NotImplementedError
+    """A module whose unit holds the per-sample bias gradients (``"gb"``); subclasses do the weight's
+    (``_weight_per_sample``, ``_weight_sq``, ``_weight_weighted``)."""
 
     def role_per_sample(self, u, role):
         return self._weight_per_sample(u) if role == "weight" else u["gb"]
@@ -378,14 +370,9 @@ class ConvHandler(_WeightBiasHandler):
         return g.reshape(n, *m.weight.shape)
 
     def _unfolded_per_sample(self, x: Tensor, pad: list[int], b: Tensor, layout: str | None = None) -> Tensor:
-        """Per-sample weight gradients of one call from channels-last patches (``_patches_last``): one batched
-        product with no transposed operand. Returned as a permuted view of the (n, G, P, k_h, k_w, C_in/G)
-        product in the weight's shape; ``_sq`` and ``_wsum`` read it without a copy.
-
-        ``layout="weight"`` (the gradients will be materialised in the weight's layout): when the layer has more
-        output channels than positions (P > T), the patches, the smaller operand, are reordered to
-        (T, C_in/G, k_h, k_w) first, so the product comes out contiguous in the weight's layout; otherwise
-        the caller's copy of the smaller product is the cheaper reordering."""
+        """Per-sample weight gradients of one call from channels-last patches: a permuted view in the weight's
+        shape, read by ``_sq`` and ``_wsum`` without a copy. With ``layout="weight"`` and more output channels than
+        positions, the smaller operand (the patches) is reordered first so the product comes out contiguous."""
         m = self.module
         a, bb = self._patches_last(x, pad, b)
         k = (1, *m.kernel_size) if isinstance(m, nn.Conv1d) else m.kernel_size

@@ -65,14 +65,9 @@ class PrivacyConfig:
 
 @dataclass
 class StepStats:
-    """Metrics of one step, as 0-dim float64 tensors on the model's device (no host sync until read).
-
-    ``mean_grad_norm`` / ``max_grad_norm``: of the flat per-sample gradient norms (after masks, before
-    clipping; NaN when not computed). ``fraction_clipped``: flat style, the fraction of samples with
-    ``||g_i|| > C``; layerwise, the fraction of (sample, layer) pairs with ``||g_{i,r}|| > C_r``; 0 for
-    optimizers that do not clip. ``noise_norm``: L2 norm of the noise in the returned gradient (i.e. after
-    the division by ``B``). ``update_norm``: L2 norm of the gradient written to ``p.grad``.
-    """
+    """Metrics of one step, as 0-dim float64 tensors on the model's device (no host sync until read). Gradient
+    norms are per-sample, after masks and before clipping (NaN when not computed); ``fraction_clipped`` counts
+    (sample, layer) pairs under layerwise clipping; ``noise_norm`` is taken after the division by ``B``."""
 
     loss: torch.Tensor
     accuracy: torch.Tensor
@@ -93,14 +88,9 @@ def _total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 
 class Privatizer:
-    """Computes one (privatised) gradient step and writes it to ``p.grad`` of the model's parameters.
-
-    ``expected_batch_size`` is ``B`` in ``(clipped sum + noise) / B`` (``q N`` for Poisson sampling, the batch size
-    for shuffling). ``generator`` draws the noise (on its own device, then moved). Parameters with
-    ``requires_grad=False`` are left alone. From its first step until collected (or ``release_memory()``) it holds
-    :func:`~landscape.evaluate.allocator.tuned_allocator`, so each step reuses the previous step's memory instead of
-    page-faulting it in afresh.
-    """
+    """Computes one (privatised) gradient step into ``p.grad`` of the trainable parameters. ``expected_batch_size``
+    is ``B`` in ``(clipped sum + noise) / B``; ``generator`` draws the noise. From its first step until collected
+    (or ``release_memory()``) it holds ``tuned_allocator``, so each step reuses the previous step's memory."""
 
     def __init__(self, model: nn.Module, config: PrivacyConfig, *, expected_batch_size: float,
                  generator: torch.Generator, engine: Any | None = None):
@@ -208,8 +198,7 @@ class Privatizer:
     def compute_gradients(
         self, x: torch.Tensor, y: torch.Tensor, *, masks: Mapping[str, torch.Tensor] | None = None
     ) -> StepStats:
-        """Fill ``p.grad`` with the step's gradient (see module docstring); return the step's metrics. glibc keeps
-        freed large blocks from now on while this Privatizer lives (see the class), plain or private alike."""
+        """Fill ``p.grad`` with the step's gradient; return the step's metrics."""
         if self._kept is None or not self._kept.alive:
             kept = tuned_allocator()
             kept.__enter__()
