@@ -50,11 +50,7 @@ def load_dataset(
     ``module:factory`` / ``file.py:factory`` (naming it here is what lets it run); the catalogue is
     docs/data-models.md. Image sets are read from ``data_root`` (else ``$LANDSCAPE_DATA``) unless ``download``.
     """
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise DataError(f"data seed must be an integer, got {seed!r}")
-    seed = int(seed)
-    if subset is not None:
-        subset = _subset_value(subset)
+    seed, subset = _seed_and_subset(seed, subset)
     if isinstance(name, str) and name in DATASETS:
         builder = _builder(name)
         accepted = dataset_options(name)
@@ -68,6 +64,12 @@ def load_dataset(
     else:
         name, arrays, filled, provenance = _other_source(name, seed, data_root, download, options, stored=None)
     return _assemble(name, arrays, seed, subset, filled, provenance)
+
+
+def _seed_and_subset(seed: Any, subset: Any) -> tuple[int, int | float | None]:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise DataError(f"data seed must be an integer, got {seed!r}")
+    return int(seed), None if subset is None else _subset_value(subset)
 
 
 def _assemble(name: str, arrays: _Arrays, seed: int, subset, options: dict, provenance: dict) -> Dataset:
@@ -98,13 +100,10 @@ def dataset_from_spec(spec: dict, *, data_root: str | os.PathLike | None = None,
             raise DataError(f"unknown data set {name!r} in a stored spec; known: {', '.join(DATASETS)} (data from "
                             "files or code records its source, which this spec does not)")
         return load_dataset(name, seed=seed, subset=subset, data_root=data_root, download=download, **options)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise DataError(f"data seed must be an integer, got {seed!r}")
-    if subset is not None:
-        subset = _subset_value(subset)
-    name, arrays, filled, provenance = _other_source(name, int(seed), data_root, download, options, stored=spec)
+    seed, subset = _seed_and_subset(seed, subset)
+    name, arrays, filled, provenance = _other_source(name, seed, data_root, download, options, stored=spec)
     if spec.get("inputs") != arrays.inputs:
         raise DataError(f"data set {name}: its spec records the inputs converted as {spec.get('inputs') or 'stored'}, "
                         f"but this version reads them as {arrays.inputs or 'stored'}: the tensors would differ; use "
                         f"the landscape version that trained it")
-    return _assemble(name, arrays, int(seed), subset, filled, provenance)
+    return _assemble(name, arrays, seed, subset, filled, provenance)

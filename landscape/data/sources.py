@@ -356,7 +356,10 @@ def user_arrays(factory: Callable[..., Any], name: str, seed: int, data_root, op
     """Call a data factory as ``factory(**options)``, plus ``seed=`` and ``data_root=`` when its signature takes
     them, and take what it returns: the four tensors (a tuple, or a dict with those keys and optionally
     ``num_classes``) or the two splits as torch Datasets of ``(input, integer label)`` (docs/own-code.md)."""
-    _check_json(options, name)
+    try:
+        json.dumps(options)
+    except (TypeError, ValueError):
+        raise DataError(f"data set {name!r}: options must be JSON values, got {options!r}") from None
     try:
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):
@@ -397,13 +400,6 @@ def user_arrays(factory: Callable[..., Any], name: str, seed: int, data_root, op
                     "x_test, y_test) tensors or (train, test) torch Datasets")
 
 
-def _check_json(options: dict, name: str) -> None:
-    try:
-        json.dumps(options)
-    except (TypeError, ValueError):
-        raise DataError(f"data set {name!r}: options must be JSON values, got {options!r}") from None
-
-
 def _materialise(split: Any, what: str, which: str) -> tuple[torch.Tensor, torch.Tensor]:
     """A ``torch.utils.data.Dataset`` of ``(tensor, int label)`` items as stacked ``(x, y)`` tensors."""
     if not hasattr(split, "__getitem__") or not hasattr(split, "__len__"):
@@ -420,7 +416,9 @@ def _materialise(split: Any, what: str, which: str) -> tuple[torch.Tensor, torch
                 y = int(y)
             ok = isinstance(x, (torch.Tensor, np.ndarray)) and isinstance(y, int) and not isinstance(y, bool)
         if not ok:
-            raise DataError(f"{what}: item {i} of the {which} Dataset is {_describe_item(item)}, not (tensor, int label)")
+            shown = (f"({', '.join(type(v).__name__ for v in item)})" if isinstance(item, (tuple, list))
+                     else f"a {type(item).__name__}")
+            raise DataError(f"{what}: item {i} of the {which} Dataset is {shown}, not (tensor, int label)")
         xs.append(torch.as_tensor(x))
         ys.append(y)
     if not xs:
@@ -429,12 +427,6 @@ def _materialise(split: Any, what: str, which: str) -> tuple[torch.Tensor, torch
         return torch.stack(xs), torch.tensor(ys, dtype=torch.int64)
     except RuntimeError:
         raise DataError(f"{what}: the {which} Dataset's inputs have different shapes") from None
-
-
-def _describe_item(item: Any) -> str:
-    if isinstance(item, (tuple, list)):
-        return "(" + ", ".join(type(v).__name__ for v in item) + ")"
-    return f"a {type(item).__name__}"
 
 
 def directory_digest(root: str | os.PathLike) -> dict[str, Any]:

@@ -286,8 +286,7 @@ class _Runner:
     # evaluation orders -------------------------------------------------------------------------------
     def run_batches_outer(self, pts, x, y, batch_size, shared: bool, hooks=(), task=progress.SILENT):
         n_points = len(pts)
-        loss = torch.zeros(n_points, dtype=torch.float64, device=self.device)
-        correct = torch.zeros(n_points, dtype=torch.float64, device=self.device)
+        loss, correct = torch.zeros(2, n_points, dtype=torch.float64, device=self.device)
         generators = pts.generators() if shared else None
         for start in range(0, x.shape[0], batch_size):
             xb = self.prepare(x[start : start + batch_size])
@@ -306,8 +305,7 @@ class _Runner:
 
     def run_points_outer(self, pts, x, y, batch_size, bn_batches, hooks=(), task=progress.SILENT):
         n_points = len(pts)
-        loss = torch.zeros(n_points, dtype=torch.float64, device=self.device)
-        correct = torch.zeros(n_points, dtype=torch.float64, device=self.device)
+        loss, correct = torch.zeros(2, n_points, dtype=torch.float64, device=self.device)
         bn_prepared = [self.prepare(b) for b in bn_batches]
         batches = [(self.prepare(x[s : s + batch_size]), y[s : s + batch_size].to(self.device))
                    for s in range(0, x.shape[0], batch_size)]
@@ -321,8 +319,7 @@ class _Runner:
 
     def run_vmap(self, pts, x, y, batch_size, memory_budget: int, hooks=(), task=progress.SILENT):
         n_points = len(pts)
-        loss = torch.zeros(n_points, dtype=torch.float64, device=self.device)
-        correct = torch.zeros(n_points, dtype=torch.float64, device=self.device)
+        loss, correct = torch.zeros(2, n_points, dtype=torch.float64, device=self.device)
         per_point = self._activation_bytes(min(batch_size, x.shape[0]))
         chunk = max(1, min(n_points, memory_budget // max(per_point, 1)))
 

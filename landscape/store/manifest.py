@@ -178,7 +178,7 @@ def check_manifest(manifest: Any, path: str | os.PathLike) -> dict[str, Any]:
     if privacy is not None:
         if not isinstance(privacy, dict):
             raise bad("privacy", "must be an object", privacy)
-        for key in ("noise_multiplier", "sample_rate", "delta"):
+        for key in ("noise_multiplier", "sample_rate", "delta", "total_delta"):
             if key in privacy and not _is_number(privacy[key]):
                 raise bad(f"privacy.{key}", "must be a number", privacy[key])
         if "steps" in privacy and not _is_int(privacy["steps"]):
@@ -196,8 +196,6 @@ def check_manifest(manifest: Any, path: str | os.PathLike) -> dict[str, Any]:
                 raise bad(f"privacy.{key}", "must be true or false", privacy[key])
         if "note" in privacy and not isinstance(privacy["note"], str):
             raise bad("privacy.note", "must be a string", privacy["note"])
-        if "total_delta" in privacy and not _is_number(privacy["total_delta"]):
-            raise bad("privacy.total_delta", "must be a number", privacy["total_delta"])
         declared = privacy.get("declared_ancestors", [])
         if not isinstance(declared, list):
             raise bad("privacy.declared_ancestors", "must be a list", declared)

@@ -180,7 +180,13 @@ def _start(
                       f"below {n} for minibatch {'DP-' if config.is_dp else ''}SGD", SamplingWarning, stacklevel=2)
     total = accounting.schedule_steps(config.epochs, n, config.batch_size)
     q = min(1.0, config.batch_size / n)
-    sigma = _noise_multiplier(config, q, total, history)
+    if config.optimizer in ("sgd", "clip-only"):
+        sigma = 0.0
+    elif config.noise_multiplier is not None:
+        sigma = float(config.noise_multiplier)
+    else:
+        sigma = accounting.noise_for_epsilon(config.target_epsilon, q, total, config.delta, config.accountant,
+                                             history=history)
     privacy = {
         "noise_multiplier": sigma,
         "sample_rate": q,
@@ -395,15 +401,6 @@ def _check_dp_model(config: TrainConfig, model: nn.Module) -> None:
         fix = (f"replace BatchNorm in the model's factory ({plugins.short_name(name)}): e.g. GroupNorm layers, or "
                "return opacus.validators.ModuleValidator.fix(model), which swaps them for GroupNorm")
     raise ModelError(f"{why}; {fix}")
-
-
-def _noise_multiplier(config: TrainConfig, q: float, total: int, history: PrivacyHistory) -> float:
-    if config.optimizer in ("sgd", "clip-only"):
-        return 0.0
-    if config.noise_multiplier is not None:
-        return float(config.noise_multiplier)
-    return accounting.noise_for_epsilon(config.target_epsilon, q, total, config.delta, config.accountant,
-                                        history=history)
 
 
 def epsilon_curve(
