@@ -364,16 +364,24 @@ class PerSampleEngine:
             units, _, _ = self._capture(x, y)
             self._hooks_weighted(units, w, acc)
         elif shared:
-            with torch.enable_grad():
-                losses = F.cross_entropy(self.model(x), y, reduction="none")
-                g = torch.autograd.grad((losses * w[self.names[0]]).sum(), list(self.params.values()), allow_unused=True)
-            for k, gk in zip(self.names, g, strict=True):
-                if gk is not None:
-                    acc[k].add_(gk)
+            self._add_grad(acc, x, y, w[self.names[0]])
         else:
             g, _, _ = functorch_grads(self.model, self.names, x, y)
-            for k in self.names:
-                acc[k].add_(torch.einsum("n,n...->...", w[k], g[k]))
+            self._add_weighted(acc, w, g)
+
+    def _add_grad(self, acc: dict[str, Tensor], x: Tensor, y: Tensor, w: Tensor | None = None) -> None:
+        """``acc += grad sum_i w_i l_i`` (all ones without ``w``) by one ordinary backward."""
+        with torch.enable_grad():
+            losses = F.cross_entropy(self.model(x), y, reduction="none")
+            total = losses.sum() if w is None else (losses * w).sum()
+            g = torch.autograd.grad(total, list(self.params.values()), allow_unused=True)
+        for k, gk in zip(self.names, g, strict=True):
+            if gk is not None:
+                acc[k].add_(gk)
+
+    def _add_weighted(self, acc: dict[str, Tensor], w: dict[str, Tensor], g: dict[str, Tensor]) -> None:
+        for k in self.names:
+            acc[k].add_(torch.einsum("n,n...->...", w[k], g[k]))
 
     @_kept_memory
     def clipped_sum(self, x: Tensor, y: Tensor, factor_fn: Callable[[PerSampleNorms], Weights], *,
@@ -404,9 +412,7 @@ class PerSampleEngine:
                 g = {k: g[k] * m[k] if k in m else g[k] for k in self.names}
                 sq = {k: _sq(g[k], None) for k in self.names}
                 norms = self._norms_from_sq(sq, losses, logits)
-                w = self._layer_weights(factor_fn(norms), nc)
-                for k in self.names:
-                    acc[k].add_(torch.einsum("n,n...->...", w[k], g[k]))
+                self._add_weighted(acc, self._layer_weights(factor_fn(norms), nc), g)
             parts.append(norms)
         sums = {k: v * m[k] if k in m else v for k, v in acc.items()}
         return sums, parts[0] if len(parts) == 1 else PerSampleNorms.cat(parts)
@@ -418,12 +424,7 @@ class PerSampleEngine:
         acc = self._zeros()
         m = self._masks(masks)
         for xc, yc in self._chunks(x, y):
-            with torch.enable_grad():
-                total = F.cross_entropy(self.model(xc), yc, reduction="sum")
-                g = torch.autograd.grad(total, list(self.params.values()), allow_unused=True)
-            for k, gk in zip(self.names, g, strict=True):
-                if gk is not None:
-                    acc[k].add_(gk)
+            self._add_grad(acc, xc, yc)
         return {k: (v * m[k] if k in m else v) / max(n, 1) for k, v in acc.items()}
 
     def projections(self, x: Tensor, y: Tensor, directions: Tensor | list[dict[str, Tensor]]) -> Tensor:
