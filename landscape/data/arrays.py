@@ -93,12 +93,9 @@ def _resolve_size(size: int | float, total: int) -> int:
 
 
 def subset_indices(y: torch.Tensor, size: int | float, seed: int) -> torch.Tensor:
-    """Sorted indices of a seeded, stratified sample of ``size`` examples (a count, or a fraction of ``len(y)``).
-
-    Each class gets its exact share ``size * n_c / n`` rounded down, and the leftover places go to the
-    classes with the largest remainders, so every class count is within 1 of its exact share. Within a
-    class the examples are drawn without replacement with ``numpy.random.default_rng(seed)``.
-    """
+    """Sorted indices of a seeded, stratified sample of ``size`` examples (a count, or a fraction of ``len(y)``):
+    every class count is within 1 of its exact share (largest remainders), drawn without replacement with
+    ``numpy.random.default_rng(seed)``."""
     labels = np.asarray(torch.as_tensor(y).cpu().numpy()).reshape(-1)
     count = _resolve_size(size, len(labels))
     classes, inverse = np.unique(labels, return_inverse=True)

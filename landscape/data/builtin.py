@@ -82,11 +82,8 @@ def _standardize(x_train: torch.Tensor, x_test: torch.Tensor, mean, std) -> tupl
 
 
 def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
-    """``load_digits()``'s ``images`` (1797 x 8 x 8) and ``target``, read from the file scikit-learn ships.
-
-    Importing ``sklearn.datasets`` costs ~0.8 s per process; the data is one small gzipped CSV inside the package.
-    Falls back to ``load_digits`` when the file is not there (``tests/test_data.py`` checks both agree).
-    """
+    """``load_digits()``'s ``images`` and ``target``, read from the CSV scikit-learn ships (importing
+    ``sklearn.datasets`` costs ~0.8 s per process); ``load_digits`` itself when the file is not there."""
     import gzip
     import importlib.util
 
@@ -105,12 +102,9 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
 
 def digits(*, seed: int, test_fraction: float = 0.25, split_seed: int = 0, standardize: bool = True,
            **_: Any) -> _Arrays:
-    """scikit-learn's 8x8 digits (1,797 images, 10 classes) as ``1 x 8 x 8`` tensors.
-
-    The train/test split is stratified and fixed by ``split_seed`` (not by ``seed``, so runs with different
-    seeds share one test set); 1/4 test gives 1,348 train and 449 test images. With ``standardize`` the
-    pixels are shifted and scaled by the mean and standard deviation of all train pixels (one channel).
-    """
+    """scikit-learn's 8x8 digits (1,797 images, 10 classes) as ``1 x 8 x 8`` tensors, split (stratified) by
+    ``split_seed``, not ``seed``, so runs with different seeds share one test set; ``standardize`` uses the train
+    pixels' mean and standard deviation."""
     if isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float)) \
             or not 0.0 < test_fraction < 1.0:
         raise DataError(f"digits option test_fraction must be in (0, 1), got {test_fraction!r}")

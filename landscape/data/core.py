@@ -85,12 +85,9 @@ def _assemble(name: str, arrays: _Arrays, seed: int, subset, options: dict, prov
 
 
 def dataset_from_spec(spec: dict, *, data_root: str | os.PathLike | None = None, download: bool = False) -> Dataset:
-    """Rebuild the data set a ``Dataset.spec`` describes.
-
-    A file or directory source must still have its recorded sha256 (a tensor file found at the recorded path,
-    or under ``data_root`` by name); code (``"code"``) runs only when the user named it in this context
-    (:func:`landscape.plugins.checked_code`); a spec is never a reason to import anything by itself.
-    """
+    """Rebuild the data set a ``Dataset.spec`` describes: a file or directory source must still have its recorded
+    sha256 (a moved tensor file is found under ``data_root`` by name); code runs only when the user named it in
+    this context, never because a spec names it."""
     if not isinstance(spec, dict) or "name" not in spec:
         raise DataError(f"a data spec is a dict with 'name', 'seed', 'subset', 'options'; got {spec!r}")
     options = dict(spec.get("options") or {})

@@ -146,11 +146,9 @@ def _tensor_file(name: str, recorded: dict, data_root) -> Path:
 
 
 def tensor_file_arrays(path: str | os.PathLike, *, num_classes: Any = None) -> _Arrays:
-    """The four arrays ``x_train, y_train, x_test, y_test`` of an ``.npz`` or HDF5 file (:func:`_user_tensors`
-    says how they become tensors). What the file's headers claim (shapes, dtypes) is checked before anything is
-    read: against the bytes an ``.npz`` member holds, and against the memory available. A file that is not an
-    ``.npz`` (empty, not a zip), a missing key, an impossible header, mismatched lengths, non-integer labels:
-    DataError."""
+    """The four arrays ``x_train, y_train, x_test, y_test`` of an ``.npz`` or HDF5 file as tensors
+    (:func:`_user_tensors`); the headers' claims are checked against the bytes held and the memory available
+    before anything is read. Anything wrong with the file is one DataError line."""
     path = Path(path)
     arrays: dict[str, np.ndarray] = {}
     try:

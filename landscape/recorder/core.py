@@ -187,13 +187,9 @@ class Recorder:
         self, step: int | None = None, *, epoch: float | None = None, epsilon: float | None = None,
         metrics: Mapping[str, Any] | None = None, extra: Mapping[str, Any] | None = None,
     ) -> Path:
-        """Write the model's current weights as checkpoint ``step`` (atomically, with its sha256 in the manifest).
-
-        ``step`` must come after the run's last checkpoint; with a privacy source it is the number of noisy
-        steps (its count when omitted) and the checkpoint's epsilon is the source's. ``epoch`` defaults to
-        ``step / steps_per_epoch``. ``metrics``: numbers (or one-element tensors) stored with the checkpoint;
-        ``extra``: arrays stored beside the weights. Returns the checkpoint file.
-        """
+        """Write the model's current weights as checkpoint ``step`` (after the run's last; with a privacy source,
+        its count of noisy steps, the default) and return the file. ``epoch`` defaults to ``step /
+        steps_per_epoch``; ``metrics``: numbers stored with the checkpoint; ``extra``: arrays beside the weights."""
         self._writer.check_usable()
         step = self._check_step(step)
         epoch = self._epoch(step, epoch)

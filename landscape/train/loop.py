@@ -407,10 +407,7 @@ def epsilon_curve(
     config: TrainConfig, sigma: float, q: float, total: int, history: PrivacyHistory, exact_steps: Sequence[int] = (),
 ) -> torch.Tensor | None:
     """Epsilon after t = 0..total steps of this run (composed with DP ancestor steps); None if not accounted.
-
-    RDP is cheap per step, so every step gets its value; PLD is evaluated at ``exact_steps`` (checkpoints)
-    and at epoch ends, NaN elsewhere.
-    """
+    RDP gives every step; PLD only ``exact_steps`` (checkpoints) and epoch ends, NaN elsewhere."""
     if not config.accounted:
         return None
     curve = torch.full((total + 1,), float("nan"), dtype=torch.float64)
