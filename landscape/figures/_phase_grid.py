@@ -5,12 +5,12 @@ the remaining epochs in ``copies`` copies that differ in data order and noise (P
 ``watson-fig2``, ``watson-fig6-7`` and ``watson-fig8`` (and ``watson-fig3``, for its sibling reference) read the
 same runs (group ``watson-phase-grid-SCALE-mM-lrLR``, named by the matched momentum and lr), so whichever runs first
 trains them and the others reuse them; their settings include :data:`GRID` so a change of the grid changes all
-their summaries. At cpu scale the grid has 5 Phase-2 copies (the paper averages 3-5 runs).
+their summaries. At cpu scale the grid has 5 Phase-2 copies (the paper averages 3-5 runs), its selection grids one.
 
 Fair comparison: SGD and DP-SGD use ONE learning rate, ONE momentum and the same batch size in both phases, so a
 difference between the optimisers is not a difference of step size. The pair (momentum, lr) is chosen by
-:mod:`landscape.figures._selection` over ``momenta`` x ``lrs`` (the paper's own lr sweep, Appendix Sec. 8;
-momentum 0 as the paper, 0.9 at the scaled-down scales), the four Phase-1 -> Phase-2 combinations as the arms
+:mod:`landscape.figures._selection` over ``momenta`` x ``lrs`` (at paper scale the paper's own lr sweep, Appendix
+Sec. 8, at momentum 0; at cpu scale 0.01, 0.03, 0.1 at momentum 0 and 0.9), the four Phase-1 -> Phase-2 combinations as the arms
 (selection groups ``...-sel-mM-lrLR``). The evaluation grid (seed 0, the full training split) is trained at the
 chosen candidate, at every other viable one and at each arm's own best, for the sensitivity reports. The paper
 itself tuned each optimiser separately (SGD lr 0.1 / batch 128, DP-SGD lr 0.5 / batch 1024, Sec. 4.1
@@ -41,7 +41,9 @@ _COMMON = dict(model="lenet", data="digits", lrs=PAPER_LRS, momenta=(0.0, 0.9), 
 # epsilon 7 on digits, at paper scale sigma is the paper's 0.55.
 GRID = {
     "test": {**_COMMON, "subset": 200, "epochs": 2, "k": 1, "copies": 2, "lrs": (0.05, 0.5), "momenta": (0.9,)},
-    "cpu": {**_COMMON, "subset": None, "epochs": 10, "k": 4, "copies": 5},
+    # cpu: watson-fig16-17's lr grid at momentum 0 and 0.9; one selection copy per arm (docs/figures.md, "Cost")
+    "cpu": {**_COMMON, "subset": None, "epochs": 10, "k": 4, "copies": 5, "selection_copies": 1,
+            "lrs": (0.01, 0.03, 0.1)},
     "paper": {**_COMMON, "model": "resnet18", "data": "cifar10", "subset": None, "batch_size": 128,
               "target_epsilon": None, "noise_multiplier": 0.55, "momenta": (0.0,), "epochs": 30, "k": 3, "copies": 3},
 }
@@ -100,9 +102,16 @@ def _phases(ctx, momentum: float, lr: float, selection: bool = False) -> str:
     from landscape.api import PhasesConfig, phases
 
     g, name = ctx.settings["grid"], _group(ctx, momentum, lr, selection)
-    phases(PhasesConfig(base=base_config(ctx, lr, momentum, selection), k=g["k"], copies=g["copies"],
+    phases(PhasesConfig(base=base_config(ctx, lr, momentum, selection), k=g["k"], copies=copies(ctx, selection),
                         phase1=OPTIMIZERS, phase2=OPTIMIZERS, dp_lr=lr, dp_momentum=momentum, group=name), root=ctx.root)
     return name
+
+
+def copies(ctx, selection: bool = False) -> int:
+    """Phase-2 copies per arm: the evaluation grid's ``copies``, a selection grid's ``selection_copies`` (default:
+    as many)."""
+    g = ctx.settings["grid"]
+    return int(g.get("selection_copies", g["copies"])) if selection else int(g["copies"])
 
 
 def label(candidate) -> str:
@@ -121,11 +130,11 @@ def selection(ctx):
     selection grid, each arm's Phase-2 copies scored on the validation split."""
     from landscape.store import Store
 
-    store, copies = Store(ctx.root), ctx.settings["grid"]["copies"]
+    store, n = Store(ctx.root), copies(ctx, selection=True)
 
     def train(candidate, arm):
         name = _phases(ctx, *candidate, selection=True)
-        yield [store.run(f"{name}-{arm}-{i}") for i in range(copies)]
+        yield [store.run(f"{name}-{arm}-{i}") for i in range(n)]
 
     return selection_rule.select(ctx, candidates(ctx), ARMS, train, label=label)
 

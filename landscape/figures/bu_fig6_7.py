@@ -117,7 +117,7 @@ RECIPE = Recipe(
     scaled_down="LeNet on digits, batch 32, 20 epochs, sigma 1.1, C in {1, 10, 100} with lr = f 0.15 / C, f from "
                 "{1, 3, 10} selected on a validation split, 5 seeds; the largest C at similar validation accuracy is "
                 "compared with C = 1; non-DP SGD at matched accuracy (its checkpoint, every 1/8 epoch, closest in train "
-                "accuracy to C = 1, per seed)",
+                "accuracy to C = 1, per seed; 5 epochs)",
     scales=SCALES,
     paper_scale=PaperScale(data="mnist", model="opacus-cnn (4-layer CNN)", epochs=30,
                            hyper="batch 256, sigma 1.1, lr 0.15 / C, C from 0.1 to 200, 5 runs", gpu_hours=3.0),

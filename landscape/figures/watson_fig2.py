@@ -121,7 +121,7 @@ RECIPE = Recipe(
     name="watson-fig2", paper="Watson et al. 2023 (clipping, pruning and loss landscapes)", figure="Fig. 2",
     claim="the Phase-2 optimiser decides final accuracy: SGD in Phase 2 ends well whatever Phase 1 was",
     scaled_down="LeNet on digits, 10 epochs, k = 4, 5 Phase-2 copies, epsilon 7 target; SGD and DP-SGD at one matched "
-                "lr and momentum (selected on a validation split from the paper's lr sweep x momentum 0 / 0.9), batch "
+                "lr and momentum (selected on a validation split from lr 0.01 / 0.03 / 0.1 x momentum 0 / 0.9), batch "
                 "32; minimum effect 1 accuracy point",
     scales=SCALES,
     paper_scale=PaperScale(data="cifar10", model="resnet18 (GroupNorm)", epochs=30,

@@ -25,8 +25,8 @@ per epsilon, DP-SGD siblings (group ``NAME-SCALE-dp-eE-kK-mM-lrLR``), each group
 matched Phase-2 lr and momentum (``phase2_sgd_*`` / ``dp_*``). The SGD groups' Phase-1 runs are the DP groups'
 Phase-1 model (bit-identical on CPU). Every epoch is checkpointed.
 
-Selection (:mod:`landscape.figures._selection`): over ``phase2_momenta`` x ``phase2_lrs`` (the paper's lr sweep,
-Appendix Sec. 8; momentum 0 as the paper's DP-SGD, 0.9 as the phase grid), the SGD arm and each epsilon's DP arm
+Selection (:mod:`landscape.figures._selection`): over ``phase2_momenta`` x ``phase2_lrs`` (at paper scale the paper's
+lr sweep, Appendix Sec. 8, at momentum 0; at cpu scale the phase grid's), the SGD arm and each epsilon's DP arm
 as the arms, an arm cut at a candidate after its first non-viable k (smallest k first). ONE pair for every
 epsilon: the exception is a trend in epsilon, which a step size changing with it would confound. ``watson-fig6-7``
 reads these runs for its Fig. 6 parts.
@@ -55,8 +55,9 @@ _COMMON = dict(model="lenet", data="digits", lr=0.03, phase2_lrs=grid.PAPER_LRS,
 SCALES = {
     "test": {**_COMMON, "subset": 200, "epochs": 2, "ks": (1,), "copies": 3, "epsilons": (8.0,), "points": 5,
              "phase2_lrs": (0.05, 0.5), "phase2_momenta": (0.9,)},
-    "cpu": {**_COMMON, "subset": None, "epochs": 8, "ks": (1, 2, 4), "copies": 3, "epsilons": (1.0, 4.0, 8.0),
-            "points": 20},
+    # cpu: the phase grid's candidates, one selection copy per arm (docs/figures.md, "Cost")
+    "cpu": {**_COMMON, "subset": None, "epochs": 8, "ks": (1, 2, 4), "copies": 3, "selection_copies": 1,
+            "epsilons": (1.0, 8.0), "points": 20, "phase2_lrs": (0.01, 0.03, 0.1)},
     # Sec. 4.1: Resnet18 (GroupNorm for DP) on CIFAR10, C = 1, 30 alphas; lr and batch size are not stated in
     # the main text (assumed here), k up to the run length.
     "paper": {**_COMMON, "model": "resnet18", "data": "cifar10", "subset": None, "lr": 0.1, "batch_size": 128,
@@ -93,10 +94,14 @@ class Sweep:
     def group(self, arm: str, k: int, momentum: float, lr: float, selection: bool = False) -> str:
         return f"{self.name}-{self.ctx.scale}{'-sel' if selection else ''}-{arm}-k{k}-m{momentum:g}-lr{lr:g}"
 
+    def count(self, selection: bool = False) -> int:
+        """Phase-2 copies per group: ``copies``, or ``selection_copies`` for selection groups (default: as many)."""
+        s = self.settings
+        return int(s.get("selection_copies", s["copies"])) if selection else int(s["copies"])
+
     def copies(self, arm: str, k: int, momentum: float, lr: float, selection: bool = False) -> list[str]:
         family = "sgd" if arm == "sgd" else "dpsgd"
-        return [f"{self.group(arm, k, momentum, lr, selection)}-sgd-{family}-{i}"
-                for i in range(self.settings["copies"])]
+        return [f"{self.group(arm, k, momentum, lr, selection)}-sgd-{family}-{i}" for i in range(self.count(selection))]
 
     def base(self, selection: bool = False):
         from landscape.api import TrainConfig
@@ -125,14 +130,14 @@ class Sweep:
         Phase 2 at the candidate ``momentum`` and ``lr``; a DP arm's sigma calibrated to its epsilon for this k."""
         from landscape.api import PhasesConfig
 
-        s, m = self.settings, momentum
+        m = momentum
         group = self.group(arm, k, m, lr, selection)
         if arm == "sgd":
-            return PhasesConfig(base=self.base(selection), k=k, copies=s["copies"], phase1=("sgd",), phase2=("sgd",),
-                                phase2_sgd_lr=lr, phase2_sgd_momentum=m, group=group)
+            return PhasesConfig(base=self.base(selection), k=k, copies=self.count(selection), phase1=("sgd",),
+                                phase2=("sgd",), phase2_sgd_lr=lr, phase2_sgd_momentum=m, group=group)
         eps = float(arm.removeprefix("dp-e"))
         base = dataclasses.replace(self.base(selection), noise_multiplier=self.sigma(eps, k, selection))
-        return PhasesConfig(base=base, k=k, copies=s["copies"], phase1=("sgd",), phase2=("dpsgd",), dp_lr=lr,
+        return PhasesConfig(base=base, k=k, copies=self.count(selection), phase1=("sgd",), phase2=("dpsgd",), dp_lr=lr,
                             dp_momentum=m, group=group)
 
     def train(self, arm: str, k: int, candidate, selection: bool = False) -> list:
@@ -264,8 +269,8 @@ RECIPE = Recipe(
     name=NAME, paper="Watson et al. 2023 (clipping, pruning and loss landscapes)", figure="Fig. 5",
     claim="two runs of DP-SGD almost never end in the same linear basin (a higher barrier than SGD siblings), except "
           "perhaps for high values of both k and epsilon",
-    scaled_down="LeNet on digits, 8 epochs, k in {1,2,4}, 3 copies (3 sibling pairs) per point, DP Phase 2's sigma "
-                "calibrated per k to the labelled epsilon; SGD and DP-SGD siblings' Phase 2 at one matched lr and "
+    scaled_down="LeNet on digits, 8 epochs, k in {1,2,4}, epsilon in {1,8}, 3 copies (3 sibling pairs) per point, "
+                "DP Phase 2's sigma calibrated per k to the labelled epsilon; SGD and DP-SGD siblings' Phase 2 at one matched lr and "
                 "momentum selected on a validation split; barrier = height above both ends, minimum 2% of ln C",
     scales=SCALES,
     paper_scale=PaperScale(data="cifar10", model="resnet18 (GroupNorm)", epochs=20,

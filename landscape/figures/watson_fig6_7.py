@@ -168,7 +168,7 @@ RECIPE = Recipe(
     name="watson-fig6-7", paper="Watson et al. 2023 (clipping, pruning and loss landscapes)", figure="Figs. 6-7",
     claim="a Phase-2 SGD and a Phase-2 DP-SGD model from one Phase-1 model end in different basins (after an SGD "
           "Phase 1 unless epsilon and k are large; after a DP Phase 1 always)",
-    scaled_down="Fig. 6 on the watson-fig5 runs (LeNet on digits, 8 epochs, k in {1,2,4}, eps in {1,4,8} calibrated "
+    scaled_down="Fig. 6 on the watson-fig5 runs (LeNet on digits, 8 epochs, k in {1,2,4}, eps in {1,8} calibrated "
                 "per k, 3 copies), the corner of largest k and eps reported as the exception; Fig. 7 on the "
                 "watson-fig2 grid (10 epochs, k = 4, 5 copies, epsilon 7); one matched lr and momentum selected on a "
                 "validation split; barrier = height above both ends, minimum 2% of ln C",

@@ -279,6 +279,17 @@ def noise_for_epsilon(target_epsilon: float, sample_rate: float, steps: int, del
         raise PrivacyError("zero steps spend no privacy; there is no noise multiplier to find")
     history = PrivacyHistory.of(history)
     history = PrivacyHistory([e for e in history.events if e.steps > 0], declared=history.declared)
+    key = (float(target_epsilon), float(sample_rate), int(steps), float(delta), method, float(rtol), repr(history))
+    if key not in _NOISE_FOUND:  # runs that share a calibration (copies, seeds) bisect once per process
+        _NOISE_FOUND[key] = _bisect_noise(target_epsilon, sample_rate, steps, delta, method, history, rtol)
+    return _NOISE_FOUND[key]
+
+
+_NOISE_FOUND: dict = {}
+
+
+def _bisect_noise(target_epsilon: float, sample_rate: float, steps: int, delta: float, method: str,
+                  history: PrivacyHistory, rtol: float) -> float:
     if history.events or history.declared:
         spent = history_epsilon(history, None, delta, method)
         if spent >= target_epsilon:
