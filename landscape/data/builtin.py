@@ -3,6 +3,7 @@ and torchvision's MNIST, Fashion-MNIST, CIFAR-10/100 from local files."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 from collections.abc import Callable
@@ -14,7 +15,7 @@ import numpy as np
 import torch
 
 from landscape.data.arrays import Dataset, _Arrays, subset_indices
-from landscape.errors import DataError
+from landscape.errors import DataError, param
 from landscape.runtime import DATA_ENV
 
 
@@ -144,6 +145,32 @@ def data_root_of(data_root: str | os.PathLike | None) -> Path | None:
     return Path(env) if env else None
 
 
+def torchvision_splits(name: str, cls: type, root: Path | None, download: bool, kwargs: dict | None = None) -> list:
+    """The train and test data sets of torchvision's ``cls`` under ``root``; what is missing is one DataError."""
+    if root is None:
+        raise DataError(f"{name} is read from disk: pass {param('data_root')} (or set ${DATA_ENV}), and "
+                        f"{param('download', True)} to fetch it")
+    params = inspect.signature(cls.__init__).parameters
+    if "train" in params:
+        arguments = [{"train": True}, {"train": False}]
+    elif "split" in params:
+        arguments = [{"split": "train"}, {"split": "test"}]
+    else:
+        raise DataError(f"torchvision's {cls.__name__} has no train/test split; arrange it as an imagefolder tree")
+    made = []
+    for split in arguments:
+        try:
+            made.append(cls(root=str(root), download=download, **split, **(kwargs or {})))
+        except (RuntimeError, FileNotFoundError) as exc:
+            if download:
+                raise DataError(f"could not download {name} into {root}: {str(exc).splitlines()[0]}") from None
+            raise DataError(f"{name} files not found under {root}; pass {param('data_root')} holding them, or add "
+                            f"{param('download', True)} to fetch them") from None
+        except (OSError, TypeError, ValueError) as exc:
+            raise DataError(f"could not read {name} under {root}: {str(exc).splitlines()[0]}") from None
+    return made
+
+
 def _images_tensor(data) -> torch.Tensor:
     """torchvision's raw ``data`` (uint8, N x H x W or N x H x W x C) -> float32 N x C x H x W in [0, 1]."""
     x = torch.as_tensor(np.asarray(data))
@@ -156,8 +183,6 @@ def _torchvision_builder(name: str) -> Callable[..., _Arrays]:
 
     def build(*, seed: int, data_root=None, download: bool = False, standardize: bool = True, **_: Any) -> _Arrays:
         import torchvision.datasets
-
-        from landscape.data.sources import torchvision_splits
 
         cls = getattr(torchvision.datasets, info.cls)
         train, test = torchvision_splits(name, cls, data_root_of(data_root), download)

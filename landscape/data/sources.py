@@ -15,10 +15,9 @@ import numpy as np
 import torch
 
 from landscape.data.arrays import _Arrays
-from landscape.data.builtin import DATASETS, _images_tensor, _standardize, data_root_of
+from landscape.data.builtin import DATASETS, _images_tensor, _standardize, data_root_of, torchvision_splits
 from landscape.errors import DataError, param
 from landscape.hashing import sha256_file
-from landscape.runtime import DATA_ENV
 
 ENTRY_POINT_GROUP = "landscape.datasets"
 TENSOR_SUFFIXES = (".npz", ".h5", ".hdf5")
@@ -549,32 +548,6 @@ def torchvision_arrays(name: str, data_root, download: bool, *, size=None, stand
     source = {**directory_digest(own), "class": cls.__name__} if own is not None else \
         {"path": str(Path(root).resolve()), "sha256": None, "class": cls.__name__}
     return _Arrays(x_train, ys[0], x_test, ys[1], num_classes), source
-
-
-def torchvision_splits(name: str, cls: type, root: Path | None, download: bool, kwargs: dict | None = None) -> list:
-    """The train and test data sets of torchvision's ``cls`` under ``root``; what is missing is one DataError."""
-    if root is None:
-        raise DataError(f"{name} is read from disk: pass {param('data_root')} (or set ${DATA_ENV}), and "
-                        f"{param('download', True)} to fetch it")
-    params = inspect.signature(cls.__init__).parameters
-    if "train" in params:
-        arguments = [{"train": True}, {"train": False}]
-    elif "split" in params:
-        arguments = [{"split": "train"}, {"split": "test"}]
-    else:
-        raise DataError(f"torchvision's {cls.__name__} has no train/test split; arrange it as an imagefolder tree")
-    made = []
-    for split in arguments:
-        try:
-            made.append(cls(root=str(root), download=download, **split, **(kwargs or {})))
-        except (RuntimeError, FileNotFoundError) as exc:
-            if download:
-                raise DataError(f"could not download {name} into {root}: {str(exc).splitlines()[0]}") from None
-            raise DataError(f"{name} files not found under {root}; pass {param('data_root')} holding them, or add "
-                            f"{param('download', True)} to fetch them") from None
-        except (OSError, TypeError, ValueError) as exc:
-            raise DataError(f"could not read {name} under {root}: {str(exc).splitlines()[0]}") from None
-    return made
 
 
 def _torchvision_tensors(ds, name: str, size) -> tuple[torch.Tensor, torch.Tensor]:
