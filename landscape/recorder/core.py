@@ -159,11 +159,7 @@ class Recorder:
 
     def close(self) -> None:
         """``flush``, then release the run's write lock (the checkpoints stay). Idempotent."""
-        try:
-            self.flush()
-        finally:
-            self._finalizer.detach()
-            self._writer.close()
+        self.__exit__(None)
 
     def _resync(self) -> None:
         """After a failed write: the last step is the run's on disk (the failed step may be saved again)."""
