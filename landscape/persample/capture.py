@@ -41,11 +41,9 @@ def _batch_dims(s1: list, s2: list) -> list[int | None] | None:
 
 
 def probe_calls(model: nn.Module, x: Tensor) -> dict[nn.Module, list | str]:
-    """Every module the forward calls with grad enabled -> per call, ``(input dims, output dims)``: the batch
-    dimension of each input leaf (positional and keyword) and output leaf, None where the leaf is shared by
-    the samples. Measured by two forwards, on one and on two copies of the first sample (no assumption on
-    where modules keep the batch: ``nn.MultiheadAttention`` without ``batch_first`` has it on dim 1). A
-    module whose leaves do not keep the samples apart gets a reason instead. The RNG state is left as it was."""
+    """Every module the forward calls with grad enabled -> per call, the batch dimension of each input and output
+    leaf (None: shared by the samples), measured by forwards on one and on two copies of the first sample (a
+    module that does not keep the samples apart gets a reason instead). The RNG state is left as it was."""
     runs: list[dict[nn.Module, list]] = []
     devices = [x.device] if x.device.type == "cuda" else []
     for xb in (x[:1], x[:1].expand(2, *x.shape[1:]).contiguous()):

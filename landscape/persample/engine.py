@@ -205,11 +205,9 @@ class PerSampleEngine:
         return units, losses.detach(), logits.detach()
 
     def _plan(self, x: Tensor) -> None:
-        """Once, on the first batch: ``probe_calls``, where each handler's module keeps the batch, then the
-        mixed route. Every parameter that no registered handler covers goes to a ``FunctionalHandler`` on the
-        nearest module (its own or an ancestor) that the forward calls, with the batch dimensions the probe
-        measured; so does a handled module's parameter when that module is never called (its parameters are
-        used by another module's forward, e.g. ``nn.MultiheadAttention.out_proj``)."""
+        """Once, on the first batch: where each handler's module keeps the batch, then the mixed route: each
+        parameter no called handler covers goes to a ``FunctionalHandler`` on the nearest called module (its own
+        or an ancestor, e.g. ``nn.MultiheadAttention`` for its ``out_proj``)."""
         calls = probe_calls(self.model, x)
         place_batch(self._handlers, calls)
         dead = [h for h in self._handlers if h.module not in calls]
@@ -386,12 +384,9 @@ class PerSampleEngine:
     @_kept_memory
     def clipped_sum(self, x: Tensor, y: Tensor, factor_fn: Callable[[PerSampleNorms], Weights], *,
                     masks: Masks = None) -> tuple[dict[str, Tensor], PerSampleNorms]:
-        """Norms, then ``sum_i c_i g_i`` with ``c = factor_fn(norms)`` ((n,) or ``{name: (n,)}``), masked.
-
-        Hooks route: one forward and one activation backward; the sum re-uses the kept activations and
-        output gradients (book-keeping, Bu et al. 2023). ``factor_fn`` is called once per ``chunk``
-        of samples with that chunk's norms, so it must act sample by sample (every clipping function does).
-        """
+        """Norms, then ``sum_i c_i g_i`` with ``c = factor_fn(norms)`` ((n,) or ``{name: (n,)}``), masked, from one
+        forward and one activation backward (book-keeping, Bu et al. 2023). ``factor_fn`` sees one ``chunk`` at a
+        time, so it must act sample by sample (every clipping function does)."""
         x, y = self._prepare(x, y)
         n = x.shape[0]
         m = self._masks(masks)

@@ -38,18 +38,11 @@ class HooksFailed(Exception):
 
 
 class Handler:
-    """Per-sample gradient algebra for one module type (the base of every handler; see ``register_handler``).
-
-    Built per module instance with ``pnames`` (the module's own parameter roles, e.g. 'weight'/'bias', -> their
-    ``named_parameters`` names). The engine hands ``unit(calls)`` the ``(input, output gradient)`` pair of every
-    call of the module in one batched forward (batch on dim 0). A subclass implements
-    ``per_sample_grads(u) -> {role: (n, *param.shape)}`` and may override ``sq_norms`` / ``weighted`` (without
-    materialising, e.g. ghost norms) and ``ghost_factors`` / ``grad_factor`` (Gram blocks).
-
-    ``roles``: the parameters the handler computes (None: all; a module with another trainable parameter goes to
-    the ``torch.func`` route). ``accepts(module)`` may refuse a configuration. ``reduce_dtype``: the dtype of sums
-    over positions (None: the gradients'). Materialised gradients are cached in the unit (key ``"g"``).
-    """
+    """Per-sample gradient algebra for one module type (the protocol: docs/persample.md). Built per module with
+    ``pnames`` (role -> ``named_parameters`` name); ``unit(calls)`` gets every call's ``(input, output
+    gradient)``; a subclass implements ``per_sample_grads(u) -> {role: (n, *shape)}`` and may override
+    ``sq_norms`` / ``weighted`` (without materialising) and ``ghost_factors`` / ``grad_factor`` (Gram blocks).
+    ``roles``: the parameters it computes (None: all); ``reduce_dtype``: that of sums over positions."""
 
     roles: tuple[str, ...] | None = ("weight", "bias")
 
@@ -291,13 +284,9 @@ class LinearHandler(_WeightBiasHandler):
 
 @register_handler(nn.Conv1d, nn.Conv2d)
 class ConvHandler(_WeightBiasHandler):
-    """Conv1d / Conv2d (any stride, padding, padding mode, dilation, groups).
-
-    Per-sample weight gradients come from ONE weight-gradient kernel with the batch folded into the groups
-    (input (1, n C_in, H, W), groups n G; no im2col) for many output positions, else from unfolded patches
-    and a batched matmul. When ``T (D + P) < GHOST_RATIO P D`` (T output positions,
-    D = C_in/G k_h k_w, P = C_out/G) the norm is the ghost norm over unfolded patches and the weighted sum
-    one ordinary weight-gradient kernel on the re-weighted output gradients."""
+    """Conv1d / Conv2d (any stride, padding, padding mode, dilation, groups): per-sample weight gradients by one
+    weight-gradient kernel with the batch folded into the groups (many output positions) or from patches; when
+    ``T (D + P) < GHOST_RATIO P D`` the ghost norm, and the weighted sum as one ordinary weight-gradient kernel."""
 
     def _geometry(self):
         m = self.module
