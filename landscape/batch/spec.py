@@ -1,7 +1,5 @@
-"""Batch specs: YAML in, a validated and expanded job graph out (nothing runs here). Every key is checked; the
-schema, templates, grids and the safety checks (runs read exist, no paths as references, writes stay inside
-the results directory and the store root, size limits) are in docs/batch.md.
-"""
+"""Batch specs: YAML in, a validated and expanded job graph out (nothing runs here; the schema and the safety
+checks: docs/batch.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""What every data set is: :class:`Dataset` (train and test tensors with the spec that rebuilds them) and the
-builders' raw ``_Arrays``; the seeded, stratified subset (:func:`subset_indices`), and the one sampler the
-analyses draw their examples with (:func:`sample_subset`), whose draws a caller may record
-(:func:`recording_subsets`)."""
+"""What every data set is (:class:`Dataset`, the builders' ``_Arrays``), the seeded stratified subset, and the one
+sampler the analyses draw their examples with, whose draws a caller may record."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""BatchNorm in the per-sample engine: exact in eval mode (a per-channel affine map, ``BatchNormHandler``),
-refused in training mode or without running statistics, where it mixes the samples of a batch and "the gradient
-of l_i" has no meaning.
-"""
+"""BatchNorm in the per-sample engine: exact in eval mode (a per-channel affine map), refused where it mixes the
+samples of a batch (training mode, no running statistics) and "the gradient of l_i" has no meaning."""
 
 from __future__ import annotations
 

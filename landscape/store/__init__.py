@@ -1,7 +1,5 @@
-"""Checkpoint store: run directories of HDF5 checkpoints and a manifest each, written atomically under the
-run's lock, checked against one schema when read and against their sha256 when loaded. Layout, locking and
-references: docs/store.md.
-"""
+"""Checkpoint store: run directories of HDF5 checkpoints and a manifest each, written atomically under the run's
+lock, checked when read and against their sha256 when loaded (docs/store.md)."""
 
 from landscape.refs import check_run_name
 from landscape.store._locks import RunBusyError

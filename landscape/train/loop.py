@@ -1,9 +1,6 @@
-"""The training loop: SGD and the DP-SGD family, checkpoints, child runs (``--from``) and resume.
-
-A step samples a batch, asks the :class:`~landscape.train.privatize.Privatizer` for the gradient, applies
-``torch.optim.SGD`` and re-applies pruning masks; everything else is a callback (:mod:`.callbacks`). A child run
-starts from its parent's weights and composes its epsilon with its ancestors' (docs/training.md).
-"""
+"""The training loop (SGD and the DP-SGD family, child runs, resume; docs/training.md): a step samples a batch,
+asks the ``Privatizer`` for the gradient, steps ``torch.optim.SGD`` and re-applies pruning masks; everything else
+is a callback."""
 
 from __future__ import annotations
 
