@@ -118,7 +118,7 @@ def _cli_config(captured, *args):
 
 def test_command_line_api_and_batch_spec_build_the_same_config(captured, tmp_path):
     from landscape import api, kinds
-    from landscape.batch.checks import _check_type
+    from landscape.options import coerce
 
     want = InterpolateConfig(points=5, split=("test",), chunk=64, subset=0.5)
     _, from_cli, _ = _cli_config(captured, "interpolate", "a", "b", "--points", "5", "--split", "test",
@@ -129,7 +129,7 @@ def test_command_line_api_and_batch_spec_build_the_same_config(captured, tmp_pat
     from_api = build(InterpolateConfig, {k: v for k, v in kwargs.items() if k in hints(InterpolateConfig)})
     types_ = kinds.get("interpolate").option_types()  # what a batch job's YAML values are checked against
     yaml_values = {"points": 5, "split": ["test"], "chunk": 64, "subset": 0.5}
-    from_yaml = build(InterpolateConfig, {k: _check_type(v, types_[k], k) for k, v in yaml_values.items()})
+    from_yaml = build(InterpolateConfig, {k: coerce(v, types_[k], name=k) for k, v in yaml_values.items()})
     assert from_cli == from_api == from_yaml == want
 
 

@@ -295,8 +295,9 @@ def test_clipping_and_symmetry_put_a_batchnorm_model_in_eval_mode_and_equal_the_
     import math
     import types
 
+    from persample_reference import LoopEngine
+
     from landscape.analyze import clipping, specs, symmetry
-    from landscape.train.privatize import LoopEngine
 
     x, y = data((2, 6, 6), 12, 3, seed=4)
     point = types.SimpleNamespace(

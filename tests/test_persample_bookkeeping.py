@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from persample_reference import LoopEngine
 from torch import nn
 
 from landscape.clip import CLIP_FUNCTIONS
 from landscape.persample import PerSampleEngine, handlers
-from landscape.train.privatize import LoopEngine, PrivacyConfig, Privatizer
+from landscape.train.privatize import PrivacyConfig, Privatizer
 
 
 class ConvNet(nn.Module):

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from persample_reference import LoopEngine
 from test_persample import maxdiff, naive_grads  # the per-example loop reference
 from torch import nn
 
@@ -32,7 +33,7 @@ from landscape.persample import (
     register_handler,
     unregister_handler,
 )
-from landscape.train.privatize import LoopEngine, PrivacyConfig, Privatizer
+from landscape.train.privatize import PrivacyConfig, Privatizer
 
 pytestmark = pytest.mark.filterwarnings("ignore:enable_nested_tensor:UserWarning")
 

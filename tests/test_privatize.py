@@ -8,11 +8,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from persample_reference import LoopEngine
 from torch import nn
 
 from landscape.clip import CLIP_FUNCTIONS, clip_factors
 from landscape.errors import IncompatibleError, UsageError
-from landscape.train.privatize import LoopEngine, PrivacyConfig, Privatizer
+from landscape.train.privatize import PrivacyConfig, Privatizer
 from landscape.train.smoothing import laplacian_smooth
 from landscape.train.sparsify import SparsifySchedule
 

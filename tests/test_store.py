@@ -275,7 +275,7 @@ def test_run_names_are_safe_and_unique(tmp_path):
     assert len(generated) == 20
     assert set(store.run_names()) == generated | {"taken"}
     assert [r.name for r in store.runs_matching("tak*")] == ["taken"]
-    assert Store(tmp_path / "absent").runs() == []
+    assert Store(tmp_path / "absent").runs_matching() == []
 
 
 def test_run_level_arrays(tmp_path):

@@ -23,18 +23,11 @@ REF_OPTIONS = ("refs", "ref", "ref_a", "ref_b", "from_ref", "toward", "plane", "
 _REF_KEYWORDS = {"plane": ("random", "pca"), "pairs": ("siblings", "all")}
 
 
-def _check_type(value: Any, annotation: Any, opt: str) -> Any:
-    """``value`` as the annotation wants it: the one coercion of the command line and the api
-    (:func:`landscape.options.coerce`: ``[0.1, 0.5]`` or ``"0.1,0.5"`` for a tuple, ``"3"`` for an int, ...)."""
-    from landscape.options import coerce
-
-    return coerce(value, annotation, name=opt)
-
-
 def _check_options(kind, info, types, opts, raw_options, grid, env, where, body, key, label,
                    at) -> dict[str, Any]:
-    """Values coerced by their annotations, required options present, then the kind's configuration built and
-    validated once."""
+    """Values coerced by their annotations (the command line's one coercion), required options present, then the
+    kind's configuration built and validated once."""
+    from landscape.options import coerce
 
     def place(opt: str) -> str:
         return raw_options[opt][1] if opt in raw_options else f"{where(grid, opt)}: jobs.{key}.grid.{opt}"
@@ -45,7 +38,7 @@ def _check_options(kind, info, types, opts, raw_options, grid, env, where, body,
             if opt == "subset" and not kinds.is_analysis(kind):  # a count or a fraction (300 is 300 examples)
                 out[opt] = subset_value(value, opt)
                 continue
-            out[opt] = _check_type(value, types[opt], opt)
+            out[opt] = coerce(value, types[opt], name=opt)
         except UsageError as exc:
             raise SpecError(f"{place(opt)}: {label}: {exc}") from None
     for req in info.required:

@@ -46,9 +46,6 @@ class BatchSpec:
     def job(self, job_id: str) -> Job:
         return next(j for j in self.jobs if j.id == job_id)
 
-    def dependants(self, job_id: str) -> list[str]:
-        return [j.id for j in self.jobs if job_id in j.deps]
-
 
 def _link(jobs: list[Job], afters: dict[str, tuple[list[str], str]], path: Path) -> None:
     producers = {run: job.id for job in jobs for run in job.produces}

@@ -1,11 +1,6 @@
-"""Running one batch job, wherever it runs (the client process or a Dask worker).
-
-:func:`run_job`: a plain payload (job id, kind, options, configuration hash, absolute store and results paths)
-in, an outcome mapping out; a failing job becomes the outcome's one-line ``error`` so independent jobs go on.
-A finished job writes its record ``<results>/.batch/<job>.json`` (hash, numbers, output files with sha256)
-atomically after its outputs; a later batch skips it (``cached``) while the hash and every file's sha256 still
-match. A killed job has no record and runs again (training resumes, analyses rewrite atomically).
-"""
+"""Running one batch job, wherever it runs (the client process or a Dask worker): a plain payload in, an outcome
+mapping out. A finished job's record ``<results>/.batch/<job>.json``, written after its outputs, lets a later
+batch skip it while the hash and every file's sha256 still match."""
 
 from __future__ import annotations
 
@@ -17,11 +12,9 @@ from typing import Any
 
 from landscape.errors import one_line
 
-RECORDS = ".batch"
-
 
 def record_path(results: str | Path, job_id: str) -> Path:
-    return Path(results) / RECORDS / f"{job_id}.json"
+    return Path(results) / ".batch" / f"{job_id}.json"
 
 
 def run_job(payload: dict[str, Any], *upstream: dict[str, Any]) -> dict[str, Any]:
@@ -64,9 +57,6 @@ def _worker_name() -> str:
         return "client"
 
 
-# ------------------------------------------------------------------------------------------ records
-
-
 def _current_record(payload: dict[str, Any]) -> dict[str, Any] | None:
     from landscape.results import sha256_file
 
@@ -105,9 +95,6 @@ def _describe_files(files: list[Path]) -> list[dict[str, Any]]:
         if f.is_file() and not f.name.startswith("."):
             out.append({"path": str(f), "bytes": f.stat().st_size, "sha256": sha256_file(f)})
     return out
-
-
-# ---------------------------------------------------------------------------------------- executor
 
 
 def _execute(payload: dict[str, Any]) -> tuple[dict[str, Any], list[Path]]:

@@ -1,9 +1,5 @@
-"""Batch specs as YAML that knows its lines, read within stated limits (:func:`load_yaml`).
-
-The safe loader only; every mapping remembers the line of itself and of each key (errors name ``FILE:LINE``);
-the text must be UTF-8, nest at most :data:`MAX_DEPTH` levels and expand (YAML aliases and merge keys included)
-to at most :data:`MAX_NODES` values, so a few lines of aliases cannot expand to billions.
-"""
+"""Batch specs as YAML that knows its lines (errors name ``FILE:LINE``), read by the safe loader within stated
+limits of nesting and of values once aliases and merge keys expand (a few lines cannot expand to billions)."""
 
 from __future__ import annotations
 
@@ -21,7 +17,6 @@ MAX_DEPTH = 50  # nesting of mappings and lists
 
 class SpecError(UsageError):
     """An invalid batch spec: the message starts with ``FILE:LINE:`` and names the key at fault."""
-
 
 
 class _Map(dict):

@@ -1,8 +1,5 @@
-"""A Dask worker preload for ``landscape batch --workers N``: the worker exits when the batch process dies.
-
-Distributed's own guard (a pipe only the parent should hold) can fail with forked workers, which may inherit
-each other's write end and outlive a SIGKILLed batch; this polls the parent's process id instead.
-"""
+"""A Dask worker preload for ``landscape batch --workers N``: the worker exits when the batch process dies
+(distributed's own pipe guard fails with forked workers, which inherit each other's write end)."""
 
 from __future__ import annotations
 

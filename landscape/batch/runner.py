@@ -1,9 +1,5 @@
-"""Run a validated batch: in this process, on a local Dask cluster, or on an existing Dask scheduler.
-
-In Dask each job is a future whose arguments are the futures of the jobs it waits for, so the scheduler starts
-it once its inputs are written; a job on a worker that dies runs again elsewhere. Workers use the absolute
-paths the client resolved: on several machines, a shared filesystem.
-"""
+"""Run a validated batch: in this process, on a local Dask cluster, or on an existing Dask scheduler (each job a
+future whose arguments are the futures of the jobs it waits for; a job on a worker that dies runs again)."""
 
 from __future__ import annotations
 
@@ -76,17 +72,14 @@ def spec_code(spec: BatchSpec) -> list[str]:
 def run_batch(spec: BatchSpec, *, workers: int = 1, scheduler: str | None = None, threads: int | None = None,
               progress: bool | None = None) -> BatchReport:
     """Run every job of ``spec``; ``workers`` local processes (1: this process) or ``scheduler``'s workers.
-
-    Progress (:mod:`landscape.progress`; ``progress`` True / False turns it on / off, None follows the caller's):
-    one line per finished job on stderr, and the jobs done of the total (a bar on a terminal). Writes the
-    summary (``summary.csv``, ``summary.h5``) and the file index (``index.csv``) under ``spec.results``.
-    """
+    ``progress`` True / False turns the progress display on / off, None follows the caller's. Writes the summary
+    (``summary.csv``, ``summary.h5``) and the file index (``index.csv``) under ``spec.results``."""
     with display.enabled(progress), JobProgress(spec) as shown:
-        return _run_batch(spec, workers, scheduler, threads, shown)
+        return _run(spec, workers, scheduler, threads, shown)
 
 
-def _run_batch(spec: BatchSpec, workers: int, scheduler: str | None, threads: int | None,
-               progress: JobProgress) -> BatchReport:
+def _run(spec: BatchSpec, workers: int, scheduler: str | None, threads: int | None,
+         progress: JobProgress) -> BatchReport:
     start = time.perf_counter()
     if (scheduler is not None or workers > 1) and importlib.util.find_spec("distributed") is None:
         raise UsageError(f"{param('workers')} > 1 and {param('scheduler')} need Dask: pip install 'landscape[dist]'")
@@ -117,7 +110,7 @@ def _run_batch(spec: BatchSpec, workers: int, scheduler: str | None, threads: in
 def _in_process(spec: BatchSpec, threads: int | None, progress: JobProgress) -> list[dict[str, Any]]:
     done: dict[str, dict[str, Any]] = {}
     for job in spec.jobs:
-        progress.start(job.id)
+        progress.running([job.id])
         done[job.id] = run_job(payload(job, spec, threads), *(done[d] for d in job.deps))
         progress.finish(done[job.id])
     return [done[j.id] for j in spec.jobs]
@@ -254,9 +247,6 @@ def _has_bokeh() -> bool:
     return importlib.util.find_spec("bokeh") is not None
 
 
-# ------------------------------------------------------------------------------------------ progress
-
-
 class JobProgress:
     """A batch's jobs on the progress display (:mod:`landscape.progress`): one line per finished job (status, id,
     seconds, error) and the jobs done of the total with the done / cached / running / failed / skipped counts."""
@@ -275,9 +265,6 @@ class JobProgress:
 
     def note(self, text: str) -> None:
         display.note(text)
-
-    def start(self, job_id: str) -> None:
-        self.running([job_id])
 
     def running(self, ids: list[str]) -> None:
         self.active = list(ids)
@@ -298,9 +285,6 @@ class JobProgress:
         running = f" ({', '.join(self.active[:3])}{', ...' if len(self.active) > 3 else ''})" if self.active else ""
         self.task.describe_as(f"done {c['done']}, cached {c['cached']}, running {len(self.active)}{running}, "
                               f"failed {c['failed']}, skipped {c['skipped']}")
-
-
-# ------------------------------------------------------------------------------------------- summary
 
 
 def summary_rows(spec: BatchSpec, report: BatchReport) -> tuple[list[str], list[dict[str, Any]]]:

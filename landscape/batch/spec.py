@@ -1,7 +1,5 @@
-"""Batch specs: YAML in, a validated and expanded job graph out (nothing runs here). Every key is checked; the
-schema, templates, grids and the safety checks (runs read exist, no paths as references, writes stay inside
-the results directory and the store root, size limits) are in docs/batch.md.
-"""
+"""Batch specs: YAML in, a validated and expanded job graph out (nothing runs here; the schema and the safety
+checks: docs/batch.md)."""
 
 from __future__ import annotations
 
@@ -20,11 +18,8 @@ from landscape.batch.checks import (
     _check_run_names,
     _check_unique,
 )
-from landscape.batch.graph import BatchSpec, Job, _hash_jobs, _link, _topological, describe, to_dot
-from landscape.batch.loading import MAX_DEPTH, MAX_NODES, TOP_KEYS, SpecError, _Map, load_yaml
-
-__all__ = ["MAX_DEPTH", "MAX_JOBS", "MAX_NODES", "BatchSpec", "Job", "SpecError", "describe", "load_spec",
-           "load_yaml", "to_dot"]
+from landscape.batch.graph import BatchSpec, Job, _hash_jobs, _link, _topological
+from landscape.batch.loading import TOP_KEYS, SpecError, _Map, load_yaml
 
 JOB_KEYS = ("kind", "grid", "name", "after")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=-]*$")
@@ -34,10 +29,7 @@ MAX_JOB_NAME = 200  # characters of an expanded job name (a directory and RESULT
 
 def load_spec(path: str | Path, *, root: str | Path | None = None) -> BatchSpec:
     """Read, expand and validate a batch spec; a :class:`SpecError` names the file, line and key at fault.
-
-    ``root`` is the store root when the spec gives none. Paths in the spec are relative to the working
-    directory; both come back absolute (the workers of a cluster need the same paths: a shared filesystem).
-    """
+    ``root``: the store root when the spec gives none. Paths come back absolute (a cluster's workers share them)."""
     path = Path(path)
     data = load_yaml(path)
     where = _where(path)

@@ -1,9 +1,5 @@
-"""Data sets by name, returned as tensors with a train and a test split (the catalogue: docs/data-models.md).
-
-Every data set is deterministic given its seed and options; ``Dataset.spec`` records both, so
-``dataset_from_spec(spec)`` rebuilds the same tensors (checking recorded file and code hashes). ``subset`` (a
-count or a fraction) draws a seeded, stratified sample of the train split only.
-"""
+"""Data sets by name as train and test tensors (the catalogue: docs/data-models.md); ``Dataset.spec`` records the
+seed and options, so ``dataset_from_spec(spec)`` rebuilds the same tensors."""
 
 from landscape.data.arrays import Dataset, recording_subsets, sample_subset, subset_indices, take_subset
 from landscape.data.builtin import DATASETS, data_root_of, digits, digits_arrays, gaussian_signal_key

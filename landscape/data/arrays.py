@@ -1,7 +1,5 @@
-"""What every data set is: :class:`Dataset` (train and test tensors with the spec that rebuilds them) and the
-builders' raw ``_Arrays``; the seeded, stratified subset (:func:`subset_indices`), and the one sampler the
-analyses draw their examples with (:func:`sample_subset`), whose draws a caller may record
-(:func:`recording_subsets`)."""
+"""What every data set is (:class:`Dataset`, the builders' ``_Arrays``), the seeded stratified subset, and the one
+sampler the analyses draw their examples with, whose draws a caller may record."""
 
 from __future__ import annotations
 
@@ -93,12 +91,9 @@ def _resolve_size(size: int | float, total: int) -> int:
 
 
 def subset_indices(y: torch.Tensor, size: int | float, seed: int) -> torch.Tensor:
-    """Sorted indices of a seeded, stratified sample of ``size`` examples (a count, or a fraction of ``len(y)``).
-
-    Each class gets its exact share ``size * n_c / n`` rounded down, and the leftover places go to the
-    classes with the largest remainders, so every class count is within 1 of its exact share. Within a
-    class the examples are drawn without replacement with ``numpy.random.default_rng(seed)``.
-    """
+    """Sorted indices of a seeded, stratified sample of ``size`` examples (a count, or a fraction of ``len(y)``):
+    every class count is within 1 of its exact share (largest remainders), drawn without replacement with
+    ``numpy.random.default_rng(seed)``."""
     labels = np.asarray(torch.as_tensor(y).cpu().numpy()).reshape(-1)
     count = _resolve_size(size, len(labels))
     classes, inverse = np.unique(labels, return_inverse=True)

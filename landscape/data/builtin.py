@@ -3,6 +3,7 @@ and torchvision's MNIST, Fashion-MNIST, CIFAR-10/100 from local files."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 from collections.abc import Callable
@@ -82,11 +83,8 @@ def _standardize(x_train: torch.Tensor, x_test: torch.Tensor, mean, std) -> tupl
 
 
 def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
-    """``load_digits()``'s ``images`` (1797 x 8 x 8) and ``target``, read from the file scikit-learn ships.
-
-    Importing ``sklearn.datasets`` costs ~0.8 s per process; the data is one small gzipped CSV inside the package.
-    Falls back to ``load_digits`` when the file is not there (``tests/test_data.py`` checks both agree).
-    """
+    """``load_digits()``'s ``images`` and ``target``, read from the CSV scikit-learn ships (importing
+    ``sklearn.datasets`` costs ~0.8 s per process); ``load_digits`` itself when the file is not there."""
     import gzip
     import importlib.util
 
@@ -105,12 +103,9 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
 
 def digits(*, seed: int, test_fraction: float = 0.25, split_seed: int = 0, standardize: bool = True,
            **_: Any) -> _Arrays:
-    """scikit-learn's 8x8 digits (1,797 images, 10 classes) as ``1 x 8 x 8`` tensors.
-
-    The train/test split is stratified and fixed by ``split_seed`` (not by ``seed``, so runs with different
-    seeds share one test set); 1/4 test gives 1,348 train and 449 test images. With ``standardize`` the
-    pixels are shifted and scaled by the mean and standard deviation of all train pixels (one channel).
-    """
+    """scikit-learn's 8x8 digits (1,797 images, 10 classes) as ``1 x 8 x 8`` tensors, split (stratified) by
+    ``split_seed``, not ``seed``, so runs with different seeds share one test set; ``standardize`` uses the train
+    pixels' mean and standard deviation."""
     if isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float)) \
             or not 0.0 < test_fraction < 1.0:
         raise DataError(f"digits option test_fraction must be in (0, 1), got {test_fraction!r}")
@@ -150,22 +145,30 @@ def data_root_of(data_root: str | os.PathLike | None) -> Path | None:
     return Path(env) if env else None
 
 
-def _torchvision_split(name: str, root: Path, train: bool, download: bool):
-    import torchvision.datasets
-
-    info = _TORCHVISION[name]
-    cls = getattr(torchvision.datasets, info.cls)
-    try:
-        return cls(root=str(root), train=train, download=download)
-    except RuntimeError as exc:
-        if download:
-            raise DataError(f"could not download {name} into {root}: {exc}") from None
-        raise DataError(
-            f"{name} files not found under {root}; pass {param('data_root')} holding them, or add "
-            f"{param('download', True)} to fetch them"
-        ) from None
-    except OSError as exc:
-        raise DataError(f"could not read or download {name} under {root}: {exc}") from None
+def torchvision_splits(name: str, cls: type, root: Path | None, download: bool, kwargs: dict | None = None) -> list:
+    """The train and test data sets of torchvision's ``cls`` under ``root``; what is missing is one DataError."""
+    if root is None:
+        raise DataError(f"{name} is read from disk: pass {param('data_root')} (or set ${DATA_ENV}), and "
+                        f"{param('download', True)} to fetch it")
+    params = inspect.signature(cls.__init__).parameters
+    if "train" in params:
+        arguments = [{"train": True}, {"train": False}]
+    elif "split" in params:
+        arguments = [{"split": "train"}, {"split": "test"}]
+    else:
+        raise DataError(f"torchvision's {cls.__name__} has no train/test split; arrange it as an imagefolder tree")
+    made = []
+    for split in arguments:
+        try:
+            made.append(cls(root=str(root), download=download, **split, **(kwargs or {})))
+        except (RuntimeError, FileNotFoundError) as exc:
+            if download:
+                raise DataError(f"could not download {name} into {root}: {str(exc).splitlines()[0]}") from None
+            raise DataError(f"{name} files not found under {root}; pass {param('data_root')} holding them, or add "
+                            f"{param('download', True)} to fetch them") from None
+        except (OSError, TypeError, ValueError) as exc:
+            raise DataError(f"could not read {name} under {root}: {str(exc).splitlines()[0]}") from None
+    return made
 
 
 def _images_tensor(data) -> torch.Tensor:
@@ -179,14 +182,10 @@ def _torchvision_builder(name: str) -> Callable[..., _Arrays]:
     info = _TORCHVISION[name]
 
     def build(*, seed: int, data_root=None, download: bool = False, standardize: bool = True, **_: Any) -> _Arrays:
-        root = data_root_of(data_root)
-        if root is None:
-            raise DataError(
-                f"{name} is read from disk: pass {param('data_root')} (or set ${DATA_ENV}), and "
-                f"{param('download', True)} to fetch it"
-            )
-        train = _torchvision_split(name, root, True, download)
-        test = _torchvision_split(name, root, False, download)
+        import torchvision.datasets
+
+        cls = getattr(torchvision.datasets, info.cls)
+        train, test = torchvision_splits(name, cls, data_root_of(data_root), download)
         x_train, x_test = _images_tensor(train.data), _images_tensor(test.data)
         if standardize:
             x_train, x_test = _standardize(x_train, x_test, info.mean, info.std)

@@ -45,19 +45,12 @@ def load_dataset(
 ) -> Dataset:
     """Build the data set ``name`` with ``options``; ``subset`` samples the train split (stratified, by ``seed``).
 
-    ``name`` is a built-in (:data:`DATASETS`), a tensor file (``.npz`` / ``.h5`` with ``x_train, y_train,
-    x_test, y_test``), ``"imagefolder"`` (``data_root`` holds ``train/`` and ``test/`` ImageFolder trees), a
-    torchvision classification set by its lower-case class name (``svhn``, ``kmnist``, ...; read from
-    ``data_root``), an installed ``landscape.datasets`` entry point, or a code reference ``module:factory`` /
-    ``file.py:factory`` (naming it here is what lets it run; see :func:`user_arrays` for what a factory may
-    return). Unknown names and options raise :class:`DataError`; so do image sets whose files are not under
-    ``data_root`` (else ``$LANDSCAPE_DATA``) unless ``download`` is set.
+    ``name`` is a built-in (:data:`DATASETS`), a ``.npz`` / ``.h5`` tensor file, ``"imagefolder"``, a torchvision
+    classification set by its lower-case class name, a ``landscape.datasets`` entry point, or a code reference
+    ``module:factory`` / ``file.py:factory`` (naming it here is what lets it run); the catalogue is
+    docs/data-models.md. Image sets are read from ``data_root`` (else ``$LANDSCAPE_DATA``) unless ``download``.
     """
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise DataError(f"data seed must be an integer, got {seed!r}")
-    seed = int(seed)
-    if subset is not None:
-        subset = _subset_value(subset)
+    seed, subset = _seed_and_subset(seed, subset)
     if isinstance(name, str) and name in DATASETS:
         builder = _builder(name)
         accepted = dataset_options(name)
@@ -73,6 +66,12 @@ def load_dataset(
     return _assemble(name, arrays, seed, subset, filled, provenance)
 
 
+def _seed_and_subset(seed: Any, subset: Any) -> tuple[int, int | float | None]:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise DataError(f"data seed must be an integer, got {seed!r}")
+    return int(seed), None if subset is None else _subset_value(subset)
+
+
 def _assemble(name: str, arrays: _Arrays, seed: int, subset, options: dict, provenance: dict) -> Dataset:
     x_train, y_train = arrays.x_train, arrays.y_train
     if subset is not None:
@@ -86,12 +85,9 @@ def _assemble(name: str, arrays: _Arrays, seed: int, subset, options: dict, prov
 
 
 def dataset_from_spec(spec: dict, *, data_root: str | os.PathLike | None = None, download: bool = False) -> Dataset:
-    """Rebuild the data set a ``Dataset.spec`` describes.
-
-    A file or directory source must still have its recorded sha256 (a tensor file found at the recorded path,
-    or under ``data_root`` by name); code (``"code"``) runs only when the user named it in this context
-    (:func:`landscape.plugins.checked_code`); a spec is never a reason to import anything by itself.
-    """
+    """Rebuild the data set a ``Dataset.spec`` describes: a file or directory source must still have its recorded
+    sha256 (a moved tensor file is found under ``data_root`` by name); code runs only when the user named it in
+    this context, never because a spec names it."""
     if not isinstance(spec, dict) or "name" not in spec:
         raise DataError(f"a data spec is a dict with 'name', 'seed', 'subset', 'options'; got {spec!r}")
     options = dict(spec.get("options") or {})
@@ -101,13 +97,10 @@ def dataset_from_spec(spec: dict, *, data_root: str | os.PathLike | None = None,
             raise DataError(f"unknown data set {name!r} in a stored spec; known: {', '.join(DATASETS)} (data from "
                             "files or code records its source, which this spec does not)")
         return load_dataset(name, seed=seed, subset=subset, data_root=data_root, download=download, **options)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise DataError(f"data seed must be an integer, got {seed!r}")
-    if subset is not None:
-        subset = _subset_value(subset)
-    name, arrays, filled, provenance = _other_source(name, int(seed), data_root, download, options, stored=spec)
+    seed, subset = _seed_and_subset(seed, subset)
+    name, arrays, filled, provenance = _other_source(name, seed, data_root, download, options, stored=spec)
     if spec.get("inputs") != arrays.inputs:
         raise DataError(f"data set {name}: its spec records the inputs converted as {spec.get('inputs') or 'stored'}, "
                         f"but this version reads them as {arrays.inputs or 'stored'}: the tensors would differ; use "
                         f"the landscape version that trained it")
-    return _assemble(name, arrays, int(seed), subset, filled, provenance)
+    return _assemble(name, arrays, seed, subset, filled, provenance)

@@ -15,10 +15,9 @@ import numpy as np
 import torch
 
 from landscape.data.arrays import _Arrays
-from landscape.data.builtin import DATASETS, _images_tensor, _standardize, data_root_of
+from landscape.data.builtin import DATASETS, _images_tensor, _standardize, data_root_of, torchvision_splits
 from landscape.errors import DataError, param
 from landscape.hashing import sha256_file
-from landscape.runtime import DATA_ENV
 
 ENTRY_POINT_GROUP = "landscape.datasets"
 TENSOR_SUFFIXES = (".npz", ".h5", ".hdf5")
@@ -140,11 +139,9 @@ def _tensor_file(name: str, recorded: dict, data_root) -> Path:
 
 
 def tensor_file_arrays(path: str | os.PathLike, *, num_classes: Any = None) -> _Arrays:
-    """The four arrays ``x_train, y_train, x_test, y_test`` of an ``.npz`` or HDF5 file (:func:`_user_tensors`
-    says how they become tensors). What the file's headers claim (shapes, dtypes) is checked before anything is
-    read: against the bytes an ``.npz`` member holds, and against the memory available. A file that is not an
-    ``.npz`` (empty, not a zip), a missing key, an impossible header, mismatched lengths, non-integer labels:
-    DataError."""
+    """The four arrays ``x_train, y_train, x_test, y_test`` of an ``.npz`` or HDF5 file as tensors
+    (:func:`_user_tensors`); the headers' claims are checked against the bytes held and the memory available
+    before anything is read. Anything wrong with the file is one DataError line."""
     path = Path(path)
     arrays: dict[str, np.ndarray] = {}
     try:
@@ -347,15 +344,13 @@ def _class_count(labels: torch.Tensor, what: str, num_classes: Any) -> int:
 
 
 def user_arrays(factory: Callable[..., Any], name: str, seed: int, data_root, options: dict) -> _Arrays:
-    """Call a data factory and take what it returns.
-
-    The factory is called as ``factory(**options)`` plus ``seed=`` and ``data_root=`` when its signature names
-    them (or takes ``**kwargs``). It returns the tensors (a tuple ``(x_train, y_train, x_test, y_test)`` or a
-    dict with those keys and optionally ``num_classes``; numpy arrays are fine), or the two splits as
-    ``torch.utils.data.Dataset``s (a tuple ``(train, test)`` or a dict ``{"train", "test"[, "num_classes"]}``)
-    whose items are ``(input tensor, integer label)``; those are read into tensors once.
-    """
-    _check_json(options, name)
+    """Call a data factory as ``factory(**options)``, plus ``seed=`` and ``data_root=`` when its signature takes
+    them, and take what it returns: the four tensors (a tuple, or a dict with those keys and optionally
+    ``num_classes``) or the two splits as torch Datasets of ``(input, integer label)`` (docs/own-code.md)."""
+    try:
+        json.dumps(options)
+    except (TypeError, ValueError):
+        raise DataError(f"data set {name!r}: options must be JSON values, got {options!r}") from None
     try:
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):
@@ -396,15 +391,6 @@ def user_arrays(factory: Callable[..., Any], name: str, seed: int, data_root, op
                     "x_test, y_test) tensors or (train, test) torch Datasets")
 
 
-def _check_json(options: dict, name: str) -> None:
-    import json
-
-    try:
-        json.dumps(options)
-    except (TypeError, ValueError):
-        raise DataError(f"data set {name!r}: options must be JSON values, got {options!r}") from None
-
-
 def _materialise(split: Any, what: str, which: str) -> tuple[torch.Tensor, torch.Tensor]:
     """A ``torch.utils.data.Dataset`` of ``(tensor, int label)`` items as stacked ``(x, y)`` tensors."""
     if not hasattr(split, "__getitem__") or not hasattr(split, "__len__"):
@@ -421,7 +407,9 @@ def _materialise(split: Any, what: str, which: str) -> tuple[torch.Tensor, torch
                 y = int(y)
             ok = isinstance(x, (torch.Tensor, np.ndarray)) and isinstance(y, int) and not isinstance(y, bool)
         if not ok:
-            raise DataError(f"{what}: item {i} of the {which} Dataset is {_describe_item(item)}, not (tensor, int label)")
+            shown = (f"({', '.join(type(v).__name__ for v in item)})" if isinstance(item, (tuple, list))
+                     else f"a {type(item).__name__}")
+            raise DataError(f"{what}: item {i} of the {which} Dataset is {shown}, not (tensor, int label)")
         xs.append(torch.as_tensor(x))
         ys.append(y)
     if not xs:
@@ -432,16 +420,9 @@ def _materialise(split: Any, what: str, which: str) -> tuple[torch.Tensor, torch
         raise DataError(f"{what}: the {which} Dataset's inputs have different shapes") from None
 
 
-def _describe_item(item: Any) -> str:
-    if isinstance(item, (tuple, list)):
-        return "(" + ", ".join(type(v).__name__ for v in item) + ")"
-    return f"a {type(item).__name__}"
-
-
 def directory_digest(root: str | os.PathLike) -> dict[str, Any]:
     """``{"path", "sha256", "files"}``: the sha256 of the manifest of every file below ``root`` (one line
     ``relative/path<TAB>sha256`` per file, sorted), so any added, removed, renamed or changed file shows."""
-
     root = Path(root).expanduser()
     if not root.is_dir():
         raise DataError(f"data directory {root} not found")
@@ -549,27 +530,7 @@ def torchvision_arrays(name: str, data_root, download: bool, *, size=None, stand
     source ``{"path", "sha256", "files", "class"}`` (the digest of the set's own folder)."""
     cls = torchvision_class(name)
     root = data_root_of(data_root)
-    if root is None:
-        raise DataError(f"{name} is read from disk: pass {param('data_root')} (or set ${DATA_ENV}), and "
-                        f"{param('download', True)} to fetch it")
-    params = inspect.signature(cls.__init__).parameters
-    if "train" in params:
-        arguments = [{"train": True}, {"train": False}]
-    elif "split" in params:
-        arguments = [{"split": "train"}, {"split": "test"}]
-    else:
-        raise DataError(f"torchvision's {cls.__name__} has no train/test split; arrange it as an imagefolder tree")
-    made = []
-    for split in arguments:
-        try:
-            made.append(cls(root=str(root), download=download, **split, **(kwargs or {})))
-        except (RuntimeError, FileNotFoundError) as exc:
-            if download:
-                raise DataError(f"could not download {name} into {root}: {str(exc).splitlines()[0]}") from None
-            raise DataError(f"{name} files not found under {root}; pass {param('data_root')} holding them, or add "
-                            f"{param('download', True)} to fetch them") from None
-        except (OSError, TypeError, ValueError) as exc:
-            raise DataError(f"could not read {name} under {root}: {str(exc).splitlines()[0]}") from None
+    made = torchvision_splits(name, cls, root, download, kwargs)
     xs, ys = zip(*(_torchvision_tensors(ds, name, size) for ds in made), strict=True)
     x_train, x_test = xs
     if standardize:

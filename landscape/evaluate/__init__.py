@@ -1,9 +1,5 @@
-"""Loss and accuracy of one model at many parameter points: the shared many-point evaluator.
-
-Interpolation, random directions, surfaces and pruning sweeps all call :func:`evaluate`, which never modifies
-the caller's model and returns the mean cross-entropy and accuracy per point, plus any :class:`Metric` values
-from the same forward passes. Its methods (``loop``, ``vmap``, the ``plain`` reference): docs/ARCHITECTURE.md.
-"""
+"""Loss and accuracy of one model at many parameter points: the shared evaluator every landscape analysis calls
+(it never modifies the caller's model; its methods: docs/ARCHITECTURE.md)."""
 
 from landscape.evaluate.allocator import tuned_allocator
 from landscape.evaluate.core import EvalResult, evaluate

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import threading
 from collections.abc import Iterator
@@ -17,14 +18,10 @@ _allocator_depth = 0
 
 @contextlib.contextmanager
 def tuned_allocator() -> Iterator[None]:
-    """Within the block, glibc keeps freed large blocks in the process so repeated activations do not page-fault.
-
-    :func:`landscape.evaluate.evaluate` enters it; nested blocks tune once and the outermost restores.
-    ``LANDSCAPE_MALLOC_TUNE=0`` (or no glibc) makes it a no-op. glibc cannot report these settings, and any
-    ``mallopt`` of them ends its dynamic mmap threshold, so on exit the thresholds are set to what that dynamic
-    threshold converges to (mmap 32 MiB, trim 64 MiB; or ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_``):
-    restoring the 128 KiB start values would page-fault every block over 128 KiB afresh.
-    """
+    """Within the block, glibc keeps freed large blocks so repeated activations do not page-fault; nested blocks
+    tune once; ``LANDSCAPE_MALLOC_TUNE=0`` (or no glibc) makes it a no-op. On exit the thresholds become what
+    glibc's dynamic threshold converges to (mmap 32 MiB, trim 64 MiB, or ``MALLOC_*_THRESHOLD_``): glibc cannot
+    report the old ones, and its 128 KiB start values would page-fault every larger block afresh."""
     global _allocator_depth
     libc = _libc() if os.environ.get("LANDSCAPE_MALLOC_TUNE", "1") != "0" else None
     if libc is None:
@@ -54,16 +51,12 @@ def _env_threshold(name: str, default: int) -> int:
     return value if 0 <= value < (1 << 31) else default
 
 
-_LIBC: list = []
-
-
+@functools.cache
 def _libc():
-    """glibc through ctypes (cached), or None where there is no glibc ``mallopt`` (macOS, Windows, musl)."""
-    if not _LIBC:
-        try:
-            libc = ctypes.CDLL("libc.so.6")
-            libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-        except (OSError, AttributeError):
-            libc = None
-        _LIBC.append(libc)
-    return _LIBC[0]
+    """glibc through ctypes, or None where there is no glibc ``mallopt`` (macOS, Windows, musl)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    return libc

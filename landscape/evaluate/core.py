@@ -30,10 +30,8 @@ DEFAULT_MEMORY_BUDGET = 1 << 30  # bytes of activations / cached first-layer out
 
 @dataclass
 class EvalResult:
-    """Mean cross-entropy ``loss`` and ``acc`` (float64, shape (P,)) at each point, and how fast.
-
-    ``metrics`` maps each hooked :class:`Metric`'s name to its ``finish`` value (empty without metrics).
-    """
+    """Mean cross-entropy ``loss`` and ``acc`` (float64, shape (P,)) at each point, how fast, and each hooked
+    metric's ``finish`` value by name."""
 
     loss: torch.Tensor
     acc: torch.Tensor
@@ -72,15 +70,10 @@ def evaluate(
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     metrics: Sequence[Metric] | None = None,
 ) -> EvalResult:
-    """Loss and accuracy of ``model`` on ``(x, y)`` at every point (flat vectors over ``space``).
-
-    ``space`` defaults to the model's parameters (``ParamSpace.from_model``); buffers not in the space
-    keep the model's values. ``bn_recalibrate`` is training inputs (a tensor, or a sequence of batches):
-    for each point every BatchNorm layer's statistics are reset and recomputed as the cumulative average
-    (``momentum=None``) over those inputs in train mode, then the model is evaluated in eval mode.
-    Non-finite losses are recorded as NaN/inf and warned about. ``metrics`` (:class:`Metric` objects) see the
-    logits of every batch at every point in the same forward passes; their values are in ``result.metrics``.
-    """
+    """Loss and accuracy of ``model`` on ``(x, y)`` at every point (flat vectors over ``space``, default the
+    model's parameters; buffers outside it keep the model's values). ``bn_recalibrate``: training inputs (a tensor
+    or batches) from which every BatchNorm's statistics are recomputed at each point (``recalibrate_batchnorm``).
+    ``metrics`` see the logits of the same forward passes. Non-finite losses are kept and warned about."""
     metrics = _check_metrics(metrics)
     if method not in EVAL_METHODS:
         raise UsageError(f"unknown evaluation method {method!r}; choose from {', '.join(EVAL_METHODS)}")

@@ -45,11 +45,8 @@ class Metric:
 
 
 class MeanMetric(Metric):
-    """A metric that is the mean over the examples of a per-example value: define :meth:`per_example`.
-
-    The state is ``(points, 2)`` float64 on the device (sum of values, count); ``finish`` gives the means
-    (numpy ``(P,)``). E.g. the Brier score: ``((softmax(logits) - one_hot(y)) ** 2).sum(1)``.
-    """
+    """A metric that is the mean over the examples of a per-example value: define :meth:`per_example` (the
+    Brier score: ``((softmax(logits) - one_hot(y)) ** 2).sum(1)``); ``finish`` gives the numpy ``(P,)`` means."""
 
     def per_example(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One value per example of the batch, shape ``(n,)``."""

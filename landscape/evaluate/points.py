@@ -40,11 +40,8 @@ class Segment:
 
 @dataclass(frozen=True)
 class Affine:
-    """Points ``origin + sum_j coords[p, j] * directions[j]`` (random directions and surfaces).
-
-    Zero coordinates are skipped (adding ``0 * d`` changes nothing for finite ``d``), so a point with one
-    non-zero coordinate (a ray ``origin + s d_j``, a grid line) costs one vector add, not ``k``.
-    """
+    """Points ``origin + sum_j coords[p, j] * directions[j]`` (random directions and surfaces); zero coordinates
+    are skipped, so a point on a ray or grid line costs one vector add, not ``k``."""
 
     origin: torch.Tensor
     directions: torch.Tensor  # (k, d)

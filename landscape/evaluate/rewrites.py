@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections import Counter
 
 import torch
 import torch.fx
@@ -32,7 +33,6 @@ def _rewrite_modules(model: nn.Module) -> None:
 
 
 _RELU_FUNCTIONS = (F.relu, torch.relu)
-_FLATTEN_FUNCTIONS = (torch.flatten,)
 
 
 def _modules_graph(model: nn.Module, probe: torch.Tensor) -> torch.fx.GraphModule | None:
@@ -58,10 +58,7 @@ functions; None (the model runs as it is) unless the graph's output on ``probe``
         graph.erase_node(node)
         return new
 
-    uses: dict[str, int] = {}
-    for node in graph.nodes:
-        if node.op == "call_module":
-            uses[node.target] = uses.get(node.target, 0) + 1
+    uses = _module_calls(gm)
     pools = []
     for node in list(graph.nodes):
         module = gm.get_submodule(node.target) if node.op == "call_module" else None
@@ -187,7 +184,7 @@ def _is_relu_call(node: torch.fx.Node) -> bool:
 
 
 def _is_flatten_call(node: torch.fx.Node) -> bool:
-    flatten = (node.op == "call_function" and any(node.target is f for f in _FLATTEN_FUNCTIONS)) or (
+    flatten = (node.op == "call_function" and node.target is torch.flatten) or (
         node.op == "call_method" and node.target == "flatten")
     if not flatten or not node.args or not isinstance(node.args[0], torch.fx.Node):
         return False
@@ -204,12 +201,13 @@ def _flatten_dims(start_dim: int = 0, end_dim: int = -1) -> tuple[int, int]:
     return start_dim, end_dim
 
 
+def _module_calls(gm: torch.fx.GraphModule) -> Counter[str]:
+    return Counter(node.target for node in gm.graph.nodes if node.op == "call_module")
+
+
 def _graph_successors(gm: torch.fx.GraphModule) -> dict[nn.Module, nn.Module]:
     """Module -> the module that alone consumes its output, for modules called at one place of the graph."""
-    calls: dict[str, int] = {}
-    for node in gm.graph.nodes:
-        if node.op == "call_module":
-            calls[node.target] = calls.get(node.target, 0) + 1
+    calls = _module_calls(gm)
     nxt = {}
     for node in gm.graph.nodes:
         if node.op != "call_module" or calls[node.target] != 1 or len(node.users) != 1:

@@ -1,5 +1,5 @@
-"""The evaluator's runner (:class:`_Runner`): one private model copy, points written in place, the shared
-first layer, cache-sized chunks, batch-outer / point-outer / vmap loops and the loss/accuracy accumulation; :func:`recalibrate_batchnorm`."""
+"""The evaluator's runner: one private model copy, points written in place, the shared first layer, cache-sized
+chunks, and the batch-outer / point-outer / vmap loops."""
 
 from __future__ import annotations
 
@@ -36,15 +36,9 @@ MIN_CHUNK = 64
 
 
 def recalibrate_batchnorm(model: nn.Module, batches: Iterable[torch.Tensor]) -> None:
-    """Recompute every BatchNorm layer's running statistics from ``batches`` (cumulative average).
-
-    As ``torch.optim.swa_utils.update_bn``: the running mean and variance are the equal-weight average of the
-    per-batch statistics (a short last batch counts like a full one, and the variance is the mean of
-    per-batch variances). Pass the data as one batch for the exact full-set statistics.
-
-    Only the BatchNorm layers are put in train mode (dropout and the rest stay as they are); afterwards
-    they are back in eval mode with ``momentum`` restored. Runs without autograd.
-    """
+    """Recompute every BatchNorm layer's running statistics from ``batches`` as the equal-weight average of the
+    per-batch statistics (as ``torch.optim.swa_utils.update_bn``; one batch gives the exact full-set ones). Only
+    the BatchNorm layers run in train mode; they end in eval mode with ``momentum`` restored."""
     bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     if not bns:
         return
@@ -104,12 +98,8 @@ class _Runner:
         self.dense: list[_DenseConv] = []
 
     def _calls_plain_pools(self) -> bool:
-        """Whether a forward calls a plain ``F.max_pool2d`` (an ``nn.MaxPool2d`` module's forward does, until
-        :func:`_rewrite_modules`). Before the rewrites: whether tracing the forward can gain anything (a model
-        without plain pools is not traced). After them: whether calls that could not be traced into modules
-        remain; they then run as the strided-slice maximum too (:func:`landscape.pooling.routed_pool_calls`
-        around the evaluation), and a model without them runs without the mode's per-call overhead.
-        """
+        """Whether a forward calls a plain ``F.max_pool2d``: before the rewrites, whether tracing can gain
+        anything; after them, whether untraced calls remain that must be routed (``routed_pool_calls``)."""
         calls = []
 
         def note(v: torch.Tensor, kernel, stride) -> torch.Tensor:
@@ -135,11 +125,8 @@ class _Runner:
             conv.changed()
 
     def chunk(self, batch_size: int) -> int:
-        """Examples per forward: ``batch_size``, or fewer when one forward's activations would pass ``CACHE_BUDGET``.
-
-        The loop methods revisit each batch's activations at every point, so many small element-wise passes run
-        faster near the cache (measurements: docs/interpolation.md). Chunks only change the order of the float sums.
-        """
+        """Examples per forward: ``batch_size``, or fewer when one forward's activations would pass ``CACHE_BUDGET``
+        (passes revisited at every point run faster near the cache; docs/interpolation.md)."""
         per_example = self._activation_bytes(1)
         if per_example <= 0:
             return batch_size
@@ -147,11 +134,8 @@ class _Runner:
 
     # small convolutions as one matrix product --------------------------------------------------------
     def densify(self) -> int:
-        """Run each eligible ``Conv2d`` on small inputs as one matrix product (:class:`_DenseConv`); how many.
-
-        The input shapes come from one probe forward. The shared first layer (when in use) is left alone: its
-        output is computed per generator, not per point.
-        """
+        """Run each eligible ``Conv2d`` on small inputs as one matrix product (:class:`_DenseConv`); how many. The
+        shared first layer is left alone: its output is computed per generator, not per point."""
         shapes: dict[nn.Module, tuple[int, ...]] = {}
         convs = [m for m in self.model.modules() if type(m) is nn.Conv2d and m is not self.first]
 
@@ -226,12 +210,8 @@ class _Runner:
         return True
 
     def _foldable_pool(self, first: nn.Module) -> nn.MaxPool2d | None:
-        """A simple non-overlapping MaxPool2d right after the first layer (after ``_rewrite_modules``): its successor
-        in a Sequential, or in a traced graph (:func:`_modules_graph`) the one module that consumes its output.
-
-        Its windows are then cut from the shared outputs once per batch as contiguous tensors, and each point
-        only mixes and takes the maximum over them (bit-identical to pooling the mixed output).
-        """
+        """A simple non-overlapping MaxPool2d right after ``first`` (in a Sequential or a traced graph): its windows
+        are cut from the shared outputs once per batch, and each point only mixes them and takes the maximum."""
         candidates = [self.successor[first]] if first in self.successor else []
         for parent in self.model.modules():
             if type(parent) is nn.Sequential:
@@ -306,8 +286,7 @@ class _Runner:
     # evaluation orders -------------------------------------------------------------------------------
     def run_batches_outer(self, pts, x, y, batch_size, shared: bool, hooks=(), task=progress.SILENT):
         n_points = len(pts)
-        loss = torch.zeros(n_points, dtype=torch.float64, device=self.device)
-        correct = torch.zeros(n_points, dtype=torch.float64, device=self.device)
+        loss, correct = torch.zeros(2, n_points, dtype=torch.float64, device=self.device)
         generators = pts.generators() if shared else None
         for start in range(0, x.shape[0], batch_size):
             xb = self.prepare(x[start : start + batch_size])
@@ -326,8 +305,7 @@ class _Runner:
 
     def run_points_outer(self, pts, x, y, batch_size, bn_batches, hooks=(), task=progress.SILENT):
         n_points = len(pts)
-        loss = torch.zeros(n_points, dtype=torch.float64, device=self.device)
-        correct = torch.zeros(n_points, dtype=torch.float64, device=self.device)
+        loss, correct = torch.zeros(2, n_points, dtype=torch.float64, device=self.device)
         bn_prepared = [self.prepare(b) for b in bn_batches]
         batches = [(self.prepare(x[s : s + batch_size]), y[s : s + batch_size].to(self.device))
                    for s in range(0, x.shape[0], batch_size)]
@@ -341,8 +319,7 @@ class _Runner:
 
     def run_vmap(self, pts, x, y, batch_size, memory_budget: int, hooks=(), task=progress.SILENT):
         n_points = len(pts)
-        loss = torch.zeros(n_points, dtype=torch.float64, device=self.device)
-        correct = torch.zeros(n_points, dtype=torch.float64, device=self.device)
+        loss, correct = torch.zeros(2, n_points, dtype=torch.float64, device=self.device)
         per_point = self._activation_bytes(min(batch_size, x.shape[0]))
         chunk = max(1, min(n_points, memory_budget // max(per_point, 1)))
 

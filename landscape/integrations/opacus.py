@@ -1,19 +1,5 @@
-"""What an Opacus ``PrivacyEngine`` knows, for ``landscape.Recorder`` (``privacy=``).
-
-::
-
-    model, optimizer, loader = engine.make_private(module=model, optimizer=optimizer, data_loader=loader,
-                                                   noise_multiplier=1.1, max_grad_norm=1.0)
-    privacy = landscape.integrations.opacus.OpacusPrivacy(engine, optimizer, loader, delta=1e-5)
-    with landscape.Recorder(root, "dp-run", model, data=data, privacy=privacy) as rec:
-        ...  # Opacus' loop
-        rec.save(epoch=epoch + 1)                   # step = the accountant's noisy steps, epsilon = its epsilon
-
-The run's ``manifest["privacy"]`` holds what ``landscape train`` records for its DP runs, read from the
-optimizer, loader and accountant; each checkpoint's epsilon is ``engine.accountant.get_epsilon(delta)`` and its
-``privacy_state`` the accountant's history (``Recorder.restore`` puts it back). Nothing here imports Opacus:
-objects are read through their attributes, so ``import landscape`` never loads it.
-"""
+"""What an Opacus ``PrivacyEngine`` knows, for ``landscape.Recorder(..., privacy=OpacusPrivacy(...))``
+(docs/own-code.md). Nothing here imports Opacus: its objects are read through their attributes."""
 
 from __future__ import annotations
 
@@ -26,13 +12,9 @@ from landscape.errors import UsageError
 
 
 class OpacusPrivacy:
-    """The privacy source (``landscape.recorder.PrivacySource``) of an Opacus training loop.
-
-    ``engine``: the ``PrivacyEngine`` (its ``accountant`` counts steps and gives epsilon); ``optimizer``: the
-    ``DPOptimizer`` ``make_private`` returned (noise multiplier, clipping norm); ``data_loader``: the loader it
-    returned (its sample rate; may be omitted once the accountant has counted a step); ``delta``: the delta
-    of every epsilon recorded (the store's ``privacy.delta``, 1e-5 as ``landscape train``'s default).
-    """
+    """The privacy source (``landscape.recorder.PrivacySource``) of an Opacus training loop: ``engine`` the
+    ``PrivacyEngine``, ``optimizer`` and ``data_loader`` what ``make_private`` returned (the loader may be omitted
+    once the accountant counted a step), ``delta`` that of every epsilon recorded."""
 
     def __init__(self, engine: Any, optimizer: Any, data_loader: Any = None, *, delta: float = 1e-5) -> None:
         self.accountant = getattr(engine, "accountant", None)
@@ -81,11 +63,8 @@ class OpacusPrivacy:
         return int(sum(int(n) for _, _, n in self._history()))
 
     def epsilon(self, ancestors: Sequence[Any] = ()) -> float:
-        """``accountant.get_epsilon(delta)`` (0 before the first step, where Opacus' PRV accountant fails).
-
-        ``ancestors``: DP steps before this run's (``landscape.privacy.PrivacyEvent``, a run recorded
-        from a parent checkpoint), composed by a copy of the same accountant with their entries put first in its
-        history (the engine's own accountant is left as it is)."""
+        """``accountant.get_epsilon(delta)`` (0 before the first step, where Opacus' PRV accountant fails), composed
+        with the ``ancestors``' steps by a copy of the accountant with their entries first in its history."""
         accountant = self.accountant
         if ancestors:
             accountant = copy.deepcopy(accountant)

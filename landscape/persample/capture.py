@@ -41,11 +41,9 @@ def _batch_dims(s1: list, s2: list) -> list[int | None] | None:
 
 
 def probe_calls(model: nn.Module, x: Tensor) -> dict[nn.Module, list | str]:
-    """Every module the forward calls with grad enabled -> per call, ``(input dims, output dims)``: the batch
-    dimension of each input leaf (positional and keyword) and output leaf, None where the leaf is shared by
-    the samples. Measured by two forwards, on one and on two copies of the first sample (no assumption on
-    where modules keep the batch: ``nn.MultiheadAttention`` without ``batch_first`` has it on dim 1). A
-    module whose leaves do not keep the samples apart gets a reason instead. The RNG state is left as it was."""
+    """Every module the forward calls with grad enabled -> per call, the batch dimension of each input and output
+    leaf (None: shared by the samples), measured by forwards on one and on two copies of the first sample (a
+    module that does not keep the samples apart gets a reason instead). The RNG state is left as it was."""
     runs: list[dict[nn.Module, list]] = []
     devices = [x.device] if x.device.type == "cuda" else []
     for xb in (x[:1], x[:1].expand(2, *x.shape[1:]).contiguous()):
@@ -107,17 +105,11 @@ def _weakly(method, *args) -> Callable[[Tensor], None]:
 
 
 class Capture:
-    """The one capture of the hooks routes: module inputs in the forward, output gradients in the backward.
-
-    Inside ``with Capture(handlers):`` every call of a handler's module (grad enabled, output requiring
-    grad) keeps its input (detached) and puts a hook on its output. ``backward(root, grad)`` then runs one
-    backward that computes activation gradients only (``inputs`` = the outputs' gradient edges: no weight
-    gradient is formed and no ``.grad`` touched), and the hooks receive each output gradient as it is formed.
-    ``passes`` backwards (``retain_graph=True`` but for the last; e.g. one per logit) give every call one
-    gradient per pass. ``on_complete(handler)``, if given, is called inside the backward as soon as every
-    call of that handler has all its gradients, so that a caller can reduce them and ``release`` them before
-    the backward goes on (lower peak memory: the Gram blocks of ``landscape.gram``). A ``FunctionalHandler``'s
-    module keeps all its inputs (positional and keyword) and gets a hook on every output tensor (one pass)."""
+    """The one capture of the hooks routes: inside ``with Capture(handlers):`` every call of a handler's module
+    keeps its input (detached) and hooks its output; ``backward`` then computes activation gradients only (no
+    weight gradient, no ``.grad`` touched). ``passes`` backwards give every call one gradient per pass;
+    ``on_complete(handler)`` runs as soon as a handler has all its gradients, so the caller can reduce and
+    ``release`` them before the backward goes on (lower peak memory for ``landscape.gram``)."""
 
     def __init__(
         self, handlers: list[Handler], *, passes: int = 1, on_complete: Callable[[Handler], None] | None = None

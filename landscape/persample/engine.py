@@ -23,7 +23,6 @@ from landscape.pooling import exact_fast_pooling
 from landscape.runtime import math_attention
 
 STRATEGIES = ("auto", "hooks", "functorch")
-LOSSES = ("cross_entropy",)
 
 Masks = dict[str, Tensor] | None
 Weights = Tensor | dict[str, Tensor]
@@ -69,9 +68,8 @@ def _shared_parameters(model: nn.Module) -> list[str]:
 
 
 def _kept_memory(method):
-    """Run an engine method inside ``tuned_allocator``: its activations, output gradients, patches and per-sample
-    gradients are large blocks allocated afresh on every batch, which glibc would otherwise hand back to the OS
-    and page-fault in again (on CPU, a large share of a DP step's per-sample work)."""
+    """Run an engine method inside ``tuned_allocator``: its large per-batch blocks are otherwise handed back to the
+    OS and page-faulted in again on every batch."""
 
     @functools.wraps(method)
     def wrapper(*args, **kwargs):
@@ -81,35 +79,20 @@ def _kept_memory(method):
     return wrapper
 
 
-# --------------------------------------------------------------------------------------------------------
-# The engine
-# --------------------------------------------------------------------------------------------------------
-
-
 class PerSampleEngine:
-    """Per-sample gradients of ``l_i = cross_entropy(model(x_i), y_i)`` w.r.t. the trainable parameters.
+    """Per-sample gradients of ``l_i = cross_entropy(model(x_i), y_i)`` w.r.t. the trainable parameters; the model
+    is never modified. ``chunk`` bounds the samples of one pass (memory only). ``strategy``: ``"auto"`` (handlers
+    by hooks, ``torch.func`` for the other modules, or for the whole model when cheaper or when the first call's
+    self-check fails), ``"hooks"`` (handlers only) or ``"functorch"`` (docs/persample.md)."""
 
-    ``chunk`` bounds how many samples go through one pass (memory; never the results). ``strategy``: ``"auto"``
-    (registered handlers by hooks plus ``torch.func`` for the other modules in the same pass, ``self.strategy ==
-    "mixed"``; the whole model by ``torch.func`` when cheaper or when the first call's self-check fails),
-    ``"hooks"`` (handlers only, else an error) or ``"functorch"``. The model is never modified. BatchNorm that mixes
-    the samples is refused (:mod:`landscape.persample.norm_layers`).
-    """
-
-    def __init__(self, model: nn.Module, *, loss: str = "cross_entropy", chunk: int | None = None,
-                 strategy: str = "auto"):
-        if loss not in LOSSES:
-            raise UsageError(f"unknown per-sample loss {loss!r}; choose one of {', '.join(LOSSES)}")
+    def __init__(self, model: nn.Module, *, chunk: int | None = None, strategy: str = "auto"):
         if strategy not in STRATEGIES:
-            raise UsageError(
-                f"unknown per-sample strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}"
-            )
+            raise UsageError(f"unknown per-sample strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
         if chunk is not None and int(chunk) < 1:
             raise UsageError(f"chunk must be a positive integer, got {chunk}")
         self._batchnorms = batchnorm_layers(model)
         check_batchnorm(self._batchnorms)
         self.model = model
-        self.loss = loss
         self.chunk = None if chunk is None else int(chunk)
         self.params: dict[str, nn.Parameter] = {k: p for k, p in model.named_parameters() if p.requires_grad}
         if not self.params:
@@ -131,7 +114,6 @@ class PerSampleEngine:
         self._verified = self.strategy == "functorch"
         self._forward_ad = True  # projections by jvp; False once a module turned out to lack forward AD
 
-    # ---------------------------------------------------------------- helpers
     @property
     def _ref(self) -> Tensor:
         return next(iter(self.params.values()))
@@ -200,7 +182,6 @@ class PerSampleEngine:
         flat = torch.stack(list(sq64.values())).sum(0).sqrt()
         return PerSampleNorms(flat=flat, layers={k: v.sqrt() for k, v in sq64.items()}, loss=losses, logits=logits)
 
-    # ---------------------------------------------------------------- hooks route
     def _capture(self, x: Tensor, y: Tensor):
         """One forward + activation-gradient backward; returns ({handler: unit}, losses, logits). After the
         first call's check, a batch the chosen route cannot take (a module called another number of times,
@@ -224,11 +205,9 @@ class PerSampleEngine:
         return units, losses.detach(), logits.detach()
 
     def _plan(self, x: Tensor) -> None:
-        """Once, on the first batch: ``probe_calls``, where each handler's module keeps the batch, then the
-        mixed route. Every parameter that no registered handler covers goes to a ``FunctionalHandler`` on the
-        nearest module (its own or an ancestor) that the forward calls, with the batch dimensions the probe
-        measured; so does a handled module's parameter when that module is never called (its parameters are
-        used by another module's forward, e.g. ``nn.MultiheadAttention.out_proj``)."""
+        """Once, on the first batch: where each handler's module keeps the batch, then the mixed route: each
+        parameter no called handler covers goes to a ``FunctionalHandler`` on the nearest called module (its own
+        or an ancestor, e.g. ``nn.MultiheadAttention`` for its ``out_proj``)."""
         calls = probe_calls(self.model, x)
         place_batch(self._handlers, calls)
         dead = [h for h in self._handlers if h.module not in calls]
@@ -319,7 +298,6 @@ class PerSampleEngine:
             self.strategy = "functorch"
         self._verified = True
 
-    # ---------------------------------------------------------------- public API
     @_kept_memory
     def norms(self, x: Tensor, y: Tensor, *, masks: Masks = None) -> PerSampleNorms:
         """Per-sample gradient norms, flat and per layer (float64), with per-sample losses and logits."""
@@ -384,26 +362,31 @@ class PerSampleEngine:
             units, _, _ = self._capture(x, y)
             self._hooks_weighted(units, w, acc)
         elif shared:
-            with torch.enable_grad():
-                losses = F.cross_entropy(self.model(x), y, reduction="none")
-                g = torch.autograd.grad((losses * w[self.names[0]]).sum(), list(self.params.values()), allow_unused=True)
-            for k, gk in zip(self.names, g, strict=True):
-                if gk is not None:
-                    acc[k].add_(gk)
+            self._add_grad(acc, x, y, w[self.names[0]])
         else:
             g, _, _ = functorch_grads(self.model, self.names, x, y)
-            for k in self.names:
-                acc[k].add_(torch.einsum("n,n...->...", w[k], g[k]))
+            self._add_weighted(acc, w, g)
+
+    def _add_grad(self, acc: dict[str, Tensor], x: Tensor, y: Tensor, w: Tensor | None = None) -> None:
+        """``acc += grad sum_i w_i l_i`` (all ones without ``w``) by one ordinary backward."""
+        with torch.enable_grad():
+            losses = F.cross_entropy(self.model(x), y, reduction="none")
+            total = losses.sum() if w is None else (losses * w).sum()
+            g = torch.autograd.grad(total, list(self.params.values()), allow_unused=True)
+        for k, gk in zip(self.names, g, strict=True):
+            if gk is not None:
+                acc[k].add_(gk)
+
+    def _add_weighted(self, acc: dict[str, Tensor], w: dict[str, Tensor], g: dict[str, Tensor]) -> None:
+        for k in self.names:
+            acc[k].add_(torch.einsum("n,n...->...", w[k], g[k]))
 
     @_kept_memory
     def clipped_sum(self, x: Tensor, y: Tensor, factor_fn: Callable[[PerSampleNorms], Weights], *,
                     masks: Masks = None) -> tuple[dict[str, Tensor], PerSampleNorms]:
-        """Norms, then ``sum_i c_i g_i`` with ``c = factor_fn(norms)`` ((n,) or ``{name: (n,)}``), masked.
-
-        Hooks route: one forward and one activation backward; the sum re-uses the kept activations and
-        output gradients (book-keeping, Bu et al. 2023). ``factor_fn`` is called once per ``chunk``
-        of samples with that chunk's norms, so it must act sample by sample (every clipping function does).
-        """
+        """Norms, then ``sum_i c_i g_i`` with ``c = factor_fn(norms)`` ((n,) or ``{name: (n,)}``), masked, from one
+        forward and one activation backward (book-keeping, Bu et al. 2023). ``factor_fn`` sees one ``chunk`` at a
+        time, so it must act sample by sample (every clipping function does)."""
         x, y = self._prepare(x, y)
         n = x.shape[0]
         m = self._masks(masks)
@@ -424,9 +407,7 @@ class PerSampleEngine:
                 g = {k: g[k] * m[k] if k in m else g[k] for k in self.names}
                 sq = {k: _sq(g[k], None) for k in self.names}
                 norms = self._norms_from_sq(sq, losses, logits)
-                w = self._layer_weights(factor_fn(norms), nc)
-                for k in self.names:
-                    acc[k].add_(torch.einsum("n,n...->...", w[k], g[k]))
+                self._add_weighted(acc, self._layer_weights(factor_fn(norms), nc), g)
             parts.append(norms)
         sums = {k: v * m[k] if k in m else v for k, v in acc.items()}
         return sums, parts[0] if len(parts) == 1 else PerSampleNorms.cat(parts)
@@ -438,12 +419,7 @@ class PerSampleEngine:
         acc = self._zeros()
         m = self._masks(masks)
         for xc, yc in self._chunks(x, y):
-            with torch.enable_grad():
-                total = F.cross_entropy(self.model(xc), yc, reduction="sum")
-                g = torch.autograd.grad(total, list(self.params.values()), allow_unused=True)
-            for k, gk in zip(self.names, g, strict=True):
-                if gk is not None:
-                    acc[k].add_(gk)
+            self._add_grad(acc, xc, yc)
         return {k: (v * m[k] if k in m else v) / max(n, 1) for k, v in acc.items()}
 
     def projections(self, x: Tensor, y: Tensor, directions: Tensor | list[dict[str, Tensor]]) -> Tensor:
@@ -493,13 +469,11 @@ class PerSampleEngine:
                 raise UsageError(
                     f"directions must be (k, {d}) for this model's trainable parameters, got {tuple(v.shape)}"
                 )
+            sizes = [p.numel() for p in self.params.values()]
             out = []
             for row in v:
-                parts, s = {}, 0
-                for name, p in self.params.items():
-                    parts[name] = row[s : s + p.numel()].reshape(p.shape)
-                    s += p.numel()
-                out.append(parts)
+                parts = zip(self.params.items(), row.split(sizes), strict=True)
+                out.append({name: part.reshape(p.shape) for (name, p), part in parts})
             return out
         out = []
         for dv in directions:

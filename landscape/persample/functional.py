@@ -13,16 +13,10 @@ from landscape.runtime import math_attention
 
 
 class FunctionalHandler(Handler):
-    """Any module, by ``torch.func``: the per-sample gradients of the parameters ``pnames`` (its own, and
-    those of descendants its ``forward`` uses without calling them, like ``nn.MultiheadAttention.out_proj``)
-    are the per-sample vector-Jacobian products ``g_i = grad_theta sum_k <f_k(theta, inputs_i), B_{k,i}>``
-    of the module's output tensors f_k with their captured output gradients B_k, by ``vmap(grad)`` over the
-    samples of one call's inputs (positional and keyword; Opacus' functorch mode, generalised).
-
-    ``dims`` gives, per call, the batch dimension of every input leaf and every output leaf (None: shared by
-    all samples), as ``probe_calls`` measured them. Random operations inside the module (dropout in
-    training mode) would draw other numbers than the forward did, so they are refused (vmap's
-    ``randomness="error"``) and the engine takes the whole-model route."""
+    """Any module, by ``torch.func``: the per-sample vector-Jacobian products of its outputs with their captured
+    gradients, ``vmap(grad)`` over one call's samples (Opacus' functorch mode, generalised to keyword inputs and
+    to descendants' parameters its ``forward`` uses). ``dims``: per call, each input and output leaf's batch
+    dimension from ``probe_calls``. Random operations are refused; the engine then takes the whole-model route."""
 
     roles = None
 

@@ -1,11 +1,6 @@
-"""The per-sample gradient handlers: the protocol, its open registry and the built-in layers.
-
-A handler turns the (input, output-gradient) pairs that one batched forward/backward kept for one module into
-per-sample gradients, squared norms and weighted sums (the engine) or per-sample rows and ghost factors (the
-Gram blocks of :mod:`landscape.gram`). ``register_handler`` is the registry (in the spirit of Opacus'
-``register_grad_sampler``); the built-ins (Linear, Conv1d/2d, GroupNorm, LayerNorm, Embedding) are
-registered through it. Modules without a handler go to :mod:`landscape.persample.functional`.
-"""
+"""Per-sample gradient handlers: the protocol, its open registry (``register_handler``, as Opacus'
+``register_grad_sampler``) and the built-in layers. Modules without a handler go to
+:mod:`landscape.persample.functional`."""
 
 from __future__ import annotations
 
@@ -43,18 +38,11 @@ class HooksFailed(Exception):
 
 
 class Handler:
-    """Per-sample gradient algebra for one module type (the base of every handler; see ``register_handler``).
-
-    Built per module instance with ``pnames`` (the module's own parameter roles, e.g. 'weight'/'bias', -> their
-    ``named_parameters`` names). The engine hands ``unit(calls)`` the ``(input, output gradient)`` pair of every
-    call of the module in one batched forward (batch on dim 0). A subclass implements
-    ``per_sample_grads(u) -> {role: (n, *param.shape)}`` and may override ``sq_norms`` / ``weighted`` (without
-    materialising, e.g. ghost norms) and ``ghost_factors`` / ``grad_factor`` (Gram blocks).
-
-    ``roles``: the parameters the handler computes (None: all; a module with another trainable parameter goes to
-    the ``torch.func`` route). ``accepts(module)`` may refuse a configuration. ``reduce_dtype``: the dtype of sums
-    over positions (None: the gradients'). Materialised gradients are cached in the unit (key ``"g"``).
-    """
+    """Per-sample gradient algebra for one module type (the protocol: docs/persample.md). Built per module with
+    ``pnames`` (role -> ``named_parameters`` name); ``unit(calls)`` gets every call's ``(input, output
+    gradient)``; a subclass implements ``per_sample_grads(u) -> {role: (n, *shape)}`` and may override
+    ``sq_norms`` / ``weighted`` (without materialising) and ``ghost_factors`` / ``grad_factor`` (Gram blocks).
+    ``roles``: the parameters it computes (None: all); ``reduce_dtype``: that of sums over positions."""
 
     roles: tuple[str, ...] | None = ("weight", "bias")
 
@@ -195,16 +183,8 @@ def _wsum(w: Tensor, g: Tensor) -> Tensor:
 
 
 class _WeightBiasHandler(Handler):
-    """A module whose unit holds the per-sample bias gradients (``"gb"``); subclasses do the weight's."""
-
-    def _weight_per_sample(self, u: dict) -> Tensor:
-        raise NotImplementedError
-
-    def _weight_sq(self, u: dict, mask: Tensor | None) -> Tensor:
-        raise NotImplementedError
-
-    def _weight_weighted(self, u: dict, w: Tensor) -> Tensor:
-        raise NotImplementedError
+    """A module whose unit holds the per-sample bias gradients (``"gb"``); subclasses do the weight's
+    (``_weight_per_sample``, ``_weight_sq``, ``_weight_weighted``)."""
 
     def role_per_sample(self, u, role):
         return self._weight_per_sample(u) if role == "weight" else u["gb"]
@@ -304,13 +284,9 @@ class LinearHandler(_WeightBiasHandler):
 
 @register_handler(nn.Conv1d, nn.Conv2d)
 class ConvHandler(_WeightBiasHandler):
-    """Conv1d / Conv2d (any stride, padding, padding mode, dilation, groups).
-
-    Per-sample weight gradients come from ONE weight-gradient kernel with the batch folded into the groups
-    (input (1, n C_in, H, W), groups n G; no im2col) for many output positions, else from unfolded patches
-    and a batched matmul. When ``T (D + P) < GHOST_RATIO P D`` (T output positions,
-    D = C_in/G k_h k_w, P = C_out/G) the norm is the ghost norm over unfolded patches and the weighted sum
-    one ordinary weight-gradient kernel on the re-weighted output gradients."""
+    """Conv1d / Conv2d (any stride, padding, padding mode, dilation, groups): per-sample weight gradients by one
+    weight-gradient kernel with the batch folded into the groups (many output positions) or from patches; when
+    ``T (D + P) < GHOST_RATIO P D`` the ghost norm, and the weighted sum as one ordinary weight-gradient kernel."""
 
     def _geometry(self):
         m = self.module
@@ -383,14 +359,9 @@ class ConvHandler(_WeightBiasHandler):
         return g.reshape(n, *m.weight.shape)
 
     def _unfolded_per_sample(self, x: Tensor, pad: list[int], b: Tensor, layout: str | None = None) -> Tensor:
-        """Per-sample weight gradients of one call from channels-last patches (``_patches_last``): one batched
-        product with no transposed operand. Returned as a permuted view of the (n, G, P, k_h, k_w, C_in/G)
-        product in the weight's shape; ``_sq`` and ``_wsum`` read it without a copy.
-
-        ``layout="weight"`` (the gradients will be materialised in the weight's layout): when the layer has more
-        output channels than positions (P > T), the patches, the smaller operand, are reordered to
-        (T, C_in/G, k_h, k_w) first, so the product comes out contiguous in the weight's layout; otherwise
-        the caller's copy of the smaller product is the cheaper reordering."""
+        """Per-sample weight gradients of one call from channels-last patches: a permuted view in the weight's
+        shape, read by ``_sq`` and ``_wsum`` without a copy. With ``layout="weight"`` and more output channels than
+        positions, the smaller operand (the patches) is reordered first so the product comes out contiguous."""
         m = self.module
         a, bb = self._patches_last(x, pad, b)
         k = (1, *m.kernel_size) if isinstance(m, nn.Conv1d) else m.kernel_size

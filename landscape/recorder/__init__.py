@@ -1,15 +1,5 @@
-"""Record checkpoints from any training loop into the store (``landscape.Recorder``).
-
-::
-
-    with landscape.Recorder("checkpoints", "my-run", model, data=data, config={"lr": 0.05}) as rec:
-        for epoch in range(epochs):
-            ...                                   # the user's own loop, on any device
-            rec.save(step, epoch=epoch + 1, metrics={"train_loss": loss})
-
-A recorded run is a store run like those ``landscape train`` writes; the model is checked against its spec at
-open and at every save, so a run no analysis could read is never written.
-"""
+"""Record checkpoints from any training loop into the store (``landscape.Recorder``; docs/own-code.md): a store
+run like those ``landscape train`` writes, its model checked against its spec at open and at every save."""
 
 from landscape.recorder.core import PrivacySource, Recorder
 

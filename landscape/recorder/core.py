@@ -78,24 +78,18 @@ class PrivacySource(Protocol):
 
 
 class Recorder:
-    """Writes the checkpoints of a training loop landscape does not run into run ``run`` of the store at ``root``.
+    """Writes the checkpoints of a training loop landscape does not run into run ``run`` of the store at ``root``;
+    use it as a context manager (or call ``close``): it holds the run's write lock while open.
 
-    ``model``: the module being trained, on any device, built by ``landscape.models.build_model`` (its
-    ``landscape_spec`` is what analyses rebuild it from) and possibly wrapped (``torch.compile``,
-    ``DataParallel``, ``DistributedDataParallel``, Opacus' ``GradSampleModule``, nested in any order: looked
-    through). Its tensors must be those of the model its spec builds (names, shapes, kinds of dtype), checked
-    here and at every save: a model changed after its factory built it is refused. ``data``: the
-    ``landscape.data.Dataset`` it is trained on (or its spec). ``config``: the run's hyper-parameters
-    (JSON-able; ``optimizer`` labels the run in tables). ``optimizer``: saved with each checkpoint, put back by
-    ``restore``. ``privacy``: a ``PrivacySource`` (DP-SGD: checkpoints record its epsilon and step
-    count). ``parent``: a store checkpoint the run starts from, as ``landscape train --from`` (same model spec;
-    a new run gets its weights, its lineage and its privacy history). ``steps_per_epoch``: each checkpoint's
-    epoch when ``save`` is not told it. ``seed``: recorded in ``manifest["seeds"]``. ``writer``:
-    ``"inline"`` (each ``save`` writes its checkpoint, durably, before it returns) or ``"thread"`` (``save``
-    copies the checkpoint to CPU memory and one background thread writes it; a failed write is raised by the next
-    ``save``, ``flush`` or ``close``).
-
-    Use it as a context manager (or call ``close``): it holds the run's write lock while it is open.
+    ``model``: built by ``landscape.models.build_model``, on any device, possibly wrapped (``torch.compile``,
+    ``DataParallel``, ``DistributedDataParallel``, Opacus' ``GradSampleModule``: looked through); its tensors must
+    stay those of the model its spec builds, checked here and at every save. ``data``: the ``Dataset`` (or its
+    spec). ``config``: JSON-able hyper-parameters. ``optimizer``: saved with each checkpoint, put back by
+    ``restore``. ``privacy``: a ``PrivacySource`` (checkpoints record its epsilon and step count). ``parent``: a
+    checkpoint the run starts from, as ``landscape train --from``. ``steps_per_epoch``: each checkpoint's epoch
+    when ``save`` is not told it. ``seed``: recorded in ``manifest["seeds"]``. ``writer``: ``"inline"`` (``save``
+    writes durably before it returns) or ``"thread"`` (one background thread writes; a failed write is raised by
+    the next ``save``, ``flush`` or ``close``).
     """
 
     def __init__(
@@ -141,8 +135,6 @@ class Recorder:
                 self._writer.close(discard_if_empty=True)
                 raise
 
-    # -- the run ------------------------------------------------------------------------------------
-
     @property
     def run(self) -> Run:
         """The run as it is on disk now (for reading; the recorder holds its write lock)."""
@@ -167,11 +159,7 @@ class Recorder:
 
     def close(self) -> None:
         """``flush``, then release the run's write lock (the checkpoints stay). Idempotent."""
-        try:
-            self.flush()
-        finally:
-            self._finalizer.detach()
-            self._writer.close()
+        self.__exit__(None)
 
     def _resync(self) -> None:
         """After a failed write: the last step is the run's on disk (the failed step may be saved again)."""
@@ -191,19 +179,13 @@ class Recorder:
             self._finalizer.detach()
             self._writer.close(discard_if_empty=kind is not None)  # failed before its first checkpoint: free the name
 
-    # -- saving -------------------------------------------------------------------------------------
-
     def save(
         self, step: int | None = None, *, epoch: float | None = None, epsilon: float | None = None,
         metrics: Mapping[str, Any] | None = None, extra: Mapping[str, Any] | None = None,
     ) -> Path:
-        """Write the model's current weights as checkpoint ``step`` (atomically, with its sha256 in the manifest).
-
-        ``step`` must come after the run's last checkpoint; with a privacy source it is the number of noisy
-        steps (its count when omitted) and the checkpoint's epsilon is the source's. ``epoch`` defaults to
-        ``step / steps_per_epoch``. ``metrics``: numbers (or one-element tensors) stored with the checkpoint;
-        ``extra``: arrays stored beside the weights. Returns the checkpoint file.
-        """
+        """Write the model's current weights as checkpoint ``step`` (after the run's last; with a privacy source,
+        its count of noisy steps, the default) and return the file. ``epoch`` defaults to ``step /
+        steps_per_epoch``; ``metrics``: numbers stored with the checkpoint; ``extra``: arrays beside the weights."""
         self._writer.check_usable()
         step = self._check_step(step)
         epoch = self._epoch(step, epoch)
@@ -294,8 +276,6 @@ class Recorder:
         if math.isnan(epsilon) or epsilon < 0:
             raise UsageError(f"epsilon must be a number >= 0, got {epsilon}")
         return epsilon
-
-    # -- continuing ---------------------------------------------------------------------------------
 
     def restore(self) -> int | None:
         """Put the last checkpoint back: the weights into the model, the optimizer's state, the privacy
@@ -398,9 +378,6 @@ def _write(run: Run, *, state: dict[str, torch.Tensor], privacy: dict[str, Any] 
         run.save_checkpoint(state, **checkpoint)
         if privacy is not None:
             run.update_manifest(privacy=privacy)
-
-
-# ------------------------------------------------------------------------------------------- helpers
 
 
 def _reference(spec: dict[str, Any]) -> dict[str, torch.Tensor]:

@@ -1,10 +1,8 @@
-"""Checkpoint store: run directories of HDF5 checkpoints and a manifest each, written atomically under the
-run's lock, checked against one schema when read and against their sha256 when loaded. Layout, locking and
-references: docs/store.md.
-"""
+"""Checkpoint store: run directories of HDF5 checkpoints and a manifest each, written atomically under the run's
+lock, checked when read and against their sha256 when loaded (docs/store.md)."""
 
 from landscape.refs import check_run_name
-from landscape.store._locks import LOCK, RunBusyError
+from landscape.store._locks import RunBusyError
 from landscape.store.checkpoint import (
     Checkpoint,
     CheckpointInfo,
@@ -12,27 +10,12 @@ from landscape.store.checkpoint import (
     load_checkpoint,
     load_verified,
 )
-from landscape.store.codec import EXTRA_GROUP, STATE_GROUP
-from landscape.store.core import DamagedRunWarning, Run, Store
-from landscape.store.foreign import (
-    WRAPPER_KEYS,
-    check_finite,
-    check_regular_file,
-    import_checkpoint,
-    looks_like_torch_file,
-)
-from landscape.store.manifest import (
-    ARRAYS,
-    CHECKPOINT_FORMAT,
-    MANIFEST,
-    MANIFEST_FORMAT,
-    MAX_JSON_DEPTH,
-    check_manifest,
-)
+from landscape.store.core import Run, Store
+from landscape.store.foreign import check_regular_file, import_checkpoint, looks_like_torch_file
+from landscape.store.manifest import MANIFEST, MANIFEST_FORMAT, MAX_JSON_DEPTH, check_manifest
 
 __all__ = [
-    "ARRAYS", "CHECKPOINT_FORMAT", "Checkpoint", "CheckpointInfo", "DamagedRunWarning", "EXTRA_GROUP", "LOCK",
-    "MANIFEST", "MANIFEST_FORMAT", "MAX_JSON_DEPTH", "Run", "RunBusyError", "STATE_GROUP", "Store",
-    "WRAPPER_KEYS", "check_finite", "check_manifest", "check_regular_file", "check_run_name",
-    "check_state_dict", "import_checkpoint", "load_checkpoint", "load_verified", "looks_like_torch_file",
+    "Checkpoint", "CheckpointInfo", "MANIFEST", "MANIFEST_FORMAT", "MAX_JSON_DEPTH", "Run", "RunBusyError", "Store",
+    "check_manifest", "check_regular_file", "check_run_name", "check_state_dict", "import_checkpoint",
+    "load_checkpoint", "load_verified", "looks_like_torch_file",
 ]

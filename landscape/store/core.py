@@ -74,12 +74,8 @@ class Store:
     def create_run(self, name: str | None, *, config: Mapping[str, Any], seeds: Mapping[str, Any],
                    lineage: Mapping[str, Any] | None = None, model_spec: Mapping[str, Any],
                    data_spec: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> Run:
-        """Create a new run directory with its manifest; ``name=None`` generates a unique name.
-
-        ``extra`` adds further top-level manifest fields (e.g. ``phases``). An existing run name is an
-        error: runs are never overwritten. The run comes back holding its write lock (see the module
-        docstring); :meth:`Run.close` or a ``with`` block releases it.
-        """
+        """Create a new run directory with its manifest (``name=None``: a unique name; an existing one is an
+        error), holding its write lock until :meth:`Run.close`. ``extra``: further top-level manifest fields."""
         clash = set(extra or {}) & _MANIFEST_KEYS
         if clash:
             raise UsageError(f"manifest fields {sorted(clash)} are set by the store, not through extra=")
@@ -165,19 +161,12 @@ class Store:
         return Run(path, _read_manifest(path / MANIFEST))
 
     def open_run(self, name: str) -> Run:
-        """An existing run, for writing (``--resume``): take its lock (:class:`RunBusyError` if another
-        process holds it), read its manifest, remove the temporary files killed writers left, and adopt the
-        complete checkpoint files a writer killed between rename and manifest update left unrecorded
-        (:meth:`Run.adopt_unrecorded`). The run keeps the lock until :meth:`Run.close`.
-        """
-        check_run_name(name)
-        path = self.root / name
-        if not (path / MANIFEST).is_file():
-            raise CheckpointError(f"no run '{name}' in {self.root} ({_available(self.run_names(), 'runs')})")
-        run = Run(path, {})
+        """An existing run, for writing (``--resume``), holding its lock until :meth:`Run.close`: temporary files
+        of killed writers removed, complete checkpoint files they left unrecorded adopted."""
+        run = Run(self.run(name).path, {})
         run._acquire()
         try:
-            run.manifest = _read_manifest(path / MANIFEST)
+            run.manifest = _read_manifest(run.path / MANIFEST)
             run.sweep_temporary_files()
             run.adopt_unrecorded()
         except BaseException:
@@ -192,12 +181,8 @@ class Store:
         return sorted(p.name for p in self.root.iterdir() if is_run_name(p.name) and (p / MANIFEST).is_file())
 
     def scan(self, pattern: str = "*") -> tuple[list[Run], dict[str, str]]:
-        """Runs whose name matches a shell glob, and the damaged ones apart: ``(runs, {name: one-line error})``.
-
-        A run is damaged when its manifest is not valid (:func:`check_manifest`; nested deeper than
-        ``MAX_JSON_DEPTH``) or a checkpoint it lists is missing; one damaged run never hides the others, whatever
-        reading it raised.
-        """
+        """Runs whose name matches a shell glob, and the damaged ones (invalid manifest, missing checkpoint)
+        apart: ``(runs, {name: one-line error})``; one damaged run never hides the others."""
         runs: list[Run] = []
         broken: dict[str, str] = {}
         for name in self.run_names():
@@ -215,11 +200,7 @@ class Store:
             runs.append(run)
         return runs, broken
 
-    def runs(self) -> list[Run]:
-        """Every readable run, sorted by name (damaged ones are skipped with a warning; see :meth:`scan`)."""
-        return self.runs_matching("*")
-
-    def runs_matching(self, pattern: str) -> list[Run]:
+    def runs_matching(self, pattern: str = "*") -> list[Run]:
         """Runs whose name matches a shell glob (``dp-*``), sorted by name; each damaged run is skipped with
         a one-line :class:`DamagedRunWarning`."""
         runs, broken = self.scan(pattern)
@@ -265,8 +246,6 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({self.name!r}, checkpoints={len(self.manifest.get('checkpoints', []))})"
-
-    # -- the write lock -----------------------------------------------------------------------------
 
     def _acquire(self, lock: _FileLock | None = None) -> None:
         """Take one hold of the run's lock (``lock``: one already taken for this run)."""
@@ -316,12 +295,8 @@ class Run:
         return stale
 
     def adopt_unrecorded(self) -> list[int]:
-        """Record the complete checkpoint files of this run that its manifest does not list, with their sha256.
-
-        A writer killed after renaming ``step-N.h5`` into place but before updating the manifest leaves
-        such a file; it is adopted only when it loads completely and its own attrs name this run and step N
-        (anything else is left alone and stays unlisted). Returns the adopted steps.
-        """
+        """Record, with their sha256, the checkpoint files a writer killed between rename and manifest update
+        left unlisted, when they load completely and name this run and step; returns the adopted steps."""
         with self._writing():
             listed = {int(e["step"]) for e in self.manifest["checkpoints"]}
             entries = []
@@ -343,18 +318,12 @@ class Run:
                 _write_json_atomic(self.path / MANIFEST, self.manifest)
         return [e["step"] for e in entries]
 
-    # -- checkpoints --------------------------------------------------------------------------------
-
     def save_checkpoint(self, state_dict: Mapping[str, torch.Tensor], *, step: int, epoch: float,
                         epsilon: float | None = None, metrics: Mapping[str, Any] | None = None,
                         extra: Mapping[str, Any] | None = None,
                         attrs: Mapping[str, Any] | None = None) -> Path:
-        """Write ``step-NNNNNN.h5`` atomically, then record it in the manifest (also atomically).
-
-        ``extra`` holds arrays to keep beside the weights (RNG states, optimizer buffers, sampler
-        position); names may nest with ``/`` or as nested mappings. ``attrs`` are further JSON-able
-        metadata, returned as :attr:`Checkpoint.attrs`. Saving a step that exists replaces it.
-        """
+        """Write ``step-NNNNNN.h5`` atomically, then record it in the manifest (replacing an existing step).
+        ``extra``: arrays beside the weights (names may nest with ``/``); ``attrs``: JSON-able metadata."""
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise UsageError(f"checkpoint step must be a non-negative integer, got {step!r}")
         step = int(step)
@@ -406,12 +375,8 @@ class Run:
         return final
 
     def checkpoints(self) -> list[CheckpointInfo]:
-        """Checkpoints sorted by step: the manifest's, plus complete files a killed writer left unrecorded
-        (those have no sha256 until a writer adopts them, :meth:`adopt_unrecorded`).
-
-        A listed checkpoint whose file is gone is a CheckpointError naming it: ``@last`` must never fall
-        back to an earlier checkpoint without a word.
-        """
+        """Checkpoints sorted by step: the manifest's, plus complete files a killed writer left unrecorded (no
+        sha256 until adopted). A listed checkpoint whose file is gone is an error: ``@last`` never falls back."""
         found: dict[int, CheckpointInfo] = {}
         for e in self.manifest.get("checkpoints", []):
             path = self.path / e["file"]
@@ -475,13 +440,9 @@ class Run:
             check_manifest(to_jsonable(self.manifest), self.path / MANIFEST)
             _write_json_atomic(self.path / MANIFEST, self.manifest)
 
-    # -- run-level arrays ---------------------------------------------------------------------------
-
     def save_array(self, name: str, array: Any) -> None:
-        """Store an array (or a mapping of arrays, e.g. a pruning mask per layer) in ``arrays.h5``.
-
-        The file is rewritten atomically; an existing array of the same name is replaced.
-        """
+        """Store an array (or a mapping of arrays) in ``arrays.h5``, rewritten atomically, replacing one of the
+        same name."""
         _check_array_name(name)
         target = self.path / ARRAYS
 

@@ -31,14 +31,9 @@ WRAPPER_KEYS = ("state_dict", "model_state_dict", "module_state_dict", "model") 
 def import_checkpoint(store: Store, file: str | os.PathLike, *, model_spec: Mapping[str, Any],
                       data_spec: Mapping[str, Any], run: str, privacy: Mapping[str, Any] | None = None,
                       epsilon: float | None = None) -> Path:
-    """Import a foreign state dict as step 0 of a new run; return the checkpoint path.
-
-    ``.pt``/``.pth`` files are read with ``torch.load(weights_only=True)`` only (a file that would run code is
-    an UnsafeFileError), ``.safetensors`` with safetensors; wrapping dicts (:data:`WRAPPER_KEYS`) and
-    wrappers' key prefixes are undone and the keys and shapes checked against the model ``model_spec`` builds.
-    ``privacy`` is the run's ``manifest["privacy"]`` (default: unknown ancestors); ``epsilon`` the declared
-    one.
-    """
+    """Import a foreign state dict as step 0 of a new run; return the checkpoint path. Wrapping dicts and key
+    prefixes are undone, and the tensors checked against the model ``model_spec`` builds. ``privacy``: the run's
+    ``manifest["privacy"]`` (default: unknown ancestors); ``epsilon``: the declared one."""
     from landscape.models import model_from_spec
     from landscape.privacy import PrivacyHistory
 

@@ -26,10 +26,8 @@ _MANIFEST_KEYS = frozenset(
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:
-    """``obj`` as JSON, atomically: indented, except that a run manifest's ``checkpoints`` are one line each.
-
-    A trajectory's manifest is rewritten at every checkpoint; the one-line entries go through json's C encoder
-    (an indented dump is pure Python), so a save costs microseconds per listed checkpoint, not tens of them."""
+    """``obj`` as JSON, atomically: indented, except that a run manifest's ``checkpoints`` are one line each (json's
+    C encoder: a manifest rewritten at every checkpoint costs microseconds per entry, not tens of them)."""
     entries = obj.get("checkpoints") if isinstance(obj, dict) else None
     if not isinstance(entries, list) or not entries:
         text = json.dumps(to_jsonable(obj), indent=2, allow_nan=False) + "\n"
@@ -180,7 +178,7 @@ def check_manifest(manifest: Any, path: str | os.PathLike) -> dict[str, Any]:
     if privacy is not None:
         if not isinstance(privacy, dict):
             raise bad("privacy", "must be an object", privacy)
-        for key in ("noise_multiplier", "sample_rate", "delta"):
+        for key in ("noise_multiplier", "sample_rate", "delta", "total_delta"):
             if key in privacy and not _is_number(privacy[key]):
                 raise bad(f"privacy.{key}", "must be a number", privacy[key])
         if "steps" in privacy and not _is_int(privacy["steps"]):
@@ -198,8 +196,6 @@ def check_manifest(manifest: Any, path: str | os.PathLike) -> dict[str, Any]:
                 raise bad(f"privacy.{key}", "must be true or false", privacy[key])
         if "note" in privacy and not isinstance(privacy["note"], str):
             raise bad("privacy.note", "must be a string", privacy["note"])
-        if "total_delta" in privacy and not _is_number(privacy["total_delta"]):
-            raise bad("privacy.total_delta", "must be a number", privacy["total_delta"])
         declared = privacy.get("declared_ancestors", [])
         if not isinstance(declared, list):
             raise bad("privacy.declared_ancestors", "must be a list", declared)

@@ -1,16 +1,5 @@
-"""Training callbacks: checkpointing, metrics, accounting, evaluation and progress (open_lth style).
-
-The loop in :mod:`landscape.train.loop` only samples a batch, computes a gradient and steps the optimizer;
-everything else is a :class:`Callback` composed into a list. Hooks:
-
-- ``on_start(state)`` once before the first step (also after a resume);
-- ``on_step(state, stats)`` after every optimizer step (``state.step`` already counts it);
-- ``on_checkpoint(state, record)`` when a checkpoint is about to be written: each callback adds its part
-  (metrics, epsilon, attrs, arrays in ``extra``) to the :class:`CheckpointRecord`;
-- ``on_end(state)`` once after the last step.
-
-Per-step values stay in preallocated tensors; nothing calls ``.item()`` per batch.
-"""
+"""Training callbacks (open_lth style): everything the loop does besides stepping. Per-step values stay in
+preallocated tensors; nothing calls ``.item()`` per batch."""
 
 from __future__ import annotations
 
@@ -47,7 +36,9 @@ class CheckpointRecord:
 
 
 class Callback:
-    """Base class; override the hooks you need."""
+    """Base class; override the hooks you need. ``on_start`` runs before the first step (also after a resume),
+    ``on_step`` after each optimizer step (``state.step`` counts it), ``on_checkpoint`` before a checkpoint is
+    written (each callback adds its part to the record), ``on_end`` after the last step."""
 
     def on_start(self, state: TrainState) -> None:
         pass
@@ -62,15 +53,9 @@ class Callback:
         pass
 
 
-# ------------------------------------------------------------------------------------------- metrics
-
-
 class StepMetrics(Callback):
-    """Per-step loss, accuracy, batch size, per-sample gradient norms, clipping and noise (Privatizer StepStats).
-
-    Values are written into float64 tensors indexed by step; the table is saved as the run array
-    ``metrics`` at every checkpoint (before the checkpoint file, so a resumed run finds every row it needs).
-    """
+    """The per-step table (:data:`STEP_METRICS`), saved as run array ``metrics`` at every checkpoint, before the
+    checkpoint file, so a resumed run finds every row it needs."""
 
     def __init__(self, total_steps: int):
         self.table = {name: torch.full((total_steps,), float("nan"), dtype=torch.float64) for name in STEP_METRICS}
@@ -103,11 +88,8 @@ class NonFiniteLossWarning(LandscapeWarning):
 
 
 class NonFinite(Callback):
-    """Warn once when the training loss stops being finite and record where in ``manifest["non_finite"]``.
-
-    Checked at checkpoints only (one ``isfinite`` over the step table, no per-step sync); training goes on, so
-    the run and its non-finite checkpoints stay inspectable (interpolation reports them as instability inf).
-    """
+    """Warn once when the training loss stops being finite and record where in ``manifest["non_finite"]``;
+    checked at checkpoints only (no per-step sync). Training goes on, so the run stays inspectable."""
 
     def __init__(self) -> None:
         self.reported = False
@@ -134,12 +116,7 @@ class NonFinite(Callback):
 
 
 class Accounting(Callback):
-    """Epsilon so far (Poisson-subsampled Gaussian mechanism, landscape.train.accounting) after every step.
-
-    ``curve[t]`` is the epsilon after ``t`` of this run's steps, including any DP ancestor steps
-    (see :mod:`landscape.train.loop`); it is computed once up front, so the loop pays nothing per step.
-    Runs without a privacy guarantee (sgd, clip-only, noise-only) record no epsilon.
-    """
+    """Epsilon after every step from ``curve[t]`` (computed up front, ancestors included; None: not accounted)."""
 
     def __init__(self, curve: torch.Tensor | None):
         self.curve = curve
@@ -158,11 +135,8 @@ class Accounting(Callback):
 
 
 class Evaluation(Callback):
-    """Full train and test loss/accuracy at every checkpoint (``train_loss``, ``train_acc``, ``test_loss``, ``test_acc``).
-
-    Uses the shared evaluator (:func:`landscape.evaluate.evaluate`, eval mode, inference_mode, one point),
-    so these numbers are the ones interpolation reports at alpha = 0 and 1.
-    """
+    """Full train and test loss/accuracy at every checkpoint, by the shared evaluator, so these are the numbers
+    interpolation reports at alpha = 0 and 1."""
 
     def __init__(self, batch_size: int = 1024):
         self.batch_size = batch_size
@@ -185,15 +159,9 @@ class Evaluation(Callback):
             record.metrics[f"{split}_acc"] = float(result.acc[0])
 
 
-# ------------------------------------------------------------------------------------------- resume state
-
-
 class ResumeState(Callback):
-    """Everything a bit-identical resume needs, saved in each checkpoint's ``extra`` group.
-
-    torch CPU RNG, numpy and python RNG, the sampler's generator (and its epoch permutation), the noise
-    generator, the optimizer's momentum buffers, and the position (global step, epoch, step within epoch).
-    """
+    """Everything a bit-identical resume needs (RNGs, sampler, noise generator, momentum, position), saved in
+    each checkpoint's ``extra`` group."""
 
     def on_checkpoint(self, state: TrainState, record: CheckpointRecord) -> None:
         extra = record.extra
@@ -238,9 +206,6 @@ def restore_resume_state(state: TrainState, extra: dict[str, np.ndarray]) -> Non
             state.optimizer.state[p]["momentum_buffer"] = torch.as_tensor(np.asarray(value)).to(p.device, p.dtype).clone()
 
 
-# ------------------------------------------------------------------------------------------- checkpointing
-
-
 class WallClock(Callback):
     """Training wall time so far (seconds, across resumes) as checkpoint metric ``wall_seconds``."""
 
@@ -280,9 +245,6 @@ class Checkpointer(Callback):
             extra=record.extra,
             attrs=record.attrs,
         )
-
-
-# ------------------------------------------------------------------------------------------- progress
 
 
 class Progress(Callback):

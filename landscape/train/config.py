@@ -1,7 +1,5 @@
-"""Training options: one dataclass holds every option of ``landscape train`` (its click command is generated from
-the fields' metadata); :func:`config_hash` hashes only non-default fields, so a new option with a default never
-changes old hashes.
-"""
+"""The options of ``landscape train`` and ``landscape phases`` (their click commands are generated from the
+fields' metadata)."""
 
 from __future__ import annotations
 
@@ -43,14 +41,8 @@ class SamplingWarning(LandscapeWarning):
 
 @dataclass
 class TrainConfig:
-    """Every option of one training run (``landscape train``).
-
-    ``model`` and ``data`` default to lenet and digits from scratch; a child run (``from_ref``) keeps its
-    parent's model and, when ``data`` is None, its parent's data set. ``noise_multiplier`` and ``target_epsilon`` are alternatives: give one (DP optimizers) or neither
-    (``sgd``, ``clip-only``). ``sampling=None`` means Poisson for the DP family (what the accountant
-    assumes, Abadi et al. 2016) and shuffled batches for ``sgd``. ``checkpoint_every`` is ``"Ns"`` (every N
-    steps), ``"Ee"`` (every E epochs, E may be fractional) or ``"none"``; init and final are always kept.
-    """
+    """Every option of one training run (``landscape train``). ``noise_multiplier`` and ``target_epsilon`` are
+    alternatives: give one (``dpsgd``, ``noise-only``) or neither (``sgd``, ``clip-only``)."""
 
     data: str | None = option(None, SOURCE_HELP["data"] + " Default: digits (a child run: its parent's).",
                               kind="data")
@@ -94,7 +86,6 @@ class TrainConfig:
     resume: str | None = option(None, "Continue a killed run from its last checkpoint (from step 0 if it was killed "
                                       "before its first).", metavar="RUN")
 
-    # -- derived -----------------------------------------------------------------------------------
     @property
     def is_dp(self) -> bool:
         """True for the DP-SGD family (per-sample gradients through the Privatizer)."""
@@ -212,19 +203,10 @@ PHASE_FAMILIES = ("sgd", "dpsgd")
 
 @dataclass
 class PhasesConfig:
-    """``landscape phases``: Phase 1 / Phase 2 branches (Watson et al. 2023, Sec. 4.1.1).
-
-    ``base`` holds the shared training options (model, data, lr, batch size, seed, the DP options). Phase 1
-    trains ``k`` epochs with each family in ``phase1`` from ONE initialisation (same seed); from the end of
-    each Phase-1 run, Phase 2 trains ``epochs - k`` epochs with each family in ``phase2``, in ``copies``
-    copies whose seeds are ``base.seed + 1 + i`` (so copies differ only in data order and noise).
-    ``dp_lr`` and ``dp_momentum`` are the learning rate and momentum of DP phases (default: ``base``'s;
-    DP-SGD usually wants a larger rate and less momentum). ``phase2_sgd_lr`` and ``phase2_sgd_momentum`` are
-    those of Phase-2 SGD copies only (default: ``base``'s, as Phase-1 SGD): with ``dp_lr`` / ``dp_momentum`` set
-    to the same values, Phase-2 SGD and Phase-2 DP-SGD take the same steps from a Phase-1 SGD run trained at
-    ``base``'s (a matched-lr sibling reference). Unset, they change neither the runs nor any hash. ``group``
-    names the runs (``G-sgd``, ``G-sgd-dpsgd-0``, ...); default ``phases-<config hash>``.
-    """
+    """``landscape phases`` (Watson et al. 2023, Sec. 4.1.1): Phase 1 trains ``k`` epochs with each family from
+    ONE initialisation; Phase 2 continues each for ``epochs - k`` epochs in ``copies`` copies seeded
+    ``base.seed + 1 + i`` (differing only in data order and noise). ``base`` holds the shared training options;
+    the lr/momentum overrides, unset, change neither the runs nor any hash (docs/training.md)."""
 
     base: TrainConfig
     k: int = option(1, "Phase-1 epochs (Watson et al. Sec. 4.1.1).", min=1, required=True)

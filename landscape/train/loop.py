@@ -1,9 +1,6 @@
-"""The training loop: SGD and the DP-SGD family, checkpoints, child runs (``--from``) and resume.
-
-A step samples a batch, asks the :class:`~landscape.train.privatize.Privatizer` for the gradient, applies
-``torch.optim.SGD`` and re-applies pruning masks; everything else is a callback (:mod:`.callbacks`). A child run
-starts from its parent's weights and composes its epsilon with its ancestors' (docs/training.md).
-"""
+"""The training loop (SGD and the DP-SGD family, child runs, resume; docs/training.md): a step samples a batch,
+asks the ``Privatizer`` for the gradient, steps ``torch.optim.SGD`` and re-applies pruning masks; everything else
+is a callback."""
 
 from __future__ import annotations
 
@@ -90,33 +87,21 @@ class TrainState:
         return self.step / self.steps_per_epoch
 
 
-# ------------------------------------------------------------------------------------------- entry point
-
-
 def train(config: TrainConfig, *, root: str | Path, callbacks: Sequence[Callback] = (),
           progress: bool | None = None, phases: dict[str, Any] | None = None) -> Run:
-    """Train one run into the store at ``root`` and return it (see the module docstring).
-
-    ``config.resume`` continues that run from its last checkpoint (its stored config is used). ``callbacks`` are
-    appended to the standard ones. ``phases`` is stored as ``manifest["phases"]``. ``progress``: True shows the
-    steps on stderr, False never, None follows ``landscape.progress``. A ``model`` or ``data`` given as a code
-    reference is named by the user here, so it may rebuild this run's checkpoints; resuming such a run needs the
-    code named again (``landscape --code REF``, ``landscape.plugins.trusting``).
-    """
+    """Train one run into the store at ``root`` and return it; ``config.resume`` continues that run from its last
+    checkpoint. ``callbacks`` are appended to the standard ones; ``phases`` is stored as ``manifest["phases"]``.
+    ``progress``: True shows the steps on stderr, False never, None follows ``landscape.progress``. A model or
+    data code reference named here is trusted for this run; resuming it needs the code named again."""
     config.validate()
-    with plugins.trusting(plugins.code_refs(config.model, config.data)):
-        return _train(config, root=root, callbacks=callbacks, progress=progress, phases=phases)
-
-
-def _train(config: TrainConfig, *, root: str | Path, callbacks: Sequence[Callback], progress: bool | None,
-           phases: dict[str, Any] | None) -> Run:
     store = Store(root)
-    if config.resume is not None:
-        return _resume(store, config.resume, data_root=config.data_root, callbacks=callbacks, progress=progress)
-    if config.run is not None and _interrupted_before_first_checkpoint(store, config):
-        # the same command again after a kill before the first checkpoint: start that run over, in place
-        return _resume(store, config.run, data_root=config.data_root, callbacks=callbacks, progress=progress)
-    return _start(store, config, callbacks=callbacks, progress=progress, phases=phases)
+    with plugins.trusting(plugins.code_refs(config.model, config.data)):
+        if config.resume is not None:
+            return _resume(store, config.resume, data_root=config.data_root, callbacks=callbacks, progress=progress)
+        if config.run is not None and _interrupted_before_first_checkpoint(store, config):
+            # the same command again after a kill before the first checkpoint: start that run over, in place
+            return _resume(store, config.run, data_root=config.data_root, callbacks=callbacks, progress=progress)
+        return _start(store, config, callbacks=callbacks, progress=progress, phases=phases)
 
 
 def _interrupted_before_first_checkpoint(store: Store, config: TrainConfig) -> bool:
@@ -130,17 +115,11 @@ def _interrupted_before_first_checkpoint(store: Store, config: TrainConfig) -> b
     return False
 
 
-def _with_defaults(config: TrainConfig) -> TrainConfig:
-    """A run from scratch trains lenet on digits unless told otherwise (a child run: its parent's)."""
-    if config.from_ref is not None:
-        return config
-    return dataclasses.replace(config, model=config.model or DEFAULT_MODEL, data=config.data or DEFAULT_DATA)
-
-
 def resolved(store: Store, config: TrainConfig) -> TrainConfig:
-    """``config`` as a run records it: :func:`_with_defaults`, and the accountant resolved (a child run's
-    default is its parent's, :func:`landscape.privacy.continuing_accountant`)."""
-    config = _with_defaults(config)
+    """``config`` as a run records it: from scratch, lenet on digits unless told otherwise, and the accountant
+    resolved (a child run's default is its parent's, :func:`landscape.privacy.continuing_accountant`)."""
+    if config.from_ref is None:
+        config = dataclasses.replace(config, model=config.model or DEFAULT_MODEL, data=config.data or DEFAULT_DATA)
     if config.accountant is not None:
         return config
     parent = None
@@ -177,7 +156,9 @@ def _start(
     else:
         model = _model_from_parent(config, parent, data)
         lineage = lineage_of(parent, config.from_ref)
-        masks = _parent_masks(store, parent)
+        masks = None
+        with contextlib.suppress(CheckpointError):  # the pruning mask of the parent's run, if it has one
+            masks = load_masks(store.run(parent.run)) if parent.run is not None else None
         history = inherited_privacy(store, parent)
         if history.parent_epsilon is not None:
             history.parent_epsilon["ref"] = config.from_ref
@@ -196,7 +177,13 @@ def _start(
                       f"below {n} for minibatch {'DP-' if config.is_dp else ''}SGD", SamplingWarning, stacklevel=2)
     total = accounting.schedule_steps(config.epochs, n, config.batch_size)
     q = min(1.0, config.batch_size / n)
-    sigma = _noise_multiplier(config, q, total, history)
+    if config.optimizer in ("sgd", "clip-only"):
+        sigma = 0.0
+    elif config.noise_multiplier is not None:
+        sigma = float(config.noise_multiplier)
+    else:
+        sigma = accounting.noise_for_epsilon(config.target_epsilon, q, total, config.delta, config.accountant,
+                                             history=history)
     privacy = {
         "noise_multiplier": sigma,
         "sample_rate": q,
@@ -231,8 +218,10 @@ def _start(
         _reapply_masks(state)  # a parent's pruned weights are zero from step 0, even if it stored them unmasked
         _run(state, callbacks, progress)
     except BaseException:
-        if existing is None:
-            _discard_if_empty(run)
+        if existing is None:  # a run that failed before its first checkpoint holds nothing: free its name
+            with contextlib.suppress(Exception):
+                if not run.checkpoints():
+                    shutil.rmtree(run.path)
         raise
     finally:
         if existing is None:
@@ -273,13 +262,6 @@ def _check_restart(run: Run, fields: dict[str, Any]) -> None:
                 f"run '{run.name}' has no checkpoint and cannot be restarted as recorded: its '{key}' differs from "
                 f"what its configuration gives now (changed data or code?); remove {run.path} and train it again"
             )
-
-
-def _discard_if_empty(run: Run) -> None:
-    """A run that failed before its first checkpoint holds nothing to resume: free its name."""
-    with contextlib.suppress(Exception):
-        if not run.checkpoints():
-            shutil.rmtree(run.path)
 
 
 def _resume(
@@ -362,9 +344,6 @@ def _continue(
     return run
 
 
-# ------------------------------------------------------------------------------------------- assembly
-
-
 def derive_seeds(seed: int) -> dict[str, int]:
     """The run's seed and the independent streams drawn from it (sampler, noise, sparsification masks)."""
     sampling, noise, sparsify = (int(s) for s in np.random.SeedSequence(int(seed)).generate_state(3))
@@ -421,34 +400,11 @@ def _check_dp_model(config: TrainConfig, model: nn.Module) -> None:
     raise ModelError(f"{why}; {fix}")
 
 
-def _parent_masks(store: Store, parent: Checkpoint) -> dict[str, torch.Tensor] | None:
-    """The pruning mask of the parent's run (run array ``mask``), if it has one."""
-    if parent.run is None:
-        return None
-    try:
-        run = store.run(parent.run)
-    except CheckpointError:
-        return None
-    return load_masks(run)
-
-
-def _noise_multiplier(config: TrainConfig, q: float, total: int, history: PrivacyHistory) -> float:
-    if config.optimizer in ("sgd", "clip-only"):
-        return 0.0
-    if config.noise_multiplier is not None:
-        return float(config.noise_multiplier)
-    return accounting.noise_for_epsilon(config.target_epsilon, q, total, config.delta, config.accountant,
-                                        history=history)
-
-
 def epsilon_curve(
     config: TrainConfig, sigma: float, q: float, total: int, history: PrivacyHistory, exact_steps: Sequence[int] = (),
 ) -> torch.Tensor | None:
     """Epsilon after t = 0..total steps of this run (composed with DP ancestor steps); None if not accounted.
-
-    RDP is cheap per step, so every step gets its value; PLD is evaluated at ``exact_steps`` (checkpoints)
-    and at epoch ends, NaN elsewhere.
-    """
+    RDP gives every step; PLD only ``exact_steps`` (checkpoints) and epoch ends, NaN elsewhere."""
     if not config.accounted:
         return None
     curve = torch.full((total + 1,), float("nan"), dtype=torch.float64)
@@ -513,9 +469,6 @@ def _build_state(
     return state
 
 
-# ------------------------------------------------------------------------------------------- the loop
-
-
 def _run(state: TrainState, extra: Sequence[Callback], progress: bool | None) -> None:
     """The steps; ``progress`` True / False turns the progress display on / off for this run, None follows the
     caller's (:mod:`landscape.progress`). Ctrl-C leaves a note on the interrupt naming the command that continues
@@ -552,7 +505,8 @@ def _steps(state: TrainState, callbacks: list[Callback]) -> None:
         while state.step < state.total_steps:
             epoch, position = divmod(state.step, state.steps_per_epoch)
             if state.sparsify is not None and epoch != epoch_of_masks:
-                step_masks = _combine_masks(state, state.sparsify.mask_for_epoch(epoch, _shapes(model)))
+                shapes = {n: p.shape for n, p in model.named_parameters() if p.requires_grad}
+                step_masks = _combine_masks(state, state.sparsify.mask_for_epoch(epoch, shapes))
                 epoch_of_masks = epoch
             idx = state.sampler.indices(position).to(x_train.device)
             stats = state.privatizer.compute_gradients(x_train[idx], y_train[idx], masks=step_masks)
@@ -565,10 +519,6 @@ def _steps(state: TrainState, callbacks: list[Callback]) -> None:
         for cb in state.callbacks:
             with contextlib.suppress(Exception):
                 cb.on_end(state)
-
-
-def _shapes(model: nn.Module) -> dict[str, torch.Size]:
-    return {n: p.shape for n, p in model.named_parameters() if p.requires_grad}
 
 
 def _combine_masks(state: TrainState, sparse: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

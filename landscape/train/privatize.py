@@ -1,24 +1,14 @@
-"""One privatised gradient step: per-sample clipping, Gaussian noise, masks and smoothing.
-
-- ``sgd``: ``(1/n) sum_i g_i`` over the examples actually in the batch.
-- ``dpsgd`` (Abadi et al. 2016; Bu et al. 2023 eq. 2.2): ``(sum_i c_i g_i + N(0, sigma^2 C^2 I)) / B`` with
-  ``B`` the EXPECTED batch size (a data-dependent denominator would leak the batch size; Opacus does the same).
-- ``clip-only``: no noise (Zhu & Blaschko Alg. 3; Watson et al. Fig. 10 "Clipped-SGD").
-- ``noise-only``: the same noise, no clipping (Watson Fig. 10 "Noisy-SGD", Zhu Alg. 2; not private).
-
-Clipping functions and styles come from :mod:`landscape.clip`. Under ``layerwise`` clipping the noise stays
-``sigma * sqrt(sum_r C_r^2)`` per coordinate, as in Opacus and as the accountant assumes (Bu eq. 4.4's
-per-layer ``sigma C_r`` would be another mechanism). Masks multiply every per-sample gradient before the norms
-and the noise too, so masked coordinates get exactly zero (Zhu Thm. 3.1); Laplacian smoothing (DP-LSSGD) acts
-on the noisy gradient and the mask is applied again. :class:`LoopEngine` is the slow per-example reference.
-"""
+"""One privatised gradient step (the optimizers of docs/training.md): ``dpsgd`` divides by the EXPECTED batch
+size (a data-dependent denominator would leak it; Opacus does the same); under ``layerwise`` clipping the noise
+stays ``sigma * sqrt(sum_r C_r^2)`` per coordinate, as the accountant assumes. Masks apply to the per-sample
+gradients and to the noise, so masked coordinates get exactly zero (Zhu Thm. 3.1)."""
 
 from __future__ import annotations
 
 import math
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -29,9 +19,8 @@ from landscape.clip import CLIP_FUNCTIONS, CLIP_STYLES, layer_threshold
 from landscape.errors import IncompatibleError, OptionError, UsageError
 from landscape.evaluate.allocator import tuned_allocator
 from landscape.pooling import exact_fast_pooling
+from landscape.train.config import OPTIMIZERS
 from landscape.train.smoothing import laplacian_smooth
-
-OPTIMIZERS = ("sgd", "dpsgd", "clip-only", "noise-only")
 
 
 @dataclass
@@ -76,14 +65,9 @@ class PrivacyConfig:
 
 @dataclass
 class StepStats:
-    """Metrics of one step, as 0-dim float64 tensors on the model's device (no host sync until read).
-
-    ``mean_grad_norm`` / ``max_grad_norm``: of the flat per-sample gradient norms (after masks, before
-    clipping; NaN when not computed). ``fraction_clipped``: flat style, the fraction of samples with
-    ``||g_i|| > C``; layerwise, the fraction of (sample, layer) pairs with ``||g_{i,r}|| > C_r``; 0 for
-    optimizers that do not clip. ``noise_norm``: L2 norm of the noise in the returned gradient (i.e. after
-    the division by ``B``). ``update_norm``: L2 norm of the gradient written to ``p.grad``.
-    """
+    """Metrics of one step, as 0-dim float64 tensors on the model's device (no host sync until read). Gradient
+    norms are per-sample, after masks and before clipping (NaN when not computed); ``fraction_clipped`` counts
+    (sample, layer) pairs under layerwise clipping; ``noise_norm`` is taken after the division by ``B``."""
 
     loss: torch.Tensor
     accuracy: torch.Tensor
@@ -93,11 +77,9 @@ class StepStats:
     noise_norm: torch.Tensor
     update_norm: torch.Tensor
     batch_size: int = 0
-    extra: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, float]:
-        out = {f.name: float(getattr(self, f.name)) for f in fields(self) if f.name != "extra"}
-        return out | {k: float(v) for k, v in self.extra.items()}
+        return {f.name: float(getattr(self, f.name)) for f in fields(self)}
 
 
 def _total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -105,81 +87,10 @@ def _total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors)).to(torch.float64))
 
 
-class LoopEngine:
-    """Reference per-sample engine: one forward/backward per example (slow, obviously correct).
-
-    Implements the parts of the ``PerSampleEngine`` interface the Privatizer and the analyses use (``grads``,
-    ``norms``, ``clipped_sum``, ``mean_grad``, ``projections`` with ``{name: tensor}`` directions); the loss is
-    ``cross_entropy(f(x_i), y_i)``. Works on any model: the reference for models without a handler.
-    """
-
-    def __init__(self, model: nn.Module):
-        self.model = model
-        self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-
-    def _per_sample(self, x, y, masks):
-        names = [n for n, _ in self.named]
-        params = [p for _, p in self.named]
-        grads: dict[str, list[torch.Tensor]] = {n: [] for n in names}
-        losses, logits_all = [], []
-        for i in range(x.shape[0]):
-            logits = self.model(x[i : i + 1])
-            loss = F.cross_entropy(logits, y[i : i + 1], reduction="sum")
-            gs = torch.autograd.grad(loss, params)
-            for n, g in zip(names, gs, strict=True):
-                if masks is not None and n in masks:
-                    g = g * masks[n]
-                grads[n].append(g.detach())
-            losses.append(loss.detach())
-            logits_all.append(logits.detach())
-        stacked = {n: torch.stack(v) for n, v in grads.items()}
-        return stacked, torch.stack(losses), torch.cat(logits_all)
-
-    def grads(self, x, y, *, masks=None) -> dict[str, torch.Tensor]:
-        return self._per_sample(x, y, masks)[0]
-
-    def norms(self, x, y, *, masks=None):
-        return self._norms(*self._per_sample(x, y, masks))
-
-    @staticmethod
-    def _norms(grads, losses, logits):
-        from landscape.persample import PerSampleNorms
-
-        layers = {n: g.flatten(1).to(torch.float64).norm(dim=1) for n, g in grads.items()}
-        flat = torch.stack(list(layers.values())).pow(2).sum(0).sqrt()
-        return PerSampleNorms(flat=flat, layers=layers, loss=losses, logits=logits)
-
-    def mean_grad(self, x, y, *, masks=None) -> dict[str, torch.Tensor]:
-        return {n: g.mean(0) for n, g in self.grads(x, y, masks=masks).items()}
-
-    def projections(self, x, y, directions: list[dict[str, torch.Tensor]]) -> torch.Tensor:
-        """``P[i, j] = <g_i, v_j>`` from the per-example gradients."""
-        grads = self.grads(x, y)
-        return torch.stack(
-            [sum((g.flatten(1) * v[n].reshape(-1).to(g.dtype)).sum(1) for n, g in grads.items()) for v in directions],
-            dim=1,
-        )
-
-    def clipped_sum(self, x, y, factor_fn, *, masks=None):
-        grads, losses, logits = self._per_sample(x, y, masks)
-        norms = self._norms(grads, losses, logits)
-        factors = factor_fn(norms)
-        out = {}
-        for n, g in grads.items():
-            f = factors[n] if isinstance(factors, Mapping) else factors
-            out[n] = torch.einsum("i,i...->...", f.to(g.dtype), g)
-        return out, norms
-
-
 class Privatizer:
-    """Computes one (privatised) gradient step and writes it to ``p.grad`` of the model's parameters.
-
-    ``expected_batch_size`` is ``B`` in ``(clipped sum + noise) / B`` (``q N`` for Poisson sampling, the batch size
-    for shuffling). ``generator`` draws the noise (on its own device, then moved). Parameters with
-    ``requires_grad=False`` are left alone. From its first step until collected (or ``release_memory()``) it holds
-    :func:`~landscape.evaluate.allocator.tuned_allocator`, so each step reuses the previous step's memory instead of
-    page-faulting it in afresh.
-    """
+    """Computes one (privatised) gradient step into ``p.grad`` of the trainable parameters. ``expected_batch_size``
+    is ``B`` in ``(clipped sum + noise) / B``; ``generator`` draws the noise. From its first step until collected
+    (or ``release_memory()``) it holds ``tuned_allocator``, so each step reuses the previous step's memory."""
 
     def __init__(self, model: nn.Module, config: PrivacyConfig, *, expected_batch_size: float,
                  generator: torch.Generator, engine: Any | None = None):
@@ -278,24 +189,20 @@ class Privatizer:
             if m is not None:
                 t.mul_(m)
 
-    def compute_gradients(
-        self, x: torch.Tensor, y: torch.Tensor, *, masks: Mapping[str, torch.Tensor] | None = None
-    ) -> StepStats:
-        """Fill ``p.grad`` with the step's gradient (see module docstring); return the step's metrics. glibc keeps
-        freed large blocks from now on while this Privatizer lives (see the class), plain or private alike."""
-        if self._kept is None or not self._kept.alive:
-            kept = tuned_allocator()
-            kept.__enter__()
-            self._kept = weakref.finalize(self, kept.__exit__, None, None, None)
-        return self._compute_gradients(x, y, masks)
-
     def release_memory(self) -> None:
         """End the allocator tuning of the steps (``tuned_allocator``) now rather than when this object is collected;
         a later step starts it again."""
         if self._kept is not None:
             self._kept()
 
-    def _compute_gradients(self, x, y, masks) -> StepStats:
+    def compute_gradients(
+        self, x: torch.Tensor, y: torch.Tensor, *, masks: Mapping[str, torch.Tensor] | None = None
+    ) -> StepStats:
+        """Fill ``p.grad`` with the step's gradient; return the step's metrics."""
+        if self._kept is None or not self._kept.alive:
+            kept = tuned_allocator()
+            kept.__enter__()
+            self._kept = weakref.finalize(self, kept.__exit__, None, None, None)
         cfg = self.config
         masks_t = self.prepare_masks(masks)
         n = int(x.shape[0])

@@ -1,11 +1,5 @@
-"""Magnitude pruning masks, applying masks, and rewinding survivors to their initial values (Watson et al.
-Sec. 4 "Pruning").
-
-The option is always the fraction REMOVED (``round(Q * n)`` weights per layer, or over all included weights with
-``scope="global"``); by default only weights of at least 2 dimensions; ties break by flat position. Masks are
-``dict[name, bool Tensor]`` (True = keep). A pruned run inherits the DP history of the weights its mask came
-from (:func:`inherited_privacy`).
-"""
+"""Magnitude pruning, masks (``dict[name, bool Tensor]``, True = keep) and rewinding survivors to their initial
+values (Watson et al. Sec. 4 "Pruning"), and the privacy history a derived run inherits."""
 
 from __future__ import annotations
 
@@ -45,20 +39,12 @@ def default_include(name: str, tensor: torch.Tensor) -> bool:
     return name.rsplit(".", 1)[-1] == "weight" and tensor.ndim >= 2 and tensor.is_floating_point()
 
 
-def _removal_order(magnitudes: torch.Tensor) -> torch.Tensor:
-    """Flat indices sorted by magnitude ascending, ties by position (stable sort)."""
-    return torch.sort(magnitudes, stable=True).indices
-
-
 def magnitude_masks(weights: nn.Module | Mapping[str, torch.Tensor], remove: float, scope: str = "layer",
                     include: Iterable[str] | Callable[[str, torch.Tensor], bool] | None = None
                     ) -> dict[str, torch.Tensor]:
-    """Bool keep-masks removing EXACTLY ``round(remove * n)`` smallest-magnitude weights.
-
-    ``weights``: a model (its parameters) or a state dict. ``scope="layer"``: per tensor, ``n`` its size;
-    ``"global"``: one threshold over all included tensors, ``n`` their total size. ``include``: parameter
-    names, or a predicate ``(name, tensor) -> bool``; default :func:`default_include`.
-    """
+    """Bool keep-masks removing EXACTLY ``round(remove * n)`` smallest-magnitude weights (ties by position), ``n``
+    each tensor's size (``scope="layer"``) or that of all included tensors (``"global"``). ``include``: names, or
+    a predicate ``(name, tensor) -> bool``; default :func:`default_include`."""
     if not (0.0 <= remove <= 1.0) or not math.isfinite(remove):
         raise OptionError("remove", f"must be a fraction in [0, 1], got {remove}")
     if scope not in SCOPES:
@@ -80,13 +66,13 @@ def magnitude_masks(weights: nn.Module | Mapping[str, torch.Tensor], remove: flo
         for n in names:
             mag = state[n].detach().abs().flatten().cpu()
             keep = torch.ones(mag.numel(), dtype=torch.bool)
-            keep[_removal_order(mag)[: int(round(remove * mag.numel()))]] = False
+            keep[torch.sort(mag, stable=True).indices[: int(round(remove * mag.numel()))]] = False
             masks[n] = keep.reshape(state[n].shape)
         return masks
     mags = [state[n].detach().abs().flatten().cpu().to(torch.float64) for n in names]
     flat = torch.cat(mags)
     keep = torch.ones(flat.numel(), dtype=torch.bool)
-    keep[_removal_order(flat)[: int(round(remove * flat.numel()))]] = False
+    keep[torch.sort(flat, stable=True).indices[: int(round(remove * flat.numel()))]] = False
     for n, part in zip(names, torch.split(keep, [m.numel() for m in mags]), strict=True):
         masks[n] = part.reshape(state[n].shape)
     return masks
@@ -106,11 +92,6 @@ def check_masks(masks: Mapping[str, torch.Tensor], state: nn.Module | Mapping[st
             )
 
 
-def kept_fractions(masks: Mapping[str, torch.Tensor]) -> dict[str, float]:
-    """Fraction of coordinates kept, per masked tensor."""
-    return {n: float(torch.as_tensor(m).to(torch.float64).mean()) for n, m in masks.items()}
-
-
 def apply_masks(
     state: Mapping[str, torch.Tensor], masks: Mapping[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
@@ -124,11 +105,8 @@ def apply_masks(
 
 def rewind(state: Mapping[str, torch.Tensor], init_state: Mapping[str, torch.Tensor],
            masks: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Lottery-ticket rewind: every tensor takes its value from ``init_state``, masked coordinates exactly 0.
-
-    ``state`` (the trained weights the masks came from) only fixes which tensors must exist: both state
-    dicts must have the same names and shapes (IncompatibleError naming the first mismatch).
-    """
+    """Lottery-ticket rewind: every tensor takes its value from ``init_state``, masked coordinates exactly 0;
+    ``state`` (the trained weights) must have the same names and shapes."""
     for n, t in state.items():
         if n not in init_state:
             raise IncompatibleError(f"the initial weights lack {n!r}")
@@ -166,9 +144,6 @@ def mask_optimizer_state_(
                 value.mul_(torch.as_tensor(masks[name]).to(value))
 
 
-# ------------------------------------------------------------------------------ lineage and privacy
-
-
 def lineage_of(checkpoint: Checkpoint, ref: str) -> dict[str, Any]:
     """The ``manifest["lineage"]`` of a run whose step 0 derives from ``checkpoint`` (named ``ref``)."""
     return {
@@ -181,18 +156,9 @@ def lineage_of(checkpoint: Checkpoint, ref: str) -> dict[str, Any]:
 
 
 def inherited_privacy(store: Store, checkpoint: Checkpoint) -> PrivacyHistory:
-    """The privacy history of the weights at ``checkpoint`` (:class:`~landscape.privacy.PrivacyHistory`).
-
-    ``events``: its run's recorded ancestor events (``manifest["privacy"]["ancestor_events"]``) followed by the
-    run's own steps up to the checkpoint when the run was accounted (DP-SGD with a noise multiplier).
-    ``parent_epsilon``: the epsilon the checkpoint itself reports and the accountant it came from (an accounted
-    run's checkpoint). ``non_private``: some earlier step carried no privacy guarantee (SGD, clip-only, noise-only ancestors or
-    trained weights of a run that records no privacy), so no finite epsilon covers the pipeline. ``unknown``
-    and ``declared``: imported weights (``landscape import``) and their descendants; an import without a
-    declaration, or one made before imports recorded privacy (lineage ``imported_from``), is unknown. This is
-    the one place a child run (``train --from``), a pruned run (:func:`prune_into_run`) and an aligned run
-    learn their history from.
-    """
+    """The privacy history of the weights at ``checkpoint``: its run's ancestor events and own accounted steps,
+    the epsilon it reports, and whether a non-private or unknown (imported, undeclared) step came before. The
+    one place child, pruned and aligned runs learn their history from."""
     privacy = manifest = None
     if checkpoint.run is not None:
         with contextlib.suppress(CheckpointError):
@@ -235,14 +201,8 @@ def _pruned_privacy(store: Store, source: Checkpoint, init: Checkpoint | None) -
 def prune_into_run(store: Store, source: Checkpoint, remove: float, *, source_ref: str, scope: str = "layer",
                    init: Checkpoint | None = None, init_ref: str | None = None, run: str | None = None
                    ) -> tuple[Run, dict[str, torch.Tensor]]:
-    """Magnitude-prune ``source`` (:func:`magnitude_masks`) into a new run; returns it and the keep-masks.
-
-    Step 0 of the new run holds the survivors rewound to ``init`` (:func:`rewind`, Watson et al. Sec. 4 /
-    lottery-ticket rewinding) or, without ``init``, the source values with pruned coordinates zeroed. The run
-    stores the masks (run array ``mask``), lineage to ``source``, the data spec of ``init`` (else the
-    source's), and the privacy history of both checkpoints (:func:`_pruned_privacy`). ``manifest["config"]``
-    records the pruning (``command: prune``, the source, fraction, scope, rewind and init with its sha256).
-    """
+    """Magnitude-prune ``source`` into a new run whose step 0 holds the survivors, rewound to ``init`` when given;
+    returns it and the keep-masks. The run records the masks, its lineage and both checkpoints' privacy."""
     masks = magnitude_masks(source.state_dict, remove, scope=scope)
     if init is not None:
         state = rewind(source.state_dict, init.state_dict, masks)

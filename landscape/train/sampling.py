@@ -1,7 +1,5 @@
-"""Which training examples each step sees: Poisson subsampling (DP: each example independently with probability
-q = B/N, what the accountants assume) or shuffled batches (SGD). Both draw from an explicit generator and expose
-their state, so a checkpoint taken mid-epoch resumes the same batches. An epoch is ceil(N/B) steps either way.
-"""
+"""Which training examples each step sees (Poisson subsampling or shuffled batches, ceil(N/B) steps an epoch);
+both expose their generator's state, so a checkpoint taken mid-epoch resumes the same batches."""
 
 from __future__ import annotations
 
@@ -15,8 +13,6 @@ from landscape.train.accounting import steps_per_epoch
 class Sampler:
     """Base class: ``indices(position)`` gives the batch for a position within the epoch (called in order)."""
 
-    name = ""
-
     def __init__(self, n: int, batch_size: int, generator: torch.Generator):
         if n < 1:
             raise ValueError("cannot sample from an empty training set")
@@ -24,10 +20,6 @@ class Sampler:
         self.batch_size = batch_size
         self.generator = generator
         self.steps_per_epoch = steps_per_epoch(n, batch_size)
-
-    @property
-    def expected_batch_size(self) -> float:
-        return float(self.batch_size)
 
     @property
     def sample_rate(self) -> float:
@@ -46,8 +38,6 @@ class Sampler:
 class PoissonSampler(Sampler):
     """Each example independently with probability q = B/N (Abadi et al. 2016); empty batches happen."""
 
-    name = "poisson"
-
     def indices(self, position: int) -> torch.Tensor:
         keep = torch.rand(self.n, generator=self.generator, dtype=torch.float64) < self.sample_rate
         return keep.nonzero().squeeze(1)
@@ -55,8 +45,6 @@ class PoissonSampler(Sampler):
 
 class ShuffleSampler(Sampler):
     """A fresh random permutation each epoch cut into batches of B (the last one may be smaller)."""
-
-    name = "shuffle"
 
     def __init__(self, n: int, batch_size: int, generator: torch.Generator):
         super().__init__(n, batch_size, generator)

@@ -1,11 +1,5 @@
-"""Laplacian smoothing of a (noisy) gradient: DP-LSSGD (Wang et al. 2019; Wang's slides, "DP-SGD with
-Laplacian Smoothing").
-
-The update uses ``A_s^{-1} g`` with ``A_s = I - s L``, ``L`` the periodic 1-D discrete Laplacian on the
-flattened parameter tensor. ``A_s`` is circulant, so ``A_s^{-1} g = ifft(fft(g) / (1 + 2s - 2s cos(2 pi k / d)))``,
-eigenvalues in ``[1, 1 + 4s]`` (``d = 2`` gives ``[[1 + 2s, -2s], [-2s, 1 + 2s]]``, ``d = 1`` the identity).
-Smoothing post-processes the privatised gradient, so it costs no privacy.
-"""
+"""Laplacian smoothing of a noisy gradient, DP-LSSGD (Wang et al. 2019): ``A_s^{-1} g`` with ``A_s = I - s L``
+(``L`` the periodic 1-D Laplacian of the flattened tensor) is circulant, so one FFT division."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Random sparsification with gradual cooling (Zhu & Blaschko 2023, Alg. 1).
-
-At epoch ``e`` (0-based) of ``E`` the rate is ``r(e) = R* e / (E - 1)`` (``R*`` when ``E = 1``). A fresh mask
-with exactly ``round((1 - r(e)) d)`` ones over the whole flattened model (as in the paper, not per layer) serves
-every step of the epoch; it multiplies the per-sample gradients before clipping and the noise, so privacy is
-unchanged (Zhu Thm. 3.1). The mask depends only on the seed and ``e``, so a resumed run draws the same masks.
-"""
+"""Random sparsification with gradual cooling (Zhu & Blaschko 2023, Alg. 1): one mask over the whole flattened
+model per epoch, drawn from the seed and the epoch only, so a resumed run draws the same masks."""
 
 from __future__ import annotations
 
@@ -17,10 +12,7 @@ from landscape.errors import OptionError, UsageError
 
 
 class SparsifySchedule:
-    """Per-epoch random masks for Zhu & Blaschko's random sparsification.
-
-    ``generator`` is a seed (int) or a ``torch.Generator`` whose ``initial_seed()`` is used as the seed.
-    """
+    """Per-epoch random masks; ``generator``: a seed, or a ``torch.Generator`` whose ``initial_seed()`` is it."""
 
     def __init__(self, rate: float, epochs: int, generator: torch.Generator | int = 0):
         if not (0.0 <= rate < 1.0) or not math.isfinite(rate):
