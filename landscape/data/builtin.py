@@ -104,8 +104,8 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
 def digits(*, seed: int, test_fraction: float = 0.25, split_seed: int = 0, standardize: bool = True,
            **_: Any) -> _Arrays:
     """scikit-learn's 8x8 digits (1,797 images, 10 classes) as ``1 x 8 x 8`` tensors, split (stratified) by
-    ``split_seed``, not ``seed``, so runs with different seeds share one test set (1/4 test: 1,348 train and 449
-    test images); ``standardize`` uses the train pixels' mean and standard deviation."""
+    ``split_seed``, not ``seed``, so runs with different seeds share one test set; 1/4 test gives
+    1,348 train and 449 test images. ``standardize`` uses the train pixels' mean and standard deviation."""
     if isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float)) \
             or not 0.0 < test_fraction < 1.0:
         raise DataError(f"digits option test_fraction must be in (0, 1), got {test_fraction!r}")
