@@ -1,31 +1,6 @@
 """The runs Bu et al.'s calibration figures (Figs. 6, 7 and 11) are drawn from, trained once per scale.
 
-DP-SGD with noise multiplier 1.1 at several clipping norms C with learning rate 0.15 / C (Bu et al. Fig. 6's
-rule: the noise step lr * sigma * C stays fixed while C grows), and non-DP SGD, ``seeds`` seeds each (a seed's
-runs share their initialisation). ``bu-fig6-7`` and ``bu-fig11`` read the same runs (names
-``bu-calibration-SCALE-...``); their settings include :data:`RUNS`.
-
-Learning rate per C: Bu's rule lr = 0.15 / C starves a large C on this small problem (C = 100 at lr 0.0015 ended
-at 38.5% test accuracy against 86% at C = 1), so the rule is scaled: ``lr = f * base_lr / C``, one factor ``f``
-from ``lr_factors`` (f = 1 is Bu's rule). The factor is chosen by :mod:`landscape.figures._selection`: selection runs
-of every C at every f on other seeds (seeds from 1000, 80 % of the training split), scored on the held-out 20 %.
-
-Bu et al. compare the clipping norms "at similar accuracy". The large C compared with the smallest is chosen on the
-validation split too, before any evaluation run exists: the largest C whose best validation score (over f) is within
-:data:`MARGIN` of the smallest C's (else the largest C). Then the two compared norms are the selection's arms: one
-matched factor f for both (the viable f with the better worse arm), and the verdict is also computed at every other
-viable f and with each C at its own best f. :func:`premise` checks the similar accuracy on the evaluation runs
-(TOST on the paired test accuracies, margin :data:`MARGIN`): a validity check, not a selection; when it is not shown
-the verdict at that setting is inconclusive (invalid regime). Only the compared runs (and non-DP SGD) are end models
-under the validity gate.
-
-Non-DP SGD (lr ``sgd_lr``, momentum 0.9) ends far more accurate than any DP run, so "C = 1 is worse calibrated
-than non-DP SGD" compares at *matched accuracy* (:func:`sgd_matched`): the SGD runs keep a checkpoint every
-1/8 epoch, and per seed the reference is the SGD checkpoint whose *train* accuracy is closest to the small C model's
-train accuracy of the same seed (ties: the earlier checkpoint) -- matched on the training split, never on the test
-examples the ECE is then measured on. When some seed's reference is
-more than :data:`MATCH_TOLERANCE` away in test accuracy there is no accuracy-matched reference and that part is
-inconclusive (invalid regime). The chosen epochs and both accuracies go into bu-fig6-7's summary.
+The design notes: docs/figures.md, "What each recipe measures" (bu-runs).
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
 """The Phase-1 x Phase-2 grid that Watson et al. Figs. 2, 6, 7 and 8 are drawn from, trained once per scale.
 
-Sec. 4.1.1: SGD and DP-SGD train ``k`` epochs from one initialisation (Phase 1); from each, SGD and DP-SGD train
-the remaining epochs in ``copies`` copies that differ in data order and noise (Phase 2). The recipes
-``watson-fig2``, ``watson-fig6-7`` and ``watson-fig8`` (and ``watson-fig3``, for its sibling reference) read the
-same runs (group ``watson-phase-grid-SCALE-mM-lrLR``, named by the matched momentum and lr), so whichever runs first
-trains them and the others reuse them; their settings include :data:`GRID` so a change of the grid changes all
-their summaries. At cpu scale the grid has 5 Phase-2 copies (the paper averages 3-5 runs), its selection grids one.
-
-Fair comparison: SGD and DP-SGD use ONE learning rate, ONE momentum and the same batch size in both phases, so a
-difference between the optimisers is not a difference of step size. The pair (momentum, lr) is chosen by
-:mod:`landscape.figures._selection` over ``momenta`` x ``lrs`` (at paper scale the paper's own lr sweep, Appendix
-Sec. 8, at momentum 0; at cpu scale 0.01, 0.03, 0.1 at momentum 0 and 0.9), the four Phase-1 -> Phase-2 combinations as the arms
-(selection groups ``...-sel-mM-lrLR``). The evaluation grid (seed 0, the full training split) is trained at the
-chosen candidate, at every other viable one and at each arm's own best, for the sensitivity reports. The paper
-itself tuned each optimiser separately (SGD lr 0.1 / batch 128, DP-SGD lr 0.5 / batch 1024, Sec. 4.1
-"Training"); at paper scale the grid keeps the paper's model, data, epochs, k, sigma 0.55, C = 1 and momentum 0,
-and matches the lr (from the paper's sweep) and the batch (the paper's SGD batch of 128). What was tried before:
-docs/figures.md, "What was tried, recipe by recipe".
-
-Basin claims are judged on the path's height above both ends (:func:`height`) against :func:`min_height`; the
-chord barrier and Def. 2.3 instability are stored beside it (docs/figures.md, "Barriers, gates, claims").
+The design notes: docs/figures.md, "What each recipe measures" (phase-grid).
 """
 
 from __future__ import annotations

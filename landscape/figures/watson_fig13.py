@@ -1,31 +1,7 @@
 """Watson et al. (2023), Fig. 13 (Sec. 4.2): magnitude pruning raises DP-SGD's test accuracy (epsilon = 1), with
 the mask found non-privately on the full training set (a), on a 5% subset (b), or on another data set (c).
 
-Measured: an SGD run on the full training set and one on a 5% stratified subset (as many SGD steps as the full
-run) choose masks removing
-``remove`` of every layer's weights by magnitude (``landscape prune``, survivors rewound to the full-data run's
-initialisation); DP-SGD at epsilon 1 then trains from that initialisation pruned by each mask and unpruned
-(``train --from``), ``seeds`` data-order/noise seeds each. Verdict (:func:`landscape.verdict.all_of`): with
-either mask the final test accuracy exceeds the unpruned DP-SGD accuracy (:func:`landscape.verdict.paired_greater`,
-the paired one-sided t-test at alpha 0.05: a seed's runs share their data order and noise); a part whose DP models
-or mask-source model fall below the validity gate's accuracy floor is inconclusive (invalid regime). (c) is not run at CPU scale: no second bundled image data set has
-digits' shapes (and at paper scale the CIFAR100 mask's output layer does not fit a CIFAR10 model: the store
-refuses it, naming the mismatch). The masks come from non-private runs, as in the paper; each pruned run's
-manifest flags that (``non_private_ancestors``) and its epsilon counts its own DP steps only.
-
-Minimum effect: a part holds only when the pruned accuracy exceeds the unpruned one by more than
-:data:`MIN_EFFECT` = 1 accuracy point (the paper reports "around 23%"; a gain of a few test examples is not the
-claim).
-
-Selection: DP-SGD's lr is chosen from ``dp_lrs`` by :mod:`landscape.figures._selection` before any run is compared:
-selection runs of each arm (unpruned, full-data mask, subset mask) on other seeds, scored on a validation split;
-the viable lr with the best worst arm; all three arms and every seed then use that lr (matched), and the verdict is
-also computed at every other viable lr and with each arm at its own best lr.
-
-Scaled down: LeNet on ``digits`` (the paper: Resnet18 on CIFAR10), SGD 10 epochs for the masks (the subset mask
-from a 20% subset: 5% of digits, 67 examples, trains no usable mask source -- 33% test accuracy), DP-SGD 10
-epochs at epsilon 1 with batch 64 / no momentum and lr from {0.1, 0.3, 1}, remove 0.7 (the paper's best level),
-5 seeds (more than the paper scale's 3: cheap here).
+The design notes: docs/figures.md, "What each recipe measures" (watson-fig13).
 """
 
 from __future__ import annotations

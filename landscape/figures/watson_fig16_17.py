@@ -2,29 +2,7 @@
 per-sample gradient norm over training, histograms early and late) and DP-SGD models lie further from the
 origin than SGD models (Fig. 17: 142 vs 86, "1.7x", fewer parameters near 0).
 
-Measured with ``landscape norms`` at every epoch's checkpoint of an SGD run and a DP-SGD run (epsilon 1) per
-seed (the two runs of a seed share their initialisation): the L2 distance from the origin, the per-sample
-gradient norms on a fixed sample, and parameter histograms on shared edges. Verdict
-(:func:`landscape.verdict.all_of` of two parts, paired by seed): at the final checkpoint the DP-SGD model is
-further from the origin than the SGD model of the same seed by more than the minimum ratio :data:`MIN_RATIO`
-(:func:`landscape.verdict.paired_ratio`: the paired t-test on log distances, i.e. the geometric-mean ratio
-DP/SGD), and its mean per-sample gradient norm is larger (:func:`landscape.verdict.paired_greater`).
-
-Minimum effect :data:`MIN_RATIO` = 1.2 (stored as ``min_effect``): the paper calls DP-SGD models "significantly
-further from the origin than SGD models (e.g. 1.7x)" and says pruning "reduces this difference" to 1.2x, "more
-closely replicating" SGD models (Sec. 4.2 and Appendix Sec. 9). So 1.7x is an example, not the claim, and a ratio of
-1.2 is what the paper itself contrasts with "significantly further": the claim holds only when the ratio exceeds
-1.2 significantly (and did not hold when it is significantly below 1.2). The ratio and its interval are reported
-beside the paper's 1.7.
-
-Fair comparison: SGD and DP-SGD run with the same learning rate, batch size and momentum -- matched
-hyper-parameters, as the paper's "batches of 128" for both (else the distance ratio is confounded with the step
-size). The one learning rate is chosen from ``lrs`` by :mod:`landscape.figures._selection` before any distance or
-gradient norm is looked at: selection runs of SGD and DP-SGD on other seeds, scored on a validation split; the
-verdict is also computed at every other
-viable lr and with each optimiser at its own best lr (where the distance ratio is no longer at a matched step size:
-the sensitivity says what the match does). Both models of every seed must pass the validity gate (a DP model that
-diverged would "end further from the origin" for the wrong reason).
+The design notes: docs/figures.md, "What each recipe measures" (watson-fig16-17).
 """
 
 from __future__ import annotations

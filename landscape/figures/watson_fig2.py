@@ -1,29 +1,6 @@
 """Watson et al. (2023), Fig. 2 (Sec. 4.1.1): final performance is decided by the Phase-2 optimiser.
 
-SGD and DP-SGD train k epochs from one initialisation (Phase 1); from each, SGD and DP-SGD train the rest
-(Phase 2). Claim (testing Ganesh et al.'s conjecture that the early phase decides): "the losses are determined by
-the mode of operation in Phase 2": runs with SGD in Phase 2 end well whatever Phase 1 was, runs with DP-SGD in
-Phase 2 end worse. Verdict (:func:`landscape.verdict.all_of`, Holm on the refuting side) of three parts on final
-test accuracy over the Phase-2 copies: after an SGD Phase 1 and after a DP Phase 1, SGD in Phase 2 beats DP-SGD in
-Phase 2 (:func:`landscape.verdict.greater`, Welch over copies); and per copy (the independent unit: each copy's
-four runs share its data order and noise seed) the accuracy gap between the two Phase-2 choices (same Phase 1)
-exceeds the gap between the two Phase-1 choices (same Phase 2) -- the paper's "larger impact"
-(:func:`landscape.verdict.paired_greater` over copies).
-
-Minimum effect :data:`MIN_EFFECT` = 1 accuracy point for every part (the test is of ``A - B > 0.01``): the paper
-calls the Phase-2 SGD runs' accuracies "similar" and the DP-SGD ones "higher loss", and this project calls
-accuracies "the same" within 1 point (``watson-fig10``'s equivalence margin). The paper's own gaps (CIFAR10) are
-tens of points.
-
-Fair comparison: matched learning rate, momentum and batch size (32) for both optimisers in both phases, the
-one (momentum, lr) chosen claim-neutrally (:mod:`landscape.figures._phase_grid`, :mod:`landscape.figures._selection`:
-selection runs on other seeds, scored on a validation split); the verdict is also computed at every other viable
-candidate and with each arm at its own best setting (the summary's ``sensitivity``). Every Phase-2 end model must
-pass the validity gate.
-
-Scaled down: LeNet on ``digits`` for 10 epochs with k = 4 and 5 Phase-2 copies (the paper: a CNN with k = 15
-and Resnet18 with k = 3 on CIFAR10, 3-5 runs); sigma from the accountant for epsilon 7 over 10 DP epochs (the
-paper: sigma 0.55, C = 1, epsilon ~ 7): SGD -> DP runs spend less (6 DP epochs; the scope states it).
+The design notes: docs/figures.md, "What each recipe measures" (watson-fig2).
 """
 
 from __future__ import annotations

@@ -2,20 +2,7 @@
 solutions are not linearly mode connected (a loss barrier on the straight path: different basins, or different
 regions of a non-convex basin).
 
-Measured: SGD runs from ``seeds`` different initialisations (everything else equal) and, as the reference for
-"connected", Phase-2 SGD siblings of one Phase-1 run (the ``watson-fig2`` grid); per pair the straight path's test
-loss, its height above both ends (:func:`landscape.figures._phase_grid.height`; the chord barrier and Def. 2.3
-instability stored beside it) and the difference of its end losses. Verdict (:func:`landscape.verdict.all_of`) of
-two parts: the different-init height exceeds the sibling height by more than the stated minimum height (2 % of
-ln C; :func:`landscape.verdict.greater`), and the different-init height exceeds the pair's own end-loss
-difference ("similar losses"; :func:`landscape.verdict.above` on the per-pair difference). Replication unit: the
-pairs of ``n`` initialisations (or copies) share their runs, so each group's standard error is the
-leave-one-unit-out jackknife over the initialisations (copies), with ``n - 1`` degrees of freedom
-(:func:`landscape.verdict.pair_jackknife`), not ``n(n-1)/2`` independent pairs.
-
-Scaled down: LeNet on ``digits``, 10 epochs, 3 initialisations (3 pairs), trained like the grid's SGD runs (its
-lr and momentum, selected on a validation split; :mod:`landscape.figures._phase_grid`), batch 32; the paper:
-CIFAR10, 30 alphas. The verdict is also computed at every other viable grid candidate and at SGD -> SGD's own best.
+The design notes: docs/figures.md, "What each recipe measures" (watson-fig3).
 """
 
 from __future__ import annotations

@@ -1,21 +1,7 @@
 """Watson et al. (2023), Fig. 4 (Sec. 4.1.2): the loss along random directions from a Phase-2 SGD solution
 against the loss along the straight path to its sibling (same Phase-1 checkpoint, another data order).
 
-Claim: "The linear mode interpolation profile between theta_0 and theta_1 shows an almost flat line ... the
-interpolation in a random direction starting from theta_0 shows the loss to rise rapidly", on 100 random
-directions of the same length. The paper draws them in the ambient space; this recipe draws them both raw
-(isotropic Gaussian, ``normalize="none"``) and filter-normalised (Li et al. 2018), and reports the largest |cos|
-between a random direction and the path.
-
-"Flat" and "rises" are judged against one stated scale, :func:`landscape.figures._phase_grid.min_height` (2 % of
-ln C, the loss of the uniform prediction: the height below which a bump is no barrier): (1) flat: the loss along
-the path toward the sibling stays within that scale (its range, max - min over the path, below it; one path, a
-threshold rule); (2) per normalisation, rises: the loss at the sibling's distance along a random direction exceeds
-the start's by more than the scale for most directions (:func:`landscape.verdict.most_above`, an exact binomial
-test over the 100 directions); (3) per normalisation, the comparison the paper draws: the mean rise along the path
-toward the sibling is below the 0.1 quantile of the random directions' (:func:`landscape.verdict.far_below`).
-Verdict: :func:`landscape.verdict.all_of` (Holm on the refuting side); a sibling that fails the validity gate makes
-its parts inconclusive.
+The design notes: docs/figures.md, "What each recipe measures" (watson-fig4).
 """
 
 from __future__ import annotations

@@ -1,37 +1,7 @@
 """Watson et al. (2023), Fig. 5 (Sec. 4.1.3): barriers between Phase-2 siblings against the SGD Phase-1 length k,
 Phase-2 SGD vs Phase-2 DP-SGD at several privacy levels.
 
-Claim (Sec. 4.1.3): "SGD finds its basin early. However, DP-SGD shows high values of instability, implying that
-two runs of DP-SGD almost never end in the same linear basin, except perhaps for high values of both k and
-epsilon". Measured per sibling pair (same Phase-1 checkpoint, different data order and noise): the test loss on the
-straight path and its height above both ends (:func:`landscape.figures._phase_grid.height`; the chord barrier and
-Def. 2.3 instability stored and drawn beside it). Verdict: per (k, epsilon) the DP siblings' height exceeds the SGD
-siblings' by more than the minimum height (2 % of ln C; :func:`landscape.verdict.greater`); the claim is every
-(k, epsilon) except the largest k with the largest epsilon (:func:`landscape.verdict.all_of`, Holm over the parts on
-the refuting side). That corner is the paper's exception ("perhaps"): judged as a separate part and reported, not
-required. Replication unit: the ``copies*(copies-1)/2`` sibling pairs of one (arm, k) share their copies, so each
-side's standard error is the leave-one-copy-out jackknife with ``copies - 1`` degrees of freedom
-(:func:`landscape.verdict.pair_jackknife`); with every height exactly 0 on both sides the sign test over the copies
-decides (3 copies: p 0.125, inconclusive -- not a certain "did not hold").
-
-Privacy: epsilon is the budget each DP Phase 2 actually spends. Phase 1 is SGD (non-private), so the DP Phase 2 of
-``epochs - k`` epochs gets its own noise multiplier, calibrated per k by the accountant to the labelled epsilon
-(else epsilon is confounded with k exactly where the paper's exception lives). The spent budgets are stored
-(``eps_spent``) and stated in the scope.
-
-Runs. Phase 1 is SGD (lr ``lr``, momentum 0.9) for k epochs, common to both families. From it, Phase 2 trains the
-remaining epochs in ``copies`` copies, per k: SGD siblings (the reference, group ``NAME-SCALE-sgd-kK-mM-lrLR``) and,
-per epsilon, DP-SGD siblings (group ``NAME-SCALE-dp-eE-kK-mM-lrLR``), each group one ``landscape phases`` call at one
-matched Phase-2 lr and momentum (``phase2_sgd_*`` / ``dp_*``). The SGD groups' Phase-1 runs are the DP groups'
-Phase-1 model (bit-identical on CPU). Every epoch is checkpointed.
-
-Selection (:mod:`landscape.figures._selection`): over ``phase2_momenta`` x ``phase2_lrs`` (at paper scale the paper's
-lr sweep, Appendix Sec. 8, at momentum 0; at cpu scale the phase grid's), the SGD arm and each epsilon's DP arm
-as the arms, an arm cut at a candidate after its first non-viable k (smallest k first). ONE pair for every
-epsilon: the exception is a trend in epsilon, which a step size changing with it would confound. ``watson-fig6-7``
-reads these runs for its Fig. 6 parts.
-
-What was tried before: docs/figures.md, "What was tried, recipe by recipe".
+The design notes: docs/figures.md, "What each recipe measures" (watson-fig5).
 """
 
 from __future__ import annotations

@@ -2,29 +2,7 @@
 from the same Phase-1 model do not end in the same basin -- after an SGD Phase 1 "unless epsilon and k are large"
 (Fig. 6), after a DP-SGD Phase 1 "always" (Fig. 7).
 
-Measured: the test loss on the straight path between Phase-2 SGD copy i and Phase-2 DP-SGD copy i of the same
-Phase-1 model, and its height above both ends (:func:`landscape.figures._phase_grid.height`; the chord barrier and
-Def. 2.3 instability stored beside it), against the same height between Phase-2 SGD siblings (copies that share a
-basin when SGD "finds its basin early", Fig. 5a). The DP end has the higher loss, so Def. 2.3 is large even on a
-path with no bump; the chord barrier measures a bent path's concavity: neither is a barrier.
-
-Verdict (:func:`landscape.verdict.all_of`, Holm on the refuting side), parts judged by
-:func:`landscape.verdict.greater` against the minimum height (2 % of ln C):
-
-- Fig. 6 (SGD Phase 1), with the paper's exception handled as ``watson-fig5`` does: on ``watson-fig5``'s runs (the
-  same Phase-1 SGD model per k, SGD and DP-SGD Phase 2 at each epsilon, sigma calibrated per k to the labelled
-  epsilon), one part per (k, epsilon) except the largest of both -- that corner is the exception ("unless epsilon
-  and k are large"), judged separately and reported, not required;
-- Fig. 7 (DP-SGD Phase 1), no exception: on the phase grid (``watson-fig2``'s runs).
-
-Replication unit: the SGD-vs-DP pairs (copy i with copy i) are independent units; the sibling pairs share copies,
-so their standard error is the leave-one-copy-out jackknife (:func:`landscape.verdict.pair_jackknife`).
-
-Fair comparison and selection: one matched lr and momentum for SGD and DP-SGD Phase 2, selected on a validation
-split (:mod:`landscape.figures._selection`) over the candidates both run sets share, with every arm of both (the
-grid's four Phase-1 -> Phase-2 arms, Fig. 5's SGD arm and DP arm per epsilon) in the maximin; the verdict is also
-computed at every other viable candidate and with each arm at its own best (Fig. 7's pairs need one Phase-1 model:
-there both Phase-2 sides take the DP -> DP arm's own best; Fig. 5's Phase 1 is the same at every candidate).
+The design notes: docs/figures.md, "What each recipe measures" (watson-fig6-7).
 """
 
 from __future__ import annotations

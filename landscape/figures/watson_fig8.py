@@ -1,22 +1,6 @@
 """Watson et al. (2023), Fig. 8 (Sec. 4.1.3): the straight path from the Phase-1 model to a Phase-2 model.
 
-Claim: "SGD Phase 1 followed by also SGD Phase 2 is the only setting where the model clearly stays on the same
-optimization basin"; DP-SGD in Phase 2 "does not stay in the same basin as in Phase 1 ... and always ends at a
-different basin". Measured: the test loss on the straight path between the Phase-1 endpoint and each Phase-2
-copy's endpoint, for the four optimiser pairs, and the path's height above both ends
-(:func:`landscape.figures._phase_grid.height`). Leaving a basin means a barrier: the path must rise above both of
-its ends (the barrier above the chord measures the path's concavity). Verdict: for each of SGD->DP, DP->SGD and
-DP->DP, its height exceeds the SGD->SGD height by more than the minimum height (2 % of ln C;
-:func:`landscape.verdict.greater`, Welch over the Phase-2 copies, the independent units);
-:func:`landscape.verdict.all_of` with Holm on the refuting side.
-
-Validity: both ends of every judged path are models under the validity gate -- the Phase-2 copies and the Phase-1
-model itself (accuracy floor, loss <= ln C, no collapse over its per-epoch checkpoints): a basin claim about a
-near-chance Phase-1 model says nothing about basins, so such a part is inconclusive (invalid regime).
-
-Fair comparison: both phases of every pair run at one matched learning rate, batch size and momentum, selected on a
-validation split (:mod:`landscape.figures._phase_grid`); the verdict is also computed at every other viable
-candidate and with each arm at its own best setting.
+The design notes: docs/figures.md, "What each recipe measures" (watson-fig8).
 """
 
 from __future__ import annotations

@@ -2,23 +2,7 @@
 0.4) with SGD, clip-only, noise-only and DP-SGD, from the initialisation and from a model trained 10 epochs
 with SGD; training loss and gradient norm per step, averaged over batches.
 
-Claims: from initialisation "SGD achieves the lowest loss. Both clipping and noise reduce loss improvement, but
-DP-SGD has significantly worse performance than any other method"; from the trained model "the gradient norm is
-largest for DP-SGD and the clipped model, with all variants having a larger gradient norm than SGD".
-
-Measured: each variant's step is the library's own (:class:`landscape.train.privatize.Privatizer`, the trainer's
-step: clipped / noised sum over the expected batch size 128) followed by a plain SGD update (no momentum); at
-steps 0..5 the batch's mean loss and the norm of its true (unclipped) mean gradient; ``batches`` fixed batches,
-``noise_seeds`` noise draws each for the noisy variants (averaged per batch). Verdict
-(:func:`landscape.verdict.all_of` of :func:`landscape.verdict.paired_greater`, paired by batch): from init,
-every variant ends above SGD's loss and DP-SGD above clip-only's and noise-only's; from the trained model,
-every variant ends with a larger gradient norm than SGD.
-
-An inconclusive part is reported as an equivalence statement with its minimum detectable effect: noise-only's
-effect on the loss from init is tiny, and the bound says how tiny.
-
-Scaled down: LeNet on ``digits`` (the paper: CIFAR10), trained start 10 epochs of SGD, 10 batches of 128, 5 noise
-draws (the paper-scale counts; digits has 1,348 training examples, room for 10 disjoint batches).
+The design notes: docs/figures.md, "What each recipe measures" (watson-fig9).
 """
 
 from __future__ import annotations

@@ -5,35 +5,7 @@ C grows; "as C^2 sigma^2 increases to 2^2, i.e. Figure 2f and 2h, RS can improve
 than 4%"; and "when C^2 sigma^2 = 1, i.e. Figure 2c, 2e, 2g, the performance is maintained under RS (or slightly
 increased)".
 
-Measured: final train accuracy of DP-SGD at several (sigma, C) with final sparsification rates r* (gradual
-cooling, ``--sparsify``), ``seeds`` seeds each (a seed's runs share initialisation and sampling, so the RS and plain
-runs of a seed are paired). Verdict (:func:`landscape.verdict.all_of`), one part per statement:
-
-(a) the trend (:func:`landscape.verdict.ordered`, rising): the per-seed gain of r* = ``r_test`` over r* = 0 rises
-    with sigma C (a one-sided Spearman trend over every seed's gain);
-(b) per cell with sigma C = ``gain_at`` (2: sigma^2 C^2 = 4, the paper's Fig. 2f and 2h), RS gains accuracy:
-    :func:`landscape.verdict.paired_greater` of the paired gain over the seeds, ``mean(RS - plain) >``
-    :data:`MIN_GAIN` (1 accuracy point). Why 1 point and not the paper's 4: the 4% is a magnitude of the paper's
-    DP-CNN on CIFAR10 after 100 epochs at its best r*, which a scaled-down model, data set and fixed ``r_test`` need
-    not reproduce; what the text asserts at every scale is that RS *improves* the performance at sigma^2 C^2 = 4,
-    where at sigma^2 C^2 = 1 it only *maintains* it. The smallest gain that is not "maintained" is the margin within
-    which this project calls two accuracies the same (:data:`MARGIN`, as ``watson-fig10`` and ``watson-fig2``), so
-    (b) and (c) separate "improves" from "maintained" by one line. The observed gain stands beside it in the
-    numbers, so a reader sees how far it is from 4 points;
-(c) per cell with sigma C = ``maintained_at`` (1: the paper's Fig. 2c, 2e, 2g), the performance is maintained:
-    :func:`landscape.verdict.similar` (paired TOST over the seeds) with margin :data:`MARGIN` (1 accuracy point).
-    "(or slightly increased)" is read as an increase within that margin: a larger one is what (b) calls a gain,
-    which the paper claims only at sigma^2 C^2 = 4.
-
-Every test is at alpha 0.05; a scale without a cell at ``gain_at`` or ``maintained_at`` has no such part. Each part is
-judged from the RS and plain runs of its own cells: one of them failing the validity gate makes only the parts that
-use it inconclusive; a failing run no part uses (r* other than 0 and ``r_test``, the lr grid) makes every part so.
-
-One learning rate for every cell and every r* (matched: the gain is not a gain from tuning a variant, and the
-trend across cells is not a trend of step sizes), selected on a validation split by
-:mod:`landscape.figures._selection` with the plain and RS (r* = ``r_test``) runs of every cell as the arms; the
-verdict is also computed at every other viable lr and with each (cell, r*) at its own best lr (the
-sensitivity).
+The design notes: docs/figures.md, "What each recipe measures" (zhu-fig2).
 """
 
 from __future__ import annotations
