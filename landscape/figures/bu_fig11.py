@@ -3,12 +3,7 @@
 assigned close to zero prediction probability. The large R clipping has a more balanced prediction probability
 that is less concentrated to 1."
 
-Measured with ``landscape calibration`` (its true-class probability histogram, 15 equal-width bins, test split)
-on the runs of ``_bu_runs`` (DP-SGD with sigma 1.1 and lr 0.15 / C at small and large C, non-DP SGD; 5 seeds,
-as Bu et al. average 5 runs).
-Verdict (:func:`landscape.verdict.all_of` of :func:`landscape.verdict.paired_greater`, paired by seed): the
-fraction of test examples whose true class gets probability <= 1/15 is larger at the smallest C than at the
-largest, and so is the fraction with probability > 14/15 (concentration at 1).
+The design notes: docs/figures.md, "What each recipe measures" (bu-fig11).
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """Bu et al. (2023), Figs. 6-7 (Sec. 5.2): the clipping norm C trades accuracy for calibration.
 
-Fig. 6: DP-SGD (sigma 1.1, lr 0.15 / C) with a large C "leads to smaller loss (or NLL)" at similar accuracy, and
-across C there is "a clear accuracy-calibration trade-off"; Fig. 7: reliability diagrams of non-DP, large-C and
-small-C models: small C is mis-calibrated (over-confident), "large R training again mitigates the
-mis-calibration". Measured with ``landscape calibration`` (test split, 15 equal-width bins) on the runs of
-``_bu_runs`` (each C and non-DP SGD, 5 seeds). Verdict (:func:`landscape.verdict.all_of`): the largest C has a
-lower ECE and a lower NLL than the smallest C (:func:`landscape.verdict.paired_greater`, paired by seed: a
-seed's runs share their initialisation), and the smallest C is worse calibrated than non-DP SGD at matched
-accuracy (:func:`landscape.verdict.greater`): per seed against the SGD checkpoint whose test accuracy is closest
-to the smallest C's in *train* accuracy (``_bu_runs.sgd_matched``; inconclusive when some seed's reference is more
-than 2 test-accuracy points away, as final SGD is far more accurate than any DP run). The SGD panels and ``sgd/*``
-numbers show the final SGD models; ``sgd_matched/*`` holds the chosen epochs, both accuracies and the matched ECE.
-:func:`landscape.verdict.all_of` combines the parts with Holm on the refuting side; the lr factor and the compared C
-are selected on a validation split, and the verdict is also computed at every other viable factor and with each C at
-its own best factor (``_bu_runs``).
+The design notes: docs/figures.md, "What each recipe measures" (bu-fig6-7).
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
 """Bu et al. (2023), Table 1 (Sec. 4): what per-sample clipping does to the NTK of the gradient flow.
 
-The table's checkmarks are guarantees: without clipping (or with a clipping norm so large that nothing is clipped)
-the kernel H is symmetric, positive in quadratic form and in eigenvalues; with small-norm flat clipping the
-kernel is H C (C diagonal, positive): not guaranteed symmetric or positive in quadratic form, but its
-eigenvalues are those of C^1/2 H C^1/2, so positive; with layerwise clipping, sum_r H_r C_r, none is guaranteed.
-Measured with ``landscape ntk-table`` (loss-gradient kernel on ``n`` training examples) at several checkpoints of
-an SGD run, for clipping norms from "everything clipped" to "nothing clipped", flat and layerwise.
-
-This is an implementation check, not a reproduced empirical claim: the guarantees are algebraic identities (a
-kernel built as G G^T is symmetric PSD; H C has the eigenvalues of C^1/2 H C^1/2), so the verdict checks that our
-kernels obey them. Verdict (:func:`landscape.verdict.all_of` over the guarantees; each part held if true at every checkpoint): every
-unclipped kernel (no clipping, or fraction clipped 0) is symmetric, positive in quadratic form and in
-eigenvalues; every flat-clipped kernel is positive in eigenvalues. The "not guaranteed" cells are reported as
-observations beside the verdict (a counterexample seen, or none at these checkpoints: not a contradiction).
+The design notes: docs/figures.md, "What each recipe measures" (bu-table1).
 """
 
 from __future__ import annotations

@@ -3,17 +3,7 @@ regression over DP-SGD (MNIST)": multiplying the noisy gradient by (I - S L)^-1 
 post-processing that costs no privacy) raises accuracy at the same (epsilon, delta) for every epsilon of the
 sweep (their table: S = 1 and S = 2 above S = 0 at epsilon 0.25 ... 0.10).
 
-Measured: logistic regression (a linear layer) on ``digits`` trained by DP-SGD at each epsilon (sigma from the
-accountant) with smoothing S in {0, 1, 2} (``--smooth``), ``seeds`` seeds each (a seed's runs share
-initialisation and sampling); final test accuracy. Verdict (:func:`landscape.verdict.all_of` of
-:func:`landscape.verdict.paired_greater`, paired by seed): at every epsilon, S = 1 and S = 2 each beat S = 0 by
-more than the stated minimum effect :data:`MIN_EFFECT` = 1 accuracy point (practical significance: the slides'
-smallest gain is 1.8 points, S = 1 at epsilon 0.25, 81.45 -> 83.27; a gain of a few test examples is not the
-claim). Needs 5 seeds (the slides' table averages 5 runs); 5 at cpu and paper scale. The six parts are combined with
-Holm's correction on the refuting side: one part below the minimum at p 0.013 of six is not a refutation.
-
-Scaled down: digits (1,348 training examples) instead of MNIST, so the epsilons are larger (0.5 to 2 instead of
-0.1 to 0.25) for the models to learn at all; constant lr 1.0, batch 64, 10 epochs (the slides: step size 1/t).
+The design notes: docs/figures.md, "What each recipe measures" (wang-lssgd).
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """Watson et al. (2023), Fig. 10 (Sec. 4.1.4): noise alone does not hurt, clipping does.
 
-Claim: "for a given learning rate, batch size and number of epochs, clipping significantly impacts training
-performance by slowing progress ..., whereas noisy SGD attains the same final test accuracy as SGD" (noise-only
-sigma = 2.4 and clip-only C = 1, the settings of DP-SGD at epsilon = 1). Measured: test accuracy per epoch of SGD,
-noise-only (sigma 2.4: Gaussian noise of std sigma*C on the summed gradient, no clipping) and clip-only (C = 1,
-no noise), all with the same learning rate ("for a given learning rate"), batch size, momentum and epochs, over
-``seeds`` seeds. The one lr is chosen from ``lrs`` by :mod:`landscape.figures._selection` (selection runs on other
-seeds, scored on a validation split: the viable lr with the best worst method), and the verdict is also computed at
-every other viable lr and with each method at its own best lr. Verdict (:func:`landscape.verdict.all_of`, Holm on
-the refuting side): clip-only ends below SGD and below noise-only by more than the minimum effect (:func:`landscape.verdict.greater`, Welch at alpha 0.05, of ``A - B > tolerance``), and
-noise-only ends at SGD's accuracy within an equivalence margin of one accuracy point (:func:`landscape.verdict.similar`,
-TOST). The minimum effect of "clipping significantly impacts training performance" is that same point
-(``tolerance``): a gap the third part would call "the same final test accuracy" cannot count as a significant
-impact; the paper's own clip-only gap is far larger. A run that fails the validity gate (e.g. noise-only collapsing
-to chance) makes its parts inconclusive (invalid regime).
+The design notes: docs/figures.md, "What each recipe measures" (watson-fig10).
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
 """Watson et al. (2023), Fig. 11 (Sec. 4.2): pruning reduces the clipping ratio R "in the setting described in
 Section 3.2" (the signal/noise data of eqs. 6-9), so the clipped gradient is better aligned with the true one.
 
-Measured: a DP-SGD run of the two-layer linear net (balanced init) on ``gaussian-signal``; at each pruning level
-its final weights are magnitude-pruned per layer, the survivors rewound to its initialisation and retrained
-with its configuration, and R (Sec. 3.1) is measured on ``batches`` disjoint batches at the retrained final
-checkpoint (``landscape clipping --prune-levels``), with the alignment the paper cares about ("pruning reduces the
-ratio R, better aligning the clipped gradient with the original gradient direction"): the cosine between the
-clipped mean gradient and the true mean gradient (Thm. 3.2 bounds it through R), for ``seeds`` independent runs.
-Verdict (:func:`landscape.verdict.all_of`, Holm over the parts on the refuting side): at every pruning level > 0, R
-is below R without pruning, and the cosine is above the unpruned cosine (:func:`landscape.verdict.paired_greater`,
-the paired one-sided t-test at alpha 0.05: a seed's runs share their initialisation, data order and noise draws).
-Parts that do not hold are reported with their bounds ("no R reduction beyond X") and minimum detectable
-effects.
+The design notes: docs/figures.md, "What each recipe measures" (watson-fig11).
 """
 
 from __future__ import annotations

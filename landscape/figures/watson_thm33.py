@@ -3,18 +3,7 @@ flow on the mean squared error (eq. 12) of the signal/noise data (eqs. 6-9), fro
 ``W2^T W2 = W1 W1^T``, converges (at a global minimum) to ``W_n = 0``: the weights on the noise inputs vanish,
 so magnitude pruning removes exactly them.
 
-The theorem is about the population ("training on the entire population"), so the recipe runs gradient flow
-(integrated by RK4 in float64, which keeps the balancedness the flow conserves) on the population loss in closed form,
-``L(w) = 1/2 w S w^T - w b + 1/2`` with ``w = W2 W1``, ``S = E[x x^T] = blockdiag(v v^T + s^2 I, s^2 I)``,
-``b = E[y x] = (v, 0)``, and, for contrast, on a finite sample of ``gaussian-signal``. Independent references:
-the global minimum ``w* = b^T S^{-1}`` (whose noise part is 0) and, for the sample, the least-squares solution
-``w_LS``; a balanced rank-one net at a global minimum has ``||W_n|| = ||w_n|| / sqrt(||w||)`` (since
-``W1 = W2^T u`` with ``||u|| = 1``), which the trained sample net must match.
-
-Verdict (:func:`landscape.verdict.all_of` of two threshold rules, stated in the parts): on the population,
-``||W_n(T)|| / ||W_n(0)|| < 1e-3`` with the loss within 1e-9 of ``L*`` (did not hold if converged with a larger
-ratio; inconclusive if not converged); on the sample, ``||W_n(T)||`` within 1% of the finite-sample prediction
-``||w_LS,n|| / sqrt(||w_LS||)`` (not 0: a sample correlates noise inputs with labels).
+The design notes: docs/figures.md, "What each recipe measures" (watson-thm33).
 """
 
 from __future__ import annotations

@@ -2,18 +2,7 @@
 "approximates symmetry during training with DP-SGD", and "this property is also valid for DP-SGD with RS"
 (random sparsification). Their evidence is 2-D random projections at epochs 0 to 79.
 
-Measured with ``landscape symmetry`` at every epoch's checkpoint of DP-SGD runs with and without RS (final rate
-``sparsify``, gradual cooling), ``seeds`` seeds each: the energy coefficient H of the projected deviations against
-their reflection (0 for a symmetric distribution; sign-flip p-value beside it) and the skewness along random 1-D
-directions. Verdict (:func:`landscape.verdict.all_of`, one part per method, Holm on the refuting side):
-"approximately symmetric" is an effect-size claim, judged by :func:`landscape.verdict.below`: per seed the largest
-H over the checkpoints, held if its mean is below the bound at alpha 0.05.
-
-The bound is calibrated, not picked (:func:`calibrated_bound`): the expected largest H over as many checkpoints, at
-the same number of examples, of a 2-D sample whose coordinates are skew-normal with skewness 0.5 -- the conventional
-limit of "approximately symmetric" (|skewness| < 0.5; Bulmer 1979) -- by a seeded Monte Carlo (a fixed bound of
-0.1 would pass a lognormal of skewness 6, H = 0.08). The sign-flip test of exact symmetry (rejected even at
-initialisation) is reported beside the verdict.
+The design notes: docs/figures.md, "What each recipe measures" (zhu-figF).
 """
 
 from __future__ import annotations
