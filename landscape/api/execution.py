@@ -175,7 +175,13 @@ def probe_scheduler(address: str, timeout: float | None = None) -> dict[str, Any
     from landscape import bounds
 
     limit = float(bounds.SCHEDULER_TIMEOUT_S if timeout is None else timeout)
-    args = _connection_args(address)
+    from distributed.security import Security
+
+    args = Security().get_connection_args("client")  # Dask's configuration; tls:// without TLS settings: refused
+    if address.lower().startswith("tls://") and args.get("ssl_context") is None:
+        raise UsageError(f"{param('scheduler', address)}: tls:// needs Dask's TLS settings (the configuration's "
+                         f"distributed.comm.tls.ca-file, .client.cert and .client.key; see Dask's docs on TLS), "
+                         f"or give tcp://")
     outcome: dict[str, Any] = {}
 
     async def identity() -> dict[str, Any]:
@@ -244,19 +250,6 @@ def _accepts(address: str) -> bool:
             return True
     except (OSError, ValueError):
         return False
-
-
-def _connection_args(address: str) -> dict[str, Any]:
-    """The client's connection arguments from Dask's configuration; ``tls://`` without TLS settings is
-    refused."""
-    from distributed.security import Security
-
-    args = Security().get_connection_args("client")
-    if address.lower().startswith("tls://") and args.get("ssl_context") is None:
-        raise UsageError(f"{param('scheduler', address)}: tls:// needs Dask's TLS settings (the configuration's "
-                         f"distributed.comm.tls.ca-file, .client.cert and .client.key; see Dask's docs on TLS), "
-                         f"or give tcp://")
-    return args
 
 
 _DASK_STATES: dict[str, dict[str, Any]] = {}
