@@ -120,6 +120,13 @@ def hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+def field_default(f: dataclasses.Field, missing: Any = None) -> Any:
+    """The default of dataclass field ``f`` (its factory called); ``missing`` when it has none."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return missing if f.default is dataclasses.MISSING else f.default
+
+
 # ------------------------------------------------------------------------------------------ coercion
 
 
@@ -391,9 +398,7 @@ def describe(cls: type) -> list[tuple[str, str, str, str]]:
     for f in dataclasses.fields(cls):
         if "help" not in f.metadata and "cli" not in f.metadata:
             continue
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-        out.append((f.name, type_name(hints(cls).get(f.name, f.type), f.metadata), repr(default),
+        out.append((f.name, type_name(hints(cls).get(f.name, f.type), f.metadata), repr(field_default(f)),
                     f.metadata.get("help") or ""))
     return out
 

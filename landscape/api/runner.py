@@ -336,7 +336,7 @@ def _runner_names(spec: Analysis) -> list[str]:
 
 def api_signature(spec: Analysis) -> inspect.Signature:
     """The api function's signature: the references, ``config``, then every option as a typed keyword."""
-    from landscape.options import hints
+    from landscape.options import field_default, hints
 
     P = inspect.Parameter
     params = [P(n, P.POSITIONAL_OR_KEYWORD, annotation=t, default=() if spec.mode.least == 0 else P.empty)
@@ -346,19 +346,11 @@ def api_signature(spec: Analysis) -> inspect.Signature:
         if cls is None:
             continue
         types_ = hints(cls)
-        params += [P(f.name, P.KEYWORD_ONLY, default=_field_default(f), annotation=types_.get(f.name, f.type))
+        params += [P(f.name, P.KEYWORD_ONLY, default=field_default(f, P.empty), annotation=types_.get(f.name, f.type))
                    for f in dataclasses.fields(cls)]
     params += [P(n, P.KEYWORD_ONLY, default=RUNNER_OPTIONS[n][1], annotation=RUNNER_OPTIONS[n][0])
                for n in _runner_names(spec)]
     return inspect.Signature(params, return_annotation=spec.result)
-
-
-def _field_default(f: dataclasses.Field) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return inspect.Parameter.empty
 
 
 def api_doc(spec: Analysis) -> str:
