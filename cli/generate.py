@@ -33,7 +33,7 @@ from cli.options import (
 )
 from landscape.analyze.registry import Analysis, get
 from landscape.bounds import is_seed, scheduler_note
-from landscape.options import cli_fields, flags_of, hints, split_optional
+from landscape.options import cli_fields, field_default, flags_of, hints, split_optional
 
 
 def param_type(f: dataclasses.Field, hint: Any) -> dict[str, Any]:
@@ -85,7 +85,7 @@ def field_option(f: dataclasses.Field, hint: Any):
     meta = f.metadata
     kwargs = param_type(f, hint)
     missing = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    default = None if missing else f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    default = field_default(f)
     if isinstance(default, tuple):
         default = ",".join(str(v) for v in default) if default else None
     if missing or meta.get("required"):

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from landscape.api.jobkind import JobKind, fields_of
+from landscape.options import field_default
 
 # name -> ("module:ATTRIBUTE" of its JobKind, one-line summary, name of its landscape.api function)
 _LINES: dict[str, tuple[str, str, str]] = {}
@@ -122,8 +123,7 @@ def _signature(spec: JobKind) -> tuple[inspect.Signature, str]:
     for _, f in spec.option_fields():
         if f.name in spec.skip:
             continue
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else inspect.Parameter.empty)
+        default = field_default(f, inspect.Parameter.empty)
         if f.name in spec.arguments:
             positional.append(inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=f.type))
         else:

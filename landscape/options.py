@@ -385,15 +385,20 @@ def from_params(cls: type, params: Mapping[str, Any]) -> Any:
     return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in params.items() if k in known})
 
 
+def field_default(f: dataclasses.Field, missing: Any = None) -> Any:
+    """The field's default (its factory called), ``missing`` when it has none."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else missing
+
+
 def describe(cls: type) -> list[tuple[str, str, str, str]]:
     """``(name, type, default, help)`` of every option field of ``cls`` (for generated docstrings)."""
     out = []
     for f in dataclasses.fields(cls):
         if "help" not in f.metadata and "cli" not in f.metadata:
             continue
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-        out.append((f.name, type_name(hints(cls).get(f.name, f.type), f.metadata), repr(default),
+        out.append((f.name, type_name(hints(cls).get(f.name, f.type), f.metadata), repr(field_default(f)),
                     f.metadata.get("help") or ""))
     return out
 

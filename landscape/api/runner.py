@@ -22,7 +22,7 @@ from landscape.api.execution import ExecutionOptions, ProcessPool, map_jobs, usi
 from landscape.api.resolve import Resolver, Target
 from landscape.data import recording_subsets
 from landscape.errors import UsageError
-from landscape.options import build
+from landscape.options import build, field_default
 from landscape.refs import Ref, slug
 from landscape.results import InputRef, check_companions, check_output_path, is_result_file
 from landscape.results.paths import changed_options, check_default_output, output_stem
@@ -346,19 +346,11 @@ def api_signature(spec: Analysis) -> inspect.Signature:
         if cls is None:
             continue
         types_ = hints(cls)
-        params += [P(f.name, P.KEYWORD_ONLY, default=_field_default(f), annotation=types_.get(f.name, f.type))
+        params += [P(f.name, P.KEYWORD_ONLY, default=field_default(f, P.empty), annotation=types_.get(f.name, f.type))
                    for f in dataclasses.fields(cls)]
     params += [P(n, P.KEYWORD_ONLY, default=RUNNER_OPTIONS[n][1], annotation=RUNNER_OPTIONS[n][0])
                for n in _runner_names(spec)]
     return inspect.Signature(params, return_annotation=spec.result)
-
-
-def _field_default(f: dataclasses.Field) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return inspect.Parameter.empty
 
 
 def api_doc(spec: Analysis) -> str:
