@@ -153,13 +153,8 @@ class DirectionsResult(StoredResult):
 
     @classmethod
     def from_hdf5(cls, path):
-        result = super().from_hdf5(path)
-        columns, arrays = user_metrics.stored_columns(path)
-        for col in columns:
-            result.point_metrics[col] = arrays[f"direction_{col}"]
-            if f"toward_{col}" in arrays:
-                result.toward_metrics[col] = arrays[f"toward_{col}"]
-        return result
+        return user_metrics.read_columns(super().from_hdf5(path), path, {
+            "point_metrics": "direction_{column}", "toward_metrics": "toward_{column}"})
 
 
 ChunkRunner = Callable[[list[list[int]], float, torch.Tensor],

@@ -141,14 +141,8 @@ class InterpolationResult(StoredResult):
 
     @classmethod
     def from_hdf5(cls, path):
-        result = super().from_hdf5(path)
-        columns, arrays = user_metrics.stored_columns(path)
-        for col in columns:
-            for suffix, table in (("", result.point_metrics), ("_aligned", result.point_metrics_aligned)):
-                found = {s: arrays[f"{s}_{col}{suffix}"] for s in result.splits if f"{s}_{col}{suffix}" in arrays}
-                if found:
-                    table[col] = found
-        return result
+        return user_metrics.read_columns(super().from_hdf5(path), path, {
+            "point_metrics": "{split}_{column}", "point_metrics_aligned": "{split}_{column}_aligned"})
 
     def summary(self) -> list[dict]:
         """One row per split: the end losses, the maximum, the barriers and the instabilities."""

@@ -184,13 +184,8 @@ def layer_kernels(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, kind: s
         return LayerKernels(kind, names, stacked.numpy(), sq.numpy(), 1, len(all_names),
                             _full_sq_norms(model, x, y, sq, names, all_names))
     M = stacked.shape[1] // n
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            logits = model(x).to(device="cpu", dtype=torch.float64)
-    finally:
-        model.train(was_training)
+    with torch.no_grad(), eval_mode(model):
+        logits = model(x).to(device="cpu", dtype=torch.float64)
     v = torch.softmax(logits, dim=1) - torch.nn.functional.one_hot(y.cpu(), M).to(torch.float64)  # dl_i/df_i
     per = stacked.reshape(len(names), n, M, n, M).diagonal(dim1=1, dim2=3)  # (L, M, M, n)
     sq = torch.einsum("im,rmki,ik->ri", v, per, v)

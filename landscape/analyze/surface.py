@@ -191,11 +191,7 @@ class SurfaceResult(StoredResult):
 
     @classmethod
     def from_hdf5(cls, path):
-        result = super().from_hdf5(path)
-        columns, arrays = user_metrics.stored_columns(path)
-        for col in columns:
-            result.point_metrics[col] = {s: arrays[f"{s}_{col}"] for s in result.splits if f"{s}_{col}" in arrays}
-        return result
+        return user_metrics.read_columns(super().from_hdf5(path), path, {"point_metrics": "{split}_{column}"})
 
 
 def pending_rows(result: SurfaceResult) -> list[int]:
