@@ -25,15 +25,10 @@ KIND = "calibration"
 SPLITS = ("train", "test")
 
 
-def bin_edges(bins: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The ``bins + 1`` equal-width edges ``m / M`` of [0, 1] (float64)."""
-    return torch.linspace(0.0, 1.0, int(bins) + 1, dtype=torch.float64, device=device)
-
-
 def bin_index(values: torch.Tensor, bins: int) -> torch.Tensor:
     """Bin ``m - 1`` of each value in [0, 1] for the right-closed bins ``((m-1)/M, m/M]`` (0 goes to the
     first; Guo et al. 2017's convention: a value equal to an edge joins the bin below it)."""
-    interior = bin_edges(bins, values.device)[1:-1]
+    interior = torch.linspace(0.0, 1.0, int(bins) + 1, dtype=torch.float64, device=values.device)[1:-1]
     return torch.bucketize(values.to(torch.float64), interior, right=False)
 
 

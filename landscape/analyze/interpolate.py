@@ -168,12 +168,6 @@ class InterpolationResult(StoredResult):
         ]
 
 
-def interpolation_space(model: nn.Module) -> ParamSpace:
-    """What is interpolated: every parameter and floating-point buffer (integer ones are unused in eval
-    mode)."""
-    return ParamSpace.from_model(model, buffers=True)
-
-
 def interpolate(model: nn.Module, theta_a: Mapping[str, torch.Tensor] | torch.Tensor,
                 theta_b: Mapping[str, torch.Tensor] | torch.Tensor,
                 data: Mapping[str, tuple[torch.Tensor, torch.Tensor]], *,
@@ -181,10 +175,10 @@ def interpolate(model: nn.Module, theta_a: Mapping[str, torch.Tensor] | torch.Te
                 space: ParamSpace | None = None, **overrides) -> InterpolationResult:
     """Loss and accuracy along ``lerp(theta_a, theta_b, alpha)`` on each split of ``data`` (``"train"`` /
     ``"test"`` -> ``(x, y)``), and the instabilities; ``theta_a``/``theta_b`` are state dicts (or flat vectors
-    over ``space``). ``bn_inputs``: BatchNorm recalibration's inputs (default: the training subset). Keyword
-    ``overrides`` replace config fields."""
+    over ``space``, by default every parameter and floating-point buffer). ``bn_inputs``: BatchNorm
+    recalibration's inputs (default: the training subset). Keyword ``overrides`` replace config fields."""
     config = build(InterpolateConfig, overrides, base=config)
-    space = space or interpolation_space(model)
+    space = space or ParamSpace.from_model(model, buffers=True)  # integer buffers are unused in eval mode
     a, b = _flat(theta_a, space, model, "A"), _flat(theta_b, space, model, "B")
     alphas = torch.from_numpy(np.linspace(0.0, 1.0, config.points))  # both ends exact
     chosen = {s: split_subset(data, s, config.subset, config.subset_seed) for s in config.split}
@@ -257,12 +251,9 @@ def compute_pair(a, b, config: InterpolateConfig) -> InterpolationResult:
         spec = verified_spec(model, splits["test"][0][:16] if "test" in splits else None)
         after = interpolate(model, a.state, align_states(model, a.state, b.state, spec=spec).state, splits,
                             config=config)
-        result.loss_aligned, result.acc_aligned = after.loss, after.acc
-        result.instability_loss_aligned = after.instability_loss
-        result.instability_error_aligned = after.instability_error
-        result.chord_barrier_loss_aligned = after.chord_barrier_loss
-        result.distance_aligned = after.distance
-        result.point_metrics_aligned = after.point_metrics
+        for name in ("loss", "acc", "instability_loss", "instability_error", "chord_barrier_loss", "distance",
+                     "point_metrics"):
+            setattr(result, f"{name}_aligned", getattr(after, name))
         result.reasons.update({f"{key}_aligned": reason for key, reason in after.reasons.items()})
     return result
 

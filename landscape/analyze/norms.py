@@ -26,11 +26,6 @@ def trainable_names(model: nn.Module) -> list[str]:
     return [n for n, p in model.named_parameters() if p.requires_grad]
 
 
-def parameter_vector(state: Mapping[str, torch.Tensor], names: Sequence[str]) -> torch.Tensor:
-    """The named tensors of ``state`` as one float64 vector, in ``names`` order."""
-    return torch.cat([state[n].detach().reshape(-1).to(torch.float64) for n in names])
-
-
 @dataclass
 class ParameterNorms:
     dist_origin: float
@@ -168,7 +163,7 @@ def checkpoint_norms(model: nn.Module, x: torch.Tensor | None, y: torch.Tensor |
     names = trainable_names(model)
     state = {n: p.detach().cpu() for n, p in model.named_parameters()}  # parameter statistics on the CPU
     params = parameter_norms(state, names, init)
-    hist = value_histogram(parameter_vector(state, names), edges)
+    hist = value_histogram(torch.cat([state[n].reshape(-1).to(torch.float64) for n in names]), edges)
     grad_norms = np.zeros(0)
     if config.subset > 0 and x is not None:
         xs, ys = take_subset(x, y, min(config.subset, len(y)), config.subset_seed, split=config.split)

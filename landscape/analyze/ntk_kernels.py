@@ -218,29 +218,24 @@ def clip_layer_kernels(lk: LayerKernels, *, style: str, max_grad_norm: float, cl
                        clip_fn=clip_fn, layer_max_norms=layer_max_norms, logits_per_sample=lk.logits_per_sample)
 
 
-def examples(point, n: int | float, seed: int, split: str) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-    """The ``n`` examples of a resolved checkpoint's data split the one sampler draws: x, y, indices."""
+def model_and_examples(point, config):
+    """The checkpoint's model and the ``config.subset`` examples of its split the one sampler draws (x, y,
+    indices), on ``config.device`` (in float64 for ``precision="float64"``)."""
     from landscape.data import sample_subset
 
-    x, y = point.data.split(split)
-    if isinstance(n, int) and n > len(y):
-        raise UsageError(f"{param('subset', n)} is more than the {len(y)} {split} examples of data set "
-                         f"'{point.checkpoint.data_spec.get('name')}'")
-    idx = sample_subset(y, n, seed, split=split)
-    return x[idx], y[idx], idx.numpy()
-
-
-def model_and_examples(point, config):
-    """The checkpoint's model and the seeded examples on ``config.device`` (in float64 for
-    ``precision="float64"``)."""
     device = resolve_device(config.device)
     model = point.model().eval().to(device)  # eval: dropout off, BatchNorm on its running statistics
     if config.precision == "float64":
         model = model.double()
-    x, y, idx = examples(point, config.subset, config.subset_seed, config.split)
+    x, y = point.data.split(config.split)
+    if isinstance(config.subset, int) and config.subset > len(y):
+        raise UsageError(f"{param('subset', config.subset)} is more than the {len(y)} {config.split} examples of "
+                         f"data set '{point.checkpoint.data_spec.get('name')}'")
+    idx = sample_subset(y, config.subset, config.subset_seed, split=config.split)
+    x, y = x[idx], y[idx]
     dtype = next(model.parameters()).dtype
     x = x.to(device, dtype) if x.is_floating_point() else x.to(device)  # token ids stay integers
-    return model, x, y.to(device), idx
+    return model, x, y.to(device), idx.numpy()
 
 
 def yes_no(flag: bool) -> str:

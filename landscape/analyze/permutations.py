@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from landscape.curvature import eval_mode
 from landscape.errors import IncompatibleError, ModelError, UsageError
 
 
@@ -326,13 +327,8 @@ def check_function_kept(model: nn.Module, spec: PermutationSpec, x: torch.Tensor
     permuted = apply_permutation(spec, random_permutation(spec, seed), state)
     other = copy.deepcopy(model).eval()
     other.load_state_dict(permuted)
-    mode = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            before, after = model(x), other(x)
-    finally:
-        model.train(mode)
+    with torch.no_grad(), eval_mode(model):
+        before, after = model(x), other(x)
     if not torch.allclose(before, after, rtol=rtol, atol=atol):
         worst = float((before - after).abs().max())
         raise ModelError(f"the permutation spec of {spec.model!r} changes the model's outputs (by up to {worst:.3g} "

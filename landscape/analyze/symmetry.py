@@ -26,15 +26,11 @@ KIND = "symmetry"
 PLANE = 2  # rows 0 and 1 of the projection matrix span the 2-D picture
 
 
-def _direction_seed(seed: int, shapes: Sequence[tuple[int, ...]], index: int) -> int:
-    key = f"{int(seed)}|{[tuple(s) for s in shapes]}|{int(index)}".encode()
-    return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & (2**63 - 1)
-
-
 def direction(seed: int, shapes: Sequence[tuple[int, ...]], index: int) -> list[torch.Tensor]:
     """Row ``index`` of the projection matrix as one float32 tensor per parameter (entries i.i.d. N(0, 1)),
     a function of ``seed``, the parameter shapes and ``index`` only."""
-    gen = torch.Generator().manual_seed(_direction_seed(seed, shapes, index))
+    key = f"{int(seed)}|{[tuple(s) for s in shapes]}|{int(index)}".encode()
+    gen = torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & (2**63 - 1))
     sizes = [math.prod(s) for s in shapes]
     flat = torch.randn(sum(sizes), generator=gen, dtype=torch.float32)
     return [part.view(s) for part, s in zip(flat.split(sizes), shapes, strict=True)]
