@@ -1,8 +1,6 @@
 """Permutation alignment of two networks by weight matching (Ainsworth, Hayase & Srinivasa 2023, "Git
-Re-Basin"): permuting hidden units keeps a network's function, so a barrier between two networks may be an
-artefact of unit order. Pure: state dicts in, state dicts out; the permutation-structure protocol is
-docs/alignment.md.
-"""
+Re-Basin"): permuting hidden units keeps the function, so a barrier may be an artefact of unit order. Pure:
+state dicts in and out; the permutation protocol is docs/alignment.md."""
 
 from __future__ import annotations
 
@@ -70,9 +68,8 @@ def assign(similarity: np.ndarray, groups: int = 1) -> np.ndarray:
 
 def weight_matching(spec: PermutationSpec, state_a: Mapping[str, torch.Tensor], state_b: Mapping[str, torch.Tensor],
                     seed: int = 0, max_iter: int = 100) -> Permutations:
-    """Permutations of B's units that make B's weights most similar to A's (Git Re-Basin Alg. 1): each pass
-    visits the permutations in a seeded order and takes the linear assignment that strictly improves the
-    objective, until a pass changes nothing (``converged``) or ``max_iter`` passes."""
+    """Permutations of B's units that make B's weights most similar to A's (Git Re-Basin Alg. 1), pass after
+    seeded pass, until a pass changes nothing (``converged``) or ``max_iter`` passes."""
     if int(max_iter) != max_iter or max_iter < 1:
         raise OptionError("max_iter", f"must be a positive integer, got {max_iter}")
     _check_states(spec, state_a, state_b)
@@ -132,8 +129,7 @@ class Alignment:
 
 def align_states(model: nn.Module, state_a: Mapping[str, torch.Tensor], state_b: Mapping[str, torch.Tensor], *,
                  seed: int = 0, max_iter: int = 100, spec: PermutationSpec | None = None) -> Alignment:
-    """B permuted to match A by weight matching, for ``model``'s architecture (``spec``: its permutation
-    spec)."""
+    """B permuted to match A by weight matching, for ``model`` (``spec``: its permutation spec)."""
     spec = spec if spec is not None else permutation_spec(model)
     perms = weight_matching(spec, state_a, state_b, seed=seed, max_iter=max_iter)
     state = apply_permutation(spec, perms, state_b)

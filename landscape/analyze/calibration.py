@@ -229,8 +229,7 @@ class CalibrationRecord:
 
 @dataclass
 class CalibrationResult(StoredResult):
-    """``landscape calibration``: one table row per (checkpoint, split) and the reliability bins and
-    histograms as ``(row, bin)`` arrays."""
+    """``landscape calibration``: a table row per (checkpoint, split), bins and histograms ``(row, bin)``."""
 
     KIND = KIND
     CONFIG = CalibrationConfig
@@ -258,8 +257,7 @@ class CalibrationResult(StoredResult):
 
 
 def collect(rows: list[CalibrationRow], config: CalibrationConfig) -> CalibrationResult:
-    """The result of several checkpoints: rows in the given order, each checkpoint's splits in config
-    order."""
+    """The rows of several checkpoints in the given order, each checkpoint's splits in config order."""
     records, parts = [], []
     for row in rows:
         for split, c in row.splits.items():
@@ -280,8 +278,7 @@ def collect(rows: list[CalibrationRow], config: CalibrationConfig) -> Calibratio
 def calibration_row(model: torch.nn.Module, data: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
                     config: CalibrationConfig | None = None, *, ref: str = "", step: int = 0,
                     epoch: float = math.nan, run: str = "") -> CalibrationRow:
-    """Calibration of ``model`` (eval mode, its own BatchNorm statistics) on each configured split of
-    ``data``."""
+    """Calibration of ``model`` (eval mode, its own BatchNorm statistics) on each split of ``data``."""
     config = config or CalibrationConfig()
     space = ParamSpace.from_model(model)
     point = space.flatten(model).unsqueeze(0)

@@ -1,10 +1,7 @@
-"""How much clipping bends the gradient: the ratio R (Watson et al. 2023 Def. 3.1) and whether the assumption
-and the bound of Thm. 3.2 held (the theorem is false as stated: docs/geometry.md).
-
-Everything comes from additive sufficient statistics (:class:`ClipMoments`), so chunks and batches add exactly
-without the ``n x d`` gradient matrix. Under flat clipping no layer is clipped on its own: the per-layer
-fraction clipped and bound are NaN and the per-layer assumption flags False ("not evaluated").
-"""
+"""The clipping ratio R (Watson et al. 2023 Def. 3.1) and whether the assumption and the bound of Thm. 3.2
+held (the theorem is false as stated: docs/geometry.md). Everything comes from additive sufficient statistics
+(:class:`ClipMoments`): chunks and batches add exactly, without the ``n x d`` gradient matrix; under flat
+clipping the per-layer fraction clipped and bound are NaN, the per-layer assumption flags False."""
 
 from __future__ import annotations
 
@@ -155,8 +152,7 @@ class ClipMoments:
     def from_parts(cls, layer_norms: Sequence[np.ndarray], grad_sum: Sequence[np.ndarray],
                    clipped_sum: Sequence[np.ndarray], *, max_grad_norm: float, layer_max_norms: np.ndarray,
                    clip_style: str) -> ClipMoments:
-        """Moments of one chunk from its per-layer per-sample norms (L arrays of shape (n,)) and the two
-        sums."""
+        """Moments of one chunk from its per-layer per-sample norms (L arrays (n,)) and the two sums."""
         per_layer = np.stack([np.asarray(v, dtype=np.float64) for v in layer_norms])  # (L, n)
         flat = np.sqrt((per_layer**2).sum(0))
         layer_clipped = per_layer > layer_max_norms[:, None]
@@ -254,8 +250,7 @@ class ClippingResult(StoredResult):
 
 
     def derived(self):
-        """The last checkpoint's statistics, the sample count and whether the assumption and bound held at
-        all."""
+        """The last checkpoint's statistics, the sample count and whether assumption and bound always held."""
         last = self.rows[-1].total
         attrs = {name: getattr(last, name) for name in ClipStats.SCALARS}
         attrs.update(samples=last.n, all_assumption_held=bool(all(r.total.assumption_held for r in self.rows)),
@@ -307,9 +302,8 @@ def clipping_geometry(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, max
                       chunk: int = 250, masks: dict[str, torch.Tensor] | None = None, engine=None,
                       ref: str = "", step: int = 0, epoch: float = math.nan, prune_level: float = math.nan
                      ) -> ClippingResult:
-    """Watson et al. Sec. 3.1 at one parameter point: R, c, the Thm. 3.2 bound, per batch of ``batch_size``
-    (drawn with ``seed``) and over all batches; ``masks`` (1 = keep) restrict the gradients to unpruned
-    weights."""
+    """Watson et al. Sec. 3.1 at one parameter point: R, c and the Thm. 3.2 bound per batch and over all;
+    ``masks`` (1 = keep) restrict the gradients to unpruned weights."""
     config = ClippingConfig(
         max_grad_norm=max_grad_norm, batch_size=batch_size, batches=batches, clip_style=clip_style,
         seed=seed, chunk=chunk,

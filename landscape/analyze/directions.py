@@ -40,8 +40,7 @@ def rays(origin: torch.Tensor, directions: torch.Tensor, steps: torch.Tensor) ->
 
 def scaled_directions(theta: torch.Tensor, space: ParamSpace, indices: Sequence[int], config: DirectionsConfig,
                       distance: float) -> torch.Tensor:
-    """Directions ``indices`` of ``config.seed``, normalised per config, then rescaled to length
-    ``distance``."""
+    """Directions ``indices`` of ``config.seed``, normalised per config, rescaled to length ``distance``."""
     dirs, norms = nonzero_random_directions(theta, space, indices, seed=config.seed, normalize=config.normalize,
                                             biasbn=config.biasbn)
     return (dirs.double() * (distance / norms).unsqueeze(1)).to(theta.dtype)

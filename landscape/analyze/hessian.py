@@ -100,8 +100,7 @@ class HessianResult(StoredResult):
         return cls(rows=list(rows), config=config, **arrays)
 
     def table_rows(self) -> list[dict]:
-        """One dict per checkpoint: ref, optimizer, epoch, loss, lambda_1..k, trace +- se, residual of
-        lambda_1."""
+        """One dict per checkpoint: ref, optimizer, epoch, loss, lambda_i, trace +- se, residual_1."""
         out = []
         for c, r in enumerate(self.rows):
             row = {"ref": r.ref, "optimizer": r.optimizer, "epoch": r.epoch, "loss": r.loss}

@@ -39,8 +39,7 @@ def split_subset(splits: Mapping[str, Any], name: str, subset: int | float | Non
 
 @dataclass
 class Instability:
-    """Watson et al. Def. 2.3 for one curve: ``sup - mean(endpoints)``; ``inf`` with a reason if
-    non-finite."""
+    """Watson et al. Def. 2.3 for one curve: ``sup - mean(endpoints)``; ``inf`` with a reason."""
 
     value: float
     reason: str | None = None
@@ -239,8 +238,7 @@ def _flat(theta, space: ParamSpace, model: nn.Module, label: str) -> torch.Tenso
 
 
 def compute_pair(a, b, config: InterpolateConfig) -> InterpolationResult:
-    """:func:`interpolate` between resolved checkpoints A and B on the data set the resolver chose for the
-    pair."""
+    """:func:`interpolate` between resolved checkpoints A and B on the data the resolver chose."""
     splits = {s: a.data.split(s) for s in SPLITS}
     model = a.model()
     result = interpolate(model, a.state, b.state, splits, config=config)

@@ -101,8 +101,8 @@ class CheckpointNorms:
 
 @dataclass
 class RunNorms:
-    """One run's (or one loose checkpoint's) norms along training: a row of the result's run table, its
-    layer names and checkpoint rows stored in the group ``runs/<i>/``."""
+    """One run's (or loose checkpoint's) norms: a row of the run table, with its layer names and checkpoint
+    rows in the group ``runs/<i>/``."""
 
     label: str = stored("array", name="run_labels")
     optimizer: str = stored("array", name="optimizers")
@@ -181,8 +181,7 @@ def value_range(point, config: NormsConfig) -> tuple[float, float, float]:
 
 
 def shared_edges(values, config: NormsConfig) -> np.ndarray:
-    """Histogram edges common to every checkpoint; checks that each ``grad_epochs`` entry is a checkpoint
-    epoch."""
+    """Histogram edges common to every checkpoint; each ``grad_epochs`` entry must be a checkpoint epoch."""
     epochs = sorted({v[2] for v in values})
     missing = [e for e in config.grad_epochs or () if not any(math.isclose(e, have, abs_tol=1e-6) for have in epochs)]
     if missing:

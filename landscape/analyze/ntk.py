@@ -26,8 +26,8 @@ from landscape.results import StoredResult, stored
 
 @dataclass
 class NTKResult(StoredResult):
-    """One checkpoint's (clipped) NTK: kernels, clipping factors, spectra and properties (the unclipped
-    kernel's prefixed ``K_`` in the file)."""
+    """One checkpoint's (clipped) NTK: kernels, clipping factors, spectra and properties (``K_``:
+    unclipped)."""
 
     KIND = "ntk"
     CONFIG = NTKConfig

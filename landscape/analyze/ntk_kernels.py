@@ -198,8 +198,7 @@ def layer_kernels(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, kind: s
 
 def _full_sq_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, sq: torch.Tensor, names: Sequence[str],
                    all_names: Sequence[str]) -> np.ndarray:
-    """||g_i||^2 of the whole model (flat clipping clips the full gradient, whichever layers the kernel
-    shows)."""
+    """||g_i||^2 of the whole model (flat clipping clips the full gradient, whatever layers are shown)."""
     if list(names) == list(all_names):
         return sq.sum(0).numpy()
     from landscape.persample import PerSampleEngine

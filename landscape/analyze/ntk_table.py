@@ -65,8 +65,7 @@ class NTKTable(StoredResult):
 
 def ntk_table(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: NTKTableConfig, *, step: int = 0,
               epoch: float = float("nan")) -> NTKTable:
-    """Bu et al. Table 1 measured on one model: one Gram computation, then no clipping and every (norm,
-    style)."""
+    """Bu et al. Table 1 on one model: one Gram computation, then no clipping and every (norm, style)."""
     lk = layer_kernels(model, x, y, kind=config.kernel, layers=config.layers, strategy=config.strategy,
                        max_memory=config.max_memory, precision=config.precision)
 

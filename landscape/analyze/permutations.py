@@ -168,8 +168,7 @@ def chain_spec(model: nn.Module, name: str | None = None) -> PermutationSpec:
 
 
 def _resnet_spec(model: nn.Module, name: str) -> PermutationSpec:
-    """torchvision ResNet of BasicBlocks: one permutation per stage's residual stream, one per block
-    inside."""
+    """torchvision ResNet of BasicBlocks: a permutation per stage's residual stream and per block."""
     from torchvision.models.resnet import BasicBlock
 
     b = SpecBuilder(name)
@@ -278,8 +277,7 @@ def permutation_spec(model: nn.Module | Mapping) -> PermutationSpec:
 
 
 def _as_spec(value: Any, model: nn.Module, name: str) -> PermutationSpec:
-    """A PermutationSpec as is; ``{perm: [(key, axis[, inner]) | Axis, ...]}`` with unit counts from the
-    tensors."""
+    """A PermutationSpec; ``{perm: [(key, axis[, inner]) | Axis, ...]}`` sized from the tensors."""
     if isinstance(value, PermutationSpec):
         return value
     if not isinstance(value, Mapping) or not value:
@@ -308,8 +306,7 @@ def _as_spec(value: Any, model: nn.Module, name: str) -> PermutationSpec:
 
 
 def verified_spec(model: nn.Module, x: torch.Tensor | None) -> PermutationSpec:
-    """:func:`permutation_spec`, and for a spec that is not built in the check that it keeps the function on
-    ``x``."""
+    """:func:`permutation_spec`, checked on ``x`` to keep the function unless it is built in."""
     spec = permutation_spec(model)
     if builder_of(model)[1] != "built-in" and x is not None:
         check_function_kept(model, spec, x)
@@ -318,9 +315,8 @@ def verified_spec(model: nn.Module, x: torch.Tensor | None) -> PermutationSpec:
 
 def check_function_kept(model: nn.Module, spec: PermutationSpec, x: torch.Tensor, *, seed: int = 0,
                         rtol: float = 1e-4, atol: float = 1e-5) -> None:
-    """ModelError unless a random permutation of ``spec`` leaves the model's outputs on ``x`` unchanged (a
-    spec that misses a tensor or moves a wrong axis changes the function; alignment would then be
-    meaningless)."""
+    """ModelError unless a random permutation of ``spec`` keeps the model's outputs on ``x`` (a spec missing a
+    tensor or moving a wrong axis changes the function)."""
     import copy
 
     state = model.state_dict()
@@ -367,8 +363,7 @@ def _units(t: torch.Tensor, ax: Axis, n: int) -> torch.Tensor:
 
 
 def check_permutations(spec: PermutationSpec, perms: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The permutations as int64 tensors; UsageError unless each is a permutation that keeps whole norm
-    groups."""
+    """The permutations as int64 tensors; UsageError unless each keeps whole norm groups."""
     out = {}
     for p in spec.perms:
         if p.name not in perms:

@@ -50,8 +50,7 @@ def device_option() -> Any:
 
 @dataclass(frozen=True)
 class EvaluationOptions(Options):
-    """How checkpoints are evaluated (the base of the interpolate, directions, surface and calibration
-    configs)."""
+    """How checkpoints are evaluated (interpolate, directions, surface and calibration configs)."""
 
     subset: int | float | None = option(None, SUBSET_HELP + " Default: all, of each split.", kind="subset")
     subset_seed: int = option(0, SUBSET_SEED_HELP)

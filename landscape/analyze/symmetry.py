@@ -1,9 +1,7 @@
-"""Is the gradient-deviation distribution symmetric? (Zhu & Blaschko 2023 App. F, Chen, Wu & Hong 2020)
-
-The deviations ``g_i - g_bar`` projected with a seeded Gaussian matrix (the same for every checkpoint of a
-run): two rows give the 2-D picture, more rows 1-D projections. Measured: the energy coefficient (Szekely &
-Rizzo; 0 when symmetric) with a sign-flip permutation p-value, and the skewness along each 1-D direction.
-"""
+"""Is the gradient-deviation distribution symmetric? (Zhu & Blaschko 2023 App. F, Chen, Wu & Hong 2020): the
+deviations ``g_i - g_bar`` projected with a seeded Gaussian matrix, the same at every checkpoint of a run (two
+rows the 2-D picture, more rows 1-D projections); the energy coefficient (Szekely & Rizzo; 0 when symmetric)
+with a sign-flip p-value, and the skewness along each 1-D direction."""
 
 from __future__ import annotations
 
@@ -37,8 +35,7 @@ def direction(seed: int, shapes: Sequence[tuple[int, ...]], index: int) -> list[
 
 
 def matrix_fingerprint(seed: int, shapes: Sequence[tuple[int, ...]], rows: int) -> str:
-    """sha256 of the first ``rows`` rows of the projection matrix (float32 bytes): equal matrices, equal
-    prints."""
+    """sha256 of the first ``rows`` rows of the projection matrix (float32 bytes)."""
     h = hashlib.sha256()
     for j in range(rows):
         for t in direction(seed, shapes, j):
@@ -56,12 +53,9 @@ class EnergyTest:
 
 def energy_symmetry_test(points: np.ndarray, *, permutations: int = 999, seed: int = 0,
                          about: str = "mean") -> EnergyTest:
-    """Energy-distance test of ``{x_i}`` against ``{-x_i}`` with a sign-flip permutation p-value.
-
-    ``about="mean"``: symmetry about the sample mean. Since the centre is estimated, the null distribution is
-    that of the *re-centred* sign-flipped sample ``z = s x - mean(s x)`` (flipping a centred sample without
-    re-centring almost never rejects). ``about="origin"``: symmetry about 0, plain sign flips (exact).
-    """
+    """Energy-distance test of ``{x_i}`` against ``{-x_i}`` with a sign-flip permutation p-value, about
+    ``"origin"`` (plain sign flips, exact) or the ``"mean"``: the centre is estimated, so the null is the
+    *re-centred* flipped sample ``s x - mean(s x)`` (flipping a centred sample alone almost never rejects)."""
     x = np.asarray(points, dtype=np.float64)
     if x.ndim == 1:
         x = x[:, None]
