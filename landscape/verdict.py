@@ -112,16 +112,6 @@ def _three_way(p_greater: float, p_less: float, alpha: float) -> bool | None:
     return None
 
 
-def sign_p(n: int) -> float:
-    """The one-sided sign-test p-value of ``n`` independent units that all fall on one side: ``0.5^n``."""
-    return 0.5 ** int(n) if n >= 1 else math.nan
-
-
-def share_bound(n: int, alpha: float = ALPHA) -> float:
-    """The exact one-sided (1 - alpha) upper bound on a share when 0 of ``n`` units show it: ``1 - alpha^(1/n)``."""
-    return 1.0 - alpha ** (1.0 / n) if n >= 1 else math.nan
-
-
 def _t_sides(diff: float, se: float, df: float, n: int = 0) -> tuple[float, float, float]:
     """``(t, p(effect > 0), p(effect < 0))`` of ``diff / se`` with ``df`` degrees of freedom; a zero ``se``
     leaves t undefined and the sign test over ``n`` units decides: ``0.5^n`` on the observed side (a
@@ -131,7 +121,7 @@ def _t_sides(diff: float, se: float, df: float, n: int = 0) -> tuple[float, floa
     if math.isnan(diff) or math.isnan(se) or math.isnan(df):
         return math.nan, math.nan, math.nan
     if se == 0.0:
-        p = sign_p(n)
+        p = 0.5 ** int(n) if n >= 1 else math.nan  # the sign test: all n units on one side
         if diff > 0:
             return math.inf, p, 1.0
         return (math.nan if diff == 0 else -math.inf), 1.0, p
@@ -328,8 +318,9 @@ def _mde_total(se: float, df: float, alpha: float, min_effect: float) -> float:
 
 
 def _no_spread(se: float, n: int, alpha: float) -> dict:
-    """``{"share bound": ...}`` when the sign test replaced the t-test (no spread at all)."""
-    return {"share bound": share_bound(n, alpha)} if se == 0.0 and n >= 1 else {}
+    """``{"share bound": 1 - alpha^(1/n)}`` when the sign test replaced the t-test (no spread at all): the exact
+    one-sided (1 - alpha) upper bound on the share of the ``n`` units that could show the effect."""
+    return {"share bound": 1.0 - alpha ** (1.0 / n)} if se == 0.0 and n >= 1 else {}
 
 
 def paired_greater(claim: str, source: str, a: Sequence[float], b: Sequence[float], *,
@@ -560,14 +551,7 @@ def far_below(claim: str, source: str, value: float, sample: Sequence[float], *,
     lo = float(np.quantile(s, quantile)) if s.size else math.nan
     med = float(np.median(s)) if s.size else math.nan
     value = float(value)
-    if math.isnan(value) or math.isnan(med):
-        held = None
-    elif value < lo:
-        held = True
-    elif value >= med:
-        held = False
-    else:
-        held = None
+    held = True if value < lo else (False if value >= med else None)  # NaN compares False: inconclusive
     frac = float(np.mean(s > value)) if s.size else math.nan
     numbers = {nv: value, f"median {ns}": med, f"q{quantile:g} {ns}": lo, f"fraction of {ns} above": frac,
                f"n {ns}": int(s.size)}
