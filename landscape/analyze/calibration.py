@@ -22,7 +22,6 @@ from landscape.refs import Ref
 from landscape.results import StoredResult, stored
 
 KIND = "calibration"
-SPLITS = ("train", "test")
 
 
 def bin_index(values: torch.Tensor, bins: int) -> torch.Tensor:

@@ -24,7 +24,6 @@ from landscape.params import ParamSpace
 from landscape.results import StoredResult, stored
 
 KIND = "directions"
-SPLITS = ("train", "test")
 GENERATOR_BUDGET = 1 << 29  # bytes of cached first-layer outputs per evaluate call (chooses the chunk size)
 RESERVED = ("loss", "acc", "distance", "distances", "rise")  # direction_<column>, toward_<column> are taken
 
@@ -99,8 +98,7 @@ class DirectionsResult(StoredResult):
     toward_loss: np.ndarray | None = stored("array", None, dims=("t",))  # (points,)
     toward_acc: np.ndarray | None = stored("array", None, dims=("t",))
     toward_distance: float = math.nan  # ||theta_B - theta_A||
-    # --metric: column -> (n, points) along the random directions and (points,) toward B, datasets direction_<column>
-    # and toward_<column> (written by derived(), read back by from_hdf5 through the metric_columns attr)
+    # --metric: column -> (n, points) along the directions, (points,) toward B (direction_/toward_<column>)
     point_metrics: dict[str, np.ndarray] = stored("skip", default_factory=dict)
     toward_metrics: dict[str, np.ndarray] = stored("skip", default_factory=dict)
     metric_sources: list[dict] = stored("attr", default_factory=list)

@@ -30,7 +30,6 @@ from landscape.spectral import (
 
 KIND = "hessian"
 PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
-SPLITS = ("train", "test")
 
 
 def _empty(*shape: int):

@@ -17,12 +17,11 @@ from landscape import metrics as user_metrics
 from landscape.analyze.specs import InterpolateConfig
 from landscape.errors import UsageError
 from landscape.evaluate import EvalResult, Segment, evaluate
-from landscape.options import build
+from landscape.options import SPLITS, build
 from landscape.params import ParamSpace, check_compatible
 from landscape.results import StoredResult, stored
 
 KIND = "interpolation"
-SPLITS = ("train", "test")
 # built-in columns a metric may not take: datasets are <split>_<column> (and <split>_<column>_aligned), summary
 # columns <column>_A, <column>_B, max_<column>
 RESERVED = ("loss", "acc", "error", "alpha")
@@ -96,8 +95,7 @@ class InterpolationResult(StoredResult):
     rise_loss: dict[str, float] = stored("attr", name="rise_{}_loss", order="splits", default_factory=dict)
     reasons: dict[str, str] = stored("attr", name="reason_{}", default_factory=dict)  # "<split>_loss" -> why inf
     examples: dict[str, int] = stored("attr", name="examples_{}", order="splits", default_factory=dict)
-    # --metric: column -> split -> values along alpha, datasets <split>_<column> (written by derived(), read back
-    # by from_hdf5 through the metric_columns attr); their references and source sha256 in metric_sources
+    # --metric: column -> split -> values along alpha (datasets <split>_<column>); sources in metric_sources
     point_metrics: dict[str, dict[str, np.ndarray]] = stored("skip", default_factory=dict)
     metric_sources: list[dict] = stored("attr", default_factory=list)
     distance: float = math.nan  # ||theta_B - theta_A||_2 over the interpolated tensors
