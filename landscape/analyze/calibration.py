@@ -1,7 +1,7 @@
-"""Calibration of a classifier's confidence (Bu et al. 2023 Sec. 5): from float64 softmax probabilities,
-accuracy, NLL, the Brier score, ECE and MCE over equal-width right-closed bins (Guo et al. 2017), the adaptive
-equal-mass ECE (Nixon et al. 2019) and the reliability-diagram and histogram arrays. :class:`ECE` is the same
-ECE as an evaluator metric, so calibration along a path costs no second pass."""
+"""Calibration of a classifier's confidence (Bu et al. 2023 Sec. 5), from float64 softmax probabilities:
+accuracy, NLL, Brier score, ECE and MCE over equal-width right-closed bins (Guo et al. 2017), the adaptive ECE
+(Nixon et al. 2019) and the reliability and histogram arrays; :class:`ECE` is the same ECE as an evaluator
+metric."""
 
 from __future__ import annotations
 
@@ -32,8 +32,7 @@ def bin_index(values: torch.Tensor, bins: int) -> torch.Tensor:
 
 
 def _binned_errors(count: torch.Tensor, conf_sum: torch.Tensor, correct_sum: torch.Tensor):
-    """ECE (Guo Eq. 3: ``sum |correct_sum - conf_sum| / n``) and MCE over non-empty bins (Guo Eq. 5) from
-    per-bin sums; the last dim is the bins."""
+    """ECE (Guo Eq. 3) and MCE over non-empty bins (Guo Eq. 5) from per-bin sums (bins the last dim)."""
     n = count.sum(-1)
     gap = (correct_sum - conf_sum).abs()
     ece = gap.sum(-1) / n

@@ -191,11 +191,8 @@ def random_profiles(model: nn.Module, theta: torch.Tensor, x: torch.Tensor, y: t
     bound = metrics if metrics is not None else user_metrics.load(config.metrics, reserved=RESERVED,
                                                                   analysis="directions")
 
-    # t = 0 (theta_A, shared by every profile) and the path toward B
-    common = dict(space=space, batch_size=config.chunk, device=config.device, method=config.method,
-                  metrics=[b.metric for b in bound])
-    toward_loss = toward_acc = None
-    toward_metrics: dict[str, np.ndarray] = {}
+    # t = 0 (theta_A, shared by every profile), on the path toward B when there is one
+    path = theta.unsqueeze(0)
     if toward is not None:
         if config.distance == "auto":
             end = toward
@@ -203,17 +200,14 @@ def random_profiles(model: nn.Module, theta: torch.Tensor, x: torch.Tensor, y: t
             end = (theta.double() + (toward - theta).double() * (distance / toward_distance)).to(theta.dtype)
         else:
             raise UsageError(f"{param('toward')} is the same point as A; there is no direction toward it")
-        rt = evaluate(model, x, y, Segment(theta, end, t), **common)
-        toward_loss, toward_acc = rt.loss.numpy(), rt.acc.numpy()
-        toward_metrics = user_metrics.point_values(bound, rt.metrics, rt.loss)
-        base_loss, base_acc = toward_loss[0], toward_acc[0]
-        base_metrics = {col: v[0] for col, v in toward_metrics.items()}
-        method = rt.method
-    else:
-        r0 = evaluate(model, x, y, theta.unsqueeze(0), **common)
-        base_loss, base_acc = float(r0.loss[0]), float(r0.acc[0])
-        base_metrics = {col: v[0] for col, v in user_metrics.point_values(bound, r0.metrics, r0.loss).items()}
-        method = r0.method
+        path = Segment(theta, end, t)
+    r0 = evaluate(model, x, y, path, space=space, batch_size=config.chunk, device=config.device,
+                  method=config.method, metrics=[b.metric for b in bound])
+    values = user_metrics.point_values(bound, r0.metrics, r0.loss)
+    base_loss, base_acc, method = float(r0.loss[0]), float(r0.acc[0]), r0.method
+    base_metrics = {col: v[0] for col, v in values.items()}
+    toward_loss, toward_acc, toward_metrics = ((r0.loss.numpy(), r0.acc.numpy(), values) if toward is not None
+                                               else (None, None, {}))
 
     # the random directions: all of them for the cosines, evaluated in chunks
     dirs = scaled_directions(theta, space, range(config.directions), config, distance)

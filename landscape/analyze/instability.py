@@ -150,8 +150,8 @@ def _copy_of(run: RunInfo) -> int:
 
 
 def compute_pair(a, b, config, labels: Mapping, result=None) -> tuple[PairInstability, object]:
-    """One row: A and B interpolated (or ``result``, read back from the pair's file) with the pair's labels;
-    epsilon falls back to the larger of the checkpoints' own for a DP pair."""
+    """One row: A and B interpolated (or ``result``, read back) with the pair's labels; a DP pair's epsilon
+    defaults to the larger of the checkpoints' own."""
     reused = result is not None
     result = interpolate_pair(a, b, config) if result is None else result
     eps = labels["epsilon"]

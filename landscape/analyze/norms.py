@@ -1,6 +1,6 @@
-"""Parameter and gradient norm statistics along training (Watson et al. 2023 App. Figs. 16-17): per checkpoint
-the distances of the parameters from the origin and from the initialisation, a histogram of their values on
-edges shared by every checkpoint, and per-sample gradient norms; runs compared by their final distances."""
+"""Parameter and gradient norms along training (Watson et al. 2023 App. Figs. 16-17): per checkpoint the
+distances from the origin and the initialisation, a value histogram on edges shared by every checkpoint, and
+per-sample gradient norms; runs compared by their final distances."""
 
 from __future__ import annotations
 
@@ -158,8 +158,8 @@ def checkpoint_norms(model: nn.Module, x: torch.Tensor | None, y: torch.Tensor |
                      edges: np.ndarray, *, init: Mapping[str, torch.Tensor] | None = None, engine=None,
                      ref: str = "", step: int = 0, epoch: float = math.nan,
                      masks: dict[str, torch.Tensor] | None = None) -> CheckpointNorms:
-    """Norm statistics of one parameter point (``x, y`` may be None when ``config.subset == 0``; ``masks``:
-    the pruning mask applied to the gradients)."""
+    """Norm statistics of one parameter point (``x, y`` None when ``config.subset == 0``; ``masks`` prune the
+    gradients)."""
     names = trainable_names(model)
     state = {n: p.detach().cpu() for n, p in model.named_parameters()}  # parameter statistics on the CPU
     params = parameter_norms(state, names, init)

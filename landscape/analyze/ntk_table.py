@@ -1,5 +1,5 @@
 """Bu et al. (2023) Table 1 measured (``landscape ntk-table``): for every clipping norm and style, is the
-clipped NTK symmetric and positive, with the numbers behind each answer (one Gram computation per
+clipped NTK symmetric and positive, with the numbers behind each answer (one Gram computation a
 checkpoint)."""
 
 from __future__ import annotations

@@ -385,8 +385,8 @@ def check_permutations(spec: PermutationSpec, perms: Mapping[str, torch.Tensor])
 
 def apply_permutation(spec: PermutationSpec, perms: Mapping[str, torch.Tensor],
                       state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A new state dict with every permuted axis reordered (unit ``i`` takes the old unit ``perm[i]``); a
-    partial state dict (pruning masks) is fine."""
+    """A new state dict, unit ``i`` of each permuted axis taking the old unit ``perm[i]`` (partial is
+    fine)."""
     perms = check_permutations(spec, perms)
     out = {}
     for key, t in state.items():

@@ -1,6 +1,5 @@
-"""The analysis registry: one :class:`Analysis` spec per analysis, looked up by command name, and the table of
-input modes (what an analysis' references are). Imports nothing heavy: ``landscape --help`` goes through
-it."""
+"""The analysis registry: one :class:`Analysis` spec per command name, and the input modes (what an analysis'
+references are). Imports nothing heavy: ``landscape --help`` goes through it."""
 
 from __future__ import annotations
 

@@ -118,8 +118,7 @@ class SymmetryStats:
 
 
 def symmetry_stats(projected: np.ndarray, *, permutations: int = 999, seed: int = 0) -> SymmetryStats:
-    """Statistics of projected per-sample gradients ``(n, 2 + P)`` (raw ``<g_i, v_j>``: centred here): columns
-    0-1 the plane, the rest 1-D directions."""
+    """Statistics of raw projections ``(n, 2 + P)`` (centred here): columns 0-1 the plane, the rest 1-D."""
     p = np.asarray(projected, dtype=np.float64)
     xi = p - p.mean(0)
     plane = xi[:, :PLANE]
