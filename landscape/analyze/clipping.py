@@ -101,7 +101,8 @@ def clipping_quantities(norms: np.ndarray, mean_grad: np.ndarray, clipped_mean: 
     )
 
 
-def _flat_stats(*, n, mean_sq_norm, mean_sample_norm, min_sample_norm, n_clipped, g, c, max_grad_norm) -> ClipStats:
+def _flat_stats(*, n, mean_sq_norm, mean_sample_norm, min_sample_norm, n_clipped, g, c, max_grad_norm,
+                **layers) -> ClipStats:
     g_sq = float(g @ g)
     ratio = _ratio(mean_sq_norm, g_sq)
     proj, cos = _projection_and_cos(c, g)
@@ -112,7 +113,7 @@ def _flat_stats(*, n, mean_sq_norm, mean_sample_norm, min_sample_norm, n_clipped
         bound_held=_bound_held(proj, bound, max_grad_norm),
         fraction_clipped=n_clipped / n, cos_clipped_mean=cos, mean_grad_norm=math.sqrt(g_sq),
         clipped_mean_norm=float(np.linalg.norm(c)), mean_sample_norm=mean_sample_norm,
-        min_sample_norm=min_sample_norm,
+        min_sample_norm=min_sample_norm, **layers,
     )
 
 
@@ -180,8 +181,6 @@ class ClipMoments:
         layer_g_sq = np.array([float(v @ v) for v in g_layers])
         layer_R = np.array([_ratio(s / n, gs) for s, gs in zip(self.sq_sum, layer_g_sq, strict=True)])
         pc = [_projection_and_cos(cl, gl) for cl, gl in zip(c_layers, g_layers, strict=True)]
-        layer_proj = np.array([p for p, _ in pc])
-        layer_cos = np.array([q for _, q in pc])
         if clip_style == "layerwise":
             layer_assume = (self.min_norm >= layer_max_norms) & (layer_g_sq > 0)
             layer_bound = layer_max_norms * (1.0 - layer_R / 2.0)
@@ -193,7 +192,9 @@ class ClipMoments:
         stats = _flat_stats(
             n=n, mean_sq_norm=float(self.sq_sum.sum()) / n, mean_sample_norm=self.flat_norm_sum / n,
             min_sample_norm=self.flat_min_norm, n_clipped=self.flat_n_clipped, g=g, c=c,
-            max_grad_norm=max_grad_norm,
+            max_grad_norm=max_grad_norm, layer_R=layer_R, layer_projection=np.array([p for p, _ in pc]),
+            layer_bound=layer_bound, layer_assumption_held=layer_assume, layer_fraction_clipped=layer_fraction,
+            layer_cos_clipped_mean=np.array([q for _, q in pc]), layer_mean_grad_norm=np.sqrt(layer_g_sq),
         )
         if clip_style == "layerwise":
             g_norm = math.sqrt(float(g @ g))
@@ -204,13 +205,6 @@ class ClipMoments:
                                else -math.inf)
             stats.assumption_held = bool(layer_assume.all())
             stats.bound_held = _bound_held(stats.projection, stats.bound, max_grad_norm)
-        stats.layer_R = layer_R
-        stats.layer_projection = layer_proj
-        stats.layer_bound = layer_bound
-        stats.layer_assumption_held = layer_assume
-        stats.layer_fraction_clipped = layer_fraction
-        stats.layer_cos_clipped_mean = layer_cos
-        stats.layer_mean_grad_norm = np.sqrt(layer_g_sq)
         return stats
 
 

@@ -131,9 +131,7 @@ def pair_labels(a: RunInfo, b: RunInfo) -> dict[str, object]:
 
     def same(key):
         va, vb = pa.get(key), pb.get(key)
-        if va == vb:
-            return va
-        return f"{va}/{vb}"
+        return va if va == vb else f"{va}/{vb}"
 
     k = pa.get("k") if pa.get("k") == pb.get("k") else None
     eps = pa.get("epsilon_target") if pa.get("epsilon_target") == pb.get("epsilon_target") else None

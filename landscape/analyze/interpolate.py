@@ -121,9 +121,6 @@ class InterpolationResult(StoredResult):
     def splits(self) -> list[str]:
         return list(self.loss)
 
-    def error(self, split: str) -> np.ndarray:
-        return 1.0 - self.acc[split]
-
     @property
     def ece(self) -> dict[str, np.ndarray]:
         """The built-in ``ece`` metric per split (``--metric ece``), else empty."""
