@@ -137,8 +137,5 @@ def align_states(model: nn.Module, state_a: Mapping[str, torch.Tensor], state_b:
 
 
 def _distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
-    total = 0.0
-    for k, t in a.items():
-        if t.is_floating_point():
-            total += float(torch.sum((b[k].double() - t.double()) ** 2))
-    return math.sqrt(total)
+    return math.sqrt(sum(float(torch.sum((b[k].double() - t.double()) ** 2)) for k, t in a.items()
+                         if t.is_floating_point()))

@@ -342,18 +342,11 @@ def _check_spec_fits(spec: PermutationSpec, state: Mapping[str, torch.Tensor]) -
                                  f"{ax.axis} of {p.size * ax.inner}")
 
 
-def _take(t: torch.Tensor, perm: torch.Tensor, ax: Axis) -> torch.Tensor:
-    if ax.inner == 1:
-        return t.index_select(ax.axis, perm)
-    idx = (perm[:, None] * ax.inner + torch.arange(ax.inner)).reshape(-1)
-    return t.index_select(ax.axis, idx)
-
-
 def _permuted(spec: PermutationSpec, perms: Mapping[str, torch.Tensor], key: str, t: torch.Tensor,
               skip: Axis | None = None) -> torch.Tensor:
     for name, ax in spec.by_key.get(key, ()):
-        if ax is not skip:
-            t = _take(t, perms[name], ax)
+        if ax is not skip:  # unit i's ``inner`` positions move together
+            t = t.index_select(ax.axis, (perms[name][:, None] * ax.inner + torch.arange(ax.inner)).reshape(-1))
     return t
 
 
