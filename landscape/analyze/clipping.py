@@ -242,7 +242,6 @@ class ClippingResult(StoredResult):
     def column(self, name: str) -> np.ndarray:
         return np.array([getattr(r.total, name) for r in self.rows], dtype=float)
 
-
     def derived(self):
         """The last checkpoint's statistics, the sample count and whether assumption and bound always held."""
         last = self.rows[-1].total
