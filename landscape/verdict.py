@@ -174,8 +174,7 @@ def holm(p_values: Sequence[float], alpha: float = ALPHA) -> list[float]:
 
 
 def underpowered(verdict: Verdict, needs: int | None = None) -> str:
-    """Why a verdict (one part) rests on too few units, or ``""``: its smallest ``n ...`` number below
-    ``needs``."""
+    """Why a verdict part rests on too few units (its smallest ``n ...`` below ``needs``), or ``""``."""
     ns = [int(v) for k, v in verdict.numbers.items() if k.startswith("n ") and isinstance(v, (int, float))
           and not math.isnan(float(v))]
     if needs and ns and min(ns) < needs:
@@ -185,8 +184,7 @@ def underpowered(verdict: Verdict, needs: int | None = None) -> str:
 
 def bound_text(verdict: Verdict) -> str:
     """The equivalence statement of a part that did not hold or is inconclusive ("no difference beyond X (95%
-    upper bound)", X in the claimed direction, the mde beside it); ``""`` for one that held or has no
-    interval."""
+    upper bound)", the mde beside it); ``""`` for one that held or has no interval."""
     n = verdict.numbers
     if verdict.held is True or "ci high" not in n or math.isnan(float(n["ci high"])):
         return ""
@@ -326,9 +324,8 @@ def _no_spread(se: float, n: int, alpha: float) -> dict:
 def paired_greater(claim: str, source: str, a: Sequence[float], b: Sequence[float], *,
                    names: tuple[str, str] = ("A", "B"), unit: str = "seeds", note: str = "",
                    alpha: float = ALPHA, min_effect: float = 0.0) -> Verdict:
-    """Claim ``A > B`` by at least ``min_effect`` for paired measurements (``a[i]`` and ``b[i]`` share a seed: the
-    same initialisation or data order): the one-sided paired t-test of ``mean(a - b) > min_effect`` at ``alpha``
-    (held / did not hold / inconclusive, the numbers and the :func:`mde` as in :func:`greater`)."""
+    """Claim ``A > B`` by at least ``min_effect`` for paired values (``a[i]``, ``b[i]`` share a seed): the
+    one-sided paired t-test of ``mean(a - b) > min_effect`` at ``alpha``, reported as :func:`greater`."""
     a, b = _clean(a), _clean(b)
     if a.shape != b.shape:
         raise ValueError(f"paired values need equal lengths, got {a.size} and {b.size}")
@@ -361,9 +358,8 @@ def _minimum(min_effect: float) -> dict:
 def paired_ratio(claim: str, source: str, a: Sequence[float], b: Sequence[float], *, min_ratio: float,
                  names: tuple[str, str] = ("A", "B"), unit: str = "seeds", note: str = "",
                  alpha: float = ALPHA) -> Verdict:
-    """Claim ``A / B > min_ratio`` for paired positive measurements: :func:`paired_greater` on the logarithms;
-    ``numbers`` add the geometric-mean ``ratio``, its interval (the log interval exponentiated) and ``min
-    ratio``."""
+    """Claim ``A / B > min_ratio`` for paired positive values: :func:`paired_greater` on the logarithms, with
+    the geometric-mean ``ratio``, its interval (the log interval exponentiated) and ``min ratio``."""
     a, b = _clean(a), _clean(b)
     if not (np.all(a > 0) and np.all(b > 0)):
         raise ValueError("paired_ratio needs positive values")
@@ -385,10 +381,9 @@ def paired_ratio(claim: str, source: str, a: Sequence[float], b: Sequence[float]
 def similar(claim: str, source: str, a: Sequence[float], b: Sequence[float], *, tolerance: float,
             names: tuple[str, str] = ("A", "B"), unit: str = "seeds", note: str = "", alpha: float = ALPHA,
             paired: bool = False) -> Verdict:
-    """Claim ``A ~ B`` within the equivalence margin ``tolerance``: two one-sided tests (TOST) at ``alpha``,
-    held if the (1 - 2 alpha) t interval of the difference (Welch, or ``paired``) lies inside the margin, did
-    not hold if wholly outside. ``p``: the larger TOST p-value; ``p against``: the smaller p of a difference
-    beyond the margin."""
+    """Claim ``A ~ B`` within the margin ``tolerance``: two one-sided tests (TOST) at ``alpha``, held if the
+    (1 - 2 alpha) t interval of the difference (Welch, or ``paired``) lies inside the margin, did not hold if
+    wholly outside; ``p`` the larger TOST p-value, ``p against`` the smaller one beyond the margin."""
     a, b = _clean(a), _clean(b)
     if paired:
         if a.shape != b.shape:
@@ -480,8 +475,7 @@ def ordered(claim: str, source: str, groups: Mapping[float, Sequence[float]], *,
 
 def most_above(claim: str, source: str, values: Sequence[float], bound: float, *, name: str = "value",
                unit: str = "directions", note: str = "", alpha: float = ALPHA) -> Verdict:
-    """Claim that most of a sample exceeds ``bound``: the exact one-sided binomial test of the share above it
-    against one half."""
+    """Claim that most of a sample exceeds ``bound``: the exact one-sided binomial test against one half."""
     from scipy import stats
 
     v = _clean(values)

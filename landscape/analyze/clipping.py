@@ -119,10 +119,9 @@ def _flat_stats(*, n, mean_sq_norm, mean_sample_norm, min_sample_norm, n_clipped
 
 @dataclass
 class ClipMoments:
-    """Additive sufficient statistics of per-sample gradients over any set of samples (chunks add up exactly):
-    per layer the sums of ``||g_i||^2``, ``g_i``, the clipped ``w_i g_i`` and ``||g_i||``, the least norm and
-    the count clipped; the same over whole gradients (for layerwise clipping the clipped (sample, layer) pairs
-    / L, as training's ``StepStats.fraction_clipped``)."""
+    """Additive sufficient statistics of per-sample gradients (chunks add up exactly): per layer the sums of
+    ``||g_i||^2``, ``g_i``, the clipped ``w_i g_i`` and ``||g_i||``, the least norm and the count clipped; the
+    same over whole gradients (layerwise: clipped (sample, layer) pairs / L, as training reports it)."""
 
     n: int
     sq_sum: np.ndarray

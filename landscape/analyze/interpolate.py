@@ -60,8 +60,7 @@ def instability(values: Sequence[float] | np.ndarray, alphas: Sequence[float] | 
 
 def chord_barrier(values: Sequence[float] | np.ndarray, alphas: Sequence[float] | np.ndarray) -> float:
     """``sup_alpha E_alpha - ((1 - alpha) E_A + alpha E_B)``: the height above the chord (Entezari et al.
-    2022), 0 on a convex loss where Def. 2.3 gives ``|E_A - E_B| / 2``; ``inf`` when any value is
-    non-finite."""
+    2022), 0 on a convex loss; ``inf`` when any value is non-finite."""
     v, a = np.asarray(values, dtype=np.float64), np.asarray(alphas, dtype=np.float64)
     if not np.all(np.isfinite(v)):
         return math.inf

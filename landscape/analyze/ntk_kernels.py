@@ -25,10 +25,9 @@ SYM_RTOL = 1e-6
 
 @dataclass(frozen=True)
 class KernelProperties:
-    """Symmetry and positivity of a square matrix A (Bu et al. Def. 4.2), with the numbers behind them:
-    ``positive_quadratic`` (x^T A x >= 0) iff the smallest eigenvalue of (A + A^T)/2 is non-negative,
-    ``positive_eigenvalues`` iff every eigenvalue of A is real and non-negative, both up to the tolerances
-    relative to ``norm`` = ||A||_F."""
+    """Symmetry and positivity of a square matrix A (Bu et al. Def. 4.2), up to tolerances relative to
+    ``norm`` = ||A||_F: ``positive_quadratic`` (x^T A x >= 0) iff (A + A^T)/2 has no negative eigenvalue,
+    ``positive_eigenvalues`` iff every eigenvalue of A is real and non-negative."""
 
     n: int
     norm: float
