@@ -89,12 +89,8 @@ class SplitCalibration:
     true_class_count: np.ndarray  # (M,) samples per bin of pi_i[y_i]
 
     @property
-    def bins(self) -> int:
-        return int(self.bin_count.size)
-
-    @property
     def edges(self) -> np.ndarray:
-        return np.linspace(0.0, 1.0, self.bins + 1)
+        return np.linspace(0.0, 1.0, int(self.bin_count.size) + 1)
 
     def scalars(self) -> dict[str, float]:
         return {"examples": self.examples, "accuracy": self.accuracy, "nll": self.nll, "brier": self.brier,
