@@ -220,9 +220,8 @@ class SurfaceConfig(RandomDirectionOptions):
     def validate(self) -> None:
         super().validate()
         self._set("plane", self.plane.strip())
-        self.plane_kind  # noqa: B018 (validates)
-        self.shape  # noqa: B018
-        self.ranges  # noqa: B018
+        for checked in ("plane_kind", "shape", "ranges"):  # each property refuses a bad value of its option
+            getattr(self, checked)
 
     @property
     def plane_kind(self) -> str:

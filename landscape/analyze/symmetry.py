@@ -223,9 +223,7 @@ def gradient_symmetry(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, pro
     config = SymmetryConfig(projections=projections, seed=seed, subset=subset, subset_seed=seed,
                             permutations=permutations, chunk=chunk)
     row = symmetry_row(model, x, y, config, engine=engine, ref=ref, step=step, epoch=epoch)
-    shapes = parameter_shapes(model)
-    return SymmetryResult(config=config, rows=[row], fingerprint=matrix_fingerprint(seed, shapes, PLANE),
-                          num_params=sum(math.prod(s) for s in shapes))
+    return collect([(row, parameter_shapes(model))], config)
 
 
 def compute_point(point, config: SymmetryConfig):
@@ -240,6 +238,6 @@ def collect(outs, config: SymmetryConfig, _options=None) -> SymmetryResult:
     shapes = outs[0][1]
     if any(s != shapes for _, s in outs):
         raise UsageError("the checkpoints have different parameter shapes; one projection matrix cannot serve them all")
-    return SymmetryResult(config=config, rows=[r for r, _ in outs], fingerprint=matrix_fingerprint(config.seed, shapes,
-                                                                                                 PLANE),
+    return SymmetryResult(config=config, rows=[r for r, _ in outs],
+                          fingerprint=matrix_fingerprint(config.seed, shapes, PLANE),
                           num_params=sum(math.prod(s) for s in shapes))
