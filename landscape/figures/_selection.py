@@ -1,11 +1,8 @@
 """Claim-neutral hyper-parameter selection, and the sensitivity of a verdict to that choice.
 
-A recipe that picks a setting for the runs it judges picks it here, by one rule: every candidate trained as
-selection runs (seeds from :data:`SELECTION_SEED`, ``1 - HOLDOUT`` of the training split), scored on the held-out
-split (:func:`validation`; worst accuracy over the last :data:`WINDOW` checkpoints, viable when the recipe's gate
-passes there), the viable candidate with the highest lowest arm score chosen; arms are never compared with each
-other. :func:`judge_with_sensitivity` computes the verdict again at every other viable candidate and with each arm
-at its own best. The rule, and why, is in docs/figures.md, "Selection a referee accepts".
+Every candidate is trained as selection runs and scored on the held-out split; the viable candidate with the
+highest lowest arm score is chosen (arms are never compared with each other). The rule, and why, is in
+docs/figures.md, "Selection a referee accepts".
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Two summaries of one recipe side by side: which verdict parts move between machines or float kernels.
 
-Training is chaotic: another CPU's float kernels can flip a part decided near alpha. :func:`compare` reads two
-summaries of one recipe and scale and reports, per verdict part (matched by its claim), both outcomes and
-p-values and whether the part *moved*; beside them the chosen setting, how many stored arrays differ and the
-kernels each summary records. Used by ``landscape figures --compare``; docs/figures.md, "Verdicts on another
-machine".
+Training is chaotic, so another CPU's kernels can flip a part decided near alpha. Used by ``landscape figures
+--compare``; docs/figures.md, "Verdicts on another machine".
 """
 
 from __future__ import annotations

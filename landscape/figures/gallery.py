@@ -1,9 +1,7 @@
 """The gallery page: ``OUT/README.md`` with every recipe's figure, claim and computed verdict at one scale.
 
-:func:`write_gallery` reads the summaries ``OUT/NAME/NAME-SCALE.h5`` of the registered recipes and writes, between
-the markers :data:`BEGIN` and :data:`END`, a verdict table and one section per recipe (figure, claim, verdict and
-scope, each part's numbers, sensitivity, what was scaled down, provenance, the paper-scale line). Text outside the
-markers is kept, so a hand-written discussion survives regeneration. The output depends only on the summaries.
+Only the text between :data:`BEGIN` and :data:`END` is regenerated (a hand-written discussion survives), and the
+output depends only on the summaries.
 """
 
 from __future__ import annotations

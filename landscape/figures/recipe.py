@@ -1,11 +1,8 @@
 """The :class:`Recipe` spec of a paper figure and the runner that makes it (train -> analyse -> plot).
 
-The runner (:func:`make`) gives a recipe a :class:`Context`; the recipe trains through ``landscape.api`` (an
-interrupted recipe continues), analyses and returns ``(numbers, verdict)``; the runner writes the HDF5 summary
-``<out>/<name>/<name>-<scale>.h5`` (a summary with the current settings means finished) and draws the figures from
-the summary alone (:class:`Drawing`). Every verdict below paper scale carries its scope, and every end model it
-judges passes the recipe's validity :class:`Gate` or makes its part "inconclusive (invalid regime)". How to write
-one: docs/ARCHITECTURE.md, "How to add a figure recipe"; gates and scope: docs/figures.md.
+:func:`make` trains through ``landscape.api`` (resumable), writes the HDF5 summary ``<out>/<name>/<name>-<scale>.h5``
+and draws the figures from the summary alone. How to write a recipe: docs/ARCHITECTURE.md, "How to add a figure
+recipe"; gates and scope: docs/figures.md.
 """
 
 from __future__ import annotations
