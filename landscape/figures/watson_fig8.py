@@ -99,7 +99,7 @@ def draw(d):
     ax.set(ylabel="barrier above the chord", title="beside it, not judged: chord barrier")
     fig.suptitle(f"Fig. 8 ({d.scale}): {d.verdict.status}")
     style.panel_labels([*path_axes, axes[0, 2], axes[1, 2]])
-    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d, _draw.short_label)
+    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d)
 
 
 RECIPE = Recipe(
