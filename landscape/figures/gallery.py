@@ -1,9 +1,5 @@
-"""The gallery page: ``OUT/README.md`` with every recipe's figure, claim and computed verdict at one scale.
-
-:func:`write_gallery` reads the summaries ``OUT/NAME/NAME-SCALE.h5`` of the registered recipes and writes, between
-the markers :data:`BEGIN` and :data:`END`, a verdict table and one section per recipe (figure, claim, verdict and
-scope, each part's numbers, sensitivity, what was scaled down, provenance, the paper-scale line). Text outside the
-markers is kept, so a hand-written discussion survives regeneration. The output depends only on the summaries.
+"""The gallery page ``OUT/README.md``: every recipe's figure, claim and computed verdict at one scale, written
+from the summaries alone between the markers :data:`BEGIN` and :data:`END` (text outside them is kept).
 """
 
 from __future__ import annotations
@@ -35,10 +31,6 @@ def _part_line(p, needs: int | None = None) -> str:
     extra = "; ".join(x for x in (bound, short) if x)
     holm = " (Holm)" if "p against (Holm)" in p.numbers else ""
     return f"{p.status}{holm}: {p.claim}" + (f" -- *{extra}*" if extra else "") + f" ({p.numbers_text()})"
-
-
-def _parts(verdict, needs: int | None = None) -> list[str]:
-    return [_part_line(p, needs) for p in verdict.parts]
 
 
 def _needs(path: Path) -> int | None:
@@ -78,7 +70,7 @@ def _section(name: str, recipe, out: Path, scale: str) -> tuple[str, str]:
     side = [f for f in png if f not in main]
     image = "".join(f"![{name}]({name}/{f.name})\n\n" for f in main)
     needs = _needs(path)
-    parts = _parts(verdict, needs)
+    parts = [_part_line(p, needs) for p in verdict.parts]
     judged = "<br>".join(parts) if parts else f"{verdict.numbers_text()}. Rule: {verdict.test}"
     status = STATUS[verdict.status]
     short = sum(bool(underpowered(p, needs)) for p in (verdict.parts or (verdict,)))
