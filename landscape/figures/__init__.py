@@ -19,16 +19,12 @@ def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out",
             report=None, compare: str | Path | None = None, device: str = "auto") -> list[Made]:
     """Run the named recipes (or ``"all"``) and update ``out/README.md`` (``landscape.figures.gallery``).
 
-    Finished recipes (same settings) are skipped unless ``rerun`` (which still reuses their trained runs: only the
-    analyses, figure and summary are made again). A recipe that fails does not stop the others: the rest run, the
-    gallery is written, and then ``RecipeError`` names every failure (one line; its
-    ``made`` holds the recipes that finished). ``scheduler`` (a Dask address or client) runs the recipes'
-    analyses' parallel parts on that cluster (see ``landscape.api.execution.using_scheduler``). ``device``: what
-    the recipes' ``auto`` device means (``landscape.runtime.using_device``). ``report``
-    receives one line per finished (or failed) recipe, as it finishes (the command prints them on stderr).
-    ``compare`` (a folder holding the same recipes' summaries, e.g. the gallery made on another machine or under
-    other float kernels) puts on each ``Made`` its ``Comparison`` (``landscape.figures.compare``) with
-    ``compare/NAME/NAME-SCALE.h5`` (which verdict parts moved); a missing one is a UsageError before anything runs.
+    Finished recipes (same settings) are skipped unless ``rerun`` (which still reuses their trained runs). A failing
+    recipe does not stop the others; then ``RecipeError`` names every failure (its ``made``: the finished ones).
+    ``scheduler``: a Dask address or client for the analyses' parallel parts; ``device``: what ``auto`` means;
+    ``report``: receives one line per recipe as it finishes. ``compare``: a folder with the same recipes'
+    summaries (e.g. made on another machine): each ``Made`` gets its ``Comparison`` against
+    ``compare/NAME/NAME-SCALE.h5``; a missing one is a UsageError before anything runs.
     """
     import contextlib
 
