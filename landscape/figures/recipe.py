@@ -259,13 +259,16 @@ def eps_spent(runs) -> list[float]:
     return out
 
 
+def spent_text(values) -> str:
+    """``"spent 0.93"`` or ``"spent 0.70-0.93"``: the range of the (non-NaN) ``values``."""
+    lo, hi = f"{np.nanmin(values):.3g}", f"{np.nanmax(values):.3g}"
+    return f"spent {lo}" if lo == hi else f"spent {lo}-{hi}"
+
+
 def eps_text(runs) -> str:
     """``"eps spent 0.93"`` or ``"eps spent 0.70-0.93"`` over private runs (``""`` when none is private)."""
     e = [v for v in eps_spent(runs) if math.isfinite(v)]
-    if not e:
-        return ""
-    lo, hi = min(e), max(e)
-    return f"eps spent {lo:.3g}" if f"{lo:.3g}" == f"{hi:.3g}" else f"eps spent {lo:.3g}-{hi:.3g}"
+    return "eps " + spent_text(e) if e else ""
 
 
 @dataclasses.dataclass
