@@ -294,12 +294,12 @@ SUMMARY_FORMAT = 2  # the summary layout (2: figures drawn from the summary, sco
 
 
 def summary_attrs(path: Path) -> dict:
-    """The summary's provenance: ``settings`` (dict), ``seconds``, ``landscape_version``, ``created``, ``format``
-    (absent in summaries written before they were recorded)."""
+    """The summary's provenance: ``settings`` (dict), ``seconds``, ``landscape_version``, ``created``, ``format``,
+    ``recipe_kind``, ``needs`` (JSON; absent in summaries written before they were recorded)."""
     import h5py
 
     with h5py.File(path, "r") as f:
-        out = {k: f.attrs[k] for k in ("seconds", "landscape_version", "created", "format", "recipe_kind")
+        out = {k: f.attrs[k] for k in ("seconds", "landscape_version", "created", "format", "recipe_kind", "needs")
                if k in f.attrs}
         out["settings"] = json.loads(f.attrs["settings"])
     return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in out.items()}
