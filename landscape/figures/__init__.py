@@ -29,9 +29,10 @@ def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out",
     import contextlib
 
     from landscape.api.execution import check_parallelism, cluster_size, using_scheduler
-    from landscape.errors import LandscapeError, RecipeError
+    from landscape.errors import LandscapeError, RecipeError, UsageError, param
     from landscape.figures import registry
     from landscape.figures.gallery import write_gallery
+    from landscape.figures.recipe import summary_path
     from landscape.runtime import using_device
 
     if isinstance(names, str):
@@ -39,7 +40,12 @@ def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out",
     names = registry.names() if list(names) == ["all"] else list(names)
     recipes = [registry.get(n) for n in names]  # unknown names fail before anything runs
     check_parallelism(workers, scheduler)
-    references = _references(compare, names, scale)
+    references = {n: summary_path(Path(compare), n, scale) for n in names} if compare is not None else {}
+    missing = [str(p) for p in references.values() if not p.is_file()]
+    if missing:
+        raise UsageError(f"compare: no summary to compare with at {missing[0]}"
+                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+                         + f": make the recipes at {param('scale', scale)} into {compare} first")
     if scale == "paper":  # a refused paper-scale run writes nothing, not even the gallery page
         from landscape.figures.recipe import check_paper
 
@@ -62,22 +68,6 @@ def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out",
         raise RecipeError(f"{len(failed)} of {len(recipes)} recipes failed: " + "; ".join(m for m, _ in failed),
                           made=made)
     return made
-
-
-def _references(compare: str | Path | None, names: list[str], scale: str) -> dict[str, Path]:
-    """``{name: the reference summary}`` under ``compare`` (empty without it); a missing one is a UsageError."""
-    from landscape.errors import UsageError, param
-    from landscape.figures.recipe import summary_path
-
-    if compare is None:
-        return {}
-    paths = {n: summary_path(Path(compare), n, scale) for n in names}
-    missing = [str(p) for p in paths.values() if not p.is_file()]
-    if missing:
-        raise UsageError(f"compare: no summary to compare with at {missing[0]}"
-                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
-                         + f": make the recipes at {param('scale', scale)} into {compare} first")
-    return paths
 
 
 def _make_all(recipes, made: list, failed: list, report=None, **options) -> None:
