@@ -189,10 +189,8 @@ def combine(*selections: Selection) -> Selection:
 
 
 def judge_with_sensitivity(ctx, sel: Selection, evaluate: Callable[[dict], tuple[dict, Any]]) -> tuple[dict, Any]:
-    """The recipe's ``(numbers, verdict)`` at the chosen setting, with its sensitivity: ``evaluate(setting)``
-    (``setting``: ``{arm: candidate index}``) is called for the chosen setting, every other viable candidate and each
-    arm's own best; the entries go to ``ctx.sensitivity`` (the summary's ``sensitivity`` attribute), their statuses
-    to ``sensitivity/*`` numbers, and the verdict's note starts with the summary sentence (:func:`sentence`)."""
+    """The recipe's ``(numbers, verdict)`` at the chosen setting; ``evaluate({arm: candidate index})`` runs again at
+    every other viable candidate and each arm's own best, into ``ctx.sensitivity`` and ``sensitivity/*`` numbers."""
     chosen = sel.setting()
     numbers, verdict = evaluate(chosen)
     entries = [{"role": "chosen", "setting": chosen, "label": sel.describe(chosen), "verdict": verdict}]
@@ -229,9 +227,7 @@ def _evaluated(ctx, role: str, setting: dict, label: str, evaluate) -> dict:
 
 
 def sentence(entries: list[dict], sel: Selection | None = None) -> str:
-    """The sensitivity in one sentence: the status at the chosen setting, how many viable settings the verdict
-    held at (each named), the status with each arm at its own best, and whether the verdict depends on the
-    setting."""
+    """The sensitivity in one sentence (the verdict note's start)."""
     chosen = entries[0]
     viable = [e for e in entries if e["role"] in ("chosen", "viable")]
     held = sum(e["verdict"].held is True for e in viable)
