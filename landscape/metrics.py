@@ -293,7 +293,7 @@ def same_code(recorded: Sequence[Mapping[str, Any]]) -> bool:
     return True
 
 
-COLUMNS_ATTR = "metric_columns"  # a result file's attr naming its metric columns (what from_hdf5 reads back)
+COLUMNS_ATTR = "metric_columns"  # a result file's attr naming its metric columns (what read_columns reads back)
 
 
 def columns_attr(columns: Iterable[str]) -> dict[str, str]:
@@ -302,12 +302,23 @@ def columns_attr(columns: Iterable[str]) -> dict[str, str]:
     return {COLUMNS_ATTR: ",".join(names)} if names else {}
 
 
-def stored_columns(path: Any) -> tuple[list[str], dict[str, np.ndarray]]:
-    """A result file's metric columns (its ``metric_columns`` attr) and all its arrays, for ``from_hdf5``."""
+def read_columns(result: Any, path: Any, tables: Mapping[str, str]) -> Any:
+    """``result``, just read from ``path`` by ``from_hdf5``, with its metric tables filled from the file's metric
+    columns (its ``metric_columns`` attr): field -> dataset name template over ``{column}`` and, for one dataset
+    per split of ``result.splits``, ``{split}``. A column without a dataset in the file stays out."""
     from landscape.results import read_result
 
     r = read_result(path)
-    return [c for c in str(r.attrs.get(COLUMNS_ATTR, "")).split(",") if c], r.arrays
+    for col in (c for c in str(r.attrs.get(COLUMNS_ATTR, "")).split(",") if c):
+        for name, template in tables.items():
+            if "{split}" in template:
+                found = {s: r.arrays[n] for s in result.splits
+                         if (n := template.format(split=s, column=col)) in r.arrays}
+                if found:
+                    getattr(result, name)[col] = found
+            elif template.format(column=col) in r.arrays:
+                getattr(result, name)[col] = r.arrays[template.format(column=col)]
+    return result
 
 
 def sources(bound: Iterable[Bound]) -> list[dict[str, Any]]:

@@ -392,6 +392,13 @@ def from_params(cls: type, params: Mapping[str, Any]) -> Any:
     return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in params.items() if k in known})
 
 
+def field_default(f: dataclasses.Field, missing: Any = None) -> Any:
+    """The field's default (its factory called), ``missing`` when it has none."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else missing
+
+
 def describe(cls: type) -> list[tuple[str, str, str, str]]:
     """``(name, type, default, help)`` of every option field of ``cls`` (for generated docstrings)."""
     out = []

@@ -1,13 +1,8 @@
 """Verdicts: a paper's claim, the rule it was judged by, the measured numbers and whether it held.
 
-A :class:`Verdict`'s ``held`` is computed from ``numbers`` by a stated rule, never written by hand, and is
-three-valued: ``True`` (held), ``False`` (did not hold) or ``None`` (inconclusive). Every rule here tests at one
-level :data:`ALPHA` and stores the effect, its interval, the sample sizes, the test, ``p`` and ``p against`` with
-the numbers, so a reader can recompute the verdict; with no spread at all the sign test over the independent units
-decides. :func:`all_of` combines parts (intersection-union; Holm over ``p against`` for "did not hold"). The rules,
-power (:func:`mde`), replication units (:func:`pair_jackknife`) and multiplicity are described in docs/figures.md,
-"How verdicts are decided".
-"""
+``held`` is computed from ``numbers`` by a stated rule at the level :data:`ALPHA`, never written by hand:
+True, False or None (inconclusive). The rules, power (:func:`mde`), replication units (:func:`pair_jackknife`)
+and multiplicity (:func:`all_of`) are described in docs/figures.md, "How verdicts are decided"."""
 
 from __future__ import annotations
 
@@ -24,13 +19,9 @@ STATUS = {True: "held", False: "did not hold", None: "inconclusive"}
 
 @dataclass(frozen=True)
 class Verdict:
-    """One claim judged against measurements.
-
-    ``source`` names where the claim is made (paper and figure/section); ``test`` is the rule applied, in
-    words; ``numbers`` the measured values the rule was applied to (floats, ints or lists of them); ``parts``
-    the verdicts a combined claim (:func:`all_of`) was judged from; ``scope`` what the verdict is a test of
-    (the regime it was measured in), printed with it.
-    """
+    """One claim judged against measurements: ``source`` where the claim is made, ``test`` the rule in words,
+    ``numbers`` what it was applied to, ``parts`` the verdicts an :func:`all_of` combined, ``scope`` the
+    regime it was measured in (printed with it)."""
 
     claim: str
     source: str
@@ -121,28 +112,16 @@ def _three_way(p_greater: float, p_less: float, alpha: float) -> bool | None:
     return None
 
 
-def sign_p(n: int) -> float:
-    """The one-sided sign-test p-value of ``n`` independent units that all fall on one side: ``0.5^n``."""
-    return 0.5 ** int(n) if n >= 1 else math.nan
-
-
-def share_bound(n: int, alpha: float = ALPHA) -> float:
-    """The exact one-sided (1 - alpha) upper bound on a share when 0 of ``n`` units show it: ``1 - alpha^(1/n)``."""
-    return 1.0 - alpha ** (1.0 / n) if n >= 1 else math.nan
-
-
 def _t_sides(diff: float, se: float, df: float, n: int = 0) -> tuple[float, float, float]:
-    """``(t, p(effect > 0), p(effect < 0))`` of a t statistic ``diff / se`` with ``df`` degrees of freedom.
-
-    A zero standard error (every value of each group identical) leaves t undefined: the sign test over the ``n``
-    independent units decides instead, ``p = 0.5^n`` on the observed side (a difference of exactly 0 counts against
-    a claimed positive effect: every unit shows none of it) and 1 on the other."""
+    """``(t, p(effect > 0), p(effect < 0))`` of ``diff / se`` with ``df`` degrees of freedom; a zero ``se``
+    leaves t undefined and the sign test over ``n`` units decides: ``0.5^n`` on the observed side (a
+    difference of exactly 0 counts against a claimed positive effect), 1 on the other."""
     from scipy import stats
 
     if math.isnan(diff) or math.isnan(se) or math.isnan(df):
         return math.nan, math.nan, math.nan
     if se == 0.0:
-        p = sign_p(n)
+        p = 0.5 ** int(n) if n >= 1 else math.nan  # the sign test: all n units on one side
         if diff > 0:
             return math.inf, p, 1.0
         return (math.nan if diff == 0 else -math.inf), 1.0, p
@@ -160,10 +139,9 @@ def _interval(diff: float, se: float, df: float, alpha: float) -> tuple[float, f
 
 
 def mde(se: float, df: float, alpha: float = ALPHA, power: float = POWER) -> float:
-    """The minimum detectable effect of a one-sided t-test at ``alpha``: the true difference ``delta`` (beyond any
-    minimum effect) at which the test rejects with probability ``power``, i.e. ``P(T > t_{1-alpha, df}) = power``
-    for ``T`` noncentral t with ``df`` degrees of freedom and noncentrality ``delta / se``. 0 when ``se`` is 0; NaN
-    when it cannot be computed."""
+    """The minimum detectable effect of a one-sided t-test at ``alpha``: the true difference ``delta``
+    (beyond any minimum effect) rejected with probability ``power`` (noncentral t, noncentrality
+    ``delta / se``); 0 when ``se`` is 0, NaN when it cannot be computed."""
     from scipy import optimize, stats
 
     if math.isnan(se) or math.isnan(df) or df <= 0:
@@ -182,10 +160,8 @@ def mde(se: float, df: float, alpha: float = ALPHA, power: float = POWER) -> flo
 
 
 def holm(p_values: Sequence[float], alpha: float = ALPHA) -> list[float]:
-    """Holm's step-down adjusted p-values (Holm 1979): sort ascending, ``p_(i) * (k - i + 1)`` for the i-th smallest
-    of ``k``, made non-decreasing and capped at 1; a hypothesis is rejected at ``alpha`` when its adjusted p-value
-    is below ``alpha`` (which controls the family-wise error at ``alpha``). NaN p-values stay NaN and do not count
-    in ``k``."""
+    """Holm's step-down adjusted p-values (Holm 1979), non-decreasing and capped at 1; reject where below
+    ``alpha``. NaN p-values stay NaN and do not count."""
     p = [float(x) for x in p_values]
     finite = sorted((v, i) for i, v in enumerate(p) if not math.isnan(v))
     k = len(finite)
@@ -198,8 +174,7 @@ def holm(p_values: Sequence[float], alpha: float = ALPHA) -> list[float]:
 
 
 def underpowered(verdict: Verdict, needs: int | None = None) -> str:
-    """Why a verdict (one part) rests on too few units, or ``""``: its smallest sample size (``n ...`` numbers)
-    below ``needs`` (the n a recipe states it needs)."""
+    """Why a verdict part rests on too few units (its smallest ``n ...`` below ``needs``), or ``""``."""
     ns = [int(v) for k, v in verdict.numbers.items() if k.startswith("n ") and isinstance(v, (int, float))
           and not math.isnan(float(v))]
     if needs and ns and min(ns) < needs:
@@ -208,10 +183,8 @@ def underpowered(verdict: Verdict, needs: int | None = None) -> str:
 
 
 def bound_text(verdict: Verdict) -> str:
-    """An equivalence statement for a part that did not hold or is inconclusive, from its numbers: "no difference
-    beyond X (95% upper bound)", X the one-sided (1 - alpha) upper confidence bound of the difference in the claimed
-    direction (beyond the minimum effect where one is stated), and the minimum detectable effect beside it; ``""``
-    for a part without an interval or one that held."""
+    """The equivalence statement of a part that did not hold or is inconclusive ("no difference beyond X (95%
+    upper bound)", the mde beside it); ``""`` for one that held or has no interval."""
     n = verdict.numbers
     if verdict.held is True or "ci high" not in n or math.isnan(float(n["ci high"])):
         return ""
@@ -252,13 +225,9 @@ def _welch_from(diff: float, va: float, dfa: float, vb: float, dfb: float, df0: 
 
 
 def pair_jackknife(values: Sequence[float], pairs: Sequence[tuple[int, int]]) -> tuple[float, float, int]:
-    """``(mean, standard error, units)`` of values measured on pairs of independent units, where ``pairs[p]`` names
-    the two units of ``values[p]`` and the pairs are every pair of the units exactly once (a U-statistic of degree 2:
-    siblings' barriers, each copy in ``n - 1`` of the ``n(n-1)/2`` pairs). The standard error is the
-    leave-one-unit-out jackknife (Arvesen 1969): ``sqrt((n - 1) / n * sum_i (m_(-i) - m_(.))^2)``, ``m_(-i)`` the mean
-    over the pairs without unit ``i``; it accounts for the pairs sharing units (treating the pairs as independent
-    would count each unit's noise ``n - 1`` times). Degrees of freedom: ``n - 1``. With ``n`` < 3 units no pair is
-    left out of one: NaN standard error."""
+    """``(mean, standard error, units)`` of values measured on every pair of some units exactly once
+    (``pairs[p]`` names the two units of ``values[p]``): the leave-one-unit-out jackknife standard error
+    (Arvesen 1969), df ``n - 1``, NaN below 3 units. Why: docs/figures.md, "Replication unit"."""
     v = _clean(values)
     pairs = [tuple(sorted((int(i), int(j)))) for i, j in pairs]
     if len(pairs) != v.size:
@@ -276,13 +245,9 @@ def pair_jackknife(values: Sequence[float], pairs: Sequence[tuple[int, int]]) ->
 
 def bootstrap_ci(a: Sequence[float], b: Sequence[float] | None = None, *, paired: bool = False,
                  alpha: float = ALPHA, n: int = BOOTSTRAP, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap (1 - 2 ``alpha``) interval of ``mean(a) - mean(b)`` (``b`` None: of ``mean(a)``).
-
-    Unpaired: ``a`` and ``b`` are resampled independently; paired: the differences ``a[i] - b[i]`` are resampled.
-    Seeded (``numpy.random.default_rng(seed)``), so a summary's interval is reproducible; NaN with fewer than 2
-    values a side. With n = 3 a side the bootstrap interval is too narrow (it can take only a few values): it is
-    reported beside the t interval, never used alone to decide.
-    """
+    """Seeded percentile bootstrap (1 - 2 ``alpha``) interval of ``mean(a) - mean(b)`` (without ``b``: of
+    ``mean(a)``; ``paired``: of the differences); NaN with fewer than 2 values a side. Reported beside the t
+    interval, never deciding alone (with n = 3 it takes only a few values)."""
     a = _clean(a)
     if b is not None and paired:
         a, b = a - _clean(b), None
@@ -311,15 +276,9 @@ def greater(claim: str, source: str, a: Sequence[float], b: Sequence[float], *, 
             unit: str = "pairs", note: str = "", alpha: float = ALPHA, min_effect: float = 0.0,
             pairs_a: Sequence[tuple[int, int]] | None = None,
             pairs_b: Sequence[tuple[int, int]] | None = None) -> Verdict:
-    """Claim ``A > B`` (independent groups), by at least ``min_effect``: Welch's one-sided t-test at ``alpha``.
-
-    Held if ``p(A - B > min_effect) < alpha``, did not hold if ``p(A - B < min_effect) < alpha``, else (or with fewer
-    than 2 {unit} a side) inconclusive. ``pairs_a`` / ``pairs_b``: the group's values are measured on every pair of
-    some independent units (``pairs_a[i]`` = the two units of ``a[i]``): that side's standard error is
-    :func:`pair_jackknife` over the units, its degrees of freedom ``units - 1``, and no bootstrap interval is
-    reported. ``numbers``: the means, sds and n (and the units), the difference, its Welch and bootstrap intervals,
-    t, df, the one-sided p and ``p against``, alpha, the minimum effect (when stated) and the :func:`mde`.
-    """
+    """Claim ``A > B`` (independent groups) by at least ``min_effect``: Welch's one-sided t-test at ``alpha``,
+    decided as its ``test`` says. ``pairs_a`` / ``pairs_b``: that side's values are measured on every pair of
+    some units, its standard error :func:`pair_jackknife`'s (and no bootstrap interval)."""
     a, b = _clean(a), _clean(b)
     na, nb = names
     ma, va, dfa, ua = _side(a, pairs_a)
@@ -357,16 +316,16 @@ def _mde_total(se: float, df: float, alpha: float, min_effect: float) -> float:
 
 
 def _no_spread(se: float, n: int, alpha: float) -> dict:
-    """``{"share bound": ...}`` when the sign test replaced the t-test (no spread at all)."""
-    return {"share bound": share_bound(n, alpha)} if se == 0.0 and n >= 1 else {}
+    """``{"share bound": 1 - alpha^(1/n)}`` when the sign test replaced the t-test (no spread at all): the exact
+    one-sided (1 - alpha) upper bound on the share of the ``n`` units that could show the effect."""
+    return {"share bound": 1.0 - alpha ** (1.0 / n)} if se == 0.0 and n >= 1 else {}
 
 
 def paired_greater(claim: str, source: str, a: Sequence[float], b: Sequence[float], *,
                    names: tuple[str, str] = ("A", "B"), unit: str = "seeds", note: str = "",
                    alpha: float = ALPHA, min_effect: float = 0.0) -> Verdict:
-    """Claim ``A > B`` by at least ``min_effect`` for paired measurements (``a[i]`` and ``b[i]`` share a seed: the
-    same initialisation or data order): the one-sided paired t-test of ``mean(a - b) > min_effect`` at ``alpha``
-    (held / did not hold / inconclusive, the numbers and the :func:`mde` as in :func:`greater`)."""
+    """Claim ``A > B`` by at least ``min_effect`` for paired values (``a[i]``, ``b[i]`` share a seed): the
+    one-sided paired t-test of ``mean(a - b) > min_effect`` at ``alpha``, reported as :func:`greater`."""
     a, b = _clean(a), _clean(b)
     if a.shape != b.shape:
         raise ValueError(f"paired values need equal lengths, got {a.size} and {b.size}")
@@ -399,10 +358,8 @@ def _minimum(min_effect: float) -> dict:
 def paired_ratio(claim: str, source: str, a: Sequence[float], b: Sequence[float], *, min_ratio: float,
                  names: tuple[str, str] = ("A", "B"), unit: str = "seeds", note: str = "",
                  alpha: float = ALPHA) -> Verdict:
-    """Claim ``A / B > min_ratio`` for paired positive measurements (a distance ratio, "1.7x"): :func:`paired_greater`
-    on the logarithms, ``mean(log a - log b) > log(min_ratio)``, i.e. the geometric-mean ratio exceeds the stated
-    minimum. ``numbers`` add the geometric-mean ``ratio``, its (1 - 2 alpha) interval (the log interval
-    exponentiated) and ``min ratio``; positive values only (a ratio of a non-positive distance means nothing)."""
+    """Claim ``A / B > min_ratio`` for paired positive values: :func:`paired_greater` on the logarithms, with
+    the geometric-mean ``ratio``, its interval (the log interval exponentiated) and ``min ratio``."""
     a, b = _clean(a), _clean(b)
     if not (np.all(a > 0) and np.all(b > 0)):
         raise ValueError("paired_ratio needs positive values")
@@ -424,15 +381,9 @@ def paired_ratio(claim: str, source: str, a: Sequence[float], b: Sequence[float]
 def similar(claim: str, source: str, a: Sequence[float], b: Sequence[float], *, tolerance: float,
             names: tuple[str, str] = ("A", "B"), unit: str = "seeds", note: str = "", alpha: float = ALPHA,
             paired: bool = False) -> Verdict:
-    """Claim ``A ~ B`` within an equivalence margin ``tolerance`` (the difference the claim still calls "the same",
-    stated in the rule): two one-sided tests (TOST) at ``alpha``.
-
-    Held if the (1 - 2 alpha) t interval of ``mean(A) - mean(B)`` (Welch, or paired) lies inside
-    ``[-tolerance, tolerance]`` (both one-sided tests reject a difference beyond the margin), did not hold if it
-    lies wholly outside (the difference exceeds the margin, significantly), else (or with fewer than 2 {unit} a
-    side) inconclusive. ``p`` is the larger of the two TOST p-values, ``p against`` the smaller p-value of a
-    difference beyond the margin on either side; with no spread the sign test over the units decides.
-    """
+    """Claim ``A ~ B`` within the margin ``tolerance``: two one-sided tests (TOST) at ``alpha``, held if the
+    (1 - 2 alpha) t interval of the difference (Welch, or ``paired``) lies inside the margin, did not hold if
+    wholly outside; ``p`` the larger TOST p-value, ``p against`` the smaller one beyond the margin."""
     a, b = _clean(a), _clean(b)
     if paired:
         if a.shape != b.shape:
@@ -445,10 +396,8 @@ def similar(claim: str, source: str, a: Sequence[float], b: Sequence[float], *, 
         diff, se, df = welch(a, b)
         n = int(min(a.size, b.size))
     lo, hi = _interval(diff, se, df, alpha)
-    _, _, p_inside_hi = _t_sides(diff - tolerance, se, df, n)   # p(diff < +margin)
-    _, p_inside_lo, _ = _t_sides(diff + tolerance, se, df, n)   # p(diff > -margin)
-    _, p_beyond_hi, _ = _t_sides(diff - tolerance, se, df, n)   # p(diff > +margin)
-    _, _, p_beyond_lo = _t_sides(diff + tolerance, se, df, n)   # p(diff < -margin)
+    _, p_beyond_hi, p_inside_hi = _t_sides(diff - tolerance, se, df, n)  # p(diff > +margin), p(diff < +margin)
+    _, p_inside_lo, p_beyond_lo = _t_sides(diff + tolerance, se, df, n)  # p(diff > -margin), p(diff < -margin)
     p_same = max(p_inside_hi, p_inside_lo)
     p_against = min(p_beyond_hi, p_beyond_lo)
     held = _three_way(p_same, p_against, alpha)
@@ -466,15 +415,8 @@ def similar(claim: str, source: str, a: Sequence[float], b: Sequence[float], *, 
 def below(claim: str, source: str, values: Sequence[float], bound: float, *, name: str = "value",
           unit: str = "seeds", note: str = "", alpha: float = ALPHA,
           pairs: Sequence[tuple[int, int]] | None = None) -> Verdict:
-    """Claim that a quantity is below an effect-size ``bound`` (an "approximately" claim: approximately symmetric =
-    an asymmetry below a stated size, not exactly none): the one-sample one-sided t-test of ``mean < bound``.
-
-    Held if ``p(mean < bound) < alpha`` (the upper (1 - alpha) confidence bound of the mean is below ``bound``),
-    did not hold if ``p(mean > bound) < alpha``, else (or with fewer than 2 {unit}) inconclusive; with no spread the
-    sign test over the {unit} decides (a mean exactly at the bound is not below it). ``pairs``: the values are
-    measured on every pair of some independent units (as in :func:`greater`): the standard error is
-    :func:`pair_jackknife`'s, with ``units - 1`` degrees of freedom.
-    """
+    """Claim that a quantity is below the effect-size ``bound`` ("approximately": below a stated size, not
+    exactly none): the one-sample one-sided t-test of ``mean < bound``; ``pairs`` as in :func:`greater`."""
     return _bound(claim, source, values, bound, below=True, name=name, unit=unit, note=note, alpha=alpha,
                   pairs=pairs)
 
@@ -508,13 +450,8 @@ def _bound(claim, source, values, bound, *, below: bool, name, unit, note, alpha
 
 def ordered(claim: str, source: str, groups: Mapping[float, Sequence[float]], *, decreasing: bool = True,
             key: str = "k", unit: str = "pairs", note: str = "", alpha: float = ALPHA) -> Verdict:
-    """Claim that the values fall (``decreasing``) or rise as ``key`` grows: a monotone trend.
-
-    Spearman's rank correlation rho between ``key`` and every value of every group (ties get mean ranks), with
-    its one-sided p-value (t approximation, ``scipy.stats.spearmanr``): held if the trend in the claimed
-    direction has p < ``alpha``, did not hold if the opposite trend has, else (or with fewer than 3 values, or
-    fewer than 2 keys) inconclusive. The group means, sds and sizes are reported beside rho.
-    """
+    """Claim that the values fall (``decreasing``) or rise as ``key`` grows: the one-sided Spearman rank
+    correlation over every value (``scipy.stats.spearmanr``); inconclusive below 3 values or 2 keys."""
     from scipy import stats
 
     keys = sorted(groups)
@@ -538,10 +475,7 @@ def ordered(claim: str, source: str, groups: Mapping[float, Sequence[float]], *,
 
 def most_above(claim: str, source: str, values: Sequence[float], bound: float, *, name: str = "value",
                unit: str = "directions", note: str = "", alpha: float = ALPHA) -> Verdict:
-    """Claim that most of a sample exceeds ``bound`` (e.g. the loss along most random directions rises by more than a
-    stated scale): the exact one-sided binomial test of the share above ``bound`` against one half. Held if
-    ``P(X >= k | n, 1/2) < alpha`` for ``k`` of ``n`` above, did not hold if ``P(X <= k | n, 1/2) < alpha``, else
-    inconclusive."""
+    """Claim that most of a sample exceeds ``bound``: the exact one-sided binomial test against one half."""
     from scipy import stats
 
     v = _clean(values)
@@ -566,17 +500,10 @@ def inconclusive(verdict: Verdict, reason: str) -> Verdict:
     return dataclasses.replace(verdict, held=None, note=note, numbers=numbers, parts=parts)
 
 
-HOLM = "Holm"
-
-
 def all_of(claim: str, source: str, parts: Sequence[Verdict], *, note: str = "") -> Verdict:
-    """Claim that holds for every part, with multiplicity control on the side that refutes it.
-
-    Held if every part held at ``alpha`` (an intersection-union test: every part must reject on its own, so no
-    correction is needed). Did not hold if some part did not hold *after Holm's step-down correction* (:func:`holm`)
-    of the ``p against`` of the k parts that have one: a part that did not hold at ``alpha`` alone but not after
-    the correction becomes inconclusive, its note says so and ``p against (Holm)`` is added to its numbers. Parts
-    without a p-value (deterministic checks, quantile rules) keep their status. Else inconclusive."""
+    """Claim that holds for every part: held if every part held (intersection-union), did not hold if some
+    part did after Holm's correction (:func:`holm`) over the parts' ``p against``; a part refuted only before
+    it turns inconclusive, with ``p against (Holm)``. Parts without a p-value keep their status."""
     parts = list(parts)
     p_against = [float(p.numbers.get("p against", math.nan)) if isinstance(p.numbers.get("p against"), (int, float))
                  else math.nan for p in parts]
@@ -599,7 +526,7 @@ def all_of(claim: str, source: str, parts: Sequence[Verdict], *, note: str = "")
     failed = sum(p.held is False for p in judged)
     held = False if failed else (True if judged and held_n == len(judged) else None)
     numbers = {"held": held_n, "did not hold": failed, "inconclusive": len(judged) - held_n - failed}
-    adjusted_by = (f"after {HOLM}'s step-down correction over the {tested} parts' p-values against the claim (parts "
+    adjusted_by = (f"after Holm's step-down correction over the {tested} parts' p-values against the claim (parts "
                    "without a p-value unadjusted)" if tested >= 2 else "(no two parts with a p-value: nothing to adjust)")
     test = ("held if every part held at alpha (intersection-union: no correction needed), did not hold if some part "
             f"did not hold {adjusted_by}, else inconclusive")
@@ -616,14 +543,7 @@ def far_below(claim: str, source: str, value: float, sample: Sequence[float], *,
     lo = float(np.quantile(s, quantile)) if s.size else math.nan
     med = float(np.median(s)) if s.size else math.nan
     value = float(value)
-    if math.isnan(value) or math.isnan(med):
-        held = None
-    elif value < lo:
-        held = True
-    elif value >= med:
-        held = False
-    else:
-        held = None
+    held = True if value < lo else (False if value >= med else None)  # NaN compares False: inconclusive
     frac = float(np.mean(s > value)) if s.size else math.nan
     numbers = {nv: value, f"median {ns}": med, f"q{quantile:g} {ns}": lo, f"fraction of {ns} above": frac,
                f"n {ns}": int(s.size)}

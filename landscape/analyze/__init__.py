@@ -1,6 +1,5 @@
 """Pure analyzers (model + parameters + data in, result dataclass out) and their registry: one line per
-analysis (its command, where its spec lives, its summary), imported only when used, so listing commands
-imports no torch."""
+analysis, its spec imported only when used (listing commands imports no torch)."""
 
 from landscape.analyze.registry import register
 

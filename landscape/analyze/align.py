@@ -1,8 +1,6 @@
 """Permutation alignment of two networks by weight matching (Ainsworth, Hayase & Srinivasa 2023, "Git
-Re-Basin"): permuting hidden units keeps a network's function, so a barrier between two networks may be an
-artefact of unit order. Pure: state dicts in, state dicts out; the permutation-structure protocol is
-docs/alignment.md.
-"""
+Re-Basin"): permuting hidden units keeps the function, so a barrier may be an artefact of unit order. Pure:
+state dicts in and out; the permutation protocol is docs/alignment.md."""
 
 from __future__ import annotations
 
@@ -34,20 +32,6 @@ class Permutations(dict):
     converged: bool = True  # the last pass changed no permutation (False: stopped at max_iter)
 
 
-def _check_states(spec: PermutationSpec, state_a: Mapping[str, torch.Tensor],
-                  state_b: Mapping[str, torch.Tensor]) -> None:
-    from landscape.params import check_compatible
-
-    check_compatible(state_a, state_b, names=("A", "B"))
-    _check_spec_fits(spec, state_a)
-    for label, state in (("A", state_a), ("B", state_b)):
-        for key, t in state.items():
-            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                bad = int((~torch.isfinite(t)).sum())
-                raise ModelError(f"{label} has {bad} non-finite value(s) in {key!r}; alignment needs finite weights "
-                                 "(did the run diverge?)")
-
-
 def assign(similarity: np.ndarray, groups: int = 1) -> np.ndarray:
     """``perm`` maximising ``sum_i S[i, perm[i]]``, mapping whole contiguous groups onto whole groups (exact:
     the best assignment within every pair of groups, then of groups on those values)."""
@@ -70,12 +54,20 @@ def assign(similarity: np.ndarray, groups: int = 1) -> np.ndarray:
 
 def weight_matching(spec: PermutationSpec, state_a: Mapping[str, torch.Tensor], state_b: Mapping[str, torch.Tensor],
                     seed: int = 0, max_iter: int = 100) -> Permutations:
-    """Permutations of B's units that make B's weights most similar to A's (Git Re-Basin Alg. 1): each pass
-    visits the permutations in a seeded order and takes the linear assignment that strictly improves the
-    objective, until a pass changes nothing (``converged``) or ``max_iter`` passes."""
+    """Permutations of B's units that make B's weights most similar to A's (Git Re-Basin Alg. 1), pass after
+    seeded pass, until a pass changes nothing (``converged``) or ``max_iter`` passes."""
+    from landscape.params import check_compatible
+
     if int(max_iter) != max_iter or max_iter < 1:
         raise OptionError("max_iter", f"must be a positive integer, got {max_iter}")
-    _check_states(spec, state_a, state_b)
+    check_compatible(state_a, state_b, names=("A", "B"))
+    _check_spec_fits(spec, state_a)
+    for label, state in (("A", state_a), ("B", state_b)):
+        for key, t in state.items():
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                bad = int((~torch.isfinite(t)).sum())
+                raise ModelError(f"{label} has {bad} non-finite value(s) in {key!r}; alignment needs finite weights "
+                                 "(did the run diverge?)")
     a = {k: v.detach().to(torch.float64) for k, v in state_a.items() if k in spec.by_key}
     b = {k: v.detach().to(torch.float64) for k, v in state_b.items() if k in spec.by_key}
     a_units = {(p.name, i): _units(a[ax.key], ax, p.size) for p in spec.perms for i, ax in enumerate(p.axes)
@@ -132,8 +124,7 @@ class Alignment:
 
 def align_states(model: nn.Module, state_a: Mapping[str, torch.Tensor], state_b: Mapping[str, torch.Tensor], *,
                  seed: int = 0, max_iter: int = 100, spec: PermutationSpec | None = None) -> Alignment:
-    """B permuted to match A by weight matching, for ``model``'s architecture (``spec``: its permutation
-    spec)."""
+    """B permuted to match A by weight matching, for ``model`` (``spec``: its permutation spec)."""
     spec = spec if spec is not None else permutation_spec(model)
     perms = weight_matching(spec, state_a, state_b, seed=seed, max_iter=max_iter)
     state = apply_permutation(spec, perms, state_b)
@@ -141,8 +132,5 @@ def align_states(model: nn.Module, state_a: Mapping[str, torch.Tensor], state_b:
 
 
 def _distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
-    total = 0.0
-    for k, t in a.items():
-        if t.is_floating_point():
-            total += float(torch.sum((b[k].double() - t.double()) ** 2))
-    return math.sqrt(total)
+    return math.sqrt(sum(float(torch.sum((b[k].double() - t.double()) ** 2)) for k, t in a.items()
+                         if t.is_floating_point()))

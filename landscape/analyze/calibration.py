@@ -1,7 +1,7 @@
-"""Calibration of a classifier's confidence (Bu et al. 2023 Sec. 5): from float64 softmax probabilities,
-accuracy, NLL, the Brier score, ECE and MCE over equal-width right-closed bins (Guo et al. 2017), the adaptive
-equal-mass ECE (Nixon et al. 2019) and the reliability-diagram and histogram arrays. :class:`ECE` is the same
-ECE as an evaluator metric, so calibration along a path costs no second pass."""
+"""Calibration of a classifier's confidence (Bu et al. 2023 Sec. 5), from float64 softmax probabilities:
+accuracy, NLL, Brier score, ECE and MCE over equal-width right-closed bins (Guo et al. 2017), the adaptive ECE
+(Nixon et al. 2019) and the reliability and histogram arrays; :class:`ECE` is the same ECE as an evaluator
+metric."""
 
 from __future__ import annotations
 
@@ -22,24 +22,17 @@ from landscape.refs import Ref
 from landscape.results import StoredResult, stored
 
 KIND = "calibration"
-SPLITS = ("train", "test")
-
-
-def bin_edges(bins: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The ``bins + 1`` equal-width edges ``m / M`` of [0, 1] (float64)."""
-    return torch.linspace(0.0, 1.0, int(bins) + 1, dtype=torch.float64, device=device)
 
 
 def bin_index(values: torch.Tensor, bins: int) -> torch.Tensor:
     """Bin ``m - 1`` of each value in [0, 1] for the right-closed bins ``((m-1)/M, m/M]`` (0 goes to the
     first; Guo et al. 2017's convention: a value equal to an edge joins the bin below it)."""
-    interior = bin_edges(bins, values.device)[1:-1]
+    interior = torch.linspace(0.0, 1.0, int(bins) + 1, dtype=torch.float64, device=values.device)[1:-1]
     return torch.bucketize(values.to(torch.float64), interior, right=False)
 
 
 def _binned_errors(count: torch.Tensor, conf_sum: torch.Tensor, correct_sum: torch.Tensor):
-    """ECE (Guo Eq. 3: ``sum |correct_sum - conf_sum| / n``) and MCE over non-empty bins (Guo Eq. 5) from
-    per-bin sums; the last dim is the bins."""
+    """ECE (Guo Eq. 3) and MCE over non-empty bins (Guo Eq. 5) from per-bin sums (bins the last dim)."""
     n = count.sum(-1)
     gap = (correct_sum - conf_sum).abs()
     ece = gap.sum(-1) / n
@@ -96,12 +89,8 @@ class SplitCalibration:
     true_class_count: np.ndarray  # (M,) samples per bin of pi_i[y_i]
 
     @property
-    def bins(self) -> int:
-        return int(self.bin_count.size)
-
-    @property
     def edges(self) -> np.ndarray:
-        return np.linspace(0.0, 1.0, self.bins + 1)
+        return np.linspace(0.0, 1.0, int(self.bin_count.size) + 1)
 
     def scalars(self) -> dict[str, float]:
         return {"examples": self.examples, "accuracy": self.accuracy, "nll": self.nll, "brier": self.brier,
@@ -234,8 +223,7 @@ class CalibrationRecord:
 
 @dataclass
 class CalibrationResult(StoredResult):
-    """``landscape calibration``: one table row per (checkpoint, split) and the reliability bins and
-    histograms as ``(row, bin)`` arrays."""
+    """``landscape calibration``: a table row per (checkpoint, split), bins and histograms ``(row, bin)``."""
 
     KIND = KIND
     CONFIG = CalibrationConfig
@@ -263,8 +251,7 @@ class CalibrationResult(StoredResult):
 
 
 def collect(rows: list[CalibrationRow], config: CalibrationConfig) -> CalibrationResult:
-    """The result of several checkpoints: rows in the given order, each checkpoint's splits in config
-    order."""
+    """The rows of several checkpoints in the given order, each checkpoint's splits in config order."""
     records, parts = [], []
     for row in rows:
         for split, c in row.splits.items():
@@ -285,8 +272,7 @@ def collect(rows: list[CalibrationRow], config: CalibrationConfig) -> Calibratio
 def calibration_row(model: torch.nn.Module, data: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
                     config: CalibrationConfig | None = None, *, ref: str = "", step: int = 0,
                     epoch: float = math.nan, run: str = "") -> CalibrationRow:
-    """Calibration of ``model`` (eval mode, its own BatchNorm statistics) on each configured split of
-    ``data``."""
+    """Calibration of ``model`` (eval mode, its own BatchNorm statistics) on each split of ``data``."""
     config = config or CalibrationConfig()
     space = ParamSpace.from_model(model)
     point = space.flatten(model).unsqueeze(0)

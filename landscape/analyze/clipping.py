@@ -1,10 +1,7 @@
-"""How much clipping bends the gradient: the ratio R (Watson et al. 2023 Def. 3.1) and whether the assumption
-and the bound of Thm. 3.2 held (the theorem is false as stated: docs/geometry.md).
-
-Everything comes from additive sufficient statistics (:class:`ClipMoments`), so chunks and batches add exactly
-without the ``n x d`` gradient matrix. Under flat clipping no layer is clipped on its own: the per-layer
-fraction clipped and bound are NaN and the per-layer assumption flags False ("not evaluated").
-"""
+"""The clipping ratio R (Watson et al. 2023 Def. 3.1) and whether the assumption and the bound of Thm. 3.2
+held (the theorem is false as stated: docs/geometry.md). Everything comes from additive sufficient statistics
+(:class:`ClipMoments`): chunks and batches add exactly, without the ``n x d`` gradient matrix; under flat
+clipping the per-layer fraction clipped and bound are NaN, the per-layer assumption flags False."""
 
 from __future__ import annotations
 
@@ -104,7 +101,8 @@ def clipping_quantities(norms: np.ndarray, mean_grad: np.ndarray, clipped_mean: 
     )
 
 
-def _flat_stats(*, n, mean_sq_norm, mean_sample_norm, min_sample_norm, n_clipped, g, c, max_grad_norm) -> ClipStats:
+def _flat_stats(*, n, mean_sq_norm, mean_sample_norm, min_sample_norm, n_clipped, g, c, max_grad_norm,
+                **layers) -> ClipStats:
     g_sq = float(g @ g)
     ratio = _ratio(mean_sq_norm, g_sq)
     proj, cos = _projection_and_cos(c, g)
@@ -115,16 +113,15 @@ def _flat_stats(*, n, mean_sq_norm, mean_sample_norm, min_sample_norm, n_clipped
         bound_held=_bound_held(proj, bound, max_grad_norm),
         fraction_clipped=n_clipped / n, cos_clipped_mean=cos, mean_grad_norm=math.sqrt(g_sq),
         clipped_mean_norm=float(np.linalg.norm(c)), mean_sample_norm=mean_sample_norm,
-        min_sample_norm=min_sample_norm,
+        min_sample_norm=min_sample_norm, **layers,
     )
 
 
 @dataclass
 class ClipMoments:
-    """Additive sufficient statistics of per-sample gradients over any set of samples (chunks add up exactly):
-    per layer the sums of ``||g_i||^2``, ``g_i``, the clipped ``w_i g_i`` and ``||g_i||``, the least norm and
-    the count clipped; the same over whole gradients (for layerwise clipping the clipped (sample, layer) pairs
-    / L, as training's ``StepStats.fraction_clipped``)."""
+    """Additive sufficient statistics of per-sample gradients (chunks add up exactly): per layer the sums of
+    ``||g_i||^2``, ``g_i``, the clipped ``w_i g_i`` and ``||g_i||``, the least norm and the count clipped; the
+    same over whole gradients (layerwise: clipped (sample, layer) pairs / L, as training reports it)."""
 
     n: int
     sq_sum: np.ndarray
@@ -155,8 +152,7 @@ class ClipMoments:
     def from_parts(cls, layer_norms: Sequence[np.ndarray], grad_sum: Sequence[np.ndarray],
                    clipped_sum: Sequence[np.ndarray], *, max_grad_norm: float, layer_max_norms: np.ndarray,
                    clip_style: str) -> ClipMoments:
-        """Moments of one chunk from its per-layer per-sample norms (L arrays of shape (n,)) and the two
-        sums."""
+        """Moments of one chunk from its per-layer per-sample norms (L arrays (n,)) and the two sums."""
         per_layer = np.stack([np.asarray(v, dtype=np.float64) for v in layer_norms])  # (L, n)
         flat = np.sqrt((per_layer**2).sum(0))
         layer_clipped = per_layer > layer_max_norms[:, None]
@@ -184,8 +180,6 @@ class ClipMoments:
         layer_g_sq = np.array([float(v @ v) for v in g_layers])
         layer_R = np.array([_ratio(s / n, gs) for s, gs in zip(self.sq_sum, layer_g_sq, strict=True)])
         pc = [_projection_and_cos(cl, gl) for cl, gl in zip(c_layers, g_layers, strict=True)]
-        layer_proj = np.array([p for p, _ in pc])
-        layer_cos = np.array([q for _, q in pc])
         if clip_style == "layerwise":
             layer_assume = (self.min_norm >= layer_max_norms) & (layer_g_sq > 0)
             layer_bound = layer_max_norms * (1.0 - layer_R / 2.0)
@@ -197,7 +191,9 @@ class ClipMoments:
         stats = _flat_stats(
             n=n, mean_sq_norm=float(self.sq_sum.sum()) / n, mean_sample_norm=self.flat_norm_sum / n,
             min_sample_norm=self.flat_min_norm, n_clipped=self.flat_n_clipped, g=g, c=c,
-            max_grad_norm=max_grad_norm,
+            max_grad_norm=max_grad_norm, layer_R=layer_R, layer_projection=np.array([p for p, _ in pc]),
+            layer_bound=layer_bound, layer_assumption_held=layer_assume, layer_fraction_clipped=layer_fraction,
+            layer_cos_clipped_mean=np.array([q for _, q in pc]), layer_mean_grad_norm=np.sqrt(layer_g_sq),
         )
         if clip_style == "layerwise":
             g_norm = math.sqrt(float(g @ g))
@@ -208,13 +204,6 @@ class ClipMoments:
                                else -math.inf)
             stats.assumption_held = bool(layer_assume.all())
             stats.bound_held = _bound_held(stats.projection, stats.bound, max_grad_norm)
-        stats.layer_R = layer_R
-        stats.layer_projection = layer_proj
-        stats.layer_bound = layer_bound
-        stats.layer_assumption_held = layer_assume
-        stats.layer_fraction_clipped = layer_fraction
-        stats.layer_cos_clipped_mean = layer_cos
-        stats.layer_mean_grad_norm = np.sqrt(layer_g_sq)
         return stats
 
 
@@ -252,10 +241,8 @@ class ClippingResult(StoredResult):
     def column(self, name: str) -> np.ndarray:
         return np.array([getattr(r.total, name) for r in self.rows], dtype=float)
 
-
     def derived(self):
-        """The last checkpoint's statistics, the sample count and whether the assumption and bound held at
-        all."""
+        """The last checkpoint's statistics, the sample count and whether assumption and bound always held."""
         last = self.rows[-1].total
         attrs = {name: getattr(last, name) for name in ClipStats.SCALARS}
         attrs.update(samples=last.n, all_assumption_held=bool(all(r.total.assumption_held for r in self.rows)),
@@ -307,9 +294,8 @@ def clipping_geometry(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, max
                       chunk: int = 250, masks: dict[str, torch.Tensor] | None = None, engine=None,
                       ref: str = "", step: int = 0, epoch: float = math.nan, prune_level: float = math.nan
                      ) -> ClippingResult:
-    """Watson et al. Sec. 3.1 at one parameter point: R, c, the Thm. 3.2 bound, per batch of ``batch_size``
-    (drawn with ``seed``) and over all batches; ``masks`` (1 = keep) restrict the gradients to unpruned
-    weights."""
+    """Watson et al. Sec. 3.1 at one parameter point: R, c and the Thm. 3.2 bound per batch and over all;
+    ``masks`` (1 = keep) restrict the gradients to unpruned weights."""
     config = ClippingConfig(
         max_grad_norm=max_grad_norm, batch_size=batch_size, batches=batches, clip_style=clip_style,
         seed=seed, chunk=chunk,

@@ -24,7 +24,6 @@ from landscape.params import ParamSpace
 from landscape.results import StoredResult, stored
 
 KIND = "directions"
-SPLITS = ("train", "test")
 GENERATOR_BUDGET = 1 << 29  # bytes of cached first-layer outputs per evaluate call (chooses the chunk size)
 RESERVED = ("loss", "acc", "distance", "distances", "rise")  # direction_<column>, toward_<column> are taken
 
@@ -40,8 +39,7 @@ def rays(origin: torch.Tensor, directions: torch.Tensor, steps: torch.Tensor) ->
 
 def scaled_directions(theta: torch.Tensor, space: ParamSpace, indices: Sequence[int], config: DirectionsConfig,
                       distance: float) -> torch.Tensor:
-    """Directions ``indices`` of ``config.seed``, normalised per config, then rescaled to length
-    ``distance``."""
+    """Directions ``indices`` of ``config.seed``, normalised per config, rescaled to length ``distance``."""
     dirs, norms = nonzero_random_directions(theta, space, indices, seed=config.seed, normalize=config.normalize,
                                             biasbn=config.biasbn)
     return (dirs.double() * (distance / norms).unsqueeze(1)).to(theta.dtype)
@@ -100,8 +98,7 @@ class DirectionsResult(StoredResult):
     toward_loss: np.ndarray | None = stored("array", None, dims=("t",))  # (points,)
     toward_acc: np.ndarray | None = stored("array", None, dims=("t",))
     toward_distance: float = math.nan  # ||theta_B - theta_A||
-    # --metric: column -> (n, points) along the random directions and (points,) toward B, datasets direction_<column>
-    # and toward_<column> (written by derived(), read back by from_hdf5 through the metric_columns attr)
+    # --metric: column -> (n, points) along the directions, (points,) toward B (direction_/toward_<column>)
     point_metrics: dict[str, np.ndarray] = stored("skip", default_factory=dict)
     toward_metrics: dict[str, np.ndarray] = stored("skip", default_factory=dict)
     metric_sources: list[dict] = stored("attr", default_factory=list)
@@ -153,13 +150,8 @@ class DirectionsResult(StoredResult):
 
     @classmethod
     def from_hdf5(cls, path):
-        result = super().from_hdf5(path)
-        columns, arrays = user_metrics.stored_columns(path)
-        for col in columns:
-            result.point_metrics[col] = arrays[f"direction_{col}"]
-            if f"toward_{col}" in arrays:
-                result.toward_metrics[col] = arrays[f"toward_{col}"]
-        return result
+        return user_metrics.read_columns(super().from_hdf5(path), path, {
+            "point_metrics": "direction_{column}", "toward_metrics": "toward_{column}"})
 
 
 ChunkRunner = Callable[[list[list[int]], float, torch.Tensor],
@@ -199,11 +191,8 @@ def random_profiles(model: nn.Module, theta: torch.Tensor, x: torch.Tensor, y: t
     bound = metrics if metrics is not None else user_metrics.load(config.metrics, reserved=RESERVED,
                                                                   analysis="directions")
 
-    # t = 0 (theta_A, shared by every profile) and the path toward B
-    common = dict(space=space, batch_size=config.chunk, device=config.device, method=config.method,
-                  metrics=[b.metric for b in bound])
-    toward_loss = toward_acc = None
-    toward_metrics: dict[str, np.ndarray] = {}
+    # t = 0 (theta_A, shared by every profile), on the path toward B when there is one
+    path = theta.unsqueeze(0)
     if toward is not None:
         if config.distance == "auto":
             end = toward
@@ -211,17 +200,14 @@ def random_profiles(model: nn.Module, theta: torch.Tensor, x: torch.Tensor, y: t
             end = (theta.double() + (toward - theta).double() * (distance / toward_distance)).to(theta.dtype)
         else:
             raise UsageError(f"{param('toward')} is the same point as A; there is no direction toward it")
-        rt = evaluate(model, x, y, Segment(theta, end, t), **common)
-        toward_loss, toward_acc = rt.loss.numpy(), rt.acc.numpy()
-        toward_metrics = user_metrics.point_values(bound, rt.metrics, rt.loss)
-        base_loss, base_acc = toward_loss[0], toward_acc[0]
-        base_metrics = {col: v[0] for col, v in toward_metrics.items()}
-        method = rt.method
-    else:
-        r0 = evaluate(model, x, y, theta.unsqueeze(0), **common)
-        base_loss, base_acc = float(r0.loss[0]), float(r0.acc[0])
-        base_metrics = {col: v[0] for col, v in user_metrics.point_values(bound, r0.metrics, r0.loss).items()}
-        method = r0.method
+        path = Segment(theta, end, t)
+    r0 = evaluate(model, x, y, path, space=space, batch_size=config.chunk, device=config.device,
+                  method=config.method, metrics=[b.metric for b in bound])
+    values = user_metrics.point_values(bound, r0.metrics, r0.loss)
+    base_loss, base_acc, method = float(r0.loss[0]), float(r0.acc[0]), r0.method
+    base_metrics = {col: v[0] for col, v in values.items()}
+    toward_loss, toward_acc, toward_metrics = ((r0.loss.numpy(), r0.acc.numpy(), values) if toward is not None
+                                               else (None, None, {}))
 
     # the random directions: all of them for the cosines, evaluated in chunks
     dirs = scaled_directions(theta, space, range(config.directions), config, distance)

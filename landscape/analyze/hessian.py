@@ -30,7 +30,6 @@ from landscape.spectral import (
 
 KIND = "hessian"
 PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
-SPLITS = ("train", "test")
 
 
 def _empty(*shape: int):
@@ -100,8 +99,7 @@ class HessianResult(StoredResult):
         return cls(rows=list(rows), config=config, **arrays)
 
     def table_rows(self) -> list[dict]:
-        """One dict per checkpoint: ref, optimizer, epoch, loss, lambda_1..k, trace +- se, residual of
-        lambda_1."""
+        """One dict per checkpoint: ref, optimizer, epoch, loss, lambda_i, trace +- se, residual_1."""
         out = []
         for c, r in enumerate(self.rows):
             row = {"ref": r.ref, "optimizer": r.optimizer, "epoch": r.epoch, "loss": r.loss}
@@ -131,16 +129,12 @@ def hessian_row(model: nn.Module, x: Tensor, y: Tensor, config: HessianConfig, *
     if config.top_k > op.dim:
         raise UsageError(f"{param('top_k', config.top_k)} exceeds the model's {op.dim} free parameters")
     empty = np.zeros(0)
-    eig = TopEigen(empty, empty, 0)
-    if config.top_k:
-        eig = top_eigenvalues(op, config.top_k, steps=config.lanczos_steps, tol=config.tol, seed=config.seed)
-    tr = TraceEstimate(empty)
-    if config.trace:
-        tr = hutchinson_trace(op, config.probes, seed=config.seed + 1)
-    dens = SpectralDensity(np.zeros((0, 0)), np.zeros((0, 0)), empty, empty, math.nan)
-    if config.density:
-        dens = spectral_density(op, config.density_probes, config.lanczos_steps, sigma=config.sigma,
-                                seed=config.seed + 2)
+    eig = (top_eigenvalues(op, config.top_k, steps=config.lanczos_steps, tol=config.tol, seed=config.seed)
+           if config.top_k else TopEigen(empty, empty, 0))
+    tr = hutchinson_trace(op, config.probes, seed=config.seed + 1) if config.trace else TraceEstimate(empty)
+    no_density = SpectralDensity(np.zeros((0, 0)), np.zeros((0, 0)), empty, empty, math.nan)
+    dens = (spectral_density(op, config.density_probes, config.lanczos_steps, sigma=config.sigma,
+                             seed=config.seed + 2) if config.density else no_density)
     return HessianRow(
         ref=ref, run=run, optimizer=optimizer, step=int(step), epoch=float(epoch), loss=op.loss(),
         num_params=op.dim, top_eigenvalue=float(eig.eigenvalues[0]) if eig.eigenvalues.size else math.nan,

@@ -131,9 +131,7 @@ def pair_labels(a: RunInfo, b: RunInfo) -> dict[str, object]:
 
     def same(key):
         va, vb = pa.get(key), pb.get(key)
-        if va == vb:
-            return va
-        return f"{va}/{vb}"
+        return va if va == vb else f"{va}/{vb}"
 
     k = pa.get("k") if pa.get("k") == pb.get("k") else None
     eps = pa.get("epsilon_target") if pa.get("epsilon_target") == pb.get("epsilon_target") else None
@@ -150,8 +148,8 @@ def _copy_of(run: RunInfo) -> int:
 
 
 def compute_pair(a, b, config, labels: Mapping, result=None) -> tuple[PairInstability, object]:
-    """One row: A and B interpolated (or ``result``, read back from the pair's file) with the pair's labels;
-    epsilon falls back to the larger of the checkpoints' own for a DP pair."""
+    """One row: A and B interpolated (or ``result``, read back) with the pair's labels; a DP pair's epsilon
+    defaults to the larger of the checkpoints' own."""
     reused = result is not None
     result = interpolate_pair(a, b, config) if result is None else result
     eps = labels["epsilon"]

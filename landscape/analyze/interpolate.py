@@ -17,12 +17,11 @@ from landscape import metrics as user_metrics
 from landscape.analyze.specs import InterpolateConfig
 from landscape.errors import UsageError
 from landscape.evaluate import EvalResult, Segment, evaluate
-from landscape.options import build
+from landscape.options import SPLITS, build
 from landscape.params import ParamSpace, check_compatible
 from landscape.results import StoredResult, stored
 
 KIND = "interpolation"
-SPLITS = ("train", "test")
 # built-in columns a metric may not take: datasets are <split>_<column> (and <split>_<column>_aligned), summary
 # columns <column>_A, <column>_B, max_<column>
 RESERVED = ("loss", "acc", "error", "alpha")
@@ -39,8 +38,7 @@ def split_subset(splits: Mapping[str, Any], name: str, subset: int | float | Non
 
 @dataclass
 class Instability:
-    """Watson et al. Def. 2.3 for one curve: ``sup - mean(endpoints)``; ``inf`` with a reason if
-    non-finite."""
+    """Watson et al. Def. 2.3 for one curve: ``sup - mean(endpoints)``; ``inf`` with a reason."""
 
     value: float
     reason: str | None = None
@@ -62,8 +60,7 @@ def instability(values: Sequence[float] | np.ndarray, alphas: Sequence[float] | 
 
 def chord_barrier(values: Sequence[float] | np.ndarray, alphas: Sequence[float] | np.ndarray) -> float:
     """``sup_alpha E_alpha - ((1 - alpha) E_A + alpha E_B)``: the height above the chord (Entezari et al.
-    2022), 0 on a convex loss where Def. 2.3 gives ``|E_A - E_B| / 2``; ``inf`` when any value is
-    non-finite."""
+    2022), 0 on a convex loss; ``inf`` when any value is non-finite."""
     v, a = np.asarray(values, dtype=np.float64), np.asarray(alphas, dtype=np.float64)
     if not np.all(np.isfinite(v)):
         return math.inf
@@ -97,8 +94,7 @@ class InterpolationResult(StoredResult):
     rise_loss: dict[str, float] = stored("attr", name="rise_{}_loss", order="splits", default_factory=dict)
     reasons: dict[str, str] = stored("attr", name="reason_{}", default_factory=dict)  # "<split>_loss" -> why inf
     examples: dict[str, int] = stored("attr", name="examples_{}", order="splits", default_factory=dict)
-    # --metric: column -> split -> values along alpha, datasets <split>_<column> (written by derived(), read back
-    # by from_hdf5 through the metric_columns attr); their references and source sha256 in metric_sources
+    # --metric: column -> split -> values along alpha (datasets <split>_<column>); sources in metric_sources
     point_metrics: dict[str, dict[str, np.ndarray]] = stored("skip", default_factory=dict)
     metric_sources: list[dict] = stored("attr", default_factory=list)
     distance: float = math.nan  # ||theta_B - theta_A||_2 over the interpolated tensors
@@ -124,9 +120,6 @@ class InterpolationResult(StoredResult):
     def splits(self) -> list[str]:
         return list(self.loss)
 
-    def error(self, split: str) -> np.ndarray:
-        return 1.0 - self.acc[split]
-
     @property
     def ece(self) -> dict[str, np.ndarray]:
         """The built-in ``ece`` metric per split (``--metric ece``), else empty."""
@@ -141,14 +134,8 @@ class InterpolationResult(StoredResult):
 
     @classmethod
     def from_hdf5(cls, path):
-        result = super().from_hdf5(path)
-        columns, arrays = user_metrics.stored_columns(path)
-        for col in columns:
-            for suffix, table in (("", result.point_metrics), ("_aligned", result.point_metrics_aligned)):
-                found = {s: arrays[f"{s}_{col}{suffix}"] for s in result.splits if f"{s}_{col}{suffix}" in arrays}
-                if found:
-                    table[col] = found
-        return result
+        return user_metrics.read_columns(super().from_hdf5(path), path, {
+            "point_metrics": "{split}_{column}", "point_metrics_aligned": "{split}_{column}_aligned"})
 
     def summary(self) -> list[dict]:
         """One row per split: the end losses, the maximum, the barriers and the instabilities."""
@@ -174,12 +161,6 @@ class InterpolationResult(StoredResult):
         ]
 
 
-def interpolation_space(model: nn.Module) -> ParamSpace:
-    """What is interpolated: every parameter and floating-point buffer (integer ones are unused in eval
-    mode)."""
-    return ParamSpace.from_model(model, buffers=True)
-
-
 def interpolate(model: nn.Module, theta_a: Mapping[str, torch.Tensor] | torch.Tensor,
                 theta_b: Mapping[str, torch.Tensor] | torch.Tensor,
                 data: Mapping[str, tuple[torch.Tensor, torch.Tensor]], *,
@@ -187,10 +168,10 @@ def interpolate(model: nn.Module, theta_a: Mapping[str, torch.Tensor] | torch.Te
                 space: ParamSpace | None = None, **overrides) -> InterpolationResult:
     """Loss and accuracy along ``lerp(theta_a, theta_b, alpha)`` on each split of ``data`` (``"train"`` /
     ``"test"`` -> ``(x, y)``), and the instabilities; ``theta_a``/``theta_b`` are state dicts (or flat vectors
-    over ``space``). ``bn_inputs``: BatchNorm recalibration's inputs (default: the training subset). Keyword
-    ``overrides`` replace config fields."""
+    over ``space``, by default every parameter and floating-point buffer). ``bn_inputs``: BatchNorm
+    recalibration's inputs (default: the training subset). Keyword ``overrides`` replace config fields."""
     config = build(InterpolateConfig, overrides, base=config)
-    space = space or interpolation_space(model)
+    space = space or ParamSpace.from_model(model, buffers=True)  # integer buffers are unused in eval mode
     a, b = _flat(theta_a, space, model, "A"), _flat(theta_b, space, model, "B")
     alphas = torch.from_numpy(np.linspace(0.0, 1.0, config.points))  # both ends exact
     chosen = {s: split_subset(data, s, config.subset, config.subset_seed) for s in config.split}
@@ -251,8 +232,7 @@ def _flat(theta, space: ParamSpace, model: nn.Module, label: str) -> torch.Tenso
 
 
 def compute_pair(a, b, config: InterpolateConfig) -> InterpolationResult:
-    """:func:`interpolate` between resolved checkpoints A and B on the data set the resolver chose for the
-    pair."""
+    """:func:`interpolate` between resolved checkpoints A and B on the data the resolver chose."""
     splits = {s: a.data.split(s) for s in SPLITS}
     model = a.model()
     result = interpolate(model, a.state, b.state, splits, config=config)
@@ -263,12 +243,9 @@ def compute_pair(a, b, config: InterpolateConfig) -> InterpolationResult:
         spec = verified_spec(model, splits["test"][0][:16] if "test" in splits else None)
         after = interpolate(model, a.state, align_states(model, a.state, b.state, spec=spec).state, splits,
                             config=config)
-        result.loss_aligned, result.acc_aligned = after.loss, after.acc
-        result.instability_loss_aligned = after.instability_loss
-        result.instability_error_aligned = after.instability_error
-        result.chord_barrier_loss_aligned = after.chord_barrier_loss
-        result.distance_aligned = after.distance
-        result.point_metrics_aligned = after.point_metrics
+        for name in ("loss", "acc", "instability_loss", "instability_error", "chord_barrier_loss", "distance",
+                     "point_metrics"):
+            setattr(result, f"{name}_aligned", getattr(after, name))
         result.reasons.update({f"{key}_aligned": reason for key, reason in after.reasons.items()})
     return result
 

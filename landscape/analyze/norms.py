@@ -1,6 +1,6 @@
-"""Parameter and gradient norm statistics along training (Watson et al. 2023 App. Figs. 16-17): per checkpoint
-the distances of the parameters from the origin and from the initialisation, a histogram of their values on
-edges shared by every checkpoint, and per-sample gradient norms; runs compared by their final distances."""
+"""Parameter and gradient norms along training (Watson et al. 2023 App. Figs. 16-17): per checkpoint the
+distances from the origin and the initialisation, a value histogram on edges shared by every checkpoint, and
+per-sample gradient norms; runs compared by their final distances."""
 
 from __future__ import annotations
 
@@ -24,11 +24,6 @@ KIND = "norms"
 
 def trainable_names(model: nn.Module) -> list[str]:
     return [n for n, p in model.named_parameters() if p.requires_grad]
-
-
-def parameter_vector(state: Mapping[str, torch.Tensor], names: Sequence[str]) -> torch.Tensor:
-    """The named tensors of ``state`` as one float64 vector, in ``names`` order."""
-    return torch.cat([state[n].detach().reshape(-1).to(torch.float64) for n in names])
 
 
 @dataclass
@@ -106,8 +101,8 @@ class CheckpointNorms:
 
 @dataclass
 class RunNorms:
-    """One run's (or one loose checkpoint's) norms along training: a row of the result's run table, its
-    layer names and checkpoint rows stored in the group ``runs/<i>/``."""
+    """One run's (or loose checkpoint's) norms: a row of the run table, with its layer names and checkpoint
+    rows in the group ``runs/<i>/``."""
 
     label: str = stored("array", name="run_labels")
     optimizer: str = stored("array", name="optimizers")
@@ -163,12 +158,12 @@ def checkpoint_norms(model: nn.Module, x: torch.Tensor | None, y: torch.Tensor |
                      edges: np.ndarray, *, init: Mapping[str, torch.Tensor] | None = None, engine=None,
                      ref: str = "", step: int = 0, epoch: float = math.nan,
                      masks: dict[str, torch.Tensor] | None = None) -> CheckpointNorms:
-    """Norm statistics of one parameter point (``x, y`` may be None when ``config.subset == 0``; ``masks``:
-    the pruning mask applied to the gradients)."""
+    """Norm statistics of one parameter point (``x, y`` None when ``config.subset == 0``; ``masks`` prune the
+    gradients)."""
     names = trainable_names(model)
     state = {n: p.detach().cpu() for n, p in model.named_parameters()}  # parameter statistics on the CPU
     params = parameter_norms(state, names, init)
-    hist = value_histogram(parameter_vector(state, names), edges)
+    hist = value_histogram(torch.cat([state[n].reshape(-1).to(torch.float64) for n in names]), edges)
     grad_norms = np.zeros(0)
     if config.subset > 0 and x is not None:
         xs, ys = take_subset(x, y, min(config.subset, len(y)), config.subset_seed, split=config.split)
@@ -186,8 +181,7 @@ def value_range(point, config: NormsConfig) -> tuple[float, float, float]:
 
 
 def shared_edges(values, config: NormsConfig) -> np.ndarray:
-    """Histogram edges common to every checkpoint; checks that each ``grad_epochs`` entry is a checkpoint
-    epoch."""
+    """Histogram edges common to every checkpoint; each ``grad_epochs`` entry must be a checkpoint epoch."""
     epochs = sorted({v[2] for v in values})
     missing = [e for e in config.grad_epochs or () if not any(math.isclose(e, have, abs_tol=1e-6) for have in epochs)]
     if missing:

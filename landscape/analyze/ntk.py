@@ -1,6 +1,5 @@
-"""The empirical NTK under per-sample clipping (Bu et al. 2023 Secs. 3-4): H for SGD, H C under flat clipping,
-sum_r H_r C_r under layerwise clipping, and their symmetry and positivity, which small clipping norms
-break."""
+"""The empirical NTK under per-sample clipping (Bu et al. 2023 Secs. 3-4): H, H C (flat) or sum_r H_r C_r
+(layerwise), and their symmetry and positivity, which small clipping norms break."""
 
 from __future__ import annotations
 
@@ -26,8 +25,8 @@ from landscape.results import StoredResult, stored
 
 @dataclass
 class NTKResult(StoredResult):
-    """One checkpoint's (clipped) NTK: kernels, clipping factors, spectra and properties (the unclipped
-    kernel's prefixed ``K_`` in the file)."""
+    """One checkpoint's (clipped) NTK: kernels, clipping factors, spectra and properties (``K_``:
+    unclipped)."""
 
     KIND = "ntk"
     CONFIG = NTKConfig

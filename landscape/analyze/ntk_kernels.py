@@ -25,10 +25,9 @@ SYM_RTOL = 1e-6
 
 @dataclass(frozen=True)
 class KernelProperties:
-    """Symmetry and positivity of a square matrix A (Bu et al. Def. 4.2), with the numbers behind them:
-    ``positive_quadratic`` (x^T A x >= 0) iff the smallest eigenvalue of (A + A^T)/2 is non-negative,
-    ``positive_eigenvalues`` iff every eigenvalue of A is real and non-negative, both up to the tolerances
-    relative to ``norm`` = ||A||_F."""
+    """Symmetry and positivity of a square matrix A (Bu et al. Def. 4.2), up to tolerances relative to
+    ``norm`` = ||A||_F: ``positive_quadratic`` (x^T A x >= 0) iff (A + A^T)/2 has no negative eigenvalue,
+    ``positive_eigenvalues`` iff every eigenvalue of A is real and non-negative."""
 
     n: int
     norm: float
@@ -184,13 +183,8 @@ def layer_kernels(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, kind: s
         return LayerKernels(kind, names, stacked.numpy(), sq.numpy(), 1, len(all_names),
                             _full_sq_norms(model, x, y, sq, names, all_names))
     M = stacked.shape[1] // n
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            logits = model(x).to(device="cpu", dtype=torch.float64)
-    finally:
-        model.train(was_training)
+    with torch.no_grad(), eval_mode(model):
+        logits = model(x).to(device="cpu", dtype=torch.float64)
     v = torch.softmax(logits, dim=1) - torch.nn.functional.one_hot(y.cpu(), M).to(torch.float64)  # dl_i/df_i
     per = stacked.reshape(len(names), n, M, n, M).diagonal(dim1=1, dim2=3)  # (L, M, M, n)
     sq = torch.einsum("im,rmki,ik->ri", v, per, v)
@@ -203,8 +197,7 @@ def layer_kernels(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, kind: s
 
 def _full_sq_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, sq: torch.Tensor, names: Sequence[str],
                    all_names: Sequence[str]) -> np.ndarray:
-    """||g_i||^2 of the whole model (flat clipping clips the full gradient, whichever layers the kernel
-    shows)."""
+    """||g_i||^2 of the whole model (flat clipping clips the full gradient, whatever layers are shown)."""
     if list(names) == list(all_names):
         return sq.sum(0).numpy()
     from landscape.persample import PerSampleEngine
@@ -223,29 +216,24 @@ def clip_layer_kernels(lk: LayerKernels, *, style: str, max_grad_norm: float, cl
                        clip_fn=clip_fn, layer_max_norms=layer_max_norms, logits_per_sample=lk.logits_per_sample)
 
 
-def examples(point, n: int | float, seed: int, split: str) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-    """The ``n`` examples of a resolved checkpoint's data split the one sampler draws: x, y, indices."""
+def model_and_examples(point, config):
+    """The checkpoint's model and the ``config.subset`` examples of its split the one sampler draws (x, y,
+    indices), on ``config.device`` (in float64 for ``precision="float64"``)."""
     from landscape.data import sample_subset
 
-    x, y = point.data.split(split)
-    if isinstance(n, int) and n > len(y):
-        raise UsageError(f"{param('subset', n)} is more than the {len(y)} {split} examples of data set "
-                         f"'{point.checkpoint.data_spec.get('name')}'")
-    idx = sample_subset(y, n, seed, split=split)
-    return x[idx], y[idx], idx.numpy()
-
-
-def model_and_examples(point, config):
-    """The checkpoint's model and the seeded examples on ``config.device`` (in float64 for
-    ``precision="float64"``)."""
     device = resolve_device(config.device)
     model = point.model().eval().to(device)  # eval: dropout off, BatchNorm on its running statistics
     if config.precision == "float64":
         model = model.double()
-    x, y, idx = examples(point, config.subset, config.subset_seed, config.split)
+    x, y = point.data.split(config.split)
+    if isinstance(config.subset, int) and config.subset > len(y):
+        raise UsageError(f"{param('subset', config.subset)} is more than the {len(y)} {config.split} examples of "
+                         f"data set '{point.checkpoint.data_spec.get('name')}'")
+    idx = sample_subset(y, config.subset, config.subset_seed, split=config.split)
+    x, y = x[idx], y[idx]
     dtype = next(model.parameters()).dtype
     x = x.to(device, dtype) if x.is_floating_point() else x.to(device)  # token ids stay integers
-    return model, x, y.to(device), idx
+    return model, x, y.to(device), idx.numpy()
 
 
 def yes_no(flag: bool) -> str:

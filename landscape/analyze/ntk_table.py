@@ -1,5 +1,5 @@
 """Bu et al. (2023) Table 1 measured (``landscape ntk-table``): for every clipping norm and style, is the
-clipped NTK symmetric and positive, with the numbers behind each answer (one Gram computation per
+clipped NTK symmetric and positive, with the numbers behind each answer (one Gram computation a
 checkpoint)."""
 
 from __future__ import annotations
@@ -65,8 +65,7 @@ class NTKTable(StoredResult):
 
 def ntk_table(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: NTKTableConfig, *, step: int = 0,
               epoch: float = float("nan")) -> NTKTable:
-    """Bu et al. Table 1 measured on one model: one Gram computation, then no clipping and every (norm,
-    style)."""
+    """Bu et al. Table 1 on one model: one Gram computation, then no clipping and every (norm, style)."""
     lk = layer_kernels(model, x, y, kind=config.kernel, layers=config.layers, strategy=config.strategy,
                        max_memory=config.max_memory, precision=config.precision)
 

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from landscape.curvature import eval_mode
 from landscape.errors import IncompatibleError, ModelError, UsageError
 
 
@@ -167,8 +168,7 @@ def chain_spec(model: nn.Module, name: str | None = None) -> PermutationSpec:
 
 
 def _resnet_spec(model: nn.Module, name: str) -> PermutationSpec:
-    """torchvision ResNet of BasicBlocks: one permutation per stage's residual stream, one per block
-    inside."""
+    """torchvision ResNet of BasicBlocks: a permutation per stage's residual stream and per block."""
     from torchvision.models.resnet import BasicBlock
 
     b = SpecBuilder(name)
@@ -277,8 +277,7 @@ def permutation_spec(model: nn.Module | Mapping) -> PermutationSpec:
 
 
 def _as_spec(value: Any, model: nn.Module, name: str) -> PermutationSpec:
-    """A PermutationSpec as is; ``{perm: [(key, axis[, inner]) | Axis, ...]}`` with unit counts from the
-    tensors."""
+    """A PermutationSpec; ``{perm: [(key, axis[, inner]) | Axis, ...]}`` sized from the tensors."""
     if isinstance(value, PermutationSpec):
         return value
     if not isinstance(value, Mapping) or not value:
@@ -307,8 +306,7 @@ def _as_spec(value: Any, model: nn.Module, name: str) -> PermutationSpec:
 
 
 def verified_spec(model: nn.Module, x: torch.Tensor | None) -> PermutationSpec:
-    """:func:`permutation_spec`, and for a spec that is not built in the check that it keeps the function on
-    ``x``."""
+    """:func:`permutation_spec`, checked on ``x`` to keep the function unless it is built in."""
     spec = permutation_spec(model)
     if builder_of(model)[1] != "built-in" and x is not None:
         check_function_kept(model, spec, x)
@@ -317,22 +315,16 @@ def verified_spec(model: nn.Module, x: torch.Tensor | None) -> PermutationSpec:
 
 def check_function_kept(model: nn.Module, spec: PermutationSpec, x: torch.Tensor, *, seed: int = 0,
                         rtol: float = 1e-4, atol: float = 1e-5) -> None:
-    """ModelError unless a random permutation of ``spec`` leaves the model's outputs on ``x`` unchanged (a
-    spec that misses a tensor or moves a wrong axis changes the function; alignment would then be
-    meaningless)."""
+    """ModelError unless a random permutation of ``spec`` keeps the model's outputs on ``x`` (a spec missing a
+    tensor or moving a wrong axis changes the function)."""
     import copy
 
     state = model.state_dict()
     permuted = apply_permutation(spec, random_permutation(spec, seed), state)
     other = copy.deepcopy(model).eval()
     other.load_state_dict(permuted)
-    mode = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            before, after = model(x), other(x)
-    finally:
-        model.train(mode)
+    with torch.no_grad(), eval_mode(model):
+        before, after = model(x), other(x)
     if not torch.allclose(before, after, rtol=rtol, atol=atol):
         worst = float((before - after).abs().max())
         raise ModelError(f"the permutation spec of {spec.model!r} changes the model's outputs (by up to {worst:.3g} "
@@ -350,18 +342,11 @@ def _check_spec_fits(spec: PermutationSpec, state: Mapping[str, torch.Tensor]) -
                                  f"{ax.axis} of {p.size * ax.inner}")
 
 
-def _take(t: torch.Tensor, perm: torch.Tensor, ax: Axis) -> torch.Tensor:
-    if ax.inner == 1:
-        return t.index_select(ax.axis, perm)
-    idx = (perm[:, None] * ax.inner + torch.arange(ax.inner)).reshape(-1)
-    return t.index_select(ax.axis, idx)
-
-
 def _permuted(spec: PermutationSpec, perms: Mapping[str, torch.Tensor], key: str, t: torch.Tensor,
               skip: Axis | None = None) -> torch.Tensor:
     for name, ax in spec.by_key.get(key, ()):
-        if ax is not skip:
-            t = _take(t, perms[name], ax)
+        if ax is not skip:  # unit i's ``inner`` positions move together
+            t = t.index_select(ax.axis, (perms[name][:, None] * ax.inner + torch.arange(ax.inner)).reshape(-1))
     return t
 
 
@@ -371,8 +356,7 @@ def _units(t: torch.Tensor, ax: Axis, n: int) -> torch.Tensor:
 
 
 def check_permutations(spec: PermutationSpec, perms: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The permutations as int64 tensors; UsageError unless each is a permutation that keeps whole norm
-    groups."""
+    """The permutations as int64 tensors; UsageError unless each keeps whole norm groups."""
     out = {}
     for p in spec.perms:
         if p.name not in perms:
@@ -394,8 +378,8 @@ def check_permutations(spec: PermutationSpec, perms: Mapping[str, torch.Tensor])
 
 def apply_permutation(spec: PermutationSpec, perms: Mapping[str, torch.Tensor],
                       state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A new state dict with every permuted axis reordered (unit ``i`` takes the old unit ``perm[i]``); a
-    partial state dict (pruning masks) is fine."""
+    """A new state dict, unit ``i`` of each permuted axis taking the old unit ``perm[i]`` (partial is
+    fine)."""
     perms = check_permutations(spec, perms)
     out = {}
     for key, t in state.items():

@@ -1,6 +1,5 @@
-"""The analysis registry: one :class:`Analysis` spec per analysis, looked up by command name, and the table of
-input modes (what an analysis' references are). Imports nothing heavy: ``landscape --help`` goes through
-it."""
+"""The analysis registry: one :class:`Analysis` spec per command name, and the input modes (what an analysis'
+references are). Imports nothing heavy: ``landscape --help`` goes through it."""
 
 from __future__ import annotations
 
@@ -15,9 +14,8 @@ from typing import Any
 @dataclass(frozen=True)
 class InputMode:
     """What an analysis' references are: ``(name, help)`` of its positional ``arguments``, ``least`` to
-    ``most`` of them (None: any number); ``paired``: A and B compared; ``parallel``: a worker pool; ``globs``:
-    run names or globs, not references; ``detail_dir``: the run option naming the directory of per-pair result
-    files."""
+    ``most`` of them (None: any); ``paired``: A and B compared; ``parallel``: a worker pool; ``globs``: run
+    names or globs; ``detail_dir``: the run option naming the directory of per-pair result files."""
 
     arguments: tuple[tuple[str, str], ...]
     least: int
@@ -57,11 +55,9 @@ def load(where: str) -> Any:
 @dataclass(frozen=True)
 class Analysis:
     """One analysis: everything the runner and the CLI need. ``inputs`` (one of :data:`INPUT_MODES`) says how
-    ``compute`` (and ``collect``, ``prepare``, ``share``) are called: docs/ARCHITECTURE.md, "Flows".
+    ``compute`` (and ``collect``, ``prepare``, ``share``) are called: docs/ARCHITECTURE.md, "Flows";
     ``hooks``: store-side steps attached in :mod:`landscape.api`; ``needs``: ``"init"`` / ``"manifest"`` in
-    each Point; ``run_options``: how it runs, not what it computes; ``figure``, ``rows``, ``details``,
-    ``notes``: what it draws and prints. Code fields (:data:`CODE`) may be ``"module:attribute"`` strings.
-    """
+    each Point; ``run_options``: how it runs, not what it computes."""
 
     name: str
     config: type

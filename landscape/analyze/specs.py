@@ -50,8 +50,7 @@ def device_option() -> Any:
 
 @dataclass(frozen=True)
 class EvaluationOptions(Options):
-    """How checkpoints are evaluated (the base of the interpolate, directions, surface and calibration
-    configs)."""
+    """How checkpoints are evaluated (interpolate, directions, surface and calibration configs)."""
 
     subset: int | float | None = option(None, SUBSET_HELP + " Default: all, of each split.", kind="subset")
     subset_seed: int = option(0, SUBSET_SEED_HELP)
@@ -221,9 +220,8 @@ class SurfaceConfig(RandomDirectionOptions):
     def validate(self) -> None:
         super().validate()
         self._set("plane", self.plane.strip())
-        self.plane_kind  # noqa: B018 (validates)
-        self.shape  # noqa: B018
-        self.ranges  # noqa: B018
+        for checked in ("plane_kind", "shape", "ranges"):  # each property refuses a bad value of its option
+            getattr(self, checked)
 
     @property
     def plane_kind(self) -> str:

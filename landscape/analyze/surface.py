@@ -21,11 +21,11 @@ from landscape.analyze.specs import SurfaceConfig
 from landscape.directions import trajectory_pca
 from landscape.errors import UsageError
 from landscape.evaluate import Affine, evaluate
+from landscape.options import SPLITS
 from landscape.params import ParamSpace
 from landscape.results import StoredResult, stored
 
 KIND = "surface"
-SPLITS = ("train", "test")
 METRICS = ("loss", "acc")
 RESERVED = METRICS  # a metric column is stored as <split>_<column>, beside <split>_loss and <split>_acc
 AUTO_MARGIN = 0.25  # auto ranges extend the span of the marked points by this fraction on each side
@@ -124,8 +124,7 @@ class SurfaceResult(StoredResult):
     trajectory: np.ndarray | None = stored("array", None, dims=("step", "pc"))
     trajectory_steps: np.ndarray | None = stored("array", None, dims=("step",))
     markers: dict[str, tuple[float, float]] = stored("attr", default_factory=dict)
-    # --metric: column -> split -> (nx, ny) grid (NaN = not computed), datasets <split>_<column> (written by
-    # derived(), read back by from_hdf5 through the metric_columns attr)
+    # --metric: column -> split -> (nx, ny) grid (NaN = not computed), datasets <split>_<column>
     point_metrics: dict[str, dict[str, np.ndarray]] = stored("skip", default_factory=dict)
     metric_sources: list[dict] = stored("attr", default_factory=list)
     plane_sha256: str = ""
@@ -191,11 +190,7 @@ class SurfaceResult(StoredResult):
 
     @classmethod
     def from_hdf5(cls, path):
-        result = super().from_hdf5(path)
-        columns, arrays = user_metrics.stored_columns(path)
-        for col in columns:
-            result.point_metrics[col] = {s: arrays[f"{s}_{col}"] for s in result.splits if f"{s}_{col}" in arrays}
-        return result
+        return user_metrics.read_columns(super().from_hdf5(path), path, {"point_metrics": "{split}_{column}"})
 
 
 def pending_rows(result: SurfaceResult) -> list[int]:

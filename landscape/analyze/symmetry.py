@@ -1,9 +1,7 @@
-"""Is the gradient-deviation distribution symmetric? (Zhu & Blaschko 2023 App. F, Chen, Wu & Hong 2020)
-
-The deviations ``g_i - g_bar`` projected with a seeded Gaussian matrix (the same for every checkpoint of a
-run): two rows give the 2-D picture, more rows 1-D projections. Measured: the energy coefficient (Szekely &
-Rizzo; 0 when symmetric) with a sign-flip permutation p-value, and the skewness along each 1-D direction.
-"""
+"""Is the gradient-deviation distribution symmetric? (Zhu & Blaschko 2023 App. F, Chen, Wu & Hong 2020): the
+deviations ``g_i - g_bar`` projected with a seeded Gaussian matrix, the same at every checkpoint of a run (two
+rows the 2-D picture, more rows 1-D projections); the energy coefficient (Szekely & Rizzo; 0 when symmetric)
+with a sign-flip p-value, and the skewness along each 1-D direction."""
 
 from __future__ import annotations
 
@@ -26,23 +24,18 @@ KIND = "symmetry"
 PLANE = 2  # rows 0 and 1 of the projection matrix span the 2-D picture
 
 
-def _direction_seed(seed: int, shapes: Sequence[tuple[int, ...]], index: int) -> int:
-    key = f"{int(seed)}|{[tuple(s) for s in shapes]}|{int(index)}".encode()
-    return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & (2**63 - 1)
-
-
 def direction(seed: int, shapes: Sequence[tuple[int, ...]], index: int) -> list[torch.Tensor]:
     """Row ``index`` of the projection matrix as one float32 tensor per parameter (entries i.i.d. N(0, 1)),
     a function of ``seed``, the parameter shapes and ``index`` only."""
-    gen = torch.Generator().manual_seed(_direction_seed(seed, shapes, index))
+    key = f"{int(seed)}|{[tuple(s) for s in shapes]}|{int(index)}".encode()
+    gen = torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & (2**63 - 1))
     sizes = [math.prod(s) for s in shapes]
     flat = torch.randn(sum(sizes), generator=gen, dtype=torch.float32)
     return [part.view(s) for part, s in zip(flat.split(sizes), shapes, strict=True)]
 
 
 def matrix_fingerprint(seed: int, shapes: Sequence[tuple[int, ...]], rows: int) -> str:
-    """sha256 of the first ``rows`` rows of the projection matrix (float32 bytes): equal matrices, equal
-    prints."""
+    """sha256 of the first ``rows`` rows of the projection matrix (float32 bytes)."""
     h = hashlib.sha256()
     for j in range(rows):
         for t in direction(seed, shapes, j):
@@ -60,12 +53,9 @@ class EnergyTest:
 
 def energy_symmetry_test(points: np.ndarray, *, permutations: int = 999, seed: int = 0,
                          about: str = "mean") -> EnergyTest:
-    """Energy-distance test of ``{x_i}`` against ``{-x_i}`` with a sign-flip permutation p-value.
-
-    ``about="mean"``: symmetry about the sample mean. Since the centre is estimated, the null distribution is
-    that of the *re-centred* sign-flipped sample ``z = s x - mean(s x)`` (flipping a centred sample without
-    re-centring almost never rejects). ``about="origin"``: symmetry about 0, plain sign flips (exact).
-    """
+    """Energy-distance test of ``{x_i}`` against ``{-x_i}`` with a sign-flip permutation p-value, about
+    ``"origin"`` (plain sign flips, exact) or the ``"mean"``: the centre is estimated, so the null is the
+    *re-centred* flipped sample ``s x - mean(s x)`` (flipping a centred sample alone almost never rejects)."""
     x = np.asarray(points, dtype=np.float64)
     if x.ndim == 1:
         x = x[:, None]
@@ -128,8 +118,7 @@ class SymmetryStats:
 
 
 def symmetry_stats(projected: np.ndarray, *, permutations: int = 999, seed: int = 0) -> SymmetryStats:
-    """Statistics of projected per-sample gradients ``(n, 2 + P)`` (raw ``<g_i, v_j>``: centred here): columns
-    0-1 the plane, the rest 1-D directions."""
+    """Statistics of raw projections ``(n, 2 + P)`` (centred here): columns 0-1 the plane, the rest 1-D."""
     p = np.asarray(projected, dtype=np.float64)
     xi = p - p.mean(0)
     plane = xi[:, :PLANE]
@@ -234,9 +223,7 @@ def gradient_symmetry(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, pro
     config = SymmetryConfig(projections=projections, seed=seed, subset=subset, subset_seed=seed,
                             permutations=permutations, chunk=chunk)
     row = symmetry_row(model, x, y, config, engine=engine, ref=ref, step=step, epoch=epoch)
-    shapes = parameter_shapes(model)
-    return SymmetryResult(config=config, rows=[row], fingerprint=matrix_fingerprint(seed, shapes, PLANE),
-                          num_params=sum(math.prod(s) for s in shapes))
+    return collect([(row, parameter_shapes(model))], config)
 
 
 def compute_point(point, config: SymmetryConfig):
@@ -251,6 +238,6 @@ def collect(outs, config: SymmetryConfig, _options=None) -> SymmetryResult:
     shapes = outs[0][1]
     if any(s != shapes for _, s in outs):
         raise UsageError("the checkpoints have different parameter shapes; one projection matrix cannot serve them all")
-    return SymmetryResult(config=config, rows=[r for r, _ in outs], fingerprint=matrix_fingerprint(config.seed, shapes,
-                                                                                                 PLANE),
+    return SymmetryResult(config=config, rows=[r for r, _ in outs],
+                          fingerprint=matrix_fingerprint(config.seed, shapes, PLANE),
                           num_params=sum(math.prod(s) for s in shapes))

@@ -22,7 +22,7 @@ from landscape.api.execution import ExecutionOptions, ProcessPool, map_jobs, usi
 from landscape.api.resolve import Resolver, Target
 from landscape.data import recording_subsets
 from landscape.errors import UsageError
-from landscape.options import build
+from landscape.options import build, field_default
 from landscape.refs import Ref, slug
 from landscape.results import InputRef, check_companions, check_output_path, is_result_file
 from landscape.results.paths import changed_options, check_default_output, output_stem

@@ -19,23 +19,20 @@ def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out",
             report=None, compare: str | Path | None = None, device: str = "auto") -> list[Made]:
     """Run the named recipes (or ``"all"``) and update ``out/README.md`` (``landscape.figures.gallery``).
 
-    Finished recipes (same settings) are skipped unless ``rerun`` (which still reuses their trained runs: only the
-    analyses, figure and summary are made again). A recipe that fails does not stop the others: the rest run, the
-    gallery is written, and then ``RecipeError`` names every failure (one line; its
-    ``made`` holds the recipes that finished). ``scheduler`` (a Dask address or client) runs the recipes'
-    analyses' parallel parts on that cluster (see ``landscape.api.execution.using_scheduler``). ``device``: what
-    the recipes' ``auto`` device means (``landscape.runtime.using_device``). ``report``
-    receives one line per finished (or failed) recipe, as it finishes (the command prints them on stderr).
-    ``compare`` (a folder holding the same recipes' summaries, e.g. the gallery made on another machine or under
-    other float kernels) puts on each ``Made`` its ``Comparison`` (``landscape.figures.compare``) with
-    ``compare/NAME/NAME-SCALE.h5`` (which verdict parts moved); a missing one is a UsageError before anything runs.
+    Finished recipes (same settings) are skipped unless ``rerun`` (which still reuses their trained runs). A failing
+    recipe does not stop the others; then ``RecipeError`` names every failure (its ``made``: the finished ones).
+    ``scheduler``: a Dask address or client for the analyses' parallel parts; ``device``: what ``auto`` means;
+    ``report``: receives one line per recipe as it finishes. ``compare``: a folder with the same recipes'
+    summaries (e.g. made on another machine): each ``Made`` gets its ``Comparison`` against
+    ``compare/NAME/NAME-SCALE.h5``; a missing one is a UsageError before anything runs.
     """
     import contextlib
 
     from landscape.api.execution import check_parallelism, cluster_size, using_scheduler
-    from landscape.errors import LandscapeError, RecipeError
+    from landscape.errors import LandscapeError, RecipeError, UsageError, param
     from landscape.figures import registry
     from landscape.figures.gallery import write_gallery
+    from landscape.figures.recipe import summary_path
     from landscape.runtime import using_device
 
     if isinstance(names, str):
@@ -43,7 +40,12 @@ def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out",
     names = registry.names() if list(names) == ["all"] else list(names)
     recipes = [registry.get(n) for n in names]  # unknown names fail before anything runs
     check_parallelism(workers, scheduler)
-    references = _references(compare, names, scale)
+    references = {n: summary_path(Path(compare), n, scale) for n in names} if compare is not None else {}
+    missing = [str(p) for p in references.values() if not p.is_file()]
+    if missing:
+        raise UsageError(f"compare: no summary to compare with at {missing[0]}"
+                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+                         + f": make the recipes at {param('scale', scale)} into {compare} first")
     if scale == "paper":  # a refused paper-scale run writes nothing, not even the gallery page
         from landscape.figures.recipe import check_paper
 
@@ -66,22 +68,6 @@ def figures(names="all", *, scale: str = "cpu", out: str | Path = "figures-out",
         raise RecipeError(f"{len(failed)} of {len(recipes)} recipes failed: " + "; ".join(m for m, _ in failed),
                           made=made)
     return made
-
-
-def _references(compare: str | Path | None, names: list[str], scale: str) -> dict[str, Path]:
-    """``{name: the reference summary}`` under ``compare`` (empty without it); a missing one is a UsageError."""
-    from landscape.errors import UsageError, param
-    from landscape.figures.recipe import summary_path
-
-    if compare is None:
-        return {}
-    paths = {n: summary_path(Path(compare), n, scale) for n in names}
-    missing = [str(p) for p in paths.values() if not p.is_file()]
-    if missing:
-        raise UsageError(f"compare: no summary to compare with at {missing[0]}"
-                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
-                         + f": make the recipes at {param('scale', scale)} into {compare} first")
-    return paths
 
 
 def _make_all(recipes, made: list, failed: list, report=None, **options) -> None:

@@ -25,27 +25,6 @@ MATCH_TOLERANCE = 0.02  # an accuracy-matched SGD reference: within 2 test-accur
 SGD_CHECKPOINTS = "0.125e"  # the SGD runs' checkpoints (runs ``...-sgd-ck8-SEED``): the candidates for the match
 
 
-def premise(res, rows, small: float, large: float, source: str):
-    """The paper's premise as a verdict: C = ``small`` and C = ``large`` reach similar test accuracy (paired by seed,
-    :func:`landscape.verdict.similar` with margin :data:`MARGIN`)."""
-    from landscape.verdict import similar
-
-    acc = {c: [float(res.rows[i].accuracy) for i in rows[c]] for c in (small, large)}
-    return similar(f"premise: C = {small:g} and C = {large:g} reach similar test accuracy", source, acc[small],
-                   acc[large], tolerance=MARGIN, names=(f"accuracy C={small:g}", f"accuracy C={large:g}"),
-                   paired=True)
-
-
-def judged(verdict, premise_verdict):
-    """``verdict`` unless the premise was not shown: then inconclusive (invalid regime) with the premise's numbers."""
-    from landscape.verdict import inconclusive
-
-    if premise_verdict.held is True:
-        return verdict
-    return inconclusive(verdict, f"the premise of similar accuracy is not shown ({premise_verdict.status}: "
-                                 f"{premise_verdict.numbers_text()})")
-
-
 def arm(c: float) -> str:
     return f"C{c:g}"
 
@@ -75,31 +54,39 @@ class Bu:
     large: float
     full: object    # the selection over every C (which chose the compared large C)
 
-    def lr(self, c: float, i: int) -> float:
-        s = self.ctx.settings["runs"]
-        return float(self.sel.candidates[i]) * s["base_lr"] / c
-
     def at(self, setting: dict, source: str) -> Measured:
-        """Train (or reuse) the evaluation runs at ``setting`` (``{arm(C): factor index}``) and calibrate them."""
+        """Train (or reuse) the evaluation runs at ``setting`` (``{arm(C): factor index}``) and calibrate them; the
+        premise: the two C reach similar test accuracy (paired by seed, margin :data:`MARGIN`)."""
+        from landscape.verdict import similar
+
         ctx, s = self.ctx, self.ctx.settings["runs"]
         runs = {"sgd": sgd_runs(ctx)}
         lr = {}
         for c in (self.small, self.large):
-            lr[c] = self.lr(c, setting[arm(c)])
+            lr[c] = float(self.sel.candidates[setting[arm(c)]]) * s["base_lr"] / c
             runs[c] = [ctx.train(f"C{c:g}-lr{lr[c]:g}-{seed}", dataclasses.replace(dp_config(ctx, c), lr=lr[c],
                                                                                    seed=seed), group=group(ctx))
                        for seed in range(s["seeds"])]
         res, rows = calibrate(ctx, runs, tag="-".join(f"{lr[c]:g}" for c in (self.small, self.large)))
-        return Measured(res, rows, self.small, self.large, premise(res, rows, self.small, self.large, source), lr,
-                        runs)
+        small, large = self.small, self.large
+        acc = {c: [float(res.rows[i].accuracy) for i in rows[c]] for c in (small, large)}
+        premise = similar(f"premise: C = {small:g} and C = {large:g} reach similar test accuracy", source, acc[small],
+                          acc[large], tolerance=MARGIN, names=(f"accuracy C={small:g}", f"accuracy C={large:g}"),
+                          paired=True)
+        return Measured(res, rows, small, large, premise, lr, runs)
 
     def verdict(self, claim: str, source: str, parts: list, m: Measured):
-        """The recipe's verdict at one setting: :func:`~landscape.verdict.all_of` of ``parts``, inconclusive when the
-        premise is not shown; at the chosen setting the scope's facts are recorded."""
+        """The recipe's verdict at one setting: :func:`~landscape.verdict.all_of` of ``parts``, inconclusive (invalid
+        regime) when the premise is not shown; at the chosen setting the scope's facts are recorded."""
         from landscape.figures.recipe import eps_text
-        from landscape.verdict import all_of
+        from landscape.verdict import all_of, inconclusive
 
-        verdict = judged(all_of(claim, source, parts, note=self.note()), m.premise)
+        note = (f"Compared C = {self.small:g} with C = {self.large:g}: the largest C whose best validation accuracy "
+                f"(selection runs) is within {MARGIN:g} of C = {self.small:g}'s.")
+        verdict = all_of(claim, source, parts, note=note)
+        if m.premise.held is not True:
+            verdict = inconclusive(verdict, f"the premise of similar accuracy is not shown ({m.premise.status}: "
+                                            f"{m.premise.numbers_text()})")
         if not self.ctx.role:
             s = self.ctx.settings["runs"]
             self.ctx.scope(f"sigma {s['sigma']:g}, lr {m.lr[self.small]:g} at C = {self.small:g} and "
@@ -112,10 +99,6 @@ class Bu:
         best = [max(self.full.arm_score(i, arm(c)) for i in range(len(self.full.candidates))) for c in self.norms]
         return {"max_grad_norm": self.norms, "compared_C": [self.small, self.large],
                 "selection/best_validation_acc_per_C": best}
-
-    def note(self) -> str:
-        return (f"Compared C = {self.small:g} with C = {self.large:g}: the largest C whose best validation accuracy "
-                f"(selection runs) is within {MARGIN:g} of C = {self.small:g}'s.")
 
 
 def base_config(ctx):
@@ -164,13 +147,13 @@ def measured(ctx) -> Bu:
     return Bu(ctx, sel, norms, small, large, full)
 
 
-def calibrate(ctx, runs: dict, bins: int = 15, tag: str = ""):
+def calibrate(ctx, runs: dict, tag: str):
     """One calibration result (test split) over every run's last checkpoint; returns ``(result, rows)`` with
     ``rows[key][seed]`` the index of that run's row in ``result.rows``."""
     from landscape.api import calibration
 
     refs = [f"{run.name}@last" for group in runs.values() for run in group]
-    res = calibration(refs, root=ctx.root, bins=bins, split=("test",), workers=ctx.workers, figure=False,
+    res = calibration(refs, root=ctx.root, bins=15, split=("test",), workers=ctx.workers, figure=False,
                       output=ctx.stem(f"calibration-{tag}".replace(".", "_")).with_suffix(".h5"),
                       data_root=ctx.data_root)
     where = {r.run: i for i, r in enumerate(res.rows)}

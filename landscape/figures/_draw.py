@@ -1,10 +1,5 @@
-"""Drawing helpers the recipes share: series that stay visible, labelled bands and error bars, the sensitivity
-side figure.
-
-Every recipe figure is drawn from its summary's numbers (:class:`landscape.figures.recipe.Drawing`). Rules kept
-here: a series that coincides with another is offset sideways (``dodge``) and says so in its label, every band or
-error bar states what it spans in the legend, thresholds are labelled lines, and values that cannot be drawn (0 on a
-log axis) are not drawn as data: they are marked at the axis edge and named in the legend.
+"""Drawing helpers the recipes share: coinciding series offset sideways (:func:`dodge`), non-positive values kept
+off log axes (:func:`positive`), and the sensitivity side figure.
 """
 
 from __future__ import annotations
@@ -61,10 +56,9 @@ def threshold(part) -> float:
     return 0.0
 
 
-def sensitivity_figure(d, short) -> list:
-    """The sensitivity side figure: per part of the verdict, the claim's contrast (effect and its 90 % interval) at
-    every setting evaluated (chosen, other viable candidates, each arm's own best), marked by status; the part's
-    threshold as a labelled line. ``short(entry)`` is an entry's row label. ``[]`` without sensitivity entries."""
+def sensitivity_figure(d) -> list:
+    """The sensitivity side figure: per verdict part, its effect and 90 % interval at every setting evaluated,
+    marked by status, with the part's threshold; ``[]`` without sensitivity entries."""
     from matplotlib.lines import Line2D
 
     from landscape.plots import style
@@ -97,7 +91,7 @@ def sensitivity_figure(d, short) -> list:
             ax.plot([value], [y], marker=marker, fillstyle=fill, color=style.PALETTE[0], ms=7, ls="none")
         t = threshold(parts[j])
         ax.axvline(t, color="tab:red", ls="--", lw=0.8)
-        ax.set_yticks(rows, [short(e) for e in entries], fontsize=7)
+        ax.set_yticks(rows, [short_label(e) for e in entries], fontsize=7)
         ax.set_ylim(-0.7, len(entries) - 0.3)
         ax.set_xlabel(what or "effect", fontsize=8)
         ax.xaxis.set_major_locator(MaxNLocator(nbins=4))

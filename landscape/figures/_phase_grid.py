@@ -73,16 +73,12 @@ def base_config(ctx, lr: float, momentum: float, selection: bool = False):
     return selection_rule.for_selection(config) if selection else config
 
 
-def _group(ctx, momentum: float, lr: float, selection: bool = False) -> str:
-    own = _own(ctx)
-    return f"{PREFIX}-{ctx.scale}{'-' + own if own else ''}{'-sel' if selection else ''}-m{momentum:g}-lr{lr:g}"
-
-
 def _phases(ctx, momentum: float, lr: float, selection: bool = False) -> str:
     """Train (or reuse) the grid at one matched (momentum, lr); returns its group."""
     from landscape.api import PhasesConfig, phases
 
-    g, name = ctx.settings["grid"], _group(ctx, momentum, lr, selection)
+    g, own = ctx.settings["grid"], _own(ctx)
+    name = f"{PREFIX}-{ctx.scale}{'-' + own if own else ''}{'-sel' if selection else ''}-m{momentum:g}-lr{lr:g}"
     phases(PhasesConfig(base=base_config(ctx, lr, momentum, selection), k=g["k"], copies=copies(ctx, selection),
                         phase1=OPTIMIZERS, phase2=OPTIMIZERS, dp_lr=lr, dp_momentum=momentum, group=name), root=ctx.root)
     return name
@@ -100,24 +96,20 @@ def label(candidate) -> str:
     return f"lr {lr:g}, momentum {m:g}"
 
 
-def candidates(ctx) -> list[tuple[float, float]]:
-    """The (momentum, lr) candidates in tie order: momentum 0 first, then the smaller lr."""
-    g = ctx.settings["grid"]
-    return [(float(m), float(lr)) for m in g["momenta"] for lr in g["lrs"]]
-
-
 def selection(ctx):
     """The claim-neutral choice of (momentum, lr) (:func:`landscape.figures._selection.select`): every candidate's
     selection grid, each arm's Phase-2 copies scored on the validation split."""
     from landscape.store import Store
 
-    store, n = Store(ctx.root), copies(ctx, selection=True)
+    store, n, g = Store(ctx.root), copies(ctx, selection=True), ctx.settings["grid"]
 
     def train(candidate, arm):
         name = _phases(ctx, *candidate, selection=True)
         yield [store.run(f"{name}-{arm}-{i}") for i in range(n)]
 
-    return selection_rule.select(ctx, candidates(ctx), ARMS, train, label=label)
+    # the (momentum, lr) candidates in tie order: momentum 0 first, then the smaller lr
+    candidates = [(float(m), float(lr)) for m in g["momenta"] for lr in g["lrs"]]
+    return selection_rule.select(ctx, candidates, ARMS, train, label=label)
 
 
 def grid_at(ctx, candidate) -> dict:
@@ -158,15 +150,6 @@ def joined_curve(phase1_run, phase2_run, metric: str):
     return np.concatenate([e1, e2[1:]]), np.concatenate([v1, v2[1:]])
 
 
-def pair_rows(table, pairs: list[str]) -> list:
-    """The rows of an instability table for the explicit ``pairs`` (``"A:B"`` run names), in that order."""
-    rows = {f"{r.ref_a}:{r.ref_b}": r for r in table.rows}
-    missing = [p for p in pairs if p not in rows]
-    if missing:
-        raise RuntimeError(f"instability table lacks the pairs {missing}")
-    return [rows[p] for p in pairs]
-
-
 def height(path) -> float:
     """A path's height above both ends: ``max_a L(a) - max(L(0), L(1))`` (>= 0; 0 for a path that never rises above
     its higher end, however it bends)."""
@@ -175,12 +158,16 @@ def height(path) -> float:
 
 
 def barriers_and_paths(table, pairs: list[str], split: str = "test") -> dict:
-    """For each of ``pairs``: the path's height above both ends (what basin claims are judged on, :func:`height`),
-    the loss barrier above the chord and Watson et al.'s Def. 2.3 instability (reported beside it) on ``split``,
-    and the path's loss (from the pair's own file): ``{"height", "chord", "def23", "paths"}``."""
+    """For each of ``pairs`` (``"A:B"`` run names, rows of the instability ``table``): the path's :func:`height`
+    (what basin claims are judged on), the loss barrier above the chord and Watson et al.'s Def. 2.3 instability
+    (reported beside it) on ``split``, and the path's loss: ``{"height", "chord", "def23", "paths"}``."""
     from landscape.analyze.interpolate import InterpolationResult
 
-    rows = pair_rows(table, pairs)
+    by_pair = {f"{r.ref_a}:{r.ref_b}": r for r in table.rows}
+    missing = [p for p in pairs if p not in by_pair]
+    if missing:
+        raise RuntimeError(f"instability table lacks the pairs {missing}")
+    rows = [by_pair[p] for p in pairs]
     paths = [InterpolationResult.from_hdf5(r.result).loss[split] for r in rows]
     return {"height": [height(p) for p in paths], "chord": [float(r.chord_barrier_loss[split]) for r in rows],
             "def23": [float(r.instability_loss[split]) for r in rows], "paths": paths}

@@ -1,11 +1,7 @@
-"""Claim-neutral hyper-parameter selection, and the sensitivity of a verdict to that choice.
+"""Claim-neutral hyper-parameter selection (the viable candidate with the highest lowest arm score on a held-out
+validation split) and the sensitivity of a verdict to that choice (:func:`judge_with_sensitivity`).
 
-A recipe that picks a setting for the runs it judges picks it here, by one rule: every candidate trained as
-selection runs (seeds from :data:`SELECTION_SEED`, ``1 - HOLDOUT`` of the training split), scored on the held-out
-split (:func:`validation`; worst accuracy over the last :data:`WINDOW` checkpoints, viable when the recipe's gate
-passes there), the viable candidate with the highest lowest arm score chosen; arms are never compared with each
-other. :func:`judge_with_sensitivity` computes the verdict again at every other viable candidate and with each arm
-at its own best. The rule, and why, is in docs/figures.md, "Selection a referee accepts".
+The rule, and why: docs/figures.md, "Selection a referee accepts".
 """
 
 from __future__ import annotations
@@ -22,20 +18,17 @@ HOLDOUT = 0.2  # the share of the training split held out of every selection run
 WINDOW = 3  # a selection run's score: its worst validation accuracy over the last WINDOW checkpoints
 
 
-def selection_subset(subset: int | float | None) -> int | float:
-    """The training-split share of a selection run: 80 % of what the evaluation run trains on."""
-    if subset is None:
-        return 1.0 - HOLDOUT
-    if isinstance(subset, float) and subset <= 1.0:
-        return subset * (1.0 - HOLDOUT)
-    return max(2, int(round(int(subset) * (1.0 - HOLDOUT))))
-
-
 def for_selection(config, i: int = 0):
     """``config`` (a :class:`~landscape.api.TrainConfig`) as selection run ``i``: seed ``SELECTION_SEED + i``, 80 % of
-    the training split, every epoch checkpointed."""
-    return dataclasses.replace(config, seed=SELECTION_SEED + i, subset=selection_subset(config.subset),
-                               checkpoint_every="1e")
+    what the evaluation run trains on, every epoch checkpointed."""
+    subset = config.subset
+    if subset is None:
+        subset = 1.0 - HOLDOUT
+    elif isinstance(subset, float) and subset <= 1.0:
+        subset = subset * (1.0 - HOLDOUT)
+    else:
+        subset = max(2, int(round(int(subset) * (1.0 - HOLDOUT))))
+    return dataclasses.replace(config, seed=SELECTION_SEED + i, subset=subset, checkpoint_every="1e")
 
 
 _SPLITS: dict = {}
@@ -196,10 +189,8 @@ def combine(*selections: Selection) -> Selection:
 
 
 def judge_with_sensitivity(ctx, sel: Selection, evaluate: Callable[[dict], tuple[dict, Any]]) -> tuple[dict, Any]:
-    """The recipe's ``(numbers, verdict)`` at the chosen setting, with its sensitivity: ``evaluate(setting)``
-    (``setting``: ``{arm: candidate index}``) is called for the chosen setting, every other viable candidate and each
-    arm's own best; the entries go to ``ctx.sensitivity`` (the summary's ``sensitivity`` attribute), their statuses
-    to ``sensitivity/*`` numbers, and the verdict's note starts with the summary sentence (:func:`sentence`)."""
+    """The recipe's ``(numbers, verdict)`` at the chosen setting; ``evaluate({arm: candidate index})`` runs again at
+    every other viable candidate and each arm's own best, into ``ctx.sensitivity`` and ``sensitivity/*`` numbers."""
     chosen = sel.setting()
     numbers, verdict = evaluate(chosen)
     entries = [{"role": "chosen", "setting": chosen, "label": sel.describe(chosen), "verdict": verdict}]
@@ -236,9 +227,7 @@ def _evaluated(ctx, role: str, setting: dict, label: str, evaluate) -> dict:
 
 
 def sentence(entries: list[dict], sel: Selection | None = None) -> str:
-    """The sensitivity in one sentence: the status at the chosen setting, how many viable settings the verdict
-    held at (each named), the status with each arm at its own best, and whether the verdict depends on the
-    setting."""
+    """The sensitivity in one sentence (the verdict note's start)."""
     chosen = entries[0]
     viable = [e for e in entries if e["role"] in ("chosen", "viable")]
     held = sum(e["verdict"].held is True for e in viable)

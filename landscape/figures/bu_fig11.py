@@ -72,7 +72,7 @@ def draw(d):
     axes[0].legend(fontsize=7, loc="upper center")
     fig.suptitle(f"Fig. 11 ({d.scale}): {d.verdict.status}")
     style.panel_labels(axes)
-    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d, _draw.short_label)
+    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d)
 
 
 RECIPE = Recipe(

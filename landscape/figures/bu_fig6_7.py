@@ -94,7 +94,7 @@ def draw(d):
                   title_fontsize=6)
     fig.suptitle(f"Figs. 6-7 ({d.scale}): {d.verdict.status}")
     style.panel_labels(axes)
-    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d, _draw.short_label)
+    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d)
 
 
 RECIPE = Recipe(

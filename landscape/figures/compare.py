@@ -1,10 +1,6 @@
-"""Two summaries of one recipe side by side: which verdict parts move between machines or float kernels.
-
-Training is chaotic: another CPU's float kernels can flip a part decided near alpha. :func:`compare` reads two
-summaries of one recipe and scale and reports, per verdict part (matched by its claim), both outcomes and
-p-values and whether the part *moved*; beside them the chosen setting, how many stored arrays differ and the
-kernels each summary records. Used by ``landscape figures --compare``; docs/figures.md, "Verdicts on another
-machine".
+"""Two summaries of one recipe side by side: which verdict parts move between machines or float kernels
+(training is chaotic: another CPU's kernels can flip a part decided near alpha). Used by ``landscape figures
+--compare``; docs/figures.md, "Verdicts on another machine".
 """
 
 from __future__ import annotations
@@ -38,7 +34,7 @@ class PartChange:
 
     def line(self) -> str:
         def side(i: int) -> str:
-            ps = [f"{k} {_p(v[i])}" for k, v in (("p", self.p), ("p against", self.p_against)) if math.isfinite(v[i])]
+            ps = [f"{k} {v[i]:.3g}" for k, v in (("p", self.p), ("p against", self.p_against)) if math.isfinite(v[i])]
             return self.status[i] + (f" ({', '.join(ps)})" if ps else "")
 
         return f"{'moved' if self.moved else 'same '}  {self.claim}: {side(0)} | {side(1)}"
@@ -125,23 +121,21 @@ def _read(path: Path) -> dict:
     import h5py
 
     from landscape.errors import UsageError
-    from landscape.figures.recipe import read_sensitivity
+    from landscape.figures.recipe import read_sensitivity, read_summary
 
     try:
         with h5py.File(path, "r") as f:
             if f.attrs.get("kind") != "figure-recipe":
                 raise UsageError(f"{path} is not a figure recipe's summary")
-            numbers: dict = {}
-            f["numbers"].visititems(lambda k, v: numbers.__setitem__(k, np.asarray(v)) if isinstance(v, h5py.Dataset)
-                                    else None)
             attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+        numbers, verdict, _ = read_summary(path)
     except OSError as exc:
         raise UsageError(f"cannot read the summary {path}: {exc}") from None
     chosen = next((e["label"] for e in read_sensitivity(path) if e.get("role") == "chosen"), None)
     portable = bool(attrs.get("portable", False))
     kernels = "portable" if portable else str(attrs.get("kernels", "kernels not recorded"))
     return {"recipe": str(attrs["recipe"]), "scale": str(attrs["scale"]), "numbers": numbers,
-            "verdict": Verdict.from_dict(json.loads(attrs["verdict"])), "settings": json.loads(attrs["settings"]),
+            "verdict": verdict, "settings": json.loads(attrs["settings"]),
             "chosen": chosen, "kernels": kernels}
 
 
@@ -175,10 +169,6 @@ def _same(x: np.ndarray | None, y: np.ndarray | None) -> bool:
     if x.dtype.kind in "fc":
         return bool(np.array_equal(x, y, equal_nan=True))
     return bool(np.array_equal(x, y))
-
-
-def _p(v: float) -> str:
-    return f"{v:.3g}"
 
 
 def _plain(v: float) -> float | None:

@@ -1,9 +1,5 @@
-"""The gallery page: ``OUT/README.md`` with every recipe's figure, claim and computed verdict at one scale.
-
-:func:`write_gallery` reads the summaries ``OUT/NAME/NAME-SCALE.h5`` of the registered recipes and writes, between
-the markers :data:`BEGIN` and :data:`END`, a verdict table and one section per recipe (figure, claim, verdict and
-scope, each part's numbers, sensitivity, what was scaled down, provenance, the paper-scale line). Text outside the
-markers is kept, so a hand-written discussion survives regeneration. The output depends only on the summaries.
+"""The gallery page ``OUT/README.md``: every recipe's figure, claim and computed verdict at one scale, written
+from the summaries alone between the markers :data:`BEGIN` and :data:`END` (text outside them is kept).
 """
 
 from __future__ import annotations
@@ -37,18 +33,6 @@ def _part_line(p, needs: int | None = None) -> str:
     return f"{p.status}{holm}: {p.claim}" + (f" -- *{extra}*" if extra else "") + f" ({p.numbers_text()})"
 
 
-def _parts(verdict, needs: int | None = None) -> list[str]:
-    return [_part_line(p, needs) for p in verdict.parts]
-
-
-def _needs(path: Path) -> int | None:
-    import h5py
-
-    with h5py.File(path, "r") as f:
-        raw = f.attrs.get("needs")
-    return json.loads(raw) if raw is not None else None
-
-
 def _sensitivity(path: Path) -> str:
     """The sensitivity as a list: each setting evaluated and the verdict there (with its parts' statuses)."""
     entries = read_sensitivity(path)
@@ -77,8 +61,8 @@ def _section(name: str, recipe, out: Path, scale: str) -> tuple[str, str]:
     main = [f for f in png if "-figure-" in f.name]
     side = [f for f in png if f not in main]
     image = "".join(f"![{name}]({name}/{f.name})\n\n" for f in main)
-    needs = _needs(path)
-    parts = _parts(verdict, needs)
+    needs = json.loads(attrs["needs"]) if "needs" in attrs else None
+    parts = [_part_line(p, needs) for p in verdict.parts]
     judged = "<br>".join(parts) if parts else f"{verdict.numbers_text()}. Rule: {verdict.test}"
     status = STATUS[verdict.status]
     short = sum(bool(underpowered(p, needs)) for p in (verdict.parts or (verdict,)))

@@ -1,9 +1,6 @@
-"""The job kind ``figures`` (:mod:`landscape.kinds`): paper-figure recipes by name.
-
-A batch job makes one ``recipe`` at one scale, its outputs in the job's directory and its runs in the batch's store
-(reused by any later job or rerun with the same configuration). The command (generated from :class:`FigureJob`:
-:mod:`cli.kinds`) makes the recipes it names (or ``all``) into ``--out`` with ``--workers`` or on a Dask
-``--scheduler``, or lists them (``--list``): options of the command only.
+"""The job kind ``figures`` (:mod:`landscape.kinds`): paper-figure recipes by name. A batch job makes one
+``recipe`` at one scale into the job's directory, its runs in the batch's store; the command (generated from
+:class:`FigureJob`) also takes names / ``all``, ``--out``, ``--workers``, ``--scheduler``, ``--list``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""The :class:`Recipe` spec of a paper figure and the runner that makes it (train -> analyse -> plot).
+"""The :class:`Recipe` spec of a paper figure and its runner :func:`make`: train (resumable) -> ``(numbers,
+verdict)`` -> the HDF5 summary ``<out>/<name>/<name>-<scale>.h5`` -> figures drawn from the summary alone.
 
-The runner (:func:`make`) gives a recipe a :class:`Context`; the recipe trains through ``landscape.api`` (an
-interrupted recipe continues), analyses and returns ``(numbers, verdict)``; the runner writes the HDF5 summary
-``<out>/<name>/<name>-<scale>.h5`` (a summary with the current settings means finished) and draws the figures from
-the summary alone (:class:`Drawing`). Every verdict below paper scale carries its scope, and every end model it
-judges passes the recipe's validity :class:`Gate` or makes its part "inconclusive (invalid regime)". How to write
-one: docs/ARCHITECTURE.md, "How to add a figure recipe"; gates and scope: docs/figures.md.
+How to write one: docs/ARCHITECTURE.md, "How to add a figure recipe"; gates and scope: docs/figures.md.
 """
 
 from __future__ import annotations
@@ -59,12 +55,8 @@ class GateResult:
 
 @dataclasses.dataclass(frozen=True)
 class Gate:
-    """What a usable model is, stated before a recipe runs: its last checkpoint has a finite train and test loss,
-    a test loss of at most ln C (``chance_loss``: no worse than the uniform prediction over its C classes) and a
-    test accuracy of at least ``min_acc``, and it has not collapsed -- its final test accuracy is no more than
-    ``max_drop`` below the best of its last ``window`` checkpoints (the final one included). The collapse rule
-    (``max_drop`` < 1) needs those checkpoints one epoch apart (``checkpoint_every="1e"``); a run without them fails
-    with that reason."""
+    """What a usable end model is, stated before a recipe runs (:meth:`text` says it in words; docs/figures.md).
+    The collapse rule (``max_drop`` < 1) needs one checkpoint per epoch (``checkpoint_every="1e"``)."""
 
     min_acc: float
     max_drop: float = 0.1
@@ -81,13 +73,17 @@ class Gate:
                          "checkpoints")
         return "usable model: " + ", ".join(parts)
 
+    def last_and_best(self, acc: np.ndarray) -> tuple[float, float]:
+        """The final accuracy and the best of the last ``window`` (NaN where there is none)."""
+        recent = acc[-self.window:]
+        return (float(acc[-1]) if acc.size else math.nan,
+                float(np.nanmax(recent)) if np.any(np.isfinite(recent)) else math.nan)
+
     def judge(self, acc: np.ndarray, epochs: np.ndarray, losses: tuple[float, float], classes: int | None,
               what: str = "test") -> list[str]:
         """The reasons a model with per-checkpoint accuracy ``acc`` at ``epochs`` and final ``(train, held-out)``
         losses fails this gate (``[]``: it passes); ``what`` names the held-out split in the reasons."""
-        last = float(acc[-1]) if acc.size else math.nan
-        recent = acc[-self.window:]
-        best = float(np.nanmax(recent)) if np.any(np.isfinite(recent)) else math.nan
+        last, best = self.last_and_best(acc)
         reasons = []
         if not all(math.isfinite(v) for v in losses):
             reasons.append(f"non-finite final loss (train {losses[0]:.3g}, {what} {losses[1]:.3g})")
@@ -111,10 +107,7 @@ class Gate:
         epochs, acc = checkpoint_curve(run, "test_acc")
         losses = (final(run, "train_loss"), final(run, "test_loss"))
         reasons = self.judge(acc, epochs, losses, classes_of(run))
-        last = float(acc[-1]) if acc.size else math.nan
-        recent = acc[-self.window:]
-        best = float(np.nanmax(recent)) if np.any(np.isfinite(recent)) else math.nan
-        return GateResult(run.name, last, best, losses[1], not reasons, "; ".join(reasons))
+        return GateResult(run.name, *self.last_and_best(acc), losses[1], not reasons, "; ".join(reasons))
 
 
 def classes_of(run) -> int | None:
@@ -210,14 +203,6 @@ class Context:
             out.append(self.gates[name])
         return out
 
-    def uses(self, runs) -> None:
-        """Record end models the recipe trained without :meth:`train` (e.g. through ``ensure``): like a run from
-        :meth:`train`, one that fails the gate makes every part not :meth:`judged` from named runs inconclusive."""
-        for r in runs:
-            name = r if isinstance(r, str) else r.name
-            if name not in self.trained:
-                self.trained.append(name)
-
     def judged(self, part: Verdict, runs) -> Verdict:
         """``part`` as judged from the end models ``runs``: unchanged when all pass the gate, else inconclusive
         (invalid regime) with the failing runs and reasons."""
@@ -233,22 +218,14 @@ class Context:
     def stem(self, what: str) -> Path:
         return self.out / f"{self.name}-{what}-{self.scale}"
 
-    def store_run(self, name: str):
-        """The store's run ``name``."""
-        from landscape.store import Store
-
-        return Store(self.root).run(name)
-
     def run_name(self, what: str) -> str:
         """The store name of this recipe's run ``what`` at this scale (``NAME-SCALE-what``)."""
         return f"{self.name}-{self.scale}-{what}"
 
     def train(self, what: str, config, *, gated: bool = True, group: str | None = None):
-        """Train ``config`` as run :meth:`run_name` (``what``), or reuse it when it exists with the same
-        configuration (resumed when unfinished): reruns of an interrupted recipe continue here. ``gated=False``
-        for a run that only selects hyper-parameters (it is no end model a part rests on); runs trained while a
-        sensitivity setting is evaluated (:attr:`role`) count only for the parts judged from them. ``group``: name the
-        run ``GROUP-what`` instead, shared by the recipes that use the same runs."""
+        """Train (or reuse, resuming if unfinished) ``config`` as run :meth:`run_name` (``group``: ``GROUP-what``,
+        shared by recipes). Gated unless ``gated=False`` (a selection run) or a sensitivity setting is evaluated
+        (then only the parts judged from it count it)."""
         from landscape.api.training import ensure
         from landscape.store import Store
 
@@ -282,13 +259,16 @@ def eps_spent(runs) -> list[float]:
     return out
 
 
+def spent_text(values) -> str:
+    """``"spent 0.93"`` or ``"spent 0.70-0.93"``: the range of the (non-NaN) ``values``."""
+    lo, hi = f"{np.nanmin(values):.3g}", f"{np.nanmax(values):.3g}"
+    return f"spent {lo}" if lo == hi else f"spent {lo}-{hi}"
+
+
 def eps_text(runs) -> str:
     """``"eps spent 0.93"`` or ``"eps spent 0.70-0.93"`` over private runs (``""`` when none is private)."""
     e = [v for v in eps_spent(runs) if math.isfinite(v)]
-    if not e:
-        return ""
-    lo, hi = min(e), max(e)
-    return f"eps spent {lo:.3g}" if f"{lo:.3g}" == f"{hi:.3g}" else f"eps spent {lo:.3g}-{hi:.3g}"
+    return "eps " + spent_text(e) if e else ""
 
 
 @dataclasses.dataclass
@@ -300,15 +280,6 @@ class Made:
     figures: list[Path]
     skipped: bool = False
     comparison: Comparison | None = None  # figures(compare=...): this summary against the reference's
-
-
-def gate_numbers(checked: list[GateResult]) -> dict[str, np.ndarray]:
-    """The gate table of a summary: one entry per checked run (names in the ``gate_runs`` attribute)."""
-    if not checked:
-        return {}
-    return {"gate/final_acc": [g.final_acc for g in checked], "gate/best_recent_acc": [g.best_recent_acc
-                                                                                      for g in checked],
-            "gate/final_loss": [g.final_loss for g in checked], "gate/passed": [float(g.passed) for g in checked]}
 
 
 def summary_path(out: Path, name: str, scale: str) -> Path:
@@ -323,12 +294,12 @@ SUMMARY_FORMAT = 2  # the summary layout (2: figures drawn from the summary, sco
 
 
 def summary_attrs(path: Path) -> dict:
-    """The summary's provenance: ``settings`` (dict), ``seconds``, ``landscape_version``, ``created``, ``format``
-    (absent in summaries written before they were recorded)."""
+    """The summary's provenance: ``settings`` (dict), ``seconds``, ``landscape_version``, ``created``, ``format``,
+    ``recipe_kind``, ``needs`` (JSON; absent in summaries written before they were recorded)."""
     import h5py
 
     with h5py.File(path, "r") as f:
-        out = {k: f.attrs[k] for k in ("seconds", "landscape_version", "created", "format", "recipe_kind")
+        out = {k: f.attrs[k] for k in ("seconds", "landscape_version", "created", "format", "recipe_kind", "needs")
                if k in f.attrs}
         out["settings"] = json.loads(f.attrs["settings"])
     return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in out.items()}
@@ -444,7 +415,9 @@ def make(recipe: Recipe, *, scale: str = "cpu", out: str | Path = "figures-out",
     if unclaimed:
         verdict = inconclusive(verdict, "; ".join(f"{g.run}: {g.reason}" for g in unclaimed))
     checked = list(ctx.gates.values())
-    numbers = {**numbers, **gate_numbers(checked)}
+    if checked:  # the gate table: one entry per checked run (names in the gate_runs attribute)
+        numbers = {**numbers, **{f"gate/{k}": [float(getattr(g, k)) for g in checked]
+                                 for k in ("final_acc", "best_recent_acc", "final_loss", "passed")}}
     numbers = {k: np.asarray(v, dtype=float) for k, v in numbers.items()}  # as the summary stores them
     for k, v in numbers.items():
         if k.startswith(UNJUDGED):  # judged already (the gate), or NaN by design (a setting not trained)
@@ -486,8 +459,6 @@ def scope_text(recipe: Recipe, scale: str, facts) -> str:
     p = recipe.paper_scale
     facts = "; ".join(facts)
     what = recipe.scaled_down if scale == "cpu" else "a plumbing check on tiny runs (near-chance models)"
-    if recipe.kind == "check":
-        return (f"at {scale} scale: {what}" + (f"; {facts}" if facts else "")
-                + "; an implementation / numerical check, not a reproduced empirical claim")
-    return (f"at {scale} scale: {what}" + (f"; {facts}" if facts else "")
-            + f"; not a test of the paper's regime ({p.model} on {p.data})")
+    tail = ("an implementation / numerical check, not a reproduced empirical claim" if recipe.kind == "check"
+            else f"not a test of the paper's regime ({p.model} on {p.data})")
+    return f"at {scale} scale: {what}" + (f"; {facts}" if facts else "") + f"; {tail}"

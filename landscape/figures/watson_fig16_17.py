@@ -43,9 +43,10 @@ def make(ctx):
         lr = {m: sel.value(setting[m]) for m in configs}
         results, used = [], []
         for seed in range(s["seeds"]):
-            names = [ctx.train(f"{m}-lr{lr[m]:g}-{seed}", dataclasses.replace(c, lr=lr[m], seed=seed)).name
-                     for m, c in configs.items()]
-            used += names
+            trained = [ctx.train(f"{m}-lr{lr[m]:g}-{seed}", dataclasses.replace(c, lr=lr[m], seed=seed))
+                       for m, c in configs.items()]
+            used += trained
+            names = [r.name for r in trained]
             tag = f"{lr['sgd']:g}-{lr['dp']:g}".replace(".", "_")
             results.append(norms(names, root=ctx.root, bins=s["bins"], subset=s["grad_samples"], subset_seed=seed,
                                  workers=ctx.workers, output=ctx.stem(f"norms-lr{tag}-{seed}").with_suffix(".h5"),
@@ -61,9 +62,8 @@ def make(ctx):
         verdict = all_of("DP-SGD ends further from the origin with larger gradients than SGD", SOURCE, parts)
         if ctx.role:
             return {}, verdict
-        dp_runs = [ctx.store_run(n) for n in used[1::2]]
         ctx.scope(f"one lr {lr['sgd']:g} for both (the paper: batches of 128, lr assumed), batch {s['batch']}, "
-                  f"momentum {s['momentum']:g}", eps_text(dp_runs))
+                  f"momentum {s['momentum']:g}", eps_text(used[1::2]))
         first = results[0]
         curve = {m: np.array([r.runs[i].column("mean_grad_norm") for r in results]) for i, m in enumerate(configs)}
         origin = {m: np.array([r.runs[i].column("dist_origin") for r in results]) for i, m in enumerate(configs)}
@@ -115,7 +115,7 @@ def draw(d):
         ax.legend(fontsize=7)
     fig.suptitle(f"Figs. 16-17 ({d.scale}): {d.verdict.status}")
     style.panel_labels(axes)
-    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d, _draw.short_label)
+    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d)
 
 
 RECIPE = Recipe(

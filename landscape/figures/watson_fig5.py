@@ -15,7 +15,7 @@ from landscape.figures import _draw
 from landscape.figures import _phase_grid as grid
 from landscape.figures import _selection as selection_rule
 from landscape.figures._selection import judge_with_sensitivity
-from landscape.figures.recipe import PaperScale, Recipe, eps_spent, eps_text
+from landscape.figures.recipe import PaperScale, Recipe, eps_spent, eps_text, spent_text
 from landscape.verdict import all_of, greater
 
 NAME = "watson-fig5"
@@ -128,33 +128,30 @@ class Sweep:
     def siblings(self, arm: str, k: int, candidate) -> dict:
         """The sibling pairs of one arm at one k and candidate, interpolated: ``{"pairs", "units", "height", "chord",
         "def23", "paths", "runs"}``."""
-        from landscape.api import InterpolateConfig, instability
-
         runs = self.train(arm, k, candidate)
         units = grid.sibling_pairs(self.settings["copies"])
         pairs = [f"{runs[i].name}:{runs[j].name}" for i, j in units]
         m, lr = candidate
         tag = f"instability-{arm}-k{k}-m{m:g}-lr{lr:g}".replace(".", "_")
-        table = instability(pairs=",".join(pairs), root=self.ctx.root, workers=self.ctx.workers, figure=False,
-                            config=InterpolateConfig(points=self.settings["points"], split=("test",)),
-                            output=self.ctx.out / f"{self.name}-{tag}-{self.ctx.scale}.h5",
-                            data_root=self.ctx.data_root)
-        return {**grid.barriers_and_paths(table, pairs), "pairs": pairs, "units": units, "runs": runs}
+        return {**self.interpolated(pairs, f"{self.name}-{tag}"), "pairs": pairs, "units": units, "runs": runs}
 
 
     def mixed(self, eps: float, k: int, sgd_candidate, dp_candidate) -> dict:
         """Fig. 6's pairs: Phase-2 SGD copy i and Phase-2 DP-SGD (``eps``) copy i from the same (bit-identical)
         Phase-1 SGD model at ``k``, interpolated (independent units: the copies)."""
-        from landscape.api import InterpolateConfig, instability
-
         a, b = self.train("sgd", k, sgd_candidate), self.train(f"dp-e{eps:g}", k, dp_candidate)
         pairs = [f"{x.name}:{y.name}" for x, y in zip(a, b, strict=True)]
         tag = f"mixed-e{eps:g}-k{k}-{'-'.join(f'{v:g}' for v in (*sgd_candidate, *dp_candidate))}".replace(".", "_")
+        return {**self.interpolated(pairs, f"{self.ctx.name}-{tag}"), "pairs": pairs, "runs": a + b}
+
+    def interpolated(self, pairs: list[str], stem: str) -> dict:
+        """``pairs`` interpolated on the test split (the table in ``STEM-SCALE.h5``), as ``barriers_and_paths``."""
+        from landscape.api import InterpolateConfig, instability
+
         table = instability(pairs=",".join(pairs), root=self.ctx.root, workers=self.ctx.workers, figure=False,
                             config=InterpolateConfig(points=self.settings["points"], split=("test",)),
-                            output=self.ctx.out / f"{self.ctx.name}-{tag}-{self.ctx.scale}.h5",
-                            data_root=self.ctx.data_root)
-        return {**grid.barriers_and_paths(table, pairs), "pairs": pairs, "runs": a + b}
+                            output=self.ctx.out / f"{stem}-{self.ctx.scale}.h5", data_root=self.ctx.data_root)
+        return grid.barriers_and_paths(table, pairs)
 
 
 def evaluate(ctx, sweep: Sweep, sel, setting: dict) -> tuple[dict, object]:
@@ -212,7 +209,7 @@ def draw(d):
     for ax, key, what in ((axes[0], "height", "height above both ends"), (axes[1], "chord", "barrier above the chord")):
         rows = [np.atleast_2d(nb[f"sgd/{key}"])] + [np.atleast_2d(r) for r in np.atleast_3d(nb[f"dp/{key}"])
                                                        .reshape(len(eps), len(ks), -1)]
-        labels = ["SGD siblings"] + [f"DP-SGD eps {e:g} ({_spent(np.atleast_2d(nb['eps_spent'])[j])})"
+        labels = ["SGD siblings"] + [f"DP-SGD eps {e:g} ({spent_text(np.atleast_2d(nb['eps_spent'])[j])})"
                                      for j, e in enumerate(eps)]
         for i, (a, label, st) in enumerate(zip(rows, labels, series, strict=True)):
             mean = np.nanmean(a, axis=1)
@@ -227,12 +224,7 @@ def draw(d):
     axes[1].set_title("beside it, not judged")
     axes[0].legend(fontsize=7, title="mean, bars: sd over sibling pairs", title_fontsize=7)
     style.panel_labels(axes)
-    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d, _draw.short_label)
-
-
-def _spent(values) -> str:
-    lo, hi = f"{np.nanmin(values):.3g}", f"{np.nanmax(values):.3g}"
-    return f"spent {lo}" if lo == hi else f"spent {lo}-{hi}"
+    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d)
 
 
 RECIPE = Recipe(

@@ -28,9 +28,10 @@ def evaluate(ctx, sel, setting: dict) -> tuple[dict, object]:
     grids = {c: grid.grid_at(ctx, grid.arm(setting, sel, *c)) for c in COMBOS}
     pairs = {c: [f"{grids[c]['group']}-{c[0]}:{grids[c]['group']}-{c[0]}-{c[1]}-{i}" for i in range(copies)]
              for c in COMBOS}
+    tag = "c" + "".join(str(setting[a]) for a in grid.ARMS)  # the file tag: the arms' candidate indices
     table = instability(pairs=",".join(p for c in COMBOS for p in pairs[c]), root=ctx.root, workers=ctx.workers,
                         config=InterpolateConfig(points=ctx.settings["points"], split=("test",)), figure=False,
-                        output=ctx.stem(f"instability-{_tag(sel, setting)}").with_suffix(".h5"),
+                        output=ctx.stem(f"instability-{tag}").with_suffix(".h5"),
                         data_root=ctx.data_root)
     b = {c: grid.barriers_and_paths(table, pairs[c]) for c in COMBOS}
     floor = grid.min_height()
@@ -52,11 +53,6 @@ def evaluate(ctx, sel, setting: dict) -> tuple[dict, object]:
         numbers.update({f"{p1}-{p2}/height": v["height"], f"{p1}-{p2}/chord": v["chord"],
                         f"{p1}-{p2}/instability": v["def23"], f"{p1}-{p2}/path": v["paths"]})
     return numbers, verdict
-
-
-def _tag(sel, setting: dict) -> str:
-    """A file tag for a setting: the candidate indices of the arms."""
-    return "c" + "".join(str(setting[a]) for a in grid.ARMS)
 
 
 def make(ctx):
@@ -99,7 +95,7 @@ def draw(d):
     ax.set(ylabel="barrier above the chord", title="beside it, not judged: chord barrier")
     fig.suptitle(f"Fig. 8 ({d.scale}): {d.verdict.status}")
     style.panel_labels([*path_axes, axes[0, 2], axes[1, 2]])
-    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d, _draw.short_label)
+    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d)
 
 
 RECIPE = Recipe(

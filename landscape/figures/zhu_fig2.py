@@ -124,7 +124,7 @@ def draw(d):
     ax.legend(fontsize=7)
     fig.suptitle(f"Zhu & Blaschko Fig. 2 ({d.scale}): {d.verdict.status}")
     style.panel_labels(axes)
-    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d, _draw.short_label)
+    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d)
 
 
 RECIPE = Recipe(

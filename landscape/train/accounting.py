@@ -227,9 +227,9 @@ def epsilon(
         return 0.0
     if noise_multiplier == 0:
         return math.inf
+    if method == "rdp":  # our own RDP logs nothing (quieting absl at every step cost ~3% of a DP run)
+        return _rdp_epsilon_of([PrivacyEvent(float(noise_multiplier), float(sample_rate), int(steps))], float(delta))
     with _quiet_absl():
-        if method == "rdp":
-            return _rdp_epsilon_of([PrivacyEvent(float(noise_multiplier), float(sample_rate), int(steps))], float(delta))
         return _pld_epsilon(float(noise_multiplier), float(sample_rate), int(steps), float(delta))
 
 
@@ -250,9 +250,9 @@ def composed_epsilon(events: Sequence[PrivacyEvent], delta: float = 1e-5, method
         return epsilon(e.noise_multiplier, e.sample_rate, e.steps, delta, method)
     if any(e.noise_multiplier == 0 for e in events):
         return math.inf
+    if method == "rdp":
+        return _rdp_epsilon_of(events, delta)
     with _quiet_absl():
-        if method == "rdp":
-            return _rdp_epsilon_of(events, delta)
         import dp_accounting
 
         acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
