@@ -120,13 +120,6 @@ def hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def field_default(f: dataclasses.Field, missing: Any = None) -> Any:
-    """The default of dataclass field ``f`` (its factory called); ``missing`` when it has none."""
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return missing if f.default is dataclasses.MISSING else f.default
-
-
 # ------------------------------------------------------------------------------------------ coercion
 
 

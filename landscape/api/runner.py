@@ -336,7 +336,7 @@ def _runner_names(spec: Analysis) -> list[str]:
 
 def api_signature(spec: Analysis) -> inspect.Signature:
     """The api function's signature: the references, ``config``, then every option as a typed keyword."""
-    from landscape.options import field_default, hints
+    from landscape.options import hints
 
     P = inspect.Parameter
     params = [P(n, P.POSITIONAL_OR_KEYWORD, annotation=t, default=() if spec.mode.least == 0 else P.empty)
