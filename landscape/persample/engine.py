@@ -166,9 +166,9 @@ class PerSampleEngine:
                 raise UsageError(f"weights for {k!r} have {w.shape[0]} entries for {n} samples")
         return out
 
-    def _empty_norms(self, n: int = 0) -> PerSampleNorms:
+    def _empty_norms(self) -> PerSampleNorms:
         ref = self._ref
-        z = torch.zeros(n, dtype=torch.float64, device=ref.device)
+        z = torch.zeros(0, dtype=torch.float64, device=ref.device)
         return PerSampleNorms(flat=z, layers={k: z.clone() for k in self.names},
                               loss=torch.zeros(0, dtype=ref.dtype, device=ref.device),
                               logits=torch.zeros(0, 0, dtype=ref.dtype, device=ref.device))
@@ -250,17 +250,6 @@ class PerSampleEngine:
             for k, v in h.weighted(u, lw).items():
                 acc[h.pnames[k]].add_(v)
 
-    def _hooks_per_sample(self, units, n) -> dict[str, Tensor]:
-        out = {}
-        for h, u in units.items():
-            u["layout"] = "weight"  # materialised: a handler may form them in the weight's layout directly
-            for k, v in h.per_sample(u).items():
-                out[h.pnames[k]] = v
-        return {k: out[k] if k in out else self._ref.new_zeros(n, *self.params[k].shape) for k in self.names}
-
-    def _user_handlers(self) -> bool:
-        return any(not type(h).__module__.startswith("landscape.persample.") for h in self._handlers)
-
     def _verify(self, x: Tensor, y: Tensor) -> None:
         """Once: check the hooks route's summed gradient against autograd's (catches parameters used outside
         their module's forward, batch not on dim 0, ...). Falls back to functorch under strategy='auto'."""
@@ -291,7 +280,7 @@ class PerSampleEngine:
         if not ok:
             if self.requested == "hooks":
                 raise ModelError(f"strategy='hooks' is not exact for this model ({why}); use strategy='auto'")
-            if self._user_handlers():
+            if any(not type(h).__module__.startswith("landscape.persample.") for h in self._handlers):
                 why += "; check the registered handlers"
             if not quiet:
                 warnings.warn(f"per-sample gradients: {why}; using torch.func on the whole model", stacklevel=3)
@@ -329,7 +318,12 @@ class PerSampleEngine:
         for xc, yc in self._chunks(x, y):
             if self.strategy != "functorch":
                 units, _, _ = self._capture(xc, yc)
-                g = self._hooks_per_sample(units, xc.shape[0])
+                g = {}
+                for h, u in units.items():
+                    u["layout"] = "weight"  # materialised: a handler may form them in the weight's layout directly
+                    g.update({h.pnames[k]: v for k, v in h.per_sample(u).items()})
+                ref = self._ref
+                g = {k: g[k] if k in g else ref.new_zeros(xc.shape[0], *p.shape) for k, p in self.params.items()}
             else:
                 g, _, _ = functorch_grads(self.model, self.names, xc, yc)
             parts.append({k: (g[k] * m[k] if k in m else g[k]).detach().contiguous() for k in self.names})
@@ -350,22 +344,18 @@ class PerSampleEngine:
         if n == 0:
             return acc
         self._verify(x, y)
-        shared = not isinstance(weights, dict)
         idx = torch.arange(n, device=x.device)
         for xc, yc, ic in self._chunks(x, y, idx):
             wc = {k: v[ic] for k, v in w.items()}
-            self._accumulate(xc, yc, wc, shared, acc)
+            if self.strategy != "functorch":
+                units, _, _ = self._capture(xc, yc)
+                self._hooks_weighted(units, wc, acc)
+            elif not isinstance(weights, dict):  # one weight per sample: one ordinary backward
+                self._add_grad(acc, xc, yc, wc[self.names[0]])
+            else:
+                g, _, _ = functorch_grads(self.model, self.names, xc, yc)
+                self._add_weighted(acc, wc, g)
         return {k: v * m[k] if k in m else v for k, v in acc.items()}
-
-    def _accumulate(self, x, y, w: dict[str, Tensor], shared: bool, acc: dict[str, Tensor]) -> None:
-        if self.strategy != "functorch":
-            units, _, _ = self._capture(x, y)
-            self._hooks_weighted(units, w, acc)
-        elif shared:
-            self._add_grad(acc, x, y, w[self.names[0]])
-        else:
-            g, _, _ = functorch_grads(self.model, self.names, x, y)
-            self._add_weighted(acc, w, g)
 
     def _add_grad(self, acc: dict[str, Tensor], x: Tensor, y: Tensor, w: Tensor | None = None) -> None:
         """``acc += grad sum_i w_i l_i`` (all ones without ``w``) by one ordinary backward."""
