@@ -36,7 +36,10 @@ def _other_source(name: Any, seed: int, data_root, download: bool, options: dict
     recorded = (stored or {}).get("source") or {}
     if kind == "file":
         path = _tensor_file(name, recorded, data_root)
-        filled = _file_options(name, options)
+        unknown = sorted(set(options) - {"num_classes"})  # the class count when classes lack examples on purpose
+        if unknown:
+            raise DataError(f"tensor file {name} has no option {', '.join(map(repr, unknown))}; its option: num_classes")
+        filled = dict(options)
         digest = sha256_file(path)
         if recorded and recorded.get("sha256") != digest:
             raise DataError(f"data file {path} changed since it was recorded (sha256 {str(recorded.get('sha256'))[:12]} "
@@ -96,15 +99,6 @@ def _kind_of(name: str, stored: dict | None) -> str:
     raise DataError(f"unknown data set {name!r}; known: {', '.join(DATASETS)}, imagefolder, a torchvision "
                     "classification set by name (svhn, kmnist, ...), a .npz/.h5 tensor file, or module:factory / "
                     "file.py:factory")
-
-
-def _file_options(name: str, options: dict) -> dict[str, Any]:
-    """A tensor file's one option, ``num_classes`` (the class count when labels leave classes without examples
-    on purpose); recorded only when given."""
-    unknown = sorted(set(options) - {"num_classes"})
-    if unknown:
-        raise DataError(f"tensor file {name} has no option {', '.join(map(repr, unknown))}; its option: num_classes")
-    return dict(options)
 
 
 def _folder_options(options: dict, extra: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -87,7 +87,14 @@ class Store:
             raise CheckpointError(f"cannot create the store root {self.root}: {exc.strerror or exc}") from None
         lock = None
         if name is None:
-            path = self._make_unique_dir()
+            stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+            for _ in range(100):
+                path = self.root / f"run-{stamp}-{secrets.token_hex(3)}"
+                with contextlib.suppress(FileExistsError):
+                    path.mkdir()
+                    break
+            else:
+                raise CheckpointError(f"could not create a unique run directory in {self.root}")
         else:
             check_run_name(name)
             path = self.root / name
@@ -140,17 +147,6 @@ class Store:
         for p in left:
             p.unlink(missing_ok=True)
         return lock
-
-    def _make_unique_dir(self) -> Path:
-        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-        for _ in range(100):
-            path = self.root / f"run-{stamp}-{secrets.token_hex(3)}"
-            try:
-                path.mkdir()
-            except FileExistsError:
-                continue
-            return path
-        raise CheckpointError(f"could not create a unique run directory in {self.root}")
 
     def run(self, name: str) -> Run:
         """An existing run, for reading; CheckpointError listing the runs there are when it is missing."""
@@ -257,11 +253,6 @@ class Run:
         if self._finalizer is None:  # an object dropped without close() still lets go of its lock
             self._finalizer = weakref.finalize(self, _release_holds, self._hold)
 
-    def _release(self) -> None:
-        if self._hold[1] > 0:
-            self._hold[1] -= 1
-            _unlock(self._hold[0])
-
     def close(self) -> None:
         """Release the write lock this object holds (a no-op for a run opened for reading)."""
         _release_holds(self._hold)
@@ -283,7 +274,9 @@ class Run:
             self.manifest.setdefault("checkpoints", [])
             yield
         finally:
-            self._release()
+            if self._hold[1] > 0:
+                self._hold[1] -= 1
+                _unlock(self._hold[0])
 
     def sweep_temporary_files(self) -> list[Path]:
         """Remove the temporary files of writes killed mid-way (under the lock no write of ours is live)."""
