@@ -211,20 +211,25 @@ class Privatizer:
         loss = acc = mean_norm = max_norm = nan
         frac = torch.zeros((), dtype=torch.float64, device=dev)
 
+        names = [name for name, _ in self.named]
         if n == 0:
             sums = {name: torch.zeros_like(p) for name, p in self.named}
-        elif cfg.optimizer in ("sgd", "noise-only") and not cfg.track_norms:
-            sums, loss, acc = self._plain_sum(x, y, masks_t)
         else:
-            sums, norms = self.engine.clipped_sum(x, y, self._factor_fn(), masks=masks_t)
-            loss = norms.loss.detach().to(torch.float64).mean()
-            acc = (norms.logits.argmax(dim=1) == y).to(torch.float64).mean()
-            mean_norm = norms.flat.mean().to(torch.float64)
-            max_norm = norms.flat.max().to(torch.float64)
-            frac = self._fraction_clipped(norms)
+            if cfg.optimizer in ("sgd", "noise-only") and not cfg.track_norms:  # one ordinary backward, no norms
+                with exact_fast_pooling(self.model):  # PyTorch's values and gradients, its faster CPU kernel
+                    logits = self.model(x)
+                    losses = F.cross_entropy(logits, y, reduction="none")
+                    sums = dict(zip(names, torch.autograd.grad(losses.sum(), [p for _, p in self.named]), strict=True))
+            else:
+                sums, norms = self.engine.clipped_sum(x, y, self._factor_fn(), masks=masks_t)
+                losses, logits = norms.loss, norms.logits
+                mean_norm = norms.flat.mean().to(torch.float64)
+                max_norm = norms.flat.max().to(torch.float64)
+                frac = self._fraction_clipped(norms)
+            loss = losses.detach().to(torch.float64).mean()
+            acc = (logits.detach().argmax(dim=1) == y).to(torch.float64).mean()
 
         divisor = max(n, 1) if cfg.optimizer == "sgd" else self.expected_batch_size
-        names = [name for name, _ in self.named]
         grads = [sums[name].detach().to(p.dtype) for name, p in self.named]
         grads = [g.clone() if g._base is not None else g for g in grads]  # never write into a view
         self._mask_(names, grads, masks_t)
@@ -242,15 +247,3 @@ class Privatizer:
             p.grad = g
         return StepStats(loss=loss, accuracy=acc, mean_grad_norm=mean_norm, max_grad_norm=max_norm,
                          fraction_clipped=frac, noise_norm=noise_norm, update_norm=_total_norm(grads), batch_size=n)
-
-    def _plain_sum(self, x, y, masks_t):
-        """Sum of per-example gradients by one ordinary backward (no per-sample norms)."""
-        params = [p for _, p in self.named]
-        with exact_fast_pooling(self.model):  # PyTorch's values and gradients, its faster CPU kernel
-            logits = self.model(x)
-            losses = F.cross_entropy(logits, y, reduction="none")
-            grads = torch.autograd.grad(losses.sum(), params)
-        sums = dict(zip((name for name, _ in self.named), grads, strict=True))
-        loss = losses.detach().to(torch.float64).mean()
-        acc = (logits.detach().argmax(dim=1) == y).to(torch.float64).mean()
-        return sums, loss, acc
