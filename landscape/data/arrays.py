@@ -56,18 +56,6 @@ class _Arrays:
     inputs: str | None = None
 
 
-def _stratified_counts(class_sizes: np.ndarray, size: int) -> np.ndarray:
-    """Per-class counts summing to ``size``, each within 1 of the exact share (largest remainder)."""
-    total = int(class_sizes.sum())
-    exact = class_sizes * size / total
-    counts = np.floor(exact).astype(np.int64)
-    remainder = exact - counts
-    missing = size - int(counts.sum())
-    order = np.argsort(-remainder, kind="stable")
-    counts[order[:missing]] += 1
-    return counts
-
-
 def _subset_value(size: Any) -> int | float:
     """``size`` as a plain int (a count) or float (a fraction); anything else is a DataError."""
     if isinstance(size, bool) or not isinstance(size, (int, float, np.integer, np.floating)):
@@ -75,29 +63,26 @@ def _subset_value(size: Any) -> int | float:
     return float(size) if isinstance(size, (float, np.floating)) else int(size)
 
 
-def _resolve_size(size: int | float, total: int) -> int:
-    size = _subset_value(size)
+def subset_indices(y: torch.Tensor, size: int | float, seed: int) -> torch.Tensor:
+    """Sorted indices of a seeded, stratified sample of ``size`` examples (a count, or a fraction of ``len(y)``):
+    every class count is within 1 of its exact share (largest remainders), drawn without replacement with
+    ``numpy.random.default_rng(seed)``."""
+    labels = np.asarray(torch.as_tensor(y).cpu().numpy()).reshape(-1)
+    size, total = _subset_value(size), len(labels)
     if isinstance(size, float):
         if not 0.0 < size <= 1.0:
             raise DataError(f"subset fraction must be in (0, 1], got {size}; give a count as an integer")
         count = int(round(size * total))
         if count < 1:
             raise DataError(f"subset fraction {size} of {total} examples selects none; use a larger fraction")
-        return count
-    count = size
-    if not 1 <= count <= total:
-        raise DataError(f"subset count must be between 1 and {total} (the split's size), got {count}")
-    return count
-
-
-def subset_indices(y: torch.Tensor, size: int | float, seed: int) -> torch.Tensor:
-    """Sorted indices of a seeded, stratified sample of ``size`` examples (a count, or a fraction of ``len(y)``):
-    every class count is within 1 of its exact share (largest remainders), drawn without replacement with
-    ``numpy.random.default_rng(seed)``."""
-    labels = np.asarray(torch.as_tensor(y).cpu().numpy()).reshape(-1)
-    count = _resolve_size(size, len(labels))
+    else:
+        count = size
+        if not 1 <= count <= total:
+            raise DataError(f"subset count must be between 1 and {total} (the split's size), got {count}")
     classes, inverse = np.unique(labels, return_inverse=True)
-    counts = _stratified_counts(np.bincount(inverse, minlength=len(classes)), count)
+    exact = np.bincount(inverse, minlength=len(classes)) * count / total
+    counts = np.floor(exact).astype(np.int64)
+    counts[np.argsort(-(exact - counts), kind="stable")[:count - int(counts.sum())]] += 1  # largest remainders
     rng = np.random.default_rng(seed)
     chosen = [
         rng.choice(np.flatnonzero(inverse == c), size=int(k), replace=False)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -19,19 +18,15 @@ _CALL_ARGS = ("seed", "data_root", "download")
 
 def dataset_options(name: str) -> dict[str, Any]:
     """The options ``name`` accepts, with their defaults."""
-    builder = _builder(name)
+    try:
+        builder = DATASETS[name]
+    except (KeyError, TypeError):
+        raise DataError(f"unknown data set {name!r}; known: {', '.join(DATASETS)}") from None
     return {
         p.name: p.default
         for p in inspect.signature(builder).parameters.values()
         if p.kind is p.KEYWORD_ONLY and p.name not in _CALL_ARGS
     }
-
-
-def _builder(name: str) -> Callable[..., _Arrays]:
-    try:
-        return DATASETS[name]
-    except (KeyError, TypeError):
-        raise DataError(f"unknown data set {name!r}; known: {', '.join(DATASETS)}") from None
 
 
 def load_dataset(
@@ -52,7 +47,7 @@ def load_dataset(
     """
     seed, subset = _seed_and_subset(seed, subset)
     if isinstance(name, str) and name in DATASETS:
-        builder = _builder(name)
+        builder = DATASETS[name]
         accepted = dataset_options(name)
         unknown = sorted(set(options) - set(accepted))
         if unknown:
