@@ -82,7 +82,7 @@ def subset_indices(y: torch.Tensor, size: int | float, seed: int) -> torch.Tenso
     classes, inverse = np.unique(labels, return_inverse=True)
     exact = np.bincount(inverse, minlength=len(classes)) * count / total
     counts = np.floor(exact).astype(np.int64)
-    counts[np.argsort(-(exact - counts), kind="stable")[:count - int(counts.sum())]] += 1  # largest remainders
+    counts[np.argsort(-(exact - counts), kind="stable")[:count - int(counts.sum())]] += 1  # largest remainder
     rng = np.random.default_rng(seed)
     chosen = [
         rng.choice(np.flatnonzero(inverse == c), size=int(k), replace=False)

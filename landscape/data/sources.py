@@ -36,9 +36,9 @@ def _other_source(name: Any, seed: int, data_root, download: bool, options: dict
     recorded = (stored or {}).get("source") or {}
     if kind == "file":
         path = _tensor_file(name, recorded, data_root)
-        unknown = sorted(set(options) - {"num_classes"})  # the class count when classes lack examples on purpose
+        unknown = ", ".join(map(repr, sorted(set(options) - {"num_classes"})))  # for classes empty on purpose
         if unknown:
-            raise DataError(f"tensor file {name} has no option {', '.join(map(repr, unknown))}; its option: num_classes")
+            raise DataError(f"tensor file {name} has no option {unknown}; its option: num_classes")
         filled = dict(options)
         digest = sha256_file(path)
         if recorded and recorded.get("sha256") != digest:

@@ -320,10 +320,10 @@ class PerSampleEngine:
                 units, _, _ = self._capture(xc, yc)
                 g = {}
                 for h, u in units.items():
-                    u["layout"] = "weight"  # materialised: a handler may form them in the weight's layout directly
+                    u["layout"] = "weight"  # materialised: a handler may form them in the weight's layout
                     g.update({h.pnames[k]: v for k, v in h.per_sample(u).items()})
-                ref = self._ref
-                g = {k: g[k] if k in g else ref.new_zeros(xc.shape[0], *p.shape) for k, p in self.params.items()}
+                zeros = self._ref.new_zeros
+                g = {k: g[k] if k in g else zeros(xc.shape[0], *p.shape) for k, p in self.params.items()}
             else:
                 g, _, _ = functorch_grads(self.model, self.names, xc, yc)
             parts.append({k: (g[k] * m[k] if k in m else g[k]).detach().contiguous() for k in self.names})

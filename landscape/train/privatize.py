@@ -215,11 +215,12 @@ class Privatizer:
         if n == 0:
             sums = {name: torch.zeros_like(p) for name, p in self.named}
         else:
-            if cfg.optimizer in ("sgd", "noise-only") and not cfg.track_norms:  # one ordinary backward, no norms
+            if cfg.optimizer in ("sgd", "noise-only") and not cfg.track_norms:  # one backward, no norms
                 with exact_fast_pooling(self.model):  # PyTorch's values and gradients, its faster CPU kernel
                     logits = self.model(x)
                     losses = F.cross_entropy(logits, y, reduction="none")
-                    sums = dict(zip(names, torch.autograd.grad(losses.sum(), [p for _, p in self.named]), strict=True))
+                    grads = torch.autograd.grad(losses.sum(), [p for _, p in self.named])
+                sums = dict(zip(names, grads, strict=True))
             else:
                 sums, norms = self.engine.clipped_sum(x, y, self._factor_fn(), masks=masks_t)
                 losses, logits = norms.loss, norms.logits

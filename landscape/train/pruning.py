@@ -62,19 +62,13 @@ def magnitude_masks(weights: nn.Module | Mapping[str, torch.Tensor], remove: flo
     if not names:
         raise UsageError("nothing to prune: no tensor matches (default: Linear/Conv weights)")
     masks: dict[str, torch.Tensor] = {}
-    if scope == "layer":
-        for n in names:
-            mag = state[n].detach().abs().flatten().cpu()
-            keep = torch.ones(mag.numel(), dtype=torch.bool)
-            keep[torch.sort(mag, stable=True).indices[: int(round(remove * mag.numel()))]] = False
-            masks[n] = keep.reshape(state[n].shape)
-        return masks
-    mags = [state[n].detach().abs().flatten().cpu().to(torch.float64) for n in names]
-    flat = torch.cat(mags)
-    keep = torch.ones(flat.numel(), dtype=torch.bool)
-    keep[torch.sort(flat, stable=True).indices[: int(round(remove * flat.numel()))]] = False
-    for n, part in zip(names, torch.split(keep, [m.numel() for m in mags]), strict=True):
-        masks[n] = part.reshape(state[n].shape)
+    for group in [[n] for n in names] if scope == "layer" else [names]:  # float64: exact for every dtype
+        mags = [state[n].detach().abs().flatten().cpu().to(torch.float64) for n in group]
+        flat = torch.cat(mags)
+        keep = torch.ones(flat.numel(), dtype=torch.bool)
+        keep[torch.sort(flat, stable=True).indices[: int(round(remove * flat.numel()))]] = False
+        for n, part in zip(group, torch.split(keep, [m.numel() for m in mags]), strict=True):
+            masks[n] = part.reshape(state[n].shape)
     return masks
 
 
@@ -83,13 +77,11 @@ def check_masks(masks: Mapping[str, torch.Tensor], state: nn.Module | Mapping[st
     tensors = _state(state)
     for n, m in masks.items():
         if n not in tensors:
-            raise IncompatibleError(
-                f"mask {n!r} names no tensor of the model (masks from another architecture?)"
-            )
-        if tuple(m.shape) != tuple(tensors[n].shape):
-            raise IncompatibleError(
-                f"mask {n!r} has shape {tuple(m.shape)} but the tensor has {tuple(tensors[n].shape)}"
-            )
+            raise IncompatibleError(f"mask {n!r} names no tensor of the model "
+                                    "(masks from another architecture?)")
+        shape = tuple(tensors[n].shape)
+        if tuple(m.shape) != shape:
+            raise IncompatibleError(f"mask {n!r} has shape {tuple(m.shape)} but the tensor has {shape}")
 
 
 def apply_masks(
