@@ -90,10 +90,9 @@ def place_batch(handlers: list[Handler], calls: dict[nn.Module, list | str]) -> 
 
 
 def _weakly(method, *args) -> Callable[[Tensor], None]:
-    """A tensor hook calling ``method(*args, grad)`` that holds its object (a ``Capture``) only weakly. The hook
-    lives on the output's autograd node, and the Capture holds that node (its gradient edge): a strong reference
-    would close a cycle through C++ that Python's collector cannot see, and every batch's kept inputs and output
-    gradients would stay in memory for good (a leak the size of the activations, page-faulted afresh each batch)."""
+    """A tensor hook calling ``method(*args, grad)`` that holds its ``Capture`` only weakly: the Capture holds the
+    hook's autograd node, and a strong reference would be a cycle through C++ the collector cannot see (every
+    batch's activations kept for good)."""
     ref = weakref.WeakMethod(method)
 
     def hook(grad: Tensor) -> None:

@@ -431,27 +431,24 @@ def _dtype(dtype: Any) -> str:
 
 
 def _check_finite(state: Mapping[str, torch.Tensor], step: int) -> None:
-    """Refuse weights that are not finite, naming the first such tensor (one ``_foreach_norm`` when all are)."""
+    """Refuse weights that are not finite, naming the first such tensor. One ``_foreach_norm`` (one
+    synchronisation per device) clears them all: a NaN or an infinity makes its tensor's norm one; a norm that
+    overflowed only costs the exact check."""
     inexact = [value for value in state.values() if value.is_floating_point() or value.is_complex()]
-    if not inexact or _norms_finite(inexact):
+    if not inexact:
         return
+    try:
+        by_device: dict[torch.device, list[torch.Tensor]] = {}
+        for norm in torch._foreach_norm(inexact):
+            by_device.setdefault(norm.device, []).append(norm)
+        if all(bool(torch.stack(norms).isfinite().all()) for norms in by_device.values()):
+            return
+    except RuntimeError:  # a tensor _foreach_norm does not take: the exact check decides
+        pass
     for key, value in state.items():
         if (value.is_floating_point() or value.is_complex()) and not bool(torch.isfinite(value).all()):
             raise NonFiniteError(f"step {step}: tensor '{key}' of the model is not finite (NaN or inf); "
                                  "nothing was saved (training diverged? lower the learning rate)")
-
-
-def _norms_finite(tensors: list[torch.Tensor]) -> bool:
-    """Whether the 2-norms of ``tensors`` are all finite (one synchronisation per device). A NaN or an infinity
-    makes its tensor's norm one, so True means every element is finite; False may also be a norm that overflowed
-    (the caller then checks tensor by tensor)."""
-    try:
-        by_device: dict[torch.device, list[torch.Tensor]] = {}
-        for norm in torch._foreach_norm(tensors):
-            by_device.setdefault(norm.device, []).append(norm)
-        return all(bool(torch.stack(norms).isfinite().all()) for norms in by_device.values())
-    except RuntimeError:  # a tensor _foreach_norm does not take: the exact check decides
-        return False
 
 
 def _is_whole(value: Any) -> bool:

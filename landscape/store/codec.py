@@ -75,10 +75,8 @@ def _write_array(group: h5py.Group, name: str, value: Any) -> None:
 
 
 def _read_array(ds: h5py.Dataset, *, as_torch: bool) -> Any:
-    """A dataset back as a torch tensor of its original dtype (``as_torch``) or as numpy.
-
-    Dtypes numpy cannot hold (bfloat16, float8) always come back as torch tensors.
-    """
+    """A dataset back as a torch tensor of its original dtype (``as_torch``) or as numpy; dtypes numpy cannot
+    hold (bfloat16, float8) always come back as torch tensors."""
     array = np.asarray(ds[()])
     name = ds.attrs.get("torch_dtype")
     if not as_torch and str(name) not in _VIEW_NAMES:  # numpy holds it: no torch needed
