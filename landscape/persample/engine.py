@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -58,15 +59,6 @@ def flatten_grads(grads: dict[str, Tensor], names: list[str] | None = None) -> T
     return torch.cat([grads[k].reshape(n, -1) for k in names], dim=1)
 
 
-def _shared_parameters(model: nn.Module) -> list[str]:
-    """Names of parameters held by two or more modules (tied): no module's call sees all their uses."""
-    owners: dict[int, int] = {}
-    for m in model.modules():
-        for p in m.parameters(recurse=False):
-            owners[id(p)] = owners.get(id(p), 0) + 1
-    return [k for k, p in model.named_parameters() if owners.get(id(p), 0) > 1]
-
-
 def _kept_memory(method):
     """Run an engine method inside ``tuned_allocator``: its large per-batch blocks are otherwise handed back to the
     OS and page-faulted in again on every batch."""
@@ -106,7 +98,9 @@ class PerSampleEngine:
                 "use strategy='auto' or 'functorch'"
             )
         self.requested = strategy
-        shared = set(_shared_parameters(model)) & set(self._uncovered)
+        # parameters held by two or more modules (tied): no module's call sees all their uses
+        owners = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
+        shared = {k for k, p in model.named_parameters() if owners[id(p)] > 1} & set(self._uncovered)
         if strategy == "functorch" or shared:
             self.strategy = "functorch"
         else:

@@ -411,22 +411,17 @@ class ConvHandler(_WeightBiasHandler):
     def grad_factor(self, b):
         return b.reshape(b.shape[0], self.module.groups, -1, b[0, 0].numel())
 
-    def _ghost_ok(self, u: dict) -> bool:
-        if len(u["calls"]) != 1 or "gw" in u:
-            return False
-        m = self.module
-        t = u["calls"][0][2][0, 0].numel()
-        d, p = m.weight[0].numel(), m.weight.shape[0] // m.groups
-        return t * (d + p) < GHOST_RATIO * p * d
-
     def ghost_factors(self, u):
         """Unfolded patches and output gradients of a module called once (several calls: None)."""
         return self._patches(*u["calls"][0]) if len(u["calls"]) == 1 else None
 
     def _weight_sq(self, u, mask):
-        if mask is None and self._ghost_ok(u):  # the channels-last patches: the same Gram, a faster copy
-            a, b = self._patches_last(*u["calls"][0])
-            return ghost_sq(a.transpose(2, 3), b)
+        if mask is None and len(u["calls"]) == 1 and "gw" not in u:
+            m = self.module
+            t, d, p = u["calls"][0][2][0, 0].numel(), m.weight[0].numel(), m.weight.shape[0] // m.groups
+            if t * (d + p) < GHOST_RATIO * p * d:  # the channels-last patches: the same Gram, a faster copy
+                a, b = self._patches_last(*u["calls"][0])
+                return ghost_sq(a.transpose(2, 3), b)
         return _sq(self._weight_per_sample(u), mask)
 
     def _weight_weighted(self, u, w):
