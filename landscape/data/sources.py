@@ -35,7 +35,14 @@ def _other_source(name: Any, seed: int, data_root, download: bool, options: dict
     kind = _kind_of(name, stored)
     recorded = (stored or {}).get("source") or {}
     if kind == "file":
-        path = _tensor_file(name, recorded, data_root)
+        path, root = Path(recorded.get("path") or name).expanduser(), data_root_of(data_root)
+        if not path.is_file() and recorded and root is not None and (root / path.name).is_file():
+            path = root / path.name  # a moved copy (its sha256 is checked like the original's)
+        elif not path.is_file():
+            moved = (f" (recorded in the checkpoint; {param('data_root')} holding {path.name} finds a moved copy)"
+                     if recorded else "")
+            raise DataError(f"tensor file {path} not found{moved}")
+        path = path.resolve()
         unknown = ", ".join(map(repr, sorted(set(options) - {"num_classes"})))  # for classes empty on purpose
         if unknown:
             raise DataError(f"tensor file {name} has no option {unknown}; its option: num_classes")
@@ -119,17 +126,6 @@ def _folder_options(options: dict, extra: tuple[str, ...] = ()) -> dict[str, Any
     if "kwargs" in filled and filled["kwargs"] is not None and not isinstance(filled["kwargs"], dict):
         raise DataError(f"option kwargs must be a JSON object of constructor arguments, got {filled['kwargs']!r}")
     return filled
-
-
-def _tensor_file(name: str, recorded: dict, data_root) -> Path:
-    path = Path(recorded.get("path") or name).expanduser()
-    if path.is_file():
-        return path.resolve()
-    root = data_root_of(data_root)
-    if recorded and root is not None and (root / path.name).is_file():
-        return (root / path.name).resolve()  # a moved copy (its sha256 is checked like the original's)
-    raise DataError(f"tensor file {path} not found" + (f" (recorded in the checkpoint; {param('data_root')} holding "
-                                                        f"{path.name} finds a moved copy)" if recorded else ""))
 
 
 def tensor_file_arrays(path: str | os.PathLike, *, num_classes: Any = None) -> _Arrays:
