@@ -101,7 +101,8 @@ def check_manifest(manifest: Any, path: str | os.PathLike) -> dict[str, Any]:
     exactly its step's (no entry points outside its run) and has a sha256. A violation is one CheckpointError
     line naming the file and the field."""
     def bad(field: str, what: str, value: Any = None, show: bool = True) -> CheckpointError:
-        got = f", got {_short(value)}" if show else ""
+        text = json.dumps(value) if not isinstance(value, str) else repr(value)  # shortened to 60 characters
+        got = f", got {text if len(text) <= 60 else text[:57] + '...'}" if show else ""
         return CheckpointError(f"damaged run manifest {path}: field '{field}' {what}{got}")
 
     if not isinstance(manifest, dict):
@@ -212,11 +213,6 @@ def _is_int(value: Any) -> bool:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _one_line(exc: BaseException) -> str:
