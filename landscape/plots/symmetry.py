@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.colors import LogNorm
 
-from landscape.plots.style import PALETTE, save_figure, styled, subplots
+from landscape.plots.style import PALETTE, save_figure, styled, subplots, titled
 
 MAX_PANELS = 8
 
@@ -49,9 +49,8 @@ def plot_deviations(result, stem) -> list[Path]:
             a.grid(False)
     axes[0, 0].set_ylabel("xi (blue), -xi (orange)")
     axes[1, 0].set_ylabel("density of xi (log colour)")
-    fig.suptitle("gradient deviations xi_i = g_i - g_bar, random 2-D projection (same matrix for all panels)")
-    fig.tight_layout()
-    return save_figure(fig, stem)
+    return save_figure(titled(fig, "gradient deviations xi_i = g_i - g_bar, random 2-D projection "
+                              "(same matrix for all panels)"), stem)
 
 
 @styled
