@@ -273,11 +273,7 @@ class JobProgress:
 def summary_rows(spec: BatchSpec, report: BatchReport) -> tuple[list[str], list[dict[str, Any]]]:
     """One row per job: id, kind, status, seconds, error, configuration hash, then its key numbers."""
     fixed = ["job", "kind", "status", "seconds", "error", "hash", "outputs", "worker"]
-    number_cols: list[str] = []
-    for o in report.outcomes:
-        for k in o.get("numbers") or {}:
-            if k not in number_cols:
-                number_cols.append(k)
+    number_cols = list(dict.fromkeys(k for o in report.outcomes for k in o.get("numbers") or {}))
     # a result's own scalar named like a fixed column (an analysis' "seconds") gets a prefix
     named = {k: f"result_{k}" if k in fixed else k for k in number_cols}
     cols = [*fixed, *named.values()]
