@@ -115,13 +115,6 @@ def _check_paths(spec: BatchSpec) -> None:
                              "a spec downloads only there (without download, data_root is read from anywhere)")
 
 
-def _reference_tokens(opt: str, value: Any) -> list[str]:
-    """The run names (or globs) a reference option names; keywords (``random``, ``pca``, ``siblings``, ``all``)
-    are not runs."""
-    keywords = _REF_KEYWORDS.get(opt, ())
-    return [t for t in run_tokens(value) if t not in keywords]
-
-
 def _check_references(spec: BatchSpec) -> None:
     """Every run a job reads exists in the store or is written by a job of the spec (which then runs first), and
     no reference is a path (``../x.h5``, ``/abs/step-000000.h5``): checked before anything runs."""
@@ -135,7 +128,9 @@ def _check_references(spec: BatchSpec) -> None:
         for opt in REF_OPTIONS:
             if job.options.get(opt) in (None, "", [], ()):
                 continue
-            for token in _reference_tokens(opt, job.options[opt]):
+            for token in run_tokens(job.options[opt]):
+                if token in _REF_KEYWORDS.get(opt, ()):  # random, pca, siblings, all: keywords, not runs
+                    continue
                 if "/" in token or "\\" in token or token.startswith(".") or token.endswith(".h5"):
                     raise SpecError(f"{at}: '{opt}' names the path {token!r}; a batch reads runs of its store "
                                     f"(RUN, RUN@SELECTOR or a glob such as G-*), not files")

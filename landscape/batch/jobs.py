@@ -36,11 +36,18 @@ def run_job(payload: dict[str, Any], *upstream: dict[str, Any]) -> dict[str, Any
 
         torch.set_num_threads(int(threads))
     try:
-        from landscape import plugins
+        from landscape import kinds, plugins
+        from landscape.results import sha256_file
 
         with plugins.trusting(payload.get("code", ()), accept_changed=payload.get("accept_changed_code", False)):
-            numbers, files = _execute(payload)
-        outputs = _describe_files(files)
+            # the job's kind builds its configuration from the options, runs it and says what it made; analyses
+            # and figures write under the job's directory <results>/<job>
+            spec = kinds.get(payload["kind"])
+            out, root = Path(payload["results"]) / payload["id"], Path(payload["root"])
+            numbers, files = spec.outcome(spec.run(spec.configure(dict(payload["options"])), root=root, out=out),
+                                          root, out)
+        outputs = [{"path": str(f), "bytes": f.stat().st_size, "sha256": sha256_file(f)}
+                   for f in sorted(set(files)) if f.is_file() and not f.name.startswith(".")]
         _write_record(payload, numbers, outputs)
     except Exception as exc:  # one job's failure is its outcome, not the batch's
         return {**base, "status": "failed", "error": one_line(exc), "seconds": time.perf_counter() - start}
@@ -85,28 +92,6 @@ def _write_record(payload: dict[str, Any], numbers: dict[str, Any], outputs: lis
               "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     text = json.dumps(record, indent=1, sort_keys=True, default=str)
     atomic_write(record_path(payload["results"], payload["id"]), lambda tmp: Path(tmp).write_text(text))
-
-
-def _describe_files(files: list[Path]) -> list[dict[str, Any]]:
-    from landscape.results import sha256_file
-
-    out = []
-    for f in sorted(set(files)):
-        if f.is_file() and not f.name.startswith("."):
-            out.append({"path": str(f), "bytes": f.stat().st_size, "sha256": sha256_file(f)})
-    return out
-
-
-def _execute(payload: dict[str, Any]) -> tuple[dict[str, Any], list[Path]]:
-    """The job's kind (:mod:`landscape.kinds`) builds its configuration from the options, runs it and says what
-    it made; analyses and figures write under the job's directory ``<results>/<job>``."""
-    from landscape import kinds
-
-    spec = kinds.get(payload["kind"])
-    out = Path(payload["results"]) / payload["id"]
-    root = Path(payload["root"])
-    result = spec.run(spec.configure(dict(payload["options"])), root=root, out=out)
-    return spec.outcome(result, root, out)
 
 
 def pid() -> int:

@@ -4,7 +4,6 @@ limits of nesting and of values once aliases and merge keys expand (a few lines 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -111,13 +110,7 @@ def load_yaml(path: str | Path) -> _Map:
         loader.dispose()
     if not isinstance(data, _Map):
         raise SpecError(f"{path}:1: a batch spec is a mapping with 'jobs' (and optionally {', '.join(TOP_KEYS[:3])})")
-    _check_size(data, path)
-    return data
-
-
-def _check_size(data: Any, path: Path) -> None:
-    """Refuse a spec whose values, with YAML aliases expanded, hold more than MAX_NODES items (an alias bomb:
-    a few lines of ``&a [*b, *b, ...]`` that expand to billions). Stops counting at the limit."""
+    # an alias bomb (a few lines of ``&a [*b, *b, ...]``) expands to billions: count the values up to the limit
     count, stack = 0, [data]
     while stack:
         node = stack.pop()
@@ -129,3 +122,4 @@ def _check_size(data: Any, path: Path) -> None:
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
+    return data

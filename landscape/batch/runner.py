@@ -3,7 +3,6 @@ future whose arguments are the futures of the jobs it waits for; a job on a work
 
 from __future__ import annotations
 
-import csv
 import importlib.util
 import logging
 import math
@@ -75,55 +74,42 @@ def run_batch(spec: BatchSpec, *, workers: int = 1, scheduler: str | None = None
     ``progress`` True / False turns the progress display on / off, None follows the caller's. Writes the summary
     (``summary.csv``, ``summary.h5``) and the file index (``index.csv``) under ``spec.results``."""
     with display.enabled(progress), JobProgress(spec) as shown:
-        return _run(spec, workers, scheduler, threads, shown)
+        start = time.perf_counter()
+        if (scheduler is not None or workers > 1) and importlib.util.find_spec("distributed") is None:
+            raise UsageError(f"{param('workers')} > 1 and {param('scheduler')} need Dask: "
+                             "pip install 'landscape[dist]'")
+        client = None
+        if scheduler is not None:  # before anything is made; the handshake has the deadline the note says
+            from landscape.api.execution import connect_client, scheduler_address
+            from landscape.bounds import scheduler_note
 
-
-def _run(spec: BatchSpec, workers: int, scheduler: str | None, threads: int | None,
-         progress: JobProgress) -> BatchReport:
-    start = time.perf_counter()
-    if (scheduler is not None or workers > 1) and importlib.util.find_spec("distributed") is None:
-        raise UsageError(f"{param('workers')} > 1 and {param('scheduler')} need Dask: pip install 'landscape[dist]'")
-    client = _client(scheduler, progress) if scheduler is not None else None  # before anything is made
-    try:
-        spec.results.mkdir(parents=True, exist_ok=True)
-        spec.root.mkdir(parents=True, exist_ok=True)
-    except BaseException:
-        if client is not None:
-            client.close()
-        raise
-    lost: list[str] = []
-    retried: list[str] = []
-    with plugins.trusting(spec_code(spec)):
-        if scheduler is None and workers <= 1:
-            outcomes = _in_process(spec, threads, progress)
-            dashboard = None
-        else:
-            outcomes, dashboard = _on_dask(spec, workers, client, threads if threads else 1, progress, lost,
-                                           retried)
-    report = BatchReport(outcomes=outcomes, seconds=time.perf_counter() - start, dashboard=dashboard,
-                         lost_workers=lost, retried=retried)
-    report.counts = {s: sum(o["status"] == s for o in outcomes) for s in STATUSES}
-    write_summary(spec, report)
-    return report
-
-
-def _in_process(spec: BatchSpec, threads: int | None, progress: JobProgress) -> list[dict[str, Any]]:
-    done: dict[str, dict[str, Any]] = {}
-    for job in spec.jobs:
-        progress.running([job.id])
-        done[job.id] = run_job(payload(job, spec, threads), *(done[d] for d in job.deps))
-        progress.finish(done[job.id])
-    return [done[j.id] for j in spec.jobs]
-
-
-def _client(scheduler: str, progress: JobProgress) -> Any:
-    """A client of the Dask scheduler at ``scheduler``, after a line saying how long it waits; the whole handshake
-    has that deadline, so a service that is not a scheduler is one line, never a wait without end."""
-    from landscape.api.execution import connect_client, scheduler_address
-    from landscape.bounds import scheduler_note
-
-    progress.note(scheduler_note(scheduler))
-    return connect_client(scheduler_address(scheduler))
+            display.note(scheduler_note(scheduler))
+            client = connect_client(scheduler_address(scheduler))
+        try:
+            spec.results.mkdir(parents=True, exist_ok=True)
+            spec.root.mkdir(parents=True, exist_ok=True)
+        except BaseException:
+            if client is not None:
+                client.close()
+            raise
+        lost: list[str] = []
+        retried: list[str] = []
+        with plugins.trusting(spec_code(spec)):
+            if scheduler is None and workers <= 1:
+                done: dict[str, dict[str, Any]] = {}
+                for job in spec.jobs:
+                    shown.running([job.id])
+                    done[job.id] = run_job(payload(job, spec, threads), *(done[d] for d in job.deps))
+                    shown.finish(done[job.id])
+                outcomes, dashboard = [done[j.id] for j in spec.jobs], None
+            else:
+                outcomes, dashboard = _on_dask(spec, workers, client, threads if threads else 1, shown, lost,
+                                               retried)
+        report = BatchReport(outcomes=outcomes, seconds=time.perf_counter() - start, dashboard=dashboard,
+                             lost_workers=lost, retried=retried)
+        report.counts = {s: sum(o["status"] == s for o in outcomes) for s in STATUSES}
+        write_summary(spec, report)
+        return report
 
 
 def _on_dask(spec: BatchSpec, workers: int, client: Any, threads: int, progress: JobProgress,
@@ -145,7 +131,7 @@ def _on_dask(spec: BatchSpec, workers: int, client: Any, threads: int, progress:
         client = Client(cluster)
     try:
         link = client.dashboard_link if (cluster is None or _has_bokeh()) else None
-        progress.note(f"dask: {len(client.scheduler_info(n_workers=-1)['workers'])} worker(s) at "
+        display.note(f"dask: {len(client.scheduler_info(n_workers=-1)['workers'])} worker(s) at "
                       f"{client.scheduler.address}; dashboard: "
                       f"{link or 'not available (pip install bokeh for the Dask dashboard)'}")
         futures: dict[str, Any] = {}
@@ -162,7 +148,7 @@ def _on_dask(spec: BatchSpec, workers: int, client: Any, threads: int, progress:
             return [j.id for j in ready][:capacity]
 
         progress.running(running())
-        watch = WorkerWatch(client, ids, progress)
+        watch = WorkerWatch(client, ids)
         pending = dict(futures)
         while pending:
             finished = [job_id for job_id, f in pending.items() if f.done()]
@@ -197,8 +183,8 @@ class WorkerWatch:
     """Which Dask workers left mid-batch and which jobs were running on them (Dask runs those again on another
     worker): each loss is one progress line, and the batch's report lists them."""
 
-    def __init__(self, client: Any, ids: dict[str, str], progress: JobProgress):
-        self.client, self.ids, self.progress = client, ids, progress
+    def __init__(self, client: Any, ids: dict[str, str]):
+        self.client, self.ids = client, ids
         self.known = set(client.scheduler_info(n_workers=-1)["workers"])
         self.on: dict[str, list[str]] = {}
         self.lost: list[str] = []
@@ -224,7 +210,7 @@ class WorkerWatch:
                     jobs += [j for j in rerun if j not in placed]
             self.lost.append(gone)
             self.retried.extend(j for j in jobs if j not in self.retried)
-            self.progress.note(f"lost worker {gone}; job(s) rerun on other workers: {', '.join(jobs) or 'none'}")
+            display.note(f"lost worker {gone}; job(s) rerun on other workers: {', '.join(jobs) or 'none'}")
         self.known = workers
         self.on = {w: [self.ids[k] for k in keys if k in self.ids] for w, keys in processing.items()}
 
@@ -263,9 +249,6 @@ class JobProgress:
     def __exit__(self, *exc: Any) -> None:
         self.task.close()
 
-    def note(self, text: str) -> None:
-        display.note(text)
-
     def running(self, ids: list[str]) -> None:
         self.active = list(ids)
         self._describe()
@@ -290,11 +273,7 @@ class JobProgress:
 def summary_rows(spec: BatchSpec, report: BatchReport) -> tuple[list[str], list[dict[str, Any]]]:
     """One row per job: id, kind, status, seconds, error, configuration hash, then its key numbers."""
     fixed = ["job", "kind", "status", "seconds", "error", "hash", "outputs", "worker"]
-    number_cols: list[str] = []
-    for o in report.outcomes:
-        for k in o.get("numbers") or {}:
-            if k not in number_cols:
-                number_cols.append(k)
+    number_cols = list(dict.fromkeys(k for o in report.outcomes for k in o.get("numbers") or {}))
     # a result's own scalar named like a fixed column (an analysis' "seconds") gets a prefix
     named = {k: f"result_{k}" if k in fixed else k for k in number_cols}
     cols = [*fixed, *named.values()]
@@ -313,27 +292,15 @@ def write_summary(spec: BatchSpec, report: BatchReport) -> None:
     """``summary.csv`` + ``summary.h5`` (one row per job) and ``index.csv`` (every output file, sha256)."""
     import numpy as np
 
-    from landscape.results import atomic_write, write_result
+    from landscape.results import write_csv, write_result
 
     cols, rows = summary_rows(spec, report)
     out = spec.results
-
-    def write_csv(path: Path, header: list[str], data: list[dict[str, Any]]) -> None:
-        def write(tmp: Path) -> None:
-            with open(tmp, "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=header)
-                w.writeheader()
-                for r in data:
-                    w.writerow({k: "" if r.get(k) is None else r.get(k) for k in header})
-
-        atomic_write(path, write)
-
-    report.summary_csv = out / "summary.csv"
-    write_csv(report.summary_csv, cols, rows)
+    report.summary_csv = write_csv(out / "summary.csv", [{k: "" if r[k] is None else r[k] for k in cols}
+                                                         for r in rows], cols, nan="nan")
     index = [{"job": o["id"], "path": e["path"], "bytes": e["bytes"], "sha256": e["sha256"]}
              for o in report.outcomes for e in o.get("outputs") or []]
-    report.index_csv = out / "index.csv"
-    write_csv(report.index_csv, ["job", "path", "bytes", "sha256"], index)
+    report.index_csv = write_csv(out / "index.csv", index, ["job", "path", "bytes", "sha256"])
     arrays: dict[str, Any] = {}
     for c in cols:
         values = [r[c] for r in rows]

@@ -143,9 +143,7 @@ def _expand(key: str, body: Any, parent: Any, defaults: Any, known_kinds: list[s
     jobs, afters = [], {}
     for combo in itertools.product(*(grid[v] for v in variables)):
         env = dict(zip(variables, combo, strict=True))
-        opts: dict[str, Any] = {}
-        for opt, (value, oat) in raw_options.items():
-            opts[opt] = _fill(value, env, oat)
+        opts: dict[str, Any] = {opt: _fill(value, env, oat) for opt, (value, oat) in raw_options.items()}
         for var, value in env.items():
             if _norm(var) in options and _norm(var) not in raw_options:
                 opts[_norm(var)] = value

@@ -12,24 +12,20 @@ from landscape.errors import UsageError
 
 
 class Metric:
-    """The evaluator's metric protocol: a per-point statistic accumulated from the evaluator's own forward passes.
+    """The evaluator's metric protocol: a per-point statistic streamed from the evaluator's own forward passes,
+    so any number of metrics share one pass per (batch, point). Any object with these members is a metric:
 
-    Metrics are streamed (unlike loss-landscapes' whole-model metrics), so any number of them share one forward
-    pass per (batch, point). Any object with these members is a metric (subclassing is optional):
-
-    * ``name`` (str): its key in ``EvalResult.metrics`` and its column in the analyses (``train_<name>``,
-      ``direction_<name>``, ...); a metric with several numbers lists its columns in ``names`` and ``finish``
-      returns a mapping with exactly those keys. Names are identifiers and must not clash with built-in columns.
-    * ``start(points, device)`` returns a fresh state: device tensors of sufficient statistics, one slot per point.
-    * ``update(state, point, logits, y)`` adds one batch at one point in place (``logits`` ``(n, classes)`` under
-      ``torch.inference_mode``, never modified; ``y`` ``(n,)`` int64). Every example is seen once per point, but
-      batch boundaries and order are not part of the contract, so a metric must depend on the examples only; no
-      host synchronisation (``.item()``) here.
-    * ``finish(state)`` returns the ``(P,)`` values (or, with ``names``, a mapping ``column -> (P,)``); the analyses
+    * ``name`` (str): its key in ``EvalResult.metrics`` and its column in the analyses (an identifier that must
+      not clash with built-in columns); several numbers: their columns in ``names``, ``finish`` maps each.
+    * ``start(points, device)``: a fresh state, device tensors with one slot per point.
+    * ``update(state, point, logits, y)``: adds one batch at one point in place (``logits`` ``(n, classes)``
+      under ``torch.inference_mode``, never modified; ``y`` ``(n,)`` int64). Batch boundaries and order are
+      not part of the contract; no host synchronisation (``.item()``).
+    * ``finish(state)``: the ``(P,)`` values (or, with ``names``, a mapping ``column -> (P,)``); the analyses
       check one finite number per point wherever the loss is finite.
 
-    A metric object holds only its options, never state, so one object serves many calls (and its class can be
-    named on the command line: ``--metric file.py:Class``; see ``landscape.metrics``).
+    A metric object holds only its options, never state, so one object serves many calls (``--metric
+    file.py:Class`` names its class; see ``landscape.metrics``).
     """
 
     name: str = "metric"

@@ -322,11 +322,7 @@ class _Runner:
         loss, correct = torch.zeros(2, n_points, dtype=torch.float64, device=self.device)
         per_point = self._activation_bytes(min(batch_size, x.shape[0]))
         chunk = max(1, min(n_points, memory_budget // max(per_point, 1)))
-
-        def logits_of(params, xb):
-            return functional_call(self.model, params, (xb,))
-
-        batched = vmap(logits_of, in_dims=(0, None))
+        batched = vmap(lambda params, xb: functional_call(self.model, params, (xb,)), in_dims=(0, None))
         for start in range(0, x.shape[0], batch_size):
             xb = self.prepare(x[start : start + batch_size])
             yb = y[start : start + batch_size].to(self.device)

@@ -55,8 +55,10 @@ class OpacusPrivacy:
     def record(self) -> dict[str, Any]:
         """The ``manifest["privacy"]`` fields (as ``landscape train`` writes them for a DP run)."""
         mechanism = self.accountant.mechanism() if callable(getattr(self.accountant, "mechanism", None)) else "unknown"
+        norm = self.optimizer.max_grad_norm  # a list with Opacus' clipping="per_layer"
         return {"noise_multiplier": float(self.optimizer.noise_multiplier), "sample_rate": self.sample_rate,
-                "max_grad_norm": _number_or_list(self.optimizer.max_grad_norm), "delta": self.delta,
+                "max_grad_norm": [float(v) for v in norm] if isinstance(norm, (list, tuple)) else float(norm),
+                "delta": self.delta,
                 "accountant": str(mechanism), "sampling": self.sampling, "source": "opacus"}
 
     def steps(self) -> int:
@@ -80,8 +82,3 @@ class OpacusPrivacy:
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         self.accountant.history = [(float(s), float(q), int(n)) for s, q, n in state["history"]]
-
-
-def _number_or_list(value: Any) -> float | list[float]:
-    """A clipping norm, or per-layer norms (Opacus' ``clipping="per_layer"``)."""
-    return [float(v) for v in value] if isinstance(value, (list, tuple)) else float(value)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from landscape.plots.style import PALETTE, save_figure, styled, subplots
+from landscape.plots.style import PALETTE, save_figure, styled, subplots, titled
 
 MAX_PANELS = 6
 RUN_PANELS = 4
@@ -47,9 +47,7 @@ def plot_reliability(entries: Sequence[tuple], *, split: str = "test", title: st
         ax.set_title(name)
         ax.set_xlabel("confidence (max softmax probability)")
     axes[0].set_ylabel(f"accuracy ({split})")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
+    titled(fig, title)
     handles, names = axes[0].get_legend_handles_labels()
     fig.legend(handles, names, loc="upper center", ncol=3, bbox_to_anchor=(0.5, 0.0))  # below the panels
     return fig
@@ -71,10 +69,7 @@ def plot_confidence_histograms(entries: Sequence[tuple], *, split: str = "test",
         ax.set_xlabel("confidence")
         ax.legend(loc="upper left")
     axes[0].set_ylabel(f"share of {split} examples")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return titled(fig, title)
 
 
 @styled
@@ -110,10 +105,7 @@ def plot_calibration_curves(records: Sequence, *, split: str = "test", title: st
     for ax, (_, label) in zip(axes.flat, CURVES, strict=True):
         ax.set(xlabel="epoch", ylabel=f"{label} ({split})")
     axes[0, 0].legend(loc="best")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return titled(fig, title)
 
 
 def panel_rows(records: Sequence, split: str) -> list[int]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from landscape.plots.style import PALETTE, save_figure, styled, subplots
+from landscape.plots.style import PALETTE, save_figure, styled, subplots, titled
 
 
 @styled
@@ -64,10 +64,8 @@ def _against(result, x, xlabel: str, stem, *, title: str) -> list[Path]:
     ax.set_ylim(-0.05, 1.05)
     ax.set_xlabel(xlabel)
     ax.legend()
-    fig.suptitle(f"{title}: C = {c:g}, {result.config.clip_style} clipping, "
-                 f"{result.config.batches} x {result.config.batch_size} samples")
-    fig.tight_layout()
-    return save_figure(fig, stem)
+    return save_figure(titled(fig, f"{title}: C = {c:g}, {result.config.clip_style} clipping, "
+                              f"{result.config.batches} x {result.config.batch_size} samples"), stem)
 
 
 def _single(result, stem) -> list[Path]:
@@ -106,6 +104,4 @@ def _single(result, stem) -> list[Path]:
     ax.set_title(f"assumption {flag}, bound {'held' if t.bound_held else 'violated'}", fontsize=8)
     if math.isfinite(t.bound) and t.bound < -2 * result.config.max_grad_norm:
         ax.set_ylim(-2 * result.config.max_grad_norm, 1.2 * result.config.max_grad_norm)
-    fig.suptitle(f"{row.ref}: R = {t.R:.3g}, fraction clipped {t.fraction_clipped:.2f}")
-    fig.tight_layout()
-    return save_figure(fig, stem)
+    return save_figure(titled(fig, f"{row.ref}: R = {t.R:.3g}, fraction clipped {t.fraction_clipped:.2f}"), stem)

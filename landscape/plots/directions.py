@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from landscape.plots.style import PALETTE, SGD_COLOR, styled, subplots
+from landscape.plots.style import PALETTE, SGD_COLOR, save_figure, styled, subplots
 
 
 @styled
@@ -60,7 +60,5 @@ def _profiles(ax, dist: np.ndarray, profiles, toward, *, log_ok: bool) -> None:
 def directions_figure(result, path, title: str = "", options=None) -> list:
     """The ``directions`` figure files beside result file ``path`` (title: A, and B with
     ``options.toward``)."""
-    from landscape.plots.style import save_figure
-
     toward = getattr(options, "toward", None)
     return save_figure(plot_directions(result, title=f"A = {title}" + (f"   B = {toward}" if toward else "")), path)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from landscape.plots.style import method_color, save_figure, styled, subplots
+from landscape.plots.style import method_color, save_figure, styled, subplots, titled
 from landscape.refs import Ref
 from landscape.spectral import broadened_density, density_grid
 
@@ -51,9 +51,8 @@ def plot_sharpness(result, stem, title: str = "") -> list[Path]:
     for ax in ax_of.values():
         ax.set_xlabel("epoch")
         ax.legend()
-    fig.suptitle(title or f"sharpness on {result.config.subset} {result.config.split} examples (seed {result.config.subset_seed})")
-    fig.tight_layout()
-    return save_figure(fig, stem)
+    return save_figure(titled(fig, title or f"sharpness on {result.config.subset} {result.config.split} examples "
+                              f"(seed {result.config.subset_seed})"), stem)
 
 
 @styled

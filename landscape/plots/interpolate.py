@@ -18,6 +18,7 @@ from landscape.plots.style import (
     save_figure,
     styled,
     subplots,
+    titled,
 )
 
 
@@ -120,10 +121,7 @@ def plot_instability(rows: Sequence[dict], *, splits: Sequence[str], title: str 
             ax.set_ylabel(f"{split} {ylabel}")
             ax.axhline(0.0, color="0.6", linewidth=0.8, zorder=0)
     axes[0, 0].legend(loc="best")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return titled(fig, title)
 
 
 def _fmt(value: float) -> str:

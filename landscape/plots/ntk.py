@@ -15,12 +15,10 @@ from landscape.plots.style import PALETTE, save_figure, styled, subplots
 STYLE_COLORS = {"none": "#000000", "flat": PALETTE[0], "layerwise": PALETTE[1]}
 
 
-def _heatmap(ax, M: np.ndarray, title: str, *, diverging: bool) -> None:
-    if diverging:
-        v = float(np.abs(M).max()) or 1.0
-        im = ax.imshow(M, cmap="RdBu_r", vmin=-v, vmax=v, interpolation="nearest")
-    else:
-        im = ax.imshow(M, cmap="viridis", interpolation="nearest")
+def _heatmap(ax, M: np.ndarray, title: str) -> None:
+    """``M`` on a diverging colour map centred at zero."""
+    v = float(np.abs(M).max()) or 1.0
+    im = ax.imshow(M, cmap="RdBu_r", vmin=-v, vmax=v, interpolation="nearest")
     ax.set_title(title)
     ax.set(xlabel="j", ylabel="i")
     ax.grid(False)
@@ -49,8 +47,8 @@ def plot_ntk(result: NTKResult, stem: str | os.PathLike, title: str = "") -> lis
     ax.set(xlabel="index (sorted)", ylabel="eigenvalue")
     ax.set_title(f"spectra ({result.config.kernel}, clip {result.config.clip_style})")
     ax.legend()
-    _heatmap(axes[1], result.K, "K", diverging=True)
-    _heatmap(axes[2], result.A - result.A.T, f"A - A^T (asymmetry {p.asymmetry:.2g})", diverging=True)
+    _heatmap(axes[1], result.K, "K")
+    _heatmap(axes[2], result.A - result.A.T, f"A - A^T (asymmetry {p.asymmetry:.2g})")
     fig.tight_layout()
     return save_figure(fig, stem)
 

@@ -130,6 +130,14 @@ def subplots(*args, figsize=None, layout=None, **kwargs):
     return fig, fig.subplots(*args, **kwargs)
 
 
+def titled(fig, title: str | None):
+    """``fig`` with ``title`` as its suptitle (when given), laid out tight."""
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
 def save_figure(fig, stem: str | os.PathLike) -> list[Path]:
     """Write ``stem.png`` (200 dpi) and ``stem.pdf`` atomically (``stem`` may carry a suffix); both paths."""
     stem = Path(stem)

@@ -34,16 +34,6 @@ def _levels(z: np.ndarray) -> tuple[np.ndarray, bool]:
     return np.linspace(lo, hi, N_LEVELS), False
 
 
-def _overlay(ax, result) -> None:
-    if result.trajectory is not None:
-        tr = np.asarray(result.trajectory)
-        ax.plot(tr[:, 0], tr[:, 1], "-o", color=PALETTE[1], markersize=3, linewidth=1.2, label="trajectory")
-        ax.plot(tr[0, 0], tr[0, 1], "s", color=PALETTE[1], markersize=6, label="first checkpoint")
-    for name, (mx, my) in result.markers.items():
-        ax.plot(mx, my, "*", color=PALETTE[7], markersize=9)
-        ax.annotate(name, (mx, my), textcoords="offset points", xytext=(4, 4), fontsize=7)
-
-
 @styled
 def contour_figure(result, *, filled: bool, title: str | None = None):
     """One panel per split of the loss, and below it one row per metric column: contour lines or filled
@@ -68,7 +58,13 @@ def contour_figure(result, *, filled: bool, title: str | None = None):
             else:
                 cs = ax.contour(xg, yg, zm, levels=levels, cmap="viridis", norm=norm, linewidths=0.9)
                 ax.clabel(cs, cs.levels[::4], inline=True, fontsize=6, fmt="%.3g")
-            _overlay(ax, result)
+            if result.trajectory is not None:
+                tr = np.asarray(result.trajectory)
+                ax.plot(tr[:, 0], tr[:, 1], "-o", color=PALETTE[1], markersize=3, linewidth=1.2, label="trajectory")
+                ax.plot(tr[0, 0], tr[0, 1], "s", color=PALETTE[1], markersize=6, label="first checkpoint")
+            for name, (mx, my) in result.markers.items():
+                ax.plot(mx, my, "*", color=PALETTE[7], markersize=9)
+                ax.annotate(name, (mx, my), textcoords="offset points", xytext=(4, 4), fontsize=7)
             ax.set(xlabel=result.xlabel, ylabel=result.ylabel)
             ax.set_title(f"{split} {what}" + (f"\n{title}" if title else ""))
             ax.grid(False)

@@ -9,23 +9,17 @@ from pathlib import Path
 import numpy as np
 from matplotlib.colors import LogNorm
 
-from landscape.plots.style import PALETTE, save_figure, styled, subplots
+from landscape.plots.style import PALETTE, save_figure, styled, subplots, titled
 
 MAX_PANELS = 8
-
-
-def _panels(rows: list) -> list:
-    """At most :data:`MAX_PANELS` checkpoints, evenly spread, first and last included."""
-    if len(rows) <= MAX_PANELS:
-        return rows
-    idx = np.unique(np.round(np.linspace(0, len(rows) - 1, MAX_PANELS)).astype(int))
-    return [rows[i] for i in idx]
 
 
 @styled
 def plot_deviations(result, stem) -> list[Path]:
     """Scatter (top) and density (bottom) of the 2-D projected deviations, one column per checkpoint."""
-    rows = _panels(result.rows)
+    rows = result.rows
+    if len(rows) > MAX_PANELS:  # evenly spread, first and last included
+        rows = [rows[i] for i in np.unique(np.round(np.linspace(0, len(rows) - 1, MAX_PANELS)).astype(int))]
     k = len(rows)
     fig, axes = subplots(2, k, figsize=(2.6 * k, 5.2), squeeze=False)
     for j, row in enumerate(rows):
@@ -49,9 +43,8 @@ def plot_deviations(result, stem) -> list[Path]:
             a.grid(False)
     axes[0, 0].set_ylabel("xi (blue), -xi (orange)")
     axes[1, 0].set_ylabel("density of xi (log colour)")
-    fig.suptitle("gradient deviations xi_i = g_i - g_bar, random 2-D projection (same matrix for all panels)")
-    fig.tight_layout()
-    return save_figure(fig, stem)
+    return save_figure(titled(fig, "gradient deviations xi_i = g_i - g_bar, random 2-D projection "
+                              "(same matrix for all panels)"), stem)
 
 
 @styled
@@ -60,10 +53,8 @@ def plot_statistics(result, stem) -> list[Path]:
     epochs = np.array([r.epoch for r in result.rows])
     order = np.argsort(epochs)
     epochs = epochs[order]
-    h = np.array([r.stats.energy_coefficient for r in result.rows])[order]
-    p = np.array([r.stats.p_value for r in result.rows])[order]
-    mean_skew = np.array([r.stats.mean_abs_skew for r in result.rows])[order]
-    max_skew = np.array([r.stats.max_abs_skew for r in result.rows])[order]
+    h, p, mean_skew, max_skew = (np.array([getattr(r.stats, k) for r in result.rows])[order]
+                                 for k in ("energy_coefficient", "p_value", "mean_abs_skew", "max_abs_skew"))
     fig, axes = subplots(1, 2, figsize=(9, 3.2))
     ax = axes[0]
     ax.plot(epochs, h, "o-", color=PALETTE[0], label="energy coefficient H(xi, -xi)")

@@ -424,10 +424,8 @@ def _rows_from(arrays: Mapping[str, np.ndarray], row_cls: type, n: int, order: S
             if inner is None:
                 columns[f.name] = _rows_from(sub, _plain_class(hint), n, order)
             else:  # row i's list: the i-th slice of every column
-                columns[f.name] = [_rows_from({k: v[i] for k, v in sub.items() if v.ndim >= 1 and len(v) == n},
-                                              inner, _table_length({k: v[i] for k, v in sub.items()
-                                                                    if v.ndim >= 1 and len(v) == n}, inner), order)
-                                   for i in range(n)]
+                rows = [{k: v[i] for k, v in sub.items() if v.ndim >= 1 and len(v) == n} for i in range(n)]
+                columns[f.name] = [_rows_from(row, inner, _table_length(row, inner), order) for row in rows]
         elif "{}" in name:
             same = {k: v for k, v in arrays.items() if v.ndim >= 1 and len(v) == n}
             columns[f.name] = [_dict_field({k: v[i] for k, v in same.items()}, name, order, hint) for i in range(n)]

@@ -52,7 +52,14 @@ class Result:
                         return ds[names].to_dataframe().reset_index()
             except (OSError, ValueError, KeyError):  # no dimension scales: fall back to the 1-D columns
                 pass
-        names = json.loads(self.attrs["table"]) if "table" in self.attrs else _longest_columns(self.arrays)
+        if "table" in self.attrs:
+            names = json.loads(self.attrs["table"])
+        else:  # the 1-D datasets of the most common length
+            lengths: dict[int, list[str]] = {}
+            for name, value in self.arrays.items():
+                if value.ndim == 1:
+                    lengths.setdefault(len(value), []).append(name)
+            names = max(lengths.values(), key=len) if lengths else []
         columns = {}
         for name in names:
             values = self.arrays[name]
@@ -130,26 +137,21 @@ def write_result(path: str | os.PathLike, kind: str, *, arrays: Mapping[str, Any
             if is_tensor(value):
                 value = value.detach().cpu().numpy()
             f.create_dataset(key, data=np.asarray(value))
-        _attach_scales(f, dims or {})
+        scales: dict[str, h5py.Dataset] = {}
+        for name, names in (dims or {}).items():
+            if name not in f:
+                continue
+            for axis, dim in enumerate(names):
+                if dim not in scales:
+                    if dim not in f:
+                        f.create_dataset(dim, data=np.arange(f[name].shape[axis]))
+                    f[dim].make_scale(dim)
+                    scales[dim] = f[dim]
+                if name != dim:
+                    f[name].dims[axis].attach_scale(scales[dim])
 
     with _writing(path):
         return atomic.atomic_write_hdf5(path, fill)
-
-
-def _attach_scales(f: h5py.File, dims: Mapping[str, Sequence[str]]) -> None:
-    scales: dict[str, h5py.Dataset] = {}
-    for name, names in dims.items():
-        if name not in f:
-            continue
-        ds = f[name]
-        for axis, dim in enumerate(names):
-            if dim not in scales:
-                if dim not in f:
-                    f.create_dataset(dim, data=np.arange(ds.shape[axis]))
-                f[dim].make_scale(dim)
-                scales[dim] = f[dim]
-            if name != dim:
-                ds.dims[axis].attach_scale(scales[dim])
 
 
 def read_result(path: str | os.PathLike, kind: str | None = None, *, load_arrays: bool = True) -> Result:
@@ -175,14 +177,6 @@ def read_result(path: str | os.PathLike, kind: str | None = None, *, load_arrays
     except (OSError, ValueError, KeyError) as exc:
         raise ResultError(f"cannot read result file {path}: {exc}") from None
     return Result(path=path, kind=file_kind, attrs=attrs, params=params, inputs=inputs, arrays=arrays)
-
-
-def _longest_columns(arrays: Mapping[str, np.ndarray]) -> list[str]:
-    lengths: dict[int, list[str]] = {}
-    for name, value in arrays.items():
-        if value.ndim == 1:
-            lengths.setdefault(len(value), []).append(name)
-    return max(lengths.values(), key=len) if lengths else []
 
 
 def _decode_attr(value: Any) -> Any:
