@@ -1,5 +1,5 @@
 """Drawing helpers the recipes share: coinciding series offset sideways (:func:`dodge`), non-positive values kept
-off log axes (:func:`positive`), and the sensitivity side figure.
+off log axes (:func:`positive`), the sensitivity side figure, and the end of every recipe's figure (:func:`finish`).
 """
 
 from __future__ import annotations
@@ -54,6 +54,17 @@ def threshold(part) -> float:
         if k in n and isinstance(n[k], (int, float)):
             return float(n[k])
     return 0.0
+
+
+def finish(fig, d, title: str | None, axes) -> list:
+    """Title the recipe's figure, letter its panels and write it, with the sensitivity side figure when the recipe
+    has sensitivity entries; every path written."""
+    from landscape.plots import style
+
+    if title:
+        fig.suptitle(title)
+    style.panel_labels(axes)
+    return style.save_figure(fig, d.stem("figure")) + sensitivity_figure(d)
 
 
 def sensitivity_figure(d) -> list:

@@ -70,9 +70,7 @@ def draw(d):
         ax.set(xlabel="probability on the true class", title=label)
     axes[0].set_ylabel("fraction of test examples")
     axes[0].legend(fontsize=7, loc="upper center")
-    fig.suptitle(f"Fig. 11 ({d.scale}): {d.verdict.status}")
-    style.panel_labels(axes)
-    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d)
+    return _draw.finish(fig, d, f"Fig. 11 ({d.scale}): {d.verdict.status}", axes)
 
 
 RECIPE = Recipe(

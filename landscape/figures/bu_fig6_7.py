@@ -92,9 +92,7 @@ def draw(d):
         ax.set(xlabel="confidence", ylabel="accuracy", title=title, xlim=(0, 1), ylim=(0, 1))
         ax.legend(fontsize=7, loc="upper left", title="empty bins not drawn" if not shown.all() else None,
                   title_fontsize=6)
-    fig.suptitle(f"Figs. 6-7 ({d.scale}): {d.verdict.status}")
-    style.panel_labels(axes)
-    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d)
+    return _draw.finish(fig, d, f"Figs. 6-7 ({d.scale}): {d.verdict.status}", axes)
 
 
 RECIPE = Recipe(

@@ -113,9 +113,7 @@ def draw(d):
         ax.axhline(0, color="0.5", lw=0.8, label="0 (positivity boundary)")
     axes[1].legend(fontsize=7)
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=4, fontsize=7)
-    fig.suptitle(f"Table 1 ({d.scale}), implementation check: {d.verdict.status}")
-    style.panel_labels(axes)
-    return style.save_figure(fig, d.stem("figure"))
+    return _draw.finish(fig, d, f"Table 1 ({d.scale}), implementation check: {d.verdict.status}", axes)
 
 
 RECIPE = Recipe(

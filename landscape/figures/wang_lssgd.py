@@ -80,9 +80,7 @@ def draw(d):
     ax.set_xticks(range(len(eps)), [f"eps {e:g}" for e in eps])
     ax.set(ylabel="accuracy gain over S = 0", title="judged: paired gain")
     ax.legend(fontsize=7)
-    fig.suptitle(f"DP-LSSGD ({d.scale}): {d.verdict.status}")
-    style.panel_labels(axes)
-    return style.save_figure(fig, d.stem("figure"))
+    return _draw.finish(fig, d, f"DP-LSSGD ({d.scale}): {d.verdict.status}", axes)
 
 
 RECIPE = Recipe(

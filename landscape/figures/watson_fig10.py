@@ -95,9 +95,7 @@ def draw(d):
     ax.set_xticks(range(len(METHODS)), list(METHODS))
     ax.set(ylabel="final test accuracy", title="judged: final accuracy")
     ax.legend(fontsize=7)
-    fig.suptitle(f"Fig. 10 ({d.scale}): {d.verdict.status}")
-    style.panel_labels(axes)
-    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d)
+    return _draw.finish(fig, d, f"Fig. 10 ({d.scale}): {d.verdict.status}", axes)
 
 
 RECIPE = Recipe(

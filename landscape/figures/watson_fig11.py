@@ -10,6 +10,7 @@ import dataclasses
 
 import numpy as np
 
+from landscape.figures import _draw
 from landscape.figures.recipe import PaperScale, Recipe
 from landscape.verdict import all_of, paired_greater
 
@@ -74,9 +75,7 @@ def draw(d):
         ax.legend(fontsize=7)
     axes[0].set_title("R (judged: lower than unpruned)")
     axes[1].set_title("alignment (judged: higher than unpruned)")
-    fig.suptitle(f"Fig. 11 ({d.scale}): {d.verdict.status}")
-    style.panel_labels(axes)
-    return style.save_figure(fig, d.stem("figure"))
+    return _draw.finish(fig, d, f"Fig. 11 ({d.scale}): {d.verdict.status}", axes)
 
 
 RECIPE = Recipe(

@@ -119,9 +119,7 @@ def draw(d):
     ax.set_xlim(-0.6, len(MASKS) - 0.4)
     ax.set(ylabel="final accuracy gain over unpruned", title="judged: paired gain")
     ax.legend(fontsize=7)
-    fig.suptitle(f"Fig. 13 ({d.scale}): {d.verdict.status}")
-    style.panel_labels(axes)
-    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d)
+    return _draw.finish(fig, d, f"Fig. 13 ({d.scale}): {d.verdict.status}", axes)
 
 
 RECIPE = Recipe(

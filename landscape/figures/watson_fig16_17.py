@@ -113,9 +113,7 @@ def draw(d):
     axes[3].set(xlabel="parameter value (final)", ylabel="count", yscale="log", title="Fig. 17 (seed 0)")
     for ax in axes:
         ax.legend(fontsize=7)
-    fig.suptitle(f"Figs. 16-17 ({d.scale}): {d.verdict.status}")
-    style.panel_labels(axes)
-    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d)
+    return _draw.finish(fig, d, f"Figs. 16-17 ({d.scale}): {d.verdict.status}", axes)
 
 
 RECIPE = Recipe(

@@ -89,9 +89,7 @@ def draw(d):
     ax.set_xticks(range(4), [f"{LABEL[p1]}->{LABEL[p2]}" for p1, p2 in COMBOS], fontsize=8)
     ax.set(ylabel="final test accuracy", title="judged: final accuracy")
     ax.legend(fontsize=7)
-    fig.suptitle(f"Fig. 2 ({d.scale}): {d.verdict.status}")
-    style.panel_labels(axes)
-    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d)
+    return _draw.finish(fig, d, f"Fig. 2 ({d.scale}): {d.verdict.status}", axes)
 
 
 RECIPE = Recipe(

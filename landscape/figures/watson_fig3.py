@@ -94,9 +94,7 @@ def draw(d):
     ax.set_xlim(-0.6, 1.6)
     ax.set(ylabel="height above both ends (test loss)", title="judged: barrier height")
     ax.legend(fontsize=7)
-    fig.suptitle(f"Fig. 3 ({d.scale}): {d.verdict.status}")
-    style.panel_labels(axes)
-    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d)
+    return _draw.finish(fig, d, f"Fig. 3 ({d.scale}): {d.verdict.status}", axes)
 
 
 RECIPE = Recipe(

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from landscape.figures import _draw
 from landscape.figures import _phase_grid as grid
 from landscape.figures.recipe import PaperScale, Recipe
 from landscape.verdict import Verdict, all_of, far_below, most_above
@@ -108,9 +109,7 @@ def draw(d):
     ax.set_xlim(-0.6, len(NORMALIZATIONS) - 0.4)
     ax.set(ylabel="loss rise at the sibling's distance", title="judged: random rises")
     ax.legend(fontsize=7)
-    fig.suptitle(f"Fig. 4 ({d.scale}): {d.verdict.status}")
-    style.panel_labels(axes)
-    return style.save_figure(fig, d.stem("figure"))
+    return _draw.finish(fig, d, f"Fig. 4 ({d.scale}): {d.verdict.status}", axes)
 
 
 RECIPE = Recipe(

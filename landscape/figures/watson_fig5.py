@@ -223,8 +223,7 @@ def draw(d):
     axes[0].set_title(f"judged: {d.verdict.status}")
     axes[1].set_title("beside it, not judged")
     axes[0].legend(fontsize=7, title="mean, bars: sd over sibling pairs", title_fontsize=7)
-    style.panel_labels(axes)
-    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d)
+    return _draw.finish(fig, d, None, axes)
 
 
 RECIPE = Recipe(

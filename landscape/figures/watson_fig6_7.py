@@ -137,9 +137,7 @@ def draw(d):
     ax.set_xlim(-0.6, 1.6)
     ax.set(ylabel="height above both ends", title="Fig. 7: judged")
     ax.legend(fontsize=7)
-    fig.suptitle(f"Figs. 6-7 ({d.scale}): {d.verdict.status}")
-    style.panel_labels(axes)
-    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d)
+    return _draw.finish(fig, d, f"Figs. 6-7 ({d.scale}): {d.verdict.status}", axes)
 
 
 RECIPE = Recipe(

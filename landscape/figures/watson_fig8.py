@@ -93,9 +93,7 @@ def draw(d):
                 color=style.method_color(p2), fillstyle="none")
     ax.set_xticks(range(4), [f"{LABEL[a]}->{LABEL[b]}" for a, b in COMBOS], fontsize=7)
     ax.set(ylabel="barrier above the chord", title="beside it, not judged: chord barrier")
-    fig.suptitle(f"Fig. 8 ({d.scale}): {d.verdict.status}")
-    style.panel_labels([*path_axes, axes[0, 2], axes[1, 2]])
-    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d)
+    return _draw.finish(fig, d, f"Fig. 8 ({d.scale}): {d.verdict.status}", [*path_axes, axes[0, 2], axes[1, 2]])
 
 
 RECIPE = Recipe(

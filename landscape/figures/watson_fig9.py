@@ -138,9 +138,7 @@ def draw(d):
                    title=f"from {'initialisation' if start == 'init' else 'trained model'}")
     axes[0, 0].legend(fontsize=7, title="mean, bars: sd over batches", title_fontsize=7)
     axes[1, 1].legend(fontsize=7, title="mean, bars: sd over batches", title_fontsize=7)
-    fig.suptitle(f"Fig. 9 ({d.scale}): {d.verdict.status}")
-    style.panel_labels(axes)
-    return style.save_figure(fig, d.stem("figure"))
+    return _draw.finish(fig, d, f"Fig. 9 ({d.scale}): {d.verdict.status}", axes)
 
 
 RECIPE = Recipe(

@@ -150,9 +150,7 @@ def draw(d):
     axes[1].set(xlabel="gradient-flow time t", ylabel="loss above the global minimum", yscale="log",
                 title=d.verdict.parts[1].status if len(d.verdict.parts) > 1 else "")
     axes[1].legend(fontsize=7)
-    fig.suptitle(f"Thm. 3.3 ({d.scale}), closed-form check: {d.verdict.status}")
-    style.panel_labels(axes)
-    return style.save_figure(fig, d.stem("figure"))
+    return _draw.finish(fig, d, f"Thm. 3.3 ({d.scale}), closed-form check: {d.verdict.status}", axes)
 
 
 RECIPE = Recipe(

@@ -122,9 +122,7 @@ def draw(d):
     ax.set_xticks(range(len(sc)), [f"sigma C {v:g}" for v in sc], fontsize=8)
     ax.set(ylabel=f"gain of r* = {float(n['r_test']):g} over r* = 0", title="judged: RS gain")
     ax.legend(fontsize=7)
-    fig.suptitle(f"Zhu & Blaschko Fig. 2 ({d.scale}): {d.verdict.status}")
-    style.panel_labels(axes)
-    return style.save_figure(fig, d.stem("figure")) + _draw.sensitivity_figure(d)
+    return _draw.finish(fig, d, f"Zhu & Blaschko Fig. 2 ({d.scale}): {d.verdict.status}", axes)
 
 
 RECIPE = Recipe(

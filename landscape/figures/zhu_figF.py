@@ -11,6 +11,7 @@ import dataclasses
 
 import numpy as np
 
+from landscape.figures import _draw
 from landscape.figures.recipe import PaperScale, Recipe
 from landscape.verdict import Verdict, all_of, below
 
@@ -119,9 +120,7 @@ def draw(d):
     axes[1].set(xlabel="epoch", ylabel="mean |skewness| (1-D projections)", title="beside it: 16 random directions")
     axes[0].legend(fontsize=6)
     axes[1].legend(fontsize=6)
-    fig.suptitle(f"Zhu & Blaschko App. F ({d.scale}): {d.verdict.status}")
-    style.panel_labels(axes)
-    return style.save_figure(fig, d.stem("figure"))
+    return _draw.finish(fig, d, f"Zhu & Blaschko App. F ({d.scale}): {d.verdict.status}", axes)
 
 
 RECIPE = Recipe(
