@@ -19,15 +19,11 @@ from landscape.params import ParamSpace
 _BLOCK = 1 << 20  # columns per float64 block in Gram computations
 
 
-def direction_seed(seed: int, index: int) -> int:
-    """The generator seed of direction ``index`` under ``seed`` (independent streams via SeedSequence)."""
-    state = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(index)]).generate_state(2, dtype=np.uint32)
-    return int(state[0]) << 31 | int(state[1]) >> 1
-
-
 def random_direction(space: ParamSpace, seed: int, index: int, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Direction ``index`` of ``seed``: i.i.d. N(0, 1) entries over the whole space (not normalised)."""
-    g = torch.Generator().manual_seed(direction_seed(seed, index))
+    """Direction ``index`` of ``seed``: i.i.d. N(0, 1) entries over the whole space (not normalised); the
+    generator's seed comes from ``(seed, index)`` through SeedSequence (independent streams)."""
+    state = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(index)]).generate_state(2, dtype=np.uint32)
+    g = torch.Generator().manual_seed(int(state[0]) << 31 | int(state[1]) >> 1)
     return torch.randn(space.dim, generator=g, dtype=dtype)
 
 
@@ -96,19 +92,14 @@ def gram(rows: torch.Tensor) -> torch.Tensor:
     return g
 
 
-def pairwise_cosines(directions: torch.Tensor) -> torch.Tensor:
-    """Cosine similarity of every pair of rows, (n, n) float64 (NaN where a row is zero)."""
-    g = gram(directions)
-    norms = g.diagonal().sqrt()
-    return g / (norms.unsqueeze(0) * norms.unsqueeze(1))
-
-
 def max_abs_cosine(directions: torch.Tensor) -> float:
     """Largest ``|cos(d_i, d_j)|`` over pairs ``i != j`` (NaN for fewer than two directions)."""
     n = directions.shape[0]
     if n < 2:
         return math.nan
-    c = pairwise_cosines(directions)
+    g = gram(directions)  # cosines of every pair of rows, float64
+    norms = g.diagonal().sqrt()
+    c = g / (norms.unsqueeze(0) * norms.unsqueeze(1))
     off = ~torch.eye(n, dtype=torch.bool)
     return float(c[off].abs().max())
 

@@ -201,7 +201,8 @@ class _Engine:
         self.M = probe.M
         self.Mb = 1 if self.kind == "loss-grad" else self.M
         self.choose_modes(probe)
-        per_sample = self._bytes(probe) * 3 + self._functorch_bytes()
+        rest = sum(self.params[k].numel() for k in self.rest)  # functorch's buffers for the other parameters
+        per_sample = self._bytes(probe) * 3 + 3 * rest * self.Mb * self.params[self.names[0]].element_size()
         del probe
         share = 0.6 * self.budget
         c = self.n if self.n * per_sample <= share else max(1, int(share / (2 * per_sample)))
@@ -235,10 +236,6 @@ class _Engine:
                 ts = probe.cap.inputs[h] + [g for gs in probe.cap.grads[h] for g in gs]
                 total += sum(t.numel() * t.element_size() for t in ts)
         return total
-
-    def _functorch_bytes(self) -> int:
-        numel = sum(self.params[k].numel() for k in self.rest)
-        return 3 * numel * self.Mb * self.params[self.names[0]].element_size() if self.rest else 0
 
     # -- capture one chunk of samples
     def capture(self, idx: slice, eager: bool = False) -> _Chunk:

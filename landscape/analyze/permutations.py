@@ -229,12 +229,6 @@ for _name in ("mlp", "two-layer-linear", "lenet", "opacus-cnn"):
 register_spec("resnet18", _resnet_spec)
 
 
-def _model_name(model: nn.Module) -> str:
-    spec = getattr(model, "landscape_spec", None)
-    name = spec.get("name") if isinstance(spec, Mapping) else None
-    return str(name) if name else type(model).__name__
-
-
 def builder_of(model: nn.Module) -> tuple[SpecFunction | None, str]:
     """How :func:`permutation_spec` gets the model's spec: ``(builder, "method" | "registered" |
     "built-in")``, or ``(None, "")`` when nothing describes the model."""
@@ -258,7 +252,9 @@ def permutation_spec(model: nn.Module | Mapping) -> PermutationSpec:
         from landscape.models import model_from_spec
 
         model = model_from_spec(dict(model))
-    name = _model_name(model)
+    recorded = getattr(model, "landscape_spec", None)
+    name = recorded.get("name") if isinstance(recorded, Mapping) else None
+    name = str(name) if name else type(model).__name__
     builder, how = builder_of(model)
     if builder is None:
         raise ModelError(f"align needs the permutation structure of model {name!r}: give it a permutation_spec() "

@@ -145,7 +145,9 @@ def _start(
     if config.from_ref is not None:
         parent = _load_parent(store, config.from_ref, existing)
     data = _load_data(config, parent)
-    seeds = derive_seeds(config.seed)
+    # the run's seed and the independent streams drawn from it (sampler, noise, sparsification masks)
+    sampling, noise, sparsify = (int(s) for s in np.random.SeedSequence(int(config.seed)).generate_state(3))
+    seeds = {"seed": int(config.seed), "sampling": sampling, "noise": noise, "sparsify": sparsify}
     seed_everything(config.seed)
     if parent is None:
         model = build_model(config.model, input_shape=data.input_shape, num_classes=data.num_classes,
@@ -342,12 +344,6 @@ def _continue(
         state.metrics.restore(run.load_array(METRICS_ARRAY), upto=last.step)
     _run(state, callbacks, progress)
     return run
-
-
-def derive_seeds(seed: int) -> dict[str, int]:
-    """The run's seed and the independent streams drawn from it (sampler, noise, sparsification masks)."""
-    sampling, noise, sparsify = (int(s) for s in np.random.SeedSequence(int(seed)).generate_state(3))
-    return {"seed": int(seed), "sampling": sampling, "noise": noise, "sparsify": sparsify}
 
 
 def _load_data(config: TrainConfig, parent: Checkpoint | None) -> Dataset:
