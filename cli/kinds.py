@@ -54,20 +54,16 @@ def command(name: str) -> click.Command:
     options = [field_option(f, hints(cls)[f.name]) for cls, f in fields if f.name not in spec.arguments]
     f = add_options(options + [json_option], callback)
     by_name = {f.name: (cls, f) for cls, f in spec.option_fields()}
-    for arg in reversed(spec.arguments):
-        f = _argument(arg, *by_name[arg])(f)
+    for arg in reversed(spec.arguments):  # typed by the field's option metadata; a tuple field takes any number
+        cls, field = by_name[arg]
+        hint = hints(cls)[field.name]
+        kwargs = param_type(field, hint) if field.metadata.get("cli", False) else {}
+        if typing.get_origin(split_optional(hint)[0][0]) is tuple:
+            kwargs = {"nargs": -1}
+        f = click.argument(arg, **kwargs)(f)
     return click.command(name, help=spec.doc)(f)
 
 
 def _echo_notes(spec: Any, result: Any) -> None:
     for line in spec.notes(result) if spec.notes is not None else []:
         click.echo(line)
-
-
-def _argument(name: str, cls: type, f: Any) -> Any:
-    """The click argument of field ``f``: typed by its option metadata; a tuple field takes any number."""
-    hint = hints(cls)[f.name]
-    kwargs = param_type(f, hint) if f.metadata.get("cli", False) else {}
-    if typing.get_origin(split_optional(hint)[0][0]) is tuple:
-        kwargs = {"nargs": -1}
-    return click.argument(name, **kwargs)
