@@ -201,8 +201,9 @@ class _Engine:
         self.M = probe.M
         self.Mb = 1 if self.kind == "loss-grad" else self.M
         self.choose_modes(probe)
-        rest = sum(self.params[k].numel() for k in self.rest)  # functorch's buffers for the other parameters
-        per_sample = self._bytes(probe) * 3 + 3 * rest * self.Mb * self.params[self.names[0]].element_size()
+        # the parameters without a handler go through functorch: their per-sample buffers
+        rest_numel = sum(self.params[k].numel() for k in self.rest)
+        per_sample = self._bytes(probe) * 3 + 3 * rest_numel * self.Mb * self.params[self.names[0]].element_size()
         del probe
         share = 0.6 * self.budget
         c = self.n if self.n * per_sample <= share else max(1, int(share / (2 * per_sample)))
